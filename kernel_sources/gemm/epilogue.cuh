@@ -1,0 +1,130 @@
+// GEMM epilogues shared by every GEMM kernel: y = act(acc + bias[n]) + residual[m, n], stored as TOut.
+// Arithmetic in fp32; one rounding at the store. Activation ids match rtckern/ops/gemm.py.
+#pragma once
+#include "common/dtypes.cuh"
+
+#define RTK_GEMM_ACT_NONE 0
+#define RTK_GEMM_ACT_GELU_TANH 1
+#define RTK_GEMM_ACT_SILU 2
+
+template <int ACT>
+RTK_DEVICE float rtk_gemm_act(float x) {
+  if constexpr (ACT == RTK_GEMM_ACT_GELU_TANH) {
+    // 0.5 x (1 + tanh(z)) == x * sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3). The sigmoid form needs one
+    // exp and one division; for very negative x, exp overflows to inf and the result is -0, as it should be.
+    const float z2 = 1.5957691216057308f * x * (1.0f + 0.044715f * x * x);
+    return x / (1.0f + __expf(-z2));
+  } else if constexpr (ACT == RTK_GEMM_ACT_SILU) {
+    return x / (1.0f + __expf(-x));
+  } else {
+    return x;
+  }
+}
+
+template <typename T> struct rtk_pair;  // two adjacent elements, stored with one access
+template <> struct rtk_pair<float> { typedef float2 type; };
+template <> struct rtk_pair<rtk_half> { typedef __half2 type; };
+template <> struct rtk_pair<rtk_bf16> { typedef __nv_bfloat162 type; };
+
+template <typename T>
+RTK_DEVICE void rtk_store_pair(T* p, float a, float b) {
+  if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+  } else {
+    typename rtk_pair<T>::type v;
+    v.x = rtk_from_float<T>(a);
+    v.y = rtk_from_float<T>(b);
+    *reinterpret_cast<typename rtk_pair<T>::type*>(p) = v;
+  }
+}
+
+template <typename T>
+RTK_DEVICE void rtk_load_pair(const T* p, float& a, float& b) {
+  if constexpr (sizeof(T) == 4) {
+    float2 v = *reinterpret_cast<const float2*>(p);
+    a = v.x;
+    b = v.y;
+  } else {
+    typename rtk_pair<T>::type v = *reinterpret_cast<const typename rtk_pair<T>::type*>(p);
+    a = rtk_to_float<T>(v.x);
+    b = rtk_to_float<T>(v.y);
+  }
+}
+
+// Everything the epilogue needs about one output matrix (one batch entry already applied to the pointers).
+template <typename TOut, typename TBias>
+struct RtkGemmOut {
+  TOut* c;            // output, row stride ldc
+  const TBias* bias;  // length N, or null
+  const TOut* res;    // residual, row stride ldr, or null
+  long long m, n, ldc, ldr;
+  bool pair_ok;       // c and res allow 2-element accesses at even columns (even strides, aligned bases)
+};
+
+// Applies the epilogue to two horizontally adjacent accumulators at (row, col), (row, col + 1), col even.
+template <bool HAS_BIAS, int ACT, bool HAS_RES, typename TOut, typename TBias>
+RTK_DEVICE void rtk_gemm_epilogue_pair(const RtkGemmOut<TOut, TBias>& o, long long row, long long col, float v0,
+                                       float v1) {
+  if (row >= o.m || col >= o.n) return;
+  const bool both = col + 1 < o.n;
+  if constexpr (HAS_BIAS) {
+    v0 += rtk_to_float<TBias>(o.bias[col]);
+    if (both) v1 += rtk_to_float<TBias>(o.bias[col + 1]);
+  }
+  v0 = rtk_gemm_act<ACT>(v0);
+  v1 = rtk_gemm_act<ACT>(v1);
+  if (both && o.pair_ok) {
+    if constexpr (HAS_RES) {
+      float r0, r1;
+      rtk_load_pair<TOut>(o.res + row * o.ldr + col, r0, r1);
+      v0 += r0;
+      v1 += r1;
+    }
+    rtk_store_pair<TOut>(o.c + row * o.ldc + col, v0, v1);
+  } else {
+    if constexpr (HAS_RES) v0 += rtk_to_float<TOut>(o.res[row * o.ldr + col]);
+    o.c[row * o.ldc + col] = rtk_from_float<TOut>(v0);
+    if (both) {
+      if constexpr (HAS_RES) v1 += rtk_to_float<TOut>(o.res[row * o.ldr + col + 1]);
+      o.c[row * o.ldc + col + 1] = rtk_from_float<TOut>(v1);
+    }
+  }
+}
+
+// Raw fp32 partial sums of one split-K slice (workspace rows of exactly n floats; n even allows float2).
+RTK_DEVICE void rtk_gemm_partial_pair(float* ws, long long m, long long n, long long row, long long col, float v0,
+                                      float v1) {
+  if (row >= m || col >= n) return;
+  float* p = ws + row * n + col;
+  if (col + 1 < n && (n & 1) == 0) {
+    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+  } else {
+    p[0] = v0;
+    if (col + 1 < n) p[1] = v1;
+  }
+}
+
+// Split-K finish: out[b, m, n] = epilogue(sum over s of ws[b, s, m, n]). The sum runs in split order, so the
+// result does not depend on scheduling. One thread per output element; grid-stride over batch * m * n.
+template <typename TOut, typename TBias, bool HAS_BIAS, int ACT, bool HAS_RES>
+__global__ void gemm_splitk_reduce(const float* __restrict__ ws, TOut* __restrict__ c, const TBias* __restrict__ bias,
+                                   const TOut* __restrict__ res, long long m, long long n, long long ldc,
+                                   long long ldr, long long stride_c, long long stride_r, long long batch,
+                                   long long splits) {
+  const long long mn = m * n;
+  const long long total = batch * mn;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long b = i / mn;
+    const long long e = i - b * mn;
+    const long long row = e / n;
+    const long long col = e - row * n;
+    const float* p = ws + b * splits * mn + e;
+    float v = 0.f;
+    for (long long s = 0; s < splits; ++s) v += p[s * mn];
+    if constexpr (HAS_BIAS) v += rtk_to_float<TBias>(bias[col]);
+    v = rtk_gemm_act<ACT>(v);
+    if constexpr (HAS_RES) v += rtk_to_float<TOut>(res[b * stride_r + row * ldr + col]);
+    c[b * stride_c + row * ldc + col] = rtk_from_float<TOut>(v);
+  }
+}

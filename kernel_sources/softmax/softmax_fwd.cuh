@@ -1,0 +1,158 @@
+// Softmax forward over the last dimension, one pass over device memory:
+//   y = softmax(scale * x) with masked keys contributing exactly 0; a row with no unmasked key gives zeros.
+//
+// A "group" of GROUP threads owns one row. GROUP <= warp size: several rows per block, shuffle reductions.
+// GROUP == THREADS (> warp size): one row per block, block reductions. Each thread keeps ITEMS vectors of VEC
+// elements in registers as fp32 logits; in the one-row-per-block form the part of the row past
+// ITEMS * THREADS * VEC is kept in dynamic shared memory in the storage type (the host sizes it), so the row is
+// read from device memory once whatever its length, up to the shared-memory limit.
+//
+// Vector j of thread `lane` covers keys [(j * GROUP + lane) * VEC, +VEC): consecutive lanes touch consecutive
+// 16-byte chunks (coalesced), and a thread's shared-memory chunks are consecutive across lanes (no bank
+// conflicts). Exponentials are taken in base 2 on logits pre-multiplied by scale * log2(e).
+#pragma once
+#include "softmax/softmax_common.cuh"
+
+// VEC logits of key e..e+VEC-1; masked keys and keys at or past `valid` become -inf.
+template <typename T, int KIND, int VEC>
+RTK_DEVICE void rtk_softmax_load_logits(const T* __restrict__ xr, const unsigned char* __restrict__ mr, long long e,
+                                        long long valid, float scale_log2, float (&f)[VEC]) {
+  const rtk_vec<T, VEC> v = rtk_sm_load<T, VEC>(xr + e);
+  bool masked[VEC];
+  if constexpr (KIND == RTK_SOFTMAX_MASKED) rtk_sm_load_mask<VEC>(mr + e, masked);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    float l = rtk_softmax_logit(rtk_to_float(v.v[i]), scale_log2);
+    if constexpr (KIND == RTK_SOFTMAX_MASKED) l = masked[i] ? rtk_neg_inf() : l;
+    if constexpr (KIND == RTK_SOFTMAX_CAUSAL) l = (e + i < valid) ? l : rtk_neg_inf();
+    f[i] = l;
+  }
+}
+
+// The same keys in the storage type, masked ones replaced by -inf (what the shared-memory stash holds).
+template <typename T, int KIND, int VEC>
+RTK_DEVICE rtk_vec<T, VEC> rtk_softmax_load_stash(const T* __restrict__ xr, const unsigned char* __restrict__ mr,
+                                                  long long e, long long valid) {
+  rtk_vec<T, VEC> v = rtk_sm_load<T, VEC>(xr + e);
+  if constexpr (KIND != RTK_SOFTMAX_PLAIN) {
+    bool masked[VEC];
+    if constexpr (KIND == RTK_SOFTMAX_MASKED) rtk_sm_load_mask<VEC>(mr + e, masked);
+    const T neg_inf = rtk_from_float<T>(rtk_neg_inf());
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      bool drop;
+      if constexpr (KIND == RTK_SOFTMAX_MASKED) drop = masked[i];
+      else drop = e + i >= valid;
+      if (drop) v.v[i] = neg_inf;
+    }
+  }
+  return v;
+}
+
+template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask, long long rows,
+            long long n, long long sq, long long heads, long long mask_batch_stride, long long diag_offset,
+            float scale) {
+  constexpr bool kBlockRow = GROUP > RTK_WARP_SIZE_CONST;
+  static_assert(!kBlockRow || GROUP == THREADS, "a row wider than a warp takes the whole block");
+  static_assert(GROUP > 0 && (GROUP & (GROUP - 1)) == 0 && THREADS % GROUP == 0, "GROUP: power of two dividing THREADS");
+  static_assert(VEC > 0 && (int)sizeof(T) * VEC <= kVecBytes, "VEC: at most 16 bytes");
+  constexpr int kRowsPerBlock = THREADS / GROUP;
+  __shared__ float scratch[kBlockRow ? THREADS / RTK_WARP_SIZE_CONST : 1];
+
+  const int lane = kBlockRow ? (int)threadIdx.x : (int)(threadIdx.x % GROUP);
+  const long long row = (long long)blockIdx.x * kRowsPerBlock + (kBlockRow ? 0 : (long long)(threadIdx.x / GROUP));
+  // Lanes of a row past the end still join the shuffles; they load and store nothing.
+  const bool active = row < rows;
+  const long long valid = active ? rtk_softmax_valid<KIND>(row, n, sq, diag_offset) : 0;
+  const float scale_log2 = scale * kRtkLog2e;
+  const T* xr = x + row * n;
+  T* yr = y + row * n;
+  const unsigned char* mr = nullptr;
+  if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
+
+  // Pass 1: load, max.
+  float v[ITEMS][VEC];
+  float mx = rtk_neg_inf();
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const long long e = ((long long)j * GROUP + lane) * VEC;
+    if (e < valid) {
+      rtk_softmax_load_logits<T, KIND, VEC>(xr, mr, e, valid, scale_log2, v[j]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) v[j][i] = rtk_neg_inf();
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) mx = fmaxf(mx, v[j][i]);
+  }
+  constexpr long long kRegKeys = (long long)ITEMS * GROUP * VEC;
+  extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
+  rtk_vec<T, VEC>* stash = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
+  if constexpr (kBlockRow) {
+    // Keys past the registers: to shared memory. Each thread later reads back only its own chunks,
+    // so no barrier is needed between these writes and those reads.
+#pragma unroll 4
+    for (long long e = kRegKeys + (long long)lane * VEC; e < valid; e += (long long)THREADS * VEC) {
+      const rtk_vec<T, VEC> s = rtk_softmax_load_stash<T, KIND, VEC>(xr, mr, e, valid);
+      stash[(e - kRegKeys) / VEC] = s;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) mx = fmaxf(mx, rtk_softmax_logit(rtk_to_float(s.v[i]), scale_log2));
+    }
+  }
+  mx = rtk_softmax_reduce<GROUP>(mx, rtk_max_op{}, scratch);
+  // A row with every key masked: subtracting 0 keeps exp2(-inf - 0) = 0 instead of NaN.
+  if (mx == rtk_neg_inf()) mx = 0.f;
+
+  // Pass 2: exponentials (kept for the register part), sum.
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      v[j][i] = rtk_exp2(v[j][i] - mx);
+      sum += v[j][i];
+    }
+  }
+  if constexpr (kBlockRow) {
+#pragma unroll 4
+    for (long long e = kRegKeys + (long long)lane * VEC; e < valid; e += (long long)THREADS * VEC) {
+      const rtk_vec<T, VEC> s = stash[(e - kRegKeys) / VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) sum += rtk_exp2(rtk_softmax_logit(rtk_to_float(s.v[i]), scale_log2) - mx);
+    }
+  }
+  sum = rtk_softmax_reduce<GROUP>(sum, rtk_sum_op{}, scratch);
+  // sum >= 1 whenever one key is unmasked (the max contributes exp2(0)); 0 means fully masked -> zeros.
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+
+  // Pass 3: normalize and store every key of the row (zeros past `valid`).
+  if (!active) return;
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const long long e = ((long long)j * GROUP + lane) * VEC;
+    if (e < n) {
+      rtk_vec<T, VEC> o;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(v[j][i] * inv);
+      rtk_sm_store<T, VEC>(yr + e, o);
+    }
+  }
+  if constexpr (kBlockRow) {
+#pragma unroll 4
+    for (long long e = kRegKeys + (long long)lane * VEC; e < n; e += (long long)THREADS * VEC) {
+      rtk_vec<T, VEC> o;
+      if (e < valid) {
+        const rtk_vec<T, VEC> s = stash[(e - kRegKeys) / VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i)
+          o.v[i] = rtk_from_float<T>(rtk_exp2(rtk_softmax_logit(rtk_to_float(s.v[i]), scale_log2) - mx) * inv);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(0.f);
+      }
+      rtk_sm_store<T, VEC>(yr + e, o);
+    }
+  }
+}

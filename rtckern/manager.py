@@ -1,0 +1,222 @@
+"""``KernelManager``: the glue of compiler, cache tiers and runtime.
+
+``get(spec, device)`` is the hot path after the first call: one dict lookup. The first call goes
+memory -> read-only layers -> local disk -> remote -> compile under a per-key lock (with a second look after
+taking it), then loads the binary on the device.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from . import events
+from .cache import DiskCache, MemoryCache, Stats
+from .compiler import compiler_for
+from .compiler.base import CompiledKernel
+from .config import settings
+from .device import DeviceInfo
+from .errors import LaunchError, LoadError
+from .spec import KernelSpec
+
+log = logging.getLogger(__name__)
+
+
+class KernelManager:
+    def __init__(self, cache_dir: Path | str | None = None, *, disk: bool | None = None,
+                 max_bytes: int | None = None, layers: tuple = (), remote=None):
+        s = settings()
+        self.stats = Stats()
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else s.cache_dir
+        self.memory = MemoryCache()
+        use_disk = s.disk_cache if disk is None else disk
+        self.disk: DiskCache | None = (
+            DiskCache(self.cache_dir, stats=self.stats, max_bytes=max_bytes if max_bytes is not None else s.cache_max_bytes)
+            if use_disk else None)
+        layer_dirs = layers if layers else s.read_only_layers
+        self.layers = [DiskCache(Path(p), stats=self.stats, read_only=True, name=f"layer:{p}") for p in layer_dirs]
+        self.remote = remote
+        self._loaded: dict[tuple, object] = {}
+        self._keys: dict[KernelSpec, str] = {}
+        self._key_locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    # ---- keys ----
+    def key(self, spec: KernelSpec) -> str:
+        k = self._keys.get(spec)
+        if k is None:
+            k = spec.key(compiler_for(spec.arch).identity())
+            self._keys[spec] = k
+        return k
+
+    def _key_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            lk = self._key_locks.get(key)
+            if lk is None:
+                lk = self._key_locks[key] = threading.Lock()
+            return lk
+
+    # ---- compile through the tiers ----
+    def lookup(self, spec: KernelSpec) -> tuple[CompiledKernel | None, str]:
+        """Look in every tier without compiling: (compiled kernel or None, tier name)."""
+        key = self.key(spec)
+        ck = self.memory.get(key)
+        if ck is not None:
+            self.stats.bump("memory", "hits")
+            return ck, "memory"
+        self.stats.bump("memory", "misses")
+        for layer in self.layers:
+            ck = layer.get(key)
+            if ck is not None:
+                self.memory.put(key, ck)
+                return ck, "layer"
+        if self.disk is not None:
+            ck = self.disk.get(key)
+            if ck is not None:
+                self.memory.put(key, ck)
+                return ck, "disk"
+        if self.remote is not None:
+            packed = self.remote.get_packed(key)
+            if packed is not None:
+                from .cache.entry import InvalidEntry, unpack
+
+                try:
+                    ck = unpack(packed)
+                except InvalidEntry:
+                    ck = None
+                if ck is not None:
+                    if self.disk is not None:
+                        self.disk.put_packed(key, packed, self._meta(spec, ck, source="remote"))
+                    self.memory.put(key, ck)
+                    return ck, "remote"
+        return None, ""
+
+    def compile(self, spec: KernelSpec, *, force: bool = False) -> CompiledKernel:
+        """The binary for ``spec``: from the caches, or compiled once (per key, across threads and processes)."""
+        t0 = time.perf_counter()
+        key = self.key(spec)
+        if not force:
+            ck, tier = self.lookup(spec)
+            if ck is not None:
+                events.emit(events.CacheEvent(spec, key, tier, (time.perf_counter() - t0) * 1e3))
+                return ck
+        with self._key_lock(key):
+            lock_cm = self.disk.lock(key) if self.disk is not None else _null()
+            with lock_cm:
+                if not force:  # second look: another thread or process may have compiled it meanwhile
+                    ck, tier = self.lookup(spec)
+                    if ck is not None:
+                        events.emit(events.CacheEvent(spec, key, tier, (time.perf_counter() - t0) * 1e3))
+                        return ck
+                ck = compiler_for(spec.arch).compile(spec)
+                self.stats.compiled(ck.compile_ms)
+                if settings().verbose:
+                    log.info("compiled %s in %.1f ms (key %s)", spec.describe(), ck.compile_ms, key[:16])
+                else:
+                    log.debug("compiled %s in %.1f ms (key %s)", spec.describe(), ck.compile_ms, key[:16])
+                meta = self._meta(spec, ck, source="compile")
+                if self.disk is not None:
+                    self.disk.put(key, ck, meta)
+                if self.remote is not None:
+                    from .cache.entry import pack
+
+                    self.remote.put_packed(key, pack(ck), meta)
+                self.memory.put(key, ck)
+        events.emit(events.CacheEvent(spec, key, "compile", (time.perf_counter() - t0) * 1e3))
+        return ck
+
+    def _meta(self, spec: KernelSpec, ck: CompiledKernel, source: str) -> dict:
+        return {
+            "op": spec.op, "kernel": spec.name, "name_expression": spec.name_expression,
+            "template_args": list(spec.template_args), "defines": [list(d) for d in spec.defines],
+            "options": list(spec.options), "source": spec.source, "arch": spec.arch.sm, "kind": ck.kind,
+            "compiler": compiler_for(spec.arch).identity(), "compile_ms": round(ck.compile_ms, 3),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "via": source,
+        }
+
+    # ---- load on a device ----
+    def get(self, spec: KernelSpec, device: int | DeviceInfo = 0):
+        """The kernel loaded on ``device`` (an ordinal or a live DeviceInfo). Hot path: one dict lookup."""
+        ordinal = device if isinstance(device, int) else device.ordinal
+        k = self._loaded.get((spec, ordinal))
+        if k is not None:
+            return k
+        return self._load(spec, ordinal)
+
+    def _load(self, spec: KernelSpec, ordinal: int | None):
+        from .runtime import load_kernel
+
+        if ordinal is None:
+            raise LaunchError(f"{spec.describe()}: cannot load on a described (not live) device; "
+                              "use compile() for compile-only work")
+        info = DeviceInfo.from_device(ordinal)
+        if not spec.arch.ptx and not spec.arch.can_run_on(info.arch):
+            raise LaunchError(f"{spec.describe()} cannot run on {info.describe()}: a {spec.arch.sm} cubin needs "
+                              f"a device of arch {spec.arch.sm}; build the spec with device.arch")
+        ck = self.compile(spec)
+        label = spec.name_expression
+        try:
+            kernel = load_kernel(ck.binary, ck.kind, ck.lowered_name, info, label)
+        except LoadError as e:
+            if not getattr(e, "refused", False):
+                raise
+            # The driver refused the image: quarantine it, recompile once, and give up if that fails too.
+            key = self.key(spec)
+            if self.disk is not None:
+                self.disk.quarantine(key, str(e))
+            self.memory.drop(key)
+            ck = self.compile(spec, force=True)
+            kernel = load_kernel(ck.binary, ck.kind, ck.lowered_name, info, label)
+        self.stats.loads += 1
+        with self._lock:
+            self._loaded[(spec, ordinal)] = kernel
+        return kernel
+
+    def clear_memory(self) -> None:
+        """Forget loaded kernels and in-memory binaries (the disk tier stays)."""
+        with self._lock:
+            self._loaded.clear()
+            self._keys.clear()
+        self.memory.clear()
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+_manager: KernelManager | None = None
+_manager_lock = threading.Lock()
+_factory: Callable[[], KernelManager] | None = None
+
+
+def get_manager() -> KernelManager:
+    """The process-wide manager, built from the settings on first use."""
+    global _manager
+    m = _manager
+    if m is None:
+        with _manager_lock:
+            if _manager is None:
+                _manager = (_factory or KernelManager)()
+            m = _manager
+    return m
+
+
+def set_manager(manager: KernelManager | None) -> KernelManager | None:
+    """Replace the process-wide manager (tests, embedding); returns the previous one."""
+    global _manager
+    with _manager_lock:
+        old, _manager = _manager, manager
+    return old
+
+
+def set_manager_factory(factory: Callable[[], KernelManager] | None) -> None:
+    """How get_manager() builds its manager (the fleet layer adds a remote tier this way)."""
+    global _factory
+    _factory = factory

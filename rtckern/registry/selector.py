@@ -1,0 +1,186 @@
+"""`Registry`: candidates per op, memoized selection, overrides from the settings, and explain.
+
+Hot path: `select(req)` is one dict lookup once a request has been decided. The first call for a request takes
+that request's lock (concurrent first calls probe once), probes candidates in priority order and remembers the
+outcome, failures included, in memory and in the decision store on disk.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from rtckern import config
+from rtckern.errors import UnsupportedRequestError
+from rtckern.registry import core_api
+from rtckern.registry.candidate import Candidate, check_declaration
+from rtckern.registry.probe import mode_of, probe_candidate
+from rtckern.registry.request import OpRequest
+from rtckern.registry.results import ProbeResult, Reason, Selection
+from rtckern.registry.store import DecisionStore
+
+DISABLE_SETTING = "RTCKERN_DISABLE_JIT"
+FORCE_SETTING = "RTCKERN_FORCE_IMPL"
+
+
+class _Failed:
+    """A memoized 'nothing serves this request': raising again costs no probe."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: UnsupportedRequestError) -> None:
+        self.error = error
+
+
+class Registry:
+    def __init__(self, store_dir: Any = ..., *, numeric: bool | None = None) -> None:
+        """store_dir: where decisions persist; `...` (default) follows the settings (<cache_dir>/decisions,
+        off when RTCKERN_PERSIST_DECISIONS=0); None keeps decisions in memory only. numeric: force the
+        numerical probe on/off; None follows RTCKERN_NUMERICAL_PROBE."""
+        self._store_dir = store_dir
+        self._numeric = numeric
+        self._candidates: dict[str, list[Candidate]] = {}
+        self._by_name: dict[str, Candidate] = {}
+        self._memo: dict[OpRequest, Selection | _Failed] = {}
+        self._memo_settings: Any = None
+        self._key_locks: dict[OpRequest, threading.Lock] = {}
+        self._lock = threading.RLock()
+        self.probe_count = 0  # candidates probed past the cheap checks (tests assert memoization with it)
+
+    # -- registration ---------------------------------------------------------------------------------------------
+    def register(self, cand: Candidate, *, replace: bool = False) -> Candidate:
+        check_declaration(cand)
+        with self._lock:
+            old = self._by_name.get(cand.name)
+            if old is not None and not replace:
+                raise ValueError(f"candidate {cand.name!r} is already registered ({old!r}); pick another name or "
+                                 "pass replace=True")
+            if old is not None:
+                self._candidates[old.op].remove(old)
+            self._by_name[cand.name] = cand
+            lst = self._candidates.setdefault(cand.op, [])
+            lst.append(cand)
+            lst.sort(key=lambda c: (-c.priority, c.name))  # priority order, ties by name: deterministic
+            self._memo.clear()
+        return cand
+
+    def candidates(self, op: str) -> tuple[Candidate, ...]:
+        return tuple(self._candidates.get(op, ()))
+
+    def ops(self) -> tuple[str, ...]:
+        return tuple(sorted(self._candidates))
+
+    def get(self, name: str) -> Candidate:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no candidate named {name!r}; registered: {sorted(self._by_name)}") from None
+
+    def reset(self) -> None:
+        """Forget in-memory decisions (persisted ones stay)."""
+        with self._lock:
+            self._memo.clear()
+
+    # -- selection ------------------------------------------------------------------------------------------------
+    def select(self, req: OpRequest) -> Selection:
+        found = self._memo.get(req)
+        if found is not None and self._memo_settings is config.settings():
+            if found.__class__ is Selection:
+                return found  # type: ignore[return-value]
+            raise found.error  # type: ignore[union-attr]
+        return self._select_slow(req)
+
+    def _select_slow(self, req: OpRequest) -> Selection:
+        s = config.settings()
+        with self._lock:
+            if self._memo_settings is not s:  # settings changed (config.override): old decisions may not hold
+                self._memo.clear()
+                self._memo_settings = s
+            lock = self._key_locks.setdefault(req, threading.Lock())
+        with lock:
+            found = self._memo.get(req)
+            if found is None:
+                found = self._decide(req, s)
+                with self._lock:
+                    if self._memo_settings is s:
+                        self._memo[req] = found
+        if isinstance(found, _Failed):
+            raise found.error
+        return found
+
+    def _decide(self, req: OpRequest, s: Any) -> Selection | _Failed:
+        results, chosen, kernels = self.probe(req, stop_at_first=True, settings=s)
+        if chosen is None:
+            return _Failed(unsupported_error(req, results, s))
+        cand = self._by_name[chosen.name]
+        return Selection(request=req, candidate=cand, specs=chosen.specs, kernels=kernels, results=tuple(results))
+
+    def probe(self, req: OpRequest, *, stop_at_first: bool, settings: Any = None
+              ) -> tuple[list[ProbeResult], ProbeResult | None, tuple[Any, ...]]:
+        """Probe the op's candidates for req in priority order (applying the overrides). Returns every
+        candidate's result, the chosen one's result (None if none serves) and its loaded kernels."""
+        s = settings if settings is not None else config.settings()
+        cands = self.candidates(req.op)
+        skip = self._override_reasons(req.op, cands, s)
+        numeric = self._numeric if self._numeric is not None else s.numerical_probe
+        store = DecisionStore(self._store_root(s))
+        mode = mode_of(req)
+        path = store.path(req.op, req.digest(), mode, core_api.toolchain(mode, req.device))
+        stored = store.load(path)
+        results: list[ProbeResult] = []
+        chosen: ProbeResult | None = None
+        kernels: tuple[Any, ...] = ()
+        for cand in cands:
+            if cand.name in skip:
+                results.append(ProbeResult(cand.name, cand.priority, False, (skip[cand.name],), probed=False))
+                continue
+            if chosen is not None and stop_at_first:
+                results.append(ProbeResult(cand.name, cand.priority, False, probed=False))
+                continue
+            res, ks = probe_candidate(cand, req, numeric=numeric, stored=stored.get(cand.name))
+            if res.cache_keys and not res.from_store:
+                self.probe_count += 1
+            results.append(res)
+            if res.accepted and chosen is None:
+                chosen, kernels = res, ks
+        store.save(path, {"request": req.to_dict(with_ordinal=False), "mode": mode}, results)
+        return results, chosen, kernels
+
+    def _store_root(self, s: Any) -> Any:
+        if self._store_dir is not ...:
+            return self._store_dir
+        return (s.cache_dir / "decisions") if s.persist_decisions else None
+
+    def _override_reasons(self, op: str, cands: tuple[Candidate, ...], s: Any) -> dict[str, Reason]:
+        """Candidates the settings take out of the running, each with its reason."""
+        if op in s.disable_jit or "all" in s.disable_jit:
+            setting = f"{DISABLE_SETTING}={','.join(sorted(s.disable_jit))}"
+            return {c.name: Reason("override", f"JIT disabled for op {op!r} by {setting}") for c in cands}
+        forced = s.force_impl.get(op)
+        if forced is None:
+            return {}
+        names = [c.name for c in cands]
+        if forced not in names:
+            raise UnsupportedRequestError(
+                f"op {op!r} with {FORCE_SETTING} {op}={forced}",
+                {forced: [f"override: {forced!r} is not a candidate of op {op!r}"]},
+                hint=f"candidates of {op!r}: {names}; fix or unset {FORCE_SETTING}")
+        return {c.name: Reason("override", f"not tried: {FORCE_SETTING} forces {forced!r} for op {op!r}")
+                for c in cands if c.name != forced}
+
+
+def unsupported_error(req: OpRequest, results: list[ProbeResult], s: Any) -> UnsupportedRequestError:
+    reasons = {r.name: [str(x) for x in r.reasons] or ["not probed"] for r in results}
+    hint = ""
+    forced = s.force_impl.get(req.op)
+    if forced:
+        hint = (f"{FORCE_SETTING} forces {forced!r} for {req.op!r}, and it cannot serve this request; unset it "
+                "to let the registry choose")
+    elif not results:
+        hint = f"register a Candidate with op={req.op!r} (ops register theirs at `import rtckern.ops`)"
+    err = UnsupportedRequestError(req.describe(), reasons, hint=hint)
+    err.request = req
+    err.results = tuple(results)
+    return err
+
+
+RequestBuilder = Callable[..., OpRequest]

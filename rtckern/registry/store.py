@@ -1,0 +1,119 @@
+"""Persisted probe outcomes, so a later process neither re-probes nor retries a known failure.
+
+One JSON file per (request without device ordinal, probe mode, toolchain), under `<cache dir>/decisions/<op>/`.
+It holds, per candidate, the cache keys of the kernels it was probed with and the outcome of the costly stages
+(compile, load, resources, numeric). An outcome is reused only while the candidate's kernels still have those
+cache keys, so an edited source, a new compiler or new options probe again. The cheap stages (arch range,
+supports) always run in-process: they are code, and code may change between versions.
+
+Writes go to a temp file, fsync, os.replace; a file that does not parse is a miss, reported once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from rtckern.registry.results import ProbeResult, Reason
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+
+
+class DecisionStore:
+    def __init__(self, root: str | os.PathLike[str] | None) -> None:
+        # root None: persistence off (decisions live in memory only).
+        self.root = Path(root) if root is not None else None
+        self._lock = threading.Lock()
+        self._reported: set[Path] = set()
+
+    def path(self, op: str, request_digest: str, mode: str, toolchain: dict[str, Any]) -> Path | None:
+        if self.root is None:
+            return None
+        text = json.dumps({"request": request_digest, "mode": mode, "toolchain": toolchain}, sort_keys=True)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:40]
+        return self.root / _safe(op) / f"{digest}.json"
+
+    def load(self, path: Path | None) -> dict[str, dict[str, Any]]:
+        """Candidate name -> stored entry; {} when missing or unreadable."""
+        if path is None:
+            return {}
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") != FORMAT or not isinstance(data.get("candidates"), dict):
+                raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+            return data["candidates"]
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, AttributeError) as exc:
+            with self._lock:
+                if path not in self._reported:
+                    self._reported.add(path)
+                    log.warning("rtckern: ignoring unreadable probe decision file %s (%s); probing again", path, exc)
+            return {}
+
+    def save(self, path: Path | None, header: dict[str, Any], results: list[ProbeResult]) -> None:
+        """Merge the costly-stage outcomes of `results` into the file (other candidates' entries are kept)."""
+        if path is None:
+            return
+        entries = {r.name: to_entry(r) for r in results if r.probed and not r.from_store and _costly(r)}
+        if not entries:
+            return
+        with self._lock:  # in-process writers merge in turn; across processes the last writer wins, which
+            # only costs a later process one more probe of the lost entry.
+            merged = dict(self.load(path))
+            merged.update(entries)
+            data = dict(header, format=FORMAT, candidates=merged)
+            _atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
+
+
+def _costly(r: ProbeResult) -> bool:
+    """Outcomes worth persisting: accepted ones, and rejections at a stage after the cheap checks."""
+    return bool(r.cache_keys) and (r.accepted or any(x.stage in ("compile", "load", "resources", "numeric")
+                                                     for x in r.reasons))
+
+
+def to_entry(r: ProbeResult) -> dict[str, Any]:
+    return {"cache_keys": list(r.cache_keys), "accepted": r.accepted, "checks": list(r.checks),
+            "reasons": [x.to_dict() for x in r.reasons]}
+
+
+def entry_matches(entry: dict[str, Any] | None, cache_keys: tuple[str, ...], required: tuple[str, ...]) -> bool:
+    """A stored entry is valid for these kernels when their keys are unchanged and it ran every required check
+    (or it was a rejection: a failure at an earlier stage stays a failure)."""
+    if not entry or tuple(entry.get("cache_keys", ())) != tuple(cache_keys):
+        return False
+    if not entry.get("accepted"):
+        return True
+    return set(required) <= set(entry.get("checks", ()))
+
+
+def entry_reasons(entry: dict[str, Any]) -> tuple[Reason, ...]:
+    return tuple(Reason.from_dict(d) for d in entry.get("reasons", ()))
+
+
+def _safe(op: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in op)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,181 @@
+"""``Kernel``: a compiled kernel loaded on one device, with attributes, occupancy and (cooperative) launch."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+from ..device import DeviceInfo
+from ..errors import LaunchError, LoadError
+from .driver import DriverError, check, driver, on_device
+from .streams import core_stream
+
+_SMEM_DEFAULT_LIMIT = 48 * 1024
+# Driver errors that mean "this binary is no good here": quarantine and recompile, never retry in a loop.
+REFUSED_IMAGE_ERRORS = {"CUDA_ERROR_INVALID_IMAGE", "CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_PTX",
+                        "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_INVALID_SOURCE",
+                        "CUDA_ERROR_NOT_FOUND"}
+
+
+def _dim3(v) -> tuple[int, int, int]:
+    if isinstance(v, int):
+        return (v, 1, 1)
+    t = tuple(int(x) for x in v)
+    if not 1 <= len(t) <= 3:
+        raise LaunchError(f"grid/block {v!r} must be an int or a tuple of 1 to 3 ints")
+    return t + (1,) * (3 - len(t))
+
+
+def load_kernel(binary: bytes, kind: str, lowered_name: str, device: DeviceInfo, label: str = "") -> "Kernel":
+    """Load ``binary`` on ``device`` and look up ``lowered_name``. Raises LoadError (with ``refused=True`` when
+    the driver rejects the image itself)."""
+    from cuda.core import ObjectCode
+
+    try:
+        with on_device(device.ordinal):
+            oc = ObjectCode.from_cubin(binary, name=label) if kind == "cubin" else ObjectCode.from_ptx(binary, name=label)
+            k = oc.get_kernel(lowered_name)
+            k.attributes.num_regs  # forces the load now, so a bad image fails here and not at launch
+    except Exception as e:  # cuda.core raises its own CUDAError types; classify by the driver error name
+        text = str(e)
+        refused = any(name in text for name in REFUSED_IMAGE_ERRORS)
+        err = LoadError(f"cannot load {label or lowered_name} on {device.describe()}: {text}")
+        err.refused = refused
+        raise err from e
+    return Kernel(k, oc, device, label or lowered_name)
+
+
+class Kernel:
+    """A kernel on one device. ``launch`` is the hot path: a dict lookup for the launch config and stream,
+    then cuda.core's launch."""
+
+    __slots__ = ("_k", "_module", "device", "label", "_configs", "_max_dyn_smem", "_lock", "_default_stream",
+                 "_launch")
+
+    def __init__(self, core_kernel, module, device: DeviceInfo, label: str):
+        from cuda.core import launch
+
+        self._k = core_kernel
+        self._module = module  # keeps the library loaded
+        self.device = device
+        self.label = label
+        self._configs: dict[tuple, Any] = {}
+        self._max_dyn_smem = _SMEM_DEFAULT_LIMIT
+        self._lock = threading.Lock()
+        self._default_stream = None
+        self._launch = launch
+
+    def __repr__(self) -> str:
+        return f"<rtckern.Kernel {self.label} on {self.device.describe()}>"
+
+    # ---- attributes ----
+    @property
+    def core(self):
+        """The underlying cuda.core Kernel."""
+        return self._k
+
+    def _attrs(self):
+        return self._k.attributes[self.device.ordinal]
+
+    @property
+    def num_regs(self) -> int:
+        return self._attrs().num_regs
+
+    @property
+    def shared_size_bytes(self) -> int:
+        """Static shared memory per block."""
+        return self._attrs().shared_size_bytes
+
+    @property
+    def local_size_bytes(self) -> int:
+        return self._attrs().local_size_bytes
+
+    @property
+    def max_threads_per_block(self) -> int:
+        return self._attrs().max_threads_per_block
+
+    @property
+    def binary_version(self) -> int:
+        return self._attrs().binary_version
+
+    def set_max_dynamic_shared_memory(self, nbytes: int) -> None:
+        """Allow launches with up to ``nbytes`` of dynamic shared memory (needed above 48 KB)."""
+        limit = self.device.max_smem_per_block_optin - self.shared_size_bytes
+        if nbytes > limit:
+            raise LaunchError(f"{self.label}: {nbytes} bytes of dynamic shared memory requested, but "
+                              f"{self.device.describe()} allows at most {limit} "
+                              f"({self.device.max_smem_per_block_optin} opt-in minus {self.shared_size_bytes} static)")
+        d = driver()
+        with on_device(self.device.ordinal):
+            check(d.cuKernelSetAttribute(
+                d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes),
+                self._k.handle, self.device.ordinal), "cuKernelSetAttribute(max dynamic shared memory)")
+        self._max_dyn_smem = max(self._max_dyn_smem, int(nbytes))
+
+    # ---- occupancy ----
+    def max_active_blocks_per_sm(self, block_size: int, dynamic_smem: int = 0) -> int:
+        if dynamic_smem > self._max_dyn_smem:
+            self.set_max_dynamic_shared_memory(dynamic_smem)
+        with on_device(self.device.ordinal):
+            return int(self._k.occupancy.max_active_blocks_per_multiprocessor(int(block_size), int(dynamic_smem)))
+
+    def max_potential_block_size(self, dynamic_smem: int = 0, block_size_limit: int = 0) -> tuple[int, int]:
+        """(min grid size for full occupancy, block size) as the driver suggests."""
+        with on_device(self.device.ordinal):
+            r = self._k.occupancy.max_potential_block_size(int(dynamic_smem), int(block_size_limit))
+        return int(r.min_grid_size), int(r.max_block_size)
+
+    def max_cooperative_grid(self, block_size: int, dynamic_smem: int = 0) -> int:
+        """The largest grid (in blocks) that can be co-resident, hence launched cooperatively."""
+        return self.max_active_blocks_per_sm(block_size, dynamic_smem) * self.device.sm_count
+
+    # ---- launch ----
+    def _config(self, grid, block, shared_mem: int, cooperative: bool):
+        key = (grid, block, shared_mem, cooperative)
+        cfg = self._configs.get(key)
+        if cfg is not None:
+            return cfg
+        from cuda.core import LaunchConfig
+
+        g, b = _dim3(grid), _dim3(block)
+        nthreads = b[0] * b[1] * b[2]
+        if min(g) < 1 or min(b) < 1:
+            raise LaunchError(f"{self.label}: grid {g} and block {b} must be positive in every dimension")
+        if nthreads > self.max_threads_per_block:
+            raise LaunchError(f"{self.label}: block of {nthreads} threads exceeds this kernel's limit of "
+                              f"{self.max_threads_per_block} (registers: {self.num_regs} per thread)")
+        if shared_mem > self._max_dyn_smem:
+            self.set_max_dynamic_shared_memory(shared_mem)
+        if cooperative:
+            fit = self.max_cooperative_grid(nthreads, shared_mem)
+            blocks = g[0] * g[1] * g[2]
+            if blocks > fit:
+                raise LaunchError(
+                    f"{self.label}: cooperative grid of {blocks} blocks cannot be co-resident; at most {fit} fit "
+                    f"({fit // max(1, self.device.sm_count)} per SM x {self.device.sm_count} SMs at {nthreads} threads "
+                    f"and {shared_mem} bytes dynamic shared memory). Launch at most {fit} blocks.")
+        cfg = LaunchConfig(grid=g, block=b, shmem_size=int(shared_mem), is_cooperative=bool(cooperative))
+        with self._lock:
+            self._configs[key] = cfg
+        return cfg
+
+    def launch(self, grid, block, args: Sequence[Any] = (), shared_mem: int = 0, stream=None,
+               cooperative: bool = False) -> None:
+        """Launch on ``stream`` (int handle, ``__cuda_stream__`` object, torch or CuPy stream; None: the
+        device's default stream). Arguments: ints for pointers and ``long long``, ``numpy.float32`` for float."""
+        cfg = self._configs.get((grid, block, shared_mem, cooperative))
+        if cfg is None:
+            cfg = self._config(grid, block, shared_mem, cooperative)
+        if stream is None:
+            s = self._default_stream
+            if s is None:
+                s = self._default_stream = core_stream(0)
+        else:
+            s = core_stream(stream)
+        try:
+            self._launch(s, cfg, self._k, *args)
+        except DriverError:
+            raise
+        except Exception as e:
+            raise LaunchError(f"launch of {self.label} failed (grid {grid}, block {block}, shared memory "
+                              f"{shared_mem}, {len(args)} args): {e}") from e
