@@ -1,0 +1,43 @@
+"""``rtckern`` command line: a dispatcher; each subcommand lives in ``rtckern/commands/<name>.py`` and exposes
+``add_parser(subparsers)`` setting ``func(args) -> exit code``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand modules, in help order. A module that is missing (a family not installed) is skipped.
+COMMANDS = ("info", "prefill", "cache", "explain", "tune", "selftest", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rtckern", description="Runtime JIT kernel service (NVRTC / hiprtc).")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"rtckern.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"rtckern.commands.{name}":
+                continue
+            raise
+        mod.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .errors import RtckernError
+
+    try:
+        return int(args.func(args) or 0)
+    except RtckernError as e:
+        print(f"rtckern {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

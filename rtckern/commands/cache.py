@@ -1,0 +1,109 @@
+"""``rtckern cache stats | ls | verify | clear | prune``."""
+
+from __future__ import annotations
+
+import json
+import time
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("cache", help="inspect and maintain the disk cache")
+    p.add_argument("--cache-dir", default=None, help="cache directory (default: RTCKERN_CACHE_DIR or ~/.cache/rtckern)")
+    cs = p.add_subparsers(dest="cache_command", metavar="ACTION")
+    cs.required = True
+    s = cs.add_parser("stats", help="entries and bytes")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=stats)
+    ls = cs.add_parser("ls", help="list entries")
+    ls.add_argument("--op", default=None)
+    ls.add_argument("--arch", default=None, help="e.g. sm_90")
+    ls.add_argument("--toolchain", default=None, help="substring of the compiler identity, e.g. nvrtc-13.0")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=ls_)
+    v = cs.add_parser("verify", help="check every entry's digest; remove bad ones")
+    v.add_argument("--keep", action="store_true", help="report bad entries without removing them")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=verify)
+    c = cs.add_parser("clear", help="remove every entry")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=clear)
+    pr = cs.add_parser("prune", help="remove least-recently-used entries")
+    pr.add_argument("--max-bytes", type=int, default=None, help="shrink to at most this many bytes")
+    pr.add_argument("--older-than-days", type=float, default=None, help="remove entries unused this long")
+    pr.add_argument("--superseded", action="store_true", help="remove entries of other NVRTC versions")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=prune)
+
+
+def _disk(args):
+    from pathlib import Path
+
+    from ..cache import DiskCache
+    from ..config import settings
+
+    return DiskCache(Path(args.cache_dir) if args.cache_dir else settings().cache_dir)
+
+
+def _emit(args, obj: dict, text: str) -> int:
+    print(json.dumps(obj, indent=2) if args.json else text)
+    return 0
+
+
+def stats(args) -> int:
+    d = _disk(args)
+    entries = list(d.entries())
+    by_arch: dict[str, int] = {}
+    for e in entries:
+        by_arch[e.meta.get("arch", "?")] = by_arch.get(e.meta.get("arch", "?"), 0) + 1
+    obj = {"dir": str(d.root), "entries": len(entries), "bytes": sum(e.size for e in entries), "by_arch": by_arch}
+    return _emit(args, obj, f"{obj['dir']}: {obj['entries']} entries, {obj['bytes']} bytes  "
+                 + " ".join(f"{k}:{v}" for k, v in sorted(by_arch.items())))
+
+
+def ls_(args) -> int:
+    from ._table import table
+
+    rows = []
+    for e in _disk(args).entries():
+        m = e.meta
+        if args.op and m.get("op") != args.op:
+            continue
+        if args.arch and m.get("arch") != args.arch:
+            continue
+        if args.toolchain and args.toolchain not in m.get("compiler", ""):
+            continue
+        rows.append({"key": e.key, "op": m.get("op", ""), "kernel": m.get("name_expression", ""),
+                     "arch": m.get("arch", ""), "size": e.size, "compiler": m.get("compiler", "").split("|")[0],
+                     "compile_ms": m.get("compile_ms"), "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(e.mtime))})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(table(("key", "op", "kernel", "arch", "bytes", "compiler", "last used"),
+                [(r["key"][:16], r["op"], r["kernel"][:48], r["arch"], r["size"], r["compiler"], r["last_used"])
+                 for r in rows]))
+    return 0
+
+
+def verify(args) -> int:
+    r = _disk(args).verify(remove=not args.keep)
+    _emit(args, r, f"checked {r['checked']}, corrupt {r['corrupt']}, removed {r['removed']}")
+    return 1 if r["corrupt"] and args.keep else 0
+
+
+def clear(args) -> int:
+    r = _disk(args).clear()
+    return _emit(args, r, f"removed {r['removed']} entries")
+
+
+def prune(args) -> int:
+    d = _disk(args)
+    keep = None
+    if args.superseded:
+        from ..compiler.nvrtc import NvrtcCompiler
+
+        current = NvrtcCompiler().identity()
+        keep = lambda e: not e.meta.get("compiler", "").startswith("nvrtc") or e.meta.get("compiler") == current  # noqa: E731
+    older = args.older_than_days * 86400 if args.older_than_days is not None else None
+    r = d.prune(max_bytes=args.max_bytes, older_than_s=older, keep=keep)
+    r["bytes"] = d.total_bytes()
+    return _emit(args, r, f"removed {r['removed']} entries ({r['freed_bytes']} bytes); {r['bytes']} bytes remain")

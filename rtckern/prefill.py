@@ -1,0 +1,147 @@
+"""The built-in kernel set and compiling it for a list of archs without a GPU.
+
+Kernel providers (each op family, and the core itself) register a function that, given the target archs,
+returns the ``KernelSpec``s to build. Prefill compiles them through the manager's caches, in parallel
+processes, deterministically: the same arch list and toolchain give the same keys and bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Callable, Iterable, Sequence
+
+from .arch import Arch, ArchFilter, parse_arch_list
+from .spec import KernelSpec
+
+DEFAULT_ARCHS = "7.5;8.0;8.6;8.9;9.0a"
+
+_providers: dict[str, Callable[[Sequence[Arch]], Iterable[KernelSpec]]] = {}
+
+
+def register_provider(name: str, fn: Callable[[Sequence[Arch]], Iterable[KernelSpec]]) -> None:
+    """``fn(archs) -> specs``: what family ``name`` needs compiled for ``archs`` (apply its ArchFilter)."""
+    _providers[name] = fn
+
+
+def _core_specs(archs: Sequence[Arch]) -> Iterable[KernelSpec]:
+    """The core service's own kernels: tests, benchmarks, smoke set."""
+    for arch in ArchFilter.of(min_arch="7.5").targets(archs):
+        for t in ("float", "rtk_half", "rtk_bf16"):
+            yield KernelSpec("core/axpy.cuh", "axpy", arch, template_args=(t,), op="core")
+        for name in ("noop0", "noop8", "coop_sum", "smem_reverse"):
+            yield KernelSpec("core/axpy.cuh", name, arch, op="core")
+
+
+register_provider("core", _core_specs)
+
+
+def load_builtin_providers() -> None:
+    """Import op families so their providers register (an op family that fails to import is skipped)."""
+    try:
+        import rtckern.ops  # noqa: F401
+    except ImportError:
+        pass
+
+
+def builtin_specs(archs: Sequence[Arch], families: Sequence[str] | None = None) -> list[KernelSpec]:
+    load_builtin_providers()
+    out: dict[KernelSpec, None] = {}
+    for name in sorted(_providers):
+        if families and name not in families:
+            continue
+        for spec in _providers[name](archs):
+            targets = [spec.arch]
+            if spec.arch.ptx:  # "+PTX": a cubin and PTX
+                targets = [dataclasses.replace(spec.arch, ptx=False), spec.arch]
+            for t in targets:
+                out.setdefault(dataclasses.replace(spec, arch=t), None)
+    return sorted(out, key=lambda s: (s.arch.sort_key(), s.source, s.name_expression, s.defines, s.options))
+
+
+@dataclasses.dataclass
+class PrefillResult:
+    spec: KernelSpec
+    key: str
+    status: str  # "compiled", "cached" or "failed"
+    ms: float
+    error: str = ""
+
+
+def _compile_one(spec: KernelSpec, cache_dir: str | None) -> PrefillResult:
+    from .manager import KernelManager, get_manager
+
+    m = KernelManager(cache_dir) if cache_dir else get_manager()
+    t0 = time.perf_counter()
+    try:
+        key = m.key(spec)
+        ck, tier = m.lookup(spec)
+        if ck is not None:
+            return PrefillResult(spec, key, "cached", (time.perf_counter() - t0) * 1e3)
+        before = m.stats.compiles
+        m.compile(spec)
+        # Another process may have compiled it while we waited for the lock: count what this one did.
+        status = "compiled" if m.stats.compiles > before else "cached"
+        return PrefillResult(spec, key, status, (time.perf_counter() - t0) * 1e3)
+    except Exception as e:  # one failure never stops the others
+        return PrefillResult(spec, "", "failed", (time.perf_counter() - t0) * 1e3, f"{type(e).__name__}: {e}")
+
+
+def _worker(args):
+    spec, cache_dir = args
+    return _compile_one(spec, cache_dir)
+
+
+def prefill(specs: Sequence[KernelSpec], *, jobs: int = 1, cache_dir: str | None = None,
+            progress: Callable[[PrefillResult], None] | None = None) -> list[PrefillResult]:
+    results: list[PrefillResult] = []
+    if jobs <= 1 or len(specs) <= 1:
+        for s in specs:
+            r = _compile_one(s, cache_dir)
+            results.append(r)
+            if progress:
+                progress(r)
+    else:
+        ctx = None
+        try:
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("spawn")  # no forked CUDA/NVRTC state
+        except ValueError:
+            pass
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
+            futs = [ex.submit(_worker, (s, cache_dir)) for s in specs]
+            for f in as_completed(futs):
+                r = f.result()
+                results.append(r)
+                if progress:
+                    progress(r)
+    order = {s: i for i, s in enumerate(specs)}
+    results.sort(key=lambda r: order[r.spec])
+    return results
+
+
+def default_jobs() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def summarize(results: Sequence[PrefillResult], seconds: float) -> dict:
+    by = {"compiled": 0, "cached": 0, "failed": 0}
+    for r in results:
+        by[r.status] += 1
+    per_arch: dict[str, dict[str, int]] = {}
+    for r in results:
+        a = per_arch.setdefault(r.spec.arch.sm + ("+ptx" if r.spec.arch.ptx else ""),
+                                {"compiled": 0, "cached": 0, "failed": 0})
+        a[r.status] += 1
+    return {
+        "total": len(results), **by, "seconds": round(seconds, 3), "per_arch": per_arch,
+        "compile_ms": round(sum(r.ms for r in results if r.status == "compiled"), 1),
+        "failures": [{"kernel": r.spec.describe(), "error": r.error} for r in results if r.status == "failed"],
+    }
+
+
+def parse_archs(text: str | None) -> list[Arch]:
+    return parse_arch_list(text or DEFAULT_ARCHS)
