@@ -82,7 +82,9 @@ class Candidate:
 
     def target(self, req: "OpRequest") -> Arch:
         """The compile target for req's device: its arch-specific one (sm_90a) when this candidate needs it."""
-        return req.device.target(needs_arch_specific=self.arch_specific)
+        from rtckern.registry.core_api import target_for
+
+        return target_for(req.device, self.arch_specific)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} op={self.op!r} priority={self.priority}>"
@@ -122,5 +124,5 @@ def arch_reason(cand: Candidate, req: "OpRequest") -> str | None:
     if why is None:
         return None
     lo, hi = cand.min_arch or "any", cand.max_arch or "any"
-    name = f" ({req.device.name})" if req.device.name else ""
-    return f"{why} (serves {lo} .. {hi}{', arch-specific' if cand.arch_specific else ''}; device{name})"
+    kind = ", arch-specific target" if cand.arch_specific else ""
+    return f"{why} (candidate serves {lo} .. {hi}{kind}; device: {req.device.name or req.device.arch.sm})"

@@ -29,6 +29,27 @@ def compile_error_summary(exc: Exception, max_lines: int = 6) -> str:
     return text + (f"; (+{more} more lines)" if more > 0 else "")
 
 
+def target_for(device: Any, arch_specific: bool = False) -> Any:
+    """The compile target for a device: DeviceInfo.target() where the core has it, else the core's
+    choose_target() with this NVRTC's supported archs (and the driver's version on a live device)."""
+    fn = getattr(device, "target", None)
+    if fn is not None:
+        return fn(needs_arch_specific=arch_specific)
+    from rtckern.arch import choose_target
+    from rtckern.compiler import compiler_for
+
+    if device.arch.gfx:
+        return device.arch
+    comp = compiler_for(device.arch)
+    drv = None
+    if device.ordinal is not None:
+        from rtckern.runtime.driver import driver_version
+
+        drv = driver_version()
+    return choose_target(device.arch, comp.supported_archs(), arch_specific=arch_specific,
+                         nvrtc_version=comp.version(), driver_version=drv)
+
+
 def toolchain(mode: str, device: Any) -> dict[str, Any]:
     """What, besides the kernels' cache keys, can change a probe outcome: rtckern's version (candidate code),
     and on a live device the driver version (loading, occupancy)."""
@@ -36,5 +57,7 @@ def toolchain(mode: str, device: Any) -> dict[str, Any]:
 
     out: dict[str, Any] = {"rtckern": getattr(rtckern, "__version__", "0")}
     if mode == "live":
-        out["driver"] = get_manager().driver_version()
+        from rtckern.runtime.driver import driver_version
+
+        out["driver"] = "%d.%d" % driver_version()
     return out

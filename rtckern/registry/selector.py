@@ -7,6 +7,7 @@ outcome, failures included, in memory and in the decision store on disk.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from rtckern import config
@@ -44,6 +45,7 @@ class Registry:
         self._memo_settings: Any = None
         self._key_locks: dict[OpRequest, threading.Lock] = {}
         self._lock = threading.RLock()
+        self._builders: dict[str, "BuilderEntry"] = {}
         self.probe_count = 0  # candidates probed past the cheap checks (tests assert memoization with it)
 
     # -- registration ---------------------------------------------------------------------------------------------
@@ -62,6 +64,29 @@ class Registry:
             lst.sort(key=lambda c: (-c.priority, c.name))  # priority order, ties by name: deterministic
             self._memo.clear()
         return cand
+
+    def register_request_builder(self, op: str, fn: "RequestBuilder", *, help: str = "",
+                                 example: str = "", replace: bool = False) -> None:
+        """Let `explain`, `tune` and `selftest` build op's request from a shape string: fn(shape: tuple[int, ...],
+        dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest. dtype is None when not given (use
+        the op's main dtype); options are the CLI's --opt key=value pairs, as strings. help: one line naming
+        what shape means and which options exist; example: an argument line (`--dtype bf16 --shape 8192x4096`)."""
+        with self._lock:
+            if op in self._builders and not replace:
+                raise ValueError(f"op {op!r} already has a request builder ({self._builders[op].fn!r}); pass "
+                                 "replace=True to swap it")
+            self._builders[op] = BuilderEntry(op, fn, help, example)
+
+    def request_builder(self, op: str) -> "BuilderEntry":
+        try:
+            return self._builders[op]
+        except KeyError:
+            known = sorted(self._builders)
+            raise KeyError(f"op {op!r} has no request builder; ops with one: {known or '(none: import rtckern.ops)'}"
+                           ) from None
+
+    def builder_ops(self) -> tuple[str, ...]:
+        return tuple(sorted(self._builders))
 
     def candidates(self, op: str) -> tuple[Candidate, ...]:
         return tuple(self._candidates.get(op, ()))
@@ -184,3 +209,11 @@ def unsupported_error(req: OpRequest, results: list[ProbeResult], s: Any) -> Uns
 
 
 RequestBuilder = Callable[..., OpRequest]
+
+
+@dataclass(frozen=True)
+class BuilderEntry:
+    op: str
+    fn: RequestBuilder
+    help: str = ""
+    example: str = ""
