@@ -1,0 +1,418 @@
+"""Attention forward: correctness grid and TFLOP/s against torch SDPA (flash and cuDNN backends).
+
+    PYTHONPATH=. python3 benchmarks/attention.py --check --bench --out benchmarks/results
+
+Engines:
+  rtckern  the public op, rtckern.ops.attention (registry selection, cached kernels)
+  raw      the kernel templates compiled directly with CuPy's NVRTC, one launch per call; lets the benchmark time
+           tile configurations that the registry would not pick (and worked before the core existed)
+Writes attention_<date>.json and .md (and a PNG plot with --plot) under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.util
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_configs():
+    # By file path: the raw engine must not depend on the rest of the package importing cleanly.
+    spec = importlib.util.spec_from_file_location("_attention_configs", ROOT / "rtckern/ops/_attention_configs.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["_attention_configs"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+C = _load_configs()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# raw engine: CuPy RawModule
+# ----------------------------------------------------------------------------------------------------------------
+def _cuda_include_dir() -> str:
+    try:
+        import cuda.pathfinder as pf
+
+        d = pf.find_nvidia_header_directory("cudart")
+        if d:
+            return d
+    except Exception:
+        pass
+    import nvidia
+
+    for base in nvidia.__path__:
+        for sub in ("cu13/include", "cuda_runtime/include"):
+            p = os.path.join(base, sub)
+            if os.path.isfile(os.path.join(p, "cuda_fp16.h")):
+                return p
+    raise RuntimeError("CUDA headers not found")
+
+
+class RawEngine:
+    def __init__(self):
+        import cupy
+
+        self.cupy = cupy
+        self.inc = _cuda_include_dir()
+        self.ks = str(ROOT / "kernel_sources")
+        self._mods = {}
+        self.compile_s = {}
+
+    def kernel(self, source: str, expr: str):
+        key = (source, expr)
+        if key not in self._mods:
+            code = (ROOT / "kernel_sources" / source).read_text()
+            t0 = time.perf_counter()
+            mod = self.cupy.RawModule(code=code, options=("-std=c++17", f"-I{self.ks}", f"-I{self.inc}"),
+                                      name_expressions=[expr])
+            fn = mod.get_function(expr)
+            fn.attributes  # force compile + load
+            self.compile_s[expr] = time.perf_counter() - t0
+            self._mods[key] = (mod, fn)
+        return self._mods[key][1]
+
+    def runner(self, tile, dtype: str, hd: int, causal: bool):
+        if isinstance(tile, C.SimtTile):
+            source, kname = C.SIMT_SOURCE, C.SIMT_KERNEL
+        else:
+            source, kname = C.SM80_SOURCE, C.SM80_KERNEL
+        expr = C.name_expression(kname, tile.template_args(dtype, hd, causal))
+        fn = self.kernel(source, expr)
+        smem = tile.smem_bytes(hd)
+        if smem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = smem
+        import numpy as np
+
+        def run(q, k, v, o, lse, scale):
+            b, sq, hq, _ = q.shape
+            sk, hk = k.shape[1], k.shape[2]
+            st = lambda t: [np.int64(x) for x in (t.stride(0), t.stride(1), t.stride(2))]
+            args = [np.uint64(q.data_ptr()), np.uint64(k.data_ptr()), np.uint64(v.data_ptr()), np.uint64(o.data_ptr()),
+                    np.uint64(0 if lse is None else lse.data_ptr()), np.int64(sq), np.int64(sk), np.int64(hq),
+                    np.int64(hk), *st(q), *st(k), *st(v), *st(o), np.float32(scale * math.log2(math.e))]
+            fn(tile.grid(b, hq, sq), (tile.threads, 1, 1), tuple(args), shared_mem=smem)
+
+        run.label = tile.label()
+        return run
+
+
+class RtckernEngine:
+    def __init__(self):
+        import rtckern.ops as ops
+
+        self.ops = ops
+
+    def runner(self, tile, dtype, hd, causal):
+        ops = self.ops
+
+        def run(q, k, v, o, lse, scale):
+            res = ops.attention(q, k, v, causal=causal, softmax_scale=scale, return_lse=lse is not None)
+            if lse is not None:
+                res, l = res
+                lse.copy_(l)
+            o.copy_(res)
+
+        run.label = "rtckern"
+        run.returns_new = True
+        return run
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# references
+# ----------------------------------------------------------------------------------------------------------------
+def visible_mask(sq, sk, causal, device):
+    import torch
+
+    if not causal:
+        return None
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    return j <= i + (sk - sq)  # bottom-right aligned
+
+
+def reference(q, k, v, causal, scale):
+    """float64 attention in (b, s, h, d) layout; returns (o, lse) with o = 0, lse = -inf for rows that see no key."""
+    import torch
+
+    hq, hk = q.shape[2], k.shape[2]
+    qf = q.double().transpose(1, 2)
+    kf = k.double().transpose(1, 2).repeat_interleave(hq // hk, dim=1)
+    vf = v.double().transpose(1, 2).repeat_interleave(hq // hk, dim=1)
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    m = visible_mask(q.shape[1], k.shape[1], causal, q.device)
+    if m is not None:
+        s = s.masked_fill(~m, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return (p @ vf).transpose(1, 2), lse
+
+
+def math_sdpa(q, k, v, causal, scale):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    m = visible_mask(q.shape[1], k.shape[1], causal, q.device)
+    with sdpa_kernel(SDPBackend.MATH):
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=m,
+                                           scale=scale, enable_gqa=True)
+    return o.transpose(1, 2)
+
+
+def check_case(run, dtype, b, sq, sk, hq, hk, hd, causal, seed, strided=False):
+    import torch
+
+    torch.manual_seed(seed)
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    dev = "cuda"
+    if strided:  # q, k, v as views into one packed (b, s, heads, d) buffer: non-trivial head/row strides
+        assert sq == sk
+        qkv = torch.randn(b, sq, hq + 2 * hk, hd, device=dev, dtype=tdt)
+        q, k, v = qkv[:, :, :hq], qkv[:, :, hq:hq + hk], qkv[:, :, hq + hk:]
+    else:
+        q = torch.randn(b, sq, hq, hd, device=dev, dtype=tdt)
+        k = torch.randn(b, sk, hk, hd, device=dev, dtype=tdt)
+        v = torch.randn(b, sk, hk, hd, device=dev, dtype=tdt)
+    scale = 1.0 / math.sqrt(hd)
+    o = torch.full((b, sq, hq, hd), float("nan"), device=dev, dtype=tdt)
+    lse = torch.full((b, hq, sq), float("nan"), device=dev, dtype=torch.float32)
+    run(q, k, v, o, lse, scale)
+    torch.cuda.synchronize()
+    ref_o, ref_lse = reference(q, k, v, causal, scale)
+    seen = torch.isfinite(ref_lse).transpose(1, 2)  # (b, sq, hq): rows with at least one visible key
+    err = (o.double() - ref_o).abs()
+    ours = err.max().item() if err.numel() else 0.0
+    unwritten = int(torch.isnan(o).sum().item()) + int(torch.isnan(lse).sum().item())
+    mo = math_sdpa(q, k, v, causal, scale)
+    merr = (mo.double() - ref_o).abs()[seen].max().item() if bool(seen.any()) else 0.0
+    fin = torch.isfinite(ref_lse)
+    lse_err = (lse.double() - ref_lse)[fin].abs().max().item() if bool(fin.any()) else 0.0
+    lse_inf_ok = bool((lse[~fin] == float("-inf")).all().item())
+    # Pass: within 2x math SDPA's error (plus one bf16/fp16 ulp at 2^-10 scale for cases where math is exact).
+    floor = 1e-6
+    ok = (unwritten == 0 and math.isfinite(ours) and ours <= 2 * merr + floor and lse_err < 1e-3 and lse_inf_ok)
+    return dict(dtype=dtype, b=b, sq=sq, sk=sk, hq=hq, hk=hk, hd=hd, causal=causal, strided=strided,
+                err=ours, math_err=merr, ratio=ours / merr if merr > 0 else None, lse_err=lse_err,
+                lse_inf_ok=lse_inf_ok, unwritten=unwritten, ok=ok)
+
+
+def check_grid():
+    """(b, sq, sk, hq, hk) cases crossed with head dims, causal, dtypes: ragged seqlens, sq != sk, GQA 1/4/8."""
+    shapes = [
+        (2, 1, 1, 8, 8), (2, 17, 17, 8, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 8, 8), (2, 1000, 1000, 8, 2),
+        (1, 1, 4097, 8, 1), (1, 4097, 4097, 4, 1), (3, 17, 113, 8, 2), (1, 113, 17, 8, 1), (1, 300, 300, 16, 4),
+    ]
+    cases = []
+    for hd in C.HEAD_DIMS:
+        for causal in (False, True):
+            for i, (b, sq, sk, hq, hk) in enumerate(shapes):
+                if hd == 256 and sq * sk > 4_000_000 and causal is False:
+                    continue
+                dtype = "bf16" if (i + hd // 32 + causal) % 2 == 0 else "fp16"
+                cases.append(dict(dtype=dtype, b=b, sq=sq, sk=sk, hq=hq, hk=hk, hd=hd, causal=causal))
+        cases.append(dict(dtype="bf16", b=2, sq=257, sk=257, hq=8, hk=2, hd=hd, causal=True, strided=True))
+    return cases
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# timing
+# ----------------------------------------------------------------------------------------------------------------
+def time_ms(fn, warmup=5, reps=30):
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts), min(ts), max(ts)
+
+
+def bench_points():
+    pts = []
+    for hd, heads in ((64, 32), (128, 16)):
+        for sl in (1024, 4096, 16384):
+            for causal in (False, True):
+                pts.append(dict(hd=hd, heads=heads, seqlen=sl, batch=16384 // sl, causal=causal))
+    return pts
+
+
+def tflops(p, ms):
+    f = 4.0 * p["batch"] * p["heads"] * p["seqlen"] ** 2 * p["hd"]
+    if p["causal"]:
+        f /= 2
+    return f / (ms * 1e-3) / 1e12
+
+
+def sdpa_runner(backend_name):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def make(q, k, v, causal):
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+        def fn():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+        return fn
+
+    return make
+
+
+def environment():
+    import torch
+
+    env = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), python=platform.python_version(),
+               torch=torch.__version__, torch_cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(0),
+               sm_count=torch.cuda.get_device_properties(0).multi_processor_count,
+               cudnn=torch.backends.cudnn.version())
+    try:
+        import subprocess
+
+        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception as e:  # report, do not fail the benchmark
+        env["driver"] = f"unknown ({e})"
+    try:
+        import cupy
+
+        env["cupy"] = cupy.__version__
+        env["nvrtc"] = ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
+    except Exception:
+        pass
+    return env
+
+
+def parse_tile(s: str):
+    # "128x64w4s2q" -> Sm80Tile(128, 64, 4, 2, True); "simt" -> SIMT_TILE
+    if s == "simt":
+        return C.SIMT_TILE
+    q = s.endswith("q")
+    s = s.rstrip("q")
+    bm, rest = s.split("x")
+    bn, rest = rest.split("w")
+    w, st = rest.split("s")
+    return C.Sm80Tile(int(bm), int(bn), int(w), int(st), q)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", choices=("rtckern", "raw"), default="rtckern")
+    ap.add_argument("--check", action="store_true", help="run the correctness grid")
+    ap.add_argument("--check-simt", action="store_true", help="also run the grid on the SIMT fallback kernel")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--tiles", default="", help="raw engine: hd=tile,tile;hd=... extra tiles to time")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--plot", action="store_true")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    env = environment()
+    print(json.dumps(env), flush=True)
+    eng = RawEngine() if args.engine == "raw" else RtckernEngine()
+    result = dict(env=env, engine=args.engine, checks=[], bench=[])
+
+    def default_runner(dtype, hd, causal):
+        tile = C.SM80_TILES[hd]
+        return eng.runner(tile, dtype, hd, causal)
+
+    if args.check:
+        fails = 0
+        for cs in check_grid():
+            run = default_runner(cs["dtype"], cs["hd"], cs["causal"])
+            r = check_case(run, seed=len(result["checks"]), **cs)
+            r["kernel"] = run.label
+            result["checks"].append(r)
+            fails += not r["ok"]
+            if not r["ok"]:
+                print("FAIL", r, flush=True)
+        print(f"check: {len(result['checks']) - fails} passed, {fails} failed", flush=True)
+        worst = max(result["checks"], key=lambda r: r["ratio"] or 0)
+        print("worst ratio vs math SDPA:", {k: worst[k] for k in ("hd", "sq", "sk", "causal", "err", "math_err", "ratio")})
+    if args.check_simt and args.engine == "raw":
+        fails = 0
+        n = 0
+        for cs in check_grid():
+            if cs["sq"] * cs["sk"] > 2_000_000:
+                continue
+            run = eng.runner(C.SIMT_TILE, cs["dtype"], cs["hd"], cs["causal"])
+            r = check_case(run, seed=1000 + n, **cs)
+            r["kernel"] = "simt"
+            result["checks"].append(r)
+            n += 1
+            fails += not r["ok"]
+            if not r["ok"]:
+                print("FAIL simt", r, flush=True)
+        print(f"check simt: {n - fails} passed, {fails} failed", flush=True)
+
+    extra = {}
+    for part in filter(None, args.tiles.split(";")):
+        hd, tiles = part.split("=")
+        extra[int(hd)] = [parse_tile(t) for t in tiles.split(",")]
+
+    if args.bench:
+        rows = []
+        for p in bench_points():
+            g = torch.Generator(device="cuda").manual_seed(1)
+            shp = (p["batch"], p["seqlen"], p["heads"], p["hd"])
+            q, k, v = (torch.randn(shp, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            o = torch.empty_like(q)
+            scale = 1.0 / math.sqrt(p["hd"])
+            entries = {}
+            runners = [default_runner("bf16", p["hd"], p["causal"])]
+            if args.engine == "raw":
+                for t in extra.get(p["hd"], []):
+                    runners.append(eng.runner(t, "bf16", p["hd"], p["causal"]))
+            for run in runners:
+                if run.label in entries:
+                    continue
+                ms = time_ms(lambda: run(q, k, v, o, None, scale), reps=args.reps)
+                entries[run.label] = ms
+            for bname in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
+                try:
+                    fn = sdpa_runner(bname)(q, k, v, p["causal"])
+                    entries["sdpa_" + bname.split("_")[0].lower()] = time_ms(fn, reps=args.reps)
+                except Exception as e:
+                    print(f"{bname} failed: {e}")
+            row = dict(p, ms={k: v[0] for k, v in entries.items()},
+                       spread={k: [v[1], v[2]] for k, v in entries.items()},
+                       tflops={k: tflops(p, v[0]) for k, v in entries.items()})
+            rows.append(row)
+            line = " ".join(f"{k}={v:.0f}" for k, v in sorted(row["tflops"].items(), key=lambda kv: -kv[1]))
+            print(f"hd{p['hd']} s{p['seqlen']} b{p['batch']} causal={int(p['causal'])}: {line}", flush=True)
+        result["bench"] = rows
+    if hasattr(eng, "compile_s"):
+        result["compile_s_device"] = eng.compile_s
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stamp = _dt.date.today().isoformat()
+        (out / f"attention_{args.engine}_{stamp}.json").write_text(json.dumps(result, indent=1))
+        print("wrote", out / f"attention_{args.engine}_{stamp}.json")
+    return result
+
+
+if __name__ == "__main__":
+    main()
