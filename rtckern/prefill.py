@@ -127,10 +127,30 @@ def default_jobs() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def summarize(results: Sequence[PrefillResult], seconds: float) -> dict:
+def unsupported_archs(archs: Sequence[Arch]) -> dict[str, str]:
+    """Archs in the list that no installed compiler can target, with the reason (reported as failures)."""
+    from .compiler import compiler_for
+    from .errors import ArchError
+
+    out = {}
+    for a in archs:
+        try:
+            c = compiler_for(a)
+            if not a.gfx and a.number not in c.supported_archs():
+                from .arch import nvrtc_unsupported_message
+
+                out[str(a)] = nvrtc_unsupported_message(a, c.supported_archs(), c.version())
+        except (ArchError, ImportError, Exception) as e:  # e.g. no hiprtc installed for a gfx target
+            out[str(a)] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def summarize(results: Sequence[PrefillResult], seconds: float, arch_failures: dict[str, str] | None = None) -> dict:
     by = {"compiled": 0, "cached": 0, "failed": 0}
     for r in results:
         by[r.status] += 1
+    arch_failures = arch_failures or {}
+    by["failed"] += len(arch_failures)
     per_arch: dict[str, dict[str, int]] = {}
     for r in results:
         a = per_arch.setdefault(r.spec.arch.sm + ("+ptx" if r.spec.arch.ptx else ""),
@@ -139,7 +159,8 @@ def summarize(results: Sequence[PrefillResult], seconds: float) -> dict:
     return {
         "total": len(results), **by, "seconds": round(seconds, 3), "per_arch": per_arch,
         "compile_ms": round(sum(r.ms for r in results if r.status == "compiled"), 1),
-        "failures": [{"kernel": r.spec.describe(), "error": r.error} for r in results if r.status == "failed"],
+        "failures": [{"kernel": f"every kernel for {a}", "error": e} for a, e in arch_failures.items()]
+        + [{"kernel": r.spec.describe(), "error": r.error} for r in results if r.status == "failed"],
     }
 
 

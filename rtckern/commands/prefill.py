@@ -48,17 +48,18 @@ class _Progress:
 
 
 def run(args) -> int:
-    from ..prefill import builtin_specs, default_jobs, parse_archs, prefill, summarize
+    from ..prefill import builtin_specs, default_jobs, parse_archs, prefill, summarize, unsupported_archs
     from ._table import table
 
     archs = parse_archs(args.arch)
-    specs = builtin_specs(archs, args.family)
+    bad = unsupported_archs(archs)
+    specs = builtin_specs([a for a in archs if str(a) not in bad], args.family)
     jobs = args.jobs or default_jobs()
     prog = _Progress(len(specs), not args.no_progress and not args.json)
     t0 = time.perf_counter()
     results = prefill(specs, jobs=jobs, cache_dir=args.cache_dir, progress=prog)
     prog.close()
-    summary = summarize(results, time.perf_counter() - t0)
+    summary = summarize(results, time.perf_counter() - t0, bad)
     summary["archs"] = [str(a) for a in archs]
     summary["jobs"] = jobs
     if args.json:

@@ -121,7 +121,7 @@ class NvrtcCompiler(Compiler):
             if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
                 raise CompileError(kernel=spec.name_expression, arch=arch.sm + (" (PTX)" if arch.ptx else ""),
                                    options=[o for o in opts if not o.startswith("-I")], log=log,
-                                   source=text, source_name=prog_name, compiler=f"NVRTC {self.version()}")
+                                   source=text, source_name=prog_name, compiler="NVRTC %d.%d" % self.version())
             lowered = _check(nvrtc.nvrtcGetLoweredName(prog, expr), "lowered name")
             lowered = lowered.decode() if isinstance(lowered, bytes) else str(lowered)
             if arch.ptx:

@@ -1,0 +1,154 @@
+"""Core-service benchmark (run on the GPU): copy bandwidth, hot-path launch cost, compile and cache timings.
+
+    PYTHONPATH=. python3 benchmarks/core.py        # writes core.json / core.md to $OUT or benchmarks/results
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+
+def copy_bandwidth(torch, nbytes=4 << 30, reps=20) -> float:
+    """Device-to-device copy in GB/s, counting bytes read plus bytes written (median of reps)."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    t = statistics.median(times)
+    del src, dst
+    return 2 * (nbytes // 2) / t / 1e9
+
+
+def per_call_us(fn, sync, n=20000, rounds=5) -> float:
+    """Host cost per launch: n back-to-back launches of an empty kernel, best of rounds (median is close)."""
+    for _ in range(1000):
+        fn()
+    sync()
+    res = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        res.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(res)
+
+
+def main() -> None:
+    import torch
+    from cuda.core import LaunchConfig, launch
+
+    import benchmarks.env as benv
+    from rtckern.arch import Arch
+    from rtckern.device import DeviceInfo
+    from rtckern.manager import KernelManager
+    from rtckern.spec import KernelSpec
+
+    torch.cuda.init()
+    dev = DeviceInfo.from_device(0)
+    arch = Arch(dev.arch.major, dev.arch.minor)
+    results: dict = {"env": benv.environment(), "device": dev.describe()}
+
+    results["copy_gbps"] = round(copy_bandwidth(torch), 1)
+
+    # --- compile and cache timings ---
+    with tempfile.TemporaryDirectory() as d:
+        specs = [KernelSpec("core/axpy.cuh", "axpy", arch, template_args=(t,)) for t in ("float", "rtk_half", "rtk_bf16")]
+        m = KernelManager(d)
+        cold = []
+        for s in specs:
+            t0 = time.perf_counter()
+            m.compile(s)
+            cold.append((time.perf_counter() - t0) * 1e3)
+        warm = []
+        for s in specs:
+            m2 = KernelManager(d)  # fresh process-like manager: memory empty, disk warm
+            t0 = time.perf_counter()
+            m2.get(s, 0)
+            warm.append((time.perf_counter() - t0) * 1e3)
+        k = m2.get(specs[-1], 0)
+        n = 100000
+        t0 = time.perf_counter()
+        for _ in range(n):
+            m2.get(specs[-1], 0)
+        mem_us = (time.perf_counter() - t0) / n * 1e6
+        results["cold_compile_ms"] = [round(x, 1) for x in cold]
+        results["warm_disk_load_ms"] = [round(x, 3) for x in warm]
+        results["memory_hit_us"] = round(mem_us, 3)
+
+        # --- launch cost ---
+        mgr = KernelManager(d)
+        k0 = mgr.get(KernelSpec("core/axpy.cuh", "noop0", arch), 0)
+        k8 = mgr.get(KernelSpec("core/axpy.cuh", "noop8", arch), 0)
+        buf = torch.zeros(16, device="cuda")
+        p = buf.data_ptr()
+        args8 = (p, p, p, p, 1, 2, np.float32(1.0), np.float32(2.0))
+        stream = torch.cuda.current_stream()
+        sh = stream.cuda_stream
+        sync = torch.cuda.synchronize
+        from rtckern.runtime.streams import core_stream
+
+        cs = core_stream(sh)
+        cfg = LaunchConfig(grid=1, block=32)
+        raw0 = per_call_us(lambda: launch(cs, cfg, k0.core), sync)
+        raw8 = per_call_us(lambda: launch(cs, cfg, k8.core, *args8), sync)
+        rt0 = per_call_us(lambda: k0.launch(1, 32, (), 0, sh), sync)
+        rt8 = per_call_us(lambda: k8.launch(1, 32, args8, 0, sh), sync)
+        rt8_torch_stream = per_call_us(lambda: k8.launch(1, 32, args8, 0, stream), sync)
+        import cupy
+
+        src = "extern \"C\" __global__ void noop8(float* out, const float* a, const float* b, const float* c, " \
+              "long long n0, long long n1, float s0, float s1) { if (blockIdx.x == 0 && threadIdx.x == 0 && n0 < 0) " \
+              "out[0] = a[0] + b[0] + c[0] + (float)n1 + s0 + s1; }"
+        ck = cupy.RawKernel(src, "noop8")
+        cb = cupy.zeros(16, dtype=cupy.float32)
+        cargs = (cb, cb, cb, cb, np.int64(1), np.int64(2), np.float32(1.0), np.float32(2.0))
+        cupy_us = per_call_us(lambda: ck((1,), (32,), cargs), lambda: cupy.cuda.Device().synchronize())
+        t = torch.zeros(1, device="cuda")
+        torch_us = per_call_us(lambda: t.add_(1.0), sync)
+        results["launch_us"] = {"cuda_core_0args": round(raw0, 3), "cuda_core_8args": round(raw8, 3),
+                                "rtckern_0args": round(rt0, 3), "rtckern_8args": round(rt8, 3),
+                                "rtckern_8args_torch_stream_obj": round(rt8_torch_stream, 3),
+                                "cupy_rawkernel_8args": round(cupy_us, 3), "torch_add_": round(torch_us, 3)}
+        results["targets"] = {
+            "launch_8args_vs_cuda_core": round(rt8 / raw8, 3), "launch_8args_le_1.25x": rt8 <= 1.25 * raw8,
+            "below_cupy": rt8 < cupy_us, "below_torch": rt8 < torch_us,
+            "warm_disk_le_1ms": max(warm) <= 1.0, "memory_hit_le_2us": mem_us <= 2.0}
+
+    L = results["launch_us"]
+    md = [f"# Core service benchmark\n\n{results['env']['date']} on {results['device']}; "
+          f"driver/GPU: {results['env'].get('nvidia_smi')}; NVRTC {results['env'].get('nvrtc')}; "
+          f"torch {results['env']['packages'].get('torch')}, cuda-core {results['env']['packages'].get('cuda-core')}, "
+          f"cupy {results['env']['packages'].get('cupy-cuda13x')}\n",
+          f"Device-to-device copy: **{results['copy_gbps']} GB/s** (read + write)\n",
+          "## Host cost per launch (µs, empty kernel, 20k back-to-back launches, median of 5)\n",
+          benv.md_table(["launcher", "0 args", "8 args"], [
+              ["cuda.core launch (raw)", L["cuda_core_0args"], L["cuda_core_8args"]],
+              ["rtckern Kernel.launch (int stream)", L["rtckern_0args"], L["rtckern_8args"]],
+              ["rtckern Kernel.launch (torch stream)", "", L["rtckern_8args_torch_stream_obj"]],
+              ["CuPy RawKernel", "", L["cupy_rawkernel_8args"]],
+              ["torch eager `add_`", L["torch_add_"], ""]]),
+          "\n## Compile and cache\n",
+          benv.md_table(["what", "value"], [
+              ["cold NVRTC compile (axpy f32/f16/bf16), ms", results["cold_compile_ms"]],
+              ["warm disk hit + load, new manager, ms", results["warm_disk_load_ms"]],
+              ["memory hit (manager.get), µs", results["memory_hit_us"]]]),
+          "\n## Targets\n", benv.md_table(["target", "value"], list(results["targets"].items()))]
+    j, m_ = benv.write("core", results, "\n".join(md))
+    print(open(m_).read())
+
+
+if __name__ == "__main__":
+    main()

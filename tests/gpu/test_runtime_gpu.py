@@ -1,0 +1,136 @@
+"""Core runtime on a real GPU: load and launch, occupancy against the driver, cooperative launch and its
+refusal, >48 KB dynamic shared memory, two streams, per-device loading."""
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+from rtckern.arch import Arch  # noqa: E402
+from rtckern.device import DeviceInfo  # noqa: E402
+from rtckern.errors import LaunchError  # noqa: E402
+from rtckern.manager import KernelManager  # noqa: E402
+from rtckern.spec import KernelSpec  # noqa: E402
+
+
+@pytest.fixture
+def dev():
+    return DeviceInfo.from_device(0)
+
+
+@pytest.fixture
+def mgr(tmp_path):
+    return KernelManager(tmp_path / "c")
+
+
+def spec(dev, name, targs=()):
+    return KernelSpec("core/axpy.cuh", name, Arch(dev.arch.major, dev.arch.minor), template_args=targs)
+
+
+@pytest.mark.parametrize("t, dtype, tol", [("float", torch.float32, 1e-6), ("rtk_half", torch.float16, 1e-3),
+                                           ("rtk_bf16", torch.bfloat16, 1e-2)])
+def test_axpy_launch(dev, mgr, t, dtype, tol):
+    n = 1_000_003
+    x = torch.randn(n, device="cuda", dtype=dtype)
+    y = torch.randn(n, device="cuda", dtype=dtype)
+    ref = (2.5 * x.double() + y.double())
+    k = mgr.get(spec(dev, "axpy", (t,)), 0)
+    k.launch((n + 255) // 256, 256, (x.data_ptr(), y.data_ptr(), np.float32(2.5), n),
+             stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    err = ((y.double() - ref).norm() / ref.norm()).item()
+    assert err < tol
+
+
+def test_occupancy_matches_driver(dev, mgr):
+    from cuda.bindings import driver as d
+
+    k = mgr.get(spec(dev, "coop_sum"), 0)
+    for block in (128, 256, 512, 1024):
+        ours = k.max_active_blocks_per_sm(block, 0)
+        err, theirs = d.cuOccupancyMaxActiveBlocksPerMultiprocessor(k.core.handle, block, 0)
+        assert err == d.CUresult.CUDA_SUCCESS and ours == theirs and ours >= 1
+    grid, block = k.max_potential_block_size()
+    assert block >= 32 and grid >= dev.sm_count
+    assert k.num_regs > 0 and k.max_threads_per_block >= 256
+
+
+def test_cooperative_grid_sync(dev, mgr):
+    k = mgr.get(spec(dev, "coop_sum"), 0)
+    block = 256
+    fit = k.max_cooperative_grid(block)
+    assert fit == k.max_active_blocks_per_sm(block) * dev.sm_count
+    n = 10_000_000
+    x = torch.rand(n, device="cuda", dtype=torch.float32)
+    partials = torch.empty(fit, device="cuda")
+    out = torch.full((1,), float("nan"), device="cuda")
+    bar = torch.zeros(1, dtype=torch.int32, device="cuda")
+    k.launch(fit, block, (x.data_ptr(), partials.data_ptr(), out.data_ptr(), n, bar.data_ptr()), cooperative=True)
+    torch.cuda.synchronize()
+    ref = x.double().sum().item()
+    assert abs(out.item() - ref) / ref < 1e-5
+    with pytest.raises(LaunchError, match=rf"cooperative grid of {fit + 1} blocks cannot be co-resident; at most {fit} fit"):
+        k.launch(fit + 1, block, (x.data_ptr(), partials.data_ptr(), out.data_ptr(), n, bar.data_ptr()),
+                 cooperative=True)
+
+
+def test_dynamic_shared_memory_above_48k(dev, mgr):
+    k = mgr.get(spec(dev, "smem_reverse"), 0)
+    n = 50_000  # 200 KB of floats
+    smem = n * 4
+    assert smem > 48 * 1024 and smem <= dev.max_smem_per_block_optin
+    x = torch.randn(n, device="cuda")
+    y = torch.empty_like(x).fill_(float("nan"))
+    k.launch(1, 1024, (x.data_ptr(), y.data_ptr(), n), shared_mem=smem)
+    torch.cuda.synchronize()
+    assert torch.equal(y, x.flip(0))
+    with pytest.raises(LaunchError, match="allows at most"):
+        k.launch(1, 1024, (x.data_ptr(), y.data_ptr(), n), shared_mem=dev.max_smem_per_block_optin + 4)
+
+
+def test_two_streams(dev, mgr):
+    k = mgr.get(spec(dev, "axpy", ("float",)), 0)
+    n = 1 << 22
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    xs = [torch.randn(n, device="cuda") for _ in range(2)]
+    ys = [torch.zeros(n, device="cuda") for _ in range(2)]
+    torch.cuda.synchronize()
+    for s, x, y, a in ((s1, xs[0], ys[0], 1.0), (s2, xs[1], ys[1], -3.0)):
+        with torch.cuda.stream(s):
+            for _ in range(4):
+                k.launch((n + 255) // 256, 256, (x.data_ptr(), y.data_ptr(), np.float32(a), n), stream=s)
+    torch.cuda.synchronize()
+    assert torch.allclose(ys[0], 4 * xs[0], rtol=1e-5) and torch.allclose(ys[1], -12 * xs[1], rtol=1e-5)
+    assert k.launch.__self__ is k  # same kernel object served both streams
+
+
+def test_hot_path_returns_same_kernel(dev, mgr):
+    s = spec(dev, "noop0")
+    assert mgr.get(s, 0) is mgr.get(s, 0)
+    assert mgr.stats.loads == 1
+
+
+def test_wrong_arch_cubin_refused(dev, mgr):
+    other = Arch(8, 0) if dev.arch.major >= 9 else Arch(9, 0)
+    with pytest.raises(LaunchError, match="cannot run on"):
+        mgr.get(KernelSpec("core/axpy.cuh", "noop0", other), 0)
+
+
+def test_refused_image_is_quarantined_and_recompiled(dev, mgr):
+    """A valid-digest entry holding a binary the driver refuses: quarantined, recompiled, counted."""
+    from rtckern.cache import pack
+    from rtckern.compiler.base import CompiledKernel
+
+    s = spec(dev, "noop0")
+    key = mgr.key(s)
+    mgr.disk.put(key, CompiledKernel(binary=b"\x7fELF" + b"\x00" * 512, kind="cubin", lowered_name="_Z5noop0v"), {})
+    fresh = KernelManager(mgr.cache_dir)
+    with pytest.warns(Warning, match="quarantined"):
+        k = fresh.get(s, 0)
+    k.launch(1, 32)
+    torch.cuda.synchronize()
+    assert fresh.stats.tiers["disk"].quarantined == 1 and fresh.stats.compiles == 1
+    assert (mgr.cache_dir / "quarantine" / f"{key}.rtk").exists()
+    assert pack  # the envelope was valid: only the driver could tell

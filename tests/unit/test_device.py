@@ -1,0 +1,19 @@
+import pytest
+
+from rtckern.arch import Arch
+from rtckern.device import DeviceInfo
+
+
+def test_described_devices():
+    h = DeviceInfo.for_arch("sm_90")
+    assert (h.sm_count, h.max_smem_per_block_optin, h.live) == (132, 232448, False)
+    a = DeviceInfo.for_arch("8.6", sm_count=28)
+    assert a.sm_count == 28 and a.arch == Arch(8, 6)
+    amd = DeviceInfo.for_arch("gfx90a")
+    assert amd.warp_size == 64 and amd.vendor == "amd"
+    assert DeviceInfo.for_arch("sm_90a").arch == Arch(9, 0, "a")
+    assert "described" in h.describe()
+
+
+def test_devices_are_hashable_and_distinct():
+    assert len({DeviceInfo.for_arch("sm_90"), DeviceInfo.for_arch("sm_90", sm_count=114)}) == 2
