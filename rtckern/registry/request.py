@@ -113,7 +113,8 @@ class OpRequest:
         parts = [f"{k}={v}" for k, v in self.dtypes] + [f"{k}={v}" for k, v in self.shape]
         parts += [f"{k}={v}" for k, v in self.flags]
         dev = self.device
-        where = f"{dev.name or 'device'} {dev.arch.sm}, {dev.sm_count} SMs"
+        label = dev.name if dev.name and dev.arch.sm in dev.name else f"{dev.name or 'device'} {dev.arch.sm}"
+        where = f"{label.strip()}, {dev.sm_count} SMs"
         if dev.ordinal is not None:
             where += f", ordinal {dev.ordinal}"
         return f"{self.op}({', '.join(parts)}) on {where}"

@@ -139,18 +139,21 @@ class Registry:
         cand = self._by_name[chosen.name]
         return Selection(request=req, candidate=cand, specs=chosen.specs, kernels=kernels, results=tuple(results))
 
-    def probe(self, req: OpRequest, *, stop_at_first: bool, settings: Any = None
-              ) -> tuple[list[ProbeResult], ProbeResult | None, tuple[Any, ...]]:
+    def probe(self, req: OpRequest, *, stop_at_first: bool, settings: Any = None, numeric: bool | None = None,
+              fresh: bool = False) -> tuple[list[ProbeResult], ProbeResult | None, tuple[Any, ...]]:
         """Probe the op's candidates for req in priority order (applying the overrides). Returns every
-        candidate's result, the chosen one's result (None if none serves) and its loaded kernels."""
+        candidate's result, the chosen one's result (None if none serves) and its loaded kernels.
+        numeric: run the numerical probe (default: the registry's / the setting's). fresh: ignore stored
+        outcomes (the new ones are still stored)."""
         s = settings if settings is not None else config.settings()
         cands = self.candidates(req.op)
         skip = self._override_reasons(req.op, cands, s)
-        numeric = self._numeric if self._numeric is not None else s.numerical_probe
+        if numeric is None:
+            numeric = self._numeric if self._numeric is not None else s.numerical_probe
         store = DecisionStore(self._store_root(s))
         mode = mode_of(req)
         path = store.path(req.op, req.digest(), mode, core_api.toolchain(mode, req.device))
-        stored = store.load(path)
+        stored = {} if fresh else store.load(path)
         results: list[ProbeResult] = []
         chosen: ProbeResult | None = None
         kernels: tuple[Any, ...] = ()

@@ -15,7 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from rtckern import tuning
+from rtckern.manager import get_manager
 from rtckern.registry import Candidate, OpRequest, Registry, Resources
+from rtckern.tuning import Tuner, time_launches
 from rtckern.spec import KernelSpec
 
 OP = "axpy"
@@ -48,12 +51,17 @@ class _Axpy(Candidate):
     def variant(self) -> str:
         return self.name.split(".")[1]
 
-    def launch_resources(self, req):
-        return (Resources(block=self.block),)
+    def block_for(self, req: OpRequest) -> int:
+        """The tuned block size (user table, shipped table, nearest shape) or the heuristic's."""
+        return int(TUNER.best(req).config["block"])
 
-    def launch(self, req, kernels, x: int, y: int, a: float, stream=None):
+    def launch_resources(self, req):
+        return (Resources(block=self.block_for(req)),)
+
+    def launch(self, req, kernels, x: int, y: int, a: float, stream=None, block: int | None = None):
         n = req.dim("n")
-        kernels[0].launch((n + self.block - 1) // self.block, self.block, (x, y, np.float32(a), n), stream=stream)
+        block = block or self.block_for(req)
+        kernels[0].launch((n + block - 1) // block, block, (x, y, np.float32(a), n), stream=stream)
 
     def selftest(self, req, kernels) -> str | None:
         return axpy_selftest(self, req, kernels)
@@ -111,6 +119,53 @@ class Fallback(_Axpy):
 
 
 ALL = (Hopper, Broken, Persistent, BigSmem, Wide, Fallback)
+
+
+class AxpyTuner(Tuner):
+    """Block size per (dtype, n): the table's key fields are the dtype and n."""
+
+    op = OP
+    key_fields = ("dtype", "n")
+    blocks = (64, 128, 256, 512, 1024)
+
+    def key(self, req):
+        return {"dtype": req.dtype("x"), "n": req.dim("n")}
+
+    def configs(self, req):
+        return [{"block": b} for b in self.blocks]
+
+    def heuristic(self, key, device):
+        return {"block": 256}
+
+    def measure(self, req, config):
+        import cupy as cp
+
+        cand = Fallback()
+        kernels = tuple(get_manager().get(s, req.device.ordinal) for s in cand.kernel_specs(req))
+        n = req.dim("n")
+        item = 4 if req.dtype("x") == "fp32" else 2
+        with cp.cuda.Device(req.device.ordinal):
+            # Several buffer pairs, rotated, so a small n is not timed out of L2 alone.
+            sets = max(1, min(8, (256 << 20) // max(1, 2 * n * item)))
+            bufs = [(cp.random.standard_normal(n, dtype=cp.float32).view(cp.uint8)[: n * item].copy(),
+                     cp.random.standard_normal(n, dtype=cp.float32).view(cp.uint8)[: n * item].copy())
+                    for _ in range(sets)]
+            cp.cuda.Device().synchronize()
+            turn = [0]
+
+            def launch(stream: int) -> None:
+                x, y = bufs[turn[0] % sets]
+                turn[0] += 1
+                cand.launch(req, kernels, x.data.ptr, y.data.ptr, 0.5, stream=stream, block=config["block"])
+
+            return time_launches(launch, req.device.ordinal, warmup=5, reps=30)
+
+
+TUNER = AxpyTuner()
+
+
+def register_tuner() -> None:
+    tuning.register_tuner(TUNER, replace=True)
 
 
 def make_registry(store_dir, *, numeric: bool | None = None, classes=ALL) -> Registry:

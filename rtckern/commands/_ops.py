@@ -1,0 +1,54 @@
+"""Shared by the registry's subcommands (explain, tune, selftest): loading op families and parsing the
+request arguments every one of them takes."""
+from __future__ import annotations
+
+import importlib
+
+
+def load_ops(extra_modules: list[str] | None = None) -> None:
+    """Import rtckern.ops (the built-in op families register their candidates, request builders and tuners),
+    then any --import modules (a user's own op families)."""
+    try:
+        importlib.import_module("rtckern.ops")
+    except ModuleNotFoundError as exc:
+        if exc.name != "rtckern.ops":
+            raise
+    for name in extra_modules or ():
+        importlib.import_module(name)
+
+
+def add_request_arguments(p, *, shape_required: bool = True) -> None:
+    p.add_argument("op", help="op name, e.g. rms_norm (see `--list`)")
+    p.add_argument("--dtype", default=None, help="main dtype: fp32, fp16 or bf16 (default: the op's)")
+    if shape_required:
+        p.add_argument("--shape", required=True, help="the main input's shape, e.g. 8192x4096")
+    p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="op-specific request option (repeatable), e.g. --opt causal=1; see `--list`")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (registers your own candidates and request builders)")
+
+
+def parse_opts(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in pairs:
+        if "=" not in item:
+            raise SystemExit(f"--opt {item!r}: write KEY=VALUE, e.g. --opt causal=1")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def list_ops(registry) -> str:
+    lines = []
+    for op in sorted(set(registry.ops()) | set(registry.builder_ops())):
+        names = ", ".join(c.name for c in registry.candidates(op)) or "(no candidates)"
+        lines.append(f"{op}: {names}")
+        if op in registry.builder_ops():
+            b = registry.request_builder(op)
+            if b.help:
+                lines.append(f"    {b.help}")
+            if b.example:
+                lines.append(f"    example: rtckern explain {op} {b.example}")
+        else:
+            lines.append("    (no request builder: not usable from the command line)")
+    return "\n".join(lines) or "no ops registered"

@@ -1,0 +1,68 @@
+"""``rtckern tune``: time an op's candidate configs on the live GPU and merge the winners into the user's
+tuning table (other archs' and shapes' rows are kept).
+
+    rtckern tune rms_norm --dtype bf16 --shapes 8192x4096,8192x8192 [--device 0] [--out PATH] [--json]
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from ._ops import load_ops, parse_opts
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("tune", help="measure an op's configs on the live GPU; merge the winners into your table")
+    p.add_argument("op", help="op name (see `rtckern explain --list`)")
+    p.add_argument("--shapes", required=True, help="comma-separated shapes of the main input, e.g. 8192x4096,1024x4096")
+    p.add_argument("--dtype", default=None, help="main dtype: fp32, fp16 or bf16 (default: the op's)")
+    p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="op-specific request option")
+    p.add_argument("--device", type=int, default=0, help="GPU ordinal (default 0)")
+    p.add_argument("--out", default=None, help="table to merge into (default: <RTCKERN_TUNING_DIR>/<op>.json)")
+    p.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+    p.add_argument("--json", action="store_true", help="print the new rows and every trial as JSON")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (registers your own ops, request builders and tuners)")
+    p.set_defaults(func=run)
+
+
+def run(args, registry=None) -> int:
+    from .. import tuning
+    from ..device import DeviceInfo
+    from ..registry import default_registry
+    from ..registry.explain import build_request
+    from ._table import table
+
+    load_ops(args.imports)
+    reg = registry or default_registry()
+    try:
+        tuner = tuning.get_tuner(args.op)
+        shapes = [s for s in args.shapes.split(",") if s.strip()]
+        device = DeviceInfo.from_device(args.device)
+        reqs = [build_request(reg, args.op, shape=s, dtype=args.dtype, device=device, options=parse_opts(args.opt))
+                for s in shapes]
+    except (KeyError, ValueError, TypeError) as exc:
+        print(f"rtckern tune: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    rows, report = [], []
+    for shape, req in zip(shapes, reqs):
+        row, trials = tuning.tune_request(tuner, req)
+        rows.append(row)
+        report.append({"shape": shape, "request": req.to_dict(), "winner": row.to_json(),
+                       "trials": [{"config": dict(t.config), "us": None if t.seconds is None else t.seconds * 1e6,
+                                   "error": t.error} for t in trials]})
+        if not args.json:
+            body = [(json.dumps(dict(t.config), sort_keys=True),
+                     "failed: " + t.error if t.seconds is None else f"{t.seconds * 1e6:.2f}",
+                     "<- best" if dict(t.config) == dict(row.config) else "") for t in trials]
+            print(f"{args.op} {shape} on {device.describe()}")
+            print(table(("config", "median us", ""), body))
+    path = args.out or str(tuning.user_table_path(args.op))
+    if not args.dry_run:
+        tuning.merge_rows(args.op, tuner.key_fields, rows, path)
+    if args.json:
+        print(json.dumps({"table": None if args.dry_run else path, "rows": [r.to_json() for r in rows],
+                          "shapes": report}, indent=2))
+    elif not args.dry_run:
+        print(f"merged {len(rows)} row(s) into {path}")
+    return 0

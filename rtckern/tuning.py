@@ -1,0 +1,448 @@
+"""Tuned-config tables: the best launch/tile config per (arch, SM count, shape key), and autotuning.
+
+Tables
+------
+One JSON file per op: shipped defaults in ``rtckern/tuning_tables/<op>.json``, the user's in
+``<tuning dir>/<op>.json`` (``RTCKERN_TUNING_DIR``, default ``<cache dir>/tuning``)::
+
+    {"format": 1, "op": "rms_norm", "key_fields": ["dtype", "n"],
+     "rows": [{"arch": "sm_90", "sm_count": 132, "shape": {"dtype": "bf16", "n": 4096},
+               "config": {"block": 256, "vec": 8}, "time_us": 6.1, "date": "2026-11-26T03:00:00Z",
+               "versions": {"rtckern": "0.1.0", "nvrtc": "13.0", "driver": "13.0", "device": "NVIDIA H200"}}]}
+
+A row's key is (arch, sm_count, the shape values in key_fields order); ``arch`` is the device's compute
+capability without a feature suffix (``sm_90``), so rows for many archs and SM counts live in one table without
+colliding. Two rows with one key in one file are an error that names the file and both rows.
+
+Lookup rule (``lookup``)
+------------------------
+1. Exact: a row with the device's arch, its SM count and the same shape key (the user table before the
+   shipped one).
+2. Nearest shape, among rows of the same arch whose non-integer key fields (dtype, layout) are equal and whose
+   config the op accepts for this shape (``valid``): the smallest shape distance, the sum over integer fields of
+   |log2(row) - log2(query)| (scale-free: 2048 is as far from 4096 as 4096 from 8192); ties go to the closer SM
+   count, then to the row with fewer fields below the query's (a config tuned for a larger problem over one for
+   a smaller), then to the user table, then to file order.
+3. The op's heuristic, if it gave one; otherwise no config (None).
+Rows of another arch are never used: a config tuned on sm_80 says nothing reliable about sm_90.
+
+Autotuning
+----------
+An op registers a ``Tuner`` (its key fields, candidate configs for a request, and a timing hook);
+``rtckern tune OP --shapes ...`` times every config on the live GPU, keeps the fastest per shape and merges the
+winners into the user's table, replacing rows with the same key and keeping every other row.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import statistics
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from rtckern import config
+from rtckern.errors import RtckernError
+
+FORMAT = 1
+SHIPPED_DIR = Path(__file__).resolve().parent / "tuning_tables"
+
+KeyValue = int | str
+
+
+class TuningTableError(RtckernError, ValueError):
+    """A tuning table that cannot be used as written (bad format, duplicate keys)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    arch: str
+    sm_count: int
+    shape: tuple[tuple[str, KeyValue], ...]  # in the table's key_fields order
+    config: Mapping[str, Any]
+    meta: Mapping[str, Any] = field(default_factory=dict)  # time_us, date, versions, ...
+    index: int = -1  # position in its file, for messages
+
+    @property
+    def key(self) -> tuple:
+        return (self.arch, self.sm_count, self.shape)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"arch": self.arch, "sm_count": self.sm_count, "shape": dict(self.shape),
+                "config": dict(self.config), **dict(self.meta)}
+
+
+@dataclass(frozen=True)
+class Table:
+    op: str
+    key_fields: tuple[str, ...]
+    rows: tuple[Row, ...]
+    path: Path | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        rows = sorted(self.rows, key=lambda r: (r.arch, r.sm_count, [str(v) for _, v in r.shape]))
+        return {"format": FORMAT, "op": self.op, "key_fields": list(self.key_fields),
+                "rows": [r.to_json() for r in rows]}
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """A lookup's answer: the config, where it came from ("exact", "nearest", "heuristic") and the row."""
+
+    config: Mapping[str, Any]
+    source: str
+    row: Row | None = None
+    path: Path | None = None
+
+
+# -- loading -----------------------------------------------------------------------------------------------------
+def parse_table(data: Any, path: Path | str, op: str | None = None) -> Table:
+    where = str(path)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise TuningTableError(f"{where}: not a tuning table of format {FORMAT} (format {got!r})")
+    table_op = data.get("op")
+    if op is not None and table_op != op:
+        raise TuningTableError(f"{where}: table is for op {table_op!r}, expected {op!r} (the file name picks the op)")
+    fields = data.get("key_fields")
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields) or len(set(fields)) != len(fields):
+        raise TuningTableError(f"{where}: key_fields must be a list of distinct names, got {fields!r}")
+    raw_rows = data.get("rows")
+    if not isinstance(raw_rows, list):
+        raise TuningTableError(f"{where}: 'rows' must be a list")
+    rows: list[Row] = []
+    seen: dict[tuple, Row] = {}
+    for i, raw in enumerate(raw_rows):
+        row = _parse_row(raw, i, fields, where)
+        prev = seen.get(row.key)
+        if prev is not None:
+            raise TuningTableError(
+                f"{where}: rows {prev.index} and {i} have the same key ({_key_text(row)}); "
+                f"row {prev.index}: {json.dumps(raw_rows[prev.index], sort_keys=True)}; "
+                f"row {i}: {json.dumps(raw, sort_keys=True)}. Keep one of them (rtckern tune merges by key, so "
+                "duplicates come from hand edits or concatenated files)")
+        seen[row.key] = row
+        rows.append(row)
+    return Table(op=table_op, key_fields=tuple(fields), rows=tuple(rows), path=Path(path))
+
+
+def _parse_row(raw: Any, i: int, fields: list[str], where: str) -> Row:
+    if not isinstance(raw, dict):
+        raise TuningTableError(f"{where}: row {i} is not an object: {raw!r}")
+    missing = [k for k in ("arch", "sm_count", "shape", "config") if k not in raw]
+    if missing:
+        raise TuningTableError(f"{where}: row {i} lacks {missing}: {json.dumps(raw, sort_keys=True)}")
+    arch, sms, shape, cfg = raw["arch"], raw["sm_count"], raw["shape"], raw["config"]
+    if not isinstance(arch, str) or not arch.startswith(("sm_", "gfx")):
+        raise TuningTableError(f"{where}: row {i}: arch {arch!r} should be like 'sm_90' or 'gfx90a'")
+    if not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0:
+        raise TuningTableError(f"{where}: row {i}: sm_count {sms!r} should be a positive integer")
+    if not isinstance(shape, dict) or sorted(shape) != sorted(fields):
+        raise TuningTableError(f"{where}: row {i}: shape {shape!r} must have exactly the key fields {fields}")
+    for k, v in shape.items():
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise TuningTableError(f"{where}: row {i}: shape[{k!r}] = {v!r} must be an int or a string")
+    if not isinstance(cfg, dict):
+        raise TuningTableError(f"{where}: row {i}: config must be an object, got {cfg!r}")
+    meta = {k: v for k, v in raw.items() if k not in ("arch", "sm_count", "shape", "config")}
+    return Row(arch=arch, sm_count=sms, shape=tuple((f, shape[f]) for f in fields), config=cfg, meta=meta, index=i)
+
+
+def _key_text(row: Row) -> str:
+    return ", ".join([f"arch={row.arch}", f"sm_count={row.sm_count}"] + [f"{k}={v}" for k, v in row.shape])
+
+
+_cache: dict[Path, tuple[tuple[int, int], Table]] = {}
+_cache_lock = threading.Lock()
+
+
+def load_table(path: Path | str, op: str | None = None) -> Table | None:
+    """The table at path (None if the file does not exist); re-read when the file changes."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return None
+    stamp = (st.st_mtime_ns, st.st_size)
+    with _cache_lock:
+        hit = _cache.get(p)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    try:
+        data = json.loads(p.read_text())
+    except ValueError as exc:
+        raise TuningTableError(f"{p}: not valid JSON ({exc}); fix or delete the file") from None
+    table = parse_table(data, p, op)
+    with _cache_lock:
+        _cache[p] = (stamp, table)
+    return table
+
+
+def user_dir() -> Path:
+    s = config.settings()
+    return s.tuning_table_dir if s.tuning_table_dir is not None else s.cache_dir / "tuning"
+
+
+def user_table_path(op: str) -> Path:
+    return user_dir() / f"{op}.json"
+
+
+def shipped_table_path(op: str) -> Path:
+    return SHIPPED_DIR / f"{op}.json"
+
+
+def tables(op: str) -> list[Table]:
+    """The op's tables in lookup order: the user's, then the shipped one."""
+    out = []
+    for path in (user_table_path(op), shipped_table_path(op)):
+        t = load_table(path, op)
+        if t is not None:
+            out.append(t)
+    return out
+
+
+# -- lookup --------------------------------------------------------------------------------------------------------
+def arch_key(device: Any) -> str:
+    """The arch a row is keyed by: the device's compute capability, no feature suffix (sm_90, not sm_90a)."""
+    return device.arch.base().sm if hasattr(device.arch, "base") else device.arch.sm
+
+
+def lookup(op: str, device: Any, key: Mapping[str, KeyValue], *,
+           heuristic: Callable[[Mapping[str, KeyValue], Any], Mapping[str, Any]] | None = None,
+           valid: Callable[[Mapping[str, Any], Mapping[str, KeyValue]], bool] | None = None,
+           tables_: Sequence[Table] | None = None) -> Tuned | None:
+    """The config for `key` on `device` by the rule in this module's docstring (exact, nearest shape,
+    heuristic). `valid(config, key)` rejects a neighbour's config that cannot serve this shape."""
+    arch, sms = arch_key(device), device.sm_count
+    ts = list(tables_) if tables_ is not None else tables(op)
+    for t in ts:
+        missing = [f for f in t.key_fields if f not in key]
+        if missing:
+            raise KeyError(f"tuning lookup for {op!r}: key {dict(key)} lacks {missing} (table {t.path} is keyed "
+                           f"by {list(t.key_fields)})")
+    for t in ts:
+        want = (arch, sms, tuple((f, key[f]) for f in t.key_fields))
+        for row in t.rows:
+            if row.key == want:
+                return Tuned(row.config, "exact", row, t.path)
+    best: tuple | None = None
+    for ti, t in enumerate(ts):
+        for row in t.rows:
+            if row.arch != arch:
+                continue
+            score = _distance(row, key)
+            if score is None or (valid is not None and not valid(row.config, key)):
+                continue
+            below = sum(1 for f, v in row.shape if isinstance(v, int) and v < key[f])
+            rank = (score, abs(row.sm_count - sms), below, ti, row.index)
+            if best is None or rank < best[0]:
+                best = (rank, row, t.path)
+    if best is not None:
+        return Tuned(best[1].config, "nearest", best[1], best[2])
+    if heuristic is not None:
+        return Tuned(dict(heuristic(key, device)), "heuristic")
+    return None
+
+
+def _distance(row: Row, key: Mapping[str, KeyValue]) -> float | None:
+    """Sum of |log2 ratio| over integer fields; None when a non-integer field differs."""
+    total = 0.0
+    for f, v in row.shape:
+        q = key[f]
+        if isinstance(v, int) and isinstance(q, int) and not isinstance(q, bool):
+            total += abs(math.log2(max(v, 1)) - math.log2(max(q, 1)))
+        elif v != q:
+            return None
+    return total
+
+
+# -- tuners -------------------------------------------------------------------------------------------------------
+class Tuner:
+    """What an op provides for autotuning.
+
+    op: the op name. key_fields: request features that key its table rows (names looked up in the request's
+    shape, then dtypes, then flags; override `key()` for anything else). `configs(req)` lists the configs to
+    try for a request; `measure(req, config)` runs one config on req.device (live) and returns its median time
+    in seconds (see `time_launches`); raise to mark a config as failing. `heuristic(key, device)` is the
+    fallback when no row applies; `valid(config, key)` says whether a neighbour's config can serve a shape.
+    """
+
+    op: str = ""
+    key_fields: tuple[str, ...] = ()
+
+    def key(self, req: Any) -> dict[str, KeyValue]:
+        out: dict[str, KeyValue] = {}
+        pools = (dict(req.shape), dict(req.dtypes), dict(req.flags))
+        for f in self.key_fields:
+            for pool in pools:
+                if f in pool:
+                    out[f] = pool[f]
+                    break
+            else:
+                raise KeyError(f"tuner for {self.op!r}: request has no feature {f!r} ({req.describe()})")
+        return out
+
+    def configs(self, req: Any) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def measure(self, req: Any, config: Mapping[str, Any]) -> float:
+        raise NotImplementedError
+
+    def heuristic(self, key: Mapping[str, KeyValue], device: Any) -> Mapping[str, Any] | None:
+        return None
+
+    def valid(self, config: Mapping[str, Any], key: Mapping[str, KeyValue]) -> bool:
+        return True
+
+    def best(self, req: Any) -> Tuned | None:
+        """The table's (or the heuristic's) config for a request: what a candidate calls in kernel_specs()."""
+        has_heuristic = type(self).heuristic is not Tuner.heuristic
+        return lookup(self.op, req.device, self.key(req), valid=self.valid,
+                      heuristic=(lambda k, d: self.heuristic(k, d)) if has_heuristic else None)
+
+
+_tuners: dict[str, Tuner] = {}
+
+
+def register_tuner(tuner: Tuner, *, replace: bool = False) -> Tuner:
+    if not tuner.op or not tuner.key_fields:
+        raise ValueError(f"tuner {tuner!r} needs op and key_fields")
+    if tuner.op in _tuners and not replace:
+        raise ValueError(f"op {tuner.op!r} already has a tuner ({_tuners[tuner.op]!r}); pass replace=True")
+    _tuners[tuner.op] = tuner
+    return tuner
+
+
+def get_tuner(op: str) -> Tuner:
+    try:
+        return _tuners[op]
+    except KeyError:
+        raise KeyError(f"op {op!r} has no tuner; ops with one: {sorted(_tuners) or '(none: import rtckern.ops)'}"
+                       ) from None
+
+
+def tuner_ops() -> list[str]:
+    return sorted(_tuners)
+
+
+# -- measuring ------------------------------------------------------------------------------------------------------
+def time_launches(launch: Callable[[int], None], ordinal: int, *, warmup: int = 5, reps: int = 30,
+                  inner: int = 1) -> float:
+    """Median seconds of `launch(stream_handle)` on device `ordinal`, timed with CUDA events on a private
+    stream: `warmup` untimed calls, then `reps` timed samples of `inner` back-to-back calls each. The caller
+    rotates inputs inside `launch` if they would fit in L2."""
+    from rtckern.runtime.driver import check, driver, on_device
+
+    d = driver()
+    with on_device(ordinal):
+        stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        start = check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+        end = check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+        handle = int(stream)
+        try:
+            for _ in range(warmup):
+                launch(handle)
+            check(d.cuStreamSynchronize(stream), "cuStreamSynchronize")
+            samples = []
+            for _ in range(reps):
+                check(d.cuEventRecord(start, stream), "cuEventRecord")
+                for _ in range(inner):
+                    launch(handle)
+                check(d.cuEventRecord(end, stream), "cuEventRecord")
+                check(d.cuEventSynchronize(end), "cuEventSynchronize")
+                samples.append(float(check(d.cuEventElapsedTime(start, end), "cuEventElapsedTime")) / inner)
+        finally:
+            d.cuEventDestroy(start)
+            d.cuEventDestroy(end)
+            d.cuStreamDestroy(stream)
+    return statistics.median(samples) / 1e3
+
+
+@dataclass(frozen=True)
+class Trial:
+    config: Mapping[str, Any]
+    seconds: float | None
+    error: str = ""
+
+
+def tune_request(tuner: Tuner, req: Any) -> tuple[Row, list[Trial]]:
+    """Time every config of `tuner` for `req` on its live device; the winner as a table row."""
+    if req.device.ordinal is None:
+        raise RtckernError(f"tuning {tuner.op!r} needs a live GPU; the request's device is described by hand "
+                           f"({req.device.describe()})")
+    configs = tuner.configs(req)
+    if not configs:
+        raise RtckernError(f"tuner for {tuner.op!r} offers no config for {req.describe()}")
+    trials: list[Trial] = []
+    for cfg in configs:
+        try:
+            trials.append(Trial(cfg, float(tuner.measure(req, cfg))))
+        except Exception as exc:  # a config that fails to compile, load or launch: recorded, not fatal
+            trials.append(Trial(cfg, None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"))
+    ok = [t for t in trials if t.seconds is not None]
+    if not ok:
+        raise RtckernError(f"every config failed for {req.describe()}: "
+                           + "; ".join(f"{dict(t.config)}: {t.error}" for t in trials))
+    win = min(ok, key=lambda t: t.seconds)
+    key = tuner.key(req)
+    meta = {"time_us": round(win.seconds * 1e6, 3), "configs_timed": len(ok),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "versions": versions(req.device)}
+    row = Row(arch=arch_key(req.device), sm_count=req.device.sm_count,
+              shape=tuple((f, key[f]) for f in tuner.key_fields), config=dict(win.config), meta=meta)
+    return row, trials
+
+
+def versions(device: Any) -> dict[str, str]:
+    import rtckern
+    from rtckern.compiler import compiler_for
+
+    out = {"rtckern": rtckern.__version__, "device": device.name or device.arch.sm}
+    try:
+        out["compiler"] = compiler_for(device.arch).identity().split("|")[0]
+    except Exception as exc:  # no compiler for this vendor here: say so in the row rather than fail the tune
+        out["compiler"] = f"unknown ({exc})"
+    if device.ordinal is not None:
+        try:
+            from rtckern.runtime.driver import driver_version
+
+            out["driver"] = "%d.%d" % driver_version()
+        except Exception as exc:  # no driver here: the row still records what is known
+            out["driver"] = f"unknown ({type(exc).__name__})"
+    return out
+
+
+def merge_rows(op: str, key_fields: Sequence[str], new_rows: Sequence[Row], path: Path | str) -> Table:
+    """Merge rows into the table at path (created if missing): same key replaced, every other row kept."""
+    p = Path(path)
+    old = load_table(p, op)
+    if old is not None and tuple(old.key_fields) != tuple(key_fields):
+        raise TuningTableError(f"{p}: table is keyed by {list(old.key_fields)}, the tuner by {list(key_fields)}; "
+                               "move the old file away to start a new table")
+    merged: dict[tuple, Row] = {r.key: r for r in (old.rows if old else ())}
+    for r in new_rows:
+        merged[r.key] = r
+    table = Table(op=op, key_fields=tuple(key_fields), rows=tuple(merged.values()), path=p)
+    _atomic_write(p, json.dumps(table.to_json(), indent=1) + "\n")
+    return table
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
