@@ -1,7 +1,7 @@
 // GEMM epilogues shared by every GEMM kernel: y = act(acc + bias[n]) + residual[m, n], stored as TOut.
 // Arithmetic in fp32; one rounding at the store. Activation ids match rtckern/ops/gemm.py.
 #pragma once
-#include "common/dtypes.cuh"
+#include "gemm/tile.cuh"
 
 #define RTK_GEMM_ACT_NONE 0
 #define RTK_GEMM_ACT_GELU_TANH 1
@@ -60,6 +60,16 @@ struct RtkGemmOut {
   long long m, n, ldc, ldr;
   bool pair_ok;       // c and res allow 2-element accesses at even columns (even strides, aligned bases)
 };
+
+// Applies the epilogue to one accumulator at (row, col) (the general path of kernels that own single elements).
+template <bool HAS_BIAS, int ACT, bool HAS_RES, typename TOut, typename TBias>
+RTK_DEVICE void rtk_gemm_epilogue_one(const RtkGemmOut<TOut, TBias>& o, long long row, long long col, float v) {
+  if (row >= o.m || col >= o.n) return;
+  if constexpr (HAS_BIAS) v += rtk_to_float<TBias>(o.bias[col]);
+  v = rtk_gemm_act<ACT>(v);
+  if constexpr (HAS_RES) v += rtk_to_float<TOut>(o.res[row * o.ldr + col]);
+  o.c[row * o.ldc + col] = rtk_from_float<TOut>(v);
+}
 
 // Applies the epilogue to two horizontally adjacent accumulators at (row, col), (row, col + 1), col even.
 template <bool HAS_BIAS, int ACT, bool HAS_RES, typename TOut, typename TBias>

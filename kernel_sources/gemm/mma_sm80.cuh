@@ -1,7 +1,7 @@
 // sm_80+ building blocks of the mma.sync GEMM: cp.async, ldmatrix, mma.sync m16n8k16 (fp32 accumulate).
 // NVIDIA only (RTK_CUDA); every instruction here exists on sm_80 and newer.
 #pragma once
-#include "common/dtypes.cuh"
+#include "gemm/tile.cuh"
 
 #if defined(RTK_CUDA)
 
@@ -33,7 +33,7 @@ RTK_DEVICE void rtk_ldmatrix_x4_trans(unsigned& r0, unsigned& r1, unsigned& r2, 
 // D (16x8 fp32) += A (16x16, row) * B (16x8, col).
 template <typename T>
 RTK_DEVICE void rtk_mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  if constexpr (sizeof(T) == 2 && __is_same(T, rtk_bf16)) {
+  if constexpr (rtk_same<T, rtk_bf16>::value) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"

@@ -1,0 +1,209 @@
+// GEMM for sm_80 and newer: mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate), ldmatrix fragments, a
+// STAGES-deep cp.async pipeline into XOR-swizzled shared memory, fused epilogue, optional split-K.
+//
+//   C[b] = act(A[b] (m x k) * op(B[b]) + bias) + residual[b]
+//   op(B) = B (k x n, row-major) when TRANS_B is false; B^T with B (n x k, row-major) when TRANS_B is true
+//           (the nn.Linear weight layout).
+//
+// Grid: x = output tile (grouped order), y = split-K slice, z = batch entry.
+// ALIGNED: every operand row starts 16-byte aligned and k (TRANS_B) / n (otherwise) are multiples of 8, so
+// tiles move as 16-byte cp.async chunks (out-of-range chunks are zero-filled). Without it, tiles are filled by
+// bounds-checked element loads: correct for any shape and stride, slower.
+// SPLITK: the slice writes raw fp32 partial sums to c (a workspace of batch x splits x m x n floats);
+// gemm_splitk_reduce (epilogue.cuh) adds them in split order and applies the epilogue.
+#pragma once
+#include "gemm/epilogue.cuh"
+#include "gemm/mma_sm80.cuh"
+
+#if defined(RTK_CUDA)
+
+// Rows x BK tile of a K-major operand (A, or B when TRANS_B) into swizzled shared memory.
+template <typename T, int ROWS, int BK, int THREADS, bool ALIGNED>
+RTK_DEVICE void rtk_gemm_load_kmajor(T* s, const T* __restrict__ g, long long ld, long long row0, long long rows,
+                                     long long k0, long long kend, int tid) {
+  constexpr int CH = BK / 8;
+  constexpr int TOTAL = ROWS * CH;
+#pragma unroll
+  for (int i = 0; i < (TOTAL + THREADS - 1) / THREADS; ++i) {
+    const int idx = tid + i * THREADS;
+    if (TOTAL % THREADS != 0 && idx >= TOTAL) break;
+    const int r = idx / CH, ch = idx % CH;
+    const long long gr = row0 + r, gk = k0 + ch * 8;
+    T* dst = s + rtk_swz<CH>(r, ch) * 8;
+    if constexpr (ALIGNED) {
+      const bool ok = gr < rows && gk < kend;
+      rtk_cp_async16(dst, ok ? g + gr * ld + gk : g, ok ? 16 : 0);
+    } else {
+      rtk_vec<T, 8> v;
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        v.v[e] = (gr < rows && gk + e < kend) ? g[gr * ld + gk + e] : rtk_from_float<T>(0.f);
+      *reinterpret_cast<rtk_vec<T, 8>*>(dst) = v;
+    }
+  }
+}
+
+// BK x COLS tile of an N-major operand (B when not TRANS_B): rows are k, 16-byte chunks run along n.
+template <typename T, int BK, int COLS, int THREADS, bool ALIGNED>
+RTK_DEVICE void rtk_gemm_load_nmajor(T* s, const T* __restrict__ g, long long ld, long long k0, long long kend,
+                                     long long col0, long long cols, int tid) {
+  constexpr int CH = COLS / 8;
+  constexpr int TOTAL = BK * CH;
+#pragma unroll
+  for (int i = 0; i < (TOTAL + THREADS - 1) / THREADS; ++i) {
+    const int idx = tid + i * THREADS;
+    if (TOTAL % THREADS != 0 && idx >= TOTAL) break;
+    const int r = idx / CH, ch = idx % CH;
+    const long long gk = k0 + r, gc = col0 + ch * 8;
+    T* dst = s + rtk_swz<CH>(r, ch) * 8;
+    if constexpr (ALIGNED) {
+      const bool ok = gk < kend && gc < cols;
+      rtk_cp_async16(dst, ok ? g + gk * ld + gc : g, ok ? 16 : 0);
+    } else {
+      rtk_vec<T, 8> v;
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        v.v[e] = (gk < kend && gc + e < cols) ? g[gk * ld + gc + e] : rtk_from_float<T>(0.f);
+      *reinterpret_cast<rtk_vec<T, 8>*>(dst) = v;
+    }
+  }
+}
+
+template <typename T, typename TOut, int BM, int BN, int BK, int WM, int WN, int STAGES, bool TRANS_B, bool ALIGNED,
+          bool HAS_BIAS, int ACT, bool HAS_RES, bool SPLITK>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+    gemm_mma_sm80(const T* __restrict__ a, const T* __restrict__ b, void* __restrict__ c,
+                  const T* __restrict__ bias, const TOut* __restrict__ res, long long m, long long n, long long k,
+                  long long lda, long long ldb, long long ldc, long long ldr, long long stride_a,
+                  long long stride_b, long long stride_c, long long stride_r, long long splits,
+                  long long kb_per_split, long long group_m) {
+#if RTK_ARCH >= 800
+  constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
+  constexpr int THREADS = WARPS_M * WARPS_N * 32;
+  constexpr int MT = WM / 16, NT = WN / 8;
+  static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0, "warp tile must divide block tile");
+  static_assert(BK % 16 == 0 && (BK == 32 || BK % 64 == 0), "BK: 32 or a multiple of 64");
+  static_assert(TRANS_B || BN % 64 == 0, "an N-major B tile needs BN a multiple of 64");
+
+  extern __shared__ uint4 rtk_gemm_smem[];
+  T* sA = reinterpret_cast<T*>(rtk_gemm_smem);
+  T* sB = sA + STAGES * BM * BK;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;
+
+  const long long tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN;
+  long long tm, tn;
+  rtk_tile_coords(blockIdx.x, tiles_m, tiles_n, group_m, tm, tn);
+  const long long m0 = tm * BM, n0 = tn * BN;
+  const long long split = blockIdx.y, bidx = blockIdx.z;
+  a += bidx * stride_a;
+  b += bidx * stride_b;
+
+  const long long kb_total = (k + BK - 1) / BK;
+  const long long kb0 = split * kb_per_split;
+  const long long kb1 = kb0 + kb_per_split < kb_total ? kb0 + kb_per_split : kb_total;
+  const int nk = (int)(kb1 - kb0);
+  const long long kend = kb1 * BK < k ? kb1 * BK : k;
+
+  auto load_stage = [&](int slot, int kb) {
+    const long long k0 = (kb0 + kb) * BK;
+    rtk_gemm_load_kmajor<T, BM, BK, THREADS, ALIGNED>(sA + slot * BM * BK, a, lda, m0, m, k0, kend, tid);
+    if constexpr (TRANS_B) {
+      rtk_gemm_load_kmajor<T, BN, BK, THREADS, ALIGNED>(sB + slot * BN * BK, b, ldb, n0, n, k0, kend, tid);
+    } else {
+      rtk_gemm_load_nmajor<T, BK, BN, THREADS, ALIGNED>(sB + slot * BN * BK, b, ldb, k0, kend, n0, n, tid);
+    }
+  };
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nk) load_stage(s, s);
+    rtk_cp_async_commit();
+  }
+
+  for (int kb = 0; kb < nk; ++kb) {
+    rtk_cp_async_wait<STAGES - 2>();  // stage kb has landed (this thread's copies) ...
+    __syncthreads();                  // ... and everyone's; the slot refilled below was consumed by all
+    const int pf = kb + STAGES - 1;
+    if (pf < nk) load_stage(pf % STAGES, pf);
+    rtk_cp_async_commit();
+
+    const T* tA = sA + (kb % STAGES) * BM * BK;
+    const T* tB = sB + (kb % STAGES) * BN * BK;
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      unsigned af[MT][4], bfr[NT][2];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int row = wm0 + i * 16 + (lane & 15);
+        const int ch = ks * 2 + (lane >> 4);
+        rtk_ldmatrix_x4(af[i][0], af[i][1], af[i][2], af[i][3], tA + rtk_swz<BK / 8>(row, ch) * 8);
+      }
+#pragma unroll
+      for (int j = 0; j < NT / 2; ++j) {
+        if constexpr (TRANS_B) {
+          const int row = wn0 + j * 16 + (lane & 7) + ((lane >> 4) << 3);
+          const int ch = ks * 2 + ((lane >> 3) & 1);
+          rtk_ldmatrix_x4(bfr[2 * j][0], bfr[2 * j][1], bfr[2 * j + 1][0], bfr[2 * j + 1][1],
+                          tB + rtk_swz<BK / 8>(row, ch) * 8);
+        } else {
+          const int row = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+          const int ch = (wn0 + j * 16) / 8 + (lane >> 4);
+          rtk_ldmatrix_x4_trans(bfr[2 * j][0], bfr[2 * j][1], bfr[2 * j + 1][0], bfr[2 * j + 1][1],
+                                tB + rtk_swz<BN / 8>(row, ch) * 8);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) rtk_mma_16816<T>(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
+    }
+  }
+  rtk_cp_async_wait<0>();  // no copy may be in flight when the block exits
+
+  const long long row_base = m0 + wm0 + (lane >> 2);
+  const long long col_base = n0 + wn0 + (lane & 3) * 2;
+  if constexpr (SPLITK) {
+    float* ws = reinterpret_cast<float*>(c) + (bidx * splits + split) * m * n;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const long long row = row_base + i * 16, col = col_base + j * 8;
+        rtk_gemm_partial_pair(ws, m, n, row, col, acc[i][j][0], acc[i][j][1]);
+        rtk_gemm_partial_pair(ws, m, n, row + 8, col, acc[i][j][2], acc[i][j][3]);
+      }
+  } else {
+    RtkGemmOut<TOut, T> o;
+    o.c = reinterpret_cast<TOut*>(c) + bidx * stride_c;
+    o.bias = bias;
+    o.res = HAS_RES ? res + bidx * stride_r : nullptr;
+    o.m = m;
+    o.n = n;
+    o.ldc = ldc;
+    o.ldr = ldr;
+    o.pair_ok = rtk_pair_aligned(o.c, ldc) && (!HAS_RES || rtk_pair_aligned(o.res, ldr));
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const long long row = row_base + i * 16, col = col_base + j * 8;
+        rtk_gemm_epilogue_pair<HAS_BIAS, ACT, HAS_RES>(o, row, col, acc[i][j][0], acc[i][j][1]);
+        rtk_gemm_epilogue_pair<HAS_BIAS, ACT, HAS_RES>(o, row + 8, col, acc[i][j][2], acc[i][j][3]);
+      }
+  }
+#else
+  static_assert(sizeof(T) == 0, "gemm_mma_sm80 needs sm_80 or newer");
+#endif
+}
+
+#endif  // RTK_CUDA

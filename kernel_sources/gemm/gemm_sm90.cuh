@@ -1,0 +1,190 @@
+// GEMM for sm_90a: TMA loads into 128-byte-swizzled shared memory, wgmma (fp16/bf16 in, fp32 accumulate),
+// warp specialization and a persistent tile loop.
+//
+//   warpgroup 0      producer: one thread issues TMA loads into a STAGES-deep ring of shared-memory stages;
+//                    "full" mbarriers count the bytes in, "empty" mbarriers say a stage may be refilled.
+//   warpgroups 1..NC consumers: each owns BM/NC rows of the BM x BN output tile and issues m64nBNk16 wgmma on
+//                    it; the epilogue (bias, activation, residual, type conversion) runs from registers.
+// The grid is at most one block per SM; blocks walk work units u = blockIdx.x, + gridDim.x, ... where a unit is
+// (batch entry, split-K slice, output tile), tiles in grouped order. The producer runs ahead into the next unit
+// while the consumers finish the current one's epilogue.
+//
+// Shapes: any m, n, k >= 1 (TMA zero-fills out-of-range boxes; stores are guarded). Needs 16-byte aligned bases
+// and row strides that are multiples of 16 bytes (TMA), which the Python side checks before choosing this path.
+// Tensor maps (3-d: inner, outer, batch), built on the host with cuTensorMapEncodeTiled, SWIZZLE_128B:
+//   A: dims (k, m, batch), box (64, BM, 1)
+//   B, TRANS_B (n x k row-major): dims (k, n, batch_b), box (64, BN, 1)
+//   B, not TRANS_B (k x n row-major): dims (n, k, batch_b), box (64, 64, 1), BN / 64 boxes per stage
+// SPLITK: c is a float workspace (batch x splits x m x n) of raw partial sums; gemm_splitk_reduce finishes.
+#pragma once
+#include "gemm/epilogue.cuh"
+#include "gemm/hopper.cuh"
+#include "gemm/wgmma_ops.cuh"
+
+template <typename T, typename TOut, int BM, int BN, int STAGES, int NC, bool TRANS_B, bool HAS_BIAS, int ACT,
+          bool HAS_RES, bool SPLITK>
+__global__ void __launch_bounds__((NC + 1) * 128, 1)
+    gemm_wgmma_sm90(const __grid_constant__ rtk_tensor_map tm_a, const __grid_constant__ rtk_tensor_map tm_b,
+                    void* __restrict__ c, const T* __restrict__ bias, const TOut* __restrict__ res, long long m,
+                    long long n, long long k, long long ldc, long long ldr, long long stride_c, long long stride_r,
+                    long long batch, long long b_batched, long long splits, long long kb_per_split,
+                    long long group_m) {
+#if defined(RTK_HAS_WGMMA)
+  constexpr int BK = 64;                 // one 128-byte swizzle row of 16-bit elements
+  constexpr int WG_M = BM / NC;          // rows per consumer warpgroup
+  constexpr int MI = WG_M / 64;          // m64 wgmma blocks per consumer
+  constexpr int A_STAGE = BM * BK;       // elements
+  constexpr int B_STAGE = BN * BK;
+  constexpr unsigned STAGE_BYTES = (BM + BN) * BK * 2;
+  static_assert(sizeof(T) == 2, "16-bit inputs");
+  static_assert(WG_M % 64 == 0 && BM <= 256 && BN <= 256 && BN % 64 == 0, "tile shape");
+
+  extern __shared__ unsigned char rtk_gemm_smem90[];
+  // 128-byte swizzle atoms are 1024 B; align the ring to that (the host adds 1024 B of slack).
+  const unsigned raw = rtk_smem_u32(rtk_gemm_smem90);
+  T* sA = reinterpret_cast<T*>(rtk_gemm_smem90 + (((raw + 1023u) & ~1023u) - raw));
+  T* sB = sA + STAGES * A_STAGE;
+  __shared__ __align__(8) unsigned long long full_bar[STAGES];
+  __shared__ __align__(8) unsigned long long empty_bar[STAGES];
+
+  if (threadIdx.x == 0) {
+    rtk_tma_prefetch_map(&tm_a);
+    rtk_tma_prefetch_map(&tm_b);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      rtk_mbar_init(&full_bar[s], 1);
+      rtk_mbar_init(&empty_bar[s], NC);
+    }
+    rtk_mbar_init_fence();
+  }
+  __syncthreads();
+
+  const long long tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN, tiles = tiles_m * tiles_n;
+  const long long kb_total = (k + BK - 1) / BK;
+  const long long per_batch = splits * tiles;
+  const long long units = batch * per_batch;
+  const int wg = threadIdx.x / 128;
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    if constexpr (NC >= 2) rtk_setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      int stage = 0;
+      unsigned phase = 0;
+      for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+        const long long bidx = u / per_batch;
+        const long long split = (u - bidx * per_batch) / tiles;
+        long long tm, tn;
+        rtk_tile_coords(u - bidx * per_batch - split * tiles, tiles_m, tiles_n, group_m, tm, tn);
+        const long long kb0 = split * kb_per_split;
+        const long long kb1 = kb0 + kb_per_split < kb_total ? kb0 + kb_per_split : kb_total;
+        const int bb = b_batched ? (int)bidx : 0;
+        for (long long kb = kb0; kb < kb1; ++kb) {
+          rtk_mbar_wait(&empty_bar[stage], phase ^ 1u);
+          rtk_mbar_arrive_expect_tx(&full_bar[stage], STAGE_BYTES);
+          rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), (int)(tm * BM), (int)bidx);
+          if constexpr (TRANS_B) {
+            rtk_tma_load_3d(sB + stage * B_STAGE, &tm_b, &full_bar[stage], (int)(kb * BK), (int)(tn * BN), bb);
+          } else {
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j)
+              rtk_tma_load_3d(sB + stage * B_STAGE + j * 64 * BK, &tm_b, &full_bar[stage], (int)(tn * BN + j * 64),
+                              (int)(kb * BK), bb);
+          }
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers ----------------
+    if constexpr (NC >= 2) rtk_setmaxnreg_inc<232>();
+    const int cw = wg - 1;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    float acc[MI][BN / 2];
+    int stage = 0;
+    unsigned phase = 0;
+    for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+      const long long bidx = u / per_batch;
+      const long long split = (u - bidx * per_batch) / tiles;
+      long long tm, tn;
+      rtk_tile_coords(u - bidx * per_batch - split * tiles, tiles_m, tiles_n, group_m, tm, tn);
+      const long long kb0 = split * kb_per_split;
+      const long long kb1 = kb0 + kb_per_split < kb_total ? kb0 + kb_per_split : kb_total;
+
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < BN / 2; ++j) acc[i][j] = 0.f;
+
+      int prev = -1;
+      for (long long kb = kb0; kb < kb1; ++kb) {
+        rtk_mbar_wait(&full_bar[stage], phase);
+        rtk_wgmma_fence();
+        const unsigned a_base = rtk_smem_u32(sA + stage * A_STAGE + cw * WG_M * BK);
+        const unsigned b_base = rtk_smem_u32(sB + stage * B_STAGE);
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks) {
+          // K-major B: the next 16 k are 32 B further along each row. MN-major B: 16 k-rows (2 atoms) further.
+          const unsigned long long db = TRANS_B ? rtk_wgmma_desc(b_base + ks * 32, 16, 1024)
+                                                : rtk_wgmma_desc(b_base + ks * 2048, 64 * BK * 2, 1024);
+#pragma unroll
+          for (int i = 0; i < MI; ++i) {
+            const unsigned long long da = rtk_wgmma_desc(a_base + i * 64 * BK * 2 + ks * 32, 16, 1024);
+            rtk_wgmma<T, BN, TRANS_B ? 0 : 1>::mma(acc[i], da, db);
+          }
+        }
+        rtk_wgmma_commit();
+        // Keep this k-block's wgmma in flight; the previous one is done, so its stage can be refilled.
+        rtk_wgmma_wait<1>();
+        if (prev >= 0 && tid == 0) rtk_mbar_arrive(&empty_bar[prev]);
+        prev = stage;
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+      rtk_wgmma_wait<0>();
+      if (prev >= 0 && tid == 0) rtk_mbar_arrive(&empty_bar[prev]);
+
+      // Accumulator layout of m64nN: thread (warp w, lane l) holds, for each 8-column group j, rows
+      // 16 w + l / 4 (+ 8) and columns 8 j + 2 (l % 4) (+ 1) at acc[4 j + {0, 1}] (row) and {2, 3} (row + 8).
+      const long long row_base = tm * BM + cw * WG_M + warp * 16 + (lane >> 2);
+      const long long col_base = tn * BN + (lane & 3) * 2;
+      if constexpr (SPLITK) {
+        float* ws = reinterpret_cast<float*>(c) + (bidx * splits + split) * m * n;
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const long long row = row_base + i * 64, col = col_base + j * 8;
+            rtk_gemm_partial_pair(ws, m, n, row, col, acc[i][4 * j], acc[i][4 * j + 1]);
+            rtk_gemm_partial_pair(ws, m, n, row + 8, col, acc[i][4 * j + 2], acc[i][4 * j + 3]);
+          }
+      } else {
+        RtkGemmOut<TOut, T> o;
+        o.c = reinterpret_cast<TOut*>(c) + bidx * stride_c;
+        o.bias = bias;
+        o.res = HAS_RES ? res + bidx * stride_r : nullptr;
+        o.m = m;
+        o.n = n;
+        o.ldc = ldc;
+        o.ldr = ldr;
+        o.pair_ok = rtk_pair_aligned(o.c, ldc) && (!HAS_RES || rtk_pair_aligned(o.res, ldr));
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const long long row = row_base + i * 64, col = col_base + j * 8;
+            rtk_gemm_epilogue_pair<HAS_BIAS, ACT, HAS_RES>(o, row, col, acc[i][4 * j], acc[i][4 * j + 1]);
+            rtk_gemm_epilogue_pair<HAS_BIAS, ACT, HAS_RES>(o, row + 8, col, acc[i][4 * j + 2], acc[i][4 * j + 3]);
+          }
+      }
+    }
+  }
+#else
+  static_assert(sizeof(T) == 0, "gemm_wgmma_sm90 needs the sm_90a target (wgmma, setmaxnreg)");
+#endif
+}
