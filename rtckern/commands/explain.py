@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from ._ops import add_request_arguments, list_ops, load_ops, parse_opts
+from ._registry_cli import add_request_arguments, list_ops, load_ops, parse_opts
 
 
 def add_parser(sub) -> None:

@@ -12,7 +12,7 @@ import json
 import shlex
 import sys
 
-from ._ops import load_ops, parse_opts
+from ._registry_cli import load_ops, parse_opts
 
 
 def add_parser(sub) -> None:

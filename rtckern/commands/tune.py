@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ._ops import load_ops, parse_opts
+from ._registry_cli import load_ops, parse_opts
 
 
 def add_parser(sub) -> None:
