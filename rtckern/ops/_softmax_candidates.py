@@ -1,0 +1,203 @@
+"""Registry candidates of the softmax ops: `<op>.onepass` (rows held on chip, read once) and `<op>.online`
+(two launches over chunks, any row length). One instance of each per op, registered by `register_all()`.
+
+A request carries what decides compilation and feasibility: the dtype, the row length n (its power-of-two
+bucket picks the template config; n itself decides whether the shared-memory stash fits) and the vector width.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from rtckern import config
+from rtckern.device import DeviceInfo
+from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder, select
+from rtckern.registry import default_registry
+from rtckern.spec import KernelSpec
+from rtckern.ops import _softmax_arrays as arr
+from rtckern.ops import _softmax_plan as plan
+from rtckern.ops._softmax_tuned import tuned_onepass
+
+# op name -> (mask kind, direction)
+OPS = {
+    "softmax": (plan.PLAIN, plan.FWD),
+    "scaled_masked_softmax": (plan.MASKED, plan.FWD),
+    "scaled_upper_triang_masked_softmax": (plan.CAUSAL, plan.FWD),
+    "scaled_aligned_causal_masked_softmax": (plan.CAUSAL, plan.FWD),
+    "softmax_backward": (plan.PLAIN, plan.BWD),
+    "scaled_masked_softmax_backward": (plan.PLAIN, plan.BWD),
+    "scaled_upper_triang_masked_softmax_backward": (plan.CAUSAL, plan.BWD),
+    "scaled_aligned_causal_masked_softmax_backward": (plan.CAUSAL, plan.BWD),
+}
+
+
+def request(op: str, dtype: str, n: int, vec: int, device: DeviceInfo) -> OpRequest:
+    return OpRequest(op=op, dtypes={"x": dtype}, shape={"n": n, "vec": vec}, device=device)
+
+
+@functools.lru_cache(maxsize=None)
+def onepass_config(direction: str, dtype: str, n: int, vec: int, arch: str, sm_count: int,
+                   smem_optin: int) -> plan.OnePass | None:
+    """The tuned config for (arch, SM count, direction, dtype, vec, n bucket) when it fits n, else the rule."""
+    cfg = tuned_onepass(arch, sm_count, direction, dtype, vec, n)
+    if cfg is not None and plan.fits(cfg, direction, dtype, n, vec, smem_optin) is None:
+        return cfg
+    return plan.default_onepass(direction, dtype, n, vec, smem_optin)
+
+
+def _config_for(direction: str, req: OpRequest) -> plan.OnePass | None:
+    d = req.device
+    return onepass_config(direction, req.dtype("x"), req.dim("n"), req.dim("vec"), d.arch.sm, d.sm_count,
+                          d.max_smem_per_block_optin)
+
+
+class _SoftmaxCandidate(Candidate):
+    min_arch = "sm_75"
+    vendors = ("nvidia",)  # the sources are portable (common/), but no AMD run has validated them yet
+
+    def __init__(self, op: str):
+        self.op = op
+        self.kind, self.direction = OPS[op]
+
+    def _dtype_reason(self, req: OpRequest) -> str | None:
+        dt = req.dtype("x")
+        if dt not in plan.CTYPES:
+            return f"dtype {dt} not supported; supported: {', '.join(plan.CTYPES)}"
+        return None
+
+
+class OnePassCandidate(_SoftmaxCandidate):
+    priority = 100
+
+    def __init__(self, op: str):
+        super().__init__(op)
+        self.name = f"{op}.onepass"
+
+    def supports(self, req: OpRequest) -> str | None:
+        why = self._dtype_reason(req)
+        if why:
+            return why
+        if _config_for(self.direction, req) is None:
+            n, vec, dt = req.dim("n"), req.dim("vec"), req.dtype("x")
+            limit = plan.max_onepass_keys(self.direction, dt, vec, req.device.max_smem_per_block_optin)
+            return (f"a row of {n} {dt} keys (vector width {vec}) exceeds the one-pass limit of {limit} keys on "
+                    f"{req.device.arch.sm} ({req.device.max_smem_per_block_optin} B shared memory per block); "
+                    "the online candidate serves it")
+        return None
+
+    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+        cfg = _config_for(self.direction, req)
+        args = plan.onepass_template_args(self.direction, req.dtype("x"), self.kind, req.dim("vec"), cfg)
+        return (KernelSpec(plan.SOURCE, plan.onepass_kernel_name(self.direction), self.target(req),
+                           template_args=args, op=self.op),)
+
+    def launch_resources(self, req: OpRequest):
+        cfg = _config_for(self.direction, req)
+        smem = cfg.smem_bytes(self.direction, req.dtype("x"), req.dim("n"), req.dim("vec"))
+        return (Resources(block=cfg.threads, dynamic_smem=smem),)
+
+    def launch(self, req: OpRequest, kernels, a: arr.DeviceArray, ptrs: tuple, geom: plan.RowGeometry, scale,
+               stream) -> None:
+        cfg = _config_for(self.direction, req)
+        smem = cfg.smem_bytes(self.direction, req.dtype("x"), geom.n, req.dim("vec"))
+        args = plan.fwd_args(*ptrs, geom, scale) if self.direction == plan.FWD else plan.bwd_args(*ptrs, geom, scale)
+        kernels[0].launch(cfg.grid(geom.rows), cfg.threads, args, shared_mem=smem, stream=stream)
+
+
+class OnlineCandidate(_SoftmaxCandidate):
+    priority = 50
+
+    def __init__(self, op: str):
+        super().__init__(op)
+        self.name = f"{op}.online"
+
+    def supports(self, req: OpRequest) -> str | None:
+        return self._dtype_reason(req)
+
+    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+        cfg = plan.online_config(req.dim("n"), req.dim("vec"))
+        return tuple(KernelSpec(plan.SOURCE, name, self.target(req), template_args=args, op=self.op)
+                     for name, args in plan.online_kernels(self.direction, req.dtype("x"), self.kind, cfg))
+
+    def launch_resources(self, req: OpRequest):
+        cfg = plan.online_config(req.dim("n"), req.dim("vec"))
+        return (Resources(block=cfg.threads), Resources(block=cfg.threads))
+
+    def launch(self, req: OpRequest, kernels, a: arr.DeviceArray, ptrs: tuple, geom: plan.RowGeometry, scale,
+               stream) -> None:
+        cfg = plan.online_config(geom.n, req.dim("vec"))
+        grid = geom.rows * cfg.chunks(geom.n)
+        ws, stats = arr.empty_floats(a, cfg.stats_floats(self.direction, geom.rows, geom.n))
+        g = geom
+        if self.direction == plan.FWD:
+            x, y, mask = ptrs
+            kernels[0].launch(grid, cfg.threads, (x, mask, stats, g.rows, g.n, cfg.chunk, g.sq, g.heads,
+                                                  g.mask_batch_stride, g.diag_offset, scale), stream=stream)
+            kernels[1].launch(grid, cfg.threads, (x, y, mask, stats, g.rows, g.n, cfg.chunk, g.sq, g.heads,
+                                                  g.mask_batch_stride, g.diag_offset, scale), stream=stream)
+        else:
+            y, dy, dx = ptrs
+            kernels[0].launch(grid, cfg.threads, (y, dy, stats, g.rows, g.n, cfg.chunk, g.sq, g.diag_offset),
+                              stream=stream)
+            kernels[1].launch(grid, cfg.threads, (y, dy, dx, stats, g.rows, g.n, cfg.chunk, g.sq, g.diag_offset,
+                                                  scale), stream=stream)
+        # The workspace came from the caller's allocator on the launch stream: freeing it now is stream-ordered.
+        del ws
+
+
+# ---- selection, memoized per (op, dtype, n, vec, device) ------------------------------------------------------
+_selections: dict[tuple, Any] = {}
+_selections_settings: Any = None
+_sel_lock = threading.Lock()
+
+
+def selection(op: str, dtype: str, n: int, vec: int, ordinal: int):
+    """The registry's selection for this call; after the first call a dict lookup (the registry memoizes too,
+    this skips building the request). Forgotten when the settings change (overrides such as
+    RTCKERN_FORCE_IMPL), as the registry's own memo is."""
+    global _selections_settings
+    key = (op, dtype, n, vec, ordinal)
+    sel = _selections.get(key)
+    if sel is None or _selections_settings is not config.settings():
+        sel = select(request(op, dtype, n, vec, DeviceInfo.from_device(ordinal)))
+        with _sel_lock:
+            if _selections_settings is not config.settings():
+                _selections.clear()
+                _selections_settings = config.settings()
+            _selections[key] = sel
+    return sel
+
+
+def _build_request(op: str):
+    def build(shape, dtype, device, **options) -> OpRequest:
+        if not shape:
+            raise ValueError(f"{op}: give a shape whose last dim is the row length, e.g. 8192x4096")
+        dt = dtype or "bf16"
+        n = int(shape[-1])
+        vec = int(options.get("vec", plan.vector_width(dt, n)))
+        return request(op, dt, n, vec, device)
+
+    return build
+
+
+_registered = False
+
+
+def register_all() -> None:
+    """Register both candidates of every softmax op (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    reg = default_registry()
+    for op in OPS:
+        for cls in (OnePassCandidate, OnlineCandidate):
+            cand = cls(op)
+            try:
+                reg.get(cand.name)
+            except KeyError:
+                register(cand)
+        if op not in reg.builder_ops():
+            register_request_builder(op, _build_request(op), help="shape: (..., N), the last dim is the row length; "
+                                     "option vec=<elements per access>", example="--dtype bf16 --shape 16384x4096")
+    _registered = True

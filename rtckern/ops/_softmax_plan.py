@@ -1,0 +1,193 @@
+"""Launch planning for the softmax kernels (kernel_sources/softmax/): vector width, one-pass configs, shared
+memory, online chunks, template arguments and kernel arguments. Pure arithmetic (no GPU, no compile), shared by
+the candidates, the benchmark and the tests.
+
+Template arguments depend on the dtype, the mask kind, the vector width and a power-of-two bucket of the row
+length, never on the exact row length: rows of 3000 and 4000 keys run the same binary (DESIGN principle 1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+SOURCE = "softmax/softmax.cuh"
+CTYPES = {"fp32": "float", "fp16": "rtk_half", "bf16": "rtk_bf16"}
+ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+PLAIN, MASKED, CAUSAL = 0, 1, 2  # RTK_SOFTMAX_* in softmax_common.cuh
+FWD, BWD = "fwd", "bwd"
+# Static shared memory of a block (reduction scratch) plus slack; what the dynamic stash may not use.
+SMEM_STATIC_RESERVE = 1024
+ONLINE_THREADS = 512
+ONLINE_VECTORS_PER_THREAD = 8
+
+
+def pow2ceil(v: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, v))))
+
+
+def vector_width(dtype: str, n: int, addresses: tuple[int, ...] = (), mask_address: int | None = None) -> int:
+    """Largest VEC (elements per access, 16 bytes at most) that divides the row length and keeps every row of
+    every array (and of the byte mask) aligned to VEC elements."""
+    elem = ELEM_BYTES[dtype]
+    vec = 16 // elem
+    while vec > 1:
+        if (n % vec == 0 and all(a % (vec * elem) == 0 for a in addresses)
+                and (mask_address is None or mask_address % vec == 0)):
+            return vec
+        vec //= 2
+    return 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OnePass:
+    """One-pass kernel config: `group` threads per row (<= 32: several rows per block; == threads: one row per
+    block, the part of the row past the registers in dynamic shared memory), `items` vectors per thread kept in
+    registers, `min_blocks` the __launch_bounds__ occupancy hint."""
+
+    threads: int
+    group: int
+    items: int
+    min_blocks: int = 1
+
+    def __post_init__(self):
+        if self.group & (self.group - 1) or self.threads % self.group:
+            raise ValueError(f"{self}: group must be a power of two dividing threads")
+        if self.group > 32 and self.group != self.threads:
+            raise ValueError(f"{self}: a group wider than a warp must be the whole block")
+        if not 0 < self.threads <= 1024 or self.items < 1 or self.min_blocks < 1:
+            raise ValueError(f"{self}: threads 1..1024, items >= 1, min_blocks >= 1")
+
+    @property
+    def block_row(self) -> bool:
+        return self.group == self.threads and self.group > 32
+
+    @property
+    def rows_per_block(self) -> int:
+        return self.threads // self.group
+
+    def register_keys(self, vec: int) -> int:
+        return self.group * self.items * vec
+
+    def smem_bytes(self, direction: str, dtype: str, n: int, vec: int) -> int:
+        """Dynamic shared memory for a row of n keys: the part past the registers, in the storage type (y and dy
+        for the backward)."""
+        reg = self.register_keys(vec)
+        if n <= reg:
+            return 0
+        if not self.block_row:
+            raise ValueError(f"{self} holds {reg} keys per row and has no shared-memory stash; n={n}")
+        return (n - reg) * ELEM_BYTES[dtype] * (2 if direction == BWD else 1)
+
+    def grid(self, rows: int) -> int:
+        return -(-rows // self.rows_per_block)
+
+
+def register_vectors(direction: str, dtype: str, vec: int, threads: int) -> int:
+    """How many vectors per thread the register part may hold without spilling: about 32 registers of data at
+    up to 512 threads (64 registers/thread budget), 16 at 1024 threads. Forward keeps fp32 logits (1 register per
+    key); backward keeps y and dy in the storage type (2 * elem / 4 registers per key)."""
+    regs = 32 if threads <= 512 else 16
+    per_key = 1.0 if direction == FWD else 2 * ELEM_BYTES[dtype] / 4
+    return max(1, int(regs / per_key) // vec)
+
+
+def max_onepass_keys(direction: str, dtype: str, vec: int, smem_optin: int) -> int:
+    """The longest row the one-pass kernels hold (1024 threads, full registers, the rest in shared memory)."""
+    cfg = OnePass(1024, 1024, register_vectors(direction, dtype, vec, 1024))
+    per_key = ELEM_BYTES[dtype] * (2 if direction == BWD else 1)
+    stash = (smem_optin - SMEM_STATIC_RESERVE) // per_key
+    return cfg.register_keys(vec) + stash // vec * vec
+
+
+def default_onepass(direction: str, dtype: str, n: int, vec: int, smem_optin: int) -> OnePass | None:
+    """A config by rule (used where the tuned table has no entry); None when no one-pass config holds n keys."""
+    nvec = -(-n // vec)
+    cap = register_vectors(direction, dtype, vec, 128)
+    if nvec <= 32 * cap:  # a warp or less per row
+        if nvec <= 32:
+            return OnePass(128, pow2ceil(nvec), 1)
+        return OnePass(128, 32, pow2ceil(-(-nvec // 32)))
+    for threads in (256, 512, 1024):
+        if nvec <= threads * register_vectors(direction, dtype, vec, threads):
+            return OnePass(threads, threads, pow2ceil(-(-nvec // threads)))
+    cfg = OnePass(1024, 1024, register_vectors(direction, dtype, vec, 1024))
+    if cfg.smem_bytes(direction, dtype, n, vec) <= smem_optin - SMEM_STATIC_RESERVE:
+        return cfg
+    return None
+
+
+def fits(cfg: OnePass, direction: str, dtype: str, n: int, vec: int, smem_optin: int) -> str | None:
+    """None when cfg can run rows of n keys, else why not."""
+    reg = cfg.register_keys(vec)
+    if n > reg and not cfg.block_row:
+        return f"{cfg} holds {reg} keys per row in registers and has no shared-memory stash, row has {n}"
+    smem = cfg.smem_bytes(direction, dtype, n, vec) if n > reg else 0
+    limit = smem_optin - SMEM_STATIC_RESERVE
+    if smem > limit:
+        return (f"a row of {n} {dtype} keys needs {smem} B of shared memory past the {reg} keys in registers; "
+                f"the device allows {limit} B per block")
+    return None
+
+
+def onepass_template_args(direction: str, dtype: str, kind: int, vec: int, cfg: OnePass) -> tuple:
+    k = kind if direction == FWD else (CAUSAL if kind == CAUSAL else PLAIN)
+    return (CTYPES[dtype], k, vec, cfg.items, cfg.group, cfg.threads, cfg.min_blocks)
+
+
+def onepass_kernel_name(direction: str) -> str:
+    return "softmax_fwd" if direction == FWD else "softmax_bwd"
+
+
+@dataclasses.dataclass(frozen=True)
+class Online:
+    """Two-launch online config: blocks of `threads`, rows cut into chunks of `chunk` keys."""
+
+    threads: int
+    vec: int
+    chunk: int
+
+    def chunks(self, n: int) -> int:
+        return -(-n // self.chunk)
+
+    def stats_floats(self, direction: str, rows: int, n: int) -> int:
+        return rows * self.chunks(n) * (2 if direction == FWD else 1)
+
+
+def online_config(n: int, vec: int) -> Online:
+    step = ONLINE_THREADS * vec
+    chunk = min(-(-n // step) * step, step * ONLINE_VECTORS_PER_THREAD)
+    return Online(ONLINE_THREADS, vec, chunk)
+
+
+def online_kernels(direction: str, dtype: str, kind: int, cfg: Online) -> tuple[tuple[str, tuple], ...]:
+    """(kernel name, template args) of the stats launch and the finalize launch."""
+    k = kind if direction == FWD else (CAUSAL if kind == CAUSAL else PLAIN)
+    args = (CTYPES[dtype], k, cfg.vec, cfg.threads)
+    return ((f"softmax_{direction}_stats", args), (f"softmax_{direction}_finalize", args))
+
+
+@dataclasses.dataclass(frozen=True)
+class RowGeometry:
+    """How rows map to queries and mask rows. rows = prod(leading dims); sq: queries per (batch, head) (1 when
+    there is no mask); heads: H of (B, H, Sq, Sk) for the boolean mask; mask_batch_stride: Sq when the mask has
+    one slice per batch, 0 when one slice serves all; diag_offset: Sk - Sq for bottom-right causal, 0 square."""
+
+    rows: int
+    n: int
+    sq: int = 1
+    heads: int = 1
+    mask_batch_stride: int = 0
+    diag_offset: int = 0
+
+    def valid_keys(self, row: int, kind: int) -> int:
+        if kind != CAUSAL:
+            return self.n
+        return max(0, min(self.n, row % self.sq + 1 + self.diag_offset))
+
+
+def fwd_args(x: int, y: int, mask: int, g: RowGeometry, scale) -> tuple:
+    return (x, y, mask, g.rows, g.n, g.sq, g.heads, g.mask_batch_stride, g.diag_offset, scale)
+
+
+def bwd_args(y: int, dy: int, dx: int, g: RowGeometry, scale) -> tuple:
+    return (y, dy, dx, g.rows, g.n, g.sq, g.diag_offset, scale)

@@ -1,0 +1,181 @@
+"""Softmax ops over the last dimension: plain, scaled + boolean mask, square causal, bottom-right causal; forward
+and backward. The attention-score softmaxes of Megatron-style and TransformerEngine-style models.
+
+    y = rtckern.ops.softmax(x, scale=1.0)                           # softmax(scale * x), any shape (..., N)
+    y = rtckern.ops.scaled_masked_softmax(x, mask, scale)           # x (B, H, Sq, Sk), mask (B or 1, 1, Sq, Sk)
+    y = rtckern.ops.scaled_upper_triang_masked_softmax(x, scale)    # x (..., S, S): key k kept iff k <= q
+    y = rtckern.ops.scaled_aligned_causal_masked_softmax(x, scale)  # x (..., Sq, Sk): k kept iff k <= q + Sk - Sq
+    dx = rtckern.ops.<op>_backward(y, dy, scale)                     # dx = scale * y * (dy - sum(y * dy))
+
+Dtypes fp32, fp16, bf16 (inputs and outputs alike), math in fp32. The boolean mask is True where a key is masked
+out. Masked keys contribute exactly zero and get exactly zero; a row whose keys are all masked (a fully masked
+mask row, or a query above the causal diagonal when Sq > Sk) gives all zeros, not NaN, and a zero gradient. An
+input of -inf counts as a masked key whatever the sign of the scale.
+
+Outputs are new arrays of the input's library (torch in -> torch out, CuPy in -> CuPy out), launched on that
+library's current stream. Rows up to the one-pass limit (at least 65536 keys: bf16/fp16 forward about 130k,
+fp32 forward about 72k, bf16/fp16 backward about 74k, fp32 backward about 37k on sm_90) are read once; longer
+rows take the two-launch online path, which reads them twice.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from rtckern.errors import InputError
+from rtckern.ops import _softmax_arrays as arr
+from rtckern.ops import _softmax_candidates as cands
+from rtckern.ops import _softmax_plan as plan
+
+__all__ = [
+    "softmax", "softmax_backward", "scaled_masked_softmax", "scaled_masked_softmax_backward",
+    "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_backward",
+    "scaled_aligned_causal_masked_softmax", "scaled_aligned_causal_masked_softmax_backward",
+]
+
+
+def _input(x, name: str, min_ndim: int = 1) -> arr.DeviceArray:
+    a = arr.device_array(x, name)
+    arr.check_float(a, name)
+    if len(a.shape) < min_ndim:
+        raise InputError(f"{name} has shape {a.shape} ({len(a.shape)} dims); this op needs at least {min_ndim}")
+    arr.check_contiguous(a, name)
+    return a
+
+
+def _scale(scale) -> np.float32:
+    try:
+        return np.float32(float(scale))
+    except (TypeError, ValueError):
+        raise InputError(f"scale={scale!r} is not a number; pass a Python float such as 1 / math.sqrt(head_dim)") \
+            from None
+
+
+def _run_forward(op: str, a: arr.DeviceArray, geom: plan.RowGeometry, scale, mask: arr.DeviceArray | None):
+    out, y_ptr = arr.empty_like(a)
+    if geom.rows == 0 or geom.n == 0:
+        return out
+    vec = plan.vector_width(a.dtype, geom.n, (a.ptr, y_ptr), mask.ptr if mask is not None else None)
+    sel = cands.selection(op, a.dtype, geom.n, vec, a.device)
+    sel.candidate.launch(sel.request, sel.kernels, a, (a.ptr, y_ptr, mask.ptr if mask is not None else 0), geom,
+                         _scale(scale), arr.current_stream(a))
+    return out
+
+
+def _run_backward(op: str, y, dy, scale, geometry) -> object:
+    ya = _input(y, "y")
+    dya = _input(dy, "dy")
+    arr.check_same(ya, dya, "y", "dy")
+    geom = geometry(ya)
+    out, dx_ptr = arr.empty_like(ya)
+    if geom.rows == 0 or geom.n == 0:
+        return out
+    vec = plan.vector_width(ya.dtype, geom.n, (ya.ptr, dya.ptr, dx_ptr))
+    sel = cands.selection(op, ya.dtype, geom.n, vec, ya.device)
+    sel.candidate.launch(sel.request, sel.kernels, ya, (ya.ptr, dya.ptr, dx_ptr), geom, _scale(scale),
+                         arr.current_stream(ya))
+    return out
+
+
+# ---- geometry of each op -------------------------------------------------------------------------------------
+def _plain_geometry(a: arr.DeviceArray) -> plan.RowGeometry:
+    n = a.shape[-1] if a.shape else 1
+    return plan.RowGeometry(rows=a.numel // n if n else 0, n=n)
+
+
+def _square_causal_geometry(a: arr.DeviceArray) -> plan.RowGeometry:
+    sq, sk = a.shape[-2], a.shape[-1]
+    if sq != sk:
+        raise InputError(f"scaled_upper_triang_masked_softmax needs square score matrices (Sq == Sk), got shape "
+                         f"{a.shape} with Sq={sq}, Sk={sk}; use scaled_aligned_causal_masked_softmax for Sq != Sk")
+    return plan.RowGeometry(rows=a.numel // sk if sk else 0, n=sk, sq=max(sq, 1), diag_offset=0)
+
+
+def _aligned_causal_geometry(a: arr.DeviceArray) -> plan.RowGeometry:
+    sq, sk = a.shape[-2], a.shape[-1]
+    return plan.RowGeometry(rows=a.numel // sk if sk else 0, n=sk, sq=max(sq, 1), diag_offset=sk - sq)
+
+
+def _masked_geometry(a: arr.DeviceArray, mask: arr.DeviceArray | None) -> plan.RowGeometry:
+    b, h, sq, sk = a.shape
+    mb = mask.shape[0] if mask is not None else b
+    return plan.RowGeometry(rows=b * h * sq, n=sk, sq=max(sq, 1), heads=max(h, 1),
+                            mask_batch_stride=0 if mb == 1 else sq)
+
+
+def _check_mask(a: arr.DeviceArray, mask) -> arr.DeviceArray:
+    m = arr.device_array(mask, "mask")
+    if m.dtype != "bool":
+        raise InputError(f"mask has dtype {m.dtype}; it must be bool (True = masked out): pass mask.bool() or "
+                         "mask != 0")
+    b, _, sq, sk = a.shape
+    if len(m.shape) != 4 or m.shape[1] != 1 or m.shape[2:] != (sq, sk) or m.shape[0] not in (1, b):
+        raise InputError(f"mask has shape {m.shape}; for x of shape {a.shape} it must be ({b}, 1, {sq}, {sk}) or "
+                         f"(1, 1, {sq}, {sk}) (broadcast over heads, and over the batch when its first dim is 1)")
+    if m.device != a.device:
+        raise InputError(f"mask is on cuda:{m.device} but x on cuda:{a.device}; put both on one device")
+    if m.lib != a.lib:
+        raise InputError(f"x is a {a.lib} array but mask a {m.lib} array; pass one kind")
+    arr.check_contiguous(m, "mask")
+    return m
+
+
+# ---- public ops -----------------------------------------------------------------------------------------------
+def softmax(x, scale: float = 1.0):
+    """softmax(scale * x) over the last dimension of x (fp32, fp16 or bf16, contiguous, on a GPU)."""
+    a = _input(x, "x")
+    return _run_forward("softmax", a, _plain_geometry(a), scale, None)
+
+
+def softmax_backward(y, dy, scale: float = 1.0):
+    """Gradient of softmax(scale * x) with respect to x, from y = softmax(scale * x) and dy."""
+    return _run_backward("softmax_backward", y, dy, scale, _plain_geometry)
+
+
+def scaled_masked_softmax(x, mask, scale: float = 1.0):
+    """softmax(scale * x) with keys where `mask` is True set to exactly zero. x: (B, H, Sq, Sk); mask: bool
+    (B, 1, Sq, Sk) or (1, 1, Sq, Sk), broadcast over heads. A row with every key masked gives zeros."""
+    a = _input(x, "x")
+    if len(a.shape) != 4:
+        raise InputError(f"scaled_masked_softmax needs x of shape (B, H, Sq, Sk); got {a.shape}")
+    m = _check_mask(a, mask)
+    return _run_forward("scaled_masked_softmax", a, _masked_geometry(a, m), scale, m)
+
+
+def scaled_masked_softmax_backward(y, dy, scale: float = 1.0):
+    """Gradient of scaled_masked_softmax from its output y (exactly zero at masked keys) and dy."""
+    return _run_backward("scaled_masked_softmax_backward", y, dy, scale, _plain_geometry)
+
+
+def scaled_upper_triang_masked_softmax(x, scale: float = 1.0):
+    """Causal softmax(scale * x) over square score matrices x (..., S, S), typically (B * H, S, S): key k of
+    query q is kept iff k <= q; the rest are exactly zero (and never read)."""
+    a = _input(x, "x", min_ndim=2)
+    return _run_forward("scaled_upper_triang_masked_softmax", a, _square_causal_geometry(a), scale, None)
+
+
+def scaled_upper_triang_masked_softmax_backward(y, dy, scale: float = 1.0):
+    """Gradient of scaled_upper_triang_masked_softmax; keys above the diagonal get exactly zero."""
+    return _run_backward("scaled_upper_triang_masked_softmax_backward", y, dy, scale,
+                         lambda a: _square_causal_geometry(_at_least_2d(a, "y")))
+
+
+def scaled_aligned_causal_masked_softmax(x, scale: float = 1.0):
+    """Causal softmax(scale * x) aligned to the bottom-right corner, x (..., Sq, Sk): key k of query q is kept iff
+    k <= q + (Sk - Sq). With Sq > Sk the first Sq - Sk queries keep no key and give zeros."""
+    a = _input(x, "x", min_ndim=2)
+    return _run_forward("scaled_aligned_causal_masked_softmax", a, _aligned_causal_geometry(a), scale, None)
+
+
+def scaled_aligned_causal_masked_softmax_backward(y, dy, scale: float = 1.0):
+    """Gradient of scaled_aligned_causal_masked_softmax; masked keys get exactly zero."""
+    return _run_backward("scaled_aligned_causal_masked_softmax_backward", y, dy, scale,
+                         lambda a: _aligned_causal_geometry(_at_least_2d(a, "y")))
+
+
+def _at_least_2d(a: arr.DeviceArray, name: str) -> arr.DeviceArray:
+    if len(a.shape) < 2:
+        raise InputError(f"{name} has shape {a.shape} ({len(a.shape)} dims); this op needs at least 2 (..., Sq, Sk)")
+    return a
+
+
+cands.register_all()

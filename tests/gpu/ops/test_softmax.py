@@ -1,0 +1,258 @@
+"""Softmax ops on a GPU against a float64 reference: every op, both directions, fp32/fp16/bf16, rows of
+N in {1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000}, through both candidates (one-pass and online, forced
+with RTCKERN_FORCE_IMPL's setting). Outputs are poisoned (NaN) by the allocator hook below, so an unwritten
+element fails; every check draws fresh random inputs.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rtckern import config  # noqa: E402
+from rtckern.errors import UnsupportedRequestError  # noqa: E402
+from rtckern.ops import softmax as sm  # noqa: E402
+from rtckern.ops import _softmax_arrays as arr  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# ||out - ref|| / ||ref||: fp32 math throughout, so the bound is the output rounding of each dtype.
+FWD_TOL = {"fp32": 1e-5, "fp16": 1.5e-3, "bf16": 1e-2}
+BWD_TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.5e-2}
+NS = (1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000)
+IMPLS = ("onepass", "online")
+SCALE = 0.7
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every output the ops allocate starts as NaN: an element the kernel does not write fails the test."""
+    real = arr.empty_like
+
+    def poisoned(a):
+        out, ptr = real(a)
+        out.fill_(float("nan"))
+        return out, ptr
+
+    monkeypatch.setattr(arr, "empty_like", poisoned)
+
+
+def _call(op: str, impl: str, *args):
+    """Run op with its `impl` candidate forced; skip where the one-pass candidate cannot hold the row (the
+    reason says so; the online candidate serves every length)."""
+    with config.override(force_impl={op: f"{op}.{impl}"}):
+        try:
+            return getattr(sm, op)(*args)
+        except UnsupportedRequestError as e:
+            if impl == "onepass" and "exceeds the one-pass limit" in str(e):
+                pytest.skip(str(e).splitlines()[1].strip())
+            raise
+
+
+def _rows_for(n: int, budget: int = 1 << 21) -> int:
+    return max(4, budget // n)
+
+
+def _ref_softmax(x: torch.Tensor, scale: float, keep: torch.Tensor | None) -> torch.Tensor:
+    """float64 softmax over the last dim; `keep` (bool, broadcastable) marks unmasked keys; all-masked rows -> 0."""
+    z = x.double() * scale
+    if keep is not None:
+        z = z.masked_fill(~keep, float("-inf"))
+    y = torch.softmax(z, dim=-1)
+    return torch.nan_to_num(y, nan=0.0)
+
+
+def _ref_backward(y: torch.Tensor, dy: torch.Tensor, scale: float) -> torch.Tensor:
+    y64, dy64 = y.double(), dy.double()
+    return scale * y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not torch.isnan(out).any(), "output has NaN: an element was not written (or a row gave NaN)"
+    num = torch.linalg.vector_norm(out.double() - ref).item()
+    den = torch.linalg.vector_norm(ref).item()
+    return num / den if den > 0 else num
+
+
+def _causal_keep(sq: int, sk: int, device) -> torch.Tensor:
+    q = torch.arange(sq, device=device)[:, None]
+    k = torch.arange(sk, device=device)[None, :]
+    return k <= q + (sk - sq)
+
+
+# ---- cases: (op, x shape, mask shape or None) ------------------------------------------------------------------
+def _plain_shape(n):
+    return (_rows_for(n),) + (n,)
+
+
+def _masked_shapes(n):
+    sq = max(1, _rows_for(n) // 4)
+    return (2, 2, sq, n)
+
+
+def _square_shape(n):
+    # Square score matrices: (B*H, S, S). One matrix of 65536^2 keys is 8.6 GB in bf16; 100000^2 does not fit
+    # with its reference, so the largest square case is 65536 (aligned-causal covers 100000 with Sq < Sk).
+    bh = max(1, (1 << 21) // (n * n))
+    return (bh, n, n)
+
+
+def _aligned_shape(n):
+    sq = max(2, _rows_for(n) // 2)
+    return (2, sq, n)
+
+
+def _check_forward(op, dtype, n, impl, x, keep, mask=None):
+    y = _call(op, impl, x, mask, SCALE) if mask is not None else _call(op, impl, x, SCALE)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    ref = _ref_softmax(x, SCALE, keep)
+    err = _rel_err(y, ref)
+    assert err < FWD_TOL[dtype], f"{op} {dtype} n={n} {impl}: rel err {err:.3g}"
+    if keep is not None:
+        dropped = ~keep.expand_as(y)
+        assert (y[dropped] == 0).all(), "masked keys must be exactly 0"
+    return y
+
+
+def _check_backward(op, dtype, n, impl, y, dy):
+    dx = _call(op, impl, y, dy, SCALE)
+    ref = _ref_backward(y, dy, SCALE)
+    err = _rel_err(dx, ref)
+    tol = BWD_TOL[dtype]
+    assert err < tol, f"{op} {dtype} n={n} {impl}: rel err {err:.3g}"
+    assert (dx[y == 0] == 0).all(), "keys with y == 0 (masked) must get exactly 0"
+
+
+def _needs(bytes_needed: int) -> None:
+    free, _ = torch.cuda.mem_get_info()
+    if bytes_needed > free * 0.6:
+        pytest.skip(f"needs {bytes_needed / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_softmax(dtype, n, impl):
+    x = torch.randn(_plain_shape(n), device="cuda", dtype=DTYPES[dtype]) * 3
+    y = _check_forward("softmax", dtype, n, impl, x, None)
+    dy = torch.randn_like(y)
+    _check_backward("softmax_backward", dtype, n, impl, y, dy)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("mask_batch", ["B", "1"])
+def test_scaled_masked_softmax(dtype, n, impl, mask_batch):
+    shape = _masked_shapes(n)
+    b, _, sq, sk = shape
+    x = torch.randn(shape, device="cuda", dtype=DTYPES[dtype]) * 3
+    mb = b if mask_batch == "B" else 1
+    mask = torch.rand((mb, 1, sq, sk), device="cuda") < 0.3
+    mask[0, 0, 0, :] = True  # a fully masked row: zeros, not NaN
+    if sq > 1:
+        mask[-1, 0, 1, :] = True
+        mask[-1, 0, 1, sk // 2] = False  # a row with one key left: exactly 1 there
+    keep = ~mask
+    y = _check_forward("scaled_masked_softmax", dtype, n, impl, x, keep, mask)
+    assert (y[0, :, 0, :] == 0).all()
+    if sq > 1:
+        assert (y[-1, :, 1, sk // 2] == 1).all()
+    dy = torch.randn_like(y)
+    _check_backward("scaled_masked_softmax_backward", dtype, n, impl, y, dy)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_scaled_upper_triang_masked_softmax(dtype, n, impl):
+    if n > 65536:
+        pytest.skip("a square 100000^2 score matrix with its reference does not fit; aligned-causal covers it")
+    shape = _square_shape(n)
+    elem = torch.finfo(DTYPES[dtype]).bits // 8
+    numel = math.prod(shape)
+    _needs(numel * elem * 4)
+    x = torch.randn(shape, device="cuda", dtype=DTYPES[dtype]) * 3
+    y = _call("scaled_upper_triang_masked_softmax", impl, x, SCALE)
+    dy = torch.randn_like(y)
+    dx = _call("scaled_upper_triang_masked_softmax_backward", impl, y, dy, SCALE)
+    assert not torch.isnan(y).any() and not torch.isnan(dx).any(), "unwritten output"
+    # Reference on a sample of query rows of the first matrix (the whole of it at small n).
+    rows = torch.arange(n, device="cuda") if n <= 4096 else torch.cat(
+        [torch.arange(3, device="cuda"), torch.randint(0, n, (24,), device="cuda"), torch.arange(n - 3, n, device="cuda")])
+    keep = _causal_keep(n, n, "cuda")[rows]
+    ref = _ref_softmax(x[0, rows], SCALE, keep)
+    err = _rel_err(y[0, rows], ref)
+    assert err < FWD_TOL[dtype], f"causal {dtype} n={n} {impl}: rel err {err:.3g}"
+    assert (y[0, rows][~keep] == 0).all()
+    ref_dx = _ref_backward(y[0, rows], dy[0, rows], SCALE)
+    err = _rel_err(dx[0, rows], ref_dx)
+    assert err < BWD_TOL[dtype], f"causal backward {dtype} n={n} {impl}: rel err {err:.3g}"
+    assert (dx[0, rows][~keep] == 0).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("taller", [False, True], ids=["sq<=sk", "sq>sk"])
+def test_scaled_aligned_causal_masked_softmax(dtype, n, impl, taller):
+    b, sq, sk = _aligned_shape(n)
+    if taller:
+        sq = sk + 5 if n <= 1024 else sq  # Sq > Sk: the first Sq - Sk queries keep nothing
+        if sq <= sk:
+            pytest.skip("Sq > Sk is exercised at small n")
+    x = torch.randn((b, sq, sk), device="cuda", dtype=DTYPES[dtype]) * 3
+    keep = _causal_keep(sq, sk, "cuda")
+    y = _check_forward("scaled_aligned_causal_masked_softmax", dtype, n, impl, x, keep)
+    if sq > sk:
+        assert (y[:, : sq - sk, :] == 0).all(), "queries above the diagonal keep no key: zeros"
+    dy = torch.randn_like(y)
+    _check_backward("scaled_aligned_causal_masked_softmax_backward", dtype, n, impl, y, dy)
+
+
+def test_cupy_in_cupy_out():
+    cupy = pytest.importorskip("cupy")
+    x = cupy.random.standard_normal((64, 1000), dtype=cupy.float32)
+    y = sm.softmax(x, 2.0)
+    assert isinstance(y, cupy.ndarray)
+    xt = torch.as_tensor(x, device="cuda")
+    ref = _ref_softmax(xt, 2.0, None)
+    assert _rel_err(torch.as_tensor(y, device="cuda"), ref) < 1e-5
+
+
+def test_runs_on_the_callers_stream():
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = sm.softmax(x)
+    s.synchronize()
+    assert _rel_err(y, _ref_softmax(x, 1.0, None)) < FWD_TOL["bf16"]
+
+
+def test_misaligned_rows_use_narrower_vectors():
+    # A view starting one element in: 16-byte vectors would be misaligned; the op picks a narrower width.
+    base = torch.randn(64 * 1024 + 1, device="cuda", dtype=torch.bfloat16)
+    x = base[1:].view(64, 1024)
+    y = sm.softmax(x, 1.0)
+    assert _rel_err(y, _ref_softmax(x, 1.0, None)) < FWD_TOL["bf16"]
+
+
+def test_negative_inf_input_counts_as_masked():
+    x = torch.randn(8, 4096, device="cuda")
+    x[:, ::2] = float("-inf")
+    x[3, :] = float("-inf")
+    y = sm.softmax(x, -1.5)
+    keep = torch.isfinite(x)
+    ref = _ref_softmax(torch.where(keep, x, torch.zeros_like(x)), -1.5, keep)
+    assert _rel_err(y, ref) < 1e-5
+    assert (y[3] == 0).all()
+
+
+def test_deterministic():
+    x = torch.randn(512, 8192, device="cuda", dtype=torch.bfloat16)
+    a = sm.softmax(x, 0.3)
+    b = sm.softmax(x, 0.3)
+    assert torch.equal(a, b)
