@@ -8,6 +8,7 @@ from typing import Any, Sequence
 from ..device import DeviceInfo
 from ..errors import LaunchError, LoadError
 from .driver import DriverError, check, driver, on_device
+from .arrays import SCALAR_TYPES, convert_args
 from .streams import core_stream
 
 _SMEM_DEFAULT_LIMIT = 48 * 1024
@@ -161,11 +162,21 @@ class Kernel:
 
     def launch(self, grid, block, args: Sequence[Any] = (), shared_mem: int = 0, stream=None,
                cooperative: bool = False) -> None:
-        """Launch on ``stream`` (int handle, ``__cuda_stream__`` object, torch or CuPy stream; None: the
-        device's default stream). Arguments: ints for pointers and ``long long``, ``numpy.float32`` for float."""
+        """Launch on ``stream`` (int handle, ``__cuda_stream__`` object, torch or CuPy stream).
+
+        Arguments: ints for pointers and ``long long``, ``numpy.float32`` for float, or arrays (torch, CuPy,
+        ``__cuda_array_interface__``, ``__dlpack__``), passed as their device pointers. With ``stream=None``
+        the default is the current stream of the first array's library (torch's current stream for torch
+        tensors), else the device's default stream."""
         cfg = self._configs.get((grid, block, shared_mem, cooperative))
         if cfg is None:
             cfg = self._config(grid, block, shared_mem, cooperative)
+        for a in args:
+            if type(a) not in SCALAR_TYPES:
+                args, implied = convert_args(args)
+                if stream is None:
+                    stream = implied
+                break
         if stream is None:
             s = self._default_stream
             if s is None:

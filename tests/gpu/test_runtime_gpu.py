@@ -134,3 +134,25 @@ def test_refused_image_is_quarantined_and_recompiled(dev, mgr):
     assert fresh.stats.tiers["disk"].quarantined == 1 and fresh.stats.compiles == 1
     assert (mgr.cache_dir / "quarantine" / f"{key}.rtk").exists()
     assert pack  # the envelope was valid: only the driver could tell
+
+
+def test_arrays_as_arguments_use_torch_current_stream(dev, mgr):
+    k = mgr.get(spec(dev, "axpy", ("float",)), 0)
+    n = 1 << 20
+    x, y = torch.randn(n, device="cuda"), torch.zeros(n, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        k.launch((n + 255) // 256, 256, (x, y, np.float32(2.0), n))  # stream=None: torch's current (s)
+    s.synchronize()
+    assert torch.allclose(y, 2 * x)
+
+
+def test_cupy_arrays(dev, mgr):
+    cupy = pytest.importorskip("cupy")
+    k = mgr.get(spec(dev, "axpy", ("float",)), 0)
+    n = 4097
+    x = cupy.random.standard_normal(n, dtype=cupy.float32)
+    y = cupy.ones(n, dtype=cupy.float32)
+    k.launch((n + 255) // 256, 256, (x, y, np.float32(-1.0), n))
+    cupy.cuda.get_current_stream().synchronize()
+    assert cupy.allclose(y, 1 - x)
