@@ -128,8 +128,13 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {
           // K-major B: the next 16 k are 32 B further along each row. MN-major B: 16 k-rows (2 atoms) further.
+#if defined(RTK_GEMM90_MN_SWAP)  // diagnostic: the MN-major offsets with LBO and SBO exchanged
+          const unsigned long long db = TRANS_B ? rtk_wgmma_desc(b_base + ks * 32, 16, 1024)
+                                                : rtk_wgmma_desc(b_base + ks * 2048, 1024, 64 * BK * 2);
+#else
           const unsigned long long db = TRANS_B ? rtk_wgmma_desc(b_base + ks * 32, 16, 1024)
                                                 : rtk_wgmma_desc(b_base + ks * 2048, 64 * BK * 2, 1024);
+#endif
 #pragma unroll
           for (int i = 0; i < MI; ++i) {
             const unsigned long long da = rtk_wgmma_desc(a_base + i * 64 * BK * 2 + ks * 32, 16, 1024);

@@ -1,0 +1,391 @@
+"""Kernel-level GEMM check and config sweep on a live GPU (no registry): every kernel family and tile config is
+launched directly through rtckern.ops._gemm_launch, checked against a float64 reference, and timed against
+torch.matmul in the same process.
+
+    PYTHONPATH=. python3 benchmarks/gemm_kernels.py --out DIR [--quick]
+
+Correctness: fresh random inputs per case, output poisoned with NaN first, relative Frobenius error against a
+float64 reference of the same (rounded) inputs, bound max(u_out, 2^-16) * sqrt(K) (u: unit roundoff of the
+output dtype). Timing: each variant is captured in a CUDA graph of `reps` launches and replayed; the median of
+several replays over the launch count; torch.matmul is timed the same way on the same inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+from rtckern.arch import Arch
+from rtckern.device import DeviceInfo
+from rtckern.manager import get_manager
+from rtckern.ops import _gemm_launch as L
+from rtckern.ops._gemm_plan import (GemmProblem, SimtConfig, Sm80Config, Sm90Config, kernel_specs, with_splits,
+                                    workspace_bytes)
+
+TORCH_DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -24}
+
+
+def _compile_one(spec):
+    t0 = time.perf_counter()
+    get_manager().compile(spec)
+    return time.perf_counter() - t0
+
+
+def precompile(specs, workers: int) -> None:
+    """Compile every spec into the disk cache in parallel processes, so the checks only load."""
+    uniq = list(dict.fromkeys(specs))
+    t0 = time.perf_counter()
+    errors = []
+    with cf.ProcessPoolExecutor(max_workers=workers) as ex:
+        futs = {ex.submit(_compile_one, s): s for s in uniq}
+        for f in cf.as_completed(futs):
+            try:
+                f.result()
+            except Exception as e:  # reported per spec; the case using it reports again
+                errors.append(f"{futs[f].describe()}: {str(e)[:2000]}")
+    print(f"precompiled {len(uniq)} kernels in {time.perf_counter() - t0:.1f}s, {len(errors)} errors", flush=True)
+    for e in errors:
+        print("COMPILE ERROR", e, flush=True)
+
+
+class Case:
+    def __init__(self, p: GemmProblem, cfg, dev: DeviceInfo, label: str = ""):
+        self.p, self.dev = p, dev
+        self.cfg = with_splits(cfg, p, dev.sm_count)
+        arch = dev.arch.base().with_specific() if self.cfg.kind == "sm90" else dev.arch.base()
+        self.specs = kernel_specs(p, self.cfg, arch)
+        self.label = label or f"{self.cfg.as_dict()}"
+
+
+def make_inputs(p: GemmProblem, gen, misalign: bool = False):
+    dt = TORCH_DT[p.dtype]
+    scale = 1.0 / math.sqrt(p.k)
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen, dtype=torch.float32)
+    a = rnd(p.batch, p.m, p.k).to(dt)
+    bshape = (p.n, p.k) if p.trans_b else (p.k, p.n)
+    b = (rnd(p.batch if p.b_batched else 1, *bshape) * scale).to(dt)
+    bias = rnd(p.n).to(dt) if p.bias else None
+    res = rnd(p.batch, p.m, p.n).to(TORCH_DT[p.out_dtype]) if p.residual else None
+    if misalign:  # shift A's base by one element so nothing is 16-byte aligned
+        buf = torch.empty(a.numel() + 1, device="cuda", dtype=dt)
+        buf[1:].copy_(a.reshape(-1))
+        a = buf[1:].view(p.batch, p.m, p.k)
+    return a, b, bias, res
+
+
+def reference(p, a, b, bias, res):
+    a64, b64 = a.double(), b.double()
+    if p.trans_b:
+        b64 = b64.transpose(-1, -2)
+    y = torch.matmul(a64, b64)
+    if bias is not None:
+        y = y + bias.double()
+    if p.activation == "gelu_tanh":
+        y = torch.nn.functional.gelu(y, approximate="tanh")
+    elif p.activation == "silu":
+        y = torch.nn.functional.silu(y)
+    if res is not None:
+        y = y + res.double()
+    return y
+
+
+def reference32(p, a, b, bias, res):
+    a32, b32 = a.float(), b.float()
+    if p.trans_b:
+        b32 = b32.transpose(-1, -2)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        y = torch.matmul(a32, b32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    if bias is not None:
+        y = y + bias.float()
+    if p.activation == "gelu_tanh":
+        y = torch.nn.functional.gelu(y, approximate="tanh")
+    elif p.activation == "silu":
+        y = torch.nn.functional.silu(y)
+    if res is not None:
+        y = y + res.float()
+    return y
+
+
+def operands(p, a, b, c, bias, res):
+    return L.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=a.stride(-2), ldb=b.stride(-2),
+                      ldc=c.stride(-2), stride_a=a.stride(0), stride_b=b.stride(0) if p.b_batched else 0,
+                      stride_c=c.stride(0), bias=bias.data_ptr() if bias is not None else 0,
+                      res=res.data_ptr() if res is not None else 0, ldr=res.stride(-2) if res is not None else 0,
+                      stride_r=res.stride(0) if res is not None else 0)
+
+
+def run_case(case: Case, kernels, a, b, bias, res, c=None, ws=None, stream=None):
+    p = case.p
+    if c is None:
+        c = torch.full((p.batch, p.m, p.n), float("nan"), device="cuda", dtype=TORCH_DT[p.out_dtype])
+    nbytes = workspace_bytes(p, case.cfg.splits)
+    if nbytes and ws is None:
+        ws = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32)
+    L.launch(kernels, p, case.cfg, operands(p, a, b, c, bias, res), stream=stream, sm_count=case.dev.sm_count,
+             workspace=ws.data_ptr() if ws is not None else 0)
+    return c, ws
+
+
+def check(case: Case, gen, misalign=False) -> dict:
+    p = case.p
+    kernels = [get_manager().get(s, device=0) for s in case.specs]
+    a, b, bias, res = make_inputs(p, gen, misalign)
+    c, _ = run_case(case, kernels, a, b, bias, res)
+    torch.cuda.synchronize()
+    ref = reference(p, a, b, bias, res)
+    out = c.double()
+    nan = int(torch.isnan(out).sum().item())
+    err = (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
+    tol = max(UNIT_ROUNDOFF[p.out_dtype], 2.0 ** -16) * math.sqrt(p.k)
+    ok = nan == 0 and err <= tol
+    return {"ok": ok, "rel_err": err, "tol": tol, "unwritten_or_nan": nan}
+
+
+def graph_time_us(fn, reps: int = 20, replays: int = 7) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def bench_case(case: Case, gen, torch_us_cache: dict) -> dict:
+    p = case.p
+    kernels = [get_manager().get(s, device=0) for s in case.specs]
+    a, b, bias, res = make_inputs(p, gen)
+    c = torch.empty((p.batch, p.m, p.n), device="cuda", dtype=TORCH_DT[p.out_dtype])
+    nbytes = workspace_bytes(p, case.cfg.splits)
+    ws = torch.empty(max(1, nbytes // 4), device="cuda", dtype=torch.float32) if nbytes else None
+
+    def ours():
+        run_case(case, kernels, a, b, bias, res, c=c, ws=ws, stream=torch.cuda.current_stream())
+
+    us = graph_time_us(ours)
+    # correctness of the timed variant on these inputs too (fp32 reference: fp64 would take seconds here)
+    ref = reference32(p, a, b, bias, res)
+    err = (torch.linalg.vector_norm(c.double() - ref) / torch.linalg.vector_norm(ref)).item()
+    key = (p.batch, p.m, p.n, p.k, p.dtype, p.trans_b, p.bias, p.activation, p.residual)
+    if key not in torch_us_cache:
+        bt = b.transpose(-1, -2) if p.trans_b else b
+        a2 = a if p.batch > 1 else a[0]
+        b2 = bt if p.batch > 1 else bt[0]
+
+        def tm():
+            y = torch.matmul(a2, b2)
+            if bias is not None:
+                y = y + bias
+            if p.activation == "gelu_tanh":
+                y = torch.nn.functional.gelu(y, approximate="tanh")
+            elif p.activation == "silu":
+                y = torch.nn.functional.silu(y)
+            if res is not None:
+                y = y + (res if p.batch > 1 else res[0])
+            return y
+
+        torch_us_cache[key] = graph_time_us(tm)
+    tus = torch_us_cache[key]
+    return {"us": us, "tflops": p.flops / us / 1e6, "torch_us": tus, "torch_tflops": p.flops / tus / 1e6,
+            "ratio": tus / us, "rel_err": err}
+
+
+# -- the case lists -----------------------------------------------------------------------------------------------
+def correctness_cases(dev: DeviceInfo):
+    cases = []
+    P = GemmProblem
+    s80 = Sm80Config(128, 128, 64, 64, 32, 4)
+    s80g = Sm80Config(64, 64, 64, 32, 32, 3)  # general (unaligned) path
+    s90 = Sm90Config(128, 256, 4, 2)
+    s90b = Sm90Config(128, 128, 6, 2)
+    s90s = Sm90Config(64, 128, 6, 1)
+    # aligned shapes: k % 8 == 0 and n % 8 == 0; odd m and tile edges everywhere
+    al_shapes = [(1, 1, 8, 8), (1, 7, 64, 1000), (1, 63, 1000, 4104), (1, 1000, 1000, 64), (1, 4097, 72, 8),
+                 (3, 129, 264, 200)]
+    odd_shapes = [(1, 1, 1, 1), (1, 7, 63, 1000), (1, 63, 7, 4097), (1, 1000, 1000, 63), (1, 4097, 63, 7),
+                  (2, 33, 65, 129)]
+    epis = [("none", False, False), ("gelu_tanh", True, False), ("silu", False, True), ("gelu_tanh", True, True),
+            ("none", True, True)]
+    combos = [("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp32"), ("fp16", "fp32"), ("fp16", "bf16")]
+    i = 0
+    for fam, cfg, shapes, aligned in (("sm80", s80, al_shapes, True), ("sm80g", s80g, odd_shapes, False),
+                                      ("simt", SimtConfig(), odd_shapes, False), ("sm90", s90, al_shapes, True),
+                                      ("sm90b", s90b, al_shapes[:3], True)):
+        if fam.startswith("sm90") and not (dev.arch.major == 9 and dev.arch.minor == 0):
+            continue
+        for tb in (True, False):
+            for j, (batch, m, n, k) in enumerate(shapes):
+                act, bias, res = epis[(i + j) % len(epis)]
+                din, dout = combos[(i + 2 * j) % len(combos)]
+                p = P(batch, m, n, k, din, dout, tb, bias, act, res, aligned=aligned)
+                cases.append((f"{fam} tb={tb} {din}->{dout} {batch}x{m}x{n}x{k} {act} bias={bias} res={res}",
+                              Case(p, cfg, dev)))
+            i += 1
+    # split-K on both tensor-core families, both layouts, with and without epilogue
+    for tb in (True, False):
+        for cfg, tag in ((Sm80Config(64, 128, 64, 32, 32, 4, splits=0), "sm80 splitK"),
+                         (Sm80Config(64, 64, 64, 32, 32, 3, splits=3), "sm80g splitK"),
+                         (s90s.__class__(64, 128, 6, 1, splits=0), "sm90 splitK"),
+                         (Sm90Config(128, 128, 6, 2, splits=4), "sm90 splitK4")):
+            if cfg.kind == "sm90" and not (dev.arch.major == 9 and dev.arch.minor == 0):
+                continue
+            aligned = "sm80g" not in tag
+            for (batch, m, n, k), (act, bias, res) in (((1, 16, 1024, 4096), ("gelu_tanh", True, True)),
+                                                      ((2, 33, 520, 2000), ("none", False, False)),
+                                                      ((1, 64, 4096, 1000 if not aligned else 1024),
+                                                       ("silu", True, False))):
+                if not aligned:
+                    n, k = n - 1, k - 3
+                p = P(batch, m, n, k, "bf16", "bf16", tb, bias, act, res, aligned=aligned)
+                cases.append((f"{tag} tb={tb} {batch}x{m}x{n}x{k} {act}", Case(p, cfg, dev)))
+    # diagnostic twin of the MN-major (not trans_b) wgmma path with LBO/SBO exchanged
+    if dev.arch.major == 9:
+        import dataclasses
+        p = P(1, 63, 1000, 4104, "bf16", "bf16", False)
+        c = Case(p, s90, dev)
+        c.specs = tuple(dataclasses.replace(s, defines=(("RTK_GEMM90_MN_SWAP", "1"),)) for s in c.specs)
+        cases.append(("sm90 MN-SWAP-diagnostic tb=False", c))
+    # shared B across the batch (weights), and the unaligned-base path
+    p = P(4, 100, 256, 512, "bf16", "bf16", True, True, "none", False, aligned=True, b_batched=False)
+    cases.append(("sm80 shared-B", Case(p, s80, dev)))
+    if dev.arch.major == 9:
+        cases.append(("sm90 shared-B", Case(p, s90, dev)))
+        p2 = P(4, 100, 256, 512, "bf16", "bf16", False, False, "none", True, aligned=True, b_batched=False)
+        cases.append(("sm90 shared-B nt", Case(p2, s90b, dev)))
+    return cases
+
+
+def bench_cases(dev: DeviceInfo, quick: bool):
+    P = GemmProblem
+    out = []
+    big = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096)]
+    if quick:
+        big = big[:1]
+    sm90_cfgs = [Sm90Config(128, 256, 4, 2), Sm90Config(128, 128, 6, 2), Sm90Config(128, 192, 5, 2),
+                 Sm90Config(256, 128, 4, 2)]
+    sm80_cfgs = [Sm80Config(128, 128, 64, 64, 32, 4), Sm80Config(128, 256, 64, 64, 64, 3),
+                 Sm80Config(128, 128, 32, 64, 64, 4)]
+    is90 = dev.arch.major == 9 and dev.arch.minor == 0
+    for (m, n, k) in big:
+        for tb in (True, False):
+            p = P(1, m, n, k, "bf16", "bf16", tb)
+            for cfg in (sm90_cfgs if is90 else []) + sm80_cfgs[: (1 if m > 4096 else 3)]:
+                out.append(Case(p, cfg, dev))
+    # fp16 once
+    p = P(1, 4096, 4096, 4096, "fp16", "fp16", True)
+    if is90:
+        out.append(Case(p, Sm90Config(128, 256, 4, 2), dev))
+    # fused epilogue vs torch matmul + separate ops
+    for act, res in (("gelu_tanh", False), ("silu", True)):
+        p = P(1, 4096, 4096, 4096, "bf16", "bf16", True, True, act, res)
+        if is90:
+            out.append(Case(p, Sm90Config(128, 256, 4, 2), dev))
+    # skinny
+    for m, nk in ((16, 4096), (16, 8192), (128, 4096), (128, 8192), (64, 4096)):
+        for tb in (True, False):
+            p = P(1, m, nk, nk, "bf16", "bf16", tb)
+            cfgs = [Sm80Config(16 if m <= 16 else 64, 128, 64, 16 if m <= 16 else 32, 32, 4, splits=0),
+                    Sm80Config(64, 64, 64, 32, 32, 4, splits=0)]
+            if is90:
+                cfgs = [Sm90Config(64, 128, 6, 1, splits=0), Sm90Config(64, 256, 4, 1, splits=0),
+                        Sm90Config(128, 128, 6, 2, splits=0), Sm90Config(64, 64, 8, 1, splits=0)] + cfgs
+            for cfg in cfgs:
+                out.append(Case(p, cfg, dev))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 4))
+    ap.add_argument("--phase", choices=("compile", "checks", "bench", "all"), default="all")
+    ap.add_argument("--no-sm90", action="store_true", help="leave out the sm_90a kernels (after a hang)")
+    args = ap.parse_args(argv)
+    dev = DeviceInfo.from_device(0)
+    print(f"device: {dev.describe()}; torch {torch.__version__}", flush=True)
+    keep = (lambda c: c.cfg.kind != "sm90") if args.no_sm90 else (lambda c: True)
+    checks = [(l, c) for l, c in correctness_cases(dev) if keep(c)] if args.phase in ("checks", "all", "compile") else []
+    benches = [c for c in bench_cases(dev, args.quick) if keep(c)] if args.phase in ("bench", "all", "compile") else []
+    if args.phase in ("compile", "all"):
+        precompile([s for _, c in checks for s in c.specs] + [s for c in benches for s in c.specs], args.workers)
+    if args.phase == "compile":
+        return 0
+    tag = "" if args.phase == "all" else "_" + args.phase
+    out_json = os.path.join(args.out, f"gemm_kernels{tag}.json")
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1234)
+    results = {"device": dev.name, "checks": [], "bench": []}
+    nfail = 0
+    for label, case in checks:
+        try:
+            r = check(case, gen, misalign=("sm80g" in label or "simt" in label) and case.p.batch == 1
+                      and case.p.m * case.p.k > 1)
+        except Exception as e:
+            r = {"ok": False, "error": f"{type(e).__name__}: {e}"[:1500], "tb": traceback.format_exc()[-1500:]}
+        r.update(label=label, config=case.cfg.as_dict())
+        results["checks"].append(r)
+        nfail += not r["ok"]
+        with open(out_json, "w") as f:
+            json.dump(results, f, indent=1)
+        print(("PASS " if r["ok"] else "FAIL ") + label + f" cfg={case.cfg.as_dict()} "
+              + (f"err={r.get('rel_err', 0):.2e} tol={r.get('tol', 0):.1e} nan={r.get('unwritten_or_nan')}"
+                 if "error" not in r else r["error"]), flush=True)
+    if checks:
+        print(f"checks: {len(checks) - nfail}/{len(checks)} passed", flush=True)
+    with open(out_json, "w") as f:
+        json.dump(results, f, indent=1)
+
+    tcache: dict = {}
+    for case in benches:
+        p = case.p
+        try:
+            r = bench_case(case, gen, tcache)
+        except Exception as e:
+            r = {"error": f"{type(e).__name__}: {e}"[:800]}
+        r.update(shape=[p.batch, p.m, p.n, p.k], dtype=p.dtype, trans_b=p.trans_b, epilogue=[p.bias, p.activation,
+                 p.residual], config=case.cfg.as_dict())
+        results["bench"].append(r)
+        if "error" in r:
+            print(f"BENCH ERR {r['shape']} tb={p.trans_b} {case.cfg.as_dict()}: {r['error']}", flush=True)
+        else:
+            print(f"BENCH {p.m}x{p.n}x{p.k} {p.dtype} tb={int(p.trans_b)} epi={p.activation[:4]}{'+b' if p.bias else ''}"
+                  f"{'+r' if p.residual else ''} {case.cfg.as_dict()}: {r['us']:.1f}us {r['tflops']:.0f} TF | torch "
+                  f"{r['torch_tflops']:.0f} TF | x{r['ratio']:.3f} err={r['rel_err']:.1e}", flush=True)
+        with open(out_json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0 if nfail == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

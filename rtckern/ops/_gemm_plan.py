@@ -1,0 +1,256 @@
+"""GEMM plans: the problem description, tile configs, kernel specs and launch geometry of each kernel family.
+
+Nothing here validates user arrays (gemm.py does) or touches a GPU; `_gemm_launch.py` does the launches.
+
+Kernel families (kernel_sources/gemm/):
+  sm80  gemm_mma_sm80   mma.sync + cp.async pipeline; any sm_80+ GPU; split-K; aligned or general loads
+  sm90  gemm_wgmma_sm90 wgmma + TMA + warp specialization, persistent; sm_90a only; 16-byte aligned rows
+  simt  gemm_simt       no tensor cores; any arch (the sm_75 fallback)
+  gemm_splitk_reduce    adds split-K partial sums and applies the epilogue
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from rtckern.arch import Arch
+from rtckern.spec import KernelSpec
+
+CTYPE = {"fp16": "rtk_half", "bf16": "rtk_bf16", "fp32": "float"}
+ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
+# Activation ids: RTK_GEMM_ACT_* in kernel_sources/gemm/epilogue.cuh.
+ACTIVATIONS = {"none": 0, "gelu_tanh": 1, "silu": 2}
+INPUT_DTYPES = ("fp16", "bf16")
+OUTPUT_DTYPES = ("fp16", "bf16", "fp32")
+MAX_GRID_YZ = 65535
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """Everything about one GEMM call that decides which kernel works and how it is compiled.
+
+    aligned: A's and B's base addresses are 16-byte aligned and their row (and batch) strides are multiples of
+    8 elements, so tiles can move as 16-byte chunks (cp.async) or TMA boxes.
+    b_batched: B has its own matrix per batch entry (False: one B shared by every batch entry).
+    """
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    dtype: str
+    out_dtype: str
+    trans_b: bool
+    bias: bool = False
+    activation: str = "none"
+    residual: bool = False
+    aligned: bool = True
+    b_batched: bool = True
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+    @property
+    def act_id(self) -> int:
+        return ACTIVATIONS[self.activation]
+
+    def epilogue_args(self) -> tuple:
+        return (self.bias, self.act_id, self.residual)
+
+
+@dataclass(frozen=True)
+class Sm80Config:
+    """Block tile bm x bn x bk, warp tile wm x wn, `stages` shared-memory stages, split-K `splits`."""
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 64
+    wm: int = 64
+    wn: int = 32
+    stages: int = 4
+    splits: int = 1
+    group_m: int = 8
+
+    kind = "sm80"
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.wm) * (self.bn // self.wn) * 32
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * (self.bm + self.bn) * self.bk * 2
+
+    def invalid(self, p: GemmProblem) -> str | None:
+        """Why this config cannot compile or run for p (None when it can)."""
+        if self.bm % self.wm or self.bn % self.wn or self.wm % 16 or self.wn % 16:
+            return f"warp tile {self.wm}x{self.wn} must divide block tile {self.bm}x{self.bn} in multiples of 16"
+        if self.bk not in (32, 64, 128):
+            return f"bk={self.bk}: supported 32, 64, 128"
+        if not p.trans_b and self.bn % 64:
+            return f"bn={self.bn}: an N-major B tile needs bn a multiple of 64"
+        if self.stages < 2:
+            return f"stages={self.stages}: the pipeline needs at least 2"
+        if not 32 <= self.threads <= 1024:
+            return f"{self.threads} threads per block"
+        if p.batch > MAX_GRID_YZ:
+            return f"batch {p.batch} > {MAX_GRID_YZ} (grid z)"
+        if self.splits > MAX_GRID_YZ:
+            return f"splits {self.splits} > {MAX_GRID_YZ}"
+        return None
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "bm": self.bm, "bn": self.bn, "bk": self.bk, "wm": self.wm, "wn": self.wn,
+                "stages": self.stages, "splits": self.splits, "group_m": self.group_m}
+
+
+@dataclass(frozen=True)
+class Sm90Config:
+    """Block tile bm x bn (bk is 64), `consumers` consumer warpgroups (each owns bm / consumers rows)."""
+
+    bm: int = 128
+    bn: int = 256
+    stages: int = 4
+    consumers: int = 2
+    splits: int = 1
+    group_m: int = 8
+
+    kind = "sm90"
+
+    @property
+    def threads(self) -> int:
+        return (self.consumers + 1) * 128
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * (self.bm + self.bn) * 64 * 2 + 1024  # + slack to align the ring to 1024 B
+
+    def invalid(self, p: GemmProblem) -> str | None:
+        if self.consumers not in (1, 2):
+            return f"consumers={self.consumers}: supported 1, 2"
+        if (self.bm // self.consumers) % 64 or self.bm > 256:
+            return f"bm={self.bm}: each consumer needs a multiple of 64 rows, bm <= 256"
+        if self.bn not in (64, 128, 192, 256):
+            return f"bn={self.bn}: supported 64, 128, 192, 256"
+        if not p.aligned:
+            return "TMA needs 16-byte aligned operand bases and row strides (a multiple of 8 elements)"
+        if self.splits > 1 << 20:
+            return f"splits {self.splits} too large"
+        return None
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "bm": self.bm, "bn": self.bn, "stages": self.stages,
+                "consumers": self.consumers, "splits": self.splits, "group_m": self.group_m}
+
+
+@dataclass(frozen=True)
+class SimtConfig:
+    splits: int = 1  # never split; present so every config answers .splits
+
+    kind = "simt"
+    threads = 256
+    smem_bytes = 0
+
+    def invalid(self, p: GemmProblem) -> str | None:
+        if p.batch > MAX_GRID_YZ:
+            return f"batch {p.batch} > {MAX_GRID_YZ} (grid z)"
+        if math.ceil(p.m / 64) > MAX_GRID_YZ:
+            return f"m={p.m} needs more than {MAX_GRID_YZ} row tiles (grid y)"
+        return None
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind}
+
+
+def config_from_dict(d: dict):
+    d = dict(d)
+    kind = d.pop("kind", None)
+    cls = {"sm80": Sm80Config, "sm90": Sm90Config, "simt": SimtConfig}.get(kind)
+    if cls is None:
+        raise ValueError(f"GEMM config kind {kind!r}: expected 'sm80', 'sm90' or 'simt'")
+    return cls(**d)
+
+
+# -- split-K ------------------------------------------------------------------------------------------------------
+def k_blocks(p: GemmProblem, bk: int) -> int:
+    return max(1, math.ceil(p.k / bk))
+
+
+def normalize_splits(p: GemmProblem, bk: int, splits: int) -> tuple[int, int]:
+    """(splits, k-blocks per split) with every split non-empty."""
+    kb = k_blocks(p, bk)
+    splits = max(1, min(int(splits), kb))
+    per = math.ceil(kb / splits)
+    return math.ceil(kb / per), per
+
+
+def choose_splits(p: GemmProblem, tiles: int, bk: int, sm_count: int, min_k_blocks: int = 4) -> int:
+    """Split K when the output tiles cannot fill the GPU: aim at about 2 work units per SM, keep each split
+    at least `min_k_blocks` k-blocks long."""
+    units = tiles * p.batch
+    if units >= sm_count:
+        return 1
+    want = math.ceil(2 * sm_count / units)
+    most = max(1, k_blocks(p, bk) // min_k_blocks)
+    return max(1, min(want, most))
+
+
+def workspace_bytes(p: GemmProblem, splits: int) -> int:
+    return 0 if splits <= 1 else p.batch * splits * p.m * p.n * 4
+
+
+# -- kernel specs -------------------------------------------------------------------------------------------------
+def _epi_flags(p: GemmProblem, splitk: bool) -> tuple:
+    # A split-K main kernel stores raw partial sums: its epilogue lives in the reduce kernel.
+    return (False, 0, False) if splitk else p.epilogue_args()
+
+
+def sm80_spec(p: GemmProblem, cfg: Sm80Config, arch: Arch) -> KernelSpec:
+    splitk = cfg.splits > 1
+    bias, act, res = _epi_flags(p, splitk)
+    return KernelSpec(source="gemm/gemm_sm80.cuh", name="gemm_mma_sm80", arch=arch, op="gemm",
+                      template_args=(CTYPE[p.dtype], CTYPE[p.out_dtype], cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn,
+                                     cfg.stages, p.trans_b, p.aligned, bias, act, res, splitk))
+
+
+def sm90_spec(p: GemmProblem, cfg: Sm90Config, arch: Arch) -> KernelSpec:
+    splitk = cfg.splits > 1
+    bias, act, res = _epi_flags(p, splitk)
+    return KernelSpec(source="gemm/gemm_sm90.cuh", name="gemm_wgmma_sm90", arch=arch, op="gemm",
+                      template_args=(CTYPE[p.dtype], CTYPE[p.out_dtype], cfg.bm, cfg.bn, cfg.stages,
+                                     cfg.consumers, p.trans_b, bias, act, res, splitk))
+
+
+def simt_spec(p: GemmProblem, arch: Arch) -> KernelSpec:
+    return KernelSpec(source="gemm/gemm_simt.cuh", name="gemm_simt", arch=arch, op="gemm",
+                      template_args=(CTYPE[p.dtype], CTYPE[p.out_dtype], p.trans_b, *p.epilogue_args()))
+
+
+def reduce_spec(p: GemmProblem, arch: Arch) -> KernelSpec:
+    return KernelSpec(source="gemm/epilogue.cuh", name="gemm_splitk_reduce", arch=arch, op="gemm",
+                      template_args=(CTYPE[p.out_dtype], CTYPE[p.dtype], *p.epilogue_args()))
+
+
+def kernel_specs(p: GemmProblem, cfg, arch: Arch) -> tuple[KernelSpec, ...]:
+    """The kernels one launch plan needs: the main kernel, plus the reduce kernel when K is split."""
+    if cfg.kind == "sm80":
+        main = sm80_spec(p, cfg, arch)
+    elif cfg.kind == "sm90":
+        main = sm90_spec(p, cfg, arch)
+    else:
+        return (simt_spec(p, arch),)
+    return (main, reduce_spec(p, arch)) if cfg.splits > 1 else (main,)
+
+
+def with_splits(cfg, p: GemmProblem, sm_count: int):
+    """cfg with its split count settled for p (heuristic when cfg.splits == 0, clamped otherwise)."""
+    if cfg.kind == "simt":
+        return cfg
+    bk = cfg.bk if cfg.kind == "sm80" else 64
+    splits = cfg.splits
+    if splits == 0:
+        tiles = math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
+        splits = choose_splits(p, tiles, bk, sm_count)
+    splits, _ = normalize_splits(p, bk, splits)
+    return replace(cfg, splits=splits)
