@@ -33,12 +33,11 @@ softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ d
 #pragma unroll
   for (int j = 0; j < ITEMS; ++j) {
     const long long e = ((long long)j * GROUP + lane) * VEC;
+    a[j] = rtk_sm_zero<T, VEC>();
+    b[j] = rtk_sm_zero<T, VEC>();
     if (e < valid) {
       a[j] = rtk_sm_load<T, VEC>(yr + e);
       b[j] = rtk_sm_load<T, VEC>(dyr + e);
-    } else {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) a[j].v[i] = b[j].v[i] = rtk_from_float<T>(0.f);
     }
   }
 #pragma unroll
@@ -91,8 +90,7 @@ softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ d
           o.v[i] = rtk_from_float<T>(scale * yv * (rtk_to_float(q.v[i]) - dot));
         }
       } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(0.f);
+        o = rtk_sm_zero<T, VEC>();
       }
       rtk_sm_store<T, VEC>(dxr + e, o);
     }

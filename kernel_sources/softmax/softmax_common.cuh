@@ -57,6 +57,22 @@ RTK_DEVICE void rtk_sm_store(T* p, const rtk_vec<T, VEC>& x) {
 #endif
 }
 
+// A vector of zeros built from whole words: per-element zeros of 16-bit types make the compiler split the
+// vector into halves (PRMT chains) and keep both copies alive.
+template <typename T, int VEC>
+RTK_DEVICE rtk_vec<T, VEC> rtk_sm_zero() {
+  rtk_vec<T, VEC> z;
+  if constexpr (sizeof(z) % 4 == 0) {
+    unsigned int* w = reinterpret_cast<unsigned int*>(&z);
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(z) / 4); ++i) w[i] = 0u;
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) z.v[i] = rtk_from_float<T>(0.f);
+  }
+  return z;
+}
+
 // VEC mask bytes at once (VEC bytes, aligned to VEC: the host picks VEC so that it is).
 template <int VEC>
 RTK_DEVICE void rtk_sm_load_mask(const unsigned char* p, bool (&m)[VEC]) {
@@ -116,3 +132,4 @@ RTK_DEVICE float rtk_softmax_reduce(float v, Op op, float* scratch) {
     return v;
   }
 }
+

@@ -149,8 +149,7 @@ softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __r
         for (int i = 0; i < VEC; ++i)
           o.v[i] = rtk_from_float<T>(rtk_exp2(rtk_softmax_logit(rtk_to_float(s.v[i]), scale_log2) - mx) * inv);
       } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(0.f);
+        o = rtk_sm_zero<T, VEC>();
       }
       rtk_sm_store<T, VEC>(yr + e, o);
     }

@@ -93,8 +93,7 @@ softmax_fwd_finalize(const T* __restrict__ x, T* __restrict__ y, const unsigned 
 #pragma unroll
       for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(rtk_exp2(f[i] - mx) * inv);
     } else {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(0.f);
+      o = rtk_sm_zero<T, VEC>();
     }
     rtk_sm_store<T, VEC>(yr + e, o);
   }
@@ -148,8 +147,7 @@ softmax_bwd_finalize(const T* __restrict__ y, const T* __restrict__ dy, T* __res
         o.v[i] = rtk_from_float<T>(scale * yv * (rtk_to_float(b.v[i]) - dot));
       }
     } else {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(0.f);
+      o = rtk_sm_zero<T, VEC>();
     }
     rtk_sm_store<T, VEC>(dx + row * n + e, o);
   }

@@ -6,7 +6,6 @@ bucket picks the template config; n itself decides whether the shared-memory sta
 """
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Any
 
@@ -17,7 +16,7 @@ from rtckern.registry import default_registry
 from rtckern.spec import KernelSpec
 from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_plan as plan
-from rtckern.ops._softmax_tuned import tuned_onepass
+from rtckern.ops._softmax_tuned import register_tuners, tuned_onepass
 
 # op name -> (mask kind, direction)
 OPS = {
@@ -36,20 +35,37 @@ def request(op: str, dtype: str, n: int, vec: int, device: DeviceInfo) -> OpRequ
     return OpRequest(op=op, dtypes={"x": dtype}, shape={"n": n, "vec": vec}, device=device)
 
 
-@functools.lru_cache(maxsize=None)
-def onepass_config(direction: str, dtype: str, n: int, vec: int, arch: str, sm_count: int,
-                   smem_optin: int) -> plan.OnePass | None:
-    """The tuned config for (arch, SM count, direction, dtype, vec, n bucket) when it fits n, else the rule."""
-    cfg = tuned_onepass(arch, sm_count, direction, dtype, vec, n)
-    if cfg is not None and plan.fits(cfg, direction, dtype, n, vec, smem_optin) is None:
-        return cfg
-    return plan.default_onepass(direction, dtype, n, vec, smem_optin)
+_configs: dict[tuple, plan.OnePass | None] = {}
 
 
 def _config_for(direction: str, req: OpRequest) -> plan.OnePass | None:
-    d = req.device
-    return onepass_config(direction, req.dtype("x"), req.dim("n"), req.dim("vec"), d.arch.sm, d.sm_count,
-                          d.max_smem_per_block_optin)
+    """The tuning table's config for the request (exact or nearest row), else the rule's. Memoized per request
+    (the launch path reads it on every call); tables edited while the process runs are seen by new requests."""
+    key = (direction, req)
+    if key not in _configs:
+        _configs[key] = tuned_onepass(direction, req.dtype("x"), req.dim("n"), req.dim("vec"), req.device)[0]
+    return _configs[key]
+
+
+def onepass_spec(direction: str, kind: int, dtype: str, vec: int, cfg: plan.OnePass, arch, op: str = "") -> KernelSpec:
+    return KernelSpec(plan.SOURCE, plan.onepass_kernel_name(direction), arch,
+                      template_args=plan.onepass_template_args(direction, dtype, kind, vec, cfg), op=op)
+
+
+def onepass_kernel(direction: str, kind: int, dtype: str, vec: int, cfg: plan.OnePass, req: OpRequest):
+    """The one-pass kernel of `cfg` loaded on req's (live) device: for tuning and benchmarks."""
+    from rtckern.manager import get_manager
+    from rtckern.registry.core_api import target_for
+
+    spec = onepass_spec(direction, kind, dtype, vec, cfg, target_for(req.device), op=req.op)
+    return get_manager().get(spec, req.device.ordinal)
+
+
+def launch_onepass(kernel, direction: str, cfg: plan.OnePass, dtype: str, vec: int, ptrs: tuple,
+                   geom: plan.RowGeometry, scale, stream) -> None:
+    smem = cfg.smem_bytes(direction, dtype, geom.n, vec)
+    args = plan.fwd_args(*ptrs, geom, scale) if direction == plan.FWD else plan.bwd_args(*ptrs, geom, scale)
+    kernel.launch(cfg.grid(geom.rows), cfg.threads, args, shared_mem=smem, stream=stream)
 
 
 class _SoftmaxCandidate(Candidate):
@@ -88,9 +104,8 @@ class OnePassCandidate(_SoftmaxCandidate):
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
         cfg = _config_for(self.direction, req)
-        args = plan.onepass_template_args(self.direction, req.dtype("x"), self.kind, req.dim("vec"), cfg)
-        return (KernelSpec(plan.SOURCE, plan.onepass_kernel_name(self.direction), self.target(req),
-                           template_args=args, op=self.op),)
+        return (onepass_spec(self.direction, self.kind, req.dtype("x"), req.dim("vec"), cfg, self.target(req),
+                             self.op),)
 
     def launch_resources(self, req: OpRequest):
         cfg = _config_for(self.direction, req)
@@ -99,10 +114,8 @@ class OnePassCandidate(_SoftmaxCandidate):
 
     def launch(self, req: OpRequest, kernels, a: arr.DeviceArray, ptrs: tuple, geom: plan.RowGeometry, scale,
                stream) -> None:
-        cfg = _config_for(self.direction, req)
-        smem = cfg.smem_bytes(self.direction, req.dtype("x"), geom.n, req.dim("vec"))
-        args = plan.fwd_args(*ptrs, geom, scale) if self.direction == plan.FWD else plan.bwd_args(*ptrs, geom, scale)
-        kernels[0].launch(cfg.grid(geom.rows), cfg.threads, args, shared_mem=smem, stream=stream)
+        launch_onepass(kernels[0], self.direction, _config_for(self.direction, req), req.dtype("x"),
+                       req.dim("vec"), ptrs, geom, scale, stream)
 
 
 class OnlineCandidate(_SoftmaxCandidate):
@@ -200,4 +213,5 @@ def register_all() -> None:
         if op not in reg.builder_ops():
             register_request_builder(op, _build_request(op), help="shape: (..., N), the last dim is the row length; "
                                      "option vec=<elements per access>", example="--dtype bf16 --shape 16384x4096")
+    register_tuners()
     _registered = True

@@ -1,0 +1,462 @@
+"""Softmax benchmark (run on the GPU): rtckern's softmax ops against device-to-device copy, torch eager and
+torch.compile, forward and backward, over rows of N keys with M x N = 2^27 elements.
+
+    PYTHONPATH=. python3 benchmarks/softmax.py --prefill --tune --bench [--compile all|plain|none]
+
+--prefill  compiles, in parallel, every kernel the GPU tests and this benchmark use (disk cache), so pytest and the
+           timings do not compile one by one.
+--tune     times every one-pass config per (direction, dtype, N) (rtckern.tuning), checks each against a float64
+           reference first, and writes the winners as tuning tables softmax.json / softmax_backward.json (the
+           format of rtckern/tuning_tables/) to the output folder and to this process's tuning dir.
+--bench    times the ops; writes softmax.json, softmax.md and softmax.png to $OUT (else benchmarks/results).
+
+Bytes counted: each input read once and each output written once; the boolean mask's bytes (its own size) where
+there is one; for the causal ops only the keys at or below the diagonal are read (the kernels skip the rest),
+every key is written. GB/s ratios between implementations are time ratios on the same problem.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ELEMENTS = 1 << 27
+BENCH_NS = (1024, 4096, 8192, 16384, 65536)
+TEST_NS = (1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000)
+SCALE = 0.125
+FWD_OPS = ("softmax", "scaled_masked_softmax", "scaled_upper_triang_masked_softmax",
+           "scaled_aligned_causal_masked_softmax")
+T0 = time.time()
+
+
+def log(*a) -> None:
+    print(f"[{time.time() - T0:7.1f}s]", *a, flush=True)
+
+
+# ---- prefill -----------------------------------------------------------------------------------------------------
+def _compile_one(spec):
+    from rtckern.manager import get_manager
+
+    t = time.perf_counter()
+    try:
+        get_manager().compile(spec)
+        return spec.name_expression, time.perf_counter() - t, ""
+    except Exception as e:  # reported in the summary; the test or timing that needs it fails loudly later
+        return spec.name_expression, time.perf_counter() - t, str(e).splitlines()[0][:200]
+
+
+def prefill(dev, dtypes) -> dict:
+    """Every kernel of both candidates of every op for the test row lengths, plus every tuning config."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing as mp
+
+    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax_tuned import sweep_configs
+    from rtckern.registry import candidates
+    from rtckern.registry.core_api import target_for
+
+    specs = []
+    for op in cands.OPS:
+        for dt in ("fp32", "fp16", "bf16"):
+            vecs_by_n = {n: {plan.vector_width(dt, n)} for n in TEST_NS + BENCH_NS}
+            vecs_by_n[1024].add(1)  # the misaligned-view test
+            for n, vecs in vecs_by_n.items():
+                for vec in vecs:
+                    req = cands.request(op, dt, n, vec, dev)
+                    for c in candidates(op):
+                        if c.supports(req) is None:
+                            specs += c.kernel_specs(req)
+    target = target_for(dev)
+    for direction in (plan.FWD, plan.BWD):
+        for dt in dtypes:
+            for n in BENCH_NS:
+                vec = plan.vector_width(dt, n)
+                for cfg in sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin):
+                    specs.append(cands.onepass_spec(direction, plan.PLAIN, dt, vec, cfg, target))
+    specs = list(dict.fromkeys(specs))
+    t = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 8, mp_context=mp.get_context("spawn")) as ex:
+        res = list(ex.map(_compile_one, specs, chunksize=2))
+    failed = [(n, e) for n, _, e in res if e]
+    out = {"kernels": len(specs), "wall_s": round(time.perf_counter() - t, 2),
+           "compile_s_median": round(statistics.median(r[1] for r in res), 3), "failed": failed}
+    log(f"prefill: {out['kernels']} kernels in {out['wall_s']} s (median {out['compile_s_median']} s each), "
+        f"{len(failed)} failed")
+    for n, e in failed:
+        log("  FAILED", n, e)
+    return out
+
+
+# ---- timing ------------------------------------------------------------------------------------------------------
+def time_ms(torch, fn, reps: int = 15, inner: int = 4) -> float:
+    """Median over `reps` samples of `inner` back-to-back calls (events on the current stream)."""
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(inner):
+            fn()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) / inner)
+    return statistics.median(samples)
+
+
+def copy_gbps(torch, numel: int, dtype) -> float:
+    src = torch.randn(numel, device="cuda", dtype=dtype)
+    dst = torch.empty_like(src)
+    ms = time_ms(torch, lambda: dst.copy_(src), reps=20)
+    return 2 * numel * src.element_size() / ms / 1e6
+
+
+# ---- tuning ------------------------------------------------------------------------------------------------------
+def tune(torch, dev, dtypes, out_dir: Path) -> list[dict]:
+    from rtckern import tuning
+    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax_tuned import KEY_FIELDS, TABLES
+
+    tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    report, rows_by_table = [], {TABLES[plan.FWD]: [], TABLES[plan.BWD]: []}
+    for direction in (plan.FWD, plan.BWD):
+        tuner = tuning.get_tuner(TABLES[direction])
+        for dt in dtypes:
+            for n in BENCH_NS:
+                vec = plan.vector_width(dt, n)
+                req = cands.request(TABLES[direction], dt, n, vec, dev)
+                configs = tuner.configs(req)
+                bad = []
+                for cfg in configs:  # correctness of every config before it may win
+                    err = check_config(torch, tdt[dt], direction, dt, n, vec, plan.OnePass(**cfg), req)
+                    if not err < (1e-5 if dt == "fp32" else 1.5e-2):
+                        bad.append((cfg, err))
+                if bad:
+                    log(f"  tune {direction} {dt} n={n}: configs failing the reference check: {bad}")
+                good = [c for c in configs if c not in [b[0] for b in bad]]
+                orig = tuner.configs
+                tuner.configs = lambda r, good=good: good
+                try:
+                    row, trials = tuning.tune_request(tuner, req)
+                finally:
+                    tuner.configs = orig
+                rows_by_table[TABLES[direction]].append(row)
+                elem = plan.ELEM_BYTES[dt]
+                nbytes = (2 if direction == plan.FWD else 3) * elem * max(4 * dev.sm_count, ELEMENTS // n) * n
+                entry = {"direction": direction, "dtype": dt, "n": n, "vec": vec, "best": dict(row.config),
+                         "trials": [{"config": dict(t.config), "us": round(t.seconds * 1e6, 2) if t.seconds else None,
+                                     "gbps": round(nbytes / t.seconds / 1e9, 1) if t.seconds else None,
+                                     "error": t.error} for t in trials],
+                         "failed_check": [{"config": c, "err": e} for c, e in bad]}
+                report.append(entry)
+                best = min((t for t in trials if t.seconds), key=lambda t: t.seconds)
+                log(f"  tune {direction} {dt} n={n}: best {dict(best.config)} {best.seconds * 1e6:.1f} us "
+                    f"({nbytes / best.seconds / 1e9:.0f} GB/s) of {len(trials)}")
+    user_dir = tuning.user_dir()
+    for name, rows in rows_by_table.items():
+        for d in (out_dir, user_dir):
+            tuning.merge_rows(name, KEY_FIELDS, rows, Path(d) / f"{name}.json")
+    return report
+
+
+def check_config(torch, tdtype, direction, dt, n, vec, cfg, req) -> float:
+    """Relative error of one config against a float64 reference on 64 fresh random rows (poisoned output)."""
+    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+
+    kernel = cands.onepass_kernel(direction, plan.PLAIN, dt, vec, cfg, req)
+    rows = 64
+    x = torch.randn(rows, n, device="cuda", dtype=tdtype) * 3
+    out = torch.full_like(x, float("nan"))
+    geom = plan.RowGeometry(rows=rows, n=n)
+    if direction == plan.FWD:
+        cands.launch_onepass(kernel, direction, cfg, dt, vec, (x.data_ptr(), out.data_ptr(), 0), geom,
+                             _f32(SCALE), torch.cuda.current_stream().cuda_stream)
+        ref = torch.softmax(x.double() * SCALE, -1)
+    else:
+        y = torch.softmax(x.float(), -1).to(tdtype)
+        dy = torch.randn_like(y)
+        cands.launch_onepass(kernel, direction, cfg, dt, vec, (y.data_ptr(), dy.data_ptr(), out.data_ptr()), geom,
+                             _f32(SCALE), torch.cuda.current_stream().cuda_stream)
+        y64, dy64 = y.double(), dy.double()
+        ref = SCALE * y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+    torch.cuda.synchronize()
+    if torch.isnan(out).any():
+        return float("inf")
+    return (torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def _f32(v):
+    import numpy as np
+
+    return np.float32(v)
+
+
+# ---- the ops' problems -------------------------------------------------------------------------------------------
+def problem(torch, op: str, n: int, dtype):
+    """(x, extra, bytes_fwd, bytes_bwd, shape text) for op at row length n, or None where the op cannot form
+    2^27 elements (square causal beyond 8192)."""
+    m = ELEMENTS // n
+    e = torch.finfo(dtype).bits // 8
+    if op == "softmax":
+        x = torch.randn(m, n, device="cuda", dtype=dtype)
+        return x, None, 2 * m * n * e, 3 * m * n * e, f"{m}x{n}"
+    if op == "scaled_masked_softmax":
+        sq = min(n, 1024)
+        b = 2
+        h = m // (b * sq)
+        x = torch.randn(b, h, sq, n, device="cuda", dtype=dtype)
+        mask = torch.rand(b, 1, sq, n, device="cuda") < 0.2
+        return x, mask, 2 * m * n * e + mask.numel(), 3 * m * n * e, f"{b}x{h}x{sq}x{n}, mask {b}x1x{sq}x{n}"
+    if op == "scaled_upper_triang_masked_softmax":
+        if n * n > ELEMENTS:
+            return None
+        bh = ELEMENTS // (n * n)
+        x = torch.randn(bh, n, n, device="cuda", dtype=dtype)
+        valid = bh * n * (n + 1) // 2
+        return x, None, (valid + m * n) * e, (2 * valid + m * n) * e, f"{bh}x{n}x{n}"
+    if op == "scaled_aligned_causal_masked_softmax":
+        sq = min(n, m)
+        b = m // sq
+        x = torch.randn(b, sq, n, device="cuda", dtype=dtype)
+        off = n - sq
+        valid = b * sum(min(n, q + 1 + off) for q in range(sq))
+        return x, None, (valid + m * n) * e, (2 * valid + m * n) * e, f"{b}x{sq}x{n}"
+    raise ValueError(op)
+
+
+def torch_forward(torch, op: str, x, extra, scale: float):
+    """The eager expression of op (the one torch.compile is given too)."""
+    if op == "softmax":
+        return lambda x, extra: torch.softmax(x * scale, dim=-1)
+    if op == "scaled_masked_softmax":
+        return lambda x, mask: torch.softmax((x * scale).masked_fill(mask, float("-inf")), dim=-1)
+
+    def causal(x, extra):
+        sq, sk = x.shape[-2], x.shape[-1]
+        q = torch.arange(sq, device=x.device)[:, None]
+        k = torch.arange(sk, device=x.device)[None, :]
+        return torch.softmax((x * scale).masked_fill(k > q + (sk - sq), float("-inf")), dim=-1)
+
+    return causal
+
+
+def rtk_forward(sm, op: str):
+    if op == "scaled_masked_softmax":
+        return lambda x, mask: sm.scaled_masked_softmax(x, mask, SCALE)
+    f = getattr(sm, op)
+    return lambda x, extra: f(x, SCALE)
+
+
+def bench(torch, dev, dtypes, compile_mode: str, copy_ref: dict) -> list[dict]:
+    from rtckern.ops import softmax as sm
+    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+
+    results = []
+    for op in FWD_OPS:
+        for dt_name in dtypes:
+            if op != "softmax" and dt_name != "bf16":
+                continue
+            dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dt_name]
+            for n in BENCH_NS:
+                p = problem(torch, op, n, dtype)
+                if p is None:
+                    continue
+                x, extra, bytes_f, bytes_b, shape = p
+                r = {"op": op, "dtype": dt_name, "n": n, "shape": shape, "bytes_fwd": bytes_f, "bytes_bwd": bytes_b}
+                fwd = rtk_forward(sm, op)
+                vec = plan.vector_width(dt_name, n)
+                sel = cands.selection(op, dt_name, n, vec, 0)
+                r["impl_fwd"] = sel.name + " " + " ".join(s.name_expression for s in sel.specs)
+                r["rtk_fwd_ms"] = time_ms(torch, lambda: fwd(x, extra))
+                eager = torch_forward(torch, op, x, extra, SCALE)
+                r["eager_fwd_ms"] = time_ms(torch, lambda: eager(x, extra))
+                if op == "softmax":
+                    r["eager_plain_fwd_ms"] = time_ms(torch, lambda: torch.softmax(x, dim=-1))
+                if compile_mode == "all" or (compile_mode == "plain" and op == "softmax" and dt_name == "bf16"):
+                    try:
+                        t = time.perf_counter()
+                        cf = torch.compile(eager, dynamic=False)
+                        cf(x, extra)
+                        torch.cuda.synchronize()
+                        r["compile_s"] = round(time.perf_counter() - t, 1)
+                        r["compile_fwd_ms"] = time_ms(torch, lambda: cf(x, extra))
+                    except Exception as e:  # recorded: a missing baseline is reported, not hidden
+                        r["compile_error"] = str(e).splitlines()[0][:300]
+                # backward
+                y = fwd(x, extra)
+                dy = torch.randn_like(y)
+                bop = op + "_backward"
+                bwd = getattr(sm, bop)
+                selb = cands.selection(bop, dt_name, n, vec, 0)
+                r["impl_bwd"] = selb.name + " " + " ".join(s.name_expression for s in selb.specs)
+                r["rtk_bwd_ms"] = time_ms(torch, lambda: bwd(y, dy, SCALE))
+                r["eager_bwd_ms"] = time_ms(torch, lambda: torch._softmax_backward_data(dy, y, -1, y.dtype))
+                for k in ("rtk_fwd", "eager_fwd", "eager_plain_fwd", "compile_fwd"):
+                    if k + "_ms" in r:
+                        r[k + "_gbps"] = round(bytes_f / r[k + "_ms"] / 1e6, 1)
+                for k in ("rtk_bwd", "eager_bwd"):
+                    r[k + "_gbps"] = round(bytes_b / r[k + "_ms"] / 1e6, 1)
+                r["fwd_vs_copy"] = round(r["rtk_fwd_gbps"] / copy_ref[dt_name], 3)
+                r["bwd_vs_copy"] = round(r["rtk_bwd_gbps"] / copy_ref[dt_name], 3)
+                results.append(r)
+                log(f"  {op} {dt_name} n={n}: fwd {r['rtk_fwd_gbps']} GB/s ({r['fwd_vs_copy']}x copy), eager "
+                    f"{r['eager_fwd_gbps']}, compile {r.get('compile_fwd_gbps', '-')}; bwd {r['rtk_bwd_gbps']} "
+                    f"({r['bwd_vs_copy']}x), eager {r['eager_bwd_gbps']}")
+                del x, extra, y, dy
+                torch.cuda.empty_cache()
+    return results
+
+
+# ---- report ------------------------------------------------------------------------------------------------------
+def geomean(v):
+    v = [a for a in v if a]
+    return math.exp(sum(math.log(a) for a in v) / len(v)) if v else None
+
+
+def summary(results: list[dict]) -> dict:
+    out = {}
+    for op in FWD_OPS:
+        for dt in ("bf16", "fp16", "fp32"):
+            rs = [r for r in results if r["op"] == op and r["dtype"] == dt]
+            if not rs:
+                continue
+            s = {"fwd_vs_copy_min": min(r["fwd_vs_copy"] for r in rs),
+                 "bwd_vs_copy_min": min(r["bwd_vs_copy"] for r in rs),
+                 "fwd_vs_eager_geomean": round(geomean([r["rtk_fwd_gbps"] / r["eager_fwd_gbps"] for r in rs]), 3)}
+            if op == "softmax":
+                s["fwd_vs_eager_plain_geomean"] = round(
+                    geomean([r["rtk_fwd_gbps"] / r["eager_plain_fwd_gbps"] for r in rs]), 3)
+            comp = [r["rtk_fwd_gbps"] / r["compile_fwd_gbps"] for r in rs if r.get("compile_fwd_gbps")]
+            if comp:
+                s["fwd_vs_compile_min"] = round(min(comp), 3)
+                s["fwd_vs_compile_geomean"] = round(geomean(comp), 3)
+            out[f"{op}/{dt}"] = s
+    return out
+
+
+def markdown(env: dict, copy_ref: dict, results: list[dict], summ: dict, tune_report: list[dict]) -> str:
+    gpu = env.get("gpu", {})
+    lines = [f"# Softmax benchmark ({env['date']})", "",
+             f"GPU: {gpu.get('name')} ({gpu.get('sm_count')} SMs), nvidia-smi: {env.get('nvidia_smi')}; "
+             f"NVRTC {env.get('nvrtc')}; packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v),
+             "", f"M x N = 2^27 elements, scale {SCALE}. Device-to-device copy of the same bytes: "
+             + ", ".join(f"{k} {v:.0f} GB/s" for k, v in copy_ref.items()) + ".", "",
+             "eager = torch expression (scale, mask as -inf, softmax); eager plain = torch.softmax(x) unscaled; "
+             "compile = torch.compile of the eager expression; backward eager = torch._softmax_backward_data.", "",
+             "| op | dtype | N | shape | fwd GB/s | x copy | eager | eager plain | compile | x eager | x compile | "
+             "bwd GB/s | x copy | eager bwd |", "|" + "---|" * 14]
+    for r in results:
+        ce = r.get("compile_fwd_gbps")
+        lines.append(
+            f"| {r['op']} | {r['dtype']} | {r['n']} | {r['shape']} | {r['rtk_fwd_gbps']:.0f} | {r['fwd_vs_copy']:.2f} | "
+            f"{r['eager_fwd_gbps']:.0f} | {r.get('eager_plain_fwd_gbps', '-')} | {ce if ce else '-'} | "
+            f"{r['rtk_fwd_gbps'] / r['eager_fwd_gbps']:.2f} | {(r['rtk_fwd_gbps'] / ce) if ce else 0:.2f} | "
+            f"{r['rtk_bwd_gbps']:.0f} | {r['bwd_vs_copy']:.2f} | {r['eager_bwd_gbps']:.0f} |")
+    lines += ["", "## Summary", "", "```", json.dumps(summ, indent=1), "```", ""]
+    if tune_report:
+        lines += ["## Tuning (one-pass configs: threads, group, items, min_blocks)", "",
+                  "| dir | dtype | N | best | GB/s of each config tried |", "|---|---|---|---|---|"]
+        for t in tune_report:
+            b = t["best"]
+            tried = "; ".join(f"{c['config']['threads']}/{c['config']['group']}/{c['config']['items']}/"
+                              f"{c['config']['min_blocks']}: {c['gbps']}" for c in t["trials"])
+            lines.append(f"| {t['direction']} | {t['dtype']} | {t['n']} | {b['threads']}/{b['group']}/{b['items']}/"
+                         f"{b['min_blocks']} | {tried} |")
+    lines.append("")
+    impls = sorted({(r["op"], r["dtype"], r["n"], r["impl_fwd"], r["impl_bwd"]) for r in results})
+    lines += ["## Kernels used", ""] + [f"- {o} {d} N={n}: {f}; backward {b}" for o, d, n, f, b in impls] + [""]
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], copy_ref: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, d in zip(axes, ("fwd", "bwd")):
+        for op, style in zip(FWD_OPS, ("o-", "s-", "^-", "v-")):
+            rs = [r for r in results if r["op"] == op and r["dtype"] == "bf16"]
+            if rs:
+                ax.plot([r["n"] for r in rs], [r[f"rtk_{d}_gbps"] for r in rs], style, label=f"rtckern {op}")
+        rs = [r for r in results if r["op"] == "softmax" and r["dtype"] == "bf16"]
+        ax.plot([r["n"] for r in rs], [r[f"eager_{d}_gbps"] for r in rs], "x--", label="torch eager (scaled softmax)"
+                if d == "fwd" else "torch eager backward")
+        if d == "fwd":
+            ax.plot([r["n"] for r in rs], [r.get("eager_plain_fwd_gbps") for r in rs], "+--",
+                    label="torch eager softmax(x)")
+            cr = [r for r in rs if r.get("compile_fwd_gbps")]
+            if cr:
+                ax.plot([r["n"] for r in cr], [r["compile_fwd_gbps"] for r in cr], "d:", label="torch.compile (scaled)")
+        ax.axhline(copy_ref["bf16"], color="k", lw=1, label="device copy")
+        ax.axhline(copy_ref["bf16"] * (0.9 if d == "fwd" else 0.85), color="k", ls=":", lw=1,
+                   label=f"{0.9 if d == 'fwd' else 0.85:.2f} x copy (target)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("N (keys per row), M x N = 2^27, bf16")
+        ax.set_title("forward" if d == "fwd" else "backward")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("GB/s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prefill", action="store_true")
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--compile", default="plain", choices=("all", "plain", "none"))
+    ap.add_argument("--dtypes", default="bf16,fp16,fp32")
+    ap.add_argument("--name", default="softmax_results")
+    args = ap.parse_args()
+    dtypes = args.dtypes.split(",")
+
+    import torch
+
+    import benchmarks.env as benv
+    from rtckern.device import DeviceInfo
+    from rtckern.ops import softmax as _  # registers candidates and tuners  # noqa: F401
+
+    torch.cuda.init()
+    dev = DeviceInfo.from_device(0)
+    env = benv.environment()
+    log("device:", dev.describe(), env.get("nvidia_smi"))
+    out_dir = benv.out_dir()
+    payload: dict = {"env": env}
+    if args.prefill:
+        payload["prefill"] = prefill(dev, dtypes)
+    tune_report = []
+    if args.tune:
+        tune_report = tune(torch, dev, dtypes, out_dir)
+        payload["tuning"] = tune_report
+    if args.bench:
+        copy_ref = {dt: copy_gbps(torch, ELEMENTS, {"fp32": torch.float32, "fp16": torch.float16,
+                                                    "bf16": torch.bfloat16}[dt]) for dt in dtypes}
+        copy_ref_4g = copy_gbps(torch, 1 << 31, torch.bfloat16)
+        log("copy GB/s:", {k: round(v) for k, v in copy_ref.items()}, "4 GiB bf16:", round(copy_ref_4g))
+        results = bench(torch, dev, dtypes, args.compile, copy_ref)
+        summ = summary(results)
+        payload.update({"copy_gbps": copy_ref, "copy_gbps_4gib": copy_ref_4g, "results": results, "summary": summ,
+                        "elements": ELEMENTS, "scale": SCALE})
+        md = markdown(env, copy_ref, results, summ, tune_report)
+        benv.write(args.name, payload, md)
+        plot(results, copy_ref, out_dir / f"{args.name}.png")
+        log("summary:", json.dumps(summ))
+    else:
+        (out_dir / f"{args.name}.json").write_text(json.dumps(payload, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
