@@ -88,6 +88,9 @@ class Settings:
     tuning_table_dir: Path | None  # RTCKERN_TUNING_DIR: user tuning tables (default <cache_dir>/tuning)
     # --- logging ---
     verbose: bool  # RTCKERN_VERBOSE=1: log every compile and cache event at INFO
+    # --- HIP / AMD ---
+    hiprtc_library: Path | None = None  # RTCKERN_HIPRTC_LIBRARY: the library with hiprtc (else searched by name)
+    rocm_path: Path | None = None  # ROCM_PATH: a ROCm install whose lib/ is searched for hiprtc (else /opt/rocm)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -121,6 +124,8 @@ class Settings:
             persist_decisions=_bool(env.get("RTCKERN_PERSIST_DECISIONS"), True),
             tuning_table_dir=Path(tuning).expanduser() if tuning else None,
             verbose=_bool(env.get("RTCKERN_VERBOSE"), False),
+            hiprtc_library=Path(env["RTCKERN_HIPRTC_LIBRARY"]).expanduser() if env.get("RTCKERN_HIPRTC_LIBRARY") else None,
+            rocm_path=Path(env["ROCM_PATH"]).expanduser() if env.get("ROCM_PATH") else None,
         )
 
 

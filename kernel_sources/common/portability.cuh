@@ -4,12 +4,25 @@
 
 #if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC_RTC__)
 #define RTK_HIP 1
+// hiprtc pre-includes the HIP runtime and fp16 headers (and cannot find them by name); hipcc needs them.
+#if !defined(__HIPCC_RTC__)
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
-#include <hip/hip_bf16.h>
-// The wavefront is 64 on CDNA, 32 on RDNA: take it from the compiler, never hard-code it.
-#define RTK_WARP_SIZE warpSize
+#endif
+// The wavefront is 64 on CDNA (gfx9), 32 by default on RDNA (gfx10+): never hard-code it. rtckern's hiprtc
+// compiler passes RTK_WAVEFRONT_SIZE (the value in the cache key); the compiler's own macro must agree.
+#if defined(RTK_WAVEFRONT_SIZE)
+#define RTK_WARP_SIZE_CONST RTK_WAVEFRONT_SIZE
+#elif defined(__AMDGCN_WAVEFRONT_SIZE)
 #define RTK_WARP_SIZE_CONST __AMDGCN_WAVEFRONT_SIZE
+#else
+#error "unknown wavefront size: compile with -DRTK_WAVEFRONT_SIZE=64 (CDNA) or 32 (RDNA)"
+#endif
+#if defined(__AMDGCN_WAVEFRONT_SIZE) && (__AMDGCN_WAVEFRONT_SIZE != RTK_WARP_SIZE_CONST)
+#error "RTK_WAVEFRONT_SIZE disagrees with the target's wavefront size (-m[no-]wavefrontsize64)"
+#endif
+#define RTK_WARP_SIZE RTK_WARP_SIZE_CONST
+// Lane masks are 64-bit on AMD (__ballot returns one bit per lane of a 64-wide wavefront).
 typedef unsigned long long rtk_lane_mask_t;
 #define RTK_FULL_MASK 0xffffffffffffffffull
 #else
@@ -52,3 +65,30 @@ RTK_DEVICE T rtk_shfl(T v, int src_lane, int width = RTK_WARP_SIZE_CONST) {
 
 RTK_DEVICE int rtk_lane_id() { return threadIdx.x % RTK_WARP_SIZE_CONST; }
 RTK_DEVICE int rtk_warp_id() { return threadIdx.x / RTK_WARP_SIZE_CONST; }
+
+// Orders shared-memory accesses among the lanes of one warp (wavefront) and re-converges them. On AMD the
+// wavefront runs in lockstep; the fences keep the compiler from moving LDS accesses across the barrier.
+RTK_DEVICE void rtk_syncwarp() {
+#if defined(RTK_HIP)
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#else
+  __syncwarp();
+#endif
+}
+
+// One bit per lane whose predicate holds (32 bits on NVIDIA, 64 on AMD).
+RTK_DEVICE rtk_lane_mask_t rtk_ballot(bool pred) {
+#if defined(RTK_HIP)
+  return __ballot(pred);
+#else
+  return __ballot_sync(RTK_FULL_MASK, pred);
+#endif
+}
+
+#if defined(RTK_HIP) && !defined(__syncwarp)
+// CUDA's __syncwarp() in sources shared with NVIDIA (HIP 5.x has none; where HIP declares one, its declaration
+// came first and calls still resolve here, the same on every ROCm). New code: call rtk_syncwarp().
+#define __syncwarp(...) rtk_syncwarp()
+#endif
