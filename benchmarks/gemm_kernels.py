@@ -34,6 +34,24 @@ TORCH_DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -24}
 
 
+def versions() -> dict:
+    from importlib.metadata import version
+
+    out = {}
+    for pkg in ("cuda-bindings", "cuda-core", "nvidia-cuda-nvrtc", "cupy-cuda13x"):
+        try:
+            out[pkg] = version(pkg)
+        except Exception:
+            out[pkg] = None
+    try:
+        from rtckern.runtime.driver import driver_version
+
+        out["driver_cuda"] = ".".join(map(str, driver_version()))
+    except Exception as e:
+        out["driver_cuda"] = str(e)
+    return out
+
+
 def _compile_one(spec):
     t0 = time.perf_counter()
     get_manager().compile(spec)
@@ -292,13 +310,14 @@ def bench_cases(dev: DeviceInfo, quick: bool):
         big = big[:1]
     sm90_cfgs = [Sm90Config(128, 256, 4, 2), Sm90Config(128, 128, 6, 2), Sm90Config(128, 192, 5, 2),
                  Sm90Config(256, 128, 4, 2)]
-    sm80_cfgs = [Sm80Config(128, 128, 64, 64, 32, 4), Sm80Config(128, 256, 64, 64, 64, 3),
-                 Sm80Config(128, 128, 32, 64, 64, 4)]
+    sm80_cfgs = [Sm80Config(128, 128, 32, 64, 64, 4), Sm80Config(128, 256, 32, 64, 64, 3),
+                 Sm80Config(256, 128, 32, 64, 64, 3), Sm80Config(128, 128, 32, 64, 32, 4),
+                 Sm80Config(128, 128, 64, 64, 64, 3)]
     is90 = dev.arch.major == 9 and dev.arch.minor == 0
     for (m, n, k) in big:
         for tb in (True, False):
             p = P(1, m, n, k, "bf16", "bf16", tb)
-            for cfg in (sm90_cfgs if is90 else []) + sm80_cfgs[: (1 if m > 4096 else 3)]:
+            for cfg in (sm90_cfgs if is90 else []) + sm80_cfgs[: (2 if m > 4096 else 5)]:
                 out.append(Case(p, cfg, dev))
     # fp16 once
     p = P(1, 4096, 4096, 4096, "fp16", "fp16", True)
@@ -332,7 +351,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-sm90", action="store_true", help="leave out the sm_90a kernels (after a hang)")
     args = ap.parse_args(argv)
     dev = DeviceInfo.from_device(0)
-    print(f"device: {dev.describe()}; torch {torch.__version__}", flush=True)
+    print(f"device: {dev.describe()}; torch {torch.__version__}; {versions()}", flush=True)
     keep = (lambda c: c.cfg.kind != "sm90") if args.no_sm90 else (lambda c: True)
     checks = [(l, c) for l, c in correctness_cases(dev) if keep(c)] if args.phase in ("checks", "all", "compile") else []
     benches = [c for c in bench_cases(dev, args.quick) if keep(c)] if args.phase in ("bench", "all", "compile") else []

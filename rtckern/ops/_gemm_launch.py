@@ -131,8 +131,10 @@ def tensor_map(dtype: str, ptr: int, dims: tuple[int, int, int], strides: tuple[
 
     dt = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if dtype == "bf16"
           else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16)
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t  # older cuda-bindings refuse plain ints here
     err, tmap = drv.cuTensorMapEncodeTiled(
-        dt, 3, ptr, [d0, d1, d2], [s1, s2], [int(box[0]), int(box[1]), 1], [1, 1, 1],
+        dt, 3, ptr, [u64(d0), u64(d1), u64(d2)], [u64(s1), u64(s2)], [u32(int(box[0])), u32(int(box[1])), u32(1)],
+        [u32(1), u32(1), u32(1)],
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
