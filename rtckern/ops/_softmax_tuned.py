@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
+
 from rtckern import tuning
 from rtckern.ops import _softmax_plan as plan
 
@@ -125,8 +127,12 @@ class SoftmaxTuner(tuning.Tuner):
         bufs = _random_buffers(req.device.ordinal, dtype, rows * n, 2 if self.direction == plan.FWD else 3)
         geom = plan.RowGeometry(rows=rows, n=n)
 
+        # Forward: (x, y, no mask); backward: (y, dy, dx).
+        ptrs = (bufs.ptrs[0], bufs.ptrs[1], 0) if self.direction == plan.FWD else tuple(bufs.ptrs)
+        scale = np.float32(0.5)
+
         def launch(stream: int) -> None:
-            launch_onepass(kernel, self.direction, cfg, dtype, vec, tuple(bufs.ptrs), geom, 0.5, stream)
+            launch_onepass(kernel, self.direction, cfg, dtype, vec, ptrs, geom, scale, stream)
 
         return tuning.time_launches(launch, req.device.ordinal, warmup=3, reps=20)
 
