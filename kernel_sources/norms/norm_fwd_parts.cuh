@@ -1,0 +1,130 @@
+// Forward steps shared by the one-block-per-row, cluster and cooperative kernels: load a slice (adding the
+// residual), local statistics, and writing y from the row statistics.
+#pragma once
+#include "norms/norm_common.cuh"
+
+// Loads x (and adds the residual, rounding h to the storage type as PyTorch does, then writing h).
+template <int FLAGS, typename TX, int VEC, int NV, int TPR>
+RTK_DEVICE void rtk_norm_fwd_load(rtk_norm_slice<TX, VEC, NV, TPR>& s, const TX* x_row, const TX* r_row,
+                                  TX* h_row, int t, int len, bool live) {
+  s.template load<kLdStream>(x_row, t, len, live);
+  if constexpr ((FLAGS & kNormResidual) != 0) {
+    rtk_norm_slice<TX, VEC, NV, TPR> r;
+    r.template load<kLdStream>(r_row, t, len, live);
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) s.p[i].v[j] = rtk_from_float<TX>(s.get(i, j) + r.get(i, j));
+    s.template store<kStStream>(h_row, t, len, live);
+  }
+}
+
+// The weight and bias packs of this thread's columns (columns relative to the slice start). Loaded before the
+// statistics reduction when registers allow, so their L2 latency hides behind it.
+template <int FLAGS, typename TW, int VEC, int NV, int TPR>
+struct rtk_norm_affine {
+  static constexpr bool kW = (FLAGS & kNormWeight) != 0;
+  static constexpr bool kB = (FLAGS & kNormBias) != 0;
+  rtk_norm_pack<TW, VEC> w[kW ? NV : 1], b[kB ? NV : 1];
+
+  RTK_DEVICE void load(const TW* wp, const TW* bp, int t, int len, bool live) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c = (i * TPR + t) * VEC;
+      if (live && c < len) {
+        if constexpr (kW) rtk_norm_load<kLdReadOnly>(wp + c, w[i]);
+        if constexpr (kB) rtk_norm_load<kLdReadOnly>(bp + c, b[i]);
+      }
+    }
+  }
+  RTK_DEVICE float weight(int i, int j) const {
+    if constexpr (kW) return rtk_norm_weight<FLAGS>(w[i], j);
+    else return 1.f;
+  }
+  RTK_DEVICE float bias(int i, int j) const {
+    if constexpr (kB) return rtk_to_float(b[i].v[j]);
+    else return 0.f;
+  }
+};
+
+// Registers the weight and bias packs take; above this budget they are loaded after the reduction instead.
+template <int FLAGS, typename TW, int VEC, int NV>
+constexpr bool rtk_norm_early_affine() {
+  return ((FLAGS & kNormWeight) ? 1 : 0) * NV * VEC * (int)sizeof(TW) +
+             ((FLAGS & kNormBias) ? 1 : 0) * NV * VEC * (int)sizeof(TW) <= 64;
+}
+
+// y = (x - mean) * rstd * w + b over the slice.
+template <int FLAGS, typename TX, typename TW, typename TY, int VEC, int NV, int TPR>
+RTK_DEVICE void rtk_norm_fwd_write(const rtk_norm_slice<TX, VEC, NV, TPR>& s,
+                                   const rtk_norm_affine<FLAGS, TW, VEC, NV, TPR>& a, TY* y_row, float mean,
+                                   float rstd, int t, int len, bool live) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c = s.col(i, t);
+    if (!(live && c < len)) continue;
+    rtk_norm_pack<TY, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = rtk_from_float<TY>((s.get(i, j) - mean) * rstd * a.weight(i, j) + a.bias(i, j));
+    rtk_norm_store<kStDefault>(y_row + c, out);
+  }
+}
+
+// Statistics of the slice held by one group: RMSNorm gives {0, sum x^2}; LayerNorm gives {slice mean, sum of
+// squared deviations from it} (two passes over registers: no cancellation for rows with a large mean).
+template <int FLAGS, typename TX, int VEC, int NV, int TPR>
+RTK_DEVICE void rtk_norm_local_stats(const rtk_norm_slice<TX, VEC, NV, TPR>& s, int t, int len, float* scratch,
+                                     float& center, float& m2) {
+  center = 0.f;
+  if constexpr ((FLAGS & kNormLayer) != 0) {
+    float v[1] = {rtk_norm_thread_sum(s)};
+    rtk_norm_group_sum<TPR>(v, scratch);
+    center = v[0] / (float)len;
+  }
+  float q[1] = {rtk_norm_thread_sq(s, center, t, len)};
+  rtk_norm_group_sum<TPR>(q, scratch);
+  m2 = q[0];
+}
+
+// Chan's combination of per-slice (n, mean, M2) in slice order: the same order on every block, so every block
+// of a row computes bitwise the same statistics.
+struct rtk_norm_chan {
+  float n = 0.f, mean = 0.f, m2 = 0.f;
+  RTK_DEVICE void add(float nb, float meanb, float m2b) {
+    const float tot = n + nb;
+    const float delta = meanb - mean;
+    mean += delta * (nb / tot);
+    m2 += m2b + delta * delta * (n * nb / tot);
+    n = tot;
+  }
+};
+
+// Row statistics from P slices, slice k's (center, m2) held by lane k of the calling warp (P <= warp size; every
+// lane of the warp calls). Added in slice order, so every block of the row gets bitwise the same mean and rstd.
+template <int FLAGS, int N, int S, int P>
+RTK_DEVICE void rtk_norm_combine_stats(float center_k, float m2_k, float eps, float& mean, float& rstd) {
+  static_assert(P <= RTK_WARP_SIZE_CONST, "at most one slice per lane");
+  if constexpr ((FLAGS & kNormLayer) != 0) {
+    rtk_norm_chan ch;
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const float ck = rtk_shfl(center_k, k), mk = rtk_shfl(m2_k, k);
+      const int nk = N - k * S < S ? N - k * S : S;
+      if (nk > 0) ch.add((float)nk, ck, mk);
+    }
+    mean = ch.mean;
+    rstd = rsqrtf(ch.m2 * (1.f / (float)N) + eps);
+  } else {
+    float ssq = 0.f;
+#pragma unroll
+    for (int k = 0; k < P; ++k) ssq += rtk_shfl(m2_k, k);
+    mean = 0.f;
+    rstd = rsqrtf(ssq * (1.f / (float)N) + eps);
+  }
+}
+
+// Columns per block when P blocks share a row of N: a whole number of packs, so slices start aligned.
+template <int N, int VEC, int P>
+constexpr int rtk_norm_slice_cols() {
+  return ((N / VEC + P - 1) / P) * VEC;
+}

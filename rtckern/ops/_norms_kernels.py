@@ -1,0 +1,247 @@
+"""Kernel plans of the norm family: which template instantiation, launch geometry and workspace serve one
+RMSNorm / LayerNorm problem. Pure Python (no GPU, no array library): ops, candidates, tests and the benchmark
+share it.
+
+Three kernel kinds per direction (kernel_sources/norms/):
+  rows    one group of TPR threads per row, the row in registers (RPB rows per block when TPR <= warp)
+  cluster sm_90+: a cluster of C blocks per row, slices in registers, statistics through distributed smem
+  coop    any arch: G blocks per row, co-resident (cooperative launch), statistics through global memory
+Backward kernels write fp32 partial column sums of dy * x_hat (and dy); `rtk_norm_dw_reduce` adds them in a
+fixed order, so dweight is bitwise repeatable for a given device and shape.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+# Mirrors kernel_sources/norms/norm_common.cuh.
+LAYER, WEIGHT, BIAS, ZERO_CENTERED, RESIDUAL, SAVE_STATS = 1, 2, 4, 8, 16, 32
+
+CXX_TYPE = {"fp32": "float", "fp16": "rtk_half", "bf16": "rtk_bf16"}
+ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
+DTYPES = tuple(CXX_TYPE)
+
+SOURCES = {
+    ("fwd", "rows"): ("norms/fwd_rows.cuh", "rtk_norm_fwd_rows"),
+    ("fwd", "cluster"): ("norms/fwd_cluster.cuh", "rtk_norm_fwd_cluster"),
+    ("fwd", "coop"): ("norms/coop.cuh", "rtk_norm_fwd_coop"),
+    ("bwd", "rows"): ("norms/bwd_rows.cuh", "rtk_norm_bwd_rows"),
+    ("bwd", "cluster"): ("norms/bwd_cluster.cuh", "rtk_norm_bwd_cluster"),
+    ("bwd", "coop"): ("norms/coop.cuh", "rtk_norm_bwd_coop"),
+}
+DW_REDUCE = ("norms/dw_reduce.cuh", "rtk_norm_dw_reduce")
+DW_REDUCE_BLOCK = 512
+DW_REDUCE_COLS = 32
+
+# Register budget of one thread's share of a row, in bytes of storage (x, plus dy in the backward). Past it
+# the row kernels spill or lose occupancy and the multi-block kernels take over.
+FWD_MAX_THREAD_BYTES = 128
+BWD_MAX_THREAD_ELEMS = 32
+MAX_CLUSTER = 8  # the portable cluster size
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdProblem:
+    """A forward call's compile-relevant features. w is None without a weight."""
+
+    layer: bool
+    n: int
+    x: str
+    y: str
+    w: str | None = None
+    bias: bool = False
+    zero_centered: bool = False
+    residual: bool = False
+    save_stats: bool = False
+    vec: int = 1  # elements per access; N % vec == 0 and every array aligned to min(16, vec * itemsize)
+
+    @property
+    def flags(self) -> int:
+        return ((LAYER if self.layer else 0) | (WEIGHT if self.w else 0) | (BIAS if self.bias else 0)
+                | (ZERO_CENTERED if self.zero_centered else 0) | (RESIDUAL if self.residual else 0)
+                | (SAVE_STATS if self.save_stats else 0))
+
+    @property
+    def w_type(self) -> str:
+        return CXX_TYPE[self.w or self.x]  # unused pointer type when there is no weight
+
+    def type_args(self) -> tuple[str, str, str]:
+        return CXX_TYPE[self.x], self.w_type, CXX_TYPE[self.y]
+
+    def bytes_moved(self, rows: int) -> int:
+        """Bytes the op must move: x (+ residual) read, y (+ h) written, weight (+ bias) read once."""
+        per_row = self.n * (ITEMSIZE[self.x] * (3 if self.residual else 1) + ITEMSIZE[self.y])
+        affine = self.n * ITEMSIZE[self.w] * (2 if self.bias else 1) if self.w else 0
+        return rows * per_row + affine
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdProblem:
+    """A backward call's compile-relevant features. dweight / dbias wanted when weight / bias are True."""
+
+    layer: bool
+    n: int
+    x: str
+    dy: str
+    dx: str
+    w: str | None = None
+    weight_grad: bool = False
+    bias_grad: bool = False
+    zero_centered: bool = False
+    dresidual: bool = False
+    vec: int = 1
+
+    @property
+    def flags(self) -> int:
+        return ((LAYER if self.layer else 0) | (WEIGHT if self.weight_grad else 0)
+                | (BIAS if self.bias_grad else 0) | (ZERO_CENTERED if self.zero_centered else 0)
+                | (RESIDUAL if self.dresidual else 0))
+
+    @property
+    def w_type(self) -> str:
+        return CXX_TYPE[self.w or self.x]
+
+    def type_args(self) -> tuple[str, str, str, str]:
+        return CXX_TYPE[self.x], self.w_type, CXX_TYPE[self.dy], CXX_TYPE[self.dx]
+
+    def bytes_moved(self, rows: int) -> int:
+        """x, dy (+ dresidual) read, dx written, weight read, dweight (+ dbias) written."""
+        per_row = self.n * (ITEMSIZE[self.x] + ITEMSIZE[self.dy] + ITEMSIZE[self.dx] * (2 if self.dresidual else 1))
+        wsize = ITEMSIZE[self.w] if self.w else 0
+        grads = (1 if self.weight_grad else 0) + (1 if self.bias_grad else 0)
+        return rows * per_row + self.n * wsize * (1 + grads)
+
+
+# ---- vector width -----------------------------------------------------------------------------------------------
+def pick_vec(n: int, itemsizes: tuple[int, ...], alignments: tuple[int, ...]) -> int:
+    """Elements per access: 16 bytes of the widest-needed storage type (x's), halved until it divides N and every
+    array's byte alignment (address and row stride) allows min(16, vec * itemsize)."""
+    vec = 16 // itemsizes[0]
+    while vec > 1:
+        if n % vec == 0 and all(al % min(16, vec * sz) == 0 for sz, al in zip(itemsizes, alignments)):
+            break
+        vec //= 2
+    return vec
+
+
+def byte_alignment(address: int, row_stride_bytes: int) -> int:
+    """The largest power of two (up to 16) dividing both the address and the row stride in bytes."""
+    a = 16
+    while a > 1 and (address % a or row_stride_bytes % a):
+        a //= 2
+    return a
+
+
+# ---- geometry ---------------------------------------------------------------------------------------------------
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsConfig:
+    tpr: int  # threads per row
+    rpb: int  # rows per block
+
+    @property
+    def block(self) -> int:
+        return self.tpr * self.rpb
+
+
+def rows_config(n: int, vec: int, warp: int = 32, packs_per_thread: int = 4, block_rows_min: int = 128,
+                max_tpr: int = 1024) -> RowsConfig:
+    """Threads per row so each thread holds about `packs_per_thread` packs: short rows share a warp (several
+    rows per block), long rows take a whole block (a multiple of the warp size; exact division preferred so no
+    thread idles on a partial last pack)."""
+    packs = n // vec
+    if packs <= warp:
+        tpr = _pow2_at_least(packs)
+        return RowsConfig(tpr, max(1, block_rows_min // tpr))
+    if packs <= warp * packs_per_thread:
+        return RowsConfig(warp, max(1, block_rows_min // warp))
+    for nv in (packs_per_thread, packs_per_thread * 2, packs_per_thread // 2 or 1, 3, 5, 6, 7):
+        if packs % nv == 0 and (packs // nv) % warp == 0 and packs // nv <= max_tpr:
+            return RowsConfig(packs // nv, 1)
+    tpr = min(max_tpr, _ceil(_ceil(packs, packs_per_thread), warp) * warp)
+    return RowsConfig(tpr, 1)
+
+
+def packs_per_thread(n: int, vec: int, tpr: int, parts: int = 1) -> int:
+    """NV in the kernels: packs per thread of one slice of a row split `parts` ways."""
+    slice_packs = _ceil(n // vec, parts)
+    return _ceil(slice_packs, tpr)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitConfig:
+    """Several blocks per row: `parts` blocks (cluster size C or coop group G) of `threads` threads."""
+
+    threads: int
+    parts: int
+
+
+def split_config(n: int, vec: int, itemsize: int, max_parts: int, warp: int = 32,
+                 target_bytes: int = 64, max_bytes: int = FWD_MAX_THREAD_BYTES) -> SplitConfig | None:
+    """The fewest blocks per row (then the fewest threads) that keep each thread's share of the row at about
+    `target_bytes` (at most `max_bytes`)."""
+    packs = n // vec
+    for limit in (target_bytes, max_bytes):
+        parts = 2
+        while parts <= max_parts:
+            for threads in (256, 512, 1024):
+                nv = packs_per_thread(n, vec, threads, parts)
+                if nv * vec * itemsize <= limit and _ceil(packs, parts) >= threads // 2:
+                    return SplitConfig(threads, parts)
+            parts *= 2
+    return None
+
+
+# ---- specs ------------------------------------------------------------------------------------------------------
+def fwd_template_args(p: FwdProblem, kind: str, cfg) -> tuple:
+    tx, tw, ty = p.type_args()
+    if kind == "rows":
+        return (tx, tw, ty, p.n, p.vec, cfg.tpr, cfg.rpb, p.flags)
+    return (tx, tw, ty, p.n, p.vec, cfg.threads, cfg.parts, p.flags)
+
+
+def bwd_template_args(p: BwdProblem, kind: str, cfg) -> tuple:
+    tx, tw, tdy, tdx = p.type_args()
+    if kind == "rows":
+        return (tx, tw, tdy, tdx, p.n, p.vec, cfg.tpr, cfg.rpb, p.flags)
+    return (tx, tw, tdy, tdx, p.n, p.vec, cfg.threads, cfg.parts, p.flags)
+
+
+def dw_reduce_template_args(p: BwdProblem) -> tuple:
+    return (p.w_type, 1 if p.bias_grad else 0)
+
+
+def fwd_thread_bytes(p: FwdProblem, kind: str, cfg) -> int:
+    if kind == "rows":
+        return packs_per_thread(p.n, p.vec, cfg.tpr) * p.vec * ITEMSIZE[p.x]
+    return packs_per_thread(p.n, p.vec, cfg.threads, cfg.parts) * p.vec * ITEMSIZE[p.x]
+
+
+def bwd_thread_elems(p: BwdProblem, kind: str, cfg) -> int:
+    if kind == "rows":
+        return packs_per_thread(p.n, p.vec, cfg.tpr) * p.vec
+    return packs_per_thread(p.n, p.vec, cfg.threads, cfg.parts) * p.vec
+
+
+def slice_cols(n: int, vec: int, parts: int) -> int:
+    return _ceil(n // vec, parts) * vec
+
+
+def workspace_floats(slots: int, parts: int) -> int:
+    """coop kernels: fp32 slot statistics (2 parities x G x 2 values per slot)."""
+    return 4 * slots * parts
+
+
+def grid_for_rows(rows: int, cfg: RowsConfig) -> int:
+    return _ceil(rows, cfg.rpb)
+
+
+def log2(v: int) -> float:
+    return math.log2(max(1, v))

@@ -1,0 +1,289 @@
+"""Specs, launch configs and launches of the norm kernels, independent of the registry (the candidates and the
+benchmark's config sweep both call these).
+
+A launch config comes from the tuned table (`rtckern/tuning_tables/norm_fwd.json`, `norm_bwd.json`, keyed by
+kernel kind, norm, x dtype, N and vector width) and falls back to the heuristics of `_norms_kernels`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from rtckern import tuning
+from rtckern.arch import Arch
+from rtckern.spec import KernelSpec
+
+from . import _norms_kernels as K
+
+TABLE_FWD = "norm_fwd"
+TABLE_BWD = "norm_bwd"
+
+
+# ---- configs ----------------------------------------------------------------------------------------------------
+def _key(kind: str, p) -> dict:
+    return {"kind": kind, "norm": "layer" if p.layer else "rms", "dtype": p.x, "n": p.n, "vec": p.vec}
+
+
+def _cfg_from_json(kind: str, c: dict):
+    if kind == "rows":
+        return K.RowsConfig(int(c["tpr"]), int(c["rpb"]))
+    return K.SplitConfig(int(c["threads"]), int(c["parts"]))
+
+
+def cfg_to_json(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def geometry_reason(n: int, vec: int, kind: str, cfg, warp: int = 32) -> str | None:
+    """None when cfg is a launchable geometry for rows of n (vec-element packs), else why not."""
+    if kind == "rows":
+        if cfg.tpr < 1 or cfg.rpb < 1 or cfg.block > 1024 or (cfg.rpb > 1 and cfg.tpr > warp) or \
+                (cfg.tpr > warp and cfg.tpr % warp) or (cfg.tpr <= warp and cfg.tpr & (cfg.tpr - 1)):
+            return f"{cfg.tpr} threads per row x {cfg.rpb} rows per block is not a valid row-kernel geometry"
+        return None
+    cap = K.MAX_CLUSTER if kind == "cluster" else warp
+    if not 2 <= cfg.parts <= cap or cfg.threads % warp or cfg.threads > 1024:
+        return f"{cfg.parts} blocks of {cfg.threads} threads per row is not a valid {kind} geometry (2..{cap} blocks)"
+    if K.slice_cols(n, vec, cfg.parts) * (cfg.parts - 1) >= n:
+        return f"N={n} is too short to split into {cfg.parts} slices of whole {vec}-element packs"
+    return None
+
+
+def _geometry_text(kind: str, cfg) -> str:
+    return f"{cfg.tpr} threads per row" if kind == "rows" else f"{cfg.parts} blocks x {cfg.threads} threads per row"
+
+
+def fwd_feasible(p: K.FwdProblem, kind: str, cfg, warp: int = 32) -> str | None:
+    """None when cfg can serve p, else why not."""
+    why = geometry_reason(p.n, p.vec, kind, cfg, warp)
+    if why is not None:
+        return why
+    b = K.fwd_thread_bytes(p, kind, cfg)
+    if b > K.FWD_MAX_THREAD_BYTES:
+        return (f"each thread would hold {b} bytes of the row with {_geometry_text(kind, cfg)} "
+                f"(limit {K.FWD_MAX_THREAD_BYTES})")
+    return None
+
+
+def bwd_feasible(p: K.BwdProblem, kind: str, cfg, warp: int = 32) -> str | None:
+    why = geometry_reason(p.n, p.vec, kind, cfg, warp)
+    if why is not None:
+        return why
+    e = K.bwd_thread_elems(p, kind, cfg)
+    if e > K.BWD_MAX_THREAD_ELEMS:
+        return (f"each thread would hold {e} columns of x, dy and the gradient sums with {_geometry_text(kind, cfg)} "
+                f"(limit {K.BWD_MAX_THREAD_ELEMS})")
+    if kind == "rows" and cfg.rpb > 1 and p.n * 4 > 40 * 1024:
+        return f"{cfg.rpb} rows per block need {p.n * 4} B of shared memory to combine the column sums"
+    return None
+
+
+def fwd_heuristic(p: K.FwdProblem, kind: str, warp: int = 32):
+    if kind == "rows":
+        return K.rows_config(p.n, p.vec, warp)
+    cap = K.MAX_CLUSTER if kind == "cluster" else warp
+    return K.split_config(p.n, p.vec, K.ITEMSIZE[p.x], cap, warp)
+
+
+def bwd_heuristic(p: K.BwdProblem, kind: str, warp: int = 32):
+    if kind == "rows":
+        cfg = K.rows_config(p.n, p.vec, warp, packs_per_thread=max(1, 8 // p.vec) if p.vec < 8 else 1)
+        return cfg
+    cap = K.MAX_CLUSTER if kind == "cluster" else warp
+    isz = max(K.ITEMSIZE[p.x], K.ITEMSIZE[p.dy])
+    return K.split_config(p.n, p.vec, isz, cap, warp, target_bytes=8 * isz, max_bytes=K.BWD_MAX_THREAD_ELEMS * isz)
+
+
+def fwd_config(p: K.FwdProblem, kind: str, device) -> Any:
+    """The tuned (or heuristic) config of `kind` for p on device; None when no feasible config exists."""
+    return _config(TABLE_FWD, p, kind, device, fwd_feasible, fwd_heuristic)
+
+
+def bwd_config(p: K.BwdProblem, kind: str, device) -> Any:
+    return _config(TABLE_BWD, p, kind, device, bwd_feasible, bwd_heuristic)
+
+
+def _config(table: str, p, kind: str, device, feasible, heuristic):
+    warp = device.warp_size
+    key = _key(kind, p)
+
+    def valid(cfg_json, k):
+        try:
+            return feasible(p, kind, _cfg_from_json(kind, cfg_json), warp) is None
+        except (KeyError, TypeError, ValueError):  # a row of another kind's shape: not for us
+            return False
+
+    hit = tuning.lookup(table, device, key, valid=valid)
+    if hit is not None:
+        cfg = _cfg_from_json(kind, hit.config)
+        if feasible(p, kind, cfg, warp) is None:
+            return cfg
+    cfg = heuristic(p, kind, warp)
+    if cfg is None or feasible(p, kind, cfg, warp) is not None:
+        return None
+    return cfg
+
+
+# ---- specs ------------------------------------------------------------------------------------------------------
+def fwd_spec(p: K.FwdProblem, kind: str, cfg, arch: Arch, op: str = "") -> KernelSpec:
+    src, name = K.SOURCES[("fwd", kind)]
+    return KernelSpec(src, name, arch, template_args=K.fwd_template_args(p, kind, cfg), op=op)
+
+
+def bwd_specs(p: K.BwdProblem, kind: str, cfg, arch: Arch, op: str = "") -> tuple[KernelSpec, ...]:
+    src, name = K.SOURCES[("bwd", kind)]
+    main = KernelSpec(src, name, arch, template_args=K.bwd_template_args(p, kind, cfg), op=op)
+    if not (p.weight_grad or p.bias_grad):
+        return (main,)
+    rsrc, rname = K.DW_REDUCE
+    return main, KernelSpec(rsrc, rname, arch, template_args=K.dw_reduce_template_args(p), op=op)
+
+
+# ---- occupancy (memoized: a driver query per new kernel and block size only) -------------------------------------
+_occ: dict[tuple, int] = {}
+_occ_lock = threading.Lock()
+
+
+def blocks_per_sm(kernel, block: int) -> int:
+    key = (id(kernel), block)
+    v = _occ.get(key)
+    if v is None:
+        v = max(0, int(kernel.max_active_blocks_per_sm(block, 0)))
+        with _occ_lock:
+            _occ[key] = v
+    return v
+
+
+def active_clusters(kernel, cluster: int, block: int, stream: int) -> int:
+    """How many clusters of `cluster` blocks fit on the device at once (the driver's answer, which knows the GPC
+    layout); without that query, blocks per SM x SMs / cluster."""
+    key = (id(kernel), block, "cluster", cluster)
+    v = _occ.get(key)
+    if v is None:
+        try:
+            from cuda.core import LaunchConfig
+
+            from rtckern.runtime import core_stream
+
+            cfg = LaunchConfig(grid=1, cluster=cluster, block=block)
+            v = int(kernel.core.occupancy.max_active_clusters(cfg, stream=core_stream(stream)))
+        except Exception:  # an older cuda.core or driver without the query: a conservative estimate
+            v = 0
+        if v <= 0:
+            v = max(1, blocks_per_sm(kernel, block) * kernel.device.sm_count // cluster)
+        with _occ_lock:
+            _occ[key] = v
+    return v
+
+
+# ---- launches ---------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class FwdCall:
+    """Device addresses (0 where absent), runtime sizes and the stream of one forward call."""
+
+    x: int
+    residual: int
+    h: int
+    w: int
+    b: int
+    y: int
+    mean: int
+    rstd: int
+    eps: float
+    rows: int
+    sx: int
+    sr: int
+    sh: int
+    sy: int
+    stream: int
+    zeros_u32: Callable[[int], tuple[Any, int]]  # counters for the cooperative kernel
+    empty_f32: Callable[[int], tuple[Any, int]]  # workspace
+
+
+@dataclasses.dataclass
+class BwdCall:
+    x: int
+    w: int
+    dy: int
+    dres: int
+    mean: int
+    rstd: int
+    dx: int
+    dw: int
+    db: int
+    rows: int
+    sx: int
+    sdy: int
+    sdres: int
+    sdx: int
+    stream: int
+    zeros_u32: Callable[[int], tuple[Any, int]]
+    empty_f32: Callable[[int], tuple[Any, int]]
+
+
+def launch_fwd(p: K.FwdProblem, kind: str, cfg, kernel, c: FwdCall) -> tuple:
+    """Launches the forward; returns workspace objects the caller keeps alive until the stream passes them."""
+    args = [c.x, c.residual, c.h, c.w, c.b, c.y, c.mean, c.rstd, np.float32(c.eps), c.rows, c.sx, c.sr, c.sh, c.sy]
+    if kind == "rows":
+        kernel.launch(K.grid_for_rows(c.rows, cfg), cfg.block, args, stream=c.stream)
+        return ()
+    if kind == "cluster":
+        kernel.launch(c.rows * cfg.parts, cfg.threads, args, stream=c.stream)
+        return ()
+    slots = min(c.rows, coop_slots(kernel, cfg))
+    ws, ws_ptr = c.empty_f32(K.workspace_floats(slots, cfg.parts))
+    cnt, cnt_ptr = c.zeros_u32(slots)
+    kernel.launch(slots * cfg.parts, cfg.threads, args + [ws_ptr, cnt_ptr], stream=c.stream, cooperative=True)
+    return ws, cnt
+
+
+def coop_slots(kernel, cfg) -> int:
+    return max(1, blocks_per_sm(kernel, cfg.threads) * kernel.device.sm_count // cfg.parts)
+
+
+def bwd_partial_rows(p: K.BwdProblem, kind: str, cfg, kernel, rows: int, stream: int, grid_scale: float = 1.0) -> int:
+    """How many partial rows (persistent blocks, clusters or slots) the backward uses for `rows` rows."""
+    if kind == "rows":
+        resident = blocks_per_sm(kernel, cfg.block) * kernel.device.sm_count
+        return max(1, min(K.grid_for_rows(rows, cfg), int(resident * grid_scale)))
+    if kind == "cluster":
+        return max(1, min(rows, int(active_clusters(kernel, cfg.parts, cfg.threads, stream) * grid_scale)))
+    return max(1, min(rows, coop_slots(kernel, cfg)))
+
+
+def launch_bwd(p: K.BwdProblem, kind: str, cfg, kernels, c: BwdCall, grid_scale: float = 1.0) -> tuple:
+    main = kernels[0]
+    parts = bwd_partial_rows(p, kind, cfg, main, c.rows, c.stream, grid_scale)
+    keep = []
+    dwp = dbp = 0
+    if p.weight_grad:
+        o, dwp = c.empty_f32(parts * p.n)
+        keep.append(o)
+    if p.bias_grad:
+        o, dbp = c.empty_f32(parts * p.n)
+        keep.append(o)
+    args = [c.x, c.w, c.dy, c.dres, c.mean, c.rstd, c.dx, dwp, dbp, c.rows, c.sx, c.sdy, c.sdres, c.sdx]
+    if kind == "rows":
+        main.launch(parts, cfg.block, args, stream=c.stream)
+    elif kind == "cluster":
+        main.launch(parts * cfg.parts, cfg.threads, args, stream=c.stream)
+    else:
+        ws, ws_ptr = c.empty_f32(K.workspace_floats(parts, cfg.parts))
+        cnt, cnt_ptr = c.zeros_u32(parts)
+        keep += [ws, cnt]
+        main.launch(parts * cfg.parts, cfg.threads, args + [ws_ptr, cnt_ptr], stream=c.stream, cooperative=True)
+    if p.weight_grad or p.bias_grad:
+        kernels[1].launch(-(-p.n // K.DW_REDUCE_COLS), K.DW_REDUCE_BLOCK, [dwp, dbp, c.dw, c.db, parts, p.n],
+                          stream=c.stream)
+    return tuple(keep)
+
+
+def load(specs, ordinal: int) -> tuple:
+    """The specs' kernels loaded on device `ordinal` (through the manager's caches)."""
+    from rtckern.manager import get_manager
+
+    m = get_manager()
+    return tuple(m.get(s, ordinal) for s in specs)

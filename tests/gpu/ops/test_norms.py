@@ -1,0 +1,314 @@
+"""RMSNorm / LayerNorm on a GPU: forward against a float64 reference, backward against float64 torch autograd,
+for fp32/fp16/bf16 and N in {1, 7, 1000, 5120, 12288, 65536, 262144}, through every candidate (rows, cluster on
+sm_90+, coop; forced with the force-impl setting). Outputs the ops allocate start as NaN (allocator hook below), so
+an unwritten element fails; every check draws fresh random inputs.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from rtckern import config  # noqa: E402
+from rtckern.errors import InputError, UnsupportedRequestError  # noqa: E402
+from rtckern.ops import _norms_arrays as arr  # noqa: E402
+from rtckern.ops import norms  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# ||out - ref|| / ||ref||. fp32 arithmetic throughout: the bound is the output's rounding (2^-24, 2^-11, 2^-8
+# relative for fp32, fp16, bf16) with margin; dweight adds fp32 sums over rows.
+FWD_TOL = {"fp32": 2e-6, "fp16": 1e-3, "bf16": 8e-3}
+BWD_TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.2e-2}
+NS = (1, 7, 1000, 5120, 12288, 65536, 262144)
+KINDS = ("rows", "cluster", "coop")
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    real = arr.empty
+
+    def poisoned(like, shape, dtype):
+        out, ptr = real(like, shape, dtype)
+        out.fill_(float("nan"))
+        return out, ptr
+
+    monkeypatch.setattr(arr, "empty", poisoned)
+
+
+def _sm90() -> bool:
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
+def _rows(n: int, budget: int = 1 << 21) -> int:
+    return max(3, min(300, budget // n))
+
+
+def _rel(out, ref) -> float:
+    assert not torch.isnan(out).any(), "NaN in the output: an element was not written"
+    num = torch.linalg.vector_norm(out.double() - ref).item()
+    den = torch.linalg.vector_norm(ref).item()
+    return num / den if den > 0 else num
+
+
+def _forced(op: str, kind: str | None, fn, *args, **kw):
+    if kind is None:
+        return fn(*args, **kw)
+    if kind == "cluster" and not _sm90():
+        pytest.skip("cluster kernels need sm_90+")
+    with config.override(force_impl={op: f"{op}.{kind}"}):
+        try:
+            return fn(*args, **kw)
+        except UnsupportedRequestError as e:
+            reasons = str(e)
+            if any(t in reasons for t in ("geometry", "too short", "fit one block", "cluster kernel is faster",
+                                          "register budget")):
+                pytest.skip(f"{op}.{kind} does not serve this shape: {reasons.splitlines()[-1].strip()}")
+            raise
+
+
+def _ref_fwd(layer, x, w, b, eps, zero_centered, residual=None):
+    h = x if residual is None else (x + residual)  # in x's dtype, as the op rounds h
+    h64 = h.double()
+    if layer:
+        mean = h64.mean(-1, keepdim=True)
+        var = ((h64 - mean) ** 2).mean(-1, keepdim=True)
+    else:
+        mean = torch.zeros_like(h64[..., :1])
+        var = (h64 * h64).mean(-1, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    y = (h64 - mean) * rstd
+    if w is not None:
+        y = y * ((1.0 + w.double()) if zero_centered else w.double())
+    if b is not None:
+        y = y + b.double()
+    return y, h, mean.squeeze(-1), rstd.squeeze(-1)
+
+
+def _inputs(rows, n, dtype, wdtype=None, seed=None, offset=0.0):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed if seed is not None else torch.randint(0, 2**31, ()).item())
+    x = torch.randn(rows, n, device="cuda", dtype=torch.float32, generator=g).add_(offset).to(DT[dtype])
+    wd = DT[wdtype or dtype]
+    w = (1 + 0.3 * torch.randn(n, device="cuda", generator=g)).to(wd)
+    b = (0.2 * torch.randn(n, device="cuda", generator=g)).to(wd)
+    return x, w, b, g
+
+
+# ---- forward ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype", list(DT))
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+def test_forward_matches_float64(layer, dtype, n):
+    rows = _rows(n)
+    x, w, b, _ = _inputs(rows, n, dtype, offset=2.0 if layer else 0.0)  # a mean to subtract for LayerNorm
+    eps = 1e-5
+    if layer:
+        y, mean, rstd = norms.layer_norm(x, w, b, eps, return_stats=True)
+    else:
+        y, rstd = norms.rms_norm(x, w, eps, return_rstd=True)
+    ref, _, rmean, rrstd = _ref_fwd(layer, x, w, b if layer else None, eps, False)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert _rel(y, ref) < FWD_TOL[dtype]
+    assert _rel(rstd, rrstd) < 1e-5
+    if layer:
+        assert (mean.double() - rmean).abs().max().item() < 1e-5 * (1 + rmean.abs().max().item())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,dtype", [(4096, "bf16"), (5120, "fp16"), (12288, "fp32"), (65536, "bf16"),
+                                     (262144, "bf16"), (5121, "bf16"), (65537, "fp32")])
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+def test_forward_every_kind(layer, n, dtype, kind):
+    rows = _rows(n)
+    x, w, b, _ = _inputs(rows, n, dtype, offset=1.0)
+    op = "layer_norm" if layer else "rms_norm"
+    if layer:
+        y = _forced(op, kind, norms.layer_norm, x, w, b, 1e-5)
+    else:
+        y = _forced(op, kind, norms.rms_norm, x, w, 1e-5)
+    ref = _ref_fwd(layer, x, w, b if layer else None, 1e-5, False)[0]
+    assert _rel(y, ref) < FWD_TOL[dtype]
+
+
+@pytest.mark.parametrize("kind", [None, "cluster", "coop"])
+@pytest.mark.parametrize("n", [4096, 1000, 65536, 3001])
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+def test_forward_options(layer, n, kind):
+    """Residual add, zero-centered fp32 weight with bf16 activations, fp32 output, saved statistics."""
+    rows = _rows(n)
+    x, w, b, g = _inputs(rows, n, "bf16", wdtype="fp32")
+    r = torch.randn(rows, n, device="cuda", generator=g).to(torch.bfloat16)
+    w0 = (w - 1).contiguous()  # zero-centered storage
+    op = "layer_norm" if layer else "rms_norm"
+    if layer:
+        y, h, mean, rstd = _forced(op, kind, norms.layer_norm, x, w0, b, 1e-5, residual=r, zero_centered=True,
+                                   out_dtype=torch.float32, return_stats=True)
+    else:
+        y, h, rstd = _forced(op, kind, norms.rms_norm, x, w0, 1e-5, residual=r, zero_centered=True,
+                             out_dtype=torch.float32, return_rstd=True)
+    ref, href, _, rrstd = _ref_fwd(layer, x, w0, b if layer else None, 1e-5, True, residual=r)
+    assert y.dtype == torch.float32 and h.dtype == torch.bfloat16
+    assert torch.equal(h, href), "h must be x + residual rounded to x's dtype"
+    assert _rel(y, ref) < 2e-5  # fp32 output of fp32 arithmetic on the bf16 h
+    assert _rel(rstd, rrstd) < 1e-5
+
+
+def test_forward_strided_rows_and_no_weight():
+    n = 4096
+    big = torch.randn(64, 2 * n, device="cuda", dtype=torch.bfloat16)
+    x = big[:, 8:8 + n]  # row stride 2n, offset by 8 elements (16 bytes): still vectorizable
+    y = norms.rms_norm(x)
+    ref = _ref_fwd(False, x.contiguous(), None, None, 1e-6, False)[0]
+    assert _rel(y, ref) < FWD_TOL["bf16"]
+    x3 = big[:, 3:3 + n]  # 6-byte offset: the general (scalar) path
+    assert _rel(norms.rms_norm(x3), _ref_fwd(False, x3.contiguous(), None, None, 1e-6, False)[0]) < FWD_TOL["bf16"]
+
+
+def test_forward_3d_and_zero_rows():
+    x = torch.randn(2, 3, 1000, device="cuda", dtype=torch.float16)
+    w = torch.randn(1000, device="cuda", dtype=torch.float16)
+    y = norms.rms_norm(x, w)
+    assert y.shape == x.shape
+    assert _rel(y, _ref_fwd(False, x, w, None, 1e-6, False)[0]) < FWD_TOL["fp16"]
+    empty = torch.empty(0, 1000, device="cuda", dtype=torch.float16)
+    y0, r0 = norms.rms_norm(empty, w, return_rstd=True)
+    assert y0.shape == (0, 1000) and r0.shape == (0,)
+
+
+def test_nan_and_inf_propagate_like_torch():
+    x = torch.randn(4, 1024, device="cuda")
+    x[1, 5] = float("nan")
+    x[2, 7] = float("inf")
+    w = torch.ones(1024, device="cuda")
+    ours = norms.rms_norm(x, w, 1e-6)
+    theirs = F.rms_norm(x, (1024,), w, 1e-6)
+    assert torch.equal(torch.isnan(ours), torch.isnan(theirs))
+    assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
+    ours_l = norms.layer_norm(x, w, None, 1e-5)
+    theirs_l = F.layer_norm(x, (1024,), w, None, 1e-5)
+    assert torch.equal(torch.isnan(ours_l), torch.isnan(theirs_l))
+
+
+def test_cupy_arrays():
+    cp = pytest.importorskip("cupy")
+    x = cp.random.standard_normal((16, 768), dtype=cp.float32).astype(cp.float16)
+    w = cp.ones(768, dtype=cp.float32)
+    y = norms.rms_norm(x, w)
+    assert isinstance(y, cp.ndarray) and y.dtype == cp.float16
+    xt = torch.as_tensor(x, device="cuda")
+    ref = _ref_fwd(False, xt, torch.as_tensor(w, device="cuda"), None, 1e-6, False)[0]
+    assert _rel(torch.as_tensor(y, device="cuda"), ref) < FWD_TOL["fp16"]
+
+
+# ---- backward -----------------------------------------------------------------------------------------------------
+def _autograd_ref(layer, x, w, b, dy, eps, zero_centered):
+    x64 = x.double().requires_grad_()
+    w64 = w.double().requires_grad_()
+    b64 = b.double().requires_grad_() if b is not None else None
+    weff = (1 + w64) if zero_centered else w64
+    n = x.shape[-1]
+    y = F.layer_norm(x64, (n,), weff, b64, eps) if layer else F.rms_norm(x64, (n,), weff, eps)
+    grads = torch.autograd.grad(y, [x64, w64] + ([b64] if b64 is not None else []), dy.double())
+    return grads
+
+
+def _backward(layer, kind, x, w, b, dy, eps, zero_centered=False, dresidual=None, dx_dtype=None):
+    if layer:
+        _, mean, rstd = norms.layer_norm(x, w, b, eps, zero_centered=zero_centered, return_stats=True)
+        return _forced("layer_norm_backward", kind, norms.layer_norm_backward, dy, x, w, b, mean, rstd,
+                       zero_centered=zero_centered, dresidual=dresidual, dx_dtype=dx_dtype)
+    _, rstd = norms.rms_norm(x, w, eps, zero_centered=zero_centered, return_rstd=True)
+    return _forced("rms_norm_backward", kind, norms.rms_norm_backward, dy, x, w, rstd,
+                   zero_centered=zero_centered, dresidual=dresidual, dx_dtype=dx_dtype)
+
+
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype", list(DT))
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+def test_backward_matches_autograd(layer, dtype, n):
+    rows = _rows(n)
+    x, w, b, g = _inputs(rows, n, dtype, offset=1.0 if layer else 0.0)
+    dy = torch.randn(rows, n, device="cuda", generator=g).to(DT[dtype])
+    out = _backward(layer, None, x, w, b if layer else None, dy, 1e-5)
+    ref = _autograd_ref(layer, x, w, b if layer else None, dy, 1e-5, False)
+    assert _rel(out[0], ref[0]) < BWD_TOL[dtype]
+    assert _rel(out[1], ref[1]) < BWD_TOL[dtype]
+    if layer:
+        assert _rel(out[2], ref[2]) < BWD_TOL[dtype]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,dtype", [(4096, "bf16"), (12288, "fp32"), (65536, "bf16"), (262144, "fp16"),
+                                     (5121, "bf16"), (2000, "fp32")])
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+def test_backward_every_kind(layer, n, dtype, kind):
+    rows = _rows(n)
+    x, w, b, g = _inputs(rows, n, dtype, offset=0.5)
+    dy = torch.randn(rows, n, device="cuda", generator=g).to(DT[dtype])
+    out = _backward(layer, kind, x, w, b if layer else None, dy, 1e-5)
+    ref = _autograd_ref(layer, x, w, b if layer else None, dy, 1e-5, False)
+    for o, r in zip(out, ref):
+        assert _rel(o, r) < BWD_TOL[dtype]
+
+
+@pytest.mark.parametrize("kind", [None, "cluster", "coop"])
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+def test_backward_options(layer, kind):
+    """Zero-centered fp32 weight with bf16 activations, fp32 dy, fp32 dx, dresidual added."""
+    n, rows = 65536 if kind else 4096, 40
+    x, w, b, g = _inputs(rows, n, "bf16", wdtype="fp32")
+    w0 = (w - 1).contiguous()
+    dy = torch.randn(rows, n, device="cuda", generator=g)
+    dres = torch.randn(rows, n, device="cuda", generator=g)
+    out = _backward(layer, kind, x, w0, b if layer else None, dy, 1e-5, zero_centered=True, dresidual=dres,
+                    dx_dtype=torch.float32)
+    ref = _autograd_ref(layer, x, w0, b if layer else None, dy, 1e-5, True)
+    assert out[0].dtype == torch.float32 and out[1].dtype == torch.float32
+    assert _rel(out[0], ref[0] + dres.double()) < 1e-5
+    assert _rel(out[1], ref[1]) < 1e-5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [4096, 65536])
+def test_bitwise_repeatable(kind, n):
+    rows = 3000 if n == 4096 else 300
+    x, w, b, g = _inputs(rows, n, "bf16", offset=0.5)
+    dy = torch.randn(rows, n, device="cuda", generator=g).to(torch.bfloat16)
+    first = _backward(True, kind, x, w, b, dy, 1e-5)
+    for _ in range(3):
+        again = _backward(True, kind, x, w, b, dy, 1e-5)
+        for a, c in zip(first, again):
+            assert torch.equal(a, c)
+    y1 = _forced("rms_norm", kind, norms.rms_norm, x, w)
+    y2 = _forced("rms_norm", kind, norms.rms_norm, x, w)
+    assert torch.equal(y1, y2)
+
+
+def test_backward_zero_rows_gives_zero_grads():
+    x = torch.empty(0, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(512, device="cuda", dtype=torch.bfloat16)
+    rstd = torch.empty(0, device="cuda")
+    dx, dw = norms.rms_norm_backward(x, x, w, rstd)
+    assert dx.shape == (0, 512) and torch.equal(dw, torch.zeros_like(w))
+
+
+# ---- bad input on the GPU -----------------------------------------------------------------------------------------
+def test_errors_with_gpu_arrays():
+    x = torch.randn(8, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(InputError, match=r"weight has shape \(32,\); it must be \(64,\)"):
+        norms.rms_norm(x, torch.ones(32, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(InputError, match=r"weight has dtype fp16; with x in bf16 it must be one of bf16, fp32"):
+        norms.rms_norm(x, torch.ones(64, device="cuda", dtype=torch.float16))
+    with pytest.raises(InputError, match=r"x has stride 2 in its last dimension"):
+        norms.rms_norm(torch.randn(8, 128, device="cuda")[:, ::2])
+    with pytest.raises(InputError, match=r"weight is on cpu \(host memory\)"):
+        norms.rms_norm(x, torch.ones(64, dtype=torch.bfloat16))
+    with pytest.raises(InputError, match=r"x has dtype float64; supported: fp32, fp16, bf16"):
+        norms.rms_norm(x.double())
+    with pytest.raises(InputError, match=r"residual has dtype fp32; supported here: bf16"):
+        norms.rms_norm(x, residual=x.float())
+    with pytest.raises(InputError, match=r"rstd has shape \(4,\); it must hold one contiguous value per row"):
+        norms.rms_norm_backward(x, x, None, torch.ones(4, device="cuda"))

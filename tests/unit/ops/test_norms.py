@@ -1,0 +1,208 @@
+"""Norm ops without a GPU: input validation (exact messages), launch-geometry rules, the registry's choice on
+hand-described sm_75 / sm_80 / sm_90 devices, and real NVRTC compiles of every kernel variant."""
+from __future__ import annotations
+
+import pytest
+
+from rtckern.arch import Arch
+from rtckern.device import DeviceInfo
+from rtckern.errors import InputError
+from rtckern.ops import _norms_arrays as A
+from rtckern.ops import _norms_kernels as K
+from rtckern.ops import _norms_launch as L
+from rtckern.ops import norms
+from rtckern.registry import OpRequest, select
+
+
+def rows_of(shape, strides, dtype="bf16", itemsize=2, device=0, ptr=1 << 20, name="x"):
+    return A._rows(None, "torch", ptr, shape, strides, dtype, itemsize, device, name)
+
+
+# ---- validation ---------------------------------------------------------------------------------------------------
+def test_host_numpy_array_is_refused():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(InputError, match=r"^x is a numpy array \(host memory\); the norm kernels read GPU memory"):
+        norms.rms_norm(np.ones((4, 8), dtype=np.float32))
+
+
+def test_unknown_array_type_is_refused():
+    with pytest.raises(InputError, match=r"^x has type list; pass a torch CUDA tensor, a CuPy array"):
+        norms.rms_norm([[1.0, 2.0]])
+
+
+def test_rows_view_of_strided_arrays():
+    r = rows_of((4, 3, 64), (3 * 128, 128, 1))
+    assert (r.rows, r.n, r.row_stride) == (12, 64, 128)
+    r = rows_of((1, 5, 64), (999, 64, 1))  # size-1 dimensions do not matter
+    assert (r.rows, r.row_stride) == (5, 64)
+    with pytest.raises(InputError, match=r"x has stride 2 in its last dimension \(shape \(4, 64\)\)"):
+        rows_of((4, 64), (128, 2))
+    with pytest.raises(InputError, match=r"leading dimensions do not flatten to \[rows, 64\] with one row stride"):
+        rows_of((2, 3, 64), (64, 128, 1))
+    with pytest.raises(InputError, match=r"row stride 32 < 64: rows overlap"):
+        rows_of((4, 64), (32, 1))
+    with pytest.raises(InputError, match=r"x is a 0-d array"):
+        rows_of((), ())
+
+
+def test_vector_and_like_checks():
+    x = rows_of((8, 64), (64, 1))
+    with pytest.raises(InputError, match=r"^weight has shape \(32,\); it must be \(64,\), the size of x's last "
+                                         r"dimension \(x has shape \(8, 64\)\)$"):
+        A.check_vector(rows_of((32,), (1,), name="weight"), x, "weight", ("bf16", "fp32"))
+    with pytest.raises(InputError, match=r"^weight has dtype fp16; with x in bf16 it must be one of bf16, fp32$"):
+        A.check_vector(rows_of((64,), (1,), dtype="fp16"), x, "weight", ("bf16", "fp32"))
+    with pytest.raises(InputError, match=r"^x is on cuda:0 but weight on cuda:1; put both on one device$"):
+        A.check_vector(rows_of((64,), (1,), device=1), x, "weight", ("bf16",))
+    with pytest.raises(InputError, match=r"^residual has shape \(8, 32\) but x has \(8, 64\); they must match$"):
+        A.check_like(rows_of((8, 32), (32, 1)), x, "residual", ("bf16",))
+    with pytest.raises(InputError, match=r"^dy has dtype int8; supported here: fp32, fp16, bf16$"):
+        A.check_like(rows_of((8, 64), (64, 1), dtype="int8", itemsize=1), x, "dy", ("fp32", "fp16", "bf16"))
+    with pytest.raises(InputError, match=r"^x has dtype float64; supported: fp32, fp16, bf16"):
+        A.check_float(rows_of((8, 64), (64, 1), dtype="float64", itemsize=8), "x")
+
+
+def test_stats_checks():
+    x = rows_of((8, 64), (64, 1))
+    A.check_stats(rows_of((8,), (1,), dtype="fp32", itemsize=4), x, "rstd")
+    A.check_stats(rows_of((2, 4), (4, 1), dtype="fp32", itemsize=4), x, "rstd")
+    with pytest.raises(InputError, match=r"^rstd has dtype bf16; the saved statistics are fp32"):
+        A.check_stats(rows_of((8,), (1,)), x, "rstd")
+    with pytest.raises(InputError, match=r"^mean has shape \(4,\); it must hold one contiguous value per row of x "
+                                         r"\(8 rows, x shape \(8, 64\)\)$"):
+        A.check_stats(rows_of((4,), (1,), dtype="fp32", itemsize=4), x, "mean")
+
+
+def test_scalar_options():
+    with pytest.raises(InputError, match=r"^eps='tiny' is not a number"):
+        norms._eps("tiny")
+    with pytest.raises(InputError, match=r"^eps=-1.0 must be finite and >= 0"):
+        norms._eps(-1.0)
+    with pytest.raises(InputError, match=r"^out_dtype='int8' is not supported; pass one of fp32, fp16, bf16"):
+        norms._dtype_name("int8", "out_dtype")
+    assert norms._dtype_name("bfloat16", "out_dtype") == "bf16"
+
+
+# ---- geometry -----------------------------------------------------------------------------------------------------
+def test_pick_vec():
+    assert K.pick_vec(4096, (2, 2), (16, 16)) == 8
+    assert K.pick_vec(4096, (2, 4), (16, 16)) == 8  # fp32 output: two 16-byte stores per pack
+    assert K.pick_vec(1000, (2,), (16,)) == 8
+    assert K.pick_vec(1001, (2,), (16,)) == 1
+    assert K.pick_vec(4100, (4,), (16,)) == 4
+    assert K.pick_vec(4096, (2,), (8,)) == 4  # an 8-byte-aligned address halves the vector
+    assert K.pick_vec(4096, (2,), (2,)) == 1
+    assert K.byte_alignment(1 << 20, 4096 * 2) == 16
+    assert K.byte_alignment((1 << 20) + 6, 8192) == 2
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 31, 33, 1000, 1024, 4096, 5120, 12288, 16384, 32768, 65536, 262144, 65537])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_heuristic_configs_are_feasible_and_cover_the_row(n, dtype):
+    vec = K.pick_vec(n, (K.ITEMSIZE[dtype],), (16,))
+    fp = K.FwdProblem(layer=True, n=n, x=dtype, y=dtype, w=dtype, bias=True, vec=vec)
+    bp = K.BwdProblem(layer=True, n=n, x=dtype, dy=dtype, dx=dtype, w=dtype, weight_grad=True, bias_grad=True,
+                      vec=vec)
+    served = 0
+    for kind in ("rows", "cluster", "coop"):
+        for p, cfg_of, feas in ((fp, L.fwd_heuristic, L.fwd_feasible), (bp, L.bwd_heuristic, L.bwd_feasible)):
+            cfg = cfg_of(p, kind)
+            if cfg is None or feas(p, kind, cfg) is not None:
+                continue
+            served += 1
+            if kind == "rows":
+                assert K.packs_per_thread(n, vec, cfg.tpr) * cfg.tpr * vec >= n
+            else:
+                assert K.slice_cols(n, vec, cfg.parts) * cfg.parts >= n
+                assert K.packs_per_thread(n, vec, cfg.threads, cfg.parts) * cfg.threads * vec >= \
+                    K.slice_cols(n, vec, cfg.parts)
+    assert served >= 2  # at least one forward and one backward kind serves every N
+
+
+def test_infeasible_configs_say_why():
+    p = K.FwdProblem(layer=False, n=262144, x="bf16", y="bf16", vec=8)
+    assert L.fwd_feasible(p, "rows", K.RowsConfig(1024, 1)) == \
+        "each thread would hold 512 bytes of the row with 1024 threads per row (limit 128)"
+    assert L.fwd_feasible(p, "rows", K.RowsConfig(48, 2)) == \
+        "48 threads per row x 2 rows per block is not a valid row-kernel geometry"
+    small = K.FwdProblem(layer=False, n=16, x="bf16", y="bf16", vec=8)
+    assert L.fwd_feasible(small, "cluster", K.SplitConfig(256, 4)) == \
+        "N=16 is too short to split into 4 slices of whole 8-element packs"
+
+
+def test_bytes_moved():
+    p = K.FwdProblem(layer=True, n=1024, x="bf16", y="fp32", w="fp32", bias=True, residual=True, vec=8)
+    assert p.bytes_moved(10) == 10 * 1024 * (2 * 3 + 4) + 1024 * 4 * 2
+    b = K.BwdProblem(layer=False, n=1024, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True, vec=8)
+    assert b.bytes_moved(10) == 10 * 1024 * 6 + 1024 * 2 * 2
+
+
+# ---- registry choice on described devices (compile-only probes: real NVRTC compiles) ------------------------------
+def _fwd_req(op, n, arch, dtype="bf16", vec=8):
+    return OpRequest(op=op, dtypes=(("w", dtype), ("x", dtype), ("y", dtype)), shape=(("n", n), ("vec", vec)),
+                     flags=(("bias", op == "layer_norm"), ("residual", False), ("save_stats", True),
+                            ("zero_centered", False)), device=DeviceInfo.for_arch(arch))
+
+
+def _bwd_req(op, n, arch, dtype="bf16", vec=8):
+    return OpRequest(op=op, dtypes=(("dx", dtype), ("dy", dtype), ("w", dtype), ("x", dtype)),
+                     shape=(("n", n), ("vec", vec)),
+                     flags=(("bias_grad", op == "layer_norm_backward"), ("dresidual", False), ("weight_grad", True),
+                            ("zero_centered", False)), device=DeviceInfo.for_arch(arch))
+
+
+@pytest.mark.parametrize("arch,n,expect", [("sm_75", 4096, "rows"), ("sm_80", 65536, "rows"),
+                                           ("sm_80", 262144, "coop"), ("sm_90", 4096, "rows"),
+                                           ("sm_90", 65536, "cluster"), ("sm_90", 262144, "cluster")])
+def test_registry_choice(cache_dir, arch, n, expect):
+    assert select(_fwd_req("rms_norm", n, arch)).candidate.name == f"rms_norm.{expect}"
+
+
+@pytest.mark.parametrize("arch,n,expect", [("sm_80", 4096, "rows"), ("sm_80", 65536, "coop"),
+                                           ("sm_90", 65536, "cluster")])
+def test_registry_choice_backward(cache_dir, arch, n, expect):
+    sel = select(_bwd_req("layer_norm_backward", n, arch))
+    assert sel.candidate.name == f"layer_norm_backward.{expect}"
+    assert [s.name for s in sel.specs] == [K.SOURCES[("bwd", expect)][1], K.DW_REDUCE[1]]
+
+
+# ---- every variant compiles with NVRTC ----------------------------------------------------------------------------
+def _variants(arch: str):
+    a = Arch.parse(arch)
+    dev = DeviceInfo.for_arch(arch)
+    combos = [("bf16", "bf16", "bf16"), ("fp16", "fp32", "fp16"), ("fp32", "fp32", "fp32"), ("bf16", "fp32", "fp32")]
+    for layer in (False, True):
+        for x, w, y in combos:
+            for n in (1, 7, 1000, 4096, 5121, 65536, 262144):
+                vec = K.pick_vec(n, (K.ITEMSIZE[x],), (16,))
+                for extra in ({}, {"zero_centered": True, "residual": True, "save_stats": True}):
+                    fp = K.FwdProblem(layer=layer, n=n, x=x, y=y, w=w, bias=layer, vec=vec, **extra)
+                    bp = K.BwdProblem(layer=layer, n=n, x=x, dy=y, dx=x, w=w, weight_grad=True, bias_grad=layer,
+                                      vec=vec, zero_centered=bool(extra), dresidual=bool(extra))
+                    for kind in ("rows", "cluster", "coop"):
+                        if kind == "cluster" and a.cc < (9, 0):
+                            continue
+                        c = L.fwd_config(fp, kind, dev)
+                        if c is not None:
+                            yield L.fwd_spec(fp, kind, c, a)
+                        c = L.bwd_config(bp, kind, dev)
+                        if c is not None:
+                            yield from L.bwd_specs(bp, kind, c, a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90"])
+def test_every_variant_compiles(arch):
+    from rtckern.compiler import compiler_for
+
+    specs = list(dict.fromkeys(_variants(arch)))
+    assert len(specs) > 50
+    comp = compiler_for(Arch.parse(arch))
+    failures = []
+    for s in specs:
+        try:
+            ck = comp.compile(s)
+            assert ck.binary and ck.kind == "cubin"
+        except Exception as e:  # collect all, report together
+            failures.append(f"{s.name_expression}: {str(e)[:300]}")
+    assert not failures, "\n".join(failures)
