@@ -298,6 +298,14 @@ def bench(torch, dev, dtypes, compile_mode: str, copy_ref: dict) -> list[dict]:
                 r["impl_bwd"] = selb.name + " " + " ".join(s.name_expression for s in selb.specs)
                 r["rtk_bwd_ms"] = time_ms(torch, lambda: bwd(y, dy, SCALE))
                 r["eager_bwd_ms"] = time_ms(torch, lambda: torch._softmax_backward_data(dy, y, -1, y.dtype))
+                if op == "softmax":  # the two-launch online path on the same problem, for comparison
+                    from rtckern import config
+
+                    with config.override(force_impl={op: f"{op}.online", bop: f"{bop}.online"}):
+                        r["online_fwd_ms"] = time_ms(torch, lambda: fwd(x, extra))
+                        r["online_bwd_ms"] = time_ms(torch, lambda: bwd(y, dy, SCALE))
+                    r["online_fwd_gbps"] = round(bytes_f / r["online_fwd_ms"] / 1e6, 1)
+                    r["online_bwd_gbps"] = round(bytes_b / r["online_bwd_ms"] / 1e6, 1)
                 for k in ("rtk_fwd", "eager_fwd", "eager_plain_fwd", "compile_fwd"):
                     if k + "_ms" in r:
                         r[k + "_gbps"] = round(bytes_f / r[k + "_ms"] / 1e6, 1)
