@@ -4,8 +4,8 @@
 
 Engines:
   rtckern  the public op, rtckern.ops.attention (registry selection, cached kernels)
-  raw      the kernel templates compiled directly with CuPy's NVRTC, one launch per call; lets the benchmark time
-           tile configurations that the registry would not pick (and worked before the core existed)
+  raw      the kernel templates through rtckern's KernelManager, no registry: times tile configurations that the
+           registry would not pick (--tiles)
 Writes attention_<date>.json and .md (and a PNG plot with --plot) under --out.
 """
 from __future__ import annotations
@@ -38,70 +38,50 @@ C = _load_configs()
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# raw engine: CuPy RawModule
+# raw engine: kernel templates through rtckern's KernelManager, bypassing the registry
 # ----------------------------------------------------------------------------------------------------------------
-def _cuda_include_dir() -> str:
-    try:
-        import cuda.pathfinder as pf
-
-        d = pf.find_nvidia_header_directory("cudart")
-        if d:
-            return d
-    except Exception:
-        pass
-    import nvidia
-
-    for base in nvidia.__path__:
-        for sub in ("cu13/include", "cuda_runtime/include"):
-            p = os.path.join(base, sub)
-            if os.path.isfile(os.path.join(p, "cuda_fp16.h")):
-                return p
-    raise RuntimeError("CUDA headers not found")
-
-
 class RawEngine:
     def __init__(self):
-        import cupy
+        from rtckern.manager import get_manager
 
-        self.cupy = cupy
-        self.inc = _cuda_include_dir()
-        self.ks = str(ROOT / "kernel_sources")
-        self._mods = {}
+        self.manager = get_manager()
         self.compile_s = {}
 
-    def kernel(self, source: str, expr: str):
-        key = (source, expr)
-        if key not in self._mods:
-            code = (ROOT / "kernel_sources" / source).read_text()
-            t0 = time.perf_counter()
-            mod = self.cupy.RawModule(code=code, options=("-std=c++17", f"-I{self.ks}", f"-I{self.inc}"),
-                                      name_expressions=[expr])
-            fn = mod.get_function(expr)
-            fn.attributes  # force compile + load
-            self.compile_s[expr] = time.perf_counter() - t0
-            self._mods[key] = (mod, fn)
-        return self._mods[key][1]
+    def kernel(self, source: str, name: str, targs: tuple, arch: str):
+        from rtckern.arch import Arch
+        from rtckern.spec import KernelSpec
+
+        spec = KernelSpec(source=source, name=name, template_args=targs, arch=Arch.parse(arch), op="attention")
+        t0 = time.perf_counter()
+        k = self.manager.get(spec, device=0)
+        self.compile_s.setdefault(spec.name_expression + " " + arch, time.perf_counter() - t0)
+        return k
 
     def runner(self, tile, dtype: str, hd: int, causal: bool):
+        import numpy as np
+        import torch
+
         if isinstance(tile, C.SimtTile):
-            source, kname = C.SIMT_SOURCE, C.SIMT_KERNEL
+            source, kname, arch = C.SIMT_SOURCE, C.SIMT_KERNEL, "sm_90"
+        elif isinstance(tile, C.Sm90Tile):
+            source, kname, arch = C.SM90_SOURCE, C.SM90_KERNEL, "sm_90a"
         else:
-            source, kname = C.SM80_SOURCE, C.SM80_KERNEL
-        expr = C.name_expression(kname, tile.template_args(dtype, hd, causal))
-        fn = self.kernel(source, expr)
+            source, kname, arch = C.SM80_SOURCE, C.SM80_KERNEL, "sm_90"
+        kern = self.kernel(source, kname, tile.template_args(dtype, hd, causal), arch)
         smem = tile.smem_bytes(hd)
         if smem > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = smem
-        import numpy as np
+            kern.set_max_dynamic_shared_memory(smem)
 
         def run(q, k, v, o, lse, scale):
             b, sq, hq, _ = q.shape
             sk, hk = k.shape[1], k.shape[2]
             st = lambda t: [np.int64(x) for x in (t.stride(0), t.stride(1), t.stride(2))]
-            args = [np.uint64(q.data_ptr()), np.uint64(k.data_ptr()), np.uint64(v.data_ptr()), np.uint64(o.data_ptr()),
-                    np.uint64(0 if lse is None else lse.data_ptr()), np.int64(sq), np.int64(sk), np.int64(hq),
-                    np.int64(hk), *st(q), *st(k), *st(v), *st(o), np.float32(scale * math.log2(math.e))]
-            fn(tile.grid(b, hq, sq), (tile.threads, 1, 1), tuple(args), shared_mem=smem)
+            args = (np.uint64(q.data_ptr()), np.uint64(k.data_ptr()), np.uint64(v.data_ptr()),
+                    np.uint64(o.data_ptr()), np.uint64(0 if lse is None else lse.data_ptr()), np.int64(sq),
+                    np.int64(sk), np.int64(hq), np.int64(hk), *st(q), *st(k), *st(v), *st(o),
+                    np.float32(scale * math.log2(math.e)))
+            kern.launch(tile.grid(b, hq, sq), tile.threads, args, shared_mem=smem,
+                        stream=torch.cuda.current_stream().cuda_stream)
 
         run.label = tile.label()
         return run
@@ -109,22 +89,19 @@ class RawEngine:
 
 class RtckernEngine:
     def __init__(self):
-        import rtckern.ops as ops
+        import rtckern.ops.attention as ops
 
         self.ops = ops
 
     def runner(self, tile, dtype, hd, causal):
         ops = self.ops
+        # the op's own choice; tile is ignored
 
         def run(q, k, v, o, lse, scale):
-            res = ops.attention(q, k, v, causal=causal, softmax_scale=scale, return_lse=lse is not None)
-            if lse is not None:
-                res, l = res
-                lse.copy_(l)
-            o.copy_(res)
+            # Returns the op's own outputs (new arrays); o and lse are not written.
+            return ops.attention(q, k, v, causal=causal, softmax_scale=scale, return_lse=lse is not None)
 
         run.label = "rtckern"
-        run.returns_new = True
         return run
 
 
@@ -187,7 +164,9 @@ def check_case(run, dtype, b, sq, sk, hq, hk, hd, causal, seed, strided=False):
     scale = 1.0 / math.sqrt(hd)
     o = torch.full((b, sq, hq, hd), float("nan"), device=dev, dtype=tdt)
     lse = torch.full((b, hq, sq), float("nan"), device=dev, dtype=torch.float32)
-    run(q, k, v, o, lse, scale)
+    res = run(q, k, v, o, lse, scale)
+    if res is not None:  # the op allocates its outputs
+        o, lse = res
     torch.cuda.synchronize()
     ref_o, ref_lse = reference(q, k, v, causal, scale)
     seen = torch.isfinite(ref_lse).transpose(1, 2)  # (b, sq, hq): rows with at least one visible key
@@ -294,19 +273,26 @@ def environment():
     except Exception as e:  # report, do not fail the benchmark
         env["driver"] = f"unknown ({e})"
     try:
-        import cupy
+        from cuda.bindings import nvrtc
 
-        env["cupy"] = cupy.__version__
-        env["nvrtc"] = ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
-    except Exception:
-        pass
+        _, major, minor = nvrtc.nvrtcVersion()
+        env["nvrtc"] = f"{major}.{minor}"
+        import rtckern
+
+        env["rtckern"] = rtckern.__version__
+    except Exception as e:
+        env["nvrtc"] = f"unknown ({e})"
     return env
 
 
 def parse_tile(s: str):
-    # "128x64w4s2q" -> Sm80Tile(128, 64, 4, 2, True); "simt" -> SIMT_TILE
+    """'128x64w4s2q' -> Sm80Tile(128, 64, 4, 2, True); 'wg128x128[v]' -> Sm90Tile(128, 2[, v_swap]); 'simt'."""
     if s == "simt":
         return C.SIMT_TILE
+    if s.startswith("wg"):
+        v = s.endswith("v")
+        bm, bn = s[2:].rstrip("v").split("x")
+        return C.Sm90Tile(int(bn), int(bm) // 64, v)
     q = s.endswith("q")
     s = s.rstrip("q")
     bm, rest = s.split("x")
@@ -315,15 +301,56 @@ def parse_tile(s: str):
     return C.Sm80Tile(int(bm), int(bn), int(w), int(st), q)
 
 
+def family_tile(family: str, hd: int, causal: bool):
+    """The default tile of a kernel family for (hd, causal), or None where the family lacks that head dim."""
+    if family == "sm80":
+        return C.SM80_TILES[(hd, causal)][0]
+    if family in ("sm90", "sm90v"):
+        if hd not in C.SM90_HEAD_DIMS:
+            return None
+        t = C.SM90_TILES[hd]
+        return C.Sm90Tile(t.bn, t.nwg, family == "sm90v")
+    if family == "simt":
+        return C.SIMT_TILE
+    raise ValueError(f"unknown kernel family {family!r}: sm80, sm90, sm90v, simt")
+
+
+def run_grid(result, make_runner, tag, seed0, max_elems=None, only_hd=None):
+    fails = n = 0
+    for cs in check_grid():
+        if max_elems and cs["sq"] * cs["sk"] > max_elems:
+            continue
+        if only_hd and cs["hd"] not in only_hd:
+            continue
+        run = make_runner(cs["dtype"], cs["hd"], cs["causal"])
+        if run is None:
+            continue
+        r = check_case(run, seed=seed0 + n, **cs)
+        r["kernel"] = f"{tag}:{run.label}"
+        result["checks"].append(r)
+        n += 1
+        fails += not r["ok"]
+        if not r["ok"]:
+            print("FAIL", tag, {k: r[k] for k in ("dtype", "b", "sq", "sk", "hq", "hk", "hd", "causal", "err",
+                                                  "math_err", "lse_err", "unwritten")}, flush=True)
+    rs = [r for r in result["checks"] if r["kernel"].startswith(tag + ":")]
+    worst = max(rs, key=lambda r: r["ratio"] or 0) if rs else None
+    print(f"check {tag}: {n - fails} passed, {fails} failed; worst err/math_err "
+          f"{worst['ratio'] if worst else None}", flush=True)
+    return fails
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", choices=("rtckern", "raw"), default="rtckern")
-    ap.add_argument("--check", action="store_true", help="run the correctness grid")
-    ap.add_argument("--check-simt", action="store_true", help="also run the grid on the SIMT fallback kernel")
+    ap.add_argument("--check", action="store_true", help="run the correctness grid on the engine's default")
+    ap.add_argument("--check-kernels", default="",
+                    help="raw kernels to run the grid on: comma list of sm80, sm90, sm90v, simt")
     ap.add_argument("--bench", action="store_true")
-    ap.add_argument("--tiles", default="", help="raw engine: hd=tile,tile;hd=... extra tiles to time")
+    ap.add_argument("--tiles", default="", help="extra raw tiles to time: hd=tile,tile;hd=...")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default="")
+    ap.add_argument("--tag", default="")
     ap.add_argument("--plot", action="store_true")
     args = ap.parse_args(argv)
 
@@ -331,41 +358,22 @@ def main(argv=None):
 
     env = environment()
     print(json.dumps(env), flush=True)
-    eng = RawEngine() if args.engine == "raw" else RtckernEngine()
+    raw = RawEngine() if (args.engine == "raw" or args.tiles or args.check_kernels) else None
+    eng = raw if args.engine == "raw" else RtckernEngine()
     result = dict(env=env, engine=args.engine, checks=[], bench=[])
 
     def default_runner(dtype, hd, causal):
-        tile = C.SM80_TILES[hd]
-        return eng.runner(tile, dtype, hd, causal)
+        if args.engine == "raw":
+            return eng.runner(C.SM80_TILES[(hd, causal)][0], dtype, hd, causal)
+        return eng.runner(None, dtype, hd, causal)
 
     if args.check:
-        fails = 0
-        for cs in check_grid():
-            run = default_runner(cs["dtype"], cs["hd"], cs["causal"])
-            r = check_case(run, seed=len(result["checks"]), **cs)
-            r["kernel"] = run.label
-            result["checks"].append(r)
-            fails += not r["ok"]
-            if not r["ok"]:
-                print("FAIL", r, flush=True)
-        print(f"check: {len(result['checks']) - fails} passed, {fails} failed", flush=True)
-        worst = max(result["checks"], key=lambda r: r["ratio"] or 0)
-        print("worst ratio vs math SDPA:", {k: worst[k] for k in ("hd", "sq", "sk", "causal", "err", "math_err", "ratio")})
-    if args.check_simt and args.engine == "raw":
-        fails = 0
-        n = 0
-        for cs in check_grid():
-            if cs["sq"] * cs["sk"] > 2_000_000:
-                continue
-            run = eng.runner(C.SIMT_TILE, cs["dtype"], cs["hd"], cs["causal"])
-            r = check_case(run, seed=1000 + n, **cs)
-            r["kernel"] = "simt"
-            result["checks"].append(r)
-            n += 1
-            fails += not r["ok"]
-            if not r["ok"]:
-                print("FAIL simt", r, flush=True)
-        print(f"check simt: {n - fails} passed, {fails} failed", flush=True)
+        run_grid(result, default_runner, args.engine, 0)
+    for fam in filter(None, args.check_kernels.split(",")):
+        def mk(dtype, hd, causal, fam=fam):
+            t = family_tile(fam, hd, causal)
+            return None if t is None else raw.runner(t, dtype, hd, causal)
+        run_grid(result, mk, fam, 5000, max_elems=2_000_000 if fam == "simt" else None)
 
     extra = {}
     for part in filter(None, args.tiles.split(";")):
@@ -382,14 +390,15 @@ def main(argv=None):
             scale = 1.0 / math.sqrt(p["hd"])
             entries = {}
             runners = [default_runner("bf16", p["hd"], p["causal"])]
-            if args.engine == "raw":
-                for t in extra.get(p["hd"], []):
-                    runners.append(eng.runner(t, "bf16", p["hd"], p["causal"]))
+            for t in extra.get(p["hd"], []):
+                runners.append(raw.runner(t, "bf16", p["hd"], p["causal"]))
             for run in runners:
                 if run.label in entries:
                     continue
-                ms = time_ms(lambda: run(q, k, v, o, None, scale), reps=args.reps)
-                entries[run.label] = ms
+                try:
+                    entries[run.label] = time_ms(lambda: run(q, k, v, o, None, scale), reps=args.reps)
+                except Exception as e:
+                    print(f"{run.label} failed: {e}", flush=True)
             for bname in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
                 try:
                     fn = sdpa_runner(bname)(q, k, v, p["causal"])
@@ -403,15 +412,78 @@ def main(argv=None):
             line = " ".join(f"{k}={v:.0f}" for k, v in sorted(row["tflops"].items(), key=lambda kv: -kv[1]))
             print(f"hd{p['hd']} s{p['seqlen']} b{p['batch']} causal={int(p['causal'])}: {line}", flush=True)
         result["bench"] = rows
-    if hasattr(eng, "compile_s"):
-        result["compile_s_device"] = eng.compile_s
+    if raw is not None:
+        result["load_or_compile_s_device"] = raw.compile_s
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stamp = _dt.date.today().isoformat()
-        (out / f"attention_{args.engine}_{stamp}.json").write_text(json.dumps(result, indent=1))
-        print("wrote", out / f"attention_{args.engine}_{stamp}.json")
+        name = f"attention_{args.engine}{'_' + args.tag if args.tag else ''}_{stamp}"
+        (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+        print("wrote", out / f"{name}.json")
+        if args.bench:
+            write_markdown(result, out / f"{name}.md")
+            if args.plot:
+                write_plot(result, out / f"{name}.png")
     return result
+
+
+def write_markdown(result, path: Path) -> None:
+    env = result["env"]
+    lines = [f"# Attention forward, TFLOP/s ({result['engine']} engine)", "",
+             f"{env.get('date')} on {env.get('gpu')} ({env.get('sm_count')} SMs), driver {env.get('driver')}, "
+             f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')}, cuDNN {env.get('cudnn')}), "
+             f"rtckern NVRTC {env.get('nvrtc')}. bf16, batch x seqlen = 16384 tokens, hidden 2048. "
+             "TFLOP/s = 4 b h s^2 d / time (halved for causal); median of CUDA-event timings.", ""]
+    labels = []
+    for r in result["bench"]:
+        for k in r["tflops"]:
+            if k not in labels:
+                labels.append(k)
+    lines.append("| head dim | seqlen | batch | causal | " + " | ".join(labels) + " | best rtckern / flash |")
+    lines.append("|" + "---|" * (len(labels) + 5))
+    for r in result["bench"]:
+        t = r["tflops"]
+        ours = max((v for k, v in t.items() if not k.startswith("sdpa_")), default=0.0)
+        ratio = ours / t["sdpa_flash"] if t.get("sdpa_flash") else float("nan")
+        cells = [f"{t[k]:.0f}" if k in t else "-" for k in labels]
+        lines.append(f"| {r['hd']} | {r['seqlen']} | {r['batch']} | {int(r['causal'])} | " + " | ".join(cells) +
+                     f" | {ratio:.2f} |")
+    path.write_text("\n".join(lines) + "\n")
+    print("wrote", path)
+
+
+def write_plot(result, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # report, keep the JSON and markdown
+        print(f"no plot: {e}")
+        return
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2), sharey=True)
+    panels = [(64, False), (64, True), (128, False), (128, True)]
+    for ax, (hd, causal) in zip(axes, panels):
+        rows = [r for r in result["bench"] if r["hd"] == hd and r["causal"] == causal]
+        labels = []
+        for r in rows:
+            labels += [k for k in r["tflops"] if k not in labels]
+        for lab in labels:
+            xs = [r["seqlen"] for r in rows if lab in r["tflops"]]
+            ys = [r["tflops"][lab] for r in rows if lab in r["tflops"]]
+            ax.plot(xs, ys, marker="o", label=lab, linestyle="--" if lab.startswith("sdpa") else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"head dim {hd}, {'causal' if causal else 'non-causal'}")
+        ax.set_xlabel("seqlen (batch x seqlen = 16k)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("TFLOP/s")
+    axes[-1].legend(fontsize=7)
+    env = result["env"]
+    fig.suptitle(f"attention forward bf16 on {env.get('gpu')} ({env.get('date')})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print("wrote", path)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ DTYPES = {"bf16": "rtk_bf16", "fp16": "rtk_half"}  # op dtype name -> kernel sto
 
 SM80_SOURCE = "attention/flash_fwd_sm80.cuh"
 SM80_KERNEL = "rtk_attn::flash_fwd_sm80"
+SM90_SOURCE = "attention/flash_fwd_sm90.cuh"
+SM90_KERNEL = "rtk_attn::flash_fwd_sm90"
+SM90_HEAD_DIMS = (64, 128, 256)  # whole 64-element swizzle blocks
 SIMT_SOURCE = "attention/attn_fwd_simt.cuh"
 SIMT_KERNEL = "rtk_attn::attn_fwd_simt"
 
@@ -49,15 +52,64 @@ class Sm80Tile:
         return f"{self.bm}x{self.bn}w{self.warps}s{self.stages}{'q' if self.q_in_regs else ''}"
 
 
-# Defaults per head dim (causal, non-causal alike unless listed), chosen by register budget: the O accumulator
-# (BM/warps x HD fp32 per warp) plus the S tile (BM/warps x BN) must fit in 255 registers per thread without
-# spilling in the main loop. Benchmarks in benchmarks/results/ pick among these.
-SM80_TILES: dict[int, Sm80Tile] = {
-    32: Sm80Tile(128, 128, 4, 2, True),
-    64: Sm80Tile(128, 128, 4, 2, False),
-    96: Sm80Tile(128, 64, 4, 2, False),
-    128: Sm80Tile(128, 64, 4, 2, False),
-    256: Sm80Tile(64, 64, 4, 2, False),
+# Defaults per (head dim, causal), in order of preference; the first whose shared memory fits the device's
+# per-block opt-in limit is used (227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89). Register budget: the O
+# accumulator (BM/warps x HD fp32 per warp) plus the S tile (BM/warps x BN) fit 255 registers per thread without
+# spilling in the main loop. The first entries are the fastest measured on the H200 (benchmarks/results/
+# attention_notes.md, run 1); the later ones are for smaller shared memory.
+SM80_TILES: dict[tuple[int, bool], tuple[Sm80Tile, ...]] = {}
+for _causal in (False, True):
+    SM80_TILES[(32, _causal)] = (Sm80Tile(128, 128, 4, 2, True),)
+    SM80_TILES[(64, _causal)] = (Sm80Tile(128, 64, 4, 3, True), Sm80Tile(128, 64, 4, 2, True))
+    SM80_TILES[(96, _causal)] = (Sm80Tile(128, 64, 4, 2, False), Sm80Tile(128, 32, 4, 2, True))
+    SM80_TILES[(256, _causal)] = (Sm80Tile(64, 64, 4, 2, False), Sm80Tile(64, 32, 4, 2, False))
+SM80_TILES[(128, False)] = (Sm80Tile(128, 64, 4, 2, False), Sm80Tile(128, 32, 4, 2, True))
+SM80_TILES[(128, True)] = (Sm80Tile(128, 128, 8, 2, True), Sm80Tile(128, 64, 4, 2, False),
+                           Sm80Tile(128, 32, 4, 2, True))
+
+
+def pick_tile(tiles, head_dim: int, smem_limit: int):
+    """The first tile of `tiles` whose shared memory fits `smem_limit` bytes, else None."""
+    for t in tiles:
+        if t.smem_bytes(head_dim) <= smem_limit:
+            return t
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sm90Tile:
+    """flash_fwd_sm90<T, HD, BN, NWG, CAUSAL, V_SWAP>: NWG consumer warpgroups of 64 query rows each."""
+
+    bn: int
+    nwg: int = 2
+    v_swap: bool = False  # swaps the V descriptor's leading/stride offsets (kept for the layout self-check)
+
+    @property
+    def bm(self) -> int:
+        return 64 * self.nwg
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.nwg
+
+    def smem_bytes(self, head_dim: int) -> int:
+        # Q tile, 2 K tiles, 3 V tiles (128-byte swizzled, no padding), 1024 bytes of alignment slack.
+        return self.bm * head_dim * 2 + 5 * self.bn * head_dim * 2 + 1024
+
+    def template_args(self, dtype: str, head_dim: int, causal: bool) -> tuple:
+        return (DTYPES[dtype], head_dim, self.bn, self.nwg, bool(causal), self.v_swap)
+
+    def grid(self, batch: int, heads_q: int, seqlen_q: int) -> tuple[int, int, int]:
+        return (-(-seqlen_q // self.bm), heads_q, batch)
+
+    def label(self) -> str:
+        return f"wg{self.bm}x{self.bn}{'v' if self.v_swap else ''}"
+
+
+SM90_TILES: dict[int, Sm90Tile] = {
+    64: Sm90Tile(128, 2),
+    128: Sm90Tile(128, 2),
+    256: Sm90Tile(64, 2),
 }
 
 

@@ -1,0 +1,306 @@
+// Fused attention forward for sm_90a (Hopper): wgmma with the FlashAttention-3 intra-warpgroup overlap.
+//
+// Same contract as flash_fwd_sm80.cuh (layouts, strides, GQA, bottom-right causal, lse, empty rows).
+// A block has NWG consumer warpgroups, each owning 64 query rows (BM = 64 * NWG). Per key tile of BN:
+//   S_n = Q K_n^T      wgmma, A (Q) and B (K) from 128-byte-swizzled shared memory, both K-major
+//   O  += P_{n-1} V_{n-1}   wgmma, A (P) from registers, B (V) from shared memory MN-major
+// Both are issued back to back; the softmax of S_n (max, exp2, row sums) runs while the tensor cores still
+// work on the P V product of the previous tile, and only the O rescale waits for it (FA3, section 3.2).
+// K and V tiles stream in with cp.async issued by every thread: K through a ring of 2 buffers (K_n is dead once
+// S_n is done), V through a ring of 3 (V_{n-1} is still read by the in-flight P V product while V_{n+1} lands).
+//
+// Shared-memory tiles use the canonical 128-byte-swizzle layout that wgmma descriptors describe: a tile of R
+// rows x HD is stored as HD / 64 column blocks of R rows x 128 bytes, and 16-byte chunk c of row r sits at
+// chunk c ^ (r % 8). Head dims 64, 128 and 256 (whole 64-element column blocks).
+#pragma once
+#include "attention/sm80_primitives.cuh"
+#include "attention/sm90_wgmma.cuh"
+
+namespace rtk_attn {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+RTK_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+RTK_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+RTK_DEVICE void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pin register values at this point of the instruction stream: wgmma reads and writes its registers
+// asynchronously, so the compiler must neither move their producers past the issue nor their readers above the
+// wait (CUTLASS's warpgroup_fence_operand).
+template <int N>
+RTK_DEVICE void pin_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+RTK_DEVICE void pin_regs(unsigned (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+// cp.async writes are generic-proxy writes; wgmma reads through the async proxy.
+RTK_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start, leading and stride byte offsets in 16-byte units.
+RTK_DEVICE unsigned long long sw128_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+#endif
+
+// Byte offset of 16-byte chunk c (of HD / 8) of row r in a swizzled ROWS-row tile.
+template <int ROWS>
+RTK_DEVICE int sw128_offset(int r, int c) {
+  return (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+template <int ROWS, int HD, int NT, typename T>
+RTK_DEVICE void load_tile_sw128(unsigned s, const T* g_head, long long row_stride, int row0, int rows_valid,
+                                int tid) {
+  constexpr int CPR = HD / 8;
+  constexpr int TOTAL = ROWS * CPR;
+#pragma unroll
+  for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
+    const int idx = it * NT + tid;
+    if (TOTAL % NT == 0 || idx < TOTAL) {
+      const int r = idx / CPR;
+      const int c = idx - r * CPR;
+      const bool full = row0 + r < rows_valid;
+      const T* src = full ? g_head + static_cast<long long>(row0 + r) * row_stride + c * 8 : g_head;
+      cp_async_16(s + sw128_offset<ROWS>(r, c), src, full);
+    }
+  }
+}
+
+template <int HD, int BN, int NWG>
+struct flash_sm90_smem {
+  static constexpr int q_bytes = 64 * NWG * HD * 2;
+  static constexpr int kv_bytes = BN * HD * 2;
+  static constexpr int bytes = q_bytes + 5 * kv_bytes + 1024;  // Q, 2 K and 3 V tiles, 1024 B alignment slack
+};
+
+template <typename T, int HD, int BN, int NWG, bool CAUSAL, bool V_SWAP>
+__global__ void __launch_bounds__(NWG * 128, 1)
+    flash_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+                   float* __restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q,
+                   long long heads_kv, long long q_bs, long long q_rs, long long q_hs, long long k_bs,
+                   long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long o_bs,
+                   long long o_rs, long long o_hs, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BM = 64 * NWG;
+  constexpr int NT = NWG * 128;
+  constexpr int NS = BN / 2;  // S accumulators per thread (64 x BN per warpgroup)
+  constexpr int NO = HD / 2;  // O accumulators per thread (64 x HD per warpgroup)
+  constexpr int CPR = HD / 8;
+  static_assert(HD % 64 == 0 && HD <= 256, "head dim: whole 64-element swizzle blocks, wgmma N <= 256");
+  static_assert(BN % 16 == 0 && BN <= 256, "key tile");
+  using L = flash_sm90_smem<HD, BN, NWG>;
+  const float kNegInf = __int_as_float(0xff800000);
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024 B alignment
+  unsigned char* smem = smem_raw + (smem_base - smem_addr(smem_raw));
+  const unsigned sQ = smem_base;
+  const unsigned sK = sQ + L::q_bytes;          // 2 buffers
+  const unsigned sV = sK + 2 * L::kv_bytes;     // 3 buffers
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wg = warp >> 2;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int row_in_tile = wg * 64 + (warp & 3) * 16 + g;  // this thread's first row; the second is +8
+
+  const long long m_block = gridDim.x - 1 - blockIdx.x;
+  const long long hq = blockIdx.y;
+  const long long b = blockIdx.z;
+  const long long hk = hq / (heads_q / heads_kv);
+  const int sq = static_cast<int>(seqlen_q);
+  const int sk = static_cast<int>(seqlen_k);
+  const int m0 = static_cast<int>(m_block) * BM;
+  const int diag = sk - sq;
+  const int n_end = CAUSAL ? max(0, min(sk, m0 + BM + diag)) : sk;
+  const int n_blocks = (n_end + BN - 1) / BN;
+
+  const T* gQ = q + b * q_bs + hq * q_hs;
+  const T* gK = k + b * k_bs + hk * k_hs;
+  const T* gV = v + b * v_bs + hk * v_hs;
+
+  load_tile_sw128<BM, HD, NT>(sQ, gQ, q_rs, m0, sq, tid);
+  if (n_blocks > 0) {
+    load_tile_sw128<BN, HD, NT>(sK, gK, k_rs, 0, sk, tid);
+    load_tile_sw128<BN, HD, NT>(sV, gV, v_rs, 0, sk, tid);
+  }
+  cp_async_commit();
+
+  float s[NS];
+  float acc_o[NO];
+#pragma unroll
+  for (int i = 0; i < NS; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < NO; ++i) acc_o[i] = 0.f;
+  unsigned p[BN / 16][4];
+  float row_max[2] = {kNegInf, kNegInf};
+  float row_sum[2] = {0.f, 0.f};
+  float alpha[2] = {1.f, 1.f};
+
+  const unsigned sQ_wg = sQ + wg * 64 * 128;  // this warpgroup's 64 rows within column block 0
+
+  // S = Q K_n^T into s (issue only).
+  auto issue_qk = [&](int kbuf) {
+    const unsigned kb = sK + kbuf * L::kv_bytes;
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ++ks) {
+      const unsigned long long da = sw128_desc(sQ_wg + (ks >> 2) * (BM * 128) + (ks & 3) * 32, 16, 1024);
+      const unsigned long long db = sw128_desc(kb + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
+      wgmma_op<T, BN>::ss(s, da, db, ks > 0 ? 1 : 0);
+    }
+  };
+  // O += P V_n (issue only). V is MN-major: 64-wide d blocks BN * 128 bytes apart, 8-key groups 1024 apart.
+  auto issue_pv = [&](int vbuf) {
+    const unsigned vb = sV + vbuf * L::kv_bytes;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const unsigned long long db = V_SWAP ? sw128_desc(vb + kk * 2048, 1024, BN * 128)
+                                           : sw128_desc(vb + kk * 2048, BN * 128, 1024);
+      wgmma_op<T, HD>::rs(acc_o, p[kk], db);
+    }
+  };
+  // Mask, then the online-softmax statistics; s becomes P (fp32), alpha the O rescale for this tile.
+  auto softmax = [&](int nb) {
+    const int n0 = nb * BN;
+    if ((n0 + BN > sk) || (CAUSAL && n0 + BN - 1 > m0 + diag)) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        const int row = m0 + row_in_tile + ((i >> 1) & 1) * 8;
+        const int col = n0 + (i >> 2) * 8 + 2 * t + (i & 1);
+        if (col >= sk || (CAUSAL && col > row + diag)) s[i] = kNegInf;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = row_max[h];
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_scaled = mx == kNegInf ? 0.f : mx * scale_log2;
+      alpha[h] = fast_exp2(row_max[h] * scale_log2 - m_scaled);
+      row_max[h] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const float p0 = fast_exp2(fmaf(s[j * 4 + 2 * h], scale_log2, -m_scaled));
+        const float p1 = fast_exp2(fmaf(s[j * 4 + 2 * h + 1], scale_log2, -m_scaled));
+        s[j * 4 + 2 * h] = p0;
+        s[j * 4 + 2 * h + 1] = p1;
+        sum += p0 + p1;
+      }
+      row_sum[h] = row_sum[h] * alpha[h] + sum;
+    }
+  };
+  auto rescale_and_pack = [&]() {
+#pragma unroll
+    for (int i = 0; i < NO; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      p[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+      p[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+      p[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+      p[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+    }
+  };
+
+  if (n_blocks > 0) {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    if (n_blocks > 1) {
+      load_tile_sw128<BN, HD, NT>(sK + L::kv_bytes, gK, k_rs, BN, sk, tid);
+      load_tile_sw128<BN, HD, NT>(sV + L::kv_bytes, gV, v_rs, BN, sk, tid);
+    }
+    cp_async_commit();
+    pin_regs(s);
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin_regs(s);
+    softmax(0);
+    rescale_and_pack();
+  }
+  for (int nb = 1; nb < n_blocks; ++nb) {
+    cp_async_wait<0>();  // K_nb, V_nb landed
+    fence_proxy_async();
+    __syncthreads();  // ... for every thread; and every warpgroup is done with K_{nb-1} and V_{nb-2}
+    if (nb + 1 < n_blocks) {
+      load_tile_sw128<BN, HD, NT>(sK + ((nb + 1) & 1) * L::kv_bytes, gK, k_rs, (nb + 1) * BN, sk, tid);
+      load_tile_sw128<BN, HD, NT>(sV + ((nb + 1) % 3) * L::kv_bytes, gV, v_rs, (nb + 1) * BN, sk, tid);
+    }
+    cp_async_commit();
+    pin_regs(s);
+    pin_regs(acc_o);
+    pin_regs(p);
+    wgmma_fence();
+    issue_qk(nb & 1);
+    wgmma_commit();
+    issue_pv((nb - 1) % 3);
+    wgmma_commit();
+    wgmma_wait<1>();  // S_nb done; P_{nb-1} V_{nb-1} may still run
+    pin_regs(s);
+    softmax(nb);
+    wgmma_wait<0>();
+    pin_regs(acc_o);
+    pin_regs(p);
+    rescale_and_pack();
+  }
+  if (n_blocks > 0) {
+    pin_regs(acc_o);
+    pin_regs(p);
+    wgmma_fence();
+    issue_pv((n_blocks - 1) % 3);
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin_regs(acc_o);
+  }
+
+  // ---- epilogue: normalize, stage each warp's 16 rows in its own part of sQ (swizzled), 16-byte stores ----
+  cp_async_wait<0>();
+  __syncthreads();  // every warpgroup's wgmma reads of sQ are complete
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int r_local = row_in_tile + h * 8;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j)
+      *reinterpret_cast<unsigned*>(smem + sw128_offset<BM>(r_local, j) + 4 * t) =
+          pack2<T>(acc_o[j * 4 + 2 * h] * inv, acc_o[j * 4 + 2 * h + 1] * inv);
+    const int row = m0 + r_local;
+    if (lse != nullptr && t == 0 && row < sq)
+      lse[(b * heads_q + hq) * seqlen_q + row] =
+          sum > 0.f ? (row_max[h] * scale_log2 + __log2f(sum)) * kLn2 : kNegInf;
+  }
+  __syncwarp();
+  T* gO = o + b * o_bs + hq * o_hs;
+  const int warp_row0 = wg * 64 + (warp & 3) * 16;
+#pragma unroll
+  for (int it = 0; it < (16 * CPR) / 32; ++it) {
+    const int idx = it * 32 + lane;
+    const int r = idx / CPR;
+    const int c = idx - r * CPR;
+    const int row = m0 + warp_row0 + r;
+    if (row < sq)
+      *reinterpret_cast<uint4*>(gO + (long long)row * o_rs + c * 8) =
+          *reinterpret_cast<const uint4*>(smem + sw128_offset<BM>(warp_row0 + r, c));
+  }
+#endif
+}
+
+}  // namespace rtk_attn

@@ -1,0 +1,188 @@
+"""Registry candidates of the attention op, in priority order:
+
+  attention.sm90a_wgmma   sm_90 only (arch-specific sm_90a cubin): wgmma, FA3-style softmax/GEMM overlap;
+                          head dims 64, 128, 256
+  attention.sm80_mma      sm_80 and newer: mma.sync m16n8k16 + ldmatrix + cp.async ring (FlashAttention-2 class);
+                          head dims 32, 64, 96, 128, 256
+  attention.simt          sm_75 and newer: fp32 FMA tiles, the fallback for GPUs without bf16 tensor cores
+
+A request carries what decides compilation and feasibility: dtype, head dim, causal. Sequence lengths, batch,
+heads and strides are run-time arguments of every kernel (no recompile per shape). Tile configs come from the
+tuning table `attention` (rtckern/tuning_tables/attention.json, keyed by arch and SM count; `rtckern tune
+attention` adds rows) and, where no row fits, from the per-head-dim defaults in _attention_configs.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from rtckern import tuning
+from rtckern.device import DeviceInfo
+from rtckern.ops import _attention_configs as cfgs
+from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder
+from rtckern.registry.core_api import target_for
+from rtckern.spec import KernelSpec
+
+OP = "attention"
+_LOG2E = math.log2(math.e)
+
+
+def request(dtype: str, head_dim: int, causal: bool, device: DeviceInfo) -> OpRequest:
+    return OpRequest(op=OP, dtypes={"qkv": dtype}, shape={"head_dim": int(head_dim)}, flags={"causal": bool(causal)},
+                     device=device)
+
+
+def kernel_args(q, k, v, o_ptr: int, lse_ptr: int, scale: float) -> tuple:
+    """The kernels' common parameter list (see flash_fwd_sm80.cuh): pointers, sizes, element strides, scale."""
+    b, sq, hq, _ = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    o_strides = (sq * hq * q.shape[3], hq * q.shape[3], q.shape[3])  # o is allocated contiguous
+    i64 = np.int64
+    return (np.uint64(q.ptr), np.uint64(k.ptr), np.uint64(v.ptr), np.uint64(o_ptr), np.uint64(lse_ptr),
+            i64(sq), i64(sk), i64(hq), i64(hk),
+            i64(q.strides[0]), i64(q.strides[1]), i64(q.strides[2]),
+            i64(k.strides[0]), i64(k.strides[1]), i64(k.strides[2]),
+            i64(v.strides[0]), i64(v.strides[1]), i64(v.strides[2]),
+            i64(o_strides[0]), i64(o_strides[1]), i64(o_strides[2]),
+            np.float32(scale * _LOG2E))
+
+
+class _AttentionCandidate(Candidate):
+    op = OP
+    vendors = ("nvidia",)
+    head_dims: tuple[int, ...] = cfgs.HEAD_DIMS
+    source = ""
+    kernel = ""
+
+    def __init__(self):
+        self._tiles: dict[OpRequest, Any] = {}
+
+    # -- what each family decides -------------------------------------------------------------------------------
+    def default_tile(self, head_dim: int, causal: bool, device: DeviceInfo):
+        raise NotImplementedError
+
+    def tile_from_config(self, config) -> Any:
+        raise NotImplementedError
+
+    def tile(self, req: OpRequest):
+        """The tile config for req: the tuning table's row for this candidate (exact or nearest), else the
+        default. Memoized per request: the launch path reads it on every call."""
+        t = self._tiles.get(req)
+        if t is None:
+            key = {"impl": self.name, "dtype": req.dtype("qkv"), "head_dim": req.dim("head_dim"),
+                   "causal": int(req.flag("causal"))}
+            # A neighbour's row only serves the same head dim (shared memory and registers scale with it).
+            found = tuning.lookup(OP, req.device, key, valid=lambda c, k: int(c.get("head_dim", -1)) == k["head_dim"]
+                                  ) if _has_table() else None
+            t = self.tile_from_config(found.config) if found is not None else None
+            if t is None:
+                t = self.default_tile(req.dim("head_dim"), req.flag("causal"), req.device)
+            self._tiles[req] = t
+        return t
+
+    # -- Candidate API --------------------------------------------------------------------------------------------
+    def supports(self, req: OpRequest) -> str | None:
+        dt = req.dtype("qkv")
+        if dt not in cfgs.DTYPES:
+            return f"dtype {dt} not supported (bf16, fp16)"
+        hd = req.dim("head_dim")
+        if hd not in self.head_dims:
+            return f"head_dim {hd} not supported (supported: {', '.join(map(str, self.head_dims))})"
+        return None
+
+    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+        tile = self.tile(req)
+        targs = tile.template_args(req.dtype("qkv"), req.dim("head_dim"), req.flag("causal"))
+        return (KernelSpec(self.source, self.kernel, target_for(req.device, self.arch_specific), template_args=targs,
+                           op=OP),)
+
+    def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
+        tile = self.tile(req)
+        return (Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(req.dim("head_dim"))),)
+
+    def launch(self, req: OpRequest, kernels, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
+        tile = self.tile(req)
+        kernels[0].launch(tile.grid(q.shape[0], q.shape[2], q.shape[1]), tile.threads,
+                          kernel_args(q, k, v, o_ptr, lse_ptr, scale), shared_mem=tile.smem_bytes(q.shape[3]),
+                          stream=stream)
+
+
+class Sm90Wgmma(_AttentionCandidate):
+    name = "attention.sm90a_wgmma"
+    priority = 300
+    min_arch = "sm_90"
+    max_arch = "sm_90"
+    arch_specific = True
+    head_dims = cfgs.SM90_HEAD_DIMS
+    source = cfgs.SM90_SOURCE
+    kernel = cfgs.SM90_KERNEL
+
+    def default_tile(self, head_dim, causal, device):
+        return cfgs.SM90_TILES[head_dim]
+
+    def tile_from_config(self, c):
+        return cfgs.Sm90Tile(int(c["bn"]), int(c.get("nwg", 2))) if "nwg" in c else None
+
+
+class Sm80Mma(_AttentionCandidate):
+    name = "attention.sm80_mma"
+    priority = 200
+    min_arch = "sm_80"
+    source = cfgs.SM80_SOURCE
+    kernel = cfgs.SM80_KERNEL
+
+    def default_tile(self, head_dim, causal, device):
+        tiles = cfgs.SM80_TILES[(head_dim, bool(causal))]
+        # None fits: keep the first, so the registry's resource check rejects it with the numbers.
+        return cfgs.pick_tile(tiles, head_dim, device.max_smem_per_block_optin) or tiles[0]
+
+    def tile_from_config(self, c):
+        if "warps" not in c:
+            return None
+        return cfgs.Sm80Tile(int(c["bm"]), int(c["bn"]), int(c["warps"]), int(c.get("stages", 2)),
+                             bool(c.get("q_in_regs", False)))
+
+
+class Simt(_AttentionCandidate):
+    name = "attention.simt"
+    priority = 100
+    min_arch = "sm_75"
+    source = cfgs.SIMT_SOURCE
+    kernel = cfgs.SIMT_KERNEL
+
+    def default_tile(self, head_dim, causal, device):
+        return cfgs.SIMT_TILE
+
+    def tile_from_config(self, c):
+        return None
+
+
+def _has_table() -> bool:
+    return tuning.shipped_table_path(OP).is_file() or tuning.user_table_path(OP).is_file()
+
+
+def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest:
+    """For `rtckern explain/tune/selftest attention`: shape is the head dim, or q's (batch, seqlen, heads, head_dim);
+    option causal=0/1."""
+    hd = shape[-1]
+    causal = str(options.pop("causal", "0")).lower() in ("1", "true", "yes", "on")
+    if options:
+        raise ValueError(f"attention: unknown options {sorted(options)}; the only option is causal=0/1")
+    return request(dtype or "bf16", hd, causal, device)
+
+
+CANDIDATES = (Sm90Wgmma(), Sm80Mma(), Simt())
+_registered = False
+
+
+def register_all() -> None:
+    global _registered
+    if _registered:
+        return
+    for c in CANDIDATES:
+        register(c)
+    register_request_builder(OP, _build_request, help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1",
+                             example="--dtype bf16 --shape 4x4096x16x128 --opt causal=1")
+    _registered = True

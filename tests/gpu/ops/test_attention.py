@@ -1,0 +1,159 @@
+"""Attention forward on a GPU against a float64 reference, through each candidate (forced with the
+RTCKERN_FORCE_IMPL setting): ragged seqlens (1, 17, 113, 1000, 4097), seqlen_q != seqlen_k both ways, GQA ratios
+1/4/8, head dims 32/64/96/128/256, causal and not, fp16 and bf16. Pass: max |error| <= 2x that of torch's math
+SDPA in the same dtype against the same reference. Outputs are poisoned (NaN) before each call, every check draws
+fresh random inputs, and the lse is checked too.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rtckern import config  # noqa: E402
+from rtckern.errors import InputError  # noqa: E402
+from rtckern.ops import _attention_arrays as arr  # noqa: E402
+from rtckern.ops import attention as attn  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+IMPLS = {"sm90a_wgmma": (64, 128, 256), "sm80_mma": (32, 64, 96, 128, 256), "simt": (32, 64, 96, 128, 256)}
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv)
+SHAPES = [(2, 1, 1, 8, 8), (2, 17, 17, 8, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 8, 8), (1, 1, 4097, 8, 1),
+          (3, 17, 113, 8, 2), (1, 113, 17, 4, 1), (1, 1000, 1000, 8, 4)]
+BIG = (1, 4097, 4097, 4, 1)
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    real = arr.empty
+
+    def poisoned(like, shape, fp32=False):
+        out, ptr = real(like, shape, fp32)
+        out.fill_(float("nan"))
+        return out, ptr
+
+    monkeypatch.setattr(arr, "empty", poisoned)
+
+
+def _on_sm90() -> bool:
+    return torch.cuda.get_device_capability(0) == (9, 0)
+
+
+def _mask(sq, sk):
+    i = torch.arange(sq, device="cuda")[:, None]
+    j = torch.arange(sk, device="cuda")[None, :]
+    return j <= i + (sk - sq)
+
+
+def reference(q, k, v, causal, scale):
+    hq, hk = q.shape[2], k.shape[2]
+    qf = q.double().transpose(1, 2)
+    kf = k.double().transpose(1, 2).repeat_interleave(hq // hk, dim=1)
+    vf = v.double().transpose(1, 2).repeat_interleave(hq // hk, dim=1)
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(~_mask(q.shape[1], k.shape[1]), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return (torch.exp(s - lse[..., None]).nan_to_num(0.0) @ vf).transpose(1, 2), lse
+
+
+def math_sdpa_error(q, k, v, causal, scale, ref_o, ref_lse):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            attn_mask=_mask(q.shape[1], k.shape[1]) if causal else None, scale=scale, enable_gqa=True)
+    seen = torch.isfinite(ref_lse).transpose(1, 2)  # rows with a visible key (math SDPA gives NaN elsewhere)
+    if not bool(seen.any()):
+        return 0.0
+    return (o.transpose(1, 2).double() - ref_o).abs()[seen].max().item()
+
+
+def check(dtype, b, sq, sk, hq, hk, hd, causal, seed):
+    torch.manual_seed(seed)
+    q = torch.randn(b, sq, hq, hd, device="cuda", dtype=DT[dtype])
+    k = torch.randn(b, sk, hk, hd, device="cuda", dtype=DT[dtype])
+    v = torch.randn(b, sk, hk, hd, device="cuda", dtype=DT[dtype])
+    scale = 0.9 / math.sqrt(hd)
+    o, lse = attn.attention(q, k, v, causal=causal, softmax_scale=scale, return_lse=True)
+    ref_o, ref_lse = reference(q, k, v, causal, scale)
+    assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (b, hq, sq) and lse.dtype == torch.float32
+    assert not torch.isnan(o).any(), "unwritten or NaN output"
+    err = (o.double() - ref_o).abs().max().item()
+    merr = math_sdpa_error(q, k, v, causal, scale, ref_o, ref_lse)
+    assert err <= 2 * merr + 1e-6, f"max error {err:.3g} > 2 x math SDPA's {merr:.3g}"
+    fin = torch.isfinite(ref_lse)
+    if bool(fin.any()):
+        assert (lse.double() - ref_lse)[fin].abs().max().item() < 1e-3
+    assert bool((lse[~fin] == float("-inf")).all()), "rows that see no key must have lse -inf"
+    assert bool((o.transpose(1, 2)[~fin] == 0).all()), "rows that see no key must be zero"
+
+
+def _force(impl):
+    if impl == "sm90a_wgmma" and not _on_sm90():
+        pytest.skip("sm90a kernel needs an sm_90 GPU")
+    return config.override(force_impl={"attention": f"attention.{impl}"})
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_grid(impl, causal):
+    n = 0
+    with _force(impl):
+        for hd in IMPLS[impl]:
+            for i, shape in enumerate(SHAPES):
+                if impl == "simt" and shape[1] * shape[2] > 200_000:
+                    continue
+                dtype = "bf16" if (i + hd // 32) % 2 else "fp16"
+                check(dtype, *shape, hd, causal, seed=1000 * hd + 10 * i + causal)
+                n += 1
+    assert n > 0
+
+
+@pytest.mark.parametrize("impl", ["sm90a_wgmma", "sm80_mma"])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_long_sequence(impl, hd):
+    with _force(impl):
+        check("bf16", *BIG, hd, True, seed=7)
+        check("fp16", *BIG, hd, False, seed=8)
+
+
+def test_default_selection_and_strided_views():
+    """q, k, v as views of one packed (b, s, h_q + 2 h_kv, d) buffer: row and head strides differ from contiguous."""
+    torch.manual_seed(3)
+    b, s, hq, hk, d = 2, 257, 8, 2, 128
+    qkv = torch.randn(b, s, hq + 2 * hk, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv[:, :, :hq], qkv[:, :, hq:hq + hk], qkv[:, :, hq + hk:]
+    o = attn.attention(q, k, v, causal=True)
+    ref, _ = reference(q, k, v, True, 1 / math.sqrt(d))
+    assert (o.double() - ref).abs().max().item() < 2e-2
+    o2 = attn.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    assert torch.equal(o, o2)
+
+
+def test_cupy_in_cupy_out():
+    cupy = pytest.importorskip("cupy")
+    torch.manual_seed(4)
+    q = torch.randn(1, 100, 4, 64, device="cuda", dtype=torch.float16)
+    qc = cupy.asarray(q)
+    o = attn.attention(qc, qc, qc)
+    assert isinstance(o, cupy.ndarray) and o.shape == (1, 100, 4, 64) and o.dtype == cupy.float16
+    ref, _ = reference(q, q, q, False, 1 / 8)
+    assert (torch.as_tensor(o, device="cuda").double() - ref).abs().max().item() < 5e-3
+
+
+def test_gpu_input_errors():
+    q = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(InputError, match=r"^k is on cpu, in host memory; attention kernels read device memory"):
+        attn.attention(q, q.cpu(), q)
+    t = torch.randn(1, 16, 64, 2, device="cuda", dtype=torch.bfloat16).transpose(2, 3)
+    with pytest.raises(InputError, match=r"^q has strides \(2048, 128, 1, 2\) \(elements\): its head dim is not "
+                                         r"contiguous \(stride 2, must be 1\); pass q.contiguous\(\)"):
+        attn.attention(t, q, q)
+    with pytest.raises(InputError, match=r"^q has dtype float32; supported: bf16, fp16"):
+        attn.attention(q.float(), q, q)
