@@ -38,6 +38,16 @@ typedef unsigned int rtk_lane_mask_t;
 #define RTK_DEVICE __device__ __forceinline__
 #define RTK_HOST_DEVICE __host__ __device__ __forceinline__
 
+// __launch_bounds__(THREADS, MIN_BLOCKS) with one meaning on both vendors: at most THREADS per block, at least
+// MIN_BLOCKS resident per SM / CU. HIP's second argument is minimum waves per execution unit (4 SIMDs per CU), so it
+// is converted; CUDA gets exactly __launch_bounds__(THREADS, MIN_BLOCKS).
+#if defined(RTK_HIP)
+#define RTK_LAUNCH_BOUNDS(THREADS, MIN_BLOCKS) \
+  __launch_bounds__((THREADS), ((MIN_BLOCKS) * (THREADS) + 4 * RTK_WARP_SIZE_CONST - 1) / (4 * RTK_WARP_SIZE_CONST))
+#else
+#define RTK_LAUNCH_BOUNDS(THREADS, MIN_BLOCKS) __launch_bounds__((THREADS), (MIN_BLOCKS))
+#endif
+
 // Arch checks usable in device code. __CUDA_ARCH__ is e.g. 900 for sm_90.
 #if defined(RTK_CUDA) && defined(__CUDA_ARCH__)
 #define RTK_ARCH __CUDA_ARCH__

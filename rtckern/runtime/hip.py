@@ -1,0 +1,274 @@
+"""The HIP runtime side (AMD GPUs): a live device's ``DeviceInfo``, loading a hiprtc code object, kernel attributes,
+occupancy and (cooperative) launch, through hip-python. It mirrors ``rtckern.runtime.kernel`` so ops and the registry
+use one interface (``num_regs``, ``max_active_blocks_per_sm``, ``launch(grid, block, args, ...)``).
+
+NOT EXECUTED: no AMD GPU exists where rtckern is developed, and the hip-python releases on PyPI (6.2 and newer) need
+ROCm 6 or newer at run time, while the machines here have Debian's ROCm 5.2 (enough for hiprtc compiles only).
+This module is written against hip-python's documented API and imported lazily: nothing here runs on NVIDIA
+machines or on compile-only machines. Unit tests cover the parts that need no GPU (argument packing, geometry checks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Sequence
+
+from ..arch import Arch
+from ..device import DeviceInfo
+from ..errors import LaunchError, LoadError, RtckernError
+from .kernel import _dim3
+from .streams import stream_handle
+
+# hipModuleLoadData errors that mean "this code object is no good here" (quarantine and recompile, as on CUDA).
+REFUSED_IMAGE_ERRORS = {"hipErrorInvalidImage", "hipErrorNoBinaryForGpu", "hipErrorInvalidKernelFile",
+                        "hipErrorSharedObjectInitFailed", "hipErrorNotFound"}
+_lock = threading.Lock()
+
+
+class HipError(RtckernError):
+    def __init__(self, msg: str, name: str = ""):
+        super().__init__(msg)
+        self.name = name
+
+
+def hip():
+    """hip-python's ``hip`` module; an error with the fix where it is not installed."""
+    try:
+        from hip import hip as h
+    except ImportError as e:
+        raise RtckernError("running kernels on AMD GPUs needs hip-python matching the installed ROCm (6.x or newer): "
+                           f"`pip install hip-python~=<ROCm version>` ({e})") from e
+    return h
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, bytes):
+        return v.split(b"\x00", 1)[0].decode(errors="replace")
+    dec = getattr(v, "decode", None)
+    return dec() if callable(dec) else str(v)
+
+
+def check(result: tuple, what: str):
+    """Raise on a non-success hipError_t; return the remaining values (one value unwrapped)."""
+    h = hip()
+    err = result[0]
+    if err != h.hipError_t.hipSuccess:
+        name = _text(h.hipGetErrorName(err)[1])
+        text = _text(h.hipGetErrorString(err)[1]) if hasattr(h, "hipGetErrorString") else ""
+        raise HipError(f"{what} failed: {name}: {text}", name=name)
+    rest = result[1:]
+    return rest[0] if len(rest) == 1 else (rest if rest else None)
+
+
+class on_device:
+    """Make ``ordinal`` HIP's current device for the block, then restore the previous one."""
+
+    def __init__(self, ordinal: int):
+        self.ordinal = ordinal
+        self.prev: int | None = None
+
+    def __enter__(self):
+        h = hip()
+        self.prev = int(check(h.hipGetDevice(), "hipGetDevice"))
+        if self.prev != self.ordinal:
+            check(h.hipSetDevice(self.ordinal), f"hipSetDevice({self.ordinal})")
+        return self
+
+    def __exit__(self, *exc):
+        if self.prev is not None and self.prev != self.ordinal:
+            check(hip().hipSetDevice(self.prev), f"hipSetDevice({self.prev})")
+        return False
+
+
+def count_devices() -> int:
+    return int(check(hip().hipGetDeviceCount(), "hipGetDeviceCount"))
+
+
+def device_info(ordinal: int) -> DeviceInfo:
+    """A live AMD GPU as rtckern sees it. The gfx name comes from gcnArchName without its feature suffixes
+    (``gfx90a:sramecc+:xnack-`` -> ``gfx90a``): rtckern's code objects are built feature-neutral ("any")."""
+    h = hip()
+    n = count_devices()
+    if not 0 <= ordinal < n:
+        raise RtckernError(f"HIP device {ordinal} does not exist; {n} device(s) are visible (0..{n - 1})")
+    A = h.hipDeviceAttribute_t
+
+    def attr(a) -> int:
+        return int(check(h.hipDeviceGetAttribute(a, ordinal), f"hipDeviceGetAttribute({a})"))
+
+    props = h.hipDeviceProp_t()
+    check(h.hipGetDeviceProperties(props, ordinal), "hipGetDeviceProperties")
+    gfx = _text(props.gcnArchName).split(":", 1)[0]
+    smem = attr(A.hipDeviceAttributeMaxSharedMemoryPerBlock)
+    try:
+        optin = attr(A.hipDeviceAttributeSharedMemPerBlockOptin)
+    except HipError:  # older HIP: no opt-in attribute, and no opt-in needed (all LDS is available per block)
+        optin = smem
+    return DeviceInfo(
+        arch=Arch.parse(gfx), sm_count=attr(A.hipDeviceAttributeMultiprocessorCount),
+        max_smem_per_block=smem, max_smem_per_block_optin=max(smem, optin),
+        regs_per_sm=attr(A.hipDeviceAttributeMaxRegistersPerMultiprocessor),
+        max_threads_per_sm=attr(A.hipDeviceAttributeMaxThreadsPerMultiProcessor),
+        max_threads_per_block=attr(A.hipDeviceAttributeMaxThreadsPerBlock),
+        warp_size=attr(A.hipDeviceAttributeWarpSize), name=_text(props.name), ordinal=ordinal)
+
+
+def pack_args(args: Sequence[Any]) -> tuple:
+    """Kernel arguments as the ctypes values hip-python packs into the launch buffer. rtckern's convention
+    (kernel_sources/README.md): Python ints are pointers or ``long long`` (8 bytes), ``numpy.float32`` is
+    ``float``; anything else is refused rather than guessed."""
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, bool):
+            raise LaunchError(f"argument {i} is a bool; kernel parameters are pointers, long long or float")
+        if isinstance(a, int):
+            out.append(ctypes.c_longlong(a))
+            continue
+        tname = type(a).__name__
+        if tname == "float32":
+            out.append(ctypes.c_float(float(a)))
+        elif tname in ("int64", "uint64", "intp"):
+            out.append(ctypes.c_longlong(int(a)))
+        elif isinstance(a, (ctypes.c_float, ctypes.c_longlong, ctypes.c_void_p)):
+            out.append(a)
+        else:
+            raise LaunchError(f"argument {i} has type {tname}; pass int (pointer or long long) or numpy.float32 "
+                              "(float): a Python float has no fixed width")
+    return tuple(out)
+
+
+def load_kernel(binary: bytes, kind: str, lowered_name: str, device: DeviceInfo, label: str = "") -> "HipKernel":
+    """Load a hiprtc code object on ``device`` and look up ``lowered_name`` (same contract as
+    ``rtckern.runtime.kernel.load_kernel``: LoadError, with ``refused=True`` when HIP rejects the image)."""
+    if kind != "hsaco":
+        raise LoadError(f"cannot load a {kind} on AMD {device.describe()}: HIP loads hiprtc code objects (hsaco)")
+    h = hip()
+    image = bytes(binary)
+    try:
+        with on_device(device.ordinal):
+            module = check(h.hipModuleLoadData(image), "hipModuleLoadData")
+            func = check(h.hipModuleGetFunction(module, lowered_name.encode()), f"hipModuleGetFunction({lowered_name})")
+    except HipError as e:
+        err = LoadError(f"cannot load {label or lowered_name} on {device.describe()}: {e}")
+        err.refused = e.name in REFUSED_IMAGE_ERRORS
+        raise err from e
+    return HipKernel(func, module, image, device, label or lowered_name)
+
+
+class HipKernel:
+    """A kernel on one AMD GPU; the same surface as ``rtckern.runtime.Kernel``."""
+
+    __slots__ = ("_f", "_module", "_image", "device", "label", "_attrs", "_max_dyn_smem", "_checked")
+
+    def __init__(self, func, module, image: bytes, device: DeviceInfo, label: str):
+        self._f = func
+        self._module = module  # keeps the code object loaded
+        self._image = image
+        self.device = device
+        self.label = label
+        self._attrs: dict[str, int] = {}
+        self._max_dyn_smem = device.max_smem_per_block
+        self._checked: set[tuple] = set()
+
+    def __repr__(self) -> str:
+        return f"<rtckern.HipKernel {self.label} on {self.device.describe()}>"
+
+    def _attr(self, name: str) -> int:
+        v = self._attrs.get(name)
+        if v is None:
+            h = hip()
+            a = getattr(h.hipFunction_attribute, name)
+            with on_device(self.device.ordinal):
+                v = int(check(h.hipFuncGetAttribute(a, self._f), f"hipFuncGetAttribute({name})"))
+            self._attrs[name] = v
+        return v
+
+    @property
+    def num_regs(self) -> int:
+        return self._attr("HIP_FUNC_ATTRIBUTE_NUM_REGS")
+
+    @property
+    def shared_size_bytes(self) -> int:
+        return self._attr("HIP_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES")
+
+    @property
+    def local_size_bytes(self) -> int:
+        return self._attr("HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES")
+
+    @property
+    def max_threads_per_block(self) -> int:
+        return self._attr("HIP_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK")
+
+    def set_max_dynamic_shared_memory(self, nbytes: int) -> None:
+        """AMD needs no opt-in: every block may use the device's LDS up to its limit; refuse more, like CUDA."""
+        limit = self.device.max_smem_per_block_optin - self.shared_size_bytes
+        if nbytes > limit:
+            raise LaunchError(f"{self.label}: {nbytes} bytes of dynamic shared memory (LDS) requested, but "
+                              f"{self.device.describe()} allows at most {limit} "
+                              f"({self.device.max_smem_per_block_optin} minus {self.shared_size_bytes} static)")
+        self._max_dyn_smem = max(self._max_dyn_smem, int(nbytes))
+
+    def max_active_blocks_per_sm(self, block_size: int, dynamic_smem: int = 0) -> int:
+        """Blocks per compute unit (AMD's SM)."""
+        if dynamic_smem > self._max_dyn_smem:
+            self.set_max_dynamic_shared_memory(dynamic_smem)
+        h = hip()
+        with on_device(self.device.ordinal):
+            return int(check(h.hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(self._f, int(block_size),
+                                                                                   int(dynamic_smem)),
+                             "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor"))
+
+    def max_potential_block_size(self, dynamic_smem: int = 0, block_size_limit: int = 0) -> tuple[int, int]:
+        h = hip()
+        with on_device(self.device.ordinal):
+            grid, block = check(h.hipModuleOccupancyMaxPotentialBlockSize(self._f, int(dynamic_smem),
+                                                                         int(block_size_limit)),
+                                "hipModuleOccupancyMaxPotentialBlockSize")
+        return int(grid), int(block)
+
+    def max_cooperative_grid(self, block_size: int, dynamic_smem: int = 0) -> int:
+        return self.max_active_blocks_per_sm(block_size, dynamic_smem) * self.device.sm_count
+
+    def check_launch(self, grid, block, shared_mem: int, cooperative: bool) -> tuple[tuple, tuple]:
+        """The geometry checks of the CUDA Kernel, memoized per configuration."""
+        g, b = _dim3(grid), _dim3(block)
+        key = (g, b, shared_mem, cooperative)
+        if key in self._checked:
+            return g, b
+        nthreads = b[0] * b[1] * b[2]
+        if min(g) < 1 or min(b) < 1:
+            raise LaunchError(f"{self.label}: grid {g} and block {b} must be positive in every dimension")
+        if nthreads > self.max_threads_per_block:
+            raise LaunchError(f"{self.label}: block of {nthreads} threads exceeds this kernel's limit of "
+                              f"{self.max_threads_per_block} (__launch_bounds__ or registers: {self.num_regs} VGPRs)")
+        if shared_mem > self._max_dyn_smem:
+            self.set_max_dynamic_shared_memory(shared_mem)
+        if cooperative:
+            fit = self.max_cooperative_grid(nthreads, shared_mem)
+            blocks = g[0] * g[1] * g[2]
+            if blocks > fit:
+                raise LaunchError(
+                    f"{self.label}: cooperative grid of {blocks} blocks cannot be co-resident; at most {fit} fit "
+                    f"({fit // max(1, self.device.sm_count)} per CU x {self.device.sm_count} CUs at {nthreads} threads "
+                    f"and {shared_mem} bytes dynamic LDS). Launch at most {fit} blocks.")
+        with _lock:
+            self._checked.add(key)
+        return g, b
+
+    def launch(self, grid, block, args: Sequence[Any] = (), shared_mem: int = 0, stream=None,
+               cooperative: bool = False) -> None:
+        """Launch on ``stream`` (int hipStream_t, a torch ROCm stream, or None for the default stream)."""
+        g, b = self.check_launch(grid, block, shared_mem, cooperative)
+        h = hip()
+        s = None if stream is None else (stream_handle(stream) or None)
+        packed = pack_args(args)
+        with on_device(self.device.ordinal):
+            if cooperative:
+                # hipModuleLaunchCooperativeKernel takes kernelParams (an array of argument addresses), not extra.
+                params = (ctypes.c_void_p * max(1, len(packed)))(*[ctypes.addressof(v) for v in packed])
+                check(h.hipModuleLaunchCooperativeKernel(self._f, *g, *b, int(shared_mem), s, params),
+                      f"cooperative launch of {self.label}")
+            else:
+                check(h.hipModuleLaunchKernel(self._f, *g, *b, int(shared_mem), s, None, packed),
+                      f"launch of {self.label} (grid {g}, block {b}, shared memory {shared_mem}, {len(args)} args)")
