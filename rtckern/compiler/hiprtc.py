@@ -60,6 +60,10 @@ class HiprtcUnavailable(RtckernError, ImportError):
     """No hiprtc library could be loaded on this machine."""
 
 
+class UnsupportedOptionError(RtckernError, ValueError):
+    """An NVRTC-only compile option in a spec built for an AMD target."""
+
+
 class _Library:
     """The loaded hiprtc functions, the library file they came from, and comgr (for its target list)."""
 
@@ -162,7 +166,7 @@ def translate_options(options: Sequence[str]) -> list[str]:
         if o in _NVRTC_OPTION_MAP:
             out.append(_NVRTC_OPTION_MAP[o])
         elif o.startswith(_NVRTC_ONLY):
-            raise ArchError(f"option {o!r} is NVRTC-only and has no hiprtc equivalent; leave it out of AMD specs "
+            raise UnsupportedOptionError(f"option {o!r} is NVRTC-only and has no hiprtc equivalent; leave it out of AMD specs "
                             f"(hiprtc takes clang options such as -ffast-math, -D..., -O2)")
         else:
             out.append(o)
