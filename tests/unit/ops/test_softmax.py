@@ -1,0 +1,354 @@
+"""Softmax ops without a GPU: input validation (exact messages), launch planning, the registry's choice on
+hand-described devices, tuning-table lookups, and real NVRTC compiles of every kernel variant for sm_75, sm_80
+and sm_90."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rtckern import config
+from rtckern.arch import Arch
+from rtckern.device import DeviceInfo
+from rtckern.errors import InputError, UnsupportedRequestError
+from rtckern.ops import _softmax_arrays as arr
+from rtckern.ops import _softmax_candidates as cands
+from rtckern.ops import _softmax_plan as plan
+from rtckern.ops import _softmax_tuned as tuned
+from rtckern.ops import softmax as sm
+from rtckern.registry import candidates, select
+
+ARCHS = ("sm_75", "sm_80", "sm_90")
+NS = (1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000)
+
+
+# ---- validation (fake device arrays: the checks run before anything touches a GPU) ------------------------------
+class Fake:
+    def __init__(self, shape, dtype="bf16", contiguous=True, device=0, lib="torch", ptr=1 << 20):
+        self.shape, self.dtype, self.contiguous, self.device, self.lib, self.ptr = shape, dtype, contiguous, device, \
+            lib, ptr
+
+
+@pytest.fixture
+def fake_arrays(monkeypatch):
+    real = arr.device_array
+
+    def device_array(obj, name):
+        if isinstance(obj, Fake):
+            return arr.DeviceArray(obj, obj.lib, obj.ptr, tuple(obj.shape), obj.dtype, obj.device, obj.contiguous)
+        return real(obj, name)
+
+    monkeypatch.setattr(arr, "device_array", device_array)
+
+    def no_launch(*a, **k):
+        raise AssertionError("validation should have failed before any allocation")
+
+    monkeypatch.setattr(arr, "empty_like", no_launch)
+
+
+def test_host_numpy_array_is_refused():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(InputError, match=r"^x is a numpy array, in host memory; softmax kernels read device memory: "
+                                         r"pass a torch CUDA tensor or a CuPy array \(cupy.asarray\(...\)\)$"):
+        sm.softmax(np.ones((4, 8), dtype=np.float32))
+
+
+def test_unknown_array_type_is_refused():
+    with pytest.raises(InputError, match=r"^x has type list; pass a torch CUDA tensor, a CuPy array, or an object "
+                                         r"with __cuda_array_interface__ or __dlpack__$"):
+        sm.softmax([[1.0, 2.0]])
+
+
+def test_dtype_and_layout_errors(fake_arrays):
+    with pytest.raises(InputError, match=r"^x has dtype int32; supported: fp32, fp16, bf16 \(float32, float16, "
+                                         r"bfloat16\)$"):
+        sm.softmax(Fake((4, 8), dtype="int32"))
+    with pytest.raises(InputError, match=r"^x of shape \(4, 8\) is not contiguous; the kernels need contiguous rows: "
+                                         r"pass x.contiguous\(\) \(torch\) or cupy.ascontiguousarray\(x\)$"):
+        sm.softmax(Fake((4, 8), contiguous=False))
+    with pytest.raises(InputError, match=r"^scale='a' is not a number; pass a Python float"):
+        sm._scale("a")
+
+
+def test_masked_softmax_shape_and_mask_errors(fake_arrays):
+    x = Fake((2, 4, 16, 32))
+    with pytest.raises(InputError, match=r"^scaled_masked_softmax needs x of shape \(B, H, Sq, Sk\); got \(64, 32\)$"):
+        sm.scaled_masked_softmax(Fake((64, 32)), Fake((1, 1, 64, 32), dtype="bool"), 1.0)
+    with pytest.raises(InputError, match=r"^mask has dtype bf16; it must be bool \(True = masked out\): pass "
+                                         r"mask.bool\(\) or mask != 0$"):
+        sm.scaled_masked_softmax(x, Fake((2, 1, 16, 32)), 1.0)
+    for bad in ((2, 4, 16, 32), (3, 1, 16, 32), (2, 1, 16, 31), (1, 16, 32)):
+        with pytest.raises(InputError, match=r"^mask has shape \(.*\); for x of shape \(2, 4, 16, 32\) it must be "
+                                             r"\(2, 1, 16, 32\) or \(1, 1, 16, 32\) \(broadcast over heads, and over "
+                                             r"the batch when its first dim is 1\)$"):
+            sm.scaled_masked_softmax(x, Fake(bad, dtype="bool"), 1.0)
+    with pytest.raises(InputError, match=r"^mask is on cuda:1 but x on cuda:0; put both on one device$"):
+        sm.scaled_masked_softmax(x, Fake((2, 1, 16, 32), dtype="bool", device=1), 1.0)
+    with pytest.raises(InputError, match=r"^x is a torch array but mask a cupy array; pass one kind$"):
+        sm.scaled_masked_softmax(x, Fake((2, 1, 16, 32), dtype="bool", lib="cupy"), 1.0)
+    with pytest.raises(InputError, match=r"^mask of shape \(1, 1, 16, 32\) is not contiguous"):
+        sm.scaled_masked_softmax(x, Fake((1, 1, 16, 32), dtype="bool", contiguous=False), 1.0)
+
+
+def test_causal_shape_errors(fake_arrays):
+    with pytest.raises(InputError, match=r"^scaled_upper_triang_masked_softmax needs square score matrices "
+                                         r"\(Sq == Sk\), got shape \(8, 16, 32\) with Sq=16, Sk=32; use "
+                                         r"scaled_aligned_causal_masked_softmax for Sq != Sk$"):
+        sm.scaled_upper_triang_masked_softmax(Fake((8, 16, 32)), 1.0)
+    with pytest.raises(InputError, match=r"^x has shape \(32,\) \(1 dims\); this op needs at least 2$"):
+        sm.scaled_aligned_causal_masked_softmax(Fake((32,)), 1.0)
+    with pytest.raises(InputError, match=r"^x has shape \(32,\) \(1 dims\); this op needs at least 2$"):
+        sm.scaled_upper_triang_masked_softmax(Fake((32,)), 1.0)
+
+
+def test_backward_pair_errors(fake_arrays):
+    y = Fake((8, 64))
+    with pytest.raises(InputError, match=r"^dy has shape \(8, 32\) but y has \(8, 64\); they must match$"):
+        sm.softmax_backward(y, Fake((8, 32)))
+    with pytest.raises(InputError, match=r"^dy has dtype fp16 but y has bf16; they must match$"):
+        sm.softmax_backward(y, Fake((8, 64), dtype="fp16"))
+    with pytest.raises(InputError, match=r"^y is on cuda:0 but dy on cuda:1; put both on one device$"):
+        sm.softmax_backward(y, Fake((8, 64), device=1))
+    with pytest.raises(InputError, match=r"^dy of shape \(8, 64\) is not contiguous"):
+        sm.softmax_backward(y, Fake((8, 64), contiguous=False))
+    with pytest.raises(InputError, match=r"^scaled_upper_triang_masked_softmax needs square score matrices"):
+        sm.scaled_upper_triang_masked_softmax_backward(Fake((4, 8, 16)), Fake((4, 8, 16)))
+
+
+# ---- planning ------------------------------------------------------------------------------------------------------
+def test_vector_width():
+    assert plan.vector_width("bf16", 4096) == 8
+    assert plan.vector_width("fp32", 4096) == 4
+    assert plan.vector_width("bf16", 1000) == 8
+    assert plan.vector_width("fp32", 1002) == 2
+    assert plan.vector_width("fp16", 3) == 1
+    assert plan.vector_width("bf16", 4096, (1 << 20, (1 << 20) + 2)) == 1  # a view one element in
+    assert plan.vector_width("bf16", 4096, (1 << 20, (1 << 20) + 8)) == 4
+    assert plan.vector_width("bf16", 4096, (1 << 20,), mask_address=(1 << 20) + 4) == 4
+
+
+def test_onepass_config_rules():
+    with pytest.raises(ValueError, match="group must be a power of two dividing threads"):
+        plan.OnePass(128, 48, 1)
+    with pytest.raises(ValueError, match="a group wider than a warp must be the whole block"):
+        plan.OnePass(256, 64, 1)
+    cfg = plan.OnePass(1024, 1024, 2)
+    assert cfg.register_keys(8) == 16384
+    assert cfg.smem_bytes(plan.FWD, "bf16", 65536, 8) == (65536 - 16384) * 2
+    assert cfg.smem_bytes(plan.BWD, "bf16", 65536, 8) == (65536 - 16384) * 4
+    assert cfg.smem_bytes(plan.FWD, "bf16", 16384, 8) == 0
+    with pytest.raises(ValueError, match="has no shared-memory stash"):
+        plan.OnePass(128, 32, 4).smem_bytes(plan.FWD, "bf16", 2048, 8)
+    assert plan.OnePass(128, 32, 4).grid(1000) == 250
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_onepass_reaches_65536_keys_forward(dtype):
+    smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
+    vec = plan.vector_width(dtype, 65536)
+    assert plan.max_onepass_keys(plan.FWD, dtype, vec, smem) >= 65536
+    for n in NS:
+        cfg = plan.default_onepass(plan.FWD, dtype, n, plan.vector_width(dtype, n), smem)
+        if n <= 65536:
+            assert cfg is not None and plan.fits(cfg, plan.FWD, dtype, n, plan.vector_width(dtype, n), smem) is None
+
+
+def test_onepass_limits_backward():
+    smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
+    assert plan.max_onepass_keys(plan.BWD, "bf16", 8, smem) >= 65536
+    assert plan.max_onepass_keys(plan.BWD, "fp32", 4, smem) < 65536  # y + dy: 512 KB a row, more than one SM holds
+    assert plan.default_onepass(plan.BWD, "fp32", 65536, 4, smem) is None
+
+
+def test_online_config_and_geometry():
+    cfg = plan.online_config(100000, 8)
+    assert cfg.chunk % (cfg.threads * 8) == 0 and cfg.chunks(100000) == -(-100000 // cfg.chunk)
+    assert plan.online_config(5, 1).chunk == plan.ONLINE_THREADS
+    g = plan.RowGeometry(rows=6, n=5, sq=3, diag_offset=2)
+    assert [g.valid_keys(r, plan.CAUSAL) for r in range(6)] == [3, 4, 5, 3, 4, 5]
+    g = plan.RowGeometry(rows=4, n=2, sq=4, diag_offset=-2)  # Sq > Sk: the first two queries keep nothing
+    assert [g.valid_keys(r, plan.CAUSAL) for r in range(4)] == [0, 0, 1, 2]
+    assert g.valid_keys(0, plan.PLAIN) == 2
+
+
+# ---- registry ----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def fresh(cache_dir, tmp_path):
+    with config.override(tuning_table_dir=tmp_path / "tuning", persist_decisions=False):
+        cands._configs.clear()
+        yield
+        cands._configs.clear()
+
+
+def test_every_op_has_both_candidates():
+    for op in cands.OPS:
+        names = [c.name for c in candidates(op)]
+        assert names == [f"{op}.onepass", f"{op}.online"], names
+
+
+def test_selection_onepass_then_online(fresh):
+    dev = DeviceInfo.for_arch("sm_90")
+    sel = select(cands.request("softmax", "bf16", 65536, 8, dev))
+    assert sel.name == "softmax.onepass"
+    assert sel.specs[0].name == "softmax_fwd" and sel.specs[0].template_args[:3] == ("rtk_bf16", "0", "8")
+    sel = select(cands.request("softmax", "bf16", 1 << 18, 8, dev))
+    assert sel.name == "softmax.online"
+    assert [s.name for s in sel.specs] == ["softmax_fwd_stats", "softmax_fwd_finalize"]
+    sel = select(cands.request("scaled_masked_softmax_backward", "fp32", 65536, 4, dev))
+    assert sel.name == "scaled_masked_softmax_backward.online"
+    assert sel.specs[0].template_args[1] == "0"  # a masked softmax's gradient needs no mask
+
+
+def test_onepass_refusal_reason_names_the_limit(fresh):
+    dev = DeviceInfo.for_arch("sm_80")
+    req = cands.request("softmax_backward", "fp32", 65536, 4, dev)
+    why = cands.OnePassCandidate("softmax_backward").supports(req)
+    assert why.startswith("a row of 65536 fp32 keys (vector width 4) exceeds the one-pass limit of ")
+    assert "on sm_80 (166912 B shared memory per block); the online candidate serves it" in why
+    with config.override(force_impl={"softmax_backward": "softmax_backward.onepass"}):
+        with pytest.raises(UnsupportedRequestError, match="exceeds the one-pass limit"):
+            select(req)
+
+
+def test_unsupported_dtype_reason(fresh):
+    req = cands.request("softmax", "int8", 64, 1, DeviceInfo.for_arch("sm_90"))
+    with pytest.raises(UnsupportedRequestError, match="dtype int8 not supported; supported: fp32, fp16, bf16"):
+        select(req)
+
+
+def test_template_args_do_not_depend_on_exact_n(fresh):
+    dev = DeviceInfo.for_arch("sm_90")
+    a = select(cands.request("softmax", "bf16", 3000, 8, dev)).specs
+    b = select(cands.request("softmax", "bf16", 4000, 8, dev)).specs
+    assert a == b
+
+
+# ---- tuning tables -------------------------------------------------------------------------------------------------
+def _write_table(d, name, rows):
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{name}.json").write_text(json.dumps({"format": 1, "op": name, "key_fields": list(tuned.KEY_FIELDS),
+                                                "rows": rows}))
+
+
+def test_tuned_table_exact_nearest_and_rule(tmp_path):
+    d = tmp_path / "tuning"
+    cfg = {"threads": 256, "group": 256, "items": 2, "min_blocks": 4}
+    _write_table(d, "softmax", [{"arch": "sm_90", "sm_count": 132, "shape": {"dtype": "bf16", "vec": 8, "n": 4096},
+                                 "config": cfg}])
+    dev = DeviceInfo.for_arch("sm_90")
+    with config.override(tuning_table_dir=d):
+        got, src = tuned.tuned_onepass(plan.FWD, "bf16", 4096, 8, dev)
+        assert (got, src) == (plan.OnePass(**cfg), "exact")
+        got, src = tuned.tuned_onepass(plan.FWD, "bf16", 3000, 8, dev)
+        assert (got, src) == (plan.OnePass(**cfg), "nearest")
+        # A block-row config serves longer rows through its shared-memory stash.
+        got, src = tuned.tuned_onepass(plan.FWD, "bf16", 65536, 8, dev)
+        assert (got, src) == (plan.OnePass(**cfg), "nearest")
+        # A neighbour far larger than the row is not used for a row of 3 keys.
+        got, src = tuned.tuned_onepass(plan.FWD, "bf16", 3, 1, dev)
+        assert src == "heuristic" and got == plan.OnePass(128, 4, 1)
+        # A warp-per-row config holds 1024 keys and has no stash: for 65536 keys the rule decides.
+        _write_table(d, "softmax", [{"arch": "sm_90", "sm_count": 132, "shape": {"dtype": "bf16", "vec": 8,
+                                                                                "n": 1024},
+                                     "config": {"threads": 128, "group": 32, "items": 4, "min_blocks": 1}}])
+        got, src = tuned.tuned_onepass(plan.FWD, "bf16", 65536, 8, dev)
+        assert src == "heuristic" and got.block_row
+        # Another arch's rows are never used.
+        got, src = tuned.tuned_onepass(plan.FWD, "bf16", 4096, 8, DeviceInfo.for_arch("sm_80"))
+        assert src == "heuristic"
+
+
+def test_sweep_configs_fit_and_cover():
+    smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
+    for direction in (plan.FWD, plan.BWD):
+        for dt in ("bf16", "fp32"):
+            for n in (1024, 4096, 16384, 65536):
+                vec = plan.vector_width(dt, n)
+                cfgs = tuned.sweep_configs(direction, dt, n, vec, smem)
+                if direction == plan.BWD and dt == "fp32" and n == 65536:
+                    assert cfgs == []
+                    continue
+                assert cfgs, (direction, dt, n)
+                for c in cfgs:
+                    assert plan.fits(c, direction, dt, n, vec, smem) is None
+
+
+def test_shipped_tables_parse_and_fit():
+    from rtckern import tuning
+
+    smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
+    for direction, name in tuned.TABLES.items():
+        t = tuning.load_table(tuning.shipped_table_path(name), name)
+        if t is None:
+            pytest.skip(f"no shipped {name} table")
+        for row in t.rows:
+            s = dict(row.shape)
+            cfg = plan.OnePass(**row.config)
+            assert plan.fits(cfg, direction, s["dtype"], s["n"], s["vec"], smem) is None
+
+
+# ---- real NVRTC compiles -------------------------------------------------------------------------------------------
+def _all_name_expressions(arch: str) -> list[str]:
+    """Every kernel the candidates can ask for on a device of `arch`, over the row lengths of the GPU tests, their
+    vector widths (and width 1), the tuning sweep's configs and the heuristic's."""
+    dev = DeviceInfo.for_arch(arch)
+    exprs = set()
+    for op in cands.OPS:
+        for dt in plan.CTYPES:
+            for n in NS + (2048, 32768, 131072):
+                for vec in {plan.vector_width(dt, n), 1}:
+                    req = cands.request(op, dt, n, vec, dev)
+                    for c in candidates(op):
+                        if c.supports(req) is None:
+                            exprs.update(s.name_expression for s in c.kernel_specs(req))
+    for direction in (plan.FWD, plan.BWD):
+        for dt in plan.CTYPES:
+            for n in (1024, 4096, 8192, 16384, 65536):
+                vec = plan.vector_width(dt, n)
+                for cfg in tuned.sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin):
+                    exprs.add(plan.onepass_kernel_name(direction) + "<"
+                              + ", ".join(map(str, plan.onepass_template_args(direction, dt, plan.PLAIN, vec, cfg)))
+                              + ">")
+    return sorted(exprs)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_variant_compiles_with_nvrtc(arch, fresh):
+    """One NVRTC program per arch holding every variant as a name expression (a real compile of each, fast)."""
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    from rtckern.compiler.nvrtc import BASE_OPTIONS, NvrtcCompiler
+    from rtckern.sources import read_source
+
+    exprs = _all_name_expressions(arch)
+    assert len(exprs) > 100
+    comp = NvrtcCompiler()
+    opts = [f"--gpu-architecture={arch}", *BASE_OPTIONS] + [f"-I{d}" for d in comp.include_dirs()]
+    err, prog = nvrtc.nvrtcCreateProgram(read_source(plan.SOURCE).encode(), b"softmax.cu", 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    try:
+        for e in exprs:
+            nvrtc.nvrtcAddNameExpression(prog, e.encode())
+        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")[:4000]
+        assert "warning" not in log.decode(errors="replace").lower(), log.decode(errors="replace")[:4000]
+        for e in exprs:
+            err, lowered = nvrtc.nvrtcGetLoweredName(prog, e.encode())
+            assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS and lowered, e
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_selected_kernels_compile_through_the_manager(arch, fresh):
+    dev = DeviceInfo.for_arch(arch)
+    for op, dt, n in (("softmax", "bf16", 1000), ("scaled_masked_softmax", "fp16", 65536),
+                      ("scaled_aligned_causal_masked_softmax_backward", "fp32", 100000)):
+        sel = select(cands.request(op, dt, n, plan.vector_width(dt, n), dev))
+        assert sel.kernels == ()  # described device: compile-only
+        for r in sel.results:
+            if r.accepted:
+                assert "compile" in r.checks and r.cache_keys
+        assert all(s.arch == Arch.parse(arch) for s in sel.specs)
