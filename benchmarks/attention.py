@@ -208,19 +208,20 @@ def check_grid():
 # timing
 # ----------------------------------------------------------------------------------------------------------------
 def time_ms(fn, warmup=5, reps=30):
+    """Median, min, max milliseconds of fn on the GPU. Calls are queued back to back (no sync between reps), so
+    host-side overhead overlaps the previous call's GPU work, as in a model's forward pass."""
     import torch
 
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
         s.record()
         fn()
         e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
+    torch.cuda.synchronize()
+    ts = [s.elapsed_time(e) for s, e in ev]
     return statistics.median(ts), min(ts), max(ts)
 
 
@@ -286,13 +287,12 @@ def environment():
 
 
 def parse_tile(s: str):
-    """'128x64w4s2q' -> Sm80Tile(128, 64, 4, 2, True); 'wg128x128[v]' -> Sm90Tile(128, 2[, v_swap]); 'simt'."""
+    """'128x64w4s2q' -> Sm80Tile(128, 64, 4, 2, True); 'wg128x128' -> Sm90Tile(128, 2); 'simt'."""
     if s == "simt":
         return C.SIMT_TILE
     if s.startswith("wg"):
-        v = s.endswith("v")
-        bm, bn = s[2:].rstrip("v").split("x")
-        return C.Sm90Tile(int(bn), int(bm) // 64, v)
+        bm, bn = s[2:].split("x")
+        return C.Sm90Tile(int(bn), int(bm) // 64)
     q = s.endswith("q")
     s = s.rstrip("q")
     bm, rest = s.split("x")
@@ -305,14 +305,11 @@ def family_tile(family: str, hd: int, causal: bool):
     """The default tile of a kernel family for (hd, causal), or None where the family lacks that head dim."""
     if family == "sm80":
         return C.SM80_TILES[(hd, causal)][0]
-    if family in ("sm90", "sm90v"):
-        if hd not in C.SM90_HEAD_DIMS:
-            return None
-        t = C.SM90_TILES[hd]
-        return C.Sm90Tile(t.bn, t.nwg, family == "sm90v")
+    if family == "sm90":
+        return C.SM90_TILES.get(hd)
     if family == "simt":
         return C.SIMT_TILE
-    raise ValueError(f"unknown kernel family {family!r}: sm80, sm90, sm90v, simt")
+    raise ValueError(f"unknown kernel family {family!r}: sm80, sm90, simt")
 
 
 def run_grid(result, make_runner, tag, seed0, max_elems=None, only_hd=None):
@@ -345,7 +342,7 @@ def main(argv=None):
     ap.add_argument("--engine", choices=("rtckern", "raw"), default="rtckern")
     ap.add_argument("--check", action="store_true", help="run the correctness grid on the engine's default")
     ap.add_argument("--check-kernels", default="",
-                    help="raw kernels to run the grid on: comma list of sm80, sm90, sm90v, simt")
+                    help="raw kernels to run the grid on: comma list of sm80, sm90, simt")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--tiles", default="", help="extra raw tiles to time: hd=tile,tile;hd=...")
     ap.add_argument("--reps", type=int, default=30)
@@ -464,21 +461,24 @@ def write_plot(result, path: Path) -> None:
         return
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2), sharey=True)
     panels = [(64, False), (64, True), (128, False), (128, True)]
+    every = []
+    for r in result["bench"]:
+        every += [k for k in r["tflops"] if k not in every]
+    colors = {lab: plt.cm.tab10(i % 10) for i, lab in enumerate(every)}  # one color per series in every panel
     for ax, (hd, causal) in zip(axes, panels):
         rows = [r for r in result["bench"] if r["hd"] == hd and r["causal"] == causal]
-        labels = []
-        for r in rows:
-            labels += [k for k in r["tflops"] if k not in labels]
-        for lab in labels:
+        for lab in every:
             xs = [r["seqlen"] for r in rows if lab in r["tflops"]]
             ys = [r["tflops"][lab] for r in rows if lab in r["tflops"]]
-            ax.plot(xs, ys, marker="o", label=lab, linestyle="--" if lab.startswith("sdpa") else "-")
+            if xs:
+                ax.plot(xs, ys, marker="o", label=lab, color=colors[lab],
+                        linestyle="--" if lab.startswith("sdpa") else "-")
+        ax.legend(fontsize=7)
         ax.set_xscale("log", base=2)
         ax.set_title(f"head dim {hd}, {'causal' if causal else 'non-causal'}")
         ax.set_xlabel("seqlen (batch x seqlen = 16k)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("TFLOP/s")
-    axes[-1].legend(fontsize=7)
     env = result["env"]
     fig.suptitle(f"attention forward bf16 on {env.get('gpu')} ({env.get('date')})")
     fig.tight_layout()

@@ -81,7 +81,7 @@ struct flash_sm90_smem {
   static constexpr int bytes = q_bytes + 5 * kv_bytes + 1024;  // Q, 2 K and 3 V tiles, 1024 B alignment slack
 };
 
-template <typename T, int HD, int BN, int NWG, bool CAUSAL, bool V_SWAP>
+template <typename T, int HD, int BN, int NWG, bool CAUSAL>
 __global__ void __launch_bounds__(NWG * 128, 1)
     flash_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                    float* __restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q,
@@ -164,8 +164,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     const unsigned vb = sV + vbuf * L::kv_bytes;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const unsigned long long db = V_SWAP ? sw128_desc(vb + kk * 2048, 1024, BN * 128)
-                                           : sw128_desc(vb + kk * 2048, BN * 128, 1024);
+      const unsigned long long db = sw128_desc(vb + kk * 2048, BN * 128, 1024);
       wgmma_op<T, HD>::rs(acc_o, p[kk], db);
     }
   };

@@ -78,11 +78,10 @@ def pick_tile(tiles, head_dim: int, smem_limit: int):
 
 @dataclasses.dataclass(frozen=True)
 class Sm90Tile:
-    """flash_fwd_sm90<T, HD, BN, NWG, CAUSAL, V_SWAP>: NWG consumer warpgroups of 64 query rows each."""
+    """flash_fwd_sm90<T, HD, BN, NWG, CAUSAL>: NWG consumer warpgroups of 64 query rows each."""
 
     bn: int
     nwg: int = 2
-    v_swap: bool = False  # swaps the V descriptor's leading/stride offsets (kept for the layout self-check)
 
     @property
     def bm(self) -> int:
@@ -97,17 +96,19 @@ class Sm90Tile:
         return self.bm * head_dim * 2 + 5 * self.bn * head_dim * 2 + 1024
 
     def template_args(self, dtype: str, head_dim: int, causal: bool) -> tuple:
-        return (DTYPES[dtype], head_dim, self.bn, self.nwg, bool(causal), self.v_swap)
+        return (DTYPES[dtype], head_dim, self.bn, self.nwg, bool(causal))
 
     def grid(self, batch: int, heads_q: int, seqlen_q: int) -> tuple[int, int, int]:
         return (-(-seqlen_q // self.bm), heads_q, batch)
 
     def label(self) -> str:
-        return f"wg{self.bm}x{self.bn}{'v' if self.v_swap else ''}"
+        return f"wg{self.bm}x{self.bn}"
 
 
+# Fastest measured on the H200 (run 2, benchmarks/results/attention_notes.md): for head dim 64 the 64-key tile
+# (116 registers, 57 KB) lets two blocks share an SM, which interleaves their softmax and GEMM phases.
 SM90_TILES: dict[int, Sm90Tile] = {
-    64: Sm90Tile(128, 2),
+    64: Sm90Tile(64, 2),
     128: Sm90Tile(128, 2),
     256: Sm90Tile(64, 2),
 }

@@ -137,7 +137,7 @@ def test_generated_wgmma_header_is_current():
 
 # ---- registry choice on described devices (compile-only probes) --------------------------------------------------
 @pytest.mark.parametrize("arch,hd,causal,chosen,targs", [
-    ("sm_90", 128, False, "attention.sm90a_wgmma", ("rtk_bf16", "128", "128", "2", "false", "false")),
+    ("sm_90", 128, False, "attention.sm90a_wgmma", ("rtk_bf16", "128", "128", "2", "false")),
     ("sm_90", 96, True, "attention.sm80_mma", ("rtk_bf16", "96", "128", "64", "4", "2", "true", "false")),
     ("sm_80", 128, True, "attention.sm80_mma", ("rtk_bf16", "128", "128", "64", "4", "2", "true", "false")),
     ("sm_80", 256, False, "attention.sm80_mma", ("rtk_bf16", "256", "64", "32", "4", "2", "false", "false")),
