@@ -268,6 +268,21 @@ def correctness_cases(dev: DeviceInfo):
                 cases.append((f"{fam} tb={tb} {din}->{dout} {batch}x{m}x{n}x{k} {act} bias={bias} res={res}",
                               Case(p, cfg, dev)))
             i += 1
+    # the ping-pong schedule: both layouts, edges, epilogues, batches, split-K
+    if dev.arch.major == 9:
+        for tb in (True, False):
+            for j, ((batch, m, n, k), cfg) in enumerate((
+                    ((1, 1000, 1000, 64), Sm90Config(128, 128, 6, 2, pingpong=True)),
+                    ((1, 63, 1000, 4104), Sm90Config(128, 128, 6, 2, pingpong=True)),
+                    ((3, 129, 264, 200), Sm90Config(128, 128, 6, 2, pingpong=True)),
+                    ((1, 777, 520, 1032), Sm90Config(64, 256, 5, 2, pingpong=True)),
+                    ((1, 1000, 1000, 4096), Sm90Config(128, 128, 6, 2, pingpong=True, splits=3)),
+                    ((1, 520, 2056, 1000), Sm90Config(64, 256, 5, 2, pingpong=True, splits=2)))):
+                act, bias, res = epis[j % len(epis)]
+                din, dout = combos[(j + int(tb)) % len(combos)]
+                p = P(batch, m, n, k, din, dout, tb, bias, act, res, aligned=True)
+                cases.append((f"sm90pp tb={tb} {din}->{dout} {batch}x{m}x{n}x{k} {act} bias={bias} res={res}",
+                              Case(p, cfg, dev)))
     # split-K on both tensor-core families, both layouts, with and without epilogue
     for tb in (True, False):
         for cfg, tag in ((Sm80Config(64, 128, 64, 32, 32, 4, splits=0), "sm80 splitK"),
@@ -285,13 +300,6 @@ def correctness_cases(dev: DeviceInfo):
                     n, k = n - 1, k - 3
                 p = P(batch, m, n, k, "bf16", "bf16", tb, bias, act, res, aligned=aligned)
                 cases.append((f"{tag} tb={tb} {batch}x{m}x{n}x{k} {act}", Case(p, cfg, dev)))
-    # diagnostic twin of the MN-major (not trans_b) wgmma path with LBO/SBO exchanged
-    if dev.arch.major == 9:
-        import dataclasses
-        p = P(1, 63, 1000, 4104, "bf16", "bf16", False)
-        c = Case(p, s90, dev)
-        c.specs = tuple(dataclasses.replace(s, defines=(("RTK_GEMM90_MN_SWAP", "1"),)) for s in c.specs)
-        cases.append(("sm90 MN-SWAP-diagnostic tb=False", c))
     # shared B across the batch (weights), and the unaligned-base path
     p = P(4, 100, 256, 512, "bf16", "bf16", True, True, "none", False, aligned=True, b_batched=False)
     cases.append(("sm80 shared-B", Case(p, s80, dev)))

@@ -13,9 +13,9 @@ RTK_DEVICE float rtk_gemm_act(float x) {
     // 0.5 x (1 + tanh(z)) == x * sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3). The sigmoid form needs one
     // exp and one division; for very negative x, exp overflows to inf and the result is -0, as it should be.
     const float z2 = 1.5957691216057308f * x * (1.0f + 0.044715f * x * x);
-    return x / (1.0f + __expf(-z2));
+    return __fdividef(x, 1.0f + __expf(-z2));
   } else if constexpr (ACT == RTK_GEMM_ACT_SILU) {
-    return x / (1.0f + __expf(-x));
+    return __fdividef(x, 1.0f + __expf(-x));
   } else {
     return x;
   }
@@ -58,8 +58,14 @@ struct RtkGemmOut {
   const TBias* bias;  // length N, or null
   const TOut* res;    // residual, row stride ldr, or null
   long long m, n, ldc, ldr;
-  bool pair_ok;       // c and res allow 2-element accesses at even columns (even strides, aligned bases)
+  bool pair_ok;       // c, res and bias allow 2-element accesses at even columns (even strides, aligned bases)
 };
+
+template <typename TOut, typename TBias>
+RTK_DEVICE bool rtk_gemm_out_pair_ok(const RtkGemmOut<TOut, TBias>& o, bool has_bias, bool has_res) {
+  return rtk_pair_aligned(o.c, o.ldc) && (!has_res || rtk_pair_aligned(o.res, o.ldr)) &&
+         (!has_bias || rtk_pair_aligned(o.bias, 0));
+}
 
 // Applies the epilogue to one accumulator at (row, col) (the general path of kernels that own single elements).
 template <bool HAS_BIAS, int ACT, bool HAS_RES, typename TOut, typename TBias>
@@ -97,6 +103,46 @@ RTK_DEVICE void rtk_gemm_epilogue_pair(const RtkGemmOut<TOut, TBias>& o, long lo
     if (both) {
       if constexpr (HAS_RES) v1 += rtk_to_float<TOut>(o.res[row * o.ldr + col + 1]);
       o.c[row * o.ldc + col + 1] = rtk_from_float<TOut>(v1);
+    }
+  }
+}
+
+// Epilogue of one thread's accumulators over a 16-row slab of an mma.sync / wgmma fragment: NJ groups of 8
+// columns; frag[4 j + {0, 1}] sit at (row0, col0 + 8 j + {0, 1}) and frag[4 j + {2, 3}] at (row0 + 8, same).
+// Slabs wholly inside the matrix take a path with no per-element bounds checks, pointers formed once per row,
+// and the bias read as one pair per column pair for both rows.
+template <bool HAS_BIAS, int ACT, bool HAS_RES, int NJ, typename TOut, typename TBias>
+RTK_DEVICE void rtk_gemm_epilogue_slab(const RtkGemmOut<TOut, TBias>& o, long long row0, long long col0,
+                                       const float* frag) {
+  const bool interior = o.pair_ok && row0 + 8 < o.m && col0 + 8 * (NJ - 1) + 1 < o.n;
+  if (interior) {
+    TOut* c0 = o.c + row0 * o.ldc + col0;
+    TOut* c1 = c0 + 8 * o.ldc;
+    const TOut* r0 = HAS_RES ? o.res + row0 * o.ldr + col0 : nullptr;
+    const TOut* r1 = HAS_RES ? r0 + 8 * o.ldr : nullptr;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      float b0 = 0.f, b1 = 0.f;
+      if constexpr (HAS_BIAS) rtk_load_pair<TBias>(o.bias + col0 + 8 * j, b0, b1);
+      float v0 = rtk_gemm_act<ACT>(frag[4 * j] + b0), v1 = rtk_gemm_act<ACT>(frag[4 * j + 1] + b1);
+      float v2 = rtk_gemm_act<ACT>(frag[4 * j + 2] + b0), v3 = rtk_gemm_act<ACT>(frag[4 * j + 3] + b1);
+      if constexpr (HAS_RES) {
+        float q0, q1, q2, q3;
+        rtk_load_pair<TOut>(r0 + 8 * j, q0, q1);
+        rtk_load_pair<TOut>(r1 + 8 * j, q2, q3);
+        v0 += q0;
+        v1 += q1;
+        v2 += q2;
+        v3 += q3;
+      }
+      rtk_store_pair<TOut>(c0 + 8 * j, v0, v1);
+      rtk_store_pair<TOut>(c1 + 8 * j, v2, v3);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      rtk_gemm_epilogue_pair<HAS_BIAS, ACT, HAS_RES>(o, row0, col0 + 8 * j, frag[4 * j], frag[4 * j + 1]);
+      rtk_gemm_epilogue_pair<HAS_BIAS, ACT, HAS_RES>(o, row0 + 8, col0 + 8 * j, frag[4 * j + 2], frag[4 * j + 3]);
     }
   }
 }

@@ -191,15 +191,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     o.n = n;
     o.ldc = ldc;
     o.ldr = ldr;
-    o.pair_ok = rtk_pair_aligned(o.c, ldc) && (!HAS_RES || rtk_pair_aligned(o.res, ldr));
+    o.pair_ok = rtk_gemm_out_pair_ok(o, HAS_BIAS, HAS_RES);
 #pragma unroll
     for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const long long row = row_base + i * 16, col = col_base + j * 8;
-        rtk_gemm_epilogue_pair<HAS_BIAS, ACT, HAS_RES>(o, row, col, acc[i][j][0], acc[i][j][1]);
-        rtk_gemm_epilogue_pair<HAS_BIAS, ACT, HAS_RES>(o, row + 8, col, acc[i][j][2], acc[i][j][3]);
-      }
+      rtk_gemm_epilogue_slab<HAS_BIAS, ACT, HAS_RES, NT>(o, row_base + i * 16, col_base, &acc[i][0][0]);
   }
 #else
   static_assert(sizeof(T) == 0, "gemm_mma_sm80 needs sm_80 or newer");

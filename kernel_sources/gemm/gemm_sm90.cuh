@@ -3,8 +3,12 @@
 //
 //   warpgroup 0      producer: one thread issues TMA loads into a STAGES-deep ring of shared-memory stages;
 //                    "full" mbarriers count the bytes in, "empty" mbarriers say a stage may be refilled.
-//   warpgroups 1..NC consumers: each owns BM/NC rows of the BM x BN output tile and issues m64nBNk16 wgmma on
-//                    it; the epilogue (bias, activation, residual, type conversion) runs from registers.
+//   warpgroups 1..NC consumers, in one of two schedules:
+//     cooperative    (PINGPONG false) each consumer owns BM/NC rows of every BM x BN output tile;
+//     ping-pong      (PINGPONG true, NC 2) consumers take turns at whole tiles: while one runs its tile's
+//                    mainloop the other runs the previous tile's epilogue, so the tensor cores rarely idle.
+//                    An "order" mbarrier pair hands the mainloop from one consumer to the other.
+//   The epilogue (bias, activation, residual, type conversion) runs from registers.
 // The grid is at most one block per SM; blocks walk work units u = blockIdx.x, + gridDim.x, ... where a unit is
 // (batch entry, split-K slice, output tile), tiles in grouped order. The producer runs ahead into the next unit
 // while the consumers finish the current one's epilogue.
@@ -21,8 +25,8 @@
 #include "gemm/hopper.cuh"
 #include "gemm/wgmma_ops.cuh"
 
-template <typename T, typename TOut, int BM, int BN, int STAGES, int NC, bool TRANS_B, bool HAS_BIAS, int ACT,
-          bool HAS_RES, bool SPLITK>
+template <typename T, typename TOut, int BM, int BN, int STAGES, int NC, bool PINGPONG, bool TRANS_B, bool HAS_BIAS,
+          int ACT, bool HAS_RES, bool SPLITK>
 __global__ void __launch_bounds__((NC + 1) * 128, 1)
     gemm_wgmma_sm90(const __grid_constant__ rtk_tensor_map tm_a, const __grid_constant__ rtk_tensor_map tm_b,
                     void* __restrict__ c, const T* __restrict__ bias, const TOut* __restrict__ res, long long m,
@@ -31,13 +35,14 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
                     long long group_m) {
 #if defined(RTK_HAS_WGMMA)
   constexpr int BK = 64;                 // one 128-byte swizzle row of 16-bit elements
-  constexpr int WG_M = BM / NC;          // rows per consumer warpgroup
+  constexpr int WG_M = PINGPONG ? BM : BM / NC;  // rows per consumer warpgroup and tile
   constexpr int MI = WG_M / 64;          // m64 wgmma blocks per consumer
   constexpr int A_STAGE = BM * BK;       // elements
   constexpr int B_STAGE = BN * BK;
   constexpr unsigned STAGE_BYTES = (BM + BN) * BK * 2;
   static_assert(sizeof(T) == 2, "16-bit inputs");
   static_assert(WG_M % 64 == 0 && BM <= 256 && BN <= 256 && BN % 64 == 0, "tile shape");
+  static_assert(!PINGPONG || NC == 2, "ping-pong takes two consumer warpgroups");
 
   extern __shared__ unsigned char rtk_gemm_smem90[];
   // 128-byte swizzle atoms are 1024 B; align the ring to that (the host adds 1024 B of slack).
@@ -46,6 +51,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
   T* sB = sA + STAGES * A_STAGE;
   __shared__ __align__(8) unsigned long long full_bar[STAGES];
   __shared__ __align__(8) unsigned long long empty_bar[STAGES];
+  __shared__ __align__(8) unsigned long long order_bar[2];  // ping-pong: order_bar[c] = "consumer c may start"
 
   if (threadIdx.x == 0) {
     rtk_tma_prefetch_map(&tm_a);
@@ -53,8 +59,10 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       rtk_mbar_init(&full_bar[s], 1);
-      rtk_mbar_init(&empty_bar[s], NC);
+      rtk_mbar_init(&empty_bar[s], PINGPONG ? 1 : NC);
     }
+    rtk_mbar_init(&order_bar[0], 1);
+    rtk_mbar_init(&order_bar[1], 1);
     rtk_mbar_init_fence();
   }
   __syncthreads();
@@ -104,41 +112,47 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
     const int cw = wg - 1;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     float acc[MI][BN / 2];
-    int stage = 0;
-    unsigned phase = 0;
-    for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+    long long g = 0;           // k-blocks of this block's units before the current one (the ring cursor)
+    unsigned order_phase = 0;  // ping-pong: waits done on order_bar[cw]
+    long long i = 0;           // index of the unit among this block's units
+    for (long long u = blockIdx.x; u < units; u += gridDim.x, ++i) {
       const long long bidx = u / per_batch;
       const long long split = (u - bidx * per_batch) / tiles;
       long long tm, tn;
       rtk_tile_coords(u - bidx * per_batch - split * tiles, tiles_m, tiles_n, group_m, tm, tn);
       const long long kb0 = split * kb_per_split;
       const long long kb1 = kb0 + kb_per_split < kb_total ? kb0 + kb_per_split : kb_total;
+      if (PINGPONG && (i & 1) != cw) {  // the other consumer's tile: skip its stages in the ring
+        g += kb1 - kb0;
+        continue;
+      }
+      if (PINGPONG && i > 0) {  // wait until the other consumer has issued its whole previous mainloop
+        rtk_mbar_wait(&order_bar[cw], order_phase);
+        order_phase ^= 1u;
+      }
 
 #pragma unroll
-      for (int i = 0; i < MI; ++i)
+      for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int j = 0; j < BN / 2; ++j) acc[i][j] = 0.f;
+        for (int j = 0; j < BN / 2; ++j) acc[mi][j] = 0.f;
 
       int prev = -1;
-      for (long long kb = kb0; kb < kb1; ++kb) {
-        rtk_mbar_wait(&full_bar[stage], phase);
+      for (long long kb = kb0; kb < kb1; ++kb, ++g) {
+        const int stage = (int)(g % STAGES);
+        rtk_mbar_wait(&full_bar[stage], (unsigned)((g / STAGES) & 1));
         rtk_wgmma_fence();
-        const unsigned a_base = rtk_smem_u32(sA + stage * A_STAGE + cw * WG_M * BK);
+        const unsigned a_base = rtk_smem_u32(sA + stage * A_STAGE + (PINGPONG ? 0 : cw * WG_M * BK));
         const unsigned b_base = rtk_smem_u32(sB + stage * B_STAGE);
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {
           // K-major B: the next 16 k are 32 B further along each row. MN-major B: 16 k-rows (2 atoms) further.
-#if defined(RTK_GEMM90_MN_SWAP)  // diagnostic: the MN-major offsets with LBO and SBO exchanged
-          const unsigned long long db = TRANS_B ? rtk_wgmma_desc(b_base + ks * 32, 16, 1024)
-                                                : rtk_wgmma_desc(b_base + ks * 2048, 1024, 64 * BK * 2);
-#else
+          // (Measured on the H200: LBO and SBO exchanged for MN-major B gives wrong products.)
           const unsigned long long db = TRANS_B ? rtk_wgmma_desc(b_base + ks * 32, 16, 1024)
                                                 : rtk_wgmma_desc(b_base + ks * 2048, 64 * BK * 2, 1024);
-#endif
 #pragma unroll
-          for (int i = 0; i < MI; ++i) {
-            const unsigned long long da = rtk_wgmma_desc(a_base + i * 64 * BK * 2 + ks * 32, 16, 1024);
-            rtk_wgmma<T, BN, TRANS_B ? 0 : 1>::mma(acc[i], da, db);
+          for (int mi = 0; mi < MI; ++mi) {
+            const unsigned long long da = rtk_wgmma_desc(a_base + mi * 64 * BK * 2 + ks * 32, 16, 1024);
+            rtk_wgmma<T, BN, TRANS_B ? 0 : 1>::mma(acc[mi], da, db);
           }
         }
         rtk_wgmma_commit();
@@ -146,27 +160,25 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         rtk_wgmma_wait<1>();
         if (prev >= 0 && tid == 0) rtk_mbar_arrive(&empty_bar[prev]);
         prev = stage;
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1u;
-        }
       }
+      // Every full barrier of this unit has been waited on and every wgmma issued: the other consumer may run.
+      if (PINGPONG && tid == 0) rtk_mbar_arrive(&order_bar[cw ^ 1]);
       rtk_wgmma_wait<0>();
       if (prev >= 0 && tid == 0) rtk_mbar_arrive(&empty_bar[prev]);
 
       // Accumulator layout of m64nN: thread (warp w, lane l) holds, for each 8-column group j, rows
       // 16 w + l / 4 (+ 8) and columns 8 j + 2 (l % 4) (+ 1) at acc[4 j + {0, 1}] (row) and {2, 3} (row + 8).
-      const long long row_base = tm * BM + cw * WG_M + warp * 16 + (lane >> 2);
+      const long long row_base = tm * BM + (PINGPONG ? 0 : cw * WG_M) + warp * 16 + (lane >> 2);
       const long long col_base = tn * BN + (lane & 3) * 2;
       if constexpr (SPLITK) {
         float* ws = reinterpret_cast<float*>(c) + (bidx * splits + split) * m * n;
 #pragma unroll
-        for (int i = 0; i < MI; ++i)
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
-            const long long row = row_base + i * 64, col = col_base + j * 8;
-            rtk_gemm_partial_pair(ws, m, n, row, col, acc[i][4 * j], acc[i][4 * j + 1]);
-            rtk_gemm_partial_pair(ws, m, n, row + 8, col, acc[i][4 * j + 2], acc[i][4 * j + 3]);
+            const long long row = row_base + mi * 64, col = col_base + j * 8;
+            rtk_gemm_partial_pair(ws, m, n, row, col, acc[mi][4 * j], acc[mi][4 * j + 1]);
+            rtk_gemm_partial_pair(ws, m, n, row + 8, col, acc[mi][4 * j + 2], acc[mi][4 * j + 3]);
           }
       } else {
         RtkGemmOut<TOut, T> o;
@@ -177,15 +189,10 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         o.n = n;
         o.ldc = ldc;
         o.ldr = ldr;
-        o.pair_ok = rtk_pair_aligned(o.c, ldc) && (!HAS_RES || rtk_pair_aligned(o.res, ldr));
+        o.pair_ok = rtk_gemm_out_pair_ok(o, HAS_BIAS, HAS_RES);
 #pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const long long row = row_base + i * 64, col = col_base + j * 8;
-            rtk_gemm_epilogue_pair<HAS_BIAS, ACT, HAS_RES>(o, row, col, acc[i][4 * j], acc[i][4 * j + 1]);
-            rtk_gemm_epilogue_pair<HAS_BIAS, ACT, HAS_RES>(o, row + 8, col, acc[i][4 * j + 2], acc[i][4 * j + 3]);
-          }
+        for (int mi = 0; mi < MI; ++mi)
+          rtk_gemm_epilogue_slab<HAS_BIAS, ACT, HAS_RES, BN / 8>(o, row_base + mi * 64, col_base, acc[mi]);
       }
     }
   }

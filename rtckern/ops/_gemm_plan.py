@@ -115,6 +115,7 @@ class Sm90Config:
     consumers: int = 2
     splits: int = 1
     group_m: int = 8
+    pingpong: bool = False  # consumers take turns at whole tiles (epilogue overlaps the other's mainloop)
 
     kind = "sm90"
 
@@ -133,6 +134,13 @@ class Sm90Config:
             return f"bm={self.bm}: each consumer needs a multiple of 64 rows, bm <= 256"
         if self.bn not in (64, 128, 192, 256):
             return f"bn={self.bn}: supported 64, 128, 192, 256"
+        if self.pingpong and self.consumers != 2:
+            return "ping-pong takes 2 consumers"
+        rows = self.bm if self.pingpong else self.bm // self.consumers
+        if rows * self.bn // 128 > 128:
+            return f"{rows}x{self.bn} accumulators per consumer warpgroup exceed 128 registers per thread"
+        if self.smem_bytes > 232448 - 1024:
+            return f"{self.smem_bytes} bytes of shared memory exceed the 227 KB a block may have"
         if not p.aligned:
             return "TMA needs 16-byte aligned operand bases and row strides (a multiple of 8 elements)"
         if self.splits > 1 << 20:
@@ -141,7 +149,8 @@ class Sm90Config:
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "bm": self.bm, "bn": self.bn, "stages": self.stages,
-                "consumers": self.consumers, "splits": self.splits, "group_m": self.group_m}
+                "consumers": self.consumers, "splits": self.splits, "group_m": self.group_m,
+                "pingpong": self.pingpong}
 
 
 @dataclass(frozen=True)
@@ -186,14 +195,20 @@ def normalize_splits(p: GemmProblem, bk: int, splits: int) -> tuple[int, int]:
 
 
 def choose_splits(p: GemmProblem, tiles: int, bk: int, sm_count: int, min_k_blocks: int = 4) -> int:
-    """Split K when the output tiles cannot fill the GPU: aim at about 2 work units per SM, keep each split
-    at least `min_k_blocks` k-blocks long."""
+    """Split K when the output tiles cannot fill the GPU: the split count whose work units keep the largest share
+    of SM slots busy over the run (units / (waves x SMs)), less 1% per extra split (each adds partial-sum
+    traffic), each split at least `min_k_blocks` k-blocks long."""
     units = tiles * p.batch
     if units >= sm_count:
         return 1
-    want = math.ceil(2 * sm_count / units)
-    most = max(1, k_blocks(p, bk) // min_k_blocks)
-    return max(1, min(want, most))
+    most = max(1, min(64, k_blocks(p, bk) // min_k_blocks))
+    best, best_score = 1, -1.0
+    for s in range(1, most + 1):
+        u = units * s
+        score = u / (math.ceil(u / sm_count) * sm_count) - 0.01 * (s - 1)
+        if score > best_score + 1e-9:
+            best, best_score = s, score
+    return best
 
 
 def workspace_bytes(p: GemmProblem, splits: int) -> int:
@@ -219,7 +234,7 @@ def sm90_spec(p: GemmProblem, cfg: Sm90Config, arch: Arch) -> KernelSpec:
     bias, act, res = _epi_flags(p, splitk)
     return KernelSpec(source="gemm/gemm_sm90.cuh", name="gemm_wgmma_sm90", arch=arch, op="gemm",
                       template_args=(CTYPE[p.dtype], CTYPE[p.out_dtype], cfg.bm, cfg.bn, cfg.stages,
-                                     cfg.consumers, p.trans_b, bias, act, res, splitk))
+                                     cfg.consumers, cfg.pingpong, p.trans_b, bias, act, res, splitk))
 
 
 def simt_spec(p: GemmProblem, arch: Arch) -> KernelSpec:

@@ -1,0 +1,347 @@
+"""GEMM benchmark and tuner on a live GPU: rtckern.ops.gemm against torch.matmul (cuBLAS) in the same process.
+
+    PYTHONPATH=. python3 benchmarks/gemm.py --tune --table-out T.json   # sweep configs, merge winners into the
+                                                                        # user table (and copy it to T.json)
+    PYTHONPATH=. python3 benchmarks/gemm.py --bench --out DIR           # gemm_<gpu>_<date>.json/.md/.png
+
+Timing: each call is captured 20 times in a CUDA graph and replayed (median of 7 replays / 20), so launch gaps do
+not count for either side; the op's eager time (Python included) is reported too. Inputs are random (never
+zeros), freshly drawn per shape; every timed output is checked against an fp32 reference first.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from rtckern.device import DeviceInfo
+from rtckern.ops import _gemm_candidates as cands
+from rtckern.ops import _gemm_plan as P
+from rtckern.ops._gemm_tune import error_bound, reference
+from rtckern.ops.gemm import gemm
+
+TDT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+# (m, n, k, dtype, trans_b, bias, activation, residual, label)
+BIG = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096)]
+SKINNY = [(16, 4096, 4096), (16, 8192, 8192), (128, 4096, 4096), (128, 8192, 8192)]
+
+
+def bench_shapes() -> list[dict]:
+    out = []
+    for dt in ("bf16", "fp16"):
+        for m, n, k in BIG:
+            for tb in (True, False):
+                out.append(dict(m=m, n=n, k=k, dtype=dt, trans_b=tb, group="large"))
+    for m, n, k in SKINNY:
+        for tb in (True, False):
+            out.append(dict(m=m, n=n, k=k, dtype="bf16", trans_b=tb, group="skinny"))
+    for act, res in (("gelu_tanh", False), ("silu", True)):
+        out.append(dict(m=4096, n=4096, k=4096, dtype="bf16", trans_b=True, bias=True, activation=act,
+                        residual=res, group="fused"))
+        out.append(dict(m=8192, n=8192, k=8192, dtype="bf16", trans_b=True, bias=True, activation=act,
+                        residual=res, group="fused"))
+    return out
+
+
+def problem(s: dict) -> P.GemmProblem:
+    return P.GemmProblem(1, s["m"], s["n"], s["k"], s["dtype"], s["dtype"], s["trans_b"], s.get("bias", False),
+                         s.get("activation", "none"), s.get("residual", False), aligned=True, b_batched=False)
+
+
+def graph_us(fn, reps: int = 20, replays: int = 7) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def eager_us(fn, reps: int = 50) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / reps
+
+
+def environment(args) -> dict:
+    from importlib.metadata import version
+
+    def v(pkg):
+        try:
+            return version(pkg)
+        except Exception:
+            return None
+
+    dev = DeviceInfo.from_device(0)
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception as e:
+        smi = f"nvidia-smi failed: {e}"
+    from rtckern.runtime.driver import driver_version
+
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "gpu": dev.name, "sm_count": dev.sm_count, "arch": dev.arch.sm, "nvidia_smi": smi,
+            "driver_cuda": "%d.%d" % driver_version(), "torch": torch.__version__, "cuda_torch": torch.version.cuda,
+            "cuda-bindings": v("cuda-bindings"), "cuda-core": v("cuda-core"), "nvrtc": v("nvidia-cuda-nvrtc"),
+            "rtckern_commit": args.commit, "python": sys.version.split()[0]}
+
+
+# -- tune ----------------------------------------------------------------------------------------------------------
+def _compile(spec):
+    from rtckern.manager import get_manager
+
+    get_manager().compile(spec)
+
+
+def precompile_sweeps(dev, workers: int = 16) -> None:
+    """Compile every config the sweeps will time, in parallel processes, into the disk cache."""
+    import concurrent.futures as cf
+
+    from rtckern.ops import _gemm_tuned as T
+    from rtckern.registry.core_api import target_for
+
+    specs = []
+    for s in bench_shapes():
+        p = problem(s)
+        for cfg in T.sweep_configs(P.GemmProblem(1, p.m, p.n, p.k, p.dtype, p.dtype, p.trans_b), dev):
+            specs += P.kernel_specs(P.GemmProblem(1, p.m, p.n, p.k, p.dtype, p.dtype, p.trans_b), cfg,
+                                    target_for(dev, cfg.kind == "sm90"))
+    specs = list(dict.fromkeys(specs))
+    t0 = time.perf_counter()
+    with cf.ProcessPoolExecutor(max_workers=min(workers, os.cpu_count() or 4)) as ex:
+        errors = [e for e in ex.map(_safe_compile, specs) if e]
+    print(f"precompiled {len(specs)} sweep kernels in {time.perf_counter() - t0:.1f}s; {len(errors)} failed", flush=True)
+    for e in errors:
+        print("COMPILE FAILED", e[:1500], flush=True)
+
+
+def _safe_compile(spec):
+    try:
+        _compile(spec)
+        return None
+    except Exception as e:
+        return f"{spec.describe()}: {e}"
+
+
+def tune(args) -> int:
+    from rtckern import tuning
+    from rtckern.ops import _gemm_tuned as T
+    from rtckern.ops._gemm_tune import register_tuner
+
+    if args.no_pingpong:
+        T.ALLOW_PINGPONG = False
+    tuner = register_tuner()
+    dev = DeviceInfo.from_device(0)
+    precompile_sweeps(dev)
+    env = environment(args)
+    rows, report = [], []
+    seen = set()
+    for s in bench_shapes():
+        p = P.GemmProblem(1, s["m"], s["n"], s["k"], s["dtype"], s["dtype"], s["trans_b"], b_batched=False)
+        key = tuple(T.key_of(p).items())
+        if key in seen:
+            continue
+        seen.add(key)
+        req = cands.request(p, dev)
+        t0 = time.perf_counter()
+        row, trials = tuning.tune_request(tuner, req)
+        rows.append(row)
+        ok = sorted((t for t in trials if t.seconds is not None), key=lambda t: t.seconds)
+        bad = [t for t in trials if t.seconds is None]
+        print(f"TUNE {s['m']}x{s['n']}x{s['k']} {s['dtype']} {T.layout(s['trans_b'])}: best {row.config} "
+              f"{row.meta['time_us']:.1f}us ({p.flops / row.meta['time_us'] / 1e6:.0f} TF); {len(ok)} timed, "
+              f"{len(bad)} failed, {time.perf_counter() - t0:.1f}s", flush=True)
+        for t in bad:
+            print(f"   FAILED {dict(t.config)}: {t.error}", flush=True)
+        report.append({"shape": s, "winner": row.to_json(),
+                       "trials": [{"config": dict(t.config), "us": None if t.seconds is None else t.seconds * 1e6,
+                                   "error": t.error} for t in trials]})
+        # Merge as we go: a run cut short keeps every shape tuned so far.
+        path = tuning.user_table_path(T.OP)
+        table = tuning.merge_rows(T.OP, T.KEY_FIELDS, [row], path)
+        if args.table_out:
+            with open(args.table_out, "w") as f:
+                json.dump(table.to_json(), f, indent=1)
+                f.write("\n")
+        if args.out:
+            with open(os.path.join(args.out, "gemm_tune_trials.json"), "w") as f:
+                json.dump({"environment": env, "shapes": report}, f, indent=1)
+    print(f"merged {len(rows)} rows into {tuning.user_table_path(T.OP)}", flush=True)
+    return 0
+
+
+# -- bench ---------------------------------------------------------------------------------------------------------
+def bench_one(s: dict, gen) -> dict:
+    p = problem(s)
+    dt = TDT[p.dtype]
+    a = torch.randn(p.m, p.k, device="cuda", generator=gen).to(dt)
+    b = (torch.randn(*((p.n, p.k) if p.trans_b else (p.k, p.n)), device="cuda", generator=gen)
+         / math.sqrt(p.k)).to(dt)
+    bias = torch.randn(p.n, device="cuda", generator=gen).to(dt) if p.bias else None
+    res = torch.randn(p.m, p.n, device="cuda", generator=gen).to(dt) if p.residual else None
+    act = None if p.activation == "none" else p.activation
+
+    def ours():
+        return gemm(a, b, bias=bias, activation=act, trans_b=p.trans_b, residual=res)
+
+    y = ours()
+    torch.cuda.synchronize()
+    ref = reference(p, a, b, bias, res)
+    err = float(torch.linalg.vector_norm(y.float() - ref) / torch.linalg.vector_norm(ref))
+    bt = b.t() if p.trans_b else b
+
+    def theirs():
+        z = torch.matmul(a, bt)
+        if bias is not None:
+            z = z + bias
+        if act == "gelu_tanh":
+            z = torch.nn.functional.gelu(z, approximate="tanh")
+        elif act == "silu":
+            z = torch.nn.functional.silu(z)
+        if res is not None:
+            z = z + res
+        return z
+
+    us = graph_us(ours)
+    tus = graph_us(theirs)
+    mm_us = graph_us(lambda: torch.matmul(a, bt)) if (p.bias or p.residual or act) else tus
+    sel = cands.selection(p, 0)
+    cfg = sel.candidate.config(sel.request)
+    return {**s, "us": us, "tflops": p.flops / us / 1e6, "torch_us": tus, "torch_tflops": p.flops / tus / 1e6,
+            "torch_matmul_only_us": mm_us, "ratio_vs_torch": tus / us, "eager_us": eager_us(ours),
+            "rel_err": err, "err_bound": error_bound(p), "ok": err <= error_bound(p),
+            "candidate": sel.candidate.name, "config": cfg.as_dict(),
+            "config_source": cands.tuned_plan(sel.request)[1]}
+
+
+def write_markdown(path: str, env: dict, rows: list[dict]) -> None:
+    lines = [f"# rtckern GEMM vs torch.matmul on {env['gpu']} ({env['date']})", "",
+             f"driver CUDA {env['driver_cuda']} ({env['nvidia_smi']}), torch {env['torch']} (CUDA "
+             f"{env['cuda_torch']}), cuda-bindings {env['cuda-bindings']}, NVRTC {env['nvrtc']}, rtckern "
+             f"{env['rtckern_commit']}.", "",
+             "Times: CUDA-graph replays, median; torch column = torch.matmul (+ separate bias/activation/residual "
+             "ops for the fused rows). ratio = torch time / rtckern time (>1: rtckern faster).", "",
+             "| group | M x N x K | dtype | layout | epilogue | rtckern TFLOP/s | torch TFLOP/s | ratio | eager us "
+             "| rel err | candidate | config |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['group']} | {r['m']}x{r['n']}x{r['k']} | {r['dtype']} | | | ERROR {r['error']} |"
+                         " | | | | | |")
+            continue
+        epi = "+".join(x for x in (("bias" if r.get("bias") else ""), r.get("activation", "") or "",
+                                   ("residual" if r.get("residual") else "")) if x and x != "none") or "-"
+        cfg = r["config"]
+        cfg_s = ",".join(f"{k}={v}" for k, v in cfg.items() if k not in ("group_m",))
+        lines.append(f"| {r['group']} | {r['m']}x{r['n']}x{r['k']} | {r['dtype']} | "
+                     f"{'tn' if r['trans_b'] else 'nn'} | {epi} | {r['tflops']:.0f} | {r['torch_tflops']:.0f} | "
+                     f"{r['ratio_vs_torch']:.3f} | {r['eager_us']:.1f} | {r['rel_err']:.1e} | {r['candidate']} | "
+                     f"{cfg_s} ({r['config_source']}) |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def plot(path: str, env: dict, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if "error" not in r]
+    labels = [f"{r['m']}x{r['n']}x{r['k']}\n{r['dtype']} {'tn' if r['trans_b'] else 'nn'}"
+              + ("\n" + (r.get('activation') or '') if r["group"] == "fused" else "") for r in ok]
+    x = range(len(ok))
+    fig, ax = plt.subplots(figsize=(max(10, 0.6 * len(ok)), 5))
+    ax.bar([i - 0.2 for i in x], [r["tflops"] for r in ok], width=0.4, label="rtckern.ops.gemm")
+    ax.bar([i + 0.2 for i in x], [r["torch_tflops"] for r in ok], width=0.4, label="torch.matmul (+ ops)")
+    for i, r in zip(x, ok):
+        ax.text(i, max(r["tflops"], r["torch_tflops"]) + 5, f"{r['ratio_vs_torch']:.2f}x", ha="center", fontsize=7)
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, rotation=90, fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"GEMM on {env['gpu']}, {env['date'][:10]} (ratio = torch time / rtckern time)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def bench(args) -> int:
+    env = environment(args)
+    print(json.dumps(env), flush=True)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(7)
+    rows = []
+    for s in bench_shapes():
+        try:
+            r = bench_one(s, gen)
+        except Exception as e:  # recorded and reported; the other shapes still run
+            r = {**s, "error": f"{type(e).__name__}: {e}"[:500]}
+        rows.append(r)
+        if "error" in r:
+            print(f"ERROR {s}: {r['error']}", flush=True)
+        else:
+            print(f"{r['group']:6s} {r['m']}x{r['n']}x{r['k']} {r['dtype']} {'tn' if r['trans_b'] else 'nn'} "
+                  f"{r.get('activation', '')}{'+bias' if r.get('bias') else ''}{'+res' if r.get('residual') else ''}:"
+                  f" {r['tflops']:.0f} TF vs torch {r['torch_tflops']:.0f} TF = {r['ratio_vs_torch']:.3f}x "
+                  f"(eager {r['eager_us']:.0f}us, err {r['rel_err']:.1e} {'ok' if r['ok'] else 'BAD'}) "
+                  f"{r['candidate']} {r['config_source']}", flush=True)
+    stem = f"gemm_{env['gpu'].replace(' ', '_')}_{env['date'][:10]}"
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
+        json.dump({"environment": env, "results": rows}, f, indent=1)
+    write_markdown(os.path.join(args.out, stem + ".md"), env, rows)
+    try:
+        plot(os.path.join(args.out, stem + ".png"), env, rows)
+    except Exception as e:
+        print(f"plot failed: {e}", flush=True)
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--table-out", default=None)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--no-pingpong", action="store_true", help="leave ping-pong configs out of the sweep")
+    args = ap.parse_args(argv)
+    rc = 0
+    if args.tune:
+        rc |= tune(args)
+    if args.bench:
+        rc |= bench(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

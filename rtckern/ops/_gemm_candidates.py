@@ -1,0 +1,212 @@
+"""Registry candidates of the GEMM op, highest priority first:
+
+  gemm.sm90_wgmma   sm_90a: wgmma + TMA + warp specialization, persistent (needs 16-byte aligned rows)
+  gemm.sm80_mma     sm_80+: mma.sync + cp.async pipeline; an aligned fast path and a general element path
+  gemm.simt         sm_75+: no tensor cores (the sm_75 fallback; also whatever the others refuse)
+
+A request carries every feature that decides compilation or feasibility, with its real value: dtypes, m, n, k,
+batch, layout, epilogue, alignment, shared-B. Each candidate's config comes from the tuned table or the heuristic
+(`_gemm_tuned`); the sm_90a candidate steps aside when the table prefers the sm80 kernel for the shape.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rtckern import config
+from rtckern.device import DeviceInfo
+from rtckern.registry import Candidate, OpRequest, Resources, default_registry, register, \
+    register_request_builder, select
+from rtckern.ops import _gemm_launch as L
+from rtckern.ops import _gemm_plan as P
+from rtckern.ops import _gemm_tuned as T
+
+OP = "gemm"
+
+
+def request(p: P.GemmProblem, device: DeviceInfo) -> OpRequest:
+    return OpRequest(op=OP, dtypes={"a": p.dtype, "out": p.out_dtype},
+                     shape={"batch": p.batch, "m": p.m, "n": p.n, "k": p.k},
+                     flags={"trans_b": p.trans_b, "bias": p.bias, "activation": p.activation,
+                            "residual": p.residual, "aligned": p.aligned, "b_batched": p.b_batched},
+                     device=device)
+
+
+def problem(req: OpRequest) -> P.GemmProblem:
+    return P.GemmProblem(batch=req.dim("batch"), m=req.dim("m"), n=req.dim("n"), k=req.dim("k"),
+                         dtype=req.dtype("a"), out_dtype=req.dtype("out"), trans_b=bool(req.flag("trans_b")),
+                         bias=bool(req.flag("bias")), activation=str(req.flag("activation")),
+                         residual=bool(req.flag("residual")), aligned=bool(req.flag("aligned")),
+                         b_batched=bool(req.flag("b_batched")))
+
+
+_plans: dict[tuple, tuple[Any, str]] = {}
+
+
+def tuned_plan(req: OpRequest) -> tuple[Any, str]:
+    """(config, source) for the request, memoized (the launch path reads it on every call)."""
+    key = (req,)
+    hit = _plans.get(key)
+    if hit is None:
+        hit = _plans[key] = T.tuned_config(problem(req), req.device)
+    return hit
+
+
+def _dtype_reason(req: OpRequest) -> str | None:
+    a, out = req.dtype("a"), req.dtype("out")
+    if a not in P.INPUT_DTYPES:
+        return f"input dtype {a} not supported; supported: {', '.join(P.INPUT_DTYPES)}"
+    if out not in P.OUTPUT_DTYPES:
+        return f"output dtype {out} not supported; supported: {', '.join(P.OUTPUT_DTYPES)}"
+    return None
+
+
+class _GemmCandidate(Candidate):
+    op = OP
+    vendors = ("nvidia",)
+
+    def config(self, req: OpRequest):
+        raise NotImplementedError
+
+    def kernel_specs(self, req: OpRequest):
+        return P.kernel_specs(problem(req), self.config(req), self.target(req))
+
+    def launch_resources(self, req: OpRequest):
+        cfg = self.config(req)
+        main = Resources(block=cfg.threads, dynamic_smem=cfg.smem_bytes)
+        return (main, Resources(block=L.REDUCE_THREADS)) if cfg.splits > 1 else (main,)
+
+    def launch(self, req: OpRequest, kernels, ops: L.Operands, *, stream, workspace_alloc) -> Any:
+        """Run on `stream`; `workspace_alloc(nbytes)` returns (keepalive, address) for split-K partial sums.
+        Returns the workspace keepalive (None without split-K): the caller drops it after the launch, which
+        the stream-ordered allocators of torch and CuPy make safe."""
+        p = problem(req)
+        cfg = self.config(req)
+        ws_obj, ws_ptr = None, 0
+        nbytes = P.workspace_bytes(p, cfg.splits)
+        if nbytes:
+            ws_obj, ws_ptr = workspace_alloc(nbytes)
+        L.launch(kernels, p, cfg, ops, stream=stream, sm_count=req.device.sm_count, workspace=ws_ptr)
+        return ws_obj
+
+
+class Sm90WgmmaCandidate(_GemmCandidate):
+    name = "gemm.sm90_wgmma"
+    priority = 300
+    min_arch = "sm_90"
+    max_arch = "sm_90"
+    arch_specific = True
+
+    def supports(self, req: OpRequest) -> str | None:
+        why = _dtype_reason(req)
+        if why:
+            return why
+        if not req.flag("aligned"):
+            return ("TMA needs 16-byte aligned operands: base addresses, row strides and batch strides that are "
+                    "multiples of 8 elements, k a multiple of 8 and, with trans_b=False, n a multiple of 8")
+        cfg, source = tuned_plan(req)
+        if cfg.kind != "sm90":
+            return f"the {source} tuned config for this shape is the {cfg.kind} kernel ({cfg.as_dict()})"
+        return None
+
+    def config(self, req: OpRequest):
+        return tuned_plan(req)[0]
+
+
+class Sm80MmaCandidate(_GemmCandidate):
+    name = "gemm.sm80_mma"
+    priority = 200
+    min_arch = "sm_80"
+
+    def supports(self, req: OpRequest) -> str | None:
+        why = _dtype_reason(req)
+        if why:
+            return why
+        return self.config(req).invalid(problem(req))
+
+    def config(self, req: OpRequest):
+        cfg, _ = tuned_plan(req)
+        if cfg.kind != "sm80":
+            cfg = T.sm80_heuristic(problem(req), req.device)
+        return cfg if cfg.kind == "sm80" else P.with_splits(P.Sm80Config(64, 64, 64, 32, 32, 3), problem(req),
+                                                            req.device.sm_count)
+
+
+class SimtCandidate(_GemmCandidate):
+    name = "gemm.simt"
+    priority = 10
+    min_arch = "sm_75"
+
+    def supports(self, req: OpRequest) -> str | None:
+        return _dtype_reason(req) or P.SimtConfig().invalid(problem(req))
+
+    def config(self, req: OpRequest):
+        return P.SimtConfig()
+
+
+# ---- selection, memoized per problem and device -----------------------------------------------------------------
+_selections: dict[tuple, Any] = {}
+_selections_settings: Any = None
+_sel_lock = threading.Lock()
+
+
+def selection(p: P.GemmProblem, ordinal: int):
+    """The registry's selection for this call; after the first call a dict lookup. Forgotten when the settings
+    change (overrides such as RTCKERN_FORCE_IMPL), as the registry's own memo is."""
+    global _selections_settings
+    key = (p, ordinal)
+    sel = _selections.get(key)
+    if sel is None or _selections_settings is not config.settings():
+        sel = select(request(p, DeviceInfo.from_device(ordinal)))
+        with _sel_lock:
+            if _selections_settings is not config.settings():
+                _selections.clear()
+                _selections_settings = config.settings()
+            _selections[key] = sel
+    return sel
+
+
+def _parse_bool(v: Any) -> bool:
+    return str(v).lower() in ("1", "true", "yes", "on")
+
+
+def build_request(shape, dtype, device, **options) -> OpRequest:
+    """For `rtckern explain/tune gemm`: shape MxNxK or BxMxNxK; options trans_b, out, bias, act, residual,
+    aligned, b_batched."""
+    dims = [int(x) for x in shape]
+    if len(dims) not in (3, 4):
+        raise ValueError(f"gemm: shape {shape!r} should be MxNxK or BxMxNxK, e.g. 4096x4096x4096")
+    batch, (m, n, k) = (dims[0], dims[1:]) if len(dims) == 4 else (1, dims)
+    dt = dtype or "bf16"
+    p = P.GemmProblem(batch=batch, m=m, n=n, k=k, dtype=dt, out_dtype=options.get("out", dt),
+                      trans_b=_parse_bool(options.get("trans_b", "1")), bias=_parse_bool(options.get("bias", "0")),
+                      activation=options.get("act", "none"), residual=_parse_bool(options.get("residual", "0")),
+                      aligned=_parse_bool(options.get("aligned", "1" if k % 8 == 0 and n % 8 == 0 else "0")),
+                      b_batched=_parse_bool(options.get("b_batched", "0" if batch == 1 else "1")))
+    return request(p, device)
+
+
+_registered = False
+_reg_lock = threading.Lock()
+
+
+def register_all() -> None:
+    """Register the GEMM candidates, request builder and tuner (idempotent)."""
+    global _registered
+    with _reg_lock:
+        if _registered:
+            return
+        reg = default_registry()
+        for cls in (Sm90WgmmaCandidate, Sm80MmaCandidate, SimtCandidate):
+            try:
+                reg.get(cls.name)
+            except KeyError:
+                register(cls())
+        if OP not in reg.builder_ops():
+            register_request_builder(OP, build_request, help="shape: MxNxK or BxMxNxK; options trans_b=0|1 (default "
+                                     "1: B is (n, k)), out=fp16|bf16|fp32, bias=0|1, act=none|gelu_tanh|silu, "
+                                     "residual=0|1", example="--dtype bf16 --shape 4096x4096x4096 --opt trans_b=1")
+        from rtckern.ops._gemm_tune import register_tuner
+
+        register_tuner()
+        _registered = True

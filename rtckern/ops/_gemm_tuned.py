@@ -1,0 +1,119 @@
+"""GEMM tile configs: the tuned table `gemm` (rtckern/tuning_tables/gemm.json, measured by
+`benchmarks/gemm.py --tune` or `rtckern tune gemm --shapes MxNxK,...`), keyed by (arch, SM count, dtype, layout,
+m, n, k), and the heuristics used where no row applies.
+
+A row's config is a kernel-family config (`_gemm_plan.config_from_dict`): {"kind": "sm90", "bm": 128, ...}.
+The kind says which candidate the row prefers: the sm_90a candidate steps aside (with that reason) for a row of
+kind sm80, so one table ranks both families on one GPU. m in the key is batch x m (rows of work). "splits": 0 in
+a config means "choose split-K by the wave heuristic at run time".
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from rtckern import tuning
+from rtckern.ops import _gemm_plan as P
+
+OP = "gemm"
+KEY_FIELDS = ("dtype", "layout", "m", "n", "k")
+ALLOW_PINGPONG = True  # benchmarks/gemm.py --no-pingpong turns the ping-pong schedule out of sweeps
+
+
+def layout(trans_b: bool) -> str:
+    """"tn": B is (n, k) row-major (nn.Linear weights, trans_b=True); "nn": B is (k, n) row-major."""
+    return "tn" if trans_b else "nn"
+
+
+def key_of(p: P.GemmProblem) -> dict[str, Any]:
+    return {"dtype": p.dtype, "layout": layout(p.trans_b), "m": p.batch * p.m, "n": p.n, "k": p.k}
+
+
+def _config_ok(cfg, p: P.GemmProblem, device) -> bool:
+    if cfg.invalid(p) is not None:
+        return False
+    if cfg.kind == "sm90" and not (device.arch.major == 9 and device.arch.minor == 0):
+        return False
+    if cfg.kind == "sm80" and device.arch.major < 8:
+        return False
+    limit = device.max_smem_per_block_optin
+    return cfg.smem_bytes <= limit
+
+
+def tuned_config(p: P.GemmProblem, device):
+    """(config, source) for problem p on device: the table's row (exact, then nearest shape) when its config
+    can serve p, else the heuristic. source: 'exact', 'nearest' or 'heuristic'."""
+
+    def valid(config: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
+        try:
+            return _config_ok(P.config_from_dict(config), p, device)
+        except (TypeError, ValueError):
+            return False
+
+    found = tuning.lookup(OP, device, key_of(p), valid=valid)
+    if found is not None:
+        return P.config_from_dict(found.config), found.source
+    return heuristic(p, device), "heuristic"
+
+
+def heuristic(p: P.GemmProblem, device):
+    """The config without a table row, from what the H200 sweeps showed (benchmarks/results/gemm_*.json):
+    wgmma 128x256 cooperative for large outputs; for outputs that fill few tiles, smaller tiles and split-K;
+    for M <= 32, the mma.sync split-K kernel with 16-row tiles (it streams B best); sm80 kernels elsewhere."""
+    rows = p.batch * p.m
+    if device.arch.major == 9 and device.arch.minor == 0 and p.aligned and rows > 32:
+        big = math.ceil(rows / 128) * math.ceil(p.n / 256) >= device.sm_count
+        cfg = P.Sm90Config(128, 256, 4, 2) if big else P.Sm90Config(128, 128, 6, 2, splits=0)
+        return P.with_splits(cfg, p, device.sm_count)
+    return sm80_heuristic(p, device)
+
+
+def sm80_heuristic(p: P.GemmProblem, device):
+    if device.arch.major < 8:
+        return P.SimtConfig()
+    rows = p.batch * p.m
+    small_smem = device.max_smem_per_block_optin < 96 * 1024  # sm_86/89-class parts
+    if not p.aligned:
+        cfg = P.Sm80Config(64, 64, 64, 32, 32, 3, splits=0)
+    elif rows <= 16:
+        cfg = P.Sm80Config(16, 128, 64, 16, 32, 4, splits=0)
+    elif rows <= 64:
+        cfg = P.Sm80Config(64, 64, 64, 32, 32, 4, splits=0)
+    elif small_smem:
+        cfg = P.Sm80Config(128, 128, 32, 64, 64, 3)
+    else:
+        cfg = P.Sm80Config(128, 128, 32, 64, 64, 4)
+    return P.with_splits(cfg, p, device.sm_count)
+
+
+def sweep_configs(p: P.GemmProblem, device) -> list:
+    """Configs worth timing for p on device (for `rtckern tune gemm` and benchmarks/gemm.py --tune)."""
+    out: list = []
+    is90 = device.arch.major == 9 and device.arch.minor == 0 and p.aligned
+    rows = p.batch * p.m
+    if is90:
+        out += [P.Sm90Config(128, 256, 4, 2), P.Sm90Config(256, 128, 4, 2), P.Sm90Config(128, 128, 6, 2),
+                P.Sm90Config(128, 128, 6, 2, pingpong=True), P.Sm90Config(64, 256, 5, 2, pingpong=True),
+                P.Sm90Config(128, 192, 5, 2)]
+        if rows <= 1024:
+            for splits in (1, 2, 3, 4, 0):
+                out += [P.Sm90Config(128, 128, 6, 2, splits=splits), P.Sm90Config(64, 128, 6, 1, splits=splits),
+                        P.Sm90Config(64, 64, 8, 1, splits=splits),
+                        P.Sm90Config(128, 128, 6, 2, pingpong=True, splits=splits)]
+    if device.arch.major >= 8:
+        out += [P.Sm80Config(128, 128, 32, 64, 64, 4), P.Sm80Config(128, 128, 64, 64, 32, 4)]
+        if rows <= 256:
+            for splits in (1, 2, 4, 0):
+                out += [P.Sm80Config(16, 128, 64, 16, 32, 4, splits=splits),
+                        P.Sm80Config(64, 64, 64, 32, 32, 4, splits=splits)]
+    else:
+        out.append(P.SimtConfig())
+    seen, uniq = set(), []
+    for c in out:
+        c = P.with_splits(c, p, device.sm_count) if c.kind != "simt" else c
+        if c.kind == "sm90" and c.pingpong and not ALLOW_PINGPONG:
+            continue
+        if c not in seen and _config_ok(c, p, device):
+            seen.add(c)
+            uniq.append(c)
+    return uniq

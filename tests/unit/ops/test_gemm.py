@@ -1,0 +1,250 @@
+"""GEMM without a GPU: input validation (exact messages), plans and split-K, the registry's choice on
+hand-described devices, tuning-table lookups, and real NVRTC compiles of every kernel family for sm_75, sm_80,
+sm_90 and sm_90a."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rtckern import config
+from rtckern.arch import Arch
+from rtckern.device import DeviceInfo
+from rtckern.errors import InputError
+from rtckern.manager import get_manager
+from rtckern.ops import _gemm_arrays as arr
+from rtckern.ops import _gemm_candidates as cands
+from rtckern.ops import _gemm_plan as P
+from rtckern.ops import _gemm_tuned as T
+from rtckern.ops import _gemm_wgmma_gen as gen
+from rtckern.ops.gemm import gemm
+from rtckern.registry import explain
+
+H200 = DeviceInfo.for_arch("sm_90", sm_count=132)
+
+
+# ---- validation (fake device arrays: every check runs before anything touches a GPU) ----------------------------
+class Fake:
+    def __init__(self, shape, dtype="bf16", strides=None, device=0, ptr=1 << 20):
+        self.shape, self.dtype, self.device, self.ptr = tuple(shape), dtype, device, ptr
+        if strides is None:
+            strides, acc = [], 1
+            for d in reversed(self.shape):
+                strides.append(acc)
+                acc *= max(d, 1)
+            strides = tuple(reversed(strides))
+        self.strides = tuple(strides)
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    real = arr.wrap
+
+    def wrap(obj, name):
+        if isinstance(obj, Fake):
+            return arr.Mat(obj, "torch", obj.ptr, obj.shape, obj.strides, obj.dtype, obj.device, 2)
+        return real(obj, name)
+
+    monkeypatch.setattr(arr, "wrap", wrap)
+
+    def no_alloc(*a, **k):
+        raise AssertionError("validation should have failed before any allocation")
+
+    monkeypatch.setattr(arr, "empty", no_alloc)
+
+
+def test_inner_dimensions_disagree(fakes):
+    with pytest.raises(InputError, match=r"^inner dimensions disagree: a \(8, 16\) has K=16, b \(32, 8\) is read as "
+                                         r"\(K, N\) since trans_b=False, so K=32. For an nn.Linear weight of shape "
+                                         r"\(out, in\), pass trans_b=True$"):
+        gemm(Fake((8, 16)), Fake((32, 8)))
+
+
+def test_trans_b_reads_b_as_n_by_k(fakes):
+    with pytest.raises(InputError, match=r"b \(16, 8\) is read as \(N, K\) since trans_b=True, so K=8"):
+        gemm(Fake((8, 16)), Fake((16, 8)), trans_b=True)
+
+
+def test_unsupported_dtypes(fakes):
+    with pytest.raises(InputError, match=r"^a is fp32 and b is fp32; both must be fp16 or both bf16"):
+        gemm(Fake((8, 16), "fp32"), Fake((16, 8), "fp32"))
+    with pytest.raises(InputError, match=r"^a is bf16 and b is fp16; both must be fp16 or both bf16"):
+        gemm(Fake((8, 16)), Fake((16, 8), "fp16"))
+
+
+def test_out_dtype_and_activation_are_checked(fakes):
+    with pytest.raises(InputError, match=r"^out_dtype='int8' is not supported; supported: fp16, bf16, fp32"):
+        gemm(Fake((8, 16)), Fake((16, 8)), out_dtype="int8")
+    with pytest.raises(InputError, match=r"^activation='gelu' is not supported; supported: None, 'gelu_tanh', "
+                                         r"'silu'. GELU is fused in its tanh form only"):
+        gemm(Fake((8, 16)), Fake((16, 8)), activation="gelu")
+
+
+def test_non_contiguous_a_is_refused(fakes):
+    with pytest.raises(InputError, match=r"^a has shape \(8, 16\) and element strides \(1, 8\): its last dimension "
+                                         r"is not contiguous, which no GEMM path reads; pass a.contiguous\(\)$"):
+        gemm(Fake((8, 16), strides=(1, 8)), Fake((16, 8)))
+
+
+def test_bias_and_residual_are_checked(fakes):
+    with pytest.raises(InputError, match=r"^bias has shape \(7,\), dtype bf16, strides \(1,\); expected a contiguous "
+                                         r"\(8,\) array of bf16"):
+        gemm(Fake((4, 16)), Fake((16, 8)), bias=Fake((7,)))
+    with pytest.raises(InputError, match=r"^residual is bf16 but the output is fp32"):
+        gemm(Fake((4, 16)), Fake((16, 8)), out_dtype="fp32", residual=Fake((4, 8)))
+    with pytest.raises(InputError, match=r"^residual has shape \(4, 9\); expected \(4, 8\)$"):
+        gemm(Fake((4, 16)), Fake((16, 8)), residual=Fake((4, 9)))
+
+
+def test_batch_rules(fakes):
+    with pytest.raises(InputError, match=r"b is batched \(2, 16, 8\) but a is not \(4, 16\)"):
+        gemm(Fake((4, 16)), Fake((2, 16, 8)))
+    with pytest.raises(InputError, match=r"a has batch 3 and b has batch 2; they must match"):
+        gemm(Fake((3, 4, 16)), Fake((2, 16, 8)))
+
+
+def test_devices_must_match(fakes):
+    with pytest.raises(InputError, match=r"a is on cuda:0 and b on cuda:1; put them on one device"):
+        gemm(Fake((4, 16)), Fake((16, 8), device=1))
+
+
+def test_host_arrays_are_refused():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(InputError, match=r"^a is a numpy array, in host memory"):
+        gemm(np.ones((4, 8), dtype=np.float16), np.ones((8, 4), dtype=np.float16))
+    torch = pytest.importorskip("torch")
+    with pytest.raises(InputError, match=r"^a is on cpu, in host memory; rtckern.ops.gemm reads device memory"):
+        gemm(torch.ones(4, 8, dtype=torch.bfloat16), torch.ones(8, 4, dtype=torch.bfloat16))
+
+
+def test_unknown_array_type_is_refused():
+    with pytest.raises(InputError, match=r"^a has type list; pass a torch CUDA tensor, a CuPy array"):
+        gemm([[1.0]], [[1.0]])
+
+
+# ---- plans --------------------------------------------------------------------------------------------------------
+def test_split_k_fills_the_gpu_and_keeps_every_split_non_empty():
+    p = P.GemmProblem(1, 128, 8192, 8192, "bf16", "bf16", True)
+    assert P.choose_splits(p, 64, 64, 132) == 2  # 64 tiles x 2 = 128 units: one wave of 132 SMs
+    p = P.GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True)
+    assert P.choose_splits(p, 32, 64, 132) == 4
+    big = P.GemmProblem(1, 4096, 4096, 4096, "bf16", "bf16", True)
+    assert P.choose_splits(big, 512, 64, 132) == 1
+    assert P.normalize_splits(P.GemmProblem(1, 1, 1, 130, "bf16", "bf16", True), 64, 5) == (3, 1)
+    assert P.normalize_splits(P.GemmProblem(1, 1, 1, 1000, "bf16", "bf16", True), 64, 3) == (3, 6)
+
+
+def test_config_reasons():
+    p = P.GemmProblem(1, 64, 64, 64, "bf16", "bf16", False, aligned=False)
+    assert "TMA needs 16-byte aligned" in P.Sm90Config().invalid(p)
+    assert P.Sm90Config(128, 256, 4, 2, pingpong=True).invalid(P.GemmProblem(1, 1, 8, 8, "bf16", "bf16", True)) \
+        == "128x256 accumulators per consumer warpgroup exceed 128 registers per thread"
+    assert P.Sm80Config(128, 96, 64, 64, 32, 3).invalid(p) == "bn=96: an N-major B tile needs bn a multiple of 64"
+
+
+def test_kernel_specs_name_every_compile_relevant_choice():
+    p = P.GemmProblem(2, 100, 200, 300, "fp16", "fp32", True, True, "gelu_tanh", True)
+    specs = P.kernel_specs(p, P.Sm90Config(128, 128, 6, 2, pingpong=True, splits=3), Arch.parse("sm_90a"))
+    assert specs[0].name_expression == ("gemm_wgmma_sm90<rtk_half, float, 128, 128, 6, 2, true, true, false, 0, "
+                                        "false, true>")
+    assert specs[1].name_expression == "gemm_splitk_reduce<float, rtk_half, true, 1, true>"
+    (one,) = P.kernel_specs(p, P.Sm80Config(64, 64, 64, 32, 32, 3), Arch.parse("sm_80"))
+    assert one.name_expression == ("gemm_mma_sm80<rtk_half, float, 64, 64, 64, 32, 32, 3, true, true, true, 1, true, "
+                                   "false>")
+
+
+def test_config_dict_round_trip():
+    for cfg in (P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4), P.Sm90Config(64, 256, 5, 2, pingpong=True),
+                P.SimtConfig()):
+        assert P.config_from_dict(cfg.as_dict()) == cfg
+    with pytest.raises(ValueError, match="GEMM config kind 'x'"):
+        P.config_from_dict({"kind": "x"})
+
+
+# ---- the registry's choice ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch,shape,opts,chosen", [
+    ("sm_75", "4096x4096x4096", {}, "gemm.simt"),
+    ("sm_80", "4096x4096x4096", {}, "gemm.sm80_mma"),
+    ("sm_90", "4096x4096x4096", {}, "gemm.sm90_wgmma"),
+    ("sm_90", "4096x4096x4096", {"trans_b": "0"}, "gemm.sm90_wgmma"),
+    ("sm_90", "7x63x1000", {"trans_b": "0"}, "gemm.sm80_mma"),  # n % 8 != 0 with B (k, n): no TMA
+    ("sm_90", "16x4096x4096", {}, "gemm.sm80_mma"),  # M <= 32: the sm80 split-K kernel streams B best
+])
+def test_registry_choice(cache_dir, monkeypatch, arch, shape, opts, chosen):
+    monkeypatch.setattr("rtckern.tuning.SHIPPED_DIR", cache_dir / "none")  # the heuristics, not the H200 table
+    with config.override(tuning_table_dir=cache_dir / "no-tables"):
+        cands._plans.clear()
+        e = explain("gemm", dtype="bf16", shape=shape, arch=arch, sm_count=132 if arch == "sm_90" else None,
+                    options=opts)
+        assert e.chosen == chosen
+
+
+def test_a_tuned_sm80_row_makes_the_wgmma_candidate_step_aside(cache_dir, monkeypatch):
+    tdir = cache_dir / "tuning"
+    tdir.mkdir(parents=True)
+    row = {"arch": "sm_90", "sm_count": 132, "shape": {"dtype": "bf16", "layout": "tn", "m": 1024, "n": 1024,
+                                                        "k": 1024},
+           "config": P.Sm80Config(128, 128, 32, 64, 64, 4).as_dict(), "time_us": 1.0}
+    (tdir / "gemm.json").write_text(json.dumps({"format": 1, "op": "gemm", "key_fields": list(T.KEY_FIELDS),
+                                                "rows": [row]}))
+    monkeypatch.setattr("rtckern.tuning.SHIPPED_DIR", cache_dir / "none")
+    with config.override(tuning_table_dir=tdir):
+        cands._plans.clear()
+        p = P.GemmProblem(1, 1024, 1024, 1024, "bf16", "bf16", True)
+        cfg, source = T.tuned_config(p, H200)
+        assert (cfg, source) == (P.Sm80Config(128, 128, 32, 64, 64, 4), "exact")
+        reason = cands.Sm90WgmmaCandidate().supports(cands.request(p, H200))
+        assert reason.startswith("the exact tuned config for this shape is the sm80 kernel")
+        # a nearby shape takes the row as its nearest neighbour
+        cfg2, source2 = T.tuned_config(P.GemmProblem(1, 2048, 1024, 1024, "bf16", "bf16", True), H200)
+        assert source2 == "nearest" and cfg2.kind == "sm80"
+    cands._plans.clear()
+
+
+def test_heuristic_prefers_large_wgmma_tiles_for_large_outputs():
+    big = T.heuristic(P.GemmProblem(1, 8192, 8192, 8192, "bf16", "bf16", True), H200)
+    assert big == P.Sm90Config(128, 256, 4, 2)
+    skinny = T.heuristic(P.GemmProblem(1, 128, 8192, 8192, "bf16", "bf16", True), H200)
+    assert skinny.kind == "sm90" and skinny.splits == 2
+    a100 = T.heuristic(P.GemmProblem(1, 4096, 4096, 4096, "bf16", "bf16", True), DeviceInfo.for_arch("sm_80"))
+    assert a100.kind == "sm80"
+
+
+# ---- real NVRTC compiles -------------------------------------------------------------------------------------------
+COMPILES = [
+    ("sm_75", P.SimtConfig(), P.GemmProblem(1, 7, 9, 11, "fp16", "fp32", False, True, "silu", True, aligned=False)),
+    ("sm_80", P.Sm80Config(128, 128, 32, 64, 64, 4), P.GemmProblem(1, 64, 64, 64, "bf16", "bf16", True, True,
+                                                                    "gelu_tanh", True)),
+    ("sm_80", P.Sm80Config(64, 64, 64, 32, 32, 3, splits=2), P.GemmProblem(1, 7, 9, 1000, "fp16", "fp16", False,
+                                                                           True, "silu", False, aligned=False)),
+    ("sm_80", P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4), P.GemmProblem(1, 16, 4096, 4096, "bf16", "fp32",
+                                                                            False)),
+    ("sm_90", P.Sm80Config(128, 128, 64, 64, 32, 4), P.GemmProblem(2, 64, 64, 64, "fp16", "bf16", False)),
+    ("sm_90a", P.Sm90Config(128, 256, 4, 2), P.GemmProblem(1, 64, 64, 64, "bf16", "bf16", True, True, "gelu_tanh",
+                                                            True)),
+    ("sm_90a", P.Sm90Config(128, 128, 6, 2, pingpong=True, splits=2), P.GemmProblem(1, 64, 64, 4096, "fp16",
+                                                                                     "fp16", False)),
+    ("sm_90a", P.Sm90Config(64, 128, 6, 1), P.GemmProblem(1, 64, 64, 64, "bf16", "fp32", False, False, "silu",
+                                                           True)),
+]
+
+
+@pytest.mark.parametrize("arch,cfg,p", COMPILES, ids=[f"{a}-{c.kind}-{i}" for i, (a, c, _) in enumerate(COMPILES)])
+def test_nvrtc_compiles(cache_dir, arch, cfg, p):
+    for spec in P.kernel_specs(p, cfg, Arch.parse(arch)):
+        ck = get_manager().compile(spec)
+        assert ck.kind == "cubin" and len(ck.binary) > 1000
+
+
+def test_wgmma_kernel_needs_the_arch_specific_target(cache_dir):
+    from rtckern.errors import CompileError
+
+    (spec,) = P.kernel_specs(P.GemmProblem(1, 64, 64, 64, "bf16", "bf16", True), P.Sm90Config(),
+                             Arch.parse("sm_90"))
+    with pytest.raises(CompileError, match="needs the sm_90a target"):
+        get_manager().compile(spec)
+
+
+def test_generated_wgmma_header_is_current():
+    assert gen.target_path().read_text() == gen.render(), \
+        "kernel_sources/gemm/wgmma_ops.cuh is stale: run python -m rtckern.ops._gemm_wgmma_gen"
