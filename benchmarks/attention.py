@@ -65,12 +65,24 @@ class RawEngine:
             source, kname, arch = C.SIMT_SOURCE, C.SIMT_KERNEL, "sm_90"
         elif isinstance(tile, C.Sm90Tile):
             source, kname, arch = C.SM90_SOURCE, C.SM90_KERNEL, "sm_90a"
+        elif isinstance(tile, C.Sm90WsTile):
+            source, kname, arch = C.SM90_WS_SOURCE, C.SM90_WS_KERNEL, "sm_90a"
         else:
             source, kname, arch = C.SM80_SOURCE, C.SM80_KERNEL, "sm_90"
         kern = self.kernel(source, kname, tile.template_args(dtype, hd, causal), arch)
         smem = tile.smem_bytes(hd)
         if smem > 48 * 1024:
             kern.set_max_dynamic_shared_memory(smem)
+        if isinstance(tile, C.Sm90WsTile):
+            from rtckern.ops import _attention_arrays as A
+            from rtckern.ops._attention_candidates import launch_ws
+
+            def run_ws(q, k, v, o, lse, scale):
+                launch_ws(kern, tile, dtype, A.wrap(q, "q"), A.wrap(k, "k"), A.wrap(v, "v"), o.data_ptr(),
+                          0 if lse is None else lse.data_ptr(), scale, torch.cuda.current_stream().cuda_stream)
+
+            run_ws.label = tile.label()
+            return run_ws
 
         def run(q, k, v, o, lse, scale):
             b, sq, hq, _ = q.shape
@@ -290,6 +302,11 @@ def parse_tile(s: str):
     """'128x64w4s2q' -> Sm80Tile(128, 64, 4, 2, True); 'wg128x128' -> Sm90Tile(128, 2); 'simt'."""
     if s == "simt":
         return C.SIMT_TILE
+    if s.startswith("ws"):  # ws128x128k2v2
+        bm, rest = s[2:].split("x")
+        bn, rest = rest.split("k")
+        ks, vs = rest.split("v")
+        return C.Sm90WsTile(int(bn), int(bm) // 64, int(ks), int(vs))
     if s.startswith("wg"):
         bm, bn = s[2:].split("x")
         return C.Sm90Tile(int(bn), int(bm) // 64)
@@ -307,9 +324,11 @@ def family_tile(family: str, hd: int, causal: bool):
         return C.SM80_TILES[(hd, causal)][0]
     if family == "sm90":
         return C.SM90_TILES.get(hd)
+    if family == "sm90ws":
+        return C.SM90_WS_TILES.get(hd)
     if family == "simt":
         return C.SIMT_TILE
-    raise ValueError(f"unknown kernel family {family!r}: sm80, sm90, simt")
+    raise ValueError(f"unknown kernel family {family!r}: sm80, sm90, sm90ws, simt")
 
 
 def run_grid(result, make_runner, tag, seed0, max_elems=None, only_hd=None):
@@ -342,7 +361,7 @@ def main(argv=None):
     ap.add_argument("--engine", choices=("rtckern", "raw"), default="rtckern")
     ap.add_argument("--check", action="store_true", help="run the correctness grid on the engine's default")
     ap.add_argument("--check-kernels", default="",
-                    help="raw kernels to run the grid on: comma list of sm80, sm90, simt")
+                    help="raw kernels to run the grid on: comma list of sm80, sm90, sm90ws, simt")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--tiles", default="", help="extra raw tiles to time: hd=tile,tile;hd=...")
     ap.add_argument("--reps", type=int, default=30)

@@ -14,65 +14,9 @@
 // chunk c ^ (r % 8). Head dims 64, 128 and 256 (whole 64-element column blocks).
 #pragma once
 #include "attention/sm80_primitives.cuh"
-#include "attention/sm90_wgmma.cuh"
+#include "attention/sm90_common.cuh"
 
 namespace rtk_attn {
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-RTK_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-RTK_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-RTK_DEVICE void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Pin register values at this point of the instruction stream: wgmma reads and writes its registers
-// asynchronously, so the compiler must neither move their producers past the issue nor their readers above the
-// wait (CUTLASS's warpgroup_fence_operand).
-template <int N>
-RTK_DEVICE void pin_regs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N>
-RTK_DEVICE void pin_regs(unsigned (&r)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
-}
-// cp.async writes are generic-proxy writes; wgmma reads through the async proxy.
-RTK_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start, leading and stride byte offsets in 16-byte units.
-RTK_DEVICE unsigned long long sw128_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
-         ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
-#endif
-
-// Byte offset of 16-byte chunk c (of HD / 8) of row r in a swizzled ROWS-row tile.
-template <int ROWS>
-RTK_DEVICE int sw128_offset(int r, int c) {
-  return (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-}
-
-template <int ROWS, int HD, int NT, typename T>
-RTK_DEVICE void load_tile_sw128(unsigned s, const T* g_head, long long row_stride, int row0, int rows_valid,
-                                int tid) {
-  constexpr int CPR = HD / 8;
-  constexpr int TOTAL = ROWS * CPR;
-#pragma unroll
-  for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
-    const int idx = it * NT + tid;
-    if (TOTAL % NT == 0 || idx < TOTAL) {
-      const int r = idx / CPR;
-      const int c = idx - r * CPR;
-      const bool full = row0 + r < rows_valid;
-      const T* src = full ? g_head + static_cast<long long>(row0 + r) * row_stride + c * 8 : g_head;
-      cp_async_16(s + sw128_offset<ROWS>(r, c), src, full);
-    }
-  }
-}
 
 template <int HD, int BN, int NWG>
 struct flash_sm90_smem {

@@ -2,6 +2,8 @@
 
   attention.sm90a_wgmma   sm_90 only (arch-specific sm_90a cubin): wgmma, FA3-style softmax/GEMM overlap;
                           head dims 64, 128, 256
+  attention.sm90a_ws      sm_90 only: the same math, warp-specialized: a TMA producer warpgroup and mbarrier
+                          rings instead of cp.async by every thread and a block barrier per tile
   attention.sm80_mma      sm_80 and newer: mma.sync m16n8k16 + ldmatrix + cp.async ring (FlashAttention-2 class);
                           head dims 32, 64, 96, 128, 256
   attention.simt          sm_75 and newer: fp32 FMA tiles, the fallback for GPUs without bf16 tensor cores
@@ -126,6 +128,40 @@ class Sm90Wgmma(_AttentionCandidate):
         return cfgs.Sm90Tile(int(c["bn"]), int(c.get("nwg", 2))) if "nwg" in c else None
 
 
+class Sm90Ws(_AttentionCandidate):
+    """The warp-specialized TMA kernel. K and V go in as tensor maps, so it launches through cuLaunchKernel."""
+
+    name = "attention.sm90a_ws"
+    priority = 250
+    min_arch = "sm_90"
+    max_arch = "sm_90"
+    arch_specific = True
+    head_dims = cfgs.SM90_HEAD_DIMS
+    source = cfgs.SM90_WS_SOURCE
+    kernel = cfgs.SM90_WS_KERNEL
+
+    def default_tile(self, head_dim, causal, device):
+        return cfgs.SM90_WS_TILES[head_dim]
+
+    def tile_from_config(self, c):
+        return cfgs.Sm90WsTile(int(c["bn"]), int(c.get("nwg", 2)), int(c.get("ks", 2)), int(c.get("vs", 2))) \
+            if "ks" in c else None
+
+    def launch(self, req: OpRequest, kernels, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
+        launch_ws(kernels[0], self.tile(req), req.dtype("qkv"), q, k, v, o_ptr, lse_ptr, scale, stream)
+
+
+def launch_ws(kernel, tile, dtype: str, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
+    from rtckern.ops import _attention_tma as tma
+
+    b, sq, hq, d = q.shape
+    params = [("map", tma.kv_tensor_map(dtype, k, tile.bn)), ("map", tma.kv_tensor_map(dtype, v, tile.bn)),
+              ("u64", q.ptr), ("u64", o_ptr), ("u64", lse_ptr), ("i64", sq), ("i64", k.shape[1]), ("i64", hq),
+              ("i64", k.shape[2]), ("i64", q.strides[0]), ("i64", q.strides[1]), ("i64", q.strides[2]),
+              ("i64", sq * hq * d), ("i64", hq * d), ("i64", d), ("f32", scale * _LOG2E)]
+    tma.launch(kernel, tile.grid(b, hq, sq), tile.threads, tile.smem_bytes(d), stream, params)
+
+
 class Sm80Mma(_AttentionCandidate):
     name = "attention.sm80_mma"
     priority = 200
@@ -173,7 +209,7 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
     return request(dtype or "bf16", hd, causal, device)
 
 
-CANDIDATES = (Sm90Wgmma(), Sm80Mma(), Simt())
+CANDIDATES = (Sm90Wgmma(), Sm90Ws(), Sm80Mma(), Simt())
 _registered = False
 
 

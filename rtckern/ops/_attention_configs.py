@@ -14,6 +14,8 @@ SM80_KERNEL = "rtk_attn::flash_fwd_sm80"
 SM90_SOURCE = "attention/flash_fwd_sm90.cuh"
 SM90_KERNEL = "rtk_attn::flash_fwd_sm90"
 SM90_HEAD_DIMS = (64, 128, 256)  # whole 64-element swizzle blocks
+SM90_WS_SOURCE = "attention/flash_fwd_sm90_ws.cuh"
+SM90_WS_KERNEL = "rtk_attn::flash_fwd_sm90_ws"
 SIMT_SOURCE = "attention/attn_fwd_simt.cuh"
 SIMT_KERNEL = "rtk_attn::attn_fwd_simt"
 
@@ -111,6 +113,45 @@ SM90_TILES: dict[int, Sm90Tile] = {
     64: Sm90Tile(64, 2),
     128: Sm90Tile(128, 2),
     256: Sm90Tile(64, 2),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sm90WsTile:
+    """flash_fwd_sm90_ws<T, HD, BN, NWG, KS, VS, CAUSAL>: a TMA producer warpgroup plus NWG consumer warpgroups
+    of 64 query rows; KS / VS shared-memory stages for K / V."""
+
+    bn: int
+    nwg: int = 2
+    ks: int = 2
+    vs: int = 2
+
+    @property
+    def bm(self) -> int:
+        return 64 * self.nwg
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.nwg + 1)
+
+    def smem_bytes(self, head_dim: int) -> int:
+        # Q tile, KS K tiles, VS V tiles, 2 mbarriers per stage, 1024 bytes of alignment slack.
+        return self.bm * head_dim * 2 + (self.ks + self.vs) * self.bn * head_dim * 2 + 16 * (self.ks + self.vs) + 1024
+
+    def template_args(self, dtype: str, head_dim: int, causal: bool) -> tuple:
+        return (DTYPES[dtype], head_dim, self.bn, self.nwg, self.ks, self.vs, bool(causal))
+
+    def grid(self, batch: int, heads_q: int, seqlen_q: int) -> tuple[int, int, int]:
+        return (-(-seqlen_q // self.bm), heads_q, batch)
+
+    def label(self) -> str:
+        return f"ws{self.bm}x{self.bn}k{self.ks}v{self.vs}"
+
+
+SM90_WS_TILES: dict[int, Sm90WsTile] = {
+    64: Sm90WsTile(128, 2, 2, 2),
+    128: Sm90WsTile(128, 2, 2, 2),
+    256: Sm90WsTile(64, 2, 2, 2),
 }
 
 

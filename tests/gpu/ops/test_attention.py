@@ -20,7 +20,7 @@ from rtckern.ops import attention as attn  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
-IMPLS = {"sm90a_wgmma": (64, 128, 256), "sm80_mma": (32, 64, 96, 128, 256), "simt": (32, 64, 96, 128, 256)}
+IMPLS = {"sm90a_wgmma": (64, 128, 256), "sm90a_ws": (64, 128, 256), "sm80_mma": (32, 64, 96, 128, 256), "simt": (32, 64, 96, 128, 256)}
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv)
 SHAPES = [(2, 1, 1, 8, 8), (2, 17, 17, 8, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 8, 8), (1, 1, 4097, 8, 1),
           (3, 17, 113, 8, 2), (1, 113, 17, 4, 1), (1, 1000, 1000, 8, 4)]
@@ -98,7 +98,7 @@ def check(dtype, b, sq, sk, hq, hk, hd, causal, seed):
 
 
 def _force(impl):
-    if impl == "sm90a_wgmma" and not _on_sm90():
+    if impl.startswith("sm90a") and not _on_sm90():
         pytest.skip("sm90a kernel needs an sm_90 GPU")
     return config.override(force_impl={"attention": f"attention.{impl}"})
 
@@ -118,7 +118,7 @@ def test_grid(impl, causal):
     assert n > 0
 
 
-@pytest.mark.parametrize("impl", ["sm90a_wgmma", "sm80_mma"])
+@pytest.mark.parametrize("impl", ["sm90a_wgmma", "sm90a_ws", "sm80_mma"])
 @pytest.mark.parametrize("hd", [64, 128])
 def test_long_sequence(impl, hd):
     with _force(impl):

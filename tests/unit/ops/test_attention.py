@@ -116,8 +116,10 @@ def test_tile_shared_memory_and_picking():
     for (hd, _), ts in K.SM80_TILES.items():
         for tile in ts:
             assert tile.bm % (16 * tile.warps) == 0 and hd in K.HEAD_DIMS
-    for hd, tile in K.SM90_TILES.items():
+    for hd, tile in list(K.SM90_TILES.items()) + list(K.SM90_WS_TILES.items()):
         assert tile.smem_bytes(hd) <= 232448, (hd, tile)
+    ws = K.Sm90WsTile(128, 2, 2, 2)
+    assert (ws.threads, ws.template_args("fp16", 128, True)) == (384, ("rtk_half", 128, 128, 2, 2, 2, True))
 
 
 def test_kernel_args_order():
@@ -155,9 +157,11 @@ def test_choice_on_described_devices(cache_dir, arch, hd, causal, chosen, targs)
 
 def test_unsupported_head_dim_reasons(cache_dir):
     req = C.request("bf16", 96, False, DeviceInfo.for_arch("sm_90"))
-    assert C.CANDIDATES[0].supports(req) == "head_dim 96 not supported (supported: 64, 128, 256)"
-    assert C.CANDIDATES[1].supports(req) is None
-    assert C.CANDIDATES[1].supports(C.request("fp32", 64, False, DeviceInfo.for_arch("sm_90"))) == \
+    by_name = {c.name: c for c in C.CANDIDATES}
+    for name in ("attention.sm90a_wgmma", "attention.sm90a_ws"):
+        assert by_name[name].supports(req) == "head_dim 96 not supported (supported: 64, 128, 256)"
+    assert by_name["attention.sm80_mma"].supports(req) is None
+    assert by_name["attention.sm80_mma"].supports(C.request("fp32", 64, False, DeviceInfo.for_arch("sm_90"))) == \
         "dtype fp32 not supported (bf16, fp16)"
 
 
@@ -166,6 +170,8 @@ VARIANTS = [
     (K.SM90_SOURCE, K.SM90_KERNEL, K.SM90_TILES[128].template_args("bf16", 128, True), "sm_90a"),
     (K.SM90_SOURCE, K.SM90_KERNEL, K.SM90_TILES[64].template_args("fp16", 64, False), "sm_90a"),
     (K.SM90_SOURCE, K.SM90_KERNEL, K.SM90_TILES[256].template_args("bf16", 256, False), "sm_90a"),
+    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[128].template_args("bf16", 128, True), "sm_90a"),
+    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[64].template_args("fp16", 64, False), "sm_90a"),
     (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(128, False)][0].template_args("bf16", 128, False), "sm_80"),
     (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(32, True)][0].template_args("fp16", 32, True), "sm_90"),
     (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(96, True)][0].template_args("bf16", 96, True), "sm_86"),

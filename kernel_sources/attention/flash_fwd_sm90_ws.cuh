@@ -1,0 +1,273 @@
+// Fused attention forward for sm_90a, warp-specialized (FlashAttention-3 structure): one producer warpgroup
+// streams K and V tiles with TMA into rings of shared-memory stages guarded by mbarriers (full: the tile landed;
+// empty: every consumer is done with it); NWG consumer warpgroups of 64 query rows run the math of
+// flash_fwd_sm90.cuh (wgmma Q K^T from shared memory, P V with P in registers, softmax of tile n under the P V
+// product of tile n-1). No block-wide barrier in the main loop: the consumer warpgroups drift apart, so one's
+// softmax overlaps the other's GEMMs. setmaxnreg moves registers from the producer (24) to the consumers (240).
+//
+// Same contract as flash_fwd_sm80.cuh. K and V come in as tensor maps over (head_dim, seqlen_k, heads_kv, batch)
+// with 128-byte swizzle and a (64, BN) box, which writes exactly the layout the wgmma descriptors read; rows past
+// seqlen_k arrive as zeros. Q is loaded once by the consumers with cp.async; O is stored through shared memory.
+#pragma once
+#include "attention/sm90_common.cuh"
+
+namespace rtk_attn {
+
+template <int HD, int BN, int NWG, int KS, int VS>
+struct flash_sm90_ws_smem {
+  static constexpr int q_bytes = 64 * NWG * HD * 2;
+  static constexpr int kv_bytes = BN * HD * 2;
+  static constexpr int bar_offset = q_bytes + (KS + VS) * kv_bytes;
+  static constexpr int bytes = bar_offset + 2 * (KS + VS) * 8 + 1024;  // + mbarriers, 1024 B alignment slack
+};
+
+template <typename T, int HD, int BN, int NWG, int KS, int VS, bool CAUSAL>
+__global__ void __launch_bounds__((NWG + 1) * 128, 1)
+    flash_fwd_sm90_ws(const __grid_constant__ tensor_map tm_k, const __grid_constant__ tensor_map tm_v,
+                      const T* __restrict__ q, T* __restrict__ o, float* __restrict__ lse, long long seqlen_q,
+                      long long seqlen_k, long long heads_q, long long heads_kv, long long q_bs, long long q_rs,
+                      long long q_hs, long long o_bs, long long o_rs, long long o_hs, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BM = 64 * NWG;
+  constexpr int NC = NWG * 128;  // consumer threads
+  constexpr int NS = BN / 2;
+  constexpr int NO = HD / 2;
+  constexpr int CPR = HD / 8;
+  static_assert(HD % 64 == 0 && HD <= 256 && BN % 16 == 0 && BN <= 256, "tile shape");
+  using L = flash_sm90_ws_smem<HD, BN, NWG, KS, VS>;
+  // Register split (multiples of 8; the 64K register file over (NWG + 1) warpgroups): producer 24, consumers the
+  // rest. With one consumer warpgroup the entry cap (255) already suffices and setmaxnreg is left out.
+  constexpr int kConsumerRegs = NWG == 2 ? 240 : NWG == 3 ? 160 : 0;
+  const float kNegInf = __int_as_float(0xff800000);
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (smem_base - smem_addr(smem_raw));
+  const unsigned sQ = smem_base;
+  const unsigned sK = sQ + L::q_bytes;
+  const unsigned sV = sK + KS * L::kv_bytes;
+  const unsigned bars = smem_base + L::bar_offset;
+  auto full_k = [&](int s) { return bars + 8u * s; };
+  auto empty_k = [&](int s) { return bars + 8u * (KS + s); };
+  auto full_v = [&](int s) { return bars + 8u * (2 * KS + s); };
+  auto empty_v = [&](int s) { return bars + 8u * (2 * KS + VS + s); };
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int wg = warp >> 2;  // 0: producer, 1..NWG: consumers
+
+  const long long m_block = gridDim.x - 1 - blockIdx.x;
+  const long long hq = blockIdx.y;
+  const long long b = blockIdx.z;
+  const int hk = static_cast<int>(hq / (heads_q / heads_kv));
+  const int sq = static_cast<int>(seqlen_q);
+  const int sk = static_cast<int>(seqlen_k);
+  const int m0 = static_cast<int>(m_block) * BM;
+  const int diag = sk - sq;
+  const int n_end = CAUSAL ? max(0, min(sk, m0 + BM + diag)) : sk;
+  const int n_blocks = (n_end + BN - 1) / BN;
+
+  if (tid == 0) {
+    for (int s = 0; s < KS; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(empty_k(s), NC);
+    }
+    for (int s = 0; s < VS; ++s) {
+      mbar_init(full_v(s), 1);
+      mbar_init(empty_v(s), NC);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer: one thread issues every TMA ----------------
+    if constexpr (kConsumerRegs > 0) setmaxnreg_dec<24>();
+    if (warp == 0 && lane == 0) {
+      tma_prefetch_map(&tm_k);
+      tma_prefetch_map(&tm_v);
+      for (int nb = 0; nb < n_blocks; ++nb) {
+        const int ks = nb % KS, vs = nb % VS;
+        mbar_wait(empty_k(ks), ((nb / KS) & 1) ^ 1);
+        mbar_arrive_expect_tx(full_k(ks), L::kv_bytes);
+#pragma unroll
+        for (int cb = 0; cb < HD / 64; ++cb)
+          tma_load_4d(sK + ks * L::kv_bytes + cb * (BN * 128), &tm_k, full_k(ks), cb * 64, nb * BN, hk, (int)b);
+        mbar_wait(empty_v(vs), ((nb / VS) & 1) ^ 1);
+        mbar_arrive_expect_tx(full_v(vs), L::kv_bytes);
+#pragma unroll
+        for (int cb = 0; cb < HD / 64; ++cb)
+          tma_load_4d(sV + vs * L::kv_bytes + cb * (BN * 128), &tm_v, full_v(vs), cb * 64, nb * BN, hk, (int)b);
+      }
+    }
+  } else {
+    // ---------------- consumers ----------------
+    if constexpr (kConsumerRegs > 0) setmaxnreg_inc<kConsumerRegs>();
+    const int ctid = tid - 128;
+    const int cw = wg - 1;  // consumer warpgroup: rows cw * 64 ..
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int row_in_tile = cw * 64 + (warp & 3) * 16 + g;
+
+    const T* gQ = q + b * q_bs + hq * q_hs;
+    load_tile_sw128<BM, HD, NC>(sQ, gQ, q_rs, m0, sq, ctid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_barrier(1, NC);  // Q visible to every consumer warpgroup's wgmma
+
+    float s[NS];
+    float acc_o[NO];
+#pragma unroll
+    for (int i = 0; i < NS; ++i) s[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NO; ++i) acc_o[i] = 0.f;
+    unsigned p[BN / 16][4];
+    float row_max[2] = {kNegInf, kNegInf};
+    float row_sum[2] = {0.f, 0.f};
+    float alpha[2] = {1.f, 1.f};
+    const unsigned sQ_wg = sQ + cw * 64 * 128;
+
+    auto issue_qk = [&](int kbuf) {
+      const unsigned kb = sK + kbuf * L::kv_bytes;
+#pragma unroll
+      for (int ks = 0; ks < HD / 16; ++ks) {
+        const unsigned long long da = sw128_desc(sQ_wg + (ks >> 2) * (BM * 128) + (ks & 3) * 32, 16, 1024);
+        const unsigned long long db = sw128_desc(kb + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
+        wgmma_op<T, BN>::ss(s, da, db, ks > 0 ? 1 : 0);
+      }
+    };
+    auto issue_pv = [&](int vbuf) {
+      const unsigned vb = sV + vbuf * L::kv_bytes;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) wgmma_op<T, HD>::rs(acc_o, p[kk], sw128_desc(vb + kk * 2048, BN * 128, 1024));
+    };
+    auto softmax = [&](int nb) {
+      const int n0 = nb * BN;
+      if ((n0 + BN > sk) || (CAUSAL && n0 + BN - 1 > m0 + diag)) {
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+          const int row = m0 + row_in_tile + ((i >> 1) & 1) * 8;
+          const int col = n0 + (i >> 2) * 8 + 2 * t + (i & 1);
+          if (col >= sk || (CAUSAL && col > row + diag)) s[i] = kNegInf;
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[h];
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_scaled = mx == kNegInf ? 0.f : mx * scale_log2;
+        alpha[h] = fast_exp2(row_max[h] * scale_log2 - m_scaled);
+        row_max[h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const float p0 = fast_exp2(fmaf(s[j * 4 + 2 * h], scale_log2, -m_scaled));
+          const float p1 = fast_exp2(fmaf(s[j * 4 + 2 * h + 1], scale_log2, -m_scaled));
+          s[j * 4 + 2 * h] = p0;
+          s[j * 4 + 2 * h + 1] = p1;
+          sum += p0 + p1;
+        }
+        row_sum[h] = row_sum[h] * alpha[h] + sum;
+      }
+    };
+    auto rescale_and_pack = [&]() {
+#pragma unroll
+      for (int i = 0; i < NO; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        p[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+        p[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+        p[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+        p[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+      }
+    };
+
+    if (n_blocks > 0) {
+      mbar_wait(full_k(0), 0);
+      pin_regs(s);
+      wgmma_fence();
+      issue_qk(0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_regs(s);
+      mbar_arrive(empty_k(0));
+      softmax(0);
+      rescale_and_pack();
+    }
+    for (int nb = 1; nb < n_blocks; ++nb) {
+      const int kbuf = nb % KS, vbuf = (nb - 1) % VS;
+      mbar_wait(full_k(kbuf), (nb / KS) & 1);
+      mbar_wait(full_v(vbuf), ((nb - 1) / VS) & 1);
+      pin_regs(s);
+      pin_regs(acc_o);
+      pin_regs(p);
+      wgmma_fence();
+      issue_qk(kbuf);
+      wgmma_commit();
+      issue_pv(vbuf);
+      wgmma_commit();
+      wgmma_wait<1>();  // S_nb done; P_{nb-1} V_{nb-1} may still run
+      pin_regs(s);
+      mbar_arrive(empty_k(kbuf));
+      softmax(nb);
+      wgmma_wait<0>();
+      pin_regs(acc_o);
+      pin_regs(p);
+      mbar_arrive(empty_v(vbuf));
+      rescale_and_pack();
+    }
+    if (n_blocks > 0) {
+      const int vbuf = (n_blocks - 1) % VS;
+      mbar_wait(full_v(vbuf), ((n_blocks - 1) / VS) & 1);
+      pin_regs(acc_o);
+      pin_regs(p);
+      wgmma_fence();
+      issue_pv(vbuf);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_regs(acc_o);
+      mbar_arrive(empty_v(vbuf));
+    }
+
+    // ---- epilogue: each warpgroup stages its own 64 rows in sQ (its wgmma reads of them are complete) ----
+    named_barrier(2 + cw, 128);
+    constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = row_sum[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int r_local = row_in_tile + h * 8;
+#pragma unroll
+      for (int j = 0; j < HD / 8; ++j)
+        *reinterpret_cast<unsigned*>(smem + sw128_offset<BM>(r_local, j) + 4 * t) =
+            pack2<T>(acc_o[j * 4 + 2 * h] * inv, acc_o[j * 4 + 2 * h + 1] * inv);
+      const int row = m0 + r_local;
+      if (lse != nullptr && t == 0 && row < sq)
+        lse[(b * heads_q + hq) * seqlen_q + row] =
+            sum > 0.f ? (row_max[h] * scale_log2 + __log2f(sum)) * kLn2 : kNegInf;
+    }
+    __syncwarp();
+    T* gO = o + b * o_bs + hq * o_hs;
+    const int warp_row0 = cw * 64 + (warp & 3) * 16;
+#pragma unroll
+    for (int it = 0; it < (16 * CPR) / 32; ++it) {
+      const int idx = it * 32 + lane;
+      const int r = idx / CPR;
+      const int c = idx - r * CPR;
+      const int row = m0 + warp_row0 + r;
+      if (row < sq)
+        *reinterpret_cast<uint4*>(gO + (long long)row * o_rs + c * 8) =
+            *reinterpret_cast<const uint4*>(smem + sw128_offset<BM>(warp_row0 + r, c));
+    }
+  }
+#endif
+}
+
+}  // namespace rtk_attn

@@ -1,0 +1,125 @@
+// Shared pieces of the sm_90a attention kernels: wgmma fences and waits, register pinning, the async-proxy fence,
+// 128-byte-swizzle descriptors and offsets, the swizzled cp.async tile loader, mbarriers and TMA.
+#pragma once
+#include "attention/sm80_primitives.cuh"
+#include "attention/sm90_wgmma.cuh"
+
+namespace rtk_attn {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+RTK_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+RTK_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+RTK_DEVICE void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pin register values at this point of the instruction stream: wgmma reads and writes its registers
+// asynchronously, so the compiler must neither move their producers past the issue nor their readers above the
+// wait (CUTLASS's warpgroup_fence_operand).
+template <int N>
+RTK_DEVICE void pin_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+RTK_DEVICE void pin_regs(unsigned (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+// cp.async writes are generic-proxy writes; wgmma reads through the async proxy.
+RTK_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start, leading and stride byte offsets in 16-byte units.
+RTK_DEVICE unsigned long long sw128_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+#endif
+
+// Byte offset of 16-byte chunk c (of HD / 8) of row r in a swizzled ROWS-row tile.
+template <int ROWS>
+RTK_DEVICE int sw128_offset(int r, int c) {
+  return (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+template <int ROWS, int HD, int NT, typename T>
+RTK_DEVICE void load_tile_sw128(unsigned s, const T* g_head, long long row_stride, int row0, int rows_valid,
+                                int tid) {
+  constexpr int CPR = HD / 8;
+  constexpr int TOTAL = ROWS * CPR;
+#pragma unroll
+  for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
+    const int idx = it * NT + tid;
+    if (TOTAL % NT == 0 || idx < TOTAL) {
+      const int r = idx / CPR;
+      const int c = idx - r * CPR;
+      const bool full = row0 + r < rows_valid;
+      const T* src = full ? g_head + static_cast<long long>(row0 + r) * row_stride + c * 8 : g_head;
+      cp_async_16(s + sw128_offset<ROWS>(r, c), src, full);
+    }
+  }
+}
+
+
+#if defined(RTK_CUDA) && RTK_ARCH >= 900
+// A CUtensorMap passed by value as a __grid_constant__ kernel parameter: 128 opaque bytes, 64-byte aligned.
+struct alignas(64) tensor_map {
+  unsigned long long opaque[16];
+};
+
+RTK_DEVICE void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes initialized barriers visible to the async proxy (TMA) before anyone uses them.
+RTK_DEVICE void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+RTK_DEVICE void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives once and adds `bytes` to what the current phase waits for (TMA completes them).
+RTK_DEVICE void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Waits until the phase of the given parity completed. A fresh barrier counts as having completed the phase of
+// parity 1, so a producer's first wait on an "empty" barrier (parity 1) passes at once.
+RTK_DEVICE void mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// TMA: the box of the 4-d tensor `map` at (c0 innermost .. c3) into shared memory, completion counted on `bar` in
+// bytes; elements outside the tensor are written as zeros.
+RTK_DEVICE void tma_load_4d(unsigned dst, const tensor_map* map, unsigned bar, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+RTK_DEVICE void tma_prefetch_map(const tensor_map* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+// Named barrier over `count` threads (a multiple of 32); id 0 is __syncthreads'.
+RTK_DEVICE void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int REGS>
+RTK_DEVICE void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+RTK_DEVICE void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+#endif
+
+}  // namespace rtk_attn
