@@ -46,11 +46,13 @@ def rows_configs(n: int, vec: int) -> list[K.RowsConfig]:
         if packs % nv:
             continue
         tpr = packs // nv
-        if tpr <= 32 and tpr & (tpr - 1) == 0:
-            out += [K.RowsConfig(tpr, max(1, 128 // tpr)), K.RowsConfig(tpr, max(1, 256 // tpr))]
-        elif tpr % 32 == 0 and tpr <= 1024:
-            out.append(K.RowsConfig(tpr, 1))
-    out.append(K.rows_config(n, vec))
+        for opt in (0, 1, 3):
+            if tpr <= 32 and tpr & (tpr - 1) == 0:
+                out += [K.RowsConfig(tpr, max(1, 128 // tpr), opt), K.RowsConfig(tpr, max(1, 256 // tpr), opt)]
+            elif tpr % 32 == 0 and tpr <= 1024:
+                out.append(K.RowsConfig(tpr, 1, opt))
+    c = K.rows_config(n, vec)
+    out += [K.RowsConfig(c.tpr, c.rpb, opt) for opt in (0, 1)]
     return list(dict.fromkeys(out))
 
 
@@ -59,10 +61,10 @@ def split_configs(n: int, vec: int, itemsize: int, cap: int, lo: int, hi: int) -
     for parts in (2, 4, 8):
         if parts > cap:
             continue
-        for threads in (128, 256, 512, 1024):
+        for threads in (128, 256, 512):
             b = K.packs_per_thread(n, vec, threads, parts) * vec * itemsize
             if lo <= b <= hi and K.slice_cols(n, vec, parts) * (parts - 1) < n:
-                out.append(K.SplitConfig(threads, parts))
+                out += [K.SplitConfig(threads, parts, opt) for opt in (0, 1)]
     return out
 
 
@@ -93,6 +95,7 @@ def sweep_plan(sm90: bool) -> list[tuple]:
                     for cfg in split_configs(n, fp.vec, isz, 8, 16, 128):
                         if L.fwd_feasible(fp, "cluster", cfg) is None:
                             plan.append(("fwd", op, dtype, n, "cluster", cfg))
+                if sm90 and n * isz >= 8192:
                     for cfg in split_configs(n, fp.vec, 1, 8, 4, K.BWD_MAX_THREAD_ELEMS):
                         if L.bwd_feasible(bp, "cluster", cfg) is None:
                             plan.append(("bwd", op, dtype, n, "cluster", cfg))
@@ -329,7 +332,7 @@ def cmd_sweep(out: Path, torch, arch: Arch, budget_s: float) -> dict:
                 fn()
                 torch.cuda.synchronize()
                 row["err"] = check_item(torch, data, item)
-                sec = timeit(fn, torch)
+                sec = timeit(fn, torch, reps=10, inner=3)
                 p = fwd_problem(op, dtype, n) if d == "fwd" else bwd_problem(op, dtype, n)
                 row["us"] = sec * 1e6
                 row["gbps"] = p.bytes_moved(data.rows) / sec / 1e9
@@ -362,6 +365,10 @@ def cmd_sweep(out: Path, torch, arch: Arch, budget_s: float) -> dict:
 def cmd_bench(out: Path, torch, compile_budget_s: float) -> dict:
     from rtckern.ops import norms
 
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = 1024
+    torch._dynamo.config.cache_size_limit = 1024
     F = torch.nn.functional
     rows_out = []
     copy = {}
@@ -562,17 +569,58 @@ def cmd_compile_times(out: Path | None) -> dict:
     return summary
 
 
+# ---- tuned tables from a sweep ----------------------------------------------------------------------------------
+def cmd_tables(sweep_path: Path, into: Path) -> None:
+    """Write the best config per (kind, norm, dtype, N) and the fastest kind per (direction, norm, dtype, N) of a
+    sweep as rtckern tuning tables (norm_fwd.json, norm_bwd.json, norm_kind.json)."""
+    doc = json.loads(sweep_path.read_text())
+    env = doc["env"]
+    arch = "sm_" + env["capability"].replace(".", "")
+    meta = {"date": env["date"], "versions": {k: env[k] for k in ("gpu", "driver", "nvrtc", "rtckern", "torch")},
+            "source": f"benchmarks/norms.py sweep ({sweep_path.name})"}
+    ok = [r for r in doc["results"] if r.get("ok") and r.get("gbps")]
+    best_cfg: dict = {}
+    best_kind: dict = {}
+    for r in ok:
+        k = (r["dir"], r["kind"], r["op"], r["dtype"], r["n"])
+        if k not in best_cfg or r["gbps"] > best_cfg[k]["gbps"]:
+            best_cfg[k] = r
+        k2 = (r["dir"], r["op"], r["dtype"], r["n"])
+        if r["kind"] != "coop" and (k2 not in best_kind or r["gbps"] > best_kind[k2]["gbps"]):
+            best_kind[k2] = r
+    into.mkdir(parents=True, exist_ok=True)
+    for d, op_name in (("fwd", L.TABLE_FWD), ("bwd", L.TABLE_BWD)):
+        rows = [{"arch": arch, "sm_count": env["sm_count"],
+                 "shape": {"kind": kind, "norm": op, "dtype": dt, "n": n, "vec": 16 // K.ITEMSIZE[dt]},
+                 "config": r["config"], "time_us": round(r["us"], 2), "gbps": round(r["gbps"]), **meta}
+                for (dd, kind, op, dt, n), r in sorted(best_cfg.items()) if dd == d]
+        doc_out = {"format": 1, "op": op_name, "key_fields": ["kind", "norm", "dtype", "n", "vec"], "rows": rows}
+        (into / f"{op_name}.json").write_text(json.dumps(doc_out, indent=1) + "\n")
+    rows = [{"arch": arch, "sm_count": env["sm_count"], "shape": {"dir": d, "norm": op, "dtype": dt, "n": n},
+             "config": {"kind": r["kind"]}, "gbps": round(r["gbps"]), **meta}
+            for (d, op, dt, n), r in sorted(best_kind.items())]
+    (into / f"{L.TABLE_KIND}.json").write_text(json.dumps(
+        {"format": 1, "op": L.TABLE_KIND, "key_fields": ["dir", "norm", "dtype", "n"], "rows": rows}, indent=1) + "\n")
+    print(f"tables: {len(best_cfg)} configs, {len(best_kind)} kind choices -> {into}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cmd", choices=("sweep", "bench", "all", "compile-times"))
+    ap.add_argument("cmd", choices=("sweep", "bench", "all", "compile-times", "tables"))
+    ap.add_argument("--sweep", type=Path, help="tables: the norms_sweep.json to read")
+    ap.add_argument("--into", type=Path, default=Path(__file__).resolve().parents[1] / "rtckern" / "tuning_tables")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--sweep-budget", type=float, default=150.0, help="seconds of sweep timing at most")
     ap.add_argument("--compile-budget", type=float, default=120.0, help="seconds of torch.compile at most")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 4)
+    ap.add_argument("--write-tables", action="store_true", help="sweep/all: write the winners into --into")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.cmd == "compile-times":
         cmd_compile_times(a.out)
+        return
+    if a.cmd == "tables":
+        cmd_tables(a.sweep, a.into)
         return
     arch = Arch.parse("sm_90")
     pre = None
@@ -590,7 +638,9 @@ def main() -> None:
     sweep = None
     if a.cmd in ("sweep", "all"):
         sweep = cmd_sweep(a.out, torch, arch, a.sweep_budget)
-        (a.out / "norms_prefill.json").write_text(json.dumps(pre, indent=1))
+        print("prefill:", json.dumps({k: v for k, v in pre.items() if k != "failed"}), flush=True)
+        if a.write_tables:
+            cmd_tables(a.out / "norms_sweep.json", a.into)
     if a.cmd in ("bench", "all"):
         env = env_info(torch)
         bench = cmd_bench(a.out, torch, a.compile_budget)

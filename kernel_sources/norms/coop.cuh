@@ -2,7 +2,7 @@
 // registers), all blocks co-resident (cooperative launch). Blocks s * G .. s * G + G - 1 form slot s; slot s
 // handles rows s, s + slots, ... The G blocks of a slot exchange slice statistics through `ws` (fp32, 4 * slots
 // * G floats) and wait for each other on counters[s] (slots uint32, zero at launch): a barrier of G blocks, not
-// of the whole grid. Launch: grid slots * G (cooperative), block THREADS.
+// of the whole grid. OPT: kOptPlainLoads only. Launch: grid slots * G (cooperative), block THREADS.
 #pragma once
 #include "norms/norm_bwd_parts.cuh"
 
@@ -19,7 +19,7 @@ RTK_DEVICE void rtk_norm_slot_barrier(unsigned int* counter, unsigned int target
   __syncthreads();
 }
 
-template <typename TX, typename TW, typename TY, int N, int VEC, int THREADS, int G, int FLAGS>
+template <typename TX, typename TW, typename TY, int N, int VEC, int THREADS, int G, int FLAGS, int OPT>
 __global__ void __launch_bounds__(THREADS)
 rtk_norm_fwd_coop(const TX* __restrict__ x, const TX* __restrict__ residual, TX* __restrict__ h,
                   const TW* __restrict__ w, const TW* __restrict__ b, TY* __restrict__ y,
@@ -28,7 +28,8 @@ rtk_norm_fwd_coop(const TX* __restrict__ x, const TX* __restrict__ residual, TX*
   static_assert(N % VEC == 0, "VEC must divide N");
   constexpr int S = rtk_norm_slice_cols<N, VEC, G>();
   constexpr int NV = (S / VEC + THREADS - 1) / THREADS;
-  __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(1)];
+  constexpr int kLd = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
+  __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(3)];
   __shared__ float row_stats[2];
 
   const long long slot = blockIdx.x / G, slots = gridDim.x / G;
@@ -42,8 +43,10 @@ rtk_norm_fwd_coop(const TX* __restrict__ x, const TX* __restrict__ residual, TX*
   if constexpr (kKeep) a.load(w + c0, b + c0, t, len, true);
   unsigned int arrivals = 0;
   for (long long row = slot; row < rows; row += slots) {
-    rtk_norm_slice<TX, VEC, NV, THREADS> s;
-    rtk_norm_fwd_load<FLAGS>(s, x + row * sx + c0, residual + row * sr + c0, h + row * sh + c0, t, len, true);
+    rtk_norm_fwd_in<FLAGS, TX, VEC, NV, THREADS> in;
+    in.template load<kLd>(x + row * sx + c0, residual + row * sr + c0, t, len, true);
+    in.add_residual(h + row * sh + c0, t, len, true);
+    const rtk_norm_slice<TX, VEC, NV, THREADS>& s = in.x;
     float center, m2;
     rtk_norm_local_stats<FLAGS>(s, t, len > 0 ? len : 1, scratch, center, m2);
     // Double-buffered by parity: a buffer is rewritten two rows later, after every block passed the barrier
@@ -79,7 +82,8 @@ rtk_norm_fwd_coop(const TX* __restrict__ x, const TX* __restrict__ residual, TX*
   }
 }
 
-template <typename TX, typename TW, typename TDY, typename TDX, int N, int VEC, int THREADS, int G, int FLAGS>
+template <typename TX, typename TW, typename TDY, typename TDX, int N, int VEC, int THREADS, int G, int FLAGS,
+          int OPT>
 __global__ void __launch_bounds__(THREADS)
 rtk_norm_bwd_coop(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* __restrict__ dy,
                   const TDX* __restrict__ dres, const float* __restrict__ mean, const float* __restrict__ rstd,
@@ -89,6 +93,7 @@ rtk_norm_bwd_coop(const TX* __restrict__ x, const TW* __restrict__ w, const TDY*
   constexpr int S = rtk_norm_slice_cols<N, VEC, G>();
   constexpr int NV = (S / VEC + THREADS - 1) / THREADS;
   constexpr bool kLayer = (FLAGS & kNormLayer) != 0;
+  constexpr int kLd = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
   __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(2)];
   __shared__ float sums[2];
 
@@ -104,9 +109,11 @@ rtk_norm_bwd_coop(const TX* __restrict__ x, const TW* __restrict__ w, const TDY*
   for (long long row = slot; row < rows; row += slots) {
     const float m = kLayer ? mean[row] : 0.f;
     const float rs = rstd[row];
-    st.load(x + row * sx + c0, dy + row * sdy + c0, w + c0, t, len, true);
+    rtk_norm_bwd_in<TX, TDY, VEC, NV, THREADS> in;
+    in.template load<kLd>(x + row * sx + c0, dy + row * sdy + c0, t, len, true);
+    st.load_affine(w + c0, t, len, true);
     float s[2];
-    st.partial_sums(m, rs, s);
+    st.partial_sums(in, m, rs, s);
     rtk_norm_group_sum<THREADS>(s, scratch);
     float* buf = ws + ((slot * 2 + (arrivals & 1)) * G) * 2;
     if (t == 0) {
@@ -131,10 +138,10 @@ rtk_norm_bwd_coop(const TX* __restrict__ x, const TW* __restrict__ w, const TDY*
     }
     __syncthreads();
     const float sa = sums[0], sg = sums[1];
-    st.finish(m, rs, sa, sg, 1.f / (float)N, dres + row * sdres + c0, dx + row * sdx + c0, t, len, true);
+    st.finish(in, m, rs, sa, sg, 1.f / (float)N, dres + row * sdres + c0, dx + row * sdx + c0, t, len, true);
     __syncthreads();  // sums is rewritten by the next row
   }
-  if constexpr ((FLAGS & kNormWeight) != 0)
+  if constexpr ((FLAGS & kNormWeightGrad) != 0)
     rtk_norm_write_partial<VEC, NV, THREADS, 1>(st.dw, nullptr, dw_part + slot * N + c0, t, len);
   if constexpr ((FLAGS & kNormBias) != 0)
     rtk_norm_write_partial<VEC, NV, THREADS, 1>(st.db, nullptr, db_part + slot * N + c0, t, len);

@@ -4,14 +4,14 @@
 #pragma once
 #include "norms/norm_common.cuh"
 
-template <typename TW, int HAS_DB>
+template <typename TW, int HAS_DW, int HAS_DB>
 __global__ void __launch_bounds__(512)
 rtk_norm_dw_reduce(const float* __restrict__ dw_part, const float* __restrict__ db_part, TW* __restrict__ dw,
                    TW* __restrict__ db, long long parts, long long n) {
   __shared__ float red[16][33];
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   const long long c = (long long)blockIdx.x * 32 + tx;
-  for (int which = 0; which < 1 + HAS_DB; ++which) {
+  for (int which = HAS_DW ? 0 : 1; which < (HAS_DB ? 2 : 1); ++which) {
     const float* part = which == 0 ? dw_part : db_part;
     float s = 0.f;
     if (c < n) {

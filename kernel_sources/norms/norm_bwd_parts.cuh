@@ -5,20 +5,32 @@
 #pragma once
 #include "norms/norm_fwd_parts.cuh"
 
+// One row slice of x and dy, in storage types.
+template <typename TX, typename TDY, int VEC, int NV, int TPR>
+struct rtk_norm_bwd_in {
+  rtk_norm_slice<TX, VEC, NV, TPR> x;
+  rtk_norm_slice<TDY, VEC, NV, TPR> dy;
+
+  template <int LD>
+  RTK_DEVICE void load(const TX* x_row, const TDY* dy_row, int t, int len, bool live) {
+    x.template load<LD>(x_row, t, len, live);
+    dy.template load<LD>(dy_row, t, len, live);
+  }
+};
+
 template <int FLAGS, typename TX, typename TW, typename TDY, typename TDX, int VEC, int NV, int TPR>
 struct rtk_norm_bwd_state {
   static constexpr bool kLayer = (FLAGS & kNormLayer) != 0;
-  static constexpr bool kDW = (FLAGS & kNormWeight) != 0;
+  static constexpr bool kDW = (FLAGS & kNormWeightGrad) != 0;
   static constexpr bool kDB = (FLAGS & kNormBias) != 0;
   static constexpr bool kDRes = (FLAGS & kNormResidual) != 0;
   // Weights stay in registers across rows when they are small; otherwise each row reloads them (L1 hits).
   static constexpr bool kKeepAffine = rtk_norm_early_affine<FLAGS & ~kNormBias, TW, VEC, NV>();
+  typedef rtk_norm_bwd_in<TX, TDY, VEC, NV, TPR> In;
 
   float dw[kDW ? NV : 1][VEC];
   float db[kDB ? NV : 1][VEC];
   rtk_norm_affine<FLAGS & ~kNormBias, TW, VEC, NV, TPR> a;
-  rtk_norm_slice<TX, VEC, NV, TPR> xs;
-  rtk_norm_slice<TDY, VEC, NV, TPR> gs;
 
   RTK_DEVICE void init(const TW* w, int t, int len) {
 #pragma unroll
@@ -31,40 +43,39 @@ struct rtk_norm_bwd_state {
     if constexpr (kKeepAffine) a.load(w, nullptr, t, len, true);
   }
 
-  RTK_DEVICE void load(const TX* x_row, const TDY* dy_row, const TW* w, int t, int len, bool live) {
-    xs.template load<kLdStream>(x_row, t, len, live);
-    gs.template load<kLdStream>(dy_row, t, len, live);
+  RTK_DEVICE void load_affine(const TW* w, int t, int len, bool live) {
     if constexpr (!kKeepAffine) a.load(w, nullptr, t, len, live);
   }
 
-  // Thread partial sums {sum g * x_hat, sum g}. Packs outside the slice hold zeros for dy, so they add nothing.
-  RTK_DEVICE void partial_sums(float mean, float rstd, float (&s)[2]) const {
+  // Thread partial sums {sum g * x_hat, sum g}. Packs outside the slice hold zeros for dy and the weight, so
+  // they add nothing.
+  RTK_DEVICE void partial_sums(const In& in, float mean, float rstd, float (&s)[2]) const {
     s[0] = 0.f;
     s[1] = 0.f;
 #pragma unroll
     for (int i = 0; i < NV; ++i)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float g = gs.get(i, j) * a.weight(i, j);
-        s[0] += g * ((xs.get(i, j) - mean) * rstd);
+        const float g = in.dy.get(i, j) * a.weight(i, j);
+        s[0] += g * ((in.x.get(i, j) - mean) * rstd);
         if constexpr (kLayer) s[1] += g;
       }
   }
 
   // dx from the row sums, then the weight-gradient accumulation.
-  RTK_DEVICE void finish(float mean, float rstd, float sum_gx, float sum_g, float inv_n, const TDX* dres_row,
-                         TDX* dx_row, int t, int len, bool live) {
+  RTK_DEVICE void finish(const In& in, float mean, float rstd, float sum_gx, float sum_g, float inv_n,
+                         const TDX* dres_row, TDX* dx_row, int t, int len, bool live) {
     const float c1 = sum_gx * inv_n, c0 = sum_g * inv_n;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int c = xs.col(i, t);
+      const int c = in.x.col(i, t);
       if (!(live && c < len)) continue;
       rtk_norm_pack<TDX, VEC> res, out;
       if constexpr (kDRes) rtk_norm_load<kLdStream>(dres_row + c, res);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float d = gs.get(i, j);
-        const float xh = (xs.get(i, j) - mean) * rstd;
+        const float d = in.dy.get(i, j);
+        const float xh = (in.x.get(i, j) - mean) * rstd;
         float v = rstd * (d * a.weight(i, j) - xh * c1 - (kLayer ? c0 : 0.f));
         if constexpr (kDRes) v += rtk_to_float(res.v[j]);
         out.v[j] = rtk_from_float<TDX>(v);

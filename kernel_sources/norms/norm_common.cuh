@@ -14,6 +14,11 @@ constexpr int kNormBias = 4;           // add a bias (beta); LayerNorm only
 constexpr int kNormZeroCentered = 8;   // the weight is stored as gamma - 1: y = x_hat * (1 + w)
 constexpr int kNormResidual = 16;      // forward: h = x + residual, write h, normalize h; backward: dx += dresidual
 constexpr int kNormSaveStats = 32;     // forward: write rstd (and mean for LayerNorm) per row
+constexpr int kNormWeightGrad = 64;    // backward: accumulate dweight (kNormBias there means: accumulate dbias)
+
+// Tuning bits of the OPT template argument.
+constexpr int kOptPersist = 1;     // forward: persistent blocks; both: load the next row while reducing this one
+constexpr int kOptPlainLoads = 2;  // x / dy with default caching instead of evict-first (streaming)
 
 // Cache hints for one access. Data read or written exactly once streams (evict-first) so the weight and the
 // partial sums stay in L2; weights use the read-only path; cross-block data goes through L2 only.
@@ -116,6 +121,56 @@ RTK_DEVICE void rtk_norm_group_sum(float (&v)[K], float* scratch) {
       for (int w = 0; w < kWarps; ++w) s += scratch[k * kWarps + w];
       v[k] = s;
     }
+  }
+}
+
+// Chan's combination of (n, mean, M2) summaries: a holds the lower lanes' (or earlier slices') values, so every
+// thread that combines the same pair in the same order gets bitwise the same result.
+RTK_DEVICE void rtk_norm_chan_add(float& n, float& mean, float& m2, float nb, float meanb, float m2b) {
+  const float tot = n + nb;
+  if (tot > 0.f) {
+    const float delta = meanb - mean;
+    const float fb = nb / tot;
+    mean += delta * fb;
+    m2 += m2b + delta * delta * n * fb;
+  }
+  n = tot;
+}
+
+// Mean and M2 (sum of squared deviations) of a group of TPR threads from per-thread summaries, in one
+// reduction (one barrier pair for a block-wide group instead of two). Same scratch rules as rtk_norm_group_sum,
+// with 3 * TPR / warp floats.
+template <int TPR>
+RTK_DEVICE void rtk_norm_group_chan(float& n, float& mean, float& m2, float* scratch) {
+  constexpr int kWarp = RTK_WARP_SIZE_CONST;
+  constexpr int kSpan = TPR < kWarp ? TPR : kWarp;
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int off = 1; off < kSpan; off <<= 1) {
+    const float on = rtk_shfl_xor(n, off), om = rtk_shfl_xor(mean, off), o2 = rtk_shfl_xor(m2, off);
+    if (lane & off) {  // the partner is the lower half: combine (partner, mine) so both lanes agree
+      float pn = on, pm = om, p2 = o2;
+      rtk_norm_chan_add(pn, pm, p2, n, mean, m2);
+      n = pn; mean = pm; m2 = p2;
+    } else {
+      rtk_norm_chan_add(n, mean, m2, on, om, o2);
+    }
+  }
+  if constexpr (TPR > kWarp) {
+    constexpr int kWarps = TPR / kWarp;
+    const int warp = threadIdx.x / kWarp;
+    __syncthreads();
+    if (lane == 0) {
+      scratch[warp] = n;
+      scratch[kWarps + warp] = mean;
+      scratch[2 * kWarps + warp] = m2;
+    }
+    __syncthreads();
+    n = scratch[0];
+    mean = scratch[kWarps];
+    m2 = scratch[2 * kWarps];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) rtk_norm_chan_add(n, mean, m2, scratch[w], scratch[kWarps + w], scratch[2 * kWarps + w]);
   }
 }
 

@@ -3,20 +3,38 @@
 #pragma once
 #include "norms/norm_common.cuh"
 
-// Loads x (and adds the residual, rounding h to the storage type as PyTorch does, then writing h).
+// The raw inputs of one row slice: x, and the residual when there is one.
+template <int FLAGS, typename TX, int VEC, int NV, int TPR>
+struct rtk_norm_fwd_in {
+  static constexpr bool kRes = (FLAGS & kNormResidual) != 0;
+  rtk_norm_slice<TX, VEC, NV, TPR> x;
+  rtk_norm_slice<TX, VEC, kRes ? NV : 1, TPR> r;
+
+  template <int LD>
+  RTK_DEVICE void load(const TX* x_row, const TX* r_row, int t, int len, bool live) {
+    x.template load<LD>(x_row, t, len, live);
+    if constexpr (kRes) r.template load<LD>(r_row, t, len, live);
+  }
+  // h = x + residual, rounded to the storage type as PyTorch does, written out; x then holds h.
+  RTK_DEVICE void add_residual(TX* h_row, int t, int len, bool live) {
+    if constexpr (kRes) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) x.p[i].v[j] = rtk_from_float<TX>(x.get(i, j) + r.get(i, j));
+      x.template store<kStStream>(h_row, t, len, live);
+    }
+  }
+};
+
+// Loads x (and adds the residual, writing h).
 template <int FLAGS, typename TX, int VEC, int NV, int TPR>
 RTK_DEVICE void rtk_norm_fwd_load(rtk_norm_slice<TX, VEC, NV, TPR>& s, const TX* x_row, const TX* r_row,
                                   TX* h_row, int t, int len, bool live) {
-  s.template load<kLdStream>(x_row, t, len, live);
-  if constexpr ((FLAGS & kNormResidual) != 0) {
-    rtk_norm_slice<TX, VEC, NV, TPR> r;
-    r.template load<kLdStream>(r_row, t, len, live);
-#pragma unroll
-    for (int i = 0; i < NV; ++i)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) s.p[i].v[j] = rtk_from_float<TX>(s.get(i, j) + r.get(i, j));
-    s.template store<kStStream>(h_row, t, len, live);
-  }
+  rtk_norm_fwd_in<FLAGS, TX, VEC, NV, TPR> in;
+  in.template load<kLdStream>(x_row, r_row, t, len, live);
+  in.add_residual(h_row, t, len, live);
+  s = in.x;
 }
 
 // The weight and bias packs of this thread's columns (columns relative to the slice start). Loaded before the
@@ -34,6 +52,9 @@ struct rtk_norm_affine {
       if (live && c < len) {
         if constexpr (kW) rtk_norm_load<kLdReadOnly>(wp + c, w[i]);
         if constexpr (kB) rtk_norm_load<kLdReadOnly>(bp + c, b[i]);
+      } else {  // packs past the row: zeros, so a backward sum over every pack adds 0 * 0, never 0 * garbage
+        if constexpr (kW) rtk_norm_zero(w[i]);
+        if constexpr (kB) rtk_norm_zero(b[i]);
       }
     }
   }
@@ -75,15 +96,22 @@ RTK_DEVICE void rtk_norm_fwd_write(const rtk_norm_slice<TX, VEC, NV, TPR>& s,
 template <int FLAGS, typename TX, int VEC, int NV, int TPR>
 RTK_DEVICE void rtk_norm_local_stats(const rtk_norm_slice<TX, VEC, NV, TPR>& s, int t, int len, float* scratch,
                                      float& center, float& m2) {
-  center = 0.f;
   if constexpr ((FLAGS & kNormLayer) != 0) {
-    float v[1] = {rtk_norm_thread_sum(s)};
-    rtk_norm_group_sum<TPR>(v, scratch);
-    center = v[0] / (float)len;
+    // Per-thread (n, mean, M2) from registers (two passes, exact), then one Chan reduction over the group.
+    int cnt = 0;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) cnt += s.col(i, t) < len ? VEC : 0;
+    float n = (float)cnt;
+    float mean = cnt > 0 ? rtk_norm_thread_sum(s) / n : 0.f;
+    m2 = rtk_norm_thread_sq(s, mean, t, len);
+    rtk_norm_group_chan<TPR>(n, mean, m2, scratch);
+    center = mean;
+  } else {
+    center = 0.f;
+    float q[1] = {rtk_norm_thread_sq(s, 0.f, t, len)};
+    rtk_norm_group_sum<TPR>(q, scratch);
+    m2 = q[0];
   }
-  float q[1] = {rtk_norm_thread_sq(s, center, t, len)};
-  rtk_norm_group_sum<TPR>(q, scratch);
-  m2 = q[0];
 }
 
 // Chan's combination of per-slice (n, mean, M2) in slice order: the same order on every block, so every block

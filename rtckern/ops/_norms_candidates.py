@@ -26,7 +26,8 @@ SPLIT_FROM_BYTES = {"fwd": 64 * 1024, "bwd": 32 * 1024}
 def fwd_problem(req: OpRequest) -> K.FwdProblem:
     w = req.dtype("w")
     return K.FwdProblem(layer=req.op == "layer_norm", n=req.dim("n"), x=req.dtype("x"), y=req.dtype("y"),
-                        w=None if w == "none" else w, bias=bool(req.flag("bias")),
+                        w=None if w == "none" else w, has_weight=bool(req.flag("weight")),
+                        bias=bool(req.flag("bias")),
                         zero_centered=bool(req.flag("zero_centered")), residual=bool(req.flag("residual")),
                         save_stats=bool(req.flag("save_stats")), vec=req.dim("vec"))
 
@@ -35,6 +36,7 @@ def bwd_problem(req: OpRequest) -> K.BwdProblem:
     w = req.dtype("w")
     return K.BwdProblem(layer=req.op == "layer_norm_backward", n=req.dim("n"), x=req.dtype("x"),
                         dy=req.dtype("dy"), dx=req.dtype("dx"), w=None if w == "none" else w,
+                        has_weight=bool(req.flag("weight")),
                         weight_grad=bool(req.flag("weight_grad")), bias_grad=bool(req.flag("bias_grad")),
                         zero_centered=bool(req.flag("zero_centered")), dresidual=bool(req.flag("dresidual")),
                         vec=req.dim("vec"))
@@ -81,6 +83,22 @@ class _NormCandidate(Candidate):
         p = self.problem(req)
         return (main,) + ((Resources(block=K.DW_REDUCE_BLOCK),) if (p.weight_grad or p.bias_grad) else ())
 
+    def check_resources(self, req: OpRequest, kernels: tuple[Any, ...]) -> str | None:
+        k = kernels[0]
+        if k.local_size_bytes > 0:  # a spilling variant is far off the bandwidth limit: let another kind serve
+            return f"{k.label} spills ({k.local_size_bytes} B of local memory per thread, {k.num_regs} registers)"
+        return None
+
+    def prefers_cluster(self, req: OpRequest) -> tuple[bool, str]:
+        """Whether the cluster kernel should serve req on an sm_90+ device, and why: the measured choice for the
+        nearest tuned shape (norm_kind table), else the row-size rule."""
+        kind = L.preferred_kind(self.direction, self.problem(req), req.device)
+        if kind in ("rows", "cluster"):
+            return kind == "cluster", f"the tuned table's fastest kind near N={req.dim('n')} is {kind}"
+        split = self._row_bytes(req) >= SPLIT_FROM_BYTES[self.direction]
+        return split, (f"rows of {self._row_bytes(req)} B {'>=' if split else '<'} "
+                       f"{SPLIT_FROM_BYTES[self.direction]} B (no tuned table for {req.device.arch.sm})")
+
     def launch(self, req: OpRequest, kernels: tuple[Any, ...], call: Any, cfg: Any = None) -> tuple:
         cfg = cfg if cfg is not None else self._cfg_memo(req)
         if self.direction == "fwd":
@@ -101,9 +119,10 @@ class _Rows(_NormCandidate):
     min_arch = "sm_75"
 
     def supports(self, req: OpRequest) -> str | None:
-        if _is_sm90_plus(req) and self._row_bytes(req) >= SPLIT_FROM_BYTES[self.direction]:
-            return (f"rows of {self._row_bytes(req)} B: on {req.device.arch.sm} the cluster kernel is faster from "
-                    f"{SPLIT_FROM_BYTES[self.direction]} B")
+        if _is_sm90_plus(req):
+            cluster, why = self.prefers_cluster(req)
+            if cluster:
+                return f"the cluster kernel is faster here: {why}"
         return super().supports(req)
 
 
@@ -112,10 +131,25 @@ class _Cluster(_NormCandidate):
     priority = 120
     min_arch = "sm_90"
 
+    def launch_resources(self, req: OpRequest):
+        return None  # the generic per-SM occupancy check does not know clusters: check_resources asks the driver
+
+    def check_resources(self, req: OpRequest, kernels: tuple[Any, ...]) -> str | None:
+        cfg = self.config(req)
+        k = kernels[0]
+        if k.num_regs * cfg.threads > req.device.regs_per_sm:
+            return f"{k.num_regs} registers x {cfg.threads} threads > {req.device.regs_per_sm} per SM"
+        why = super().check_resources(req, kernels)
+        if why is not None:
+            return why
+        if L.active_clusters(k, cfg.parts, cfg.threads, 0) < 1:
+            return f"no cluster of {cfg.parts} blocks x {cfg.threads} threads fits on {req.device.describe()}"
+        return None
+
     def supports(self, req: OpRequest) -> str | None:
-        if self._row_bytes(req) < SPLIT_FROM_BYTES[self.direction]:
-            return (f"rows of {self._row_bytes(req)} B fit one block; the row kernel is faster below "
-                    f"{SPLIT_FROM_BYTES[self.direction]} B")
+        cluster, why = self.prefers_cluster(req)
+        if not cluster:
+            return f"the row kernel is faster here (rows fit one block): {why}"
         return super().supports(req)
 
 

@@ -15,7 +15,7 @@ import dataclasses
 import math
 
 # Mirrors kernel_sources/norms/norm_common.cuh.
-LAYER, WEIGHT, BIAS, ZERO_CENTERED, RESIDUAL, SAVE_STATS = 1, 2, 4, 8, 16, 32
+LAYER, WEIGHT, BIAS, ZERO_CENTERED, RESIDUAL, SAVE_STATS, WEIGHT_GRAD = 1, 2, 4, 8, 16, 32, 64
 
 CXX_TYPE = {"fp32": "float", "fp16": "rtk_half", "bf16": "rtk_bf16"}
 ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -42,13 +42,15 @@ MAX_CLUSTER = 8  # the portable cluster size
 
 @dataclasses.dataclass(frozen=True)
 class FwdProblem:
-    """A forward call's compile-relevant features. w is None without a weight."""
+    """A forward call's compile-relevant features. w: dtype of the weight and bias (None with neither);
+    has_weight False for a bias without a weight."""
 
     layer: bool
     n: int
     x: str
     y: str
     w: str | None = None
+    has_weight: bool = True
     bias: bool = False
     zero_centered: bool = False
     residual: bool = False
@@ -57,7 +59,8 @@ class FwdProblem:
 
     @property
     def flags(self) -> int:
-        return ((LAYER if self.layer else 0) | (WEIGHT if self.w else 0) | (BIAS if self.bias else 0)
+        return ((LAYER if self.layer else 0) | (WEIGHT if (self.w and self.has_weight) else 0)
+                | (BIAS if self.bias else 0)
                 | (ZERO_CENTERED if self.zero_centered else 0) | (RESIDUAL if self.residual else 0)
                 | (SAVE_STATS if self.save_stats else 0))
 
@@ -71,13 +74,14 @@ class FwdProblem:
     def bytes_moved(self, rows: int) -> int:
         """Bytes the op must move: x (+ residual) read, y (+ h) written, weight (+ bias) read once."""
         per_row = self.n * (ITEMSIZE[self.x] * (3 if self.residual else 1) + ITEMSIZE[self.y])
-        affine = self.n * ITEMSIZE[self.w] * (2 if self.bias else 1) if self.w else 0
+        affine = self.n * ITEMSIZE[self.w] * ((1 if self.has_weight else 0) + (1 if self.bias else 0)) if self.w else 0
         return rows * per_row + affine
 
 
 @dataclasses.dataclass(frozen=True)
 class BwdProblem:
-    """A backward call's compile-relevant features. dweight / dbias wanted when weight / bias are True."""
+    """A backward call's compile-relevant features. w: the weight's dtype (None without a weight; the bias's
+    dtype, with has_weight False, for a bias alone); weight_grad / bias_grad: dweight / dbias wanted."""
 
     layer: bool
     n: int
@@ -85,6 +89,7 @@ class BwdProblem:
     dy: str
     dx: str
     w: str | None = None
+    has_weight: bool = True
     weight_grad: bool = False
     bias_grad: bool = False
     zero_centered: bool = False
@@ -93,8 +98,8 @@ class BwdProblem:
 
     @property
     def flags(self) -> int:
-        return ((LAYER if self.layer else 0) | (WEIGHT if self.weight_grad else 0)
-                | (BIAS if self.bias_grad else 0) | (ZERO_CENTERED if self.zero_centered else 0)
+        return ((LAYER if self.layer else 0) | (WEIGHT if (self.w and self.has_weight) else 0)
+                | (WEIGHT_GRAD if self.weight_grad else 0) | (BIAS if self.bias_grad else 0) | (ZERO_CENTERED if self.zero_centered else 0)
                 | (RESIDUAL if self.dresidual else 0))
 
     @property
@@ -108,8 +113,9 @@ class BwdProblem:
         """x, dy (+ dresidual) read, dx written, weight read, dweight (+ dbias) written."""
         per_row = self.n * (ITEMSIZE[self.x] + ITEMSIZE[self.dy] + ITEMSIZE[self.dx] * (2 if self.dresidual else 1))
         wsize = ITEMSIZE[self.w] if self.w else 0
+        reads = 1 if (self.w and self.has_weight) else 0
         grads = (1 if self.weight_grad else 0) + (1 if self.bias_grad else 0)
-        return rows * per_row + self.n * wsize * (1 + grads)
+        return rows * per_row + self.n * wsize * (reads + grads)
 
 
 # ---- vector width -----------------------------------------------------------------------------------------------
@@ -145,6 +151,7 @@ def _ceil(a: int, b: int) -> int:
 class RowsConfig:
     tpr: int  # threads per row
     rpb: int  # rows per block
+    opt: int = 0  # OPT bits: 1 persistent / prefetch the next row, 2 default-cached loads
 
     @property
     def block(self) -> int:
@@ -181,6 +188,7 @@ class SplitConfig:
 
     threads: int
     parts: int
+    opt: int = 0
 
 
 def split_config(n: int, vec: int, itemsize: int, max_parts: int, warp: int = 32,
@@ -188,10 +196,11 @@ def split_config(n: int, vec: int, itemsize: int, max_parts: int, warp: int = 32
     """The fewest blocks per row (then the fewest threads) that keep each thread's share of the row at about
     `target_bytes` (at most `max_bytes`)."""
     packs = n // vec
-    for limit in (target_bytes, max_bytes):
+    # 1024-thread blocks only as a last resort: their 64-register cap makes long slices spill.
+    for limit, sizes in ((target_bytes, (256, 512)), (max_bytes, (256, 512)), (max_bytes // 2, (1024,))):
         parts = 2
         while parts <= max_parts:
-            for threads in (256, 512, 1024):
+            for threads in sizes:
                 nv = packs_per_thread(n, vec, threads, parts)
                 if nv * vec * itemsize <= limit and _ceil(packs, parts) >= threads // 2:
                     return SplitConfig(threads, parts)
@@ -203,19 +212,19 @@ def split_config(n: int, vec: int, itemsize: int, max_parts: int, warp: int = 32
 def fwd_template_args(p: FwdProblem, kind: str, cfg) -> tuple:
     tx, tw, ty = p.type_args()
     if kind == "rows":
-        return (tx, tw, ty, p.n, p.vec, cfg.tpr, cfg.rpb, p.flags)
-    return (tx, tw, ty, p.n, p.vec, cfg.threads, cfg.parts, p.flags)
+        return (tx, tw, ty, p.n, p.vec, cfg.tpr, cfg.rpb, p.flags, cfg.opt)
+    return (tx, tw, ty, p.n, p.vec, cfg.threads, cfg.parts, p.flags, cfg.opt)
 
 
 def bwd_template_args(p: BwdProblem, kind: str, cfg) -> tuple:
     tx, tw, tdy, tdx = p.type_args()
     if kind == "rows":
-        return (tx, tw, tdy, tdx, p.n, p.vec, cfg.tpr, cfg.rpb, p.flags)
-    return (tx, tw, tdy, tdx, p.n, p.vec, cfg.threads, cfg.parts, p.flags)
+        return (tx, tw, tdy, tdx, p.n, p.vec, cfg.tpr, cfg.rpb, p.flags, cfg.opt)
+    return (tx, tw, tdy, tdx, p.n, p.vec, cfg.threads, cfg.parts, p.flags, cfg.opt)
 
 
 def dw_reduce_template_args(p: BwdProblem) -> tuple:
-    return (p.w_type, 1 if p.bias_grad else 0)
+    return (p.w_type, 1 if p.weight_grad else 0, 1 if p.bias_grad else 0)
 
 
 def fwd_thread_bytes(p: FwdProblem, kind: str, cfg) -> int:

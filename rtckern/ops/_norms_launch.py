@@ -20,6 +20,10 @@ from . import _norms_kernels as K
 
 TABLE_FWD = "norm_fwd"
 TABLE_BWD = "norm_bwd"
+TABLE_KIND = "norm_kind"
+# OPT bits of the heuristic configs (the tuned tables carry their own): prefetch the next row.
+FWD_DEFAULT_OPT = 1
+BWD_DEFAULT_OPT = 1
 
 
 # ---- configs ----------------------------------------------------------------------------------------------------
@@ -29,8 +33,8 @@ def _key(kind: str, p) -> dict:
 
 def _cfg_from_json(kind: str, c: dict):
     if kind == "rows":
-        return K.RowsConfig(int(c["tpr"]), int(c["rpb"]))
-    return K.SplitConfig(int(c["threads"]), int(c["parts"]))
+        return K.RowsConfig(int(c["tpr"]), int(c["rpb"]), int(c.get("opt", 0)))
+    return K.SplitConfig(int(c["threads"]), int(c["parts"]), int(c.get("opt", 0)))
 
 
 def cfg_to_json(cfg) -> dict:
@@ -83,18 +87,21 @@ def bwd_feasible(p: K.BwdProblem, kind: str, cfg, warp: int = 32) -> str | None:
 
 def fwd_heuristic(p: K.FwdProblem, kind: str, warp: int = 32):
     if kind == "rows":
-        return K.rows_config(p.n, p.vec, warp)
+        c = K.rows_config(p.n, p.vec, warp)
+        return K.RowsConfig(c.tpr, c.rpb, FWD_DEFAULT_OPT)
     cap = K.MAX_CLUSTER if kind == "cluster" else warp
-    return K.split_config(p.n, p.vec, K.ITEMSIZE[p.x], cap, warp)
+    c = K.split_config(p.n, p.vec, K.ITEMSIZE[p.x], cap, warp)
+    return K.SplitConfig(c.threads, c.parts, FWD_DEFAULT_OPT if kind == "cluster" else 0) if c else None
 
 
 def bwd_heuristic(p: K.BwdProblem, kind: str, warp: int = 32):
     if kind == "rows":
-        cfg = K.rows_config(p.n, p.vec, warp, packs_per_thread=max(1, 8 // p.vec) if p.vec < 8 else 1)
-        return cfg
+        c = K.rows_config(p.n, p.vec, warp, packs_per_thread=max(1, 8 // p.vec) if p.vec < 8 else 1)
+        return K.RowsConfig(c.tpr, c.rpb, BWD_DEFAULT_OPT)
     cap = K.MAX_CLUSTER if kind == "cluster" else warp
     isz = max(K.ITEMSIZE[p.x], K.ITEMSIZE[p.dy])
-    return K.split_config(p.n, p.vec, isz, cap, warp, target_bytes=8 * isz, max_bytes=K.BWD_MAX_THREAD_ELEMS * isz)
+    c = K.split_config(p.n, p.vec, isz, cap, warp, target_bytes=8 * isz, max_bytes=K.BWD_MAX_THREAD_ELEMS * isz)
+    return K.SplitConfig(c.threads, c.parts, BWD_DEFAULT_OPT if kind == "cluster" else 0) if c else None
 
 
 def fwd_config(p: K.FwdProblem, kind: str, device) -> Any:
@@ -125,6 +132,14 @@ def _config(table: str, p, kind: str, device, feasible, heuristic):
     if cfg is None or feasible(p, kind, cfg, warp) is not None:
         return None
     return cfg
+
+
+def preferred_kind(direction: str, p, device) -> str | None:
+    """The fastest kernel kind measured for the nearest tuned shape on this arch ("rows" / "cluster"), or None
+    when the tables have nothing for this arch."""
+    key = {"dir": direction, "norm": "layer" if p.layer else "rms", "dtype": p.x, "n": p.n}
+    hit = tuning.lookup(TABLE_KIND, device, key)
+    return None if hit is None else str(hit.config.get("kind"))
 
 
 # ---- specs ------------------------------------------------------------------------------------------------------
@@ -173,7 +188,11 @@ def active_clusters(kernel, cluster: int, block: int, stream: int) -> int:
         except Exception:  # an older cuda.core or driver without the query: a conservative estimate
             v = 0
         if v <= 0:
-            v = max(1, blocks_per_sm(kernel, block) * kernel.device.sm_count // cluster)
+            try:
+                per_sm = blocks_per_sm(kernel, block)
+            except Exception:  # the per-SM query may refuse cluster kernels too: one block per SM is safe
+                per_sm = 1
+            v = max(1, per_sm * kernel.device.sm_count // cluster)
         with _occ_lock:
             _occ[key] = v
     return v
@@ -227,11 +246,16 @@ class BwdCall:
 def launch_fwd(p: K.FwdProblem, kind: str, cfg, kernel, c: FwdCall) -> tuple:
     """Launches the forward; returns workspace objects the caller keeps alive until the stream passes them."""
     args = [c.x, c.residual, c.h, c.w, c.b, c.y, c.mean, c.rstd, np.float32(c.eps), c.rows, c.sx, c.sr, c.sh, c.sy]
+    persist = cfg.opt & 1
     if kind == "rows":
-        kernel.launch(K.grid_for_rows(c.rows, cfg), cfg.block, args, stream=c.stream)
+        grid = K.grid_for_rows(c.rows, cfg)
+        if persist:
+            grid = min(grid, blocks_per_sm(kernel, cfg.block) * kernel.device.sm_count)
+        kernel.launch(grid, cfg.block, args, stream=c.stream)
         return ()
     if kind == "cluster":
-        kernel.launch(c.rows * cfg.parts, cfg.threads, args, stream=c.stream)
+        clusters = min(c.rows, active_clusters(kernel, cfg.parts, cfg.threads, c.stream)) if persist else c.rows
+        kernel.launch(clusters * cfg.parts, cfg.threads, args, stream=c.stream)
         return ()
     slots = min(c.rows, coop_slots(kernel, cfg))
     ws, ws_ptr = c.empty_f32(K.workspace_floats(slots, cfg.parts))

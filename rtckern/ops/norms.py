@@ -136,7 +136,7 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
         others += [_align(ra), (xa.itemsize, K.byte_alignment(hp, n * xa.itemsize))]
     vec = _vec(n, xa, others)
     flags = (("bias", ba is not None), ("residual", ra is not None), ("save_stats", bool(save_stats)),
-             ("zero_centered", bool(zero_centered)))
+             ("weight", wa is not None), ("zero_centered", bool(zero_centered)))
     dtypes = (("w", w_dtype or "none"), ("x", xa.dtype), ("y", y_dtype))
     sig = (op, dtypes, n, vec, flags, xa.device, id(settings()))
 
@@ -209,8 +209,8 @@ def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresi
     if dra is not None:
         others.append(_align(dra))
     vec = _vec(n, xa, others)
-    flags = (("bias_grad", want_db), ("dresidual", dra is not None), ("weight_grad", want_dw),
-             ("zero_centered", bool(zero_centered)))
+    flags = (("bias_grad", want_db), ("dresidual", dra is not None), ("weight", wa is not None),
+             ("weight_grad", want_dw), ("zero_centered", bool(zero_centered)))
     dtypes = (("dx", dx_name), ("dy", dya.dtype), ("w", w_dtype or "none"), ("x", xa.dtype))
     sig = (op, dtypes, n, vec, flags, xa.device, id(settings()))
 

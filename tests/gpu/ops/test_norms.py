@@ -32,7 +32,10 @@ def poisoned_outputs(monkeypatch):
 
     def poisoned(like, shape, dtype):
         out, ptr = real(like, shape, dtype)
-        out.fill_(float("nan"))
+        if hasattr(out, "fill_"):
+            out.fill_(float("nan"))
+        else:  # CuPy
+            out.fill(float("nan"))
         return out, ptr
 
     monkeypatch.setattr(arr, "empty", poisoned)
@@ -312,3 +315,20 @@ def test_errors_with_gpu_arrays():
         norms.rms_norm(x, residual=x.float())
     with pytest.raises(InputError, match=r"rstd has shape \(4,\); it must hold one contiguous value per row"):
         norms.rms_norm_backward(x, x, None, torch.ones(4, device="cuda"))
+
+
+def test_backward_without_weight_grad_and_bias_only():
+    n = 1024
+    x, w, b, g = _inputs(50, n, "fp32", offset=0.5)
+    dy = torch.randn(50, n, device="cuda", generator=g)
+    _, rstd = norms.rms_norm(x, w, 1e-5, return_rstd=True)
+    dx, dw = norms.rms_norm_backward(dy, x, w, rstd, weight_grad=False)
+    assert dw is None
+    assert _rel(dx, _autograd_ref(False, x, w, None, dy, 1e-5, False)[0]) < 1e-5
+    y, mean, rstd = norms.layer_norm(x, None, b, 1e-5, return_stats=True)
+    assert _rel(y, F.layer_norm(x.double(), (n,), None, b.double(), 1e-5)) < 2e-6
+    dx, dw, db = norms.layer_norm_backward(dy, x, None, b, mean, rstd)
+    x64, b64 = x.double().requires_grad_(), b.double().requires_grad_()
+    gx, gb = torch.autograd.grad(F.layer_norm(x64, (n,), None, b64, 1e-5), [x64, b64], dy.double())
+    assert dw is None
+    assert _rel(dx, gx) < 1e-5 and _rel(db, gb) < 1e-5

@@ -141,14 +141,14 @@ def test_bytes_moved():
 def _fwd_req(op, n, arch, dtype="bf16", vec=8):
     return OpRequest(op=op, dtypes=(("w", dtype), ("x", dtype), ("y", dtype)), shape=(("n", n), ("vec", vec)),
                      flags=(("bias", op == "layer_norm"), ("residual", False), ("save_stats", True),
-                            ("zero_centered", False)), device=DeviceInfo.for_arch(arch))
+                            ("weight", True), ("zero_centered", False)), device=DeviceInfo.for_arch(arch))
 
 
 def _bwd_req(op, n, arch, dtype="bf16", vec=8):
     return OpRequest(op=op, dtypes=(("dx", dtype), ("dy", dtype), ("w", dtype), ("x", dtype)),
                      shape=(("n", n), ("vec", vec)),
-                     flags=(("bias_grad", op == "layer_norm_backward"), ("dresidual", False), ("weight_grad", True),
-                            ("zero_centered", False)), device=DeviceInfo.for_arch(arch))
+                     flags=(("bias_grad", op == "layer_norm_backward"), ("dresidual", False), ("weight", True),
+                            ("weight_grad", True), ("zero_centered", False)), device=DeviceInfo.for_arch(arch))
 
 
 @pytest.mark.parametrize("arch,n,expect", [("sm_75", 4096, "rows"), ("sm_80", 65536, "rows"),
