@@ -11,6 +11,7 @@ Writes attention_<date>.json and .md (and a PNG plot with --plot) under --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import importlib.util
 import json
@@ -23,6 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a checkout without installing: python3 benchmarks/attention.py
+    sys.path.insert(0, str(ROOT))
 
 
 def _load_configs():
@@ -100,20 +103,25 @@ class RawEngine:
 
 
 class RtckernEngine:
-    def __init__(self):
+    def __init__(self, impl: str = ""):
         import rtckern.ops.attention as ops
 
         self.ops = ops
+        self.impl = impl  # "" = the registry's choice; else a candidate name forced for the runner's loops
 
     def runner(self, tile, dtype, hd, causal):
         ops = self.ops
-        # the op's own choice; tile is ignored
+        # the op's own choice (or the forced candidate); tile is ignored
 
         def run(q, k, v, o, lse, scale):
             # Returns the op's own outputs (new arrays); o and lse are not written.
             return ops.attention(q, k, v, causal=causal, softmax_scale=scale, return_lse=lse is not None)
 
-        run.label = "rtckern"
+        run.label = f"rtckern[{self.impl}]" if self.impl else "rtckern"
+        if self.impl:
+            from rtckern import config
+
+            run.ctx = lambda: config.override(force_impl={"attention": self.impl})
         return run
 
 
@@ -302,11 +310,12 @@ def parse_tile(s: str):
     """'128x64w4s2q' -> Sm80Tile(128, 64, 4, 2, True); 'wg128x128' -> Sm90Tile(128, 2); 'simt'."""
     if s == "simt":
         return C.SIMT_TILE
-    if s.startswith("ws"):  # ws128x128k2v2
-        bm, rest = s[2:].split("x")
+    if s.startswith("ws"):  # ws128x128k2v2[p]
+        pp = s.endswith("p")
+        bm, rest = s[2:].rstrip("p").split("x")
         bn, rest = rest.split("k")
         ks, vs = rest.split("v")
-        return C.Sm90WsTile(int(bn), int(bm) // 64, int(ks), int(vs))
+        return C.Sm90WsTile(int(bn), int(bm) // 64, int(ks), int(vs), pp)
     if s.startswith("wg"):
         bm, bn = s[2:].split("x")
         return C.Sm90Tile(int(bn), int(bm) // 64)
@@ -326,6 +335,9 @@ def family_tile(family: str, hd: int, causal: bool):
         return C.SM90_TILES.get(hd)
     if family == "sm90ws":
         return C.SM90_WS_TILES.get(hd)
+    if family == "sm90wsp":  # the ping-pong schedule of the default ws tile
+        t = C.SM90_WS_TILES.get(hd)
+        return None if t is None else C.Sm90WsTile(t.bn, t.nwg, t.ks, t.vs, True)
     if family == "simt":
         return C.SIMT_TILE
     raise ValueError(f"unknown kernel family {family!r}: sm80, sm90, sm90ws, simt")
@@ -341,7 +353,8 @@ def run_grid(result, make_runner, tag, seed0, max_elems=None, only_hd=None):
         run = make_runner(cs["dtype"], cs["hd"], cs["causal"])
         if run is None:
             continue
-        r = check_case(run, seed=seed0 + n, **cs)
+        with getattr(run, "ctx", contextlib.nullcontext)():
+            r = check_case(run, seed=seed0 + n, **cs)
         r["kernel"] = f"{tag}:{run.label}"
         result["checks"].append(r)
         n += 1
@@ -364,12 +377,16 @@ def main(argv=None):
                     help="raw kernels to run the grid on: comma list of sm80, sm90, sm90ws, simt")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--tiles", default="", help="extra raw tiles to time: hd=tile,tile;hd=...")
+    ap.add_argument("--impls", default="", help="rtckern engine: extra forced candidates to time, comma list")
+    ap.add_argument("--compile-times", action="store_true", help="cold NVRTC compile of every default kernel")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default="")
     ap.add_argument("--tag", default="")
     ap.add_argument("--plot", action="store_true")
     args = ap.parse_args(argv)
 
+    if args.compile_times:
+        return compile_times(args.out)
     import torch
 
     env = environment()
@@ -406,13 +423,16 @@ def main(argv=None):
             scale = 1.0 / math.sqrt(p["hd"])
             entries = {}
             runners = [default_runner("bf16", p["hd"], p["causal"])]
+            for impl in filter(None, args.impls.split(",")):
+                runners.append(RtckernEngine(impl).runner(None, "bf16", p["hd"], p["causal"]))
             for t in extra.get(p["hd"], []):
                 runners.append(raw.runner(t, "bf16", p["hd"], p["causal"]))
             for run in runners:
                 if run.label in entries:
                     continue
                 try:
-                    entries[run.label] = time_ms(lambda: run(q, k, v, o, None, scale), reps=args.reps)
+                    with getattr(run, "ctx", contextlib.nullcontext)():
+                        entries[run.label] = time_ms(lambda: run(q, k, v, o, None, scale), reps=args.reps)
                 except Exception as e:
                     print(f"{run.label} failed: {e}", flush=True)
             for bname in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
@@ -442,6 +462,51 @@ def main(argv=None):
             if args.plot:
                 write_plot(result, out / f"{name}.png")
     return result
+
+
+def compile_times(out: str):
+    """Cold NVRTC compile (no cache) of each default kernel: the issue's budget is 1.5 s per kernel on the CPU
+    machine."""
+    from rtckern.arch import Arch
+    from rtckern.compiler import compiler_for
+    from rtckern.spec import KernelSpec
+
+    jobs = []
+    for hd in C.HEAD_DIMS:
+        for causal in (False, True):
+            jobs.append((C.SM80_SOURCE, C.SM80_KERNEL, C.SM80_TILES[(hd, causal)][0], hd, causal, "sm_90"))
+            jobs.append((C.SIMT_SOURCE, C.SIMT_KERNEL, C.SIMT_TILE, hd, causal, "sm_75"))
+            if hd in C.SM90_HEAD_DIMS:
+                jobs.append((C.SM90_SOURCE, C.SM90_KERNEL, C.SM90_TILES[hd], hd, causal, "sm_90a"))
+                jobs.append((C.SM90_WS_SOURCE, C.SM90_WS_KERNEL, C.SM90_WS_TILES[hd], hd, causal, "sm_90a"))
+    rows = []
+    for source, name, tile, hd, causal, arch in jobs:
+        spec = KernelSpec(source, name, Arch.parse(arch), template_args=tile.template_args("bf16", hd, causal))
+        comp = compiler_for(spec.arch)
+        t0 = time.perf_counter()
+        comp.compile(spec)
+        dt = time.perf_counter() - t0
+        rows.append(dict(kernel=spec.name_expression, arch=arch, seconds=round(dt, 3)))
+        print(f"{dt:6.2f} s  {arch:7s} {spec.name_expression}", flush=True)
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    res = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), cpus=os.cpu_count(),
+               loadavg=load, python=platform.python_version(), kernels=rows,
+               max_s=max(r["seconds"] for r in rows))
+    try:
+        from cuda.bindings import nvrtc
+
+        _, major, minor = nvrtc.nvrtcVersion()
+        res["nvrtc"] = f"{major}.{minor}"
+    except Exception:
+        pass
+    print(f"max {res['max_s']:.2f} s over {len(rows)} kernels (load average {load})")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"attention_compile_{_dt.date.today().isoformat()}.json").write_text(json.dumps(res, indent=1))
+    return res
 
 
 def write_markdown(result, path: Path) -> None:

@@ -21,7 +21,7 @@ struct flash_sm90_ws_smem {
   static constexpr int bytes = bar_offset + 2 * (KS + VS) * 8 + 1024;  // + mbarriers, 1024 B alignment slack
 };
 
-template <typename T, int HD, int BN, int NWG, int KS, int VS, bool CAUSAL>
+template <typename T, int HD, int BN, int NWG, int KS, int VS, bool CAUSAL, bool PINGPONG>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     flash_fwd_sm90_ws(const __grid_constant__ tensor_map tm_k, const __grid_constant__ tensor_map tm_v,
                       const T* __restrict__ q, T* __restrict__ o, float* __restrict__ lse, long long seqlen_q,
@@ -34,6 +34,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   constexpr int NO = HD / 2;
   constexpr int CPR = HD / 8;
   static_assert(HD % 64 == 0 && HD <= 256 && BN % 16 == 0 && BN <= 256, "tile shape");
+  static_assert(!PINGPONG || NWG == 2, "ping-pong schedules exactly two consumer warpgroups");
   using L = flash_sm90_ws_smem<HD, BN, NWG, KS, VS>;
   // Register split (multiples of 8; the 64K register file over (NWG + 1) warpgroups): producer 24, consumers the
   // rest. With one consumer warpgroup the entry cap (255) already suffices and setmaxnreg is left out.
@@ -117,6 +118,25 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fence_proxy_async();
     named_barrier(1, NC);  // Q visible to every consumer warpgroup's wgmma
 
+    // Ping-pong (FA3 section 3.1): the two consumer warpgroups take turns issuing their GEMMs, so one's softmax
+    // runs while the other's GEMMs occupy the tensor cores. Turn of warpgroup w: named barrier 4 + w over both
+    // warpgroups (w syncs, the other arrives). Warpgroup 1 opens warpgroup 0's first turn and skips its own last
+    // hand-over, so every barrier sees as many arrivals as syncs.
+    int turns_left = n_blocks + 1;  // issue phases: S_0, then n_blocks - 1 of (S_n, P V), then the last P V
+    auto take_turn = [&]() {
+      if constexpr (PINGPONG) named_barrier(4 + cw, 2 * 128);
+    };
+    auto pass_turn = [&]() {
+      if constexpr (PINGPONG) {
+        --turns_left;
+        if (!(cw == 1 && turns_left == 0))
+          asm volatile("bar.arrive %0, %1;\n" ::"r"(4 + (cw ^ 1)), "r"(2 * 128) : "memory");
+      }
+    };
+    if constexpr (PINGPONG) {
+      if (cw == 1 && n_blocks > 0) asm volatile("bar.arrive %0, %1;\n" ::"r"(4), "r"(2 * 128) : "memory");
+    }
+
     float s[NS];
     float acc_o[NO];
 #pragma unroll
@@ -190,9 +210,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     if (n_blocks > 0) {
       mbar_wait(full_k(0), 0);
       pin_regs(s);
+      take_turn();
       wgmma_fence();
       issue_qk(0);
       wgmma_commit();
+      pass_turn();
       wgmma_wait<0>();
       pin_regs(s);
       mbar_arrive(empty_k(0));
@@ -206,11 +228,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       pin_regs(s);
       pin_regs(acc_o);
       pin_regs(p);
+      take_turn();
       wgmma_fence();
       issue_qk(kbuf);
       wgmma_commit();
       issue_pv(vbuf);
       wgmma_commit();
+      pass_turn();
       wgmma_wait<1>();  // S_nb done; P_{nb-1} V_{nb-1} may still run
       pin_regs(s);
       mbar_arrive(empty_k(kbuf));
@@ -226,9 +250,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       mbar_wait(full_v(vbuf), ((n_blocks - 1) / VS) & 1);
       pin_regs(acc_o);
       pin_regs(p);
+      take_turn();
       wgmma_fence();
       issue_pv(vbuf);
       wgmma_commit();
+      pass_turn();
       wgmma_wait<0>();
       pin_regs(acc_o);
       mbar_arrive(empty_v(vbuf));

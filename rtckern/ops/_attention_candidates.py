@@ -144,8 +144,8 @@ class Sm90Ws(_AttentionCandidate):
         return cfgs.SM90_WS_TILES[head_dim]
 
     def tile_from_config(self, c):
-        return cfgs.Sm90WsTile(int(c["bn"]), int(c.get("nwg", 2)), int(c.get("ks", 2)), int(c.get("vs", 2))) \
-            if "ks" in c else None
+        return cfgs.Sm90WsTile(int(c["bn"]), int(c.get("nwg", 2)), int(c.get("ks", 2)), int(c.get("vs", 2)),
+                               bool(c.get("pingpong", False))) if "ks" in c else None
 
     def launch(self, req: OpRequest, kernels, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
         launch_ws(kernels[0], self.tile(req), req.dtype("qkv"), q, k, v, o_ptr, lse_ptr, scale, stream)

@@ -118,13 +118,15 @@ SM90_TILES: dict[int, Sm90Tile] = {
 
 @dataclasses.dataclass(frozen=True)
 class Sm90WsTile:
-    """flash_fwd_sm90_ws<T, HD, BN, NWG, KS, VS, CAUSAL>: a TMA producer warpgroup plus NWG consumer warpgroups
-    of 64 query rows; KS / VS shared-memory stages for K / V."""
+    """flash_fwd_sm90_ws<T, HD, BN, NWG, KS, VS, CAUSAL, PINGPONG>: a TMA producer warpgroup plus NWG consumer
+    warpgroups of 64 query rows; KS / VS shared-memory stages for K / V; pingpong: the two consumer warpgroups
+    take turns issuing GEMMs (FA3's schedule)."""
 
     bn: int
     nwg: int = 2
     ks: int = 2
     vs: int = 2
+    pingpong: bool = False
 
     @property
     def bm(self) -> int:
@@ -139,13 +141,13 @@ class Sm90WsTile:
         return self.bm * head_dim * 2 + (self.ks + self.vs) * self.bn * head_dim * 2 + 16 * (self.ks + self.vs) + 1024
 
     def template_args(self, dtype: str, head_dim: int, causal: bool) -> tuple:
-        return (DTYPES[dtype], head_dim, self.bn, self.nwg, self.ks, self.vs, bool(causal))
+        return (DTYPES[dtype], head_dim, self.bn, self.nwg, self.ks, self.vs, bool(causal), self.pingpong)
 
     def grid(self, batch: int, heads_q: int, seqlen_q: int) -> tuple[int, int, int]:
         return (-(-seqlen_q // self.bm), heads_q, batch)
 
     def label(self) -> str:
-        return f"ws{self.bm}x{self.bn}k{self.ks}v{self.vs}"
+        return f"ws{self.bm}x{self.bn}k{self.ks}v{self.vs}{'p' if self.pingpong else ''}"
 
 
 SM90_WS_TILES: dict[int, Sm90WsTile] = {

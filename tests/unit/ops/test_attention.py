@@ -119,7 +119,7 @@ def test_tile_shared_memory_and_picking():
     for hd, tile in list(K.SM90_TILES.items()) + list(K.SM90_WS_TILES.items()):
         assert tile.smem_bytes(hd) <= 232448, (hd, tile)
     ws = K.Sm90WsTile(128, 2, 2, 2)
-    assert (ws.threads, ws.template_args("fp16", 128, True)) == (384, ("rtk_half", 128, 128, 2, 2, 2, True))
+    assert (ws.threads, ws.template_args("fp16", 128, True)) == (384, ("rtk_half", 128, 128, 2, 2, 2, True, False))
 
 
 def test_kernel_args_order():
@@ -172,6 +172,7 @@ VARIANTS = [
     (K.SM90_SOURCE, K.SM90_KERNEL, K.SM90_TILES[256].template_args("bf16", 256, False), "sm_90a"),
     (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[128].template_args("bf16", 128, True), "sm_90a"),
     (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[64].template_args("fp16", 64, False), "sm_90a"),
+    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.Sm90WsTile(128, 2, 2, 2, True).template_args("bf16", 128, False), "sm_90a"),
     (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(128, False)][0].template_args("bf16", 128, False), "sm_80"),
     (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(32, True)][0].template_args("fp16", 32, True), "sm_90"),
     (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(96, True)][0].template_args("bf16", 96, True), "sm_86"),
