@@ -45,6 +45,12 @@ def launch(kernels, p: GemmProblem, cfg, ops: Operands, *, stream=None, sm_count
     if cfg.kind == "simt":
         _launch_simt(kernels[0], p, ops, stream)
         return
+    settled, _ = normalize_splits(p, cfg.bk if cfg.kind == "sm80" else 64, cfg.splits)
+    if settled != cfg.splits:
+        # The kernel specs (split-K or not) and the reduce follow cfg.splits; launching another count would add
+        # partial sums nobody wrote. Plans settle the count first (_gemm_plan.with_splits).
+        raise LaunchError(f"GEMM plan {cfg.as_dict()} splits K {cfg.splits} ways, but k={p.k} allows {settled} "
+                          "non-empty splits; settle the plan with _gemm_plan.with_splits(cfg, problem, sm_count)")
     split = cfg.splits > 1
     if split and not workspace:
         raise LaunchError(f"GEMM plan {cfg} splits K {cfg.splits} ways but no workspace was given")

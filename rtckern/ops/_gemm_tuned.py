@@ -10,6 +10,7 @@ a config means "choose split-K by the wave heuristic at run time".
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Mapping
 
 from rtckern import tuning
@@ -42,7 +43,8 @@ def _config_ok(cfg, p: P.GemmProblem, device) -> bool:
 
 def tuned_config(p: P.GemmProblem, device):
     """(config, source) for problem p on device: the table's row (exact, then nearest shape) when its config
-    can serve p, else the heuristic. source: 'exact', 'nearest' or 'heuristic'."""
+    can serve p, else the heuristic. source: 'exact', 'nearest' or 'heuristic'. Unaligned problems always take
+    the heuristic (rows are measured on aligned operands)."""
 
     def valid(config: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
         try:
@@ -50,10 +52,24 @@ def tuned_config(p: P.GemmProblem, device):
         except (TypeError, ValueError):
             return False
 
+    if not p.aligned:
+        # Rows are timed on 16-byte aligned operands (the fast paths); the general path has its own heuristic.
+        return heuristic(p, device), "heuristic"
     found = tuning.lookup(OP, device, key_of(p), valid=valid)
     if found is not None:
-        return P.config_from_dict(found.config), found.source
+        return settle_splits(P.config_from_dict(found.config), p, device, found.source), found.source
     return heuristic(p, device), "heuristic"
+
+
+def settle_splits(cfg, p: P.GemmProblem, device, source: str):
+    """A row's split count fits the row's shape, not necessarily p's: an exact row's count is clamped to p's
+    k-blocks (every split non-empty); a nearest row's is chosen afresh by the wave heuristic. Launch plans must
+    use this settled count: the kernel specs (split or not) and the launch both follow it."""
+    if cfg.kind == "simt":
+        return cfg
+    if source != "exact":
+        cfg = replace(cfg, splits=0)
+    return P.with_splits(cfg, p, device.sm_count)
 
 
 def heuristic(p: P.GemmProblem, device):

@@ -201,6 +201,45 @@ def test_a_tuned_sm80_row_makes_the_wgmma_candidate_step_aside(cache_dir, monkey
     cands._plans.clear()
 
 
+def test_table_split_counts_are_settled_for_the_actual_k(cache_dir, monkeypatch):
+    """A row tuned at K=4096 with 4 splits, used for K=63 (one k-block), must not plan 4 splits: the reduce would
+    add partial sums nobody wrote (seen on the H200: NaN / garbage for every K < 64 that took such a row)."""
+    tdir = cache_dir / "tuning"
+    tdir.mkdir(parents=True)
+    cfg4 = P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4)
+    row = {"arch": "sm_90", "sm_count": 132, "shape": {"dtype": "bf16", "layout": "tn", "m": 16, "n": 4096,
+                                                        "k": 4096}, "config": cfg4.as_dict(), "time_us": 9.8}
+    (tdir / "gemm.json").write_text(json.dumps({"format": 1, "op": "gemm", "key_fields": list(T.KEY_FIELDS),
+                                                "rows": [row]}))
+    monkeypatch.setattr("rtckern.tuning.SHIPPED_DIR", cache_dir / "none")
+    with config.override(tuning_table_dir=tdir):
+        exact, src = T.tuned_config(P.GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True), H200)
+        assert (exact, src) == (cfg4, "exact")
+        for k in (8, 16, 56):
+            p = P.GemmProblem(1, 7, 1000, k, "bf16", "bf16", True)
+            cfg, src = T.tuned_config(p, H200)
+            assert src == "nearest" and cfg.kind == "sm80" and cfg.splits == 1, (k, cfg)
+            assert len(P.kernel_specs(p, cfg, Arch.parse("sm_90"))) == 1  # no reduce kernel
+            cands._plans.clear()
+            sel_cfg = cands.Sm80MmaCandidate().config(cands.request(p, H200))
+            assert sel_cfg.splits == 1
+        # unaligned problems (the general path) never take rows timed on aligned operands
+        odd = P.GemmProblem(1, 7, 1000, 63, "bf16", "bf16", True, aligned=False)
+        cfg, src = T.tuned_config(odd, H200)
+        assert src == "heuristic" and cfg == P.Sm80Config(64, 64, 64, 32, 32, 3, splits=1)
+    cands._plans.clear()
+
+
+def test_launch_refuses_an_unsettled_split_count():
+    from rtckern.errors import LaunchError
+    from rtckern.ops import _gemm_launch as L
+
+    p = P.GemmProblem(1, 7, 1000, 63, "bf16", "bf16", True, aligned=False)
+    ops = L.Operands(a=1, b=2, c=3, lda=63, ldb=63, ldc=1000, stride_a=0, stride_b=0, stride_c=0)
+    with pytest.raises(LaunchError, match=r"splits K 4 ways, but k=63 allows 1 non-empty splits"):
+        L.launch((None, None), p, P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4), ops, sm_count=132, workspace=8)
+
+
 def test_heuristic_prefers_large_wgmma_tiles_for_large_outputs():
     big = T.heuristic(P.GemmProblem(1, 8192, 8192, 8192, "bf16", "bf16", True), H200)
     assert big == P.Sm90Config(128, 256, 4, 2)
