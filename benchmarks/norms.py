@@ -39,24 +39,29 @@ EPS = 1e-5
 
 
 # ---- configs swept ----------------------------------------------------------------------------------------------
-def rows_configs(n: int, vec: int) -> list[K.RowsConfig]:
+# OPT bits swept per kernel kind (1 persistent/prefetch, 2 default-cached loads, 4 re-convert after reduce).
+OPTS = {("fwd", "rows"): (0, 2, 1, 5), ("bwd", "rows"): (1, 5, 0),
+        ("fwd", "cluster"): (0, 2, 5), ("bwd", "cluster"): (1, 5, 0)}
+
+
+def rows_configs(n: int, vec: int, opts=(0, 1)) -> list[K.RowsConfig]:
     packs = n // vec
     out = []
     for nv in (1, 2, 3, 4, 5, 6, 8):
         if packs % nv:
             continue
         tpr = packs // nv
-        for opt in (0, 1, 3):
+        for opt in opts:
             if tpr <= 32 and tpr & (tpr - 1) == 0:
                 out += [K.RowsConfig(tpr, max(1, 128 // tpr), opt), K.RowsConfig(tpr, max(1, 256 // tpr), opt)]
             elif tpr % 32 == 0 and tpr <= 1024:
                 out.append(K.RowsConfig(tpr, 1, opt))
     c = K.rows_config(n, vec)
-    out += [K.RowsConfig(c.tpr, c.rpb, opt) for opt in (0, 1)]
+    out += [K.RowsConfig(c.tpr, c.rpb, opt) for opt in opts]
     return list(dict.fromkeys(out))
 
 
-def split_configs(n: int, vec: int, itemsize: int, cap: int, lo: int, hi: int) -> list[K.SplitConfig]:
+def split_configs(n: int, vec: int, itemsize: int, cap: int, lo: int, hi: int, opts=(0, 1)) -> list[K.SplitConfig]:
     out = []
     for parts in (2, 4, 8):
         if parts > cap:
@@ -64,7 +69,7 @@ def split_configs(n: int, vec: int, itemsize: int, cap: int, lo: int, hi: int) -
         for threads in (128, 256, 512):
             b = K.packs_per_thread(n, vec, threads, parts) * vec * itemsize
             if lo <= b <= hi and K.slice_cols(n, vec, parts) * (parts - 1) < n:
-                out += [K.SplitConfig(threads, parts, opt) for opt in (0, 1)]
+                out += [K.SplitConfig(threads, parts, opt) for opt in opts]
     return out
 
 
@@ -86,17 +91,18 @@ def sweep_plan(sm90: bool) -> list[tuple]:
         for n in NS:
             for op in OPS:
                 fp, bp = fwd_problem(op, dtype, n), bwd_problem(op, dtype, n)
-                for cfg in rows_configs(n, fp.vec):
+                for cfg in rows_configs(n, fp.vec, OPTS[("fwd", "rows")]):
                     if L.fwd_feasible(fp, "rows", cfg) is None:
                         plan.append(("fwd", op, dtype, n, "rows", cfg))
+                for cfg in rows_configs(n, fp.vec, OPTS[("bwd", "rows")]):
                     if L.bwd_feasible(bp, "rows", cfg) is None:
                         plan.append(("bwd", op, dtype, n, "rows", cfg))
                 if sm90 and n * isz >= 16384:
-                    for cfg in split_configs(n, fp.vec, isz, 8, 16, 128):
+                    for cfg in split_configs(n, fp.vec, isz, 8, 16, 128, OPTS[("fwd", "cluster")]):
                         if L.fwd_feasible(fp, "cluster", cfg) is None:
                             plan.append(("fwd", op, dtype, n, "cluster", cfg))
                 if sm90 and n * isz >= 8192:
-                    for cfg in split_configs(n, fp.vec, 1, 8, 4, K.BWD_MAX_THREAD_ELEMS):
+                    for cfg in split_configs(n, fp.vec, 1, 8, 4, K.BWD_MAX_THREAD_ELEMS, OPTS[("bwd", "cluster")]):
                         if L.bwd_feasible(bp, "cluster", cfg) is None:
                             plan.append(("bwd", op, dtype, n, "cluster", cfg))
                 if n == 65536:
@@ -344,6 +350,7 @@ def cmd_sweep(out: Path, torch, arch: Arch, budget_s: float) -> dict:
             results.append(row)
         del data
         torch.cuda.empty_cache()
+        (out / "norms_sweep.json").write_text(json.dumps({"env": env_info(torch), "results": results}, indent=1))
         best = {}
         for r in results:
             if r["dtype"] == dtype and r["n"] == n and r.get("ok"):
@@ -362,7 +369,7 @@ def cmd_sweep(out: Path, torch, arch: Arch, budget_s: float) -> dict:
 
 
 # ---- public ops vs torch ----------------------------------------------------------------------------------------
-def cmd_bench(out: Path, torch, compile_budget_s: float) -> dict:
+def cmd_bench(out: Path, torch, compile_budget_s: float, env: dict | None = None) -> dict:
     from rtckern.ops import norms
 
     import torch._dynamo
@@ -438,6 +445,8 @@ def cmd_bench(out: Path, torch, compile_budget_s: float) -> dict:
                 print(_line(r), flush=True)
             del data
             torch.cuda.empty_cache()
+            if env is not None:  # the report so far, so a run cut short still leaves one
+                write_report(out, env, {"copy_gbps": copy, "results": rows_out}, None)
     return {"copy_gbps": copy, "results": rows_out}
 
 
@@ -643,7 +652,7 @@ def main() -> None:
             cmd_tables(a.out / "norms_sweep.json", a.into)
     if a.cmd in ("bench", "all"):
         env = env_info(torch)
-        bench = cmd_bench(a.out, torch, a.compile_budget)
+        bench = cmd_bench(a.out, torch, a.compile_budget, env)
         write_report(a.out, env, bench, sweep)
 
 

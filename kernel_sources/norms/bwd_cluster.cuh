@@ -59,6 +59,10 @@ rtk_norm_bwd_cluster(const TX* __restrict__ x, const TW* __restrict__ w, const T
     // Slot `par` is written again two rows later, after every peer passed the next barrier, i.e. after it
     // finished reading this row's values.
     rtk_cluster_sync();
+    if constexpr ((OPT & kOptRecompute) != 0) {
+      cur.x.opaque();
+      cur.dy.opaque();
+    }
     if (t < RTK_WARP_SIZE_CONST) {
       const unsigned k = t < C ? t : 0;
       const float a = rtk_cluster_ld(&slot[par][0], k), g = rtk_cluster_ld(&slot[par][1], k);

@@ -59,6 +59,10 @@ rtk_norm_bwd_rows(const TX* __restrict__ x, const TW* __restrict__ w, const TDY*
     float s[2];
     st.partial_sums(cur, m, rs, s);
     rtk_norm_group_sum<TPR>(s, scratch);
+    if constexpr ((OPT & kOptRecompute) != 0) {
+      cur.x.opaque();
+      cur.dy.opaque();
+    }
     st.finish(cur, m, rs, s[0], s[1], 1.f / (float)N, dres + r * sdres, dx + r * sdx, t, N, live);
     if (next < rows) {
       if constexpr (kPre) {

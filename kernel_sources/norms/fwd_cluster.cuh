@@ -51,6 +51,7 @@ rtk_norm_fwd_cluster(const TX* __restrict__ x, const TX* __restrict__ residual, 
     // slot[par] is written again two rows later, after every peer passed the next barrier, i.e. after it read
     // this row's values.
     rtk_cluster_sync();
+    if constexpr ((OPT & kOptRecompute) != 0) cur.x.opaque();
     if (t < RTK_WARP_SIZE_CONST) {
       const unsigned k = t < C ? t : 0;
       float mean, rstd;

@@ -2,7 +2,7 @@
 //   TX: x, residual and h storage; TW: weight and bias; TY: y. N: hidden size (columns); VEC: elements per
 //   access (N % VEC == 0; VEC * sizeof(T) <= 16 gives 16-byte accesses); TPR: threads per row (a power of two
 //   up to the warp size, or a multiple of it with RPB == 1); RPB: rows per block; FLAGS: kNorm* bits;
-//   OPT: kOpt* bits. With kOptPersist the grid is at most what fits on the device: block b handles rows
+//   OPT: kOpt* bits (kOptRecompute: re-convert 16-bit inputs after the reduction, fewer registers). With kOptPersist the grid is at most what fits on the device: block b handles rows
 //   b * RPB + g, stepping by gridDim.x * RPB, and loads the next row while it reduces and writes this one
 //   (its weights stay in registers across rows). Without it, one row group per block and grid ceil(rows / RPB).
 // Rows are strided (row r of x starts at x + r * sx); columns are contiguous. Launch: block TPR * RPB, no
@@ -55,6 +55,7 @@ rtk_norm_fwd_rows(const TX* __restrict__ x, const TX* __restrict__ residual, TX*
     float center, m2;
     rtk_norm_local_stats<FLAGS>(cur.x, t, N, scratch, center, m2);
     const float rstd = rsqrtf(m2 * (1.f / (float)N) + eps);
+    if constexpr ((OPT & kOptRecompute) != 0) cur.x.opaque();
 
     if constexpr (!kEarly) a.load(w, b, t, N, live);
     rtk_norm_fwd_write<FLAGS>(cur.x, a, y + r * sy, center, rstd, t, N, live);

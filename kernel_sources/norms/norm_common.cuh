@@ -19,6 +19,7 @@ constexpr int kNormWeightGrad = 64;    // backward: accumulate dweight (kNormBia
 // Tuning bits of the OPT template argument.
 constexpr int kOptPersist = 1;     // forward: persistent blocks; both: load the next row while reducing this one
 constexpr int kOptPlainLoads = 2;  // x / dy with default caching instead of evict-first (streaming)
+constexpr int kOptRecompute = 4;   // re-convert 16-bit inputs after the reduction instead of keeping fp32 copies
 
 // Cache hints for one access. Data read or written exactly once streams (evict-first) so the weight and the
 // partial sums stay in L2; weights use the read-only path; cross-block data goes through L2 only.
@@ -83,6 +84,20 @@ RTK_DEVICE void rtk_norm_store(T* p, const rtk_norm_pack<T, VEC>& in) {
   const C* src = reinterpret_cast<const C*>(&in);
 #pragma unroll
   for (int i = 0; i < kBytes / kChunk; ++i) rtk_norm_st<MODE>(dst + i, src[i]);
+}
+
+// Hides a pack's value from the optimizer (an empty asm that "modifies" its 32-bit words): the fp32 values
+// converted from it before this point cannot be reused after it, so the compiler keeps the half-size storage
+// in registers and converts again, instead of holding fp32 copies across the reduction.
+template <typename T, int VEC>
+RTK_DEVICE void rtk_norm_opaque(rtk_norm_pack<T, VEC>& p) {
+#if defined(RTK_CUDA)
+  if constexpr (sizeof(T) == 2 && (VEC * sizeof(T)) % 4 == 0) {
+    unsigned* u = reinterpret_cast<unsigned*>(&p);
+#pragma unroll
+    for (int i = 0; i < VEC * (int)sizeof(T) / 4; ++i) asm volatile("" : "+r"(u[i]));
+  }
+#endif
 }
 
 template <typename T, int VEC>
@@ -204,6 +219,11 @@ struct rtk_norm_slice {
   }
 
   RTK_DEVICE float get(int i, int j) const { return rtk_to_float(p[i].v[j]); }
+
+  RTK_DEVICE void opaque() {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) rtk_norm_opaque(p[i]);
+  }
 };
 
 // Effective weight and bias of one element, in fp32.

@@ -2,9 +2,9 @@
 layer_norm_backward, a row kernel (registers, one group per row), a cluster kernel (sm_90+, distributed shared
 memory) and a cooperative kernel (any arch, several co-resident blocks per row).
 
-Priority: cluster (120) > rows (100) > coop (80). The row kernel declines rows long enough that the cluster
-kernel is faster on sm_90+ (`split_from`), and the cluster kernel declines rows short enough for one block, so
-the registry's first accepted candidate is the fastest measured kind.
+Priority: cluster (120) > rows (100) > coop (80). The cluster kernel declines shapes where the tuned table (or,
+without one, the row-size rule) says the row kernel is faster; the row kernel serves whatever fits its register
+budget; the cooperative kernel serves the rest (and rows too long for anything else).
 """
 from __future__ import annotations
 
@@ -83,12 +83,6 @@ class _NormCandidate(Candidate):
         p = self.problem(req)
         return (main,) + ((Resources(block=K.DW_REDUCE_BLOCK),) if (p.weight_grad or p.bias_grad) else ())
 
-    def check_resources(self, req: OpRequest, kernels: tuple[Any, ...]) -> str | None:
-        k = kernels[0]
-        if k.local_size_bytes > 0:  # a spilling variant is far off the bandwidth limit: let another kind serve
-            return f"{k.label} spills ({k.local_size_bytes} B of local memory per thread, {k.num_regs} registers)"
-        return None
-
     def prefers_cluster(self, req: OpRequest) -> tuple[bool, str]:
         """Whether the cluster kernel should serve req on an sm_90+ device, and why: the measured choice for the
         nearest tuned shape (norm_kind table), else the row-size rule."""
@@ -118,12 +112,8 @@ class _Rows(_NormCandidate):
     priority = 100
     min_arch = "sm_75"
 
-    def supports(self, req: OpRequest) -> str | None:
-        if _is_sm90_plus(req):
-            cluster, why = self.prefers_cluster(req)
-            if cluster:
-                return f"the cluster kernel is faster here: {why}"
-        return super().supports(req)
+    # No preference check here: the cluster kernel (higher priority) declines shapes where rows are faster, and
+    # where it is preferred but fails its probe, the row kernel is the next best, not the cooperative one.
 
 
 class _Cluster(_NormCandidate):
@@ -139,9 +129,6 @@ class _Cluster(_NormCandidate):
         k = kernels[0]
         if k.num_regs * cfg.threads > req.device.regs_per_sm:
             return f"{k.num_regs} registers x {cfg.threads} threads > {req.device.regs_per_sm} per SM"
-        why = super().check_resources(req, kernels)
-        if why is not None:
-            return why
         if L.active_clusters(k, cfg.parts, cfg.threads, 0) < 1:
             return f"no cluster of {cfg.parts} blocks x {cfg.threads} threads fits on {req.device.describe()}"
         return None

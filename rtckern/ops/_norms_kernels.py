@@ -36,7 +36,8 @@ DW_REDUCE_COLS = 32
 # Register budget of one thread's share of a row, in bytes of storage (x, plus dy in the backward). Past it
 # the row kernels spill or lose occupancy and the multi-block kernels take over.
 FWD_MAX_THREAD_BYTES = 128
-BWD_MAX_THREAD_ELEMS = 32
+BWD_MAX_THREAD_ELEMS = 32  # feasibility; the heuristics aim at BWD_TARGET_THREAD_ELEMS
+BWD_TARGET_THREAD_ELEMS = 16
 MAX_CLUSTER = 8  # the portable cluster size
 
 

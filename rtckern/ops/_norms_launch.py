@@ -22,7 +22,7 @@ TABLE_FWD = "norm_fwd"
 TABLE_BWD = "norm_bwd"
 TABLE_KIND = "norm_kind"
 # OPT bits of the heuristic configs (the tuned tables carry their own): prefetch the next row.
-FWD_DEFAULT_OPT = 1
+FWD_DEFAULT_OPT = 0
 BWD_DEFAULT_OPT = 1
 
 
@@ -100,7 +100,10 @@ def bwd_heuristic(p: K.BwdProblem, kind: str, warp: int = 32):
         return K.RowsConfig(c.tpr, c.rpb, BWD_DEFAULT_OPT)
     cap = K.MAX_CLUSTER if kind == "cluster" else warp
     isz = max(K.ITEMSIZE[p.x], K.ITEMSIZE[p.dy])
-    c = K.split_config(p.n, p.vec, isz, cap, warp, target_bytes=8 * isz, max_bytes=K.BWD_MAX_THREAD_ELEMS * isz)
+    c = K.split_config(p.n, p.vec, isz, cap, warp, target_bytes=8 * isz,
+                       max_bytes=K.BWD_TARGET_THREAD_ELEMS * isz)
+    if c is None:
+        c = K.split_config(p.n, p.vec, isz, cap, warp, target_bytes=8 * isz, max_bytes=K.BWD_MAX_THREAD_ELEMS * isz)
     return K.SplitConfig(c.threads, c.parts, BWD_DEFAULT_OPT if kind == "cluster" else 0) if c else None
 
 
