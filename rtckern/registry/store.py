@@ -24,14 +24,15 @@ from rtckern.registry.results import ProbeResult, Reason
 log = logging.getLogger(__name__)
 
 FORMAT = 1
+# Process-wide: a bad file is reported once, and in-process writers of one file merge in turn.
+_lock = threading.RLock()  # save() holds it while load() may report a bad file
+_reported: set[Path] = set()
 
 
 class DecisionStore:
     def __init__(self, root: str | os.PathLike[str] | None) -> None:
         # root None: persistence off (decisions live in memory only).
         self.root = Path(root) if root is not None else None
-        self._lock = threading.Lock()
-        self._reported: set[Path] = set()
 
     def path(self, op: str, request_digest: str, mode: str, toolchain: dict[str, Any]) -> Path | None:
         if self.root is None:
@@ -52,9 +53,9 @@ class DecisionStore:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, AttributeError) as exc:
-            with self._lock:
-                if path not in self._reported:
-                    self._reported.add(path)
+            with _lock:
+                if path not in _reported:
+                    _reported.add(path)
                     log.warning("rtckern: ignoring unreadable probe decision file %s (%s); probing again", path, exc)
             return {}
 
@@ -65,7 +66,7 @@ class DecisionStore:
         entries = {r.name: to_entry(r) for r in results if r.probed and not r.from_store and _costly(r)}
         if not entries:
             return
-        with self._lock:  # in-process writers merge in turn; across processes the last writer wins, which
+        with _lock:  # in-process writers merge in turn; across processes the last writer wins, which
             # only costs a later process one more probe of the lost entry.
             merged = dict(self.load(path))
             merged.update(entries)

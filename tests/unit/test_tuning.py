@@ -1,0 +1,247 @@
+"""Tuning tables: keys across archs, duplicate detection, the lookup rule, merging, tuning with a stand-in timer."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rtckern import config, tuning
+from rtckern.device import DeviceInfo
+from rtckern.registry import OpRequest
+from rtckern.tuning import Row, Tuner, TuningTableError, load_table, lookup, merge_rows, parse_table
+
+REPO = Path(__file__).resolve().parents[2]
+H200 = DeviceInfo.for_arch("sm_90", sm_count=132)
+A100 = DeviceInfo.for_arch("sm_80", sm_count=108)
+
+
+def row(arch, sms, dtype, n, block, **meta):
+    return {"arch": arch, "sm_count": sms, "shape": {"dtype": dtype, "n": n}, "config": {"block": block}, **meta}
+
+
+def write(path: Path, rows, op="norm", fields=("dtype", "n")) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": 1, "op": op, "key_fields": list(fields), "rows": rows}))
+    return path
+
+
+@pytest.fixture
+def tdir(tmp_path):
+    with config.override(tuning_table_dir=tmp_path / "user"):
+        yield tmp_path
+
+
+def table(tmp_path, rows, name="t.json"):
+    return load_table(write(tmp_path / name, rows), "norm")
+
+
+# -- keys and duplicates -----------------------------------------------------------------------------------------
+def test_rows_of_several_archs_and_sm_counts_do_not_collide(tmp_path):
+    t = table(tmp_path, [row("sm_90", 132, "bf16", 4096, 256), row("sm_80", 108, "bf16", 4096, 128),
+                         row("sm_90", 114, "bf16", 4096, 512)])
+    assert lookup("norm", H200, {"dtype": "bf16", "n": 4096}, tables_=[t]).config == {"block": 256}
+    assert lookup("norm", A100, {"dtype": "bf16", "n": 4096}, tables_=[t]).config == {"block": 128}
+    h100 = DeviceInfo.for_arch("sm_90", sm_count=114)
+    got = lookup("norm", h100, {"dtype": "bf16", "n": 4096}, tables_=[t])
+    assert (got.config, got.source, got.row.index) == ({"block": 512}, "exact", 2)
+
+
+def test_arch_key_drops_the_feature_suffix(tmp_path):
+    t = table(tmp_path, [row("sm_90", 132, "bf16", 4096, 256)])
+    dev_a = dataclasses.replace(H200, arch=H200.arch.with_specific())
+    assert lookup("norm", dev_a, {"dtype": "bf16", "n": 4096}, tables_=[t]).source == "exact"
+
+
+def test_duplicate_keys_name_the_file_and_both_rows(tmp_path):
+    path = write(tmp_path / "dup.json", [row("sm_90", 132, "bf16", 4096, 256), row("sm_80", 108, "bf16", 4096, 1),
+                                         row("sm_90", 132, "bf16", 4096, 512)])
+    with pytest.raises(TuningTableError) as ei:
+        load_table(path, "norm")
+    msg = str(ei.value)
+    assert msg.startswith(f"{path}: rows 0 and 2 have the same key (arch=sm_90, sm_count=132, dtype=bf16, n=4096)")
+    assert '"block": 256' in msg and '"block": 512' in msg
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"format": 2, "op": "norm", "key_fields": [], "rows": []}, r"not a tuning table of format 1 \(format 2\)"),
+    ({"format": 1, "op": "other", "key_fields": ["n"], "rows": []}, r"table is for op 'other', expected 'norm'"),
+    ({"format": 1, "op": "norm", "key_fields": ["n", "n"], "rows": []}, r"key_fields must be a list of distinct"),
+    ({"format": 1, "op": "norm", "key_fields": ["n"], "rows": [{"arch": "sm_90", "sm_count": 132,
+                                                                 "shape": {"m": 1}, "config": {}}]},
+     r"row 0: shape \{'m': 1\} must have exactly the key fields \['n'\]"),
+    ({"format": 1, "op": "norm", "key_fields": ["n"], "rows": [{"arch": "90", "sm_count": 132,
+                                                                 "shape": {"n": 1}, "config": {}}]},
+     r"row 0: arch '90' should be like 'sm_90'"),
+    ({"format": 1, "op": "norm", "key_fields": ["n"], "rows": [{"arch": "sm_90", "shape": {"n": 1},
+                                                                 "config": {}}]},
+     r"row 0 lacks \['sm_count'\]"),
+])
+def test_bad_tables_are_errors_naming_the_file(tmp_path, data, match):
+    with pytest.raises(TuningTableError, match=match):
+        parse_table(data, tmp_path / "x.json", "norm")
+
+
+def test_invalid_json_is_an_error(tmp_path):
+    p = tmp_path / "norm.json"
+    p.write_text("{not json")
+    with pytest.raises(TuningTableError, match=rf"{p}: not valid JSON"):
+        load_table(p, "norm")
+
+
+# -- the lookup rule ---------------------------------------------------------------------------------------------
+NEAR = [row("sm_90", 132, "bf16", 2048, 1), row("sm_90", 132, "bf16", 16384, 2), row("sm_90", 132, "fp32", 4096, 3),
+        row("sm_80", 108, "bf16", 4096, 4), row("sm_90", 114, "bf16", 8192, 5)]
+
+
+@pytest.mark.parametrize("dtype, n, block, source", [
+    ("bf16", 2048, 1, "exact"),
+    ("bf16", 3000, 1, "nearest"),      # |log2 3000/2048| = 0.55 < |log2 3000/8192| = 1.45
+    ("bf16", 8192, 5, "nearest"),      # exact shape on a 114-SM sm_90 beats a neighbour shape on 132 SMs
+    ("bf16", 12000, 2, "nearest"),     # 0.45 from 16384 vs 0.55 from 8192
+    ("fp32", 100000, 3, "nearest"),    # the only fp32 row, far as it is: dtype must match, distance need not
+    ("fp16", 4096, None, None),        # no fp16 row, no heuristic
+])
+def test_nearest_shape_rule(tmp_path, dtype, n, block, source):
+    got = lookup("norm", H200, {"dtype": dtype, "n": n}, tables_=[table(tmp_path, NEAR)])
+    assert (got.config["block"], got.source) == (block, source) if block else got is None
+
+
+def test_ties_prefer_the_larger_shape_then_the_user_table(tmp_path):
+    t = table(tmp_path, [row("sm_90", 132, "bf16", 2048, 1), row("sm_90", 132, "bf16", 8192, 2)])
+    assert lookup("norm", H200, {"dtype": "bf16", "n": 4096}, tables_=[t]).config == {"block": 2}
+    user = table(tmp_path, [row("sm_90", 132, "bf16", 1024, 7)], "u.json")
+    shipped = table(tmp_path, [row("sm_90", 132, "bf16", 4096, 8)], "s.json")
+    # equal distance (1024 and 4096 are both one octave from 2048): the larger shape wins over the user table
+    assert lookup("norm", H200, {"dtype": "bf16", "n": 2048}, tables_=[user, shipped]).config == {"block": 8}
+    # same shape in both: the user table wins
+    shipped2 = table(tmp_path, [row("sm_90", 132, "bf16", 1024, 9)], "s2.json")
+    assert lookup("norm", H200, {"dtype": "bf16", "n": 2048}, tables_=[user, shipped2]).config == {"block": 7}
+
+
+def test_other_archs_rows_are_never_used(tmp_path):
+    t = table(tmp_path, [row("sm_80", 108, "bf16", 4096, 4)])
+    assert lookup("norm", H200, {"dtype": "bf16", "n": 4096}, tables_=[t]) is None
+    got = lookup("norm", H200, {"dtype": "bf16", "n": 4096}, tables_=[t],
+                 heuristic=lambda key, dev: {"block": 64 if key["n"] < 8192 else 128})
+    assert (got.config, got.source, got.row) == ({"block": 64}, "heuristic", None)
+
+
+def test_valid_skips_neighbours_whose_config_cannot_serve(tmp_path):
+    t = table(tmp_path, [row("sm_90", 132, "bf16", 4096, 1024), row("sm_90", 132, "bf16", 1024, 128)])
+    ok = lambda cfg, key: key["n"] % cfg["block"] == 0  # noqa: E731
+    assert lookup("norm", H200, {"dtype": "bf16", "n": 3968}, tables_=[t]).config == {"block": 1024}
+    assert lookup("norm", H200, {"dtype": "bf16", "n": 3968}, tables_=[t], valid=ok).config == {"block": 128}
+
+
+def test_lookup_with_missing_key_field_names_it(tmp_path):
+    with pytest.raises(KeyError, match=r"lacks \['dtype'\]"):
+        lookup("norm", H200, {"n": 1}, tables_=[table(tmp_path, NEAR)])
+
+
+def test_user_table_comes_before_shipped(tdir, monkeypatch):
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", tdir / "shipped")
+    write(tdir / "shipped" / "norm.json", [row("sm_90", 132, "bf16", 4096, 1)])
+    assert tuning.lookup("norm", H200, {"dtype": "bf16", "n": 4096}).config == {"block": 1}
+    write(tdir / "user" / "norm.json", [row("sm_90", 132, "bf16", 4096, 2)])
+    got = tuning.lookup("norm", H200, {"dtype": "bf16", "n": 4096})
+    assert got.config == {"block": 2} and got.path == tdir / "user" / "norm.json"
+
+
+def test_default_user_dir_is_under_the_cache_dir(tmp_path):
+    with config.override(tuning_table_dir=None, cache_dir=tmp_path):
+        assert tuning.user_table_path("norm") == tmp_path / "tuning" / "norm.json"
+
+
+# -- merging and tuning ----------------------------------------------------------------------------------------------
+def test_merge_keeps_other_archs_and_replaces_same_key(tmp_path):
+    p = write(tmp_path / "norm.json", [row("sm_80", 108, "bf16", 4096, 4), row("sm_90", 132, "bf16", 4096, 1)])
+    new = [Row("sm_90", 132, (("dtype", "bf16"), ("n", 4096)), {"block": 9}, {"time_us": 1.0}),
+           Row("sm_90", 132, (("dtype", "bf16"), ("n", 8192)), {"block": 10}, {"time_us": 2.0})]
+    merged = merge_rows("norm", ("dtype", "n"), new, p)
+    again = load_table(p, "norm")
+    assert again == dataclasses.replace(merged, rows=again.rows) and len(again.rows) == 3
+    got = {(r.arch, dict(r.shape)["n"]): dict(r.config) for r in again.rows}
+    assert got == {("sm_80", 4096): {"block": 4}, ("sm_90", 4096): {"block": 9}, ("sm_90", 8192): {"block": 10}}
+    with pytest.raises(TuningTableError, match=r"keyed by \['dtype', 'n'\], the tuner by \['n'\]"):
+        merge_rows("norm", ("n",), [], p)
+
+
+def test_table_is_reread_after_it_changes(tmp_path):
+    p = write(tmp_path / "norm.json", [row("sm_90", 132, "bf16", 4096, 1)])
+    assert load_table(p, "norm").rows[0].config == {"block": 1}
+    write(p, [row("sm_90", 132, "bf16", 4096, 22)])
+    os.utime(p, ns=(1, 1))  # a different mtime even on coarse clocks
+    assert load_table(p, "norm").rows[0].config == {"block": 22}
+
+
+class FakeTuner(Tuner):
+    """Times are a function of the config, so the winner is known; block 96 fails like a bad config would."""
+
+    op, key_fields = "norm", ("dtype", "n")
+
+    def key(self, req):
+        return {"dtype": req.dtype("x"), "n": req.dim("n")}
+
+    def configs(self, req):
+        return [{"block": b} for b in (64, 96, 128, 256)]
+
+    def measure(self, req, cfg):
+        if cfg["block"] == 96:
+            raise RuntimeError("block 96 is not a multiple of the vector width")
+        return {64: 3e-6, 128: 1e-6, 256: 2e-6}[cfg["block"]]
+
+
+def test_tune_request_picks_the_fastest_and_records_failures():
+    live = dataclasses.replace(H200, ordinal=0, name="NVIDIA H200")
+    req = OpRequest("norm", dtypes={"x": "bf16"}, shape={"n": 4096}, device=live)
+    r, trials = tuning.tune_request(FakeTuner(), req)
+    assert (r.arch, r.sm_count, dict(r.shape), dict(r.config)) == ("sm_90", 132, {"dtype": "bf16", "n": 4096},
+                                                                   {"block": 128})
+    assert r.meta["time_us"] == 1.0 and r.meta["configs_timed"] == 3
+    assert r.meta["date"].endswith("Z") and r.meta["versions"]["device"] == "NVIDIA H200"
+    assert r.meta["versions"]["rtckern"] and r.meta["versions"]["compiler"].startswith("nvrtc-")
+    bad = [t for t in trials if t.seconds is None]
+    assert len(bad) == 1 and bad[0].error == "RuntimeError: block 96 is not a multiple of the vector width"
+
+
+def test_tune_needs_a_live_device():
+    req = OpRequest("norm", dtypes={"x": "bf16"}, shape={"n": 4096}, device=H200)
+    with pytest.raises(tuning.RtckernError, match=r"needs a live GPU"):
+        tuning.tune_request(FakeTuner(), req)
+
+
+def test_tuner_best_uses_table_then_heuristic(tdir):
+    class T(FakeTuner):
+        def heuristic(self, key, device):
+            return {"block": 32}
+
+    req = OpRequest("norm", dtypes={"x": "bf16"}, shape={"n": 4096}, device=H200)
+    assert T().best(req).source == "heuristic"
+    write(tdir / "user" / "norm.json", [row("sm_90", 132, "bf16", 4096, 512)])
+    assert (T().best(req).config, T().best(req).source) == ({"block": 512}, "exact")
+
+
+def test_a_table_written_by_one_process_is_used_by_the_next(tdir):
+    """What `rtckern tune` does on the GPU, with the measured rows stood in: merge, then a new process looks up."""
+    p = tdir / "user" / "norm.json"
+    merge_rows("norm", ("dtype", "n"), [Row("sm_90", 132, (("dtype", "bf16"), ("n", 4096)), {"block": 384})], p)
+    code = ("from rtckern import tuning; from rtckern.device import DeviceInfo; "
+            "t = tuning.lookup('norm', DeviceInfo.for_arch('sm_90'), {'dtype': 'bf16', 'n': 4000}); "
+            "print(t.source, t.config['block'], t.path)")
+    env = dict(os.environ, PYTHONPATH=str(REPO), RTCKERN_TUNING_DIR=str(tdir / "user"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["nearest", "384", str(p)]
+
+
+def test_shipped_tables_load_and_carry_date_and_versions():
+    for path in sorted(tuning.SHIPPED_DIR.glob("*.json")):
+        t = load_table(path, path.stem)
+        assert t.rows, path
+        for r in t.rows:
+            assert r.meta.get("date") and r.meta.get("versions", {}).get("device"), (path, r.index)
