@@ -34,6 +34,7 @@ SCALE = 0.125
 FWD_OPS = ("softmax", "scaled_masked_softmax", "scaled_upper_triang_masked_softmax",
            "scaled_aligned_causal_masked_softmax")
 T0 = time.time()
+COMPILE_DEADLINE = [1e9]  # seconds after start past which torch.compile baselines are skipped (--compile-deadline)
 
 
 def log(*a) -> None:
@@ -78,8 +79,9 @@ def prefill(dev, dtypes) -> dict:
         for dt in dtypes:
             for n in BENCH_NS:
                 vec = plan.vector_width(dt, n)
-                for cfg in sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin):
-                    specs.append(cands.onepass_spec(direction, plan.PLAIN, dt, vec, cfg, target))
+                for cfg in sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin, dev.max_threads_per_sm):
+                    for kind in (plan.PLAIN, plan.MASKED, plan.CAUSAL):  # tuned rows serve every mask kind
+                        specs.append(cands.onepass_spec(direction, kind, dt, vec, cfg, target))
     specs = list(dict.fromkeys(specs))
     t = time.perf_counter()
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 8, mp_context=mp.get_context("spawn")) as ex:
@@ -133,37 +135,58 @@ def tune(torch, dev, dtypes, out_dir: Path) -> list[dict]:
                 vec = plan.vector_width(dt, n)
                 req = cands.request(TABLES[direction], dt, n, vec, dev)
                 configs = tuner.configs(req)
-                bad = []
-                for cfg in configs:  # correctness of every config before it may win
-                    err = check_config(torch, tdt[dt], direction, dt, n, vec, plan.OnePass(**cfg), req)
-                    if not err < (1e-5 if dt == "fp32" else 1.5e-2):
-                        bad.append((cfg, err))
-                if bad:
-                    log(f"  tune {direction} {dt} n={n}: configs failing the reference check: {bad}")
-                good = [c for c in configs if c not in [b[0] for b in bad]]
-                orig = tuner.configs
-                tuner.configs = lambda r, good=good: good
+                if not configs:
+                    log(f"  tune {direction} {dt} n={n}: no one-pass config holds the row (online path)")
+                    continue
                 try:
-                    row, trials = tuning.tune_request(tuner, req)
-                finally:
-                    tuner.configs = orig
+                    entry, row = tune_one(torch, tdt, tuner, req, configs, direction, dt, n, vec, dev)
+                except Exception as e:  # recorded and reported; the other shapes still run
+                    log(f"  tune {direction} {dt} n={n}: FAILED {type(e).__name__}: {e}")
+                    report.append({"direction": direction, "dtype": dt, "n": n, "error": str(e)[:500]})
+                    continue
                 rows_by_table[TABLES[direction]].append(row)
-                elem = plan.ELEM_BYTES[dt]
-                nbytes = (2 if direction == plan.FWD else 3) * elem * max(4 * dev.sm_count, ELEMENTS // n) * n
-                entry = {"direction": direction, "dtype": dt, "n": n, "vec": vec, "best": dict(row.config),
-                         "trials": [{"config": dict(t.config), "us": round(t.seconds * 1e6, 2) if t.seconds else None,
-                                     "gbps": round(nbytes / t.seconds / 1e9, 1) if t.seconds else None,
-                                     "error": t.error} for t in trials],
-                         "failed_check": [{"config": c, "err": e} for c, e in bad]}
                 report.append(entry)
-                best = min((t for t in trials if t.seconds), key=lambda t: t.seconds)
-                log(f"  tune {direction} {dt} n={n}: best {dict(best.config)} {best.seconds * 1e6:.1f} us "
-                    f"({nbytes / best.seconds / 1e9:.0f} GB/s) of {len(trials)}")
     user_dir = tuning.user_dir()
     for name, rows in rows_by_table.items():
-        for d in (out_dir, user_dir):
-            tuning.merge_rows(name, KEY_FIELDS, rows, Path(d) / f"{name}.json")
+        if rows:
+            for d in (out_dir, user_dir):
+                tuning.merge_rows(name, KEY_FIELDS, rows, Path(d) / f"{name}.json")
     return report
+
+
+def tune_one(torch, tdt, tuner, req, configs, direction, dt, n, vec, dev):
+    """Check every config against float64, time the ones that pass, return (report entry, winning table row)."""
+    from rtckern import tuning
+    from rtckern.ops import _softmax_plan as plan
+
+    bad = []
+    for cfg in configs:  # correctness of every config before it may win
+        try:
+            err = check_config(torch, tdt[dt], direction, dt, n, vec, plan.OnePass(**cfg), req)
+        except Exception as e:  # a config that cannot load or launch is out, with its reason
+            err = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        if not (isinstance(err, float) and err < (1e-5 if dt == "fp32" else 1.5e-2)):
+            bad.append((cfg, err))
+    if bad:
+        log(f"  tune {direction} {dt} n={n}: configs failing the reference check: {bad}")
+    good = [c for c in configs if c not in [b[0] for b in bad]]
+    orig = tuner.configs
+    tuner.configs = lambda r: good
+    try:
+        row, trials = tuning.tune_request(tuner, req)
+    finally:
+        tuner.configs = orig
+    elem = plan.ELEM_BYTES[dt]
+    nbytes = (2 if direction == plan.FWD else 3) * elem * max(4 * dev.sm_count, ELEMENTS // n) * n
+    entry = {"direction": direction, "dtype": dt, "n": n, "vec": vec, "best": dict(row.config),
+             "trials": [{"config": dict(t.config), "us": round(t.seconds * 1e6, 2) if t.seconds else None,
+                         "gbps": round(nbytes / t.seconds / 1e9, 1) if t.seconds else None,
+                         "error": t.error} for t in trials],
+             "failed_check": [{"config": c, "err": e} for c, e in bad]}
+    best = min((t for t in trials if t.seconds), key=lambda t: t.seconds)
+    log(f"  tune {direction} {dt} n={n}: best {dict(best.config)} {best.seconds * 1e6:.1f} us "
+        f"({nbytes / best.seconds / 1e9:.0f} GB/s) of {len(trials)}")
+    return entry, row
 
 
 def check_config(torch, tdtype, direction, dt, n, vec, cfg, req) -> float:
@@ -255,71 +278,105 @@ def rtk_forward(sm, op: str):
 
 
 def bench(torch, dev, dtypes, compile_mode: str, copy_ref: dict) -> list[dict]:
-    from rtckern.ops import softmax as sm
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
-
     results = []
     for op in FWD_OPS:
         for dt_name in dtypes:
             if op != "softmax" and dt_name != "bf16":
                 continue
-            dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dt_name]
             for n in BENCH_NS:
-                p = problem(torch, op, n, dtype)
-                if p is None:
-                    continue
-                x, extra, bytes_f, bytes_b, shape = p
-                r = {"op": op, "dtype": dt_name, "n": n, "shape": shape, "bytes_fwd": bytes_f, "bytes_bwd": bytes_b}
-                fwd = rtk_forward(sm, op)
-                vec = plan.vector_width(dt_name, n)
-                sel = cands.selection(op, dt_name, n, vec, 0)
-                r["impl_fwd"] = sel.name + " " + " ".join(s.name_expression for s in sel.specs)
-                r["rtk_fwd_ms"] = time_ms(torch, lambda: fwd(x, extra))
-                eager = torch_forward(torch, op, x, extra, SCALE)
-                r["eager_fwd_ms"] = time_ms(torch, lambda: eager(x, extra))
-                if op == "softmax":
-                    r["eager_plain_fwd_ms"] = time_ms(torch, lambda: torch.softmax(x, dim=-1))
-                if compile_mode == "all" or (compile_mode == "plain" and op == "softmax" and dt_name == "bf16"):
-                    try:
-                        t = time.perf_counter()
-                        cf = torch.compile(eager, dynamic=False)
-                        cf(x, extra)
-                        torch.cuda.synchronize()
-                        r["compile_s"] = round(time.perf_counter() - t, 1)
-                        r["compile_fwd_ms"] = time_ms(torch, lambda: cf(x, extra))
-                    except Exception as e:  # recorded: a missing baseline is reported, not hidden
-                        r["compile_error"] = str(e).splitlines()[0][:300]
-                # backward
-                y = fwd(x, extra)
-                dy = torch.randn_like(y)
-                bop = op + "_backward"
-                bwd = getattr(sm, bop)
-                selb = cands.selection(bop, dt_name, n, vec, 0)
-                r["impl_bwd"] = selb.name + " " + " ".join(s.name_expression for s in selb.specs)
-                r["rtk_bwd_ms"] = time_ms(torch, lambda: bwd(y, dy, SCALE))
-                r["eager_bwd_ms"] = time_ms(torch, lambda: torch._softmax_backward_data(dy, y, -1, y.dtype))
-                if op == "softmax":  # the two-launch online path on the same problem, for comparison
-                    from rtckern import config
-
-                    with config.override(force_impl={op: f"{op}.online", bop: f"{bop}.online"}):
-                        r["online_fwd_ms"] = time_ms(torch, lambda: fwd(x, extra))
-                        r["online_bwd_ms"] = time_ms(torch, lambda: bwd(y, dy, SCALE))
-                    r["online_fwd_gbps"] = round(bytes_f / r["online_fwd_ms"] / 1e6, 1)
-                    r["online_bwd_gbps"] = round(bytes_b / r["online_bwd_ms"] / 1e6, 1)
-                for k in ("rtk_fwd", "eager_fwd", "eager_plain_fwd", "compile_fwd"):
-                    if k + "_ms" in r:
-                        r[k + "_gbps"] = round(bytes_f / r[k + "_ms"] / 1e6, 1)
-                for k in ("rtk_bwd", "eager_bwd"):
-                    r[k + "_gbps"] = round(bytes_b / r[k + "_ms"] / 1e6, 1)
-                r["fwd_vs_copy"] = round(r["rtk_fwd_gbps"] / copy_ref[dt_name], 3)
-                r["bwd_vs_copy"] = round(r["rtk_bwd_gbps"] / copy_ref[dt_name], 3)
-                results.append(r)
-                log(f"  {op} {dt_name} n={n}: fwd {r['rtk_fwd_gbps']} GB/s ({r['fwd_vs_copy']}x copy), eager "
-                    f"{r['eager_fwd_gbps']}, compile {r.get('compile_fwd_gbps', '-')}; bwd {r['rtk_bwd_gbps']} "
-                    f"({r['bwd_vs_copy']}x), eager {r['eager_bwd_gbps']}")
-                del x, extra, y, dy
+                try:
+                    r = bench_one(torch, op, dt_name, n, compile_mode, copy_ref)
+                except Exception as e:  # recorded; the other problems still run
+                    log(f"  {op} {dt_name} n={n}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                    r = {"op": op, "dtype": dt_name, "n": n, "error": f"{type(e).__name__}: {e}"[:1000]}
+                if r is not None:
+                    results.append(r)
                 torch.cuda.empty_cache()
     return results
+
+
+def _check_rows(torch, out, ref) -> float:
+    """Relative error of a few rows of a benchmarked output against float64 (the numbers are of a correct op)."""
+    if torch.isnan(out).any():
+        return float("inf")
+    return (torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def bench_one(torch, op, dt_name, n, compile_mode, copy_ref) -> dict | None:
+    from rtckern.ops import softmax as sm
+    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dt_name]
+    p = problem(torch, op, n, dtype)
+    if p is None:
+        return None
+    x, extra, bytes_f, bytes_b, shape = p
+    r = {"op": op, "dtype": dt_name, "n": n, "shape": shape, "bytes_fwd": bytes_f, "bytes_bwd": bytes_b}
+    fwd = rtk_forward(sm, op)
+    vec = plan.vector_width(dt_name, n)
+    sel = cands.selection(op, dt_name, n, vec, 0)
+    r["impl_fwd"] = sel.name + " " + " ".join(s.name_expression for s in sel.specs)
+    eager = torch_forward(torch, op, x, extra, SCALE)
+    # Correctness of what is timed: the first rows of the flattened problem against float64.
+    y = fwd(x, extra)
+    x2, y2 = x.reshape(-1, n), y.reshape(-1, n)
+    rows = min(8, x2.shape[0])
+    if op == "softmax":
+        ref = torch.softmax(x2[:rows].double() * SCALE, -1)
+    else:
+        ref = torch.nan_to_num(eager(x.double(), extra).reshape(-1, n)[:rows], nan=0.0)
+    r["check_fwd_err"] = _check_rows(torch, y2[:rows], ref)
+    r["rtk_fwd_ms"] = time_ms(torch, lambda: fwd(x, extra))
+    r["eager_fwd_ms"] = time_ms(torch, lambda: eager(x, extra))
+    if op == "softmax":
+        r["eager_plain_fwd_ms"] = time_ms(torch, lambda: torch.softmax(x, dim=-1))
+    wanted = compile_mode == "all" or (compile_mode == "plain" and op == "softmax" and dt_name == "bf16")
+    if wanted and time.time() - T0 > COMPILE_DEADLINE[0]:
+        r["compile_error"] = f"skipped: past the --compile-deadline of {COMPILE_DEADLINE[0]} s"
+    elif wanted:
+        try:
+            t = time.perf_counter()
+            cf = torch.compile(eager, dynamic=False)
+            cf(x, extra)
+            torch.cuda.synchronize()
+            r["compile_s"] = round(time.perf_counter() - t, 1)
+            r["compile_fwd_ms"] = time_ms(torch, lambda: cf(x, extra))
+        except Exception as e:  # recorded: a missing baseline is reported, not hidden
+            r["compile_error"] = str(e).splitlines()[0][:300]
+    # backward
+    dy = torch.randn_like(y)
+    bop = op + "_backward"
+    bwd = getattr(sm, bop)
+    selb = cands.selection(bop, dt_name, n, vec, 0)
+    r["impl_bwd"] = selb.name + " " + " ".join(s.name_expression for s in selb.specs)
+    dx = bwd(y, dy, SCALE)
+    y64, dy64 = y.reshape(-1, n)[:rows].double(), dy.reshape(-1, n)[:rows].double()
+    r["check_bwd_err"] = _check_rows(torch, dx.reshape(-1, n)[:rows],
+                                     SCALE * y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True)))
+    del dx
+    r["rtk_bwd_ms"] = time_ms(torch, lambda: bwd(y, dy, SCALE))
+    r["eager_bwd_ms"] = time_ms(torch, lambda: torch._softmax_backward_data(dy, y, -1, y.dtype))
+    if op == "softmax":  # the two-launch online path on the same problem, for comparison
+        from rtckern import config
+
+        with config.override(force_impl={op: f"{op}.online", bop: f"{bop}.online"}):
+            r["online_fwd_ms"] = time_ms(torch, lambda: fwd(x, extra))
+            r["online_bwd_ms"] = time_ms(torch, lambda: bwd(y, dy, SCALE))
+        r["online_fwd_gbps"] = round(bytes_f / r["online_fwd_ms"] / 1e6, 1)
+        r["online_bwd_gbps"] = round(bytes_b / r["online_bwd_ms"] / 1e6, 1)
+    for k in ("rtk_fwd", "eager_fwd", "eager_plain_fwd", "compile_fwd"):
+        if k + "_ms" in r:
+            r[k + "_gbps"] = round(bytes_f / r[k + "_ms"] / 1e6, 1)
+    for k in ("rtk_bwd", "eager_bwd"):
+        r[k + "_gbps"] = round(bytes_b / r[k + "_ms"] / 1e6, 1)
+    r["fwd_vs_copy"] = round(r["rtk_fwd_gbps"] / copy_ref[dt_name], 3)
+    r["bwd_vs_copy"] = round(r["rtk_bwd_gbps"] / copy_ref[dt_name], 3)
+    log(f"  {op} {dt_name} n={n}: fwd {r['rtk_fwd_gbps']} GB/s ({r['fwd_vs_copy']}x copy), eager "
+        f"{r['eager_fwd_gbps']}, plain {r.get('eager_plain_fwd_gbps', '-')}, compile {r.get('compile_fwd_gbps', '-')}, "
+        f"online {r.get('online_fwd_gbps', '-')}; bwd {r['rtk_bwd_gbps']} ({r['bwd_vs_copy']}x), eager "
+        f"{r['eager_bwd_gbps']}, online {r.get('online_bwd_gbps', '-')}; err {r['check_fwd_err']:.1e}/"
+        f"{r['check_bwd_err']:.1e}; {r['impl_fwd']} | {r['impl_bwd']}")
+    return r
 
 
 # ---- report ------------------------------------------------------------------------------------------------------
@@ -330,6 +387,7 @@ def geomean(v):
 
 def summary(results: list[dict]) -> dict:
     out = {}
+    results = [r for r in results if "error" not in r]
     for op in FWD_OPS:
         for dt in ("bf16", "fp16", "fp32"):
             rs = [r for r in results if r["op"] == op and r["dtype"] == dt]
@@ -361,6 +419,9 @@ def markdown(env: dict, copy_ref: dict, results: list[dict], summ: dict, tune_re
              "| op | dtype | N | shape | fwd GB/s | x copy | eager | eager plain | compile | x eager | x compile | "
              "bwd GB/s | x copy | eager bwd |", "|" + "---|" * 14]
     for r in results:
+        if "error" in r:
+            lines.append(f"| {r['op']} | {r['dtype']} | {r['n']} | FAILED: {r['error'][:120]} |" + " |" * 10)
+            continue
         ce = r.get("compile_fwd_gbps")
         lines.append(
             f"| {r['op']} | {r['dtype']} | {r['n']} | {r['shape']} | {r['rtk_fwd_gbps']:.0f} | {r['fwd_vs_copy']:.2f} | "
@@ -378,7 +439,7 @@ def markdown(env: dict, copy_ref: dict, results: list[dict], summ: dict, tune_re
             lines.append(f"| {t['direction']} | {t['dtype']} | {t['n']} | {b['threads']}/{b['group']}/{b['items']}/"
                          f"{b['min_blocks']} | {tried} |")
     lines.append("")
-    impls = sorted({(r["op"], r["dtype"], r["n"], r["impl_fwd"], r["impl_bwd"]) for r in results})
+    impls = sorted({(r["op"], r["dtype"], r["n"], r["impl_fwd"], r["impl_bwd"]) for r in results if "error" not in r})
     lines += ["## Kernels used", ""] + [f"- {o} {d} N={n}: {f}; backward {b}" for o, d, n, f, b in impls] + [""]
     return "\n".join(lines)
 
@@ -391,6 +452,7 @@ def plot(results: list[dict], copy_ref: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    results = [r for r in results if "error" not in r]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     for ax, d in zip(axes, ("fwd", "bwd")):
         for op, style in zip(FWD_OPS, ("o-", "s-", "^-", "v-")):
@@ -428,7 +490,10 @@ def main() -> None:
     ap.add_argument("--compile", default="plain", choices=("all", "plain", "none"))
     ap.add_argument("--dtypes", default="bf16,fp16,fp32")
     ap.add_argument("--name", default="softmax_results")
+    ap.add_argument("--compile-deadline", type=float, default=1e9,
+                    help="seconds after start past which torch.compile baselines are skipped")
     args = ap.parse_args()
+    COMPILE_DEADLINE[0] = args.compile_deadline
     dtypes = args.dtypes.split(",")
 
     import torch
@@ -449,21 +514,31 @@ def main() -> None:
     if args.tune:
         tune_report = tune(torch, dev, dtypes, out_dir)
         payload["tuning"] = tune_report
+    elif (out_dir / "softmax_tuning.json").is_file():  # an earlier --tune run of this session
+        earlier = json.loads((out_dir / "softmax_tuning.json").read_text())
+        tune_report = earlier.get("tuning", [])
+        payload["tuning"] = tune_report
+        payload.setdefault("prefill", earlier.get("prefill"))
     if args.bench:
         copy_ref = {dt: copy_gbps(torch, ELEMENTS, {"fp32": torch.float32, "fp16": torch.float16,
                                                     "bf16": torch.bfloat16}[dt]) for dt in dtypes}
         copy_ref_4g = copy_gbps(torch, 1 << 31, torch.bfloat16)
         log("copy GB/s:", {k: round(v) for k, v in copy_ref.items()}, "4 GiB bf16:", round(copy_ref_4g))
         results = bench(torch, dev, dtypes, args.compile, copy_ref)
-        summ = summary(results)
-        payload.update({"copy_gbps": copy_ref, "copy_gbps_4gib": copy_ref_4g, "results": results, "summary": summ,
+        payload.update({"copy_gbps": copy_ref, "copy_gbps_4gib": copy_ref_4g, "results": results,
                         "elements": ELEMENTS, "scale": SCALE})
+        (out_dir / f"{args.name}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+        summ = summary(results)
+        payload["summary"] = summ
         md = markdown(env, copy_ref, results, summ, tune_report)
-        benv.write(args.name, payload, md)
-        plot(results, copy_ref, out_dir / f"{args.name}.png")
+        benv.write(args.name, json.loads(json.dumps(payload, default=str)), md)
+        try:
+            plot(results, copy_ref, out_dir / f"{args.name}.png")
+        except Exception as e:  # the numbers are written; a plot failure is reported only
+            log("plot failed:", e)
         log("summary:", json.dumps(summ))
     else:
-        (out_dir / f"{args.name}.json").write_text(json.dumps(payload, indent=1) + "\n")
+        (out_dir / f"{args.name}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":

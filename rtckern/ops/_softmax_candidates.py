@@ -48,7 +48,7 @@ def _config_for(direction: str, req: OpRequest) -> plan.OnePass | None:
 
 
 def onepass_spec(direction: str, kind: int, dtype: str, vec: int, cfg: plan.OnePass, arch, op: str = "") -> KernelSpec:
-    return KernelSpec(plan.SOURCE, plan.onepass_kernel_name(direction), arch,
+    return KernelSpec(plan.SOURCE, plan.onepass_kernel_name(direction, cfg), arch,
                       template_args=plan.onepass_template_args(direction, dtype, kind, vec, cfg), op=op)
 
 

@@ -38,24 +38,46 @@ def vector_width(dtype: str, n: int, addresses: tuple[int, ...] = (), mask_addre
     return 1
 
 
+KERNELS = ("regs", "async", "l2")
+
+
 @dataclasses.dataclass(frozen=True)
 class OnePass:
-    """One-pass kernel config: `group` threads per row (<= 32: several rows per block; == threads: one row per
-    block, the part of the row past the registers in dynamic shared memory), `items` vectors per thread kept in
-    registers, `min_blocks` the __launch_bounds__ occupancy hint."""
+    """A one-launch kernel config.
+
+    kernel "regs" (softmax_fwd / softmax_bwd): `group` threads per row (<= 32: several rows per block; == threads:
+    one row per block, the part of the row past the registers in dynamic shared memory), `items` vectors per
+    thread kept in registers. Device memory is read once.
+    kernel "async" (forward only, softmax_fwd_async): one row per block copied whole into shared memory with
+    cp.async; no row data in registers, so many rows per SM. Device memory is read once.
+    kernel "l2" (softmax_fwd_l2 / softmax_bwd_l2): one row per block, no stash; the second pass reads the row
+    again, from L2 while the block runs (any row length).
+    `min_blocks` is the __launch_bounds__ occupancy hint (a register budget). For async and l2, group == threads
+    and items == 0.
+    """
 
     threads: int
     group: int
     items: int
     min_blocks: int = 1
+    kernel: str = "regs"
 
     def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise ValueError(f"{self}: kernel must be one of {KERNELS}")
+        if not 0 < self.threads <= 1024 or self.min_blocks < 1:
+            raise ValueError(f"{self}: threads 1..1024, min_blocks >= 1")
+        if self.kernel != "regs":
+            if self.group != self.threads or self.items != 0 or self.threads % 32 or self.threads <= 32:
+                raise ValueError(f"{self}: {self.kernel} kernels take one row per block of whole warps "
+                                 "(group == threads > 32) and no register items (items == 0)")
+            return
         if self.group & (self.group - 1) or self.threads % self.group:
             raise ValueError(f"{self}: group must be a power of two dividing threads")
         if self.group > 32 and self.group != self.threads:
             raise ValueError(f"{self}: a group wider than a warp must be the whole block")
-        if not 0 < self.threads <= 1024 or self.items < 1 or self.min_blocks < 1:
-            raise ValueError(f"{self}: threads 1..1024, items >= 1, min_blocks >= 1")
+        if self.items < 1:
+            raise ValueError(f"{self}: items >= 1")
 
     @property
     def block_row(self) -> bool:
@@ -69,8 +91,12 @@ class OnePass:
         return self.group * self.items * vec
 
     def smem_bytes(self, direction: str, dtype: str, n: int, vec: int) -> int:
-        """Dynamic shared memory for a row of n keys: the part past the registers, in the storage type (y and dy
-        for the backward)."""
+        """Dynamic shared memory for a row of n keys: for "regs", the part past the registers in the storage
+        type (y and dy for the backward); for "async", the whole row; none for "l2"."""
+        if self.kernel == "async":
+            return n * ELEM_BYTES[dtype]
+        if self.kernel == "l2":
+            return 0
         reg = self.register_keys(vec)
         if n <= reg:
             return 0
@@ -118,24 +144,43 @@ def default_onepass(direction: str, dtype: str, n: int, vec: int, smem_optin: in
 
 def fits(cfg: OnePass, direction: str, dtype: str, n: int, vec: int, smem_optin: int) -> str | None:
     """None when cfg can run rows of n keys, else why not."""
+    limit = smem_optin - SMEM_STATIC_RESERVE
+    if cfg.kernel == "l2":
+        return None
+    if cfg.kernel == "async":
+        if direction != FWD:
+            return "the async (cp.async) kernel exists for the forward only"
+        smem = cfg.smem_bytes(direction, dtype, n, vec)
+        if smem > limit:
+            return f"a row of {n} {dtype} keys needs {smem} B of shared memory; the device allows {limit} B per block"
+        return None
     reg = cfg.register_keys(vec)
     if n > reg and not cfg.block_row:
         return f"{cfg} holds {reg} keys per row in registers and has no shared-memory stash, row has {n}"
     smem = cfg.smem_bytes(direction, dtype, n, vec) if n > reg else 0
-    limit = smem_optin - SMEM_STATIC_RESERVE
     if smem > limit:
         return (f"a row of {n} {dtype} keys needs {smem} B of shared memory past the {reg} keys in registers; "
                 f"the device allows {limit} B per block")
     return None
 
 
+_KERNEL_NAMES = {(FWD, "regs"): "softmax_fwd", (FWD, "async"): "softmax_fwd_async", (FWD, "l2"): "softmax_fwd_l2",
+                 (BWD, "regs"): "softmax_bwd", (BWD, "l2"): "softmax_bwd_l2"}
+
+
 def onepass_template_args(direction: str, dtype: str, kind: int, vec: int, cfg: OnePass) -> tuple:
     k = kind if direction == FWD else (CAUSAL if kind == CAUSAL else PLAIN)
-    return (CTYPES[dtype], k, vec, cfg.items, cfg.group, cfg.threads, cfg.min_blocks)
+    if cfg.kernel == "regs":
+        return (CTYPES[dtype], k, vec, cfg.items, cfg.group, cfg.threads, cfg.min_blocks)
+    return (CTYPES[dtype], k, vec, cfg.threads, cfg.min_blocks)
 
 
-def onepass_kernel_name(direction: str) -> str:
-    return "softmax_fwd" if direction == FWD else "softmax_bwd"
+def onepass_kernel_name(direction: str, cfg: OnePass | None = None) -> str:
+    kernel = cfg.kernel if cfg is not None else "regs"
+    try:
+        return _KERNEL_NAMES[(direction, kernel)]
+    except KeyError:
+        raise ValueError(f"no {kernel} kernel for the {direction} direction") from None
 
 
 @dataclasses.dataclass(frozen=True)

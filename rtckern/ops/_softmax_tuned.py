@@ -19,8 +19,9 @@ KEY_FIELDS = ("dtype", "vec", "n")
 TUNE_ELEMENTS = 1 << 27
 
 
-def config_dict(cfg: plan.OnePass) -> dict[str, int]:
-    return {"threads": cfg.threads, "group": cfg.group, "items": cfg.items, "min_blocks": cfg.min_blocks}
+def config_dict(cfg: plan.OnePass) -> dict[str, Any]:
+    return {"threads": cfg.threads, "group": cfg.group, "items": cfg.items, "min_blocks": cfg.min_blocks,
+            "kernel": cfg.kernel}
 
 
 def _valid_for(direction: str, smem_optin: int):
@@ -45,13 +46,15 @@ def tuned_onepass(direction: str, dtype: str, n: int, vec: int, device) -> tuple
     key = {"dtype": dtype, "vec": vec, "n": n}
     smem = device.max_smem_per_block_optin
     found = tuning.lookup(TABLES[direction], device, key, valid=_valid_for(direction, smem))
-    if found is not None:
+    # A row measured at another vector width (a misaligned or odd-length row) says little about this one.
+    if found is not None and (found.row is None or dict(found.row.shape).get("vec") == vec):
         return plan.OnePass(**found.config), found.source
     cfg = plan.default_onepass(direction, dtype, n, vec, smem)
     return cfg, ("heuristic" if cfg is not None else "none")
 
 
-def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int) -> list[plan.OnePass]:
+def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
+                  max_threads_per_sm: int = 2048) -> list[plan.OnePass]:
     """The configs worth timing for rows of n keys: groups of a warp or less, one row per block of 128..1024
     threads covering the row in registers, and (for rows past the registers) shared-memory stashes with one or
     two blocks per SM. Register use per thread is kept where the compiler does not spill."""
@@ -89,9 +92,19 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int)
     # the compiler otherwise keeps fp32 copies of the stored vectors and runs one or two blocks per SM.
     out += [plan.OnePass(c.threads, c.group, c.items, 1024 // c.threads) for c in out
             if c.min_blocks == 1 and c.threads < 1024 and c.register_keys(vec) >= n]
+    # Register-free one-row-per-block kernels: the whole row in shared memory through cp.async (forward), or
+    # a second read from L2 (rows of 8192 keys and more, where per-row latency matters most).
+    if direction == plan.FWD:
+        for threads in (128, 256, 512):
+            if nvec >= threads:
+                out.append(plan.OnePass(threads, threads, 0, 1, "async"))
+    if n >= 8192:
+        for threads, min_blocks in ((256, 1), (512, 1), (1024, 1), (1024, 2)):
+            out.append(plan.OnePass(threads, threads, 0, min_blocks, "l2"))
     seen, uniq = set(), []
     for c in out:
-        if c not in seen and plan.fits(c, direction, dtype, n, vec, smem_optin) is None:
+        if (c not in seen and c.threads * c.min_blocks <= max_threads_per_sm
+                and plan.fits(c, direction, dtype, n, vec, smem_optin) is None):
             seen.add(c)
             uniq.append(c)
     return uniq
@@ -110,8 +123,9 @@ class SoftmaxTuner(tuning.Tuner):
         return {"dtype": req.dtype("x"), "vec": req.dim("vec"), "n": req.dim("n")}
 
     def configs(self, req) -> list[dict[str, Any]]:
+        d = req.device
         return [config_dict(c) for c in sweep_configs(self.direction, req.dtype("x"), req.dim("n"), req.dim("vec"),
-                                                      req.device.max_smem_per_block_optin)]
+                                                      d.max_smem_per_block_optin, d.max_threads_per_sm)]
 
     def heuristic(self, key, device):
         cfg = plan.default_onepass(self.direction, key["dtype"], key["n"], key["vec"], device.max_smem_per_block_optin)

@@ -1,0 +1,241 @@
+// One-row-per-block softmax kernels that hold no row data in registers, so many blocks (rows) fit on an SM and
+// the memory system always has requests in flight while other blocks reduce:
+//
+//   softmax_fwd_async: the row is copied into dynamic shared memory with cp.async (sm_80+; plain loads and
+//     stores before that), then read from there: device memory is read once. Shared memory: n * sizeof(T).
+//     Pass 1 keeps a running (max, sum of exp2) per thread, pass 2 normalizes and stores.
+//   softmax_fwd_l2 / softmax_bwd_l2: no stash at all. Pass 1 streams the row from device memory (normal
+//     loads, so the lines stay in L2), pass 2 reads it again (evict-first loads: the second read should hit
+//     L2 while the row's block is still running) and writes the output.
+//
+// Same kernel parameters as softmax_fwd / softmax_bwd; blocks of THREADS threads, one row each.
+#pragma once
+#include "softmax/softmax_fwd.cuh"
+
+// Plain (L2-allocating) loads for data read again soon.
+template <typename T, int VEC>
+RTK_DEVICE rtk_vec<T, VEC> rtk_sm_load_keep(const T* p) {
+  return rtk_load_vec<T, VEC>(p);
+}
+
+// Copies VEC elements global -> shared without passing through registers where the hardware can.
+template <typename T, int VEC>
+RTK_DEVICE void rtk_sm_copy_async(rtk_vec<T, VEC>* dst, const T* src) {
+#if defined(RTK_CUDA) && (RTK_ARCH >= 800)
+  constexpr int kBytes = (int)sizeof(T) * VEC;
+  if constexpr (kBytes == 16) {
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+  } else if constexpr (kBytes == 8 || kBytes == 4) {
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(kBytes));
+  } else {
+    *dst = rtk_load_vec<T, VEC>(src);
+  }
+#else
+  *dst = rtk_load_vec<T, VEC>(src);
+#endif
+}
+
+// Waits for this thread's cp.async copies (each thread reads back only what it copied: no barrier needed).
+RTK_DEVICE void rtk_sm_copy_wait() {
+#if defined(RTK_CUDA) && (RTK_ARCH >= 800)
+  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// Logits (log2 units) of a stored vector at key e: causal keys at or past `valid` and stored -inf become -inf.
+template <typename T, int KIND, int VEC>
+RTK_DEVICE void rtk_softmax_stash_logits(const rtk_vec<T, VEC>& s, long long e, long long valid, float scale_log2,
+                                         float (&f)[VEC]) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    float l = rtk_softmax_logit(rtk_to_float(s.v[i]), scale_log2);
+    if constexpr (KIND == RTK_SOFTMAX_CAUSAL) l = (e + i < valid) ? l : rtk_neg_inf();
+    f[i] = l;
+  }
+}
+
+// Per-thread running (max, sum of exp2(l - max)) over one vector of logits.
+template <int VEC>
+RTK_DEVICE void rtk_softmax_online_update(const float (&f)[VEC], float& m, float& s) {
+  float vm = f[0];
+#pragma unroll
+  for (int i = 1; i < VEC; ++i) vm = fmaxf(vm, f[i]);
+  const float m_new = fmaxf(m, vm);
+  if (m_new != rtk_neg_inf()) {
+    s *= rtk_exp2(m - m_new);  // m = -inf: s is 0 and exp2(-inf) = 0
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) s += rtk_exp2(f[i] - m_new);
+    m = m_new;
+  }
+}
+
+// Block-wide (max, 1 / sum) from per-thread running pairs; max = 0 and 1 / sum = 0 for a fully masked row.
+RTK_DEVICE void rtk_softmax_block_stats(float m, float s, float* scratch, float& mx, float& inv) {
+  const float bm = rtk_block_reduce(m, rtk_max_op{}, scratch);
+  const float bs = rtk_block_reduce(bm == rtk_neg_inf() ? 0.f : s * rtk_exp2(m - bm), rtk_sum_op{}, scratch);
+  mx = bm == rtk_neg_inf() ? 0.f : bm;
+  inv = bs > 0.f ? 1.f / bs : 0.f;
+}
+
+template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+softmax_fwd_async(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask,
+                  long long rows, long long n, long long sq, long long heads, long long mask_batch_stride,
+                  long long diag_offset, float scale) {
+  static_assert(THREADS > RTK_WARP_SIZE_CONST && THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
+  __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST];
+  extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
+  rtk_vec<T, VEC>* stash = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
+  const long long row = blockIdx.x;
+  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
+  const float scale_log2 = scale * kRtkLog2e;
+  const T* xr = x + row * n;
+  T* yr = y + row * n;
+  const unsigned char* mr = nullptr;
+  if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
+  constexpr long long kStep = (long long)THREADS * VEC;
+
+  // Copy the row (up to the causal bound) into shared memory; every request is in flight before any wait.
+  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) rtk_sm_copy_async<T, VEC>(stash + e / VEC, xr + e);
+  rtk_sm_copy_wait();
+
+  // Pass 1: masked keys become -inf in the stash (so pass 2 needs no mask); running max and sum.
+  float m = rtk_neg_inf(), s = 0.f;
+#pragma unroll 4
+  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
+    rtk_vec<T, VEC> v = stash[e / VEC];
+    if constexpr (KIND == RTK_SOFTMAX_MASKED) {
+      bool masked[VEC];
+      rtk_sm_load_mask<VEC>(mr + e, masked);
+      bool any = false;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        if (masked[i]) v.v[i] = rtk_from_float<T>(rtk_neg_inf());
+        any |= masked[i];
+      }
+      if (any) stash[e / VEC] = v;
+    }
+    float f[VEC];
+    rtk_softmax_stash_logits<T, KIND, VEC>(v, e, valid, scale_log2, f);
+    rtk_softmax_online_update<VEC>(f, m, s);
+  }
+  float mx, inv;
+  rtk_softmax_block_stats(m, s, scratch, mx, inv);
+
+  // Pass 2: normalize and store every key (zeros past `valid`).
+#pragma unroll 4
+  for (long long e = (long long)threadIdx.x * VEC; e < n; e += kStep) {
+    rtk_vec<T, VEC> o;
+    if (e < valid) {
+      float f[VEC];
+      rtk_softmax_stash_logits<T, KIND, VEC>(stash[e / VEC], e, valid, scale_log2, f);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(rtk_exp2(f[i] - mx) * inv);
+    } else {
+      o = rtk_sm_zero<T, VEC>();
+    }
+    rtk_sm_store<T, VEC>(yr + e, o);
+  }
+}
+
+// Logits of keys e..e+VEC-1 loaded with L2-keeping loads (pass 1 of the l2 kernels).
+template <typename T, int KIND, int VEC>
+RTK_DEVICE void rtk_softmax_load_logits_keep(const T* __restrict__ xr, const unsigned char* __restrict__ mr,
+                                             long long e, long long valid, float scale_log2, float (&f)[VEC]) {
+  const rtk_vec<T, VEC> v = rtk_sm_load_keep<T, VEC>(xr + e);
+  bool masked[VEC];
+  if constexpr (KIND == RTK_SOFTMAX_MASKED) rtk_sm_load_mask<VEC>(mr + e, masked);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    float l = rtk_softmax_logit(rtk_to_float(v.v[i]), scale_log2);
+    if constexpr (KIND == RTK_SOFTMAX_MASKED) l = masked[i] ? rtk_neg_inf() : l;
+    if constexpr (KIND == RTK_SOFTMAX_CAUSAL) l = (e + i < valid) ? l : rtk_neg_inf();
+    f[i] = l;
+  }
+}
+
+template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+softmax_fwd_l2(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask, long long rows,
+               long long n, long long sq, long long heads, long long mask_batch_stride, long long diag_offset,
+               float scale) {
+  static_assert(THREADS > RTK_WARP_SIZE_CONST && THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
+  __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST];
+  const long long row = blockIdx.x;
+  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
+  const float scale_log2 = scale * kRtkLog2e;
+  const T* xr = x + row * n;
+  T* yr = y + row * n;
+  const unsigned char* mr = nullptr;
+  if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
+  constexpr long long kStep = (long long)THREADS * VEC;
+
+  float m = rtk_neg_inf(), s = 0.f;
+#pragma unroll 4
+  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
+    float f[VEC];
+    rtk_softmax_load_logits_keep<T, KIND, VEC>(xr, mr, e, valid, scale_log2, f);
+    rtk_softmax_online_update<VEC>(f, m, s);
+  }
+  float mx, inv;
+  rtk_softmax_block_stats(m, s, scratch, mx, inv);
+
+#pragma unroll 4
+  for (long long e = (long long)threadIdx.x * VEC; e < n; e += kStep) {
+    rtk_vec<T, VEC> o;
+    if (e < valid) {
+      float f[VEC];
+      rtk_softmax_load_logits<T, KIND, VEC>(xr, mr, e, valid, scale_log2, f);  // evict-first: last use
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(rtk_exp2(f[i] - mx) * inv);
+    } else {
+      o = rtk_sm_zero<T, VEC>();
+    }
+    rtk_sm_store<T, VEC>(yr + e, o);
+  }
+}
+
+template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+softmax_bwd_l2(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, long long n,
+               long long sq, long long diag_offset, float scale) {
+  static_assert(THREADS > RTK_WARP_SIZE_CONST && THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
+  static_assert(KIND == RTK_SOFTMAX_PLAIN || KIND == RTK_SOFTMAX_CAUSAL, "backward kinds: plain or causal");
+  __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST];
+  const long long row = blockIdx.x;
+  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
+  const T* yr = y + row * n;
+  const T* dyr = dy + row * n;
+  T* dxr = dx + row * n;
+  constexpr long long kStep = (long long)THREADS * VEC;
+
+  float dot = 0.f;
+#pragma unroll 4
+  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
+    const rtk_vec<T, VEC> a = rtk_sm_load_keep<T, VEC>(yr + e);
+    const rtk_vec<T, VEC> b = rtk_sm_load_keep<T, VEC>(dyr + e);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) dot += rtk_to_float(a.v[i]) * rtk_to_float(b.v[i]);
+  }
+  dot = rtk_block_reduce(dot, rtk_sum_op{}, scratch);
+
+#pragma unroll 4
+  for (long long e = (long long)threadIdx.x * VEC; e < n; e += kStep) {
+    rtk_vec<T, VEC> o;
+    if (e < valid) {
+      const rtk_vec<T, VEC> a = rtk_sm_load<T, VEC>(yr + e);
+      const rtk_vec<T, VEC> b = rtk_sm_load<T, VEC>(dyr + e);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float yv = rtk_to_float(a.v[i]);
+        o.v[i] = rtk_from_float<T>(scale * yv * (rtk_to_float(b.v[i]) - dot));
+      }
+    } else {
+      o = rtk_sm_zero<T, VEC>();
+    }
+    rtk_sm_store<T, VEC>(dxr + e, o);
+  }
+}
