@@ -333,11 +333,9 @@ def family_tile(family: str, hd: int, causal: bool):
         return C.SM80_TILES[(hd, causal)][0]
     if family == "sm90":
         return C.SM90_TILES.get(hd)
-    if family == "sm90ws":
-        return C.SM90_WS_TILES.get(hd)
-    if family == "sm90wsp":  # the ping-pong schedule of the default ws tile
-        t = C.SM90_WS_TILES.get(hd)
-        return None if t is None else C.Sm90WsTile(t.bn, t.nwg, t.ks, t.vs, True)
+    if family in ("sm90ws", "sm90wsp"):  # the default ws tile; sm90wsp: with the ping-pong schedule forced on
+        t = C.SM90_WS_TILES.get((hd, causal))
+        return None if t is None else C.Sm90WsTile(t.bn, t.nwg, t.ks, t.vs, t.pingpong or family == "sm90wsp")
     if family == "simt":
         return C.SIMT_TILE
     raise ValueError(f"unknown kernel family {family!r}: sm80, sm90, sm90ws, simt")
@@ -379,6 +377,7 @@ def main(argv=None):
     ap.add_argument("--tiles", default="", help="extra raw tiles to time: hd=tile,tile;hd=...")
     ap.add_argument("--impls", default="", help="rtckern engine: extra forced candidates to time, comma list")
     ap.add_argument("--compile-times", action="store_true", help="cold NVRTC compile of every default kernel")
+    ap.add_argument("--replot", default="", help="rewrite the markdown and PNG of a results JSON (no GPU needed)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default="")
     ap.add_argument("--tag", default="")
@@ -387,6 +386,12 @@ def main(argv=None):
 
     if args.compile_times:
         return compile_times(args.out)
+    if args.replot:
+        src = Path(args.replot)
+        result = json.loads(src.read_text())
+        write_markdown(result, src.with_suffix(".md"))
+        write_plot(result, src.with_suffix(".png"))
+        return result
     import torch
 
     env = environment()
@@ -478,7 +483,7 @@ def compile_times(out: str):
             jobs.append((C.SIMT_SOURCE, C.SIMT_KERNEL, C.SIMT_TILE, hd, causal, "sm_75"))
             if hd in C.SM90_HEAD_DIMS:
                 jobs.append((C.SM90_SOURCE, C.SM90_KERNEL, C.SM90_TILES[hd], hd, causal, "sm_90a"))
-                jobs.append((C.SM90_WS_SOURCE, C.SM90_WS_KERNEL, C.SM90_WS_TILES[hd], hd, causal, "sm_90a"))
+                jobs.append((C.SM90_WS_SOURCE, C.SM90_WS_KERNEL, C.SM90_WS_TILES[(hd, causal)], hd, causal, "sm_90a"))
     rows = []
     for source, name, tile, hd, causal, arch in jobs:
         spec = KernelSpec(source, name, Arch.parse(arch), template_args=tile.template_args("bf16", hd, causal))
@@ -521,6 +526,8 @@ def write_markdown(result, path: Path) -> None:
         for k in r["tflops"]:
             if k not in labels:
                 labels.append(k)
+    for note in result.get("notes", []):
+        lines += [note, ""]
     lines.append("| head dim | seqlen | batch | causal | " + " | ".join(labels) + " | best rtckern / flash |")
     lines.append("|" + "---|" * (len(labels) + 5))
     for r in result["bench"]:
@@ -548,7 +555,8 @@ def write_plot(result, path: Path) -> None:
     every = []
     for r in result["bench"]:
         every += [k for k in r["tflops"] if k not in every]
-    colors = {lab: plt.cm.tab10(i % 10) for i, lab in enumerate(every)}  # one color per series in every panel
+    cmap = plt.cm.tab10 if len(every) <= 10 else plt.cm.tab20
+    colors = {lab: cmap(i % cmap.N) for i, lab in enumerate(every)}  # one color per series in every panel
     for ax, (hd, causal) in zip(axes, panels):
         rows = [r for r in result["bench"] if r["hd"] == hd and r["causal"] == causal]
         for lab in every:

@@ -1,9 +1,11 @@
 """Registry candidates of the attention op, in priority order:
 
-  attention.sm90a_wgmma   sm_90 only (arch-specific sm_90a cubin): wgmma, FA3-style softmax/GEMM overlap;
+  attention.sm90a_ws      sm_90 only (arch-specific sm_90a cubin): warp-specialized FlashAttention-3 structure:
+                          a TMA producer warpgroup, mbarrier rings, consumer warpgroups on wgmma with the
+                          softmax of tile n under the P V product of tile n-1 (ping-pong for causal hd128);
                           head dims 64, 128, 256
-  attention.sm90a_ws      sm_90 only: the same math, warp-specialized: a TMA producer warpgroup and mbarrier
-                          rings instead of cp.async by every thread and a block barrier per tile
+  attention.sm90a_wgmma   sm_90 only: the same math without warp specialization (cp.async by every thread, a
+                          block barrier per tile); kept as the next choice (it needs no tensor maps)
   attention.sm80_mma      sm_80 and newer: mma.sync m16n8k16 + ldmatrix + cp.async ring (FlashAttention-2 class);
                           head dims 32, 64, 96, 128, 256
   attention.simt          sm_75 and newer: fp32 FMA tiles, the fallback for GPUs without bf16 tensor cores
@@ -132,7 +134,7 @@ class Sm90Ws(_AttentionCandidate):
     """The warp-specialized TMA kernel. K and V go in as tensor maps, so it launches through cuLaunchKernel."""
 
     name = "attention.sm90a_ws"
-    priority = 250
+    priority = 350
     min_arch = "sm_90"
     max_arch = "sm_90"
     arch_specific = True
@@ -141,7 +143,7 @@ class Sm90Ws(_AttentionCandidate):
     kernel = cfgs.SM90_WS_KERNEL
 
     def default_tile(self, head_dim, causal, device):
-        return cfgs.SM90_WS_TILES[head_dim]
+        return cfgs.SM90_WS_TILES[(head_dim, bool(causal))]
 
     def tile_from_config(self, c):
         return cfgs.Sm90WsTile(int(c["bn"]), int(c.get("nwg", 2)), int(c.get("ks", 2)), int(c.get("vs", 2)),
@@ -209,7 +211,7 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
     return request(dtype or "bf16", hd, causal, device)
 
 
-CANDIDATES = (Sm90Wgmma(), Sm90Ws(), Sm80Mma(), Simt())
+CANDIDATES = (Sm90Ws(), Sm90Wgmma(), Sm80Mma(), Simt())
 _registered = False
 
 

@@ -150,10 +150,16 @@ class Sm90WsTile:
         return f"ws{self.bm}x{self.bn}k{self.ks}v{self.vs}{'p' if self.pingpong else ''}"
 
 
-SM90_WS_TILES: dict[int, Sm90WsTile] = {
-    64: Sm90WsTile(128, 2, 2, 2),
-    128: Sm90WsTile(128, 2, 2, 2),
-    256: Sm90WsTile(64, 2, 2, 2),
+# Per (head dim, causal), fastest measured on the H200 (run 3, benchmarks/results/attention_rtckern_2026-11-26.md):
+# ping-pong pays for causal head dim 128 (392 vs 364 TFLOP/s at 1k, 670 vs 659 at 16k; 551 vs 558 at 4k) and
+# costs elsewhere (hd128 non-causal 16k: 596 vs 692; hd64 4k: 399 vs 439).
+SM90_WS_TILES: dict[tuple[int, bool], Sm90WsTile] = {
+    (64, False): Sm90WsTile(128, 2, 2, 2),
+    (64, True): Sm90WsTile(128, 2, 2, 2),
+    (128, False): Sm90WsTile(128, 2, 2, 2),
+    (128, True): Sm90WsTile(128, 2, 2, 2, pingpong=True),
+    (256, False): Sm90WsTile(64, 2, 2, 2),
+    (256, True): Sm90WsTile(64, 2, 2, 2),
 }
 
 

@@ -116,7 +116,7 @@ def test_tile_shared_memory_and_picking():
     for (hd, _), ts in K.SM80_TILES.items():
         for tile in ts:
             assert tile.bm % (16 * tile.warps) == 0 and hd in K.HEAD_DIMS
-    for hd, tile in list(K.SM90_TILES.items()) + list(K.SM90_WS_TILES.items()):
+    for hd, tile in list(K.SM90_TILES.items()) + [(hd, t) for (hd, _), t in K.SM90_WS_TILES.items()]:
         assert tile.smem_bytes(hd) <= 232448, (hd, tile)
     ws = K.Sm90WsTile(128, 2, 2, 2)
     assert (ws.threads, ws.template_args("fp16", 128, True)) == (384, ("rtk_half", 128, 128, 2, 2, 2, True, False))
@@ -139,7 +139,8 @@ def test_generated_wgmma_header_is_current():
 
 # ---- registry choice on described devices (compile-only probes) --------------------------------------------------
 @pytest.mark.parametrize("arch,hd,causal,chosen,targs", [
-    ("sm_90", 128, False, "attention.sm90a_wgmma", ("rtk_bf16", "128", "128", "2", "false")),
+    ("sm_90", 128, False, "attention.sm90a_ws", ("rtk_bf16", "128", "128", "2", "2", "2", "false", "false")),
+    ("sm_90", 128, True, "attention.sm90a_ws", ("rtk_bf16", "128", "128", "2", "2", "2", "true", "true")),
     ("sm_90", 96, True, "attention.sm80_mma", ("rtk_bf16", "96", "128", "64", "4", "2", "true", "false")),
     ("sm_80", 128, True, "attention.sm80_mma", ("rtk_bf16", "128", "128", "64", "4", "2", "true", "false")),
     ("sm_80", 256, False, "attention.sm80_mma", ("rtk_bf16", "256", "64", "32", "4", "2", "false", "false")),
@@ -151,7 +152,7 @@ def test_choice_on_described_devices(cache_dir, arch, hd, causal, chosen, targs)
     assert e.chosen == chosen
     res = next(r for r in e.results if r.name == chosen)
     assert res.specs[0].template_args == targs
-    if chosen == "attention.sm90a_wgmma":
+    if chosen.startswith("attention.sm90a"):
         assert res.specs[0].arch.sm == "sm_90a"
 
 
@@ -170,9 +171,9 @@ VARIANTS = [
     (K.SM90_SOURCE, K.SM90_KERNEL, K.SM90_TILES[128].template_args("bf16", 128, True), "sm_90a"),
     (K.SM90_SOURCE, K.SM90_KERNEL, K.SM90_TILES[64].template_args("fp16", 64, False), "sm_90a"),
     (K.SM90_SOURCE, K.SM90_KERNEL, K.SM90_TILES[256].template_args("bf16", 256, False), "sm_90a"),
-    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[128].template_args("bf16", 128, True), "sm_90a"),
-    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[64].template_args("fp16", 64, False), "sm_90a"),
-    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.Sm90WsTile(128, 2, 2, 2, True).template_args("bf16", 128, False), "sm_90a"),
+    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[(128, True)].template_args("bf16", 128, True), "sm_90a"),
+    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[(64, False)].template_args("fp16", 64, False), "sm_90a"),
+    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[(256, False)].template_args("bf16", 256, False), "sm_90a"),
     (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(128, False)][0].template_args("bf16", 128, False), "sm_80"),
     (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(32, True)][0].template_args("fp16", 32, True), "sm_90"),
     (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(96, True)][0].template_args("bf16", 96, True), "sm_86"),
