@@ -69,10 +69,13 @@ def _function(kernel, smem: int):
         return f
     from cuda.bindings import driver as drv
 
+    from rtckern.runtime.driver import on_device
+
     kernel.set_max_dynamic_shared_memory(smem)  # on the CUkernel, for this device
     handle = kernel.core.handle
     try:
-        err, f = drv.cuKernelGetFunction(handle)
+        with on_device(kernel.device.ordinal):  # the function of the kernel's device, whatever is current
+            err, f = drv.cuKernelGetFunction(handle)
     except Exception:  # a handle type this binding does not take here: cuLaunchKernel takes a CUkernel too
         err, f = None, handle
     if err == drv.CUresult.CUDA_SUCCESS:
