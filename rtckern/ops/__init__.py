@@ -1,0 +1,29 @@
+"""Op families. Importing this package registers every family's registry candidates and prefill providers.
+
+    rtckern.ops.rms_norm / layer_norm (+ backward)    rtckern.ops.softmax and the masked/causal variants
+    rtckern.ops.attention                             rtckern.ops.gemm
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+log = logging.getLogger(__name__)
+
+FAMILIES = ("norms", "softmax", "attention", "gemm")
+_exports: dict[str, object] = {}
+unavailable: dict[str, str] = {}  # family -> why it could not be imported
+
+for _fam in FAMILIES:
+    try:
+        _mod = importlib.import_module(f"{__name__}.{_fam}")
+    except ImportError as _e:  # a family that cannot import does not take the others down
+        unavailable[_fam] = f"{type(_e).__name__}: {_e}"
+        log.warning("rtckern.ops.%s unavailable: %s", _fam, _e)
+        continue
+    for _name in getattr(_mod, "__all__", ()):
+        _exports[_name] = getattr(_mod, _name)
+
+globals().update(_exports)
+__all__ = sorted(_exports)
