@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 class KernelManager:
     def __init__(self, cache_dir: Path | str | None = None, *, disk: bool | None = None,
-                 max_bytes: int | None = None, layers: tuple = (), remote=None):
+                 max_bytes: int | None = None, layers: tuple = (), remote=...):
+        """remote: an object with get_packed/put_packed (rtckern.cache.remote.RedisCache); by default the one
+        RTCKERN_REMOTE_CACHE names, if any; None for no remote tier."""
         s = settings()
         self.stats = Stats()
         self.cache_dir = Path(cache_dir) if cache_dir is not None else s.cache_dir
@@ -38,6 +40,10 @@ class KernelManager:
             if use_disk else None)
         layer_dirs = layers if layers else s.read_only_layers
         self.layers = [DiskCache(Path(p), stats=self.stats, read_only=True, name=f"layer:{p}") for p in layer_dirs]
+        if remote is ...:
+            from .cache.remote import remote_from_settings
+
+            remote = remote_from_settings(s, self.stats)
         self.remote = remote
         self._loaded: dict[tuple, object] = {}
         self._keys: dict[KernelSpec, str] = {}

@@ -58,7 +58,12 @@ def builtin_specs(archs: Sequence[Arch], families: Sequence[str] | None = None) 
                 targets = [dataclasses.replace(spec.arch, ptx=False), spec.arch]
             for t in targets:
                 out.setdefault(dataclasses.replace(spec, arch=t), None)
-    return sorted(out, key=lambda s: (s.arch.sort_key(), s.source, s.name_expression, s.defines, s.options))
+    return sorted(out, key=spec_order)
+
+
+def spec_order(s: KernelSpec) -> tuple:
+    """A total, deterministic order of specs (arch, source, kernel, defines, options, inline code)."""
+    return (s.arch.sort_key(), s.source, s.name_expression, s.defines, s.options, s.code)
 
 
 @dataclasses.dataclass
@@ -70,10 +75,26 @@ class PrefillResult:
     error: str = ""
 
 
-def _compile_one(spec: KernelSpec, cache_dir: str | None) -> PrefillResult:
+_managers: dict[tuple, object] = {}
+
+
+def _manager_for(cache_dir: str | None):
+    """One manager per cache dir per process (and per settings object): a worker compiling hundreds of kernels
+    opens its cache (and its remote connection) once."""
+    from .config import settings
     from .manager import KernelManager, get_manager
 
-    m = KernelManager(cache_dir) if cache_dir else get_manager()
+    if not cache_dir:
+        return get_manager()
+    k = (str(cache_dir), id(settings()))
+    m = _managers.get(k)
+    if m is None:
+        m = _managers[k] = KernelManager(cache_dir)
+    return m
+
+
+def _compile_one(spec: KernelSpec, cache_dir: str | None) -> PrefillResult:
+    m = _manager_for(cache_dir)
     t0 = time.perf_counter()
     try:
         key = m.key(spec)

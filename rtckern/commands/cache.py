@@ -33,6 +33,19 @@ def add_parser(sub) -> None:
     pr.add_argument("--superseded", action="store_true", help="remove entries of other NVRTC versions")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=prune)
+    ex = cs.add_parser("export", help="write entries into one deterministic bundle file")
+    ex.add_argument("--bundle", required=True, metavar="FILE", help="the bundle to write")
+    ex.add_argument("--arch", default=None, help="only entries for these device archs, e.g. '8.0;9.0a' "
+                    "(9.0 and 9.0a both take sm_90 and sm_90a entries)")
+    ex.add_argument("--op", default=None, help="only entries of this op")
+    ex.add_argument("--toolchain", default=None, help="substring of the compiler identity, e.g. nvrtc-13.0")
+    ex.add_argument("--json", action="store_true")
+    ex.set_defaults(func=export)
+    im = cs.add_parser("import", help="verify a bundle and add its entries (never replacing a valid entry)")
+    im.add_argument("bundle", metavar="FILE")
+    im.add_argument("--max-member-bytes", type=int, default=None, help="refuse members above this size")
+    im.add_argument("--json", action="store_true")
+    im.set_defaults(func=import_)
 
 
 def _disk(args):
@@ -63,12 +76,15 @@ def stats(args) -> int:
 def ls_(args) -> int:
     from ._table import table
 
+    from ..arch import Arch
+
+    arch = Arch.parse(args.arch).sm if args.arch else None  # sm_90, 9.0, 90 all name sm_90
     rows = []
     for e in _disk(args).entries():
         m = e.meta
         if args.op and m.get("op") != args.op:
             continue
-        if args.arch and m.get("arch") != args.arch:
+        if arch and m.get("arch") != arch:
             continue
         if args.toolchain and args.toolchain not in m.get("compiler", ""):
             continue
@@ -107,3 +123,22 @@ def prune(args) -> int:
     r = d.prune(max_bytes=args.max_bytes, older_than_s=older, keep=keep)
     r["bytes"] = d.total_bytes()
     return _emit(args, r, f"removed {r['removed']} entries ({r['freed_bytes']} bytes); {r['bytes']} bytes remain")
+
+
+def export(args) -> int:
+    from ..fleet import export_bundle
+    from ..prefill import parse_archs
+
+    archs = parse_archs(args.arch) if args.arch else None
+    r = export_bundle(args.bundle, [_disk(args)], archs=archs, op=args.op, toolchain=args.toolchain)
+    return _emit(args, r, f"wrote {r['bundle']}: {r['entries']} entries, {r['bytes']} bytes "
+                 f"(entries {r['entry_bytes']} bytes), sha256 {r['sha256']}")
+
+
+def import_(args) -> int:
+    from ..fleet import Limits, import_bundle
+
+    limits = Limits(max_member_bytes=args.max_member_bytes) if args.max_member_bytes else Limits()
+    r = import_bundle(args.bundle, _disk(args), limits)
+    return _emit(args, r, f"{r['bundle']}: {r['entries']} entries verified; imported {r['imported']}, already "
+                 f"present {r['present']}, kept existing {r['kept']} (into {r['cache_dir']})")

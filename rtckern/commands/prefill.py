@@ -1,20 +1,39 @@
-"""``rtckern prefill``: compile the built-in kernel set (or a manifest) for a list of archs, no GPU needed."""
+"""``rtckern prefill``: compile the built-in kernel set, a manifest or a preset for a list of archs, no GPU needed.
+
+    rtckern prefill [--manifest F | --preset NAME] --arch LIST [--jobs N] [--out DIR] [--bundle FILE] [--json]
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from pathlib import Path
 
 
 def add_parser(sub) -> None:
     from ..prefill import DEFAULT_ARCHS
 
     p = sub.add_parser("prefill", help="compile kernels for an arch list into the cache (no GPU needed)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--manifest", default=None, metavar="FILE",
+                     help="JSON-lines manifest of op requests (what RTCKERN_RECORD_MANIFEST records)")
+    src.add_argument("--preset", default=None, metavar="NAME", help="a shipped manifest (see --list-presets)")
+    src.add_argument("--list-presets", action="store_true", help="list the shipped presets and exit")
     p.add_argument("--arch", default=None, help=f"arch list (default: {DEFAULT_ARCHS!r}); e.g. '8.0;9.0a', native")
-    p.add_argument("--family", action="append", default=None, help="only these kernel families (repeatable)")
+    p.add_argument("--family", action="append", default=None,
+                   help="built-in set only: only these kernel families (repeatable)")
     p.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile processes (default: CPUs, max 8)")
-    p.add_argument("--cache-dir", default=None, help="cache directory (default: RTCKERN_CACHE_DIR or ~/.cache/rtckern)")
+    p.add_argument("--out", "--cache-dir", dest="cache_dir", default=None, metavar="DIR",
+                   help="cache directory to fill (default: RTCKERN_CACHE_DIR or ~/.cache/rtckern)")
+    p.add_argument("--bundle", default=None, metavar="FILE",
+                   help="also write exactly these kernels into one deterministic bundle file "
+                        "(`rtckern cache import FILE` on the target machines)")
+    p.add_argument("--all-candidates", action="store_true",
+                   help="manifest mode: compile every viable candidate of each request, not only the first "
+                        "(covers a fallback a live probe could take on load or resource checks)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (registers your own candidates and request builders)")
     p.add_argument("--json", action="store_true", help="print a JSON summary (keys: compiled, cached, failed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -24,11 +43,11 @@ class _Progress:
     def __init__(self, total: int, enabled: bool):
         self.total, self.n, self.enabled = total, 0, enabled and sys.stderr.isatty()
         self.bar = None
-        if enabled:
+        if self.enabled:
             try:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=total, unit="kernel", file=sys.stderr, leave=False)
+                self.bar = tqdm(total=total or None, unit="kernel", file=sys.stderr, leave=False)
             except ImportError:
                 pass
 
@@ -38,7 +57,8 @@ class _Progress:
             self.bar.update(1)
             self.bar.set_postfix_str(r.status)
         elif self.enabled:
-            print(f"\r[{self.n}/{self.total}] {r.status:<8} {r.spec.describe()[:70]:<70}", end="", file=sys.stderr)
+            of = f"/{self.total}" if self.total else ""
+            print(f"\r[{self.n}{of}] {r.status:<8} {r.spec.describe()[:70]:<70}", end="", file=sys.stderr)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -48,6 +68,35 @@ class _Progress:
 
 
 def run(args) -> int:
+    if args.list_presets:
+        return _list_presets(args)
+    if args.manifest or args.preset:
+        return _run_manifest(args)
+    return _run_builtin(args)
+
+
+def _list_presets(args) -> int:
+    from ..fleet import load_preset, preset_names
+
+    rows = [{"name": n, "requests": len(load_preset(n))} for n in preset_names()]
+    print(json.dumps(rows, indent=2) if args.json else "\n".join(f"{r['name']}  ({r['requests']} requests)"
+                                                                   for r in rows))
+    return 0
+
+
+def _finish(args, summary: dict, keys: list[str]) -> None:
+    """Write the bundle of ``keys`` when asked (from the cache just filled, or a read-only layer)."""
+    if not args.bundle:
+        return
+    from ..fleet import export_bundle
+    from ..manager import KernelManager
+
+    m = KernelManager(args.cache_dir, remote=None) if args.cache_dir else KernelManager(remote=None)
+    caches = ([m.disk] if m.disk is not None else []) + list(m.layers)
+    summary["bundle"] = export_bundle(args.bundle, caches, keys=keys)
+
+
+def _run_builtin(args) -> int:
     from ..prefill import builtin_specs, default_jobs, parse_archs, prefill, summarize, unsupported_archs
     from ._table import table
 
@@ -62,6 +111,7 @@ def run(args) -> int:
     summary = summarize(results, time.perf_counter() - t0, bad)
     summary["archs"] = [str(a) for a in archs]
     summary["jobs"] = jobs
+    _finish(args, summary, sorted({r.key for r in results if r.status != "failed"}))
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -70,6 +120,49 @@ def run(args) -> int:
         print(table(("target", "compiled", "already cached", "failed"), rows))
         print(f"{summary['total']} kernels for {';'.join(summary['archs'])} in {summary['seconds']:.1f} s "
               f"with {jobs} process(es)")
+        _print_bundle(summary)
         for f in summary["failures"]:
             print(f"FAILED {f['kernel']}: {f['error'].splitlines()[0] if f['error'] else ''}", file=sys.stderr)
     return 1 if summary["failed"] else 0
+
+
+def _run_manifest(args) -> int:
+    from ..fleet import load_manifest, load_preset, replay
+    from ..fleet import summarize as summarize_replay
+    from ..prefill import default_jobs, parse_archs, unsupported_archs
+    from ._registry_cli import load_ops
+    from ._table import table
+
+    entries = load_manifest(args.manifest) if args.manifest else load_preset(args.preset)
+    load_ops(args.imports)
+    archs = parse_archs(args.arch)
+    bad = unsupported_archs(archs)
+    jobs = args.jobs or default_jobs()
+    prog = _Progress(0, not args.no_progress and not args.json)
+    result = replay(entries, [a for a in archs if str(a) not in bad], jobs=jobs, cache_dir=args.cache_dir,
+                    all_candidates=args.all_candidates, progress=prog)
+    prog.close()
+    summary = summarize_replay(result, bad)
+    summary.update(source=str(Path(args.manifest)) if args.manifest else f"preset:{args.preset}",
+                   lines=len(entries), archs=[str(a) for a in archs], jobs=jobs)
+    _finish(args, summary, result.keys())
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        cols = ("requests", "served", "failed", "compiled", "cached", "rejected")
+        rows = [(a, *(v[c] for c in cols)) for a, v in sorted(summary["per_arch"].items())]
+        rows.append(("total", summary["requests"], summary["served"], summary["failed"], summary["compiled"],
+                     summary["cached"], summary["rejected"]))
+        print(table(("device", "requests", "served", "failed", "compiled", "already cached", "rejected"), rows))
+        print(f"{summary['lines']} manifest lines x {len(summary['per_arch'])} device arch(s): "
+              f"{summary['total']} kernels in {summary['seconds']:.1f} s with {jobs} process(es)")
+        _print_bundle(summary)
+        for f in summary["failures"]:
+            print(f"FAILED {f['request']}: {f['error']}", file=sys.stderr)
+    return 1 if summary["failed"] else 0
+
+
+def _print_bundle(summary: dict) -> None:
+    b = summary.get("bundle")
+    if b:
+        print(f"bundle {b['bundle']}: {b['entries']} entries, {b['bytes']} bytes (sha256 {b['sha256'][:16]}…)")

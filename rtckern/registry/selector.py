@@ -128,6 +128,8 @@ class Registry:
                 with self._lock:
                     if self._memo_settings is s:
                         self._memo[req] = found
+                if s.record_manifest is not None and found.__class__ is Selection:
+                    _record_first_selection(req)
         if isinstance(found, _Failed):
             raise found.error
         return found
@@ -209,6 +211,14 @@ def unsupported_error(req: OpRequest, results: list[ProbeResult], s: Any) -> Uns
     err.request = req
     err.results = tuple(results)
     return err
+
+
+def _record_first_selection(req: OpRequest) -> None:
+    """Fleet hook (RTCKERN_RECORD_MANIFEST): append a request decided for the first time in this process to the
+    record manifest, for `rtckern prefill --manifest`. Slow path only; never raises."""
+    from rtckern.fleet.record import record_request
+
+    record_request(req)
 
 
 RequestBuilder = Callable[..., OpRequest]
