@@ -17,8 +17,8 @@ def load_ops(extra_modules: list[str] | None = None) -> None:
         importlib.import_module(name)
 
 
-def add_request_arguments(p, *, shape_required: bool = True) -> None:
-    p.add_argument("op", help="op name, e.g. rms_norm (see `--list`)")
+def add_request_arguments(p, *, shape_required: bool = True, op_optional: bool = False) -> None:
+    p.add_argument("op", nargs="?" if op_optional else None, help="op name, e.g. rms_norm (see `--list`)")
     p.add_argument("--dtype", default=None, help="main dtype: fp32, fp16 or bf16 (default: the op's)")
     if shape_required:
         p.add_argument("--shape", required=True, help="the main input's shape, e.g. 8192x4096")

@@ -14,7 +14,7 @@ from ._registry_cli import add_request_arguments, list_ops, load_ops, parse_opts
 
 def add_parser(sub) -> None:
     p = sub.add_parser("explain", help="show every candidate for an op request, accepted or rejected and why")
-    add_request_arguments(p, shape_required=False)
+    add_request_arguments(p, shape_required=False, op_optional=True)
     p.add_argument("--shape", default=None, help="the main input's shape, e.g. 8192x4096")
     p.add_argument("--arch", default=None, help="describe a device of this arch (no GPU needed), e.g. sm_90")
     p.add_argument("--sm-count", type=int, default=None, help="SM count of the described device")
@@ -38,6 +38,10 @@ def run(args, registry=None) -> int:
     if args.list:
         print(list_ops(reg))
         return 0
+    if args.op is None:
+        print("rtckern explain: name an op (e.g. rtckern explain rms_norm --shape 8192x4096 --arch sm_90); "
+              "--list shows the ops", file=sys.stderr)
+        return 2
     if args.shape is None:
         print("rtckern explain: --shape is required (e.g. --shape 8192x4096); --list shows the ops",
               file=sys.stderr)

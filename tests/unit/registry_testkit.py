@@ -147,9 +147,7 @@ class AxpyTuner(Tuner):
         with cp.cuda.Device(req.device.ordinal):
             # Several buffer pairs, rotated, so a small n is not timed out of L2 alone.
             sets = max(1, min(8, (256 << 20) // max(1, 2 * n * item)))
-            bufs = [(cp.random.standard_normal(n, dtype=cp.float32).view(cp.uint8)[: n * item].copy(),
-                     cp.random.standard_normal(n, dtype=cp.float32).view(cp.uint8)[: n * item].copy())
-                    for _ in range(sets)]
+            bufs = [(_random_dev(n, req.dtype("x")), _random_dev(n, req.dtype("x"))) for _ in range(sets)]
             cp.cuda.Device().synchronize()
             turn = [0]
 
@@ -159,6 +157,16 @@ class AxpyTuner(Tuner):
                 cand.launch(req, kernels, x.data.ptr, y.data.ptr, 0.5, stream=stream, block=config["block"])
 
             return time_launches(launch, req.device.ordinal, warmup=5, reps=30)
+
+
+def _random_dev(n: int, dtype: str):
+    """Normal random values in the storage type (bf16 as the high half of float32 bit patterns)."""
+    import cupy as cp
+
+    v = cp.random.standard_normal(n, dtype=cp.float32)
+    if dtype == "bf16":
+        return (v.view(cp.uint32) >> 16).astype(cp.uint16)
+    return v.astype(cp.float16) if dtype == "fp16" else v
 
 
 TUNER = AxpyTuner()
