@@ -104,7 +104,9 @@ class RawEngine:
 
 class RtckernEngine:
     def __init__(self, impl: str = ""):
-        import rtckern.ops.attention as ops
+        import importlib
+
+        ops = importlib.import_module("rtckern.ops.attention")  # the module (rtckern.ops.attention is the op)
 
         self.ops = ops
         self.impl = impl  # "" = the registry's choice; else a candidate name forced for the runner's loops
