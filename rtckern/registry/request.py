@@ -20,22 +20,30 @@ from rtckern.device import DeviceInfo
 _SCALARS = (bool, int, float, str, type(None))
 
 
+def _by_name(pair: tuple[str, Any]) -> str:
+    return pair[0]
+
+
 def _pairs(field: str, value: Any, value_types: tuple[type, ...]) -> tuple[tuple[str, Any], ...]:
-    """Normalize a mapping or a sequence of (name, value) pairs into a sorted tuple; check names and types."""
-    items = list(value.items()) if isinstance(value, Mapping) else list(value)
-    out: dict[str, Any] = {}
-    for item in items:
-        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+    """Normalize a mapping or a sequence of (name, value) pairs into a tuple sorted by name; check names and
+    types. Ops build a request per call, so this stays a single cheap pass."""
+    if type(value) is dict or (type(value) is not tuple and isinstance(value, Mapping)):
+        value = tuple(value.items())
+    out = list(value)
+    for item in out:
+        if not (type(item) is tuple and len(item) == 2 and type(item[0]) is str):
             raise TypeError(f"OpRequest.{field}: expected (name, value) pairs or a dict, got item {item!r}")
-        name, val = item
-        if name in out:
-            raise ValueError(f"OpRequest.{field}: name {name!r} given twice ({out[name]!r} and {val!r})")
-        if not isinstance(val, value_types):
+        if item[1].__class__ not in value_types and not isinstance(item[1], value_types):
             allowed = ", ".join(t.__name__ for t in value_types)
-            raise TypeError(f"OpRequest.{field}[{name!r}] = {val!r} ({type(val).__name__}); allowed: {allowed}")
-        out[name] = val
+            raise TypeError(f"OpRequest.{field}[{item[0]!r}] = {item[1]!r} ({type(item[1]).__name__}); "
+                            f"allowed: {allowed}")
     # Sorted by name, so two ops that list the same features in a different order make one key.
-    return tuple(sorted(out.items()))
+    if len(out) > 1:
+        out.sort(key=_by_name)
+        for a, b in zip(out, out[1:]):
+            if a[0] == b[0]:
+                raise ValueError(f"OpRequest.{field}: name {a[0]!r} given twice ({a[1]!r} and {b[1]!r})")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -64,13 +72,19 @@ class OpRequest:
         object.__setattr__(self, "shape", _pairs("shape", self.shape, (int,)))
         object.__setattr__(self, "flags", _pairs("flags", self.flags, _SCALARS))
         for name, val in self.shape:
-            if isinstance(val, bool):
+            if val.__class__ is bool:
                 raise TypeError(f"OpRequest.shape[{name!r}] = {val!r} is a bool; put booleans in flags")
-        if not isinstance(self.device, DeviceInfo):
+        if self.device.__class__ is not DeviceInfo and not isinstance(self.device, DeviceInfo):
             raise TypeError(
                 f"OpRequest.device must be a rtckern.device.DeviceInfo, got {self.device!r}; use "
                 "DeviceInfo.from_device(ordinal) for a live device or DeviceInfo.for_arch('sm_90') for a "
                 "hand-described one")
+
+        # Hashed once: the request is the memo key of every select() call.
+        object.__setattr__(self, "_hash", hash((self.op, self.dtypes, self.shape, self.flags, self.device)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
 
     # -- accessors used by candidates -------------------------------------------------------------------------
     def dtype(self, name: str) -> str:
