@@ -18,11 +18,12 @@ from rtckern.registry.fallback import fallback_allowed, warn_fallback_once
 from rtckern.registry.request import OpRequest
 from rtckern.registry.results import ProbeResult, Reason, Selection
 from rtckern.registry.selector import Registry
+from rtckern.registry.store import clear_decisions, decisions_dir
 
 __all__ = ["OpRequest", "Candidate", "Resources", "Registry", "Selection", "ProbeResult", "Reason", "Explanation",
            "UnsupportedRequestError", "register", "select", "explain", "register_request_builder",
            "build_request", "candidates", "default_registry", "parse_shape", "device_for", "fallback_allowed",
-           "warn_fallback_once"]
+           "warn_fallback_once", "clear_decisions", "decisions_dir"]
 
 _default = Registry()
 

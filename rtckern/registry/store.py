@@ -74,6 +74,29 @@ class DecisionStore:
             _atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
 
 
+def decisions_dir() -> Path:
+    """Where select() persists decisions by default: `<cache dir>/decisions`."""
+    from rtckern import config
+
+    return config.settings().cache_dir / "decisions"
+
+
+def clear_decisions(root: str | os.PathLike[str] | None = None) -> int:
+    """Delete persisted decisions (every op's); returns how many files went. The next select() per request
+    probes again. In-memory decisions of a running process are not touched (Registry.reset())."""
+    base = Path(root) if root is not None else decisions_dir()
+    n = 0
+    if base.is_dir():
+        for p in base.rglob("*.json"):
+            with _lock:
+                try:
+                    p.unlink()
+                    n += 1
+                except OSError:
+                    pass
+    return n
+
+
 def _costly(r: ProbeResult) -> bool:
     """Outcomes worth persisting: accepted ones, and rejections at a stage after the cheap checks."""
     return bool(r.cache_keys) and (r.accepted or any(x.stage in ("compile", "load", "resources", "numeric")

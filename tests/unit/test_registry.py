@@ -339,12 +339,17 @@ def test_corrupt_decision_file_is_a_miss(cache_dir, tmp_path, caplog):
 
 
 def test_persistence_follows_the_settings(cache_dir):
+    from rtckern.registry import clear_decisions, decisions_dir
+
     req = kit.axpy_request(dev("sm_80"), n=SMALL, dtype="bf16")
     with config.override(persist_decisions=False):
         kit.make_registry(...).select(req)
     assert not (cache_dir / "decisions").exists()
     kit.make_registry(...).select(req)
-    assert list((cache_dir / "decisions" / "axpy").glob("*.json"))
+    assert decisions_dir() == cache_dir / "decisions"
+    assert len(list((cache_dir / "decisions" / "axpy").glob("*.json"))) == 1
+    assert clear_decisions() == 1 and not list((cache_dir / "decisions").rglob("*.json"))
+    assert not any(r.from_store for r in kit.make_registry(...).select(req).results)
 
 
 # -- probe stages that need a live device, on stand-in kernels ----------------------------------------------------
