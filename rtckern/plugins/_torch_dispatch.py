@@ -1,0 +1,105 @@
+"""How a custom op's real implementation runs: the JIT op, or torch's own op when no JIT candidate serves.
+
+    run("rms_norm", jit_fn, ref_fn, *args)
+
+- jit_fn is the rtckern op (rtckern.ops.*). When the registry finds no candidate for the request it raises
+  UnsupportedRequestError; then, unless RTCKERN_STRICT=1 (which re-raises it), torch's implementation from
+  _torch_ref runs, with one RuntimeWarning per op (rtckern.registry.fallback.warn_fallback_once).
+- Bad inputs (InputError: host memory, wrong shapes or dtypes) are never papered over: they propagate.
+- reference_mode() runs the torch implementations directly: the CPU unit tests use it to exercise the whole
+  custom-op machinery (schemas, fake kernels, autograd, torch.compile) without a GPU.
+
+CUDA graph capture: the first call for a request compiles, loads and probes kernels (host work, module loads and
+synchronizing probe launches), none of which may happen while a stream is being captured. install_capture_guard()
+makes the registry's first-call path raise GraphCaptureError during a capture instead of corrupting it; repeated
+calls are a dictionary lookup and a launch, which capture fine.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any, Callable
+
+from rtckern.errors import RtckernError, UnsupportedRequestError
+from rtckern.registry import default_registry, warn_fallback_once
+
+log = logging.getLogger(__name__)
+
+_state = threading.local()
+
+
+class GraphCaptureError(RtckernError, RuntimeError):
+    """An op met a request for the first time while a CUDA graph was being captured."""
+
+
+def _reference() -> bool:
+    return getattr(_state, "reference", False)
+
+
+@contextlib.contextmanager
+def reference_mode(enabled: bool = True):
+    """Run the plugin's ops through their torch implementations (any device, CPU included) in this thread."""
+    old = _reference()
+    _state.reference = enabled
+    try:
+        yield
+    finally:
+        _state.reference = old
+
+
+def run(op: str, jit_fn: Callable[..., Any], ref_fn: Callable[..., Any], *args: Any) -> Any:
+    if _reference():
+        return ref_fn(*args)
+    try:
+        return jit_fn(*args)
+    except UnsupportedRequestError as err:
+        warn_fallback_once(op, err)  # raises err under RTCKERN_STRICT=1
+        return ref_fn(*args)
+
+
+def unsupported(op: str, what: str, reason: str) -> UnsupportedRequestError:
+    """An UnsupportedRequestError for a request the plugin routes to torch before reaching the registry (a
+    module given CPU tensors, an attention call with a mask): reported through the same once-per-op warning."""
+    return UnsupportedRequestError(f"{op} with {what}", {"rtckern.torch": [reason]})
+
+
+def fallback(op: str, what: str, reason: str) -> None:
+    """Warn once per op that torch's implementation serves `what`; raise under RTCKERN_STRICT=1."""
+    warn_fallback_once(op, unsupported(op, what, reason))
+
+
+# ---- CUDA graph capture -----------------------------------------------------------------------------------------
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def capture_message(request_desc: str) -> str:
+    return (f"rtckern: {request_desc} is called for the first time while a CUDA graph is being captured; its "
+            "first call compiles, loads and probes kernels, which cannot happen during capture. Run the same calls "
+            "once before capturing (a warm-up iteration with the same shapes, dtypes and flags), or use "
+            "torch.compile(mode='reduce-overhead'), which warms up before it captures.")
+
+
+def install_capture_guard() -> bool:
+    """Make the default registry's first-call (probing) path raise GraphCaptureError during a CUDA graph capture.
+    Idempotent; returns False (and logs why) if the registry does not have the expected slow path."""
+    reg = default_registry()
+    if getattr(reg, "_rtckern_capture_guard", False):
+        return True
+    slow = getattr(reg, "_select_slow", None)
+    if slow is None:
+        log.warning("rtckern.torch: the registry has no _select_slow path; first calls during CUDA graph capture "
+                    "are not intercepted")
+        return False
+
+    def guarded(req):
+        if _capturing():
+            raise GraphCaptureError(capture_message(req.describe()))
+        return slow(req)
+
+    reg._select_slow = guarded
+    reg._rtckern_capture_guard = True
+    return True

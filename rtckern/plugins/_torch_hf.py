@@ -1,0 +1,80 @@
+"""Hugging Face transformers integration: rtckern attention in transformers' attention-function registry.
+
+    rtckern.torch.register_transformers()      # also done by `import rtckern.torch` when transformers is loaded,
+                                               # and by rtckern.torch.patch(model)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="rtckern")
+    model.set_attn_implementation("rtckern")
+
+The attention function follows transformers' sdpa_attention_forward contract (query/key/value (batch, heads,
+seqlen, head_dim), kv heads not repeated; returns ((batch, seqlen, heads, head_dim), None)) and its causal
+decision: causal when the module is causal, no mask was built and seqlen_q > 1; with no mask and
+seqlen_k > seqlen_q (prefill into an empty static cache) the keys past seqlen_q are cropped, as sdpa does. The mask
+builder registered for "rtckern" is sdpa's, so a plain causal batch gets no mask. Calls the kernels cannot take
+(an explicit mask, i.e. padding; dropout; sliding windows; softcapping; position biases; attention weights asked
+for; head dims or dtypes rtckern.ops.attention does not support) run transformers' sdpa attention instead, with
+one warning (an error under RTCKERN_STRICT=1).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._torch_dispatch import fallback
+
+NAME = "rtckern"
+_HEAD_DIMS = (32, 64, 96, 128, 256)
+
+
+def _why_not(module, query, key, value, attention_mask, dropout, kwargs) -> Optional[str]:
+    if attention_mask is not None:
+        return "an attention mask was given (padding or a custom pattern); only causal/full attention is fused"
+    if dropout:
+        return f"attention dropout {dropout} (training with attention_dropout > 0)"
+    for k in ("sliding_window", "softcap", "position_bias", "s_aux", "sinks"):
+        if kwargs.get(k) is not None:
+            return f"{k}={kwargs[k]!r} is not supported by rtckern attention"
+    if kwargs.get("output_attentions"):
+        return "output_attentions=True needs the attention weights"
+    if not query.is_cuda:
+        return f"tensors are on {query.device}"
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {query.dtype}; rtckern attention takes float16 / bfloat16"
+    if query.shape[-1] not in _HEAD_DIMS or key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
+        return f"head dims q {query.shape[-1]}, k {key.shape[-1]}, v {value.shape[-1]}; supported: {_HEAD_DIMS}"
+    if query.shape[1] % key.shape[1]:
+        return f"{query.shape[1]} query heads are not a multiple of {key.shape[1]} kv heads"
+    return None
+
+
+def rtckern_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                              attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                              scaling: Optional[float] = None, is_causal: Optional[bool] = None, **kwargs):
+    why = _why_not(module, query, key, value, attention_mask, dropout, kwargs)
+    if why is not None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        fallback("attention", f"transformers attention of {tuple(query.shape)} {query.dtype}", why)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(causal) and q_len > 1
+    if causal and kv_len > q_len:  # prefill into an empty static cache (what sdpa_attention_forward does)
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    out = torch.ops.rtckern.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal,
+                                      scaling)
+    return out, None
+
+
+def register_transformers() -> bool:
+    """Register "rtckern" with transformers' AttentionInterface (and sdpa's mask builder under the same name).
+    False when transformers (or its attention registry, transformers >= 4.48) is not installed."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:
+        return False
+    AttentionInterface.register(NAME, rtckern_attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    return True

@@ -1,0 +1,232 @@
+"""Torch implementations of every op the plugin registers, with the JIT ops' exact signatures and semantics.
+
+They serve three purposes:
+- the fallback when no JIT candidate serves a request (rtckern.registry.fallback: a one-time warning, an error
+  under RTCKERN_STRICT=1);
+- the attention backward when torch's flash backward cannot take the request (see _torch_attention.py);
+- a CPU stand-in for the kernels in the unit tests (rtckern.plugins._torch_dispatch.reference_mode).
+
+Arithmetic is fp32 (as in the kernels); outputs are contiguous and allocated by torch.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+_F32 = torch.float32
+
+
+def _up(t):
+    """The arithmetic dtype: fp32 as in the kernels (fp64 inputs, which only tests use, stay fp64)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def _empty_stat(x: torch.Tensor) -> torch.Tensor:
+    """The placeholder for statistics that were not asked for (custom ops cannot return None)."""
+    return x.new_empty((0,), dtype=_F32)
+
+
+# ---- norms ------------------------------------------------------------------------------------------------------
+def _gain(weight, zero_centered: bool):
+    if weight is None:
+        return None
+    return _up(weight) + 1.0 if zero_centered else _up(weight)
+
+
+def rms_norm_fwd(x, weight, eps, zero_centered, out_dtype, return_rstd):
+    xf = _up(x)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1) + eps)
+    y = xf * rstd.unsqueeze(-1)
+    g = _gain(weight, zero_centered)
+    if g is not None:
+        y = y * g
+    y = y.to(out_dtype or x.dtype).contiguous()
+    return y, (rstd.to(_F32).contiguous() if return_rstd else _empty_stat(x))
+
+
+def fused_add_rms_norm_fwd(x, residual, weight, eps, zero_centered, out_dtype, return_rstd):
+    h = (_up(x) + _up(residual)).to(x.dtype)
+    y, rstd = rms_norm_fwd(h, weight, eps, zero_centered, out_dtype, return_rstd)
+    return y, h.contiguous(), rstd
+
+
+def _weight_grad(dy, xhat, weight, wanted):
+    if weight is None or not wanted:
+        return dy.new_empty((0,), dtype=weight.dtype if weight is not None else dy.dtype)
+    return (_up(dy) * xhat).reshape(-1, xhat.shape[-1]).sum(0).to(weight.dtype)
+
+
+def rms_norm_bwd(dy, x, weight, rstd, zero_centered, weight_grad, dresidual):
+    xf = _up(x)
+    r = _up(rstd.reshape(x.shape[:-1]).unsqueeze(-1))
+    xhat = xf * r
+    g = _gain(weight, zero_centered)
+    dyg = _up(dy) * g if g is not None else _up(dy)
+    dx = r * (dyg - xhat * (dyg * xhat).mean(-1, keepdim=True))
+    if dresidual is not None:
+        dx = dx + _up(dresidual)
+    return dx.to(x.dtype).contiguous(), _weight_grad(dy, xhat, weight, weight_grad)
+
+
+def layer_norm_fwd(x, weight, bias, eps, zero_centered, out_dtype, return_stats):
+    xf = _up(x)
+    mean = xf.mean(-1)
+    var = (xf - mean.unsqueeze(-1)).pow(2).mean(-1)
+    rstd = torch.rsqrt(var + eps)
+    y = (xf - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
+    g = _gain(weight, zero_centered)
+    if g is not None:
+        y = y * g
+    if bias is not None:
+        y = y + _up(bias)
+    y = y.to(out_dtype or x.dtype).contiguous()
+    if not return_stats:
+        return y, _empty_stat(x), _empty_stat(x)
+    return y, mean.to(_F32).contiguous(), rstd.to(_F32).contiguous()
+
+
+def layer_norm_bwd(dy, x, weight, bias, mean, rstd, zero_centered, weight_grad, bias_grad):
+    xf = _up(x)
+    m = _up(mean.reshape(x.shape[:-1]).unsqueeze(-1))
+    r = _up(rstd.reshape(x.shape[:-1]).unsqueeze(-1))
+    xhat = (xf - m) * r
+    g = _gain(weight, zero_centered)
+    dxhat = _up(dy) * g if g is not None else _up(dy)
+    dx = r * (dxhat - dxhat.mean(-1, keepdim=True) - xhat * (dxhat * xhat).mean(-1, keepdim=True))
+    dw = _weight_grad(dy, xhat, weight, weight_grad)
+    if bias is None or not bias_grad:
+        db = dy.new_empty((0,), dtype=bias.dtype if bias is not None else dy.dtype)
+    else:
+        db = _up(dy).reshape(-1, x.shape[-1]).sum(0).to(bias.dtype)
+    return dx.to(x.dtype).contiguous(), dw, db
+
+
+# ---- softmax ----------------------------------------------------------------------------------------------------
+def _masked_softmax(x, keep, scale):
+    """softmax(scale * x) over keys where keep is True; -inf inputs count as masked; rows with nothing kept -> 0."""
+    xf = _up(x)
+    keep = keep & (xf != float("-inf"))
+    s = torch.where(keep, xf * scale, torch.full((), float("-inf"), device=x.device))
+    y = torch.softmax(s, -1)
+    y = torch.where(keep, y, torch.zeros((), device=x.device))  # all-masked rows: NaN -> 0
+    return y.to(x.dtype).contiguous()
+
+
+def softmax(x, scale):
+    return _masked_softmax(x, torch.ones((), dtype=torch.bool, device=x.device), scale)
+
+
+def scaled_masked_softmax(x, mask, scale):
+    return _masked_softmax(x, ~mask, scale)
+
+
+def _causal_keep(sq, sk, device):
+    q = torch.arange(sq, device=device).unsqueeze(-1)
+    k = torch.arange(sk, device=device).unsqueeze(0)
+    return k <= q + (sk - sq)
+
+
+def scaled_upper_triang_masked_softmax(x, scale):
+    return _masked_softmax(x, _causal_keep(x.shape[-2], x.shape[-1], x.device), scale)
+
+
+def scaled_aligned_causal_masked_softmax(x, scale):
+    return _masked_softmax(x, _causal_keep(x.shape[-2], x.shape[-1], x.device), scale)
+
+
+def softmax_bwd(y, dy, scale):
+    yf, dyf = _up(y), _up(dy)
+    dx = scale * yf * (dyf - (yf * dyf).sum(-1, keepdim=True))
+    return dx.to(y.dtype).contiguous()
+
+
+# ---- attention --------------------------------------------------------------------------------------------------
+def attention_scale(softmax_scale, head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+
+
+def _expand_kv(t, heads_q):
+    """(b, s, hk, d) -> (b, s, hq, d): q head h reads kv head h // (hq // hk)."""
+    return t.repeat_interleave(heads_q // t.shape[2], dim=2)
+
+
+def _scores(q, k, causal, scale):
+    """scale * q k^T in fp32, (b, hq, sq, sk), with hidden keys at -inf; and the visibility mask."""
+    qf = _up(q).transpose(1, 2)
+    kf = _up(_expand_kv(k, q.shape[2])).transpose(1, 2)
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    keep = _causal_keep(q.shape[1], k.shape[1], q.device) if causal else None
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    return s, keep
+
+
+def attention_fwd(q, k, v, causal, softmax_scale, return_lse):
+    scale = attention_scale(softmax_scale, q.shape[-1])
+    s, _ = _scores(q, k, causal, scale)
+    lse = torch.logsumexp(s, -1)  # -inf for a query that sees no key
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    vf = _up(_expand_kv(v, q.shape[2])).transpose(1, 2)
+    o = torch.matmul(p, vf).transpose(1, 2).to(q.dtype).contiguous()
+    return o, (lse.to(_F32).contiguous() if return_lse else _empty_stat(q))
+
+
+def attention_bwd(dout, q, k, v, o, lse, causal, softmax_scale):
+    """The FlashAttention backward from the saved lse, materializing the (sq, sk) probabilities in fp32."""
+    scale = attention_scale(softmax_scale, q.shape[-1])
+    hq, hk = q.shape[2], k.shape[2]
+    s, _ = _scores(q, k, causal, scale)
+    p = torch.exp(s - _up(lse).unsqueeze(-1)).nan_to_num(0.0)  # (b, hq, sq, sk)
+    do = _up(dout).transpose(1, 2)  # (b, hq, sq, d)
+    vf = _up(_expand_kv(v, hq)).transpose(1, 2)
+    dv = torch.matmul(p.transpose(-1, -2), do)
+    dp = torch.matmul(do, vf.transpose(-1, -2))
+    delta = (do * _up(o).transpose(1, 2)).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    kf = _up(_expand_kv(k, hq)).transpose(1, 2)
+    dq = torch.matmul(ds, kf) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), _up(q).transpose(1, 2)) * scale
+
+    def fold(t):  # (b, hq, sk, d) -> (b, sk, hk, d), summing the q heads that share a kv head
+        b, _, sk, d = t.shape
+        return t.reshape(b, hk, hq // hk, sk, d).sum(2).transpose(1, 2)
+
+    return (dq.transpose(1, 2).to(q.dtype).contiguous(), fold(dk).to(k.dtype).contiguous(),
+            fold(dv).to(v.dtype).contiguous())
+
+
+# ---- gemm -------------------------------------------------------------------------------------------------------
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def activation(z, act):
+    if act in (None, "none"):
+        return z
+    if act == "gelu_tanh":
+        return torch.nn.functional.gelu(z, approximate="tanh")
+    if act == "silu":
+        return torch.nn.functional.silu(z)
+    raise ValueError(f"activation {act!r}")
+
+
+def activation_grad(z, act):
+    """d act(z) / dz, in fp32."""
+    if act == "gelu_tanh":
+        t = torch.tanh(_GELU_C * (z + 0.044715 * z.pow(3)))
+        return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * z * z)
+    if act == "silu":
+        sg = torch.sigmoid(z)
+        return sg * (1.0 + z * (1.0 - sg))
+    raise ValueError(f"activation {act!r}")
+
+
+def gemm(a, b, bias, act, trans_b, out_dtype, residual):
+    bb = b.transpose(-1, -2) if trans_b else b
+    z = torch.matmul(_up(a), _up(bb))
+    if bias is not None:
+        z = z + _up(bias)
+    y = activation(z, act)
+    if residual is not None:
+        y = y + _up(residual)
+    return y.to(out_dtype or a.dtype).contiguous()

@@ -1,0 +1,72 @@
+"""rtckern's ops as PyTorch custom ops, drop-in modules and model patching.
+
+    import rtckern.torch                       # registers torch.ops.rtckern.*
+    y = torch.ops.rtckern.rms_norm(x, weight, 1e-6)
+    o = torch.ops.rtckern.attention(q, k, v, True)            # (batch, seqlen, heads, head_dim)
+    norm = rtckern.torch.RMSNorm(4096, eps=1e-6)              # torch.nn.RMSNorm, same state dict
+    report = rtckern.torch.patch(model)                       # swap norms in place; transformers attention
+
+Ops (namespace `rtckern`): rms_norm, fused_add_rms_norm, layer_norm (composite; their *_fwd / *_bwd custom ops
+carry the kernels), softmax, scaled_masked_softmax, scaled_upper_triang_masked_softmax,
+scaled_aligned_causal_masked_softmax (+ *_bwd), attention (composite; attention_fwd / attention_bwd), gemm.
+
+Every custom op has a fake kernel (shape and dtype inference under torch.compile, export and FakeTensorMode),
+autograd wired to rtckern's backward kernels (norms, softmax; gemm's backward is rtckern GEMMs; attention's is
+documented in _torch_attention), launches on torch's current stream, and outputs allocated by torch.
+torch.compile(fullgraph=True) traces them without graph breaks. CUDA graphs: warm up once before capture; a
+first call during capture raises GraphCaptureError instead of compiling (install_capture_guard).
+
+When no JIT candidate serves a request, torch's own implementation runs with one warning per op; RTCKERN_STRICT=1
+(rtckern.config `strict`) makes that an error. An op family whose rtckern.ops module is missing is skipped at
+registration, named in `skipped_ops` and logged.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+# family -> (rtckern.ops module providing the kernels, plugin module registering the torch ops)
+FAMILIES = {
+    "norms": ("rtckern.ops.norms", "rtckern.plugins._torch_norms"),
+    "softmax": ("rtckern.ops.softmax", "rtckern.plugins._torch_softmax"),
+    "attention": ("rtckern.ops.attention", "rtckern.plugins._torch_attention"),
+    "gemm": ("rtckern.ops.gemm", "rtckern.plugins._torch_gemm"),
+}
+
+registered_ops: list[str] = []  # torch.ops.rtckern.<name> for each
+skipped_ops: dict[str, str] = {}  # family -> why it was not registered
+
+
+def _register_family(family: str, ops_module: str, plugin_module: str) -> None:
+    if importlib.util.find_spec(ops_module) is None:
+        skipped_ops[family] = f"{ops_module} is not present in this rtckern; its torch ops are not registered"
+        log.warning("rtckern.torch: %s", skipped_ops[family])
+        return
+    importlib.import_module(ops_module)  # registers the family's registry candidates
+    mod = importlib.import_module(plugin_module)  # defines torch.ops.rtckern.* (once per process)
+    registered_ops.extend(mod.OPS)
+
+
+def _register_all() -> None:
+    for family, (ops_module, plugin_module) in FAMILIES.items():
+        _register_family(family, ops_module, plugin_module)
+
+
+_register_all()
+
+from ._torch_dispatch import GraphCaptureError, install_capture_guard, reference_mode  # noqa: E402
+from ._torch_hf import register_transformers, rtckern_attention_forward  # noqa: E402
+from ._torch_modules import LayerNorm, RMSNorm  # noqa: E402
+from ._torch_patch import PatchReport, convert, patch  # noqa: E402
+
+install_capture_guard()
+if "transformers" in sys.modules:  # registering needs transformers imported; patch() registers otherwise
+    register_transformers()
+
+__all__ = ["GraphCaptureError", "LayerNorm", "PatchReport", "RMSNorm", "convert", "install_capture_guard",
+           "patch", "reference_mode", "register_transformers", "registered_ops", "rtckern_attention_forward",
+           "skipped_ops"]
