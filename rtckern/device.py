@@ -64,6 +64,24 @@ class DeviceInfo:
     def from_device(cls, ordinal: int = 0) -> "DeviceInfo":
         return _live_device_info(ordinal)
 
+    def target(self, needs_arch_specific: bool = False) -> Arch:
+        """The compile target for this device: a cubin for its exact arch (``sm_90a`` when arch-specific
+        instructions are needed); PTX only where the device is newer than NVRTC supports and the driver can
+        load it (checked on a live device)."""
+        if self.arch.gfx:
+            return self.arch
+        from .arch import choose_target
+        from .compiler import compiler_for
+
+        comp = compiler_for(self.arch)
+        drv = None
+        if self.live:
+            from .runtime.driver import driver_version
+
+            drv = driver_version()
+        return choose_target(self.arch, comp.supported_archs(), arch_specific=needs_arch_specific,
+                             nvrtc_version=comp.version(), driver_version=drv)
+
     def describe(self) -> str:
         where = f"device {self.ordinal}" if self.live else "described device"
         return (f"{where} {self.name or self.arch.sm} ({self.arch.sm}, {self.sm_count} SMs, "

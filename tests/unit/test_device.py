@@ -17,3 +17,12 @@ def test_described_devices():
 
 def test_devices_are_hashable_and_distinct():
     assert len({DeviceInfo.for_arch("sm_90"), DeviceInfo.for_arch("sm_90", sm_count=114)}) == 2
+
+
+def test_target_for_described_devices():
+    assert DeviceInfo.for_arch("sm_90").target().sm == "sm_90"
+    assert DeviceInfo.for_arch("sm_90").target(needs_arch_specific=True).sm == "sm_90a"
+    assert DeviceInfo.for_arch("gfx90a").target().sm == "gfx90a"
+    newer = DeviceInfo.for_arch("15.0")  # newer than any NVRTC here: PTX of the newest supported arch
+    t = newer.target()
+    assert t.ptx and t.number <= 150
