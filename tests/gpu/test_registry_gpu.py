@@ -19,7 +19,7 @@ sys.path.insert(0, str(UNIT))
 import registry_testkit as kit  # noqa: E402
 
 from rtckern.device import DeviceInfo  # noqa: E402
-from rtckern.registry import Candidate, Registry, Resources, default_registry, explain  # noqa: E402
+from rtckern.registry import Registry, Resources, default_registry, explain  # noqa: E402
 from rtckern.registry.explain import build_request  # noqa: E402
 from rtckern.spec import KernelSpec  # noqa: E402
 
