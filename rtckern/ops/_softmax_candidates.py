@@ -194,6 +194,31 @@ def _build_request(op: str):
     return build
 
 
+# Row lengths whose kernels `rtckern prefill` builds: powers of two from 128 to 131072 (their template buckets
+# cover every length in between) and an odd length (vector width 1).
+PREFILL_NS = tuple(1 << k for k in range(7, 18)) + (1023,)
+
+
+def prefill_specs(archs):
+    """Every kernel the softmax ops pick on a typical device of each arch (prefill provider)."""
+    import dataclasses
+
+    from rtckern.arch import ArchFilter
+
+    out = {}
+    for arch in ArchFilter.of(min_arch="7.5", vendors=("nvidia",)).targets(archs):
+        dev = DeviceInfo.for_arch(arch)
+        for op, cands_ in ((op, (OnePassCandidate(op), OnlineCandidate(op))) for op in OPS):
+            for dt in plan.CTYPES:
+                for n in PREFILL_NS:
+                    req = request(op, dt, n, plan.vector_width(dt, n), dev)
+                    for c in cands_:
+                        if c.supports(req) is None:
+                            for spec in c.kernel_specs(req):
+                                out.setdefault(dataclasses.replace(spec, arch=arch), None)
+    return list(out)
+
+
 _registered = False
 
 
@@ -214,4 +239,7 @@ def register_all() -> None:
             register_request_builder(op, _build_request(op), help="shape: (..., N), the last dim is the row length; "
                                      "option vec=<elements per access>", example="--dtype bf16 --shape 16384x4096")
     register_tuners()
+    from rtckern.prefill import register_provider
+
+    register_provider("softmax", prefill_specs)
     _registered = True
