@@ -58,10 +58,14 @@ def probe_candidate(cand: Candidate, req: OpRequest, *, numeric: bool,
         if not stored.get("accepted"):
             return ProbeResult(accepted=False, reasons=reasons, checks=checks, from_store=True, **base), ()
         kernels: tuple[Any, ...] = ()
-        if mode == LIVE:  # the stored outcome saves the checks, not the load: kernels come from the disk cache
-            kernels = tuple(core_api.load(s, req.device.ordinal) for s in specs)
-            _raise_smem_limits(kernels, _resources(cand, req, len(specs)), req)
-        return ProbeResult(accepted=True, checks=checks, from_store=True, **base), kernels
+        try:
+            if mode == LIVE:  # the stored outcome saves the checks, not the load: kernels come from the caches
+                kernels = tuple(core_api.load(s, req.device.ordinal) for s in specs)
+                _raise_smem_limits(kernels, _resources(cand, req, len(specs)), req)
+        except RtckernError:
+            pass  # stored as fine, but it no longer loads here: probe it afresh below, which records why
+        else:
+            return ProbeResult(accepted=True, checks=checks, from_store=True, **base), kernels
 
     checks = ["arch", "supports", "specs", "compile"]
     for spec in specs:

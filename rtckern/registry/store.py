@@ -6,6 +6,10 @@ It holds, per candidate, the cache keys of the kernels it was probed with and th
 cache keys, so an edited source, a new compiler or new options probe again. The cheap stages (arch range,
 supports) always run in-process: they are code, and code may change between versions.
 
+A rejection is reused whatever its stage, a numerical-probe failure included: a candidate that computed a wrong
+result with these exact kernels stays out even when the numerical probe is later switched off (clear_decisions()
+forgets). An acceptance is reused only if it passed every check the current mode asks for.
+
 Writes go to a temp file, fsync, os.replace; a file that does not parse is a miss, reported once.
 """
 from __future__ import annotations
