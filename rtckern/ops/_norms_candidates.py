@@ -159,3 +159,60 @@ def all_candidates() -> list[Candidate]:
     for op in BWD_OPS:
         out += [_make(op, b, "bwd") for b in (_Rows, _Cluster, _Coop)]
     return out
+
+
+# ---- requests from the command line (rtckern explain / selftest) -------------------------------------------------
+def _flag(options: dict, name: str, default: bool) -> bool:
+    v = options.get(name)
+    if v is None:
+        return default
+    if str(v).lower() in ("1", "true", "yes", "on"):
+        return True
+    if str(v).lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"--opt {name}={v!r}: expected 0 or 1")
+
+
+def _dtype_opt(options: dict, name: str, default: str) -> str:
+    v = options.get(name, default)
+    if v not in K.DTYPES and v != "none":
+        raise ValueError(f"--opt {name}={v!r}: expected one of {', '.join(K.DTYPES)}")
+    return v
+
+
+def build_request(op: str, shape: tuple, dtype: str | None, device, **options: str) -> OpRequest:
+    """An op request from a shape (N, or rows x N) and --opt key=value pairs (w, y/dy/dx dtypes; bias, residual,
+    zero_centered, save_stats, weight_grad, dresidual as 0/1; vec, default the 16-byte width)."""
+    if not shape or shape[-1] < 1:
+        raise ValueError(f"shape {shape!r}: give N or ROWSxN with N >= 1")
+    x = dtype or "bf16"
+    if x not in K.DTYPES:
+        raise ValueError(f"dtype {x!r}: expected one of {', '.join(K.DTYPES)}")
+    n = int(shape[-1])
+    vec = int(options.get("vec", K.pick_vec(n, (K.ITEMSIZE[x],), (16,))))
+    layer = op.startswith("layer")
+    w = _dtype_opt(options, "w", x)
+    if op in FWD_OPS:
+        flags = (("bias", _flag(options, "bias", layer)), ("residual", _flag(options, "residual", False)),
+                 ("save_stats", _flag(options, "save_stats", False)), ("weight", w != "none"),
+                 ("zero_centered", _flag(options, "zero_centered", False)))
+        return OpRequest(op=op, dtypes=(("w", w), ("x", x), ("y", _dtype_opt(options, "y", x))),
+                         shape=(("n", n), ("vec", vec)), flags=flags, device=device)
+    flags = (("bias_grad", _flag(options, "bias_grad", layer)), ("dresidual", _flag(options, "dresidual", False)),
+             ("weight", w != "none"), ("weight_grad", _flag(options, "weight_grad", w != "none")),
+             ("zero_centered", _flag(options, "zero_centered", False)))
+    return OpRequest(op=op, dtypes=(("dx", _dtype_opt(options, "dx", x)), ("dy", _dtype_opt(options, "dy", x)),
+                                    ("w", w), ("x", x)), shape=(("n", n), ("vec", vec)), flags=flags, device=device)
+
+
+def register_builders(registry) -> None:
+    import functools
+
+    for op in FWD_OPS + BWD_OPS:
+        if op in registry.builder_ops():
+            continue
+        registry.register_request_builder(
+            op, functools.partial(build_request, op),
+            help="shape: N or ROWSxN; --opt w=fp32 y=fp32 bias=0/1 residual=0/1 zero_centered=0/1 save_stats=0/1 "
+                 "(backward: dy= dx= weight_grad= bias_grad= dresidual=)",
+            example=f"--dtype bf16 --shape 8192x4096{' --opt w=fp32' if op in FWD_OPS else ''}")

@@ -246,12 +246,13 @@ def layer_norm_backward(dy: Any, x: Any, weight: Any, bias: Any, mean: Any, rstd
 def _register() -> None:
     from rtckern.registry import default_registry
 
-    from ._norms_candidates import all_candidates
+    from ._norms_candidates import all_candidates, register_builders
 
     reg = default_registry()
     for cand in all_candidates():
         if cand.name not in {c.name for c in reg.candidates(cand.op)}:
             reg.register(cand)
+    register_builders(reg)
 
 
 _register()

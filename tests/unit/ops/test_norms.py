@@ -206,3 +206,32 @@ def test_every_variant_compiles(arch):
         except Exception as e:  # collect all, report together
             failures.append(f"{s.name_expression}: {str(e)[:300]}")
     assert not failures, "\n".join(failures)
+
+
+# ---- shipped tables and the command-line request builder ---------------------------------------------------------
+def test_shipped_tables_cover_the_benchmark_shapes():
+    from rtckern import tuning
+
+    dev = DeviceInfo.for_arch("sm_90", sm_count=132)
+    for d in ("fwd", "bwd"):
+        for norm in ("rms", "layer"):
+            for dt in ("bf16", "fp16", "fp32"):
+                for n in (1024, 4096, 5120, 8192, 12288, 16384, 65536):
+                    hit = tuning.lookup(L.TABLE_KIND, dev, {"dir": d, "norm": norm, "dtype": dt, "n": n})
+                    assert hit is not None and hit.source == "exact" and hit.config["kind"] in ("rows", "cluster")
+                    kind = hit.config["kind"]
+                    p = (K.FwdProblem(layer=norm == "layer", n=n, x=dt, y=dt, w=dt, bias=norm == "layer",
+                                      vec=16 // K.ITEMSIZE[dt]) if d == "fwd" else
+                         K.BwdProblem(layer=norm == "layer", n=n, x=dt, dy=dt, dx=dt, w=dt, weight_grad=True,
+                                      bias_grad=norm == "layer", vec=16 // K.ITEMSIZE[dt]))
+                    cfg = (L.fwd_config if d == "fwd" else L.bwd_config)(p, kind, dev)
+                    assert cfg is not None
+
+
+def test_explain_builds_norm_requests(cache_dir):
+    from rtckern.registry import explain
+
+    e = explain("rms_norm", dtype="bf16", shape="8192x4096", arch="sm_90", sm_count=132)
+    assert "rms_norm.rows" in str(e)
+    e = explain("layer_norm_backward", dtype="fp16", shape="2048x65536", arch="sm_90", sm_count=132)
+    assert "layer_norm_backward.cluster" in str(e)
