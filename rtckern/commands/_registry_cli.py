@@ -52,3 +52,19 @@ def list_ops(registry) -> str:
         else:
             lines.append("    (no request builder: not usable from the command line)")
     return "\n".join(lines) or "no ops registered"
+
+
+def live_device(ordinal: int, command: str):
+    """DeviceInfo of GPU `ordinal`, or None after saying why there is none (no GPU, no driver, bad ordinal)."""
+    import sys
+
+    from ..device import DeviceInfo, device_count
+
+    n = device_count()
+    if not 0 <= ordinal < n:
+        have = f"{n} GPU(s) are visible (0..{n - 1})" if n else "no GPU is visible (no driver or no device)"
+        print(f"rtckern {command}: needs a live GPU to measure on; --device {ordinal} asked, but {have}. "
+              "For a device that is not here, `rtckern explain --arch ...` shows the selection without one.",
+              file=sys.stderr)
+        return None
+    return DeviceInfo.from_device(ordinal)

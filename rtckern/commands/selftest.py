@@ -12,7 +12,7 @@ import json
 import shlex
 import sys
 
-from ._registry_cli import load_ops, parse_opts
+from ._registry_cli import live_device, load_ops, parse_opts
 
 
 def add_parser(sub) -> None:
@@ -38,14 +38,15 @@ def _example_args(example: str) -> argparse.Namespace:
 
 
 def run(args, registry=None) -> int:
-    from ..device import DeviceInfo
     from ..registry import default_registry
     from ..registry.explain import build_request
     from ._table import table
 
     load_ops(args.imports)
     reg = registry or default_registry()
-    device = DeviceInfo.from_device(args.device)
+    device = live_device(args.device, "selftest")
+    if device is None:
+        return 2
     ops = args.op or list(reg.builder_ops())
     if not ops:
         print("rtckern selftest: no op has a request builder (nothing to check)", file=sys.stderr)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ._registry_cli import load_ops, parse_opts
+from ._registry_cli import live_device, load_ops, parse_opts
 
 
 def add_parser(sub) -> None:
@@ -28,7 +28,6 @@ def add_parser(sub) -> None:
 
 def run(args, registry=None) -> int:
     from .. import tuning
-    from ..device import DeviceInfo
     from ..registry import default_registry
     from ..registry.explain import build_request
     from ._table import table
@@ -38,7 +37,9 @@ def run(args, registry=None) -> int:
     try:
         tuner = tuning.get_tuner(args.op)
         shapes = [s for s in args.shapes.split(",") if s.strip()]
-        device = DeviceInfo.from_device(args.device)
+        device = live_device(args.device, "tune")
+        if device is None:
+            return 2
         reqs = [build_request(reg, args.op, shape=s, dtype=args.dtype, device=device, options=parse_opts(args.opt))
                 for s in shapes]
     except (KeyError, ValueError, TypeError) as exc:

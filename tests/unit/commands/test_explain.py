@@ -128,3 +128,15 @@ def test_real_command_line_with_an_imported_op(tmp_path):
     assert data["chosen"] == "axpy.hopper"
     assert all({"name", "accepted", "reasons"} <= set(c) for c in data["candidates"])
     assert data["request"]["shape"] == {"n": 8192 * 4096}
+
+
+@pytest.mark.parametrize("argv", [["tune", "axpy", "--shapes", "1024"], ["selftest", "axpy"]])
+def test_tune_and_selftest_need_a_live_gpu(reg, capsys, argv):
+    from rtckern.device import device_count
+
+    if device_count() > 0:
+        pytest.skip("a GPU is visible here")
+    kit.register_tuner()
+    args = build_parser().parse_args(argv)
+    assert args.func(args, registry=reg) == 2
+    assert "needs a live GPU to measure on; --device 0 asked, but no GPU is visible" in capsys.readouterr().err
