@@ -452,7 +452,7 @@ def cmd_bench(out: Path, torch, compile_budget_s: float, env: dict | None = None
 
 def _chosen(norms, op, dtype, n) -> dict:
     out = {}
-    for sig, (req, cand, _k) in norms._fast.items():
+    for sig, (_s, req, cand, _k) in norms._fast.items():
         if sig[2] == n and dict(sig[1]).get("x") == dtype and sig[0].startswith("layer" if op == "layer" else "rms"):
             out["bwd_kind" if sig[0].endswith("backward") else "fwd_kind"] = cand.name
     return out

@@ -92,12 +92,15 @@ def _device(a: A.Rows) -> DeviceInfo:
 
 
 def _decide(sig: tuple, build) -> tuple:
+    """(request, candidate, kernels) for a call signature. The memo holds the settings object it was decided
+    under (so its id cannot be reused) and decides again when the settings change (config.override)."""
+    s = settings()
     hit = _fast.get(sig)
-    if hit is None:
+    if hit is None or hit[0] is not s:
         req = build()
         sel = select(req)
-        hit = _fast[sig] = (req, sel.candidate, sel.kernels)
-    return hit
+        hit = _fast[sig] = (s, req, sel.candidate, sel.kernels)
+    return hit[1:]
 
 
 def _workspace(like: A.Rows):
@@ -138,7 +141,7 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
     flags = (("bias", ba is not None), ("residual", ra is not None), ("save_stats", bool(save_stats)),
              ("weight", wa is not None), ("zero_centered", bool(zero_centered)))
     dtypes = (("w", w_dtype or "none"), ("x", xa.dtype), ("y", y_dtype))
-    sig = (op, dtypes, n, vec, flags, xa.device, id(settings()))
+    sig = (op, dtypes, n, vec, flags, xa.device)
 
     def build():
         return OpRequest(op=op, dtypes=dtypes, shape=(("n", n), ("vec", vec)), flags=flags, device=_device(xa))
@@ -212,7 +215,7 @@ def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresi
     flags = (("bias_grad", want_db), ("dresidual", dra is not None), ("weight", wa is not None),
              ("weight_grad", want_dw), ("zero_centered", bool(zero_centered)))
     dtypes = (("dx", dx_name), ("dy", dya.dtype), ("w", w_dtype or "none"), ("x", xa.dtype))
-    sig = (op, dtypes, n, vec, flags, xa.device, id(settings()))
+    sig = (op, dtypes, n, vec, flags, xa.device)
 
     def build():
         return OpRequest(op=op, dtypes=dtypes, shape=(("n", n), ("vec", vec)), flags=flags, device=_device(xa))
