@@ -78,8 +78,8 @@ def run(args) -> int:
 def _list_presets(args) -> int:
     from ..fleet import load_preset, preset_names
 
-    rows = [{"name": n, "requests": len(load_preset(n))} for n in preset_names()]
-    print(json.dumps(rows, indent=2) if args.json else "\n".join(f"{r['name']}  ({r['requests']} requests)"
+    rows = [{"name": n, "lines": len(load_preset(n))} for n in preset_names()]
+    print(json.dumps(rows, indent=2) if args.json else "\n".join(f"{r['name']}  ({r['lines']} request lines)"
                                                                    for r in rows))
     return 0
 

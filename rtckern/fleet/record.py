@@ -27,7 +27,7 @@ _seen: set[tuple[str, str]] = set()  # (file, line) written or found by this pro
 _lock = threading.Lock()
 _warned: set[str] = set()
 
-MAIN_DTYPE_NAMES = ("x", "a", "q", "input", "dy")
+MAIN_DTYPE_NAMES = ("x", "a", "qkv", "q", "input", "dy")
 
 
 def request_line(req: Any) -> str:
