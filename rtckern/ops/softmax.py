@@ -13,9 +13,16 @@ mask row, or a query above the causal diagonal when Sq > Sk) gives all zeros, no
 input of -inf counts as a masked key whatever the sign of the scale.
 
 Outputs are new arrays of the input's library (torch in -> torch out, CuPy in -> CuPy out), launched on that
-library's current stream. Rows up to the one-pass limit (at least 65536 keys: bf16/fp16 forward about 130k,
-fp32 forward about 72k, bf16/fp16 backward about 74k, fp32 backward about 37k on sm_90) are read once; longer
-rows take the two-launch online path, which reads them twice.
+library's current stream.
+
+Implementations (registry candidates `<op>.onepass`, then `<op>.online`; configs from the tuning tables
+`softmax` / `softmax_backward`, measured per (arch, SM count, dtype, vector width, N)):
+- one launch, row held on chip and read from device memory once: rows in registers plus a shared-memory stash
+  (sm_90: up to ~130k bf16/fp16 or ~74k fp32 keys forward, ~74k bf16/fp16 or ~37k fp32 backward), or the whole
+  row copied into shared memory with cp.async (forward, up to ~113k bf16/fp16 keys);
+- one launch, two passes with the second read of the row served by L2 (any length; the tuned choice on the
+  H200 from 8192 keys up);
+- two launches over chunks (`<op>.online`): any length and any number of rows; reads the row twice.
 """
 from __future__ import annotations
 

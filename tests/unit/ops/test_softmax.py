@@ -196,7 +196,15 @@ def test_online_config_and_geometry():
 
 # ---- registry ----------------------------------------------------------------------------------------------------
 @pytest.fixture
-def fresh(cache_dir, tmp_path):
+def no_shipped_tables(tmp_path, monkeypatch):
+    """Lookups see only the tables a test writes (not rtckern/tuning_tables/)."""
+    from rtckern import tuning
+
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", tmp_path / "shipped")
+
+
+@pytest.fixture
+def fresh(cache_dir, tmp_path, no_shipped_tables):
     with config.override(tuning_table_dir=tmp_path / "tuning", persist_decisions=False):
         cands._configs.clear()
         yield
@@ -253,7 +261,7 @@ def _write_table(d, name, rows):
                                                 "rows": rows}))
 
 
-def test_tuned_table_exact_nearest_and_rule(tmp_path):
+def test_tuned_table_exact_nearest_and_rule(tmp_path, no_shipped_tables):
     d = tmp_path / "tuning"
     cfg = {"threads": 256, "group": 256, "items": 2, "min_blocks": 4}
     _write_table(d, "softmax", [{"arch": "sm_90", "sm_count": 132, "shape": {"dtype": "bf16", "vec": 8, "n": 4096},
@@ -293,6 +301,20 @@ def test_sweep_configs_fit_and_cover():
                 assert cfgs, (direction, dt, n)
                 for c in cfgs:
                     assert plan.fits(c, direction, dt, n, vec, smem) is None
+
+
+def test_shipped_tables_choose_for_h200(cache_dir, tmp_path):
+    """The shipped rows (measured on an H200, 132 SMs) are what a matching device gets; other SM counts of
+    sm_90 get the nearest row; another arch gets the rule."""
+    with config.override(tuning_table_dir=tmp_path / "none"):
+        h200 = DeviceInfo.for_arch("sm_90", sm_count=132)
+        got, src = tuned.tuned_onepass(plan.FWD, "bf16", 16384, 8, h200)
+        if src == "heuristic":
+            pytest.skip("no shipped sm_90 softmax rows")
+        assert src == "exact"
+        got2, src2 = tuned.tuned_onepass(plan.FWD, "bf16", 16384, 8, DeviceInfo.for_arch("sm_90", sm_count=114))
+        assert (got2, src2) == (got, "nearest")
+        assert tuned.tuned_onepass(plan.FWD, "bf16", 16384, 8, DeviceInfo.for_arch("sm_80"))[1] == "heuristic"
 
 
 def test_shipped_tables_parse_and_fit():
