@@ -9,8 +9,15 @@ from .spec import KernelSpec
 
 __version__ = "0.1.0"
 
+
+def explain(*args, **kwargs):
+    """Every candidate for an op request, accepted or rejected and why (see rtckern.registry.explain)."""
+    from .registry import explain as _explain
+
+    return _explain(*args, **kwargs)
+
 __all__ = [
     "Arch", "ArchFilter", "ArchError", "CacheError", "CompileError", "DeviceInfo", "InputError", "KernelManager",
     "KernelSpec", "LaunchError", "LoadError", "RtckernError", "UnsupportedRequestError", "device_count",
-    "get_manager", "parse_arch_list", "set_manager", "__version__",
+    "explain", "get_manager", "parse_arch_list", "set_manager", "__version__",
 ]

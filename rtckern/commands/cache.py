@@ -107,8 +107,12 @@ def verify(args) -> int:
 
 
 def clear(args) -> int:
-    r = _disk(args).clear()
-    return _emit(args, r, f"removed {r['removed']} entries")
+    d = _disk(args)
+    r = d.clear()
+    from ..registry.store import clear_decisions
+
+    r["decisions_removed"] = clear_decisions(d.root / "decisions")  # decisions refer to the entries just removed
+    return _emit(args, r, f"removed {r['removed']} entries and {r['decisions_removed']} stored registry decisions")
 
 
 def prune(args) -> int:
