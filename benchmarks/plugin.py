@@ -1,0 +1,213 @@
+"""PyTorch plugin benchmark (run on the GPU): a small randomly initialised Llama from transformers, unpatched
+(sdpa attention, transformers' RMSNorm) against rtckern.torch.patch(model) (rtckern RMSNorm + attention), and the
+host cost of one custom-op call.
+
+    PYTHONPATH=. python3 benchmarks/plugin.py        # writes plugin_<date>.json / .md to $OUT or benchmarks/results
+
+Accuracy: logits and parameter gradients of both bf16 models against a float32 copy of the unpatched model
+(relative L2 error); the patched model must stay within 2x the unpatched model's own bf16 error (+1e-3).
+Speed: forward (inference) and forward+backward (loss.backward()) with CUDA events, warm-up first, the two models
+alternating iteration by iteration (drift hits both alike), median of `reps`.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+# Large enough per call to keep the GPU busy (4 layers of 2048 hidden, 8192 tokens): a timing of launch gaps would
+# measure Python, not kernels. Head dim 128, GQA 4.
+LLAMA = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=4,
+             num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096, rms_norm_eps=1e-5)
+
+
+def grad_params(layers: int) -> tuple[str, ...]:
+    last = layers - 1
+    return ("model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+            f"model.layers.{last}.post_attention_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
+            f"model.layers.{last}.self_attn.k_proj.weight", f"model.layers.{last}.mlp.down_proj.weight",
+            "model.norm.weight", "lm_head.weight")
+
+
+def rel_err(x, ref) -> float:
+    import torch
+
+    if not torch.isfinite(x).all():
+        return float("inf")
+    d = torch.linalg.vector_norm((x.double() - ref.double())).item()
+    return d / max(torch.linalg.vector_norm(ref.double()).item(), 1e-30)
+
+
+def build_models(batch: int, seq: int, seed: int = 0, **overrides):
+    import torch
+    import transformers
+
+    import rtckern.torch as rt
+
+    cfg = transformers.LlamaConfig(**{**LLAMA, **overrides})
+    torch.manual_seed(seed)
+    ref = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").cuda().to(torch.bfloat16)
+    ref32 = copy.deepcopy(ref).float()  # the same (bf16-valued) weights: the errors below are arithmetic only
+    patched = copy.deepcopy(ref)
+    report = rt.patch(patched)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+    return ref32, ref, patched, report, ids
+
+
+def _loss(model, ids):
+    import torch
+
+    logits = model(ids).logits
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+def accuracy(ref32, ref, patched, ids) -> dict:
+    import torch
+
+    out: dict = {}
+    with torch.no_grad():
+        l32, lref, lrt = (m(ids).logits for m in (ref32, ref, patched))
+    out["logits_err_torch_bf16"] = rel_err(lref, l32)
+    out["logits_err_rtckern_bf16"] = rel_err(lrt, l32)
+    out["logits_err_rtckern_vs_torch"] = rel_err(lrt, lref)
+    del l32, lref, lrt
+    names = grad_params(ref.config.num_hidden_layers)
+    grads = {}
+    for name, m in (("fp32", ref32), ("torch", ref), ("rtckern", patched)):
+        m.zero_grad(set_to_none=True)
+        _loss(m, ids).backward()
+        p = dict(m.named_parameters())
+        grads[name] = {k: p[k].grad.detach().clone() for k in names}
+        m.zero_grad(set_to_none=True)
+    out["grad_err"] = {k: {"torch_bf16": rel_err(grads["torch"][k], grads["fp32"][k]),
+                           "rtckern_bf16": rel_err(grads["rtckern"][k], grads["fp32"][k])} for k in names}
+    return out
+
+
+def within_tolerance(acc: dict) -> list[str]:
+    """The comparisons that fail 'patched error <= 2 x unpatched error + 1e-3'."""
+    bad = []
+    if not acc["logits_err_rtckern_bf16"] <= 2 * acc["logits_err_torch_bf16"] + 1e-3:
+        bad.append(f"logits: rtckern {acc['logits_err_rtckern_bf16']:.3e} vs torch {acc['logits_err_torch_bf16']:.3e}")
+    for k, e in acc["grad_err"].items():
+        if not e["rtckern_bf16"] <= 2 * e["torch_bf16"] + 1e-3:
+            bad.append(f"grad {k}: rtckern {e['rtckern_bf16']:.3e} vs torch {e['torch_bf16']:.3e}")
+    return bad
+
+
+def _timed(fn) -> float:
+    import torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def speed(ref, patched, ids, reps: int = 20, warmup: int = 3) -> dict:
+    import torch
+
+    def fwd(m):
+        with torch.no_grad():
+            m(ids)
+
+    def train_step(m):
+        m.zero_grad(set_to_none=True)
+        _loss(m, ids).backward()
+
+    out = {}
+    for name, fn in (("forward_ms", fwd), ("fwd_bwd_ms", train_step)):
+        for _ in range(warmup):
+            fn(ref)
+            fn(patched)
+        t_ref, t_rt = [], []
+        for _ in range(reps):
+            t_ref.append(_timed(lambda: fn(ref)))
+            t_rt.append(_timed(lambda: fn(patched)))
+        out[name] = {"torch": statistics.median(t_ref), "rtckern": statistics.median(t_rt),
+                     "torch_spread": [min(t_ref), max(t_ref)], "rtckern_spread": [min(t_rt), max(t_rt)]}
+        out[name]["speedup"] = out[name]["torch"] / out[name]["rtckern"]
+    ref.zero_grad(set_to_none=True)
+    patched.zero_grad(set_to_none=True)
+    return out
+
+
+def call_overhead_us(n: int = 2000) -> dict:
+    """Host time per call (a tiny input, so launches queue faster than they run is not the question: the GPU idles
+    and the host loop is the cost): the custom op, the rtckern op it wraps, torch's own rms_norm."""
+    import torch
+
+    import rtckern.torch  # noqa: F401
+    from rtckern.ops import norms
+
+    x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    fns = {"torch.ops.rtckern.rms_norm": lambda: torch.ops.rtckern.rms_norm(x, w, 1e-6),
+           "rtckern.ops.norms.rms_norm": lambda: norms.rms_norm(x, w, 1e-6),
+           "torch.nn.functional.rms_norm": lambda: torch.nn.functional.rms_norm(x, (1024,), w, 1e-6)}
+    out = {}
+    for name, fn in fns.items():
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        out[name] = round(best, 2)
+    return out
+
+
+def run(batch: int = 4, seq: int = 2048, reps: int = 20) -> dict:
+    import torch
+
+    ref32, ref, patched, report, ids = build_models(batch, seq)
+    result = {"config": {**LLAMA, "batch": batch, "seq": seq, "dtype": "bf16"},
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "replaced": len(report.replaced), "attention": report.attention}
+    result["accuracy"] = accuracy(ref32, ref, patched, ids)
+    result["accuracy_failures"] = within_tolerance(result["accuracy"])
+    del ref32
+    torch.cuda.empty_cache()
+    result["speed"] = speed(ref, patched, ids, reps=reps)
+    return result
+
+
+def _markdown(res: dict) -> str:
+    acc, sp = res["e2e"]["accuracy"], res["e2e"]["speed"]
+    lines = [f"# rtckern.torch end to end ({res['e2e']['device']}, torch {res['e2e']['torch']}, {res['date']})", "",
+             f"Llama {res['e2e']['config']}", f"patched: {res['e2e']['replaced']} norms, attention="
+             f"{res['e2e']['attention']}", "", "| | torch (sdpa + HF RMSNorm) | rtckern | speedup |", "|---|---|---|---|"]
+    for k in ("forward_ms", "fwd_bwd_ms"):
+        lines.append(f"| {k} | {sp[k]['torch']:.3f} | {sp[k]['rtckern']:.3f} | {sp[k]['speedup']:.3f}x |")
+    lines += ["", "relative L2 error against the fp32 model:", "",
+              f"- logits: torch bf16 {acc['logits_err_torch_bf16']:.3e}, rtckern bf16 {acc['logits_err_rtckern_bf16']:.3e}"]
+    for k, e in acc["grad_err"].items():
+        lines.append(f"- grad {k}: torch bf16 {e['torch_bf16']:.3e}, rtckern bf16 {e['rtckern_bf16']:.3e}")
+    lines += ["", f"accuracy failures: {res['e2e']['accuracy_failures'] or 'none'}", "",
+              f"host cost per call (us): {res['overhead_us']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    date = datetime.date.today().isoformat()
+    res = {"date": date, "e2e": run(), "overhead_us": call_overhead_us()}
+    out_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"plugin_{date}.json").write_text(json.dumps(res, indent=1))
+    md = _markdown(res)
+    (out_dir / f"plugin_{date}.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
