@@ -18,6 +18,20 @@ REFUSED_IMAGE_ERRORS = {"CUDA_ERROR_INVALID_IMAGE", "CUDA_ERROR_NO_BINARY_FOR_GP
                         "CUDA_ERROR_NOT_FOUND"}
 
 
+# Ordinals of every device a Kernel was loaded on. While it is one device (the common case) a launch needs no
+# context check; with several, a launch makes its own device's context current if another one is.
+_devices_in_use: set[int] = set()
+_primary_ctx: dict[int, int] = {}
+
+
+def _ctx_of(ordinal: int) -> int:
+    c = _primary_ctx.get(ordinal)
+    if c is None:
+        with on_device(ordinal):
+            c = _primary_ctx[ordinal] = int(check(driver().cuCtxGetCurrent(), "cuCtxGetCurrent"))
+    return c
+
+
 def _dim3(v) -> tuple[int, int, int]:
     if isinstance(v, int):
         return (v, 1, 1)
@@ -65,6 +79,8 @@ class Kernel:
         self._lock = threading.Lock()
         self._default_stream = None
         self._launch = launch
+        _ctx_of(device.ordinal)
+        _devices_in_use.add(device.ordinal)
 
     def __repr__(self) -> str:
         return f"<rtckern.Kernel {self.label} on {self.device.describe()}>"
@@ -160,6 +176,21 @@ class Kernel:
             self._configs[key] = cfg
         return cfg
 
+    def _launch_on_own_device(self, s, cfg, args) -> None:
+        """Several devices are in use: launch in this kernel's device context whatever is current, so a tensor
+        on device 1 runs on device 1 while the caller's current device is 0."""
+        d = driver()
+        mine = _primary_ctx[self.device.ordinal]
+        cur = d.cuCtxGetCurrent()[1]
+        if cur is not None and int(cur) == mine:
+            self._launch(s, cfg, self._k, *args)
+            return
+        check(d.cuCtxPushCurrent(d.CUcontext(mine)), "cuCtxPushCurrent")
+        try:
+            self._launch(s, cfg, self._k, *args)
+        finally:
+            d.cuCtxPopCurrent()
+
     def launch(self, grid, block, args: Sequence[Any] = (), shared_mem: int = 0, stream=None,
                cooperative: bool = False) -> None:
         """Launch on ``stream`` (int handle, ``__cuda_stream__`` object, torch or CuPy stream).
@@ -184,7 +215,10 @@ class Kernel:
         else:
             s = core_stream(stream)
         try:
-            self._launch(s, cfg, self._k, *args)
+            if len(_devices_in_use) > 1:
+                self._launch_on_own_device(s, cfg, args)
+            else:
+                self._launch(s, cfg, self._k, *args)
         except DriverError:
             raise
         except Exception as e:
