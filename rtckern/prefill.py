@@ -31,7 +31,7 @@ def _core_specs(archs: Sequence[Arch]) -> Iterable[KernelSpec]:
     for arch in ArchFilter.of(min_arch="7.5").targets(archs):
         for t in ("float", "rtk_half", "rtk_bf16"):
             yield KernelSpec("core/axpy.cuh", "axpy", arch, template_args=(t,), op="core")
-        for name in ("noop0", "noop8", "coop_sum", "smem_reverse"):
+        for name in ("noop0", "noop8", "coop_sum", "smem_reverse", "cluster_rank"):
             yield KernelSpec("core/axpy.cuh", name, arch, op="core")
 
 

@@ -53,3 +53,15 @@ __global__ void smem_reverse(const float* __restrict__ x, float* __restrict__ y,
   __syncthreads();
   for (long long i = threadIdx.x; i < n; i += blockDim.x) y[i] = buf[n - 1 - i];
 }
+
+// Each block writes its rank inside its thread-block cluster (sm_90+; -1 elsewhere): a cluster-launch probe.
+__global__ void cluster_rank(long long* out) {
+  if (threadIdx.x != 0) return;
+#if defined(RTK_CUDA) && (RTK_ARCH >= 900)
+  unsigned int r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  out[blockIdx.x] = r;
+#else
+  out[blockIdx.x] = -1;
+#endif
+}

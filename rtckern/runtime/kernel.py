@@ -147,8 +147,8 @@ class Kernel:
         return self.max_active_blocks_per_sm(block_size, dynamic_smem) * self.device.sm_count
 
     # ---- launch ----
-    def _config(self, grid, block, shared_mem: int, cooperative: bool):
-        key = (grid, block, shared_mem, cooperative)
+    def _config(self, grid, block, shared_mem: int, cooperative: bool, cluster=None):
+        key = (grid, block, shared_mem, cooperative, cluster)
         cfg = self._configs.get(key)
         if cfg is not None:
             return cfg
@@ -171,7 +171,18 @@ class Kernel:
                     f"{self.label}: cooperative grid of {blocks} blocks cannot be co-resident; at most {fit} fit "
                     f"({fit // max(1, self.device.sm_count)} per SM x {self.device.sm_count} SMs at {nthreads} threads "
                     f"and {shared_mem} bytes dynamic shared memory). Launch at most {fit} blocks.")
-        cfg = LaunchConfig(grid=g, block=b, shmem_size=int(shared_mem), is_cooperative=bool(cooperative))
+        kw = {}
+        if cluster is not None:
+            c = _dim3(cluster)
+            if self.device.arch.cc < (9, 0):
+                raise LaunchError(f"{self.label}: thread-block clusters need sm_90 or newer; "
+                                  f"{self.device.describe()} has none. Launch without cluster=")
+            if any(gd % cd for gd, cd in zip(g, c)):
+                raise LaunchError(f"{self.label}: grid {g} is not a multiple of cluster {c} in every dimension")
+            # cuda.core counts the grid in clusters when a cluster is given
+            g = tuple(gd // cd for gd, cd in zip(g, c))
+            kw["cluster"] = c
+        cfg = LaunchConfig(grid=g, block=b, shmem_size=int(shared_mem), is_cooperative=bool(cooperative), **kw)
         with self._lock:
             self._configs[key] = cfg
         return cfg
@@ -192,16 +203,17 @@ class Kernel:
             d.cuCtxPopCurrent()
 
     def launch(self, grid, block, args: Sequence[Any] = (), shared_mem: int = 0, stream=None,
-               cooperative: bool = False) -> None:
+               cooperative: bool = False, cluster=None) -> None:
         """Launch on ``stream`` (int handle, ``__cuda_stream__`` object, torch or CuPy stream).
 
         Arguments: ints for pointers and ``long long``, ``numpy.float32`` for float, or arrays (torch, CuPy,
         ``__cuda_array_interface__``, ``__dlpack__``), passed as their device pointers. With ``stream=None``
         the default is the current stream of the first array's library (torch's current stream for torch
-        tensors), else the device's default stream."""
-        cfg = self._configs.get((grid, block, shared_mem, cooperative))
+        tensors), else the device's default stream. ``cluster`` (sm_90+): thread-block cluster shape; ``grid``
+        stays in blocks and must be a multiple of it."""
+        cfg = self._configs.get((grid, block, shared_mem, cooperative, cluster))
         if cfg is None:
-            cfg = self._config(grid, block, shared_mem, cooperative)
+            cfg = self._config(grid, block, shared_mem, cooperative, cluster)
         for a in args:
             if type(a) not in SCALAR_TYPES:
                 args, implied = convert_args(args)

@@ -156,3 +156,15 @@ def test_cupy_arrays(dev, mgr):
     k.launch((n + 255) // 256, 256, (x, y, np.float32(-1.0), n))
     cupy.cuda.get_current_stream().synchronize()
     assert cupy.allclose(y, 1 - x)
+
+
+def test_cluster_launch(dev, mgr):
+    if dev.arch.cc < (9, 0):
+        pytest.skip("clusters need sm_90")
+    k = mgr.get(spec(dev, "cluster_rank"), 0)
+    out = torch.full((16,), -7, dtype=torch.int64, device="cuda")
+    k.launch(16, 32, (out,), cluster=4)
+    torch.cuda.synchronize()
+    assert out.tolist() == [0, 1, 2, 3] * 4
+    with pytest.raises(LaunchError, match="not a multiple of cluster"):
+        k.launch(6, 32, (out,), cluster=4)

@@ -24,24 +24,24 @@ def test_info_json(tmp_path):
 def test_prefill_then_cached_then_cache_commands(tmp_path):
     first = json.loads(rtckern("prefill", "--arch", "8.0;9.0a", "--family", "core", "--json", "-j", "2",
                                env_cache=tmp_path).stdout)
-    assert first["compiled"] == 14 and first["cached"] == 0 and first["failed"] == 0
+    assert first["compiled"] == 16 and first["cached"] == 0 and first["failed"] == 0
     second = json.loads(rtckern("prefill", "--arch", "9.0a 8.0", "--family", "core", "--json",
                                 env_cache=tmp_path).stdout)
-    assert second["compiled"] == 0 and second["cached"] == 14
+    assert second["compiled"] == 0 and second["cached"] == 16
     stats = json.loads(rtckern("cache", "stats", "--json", env_cache=tmp_path).stdout)
-    assert stats["entries"] == 14 and stats["bytes"] > 0
+    assert stats["entries"] == 16 and stats["bytes"] > 0
     ls = json.loads(rtckern("cache", "ls", "--arch", "sm_90", "--json", env_cache=tmp_path).stdout)
-    assert len(ls) == 7 and all(r["arch"] == "sm_90" and r["op"] == "core" for r in ls)
+    assert len(ls) == 8 and all(r["arch"] == "sm_90" and r["op"] == "core" for r in ls)
     # damage one entry: verify finds and removes it
     victim = next((tmp_path / "v1").rglob("*.rtk"))
     victim.write_bytes(victim.read_bytes()[:100])
     v = json.loads(rtckern("cache", "verify", "--json", env_cache=tmp_path).stdout)
-    assert (v["checked"], v["corrupt"], v["removed"]) == (14, 1, 1)
+    assert (v["checked"], v["corrupt"], v["removed"]) == (16, 1, 1)
     third = json.loads(rtckern("prefill", "--arch", "8.0;9.0a", "--family", "core", "--json",
                                env_cache=tmp_path).stdout)
-    assert third["compiled"] == 1 and third["cached"] == 13
+    assert third["compiled"] == 1 and third["cached"] == 15
     pr = json.loads(rtckern("cache", "prune", "--max-bytes", "0", "--json", env_cache=tmp_path).stdout)
-    assert pr["removed"] == 14 and pr["bytes"] == 0
+    assert pr["removed"] == 16 and pr["bytes"] == 0
 
 
 def test_prefill_bad_arch_exit_and_message(tmp_path):
@@ -52,7 +52,7 @@ def test_prefill_bad_arch_exit_and_message(tmp_path):
 def test_prefill_failure_is_reported_and_nonzero(tmp_path):
     r = rtckern("prefill", "--arch", "7.0;8.0", "--family", "core", "--json", env_cache=tmp_path, check=False)
     out = json.loads(r.stdout)
-    assert r.returncode == 1 and out["failed"] == 1 and out["compiled"] == 7
+    assert r.returncode == 1 and out["failed"] == 1 and out["compiled"] == 8
     assert out["failures"][0]["kernel"] == "every kernel for 7.0" and "dropped Volta" in out["failures"][0]["error"]
 
 
