@@ -197,6 +197,8 @@ def test_every_variant_compiles(arch):
 
     specs = list(dict.fromkeys(_variants(arch)))
     assert len(specs) > 50
+    if arch != "sm_90":  # every variant for the target arch; a fixed 1-in-6 sample elsewhere keeps CI short
+        specs = specs[::6] + specs[-1:]
     comp = compiler_for(Arch.parse(arch))
     failures = []
     for s in specs:

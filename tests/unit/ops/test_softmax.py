@@ -366,6 +366,8 @@ def test_every_variant_compiles_with_nvrtc(arch, fresh):
 
     exprs = _all_name_expressions(arch)
     assert len(exprs) > 100
+    if arch != "sm_90":  # every variant for the target arch; a fixed 1-in-5 sample elsewhere keeps CI short
+        exprs = exprs[::5] + exprs[-1:]
     comp = NvrtcCompiler()
     opts = [f"--gpu-architecture={arch}", *BASE_OPTIONS] + [f"-I{d}" for d in comp.include_dirs()]
     err, prog = nvrtc.nvrtcCreateProgram(read_source(plan.SOURCE).encode(), b"softmax.cu", 0, [], [])
