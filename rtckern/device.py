@@ -50,8 +50,11 @@ class DeviceInfo:
         a = Arch.parse(arch) if isinstance(arch, str) else arch
         a = dataclasses.replace(a, ptx=False)
         if a.gfx:
+            from .compiler.hiprtc import wavefront_size  # pure function; loads no library
+
             base = dict(sm_count=sm_count or 104, max_smem_per_block=65536, max_smem_per_block_optin=65536,
-                        regs_per_sm=131072, max_threads_per_sm=2048, warp_size=64, name=f"AMD {a.gfx}")
+                        regs_per_sm=131072, max_threads_per_sm=2048, warp_size=wavefront_size(a.gfx),
+                        name=f"AMD {a.gfx}")
         else:
             sms, optin, tpsm = _TYPICAL.get(a.cc, _TYPICAL[max(k for k in _TYPICAL if k <= a.cc)] if a.cc >= (7, 5)
                                            else (40, 49152, 1024))

@@ -158,7 +158,13 @@ class KernelManager:
         if ordinal is None:
             raise LaunchError(f"{spec.describe()}: cannot load on a described (not live) device; "
                               "use compile() for compile-only work")
-        info = DeviceInfo.from_device(ordinal)
+        if spec.arch.gfx:  # AMD: load through the HIP runtime (hip-python)
+            from .runtime import hip as hip_runtime
+
+            info = hip_runtime.device_info(ordinal)
+            load_kernel = hip_runtime.load_kernel  # noqa: F811 - same interface as the CUDA loader
+        else:
+            info = DeviceInfo.from_device(ordinal)
         if not spec.arch.ptx and not spec.arch.can_run_on(info.arch):
             raise LaunchError(f"{spec.describe()} cannot run on {info.describe()}: a {spec.arch.sm} cubin needs "
                               f"a device of arch {spec.arch.sm}; build the spec with device.arch")

@@ -28,7 +28,7 @@ def register_provider(name: str, fn: Callable[[Sequence[Arch]], Iterable[KernelS
 
 def _core_specs(archs: Sequence[Arch]) -> Iterable[KernelSpec]:
     """The core service's own kernels: tests, benchmarks, smoke set."""
-    for arch in ArchFilter.of(min_arch="7.5").targets(archs):
+    for arch in ArchFilter.of(min_arch="7.5", vendors=("nvidia", "amd")).targets(archs):
         for t in ("float", "rtk_half", "rtk_bf16"):
             yield KernelSpec("core/axpy.cuh", "axpy", arch, template_args=(t,), op="core")
         for name in ("noop0", "noop8", "coop_sum", "smem_reverse", "cluster_rank"):
@@ -157,7 +157,9 @@ def unsupported_archs(archs: Sequence[Arch]) -> dict[str, str]:
     for a in archs:
         try:
             c = compiler_for(a)
-            if not a.gfx and a.number not in c.supported_archs():
+            if a.gfx:
+                c.check_target(a.gfx)  # raises for a target this hiprtc does not know (e.g. gfx942 on ROCm 5.2)
+            elif a.number not in c.supported_archs():
                 from .arch import nvrtc_unsupported_message
 
                 out[str(a)] = nvrtc_unsupported_message(a, c.supported_archs(), c.version())

@@ -185,6 +185,7 @@ class Sm80Mma(_AttentionCandidate):
 
 class Simt(_AttentionCandidate):
     name = "attention.simt"
+    vendors = ("nvidia", "amd")  # the portable path; the mma/wgmma ones are NVIDIA-only
     priority = 100
     min_arch = "sm_75"
     source = cfgs.SIMT_SOURCE

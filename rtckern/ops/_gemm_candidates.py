@@ -134,6 +134,7 @@ class Sm80MmaCandidate(_GemmCandidate):
 
 class SimtCandidate(_GemmCandidate):
     name = "gemm.simt"
+    vendors = ("nvidia", "amd")  # the portable path; the mma/wgmma ones are NVIDIA-only
     priority = 10
     min_arch = "sm_75"
 

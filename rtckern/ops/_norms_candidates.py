@@ -108,6 +108,7 @@ class _NormCandidate(Candidate):
 
 
 class _Rows(_NormCandidate):
+    vendors = ("nvidia", "amd")  # portable source (common/); compiled for gfx90a by hiprtc in CI
     kind = "rows"
     priority = 100
     min_arch = "sm_75"
@@ -141,6 +142,7 @@ class _Cluster(_NormCandidate):
 
 
 class _Coop(_NormCandidate):
+    vendors = ("nvidia", "amd")
     kind = "coop"
     priority = 80
     min_arch = "sm_75"
