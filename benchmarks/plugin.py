@@ -1,6 +1,6 @@
 """PyTorch plugin benchmark (run on the GPU): a small randomly initialised Llama from transformers, unpatched
-(sdpa attention, transformers' RMSNorm) against rtckern.torch.patch(model) (rtckern RMSNorm + attention), and the
-host cost of one custom-op call.
+(sdpa attention, transformers' RMSNorm) against rtckern.torch.patch(model) (rtckern RMSNorm + attention), at two
+sizes (CONFIGS), and the host cost of one call through each layer of the plugin.
 
     PYTHONPATH=. python3 benchmarks/plugin.py        # writes plugin_<date>.json / .md to $OUT or benchmarks/results
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import importlib
 import json
 import os
 import statistics
@@ -138,41 +139,58 @@ def speed(ref, patched, ids, reps: int = 20, warmup: int = 3) -> dict:
     return out
 
 
-def call_overhead_us(n: int = 2000) -> dict:
-    """Host time per call (a tiny input, so launches queue faster than they run is not the question: the GPU idles
-    and the host loop is the cost): the custom op, the rtckern op it wraps, torch's own rms_norm."""
+def _host_us(fn, n: int) -> float:
     import torch
 
-    import rtckern.torch  # noqa: F401
-    from rtckern.ops import norms
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return round(best, 2)
+
+
+def call_overhead_us(n: int = 2000) -> dict:
+    """Host time per call on inputs so small that the GPU idles and the host loop is the cost: each layer of the
+    plugin (custom op through the dispatcher, the eager fast path, the drop-in module, transformers' function),
+    the rtckern op it wraps, and torch's own op."""
+    import torch
+
+    import rtckern.torch as rt
+    attn_mod = importlib.import_module("rtckern.ops.attention")  # the package exports the function as .attention
+    norms = importlib.import_module("rtckern.ops.norms")
 
     x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
-    fns = {"torch.ops.rtckern.rms_norm": lambda: torch.ops.rtckern.rms_norm(x, w, 1e-6),
-           "rtckern.ops.norms.rms_norm": lambda: norms.rms_norm(x, w, 1e-6),
-           "torch.nn.functional.rms_norm": lambda: torch.nn.functional.rms_norm(x, (1024,), w, 1e-6)}
-    out = {}
-    for name, fn in fns.items():
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        out[name] = round(best, 2)
-    return out
+    mod = rt.RMSNorm(1024, eps=1e-6).to("cuda", torch.bfloat16)
+    q = torch.randn(1, 128, 4, 64, device="cuda", dtype=torch.bfloat16)
+    qt = q.transpose(1, 2)
+    llama_attn = type("M", (), {"is_causal": True, "num_key_value_groups": 1})()
+    fns = {
+        "rms_norm: torch.ops.rtckern.rms_norm": lambda: torch.ops.rtckern.rms_norm(x, w, 1e-6),
+        "rms_norm: rtckern.torch.rms_norm (eager fast path)": lambda: rt.rms_norm(x, w, 1e-6),
+        "rms_norm: rtckern.torch.RMSNorm module": lambda: mod(x),
+        "rms_norm: rtckern.ops.norms.rms_norm": lambda: norms.rms_norm(x, w, 1e-6),
+        "rms_norm: torch.nn.functional.rms_norm": lambda: torch.nn.functional.rms_norm(x, (1024,), w, 1e-6),
+        "attention: torch.ops.rtckern.attention": lambda: torch.ops.rtckern.attention(q, q, q, True),
+        "attention: rtckern.torch.attention (eager fast path)": lambda: rt.attention(q, q, q, True),
+        "attention: transformers function": lambda: rt.rtckern_attention_forward(llama_attn, qt, qt, qt, None),
+        "attention: rtckern.ops.attention": lambda: attn_mod.attention(q, q, q, causal=True),
+        "attention: torch sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(qt, qt, qt, is_causal=True),
+    }
+    return {name: _host_us(fn, n) for name, fn in fns.items()}
 
 
-def run(batch: int = 4, seq: int = 2048, reps: int = 20) -> dict:
+def run(batch: int = 4, seq: int = 2048, reps: int = 20, **overrides) -> dict:
     import torch
 
-    ref32, ref, patched, report, ids = build_models(batch, seq)
-    result = {"config": {**LLAMA, "batch": batch, "seq": seq, "dtype": "bf16"},
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    ref32, ref, patched, report, ids = build_models(batch, seq, **overrides)
+    result = {"config": {**LLAMA, **overrides, "batch": batch, "seq": seq, "dtype": "bf16"},
               "replaced": len(report.replaced), "attention": report.attention}
     result["accuracy"] = accuracy(ref32, ref, patched, ids)
     result["accuracy_failures"] = within_tolerance(result["accuracy"])
@@ -183,24 +201,42 @@ def run(batch: int = 4, seq: int = 2048, reps: int = 20) -> dict:
 
 
 def _markdown(res: dict) -> str:
-    acc, sp = res["e2e"]["accuracy"], res["e2e"]["speed"]
-    lines = [f"# rtckern.torch end to end ({res['e2e']['device']}, torch {res['e2e']['torch']}, {res['date']})", "",
-             f"Llama {res['e2e']['config']}", f"patched: {res['e2e']['replaced']} norms, attention="
-             f"{res['e2e']['attention']}", "", "| | torch (sdpa + HF RMSNorm) | rtckern | speedup |", "|---|---|---|---|"]
-    for k in ("forward_ms", "fwd_bwd_ms"):
-        lines.append(f"| {k} | {sp[k]['torch']:.3f} | {sp[k]['rtckern']:.3f} | {sp[k]['speedup']:.3f}x |")
-    lines += ["", "relative L2 error against the fp32 model:", "",
-              f"- logits: torch bf16 {acc['logits_err_torch_bf16']:.3e}, rtckern bf16 {acc['logits_err_rtckern_bf16']:.3e}"]
-    for k, e in acc["grad_err"].items():
-        lines.append(f"- grad {k}: torch bf16 {e['torch_bf16']:.3e}, rtckern bf16 {e['rtckern_bf16']:.3e}")
-    lines += ["", f"accuracy failures: {res['e2e']['accuracy_failures'] or 'none'}", "",
-              f"host cost per call (us): {res['overhead_us']}"]
+    lines = [f"# rtckern.torch end to end ({res['device']}, torch {res['torch']}, {res['date']})", ""]
+    for name, e2e in res["e2e"].items():
+        acc, sp = e2e["accuracy"], e2e["speed"]
+        c = e2e["config"]
+        lines += [f"## {name}: Llama {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, batch {c['batch']} x "
+                  f"seq {c['seq']}, bf16", "",
+                  f"patched: {e2e['replaced']} norms, attention={e2e['attention']}", "",
+                  "| median ms | torch (sdpa + HF RMSNorm) | rtckern | speedup |", "|---|---|---|---|"]
+        for k in ("forward_ms", "fwd_bwd_ms"):
+            lines.append(f"| {k} | {sp[k]['torch']:.3f} | {sp[k]['rtckern']:.3f} | {sp[k]['speedup']:.3f}x |")
+        lines += ["", "relative L2 error against the fp32 model (same weights):", "",
+                  f"- logits: torch bf16 {acc['logits_err_torch_bf16']:.3e}, rtckern bf16 "
+                  f"{acc['logits_err_rtckern_bf16']:.3e}"]
+        for k, e in acc["grad_err"].items():
+            lines.append(f"- grad {k}: torch bf16 {e['torch_bf16']:.3e}, rtckern bf16 {e['rtckern_bf16']:.3e}")
+        lines += ["", f"accuracy failures: {e2e['accuracy_failures'] or 'none'}", ""]
+    lines += ["## host cost per call (us, GPU idle)", "", "| call | us |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in res["overhead_us"].items()]
     return "\n".join(lines) + "\n"
 
 
+CONFIGS = {
+    "gpu_bound": dict(batch=4, seq=2048),  # 4 layers, 8192 tokens
+    "small": dict(batch=2, seq=2048, num_hidden_layers=2),  # 4096 tokens: host overheads show
+}
+
+
 def main() -> None:
+    import torch
+
     date = datetime.date.today().isoformat()
-    res = {"date": date, "e2e": run(), "overhead_us": call_overhead_us()}
+    res = {"date": date, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "overhead_us": call_overhead_us(), "e2e": {}}
+    for name, cfg in CONFIGS.items():
+        res["e2e"][name] = run(**cfg)
+        torch.cuda.empty_cache()
     out_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"plugin_{date}.json").write_text(json.dumps(res, indent=1))

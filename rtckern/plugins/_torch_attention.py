@@ -11,8 +11,8 @@ Backward (documented fallback: rtckern has no attention backward kernel yet). at
 output and lse, like FlashAttention's backward, and runs
 - torch's FlashAttention-2 backward (aten._scaled_dot_product_flash_attention_backward) where it computes the
   same function: CUDA, compute capability 8.0+, fp16/bf16, and not (causal with seqlen_q != seqlen_k), because
-  torch's flash kernels reject is_causal for seqlen_q != seqlen_k. GQA: k and v are expanded to heads_q for the
-  call and dk, dv summed back over each group in fp32 (what FlashAttention does internally);
+  torch's flash kernels reject is_causal for seqlen_q != seqlen_k. GQA goes in as is (the flash kernels sum dk,
+  dv over each group, as for sdpa's enable_gqa);
 - otherwise the explicit backward of _torch_ref.attention_bwd, which materializes the (seqlen_q, seqlen_k)
   probabilities in fp32 (memory O(batch * heads * seqlen_q * seqlen_k)).
 """
@@ -60,12 +60,16 @@ def _jit_fwd(q, k, v, causal, softmax_scale, return_lse):
     return r if return_lse else (r, empty_stat(q))
 
 
+def attention_fwd_impl(q, k, v, causal, softmax_scale, return_lse):
+    return run("attention", _jit_fwd, R.attention_fwd, q, k, v, causal, softmax_scale, return_lse)
+
+
 @torch.library.custom_op("rtckern::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: Optional[float],
                   return_lse: bool) -> tuple[Tensor, Tensor]:
     """(o, lse): o contiguous (batch, seqlen_q, heads_q, head_dim); lse fp32 (batch, heads_q, seqlen_q) with
     return_lse, else an empty placeholder."""
-    return run("attention", _jit_fwd, R.attention_fwd, q, k, v, causal, softmax_scale, return_lse)
+    return attention_fwd_impl(q, k, v, causal, softmax_scale, return_lse)
 
 
 @attention_fwd.register_fake
@@ -86,11 +90,9 @@ def _flash_serves(q: Tensor, k: Tensor, causal: bool) -> bool:
 
 
 def _flash_bwd(dout, q, k, v, o, lse, causal, softmax_scale):
-    b, sq, hq, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    group = hq // hk
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    sq, sk, d = q.shape[1], k.shape[1], q.shape[3]
+    # GQA goes in as is: torch's flash kernels take heads_kv dividing heads_q (sdpa's enable_gqa path), summing
+    # dk, dv over each group themselves.
     # rng state of a dropout-free forward: read by the kernel only when dropout_p > 0
     seed = torch.empty((2,), dtype=torch.uint64, device=q.device)
     offset = torch.empty((), dtype=torch.uint64, device=q.device)
@@ -98,20 +100,20 @@ def _flash_bwd(dout, q, k, v, o, lse, causal, softmax_scale):
         dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), o.transpose(1, 2),
         lse.contiguous(), None, None, sq, sk, 0.0, causal, seed, offset,
         scale=R.attention_scale(softmax_scale, d))
-    dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
-    if group > 1:
-        dk = dk.reshape(b, sk, hk, group, d).float().sum(3).to(q.dtype)
-        dv = dv.reshape(b, sk, hk, group, d).float().sum(3).to(q.dtype)
-    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+    return dq.transpose(1, 2).contiguous(), dk.transpose(1, 2).contiguous(), dv.transpose(1, 2).contiguous()
+
+
+def attention_bwd_impl(dout, q, k, v, o, lse, causal, softmax_scale):
+    if not _reference() and _flash_serves(q, k, causal):
+        return _flash_bwd(dout, q, k, v, o, lse, causal, softmax_scale)
+    return R.attention_bwd(dout, q, k, v, o, lse, causal, softmax_scale)
 
 
 @torch.library.custom_op("rtckern::attention_bwd", mutates_args=())
 def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
                   softmax_scale: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) from the forward's o and lse; see the module docstring for which kernel runs."""
-    if not _reference() and _flash_serves(q, k, causal):
-        return _flash_bwd(dout, q, k, v, o, lse, causal, softmax_scale)
-    return R.attention_bwd(dout, q, k, v, o, lse, causal, softmax_scale)
+    return attention_bwd_impl(dout, q, k, v, o, lse, causal, softmax_scale)
 
 
 @attention_bwd.register_fake

@@ -21,8 +21,10 @@ import logging
 import threading
 from typing import Any, Callable
 
+import torch
+
 from rtckern.errors import RtckernError, UnsupportedRequestError
-from rtckern.registry import default_registry, warn_fallback_once
+from rtckern.registry import default_registry, fallback_allowed, warn_fallback_once
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +67,28 @@ def unsupported(op: str, what: str, reason: str) -> UnsupportedRequestError:
 
 
 def fallback(op: str, what: str, reason: str) -> None:
-    """Warn once per op that torch's implementation serves `what`; raise under RTCKERN_STRICT=1."""
+    """Warn once per op that torch's implementation serves `what`; raise under RTCKERN_STRICT=1.
+
+    Under torch.compile this runs at trace time, where dynamo can neither emit a warning nor build rtckern's
+    exception types inside a graph: the torch path is traced in without the warning, and strict mode raises a
+    plain RuntimeError (dynamo reports it with this message; without fullgraph the eager retry raises the usual
+    UnsupportedRequestError)."""
+    if torch.compiler.is_compiling():
+        if _strict_at_trace_time():
+            raise RuntimeError(f"rtckern (RTCKERN_STRICT=1): no JIT implementation serves {op} with {what}: {reason}")
+        return
     warn_fallback_once(op, unsupported(op, what, reason))
+
+
+@torch.compiler.assume_constant_result
+def _strict_at_trace_time() -> bool:
+    """Dynamo calls this (the settings are read under a lock it cannot trace) and bakes the answer into the graph:
+    a compiled function keeps the strictness it was traced with."""
+    return not fallback_allowed()
 
 
 # ---- CUDA graph capture -----------------------------------------------------------------------------------------
 def _capturing() -> bool:
-    import torch
-
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 

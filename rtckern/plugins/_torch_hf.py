@@ -20,6 +20,7 @@ from typing import Optional
 
 import torch
 
+from . import _torch_eager as E
 from ._torch_dispatch import fallback
 
 NAME = "rtckern"
@@ -62,8 +63,7 @@ def rtckern_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     causal = bool(causal) and q_len > 1
     if causal and kv_len > q_len:  # prefill into an empty static cache (what sdpa_attention_forward does)
         key, value = key[:, :, :q_len], value[:, :, :q_len]
-    out = torch.ops.rtckern.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal,
-                                      scaling)
+    out = E.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal, scaling)
     return out, None
 
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from . import _torch_eager as E
 from ._torch_dispatch import fallback
 from ._torch_lib import FLOAT_DTYPES
 
@@ -74,8 +75,8 @@ class RMSNorm(nn.RMSNorm):
             return self._fallback(x)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         w = self.weight.reshape(-1) if self.weight is not None else None
-        y = torch.ops.rtckern.rms_norm(_flatten(x, self.normalized_shape), w, eps, self.zero_centered,
-                                       _out_dtype(self.out_dtype_rule, x, self.weight))
+        y = E.rms_norm(_flatten(x, self.normalized_shape), w, eps, self.zero_centered,
+                       _out_dtype(self.out_dtype_rule, x, self.weight))
         return y.view(*x.shape[: x.dim() - len(self.normalized_shape)], *self.normalized_shape) \
             if len(self.normalized_shape) > 1 else y
 
@@ -87,7 +88,7 @@ class RMSNorm(nn.RMSNorm):
             w = None if self.weight is None else self.weight.float() + (1.0 if self.zero_centered else 0.0)
             y = torch.nn.functional.rms_norm(x.float(), self.normalized_shape, w, self.eps)
             return y.to(_out_dtype(self.out_dtype_rule, x, self.weight) or x.dtype)
-        return super().forward(x)
+        return nn.RMSNorm.forward(self, x)
 
     @property
     def variance_epsilon(self) -> Optional[float]:
@@ -108,10 +109,10 @@ class LayerNorm(nn.LayerNorm):
         why = _why_not_jit(x, self.weight, self.bias)
         if why is not None:
             fallback("layer_norm", f"{x.dtype} input of shape {tuple(x.shape)} on {x.device}", why)
-            return super().forward(x)
+            return nn.LayerNorm.forward(self, x)
         w = self.weight.reshape(-1) if self.weight is not None else None
         b = self.bias.reshape(-1) if self.bias is not None else None
-        y = torch.ops.rtckern.layer_norm(_flatten(x, self.normalized_shape), w, b, self.eps)
+        y = E.layer_norm(_flatten(x, self.normalized_shape), w, b, self.eps)
         return y.view(x.shape) if len(self.normalized_shape) > 1 else y
 
     def extra_repr(self) -> str:

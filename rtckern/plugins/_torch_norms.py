@@ -59,12 +59,32 @@ def _jit_ln_bwd(dy, x, weight, bias, mean, rstd, zero_centered, weight_grad, bia
     return dx, (dw if dw is not None else placeholder(weight, dy)), (db if db is not None else placeholder(bias, dy))
 
 
+# ---- implementations (the custom ops' bodies; also the eager fast path's, rtckern.plugins._torch_eager) --------
+def rms_norm_fwd_impl(x, weight, eps, zero_centered, out_dtype, return_rstd):
+    return run("rms_norm", _jit_rms_fwd, R.rms_norm_fwd, x, weight, eps, zero_centered, out_dtype, return_rstd)
+
+
+def rms_norm_bwd_impl(dy, x, weight, rstd, zero_centered, weight_grad, dresidual):
+    return run("rms_norm_backward", _jit_rms_bwd, R.rms_norm_bwd, dy, x, weight, rstd, zero_centered, weight_grad,
+               dresidual)
+
+
+def layer_norm_fwd_impl(x, weight, bias, eps, zero_centered, out_dtype, return_stats):
+    return run("layer_norm", _jit_ln_fwd, R.layer_norm_fwd, x, weight, bias, eps, zero_centered, out_dtype,
+               return_stats)
+
+
+def layer_norm_bwd_impl(dy, x, weight, bias, mean, rstd, zero_centered, weight_grad, bias_grad):
+    return run("layer_norm_backward", _jit_ln_bwd, R.layer_norm_bwd, dy, x, weight, bias, mean, rstd, zero_centered,
+               weight_grad, bias_grad)
+
+
 # ---- custom ops -------------------------------------------------------------------------------------------------
 @torch.library.custom_op("rtckern::rms_norm_fwd", mutates_args=())
 def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], eps: float, zero_centered: bool,
                  out_dtype: Optional[torch.dtype], return_rstd: bool) -> tuple[Tensor, Tensor]:
     """(y, rstd); rstd is fp32 of shape x.shape[:-1] with return_rstd, else an empty placeholder."""
-    return run("rms_norm", _jit_rms_fwd, R.rms_norm_fwd, x, weight, eps, zero_centered, out_dtype, return_rstd)
+    return rms_norm_fwd_impl(x, weight, eps, zero_centered, out_dtype, return_rstd)
 
 
 @rms_norm_fwd.register_fake
@@ -96,8 +116,7 @@ def _(x, residual, weight, eps, zero_centered, out_dtype, return_rstd):
 def rms_norm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, zero_centered: bool,
                  weight_grad: bool, dresidual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """(dx, dweight): dweight is an empty placeholder without a weight or with weight_grad=False."""
-    return run("rms_norm_backward", _jit_rms_bwd, R.rms_norm_bwd, dy, x, weight, rstd, zero_centered, weight_grad,
-               dresidual)
+    return rms_norm_bwd_impl(dy, x, weight, rstd, zero_centered, weight_grad, dresidual)
 
 
 @rms_norm_bwd.register_fake
@@ -113,8 +132,7 @@ def _(dy, x, weight, rstd, zero_centered, weight_grad, dresidual):
 def layer_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float, zero_centered: bool,
                    out_dtype: Optional[torch.dtype], return_stats: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(y, mean, rstd); the statistics are fp32 of shape x.shape[:-1] with return_stats, else placeholders."""
-    return run("layer_norm", _jit_ln_fwd, R.layer_norm_fwd, x, weight, bias, eps, zero_centered, out_dtype,
-               return_stats)
+    return layer_norm_fwd_impl(x, weight, bias, eps, zero_centered, out_dtype, return_stats)
 
 
 @layer_norm_fwd.register_fake
@@ -133,8 +151,7 @@ def layer_norm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], bias: Option
                    rstd: Tensor, zero_centered: bool, weight_grad: bool,
                    bias_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dweight, dbias); a gradient not asked for, or of an absent parameter, is an empty placeholder."""
-    return run("layer_norm_backward", _jit_ln_bwd, R.layer_norm_bwd, dy, x, weight, bias, mean, rstd, zero_centered,
-               weight_grad, bias_grad)
+    return layer_norm_bwd_impl(dy, x, weight, bias, mean, rstd, zero_centered, weight_grad, bias_grad)
 
 
 @layer_norm_bwd.register_fake

@@ -5,6 +5,7 @@
     o = torch.ops.rtckern.attention(q, k, v, True)            # (batch, seqlen, heads, head_dim)
     norm = rtckern.torch.RMSNorm(4096, eps=1e-6)              # torch.nn.RMSNorm, same state dict
     report = rtckern.torch.patch(model)                       # swap norms in place; transformers attention
+    y = rtckern.torch.rms_norm(x, weight, 1e-6)               # the op without the dispatcher in plain eager code
 
 Ops (namespace `rtckern`): rms_norm, fused_add_rms_norm, layer_norm (composite; their *_fwd / *_bwd custom ops
 carry the kernels), softmax, scaled_masked_softmax, scaled_upper_triang_masked_softmax,
@@ -59,6 +60,7 @@ def _register_all() -> None:
 _register_all()
 
 from ._torch_dispatch import GraphCaptureError, install_capture_guard, reference_mode  # noqa: E402
+from ._torch_eager import attention, layer_norm, plain_eager, rms_norm  # noqa: E402
 from ._torch_hf import register_transformers, rtckern_attention_forward  # noqa: E402
 from ._torch_modules import LayerNorm, RMSNorm  # noqa: E402
 from ._torch_patch import PatchReport, convert, patch  # noqa: E402
@@ -67,6 +69,6 @@ install_capture_guard()
 if "transformers" in sys.modules:  # registering needs transformers imported; patch() registers otherwise
     register_transformers()
 
-__all__ = ["GraphCaptureError", "LayerNorm", "PatchReport", "RMSNorm", "convert", "install_capture_guard",
-           "patch", "reference_mode", "register_transformers", "registered_ops", "rtckern_attention_forward",
-           "skipped_ops"]
+__all__ = ["GraphCaptureError", "LayerNorm", "PatchReport", "RMSNorm", "attention", "convert",
+           "install_capture_guard", "layer_norm", "patch", "plain_eager", "reference_mode", "register_transformers",
+           "registered_ops", "rms_norm", "rtckern_attention_forward", "skipped_ops"]

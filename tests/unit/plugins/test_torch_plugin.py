@@ -393,6 +393,65 @@ def test_compile_fullgraph_no_graph_breaks_forward_and_backward():
     _assert_close_grads(got, want, tol=2e-2)
 
 
+# ---- eager fast path ---------------------------------------------------------------------------------------------
+def test_plain_eager_only_outside_tracing_and_modes():
+    x = rand(2, 8)
+    assert rt.plain_eager(x, None, nn.Parameter(rand(8)))
+    with FakeTensorMode() as mode:
+        assert not rt.plain_eager(mode.from_tensor(x))
+    with torch.device("cpu"):  # a torch-function mode
+        assert not rt.plain_eager(x)
+    assert not torch.func.vmap(lambda t: torch.tensor(float(rt.plain_eager(t))))(x).any()
+    seen = []
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def traced(t):
+        seen.append(rt.plain_eager(t))
+        return t + 1
+
+    traced(x)
+    assert seen == [False]
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_fast_path_equals_the_custom_ops(grad):
+    x, w, b = rand(3, 40, requires_grad=grad), rand(40, requires_grad=grad), rand(40, requires_grad=grad)
+    q, k = rand(2, 9, 4, 16, dtype=BF16, requires_grad=grad), rand(2, 9, 2, 16, dtype=BF16, requires_grad=grad)
+    with D.reference_mode():
+        pairs = [(rt.rms_norm(x, w, 1e-6, True), ops.rms_norm(x, w, 1e-6, True), (x, w)),
+                 (rt.layer_norm(x, w, b, 1e-5), ops.layer_norm(x, w, b, 1e-5), (x, w, b)),
+                 (rt.attention(q, k, k, True, 0.3), ops.attention(q, k, k, True, 0.3), (q, k))]
+        for fast, op, inputs in pairs:
+            assert torch.equal(fast, op)
+            assert fast.requires_grad == op.requires_grad == grad
+            if grad:
+                g = torch.randn_like(fast)
+                for a, c in zip(torch.autograd.grad(fast, inputs, g), torch.autograd.grad(op, inputs, g)):
+                    assert torch.equal(a, c)
+
+
+def test_modules_and_functional_compile_to_the_custom_ops():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    norm = rt.RMSNorm(32, eps=1e-6)
+    q = rand(1, 8, 2, 16, dtype=BF16)
+
+    def fn(x):
+        return norm(x).sum() + rt.attention(q, q, q, True).float().sum() + rt.layer_norm(x, None, None).sum()
+
+    counter = CompileCounterWithBackend("aot_eager")
+    x = rand(4, 32)
+    with D.reference_mode():
+        # the modules' CPU check is a Python branch: traced as the fallback, so route the module to the op
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(M, "_why_not_jit", lambda *_: None)
+            got = torch.compile(fn, backend=counter, fullgraph=True)(x)
+            want = fn(x)
+    targets = {str(n.target) for g in counter.graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert {"rtckern.rms_norm", "rtckern.attention", "rtckern.layer_norm"} <= targets
+    assert torch.allclose(got, want)
+
+
 # ---- fallback policy ---------------------------------------------------------------------------------------------
 def _unsupported(*_):
     raise UnsupportedRequestError("rms_norm of bf16 x (n=3)", {"rms_norm.rows": ["no config for n=3"]})
@@ -455,6 +514,20 @@ def test_module_on_cpu_falls_back_to_torch_with_a_warning_and_strict_refuses():
     assert torch.allclose(y, nn.functional.rms_norm(x, (32,), norm.weight, 1e-6))
     with config.override(strict=True), pytest.raises(UnsupportedRequestError, match="rtckern's kernels run on CUDA"):
         rt.LayerNorm(32)(x)
+
+
+def test_module_fallback_under_compile_traces_torch_and_strict_fails_the_compile():
+    norm = rt.RMSNorm(16, eps=1e-6)
+    x = rand(3, 16)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning from a compiled region (dynamo cannot emit one)
+        y = torch.compile(norm, backend="eager", fullgraph=True)(x)
+    assert torch.allclose(y, nn.functional.rms_norm(x, (16,), norm.weight, 1e-6))
+    torch._dynamo.reset()
+    with config.override(strict=True), pytest.raises(Exception, match=r"RTCKERN_STRICT=1.*x is on cpu"):
+        torch.compile(rt.RMSNorm(16), backend="eager", fullgraph=True)(x)
+    torch._dynamo.reset()
 
 
 @pytest.fixture
