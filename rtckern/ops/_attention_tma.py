@@ -1,13 +1,11 @@
 """Host side of the TMA attention kernel (flash_fwd_sm90_ws): tensor maps over K and V, and a raw launch.
 
-The kernel takes two CUtensorMap structs by value (128 bytes each, __grid_constant__). rtckern's Kernel.launch
-passes ints and numpy scalars only, so this kernel goes through cuLaunchKernel with one host buffer per
-parameter. Tensor maps are cached per (address, shape, strides, box): a model's K/V buffers repeat from call to
+The kernel takes two CUtensorMap structs by value (128 bytes each, __grid_constant__), so it launches through
+the core's Kernel.launch_packed (typed parameters, device context handled). Tensor maps are cached per (address, shape, strides, box): a model's K/V buffers repeat from call to
 call, so the encode (a driver call) is paid once per buffer.
 """
 from __future__ import annotations
 
-import ctypes
 import struct
 import threading
 from collections import OrderedDict
@@ -16,7 +14,6 @@ from rtckern.errors import LaunchError
 
 _CACHE_SIZE = 512
 _maps: "OrderedDict[tuple, bytes]" = OrderedDict()
-_funcs: dict[int, object] = {}
 _lock = threading.Lock()
 
 
@@ -61,54 +58,7 @@ def kv_tensor_map(dtype: str, t, box_rows: int) -> bytes:
     return raw
 
 
-def _function(kernel, smem: int):
-    """The CUfunction of a loaded rtckern Kernel in the current context, with its dynamic shared memory limit."""
-    key = (id(kernel), smem)
-    f = _funcs.get(key)
-    if f is not None:
-        return f
-    from cuda.bindings import driver as drv
-
-    from rtckern.runtime.driver import on_device
-
-    kernel.set_max_dynamic_shared_memory(smem)  # on the CUkernel, for this device
-    handle = kernel.core.handle
-    try:
-        with on_device(kernel.device.ordinal):  # the function of the kernel's device, whatever is current
-            err, f = drv.cuKernelGetFunction(handle)
-    except Exception:  # a handle type this binding does not take here: cuLaunchKernel takes a CUkernel too
-        err, f = None, handle
-    if err == drv.CUresult.CUDA_SUCCESS:
-        err, = drv.cuFuncSetAttribute(f, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                      int(smem))
-        if err != drv.CUresult.CUDA_SUCCESS:
-            raise LaunchError(f"cuFuncSetAttribute(max dynamic shared memory = {smem}) failed ({err}) for "
-                              f"{kernel.label}")
-    elif err is not None:
-        f = handle
-    _funcs[key] = f
-    return f
-
-
 def launch(kernel, grid, threads: int, smem: int, stream: int, params) -> None:
-    """cuLaunchKernel with each parameter in its own host buffer: ("map", 128 bytes), ("u64"|"i64", int),
-    ("f32", float)."""
-    from cuda.bindings import driver as drv
-
-    holders = []
-    for kind, val in params:
-        if kind == "map":
-            holders.append((ctypes.c_uint64 * 16).from_buffer_copy(val))
-        elif kind == "u64":
-            holders.append(ctypes.c_uint64(int(val)))
-        elif kind == "i64":
-            holders.append(ctypes.c_int64(int(val)))
-        else:
-            holders.append(ctypes.c_float(float(val)))
-    ptrs = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
-    f = _function(kernel, smem)
-    err, = drv.cuLaunchKernel(f, grid[0], grid[1], grid[2], threads, 1, 1, int(smem), drv.CUstream(int(stream)),
-                              ctypes.addressof(ptrs), 0)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise LaunchError(f"launch of {kernel.label} failed: {err} (grid {grid}, block {threads}, shared memory "
-                          f"{smem})")
+    """By-value TMA maps need typed parameters: the core's Kernel.launch_packed (device context handled);
+    ("map", 128 bytes), ("u64"|"i64", int), ("f32", float)."""
+    kernel.launch_packed(grid, (threads, 1, 1), params, smem, stream)

@@ -1,12 +1,10 @@
 """GEMM launches: grids, argument lists, TMA tensor maps and the split-K reduce, for a settled plan.
 
-The sm_90a kernel takes two CUtensorMap structs by value (128 bytes each). The core `Kernel.launch` passes
-ints and numpy scalars, so that kernel is launched here through cuLaunchKernel with a packed parameter array
-(`_raw_launch`); the other kernels use `Kernel.launch`.
+The sm_90a kernel takes two CUtensorMap structs by value (128 bytes each), so it launches through the core's
+`Kernel.launch_packed` (`_raw_launch`); the other kernels use `Kernel.launch`.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import struct
 import threading
@@ -171,20 +169,5 @@ def _stream_handle(stream) -> int:
 
 
 def _raw_launch(kernel, grid, block, smem: int, stream, params) -> None:
-    """cuLaunchKernel with each parameter packed at its own address: 'map' (128 bytes), 'u64', 'i64'."""
-    from cuda.bindings import driver as drv
-
-    holders = []
-    for kind, val in params:
-        if kind == "map":
-            holders.append((ctypes.c_uint64 * 16).from_buffer_copy(val))
-        elif kind == "u64":
-            holders.append(ctypes.c_uint64(int(val)))
-        else:
-            holders.append(ctypes.c_int64(int(val)))
-    ptrs = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
-    func = kernel.core.handle
-    err, = drv.cuLaunchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], int(smem),
-                              drv.CUstream(_stream_handle(stream)), ctypes.addressof(ptrs), 0)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise LaunchError(f"launch of {kernel.label} failed: {err} (grid {grid}, block {block}, shared memory {smem})")
+    """By-value TMA maps need typed parameters: the core's Kernel.launch_packed (device context handled)."""
+    kernel.launch_packed(grid, block, params, smem, _stream_handle(stream))

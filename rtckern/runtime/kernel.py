@@ -9,7 +9,7 @@ from ..device import DeviceInfo
 from ..errors import LaunchError, LoadError
 from .driver import DriverError, check, driver, on_device
 from .arrays import SCALAR_TYPES, convert_args
-from .streams import core_stream
+from .streams import core_stream, stream_handle
 
 _SMEM_DEFAULT_LIMIT = 48 * 1024
 # Driver errors that mean "this binary is no good here": quarantine and recompile, never retry in a loop.
@@ -201,6 +201,46 @@ class Kernel:
             self._launch(s, cfg, self._k, *args)
         finally:
             d.cuCtxPopCurrent()
+
+    def launch_packed(self, grid, block, params, shared_mem: int = 0, stream=None) -> None:
+        """Launch with explicitly typed parameters, for what ``launch`` cannot pass: by-value structs such as
+        TMA tensor maps. ``params``: ("map", 128 bytes) | ("bytes", any bytes) | ("u64"|"i64", int) |
+        ("f32", float). Runs in this kernel's device context whatever is current. Not the hot path of small
+        kernels: packing costs a few microseconds."""
+        import ctypes
+
+        g, b = _dim3(grid), _dim3(block)
+        if shared_mem > self._max_dyn_smem:
+            self.set_max_dynamic_shared_memory(shared_mem)
+        holders = []
+        for kind, val in params:
+            if kind in ("map", "bytes"):
+                holders.append((ctypes.c_uint8 * len(val)).from_buffer_copy(val))
+            elif kind == "u64":
+                holders.append(ctypes.c_uint64(int(val)))
+            elif kind == "i64":
+                holders.append(ctypes.c_int64(int(val)))
+            elif kind == "f32":
+                holders.append(ctypes.c_float(float(val)))
+            else:
+                raise LaunchError(f"{self.label}: parameter kind {kind!r}; supported: map, bytes, u64, i64, f32")
+        ptrs = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+        h = 0 if stream is None else stream_handle(stream)
+        d = driver()
+        mine = _primary_ctx[self.device.ordinal]
+        cur = d.cuCtxGetCurrent()[1]
+        pushed = cur is None or int(cur) != mine
+        if pushed:
+            check(d.cuCtxPushCurrent(d.CUcontext(mine)), "cuCtxPushCurrent")
+        try:
+            err, = d.cuLaunchKernel(self._k.handle, g[0], g[1], g[2], b[0], b[1], b[2], int(shared_mem),
+                                    d.CUstream(h), ctypes.addressof(ptrs), 0)
+        finally:
+            if pushed:
+                d.cuCtxPopCurrent()
+        if err != d.CUresult.CUDA_SUCCESS:
+            raise LaunchError(f"launch of {self.label} failed: {err} (grid {g}, block {b}, shared memory "
+                              f"{shared_mem}, {len(params)} params)")
 
     def launch(self, grid, block, args: Sequence[Any] = (), shared_mem: int = 0, stream=None,
                cooperative: bool = False, cluster=None) -> None:

@@ -168,3 +168,18 @@ def test_cluster_launch(dev, mgr):
     assert out.tolist() == [0, 1, 2, 3] * 4
     with pytest.raises(LaunchError, match="not a multiple of cluster"):
         k.launch(6, 32, (out,), cluster=4)
+
+
+def test_launch_packed_typed_params(dev, mgr):
+    """Typed parameters (the path for by-value structs) give the same result as launch()."""
+    import struct
+
+    k = mgr.get(spec(dev, "axpy", ("float",)), 0)
+    n = 1000
+    x, y = torch.randn(n, device="cuda"), torch.ones(n, device="cuda")
+    k.launch_packed(4, 256, [("u64", x.data_ptr()), ("bytes", struct.pack("<Q", y.data_ptr())), ("f32", 0.5),
+                             ("i64", n)], stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    assert torch.allclose(y, 1 + 0.5 * x)
+    with pytest.raises(LaunchError, match="parameter kind 'f16'"):
+        k.launch_packed(1, 32, [("f16", 1.0)])
