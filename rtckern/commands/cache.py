@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -46,6 +47,8 @@ def add_parser(sub) -> None:
     im.add_argument("--max-member-bytes", type=int, default=None, help="refuse members above this size")
     im.add_argument("--json", action="store_true")
     im.set_defaults(func=import_)
+    for sp in (s, ls, v, c, pr, ex, im):  # `rtckern cache ACTION --cache-dir DIR` works too
+        sp.add_argument("--cache-dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def _disk(args):

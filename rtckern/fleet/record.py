@@ -79,14 +79,14 @@ def record_request(req: Any) -> None:
     path = settings().record_manifest
     if path is None:
         return
+    key = None
     try:
-        line = request_line(req)
-        key = (str(path), line)
+        key = (str(path), request_line(req))
         with _lock:
             if key in _seen:
                 return
             _seen.add(key)
-        append_line(Path(path), line)
+        append_line(Path(path), key[1])
     except Exception as e:  # recording is a side job: the op call goes on
         msg = f"RTCKERN_RECORD_MANIFEST={path}: cannot record {getattr(req, 'op', req)!r} ({e}); not recording it"
         with _lock:
@@ -97,7 +97,7 @@ def record_request(req: Any) -> None:
             with contextlib.suppress(Exception):
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
         with _lock:
-            _seen.discard((str(path), locals().get("line", "")))
+            _seen.discard(key)  # not written: a later call may try again
 
 
 def forget() -> None:

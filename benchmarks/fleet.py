@@ -1,0 +1,179 @@
+"""Fleet numbers for docs/fleet.md, measured on this (CPU-only) machine: per preset, the kernels it needs, prefill
+time with 1 and N processes, bundle size per device arch, import time, and warm-start time of a fresh process
+(every request of the preset selected through the registry, binaries from: local disk, a read-only layer, Redis;
+and cold, for comparison).
+
+    python3 benchmarks/fleet.py [--presets a,b] [--archs "8.0;9.0a"] [--jobs 2] [--out benchmarks/results]
+
+No GPU: a warm start here ends with the binaries in memory; on a GPU add module loading (core.md: 0.6-0.9 ms per
+kernel from a warm disk, load included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WARM = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import rtckern.ops
+from rtckern.device import DeviceInfo
+from rtckern.fleet import load_preset
+from rtckern.fleet.plan import build_request
+from rtckern.manager import get_manager
+from rtckern.registry import default_registry
+t1 = time.perf_counter()
+reg, n = default_registry(), 0
+dev = DeviceInfo.for_arch(sys.argv[2])
+for e in load_preset(sys.argv[1]):
+    try:
+        req = build_request(reg, e, dev)
+    except LookupError:
+        continue  # an op family without a builder yet
+    sel = reg.select(req)
+    n += len(sel.specs)
+t2 = time.perf_counter()
+st = get_manager().stats.as_dict()
+print(json.dumps({"import_s": t1 - t0, "select_s": t2 - t1, "kernels": n, "compiles": st["compiles"],
+                  "tiers": st["tiers"]}))
+"""
+
+
+def sh(args, env=None, **kw):
+    e = dict(os.environ, PYTHONPATH=str(ROOT), RTCKERN_PERSIST_DECISIONS="0")
+    e.update(env or {})
+    t = time.perf_counter()
+    r = subprocess.run(args, capture_output=True, text=True, env=e, cwd=ROOT, **kw)
+    return r, time.perf_counter() - t
+
+
+def rtckern(*args, env=None):
+    r, dt = sh([sys.executable, "-m", "rtckern", *args], env)
+    if r.returncode not in (0, 1):
+        raise RuntimeError(f"rtckern {' '.join(args)} failed:\n{r.stderr[-3000:]}")
+    return r, dt
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def warm_start(preset: str, arch: str, env: dict) -> dict:
+    r, wall = sh([sys.executable, "-c", WARM, preset, arch], env)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-3000:])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["process_s"] = wall
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def bench_preset(preset: str, archs: str, jobs: int, tmp: Path, redis_url: str | None) -> dict:
+    res: dict = {"preset": preset, "archs": archs}
+    for j in sorted({1, jobs}):
+        cache = tmp / f"{preset}-j{j}"
+        r, wall = rtckern("prefill", "--preset", preset, "--arch", archs, "-j", str(j), "--out", str(cache),
+                          "--bundle", str(tmp / f"{preset}-j{j}.bundle"), "--json", "--no-progress")
+        s = json.loads(r.stdout)
+        res[f"prefill_j{j}"] = {"wall_s": round(wall, 2), "seconds": s["seconds"], "compiled": s["compiled"],
+                                "compile_ms_sum": s["compile_ms"], "requests": s["requests"], "served": s["served"],
+                                "failed": s["failed"], "bundle_bytes": s["bundle"]["bytes"],
+                                "bundle_sha256": s["bundle"]["sha256"]}
+    res["bundles_identical_j1_vs_jN"] = len({res[f"prefill_j{j}"]["bundle_sha256"] for j in {1, jobs}}) == 1
+    p1 = res["prefill_j1"]
+    res["compile_s_per_kernel_one_core"] = round(p1["compile_ms_sum"] / 1e3 / max(1, p1["compiled"]), 3)
+    res["failures"] = sorted({f["error"].split(":")[0] for f in s["failures"]})
+    cache = tmp / f"{preset}-j1"
+    per_arch = {}
+    for a in archs.replace(",", ";").split(";"):
+        b = tmp / f"{preset}-{a}.bundle"
+        r, _ = rtckern("cache", "export", "--bundle", str(b), "--arch", a, "--json", "--cache-dir", str(cache))
+        e = json.loads(r.stdout)
+        dest = tmp / f"{preset}-{a}-import"
+        r, imp = rtckern("cache", "import", str(b), "--json", "--cache-dir", str(dest))
+        per_arch[a] = {"entries": e["entries"], "bundle_bytes": e["bytes"], "entry_bytes": e["entry_bytes"],
+                       "import_process_s": round(imp, 3)}
+    res["per_arch"] = per_arch
+    # warm starts on an sm_90 machine (the H100/H200 part of the fleet)
+    arch = "sm_90"
+    local = tmp / f"{preset}-local"
+    shutil.copytree(tmp / f"{preset}-9.0a-import", local) if (tmp / f"{preset}-9.0a-import").exists() else None
+    ws = {
+        "cold (empty caches: compiles)": warm_start(preset, arch, {"RTCKERN_CACHE_DIR": str(tmp / f"{preset}-cold")}),
+        "local disk": warm_start(preset, arch, {"RTCKERN_CACHE_DIR": str(local)}),
+        "read-only layer": warm_start(preset, arch, {"RTCKERN_CACHE_DIR": str(tmp / f"{preset}-empty1"),
+                                                     "RTCKERN_CACHE_LAYERS": str(local)}),
+    }
+    if redis_url:
+        from rtckern.cache import DiskCache
+        from rtckern.cache.remote import RedisCache
+
+        remote, d = RedisCache(redis_url, timeout_s=2.0), DiskCache(local)
+        remote._client.flushdb()
+        for e in d.entries():  # the remote holds what the sm_90 bundle holds
+            remote.put_packed(e.key, d.get_packed(e.key))
+        ws["redis (empty local)"] = warm_start(preset, arch, {"RTCKERN_CACHE_DIR": str(tmp / f"{preset}-empty2"),
+                                                              "RTCKERN_REMOTE_CACHE": redis_url})
+    res["warm_start_sm90"] = ws
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--presets", default=None)
+    ap.add_argument("--archs", default="8.0;9.0a")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from rtckern.fleet import preset_names
+
+    presets = args.presets.split(",") if args.presets else preset_names()
+    tmp = Path(tempfile.mkdtemp(prefix="rtckern-fleet-"))
+    redis = None
+    url = None
+    if shutil.which("redis-server"):
+        port = free_port()
+        redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--dir", str(tmp)], stdout=subprocess.DEVNULL)
+        url = f"redis://127.0.0.1:{port}/0"
+        time.sleep(0.5)
+    try:
+        from rtckern.compiler.nvrtc import NvrtcCompiler
+
+        meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
+                "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "loadavg_at_start": os.getloadavg(),
+                "python": platform.python_version(), "toolchain": NvrtcCompiler().identity(),
+                "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                      cwd=ROOT).stdout.strip(), "archs": args.archs, "jobs": args.jobs}
+        results = []
+        for p in presets:
+            print(f"== {p}", file=sys.stderr, flush=True)
+            results.append(bench_preset(p, args.archs, args.jobs, tmp, url))
+            print(json.dumps(results[-1], indent=1), file=sys.stderr, flush=True)
+    finally:
+        if redis is not None:
+            redis.kill()
+            redis.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = Path(args.out) / f"fleet_{time.strftime('%Y-%m-%d')}.json"
+    out.write_text(json.dumps({"meta": meta, "presets": results}, indent=1) + "\n")
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
