@@ -38,6 +38,22 @@ def _core_specs(archs: Sequence[Arch]) -> Iterable[KernelSpec]:
 register_provider("core", _core_specs)
 
 
+def _preset_specs(archs: Sequence[Arch]) -> Iterable[KernelSpec]:
+    """Every op family's kernels for the shipped presets ``common`` (norms, softmax, attention at hidden sizes
+    2048-8192, head dims 64/128, bf16/fp16) and ``llama-3.1-8b`` (adds its GEMM shapes): for each request and
+    device arch, the kernels of the candidate the registry would choose first."""
+    from .fleet import load_preset
+    from .fleet.plan import plan
+
+    load_builtin_providers()  # the registry needs the op families' request builders
+    for planned in plan(load_preset("common") + load_preset("llama-3.1-8b"), archs):
+        if planned.chain:
+            yield from planned.chain[0].specs
+
+
+register_provider("ops", _preset_specs)
+
+
 def load_builtin_providers() -> None:
     """Import op families so their providers register (an op family that fails to import is skipped)."""
     try:
