@@ -74,7 +74,7 @@ class RMSNorm(nn.RMSNorm):
             fallback("rms_norm", f"{x.dtype} input of shape {tuple(x.shape)} on {x.device}", why)
             return self._fallback(x)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        w = self.weight.reshape(-1) if self.weight is not None else None
+        w = self.weight if self.weight is None or self.weight.dim() == 1 else self.weight.reshape(-1)
         y = E.rms_norm(_flatten(x, self.normalized_shape), w, eps, self.zero_centered,
                        _out_dtype(self.out_dtype_rule, x, self.weight))
         return y.view(*x.shape[: x.dim() - len(self.normalized_shape)], *self.normalized_shape) \
@@ -110,8 +110,9 @@ class LayerNorm(nn.LayerNorm):
         if why is not None:
             fallback("layer_norm", f"{x.dtype} input of shape {tuple(x.shape)} on {x.device}", why)
             return nn.LayerNorm.forward(self, x)
-        w = self.weight.reshape(-1) if self.weight is not None else None
-        b = self.bias.reshape(-1) if self.bias is not None else None
+        # 1-D parameters go in as they are: a reshape would add a view (and an autograd node) per call
+        w = self.weight if self.weight is None or self.weight.dim() == 1 else self.weight.reshape(-1)
+        b = self.bias if self.bias is None or self.bias.dim() == 1 else self.bias.reshape(-1)
         y = E.layer_norm(_flatten(x, self.normalized_shape), w, b, self.eps)
         return y.view(x.shape) if len(self.normalized_shape) > 1 else y
 
