@@ -84,8 +84,8 @@ class _LayerNorm(torch.autograd.Function):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         want_w = weight is not None and ctx.needs_input_grad[1]
         want_b = bias is not None and ctx.needs_input_grad[2]
-        dx, dw, db = _norms().layer_norm_bwd_impl(dy.contiguous(), x, weight, bias, mean, rstd, ctx.zero_centered, want_w,
-                                           want_b)
+        dx, dw, db = _norms().layer_norm_bwd_impl(dy.contiguous(), x, weight, bias, mean, rstd, ctx.zero_centered,
+                                                  want_w, want_b)
         return dx, (dw if want_w else None), (db if want_b else None), None, None, None
 
 
