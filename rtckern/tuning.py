@@ -37,9 +37,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import statistics
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -432,17 +430,7 @@ def merge_rows(op: str, key_fields: Sequence[str], new_rows: Sequence[Row], path
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    from rtckern.cache.disk import atomic_write  # temp file, fsync, rename: the cache's one implementation
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, text.encode())

@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -131,17 +130,7 @@ def _safe(op: str) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    from rtckern.cache.disk import atomic_write  # temp file, fsync, rename: the cache's one implementation
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, text.encode())
