@@ -94,17 +94,33 @@ class _NormCandidate(Candidate):
                        f"{SPLIT_FROM_BYTES[self.direction]} B (no tuned table for {req.device.arch.sm})")
 
     def launch(self, req: OpRequest, kernels: tuple[Any, ...], call: Any, cfg: Any = None) -> tuple:
-        cfg = cfg if cfg is not None else self._cfg_memo(req)
+        p, memo_cfg = self._memo_of(req)
+        cfg = cfg if cfg is not None else memo_cfg
         if self.direction == "fwd":
-            return L.launch_fwd(fwd_problem(req), self.kind, cfg, kernels[0], call)
-        return L.launch_bwd(bwd_problem(req), self.kind, cfg, kernels, call)
+            return L.launch_fwd(p, self.kind, cfg, kernels[0], call)
+        return L.launch_bwd(p, self.kind, cfg, kernels, call)
+
+    def row_launch_geometry(self, req: OpRequest, kernels: tuple[Any, ...], rows: int) -> tuple[int, int] | None:
+        """(grid, block) of the forward row kernel for `rows` rows (what launch_fwd computes per call), for the
+        ops' memoized plans; None for the other kinds and the backward (they allocate per call: use launch)."""
+        if self.kind != "rows" or self.direction != "fwd":
+            return None
+        cfg = self._memo_of(req)[1]
+        grid = K.grid_for_rows(rows, cfg)
+        if cfg.opt & 1:
+            grid = min(grid, L.blocks_per_sm(kernels[0], cfg.block) * kernels[0].device.sm_count)
+        return grid, cfg.block
 
     def _cfg_memo(self, req: OpRequest):
+        return self._memo_of(req)[1]
+
+    def _memo_of(self, req: OpRequest):
+        """(problem, config) of req, memoized: the launch path reads them on every call."""
         memo = self.__dict__.setdefault("_memo", {})
-        cfg = memo.get(req)
-        if cfg is None:
-            cfg = memo[req] = (self.problem(req), self.config(req))
-        return cfg[1]
+        hit = memo.get(req)
+        if hit is None:
+            hit = memo[req] = (self.problem(req), self.config(req))
+        return hit
 
 
 class _Rows(_NormCandidate):

@@ -26,14 +26,15 @@ from rtckern.registry import OpRequest, select
 
 from . import _norms_arrays as A
 from . import _norms_kernels as K
-from ._norms_launch import BwdCall, FwdCall
+from . import _norms_plan as P
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward"]
 
 _DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "fp32": "fp32", "fp16": "fp16",
                 "bf16": "bf16", "float": "fp32", "half": "fp16"}
 
-# Hot path: the decided (request, candidate, kernels) per call signature, so a repeated call builds no request.
+# The decided (request, candidate, kernels) per (op, dtypes, n, vec, flags, device): what the plans of
+# _norms_plan ask once per alignment class.
 _fast: dict[tuple, tuple] = {}
 
 
@@ -76,19 +77,15 @@ def _affine(weight: Any, bias: Any, xa: A.Rows) -> tuple[A.Rows | None, A.Rows |
     return wa, ba, w_dtype
 
 
-def _align(a: A.Rows | None) -> tuple[int, int]:
-    if a is None:
-        return (1, 16)
-    return a.itemsize, K.byte_alignment(a.ptr, a.row_stride * a.itemsize)
-
-
-def _vec(n: int, x: A.Rows, others: list[tuple[int, int]]) -> int:
-    pairs = [_align(x)] + others
-    return K.pick_vec(n, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
-
-
-def _device(a: A.Rows) -> DeviceInfo:
-    return DeviceInfo.from_device(a.device)
+def _selector(n: int, device: int):
+    """decide(op, dtypes, flags, vec) -> (request, candidate, kernels) for rows of n on device (the plans call it
+    once per alignment class)."""
+    def decide(op: str, dtypes: tuple, flags: tuple, vec: int) -> tuple:
+        def build():
+            return OpRequest(op=op, dtypes=dtypes, shape=(("n", n), ("vec", vec)), flags=flags,
+                             device=DeviceInfo.from_device(device))
+        return _decide((op, dtypes, n, vec, flags, device), build)
+    return decide
 
 
 def _decide(sig: tuple, build) -> tuple:
@@ -103,12 +100,15 @@ def _decide(sig: tuple, build) -> tuple:
     return hit[1:]
 
 
-def _workspace(like: A.Rows):
-    return (lambda count: A.zeros_u32(like, count)), (lambda count: A.empty(like, (count,), "fp32"))
-
-
 # ---- forward ----------------------------------------------------------------------------------------------------
 def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dtype, save_stats):
+    # Hot path: a signature seen before (all torch tensors) runs its memoized plan; see _norms_plan.
+    key = P.fwd_key(layer, x, weight, bias, eps, residual, zero_centered, out_dtype, save_stats)
+    if key is not None:
+        plan = P.lookup(P.fwd_plans, key)
+        if plan is not None:
+            return plan.run(x.data_ptr(), 0 if weight is None else weight.data_ptr(),
+                            0 if bias is None else bias.data_ptr(), 0 if residual is None else residual.data_ptr())
     op = "layer_norm" if layer else "rms_norm"
     xa = _check_x(x)
     wa, ba, w_dtype = _affine(weight, bias, xa)
@@ -118,41 +118,21 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
         A.check_like(ra, xa, "residual", (xa.dtype,))
     y_dtype = xa.dtype if out_dtype is None else _dtype_name(out_dtype, "out_dtype")
     e = _eps(eps)
-    y, yp = A.empty(xa, xa.shape, y_dtype)
-    h, hp = A.empty(xa, xa.shape, xa.dtype) if ra is not None else (None, 0)
-    mean, mp = A.empty(xa, xa.shape[:-1], "fp32") if (save_stats and layer) else (None, 0)
-    rstd, rp = A.empty(xa, xa.shape[:-1], "fp32") if save_stats else (None, 0)
-    outs = [y] + ([h] if ra is not None else []) + ([mean] if mean is not None else []) + \
-        ([rstd] if rstd is not None else [])
-    result = outs[0] if len(outs) == 1 else tuple(outs)
     if xa.rows == 0:
-        return result
-
-    n = xa.n
-    isz_y = K.ITEMSIZE[y_dtype]
-    others = [(isz_y, K.byte_alignment(yp, n * isz_y))]
-    if wa is not None:
-        others.append(_align(wa))
-    if ba is not None:
-        others.append(_align(ba))
-    if ra is not None:
-        others += [_align(ra), (xa.itemsize, K.byte_alignment(hp, n * xa.itemsize))]
-    vec = _vec(n, xa, others)
-    flags = (("bias", ba is not None), ("residual", ra is not None), ("save_stats", bool(save_stats)),
-             ("weight", wa is not None), ("zero_centered", bool(zero_centered)))
-    dtypes = (("w", w_dtype or "none"), ("x", xa.dtype), ("y", y_dtype))
-    sig = (op, dtypes, n, vec, flags, xa.device)
-
-    def build():
-        return OpRequest(op=op, dtypes=dtypes, shape=(("n", n), ("vec", vec)), flags=flags, device=_device(xa))
-
-    req, cand, kernels = _decide(sig, build)
-    zeros_u32, empty_f32 = _workspace(xa)
-    call = FwdCall(x=xa.ptr, residual=ra.ptr if ra else 0, h=hp, w=wa.ptr if wa else 0, b=ba.ptr if ba else 0,
-                   y=yp, mean=mp, rstd=rp, eps=e, rows=xa.rows, sx=xa.row_stride, sr=ra.row_stride if ra else 0,
-                   sh=n, sy=n, stream=A.current_stream(xa), zeros_u32=zeros_u32, empty_f32=empty_f32)
-    cand.launch(req, kernels, call)
-    return result
+        y, _ = A.empty(xa, xa.shape, y_dtype)
+        outs = [y] + ([A.empty(xa, xa.shape, xa.dtype)[0]] if ra is not None else []) + \
+            ([A.empty(xa, xa.shape[:-1], "fp32")[0]] if (save_stats and layer) else []) + \
+            ([A.empty(xa, xa.shape[:-1], "fp32")[0]] if save_stats else [])
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    plan = P.fwd_plan(layer, op, xa, wa, ba, ra, y_dtype, e, zero_centered, save_stats, _selector(xa.n, xa.device))
+    if xa.lib == "torch":
+        for t in (x, weight, bias, residual):
+            if t is not None:
+                P.remember_torch_type(t)
+        key = P.fwd_key(layer, x, weight, bias, eps, residual, zero_centered, out_dtype, save_stats)
+        if key is not None:
+            P.store(P.fwd_plans, key, plan)
+    return plan.run(xa.ptr, wa.ptr if wa else 0, ba.ptr if ba else 0, ra.ptr if ra else 0)
 
 
 def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6, *, residual: Any = None, zero_centered: bool = False,
@@ -171,6 +151,14 @@ def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5, 
 # ---- backward ---------------------------------------------------------------------------------------------------
 def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
               bias_grad):
+    key = P.bwd_key(layer, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
+                    bias_grad)
+    if key is not None:
+        plan = P.lookup(P.bwd_plans, key)
+        if plan is not None:
+            return plan.run(x.data_ptr(), 0 if weight is None else weight.data_ptr(), dy.data_ptr(),
+                            0 if dresidual is None else dresidual.data_ptr(), 0 if mean is None else mean.data_ptr(),
+                            rstd.data_ptr())
     op = "layer_norm_backward" if layer else "rms_norm_backward"
     xa = _check_x(x)
     dya = A.wrap(dy, "dy")
@@ -194,40 +182,22 @@ def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresi
         A.check_like(dra, xa, "dresidual", (dx_name,))
     want_dw = bool(weight_grad) and wa is not None
     want_db = bool(bias_grad) and ba is not None
-    dx, dxp = A.empty(xa, xa.shape, dx_name)
-    dw, dwp = A.empty(xa, (xa.n,), w_dtype) if want_dw else (None, 0)
-    db, dbp = A.empty(xa, (xa.n,), w_dtype) if want_db else (None, 0)
-    result = (dx, dw, db) if layer else (dx, dw)
     if xa.rows == 0:
-        if want_dw:
-            dw, _ = A.zeros(xa, (xa.n,), w_dtype)
-        if want_db:
-            db, _ = A.zeros(xa, (xa.n,), w_dtype)
+        dx, _ = A.empty(xa, xa.shape, dx_name)
+        dw = A.zeros(xa, (xa.n,), w_dtype)[0] if want_dw else None
+        db = A.zeros(xa, (xa.n,), w_dtype)[0] if want_db else None
         return (dx, dw, db) if layer else (dx, dw)
-
-    n = xa.n
-    others = [_align(dya), (K.ITEMSIZE[dx_name], K.byte_alignment(dxp, n * K.ITEMSIZE[dx_name]))]
-    if wa is not None:
-        others.append(_align(wa))
-    if dra is not None:
-        others.append(_align(dra))
-    vec = _vec(n, xa, others)
-    flags = (("bias_grad", want_db), ("dresidual", dra is not None), ("weight", wa is not None),
-             ("weight_grad", want_dw), ("zero_centered", bool(zero_centered)))
-    dtypes = (("dx", dx_name), ("dy", dya.dtype), ("w", w_dtype or "none"), ("x", xa.dtype))
-    sig = (op, dtypes, n, vec, flags, xa.device)
-
-    def build():
-        return OpRequest(op=op, dtypes=dtypes, shape=(("n", n), ("vec", vec)), flags=flags, device=_device(xa))
-
-    req, cand, kernels = _decide(sig, build)
-    zeros_u32, empty_f32 = _workspace(xa)
-    call = BwdCall(x=xa.ptr, w=wa.ptr if wa else 0, dy=dya.ptr, dres=dra.ptr if dra else 0,
-                   mean=ma.ptr if ma else 0, rstd=rsa.ptr, dx=dxp, dw=dwp, db=dbp, rows=xa.rows, sx=xa.row_stride,
-                   sdy=dya.row_stride, sdres=dra.row_stride if dra else 0, sdx=n, stream=A.current_stream(xa),
-                   zeros_u32=zeros_u32, empty_f32=empty_f32)
-    cand.launch(req, kernels, call)
-    return result
+    plan = P.bwd_plan(layer, op, xa, dya, wa, dra, dx_name, w_dtype, want_dw, want_db, zero_centered,
+                      _selector(xa.n, xa.device))
+    if xa.lib == "torch":
+        for t in (dy, x, weight, bias, mean, rstd, dresidual):
+            if t is not None:
+                P.remember_torch_type(t)
+        key = P.bwd_key(layer, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
+                        bias_grad)
+        if key is not None:
+            P.store(P.bwd_plans, key, plan)
+    return plan.run(xa.ptr, wa.ptr if wa else 0, dya.ptr, dra.ptr if dra else 0, ma.ptr if ma else 0, rsa.ptr)
 
 
 def rms_norm_backward(dy: Any, x: Any, weight: Any, rstd: Any, *, zero_centered: bool = False,

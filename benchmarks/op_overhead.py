@@ -1,0 +1,340 @@
+"""Host cost per call of the rtckern ops (norms, softmax, attention) at launch-bound sizes.
+
+GPU (the real number):     PYTHONPATH=. python3 benchmarks/op_overhead.py [--calls 5000] [--json out.json]
+    Eager loop of N calls per op on small inputs, torch.cuda.synchronize() once at the end, vs torch's own op on
+    the same inputs; prints a markdown table of microseconds per call. At these sizes the kernels take ~2-5 us,
+    so the loop measures the host side (what decode-time calls pay).
+
+CPU harness (no GPU):      PYTHONPATH=. python3 benchmarks/op_overhead.py --stub [--calls 10000] [--profile OP]
+    The real Python path of each op with the GPU pieces stubbed: a fake `torch` module (tensors that carry a
+    shape, strides, dtype and an address; empty/zeros; the current stream), a hand-built sm_90 DeviceInfo, the
+    registry's probe replaced by "first candidate whose cheap checks pass", and rtckern Kernel objects whose
+    cuda.core launch / driver calls are no-ops. It measures our Python only: torch's own allocation and stream
+    costs and the driver's launch (~4.8 us on the H200) are not in it. Use it to find and remove Python work;
+    use the GPU mode for the number that matters.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# ---- the CPU harness's stubs ------------------------------------------------------------------------------------
+def install_stubs() -> None:
+    """Fake torch + stub device/runtime pieces; must run before rtckern.ops is imported."""
+    import types
+
+    torch = types.ModuleType("torch")
+
+    class dtype:
+        def __init__(self, name, size):
+            self.name, self.itemsize = name, size
+
+        def __repr__(self):
+            return f"torch.{self.name}"
+
+        __str__ = __repr__
+
+    torch.dtype = dtype
+    torch.float32, torch.float16, torch.bfloat16 = dtype("float32", 4), dtype("float16", 2), dtype("bfloat16", 2)
+    torch.int32, torch.bool, torch.float64 = dtype("int32", 4), dtype("bool", 1), dtype("float64", 8)
+
+    class device:
+        __slots__ = ("type", "index")
+
+        def __init__(self, type, index=None):
+            self.type, self.index = type, index
+
+        def __repr__(self):
+            return f"device(type='{self.type}', index={self.index})"
+
+    class Size(tuple):
+        pass
+
+    next_ptr = [1 << 32]
+
+    class Tensor:
+        def __init__(self, shape, dtype, dev, strides=None, ptr=None):
+            self._shape = Size(shape)
+            self.dtype = dtype
+            self._dev = dev
+            if strides is None:
+                strides, acc = [], 1
+                for s in reversed(shape):
+                    strides.append(acc)
+                    acc *= max(s, 1)
+                strides = tuple(reversed(strides))
+            self._strides = tuple(strides)
+            if ptr is None:
+                ptr = next_ptr[0]
+                next_ptr[0] += 1 << 20
+            self._ptr = ptr
+
+        # torch builds a new device / Size object on every access: so do we
+        @property
+        def device(self):
+            return device(self._dev.type, self._dev.index)
+
+        @property
+        def shape(self):
+            return Size(self._shape)
+
+        def size(self, i=None):
+            return self.shape if i is None else self._shape[i]
+
+        def dim(self):
+            return len(self._shape)
+
+        @property
+        def ndim(self):
+            return len(self._shape)
+
+        def stride(self, i=None):
+            return tuple(self._strides) if i is None else self._strides[i]
+
+        def data_ptr(self):
+            return self._ptr
+
+        def get_device(self):
+            return self._dev.index if self._dev.type == "cuda" else -1
+
+        def element_size(self):
+            return self.dtype.itemsize
+
+        def is_contiguous(self):
+            return self._strides == Tensor(self._shape, self.dtype, self._dev, ptr=0)._strides
+
+        @property
+        def is_cuda(self):
+            return self._dev.type == "cuda"
+
+    torch.Tensor, torch.Size, torch.device = Tensor, Size, device
+
+    def _dev(d):
+        return d if isinstance(d, device) else device("cuda", 0)
+
+    torch.empty = lambda shape, dtype=None, device=None: Tensor(tuple(shape), dtype or torch.float32, _dev(device))
+    torch.zeros = torch.empty
+
+    class _Stream:
+        def __init__(self, h):
+            self.cuda_stream = h
+
+    cuda = types.ModuleType("torch.cuda")
+    cuda.current_stream = lambda device=None: _Stream(7)
+    cuda.is_available = lambda: True
+    torch.cuda = cuda
+    c = types.ModuleType("torch._C")
+    c._cuda_getCurrentRawStream = lambda index: 7
+    torch._C = c
+    sys.modules["torch"], sys.modules["torch.cuda"], sys.modules["torch._C"] = torch, cuda, c
+
+    # A live-looking sm_90 device (ordinal 0), and the driver version the target choice asks for.
+    import rtckern.device as dev_mod
+    from rtckern.device import DeviceInfo
+    from rtckern.runtime import driver as drv_mod
+
+    info = DeviceInfo.for_arch("sm_90", 132, ordinal=0, name="stub H200")
+    dev_mod._live_device_info = lambda ordinal: info
+    drv_mod.driver_version = lambda: (13, 0)
+
+    # Kernels: real rtckern Kernel objects whose driver-facing parts do nothing.
+    import contextlib
+
+    import rtckern.runtime.kernel as kmod
+    import rtckern.runtime.streams as smod
+
+    class _Occ:
+        def max_active_blocks_per_multiprocessor(self, block, smem):
+            return 2
+
+        def max_active_clusters(self, cfg, stream=None):
+            return 16
+
+    class _Attrs:
+        num_regs, shared_size_bytes, local_size_bytes, max_threads_per_block, binary_version = 64, 0, 0, 1024, 90
+
+    class _CoreKernel:
+        handle = 0x1234
+        occupancy = _Occ()
+        attributes = {0: _Attrs()}
+
+    class _FakeDriver:
+        class CUresult:
+            CUDA_SUCCESS = 0
+
+        CUcontext = CUstream = staticmethod(lambda h: h)
+
+        def cuCtxGetCurrent(self):
+            return 0, 0xC0
+
+        def cuLaunchKernel(self, *a):
+            return (0,)
+
+    fake_driver = _FakeDriver()
+    kmod.driver = lambda: fake_driver
+    kmod.on_device = lambda ordinal: contextlib.nullcontext()
+    kmod._primary_ctx[0] = 0xC0
+    kmod._devices_in_use.add(0)
+
+    class _Stream0:
+        handle = 0
+
+    for h in (0, 7):
+        smod._by_handle[h] = _Stream0()
+
+    def stub_kernel(spec) -> kmod.Kernel:
+        k = kmod.Kernel.__new__(kmod.Kernel)
+        k._k, k._module, k.device, k.label = _CoreKernel(), None, info, spec.name
+        k._configs, k._max_dyn_smem, k._default_stream = {}, 1 << 30, None
+        import threading
+
+        k._lock = threading.Lock()
+        k._launch = lambda *a: None
+        return k
+
+    # The registry: the first candidate (priority order) whose cheap checks pass, its kernels stubbed.
+    from rtckern.registry import results as res_mod
+    from rtckern.registry import selector as sel_mod
+
+    def _decide(self, req, s):
+        for cand in self.candidates(req.op):
+            if cand.min_arch and req.device.arch.cc < (int(cand.min_arch[3]), int(cand.min_arch[4:])):
+                continue
+            if cand.supports(req) is None:
+                specs = tuple(cand.kernel_specs(req))
+                return res_mod.Selection(request=req, candidate=cand, specs=specs,
+                                         kernels=tuple(stub_kernel(sp) for sp in specs))
+        raise RuntimeError(f"no candidate for {req}")
+
+    sel_mod.Registry._decide = _decide
+
+    # TMA tensor maps (attention on sm_90): a fixed 128-byte map.
+    from cuda.bindings import driver as cbd
+
+    class _Map:
+        opaque = [0] * 16
+
+    cbd.cuTensorMapEncodeTiled = lambda *a: (cbd.CUresult.CUDA_SUCCESS, _Map())
+
+
+# ---- cases ------------------------------------------------------------------------------------------------------
+def cases(torch, stub: bool):
+    """(name, rtckern call, torch's call or None) on decode-sized inputs."""
+    import rtckern.ops as ops
+
+    dev = "cuda"
+    bf16 = torch.bfloat16
+
+    def rnd(*shape, dtype=bf16):
+        return torch.empty(shape, dtype=dtype, device=dev) if stub else torch.randn(shape, dtype=dtype, device=dev)
+
+    x = rnd(4, 4096)
+    w = rnd(4096)
+    b = rnd(4096)
+    dy = rnd(4, 4096)
+    _, rstd = (None, rnd(4, dtype=torch.float32)) if stub else ops.rms_norm(x, w, return_rstd=True)
+    ystat = (rnd(4, dtype=torch.float32), rnd(4, dtype=torch.float32)) if stub else \
+        ops.layer_norm(x, w, b, return_stats=True)[1:]
+    s = rnd(1, 32, 1, 1024)
+    ys = rnd(1, 32, 1, 1024)
+    c = rnd(32, 128, 128)
+    q = rnd(1, 1, 32, 128)
+    k = rnd(1, 1024, 8, 128)
+    v = rnd(1, 1024, 8, 128)
+    out = [
+        ("rms_norm [4,4096] bf16", lambda: ops.rms_norm(x, w, 1e-6),
+         None if stub else (lambda: torch.nn.functional.rms_norm(x, (4096,), w, 1e-6))),
+        ("rms_norm +residual", lambda: ops.rms_norm(x, w, 1e-6, residual=dy), None),
+        ("layer_norm [4,4096] bf16", lambda: ops.layer_norm(x, w, b, 1e-5),
+         None if stub else (lambda: torch.nn.functional.layer_norm(x, (4096,), w, b, 1e-5))),
+        ("rms_norm_backward", lambda: ops.rms_norm_backward(dy, x, w, rstd), None),
+        ("layer_norm_backward", lambda: ops.layer_norm_backward(dy, x, w, b, ystat[0], ystat[1]),
+         None if stub else (lambda: torch.ops.aten.native_layer_norm_backward(
+             dy, x, (4096,), ystat[0].view(4, 1), ystat[1].view(4, 1), w, b, (True, True, True)))),
+        ("softmax [1,32,1,1024] bf16", lambda: ops.softmax(s, 0.125),
+         None if stub else (lambda: torch.softmax(s, -1))),
+        ("softmax_backward", lambda: ops.softmax_backward(ys, s, 0.125),
+         None if stub else (lambda: torch.ops.aten._softmax_backward_data(s, ys, -1, bf16))),
+        ("causal softmax [32,128,128]", lambda: ops.scaled_upper_triang_masked_softmax(c, 0.125), None),
+        ("attention decode q[1,1,32,128] kv 1024 GQA", lambda: ops.attention(q, k, v),
+         None if stub else (lambda: torch.nn.functional.scaled_dot_product_attention(
+             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True))),
+    ]
+    return out
+
+
+def time_loop(fn, calls: int, sync, repeats: int) -> float:
+    for _ in range(max(10, calls // 20)):
+        fn()
+    sync()
+    best = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        best.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(best)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stub", action="store_true", help="CPU harness with the GPU pieces stubbed")
+    ap.add_argument("--calls", type=int, default=None, help="calls per timed loop (default 10000 stub, 5000 GPU)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", default=None, help="cProfile the case whose name starts with this")
+    ap.add_argument("--json", default=None, help="also write the numbers here")
+    a = ap.parse_args()
+    if a.stub:
+        install_stubs()
+    import torch
+
+    sync = (lambda: None) if a.stub else torch.cuda.synchronize
+    calls = a.calls or (10000 if a.stub else 5000)
+    rows = []
+    for name, fn, ref in cases(torch, a.stub):
+        if a.profile and not name.startswith(a.profile):
+            continue
+        if a.profile:
+            import cProfile
+            import pstats
+
+            for _ in range(100):
+                fn()
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(calls):
+                fn()
+            pr.disable()
+            pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+            continue
+        us = time_loop(fn, calls, sync, a.repeats)
+        ref_us = time_loop(ref, calls, sync, a.repeats) if ref is not None else None
+        rows.append((name, us, ref_us))
+    if a.profile:
+        return
+    where = "CPU harness, GPU pieces stubbed (Python cost only)" if a.stub else \
+        f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
+    print(f"\nHost cost per call, {where}: {calls} calls per loop, median of {a.repeats} loops\n")
+    print("| op | rtckern us/call | torch us/call | ratio |")
+    print("|---|---|---|---|")
+    for name, us, ref_us in rows:
+        r = f"{ref_us:.1f}" if ref_us is not None else "-"
+        ratio = f"{us / ref_us:.2f}x" if ref_us else "-"
+        print(f"| {name} | {us:.1f} | {r} | {ratio} |")
+    if a.json:
+        import json
+
+        with open(a.json, "w") as f:
+            json.dump({"where": where, "calls": calls, "rows": [
+                {"op": n, "rtckern_us": u, "torch_us": r} for n, u, r in rows]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
