@@ -3,6 +3,7 @@
     PYTHONPATH=. python3 benchmarks/gemm.py --tune --table-out T.json   # sweep configs, merge winners into the
                                                                         # user table (and copy it to T.json)
     PYTHONPATH=. python3 benchmarks/gemm.py --bench --out DIR           # gemm_<gpu>_<date>.json/.md/.png
+    PYTHONPATH=. python3 benchmarks/gemm.py --tune --skinny ...         # only the skinny shapes (M 16 / 128)
 
 Timing: each call is captured 20 times in a CUDA graph and replayed (median of 7 replays / 20), so launch gaps do
 not count for either side; the op's eager time (Python included) is reported too. Inputs are random (never
@@ -35,7 +36,13 @@ BIG = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096)]
 SKINNY = [(16, 4096, 4096), (16, 8192, 8192), (128, 4096, 4096), (128, 8192, 8192)]
 
 
+SKINNY_ONLY = False  # --skinny: tune / bench the skinny shapes only
+
+
 def bench_shapes() -> list[dict]:
+    if SKINNY_ONLY:
+        return [dict(m=m, n=n, k=k, dtype="bf16", trans_b=tb, group="skinny") for m, n, k in SKINNY
+                for tb in (True, False)]
     out = []
     for dt in ("bf16", "fp16"):
         for m, n, k in BIG:
@@ -334,7 +341,14 @@ def main(argv=None) -> int:
     ap.add_argument("--table-out", default=None)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--no-pingpong", action="store_true", help="leave ping-pong configs out of the sweep")
+    ap.add_argument("--skinny", action="store_true", help="only the skinny shapes (M 16 / 128, N = K 4096 / 8192)")
+    ap.add_argument("--precompile-only", action="store_true", help="compile the sweep's kernels and stop")
     args = ap.parse_args(argv)
+    global SKINNY_ONLY
+    SKINNY_ONLY = args.skinny
+    if args.precompile_only:
+        precompile_sweeps(DeviceInfo.from_device(0))
+        return 0
     rc = 0
     if args.tune:
         rc |= tune(args)

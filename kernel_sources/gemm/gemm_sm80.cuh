@@ -11,8 +11,11 @@
 // bounds-checked element loads: correct for any shape and stride, slower.
 // SPLITK: the slice writes raw fp32 partial sums to c (a workspace of batch x splits x m x n floats);
 // gemm_splitk_reduce (epilogue.cuh) adds them in split order and applies the epilogue.
+// gemm_mma_sm80_ck (sm_90+): the CK slices of one tile form a thread-block cluster and add their partial tiles
+// through distributed shared memory (cluster_reduce.cuh): split-K in one kernel, with no workspace.
 #pragma once
 #include "gemm/epilogue.cuh"
+#include "gemm/cluster_reduce.cuh"
 #include "gemm/mma_sm80.cuh"
 
 #if defined(RTK_CUDA)
@@ -69,21 +72,26 @@ RTK_DEVICE void rtk_gemm_load_nmajor(T* s, const T* __restrict__ g, long long ld
   }
 }
 
+#define RTK_GEMM80_PARAMS                                                                                          \
+  const T *__restrict__ a, const T *__restrict__ b, void *__restrict__ c, const T *__restrict__ bias,              \
+      const TOut *__restrict__ res, long long m, long long n, long long k, long long lda, long long ldb,           \
+      long long ldc, long long ldr, long long stride_a, long long stride_b, long long stride_c, long long stride_r, \
+      long long splits, long long kb_per_split, long long group_m
+#define RTK_GEMM80_ARGS \
+  a, b, c, bias, res, m, n, k, lda, ldb, ldc, ldr, stride_a, stride_b, stride_c, stride_r, splits, kb_per_split, group_m
+
+// The kernel body. CK > 1: split-K inside a cluster of CK blocks along grid y (cluster_reduce.cuh); SPLITK: split-K
+// through a global workspace. At most one of them.
 template <typename T, typename TOut, int BM, int BN, int BK, int WM, int WN, int STAGES, bool TRANS_B, bool ALIGNED,
-          bool HAS_BIAS, int ACT, bool HAS_RES, bool SPLITK>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
-    gemm_mma_sm80(const T* __restrict__ a, const T* __restrict__ b, void* __restrict__ c,
-                  const T* __restrict__ bias, const TOut* __restrict__ res, long long m, long long n, long long k,
-                  long long lda, long long ldb, long long ldc, long long ldr, long long stride_a,
-                  long long stride_b, long long stride_c, long long stride_r, long long splits,
-                  long long kb_per_split, long long group_m) {
-#if RTK_ARCH >= 800
+          bool HAS_BIAS, int ACT, bool HAS_RES, bool SPLITK, int CK>
+__device__ __forceinline__ void rtk_gemm_mma_sm80_body(RTK_GEMM80_PARAMS) {
   constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
   constexpr int THREADS = WARPS_M * WARPS_N * 32;
   constexpr int MT = WM / 16, NT = WN / 8;
   static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0, "warp tile must divide block tile");
   static_assert(BK % 16 == 0 && (BK == 32 || BK % 64 == 0), "BK: 32 or a multiple of 64");
   static_assert(TRANS_B || BN % 64 == 0, "an N-major B tile needs BN a multiple of 64");
+  static_assert(!(SPLITK && CK > 1), "split-K through a workspace or a cluster, not both");
 
   extern __shared__ uint4 rtk_gemm_smem[];
   T* sA = reinterpret_cast<T*>(rtk_gemm_smem);
@@ -172,7 +180,31 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 
   const long long row_base = m0 + wm0 + (lane >> 2);
   const long long col_base = n0 + wn0 + (lane & 3) * 2;
-  if constexpr (SPLITK) {
+  if constexpr (CK > 1) {
+    __syncthreads();  // every warp is done with the pipeline's stages: they now hold the partial tile
+    float* red = reinterpret_cast<float*>(rtk_gemm_smem);
+    constexpr int LDR = BN + RTK_GEMM_RED_PAD;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int row = wm0 + i * 16 + (lane >> 2), col = wn0 + j * 8 + (lane & 3) * 2;
+        rtk_gemm_red_store(red, LDR, row, col, acc[i][j][0], acc[i][j][1]);
+        rtk_gemm_red_store(red, LDR, row + 8, col, acc[i][j][2], acc[i][j][3]);
+      }
+    RtkGemmOut<TOut, T> o;
+    o.c = reinterpret_cast<TOut*>(c) + bidx * stride_c;
+    o.bias = bias;
+    o.res = HAS_RES ? res + bidx * stride_r : nullptr;
+    o.m = m;
+    o.n = n;
+    o.ldc = ldc;
+    o.ldr = ldr;
+    o.pair_ok = rtk_gemm_out_pair_ok(o, HAS_BIAS, HAS_RES);
+    rtk_gemm_cluster_sync();  // every split's partial tile is in its block's shared memory
+    rtk_gemm_cluster_finish<BM, BN, CK, THREADS, HAS_BIAS, ACT, HAS_RES>(red, o, m0, n0, tid);
+    rtk_gemm_cluster_sync_relaxed();  // the peers have read this block's partials: it may exit
+  } else if constexpr (SPLITK) {
     float* ws = reinterpret_cast<float*>(c) + (bidx * splits + split) * m * n;
 #pragma unroll
     for (int i = 0; i < MT; ++i)
@@ -196,9 +228,31 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     for (int i = 0; i < MT; ++i)
       rtk_gemm_epilogue_slab<HAS_BIAS, ACT, HAS_RES, NT>(o, row_base + i * 16, col_base, &acc[i][0][0]);
   }
+}
+
+template <typename T, typename TOut, int BM, int BN, int BK, int WM, int WN, int STAGES, bool TRANS_B, bool ALIGNED,
+          bool HAS_BIAS, int ACT, bool HAS_RES, bool SPLITK>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32) gemm_mma_sm80(RTK_GEMM80_PARAMS) {
+#if RTK_ARCH >= 800
+  rtk_gemm_mma_sm80_body<T, TOut, BM, BN, BK, WM, WN, STAGES, TRANS_B, ALIGNED, HAS_BIAS, ACT, HAS_RES, SPLITK, 1>(
+      RTK_GEMM80_ARGS);
 #else
   static_assert(sizeof(T) == 0, "gemm_mma_sm80 needs sm_80 or newer");
 #endif
 }
+
+// Split-K in a cluster: grid (tiles, CK, batch), clusters of (1, CK, 1) blocks, one per output tile; `splits` is
+// CK. The epilogue is applied here (no workspace, no reduce kernel). Only defined for sm_90+ targets
+// (__cluster_dims__ does not compile for older ones).
+#if RTK_ARCH >= 900
+template <typename T, typename TOut, int BM, int BN, int BK, int WM, int WN, int STAGES, bool TRANS_B, bool ALIGNED,
+          bool HAS_BIAS, int ACT, bool HAS_RES, int CK>
+__global__ void __cluster_dims__(1, CK, 1) __launch_bounds__((BM / WM) * (BN / WN) * 32)
+    gemm_mma_sm80_ck(RTK_GEMM80_PARAMS) {
+  static_assert(CK >= 2 && CK <= 8, "cluster split-K: 2 to 8 blocks (the portable cluster size)");
+  rtk_gemm_mma_sm80_body<T, TOut, BM, BN, BK, WM, WN, STAGES, TRANS_B, ALIGNED, HAS_BIAS, ACT, HAS_RES, false, CK>(
+      RTK_GEMM80_ARGS);
+}
+#endif  // RTK_ARCH >= 900
 
 #endif  // RTK_CUDA

@@ -20,19 +20,45 @@
 //   B, TRANS_B (n x k row-major): dims (k, n, batch_b), box (64, BN, 1)
 //   B, not TRANS_B (k x n row-major): dims (n, k, batch_b), box (64, 64, 1), BN / 64 boxes per stage
 // SPLITK: c is a float workspace (batch x splits x m x n) of raw partial sums; gemm_splitk_reduce finishes.
+// gemm_wgmma_sm90_ck: split-K in thread-block clusters of CK blocks, one block per unit (grid = units, not
+// persistent): the CK splits of a tile are the blocks of one cluster (consecutive blockIdx.x), which add their
+// partial tiles through distributed shared memory and apply the epilogue (cluster_reduce.cuh); the partial tile
+// reuses the ring's shared memory once the mainloop is over. Cooperative schedule only.
 #pragma once
+#include "gemm/cluster_reduce.cuh"
 #include "gemm/epilogue.cuh"
 #include "gemm/hopper.cuh"
 #include "gemm/wgmma_ops.cuh"
 
+#define RTK_GEMM90_SCALARS                                                                                     \
+  void *__restrict__ c, const T *__restrict__ bias, const TOut *__restrict__ res, long long m, long long n,      \
+      long long k, long long ldc, long long ldr, long long stride_c, long long stride_r, long long batch,       \
+      long long b_batched, long long splits, long long kb_per_split, long long group_m
+#define RTK_GEMM90_ARGS \
+  tm_a, tm_b, c, bias, res, m, n, k, ldc, ldr, stride_c, stride_r, batch, b_batched, splits, kb_per_split, group_m
+
+// Work unit u -> (batch entry, split, tile). Persistent kernels walk units split-major within a batch entry; the
+// cluster kernel (CK > 1) puts the CK splits of one tile on consecutive units, which are the blocks of a cluster.
+template <int CK>
+RTK_DEVICE void rtk_gemm90_unit(long long u, long long tiles, long long splits, long long& bidx, long long& split,
+                                long long& t) {
+  if constexpr (CK > 1) {
+    split = u % CK;
+    const long long r = u / CK;
+    bidx = r / tiles;
+    t = r - bidx * tiles;
+  } else {
+    const long long per_batch = splits * tiles;
+    bidx = u / per_batch;
+    split = (u - bidx * per_batch) / tiles;
+    t = u - bidx * per_batch - split * tiles;
+  }
+}
+
 template <typename T, typename TOut, int BM, int BN, int STAGES, int NC, bool PINGPONG, bool TRANS_B, bool HAS_BIAS,
-          int ACT, bool HAS_RES, bool SPLITK>
-__global__ void __launch_bounds__((NC + 1) * 128, 1)
-    gemm_wgmma_sm90(const __grid_constant__ rtk_tensor_map tm_a, const __grid_constant__ rtk_tensor_map tm_b,
-                    void* __restrict__ c, const T* __restrict__ bias, const TOut* __restrict__ res, long long m,
-                    long long n, long long k, long long ldc, long long ldr, long long stride_c, long long stride_r,
-                    long long batch, long long b_batched, long long splits, long long kb_per_split,
-                    long long group_m) {
+          int ACT, bool HAS_RES, bool SPLITK, int CK>
+__device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& tm_a, const rtk_tensor_map& tm_b,
+                                                         RTK_GEMM90_SCALARS) {
 #if defined(RTK_HAS_WGMMA)
   constexpr int BK = 64;                 // one 128-byte swizzle row of 16-bit elements
   constexpr int WG_M = PINGPONG ? BM : BM / NC;  // rows per consumer warpgroup and tile
@@ -43,6 +69,9 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
   static_assert(sizeof(T) == 2, "16-bit inputs");
   static_assert(WG_M % 64 == 0 && BM <= 256 && BN <= 256 && BN % 64 == 0, "tile shape");
   static_assert(!PINGPONG || NC == 2, "ping-pong takes two consumer warpgroups");
+  static_assert(CK <= 1 || (!PINGPONG && !SPLITK), "cluster split-K: cooperative schedule, no workspace");
+  constexpr int RED_LD = BN + RTK_GEMM_RED_PAD;  // cluster split-K: row stride of the partial tile (floats)
+  static_assert(CK <= 1 || BM * RED_LD * 4 <= STAGES * (A_STAGE + B_STAGE) * 2, "partial tile exceeds the ring");
 
   extern __shared__ unsigned char rtk_gemm_smem90[];
   // 128-byte swizzle atoms are 1024 B; align the ring to that (the host adds 1024 B of slack).
@@ -80,10 +109,9 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
       int stage = 0;
       unsigned phase = 0;
       for (long long u = blockIdx.x; u < units; u += gridDim.x) {
-        const long long bidx = u / per_batch;
-        const long long split = (u - bidx * per_batch) / tiles;
-        long long tm, tn;
-        rtk_tile_coords(u - bidx * per_batch - split * tiles, tiles_m, tiles_n, group_m, tm, tn);
+        long long bidx, split, t, tm, tn;
+        rtk_gemm90_unit<CK>(u, tiles, splits, bidx, split, t);
+        rtk_tile_coords(t, tiles_m, tiles_n, group_m, tm, tn);
         const long long kb0 = split * kb_per_split;
         const long long kb1 = kb0 + kb_per_split < kb_total ? kb0 + kb_per_split : kb_total;
         const int bb = b_batched ? (int)bidx : 0;
@@ -106,6 +134,12 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         }
       }
     }
+    if constexpr (CK > 1) {
+      // The cluster barriers count every thread of the cluster. The producer warpgroup (registers cut by
+      // setmaxnreg) arrives from its own branch and does nothing else: no code is shared with the consumers.
+      rtk_gemm_cluster_sync();
+      rtk_gemm_cluster_sync_relaxed();
+    }
   } else {
     // ---------------- consumers ----------------
     if constexpr (NC >= 2) rtk_setmaxnreg_inc<232>();
@@ -116,10 +150,9 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
     unsigned order_phase = 0;  // ping-pong: waits done on order_bar[cw]
     long long i = 0;           // index of the unit among this block's units
     for (long long u = blockIdx.x; u < units; u += gridDim.x, ++i) {
-      const long long bidx = u / per_batch;
-      const long long split = (u - bidx * per_batch) / tiles;
-      long long tm, tn;
-      rtk_tile_coords(u - bidx * per_batch - split * tiles, tiles_m, tiles_n, group_m, tm, tn);
+      long long bidx, split, t, tm, tn;
+      rtk_gemm90_unit<CK>(u, tiles, splits, bidx, split, t);
+      rtk_tile_coords(t, tiles_m, tiles_n, group_m, tm, tn);
       const long long kb0 = split * kb_per_split;
       const long long kb1 = kb0 + kb_per_split < kb_total ? kb0 + kb_per_split : kb_total;
       if (PINGPONG && (i & 1) != cw) {  // the other consumer's tile: skip its stages in the ring
@@ -170,7 +203,20 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
       // 16 w + l / 4 (+ 8) and columns 8 j + 2 (l % 4) (+ 1) at acc[4 j + {0, 1}] (row) and {2, 3} (row + 8).
       const long long row_base = tm * BM + (PINGPONG ? 0 : cw * WG_M) + warp * 16 + (lane >> 2);
       const long long col_base = tn * BN + (lane & 3) * 2;
-      if constexpr (SPLITK) {
+      if constexpr (CK > 1) {
+        // Both consumers' wgmmas have read their last stage (and every TMA load of this block's one unit has
+        // landed): the ring may now hold the partial tile. The cluster reduce follows the unit loop.
+        asm volatile("bar.sync 1, %0;\n" ::"n"(NC * 128) : "memory");
+        float* red = reinterpret_cast<float*>(sA);
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const int row = cw * WG_M + warp * 16 + (lane >> 2) + mi * 64, col = (lane & 3) * 2 + j * 8;
+            rtk_gemm_red_store(red, RED_LD, row, col, acc[mi][4 * j], acc[mi][4 * j + 1]);
+            rtk_gemm_red_store(red, RED_LD, row + 8, col, acc[mi][4 * j + 2], acc[mi][4 * j + 3]);
+          }
+      } else if constexpr (SPLITK) {
         float* ws = reinterpret_cast<float*>(c) + (bidx * splits + split) * m * n;
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
@@ -195,8 +241,46 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
           rtk_gemm_epilogue_slab<HAS_BIAS, ACT, HAS_RES, BN / 8>(o, row_base + mi * 64, col_base, acc[mi]);
       }
     }
+    if constexpr (CK > 1) {
+      rtk_gemm_cluster_sync();  // the partial tiles of all CK splits are in shared memory
+      long long bidx, split, t, tm, tn;
+      rtk_gemm90_unit<CK>(blockIdx.x, tiles, splits, bidx, split, t);
+      rtk_tile_coords(t, tiles_m, tiles_n, group_m, tm, tn);
+      RtkGemmOut<TOut, T> o;
+      o.c = reinterpret_cast<TOut*>(c) + bidx * stride_c;
+      o.bias = bias;
+      o.res = HAS_RES ? res + bidx * stride_r : nullptr;
+      o.m = m;
+      o.n = n;
+      o.ldc = ldc;
+      o.ldr = ldr;
+      o.pair_ok = rtk_gemm_out_pair_ok(o, HAS_BIAS, HAS_RES);
+      rtk_gemm_cluster_finish<BM, BN, CK, NC * 128, HAS_BIAS, ACT, HAS_RES>(reinterpret_cast<const float*>(sA), o,
+                                                                           tm * BM, tn * BN, threadIdx.x - 128);
+      rtk_gemm_cluster_sync_relaxed();  // the peers have read this block's partials: it may exit
+    }
   }
 #else
   static_assert(sizeof(T) == 0, "gemm_wgmma_sm90 needs the sm_90a target (wgmma, setmaxnreg)");
 #endif
+}
+
+template <typename T, typename TOut, int BM, int BN, int STAGES, int NC, bool PINGPONG, bool TRANS_B, bool HAS_BIAS,
+          int ACT, bool HAS_RES, bool SPLITK>
+__global__ void __launch_bounds__((NC + 1) * 128, 1)
+    gemm_wgmma_sm90(const __grid_constant__ rtk_tensor_map tm_a, const __grid_constant__ rtk_tensor_map tm_b,
+                    RTK_GEMM90_SCALARS) {
+  rtk_gemm_wgmma_sm90_body<T, TOut, BM, BN, STAGES, NC, PINGPONG, TRANS_B, HAS_BIAS, ACT, HAS_RES, SPLITK, 1>(
+      RTK_GEMM90_ARGS);
+}
+
+// Split-K in clusters of CK blocks along x: grid = batch x tiles x CK blocks (one unit each), `splits` is CK.
+template <typename T, typename TOut, int BM, int BN, int STAGES, int NC, bool TRANS_B, bool HAS_BIAS, int ACT,
+          bool HAS_RES, int CK>
+__global__ void __cluster_dims__(CK, 1, 1) __launch_bounds__((NC + 1) * 128, 1)
+    gemm_wgmma_sm90_ck(const __grid_constant__ rtk_tensor_map tm_a, const __grid_constant__ rtk_tensor_map tm_b,
+                       RTK_GEMM90_SCALARS) {
+  static_assert(CK >= 2 && CK <= 8, "cluster split-K: 2 to 8 blocks (the portable cluster size)");
+  rtk_gemm_wgmma_sm90_body<T, TOut, BM, BN, STAGES, NC, false, TRANS_B, HAS_BIAS, ACT, HAS_RES, false, CK>(
+      RTK_GEMM90_ARGS);
 }

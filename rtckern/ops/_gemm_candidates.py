@@ -11,6 +11,7 @@ batch, layout, epilogue, alignment, shared-B. Each candidate's config comes from
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 from rtckern import config
@@ -73,20 +74,38 @@ class _GemmCandidate(Candidate):
 
     def launch_resources(self, req: OpRequest):
         cfg = self.config(req)
+        if getattr(cfg, "cluster", False):
+            return None  # the generic per-SM occupancy query does not know clusters: check_resources asks the driver
         main = Resources(block=cfg.threads, dynamic_smem=cfg.smem_bytes)
         return (main, Resources(block=L.REDUCE_THREADS)) if cfg.splits > 1 else (main,)
 
+    def check_resources(self, req: OpRequest, kernels) -> str | None:
+        cfg = self.config(req)
+        if not getattr(cfg, "cluster", False):
+            return None
+        k = kernels[0]
+        if k.num_regs * cfg.threads > req.device.regs_per_sm:
+            return f"{k.num_regs} registers x {cfg.threads} threads > {req.device.regs_per_sm} per SM"
+        fit = active_clusters(k, cfg)
+        if fit == 0:
+            return (f"no cluster of {cfg.splits} blocks ({cfg.threads} threads, {cfg.smem_bytes} B shared memory "
+                    "each) fits on the device")
+        return None
+
+    def prepare(self, req: OpRequest, kernels, ops: L.Operands) -> L.LaunchPlan:
+        """The launches of this request with the operand addresses left open (`ops` gives the strides; its
+        addresses are ignored): a repeated call of the same signature only runs the plan."""
+        return L.LaunchPlan(kernels, problem(req), self.config(req), ops, req.device.sm_count)
+
     def launch(self, req: OpRequest, kernels, ops: L.Operands, *, stream, workspace_alloc) -> Any:
         """Run on `stream`; `workspace_alloc(nbytes)` returns (keepalive, address) for split-K partial sums.
-        Returns the workspace keepalive (None without split-K): the caller drops it after the launch, which
+        Returns the workspace keepalive (None without a workspace): the caller drops it after the launch, which
         the stream-ordered allocators of torch and CuPy make safe."""
-        p = problem(req)
-        cfg = self.config(req)
+        plan = self.prepare(req, kernels, ops)
         ws_obj, ws_ptr = None, 0
-        nbytes = P.workspace_bytes(p, cfg.splits)
-        if nbytes:
-            ws_obj, ws_ptr = workspace_alloc(nbytes)
-        L.launch(kernels, p, cfg, ops, stream=stream, sm_count=req.device.sm_count, workspace=ws_ptr)
+        if plan.workspace_bytes:
+            ws_obj, ws_ptr = workspace_alloc(plan.workspace_bytes)
+        plan.run(ops.a, ops.b, ops.c, ops.bias, ops.res, L._stream_handle(stream), ws_ptr)
         return ws_obj
 
 
@@ -128,6 +147,8 @@ class Sm80MmaCandidate(_GemmCandidate):
         cfg, _ = tuned_plan(req)
         if cfg.kind != "sm80":
             cfg = T.sm80_heuristic(problem(req), req.device)
+        if cfg.kind == "sm80" and cfg.cluster and req.device.arch.major < 9:  # clusters need sm_90+
+            cfg = P.with_splits(replace(cfg, cluster=False, splits=0), problem(req), req.device.sm_count)
         return cfg if cfg.kind == "sm80" else P.with_splits(P.Sm80Config(64, 64, 64, 32, 32, 3), problem(req),
                                                             req.device.sm_count)
 
@@ -143,6 +164,32 @@ class SimtCandidate(_GemmCandidate):
 
     def config(self, req: OpRequest):
         return P.SimtConfig()
+
+
+_clusters_fit: dict[tuple, int] = {}
+
+
+def active_clusters(kernel, cfg) -> int:
+    """How many clusters of cfg's kernel fit on the device at once (the driver's answer, which knows the GPC
+    layout); -1 when the driver cannot say (the launch itself will)."""
+    dims = (1, cfg.splits, 1) if cfg.kind == "sm80" else (cfg.splits, 1, 1)
+    key = (id(kernel), dims, cfg.threads, cfg.smem_bytes)
+    hit = _clusters_fit.get(key)
+    if hit is None:
+        try:
+            from cuda.core import LaunchConfig
+
+            from rtckern.runtime import core_stream
+
+            if cfg.smem_bytes > 48 * 1024:
+                kernel.set_max_dynamic_shared_memory(cfg.smem_bytes)
+            # cuda.core counts the grid in clusters when a cluster is given: one cluster
+            lc = LaunchConfig(grid=1, cluster=dims, block=cfg.threads, shmem_size=cfg.smem_bytes)
+            hit = int(kernel.core.occupancy.max_active_clusters(lc, stream=core_stream(0)))
+        except Exception:  # an older cuda.core or driver without the query
+            hit = -1
+        _clusters_fit[key] = hit
+    return hit
 
 
 # ---- selection, memoized per problem and device -----------------------------------------------------------------

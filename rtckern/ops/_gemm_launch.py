@@ -1,10 +1,19 @@
 """GEMM launches: grids, argument lists, TMA tensor maps and the split-K reduce, for a settled plan.
 
-The sm_90a kernel takes two CUtensorMap structs by value (128 bytes each), so it launches through the core's
-`Kernel.launch_packed` (`_raw_launch`); the other kernels use `Kernel.launch`.
+`LaunchPlan` fixes everything about one call signature except the operand addresses: grids, blocks, shared memory,
+every scalar argument, and the packed parameter buffers of each kernel. A repeated call writes five addresses
+(and, on the sm_90a path, two tensor maps cached per address) into those buffers and launches: no argument lists
+are built, no configs looked up, nothing re-validated.
+
+Launch route: kernels loaded by the core (`rtckern.runtime.Kernel`) on a process that uses one device are launched
+with `cuLaunchKernel` straight from the prepacked buffers (the core's `Kernel.launch` / `launch_packed` build
+their parameter lists per call, a few microseconds each). With several devices in use, and for anything that is
+not a core Kernel (test doubles), the plan goes through `Kernel.launch` / `Kernel.launch_packed`, which make the
+kernel's own device context current.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import struct
 import threading
@@ -13,9 +22,10 @@ from dataclasses import dataclass
 
 from rtckern.errors import LaunchError
 
-from ._gemm_plan import ITEMSIZE, GemmProblem, normalize_splits
+from ._gemm_plan import ITEMSIZE, GemmProblem, normalize_splits, plan_workspace_bytes
 
 REDUCE_THREADS = 256
+_DEFAULT_DYN_SMEM = 48 * 1024
 
 
 @dataclass(frozen=True)
@@ -38,78 +48,239 @@ class Operands:
 
 
 def launch(kernels, p: GemmProblem, cfg, ops: Operands, *, stream=None, sm_count: int, workspace: int = 0) -> None:
-    """Run the plan: main kernel (+ split-K reduce). `workspace`: device address of
-    `workspace_bytes(p, cfg.splits)` bytes when cfg.splits > 1."""
-    if cfg.kind == "simt":
-        _launch_simt(kernels[0], p, ops, stream)
-        return
-    settled, _ = normalize_splits(p, cfg.bk if cfg.kind == "sm80" else 64, cfg.splits)
-    if settled != cfg.splits:
-        # The kernel specs (split-K or not) and the reduce follow cfg.splits; launching another count would add
-        # partial sums nobody wrote. Plans settle the count first (_gemm_plan.with_splits).
-        raise LaunchError(f"GEMM plan {cfg.as_dict()} splits K {cfg.splits} ways, but k={p.k} allows {settled} "
-                          "non-empty splits; settle the plan with _gemm_plan.with_splits(cfg, problem, sm_count)")
-    split = cfg.splits > 1
-    if split and not workspace:
-        raise LaunchError(f"GEMM plan {cfg} splits K {cfg.splits} ways but no workspace was given")
-    target = workspace if split else ops.c
-    if cfg.kind == "sm80":
-        _launch_sm80(kernels[0], p, cfg, ops, target, stream)
-    else:
-        _launch_sm90(kernels[0], p, cfg, ops, target, stream, sm_count)
-    if split:
-        _launch_reduce(kernels[1], p, cfg.splits, ops, workspace, stream, sm_count)
+    """Run the plan once: main kernel (+ split-K reduce). `workspace`: device address of
+    `plan_workspace_bytes(p, cfg)` bytes when the plan splits K through a workspace."""
+    plan = LaunchPlan(kernels, p, cfg, ops, sm_count)
+    plan.run(ops.a, ops.b, ops.c, ops.bias, ops.res, _stream_handle(stream), workspace)
 
 
-def _launch_sm80(kernel, p, cfg, ops, target, stream) -> None:
-    splits, per = normalize_splits(p, cfg.bk, cfg.splits)
-    tiles = math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
-    args = (ops.a, ops.b, target, ops.bias, ops.res, p.m, p.n, p.k, ops.lda, ops.ldb, ops.ldc, ops.ldr,
-            ops.stride_a, ops.stride_b if p.b_batched else 0, ops.stride_c, ops.stride_r, splits, per, cfg.group_m)
-    kernel.launch((tiles, splits, p.batch), cfg.threads, args, shared_mem=cfg.smem_bytes, stream=stream)
+class LaunchPlan:
+    """The launches of one (problem, config, strides) with the operand addresses left open: `run(a, b, c, bias,
+    res, stream, workspace)`. `workspace_bytes`: the global scratch `run` needs (0 for none)."""
+
+    __slots__ = ("p", "cfg", "workspace_bytes", "_main", "_reduce", "_maps", "_kind", "_ws_split")
+
+    def __init__(self, kernels, p: GemmProblem, cfg, ops: Operands, sm_count: int):
+        self.p, self.cfg = p, cfg
+        self._reduce = None
+        self._maps = None
+        self._kind = cfg.kind
+        if cfg.kind == "simt":
+            self.workspace_bytes, self._ws_split = 0, False
+            args = (p.m, p.n, p.k, ops.lda, ops.ldb, ops.ldc, ops.ldr, ops.stride_a,
+                    ops.stride_b if p.b_batched else 0, ops.stride_c, ops.stride_r)
+            self._main = _Prepared(kernels[0], (math.ceil(p.n / 64), math.ceil(p.m / 64), p.batch), 256, 0,
+                                   [("u64", 0)] * 5 + [("i64", v) for v in args])
+            return
+        bk = cfg.bk if cfg.kind == "sm80" else 64
+        splits, per = normalize_splits(p, bk, cfg.splits)
+        if splits != cfg.splits:
+            # The kernel specs (split-K or not) and the reduce follow cfg.splits; launching another count would
+            # add partial sums nobody wrote. Plans settle the count first (_gemm_plan.with_splits).
+            raise LaunchError(f"GEMM plan {cfg.as_dict()} splits K {cfg.splits} ways, but k={p.k} allows {splits} "
+                              "non-empty splits; settle the plan with _gemm_plan.with_splits(cfg, problem, sm_count)")
+        self.workspace_bytes = plan_workspace_bytes(p, cfg)
+        self._ws_split = self.workspace_bytes > 0
+        if cfg.kind == "sm80":
+            tiles = math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
+            args = (p.m, p.n, p.k, ops.lda, ops.ldb, ops.ldc, ops.ldr, ops.stride_a,
+                    ops.stride_b if p.b_batched else 0, ops.stride_c, ops.stride_r, splits, per, cfg.group_m)
+            self._main = _Prepared(kernels[0], (tiles, splits, p.batch), cfg.threads, cfg.smem_bytes,
+                                   [("u64", 0)] * 5 + [("i64", v) for v in args])
+        else:
+            esize = ITEMSIZE[p.dtype]
+            bb = p.batch if p.b_batched else 1
+            # (dims innermost first, byte strides of dims 1 and 2, box) of A's and B's tensor maps
+            map_a = ((p.k, p.m, p.batch), (ops.lda * esize, ops.stride_a * esize), (64, cfg.bm))
+            if p.trans_b:
+                map_b = ((p.k, p.n, bb), (ops.ldb * esize, ops.stride_b * esize), (64, cfg.bn))
+            else:
+                map_b = ((p.n, p.k, bb), (ops.ldb * esize, ops.stride_b * esize), (64, 64))
+            self._maps = (_MapCache(p.dtype, *map_a), _MapCache(p.dtype, *map_b))
+            units = p.batch * splits * math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
+            # Persistent: at most one block per SM. Cluster split-K: one block per unit (the cluster barrier
+            # needs every block of a cluster on the same unit).
+            grid = units if cfg.cluster else max(1, min(units, sm_count))
+            scalars = (p.m, p.n, p.k, ops.ldc, ops.ldr, ops.stride_c, ops.stride_r, p.batch, int(p.b_batched),
+                       splits, per, cfg.group_m)
+            self._main = _Prepared(kernels[0], (grid, 1, 1), (cfg.threads, 1, 1), cfg.smem_bytes,
+                                   [("map", bytes(128)), ("map", bytes(128)), ("u64", 0), ("u64", 0), ("u64", 0)]
+                                   + [("i64", v) for v in scalars])
+        if self._ws_split:
+            total = p.batch * p.m * p.n
+            grid = max(1, min(math.ceil(total / REDUCE_THREADS), sm_count * 16))
+            args = (p.m, p.n, ops.ldc, ops.ldr, ops.stride_c, ops.stride_r, p.batch, splits)
+            self._reduce = _Prepared(kernels[1], grid, REDUCE_THREADS, 0,
+                                     [("u64", 0)] * 4 + [("i64", v) for v in args])
+
+    def run(self, a: int, b: int, c: int, bias: int, res: int, stream: int, workspace: int = 0) -> None:
+        """Launch on `stream` (an int handle; 0 for the default stream)."""
+        target = c
+        if self._ws_split:
+            if not workspace:
+                raise LaunchError(f"GEMM plan {self.cfg.as_dict()} splits K {self.cfg.splits} ways through a "
+                                  "workspace but no workspace was given")
+            target = workspace
+        if self._maps is None:
+            self._main.run((a, b, target, bias, res), stream)
+        else:
+            ma, mb = self._maps
+            self._main.run((ma.get(a), mb.get(b), target, bias, res), stream)
+        if self._reduce is not None:
+            self._reduce.run((workspace, c, bias, res), stream)
 
 
-def _launch_simt(kernel, p, ops, stream) -> None:
-    args = (ops.a, ops.b, ops.c, ops.bias, ops.res, p.m, p.n, p.k, ops.lda, ops.ldb, ops.ldc, ops.ldr,
-            ops.stride_a, ops.stride_b if p.b_batched else 0, ops.stride_c, ops.stride_r)
-    kernel.launch((math.ceil(p.n / 64), math.ceil(p.m / 64), p.batch), 256, args, stream=stream)
-
-
-def _launch_reduce(kernel, p, splits, ops, workspace, stream, sm_count) -> None:
-    total = p.batch * p.m * p.n
-    grid = max(1, min(math.ceil(total / REDUCE_THREADS), sm_count * 16))
-    args = (workspace, ops.c, ops.bias, ops.res, p.m, p.n, ops.ldc, ops.ldr, ops.stride_c, ops.stride_r, p.batch,
-            splits)
-    kernel.launch(grid, REDUCE_THREADS, args, stream=stream)
-
-
-# -- sm_90a: tensor maps and the raw launch --------------------------------------------------------------------------
-def _launch_sm90(kernel, p, cfg, ops, target, stream, sm_count) -> None:
-    splits, per = normalize_splits(p, 64, cfg.splits)
-    esize = ITEMSIZE[p.dtype]
-    tm_a = tensor_map(p.dtype, ops.a, (p.k, p.m, p.batch), (ops.lda * esize, ops.stride_a * esize), (64, cfg.bm))
-    bb = p.batch if p.b_batched else 1
-    if p.trans_b:
-        tm_b = tensor_map(p.dtype, ops.b, (p.k, p.n, bb), (ops.ldb * esize, ops.stride_b * esize), (64, cfg.bn))
-    else:
-        tm_b = tensor_map(p.dtype, ops.b, (p.n, p.k, bb), (ops.ldb * esize, ops.stride_b * esize), (64, 64))
-    units = p.batch * splits * math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
-    grid = max(1, min(units, sm_count))
-    _ensure_smem(kernel, cfg.smem_bytes)
-    params = [("map", tm_a), ("map", tm_b), ("u64", target), ("u64", ops.bias), ("u64", ops.res)]
-    params += [("i64", v) for v in (p.m, p.n, p.k, ops.ldc, ops.ldr, ops.stride_c, ops.stride_r, p.batch,
-                                    int(p.b_batched), splits, per, cfg.group_m)]
-    _raw_launch(kernel, (grid, 1, 1), (cfg.threads, 1, 1), cfg.smem_bytes, stream, params)
-
-
+# -- prepared launches ---------------------------------------------------------------------------------------------
+_cu = None  # (cuLaunchKernel, CUstream, CUDA_SUCCESS), bound on first raw launch
+_cu_streams: dict[int, object] = {}
 _smem_done: set = set()
 
 
-def _ensure_smem(kernel, nbytes: int) -> None:
-    key = (id(kernel), nbytes)
-    if key not in _smem_done:
-        kernel.set_max_dynamic_shared_memory(nbytes)
-        _smem_done.add(key)
+def _driver():
+    global _cu
+    if _cu is None:
+        from cuda.bindings import driver as d
+
+        _cu = (d.cuLaunchKernel, d.CUstream, d.CUresult.CUDA_SUCCESS)
+    return _cu
+
+
+_rk_devices: set | None = None
+
+
+def _devices_in_use() -> int:
+    """How many devices the core has loaded kernels on (its own record, read live)."""
+    global _rk_devices
+    if _rk_devices is None:
+        from rtckern.runtime import kernel as rk
+
+        found = getattr(rk, "_devices_in_use", None)
+        if not isinstance(found, set):
+            return 2  # unknown: take the context-safe route
+        _rk_devices = found
+    return len(_rk_devices)
+
+
+def _is_core_kernel(kernel) -> bool:
+    try:
+        from rtckern.runtime.kernel import Kernel
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(kernel, Kernel)
+
+
+class _Prepared:
+    """One kernel's launch with fixed geometry and scalars; the first len(values) parameters are set per call.
+    params: [(kind, value)] with kind "u64" / "i64" (8 bytes) or "map" (a 128-byte CUtensorMap, by value)."""
+
+    __slots__ = ("kernel", "grid", "block", "smem", "kinds", "params", "_raw", "_holders", "_addr", "_func",
+                 "_lock", "_dims", "_has_maps", "_nmaps")
+
+    def __init__(self, kernel, grid, block, smem: int, params: list):
+        self.kernel, self.smem = kernel, int(smem)
+        self.grid = grid if isinstance(grid, tuple) else (int(grid), 1, 1)
+        self.block = block if isinstance(block, tuple) else (int(block), 1, 1)
+        self.kinds = [k for k, _ in params]
+        self.params = list(params)
+        self._has_maps = "map" in self.kinds
+        self._nmaps = self.kinds.count("map")
+        if self.kinds[:self._nmaps] != ["map"] * self._nmaps:
+            raise ValueError("tensor-map parameters must come first")
+        if self.smem > _DEFAULT_DYN_SMEM and (id(kernel), self.smem) not in _smem_done:
+            setter = getattr(kernel, "set_max_dynamic_shared_memory", None)
+            if setter is not None:
+                setter(self.smem)
+            _smem_done.add((id(kernel), self.smem))
+        self._raw = _is_core_kernel(kernel)
+        self._lock = threading.Lock()
+        if self._raw:
+            nthreads = self.block[0] * self.block[1] * self.block[2]
+            if nthreads > kernel.max_threads_per_block:
+                raise LaunchError(f"{kernel.label}: block of {nthreads} threads exceeds this kernel's limit of "
+                                  f"{kernel.max_threads_per_block} (registers: {kernel.num_regs} per thread)")
+            holders = []
+            for kind, val in params:
+                if kind == "map":
+                    holders.append((ctypes.c_uint8 * 128).from_buffer_copy(val))
+                elif kind == "i64":
+                    holders.append(ctypes.c_int64(int(val)))
+                else:
+                    holders.append(ctypes.c_uint64(int(val)))
+            self._holders = holders
+            ptrs = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+            self._holders.append(ptrs)  # keeps the pointer array alive with the values
+            self._addr = ctypes.addressof(ptrs)
+            self._func = kernel.core.handle
+            self._dims = (*self.grid, *self.block)
+
+    def run(self, values: tuple, stream: int) -> None:
+        if self._raw and _devices_in_use() == 1:
+            try:
+                launch_kernel, cu_stream, ok = _cu or _driver()
+                s = _cu_streams.get(stream)
+                if s is None:
+                    s = _cu_streams[stream] = cu_stream(stream)
+                h = self._holders
+                gx, gy, gz, bx, by, bz = self._dims
+                nm = self._nmaps
+                with self._lock:  # the buffers are shared by every call of this signature
+                    for i in range(nm):
+                        ctypes.memmove(h[i], values[i], 128)
+                    for i in range(nm, len(values)):
+                        h[i].value = values[i]
+                    err, = launch_kernel(self._func, gx, gy, gz, bx, by, bz, self.smem, s, self._addr, 0)
+            except (TypeError, ValueError, AttributeError, OverflowError) as e:
+                # The bindings refused the prepacked form (another cuda-bindings version): the core's launch
+                # from now on for this kernel, which packs per call.
+                self._raw = False
+                _warn_raw_off(self.kernel, e)
+            else:
+                if err == ok:
+                    return
+                # No launch happened (e.g. no current context in this thread): the core's launch makes the
+                # kernel's context current and reports its own error if it fails too.
+        self._core_run(values, stream)
+
+    def _core_run(self, values: tuple, stream: int) -> None:
+        n = len(values)
+        if self._has_maps:
+            params = [(k, v) for k, v in zip(self.kinds[:n], values)] + self.params[n:]
+            self.kernel.launch_packed(self.grid, self.block, params, self.smem, stream)
+        else:
+            args = tuple(values) + tuple(v for _, v in self.params[n:])
+            self.kernel.launch(self.grid, self.block, args, shared_mem=self.smem, stream=stream)
+
+
+_raw_warned: set = set()
+
+
+def _warn_raw_off(kernel, exc) -> None:
+    import warnings
+
+    if kernel.label not in _raw_warned:
+        _raw_warned.add(kernel.label)
+        warnings.warn(f"rtckern gemm: prepacked launch of {kernel.label} refused by cuda-bindings ({exc}); "
+                      "launching through Kernel.launch / launch_packed instead", RuntimeWarning, stacklevel=3)
+
+
+# -- sm_90a tensor maps ----------------------------------------------------------------------------------------------
+class _MapCache:
+    """Tensor maps of one (dtype, dims, strides, box) by base address: a weight reused across calls is encoded
+    once, and a repeated call is one dict lookup."""
+
+    __slots__ = ("dtype", "dims", "strides", "box", "_by_ptr")
+
+    def __init__(self, dtype, dims, strides, box):
+        self.dtype, self.dims, self.strides, self.box = dtype, dims, strides, box
+        self._by_ptr: dict[int, bytes] = {}
+
+    def get(self, ptr: int) -> bytes:
+        m = self._by_ptr.get(ptr)
+        if m is None:
+            if len(self._by_ptr) >= 64:
+                self._by_ptr.clear()
+            m = self._by_ptr[ptr] = tensor_map(self.dtype, ptr, self.dims, self.strides, self.box)
+        return m
 
 
 _TMA_CACHE_SIZE = 256
@@ -166,8 +337,3 @@ def _stream_handle(stream) -> int:
     if hasattr(stream, "__cuda_stream__"):
         return int(stream.__cuda_stream__()[1])
     raise LaunchError(f"cannot get a CUDA stream handle from {stream!r}")
-
-
-def _raw_launch(kernel, grid, block, smem: int, stream, params) -> None:
-    """By-value TMA maps need typed parameters: the core's Kernel.launch_packed (device context handled)."""
-    kernel.launch_packed(grid, block, params, smem, _stream_handle(stream))

@@ -4,9 +4,15 @@ Nothing here validates user arrays (gemm.py does) or touches a GPU; `_gemm_launc
 
 Kernel families (kernel_sources/gemm/):
   sm80  gemm_mma_sm80   mma.sync + cp.async pipeline; any sm_80+ GPU; split-K; aligned or general loads
+        gemm_mma_sm80_ck    the same with split-K inside a thread-block cluster (sm_90+): no workspace, one kernel
   sm90  gemm_wgmma_sm90 wgmma + TMA + warp specialization, persistent; sm_90a only; 16-byte aligned rows
+        gemm_wgmma_sm90_ck  the same with split-K inside a cluster (one block per unit, cooperative schedule)
   simt  gemm_simt       no tensor cores; any arch (the sm_75 fallback)
-  gemm_splitk_reduce    adds split-K partial sums and applies the epilogue
+  gemm_splitk_reduce    adds split-K partial sums from a workspace and applies the epilogue
+
+Split-K comes in two forms: through a global workspace of fp32 partial sums and the reduce kernel (any arch,
+any split count), or, with `cluster=True` in a config, inside a thread-block cluster of 2, 4 or 8 blocks that add
+their partial tiles through distributed shared memory (sm_90+; kernel_sources/gemm/cluster_reduce.cuh).
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ ACTIVATIONS = {"none": 0, "gelu_tanh": 1, "silu": 2}
 INPUT_DTYPES = ("fp16", "bf16")
 OUTPUT_DTYPES = ("fp16", "bf16", "fp32")
 MAX_GRID_YZ = 65535
+CLUSTER_SPLITS = (2, 4, 8)  # cluster split-K sizes: powers of two (the tile's quads split evenly), portable <= 8
+RED_PAD = 8  # RTK_GEMM_RED_PAD in cluster_reduce.cuh: row padding (floats) of the partial tile in shared memory
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,7 @@ class Sm80Config:
     stages: int = 4
     splits: int = 1
     group_m: int = 8
+    cluster: bool = False  # split-K inside a thread-block cluster (sm_90+) instead of through a workspace
 
     kind = "sm80"
 
@@ -80,7 +89,8 @@ class Sm80Config:
 
     @property
     def smem_bytes(self) -> int:
-        return self.stages * (self.bm + self.bn) * self.bk * 2
+        ring = self.stages * (self.bm + self.bn) * self.bk * 2
+        return max(ring, self.bm * (self.bn + RED_PAD) * 4) if self.cluster else ring
 
     def invalid(self, p: GemmProblem) -> str | None:
         """Why this config cannot compile or run for p (None when it can)."""
@@ -98,11 +108,11 @@ class Sm80Config:
             return f"batch {p.batch} > {MAX_GRID_YZ} (grid z)"
         if self.splits > MAX_GRID_YZ:
             return f"splits {self.splits} > {MAX_GRID_YZ}"
-        return None
+        return _cluster_reason(self)
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "bm": self.bm, "bn": self.bn, "bk": self.bk, "wm": self.wm, "wn": self.wn,
-                "stages": self.stages, "splits": self.splits, "group_m": self.group_m}
+                "stages": self.stages, "splits": self.splits, "group_m": self.group_m, "cluster": self.cluster}
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,7 @@ class Sm90Config:
     splits: int = 1
     group_m: int = 8
     pingpong: bool = False  # consumers take turns at whole tiles (epilogue overlaps the other's mainloop)
+    cluster: bool = False  # split-K inside a thread-block cluster, one block per unit (not persistent)
 
     kind = "sm90"
 
@@ -145,12 +156,25 @@ class Sm90Config:
             return "TMA needs 16-byte aligned operand bases and row strides (a multiple of 8 elements)"
         if self.splits > 1 << 20:
             return f"splits {self.splits} too large"
-        return None
+        if self.cluster:
+            if self.pingpong:
+                return "cluster split-K takes the cooperative schedule (pingpong=False)"
+            if self.bm * (self.bn + RED_PAD) * 4 > self.stages * (self.bm + self.bn) * 64 * 2:
+                return (f"cluster split-K: the {self.bm}x{self.bn} fp32 partial tile does not fit the "
+                        f"{self.stages}-stage ring it reuses; use more stages")
+        return _cluster_reason(self)
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "bm": self.bm, "bn": self.bn, "stages": self.stages,
                 "consumers": self.consumers, "splits": self.splits, "group_m": self.group_m,
-                "pingpong": self.pingpong}
+                "pingpong": self.pingpong, "cluster": self.cluster}
+
+
+def _cluster_reason(cfg) -> str | None:
+    if cfg.cluster and cfg.splits not in CLUSTER_SPLITS:
+        return (f"cluster split-K takes {', '.join(map(str, CLUSTER_SPLITS))} splits (one block each in a cluster); "
+                f"this config has {cfg.splits}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -194,16 +218,20 @@ def normalize_splits(p: GemmProblem, bk: int, splits: int) -> tuple[int, int]:
     return math.ceil(kb / per), per
 
 
-def choose_splits(p: GemmProblem, tiles: int, bk: int, sm_count: int, min_k_blocks: int = 4) -> int:
+def choose_splits(p: GemmProblem, tiles: int, bk: int, sm_count: int, min_k_blocks: int = 4,
+                  allowed: tuple[int, ...] | None = None) -> int:
     """Split K when the output tiles cannot fill the GPU: the split count whose work units keep the largest share
     of SM slots busy over the run (units / (waves x SMs)), less 1% per extra split (each adds partial-sum
-    traffic), each split at least `min_k_blocks` k-blocks long."""
+    traffic), each split at least `min_k_blocks` k-blocks long. `allowed`: the split counts to consider besides 1
+    (cluster split-K: 2, 4, 8)."""
     units = tiles * p.batch
     if units >= sm_count:
         return 1
     most = max(1, min(64, k_blocks(p, bk) // min_k_blocks))
     best, best_score = 1, -1.0
     for s in range(1, most + 1):
+        if allowed is not None and s != 1 and s not in allowed:
+            continue
         u = units * s
         score = u / (math.ceil(u / sm_count) * sm_count) - 0.01 * (s - 1)
         if score > best_score + 1e-9:
@@ -215,6 +243,11 @@ def workspace_bytes(p: GemmProblem, splits: int) -> int:
     return 0 if splits <= 1 else p.batch * splits * p.m * p.n * 4
 
 
+def plan_workspace_bytes(p: GemmProblem, cfg) -> int:
+    """Global scratch a plan needs: the fp32 partial sums of workspace split-K (none for cluster split-K)."""
+    return 0 if getattr(cfg, "cluster", False) else workspace_bytes(p, cfg.splits)
+
+
 # -- kernel specs -------------------------------------------------------------------------------------------------
 def _epi_flags(p: GemmProblem, splitk: bool) -> tuple:
     # A split-K main kernel stores raw partial sums: its epilogue lives in the reduce kernel.
@@ -222,6 +255,10 @@ def _epi_flags(p: GemmProblem, splitk: bool) -> tuple:
 
 
 def sm80_spec(p: GemmProblem, cfg: Sm80Config, arch: Arch) -> KernelSpec:
+    if cfg.cluster:
+        return KernelSpec(source="gemm/gemm_sm80.cuh", name="gemm_mma_sm80_ck", arch=arch, op="gemm",
+                          template_args=(CTYPE[p.dtype], CTYPE[p.out_dtype], cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn,
+                                         cfg.stages, p.trans_b, p.aligned, *p.epilogue_args(), cfg.splits))
     splitk = cfg.splits > 1
     bias, act, res = _epi_flags(p, splitk)
     return KernelSpec(source="gemm/gemm_sm80.cuh", name="gemm_mma_sm80", arch=arch, op="gemm",
@@ -230,6 +267,10 @@ def sm80_spec(p: GemmProblem, cfg: Sm80Config, arch: Arch) -> KernelSpec:
 
 
 def sm90_spec(p: GemmProblem, cfg: Sm90Config, arch: Arch) -> KernelSpec:
+    if cfg.cluster:
+        return KernelSpec(source="gemm/gemm_sm90.cuh", name="gemm_wgmma_sm90_ck", arch=arch, op="gemm",
+                          template_args=(CTYPE[p.dtype], CTYPE[p.out_dtype], cfg.bm, cfg.bn, cfg.stages,
+                                         cfg.consumers, p.trans_b, *p.epilogue_args(), cfg.splits))
     splitk = cfg.splits > 1
     bias, act, res = _epi_flags(p, splitk)
     return KernelSpec(source="gemm/gemm_sm90.cuh", name="gemm_wgmma_sm90", arch=arch, op="gemm",
@@ -255,17 +296,24 @@ def kernel_specs(p: GemmProblem, cfg, arch: Arch) -> tuple[KernelSpec, ...]:
         main = sm90_spec(p, cfg, arch)
     else:
         return (simt_spec(p, arch),)
-    return (main, reduce_spec(p, arch)) if cfg.splits > 1 else (main,)
+    return (main, reduce_spec(p, arch)) if cfg.splits > 1 and not cfg.cluster else (main,)
 
 
 def with_splits(cfg, p: GemmProblem, sm_count: int):
-    """cfg with its split count settled for p (heuristic when cfg.splits == 0, clamped otherwise)."""
+    """cfg with its split count settled for p (heuristic when cfg.splits == 0, clamped otherwise). A cluster
+    config keeps the largest of 8, 4, 2 splits (at most the asked count) that leaves every split non-empty, and
+    becomes a plain one-split config when none does."""
     if cfg.kind == "simt":
         return cfg
     bk = cfg.bk if cfg.kind == "sm80" else 64
     splits = cfg.splits
     if splits == 0:
         tiles = math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
-        splits = choose_splits(p, tiles, bk, sm_count)
+        splits = choose_splits(p, tiles, bk, sm_count, allowed=CLUSTER_SPLITS if cfg.cluster else None)
     splits, _ = normalize_splits(p, bk, splits)
+    if cfg.cluster:
+        fit = [s for s in CLUSTER_SPLITS if s <= splits and normalize_splits(p, bk, s)[0] == s]
+        if not fit:
+            return replace(cfg, splits=1, cluster=False)
+        splits = fit[-1]
     return replace(cfg, splits=splits)

@@ -67,16 +67,18 @@ def measure_config(p: P.GemmProblem, cfg, device, *, reps: int = 10, replays: in
     bias = torch.randn(p.n, device=dev, generator=g).to(tdt[p.dtype]) if p.bias else None
     res = torch.randn(p.batch, p.m, p.n, device=dev, generator=g).to(tdt[p.out_dtype]) if p.residual else None
     c = torch.full((p.batch, p.m, p.n), float("nan"), device=dev, dtype=tdt[p.out_dtype])
-    nbytes = P.workspace_bytes(p, cfg.splits)
+    nbytes = P.plan_workspace_bytes(p, cfg)
     ws = torch.empty(max(1, nbytes // 4), device=dev, dtype=torch.float32) if nbytes else None
     ops = L.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=p.k, ldb=b.stride(-2), ldc=p.n,
                      stride_a=a.stride(0), stride_b=b.stride(0) if p.b_batched else 0, stride_c=c.stride(0),
                      bias=bias.data_ptr() if bias is not None else 0, res=res.data_ptr() if res is not None else 0,
                      ldr=p.n if res is not None else 0, stride_r=res.stride(0) if res is not None else 0)
 
+    plan = L.LaunchPlan(kernels, p, cfg, ops, device.sm_count)
+    ws_ptr = ws.data_ptr() if ws is not None else 0
+
     def run():
-        L.launch(kernels, p, cfg, ops, stream=torch.cuda.current_stream(dev).cuda_stream,
-                 sm_count=device.sm_count, workspace=ws.data_ptr() if ws is not None else 0)
+        plan.run(ops.a, ops.b, ops.c, ops.bias, ops.res, torch.cuda.current_stream(dev).cuda_stream, ws_ptr)
 
     with torch.cuda.device(dev):
         side = torch.cuda.Stream()

@@ -37,6 +37,8 @@ def _config_ok(cfg, p: P.GemmProblem, device) -> bool:
         return False
     if cfg.kind == "sm80" and device.arch.major < 8:
         return False
+    if getattr(cfg, "cluster", False) and device.arch.major < 9:  # thread-block clusters: sm_90+
+        return False
     limit = device.max_smem_per_block_optin
     return cfg.smem_bytes <= limit
 
@@ -74,12 +76,13 @@ def settle_splits(cfg, p: P.GemmProblem, device, source: str):
 
 def heuristic(p: P.GemmProblem, device):
     """The config without a table row, from what the H200 sweeps showed (benchmarks/results/gemm_*.json):
-    wgmma 128x256 cooperative for large outputs; for outputs that fill few tiles, smaller tiles and split-K;
-    for M <= 32, the mma.sync split-K kernel with 16-row tiles (it streams B best); sm80 kernels elsewhere."""
+    wgmma 128x256 cooperative for large outputs; for outputs that fill few tiles, smaller tiles and split-K
+    (inside a thread-block cluster on sm_90+: no workspace, no second kernel); for M <= 32, the mma.sync split-K
+    kernel with 16-row tiles (it streams B best); sm80 kernels elsewhere."""
     rows = p.batch * p.m
     if device.arch.major == 9 and device.arch.minor == 0 and p.aligned and rows > 32:
         big = math.ceil(rows / 128) * math.ceil(p.n / 256) >= device.sm_count
-        cfg = P.Sm90Config(128, 256, 4, 2) if big else P.Sm90Config(128, 128, 6, 2, splits=0)
+        cfg = P.Sm90Config(128, 256, 4, 2) if big else P.Sm90Config(128, 128, 6, 2, splits=0, cluster=True)
         return P.with_splits(cfg, p, device.sm_count)
     return sm80_heuristic(p, device)
 
@@ -89,12 +92,13 @@ def sm80_heuristic(p: P.GemmProblem, device):
         return P.SimtConfig()
     rows = p.batch * p.m
     small_smem = device.max_smem_per_block_optin < 96 * 1024  # sm_86/89-class parts
+    cluster = device.arch.major >= 9  # split-K inside a cluster where clusters exist
     if not p.aligned:
-        cfg = P.Sm80Config(64, 64, 64, 32, 32, 3, splits=0)
+        cfg = P.Sm80Config(64, 64, 64, 32, 32, 3, splits=0, cluster=cluster)
     elif rows <= 16:
-        cfg = P.Sm80Config(16, 128, 64, 16, 32, 4, splits=0)
+        cfg = P.Sm80Config(16, 128, 64, 16, 32, 4, splits=0, cluster=cluster)
     elif rows <= 64:
-        cfg = P.Sm80Config(64, 64, 64, 32, 32, 4, splits=0)
+        cfg = P.Sm80Config(64, 64, 64, 32, 32, 4, splits=0, cluster=cluster)
     elif small_smem:
         cfg = P.Sm80Config(128, 128, 32, 64, 64, 3)
     else:
@@ -116,12 +120,31 @@ def sweep_configs(p: P.GemmProblem, device) -> list:
                 out += [P.Sm90Config(128, 128, 6, 2, splits=splits), P.Sm90Config(64, 128, 6, 1, splits=splits),
                         P.Sm90Config(64, 64, 8, 1, splits=splits),
                         P.Sm90Config(128, 128, 6, 2, pingpong=True, splits=splits)]
+        if 32 < rows <= 256:
+            # Skinny: B streams through once per 128-row tile; split-K inside clusters keeps ~1 block per SM
+            # busy without a workspace round trip.
+            out.append(P.Sm90Config(128, 64, 8, 2))
+            for splits in (2, 4, 8):
+                out += [P.Sm90Config(128, 128, 6, 2, splits=splits, cluster=True),
+                        P.Sm90Config(128, 256, 4, 2, splits=splits, cluster=True)]
+            for splits in (2, 4):
+                out += [P.Sm90Config(128, 64, 8, 2, splits=splits, cluster=True),
+                        P.Sm90Config(64, 128, 6, 1, splits=splits, cluster=True)]
     if device.arch.major >= 8:
         out += [P.Sm80Config(128, 128, 32, 64, 64, 4), P.Sm80Config(128, 128, 64, 64, 32, 4)]
         if rows <= 256:
             for splits in (1, 2, 4, 0):
                 out += [P.Sm80Config(16, 128, 64, 16, 32, 4, splits=splits),
                         P.Sm80Config(64, 64, 64, 32, 32, 4, splits=splits)]
+        if rows <= 64 and device.arch.major >= 9:
+            # Decode-size rows: deeper pipelines and split-K inside clusters (2 blocks per SM fit at <= 110 KB).
+            bm, wm = (16, 16) if rows <= 16 else (32, 32)
+            for splits in (2, 4, 8):
+                for stages in (4, 6):
+                    out.append(P.Sm80Config(bm, 128, 64, wm, 32, stages, splits=splits, cluster=True))
+            for splits in (4, 8):
+                for stages in (6, 8):
+                    out.append(P.Sm80Config(bm, 64, 64, wm, 16, stages, splits=splits, cluster=True))
     else:
         out.append(P.SimtConfig())
     seen, uniq = set(), []

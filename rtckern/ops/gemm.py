@@ -17,13 +17,20 @@ elsewhere); others a general path that reads elements one by one.
 
 The output is a new array of a's library (torch in -> torch out, CuPy in -> CuPy out), computed on that
 library's current stream.
+
+Repeated calls: the first call of a signature (dtypes, shapes, strides, 16-byte alignment, epilogue, layout,
+device, settings) validates, asks the registry and prepares the launches (`_gemm_call.CallPlan`); later calls
+with torch tensors of that signature read the tensors' metadata, find the plan in a dict and launch.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from rtckern import config
 from rtckern.errors import InputError
 from rtckern.ops import _gemm_arrays as arr
+from rtckern.ops import _gemm_call as C
 from rtckern.ops import _gemm_candidates as cands
 from rtckern.ops import _gemm_launch as L
 from rtckern.ops import _gemm_plan as P
@@ -86,8 +93,83 @@ def _as_batched(x: arr.Mat) -> tuple[int, int, int]:
 
 def gemm(a, b, bias=None, activation=None, trans_b: bool = False, out_dtype=None, residual=None):
     """y = act(a @ op(b) + bias) + residual. See the module docstring."""
+    tt = _TORCH_TYPES or _torch_types()
+    if type(a) in tt and type(b) in tt and (bias is None or type(bias) in tt) and \
+            (residual is None or type(residual) in tt):
+        # Hot path: everything the plan depends on, read from the tensors (no wrapping, no validation: a plan
+        # exists only for a signature that passed validation once).
+        pa, pb = a.data_ptr(), b.data_ptr()
+        key = (a.dtype, a.shape, a.stride(), a.device, b.dtype, b.shape, b.stride(), b.device, not (pa | pb) & 15,
+               trans_b, activation, out_dtype,
+               None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.device),
+               None if residual is None else (residual.dtype, residual.shape, residual.stride(), residual.device))
+        try:
+            plan = _plans.get(key)
+        except TypeError:  # an unhashable activation / out_dtype: validation below says what is wrong
+            plan, key = None, None
+        if plan is not None and plan.settings is config.settings():
+            return plan.run_torch(pa, pb, 0 if bias is None else bias.data_ptr(),
+                                  0 if residual is None else residual.data_ptr())
+        plan, mats = _plan_for(a, b, bias, activation, trans_b, out_dtype, residual)
+        if key is not None:
+            _remember(key, plan)
+        return plan.run_mats(*mats)
+    plan, mats = _plan_for(a, b, bias, activation, trans_b, out_dtype, residual)
+    return plan.run_mats(*mats)
+
+
+_TORCH_TYPES: frozenset = frozenset()
+_plans: dict[tuple, C.CallPlan] = {}
+_MAX_PLANS = 4096
+
+
+def _torch_types() -> frozenset:
+    """torch.Tensor and nn.Parameter once torch is imported (the exact types the hot path accepts; subclasses
+    such as fake tensors take the general path)."""
+    global _TORCH_TYPES
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "nn"):
+        _TORCH_TYPES = frozenset((torch.Tensor, torch.nn.Parameter))
+    return _TORCH_TYPES
+
+
+def _remember(key: tuple, plan: C.CallPlan) -> None:
+    if len(_plans) >= _MAX_PLANS:  # a workload with endlessly new shapes: start over rather than grow
+        _plans.clear()
+    _plans[key] = plan
+
+
+def _mat_key(A: arr.Mat, B: arr.Mat, Bi, R, trans_b, activation, out_dtype) -> tuple | None:
+    def meta(x):
+        return None if x is None else (x.lib, x.dtype, x.shape, x.strides, x.device)
+
+    key = (meta(A), meta(B), not (A.ptr | B.ptr) & 15, trans_b, activation, out_dtype, meta(Bi), meta(R))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _plan_for(a, b, bias, activation, trans_b, out_dtype, residual):
+    """(plan, (A, B, bias, residual) as Mats) for a call: the memoized plan of its signature, or a new one after
+    full validation."""
     A = arr.wrap(a, "a")
     B = arr.wrap(b, "b")
+    Bi = arr.wrap(bias, "bias") if bias is not None else None
+    R = arr.wrap(residual, "residual") if residual is not None else None
+    key = _mat_key(A, B, Bi, R, trans_b, activation, out_dtype)
+    plan = _plans.get(key) if key is not None else None
+    if plan is None or plan.settings is not config.settings():
+        plan = _build_plan(A, B, Bi, R, activation, trans_b, out_dtype)
+        if key is not None:
+            _remember(key, plan)
+    return plan, (A, B, Bi, R)
+
+
+def _build_plan(A: arr.Mat, B: arr.Mat, Bi, R, activation, trans_b, out_dtype) -> C.CallPlan:
+    """Validate one call signature and prepare its launches."""
+    settings = config.settings()
     if A.ndim not in (2, 3):
         raise InputError(f"a has shape {A.shape}; expected (M, K) or (batch, M, K)")
     if B.ndim not in (2, 3):
@@ -123,18 +205,14 @@ def gemm(a, b, bias=None, activation=None, trans_b: bool = False, out_dtype=None
     batch = A.shape[0] if A.ndim == 3 else 1
     out_shape = (batch, m, n) if A.ndim == 3 else (m, n)
 
-    bias_ptr = 0
-    if bias is not None:
-        Bi = arr.wrap(bias, "bias")
+    if Bi is not None:
         if Bi.shape != (n,) or Bi.dtype != A.dtype or (n > 1 and Bi.strides[0] != 1):
             raise InputError(f"bias has shape {Bi.shape}, dtype {Bi.dtype}, strides {Bi.strides}; expected a "
                              f"contiguous ({n},) array of {A.dtype} (a's dtype)")
         if Bi.device != A.device:
             raise InputError(f"bias is on cuda:{Bi.device}, a on cuda:{A.device}; put them on one device")
-        bias_ptr = Bi.ptr
-    res_ptr, ldr, stride_r = 0, 0, 0
-    if residual is not None:
-        R = arr.wrap(residual, "residual")
+    ldr = stride_r = 0
+    if R is not None:
         if R.dtype != out_dt:
             raise InputError(f"residual is {R.dtype} but the output is {out_dt}; pass a residual of the output dtype")
         if R.shape not in (out_shape, (m, n)) or R.ndim not in (2, 3):
@@ -144,23 +222,18 @@ def gemm(a, b, bias=None, activation=None, trans_b: bool = False, out_dtype=None
             raise InputError(f"residual is on cuda:{R.device}, a on cuda:{A.device}; put them on one device")
         _row_major(R, "residual")
         ldr, stride_r, _ = _as_batched(R)
-        res_ptr = R.ptr
 
-    out, c_ptr = arr.empty(A, out_shape, out_dt)
     if m == 0 or n == 0 or batch == 0:
-        return out
+        return C.CallPlan.nothing_to_do(settings, A, out_shape, out_dt)
     lda, stride_a, _ = _as_batched(A)
     ldb, stride_b, bbatch = _as_batched(B)
     b_batched = B.ndim == 3 and bbatch > 1
     aligned = (k % 8 == 0 and (trans_b or n % 8 == 0) and _aligned16(A, True) and _aligned16(B, b_batched))
     p = P.GemmProblem(batch=batch, m=m, n=n, k=k, dtype=A.dtype, out_dtype=out_dt, trans_b=bool(trans_b),
-                      bias=bias is not None, activation=act, residual=residual is not None, aligned=aligned,
+                      bias=Bi is not None, activation=act, residual=R is not None, aligned=aligned,
                       b_batched=b_batched)
-    ops = L.Operands(a=A.ptr, b=B.ptr, c=c_ptr, lda=lda, ldb=ldb, ldc=n, stride_a=stride_a,
-                     stride_b=stride_b if b_batched else 0, stride_c=m * n, bias=bias_ptr, res=res_ptr, ldr=ldr,
-                     stride_r=stride_r)
+    strides = L.Operands(a=0, b=0, c=0, lda=lda, ldb=ldb, ldc=n, stride_a=stride_a,
+                         stride_b=stride_b if b_batched else 0, stride_c=m * n, ldr=ldr, stride_r=stride_r)
     sel = cands.selection(p, A.device)
-    keep = sel.candidate.launch(sel.request, sel.kernels, ops, stream=arr.current_stream(A),
-                                workspace_alloc=lambda nbytes: arr.empty_bytes(A, nbytes))
-    del keep  # split-K workspace: freed after the launches, safe with stream-ordered allocators
-    return out
+    launches = sel.candidate.prepare(sel.request, sel.kernels, strides)
+    return C.CallPlan(settings, A, out_shape, out_dt, launches, sel.candidate.name)

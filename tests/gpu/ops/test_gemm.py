@@ -66,6 +66,16 @@ def precompiled():
                     break
             except Exception:  # the probe itself will report it
                 pass
+    if dev.arch.major >= 9:
+        from rtckern.registry.core_api import target_for
+
+        for cfg in CLUSTER_CONFIGS:
+            for batch, m, n, k, din, dout, bias, act, res, aligned in CLUSTER_PROBLEMS:
+                for tb in (True, False):
+                    p = P.GemmProblem(batch, m, n, k, din, dout, tb, bias, act or "none", res, aligned=aligned)
+                    if cfg.kind == "sm80" or aligned:
+                        specs += P.kernel_specs(p, P.with_splits(cfg, p, dev.sm_count),
+                                                target_for(dev, cfg.kind == "sm90"))
     specs = list(dict.fromkeys(specs))
     with cf.ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as ex:
         list(ex.map(_compile, specs))
@@ -222,3 +232,51 @@ def test_host_tensor_is_refused():
     a = torch.empty(8, 16, dtype=torch.bfloat16)
     with pytest.raises(InputError, match=r"^a is on cpu, in host memory"):
         gemm(a, a.t())
+
+
+# ---- split-K inside thread-block clusters (sm_90+), config by config -------------------------------------------------
+CLUSTER_CONFIGS = [
+    P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4, cluster=True),
+    P.Sm80Config(16, 64, 64, 16, 16, 8, splits=8, cluster=True),
+    P.Sm80Config(64, 64, 64, 32, 32, 3, splits=2, cluster=True),
+    P.Sm90Config(128, 128, 6, 2, splits=4, cluster=True),
+    P.Sm90Config(64, 128, 6, 1, splits=2, cluster=True),
+    P.Sm90Config(128, 256, 4, 2, splits=8, cluster=True),
+]
+# (batch, m, n, k, dtype in, dtype out, bias, activation, residual, aligned)
+CLUSTER_PROBLEMS = [
+    (2, 37, 200, 2000, "bf16", "bf16", True, "gelu_tanh", True, True),  # partial tiles, batch, every epilogue part
+    (1, 1000, 1000, 1024, "fp16", "fp32", False, None, False, True),     # more clusters than fit at once
+    (1, 5, 72, 1001, "bf16", "bf16", True, "silu", False, False),        # unaligned: the sm80 general path
+]
+
+
+@pytest.mark.parametrize("tb", [True, False])
+@pytest.mark.parametrize("prob", CLUSTER_PROBLEMS, ids=[f"{b}x{m}x{n}x{k}-{di}>{do}" for b, m, n, k, di, do, *_ in
+                                                      CLUSTER_PROBLEMS])
+@pytest.mark.parametrize("cfg", CLUSTER_CONFIGS, ids=[",".join(f"{k}={v}" for k, v in c.as_dict().items()
+                                                              if k not in ("group_m", "cluster", "pingpong"))
+                                                     for c in CLUSTER_CONFIGS])
+def test_cluster_split_k_config(cfg, prob, tb, gen):
+    from rtckern.ops import _gemm_launch as L
+    from rtckern.ops._gemm_tune import kernels_for
+
+    dev = DeviceInfo.from_device(torch.cuda.current_device())
+    if dev.arch.major < 9:
+        pytest.skip("thread-block clusters need sm_90+")
+    batch, m, n, k, din, dout, bias, act, res, aligned = prob
+    if cfg.kind == "sm90" and not aligned:
+        pytest.skip("the wgmma kernel reads 16-byte aligned operands only")
+    p = P.GemmProblem(batch, m, n, k, din, dout, tb, bias, act or "none", res, aligned=aligned, b_batched=True)
+    cfg = P.with_splits(cfg, p, dev.sm_count)
+    assert cfg.cluster and cfg.invalid(p) is None
+    a, b, bi, r = _inputs(m, n, k, tb, din, dout, bias, res, batch=batch, gen=gen)
+    c = torch.full((batch, m, n), float("nan"), device="cuda", dtype=TDT[dout])
+    ops = L.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=k, ldb=b.stride(-2), ldc=n,
+                     stride_a=a.stride(0), stride_b=b.stride(0), stride_c=m * n,
+                     bias=bi.data_ptr() if bi is not None else 0, res=r.data_ptr() if r is not None else 0,
+                     ldr=n if r is not None else 0, stride_r=m * n if r is not None else 0)
+    L.launch(kernels_for(p, cfg, dev), p, cfg, ops, stream=torch.cuda.current_stream().cuda_stream,
+             sm_count=dev.sm_count)
+    torch.cuda.synchronize()
+    _check(c, _reference(a, b, tb, bi, act, r), k, dout)

@@ -287,3 +287,219 @@ def test_wgmma_kernel_needs_the_arch_specific_target(cache_dir):
 def test_generated_wgmma_header_is_current():
     assert gen.target_path().read_text() == gen.render(), \
         "kernel_sources/gemm/wgmma_ops.cuh is stale: run python -m rtckern.ops._gemm_wgmma_gen"
+
+
+# ---- the hot path of repeated calls (CPU tensors stand in for device ones; launches are recorded) ---------------
+class _RecordingKernel:
+    """Stands in for a loaded kernel: records launches (the plans launch non-core kernels through .launch)."""
+
+    def __init__(self, log, name):
+        self.log, self.label = log, name
+
+    def set_max_dynamic_shared_memory(self, nbytes):
+        pass
+
+    def launch(self, grid, block, args, shared_mem=0, stream=None):
+        self.log.append((self.label, grid, block, tuple(args), shared_mem))
+
+    def launch_packed(self, grid, block, params, shared_mem=0, stream=None):
+        self.log.append((self.label, grid, block, tuple(params), shared_mem))
+
+
+@pytest.fixture
+def host_gemm(monkeypatch, cache_dir):
+    """rtckern.ops.gemm on CPU torch tensors posing as device 0 of an H200: validation, the registry's choice
+    (the first candidate that supports the request, with recording kernels) and the launch plans are real."""
+    torch = pytest.importorskip("torch")
+    from rtckern.ops import _gemm_call as C
+    import importlib
+
+    from rtckern.ops import _gemm_launch as L
+    from rtckern.registry.results import Selection
+
+    G = importlib.import_module("rtckern.ops.gemm")  # the module (rtckern.ops.gemm is also the function's name)
+
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    real_wrap = arr.wrap
+    state = {"wraps": 0, "selects": 0, "maps": 0, "log": []}
+
+    def wrap(obj, name):
+        state["wraps"] += 1
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            return arr.Mat(obj, "torch", obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), names[obj.dtype], 0,
+                           obj.element_size())
+        return real_wrap(obj, name)
+
+    def select(req):
+        state["selects"] += 1
+        for cand in (cands.Sm90WgmmaCandidate(), cands.Sm80MmaCandidate(), cands.SimtCandidate()):
+            if cand.supports(req) is None:
+                kernels = tuple(_RecordingKernel(state["log"], f"{cand.name}[{i}]") for i in range(2))
+                return Selection(request=req, candidate=cand, specs=(), kernels=kernels)
+        raise AssertionError("no candidate")
+
+    def tensor_map(dtype, ptr, dims, strides, box):
+        state["maps"] += 1
+        return ptr.to_bytes(8, "little") * 16
+
+    monkeypatch.setattr(arr, "wrap", wrap)
+    monkeypatch.setattr(cands, "select", select)
+    monkeypatch.setattr(cands, "_selections", {})
+    monkeypatch.setattr(cands, "_plans", {})
+    monkeypatch.setattr(G, "_plans", {})
+    monkeypatch.setattr(C, "torch_stream", lambda index: 0)
+    monkeypatch.setattr(arr, "current_stream", lambda like: 0)
+    monkeypatch.setattr(L, "tensor_map", tensor_map)
+    monkeypatch.setattr(DeviceInfo, "from_device", staticmethod(lambda ordinal: H200))
+    return torch, state
+
+
+def test_a_repeated_call_reenters_neither_validation_nor_the_registry(host_gemm, monkeypatch):
+    torch, state = host_gemm
+    monkeypatch.setattr(T.tuning, "lookup", lambda *args, **kwargs: None)  # the heuristic: one cluster launch
+    a = torch.randn(16, 1024).bfloat16()
+    w = torch.randn(3072, 1024).bfloat16()
+    bias = torch.randn(3072).bfloat16()
+    y = gemm(a, w, bias=bias, activation="silu", trans_b=True)
+    assert y.shape == (16, 3072) and y.dtype == torch.bfloat16
+    assert state["selects"] == 1 and state["wraps"] == 3 and len(state["log"]) == 1
+    first = state["log"][-1]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a repeated call of a known signature went back to validation or the registry")
+
+    monkeypatch.setattr(arr, "wrap", refuse)
+    monkeypatch.setattr(cands, "select", refuse)
+    monkeypatch.setattr(cands, "selection", refuse)
+    monkeypatch.setattr(T, "tuned_config", refuse)
+    a2 = torch.randn(16, 1024).bfloat16()  # new addresses, same signature
+    y2 = gemm(a2, w, bias=bias, activation="silu", trans_b=True)
+    assert y2.shape == (16, 3072) and len(state["log"]) == 2
+    second = state["log"][-1]
+    assert second[0] == first[0] and second[1:3] == first[1:3] and second[4] == first[4]  # kernel, geometry, smem
+    # the launch reads the new operands: a, b, c, bias, res first, then the same scalars
+    assert second[3][:5] == (a2.data_ptr(), w.data_ptr(), y2.data_ptr(), bias.data_ptr(), 0)
+    assert second[3][5:] == first[3][5:]
+    # another signature (shape, layout, epilogue, dtype) is decided afresh
+    for call in (lambda: gemm(torch.randn(17, 1024).bfloat16(), w, bias=bias, activation="silu", trans_b=True),
+                 lambda: gemm(a, w, bias=bias, trans_b=True),
+                 lambda: gemm(a, w, bias=bias, activation="silu", trans_b=True, out_dtype="fp32")):
+        with pytest.raises(AssertionError, match="went back to validation"):
+            call()
+    # so is the same signature under other settings
+    with config.override(force_impl=None):
+        with pytest.raises(AssertionError, match="went back to validation"):
+            gemm(a, w, bias=bias, activation="silu", trans_b=True)
+
+
+def test_repeated_calls_take_a_workspace_and_reduce_when_the_plan_splits_k_through_one(host_gemm, monkeypatch):
+    torch, state = host_gemm
+    monkeypatch.setattr(T, "heuristic", lambda p, device: P.with_splits(
+        P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4), p, device.sm_count))
+    monkeypatch.setattr(T.tuning, "lookup", lambda *args, **kwargs: None)
+    a, w = torch.randn(16, 4096).bfloat16(), torch.randn(4096, 1024).bfloat16()
+    for _ in range(2):
+        y = gemm(a, w)
+        main, reduce = state["log"][-2:]
+        assert main[0] == "gemm.sm80_mma[0]" and reduce[0] == "gemm.sm80_mma[1]"
+        assert main[1] == (8, 4, 1) and main[3][2] != y.data_ptr()  # partial sums go to the workspace ...
+        assert reduce[3][:2] == (main[3][2], y.data_ptr())  # ... which the reduce adds into y
+    assert state["selects"] == 1
+
+
+def test_cluster_split_k_plans_one_launch_and_no_workspace(host_gemm, monkeypatch):
+    torch, state = host_gemm
+    monkeypatch.setattr(T.tuning, "lookup", lambda *args, **kwargs: None)
+    a, w = torch.randn(16, 4096).bfloat16(), torch.randn(2048, 4096).bfloat16()
+    y = gemm(a, w, trans_b=True)
+    (name, grid, block, args, smem), = state["log"]
+    assert name == "gemm.sm80_mma[0]"
+    cfg = T.heuristic(P.GemmProblem(1, 16, 2048, 4096, "bf16", "bf16", True, b_batched=False), H200)
+    assert cfg.cluster and grid == (16, cfg.splits, 1) and args[2] == y.data_ptr()
+
+
+def test_the_wgmma_plan_encodes_a_tensor_map_once_per_address(host_gemm, monkeypatch):
+    torch, state = host_gemm
+    monkeypatch.setattr(T.tuning, "lookup", lambda *args, **kwargs: None)
+    a, w = torch.randn(512, 1024).bfloat16(), torch.randn(1024, 1024).bfloat16()
+    for _ in range(3):
+        gemm(a, w, trans_b=True)
+    assert state["maps"] == 2 and state["selects"] == 1
+    name, grid, block, params, smem = state["log"][-1]
+    assert name == "gemm.sm90_wgmma[0]" and params[0] == ("map", a.data_ptr().to_bytes(8, "little") * 16)
+    gemm(torch.randn(512, 1024).bfloat16(), w, trans_b=True)  # a new A: one more map, B's is reused
+    assert state["maps"] == 3
+
+
+def test_cluster_split_counts_are_powers_of_two_that_keep_every_split_non_empty():
+    p = P.GemmProblem(1, 16, 4096, 192, "bf16", "bf16", True)  # 3 k-blocks
+    cfg = P.with_splits(P.Sm80Config(16, 128, 64, 16, 32, 4, splits=8, cluster=True), p, 132)
+    assert cfg.splits == 2 and cfg.cluster
+    one = P.with_splits(P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4, cluster=True),
+                        P.GemmProblem(1, 16, 4096, 64, "bf16", "bf16", True), 132)
+    assert one.splits == 1 and not one.cluster and len(P.kernel_specs(
+        P.GemmProblem(1, 16, 4096, 64, "bf16", "bf16", True), one, Arch.parse("sm_90"))) == 1
+    assert "cluster split-K takes 2, 4, 8 splits" in P.Sm80Config(splits=3, cluster=True).invalid(p)
+    assert "cooperative schedule" in P.Sm90Config(128, 128, 6, 2, pingpong=True, splits=2, cluster=True).invalid(p)
+    assert not T._config_ok(P.Sm80Config(16, 128, 64, 16, 32, 4, splits=2, cluster=True), p,
+                            DeviceInfo.for_arch("sm_80"))
+    specs = P.kernel_specs(P.GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True, True, "gelu_tanh"),
+                           P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4, cluster=True), Arch.parse("sm_90"))
+    assert [s.name_expression for s in specs] == [
+        "gemm_mma_sm80_ck<rtk_bf16, rtk_bf16, 16, 128, 64, 16, 32, 4, true, true, true, 1, false, 4>"]
+
+
+def test_prepacked_launch_buffers_hold_each_calls_values(monkeypatch):
+    """The raw route (one device, core kernels): cuLaunchKernel gets an array of pointers to the parameters; read
+    it back as the driver would and compare with the plan's arguments, call after call."""
+    import ctypes
+
+    from rtckern.ops import _gemm_launch as L
+
+    seen = []
+
+    class Handle:
+        pass
+
+    class CoreKernel:
+        label, max_threads_per_block, num_regs = "k", 1024, 32
+        core = type("Core", (), {"handle": Handle()})()
+
+        def set_max_dynamic_shared_memory(self, nbytes):
+            pass
+
+    def launch_kernel(f, gx, gy, gz, bx, by, bz, smem, stream, addr, extra):
+        ptrs = (ctypes.c_void_p * n_params[0]).from_address(addr)
+        vals = [ctypes.string_at(ptrs[i], 128) if i < n_maps[0] else ctypes.c_int64.from_address(ptrs[i]).value
+                for i in range(n_params[0])]
+        seen.append(((gx, gy, gz), (bx, by, bz), smem, stream, vals))
+        return (0,)
+
+    n_params, n_maps = [0], [0]
+    monkeypatch.setattr(L, "_is_core_kernel", lambda k: True)
+    monkeypatch.setattr(L, "_devices_in_use", lambda: 1)
+    monkeypatch.setattr(L, "_cu", (launch_kernel, lambda h: ("stream", h), 0))
+    monkeypatch.setattr(L, "_cu_streams", {})
+    monkeypatch.setattr(L, "tensor_map", lambda dtype, ptr, dims, strides, box: ptr.to_bytes(8, "little") * 16)
+
+    p = P.GemmProblem(2, 100, 264, 520, "bf16", "bf16", True, True, "silu", True)
+    ops = L.Operands(a=0, b=0, c=0, lda=520, ldb=520, ldc=264, stride_a=52000, stride_b=137280, stride_c=26400,
+                     ldr=264, stride_r=26400)
+    cfg = P.with_splits(P.Sm80Config(64, 64, 64, 32, 32, 4, splits=2, cluster=True), p, 132)
+    plan = L.LaunchPlan((CoreKernel(),), p, cfg, ops, 132)
+    n_params[0], n_maps[0] = 19, 0
+    for a in (1 << 20, 5 << 20):
+        plan.run(a, 2 << 20, 3 << 20, 4 << 20, 6 << 20, 77)
+        grid, block, smem, stream, vals = seen[-1]
+        assert grid == (2 * 5, 2, 2) and block == (128, 1, 1) and smem == cfg.smem_bytes and stream == ("stream", 77)
+        assert vals == [a, 2 << 20, 3 << 20, 4 << 20, 6 << 20, 100, 264, 520, 520, 520, 264, 264, 52000, 137280,
+                        26400, 26400, 2, 5, 8]
+
+    cfg90 = P.with_splits(P.Sm90Config(128, 128, 6, 2, splits=2, cluster=True), p, 132)
+    plan = L.LaunchPlan((CoreKernel(),), p, cfg90, ops, 132)
+    n_params[0], n_maps[0] = 17, 2
+    plan.run(1 << 20, 2 << 20, 3 << 20, 0, 6 << 20, 0)
+    grid, block, smem, stream, vals = seen[-1]
+    assert grid == (2 * 1 * 3 * 2, 1, 1) and block == (384, 1, 1)  # cluster split-K: one block per unit
+    assert vals[0] == (1 << 20).to_bytes(8, "little") * 16 and vals[1] == (2 << 20).to_bytes(8, "little") * 16
+    assert vals[2:] == [3 << 20, 0, 6 << 20, 100, 264, 520, 264, 264, 26400, 26400, 2, 1, 2, 5, 8]

@@ -1,0 +1,295 @@
+"""Skinny GEMMs (decode-size M) and the op's per-call cost: rtckern.ops.gemm against torch.matmul in one process.
+
+    PYTHONPATH=. python3 benchmarks/gemm_skinny.py --bench --tag after --out DIR    # live GPU
+    PYTHONPATH=. python3 benchmarks/gemm_skinny.py --mock-host                      # this CPU, launches mocked
+
+--bench, per shape (M 16 / 128, N = K 4096 / 8192, bf16, both B layouts), after a check against an fp32
+reference:
+  graph      CUDA-graph replays of 20 calls (median of 7 replays / 20), same buffers every call (B stays partly
+             in L2 when it fits: 32 MB at N = K = 4096 against the H200's 60 MB);
+  rotated    the same with 4 copies of A and B taken in turn (B of 128 MB or more per round: from HBM);
+  eager      200 calls in a row: host time to submit one call (python + launch) and wall time per call with
+             the GPU work included (synchronized at the end).
+torch.matmul is timed the same way each time. --mock-host times the op's host path alone: CPU tensors pose as
+device 0 of an H200, the registry's choice is real, kernel launches do nothing (works on older trees too, to
+compare against a previous commit).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+SKINNY = [(16, 4096, 4096), (16, 8192, 8192), (128, 4096, 4096), (128, 8192, 8192)]
+
+
+# -- host path on this CPU ------------------------------------------------------------------------------------------
+def mock_host(args) -> int:
+    import torch
+
+    from rtckern.device import DeviceInfo
+    from rtckern.ops import _gemm_arrays as arr
+    from rtckern.ops import _gemm_candidates as cands
+    from rtckern.ops import _gemm_launch as L
+    from rtckern.registry.results import Selection
+
+    G = importlib.import_module("rtckern.ops.gemm")
+    h200 = DeviceInfo.for_arch("sm_90", sm_count=132)
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    real_wrap = arr.wrap
+    launches = [0]
+
+    class NoopKernel:
+        label = "noop"
+
+        def set_max_dynamic_shared_memory(self, nbytes):
+            pass
+
+        def launch(self, *a, **k):
+            launches[0] += 1
+
+        def launch_packed(self, *a, **k):
+            launches[0] += 1
+
+    def wrap(obj, name):
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            return arr.Mat(obj, "torch", obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), names[obj.dtype], 0,
+                           obj.element_size())
+        return real_wrap(obj, name)
+
+    def select(req):
+        for cand in (cands.Sm90WgmmaCandidate(), cands.Sm80MmaCandidate(), cands.SimtCandidate()):
+            if cand.supports(req) is None:
+                return Selection(request=req, candidate=cand, specs=(), kernels=(NoopKernel(), NoopKernel()))
+        raise RuntimeError("no candidate")
+
+    arr.wrap = wrap
+    arr.current_stream = lambda like: 0
+    cands.select = select
+    DeviceInfo.from_device = staticmethod(lambda ordinal: h200)
+    L.tensor_map = lambda *a, **k: bytes(128)
+    try:
+        importlib.import_module("rtckern.ops._gemm_call").torch_stream = lambda index: 0
+    except ImportError:  # an older tree
+        pass
+
+    g = torch.Generator().manual_seed(1)
+    cases = []
+    for m, n, k in [(16, 4096, 4096), (128, 4096, 4096)]:
+        a = torch.randn(m, k, generator=g).bfloat16()
+        w = torch.randn(n, k, generator=g).bfloat16()
+        bias = torch.randn(n, generator=g).bfloat16()
+        cases.append((f"{m}x{n}x{k} tn", a, w, {"trans_b": True}))
+        cases.append((f"{m}x{n}x{k} nn", a, w.t().contiguous(), {}))
+        cases.append((f"{m}x{n}x{k} tn bias+gelu", a, w, {"trans_b": True, "bias": bias, "activation": "gelu_tanh"}))
+    rows = []
+    for label, a, b, kw in cases:
+        fn = G.gemm
+        for _ in range(50):
+            fn(a, b, **kw)
+        before = launches[0]
+        times = []
+        for _ in range(args.rounds):
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                fn(a, b, **kw)
+            times.append((time.perf_counter() - t0) / args.calls * 1e6)
+        per = (launches[0] - before) / (args.rounds * args.calls)
+        rows.append({"case": label, "us_per_call": statistics.median(times), "min_us": min(times),
+                     "launches_per_call": per})
+        print(f"{label:28s} {statistics.median(times):7.2f} us/call (min {min(times):.2f}), {per:.0f} launch(es)",
+              flush=True)
+    out = {"tree": os.path.abspath(os.path.dirname(G.__file__)), "python": sys.version.split()[0],
+           "torch": torch.__version__, "calls": args.calls, "rounds": args.rounds, "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+# -- live GPU ---------------------------------------------------------------------------------------------------------
+def eager(fn, n: int = 200) -> tuple[float, float]:
+    """(host us to submit one call, wall us per call with the GPU work), over n calls in a row."""
+    import torch
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
+
+
+def bench_shape(m, n, k, tb, gen, rotate: int = 4) -> dict:
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.gemm import graph_us
+    from rtckern.ops import _gemm_candidates as cands
+    from rtckern.ops import _gemm_plan as P
+    from rtckern.ops._gemm_tune import error_bound, reference
+    from rtckern.ops.gemm import gemm
+
+    p = P.GemmProblem(1, m, n, k, "bf16", "bf16", tb, aligned=True, b_batched=False)
+    As = [torch.randn(m, k, device="cuda", generator=gen).bfloat16() for _ in range(rotate)]
+    Bs = [(torch.randn(*((n, k) if tb else (k, n)), device="cuda", generator=gen) / math.sqrt(k)).bfloat16()
+          for _ in range(rotate)]
+    a, b = As[0], Bs[0]
+    bt = [x.t() if tb else x for x in Bs]
+    y = gemm(a, b, trans_b=tb)
+    torch.cuda.synchronize()
+    ref = reference(p, a, b, None, None)
+    err = float(torch.linalg.vector_norm(y.float() - ref) / torch.linalg.vector_norm(ref))
+    del ref
+
+    ours = lambda: gemm(a, b, trans_b=tb)  # noqa: E731
+    theirs = lambda: torch.matmul(a, bt[0])  # noqa: E731
+    it = {"i": 0}
+
+    def ours_rot():
+        i = it["i"] = (it["i"] + 1) % rotate
+        return gemm(As[i], Bs[i], trans_b=tb)
+
+    def theirs_rot():
+        i = it["i"] = (it["i"] + 1) % rotate
+        return torch.matmul(As[i], bt[i])
+
+    r = {"m": m, "n": n, "k": k, "layout": "tn" if tb else "nn", "rel_err": err, "err_bound": error_bound(p),
+         "ok": err <= error_bound(p)}
+    r["graph_us"], r["torch_graph_us"] = graph_us(ours), graph_us(theirs)
+    r["rot_us"], r["torch_rot_us"] = graph_us(ours_rot), graph_us(theirs_rot)
+    r["eager_submit_us"], r["eager_us"] = eager(ours)
+    r["torch_eager_submit_us"], r["torch_eager_us"] = eager(theirs)
+    for key in ("graph", "rot", "eager"):
+        r[f"ratio_{key}"] = r[f"torch_{key}_us"] / r[f"{key}_us"]  # > 1: rtckern faster
+    r["tflops_graph"] = p.flops / r["graph_us"] / 1e6
+    r["torch_tflops_graph"] = p.flops / r["torch_graph_us"] / 1e6
+    r["hbm_tbs_rot"] = (m * k + k * n + m * n) * 2 / r["rot_us"] / 1e6
+    sel = cands.selection(p, 0)
+    r["candidate"] = sel.candidate.name
+    r["config"] = sel.candidate.config(sel.request).as_dict()
+    r["config_source"] = cands.tuned_plan(sel.request)[1]
+    return r
+
+
+def host_overhead_tiny(gen) -> list[dict]:
+    """Shapes whose GPU time is far below the host's: the per-call cost of the op itself."""
+    import torch
+
+    from rtckern.ops.gemm import gemm
+
+    rows = []
+    for m, n, k, tb in [(16, 1024, 1024, True), (1, 4096, 4096, True), (16, 4096, 4096, True)]:
+        a = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+        b = torch.randn(n, k, device="cuda", generator=gen).bfloat16()
+        bias = torch.randn(n, device="cuda", generator=gen).bfloat16()
+        for label, ours, theirs in [
+            ("plain", lambda: gemm(a, b, trans_b=tb), lambda: torch.matmul(a, b.t())),
+            ("bias+gelu", lambda: gemm(a, b, bias=bias, activation="gelu_tanh", trans_b=tb),
+             lambda: torch.nn.functional.gelu(torch.nn.functional.linear(a, b, bias), approximate="tanh")),
+        ]:
+            s, e = eager(ours, 500)
+            ts, te = eager(theirs, 500)
+            rows.append({"m": m, "n": n, "k": k, "epilogue": label, "submit_us": s, "eager_us": e,
+                         "torch_submit_us": ts, "torch_eager_us": te})
+            print(f"host {m}x{n}x{k} {label:9s}: rtckern submit {s:6.2f} us, eager {e:6.2f} us | torch submit "
+                  f"{ts:6.2f} us, eager {te:6.2f} us", flush=True)
+    return rows
+
+
+def write_markdown(path: str, env: dict, tag: str, rows: list[dict], host: list[dict]) -> None:
+    lines = [f"# Skinny GEMM and per-call cost, rtckern vs torch.matmul, {env['gpu']} ({env['date']}, {tag})", "",
+             f"driver CUDA {env['driver_cuda']} ({env['nvidia_smi']}), torch {env['torch']}, cuda-bindings "
+             f"{env['cuda-bindings']}, NVRTC {env['nvrtc']}, rtckern {env['rtckern_commit']}.", "",
+             "bf16. graph: CUDA-graph replays, same buffers (B partly L2-resident at N = K = 4096); rotated: 4 "
+             "copies of A and B in turn; eager: 200 calls, wall time per call with the GPU work. ratio = torch "
+             "time / rtckern time (>= 1: rtckern as fast or faster). eager submit: host time per call.", "",
+             "| M x N x K | layout | graph us (torch) | ratio | rotated us (torch) | ratio | eager us (torch) | ratio "
+             "| eager submit us (torch) | TB/s rotated | rel err | candidate | config |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['m']}x{r['n']}x{r['k']} | {r['layout']} | ERROR {r['error']} | | | | | | | | | | |")
+            continue
+        cfg = ",".join(f"{k}={v}" for k, v in r["config"].items() if k != "group_m")
+        lines.append(f"| {r['m']}x{r['n']}x{r['k']} | {r['layout']} | {r['graph_us']:.1f} ({r['torch_graph_us']:.1f})"
+                     f" | {r['ratio_graph']:.3f} | {r['rot_us']:.1f} ({r['torch_rot_us']:.1f}) | {r['ratio_rot']:.3f}"
+                     f" | {r['eager_us']:.1f} ({r['torch_eager_us']:.1f}) | {r['ratio_eager']:.3f} | "
+                     f"{r['eager_submit_us']:.1f} ({r['torch_eager_submit_us']:.1f}) | {r['hbm_tbs_rot']:.2f} | "
+                     f"{r['rel_err']:.1e} | {r['candidate']} | {cfg} ({r['config_source']}) |")
+    if host:
+        lines += ["", "Per-call cost on shapes the host dominates (500 calls):", "",
+                  "| M x N x K | epilogue | rtckern submit us | rtckern eager us | torch submit us | torch eager us |",
+                  "|---|---|---|---|---|---|"]
+        for h in host:
+            lines.append(f"| {h['m']}x{h['n']}x{h['k']} | {h['epilogue']} | {h['submit_us']:.2f} | "
+                         f"{h['eager_us']:.2f} | {h['torch_submit_us']:.2f} | {h['torch_eager_us']:.2f} |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def bench(args) -> int:
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.gemm import environment
+
+    env = environment(args)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(11)
+    rows = []
+    for m, n, k in SKINNY:
+        for tb in (True, False):
+            try:
+                r = bench_shape(m, n, k, tb, gen)
+            except Exception as e:  # recorded; the other shapes still run
+                r = {"m": m, "n": n, "k": k, "layout": "tn" if tb else "nn", "error": f"{type(e).__name__}: {e}"[:400]}
+            rows.append(r)
+            if "error" in r:
+                print(f"ERROR {m}x{n}x{k} {r['layout']}: {r['error']}", flush=True)
+            else:
+                print(f"{args.tag} {m}x{n}x{k} {r['layout']}: graph {r['graph_us']:.1f} vs {r['torch_graph_us']:.1f} "
+                      f"({r['ratio_graph']:.3f}) rot {r['rot_us']:.1f} vs {r['torch_rot_us']:.1f} "
+                      f"({r['ratio_rot']:.3f}) eager {r['eager_us']:.1f} vs {r['torch_eager_us']:.1f} "
+                      f"({r['ratio_eager']:.3f}) submit {r['eager_submit_us']:.1f} vs "
+                      f"{r['torch_eager_submit_us']:.1f} err {r['rel_err']:.1e} {r['candidate']} "
+                      f"{r['config']} {r['config_source']}", flush=True)
+    host = host_overhead_tiny(gen) if args.host else []
+    stem = f"gemm_skinny_{args.tag}_{env['gpu'].replace(' ', '_')}_{env['date'][:10]}"
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
+        json.dump({"environment": env, "tag": args.tag, "results": rows, "host": host}, f, indent=1)
+    write_markdown(os.path.join(args.out, stem + ".md"), env, args.tag, rows, host)
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--host", action="store_true", help="with --bench: per-call cost on host-bound shapes too")
+    ap.add_argument("--tag", default="run")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--mock-host", action="store_true")
+    ap.add_argument("--calls", type=int, default=3000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", default=None, help="with --mock-host: write the rows here")
+    args = ap.parse_args(argv)
+    if args.mock_host:
+        return mock_host(args)
+    if args.bench:
+        return bench(args)
+    ap.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
