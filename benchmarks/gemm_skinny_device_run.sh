@@ -13,25 +13,25 @@ step() { echo "=== $1 $(date +%T)" | tee -a $L; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader \
   | tee -a $L
 # The sweep's kernels compile in the background while the tests run (the tune then finds them in the cache).
-python3 benchmarks/gemm.py --skinny --precompile-only > /tmp/pre.log 2>&1 &
+timeout 100 python3 benchmarks/gemm.py --skinny --precompile-only > /tmp/pre.log 2>&1 &
 PRE=$!
 step pytest
-timeout 110 python3 -m pytest -q -m gpu tests/gpu/ops/test_gemm.py -p no:cacheprovider -o faulthandler_timeout=60 \
+timeout 100 python3 -m pytest -q -m gpu tests/gpu/ops/test_gemm.py -p no:cacheprovider -o faulthandler_timeout=60 \
   > $OUT/pytest.txt 2>&1
 echo "pytest rc=$?" | tee -a $L
 grep -E "^(FAILED|ERROR)" $OUT/pytest.txt | cut -c1-240 | head -30
 tail -3 $OUT/pytest.txt
 wait $PRE; cat /tmp/pre.log >> $L; grep -E "precompiled|COMPILE FAILED" /tmp/pre.log | cut -c1-300 | head -8
 step before
-timeout 50 python3 benchmarks/gemm_skinny.py --bench --tag before --out $OUT --commit $COMMIT > /tmp/b.log 2>&1
+timeout 40 python3 benchmarks/gemm_skinny.py --bench --tag before --out $OUT --commit $COMMIT > /tmp/b.log 2>&1
 echo "before rc=$?" | tee -a $L; cat /tmp/b.log >> $L
 step tune
-timeout 95 python3 benchmarks/gemm.py --tune --skinny --table-out $OUT/gemm_table.json --out $OUT --commit $COMMIT \
+timeout 90 python3 benchmarks/gemm.py --tune --skinny --table-out $OUT/gemm_table.json --out $OUT --commit $COMMIT \
   > /tmp/tu.log 2>&1
 echo "tune rc=$?" | tee -a $L; cat /tmp/tu.log >> $L
 grep -E "TUNE|FAILED|Error|error" /tmp/tu.log | cut -c1-330 | head -40
 step after
-timeout 50 python3 benchmarks/gemm_skinny.py --bench --host --tag after --out $OUT --commit $COMMIT > /tmp/a.log 2>&1
+timeout 45 python3 benchmarks/gemm_skinny.py --bench --host --tag after --out $OUT --commit $COMMIT > /tmp/a.log 2>&1
 echo "after rc=$?" | tee -a $L; cat /tmp/a.log >> $L
 ls $OUT
 echo "--- before (shipped table) ---"; grep -E "^before|^ERROR" /tmp/b.log | cut -c1-200
