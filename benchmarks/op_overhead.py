@@ -176,8 +176,14 @@ def install_stubs() -> None:
         def cuLaunchKernel(self, *a):
             return (0,)
 
+        class CUfunction_attribute:
+            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+        def cuKernelSetAttribute(self, *a):
+            return (0,)
+
     fake_driver = _FakeDriver()
-    kmod.driver = lambda: fake_driver
+    kmod.driver = drv_mod.driver = lambda: fake_driver
     kmod.on_device = lambda ordinal: contextlib.nullcontext()
     kmod._primary_ctx[0] = 0xC0
     kmod._devices_in_use.add(0)

@@ -25,6 +25,7 @@ from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.ops import _attention_arrays as arr
 from rtckern.ops import _attention_candidates as cands
+from rtckern.ops import _attention_fast as fast
 from rtckern.ops._attention_configs import DTYPES, HEAD_DIMS
 from rtckern.registry import select
 
@@ -105,6 +106,11 @@ def _request(dtype: str, head_dim: int, causal: bool, device: int):
 
 def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False):
     """Fused attention forward; see the module docstring for layouts, masking and limits."""
+    key = fast.key(q, k, v, causal, softmax_scale, return_lse)
+    if key is not None:
+        plan = fast.lookup(key)
+        if plan is not None:  # this signature passed the checks below before: see _attention_fast
+            return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), return_lse)
     qa, ka, va = arr.wrap(q, "q"), arr.wrap(k, "k"), arr.wrap(v, "v")
     _check_qkv(qa, ka, va)
     if not isinstance(causal, bool):
@@ -116,7 +122,12 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     if b and sq and hq:
         req = _request(qa.dtype, d, causal, qa.device)
         sel = select(req)
-        sel.candidate.launch(req, sel.kernels, qa, ka, va, o_ptr, lse_ptr, scale, arr.current_stream(qa))
+        if qa.lib == "torch":
+            plan = fast.Plan(qa, ka, va, req, sel, scale, bool(return_lse))
+            fast.remember(plan, q, k, v, causal, softmax_scale, return_lse)
+            plan.launch(qa.ptr, ka.ptr, va.ptr, o_ptr, lse_ptr, arr.current_stream(qa))
+        else:
+            sel.candidate.launch(req, sel.kernels, qa, ka, va, o_ptr, lse_ptr, scale, arr.current_stream(qa))
     return (o, lse) if return_lse else o
 
 

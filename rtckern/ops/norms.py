@@ -25,7 +25,6 @@ from rtckern.errors import InputError
 from rtckern.registry import OpRequest, select
 
 from . import _norms_arrays as A
-from . import _norms_kernels as K
 from . import _norms_plan as P
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward"]

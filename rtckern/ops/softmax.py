@@ -31,6 +31,7 @@ import numpy as np
 from rtckern.errors import InputError
 from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_candidates as cands
+from rtckern.ops import _softmax_fast as fast
 from rtckern.ops import _softmax_plan as plan
 
 __all__ = [
@@ -57,30 +58,38 @@ def _scale(scale) -> np.float32:
             from None
 
 
-def _run_forward(op: str, a: arr.DeviceArray, geom: plan.RowGeometry, scale, mask: arr.DeviceArray | None):
-    out, y_ptr = arr.empty_like(a)
+def _run_forward(op: str, a: arr.DeviceArray, geom: plan.RowGeometry, scale, mask: arr.DeviceArray | None,
+                 objs: tuple):
     if geom.rows == 0 or geom.n == 0:
-        return out
-    vec = plan.vector_width(a.dtype, geom.n, (a.ptr, y_ptr), mask.ptr if mask is not None else None)
-    sel = cands.selection(op, a.dtype, geom.n, vec, a.device)
-    sel.candidate.launch(sel.request, sel.kernels, a, (a.ptr, y_ptr, mask.ptr if mask is not None else 0), geom,
-                         _scale(scale), arr.current_stream(a))
-    return out
+        return arr.empty_like(a)[0]
+    p = fast.Plan(op, a, geom, lambda: _scale(scale), mask is not None)
+    if a.lib == "torch":
+        fast.remember((op, objs[0], objs[1], scale), p, *objs)
+    return p.forward(a.ptr, mask.ptr if mask is not None else 0)
 
 
 def _run_backward(op: str, y, dy, scale, geometry) -> object:
+    k = fast.key(op, y, dy, scale)
+    if k is not None:
+        p = fast.lookup(k)
+        if p is not None:
+            return p.backward(y.data_ptr(), dy.data_ptr())
     ya = _input(y, "y")
     dya = _input(dy, "dy")
     arr.check_same(ya, dya, "y", "dy")
     geom = geometry(ya)
-    out, dx_ptr = arr.empty_like(ya)
     if geom.rows == 0 or geom.n == 0:
-        return out
-    vec = plan.vector_width(ya.dtype, geom.n, (ya.ptr, dya.ptr, dx_ptr))
-    sel = cands.selection(op, ya.dtype, geom.n, vec, ya.device)
-    sel.candidate.launch(sel.request, sel.kernels, ya, (ya.ptr, dya.ptr, dx_ptr), geom, _scale(scale),
-                         arr.current_stream(ya))
-    return out
+        return arr.empty_like(ya)[0]
+    p = fast.Plan(op, ya, geom, lambda: _scale(scale), False)
+    if ya.lib == "torch":
+        fast.remember((op, y, dy, scale), p, y, dy)
+    return p.backward(ya.ptr, dya.ptr)
+
+
+def _hit(op: str, x, mask, scale):
+    """The memoized plan of this call's signature (torch tensors seen before), else None."""
+    k = fast.key(op, x, mask, scale)
+    return fast.lookup(k) if k is not None else None
 
 
 # ---- geometry of each op -------------------------------------------------------------------------------------
@@ -129,8 +138,11 @@ def _check_mask(a: arr.DeviceArray, mask) -> arr.DeviceArray:
 # ---- public ops -----------------------------------------------------------------------------------------------
 def softmax(x, scale: float = 1.0):
     """softmax(scale * x) over the last dimension of x (fp32, fp16 or bf16, contiguous, on a GPU)."""
+    p = _hit("softmax", x, None, scale)
+    if p is not None:
+        return p.forward(x.data_ptr(), 0)
     a = _input(x, "x")
-    return _run_forward("softmax", a, _plain_geometry(a), scale, None)
+    return _run_forward("softmax", a, _plain_geometry(a), scale, None, (x, None))
 
 
 def softmax_backward(y, dy, scale: float = 1.0):
@@ -141,11 +153,14 @@ def softmax_backward(y, dy, scale: float = 1.0):
 def scaled_masked_softmax(x, mask, scale: float = 1.0):
     """softmax(scale * x) with keys where `mask` is True set to exactly zero. x: (B, H, Sq, Sk); mask: bool
     (B, 1, Sq, Sk) or (1, 1, Sq, Sk), broadcast over heads. A row with every key masked gives zeros."""
+    p = _hit("scaled_masked_softmax", x, mask, scale)
+    if p is not None:
+        return p.forward(x.data_ptr(), mask.data_ptr())
     a = _input(x, "x")
     if len(a.shape) != 4:
         raise InputError(f"scaled_masked_softmax needs x of shape (B, H, Sq, Sk); got {a.shape}")
     m = _check_mask(a, mask)
-    return _run_forward("scaled_masked_softmax", a, _masked_geometry(a, m), scale, m)
+    return _run_forward("scaled_masked_softmax", a, _masked_geometry(a, m), scale, m, (x, mask))
 
 
 def scaled_masked_softmax_backward(y, dy, scale: float = 1.0):
@@ -156,8 +171,11 @@ def scaled_masked_softmax_backward(y, dy, scale: float = 1.0):
 def scaled_upper_triang_masked_softmax(x, scale: float = 1.0):
     """Causal softmax(scale * x) over square score matrices x (..., S, S), typically (B * H, S, S): key k of
     query q is kept iff k <= q; the rest are exactly zero (and never read)."""
+    p = _hit("scaled_upper_triang_masked_softmax", x, None, scale)
+    if p is not None:
+        return p.forward(x.data_ptr(), 0)
     a = _input(x, "x", min_ndim=2)
-    return _run_forward("scaled_upper_triang_masked_softmax", a, _square_causal_geometry(a), scale, None)
+    return _run_forward("scaled_upper_triang_masked_softmax", a, _square_causal_geometry(a), scale, None, (x, None))
 
 
 def scaled_upper_triang_masked_softmax_backward(y, dy, scale: float = 1.0):
@@ -169,8 +187,11 @@ def scaled_upper_triang_masked_softmax_backward(y, dy, scale: float = 1.0):
 def scaled_aligned_causal_masked_softmax(x, scale: float = 1.0):
     """Causal softmax(scale * x) aligned to the bottom-right corner, x (..., Sq, Sk): key k of query q is kept iff
     k <= q + (Sk - Sq). With Sq > Sk the first Sq - Sk queries keep no key and give zeros."""
+    p = _hit("scaled_aligned_causal_masked_softmax", x, None, scale)
+    if p is not None:
+        return p.forward(x.data_ptr(), 0)
     a = _input(x, "x", min_ndim=2)
-    return _run_forward("scaled_aligned_causal_masked_softmax", a, _aligned_causal_geometry(a), scale, None)
+    return _run_forward("scaled_aligned_causal_masked_softmax", a, _aligned_causal_geometry(a), scale, None, (x, None))
 
 
 def scaled_aligned_causal_masked_softmax_backward(y, dy, scale: float = 1.0):
