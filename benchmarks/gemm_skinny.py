@@ -271,6 +271,37 @@ def bench(args) -> int:
     return 0 if all(r.get("ok") for r in rows) else 1
 
 
+def plot(before_json: str, after_json: str, path: str) -> None:
+    """Ratio to torch (graph, rotated, eager) per shape, before and after, from two --bench JSON files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [json.load(open(before_json)), json.load(open(after_json))]
+    rows = [[r for r in run["results"] if "error" not in r] for run in runs]
+    labels = [f"M{r['m']}\n{r['n'] // 1024}k {r['layout']}" for r in rows[1]]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), sharey=True)
+    for ax, key, title in zip(axes, ("ratio_graph", "ratio_rot", "ratio_eager"),
+                              ("CUDA graph, same buffers", "CUDA graph, 4 rotating buffers", "eager (200 calls)")):
+        x = range(len(labels))
+        for off, run_rows, tag in ((-0.2, rows[0], runs[0]["tag"]), (0.2, rows[1], runs[1]["tag"])):
+            ax.bar([i + off for i in x], [r[key] for r in run_rows], width=0.4, label=tag)
+        ax.axhline(0.9, color="k", lw=0.8, ls="--")
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylim(0.6, 1.1)
+        ax.set_title(title, fontsize=9)
+    axes[0].set_ylabel("torch.matmul time / rtckern time (N = K)")
+    axes[0].legend(fontsize=8)
+    env = runs[1]["environment"]
+    fig.suptitle(f"Skinny bf16 GEMM vs torch.matmul on {env['gpu']}, {env['date'][:10]} (dashed: 0.90 target)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", action="store_true")
@@ -282,7 +313,11 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default=None, help="with --mock-host: write the rows here")
+    ap.add_argument("--plot", nargs=3, metavar=("BEFORE_JSON", "AFTER_JSON", "PNG"), default=None)
     args = ap.parse_args(argv)
+    if args.plot:
+        plot(*args.plot)
+        return 0
     if args.mock_host:
         return mock_host(args)
     if args.bench:

@@ -219,21 +219,22 @@ def normalize_splits(p: GemmProblem, bk: int, splits: int) -> tuple[int, int]:
 
 
 def choose_splits(p: GemmProblem, tiles: int, bk: int, sm_count: int, min_k_blocks: int = 4,
-                  allowed: tuple[int, ...] | None = None) -> int:
+                  allowed: tuple[int, ...] | None = None, blocks_per_sm: int = 1) -> int:
     """Split K when the output tiles cannot fill the GPU: the split count whose work units keep the largest share
-    of SM slots busy over the run (units / (waves x SMs)), less 1% per extra split (each adds partial-sum
-    traffic), each split at least `min_k_blocks` k-blocks long. `allowed`: the split counts to consider besides 1
-    (cluster split-K: 2, 4, 8)."""
+    of block slots (blocks_per_sm x SMs) busy over the run (units / (waves x slots)), less 1% per extra split
+    (each adds partial-sum traffic), each split at least `min_k_blocks` k-blocks long. `allowed`: the split counts
+    to consider besides 1 (cluster split-K: 2, 4, 8)."""
     units = tiles * p.batch
     if units >= sm_count:
         return 1
+    slots = sm_count * max(1, blocks_per_sm)
     most = max(1, min(64, k_blocks(p, bk) // min_k_blocks))
     best, best_score = 1, -1.0
     for s in range(1, most + 1):
         if allowed is not None and s != 1 and s not in allowed:
             continue
         u = units * s
-        score = u / (math.ceil(u / sm_count) * sm_count) - 0.01 * (s - 1)
+        score = u / (math.ceil(u / slots) * slots) - 0.01 * (s - 1)
         if score > best_score + 1e-9:
             best, best_score = s, score
     return best
@@ -309,7 +310,11 @@ def with_splits(cfg, p: GemmProblem, sm_count: int):
     splits = cfg.splits
     if splits == 0:
         tiles = math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
-        splits = choose_splits(p, tiles, bk, sm_count, allowed=CLUSTER_SPLITS if cfg.cluster else None)
+        # Small mma.sync cluster blocks stream best two to an SM (H200, M = 16: 32 tiles x 8 splits 9.8 us
+        # against x 4 splits 10.9 us; benchmarks/results/gemm_skinny_tune_trials_NVIDIA_H200_2026-11-26.json).
+        two = cfg.kind == "sm80" and cfg.cluster and cfg.bm <= 32
+        splits = choose_splits(p, tiles, bk, sm_count, allowed=CLUSTER_SPLITS if cfg.cluster else None,
+                               blocks_per_sm=2 if two else 1)
     splits, _ = normalize_splits(p, bk, splits)
     if cfg.cluster:
         fit = [s for s in CLUSTER_SPLITS if s <= splits and normalize_splits(p, bk, s)[0] == s]

@@ -244,7 +244,11 @@ def test_heuristic_prefers_large_wgmma_tiles_for_large_outputs():
     big = T.heuristic(P.GemmProblem(1, 8192, 8192, 8192, "bf16", "bf16", True), H200)
     assert big == P.Sm90Config(128, 256, 4, 2)
     skinny = T.heuristic(P.GemmProblem(1, 128, 8192, 8192, "bf16", "bf16", True), H200)
-    assert skinny.kind == "sm90" and skinny.splits == 2
+    assert skinny == P.Sm90Config(128, 64, 8, 2)  # 128 tiles: no split
+    skinny = T.heuristic(P.GemmProblem(1, 128, 4096, 4096, "bf16", "bf16", True), H200)
+    assert skinny == P.Sm90Config(128, 64, 8, 2, splits=2, cluster=True)
+    decode = T.heuristic(P.GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True), H200)
+    assert decode == P.Sm80Config(16, 128, 64, 16, 32, 4, splits=8, cluster=True)  # 256 blocks, 2 per SM
     a100 = T.heuristic(P.GemmProblem(1, 4096, 4096, 4096, "bf16", "bf16", True), DeviceInfo.for_arch("sm_80"))
     assert a100.kind == "sm80"
 
