@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from rtckern.errors import LaunchError
+from rtckern.runtime.streams import stream_handle
 
 from ._gemm_plan import ITEMSIZE, GemmProblem, normalize_splits, plan_workspace_bytes
 
@@ -326,14 +327,10 @@ def tensor_map(dtype: str, ptr: int, dims: tuple[int, int, int], strides: tuple[
 
 
 def _stream_handle(stream) -> int:
+    """The int handle of `stream` (None: the default stream), through the core's one implementation."""
     if stream is None:
         return 0
-    if isinstance(stream, int):
-        return stream
-    for attr in ("cuda_stream", "ptr", "handle"):
-        h = getattr(stream, attr, None)
-        if h is not None:
-            return int(h)
-    if hasattr(stream, "__cuda_stream__"):
-        return int(stream.__cuda_stream__()[1])
-    raise LaunchError(f"cannot get a CUDA stream handle from {stream!r}")
+    try:
+        return stream_handle(stream)
+    except TypeError:
+        raise LaunchError(f"cannot get a CUDA stream handle from {stream!r}") from None
