@@ -5,6 +5,9 @@ eager and torch.compile, M x N = 2^27 elements, N in {1024, 4096, 5120, 8192, 12
     python3 benchmarks/norms.py bench  --out DIR   # the public ops (registry's choice) vs copy/eager/compile
     python3 benchmarks/norms.py all    --out DIR   # both
     python3 benchmarks/norms.py compile-times      # cold NVRTC compile of every kernel variant (no GPU)
+    python3 benchmarks/norms.py sweep --kinds l2   # only l2 configs, plus the shipped (tabled) config of the
+                                                   # other kinds, re-timed in the same run for the kind choice
+    python3 benchmarks/norms.py tables --sweep OLD.json.gz --sweep NEW.json   # later sweeps win per kind/shape
 
 Bytes: forward reads x (+ weight, bias) and writes y; backward reads x, dy (+ weight) and writes dx (+ dweight,
 dbias). Timing: CUDA events around `inner` back-to-back calls queued behind a GPU sleep (so the host's launch
@@ -73,6 +76,21 @@ def split_configs(n: int, vec: int, itemsize: int, cap: int, lo: int, hi: int, o
     return out
 
 
+def l2_configs(p, backward: bool) -> list[K.L2Config]:
+    """Threads per block x min blocks per SM (forward: x default-cached pass 2)."""
+    out = []
+    for threads in (128, 256, 512, 1024):
+        for minb in (1, 2):
+            if minb * threads > 2048 or (minb == 2 and threads < 512):
+                continue
+            for opt in ((0,) if backward else (0, 2)):
+                cfg = K.L2Config(threads, minb, opt)
+                feas = L.bwd_feasible if backward else L.fwd_feasible
+                if feas(p, "l2", cfg) is None and (p.n // p.vec) >= threads // 2:
+                    out.append(cfg)
+    return out
+
+
 def fwd_problem(op: str, dtype: str, n: int) -> K.FwdProblem:
     return K.FwdProblem(layer=op == "layer", n=n, x=dtype, y=dtype, w=dtype, bias=op == "layer",
                         vec=16 // K.ITEMSIZE[dtype])
@@ -83,14 +101,21 @@ def bwd_problem(op: str, dtype: str, n: int) -> K.BwdProblem:
                         bias_grad=op == "layer", vec=16 // K.ITEMSIZE[dtype])
 
 
-def sweep_plan(sm90: bool) -> list[tuple]:
-    """(direction, op, dtype, n, kind, cfg) for every config to time."""
+def sweep_plan(sm90: bool, kinds: tuple[str, ...] | None = None) -> list[tuple]:
+    """(direction, op, dtype, n, kind, cfg) for every config to time. With `kinds`, only those kinds' configs
+    (rows of at least 8 KB), plus the config the shipped tables give each other kind, longest rows first."""
+    if kinds is not None:
+        return _kinds_plan(sm90, kinds)
     plan = []
     for dtype in DTYPES:
         isz = K.ITEMSIZE[dtype]
         for n in NS:
             for op in OPS:
                 fp, bp = fwd_problem(op, dtype, n), bwd_problem(op, dtype, n)
+                for cfg in l2_configs(fp, False):
+                    plan.append(("fwd", op, dtype, n, "l2", cfg))
+                for cfg in l2_configs(bp, True):
+                    plan.append(("bwd", op, dtype, n, "l2", cfg))
                 for cfg in rows_configs(n, fp.vec, OPTS[("fwd", "rows")]):
                     if L.fwd_feasible(fp, "rows", cfg) is None:
                         plan.append(("fwd", op, dtype, n, "rows", cfg))
@@ -112,6 +137,27 @@ def sweep_plan(sm90: bool) -> list[tuple]:
                     c = L.bwd_heuristic(bp, "coop")
                     if c is not None:
                         plan.append(("bwd", op, dtype, n, "coop", c))
+    return plan
+
+
+def _kinds_plan(sm90: bool, kinds: tuple[str, ...]) -> list[tuple]:
+    dev = DeviceInfo.for_arch("sm_90" if sm90 else "sm_80", sm_count=132)
+    plan = []
+    full = [it for it in sweep_plan(sm90) if it[4] in kinds]
+    for n in sorted(NS, reverse=True):
+        for dtype in DTYPES:
+            if n * K.ITEMSIZE[dtype] < 8192:
+                continue
+            for op in OPS:
+                plan += [it for it in full if it[1:4] == (op, dtype, n)]
+                for d, prob, cfg_of in (("fwd", fwd_problem(op, dtype, n), L.fwd_config),
+                                        ("bwd", bwd_problem(op, dtype, n), L.bwd_config)):
+                    for kind in ("rows", "cluster"):
+                        if kind in kinds or (kind == "cluster" and not sm90):
+                            continue
+                        cfg = cfg_of(prob, kind, dev)
+                        if cfg is not None:
+                            plan.append((d, op, dtype, n, kind, cfg))
     return plan
 
 
@@ -314,9 +360,9 @@ def check_item(torch, data: Data, item) -> float:
 TOL = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 1.5e-2}
 
 
-def cmd_sweep(out: Path, torch, arch: Arch, budget_s: float) -> dict:
+def cmd_sweep(out: Path, torch, arch: Arch, budget_s: float, kinds=None) -> dict:
     sm90 = arch.cc >= (9, 0)
-    plan = sweep_plan(sm90)
+    plan = sweep_plan(sm90, kinds)
     t_start = time.perf_counter()
     results = []
     by_data: dict = {}
@@ -547,7 +593,7 @@ def cmd_compile_times(out: Path | None) -> dict:
                     fp = fwd_problem(op, dtype, n)
                     fp = K.FwdProblem(**{**fp.__dict__, "vec": K.pick_vec(n, (K.ITEMSIZE[dtype],), (16,))})
                     bp = K.BwdProblem(**{**bwd_problem(op, dtype, n).__dict__, "vec": fp.vec})
-                    for kind in ("rows", "cluster", "coop"):
+                    for kind in ("rows", "cluster", "l2", "coop"):
                         if kind == "cluster" and a.cc < (9, 0):
                             continue
                         c = L.fwd_config(fp, kind, dev)
@@ -579,34 +625,53 @@ def cmd_compile_times(out: Path | None) -> dict:
 
 
 # ---- tuned tables from a sweep ----------------------------------------------------------------------------------
-def cmd_tables(sweep_path: Path, into: Path) -> None:
-    """Write the best config per (kind, norm, dtype, N) and the fastest kind per (direction, norm, dtype, N) of a
-    sweep as rtckern tuning tables (norm_fwd.json, norm_bwd.json, norm_kind.json)."""
-    doc = json.loads(sweep_path.read_text())
-    env = doc["env"]
-    arch = "sm_" + env["capability"].replace(".", "")
-    meta = {"date": env["date"], "versions": {k: env[k] for k in ("gpu", "driver", "nvrtc", "rtckern", "torch")},
-            "source": f"benchmarks/norms.py sweep ({sweep_path.name})"}
-    ok = [r for r in doc["results"] if r.get("ok") and r.get("gbps")]
+def _read_sweep(path: Path) -> dict:
+    import gzip
+
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return json.loads(raw)
+
+
+def cmd_tables(sweep_paths: list[Path], into: Path) -> None:
+    """Write the best config per (kind, norm, dtype, N) and the fastest kind per (direction, norm, dtype, N) of
+    sweeps as rtckern tuning tables (norm_fwd.json, norm_bwd.json, norm_kind.json). With several sweeps, a later
+    one replaces an earlier one's configs of each (direction, kind, shape) it timed, and the kind choice of each
+    shape it timed (so a partial sweep that re-times the other kinds' shipped configs decides the kind within
+    one run)."""
     best_cfg: dict = {}
     best_kind: dict = {}
-    for r in ok:
-        k = (r["dir"], r["kind"], r["op"], r["dtype"], r["n"])
-        if k not in best_cfg or r["gbps"] > best_cfg[k]["gbps"]:
-            best_cfg[k] = r
-        k2 = (r["dir"], r["op"], r["dtype"], r["n"])
-        if r["kind"] != "coop" and (k2 not in best_kind or r["gbps"] > best_kind[k2]["gbps"]):
-            best_kind[k2] = r
+    meta_of: dict = {}
+    arch = sms = None
+    for sweep_path in sweep_paths:
+        doc = _read_sweep(sweep_path)
+        env = doc["env"]
+        arch, sms = "sm_" + env["capability"].replace(".", ""), env["sm_count"]
+        meta = {"date": env["date"], "versions": {k: env[k] for k in ("gpu", "driver", "nvrtc", "rtckern", "torch")},
+                "source": f"benchmarks/norms.py sweep ({sweep_path.name})"}
+        ok = [r for r in doc["results"] if r.get("ok") and r.get("gbps")]
+        cfg_here: dict = {}
+        kind_here: dict = {}
+        for r in ok:
+            k = (r["dir"], r["kind"], r["op"], r["dtype"], r["n"])
+            if k not in cfg_here or r["gbps"] > cfg_here[k]["gbps"]:
+                cfg_here[k] = r
+            k2 = (r["dir"], r["op"], r["dtype"], r["n"])
+            if r["kind"] != "coop" and (k2 not in kind_here or r["gbps"] > kind_here[k2]["gbps"]):
+                kind_here[k2] = r
+        for k, r in cfg_here.items():
+            best_cfg[k], meta_of[id(r)] = r, meta
+        for k, r in kind_here.items():
+            best_kind[k], meta_of[id(r)] = r, meta
     into.mkdir(parents=True, exist_ok=True)
     for d, op_name in (("fwd", L.TABLE_FWD), ("bwd", L.TABLE_BWD)):
-        rows = [{"arch": arch, "sm_count": env["sm_count"],
+        rows = [{"arch": arch, "sm_count": sms,
                  "shape": {"kind": kind, "norm": op, "dtype": dt, "n": n, "vec": 16 // K.ITEMSIZE[dt]},
-                 "config": r["config"], "time_us": round(r["us"], 2), "gbps": round(r["gbps"]), **meta}
+                 "config": r["config"], "time_us": round(r["us"], 2), "gbps": round(r["gbps"]), **meta_of[id(r)]}
                 for (dd, kind, op, dt, n), r in sorted(best_cfg.items()) if dd == d]
         doc_out = {"format": 1, "op": op_name, "key_fields": ["kind", "norm", "dtype", "n", "vec"], "rows": rows}
         (into / f"{op_name}.json").write_text(json.dumps(doc_out, indent=1) + "\n")
-    rows = [{"arch": arch, "sm_count": env["sm_count"], "shape": {"dir": d, "norm": op, "dtype": dt, "n": n},
-             "config": {"kind": r["kind"]}, "gbps": round(r["gbps"]), **meta}
+    rows = [{"arch": arch, "sm_count": sms, "shape": {"dir": d, "norm": op, "dtype": dt, "n": n},
+             "config": {"kind": r["kind"]}, "gbps": round(r["gbps"]), **meta_of[id(r)]}
             for (d, op, dt, n), r in sorted(best_kind.items())]
     (into / f"{L.TABLE_KIND}.json").write_text(json.dumps(
         {"format": 1, "op": L.TABLE_KIND, "key_fields": ["dir", "norm", "dtype", "n"], "rows": rows}, indent=1) + "\n")
@@ -616,7 +681,10 @@ def cmd_tables(sweep_path: Path, into: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cmd", choices=("sweep", "bench", "all", "compile-times", "tables"))
-    ap.add_argument("--sweep", type=Path, help="tables: the norms_sweep.json to read")
+    ap.add_argument("--sweep", type=Path, action="append", help="tables: a norms_sweep.json(.gz) to read; repeat: "
+                    "later sweeps win")
+    ap.add_argument("--kinds", help="sweep/all: only these kernel kinds (comma-separated), plus the tabled "
+                    "config of the others")
     ap.add_argument("--into", type=Path, default=Path(__file__).resolve().parents[1] / "rtckern" / "tuning_tables")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--sweep-budget", type=float, default=150.0, help="seconds of sweep timing at most")
@@ -629,8 +697,9 @@ def main() -> None:
         cmd_compile_times(a.out)
         return
     if a.cmd == "tables":
-        cmd_tables(a.sweep, a.into)
+        cmd_tables(a.sweep or [], a.into)
         return
+    kinds = tuple(a.kinds.split(",")) if a.kinds else None
     arch = Arch.parse("sm_90")
     pre = None
     if a.cmd in ("sweep", "all"):
@@ -640,16 +709,16 @@ def main() -> None:
                              text=True).stdout.strip().splitlines()
         if smi:
             arch = Arch.parse("sm_" + smi[0].replace(".", ""))
-        specs = [s for item in sweep_plan(arch.cc >= (9, 0)) for s in specs_of(item, arch)]
+        specs = [s for item in sweep_plan(arch.cc >= (9, 0), kinds) for s in specs_of(item, arch)]
         pre = prefill(specs, a.workers)
     import torch
 
     sweep = None
     if a.cmd in ("sweep", "all"):
-        sweep = cmd_sweep(a.out, torch, arch, a.sweep_budget)
+        sweep = cmd_sweep(a.out, torch, arch, a.sweep_budget, kinds)
         print("prefill:", json.dumps({k: v for k, v in pre.items() if k != "failed"}), flush=True)
         if a.write_tables:
-            cmd_tables(a.out / "norms_sweep.json", a.into)
+            cmd_tables((a.sweep or []) + [a.out / "norms_sweep.json"], a.into)
     if a.cmd in ("bench", "all"):
         env = env_info(torch)
         bench = cmd_bench(a.out, torch, a.compile_budget, env)

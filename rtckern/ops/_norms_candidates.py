@@ -1,15 +1,18 @@
 """Registry candidates of the norm ops: for each of rms_norm, layer_norm, rms_norm_backward and
 layer_norm_backward, a row kernel (registers, one group per row), a cluster kernel (sm_90+, distributed shared
-memory) and a cooperative kernel (any arch, several co-resident blocks per row).
+memory), an L2 re-read kernel (no row data in registers) and a cooperative kernel (any arch, several co-resident
+blocks per row).
 
-Priority: cluster (120) > rows (100) > coop (80). The cluster kernel declines shapes where the tuned table (or,
-without one, the row-size rule) says the row kernel is faster; the row kernel serves whatever fits its register
-budget; the cooperative kernel serves the rest (and rows too long for anything else).
+Priority: l2 (130) > cluster (120) > rows (100) > coop (80). The l2 and cluster kernels serve a shape only where the
+norm_kind table (measured by the benchmark's sweep; nearest tuned shape) names them, or, without a table for the
+arch, where the row-size rule does; the row kernel serves whatever fits its register budget; the cooperative
+kernel serves the rest (and rows too long for anything else). A forced candidate (force_impl) skips the preference.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from rtckern.config import settings
 from rtckern.registry import Candidate, OpRequest, Resources
 
 from . import _norms_kernels as K
@@ -21,6 +24,9 @@ BWD_OPS = ("rms_norm_backward", "layer_norm_backward")
 # Row bytes (N x x's itemsize) from which the cluster kernel beats the row kernel on sm_90 (measured on H200,
 # benchmarks/results/norms_*.json); the row kernel keeps everything shorter.
 SPLIT_FROM_BYTES = {"fwd": 64 * 1024, "bwd": 32 * 1024}
+# Row bytes from which the l2 kernel takes over where no table covers the arch (measured on H200 by the sweep;
+# benchmarks/results/norms_notes.md).
+L2_FROM_BYTES = {"fwd": 32 * 1024, "bwd": 24 * 1024}
 
 
 def fwd_problem(req: OpRequest) -> K.FwdProblem:
@@ -87,11 +93,14 @@ class _NormCandidate(Candidate):
         """Whether the cluster kernel should serve req on an sm_90+ device, and why: the measured choice for the
         nearest tuned shape (norm_kind table), else the row-size rule."""
         kind = L.preferred_kind(self.direction, self.problem(req), req.device)
-        if kind in ("rows", "cluster"):
+        if kind is not None:
             return kind == "cluster", f"the tuned table's fastest kind near N={req.dim('n')} is {kind}"
         split = self._row_bytes(req) >= SPLIT_FROM_BYTES[self.direction]
         return split, (f"rows of {self._row_bytes(req)} B {'>=' if split else '<'} "
                        f"{SPLIT_FROM_BYTES[self.direction]} B (no tuned table for {req.device.arch.sm})")
+
+    def forced(self, req: OpRequest) -> bool:
+        return settings().force_impl.get(req.op) == self.name
 
     def launch(self, req: OpRequest, kernels: tuple[Any, ...], call: Any, cfg: Any = None) -> tuple:
         p, memo_cfg = self._memo_of(req)
@@ -103,9 +112,11 @@ class _NormCandidate(Candidate):
     def row_launch_geometry(self, req: OpRequest, kernels: tuple[Any, ...], rows: int) -> tuple[int, int] | None:
         """(grid, block) of the forward row kernel for `rows` rows (what launch_fwd computes per call), for the
         ops' memoized plans; None for the other kinds and the backward (they allocate per call: use launch)."""
-        if self.kind != "rows" or self.direction != "fwd":
+        if self.kind not in ("rows", "l2") or self.direction != "fwd":
             return None
         cfg = self._memo_of(req)[1]
+        if self.kind == "l2":
+            return rows, cfg.threads
         grid = K.grid_for_rows(rows, cfg)
         if cfg.opt & 1:
             grid = min(grid, L.blocks_per_sm(kernels[0], cfg.block) * kernels[0].device.sm_count)
@@ -152,8 +163,31 @@ class _Cluster(_NormCandidate):
 
     def supports(self, req: OpRequest) -> str | None:
         cluster, why = self.prefers_cluster(req)
-        if not cluster:
-            return f"the row kernel is faster here (rows fit one block): {why}"
+        if not cluster and not self.forced(req):
+            return f"another kernel kind is faster here (the cluster kernel is not preferred): {why}"
+        return super().supports(req)
+
+
+class _L2(_NormCandidate):
+    kind = "l2"
+    priority = 130
+    min_arch = "sm_75"
+
+    def prefers_l2(self, req: OpRequest) -> tuple[bool, str]:
+        """Whether the l2 kernel should serve req: the norm_kind table's measured choice near this shape, else the
+        row-size rule."""
+        kind = L.preferred_kind(self.direction, self.problem(req), req.device)
+        if kind is not None:
+            return kind == "l2", f"the tuned table's fastest kind near N={req.dim('n')} is {kind}"
+        lim = L2_FROM_BYTES[self.direction]
+        ok = self._row_bytes(req) >= lim
+        return ok, (f"rows of {self._row_bytes(req)} B {'>=' if ok else '<'} {lim} B "
+                    f"(no tuned table for {req.device.arch.sm})")
+
+    def supports(self, req: OpRequest) -> str | None:
+        ok, why = self.prefers_l2(req)
+        if not ok and not self.forced(req):
+            return f"another kernel kind is faster here (the l2 kernel is not preferred): {why}"
         return super().supports(req)
 
 
@@ -173,9 +207,9 @@ def _make(op: str, base: type, direction: str) -> Candidate:
 def all_candidates() -> list[Candidate]:
     out = []
     for op in FWD_OPS:
-        out += [_make(op, b, "fwd") for b in (_Rows, _Cluster, _Coop)]
+        out += [_make(op, b, "fwd") for b in (_Rows, _Cluster, _L2, _Coop)]
     for op in BWD_OPS:
-        out += [_make(op, b, "bwd") for b in (_Rows, _Cluster, _Coop)]
+        out += [_make(op, b, "bwd") for b in (_Rows, _Cluster, _L2, _Coop)]
     return out
 
 

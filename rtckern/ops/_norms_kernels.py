@@ -2,10 +2,12 @@
 RMSNorm / LayerNorm problem. Pure Python (no GPU, no array library): ops, candidates, tests and the benchmark
 share it.
 
-Three kernel kinds per direction (kernel_sources/norms/):
+Four kernel kinds per direction (kernel_sources/norms/):
   rows    one group of TPR threads per row, the row in registers (RPB rows per block when TPR <= warp)
   cluster sm_90+: a cluster of C blocks per row, slices in registers, statistics through distributed smem
   coop    any arch: G blocks per row, co-resident (cooperative launch), statistics through global memory
+  l2      one block per row, no row data in registers: pass 1 computes the statistics, pass 2 re-reads the row
+          from L2 (backward: persistent blocks, only the column sums in registers)
 Backward kernels write fp32 partial column sums of dy * x_hat (and dy); `rtk_norm_dw_reduce` adds them in a
 fixed order, so dweight is bitwise repeatable for a given device and shape.
 """
@@ -28,7 +30,10 @@ SOURCES = {
     ("bwd", "rows"): ("norms/bwd_rows.cuh", "rtk_norm_bwd_rows"),
     ("bwd", "cluster"): ("norms/bwd_cluster.cuh", "rtk_norm_bwd_cluster"),
     ("bwd", "coop"): ("norms/coop.cuh", "rtk_norm_bwd_coop"),
+    ("fwd", "l2"): ("norms/fwd_l2.cuh", "rtk_norm_fwd_l2"),
+    ("bwd", "l2"): ("norms/bwd_l2.cuh", "rtk_norm_bwd_l2"),
 }
+KINDS = ("rows", "cluster", "coop", "l2")
 DW_REDUCE = ("norms/dw_reduce.cuh", "rtk_norm_dw_reduce")
 DW_REDUCE_BLOCK = 512
 DW_REDUCE_COLS = 32
@@ -39,6 +44,8 @@ FWD_MAX_THREAD_BYTES = 128
 BWD_MAX_THREAD_ELEMS = 32  # feasibility; the heuristics aim at BWD_TARGET_THREAD_ELEMS
 BWD_TARGET_THREAD_ELEMS = 16
 MAX_CLUSTER = 8  # the portable cluster size
+# l2 backward: column sums each thread keeps in registers per gradient (dweight, dbias) across its rows.
+BWD_L2_MAX_THREAD_ELEMS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +199,31 @@ class SplitConfig:
     opt: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class L2Config:
+    """One block of `threads` threads per row (forward) or persistent blocks walking rows (backward); `minb`:
+    the blocks per SM asked of __launch_bounds__ (caps registers)."""
+
+    threads: int
+    minb: int = 1
+    opt: int = 0
+
+    @property
+    def block(self) -> int:
+        return self.threads
+
+
+def l2_config(n: int, vec: int, backward: bool, warp: int = 32) -> L2Config:
+    """Forward: the fewest threads (from 256) that give each thread at most 8 packs. Backward: the fewest that keep
+    each thread's column sums within BWD_L2_MAX_THREAD_ELEMS / 2 per gradient (full register budget at 1024)."""
+    packs = n // vec
+    per = 8 if not backward else max(1, BWD_L2_MAX_THREAD_ELEMS // 2 // vec)
+    for threads in (256, 512, 1024):
+        if _ceil(packs, threads) <= per:
+            return L2Config(threads)
+    return L2Config(1024)
+
+
 def split_config(n: int, vec: int, itemsize: int, max_parts: int, warp: int = 32,
                  target_bytes: int = 64, max_bytes: int = FWD_MAX_THREAD_BYTES) -> SplitConfig | None:
     """The fewest blocks per row (then the fewest threads) that keep each thread's share of the row at about
@@ -212,6 +244,8 @@ def split_config(n: int, vec: int, itemsize: int, max_parts: int, warp: int = 32
 # ---- specs ------------------------------------------------------------------------------------------------------
 def fwd_template_args(p: FwdProblem, kind: str, cfg) -> tuple:
     tx, tw, ty = p.type_args()
+    if kind == "l2":
+        return (tx, tw, ty, p.n, p.vec, cfg.threads, cfg.minb, p.flags, cfg.opt)
     if kind == "rows":
         return (tx, tw, ty, p.n, p.vec, cfg.tpr, cfg.rpb, p.flags, cfg.opt)
     return (tx, tw, ty, p.n, p.vec, cfg.threads, cfg.parts, p.flags, cfg.opt)
@@ -219,6 +253,8 @@ def fwd_template_args(p: FwdProblem, kind: str, cfg) -> tuple:
 
 def bwd_template_args(p: BwdProblem, kind: str, cfg) -> tuple:
     tx, tw, tdy, tdx = p.type_args()
+    if kind == "l2":
+        return (tx, tw, tdy, tdx, p.n, p.vec, cfg.threads, cfg.minb, p.flags, cfg.opt)
     if kind == "rows":
         return (tx, tw, tdy, tdx, p.n, p.vec, cfg.tpr, cfg.rpb, p.flags, cfg.opt)
     return (tx, tw, tdy, tdx, p.n, p.vec, cfg.threads, cfg.parts, p.flags, cfg.opt)
@@ -229,14 +265,16 @@ def dw_reduce_template_args(p: BwdProblem) -> tuple:
 
 
 def fwd_thread_bytes(p: FwdProblem, kind: str, cfg) -> int:
+    if kind == "l2":
+        return 0  # nothing of the row is held across the reduction
     if kind == "rows":
         return packs_per_thread(p.n, p.vec, cfg.tpr) * p.vec * ITEMSIZE[p.x]
     return packs_per_thread(p.n, p.vec, cfg.threads, cfg.parts) * p.vec * ITEMSIZE[p.x]
 
 
 def bwd_thread_elems(p: BwdProblem, kind: str, cfg) -> int:
-    if kind == "rows":
-        return packs_per_thread(p.n, p.vec, cfg.tpr) * p.vec
+    if kind in ("rows", "l2"):
+        return packs_per_thread(p.n, p.vec, cfg.tpr if kind == "rows" else cfg.threads) * p.vec
     return packs_per_thread(p.n, p.vec, cfg.threads, cfg.parts) * p.vec
 
 

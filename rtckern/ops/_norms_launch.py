@@ -32,6 +32,8 @@ def _key(kind: str, p) -> dict:
 
 
 def _cfg_from_json(kind: str, c: dict):
+    if kind == "l2":
+        return K.L2Config(int(c["threads"]), int(c.get("minb", 1)), int(c.get("opt", 0)))
     if kind == "rows":
         return K.RowsConfig(int(c["tpr"]), int(c["rpb"]), int(c.get("opt", 0)))
     return K.SplitConfig(int(c["threads"]), int(c["parts"]), int(c.get("opt", 0)))
@@ -43,6 +45,11 @@ def cfg_to_json(cfg) -> dict:
 
 def geometry_reason(n: int, vec: int, kind: str, cfg, warp: int = 32) -> str | None:
     """None when cfg is a launchable geometry for rows of n (vec-element packs), else why not."""
+    if kind == "l2":
+        if cfg.threads % warp or not warp <= cfg.threads <= 1024 or cfg.minb < 1 or cfg.minb * cfg.threads > 2048:
+            return (f"{cfg.threads} threads x {cfg.minb} blocks per SM is not a valid l2 geometry (whole warps, "
+                    f"at most 1024 threads, 2048 per SM)")
+        return None
     if kind == "rows":
         if cfg.tpr < 1 or cfg.rpb < 1 or cfg.block > 1024 or (cfg.rpb > 1 and cfg.tpr > warp) or \
                 (cfg.tpr > warp and cfg.tpr % warp) or (cfg.tpr <= warp and cfg.tpr & (cfg.tpr - 1)):
@@ -57,6 +64,8 @@ def geometry_reason(n: int, vec: int, kind: str, cfg, warp: int = 32) -> str | N
 
 
 def _geometry_text(kind: str, cfg) -> str:
+    if kind == "l2":
+        return f"{cfg.threads} threads per block"
     return f"{cfg.tpr} threads per row" if kind == "rows" else f"{cfg.parts} blocks x {cfg.threads} threads per row"
 
 
@@ -77,6 +86,11 @@ def bwd_feasible(p: K.BwdProblem, kind: str, cfg, warp: int = 32) -> str | None:
     if why is not None:
         return why
     e = K.bwd_thread_elems(p, kind, cfg)
+    if kind == "l2":  # the passes are unrolled over a thread's columns: the column sums live in registers
+        if e > K.BWD_L2_MAX_THREAD_ELEMS:
+            return (f"each thread would keep {e} columns of the gradient sums with {_geometry_text(kind, cfg)} "
+                    f"(limit {K.BWD_L2_MAX_THREAD_ELEMS})")
+        return None
     if e > K.BWD_MAX_THREAD_ELEMS:
         return (f"each thread would hold {e} columns of x, dy and the gradient sums with {_geometry_text(kind, cfg)} "
                 f"(limit {K.BWD_MAX_THREAD_ELEMS})")
@@ -86,6 +100,8 @@ def bwd_feasible(p: K.BwdProblem, kind: str, cfg, warp: int = 32) -> str | None:
 
 
 def fwd_heuristic(p: K.FwdProblem, kind: str, warp: int = 32):
+    if kind == "l2":
+        return K.l2_config(p.n, p.vec, False, warp)
     if kind == "rows":
         c = K.rows_config(p.n, p.vec, warp)
         return K.RowsConfig(c.tpr, c.rpb, FWD_DEFAULT_OPT)
@@ -95,6 +111,8 @@ def fwd_heuristic(p: K.FwdProblem, kind: str, warp: int = 32):
 
 
 def bwd_heuristic(p: K.BwdProblem, kind: str, warp: int = 32):
+    if kind == "l2":
+        return K.l2_config(p.n, p.vec, True, warp)
     if kind == "rows":
         c = K.rows_config(p.n, p.vec, warp, packs_per_thread=max(1, 8 // p.vec) if p.vec < 8 else 1)
         return K.RowsConfig(c.tpr, c.rpb, BWD_DEFAULT_OPT)
@@ -138,8 +156,8 @@ def _config(table: str, p, kind: str, device, feasible, heuristic):
 
 
 def preferred_kind(direction: str, p, device) -> str | None:
-    """The fastest kernel kind measured for the nearest tuned shape on this arch ("rows" / "cluster"), or None
-    when the tables have nothing for this arch."""
+    """The fastest kernel kind measured for the nearest tuned shape on this arch ("rows" / "cluster" / "l2"), or
+    None when the tables have nothing for this arch."""
     key = {"dir": direction, "norm": "layer" if p.layer else "rms", "dtype": p.x, "n": p.n}
     hit = tuning.lookup(TABLE_KIND, device, key)
     return None if hit is None else str(hit.config.get("kind"))
@@ -250,6 +268,9 @@ def launch_fwd(p: K.FwdProblem, kind: str, cfg, kernel, c: FwdCall) -> tuple:
     """Launches the forward; returns workspace objects the caller keeps alive until the stream passes them."""
     args = [c.x, c.residual, c.h, c.w, c.b, c.y, c.mean, c.rstd, np.float32(c.eps), c.rows, c.sx, c.sr, c.sh, c.sy]
     persist = cfg.opt & 1
+    if kind == "l2":
+        kernel.launch(c.rows, cfg.threads, args, stream=c.stream)
+        return ()
     if kind == "rows":
         grid = K.grid_for_rows(c.rows, cfg)
         if persist:
@@ -273,9 +294,10 @@ def coop_slots(kernel, cfg) -> int:
 
 def bwd_partial_rows(p: K.BwdProblem, kind: str, cfg, kernel, rows: int, stream: int, grid_scale: float = 1.0) -> int:
     """How many partial rows (persistent blocks, clusters or slots) the backward uses for `rows` rows."""
-    if kind == "rows":
+    if kind in ("rows", "l2"):
         resident = blocks_per_sm(kernel, cfg.block) * kernel.device.sm_count
-        return max(1, min(K.grid_for_rows(rows, cfg), int(resident * grid_scale)))
+        wanted = K.grid_for_rows(rows, cfg) if kind == "rows" else rows
+        return max(1, min(wanted, int(resident * grid_scale)))
     if kind == "cluster":
         return max(1, min(rows, int(active_clusters(kernel, cfg.parts, cfg.threads, stream) * grid_scale)))
     return max(1, min(rows, coop_slots(kernel, cfg)))
@@ -293,7 +315,7 @@ def launch_bwd(p: K.BwdProblem, kind: str, cfg, kernels, c: BwdCall, grid_scale:
         o, dbp = c.empty_f32(parts * p.n)
         keep.append(o)
     args = [c.x, c.w, c.dy, c.dres, c.mean, c.rstd, c.dx, dwp, dbp, c.rows, c.sx, c.sdy, c.sdres, c.sdx]
-    if kind == "rows":
+    if kind in ("rows", "l2"):
         main.launch(parts, cfg.block, args, stream=c.stream)
     elif kind == "cluster":
         main.launch(parts * cfg.parts, cfg.threads, args, stream=c.stream)

@@ -1,6 +1,6 @@
 """RMSNorm / LayerNorm on a GPU: forward against a float64 reference, backward against float64 torch autograd,
 for fp32/fp16/bf16 and N in {1, 7, 1000, 5120, 12288, 65536, 262144}, through every candidate (rows, cluster on
-sm_90+, coop; forced with the force-impl setting). Outputs the ops allocate start as NaN (allocator hook below), so
+sm_90+, l2, coop; forced with the force-impl setting). Outputs the ops allocate start as NaN (allocator hook below), so
 an unwritten element fails; every check draws fresh random inputs.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 FWD_TOL = {"fp32": 2e-6, "fp16": 1e-3, "bf16": 8e-3}
 BWD_TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.2e-2}
 NS = (1, 7, 1000, 5120, 12288, 65536, 262144)
-KINDS = ("rows", "cluster", "coop")
+KINDS = ("rows", "cluster", "l2", "coop")
 
 
 @pytest.fixture(autouse=True)
@@ -136,7 +136,7 @@ def test_forward_every_kind(layer, n, dtype, kind):
     assert _rel(y, ref) < FWD_TOL[dtype]
 
 
-@pytest.mark.parametrize("kind", [None, "cluster", "coop"])
+@pytest.mark.parametrize("kind", [None, "cluster", "l2", "coop"])
 @pytest.mark.parametrize("n", [4096, 1000, 65536, 3001])
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
 def test_forward_options(layer, n, kind):
@@ -257,11 +257,12 @@ def test_backward_every_kind(layer, n, dtype, kind):
         assert _rel(o, r) < BWD_TOL[dtype]
 
 
-@pytest.mark.parametrize("kind", [None, "cluster", "coop"])
+@pytest.mark.parametrize("kind", [None, "cluster", "l2", "coop"])
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
 def test_backward_options(layer, kind):
     """Zero-centered fp32 weight with bf16 activations, fp32 dy, fp32 dx, dresidual added."""
-    n, rows = 65536 if kind else 4096, 40
+    n = {None: 4096, "l2": 12288}.get(kind, 65536)  # l2: its column sums fit registers up to 32 per thread
+    rows = 40
     x, w, b, g = _inputs(rows, n, "bf16", wdtype="fp32")
     w0 = (w - 1).contiguous()
     dy = torch.randn(rows, n, device="cuda", generator=g)
@@ -288,6 +289,44 @@ def test_bitwise_repeatable(kind, n):
     y1 = _forced("rms_norm", kind, norms.rms_norm, x, w)
     y2 = _forced("rms_norm", kind, norms.rms_norm, x, w)
     assert torch.equal(y1, y2)
+
+
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+@pytest.mark.parametrize("n,dtype", [(8192, "bf16"), (3000, "fp32")])
+def test_l2_backward_many_rows_per_block(layer, n, dtype):
+    """Persistent l2 blocks walk many rows (4099 rows, prime: the grid never divides it, so the last set of rows
+    is partial), with every backward option; dweight / dbias are bitwise repeatable."""
+    rows = 4099
+    x, w, b, g = _inputs(rows, n, dtype, wdtype="fp32", offset=0.5)
+    w0 = (w - 1).contiguous()
+    dy = torch.randn(rows, n, device="cuda", generator=g).to(DT[dtype])
+    dres = torch.randn(rows, n, device="cuda", generator=g)
+    out = _backward(layer, "l2", x, w0, b if layer else None, dy, 1e-5, zero_centered=True, dresidual=dres,
+                    dx_dtype=torch.float32)
+    ref = _autograd_ref(layer, x, w0, b if layer else None, dy, 1e-5, True)
+    assert _rel(out[0], ref[0] + dres.double()) < 1e-5
+    for o, r in zip(out[1:], ref[1:]):
+        assert _rel(o, r) < 1e-5
+    again = _backward(layer, "l2", x, w0, b if layer else None, dy, 1e-5, zero_centered=True, dresidual=dres,
+                      dx_dtype=torch.float32)
+    for a, c in zip(out, again):
+        assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("n,dtype", [(16384, "bf16"), (65536, "fp16"), (12290, "fp32")])
+def test_l2_forward_many_rows(n, dtype):
+    """One block per row for thousands of rows, residual and no bias (RMSNorm), bias without weight (LayerNorm)."""
+    rows = 2053
+    x, w, b, g = _inputs(rows, n, dtype, offset=3.0)
+    r = torch.randn(rows, n, device="cuda", generator=g).to(DT[dtype])
+    y, h, rstd = _forced("rms_norm", "l2", norms.rms_norm, x, w, 1e-5, residual=r, return_rstd=True)
+    ref, href, _, rrstd = _ref_fwd(False, x, w, None, 1e-5, False, residual=r)
+    assert torch.equal(h, href)
+    assert _rel(y, ref) < FWD_TOL[dtype] and _rel(rstd, rrstd) < 1e-5
+    y, mean, rstd = _forced("layer_norm", "l2", norms.layer_norm, x, None, b, 1e-5, return_stats=True)
+    ref, _, rmean, rrstd = _ref_fwd(True, x, None, b, 1e-5, False)
+    assert _rel(y, ref) < FWD_TOL[dtype] and _rel(rstd, rrstd) < 1e-5
+    assert (mean.double() - rmean).abs().max().item() < 1e-5 * (1 + rmean.abs().max().item())
 
 
 def test_backward_zero_rows_gives_zero_grads():

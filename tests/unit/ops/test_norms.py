@@ -130,6 +130,33 @@ def test_infeasible_configs_say_why():
         "N=16 is too short to split into 4 slices of whole 8-element packs"
 
 
+def test_l2_geometry_and_budget():
+    p = K.FwdProblem(layer=True, n=65536, x="bf16", y="bf16", w="bf16", bias=True, vec=8)
+    assert L.fwd_feasible(p, "l2", K.L2Config(1024)) is None  # nothing of the row stays in registers
+    assert L.fwd_feasible(p, "l2", K.L2Config(1024, 4)) == \
+        "1024 threads x 4 blocks per SM is not a valid l2 geometry (whole warps, at most 1024 threads, 2048 per SM)"
+    assert L.fwd_feasible(p, "l2", K.L2Config(100)).startswith("100 threads x 1 blocks per SM is not a valid l2")
+    b = K.BwdProblem(layer=True, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
+                     bias_grad=True, vec=8)
+    assert L.bwd_feasible(b, "l2", K.L2Config(1024)) == \
+        "each thread would keep 64 columns of the gradient sums with 1024 threads per block (limit 32)"
+    assert L.bwd_heuristic(b, "l2") is not None and L.bwd_config(b, "l2", DeviceInfo.for_arch("sm_90")) is None
+    b16 = K.BwdProblem(**{**b.__dict__, "n": 16384})
+    c = L.bwd_config(b16, "l2", DeviceInfo.for_arch("sm_90"))
+    assert c is not None and K.bwd_thread_elems(b16, "l2", c) <= K.BWD_L2_MAX_THREAD_ELEMS
+    assert K.fwd_template_args(p, "l2", K.L2Config(512, 2, 2)) == \
+        ("rtk_bf16", "rtk_bf16", "rtk_bf16", 65536, 8, 512, 2, p.flags, 2)
+
+
+def test_forced_l2_skips_the_preference(cache_dir):
+    from rtckern import config
+
+    req = _fwd_req("rms_norm", 4096, "sm_90")
+    assert select(req).candidate.name == "rms_norm.rows"
+    with config.override(force_impl={"rms_norm": "rms_norm.l2"}):
+        assert select(req).candidate.name == "rms_norm.l2"
+
+
 def test_bytes_moved():
     p = K.FwdProblem(layer=True, n=1024, x="bf16", y="fp32", w="fp32", bias=True, residual=True, vec=8)
     assert p.bytes_moved(10) == 10 * 1024 * (2 * 3 + 4) + 1024 * 4 * 2
@@ -151,8 +178,8 @@ def _bwd_req(op, n, arch, dtype="bf16", vec=8):
                             ("weight_grad", True), ("zero_centered", False)), device=DeviceInfo.for_arch(arch))
 
 
-@pytest.mark.parametrize("arch,n,expect", [("sm_75", 4096, "rows"), ("sm_80", 65536, "rows"),
-                                           ("sm_80", 262144, "coop"), ("sm_90", 4096, "rows"),
+@pytest.mark.parametrize("arch,n,expect", [("sm_75", 4096, "rows"), ("sm_80", 65536, "l2"), ("sm_80", 8192, "rows"),
+                                           ("sm_80", 262144, "l2"), ("sm_90", 4096, "rows"),
                                            ("sm_90", 65536, "cluster"), ("sm_90", 262144, "cluster")])
 def test_registry_choice(cache_dir, arch, n, expect):
     assert select(_fwd_req("rms_norm", n, arch)).candidate.name == f"rms_norm.{expect}"
@@ -179,7 +206,7 @@ def _variants(arch: str):
                     fp = K.FwdProblem(layer=layer, n=n, x=x, y=y, w=w, bias=layer, vec=vec, **extra)
                     bp = K.BwdProblem(layer=layer, n=n, x=x, dy=y, dx=x, w=w, weight_grad=True, bias_grad=layer,
                                       vec=vec, zero_centered=bool(extra), dresidual=bool(extra))
-                    for kind in ("rows", "cluster", "coop"):
+                    for kind in ("rows", "cluster", "l2", "coop"):
                         if kind == "cluster" and a.cc < (9, 0):
                             continue
                         c = L.fwd_config(fp, kind, dev)

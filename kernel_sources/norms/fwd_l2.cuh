@@ -1,0 +1,124 @@
+// RMSNorm / LayerNorm forward for long rows that holds no row data in registers: one row per block of THREADS
+// threads. Pass 1 reads the row with L2-allocating loads (adding the residual and writing h) and computes the
+// statistics; pass 2 reads it again (an L2 hit while the block runs; evict-first: last use) and writes y with
+// streaming stores. With a few registers per thread many rows fit an SM, so loads stay in flight while other
+// blocks reduce (the row kernels hold the row in registers: 1-3 rows per SM for 32-128 KB rows).
+//   Template and kernel arguments as rtk_norm_fwd_rows, with THREADS (whole warps) and MINB (min blocks per SM
+//   for __launch_bounds__) instead of TPR / RPB. OPT kOptPlainLoads: pass 2 with default-cached loads and stores.
+// Thread t handles packs (i * THREADS + t) * VEC. Launch: grid rows, block THREADS, no dynamic shared memory.
+#pragma once
+#include "norms/norm_fwd_parts.cuh"
+
+// Adds one pack's (VEC, mean, M2) to a running Chan summary; the pack's own M2 is exact (two passes over VEC
+// registers), so LayerNorm keeps the accuracy of the register kernels without holding the row.
+template <int VEC>
+RTK_DEVICE void rtk_norm_chan_pack(const float (&v)[VEC], float& n, float& mean, float& m2) {
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) s += v[j];
+  const float pm = s * (1.f / (float)VEC);
+  float q = 0.f;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float d = v[j] - pm;
+    q = fmaf(d, d, q);
+  }
+  const float tot = n + (float)VEC;
+  const float fb = __fdividef((float)VEC, tot);
+  const float delta = pm - mean;
+  mean = fmaf(delta, fb, mean);
+  m2 += fmaf(delta * delta * n, fb, q);
+  n = tot;
+}
+
+template <typename TX, typename TW, typename TY, int N, int VEC, int THREADS, int MINB, int FLAGS, int OPT>
+__global__ void __launch_bounds__(THREADS, MINB)
+rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* __restrict__ h,
+                const TW* __restrict__ w, const TW* __restrict__ b, TY* __restrict__ y,
+                float* __restrict__ mean_out, float* __restrict__ rstd_out, float eps, long long rows,
+                long long sx, long long sr, long long sh, long long sy) {
+  static_assert(N % VEC == 0, "VEC must divide N");
+  static_assert(THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
+  constexpr int kPacks = N / VEC;
+  constexpr int NV = (kPacks + THREADS - 1) / THREADS;
+  constexpr bool kExact = kPacks % THREADS == 0;  // every thread's every pack is inside the row
+  constexpr bool kLayer = (FLAGS & kNormLayer) != 0;
+  constexpr bool kRes = (FLAGS & kNormResidual) != 0;
+  constexpr bool kW = (FLAGS & kNormWeight) != 0;
+  constexpr bool kB = (FLAGS & kNormBias) != 0;
+  constexpr int kLd2 = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
+  constexpr int kSt2 = (OPT & kOptPlainLoads) ? kStDefault : kStStream;
+  __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(3)];
+
+  const int t = threadIdx.x;
+  const long long row = blockIdx.x;
+  const TX* xr = x + row * sx;
+  TX* hr = h + row * sh;
+
+  // Pass 1. With a residual, h = x + residual (rounded to TX as PyTorch does) is written with a default store
+  // and read back in pass 2 by the thread that wrote it (plain loads: ordered after the store).
+  float cnt = 0.f, mean = 0.f, m2 = 0.f;
+#pragma unroll 4
+  for (int i = 0; i < NV; ++i) {
+    const int c = (i * THREADS + t) * VEC;
+    if (kExact || c < N) {
+      rtk_norm_pack<TX, VEC> p;
+      rtk_norm_load<kLdDefault>(xr + c, p);
+      if constexpr (kRes) {
+        rtk_norm_pack<TX, VEC> q;
+        rtk_norm_load<kLdStream>(residual + row * sr + c, q);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) p.v[j] = rtk_from_float<TX>(rtk_to_float(p.v[j]) + rtk_to_float(q.v[j]));
+        rtk_norm_store<kStDefault>(hr + c, p);
+      }
+      float v[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] = rtk_to_float(p.v[j]);
+      if constexpr (kLayer) {
+        rtk_norm_chan_pack<VEC>(v, cnt, mean, m2);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) m2 = fmaf(v[j], v[j], m2);
+      }
+    }
+  }
+  if constexpr (kLayer) {
+    rtk_norm_group_chan<THREADS>(cnt, mean, m2, scratch);
+  } else {
+    float q[1] = {m2};
+    rtk_norm_group_sum<THREADS, 1>(q, scratch);
+    m2 = q[0];
+  }
+  const float rstd = rsqrtf(m2 * (1.f / (float)N) + eps);
+  if constexpr ((FLAGS & kNormSaveStats) != 0) {
+    if (t == 0) {
+      rstd_out[row] = rstd;
+      if constexpr (kLayer) mean_out[row] = mean;
+    }
+  }
+
+  // Pass 2: y = x * rstd - mean * rstd (one FFMA), times the weight, plus the bias (one FFMA).
+  const float shift = kLayer ? -mean * rstd : 0.f;
+  TY* yr = y + row * sy;
+#pragma unroll 4
+  for (int i = 0; i < NV; ++i) {
+    const int c = (i * THREADS + t) * VEC;
+    if (kExact || c < N) {
+      rtk_norm_pack<TX, VEC> p;
+      if constexpr (kRes) rtk_norm_load<kLdDefault>(hr + c, p);
+      else rtk_norm_load<kLd2>(xr + c, p);
+      rtk_norm_pack<TW, VEC> wp, bp;
+      if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);
+      if constexpr (kB) rtk_norm_load<kLdReadOnly>(b + c, bp);
+      rtk_norm_pack<TY, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        float v = fmaf(rtk_to_float(p.v[j]), rstd, shift);
+        if constexpr (kW) v *= rtk_norm_weight<FLAGS>(wp, j);
+        if constexpr (kB) v += rtk_to_float(bp.v[j]);
+        out.v[j] = rtk_from_float<TY>(v);
+      }
+      rtk_norm_store<kSt2>(yr + c, out);
+    }
+  }
+}
