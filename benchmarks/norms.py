@@ -81,9 +81,9 @@ def l2_configs(p, backward: bool) -> list[K.L2Config]:
     out = []
     for threads in (128, 256, 512, 1024):
         for minb in (1, 2):
-            if minb * threads > 2048 or (minb == 2 and threads < 512):
+            if minb * threads > 2048 or (minb == 2 and threads < 512) or (backward and threads == 128):
                 continue
-            for opt in ((0,) if backward else (0, 2)):
+            for opt in ((1, 0) if backward else (0, 2)):
                 cfg = K.L2Config(threads, minb, opt)
                 feas = L.bwd_feasible if backward else L.fwd_feasible
                 if feas(p, "l2", cfg) is None and (p.n // p.vec) >= threads // 2:

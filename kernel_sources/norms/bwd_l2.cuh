@@ -1,14 +1,44 @@
 // RMSNorm / LayerNorm backward for long rows that holds no row data in registers across the row reduction:
 // persistent blocks of THREADS threads, block b handles rows b, b + gridDim.x, ... Per row, pass 1 reads x and dy
 // with L2-allocating loads and forms the two row sums; pass 2 reads them again (L2 hits; evict-first: last use),
-// writes dx with streaming stores and adds dy * x_hat (and dy) to this thread's column sums in registers (the
-// same columns for every row). Only those sums stay in registers (N / THREADS floats per gradient), so several
-// blocks fit an SM where the row kernels fit 1-2.
+// writes dx with streaming stores and adds dy * x_hat (and dy) to this block's fp32 column sums in dynamic shared
+// memory (each thread owns its columns, the same for every row: no barrier, fixed order).
+//   OPT kOptPersist: pass 2 of a row and pass 1 of the block's next row run in one loop, so device-memory loads
+//   stay in flight while the row's L2 re-read and stores go on (only the reduction waits).
+//   OPT kOptPlainLoads: pass 2 with default-cached loads.
 //   Template and kernel arguments as rtk_norm_bwd_rows, with THREADS (whole warps) and MINB (min blocks per SM
 //   for __launch_bounds__) instead of TPR / RPB. Block b writes row b of dw_part / db_part ([gridDim.x, N] fp32);
-//   rtk_norm_dw_reduce adds them in a fixed order: bitwise repeatable for a given grid. Launch: block THREADS.
+//   rtk_norm_dw_reduce adds them in a fixed order: bitwise repeatable for a given grid.
+// Launch: block THREADS, dynamic shared memory N * 4 bytes per gradient wanted (rtk_norm_bwd_l2_smem).
 #pragma once
 #include "norms/norm_bwd_parts.cuh"
+
+template <int FLAGS>
+constexpr int rtk_norm_bwd_l2_grads() {
+  return ((FLAGS & kNormWeightGrad) ? 1 : 0) + ((FLAGS & kNormBias) ? 1 : 0);
+}
+
+// One row's loads of a pack, and the pieces of the backward formula.
+template <int FLAGS, typename TX, typename TW, typename TDY, int VEC>
+struct rtk_norm_l2_pack {
+  rtk_norm_pack<TX, VEC> x;
+  rtk_norm_pack<TDY, VEC> dy;
+  template <int LD>
+  RTK_DEVICE void load(const TX* xr, const TDY* dyr, int c) {
+    rtk_norm_load<LD>(xr + c, x);
+    rtk_norm_load<LD>(dyr + c, dy);
+  }
+  // s[0] += g * x_hat, s[1] += g (LayerNorm).
+  RTK_DEVICE void sums(const rtk_norm_pack<TW, VEC>& w, float rs, float shift, float (&s)[2]) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      float g = rtk_to_float(dy.v[j]);
+      if constexpr ((FLAGS & kNormWeight) != 0) g *= rtk_norm_weight<FLAGS>(w, j);
+      s[0] = fmaf(g, fmaf(rtk_to_float(x.v[j]), rs, shift), s[0]);
+      if constexpr ((FLAGS & kNormLayer) != 0) s[1] += g;
+    }
+  }
+};
 
 template <typename TX, typename TW, typename TDY, typename TDX, int N, int VEC, int THREADS, int MINB, int FLAGS,
           int OPT>
@@ -27,81 +57,121 @@ rtk_norm_bwd_l2(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* _
   constexpr bool kDW = (FLAGS & kNormWeightGrad) != 0;
   constexpr bool kDB = (FLAGS & kNormBias) != 0;
   constexpr bool kDRes = (FLAGS & kNormResidual) != 0;
+  constexpr bool kFuse = (OPT & kOptPersist) != 0;
   constexpr int kLd2 = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
+  typedef rtk_norm_l2_pack<FLAGS, TX, TW, TDY, VEC> Pack;
+  typedef rtk_norm_pack<float, VEC> Acc;
   __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(2)];
+  extern __shared__ __align__(16) unsigned char rtk_norm_l2_smem[];
+  Acc* dwa = reinterpret_cast<Acc*>(rtk_norm_l2_smem);                // [kPacks] when kDW
+  Acc* dba = dwa + (kDW ? kPacks : 0);                                // [kPacks] when kDB
 
   const int t = threadIdx.x;
-  float dwa[kDW ? NV : 1][VEC], dba[kDB ? NV : 1][VEC];
+#pragma unroll 4
+  for (int i = 0; i < NV; ++i) {
+    const int k = i * THREADS + t;
+    if (kExact || k < kPacks) {
 #pragma unroll
-  for (int i = 0; i < NV; ++i)
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      if constexpr (kDW) dwa[i][j] = 0.f;
-      if constexpr (kDB) dba[i][j] = 0.f;
+      for (int j = 0; j < VEC; ++j) {
+        if constexpr (kDW) dwa[k].v[j] = 0.f;
+        if constexpr (kDB) dba[k].v[j] = 0.f;
+      }
     }
+  }
 
-  for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float rs = rstd[row];
-    const float shift = kLayer ? -mean[row] * rs : 0.f;  // x_hat = x * rs + shift
-    const TX* xr = x + row * sx;
-    const TDY* dyr = dy + row * sdy;
-
-    // Pass 1: sum g * x_hat and sum g, g = dy * w_eff. Fully unrolled: the column sums below are indexed by i.
-    float s[2] = {0.f, 0.f};
-#pragma unroll
+  long long row = blockIdx.x;
+  float s[2] = {0.f, 0.f};
+  if (row < rows) {  // pass 1 of the first row
+#pragma unroll 4
     for (int i = 0; i < NV; ++i) {
       const int c = (i * THREADS + t) * VEC;
       if (kExact || c < N) {
-        rtk_norm_pack<TX, VEC> xp;
-        rtk_norm_pack<TDY, VEC> dp;
+        Pack p;
         rtk_norm_pack<TW, VEC> wp;
-        rtk_norm_load<kLdDefault>(xr + c, xp);
-        rtk_norm_load<kLdDefault>(dyr + c, dp);
+        p.template load<kLdDefault>(x + row * sx, dy + row * sdy, c);
         if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          float g = rtk_to_float(dp.v[j]);
-          if constexpr (kW) g *= rtk_norm_weight<FLAGS>(wp, j);
-          s[0] = fmaf(g, fmaf(rtk_to_float(xp.v[j]), rs, shift), s[0]);
-          if constexpr (kLayer) s[1] += g;
-        }
+        p.sums(wp, rstd[row], kLayer ? -mean[row] * rstd[row] : 0.f, s);
       }
     }
     rtk_norm_group_sum<THREADS, 2>(s, scratch);
+  }
+  while (row < rows) {
+    const long long next = row + gridDim.x;  // uniform over the block
+    const float rs = rstd[row];
+    const float shift = kLayer ? -mean[row] * rs : 0.f;  // x_hat = x * rs + shift
     // dx = rs * (g - x_hat * c1 - c0) = g * rs + (x_hat * (-rs * c1) + (-rs * c0))
     const float a1 = -rs * s[0] * (1.f / (float)N);
     const float a0 = kLayer ? -rs * s[1] * (1.f / (float)N) : 0.f;
-
-    // Pass 2: dx, and the column sums.
+    const bool fuse = kFuse && next < rows;
+    float ns = 0.f, nshift = 0.f;
+    if (next < rows) {
+      ns = rstd[next];
+      nshift = kLayer ? -mean[next] * ns : 0.f;
+    }
+    float sn[2] = {0.f, 0.f};
+    const TX* xr = x + row * sx;
+    const TDY* dyr = dy + row * sdy;
     TDX* dxr = dx + row * sdx;
-#pragma unroll
+    const TDX* drr = dres + row * sdres;
+#pragma unroll 2
     for (int i = 0; i < NV; ++i) {
-      const int c = (i * THREADS + t) * VEC;
+      const int k = i * THREADS + t;
+      const int c = k * VEC;
       if (kExact || c < N) {
-        rtk_norm_pack<TX, VEC> xp;
-        rtk_norm_pack<TDY, VEC> dp;
+        Pack p, q;
         rtk_norm_pack<TW, VEC> wp;
         rtk_norm_pack<TDX, VEC> rp, out;
-        rtk_norm_load<kLd2>(xr + c, xp);
-        rtk_norm_load<kLd2>(dyr + c, dp);
+        p.template load<kLd2>(xr, dyr, c);
+        if (fuse) q.template load<kLdDefault>(x + next * sx, dy + next * sdy, c);
         if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);
-        if constexpr (kDRes) rtk_norm_load<kLdStream>(dres + row * sdres + c, rp);
+        if constexpr (kDRes) rtk_norm_load<kLdStream>(drr + c, rp);
+        Acc dwv, dbv;
+        if constexpr (kDW) dwv = dwa[k];
+        if constexpr (kDB) dbv = dba[k];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float d = rtk_to_float(dp.v[j]);
-          const float xh = fmaf(rtk_to_float(xp.v[j]), rs, shift);
+          const float d = rtk_to_float(p.dy.v[j]);
+          const float xh = fmaf(rtk_to_float(p.x.v[j]), rs, shift);
           float g = d;
           if constexpr (kW) g *= rtk_norm_weight<FLAGS>(wp, j);
           float v = fmaf(g, rs, fmaf(xh, a1, a0));
           if constexpr (kDRes) v += rtk_to_float(rp.v[j]);
           out.v[j] = rtk_from_float<TDX>(v);
-          if constexpr (kDW) dwa[i][j] = fmaf(d, xh, dwa[i][j]);
-          if constexpr (kDB) dba[i][j] += d;
+          if constexpr (kDW) dwv.v[j] = fmaf(d, xh, dwv.v[j]);
+          if constexpr (kDB) dbv.v[j] += d;
         }
+        if constexpr (kDW) dwa[k] = dwv;
+        if constexpr (kDB) dba[k] = dbv;
         rtk_norm_store<kStStream>(dxr + c, out);
+        if (fuse) q.sums(wp, ns, nshift, sn);
       }
     }
+    if (next >= rows) break;
+    if (!fuse) {
+#pragma unroll 4
+      for (int i = 0; i < NV; ++i) {
+        const int c = (i * THREADS + t) * VEC;
+        if (kExact || c < N) {
+          Pack q;
+          rtk_norm_pack<TW, VEC> wp;
+          q.template load<kLdDefault>(x + next * sx, dy + next * sdy, c);
+          if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);
+          q.sums(wp, ns, nshift, sn);
+        }
+      }
+    }
+    rtk_norm_group_sum<THREADS, 2>(sn, scratch);
+    s[0] = sn[0];
+    s[1] = sn[1];
+    row = next;
   }
-  if constexpr (kDW) rtk_norm_write_partial<VEC, NV, THREADS, 1>(dwa, nullptr, dw_part + (long long)blockIdx.x * N, t, N);
-  if constexpr (kDB) rtk_norm_write_partial<VEC, NV, THREADS, 1>(dba, nullptr, db_part + (long long)blockIdx.x * N, t, N);
+  // This thread's columns of the block's partial rows (it alone wrote them: no barrier needed).
+#pragma unroll 4
+  for (int i = 0; i < NV; ++i) {
+    const int k = i * THREADS + t;
+    if (kExact || k < kPacks) {
+      if constexpr (kDW) rtk_norm_store<kStDefault>(dw_part + (long long)blockIdx.x * N + k * VEC, dwa[k]);
+      if constexpr (kDB) rtk_norm_store<kStDefault>(db_part + (long long)blockIdx.x * N + k * VEC, dba[k]);
+    }
+  }
 }

@@ -48,7 +48,7 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
   constexpr bool kB = (FLAGS & kNormBias) != 0;
   constexpr int kLd2 = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
   constexpr int kSt2 = (OPT & kOptPlainLoads) ? kStDefault : kStStream;
-  __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(3)];
+  __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(1)];
 
   const int t = threadIdx.x;
   const long long row = blockIdx.x;
@@ -83,7 +83,17 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
     }
   }
   if constexpr (kLayer) {
-    rtk_norm_group_chan<THREADS>(cnt, mean, m2, scratch);
+    // Two plain block sums instead of a block-wide Chan reduction (which every thread would repeat, a division
+    // per warp: at 256-1024 threads it cost more than the row's arithmetic): the row mean first, then each
+    // thread's M2 moved to it. Both exact in the same sense as Chan's (deviations from the true mean).
+    float s[1] = {mean * cnt};
+    rtk_norm_group_sum<THREADS, 1>(s, scratch);
+    const float row_mean = s[0] * (1.f / (float)N);
+    const float d = mean - row_mean;
+    float q[1] = {fmaf(d * d, cnt, m2)};
+    rtk_norm_group_sum<THREADS, 1>(q, scratch);
+    mean = row_mean;
+    m2 = q[0];
   } else {
     float q[1] = {m2};
     rtk_norm_group_sum<THREADS, 1>(q, scratch);

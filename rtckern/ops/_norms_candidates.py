@@ -188,6 +188,9 @@ class _L2(_NormCandidate):
         ok, why = self.prefers_l2(req)
         if not ok and not self.forced(req):
             return f"another kernel kind is faster here (the l2 kernel is not preferred): {why}"
+        if self.direction == "bwd" and self.config(req) is None:
+            p = self.problem(req)
+            return L.bwd_feasible(p, "l2", K.l2_config(p.n, p.vec, True), smem_optin=req.device.max_smem_per_block_optin)
         return super().supports(req)
 
 

@@ -44,8 +44,9 @@ FWD_MAX_THREAD_BYTES = 128
 BWD_MAX_THREAD_ELEMS = 32  # feasibility; the heuristics aim at BWD_TARGET_THREAD_ELEMS
 BWD_TARGET_THREAD_ELEMS = 16
 MAX_CLUSTER = 8  # the portable cluster size
-# l2 backward: column sums each thread keeps in registers per gradient (dweight, dbias) across its rows.
-BWD_L2_MAX_THREAD_ELEMS = 32
+# l2 backward: its fp32 column sums (dweight, dbias) live in dynamic shared memory, N * 4 bytes each; the static
+# scratch of the block reduction takes the rest of the opt-in limit.
+BWD_L2_STATIC_SMEM = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,14 +215,19 @@ class L2Config:
 
 
 def l2_config(n: int, vec: int, backward: bool, warp: int = 32) -> L2Config:
-    """Forward: the fewest threads (from 256) that give each thread at most 8 packs. Backward: the fewest that keep
-    each thread's column sums within BWD_L2_MAX_THREAD_ELEMS / 2 per gradient (full register budget at 1024)."""
+    """The fewest threads (from 256) that give each thread at most 8 (forward) or 4 (backward) packs per row; the
+    backward fuses pass 2 of a row with pass 1 of the next (OPT 1)."""
     packs = n // vec
-    per = 8 if not backward else max(1, BWD_L2_MAX_THREAD_ELEMS // 2 // vec)
+    per = 4 if backward else 8
     for threads in (256, 512, 1024):
         if _ceil(packs, threads) <= per:
-            return L2Config(threads)
-    return L2Config(1024)
+            break
+    return L2Config(threads, 1, 1 if backward else 0)
+
+
+def bwd_l2_smem(p: "BwdProblem") -> int:
+    """Dynamic shared memory of the l2 backward: the block's fp32 column sums."""
+    return p.n * 4 * ((1 if p.weight_grad else 0) + (1 if p.bias_grad else 0))
 
 
 def split_config(n: int, vec: int, itemsize: int, max_parts: int, warp: int = 32,

@@ -81,15 +81,16 @@ def fwd_feasible(p: K.FwdProblem, kind: str, cfg, warp: int = 32) -> str | None:
     return None
 
 
-def bwd_feasible(p: K.BwdProblem, kind: str, cfg, warp: int = 32) -> str | None:
+def bwd_feasible(p: K.BwdProblem, kind: str, cfg, warp: int = 32, smem_optin: int = 227 * 1024) -> str | None:
     why = geometry_reason(p.n, p.vec, kind, cfg, warp)
     if why is not None:
         return why
     e = K.bwd_thread_elems(p, kind, cfg)
-    if kind == "l2":  # the passes are unrolled over a thread's columns: the column sums live in registers
-        if e > K.BWD_L2_MAX_THREAD_ELEMS:
-            return (f"each thread would keep {e} columns of the gradient sums with {_geometry_text(kind, cfg)} "
-                    f"(limit {K.BWD_L2_MAX_THREAD_ELEMS})")
+    if kind == "l2":
+        need, room = K.bwd_l2_smem(p), smem_optin - K.BWD_L2_STATIC_SMEM
+        if need > room:
+            return (f"the column sums of N={p.n} need {need} B of shared memory per block, over the "
+                    f"{room} B this device allows")
         return None
     if e > K.BWD_MAX_THREAD_ELEMS:
         return (f"each thread would hold {e} columns of x, dy and the gradient sums with {_geometry_text(kind, cfg)} "
@@ -131,7 +132,11 @@ def fwd_config(p: K.FwdProblem, kind: str, device) -> Any:
 
 
 def bwd_config(p: K.BwdProblem, kind: str, device) -> Any:
-    return _config(TABLE_BWD, p, kind, device, bwd_feasible, bwd_heuristic)
+    optin = device.max_smem_per_block_optin
+
+    def feasible(p_, kind_, cfg, warp):
+        return bwd_feasible(p_, kind_, cfg, warp, optin)
+    return _config(TABLE_BWD, p, kind, device, feasible, bwd_heuristic)
 
 
 def _config(table: str, p, kind: str, device, feasible, heuristic):
@@ -183,11 +188,11 @@ _occ: dict[tuple, int] = {}
 _occ_lock = threading.Lock()
 
 
-def blocks_per_sm(kernel, block: int) -> int:
-    key = (id(kernel), block)
+def blocks_per_sm(kernel, block: int, smem: int = 0) -> int:
+    key = (id(kernel), block, smem)
     v = _occ.get(key)
     if v is None:
-        v = max(0, int(kernel.max_active_blocks_per_sm(block, 0)))
+        v = max(0, int(kernel.max_active_blocks_per_sm(block, smem)))
         with _occ_lock:
             _occ[key] = v
     return v
@@ -295,7 +300,8 @@ def coop_slots(kernel, cfg) -> int:
 def bwd_partial_rows(p: K.BwdProblem, kind: str, cfg, kernel, rows: int, stream: int, grid_scale: float = 1.0) -> int:
     """How many partial rows (persistent blocks, clusters or slots) the backward uses for `rows` rows."""
     if kind in ("rows", "l2"):
-        resident = blocks_per_sm(kernel, cfg.block) * kernel.device.sm_count
+        smem = K.bwd_l2_smem(p) if kind == "l2" else 0
+        resident = blocks_per_sm(kernel, cfg.block, smem) * kernel.device.sm_count
         wanted = K.grid_for_rows(rows, cfg) if kind == "rows" else rows
         return max(1, min(wanted, int(resident * grid_scale)))
     if kind == "cluster":
@@ -316,7 +322,7 @@ def launch_bwd(p: K.BwdProblem, kind: str, cfg, kernels, c: BwdCall, grid_scale:
         keep.append(o)
     args = [c.x, c.w, c.dy, c.dres, c.mean, c.rstd, c.dx, dwp, dbp, c.rows, c.sx, c.sdy, c.sdres, c.sdx]
     if kind in ("rows", "l2"):
-        main.launch(parts, cfg.block, args, stream=c.stream)
+        main.launch(parts, cfg.block, args, shared_mem=K.bwd_l2_smem(p) if kind == "l2" else 0, stream=c.stream)
     elif kind == "cluster":
         main.launch(parts * cfg.parts, cfg.threads, args, stream=c.stream)
     else:

@@ -139,11 +139,12 @@ def test_l2_geometry_and_budget():
     b = K.BwdProblem(layer=True, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
                      bias_grad=True, vec=8)
     assert L.bwd_feasible(b, "l2", K.L2Config(1024)) == \
-        "each thread would keep 64 columns of the gradient sums with 1024 threads per block (limit 32)"
-    assert L.bwd_heuristic(b, "l2") is not None and L.bwd_config(b, "l2", DeviceInfo.for_arch("sm_90")) is None
+        "the column sums of N=65536 need 524288 B of shared memory per block, over the 231424 B this device allows"
+    assert L.bwd_config(b, "l2", DeviceInfo.for_arch("sm_90")) is None
     b16 = K.BwdProblem(**{**b.__dict__, "n": 16384})
     c = L.bwd_config(b16, "l2", DeviceInfo.for_arch("sm_90"))
-    assert c is not None and K.bwd_thread_elems(b16, "l2", c) <= K.BWD_L2_MAX_THREAD_ELEMS
+    assert c is not None and K.bwd_l2_smem(b16) == 16384 * 8
+    assert L.bwd_config(b16, "l2", DeviceInfo.for_arch("sm_75")) is None  # 64 KB of shared memory there
     assert K.fwd_template_args(p, "l2", K.L2Config(512, 2, 2)) == \
         ("rtk_bf16", "rtk_bf16", "rtk_bf16", 65536, 8, 512, 2, p.flags, 2)
 
