@@ -192,6 +192,8 @@ def blocks_per_sm(kernel, block: int, smem: int = 0) -> int:
     key = (id(kernel), block, smem)
     v = _occ.get(key)
     if v is None:
+        if smem:  # opt in first: the runtime's default limit does not count the kernel's static shared memory
+            kernel.set_max_dynamic_shared_memory(smem)
         v = max(0, int(kernel.max_active_blocks_per_sm(block, smem)))
         with _occ_lock:
             _occ[key] = v
