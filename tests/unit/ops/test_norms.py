@@ -152,7 +152,7 @@ def test_l2_geometry_and_budget():
 def test_forced_l2_skips_the_preference(cache_dir):
     from rtckern import config
 
-    req = _fwd_req("rms_norm", 4096, "sm_90")
+    req = _fwd_req("rms_norm", 5120, "sm_90")
     assert select(req).candidate.name == "rms_norm.rows"
     with config.override(force_impl={"rms_norm": "rms_norm.l2"}):
         assert select(req).candidate.name == "rms_norm.l2"
@@ -180,10 +180,17 @@ def _bwd_req(op, n, arch, dtype="bf16", vec=8):
 
 
 @pytest.mark.parametrize("arch,n,expect", [("sm_75", 4096, "rows"), ("sm_80", 65536, "l2"), ("sm_80", 8192, "rows"),
-                                           ("sm_80", 262144, "l2"), ("sm_90", 4096, "rows"),
-                                           ("sm_90", 65536, "cluster"), ("sm_90", 262144, "cluster")])
+                                           ("sm_80", 262144, "l2"), ("sm_90", 5120, "rows"),
+                                           ("sm_90", 4096, "l2"), ("sm_90", 65536, "l2"), ("sm_90", 262144, "l2")])
 def test_registry_choice(cache_dir, arch, n, expect):
+    # sm_90: the shipped norm_kind table (H200 sweep); elsewhere the row-size rule
     assert select(_fwd_req("rms_norm", n, arch)).candidate.name == f"rms_norm.{expect}"
+
+
+def test_registry_choice_follows_the_kind_table(cache_dir):
+    # fp32 RMSNorm at N = 65536: the cluster kernel measured fastest (benchmarks/results/norms_sweep_l2_*.json.gz)
+    assert select(_fwd_req("rms_norm", 65536, "sm_90", "fp32", 4)).candidate.name == "rms_norm.cluster"
+    assert select(_bwd_req("rms_norm_backward", 16384, "sm_90")).candidate.name == "rms_norm_backward.l2"
 
 
 @pytest.mark.parametrize("arch,n,expect", [("sm_80", 4096, "rows"), ("sm_80", 65536, "coop"),
@@ -248,7 +255,7 @@ def test_shipped_tables_cover_the_benchmark_shapes():
             for dt in ("bf16", "fp16", "fp32"):
                 for n in (1024, 4096, 5120, 8192, 12288, 16384, 65536):
                     hit = tuning.lookup(L.TABLE_KIND, dev, {"dir": d, "norm": norm, "dtype": dt, "n": n})
-                    assert hit is not None and hit.source == "exact" and hit.config["kind"] in ("rows", "cluster")
+                    assert hit is not None and hit.source == "exact" and hit.config["kind"] in ("rows", "cluster", "l2")
                     kind = hit.config["kind"]
                     p = (K.FwdProblem(layer=norm == "layer", n=n, x=dt, y=dt, w=dt, bias=norm == "layer",
                                       vec=16 // K.ITEMSIZE[dt]) if d == "fwd" else
