@@ -62,6 +62,7 @@ def prefill(dev, dtypes) -> dict:
     from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
     from rtckern.ops._softmax_tuned import sweep_configs
     from rtckern.registry import candidates
+    from rtckern.registry.candidate import arch_reason
     from rtckern.registry.core_api import target_for
 
     specs = []
@@ -73,7 +74,7 @@ def prefill(dev, dtypes) -> dict:
                 for vec in vecs:
                     req = cands.request(op, dt, n, vec, dev)
                     for c in candidates(op):
-                        if c.supports(req) is None:
+                        if arch_reason(c, req) is None and c.supports(req) is None:
                             specs += c.kernel_specs(req)
     target = target_for(dev)
     for direction in (plan.FWD, plan.BWD):
@@ -83,6 +84,17 @@ def prefill(dev, dtypes) -> dict:
                 for cfg in sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin, dev.max_threads_per_sm):
                     for kind in (plan.PLAIN, plan.MASKED, plan.CAUSAL):  # tuned rows serve every mask kind
                         specs.append(cands.onepass_spec(direction, kind, dt, vec, cfg, target))
+    if dev.arch.cc >= (9, 0):
+        from rtckern.ops import _softmax_ring as ring
+
+        for direction in (plan.FWD, plan.BWD):
+            for dt in dtypes:
+                for n in BENCH_NS:
+                    for kind in (plan.PLAIN, plan.MASKED, plan.CAUSAL):
+                        if ring.kernel_kind(direction, kind) != kind:
+                            continue
+                        for cfg in ring.sweep_rings(direction, kind, dt, n, dev.max_smem_per_block_optin):
+                            specs.append(cands.ring_spec(direction, kind, dt, cfg, target))
     specs = list(dict.fromkeys(specs))
     t = time.perf_counter()
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 8, mp_context=mp.get_context("spawn")) as ex:
@@ -122,94 +134,149 @@ def copy_gbps(torch, numel: int, dtype) -> float:
 
 
 # ---- tuning ------------------------------------------------------------------------------------------------------
-def tune(torch, dev, dtypes, out_dir: Path) -> list[dict]:
-    from rtckern import tuning
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
-    from rtckern.ops._softmax_tuned import KEY_FIELDS, TABLES
+def tune(torch, dev, dtypes, out_dir: Path, one_pass: bool = True, rings: bool = True) -> list[dict]:
+    """Every tuning table of every (direction, mask kind): the one-pass kernels' and (sm_90+) the ring kernel's.
+    Each config is checked against float64 on the kind's problem before it may win; winners are written to the
+    output folder and to this process's tuning dir (so --bench in the same run uses them)."""
+    from rtckern.ops import _softmax_plan as plan
+    from rtckern.ops._softmax_tuned import KINDS
 
-    tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-    report, rows_by_table = [], {TABLES[plan.FWD]: [], TABLES[plan.BWD]: []}
-    for direction in (plan.FWD, plan.BWD):
-        tuner = tuning.get_tuner(TABLES[direction])
-        for dt in dtypes:
-            for n in BENCH_NS:
-                vec = plan.vector_width(dt, n)
-                req = cands.request(TABLES[direction], dt, n, vec, dev)
-                configs = tuner.configs(req)
-                if not configs:
-                    log(f"  tune {direction} {dt} n={n}: no one-pass config holds the row (online path)")
-                    continue
-                try:
-                    entry, row = tune_one(torch, tdt, tuner, req, configs, direction, dt, n, vec, dev)
-                except Exception as e:  # recorded and reported; the other shapes still run
-                    log(f"  tune {direction} {dt} n={n}: FAILED {type(e).__name__}: {e}")
-                    report.append({"direction": direction, "dtype": dt, "n": n, "error": str(e)[:500]})
-                    continue
-                rows_by_table[TABLES[direction]].append(row)
-                report.append(entry)
-    user_dir = tuning.user_dir()
-    for name, rows in rows_by_table.items():
-        if rows:
-            for d in (out_dir, user_dir):
-                tuning.merge_rows(name, KEY_FIELDS, rows, Path(d) / f"{name}.json")
+    report = []
+    for is_ring in ((False,) if one_pass else ()) + ((True,) if rings and dev.arch.cc >= (9, 0) else ()):
+        for direction in (plan.FWD, plan.BWD):
+            for kind in KINDS[direction]:
+                report += tune_table(torch, dev, dtypes, out_dir, direction, kind, is_ring)
     return report
 
 
-def tune_one(torch, tdt, tuner, req, configs, direction, dt, n, vec, dev):
-    """Check every config against float64, time the ones that pass, return (report entry, winning table row)."""
+def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_ring: bool) -> list[dict]:
     from rtckern import tuning
+    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan, _softmax_ring as ring
+    from rtckern.ops._softmax_tuned import KEY_FIELDS, RING_KEY_FIELDS, table, tune_problem
+
+    tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    name = table(direction, kind, is_ring)
+    tuner = tuning.get_tuner(name)
+    op = {(plan.FWD, plan.PLAIN): "softmax", (plan.FWD, plan.MASKED): "scaled_masked_softmax",
+          (plan.FWD, plan.CAUSAL): "scaled_aligned_causal_masked_softmax", (plan.BWD, plan.PLAIN): "softmax_backward",
+          (plan.BWD, plan.CAUSAL): "scaled_aligned_causal_masked_softmax_backward"}[(direction, kind)]
+    report, rows = [], []
+    for dt in dtypes:
+        for n in BENCH_NS:
+            vec = ring.vec(dt) if is_ring else plan.vector_width(dt, n)
+            req = cands.request(op, dt, n, vec, dev)
+            configs = tuner.configs(req)
+            tag = f"{name} {dt} n={n}"
+            if not configs:
+                log(f"  tune {tag}: no config holds the row")
+                continue
+            bad = []
+            for cfg in configs:  # correctness of every config before it may win
+                try:
+                    err = check_config(torch, tdt[dt], direction, kind, dt, n, vec, cfg, is_ring, req)
+                except Exception as e:  # a config that cannot load or launch is out, with its reason
+                    err = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                if not (isinstance(err, float) and err < (1e-5 if dt == "fp32" else 1.5e-2)):
+                    bad.append((cfg, err))
+            if bad:
+                log(f"  tune {tag}: configs failing the reference check: {bad}")
+            good = [c for c in configs if c not in [b[0] for b in bad]]
+            if not good:
+                report.append({"table": name, "dtype": dt, "n": n, "failed_check": [{"config": c, "err": e}
+                                                                                      for c, e in bad]})
+                continue
+            orig = tuner.configs
+            tuner.configs = lambda r: good
+            try:
+                row, trials = tuning.tune_request(tuner, req)
+            except Exception as e:  # recorded and reported; the other shapes still run
+                log(f"  tune {tag}: FAILED {type(e).__name__}: {e}")
+                report.append({"table": name, "dtype": dt, "n": n, "error": str(e)[:500]})
+                continue
+            finally:
+                tuner.configs = orig
+            geom, mask_rows = tune_problem(direction, kind, n, dev)
+            nbytes = problem_bytes(direction, kind, geom, plan.ELEM_BYTES[dt], mask_rows)
+            best = min((t for t in trials if t.seconds), key=lambda t: t.seconds)
+            log(f"  tune {tag}: best {dict(best.config)} {best.seconds * 1e6:.1f} us "
+                f"({nbytes / best.seconds / 1e9:.0f} GB/s) of {len(trials)}")
+            rows.append(row)
+            report.append({"table": name, "kernel": "ring" if is_ring else "onepass", "direction": direction,
+                           "kind": kind, "dtype": dt, "n": n, "vec": vec, "best": dict(row.config),
+                           "trials": [{"config": dict(t.config),
+                                       "us": round(t.seconds * 1e6, 2) if t.seconds else None,
+                                       "gbps": round(nbytes / t.seconds / 1e9, 1) if t.seconds else None,
+                                       "error": t.error} for t in trials],
+                           "failed_check": [{"config": c, "err": e} for c, e in bad]})
+    if rows:
+        for d in (out_dir, tuning.user_dir()):
+            tuning.merge_rows(name, RING_KEY_FIELDS if is_ring else KEY_FIELDS, rows, Path(d) / f"{name}.json")
+    return report
+
+
+def problem_bytes(direction: str, kind: int, geom, elem: int, mask_rows: int) -> int:
+    """Bytes of a tuning problem, counted as the benchmark counts them (causal: kept keys read, all written)."""
     from rtckern.ops import _softmax_plan as plan
+    from rtckern.ops._softmax_ring import kernel_kind
 
-    bad = []
-    for cfg in configs:  # correctness of every config before it may win
-        try:
-            err = check_config(torch, tdt[dt], direction, dt, n, vec, plan.OnePass(**cfg), req)
-        except Exception as e:  # a config that cannot load or launch is out, with its reason
-            err = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        if not (isinstance(err, float) and err < (1e-5 if dt == "fp32" else 1.5e-2)):
-            bad.append((cfg, err))
-    if bad:
-        log(f"  tune {direction} {dt} n={n}: configs failing the reference check: {bad}")
-    good = [c for c in configs if c not in [b[0] for b in bad]]
-    orig = tuner.configs
-    tuner.configs = lambda r: good
-    try:
-        row, trials = tuning.tune_request(tuner, req)
-    finally:
-        tuner.configs = orig
-    elem = plan.ELEM_BYTES[dt]
-    nbytes = (2 if direction == plan.FWD else 3) * elem * max(4 * dev.sm_count, ELEMENTS // n) * n
-    entry = {"direction": direction, "dtype": dt, "n": n, "vec": vec, "best": dict(row.config),
-             "trials": [{"config": dict(t.config), "us": round(t.seconds * 1e6, 2) if t.seconds else None,
-                         "gbps": round(nbytes / t.seconds / 1e9, 1) if t.seconds else None,
-                         "error": t.error} for t in trials],
-             "failed_check": [{"config": c, "err": e} for c, e in bad]}
-    best = min((t for t in trials if t.seconds), key=lambda t: t.seconds)
-    log(f"  tune {direction} {dt} n={n}: best {dict(best.config)} {best.seconds * 1e6:.1f} us "
-        f"({nbytes / best.seconds / 1e9:.0f} GB/s) of {len(trials)}")
-    return entry, row
+    k = kernel_kind(direction, kind)
+    kept = sum(geom.valid_keys(r, plan.CAUSAL) for r in range(geom.sq)) * (geom.rows // geom.sq) \
+        if k == plan.CAUSAL else geom.rows * geom.n
+    reads = kept * elem * (1 if direction == plan.FWD else 2)
+    return reads + geom.rows * geom.n * elem + mask_rows * geom.n
 
 
-def check_config(torch, tdtype, direction, dt, n, vec, cfg, req) -> float:
-    """Relative error of one config against a float64 reference on 64 fresh random rows (poisoned output)."""
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+def check_config(torch, tdtype, direction, kind, dt, n, vec, config, is_ring, req) -> float:
+    """Relative error of one config against float64 on the kind's problem (fresh random rows, NaN-poisoned output,
+    enough rows for several tiles per block of the persistent ring kernel)."""
+    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan, _softmax_ring as ring
+    from rtckern.ops._softmax_tuned import _Buffers
 
-    kernel = cands.onepass_kernel(direction, plan.PLAIN, dt, vec, cfg, req)
-    rows = 64
-    x = torch.randn(rows, n, device="cuda", dtype=tdtype) * 3
-    out = torch.full_like(x, float("nan"))
-    geom = plan.RowGeometry(rows=rows, n=n)
-    if direction == plan.FWD:
-        cands.launch_onepass(kernel, direction, cfg, dt, vec, (x.data_ptr(), out.data_ptr(), 0), geom,
-                             _f32(SCALE), torch.cuda.current_stream().cuda_stream)
-        ref = torch.softmax(x.double() * SCALE, -1)
+    k = ring.kernel_kind(direction, kind)
+    rows = min(3 * req.device.sm_count * 8, (1 << 23) // n) + 3
+    sq = 1
+    if k == plan.MASKED:
+        sq = 64
+        rows = max(sq, rows - rows % sq)
+        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, heads=rows // sq, mask_batch_stride=0)
+    elif k == plan.CAUSAL:
+        sq = min(n, 256)
+        rows = max(sq, rows - rows % sq)
+        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n - sq)
     else:
-        y = torch.softmax(x.float(), -1).to(tdtype)
+        geom = plan.RowGeometry(rows=rows, n=n)
+    x = torch.randn(rows, n, device="cuda", dtype=tdtype) * 3
+    keep = torch.ones(rows, n, dtype=torch.bool, device="cuda")
+    mask = None
+    if k == plan.MASKED:
+        mask = torch.rand(sq, n, device="cuda") < 0.3
+        keep = ~mask.repeat(rows // sq, 1)
+    elif k == plan.CAUSAL:
+        valid = torch.tensor([geom.valid_keys(r, plan.CAUSAL) for r in range(sq)], device="cuda").repeat(rows // sq)
+        keep = torch.arange(n, device="cuda")[None, :] < valid[:, None]
+    out = torch.full_like(x, float("nan"))
+    ref_y = torch.nan_to_num(torch.softmax((x.double() * 0.5).masked_fill(~keep, float("-inf")), -1), nan=0.0)
+    if direction == plan.FWD:
+        arrays = [x, out]
+        ref = ref_y
+    else:
+        y = ref_y.to(tdtype)
         dy = torch.randn_like(y)
-        cands.launch_onepass(kernel, direction, cfg, dt, vec, (y.data_ptr(), dy.data_ptr(), out.data_ptr()), geom,
-                             _f32(SCALE), torch.cuda.current_stream().cuda_stream)
+        arrays = [y, dy, out]
         y64, dy64 = y.double(), dy.double()
-        ref = SCALE * y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+        ref = 0.5 * y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+    bufs = _Buffers(arrays, [a.data_ptr() for a in arrays], mask)
+    stream = torch.cuda.current_stream().cuda_stream
+    if is_ring:
+        from rtckern.ops._softmax_tuned import ring_launcher
+
+        launch, _ = ring_launcher(direction, kind, ring.Ring(**config), req, geom, bufs)
+        launch(stream)
+    else:
+        cfg = plan.OnePass(**config)
+        kernel = cands.onepass_kernel(direction, kind, dt, vec, cfg, req)
+        ptrs = (bufs.ptrs[0], bufs.ptrs[1], bufs.mask) if direction == plan.FWD else tuple(bufs.ptrs)
+        cands.launch_onepass(kernel, direction, cfg, dt, vec, ptrs, geom, _f32(0.5), stream)
     torch.cuda.synchronize()
     if torch.isnan(out).any():
         return float("inf")
@@ -431,14 +498,18 @@ def markdown(env: dict, copy_ref: dict, results: list[dict], summ: dict, tune_re
             f"{r['rtk_bwd_gbps']:.0f} | {r['bwd_vs_copy']:.2f} | {r['eager_bwd_gbps']:.0f} |")
     lines += ["", "## Summary", "", "```", json.dumps(summ, indent=1), "```", ""]
     if tune_report:
-        lines += ["## Tuning (one-pass configs: threads, group, items, min_blocks)", "",
-                  "| dir | dtype | N | best | GB/s of each config tried |", "|---|---|---|---|---|"]
+        fmt_one = lambda c: (f"{c['kernel']} {c['threads']}/{c['group']}/{c['items']}/"  # noqa: E731
+                             f"{c['min_blocks']}")
+        fmt_ring = lambda c: f"ring {c['warps']}/{c['group']}/{c['items']}/{c['rows']}/{c['slots']}"  # noqa: E731
+        lines += ["## Tuning: the best config per table (one-pass: kernel threads/group/items/min_blocks; ring: "
+                  "warps/group/items/rows/slots) and the GB/s of every config tried", "",
+                  "| table | dtype | N | best | GB/s of each config tried |", "|---|---|---|---|---|"]
         for t in tune_report:
-            b = t["best"]
-            tried = "; ".join(f"{c['config']['threads']}/{c['config']['group']}/{c['config']['items']}/"
-                              f"{c['config']['min_blocks']}: {c['gbps']}" for c in t["trials"])
-            lines.append(f"| {t['direction']} | {t['dtype']} | {t['n']} | {b['threads']}/{b['group']}/{b['items']}/"
-                         f"{b['min_blocks']} | {tried} |")
+            if "best" not in t:
+                continue
+            fmt = fmt_ring if t.get("kernel") == "ring" else fmt_one
+            tried = "; ".join(f"{fmt(c['config'])}: {c['gbps']}" for c in t["trials"])
+            lines.append(f"| {t['table']} | {t['dtype']} | {t['n']} | {fmt(t['best'])} | {tried} |")
     lines.append("")
     impls = sorted({(r["op"], r["dtype"], r["n"], r["impl_fwd"], r["impl_bwd"]) for r in results if "error" not in r})
     lines += ["## Kernels used", ""] + [f"- {o} {d} N={n}: {f}; backward {b}" for o, d, n, f, b in impls] + [""]
@@ -487,6 +558,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prefill", action="store_true")
     ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--tune-ring", action="store_true", help="only the ring kernel's sweep (sm_90+)")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--compile", default="plain", choices=("all", "plain", "none"))
     ap.add_argument("--dtypes", default="bf16,fp16,fp32")
@@ -514,6 +586,9 @@ def main() -> None:
     tune_report = []
     if args.tune:
         tune_report = tune(torch, dev, dtypes, out_dir)
+        payload["tuning"] = tune_report
+    elif args.tune_ring:
+        tune_report = tune(torch, dev, dtypes, out_dir, one_pass=False)
         payload["tuning"] = tune_report
     elif (out_dir / "softmax_tuning.json").is_file():  # an earlier --tune run of this session
         earlier = json.loads((out_dir / "softmax_tuning.json").read_text())

@@ -54,6 +54,17 @@ __global__ void smem_reverse(const float* __restrict__ x, float* __restrict__ y,
   for (long long i = threadIdx.x; i < n; i += blockDim.x) y[i] = buf[n - 1 - i];
 }
 
+// The same with 1 KB of static shared memory as well: the default limit (48 KB) counts static and dynamic together,
+// so 48 KB of dynamic memory here needs the opt-in too.
+__global__ void smem_reverse_static(const float* __restrict__ x, float* __restrict__ y, long long n) {
+  __shared__ float zeros[256];
+  extern __shared__ float buf[];
+  if (threadIdx.x < 256) zeros[threadIdx.x] = 0.f;
+  for (long long i = threadIdx.x; i < n; i += blockDim.x) buf[i] = x[i];
+  __syncthreads();
+  for (long long i = threadIdx.x; i < n; i += blockDim.x) y[i] = buf[n - 1 - i] + zeros[i % 256];
+}
+
 // Each block writes its rank inside its thread-block cluster (sm_90+; -1 elsewhere): a cluster-launch probe.
 __global__ void cluster_rank(long long* out) {
   if (threadIdx.x != 0) return;

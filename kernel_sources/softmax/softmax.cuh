@@ -7,3 +7,4 @@
 #include "softmax/softmax_bwd.cuh"
 #include "softmax/softmax_stream.cuh"
 #include "softmax/softmax_online.cuh"
+#include "softmax/softmax_ring.cuh"

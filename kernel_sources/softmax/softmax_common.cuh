@@ -133,3 +133,130 @@ RTK_DEVICE float rtk_softmax_reduce(float v, Op op, float* scratch) {
   }
 }
 
+
+// ---- values for exp2(fma(u, a, -max)) ------------------------------------------------------------------------
+// The forward kernels work on u with logit = u * a (log2 units). POS (scale > 0, the kernels branch on it once):
+// u is the raw input and a = scale * log2(e), so raw -inf stays -inf and exp2(logit - max) is one FFMA and one
+// MUFU per key. Otherwise u is the -inf-safe logit (rtk_softmax_logit) and a = 1. Masked keys and keys at or past
+// the causal bound become -inf; the causal test runs only in the vector that holds the bound.
+
+// -inf in the storage type's bits, twice (a 32-bit pair of 16-bit values).
+template <typename T>
+struct rtk_neg_inf_pair {
+  static constexpr unsigned int value = 0u;
+};
+template <>
+struct rtk_neg_inf_pair<rtk_half> {
+  static constexpr unsigned int value = 0xfc00fc00u;
+};
+template <>
+struct rtk_neg_inf_pair<rtk_bf16> {
+  static constexpr unsigned int value = 0xff80ff80u;
+};
+
+#if defined(RTK_CUDA)
+// 0xffff in each 16-bit lane whose mask byte is nonzero: bytes of w made 0x80 where nonzero, then PRMT's
+// sign-replicate mode spreads bytes `first` and `first + 1` over the two halves.
+template <int FIRST>
+RTK_DEVICE unsigned int rtk_sm_mask_lanes(unsigned int nz) {
+  unsigned int r;
+  constexpr unsigned int sel = FIRST == 0 ? 0x9988u : 0xbbaau;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(nz), "n"(sel));
+  return r;
+}
+RTK_DEVICE unsigned int rtk_sm_nonzero_bytes(unsigned int w) {
+  return ((((w & 0x7f7f7f7fu) + 0x7f7f7f7fu) | w) & 0x80808080u);
+}
+#endif
+
+// Masked keys of a 16-bit vector become -inf, two keys per LOP3 (no per-key select). VEC % 4 == 0.
+template <typename T, int VEC>
+RTK_DEVICE void rtk_sm_mask_packed(rtk_vec<T, VEC>& v, const unsigned char* mp) {
+#if defined(RTK_CUDA)
+  static_assert(sizeof(T) == 2 && VEC % 4 == 0, "packed masks: 16-bit types, whole mask words");
+  unsigned int* words = reinterpret_cast<unsigned int*>(&v);
+  const unsigned int* mw = reinterpret_cast<const unsigned int*>(mp);
+  constexpr unsigned int neg = rtk_neg_inf_pair<T>::value;
+#pragma unroll
+  for (int q = 0; q < VEC / 4; ++q) {
+    const unsigned int nz = rtk_sm_nonzero_bytes(mw[q]);
+    const unsigned int lo = rtk_sm_mask_lanes<0>(nz), hi = rtk_sm_mask_lanes<2>(nz);
+    words[2 * q] = (words[2 * q] & ~lo) | (neg & lo);
+    words[2 * q + 1] = (words[2 * q + 1] & ~hi) | (neg & hi);
+  }
+#endif
+}
+
+template <typename T, int VEC>
+constexpr bool kRtkPackedMask =
+#if defined(RTK_CUDA)
+    sizeof(T) == 2 && VEC % 4 == 0;
+#else
+    false;
+#endif
+
+// Masked keys of v become -inf in the storage type (mp: the VEC mask bytes of v's keys).
+template <typename T, int VEC>
+RTK_DEVICE void rtk_softmax_mask_raw(rtk_vec<T, VEC>& v, const unsigned char* mp) {
+  if constexpr (kRtkPackedMask<T, VEC>) {
+    rtk_sm_mask_packed<T, VEC>(v, mp);
+  } else {
+    bool mk[VEC];
+    rtk_sm_load_mask<VEC>(mp, mk);
+    const T neg = rtk_from_float<T>(rtk_neg_inf());
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v.v[i] = mk[i] ? neg : v.v[i];
+  }
+}
+
+// u of VEC keys starting at key e from their stored values `v` (mp: their VEC mask bytes when KIND is masked).
+template <typename T, int KIND, int VEC, bool POS>
+RTK_DEVICE void rtk_softmax_values(rtk_vec<T, VEC> v, const unsigned char* mp, long long e, long long valid,
+                                   float scale_log2, float (&u)[VEC]) {
+  if constexpr (KIND == RTK_SOFTMAX_MASKED) rtk_softmax_mask_raw<T, VEC>(v, mp);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const float raw = rtk_to_float(v.v[i]);
+    u[i] = POS ? raw : rtk_softmax_logit(raw, scale_log2);
+  }
+  if constexpr (KIND == RTK_SOFTMAX_CAUSAL) {
+    if (e + VEC > valid) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) u[i] = e + i < valid ? u[i] : rtk_neg_inf();
+    }
+  }
+}
+
+// Running (max, sum of exp2(logit - max)) of a thread over B vectors of values (logit = u * a): the max of the
+// batch first, then one rescale and one exp2 per key. (Batches of 4 vectors per thread measured slower than 1
+// in the L2 and cp.async kernels on the H200: more registers, fewer blocks per SM.)
+template <int B, int VEC>
+RTK_DEVICE void rtk_softmax_online_batch(const float (&u)[B][VEC], float a, float& m, float& s) {
+  float vm = rtk_neg_inf();
+#pragma unroll
+  for (int q = 0; q < B; ++q)
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) vm = fmaxf(vm, u[q][i]);
+  const float mn = fmaxf(m, vm * a);
+  if (mn != rtk_neg_inf()) {
+    float acc = s * rtk_exp2(m - mn);  // m = -inf: s is 0 and exp2(-inf) = 0
+#pragma unroll
+    for (int q = 0; q < B; ++q)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc += rtk_exp2(fmaf(u[q][i], a, -mn));
+    s = acc;
+    m = mn;
+  }
+}
+
+// Runs CALL with the constant POS = (scale > 0) in scope: one uniform branch per kernel, both bodies compiled.
+#define RTK_SOFTMAX_DISPATCH_POS(scale, CALL) \
+  do {                                         \
+    if ((scale) > 0.f) {                       \
+      constexpr bool POS = true;               \
+      CALL;                                    \
+    } else {                                   \
+      constexpr bool POS = false;              \
+      CALL;                                    \
+    }                                          \
+  } while (0)

@@ -13,73 +13,66 @@
 #pragma once
 #include "softmax/softmax_common.cuh"
 
-// VEC logits of key e..e+VEC-1; masked keys and keys at or past `valid` become -inf.
+// VEC logits of key e..e+VEC-1 (evict-first loads); masked keys and keys at or past `valid` become -inf.
 template <typename T, int KIND, int VEC>
 RTK_DEVICE void rtk_softmax_load_logits(const T* __restrict__ xr, const unsigned char* __restrict__ mr, long long e,
                                         long long valid, float scale_log2, float (&f)[VEC]) {
-  const rtk_vec<T, VEC> v = rtk_sm_load<T, VEC>(xr + e);
-  bool masked[VEC];
-  if constexpr (KIND == RTK_SOFTMAX_MASKED) rtk_sm_load_mask<VEC>(mr + e, masked);
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    float l = rtk_softmax_logit(rtk_to_float(v.v[i]), scale_log2);
-    if constexpr (KIND == RTK_SOFTMAX_MASKED) l = masked[i] ? rtk_neg_inf() : l;
-    if constexpr (KIND == RTK_SOFTMAX_CAUSAL) l = (e + i < valid) ? l : rtk_neg_inf();
-    f[i] = l;
-  }
+  rtk_softmax_values<T, KIND, VEC, false>(rtk_sm_load<T, VEC>(xr + e), mr + e, e, valid, scale_log2, f);
 }
 
-// The same keys in the storage type, masked ones replaced by -inf (what the shared-memory stash holds).
+// The same keys in the storage type, masked ones (and causal ones at or past `valid`) replaced by -inf: what the
+// shared-memory stash holds.
 template <typename T, int KIND, int VEC>
 RTK_DEVICE rtk_vec<T, VEC> rtk_softmax_load_stash(const T* __restrict__ xr, const unsigned char* __restrict__ mr,
                                                   long long e, long long valid) {
   rtk_vec<T, VEC> v = rtk_sm_load<T, VEC>(xr + e);
-  if constexpr (KIND != RTK_SOFTMAX_PLAIN) {
-    bool masked[VEC];
-    if constexpr (KIND == RTK_SOFTMAX_MASKED) rtk_sm_load_mask<VEC>(mr + e, masked);
-    const T neg_inf = rtk_from_float<T>(rtk_neg_inf());
+  if constexpr (KIND == RTK_SOFTMAX_MASKED) rtk_softmax_mask_raw<T, VEC>(v, mr + e);
+  if constexpr (KIND == RTK_SOFTMAX_CAUSAL) {
+    if (e + VEC > valid) {
+      const T neg_inf = rtk_from_float<T>(rtk_neg_inf());
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      bool drop;
-      if constexpr (KIND == RTK_SOFTMAX_MASKED) drop = masked[i];
-      else drop = e + i >= valid;
-      if (drop) v.v[i] = neg_inf;
+      for (int i = 0; i < VEC; ++i) v.v[i] = e + i < valid ? v.v[i] : neg_inf;
     }
   }
   return v;
 }
 
-template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int MIN_BLOCKS>
-__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask, long long rows,
-            long long n, long long sq, long long heads, long long mask_batch_stride, long long diag_offset,
-            float scale) {
-  constexpr bool kBlockRow = GROUP > RTK_WARP_SIZE_CONST;
-  static_assert(!kBlockRow || GROUP == THREADS, "a row wider than a warp takes the whole block");
-  static_assert(GROUP > 0 && (GROUP & (GROUP - 1)) == 0 && THREADS % GROUP == 0, "GROUP: power of two dividing THREADS");
-  static_assert(VEC > 0 && (int)sizeof(T) * VEC <= kVecBytes, "VEC: at most 16 bytes");
-  constexpr int kRowsPerBlock = THREADS / GROUP;
-  __shared__ float scratch[kBlockRow ? THREADS / RTK_WARP_SIZE_CONST : 1];
+// u of a stashed vector (masks already applied in the storage type).
+template <typename T, int VEC, bool POS>
+RTK_DEVICE void rtk_softmax_stash_values(const rtk_vec<T, VEC>& s, float scale_log2, float (&u)[VEC]) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const float raw = rtk_to_float(s.v[i]);
+    u[i] = POS ? raw : rtk_softmax_logit(raw, scale_log2);
+  }
+}
 
+template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, bool POS>
+RTK_DEVICE void rtk_softmax_fwd_body(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask,
+                                     long long rows, long long n, long long sq, long long heads,
+                                     long long mask_batch_stride, long long diag_offset, float scale, float* scratch) {
+  constexpr bool kBlockRow = GROUP > RTK_WARP_SIZE_CONST;
+  constexpr int kRowsPerBlock = THREADS / GROUP;
   const int lane = kBlockRow ? (int)threadIdx.x : (int)(threadIdx.x % GROUP);
   const long long row = (long long)blockIdx.x * kRowsPerBlock + (kBlockRow ? 0 : (long long)(threadIdx.x / GROUP));
   // Lanes of a row past the end still join the shuffles; they load and store nothing.
   const bool active = row < rows;
   const long long valid = active ? rtk_softmax_valid<KIND>(row, n, sq, diag_offset) : 0;
   const float scale_log2 = scale * kRtkLog2e;
+  const float a = POS ? scale_log2 : 1.f;  // logit = u * a (softmax_common.cuh)
   const T* xr = x + row * n;
   T* yr = y + row * n;
   const unsigned char* mr = nullptr;
   if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
 
-  // Pass 1: load, max.
+  // Pass 1: load, max of u.
   float v[ITEMS][VEC];
   float mx = rtk_neg_inf();
 #pragma unroll
   for (int j = 0; j < ITEMS; ++j) {
     const long long e = ((long long)j * GROUP + lane) * VEC;
     if (e < valid) {
-      rtk_softmax_load_logits<T, KIND, VEC>(xr, mr, e, valid, scale_log2, v[j]);
+      rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load<T, VEC>(xr + e), mr + e, e, valid, scale_log2, v[j]);
     } else {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) v[j][i] = rtk_neg_inf();
@@ -97,11 +90,13 @@ softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __r
     for (long long e = kRegKeys + (long long)lane * VEC; e < valid; e += (long long)THREADS * VEC) {
       const rtk_vec<T, VEC> s = rtk_softmax_load_stash<T, KIND, VEC>(xr, mr, e, valid);
       stash[(e - kRegKeys) / VEC] = s;
+      float u[VEC];
+      rtk_softmax_stash_values<T, VEC, POS>(s, scale_log2, u);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) mx = fmaxf(mx, rtk_softmax_logit(rtk_to_float(s.v[i]), scale_log2));
+      for (int i = 0; i < VEC; ++i) mx = fmaxf(mx, u[i]);
     }
   }
-  mx = rtk_softmax_reduce<GROUP>(mx, rtk_max_op{}, scratch);
+  mx = rtk_softmax_reduce<GROUP>(mx, rtk_max_op{}, scratch) * a;  // max of u times a > 0: max of the logits
   // A row with every key masked: subtracting 0 keeps exp2(-inf - 0) = 0 instead of NaN.
   if (mx == rtk_neg_inf()) mx = 0.f;
 
@@ -111,16 +106,17 @@ softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __r
   for (int j = 0; j < ITEMS; ++j) {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-      v[j][i] = rtk_exp2(v[j][i] - mx);
+      v[j][i] = rtk_exp2(fmaf(v[j][i], a, -mx));
       sum += v[j][i];
     }
   }
   if constexpr (kBlockRow) {
 #pragma unroll 4
     for (long long e = kRegKeys + (long long)lane * VEC; e < valid; e += (long long)THREADS * VEC) {
-      const rtk_vec<T, VEC> s = stash[(e - kRegKeys) / VEC];
+      float u[VEC];
+      rtk_softmax_stash_values<T, VEC, POS>(stash[(e - kRegKeys) / VEC], scale_log2, u);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) sum += rtk_exp2(rtk_softmax_logit(rtk_to_float(s.v[i]), scale_log2) - mx);
+      for (int i = 0; i < VEC; ++i) sum += rtk_exp2(fmaf(u[i], a, -mx));
     }
   }
   sum = rtk_softmax_reduce<GROUP>(sum, rtk_sum_op{}, scratch);
@@ -144,14 +140,28 @@ softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __r
     for (long long e = kRegKeys + (long long)lane * VEC; e < n; e += (long long)THREADS * VEC) {
       rtk_vec<T, VEC> o;
       if (e < valid) {
-        const rtk_vec<T, VEC> s = stash[(e - kRegKeys) / VEC];
+        float u[VEC];
+        rtk_softmax_stash_values<T, VEC, POS>(stash[(e - kRegKeys) / VEC], scale_log2, u);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i)
-          o.v[i] = rtk_from_float<T>(rtk_exp2(rtk_softmax_logit(rtk_to_float(s.v[i]), scale_log2) - mx) * inv);
+        for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(rtk_exp2(fmaf(u[i], a, -mx)) * inv);
       } else {
         o = rtk_sm_zero<T, VEC>();
       }
       rtk_sm_store<T, VEC>(yr + e, o);
     }
   }
+}
+
+template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask, long long rows,
+            long long n, long long sq, long long heads, long long mask_batch_stride, long long diag_offset,
+            float scale) {
+  constexpr bool kBlockRow = GROUP > RTK_WARP_SIZE_CONST;
+  static_assert(!kBlockRow || GROUP == THREADS, "a row wider than a warp takes the whole block");
+  static_assert(GROUP > 0 && (GROUP & (GROUP - 1)) == 0 && THREADS % GROUP == 0, "GROUP: power of two dividing THREADS");
+  static_assert(VEC > 0 && (int)sizeof(T) * VEC <= kVecBytes, "VEC: at most 16 bytes");
+  __shared__ float scratch[kBlockRow ? THREADS / RTK_WARP_SIZE_CONST : 1];
+  RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_body<T, KIND, VEC, ITEMS, GROUP, THREADS, POS>(
+                                      x, y, mask, rows, n, sq, heads, mask_batch_stride, diag_offset, scale, scratch)));
 }

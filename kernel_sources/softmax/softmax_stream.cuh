@@ -45,33 +45,6 @@ RTK_DEVICE void rtk_sm_copy_wait() {
 #endif
 }
 
-// Logits (log2 units) of a stored vector at key e: causal keys at or past `valid` and stored -inf become -inf.
-template <typename T, int KIND, int VEC>
-RTK_DEVICE void rtk_softmax_stash_logits(const rtk_vec<T, VEC>& s, long long e, long long valid, float scale_log2,
-                                         float (&f)[VEC]) {
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    float l = rtk_softmax_logit(rtk_to_float(s.v[i]), scale_log2);
-    if constexpr (KIND == RTK_SOFTMAX_CAUSAL) l = (e + i < valid) ? l : rtk_neg_inf();
-    f[i] = l;
-  }
-}
-
-// Per-thread running (max, sum of exp2(l - max)) over one vector of logits.
-template <int VEC>
-RTK_DEVICE void rtk_softmax_online_update(const float (&f)[VEC], float& m, float& s) {
-  float vm = f[0];
-#pragma unroll
-  for (int i = 1; i < VEC; ++i) vm = fmaxf(vm, f[i]);
-  const float m_new = fmaxf(m, vm);
-  if (m_new != rtk_neg_inf()) {
-    s *= rtk_exp2(m - m_new);  // m = -inf: s is 0 and exp2(-inf) = 0
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) s += rtk_exp2(f[i] - m_new);
-    m = m_new;
-  }
-}
-
 // Block-wide (max, 1 / sum) from per-thread running pairs; max = 0 and 1 / sum = 0 for a fully masked row.
 RTK_DEVICE void rtk_softmax_block_stats(float m, float s, float* scratch, float& mx, float& inv) {
   const float bm = rtk_block_reduce(m, rtk_max_op{}, scratch);
@@ -80,23 +53,23 @@ RTK_DEVICE void rtk_softmax_block_stats(float m, float s, float* scratch, float&
   inv = bs > 0.f ? 1.f / bs : 0.f;
 }
 
-template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS>
-__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-softmax_fwd_async(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask,
-                  long long rows, long long n, long long sq, long long heads, long long mask_batch_stride,
-                  long long diag_offset, float scale) {
-  static_assert(THREADS > RTK_WARP_SIZE_CONST && THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
-  __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST];
+template <typename T, int KIND, int VEC, int THREADS, bool POS>
+RTK_DEVICE void rtk_softmax_fwd_async_body(const T* __restrict__ x, T* __restrict__ y,
+                                           const unsigned char* __restrict__ mask, long long n, long long sq,
+                                           long long heads, long long mask_batch_stride, long long diag_offset,
+                                           float scale, float* scratch) {
   extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
   rtk_vec<T, VEC>* stash = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
   const long long row = blockIdx.x;
   const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
   const float scale_log2 = scale * kRtkLog2e;
+  const float a = POS ? scale_log2 : 1.f;  // logit = u * a (softmax_common.cuh)
   const T* xr = x + row * n;
   T* yr = y + row * n;
   const unsigned char* mr = nullptr;
   if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
   constexpr long long kStep = (long long)THREADS * VEC;
+  constexpr int kStashKind = KIND == RTK_SOFTMAX_MASKED ? RTK_SOFTMAX_PLAIN : KIND;  // masks applied in the stash
 
   // Copy the row (up to the causal bound) into shared memory; every request is in flight before any wait.
   for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) rtk_sm_copy_async<T, VEC>(stash + e / VEC, xr + e);
@@ -108,19 +81,12 @@ softmax_fwd_async(const T* __restrict__ x, T* __restrict__ y, const unsigned cha
   for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
     rtk_vec<T, VEC> v = stash[e / VEC];
     if constexpr (KIND == RTK_SOFTMAX_MASKED) {
-      bool masked[VEC];
-      rtk_sm_load_mask<VEC>(mr + e, masked);
-      bool any = false;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        if (masked[i]) v.v[i] = rtk_from_float<T>(rtk_neg_inf());
-        any |= masked[i];
-      }
-      if (any) stash[e / VEC] = v;
+      rtk_softmax_mask_raw<T, VEC>(v, mr + e);
+      stash[e / VEC] = v;
     }
-    float f[VEC];
-    rtk_softmax_stash_logits<T, KIND, VEC>(v, e, valid, scale_log2, f);
-    rtk_softmax_online_update<VEC>(f, m, s);
+    float u[1][VEC];
+    rtk_softmax_values<T, kStashKind, VEC, POS>(v, nullptr, e, valid, scale_log2, u[0]);
+    rtk_softmax_online_batch<1, VEC>(u, a, m, s);
   }
   float mx, inv;
   rtk_softmax_block_stats(m, s, scratch, mx, inv);
@@ -130,10 +96,10 @@ softmax_fwd_async(const T* __restrict__ x, T* __restrict__ y, const unsigned cha
   for (long long e = (long long)threadIdx.x * VEC; e < n; e += kStep) {
     rtk_vec<T, VEC> o;
     if (e < valid) {
-      float f[VEC];
-      rtk_softmax_stash_logits<T, KIND, VEC>(stash[e / VEC], e, valid, scale_log2, f);
+      float u[VEC];
+      rtk_softmax_values<T, kStashKind, VEC, POS>(stash[e / VEC], nullptr, e, valid, scale_log2, u);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(rtk_exp2(f[i] - mx) * inv);
+      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(rtk_exp2(fmaf(u[i], a, -mx)) * inv);
     } else {
       o = rtk_sm_zero<T, VEC>();
     }
@@ -141,19 +107,56 @@ softmax_fwd_async(const T* __restrict__ x, T* __restrict__ y, const unsigned cha
   }
 }
 
-// Logits of keys e..e+VEC-1 loaded with L2-keeping loads (pass 1 of the l2 kernels).
-template <typename T, int KIND, int VEC>
-RTK_DEVICE void rtk_softmax_load_logits_keep(const T* __restrict__ xr, const unsigned char* __restrict__ mr,
-                                             long long e, long long valid, float scale_log2, float (&f)[VEC]) {
-  const rtk_vec<T, VEC> v = rtk_sm_load_keep<T, VEC>(xr + e);
-  bool masked[VEC];
-  if constexpr (KIND == RTK_SOFTMAX_MASKED) rtk_sm_load_mask<VEC>(mr + e, masked);
+template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+softmax_fwd_async(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask,
+                  long long rows, long long n, long long sq, long long heads, long long mask_batch_stride,
+                  long long diag_offset, float scale) {
+  static_assert(THREADS > RTK_WARP_SIZE_CONST && THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
+  __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST];
+  RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_async_body<T, KIND, VEC, THREADS, POS>(
+                                      x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale, scratch)));
+}
+
+template <typename T, int KIND, int VEC, int THREADS, bool POS>
+RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__ y,
+                                        const unsigned char* __restrict__ mask, long long n, long long sq,
+                                        long long heads, long long mask_batch_stride, long long diag_offset,
+                                        float scale, float* scratch) {
+  const long long row = blockIdx.x;
+  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
+  const float scale_log2 = scale * kRtkLog2e;
+  const float a = POS ? scale_log2 : 1.f;  // logit = u * a (softmax_common.cuh)
+  const T* xr = x + row * n;
+  T* yr = y + row * n;
+  const unsigned char* mr = nullptr;
+  if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
+  constexpr long long kStep = (long long)THREADS * VEC;
+
+  // Pass 1: L2-keeping loads, running max and sum.
+  float m = rtk_neg_inf(), s = 0.f;
+#pragma unroll 4
+  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
+    float u[1][VEC];
+    rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load_keep<T, VEC>(xr + e), mr + e, e, valid, scale_log2, u[0]);
+    rtk_softmax_online_batch<1, VEC>(u, a, m, s);
+  }
+  float mx, inv;
+  rtk_softmax_block_stats(m, s, scratch, mx, inv);
+
+  // Pass 2: the row again (from L2 while the block runs; evict-first: last use), normalize, store.
+#pragma unroll 4
+  for (long long e = (long long)threadIdx.x * VEC; e < n; e += kStep) {
+    rtk_vec<T, VEC> o;
+    if (e < valid) {
+      float u[VEC];
+      rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load<T, VEC>(xr + e), mr + e, e, valid, scale_log2, u);
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    float l = rtk_softmax_logit(rtk_to_float(v.v[i]), scale_log2);
-    if constexpr (KIND == RTK_SOFTMAX_MASKED) l = masked[i] ? rtk_neg_inf() : l;
-    if constexpr (KIND == RTK_SOFTMAX_CAUSAL) l = (e + i < valid) ? l : rtk_neg_inf();
-    f[i] = l;
+      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(rtk_exp2(fmaf(u[i], a, -mx)) * inv);
+    } else {
+      o = rtk_sm_zero<T, VEC>();
+    }
+    rtk_sm_store<T, VEC>(yr + e, o);
   }
 }
 
@@ -164,38 +167,8 @@ softmax_fwd_l2(const T* __restrict__ x, T* __restrict__ y, const unsigned char* 
                float scale) {
   static_assert(THREADS > RTK_WARP_SIZE_CONST && THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
   __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST];
-  const long long row = blockIdx.x;
-  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
-  const float scale_log2 = scale * kRtkLog2e;
-  const T* xr = x + row * n;
-  T* yr = y + row * n;
-  const unsigned char* mr = nullptr;
-  if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
-  constexpr long long kStep = (long long)THREADS * VEC;
-
-  float m = rtk_neg_inf(), s = 0.f;
-#pragma unroll 4
-  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
-    float f[VEC];
-    rtk_softmax_load_logits_keep<T, KIND, VEC>(xr, mr, e, valid, scale_log2, f);
-    rtk_softmax_online_update<VEC>(f, m, s);
-  }
-  float mx, inv;
-  rtk_softmax_block_stats(m, s, scratch, mx, inv);
-
-#pragma unroll 4
-  for (long long e = (long long)threadIdx.x * VEC; e < n; e += kStep) {
-    rtk_vec<T, VEC> o;
-    if (e < valid) {
-      float f[VEC];
-      rtk_softmax_load_logits<T, KIND, VEC>(xr, mr, e, valid, scale_log2, f);  // evict-first: last use
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(rtk_exp2(f[i] - mx) * inv);
-    } else {
-      o = rtk_sm_zero<T, VEC>();
-    }
-    rtk_sm_store<T, VEC>(yr + e, o);
-  }
+  RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_l2_body<T, KIND, VEC, THREADS, POS>(
+                                      x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale, scratch)));
 }
 
 template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS>

@@ -1,5 +1,6 @@
-"""Registry candidates of the softmax ops: `<op>.onepass` (rows held on chip, read once) and `<op>.online`
-(two launches over chunks, any row length). One instance of each per op, registered by `register_all()`.
+"""Registry candidates of the softmax ops: `<op>.ring` (sm_90+: persistent blocks fed by bulk copies into a ring
+of shared-memory slots), `<op>.onepass` (rows held on chip, read once) and `<op>.online` (two launches over
+chunks, any row length). One instance of each per op, registered by `register_all()`.
 
 A request carries what decides compilation and feasibility: the dtype, the row length n (its power-of-two
 bucket picks the template config; n itself decides whether the shared-memory stash fits) and the vector width.
@@ -16,7 +17,8 @@ from rtckern.registry import default_registry
 from rtckern.spec import KernelSpec
 from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_plan as plan
-from rtckern.ops._softmax_tuned import register_tuners, tuned_onepass
+from rtckern.ops import _softmax_ring as ring
+from rtckern.ops._softmax_tuned import measured_us, register_tuners, tuned_onepass, tuned_ring
 
 # op name -> (mask kind, direction)
 OPS = {
@@ -31,19 +33,26 @@ OPS = {
 }
 
 
-def request(op: str, dtype: str, n: int, vec: int, device: DeviceInfo) -> OpRequest:
-    return OpRequest(op=op, dtypes={"x": dtype}, shape={"n": n, "vec": vec}, device=device)
+def request(op: str, dtype: str, n: int, vec: int, device: DeviceInfo, mask16: bool | None = None) -> OpRequest:
+    """mask16 (masked forward only): the mask's rows are 16-byte aligned (n % 16 == 0 and an aligned mask), which
+    the ring kernel's bulk copies need; it defaults to n % 16 == 0 (a fresh allocation is aligned)."""
+    shape = {"n": n, "vec": vec}
+    if OPS[op] == (plan.MASKED, plan.FWD):
+        shape["mask16"] = int(n % 16 == 0 if mask16 is None else bool(mask16) and n % 16 == 0)
+    return OpRequest(op=op, dtypes={"x": dtype}, shape=shape, device=device)
 
 
 _configs: dict[tuple, plan.OnePass | None] = {}
 
 
 def _config_for(direction: str, req: OpRequest) -> plan.OnePass | None:
-    """The tuning table's config for the request (exact or nearest row), else the rule's. Memoized per request
+    """The tuning table's config for the request's mask kind (exact or nearest row; the plain kind's table where
+    the kind has none), else the rule's. Memoized per request
     (the launch path reads it on every call); tables edited while the process runs are seen by new requests."""
     key = (direction, req)
     if key not in _configs:
-        _configs[key] = tuned_onepass(direction, req.dtype("x"), req.dim("n"), req.dim("vec"), req.device)[0]
+        kind = OPS[req.op][0] if req.op in OPS else plan.PLAIN
+        _configs[key] = tuned_onepass(direction, req.dtype("x"), req.dim("n"), req.dim("vec"), req.device, kind)[0]
     return _configs[key]
 
 
@@ -118,6 +127,87 @@ class OnePassCandidate(_SoftmaxCandidate):
                        req.dim("vec"), ptrs, geom, scale, stream)
 
 
+_rings: dict[tuple, ring.Ring | None] = {}
+
+
+def ring_config(direction: str, kind: int, req: OpRequest) -> ring.Ring | None:
+    """The ring kernel's config for req (tuning table, else the rule), memoized per request."""
+    key = (direction, kind, req)
+    if key not in _rings:
+        _rings[key] = tuned_ring(direction, kind, req.dtype("x"), req.dim("n"), req.device)[0]
+    return _rings[key]
+
+
+def ring_spec(direction: str, kind: int, dtype: str, cfg: ring.Ring, arch, op: str = "") -> KernelSpec:
+    return KernelSpec(plan.SOURCE, ring.kernel_name(direction), arch,
+                      template_args=cfg.template_args(direction, kind, dtype), op=op)
+
+
+_ring_blocks: dict[tuple, int] = {}
+
+
+def ring_launch_geometry(kernel, direction: str, kind: int, dtype: str, cfg: ring.Ring, rows: int,
+                         sm_count: int) -> tuple[int, int, int]:
+    """(grid, block, dynamic shared memory) of a ring launch: persistent, as many blocks as fit on every SM (the
+    occupancy API's answer for this kernel), never more than there are tiles."""
+    smem = cfg.smem_bytes(direction, kind, dtype)
+    k = (id(kernel), smem)
+    per_sm = _ring_blocks.get(k)
+    if per_sm is None:
+        per_sm = _ring_blocks[k] = max(1, kernel.max_active_blocks_per_sm(cfg.threads, smem))
+    return cfg.grid(rows, sm_count, per_sm), cfg.threads, smem
+
+
+class RingCandidate(_SoftmaxCandidate):
+    """Persistent blocks fed by bulk copies into a ring of shared-memory slots (sm_90+): rows of 16-byte aligned
+    vectors that fit in shared memory with room for the next chunk."""
+
+    priority = 150
+    min_arch = "sm_90"
+    vendors = ("nvidia",)  # cp.async.bulk and mbarrier transaction counts
+
+    def __init__(self, op: str):
+        super().__init__(op)
+        self.name = f"{op}.ring"
+
+    def supports(self, req: OpRequest) -> str | None:
+        why = self._dtype_reason(req)
+        if why:
+            return why
+        dt, n, vec = req.dtype("x"), req.dim("n"), req.dim("vec")
+        if vec != ring.vec(dt):
+            return (f"rows of {n} {dt} keys at vector width {vec}: bulk copies need 16-byte aligned rows "
+                    f"(n a multiple of {ring.vec(dt)} and aligned arrays); the one-pass candidate serves them")
+        if (self.kind, self.direction) == (plan.MASKED, plan.FWD) and not req.dim("mask16"):
+            return (f"mask rows of {n} bytes are not 16-byte aligned (n % 16 != 0 or an offset mask); "
+                    "the one-pass candidate serves them")
+        if ring_config(self.direction, self.kind, req) is None:
+            return (f"a row of {n} {dt} keys does not fit the shared-memory ring on {req.device.arch.sm} "
+                    f"({req.device.max_smem_per_block_optin} B per block) with room for the next chunk")
+        ring_us, onepass_us = measured_us(self.direction, self.kind, dt, n, vec, req.device)
+        if ring_us is not None and onepass_us is not None and onepass_us < ring_us:
+            return (f"measured on {req.device.arch.sm} with {req.device.sm_count} SMs: the one-pass kernel "
+                    f"({onepass_us:.1f} us) beats the ring ({ring_us:.1f} us) at n={n} {dt} (tuning tables)")
+        return None
+
+    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+        cfg = ring_config(self.direction, self.kind, req)
+        return (ring_spec(self.direction, self.kind, req.dtype("x"), cfg, self.target(req), self.op),)
+
+    def launch_resources(self, req: OpRequest):
+        cfg = ring_config(self.direction, self.kind, req)
+        return (Resources(block=cfg.threads, dynamic_smem=cfg.smem_bytes(self.direction, self.kind,
+                                                                          req.dtype("x"))),)
+
+    def launch(self, req: OpRequest, kernels, a: arr.DeviceArray, ptrs: tuple, geom: plan.RowGeometry, scale,
+               stream) -> None:
+        cfg = ring_config(self.direction, self.kind, req)
+        grid, block, smem = ring_launch_geometry(kernels[0], self.direction, self.kind, req.dtype("x"), cfg,
+                                                 geom.rows, req.device.sm_count)
+        args = plan.fwd_args(*ptrs, geom, scale) if self.direction == plan.FWD else plan.bwd_args(*ptrs, geom, scale)
+        kernels[0].launch(grid, block, args, shared_mem=smem, stream=stream)
+
+
 class OnlineCandidate(_SoftmaxCandidate):
     priority = 50
 
@@ -165,15 +255,15 @@ _selections_settings: Any = None
 _sel_lock = threading.Lock()
 
 
-def selection(op: str, dtype: str, n: int, vec: int, ordinal: int):
+def selection(op: str, dtype: str, n: int, vec: int, ordinal: int, mask16: bool | None = None):
     """The registry's selection for this call; after the first call a dict lookup (the registry memoizes too,
     this skips building the request). Forgotten when the settings change (overrides such as
     RTCKERN_FORCE_IMPL), as the registry's own memo is."""
     global _selections_settings
-    key = (op, dtype, n, vec, ordinal)
+    key = (op, dtype, n, vec, ordinal, mask16)
     sel = _selections.get(key)
     if sel is None or _selections_settings is not config.settings():
-        sel = select(request(op, dtype, n, vec, DeviceInfo.from_device(ordinal)))
+        sel = select(request(op, dtype, n, vec, DeviceInfo.from_device(ordinal), mask16))
         with _sel_lock:
             if _selections_settings is not config.settings():
                 _selections.clear()
@@ -189,7 +279,8 @@ def _build_request(op: str):
         dt = dtype or "bf16"
         n = int(shape[-1])
         vec = int(options.get("vec", plan.vector_width(dt, n)))
-        return request(op, dt, n, vec, device)
+        mask16 = options.get("mask16")
+        return request(op, dt, n, vec, device, None if mask16 is None else str(mask16).lower() in ("1", "true"))
 
     return build
 
@@ -204,16 +295,17 @@ def prefill_specs(archs):
     import dataclasses
 
     from rtckern.arch import ArchFilter
+    from rtckern.registry.candidate import arch_reason
 
     out = {}
     for arch in ArchFilter.of(min_arch="7.5", vendors=("nvidia",)).targets(archs):
         dev = DeviceInfo.for_arch(arch)
-        for op, cands_ in ((op, (OnePassCandidate(op), OnlineCandidate(op))) for op in OPS):
+        for op, cands_ in ((op, (RingCandidate(op), OnePassCandidate(op), OnlineCandidate(op))) for op in OPS):
             for dt in plan.CTYPES:
                 for n in PREFILL_NS:
                     req = request(op, dt, n, plan.vector_width(dt, n), dev)
                     for c in cands_:
-                        if c.supports(req) is None:
+                        if arch_reason(c, req) is None and c.supports(req) is None:
                             for spec in c.kernel_specs(req):
                                 out.setdefault(dataclasses.replace(spec, arch=arch), None)
     return list(out)
@@ -229,7 +321,7 @@ def register_all() -> None:
         return
     reg = default_registry()
     for op in OPS:
-        for cls in (OnePassCandidate, OnlineCandidate):
+        for cls in (RingCandidate, OnePassCandidate, OnlineCandidate):
             cand = cls(op)
             try:
                 reg.get(cand.name)
@@ -237,7 +329,7 @@ def register_all() -> None:
                 register(cand)
         if op not in reg.builder_ops():
             register_request_builder(op, _build_request(op), help="shape: (..., N), the last dim is the row length; "
-                                     "option vec=<elements per access>", example="--dtype bf16 --shape 16384x4096")
+                                     "options vec=<elements per access>, mask16=0|1 (masked: 16-byte aligned mask rows)", example="--dtype bf16 --shape 16384x4096")
     register_tuners()
     from rtckern.prefill import register_provider
 

@@ -106,14 +106,21 @@ class Plan:
         else:
             k = (ptrs[0] & 15) | ((ptrs[1] & 15) << 4) | ((ptrs[2] & 15) << 8)
         vec = plan.vector_width(self.dtype, g.n, ptrs, mask_ptr)
-        sel = cands.selection(self.op, self.dtype, g.n, vec, self.index)
+        mask16 = None if mask_ptr is None else (g.n % 16 == 0 and mask_ptr % 16 == 0)
+        sel = cands.selection(self.op, self.dtype, g.n, vec, self.index, mask16)
         cand, req, kernels = sel.candidate, sel.request, sel.kernels
         scale = self.scale()
-        if type(cand) is cands.OnePassCandidate:
-            # What launch_onepass computes per call, once: grid, block, shared memory, the arguments' tail.
-            cfg = cands._config_for(self.direction, req)
-            smem = cfg.smem_bytes(self.direction, self.dtype, g.n, vec)
-            grid, block, kl = cfg.grid(g.rows), cfg.threads, kernels[0].launch
+        if type(cand) in (cands.OnePassCandidate, cands.RingCandidate):
+            # What the candidate's launch computes per call, once: grid, block, shared memory, the arguments' tail.
+            if type(cand) is cands.RingCandidate:
+                cfg = cands.ring_config(self.direction, cand.kind, req)
+                grid, block, smem = cands.ring_launch_geometry(kernels[0], self.direction, cand.kind, self.dtype, cfg,
+                                                               g.rows, req.device.sm_count)
+            else:
+                cfg = cands._config_for(self.direction, req)
+                smem = cfg.smem_bytes(self.direction, self.dtype, g.n, vec)
+                grid, block = cfg.grid(g.rows), cfg.threads
+            kl = kernels[0].launch
             if self.direction == plan.FWD:
                 tail = plan.fwd_args(0, 0, 0, g, scale)[3:]
             else:

@@ -1,19 +1,45 @@
-"""Tuned one-pass softmax configs: tables `softmax` (forward) and `softmax_backward` in rtckern/tuning_tables/
-(shipped, measured with `benchmarks/softmax.py --tune`) and the user's tuning dir (`rtckern tune softmax ...`),
-keyed by (arch, SM count, dtype, vec, n) with config {threads, group, items, min_blocks}. Every forward op uses
-the `softmax` table and every backward op the `softmax_backward` table: the mask kind changes the per-key work
-little, the row length and dtype decide the config.
+"""Tuned softmax configs, measured per mask kind: the one-pass kernels' tables `softmax`, `softmax_masked`,
+`softmax_causal` (forward) and `softmax_backward`, `softmax_backward_causal`, keyed by (arch, SM count, dtype, vec,
+n) with config {threads, group, items, min_blocks, kernel}; the ring kernel's (sm_90+) `softmax_ring...` tables
+of the same kinds, keyed by (arch, SM count, dtype, n). Shipped in rtckern/tuning_tables/ (measured with
+`benchmarks/softmax.py --tune`) and in the user's tuning dir (`rtckern tune softmax_masked ...`). A kind without
+rows falls back to the plain table. The mask's extra bytes and the causal rows' uneven lengths change which kernel
+wins, so each kind is timed on its own problem.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import numpy as np
 
 from rtckern import tuning
 from rtckern.ops import _softmax_plan as plan
+from rtckern.ops import _softmax_ring as ring
 
-TABLES = {plan.FWD: "softmax", plan.BWD: "softmax_backward"}
+TABLES = {plan.FWD: "softmax", plan.BWD: "softmax_backward"}  # the plain kind's
+# Ring kernel (sm_90+) configs: {warps, group, items, rows, slots, min_blocks} per (arch, SM count, dtype, n).
+RING_TABLES = {plan.FWD: "softmax_ring", plan.BWD: "softmax_ring_backward"}
+RING_KEY_FIELDS = ("dtype", "n")
+KINDS = {plan.FWD: (plan.PLAIN, plan.MASKED, plan.CAUSAL), plan.BWD: (plan.PLAIN, plan.CAUSAL)}
+_KIND_SUFFIX = {plan.PLAIN: "", plan.MASKED: "_masked", plan.CAUSAL: "_causal"}
+
+
+def table(direction: str, kind: int, is_ring: bool = False) -> str:
+    """The tuning table of (direction, mask kind) for the one-pass or the ring kernels; the backward of a masked
+    softmax runs the plain kernel (y is already zero at masked keys), so it shares the plain table."""
+    base = (RING_TABLES if is_ring else TABLES)[direction]
+    return base + _KIND_SUFFIX[ring.kernel_kind(direction, kind)]
+
+
+def _lookup(direction: str, kind: int, is_ring: bool, device, key, valid=None):
+    """The kind's table first (exact or nearest), then the plain kind's."""
+    names = dict.fromkeys((table(direction, kind, is_ring), table(direction, plan.PLAIN, is_ring)))
+    for name in names:
+        found = tuning.lookup(name, device, key, valid=valid)
+        if found is not None:
+            return found
+    return None
 KEY_FIELDS = ("dtype", "vec", "n")
 # Rows with inputs of this many elements (2^27: 256 MB of bf16, far past L2) measure DRAM-bound behaviour.
 TUNE_ELEMENTS = 1 << 27
@@ -40,17 +66,62 @@ def _valid_for(direction: str, smem_optin: int):
     return valid
 
 
-def tuned_onepass(direction: str, dtype: str, n: int, vec: int, device) -> tuple[plan.OnePass | None, str]:
-    """(config, source): the table's config for this row length ('exact' or 'nearest'), else the rule's
-    ('heuristic'); (None, 'none') when no one-pass config holds n keys."""
+def tuned_onepass(direction: str, dtype: str, n: int, vec: int, device,
+                  kind: int = plan.PLAIN) -> tuple[plan.OnePass | None, str]:
+    """(config, source): the kind's (else the plain kind's) table config for this row length ('exact' or
+    'nearest'), else the rule's ('heuristic'); (None, 'none') when no one-pass config holds n keys."""
     key = {"dtype": dtype, "vec": vec, "n": n}
     smem = device.max_smem_per_block_optin
-    found = tuning.lookup(TABLES[direction], device, key, valid=_valid_for(direction, smem))
+    found = _lookup(direction, kind, False, device, key, valid=_valid_for(direction, smem))
     # A row measured at another vector width (a misaligned or odd-length row) says little about this one.
     if found is not None and (found.row is None or dict(found.row.shape).get("vec") == vec):
         return plan.OnePass(**found.config), found.source
     cfg = plan.default_onepass(direction, dtype, n, vec, smem)
     return cfg, ("heuristic" if cfg is not None else "none")
+
+
+def tuned_ring(direction: str, kind: int, dtype: str, n: int, device) -> tuple[ring.Ring | None, str]:
+    """(config, source) of the ring kernel for rows of n keys: the table's ('exact' or 'nearest', when it holds the
+    row with room for the next chunk), else the rule's ('heuristic'); (None, 'none') when no ring holds the row."""
+    smem = device.max_smem_per_block_optin
+
+    def valid(config: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
+        try:
+            cfg = ring.Ring(**config)
+        except (TypeError, ValueError):
+            return False
+        if ring.fits(cfg, direction, kind, str(key["dtype"]), int(key["n"]), smem) is not None:
+            return False
+        # A neighbour's config must not idle most of its lanes on a much shorter row.
+        return cfg.chunk(str(key["dtype"])) <= max(2 * plan.pow2ceil(int(key["n"])), 1024)
+
+    found = _lookup(direction, kind, True, device, {"dtype": dtype, "n": n}, valid=valid)
+    if found is not None and valid(found.config, {"dtype": dtype, "n": n}):  # an exact row was tuned without a mask
+        return ring.Ring(**found.config), found.source
+    cfg = ring.default_ring(direction, kind, dtype, n, smem)
+    return cfg, ("heuristic" if cfg is not None else "none")
+
+
+def measured_us(direction: str, kind: int, dtype: str, n: int, vec: int,
+                device) -> tuple[float | None, float | None]:
+    """(ring µs, one-pass µs): the times the tuning tables recorded for exactly this (arch, SM count, dtype, n) on
+    the same problem with the same timing method: the kind's tables when both have the row, else the plain
+    kind's; None where a table has no exact row."""
+
+    def us(name, key):
+        t = tuning.lookup(name, device, key)
+        if t is None or t.source != "exact" or t.row is None:
+            return None
+        v = t.row.meta.get("time_us")
+        return float(v) if isinstance(v, (int, float)) else None
+
+    pair = (None, None)
+    for k in dict.fromkeys((kind, plan.PLAIN)):
+        pair = (us(table(direction, k, True), {"dtype": dtype, "n": n}),
+                us(table(direction, k, False), {"dtype": dtype, "vec": vec, "n": n}))
+        if None not in pair:
+            return pair
+    return pair
 
 
 def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
@@ -110,14 +181,34 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
     return uniq
 
 
+def tune_problem(direction: str, kind: int, n: int, device) -> tuple[plan.RowGeometry, int]:
+    """(geometry, mask rows) of the problem a kind is timed on: about TUNE_ELEMENTS keys; masked: (2, H, Sq, n)
+    scores with a (2, 1, Sq, n) mask broadcast over the heads (Sq up to 1024); causal: square (Sq = n) where there are n rows, else the
+    bottom-right corner of Sq x n (the benchmark's shapes)."""
+    rows = max(4 * device.sm_count, TUNE_ELEMENTS // n)
+    k = ring.kernel_kind(direction, kind)
+    if k == plan.MASKED:
+        sq = min(rows, 1024)
+        batch = 2 if rows >= 2 * sq else 1
+        heads = rows // (batch * sq)
+        rows = batch * heads * sq
+        return (plan.RowGeometry(rows=rows, n=n, sq=sq, heads=heads, mask_batch_stride=sq if batch > 1 else 0),
+                batch * sq)
+    if k == plan.CAUSAL:
+        sq = min(rows, n)
+        rows -= rows % sq
+        return plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n - sq), 0
+    return plan.RowGeometry(rows=rows, n=n), 0
+
+
 class SoftmaxTuner(tuning.Tuner):
-    """Times one-pass configs of the plain softmax (forward or backward) on the live GPU."""
+    """Times one-pass configs of one (direction, mask kind) on the live GPU."""
 
     key_fields = KEY_FIELDS
 
-    def __init__(self, direction: str):
-        self.direction = direction
-        self.op = TABLES[direction]
+    def __init__(self, direction: str, kind: int = plan.PLAIN):
+        self.direction, self.kind = direction, kind
+        self.op = table(direction, kind)
 
     def key(self, req) -> dict[str, Any]:
         return {"dtype": req.dtype("x"), "vec": req.dim("vec"), "n": req.dim("n")}
@@ -136,13 +227,13 @@ class SoftmaxTuner(tuning.Tuner):
 
         cfg = plan.OnePass(**config)
         dtype, n, vec = req.dtype("x"), req.dim("n"), req.dim("vec")
-        kernel = onepass_kernel(self.direction, plan.PLAIN, dtype, vec, cfg, req)
-        rows = max(4 * req.device.sm_count, TUNE_ELEMENTS // n)
-        bufs = _random_buffers(req.device.ordinal, dtype, rows * n, 2 if self.direction == plan.FWD else 3)
-        geom = plan.RowGeometry(rows=rows, n=n)
+        kernel = onepass_kernel(self.direction, self.kind, dtype, vec, cfg, req)
+        geom, mask_rows = tune_problem(self.direction, self.kind, n, req.device)
+        bufs = _random_buffers(req.device.ordinal, dtype, geom.rows * n, 2 if self.direction == plan.FWD else 3,
+                               mask_rows * n)
 
-        # Forward: (x, y, no mask); backward: (y, dy, dx).
-        ptrs = (bufs.ptrs[0], bufs.ptrs[1], 0) if self.direction == plan.FWD else tuple(bufs.ptrs)
+        # Forward: (x, y, mask or none); backward: (y, dy, dx).
+        ptrs = (bufs.ptrs[0], bufs.ptrs[1], bufs.mask) if self.direction == plan.FWD else tuple(bufs.ptrs)
         scale = np.float32(0.5)
 
         def launch(stream: int) -> None:
@@ -151,20 +242,75 @@ class SoftmaxTuner(tuning.Tuner):
         return tuning.time_launches(launch, req.device.ordinal, warmup=3, reps=20)
 
 
+class RingTuner(tuning.Tuner):
+    """Times ring configs (sm_90+) of one (direction, mask kind) on the live GPU. Requests are the ops' (vector
+    width 16 bytes); rows keyed by (dtype, n)."""
+
+    key_fields = RING_KEY_FIELDS
+
+    def __init__(self, direction: str, kind: int = plan.PLAIN):
+        self.direction, self.kind = direction, kind
+        self.op = table(direction, kind, True)
+
+    def key(self, req) -> dict[str, Any]:
+        return {"dtype": req.dtype("x"), "n": req.dim("n")}
+
+    def configs(self, req) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(c) for c in ring.sweep_rings(self.direction, self.kind, req.dtype("x"),
+                                                                req.dim("n"), req.device.max_smem_per_block_optin)]
+
+    def heuristic(self, key, device):
+        cfg = ring.default_ring(self.direction, self.kind, key["dtype"], key["n"], device.max_smem_per_block_optin)
+        return dataclasses.asdict(cfg) if cfg is not None else None
+
+    def measure(self, req, config) -> float:
+        geom, mask_rows = tune_problem(self.direction, self.kind, req.dim("n"), req.device)
+        launch, _ = ring_launcher(self.direction, self.kind, ring.Ring(**config), req, geom, mask_rows=mask_rows)
+        return tuning.time_launches(launch, req.device.ordinal, warmup=3, reps=20)
+
+
+def ring_launcher(direction: str, kind: int, cfg: ring.Ring, req, geom: plan.RowGeometry, buffers=None,
+                  mask_rows: int = 0):
+    """(launch(stream), buffers) of one ring config over geom's rows of random data (for tuning and checks)."""
+    from rtckern.ops import _softmax_candidates as cands
+    from rtckern.manager import get_manager
+    from rtckern.registry.core_api import target_for
+
+    dtype, n = req.dtype("x"), req.dim("n")
+    kernel = get_manager().get(cands.ring_spec(direction, kind, dtype, cfg, target_for(req.device), req.op),
+                               req.device.ordinal)
+    bufs = buffers or _random_buffers(req.device.ordinal, dtype, geom.rows * n, 2 if direction == plan.FWD else 3,
+                                      mask_rows * n)
+    grid, block, smem = cands.ring_launch_geometry(kernel, direction, kind, dtype, cfg, geom.rows,
+                                                   req.device.sm_count)
+    ptrs = (bufs.ptrs[0], bufs.ptrs[1], bufs.mask) if direction == plan.FWD else tuple(bufs.ptrs)
+    args = plan.fwd_args(*ptrs, geom, np.float32(0.5)) if direction == plan.FWD else plan.bwd_args(*ptrs, geom,
+                                                                                                    np.float32(0.5))
+
+    def launch(stream: int) -> None:
+        kernel.launch(grid, block, args, shared_mem=smem, stream=stream)
+
+    return launch, bufs
+
+
 class _Buffers:
-    def __init__(self, arrays, ptrs):
+    def __init__(self, arrays, ptrs, mask=None):
         self.arrays, self.ptrs = arrays, ptrs
+        self.mask_array = mask
+        self.mask = 0 if mask is None else (mask.data_ptr() if hasattr(mask, "data_ptr") else mask.data.ptr)
 
 
-def _random_buffers(ordinal: int, dtype: str, numel: int, count: int) -> _Buffers:
-    """`count` device arrays of random values (never zeros: METHOD.md), through torch or else CuPy."""
+def _random_buffers(ordinal: int, dtype: str, numel: int, count: int, mask_numel: int = 0) -> _Buffers:
+    """`count` device arrays of random values (never zeros: METHOD.md), through torch or else CuPy; and a boolean
+    mask of `mask_numel` keys (30% masked) when asked."""
     try:
         import torch
 
         tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
         arrays = [torch.randn(numel, device=f"cuda:{ordinal}", dtype=tdt) for _ in range(count)]
+        mask = torch.rand(mask_numel, device=f"cuda:{ordinal}") < 0.3 if mask_numel else None
         torch.cuda.synchronize(ordinal)
-        return _Buffers(arrays, [a.data_ptr() for a in arrays])
+        return _Buffers(arrays, [a.data_ptr() for a in arrays], mask)
     except ImportError:
         import cupy as cp
 
@@ -173,8 +319,9 @@ def _random_buffers(ordinal: int, dtype: str, numel: int, count: int) -> _Buffer
         with cp.cuda.Device(ordinal):
             arrays = [cp.random.standard_normal(numel, dtype=cp.float32).astype(dtype.replace("fp", "float"))
                       for _ in range(count)]
+            mask = cp.random.random(mask_numel) < 0.3 if mask_numel else None
             cp.cuda.Device().synchronize()
-        return _Buffers(arrays, [a.data.ptr for a in arrays])
+        return _Buffers(arrays, [a.data.ptr for a in arrays], mask)
 
 
 _registered = False
@@ -184,5 +331,7 @@ def register_tuners() -> None:
     global _registered
     if not _registered:
         for d in (plan.FWD, plan.BWD):
-            tuning.register_tuner(SoftmaxTuner(d), replace=True)
+            for kind in KINDS[d]:
+                tuning.register_tuner(SoftmaxTuner(d, kind), replace=True)
+                tuning.register_tuner(RingTuner(d, kind), replace=True)
         _registered = True

@@ -15,13 +15,16 @@ input of -inf counts as a masked key whatever the sign of the scale.
 Outputs are new arrays of the input's library (torch in -> torch out, CuPy in -> CuPy out), launched on that
 library's current stream.
 
-Implementations (registry candidates `<op>.onepass`, then `<op>.online`; configs from the tuning tables
-`softmax` / `softmax_backward`, measured per (arch, SM count, dtype, vector width, N)):
+Implementations (registry candidates `<op>.ring` (sm_90+), `<op>.onepass`, then `<op>.online`; configs from the
+tuning tables of each mask kind (`softmax`, `softmax_masked`, `softmax_causal`, `softmax_backward`,
+`softmax_backward_causal`, and the `softmax_ring...` ones), measured per (arch, SM count, dtype, vector width, N);
+where both kernels were timed on the same problem the faster one serves the request):
+- persistent blocks fed by bulk copies into a ring of shared-memory slots (`<op>.ring`, sm_90+, rows of 16-byte
+  aligned vectors that fit the ring with room for the next chunk);
 - one launch, row held on chip and read from device memory once: rows in registers plus a shared-memory stash
   (sm_90: up to ~130k bf16/fp16 or ~74k fp32 keys forward, ~74k bf16/fp16 or ~37k fp32 backward), or the whole
   row copied into shared memory with cp.async (forward, up to ~113k bf16/fp16 keys);
-- one launch, two passes with the second read of the row served by L2 (any length; the tuned choice on the
-  H200 from 8192 keys up);
+- one launch, two passes with the second read of the row served by L2 (any length);
 - two launches over chunks (`<op>.online`): any length and any number of rows; reads the row twice.
 """
 from __future__ import annotations

@@ -75,7 +75,7 @@ class Kernel:
         self.device = device
         self.label = label
         self._configs: dict[tuple, Any] = {}
-        self._max_dyn_smem = _SMEM_DEFAULT_LIMIT
+        self._max_dyn_smem = -1  # dynamic shared memory launches may use; -1: not looked up yet
         self._lock = threading.Lock()
         self._default_stream = None
         self._launch = launch
@@ -129,10 +129,20 @@ class Kernel:
                 self._k.handle, self.device.ordinal), "cuKernelSetAttribute(max dynamic shared memory)")
         self._max_dyn_smem = max(self._max_dyn_smem, int(nbytes))
 
+    def _ensure_dynamic_smem(self, nbytes: int) -> None:
+        """Opt in to `nbytes` of dynamic shared memory where the default does not allow it: the default is 48 KB
+        for static and dynamic together, so a kernel with static scratch needs the opt-in below 48 KB dynamic."""
+        if nbytes <= self._max_dyn_smem:
+            return
+        if self._max_dyn_smem < 0:
+            self._max_dyn_smem = _SMEM_DEFAULT_LIMIT - self.shared_size_bytes
+            if nbytes <= self._max_dyn_smem:
+                return
+        self.set_max_dynamic_shared_memory(nbytes)
+
     # ---- occupancy ----
     def max_active_blocks_per_sm(self, block_size: int, dynamic_smem: int = 0) -> int:
-        if dynamic_smem > self._max_dyn_smem:
-            self.set_max_dynamic_shared_memory(dynamic_smem)
+        self._ensure_dynamic_smem(dynamic_smem)
         with on_device(self.device.ordinal):
             return int(self._k.occupancy.max_active_blocks_per_multiprocessor(int(block_size), int(dynamic_smem)))
 
@@ -162,7 +172,7 @@ class Kernel:
             raise LaunchError(f"{self.label}: block of {nthreads} threads exceeds this kernel's limit of "
                               f"{self.max_threads_per_block} (registers: {self.num_regs} per thread)")
         if shared_mem > self._max_dyn_smem:
-            self.set_max_dynamic_shared_memory(shared_mem)
+            self._ensure_dynamic_smem(shared_mem)
         if cooperative:
             fit = self.max_cooperative_grid(nthreads, shared_mem)
             blocks = g[0] * g[1] * g[2]
@@ -211,7 +221,7 @@ class Kernel:
 
         g, b = _dim3(grid), _dim3(block)
         if shared_mem > self._max_dyn_smem:
-            self.set_max_dynamic_shared_memory(shared_mem)
+            self._ensure_dynamic_smem(shared_mem)
         holders = []
         for kind, val in params:
             if kind in ("map", "bytes"):

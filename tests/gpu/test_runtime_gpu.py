@@ -90,6 +90,19 @@ def test_dynamic_shared_memory_above_48k(dev, mgr):
         k.launch(1, 1024, (x.data_ptr(), y.data_ptr(), n), shared_mem=dev.max_smem_per_block_optin + 4)
 
 
+def test_static_plus_dynamic_shared_memory_opts_in(dev, mgr):
+    # 1 KB static + exactly 48 KB dynamic: over the default limit together, so the launch must opt in.
+    k = mgr.get(spec(dev, "smem_reverse_static"), 0)
+    assert k.shared_size_bytes == 1024
+    n = 48 * 1024 // 4
+    x = torch.randn(n, device="cuda")
+    y = torch.empty_like(x).fill_(float("nan"))
+    assert k.max_active_blocks_per_sm(256, n * 4) >= 1
+    k.launch(1, 256, (x.data_ptr(), y.data_ptr(), n), shared_mem=n * 4)
+    torch.cuda.synchronize()
+    assert torch.equal(y, x.flip(0))
+
+
 def test_two_streams(dev, mgr):
     k = mgr.get(spec(dev, "axpy", ("float",)), 0)
     n = 1 << 22

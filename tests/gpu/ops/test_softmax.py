@@ -1,6 +1,6 @@
 """Softmax ops on a GPU against a float64 reference: every op, both directions, fp32/fp16/bf16, rows of
-N in {1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000}, through both candidates (one-pass and online, forced
-with RTCKERN_FORCE_IMPL's setting). Outputs are poisoned (NaN) by the allocator hook below, so an unwritten
+N in {1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000}, through every candidate (ring on sm_90+, one-pass and
+online, forced with RTCKERN_FORCE_IMPL's setting). Outputs are poisoned (NaN) by the allocator hook below, so an unwritten
 element fails; every check draws fresh random inputs.
 """
 from __future__ import annotations
@@ -24,7 +24,10 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 FWD_TOL = {"fp32": 1e-5, "fp16": 1.5e-3, "bf16": 1e-2}
 BWD_TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.5e-2}
 NS = (1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000)
-IMPLS = ("onepass", "online")
+IMPLS = ("ring", "onepass", "online")
+# Why a forced candidate may decline a request (the test then skips, quoting the reason).
+DECLINES = {"onepass": ("exceeds the one-pass limit",),
+            "ring": ("bulk copies need", "not 16-byte aligned", "does not fit the shared-memory ring", "below the minimum")}
 SCALE = 0.7
 
 
@@ -48,7 +51,7 @@ def _call(op: str, impl: str, *args):
         try:
             return getattr(sm, op)(*args)
         except UnsupportedRequestError as e:
-            if impl == "onepass" and "exceeds the one-pass limit" in str(e):
+            if any(d in str(e) for d in DECLINES.get(impl, ())):
                 pytest.skip(str(e).splitlines()[1].strip())
             raise
 
@@ -215,6 +218,44 @@ def test_scaled_aligned_causal_masked_softmax(dtype, n, impl, taller):
     _check_backward("scaled_aligned_causal_masked_softmax_backward", dtype, n, impl, y, dy)
 
 
+# ---- the ring kernel's persistent walk: many tiles per block, a partial last tile, causal rows of every length --
+RING_CASES = [("bf16", 1024), ("fp32", 512), ("bf16", 8192), ("fp16", 24576)]
+
+
+@pytest.mark.parametrize("dtype,n", RING_CASES, ids=[f"{d}-{n}" for d, n in RING_CASES])
+def test_ring_walks_many_tiles_per_block(dtype, n):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = sms * (64 if n <= 2048 else 16) + 5  # several tiles per block at any occupancy, plus a partial tile
+    x = torch.randn((rows, n), device="cuda", dtype=DTYPES[dtype]) * 3
+    y = _check_forward("softmax", dtype, n, "ring", x, None)
+    _check_backward("softmax_backward", dtype, n, "ring", y, torch.randn_like(y))
+    # Causal over (B, S, n): rows of every length from 1 to n, and Sq > Sk rows with none.
+    sq = min(n + 3, rows // 2)
+    xc = torch.randn((2, sq, n), device="cuda", dtype=DTYPES[dtype]) * 3
+    keep = _causal_keep(sq, n, "cuda")
+    yc = _check_forward("scaled_aligned_causal_masked_softmax", dtype, n, "ring", xc, keep)
+    _check_backward("scaled_aligned_causal_masked_softmax_backward", dtype, n, "ring", yc, torch.randn_like(yc))
+    # Masked, mask broadcast over the batch.
+    b, h = 2, 3
+    sqm = max(1, rows // (b * h))
+    xm = torch.randn((b, h, sqm, n), device="cuda", dtype=DTYPES[dtype]) * 3
+    mask = torch.rand((1, 1, sqm, n), device="cuda") < 0.4
+    mask[0, 0, 0, :] = True
+    _check_forward("scaled_masked_softmax", dtype, n, "ring", xm, ~mask, mask)
+
+
+def test_offset_mask_falls_back_from_the_ring():
+    # A mask view starting 8 bytes in: its rows are not 16-byte aligned, so the ring declines and the one-pass
+    # kernel serves the call.
+    sq, sk = 64, 1024
+    base = torch.rand(2 * sq * sk + 8, device="cuda") < 0.3
+    mask = base[8:].view(2, 1, sq, sk)
+    x = torch.randn((2, 4, sq, sk), device="cuda", dtype=torch.bfloat16)
+    y = sm.scaled_masked_softmax(x, mask, 0.5)
+    ref = _ref_softmax(x, 0.5, ~mask)
+    assert _rel_err(y, ref) < FWD_TOL["bf16"]
+
+
 def test_cupy_in_cupy_out():
     cupy = pytest.importorskip("cupy")
     x = cupy.random.standard_normal((64, 1000), dtype=cupy.float32)
@@ -258,3 +299,23 @@ def test_deterministic():
     a = sm.softmax(x, 0.3)
     b = sm.softmax(x, 0.3)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n", [1024, 4096, 8192])
+def test_negative_and_zero_scale_every_kernel(impl, n):
+    """The kernels branch on scale > 0 (raw values straight into FFMA); scale <= 0 takes the -inf-safe path."""
+    b, h, sq = 2, 2, 64
+    x = torch.randn((b, h, sq, n), device="cuda", dtype=torch.bfloat16) * 3
+    x[0, 0, 3, ::5] = float("-inf")
+    mask = torch.rand((b, 1, sq, n), device="cuda") < 0.3
+    for scale in (-0.8, 0.0):
+        keep = torch.isfinite(x)
+        xr = torch.where(keep, x, torch.zeros_like(x))
+        y = _call("scaled_masked_softmax", impl, x, mask, scale)
+        ref = _ref_softmax(xr, scale, keep & ~mask)
+        assert _rel_err(y, ref) < FWD_TOL["bf16"], (scale, impl)
+        xc = x.reshape(b * h, sq, n)
+        y = _call("scaled_aligned_causal_masked_softmax", impl, xc, scale)
+        ref = _ref_softmax(xr.reshape(b * h, sq, n), scale, keep.reshape(b * h, sq, n) & _causal_keep(sq, n, "cuda"))
+        assert _rel_err(y, ref) < FWD_TOL["bf16"], (scale, impl)

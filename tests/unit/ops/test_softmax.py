@@ -211,15 +211,31 @@ def fresh(cache_dir, tmp_path, no_shipped_tables):
         cands._configs.clear()
 
 
-def test_every_op_has_both_candidates():
+def test_every_op_has_ring_onepass_and_online_candidates():
     for op in cands.OPS:
         names = [c.name for c in candidates(op)]
-        assert names == [f"{op}.onepass", f"{op}.online"], names
+        assert names == [f"{op}.ring", f"{op}.onepass", f"{op}.online"], names
+
+
+def test_selection_ring_on_sm90_then_onepass(fresh):
+    dev = DeviceInfo.for_arch("sm_90")
+    sel = select(cands.request("softmax", "bf16", 65536, 8, dev))
+    assert sel.name == "softmax.ring"
+    assert sel.specs[0].name == "softmax_fwd_ring" and sel.specs[0].template_args[:2] == ("rtk_bf16", "0")
+    # Rows that are not 16-byte aligned, or that do not fit the ring, go to the one-pass kernels.
+    assert select(cands.request("softmax", "bf16", 4100, 4, dev)).name == "softmax.onepass"
+    assert select(cands.request("softmax_backward", "bf16", 65536, 8, dev)).name == "softmax_backward.onepass"
+    masked = cands.request("scaled_masked_softmax", "bf16", 4096, 8, dev, mask16=False)
+    assert select(masked).name == "scaled_masked_softmax.onepass"
+    assert "not 16-byte aligned" in cands.RingCandidate("scaled_masked_softmax").supports(masked)
+    assert select(cands.request("scaled_masked_softmax", "bf16", 4096, 8, dev)).name == "scaled_masked_softmax.ring"
+    # Not below sm_90 (no bulk copies).
+    assert select(cands.request("softmax", "bf16", 4096, 8, DeviceInfo.for_arch("sm_80"))).name == "softmax.onepass"
 
 
 def test_selection_onepass_then_online(fresh):
-    dev = DeviceInfo.for_arch("sm_90")
-    sel = select(cands.request("softmax", "bf16", 65536, 8, dev))
+    dev = DeviceInfo.for_arch("sm_80")
+    sel = select(cands.request("softmax", "bf16", 32768, 8, dev))
     assert sel.name == "softmax.onepass"
     assert sel.specs[0].name == "softmax_fwd" and sel.specs[0].template_args[:3] == ("rtk_bf16", "0", "8")
     sel = select(cands.request("softmax", "bf16", 1 << 18, 8, dev))
@@ -333,6 +349,9 @@ def test_shipped_tables_parse_and_fit():
 
 # ---- real NVRTC compiles -------------------------------------------------------------------------------------------
 def _all_name_expressions(arch: str) -> list[str]:
+    from rtckern.ops import _softmax_ring as ring
+    from rtckern.registry.candidate import arch_reason
+
     """Every kernel the candidates can ask for on a device of `arch`, over the row lengths of the GPU tests, their
     vector widths (and width 1), the tuning sweep's configs and the heuristic's."""
     dev = DeviceInfo.for_arch(arch)
@@ -343,7 +362,7 @@ def _all_name_expressions(arch: str) -> list[str]:
                 for vec in {plan.vector_width(dt, n), 1}:
                     req = cands.request(op, dt, n, vec, dev)
                     for c in candidates(op):
-                        if c.supports(req) is None:
+                        if arch_reason(c, req) is None and c.supports(req) is None:
                             exprs.update(s.name_expression for s in c.kernel_specs(req))
     for direction in (plan.FWD, plan.BWD):
         for dt in plan.CTYPES:
@@ -354,6 +373,11 @@ def _all_name_expressions(arch: str) -> list[str]:
                     exprs.add(plan.onepass_kernel_name(direction, cfg) + "<"
                               + ", ".join(map(str, plan.onepass_template_args(direction, dt, plan.PLAIN, vec, cfg)))
                               + ">")
+            if dev.arch.cc >= (9, 0):
+                for kind in ((plan.PLAIN, plan.MASKED, plan.CAUSAL) if direction == plan.FWD else (plan.PLAIN,)):
+                    for r in ring.sweep_rings(direction, kind, dt, n, dev.max_smem_per_block_optin):
+                        exprs.add(ring.kernel_name(direction) + "<"
+                                  + ", ".join(map(str, r.template_args(direction, kind, dt))) + ">")
     return sorted(exprs)
 
 

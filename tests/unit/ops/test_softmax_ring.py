@@ -1,0 +1,126 @@
+"""The ring softmax kernels' launch planning (rtckern/ops/_softmax_ring.py) and their per-kind tuning tables; the
+kernels themselves are compiled by test_softmax.py's NVRTC tests and run by tests/gpu/ops/test_softmax.py."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rtckern import config, tuning
+from rtckern.device import DeviceInfo
+from rtckern.ops import _softmax_candidates as cands
+from rtckern.ops import _softmax_plan as plan
+from rtckern.ops import _softmax_ring as ring
+from rtckern.ops import _softmax_tuned as tuned
+
+H100_OPTIN = 232448
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", tmp_path / "shipped")
+    with config.override(tuning_table_dir=tmp_path / "tuning", persist_decisions=False):
+        cands._configs.clear()
+        cands._rings.clear()
+        yield tmp_path / "tuning"
+        cands._configs.clear()
+        cands._rings.clear()
+
+
+def test_ring_validates_its_shape():
+    with pytest.raises(ValueError, match="rows must be a multiple"):
+        ring.Ring(warps=8, group=32, items=4, rows=4, slots=2)
+    with pytest.raises(ValueError, match="block-wide group takes one row"):
+        ring.Ring(warps=8, group=256, items=2, rows=2, slots=4)
+    with pytest.raises(ValueError, match="warps 1..16"):
+        ring.Ring(warps=17, group=32, items=1, rows=17, slots=2)
+    with pytest.raises(ValueError, match="at most 32"):
+        ring.Ring(warps=16, group=16, items=1, rows=64, slots=2)
+
+
+def test_shared_memory_and_grid_arithmetic():
+    cfg = ring.Ring(warps=8, group=32, items=4, rows=8, slots=4)
+    assert cfg.threads == 288 and cfg.chunk("bf16") == 1024 and cfg.chunk("fp32") == 512
+    # barriers (2 x 4 x 8 B, rounded to 128) + 4 slots x 8 rows x 1024 keys x 2 B; a mask adds a byte per key.
+    assert cfg.smem_bytes(plan.FWD, plan.PLAIN, "bf16") == 128 + 4 * 8 * 1024 * 2
+    assert cfg.smem_bytes(plan.FWD, plan.MASKED, "bf16") == 128 + 4 * 8 * 1024 * 3
+    assert cfg.smem_bytes(plan.BWD, plan.PLAIN, "bf16") == 128 + 4 * 8 * 1024 * 4
+    assert cfg.grid(rows=1000, sm_count=132, blocks_per_sm=3) == 125  # 125 tiles of 8 rows: never more blocks
+    assert cfg.grid(rows=1 << 20, sm_count=132, blocks_per_sm=3) == 396  # persistent: what fits at once
+
+
+@pytest.mark.parametrize("direction,kind", [(plan.FWD, plan.PLAIN), (plan.FWD, plan.MASKED),
+                                            (plan.FWD, plan.CAUSAL), (plan.BWD, plan.PLAIN)])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("n", [8, 1000, 1024, 4096, 16384, 65536, 100000])
+def test_default_and_sweep_configs_hold_the_row(direction, kind, dtype, n):
+    cfg = ring.default_ring(direction, kind, dtype, n, H100_OPTIN)
+    row_bytes = n * (plan.ELEM_BYTES[dtype] * (2 if direction == plan.BWD else 1) + (kind == plan.MASKED))
+    if cfg is None:
+        assert row_bytes > 150_000  # only rows that cannot share the ring with a chunk of the next are refused
+        assert ring.sweep_rings(direction, kind, dtype, n, H100_OPTIN) == []
+        return
+    assert ring.fits(cfg, direction, kind, dtype, n, H100_OPTIN) is None
+    for c in ring.sweep_rings(direction, kind, dtype, n, H100_OPTIN):
+        assert ring.fits(c, direction, kind, dtype, n, H100_OPTIN) is None
+        assert c.chunks_per_row(dtype, n) <= c.slots
+
+
+def test_fits_names_the_limits():
+    cfg = ring.Ring(warps=8, group=256, items=2, rows=1, slots=4)
+    assert "takes 16 chunks" in ring.fits(cfg, plan.FWD, plan.PLAIN, "bf16", 65536, H100_OPTIN)
+    big = ring.Ring(warps=8, group=256, items=2, rows=1, slots=40)
+    assert "shared memory" in ring.fits(big, plan.FWD, plan.PLAIN, "bf16", 4096, H100_OPTIN)
+
+
+def test_kind_tables_and_plain_fallback(fresh):
+    assert tuned.table(plan.FWD, plan.MASKED) == "softmax_masked"
+    assert tuned.table(plan.BWD, plan.MASKED) == "softmax_backward"  # the backward of a masked softmax is plain
+    assert tuned.table(plan.BWD, plan.CAUSAL, True) == "softmax_ring_backward_causal"
+    dev = DeviceInfo.for_arch("sm_90")
+
+    def row(n, cfg, us):
+        return tuning.Row(arch="sm_90", sm_count=132, shape=(("dtype", "bf16"), ("vec", 8), ("n", n)), config=cfg,
+                          meta={"time_us": us})
+
+    plain = {"threads": 128, "group": 32, "items": 4, "min_blocks": 8, "kernel": "regs"}
+    causal = {"threads": 128, "group": 128, "items": 0, "min_blocks": 1, "kernel": "async"}
+    tuning.merge_rows("softmax", tuned.KEY_FIELDS, [row(1024, plain, 150.0)], fresh / "softmax.json")
+    tuning.merge_rows("softmax_causal", tuned.KEY_FIELDS, [row(1024, causal, 120.0)], fresh / "softmax_causal.json")
+    assert tuned.tuned_onepass(plan.FWD, "bf16", 1024, 8, dev, plan.CAUSAL)[0] == plan.OnePass(**causal)
+    assert tuned.tuned_onepass(plan.FWD, "bf16", 1024, 8, dev, plan.MASKED)[0] == plan.OnePass(**plain)
+    assert json.loads((fresh / "softmax_causal.json").read_text())["op"] == "softmax_causal"
+
+
+def test_ring_declines_where_the_tables_measured_the_one_pass_kernel_faster(fresh):
+    dev = DeviceInfo.for_arch("sm_90")
+    one = {"threads": 128, "group": 32, "items": 4, "min_blocks": 8, "kernel": "regs"}
+    rng = {"warps": 8, "group": 32, "items": 4, "rows": 8, "slots": 4, "min_blocks": 1}
+
+    def put(name, fields, shape, cfg, us):
+        r = tuning.Row(arch="sm_90", sm_count=132, shape=shape, config=cfg, meta={"time_us": us})
+        tuning.merge_rows(name, fields, [r], fresh / f"{name}.json")
+
+    put("softmax", tuned.KEY_FIELDS, (("dtype", "bf16"), ("vec", 8), ("n", 1024)), one, 150.0)
+    put("softmax_ring", tuned.RING_KEY_FIELDS, (("dtype", "bf16"), ("n", 1024)), rng, 160.0)
+    req = cands.request("softmax", "bf16", 1024, 8, dev)
+    why = cands.RingCandidate("softmax").supports(req)
+    assert "one-pass kernel (150.0 us) beats the ring (160.0 us)" in why
+    # The masked kind has its own measurements: the ring wins there.
+    put("softmax_masked", tuned.KEY_FIELDS, (("dtype", "bf16"), ("vec", 8), ("n", 1024)), one, 190.0)
+    put("softmax_ring_masked", tuned.RING_KEY_FIELDS, (("dtype", "bf16"), ("n", 1024)), rng, 170.0)
+    assert cands.RingCandidate("scaled_masked_softmax").supports(
+        cands.request("scaled_masked_softmax", "bf16", 1024, 8, dev)) is None
+    # Another SM count has no exact rows: no measured comparison, the ring (priority) stays eligible.
+    other = DeviceInfo.for_arch("sm_90", sm_count=114)
+    assert cands.RingCandidate("softmax").supports(cands.request("softmax", "bf16", 1024, 8, other)) is None
+
+
+def test_tune_problem_matches_the_benchmark_shapes():
+    dev = DeviceInfo.for_arch("sm_90")
+    g, mask_rows = tuned.tune_problem(plan.FWD, plan.MASKED, 4096, dev)
+    assert (g.sq, g.heads, mask_rows, g.rows, g.mask_batch_stride) == (1024, 16, 2048, 32768, 1024)  # 2x16x1024x4096
+    g, _ = tuned.tune_problem(plan.FWD, plan.CAUSAL, 16384, dev)
+    assert (g.rows, g.sq, g.diag_offset) == (8192, 8192, 8192)  # 1 x 8192 x 16384, bottom-right aligned
+    g, _ = tuned.tune_problem(plan.BWD, plan.MASKED, 1024, dev)
+    assert g.sq == 1 and g.rows == 131072  # the masked backward is the plain problem
