@@ -111,12 +111,15 @@ def prefill(dev, dtypes) -> dict:
 
 # ---- timing ------------------------------------------------------------------------------------------------------
 def time_ms(torch, fn, reps: int = 15, inner: int = 4) -> float:
-    """Median over `reps` samples of `inner` back-to-back calls (events on the current stream)."""
+    """Median over `reps` samples of `inner` back-to-back calls (events on the current stream). A GPU sleep is
+    queued first so that the host queues the timed calls while the GPU is busy: device time only (the host's cost
+    per call is measured by benchmarks/op_overhead.py), the same for every implementation."""
     fn()
     torch.cuda.synchronize()
     samples = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # ~0.5 ms at 1.98 GHz: longer than queueing `inner` calls
         a.record()
         for _ in range(inner):
             fn()
@@ -276,7 +279,7 @@ def check_config(torch, tdtype, direction, kind, dt, n, vec, config, is_ring, re
         cfg = plan.OnePass(**config)
         kernel = cands.onepass_kernel(direction, kind, dt, vec, cfg, req)
         ptrs = (bufs.ptrs[0], bufs.ptrs[1], bufs.mask) if direction == plan.FWD else tuple(bufs.ptrs)
-        cands.launch_onepass(kernel, direction, cfg, dt, vec, ptrs, geom, _f32(0.5), stream)
+        cands.launch_onepass(kernel, direction, cfg, dt, vec, ptrs, geom, _f32(0.5), stream, kind)
     torch.cuda.synchronize()
     if torch.isnan(out).any():
         return float("inf")
@@ -483,7 +486,8 @@ def markdown(env: dict, copy_ref: dict, results: list[dict], summ: dict, tune_re
              "", f"M x N = 2^27 elements, scale {SCALE}. Device-to-device copy of the same bytes: "
              + ", ".join(f"{k} {v:.0f} GB/s" for k, v in copy_ref.items()) + ".", "",
              "eager = torch expression (scale, mask as -inf, softmax); eager plain = torch.softmax(x) unscaled; "
-             "compile = torch.compile of the eager expression; backward eager = torch._softmax_backward_data.", "",
+             "compile = torch.compile of the eager expression; backward eager = torch._softmax_backward_data. "
+             "Device time: each sample is queued behind a GPU sleep (host cost per call: op_overhead).", "",
              "| op | dtype | N | shape | fwd GB/s | x copy | eager | eager plain | compile | x eager | x compile | "
              "bwd GB/s | x copy | eager bwd |", "|" + "---|" * 14]
     for r in results:

@@ -1,8 +1,9 @@
 // One-row-per-block softmax kernels that hold no row data in registers, so many blocks (rows) fit on an SM and
 // the memory system always has requests in flight while other blocks reduce:
 //
-//   softmax_fwd_async: the row is copied into dynamic shared memory with cp.async (sm_80+; plain loads and
-//     stores before that), then read from there: device memory is read once. Shared memory: n * sizeof(T).
+//   softmax_fwd_async: the row (and its mask bytes) is copied into dynamic shared memory with cp.async (sm_80+;
+//     plain loads and stores before that), then read from there: device memory is read once. Shared memory:
+//     n * sizeof(T), then (masked) n bytes at the next 16-byte boundary.
 //     Pass 1 keeps a running (max, sum of exp2) per thread, pass 2 normalizes and stores.
 //   softmax_fwd_l2 / softmax_bwd_l2: no stash at all. Pass 1 streams the row from device memory (normal
 //     loads, so the lines stay in L2), pass 2 reads it again (evict-first loads: the second read should hit
@@ -71,8 +72,16 @@ RTK_DEVICE void rtk_softmax_fwd_async_body(const T* __restrict__ x, T* __restric
   constexpr long long kStep = (long long)THREADS * VEC;
   constexpr int kStashKind = KIND == RTK_SOFTMAX_MASKED ? RTK_SOFTMAX_PLAIN : KIND;  // masks applied in the stash
 
-  // Copy the row (up to the causal bound) into shared memory; every request is in flight before any wait.
-  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) rtk_sm_copy_async<T, VEC>(stash + e / VEC, xr + e);
+  // The row's mask bytes follow the row at a 16-byte boundary (the host sizes the shared memory so).
+  unsigned char* mask_stash = rtk_softmax_dyn_smem + ((n * (long long)sizeof(T) + 15) & ~15ll);
+
+  // Copy the row (up to the causal bound), and its mask, into shared memory; every request is in flight before any
+  // wait, so the mask costs no dependent load in pass 1.
+  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
+    rtk_sm_copy_async<T, VEC>(stash + e / VEC, xr + e);
+    if constexpr (KIND == RTK_SOFTMAX_MASKED)
+      rtk_sm_copy_async<unsigned char, VEC>(reinterpret_cast<rtk_vec<unsigned char, VEC>*>(mask_stash + e), mr + e);
+  }
   rtk_sm_copy_wait();
 
   // Pass 1: masked keys become -inf in the stash (so pass 2 needs no mask); running max and sum.
@@ -81,7 +90,7 @@ RTK_DEVICE void rtk_softmax_fwd_async_body(const T* __restrict__ x, T* __restric
   for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
     rtk_vec<T, VEC> v = stash[e / VEC];
     if constexpr (KIND == RTK_SOFTMAX_MASKED) {
-      rtk_softmax_mask_raw<T, VEC>(v, mr + e);
+      rtk_softmax_mask_raw<T, VEC>(v, mask_stash + e);  // this thread's own copies: no barrier needed
       stash[e / VEC] = v;
     }
     float u[1][VEC];

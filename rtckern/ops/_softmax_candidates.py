@@ -71,8 +71,8 @@ def onepass_kernel(direction: str, kind: int, dtype: str, vec: int, cfg: plan.On
 
 
 def launch_onepass(kernel, direction: str, cfg: plan.OnePass, dtype: str, vec: int, ptrs: tuple,
-                   geom: plan.RowGeometry, scale, stream) -> None:
-    smem = cfg.smem_bytes(direction, dtype, geom.n, vec)
+                   geom: plan.RowGeometry, scale, stream, kind: int = plan.PLAIN) -> None:
+    smem = cfg.smem_bytes(direction, dtype, geom.n, vec, kind)
     args = plan.fwd_args(*ptrs, geom, scale) if direction == plan.FWD else plan.bwd_args(*ptrs, geom, scale)
     kernel.launch(cfg.grid(geom.rows), cfg.threads, args, shared_mem=smem, stream=stream)
 
@@ -118,13 +118,13 @@ class OnePassCandidate(_SoftmaxCandidate):
 
     def launch_resources(self, req: OpRequest):
         cfg = _config_for(self.direction, req)
-        smem = cfg.smem_bytes(self.direction, req.dtype("x"), req.dim("n"), req.dim("vec"))
+        smem = cfg.smem_bytes(self.direction, req.dtype("x"), req.dim("n"), req.dim("vec"), self.kind)
         return (Resources(block=cfg.threads, dynamic_smem=smem),)
 
     def launch(self, req: OpRequest, kernels, a: arr.DeviceArray, ptrs: tuple, geom: plan.RowGeometry, scale,
                stream) -> None:
         launch_onepass(kernels[0], self.direction, _config_for(self.direction, req), req.dtype("x"),
-                       req.dim("vec"), ptrs, geom, scale, stream)
+                       req.dim("vec"), ptrs, geom, scale, stream, self.kind)
 
 
 _rings: dict[tuple, ring.Ring | None] = {}
@@ -184,6 +184,8 @@ class RingCandidate(_SoftmaxCandidate):
         if ring_config(self.direction, self.kind, req) is None:
             return (f"a row of {n} {dt} keys does not fit the shared-memory ring on {req.device.arch.sm} "
                     f"({req.device.max_smem_per_block_optin} B per block) with room for the next chunk")
+        if config.settings().force_impl.get(req.op) == self.name:
+            return None  # forced (RTCKERN_FORCE_IMPL): the measured preference below does not apply
         ring_us, onepass_us = measured_us(self.direction, self.kind, dt, n, vec, req.device)
         if ring_us is not None and onepass_us is not None and onepass_us < ring_us:
             return (f"measured on {req.device.arch.sm} with {req.device.sm_count} SMs: the one-pass kernel "

@@ -118,7 +118,7 @@ class Plan:
                                                                g.rows, req.device.sm_count)
             else:
                 cfg = cands._config_for(self.direction, req)
-                smem = cfg.smem_bytes(self.direction, self.dtype, g.n, vec)
+                smem = cfg.smem_bytes(self.direction, self.dtype, g.n, vec, cand.kind)
                 grid, block = cfg.grid(g.rows), cfg.threads
             kl = kernels[0].launch
             if self.direction == plan.FWD:

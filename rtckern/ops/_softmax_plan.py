@@ -90,11 +90,13 @@ class OnePass:
     def register_keys(self, vec: int) -> int:
         return self.group * self.items * vec
 
-    def smem_bytes(self, direction: str, dtype: str, n: int, vec: int) -> int:
+    def smem_bytes(self, direction: str, dtype: str, n: int, vec: int, kind: int = 0) -> int:
         """Dynamic shared memory for a row of n keys: for "regs", the part past the registers in the storage
-        type (y and dy for the backward); for "async", the whole row; none for "l2"."""
+        type (y and dy for the backward); for "async", the whole row (and, masked, its mask bytes after the row
+        at a 16-byte boundary); none for "l2"."""
         if self.kernel == "async":
-            return n * ELEM_BYTES[dtype]
+            row = n * ELEM_BYTES[dtype]
+            return -(-row // 16) * 16 + n if kind == MASKED and direction == FWD else row
         if self.kernel == "l2":
             return 0
         reg = self.register_keys(vec)
@@ -142,15 +144,15 @@ def default_onepass(direction: str, dtype: str, n: int, vec: int, smem_optin: in
     return None
 
 
-def fits(cfg: OnePass, direction: str, dtype: str, n: int, vec: int, smem_optin: int) -> str | None:
-    """None when cfg can run rows of n keys, else why not."""
+def fits(cfg: OnePass, direction: str, dtype: str, n: int, vec: int, smem_optin: int, kind: int = PLAIN) -> str | None:
+    """None when cfg can run rows of n keys (of mask kind `kind`), else why not."""
     limit = smem_optin - SMEM_STATIC_RESERVE
     if cfg.kernel == "l2":
         return None
     if cfg.kernel == "async":
         if direction != FWD:
             return "the async (cp.async) kernel exists for the forward only"
-        smem = cfg.smem_bytes(direction, dtype, n, vec)
+        smem = cfg.smem_bytes(direction, dtype, n, vec, kind)
         if smem > limit:
             return f"a row of {n} {dtype} keys needs {smem} B of shared memory; the device allows {limit} B per block"
         return None

@@ -50,7 +50,7 @@ def config_dict(cfg: plan.OnePass) -> dict[str, Any]:
             "kernel": cfg.kernel}
 
 
-def _valid_for(direction: str, smem_optin: int):
+def _valid_for(direction: str, smem_optin: int, kind: int = plan.PLAIN):
     def valid(config: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
         """A neighbour's config serves n when it fits and does not hold more than twice the row in registers
         (a config for 65536 keys would idle most of its threads on a row of 3)."""
@@ -59,7 +59,7 @@ def _valid_for(direction: str, smem_optin: int):
         except (TypeError, ValueError):
             return False
         n, vec, dtype = int(key["n"]), int(key["vec"]), str(key["dtype"])
-        if plan.fits(cfg, direction, dtype, n, vec, smem_optin) is not None:
+        if plan.fits(cfg, direction, dtype, n, vec, smem_optin, kind) is not None:
             return False
         return cfg.register_keys(vec) <= max(2 * plan.pow2ceil(n), 256)
 
@@ -72,9 +72,12 @@ def tuned_onepass(direction: str, dtype: str, n: int, vec: int, device,
     'nearest'), else the rule's ('heuristic'); (None, 'none') when no one-pass config holds n keys."""
     key = {"dtype": dtype, "vec": vec, "n": n}
     smem = device.max_smem_per_block_optin
-    found = _lookup(direction, kind, False, device, key, valid=_valid_for(direction, smem))
-    # A row measured at another vector width (a misaligned or odd-length row) says little about this one.
-    if found is not None and (found.row is None or dict(found.row.shape).get("vec") == vec):
+    valid = _valid_for(direction, smem, kind)
+    found = _lookup(direction, kind, False, device, key, valid=valid)
+    # A row measured at another vector width (a misaligned or odd-length row) says little about this one; an exact
+    # row of another kind's table may not fit this kind (a mask needs more shared memory).
+    same_vec = found is not None and (found.row is None or dict(found.row.shape).get("vec") == vec)
+    if same_vec and valid(found.config, key):
         return plan.OnePass(**found.config), found.source
     cfg = plan.default_onepass(direction, dtype, n, vec, smem)
     return cfg, ("heuristic" if cfg is not None else "none")
@@ -125,7 +128,7 @@ def measured_us(direction: str, kind: int, dtype: str, n: int, vec: int,
 
 
 def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
-                  max_threads_per_sm: int = 2048) -> list[plan.OnePass]:
+                  max_threads_per_sm: int = 2048, kind: int = plan.PLAIN) -> list[plan.OnePass]:
     """The configs worth timing for rows of n keys: groups of a warp or less, one row per block of 128..1024
     threads covering the row in registers, and (for rows past the registers) shared-memory stashes with one or
     two blocks per SM. Register use per thread is kept where the compiler does not spill."""
@@ -175,7 +178,7 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
     seen, uniq = set(), []
     for c in out:
         if (c not in seen and c.threads * c.min_blocks <= max_threads_per_sm
-                and plan.fits(c, direction, dtype, n, vec, smem_optin) is None):
+                and plan.fits(c, direction, dtype, n, vec, smem_optin, kind) is None):
             seen.add(c)
             uniq.append(c)
     return uniq
@@ -216,7 +219,7 @@ class SoftmaxTuner(tuning.Tuner):
     def configs(self, req) -> list[dict[str, Any]]:
         d = req.device
         return [config_dict(c) for c in sweep_configs(self.direction, req.dtype("x"), req.dim("n"), req.dim("vec"),
-                                                      d.max_smem_per_block_optin, d.max_threads_per_sm)]
+                                                      d.max_smem_per_block_optin, d.max_threads_per_sm, self.kind)]
 
     def heuristic(self, key, device):
         cfg = plan.default_onepass(self.direction, key["dtype"], key["n"], key["vec"], device.max_smem_per_block_optin)
@@ -237,7 +240,7 @@ class SoftmaxTuner(tuning.Tuner):
         scale = np.float32(0.5)
 
         def launch(stream: int) -> None:
-            launch_onepass(kernel, self.direction, cfg, dtype, vec, ptrs, geom, scale, stream)
+            launch_onepass(kernel, self.direction, cfg, dtype, vec, ptrs, geom, scale, stream, self.kind)
 
         return tuning.time_launches(launch, req.device.ordinal, warmup=3, reps=20)
 

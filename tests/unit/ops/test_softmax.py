@@ -142,6 +142,13 @@ def test_onepass_config_rules():
     with pytest.raises(ValueError, match="has no shared-memory stash"):
         plan.OnePass(128, 32, 4).smem_bytes(plan.FWD, "bf16", 2048, 8)
     assert plan.OnePass(128, 32, 4).grid(1000) == 250
+    # The cp.async kernel stages a masked row's mask bytes after the row, at a 16-byte boundary.
+    a = plan.OnePass(128, 128, 0, 1, "async")
+    assert a.smem_bytes(plan.FWD, "bf16", 4096, 8) == 8192
+    assert a.smem_bytes(plan.FWD, "bf16", 4096, 8, plan.MASKED) == 8192 + 4096
+    assert a.smem_bytes(plan.FWD, "fp16", 1001, 1, plan.MASKED) == 2016 + 1001
+    assert plan.fits(a, plan.FWD, "bf16", 100000, 8, 232448) is None
+    assert "needs 300000 B" in plan.fits(a, plan.FWD, "bf16", 100000, 8, 232448, plan.MASKED)
 
 
 def test_register_free_kernel_configs():

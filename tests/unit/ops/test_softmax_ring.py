@@ -106,6 +106,8 @@ def test_ring_declines_where_the_tables_measured_the_one_pass_kernel_faster(fres
     req = cands.request("softmax", "bf16", 1024, 8, dev)
     why = cands.RingCandidate("softmax").supports(req)
     assert "one-pass kernel (150.0 us) beats the ring (160.0 us)" in why
+    with config.override(force_impl={"softmax": "softmax.ring"}):  # forced: a preference, not a capability
+        assert cands.RingCandidate("softmax").supports(req) is None
     # The masked kind has its own measurements: the ring wins there.
     put("softmax_masked", tuned.KEY_FIELDS, (("dtype", "bf16"), ("vec", 8), ("n", 1024)), one, 190.0)
     put("softmax_ring_masked", tuned.RING_KEY_FIELDS, (("dtype", "bf16"), ("n", 1024)), rng, 170.0)
