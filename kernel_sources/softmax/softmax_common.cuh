@@ -249,6 +249,14 @@ RTK_DEVICE void rtk_softmax_online_batch(const float (&u)[B][VEC], float a, floa
   }
 }
 
+// (max, sum of exp2(l - max)) pairs combined; a pair with max = -inf has sum 0.
+RTK_DEVICE void rtk_softmax_combine(float& m, float& s, float m2, float s2) {
+  const float mm = fmaxf(m, m2);
+  if (mm == rtk_neg_inf()) return;  // both empty
+  s = s * rtk_exp2(m - mm) + s2 * rtk_exp2(m2 - mm);
+  m = mm;
+}
+
 // Runs CALL with the constant POS = (scale > 0) in scope: one uniform branch per kernel, both bodies compiled.
 #define RTK_SOFTMAX_DISPATCH_POS(scale, CALL) \
   do {                                         \

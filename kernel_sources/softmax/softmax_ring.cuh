@@ -27,13 +27,7 @@ constexpr int kVec = 16 / (int)sizeof(T);
 template <int SLOTS>
 constexpr int kSlotsOffset = ((16 * SLOTS + 127) / 128) * 128;
 
-// (max, sum of exp2(l - max)) pairs combined; a pair with max = -inf has sum 0.
-RTK_DEVICE void combine(float& m, float& s, float m2, float s2) {
-  const float mm = fmaxf(m, m2);
-  if (mm == rtk_neg_inf()) return;  // both empty
-  s = s * rtk_exp2(m - mm) + s2 * rtk_exp2(m2 - mm);
-  m = mm;
-}
+RTK_DEVICE void combine(float& m, float& s, float m2, float s2) { rtk_softmax_combine(m, s, m2, s2); }
 
 template <int WIDTH>
 RTK_DEVICE void pair_reduce_lanes(float& m, float& s) {
