@@ -7,6 +7,7 @@ eager and torch.compile, M x N = 2^27 elements, N in {1024, 4096, 5120, 8192, 12
     python3 benchmarks/norms.py compile-times      # cold NVRTC compile of every kernel variant (no GPU)
     python3 benchmarks/norms.py sweep --kinds l2   # only l2 configs, plus the shipped (tabled) config of the
                                                    # other kinds, re-timed in the same run for the kind choice
+    python3 benchmarks/norms.py sweep --kinds l2c  # the cluster-split l2 backward (sm_90+), same re-timing
     python3 benchmarks/norms.py tables --sweep OLD.json.gz --sweep NEW.json   # later sweeps win per kind/shape
 
 Bytes: forward reads x (+ weight, bias) and writes y; backward reads x, dy (+ weight) and writes dx (+ dweight,
@@ -91,6 +92,24 @@ def l2_configs(p, backward: bool) -> list[K.L2Config]:
     return out
 
 
+L2C_OPTS = (0, 8, 16, 24)  # weight per row from L1 (8), 64-register cap (16); OPT 2 not swept (norms_notes.md)
+
+
+def l2c_configs(p) -> list[K.SplitConfig]:
+    """Cluster size x threads per block (x default-cached pass 2), 4 to 32 columns per thread."""
+    out = []
+    for parts in (2, 4, 8):
+        for threads in (128, 256, 512, 1024):
+            cols = K.packs_per_thread(p.n, p.vec, threads, parts) * p.vec
+            if not 4 <= cols <= K.BWD_L2C_MAX_THREAD_COLS:
+                continue
+            for opt in L2C_OPTS:
+                cfg = K.SplitConfig(threads, parts, opt)
+                if L.bwd_feasible(p, "l2c", cfg) is None and K.slice_cols(p.n, p.vec, parts) // p.vec >= threads // 2:
+                    out.append(cfg)
+    return out
+
+
 def fwd_problem(op: str, dtype: str, n: int) -> K.FwdProblem:
     return K.FwdProblem(layer=op == "layer", n=n, x=dtype, y=dtype, w=dtype, bias=op == "layer",
                         vec=16 // K.ITEMSIZE[dtype])
@@ -126,6 +145,9 @@ def sweep_plan(sm90: bool, kinds: tuple[str, ...] | None = None) -> list[tuple]:
                     for cfg in split_configs(n, fp.vec, isz, 8, 16, 128, OPTS[("fwd", "cluster")]):
                         if L.fwd_feasible(fp, "cluster", cfg) is None:
                             plan.append(("fwd", op, dtype, n, "cluster", cfg))
+                if sm90 and n * isz >= 16384:
+                    for cfg in l2c_configs(bp):
+                        plan.append(("bwd", op, dtype, n, "l2c", cfg))
                 if sm90 and n * isz >= 8192:
                     for cfg in split_configs(n, fp.vec, 1, 8, 4, K.BWD_MAX_THREAD_ELEMS, OPTS[("bwd", "cluster")]):
                         if L.bwd_feasible(bp, "cluster", cfg) is None:
@@ -152,8 +174,11 @@ def _kinds_plan(sm90: bool, kinds: tuple[str, ...]) -> list[tuple]:
                 plan += [it for it in full if it[1:4] == (op, dtype, n)]
                 for d, prob, cfg_of in (("fwd", fwd_problem(op, dtype, n), L.fwd_config),
                                         ("bwd", bwd_problem(op, dtype, n), L.bwd_config)):
-                    for kind in ("rows", "cluster"):
-                        if kind in kinds or (kind == "cluster" and not sm90):
+                    if d == "fwd" and all(k in K.BWD_ONLY_KINDS for k in kinds):
+                        continue  # nothing swept in this direction to choose against
+                    for kind in ("rows", "cluster", "l2", "l2c"):
+                        if kind in kinds or (kind in ("cluster", "l2c") and not sm90) or \
+                                (d == "fwd" and kind in K.BWD_ONLY_KINDS):
                             continue
                         cfg = cfg_of(prob, kind, dev)
                         if cfg is not None:

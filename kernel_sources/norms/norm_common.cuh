@@ -20,6 +20,8 @@ constexpr int kNormWeightGrad = 64;    // backward: accumulate dweight (kNormBia
 constexpr int kOptPersist = 1;     // forward: persistent blocks; both: load the next row while reducing this one
 constexpr int kOptPlainLoads = 2;  // x / dy with default caching instead of evict-first (streaming)
 constexpr int kOptRecompute = 4;   // re-convert 16-bit inputs after the reduction instead of keeping fp32 copies
+constexpr int kOptReloadW = 8;     // l2c: read the weight per row (L1 hits) instead of holding it in registers
+constexpr int kOptRegCap = 16;     // l2c: __launch_bounds__ asks for 1024 threads per SM (at most 64 registers)
 
 // Cache hints for one access. Data read or written exactly once streams (evict-first) so the weight and the
 // partial sums stay in L2; weights use the read-only path; cross-block data goes through L2 only.

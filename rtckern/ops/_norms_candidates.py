@@ -1,11 +1,11 @@
 """Registry candidates of the norm ops: for each of rms_norm, layer_norm, rms_norm_backward and
 layer_norm_backward, a row kernel (registers, one group per row), a cluster kernel (sm_90+, distributed shared
 memory), an L2 re-read kernel (no row data in registers) and a cooperative kernel (any arch, several co-resident
-blocks per row).
+blocks per row); the backward ops also have the cluster-split L2 re-read kernel (l2c, sm_90+).
 
-Priority: l2 (130) > cluster (120) > rows (100) > coop (80). The l2 and cluster kernels serve a shape only where the
-norm_kind table (measured by the benchmark's sweep; nearest tuned shape) names them, or, without a table for the
-arch, where the row-size rule does; the row kernel serves whatever fits its register budget; the cooperative
+Priority: l2 (130) > l2c (125) > cluster (120) > rows (100) > coop (80). The l2, l2c and cluster kernels serve a
+shape only where the norm_kind table (measured by the benchmark's sweep; nearest tuned shape) names them, or,
+without a table for the arch, where the row-size rule does; the row kernel serves whatever fits its register budget; the cooperative
 kernel serves the rest (and rows too long for anything else). A forced candidate (force_impl) skips the preference.
 """
 from __future__ import annotations
@@ -27,6 +27,9 @@ SPLIT_FROM_BYTES = {"fwd": 64 * 1024, "bwd": 32 * 1024}
 # Row bytes from which the l2 kernel takes over where no table covers the arch (measured on H200 by the sweep;
 # benchmarks/results/norms_notes.md).
 L2_FROM_BYTES = {"fwd": 32 * 1024, "bwd": 24 * 1024}
+# Row bytes from which the l2c backward takes over on sm_90+ where no table covers the arch (H200 sweep,
+# benchmarks/results/norms_notes.md).
+L2C_FROM_BYTES = 32 * 1024
 
 
 def fwd_problem(req: OpRequest) -> K.FwdProblem:
@@ -194,6 +197,23 @@ class _L2(_NormCandidate):
         return super().supports(req)
 
 
+class _L2C(_Cluster):
+    kind = "l2c"
+    priority = 125
+
+    def supports(self, req: OpRequest) -> str | None:
+        kind = L.preferred_kind(self.direction, self.problem(req), req.device)
+        if kind is not None:
+            ok, why = kind == "l2c", f"the tuned table's fastest kind near N={req.dim('n')} is {kind}"
+        else:
+            ok = self._row_bytes(req) >= L2C_FROM_BYTES
+            why = (f"rows of {self._row_bytes(req)} B {'>=' if ok else '<'} {L2C_FROM_BYTES} B "
+                   f"(no tuned table for {req.device.arch.sm})")
+        if not ok and not self.forced(req):
+            return f"another kernel kind is faster here (the l2c kernel is not preferred): {why}"
+        return _NormCandidate.supports(self, req)
+
+
 class _Coop(_NormCandidate):
     vendors = ("nvidia", "amd")
     kind = "coop"
@@ -212,7 +232,7 @@ def all_candidates() -> list[Candidate]:
     for op in FWD_OPS:
         out += [_make(op, b, "fwd") for b in (_Rows, _Cluster, _L2, _Coop)]
     for op in BWD_OPS:
-        out += [_make(op, b, "bwd") for b in (_Rows, _Cluster, _L2, _Coop)]
+        out += [_make(op, b, "bwd") for b in (_Rows, _Cluster, _L2, _L2C, _Coop)]
     return out
 
 

@@ -7,7 +7,9 @@ Four kernel kinds per direction (kernel_sources/norms/):
   cluster sm_90+: a cluster of C blocks per row, slices in registers, statistics through distributed smem
   coop    any arch: G blocks per row, co-resident (cooperative launch), statistics through global memory
   l2      one block per row, no row data in registers: pass 1 computes the statistics, pass 2 re-reads the row
-          from L2 (backward: persistent blocks, only the column sums in registers)
+          from L2 (backward: persistent blocks, the column sums in shared memory)
+  l2c     backward only, sm_90+: the l2 backward with each row's columns split over a cluster of C blocks (row
+          sums through distributed shared memory), each block's column sums and weights in registers
 Backward kernels write fp32 partial column sums of dy * x_hat (and dy); `rtk_norm_dw_reduce` adds them in a
 fixed order, so dweight is bitwise repeatable for a given device and shape.
 """
@@ -32,8 +34,10 @@ SOURCES = {
     ("bwd", "coop"): ("norms/coop.cuh", "rtk_norm_bwd_coop"),
     ("fwd", "l2"): ("norms/fwd_l2.cuh", "rtk_norm_fwd_l2"),
     ("bwd", "l2"): ("norms/bwd_l2.cuh", "rtk_norm_bwd_l2"),
+    ("bwd", "l2c"): ("norms/bwd_l2c.cuh", "rtk_norm_bwd_l2c"),
 }
-KINDS = ("rows", "cluster", "coop", "l2")
+KINDS = ("rows", "cluster", "coop", "l2", "l2c")
+BWD_ONLY_KINDS = ("l2c",)
 DW_REDUCE = ("norms/dw_reduce.cuh", "rtk_norm_dw_reduce")
 DW_REDUCE_BLOCK = 512
 DW_REDUCE_COLS = 32
@@ -47,6 +51,9 @@ MAX_CLUSTER = 8  # the portable cluster size
 # l2 backward: its fp32 column sums (dweight, dbias) live in dynamic shared memory, N * 4 bytes each; the static
 # scratch of the block reduction takes the rest of the opt-in limit.
 BWD_L2_STATIC_SMEM = 1024
+# l2c backward: columns per thread (its fp32 dweight / dbias sums and effective weight live in registers).
+BWD_L2C_MAX_THREAD_COLS = 32
+BWD_L2C_TARGET_THREAD_COLS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +235,18 @@ def l2_config(n: int, vec: int, backward: bool, warp: int = 32) -> L2Config:
 def bwd_l2_smem(p: "BwdProblem") -> int:
     """Dynamic shared memory of the l2 backward: the block's fp32 column sums."""
     return p.n * 4 * ((1 if p.weight_grad else 0) + (1 if p.bias_grad else 0))
+
+
+def l2c_config(n: int, vec: int, warp: int = 32) -> SplitConfig | None:
+    """The smallest cluster (then the fewest threads, from 256) that leaves each thread at most
+    BWD_L2C_TARGET_THREAD_COLS columns of its slice (then at most BWD_L2C_MAX_THREAD_COLS)."""
+    packs = n // vec
+    for limit in (BWD_L2C_TARGET_THREAD_COLS, BWD_L2C_MAX_THREAD_COLS):
+        for parts in (2, 4, 8):
+            for threads in (256, 512):
+                if packs_per_thread(n, vec, threads, parts) * vec <= limit and _ceil(packs, parts) >= threads // 2:
+                    return SplitConfig(threads, parts)
+    return None
 
 
 def split_config(n: int, vec: int, itemsize: int, max_parts: int, warp: int = 32,

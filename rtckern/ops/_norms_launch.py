@@ -55,7 +55,7 @@ def geometry_reason(n: int, vec: int, kind: str, cfg, warp: int = 32) -> str | N
                 (cfg.tpr > warp and cfg.tpr % warp) or (cfg.tpr <= warp and cfg.tpr & (cfg.tpr - 1)):
             return f"{cfg.tpr} threads per row x {cfg.rpb} rows per block is not a valid row-kernel geometry"
         return None
-    cap = K.MAX_CLUSTER if kind == "cluster" else warp
+    cap = K.MAX_CLUSTER if kind in ("cluster", "l2c") else warp
     if not 2 <= cfg.parts <= cap or cfg.threads % warp or cfg.threads > 1024:
         return f"{cfg.parts} blocks of {cfg.threads} threads per row is not a valid {kind} geometry (2..{cap} blocks)"
     if K.slice_cols(n, vec, cfg.parts) * (cfg.parts - 1) >= n:
@@ -92,6 +92,11 @@ def bwd_feasible(p: K.BwdProblem, kind: str, cfg, warp: int = 32, smem_optin: in
             return (f"the column sums of N={p.n} need {need} B of shared memory per block, over the "
                     f"{room} B this device allows")
         return None
+    if kind == "l2c":
+        if e > K.BWD_L2C_MAX_THREAD_COLS:
+            return (f"each thread would keep the sums of {e} columns in registers with {_geometry_text(kind, cfg)} "
+                    f"(limit {K.BWD_L2C_MAX_THREAD_COLS}): use more blocks per row or threads")
+        return None
     if e > K.BWD_MAX_THREAD_ELEMS:
         return (f"each thread would hold {e} columns of x, dy and the gradient sums with {_geometry_text(kind, cfg)} "
                 f"(limit {K.BWD_MAX_THREAD_ELEMS})")
@@ -114,6 +119,8 @@ def fwd_heuristic(p: K.FwdProblem, kind: str, warp: int = 32):
 def bwd_heuristic(p: K.BwdProblem, kind: str, warp: int = 32):
     if kind == "l2":
         return K.l2_config(p.n, p.vec, True, warp)
+    if kind == "l2c":
+        return K.l2c_config(p.n, p.vec, warp)
     if kind == "rows":
         c = K.rows_config(p.n, p.vec, warp, packs_per_thread=max(1, 8 // p.vec) if p.vec < 8 else 1)
         return K.RowsConfig(c.tpr, c.rpb, BWD_DEFAULT_OPT)
@@ -161,7 +168,8 @@ def _config(table: str, p, kind: str, device, feasible, heuristic):
 
 
 def preferred_kind(direction: str, p, device) -> str | None:
-    """The fastest kernel kind measured for the nearest tuned shape on this arch ("rows" / "cluster" / "l2"), or
+    """The fastest kernel kind measured for the nearest tuned shape on this arch ("rows" / "cluster" / "l2" /
+    "l2c"), or
     None when the tables have nothing for this arch."""
     key = {"dir": direction, "norm": "layer" if p.layer else "rms", "dtype": p.x, "n": p.n}
     hit = tuning.lookup(TABLE_KIND, device, key)
@@ -306,7 +314,7 @@ def bwd_partial_rows(p: K.BwdProblem, kind: str, cfg, kernel, rows: int, stream:
         resident = blocks_per_sm(kernel, cfg.block, smem) * kernel.device.sm_count
         wanted = K.grid_for_rows(rows, cfg) if kind == "rows" else rows
         return max(1, min(wanted, int(resident * grid_scale)))
-    if kind == "cluster":
+    if kind in ("cluster", "l2c"):
         return max(1, min(rows, int(active_clusters(kernel, cfg.parts, cfg.threads, stream) * grid_scale)))
     return max(1, min(rows, coop_slots(kernel, cfg)))
 
@@ -325,7 +333,7 @@ def launch_bwd(p: K.BwdProblem, kind: str, cfg, kernels, c: BwdCall, grid_scale:
     args = [c.x, c.w, c.dy, c.dres, c.mean, c.rstd, c.dx, dwp, dbp, c.rows, c.sx, c.sdy, c.sdres, c.sdx]
     if kind in ("rows", "l2"):
         main.launch(parts, cfg.block, args, shared_mem=K.bwd_l2_smem(p) if kind == "l2" else 0, stream=c.stream)
-    elif kind == "cluster":
+    elif kind in ("cluster", "l2c"):
         main.launch(parts * cfg.parts, cfg.threads, args, stream=c.stream)
     else:
         ws, ws_ptr = c.empty_f32(K.workspace_floats(parts, cfg.parts))

@@ -24,6 +24,7 @@ FWD_TOL = {"fp32": 2e-6, "fp16": 1e-3, "bf16": 8e-3}
 BWD_TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.2e-2}
 NS = (1, 7, 1000, 5120, 12288, 65536, 262144)
 KINDS = ("rows", "cluster", "l2", "coop")
+BWD_KINDS = KINDS + ("l2c",)  # l2c: the cluster-split l2 backward (sm_90+)
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +60,7 @@ def _rel(out, ref) -> float:
 def _forced(op: str, kind: str | None, fn, *args, **kw):
     if kind is None:
         return fn(*args, **kw)
-    if kind == "cluster" and not _sm90():
+    if kind in ("cluster", "l2c") and not _sm90():
         pytest.skip("cluster kernels need sm_90+")
     with config.override(force_impl={op: f"{op}.{kind}"}):
         try:
@@ -243,9 +244,9 @@ def test_backward_matches_autograd(layer, dtype, n):
         assert _rel(out[2], ref[2]) < BWD_TOL[dtype]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", BWD_KINDS)
 @pytest.mark.parametrize("n,dtype", [(4096, "bf16"), (12288, "fp32"), (65536, "bf16"), (262144, "fp16"),
-                                     (5121, "bf16"), (2000, "fp32")])
+                                     (5121, "bf16"), (2000, "fp32"), (16384, "fp16")])
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
 def test_backward_every_kind(layer, n, dtype, kind):
     rows = _rows(n)
@@ -257,11 +258,11 @@ def test_backward_every_kind(layer, n, dtype, kind):
         assert _rel(o, r) < BWD_TOL[dtype]
 
 
-@pytest.mark.parametrize("kind", [None, "cluster", "l2", "coop"])
+@pytest.mark.parametrize("kind", [None, "cluster", "l2", "l2c", "coop"])
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
 def test_backward_options(layer, kind):
     """Zero-centered fp32 weight with bf16 activations, fp32 dy, fp32 dx, dresidual added."""
-    n = {None: 4096, "l2": 12288}.get(kind, 65536)  # l2: its column sums fit registers up to 32 per thread
+    n = {None: 4096, "l2": 12288}.get(kind, 65536)  # l2: its column sums must fit shared memory
     rows = 40
     x, w, b, g = _inputs(rows, n, "bf16", wdtype="fp32")
     w0 = (w - 1).contiguous()
@@ -275,7 +276,7 @@ def test_backward_options(layer, kind):
     assert _rel(out[1], ref[1]) < 1e-5
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", BWD_KINDS)
 @pytest.mark.parametrize("n", [4096, 65536])
 def test_bitwise_repeatable(kind, n):
     rows = 3000 if n == 4096 else 300
@@ -286,6 +287,8 @@ def test_bitwise_repeatable(kind, n):
         again = _backward(True, kind, x, w, b, dy, 1e-5)
         for a, c in zip(first, again):
             assert torch.equal(a, c)
+    if kind not in KINDS:  # a backward-only kind
+        return
     y1 = _forced("rms_norm", kind, norms.rms_norm, x, w)
     y2 = _forced("rms_norm", kind, norms.rms_norm, x, w)
     assert torch.equal(y1, y2)
@@ -311,6 +314,59 @@ def test_l2_backward_many_rows_per_block(layer, n, dtype):
                       dx_dtype=torch.float32)
     for a, c in zip(out, again):
         assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+@pytest.mark.parametrize("n,dtype,wdtype", [(16384, "bf16", "fp32"), (65536, "fp16", "fp16"), (12290, "fp32", "fp32"),
+                                            (5121, "bf16", "bf16")])
+def test_l2c_backward_many_rows(layer, n, dtype, wdtype):
+    """Persistent clusters walk many rows (1031, prime: the last set of rows is partial, and the two-rows-ahead
+    pass 1 runs past the end), uneven slices (N = 12290, 5121), every option; then bitwise repeatability."""
+    if not _sm90():
+        pytest.skip("l2c needs sm_90+")
+    rows = 1031 if n < 65536 else 257
+    x, w, b, g = _inputs(rows, n, dtype, wdtype=wdtype, offset=0.5)
+    w0 = (w - 1).contiguous()
+    dy = torch.randn(rows, n, device="cuda", generator=g).to(DT[dtype])
+    dres = torch.randn(rows, n, device="cuda", generator=g)
+    args = (layer, "l2c", x, w0, b if layer else None, dy, 1e-5)
+    out = _backward(*args, zero_centered=True, dresidual=dres, dx_dtype=torch.float32)
+    ref = _autograd_ref(layer, x, w0, b if layer else None, dy, 1e-5, True)
+    assert _rel(out[0], ref[0] + dres.double()) < 1e-5
+    tol = 1e-5 if wdtype == "fp32" else BWD_TOL[wdtype]
+    for o, r in zip(out[1:], ref[1:]):
+        assert _rel(o, r) < tol
+    for _ in range(2):
+        again = _backward(*args, zero_centered=True, dresidual=dres, dx_dtype=torch.float32)
+        for a, c in zip(out, again):
+            assert torch.equal(a, c)
+    # Default options, dx in x's dtype (the packed 16-bit conversion).
+    out = _backward(layer, "l2c", x, w, b if layer else None, dy, 1e-5)
+    ref = _autograd_ref(layer, x, w, b if layer else None, dy, 1e-5, False)
+    for o, r in zip(out, ref):
+        assert _rel(o, r) < BWD_TOL[dtype if o is out[0] else wdtype]
+
+
+@pytest.mark.parametrize("n", [16384, 65536])
+def test_l2c_backward_without_weight_or_grads(n):
+    """No weight (bias only, LayerNorm), a weight without dweight (RMSNorm), and dx only (no gradients)."""
+    if not _sm90():
+        pytest.skip("l2c needs sm_90+")
+    rows = 300
+    x, w, b, g = _inputs(rows, n, "bf16", offset=0.5)
+    dy = torch.randn(rows, n, device="cuda", generator=g).to(torch.bfloat16)
+    _, mean, rstd = norms.layer_norm(x, None, b, 1e-5, return_stats=True)
+    dx, dw, db = _forced("layer_norm_backward", "l2c", norms.layer_norm_backward, dy, x, None, b, mean, rstd)
+    x64, b64 = x.double().requires_grad_(), b.double().requires_grad_()
+    gx, gb = torch.autograd.grad(F.layer_norm(x64, (n,), None, b64, 1e-5), [x64, b64], dy.double())
+    assert dw is None and _rel(dx, gx) < BWD_TOL["bf16"] and _rel(db, gb) < BWD_TOL["bf16"]
+    _, rstd = norms.rms_norm(x, w, 1e-5, return_rstd=True)
+    dx, dw = _forced("rms_norm_backward", "l2c", norms.rms_norm_backward, dy, x, w, rstd, weight_grad=False)
+    assert dw is None and _rel(dx, _autograd_ref(False, x, w, None, dy, 1e-5, False)[0]) < BWD_TOL["bf16"]
+    dx, dw = _forced("rms_norm_backward", "l2c", norms.rms_norm_backward, dy, x, None, rstd)
+    x64 = x.double().requires_grad_()
+    gx, = torch.autograd.grad(F.rms_norm(x64, (n,), None, 1e-5), [x64], dy.double())
+    assert dw is None and _rel(dx, gx) < BWD_TOL["bf16"]
 
 
 @pytest.mark.parametrize("n,dtype", [(16384, "bf16"), (65536, "fp16"), (12290, "fp32")])

@@ -158,6 +158,70 @@ def test_forced_l2_skips_the_preference(cache_dir):
         assert select(req).candidate.name == "rms_norm.l2"
 
 
+def test_l2c_geometry_and_budget():
+    b = K.BwdProblem(layer=True, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
+                     bias_grad=True, vec=8)
+    assert K.l2c_config(65536, 8) == K.SplitConfig(512, 8)  # 16 columns per thread
+    assert K.l2c_config(16384, 8) == K.SplitConfig(512, 2)
+    assert K.l2c_config(5121, 1) == K.SplitConfig(256, 2)  # 11 columns per thread, uneven slices
+    assert L.bwd_feasible(b, "l2c", K.SplitConfig(256, 8)) is None  # 32 columns per thread
+    assert L.bwd_feasible(b, "l2c", K.SplitConfig(128, 8)) == (
+        "each thread would keep the sums of 64 columns in registers with 8 blocks x 128 threads per row (limit 32): "
+        "use more blocks per row or threads")
+    assert L.bwd_feasible(b, "l2c", K.SplitConfig(256, 16)).startswith("16 blocks of 256 threads per row is not a "
+                                                                      "valid l2c geometry (2..8 blocks)")
+    c = L.bwd_config(b, "l2c", DeviceInfo.for_arch("sm_90", sm_count=132))
+    assert c is not None and L.bwd_feasible(b, "l2c", c) is None
+    assert K.bwd_template_args(b, "l2c", K.SplitConfig(512, 8, 2)) == \
+        ("rtk_bf16", "rtk_bf16", "rtk_bf16", "rtk_bf16", 65536, 8, 512, 8, b.flags, 2)
+    specs = L.bwd_specs(b, "l2c", K.SplitConfig(512, 8), Arch.parse("sm_90"))
+    assert [s.name for s in specs] == ["rtk_norm_bwd_l2c", K.DW_REDUCE[1]]
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80"])
+def test_l2c_is_refused_before_sm90(cache_dir, arch):
+    from rtckern import config
+    from rtckern.errors import UnsupportedRequestError
+
+    req = _bwd_req("layer_norm_backward", 65536, arch)
+    assert select(req).candidate.name != "layer_norm_backward.l2c"
+    with config.override(force_impl={"layer_norm_backward": "layer_norm_backward.l2c"}):
+        with pytest.raises(UnsupportedRequestError, match=r"layer_norm_backward\.l2c"):
+            select(req)
+
+
+def _l2c_problems():
+    """Every backward option through l2c: weight dtypes, zero-centered, dresidual, fp32 dx, no weight / no
+    gradients, and uneven slices (N = 5121 with 1-element packs, N = 12290 in fp32)."""
+    base = dict(layer=True, n=16384, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True, bias_grad=True,
+                vec=8)
+    yield base
+    yield {**base, "w": "fp32", "dx": "fp32", "dy": "fp32", "zero_centered": True, "dresidual": True}
+    yield {**base, "layer": False, "bias_grad": False, "x": "fp16", "dy": "fp16", "dx": "fp16", "w": "fp16",
+           "n": 65536}
+    yield {**base, "has_weight": False, "weight_grad": False}  # bias only
+    yield {**base, "layer": False, "w": None, "weight_grad": False, "bias_grad": False}  # dx only
+    yield {**base, "n": 5121, "vec": 1, "zero_centered": True}
+    yield {**base, "x": "fp32", "dy": "fp32", "dx": "fp32", "w": "fp32", "n": 12290, "vec": 2, "dresidual": True}
+
+
+def test_l2c_variants_compile_for_sm90():
+    from rtckern.compiler import compiler_for
+
+    comp = compiler_for(Arch.parse("sm_90"))
+    dev = DeviceInfo.for_arch("sm_90", sm_count=132)
+    names = []
+    for kw in _l2c_problems():
+        p = K.BwdProblem(**kw)
+        cfg = L.bwd_config(p, "l2c", dev)
+        assert cfg is not None, kw
+        for s in L.bwd_specs(p, "l2c", cfg, Arch.parse("sm_90")):
+            ck = comp.compile(s)
+            assert ck.binary and ck.kind == "cubin"
+            names.append(s.name)
+    assert names.count("rtk_norm_bwd_l2c") == 7
+
+
 def test_bytes_moved():
     p = K.FwdProblem(layer=True, n=1024, x="bf16", y="fp32", w="fp32", bias=True, residual=True, vec=8)
     assert p.bytes_moved(10) == 10 * 1024 * (2 * 3 + 4) + 1024 * 4 * 2
@@ -194,7 +258,7 @@ def test_registry_choice_follows_the_kind_table(cache_dir):
 
 
 @pytest.mark.parametrize("arch,n,expect", [("sm_80", 4096, "rows"), ("sm_80", 65536, "coop"),
-                                           ("sm_90", 65536, "cluster")])
+                                           ("sm_90", 65536, "l2c")])
 def test_registry_choice_backward(cache_dir, arch, n, expect):
     sel = select(_bwd_req("layer_norm_backward", n, arch))
     assert sel.candidate.name == f"layer_norm_backward.{expect}"
@@ -214,10 +278,10 @@ def _variants(arch: str):
                     fp = K.FwdProblem(layer=layer, n=n, x=x, y=y, w=w, bias=layer, vec=vec, **extra)
                     bp = K.BwdProblem(layer=layer, n=n, x=x, dy=y, dx=x, w=w, weight_grad=True, bias_grad=layer,
                                       vec=vec, zero_centered=bool(extra), dresidual=bool(extra))
-                    for kind in ("rows", "cluster", "l2", "coop"):
-                        if kind == "cluster" and a.cc < (9, 0):
+                    for kind in ("rows", "cluster", "l2", "l2c", "coop"):
+                        if kind in ("cluster", "l2c") and a.cc < (9, 0):
                             continue
-                        c = L.fwd_config(fp, kind, dev)
+                        c = L.fwd_config(fp, kind, dev) if kind not in K.BWD_ONLY_KINDS else None
                         if c is not None:
                             yield L.fwd_spec(fp, kind, c, a)
                         c = L.bwd_config(bp, kind, dev)
@@ -255,7 +319,8 @@ def test_shipped_tables_cover_the_benchmark_shapes():
             for dt in ("bf16", "fp16", "fp32"):
                 for n in (1024, 4096, 5120, 8192, 12288, 16384, 65536):
                     hit = tuning.lookup(L.TABLE_KIND, dev, {"dir": d, "norm": norm, "dtype": dt, "n": n})
-                    assert hit is not None and hit.source == "exact" and hit.config["kind"] in ("rows", "cluster", "l2")
+                    assert hit is not None and hit.source == "exact" and \
+                        hit.config["kind"] in ("rows", "cluster", "l2", "l2c")
                     kind = hit.config["kind"]
                     p = (K.FwdProblem(layer=norm == "layer", n=n, x=dt, y=dt, w=dt, bias=norm == "layer",
                                       vec=16 // K.ITEMSIZE[dt]) if d == "fwd" else
@@ -271,4 +336,4 @@ def test_explain_builds_norm_requests(cache_dir):
     e = explain("rms_norm", dtype="bf16", shape="8192x4096", arch="sm_90", sm_count=132)
     assert "rms_norm.rows" in str(e)
     e = explain("layer_norm_backward", dtype="fp16", shape="2048x65536", arch="sm_90", sm_count=132)
-    assert "layer_norm_backward.cluster" in str(e)
+    assert "layer_norm_backward.l2c" in str(e)  # the cluster-split l2 kernel measured fastest (norms_notes.md)
