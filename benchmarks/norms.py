@@ -92,7 +92,7 @@ def l2_configs(p, backward: bool) -> list[K.L2Config]:
     return out
 
 
-L2C_OPTS = (0, 8, 16, 24)  # weight per row from L1 (8), 64-register cap (16); OPT 2 not swept (norms_notes.md)
+L2C_OPTS = (0, 8, 32, 40)  # weight per row from L1 (8), two rows per iteration (32); OPT 2, 16: norms_notes.md
 
 
 def l2c_configs(p) -> list[K.SplitConfig]:

@@ -6,10 +6,12 @@
 // (L2-allocating) for the two row sums; the C block sums are combined through distributed shared memory (fixed
 // rank order, so every block gets bitwise the same sums); pass 2 re-reads the slice (an L2 hit, evict-first),
 // writes dx (streaming) and adds dy * x_hat (and dy) to the sums.
-// Pipelining: the cluster barrier of row r+1 is in flight while the block runs pass 2 of row r fused with pass
-// 1 of row r+2 (arrive after publishing row r+1's block sums, wait only before its pass 2), and each iteration
-// issues its loads (row r from L2, row r+2 from memory) before it waits for row r's sums, so the barrier and the
-// distributed-shared-memory reads overlap the loads. Row statistics are carried two rows ahead in registers.
+// Rows go in groups of R (1, or 2 with kOptTwoRows: twice the loads in flight per barrier, the same registers
+// for the sums). Pipelining: the cluster barrier of group g+1 is in flight while the block runs pass 2 of group g
+// fused with pass 1 of group g+2 (arrive after publishing g+1's block sums, wait only before g's pass 2); each
+// iteration issues its loads (g from L2, g+2 from memory) first, then the one block barrier that finishes g+1's
+// block sums (warp sums left in shared memory by the previous iteration), then the cluster wait, so barriers and
+// distributed-shared-memory reads overlap the loads. Row statistics are carried two groups ahead in registers.
 //   OPT kOptPlainLoads: pass 2 with default-cached loads; kOptReloadW: the weight read per row (L1) instead of
 //   held in registers; kOptRegCap: at most 64 registers (1024 threads per SM). Other template and kernel arguments as
 //   rtk_norm_bwd_cluster; cluster k writes row k of dw_part / db_part ([gridDim.x / C, N] fp32) and
@@ -61,18 +63,24 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
   constexpr bool kDRes = (FLAGS & kNormResidual) != 0;
   constexpr int kLd2 = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
   constexpr bool kHoldW = kW && (OPT & kOptReloadW) == 0;
+  constexpr int R = (OPT & kOptTwoRows) ? 2 : 1;
+  constexpr int K2 = 2 * R;  // sums per group: {sum g * x_hat, sum g} per row
+  constexpr int kWarps = THREADS / RTK_WARP_SIZE_CONST;
   constexpr float kInvN = 1.f / (float)N;
-  __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(2)];
-  __shared__ __align__(8) float slot[2][2];  // [row parity] this block's {sum g * x_hat, sum g}, read by peers
+  __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(K2)];
+  __shared__ float wsum[2][kWarps][K2];       // [group parity] warp sums of the group two ahead
+  __shared__ __align__(8) float slot[2][K2];  // [group parity] this block's sums, read by the peers
 
   const unsigned rank = rtk_cluster_rank();
   const long long cluster = blockIdx.x / C, clusters = gridDim.x / C;
+  const long long groups = (rows + R - 1) / R;
   const int c0 = (int)rank * S;
   const int len = N - c0 < S ? N - c0 : S;  // may be <= 0 for the last ranks of a short row
-  const int t = threadIdx.x;
+  const int t = threadIdx.x, lane = t % RTK_WARP_SIZE_CONST, warp = t / RTK_WARP_SIZE_CONST;
   x += c0;
   dy += c0;
   dx += c0;
+  w += c0;
   if constexpr (kDRes) dres += c0;
 
   float wf[kHoldW ? NV : 1][VEC];  // effective weight (1 + w when zero-centered)
@@ -83,7 +91,7 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
     const int c = (i * THREADS + t) * VEC;
     rtk_norm_pack<TW, VEC> wp;
     if constexpr (kHoldW) {
-      if (kExact || c < len) rtk_norm_load<kLdReadOnly>(w + c0 + c, wp);
+      if (kExact || c < len) rtk_norm_load<kLdReadOnly>(w + c, wp);
       else rtk_norm_zero(wp);
     }
 #pragma unroll
@@ -94,7 +102,6 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
     }
   }
 
-  w += c0;
   // The effective weight of pack i (registers, or the read-only path).
   auto weight_of = [&](int i, int c, float (&wv)[VEC]) {
     if constexpr (kHoldW) {
@@ -107,137 +114,199 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
       for (int j = 0; j < VEC; ++j) wv[j] = rtk_norm_weight<FLAGS>(wp, j);
     }
   };
-  // Thread partials of row r's sums: s[0] = sum g * x_hat (RMSNorm: sum g * x, scaled by rstd at the end),
-  // s[1] = sum g (LayerNorm). Packs past the slice add nothing.
+  // Thread partials of a row's sums: s0 = sum g * x_hat (RMSNorm: sum g * x, scaled by rstd at the end),
+  // s1 = sum g (LayerNorm).
   auto pass1_pack = [&](const rtk_norm_pack<TX, VEC>& xp, const rtk_norm_pack<TDY, VEC>& dp, const float (&wv)[VEC],
-                        float rs, float shift, float (&s)[2]) {
+                        float rs, float shift, float& s0, float& s1) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const float d = rtk_to_float(dp.v[j]);
       const float g = kW ? d * wv[j] : d;
       if constexpr (kLayer) {
-        s[0] = fmaf(g, fmaf(rtk_to_float(xp.v[j]), rs, shift), s[0]);
-        s[1] += g;
+        s0 = fmaf(g, fmaf(rtk_to_float(xp.v[j]), rs, shift), s0);
+        s1 += g;
       } else {
-        s[0] = fmaf(g, rtk_to_float(xp.v[j]), s[0]);
+        s0 = fmaf(g, rtk_to_float(xp.v[j]), s0);
       }
     }
   };
-  auto pass1 = [&](long long r, float rs, float shift, float (&s)[2]) {
+  // Row q of group gi, clamped to the last row past the end (its loads stay valid; its results are dropped).
+  auto row_of = [&](long long gi, int q) {
+    const long long r = gi * R + q;
+    return r < rows ? r : rows - 1;
+  };
+  // rstd and the x_hat shift (-mean * rstd) of the group's rows.
+  auto stats = [&](long long gi, float (&rs)[R], float (&shift)[R]) {
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const long long r = row_of(gi, q);
+      rs[q] = rows > 0 ? rstd[r] : 0.f;
+      shift[q] = kLayer && rows > 0 ? -mean[r] * rs[q] : 0.f;
+    }
+  };
+  // Warp sums of the thread partials; lane 0 leaves them in wsum[b].
+  auto warp_sums = [&](float (&s)[K2], int b) {
+#pragma unroll
+    for (int off = RTK_WARP_SIZE_CONST / 2; off > 0; off >>= 1) {
+#pragma unroll
+      for (int k = 0; k < K2; ++k) s[k] += rtk_shfl_xor(s[k], off);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < K2; ++k) wsum[b][warp][k] = s[k];
+    }
+  };
+
+  long long gi = cluster;
+  float rs[R], shift[R], rs1[R], shift1[R];  // this group's and the next group's statistics
+  stats(gi, rs, shift);
+  stats(gi + clusters, rs1, shift1);
+  {  // prologue: group gi's block sums published, group gi + clusters's warp sums left in wsum[1]
+    float s[K2], sn[K2];
+#pragma unroll
+    for (int k = 0; k < K2; ++k) s[k] = sn[k] = 0.f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int c = (i * THREADS + t) * VEC;
       if (kExact || c < len) {
-        rtk_norm_pack<TX, VEC> xp;
-        rtk_norm_pack<TDY, VEC> dp;
         float wv[VEC];
-        rtk_norm_load<kLdDefault>(x + r * sx + c, xp);
-        rtk_norm_load<kLdDefault>(dy + r * sdy + c, dp);
         weight_of(i, c, wv);
-        pass1_pack(xp, dp, wv, rs, shift, s);
+#pragma unroll
+        for (int q = 0; q < R; ++q) {
+          rtk_norm_pack<TX, VEC> xp, xq;
+          rtk_norm_pack<TDY, VEC> dp, dq;
+          if (gi < groups) {
+            rtk_norm_load<kLdDefault>(x + row_of(gi, q) * sx + c, xp);
+            rtk_norm_load<kLdDefault>(dy + row_of(gi, q) * sdy + c, dp);
+            pass1_pack(xp, dp, wv, rs[q], shift[q], s[2 * q], s[2 * q + 1]);
+          }
+          if (gi + clusters < groups) {
+            rtk_norm_load<kLdDefault>(x + row_of(gi + clusters, q) * sx + c, xq);
+            rtk_norm_load<kLdDefault>(dy + row_of(gi + clusters, q) * sdy + c, dq);
+            pass1_pack(xq, dq, wv, rs1[q], shift1[q], sn[2 * q], sn[2 * q + 1]);
+          }
+        }
       }
     }
-    if constexpr (!kLayer) s[0] *= rs;
-  };
-  // rstd and the x_hat shift (-mean * rstd) of row r, or of the last row past the end.
-  auto stats = [&](long long r, float& rs, float& shift) {
-    r = r < rows ? r : rows - 1;
-    rs = rows > 0 ? rstd[r] : 0.f;
-    shift = kLayer && rows > 0 ? -mean[r] * rs : 0.f;
-  };
-
-  long long row = cluster;
-  float rs, shift, rs1, shift1;  // this row's and the next row's statistics
-  stats(row, rs, shift);
-  stats(row + clusters, rs1, shift1);
-  float s[2] = {0.f, 0.f};
-  if (row < rows) pass1(row, rs, shift, s);
-  rtk_norm_group_sum<THREADS, 2>(s, scratch);
-  if (t == 0) {
-    slot[0][0] = s[0];
-    slot[0][1] = s[1];
+    if constexpr (!kLayer) {
+#pragma unroll
+      for (int q = 0; q < R; ++q) {
+        s[2 * q] *= rs[q];
+        sn[2 * q] *= rs1[q];
+      }
+    }
+    rtk_norm_group_sum<THREADS, K2>(s, scratch);
+    if (t == 0) {
+#pragma unroll
+      for (int k = 0; k < K2; ++k) slot[0][k] = s[k];
+    }
+    warp_sums(sn, 1);
   }
-  rtk_cluster_arrive();  // the barrier of the first row
-  float sn[2] = {0.f, 0.f};  // block sums of the row after `row`
-  if (row + clusters < rows) pass1(row + clusters, rs1, shift1, sn);
-  rtk_norm_group_sum<THREADS, 2>(sn, scratch);
+  rtk_cluster_arrive();  // the barrier of the first group
 
   int par = 0;
-  for (; row < rows; row += clusters, par ^= 1) {
-    // Pass 1 of the row two ahead; past the end it re-reads this row (an L2 hit) and drops the sums.
-    const long long ahead = row + 2 * clusters;
-    const bool live2 = ahead < rows;
-    const long long r2 = live2 ? ahead : row;
-    float rs2, shift2;
+  for (; gi < groups; gi += clusters, par ^= 1) {
+    const long long ahead = gi + 2 * clusters;
+    const bool live2 = ahead < groups;
+    float rs2[R], shift2[R];
     stats(ahead, rs2, shift2);
-    const TX* xr = x + row * sx;
-    const TDY* dyr = dy + row * sdy;
-    TDX* dxr = dx + row * sdx;
-    // Every load of the iteration first: they fly while this block waits for the row's sums.
-    rtk_norm_pack<TX, VEC> xp[NV], xq[NV];
-    rtk_norm_pack<TDY, VEC> dp[NV], dq[NV];
-    rtk_norm_pack<TDX, VEC> rp[kDRes ? NV : 1];
+    // Every load of the iteration first: they fly through the barriers below.
+    rtk_norm_pack<TX, VEC> xp[R][NV], xq[R][NV];
+    rtk_norm_pack<TDY, VEC> dp[R][NV], dq[R][NV];
+    rtk_norm_pack<TDX, VEC> rp[kDRes ? R : 1][kDRes ? NV : 1];
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int c = (i * THREADS + t) * VEC;
-      if (kExact || c < len) {
-        rtk_norm_load<kLd2>(xr + c, xp[i]);
-        rtk_norm_load<kLd2>(dyr + c, dp[i]);
-        rtk_norm_load<kLdDefault>(x + r2 * sx + c, xq[i]);
-        rtk_norm_load<kLdDefault>(dy + r2 * sdy + c, dq[i]);
-        if constexpr (kDRes) rtk_norm_load<kLdStream>(dres + row * sdres + c, rp[i]);
+    for (int q = 0; q < R; ++q) {
+      const long long r = row_of(gi, q), r2 = row_of(live2 ? ahead : gi, q);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int c = (i * THREADS + t) * VEC;
+        if (kExact || c < len) {
+          rtk_norm_load<kLd2>(x + r * sx + c, xp[q][i]);
+          rtk_norm_load<kLd2>(dy + r * sdy + c, dp[q][i]);
+          rtk_norm_load<kLdDefault>(x + r2 * sx + c, xq[q][i]);
+          rtk_norm_load<kLdDefault>(dy + r2 * sdy + c, dq[q][i]);
+          if constexpr (kDRes) rtk_norm_load<kLdStream>(dres + r * sdres + c, rp[q][i]);
+        }
       }
     }
-    rtk_cluster_wait();  // every block published this row's sums
-    float sum_gx = 0.f, sum_g = 0.f;
+    __syncthreads();  // the warp sums of group gi + clusters are in wsum[par ^ 1]
+    float sn[K2];
+#pragma unroll
+    for (int k = 0; k < K2; ++k) {
+      float v = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < kWarps; ++wi) v += wsum[par ^ 1][wi][k];  // fixed order
+      sn[k] = v;
+    }
+    rtk_cluster_wait();  // every block published group gi's sums
+    float sum_gx[R], sum_g[R];
+#pragma unroll
+    for (int q = 0; q < R; ++q) sum_gx[q] = sum_g[q] = 0.f;
 #pragma unroll
     for (int k = 0; k < C; ++k) {  // rank order: the same sums in every block
-      const float2 v = rtk_cluster_ld2(&slot[par][0], (unsigned)k);
-      sum_gx += v.x;
-      sum_g += v.y;
-    }
-    // Slot par ^ 1 was last read (row - clusters) before every peer arrived at the barrier just waited for.
-    if (t == 0) {
-      slot[par ^ 1][0] = sn[0];
-      slot[par ^ 1][1] = sn[1];
-    }
-    rtk_cluster_arrive();  // the next row's barrier: completes while this block works on pass 2
-
-    // dx = rs * (g - x_hat * c1 - c0) = g * rs + (x_hat * a1 + a0), x_hat = x * rs + shift
-    const float a1 = -rs * sum_gx * kInvN;
-    const float a0 = kLayer ? -rs * sum_g * kInvN : 0.f;
-    float s2[2] = {0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int c = (i * THREADS + t) * VEC;
-      if (kExact || c < len) {
-        float wv[VEC];
-        weight_of(i, c, wv);
-        float v[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = rtk_to_float(dp[i].v[j]);
-          const float xh = fmaf(rtk_to_float(xp[i].v[j]), rs, shift);
-          const float g = kW ? d * wv[j] : d;
-          v[j] = fmaf(g, rs, kLayer ? fmaf(xh, a1, a0) : xh * a1);
-          if constexpr (kDRes) v[j] += rtk_to_float(rp[kDRes ? i : 0].v[j]);
-          if constexpr (kDW) dwa[kDW ? i : 0][j] = fmaf(d, xh, dwa[kDW ? i : 0][j]);
-          if constexpr (kDB) dba[kDB ? i : 0][j] += d;
-        }
-        rtk_norm_pack<TDX, VEC> out;
-        rtk_norm_pack_from(v, out);
-        rtk_norm_store<kStStream>(dxr + c, out);
-        pass1_pack(xq[i], dq[i], wv, rs2, shift2, s2);
+      for (int q = 0; q < R; ++q) {
+        const float2 v = rtk_cluster_ld2(&slot[par][2 * q], (unsigned)k);
+        sum_gx[q] += v.x;
+        sum_g[q] += v.y;
       }
     }
-    if constexpr (!kLayer) s2[0] *= rs2;
-    rtk_norm_group_sum<THREADS, 2>(s2, scratch);
-    sn[0] = live2 ? s2[0] : 0.f;
-    sn[1] = live2 ? s2[1] : 0.f;
-    rs = rs1;
-    shift = shift1;
-    rs1 = rs2;
-    shift1 = shift2;
+    // Slot par ^ 1 was last read (group gi - clusters) before every peer arrived at the barrier just waited for.
+    if (t == 0) {
+#pragma unroll
+      for (int k = 0; k < K2; ++k) slot[par ^ 1][k] = sn[k];
+    }
+    rtk_cluster_arrive();  // the next group's barrier: completes while this block works on pass 2
+
+    float s2[K2];
+#pragma unroll
+    for (int k = 0; k < K2; ++k) s2[k] = 0.f;
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const bool live = gi * R + q < rows;  // uniform: a dead row (past the end) writes and adds nothing
+      // dx = rs * (g - x_hat * c1 - c0) = g * rs + (x_hat * a1 + a0), x_hat = x * rs + shift
+      const float a1 = -rs[q] * sum_gx[q] * kInvN;
+      const float a0 = kLayer ? -rs[q] * sum_g[q] * kInvN : 0.f;
+      TDX* dxr = dx + row_of(gi, q) * sdx;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int c = (i * THREADS + t) * VEC;
+        if (kExact || c < len) {
+          float wv[VEC];
+          weight_of(i, c, wv);
+          if (live) {
+            float v[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              const float d = rtk_to_float(dp[q][i].v[j]);
+              const float xh = fmaf(rtk_to_float(xp[q][i].v[j]), rs[q], shift[q]);
+              const float g = kW ? d * wv[j] : d;
+              v[j] = fmaf(g, rs[q], kLayer ? fmaf(xh, a1, a0) : xh * a1);
+              if constexpr (kDRes) v[j] += rtk_to_float(rp[kDRes ? q : 0][kDRes ? i : 0].v[j]);
+              if constexpr (kDW) dwa[kDW ? i : 0][j] = fmaf(d, xh, dwa[kDW ? i : 0][j]);
+              if constexpr (kDB) dba[kDB ? i : 0][j] += d;
+            }
+            rtk_norm_pack<TDX, VEC> out;
+            rtk_norm_pack_from(v, out);
+            rtk_norm_store<kStStream>(dxr + c, out);
+          }
+          pass1_pack(xq[q][i], dq[q][i], wv, rs2[q], shift2[q], s2[2 * q], s2[2 * q + 1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      if constexpr (!kLayer) s2[2 * q] *= rs2[q];
+      if (!live2) s2[2 * q] = s2[2 * q + 1] = 0.f;
+    }
+    warp_sums(s2, par);  // read after the next iteration's block barrier
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      rs[q] = rs1[q];
+      shift[q] = shift1[q];
+      rs1[q] = rs2[q];
+      shift1[q] = shift2[q];
+    }
   }
   rtk_cluster_wait();  // the last arrive's phase: after it no peer reads this block's slots, so it may exit
 

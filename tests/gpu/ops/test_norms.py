@@ -427,3 +427,64 @@ def test_backward_without_weight_grad_and_bias_only():
     gx, gb = torch.autograd.grad(F.layer_norm(x64, (n,), None, b64, 1e-5), [x64, b64], dy.double())
     assert dw is None
     assert _rel(dx, gx) < 1e-5 and _rel(db, gb) < 1e-5
+
+
+@pytest.mark.parametrize("opt", [0, 8, 16, 32, 40])
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+def test_l2c_every_opt(layer, opt):
+    """Each l2c OPT variant launched directly (the tables pick one): fp32 zero-centered weight, bf16 x / dy, fp32
+    dx with dresidual; 1031 rows (odd: with two rows per iteration the last group holds a row past the end)."""
+    if not _sm90():
+        pytest.skip("l2c needs sm_90+")
+    from rtckern.ops import _norms_kernels as K
+    from rtckern.ops import _norms_launch as L
+
+    rows, n = 1031, 16384
+    x, w, b, g = _inputs(rows, n, "bf16", wdtype="fp32", offset=0.5)
+    w0 = (w - 1).contiguous()
+    dy = torch.randn(rows, n, device="cuda", generator=g).to(torch.bfloat16)
+    dres = torch.randn(rows, n, device="cuda", generator=g)
+    if layer:
+        _, mean, rstd = norms.layer_norm(x, w0, b, 1e-5, zero_centered=True, return_stats=True)
+    else:
+        _, rstd = norms.rms_norm(x, w0, 1e-5, zero_centered=True, return_rstd=True)
+        mean = None
+    p = K.BwdProblem(layer=layer, n=n, x="bf16", dy="bf16", dx="fp32", w="fp32", weight_grad=True, bias_grad=layer,
+                     zero_centered=True, dresidual=True, vec=8)
+    cfg = K.SplitConfig(256, 4, opt)
+    kernels = L.load(L.bwd_specs(p, "l2c", cfg, _arch()), torch.cuda.current_device())
+
+    def run():
+        dx = torch.full((rows, n), float("nan"), device="cuda")
+        dw = torch.full((n,), float("nan"), device="cuda")
+        db = torch.full((n,), float("nan"), device="cuda")
+        keep = []
+
+        def empty_f32(count):
+            t = torch.empty(count, dtype=torch.float32, device="cuda")
+            keep.append(t)
+            return t, t.data_ptr()
+
+        L.launch_bwd(p, "l2c", cfg, kernels, L.BwdCall(
+            x=x.data_ptr(), w=w0.data_ptr(), dy=dy.data_ptr(), dres=dres.data_ptr(),
+            mean=mean.data_ptr() if layer else 0, rstd=rstd.data_ptr(), dx=dx.data_ptr(), dw=dw.data_ptr(),
+            db=db.data_ptr() if layer else 0, rows=rows, sx=n, sdy=n, sdres=n, sdx=n,
+            stream=torch.cuda.current_stream().cuda_stream, zeros_u32=None, empty_f32=empty_f32))
+        torch.cuda.synchronize()
+        return (dx, dw, db) if layer else (dx, dw)
+
+    out = run()
+    ref = _autograd_ref(layer, x, w0, b if layer else None, dy, 1e-5, True)
+    assert _rel(out[0], ref[0] + dres.double()) < 1e-5
+    for o, r in zip(out[1:], ref[1:]):
+        assert _rel(o, r) < 1e-5
+    again = run()
+    for a, c in zip(out, again):
+        assert torch.equal(a, c)
+
+
+def _arch():
+    from rtckern.arch import Arch
+
+    major, minor = torch.cuda.get_device_capability()
+    return Arch(major, minor)
