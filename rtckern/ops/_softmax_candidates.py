@@ -85,6 +85,12 @@ class _SoftmaxCandidate(Candidate):
         self.op = op
         self.kind, self.direction = OPS[op]
 
+    def selftest(self, req: OpRequest, kernels) -> str | None:
+        """The numerical probe: this candidate's kernels on a small problem like req against float64."""
+        from rtckern.ops._softmax_selftest import check
+
+        return check(self, req, kernels)
+
     def _dtype_reason(self, req: OpRequest) -> str | None:
         dt = req.dtype("x")
         if dt not in plan.CTYPES:

@@ -319,3 +319,44 @@ def test_negative_and_zero_scale_every_kernel(impl, n):
         y = _call("scaled_aligned_causal_masked_softmax", impl, xc, scale)
         ref = _ref_softmax(xr.reshape(b * h, sq, n), scale, keep.reshape(b * h, sq, n) & _causal_keep(sq, n, "cuda"))
         assert _rel_err(y, ref) < FWD_TOL["bf16"], (scale, impl)
+
+
+@pytest.mark.parametrize("op", ["softmax", "scaled_masked_softmax", "scaled_aligned_causal_masked_softmax",
+                                "softmax_backward", "scaled_aligned_causal_masked_softmax_backward"])
+@pytest.mark.parametrize("dtype,n", [("bf16", 1024), ("fp16", 8192), ("fp32", 4096), ("bf16", 1000)])
+def test_numerical_probe_passes_every_candidate(op, dtype, n):
+    """Candidate.selftest (the registry's numerical probe) on every candidate that serves the request."""
+    from rtckern.device import DeviceInfo
+    from rtckern.ops import _softmax_candidates as cands
+    from rtckern.ops import _softmax_plan as plan
+    from rtckern.registry import candidates
+    from rtckern.registry.candidate import arch_reason
+    from rtckern.manager import get_manager
+
+    dev = DeviceInfo.from_device(0)
+    req = cands.request(op, dtype, n, plan.vector_width(dtype, n), dev)
+    ran = 0
+    for cand in candidates(op):
+        if arch_reason(cand, req) is not None or cand.supports(req) is not None:
+            continue
+        kernels = tuple(get_manager().get(s, 0) for s in cand.kernel_specs(req))
+        assert cand.selftest(req, kernels) is None, cand.name
+        ran += 1
+    assert ran >= 2
+
+
+def test_numerical_probe_catches_a_wrong_kernel(monkeypatch):
+    """A candidate whose launch computes the wrong thing (here: the wrong scale) fails its probe with the error."""
+    from rtckern.device import DeviceInfo
+    from rtckern.ops import _softmax_candidates as cands
+    from rtckern.manager import get_manager
+
+    dev = DeviceInfo.from_device(0)
+    req = cands.request("softmax", "bf16", 4096, 8, dev)
+    cand = cands.OnePassCandidate("softmax")
+    kernels = tuple(get_manager().get(s, 0) for s in cand.kernel_specs(req))
+    real = cand.launch
+    monkeypatch.setattr(cand, "launch", lambda r, k, a, ptrs, g, scale, stream: real(r, k, a, ptrs, g, scale * 2,
+                                                                                     stream))
+    why = cand.selftest(req, kernels)
+    assert why is not None and "relative error" in why and "exceeds" in why

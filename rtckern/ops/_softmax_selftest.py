@@ -1,0 +1,141 @@
+"""The softmax candidates' numerical probe (Candidate.selftest): launch the candidate's kernels on a small problem
+shaped like the request (same dtype, row length, vector width and mask kind; rows enough for several tiles per
+block of the persistent kernels) and compare with a float64 reference computed on the host. Run by
+`rtckern selftest softmax ...` and, with RTCKERN_NUMERICAL_PROBE=1, before the registry first picks a candidate.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from rtckern.ops import _softmax_arrays as arr
+from rtckern.ops import _softmax_plan as plan
+
+TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.5e-2}  # ||out - ref|| / ||ref||: the output rounding of each dtype
+SCALE = 0.7
+
+
+def _rows(n: int, sm_count: int) -> int:
+    return max(4, min(3 * sm_count * 8 + 5, (1 << 21) // max(n, 1)))
+
+
+def _problem(direction: str, kind: int, n: int, sm_count: int, rng) -> tuple[plan.RowGeometry, np.ndarray,
+                                                                             np.ndarray | None]:
+    """(geometry, keep (rows, n) bool, mask (sq, n) bool or None)."""
+    rows = _rows(n, sm_count)
+    if direction == plan.FWD and kind == plan.MASKED:
+        sq = min(rows, 16)
+        rows -= rows % sq
+        mask = rng.random((sq, n)) < 0.3
+        mask[0] = True  # a fully masked row: zeros
+        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, heads=rows // sq, mask_batch_stride=0)
+        return geom, ~np.tile(mask, (rows // sq, 1)), mask
+    if kind == plan.CAUSAL:
+        sq = min(rows, n + 3)  # Sq > Sk past n: the first queries keep no key
+        rows -= rows % sq
+        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n - sq)
+        valid = np.array([geom.valid_keys(r, plan.CAUSAL) for r in range(sq)] * (rows // sq))
+        return geom, np.arange(n)[None, :] < valid[:, None], None
+    return plan.RowGeometry(rows=rows, n=n), np.ones((rows, n), bool), None
+
+
+def _softmax64(x: np.ndarray, keep: np.ndarray, scale: float) -> np.ndarray:
+    z = np.where(keep, x * scale, -np.inf)
+    m = z.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.where(keep, np.exp(z - m), 0.0)
+    s = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
+
+
+class _Device:
+    """Device arrays through torch (else CuPy), with host round trips of fp32/fp16/bf16 values."""
+
+    def __init__(self, ordinal: int):
+        self.ordinal = ordinal
+        try:
+            import torch
+
+            self.torch = torch
+        except ImportError:
+            import cupy
+
+            self.torch, self.cupy = None, cupy
+
+    def put(self, values: np.ndarray, dtype: str):
+        if self.torch is not None:
+            t = self.torch
+            tdt = {"fp32": t.float32, "fp16": t.float16, "bf16": t.bfloat16, "bool": t.bool}[dtype]
+            return t.as_tensor(values).to(device=f"cuda:{self.ordinal}", dtype=tdt).contiguous()
+        cp = self.cupy
+        with cp.cuda.Device(self.ordinal):
+            if dtype == "bf16":
+                b = np.asarray(values, np.float32).view(np.uint32)
+                return cp.asarray(((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16))
+            return cp.asarray(np.asarray(values, {"fp32": np.float32, "fp16": np.float16, "bool": np.bool_}[dtype]))
+
+    def get(self, a, dtype: str) -> np.ndarray:
+        if self.torch is not None:
+            return a.float().cpu().numpy().astype(np.float64)
+        h = self.cupy.asnumpy(a)
+        if dtype == "bf16":
+            return (h.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        return h.astype(np.float64)
+
+    def empty_like(self, a):
+        if self.torch is not None:
+            return self.torch.full_like(a, float("nan"))
+        out = self.cupy.empty_like(a)
+        out.fill(0xFFFF if out.dtype == np.uint16 else np.nan)  # NaN in every dtype (0xFFFF: a bf16 NaN)
+        return out
+
+    def ptr(self, a) -> int:
+        return a.data_ptr() if self.torch is not None else a.data.ptr
+
+    def sync(self) -> None:
+        if self.torch is not None:
+            self.torch.cuda.synchronize(self.ordinal)
+        else:
+            with self.cupy.cuda.Device(self.ordinal):
+                self.cupy.cuda.Device().synchronize()
+
+
+def check(cand, req, kernels) -> str | None:
+    """None when the candidate matches float64 on a problem shaped like req, else the measured error."""
+    if req.device.ordinal is None:
+        return None  # described by hand: nothing to run
+    dtype, n = req.dtype("x"), req.dim("n")
+    rng = np.random.default_rng(20261126)
+    geom, keep, mask = _problem(cand.direction, cand.kind, n, req.device.sm_count, rng)
+    dev = _Device(req.device.ordinal)
+    vec = req.dim("vec")
+    x64 = rng.standard_normal((geom.rows, n)) * 3
+    if cand.direction == plan.FWD:
+        x = dev.put(x64, dtype)
+        out = dev.empty_like(x)
+        m = dev.put(mask, "bool") if mask is not None else None
+        ptrs = (dev.ptr(x), dev.ptr(out), dev.ptr(m) if m is not None else 0)
+        ref = _softmax64(dev.get(x, dtype), keep, SCALE)
+        a = arr.device_array(x, "x")
+    else:
+        y = dev.put(_softmax64(x64, keep, 1.0), dtype)
+        dy = dev.put(rng.standard_normal((geom.rows, n)), dtype)
+        out = dev.empty_like(y)
+        y64, dy64 = dev.get(y, dtype), dev.get(dy, dtype)
+        ref = SCALE * y64 * (dy64 - (y64 * dy64).sum(-1, keepdims=True))
+        ptrs = (dev.ptr(y), dev.ptr(dy), dev.ptr(out))
+        a = arr.device_array(y, "y")
+    if any(p % (vec * plan.ELEM_BYTES[dtype]) for p in ptrs[:2]):
+        return f"selftest buffers are not aligned to the request's vector width {vec}"  # never with fresh arrays
+    cand.launch(req, kernels, a, ptrs, geom, np.float32(SCALE), arr.current_stream(a))
+    dev.sync()
+    got = dev.get(out, dtype)
+    if np.isnan(got).any():
+        return f"{np.isnan(got).sum()} outputs not written or NaN (rows {geom.rows} x n {n}, {dtype})"
+    if not (got[~keep] == 0).all():
+        return f"keys that are masked out got nonzero outputs ({int((got[~keep] != 0).sum())} of them)"
+    den = np.linalg.norm(ref)
+    err = float(np.linalg.norm(got - ref) / den) if den > 0 else float(np.linalg.norm(got))
+    if not err < TOL[dtype]:
+        return (f"relative error {err:.3g} against float64 exceeds {TOL[dtype]:g} ({dtype}, rows {geom.rows} x "
+                f"n {n}, vec {vec})")
+    return None
