@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import ctypes
 import math
-import struct
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from rtckern.errors import LaunchError
 from rtckern.runtime.streams import stream_handle
+from rtckern.runtime.tma import encode_tiled
 
 from ._gemm_plan import ITEMSIZE, GemmProblem, normalize_splits, plan_workspace_bytes
 
@@ -284,46 +283,15 @@ class _MapCache:
         return m
 
 
-_TMA_CACHE_SIZE = 256
-_tma_cache: "OrderedDict[tuple, bytes]" = OrderedDict()
-_tma_lock = threading.Lock()
-
-
 def tensor_map(dtype: str, ptr: int, dims: tuple[int, int, int], strides: tuple[int, int],
                box: tuple[int, int]) -> bytes:
-    """128 bytes of a 3-d CUtensorMap (SWIZZLE_128B, zero fill out of range) over ptr: dims innermost first,
-    strides in bytes of dims 1 and 2, box (inner, outer, 1). Cached: a weight reused across calls is encoded once."""
+    """128 bytes of a 3-d CUtensorMap (the core's encoder: SWIZZLE_128B, zero fill out of range) over ptr: dims
+    innermost first, strides in bytes of dims 1 and 2, box (inner, outer, 1). Cached per buffer."""
     d0, d1, d2 = (int(x) for x in dims)
     s1, s2 = int(strides[0]), int(strides[1])
     if d2 == 1 or s2 == 0:
         s2 = s1 * d1  # a batch dimension of one (or a broadcast operand): any legal stride will do
-    key = (dtype, ptr, d0, d1, d2, s1, s2, box)
-    with _tma_lock:
-        hit = _tma_cache.get(key)
-        if hit is not None:
-            _tma_cache.move_to_end(key)
-            return hit
-    from cuda.bindings import driver as drv
-
-    dt = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if dtype == "bf16"
-          else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16)
-    u64, u32 = drv.cuuint64_t, drv.cuuint32_t  # older cuda-bindings refuse plain ints here
-    err, tmap = drv.cuTensorMapEncodeTiled(
-        dt, 3, ptr, [u64(d0), u64(d1), u64(d2)], [u64(s1), u64(s2)], [u32(int(box[0])), u32(int(box[1])), u32(1)],
-        [u32(1), u32(1), u32(1)],
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise LaunchError(f"cuTensorMapEncodeTiled failed ({err}) for {dtype} tensor at 0x{ptr:x}, dims {dims}, "
-                          f"byte strides {(s1, s2)}, box {box}: TMA needs a 16-byte aligned base and byte strides "
-                          "that are multiples of 16")
-    raw = struct.pack("<16Q", *[int(x) for x in tmap.opaque])
-    with _tma_lock:
-        _tma_cache[key] = raw
-        while len(_tma_cache) > _TMA_CACHE_SIZE:
-            _tma_cache.popitem(last=False)
-    return raw
+    return encode_tiled(dtype, ptr, (d0, d1, d2), (s1, s2), (int(box[0]), int(box[1]), 1))
 
 
 def _stream_handle(stream) -> int:
