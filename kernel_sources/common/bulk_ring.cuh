@@ -13,41 +13,10 @@
 // "empty": a fresh barrier counts as having completed the phase of parity 1, so the first waits pass at once.
 // Bulk copies need 16-byte aligned addresses and sizes that are multiples of 16 bytes.
 #pragma once
-#include "common/portability.cuh"
+#include "common/mbarrier.cuh"
 
 #if defined(RTK_CUDA) && RTK_ARCH >= 900
 namespace rtk_ring {
-
-RTK_DEVICE unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-RTK_DEVICE void bar_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-
-// Makes initialized barriers visible to the bulk-copy engine (async proxy) before anyone uses them.
-RTK_DEVICE void bar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-
-RTK_DEVICE void bar_arrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-
-// Arrives once and adds `bytes` to what the current phase waits for; the bulk copies complete them.
-RTK_DEVICE void bar_arrive_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-
-RTK_DEVICE void bar_wait(unsigned long long* bar, unsigned parity) {
-  const unsigned a = smem_addr(bar);
-  unsigned done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(a), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 
 // Evict-first L2 policy for data this kernel reads once.
 RTK_DEVICE unsigned long long evict_first_policy() {
@@ -62,7 +31,7 @@ RTK_DEVICE void bulk_load(void* dst, const void* src, unsigned bytes, unsigned l
                           unsigned long long policy) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
-      ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      ::"r"(rtk_smem_u32(dst)), "l"(src), "r"(bytes), "r"(rtk_smem_u32(bar)), "l"(policy)
       : "memory");
 }
 

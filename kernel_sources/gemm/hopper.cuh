@@ -2,6 +2,7 @@
 // setmaxnreg. TMA and mbarrier transaction counts exist on plain sm_90; wgmma and setmaxnreg need sm_90a.
 #pragma once
 #include "common/dtypes.cuh"
+#include "common/mbarrier.cuh"
 
 // A CUtensorMap (cuda.h), passed by value as a __grid_constant__ kernel parameter: 128 opaque bytes, 64-aligned.
 struct alignas(64) rtk_tensor_map {
@@ -9,36 +10,6 @@ struct alignas(64) rtk_tensor_map {
 };
 
 #if defined(RTK_CUDA) && (RTK_ARCH >= 900)
-
-RTK_DEVICE unsigned rtk_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-RTK_DEVICE void rtk_mbar_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(rtk_smem_u32(bar)), "r"(count) : "memory");
-}
-// Makes initialized barriers visible to the async proxy (TMA) before anyone uses them.
-RTK_DEVICE void rtk_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-
-RTK_DEVICE void rtk_mbar_arrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(rtk_smem_u32(bar)) : "memory");
-}
-// Arrives once and adds `bytes` to the transaction count the current phase waits for (TMA completes them).
-RTK_DEVICE void rtk_mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(rtk_smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-// Waits until the phase with the given parity has completed. A fresh barrier counts as having completed the
-// phase of parity 1, so a producer's first wait on an "empty" barrier (parity 1) passes at once.
-RTK_DEVICE void rtk_mbar_wait(unsigned long long* bar, unsigned parity) {
-  const unsigned addr = rtk_smem_u32(bar);
-  unsigned done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 
 // TMA: a box of the 3-d tensor described by `map` at coordinates (c0 innermost, c1, c2) into shared memory;
 // completion is counted on `bar` in bytes. Out-of-range elements are written as zeros.

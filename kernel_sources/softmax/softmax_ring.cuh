@@ -67,7 +67,7 @@ RTK_DEVICE void produce(const T* const (&src)[NARRAYS], const unsigned char* mas
     const long long valid = (lane < ROWS && r < rows) ? valid_keys<KIND>(r, n, sq, diag_offset) : 0;
     for (long long k = 0; k < chunks; ++k, ++c) {
       const unsigned slot = c % SLOTS, use = c / SLOTS;
-      rtk_ring::bar_wait(&empty[slot], (use & 1u) ^ 1u);
+      rtk_mbar_wait(&empty[slot], (use & 1u) ^ 1u);
       const long long first = k * CHUNK;
       const long long keys = valid - first < CHUNK ? valid - first : CHUNK;
       const long long room = n - first;  // keys of the row from `first` on (a multiple of VEC)
@@ -84,8 +84,8 @@ RTK_DEVICE void produce(const T* const (&src)[NARRAYS], const unsigned char* mas
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
       if (lane == 0) {
-        if (total) rtk_ring::bar_arrive_expect(&full[slot], total);
-        else rtk_ring::bar_arrive(&full[slot]);
+        if (total) rtk_mbar_arrive_expect_tx(&full[slot], total);
+        else rtk_mbar_arrive(&full[slot]);
       }
       __syncwarp();
       if (keys > 0) {
@@ -108,10 +108,10 @@ template <int SLOTS>
 RTK_DEVICE void init_barriers(unsigned long long* full, unsigned long long* empty, unsigned consumer_warps) {
   if (threadIdx.x == 0) {
     for (int i = 0; i < SLOTS; ++i) {
-      rtk_ring::bar_init(&full[i], 1);
-      rtk_ring::bar_init(&empty[i], consumer_warps);
+      rtk_mbar_init(&full[i], 1);
+      rtk_mbar_init(&empty[i], consumer_warps);
     }
-    rtk_ring::bar_init_fence();
+    rtk_mbar_init_fence();
   }
   __syncthreads();
 }
@@ -153,7 +153,7 @@ RTK_DEVICE void fwd_consume(T* __restrict__ y, const unsigned char* slots, unsig
     // Pass 1: per chunk, the max of its values first, then one exp2 per key against the updated max.
     for (long long k = 0; k < chunks; ++k) {
       const unsigned cc = c + (unsigned)k, slot = cc % SLOTS;
-      rtk_ring::bar_wait(&full[slot], (cc / SLOTS) & 1u);
+      rtk_mbar_wait(&full[slot], (cc / SLOTS) & 1u);
       const unsigned char* sb = slots + (size_t)slot * kSlotBytes;
 #pragma unroll
       for (int i = 0; i < RPG; ++i) {
@@ -238,7 +238,7 @@ RTK_DEVICE void fwd_consume(T* __restrict__ y, const unsigned char* slots, unsig
         }
       }
       __syncwarp();
-      if (lane == 0) rtk_ring::bar_arrive(&empty[slot]);
+      if (lane == 0) rtk_mbar_arrive(&empty[slot]);
     }
   }
 }
@@ -324,7 +324,7 @@ softmax_bwd_ring(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
     }
     for (long long k = 0; k < chunks; ++k) {
       const unsigned cc = c + (unsigned)k, slot = cc % SLOTS;
-      rtk_ring::bar_wait(&full[slot], (cc / SLOTS) & 1u);
+      rtk_mbar_wait(&full[slot], (cc / SLOTS) & 1u);
       const unsigned char* sb = slots + (size_t)slot * kSlotBytes;
 #pragma unroll
       for (int i = 0; i < RPG; ++i) {
@@ -399,7 +399,7 @@ softmax_bwd_ring(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
         }
       }
       __syncwarp();
-      if (lane == 0) rtk_ring::bar_arrive(&empty[slot]);
+      if (lane == 0) rtk_mbar_arrive(&empty[slot]);
     }
   }
 }
