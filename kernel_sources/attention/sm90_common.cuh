@@ -3,6 +3,7 @@
 #pragma once
 #include "attention/sm80_primitives.cuh"
 #include "attention/sm90_wgmma.cuh"
+#include "common/mbarrier.cuh"
 
 namespace rtk_attn {
 
@@ -69,30 +70,12 @@ struct alignas(64) tensor_map {
   unsigned long long opaque[16];
 };
 
-RTK_DEVICE void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Makes initialized barriers visible to the async proxy (TMA) before anyone uses them.
-RTK_DEVICE void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-RTK_DEVICE void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Arrives once and adds `bytes` to what the current phase waits for (TMA completes them).
-RTK_DEVICE void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Waits until the phase of the given parity completed. A fresh barrier counts as having completed the phase of
-// parity 1, so a producer's first wait on an "empty" barrier (parity 1) passes at once.
-RTK_DEVICE void mbar_wait(unsigned bar, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
+// mbarriers on shared-memory addresses: the common primitives (common/mbarrier.cuh).
+RTK_DEVICE void mbar_init(unsigned bar, unsigned count) { rtk_mbar_init_at(bar, count); }
+RTK_DEVICE void mbar_init_fence() { rtk_mbar_init_fence(); }
+RTK_DEVICE void mbar_arrive(unsigned bar) { rtk_mbar_arrive_at(bar); }
+RTK_DEVICE void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) { rtk_mbar_arrive_expect_tx_at(bar, bytes); }
+RTK_DEVICE void mbar_wait(unsigned bar, unsigned parity) { rtk_mbar_wait_at(bar, parity); }
 // TMA: the box of the 4-d tensor `map` at (c0 innermost .. c3) into shared memory, completion counted on `bar` in
 // bytes; elements outside the tensor are written as zeros.
 RTK_DEVICE void tma_load_4d(unsigned dst, const tensor_map* map, unsigned bar, int c0, int c1, int c2, int c3) {
