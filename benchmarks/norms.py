@@ -92,14 +92,16 @@ def l2_configs(p, backward: bool) -> list[K.L2Config]:
     return out
 
 
-L2C_OPTS = (0, 8, 32, 40)  # weight per row from L1 (8), two rows per iteration (32); OPT 2, 16: norms_notes.md
+# Weight per row from L1 (8), two / four rows per iteration (32 / 128), column sums in shared memory (64); OPT 2
+# and 16 (64-register cap) lost in earlier runs (norms_notes.md).
+L2C_OPTS = (0, 8, 32, 40, 96, 128, 192)
 
 
 def l2c_configs(p) -> list[K.SplitConfig]:
     """Cluster size x threads per block (x default-cached pass 2), 4 to 32 columns per thread."""
     out = []
     for parts in (2, 4, 8):
-        for threads in (128, 256, 512, 1024):
+        for threads in (128, 256, 512):
             cols = K.packs_per_thread(p.n, p.vec, threads, parts) * p.vec
             if not 4 <= cols <= K.BWD_L2C_MAX_THREAD_COLS:
                 continue

@@ -6,14 +6,15 @@
 // (L2-allocating) for the two row sums; the C block sums are combined through distributed shared memory (fixed
 // rank order, so every block gets bitwise the same sums); pass 2 re-reads the slice (an L2 hit, evict-first),
 // writes dx (streaming) and adds dy * x_hat (and dy) to the sums.
-// Rows go in groups of R (1, or 2 with kOptTwoRows: twice the loads in flight per barrier, the same registers
-// for the sums). Pipelining: the cluster barrier of group g+1 is in flight while the block runs pass 2 of group g
+// Rows go in groups of R (1, 2 with kOptTwoRows, 4 with kOptFourRows: more loads in flight per barrier, the same
+// registers for the sums). Pipelining: the cluster barrier of group g+1 is in flight while the block runs pass 2 of group g
 // fused with pass 1 of group g+2 (arrive after publishing g+1's block sums, wait only before g's pass 2); each
 // iteration issues its loads (g from L2, g+2 from memory) first, then the one block barrier that finishes g+1's
 // block sums (warp sums left in shared memory by the previous iteration), then the cluster wait, so barriers and
 // distributed-shared-memory reads overlap the loads. Row statistics are carried two groups ahead in registers.
 //   OPT kOptPlainLoads: pass 2 with default-cached loads; kOptReloadW: the weight read per row (L1) instead of
-//   held in registers; kOptRegCap: at most 64 registers (1024 threads per SM). Other template and kernel arguments as
+//   held in registers; kOptRegCap: at most 64 registers (1024 threads per SM); kOptSmemSums: the column sums in
+//   static shared memory (each thread its own columns: no barrier), freeing their registers. Other template and kernel arguments as
 //   rtk_norm_bwd_cluster; cluster k writes row k of dw_part / db_part ([gridDim.x / C, N] fp32) and
 //   rtk_norm_dw_reduce adds them in a fixed order: bitwise repeatable for a given grid.
 // Launch: grid clusters * C, block THREADS, no dynamic shared memory (the kernel carries its cluster shape).
@@ -63,13 +64,16 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
   constexpr bool kDRes = (FLAGS & kNormResidual) != 0;
   constexpr int kLd2 = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
   constexpr bool kHoldW = kW && (OPT & kOptReloadW) == 0;
-  constexpr int R = (OPT & kOptTwoRows) ? 2 : 1;
+  constexpr int R = (OPT & kOptFourRows) ? 4 : (OPT & kOptTwoRows) ? 2 : 1;
+  constexpr bool kSmem = (OPT & kOptSmemSums) != 0 && (kDW || kDB);
+  constexpr int kGrads = (kDW ? 1 : 0) + (kDB ? 1 : 0);
   constexpr int K2 = 2 * R;  // sums per group: {sum g * x_hat, sum g} per row
   constexpr int kWarps = THREADS / RTK_WARP_SIZE_CONST;
   constexpr float kInvN = 1.f / (float)N;
   __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(K2)];
   __shared__ float wsum[2][kWarps][K2];       // [group parity] warp sums of the group two ahead
   __shared__ __align__(8) float slot[2][K2];  // [group parity] this block's sums, read by the peers
+  __shared__ __align__(16) float colsum[kSmem ? kGrads * S : 1];  // kSmem: [dweight S][dbias S] of the slice
 
   const unsigned rank = rtk_cluster_rank();
   const long long cluster = blockIdx.x / C, clusters = gridDim.x / C;
@@ -84,8 +88,8 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
   if constexpr (kDRes) dres += c0;
 
   float wf[kHoldW ? NV : 1][VEC];  // effective weight (1 + w when zero-centered)
-  float dwa[kDW ? NV : 1][VEC];
-  float dba[kDB ? NV : 1][VEC];
+  float dwa[kDW && !kSmem ? NV : 1][VEC];
+  float dba[kDB && !kSmem ? NV : 1][VEC];
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c = (i * THREADS + t) * VEC;
@@ -97,8 +101,13 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       if constexpr (kHoldW) wf[i][j] = rtk_norm_weight<FLAGS>(wp, j);
-      if constexpr (kDW) dwa[i][j] = 0.f;
-      if constexpr (kDB) dba[i][j] = 0.f;
+      if constexpr (kDW && !kSmem) dwa[i][j] = 0.f;
+      if constexpr (kDB && !kSmem) dba[i][j] = 0.f;
+      if constexpr (kSmem) {
+        if (kExact || c < len) {
+          for (int k = 0; k < kGrads; ++k) colsum[k * S + c + j] = 0.f;
+        }
+      }
     }
   }
 
@@ -258,40 +267,50 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
     }
     rtk_cluster_arrive();  // the next group's barrier: completes while this block works on pass 2
 
-    float s2[K2];
-#pragma unroll
-    for (int k = 0; k < K2; ++k) s2[k] = 0.f;
+    float s2[K2], a1[R], a0[R];
+    bool live[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      const bool live = gi * R + q < rows;  // uniform: a dead row (past the end) writes and adds nothing
+      s2[2 * q] = s2[2 * q + 1] = 0.f;
+      live[q] = gi * R + q < rows;  // uniform: a dead row (past the end) writes and adds nothing
       // dx = rs * (g - x_hat * c1 - c0) = g * rs + (x_hat * a1 + a0), x_hat = x * rs + shift
-      const float a1 = -rs[q] * sum_gx[q] * kInvN;
-      const float a0 = kLayer ? -rs[q] * sum_g[q] * kInvN : 0.f;
-      TDX* dxr = dx + row_of(gi, q) * sdx;
+      a1[q] = -rs[q] * sum_gx[q] * kInvN;
+      a0[q] = kLayer ? -rs[q] * sum_g[q] * kInvN : 0.f;
+    }
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int c = (i * THREADS + t) * VEC;
-        if (kExact || c < len) {
-          float wv[VEC];
-          weight_of(i, c, wv);
-          if (live) {
+    for (int i = 0; i < NV; ++i) {
+      const int c = (i * THREADS + t) * VEC;
+      if (kExact || c < len) {
+        float wv[VEC];
+        weight_of(i, c, wv);
+        typedef rtk_norm_pack<float, VEC> Acc;
+        Acc dws, dbs;  // kSmem: this pack's column sums, read once per group
+        if constexpr (kSmem && kDW) dws = *reinterpret_cast<const Acc*>(&colsum[c]);
+        if constexpr (kSmem && kDB) dbs = *reinterpret_cast<const Acc*>(&colsum[(kDW ? S : 0) + c]);
+#pragma unroll
+        for (int q = 0; q < R; ++q) {
+          if (live[q]) {
             float v[VEC];
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
               const float d = rtk_to_float(dp[q][i].v[j]);
               const float xh = fmaf(rtk_to_float(xp[q][i].v[j]), rs[q], shift[q]);
               const float g = kW ? d * wv[j] : d;
-              v[j] = fmaf(g, rs[q], kLayer ? fmaf(xh, a1, a0) : xh * a1);
+              v[j] = fmaf(g, rs[q], kLayer ? fmaf(xh, a1[q], a0[q]) : xh * a1[q]);
               if constexpr (kDRes) v[j] += rtk_to_float(rp[kDRes ? q : 0][kDRes ? i : 0].v[j]);
-              if constexpr (kDW) dwa[kDW ? i : 0][j] = fmaf(d, xh, dwa[kDW ? i : 0][j]);
-              if constexpr (kDB) dba[kDB ? i : 0][j] += d;
+              float& dwr = kSmem ? dws.v[j] : dwa[kDW && !kSmem ? i : 0][j];
+              float& dbr = kSmem ? dbs.v[j] : dba[kDB && !kSmem ? i : 0][j];
+              if constexpr (kDW) dwr = fmaf(d, xh, dwr);
+              if constexpr (kDB) dbr += d;
             }
             rtk_norm_pack<TDX, VEC> out;
             rtk_norm_pack_from(v, out);
-            rtk_norm_store<kStStream>(dxr + c, out);
+            rtk_norm_store<kStStream>(dx + row_of(gi, q) * sdx + c, out);
           }
           pass1_pack(xq[q][i], dq[q][i], wv, rs2[q], shift2[q], s2[2 * q], s2[2 * q + 1]);
         }
+        if constexpr (kSmem && kDW) *reinterpret_cast<Acc*>(&colsum[c]) = dws;
+        if constexpr (kSmem && kDB) *reinterpret_cast<Acc*>(&colsum[(kDW ? S : 0) + c]) = dbs;
       }
     }
 #pragma unroll
@@ -318,12 +337,12 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
       rtk_norm_pack<float, VEC> o;
       if constexpr (kDW) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o.v[j] = dwa[i][j];
+        for (int j = 0; j < VEC; ++j) o.v[j] = kSmem ? colsum[c + j] : dwa[kSmem ? 0 : i][j];
         rtk_norm_store<kStDefault>(dw_part + cluster * N + c0 + c, o);
       }
       if constexpr (kDB) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o.v[j] = dba[i][j];
+        for (int j = 0; j < VEC; ++j) o.v[j] = kSmem ? colsum[(kDW ? S : 0) + c + j] : dba[kSmem ? 0 : i][j];
         rtk_norm_store<kStDefault>(db_part + cluster * N + c0 + c, o);
       }
     }

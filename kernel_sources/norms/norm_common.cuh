@@ -23,6 +23,8 @@ constexpr int kOptRecompute = 4;   // re-convert 16-bit inputs after the reducti
 constexpr int kOptReloadW = 8;     // l2c: read the weight per row (L1 hits) instead of holding it in registers
 constexpr int kOptRegCap = 16;     // l2c: __launch_bounds__ asks for 1024 threads per SM (at most 64 registers)
 constexpr int kOptTwoRows = 32;    // l2c: two rows per iteration (twice the loads in flight per barrier)
+constexpr int kOptSmemSums = 64;   // l2c: the dweight / dbias column sums in (static) shared memory, not registers
+constexpr int kOptFourRows = 128;  // l2c: four rows per iteration
 
 // Cache hints for one access. Data read or written exactly once streams (evict-first) so the weight and the
 // partial sums stay in L2; weights use the read-only path; cross-block data goes through L2 only.

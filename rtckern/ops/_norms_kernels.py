@@ -54,6 +54,8 @@ BWD_L2_STATIC_SMEM = 1024
 # l2c backward: columns per thread (its fp32 dweight / dbias sums and effective weight live in registers).
 BWD_L2C_MAX_THREAD_COLS = 32
 BWD_L2C_TARGET_THREAD_COLS = 16
+L2C_SMEM_SUMS = 64  # OPT bit: the column sums in static shared memory (kOptSmemSums), under the 48 KB static limit
+BWD_L2C_MAX_STATIC_SMEM = 44 * 1024
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,6 +96,10 @@ def bwd_feasible(p: K.BwdProblem, kind: str, cfg, warp: int = 32, smem_optin: in
         if e > K.BWD_L2C_MAX_THREAD_COLS:
             return (f"each thread would keep the sums of {e} columns in registers with {_geometry_text(kind, cfg)} "
                     f"(limit {K.BWD_L2C_MAX_THREAD_COLS}): use more blocks per row or threads")
+        smem = K.slice_cols(p.n, p.vec, cfg.parts) * 4 * ((1 if p.weight_grad else 0) + (1 if p.bias_grad else 0))
+        if cfg.opt & K.L2C_SMEM_SUMS and smem > K.BWD_L2C_MAX_STATIC_SMEM:
+            return (f"OPT {cfg.opt} keeps the column sums of a {K.slice_cols(p.n, p.vec, cfg.parts)}-column slice in "
+                    f"{smem} B of static shared memory (limit {K.BWD_L2C_MAX_STATIC_SMEM}): use more blocks per row")
         return None
     if e > K.BWD_MAX_THREAD_ELEMS:
         return (f"each thread would hold {e} columns of x, dy and the gradient sums with {_geometry_text(kind, cfg)} "

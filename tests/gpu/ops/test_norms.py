@@ -429,11 +429,11 @@ def test_backward_without_weight_grad_and_bias_only():
     assert _rel(dx, gx) < 1e-5 and _rel(db, gb) < 1e-5
 
 
-@pytest.mark.parametrize("opt", [0, 8, 16, 32, 40])
+@pytest.mark.parametrize("opt", [0, 8, 16, 32, 40, 64, 96, 128, 192, 200])
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
 def test_l2c_every_opt(layer, opt):
     """Each l2c OPT variant launched directly (the tables pick one): fp32 zero-centered weight, bf16 x / dy, fp32
-    dx with dresidual; 1031 rows (odd: with two rows per iteration the last group holds a row past the end)."""
+    dx with dresidual; 1031 rows (with two or four rows per iteration the last group holds rows past the end)."""
     if not _sm90():
         pytest.skip("l2c needs sm_90+")
     from rtckern.ops import _norms_kernels as K

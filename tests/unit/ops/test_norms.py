@@ -170,6 +170,10 @@ def test_l2c_geometry_and_budget():
         "use more blocks per row or threads")
     assert L.bwd_feasible(b, "l2c", K.SplitConfig(256, 16)).startswith("16 blocks of 256 threads per row is not a "
                                                                       "valid l2c geometry (2..8 blocks)")
+    assert L.bwd_feasible(b, "l2c", K.SplitConfig(512, 8, 64)) == (
+        "OPT 64 keeps the column sums of a 8192-column slice in 65536 B of static shared memory (limit 45056): use "
+        "more blocks per row")
+    assert L.bwd_feasible(K.BwdProblem(**{**b.__dict__, "n": 16384}), "l2c", K.SplitConfig(128, 4, 64)) is None
     c = L.bwd_config(b, "l2c", DeviceInfo.for_arch("sm_90", sm_count=132))
     assert c is not None and L.bwd_feasible(b, "l2c", c) is None
     assert K.bwd_template_args(b, "l2c", K.SplitConfig(512, 8, 2)) == \
