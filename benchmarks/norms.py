@@ -620,10 +620,10 @@ def cmd_compile_times(out: Path | None) -> dict:
                     fp = fwd_problem(op, dtype, n)
                     fp = K.FwdProblem(**{**fp.__dict__, "vec": K.pick_vec(n, (K.ITEMSIZE[dtype],), (16,))})
                     bp = K.BwdProblem(**{**bwd_problem(op, dtype, n).__dict__, "vec": fp.vec})
-                    for kind in ("rows", "cluster", "l2", "coop"):
-                        if kind == "cluster" and a.cc < (9, 0):
+                    for kind in ("rows", "cluster", "l2", "l2c", "coop"):
+                        if kind in ("cluster", "l2c") and a.cc < (9, 0):
                             continue
-                        c = L.fwd_config(fp, kind, dev)
+                        c = L.fwd_config(fp, kind, dev) if kind != "l2c" else None  # l2c: backward only
                         if c is not None:
                             variants.append(L.fwd_spec(fp, kind, c, a))
                         c = L.bwd_config(bp, kind, dev)
