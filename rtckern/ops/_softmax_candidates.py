@@ -337,7 +337,8 @@ def register_all() -> None:
                 register(cand)
         if op not in reg.builder_ops():
             register_request_builder(op, _build_request(op), help="shape: (..., N), the last dim is the row length; "
-                                     "options vec=<elements per access>, mask16=0|1 (masked: 16-byte aligned mask rows)", example="--dtype bf16 --shape 16384x4096")
+                                     "options vec=<elements per access>, mask16=0|1 (masked: 16-byte aligned mask rows)",
+                                     example="--dtype bf16 --shape 16384x4096")
     register_tuners()
     from rtckern.prefill import register_provider
 

@@ -185,9 +185,9 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
 
 
 def tune_problem(direction: str, kind: int, n: int, device) -> tuple[plan.RowGeometry, int]:
-    """(geometry, mask rows) of the problem a kind is timed on: about TUNE_ELEMENTS keys; masked: (2, H, Sq, n)
-    scores with a (2, 1, Sq, n) mask broadcast over the heads (Sq up to 1024); causal: square (Sq = n) where there are n rows, else the
-    bottom-right corner of Sq x n (the benchmark's shapes)."""
+    """(geometry, mask rows) of the problem a kind is timed on: about TUNE_ELEMENTS keys (the benchmark's shapes);
+    masked: (2, H, Sq, n) scores with a (2, 1, Sq, n) mask broadcast over the heads (Sq up to 1024); causal: square
+    (Sq = n) where there are n rows, else the bottom-right corner of Sq x n."""
     rows = max(4 * device.sm_count, TUNE_ELEMENTS // n)
     k = ring.kernel_kind(direction, kind)
     if k == plan.MASKED:

@@ -1,7 +1,7 @@
 """Softmax ops on a GPU against a float64 reference: every op, both directions, fp32/fp16/bf16, rows of
 N in {1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000}, through every candidate (ring on sm_90+, one-pass and
-online, forced with RTCKERN_FORCE_IMPL's setting). Outputs are poisoned (NaN) by the allocator hook below, so an unwritten
-element fails; every check draws fresh random inputs.
+online, forced with RTCKERN_FORCE_IMPL's setting). Outputs are poisoned (NaN) by the allocator hook below, so an
+unwritten element fails; every check draws fresh random inputs.
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ NS = (1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000)
 IMPLS = ("ring", "onepass", "online")
 # Why a forced candidate may decline a request (the test then skips, quoting the reason).
 DECLINES = {"onepass": ("exceeds the one-pass limit",),
-            "ring": ("bulk copies need", "not 16-byte aligned", "does not fit the shared-memory ring", "below the minimum")}
+            "ring": ("bulk copies need", "not 16-byte aligned", "does not fit the shared-memory ring",
+                     "below the minimum")}
 SCALE = 0.7
 
 
