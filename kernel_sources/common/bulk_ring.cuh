@@ -41,7 +41,7 @@ RTK_DEVICE void consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(COUNT) : "memory");
 }
 
-// Bytes of a chunk of `keys` elements of `elem` bytes rounded up to 16 (the caller keeps it inside the row).
+// `bytes` rounded up to a multiple of 16 (the caller keeps the copy inside the row).
 RTK_DEVICE unsigned round16(long long bytes) { return (unsigned)((bytes + 15) & ~15ll); }
 
 }  // namespace rtk_ring

@@ -10,8 +10,8 @@
 // while rows reduce; the persistent walk also evens out causal rows of different lengths.
 //
 // Host contract (rtckern/ops/_softmax_ring.py): VEC = 16 / sizeof(T) divides n; x, y (dy, dx) 16-byte aligned;
-// for masks n % 16 == 0 and the mask 16-byte aligned; ceil(n / CHUNK) <= SLOTS; dynamic shared memory =
-// ring_smem_bytes(); blocks of (WARPS + 1) * 32 threads.
+// for masks n % 16 == 0, CHUNK % 16 == 0 and the mask 16-byte aligned; ceil(n / CHUNK) <= SLOTS; dynamic shared
+// memory = Ring.smem_bytes(); blocks of (WARPS + 1) * 32 threads.
 #pragma once
 #include "common/bulk_ring.cuh"
 #include "softmax/softmax_common.cuh"

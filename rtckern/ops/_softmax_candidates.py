@@ -14,6 +14,7 @@ from rtckern import config
 from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder, select
 from rtckern.registry import default_registry
+from rtckern.registry.candidate import arch_reason
 from rtckern.spec import KernelSpec
 from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_plan as plan
@@ -115,6 +116,21 @@ class OnePassCandidate(_SoftmaxCandidate):
             return (f"a row of {n} {dt} keys (vector width {vec}) exceeds the one-pass limit of {limit} keys on "
                     f"{req.device.arch.sm} ({req.device.max_smem_per_block_optin} B shared memory per block); "
                     "the online candidate serves it")
+        return self._ring_preferred(req)
+
+    def _ring_preferred(self, req: OpRequest) -> str | None:
+        """Steps aside (a reason) where the ring kernel can serve req and the tuning tables measured it faster on
+        the same problem (nearest tuned row length of both); None otherwise, and always when forced."""
+        if config.settings().force_impl.get(req.op) == self.name:
+            return None
+        ring_cand = RingCandidate(self.op)
+        if arch_reason(ring_cand, req) is not None or ring_cand.supports(req) is not None:
+            return None
+        dt, n = req.dtype("x"), req.dim("n")
+        ring_us, onepass_us, at = measured_us(self.direction, self.kind, dt, n, req.dim("vec"), req.device)
+        if ring_us is not None and onepass_us is not None and ring_us < onepass_us:
+            return (f"measured on {req.device.arch.sm}: the ring kernel ({ring_us:.1f} us) beats the one-pass "
+                    f"kernel ({onepass_us:.1f} us) at n={at} {dt} (tuning tables); the ring candidate serves it")
         return None
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
@@ -157,7 +173,7 @@ def ring_launch_geometry(kernel, direction: str, kind: int, dtype: str, cfg: rin
     """(grid, block, dynamic shared memory) of a ring launch: persistent, as many blocks as fit on every SM (the
     occupancy API's answer for this kernel), never more than there are tiles."""
     smem = cfg.smem_bytes(direction, kind, dtype)
-    k = (id(kernel), smem)
+    k = (kernel, smem)  # the kernel object itself: an id could be reused by another kernel
     per_sm = _ring_blocks.get(k)
     if per_sm is None:
         per_sm = _ring_blocks[k] = max(1, kernel.max_active_blocks_per_sm(cfg.threads, smem))
@@ -166,9 +182,10 @@ def ring_launch_geometry(kernel, direction: str, kind: int, dtype: str, cfg: rin
 
 class RingCandidate(_SoftmaxCandidate):
     """Persistent blocks fed by bulk copies into a ring of shared-memory slots (sm_90+): rows of 16-byte aligned
-    vectors that fit in shared memory with room for the next chunk."""
+    vectors that fit in shared memory with room for the next chunk. Ranked below the one-pass kernels, which step
+    aside where the tuning tables measured the ring faster (OnePassCandidate.supports)."""
 
-    priority = 150
+    priority = 90
     min_arch = "sm_90"
     vendors = ("nvidia",)  # cp.async.bulk and mbarrier transaction counts
 
@@ -190,12 +207,6 @@ class RingCandidate(_SoftmaxCandidate):
         if ring_config(self.direction, self.kind, req) is None:
             return (f"a row of {n} {dt} keys does not fit the shared-memory ring on {req.device.arch.sm} "
                     f"({req.device.max_smem_per_block_optin} B per block) with room for the next chunk")
-        if config.settings().force_impl.get(req.op) == self.name:
-            return None  # forced (RTCKERN_FORCE_IMPL): the measured preference below does not apply
-        ring_us, onepass_us = measured_us(self.direction, self.kind, dt, n, vec, req.device)
-        if ring_us is not None and onepass_us is not None and onepass_us < ring_us:
-            return (f"measured on {req.device.arch.sm} with {req.device.sm_count} SMs: the one-pass kernel "
-                    f"({onepass_us:.1f} us) beats the ring ({ring_us:.1f} us) at n={n} {dt} (tuning tables)")
         return None
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:

@@ -90,7 +90,7 @@ class OnePass:
     def register_keys(self, vec: int) -> int:
         return self.group * self.items * vec
 
-    def smem_bytes(self, direction: str, dtype: str, n: int, vec: int, kind: int = 0) -> int:
+    def smem_bytes(self, direction: str, dtype: str, n: int, vec: int, kind: int = PLAIN) -> int:
         """Dynamic shared memory for a row of n keys: for "regs", the part past the registers in the storage
         type (y and dy for the backward); for "async", the whole row (and, masked, its mask bytes after the row
         at a 16-byte boundary); none for "l2"."""

@@ -13,7 +13,6 @@ import dataclasses
 
 from rtckern.ops import _softmax_plan as plan
 
-SMEM_PER_SM_RESERVE = 1024  # the driver's per-block reservation
 STATIC_SMEM = 256  # scratch for the block reduction
 
 
@@ -37,8 +36,8 @@ class Ring:
             raise ValueError(f"{self}: rows must be a multiple of the {groups} groups and at most 32")
         if self.group == consumers and self.warps > 1 and self.rows != 1:
             raise ValueError(f"{self}: a block-wide group takes one row per tile")
-        if self.items < 1 or self.slots < 1 or self.min_blocks < 1:
-            raise ValueError(f"{self}: items, slots, min_blocks >= 1")
+        if self.items < 1 or self.slots < 1 or self.min_blocks < 1 or self.rows < 1:
+            raise ValueError(f"{self}: items, rows, slots, min_blocks >= 1")
 
     @property
     def threads(self) -> int:
@@ -60,10 +59,6 @@ class Ring:
         barriers = -(-16 * self.slots // 128) * 128
         return barriers + self.slots * self.slot_bytes(direction, kind, dtype)
 
-    def blocks_per_sm(self, direction: str, kind: int, dtype: str, smem_per_sm: int, threads_per_sm: int) -> int:
-        per_block = self.smem_bytes(direction, kind, dtype) + STATIC_SMEM + SMEM_PER_SM_RESERVE
-        return max(0, min(smem_per_sm // per_block, threads_per_sm // self.threads, 32))
-
     def grid(self, rows: int, sm_count: int, blocks_per_sm: int) -> int:
         tiles = -(-rows // self.rows)
         return max(1, min(tiles, sm_count * max(1, blocks_per_sm)))
@@ -83,16 +78,6 @@ def kernel_kind(direction: str, kind: int) -> int:
 
 def kernel_name(direction: str) -> str:
     return f"softmax_{direction}_ring"
-
-
-def smem_per_sm(device) -> int:
-    """Shared memory of one SM: the per-block opt-in limit plus the driver's 1 KB reservation."""
-    return device.max_smem_per_block_optin + SMEM_PER_SM_RESERVE
-
-
-def _per_key(direction: str, kind: int, dtype: str) -> int:
-    masked = direction == plan.FWD and kind == plan.MASKED
-    return plan.ELEM_BYTES[dtype] * (2 if direction == plan.BWD else 1) + (1 if masked else 0)
 
 
 def _budget(smem_optin: int) -> int:
@@ -155,6 +140,9 @@ def sweep_rings(direction: str, kind: int, dtype: str, n: int, smem_optin: int) 
 
 def fits(cfg: Ring, direction: str, kind: int, dtype: str, n: int, smem_optin: int) -> str | None:
     """None when cfg can run rows of n keys, else why not."""
+    if direction == plan.FWD and kind == plan.MASKED and cfg.chunk(dtype) % 16:
+        return (f"{cfg}: mask chunks of {cfg.chunk(dtype)} bytes; bulk copies need multiples of 16 (use group 32 "
+                "or more)")
     cpr = cfg.chunks_per_row(dtype, n)
     if cpr > cfg.slots:
         return f"a row of {n} keys takes {cpr} chunks of {cfg.chunk(dtype)}; the ring has {cfg.slots} slots"

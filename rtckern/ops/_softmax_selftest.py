@@ -14,14 +14,27 @@ TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.5e-2}  # ||out - ref|| / ||ref||: t
 SCALE = 0.7
 
 
-def _rows(n: int, sm_count: int) -> int:
-    return max(4, min(3 * sm_count * 8 + 5, (1 << 21) // max(n, 1)))
+def _rows(n: int, sm_count: int, wanted: int = 0) -> int:
+    """Rows of the probe: `wanted` (or 3 x 8 per SM), at most 2^24 keys, at least 4."""
+    return max(4, min(max(wanted, 3 * sm_count * 8 + 5), (1 << 24) // max(n, 1)))
 
 
-def _problem(direction: str, kind: int, n: int, sm_count: int, rng) -> tuple[plan.RowGeometry, np.ndarray,
-                                                                             np.ndarray | None]:
+def _ring_rows(cand, req, kernels) -> int:
+    """Rows that make every block of the persistent ring kernel walk enough tiles to reuse each slot twice (the
+    mbarrier parity flips), as far as the probe's size cap allows."""
+    from rtckern.ops import _softmax_candidates as cands
+
+    cfg = cands.ring_config(cand.direction, cand.kind, req)
+    grid, _, _ = cands.ring_launch_geometry(kernels[0], cand.direction, cand.kind, req.dtype("x"), cfg, 1 << 30,
+                                            req.device.sm_count)
+    cpr = cfg.chunks_per_row(req.dtype("x"), req.dim("n"))
+    return (2 * cfg.slots // cpr + 2) * grid * cfg.rows + 5
+
+
+def _problem(direction: str, kind: int, n: int, sm_count: int, rng, wanted_rows: int = 0) -> tuple[
+        plan.RowGeometry, np.ndarray, np.ndarray | None]:
     """(geometry, keep (rows, n) bool, mask (sq, n) bool or None)."""
-    rows = _rows(n, sm_count)
+    rows = _rows(n, sm_count, wanted_rows)
     if direction == plan.FWD and kind == plan.MASKED:
         sq = min(rows, 16)
         rows -= rows % sq
@@ -105,7 +118,10 @@ def check(cand, req, kernels) -> str | None:
         return None  # described by hand: nothing to run
     dtype, n = req.dtype("x"), req.dim("n")
     rng = np.random.default_rng(20261126)
-    geom, keep, mask = _problem(cand.direction, cand.kind, n, req.device.sm_count, rng)
+    from rtckern.ops._softmax_candidates import RingCandidate
+
+    wanted = _ring_rows(cand, req, kernels) if isinstance(cand, RingCandidate) else 0
+    geom, keep, mask = _problem(cand.direction, cand.kind, n, req.device.sm_count, rng, wanted)
     dev = _Device(req.device.ordinal)
     vec = req.dim("vec")
     x64 = rng.standard_normal((geom.rows, n)) * 3

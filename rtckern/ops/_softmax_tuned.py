@@ -95,6 +95,8 @@ def tuned_ring(direction: str, kind: int, dtype: str, n: int, device) -> tuple[r
             return False
         if ring.fits(cfg, direction, kind, str(key["dtype"]), int(key["n"]), smem) is not None:
             return False
+        if cfg.slots < cfg.chunks_per_row(str(key["dtype"]), int(key["n"])) + 1:
+            return False  # no slot left to prefetch the next row while this one reduces
         # A neighbour's config must not idle most of its lanes on a much shorter row.
         return cfg.chunk(str(key["dtype"])) <= max(2 * plan.pow2ceil(int(key["n"])), 1024)
 
@@ -106,25 +108,27 @@ def tuned_ring(direction: str, kind: int, dtype: str, n: int, device) -> tuple[r
 
 
 def measured_us(direction: str, kind: int, dtype: str, n: int, vec: int,
-                device) -> tuple[float | None, float | None]:
-    """(ring µs, one-pass µs): the times the tuning tables recorded for exactly this (arch, SM count, dtype, n) on
-    the same problem with the same timing method: the kind's tables when both have the row, else the plain
-    kind's; None where a table has no exact row."""
+                device) -> tuple[float | None, float | None, int | None]:
+    """(ring µs, one-pass µs, row length): the times the tuning tables recorded for the same problem (every tuned
+    problem holds TUNE_ELEMENTS keys, timed the same way) at the tuned row length nearest to n that both tables
+    hold for this device (exact, else the nearest arch / SM-count row); the kind's tables when both have it, else
+    the plain kind's; Nones where the tables do not compare."""
 
-    def us(name, key):
+    def row(name, key):
         t = tuning.lookup(name, device, key)
-        if t is None or t.source != "exact" or t.row is None:
-            return None
+        if t is None or t.row is None:
+            return None, None
         v = t.row.meta.get("time_us")
-        return float(v) if isinstance(v, (int, float)) else None
+        return (float(v) if isinstance(v, (int, float)) else None), dict(t.row.shape).get("n")
 
-    pair = (None, None)
     for k in dict.fromkeys((kind, plan.PLAIN)):
-        pair = (us(table(direction, k, True), {"dtype": dtype, "n": n}),
-                us(table(direction, k, False), {"dtype": dtype, "vec": vec, "n": n}))
-        if None not in pair:
-            return pair
-    return pair
+        one_us, one_n = row(table(direction, k, False), {"dtype": dtype, "vec": vec, "n": n})
+        if one_n is None:
+            continue
+        ring_us, ring_n = row(table(direction, k, True), {"dtype": dtype, "n": one_n})
+        if ring_n == one_n and None not in (ring_us, one_us):
+            return ring_us, one_us, one_n
+    return None, None, None
 
 
 def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,

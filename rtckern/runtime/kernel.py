@@ -116,29 +116,36 @@ class Kernel:
         return self._attrs().binary_version
 
     def set_max_dynamic_shared_memory(self, nbytes: int) -> None:
-        """Allow launches with up to ``nbytes`` of dynamic shared memory (needed above 48 KB)."""
+        """Allow launches with up to ``nbytes`` of dynamic shared memory (needed above 48 KB). The limit only
+        grows: a smaller request later keeps what earlier launch configs rely on."""
+        with self._lock:
+            self._raise_dynamic_smem(int(nbytes))
+
+    def _raise_dynamic_smem(self, nbytes: int) -> None:
+        """Sets the attribute to max(nbytes, what is set); the caller holds self._lock."""
         limit = self.device.max_smem_per_block_optin - self.shared_size_bytes
         if nbytes > limit:
             raise LaunchError(f"{self.label}: {nbytes} bytes of dynamic shared memory requested, but "
                               f"{self.device.describe()} allows at most {limit} "
                               f"({self.device.max_smem_per_block_optin} opt-in minus {self.shared_size_bytes} static)")
+        value = max(nbytes, self._max_dyn_smem)
         d = driver()
         with on_device(self.device.ordinal):
             check(d.cuKernelSetAttribute(
-                d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes),
+                d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(value),
                 self._k.handle, self.device.ordinal), "cuKernelSetAttribute(max dynamic shared memory)")
-        self._max_dyn_smem = max(self._max_dyn_smem, int(nbytes))
+        self._max_dyn_smem = value
 
     def _ensure_dynamic_smem(self, nbytes: int) -> None:
         """Opt in to `nbytes` of dynamic shared memory where the default does not allow it: the default is 48 KB
         for static and dynamic together, so a kernel with static scratch needs the opt-in below 48 KB dynamic."""
         if nbytes <= self._max_dyn_smem:
             return
-        if self._max_dyn_smem < 0:
-            self._max_dyn_smem = _SMEM_DEFAULT_LIMIT - self.shared_size_bytes
-            if nbytes <= self._max_dyn_smem:
-                return
-        self.set_max_dynamic_shared_memory(nbytes)
+        with self._lock:
+            if self._max_dyn_smem < 0:
+                self._max_dyn_smem = _SMEM_DEFAULT_LIMIT - self.shared_size_bytes
+            if nbytes > self._max_dyn_smem:
+                self._raise_dynamic_smem(nbytes)
 
     # ---- occupancy ----
     def max_active_blocks_per_sm(self, block_size: int, dynamic_smem: int = 0) -> int:

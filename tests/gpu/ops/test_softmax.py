@@ -255,6 +255,9 @@ def test_offset_mask_falls_back_from_the_ring():
     y = sm.scaled_masked_softmax(x, mask, 0.5)
     ref = _ref_softmax(x, 0.5, ~mask)
     assert _rel_err(y, ref) < FWD_TOL["bf16"]
+    from rtckern.ops import _softmax_candidates as cands
+
+    assert cands.selection("scaled_masked_softmax", "bf16", sk, 8, 0, False).name != "scaled_masked_softmax.ring"
 
 
 def test_cupy_in_cupy_out():
@@ -284,13 +287,16 @@ def test_misaligned_rows_use_narrower_vectors():
     assert _rel_err(y, _ref_softmax(x, 1.0, None)) < FWD_TOL["bf16"]
 
 
-def test_negative_inf_input_counts_as_masked():
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("scale", [-1.5, 1.5])
+def test_negative_inf_input_counts_as_masked(impl, scale):
+    # scale > 0 takes the raw-input fast path (-inf stays -inf); scale < 0 the -inf-safe one.
     x = torch.randn(8, 4096, device="cuda")
     x[:, ::2] = float("-inf")
     x[3, :] = float("-inf")
-    y = sm.softmax(x, -1.5)
+    y = _call("softmax", impl, x, scale)
     keep = torch.isfinite(x)
-    ref = _ref_softmax(torch.where(keep, x, torch.zeros_like(x)), -1.5, keep)
+    ref = _ref_softmax(torch.where(keep, x, torch.zeros_like(x)), scale, keep)
     assert _rel_err(y, ref) < 1e-5
     assert (y[3] == 0).all()
 

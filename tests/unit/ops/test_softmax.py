@@ -218,26 +218,32 @@ def fresh(cache_dir, tmp_path, no_shipped_tables):
         cands._configs.clear()
 
 
-def test_every_op_has_ring_onepass_and_online_candidates():
+def test_every_op_has_onepass_ring_and_online_candidates():
     for op in cands.OPS:
         names = [c.name for c in candidates(op)]
-        assert names == [f"{op}.ring", f"{op}.onepass", f"{op}.online"], names
+        assert names == [f"{op}.onepass", f"{op}.ring", f"{op}.online"], names  # priority order
 
 
-def test_selection_ring_on_sm90_then_onepass(fresh):
+def test_ring_serves_where_the_one_pass_kernels_cannot_or_are_slower(fresh):
     dev = DeviceInfo.for_arch("sm_90")
+    # No tables: the one-pass kernels (measured faster on most shapes) rank first; the ring is next in line.
+    assert select(cands.request("softmax", "bf16", 4096, 8, dev)).name == "softmax.onepass"
     sel = select(cands.request("softmax", "bf16", 65536, 8, dev))
-    assert sel.name == "softmax.ring"
-    assert sel.specs[0].name == "softmax_fwd_ring" and sel.specs[0].template_args[:2] == ("rtk_bf16", "0")
-    # Rows that are not 16-byte aligned, or that do not fit the ring, go to the one-pass kernels.
-    assert select(cands.request("softmax", "bf16", 4100, 4, dev)).name == "softmax.onepass"
-    assert select(cands.request("softmax_backward", "bf16", 65536, 8, dev)).name == "softmax_backward.onepass"
+    assert sel.name == "softmax.onepass"
+    ring_cand = cands.RingCandidate("softmax")
+    assert ring_cand.supports(cands.request("softmax", "bf16", 65536, 8, dev)) is None
+    spec = ring_cand.kernel_specs(cands.request("softmax", "bf16", 65536, 8, dev))[0]
+    assert spec.name == "softmax_fwd_ring" and spec.template_args[:2] == ("rtk_bf16", "0")
+    # What the ring refuses: rows not 16-byte aligned, rows past the ring, unaligned masks, pre-Hopper devices.
+    assert "bulk copies need" in ring_cand.supports(cands.request("softmax", "bf16", 4100, 4, dev))
+    assert "does not fit" in cands.RingCandidate("softmax_backward").supports(
+        cands.request("softmax_backward", "bf16", 65536, 8, dev))
     masked = cands.request("scaled_masked_softmax", "bf16", 4096, 8, dev, mask16=False)
-    assert select(masked).name == "scaled_masked_softmax.onepass"
     assert "not 16-byte aligned" in cands.RingCandidate("scaled_masked_softmax").supports(masked)
-    assert select(cands.request("scaled_masked_softmax", "bf16", 4096, 8, dev)).name == "scaled_masked_softmax.ring"
-    # Not below sm_90 (no bulk copies).
-    assert select(cands.request("softmax", "bf16", 4096, 8, DeviceInfo.for_arch("sm_80"))).name == "softmax.onepass"
+    with config.override(force_impl={"softmax": "softmax.ring"}):
+        assert select(cands.request("softmax", "bf16", 4096, 8, dev)).name == "softmax.ring"
+        with pytest.raises(UnsupportedRequestError, match="below the minimum"):
+            select(cands.request("softmax", "bf16", 4096, 8, DeviceInfo.for_arch("sm_80")))
 
 
 def test_selection_onepass_then_online(fresh):
@@ -356,11 +362,11 @@ def test_shipped_tables_parse_and_fit():
 
 # ---- real NVRTC compiles -------------------------------------------------------------------------------------------
 def _all_name_expressions(arch: str) -> list[str]:
+    """Every kernel the candidates can ask for on a device of `arch`, over the row lengths of the GPU tests, their
+    vector widths (and width 1), the tuning sweep's configs and the heuristic's."""
     from rtckern.ops import _softmax_ring as ring
     from rtckern.registry.candidate import arch_reason
 
-    """Every kernel the candidates can ask for on a device of `arch`, over the row lengths of the GPU tests, their
-    vector widths (and width 1), the tuning sweep's configs and the heuristic's."""
     dev = DeviceInfo.for_arch(arch)
     exprs = set()
     for op in cands.OPS:

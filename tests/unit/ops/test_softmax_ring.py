@@ -92,7 +92,9 @@ def test_kind_tables_and_plain_fallback(fresh):
     assert json.loads((fresh / "softmax_causal.json").read_text())["op"] == "softmax_causal"
 
 
-def test_ring_declines_where_the_tables_measured_the_one_pass_kernel_faster(fresh):
+def test_one_pass_steps_aside_where_the_tables_measured_the_ring_faster(fresh):
+    from rtckern.registry import select
+
     dev = DeviceInfo.for_arch("sm_90")
     one = {"threads": 128, "group": 32, "items": 4, "min_blocks": 8, "kernel": "regs"}
     rng = {"warps": 8, "group": 32, "items": 4, "rows": 8, "slots": 4, "min_blocks": 1}
@@ -104,18 +106,31 @@ def test_ring_declines_where_the_tables_measured_the_one_pass_kernel_faster(fres
     put("softmax", tuned.KEY_FIELDS, (("dtype", "bf16"), ("vec", 8), ("n", 1024)), one, 150.0)
     put("softmax_ring", tuned.RING_KEY_FIELDS, (("dtype", "bf16"), ("n", 1024)), rng, 160.0)
     req = cands.request("softmax", "bf16", 1024, 8, dev)
-    why = cands.RingCandidate("softmax").supports(req)
-    assert "one-pass kernel (150.0 us) beats the ring (160.0 us)" in why
-    with config.override(force_impl={"softmax": "softmax.ring"}):  # forced: a preference, not a capability
-        assert cands.RingCandidate("softmax").supports(req) is None
-    # The masked kind has its own measurements: the ring wins there.
+    assert cands.OnePassCandidate("softmax").supports(req) is None  # the one-pass kernel was faster
+    assert select(req).name == "softmax.onepass"
+    # The masked kind has its own measurements: the ring wins there, and the one-pass kernel says why it steps aside.
     put("softmax_masked", tuned.KEY_FIELDS, (("dtype", "bf16"), ("vec", 8), ("n", 1024)), one, 190.0)
     put("softmax_ring_masked", tuned.RING_KEY_FIELDS, (("dtype", "bf16"), ("n", 1024)), rng, 170.0)
-    assert cands.RingCandidate("scaled_masked_softmax").supports(
-        cands.request("scaled_masked_softmax", "bf16", 1024, 8, dev)) is None
-    # Another SM count has no exact rows: no measured comparison, the ring (priority) stays eligible.
-    other = DeviceInfo.for_arch("sm_90", sm_count=114)
-    assert cands.RingCandidate("softmax").supports(cands.request("softmax", "bf16", 1024, 8, other)) is None
+    mreq = cands.request("scaled_masked_softmax", "bf16", 1024, 8, dev)
+    why = cands.OnePassCandidate("scaled_masked_softmax").supports(mreq)
+    assert "the ring kernel (170.0 us) beats the one-pass kernel (190.0 us) at n=1024" in why
+    assert select(mreq).name == "scaled_masked_softmax.ring"
+    # A row length between tuned ones compares the nearest row both tables hold (same problem size, same timing).
+    near = cands.request("scaled_masked_softmax", "bf16", 1280, 8, dev)
+    assert "at n=1024" in cands.OnePassCandidate("scaled_masked_softmax").supports(near)
+    # Forced, or where the ring cannot serve (an unaligned mask), the one-pass kernel does not step aside.
+    with config.override(force_impl={"scaled_masked_softmax": "scaled_masked_softmax.onepass"}):
+        assert cands.OnePassCandidate("scaled_masked_softmax").supports(mreq) is None
+    unaligned = cands.request("scaled_masked_softmax", "bf16", 1024, 8, dev, mask16=False)
+    assert cands.OnePassCandidate("scaled_masked_softmax").supports(unaligned) is None
+
+
+def test_masked_ring_chunks_must_be_whole_bulk_copies():
+    small = ring.Ring(warps=1, group=1, items=1, rows=32, slots=4)  # fp32 chunk of 4 keys: 4 mask bytes
+    assert "multiples of 16" in ring.fits(small, plan.FWD, plan.MASKED, "fp32", 16, H100_OPTIN)
+    assert ring.fits(small, plan.FWD, plan.PLAIN, "fp32", 16, H100_OPTIN) is None
+    with pytest.raises(ValueError, match="rows, slots"):
+        ring.Ring(warps=1, group=32, items=1, rows=0, slots=2)
 
 
 def test_tune_problem_matches_the_benchmark_shapes():
