@@ -78,7 +78,8 @@ def split_configs(n: int, vec: int, itemsize: int, cap: int, lo: int, hi: int, o
 
 
 def l2_configs(p, backward: bool) -> list[K.L2Config]:
-    """Threads per block x min blocks per SM (forward: x default-cached pass 2)."""
+    """Threads per block x min blocks per SM (forward: x default-cached pass 2; rows of 32 KB and more: x the
+    largest shared-memory stash that lets 1-4 blocks share an SM)."""
     out = []
     for threads in (128, 256, 512, 1024):
         for minb in (1, 2):
@@ -89,7 +90,33 @@ def l2_configs(p, backward: bool) -> list[K.L2Config]:
                 feas = L.bwd_feasible if backward else L.fwd_feasible
                 if feas(p, "l2", cfg) is None and (p.n // p.vec) >= threads // 2:
                     out.append(cfg)
+    if not backward and p.n * K.ITEMSIZE[p.x] >= 32768:
+        out += l2_stash_configs(p)
     return out
+
+
+SMEM_PER_SM = 228 * 1024  # H100 / H200; 1 KB of it is reserved per block
+
+
+def l2_stash_configs(p) -> list[K.L2Config]:
+    """Forward l2 with a stash: for 256-1024 threads and 1-4 blocks per SM, the largest stash that fits (and one
+    pack less, which leaves room for an extra block's worth of L2 re-read); minb = the blocks per SM the stash
+    allows (the register cap that matches)."""
+    out = {}
+    pack = p.vec * K.ITEMSIZE[p.x]
+    for threads in (256, 512, 1024):
+        nv = K.packs_per_thread(p.n, p.vec, threads)
+        for blocks in (1, 2, 3, 4):
+            if blocks * threads > 2048:
+                continue
+            fit = (SMEM_PER_SM // blocks - 1024 - K.FWD_L2_STATIC_SMEM) // (threads * pack)
+            for stash in (min(nv, fit), min(nv, fit) - 1):
+                per_block = stash * threads * pack + 1024 + K.FWD_L2_STATIC_SMEM
+                minb = min(SMEM_PER_SM // per_block, 2048 // threads, 4)
+                cfg = K.L2Config(threads, minb, 0, stash)
+                if stash >= 1 and L.fwd_feasible(p, "l2", cfg) is None:
+                    out[(threads, stash)] = cfg
+    return list(out.values())
 
 
 # Weight per row from L1 (8), two / four rows per iteration (32 / 128), column sums in shared memory (64); OPT 2
@@ -122,11 +149,19 @@ def bwd_problem(op: str, dtype: str, n: int) -> K.BwdProblem:
                         bias_grad=op == "layer", vec=16 // K.ITEMSIZE[dtype])
 
 
-def sweep_plan(sm90: bool, kinds: tuple[str, ...] | None = None) -> list[tuple]:
+def sweep_plan(sm90: bool, kinds: tuple[str, ...] | None = None, dirs: tuple[str, ...] = ("fwd", "bwd"),
+               ns: tuple[int, ...] = NS) -> list[tuple]:
     """(direction, op, dtype, n, kind, cfg) for every config to time. With `kinds`, only those kinds' configs
-    (rows of at least 8 KB), plus the config the shipped tables give each other kind, longest rows first."""
+    (rows of at least 8 KB), plus the config the shipped tables give each other kind, longest rows first.
+    `dirs`, `ns`: only those directions and row lengths."""
     if kinds is not None:
-        return _kinds_plan(sm90, kinds)
+        plan = _kinds_plan(sm90, kinds)
+    else:
+        plan = _full_plan(sm90)
+    return [it for it in plan if it[0] in dirs and it[3] in ns]
+
+
+def _full_plan(sm90: bool) -> list[tuple]:
     plan = []
     for dtype in DTYPES:
         isz = K.ITEMSIZE[dtype]
@@ -167,7 +202,7 @@ def sweep_plan(sm90: bool, kinds: tuple[str, ...] | None = None) -> list[tuple]:
 def _kinds_plan(sm90: bool, kinds: tuple[str, ...]) -> list[tuple]:
     dev = DeviceInfo.for_arch("sm_90" if sm90 else "sm_80", sm_count=132)
     plan = []
-    full = [it for it in sweep_plan(sm90) if it[4] in kinds]
+    full = [it for it in _full_plan(sm90) if it[4] in kinds]
     for n in sorted(NS, reverse=True):
         for dtype in DTYPES:
             if n * K.ITEMSIZE[dtype] < 8192:
@@ -387,9 +422,9 @@ def check_item(torch, data: Data, item) -> float:
 TOL = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 1.5e-2}
 
 
-def cmd_sweep(out: Path, torch, arch: Arch, budget_s: float, kinds=None) -> dict:
+def cmd_sweep(out: Path, torch, arch: Arch, budget_s: float, kinds=None, dirs=("fwd", "bwd"), ns=NS) -> dict:
     sm90 = arch.cc >= (9, 0)
-    plan = sweep_plan(sm90, kinds)
+    plan = sweep_plan(sm90, kinds, dirs, ns)
     t_start = time.perf_counter()
     results = []
     by_data: dict = {}
@@ -712,6 +747,8 @@ def main() -> None:
                     "later sweeps win")
     ap.add_argument("--kinds", help="sweep/all: only these kernel kinds (comma-separated), plus the tabled "
                     "config of the others")
+    ap.add_argument("--dirs", default="fwd,bwd", help="sweep/all: only these directions (fwd, bwd)")
+    ap.add_argument("--ns", help="sweep/all: only these row lengths (comma-separated; default: every benchmark N)")
     ap.add_argument("--into", type=Path, default=Path(__file__).resolve().parents[1] / "rtckern" / "tuning_tables")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--sweep-budget", type=float, default=150.0, help="seconds of sweep timing at most")
@@ -727,6 +764,8 @@ def main() -> None:
         cmd_tables(a.sweep or [], a.into)
         return
     kinds = tuple(a.kinds.split(",")) if a.kinds else None
+    dirs = tuple(a.dirs.split(","))
+    ns = tuple(int(v) for v in a.ns.split(",")) if a.ns else NS
     arch = Arch.parse("sm_90")
     pre = None
     if a.cmd in ("sweep", "all"):
@@ -736,13 +775,13 @@ def main() -> None:
                              text=True).stdout.strip().splitlines()
         if smi:
             arch = Arch.parse("sm_" + smi[0].replace(".", ""))
-        specs = [s for item in sweep_plan(arch.cc >= (9, 0), kinds) for s in specs_of(item, arch)]
+        specs = [s for item in sweep_plan(arch.cc >= (9, 0), kinds, dirs, ns) for s in specs_of(item, arch)]
         pre = prefill(specs, a.workers)
     import torch
 
     sweep = None
     if a.cmd in ("sweep", "all"):
-        sweep = cmd_sweep(a.out, torch, arch, a.sweep_budget, kinds)
+        sweep = cmd_sweep(a.out, torch, arch, a.sweep_budget, kinds, dirs, ns)
         print("prefill:", json.dumps({k: v for k, v in pre.items() if k != "failed"}), flush=True)
         if a.write_tables:
             cmd_tables((a.sweep or []) + [a.out / "norms_sweep.json"], a.into)

@@ -137,22 +137,24 @@ def copy_gbps(torch, numel: int, dtype) -> float:
 
 
 # ---- tuning ------------------------------------------------------------------------------------------------------
-def tune(torch, dev, dtypes, out_dir: Path, one_pass: bool = True, rings: bool = True) -> list[dict]:
+def tune(torch, dev, dtypes, out_dir: Path, one_pass: bool = True, rings: bool = True,
+         directions=("fwd", "bwd"), ns=None) -> list[dict]:
     """Every tuning table of every (direction, mask kind): the one-pass kernels' and (sm_90+) the ring kernel's.
     Each config is checked against float64 on the kind's problem before it may win; winners are written to the
-    output folder and to this process's tuning dir (so --bench in the same run uses them)."""
-    from rtckern.ops import _softmax_plan as plan
+    output folder and to this process's tuning dir (so --bench in the same run uses them). `directions`, `ns`:
+    only those (a partial re-tune merges into the tables)."""
     from rtckern.ops._softmax_tuned import KINDS
 
     report = []
     for is_ring in ((False,) if one_pass else ()) + ((True,) if rings and dev.arch.cc >= (9, 0) else ()):
-        for direction in (plan.FWD, plan.BWD):
+        for direction in directions:
             for kind in KINDS[direction]:
-                report += tune_table(torch, dev, dtypes, out_dir, direction, kind, is_ring)
+                report += tune_table(torch, dev, dtypes, out_dir, direction, kind, is_ring, ns or BENCH_NS)
     return report
 
 
-def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_ring: bool) -> list[dict]:
+def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_ring: bool,
+               ns=BENCH_NS) -> list[dict]:
     from rtckern import tuning
     from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan, _softmax_ring as ring
     from rtckern.ops._softmax_tuned import KEY_FIELDS, RING_KEY_FIELDS, table, tune_problem
@@ -165,7 +167,7 @@ def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_
           (plan.BWD, plan.CAUSAL): "scaled_aligned_causal_masked_softmax_backward"}[(direction, kind)]
     report, rows = [], []
     for dt in dtypes:
-        for n in BENCH_NS:
+        for n in ns:
             vec = ring.vec(dt) if is_ring else plan.vector_width(dt, n)
             req = cands.request(op, dt, n, vec, dev)
             configs = tuner.configs(req)
@@ -564,6 +566,8 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--tune-ring", action="store_true", help="only the ring kernel's sweep (sm_90+)")
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--tune-dirs", default="fwd,bwd", help="--tune: only these directions")
+    ap.add_argument("--tune-ns", help="--tune: only these row lengths (comma-separated; default the benchmark's)")
     ap.add_argument("--compile", default="plain", choices=("all", "plain", "none"))
     ap.add_argument("--dtypes", default="bf16,fp16,fp32")
     ap.add_argument("--name", default="softmax_results")
@@ -589,7 +593,8 @@ def main() -> None:
         payload["prefill"] = prefill(dev, dtypes)
     tune_report = []
     if args.tune:
-        tune_report = tune(torch, dev, dtypes, out_dir)
+        tune_report = tune(torch, dev, dtypes, out_dir, directions=tuple(args.tune_dirs.split(",")),
+                           ns=tuple(int(v) for v in args.tune_ns.split(",")) if args.tune_ns else None)
         payload["tuning"] = tune_report
     elif args.tune_ring:
         tune_report = tune(torch, dev, dtypes, out_dir, one_pass=False)

@@ -3,9 +3,14 @@
 // statistics; pass 2 reads it again (an L2 hit while the block runs; evict-first: last use) and writes y with
 // streaming stores. With a few registers per thread many rows fit an SM, so loads stay in flight while other
 // blocks reduce (the row kernels hold the row in registers: 1-3 rows per SM for 32-128 KB rows).
+//   STASH: the first STASH packs of each thread (of NV) are kept in dynamic shared memory in pass 1 and read from
+//   there in pass 2. For 64-256 KB rows the rows in flight outgrow L2 and the re-read misses; a stash of most of the
+//   row leaves only the rest to L2 (the hybrid of the smem-stash and L2 re-read designs). Those packs are read
+//   with evict-first loads (read once).
 //   Template and kernel arguments as rtk_norm_fwd_rows, with THREADS (whole warps) and MINB (min blocks per SM
 //   for __launch_bounds__) instead of TPR / RPB. OPT kOptPlainLoads: pass 2 with default-cached loads and stores.
-// Thread t handles packs (i * THREADS + t) * VEC. Launch: grid rows, block THREADS, no dynamic shared memory.
+// Thread t handles packs (i * THREADS + t) * VEC. Launch: grid rows, block THREADS, dynamic shared memory
+// STASH * THREADS * VEC * sizeof(TX) bytes.
 #pragma once
 #include "norms/norm_fwd_parts.cuh"
 
@@ -31,7 +36,7 @@ RTK_DEVICE void rtk_norm_chan_pack(const float (&v)[VEC], float& n, float& mean,
   n = tot;
 }
 
-template <typename TX, typename TW, typename TY, int N, int VEC, int THREADS, int MINB, int FLAGS, int OPT>
+template <typename TX, typename TW, typename TY, int N, int VEC, int THREADS, int MINB, int FLAGS, int OPT, int STASH = 0>
 __global__ void __launch_bounds__(THREADS, MINB)
 rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* __restrict__ h,
                 const TW* __restrict__ w, const TW* __restrict__ b, TY* __restrict__ y,
@@ -41,6 +46,7 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
   static_assert(THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
   constexpr int kPacks = N / VEC;
   constexpr int NV = (kPacks + THREADS - 1) / THREADS;
+  static_assert(STASH >= 0 && STASH <= NV, "STASH: 0 .. packs per thread");
   constexpr bool kExact = kPacks % THREADS == 0;  // every thread's every pack is inside the row
   constexpr bool kLayer = (FLAGS & kNormLayer) != 0;
   constexpr bool kRes = (FLAGS & kNormResidual) != 0;
@@ -57,20 +63,24 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
 
   // Pass 1. With a residual, h = x + residual (rounded to TX as PyTorch does) is written with a default store
   // and read back in pass 2 by the thread that wrote it (plain loads: ordered after the store).
+  extern __shared__ __align__(16) unsigned char rtk_norm_dyn_smem[];
+  rtk_norm_pack<TX, VEC>* stash = reinterpret_cast<rtk_norm_pack<TX, VEC>*>(rtk_norm_dyn_smem);
   float cnt = 0.f, mean = 0.f, m2 = 0.f;
-#pragma unroll 4
-  for (int i = 0; i < NV; ++i) {
+  auto pass1 = [&](int i, auto stashed) {
+    constexpr bool kStashed = decltype(stashed)::value;
     const int c = (i * THREADS + t) * VEC;
     if (kExact || c < N) {
       rtk_norm_pack<TX, VEC> p;
-      rtk_norm_load<kLdDefault>(xr + c, p);
+      rtk_norm_load<kStashed ? kLdStream : kLdDefault>(xr + c, p);
       if constexpr (kRes) {
         rtk_norm_pack<TX, VEC> q;
         rtk_norm_load<kLdStream>(residual + row * sr + c, q);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) p.v[j] = rtk_from_float<TX>(rtk_to_float(p.v[j]) + rtk_to_float(q.v[j]));
-        rtk_norm_store<kStDefault>(hr + c, p);
+        if constexpr (kStashed) rtk_norm_store<kStStream>(hr + c, p);
+        else rtk_norm_store<kStDefault>(hr + c, p);
       }
+      if constexpr (kStashed) stash[i * THREADS + t] = p;
       float v[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) v[j] = rtk_to_float(p.v[j]);
@@ -81,7 +91,11 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
         for (int j = 0; j < VEC; ++j) m2 = fmaf(v[j], v[j], m2);
       }
     }
-  }
+  };
+#pragma unroll 4
+  for (int i = 0; i < STASH; ++i) pass1(i, rtk_norm_bool<true>{});
+#pragma unroll 4
+  for (int i = STASH; i < NV; ++i) pass1(i, rtk_norm_bool<false>{});
   if constexpr (kLayer) {
     // Two plain block sums instead of a block-wide Chan reduction (which every thread would repeat, a division
     // per warp: at 256-1024 threads it cost more than the row's arithmetic): the row mean first, then each
@@ -110,12 +124,13 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
   // Pass 2: y = x * rstd - mean * rstd (one FFMA), times the weight, plus the bias (one FFMA).
   const float shift = kLayer ? -mean * rstd : 0.f;
   TY* yr = y + row * sy;
-#pragma unroll 4
-  for (int i = 0; i < NV; ++i) {
+  auto pass2 = [&](int i, auto stashed) {
+    constexpr bool kStashed = decltype(stashed)::value;
     const int c = (i * THREADS + t) * VEC;
     if (kExact || c < N) {
       rtk_norm_pack<TX, VEC> p;
-      if constexpr (kRes) rtk_norm_load<kLdDefault>(hr + c, p);
+      if constexpr (kStashed) p = stash[i * THREADS + t];
+      else if constexpr (kRes) rtk_norm_load<kLdDefault>(hr + c, p);
       else rtk_norm_load<kLd2>(xr + c, p);
       rtk_norm_pack<TW, VEC> wp, bp;
       if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);
@@ -130,5 +145,9 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
       }
       rtk_norm_store<kSt2>(yr + c, out);
     }
-  }
+  };
+#pragma unroll 4
+  for (int i = 0; i < STASH; ++i) pass2(i, rtk_norm_bool<true>{});
+#pragma unroll 4
+  for (int i = STASH; i < NV; ++i) pass2(i, rtk_norm_bool<false>{});
 }

@@ -41,6 +41,12 @@ template <> struct rtk_norm_chunk<4> { typedef unsigned int type; };
 template <> struct rtk_norm_chunk<8> { typedef uint2 type; };
 template <> struct rtk_norm_chunk<16> { typedef uint4 type; };
 
+// A compile-time flag passed to generic lambdas (NVRTC has no <type_traits> without the CUDA headers).
+template <bool B>
+struct rtk_norm_bool {
+  static constexpr bool value = B;
+};
+
 // VEC elements moved as 16-byte chunks (or one narrower chunk): needs VEC * sizeof(T) alignment up to 16 bytes.
 template <typename T, int VEC>
 struct alignas(VEC * sizeof(T) < 16 ? VEC * sizeof(T) : 16) rtk_norm_pack {

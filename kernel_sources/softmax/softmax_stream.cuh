@@ -5,9 +5,10 @@
 //     plain loads and stores before that), then read from there: device memory is read once. Shared memory:
 //     n * sizeof(T), then (masked) n bytes at the next 16-byte boundary.
 //     Pass 1 keeps a running (max, sum of exp2) per thread, pass 2 normalizes and stores.
-//   softmax_fwd_l2 / softmax_bwd_l2: no stash at all. Pass 1 streams the row from device memory (normal
-//     loads, so the lines stay in L2), pass 2 reads it again (evict-first loads: the second read should hit
-//     L2 while the row's block is still running) and writes the output.
+//   softmax_fwd_l2 / softmax_bwd_l2: pass 1 streams the row from device memory (normal loads, so the lines stay
+//     in L2), pass 2 reads it again (evict-first loads: the second read should hit L2 while the row's block is
+//     still running) and writes the output. The forward may stash a prefix of each thread's vectors in shared
+//     memory (STASH), so that only the rest is read again.
 //
 // Same kernel parameters as softmax_fwd / softmax_bwd; blocks of THREADS threads, one row each.
 #pragma once
@@ -127,11 +128,16 @@ softmax_fwd_async(const T* __restrict__ x, T* __restrict__ y, const unsigned cha
                                       x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale, scratch)));
 }
 
-template <typename T, int KIND, int VEC, int THREADS, bool POS>
+// STASH > 0: each thread's first STASH vectors are kept in dynamic shared memory (masked keys already -inf) and
+// pass 2 reads them from there; only the rest of the row is read again from L2. For rows of 64 KB and more the
+// rows in flight outgrow L2 and a plain re-read misses; the stash cuts what L2 must hold to the remainder.
+template <typename T, int KIND, int VEC, int THREADS, int STASH, bool POS>
 RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__ y,
                                         const unsigned char* __restrict__ mask, long long n, long long sq,
                                         long long heads, long long mask_batch_stride, long long diag_offset,
                                         float scale, float* scratch) {
+  extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
+  rtk_vec<T, VEC>* stash = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
   const long long row = blockIdx.x;
   const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
   const float scale_log2 = scale * kRtkLog2e;
@@ -141,11 +147,25 @@ RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__
   const unsigned char* mr = nullptr;
   if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
   constexpr long long kStep = (long long)THREADS * VEC;
+  constexpr int kStashKind = KIND == RTK_SOFTMAX_MASKED ? RTK_SOFTMAX_PLAIN : KIND;  // masks applied in the stash
+  const long long e0 = (long long)threadIdx.x * VEC;
+  const long long tail = e0 + STASH * kStep;  // this thread's first key past its stash
 
-  // Pass 1: L2-keeping loads, running max and sum.
+  // Pass 1: the stashed vectors (read once: evict-first), then the rest with L2-keeping loads; running max, sum.
   float m = rtk_neg_inf(), s = 0.f;
 #pragma unroll 4
-  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
+  for (int k = 0; k < STASH; ++k) {
+    const long long e = e0 + k * kStep;
+    if (e >= valid) break;
+    rtk_vec<T, VEC> v = rtk_sm_load<T, VEC>(xr + e);
+    if constexpr (KIND == RTK_SOFTMAX_MASKED) rtk_softmax_mask_raw<T, VEC>(v, mr + e);
+    stash[k * THREADS + threadIdx.x] = v;
+    float u[1][VEC];
+    rtk_softmax_values<T, kStashKind, VEC, POS>(v, nullptr, e, valid, scale_log2, u[0]);
+    rtk_softmax_online_batch<1, VEC>(u, a, m, s);
+  }
+#pragma unroll 4
+  for (long long e = tail; e < valid; e += kStep) {
     float u[1][VEC];
     rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load_keep<T, VEC>(xr + e), mr + e, e, valid, scale_log2, u[0]);
     rtk_softmax_online_batch<1, VEC>(u, a, m, s);
@@ -153,9 +173,26 @@ RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__
   float mx, inv;
   rtk_softmax_block_stats(m, s, scratch, mx, inv);
 
-  // Pass 2: the row again (from L2 while the block runs; evict-first: last use), normalize, store.
+  // Pass 2: the stash, then the rest of the row again (from L2 while the block runs; evict-first: last use);
+  // normalize, store (zeros past `valid`).
 #pragma unroll 4
-  for (long long e = (long long)threadIdx.x * VEC; e < n; e += kStep) {
+  for (int k = 0; k < STASH; ++k) {
+    const long long e = e0 + k * kStep;
+    if (e >= n) break;
+    rtk_vec<T, VEC> o;
+    if (e < valid) {
+      float u[VEC];
+      rtk_softmax_values<T, kStashKind, VEC, POS>(stash[k * THREADS + threadIdx.x], nullptr, e, valid, scale_log2,
+                                                  u);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(rtk_exp2(fmaf(u[i], a, -mx)) * inv);
+    } else {
+      o = rtk_sm_zero<T, VEC>();
+    }
+    rtk_sm_store<T, VEC>(yr + e, o);
+  }
+#pragma unroll 4
+  for (long long e = tail; e < n; e += kStep) {
     rtk_vec<T, VEC> o;
     if (e < valid) {
       float u[VEC];
@@ -169,14 +206,15 @@ RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__
   }
 }
 
-template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS>
+template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS, int STASH = 0>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 softmax_fwd_l2(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask, long long rows,
                long long n, long long sq, long long heads, long long mask_batch_stride, long long diag_offset,
                float scale) {
   static_assert(THREADS > RTK_WARP_SIZE_CONST && THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
+  static_assert(STASH >= 0, "STASH: vectors per thread kept in shared memory");
   __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST];
-  RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_l2_body<T, KIND, VEC, THREADS, POS>(
+  RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_l2_body<T, KIND, VEC, THREADS, STASH, POS>(
                                       x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale, scratch)));
 }
 

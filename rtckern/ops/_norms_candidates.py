@@ -112,18 +112,20 @@ class _NormCandidate(Candidate):
             return L.launch_fwd(p, self.kind, cfg, kernels[0], call)
         return L.launch_bwd(p, self.kind, cfg, kernels, call)
 
-    def row_launch_geometry(self, req: OpRequest, kernels: tuple[Any, ...], rows: int) -> tuple[int, int] | None:
-        """(grid, block) of the forward row kernel for `rows` rows (what launch_fwd computes per call), for the
-        ops' memoized plans; None for the other kinds and the backward (they allocate per call: use launch)."""
+    def row_launch_geometry(self, req: OpRequest, kernels: tuple[Any, ...],
+                            rows: int) -> tuple[int, int, int] | None:
+        """(grid, block, dynamic shared memory) of the forward row kernel for `rows` rows (what launch_fwd
+        computes per call), for the ops' memoized plans; None for the other kinds and the backward (they
+        allocate per call: use launch)."""
         if self.kind not in ("rows", "l2") or self.direction != "fwd":
             return None
-        cfg = self._memo_of(req)[1]
+        p, cfg = self._memo_of(req)
         if self.kind == "l2":
-            return rows, cfg.threads
+            return rows, cfg.threads, K.fwd_l2_smem(p, cfg)
         grid = K.grid_for_rows(rows, cfg)
         if cfg.opt & 1:
             grid = min(grid, L.blocks_per_sm(kernels[0], cfg.block) * kernels[0].device.sm_count)
-        return grid, cfg.block
+        return grid, cfg.block, 0
 
     def _cfg_memo(self, req: OpRequest):
         return self._memo_of(req)[1]

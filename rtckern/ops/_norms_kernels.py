@@ -51,6 +51,7 @@ MAX_CLUSTER = 8  # the portable cluster size
 # l2 backward: its fp32 column sums (dweight, dbias) live in dynamic shared memory, N * 4 bytes each; the static
 # scratch of the block reduction takes the rest of the opt-in limit.
 BWD_L2_STATIC_SMEM = 1024
+FWD_L2_STATIC_SMEM = 1024  # l2 forward: the block reduction's static scratch, beside the stash
 # l2c backward: columns per thread (its fp32 dweight / dbias sums and effective weight live in registers).
 BWD_L2C_MAX_THREAD_COLS = 32
 BWD_L2C_TARGET_THREAD_COLS = 16
@@ -212,11 +213,13 @@ class SplitConfig:
 @dataclasses.dataclass(frozen=True)
 class L2Config:
     """One block of `threads` threads per row (forward) or persistent blocks walking rows (backward); `minb`:
-    the blocks per SM asked of __launch_bounds__ (caps registers)."""
+    the blocks per SM asked of __launch_bounds__ (caps registers); `stash` (forward): packs per thread kept in
+    dynamic shared memory between the passes instead of re-read from L2."""
 
     threads: int
     minb: int = 1
     opt: int = 0
+    stash: int = 0
 
     @property
     def block(self) -> int:
@@ -232,6 +235,11 @@ def l2_config(n: int, vec: int, backward: bool, warp: int = 32) -> L2Config:
         if _ceil(packs, threads) <= per:
             break
     return L2Config(threads, 1, 1 if backward else 0)
+
+
+def fwd_l2_smem(p: FwdProblem, cfg: L2Config) -> int:
+    """Dynamic shared memory of the l2 forward: its stash of `cfg.stash` packs per thread."""
+    return cfg.stash * cfg.threads * p.vec * ITEMSIZE[p.x]
 
 
 def bwd_l2_smem(p: "BwdProblem") -> int:
@@ -272,7 +280,8 @@ def split_config(n: int, vec: int, itemsize: int, max_parts: int, warp: int = 32
 def fwd_template_args(p: FwdProblem, kind: str, cfg) -> tuple:
     tx, tw, ty = p.type_args()
     if kind == "l2":
-        return (tx, tw, ty, p.n, p.vec, cfg.threads, cfg.minb, p.flags, cfg.opt)
+        args = (tx, tw, ty, p.n, p.vec, cfg.threads, cfg.minb, p.flags, cfg.opt)
+        return args + (cfg.stash,) if cfg.stash else args
     if kind == "rows":
         return (tx, tw, ty, p.n, p.vec, cfg.tpr, cfg.rpb, p.flags, cfg.opt)
     return (tx, tw, ty, p.n, p.vec, cfg.threads, cfg.parts, p.flags, cfg.opt)

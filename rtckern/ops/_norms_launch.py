@@ -33,14 +33,17 @@ def _key(kind: str, p) -> dict:
 
 def _cfg_from_json(kind: str, c: dict):
     if kind == "l2":
-        return K.L2Config(int(c["threads"]), int(c.get("minb", 1)), int(c.get("opt", 0)))
+        return K.L2Config(int(c["threads"]), int(c.get("minb", 1)), int(c.get("opt", 0)), int(c.get("stash", 0)))
     if kind == "rows":
         return K.RowsConfig(int(c["tpr"]), int(c["rpb"]), int(c.get("opt", 0)))
     return K.SplitConfig(int(c["threads"]), int(c["parts"]), int(c.get("opt", 0)))
 
 
 def cfg_to_json(cfg) -> dict:
-    return dataclasses.asdict(cfg)
+    d = dataclasses.asdict(cfg)
+    if isinstance(cfg, K.L2Config) and not cfg.stash:
+        del d["stash"]  # the tables written before the stash existed stay byte-identical
+    return d
 
 
 def geometry_reason(n: int, vec: int, kind: str, cfg, warp: int = 32) -> str | None:
@@ -69,11 +72,19 @@ def _geometry_text(kind: str, cfg) -> str:
     return f"{cfg.tpr} threads per row" if kind == "rows" else f"{cfg.parts} blocks x {cfg.threads} threads per row"
 
 
-def fwd_feasible(p: K.FwdProblem, kind: str, cfg, warp: int = 32) -> str | None:
+def fwd_feasible(p: K.FwdProblem, kind: str, cfg, warp: int = 32, smem_optin: int = 227 * 1024) -> str | None:
     """None when cfg can serve p, else why not."""
     why = geometry_reason(p.n, p.vec, kind, cfg, warp)
     if why is not None:
         return why
+    if kind == "l2" and cfg.stash:
+        nv = K.packs_per_thread(p.n, p.vec, cfg.threads)
+        if not 0 < cfg.stash <= nv:
+            return f"a stash of {cfg.stash} packs per thread is not in 0..{nv} (the packs per thread of N={p.n})"
+        need, room = K.fwd_l2_smem(p, cfg), smem_optin - K.FWD_L2_STATIC_SMEM
+        if need > room:
+            return (f"a stash of {cfg.stash} packs per thread needs {need} B of shared memory per block, over the "
+                    f"{room} B this device allows: use a smaller stash")
     b = K.fwd_thread_bytes(p, kind, cfg)
     if b > K.FWD_MAX_THREAD_BYTES:
         return (f"each thread would hold {b} bytes of the row with {_geometry_text(kind, cfg)} "
@@ -139,7 +150,11 @@ def bwd_heuristic(p: K.BwdProblem, kind: str, warp: int = 32):
 
 def fwd_config(p: K.FwdProblem, kind: str, device) -> Any:
     """The tuned (or heuristic) config of `kind` for p on device; None when no feasible config exists."""
-    return _config(TABLE_FWD, p, kind, device, fwd_feasible, fwd_heuristic)
+    optin = device.max_smem_per_block_optin
+
+    def feasible(p_, kind_, cfg, warp):
+        return fwd_feasible(p_, kind_, cfg, warp, optin)
+    return _config(TABLE_FWD, p, kind, device, feasible, fwd_heuristic)
 
 
 def bwd_config(p: K.BwdProblem, kind: str, device) -> Any:
@@ -288,7 +303,7 @@ def launch_fwd(p: K.FwdProblem, kind: str, cfg, kernel, c: FwdCall) -> tuple:
     args = [c.x, c.residual, c.h, c.w, c.b, c.y, c.mean, c.rstd, np.float32(c.eps), c.rows, c.sx, c.sr, c.sh, c.sy]
     persist = cfg.opt & 1
     if kind == "l2":
-        kernel.launch(c.rows, cfg.threads, args, stream=c.stream)
+        kernel.launch(c.rows, cfg.threads, args, shared_mem=K.fwd_l2_smem(p, cfg), stream=c.stream)
         return ()
     if kind == "rows":
         grid = K.grid_for_rows(c.rows, cfg)

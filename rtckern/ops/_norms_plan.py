@@ -217,11 +217,11 @@ def _fwd_launcher(p: FwdPlan, req, cand, kernels):
     fast = getattr(cand, "row_launch_geometry", None)
     geom = fast(req, kernels, rows) if fast is not None else None
     if geom is not None:
-        grid, block = geom
+        grid, block, smem = geom
         kl = kernels[0].launch
 
         def launch(xp, rp, hp, wp, bp, yp, mp, rsp, stream):
-            kl(grid, block, [xp, rp, hp, wp, bp, yp, mp, rsp, e32, rows, sx, sr, n, n], stream=stream)
+            kl(grid, block, [xp, rp, hp, wp, bp, yp, mp, rsp, e32, rows, sx, sr, n, n], smem, stream)
         return launch
     alloc = p.alloc
 

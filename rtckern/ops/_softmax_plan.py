@@ -50,8 +50,9 @@ class OnePass:
     thread kept in registers. Device memory is read once.
     kernel "async" (forward only, softmax_fwd_async): one row per block copied whole into shared memory with
     cp.async; no row data in registers, so many rows per SM. Device memory is read once.
-    kernel "l2" (softmax_fwd_l2 / softmax_bwd_l2): one row per block, no stash; the second pass reads the row
-    again, from L2 while the block runs (any row length).
+    kernel "l2" (softmax_fwd_l2 / softmax_bwd_l2): one row per block; the second pass reads the row again, from
+    L2 while the block runs (any row length). Forward: `stash` vectors per thread (the row's first stash *
+    threads vectors) kept in shared memory instead, so only the rest is read again.
     `min_blocks` is the __launch_bounds__ occupancy hint (a register budget). For async and l2, group == threads
     and items == 0.
     """
@@ -61,10 +62,13 @@ class OnePass:
     items: int
     min_blocks: int = 1
     kernel: str = "regs"
+    stash: int = 0
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise ValueError(f"{self}: kernel must be one of {KERNELS}")
+        if self.stash < 0 or (self.stash and self.kernel != "l2"):
+            raise ValueError(f"{self}: stash (vectors per thread in shared memory) is for the l2 kernel, >= 0")
         if not 0 < self.threads <= 1024 or self.min_blocks < 1:
             raise ValueError(f"{self}: threads 1..1024, min_blocks >= 1")
         if self.kernel != "regs":
@@ -93,12 +97,12 @@ class OnePass:
     def smem_bytes(self, direction: str, dtype: str, n: int, vec: int, kind: int = PLAIN) -> int:
         """Dynamic shared memory for a row of n keys: for "regs", the part past the registers in the storage
         type (y and dy for the backward); for "async", the whole row (and, masked, its mask bytes after the row
-        at a 16-byte boundary); none for "l2"."""
+        at a 16-byte boundary); for "l2", its stash."""
         if self.kernel == "async":
             row = n * ELEM_BYTES[dtype]
             return -(-row // 16) * 16 + n if kind == MASKED and direction == FWD else row
         if self.kernel == "l2":
-            return 0
+            return self.stash * self.threads * vec * ELEM_BYTES[dtype]
         reg = self.register_keys(vec)
         if n <= reg:
             return 0
@@ -148,6 +152,11 @@ def fits(cfg: OnePass, direction: str, dtype: str, n: int, vec: int, smem_optin:
     """None when cfg can run rows of n keys (of mask kind `kind`), else why not."""
     limit = smem_optin - SMEM_STATIC_RESERVE
     if cfg.kernel == "l2":
+        if cfg.stash and direction != FWD:
+            return "the l2 kernel's shared-memory stash exists for the forward only"
+        smem = cfg.smem_bytes(direction, dtype, n, vec, kind)
+        if smem > limit:
+            return f"a stash of {cfg.stash} vectors per thread needs {smem} B of shared memory; the device allows {limit} B"
         return None
     if cfg.kernel == "async":
         if direction != FWD:
@@ -174,6 +183,8 @@ def onepass_template_args(direction: str, dtype: str, kind: int, vec: int, cfg: 
     k = kind if direction == FWD else (CAUSAL if kind == CAUSAL else PLAIN)
     if cfg.kernel == "regs":
         return (CTYPES[dtype], k, vec, cfg.items, cfg.group, cfg.threads, cfg.min_blocks)
+    if cfg.stash:
+        return (CTYPES[dtype], k, vec, cfg.threads, cfg.min_blocks, cfg.stash)
     return (CTYPES[dtype], k, vec, cfg.threads, cfg.min_blocks)
 
 

@@ -46,8 +46,11 @@ TUNE_ELEMENTS = 1 << 27
 
 
 def config_dict(cfg: plan.OnePass) -> dict[str, Any]:
-    return {"threads": cfg.threads, "group": cfg.group, "items": cfg.items, "min_blocks": cfg.min_blocks,
-            "kernel": cfg.kernel}
+    d = {"threads": cfg.threads, "group": cfg.group, "items": cfg.items, "min_blocks": cfg.min_blocks,
+         "kernel": cfg.kernel}
+    if cfg.stash:
+        d["stash"] = cfg.stash
+    return d
 
 
 def _valid_for(direction: str, smem_optin: int, kind: int = plan.PLAIN):
@@ -131,6 +134,9 @@ def measured_us(direction: str, kind: int, dtype: str, n: int, vec: int,
     return None, None, None
 
 
+SMEM_PER_SM = 228 * 1024  # sm_90 (1 KB of it reserved per block); sm_80 has 164 KB, where the optin caps it
+
+
 def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
                   max_threads_per_sm: int = 2048, kind: int = plan.PLAIN) -> list[plan.OnePass]:
     """The configs worth timing for rows of n keys: groups of a warp or less, one row per block of 128..1024
@@ -179,6 +185,19 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
     if n >= 8192:
         for threads, min_blocks in ((256, 1), (512, 1), (1024, 1), (1024, 2)):
             out.append(plan.OnePass(threads, threads, 0, min_blocks, "l2"))
+    # Rows of 64 KB and more, forward: the l2 kernel with most of the row stashed in shared memory (the largest
+    # stash for one or two blocks per SM, and one vector less).
+    if direction == plan.FWD and n * plan.ELEM_BYTES[dtype] >= 65536:
+        for threads in (512, 1024):
+            per_thread = -(-nvec // threads)
+            for blocks in (1, 2):
+                if blocks * threads > max_threads_per_sm:
+                    continue
+                room = min(smem_optin, SMEM_PER_SM // blocks - 1024) - plan.SMEM_STATIC_RESERVE
+                fit = min(per_thread, room // (threads * vec * plan.ELEM_BYTES[dtype]))
+                for stash in (fit, fit - 1):
+                    if stash >= 1:
+                        out.append(plan.OnePass(threads, threads, 0, blocks, "l2", stash))
     seen, uniq = set(), []
     for c in out:
         if (c not in seen and c.threads * c.min_blocks <= max_threads_per_sm

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import math
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -367,3 +368,43 @@ def test_numerical_probe_catches_a_wrong_kernel(monkeypatch):
                                                                                      stream))
     why = cand.selftest(req, kernels)
     assert why is not None and "relative error" in why and "exceeds" in why
+
+
+@pytest.mark.parametrize("kind", [0, 1, 2], ids=["plain", "masked", "causal"])
+@pytest.mark.parametrize("dtype,n,threads,stash", [("bf16", 65536, 1024, 7), ("fp32", 65536, 512, 13),
+                                                   ("fp16", 20000, 512, 2), ("bf16", 3000, 256, 2)])
+@pytest.mark.parametrize("scale", [0.7, -0.6])
+def test_l2_forward_stash(kind, dtype, n, threads, stash, scale):
+    """The l2 forward with a shared-memory stash, launched directly (the tables pick one): stashed and re-read
+    parts, masked keys (-inf in the stash), a causal bound inside and past the stash, both signs of the scale;
+    n = 20000 / 3000 end some threads' stash or tail inside the row."""
+    from rtckern.device import DeviceInfo
+    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+
+    vec = plan.vector_width(dtype, n)
+    op = {0: "softmax", 1: "scaled_masked_softmax", 2: "scaled_aligned_causal_masked_softmax"}[kind]
+    req = cands.request(op, dtype, n, vec, DeviceInfo.from_device(torch.cuda.current_device()))
+    cfg = plan.OnePass(threads, threads, 0, 1, "l2", stash)
+    assert plan.fits(cfg, plan.FWD, dtype, n, vec, req.device.max_smem_per_block_optin, kind) is None
+    kernel = cands.onepass_kernel(plan.FWD, kind, dtype, vec, cfg, req)
+    sq = 64
+    rows = max(sq, min(600, (1 << 23) // n) // sq * sq)
+    x = torch.randn(rows, n, device="cuda", dtype=DTYPES[dtype]) * 3
+    x[5, ::7] = float("-inf")
+    keep = torch.isfinite(x)
+    mask, geom = None, plan.RowGeometry(rows=rows, n=n)
+    if kind == 1:
+        mask = torch.rand(sq, n, device="cuda") < 0.3
+        keep &= ~mask.repeat(rows // sq, 1)
+        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, heads=rows // sq)
+    elif kind == 2:
+        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n - sq - 5)  # the last 4+ keys of every row: zeros
+        valid = torch.tensor([geom.valid_keys(r, plan.CAUSAL) for r in range(rows)], device="cuda")
+        keep &= torch.arange(n, device="cuda")[None, :] < valid[:, None]
+    y = torch.full_like(x, float("nan"))
+    cands.launch_onepass(kernel, plan.FWD, cfg, dtype, vec,
+                         (x.data_ptr(), y.data_ptr(), mask.data_ptr() if mask is not None else 0), geom,
+                         np.float32(scale), torch.cuda.current_stream().cuda_stream, kind)
+    torch.cuda.synchronize()
+    ref = _ref_softmax(torch.where(keep, x, torch.zeros_like(x)), scale, keep)
+    assert _rel_err(y, ref) < FWD_TOL[dtype]

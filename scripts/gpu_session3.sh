@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 3 device runs. PART=exp: the norms forward l2 sweep with shared-memory stashes (rows of 32 KB and more,
+# re-timing the shipped configs of the other kinds) and the softmax forward re-tune at N=65536 (l2 stash configs
+# beside the others, one-pass and ring tables). PART=tests: the GPU tests of softmax, norms, runtime and registry.
+# PART=bench: the norms and softmax benchmarks on the tables in the tree.
+# Everything under $OUT is packed into one <part>.tgz (the device returns at most 8 files).
+set -o pipefail
+export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s3 RTCKERN_TUNING_DIR=$OUT/tuning
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+P=${PART:-exp}
+mkdir -p $OUT/$P
+if [ "$P" = exp ]; then
+  timeout 250 python3 benchmarks/norms.py sweep --kinds l2 --dirs fwd --ns ${NORM_NS:-16384,65536} \
+    --sweep-budget 200 --out $OUT/$P > $OUT/$P/norms_sweep.log 2>&1
+  grep -E "^sweep|FAILED|prefill" $OUT/$P/norms_sweep.log | cut -c1-400
+  timeout 300 python3 benchmarks/softmax.py --tune --tune-dirs fwd --tune-ns ${SOFTMAX_NS:-65536} \
+    --dtypes bf16,fp16,fp32 --name softmax_tune_s3 > $OUT/$P/softmax_tune.log 2>&1
+  grep -E "best|FAIL|Error" $OUT/$P/softmax_tune.log | cut -c1-300
+elif [ "$P" = tests ]; then
+  timeout 150 python3 benchmarks/softmax.py --prefill --dtypes bf16 2>&1 | tail -2
+  timeout 420 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py tests/gpu/ops/test_norms.py \
+    tests/gpu/test_runtime_gpu.py tests/gpu/test_registry_gpu.py -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
+  tail -3 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+else
+  timeout 280 python3 benchmarks/norms.py bench --out $OUT/$P --compile-budget 150 > $OUT/$P/norms_bench.log 2>&1
+  tail -5 $OUT/$P/norms_bench.log
+  timeout 250 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s3 > $OUT/$P/softmax_bench.log 2>&1
+  grep -v "tune " $OUT/$P/softmax_bench.log | tail -3 | cut -c1-300
+fi
+for f in $OUT/*; do [ "$f" != "$OUT/$P" ] && mv "$f" $OUT/$P/ 2>/dev/null; done
+cd $OUT && tar czf /tmp/$P.tgz $P && rm -rf $P && mv /tmp/$P.tgz $OUT/$P.tgz && ls -la $OUT
