@@ -125,9 +125,9 @@ L2C_OPTS = (0, 8, 32, 40, 96, 128, 192)
 
 
 def l2c_configs(p) -> list[K.SplitConfig]:
-    """Cluster size x threads per block (x default-cached pass 2), 4 to 32 columns per thread."""
+    """Cluster size (16: non-portable) x threads per block x OPT, 4 to 32 columns per thread."""
     out = []
-    for parts in (2, 4, 8):
+    for parts in (2, 4, 8, 16):
         for threads in (128, 256, 512):
             cols = K.packs_per_thread(p.n, p.vec, threads, parts) * p.vec
             if not 4 <= cols <= K.BWD_L2C_MAX_THREAD_COLS:

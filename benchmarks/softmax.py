@@ -138,17 +138,19 @@ def copy_gbps(torch, numel: int, dtype) -> float:
 
 # ---- tuning ------------------------------------------------------------------------------------------------------
 def tune(torch, dev, dtypes, out_dir: Path, one_pass: bool = True, rings: bool = True,
-         directions=("fwd", "bwd"), ns=None) -> list[dict]:
+         directions=("fwd", "bwd"), ns=None, kinds=None) -> list[dict]:
     """Every tuning table of every (direction, mask kind): the one-pass kernels' and (sm_90+) the ring kernel's.
     Each config is checked against float64 on the kind's problem before it may win; winners are written to the
-    output folder and to this process's tuning dir (so --bench in the same run uses them). `directions`, `ns`:
-    only those (a partial re-tune merges into the tables)."""
+    output folder and to this process's tuning dir (so --bench in the same run uses them). `directions`, `ns`,
+    `kinds` (mask kinds 0 plain, 1 masked, 2 causal): only those (a partial re-tune merges into the tables)."""
     from rtckern.ops._softmax_tuned import KINDS
 
     report = []
     for is_ring in ((False,) if one_pass else ()) + ((True,) if rings and dev.arch.cc >= (9, 0) else ()):
         for direction in directions:
             for kind in KINDS[direction]:
+                if kinds is not None and kind not in kinds:
+                    continue
                 report += tune_table(torch, dev, dtypes, out_dir, direction, kind, is_ring, ns or BENCH_NS)
     return report
 
@@ -567,6 +569,7 @@ def main() -> None:
     ap.add_argument("--tune-ring", action="store_true", help="only the ring kernel's sweep (sm_90+)")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--tune-dirs", default="fwd,bwd", help="--tune: only these directions")
+    ap.add_argument("--tune-kinds", help="--tune: only these mask kinds (plain, masked, causal; comma-separated)")
     ap.add_argument("--tune-ns", help="--tune: only these row lengths (comma-separated; default the benchmark's)")
     ap.add_argument("--compile", default="plain", choices=("all", "plain", "none"))
     ap.add_argument("--dtypes", default="bf16,fp16,fp32")
@@ -594,7 +597,9 @@ def main() -> None:
     tune_report = []
     if args.tune:
         tune_report = tune(torch, dev, dtypes, out_dir, directions=tuple(args.tune_dirs.split(",")),
-                           ns=tuple(int(v) for v in args.tune_ns.split(",")) if args.tune_ns else None)
+                           ns=tuple(int(v) for v in args.tune_ns.split(",")) if args.tune_ns else None,
+                           kinds=tuple({"plain": 0, "masked": 1, "causal": 2}[k] for k in args.tune_kinds.split(","))
+                           if args.tune_kinds else None)
         payload["tuning"] = tune_report
     elif args.tune_ring:
         tune_report = tune(torch, dev, dtypes, out_dir, one_pass=False)

@@ -16,6 +16,18 @@ if [ "$P" = exp ]; then
   timeout 300 python3 benchmarks/softmax.py --tune --tune-dirs fwd --tune-ns ${SOFTMAX_NS:-65536} \
     --dtypes bf16,fp16,fp32 --name softmax_tune_s3 > $OUT/$P/softmax_tune.log 2>&1
   grep -E "best|FAIL|Error" $OUT/$P/softmax_tune.log | cut -c1-300
+elif [ "$P" = exp2 ]; then
+  # l2c clusters of 16 (non-portable) at N=65536, masked softmax rows in head order: tests first, then the sweeps.
+  timeout 200 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py tests/gpu/ops/test_norms.py \
+    tests/gpu/test_runtime_gpu.py -k "masked or stash or l2c_every_opt or cluster" -p no:cacheprovider \
+    > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 200 python3 benchmarks/norms.py sweep --kinds l2c --dirs bwd --ns 65536 --sweep-budget 150 \
+    --out $OUT/$P > $OUT/$P/norms_sweep.log 2>&1
+  grep -E "^sweep|FAILED|prefill" $OUT/$P/norms_sweep.log | cut -c1-400
+  timeout 150 python3 benchmarks/softmax.py --tune --tune-dirs fwd --tune-kinds masked --dtypes bf16 \
+    --name softmax_tune_masked > $OUT/$P/softmax_tune.log 2>&1
+  grep -E "best|FAIL|Error" $OUT/$P/softmax_tune.log | cut -c1-300
 elif [ "$P" = tests ]; then
   timeout 150 python3 benchmarks/softmax.py --prefill --dtypes bf16 2>&1 | tail -2
   timeout 420 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py tests/gpu/ops/test_norms.py \

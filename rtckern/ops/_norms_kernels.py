@@ -48,6 +48,8 @@ FWD_MAX_THREAD_BYTES = 128
 BWD_MAX_THREAD_ELEMS = 32  # feasibility; the heuristics aim at BWD_TARGET_THREAD_ELEMS
 BWD_TARGET_THREAD_ELEMS = 16
 MAX_CLUSTER = 8  # the portable cluster size
+# l2c only: clusters of up to 16 blocks with the non-portable cluster size opt-in (H100 / H200 allow 16).
+MAX_CLUSTER_L2C = 16
 # l2 backward: its fp32 column sums (dweight, dbias) live in dynamic shared memory, N * 4 bytes each; the static
 # scratch of the block reduction takes the rest of the opt-in limit.
 BWD_L2_STATIC_SMEM = 1024

@@ -58,7 +58,7 @@ def geometry_reason(n: int, vec: int, kind: str, cfg, warp: int = 32) -> str | N
                 (cfg.tpr > warp and cfg.tpr % warp) or (cfg.tpr <= warp and cfg.tpr & (cfg.tpr - 1)):
             return f"{cfg.tpr} threads per row x {cfg.rpb} rows per block is not a valid row-kernel geometry"
         return None
-    cap = K.MAX_CLUSTER if kind in ("cluster", "l2c") else warp
+    cap = {"cluster": K.MAX_CLUSTER, "l2c": K.MAX_CLUSTER_L2C}.get(kind, warp)
     if not 2 <= cfg.parts <= cap or cfg.threads % warp or cfg.threads > 1024:
         return f"{cfg.parts} blocks of {cfg.threads} threads per row is not a valid {kind} geometry (2..{cap} blocks)"
     if K.slice_cols(n, vec, cfg.parts) * (cfg.parts - 1) >= n:
@@ -233,6 +233,8 @@ def active_clusters(kernel, cluster: int, block: int, stream: int) -> int:
     key = (id(kernel), block, "cluster", cluster)
     v = _occ.get(key)
     if v is None:
+        if cluster > K.MAX_CLUSTER:
+            kernel.allow_non_portable_cluster_size()
         try:
             from cuda.core import LaunchConfig
 
@@ -353,6 +355,8 @@ def launch_bwd(p: K.BwdProblem, kind: str, cfg, kernels, c: BwdCall, grid_scale:
     if kind in ("rows", "l2"):
         main.launch(parts, cfg.block, args, shared_mem=K.bwd_l2_smem(p) if kind == "l2" else 0, stream=c.stream)
     elif kind in ("cluster", "l2c"):
+        if cfg.parts > K.MAX_CLUSTER:
+            main.allow_non_portable_cluster_size()  # once per kernel; a flag test after that
         main.launch(parts * cfg.parts, cfg.threads, args, stream=c.stream)
     else:
         ws, ws_ptr = c.empty_f32(K.workspace_floats(parts, cfg.parts))

@@ -77,6 +77,7 @@ class Kernel:
         self._configs: dict[tuple, Any] = {}
         self._max_dyn_smem = -1  # dynamic shared memory launches may use; -1: not looked up yet
         self._lock = threading.Lock()
+        self._non_portable_cluster = False  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set
         self._default_stream = None
         self._launch = launch
         _ctx_of(device.ordinal)
@@ -135,6 +136,21 @@ class Kernel:
                 d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(value),
                 self._k.handle, self.device.ordinal), "cuKernelSetAttribute(max dynamic shared memory)")
         self._max_dyn_smem = value
+
+    def allow_non_portable_cluster_size(self) -> None:
+        """Allow clusters above the portable 8 blocks (16 on H100 / H200) for this kernel: needed before a launch
+        or occupancy query of a kernel compiled with __cluster_dims__ of more than 8. Idempotent."""
+        if self._non_portable_cluster:
+            return
+        if self.device.arch.cc < (9, 0):
+            raise LaunchError(f"{self.label}: thread-block clusters need sm_90 or newer; {self.device.describe()} "
+                              "has none")
+        d = driver()
+        with self._lock, on_device(self.device.ordinal):
+            check(d.cuKernelSetAttribute(
+                d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1,
+                self._k.handle, self.device.ordinal), "cuKernelSetAttribute(non-portable cluster size allowed)")
+            self._non_portable_cluster = True
 
     def _ensure_dynamic_smem(self, nbytes: int) -> None:
         """Opt in to `nbytes` of dynamic shared memory where the default does not allow it: the default is 48 KB

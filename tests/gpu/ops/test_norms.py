@@ -429,11 +429,13 @@ def test_backward_without_weight_grad_and_bias_only():
     assert _rel(dx, gx) < 1e-5 and _rel(db, gb) < 1e-5
 
 
-@pytest.mark.parametrize("opt", [0, 8, 16, 32, 40, 64, 96, 128, 192, 200])
+@pytest.mark.parametrize("opt,parts", [(o, 4) for o in (0, 8, 16, 32, 40, 64, 96, 128, 192, 200)]
+                         + [(0, 16), (32, 16), (96, 16)])
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
-def test_l2c_every_opt(layer, opt):
+def test_l2c_every_opt(layer, opt, parts):
     """Each l2c OPT variant launched directly (the tables pick one): fp32 zero-centered weight, bf16 x / dy, fp32
-    dx with dresidual; 1031 rows (with two or four rows per iteration the last group holds rows past the end)."""
+    dx with dresidual; 1031 rows (with two or four rows per iteration the last group holds rows past the end).
+    Clusters of 16 blocks take the non-portable cluster size opt-in."""
     if not _sm90():
         pytest.skip("l2c needs sm_90+")
     from rtckern.ops import _norms_kernels as K
@@ -451,7 +453,8 @@ def test_l2c_every_opt(layer, opt):
         mean = None
     p = K.BwdProblem(layer=layer, n=n, x="bf16", dy="bf16", dx="fp32", w="fp32", weight_grad=True, bias_grad=layer,
                      zero_centered=True, dresidual=True, vec=8)
-    cfg = K.SplitConfig(256, 4, opt)
+    cfg = K.SplitConfig(256, parts, opt)
+    assert L.bwd_feasible(p, "l2c", cfg) is None
     kernels = L.load(L.bwd_specs(p, "l2c", cfg, _arch()), torch.cuda.current_device())
 
     def run():

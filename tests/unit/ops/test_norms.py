@@ -149,6 +149,20 @@ def test_l2_geometry_and_budget():
         ("rtk_bf16", "rtk_bf16", "rtk_bf16", 65536, 8, 512, 2, p.flags, 2)
 
 
+def test_l2_forward_stash_geometry():
+    p = K.FwdProblem(layer=True, n=65536, x="bf16", y="bf16", w="bf16", bias=True, vec=8)
+    cfg = K.L2Config(1024, 2, 0, 7)
+    assert L.fwd_feasible(p, "l2", cfg) is None and K.fwd_l2_smem(p, cfg) == 7 * 1024 * 16
+    assert K.fwd_template_args(p, "l2", cfg)[-1] == 7
+    assert L.fwd_feasible(p, "l2", K.L2Config(1024, 1, 0, 9)) == \
+        "a stash of 9 packs per thread is not in 0..8 (the packs per thread of N=65536)"
+    assert L.fwd_feasible(p, "l2", K.L2Config(512, 1, 0, 15)) is None  # 120 KB
+    assert L.fwd_feasible(p, "l2", K.L2Config(256, 1, 0, 32), smem_optin=100 * 1024).startswith(
+        "a stash of 32 packs per thread needs 131072 B of shared memory per block, over the 101376 B")
+    assert L.cfg_to_json(K.L2Config(512, 2, 2)) == {"threads": 512, "minb": 2, "opt": 2}  # old tables unchanged
+    assert L.cfg_to_json(cfg)["stash"] == 7 and L._cfg_from_json("l2", L.cfg_to_json(cfg)) == cfg
+
+
 def test_forced_l2_skips_the_preference(cache_dir):
     from rtckern import config
 
@@ -168,8 +182,11 @@ def test_l2c_geometry_and_budget():
     assert L.bwd_feasible(b, "l2c", K.SplitConfig(128, 8)) == (
         "each thread would keep the sums of 64 columns in registers with 8 blocks x 128 threads per row (limit 32): "
         "use more blocks per row or threads")
-    assert L.bwd_feasible(b, "l2c", K.SplitConfig(256, 16)).startswith("16 blocks of 256 threads per row is not a "
-                                                                      "valid l2c geometry (2..8 blocks)")
+    assert L.bwd_feasible(b, "l2c", K.SplitConfig(256, 16)) is None  # non-portable cluster size (opt-in at launch)
+    assert L.bwd_feasible(b, "l2c", K.SplitConfig(256, 32)).startswith("32 blocks of 256 threads per row is not a "
+                                                                      "valid l2c geometry (2..16 blocks)")
+    assert L.bwd_feasible(b, "cluster", K.SplitConfig(256, 16)).startswith("16 blocks of 256 threads per row is "
+                                                                          "not a valid cluster geometry (2..8")
     assert L.bwd_feasible(b, "l2c", K.SplitConfig(512, 8, 64)) == (
         "OPT 64 keeps the column sums of a 8192-column slice in 65536 B of static shared memory (limit 45056): use "
         "more blocks per row")
@@ -256,8 +273,11 @@ def test_registry_choice(cache_dir, arch, n, expect):
 
 
 def test_registry_choice_follows_the_kind_table(cache_dir):
-    # fp32 RMSNorm at N = 65536: the cluster kernel measured fastest (benchmarks/results/norms_sweep_l2_*.json.gz)
-    assert select(_fwd_req("rms_norm", 65536, "sm_90", "fp32", 4)).candidate.name == "rms_norm.cluster"
+    # fp32 RMSNorm backward at N = 65536: the cluster kernel measured fastest (norms_sweep_bwd_*.json.gz); its
+    # forward: the l2 kernel with a shared-memory stash (norms_sweep_stash_*.json.gz)
+    assert select(_bwd_req("rms_norm_backward", 65536, "sm_90", "fp32", 4)).candidate.name == "rms_norm_backward.cluster"
+    sel = select(_fwd_req("rms_norm", 65536, "sm_90", "fp32", 4))
+    assert sel.candidate.name == "rms_norm.l2" and int(sel.specs[0].template_args[-1]) > 0  # the stash
     assert select(_bwd_req("rms_norm_backward", 16384, "sm_90")).candidate.name == "rms_norm_backward.l2"
 
 

@@ -172,6 +172,29 @@ def test_register_free_kernel_configs():
         plan.OnePass(256, 256, 0, 1, "tma")
 
 
+def test_l2_stash_configs():
+    """The l2 forward's shared-memory stash: sized per thread, forward only, in the template only when used."""
+    smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
+    s = plan.OnePass(1024, 1024, 0, 2, "l2", 7)
+    assert s.smem_bytes(plan.FWD, "bf16", 65536, 8) == 7 * 1024 * 8 * 2
+    assert plan.fits(s, plan.FWD, "bf16", 65536, 8, smem) is None
+    assert plan.fits(s, plan.BWD, "bf16", 65536, 8, smem) == \
+        "the l2 kernel's shared-memory stash exists for the forward only"
+    assert plan.fits(plan.OnePass(1024, 1024, 0, 1, "l2", 15), plan.FWD, "bf16", 65536, 8, smem).startswith(
+        "a stash of 15 vectors per thread needs 245760 B")
+    assert plan.onepass_template_args(plan.FWD, "bf16", plan.MASKED, 8, s) == ("rtk_bf16", plan.MASKED, 8, 1024, 2, 7)
+    assert plan.onepass_template_args(plan.FWD, "bf16", plan.PLAIN, 8, plan.OnePass(1024, 1024, 0, 2, "l2")) == \
+        ("rtk_bf16", plan.PLAIN, 8, 1024, 2)  # the tables' and caches' names from before the stash stay valid
+    assert tuned.config_dict(s)["stash"] == 7 and "stash" not in tuned.config_dict(plan.OnePass(512, 512, 0, 1, "l2"))
+    with pytest.raises(ValueError, match="stash"):
+        plan.OnePass(256, 256, 0, 1, "async", 2)
+    # The sweep offers stashes for rows of 64 KB and more, each fitting the device.
+    stashed = [c for c in tuned.sweep_configs(plan.FWD, "bf16", 65536, 8, smem) if c.stash]
+    assert stashed and all(plan.fits(c, plan.FWD, "bf16", 65536, 8, smem) is None for c in stashed)
+    assert not [c for c in tuned.sweep_configs(plan.FWD, "bf16", 16384, 8, smem) if c.stash]
+    assert not [c for c in tuned.sweep_configs(plan.BWD, "bf16", 65536, 8, smem) if c.stash]
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 def test_onepass_reaches_65536_keys_forward(dtype):
     smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
