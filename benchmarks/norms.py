@@ -8,6 +8,7 @@ eager and torch.compile, M x N = 2^27 elements, N in {1024, 4096, 5120, 8192, 12
     python3 benchmarks/norms.py sweep --kinds l2   # only l2 configs, plus the shipped (tabled) config of the
                                                    # other kinds, re-timed in the same run for the kind choice
     python3 benchmarks/norms.py sweep --kinds l2c  # the cluster-split l2 backward (sm_90+), same re-timing
+    python3 benchmarks/norms.py sweep --kinds stage --dirs bwd   # the cp.async-staged backward, same re-timing
     python3 benchmarks/norms.py tables --sweep OLD.json.gz --sweep NEW.json   # later sweeps win per kind/shape
 
 Bytes: forward reads x (+ weight, bias) and writes y; backward reads x, dy (+ weight) and writes dx (+ dweight,
@@ -119,6 +120,20 @@ def l2_stash_configs(p) -> list[K.L2Config]:
     return list(out.values())
 
 
+def stage_configs(p) -> list[K.StageConfig]:
+    """Staged backward: threads per block (4 to 32 columns per thread) x rows in flight that fit 227 KB."""
+    out = []
+    for threads in (128, 256, 384, 512, 768, 1024):
+        cols = K.packs_per_thread(p.n, p.vec, threads) * p.vec
+        if not 4 <= cols <= K.BWD_STAGE_MAX_THREAD_COLS or (p.n // p.vec) < threads // 2:
+            continue
+        for depth in (2, 3, 4, 6):
+            cfg = K.StageConfig(threads, depth)
+            if L.bwd_feasible(p, "stage", cfg) is None:
+                out.append(cfg)
+    return out
+
+
 # Weight per row from L1 (8), two / four rows per iteration (32 / 128), column sums in shared memory (64); OPT 2
 # and 16 (64-register cap) lost in earlier runs (norms_notes.md).
 L2C_OPTS = (0, 8, 32, 40, 96, 128, 192)
@@ -185,6 +200,9 @@ def _full_plan(sm90: bool) -> list[tuple]:
                 if sm90 and n * isz >= 16384:
                     for cfg in l2c_configs(bp):
                         plan.append(("bwd", op, dtype, n, "l2c", cfg))
+                if n * isz >= 8192:
+                    for cfg in stage_configs(bp):
+                        plan.append(("bwd", op, dtype, n, "stage", cfg))
                 if sm90 and n * isz >= 8192:
                     for cfg in split_configs(n, fp.vec, 1, 8, 4, K.BWD_MAX_THREAD_ELEMS, OPTS[("bwd", "cluster")]):
                         if L.bwd_feasible(bp, "cluster", cfg) is None:
@@ -213,7 +231,7 @@ def _kinds_plan(sm90: bool, kinds: tuple[str, ...]) -> list[tuple]:
                                         ("bwd", bwd_problem(op, dtype, n), L.bwd_config)):
                     if d == "fwd" and all(k in K.BWD_ONLY_KINDS for k in kinds):
                         continue  # nothing swept in this direction to choose against
-                    for kind in ("rows", "cluster", "l2", "l2c"):
+                    for kind in ("rows", "cluster", "l2", "l2c", "stage"):
                         if kind in kinds or (kind in ("cluster", "l2c") and not sm90) or \
                                 (d == "fwd" and kind in K.BWD_ONLY_KINDS):
                             continue
@@ -655,10 +673,10 @@ def cmd_compile_times(out: Path | None) -> dict:
                     fp = fwd_problem(op, dtype, n)
                     fp = K.FwdProblem(**{**fp.__dict__, "vec": K.pick_vec(n, (K.ITEMSIZE[dtype],), (16,))})
                     bp = K.BwdProblem(**{**bwd_problem(op, dtype, n).__dict__, "vec": fp.vec})
-                    for kind in ("rows", "cluster", "l2", "l2c", "coop"):
+                    for kind in ("rows", "cluster", "l2", "l2c", "stage", "coop"):
                         if kind in ("cluster", "l2c") and a.cc < (9, 0):
                             continue
-                        c = L.fwd_config(fp, kind, dev) if kind != "l2c" else None  # l2c: backward only
+                        c = L.fwd_config(fp, kind, dev) if kind not in K.BWD_ONLY_KINDS else None
                         if c is not None:
                             variants.append(L.fwd_spec(fp, kind, c, a))
                         c = L.bwd_config(bp, kind, dev)

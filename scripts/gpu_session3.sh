@@ -28,6 +28,17 @@ elif [ "$P" = exp2 ]; then
   timeout 150 python3 benchmarks/softmax.py --tune --tune-dirs fwd --tune-kinds masked --dtypes bf16 \
     --name softmax_tune_masked > $OUT/$P/softmax_tune.log 2>&1
   grep -E "best|FAIL|Error" $OUT/$P/softmax_tune.log | cut -c1-300
+elif [ "$P" = exp3 ]; then
+  # The cp.async-staged norms backward and the masked softmax head order past the L2 reuse distance.
+  timeout 240 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py tests/gpu/ops/test_softmax.py \
+    -k "stage or head_order or backward_options or bitwise" -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 200 python3 benchmarks/norms.py sweep --kinds stage --dirs bwd --ns 4096,5120,8192,12288,16384 \
+    --sweep-budget 150 --out $OUT/$P > $OUT/$P/norms_sweep.log 2>&1
+  grep -E "^sweep|FAILED|prefill" $OUT/$P/norms_sweep.log | cut -c1-400
+  timeout 100 python3 benchmarks/softmax.py --tune --tune-dirs fwd --tune-kinds masked --dtypes bf16 \
+    --name softmax_tune_masked > $OUT/$P/softmax_tune.log 2>&1
+  grep -E "best|FAIL|Error" $OUT/$P/softmax_tune.log | cut -c1-300
 elif [ "$P" = tests ]; then
   timeout 150 python3 benchmarks/softmax.py --prefill --dtypes bf16 2>&1 | tail -2
   timeout 420 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py tests/gpu/ops/test_norms.py \

@@ -115,14 +115,19 @@ RTK_DEVICE long long rtk_softmax_mask_row(long long row, long long sq, long long
   return (row / (heads * sq)) * mask_batch_stride + row % sq;
 }
 
-// The row of x that launch index i (a block's or group's place in the grid) handles. Masked: the heads of one
-// (batch, query) are consecutive indices, so the blocks that read one mask row run together and all but the first
-// find it in L2 (in (B, H, Sq) order the row comes back only Sq rows later, by when streaming x has pushed it
-// out: masked rows of 16-32 KB ran at 0.83x copy, the plain ones at 0.96x). A bijection of [0, B * H * Sq).
-template <int KIND>
-RTK_DEVICE long long rtk_softmax_row_of(long long i, long long sq, long long heads) {
+// Bytes of x and y (and mask) streamed between two reads of one mask row in (B, H, Sq) order past which the row
+// has left L2: then the heads of one (batch, query) run at consecutive launch indices instead, so the blocks that
+// read a mask row run together and all but the first find it in L2. Measured on the H200 (tuning runs of
+// 2026-11-26, bf16, Sq = 1024): head order took masked rows of N = 16384 (80 MB between reuses) from 172 to 159 us
+// but N = 4096 / 8192 (20 / 40 MB: the row still hits in (B, H, Sq) order) from 154 / 159 to 165 / 163 us.
+#define RTK_SOFTMAX_MASK_REUSE_BYTES (64ll << 20)
+
+// The row of x that launch index i (a block's or group's place in the grid) handles: identity, or for masked rows
+// whose mask row would leave L2 between heads, head order (a bijection of [0, B * H * Sq)).
+template <int KIND, typename T>
+RTK_DEVICE long long rtk_softmax_row_of(long long i, long long n, long long sq, long long heads) {
   if constexpr (KIND == RTK_SOFTMAX_MASKED) {
-    if (heads > 1) {
+    if (heads > 1 && sq * n * (2 * (long long)sizeof(T) + 1) > RTK_SOFTMAX_MASK_REUSE_BYTES) {
       const long long per_batch = heads * sq;
       const long long b = i / per_batch, rem = i - b * per_batch;
       const long long q = rem / heads, h = rem - q * heads;

@@ -57,7 +57,7 @@ RTK_DEVICE void rtk_softmax_fwd_body(const T* __restrict__ x, T* __restrict__ y,
   const long long slot = (long long)blockIdx.x * kRowsPerBlock + (kBlockRow ? 0 : (long long)(threadIdx.x / GROUP));
   // Lanes of a row past the end still join the shuffles; they load and store nothing.
   const bool active = slot < rows;
-  const long long row = rtk_softmax_row_of<KIND>(slot, sq, heads);
+  const long long row = rtk_softmax_row_of<KIND, T>(slot, n, sq, heads);
   const long long valid = active ? rtk_softmax_valid<KIND>(row, n, sq, diag_offset) : 0;
   const float scale_log2 = scale * kRtkLog2e;
   const float a = POS ? scale_log2 : 1.f;  // logit = u * a (softmax_common.cuh)

@@ -62,7 +62,7 @@ RTK_DEVICE void rtk_softmax_fwd_async_body(const T* __restrict__ x, T* __restric
                                            float scale, float* scratch) {
   extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
   rtk_vec<T, VEC>* stash = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
-  const long long row = rtk_softmax_row_of<KIND>(blockIdx.x, sq, heads);
+  const long long row = rtk_softmax_row_of<KIND, T>(blockIdx.x, n, sq, heads);
   const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
   const float scale_log2 = scale * kRtkLog2e;
   const float a = POS ? scale_log2 : 1.f;  // logit = u * a (softmax_common.cuh)
@@ -138,7 +138,7 @@ RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__
                                         float scale, float* scratch) {
   extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
   rtk_vec<T, VEC>* stash = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
-  const long long row = rtk_softmax_row_of<KIND>(blockIdx.x, sq, heads);
+  const long long row = rtk_softmax_row_of<KIND, T>(blockIdx.x, n, sq, heads);
   const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
   const float scale_log2 = scale * kRtkLog2e;
   const float a = POS ? scale_log2 : 1.f;  // logit = u * a (softmax_common.cuh)

@@ -1,9 +1,10 @@
 """Registry candidates of the norm ops: for each of rms_norm, layer_norm, rms_norm_backward and
 layer_norm_backward, a row kernel (registers, one group per row), a cluster kernel (sm_90+, distributed shared
 memory), an L2 re-read kernel (no row data in registers) and a cooperative kernel (any arch, several co-resident
-blocks per row); the backward ops also have the cluster-split L2 re-read kernel (l2c, sm_90+).
+blocks per row); the backward ops also have the cluster-split L2 re-read kernel (l2c, sm_90+) and the cp.async
+staged kernel (stage, sm_80+).
 
-Priority: l2 (130) > l2c (125) > cluster (120) > rows (100) > coop (80). The l2, l2c and cluster kernels serve a
+Priority: l2 (130) > stage (128, backward) > l2c (125) > cluster (120) > rows (100) > coop (80). The l2, l2c and cluster kernels serve a
 shape only where the norm_kind table (measured by the benchmark's sweep; nearest tuned shape) names them, or,
 without a table for the arch, where the row-size rule does; the row kernel serves whatever fits its register budget; the cooperative
 kernel serves the rest (and rows too long for anything else). A forced candidate (force_impl) skips the preference.
@@ -216,6 +217,35 @@ class _L2C(_Cluster):
         return _NormCandidate.supports(self, req)
 
 
+class _Stage(_NormCandidate):
+    """Backward only: rows staged through shared memory with cp.async. Serves only where the norm_kind table
+    measured it fastest (no row-size rule: without a table for the arch the other kinds keep their shapes)."""
+
+    kind = "stage"
+    priority = 128
+    min_arch = "sm_80"
+
+    def supports(self, req: OpRequest) -> str | None:
+        kind = L.preferred_kind(self.direction, self.problem(req), req.device)
+        if not self.forced(req):
+            if kind is None:
+                return (f"no tuned table for {req.device.arch.sm}: the stage kernel serves only shapes where it "
+                        "was measured fastest")
+            if kind != "stage":
+                return (f"another kernel kind is faster here (the stage kernel is not preferred): the tuned "
+                        f"table's fastest kind near N={req.dim('n')} is {kind}")
+        if self.config(req) is None:
+            p = self.problem(req)
+            return (f"no stage geometry keeps the column sums of N={p.n} within "
+                    f"{K.BWD_STAGE_MAX_THREAD_COLS} per thread with two rows of x and dy in shared memory")
+        return None
+
+    def launch_resources(self, req: OpRequest):
+        p, cfg = self.problem(req), self.config(req)
+        main = Resources(block=cfg.threads, dynamic_smem=K.stage_smem(p, cfg))
+        return (main,) + ((Resources(block=K.DW_REDUCE_BLOCK),) if (p.weight_grad or p.bias_grad) else ())
+
+
 class _Coop(_NormCandidate):
     vendors = ("nvidia", "amd")
     kind = "coop"
@@ -234,7 +264,7 @@ def all_candidates() -> list[Candidate]:
     for op in FWD_OPS:
         out += [_make(op, b, "fwd") for b in (_Rows, _Cluster, _L2, _Coop)]
     for op in BWD_OPS:
-        out += [_make(op, b, "bwd") for b in (_Rows, _Cluster, _L2, _L2C, _Coop)]
+        out += [_make(op, b, "bwd") for b in (_Rows, _Cluster, _L2, _Stage, _L2C, _Coop)]
     return out
 
 

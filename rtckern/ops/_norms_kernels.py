@@ -10,6 +10,8 @@ Four kernel kinds per direction (kernel_sources/norms/):
           from L2 (backward: persistent blocks, the column sums in shared memory)
   l2c     backward only, sm_90+: the l2 backward with each row's columns split over a cluster of C blocks (row
           sums through distributed shared memory), each block's column sums and weights in registers
+  stage   backward only, sm_80+: persistent blocks staging DEPTH rows of x and dy in shared memory with cp.async
+          (loads in flight cost no registers), column sums and weights in registers
 Backward kernels write fp32 partial column sums of dy * x_hat (and dy); `rtk_norm_dw_reduce` adds them in a
 fixed order, so dweight is bitwise repeatable for a given device and shape.
 """
@@ -35,9 +37,10 @@ SOURCES = {
     ("fwd", "l2"): ("norms/fwd_l2.cuh", "rtk_norm_fwd_l2"),
     ("bwd", "l2"): ("norms/bwd_l2.cuh", "rtk_norm_bwd_l2"),
     ("bwd", "l2c"): ("norms/bwd_l2c.cuh", "rtk_norm_bwd_l2c"),
+    ("bwd", "stage"): ("norms/bwd_stage.cuh", "rtk_norm_bwd_stage"),
 }
-KINDS = ("rows", "cluster", "coop", "l2", "l2c")
-BWD_ONLY_KINDS = ("l2c",)
+KINDS = ("rows", "cluster", "coop", "l2", "l2c", "stage")
+BWD_ONLY_KINDS = ("l2c", "stage")
 DW_REDUCE = ("norms/dw_reduce.cuh", "rtk_norm_dw_reduce")
 DW_REDUCE_BLOCK = 512
 DW_REDUCE_COLS = 32
@@ -57,6 +60,7 @@ FWD_L2_STATIC_SMEM = 1024  # l2 forward: the block reduction's static scratch, b
 # l2c backward: columns per thread (its fp32 dweight / dbias sums and effective weight live in registers).
 BWD_L2C_MAX_THREAD_COLS = 32
 BWD_L2C_TARGET_THREAD_COLS = 16
+BWD_STAGE_MAX_THREAD_COLS = 32  # stage backward: column sums per thread in registers (2 per column with dbias)
 L2C_SMEM_SUMS = 64  # OPT bit: the column sums in static shared memory (kOptSmemSums), under the 48 KB static limit
 BWD_L2C_MAX_STATIC_SMEM = 44 * 1024
 
@@ -213,6 +217,41 @@ class SplitConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class StageConfig:
+    """Persistent blocks of `threads` threads, each with `depth` rows of x and dy in flight in shared memory."""
+
+    threads: int
+    depth: int
+    opt: int = 0
+
+    @property
+    def block(self) -> int:
+        return self.threads
+
+
+def stage_smem(p: "BwdProblem", cfg: StageConfig) -> int:
+    """Dynamic shared memory of the staged backward: `depth` buffers of one row of x and one of dy (each rounded up
+    to 16 bytes)."""
+    def row(itemsize: int) -> int:
+        return -(-p.n * itemsize // 16) * 16
+    return cfg.depth * (row(ITEMSIZE[p.x]) + row(ITEMSIZE[p.dy]))
+
+
+def stage_config(p: "BwdProblem", warp: int = 32, smem: int = 227 * 1024) -> StageConfig | None:
+    """The fewest threads (from 256) that keep each thread's column sums at most BWD_STAGE_MAX_THREAD_COLS
+    columns, with as many rows in flight (2-4) as one block's shared memory holds."""
+    packs = p.n // p.vec
+    for threads in (256, 384, 512, 768, 1024):
+        if packs_per_thread(p.n, p.vec, threads) * p.vec <= BWD_STAGE_MAX_THREAD_COLS and packs >= threads // 2:
+            for depth in (4, 3, 2):
+                cfg = StageConfig(threads, depth)
+                if stage_smem(p, cfg) <= smem - BWD_L2_STATIC_SMEM:
+                    return cfg
+            return None
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
 class L2Config:
     """One block of `threads` threads per row (forward) or persistent blocks walking rows (backward); `minb`:
     the blocks per SM asked of __launch_bounds__ (caps registers); `stash` (forward): packs per thread kept in
@@ -291,6 +330,8 @@ def fwd_template_args(p: FwdProblem, kind: str, cfg) -> tuple:
 
 def bwd_template_args(p: BwdProblem, kind: str, cfg) -> tuple:
     tx, tw, tdy, tdx = p.type_args()
+    if kind == "stage":
+        return (tx, tw, tdy, tdx, p.n, p.vec, cfg.threads, cfg.depth, p.flags, cfg.opt)
     if kind == "l2":
         return (tx, tw, tdy, tdx, p.n, p.vec, cfg.threads, cfg.minb, p.flags, cfg.opt)
     if kind == "rows":
@@ -311,6 +352,8 @@ def fwd_thread_bytes(p: FwdProblem, kind: str, cfg) -> int:
 
 
 def bwd_thread_elems(p: BwdProblem, kind: str, cfg) -> int:
+    if kind == "stage":
+        return packs_per_thread(p.n, p.vec, cfg.threads) * p.vec
     if kind in ("rows", "l2"):
         return packs_per_thread(p.n, p.vec, cfg.tpr if kind == "rows" else cfg.threads) * p.vec
     return packs_per_thread(p.n, p.vec, cfg.threads, cfg.parts) * p.vec

@@ -32,6 +32,8 @@ def _key(kind: str, p) -> dict:
 
 
 def _cfg_from_json(kind: str, c: dict):
+    if kind == "stage":
+        return K.StageConfig(int(c["threads"]), int(c["depth"]), int(c.get("opt", 0)))
     if kind == "l2":
         return K.L2Config(int(c["threads"]), int(c.get("minb", 1)), int(c.get("opt", 0)), int(c.get("stash", 0)))
     if kind == "rows":
@@ -48,6 +50,11 @@ def cfg_to_json(cfg) -> dict:
 
 def geometry_reason(n: int, vec: int, kind: str, cfg, warp: int = 32) -> str | None:
     """None when cfg is a launchable geometry for rows of n (vec-element packs), else why not."""
+    if kind == "stage":
+        if cfg.threads % warp or not warp <= cfg.threads <= 1024 or not 2 <= cfg.depth <= 8:
+            return (f"{cfg.threads} threads x {cfg.depth} rows in flight is not a valid stage geometry (whole warps, "
+                    f"at most 1024 threads, 2..8 rows)")
+        return None
     if kind == "l2":
         if cfg.threads % warp or not warp <= cfg.threads <= 1024 or cfg.minb < 1 or cfg.minb * cfg.threads > 2048:
             return (f"{cfg.threads} threads x {cfg.minb} blocks per SM is not a valid l2 geometry (whole warps, "
@@ -67,7 +74,7 @@ def geometry_reason(n: int, vec: int, kind: str, cfg, warp: int = 32) -> str | N
 
 
 def _geometry_text(kind: str, cfg) -> str:
-    if kind == "l2":
+    if kind in ("l2", "stage"):
         return f"{cfg.threads} threads per block"
     return f"{cfg.tpr} threads per row" if kind == "rows" else f"{cfg.parts} blocks x {cfg.threads} threads per row"
 
@@ -97,6 +104,15 @@ def bwd_feasible(p: K.BwdProblem, kind: str, cfg, warp: int = 32, smem_optin: in
     if why is not None:
         return why
     e = K.bwd_thread_elems(p, kind, cfg)
+    if kind == "stage":
+        if e > K.BWD_STAGE_MAX_THREAD_COLS:
+            return (f"each thread would keep the sums of {e} columns in registers with {_geometry_text(kind, cfg)} "
+                    f"(limit {K.BWD_STAGE_MAX_THREAD_COLS}): use more threads")
+        need, room = K.stage_smem(p, cfg), smem_optin - K.BWD_L2_STATIC_SMEM
+        if need > room:
+            return (f"{cfg.depth} rows of x and dy need {need} B of shared memory per block, over the {room} B this "
+                    f"device allows: use fewer rows in flight")
+        return None
     if kind == "l2":
         need, room = K.bwd_l2_smem(p), smem_optin - K.BWD_L2_STATIC_SMEM
         if need > room:
@@ -132,6 +148,8 @@ def fwd_heuristic(p: K.FwdProblem, kind: str, warp: int = 32):
 
 
 def bwd_heuristic(p: K.BwdProblem, kind: str, warp: int = 32):
+    if kind == "stage":
+        return K.stage_config(p, warp)
     if kind == "l2":
         return K.l2_config(p.n, p.vec, True, warp)
     if kind == "l2c":
@@ -162,7 +180,10 @@ def bwd_config(p: K.BwdProblem, kind: str, device) -> Any:
 
     def feasible(p_, kind_, cfg, warp):
         return bwd_feasible(p_, kind_, cfg, warp, optin)
-    return _config(TABLE_BWD, p, kind, device, feasible, bwd_heuristic)
+
+    def heuristic(p_, kind_, warp):  # the staged kernel's rows in flight depend on the device's shared memory
+        return K.stage_config(p_, warp, optin) if kind_ == "stage" else bwd_heuristic(p_, kind_, warp)
+    return _config(TABLE_BWD, p, kind, device, feasible, heuristic)
 
 
 def _config(table: str, p, kind: str, device, feasible, heuristic):
@@ -328,10 +349,17 @@ def coop_slots(kernel, cfg) -> int:
     return max(1, blocks_per_sm(kernel, cfg.threads) * kernel.device.sm_count // cfg.parts)
 
 
+def bwd_smem(p: K.BwdProblem, kind: str, cfg) -> int:
+    """Dynamic shared memory of the backward's main kernel."""
+    if kind == "l2":
+        return K.bwd_l2_smem(p)
+    return K.stage_smem(p, cfg) if kind == "stage" else 0
+
+
 def bwd_partial_rows(p: K.BwdProblem, kind: str, cfg, kernel, rows: int, stream: int, grid_scale: float = 1.0) -> int:
     """How many partial rows (persistent blocks, clusters or slots) the backward uses for `rows` rows."""
-    if kind in ("rows", "l2"):
-        smem = K.bwd_l2_smem(p) if kind == "l2" else 0
+    if kind in ("rows", "l2", "stage"):
+        smem = bwd_smem(p, kind, cfg)
         resident = blocks_per_sm(kernel, cfg.block, smem) * kernel.device.sm_count
         wanted = K.grid_for_rows(rows, cfg) if kind == "rows" else rows
         return max(1, min(wanted, int(resident * grid_scale)))
@@ -352,8 +380,8 @@ def launch_bwd(p: K.BwdProblem, kind: str, cfg, kernels, c: BwdCall, grid_scale:
         o, dbp = c.empty_f32(parts * p.n)
         keep.append(o)
     args = [c.x, c.w, c.dy, c.dres, c.mean, c.rstd, c.dx, dwp, dbp, c.rows, c.sx, c.sdy, c.sdres, c.sdx]
-    if kind in ("rows", "l2"):
-        main.launch(parts, cfg.block, args, shared_mem=K.bwd_l2_smem(p) if kind == "l2" else 0, stream=c.stream)
+    if kind in ("rows", "l2", "stage"):
+        main.launch(parts, cfg.block, args, shared_mem=bwd_smem(p, kind, cfg), stream=c.stream)
     elif kind in ("cluster", "l2c"):
         if cfg.parts > K.MAX_CLUSTER:
             main.allow_non_portable_cluster_size()  # once per kernel; a flag test after that

@@ -24,7 +24,7 @@ FWD_TOL = {"fp32": 2e-6, "fp16": 1e-3, "bf16": 8e-3}
 BWD_TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.2e-2}
 NS = (1, 7, 1000, 5120, 12288, 65536, 262144)
 KINDS = ("rows", "cluster", "l2", "coop")
-BWD_KINDS = KINDS + ("l2c",)  # l2c: the cluster-split l2 backward (sm_90+)
+BWD_KINDS = KINDS + ("l2c", "stage")  # backward only: the cluster-split l2 (sm_90+), the cp.async-staged (sm_80+)
 
 
 @pytest.fixture(autouse=True)
@@ -258,11 +258,11 @@ def test_backward_every_kind(layer, n, dtype, kind):
         assert _rel(o, r) < BWD_TOL[dtype]
 
 
-@pytest.mark.parametrize("kind", [None, "cluster", "l2", "l2c", "coop"])
+@pytest.mark.parametrize("kind", [None, "cluster", "l2", "l2c", "stage", "coop"])
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
 def test_backward_options(layer, kind):
     """Zero-centered fp32 weight with bf16 activations, fp32 dy, fp32 dx, dresidual added."""
-    n = {None: 4096, "l2": 12288}.get(kind, 65536)  # l2: its column sums must fit shared memory
+    n = {None: 4096, "l2": 12288, "stage": 12288}.get(kind, 65536)  # l2 / stage: shared memory must hold N
     rows = 40
     x, w, b, g = _inputs(rows, n, "bf16", wdtype="fp32")
     w0 = (w - 1).contiguous()
@@ -294,23 +294,25 @@ def test_bitwise_repeatable(kind, n):
     assert torch.equal(y1, y2)
 
 
+@pytest.mark.parametrize("kind", ["l2", "stage"])
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
 @pytest.mark.parametrize("n,dtype", [(8192, "bf16"), (3000, "fp32")])
-def test_l2_backward_many_rows_per_block(layer, n, dtype):
-    """Persistent l2 blocks walk many rows (4099 rows, prime: the grid never divides it, so the last set of rows
-    is partial), with every backward option; dweight / dbias are bitwise repeatable."""
+def test_l2_backward_many_rows_per_block(layer, n, dtype, kind):
+    """Persistent l2 / stage blocks walk many rows (4099 rows, prime: the grid never divides it, so the last set
+    of rows is partial; stage: the ring of buffers wraps many times), with every backward option; dweight / dbias
+    are bitwise repeatable."""
     rows = 4099
     x, w, b, g = _inputs(rows, n, dtype, wdtype="fp32", offset=0.5)
     w0 = (w - 1).contiguous()
     dy = torch.randn(rows, n, device="cuda", generator=g).to(DT[dtype])
     dres = torch.randn(rows, n, device="cuda", generator=g)
-    out = _backward(layer, "l2", x, w0, b if layer else None, dy, 1e-5, zero_centered=True, dresidual=dres,
+    out = _backward(layer, kind, x, w0, b if layer else None, dy, 1e-5, zero_centered=True, dresidual=dres,
                     dx_dtype=torch.float32)
     ref = _autograd_ref(layer, x, w0, b if layer else None, dy, 1e-5, True)
     assert _rel(out[0], ref[0] + dres.double()) < 1e-5
     for o, r in zip(out[1:], ref[1:]):
         assert _rel(o, r) < 1e-5
-    again = _backward(layer, "l2", x, w0, b if layer else None, dy, 1e-5, zero_centered=True, dresidual=dres,
+    again = _backward(layer, kind, x, w0, b if layer else None, dy, 1e-5, zero_centered=True, dresidual=dres,
                       dx_dtype=torch.float32)
     for a, c in zip(out, again):
         assert torch.equal(a, c)

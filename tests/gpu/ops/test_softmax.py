@@ -411,11 +411,11 @@ def test_l2_forward_stash(kind, dtype, n, threads, stash, scale):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("n", [1000, 4096, 16384])
-def test_masked_rows_in_head_order(impl, n):
-    """The masked kernels run the heads of one (batch, query) next to each other (the mask row stays in L2): odd
-    B, H, Sq so the launch-index-to-row mapping is checked away from powers of two."""
-    b, h, sq = 3, 5, 7
+@pytest.mark.parametrize("b,h,sq,n", [(3, 5, 7, 1000), (3, 5, 7, 16384), (2, 3, 1100, 16384)])
+def test_masked_rows_in_head_order(impl, b, h, sq, n):
+    """Masked kernels run the heads of one (batch, query) next to each other where the mask row would leave L2
+    between heads (Sq x N x 5 bytes > 64 MB for bf16: the last case); odd B, H, Sq check the launch-index-to-row
+    mapping away from powers of two, the small cases the identity order."""
     x = torch.randn((b, h, sq, n), device="cuda", dtype=torch.bfloat16) * 3
     mask = torch.rand((b, 1, sq, n), device="cuda") < 0.4
     y = _check_forward("scaled_masked_softmax", "bf16", n, impl, x, ~mask, mask)

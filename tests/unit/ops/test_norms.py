@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from rtckern import config
 from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.ops import _norms_arrays as A
+from rtckern.ops import _norms_candidates as cands
 from rtckern.ops import _norms_kernels as K
 from rtckern.ops import _norms_launch as L
 from rtckern.ops import norms
@@ -147,6 +149,30 @@ def test_l2_geometry_and_budget():
     assert L.bwd_config(b16, "l2", DeviceInfo.for_arch("sm_75")) is None  # 64 KB of shared memory there
     assert K.fwd_template_args(p, "l2", K.L2Config(512, 2, 2)) == \
         ("rtk_bf16", "rtk_bf16", "rtk_bf16", 65536, 8, 512, 2, p.flags, 2)
+
+
+def test_stage_backward_geometry_and_choice(cache_dir):
+    b = K.BwdProblem(layer=True, n=12288, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
+                     bias_grad=True, vec=8)
+    cfg = K.stage_config(b)
+    assert cfg == K.StageConfig(384, 4) and K.stage_smem(b, cfg) == 4 * (12288 * 2 + 12288 * 2)
+    assert K.bwd_template_args(b, "stage", cfg) == ("rtk_bf16", "rtk_bf16", "rtk_bf16", "rtk_bf16", 12288, 8, 384, 4,
+                                                     b.flags, 0)
+    assert L.bwd_feasible(b, "stage", K.StageConfig(256, 2)) == (
+        "each thread would keep the sums of 48 columns in registers with 256 threads per block (limit 32): use more "
+        "threads")
+    assert L.bwd_feasible(b, "stage", K.StageConfig(384, 5)) == (
+        "5 rows of x and dy need 245760 B of shared memory per block, over the 231424 B this device allows: use "
+        "fewer rows in flight")
+    assert L.bwd_feasible(b, "stage", K.StageConfig(384, 1)).startswith("384 threads x 1 rows in flight is not")
+    assert K.stage_config(K.BwdProblem(**{**b.__dict__, "n": 65536})) is None  # two rows do not fit
+    # Served only where the kind table measured it fastest; forced, it serves what fits.
+    req = _bwd_req("layer_norm_backward", 12288, "sm_80")
+    stage = next(c for c in cands.all_candidates() if c.name == "layer_norm_backward.stage")
+    assert "no tuned table for sm_80" in stage.supports(req)
+    with config.override(force_impl={"layer_norm_backward": "layer_norm_backward.stage"}):
+        assert stage.supports(req) is None
+        assert "no stage geometry" in stage.supports(_bwd_req("layer_norm_backward", 65536, "sm_80"))
 
 
 def test_l2_forward_stash_geometry():
@@ -302,7 +328,7 @@ def _variants(arch: str):
                     fp = K.FwdProblem(layer=layer, n=n, x=x, y=y, w=w, bias=layer, vec=vec, **extra)
                     bp = K.BwdProblem(layer=layer, n=n, x=x, dy=y, dx=x, w=w, weight_grad=True, bias_grad=layer,
                                       vec=vec, zero_centered=bool(extra), dresidual=bool(extra))
-                    for kind in ("rows", "cluster", "l2", "l2c", "coop"):
+                    for kind in ("rows", "cluster", "l2", "l2c", "stage", "coop"):
                         if kind in ("cluster", "l2c") and a.cc < (9, 0):
                             continue
                         c = L.fwd_config(fp, kind, dev) if kind not in K.BWD_ONLY_KINDS else None
