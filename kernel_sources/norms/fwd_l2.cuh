@@ -14,28 +14,6 @@
 #pragma once
 #include "norms/norm_fwd_parts.cuh"
 
-// Adds one pack's (VEC, mean, M2) to a running Chan summary; the pack's own M2 is exact (two passes over VEC
-// registers), so LayerNorm keeps the accuracy of the register kernels without holding the row.
-template <int VEC>
-RTK_DEVICE void rtk_norm_chan_pack(const float (&v)[VEC], float& n, float& mean, float& m2) {
-  float s = 0.f;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) s += v[j];
-  const float pm = s * (1.f / (float)VEC);
-  float q = 0.f;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const float d = v[j] - pm;
-    q = fmaf(d, d, q);
-  }
-  const float tot = n + (float)VEC;
-  const float fb = __fdividef((float)VEC, tot);
-  const float delta = pm - mean;
-  mean = fmaf(delta, fb, mean);
-  m2 += fmaf(delta * delta * n, fb, q);
-  n = tot;
-}
-
 template <typename TX, typename TW, typename TY, int N, int VEC, int THREADS, int MINB, int FLAGS, int OPT, int STASH = 0>
 __global__ void __launch_bounds__(THREADS, MINB)
 rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* __restrict__ h,

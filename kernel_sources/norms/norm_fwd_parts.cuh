@@ -156,3 +156,25 @@ template <int N, int VEC, int P>
 constexpr int rtk_norm_slice_cols() {
   return ((N / VEC + P - 1) / P) * VEC;
 }
+
+// Adds one pack's (VEC, mean, M2) to a running Chan summary; the pack's own M2 is exact (two passes over VEC
+// registers), so LayerNorm keeps the accuracy of the register kernels without holding the row.
+template <int VEC>
+RTK_DEVICE void rtk_norm_chan_pack(const float (&v)[VEC], float& n, float& mean, float& m2) {
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) s += v[j];
+  const float pm = s * (1.f / (float)VEC);
+  float q = 0.f;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float d = v[j] - pm;
+    q = fmaf(d, d, q);
+  }
+  const float tot = n + (float)VEC;
+  const float fb = __fdividef((float)VEC, tot);
+  const float delta = pm - mean;
+  mean = fmaf(delta, fb, mean);
+  m2 += fmaf(delta * delta * n, fb, q);
+  n = tot;
+}

@@ -304,7 +304,8 @@ def test_registry_choice_follows_the_kind_table(cache_dir):
     assert select(_bwd_req("rms_norm_backward", 65536, "sm_90", "fp32", 4)).candidate.name == "rms_norm_backward.cluster"
     sel = select(_fwd_req("rms_norm", 65536, "sm_90", "fp32", 4))
     assert sel.candidate.name == "rms_norm.l2" and int(sel.specs[0].template_args[-1]) > 0  # the stash
-    assert select(_bwd_req("rms_norm_backward", 16384, "sm_90")).candidate.name == "rms_norm_backward.l2"
+    assert select(_bwd_req("rms_norm_backward", 12288, "sm_90")).candidate.name == "rms_norm_backward.l2"
+    assert select(_bwd_req("rms_norm_backward", 16384, "sm_90")).candidate.name == "rms_norm_backward.stage"
 
 
 @pytest.mark.parametrize("arch,n,expect", [("sm_80", 4096, "rows"), ("sm_80", 65536, "coop"),
@@ -370,7 +371,7 @@ def test_shipped_tables_cover_the_benchmark_shapes():
                 for n in (1024, 4096, 5120, 8192, 12288, 16384, 65536):
                     hit = tuning.lookup(L.TABLE_KIND, dev, {"dir": d, "norm": norm, "dtype": dt, "n": n})
                     assert hit is not None and hit.source == "exact" and \
-                        hit.config["kind"] in ("rows", "cluster", "l2", "l2c")
+                        hit.config["kind"] in ("rows", "cluster", "l2", "l2c", "stage")
                     kind = hit.config["kind"]
                     p = (K.FwdProblem(layer=norm == "layer", n=n, x=dt, y=dt, w=dt, bias=norm == "layer",
                                       vec=16 // K.ITEMSIZE[dt]) if d == "fwd" else
