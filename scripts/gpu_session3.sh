@@ -39,6 +39,15 @@ elif [ "$P" = exp3 ]; then
   timeout 100 python3 benchmarks/softmax.py --tune --tune-dirs fwd --tune-kinds masked --dtypes bf16 \
     --name softmax_tune_masked > $OUT/$P/softmax_tune.log 2>&1
   grep -E "best|FAIL|Error" $OUT/$P/softmax_tune.log | cut -c1-300
+elif [ "$P" = exp4 ]; then
+  # The cp.async-staged norms forward: its tests, then the sweep against the shipped kinds.
+  timeout 240 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py \
+    -k "stage or forward_options or bitwise or many_rows or forward_every_kind" -p no:cacheprovider \
+    > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 200 python3 benchmarks/norms.py sweep --kinds stage --dirs fwd --ns 4096,5120,8192,12288,16384 \
+    --sweep-budget 150 --out $OUT/$P > $OUT/$P/norms_sweep.log 2>&1
+  grep -E "^sweep|FAILED|prefill" $OUT/$P/norms_sweep.log | cut -c1-400
 elif [ "$P" = tests ]; then
   timeout 150 python3 benchmarks/softmax.py --prefill --dtypes bf16 2>&1 | tail -2
   timeout 420 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py tests/gpu/ops/test_norms.py \
