@@ -8,7 +8,7 @@ eager and torch.compile, M x N = 2^27 elements, N in {1024, 4096, 5120, 8192, 12
     python3 benchmarks/norms.py sweep --kinds l2   # only l2 configs, plus the shipped (tabled) config of the
                                                    # other kinds, re-timed in the same run for the kind choice
     python3 benchmarks/norms.py sweep --kinds l2c  # the cluster-split l2 backward (sm_90+), same re-timing
-    python3 benchmarks/norms.py sweep --kinds stage --dirs fwd   # the cp.async-staged kernels, same re-timing
+    python3 benchmarks/norms.py sweep --kinds stage --dirs bwd   # the cp.async-staged backward, same re-timing
     python3 benchmarks/norms.py tables --sweep OLD.json.gz --sweep NEW.json   # later sweeps win per kind/shape
 
 Bytes: forward reads x (+ weight, bias) and writes y; backward reads x, dy (+ weight) and writes dx (+ dweight,
@@ -121,8 +121,7 @@ def l2_stash_configs(p) -> list[K.L2Config]:
 
 
 def stage_configs(p) -> list[K.StageConfig]:
-    """Staged kernels: threads per block (4 to 32 columns per thread) x rows in flight that fit 227 KB."""
-    feasible = L.fwd_feasible if isinstance(p, K.FwdProblem) else L.bwd_feasible
+    """Staged backward: threads per block (4 to 32 columns per thread) x rows in flight that fit 227 KB."""
     out = []
     for threads in (128, 256, 384, 512, 768, 1024):
         cols = K.packs_per_thread(p.n, p.vec, threads) * p.vec
@@ -130,7 +129,7 @@ def stage_configs(p) -> list[K.StageConfig]:
             continue
         for depth in (2, 3, 4, 6):
             cfg = K.StageConfig(threads, depth)
-            if feasible(p, "stage", cfg) is None:
+            if L.bwd_feasible(p, "stage", cfg) is None:
                 out.append(cfg)
     return out
 
@@ -202,8 +201,6 @@ def _full_plan(sm90: bool) -> list[tuple]:
                     for cfg in l2c_configs(bp):
                         plan.append(("bwd", op, dtype, n, "l2c", cfg))
                 if n * isz >= 8192:
-                    for cfg in stage_configs(fp):
-                        plan.append(("fwd", op, dtype, n, "stage", cfg))
                     for cfg in stage_configs(bp):
                         plan.append(("bwd", op, dtype, n, "stage", cfg))
                 if sm90 and n * isz >= 8192:

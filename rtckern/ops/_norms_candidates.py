@@ -1,10 +1,10 @@
 """Registry candidates of the norm ops: for each of rms_norm, layer_norm, rms_norm_backward and
 layer_norm_backward, a row kernel (registers, one group per row), a cluster kernel (sm_90+, distributed shared
 memory), an L2 re-read kernel (no row data in registers) and a cooperative kernel (any arch, several co-resident
-blocks per row), and a cp.async-staged kernel (stage, sm_80+); the backward ops also have the cluster-split L2
-re-read kernel (l2c, sm_90+).
+blocks per row); the backward ops also have the cluster-split L2 re-read kernel (l2c, sm_90+) and the cp.async
+staged kernel (stage, sm_80+).
 
-Priority: l2 (130) > stage (128) > l2c (125) > cluster (120) > rows (100) > coop (80). The l2, l2c and cluster kernels serve a
+Priority: l2 (130) > stage (128, backward) > l2c (125) > cluster (120) > rows (100) > coop (80). The l2, l2c and cluster kernels serve a
 shape only where the norm_kind table (measured by the benchmark's sweep; nearest tuned shape) names them, or,
 without a table for the arch, where the row-size rule does; the row kernel serves whatever fits its register budget; the cooperative
 kernel serves the rest (and rows too long for anything else). A forced candidate (force_impl) skips the preference.
@@ -118,13 +118,11 @@ class _NormCandidate(Candidate):
         """(grid, block, dynamic shared memory) of the forward row kernel for `rows` rows (what launch_fwd
         computes per call), for the ops' memoized plans; None for the other kinds and the backward (they
         allocate per call: use launch)."""
-        if self.kind not in ("rows", "l2", "stage") or self.direction != "fwd":
+        if self.kind not in ("rows", "l2") or self.direction != "fwd":
             return None
         p, cfg = self._memo_of(req)
         if self.kind == "l2":
             return rows, cfg.threads, K.fwd_l2_smem(p, cfg)
-        if self.kind == "stage":
-            return L.stage_fwd_geometry(p, cfg, kernels[0], rows)
         grid = K.grid_for_rows(rows, cfg)
         if cfg.opt & 1:
             grid = min(grid, L.blocks_per_sm(kernels[0], cfg.block) * kernels[0].device.sm_count)
@@ -220,8 +218,8 @@ class _L2C(_Cluster):
 
 
 class _Stage(_NormCandidate):
-    """Rows staged through shared memory with cp.async. Serves only where the norm_kind table measured it fastest
-    (no row-size rule: without a table for the arch the other kinds keep their shapes)."""
+    """Backward only: rows staged through shared memory with cp.async. Serves only where the norm_kind table
+    measured it fastest (no row-size rule: without a table for the arch the other kinds keep their shapes)."""
 
     kind = "stage"
     priority = 128
@@ -238,15 +236,13 @@ class _Stage(_NormCandidate):
                         f"table's fastest kind near N={req.dim('n')} is {kind}")
         if self.config(req) is None:
             p = self.problem(req)
-            return (f"no stage geometry keeps N={p.n} within {K.BWD_STAGE_MAX_THREAD_COLS} columns per thread "
-                    "with two rows in shared memory")
+            return (f"no stage geometry keeps the column sums of N={p.n} within "
+                    f"{K.BWD_STAGE_MAX_THREAD_COLS} per thread with two rows of x and dy in shared memory")
         return None
 
     def launch_resources(self, req: OpRequest):
         p, cfg = self.problem(req), self.config(req)
         main = Resources(block=cfg.threads, dynamic_smem=K.stage_smem(p, cfg))
-        if self.direction == "fwd":
-            return (main,)
         return (main,) + ((Resources(block=K.DW_REDUCE_BLOCK),) if (p.weight_grad or p.bias_grad) else ())
 
 
@@ -266,7 +262,7 @@ def _make(op: str, base: type, direction: str) -> Candidate:
 def all_candidates() -> list[Candidate]:
     out = []
     for op in FWD_OPS:
-        out += [_make(op, b, "fwd") for b in (_Rows, _Cluster, _L2, _Stage, _Coop)]
+        out += [_make(op, b, "fwd") for b in (_Rows, _Cluster, _L2, _Coop)]
     for op in BWD_OPS:
         out += [_make(op, b, "bwd") for b in (_Rows, _Cluster, _L2, _Stage, _L2C, _Coop)]
     return out

@@ -10,9 +10,8 @@ Four kernel kinds per direction (kernel_sources/norms/):
           from L2 (backward: persistent blocks, the column sums in shared memory)
   l2c     backward only, sm_90+: the l2 backward with each row's columns split over a cluster of C blocks (row
           sums through distributed shared memory), each block's column sums and weights in registers
-  stage   sm_80+: persistent blocks staging DEPTH rows (x and the residual; backward: x and dy) in shared memory
-          with cp.async (loads in flight cost no registers, device memory read once); the backward's column sums and
-          the weights in registers
+  stage   backward only, sm_80+: persistent blocks staging DEPTH rows of x and dy in shared memory with cp.async
+          (loads in flight cost no registers), column sums and weights in registers
 Backward kernels write fp32 partial column sums of dy * x_hat (and dy); `rtk_norm_dw_reduce` adds them in a
 fixed order, so dweight is bitwise repeatable for a given device and shape.
 """
@@ -38,11 +37,10 @@ SOURCES = {
     ("fwd", "l2"): ("norms/fwd_l2.cuh", "rtk_norm_fwd_l2"),
     ("bwd", "l2"): ("norms/bwd_l2.cuh", "rtk_norm_bwd_l2"),
     ("bwd", "l2c"): ("norms/bwd_l2c.cuh", "rtk_norm_bwd_l2c"),
-    ("fwd", "stage"): ("norms/fwd_stage.cuh", "rtk_norm_fwd_stage"),
     ("bwd", "stage"): ("norms/bwd_stage.cuh", "rtk_norm_bwd_stage"),
 }
 KINDS = ("rows", "cluster", "coop", "l2", "l2c", "stage")
-BWD_ONLY_KINDS = ("l2c",)
+BWD_ONLY_KINDS = ("l2c", "stage")
 DW_REDUCE = ("norms/dw_reduce.cuh", "rtk_norm_dw_reduce")
 DW_REDUCE_BLOCK = 512
 DW_REDUCE_COLS = 32
@@ -231,20 +229,17 @@ class StageConfig:
         return self.threads
 
 
-def stage_smem(p, cfg: StageConfig) -> int:
-    """Dynamic shared memory of a staged kernel: `depth` buffers, each one row of x and one of the residual
-    (forward with a residual) or of dy (backward), every row rounded up to 16 bytes."""
+def stage_smem(p: "BwdProblem", cfg: StageConfig) -> int:
+    """Dynamic shared memory of the staged backward: `depth` buffers of one row of x and one of dy (each rounded up
+    to 16 bytes)."""
     def row(itemsize: int) -> int:
         return -(-p.n * itemsize // 16) * 16
-    if isinstance(p, FwdProblem):
-        return cfg.depth * row(ITEMSIZE[p.x]) * (2 if p.residual else 1)
     return cfg.depth * (row(ITEMSIZE[p.x]) + row(ITEMSIZE[p.dy]))
 
 
-def stage_config(p, warp: int = 32, smem: int = 227 * 1024) -> StageConfig | None:
-    """The fewest threads (from 256) that keep each thread at most BWD_STAGE_MAX_THREAD_COLS columns (the
-    backward's column sums; the forward's share of the row), with as many rows in flight (2-4) as one block's
-    shared memory holds."""
+def stage_config(p: "BwdProblem", warp: int = 32, smem: int = 227 * 1024) -> StageConfig | None:
+    """The fewest threads (from 256) that keep each thread's column sums at most BWD_STAGE_MAX_THREAD_COLS
+    columns, with as many rows in flight (2-4) as one block's shared memory holds."""
     packs = p.n // p.vec
     for threads in (256, 384, 512, 768, 1024):
         if packs_per_thread(p.n, p.vec, threads) * p.vec <= BWD_STAGE_MAX_THREAD_COLS and packs >= threads // 2:
@@ -325,8 +320,6 @@ def split_config(n: int, vec: int, itemsize: int, max_parts: int, warp: int = 32
 # ---- specs ------------------------------------------------------------------------------------------------------
 def fwd_template_args(p: FwdProblem, kind: str, cfg) -> tuple:
     tx, tw, ty = p.type_args()
-    if kind == "stage":
-        return (tx, tw, ty, p.n, p.vec, cfg.threads, cfg.depth, p.flags, cfg.opt)
     if kind == "l2":
         args = (tx, tw, ty, p.n, p.vec, cfg.threads, cfg.minb, p.flags, cfg.opt)
         return args + (cfg.stash,) if cfg.stash else args
@@ -351,7 +344,7 @@ def dw_reduce_template_args(p: BwdProblem) -> tuple:
 
 
 def fwd_thread_bytes(p: FwdProblem, kind: str, cfg) -> int:
-    if kind in ("l2", "stage"):
+    if kind == "l2":
         return 0  # nothing of the row is held across the reduction
     if kind == "rows":
         return packs_per_thread(p.n, p.vec, cfg.tpr) * p.vec * ITEMSIZE[p.x]

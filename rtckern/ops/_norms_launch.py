@@ -84,15 +84,6 @@ def fwd_feasible(p: K.FwdProblem, kind: str, cfg, warp: int = 32, smem_optin: in
     why = geometry_reason(p.n, p.vec, kind, cfg, warp)
     if why is not None:
         return why
-    if kind == "stage":
-        need, room = K.stage_smem(p, cfg), smem_optin - K.BWD_L2_STATIC_SMEM
-        if need > room:
-            return (f"{cfg.depth} rows need {need} B of shared memory per block, over the {room} B this device "
-                    f"allows: use fewer rows in flight")
-        packs = K.packs_per_thread(p.n, p.vec, cfg.threads)
-        if packs * p.vec > 2 * K.BWD_STAGE_MAX_THREAD_COLS:
-            return f"each thread would handle {packs * p.vec} columns with {cfg.threads} threads per block: use more"
-        return None
     if kind == "l2" and cfg.stash:
         nv = K.packs_per_thread(p.n, p.vec, cfg.threads)
         if not 0 < cfg.stash <= nv:
@@ -181,10 +172,7 @@ def fwd_config(p: K.FwdProblem, kind: str, device) -> Any:
 
     def feasible(p_, kind_, cfg, warp):
         return fwd_feasible(p_, kind_, cfg, warp, optin)
-
-    def heuristic(p_, kind_, warp):  # the staged kernel's rows in flight depend on the device's shared memory
-        return K.stage_config(p_, warp, optin) if kind_ == "stage" else fwd_heuristic(p_, kind_, warp)
-    return _config(TABLE_FWD, p, kind, device, feasible, heuristic)
+    return _config(TABLE_FWD, p, kind, device, feasible, fwd_heuristic)
 
 
 def bwd_config(p: K.BwdProblem, kind: str, device) -> Any:
@@ -340,10 +328,6 @@ def launch_fwd(p: K.FwdProblem, kind: str, cfg, kernel, c: FwdCall) -> tuple:
     if kind == "l2":
         kernel.launch(c.rows, cfg.threads, args, shared_mem=K.fwd_l2_smem(p, cfg), stream=c.stream)
         return ()
-    if kind == "stage":
-        grid, block, smem = stage_fwd_geometry(p, cfg, kernel, c.rows)
-        kernel.launch(grid, block, args, shared_mem=smem, stream=c.stream)
-        return ()
     if kind == "rows":
         grid = K.grid_for_rows(c.rows, cfg)
         if persist:
@@ -359,12 +343,6 @@ def launch_fwd(p: K.FwdProblem, kind: str, cfg, kernel, c: FwdCall) -> tuple:
     cnt, cnt_ptr = c.zeros_u32(slots)
     kernel.launch(slots * cfg.parts, cfg.threads, args + [ws_ptr, cnt_ptr], stream=c.stream, cooperative=True)
     return ws, cnt
-
-
-def stage_fwd_geometry(p: K.FwdProblem, cfg, kernel, rows: int) -> tuple[int, int, int]:
-    """(grid, block, dynamic shared memory) of the staged forward: persistent, as many blocks as are resident."""
-    smem = K.stage_smem(p, cfg)
-    return min(rows, blocks_per_sm(kernel, cfg.threads, smem) * kernel.device.sm_count), cfg.threads, smem
 
 
 def coop_slots(kernel, cfg) -> int:
