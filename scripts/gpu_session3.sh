@@ -48,6 +48,17 @@ elif [ "$P" = exp4 ]; then
   timeout 200 python3 benchmarks/norms.py sweep --kinds stage --dirs fwd --ns 4096,5120,8192,12288,16384 \
     --sweep-budget 150 --out $OUT/$P > $OUT/$P/norms_sweep.log 2>&1
   grep -E "^sweep|FAILED|prefill" $OUT/$P/norms_sweep.log | cut -c1-400
+elif [ "$P" = final ]; then
+  # The GPU tests of every op family touched this session (softmax, norms, runtime, registry, torch plugin), then
+  # both benchmarks on the tables in the tree.
+  timeout 260 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py tests/gpu/ops/test_norms.py \
+    tests/gpu/test_runtime_gpu.py tests/gpu/test_registry_gpu.py tests/gpu/plugins -p no:cacheprovider \
+    > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 170 python3 benchmarks/norms.py bench --out $OUT/$P --compile-budget 100 > $OUT/$P/norms_bench.log 2>&1
+  tail -3 $OUT/$P/norms_bench.log | cut -c1-200
+  timeout 120 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s3 > $OUT/$P/softmax_bench.log 2>&1
+  grep -v "tune " $OUT/$P/softmax_bench.log | tail -2 | cut -c1-300
 elif [ "$P" = tests ]; then
   timeout 150 python3 benchmarks/softmax.py --prefill --dtypes bf16 2>&1 | tail -2
   timeout 420 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py tests/gpu/ops/test_norms.py \
