@@ -18,28 +18,6 @@ constexpr int rtk_norm_bwd_l2_grads() {
   return ((FLAGS & kNormWeightGrad) ? 1 : 0) + ((FLAGS & kNormBias) ? 1 : 0);
 }
 
-// One row's loads of a pack, and the pieces of the backward formula.
-template <int FLAGS, typename TX, typename TW, typename TDY, int VEC>
-struct rtk_norm_l2_pack {
-  rtk_norm_pack<TX, VEC> x;
-  rtk_norm_pack<TDY, VEC> dy;
-  template <int LD>
-  RTK_DEVICE void load(const TX* xr, const TDY* dyr, int c) {
-    rtk_norm_load<LD>(xr + c, x);
-    rtk_norm_load<LD>(dyr + c, dy);
-  }
-  // s[0] += g * x_hat, s[1] += g (LayerNorm).
-  RTK_DEVICE void sums(const rtk_norm_pack<TW, VEC>& w, float rs, float shift, float (&s)[2]) const {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      float g = rtk_to_float(dy.v[j]);
-      if constexpr ((FLAGS & kNormWeight) != 0) g *= rtk_norm_weight<FLAGS>(w, j);
-      s[0] = fmaf(g, fmaf(rtk_to_float(x.v[j]), rs, shift), s[0]);
-      if constexpr ((FLAGS & kNormLayer) != 0) s[1] += g;
-    }
-  }
-};
-
 template <typename TX, typename TW, typename TDY, typename TDX, int N, int VEC, int THREADS, int MINB, int FLAGS,
           int OPT>
 __global__ void __launch_bounds__(THREADS, MINB)
@@ -128,18 +106,7 @@ rtk_norm_bwd_l2(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* _
         Acc dwv, dbv;
         if constexpr (kDW) dwv = dwa[k];
         if constexpr (kDB) dbv = dba[k];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = rtk_to_float(p.dy.v[j]);
-          const float xh = fmaf(rtk_to_float(p.x.v[j]), rs, shift);
-          float g = d;
-          if constexpr (kW) g *= rtk_norm_weight<FLAGS>(wp, j);
-          float v = fmaf(g, rs, fmaf(xh, a1, a0));
-          if constexpr (kDRes) v += rtk_to_float(rp.v[j]);
-          out.v[j] = rtk_from_float<TDX>(v);
-          if constexpr (kDW) dwv.v[j] = fmaf(d, xh, dwv.v[j]);
-          if constexpr (kDB) dbv.v[j] += d;
-        }
+        p.dx(wp, rp, rs, shift, a1, a0, out, dwv.v, dbv.v);
         if constexpr (kDW) dwa[k] = dwv;
         if constexpr (kDB) dba[k] = dbv;
         rtk_norm_store<kStStream>(dxr + c, out);

@@ -36,6 +36,7 @@ rtk_norm_bwd_stage(const TX* __restrict__ x, const TW* __restrict__ w, const TDY
   constexpr int kBufBytes = kXBytes + rtk_norm_stage_bytes<TDY>(N);
   typedef rtk_norm_pack<TX, VEC> PX;
   typedef rtk_norm_pack<TDY, VEC> PDY;
+  typedef rtk_norm_l2_pack<FLAGS, TX, TW, TDY, VEC> Pack;
   __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(2)];
   extern __shared__ __align__(16) unsigned char rtk_norm_stage_smem[];
 
@@ -95,15 +96,10 @@ rtk_norm_bwd_stage(const TX* __restrict__ x, const TW* __restrict__ w, const TDY
     for (int i = 0; i < NV; ++i) {
       const int k = i * THREADS + t;
       if (kExact || k < kPacks) {
-        const PX px = bx[k];
-        const PDY pd = bd[k];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          float g = rtk_to_float(pd.v[j]);
-          if constexpr (kW) g *= rtk_norm_weight<FLAGS>(wv[i], j);
-          s[0] = fmaf(g, fmaf(rtk_to_float(px.v[j]), rs, shift), s[0]);
-          if constexpr (kLayer) s[1] += g;
-        }
+        Pack p;
+        p.x = bx[k];
+        p.dy = bd[k];
+        p.sums(wv[kW ? i : 0], rs, shift, s);
       }
     }
     rtk_norm_group_sum<THREADS, 2>(s, scratch);
@@ -118,22 +114,12 @@ rtk_norm_bwd_stage(const TX* __restrict__ x, const TW* __restrict__ w, const TDY
     for (int i = 0; i < NV; ++i) {
       const int k = i * THREADS + t;
       if (kExact || k < kPacks) {
-        const PX px = bx[k];
-        const PDY pd = bd[k];
+        Pack p;
+        p.x = bx[k];
+        p.dy = bd[k];
         rtk_norm_pack<TDX, VEC> rp, out;
         if constexpr (kDRes) rtk_norm_load<kLdStream>(drr + k * VEC, rp);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = rtk_to_float(pd.v[j]);
-          const float xh = fmaf(rtk_to_float(px.v[j]), rs, shift);
-          float g = d;
-          if constexpr (kW) g *= rtk_norm_weight<FLAGS>(wv[i], j);
-          float v = fmaf(g, rs, fmaf(xh, a1, a0));
-          if constexpr (kDRes) v += rtk_to_float(rp.v[j]);
-          out.v[j] = rtk_from_float<TDX>(v);
-          if constexpr (kDW) dws[i][j] = fmaf(d, xh, dws[i][j]);
-          if constexpr (kDB) dbs[i][j] += d;
-        }
+        p.dx(wv[kW ? i : 0], rp, rs, shift, a1, a0, out, dws[kDW ? i : 0], dbs[kDB ? i : 0]);
         rtk_norm_store<kStStream>(dxr + k * VEC, out);
       }
     }

@@ -121,3 +121,44 @@ RTK_DEVICE void rtk_norm_write_partial(const float (&acc)[NV][VEC], float* buf, 
     __syncthreads();  // buf is reused for the next partial
   }
 }
+
+// One pack of a row's x and dy, and the two steps of the backward formula on it (shared by the l2 and stage
+// kernels, which differ only in where the pack comes from).
+template <int FLAGS, typename TX, typename TW, typename TDY, int VEC>
+struct rtk_norm_l2_pack {
+  rtk_norm_pack<TX, VEC> x;
+  rtk_norm_pack<TDY, VEC> dy;
+  template <int LD>
+  RTK_DEVICE void load(const TX* xr, const TDY* dyr, int c) {
+    rtk_norm_load<LD>(xr + c, x);
+    rtk_norm_load<LD>(dyr + c, dy);
+  }
+  // Pass 1: s[0] += g * x_hat, s[1] += g (LayerNorm); x_hat = x * rs + shift, g = dy * w_eff.
+  RTK_DEVICE void sums(const rtk_norm_pack<TW, VEC>& w, float rs, float shift, float (&s)[2]) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      float g = rtk_to_float(dy.v[j]);
+      if constexpr ((FLAGS & kNormWeight) != 0) g *= rtk_norm_weight<FLAGS>(w, j);
+      s[0] = fmaf(g, fmaf(rtk_to_float(x.v[j]), rs, shift), s[0]);
+      if constexpr ((FLAGS & kNormLayer) != 0) s[1] += g;
+    }
+  }
+  // Pass 2: out = g * rs + x_hat * a1 + a0 (+ the residual gradient r), and the column sums dw += dy * x_hat,
+  // db += dy (where wanted). a1 = -rs * sum(g x_hat) / N, a0 = -rs * sum(g) / N.
+  template <typename TDX>
+  RTK_DEVICE void dx(const rtk_norm_pack<TW, VEC>& w, const rtk_norm_pack<TDX, VEC>& r, float rs, float shift,
+                     float a1, float a0, rtk_norm_pack<TDX, VEC>& out, float (&dw)[VEC], float (&db)[VEC]) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float d = rtk_to_float(dy.v[j]);
+      const float xh = fmaf(rtk_to_float(x.v[j]), rs, shift);
+      float g = d;
+      if constexpr ((FLAGS & kNormWeight) != 0) g *= rtk_norm_weight<FLAGS>(w, j);
+      float v = fmaf(g, rs, fmaf(xh, a1, a0));
+      if constexpr ((FLAGS & kNormResidual) != 0) v += rtk_to_float(r.v[j]);
+      out.v[j] = rtk_from_float<TDX>(v);
+      if constexpr ((FLAGS & kNormWeightGrad) != 0) dw[j] = fmaf(d, xh, dw[j]);
+      if constexpr ((FLAGS & kNormBias) != 0) db[j] += d;
+    }
+  }
+};
