@@ -659,8 +659,29 @@ def plot(out: Path, env: dict, bench: dict) -> None:
 
 
 # ---- compile times (CPU) ----------------------------------------------------------------------------------------
+SELECTED_NS = (7, 1000, 1024, 4096, 5120, 8192, 12288, 16384, 65536, 100000, 262144)
+
+
+def _selected_specs() -> set:
+    """The kernels the registry picks (shipped tables; 132 SMs on sm_90) for every norm op, dtype and N in
+    SELECTED_NS on sm_75 / sm_80 / sm_90: what a user's first call compiles."""
+    import rtckern.ops  # noqa: F401  (registers the candidates)
+    from rtckern.ops import _norms_candidates as cands
+    from rtckern.registry import select
+
+    out = set()
+    for arch in ("sm_75", "sm_80", "sm_90"):
+        dev = DeviceInfo.for_arch(arch, sm_count=132)
+        for op in cands.FWD_OPS + cands.BWD_OPS:
+            for dtype in DTYPES:
+                for n in SELECTED_NS:
+                    out.update(select(cands.build_request(op, (n,), dtype, dev)).specs)
+    return out
+
+
 def cmd_compile_times(out: Path | None) -> dict:
-    """Cold compile (new key, warm process) of representative variants for sm_75 / sm_80 / sm_90."""
+    """Cold compile (new key, warm process) of representative variants of every kind for sm_75 / sm_80 / sm_90,
+    and of the kernels the registry selects (`selected`)."""
     from rtckern.compiler import compiler_for
 
     variants = []
@@ -682,7 +703,8 @@ def cmd_compile_times(out: Path | None) -> dict:
                         c = L.bwd_config(bp, kind, dev)
                         if c is not None:
                             variants.extend(L.bwd_specs(bp, kind, c, a))
-    variants = list(dict.fromkeys(variants))
+    selected = _selected_specs()
+    variants = list(dict.fromkeys(variants + sorted(selected, key=lambda s: s.name_expression + s.arch.sm)))
     comp = compiler_for(Arch.parse("sm_90"))
     t0 = time.perf_counter()
     comp.compile(L.fwd_spec(fwd_problem("rms", "bf16", 1024), "rows", K.rows_config(1024, 8), Arch.parse("sm_80")))
@@ -690,10 +712,14 @@ def cmd_compile_times(out: Path | None) -> dict:
     rows = []
     for s in variants:
         ck = comp.compile(s)
-        rows.append({"kernel": s.name_expression, "arch": s.arch.sm, "ms": round(ck.compile_ms, 1)})
+        rows.append({"kernel": s.name_expression, "arch": s.arch.sm, "ms": round(ck.compile_ms, 1),
+                     "selected": s in selected})
     ms = sorted(r["ms"] for r in rows)
+    sel = sorted(r["ms"] for r in rows if r["selected"])
     summary = {"kernels": len(rows), "first_in_process_ms": round(first, 1), "median_ms": statistics.median(ms),
                "p90_ms": ms[int(0.9 * (len(ms) - 1))], "max_ms": ms[-1], "over_150ms": sum(m > 150 for m in ms),
+               "selected_kernels": len(sel), "selected_median_ms": statistics.median(sel),
+               "selected_max_ms": sel[-1], "selected_over_150ms": sum(m > 150 for m in sel),
                "cpu": platform.processor() or platform.machine(), "nproc": os.cpu_count(),
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     print(json.dumps(summary))
