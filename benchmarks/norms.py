@@ -83,8 +83,10 @@ def l2_configs(p, backward: bool) -> list[K.L2Config]:
     largest shared-memory stash that lets 1-4 blocks share an SM)."""
     out = []
     for threads in (128, 256, 512, 1024):
-        for minb in (1, 2):
-            if minb * threads > 2048 or (minb == 2 and threads < 512) or (backward and threads == 128):
+        # minb 4 / 8 for 128-256 threads: a 64 / 32-register cap, more blocks (loads in flight) per SM
+        for minb in (1, 2, 4, 8):
+            if minb * threads > 2048 or (minb == 2 and threads < 512) or (backward and threads == 128) or \
+                    (minb > 2 and (backward or threads > 256)):
                 continue
             for opt in ((1, 0) if backward else (0, 2)):
                 cfg = K.L2Config(threads, minb, opt)
@@ -123,7 +125,7 @@ def l2_stash_configs(p) -> list[K.L2Config]:
 def stage_configs(p) -> list[K.StageConfig]:
     """Staged backward: threads per block (4 to 32 columns per thread) x rows in flight that fit 227 KB."""
     out = []
-    for threads in (128, 256, 384, 512, 768, 1024):
+    for threads in (128, 160, 256, 320, 384, 512, 640, 768, 1024):  # 160 / 320 / 640: N = 5120 in whole packs
         cols = K.packs_per_thread(p.n, p.vec, threads) * p.vec
         if not 4 <= cols <= K.BWD_STAGE_MAX_THREAD_COLS or (p.n // p.vec) < threads // 2:
             continue

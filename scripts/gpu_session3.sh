@@ -59,6 +59,24 @@ elif [ "$P" = final ]; then
   tail -3 $OUT/$P/norms_bench.log | cut -c1-200
   timeout 120 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s3 > $OUT/$P/softmax_bench.log 2>&1
   grep -v "tune " $OUT/$P/softmax_bench.log | tail -2 | cut -c1-300
+elif [ "$P" = exp5 ]; then
+  # Wider sweeps with the kernels as they are (each config checked against float64 before it counts): the l2
+  # forward with minb 4 / 8 at 128-256 threads, the stage backward at N = 5120 with 160 / 320 / 640 threads; the
+  # tables rebuilt from every sweep in the tree plus these two, then the norms benchmark on them.
+  R=benchmarks/results
+  timeout 150 python3 benchmarks/norms.py sweep --kinds l2 --dirs fwd --ns 4096,5120,8192,12288,16384 \
+    --sweep-budget 110 --out $OUT/$P/l2fwd > $OUT/$P/sweep_l2fwd.log 2>&1
+  grep -E "^sweep|FAILED" $OUT/$P/sweep_l2fwd.log | cut -c1-300
+  timeout 80 python3 benchmarks/norms.py sweep --kinds stage --dirs bwd --ns 5120 --sweep-budget 50 \
+    --out $OUT/$P/stage5120 > $OUT/$P/sweep_stage5120.log 2>&1
+  grep -E "^sweep|FAILED" $OUT/$P/sweep_stage5120.log | cut -c1-300
+  python3 benchmarks/norms.py tables --sweep $R/norms_sweep_2026-11-26_h200.json.gz \
+    --sweep $R/norms_sweep_l2_2026-11-26_h200.json.gz --sweep $R/norms_sweep_bwd_2026-11-26_h200.json.gz \
+    --sweep $R/norms_sweep_stash_2026-11-26_h200.json.gz --sweep $R/norms_sweep_l2c16_2026-11-26_h200.json.gz \
+    --sweep $R/norms_sweep_stage_2026-11-26_h200.json.gz --sweep $OUT/$P/l2fwd/norms_sweep.json \
+    --sweep $OUT/$P/stage5120/norms_sweep.json
+  timeout 170 python3 benchmarks/norms.py bench --out $OUT/$P --compile-budget 100 > $OUT/$P/norms_bench.log 2>&1
+  tail -2 $OUT/$P/norms_bench.log | cut -c1-200
 elif [ "$P" = tests ]; then
   timeout 150 python3 benchmarks/softmax.py --prefill --dtypes bf16 2>&1 | tail -2
   timeout 420 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py tests/gpu/ops/test_norms.py \
