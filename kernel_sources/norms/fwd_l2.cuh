@@ -110,7 +110,7 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
       if constexpr (kStashed) p = stash[i * THREADS + t];
       else if constexpr (kRes) rtk_norm_load<kLdDefault>(hr + c, p);
       else rtk_norm_load<kLd2>(xr + c, p);
-      rtk_norm_pack<TW, VEC> wp, bp;
+      [[maybe_unused]] rtk_norm_pack<TW, VEC> wp, bp;  // bp: LayerNorm with a bias only
       if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);
       if constexpr (kB) rtk_norm_load<kLdReadOnly>(b + c, bp);
       rtk_norm_pack<TY, VEC> out;

@@ -14,8 +14,8 @@ constexpr int rtk_norm_stage_bytes(int n) {
 // bypass L1; 4 / 8-byte packs go through it), a plain copy elsewhere.
 template <typename T, int VEC>
 RTK_DEVICE void rtk_norm_copy_async(rtk_norm_pack<T, VEC>* dst, const T* src) {
-  constexpr int kBytes = VEC * (int)sizeof(T);
 #if defined(RTK_CUDA) && (RTK_ARCH >= 800)
+  constexpr int kBytes = VEC * (int)sizeof(T);
   const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
   if constexpr (kBytes % 16 == 0) {
 #pragma unroll

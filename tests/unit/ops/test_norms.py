@@ -355,6 +355,7 @@ def test_every_variant_compiles(arch):
         try:
             ck = comp.compile(s)
             assert ck.binary and ck.kind == "cubin"
+            assert "warning" not in (ck.log or "").lower(), ck.log[:600]
         except Exception as e:  # collect all, report together
             failures.append(f"{s.name_expression}: {str(e)[:300]}")
     assert not failures, "\n".join(failures)
