@@ -57,7 +57,8 @@ elif [ "$P" = final ]; then
   tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
   timeout 170 python3 benchmarks/norms.py bench --out $OUT/$P --compile-budget 100 > $OUT/$P/norms_bench.log 2>&1
   tail -3 $OUT/$P/norms_bench.log | cut -c1-200
-  timeout 120 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s3 > $OUT/$P/softmax_bench.log 2>&1
+  timeout 120 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s3 \
+    > $OUT/$P/softmax_bench.log 2>&1
   grep -v "tune " $OUT/$P/softmax_bench.log | tail -2 | cut -c1-300
 elif [ "$P" = exp5 ]; then
   # Wider sweeps with the kernels as they are (each config checked against float64 before it counts): the l2
@@ -85,7 +86,8 @@ elif [ "$P" = tests ]; then
 else
   timeout 280 python3 benchmarks/norms.py bench --out $OUT/$P --compile-budget 150 > $OUT/$P/norms_bench.log 2>&1
   tail -5 $OUT/$P/norms_bench.log
-  timeout 250 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s3 > $OUT/$P/softmax_bench.log 2>&1
+  timeout 250 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s3 \
+    > $OUT/$P/softmax_bench.log 2>&1
   grep -v "tune " $OUT/$P/softmax_bench.log | tail -3 | cut -c1-300
 fi
 for f in $OUT/*; do [ "$f" != "$OUT/$P" ] && mv "$f" $OUT/$P/ 2>/dev/null; done

@@ -20,7 +20,8 @@ RTK_DEVICE void rtk_norm_copy_async(rtk_norm_pack<T, VEC>* dst, const T* src) {
   if constexpr (kBytes % 16 == 0) {
 #pragma unroll
     for (int o = 0; o < kBytes; o += 16)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + o), "l"(reinterpret_cast<const char*>(src) + o));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
+                   ::"r"(d + o), "l"(reinterpret_cast<const char*>(src) + o));
   } else if constexpr (kBytes == 8 || kBytes == 4) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(kBytes));
   } else {

@@ -4,10 +4,11 @@ memory), an L2 re-read kernel (no row data in registers) and a cooperative kerne
 blocks per row); the backward ops also have the cluster-split L2 re-read kernel (l2c, sm_90+) and the cp.async
 staged kernel (stage, sm_80+).
 
-Priority: l2 (130) > stage (128, backward) > l2c (125) > cluster (120) > rows (100) > coop (80). The l2, l2c and cluster kernels serve a
-shape only where the norm_kind table (measured by the benchmark's sweep; nearest tuned shape) names them, or,
-without a table for the arch, where the row-size rule does; the row kernel serves whatever fits its register budget; the cooperative
-kernel serves the rest (and rows too long for anything else). A forced candidate (force_impl) skips the preference.
+Priority: l2 (130) > stage (128, backward) > l2c (125) > cluster (120) > rows (100) > coop (80). The l2, l2c and
+cluster kernels serve a shape only where the norm_kind table (measured by the benchmark's sweep; nearest tuned
+shape) names them, or, without a table for the arch, where the row-size rule does; the stage kernel only where the
+table names it; the row kernel serves whatever fits its register budget; the cooperative kernel serves the rest
+(and rows too long for anything else). A forced candidate (force_impl) skips the preference.
 """
 from __future__ import annotations
 

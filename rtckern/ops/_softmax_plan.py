@@ -156,7 +156,8 @@ def fits(cfg: OnePass, direction: str, dtype: str, n: int, vec: int, smem_optin:
             return "the l2 kernel's shared-memory stash exists for the forward only"
         smem = cfg.smem_bytes(direction, dtype, n, vec, kind)
         if smem > limit:
-            return f"a stash of {cfg.stash} vectors per thread needs {smem} B of shared memory; the device allows {limit} B"
+            return (f"a stash of {cfg.stash} vectors per thread needs {smem} B of shared memory; the device allows "
+                    f"{limit} B")
         return None
     if cfg.kernel == "async":
         if direction != FWD:

@@ -64,8 +64,8 @@ class Kernel:
     """A kernel on one device. ``launch`` is the hot path: a dict lookup for the launch config and stream,
     then cuda.core's launch."""
 
-    __slots__ = ("_k", "_module", "device", "label", "_configs", "_max_dyn_smem", "_non_portable_cluster", "_lock", "_default_stream",
-                 "_launch")
+    __slots__ = ("_k", "_module", "device", "label", "_configs", "_max_dyn_smem", "_non_portable_cluster", "_lock",
+                 "_default_stream", "_launch")
 
     def __init__(self, core_kernel, module, device: DeviceInfo, label: str):
         from cuda.core import launch

@@ -301,7 +301,8 @@ def test_registry_choice(cache_dir, arch, n, expect):
 def test_registry_choice_follows_the_kind_table(cache_dir):
     # fp32 RMSNorm backward at N = 65536: the cluster kernel measured fastest (norms_sweep_bwd_*.json.gz); its
     # forward: the l2 kernel with a shared-memory stash (norms_sweep_stash_*.json.gz)
-    assert select(_bwd_req("rms_norm_backward", 65536, "sm_90", "fp32", 4)).candidate.name == "rms_norm_backward.cluster"
+    sel = select(_bwd_req("rms_norm_backward", 65536, "sm_90", "fp32", 4))
+    assert sel.candidate.name == "rms_norm_backward.cluster"
     sel = select(_fwd_req("rms_norm", 65536, "sm_90", "fp32", 4))
     assert sel.candidate.name == "rms_norm.l2" and int(sel.specs[0].template_args[-1]) > 0  # the stash
     assert select(_bwd_req("rms_norm_backward", 12288, "sm_90")).candidate.name == "rms_norm_backward.l2"
