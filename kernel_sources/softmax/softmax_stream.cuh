@@ -55,6 +55,28 @@ RTK_DEVICE void rtk_softmax_block_stats(float m, float s, float* scratch, float&
   inv = bs > 0.f ? 1.f / bs : 0.f;
 }
 
+// The row a one-row-per-block forward kernel handles (launch order: rtk_softmax_row_of), its valid keys, its
+// pointers and the logit factors.
+template <typename T, int KIND, bool POS>
+struct rtk_softmax_block_row {
+  long long valid;
+  float scale_log2, a;  // logit = u * a (softmax_common.cuh)
+  const T* x;
+  T* y;
+  const unsigned char* mask = nullptr;
+  RTK_DEVICE rtk_softmax_block_row(const T* x_, T* y_, const unsigned char* mask_, long long n, long long sq,
+                                   long long heads, long long mask_batch_stride, long long diag_offset, float scale) {
+    const long long row = rtk_softmax_row_of<KIND, T>(blockIdx.x, n, sq, heads);
+    valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
+    scale_log2 = scale * kRtkLog2e;
+    a = POS ? scale_log2 : 1.f;
+    x = x_ + row * n;
+    y = y_ + row * n;
+    if constexpr (KIND == RTK_SOFTMAX_MASKED)
+      mask = mask_ + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
+  }
+};
+
 template <typename T, int KIND, int VEC, int THREADS, bool POS>
 RTK_DEVICE void rtk_softmax_fwd_async_body(const T* __restrict__ x, T* __restrict__ y,
                                            const unsigned char* __restrict__ mask, long long n, long long sq,
@@ -62,14 +84,8 @@ RTK_DEVICE void rtk_softmax_fwd_async_body(const T* __restrict__ x, T* __restric
                                            float scale, float* scratch) {
   extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
   rtk_vec<T, VEC>* stash = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
-  const long long row = rtk_softmax_row_of<KIND, T>(blockIdx.x, n, sq, heads);
-  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
-  const float scale_log2 = scale * kRtkLog2e;
-  const float a = POS ? scale_log2 : 1.f;  // logit = u * a (softmax_common.cuh)
-  const T* xr = x + row * n;
-  T* yr = y + row * n;
-  const unsigned char* mr = nullptr;
-  if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
+  const auto [valid, scale_log2, a, xr, yr, mr] =
+      rtk_softmax_block_row<T, KIND, POS>(x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale);
   constexpr long long kStep = (long long)THREADS * VEC;
   constexpr int kStashKind = KIND == RTK_SOFTMAX_MASKED ? RTK_SOFTMAX_PLAIN : KIND;  // masks applied in the stash
 
@@ -138,14 +154,8 @@ RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__
                                         float scale, float* scratch) {
   extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
   rtk_vec<T, VEC>* stash = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
-  const long long row = rtk_softmax_row_of<KIND, T>(blockIdx.x, n, sq, heads);
-  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
-  const float scale_log2 = scale * kRtkLog2e;
-  const float a = POS ? scale_log2 : 1.f;  // logit = u * a (softmax_common.cuh)
-  const T* xr = x + row * n;
-  T* yr = y + row * n;
-  const unsigned char* mr = nullptr;
-  if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
+  const auto [valid, scale_log2, a, xr, yr, mr] =
+      rtk_softmax_block_row<T, KIND, POS>(x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale);
   constexpr long long kStep = (long long)THREADS * VEC;
   constexpr int kStashKind = KIND == RTK_SOFTMAX_MASKED ? RTK_SOFTMAX_PLAIN : KIND;  // masks applied in the stash
   const long long e0 = (long long)threadIdx.x * VEC;
