@@ -61,6 +61,13 @@ rtk_norm_bwd_stage(const TX* __restrict__ x, const TW* __restrict__ w, const TDY
     rtk_norm_copy_commit();
   };
 
+  auto staged = [](const PX* bx, const PDY* bd, int k) {  // pack k of a staged row
+    Pack p;
+    p.x = bx[k];
+    p.dy = bd[k];
+    return p;
+  };
+
   // Column sums and the weight of this thread's packs, in registers for every row.
   float dws[kDW ? NV : 1][VEC], dbs[kDB ? NV : 1][VEC];
   rtk_norm_pack<TW, VEC> wv[kW ? NV : 1];
@@ -96,10 +103,7 @@ rtk_norm_bwd_stage(const TX* __restrict__ x, const TW* __restrict__ w, const TDY
     for (int i = 0; i < NV; ++i) {
       const int k = i * THREADS + t;
       if (kExact || k < kPacks) {
-        Pack p;
-        p.x = bx[k];
-        p.dy = bd[k];
-        p.sums(wv[kW ? i : 0], rs, shift, s);
+        staged(bx, bd, k).sums(wv[kW ? i : 0], rs, shift, s);
       }
     }
     rtk_norm_group_sum<THREADS, 2>(s, scratch);
@@ -114,9 +118,7 @@ rtk_norm_bwd_stage(const TX* __restrict__ x, const TW* __restrict__ w, const TDY
     for (int i = 0; i < NV; ++i) {
       const int k = i * THREADS + t;
       if (kExact || k < kPacks) {
-        Pack p;
-        p.x = bx[k];
-        p.dy = bd[k];
+        const Pack p = staged(bx, bd, k);
         rtk_norm_pack<TDX, VEC> rp, out;
         if constexpr (kDRes) rtk_norm_load<kLdStream>(drr + k * VEC, rp);
         p.dx(wv[kW ? i : 0], rp, rs, shift, a1, a0, out, dws[kDW ? i : 0], dbs[kDB ? i : 0]);

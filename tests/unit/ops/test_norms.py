@@ -390,3 +390,34 @@ def test_explain_builds_norm_requests(cache_dir):
     assert "rms_norm.rows" in str(e)
     e = explain("layer_norm_backward", dtype="fp16", shape="2048x65536", arch="sm_90", sm_count=132)
     assert "layer_norm_backward.l2c" in str(e)  # the cluster-split l2 kernel measured fastest (norms_notes.md)
+
+
+class _RecordingKernel:
+    """Stands in for rtckern.Kernel in launch-path tests: records the calls the launch code makes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def allow_non_portable_cluster_size(self):
+        self.calls.append(("non_portable",))
+
+    def launch(self, grid, block, args, shared_mem=0, stream=None, cooperative=False, cluster=None):
+        self.calls.append(("launch", grid, block, shared_mem))
+
+
+@pytest.mark.parametrize("parts,opt_in", [(8, False), (16, True)])
+def test_l2c_clusters_past_8_take_the_non_portable_opt_in(monkeypatch, parts, opt_in):
+    """A cluster of more than 8 blocks needs the driver's non-portable cluster attribute before the launch."""
+    p = K.BwdProblem(layer=True, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
+                     bias_grad=True, vec=8)
+    cfg = K.SplitConfig(256, parts, 0)
+    assert L.bwd_feasible(p, "l2c", cfg) is None
+    monkeypatch.setattr(L, "active_clusters", lambda kernel, cluster, block, stream: 132 // cluster)
+    main, reduce = _RecordingKernel(), _RecordingKernel()
+    call = L.BwdCall(x=1, w=2, dy=3, dres=0, mean=4, rstd=5, dx=6, dw=7, db=8, rows=4096, sx=65536, sdy=65536,
+                     sdres=0, sdx=65536, stream=0, zeros_u32=None, empty_f32=lambda count: (None, 9))
+    L.launch_bwd(p, "l2c", cfg, (main, reduce), call)
+    clusters = 132 // parts
+    expect = ([("non_portable",)] if opt_in else []) + [("launch", clusters * parts, 256, 0)]
+    assert main.calls == expect
+    assert reduce.calls == [("launch", -(-65536 // K.DW_REDUCE_COLS), K.DW_REDUCE_BLOCK, 0)]
