@@ -125,7 +125,9 @@ rtk_norm_bwd_stage(const TX* __restrict__ x, const TW* __restrict__ w, const TDY
         rtk_norm_store<kStStream>(dxr + k * VEC, out);
       }
     }
-    // This thread has read its packs of buffer b: refill it with the row DEPTH ahead.
+    // This thread has read its packs of buffer b: refill it with the row DEPTH ahead. The compiler may not move
+    // those reads below the copies that overwrite them (the cp.async asm declares no memory effects).
+    asm volatile("" ::: "memory");
     fill(b, row + (long long)DEPTH * step);
     b = b + 1 == DEPTH ? 0 : b + 1;
   }

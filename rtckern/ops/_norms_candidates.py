@@ -86,12 +86,14 @@ class _NormCandidate(Candidate):
         return L.bwd_specs(p, self.kind, cfg, arch, op=req.op)
 
     def launch_resources(self, req: OpRequest):
-        cfg = self.config(req)
+        p, cfg = self.problem(req), self.config(req)
         block = cfg.block if self.kind == "rows" else cfg.threads
-        main = Resources(block=block, cooperative_grid=cfg.parts if self.kind == "coop" else None)
+        smem = 0
+        if self.kind == "l2":  # the forward's stash, the backward's column sums
+            smem = K.fwd_l2_smem(p, cfg) if self.direction == "fwd" else K.bwd_l2_smem(p)
+        main = Resources(block=block, dynamic_smem=smem, cooperative_grid=cfg.parts if self.kind == "coop" else None)
         if self.direction == "fwd":
             return (main,)
-        p = self.problem(req)
         return (main,) + ((Resources(block=K.DW_REDUCE_BLOCK),) if (p.weight_grad or p.bias_grad) else ())
 
     def prefers_cluster(self, req: OpRequest) -> tuple[bool, str]:
@@ -237,8 +239,9 @@ class _Stage(_NormCandidate):
                         f"table's fastest kind near N={req.dim('n')} is {kind}")
         if self.config(req) is None:
             p = self.problem(req)
-            return (f"no stage geometry keeps the column sums of N={p.n} within "
-                    f"{K.BWD_STAGE_MAX_THREAD_COLS} per thread with two rows of x and dy in shared memory")
+            return (f"no stage geometry for N={p.n}: it needs 256-1024 threads with at most "
+                    f"{K.BWD_STAGE_MAX_THREAD_COLS} columns each (and at least half of them with a pack of the "
+                    f"row), and two rows of x and dy in shared memory")
         return None
 
     def launch_resources(self, req: OpRequest):

@@ -250,7 +250,8 @@ def blocks_per_sm(kernel, block: int, smem: int = 0) -> int:
 
 def active_clusters(kernel, cluster: int, block: int, stream: int) -> int:
     """How many clusters of `cluster` blocks fit on the device at once (the driver's answer, which knows the GPC
-    layout); without that query, blocks per SM x SMs / cluster."""
+    layout); without that query, blocks per SM x SMs / cluster. A non-portable size (more than 8 blocks) keeps the
+    driver's 0: a partitioned GPU (MIG, MPS limits) may hold no cluster of 16, and the candidate must decline."""
     key = (id(kernel), block, "cluster", cluster)
     v = _occ.get(key)
     if v is None:
@@ -263,9 +264,10 @@ def active_clusters(kernel, cluster: int, block: int, stream: int) -> int:
 
             cfg = LaunchConfig(grid=1, cluster=cluster, block=block)
             v = int(kernel.core.occupancy.max_active_clusters(cfg, stream=core_stream(stream)))
+            answered = True
         except Exception:  # an older cuda.core or driver without the query: a conservative estimate
-            v = 0
-        if v <= 0:
+            v, answered = 0, False
+        if v <= 0 and not (answered and cluster > K.MAX_CLUSTER):
             try:
                 per_sm = blocks_per_sm(kernel, block)
             except Exception:  # the per-SM query may refuse cluster kernels too: one block per SM is safe

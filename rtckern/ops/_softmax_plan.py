@@ -185,6 +185,8 @@ def onepass_template_args(direction: str, dtype: str, kind: int, vec: int, cfg: 
     if cfg.kernel == "regs":
         return (CTYPES[dtype], k, vec, cfg.items, cfg.group, cfg.threads, cfg.min_blocks)
     if cfg.stash:
+        if direction != FWD:
+            raise ValueError(f"{cfg}: the l2 kernel's shared-memory stash exists for the forward only")
         return (CTYPES[dtype], k, vec, cfg.threads, cfg.min_blocks, cfg.stash)
     return (CTYPES[dtype], k, vec, cfg.threads, cfg.min_blocks)
 

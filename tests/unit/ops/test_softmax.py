@@ -188,6 +188,8 @@ def test_l2_stash_configs():
     assert tuned.config_dict(s)["stash"] == 7 and "stash" not in tuned.config_dict(plan.OnePass(512, 512, 0, 1, "l2"))
     with pytest.raises(ValueError, match="stash"):
         plan.OnePass(256, 256, 0, 1, "async", 2)
+    with pytest.raises(ValueError, match="forward only"):  # even where fits() was not asked
+        plan.onepass_template_args(plan.BWD, "bf16", plan.PLAIN, 8, s)
     # The sweep offers stashes for rows of 64 KB and more, each fitting the device.
     stashed = [c for c in tuned.sweep_configs(plan.FWD, "bf16", 65536, 8, smem) if c.stash]
     assert stashed and all(plan.fits(c, plan.FWD, "bf16", 65536, 8, smem) is None for c in stashed)
