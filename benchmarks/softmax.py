@@ -570,6 +570,7 @@ def main() -> None:
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--tune-dirs", default="fwd,bwd", help="--tune: only these directions")
     ap.add_argument("--tune-kinds", help="--tune: only these mask kinds (plain, masked, causal; comma-separated)")
+    ap.add_argument("--tune-no-ring", action="store_true", help="--tune: the one-pass tables only")
     ap.add_argument("--tune-ns", help="--tune: only these row lengths (comma-separated; default the benchmark's)")
     ap.add_argument("--compile", default="plain", choices=("all", "plain", "none"))
     ap.add_argument("--dtypes", default="bf16,fp16,fp32")
@@ -596,7 +597,8 @@ def main() -> None:
         payload["prefill"] = prefill(dev, dtypes)
     tune_report = []
     if args.tune:
-        tune_report = tune(torch, dev, dtypes, out_dir, directions=tuple(args.tune_dirs.split(",")),
+        tune_report = tune(torch, dev, dtypes, out_dir, rings=not args.tune_no_ring,
+                           directions=tuple(args.tune_dirs.split(",")),
                            ns=tuple(int(v) for v in args.tune_ns.split(",")) if args.tune_ns else None,
                            kinds=tuple({"plain": 0, "masked": 1, "causal": 2}[k] for k in args.tune_kinds.split(","))
                            if args.tune_kinds else None)

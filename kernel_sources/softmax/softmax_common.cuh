@@ -191,13 +191,13 @@ RTK_DEVICE unsigned int rtk_sm_nonzero_bytes(unsigned int w) {
 }
 #endif
 
-// Masked keys of a 16-bit vector become -inf, two keys per LOP3 (no per-key select). VEC % 4 == 0.
+// Masked keys of a 16-bit vector become -inf, two keys per LOP3 (no per-key select). VEC % 4 == 0; mw: the
+// vector's VEC mask bytes as words.
 template <typename T, int VEC>
-RTK_DEVICE void rtk_sm_mask_packed(rtk_vec<T, VEC>& v, const unsigned char* mp) {
+RTK_DEVICE void rtk_sm_mask_packed(rtk_vec<T, VEC>& v, const unsigned int* mw) {
 #if defined(RTK_CUDA)
   static_assert(sizeof(T) == 2 && VEC % 4 == 0, "packed masks: 16-bit types, whole mask words");
   unsigned int* words = reinterpret_cast<unsigned int*>(&v);
-  const unsigned int* mw = reinterpret_cast<const unsigned int*>(mp);
   constexpr unsigned int neg = rtk_neg_inf_pair<T>::value;
 #pragma unroll
   for (int q = 0; q < VEC / 4; ++q) {
@@ -221,13 +221,50 @@ constexpr bool kRtkPackedMask =
 template <typename T, int VEC>
 RTK_DEVICE void rtk_softmax_mask_raw(rtk_vec<T, VEC>& v, const unsigned char* mp) {
   if constexpr (kRtkPackedMask<T, VEC>) {
-    rtk_sm_mask_packed<T, VEC>(v, mp);
+    rtk_sm_mask_packed<T, VEC>(v, reinterpret_cast<const unsigned int*>(mp));
   } else {
     bool mk[VEC];
     rtk_sm_load_mask<VEC>(mp, mk);
     const T neg = rtk_from_float<T>(rtk_neg_inf());
 #pragma unroll
     for (int i = 0; i < VEC; ++i) v.v[i] = mk[i] ? neg : v.v[i];
+  }
+}
+
+// The VEC mask bytes of one vector held in registers (a masked kernel that reuses a mask row across heads):
+// byte i of the vector is byte i % 4 of word i / 4.
+template <int VEC>
+struct rtk_sm_mask_bytes {
+  unsigned int w[(VEC + 3) / 4];
+};
+
+template <int VEC>
+RTK_DEVICE rtk_sm_mask_bytes<VEC> rtk_sm_load_mask_bytes(const unsigned char* p) {
+  rtk_sm_mask_bytes<VEC> m;
+  if constexpr (VEC == 8) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    m.w[0] = u.x;
+    m.w[1] = u.y;
+  } else if constexpr (VEC == 4) {
+    m.w[0] = *reinterpret_cast<const unsigned int*>(p);
+  } else if constexpr (VEC == 2) {
+    m.w[0] = *reinterpret_cast<const unsigned short*>(p);
+  } else {
+    static_assert(VEC == 1, "mask vector width");
+    m.w[0] = p[0];
+  }
+  return m;
+}
+
+// Masked keys of v become -inf in the storage type, from mask bytes held in registers.
+template <typename T, int VEC>
+RTK_DEVICE void rtk_softmax_mask_held(rtk_vec<T, VEC>& v, const rtk_sm_mask_bytes<VEC>& m) {
+  if constexpr (kRtkPackedMask<T, VEC>) {
+    rtk_sm_mask_packed<T, VEC>(v, m.w);
+  } else {
+    const T neg = rtk_from_float<T>(rtk_neg_inf());
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v.v[i] = ((m.w[i / 4] >> (8 * (i % 4))) & 0xffu) != 0u ? neg : v.v[i];
   }
 }
 

@@ -47,24 +47,15 @@ RTK_DEVICE void rtk_softmax_stash_values(const rtk_vec<T, VEC>& s, float scale_l
   }
 }
 
-template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, bool POS>
-RTK_DEVICE void rtk_softmax_fwd_body(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask,
-                                     long long rows, long long n, long long sq, long long heads,
-                                     long long mask_batch_stride, long long diag_offset, float scale, float* scratch) {
+// One row: `lane` of the row's GROUP threads; an inactive row (past the end) joins the reductions only. HELD: the
+// register part's mask bytes come from `held` (loaded once for several heads) instead of device memory.
+template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, bool POS, bool HELD>
+RTK_DEVICE void rtk_softmax_fwd_row(const T* __restrict__ xr, T* __restrict__ yr, const unsigned char* __restrict__ mr,
+                                    const rtk_sm_mask_bytes<VEC> (&held)[ITEMS], int lane, bool active, long long n,
+                                    long long valid, float scale, float* scratch) {
   constexpr bool kBlockRow = GROUP > RTK_WARP_SIZE_CONST;
-  constexpr int kRowsPerBlock = THREADS / GROUP;
-  const int lane = kBlockRow ? (int)threadIdx.x : (int)(threadIdx.x % GROUP);
-  const long long slot = (long long)blockIdx.x * kRowsPerBlock + (kBlockRow ? 0 : (long long)(threadIdx.x / GROUP));
-  // Lanes of a row past the end still join the shuffles; they load and store nothing.
-  const bool active = slot < rows;
-  const long long row = rtk_softmax_row_of<KIND, T>(slot, n, sq, heads);
-  const long long valid = active ? rtk_softmax_valid<KIND>(row, n, sq, diag_offset) : 0;
   const float scale_log2 = scale * kRtkLog2e;
   const float a = POS ? scale_log2 : 1.f;  // logit = u * a (softmax_common.cuh)
-  const T* xr = x + row * n;
-  T* yr = y + row * n;
-  const unsigned char* mr = nullptr;
-  if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
 
   // Pass 1: load, max of u.
   float v[ITEMS][VEC];
@@ -73,7 +64,13 @@ RTK_DEVICE void rtk_softmax_fwd_body(const T* __restrict__ x, T* __restrict__ y,
   for (int j = 0; j < ITEMS; ++j) {
     const long long e = ((long long)j * GROUP + lane) * VEC;
     if (e < valid) {
-      rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load<T, VEC>(xr + e), mr + e, e, valid, scale_log2, v[j]);
+      if constexpr (HELD) {
+        rtk_vec<T, VEC> raw = rtk_sm_load<T, VEC>(xr + e);
+        rtk_softmax_mask_held<T, VEC>(raw, held[j]);
+        rtk_softmax_values<T, RTK_SOFTMAX_PLAIN, VEC, POS>(raw, nullptr, e, valid, scale_log2, v[j]);
+      } else {
+        rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load<T, VEC>(xr + e), mr + e, e, valid, scale_log2, v[j]);
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) v[j][i] = rtk_neg_inf();
@@ -153,7 +150,52 @@ RTK_DEVICE void rtk_softmax_fwd_body(const T* __restrict__ x, T* __restrict__ y,
   }
 }
 
-template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int MIN_BLOCKS>
+// HEADS == 1: one row per group (launch order rtk_softmax_row_of). HEADS > 1 (masked rows only): a group handles
+// HEADS heads of one (batch, query) in turn and loads their shared mask row once, into registers; group slots
+// run in (batch, head chunk, query) order, so neighbouring groups read neighbouring rows.
+template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int HEADS, bool POS>
+RTK_DEVICE void rtk_softmax_fwd_body(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask,
+                                     long long rows, long long n, long long sq, long long heads,
+                                     long long mask_batch_stride, long long diag_offset, float scale, float* scratch) {
+  constexpr bool kBlockRow = GROUP > RTK_WARP_SIZE_CONST;
+  constexpr int kRowsPerBlock = THREADS / GROUP;
+  const int lane = kBlockRow ? (int)threadIdx.x : (int)(threadIdx.x % GROUP);
+  const long long slot = (long long)blockIdx.x * kRowsPerBlock + (kBlockRow ? 0 : (long long)(threadIdx.x / GROUP));
+  rtk_sm_mask_bytes<VEC> held[ITEMS];
+  if constexpr (HEADS == 1) {
+    // Lanes of a row past the end still join the shuffles; they load and store nothing.
+    const bool active = slot < rows;
+    const long long row = rtk_softmax_row_of<KIND, T>(slot, n, sq, heads);
+    const long long valid = active ? rtk_softmax_valid<KIND>(row, n, sq, diag_offset) : 0;
+    const unsigned char* mr = nullptr;
+    if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
+    rtk_softmax_fwd_row<T, KIND, VEC, ITEMS, GROUP, THREADS, POS, false>(x + row * n, y + row * n, mr, held, lane,
+                                                                        active, n, valid, scale, scratch);
+  } else {
+    static_assert(KIND == RTK_SOFTMAX_MASKED, "a head loop serves masked rows (one mask row, several heads)");
+    const long long chunks = (heads + HEADS - 1) / HEADS;
+    const long long per_batch = chunks * sq;
+    const bool slot_ok = slot < rows / heads * chunks;
+    const long long b = slot / per_batch, rem = slot - b * per_batch;
+    const long long c = rem / sq, q = rem - c * sq;
+    const unsigned char* mr = mask + (b * mask_batch_stride + q) * n;
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+      const long long e = ((long long)j * GROUP + lane) * VEC;
+      held[j] = slot_ok && e < n ? rtk_sm_load_mask_bytes<VEC>(mr + e) : rtk_sm_mask_bytes<VEC>{};
+    }
+#pragma unroll 1
+    for (int i = 0; i < HEADS; ++i) {
+      const long long h = c * HEADS + i;
+      const bool active = slot_ok && h < heads;  // uniform over the group: every lane joins every reduction
+      const long long row = (b * heads + h) * sq + q;
+      rtk_softmax_fwd_row<T, KIND, VEC, ITEMS, GROUP, THREADS, POS, true>(x + row * n, y + row * n, mr, held, lane,
+                                                                         active, n, active ? n : 0, scale, scratch);
+    }
+  }
+}
+
+template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int MIN_BLOCKS, int HEADS = 1>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask, long long rows,
             long long n, long long sq, long long heads, long long mask_batch_stride, long long diag_offset,
@@ -163,6 +205,6 @@ softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __r
   static_assert(GROUP > 0 && (GROUP & (GROUP - 1)) == 0 && THREADS % GROUP == 0, "GROUP: power of two dividing THREADS");
   static_assert(VEC > 0 && (int)sizeof(T) * VEC <= kVecBytes, "VEC: at most 16 bytes");
   __shared__ float scratch[kBlockRow ? THREADS / RTK_WARP_SIZE_CONST : 1];
-  RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_body<T, KIND, VEC, ITEMS, GROUP, THREADS, POS>(
+  RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_body<T, KIND, VEC, ITEMS, GROUP, THREADS, HEADS, POS>(
                                       x, y, mask, rows, n, sq, heads, mask_batch_stride, diag_offset, scale, scratch)));
 }

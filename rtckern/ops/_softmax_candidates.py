@@ -75,7 +75,7 @@ def launch_onepass(kernel, direction: str, cfg: plan.OnePass, dtype: str, vec: i
                    geom: plan.RowGeometry, scale, stream, kind: int = plan.PLAIN) -> None:
     smem = cfg.smem_bytes(direction, dtype, geom.n, vec, kind)
     args = plan.fwd_args(*ptrs, geom, scale) if direction == plan.FWD else plan.bwd_args(*ptrs, geom, scale)
-    kernel.launch(cfg.grid(geom.rows), cfg.threads, args, shared_mem=smem, stream=stream)
+    kernel.launch(cfg.launch_grid(geom), cfg.threads, args, shared_mem=smem, stream=stream)
 
 
 class _SoftmaxCandidate(Candidate):

@@ -119,7 +119,7 @@ class Plan:
             else:
                 cfg = cands._config_for(self.direction, req)
                 smem = cfg.smem_bytes(self.direction, self.dtype, g.n, vec, cand.kind)
-                grid, block = cfg.grid(g.rows), cfg.threads
+                grid, block = cfg.launch_grid(g), cfg.threads
             kl = kernels[0].launch
             if self.direction == plan.FWD:
                 tail = plan.fwd_args(0, 0, 0, g, scale)[3:]

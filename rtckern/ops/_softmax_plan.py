@@ -55,6 +55,8 @@ class OnePass:
     threads vectors) kept in shared memory instead, so only the rest is read again.
     `min_blocks` is the __launch_bounds__ occupancy hint (a register budget). For async and l2, group == threads
     and items == 0.
+    `heads` (regs kernel, masked forward): a group handles that many heads of one (batch, query) in turn and
+    loads their shared mask row once, into registers, instead of once per head.
     """
 
     threads: int
@@ -63,12 +65,15 @@ class OnePass:
     min_blocks: int = 1
     kernel: str = "regs"
     stash: int = 0
+    heads: int = 1
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise ValueError(f"{self}: kernel must be one of {KERNELS}")
         if self.stash < 0 or (self.stash and self.kernel != "l2"):
             raise ValueError(f"{self}: stash (vectors per thread in shared memory) is for the l2 kernel, >= 0")
+        if self.heads < 1 or (self.heads > 1 and self.kernel != "regs"):
+            raise ValueError(f"{self}: heads (a head loop sharing one mask row) is for the regs kernel, >= 1")
         if not 0 < self.threads <= 1024 or self.min_blocks < 1:
             raise ValueError(f"{self}: threads 1..1024, min_blocks >= 1")
         if self.kernel != "regs":
@@ -113,6 +118,12 @@ class OnePass:
     def grid(self, rows: int) -> int:
         return -(-rows // self.rows_per_block)
 
+    def launch_grid(self, g: "RowGeometry") -> int:
+        """Blocks for g's rows: one group per row, or with a head loop one per (batch, query, chunk of heads)."""
+        if self.heads == 1:
+            return self.grid(g.rows)
+        return self.grid(g.rows // g.heads * -(-g.heads // self.heads))
+
 
 def register_vectors(direction: str, dtype: str, vec: int, threads: int) -> int:
     """How many vectors per thread the register part may hold without spilling: about 32 registers of data at
@@ -151,6 +162,8 @@ def default_onepass(direction: str, dtype: str, n: int, vec: int, smem_optin: in
 def fits(cfg: OnePass, direction: str, dtype: str, n: int, vec: int, smem_optin: int, kind: int = PLAIN) -> str | None:
     """None when cfg can run rows of n keys (of mask kind `kind`), else why not."""
     limit = smem_optin - SMEM_STATIC_RESERVE
+    if cfg.heads > 1 and (direction, kind) != (FWD, MASKED):
+        return "a head loop (heads > 1) shares one mask row between heads: masked forward rows only"
     if cfg.kernel == "l2":
         if cfg.stash and direction != FWD:
             return "the l2 kernel's shared-memory stash exists for the forward only"
@@ -182,7 +195,11 @@ _KERNEL_NAMES = {(FWD, "regs"): "softmax_fwd", (FWD, "async"): "softmax_fwd_asyn
 
 def onepass_template_args(direction: str, dtype: str, kind: int, vec: int, cfg: OnePass) -> tuple:
     k = kind if direction == FWD else (CAUSAL if kind == CAUSAL else PLAIN)
+    if cfg.heads > 1 and (direction, kind) != (FWD, MASKED):
+        raise ValueError(f"{cfg}: a head loop serves masked forward rows only")
     if cfg.kernel == "regs":
+        if cfg.heads > 1:
+            return (CTYPES[dtype], k, vec, cfg.items, cfg.group, cfg.threads, cfg.min_blocks, cfg.heads)
         return (CTYPES[dtype], k, vec, cfg.items, cfg.group, cfg.threads, cfg.min_blocks)
     if cfg.stash:
         if direction != FWD:

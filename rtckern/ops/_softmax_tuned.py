@@ -50,6 +50,8 @@ def config_dict(cfg: plan.OnePass) -> dict[str, Any]:
          "kernel": cfg.kernel}
     if cfg.stash:
         d["stash"] = cfg.stash
+    if cfg.heads > 1:
+        d["heads"] = cfg.heads
     return d
 
 
@@ -198,6 +200,12 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
                 for stash in (fit, fit - 1):
                     if stash >= 1:
                         out.append(plan.OnePass(threads, threads, 0, blocks, "l2", stash))
+    # Masked forward: the register kernels that hold the whole row also with a head loop (one mask row read for
+    # 2 / 4 / 8 heads instead of once per head). (The same loop in the cp.async kernel, with one or two row
+    # buffers, measured no gain on the H200: session 4 notes.)
+    if direction == plan.FWD and kind == plan.MASKED:
+        out += [dataclasses.replace(c, heads=h) for c in out if c.kernel == "regs" and c.register_keys(vec) >= n
+                for h in (2, 4, 8)]
     seen, uniq = set(), []
     for c in out:
         if (c not in seen and c.threads * c.min_blocks <= max_threads_per_sm

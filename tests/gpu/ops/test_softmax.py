@@ -412,6 +412,43 @@ def test_l2_forward_stash(kind, dtype, n, threads, stash, scale):
     assert _rel_err(y, ref) < FWD_TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype,n,cfg", [
+    ("bf16", 1024, dict(threads=128, group=32, items=4, heads=4)),    # warp per row; the 2nd chunk holds 1 head
+    ("fp32", 1000, dict(threads=128, group=32, items=8, heads=2)),    # vector width 4 (bytes held as one word)
+    ("fp16", 999, dict(threads=128, group=32, items=32, heads=3)),    # vector width 1, heads not a power of two
+    ("bf16", 4096, dict(threads=128, group=128, items=4, heads=8)),   # a block per row; one chunk of 8 for 5 heads
+    ("bf16", 5000, dict(threads=256, group=256, items=2, heads=2)),   # past the registers: mask read per head there
+], ids=lambda v: "-".join(f"{k}{w}" for k, w in v.items()) if isinstance(v, dict) else str(v))
+@pytest.mark.parametrize("batch_mask", [True, False], ids=["mask_per_batch", "mask_broadcast"])
+@pytest.mark.parametrize("scale", [0.7, -0.6])
+def test_masked_head_loop(dtype, n, cfg, batch_mask, scale):
+    """The register kernel with a head loop (a group runs `heads` heads of one (batch, query) with their mask row
+    held in registers), launched directly (the tables pick it): odd B, H, Sq, a partial last chunk of heads, a
+    mask per batch or one for all, -inf inputs, a fully masked query, both signs of the scale."""
+    from rtckern.device import DeviceInfo
+    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+
+    vec = plan.vector_width(dtype, n)
+    req = cands.request("scaled_masked_softmax", dtype, n, vec, DeviceInfo.from_device(torch.cuda.current_device()))
+    cfg = plan.OnePass(**cfg)
+    assert plan.fits(cfg, plan.FWD, dtype, n, vec, req.device.max_smem_per_block_optin, plan.MASKED) is None
+    kernel = cands.onepass_kernel(plan.FWD, plan.MASKED, dtype, vec, cfg, req)
+    b, h, sq = 3, 5, 7
+    x = torch.randn((b, h, sq, n), device="cuda", dtype=DTYPES[dtype]) * 3
+    x[1, 2, 3, ::5] = float("-inf")
+    mask = torch.rand((b if batch_mask else 1, 1, sq, n), device="cuda") < 0.3
+    mask[0, 0, 4] = True  # a query with every key masked: zeros
+    keep = torch.isfinite(x) & ~mask
+    geom = plan.RowGeometry(rows=b * h * sq, n=n, sq=sq, heads=h, mask_batch_stride=sq if batch_mask else 0)
+    y = torch.full_like(x, float("nan"))
+    cands.launch_onepass(kernel, plan.FWD, cfg, dtype, vec, (x.data_ptr(), y.data_ptr(), mask.data_ptr()), geom,
+                         np.float32(scale), torch.cuda.current_stream().cuda_stream, plan.MASKED)
+    torch.cuda.synchronize()
+    ref = _ref_softmax(torch.where(keep, x, torch.zeros_like(x)), scale, keep)
+    assert _rel_err(y, ref) < FWD_TOL[dtype]
+    assert (y[keep.logical_not()] == 0).all()
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("b,h,sq,n", [(3, 5, 7, 1000), (3, 5, 7, 16384), (2, 3, 1100, 16384)])
 def test_masked_rows_in_head_order(impl, b, h, sq, n):

@@ -197,6 +197,37 @@ def test_l2_stash_configs():
     assert not [c for c in tuned.sweep_configs(plan.BWD, "bf16", 65536, 8, smem) if c.stash]
 
 
+def test_masked_head_loop_configs():
+    """heads > 1: the register kernel of the masked forward only; one group per (batch, query, chunk of heads);
+    in the template (and the table) only when used; the masked sweep offers it where the row fits the registers."""
+    smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
+    c = plan.OnePass(128, 32, 4, 8, heads=4)
+    assert plan.fits(c, plan.FWD, "bf16", 1024, 8, smem, plan.MASKED) is None
+    for direction, kind in ((plan.FWD, plan.PLAIN), (plan.FWD, plan.CAUSAL), (plan.BWD, plan.PLAIN)):
+        assert "masked forward rows only" in plan.fits(c, direction, "bf16", 1024, 8, smem, kind)
+    with pytest.raises(ValueError, match="masked forward rows only"):
+        plan.onepass_template_args(plan.FWD, "bf16", plan.PLAIN, 8, c)
+    with pytest.raises(ValueError, match="heads"):
+        plan.OnePass(256, 256, 0, 1, "l2", heads=2)
+    with pytest.raises(ValueError, match="heads"):
+        plan.OnePass(128, 128, 0, 1, "async", heads=2)
+    with pytest.raises(ValueError, match="heads"):
+        plan.OnePass(128, 32, 4, heads=0)
+    assert plan.onepass_template_args(plan.FWD, "bf16", plan.MASKED, 8, c) == \
+        ("rtk_bf16", plan.MASKED, 8, 4, 32, 128, 8, 4)
+    assert plan.onepass_template_args(plan.FWD, "bf16", plan.MASKED, 8, plan.OnePass(128, 32, 4, 8)) == \
+        ("rtk_bf16", plan.MASKED, 8, 4, 32, 128, 8)  # names from before the head loop stay valid
+    assert tuned.config_dict(c)["heads"] == 4 and "heads" not in tuned.config_dict(plan.OnePass(128, 32, 4, 8))
+    # B = 2, H = 5, Sq = 7: chunks of 4 heads -> 2 per (batch, query); 4 groups of 32 lanes per block.
+    g = plan.RowGeometry(rows=2 * 5 * 7, n=1024, sq=7, heads=5, mask_batch_stride=7)
+    assert c.launch_grid(g) == -(-(2 * 7 * 2) // 4)
+    assert plan.OnePass(128, 32, 4, 8).launch_grid(g) == -(-70 // 4)
+    heads = [x for x in tuned.sweep_configs(plan.FWD, "bf16", 1024, 8, smem, kind=plan.MASKED) if x.heads > 1]
+    assert {x.heads for x in heads} == {2, 4, 8} and all(x.register_keys(8) >= 1024 for x in heads)
+    assert not [x for x in tuned.sweep_configs(plan.FWD, "bf16", 1024, 8, smem) if x.heads > 1]
+    assert not [x for x in tuned.sweep_configs(plan.FWD, "bf16", 65536, 8, smem, kind=plan.MASKED) if x.heads > 1]
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 def test_onepass_reaches_65536_keys_forward(dtype):
     smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
@@ -406,11 +437,14 @@ def _all_name_expressions(arch: str) -> list[str]:
         for dt in plan.CTYPES:
             for n in (1024, 4096, 8192, 16384, 65536):
                 vec = plan.vector_width(dt, n)
-                for cfg in tuned.sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin,
-                                               dev.max_threads_per_sm):
-                    exprs.add(plan.onepass_kernel_name(direction, cfg) + "<"
-                              + ", ".join(map(str, plan.onepass_template_args(direction, dt, plan.PLAIN, vec, cfg)))
-                              + ">")
+                for kind in (plan.PLAIN, plan.MASKED) if direction == plan.FWD else (plan.PLAIN,):
+                    for cfg in tuned.sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin,
+                                                   dev.max_threads_per_sm, kind):
+                        if kind == plan.MASKED and cfg.heads != 2:
+                            continue  # the plain sweep's and heads = 2 kernels compile the same code paths
+                        exprs.add(plan.onepass_kernel_name(direction, cfg) + "<"
+                                  + ", ".join(map(str, plan.onepass_template_args(direction, dt, kind, vec, cfg)))
+                                  + ">")
             if dev.arch.cc >= (9, 0):
                 for kind in ((plan.PLAIN, plan.MASKED, plan.CAUSAL) if direction == plan.FWD else (plan.PLAIN,)):
                     for r in ring.sweep_rings(direction, kind, dt, n, dev.max_smem_per_block_optin):
