@@ -84,6 +84,11 @@ def prefill(dev, dtypes) -> dict:
                 for cfg in sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin, dev.max_threads_per_sm):
                     for kind in (plan.PLAIN, plan.MASKED, plan.CAUSAL):  # tuned rows serve every mask kind
                         specs.append(cands.onepass_spec(direction, kind, dt, vec, cfg, target))
+                if direction == plan.FWD:  # the masked sweep's own configs (head loops)
+                    for cfg in sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin,
+                                             dev.max_threads_per_sm, plan.MASKED):
+                        if cfg.heads > 1:
+                            specs.append(cands.onepass_spec(direction, plan.MASKED, dt, vec, cfg, target))
     if dev.arch.cc >= (9, 0):
         from rtckern.ops import _softmax_ring as ring
 

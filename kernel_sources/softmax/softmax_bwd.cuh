@@ -6,10 +6,11 @@
 // the y part first, then the dy part, each (n - ITEMS * THREADS * VEC) elements.
 // KIND is PLAIN or CAUSAL: a masked softmax's y is exactly 0 at masked keys, so its gradient needs no mask;
 // the causal form does not read keys past the causal bound (y is 0 there) and writes 0 for them.
+// CACHED: y, dy and dx with default caching instead of evict-first (measured faster for some configs).
 #pragma once
 #include "softmax/softmax_common.cuh"
 
-template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int MIN_BLOCKS>
+template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int MIN_BLOCKS, int CACHED = 0>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, long long n,
             long long sq, long long diag_offset, float scale) {
@@ -36,8 +37,8 @@ softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ d
     a[j] = rtk_sm_zero<T, VEC>();
     b[j] = rtk_sm_zero<T, VEC>();
     if (e < valid) {
-      a[j] = rtk_sm_load<T, VEC>(yr + e);
-      b[j] = rtk_sm_load<T, VEC>(dyr + e);
+      a[j] = rtk_sm_load<T, VEC, CACHED == 0>(yr + e);
+      b[j] = rtk_sm_load<T, VEC, CACHED == 0>(dyr + e);
     }
   }
 #pragma unroll
@@ -53,8 +54,8 @@ softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ d
     // Each thread reads back only its own chunks: no barrier needed.
 #pragma unroll 4
     for (long long e = kRegKeys + (long long)lane * VEC; e < valid; e += (long long)THREADS * VEC) {
-      const rtk_vec<T, VEC> p = rtk_sm_load<T, VEC>(yr + e);
-      const rtk_vec<T, VEC> q = rtk_sm_load<T, VEC>(dyr + e);
+      const rtk_vec<T, VEC> p = rtk_sm_load<T, VEC, CACHED == 0>(yr + e);
+      const rtk_vec<T, VEC> q = rtk_sm_load<T, VEC, CACHED == 0>(dyr + e);
       stash_y[(e - kRegKeys) / VEC] = p;
       stash_dy[(e - kRegKeys) / VEC] = q;
 #pragma unroll
@@ -74,7 +75,7 @@ softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ d
         const float yv = rtk_to_float(a[j].v[i]);
         o.v[i] = rtk_from_float<T>(scale * yv * (rtk_to_float(b[j].v[i]) - dot));
       }
-      rtk_sm_store<T, VEC>(dxr + e, o);
+      rtk_sm_store<T, VEC, CACHED == 0>(dxr + e, o);
     }
   }
   if constexpr (kBlockRow) {
@@ -92,7 +93,7 @@ softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ d
       } else {
         o = rtk_sm_zero<T, VEC>();
       }
-      rtk_sm_store<T, VEC>(dxr + e, o);
+      rtk_sm_store<T, VEC, CACHED == 0>(dxr + e, o);
     }
   }
 }

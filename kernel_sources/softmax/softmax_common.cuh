@@ -21,12 +21,25 @@ RTK_DEVICE float rtk_exp2(float x) {
 #endif
 }
 
-// Loads of VEC elements: 16/8/4-byte accesses go through one instruction; `stream` marks data read once.
-template <typename T, int VEC>
+// Cache hints of the data read once (x) and written once (y) where a kernel streams them (STREAM below): 1
+// evict-first, 0 default caching. Build-time switches for measuring (benchmarks/softmax_hints.py); the ops compile
+// the defaults and pick per kernel config (the register kernels' CACHED template argument).
+#ifndef RTK_SOFTMAX_STREAM_LOADS
+#define RTK_SOFTMAX_STREAM_LOADS 1
+#endif
+#ifndef RTK_SOFTMAX_STREAM_STORES
+#define RTK_SOFTMAX_STREAM_STORES 1
+#endif
+
+// Loads of VEC elements: 16/8/4-byte accesses go through one instruction; STREAM: evict-first (data read once),
+// else default caching.
+template <typename T, int VEC, bool STREAM = true>
 RTK_DEVICE rtk_vec<T, VEC> rtk_sm_load(const T* p) {
   constexpr int kBytes = (int)sizeof(T) * VEC;
 #if defined(RTK_CUDA)
-  if constexpr (kBytes == 16) {
+  if constexpr (!STREAM || !RTK_SOFTMAX_STREAM_LOADS) {
+    return rtk_load_vec<T, VEC>(p);
+  } else if constexpr (kBytes == 16) {
     uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
     return *reinterpret_cast<rtk_vec<T, VEC>*>(&u);
   } else if constexpr (kBytes == 8) {
@@ -40,12 +53,14 @@ RTK_DEVICE rtk_vec<T, VEC> rtk_sm_load(const T* p) {
 #endif
 }
 
-// Stores of outputs nobody reads back in this kernel: streaming (evict-first) on NVIDIA.
-template <typename T, int VEC>
+// Stores of outputs nobody reads back in this kernel: STREAM: streaming (evict-first) on NVIDIA, else default.
+template <typename T, int VEC, bool STREAM = true>
 RTK_DEVICE void rtk_sm_store(T* p, const rtk_vec<T, VEC>& x) {
   constexpr int kBytes = (int)sizeof(T) * VEC;
 #if defined(RTK_CUDA)
-  if constexpr (kBytes == 16) {
+  if constexpr (!STREAM || !RTK_SOFTMAX_STREAM_STORES) {
+    rtk_store_vec<T, VEC>(p, x);
+  } else if constexpr (kBytes == 16) {
     __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&x));
   } else if constexpr (kBytes == 8) {
     __stcs(reinterpret_cast<uint2*>(p), *reinterpret_cast<const uint2*>(&x));

@@ -22,10 +22,10 @@ RTK_DEVICE void rtk_softmax_load_logits(const T* __restrict__ xr, const unsigned
 
 // The same keys in the storage type, masked ones (and causal ones at or past `valid`) replaced by -inf: what the
 // shared-memory stash holds.
-template <typename T, int KIND, int VEC>
+template <typename T, int KIND, int VEC, bool STREAM = true>
 RTK_DEVICE rtk_vec<T, VEC> rtk_softmax_load_stash(const T* __restrict__ xr, const unsigned char* __restrict__ mr,
                                                   long long e, long long valid) {
-  rtk_vec<T, VEC> v = rtk_sm_load<T, VEC>(xr + e);
+  rtk_vec<T, VEC> v = rtk_sm_load<T, VEC, STREAM>(xr + e);
   if constexpr (KIND == RTK_SOFTMAX_MASKED) rtk_softmax_mask_raw<T, VEC>(v, mr + e);
   if constexpr (KIND == RTK_SOFTMAX_CAUSAL) {
     if (e + VEC > valid) {
@@ -48,8 +48,9 @@ RTK_DEVICE void rtk_softmax_stash_values(const rtk_vec<T, VEC>& s, float scale_l
 }
 
 // One row: `lane` of the row's GROUP threads; an inactive row (past the end) joins the reductions only. HELD: the
-// register part's mask bytes come from `held` (loaded once for several heads) instead of device memory.
-template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, bool POS, bool HELD>
+// register part's mask bytes come from `held` (loaded once for several heads) instead of device memory. CACHED:
+// x and y with default caching instead of evict-first (measured faster for some register configs on the H200).
+template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, bool CACHED, bool POS, bool HELD>
 RTK_DEVICE void rtk_softmax_fwd_row(const T* __restrict__ xr, T* __restrict__ yr, const unsigned char* __restrict__ mr,
                                     const rtk_sm_mask_bytes<VEC> (&held)[ITEMS], int lane, bool active, long long n,
                                     long long valid, float scale, float* scratch) {
@@ -65,11 +66,12 @@ RTK_DEVICE void rtk_softmax_fwd_row(const T* __restrict__ xr, T* __restrict__ yr
     const long long e = ((long long)j * GROUP + lane) * VEC;
     if (e < valid) {
       if constexpr (HELD) {
-        rtk_vec<T, VEC> raw = rtk_sm_load<T, VEC>(xr + e);
+        rtk_vec<T, VEC> raw = rtk_sm_load<T, VEC, !CACHED>(xr + e);
         rtk_softmax_mask_held<T, VEC>(raw, held[j]);
         rtk_softmax_values<T, RTK_SOFTMAX_PLAIN, VEC, POS>(raw, nullptr, e, valid, scale_log2, v[j]);
       } else {
-        rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load<T, VEC>(xr + e), mr + e, e, valid, scale_log2, v[j]);
+        rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load<T, VEC, !CACHED>(xr + e), mr + e, e, valid, scale_log2,
+                                              v[j]);
       }
     } else {
 #pragma unroll
@@ -86,7 +88,7 @@ RTK_DEVICE void rtk_softmax_fwd_row(const T* __restrict__ xr, T* __restrict__ yr
     // so no barrier is needed between these writes and those reads.
 #pragma unroll 4
     for (long long e = kRegKeys + (long long)lane * VEC; e < valid; e += (long long)THREADS * VEC) {
-      const rtk_vec<T, VEC> s = rtk_softmax_load_stash<T, KIND, VEC>(xr, mr, e, valid);
+      const rtk_vec<T, VEC> s = rtk_softmax_load_stash<T, KIND, VEC, !CACHED>(xr, mr, e, valid);
       stash[(e - kRegKeys) / VEC] = s;
       float u[VEC];
       rtk_softmax_stash_values<T, VEC, POS>(s, scale_log2, u);
@@ -130,7 +132,7 @@ RTK_DEVICE void rtk_softmax_fwd_row(const T* __restrict__ xr, T* __restrict__ yr
       rtk_vec<T, VEC> o;
 #pragma unroll
       for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(v[j][i] * inv);
-      rtk_sm_store<T, VEC>(yr + e, o);
+      rtk_sm_store<T, VEC, !CACHED>(yr + e, o);
     }
   }
   if constexpr (kBlockRow) {
@@ -145,7 +147,7 @@ RTK_DEVICE void rtk_softmax_fwd_row(const T* __restrict__ xr, T* __restrict__ yr
       } else {
         o = rtk_sm_zero<T, VEC>();
       }
-      rtk_sm_store<T, VEC>(yr + e, o);
+      rtk_sm_store<T, VEC, !CACHED>(yr + e, o);
     }
   }
 }
@@ -153,7 +155,7 @@ RTK_DEVICE void rtk_softmax_fwd_row(const T* __restrict__ xr, T* __restrict__ yr
 // HEADS == 1: one row per group (launch order rtk_softmax_row_of). HEADS > 1 (masked rows only): a group handles
 // HEADS heads of one (batch, query) in turn and loads their shared mask row once, into registers; group slots
 // run in (batch, head chunk, query) order, so neighbouring groups read neighbouring rows.
-template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int HEADS, bool POS>
+template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int HEADS, bool CACHED, bool POS>
 RTK_DEVICE void rtk_softmax_fwd_body(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask,
                                      long long rows, long long n, long long sq, long long heads,
                                      long long mask_batch_stride, long long diag_offset, float scale, float* scratch) {
@@ -169,8 +171,8 @@ RTK_DEVICE void rtk_softmax_fwd_body(const T* __restrict__ x, T* __restrict__ y,
     const long long valid = active ? rtk_softmax_valid<KIND>(row, n, sq, diag_offset) : 0;
     const unsigned char* mr = nullptr;
     if constexpr (KIND == RTK_SOFTMAX_MASKED) mr = mask + rtk_softmax_mask_row(row, sq, heads, mask_batch_stride) * n;
-    rtk_softmax_fwd_row<T, KIND, VEC, ITEMS, GROUP, THREADS, POS, false>(x + row * n, y + row * n, mr, held, lane,
-                                                                        active, n, valid, scale, scratch);
+    rtk_softmax_fwd_row<T, KIND, VEC, ITEMS, GROUP, THREADS, CACHED, POS, false>(x + row * n, y + row * n, mr, held,
+                                                                                lane, active, n, valid, scale, scratch);
   } else {
     static_assert(KIND == RTK_SOFTMAX_MASKED, "a head loop serves masked rows (one mask row, several heads)");
     const long long chunks = (heads + HEADS - 1) / HEADS;
@@ -189,13 +191,14 @@ RTK_DEVICE void rtk_softmax_fwd_body(const T* __restrict__ x, T* __restrict__ y,
       const long long h = c * HEADS + i;
       const bool active = slot_ok && h < heads;  // uniform over the group: every lane joins every reduction
       const long long row = (b * heads + h) * sq + q;
-      rtk_softmax_fwd_row<T, KIND, VEC, ITEMS, GROUP, THREADS, POS, true>(x + row * n, y + row * n, mr, held, lane,
-                                                                         active, n, active ? n : 0, scale, scratch);
+      rtk_softmax_fwd_row<T, KIND, VEC, ITEMS, GROUP, THREADS, CACHED, POS, true>(
+          x + row * n, y + row * n, mr, held, lane, active, n, active ? n : 0, scale, scratch);
     }
   }
 }
 
-template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int MIN_BLOCKS, int HEADS = 1>
+template <typename T, int KIND, int VEC, int ITEMS, int GROUP, int THREADS, int MIN_BLOCKS, int HEADS = 1,
+          int CACHED = 0>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask, long long rows,
             long long n, long long sq, long long heads, long long mask_batch_stride, long long diag_offset,
@@ -205,6 +208,6 @@ softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __r
   static_assert(GROUP > 0 && (GROUP & (GROUP - 1)) == 0 && THREADS % GROUP == 0, "GROUP: power of two dividing THREADS");
   static_assert(VEC > 0 && (int)sizeof(T) * VEC <= kVecBytes, "VEC: at most 16 bytes");
   __shared__ float scratch[kBlockRow ? THREADS / RTK_WARP_SIZE_CONST : 1];
-  RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_body<T, KIND, VEC, ITEMS, GROUP, THREADS, HEADS, POS>(
+  RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_body<T, KIND, VEC, ITEMS, GROUP, THREADS, HEADS, CACHED != 0, POS>(
                                       x, y, mask, rows, n, sq, heads, mask_batch_stride, diag_offset, scale, scratch)));
 }

@@ -57,6 +57,7 @@ class OnePass:
     and items == 0.
     `heads` (regs kernel, masked forward): a group handles that many heads of one (batch, query) in turn and
     loads their shared mask row once, into registers, instead of once per head.
+    `cached` (regs kernel): inputs and outputs with default caching instead of evict-first loads and stores.
     """
 
     threads: int
@@ -66,6 +67,7 @@ class OnePass:
     kernel: str = "regs"
     stash: int = 0
     heads: int = 1
+    cached: int = 0
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -74,6 +76,8 @@ class OnePass:
             raise ValueError(f"{self}: stash (vectors per thread in shared memory) is for the l2 kernel, >= 0")
         if self.heads < 1 or (self.heads > 1 and self.kernel != "regs"):
             raise ValueError(f"{self}: heads (a head loop sharing one mask row) is for the regs kernel, >= 1")
+        if self.cached not in (0, 1) or (self.cached and self.kernel != "regs"):
+            raise ValueError(f"{self}: cached (0 or 1: default-cached loads and stores) is for the regs kernel")
         if not 0 < self.threads <= 1024 or self.min_blocks < 1:
             raise ValueError(f"{self}: threads 1..1024, min_blocks >= 1")
         if self.kernel != "regs":
@@ -198,9 +202,14 @@ def onepass_template_args(direction: str, dtype: str, kind: int, vec: int, cfg: 
     if cfg.heads > 1 and (direction, kind) != (FWD, MASKED):
         raise ValueError(f"{cfg}: a head loop serves masked forward rows only")
     if cfg.kernel == "regs":
-        if cfg.heads > 1:
-            return (CTYPES[dtype], k, vec, cfg.items, cfg.group, cfg.threads, cfg.min_blocks, cfg.heads)
-        return (CTYPES[dtype], k, vec, cfg.items, cfg.group, cfg.threads, cfg.min_blocks)
+        # Trailing template arguments only when they differ from their defaults: the names (and cached binaries)
+        # of the configs from before them stay valid.
+        base = (CTYPES[dtype], k, vec, cfg.items, cfg.group, cfg.threads, cfg.min_blocks)
+        if direction == BWD:
+            return base + ((1,) if cfg.cached else ())
+        if cfg.cached:
+            return base + (cfg.heads, 1)
+        return base + ((cfg.heads,) if cfg.heads > 1 else ())
     if cfg.stash:
         if direction != FWD:
             raise ValueError(f"{cfg}: the l2 kernel's shared-memory stash exists for the forward only")
@@ -254,6 +263,7 @@ class RowGeometry:
     n: int
     sq: int = 1
     heads: int = 1
+    cached: int = 0
     mask_batch_stride: int = 0
     diag_offset: int = 0
 

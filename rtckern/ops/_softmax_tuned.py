@@ -52,6 +52,8 @@ def config_dict(cfg: plan.OnePass) -> dict[str, Any]:
         d["stash"] = cfg.stash
     if cfg.heads > 1:
         d["heads"] = cfg.heads
+    if cfg.cached:
+        d["cached"] = cfg.cached
     return d
 
 
@@ -200,6 +202,9 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
                 for stash in (fit, fit - 1):
                     if stash >= 1:
                         out.append(plan.OnePass(threads, threads, 0, blocks, "l2", stash))
+    # The register kernels also with default-cached loads and stores (faster than evict-first for some configs
+    # on the H200: up to 1.10x for the backward; benchmarks/results/softmax_hints_*).
+    out += [dataclasses.replace(c, cached=1) for c in out if c.kernel == "regs"]
     # Masked forward: the register kernels that hold the whole row also with a head loop (one mask row read for
     # 2 / 4 / 8 heads instead of once per head). (The same loop in the cp.async kernel, with one or two row
     # buffers, measured no gain on the H200: session 4 notes.)

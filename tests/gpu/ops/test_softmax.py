@@ -449,6 +449,64 @@ def test_masked_head_loop(dtype, n, cfg, batch_mask, scale):
     assert (y[keep.logical_not()] == 0).all()
 
 
+@pytest.mark.parametrize("direction,kind,dtype,n,cfg", [
+    ("fwd", 0, "bf16", 4096, dict(threads=128, group=128, items=4, min_blocks=8)),
+    ("fwd", 0, "fp32", 1000, dict(threads=128, group=32, items=8)),
+    ("fwd", 0, "bf16", 20000, dict(threads=1024, group=1024, items=1)),   # the part past the registers in smem
+    ("fwd", 1, "bf16", 1024, dict(threads=128, group=32, items=4, min_blocks=8, heads=4)),
+    ("fwd", 2, "fp16", 1024, dict(threads=128, group=32, items=4, min_blocks=8)),
+    ("bwd", 0, "bf16", 4096, dict(threads=256, group=256, items=2, min_blocks=4)),
+    ("bwd", 2, "bf16", 1024, dict(threads=128, group=32, items=4)),
+    ("bwd", 0, "fp16", 20000, dict(threads=1024, group=1024, items=1)),   # y and dy past the registers in smem
+], ids=str)
+def test_cached_register_kernels(direction, kind, dtype, n, cfg):
+    """The register kernels with default-cached loads and stores (config `cached`), launched directly (the tables
+    pick them), against float64: every mask kind, both directions, the shared-memory part of long rows."""
+    from rtckern.device import DeviceInfo
+    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+
+    vec = plan.vector_width(dtype, n)
+    op = {("fwd", 0): "softmax", ("fwd", 1): "scaled_masked_softmax",
+          ("fwd", 2): "scaled_aligned_causal_masked_softmax", ("bwd", 0): "softmax_backward",
+          ("bwd", 2): "scaled_aligned_causal_masked_softmax_backward"}[(direction, kind)]
+    req = cands.request(op, dtype, n, vec, DeviceInfo.from_device(torch.cuda.current_device()))
+    c = plan.OnePass(**cfg, cached=1)
+    assert plan.fits(c, direction, dtype, n, vec, req.device.max_smem_per_block_optin, kind) is None
+    kernel = cands.onepass_kernel(direction, kind, dtype, vec, c, req)
+    b, h, sq = 2, 5, 64
+    rows = b * h * sq
+    x = torch.randn(rows, n, device="cuda", dtype=DTYPES[dtype]) * 3
+    keep = torch.ones_like(x, dtype=torch.bool)
+    mask, geom = None, plan.RowGeometry(rows=rows, n=n)
+    if kind == 1:
+        mask = torch.rand((b, 1, sq, n), device="cuda") < 0.3
+        keep = ~mask.expand(b, h, sq, n).reshape(rows, n)
+        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, heads=h, mask_batch_stride=sq)
+    elif kind == 2:
+        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n - sq)
+        valid = torch.tensor([geom.valid_keys(r, plan.CAUSAL) for r in range(rows)], device="cuda")
+        keep = torch.arange(n, device="cuda")[None, :] < valid[:, None]
+    stream = torch.cuda.current_stream().cuda_stream
+    y_ref = _ref_softmax(x, SCALE, keep)
+    out = torch.full_like(x, float("nan"))
+    if direction == "fwd":
+        cands.launch_onepass(kernel, plan.FWD, c, dtype, vec,
+                             (x.data_ptr(), out.data_ptr(), mask.data_ptr() if mask is not None else 0), geom,
+                             np.float32(SCALE), stream, kind)
+        ref = y_ref
+        tol = FWD_TOL[dtype]
+    else:
+        y = y_ref.to(DTYPES[dtype])
+        dy = torch.randn_like(y)
+        cands.launch_onepass(kernel, plan.BWD, c, dtype, vec, (y.data_ptr(), dy.data_ptr(), out.data_ptr()), geom,
+                             np.float32(SCALE), stream, kind)
+        ref = _ref_backward(y, dy, SCALE)
+        tol = BWD_TOL[dtype]
+    torch.cuda.synchronize()
+    assert _rel_err(out, ref) < tol
+    assert (out[~keep] == 0).all()
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("b,h,sq,n", [(3, 5, 7, 1000), (3, 5, 7, 16384), (2, 3, 1100, 16384)])
 def test_masked_rows_in_head_order(impl, b, h, sq, n):

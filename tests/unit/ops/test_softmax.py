@@ -3,6 +3,8 @@ hand-described devices, tuning-table lookups, and real NVRTC compiles of every k
 and sm_90."""
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import json
 
@@ -226,6 +228,25 @@ def test_masked_head_loop_configs():
     assert {x.heads for x in heads} == {2, 4, 8} and all(x.register_keys(8) >= 1024 for x in heads)
     assert not [x for x in tuned.sweep_configs(plan.FWD, "bf16", 1024, 8, smem) if x.heads > 1]
     assert not [x for x in tuned.sweep_configs(plan.FWD, "bf16", 65536, 8, smem, kind=plan.MASKED) if x.heads > 1]
+
+
+def test_cached_hint_configs():
+    """cached = 1: the register kernels with default-cached loads and stores, a trailing template argument only
+    when set (after the forward's head count), swept beside every register config."""
+    smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
+    c = plan.OnePass(128, 32, 4, 8, cached=1)
+    assert plan.onepass_template_args(plan.FWD, "bf16", plan.PLAIN, 8, c) == ("rtk_bf16", 0, 8, 4, 32, 128, 8, 1, 1)
+    assert plan.onepass_template_args(plan.BWD, "bf16", plan.CAUSAL, 8, c) == ("rtk_bf16", 2, 8, 4, 32, 128, 8, 1)
+    ch = plan.OnePass(128, 32, 4, 8, heads=4, cached=1)
+    assert plan.onepass_template_args(plan.FWD, "bf16", plan.MASKED, 8, ch) == ("rtk_bf16", 1, 8, 4, 32, 128, 8, 4, 1)
+    assert tuned.config_dict(c)["cached"] == 1 and "cached" not in tuned.config_dict(plan.OnePass(128, 32, 4, 8))
+    for bad in (dict(kernel="l2", group=128, items=0), dict(kernel="async", group=128, items=0)):
+        with pytest.raises(ValueError, match="cached"):
+            plan.OnePass(**{"threads": 128, "group": 32, "items": 4, **bad, "cached": 1})
+    for direction in (plan.FWD, plan.BWD):
+        cfgs = tuned.sweep_configs(direction, "bf16", 4096, 8, smem)
+        regs = {dataclasses.replace(x, cached=0) for x in cfgs if x.kernel == "regs"}
+        assert regs and regs == {dataclasses.replace(x, cached=0) for x in cfgs if x.cached}
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
