@@ -92,6 +92,18 @@ elif [ "$P" = f ]; then
     timeout 120 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name $name > $OUT/$P/$name.log 2>&1
     grep -v "tune " $OUT/$P/$name.log | tail -1 | cut -c1-300
   done
+elif [ "$P" = g ]; then
+  # The l2 backward with y and dy partly stashed: its GPU tests (and the forward stash's), the backward re-tune at
+  # N = 65536 (plain and causal, every dtype), then the softmax benchmark.
+  timeout 100 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py -k "stash" -p no:cacheprovider \
+    > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 120 python3 benchmarks/softmax.py --tune --tune-no-ring --tune-dirs bwd --tune-kinds plain,causal \
+    --tune-ns 65536 --dtypes bf16,fp16,fp32 --name softmax_tune_bwd_stash > $OUT/$P/tune_bwd.log 2>&1
+  grep -E "best|FAIL|Error" $OUT/$P/tune_bwd.log | cut -c1-250
+  timeout 120 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s4g \
+    > $OUT/$P/softmax_bench.log 2>&1
+  grep -v "tune " $OUT/$P/softmax_bench.log | grep -E "n=65536|summary" | cut -c1-200
 fi
 for f in $OUT/*; do [ "$f" != "$OUT/$P" ] && mv "$f" $OUT/$P/ 2>/dev/null; done
 cd $OUT && tar czf /tmp/$P.tgz $P && rm -rf $P && mv /tmp/$P.tgz $OUT/$P.tgz && ls -la $OUT

@@ -7,8 +7,8 @@
 //     Pass 1 keeps a running (max, sum of exp2) per thread, pass 2 normalizes and stores.
 //   softmax_fwd_l2 / softmax_bwd_l2: pass 1 streams the row from device memory (normal loads, so the lines stay
 //     in L2), pass 2 reads it again (evict-first loads: the second read should hit L2 while the row's block is
-//     still running) and writes the output. The forward may stash a prefix of each thread's vectors in shared
-//     memory (STASH), so that only the rest is read again.
+//     still running) and writes the output. Both may stash a prefix of each thread's vectors in shared memory
+//     (STASH), so that only the rest is read again.
 //
 // Same kernel parameters as softmax_fwd / softmax_bwd; blocks of THREADS threads, one row each.
 #pragma once
@@ -228,23 +228,44 @@ softmax_fwd_l2(const T* __restrict__ x, T* __restrict__ y, const unsigned char* 
                                       x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale, scratch)));
 }
 
-template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS>
+// STASH > 0: each thread's first STASH vectors of y and of dy stay in dynamic shared memory (STASH * THREADS
+// vectors each, y first) between the passes; only the rest is read again. fp32 rows of 64K keys hold 512 KB of y
+// and dy: the rows in flight outgrow L2, so a plain re-read misses.
+template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS, int STASH = 0>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 softmax_bwd_l2(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, long long n,
                long long sq, long long diag_offset, float scale) {
   static_assert(THREADS > RTK_WARP_SIZE_CONST && THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
   static_assert(KIND == RTK_SOFTMAX_PLAIN || KIND == RTK_SOFTMAX_CAUSAL, "backward kinds: plain or causal");
+  static_assert(STASH >= 0, "STASH: vectors per thread of y and dy kept in shared memory");
   __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST];
+  extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
+  rtk_vec<T, VEC>* stash_y = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
+  rtk_vec<T, VEC>* stash_dy = stash_y + STASH * THREADS;
   const long long row = blockIdx.x;
   const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
   const T* yr = y + row * n;
   const T* dyr = dy + row * n;
   T* dxr = dx + row * n;
   constexpr long long kStep = (long long)THREADS * VEC;
+  const long long e0 = (long long)threadIdx.x * VEC;
+  const long long tail = e0 + STASH * kStep;  // this thread's first key past its stash
 
+  // Pass 1: sum(y * dy); the stashed vectors are read once (evict-first), the rest with L2-keeping loads.
   float dot = 0.f;
 #pragma unroll 4
-  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
+  for (int k = 0; k < STASH; ++k) {
+    const long long e = e0 + k * kStep;
+    if (e >= valid) break;
+    const rtk_vec<T, VEC> a = rtk_sm_load<T, VEC>(yr + e);
+    const rtk_vec<T, VEC> b = rtk_sm_load<T, VEC>(dyr + e);
+    stash_y[k * THREADS + threadIdx.x] = a;  // each thread reads back only its own vectors: no barrier
+    stash_dy[k * THREADS + threadIdx.x] = b;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) dot += rtk_to_float(a.v[i]) * rtk_to_float(b.v[i]);
+  }
+#pragma unroll 4
+  for (long long e = tail; e < valid; e += kStep) {
     const rtk_vec<T, VEC> a = rtk_sm_load_keep<T, VEC>(yr + e);
     const rtk_vec<T, VEC> b = rtk_sm_load_keep<T, VEC>(dyr + e);
 #pragma unroll
@@ -252,8 +273,27 @@ softmax_bwd_l2(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict_
   }
   dot = rtk_block_reduce(dot, rtk_sum_op{}, scratch);
 
+  // Pass 2: dx from the stash, then from the rest read again (L2; evict-first: last use); zeros past `valid`.
 #pragma unroll 4
-  for (long long e = (long long)threadIdx.x * VEC; e < n; e += kStep) {
+  for (int k = 0; k < STASH; ++k) {
+    const long long e = e0 + k * kStep;
+    if (e >= n) break;
+    rtk_vec<T, VEC> o;
+    if (e < valid) {
+      const rtk_vec<T, VEC> a = stash_y[k * THREADS + threadIdx.x];
+      const rtk_vec<T, VEC> b = stash_dy[k * THREADS + threadIdx.x];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float yv = rtk_to_float(a.v[i]);
+        o.v[i] = rtk_from_float<T>(scale * yv * (rtk_to_float(b.v[i]) - dot));
+      }
+    } else {
+      o = rtk_sm_zero<T, VEC>();
+    }
+    rtk_sm_store<T, VEC>(dxr + e, o);
+  }
+#pragma unroll 4
+  for (long long e = tail; e < n; e += kStep) {
     rtk_vec<T, VEC> o;
     if (e < valid) {
       const rtk_vec<T, VEC> a = rtk_sm_load<T, VEC>(yr + e);

@@ -51,8 +51,8 @@ class OnePass:
     kernel "async" (forward only, softmax_fwd_async): one row per block copied whole into shared memory with
     cp.async; no row data in registers, so many rows per SM. Device memory is read once.
     kernel "l2" (softmax_fwd_l2 / softmax_bwd_l2): one row per block; the second pass reads the row again, from
-    L2 while the block runs (any row length). Forward: `stash` vectors per thread (the row's first stash *
-    threads vectors) kept in shared memory instead, so only the rest is read again.
+    L2 while the block runs (any row length). `stash` vectors per thread (the row's first stash * threads vectors;
+    backward: of y and of dy) kept in shared memory instead, so only the rest is read again.
     `min_blocks` is the __launch_bounds__ occupancy hint (a register budget). For async and l2, group == threads
     and items == 0.
     `heads` (regs kernel, masked forward): a group handles that many heads of one (batch, query) in turn and
@@ -111,7 +111,7 @@ class OnePass:
             row = n * ELEM_BYTES[dtype]
             return -(-row // 16) * 16 + n if kind == MASKED and direction == FWD else row
         if self.kernel == "l2":
-            return self.stash * self.threads * vec * ELEM_BYTES[dtype]
+            return self.stash * self.threads * vec * ELEM_BYTES[dtype] * (2 if direction == BWD else 1)
         reg = self.register_keys(vec)
         if n <= reg:
             return 0
@@ -169,8 +169,6 @@ def fits(cfg: OnePass, direction: str, dtype: str, n: int, vec: int, smem_optin:
     if cfg.heads > 1 and (direction, kind) != (FWD, MASKED):
         return "a head loop (heads > 1) shares one mask row between heads: masked forward rows only"
     if cfg.kernel == "l2":
-        if cfg.stash and direction != FWD:
-            return "the l2 kernel's shared-memory stash exists for the forward only"
         smem = cfg.smem_bytes(direction, dtype, n, vec, kind)
         if smem > limit:
             return (f"a stash of {cfg.stash} vectors per thread needs {smem} B of shared memory; the device allows "
@@ -211,8 +209,6 @@ def onepass_template_args(direction: str, dtype: str, kind: int, vec: int, cfg: 
             return base + (cfg.heads, 1)
         return base + ((cfg.heads,) if cfg.heads > 1 else ())
     if cfg.stash:
-        if direction != FWD:
-            raise ValueError(f"{cfg}: the l2 kernel's shared-memory stash exists for the forward only")
         return (CTYPES[dtype], k, vec, cfg.threads, cfg.min_blocks, cfg.stash)
     return (CTYPES[dtype], k, vec, cfg.threads, cfg.min_blocks)
 

@@ -189,16 +189,17 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
     if n >= 8192:
         for threads, min_blocks in ((256, 1), (512, 1), (1024, 1), (1024, 2)):
             out.append(plan.OnePass(threads, threads, 0, min_blocks, "l2"))
-    # Rows of 64 KB and more, forward: the l2 kernel with most of the row stashed in shared memory (the largest
-    # stash for one or two blocks per SM, and one vector less).
-    if direction == plan.FWD and n * plan.ELEM_BYTES[dtype] >= 65536:
+    # Rows of 64 KB and more: the l2 kernel with part of the row (backward: of y and dy) stashed in shared memory
+    # (the largest stash for one or two blocks per SM, and one vector less).
+    if n * plan.ELEM_BYTES[dtype] >= 65536:
+        arrays = 1 if direction == plan.FWD else 2
         for threads in (512, 1024):
             per_thread = -(-nvec // threads)
             for blocks in (1, 2):
                 if blocks * threads > max_threads_per_sm:
                     continue
                 room = min(smem_optin, SMEM_PER_SM // blocks - 1024) - plan.SMEM_STATIC_RESERVE
-                fit = min(per_thread, room // (threads * vec * plan.ELEM_BYTES[dtype]))
+                fit = min(per_thread, room // (arrays * threads * vec * plan.ELEM_BYTES[dtype]))
                 for stash in (fit, fit - 1):
                     if stash >= 1:
                         out.append(plan.OnePass(threads, threads, 0, blocks, "l2", stash))

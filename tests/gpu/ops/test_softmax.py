@@ -412,6 +412,41 @@ def test_l2_forward_stash(kind, dtype, n, threads, stash, scale):
     assert _rel_err(y, ref) < FWD_TOL[dtype]
 
 
+@pytest.mark.parametrize("kind", [0, 2], ids=["plain", "causal"])
+@pytest.mark.parametrize("dtype,n,threads,stash", [("fp32", 65536, 1024, 6), ("bf16", 65536, 512, 7),
+                                                   ("fp16", 20000, 512, 2), ("bf16", 3000, 256, 2)])
+def test_l2_backward_stash(kind, dtype, n, threads, stash):
+    """The l2 backward with y and dy partly stashed in shared memory, launched directly (the tables pick it):
+    stashed and re-read parts; a causal bound inside the stash with zeros behind it; n = 20000 / 3000 end some
+    threads' stash or tail inside the row."""
+    from rtckern.device import DeviceInfo
+    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+
+    vec = plan.vector_width(dtype, n)
+    op = "softmax_backward" if kind == 0 else "scaled_aligned_causal_masked_softmax_backward"
+    req = cands.request(op, dtype, n, vec, DeviceInfo.from_device(torch.cuda.current_device()))
+    cfg = plan.OnePass(threads, threads, 0, 1, "l2", stash)
+    assert plan.fits(cfg, plan.BWD, dtype, n, vec, req.device.max_smem_per_block_optin, kind) is None
+    kernel = cands.onepass_kernel(plan.BWD, kind, dtype, vec, cfg, req)
+    sq = 64
+    rows = max(sq, min(600, (1 << 23) // n) // sq * sq)
+    x = torch.randn(rows, n, device="cuda", dtype=DTYPES[dtype]) * 3
+    keep = torch.ones_like(x, dtype=torch.bool)
+    geom = plan.RowGeometry(rows=rows, n=n)
+    if kind == 2:
+        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n // 3)
+        valid = torch.tensor([geom.valid_keys(r, plan.CAUSAL) for r in range(rows)], device="cuda")
+        keep = torch.arange(n, device="cuda")[None, :] < valid[:, None]
+    y = _ref_softmax(x, SCALE, keep).to(DTYPES[dtype])
+    dy = torch.randn_like(y)
+    dx = torch.full_like(y, float("nan"))
+    cands.launch_onepass(kernel, plan.BWD, cfg, dtype, vec, (y.data_ptr(), dy.data_ptr(), dx.data_ptr()), geom,
+                         np.float32(SCALE), torch.cuda.current_stream().cuda_stream, kind)
+    torch.cuda.synchronize()
+    assert _rel_err(dx, _ref_backward(y, dy, SCALE)) < BWD_TOL[dtype]
+    assert (dx[~keep] == 0).all()
+
+
 @pytest.mark.parametrize("dtype,n,cfg", [
     ("bf16", 1024, dict(threads=128, group=32, items=4, heads=4)),    # warp per row; the 2nd chunk holds 1 head
     ("fp32", 1000, dict(threads=128, group=32, items=8, heads=2)),    # vector width 4 (bytes held as one word)

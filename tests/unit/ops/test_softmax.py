@@ -175,28 +175,32 @@ def test_register_free_kernel_configs():
 
 
 def test_l2_stash_configs():
-    """The l2 forward's shared-memory stash: sized per thread, forward only, in the template only when used."""
+    """The l2 kernels' shared-memory stash: sized per thread (the backward stashes y and dy), in the template only
+    when used, swept for rows of 64 KB and more in both directions."""
     smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
     s = plan.OnePass(1024, 1024, 0, 2, "l2", 7)
     assert s.smem_bytes(plan.FWD, "bf16", 65536, 8) == 7 * 1024 * 8 * 2
+    assert s.smem_bytes(plan.BWD, "bf16", 65536, 8) == 2 * 7 * 1024 * 8 * 2
     assert plan.fits(s, plan.FWD, "bf16", 65536, 8, smem) is None
-    assert plan.fits(s, plan.BWD, "bf16", 65536, 8, smem) == \
-        "the l2 kernel's shared-memory stash exists for the forward only"
+    assert plan.fits(s, plan.BWD, "bf16", 65536, 8, smem) is None
+    assert plan.fits(plan.OnePass(1024, 1024, 0, 1, "l2", 8), plan.BWD, "bf16", 65536, 8, smem).startswith(
+        "a stash of 8 vectors per thread needs 262144 B")
+    assert plan.fits(plan.OnePass(1024, 1024, 0, 1, "l2", 6), plan.BWD, "fp32", 65536, 4, smem) is None
     assert plan.fits(plan.OnePass(1024, 1024, 0, 1, "l2", 15), plan.FWD, "bf16", 65536, 8, smem).startswith(
         "a stash of 15 vectors per thread needs 245760 B")
     assert plan.onepass_template_args(plan.FWD, "bf16", plan.MASKED, 8, s) == ("rtk_bf16", plan.MASKED, 8, 1024, 2, 7)
+    assert plan.onepass_template_args(plan.BWD, "fp32", plan.CAUSAL, 4, s) == ("float", plan.CAUSAL, 4, 1024, 2, 7)
     assert plan.onepass_template_args(plan.FWD, "bf16", plan.PLAIN, 8, plan.OnePass(1024, 1024, 0, 2, "l2")) == \
         ("rtk_bf16", plan.PLAIN, 8, 1024, 2)  # the tables' and caches' names from before the stash stay valid
     assert tuned.config_dict(s)["stash"] == 7 and "stash" not in tuned.config_dict(plan.OnePass(512, 512, 0, 1, "l2"))
     with pytest.raises(ValueError, match="stash"):
         plan.OnePass(256, 256, 0, 1, "async", 2)
-    with pytest.raises(ValueError, match="forward only"):  # even where fits() was not asked
-        plan.onepass_template_args(plan.BWD, "bf16", plan.PLAIN, 8, s)
     # The sweep offers stashes for rows of 64 KB and more, each fitting the device.
-    stashed = [c for c in tuned.sweep_configs(plan.FWD, "bf16", 65536, 8, smem) if c.stash]
-    assert stashed and all(plan.fits(c, plan.FWD, "bf16", 65536, 8, smem) is None for c in stashed)
-    assert not [c for c in tuned.sweep_configs(plan.FWD, "bf16", 16384, 8, smem) if c.stash]
-    assert not [c for c in tuned.sweep_configs(plan.BWD, "bf16", 65536, 8, smem) if c.stash]
+    for direction in (plan.FWD, plan.BWD):
+        for dt, vec in (("bf16", 8), ("fp32", 4)):
+            stashed = [c for c in tuned.sweep_configs(direction, dt, 65536, vec, smem) if c.stash]
+            assert stashed and all(plan.fits(c, direction, dt, 65536, vec, smem) is None for c in stashed)
+        assert not [c for c in tuned.sweep_configs(direction, "bf16", 16384, 8, smem) if c.stash]
 
 
 def test_masked_head_loop_configs():
