@@ -104,6 +104,16 @@ elif [ "$P" = g ]; then
   timeout 120 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s4g \
     > $OUT/$P/softmax_bench.log 2>&1
   grep -v "tune " $OUT/$P/softmax_bench.log | grep -E "n=65536|summary" | cut -c1-200
+elif [ "$P" = h ]; then
+  # Review fixes: the head loop stops after H heads when H < HEADS; the causal bound in the backward stash's
+  # re-read tail. Their GPU tests, the benchmark's problem order for bf16 N = 4096, the bf16 benchmark.
+  timeout 100 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py -k "head_loop or backward_stash" \
+    -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 60 python3 scripts/probe_softmax4096.py order 2>&1 | tail -1 | tee $OUT/$P/probe_order.json
+  timeout 60 python3 benchmarks/softmax.py --bench --dtypes bf16 --compile none --name softmax_s4h \
+    > $OUT/$P/softmax_bench.log 2>&1
+  grep -E "softmax bf16 n=4096|masked_softmax bf16 n=1024|summary" $OUT/$P/softmax_bench.log | cut -c1-160
 fi
 for f in $OUT/*; do [ "$f" != "$OUT/$P" ] && mv "$f" $OUT/$P/ 2>/dev/null; done
 cd $OUT && tar czf /tmp/$P.tgz $P && rm -rf $P && mv /tmp/$P.tgz $OUT/$P.tgz && ls -la $OUT

@@ -186,8 +186,11 @@ RTK_DEVICE void rtk_softmax_fwd_body(const T* __restrict__ x, T* __restrict__ y,
       const long long e = ((long long)j * GROUP + lane) * VEC;
       held[j] = slot_ok && e < n ? rtk_sm_load_mask_bytes<VEC>(mr + e) : rtk_sm_mask_bytes<VEC>{};
     }
+    // With fewer than HEADS heads every group runs them all (one chunk): the same count for every group of the
+    // grid, so the loop stops there for all lanes alike. Only a partial last chunk runs idle iterations.
+    const int iters = heads < HEADS ? (int)heads : HEADS;
 #pragma unroll 1
-    for (int i = 0; i < HEADS; ++i) {
+    for (int i = 0; i < iters; ++i) {
       const long long h = c * HEADS + i;
       const bool active = slot_ok && h < heads;  // uniform over the group: every lane joins every reduction
       const long long row = (b * heads + h) * sq + q;

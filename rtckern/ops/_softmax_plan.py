@@ -259,7 +259,6 @@ class RowGeometry:
     n: int
     sq: int = 1
     heads: int = 1
-    cached: int = 0
     mask_batch_stride: int = 0
     diag_offset: int = 0
 

@@ -412,13 +412,13 @@ def test_l2_forward_stash(kind, dtype, n, threads, stash, scale):
     assert _rel_err(y, ref) < FWD_TOL[dtype]
 
 
-@pytest.mark.parametrize("kind", [0, 2], ids=["plain", "causal"])
+@pytest.mark.parametrize("kind,bound", [(0, None), (2, "stash"), (2, "tail")])
 @pytest.mark.parametrize("dtype,n,threads,stash", [("fp32", 65536, 1024, 6), ("bf16", 65536, 512, 7),
                                                    ("fp16", 20000, 512, 2), ("bf16", 3000, 256, 2)])
-def test_l2_backward_stash(kind, dtype, n, threads, stash):
+def test_l2_backward_stash(kind, bound, dtype, n, threads, stash):
     """The l2 backward with y and dy partly stashed in shared memory, launched directly (the tables pick it):
-    stashed and re-read parts; a causal bound inside the stash with zeros behind it; n = 20000 / 3000 end some
-    threads' stash or tail inside the row."""
+    stashed and re-read parts; a causal bound inside the stash (zeros behind it) or in the re-read tail (the stash
+    all valid); n = 20000 / 3000 end some threads' stash or tail inside the row."""
     from rtckern.device import DeviceInfo
     from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
 
@@ -434,7 +434,7 @@ def test_l2_backward_stash(kind, dtype, n, threads, stash):
     keep = torch.ones_like(x, dtype=torch.bool)
     geom = plan.RowGeometry(rows=rows, n=n)
     if kind == 2:
-        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n // 3)
+        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n // 3 if bound == "stash" else n - sq)
         valid = torch.tensor([geom.valid_keys(r, plan.CAUSAL) for r in range(rows)], device="cuda")
         keep = torch.arange(n, device="cuda")[None, :] < valid[:, None]
     y = _ref_softmax(x, SCALE, keep).to(DTYPES[dtype])
@@ -456,7 +456,8 @@ def test_l2_backward_stash(kind, dtype, n, threads, stash):
 ], ids=lambda v: "-".join(f"{k}{w}" for k, w in v.items()) if isinstance(v, dict) else str(v))
 @pytest.mark.parametrize("batch_mask", [True, False], ids=["mask_per_batch", "mask_broadcast"])
 @pytest.mark.parametrize("scale", [0.7, -0.6])
-def test_masked_head_loop(dtype, n, cfg, batch_mask, scale):
+@pytest.mark.parametrize("h", [5, 1])
+def test_masked_head_loop(dtype, n, cfg, batch_mask, scale, h):
     """The register kernel with a head loop (a group runs `heads` heads of one (batch, query) with their mask row
     held in registers), launched directly (the tables pick it): odd B, H, Sq, a partial last chunk of heads, a
     mask per batch or one for all, -inf inputs, a fully masked query, both signs of the scale."""
@@ -468,9 +469,9 @@ def test_masked_head_loop(dtype, n, cfg, batch_mask, scale):
     cfg = plan.OnePass(**cfg)
     assert plan.fits(cfg, plan.FWD, dtype, n, vec, req.device.max_smem_per_block_optin, plan.MASKED) is None
     kernel = cands.onepass_kernel(plan.FWD, plan.MASKED, dtype, vec, cfg, req)
-    b, h, sq = 3, 5, 7
+    b, sq = 3, 7  # H = 1: fewer heads than the loop holds, every group stops after one
     x = torch.randn((b, h, sq, n), device="cuda", dtype=DTYPES[dtype]) * 3
-    x[1, 2, 3, ::5] = float("-inf")
+    x[1, h // 2, 3, ::5] = float("-inf")
     mask = torch.rand((b if batch_mask else 1, 1, sq, n), device="cuda") < 0.3
     mask[0, 0, 4] = True  # a query with every key masked: zeros
     keep = torch.isfinite(x) & ~mask
