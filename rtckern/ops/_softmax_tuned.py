@@ -1,8 +1,9 @@
 """Tuned softmax configs, measured per mask kind: the one-pass kernels' tables `softmax`, `softmax_masked`,
 `softmax_causal` (forward) and `softmax_backward`, `softmax_backward_causal`, keyed by (arch, SM count, dtype, vec,
-n) with config {threads, group, items, min_blocks, kernel}; the ring kernel's (sm_90+) `softmax_ring...` tables
-of the same kinds, keyed by (arch, SM count, dtype, n). Shipped in rtckern/tuning_tables/ (measured with
-`benchmarks/softmax.py --tune`) and in the user's tuning dir (`rtckern tune softmax_masked ...`). A kind without
+n) with config {threads, group, items, min_blocks, kernel} (and, where set, stash, heads, cached); the ring
+kernel's (sm_90+) `softmax_ring...` tables of the same kinds, keyed by (arch, SM count, dtype, n). Shipped in
+rtckern/tuning_tables/ (measured with `benchmarks/softmax.py --tune`) and in the user's tuning dir (`rtckern tune
+softmax_masked ...`). A kind without
 rows falls back to the plain table. The mask's extra bytes and the causal rows' uneven lengths change which kernel
 wins, so each kind is timed on its own problem.
 """
@@ -203,8 +204,8 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
                 for stash in (fit, fit - 1):
                     if stash >= 1:
                         out.append(plan.OnePass(threads, threads, 0, blocks, "l2", stash))
-    # The register kernels also with default-cached loads and stores (faster than evict-first for some configs
-    # on the H200: up to 1.10x for the backward; benchmarks/results/softmax_hints_*).
+    # The register kernels also with default-cached loads and stores (0-4% faster than evict-first for some
+    # configs in the H200 re-tune of session 4: softmax_notes.md).
     out += [dataclasses.replace(c, cached=1) for c in out if c.kernel == "regs"]
     # Masked forward: the register kernels that hold the whole row also with a head loop (one mask row read for
     # 2 / 4 / 8 heads instead of once per head). (The same loop in the cp.async kernel, with one or two row
