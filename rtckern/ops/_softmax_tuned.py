@@ -3,9 +3,8 @@
 n) with config {threads, group, items, min_blocks, kernel} (and, where set, stash, heads, cached); the ring
 kernel's (sm_90+) `softmax_ring...` tables of the same kinds, keyed by (arch, SM count, dtype, n). Shipped in
 rtckern/tuning_tables/ (measured with `benchmarks/softmax.py --tune`) and in the user's tuning dir (`rtckern tune
-softmax_masked ...`). A kind without
-rows falls back to the plain table. The mask's extra bytes and the causal rows' uneven lengths change which kernel
-wins, so each kind is timed on its own problem.
+softmax_masked ...`). A kind without rows falls back to the plain table. The mask's extra bytes and the causal rows'
+uneven lengths change which kernel wins, so each kind is timed on its own problem.
 """
 from __future__ import annotations
 
