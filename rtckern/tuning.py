@@ -414,8 +414,11 @@ def versions(device: Any) -> dict[str, str]:
     return out
 
 
-def merge_rows(op: str, key_fields: Sequence[str], new_rows: Sequence[Row], path: Path | str) -> Table:
-    """Merge rows into the table at path (created if missing): same key replaced, every other row kept."""
+def merge_rows(op: str, key_fields: Sequence[str], new_rows: Sequence[Row], path: Path | str, *,
+               keep_order: bool = False) -> Table:
+    """Merge rows into the table at path (created if missing): same key replaced, every other row kept. Rows are
+    written sorted by key; with keep_order, in the file's order (a replaced row in place, new rows appended), so
+    that a table written by another tool changes only where rows changed."""
     p = Path(path)
     old = load_table(p, op)
     if old is not None and tuple(old.key_fields) != tuple(key_fields):
@@ -425,7 +428,10 @@ def merge_rows(op: str, key_fields: Sequence[str], new_rows: Sequence[Row], path
     for r in new_rows:
         merged[r.key] = r
     table = Table(op=op, key_fields=tuple(key_fields), rows=tuple(merged.values()), path=p)
-    _atomic_write(p, json.dumps(table.to_json(), indent=1) + "\n")
+    doc = table.to_json()
+    if keep_order:
+        doc["rows"] = [r.to_json() for r in table.rows]
+    _atomic_write(p, json.dumps(doc, indent=1) + "\n")
     return table
 
 

@@ -3,11 +3,16 @@ the 150 ms cold-compile budget on this CPU, the swept alternatives within 1 / 2 
 their cold compile times: what choosing by compile time among near-equal configs would cost and gain. No GPU:
 speeds come from the sweeps in benchmarks/results (H200), compile times from NVRTC here.
 
-    PYTHONPATH=. python3 scripts/norms_compile_alternatives.py [--out benchmarks/results/x.json]
+With --apply TOL (after `benchmarks/norms.py tables`, which picks the fastest config): where the fastest config
+compiles over budget and a swept config within TOL of its speed compiles within it, the shipped tables take that
+config (its kind in norm_kind, its config in norm_fwd / norm_bwd).
+
+    PYTHONPATH=. python3 scripts/norms_compile_alternatives.py [--out benchmarks/results/x.json] [--apply 0.02]
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import gzip
 import json
 import sys
@@ -15,13 +20,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rtckern import tuning  # noqa: E402
 from rtckern.arch import Arch  # noqa: E402
 from rtckern.compiler import compiler_for  # noqa: E402
 from rtckern.ops import _norms_launch as L  # noqa: E402
 
 from benchmarks.norms import specs_of  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+TABLES = ROOT / "rtckern" / "tuning_tables"
 # The sweeps the shipped tables were built from, in the order `benchmarks/norms.py tables` read them.
 SWEEPS = ("norms_sweep_2026-11-26_h200", "norms_sweep_l2_2026-11-26_h200", "norms_sweep_bwd_2026-11-26_h200",
           "norms_sweep_stash_2026-11-26_h200", "norms_sweep_l2c16_2026-11-26_h200",
@@ -57,6 +65,8 @@ def compile_ms(item, arch: Arch, cache: dict) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--apply", type=float, help="write the in-budget alternatives within this speed tolerance "
+                    "(e.g. 0.02) into the shipped tables")
     a = ap.parse_args()
     arch = Arch.parse("sm_90")
     cache: dict = {}
@@ -93,6 +103,54 @@ def main() -> None:
     if a.out:
         a.out.write_text(json.dumps({"budget_ms": BUDGET_MS, "arch": "sm_90", "summary": summary, "shapes": report},
                                     indent=1) + "\n")
+    if a.apply is not None:
+        apply(report, a.apply)
+
+
+def apply(report: list[dict], tol: float) -> None:
+    """Merge the alternatives within `tol` into the shipped tables (the H200 rows: sm_90, 132 SMs)."""
+    field = f"within_{round(tol * 100)}pct"
+    if not report or field not in report[0]:
+        raise SystemExit(f"--apply {tol}: the report has no {field} column (tolerances {TOLERANCES})")
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "source": f"scripts/norms_compile_alternatives.py --apply {tol} (the fastest in-budget config within "
+                      f"{round(tol * 100)}% of the fastest swept config)"}
+    cfg_rows = {"fwd": [], "bwd": []}
+    kind_rows = []
+    for r in report:
+        pick = r.get(field)
+        if pick is None:
+            continue
+        vec = 16 // {"bf16": 2, "fp16": 2, "fp32": 4}[r["dtype"]]
+        shape = {"kind": pick["kind"], "norm": r["op"], "dtype": r["dtype"], "n": r["n"], "vec": vec}
+        cfg_rows[r["dir"]].append(tuning.Row("sm_90", 132, tuple(shape.items()), pick["config"],
+                                             {"gbps": pick["gbps"], "compile_ms": pick["compile_ms"], **meta}))
+        kshape = {"dir": r["dir"], "norm": r["op"], "dtype": r["dtype"], "n": r["n"]}
+        kind_rows.append(tuning.Row("sm_90", 132, tuple(kshape.items()), {"kind": pick["kind"]},
+                                    {"gbps": pick["gbps"], **meta}))
+        print(f"applied: {r['dir']} {r['op']} {r['dtype']} {r['n']}: {r['best']['kind']} {r['best']['config']} "
+              f"({r['best']['compile_ms']} ms) -> {pick['kind']} {pick['config']} ({pick['compile_ms']} ms, "
+              f"{pick['speed']} of the speed)")
+    for d, table in (("fwd", L.TABLE_FWD), ("bwd", L.TABLE_BWD)):
+        replace_rows(TABLES / f"{table}.json", cfg_rows[d])
+    replace_rows(TABLES / f"{L.TABLE_KIND}.json", kind_rows)
+
+
+def replace_rows(path: Path, rows: list) -> None:
+    """Each row replaces the file's row of the same key in place (new keys appended): a diff of what changed."""
+    if not rows:
+        return
+    doc = json.loads(path.read_text())
+    new = {json.dumps(r.to_json()["shape"], sort_keys=True): r.to_json() for r in rows}
+    for i, old in enumerate(doc["rows"]):
+        k = json.dumps(old["shape"], sort_keys=True)
+        if (old["arch"], old["sm_count"]) == ("sm_90", 132) and k in new:
+            row = new.pop(k)
+            if "versions" in old:  # the speeds come from the same sweeps (the same H200 and packages)
+                row["versions"] = old["versions"]
+            doc["rows"][i] = row
+    doc["rows"] += list(new.values())
+    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 5 device runs. Everything under $OUT is packed into one <part>.tgz (the device returns at most 8 files).
+# PART=a: the row-count probe at N = 65536 (norms and softmax; it failed on an import in this run), the long-row
+# backward configs (N = 100000 and 262144, before / after a config growth rule that was then dropped: an earlier
+# version of scripts/norms_long_rows.py), then the norms and softmax GPU tests on the current tables.
+# PART=b: the row-count probe again, and the long-row backward sweep (scripts/norms_long_rows.py).
+set -o pipefail
+export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s5 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+P=${PART:-a}
+mkdir -p $OUT/$P
+if [ "$P" = a ] || [ "$P" = b ]; then
+  timeout 150 python3 scripts/probe_row_count.py > $OUT/$P/row_count.log 2>&1; cat $OUT/$P/row_count.log | cut -c1-300
+  timeout 240 python3 scripts/norms_long_rows.py --out $OUT/$P > $OUT/$P/long_rows.log 2>&1
+  python3 - $OUT/$P/long_rows.log <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        print(r["op"], r["dtype"], r["n"], r["kind"], r["config"], "shipped" if r["shipped"] else "",
+              round(r.get("gbps") or 0), r.get("ok"), r.get("regs"), (r.get("infeasible") or r.get("error") or "")[:80])
+    else:
+        print(line.rstrip()[:200])
+PY
+fi
+if [ "$P" = a ]; then
+  timeout 330 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py tests/gpu/ops/test_softmax.py \
+    -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+fi
+cd $OUT && tar czf $P.tgz $P && rm -rf $P
