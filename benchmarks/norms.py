@@ -78,9 +78,10 @@ def split_configs(n: int, vec: int, itemsize: int, cap: int, lo: int, hi: int, o
     return out
 
 
-def l2_configs(p, backward: bool) -> list[K.L2Config]:
+def l2_configs(p, backward: bool, sm90: bool = False) -> list[K.L2Config]:
     """Threads per block x min blocks per SM (forward: x default-cached pass 2; rows of 32 KB and more: x the
-    largest shared-memory stash that lets 1-4 blocks share an SM)."""
+    largest shared-memory stash that lets 1-4 blocks share an SM; on sm_90, also each row split over a cluster of
+    2 or 4 blocks, with and without a stash)."""
     out = []
     for threads in (128, 256, 512, 1024):
         # minb 4 / 8 for 128-256 threads: a 64 / 32-register cap, more blocks (loads in flight) per SM
@@ -95,7 +96,36 @@ def l2_configs(p, backward: bool) -> list[K.L2Config]:
                     out.append(cfg)
     if not backward and p.n * K.ITEMSIZE[p.x] >= 32768:
         out += l2_stash_configs(p)
+        if sm90:
+            out += l2_split_configs(p)
     return out
+
+
+def l2_split_configs(p) -> list[K.L2Config]:
+    """Forward l2 with the row split over clusters of 2 / 4 blocks: 256-1024 threads, plain (minb 1 / 2, both
+    pass-2 cache policies) and with the largest stash that fits 1-3 blocks per SM."""
+    out = {}
+    pack = p.vec * K.ITEMSIZE[p.x]
+    for parts in (2, 4):
+        for threads in (256, 512, 1024):
+            if K.slice_cols(p.n, p.vec, parts) // p.vec < threads // 2:
+                continue
+            for minb in (1, 2):
+                if minb * threads <= 2048:
+                    for opt in (0, 2):
+                        out[(parts, threads, minb, opt, 0)] = K.L2Config(threads, minb, opt, 0, parts)
+            nv = K.packs_per_thread(p.n, p.vec, threads, parts)
+            for blocks in (1, 2, 3):
+                if blocks * threads > 2048:
+                    continue
+                fit = (SMEM_PER_SM // blocks - 1024 - K.FWD_L2_STATIC_SMEM) // (threads * pack)
+                stash = min(nv, fit)
+                per_block = stash * threads * pack + 1024 + K.FWD_L2_STATIC_SMEM
+                minb = min(SMEM_PER_SM // per_block, 2048 // threads, 4)
+                cfg = K.L2Config(threads, minb, 0, stash, parts)
+                if stash >= 1:
+                    out[(parts, threads, minb, 0, stash)] = cfg
+    return [c for c in out.values() if L.fwd_feasible(p, "l2", c) is None]
 
 
 SMEM_PER_SM = 228 * 1024  # H100 / H200; 1 KB of it is reserved per block
@@ -185,7 +215,7 @@ def _full_plan(sm90: bool) -> list[tuple]:
         for n in NS:
             for op in OPS:
                 fp, bp = fwd_problem(op, dtype, n), bwd_problem(op, dtype, n)
-                for cfg in l2_configs(fp, False):
+                for cfg in l2_configs(fp, False, sm90):
                     plan.append(("fwd", op, dtype, n, "l2", cfg))
                 for cfg in l2_configs(bp, True):
                     plan.append(("bwd", op, dtype, n, "l2", cfg))
@@ -740,12 +770,13 @@ def _read_sweep(path: Path) -> dict:
     return json.loads(raw)
 
 
-def cmd_tables(sweep_paths: list[Path], into: Path) -> None:
+def cmd_tables(sweep_paths: list[Path], into: Path, merge: bool = False) -> None:
     """Write the best config per (kind, norm, dtype, N) and the fastest kind per (direction, norm, dtype, N) of
     sweeps as rtckern tuning tables (norm_fwd.json, norm_bwd.json, norm_kind.json). With several sweeps, a later
     one replaces an earlier one's configs of each (direction, kind, shape) it timed, and the kind choice of each
     shape it timed (so a partial sweep that re-times the other kinds' shipped configs decides the kind within
-    one run)."""
+    one run). With merge, only the shapes the sweeps timed change: their rows replace the tables' rows of the
+    same key in place (for a partial sweep on top of the shipped tables)."""
     best_cfg: dict = {}
     best_kind: dict = {}
     meta_of: dict = {}
@@ -771,19 +802,29 @@ def cmd_tables(sweep_paths: list[Path], into: Path) -> None:
         for k, r in kind_here.items():
             best_kind[k], meta_of[id(r)] = r, meta
     into.mkdir(parents=True, exist_ok=True)
+    cfg_fields, kind_fields = ["kind", "norm", "dtype", "n", "vec"], ["dir", "norm", "dtype", "n"]
     for d, op_name in (("fwd", L.TABLE_FWD), ("bwd", L.TABLE_BWD)):
         rows = [{"arch": arch, "sm_count": sms,
                  "shape": {"kind": kind, "norm": op, "dtype": dt, "n": n, "vec": 16 // K.ITEMSIZE[dt]},
                  "config": r["config"], "time_us": round(r["us"], 2), "gbps": round(r["gbps"]), **meta_of[id(r)]}
                 for (dd, kind, op, dt, n), r in sorted(best_cfg.items()) if dd == d]
-        doc_out = {"format": 1, "op": op_name, "key_fields": ["kind", "norm", "dtype", "n", "vec"], "rows": rows}
-        (into / f"{op_name}.json").write_text(json.dumps(doc_out, indent=1) + "\n")
+        _write_table(into / f"{op_name}.json", op_name, cfg_fields, rows, merge)
     rows = [{"arch": arch, "sm_count": sms, "shape": {"dir": d, "norm": op, "dtype": dt, "n": n},
              "config": {"kind": r["kind"]}, "gbps": round(r["gbps"]), **meta_of[id(r)]}
             for (d, op, dt, n), r in sorted(best_kind.items())]
-    (into / f"{L.TABLE_KIND}.json").write_text(json.dumps(
-        {"format": 1, "op": L.TABLE_KIND, "key_fields": ["dir", "norm", "dtype", "n"], "rows": rows}, indent=1) + "\n")
-    print(f"tables: {len(best_cfg)} configs, {len(best_kind)} kind choices -> {into}")
+    _write_table(into / f"{L.TABLE_KIND}.json", L.TABLE_KIND, kind_fields, rows, merge)
+    print(f"tables: {len(best_cfg)} configs, {len(best_kind)} kind choices -> {into}" + (" (merged)" if merge else ""))
+
+
+def _write_table(path: Path, op_name: str, fields: list, rows: list, merge: bool) -> None:
+    from rtckern import tuning
+
+    if merge:
+        new = tuning.parse_table({"format": 1, "op": op_name, "key_fields": fields, "rows": rows}, path, op_name)
+        tuning.merge_rows(op_name, fields, new.rows, path, keep_order=True)
+    else:
+        doc_out = {"format": 1, "op": op_name, "key_fields": fields, "rows": rows}
+        path.write_text(json.dumps(doc_out, indent=1) + "\n")
 
 
 def main() -> None:
@@ -801,13 +842,15 @@ def main() -> None:
     ap.add_argument("--compile-budget", type=float, default=120.0, help="seconds of torch.compile at most")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 4)
     ap.add_argument("--write-tables", action="store_true", help="sweep/all: write the winners into --into")
+    ap.add_argument("--merge", action="store_true", help="tables: change only the shapes the sweeps timed (rows "
+                    "replaced in place) instead of writing the tables from the sweeps alone")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.cmd == "compile-times":
         cmd_compile_times(a.out)
         return
     if a.cmd == "tables":
-        cmd_tables(a.sweep or [], a.into)
+        cmd_tables(a.sweep or [], a.into, a.merge)
         return
     kinds = tuple(a.kinds.split(",")) if a.kinds else None
     dirs = tuple(a.dirs.split(","))

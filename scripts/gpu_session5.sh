@@ -4,6 +4,9 @@
 # backward configs (N = 100000 and 262144, before / after a config growth rule that was then dropped: an earlier
 # version of scripts/norms_long_rows.py), then the norms and softmax GPU tests on the current tables.
 # PART=b: the row-count probe again, and the long-row backward sweep (scripts/norms_long_rows.py).
+# PART=c: the l2 forward split over clusters: its GPU tests, then the l2 forward sweep at N = 16384 / 65536 (every
+# l2 config, split or not, and the shipped configs of the other kinds re-timed), merged into the tables here
+# (returned under tables/). PART=d: the norms GPU tests and the norms benchmark on the tables in the tree.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s5 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -27,5 +30,20 @@ if [ "$P" = a ]; then
   timeout 330 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py tests/gpu/ops/test_softmax.py \
     -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
   tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+fi
+if [ "$P" = c ]; then
+  timeout 150 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py -k "split or stash" -p no:cacheprovider \
+    > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 400 python3 benchmarks/norms.py sweep --kinds l2 --dirs fwd --ns 16384,65536 --sweep-budget 300 \
+    --out $OUT/$P > $OUT/$P/sweep.log 2>&1; grep -E "^sweep|FAILED|Error|prefill" $OUT/$P/sweep.log | cut -c1-400
+  python3 benchmarks/norms.py tables --sweep $OUT/$P/norms_sweep.json --merge && mkdir -p $OUT/$P/tables && \
+    cp rtckern/tuning_tables/norm_*.json $OUT/$P/tables/
+elif [ "$P" = d ]; then
+  timeout 200 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py tests/gpu/plugins -p no:cacheprovider \
+    > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 380 python3 benchmarks/norms.py bench --out $OUT/$P > $OUT/$P/bench.log 2>&1; tail -5 $OUT/$P/bench.log
+  grep -E "^\| (rms|layer)" $OUT/$P/norms_bench.md | cut -c1-200
 fi
 cd $OUT && tar czf $P.tgz $P && rm -rf $P

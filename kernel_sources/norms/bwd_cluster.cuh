@@ -4,6 +4,7 @@
 // finishes. Template arguments as bwd_rows.cuh with THREADS and C (kOptPersist: load the next row while this
 // one is reduced). Launch: grid clusters * C, block THREADS.
 #pragma once
+#include "norms/norm_bwd_parts.cuh"
 #include "norms/norm_cluster_sync.cuh"
 
 template <typename TX, typename TW, typename TDY, typename TDX, int N, int VEC, int THREADS, int C, int FLAGS,

@@ -19,6 +19,7 @@
 //   rtk_norm_dw_reduce adds them in a fixed order: bitwise repeatable for a given grid.
 // Launch: grid clusters * C, block THREADS, no dynamic shared memory (the kernel carries its cluster shape).
 #pragma once
+#include "norms/norm_bwd_parts.cuh"
 #include "norms/norm_cluster_sync.cuh"
 
 // Two adjacent outputs in one packed conversion (F2FP) for the 16-bit types.

@@ -5,6 +5,7 @@
 //   clusters that fit at once) * C; cluster k handles rows k, k + clusters, ... and loads the next row while it
 //   reduces this one. Launch: block THREADS (the kernel carries its cluster shape).
 #pragma once
+#include "norms/norm_bwd_parts.cuh"
 #include "norms/norm_cluster_sync.cuh"
 
 template <typename TX, typename TW, typename TY, int N, int VEC, int THREADS, int C, int FLAGS, int OPT>

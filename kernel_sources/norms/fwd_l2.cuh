@@ -7,14 +7,23 @@
 //   there in pass 2. For 64-256 KB rows the rows in flight outgrow L2 and the re-read misses; a stash of most of the
 //   row leaves only the rest to L2 (the hybrid of the smem-stash and L2 re-read designs). Those packs are read
 //   with evict-first loads (read once).
+//   C (sm_90+, launched as clusters of C blocks): each row is split over a cluster, block `rank` taking the
+//   columns [rank * S, rank * S + S) (S = rtk_norm_slice_cols<N, VEC, C>). The blocks' statistics are combined
+//   through distributed shared memory in rank order (every block of the cluster gets bitwise the same), so a row
+//   is C smaller work units: at 2048 rows of 64K the last partial wave and the ramp cost 4-5% of the copy rate
+//   (benchmarks/results/probe_row_count_session5_*), which finer units recover.
 //   Template and kernel arguments as rtk_norm_fwd_rows, with THREADS (whole warps) and MINB (min blocks per SM
 //   for __launch_bounds__) instead of TPR / RPB. OPT kOptPlainLoads: pass 2 with default-cached loads and stores.
-// Thread t handles packs (i * THREADS + t) * VEC. Launch: grid rows, block THREADS, dynamic shared memory
-// STASH * THREADS * VEC * sizeof(TX) bytes.
+// Thread t handles packs (i * THREADS + t) * VEC of its block's slice. Launch: grid rows * C (clusters of C when
+// C > 1), block THREADS, dynamic shared memory STASH * THREADS * VEC * sizeof(TX) bytes.
 #pragma once
 #include "norms/norm_fwd_parts.cuh"
+#if defined(RTK_CUDA)
+#include "norms/norm_cluster_sync.cuh"
+#endif
 
-template <typename TX, typename TW, typename TY, int N, int VEC, int THREADS, int MINB, int FLAGS, int OPT, int STASH = 0>
+template <typename TX, typename TW, typename TY, int N, int VEC, int THREADS, int MINB, int FLAGS, int OPT, int STASH = 0,
+          int C = 1>
 __global__ void __launch_bounds__(THREADS, MINB)
 rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* __restrict__ h,
                 const TW* __restrict__ w, const TW* __restrict__ b, TY* __restrict__ y,
@@ -22,10 +31,12 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
                 long long sx, long long sr, long long sh, long long sy) {
   static_assert(N % VEC == 0, "VEC must divide N");
   static_assert(THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
-  constexpr int kPacks = N / VEC;
+  static_assert(C >= 1, "C: blocks per row");
+  constexpr int S = C > 1 ? rtk_norm_slice_cols<N, VEC, C>() : N;  // columns of each block's slice
+  constexpr int kPacks = S / VEC;
   constexpr int NV = (kPacks + THREADS - 1) / THREADS;
   static_assert(STASH >= 0 && STASH <= NV, "STASH: 0 .. packs per thread");
-  constexpr bool kExact = kPacks % THREADS == 0;  // every thread's every pack is inside the row
+  constexpr bool kExact = S * C == N && kPacks % THREADS == 0;  // every thread's every pack is inside the slice
   constexpr bool kLayer = (FLAGS & kNormLayer) != 0;
   constexpr bool kRes = (FLAGS & kNormResidual) != 0;
   constexpr bool kW = (FLAGS & kNormWeight) != 0;
@@ -35,9 +46,21 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
   __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(1)];
 
   const int t = threadIdx.x;
-  const long long row = blockIdx.x;
-  const TX* xr = x + row * sx;
-  TX* hr = h + row * sh;
+#if defined(RTK_CUDA)
+  const unsigned rank = C > 1 ? rtk_cluster_rank() : 0u;
+#else
+  static_assert(C == 1, "clusters are NVIDIA sm_90+ only");
+  const unsigned rank = 0u;
+#endif
+  const long long row = blockIdx.x / C;
+  const int c0 = (int)rank * S;
+  const int len = C > 1 ? (N - c0 < S ? N - c0 : S) : N;  // this block's columns (the last slice may be short)
+  const TX* xr = x + row * sx + c0;
+  TX* hr = h + row * sh + c0;
+  if constexpr (C > 1) {
+    w += c0;
+    b += c0;
+  }
 
   // Pass 1. With a residual, h = x + residual (rounded to TX as PyTorch does) is written with a default store
   // and read back in pass 2 by the thread that wrote it (plain loads: ordered after the store).
@@ -47,12 +70,12 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
   auto pass1 = [&](int i, auto stashed) {
     constexpr bool kStashed = decltype(stashed)::value;
     const int c = (i * THREADS + t) * VEC;
-    if (kExact || c < N) {
+    if (kExact || c < len) {
       rtk_norm_pack<TX, VEC> p;
       rtk_norm_load<kStashed ? kLdStream : kLdDefault>(xr + c, p);
       if constexpr (kRes) {
         rtk_norm_pack<TX, VEC> q;
-        rtk_norm_load<kLdStream>(residual + row * sr + c, q);
+        rtk_norm_load<kLdStream>(residual + row * sr + c0 + c, q);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) p.v[j] = rtk_from_float<TX>(rtk_to_float(p.v[j]) + rtk_to_float(q.v[j]));
         if constexpr (kStashed) rtk_norm_store<kStStream>(hr + c, p);
@@ -76,24 +99,62 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
   for (int i = STASH; i < NV; ++i) pass1(i, rtk_norm_bool<false>{});
   if constexpr (kLayer) {
     // Two plain block sums instead of a block-wide Chan reduction (which every thread would repeat, a division
-    // per warp: at 256-1024 threads it cost more than the row's arithmetic): the row mean first, then each
+    // per warp: at 256-1024 threads it cost more than the row's arithmetic): the slice mean first, then each
     // thread's M2 moved to it. Both exact in the same sense as Chan's (deviations from the true mean).
     float s[1] = {mean * cnt};
     rtk_norm_group_sum<THREADS, 1>(s, scratch);
-    const float row_mean = s[0] * (1.f / (float)N);
+    const float row_mean = s[0] * (1.f / (float)len);
     const float d = mean - row_mean;
     float q[1] = {fmaf(d * d, cnt, m2)};
     rtk_norm_group_sum<THREADS, 1>(q, scratch);
     mean = row_mean;
     m2 = q[0];
+    if constexpr (C > 1) mean = s[0];  // the slice's sum, combined below
   } else {
     float q[1] = {m2};
     rtk_norm_group_sum<THREADS, 1>(q, scratch);
     m2 = q[0];
   }
+#if defined(RTK_CUDA)
+  if constexpr (C > 1) {
+    __shared__ __align__(8) float slot[2];  // this block's (sum, M2) for the peers
+    // The row's statistics from the C slices, in rank order: sum of x, then Chan's combination of the slices' M2
+    // (each about its own mean). Peers read `slot` until they arrive again (after their reads); this block waits
+    // for that before it exits, at the end.
+    if (t == 0) {
+      slot[0] = mean;
+      slot[1] = m2;
+    }
+    rtk_cluster_sync();
+    float tot = 0.f, tot_m2 = 0.f, part_m2[C], part_sum[C];
+#pragma unroll
+    for (int k = 0; k < C; ++k) {
+      const float2 v = rtk_cluster_ld2(slot, (unsigned)k);
+      part_sum[k] = v.x;
+      part_m2[k] = v.y;
+      tot += v.x;
+      tot_m2 += v.y;
+    }
+    rtk_cluster_arrive();
+    if constexpr (kLayer) {
+      const float row_mean = tot * (1.f / (float)N);
+      float acc = 0.f;
+#pragma unroll
+      for (int k = 0; k < C; ++k) {
+        const int nk = N - k * S < S ? N - k * S : S;
+        const float d = part_sum[k] * (1.f / (float)nk) - row_mean;
+        acc += fmaf(d * d, (float)nk, part_m2[k]);
+      }
+      mean = row_mean;
+      m2 = acc;
+    } else {
+      m2 = tot_m2;  // RMSNorm: the sum of x^2
+    }
+  }
+#endif
   const float rstd = rsqrtf(m2 * (1.f / (float)N) + eps);
   if constexpr ((FLAGS & kNormSaveStats) != 0) {
-    if (t == 0) {
+    if (t == 0 && rank == 0) {
       rstd_out[row] = rstd;
       if constexpr (kLayer) mean_out[row] = mean;
     }
@@ -101,11 +162,11 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
 
   // Pass 2: y = x * rstd - mean * rstd (one FFMA), times the weight, plus the bias (one FFMA).
   const float shift = kLayer ? -mean * rstd : 0.f;
-  TY* yr = y + row * sy;
+  TY* yr = y + row * sy + c0;
   auto pass2 = [&](int i, auto stashed) {
     constexpr bool kStashed = decltype(stashed)::value;
     const int c = (i * THREADS + t) * VEC;
-    if (kExact || c < N) {
+    if (kExact || c < len) {
       rtk_norm_pack<TX, VEC> p;
       if constexpr (kStashed) p = stash[i * THREADS + t];
       else if constexpr (kRes) rtk_norm_load<kLdDefault>(hr + c, p);
@@ -128,4 +189,7 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
   for (int i = 0; i < STASH; ++i) pass2(i, rtk_norm_bool<true>{});
 #pragma unroll 4
   for (int i = STASH; i < NV; ++i) pass2(i, rtk_norm_bool<false>{});
+#if defined(RTK_CUDA)
+  if constexpr (C > 1) rtk_cluster_wait();  // no peer reads this block's slot any more
+#endif
 }

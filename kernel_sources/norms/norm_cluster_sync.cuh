@@ -1,7 +1,7 @@
 // Thread-block-cluster primitives (sm_90+, NVIDIA only): rank, barrier, and reads of a peer block's shared
 // memory (distributed shared memory), in inline PTX so no cooperative-groups header is parsed.
 #pragma once
-#include "norms/norm_bwd_parts.cuh"
+#include "common/dtypes.cuh"
 
 #if !defined(RTK_CUDA)
 #error "norm cluster kernels are NVIDIA sm_90+ only"

@@ -125,6 +125,8 @@ class _NormCandidate(Candidate):
             return None
         p, cfg = self._memo_of(req)
         if self.kind == "l2":
+            if cfg.parts > 1:
+                return None  # a cluster launch: the candidate's own launch
             return rows, cfg.threads, K.fwd_l2_smem(p, cfg)
         grid = K.grid_for_rows(rows, cfg)
         if cfg.opt & 1:
@@ -200,6 +202,10 @@ class _L2(_NormCandidate):
         if self.direction == "bwd" and self.config(req) is None:
             p = self.problem(req)
             return L.bwd_feasible(p, "l2", K.l2_config(p.n, p.vec, True), smem_optin=req.device.max_smem_per_block_optin)
+        cfg = self.config(req)
+        if cfg is not None and cfg.parts > 1 and not _is_sm90_plus(req):
+            return (f"the tuned l2 config splits rows over clusters of {cfg.parts} blocks, which need sm_90+; "
+                    f"{req.device.arch.sm} has none")
         return super().supports(req)
 
 

@@ -255,12 +255,14 @@ def stage_config(p: "BwdProblem", warp: int = 32, smem: int = 227 * 1024) -> Sta
 class L2Config:
     """One block of `threads` threads per row (forward) or persistent blocks walking rows (backward); `minb`:
     the blocks per SM asked of __launch_bounds__ (caps registers); `stash` (forward): packs per thread kept in
-    dynamic shared memory between the passes instead of re-read from L2."""
+    dynamic shared memory between the passes instead of re-read from L2; `parts` (forward, sm_90+): each row split
+    over a cluster of that many blocks (finer work units for few long rows)."""
 
     threads: int
     minb: int = 1
     opt: int = 0
     stash: int = 0
+    parts: int = 1
 
     @property
     def block(self) -> int:
@@ -322,6 +324,8 @@ def fwd_template_args(p: FwdProblem, kind: str, cfg) -> tuple:
     tx, tw, ty = p.type_args()
     if kind == "l2":
         args = (tx, tw, ty, p.n, p.vec, cfg.threads, cfg.minb, p.flags, cfg.opt)
+        if cfg.parts > 1:
+            return args + (cfg.stash, cfg.parts)
         return args + (cfg.stash,) if cfg.stash else args
     if kind == "rows":
         return (tx, tw, ty, p.n, p.vec, cfg.tpr, cfg.rpb, p.flags, cfg.opt)

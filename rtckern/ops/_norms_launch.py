@@ -35,7 +35,8 @@ def _cfg_from_json(kind: str, c: dict):
     if kind == "stage":
         return K.StageConfig(int(c["threads"]), int(c["depth"]), int(c.get("opt", 0)))
     if kind == "l2":
-        return K.L2Config(int(c["threads"]), int(c.get("minb", 1)), int(c.get("opt", 0)), int(c.get("stash", 0)))
+        return K.L2Config(int(c["threads"]), int(c.get("minb", 1)), int(c.get("opt", 0)), int(c.get("stash", 0)),
+                          int(c.get("parts", 1)))
     if kind == "rows":
         return K.RowsConfig(int(c["tpr"]), int(c["rpb"]), int(c.get("opt", 0)))
     return K.SplitConfig(int(c["threads"]), int(c["parts"]), int(c.get("opt", 0)))
@@ -43,8 +44,11 @@ def _cfg_from_json(kind: str, c: dict):
 
 def cfg_to_json(cfg) -> dict:
     d = dataclasses.asdict(cfg)
-    if isinstance(cfg, K.L2Config) and not cfg.stash:
-        del d["stash"]  # the tables written before the stash existed stay byte-identical
+    if isinstance(cfg, K.L2Config):  # the tables written before these fields existed stay byte-identical
+        if not cfg.stash:
+            del d["stash"]
+        if cfg.parts == 1:
+            del d["parts"]
     return d
 
 
@@ -59,6 +63,10 @@ def geometry_reason(n: int, vec: int, kind: str, cfg, warp: int = 32) -> str | N
         if cfg.threads % warp or not warp <= cfg.threads <= 1024 or cfg.minb < 1 or cfg.minb * cfg.threads > 2048:
             return (f"{cfg.threads} threads x {cfg.minb} blocks per SM is not a valid l2 geometry (whole warps, "
                     f"at most 1024 threads, 2048 per SM)")
+        if cfg.parts not in (1, 2, 4, 8):
+            return f"an l2 row split over {cfg.parts} blocks: supported 1, 2, 4 or 8 (a portable cluster)"
+        if cfg.parts > 1 and K.slice_cols(n, vec, cfg.parts) * (cfg.parts - 1) >= n:
+            return f"N={n} is too short to split into {cfg.parts} slices of whole {vec}-element packs"
         return None
     if kind == "rows":
         if cfg.tpr < 1 or cfg.rpb < 1 or cfg.block > 1024 or (cfg.rpb > 1 and cfg.tpr > warp) or \
@@ -85,7 +93,7 @@ def fwd_feasible(p: K.FwdProblem, kind: str, cfg, warp: int = 32, smem_optin: in
     if why is not None:
         return why
     if kind == "l2" and cfg.stash:
-        nv = K.packs_per_thread(p.n, p.vec, cfg.threads)
+        nv = K.packs_per_thread(p.n, p.vec, cfg.threads, cfg.parts)
         if not 0 < cfg.stash <= nv:
             return f"a stash of {cfg.stash} packs per thread is not in 0..{nv} (the packs per thread of N={p.n})"
         need, room = K.fwd_l2_smem(p, cfg), smem_optin - K.FWD_L2_STATIC_SMEM
@@ -114,6 +122,8 @@ def bwd_feasible(p: K.BwdProblem, kind: str, cfg, warp: int = 32, smem_optin: in
                     f"device allows: use fewer rows in flight")
         return None
     if kind == "l2":
+        if cfg.parts != 1:
+            return f"the l2 backward does not split rows (parts={cfg.parts}): use the l2c kind"
         need, room = K.bwd_l2_smem(p), smem_optin - K.BWD_L2_STATIC_SMEM
         if need > room:
             return (f"the column sums of N={p.n} need {need} B of shared memory per block, over the "
@@ -328,7 +338,11 @@ def launch_fwd(p: K.FwdProblem, kind: str, cfg, kernel, c: FwdCall) -> tuple:
     args = [c.x, c.residual, c.h, c.w, c.b, c.y, c.mean, c.rstd, np.float32(c.eps), c.rows, c.sx, c.sr, c.sh, c.sy]
     persist = cfg.opt & 1
     if kind == "l2":
-        kernel.launch(c.rows, cfg.threads, args, shared_mem=K.fwd_l2_smem(p, cfg), stream=c.stream)
+        if cfg.parts > 1:
+            kernel.launch(c.rows * cfg.parts, cfg.threads, args, shared_mem=K.fwd_l2_smem(p, cfg), stream=c.stream,
+                          cluster=(cfg.parts, 1, 1))
+        else:
+            kernel.launch(c.rows, cfg.threads, args, shared_mem=K.fwd_l2_smem(p, cfg), stream=c.stream)
         return ()
     if kind == "rows":
         grid = K.grid_for_rows(c.rows, cfg)

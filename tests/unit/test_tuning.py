@@ -171,6 +171,18 @@ def test_merge_keeps_other_archs_and_replaces_same_key(tmp_path):
         merge_rows("norm", ("n",), [], p)
 
 
+def test_merge_keep_order_replaces_in_place(tmp_path):
+    # rows deliberately out of sorted order (as benchmarks/norms.py tables writes them)
+    p = write(tmp_path / "norm.json", [row("sm_90", 132, "bf16", 8192, 1), row("sm_90", 132, "bf16", 1024, 2)])
+    new = [Row("sm_90", 132, (("dtype", "bf16"), ("n", 1024)), {"block": 7}, {}),
+           Row("sm_90", 132, (("dtype", "bf16"), ("n", 100000)), {"block": 8}, {})]
+    merge_rows("norm", ("dtype", "n"), new, p, keep_order=True)
+    got = [(r["shape"]["n"], r["config"]["block"]) for r in json.loads(p.read_text())["rows"]]
+    assert got == [(8192, 1), (1024, 7), (100000, 8)]
+    merge_rows("norm", ("dtype", "n"), [], p)  # without keep_order: sorted by key
+    assert [r["shape"]["n"] for r in json.loads(p.read_text())["rows"]] == [100000, 1024, 8192]  # key text order
+
+
 def test_table_is_reread_after_it_changes(tmp_path):
     p = write(tmp_path / "norm.json", [row("sm_90", 132, "bf16", 4096, 1)])
     assert load_table(p, "norm").rows[0].config == {"block": 1}

@@ -502,6 +502,22 @@ def test_l2_forward_stash(layer, n, dtype, threads, stash):
     """The l2 forward with a shared-memory stash, launched directly (the tables pick one): residual, fp32
     zero-centered weight, bias (LayerNorm), saved statistics; N = 5000 leaves the last packs of some threads
     outside the row, 16384 / fp16 stashes the whole row."""
+    _check_l2_forward(layer, n, dtype, threads, stash, 1)
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90+")
+@pytest.mark.parametrize("n,dtype,threads,stash,parts", [
+    (65536, "bf16", 1024, 0, 2), (65536, "fp16", 512, 6, 2), (65536, "fp32", 256, 0, 4), (65536, "bf16", 128, 0, 8),
+    (5000, "bf16", 256, 0, 4), (5000, "fp32", 128, 1, 2), (7, "fp32", 32, 0, 4), (12288, "fp16", 256, 2, 2)])
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+def test_l2_forward_split_over_cluster(layer, n, dtype, threads, stash, parts):
+    """The l2 forward with each row split over a cluster of `parts` blocks (statistics combined through
+    distributed shared memory), with and without a stash; N = 5000 and 7 leave the last slice short (7 over 4
+    blocks: slices of 2, 2, 2, 1). Saved statistics from rank 0 only; y bitwise repeatable."""
+    _check_l2_forward(layer, n, dtype, threads, stash, parts)
+
+
+def _check_l2_forward(layer, n, dtype, threads, stash, parts):
     from rtckern.ops import _norms_kernels as K
     from rtckern.ops import _norms_launch as L
 
@@ -513,20 +529,26 @@ def test_l2_forward_stash(layer, n, dtype, threads, stash):
     r = torch.randn(rows, n, device="cuda", generator=g).to(DT[dtype])
     p = K.FwdProblem(layer=layer, n=n, x=dtype, y=dtype, w="fp32", bias=layer, zero_centered=True, residual=True,
                      save_stats=True, vec=vec)
-    cfg = K.L2Config(threads, 1, 0, stash)
+    cfg = K.L2Config(threads, 1, 0, stash, parts)
     assert L.fwd_feasible(p, "l2", cfg) is None
     kernel = L.load((L.fwd_spec(p, "l2", cfg, _arch()),), torch.cuda.current_device())[0]
-    y = torch.full((rows, n), float("nan"), device="cuda", dtype=DT[dtype])
-    h = torch.full_like(y, float("nan"))
-    mean = torch.full((rows,), float("nan"), device="cuda")
-    rstd = torch.full_like(mean, float("nan"))
-    L.launch_fwd(p, "l2", cfg, kernel, L.FwdCall(
-        x=x.data_ptr(), residual=r.data_ptr(), h=h.data_ptr(), w=w0.data_ptr(), b=b.data_ptr() if layer else 0,
-        y=y.data_ptr(), mean=mean.data_ptr() if layer else 0, rstd=rstd.data_ptr(), eps=1e-5, rows=rows, sx=n,
-        sr=n, sh=n, sy=n, stream=torch.cuda.current_stream().cuda_stream, zeros_u32=None, empty_f32=None))
-    torch.cuda.synchronize()
+
+    def run():
+        y = torch.full((rows, n), float("nan"), device="cuda", dtype=DT[dtype])
+        h = torch.full_like(y, float("nan"))
+        mean = torch.full((rows,), float("nan"), device="cuda")
+        rstd = torch.full_like(mean, float("nan"))
+        L.launch_fwd(p, "l2", cfg, kernel, L.FwdCall(
+            x=x.data_ptr(), residual=r.data_ptr(), h=h.data_ptr(), w=w0.data_ptr(), b=b.data_ptr() if layer else 0,
+            y=y.data_ptr(), mean=mean.data_ptr() if layer else 0, rstd=rstd.data_ptr(), eps=1e-5, rows=rows, sx=n,
+            sr=n, sh=n, sy=n, stream=torch.cuda.current_stream().cuda_stream, zeros_u32=None, empty_f32=None))
+        torch.cuda.synchronize()
+        return y, h, mean, rstd
+
+    y, h, mean, rstd = run()
     ref, href, rmean, rrstd = _ref_fwd(layer, x, w0, b if layer else None, 1e-5, True, residual=r)
     assert torch.equal(h, href)
     assert _rel(y, ref) < FWD_TOL[dtype] and _rel(rstd, rrstd) < 1e-5
     if layer:
         assert (mean.double() - rmean).abs().max().item() < 1e-5 * (1 + rmean.abs().max().item())
+    assert torch.equal(run()[0], y)

@@ -189,6 +189,48 @@ def test_l2_forward_stash_geometry():
     assert L.cfg_to_json(cfg)["stash"] == 7 and L._cfg_from_json("l2", L.cfg_to_json(cfg)) == cfg
 
 
+def test_l2_forward_split_geometry():
+    p = K.FwdProblem(layer=False, n=65536, x="bf16", y="bf16", w="bf16", vec=8)
+    cfg = K.L2Config(1024, 1, 0, 0, 2)
+    assert L.fwd_feasible(p, "l2", cfg) is None
+    assert K.fwd_template_args(p, "l2", cfg)[-2:] == (0, 2)  # STASH spelled out before C
+    assert L.cfg_to_json(cfg) == {"threads": 1024, "minb": 1, "opt": 0, "parts": 2}
+    assert L._cfg_from_json("l2", L.cfg_to_json(cfg)) == cfg
+    # the stash counts packs of the block's slice: 4 per thread of a half row at 1024 threads
+    assert L.fwd_feasible(p, "l2", K.L2Config(1024, 1, 0, 4, 2)) is None
+    assert "not in 0..4" in L.fwd_feasible(p, "l2", K.L2Config(1024, 1, 0, 5, 2))
+    assert L.fwd_feasible(p, "l2", K.L2Config(256, 1, 0, 0, 3)) == \
+        "an l2 row split over 3 blocks: supported 1, 2, 4 or 8 (a portable cluster)"
+    assert "too short to split into 8 slices" in L.fwd_feasible(
+        K.FwdProblem(layer=False, n=7, x="fp32", y="fp32", w="fp32", vec=1), "l2", K.L2Config(32, 1, 0, 0, 8))
+    bp = K.BwdProblem(layer=False, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", vec=8)
+    assert "does not split rows" in L.bwd_feasible(bp, "l2", K.L2Config(1024, 1, 1, 0, 2))
+
+
+@pytest.mark.parametrize("layer", [False, True])
+def test_l2_forward_split_compiles_for_sm90_only(cache_dir, layer):
+    """A split row (clusters) compiles for sm_90 with NVRTC; the candidate declines a table's split config on a
+    GPU without clusters (a table row of another arch never reaches it; this guards a hand-made one)."""
+    from rtckern.compiler import compiler_for
+
+    p = K.FwdProblem(layer=layer, n=5000, x="bf16", y="fp32", w="fp32", bias=layer, residual=True,
+                     save_stats=True, vec=8)
+    spec = L.fwd_spec(p, "l2", K.L2Config(256, 1, 0, 1, 4), Arch.parse("sm_90"))
+    assert spec.template_args[-2:] == ("1", "4")
+    ck = compiler_for(spec.arch).compile(spec)
+    assert ck.kind == "cubin" and len(ck.binary) > 1000
+    req = _fwd_req("rms_norm", 65536, "sm_80")
+    l2 = next(c for c in cands.all_candidates() if c.name == "rms_norm.l2")
+    orig = L.fwd_config
+    try:
+        L.fwd_config = lambda p_, kind, dev: K.L2Config(1024, 1, 0, 0, 2)
+        l2.__dict__.pop("_memo", None)
+        assert "need sm_90+" in l2.supports(req)
+    finally:
+        L.fwd_config = orig
+        l2.__dict__.pop("_memo", None)
+
+
 def test_forced_l2_skips_the_preference(cache_dir):
     from rtckern import config
 
