@@ -19,6 +19,7 @@ Results: DIR/norms_sweep.json, DIR/norms_bench.json, DIR/norms_bench.md, DIR/nor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -98,7 +99,13 @@ def l2_configs(p, backward: bool, sm90: bool = False) -> list[K.L2Config]:
         out += l2_stash_configs(p)
         if sm90:
             out += l2_split_configs(p)
+    if L2_POLICY_VARIANTS:  # sm_80+: each config (default-cached pass 2 aside) also with the L2 access policies
+        out += [dataclasses.replace(c, opt=c.opt | K.L2_POLICY) for c in out if not c.opt & 2]
     return out
+
+
+# `sweep --l2-policy`: the l2 configs also with OPT L2_POLICY (pass 1 evict_last, pass 2 evict_first in L2).
+L2_POLICY_VARIANTS = False
 
 
 def l2_split_configs(p) -> list[K.L2Config]:
@@ -842,6 +849,8 @@ def main() -> None:
     ap.add_argument("--compile-budget", type=float, default=120.0, help="seconds of torch.compile at most")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 4)
     ap.add_argument("--write-tables", action="store_true", help="sweep/all: write the winners into --into")
+    ap.add_argument("--l2-policy", action="store_true", help="sweep/all: also every l2 config with the L2 access "
+                    "policies (OPT 256; sm_80+)")
     ap.add_argument("--merge", action="store_true", help="tables: change only the shapes the sweeps timed (rows "
                     "replaced in place) instead of writing the tables from the sweeps alone")
     a = ap.parse_args()
@@ -852,6 +861,8 @@ def main() -> None:
     if a.cmd == "tables":
         cmd_tables(a.sweep or [], a.into, a.merge)
         return
+    global L2_POLICY_VARIANTS
+    L2_POLICY_VARIANTS = a.l2_policy
     kinds = tuple(a.kinds.split(",")) if a.kinds else None
     dirs = tuple(a.dirs.split(","))
     ns = tuple(int(v) for v in a.ns.split(",")) if a.ns else NS

@@ -7,6 +7,8 @@
 # PART=c: the l2 forward split over clusters: its GPU tests, then the l2 forward sweep at N = 16384 / 65536 (every
 # l2 config, split or not, and the shipped configs of the other kinds re-timed), merged into the tables here
 # (returned under tables/). PART=d: the norms GPU tests and the norms benchmark on the tables in the tree.
+# PART=f: the l2 forward sweep with the L2 access-policy variants (OPT 256), merged into the tables (returned).
+# PART=g: the same for the l2 backward, then the norms GPU tests and the norms benchmark on the merged tables.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s5 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -39,7 +41,14 @@ if [ "$P" = c ]; then
     --out $OUT/$P > $OUT/$P/sweep.log 2>&1; grep -E "^sweep|FAILED|Error|prefill" $OUT/$P/sweep.log | cut -c1-400
   python3 benchmarks/norms.py tables --sweep $OUT/$P/norms_sweep.json --merge && mkdir -p $OUT/$P/tables && \
     cp rtckern/tuning_tables/norm_*.json $OUT/$P/tables/
-elif [ "$P" = d ]; then
+elif [ "$P" = f ] || [ "$P" = g ]; then
+  D=fwd; [ "$P" = g ] && D=bwd
+  timeout 420 python3 benchmarks/norms.py sweep --kinds l2 --dirs $D --l2-policy --sweep-budget 330 \
+    --out $OUT/$P > $OUT/$P/sweep.log 2>&1; grep -E "^sweep|FAILED|Error|prefill|budget" $OUT/$P/sweep.log | cut -c1-400
+  python3 benchmarks/norms.py tables --sweep $OUT/$P/norms_sweep.json --merge && mkdir -p $OUT/$P/tables && \
+    cp rtckern/tuning_tables/norm_*.json $OUT/$P/tables/
+fi
+if [ "$P" = d ] || [ "$P" = g ]; then
   timeout 200 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py tests/gpu/plugins -p no:cacheprovider \
     > $OUT/$P/gpu_tests.txt 2>&1
   tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20

@@ -5,7 +5,8 @@
 // memory (each thread owns its columns, the same for every row: no barrier, fixed order).
 //   OPT kOptPersist: pass 2 of a row and pass 1 of the block's next row run in one loop, so device-memory loads
 //   stay in flight while the row's L2 re-read and stores go on (only the reduction waits).
-//   OPT kOptPlainLoads: pass 2 with default-cached loads.
+//   OPT kOptPlainLoads: pass 2 with default-cached loads. kOptL2Policy (sm_80+): pass 1 loads under an L2
+//   evict_last policy, pass 2 under evict_first (as the forward's).
 //   Template and kernel arguments as rtk_norm_bwd_rows, with THREADS (whole warps) and MINB (min blocks per SM
 //   for __launch_bounds__) instead of TPR / RPB. Block b writes row b of dw_part / db_part ([gridDim.x, N] fp32);
 //   rtk_norm_dw_reduce adds them in a fixed order: bitwise repeatable for a given grid.
@@ -36,7 +37,9 @@ rtk_norm_bwd_l2(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* _
   constexpr bool kDB = (FLAGS & kNormBias) != 0;
   constexpr bool kDRes = (FLAGS & kNormResidual) != 0;
   constexpr bool kFuse = (OPT & kOptPersist) != 0;
-  constexpr int kLd2 = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
+  constexpr bool kPolicy = (OPT & kOptL2Policy) != 0;
+  constexpr int kLd1 = kPolicy ? kLdEvictLast : kLdDefault;
+  constexpr int kLd2 = kPolicy ? kLdEvictFirst : (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
   typedef rtk_norm_l2_pack<FLAGS, TX, TW, TDY, VEC> Pack;
   typedef rtk_norm_pack<float, VEC> Acc;
   __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(2)];
@@ -66,7 +69,7 @@ rtk_norm_bwd_l2(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* _
       if (kExact || c < N) {
         Pack p;
         rtk_norm_pack<TW, VEC> wp;
-        p.template load<kLdDefault>(x + row * sx, dy + row * sdy, c);
+        p.template load<kLd1>(x + row * sx, dy + row * sdy, c);
         if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);
         p.sums(wp, rstd[row], kLayer ? -mean[row] * rstd[row] : 0.f, s);
       }
@@ -100,7 +103,7 @@ rtk_norm_bwd_l2(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* _
         rtk_norm_pack<TW, VEC> wp;
         rtk_norm_pack<TDX, VEC> rp, out;
         p.template load<kLd2>(xr, dyr, c);
-        if (fuse) q.template load<kLdDefault>(x + next * sx, dy + next * sdy, c);
+        if (fuse) q.template load<kLd1>(x + next * sx, dy + next * sdy, c);
         if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);
         if constexpr (kDRes) rtk_norm_load<kLdStream>(drr + c, rp);
         Acc dwv, dbv;
@@ -121,7 +124,7 @@ rtk_norm_bwd_l2(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* _
         if (kExact || c < N) {
           Pack q;
           rtk_norm_pack<TW, VEC> wp;
-          q.template load<kLdDefault>(x + next * sx, dy + next * sdy, c);
+          q.template load<kLd1>(x + next * sx, dy + next * sdy, c);
           if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);
           q.sums(wp, ns, nshift, sn);
         }

@@ -13,7 +13,9 @@
 //   is C smaller work units: at 2048 rows of 64K the last partial wave and the ramp cost 4-5% of the copy rate
 //   (benchmarks/results/probe_row_count_session5_*), which finer units recover.
 //   Template and kernel arguments as rtk_norm_fwd_rows, with THREADS (whole warps) and MINB (min blocks per SM
-//   for __launch_bounds__) instead of TPR / RPB. OPT kOptPlainLoads: pass 2 with default-cached loads and stores.
+//   for __launch_bounds__) instead of TPR / RPB. OPT kOptPlainLoads: pass 2 with default-cached loads and stores;
+//   kOptL2Policy (sm_80+): pass 1 loads under an L2 evict_last policy and pass 2 under evict_first, so the rows
+//   between their two reads are the last to leave L2 (what Inductor's looped reductions do).
 // Thread t handles packs (i * THREADS + t) * VEC of its block's slice. Launch: grid rows * C (clusters of C when
 // C > 1), block THREADS, dynamic shared memory STASH * THREADS * VEC * sizeof(TX) bytes.
 #pragma once
@@ -41,7 +43,9 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
   constexpr bool kRes = (FLAGS & kNormResidual) != 0;
   constexpr bool kW = (FLAGS & kNormWeight) != 0;
   constexpr bool kB = (FLAGS & kNormBias) != 0;
-  constexpr int kLd2 = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
+  constexpr bool kPolicy = (OPT & kOptL2Policy) != 0;
+  constexpr int kLd1 = kPolicy ? kLdEvictLast : kLdDefault;
+  constexpr int kLd2 = kPolicy ? kLdEvictFirst : (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
   constexpr int kSt2 = (OPT & kOptPlainLoads) ? kStDefault : kStStream;
   __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(1)];
 
@@ -72,7 +76,7 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
     const int c = (i * THREADS + t) * VEC;
     if (kExact || c < len) {
       rtk_norm_pack<TX, VEC> p;
-      rtk_norm_load<kStashed ? kLdStream : kLdDefault>(xr + c, p);
+      rtk_norm_load<kStashed ? kLdStream : kLd1>(xr + c, p);
       if constexpr (kRes) {
         rtk_norm_pack<TX, VEC> q;
         rtk_norm_load<kLdStream>(residual + row * sr + c0 + c, q);

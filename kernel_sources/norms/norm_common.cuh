@@ -25,6 +25,7 @@ constexpr int kOptRegCap = 16;     // l2c: __launch_bounds__ asks for 1024 threa
 constexpr int kOptTwoRows = 32;    // l2c: two rows per iteration (twice the loads in flight per barrier)
 constexpr int kOptSmemSums = 64;   // l2c: the dweight / dbias column sums in (static) shared memory, not registers
 constexpr int kOptFourRows = 128;  // l2c: four rows per iteration
+constexpr int kOptL2Policy = 256;  // l2: pass 1 loads marked L2 evict_last, the re-read evict_first (sm_80+)
 
 // Cache hints for one access. Data read or written exactly once streams (evict-first) so the weight and the
 // partial sums stay in L2; weights use the read-only path; cross-block data goes through L2 only.
@@ -32,6 +33,8 @@ constexpr int kLdDefault = 0;
 constexpr int kLdStream = 1;
 constexpr int kLdReadOnly = 2;
 constexpr int kLdL2 = 3;
+constexpr int kLdEvictLast = 4;   // L1 and L2 evict_last (an L2 access policy): data read again soon (sm_80+)
+constexpr int kLdEvictFirst = 5;  // L1 and L2 evict_first (an L2 access policy): the last read (sm_80+)
 constexpr int kStDefault = 0;
 constexpr int kStStream = 1;
 
@@ -53,10 +56,71 @@ struct alignas(VEC * sizeof(T) < 16 ? VEC * sizeof(T) : 16) rtk_norm_pack {
   T v[VEC];
 };
 
+#if defined(RTK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define RTK_NORM_L2_POLICY 1
+// A 64-bit L2 access policy covering every access it is given (fraction 1.0); pure, so the compiler may share one.
+template <int MODE>
+RTK_DEVICE unsigned long long rtk_norm_l2_policy() {
+  unsigned long long pol;
+  if constexpr (MODE == kLdEvictLast) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+// One chunk (2, 4, 8 or 16 bytes) loaded with the L1 eviction priority and the L2 policy of MODE.
+template <int MODE>
+RTK_DEVICE uint4 rtk_norm_ld_policy(const uint4* p) {
+  const unsigned long long pol = rtk_norm_l2_policy<MODE>();
+  uint4 v;
+  if constexpr (MODE == kLdEvictLast)
+    asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+  else
+    asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+  return v;
+}
+template <int MODE>
+RTK_DEVICE uint2 rtk_norm_ld_policy(const uint2* p) {
+  const unsigned long long pol = rtk_norm_l2_policy<MODE>();
+  uint2 v;
+  if constexpr (MODE == kLdEvictLast)
+    asm volatile("ld.global.L1::evict_last.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+                 : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
+  else
+    asm volatile("ld.global.L1::evict_first.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+                 : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
+  return v;
+}
+template <int MODE>
+RTK_DEVICE unsigned rtk_norm_ld_policy(const unsigned* p) {
+  const unsigned long long pol = rtk_norm_l2_policy<MODE>();
+  unsigned v;
+  if constexpr (MODE == kLdEvictLast)
+    asm volatile("ld.global.L1::evict_last.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
+  else
+    asm volatile("ld.global.L1::evict_first.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
+  return v;
+}
+template <int MODE>
+RTK_DEVICE unsigned short rtk_norm_ld_policy(const unsigned short* p) {
+  const unsigned long long pol = rtk_norm_l2_policy<MODE>();
+  unsigned short v;
+  if constexpr (MODE == kLdEvictLast)
+    asm volatile("ld.global.L1::evict_last.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
+  else
+    asm volatile("ld.global.L1::evict_first.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
+  return v;
+}
+#endif
+
 template <int MODE, typename C>
 RTK_DEVICE C rtk_norm_ld(const C* p) {
+#if defined(RTK_NORM_L2_POLICY)
+  if constexpr (MODE == kLdEvictLast || MODE == kLdEvictFirst) return rtk_norm_ld_policy<MODE>(p);
+#endif
 #if defined(RTK_CUDA)
-  if constexpr (MODE == kLdStream) return __ldcs(p);
+  if constexpr (MODE == kLdEvictLast || MODE == kLdEvictFirst) return *p;  // before sm_80: no L2 policies
+  else if constexpr (MODE == kLdStream) return __ldcs(p);
   else if constexpr (MODE == kLdReadOnly) return __ldg(p);
   else if constexpr (MODE == kLdL2) return __ldcg(p);
   else return *p;

@@ -234,7 +234,7 @@ def test_l2_forward_split_compiles_for_sm90_only(cache_dir, layer):
 def test_forced_l2_skips_the_preference(cache_dir):
     from rtckern import config
 
-    req = _fwd_req("rms_norm", 5120, "sm_90")
+    req = _fwd_req("rms_norm", 1024, "sm_90")
     assert select(req).candidate.name == "rms_norm.rows"
     with config.override(force_impl={"rms_norm": "rms_norm.l2"}):
         assert select(req).candidate.name == "rms_norm.l2"
@@ -333,7 +333,7 @@ def _bwd_req(op, n, arch, dtype="bf16", vec=8):
 
 
 @pytest.mark.parametrize("arch,n,expect", [("sm_75", 4096, "rows"), ("sm_80", 65536, "l2"), ("sm_80", 8192, "rows"),
-                                           ("sm_80", 262144, "l2"), ("sm_90", 5120, "rows"),
+                                           ("sm_80", 262144, "l2"), ("sm_90", 5120, "l2"), ("sm_90", 1024, "rows"),
                                            ("sm_90", 4096, "l2"), ("sm_90", 65536, "l2"), ("sm_90", 262144, "l2")])
 def test_registry_choice(cache_dir, arch, n, expect):
     # sm_90: the shipped norm_kind table (H200 sweep); elsewhere the row-size rule
@@ -347,7 +347,8 @@ def test_registry_choice_follows_the_kind_table(cache_dir):
     assert sel.candidate.name == "rms_norm_backward.cluster"
     sel = select(_fwd_req("rms_norm", 65536, "sm_90", "fp32", 4))
     assert sel.candidate.name == "rms_norm.l2" and int(sel.specs[0].template_args[-1]) > 0  # the stash
-    assert select(_bwd_req("rms_norm_backward", 12288, "sm_90")).candidate.name == "rms_norm_backward.l2"
+    assert select(_bwd_req("rms_norm_backward", 12288, "sm_90")).candidate.name == "rms_norm_backward.rows"
+    assert select(_bwd_req("rms_norm_backward", 12288, "sm_90", "fp16", 8)).candidate.name == "rms_norm_backward.l2"
     assert select(_bwd_req("rms_norm_backward", 16384, "sm_90")).candidate.name == "rms_norm_backward.stage"
 
 
