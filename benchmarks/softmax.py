@@ -143,11 +143,13 @@ def copy_gbps(torch, numel: int, dtype) -> float:
 
 # ---- tuning ------------------------------------------------------------------------------------------------------
 def tune(torch, dev, dtypes, out_dir: Path, one_pass: bool = True, rings: bool = True,
-         directions=("fwd", "bwd"), ns=None, kinds=None) -> list[dict]:
+         directions=("fwd", "bwd"), ns=None, kinds=None, kernels=None) -> list[dict]:
     """Every tuning table of every (direction, mask kind): the one-pass kernels' and (sm_90+) the ring kernel's.
     Each config is checked against float64 on the kind's problem before it may win; winners are written to the
     output folder and to this process's tuning dir (so --bench in the same run uses them). `directions`, `ns`,
-    `kinds` (mask kinds 0 plain, 1 masked, 2 causal): only those (a partial re-tune merges into the tables)."""
+    `kinds` (mask kinds 0 plain, 1 masked, 2 causal): only those (a partial re-tune merges into the tables).
+    `kernels` (one-pass kernel names): only those kernels' configs, plus the config the tables give now (timed in
+    the same run, so the winner is chosen against it)."""
     from rtckern.ops._softmax_tuned import KINDS
 
     report = []
@@ -156,12 +158,13 @@ def tune(torch, dev, dtypes, out_dir: Path, one_pass: bool = True, rings: bool =
             for kind in KINDS[direction]:
                 if kinds is not None and kind not in kinds:
                     continue
-                report += tune_table(torch, dev, dtypes, out_dir, direction, kind, is_ring, ns or BENCH_NS)
+                report += tune_table(torch, dev, dtypes, out_dir, direction, kind, is_ring, ns or BENCH_NS,
+                                     None if is_ring else kernels)
     return report
 
 
 def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_ring: bool,
-               ns=BENCH_NS) -> list[dict]:
+               ns=BENCH_NS, kernels=None) -> list[dict]:
     from rtckern import tuning
     from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan, _softmax_ring as ring
     from rtckern.ops._softmax_tuned import KEY_FIELDS, RING_KEY_FIELDS, table, tune_problem
@@ -178,6 +181,14 @@ def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_
             vec = ring.vec(dt) if is_ring else plan.vector_width(dt, n)
             req = cands.request(op, dt, n, vec, dev)
             configs = tuner.configs(req)
+            if kernels is not None:
+                from rtckern.ops._softmax_tuned import config_dict, tuned_onepass
+
+                now = tuned_onepass(direction, dt, n, vec, dev, kind)[0]
+                keep = [c for c in configs if c.get("kernel") in kernels]
+                if now is not None and config_dict(now) not in keep:
+                    keep.append(config_dict(now))
+                configs = keep
             tag = f"{name} {dt} n={n}"
             if not configs:
                 log(f"  tune {tag}: no config holds the row")
@@ -577,6 +588,8 @@ def main() -> None:
     ap.add_argument("--tune-kinds", help="--tune: only these mask kinds (plain, masked, causal; comma-separated)")
     ap.add_argument("--tune-no-ring", action="store_true", help="--tune: the one-pass tables only")
     ap.add_argument("--tune-ns", help="--tune: only these row lengths (comma-separated; default the benchmark's)")
+    ap.add_argument("--tune-kernels", help="--tune: only these one-pass kernels' configs (regs, async, l2), plus "
+                    "the config the tables give now")
     ap.add_argument("--compile", default="plain", choices=("all", "plain", "none"))
     ap.add_argument("--dtypes", default="bf16,fp16,fp32")
     ap.add_argument("--name", default="softmax_results")
@@ -606,7 +619,8 @@ def main() -> None:
                            directions=tuple(args.tune_dirs.split(",")),
                            ns=tuple(int(v) for v in args.tune_ns.split(",")) if args.tune_ns else None,
                            kinds=tuple({"plain": 0, "masked": 1, "causal": 2}[k] for k in args.tune_kinds.split(","))
-                           if args.tune_kinds else None)
+                           if args.tune_kinds else None,
+                           kernels=tuple(args.tune_kernels.split(",")) if args.tune_kernels else None)
         payload["tuning"] = tune_report
     elif args.tune_ring:
         tune_report = tune(torch, dev, dtypes, out_dir, one_pass=False)

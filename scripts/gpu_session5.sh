@@ -9,6 +9,10 @@
 # (returned under tables/). PART=d: the norms GPU tests and the norms benchmark on the tables in the tree.
 # PART=f: the l2 forward sweep with the L2 access-policy variants (OPT 256), merged into the tables (returned).
 # PART=g: the same for the l2 backward, then the norms GPU tests and the norms benchmark on the merged tables.
+# PART=h: softmax: the l2 kernels with L2 access policies re-tuned against the shipped configs (forward: plain,
+# masked, causal; N = 8192 / 16384 / 65536; every dtype; rows under tuning/), and the norm-config probe (op vs
+# direct launch). PART=i: the same re-tune for the backward, then the softmax GPU tests and the softmax benchmark
+# (the new backward rows from this run's tuning dir, the forward ones merged into the tree).
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s5 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -55,4 +59,21 @@ if [ "$P" = d ] || [ "$P" = g ]; then
   timeout 380 python3 benchmarks/norms.py bench --out $OUT/$P > $OUT/$P/bench.log 2>&1; tail -5 $OUT/$P/bench.log
   grep -E "^\| (rms|layer)" $OUT/$P/norms_bench.md | cut -c1-200
 fi
+if [ "$P" = h ] || [ "$P" = i ]; then
+  D=fwd; K=plain,masked,causal; [ "$P" = i ] && D=bwd && K=plain,causal
+  export RTCKERN_TUNING_DIR=$OUT/$P/tuning
+  timeout 330 python3 benchmarks/softmax.py --tune --tune-no-ring --tune-dirs $D --tune-kinds $K --tune-kernels l2 \
+    --tune-ns 8192,16384,65536 --dtypes bf16,fp16,fp32 --name softmax_tune_policy_$D > $OUT/$P/tune.log 2>&1
+  grep -E "best|FAIL|Error|failing" $OUT/$P/tune.log | cut -c1-260
+fi
+if [ "$P" = h ]; then
+  timeout 200 python3 scripts/probe_norm_configs.py > $OUT/$P/probe_norm_configs.log 2>&1
+  cut -c1-300 $OUT/$P/probe_norm_configs.log
+elif [ "$P" = i ]; then
+  timeout 150 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 200 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s5 > $OUT/$P/bench.log 2>&1
+  grep -v "tune " $OUT/$P/bench.log | tail -3 | cut -c1-300
+fi
+find $OUT -maxdepth 1 -type f -exec mv {} $OUT/$P/ \;  # what the softmax benchmark writes into $OUT itself
 cd $OUT && tar czf $P.tgz $P && rm -rf $P

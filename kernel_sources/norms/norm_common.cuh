@@ -6,6 +6,7 @@
 // (the caller picks VEC), so a pack is either wholly inside the slice or wholly outside it.
 #pragma once
 #include "common/dtypes.cuh"
+#include "common/l2_policy.cuh"
 
 // Option bits of the FLAGS template argument (rtckern/ops/_norms_kernels.py mirrors them).
 constexpr int kNormLayer = 1;          // LayerNorm (subtract the mean); else RMSNorm
@@ -56,70 +57,11 @@ struct alignas(VEC * sizeof(T) < 16 ? VEC * sizeof(T) : 16) rtk_norm_pack {
   T v[VEC];
 };
 
-#if defined(RTK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define RTK_NORM_L2_POLICY 1
-// A 64-bit L2 access policy covering every access it is given (fraction 1.0); pure, so the compiler may share one.
-template <int MODE>
-RTK_DEVICE unsigned long long rtk_norm_l2_policy() {
-  unsigned long long pol;
-  if constexpr (MODE == kLdEvictLast) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-// One chunk (2, 4, 8 or 16 bytes) loaded with the L1 eviction priority and the L2 policy of MODE.
-template <int MODE>
-RTK_DEVICE uint4 rtk_norm_ld_policy(const uint4* p) {
-  const unsigned long long pol = rtk_norm_l2_policy<MODE>();
-  uint4 v;
-  if constexpr (MODE == kLdEvictLast)
-    asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-  else
-    asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-  return v;
-}
-template <int MODE>
-RTK_DEVICE uint2 rtk_norm_ld_policy(const uint2* p) {
-  const unsigned long long pol = rtk_norm_l2_policy<MODE>();
-  uint2 v;
-  if constexpr (MODE == kLdEvictLast)
-    asm volatile("ld.global.L1::evict_last.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-                 : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
-  else
-    asm volatile("ld.global.L1::evict_first.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-                 : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
-  return v;
-}
-template <int MODE>
-RTK_DEVICE unsigned rtk_norm_ld_policy(const unsigned* p) {
-  const unsigned long long pol = rtk_norm_l2_policy<MODE>();
-  unsigned v;
-  if constexpr (MODE == kLdEvictLast)
-    asm volatile("ld.global.L1::evict_last.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
-  else
-    asm volatile("ld.global.L1::evict_first.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
-  return v;
-}
-template <int MODE>
-RTK_DEVICE unsigned short rtk_norm_ld_policy(const unsigned short* p) {
-  const unsigned long long pol = rtk_norm_l2_policy<MODE>();
-  unsigned short v;
-  if constexpr (MODE == kLdEvictLast)
-    asm volatile("ld.global.L1::evict_last.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
-  else
-    asm volatile("ld.global.L1::evict_first.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
-  return v;
-}
-#endif
-
 template <int MODE, typename C>
 RTK_DEVICE C rtk_norm_ld(const C* p) {
-#if defined(RTK_NORM_L2_POLICY)
-  if constexpr (MODE == kLdEvictLast || MODE == kLdEvictFirst) return rtk_norm_ld_policy<MODE>(p);
-#endif
 #if defined(RTK_CUDA)
-  if constexpr (MODE == kLdEvictLast || MODE == kLdEvictFirst) return *p;  // before sm_80: no L2 policies
+  if constexpr (MODE == kLdEvictLast) return rtk_ld_l2_policy<RTK_L2_EVICT_LAST>(p);
+  else if constexpr (MODE == kLdEvictFirst) return rtk_ld_l2_policy<RTK_L2_EVICT_FIRST>(p);
   else if constexpr (MODE == kLdStream) return __ldcs(p);
   else if constexpr (MODE == kLdReadOnly) return __ldg(p);
   else if constexpr (MODE == kLdL2) return __ldcg(p);

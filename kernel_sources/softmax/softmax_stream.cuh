@@ -8,16 +8,48 @@
 //   softmax_fwd_l2 / softmax_bwd_l2: pass 1 streams the row from device memory (normal loads, so the lines stay
 //     in L2), pass 2 reads it again (evict-first loads: the second read should hit L2 while the row's block is
 //     still running) and writes the output. Both may stash a prefix of each thread's vectors in shared memory
-//     (STASH), so that only the rest is read again.
+//     (STASH), so that only the rest is read again. POLICY (sm_80+): the first read under an L2 evict_last access
+//     policy and the re-read under evict_first, so the rows between their two reads are the last to leave L2.
 //
 // Same kernel parameters as softmax_fwd / softmax_bwd; blocks of THREADS threads, one row each.
 #pragma once
 #include "softmax/softmax_fwd.cuh"
+#include "common/l2_policy.cuh"
 
 // Plain (L2-allocating) loads for data read again soon.
 template <typename T, int VEC>
 RTK_DEVICE rtk_vec<T, VEC> rtk_sm_load_keep(const T* p) {
   return rtk_load_vec<T, VEC>(p);
+}
+
+// VEC elements under L2 policy P (common/l2_policy.cuh); plain loads for widths without a vector chunk.
+template <typename T, int VEC, int P>
+RTK_DEVICE rtk_vec<T, VEC> rtk_sm_load_l2(const T* p) {
+  constexpr int kBytes = (int)sizeof(T) * VEC;
+  rtk_vec<T, VEC> v;
+  if constexpr (kBytes == 16) {
+    *reinterpret_cast<uint4*>(&v) = rtk_ld_l2_policy<P>(reinterpret_cast<const uint4*>(p));
+  } else if constexpr (kBytes == 8) {
+    *reinterpret_cast<uint2*>(&v) = rtk_ld_l2_policy<P>(reinterpret_cast<const uint2*>(p));
+  } else if constexpr (kBytes == 4) {
+    *reinterpret_cast<unsigned*>(&v) = rtk_ld_l2_policy<P>(reinterpret_cast<const unsigned*>(p));
+  } else {
+    v = rtk_load_vec<T, VEC>(p);
+  }
+  return v;
+}
+
+// The l2 kernels' two reads of a row: the first keeps the lines in L2 (POLICY: under an evict_last policy), the
+// second is the last use (evict-first; POLICY: under an evict_first policy).
+template <typename T, int VEC, int POLICY>
+RTK_DEVICE rtk_vec<T, VEC> rtk_sm_load_first(const T* p) {
+  if constexpr (POLICY != 0) return rtk_sm_load_l2<T, VEC, RTK_L2_EVICT_LAST>(p);
+  else return rtk_sm_load_keep<T, VEC>(p);
+}
+template <typename T, int VEC, int POLICY>
+RTK_DEVICE rtk_vec<T, VEC> rtk_sm_load_again(const T* p) {
+  if constexpr (POLICY != 0) return rtk_sm_load_l2<T, VEC, RTK_L2_EVICT_FIRST>(p);
+  else return rtk_sm_load<T, VEC>(p);
 }
 
 // Copies VEC elements global -> shared without passing through registers where the hardware can.
@@ -147,7 +179,7 @@ softmax_fwd_async(const T* __restrict__ x, T* __restrict__ y, const unsigned cha
 // STASH > 0: each thread's first STASH vectors are kept in dynamic shared memory (masked keys already -inf) and
 // pass 2 reads them from there; only the rest of the row is read again from L2. For rows of 64 KB and more the
 // rows in flight outgrow L2 and a plain re-read misses; the stash cuts what L2 must hold to the remainder.
-template <typename T, int KIND, int VEC, int THREADS, int STASH, bool POS>
+template <typename T, int KIND, int VEC, int THREADS, int STASH, int POLICY, bool POS>
 RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__ y,
                                         const unsigned char* __restrict__ mask, long long n, long long sq,
                                         long long heads, long long mask_batch_stride, long long diag_offset,
@@ -177,7 +209,8 @@ RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__
 #pragma unroll 4
   for (long long e = tail; e < valid; e += kStep) {
     float u[1][VEC];
-    rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load_keep<T, VEC>(xr + e), mr + e, e, valid, scale_log2, u[0]);
+    rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load_first<T, VEC, POLICY>(xr + e), mr + e, e, valid, scale_log2,
+                                          u[0]);
     rtk_softmax_online_batch<1, VEC>(u, a, m, s);
   }
   float mx, inv;
@@ -206,7 +239,8 @@ RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__
     rtk_vec<T, VEC> o;
     if (e < valid) {
       float u[VEC];
-      rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load<T, VEC>(xr + e), mr + e, e, valid, scale_log2, u);
+      rtk_softmax_values<T, KIND, VEC, POS>(rtk_sm_load_again<T, VEC, POLICY>(xr + e), mr + e, e, valid,
+                                            scale_log2, u);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(rtk_exp2(fmaf(u[i], a, -mx)) * inv);
     } else {
@@ -216,7 +250,7 @@ RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__
   }
 }
 
-template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS, int STASH = 0>
+template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS, int STASH = 0, int POLICY = 0>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 softmax_fwd_l2(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask, long long rows,
                long long n, long long sq, long long heads, long long mask_batch_stride, long long diag_offset,
@@ -224,14 +258,14 @@ softmax_fwd_l2(const T* __restrict__ x, T* __restrict__ y, const unsigned char* 
   static_assert(THREADS > RTK_WARP_SIZE_CONST && THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
   static_assert(STASH >= 0, "STASH: vectors per thread kept in shared memory");
   __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST];
-  RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_l2_body<T, KIND, VEC, THREADS, STASH, POS>(
+  RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_l2_body<T, KIND, VEC, THREADS, STASH, POLICY, POS>(
                                       x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale, scratch)));
 }
 
 // STASH > 0: each thread's first STASH vectors of y and of dy stay in dynamic shared memory (STASH * THREADS
 // vectors each, y first) between the passes; only the rest is read again. fp32 rows of 64K keys hold 512 KB of y
 // and dy: the rows in flight outgrow L2, so a plain re-read misses.
-template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS, int STASH = 0>
+template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS, int STASH = 0, int POLICY = 0>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 softmax_bwd_l2(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, long long n,
                long long sq, long long diag_offset, float scale) {
@@ -266,8 +300,8 @@ softmax_bwd_l2(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict_
   }
 #pragma unroll 4
   for (long long e = tail; e < valid; e += kStep) {
-    const rtk_vec<T, VEC> a = rtk_sm_load_keep<T, VEC>(yr + e);
-    const rtk_vec<T, VEC> b = rtk_sm_load_keep<T, VEC>(dyr + e);
+    const rtk_vec<T, VEC> a = rtk_sm_load_first<T, VEC, POLICY>(yr + e);
+    const rtk_vec<T, VEC> b = rtk_sm_load_first<T, VEC, POLICY>(dyr + e);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) dot += rtk_to_float(a.v[i]) * rtk_to_float(b.v[i]);
   }
@@ -296,8 +330,8 @@ softmax_bwd_l2(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict_
   for (long long e = tail; e < n; e += kStep) {
     rtk_vec<T, VEC> o;
     if (e < valid) {
-      const rtk_vec<T, VEC> a = rtk_sm_load<T, VEC>(yr + e);
-      const rtk_vec<T, VEC> b = rtk_sm_load<T, VEC>(dyr + e);
+      const rtk_vec<T, VEC> a = rtk_sm_load_again<T, VEC, POLICY>(yr + e);
+      const rtk_vec<T, VEC> b = rtk_sm_load_again<T, VEC, POLICY>(dyr + e);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         const float yv = rtk_to_float(a.v[i]);

@@ -58,6 +58,8 @@ class OnePass:
     `heads` (regs kernel, masked forward): a group handles that many heads of one (batch, query) in turn and
     loads their shared mask row once, into registers, instead of once per head.
     `cached` (regs kernel): inputs and outputs with default caching instead of evict-first loads and stores.
+    `policy` (l2 kernel, sm_80+): the first read under an L2 evict_last access policy and the re-read under
+    evict_first (1), instead of plain and evict-first loads (0).
     """
 
     threads: int
@@ -68,6 +70,7 @@ class OnePass:
     stash: int = 0
     heads: int = 1
     cached: int = 0
+    policy: int = 0
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -78,6 +81,8 @@ class OnePass:
             raise ValueError(f"{self}: heads (a head loop sharing one mask row) is for the regs kernel, >= 1")
         if self.cached not in (0, 1) or (self.cached and self.kernel != "regs"):
             raise ValueError(f"{self}: cached (0 or 1: default-cached loads and stores) is for the regs kernel")
+        if self.policy not in (0, 1) or (self.policy and self.kernel != "l2"):
+            raise ValueError(f"{self}: policy (0 or 1: L2 access policies on the two reads) is for the l2 kernel")
         if not 0 < self.threads <= 1024 or self.min_blocks < 1:
             raise ValueError(f"{self}: threads 1..1024, min_blocks >= 1")
         if self.kernel != "regs":
@@ -208,6 +213,8 @@ def onepass_template_args(direction: str, dtype: str, kind: int, vec: int, cfg: 
         if cfg.cached:
             return base + (cfg.heads, 1)
         return base + ((cfg.heads,) if cfg.heads > 1 else ())
+    if cfg.policy:
+        return (CTYPES[dtype], k, vec, cfg.threads, cfg.min_blocks, cfg.stash, 1)
     if cfg.stash:
         return (CTYPES[dtype], k, vec, cfg.threads, cfg.min_blocks, cfg.stash)
     return (CTYPES[dtype], k, vec, cfg.threads, cfg.min_blocks)

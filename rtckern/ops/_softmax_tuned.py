@@ -1,6 +1,6 @@
 """Tuned softmax configs, measured per mask kind: the one-pass kernels' tables `softmax`, `softmax_masked`,
 `softmax_causal` (forward) and `softmax_backward`, `softmax_backward_causal`, keyed by (arch, SM count, dtype, vec,
-n) with config {threads, group, items, min_blocks, kernel} (and, where set, stash, heads, cached); the ring
+n) with config {threads, group, items, min_blocks, kernel} (and, where set, stash, heads, cached, policy); the ring
 kernel's (sm_90+) `softmax_ring...` tables of the same kinds, keyed by (arch, SM count, dtype, n). Shipped in
 rtckern/tuning_tables/ (measured with `benchmarks/softmax.py --tune`) and in the user's tuning dir (`rtckern tune
 softmax_masked ...`). A kind without rows falls back to the plain table. The mask's extra bytes and the causal rows'
@@ -54,6 +54,8 @@ def config_dict(cfg: plan.OnePass) -> dict[str, Any]:
         d["heads"] = cfg.heads
     if cfg.cached:
         d["cached"] = cfg.cached
+    if cfg.policy:
+        d["policy"] = cfg.policy
     return d
 
 
@@ -206,6 +208,9 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
     # The register kernels also with default-cached loads and stores (0-4% faster than evict-first for some
     # configs in the H200 re-tune of session 4: softmax_notes.md).
     out += [dataclasses.replace(c, cached=1) for c in out if c.kernel == "regs"]
+    # The l2 kernels also with L2 access policies on their two reads (evict_last, then evict_first): in the norm
+    # kernels of the same design they gave 1-4% (norms_notes.md, session 5).
+    out += [dataclasses.replace(c, policy=1) for c in out if c.kernel == "l2"]
     # Masked forward: the register kernels that hold the whole row also with a head loop (one mask row read for
     # 2 / 4 / 8 heads instead of once per head). (The same loop in the cp.async kernel, with one or two row
     # buffers, measured no gain on the H200: session 4 notes.)

@@ -203,6 +203,33 @@ def test_l2_stash_configs():
         assert not [c for c in tuned.sweep_configs(direction, "bf16", 16384, 8, smem) if c.stash]
 
 
+def test_l2_policy_configs(cache_dir):
+    """policy: the l2 kernels only; in the template (after an explicit stash) and the table only when set; swept
+    for every l2 config; compiles for sm_80 and sm_90 with NVRTC (createpolicy + L2::cache_hint loads)."""
+    from rtckern.compiler import compiler_for
+
+    smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
+    c = plan.OnePass(1024, 1024, 0, 2, "l2", policy=1)
+    assert plan.onepass_template_args(plan.FWD, "bf16", plan.MASKED, 8, c) == ("rtk_bf16", plan.MASKED, 8, 1024, 2, 0, 1)
+    assert plan.onepass_template_args(plan.BWD, "fp32", plan.CAUSAL, 4, dataclasses.replace(c, stash=6)) == \
+        ("float", plan.CAUSAL, 4, 1024, 2, 6, 1)
+    assert tuned.config_dict(c)["policy"] == 1 and "policy" not in tuned.config_dict(plan.OnePass(512, 512, 0, 1, "l2"))
+    assert plan.OnePass(**tuned.config_dict(c)) == c
+    with pytest.raises(ValueError, match="policy"):
+        plan.OnePass(256, 256, 2, 1, policy=1)
+    for direction in (plan.FWD, plan.BWD):
+        sweep = tuned.sweep_configs(direction, "bf16", 65536, 8, smem)
+        l2 = [x for x in sweep if x.kernel == "l2"]
+        assert l2 and {dataclasses.replace(x, policy=1) for x in l2 if not x.policy} <= set(l2)
+    for arch in ("sm_80", "sm_90"):
+        for direction, kind in ((plan.FWD, plan.MASKED), (plan.BWD, plan.CAUSAL)):
+            spec = cands.onepass_spec(direction, kind, "bf16", 8, dataclasses.replace(c, stash=2), Arch.parse(arch))
+            ck = compiler_for(spec.arch).compile(spec)
+            assert ck.kind == "cubin" and len(ck.binary) > 1000
+            ptx = compiler_for(spec.arch).compile(dataclasses.replace(spec, arch=Arch.parse("compute_" + arch[3:])))
+            assert b"createpolicy.fractional.L2::evict_last" in ptx.binary and b"L2::cache_hint" in ptx.binary
+
+
 def test_masked_head_loop_configs():
     """heads > 1: the register kernel of the masked forward only; one group per (batch, query, chunk of heads);
     in the template (and the table) only when used; the masked sweep offers it where the row fits the registers."""
