@@ -176,6 +176,8 @@ def stage_configs(p) -> list[K.StageConfig]:
 # Weight per row from L1 (8), two / four rows per iteration (32 / 128), column sums in shared memory (64); OPT 2
 # and 16 (64-register cap) lost in earlier runs (norms_notes.md).
 L2C_OPTS = (0, 8, 32, 40, 96, 128, 192)
+# With `sweep --l2-policy`, these also with the L2 access policies (OPT 256).
+L2C_POLICY_OPTS = (0, 32, 96)
 
 
 def l2c_configs(p) -> list[K.SplitConfig]:
@@ -186,7 +188,7 @@ def l2c_configs(p) -> list[K.SplitConfig]:
             cols = K.packs_per_thread(p.n, p.vec, threads, parts) * p.vec
             if not 4 <= cols <= K.BWD_L2C_MAX_THREAD_COLS:
                 continue
-            for opt in L2C_OPTS:
+            for opt in L2C_OPTS + (tuple(o | K.L2_POLICY for o in L2C_POLICY_OPTS) if L2_POLICY_VARIANTS else ()):
                 cfg = K.SplitConfig(threads, parts, opt)
                 if L.bwd_feasible(p, "l2c", cfg) is None and K.slice_cols(p.n, p.vec, parts) // p.vec >= threads // 2:
                     out.append(cfg)
@@ -849,8 +851,8 @@ def main() -> None:
     ap.add_argument("--compile-budget", type=float, default=120.0, help="seconds of torch.compile at most")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 4)
     ap.add_argument("--write-tables", action="store_true", help="sweep/all: write the winners into --into")
-    ap.add_argument("--l2-policy", action="store_true", help="sweep/all: also every l2 config with the L2 access "
-                    "policies (OPT 256; sm_80+)")
+    ap.add_argument("--l2-policy", action="store_true", help="sweep/all: also every l2 config (and the l2c OPTs "
+                    "in L2C_POLICY_OPTS) with the L2 access policies (OPT 256; sm_80+)")
     ap.add_argument("--merge", action="store_true", help="tables: change only the shapes the sweeps timed (rows "
                     "replaced in place) instead of writing the tables from the sweeps alone")
     a = ap.parse_args()

@@ -34,7 +34,10 @@ TABLES = ROOT / "rtckern" / "tuning_tables"
 SWEEPS = ("norms_sweep_2026-11-26_h200", "norms_sweep_l2_2026-11-26_h200", "norms_sweep_bwd_2026-11-26_h200",
           "norms_sweep_stash_2026-11-26_h200", "norms_sweep_l2c16_2026-11-26_h200",
           "norms_sweep_stage_2026-11-26_h200", "norms_sweep_l2minb_2026-11-26_h200",
-          "norms_sweep_stage5120_2026-11-26_h200")
+          "norms_sweep_stage5120_2026-11-26_h200",
+          # session 5, merged with `tables --merge` in this order
+          "norms_sweep_l2split_2026-11-26_h200", "norms_sweep_l2policy_fwd_2026-11-26_h200",
+          "norms_sweep_l2policy_bwd_2026-11-26_h200", "norms_sweep_l2cpolicy_2026-11-26_h200")
 BUDGET_MS = 150.0
 TOLERANCES = (0.01, 0.02, 0.03)
 

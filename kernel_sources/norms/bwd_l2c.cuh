@@ -14,9 +14,10 @@
 // distributed-shared-memory reads overlap the loads. Row statistics are carried two groups ahead in registers.
 //   OPT kOptPlainLoads: pass 2 with default-cached loads; kOptReloadW: the weight read per row (L1) instead of
 //   held in registers; kOptRegCap: at most 64 registers (1024 threads per SM); kOptSmemSums: the column sums in
-//   static shared memory (each thread its own columns: no barrier), freeing their registers. Other template and kernel arguments as
-//   rtk_norm_bwd_cluster; cluster k writes row k of dw_part / db_part ([gridDim.x / C, N] fp32) and
-//   rtk_norm_dw_reduce adds them in a fixed order: bitwise repeatable for a given grid.
+//   static shared memory (each thread its own columns: no barrier), freeing their registers; kOptL2Policy
+//   (sm_80+): the first read of a row under an L2 evict_last policy, the re-read under evict_first. Other
+//   template and kernel arguments as rtk_norm_bwd_cluster; cluster k writes row k of dw_part / db_part
+//   ([gridDim.x / C, N] fp32) and rtk_norm_dw_reduce adds them in a fixed order: bitwise repeatable for a given grid.
 // Launch: grid clusters * C, block THREADS, no dynamic shared memory (the kernel carries its cluster shape).
 #pragma once
 #include "norms/norm_bwd_parts.cuh"
@@ -63,7 +64,9 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
   constexpr bool kDW = (FLAGS & kNormWeightGrad) != 0;
   constexpr bool kDB = (FLAGS & kNormBias) != 0;
   constexpr bool kDRes = (FLAGS & kNormResidual) != 0;
-  constexpr int kLd2 = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
+  constexpr bool kPolicy = (OPT & kOptL2Policy) != 0;
+  constexpr int kLd1 = kPolicy ? kLdEvictLast : kLdDefault;
+  constexpr int kLd2 = kPolicy ? kLdEvictFirst : (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
   constexpr bool kHoldW = kW && (OPT & kOptReloadW) == 0;
   constexpr int R = (OPT & kOptFourRows) ? 4 : (OPT & kOptTwoRows) ? 2 : 1;
   constexpr bool kSmem = (OPT & kOptSmemSums) != 0 && (kDW || kDB);
@@ -186,13 +189,13 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
           rtk_norm_pack<TX, VEC> xp, xq;
           rtk_norm_pack<TDY, VEC> dp, dq;
           if (gi < groups) {
-            rtk_norm_load<kLdDefault>(x + row_of(gi, q) * sx + c, xp);
-            rtk_norm_load<kLdDefault>(dy + row_of(gi, q) * sdy + c, dp);
+            rtk_norm_load<kLd1>(x + row_of(gi, q) * sx + c, xp);
+            rtk_norm_load<kLd1>(dy + row_of(gi, q) * sdy + c, dp);
             pass1_pack(xp, dp, wv, rs[q], shift[q], s[2 * q], s[2 * q + 1]);
           }
           if (gi + clusters < groups) {
-            rtk_norm_load<kLdDefault>(x + row_of(gi + clusters, q) * sx + c, xq);
-            rtk_norm_load<kLdDefault>(dy + row_of(gi + clusters, q) * sdy + c, dq);
+            rtk_norm_load<kLd1>(x + row_of(gi + clusters, q) * sx + c, xq);
+            rtk_norm_load<kLd1>(dy + row_of(gi + clusters, q) * sdy + c, dq);
             pass1_pack(xq, dq, wv, rs1[q], shift1[q], sn[2 * q], sn[2 * q + 1]);
           }
         }
@@ -233,8 +236,8 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
         if (kExact || c < len) {
           rtk_norm_load<kLd2>(x + r * sx + c, xp[q][i]);
           rtk_norm_load<kLd2>(dy + r * sdy + c, dp[q][i]);
-          rtk_norm_load<kLdDefault>(x + r2 * sx + c, xq[q][i]);
-          rtk_norm_load<kLdDefault>(dy + r2 * sdy + c, dq[q][i]);
+          rtk_norm_load<kLd1>(x + r2 * sx + c, xq[q][i]);
+          rtk_norm_load<kLd1>(dy + r2 * sdy + c, dq[q][i]);
           if constexpr (kDRes) rtk_norm_load<kLdStream>(dres + r * sdres + c, rp[q][i]);
         }
       }
