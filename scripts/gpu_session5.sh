@@ -15,6 +15,8 @@
 # (the new backward rows from this run's tuning dir, the forward ones merged into the tree).
 # PART=j: norms: the l2c backward with the L2 access policies swept at N = 16384 / 65536 (merged, returned), the
 # l2c GPU tests, then the norms benchmark on the merged tables.
+# PART=k: norms: the LayerNorm l2 forward with its statistics behind one barrier (rtk_norm_block_mean_m2): the
+# forward GPU tests, the l2 forward sweep with the policy variants (merged, returned), then the norms benchmark.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s5 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -47,7 +49,12 @@ if [ "$P" = c ]; then
     --out $OUT/$P > $OUT/$P/sweep.log 2>&1; grep -E "^sweep|FAILED|Error|prefill" $OUT/$P/sweep.log | cut -c1-400
   python3 benchmarks/norms.py tables --sweep $OUT/$P/norms_sweep.json --merge && mkdir -p $OUT/$P/tables && \
     cp rtckern/tuning_tables/norm_*.json $OUT/$P/tables/
-elif [ "$P" = f ] || [ "$P" = g ] || [ "$P" = j ]; then
+elif [ "$P" = f ] || [ "$P" = g ] || [ "$P" = j ] || [ "$P" = k ]; then
+  if [ "$P" = k ]; then
+    timeout 200 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py -k "forward or split or stash or repeatable" \
+      -p no:cacheprovider > $OUT/$P/gpu_tests_fwd.txt 2>&1
+    tail -2 $OUT/$P/gpu_tests_fwd.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests_fwd.txt | head -20
+  fi
   D=fwd; KIND=l2; NS=1024,4096,5120,8192,12288,16384,65536
   [ "$P" = g ] && D=bwd
   [ "$P" = j ] && D=bwd && KIND=l2c && NS=16384,65536
@@ -56,10 +63,12 @@ elif [ "$P" = f ] || [ "$P" = g ] || [ "$P" = j ]; then
   python3 benchmarks/norms.py tables --sweep $OUT/$P/norms_sweep.json --merge && mkdir -p $OUT/$P/tables && \
     cp rtckern/tuning_tables/norm_*.json $OUT/$P/tables/
 fi
-if [ "$P" = d ] || [ "$P" = g ] || [ "$P" = j ]; then
+if [ "$P" = d ] || [ "$P" = g ] || [ "$P" = j ] || [ "$P" = k ]; then
   TESTS="tests/gpu/ops/test_norms.py tests/gpu/plugins"; [ "$P" = j ] && TESTS="tests/gpu/ops/test_norms.py -k l2c"
-  timeout 200 python3 -m pytest -q -m gpu $TESTS -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
-  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  if [ "$P" != k ]; then
+    timeout 200 python3 -m pytest -q -m gpu $TESTS -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
+    tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  fi
   timeout 380 python3 benchmarks/norms.py bench --out $OUT/$P > $OUT/$P/bench.log 2>&1; tail -5 $OUT/$P/bench.log
   grep -E "^\| (rms|layer)" $OUT/$P/norms_bench.md | cut -c1-200
 fi
