@@ -17,6 +17,7 @@
 # l2c GPU tests, then the norms benchmark on the merged tables.
 # PART=k: norms: the LayerNorm l2 forward with its statistics behind one barrier (rtk_norm_block_mean_m2): the
 # forward GPU tests, the l2 forward sweep with the policy variants (merged, returned), then the norms benchmark.
+# PART=l: the causal softmax's traffic without its arithmetic (benchmarks/causal_traffic.py) next to the softmax.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s5 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -87,6 +88,9 @@ elif [ "$P" = i ]; then
   tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
   timeout 200 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s5 > $OUT/$P/bench.log 2>&1
   grep -v "tune " $OUT/$P/bench.log | tail -3 | cut -c1-300
+fi
+if [ "$P" = l ]; then
+  timeout 120 python3 benchmarks/causal_traffic.py > $OUT/$P/causal_traffic.log 2>&1; cat $OUT/$P/causal_traffic.log
 fi
 find $OUT -maxdepth 1 -type f -exec mv {} $OUT/$P/ \;  # what the softmax benchmark writes into $OUT itself
 cd $OUT && tar czf $P.tgz $P && rm -rf $P
