@@ -78,6 +78,7 @@ def problems():
 
 
 def main() -> None:
+    import numpy as np
     import torch
 
     from rtckern.arch import Arch
@@ -98,7 +99,7 @@ def main() -> None:
         off = n - sq
         x = torch.randn(rows, n, device="cuda", dtype=dtype)
         y = torch.empty_like(x)
-        epv = 16 // x.element_size()
+        epv = np.int32(16 // x.element_size())  # the kernels' `int` argument
         n_vec = n // epv
         kept = batch * sum(min(n, q + 1 + off) for q in range(sq))
         nbytes = (kept + rows * n) * x.element_size()

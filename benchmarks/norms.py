@@ -5,11 +5,13 @@ eager and torch.compile, M x N = 2^27 elements, N in {1024, 4096, 5120, 8192, 12
     python3 benchmarks/norms.py bench  --out DIR   # the public ops (registry's choice) vs copy/eager/compile
     python3 benchmarks/norms.py all    --out DIR   # both
     python3 benchmarks/norms.py compile-times      # cold NVRTC compile of every kernel variant (no GPU)
-    python3 benchmarks/norms.py sweep --kinds l2   # only l2 configs, plus the shipped (tabled) config of the
-                                                   # other kinds, re-timed in the same run for the kind choice
+    python3 benchmarks/norms.py sweep --kinds l2   # only l2 configs, plus the shipped (tabled) config of every
+                                                   # kind, re-timed in the same run for the kind choice; l2 / l2c
+                                                   # configs also with the L2 policies (--no-l2-policy: without)
     python3 benchmarks/norms.py sweep --kinds l2c  # the cluster-split l2 backward (sm_90+), same re-timing
     python3 benchmarks/norms.py sweep --kinds stage --dirs bwd   # the cp.async-staged backward, same re-timing
     python3 benchmarks/norms.py tables --sweep OLD.json.gz --sweep NEW.json   # later sweeps win per kind/shape
+    python3 benchmarks/norms.py tables --sweep NEW.json --merge   # only the shapes NEW timed change
 
 Bytes: forward reads x (+ weight, bias) and writes y; backward reads x, dy (+ weight) and writes dx (+ dweight,
 dbias). Timing: CUDA events around `inner` back-to-back calls queued behind a GPU sleep (so the host's launch
@@ -104,8 +106,8 @@ def l2_configs(p, backward: bool, sm90: bool = False) -> list[K.L2Config]:
     return out
 
 
-# `sweep --l2-policy`: the l2 configs also with OPT L2_POLICY (pass 1 evict_last, pass 2 evict_first in L2).
-L2_POLICY_VARIANTS = False
+# `sweep --l2-policy` (the default): the l2 configs also with OPT L2_POLICY (pass 1 evict_last, pass 2 evict_first).
+L2_POLICY_VARIANTS = True
 
 
 def l2_split_configs(p) -> list[K.L2Config]:
@@ -273,11 +275,10 @@ def _kinds_plan(sm90: bool, kinds: tuple[str, ...]) -> list[tuple]:
                     if d == "fwd" and all(k in K.BWD_ONLY_KINDS for k in kinds):
                         continue  # nothing swept in this direction to choose against
                     for kind in ("rows", "cluster", "l2", "l2c", "stage"):
-                        if kind in kinds or (kind in ("cluster", "l2c") and not sm90) or \
-                                (d == "fwd" and kind in K.BWD_ONLY_KINDS):
+                        if (kind in ("cluster", "l2c") and not sm90) or (d == "fwd" and kind in K.BWD_ONLY_KINDS):
                             continue
-                        cfg = cfg_of(prob, kind, dev)
-                        if cfg is not None:
+                        cfg = cfg_of(prob, kind, dev)  # the shipped config of every kind, the swept ones too
+                        if cfg is not None and (d, op, dtype, n, kind, cfg) not in plan:
                             plan.append((d, op, dtype, n, kind, cfg))
     return plan
 
@@ -851,8 +852,9 @@ def main() -> None:
     ap.add_argument("--compile-budget", type=float, default=120.0, help="seconds of torch.compile at most")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 4)
     ap.add_argument("--write-tables", action="store_true", help="sweep/all: write the winners into --into")
-    ap.add_argument("--l2-policy", action="store_true", help="sweep/all: also every l2 config (and the l2c OPTs "
-                    "in L2C_POLICY_OPTS) with the L2 access policies (OPT 256; sm_80+)")
+    ap.add_argument("--l2-policy", action=argparse.BooleanOptionalAction, default=True,
+                    help="sweep/all: also every l2 config (and the l2c OPTs in L2C_POLICY_OPTS) with the L2 access "
+                    "policies (OPT 256; sm_80+); on by default, so a sweep re-times what the tables ship")
     ap.add_argument("--merge", action="store_true", help="tables: change only the shapes the sweeps timed (rows "
                     "replaced in place) instead of writing the tables from the sweeps alone")
     a = ap.parse_args()
@@ -886,7 +888,7 @@ def main() -> None:
         sweep = cmd_sweep(a.out, torch, arch, a.sweep_budget, kinds, dirs, ns)
         print("prefill:", json.dumps({k: v for k, v in pre.items() if k != "failed"}), flush=True)
         if a.write_tables:
-            cmd_tables((a.sweep or []) + [a.out / "norms_sweep.json"], a.into)
+            cmd_tables((a.sweep or []) + [a.out / "norms_sweep.json"], a.into, a.merge)
     if a.cmd in ("bench", "all"):
         env = env_info(torch)
         bench = cmd_bench(a.out, torch, a.compile_budget, env)

@@ -18,6 +18,8 @@
 # PART=k: norms: the LayerNorm l2 forward with its statistics behind one barrier (rtk_norm_block_mean_m2): the
 # forward GPU tests, the l2 forward sweep with the policy variants (merged, returned), then the norms benchmark.
 # PART=l: the causal softmax's traffic without its arithmetic (benchmarks/causal_traffic.py) next to the softmax.
+# PART=m: after the review fixes (residual x / l2c stand-in loads under the policies, cluster check, softmax rows
+# whose config a re-tune kept restored): the norms and softmax GPU tests and the softmax benchmark.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s5 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -88,6 +90,13 @@ elif [ "$P" = i ]; then
   tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
   timeout 200 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s5 > $OUT/$P/bench.log 2>&1
   grep -v "tune " $OUT/$P/bench.log | tail -3 | cut -c1-300
+fi
+if [ "$P" = m ]; then
+  timeout 300 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py tests/gpu/ops/test_softmax.py \
+    -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 200 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s5m > $OUT/$P/bench.log 2>&1
+  grep -v "tune " $OUT/$P/bench.log | tail -2 | cut -c1-300
 fi
 if [ "$P" = l ]; then
   timeout 120 python3 benchmarks/causal_traffic.py > $OUT/$P/causal_traffic.log 2>&1; cat $OUT/$P/causal_traffic.log

@@ -44,7 +44,8 @@ rtk_norm_fwd_l2(const TX* __restrict__ x, const TX* __restrict__ residual, TX* _
   constexpr bool kW = (FLAGS & kNormWeight) != 0;
   constexpr bool kB = (FLAGS & kNormBias) != 0;
   constexpr bool kPolicy = (OPT & kOptL2Policy) != 0;
-  constexpr int kLd1 = kPolicy ? kLdEvictLast : kLdDefault;
+  // With a residual, x is read once (pass 2 re-reads h): evict_first under the policies.
+  constexpr int kLd1 = kPolicy ? (kRes ? kLdEvictFirst : kLdEvictLast) : kLdDefault;
   constexpr int kLd2 = kPolicy ? kLdEvictFirst : (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
   constexpr int kSt2 = (OPT & kOptPlainLoads) ? kStDefault : kStStream;
   __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(1)];

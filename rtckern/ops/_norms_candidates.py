@@ -208,6 +208,17 @@ class _L2(_NormCandidate):
                     f"{req.device.arch.sm} has none")
         return super().supports(req)
 
+    def check_resources(self, req: OpRequest, kernels: tuple[Any, ...]) -> str | None:
+        """A forward split over clusters: the driver must hold one cluster of them (the generic check is per
+        block; a partitioned GPU may hold no cluster with this shared memory)."""
+        if self.direction != "fwd":
+            return None
+        p, cfg = self.problem(req), self.config(req)
+        if cfg.parts > 1 and L.active_clusters(kernels[0], cfg.parts, cfg.threads, 0, K.fwd_l2_smem(p, cfg)) < 1:
+            return (f"no cluster of {cfg.parts} blocks x {cfg.threads} threads with {K.fwd_l2_smem(p, cfg)} B of "
+                    f"shared memory each fits on {req.device.describe()}")
+        return None
+
 
 class _L2C(_Cluster):
     kind = "l2c"

@@ -258,11 +258,12 @@ def blocks_per_sm(kernel, block: int, smem: int = 0) -> int:
     return v
 
 
-def active_clusters(kernel, cluster: int, block: int, stream: int) -> int:
-    """How many clusters of `cluster` blocks fit on the device at once (the driver's answer, which knows the GPC
-    layout); without that query, blocks per SM x SMs / cluster. A non-portable size (more than 8 blocks) keeps the
-    driver's 0: a partitioned GPU (MIG, MPS limits) may hold no cluster of 16, and the candidate must decline."""
-    key = (id(kernel), block, "cluster", cluster)
+def active_clusters(kernel, cluster: int, block: int, stream: int, smem: int = 0) -> int:
+    """How many clusters of `cluster` blocks (each with `smem` bytes of dynamic shared memory) fit on the device at
+    once (the driver's answer, which knows the GPC layout); without that query, blocks per SM x SMs / cluster. A
+    non-portable size (more than 8 blocks) keeps the driver's 0: a partitioned GPU (MIG, MPS limits) may hold no
+    cluster of 16, and the candidate must decline."""
+    key = (id(kernel), block, "cluster", cluster, smem)
     v = _occ.get(key)
     if v is None:
         if cluster > K.MAX_CLUSTER:
@@ -272,14 +273,16 @@ def active_clusters(kernel, cluster: int, block: int, stream: int) -> int:
 
             from rtckern.runtime import core_stream
 
-            cfg = LaunchConfig(grid=1, cluster=cluster, block=block)
+            if smem:
+                kernel.set_max_dynamic_shared_memory(smem)  # opt in before the query, as a launch does
+            cfg = LaunchConfig(grid=1, cluster=cluster, block=block, shmem_size=smem)
             v = int(kernel.core.occupancy.max_active_clusters(cfg, stream=core_stream(stream)))
             answered = True
         except Exception:  # an older cuda.core or driver without the query: a conservative estimate
             v, answered = 0, False
         if v <= 0 and not (answered and cluster > K.MAX_CLUSTER):
             try:
-                per_sm = blocks_per_sm(kernel, block)
+                per_sm = blocks_per_sm(kernel, block, smem)
             except Exception:  # the per-SM query may refuse cluster kernels too: one block per SM is safe
                 per_sm = 1
             v = max(1, per_sm * kernel.device.sm_count // cluster)
