@@ -62,7 +62,7 @@ BWD_L2C_MAX_THREAD_COLS = 32
 BWD_L2C_TARGET_THREAD_COLS = 16
 BWD_STAGE_MAX_THREAD_COLS = 32  # stage backward: column sums per thread in registers (2 per column with dbias)
 L2C_SMEM_SUMS = 64  # OPT bit: the column sums in static shared memory (kOptSmemSums), under the 48 KB static limit
-L2_POLICY = 256  # OPT bit of the l2 kernels: L2 evict_last policy for the first read, evict_first for the re-read (sm_80+)
+L2_POLICY = 256  # OPT bit of the l2 / l2c kernels: the first read L2 evict_last, the re-read evict_first (sm_80+)
 BWD_L2C_MAX_STATIC_SMEM = 44 * 1024
 
 

@@ -340,12 +340,9 @@ def launch_fwd(p: K.FwdProblem, kind: str, cfg, kernel, c: FwdCall) -> tuple:
     """Launches the forward; returns workspace objects the caller keeps alive until the stream passes them."""
     args = [c.x, c.residual, c.h, c.w, c.b, c.y, c.mean, c.rstd, np.float32(c.eps), c.rows, c.sx, c.sr, c.sh, c.sy]
     persist = cfg.opt & 1
-    if kind == "l2":
-        if cfg.parts > 1:
-            kernel.launch(c.rows * cfg.parts, cfg.threads, args, shared_mem=K.fwd_l2_smem(p, cfg), stream=c.stream,
-                          cluster=(cfg.parts, 1, 1))
-        else:
-            kernel.launch(c.rows, cfg.threads, args, shared_mem=K.fwd_l2_smem(p, cfg), stream=c.stream)
+    if kind == "l2":  # one block per row, or with parts > 1 a cluster of that many per row
+        kernel.launch(c.rows * cfg.parts, cfg.threads, args, shared_mem=K.fwd_l2_smem(p, cfg), stream=c.stream,
+                      cluster=(cfg.parts, 1, 1) if cfg.parts > 1 else None)
         return ()
     if kind == "rows":
         grid = K.grid_for_rows(c.rows, cfg)
