@@ -20,6 +20,7 @@
 # PART=l: the causal softmax's traffic without its arithmetic (benchmarks/causal_traffic.py) next to the softmax.
 # PART=m: after the review fixes (residual x / l2c stand-in loads under the policies, cluster check, softmax rows
 # whose config a re-tune kept restored): the norms and softmax GPU tests and the softmax benchmark.
+# PART=o: Nsight Compute on the causal softmax forward (4096) and the causal-traffic kernel of the same bytes.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s5 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -97,6 +98,15 @@ if [ "$P" = m ]; then
   tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
   timeout 200 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s5m > $OUT/$P/bench.log 2>&1
   grep -v "tune " $OUT/$P/bench.log | tail -2 | cut -c1-300
+fi
+if [ "$P" = o ]; then
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout 400 $NCU --set full -k regex:"softmax|causal_rows" --launch-skip 2 --launch-count 2 -o $OUT/$P/causal python3 scripts/profile_causal.py \
+    > $OUT/$P/ncu.log 2>&1; tail -5 $OUT/$P/ncu.log
+  $NCU --import $OUT/$P/causal.ncu-rep --page details --csv > $OUT/$P/causal_details.csv 2>&1
+  $NCU --import $OUT/$P/causal.ncu-rep --page details > $OUT/$P/causal_details.txt 2>&1
+  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|L2 Hit|Stall|Issued Warp|Eligible|Theoretical Occ|Block Limit" \
+    $OUT/$P/causal_details.txt | head -80
 fi
 if [ "$P" = l ]; then
   timeout 120 python3 benchmarks/causal_traffic.py > $OUT/$P/causal_traffic.log 2>&1; cat $OUT/$P/causal_traffic.log
