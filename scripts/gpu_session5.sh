@@ -21,6 +21,11 @@
 # PART=m: after the review fixes (residual x / l2c stand-in loads under the policies, cluster check, softmax rows
 # whose config a re-tune kept restored): the norms and softmax GPU tests and the softmax benchmark.
 # PART=o: Nsight Compute on the causal softmax forward (4096) and the causal-traffic kernel of the same bytes.
+# PART=p: the same at the boost clock (--clock-control none), kernels built with line info, per-instruction
+# counters of the softmax (the SASS source page).
+# PART=q: softmax: the cp.async forward with the full-occupancy register cap, re-tuned against the shipped configs
+# (masked and causal, N = 4096 / 8192 / 16384, every dtype; rows under tuning/), the softmax GPU tests and the
+# benchmark on those rows.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s5 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -76,20 +81,22 @@ if [ "$P" = d ] || [ "$P" = g ] || [ "$P" = j ] || [ "$P" = k ]; then
   timeout 380 python3 benchmarks/norms.py bench --out $OUT/$P > $OUT/$P/bench.log 2>&1; tail -5 $OUT/$P/bench.log
   grep -E "^\| (rms|layer)" $OUT/$P/norms_bench.md | cut -c1-200
 fi
-if [ "$P" = h ] || [ "$P" = i ]; then
-  D=fwd; K=plain,masked,causal; [ "$P" = i ] && D=bwd && K=plain,causal
+if [ "$P" = h ] || [ "$P" = i ] || [ "$P" = q ]; then
+  D=fwd; K=plain,masked,causal; KER=l2; NS=8192,16384,65536; NAME=softmax_tune_policy_fwd
+  [ "$P" = i ] && D=bwd && K=plain,causal && NAME=softmax_tune_policy_bwd
+  [ "$P" = q ] && K=masked,causal && KER=async && NS=4096,8192,16384 && NAME=softmax_tune_async_minb
   export RTCKERN_TUNING_DIR=$OUT/$P/tuning
-  timeout 330 python3 benchmarks/softmax.py --tune --tune-no-ring --tune-dirs $D --tune-kinds $K --tune-kernels l2 \
-    --tune-ns 8192,16384,65536 --dtypes bf16,fp16,fp32 --name softmax_tune_policy_$D > $OUT/$P/tune.log 2>&1
+  timeout 330 python3 benchmarks/softmax.py --tune --tune-no-ring --tune-dirs $D --tune-kinds $K --tune-kernels $KER \
+    --tune-ns $NS --dtypes bf16,fp16,fp32 --name $NAME > $OUT/$P/tune.log 2>&1
   grep -E "best|FAIL|Error|failing" $OUT/$P/tune.log | cut -c1-260
 fi
 if [ "$P" = h ]; then
   timeout 200 python3 scripts/probe_norm_configs.py > $OUT/$P/probe_norm_configs.log 2>&1
   cut -c1-300 $OUT/$P/probe_norm_configs.log
-elif [ "$P" = i ]; then
+elif [ "$P" = i ] || [ "$P" = q ]; then
   timeout 150 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
   tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
-  timeout 200 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s5 > $OUT/$P/bench.log 2>&1
+  timeout 200 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_s5$P > $OUT/$P/bench.log 2>&1
   grep -v "tune " $OUT/$P/bench.log | tail -3 | cut -c1-300
 fi
 if [ "$P" = m ]; then
@@ -107,6 +114,18 @@ if [ "$P" = o ]; then
   $NCU --import $OUT/$P/causal.ncu-rep --page details > $OUT/$P/causal_details.txt 2>&1
   grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|L2 Hit|Stall|Issued Warp|Eligible|Theoretical Occ|Block Limit" \
     $OUT/$P/causal_details.txt | head -80
+fi
+if [ "$P" = p ]; then
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  export RTCKERN_LINEINFO=1 RTCKERN_CACHE_DIR=/tmp/rtk-s5-lineinfo
+  timeout 300 $NCU --set full --clock-control none --import-source yes -k regex:"softmax|causal_rows" \
+    --launch-skip 2 --launch-count 2 -o $OUT/$P/causal python3 scripts/profile_causal.py > $OUT/$P/ncu.log 2>&1
+  tail -3 $OUT/$P/ncu.log
+  $NCU --import $OUT/$P/causal.ncu-rep --page details > $OUT/$P/causal_details.txt 2>&1
+  $NCU --import $OUT/$P/causal.ncu-rep --page source --csv --print-source sass -k regex:softmax \
+    > $OUT/$P/softmax_sass.csv 2>&1
+  grep -E "Duration|DRAM Throughput|Issue Slots Busy|Issued Warp|excessive" $OUT/$P/causal_details.txt | head -20
+  head -c 600 $OUT/$P/softmax_sass.csv; echo; wc -l $OUT/$P/softmax_sass.csv
 fi
 if [ "$P" = l ]; then
   timeout 120 python3 benchmarks/causal_traffic.py > $OUT/$P/causal_traffic.log 2>&1; cat $OUT/$P/causal_traffic.log
