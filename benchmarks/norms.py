@@ -81,6 +81,21 @@ def split_configs(n: int, vec: int, itemsize: int, cap: int, lo: int, hi: int, o
     return out
 
 
+def affine_configs(p) -> list[K.SplitConfig]:
+    """Persistent cluster forward with the weight / bias slice in shared memory (OPT 512 with persist, raw x
+    re-converted after the reduction, default-cached or streaming loads): 256-1024 threads, 2-8 blocks per row.
+    (Capped at 64 registers, two to four blocks per SM with the weight and bias read a pack at a time, they ran
+    8-25% slower: norms_sweep_session6_affine_regcap_*.)"""
+    out = []
+    for parts in (2, 4, 8):
+        for threads in (256, 512, 1024):
+            for opt in (K.PERSIST | 4 | K.SMEM_AFFINE, K.PERSIST | 4 | 2 | K.SMEM_AFFINE):
+                cfg = K.SplitConfig(threads, parts, opt)
+                if 16 <= K.fwd_thread_bytes(p, "cluster", cfg) and L.fwd_feasible(p, "cluster", cfg) is None:
+                    out.append(cfg)
+    return out
+
+
 def l2_configs(p, backward: bool, sm90: bool = False) -> list[K.L2Config]:
     """Threads per block x min blocks per SM (forward: x default-cached pass 2; rows of 32 KB and more: x the
     largest shared-memory stash that lets 1-4 blocks share an SM; on sm_90, also each row split over a cluster of
@@ -240,6 +255,7 @@ def _full_plan(sm90: bool) -> list[tuple]:
                     for cfg in split_configs(n, fp.vec, isz, 8, 16, 128, OPTS[("fwd", "cluster")]):
                         if L.fwd_feasible(fp, "cluster", cfg) is None:
                             plan.append(("fwd", op, dtype, n, "cluster", cfg))
+                    plan += [("fwd", op, dtype, n, "cluster", cfg) for cfg in affine_configs(fp)]
                 if sm90 and n * isz >= 16384:
                     for cfg in l2c_configs(bp):
                         plan.append(("bwd", op, dtype, n, "l2c", cfg))

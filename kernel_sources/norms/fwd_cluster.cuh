@@ -3,7 +3,12 @@
 //   Template arguments as fwd_rows.cuh, with THREADS per block and C blocks per cluster (C <= 8, the portable
 //   cluster size). Without kOptPersist: grid rows * C, cluster k normalizes row k. With it: grid (at most the
 //   clusters that fit at once) * C; cluster k handles rows k, k + clusters, ... and loads the next row while it
-//   reduces this one. Launch: block THREADS (the kernel carries its cluster shape).
+//   reduces this one. With kOptSmemAffine as well: the slice statistics are two plain block sums, and a weight /
+//   bias too large for registers is copied into dynamic shared memory once per block and read from there for
+//   every row, instead of from L2 per row (64K columns: 256-512 KB of L2 reads per row, which held LayerNorm and
+//   fp32 RMSNorm below the copy rate: benchmarks/results/norms_notes.md, session 6). Launch: block THREADS (the
+//   kernel carries its cluster shape), dynamic shared memory (weight + bias) * NV * THREADS * VEC * sizeof(TW)
+//   when they are in shared memory (_norms_kernels.fwd_cluster_smem), else none.
 #pragma once
 #include "norms/norm_bwd_parts.cuh"
 #include "norms/norm_cluster_sync.cuh"
@@ -30,9 +35,16 @@ rtk_norm_fwd_cluster(const TX* __restrict__ x, const TX* __restrict__ residual, 
   const int len = N - c0 < S ? N - c0 : S;  // may be <= 0 for the last ranks of a short row
   const int t = threadIdx.x;
 
-  rtk_norm_affine<FLAGS, TW, VEC, NV, THREADS> a;
+  using Affine = rtk_norm_affine<FLAGS, TW, VEC, NV, THREADS>;
+  Affine a;
   constexpr bool kEarly = rtk_norm_early_affine<FLAGS, TW, VEC, NV>();
+  constexpr bool kSums = (OPT & kOptSmemAffine) != 0 && kPersist;  // slice statistics as two block sums
+  constexpr bool kSmemAffine = kSums && !kEarly;  // weight and bias too large for registers: shared memory
+  extern __shared__ __align__(16) unsigned char rtk_norm_dyn_smem[];
+  rtk_norm_pack<TW, VEC>* ws = reinterpret_cast<rtk_norm_pack<TW, VEC>*>(rtk_norm_dyn_smem);
+  rtk_norm_pack<TW, VEC>* bs = ws + (Affine::kW ? NV * THREADS : 0);
   if constexpr (kEarly) a.load(w + c0, b + c0, t, len, true);
+  if constexpr (kSmemAffine) Affine::stash(w + c0, b + c0, ws, bs, t, len);  // read back by the same thread only
 
   rtk_norm_fwd_in<FLAGS, TX, VEC, NV, THREADS> cur;
   cur.template load<kLd>(x + cluster * sx + c0, residual + cluster * sr + c0, t, len, true);
@@ -44,7 +56,8 @@ rtk_norm_fwd_cluster(const TX* __restrict__ x, const TX* __restrict__ residual, 
     cur.add_residual(h + row * sh + c0, t, len, true);
 
     float center, m2;
-    rtk_norm_local_stats<FLAGS>(cur.x, t, len > 0 ? len : 1, scratch, center, m2);
+    if constexpr (kSums) rtk_norm_local_stats_sums<FLAGS>(cur.x, t, len > 0 ? len : 1, scratch, center, m2);
+    else rtk_norm_local_stats<FLAGS>(cur.x, t, len > 0 ? len : 1, scratch, center, m2);
     if (t == 0) {
       slot[par][0] = center;
       slot[par][1] = m2;
@@ -65,7 +78,8 @@ rtk_norm_fwd_cluster(const TX* __restrict__ x, const TX* __restrict__ residual, 
     }
     __syncthreads();
     const float mean = row_stats[par][0], rstd = row_stats[par][1];
-    if constexpr (!kEarly) a.load(w + c0, b + c0, t, len, true);
+    if constexpr (kSmemAffine) a.load_smem(ws, bs, t);  // all packs at once (one pack at a time was slower)
+    else if constexpr (!kEarly) a.load(w + c0, b + c0, t, len, true);
     rtk_norm_fwd_write<FLAGS>(cur.x, a, y + row * sy + c0, mean, rstd, t, len, true);
     if constexpr ((FLAGS & kNormSaveStats) != 0) {
       if (rank == 0 && t == 0) {

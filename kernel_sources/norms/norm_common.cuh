@@ -27,6 +27,7 @@ constexpr int kOptTwoRows = 32;    // l2c: two rows per iteration (twice the loa
 constexpr int kOptSmemSums = 64;   // l2c: the dweight / dbias column sums in (static) shared memory, not registers
 constexpr int kOptFourRows = 128;  // l2c: four rows per iteration
 constexpr int kOptL2Policy = 256;  // l2: pass 1 loads marked L2 evict_last, the re-read evict_first (sm_80+)
+constexpr int kOptSmemAffine = 512;  // persistent cluster forward: the block's weight / bias slice in shared memory
 
 // Cache hints for one access. Data read or written exactly once streams (evict-first) so the weight and the
 // partial sums stay in L2; weights use the read-only path; cross-block data goes through L2 only.

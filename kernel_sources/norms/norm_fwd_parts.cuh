@@ -58,6 +58,32 @@ struct rtk_norm_affine {
       }
     }
   }
+  // The same packs from shared memory, where `stash` (below) put them: each thread reads back only its own.
+  RTK_DEVICE void load_smem(const rtk_norm_pack<TW, VEC>* ws, const rtk_norm_pack<TW, VEC>* bs, int t) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if constexpr (kW) w[i] = ws[i * TPR + t];
+      if constexpr (kB) b[i] = bs[i * TPR + t];
+    }
+  }
+  // Copies this thread's weight and bias packs of the slice into shared memory (zeros past the slice).
+  RTK_DEVICE static void stash(const TW* wp, const TW* bp, rtk_norm_pack<TW, VEC>* ws, rtk_norm_pack<TW, VEC>* bs,
+                               int t, int len) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c = (i * TPR + t) * VEC;
+      rtk_norm_pack<TW, VEC> pw, pb;
+      if (c < len) {
+        if constexpr (kW) rtk_norm_load<kLdReadOnly>(wp + c, pw);
+        if constexpr (kB) rtk_norm_load<kLdReadOnly>(bp + c, pb);
+      } else {
+        if constexpr (kW) rtk_norm_zero(pw);
+        if constexpr (kB) rtk_norm_zero(pb);
+      }
+      if constexpr (kW) ws[i * TPR + t] = pw;
+      if constexpr (kB) bs[i * TPR + t] = pb;
+    }
+  }
   RTK_DEVICE float weight(int i, int j) const {
     if constexpr (kW) return rtk_norm_weight<FLAGS>(w[i], j);
     else return 1.f;
@@ -111,6 +137,30 @@ RTK_DEVICE void rtk_norm_local_stats(const rtk_norm_slice<TX, VEC, NV, TPR>& s, 
     float q[1] = {rtk_norm_thread_sq(s, 0.f, t, len)};
     rtk_norm_group_sum<TPR>(q, scratch);
     m2 = q[0];
+  }
+}
+
+// The same statistics from two plain group sums for LayerNorm (the slice sum, then each thread's M2 moved to the
+// slice mean) instead of one group-wide Chan reduction, whose per-warp divisions cost more than the slice's
+// arithmetic at 512-1024 threads (fwd_l2.cuh does the same). len > 0.
+template <int FLAGS, typename TX, int VEC, int NV, int TPR>
+RTK_DEVICE void rtk_norm_local_stats_sums(const rtk_norm_slice<TX, VEC, NV, TPR>& s, int t, int len, float* scratch,
+                                          float& center, float& m2) {
+  if constexpr ((FLAGS & kNormLayer) != 0) {
+    int cnt = 0;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) cnt += s.col(i, t) < len ? VEC : 0;
+    float sum[1] = {rtk_norm_thread_sum(s)};
+    const float mean = cnt > 0 ? sum[0] / (float)cnt : 0.f;
+    const float tm2 = rtk_norm_thread_sq(s, mean, t, len);
+    rtk_norm_group_sum<TPR>(sum, scratch);
+    center = sum[0] / (float)len;
+    const float d = mean - center;
+    float q[1] = {fmaf(d * d, (float)cnt, tm2)};
+    rtk_norm_group_sum<TPR>(q, scratch);
+    m2 = q[0];
+  } else {
+    rtk_norm_local_stats<FLAGS>(s, t, len, scratch, center, m2);
   }
 }
 

@@ -168,8 +168,10 @@ class _Cluster(_NormCandidate):
         k = kernels[0]
         if k.num_regs * cfg.threads > req.device.regs_per_sm:
             return f"{k.num_regs} registers x {cfg.threads} threads > {req.device.regs_per_sm} per SM"
-        if L.active_clusters(k, cfg.parts, cfg.threads, 0) < 1:
-            return f"no cluster of {cfg.parts} blocks x {cfg.threads} threads fits on {req.device.describe()}"
+        smem = K.fwd_cluster_smem(self.problem(req), cfg) if self.direction == "fwd" else 0
+        if L.active_clusters(k, cfg.parts, cfg.threads, 0, smem) < 1:
+            return (f"no cluster of {cfg.parts} blocks x {cfg.threads} threads with {smem} B of shared memory "
+                    f"each fits on {req.device.describe()}")
         return None
 
     def supports(self, req: OpRequest) -> str | None:

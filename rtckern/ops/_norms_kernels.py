@@ -63,6 +63,11 @@ BWD_L2C_TARGET_THREAD_COLS = 16
 BWD_STAGE_MAX_THREAD_COLS = 32  # stage backward: column sums per thread in registers (2 per column with dbias)
 L2C_SMEM_SUMS = 64  # OPT bit: the column sums in static shared memory (kOptSmemSums), under the 48 KB static limit
 L2_POLICY = 256  # OPT bit of the l2 / l2c kernels: the first read L2 evict_last, the re-read evict_first (sm_80+)
+# OPT bits of the cluster forward: persistent clusters (1); with it, kOptSmemAffine (512): two-sum slice
+# statistics, and a weight / bias slice too large for registers held in dynamic shared memory for every row.
+PERSIST = 1
+SMEM_AFFINE = 512
+EARLY_AFFINE_BYTES = 64  # rtk_norm_early_affine: weight + bias bytes per thread held in registers
 BWD_L2C_MAX_STATIC_SMEM = 44 * 1024
 
 
@@ -279,6 +284,19 @@ def l2_config(n: int, vec: int, backward: bool, warp: int = 32) -> L2Config:
         if _ceil(packs, threads) <= per:
             break
     return L2Config(threads, 1, 1 if backward else 0)
+
+
+def affine_thread_bytes(p: FwdProblem, cfg: SplitConfig) -> int:
+    """Bytes of weight and bias packs one thread of a cluster forward block covers."""
+    count = (1 if (p.w and p.has_weight) else 0) + (1 if p.bias else 0)
+    return count * packs_per_thread(p.n, p.vec, cfg.threads, cfg.parts) * p.vec * (ITEMSIZE[p.w] if p.w else 0)
+
+
+def fwd_cluster_smem(p: FwdProblem, cfg: SplitConfig) -> int:
+    """Dynamic shared memory of the cluster forward: with SMEM_AFFINE (and PERSIST), the block's weight and bias
+    slice (NV * threads packs each) where they are too large for registers."""
+    ab = affine_thread_bytes(p, cfg)
+    return ab * cfg.threads if cfg.opt & SMEM_AFFINE and cfg.opt & PERSIST and ab > EARLY_AFFINE_BYTES else 0
 
 
 def fwd_l2_smem(p: FwdProblem, cfg: L2Config) -> int:

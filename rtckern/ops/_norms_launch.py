@@ -100,6 +100,13 @@ def fwd_feasible(p: K.FwdProblem, kind: str, cfg, warp: int = 32, smem_optin: in
         if need > room:
             return (f"a stash of {cfg.stash} packs per thread needs {need} B of shared memory per block, over the "
                     f"{room} B this device allows: use a smaller stash")
+    if kind == "cluster" and cfg.opt & K.SMEM_AFFINE:
+        if not cfg.opt & K.PERSIST:
+            return f"OPT {cfg.opt}: OPT 512 (weight and bias held per block) needs persistent clusters (OPT 1)"
+        need, room = K.fwd_cluster_smem(p, cfg), smem_optin - K.FWD_L2_STATIC_SMEM
+        if need > room:
+            return (f"the weight and bias slice needs {need} B of shared memory per block, over the {room} B this "
+                    f"device allows: use more blocks per row")
     b = K.fwd_thread_bytes(p, kind, cfg)
     if b > K.FWD_MAX_THREAD_BYTES:
         return (f"each thread would hold {b} bytes of the row with {_geometry_text(kind, cfg)} "
@@ -223,7 +230,16 @@ def preferred_kind(direction: str, p, device) -> str | None:
     None when the tables have nothing for this arch."""
     key = {"dir": direction, "norm": "layer" if p.layer else "rms", "dtype": p.x, "n": p.n}
     hit = tuning.lookup(TABLE_KIND, device, key)
-    return None if hit is None else str(hit.config.get("kind"))
+    if hit is None:
+        return None
+    kind = str(hit.config.get("kind"))
+    if kind == "cluster" and direction == "fwd" and K.affine_thread_bytes(p, K.SplitConfig(1, 1)) == 0:
+        cfg = fwd_config(p, "cluster", device)
+        if cfg is not None and cfg.opt & K.SMEM_AFFINE:
+            # Chosen (and timed) for its weight and bias held per block; without them that kernel is slower than
+            # l2 (fp32 LayerNorm 65536: 0.74 vs 0.88x copy, benchmarks/results/probe_norm_operands_session6_*).
+            return "l2"
+    return kind
 
 
 # ---- specs ------------------------------------------------------------------------------------------------------
@@ -351,8 +367,9 @@ def launch_fwd(p: K.FwdProblem, kind: str, cfg, kernel, c: FwdCall) -> tuple:
         kernel.launch(grid, cfg.block, args, stream=c.stream)
         return ()
     if kind == "cluster":
-        clusters = min(c.rows, active_clusters(kernel, cfg.parts, cfg.threads, c.stream)) if persist else c.rows
-        kernel.launch(clusters * cfg.parts, cfg.threads, args, stream=c.stream)
+        smem = K.fwd_cluster_smem(p, cfg)
+        clusters = min(c.rows, active_clusters(kernel, cfg.parts, cfg.threads, c.stream, smem)) if persist else c.rows
+        kernel.launch(clusters * cfg.parts, cfg.threads, args, shared_mem=smem, stream=c.stream)
         return ()
     slots = min(c.rows, coop_slots(kernel, cfg))
     ws, ws_ptr = c.empty_f32(K.workspace_floats(slots, cfg.parts))

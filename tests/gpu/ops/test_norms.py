@@ -518,28 +518,50 @@ def test_l2_forward_split_over_cluster(layer, n, dtype, threads, stash, parts):
     _check_l2_forward(layer, n, dtype, threads, stash, parts)
 
 
+@pytest.mark.parametrize("n,dtype,wdtype,threads,parts,opt", [
+    (65536, "bf16", "bf16", 1024, 2, 517), (65536, "bf16", "fp32", 1024, 4, 519), (65536, "fp32", "fp32", 1024, 4, 517),
+    (65536, "fp32", "fp32", 512, 4, 517), (65536, "fp16", "fp16", 256, 8, 517),
+    (5000, "bf16", "fp32", 256, 4, 517), (12290, "fp32", "fp32", 512, 2, 519),
+    (16384, "bf16", "bf16", 1024, 2, 517)])
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+def test_cluster_forward_affine_held(layer, n, dtype, wdtype, threads, parts, opt):
+    """Persistent clusters with OPT 512 (two-sum slice statistics; the weight and bias slice in shared memory
+    where registers do not hold it, else in registers), launched directly: many rows per cluster, residual,
+    zero-centered weight, bias (LayerNorm), saved statistics; N = 5000 and 12290 leave the last slice short."""
+    if not _sm90():
+        pytest.skip("thread-block clusters need sm_90+")
+    from rtckern.ops import _norms_kernels as K
+
+    _check_forward_launch(layer, n, dtype, "cluster", K.SplitConfig(threads, parts, opt), wdtype)
+
+
 def _check_l2_forward(layer, n, dtype, threads, stash, parts):
+    from rtckern.ops import _norms_kernels as K
+
+    _check_forward_launch(layer, n, dtype, "l2", K.L2Config(threads, 1, 0, stash, parts))
+
+
+def _check_forward_launch(layer, n, dtype, kind, cfg, wdtype="fp32"):
     from rtckern.ops import _norms_kernels as K
     from rtckern.ops import _norms_launch as L
 
     rows, vec = 1031, 16 // K.ITEMSIZE[dtype]
     if n % vec:
         vec = 4 if n % 4 == 0 else 1
-    x, w, b, g = _inputs(rows, n, dtype, wdtype="fp32", offset=2.0)
+    x, w, b, g = _inputs(rows, n, dtype, wdtype=wdtype, offset=2.0)
     w0 = (w - 1).contiguous()
     r = torch.randn(rows, n, device="cuda", generator=g).to(DT[dtype])
-    p = K.FwdProblem(layer=layer, n=n, x=dtype, y=dtype, w="fp32", bias=layer, zero_centered=True, residual=True,
+    p = K.FwdProblem(layer=layer, n=n, x=dtype, y=dtype, w=wdtype, bias=layer, zero_centered=True, residual=True,
                      save_stats=True, vec=vec)
-    cfg = K.L2Config(threads, 1, 0, stash, parts)
-    assert L.fwd_feasible(p, "l2", cfg) is None
-    kernel = L.load((L.fwd_spec(p, "l2", cfg, _arch()),), torch.cuda.current_device())[0]
+    assert L.fwd_feasible(p, kind, cfg) is None
+    kernel = L.load((L.fwd_spec(p, kind, cfg, _arch()),), torch.cuda.current_device())[0]
 
     def run():
         y = torch.full((rows, n), float("nan"), device="cuda", dtype=DT[dtype])
         h = torch.full_like(y, float("nan"))
         mean = torch.full((rows,), float("nan"), device="cuda")
         rstd = torch.full_like(mean, float("nan"))
-        L.launch_fwd(p, "l2", cfg, kernel, L.FwdCall(
+        L.launch_fwd(p, kind, cfg, kernel, L.FwdCall(
             x=x.data_ptr(), residual=r.data_ptr(), h=h.data_ptr(), w=w0.data_ptr(), b=b.data_ptr() if layer else 0,
             y=y.data_ptr(), mean=mean.data_ptr() if layer else 0, rstd=rstd.data_ptr(), eps=1e-5, rows=rows, sx=n,
             sr=n, sh=n, sy=n, stream=torch.cuda.current_stream().cuda_stream, zeros_u32=None, empty_f32=None))

@@ -472,3 +472,35 @@ def test_l2c_clusters_past_8_take_the_non_portable_opt_in(monkeypatch, parts, op
     expect = ([("non_portable",)] if opt_in else []) + [("launch", clusters * parts, 256, 0)]
     assert main.calls == expect
     assert reduce.calls == [("launch", -(-65536 // K.DW_REDUCE_COLS), K.DW_REDUCE_BLOCK, 0)]
+
+
+def test_cluster_forward_affine_held_geometry():
+    """OPT 512 of the persistent cluster forward: the weight / bias slice in shared memory only where registers do
+    not hold it, sized NV * threads packs per array; it needs persistent clusters and the device's shared memory."""
+    p = K.FwdProblem(layer=True, n=65536, x="bf16", y="bf16", w="bf16", bias=True, vec=8)
+    held = K.SplitConfig(512, 2, K.PERSIST | 4 | K.SMEM_AFFINE)
+    assert L.fwd_feasible(p, "cluster", held) is None
+    assert K.fwd_cluster_smem(p, held) == 2 * 8 * 512 * 16  # weight and bias: 8 packs of 16 B per thread each
+    assert K.fwd_template_args(p, "cluster", held)[-1] == 517
+    rms = K.FwdProblem(layer=False, n=65536, x="bf16", y="bf16", w="bf16", vec=8)
+    assert K.fwd_cluster_smem(rms, K.SplitConfig(1024, 4, 517)) == 0  # 32 B of weight per thread: registers
+    assert K.fwd_cluster_smem(p, K.SplitConfig(512, 2, 4 | K.SMEM_AFFINE)) == 0
+    assert "needs persistent clusters" in L.fwd_feasible(p, "cluster", K.SplitConfig(512, 2, 4 | K.SMEM_AFFINE))
+    assert L.fwd_feasible(p, "cluster", held, smem_optin=100 * 1024).startswith(
+        "the weight and bias slice needs 131072 B of shared memory per block")
+
+
+def test_cluster_forward_affine_held_not_chosen_without_affine(monkeypatch):
+    """The kind table chose a cluster config with OPT 512 for its held weight and bias: a LayerNorm with neither
+    goes to the l2 kernel instead (measured slower there), one with them stays on the cluster kernel."""
+    dev = DeviceInfo.for_arch("sm_90", sm_count=132)
+    held = K.SplitConfig(512, 4, K.PERSIST | 4 | 2 | K.SMEM_AFFINE)
+    monkeypatch.setattr(L.tuning, "lookup", lambda table, device, key: L.tuning.Tuned(
+        config={"kind": "cluster"}, source="exact") if table == L.TABLE_KIND else None)
+    monkeypatch.setattr(L, "fwd_config", lambda p, kind, device: held if kind == "cluster" else None)
+    affine = K.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w="fp32", bias=True, vec=4)
+    bare = K.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w=None, vec=4)
+    assert L.preferred_kind("fwd", affine, dev) == "cluster"
+    assert L.preferred_kind("fwd", bare, dev) == "l2"
+    monkeypatch.setattr(L, "fwd_config", lambda p, kind, device: K.SplitConfig(512, 4, 5))
+    assert L.preferred_kind("fwd", bare, dev) == "cluster"

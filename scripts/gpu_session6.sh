@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Session 6 device runs. Everything under $OUT is packed into one <part>.tgz.
+# PART=a: the norm operand probe (scripts/probe_norm_operands.py: the shipped forward kernels with and without
+# their weight and bias, N = 65536 and 16384).
+# PART=b: the persistent cluster forward with the weight / bias held per block (OPT 512): its GPU tests, then the
+# cluster forward sweep at N = 16384 / 65536 (the shipped configs of the other kinds re-timed), merged into the
+# tables here (returned under tables/). Run twice: the second run timed a variant that read the weight / bias
+# from shared memory one pack at a time in the write (slower for fp32: reverted), the tables are the first run's.
+# PART=c: the norms and plugin GPU tests and the norms benchmark on those tables, then the operand probe again.
+# PART=d: Nsight Compute on the 65536 forwards below 0.90x copy (scripts/profile_norms_long.py) and the SASS
+# instruction counts of each kernel.
+set -o pipefail
+export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s6 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+P=${PART:-a}
+mkdir -p $OUT/$P
+if [ "$P" = a ]; then
+  timeout 200 python3 scripts/probe_norm_operands.py > $OUT/$P/operands.log 2>&1; cat $OUT/$P/operands.log | cut -c1-300
+fi
+if [ "$P" = b ]; then
+  timeout 150 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py -k "affine_held or split_over" \
+    -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)|Error" $OUT/$P/gpu_tests.txt | head -20
+  timeout 400 python3 benchmarks/norms.py sweep --kinds cluster --dirs fwd --ns 16384,65536 --sweep-budget 330 \
+    --out $OUT/$P > $OUT/$P/sweep.log 2>&1; grep -E "^sweep|FAILED|Error|prefill" $OUT/$P/sweep.log | cut -c1-400
+  python3 benchmarks/norms.py tables --sweep $OUT/$P/norms_sweep.json --merge && mkdir -p $OUT/$P/tables && \
+    cp rtckern/tuning_tables/norm_*.json $OUT/$P/tables/
+fi
+if [ "$P" = c ]; then
+  timeout 220 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py tests/gpu/plugins -p no:cacheprovider \
+    > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 300 python3 benchmarks/norms.py bench --out $OUT/$P > $OUT/$P/bench.log 2>&1; tail -3 $OUT/$P/bench.log
+  grep -E "^\| (rms|layer)" $OUT/$P/norms_bench.md | cut -c1-200
+  timeout 60 python3 scripts/probe_norm_operands.py > $OUT/$P/operands.log 2>&1; cat $OUT/$P/operands.log | cut -c1-300
+fi
+if [ "$P" = d ]; then
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu); CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+  timeout 300 $NCU --set full -k regex:rtk_norm_fwd -o $OUT/$P/norms python3 scripts/profile_norms_long.py $OUT/$P/cubin \
+    > $OUT/$P/ncu.log 2>&1; tail -8 $OUT/$P/ncu.log
+  $NCU --import $OUT/$P/norms.ncu-rep --page details > $OUT/$P/norms_details.txt 2>&1
+  grep -E "^  rtk_norm|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Achieved Occupancy|Registers Per|L1/TEX Hit|L2 Hit|Issue Slots Busy|No Eligible|Theoretical Occ|Block Limit Sh" \
+    $OUT/$P/norms_details.txt | cut -c1-150 | head -90
+  $NCU --import $OUT/$P/norms.ncu-rep --page raw --csv > $OUT/$P/norms_raw.csv 2>&1
+  for f in $OUT/$P/cubin/*.cubin; do $CUOBJ -sass $f > ${f%.cubin}.sass 2>&1; echo "$(basename $f): $(grep -cE '^\s+/\*[0-9a-f]{4}\*/' ${f%.cubin}.sass) instructions"; \
+    grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z0-9_.]+' ${f%.cubin}.sass | awk '{print $NF}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -14 | tr '\n' ' '; echo; done
+fi
+cd $OUT && tar czf $P.tgz $P && rm -rf $P
