@@ -83,13 +83,15 @@ def split_configs(n: int, vec: int, itemsize: int, cap: int, lo: int, hi: int, o
 
 def affine_configs(p) -> list[K.SplitConfig]:
     """Persistent cluster forward with the weight / bias slice in shared memory (OPT 512 with persist, raw x
-    re-converted after the reduction, default-cached or streaming loads): 256-1024 threads, 2-8 blocks per row.
+    re-converted after the reduction, default-cached or streaming loads; with and without OPT 1024, the next
+    row's statistics and cluster barrier before this row's write): 256-1024 threads, 2-8 blocks per row.
     (Capped at 64 registers, two to four blocks per SM with the weight and bias read a pack at a time, they ran
     8-25% slower: norms_sweep_session6_affine_regcap_*.)"""
     out = []
     for parts in (2, 4, 8):
         for threads in (256, 512, 1024):
-            for opt in (K.PERSIST | 4 | K.SMEM_AFFINE, K.PERSIST | 4 | 2 | K.SMEM_AFFINE):
+            base = K.PERSIST | 4 | K.SMEM_AFFINE
+            for opt in (base, base | 2, base | K.PIPE_STATS, base | 2 | K.PIPE_STATS):
                 cfg = K.SplitConfig(threads, parts, opt)
                 if 16 <= K.fwd_thread_bytes(p, "cluster", cfg) and L.fwd_feasible(p, "cluster", cfg) is None:
                     out.append(cfg)

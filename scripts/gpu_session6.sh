@@ -6,6 +6,8 @@
 # cluster forward sweep at N = 16384 / 65536 (the shipped configs of the other kinds re-timed), merged into the
 # tables here (returned under tables/). Run twice: the second run timed a variant that read the weight / bias
 # from shared memory one pack at a time in the write (slower for fp32: reverted), the tables are the first run's.
+# Then (same PART b): a register-capped variant (reverted), y as two FMAs (no gain: reverted), and the pipelined
+# statistics (OPT 1024): the tables of that last run are shipped.
 # PART=c: the norms and plugin GPU tests and the norms benchmark on those tables, then the operand probe again.
 # PART=d: Nsight Compute on the 65536 forwards below 0.90x copy (scripts/profile_norms_long.py) and the SASS
 # instruction counts of each kernel.

@@ -28,6 +28,7 @@ constexpr int kOptSmemSums = 64;   // l2c: the dweight / dbias column sums in (s
 constexpr int kOptFourRows = 128;  // l2c: four rows per iteration
 constexpr int kOptL2Policy = 256;  // l2: pass 1 loads marked L2 evict_last, the re-read evict_first (sm_80+)
 constexpr int kOptSmemAffine = 512;  // persistent cluster forward: the block's weight / bias slice in shared memory
+// 1024: kOptPipeStats, the cluster forward's pipelined statistics (fwd_cluster.cuh)
 
 // Cache hints for one access. Data read or written exactly once streams (evict-first) so the weight and the
 // partial sums stay in L2; weights use the read-only path; cross-block data goes through L2 only.

@@ -117,6 +117,26 @@ RTK_DEVICE void rtk_norm_fwd_write(const rtk_norm_slice<TX, VEC, NV, TPR>& s,
   }
 }
 
+// rtk_norm_fwd_write from weight and bias packs in shared memory (rtk_norm_affine::stash), one pack at a time so
+// they take no registers across the row.
+template <int FLAGS, typename TX, typename TW, typename TY, int VEC, int NV, int TPR>
+RTK_DEVICE void rtk_norm_fwd_write_smem(const rtk_norm_slice<TX, VEC, NV, TPR>& s, const rtk_norm_pack<TW, VEC>* ws,
+                                        const rtk_norm_pack<TW, VEC>* bs, TY* y_row, float mean, float rstd, int t,
+                                        int len) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c = s.col(i, t);
+    if (c >= len) continue;
+    rtk_norm_affine<FLAGS, TW, VEC, 1, TPR> a;
+    if constexpr (rtk_norm_affine<FLAGS, TW, VEC, 1, TPR>::kW) a.w[0] = ws[i * TPR + t];
+    if constexpr (rtk_norm_affine<FLAGS, TW, VEC, 1, TPR>::kB) a.b[0] = bs[i * TPR + t];
+    rtk_norm_pack<TY, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = rtk_from_float<TY>((s.get(i, j) - mean) * rstd * a.weight(0, j) + a.bias(0, j));
+    rtk_norm_store<kStDefault>(y_row + c, out);
+  }
+}
+
 // Statistics of the slice held by one group: RMSNorm gives {0, sum x^2}; LayerNorm gives {slice mean, sum of
 // squared deviations from it} (two passes over registers: no cancellation for rows with a large mean).
 template <int FLAGS, typename TX, int VEC, int NV, int TPR>

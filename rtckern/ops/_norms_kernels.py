@@ -67,6 +67,7 @@ L2_POLICY = 256  # OPT bit of the l2 / l2c kernels: the first read L2 evict_last
 # statistics, and a weight / bias slice too large for registers held in dynamic shared memory for every row.
 PERSIST = 1
 SMEM_AFFINE = 512
+PIPE_STATS = 1024  # with both: row k+1's statistics and cluster barrier run before row k is written
 EARLY_AFFINE_BYTES = 64  # rtk_norm_early_affine: weight + bias bytes per thread held in registers
 BWD_L2C_MAX_STATIC_SMEM = 44 * 1024
 

@@ -100,6 +100,8 @@ def fwd_feasible(p: K.FwdProblem, kind: str, cfg, warp: int = 32, smem_optin: in
         if need > room:
             return (f"a stash of {cfg.stash} packs per thread needs {need} B of shared memory per block, over the "
                     f"{room} B this device allows: use a smaller stash")
+    if kind == "cluster" and cfg.opt & K.PIPE_STATS and not (cfg.opt & K.PERSIST and cfg.opt & K.SMEM_AFFINE):
+        return f"OPT {cfg.opt}: OPT 1024 (pipelined statistics) needs OPT 1 and 512 (persistent, two-sum statistics)"
     if kind == "cluster" and cfg.opt & K.SMEM_AFFINE:
         if not cfg.opt & K.PERSIST:
             return f"OPT {cfg.opt}: OPT 512 (weight and bias held per block) needs persistent clusters (OPT 1)"

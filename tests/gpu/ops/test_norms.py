@@ -522,11 +522,13 @@ def test_l2_forward_split_over_cluster(layer, n, dtype, threads, stash, parts):
     (65536, "bf16", "bf16", 1024, 2, 517), (65536, "bf16", "fp32", 1024, 4, 519), (65536, "fp32", "fp32", 1024, 4, 517),
     (65536, "fp32", "fp32", 512, 4, 517), (65536, "fp16", "fp16", 256, 8, 517),
     (5000, "bf16", "fp32", 256, 4, 517), (12290, "fp32", "fp32", 512, 2, 519),
-    (16384, "bf16", "bf16", 1024, 2, 517)])
+    (16384, "bf16", "bf16", 1024, 2, 517), (65536, "bf16", "bf16", 512, 2, 1543), (65536, "fp32", "fp32", 512, 4, 1541),
+    (5000, "fp16", "fp16", 256, 4, 1541), (12290, "fp32", "fp32", 256, 2, 1543)])
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
 def test_cluster_forward_affine_held(layer, n, dtype, wdtype, threads, parts, opt):
     """Persistent clusters with OPT 512 (two-sum slice statistics; the weight and bias slice in shared memory
-    where registers do not hold it, else in registers), launched directly: many rows per cluster, residual,
+    where registers do not hold it, else in registers), and with OPT 1024 (the next row's statistics and cluster
+    barrier before this row's write: three rows in flight), launched directly: many rows per cluster, residual,
     zero-centered weight, bias (LayerNorm), saved statistics; N = 5000 and 12290 leave the last slice short."""
     if not _sm90():
         pytest.skip("thread-block clusters need sm_90+")

@@ -486,6 +486,8 @@ def test_cluster_forward_affine_held_geometry():
     assert K.fwd_cluster_smem(rms, K.SplitConfig(1024, 4, 517)) == 0  # 32 B of weight per thread: registers
     assert K.fwd_cluster_smem(p, K.SplitConfig(512, 2, 4 | K.SMEM_AFFINE)) == 0
     assert "needs persistent clusters" in L.fwd_feasible(p, "cluster", K.SplitConfig(512, 2, 4 | K.SMEM_AFFINE))
+    assert L.fwd_feasible(p, "cluster", K.SplitConfig(512, 2, held.opt | K.PIPE_STATS)) is None
+    assert "needs OPT 1 and 512" in L.fwd_feasible(p, "cluster", K.SplitConfig(512, 2, 5 | K.PIPE_STATS))
     assert L.fwd_feasible(p, "cluster", held, smem_optin=100 * 1024).startswith(
         "the weight and bias slice needs 131072 B of shared memory per block")
 
