@@ -11,6 +11,10 @@
 # PART=c: the norms and plugin GPU tests and the norms benchmark on those tables, then the operand probe again.
 # PART=d: Nsight Compute on the 65536 forwards below 0.90x copy (scripts/profile_norms_long.py) and the SASS
 # instruction counts of each kernel.
+# PART=e: softmax: the cp.async backward's GPU tests, its configs re-tuned against the shipped ones (plain and
+# causal, N = 1024-16384, every dtype; rows under tuning/), and the causal backward ring re-tuned at 4096 / 8192
+# (bf16) in the same run, for the one-pass / ring choice. PART=f: the softmax and norms GPU tests and the softmax
+# benchmark on the merged tables.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s6 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -46,5 +50,26 @@ if [ "$P" = d ]; then
   $NCU --import $OUT/$P/norms.ncu-rep --page raw --csv > $OUT/$P/norms_raw.csv 2>&1
   for f in $OUT/$P/cubin/*.cubin; do $CUOBJ -sass $f > ${f%.cubin}.sass 2>&1; echo "$(basename $f): $(grep -cE '^\s+/\*[0-9a-f]{4}\*/' ${f%.cubin}.sass) instructions"; \
     grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z0-9_.]+' ${f%.cubin}.sass | awk '{print $NF}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -14 | tr '\n' ' '; echo; done
+fi
+if [ "$P" = e ]; then
+  timeout 100 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py -k "async_backward or l2_backward" \
+    -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  export RTCKERN_TUNING_DIR=$OUT/$P/tuning
+  timeout 240 python3 benchmarks/softmax.py --tune --tune-no-ring --tune-dirs bwd --tune-kinds causal,plain \
+    --tune-kernels async --tune-ns 1024,4096,8192,16384 --dtypes bf16,fp16,fp32 --name softmax_tune_bwd_async \
+    > $OUT/$P/tune.log 2>&1; grep -E "best|FAIL|Error|failing" $OUT/$P/tune.log | cut -c1-260
+  timeout 200 python3 benchmarks/softmax.py --tune --tune-ring --tune-dirs bwd --tune-kinds causal --tune-ns 4096,8192 \
+    --dtypes bf16 --name softmax_tune_bwd_ring > $OUT/$P/tune_ring.log 2>&1
+  grep -E "best|FAIL|Error|failing" $OUT/$P/tune_ring.log | cut -c1-260
+  find $OUT -maxdepth 1 -type f -exec mv {} $OUT/$P/ \;
+fi
+if [ "$P" = f ]; then
+  timeout 200 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py tests/gpu/ops/test_norms.py -p no:cacheprovider \
+    > $OUT/$P/gpu_tests.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests.txt | head -20
+  timeout 250 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_session6 > $OUT/$P/bench.log 2>&1
+  grep -v "tune " $OUT/$P/bench.log | tail -3 | cut -c1-300
+  find $OUT -maxdepth 1 -type f -exec mv {} $OUT/$P/ \;
 fi
 cd $OUT && tar czf $P.tgz $P && rm -rf $P

@@ -5,6 +5,7 @@
 //     plain loads and stores before that), then read from there: device memory is read once. Shared memory:
 //     n * sizeof(T), then (masked) n bytes at the next 16-byte boundary.
 //     Pass 1 keeps a running (max, sum of exp2) per thread, pass 2 normalizes and stores.
+//   softmax_bwd_async: the same for the backward, y and dy of the row in shared memory.
 //   softmax_fwd_l2 / softmax_bwd_l2: pass 1 streams the row from device memory (normal loads, so the lines stay
 //     in L2), pass 2 reads it again (evict-first loads: the second read should hit L2 while the row's block is
 //     still running) and writes the output. Both may stash a prefix of each thread's vectors in shared memory
@@ -174,6 +175,57 @@ softmax_fwd_async(const T* __restrict__ x, T* __restrict__ y, const unsigned cha
   __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST];
   RTK_SOFTMAX_DISPATCH_POS(scale, (rtk_softmax_fwd_async_body<T, KIND, VEC, THREADS, POS>(
                                       x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale, scratch)));
+}
+
+// The backward's cp.async form: the row's y and dy (up to the causal bound) are copied into dynamic shared memory
+// (y, then dy at the next 16-byte boundary of n keys) and both passes read them from there: device memory is read
+// once and no row data lives in registers, so many rows share an SM (causal rows at 4096-8192 keys, where the
+// register and ring kernels ran 0.82-0.85x copy). Row = blockIdx.x, as the other backward kernels.
+template <typename T, int KIND, int VEC, int THREADS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+softmax_bwd_async(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows,
+                  long long n, long long sq, long long diag_offset, float scale) {
+  static_assert(THREADS > RTK_WARP_SIZE_CONST && THREADS % RTK_WARP_SIZE_CONST == 0, "THREADS: whole warps");
+  static_assert(KIND == RTK_SOFTMAX_PLAIN || KIND == RTK_SOFTMAX_CAUSAL, "backward kinds: plain or causal");
+  __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST];
+  extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
+  rtk_vec<T, VEC>* sy = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
+  rtk_vec<T, VEC>* sdy =
+      reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem + ((n * (long long)sizeof(T) + 15) & ~15ll));
+  const long long row = blockIdx.x;
+  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
+  const T* yr = y + row * n;
+  const T* dyr = dy + row * n;
+  T* dxr = dx + row * n;
+  constexpr long long kStep = (long long)THREADS * VEC;
+
+  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
+    rtk_sm_copy_async<T, VEC>(sy + e / VEC, yr + e);
+    rtk_sm_copy_async<T, VEC>(sdy + e / VEC, dyr + e);
+  }
+  rtk_sm_copy_wait();  // each thread reads back only what it copied
+
+  float dot = 0.f;
+#pragma unroll 4
+  for (long long e = (long long)threadIdx.x * VEC; e < valid; e += kStep) {
+    const rtk_vec<T, VEC> a = sy[e / VEC], b = sdy[e / VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) dot += rtk_to_float(a.v[i]) * rtk_to_float(b.v[i]);
+  }
+  dot = rtk_block_reduce(dot, rtk_sum_op{}, scratch);
+
+#pragma unroll 4
+  for (long long e = (long long)threadIdx.x * VEC; e < n; e += kStep) {
+    rtk_vec<T, VEC> o;
+    if (e < valid) {
+      const rtk_vec<T, VEC> a = sy[e / VEC], b = sdy[e / VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(scale * rtk_to_float(a.v[i]) * (rtk_to_float(b.v[i]) - dot));
+    } else {
+      o = rtk_sm_zero<T, VEC>();
+    }
+    rtk_sm_store<T, VEC>(dxr + e, o);
+  }
 }
 
 // STASH > 0: each thread's first STASH vectors are kept in dynamic shared memory (masked keys already -inf) and

@@ -205,6 +205,16 @@ def bwd_config(p: K.BwdProblem, kind: str, device) -> Any:
     return _config(TABLE_BWD, p, kind, device, feasible, heuristic)
 
 
+def tuned_fwd_config(p: K.FwdProblem, kind: str, device) -> Any:
+    """The tuned table's config of `kind` for p (the nearest timed shape's, where p can run it); None where there is
+    none (fwd_config falls back to a rule then)."""
+    optin = device.max_smem_per_block_optin
+
+    def feasible(p_, kind_, cfg, warp):
+        return fwd_feasible(p_, kind_, cfg, warp, optin)
+    return _config(TABLE_FWD, p, kind, device, feasible, lambda *_: None)
+
+
 def _config(table: str, p, kind: str, device, feasible, heuristic):
     warp = device.warp_size
     key = _key(kind, p)
@@ -235,9 +245,13 @@ def preferred_kind(direction: str, p, device) -> str | None:
     if hit is None:
         return None
     kind = str(hit.config.get("kind"))
-    if kind == "cluster" and direction == "fwd" and K.affine_thread_bytes(p, K.SplitConfig(1, 1)) == 0:
-        cfg = fwd_config(p, "cluster", device)
-        if cfg is not None and cfg.opt & K.SMEM_AFFINE:
+    if kind == "cluster" and direction == "fwd":
+        cfg = tuned_fwd_config(p, "cluster", device)
+        if cfg is None:
+            # No timed cluster config serves this row length (the nearest row's needs more registers per thread
+            # than N allows): the l2 kernel, which any length runs, rather than an untimed cluster geometry.
+            return "l2"
+        if cfg.opt & K.SMEM_AFFINE and K.affine_thread_bytes(p, K.SplitConfig(1, 1)) == 0:
             # Chosen (and timed) for its weight and bias held per block; without them that kernel is slower than
             # l2 (fp32 LayerNorm 65536: 0.74 vs 0.88x copy, benchmarks/results/probe_norm_operands_session6_*).
             return "l2"

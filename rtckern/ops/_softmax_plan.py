@@ -48,8 +48,8 @@ class OnePass:
     kernel "regs" (softmax_fwd / softmax_bwd): `group` threads per row (<= 32: several rows per block; == threads:
     one row per block, the part of the row past the registers in dynamic shared memory), `items` vectors per
     thread kept in registers. Device memory is read once.
-    kernel "async" (forward only, softmax_fwd_async): one row per block copied whole into shared memory with
-    cp.async; no row data in registers, so many rows per SM. Device memory is read once.
+    kernel "async" (softmax_fwd_async / softmax_bwd_async): one row per block copied whole into shared memory
+    with cp.async (backward: y and dy); no row data in registers, so many rows per SM. Device memory is read once.
     kernel "l2" (softmax_fwd_l2 / softmax_bwd_l2): one row per block; the second pass reads the row again, from
     L2 while the block runs (any row length). `stash` vectors per thread (the row's first stash * threads vectors;
     backward: of y and of dy) kept in shared memory instead, so only the rest is read again.
@@ -114,7 +114,9 @@ class OnePass:
         at a 16-byte boundary); for "l2", its stash."""
         if self.kernel == "async":
             row = n * ELEM_BYTES[dtype]
-            return -(-row // 16) * 16 + n if kind == MASKED and direction == FWD else row
+            if direction == BWD:
+                return -(-row // 16) * 16 + row  # y, then dy at a 16-byte boundary
+            return -(-row // 16) * 16 + n if kind == MASKED else row
         if self.kernel == "l2":
             return self.stash * self.threads * vec * ELEM_BYTES[dtype] * (2 if direction == BWD else 1)
         reg = self.register_keys(vec)
@@ -180,8 +182,6 @@ def fits(cfg: OnePass, direction: str, dtype: str, n: int, vec: int, smem_optin:
                     f"{limit} B")
         return None
     if cfg.kernel == "async":
-        if direction != FWD:
-            return "the async (cp.async) kernel exists for the forward only"
         smem = cfg.smem_bytes(direction, dtype, n, vec, kind)
         if smem > limit:
             return f"a row of {n} {dtype} keys needs {smem} B of shared memory; the device allows {limit} B per block"
@@ -197,7 +197,7 @@ def fits(cfg: OnePass, direction: str, dtype: str, n: int, vec: int, smem_optin:
 
 
 _KERNEL_NAMES = {(FWD, "regs"): "softmax_fwd", (FWD, "async"): "softmax_fwd_async", (FWD, "l2"): "softmax_fwd_l2",
-                 (BWD, "regs"): "softmax_bwd", (BWD, "l2"): "softmax_bwd_l2"}
+                 (BWD, "regs"): "softmax_bwd", (BWD, "async"): "softmax_bwd_async", (BWD, "l2"): "softmax_bwd_l2"}
 
 
 def onepass_template_args(direction: str, dtype: str, kind: int, vec: int, cfg: OnePass) -> tuple:

@@ -182,9 +182,10 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
     # the compiler otherwise keeps fp32 copies of the stored vectors and runs one or two blocks per SM.
     out += [plan.OnePass(c.threads, c.group, c.items, 1024 // c.threads) for c in out
             if c.min_blocks == 1 and c.threads < 1024 and c.register_keys(vec) >= n]
-    # Register-free one-row-per-block kernels: the whole row in shared memory through cp.async (forward), or
-    # a second read from L2 (rows of 8192 keys and more, where per-row latency matters most).
-    if direction == plan.FWD:
+    # Register-free one-row-per-block kernels: the whole row in shared memory through cp.async (forward; backward
+    # y and dy of rows up to 32 KB, where a few rows still share an SM), or a second read from L2 (rows of 8192
+    # keys and more, where per-row latency matters most).
+    if direction == plan.FWD or n * plan.ELEM_BYTES[dtype] <= 32768:  # backward: y and dy of rows up to 32 KB
         for threads in (128, 256, 512):
             if nvec >= threads:
                 # min_blocks 2048 / threads: the register cap of full occupancy (Nsight Compute on the causal 4096

@@ -419,13 +419,29 @@ def test_l2_backward_stash(kind, bound, dtype, n, threads, stash):
     """The l2 backward with y and dy partly stashed in shared memory, launched directly (the tables pick it):
     stashed and re-read parts; a causal bound inside the stash (zeros behind it) or in the re-read tail (the stash
     all valid); n = 20000 / 3000 end some threads' stash or tail inside the row."""
+    from rtckern.ops import _softmax_plan as plan
+
+    _check_backward_launch(kind, bound, dtype, n, plan.OnePass(threads, threads, 0, 1, "l2", stash))
+
+
+@pytest.mark.parametrize("kind,bound", [(0, None), (2, "stash"), (2, "tail")])
+@pytest.mark.parametrize("dtype,n,threads,min_blocks", [("bf16", 4096, 128, 16), ("fp32", 4096, 256, 1),
+                                                        ("fp16", 1001, 128, 16), ("bf16", 16384, 512, 4)])
+def test_async_backward(kind, bound, dtype, n, threads, min_blocks):
+    """The cp.async backward (y and dy of the row in shared memory), launched directly: plain rows and causal
+    bounds early or late in the row (zeros behind them); n = 1001 copies one key per access (vector width 1)."""
+    from rtckern.ops import _softmax_plan as plan
+
+    _check_backward_launch(kind, bound, dtype, n, plan.OnePass(threads, threads, 0, min_blocks, "async"))
+
+
+def _check_backward_launch(kind, bound, dtype, n, cfg):
     from rtckern.device import DeviceInfo
     from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
 
     vec = plan.vector_width(dtype, n)
     op = "softmax_backward" if kind == 0 else "scaled_aligned_causal_masked_softmax_backward"
     req = cands.request(op, dtype, n, vec, DeviceInfo.from_device(torch.cuda.current_device()))
-    cfg = plan.OnePass(threads, threads, 0, 1, "l2", stash)
     assert plan.fits(cfg, plan.BWD, dtype, n, vec, req.device.max_smem_per_block_optin, kind) is None
     kernel = cands.onepass_kernel(plan.BWD, kind, dtype, vec, cfg, req)
     sq = 64

@@ -499,10 +499,24 @@ def test_cluster_forward_affine_held_not_chosen_without_affine(monkeypatch):
     held = K.SplitConfig(512, 4, K.PERSIST | 4 | 2 | K.SMEM_AFFINE)
     monkeypatch.setattr(L.tuning, "lookup", lambda table, device, key: L.tuning.Tuned(
         config={"kind": "cluster"}, source="exact") if table == L.TABLE_KIND else None)
-    monkeypatch.setattr(L, "fwd_config", lambda p, kind, device: held if kind == "cluster" else None)
+    monkeypatch.setattr(L, "tuned_fwd_config", lambda p, kind, device: held if kind == "cluster" else None)
     affine = K.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w="fp32", bias=True, vec=4)
     bare = K.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w=None, vec=4)
     assert L.preferred_kind("fwd", affine, dev) == "cluster"
     assert L.preferred_kind("fwd", bare, dev) == "l2"
-    monkeypatch.setattr(L, "fwd_config", lambda p, kind, device: K.SplitConfig(512, 4, 5))
+    monkeypatch.setattr(L, "tuned_fwd_config", lambda p, kind, device: K.SplitConfig(512, 4, 5))
     assert L.preferred_kind("fwd", bare, dev) == "cluster"
+
+
+def test_cluster_forward_kind_needs_a_timed_config():
+    """Rows past the tuned lengths take the nearest row's kind only where its timed config runs them: fp32
+    LayerNorm at 262144 keeps the l2 kernel (the 65536 row's cluster config would hold 4x the registers per
+    thread), at 65536 the table's cluster config."""
+    dev = DeviceInfo.for_arch("sm_90", sm_count=132)
+    for n, kind in ((65536, "cluster"), (262144, "l2")):
+        p = K.FwdProblem(layer=True, n=n, x="fp32", y="fp32", w="fp32", bias=True, vec=4)
+        if L.preferred_kind("fwd", K.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w="fp32", bias=True,
+                                                vec=4), dev) != "cluster":
+            pytest.skip("the shipped tables do not choose the cluster forward for fp32 LayerNorm 65536")
+        assert L.preferred_kind("fwd", p, dev) == kind
+        assert (L.tuned_fwd_config(p, "cluster", dev) is None) == (kind == "l2")

@@ -160,14 +160,19 @@ def test_register_free_kernel_configs():
     assert a.smem_bytes(plan.FWD, "bf16", 16384, 8) == 32768
     assert plan.fits(a, plan.FWD, "bf16", 65536, 8, smem) is None
     assert plan.fits(a, plan.FWD, "fp32", 65536, 4, smem).startswith("a row of 65536 fp32 keys needs 262144 B")
-    assert plan.fits(a, plan.BWD, "bf16", 1024, 8, smem) == "the async (cp.async) kernel exists for the forward only"
+    assert a.smem_bytes(plan.BWD, "bf16", 4096, 8) == 2 * 8192  # y, then dy
+    assert a.smem_bytes(plan.BWD, "fp16", 1001, 1) == 2016 + 2002  # dy at the 16-byte boundary after y
+    assert plan.fits(a, plan.BWD, "bf16", 4096, 8, smem) is None
+    assert plan.fits(a, plan.BWD, "bf16", 65536, 8, smem).startswith("a row of 65536 bf16 keys needs 262144 B")
+    assert plan.onepass_kernel_name(plan.BWD, a) == "softmax_bwd_async"
+    assert plan.onepass_template_args(plan.BWD, "bf16", plan.CAUSAL, 8, a) == ("rtk_bf16", plan.CAUSAL, 8, 256, 1)
     l2 = plan.OnePass(512, 512, 0, 2, "l2")
     assert l2.smem_bytes(plan.BWD, "fp32", 1 << 20, 4) == 0 and plan.fits(l2, plan.BWD, "fp32", 1 << 20, 4, smem) is None
     assert plan.onepass_kernel_name(plan.FWD, a) == "softmax_fwd_async"
     assert plan.onepass_kernel_name(plan.BWD, l2) == "softmax_bwd_l2"
     assert plan.onepass_template_args(plan.BWD, "bf16", plan.MASKED, 8, l2) == ("rtk_bf16", plan.PLAIN, 8, 512, 2)
-    with pytest.raises(ValueError, match="no async kernel for the bwd direction"):
-        plan.onepass_kernel_name(plan.BWD, a)
+    with pytest.raises(ValueError, match="no tma kernel for the bwd direction"):
+        plan.onepass_kernel_name(plan.BWD, type("Cfg", (), {"kernel": "tma"})())
     with pytest.raises(ValueError, match="one row per block of whole warps"):
         plan.OnePass(256, 32, 0, 1, "l2")
     with pytest.raises(ValueError, match="kernel must be one of"):
