@@ -14,7 +14,7 @@
 # PART=e: softmax: the cp.async backward's GPU tests, its configs re-tuned against the shipped ones (plain and
 # causal, N = 1024-16384, every dtype; rows under tuning/), and the causal backward ring re-tuned at 4096 / 8192
 # (bf16) in the same run, for the one-pass / ring choice. PART=f: the softmax and norms GPU tests and the softmax
-# benchmark on the merged tables.
+# benchmark on the merged tables. PART=g: the final norms (+ plugin) and softmax GPU tests, each in its own time limit.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=/tmp/rtk-s6 RTCKERN_TUNING_DIR=${TUNING_DIR:-$OUT/tuning}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -71,5 +71,13 @@ if [ "$P" = f ]; then
   timeout 250 python3 benchmarks/softmax.py --bench --dtypes bf16,fp16,fp32 --name softmax_session6 > $OUT/$P/bench.log 2>&1
   grep -v "tune " $OUT/$P/bench.log | tail -3 | cut -c1-300
   find $OUT -maxdepth 1 -type f -exec mv {} $OUT/$P/ \;
+fi
+if [ "$P" = g ]; then
+  timeout 260 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py tests/gpu/plugins -p no:cacheprovider \
+    > $OUT/$P/gpu_tests_norms.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests_norms.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests_norms.txt | head -20
+  timeout 260 python3 -m pytest -q -m gpu tests/gpu/ops/test_softmax.py -p no:cacheprovider \
+    > $OUT/$P/gpu_tests_softmax.txt 2>&1
+  tail -2 $OUT/$P/gpu_tests_softmax.txt; grep -E "^(FAILED|ERROR)" $OUT/$P/gpu_tests_softmax.txt | head -20
 fi
 cd $OUT && tar czf $P.tgz $P && rm -rf $P
