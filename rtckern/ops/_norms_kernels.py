@@ -69,6 +69,9 @@ PERSIST = 1
 SMEM_AFFINE = 512
 PIPE_STATS = 1024  # with both: row k+1's statistics and cluster barrier run before row k is written
 EARLY_AFFINE_BYTES = 64  # rtk_norm_early_affine: weight + bias bytes per thread held in registers
+# OPT 512 persistent cluster forward: bytes of rows one thread keeps in registers (this row and the next, with OPT
+# 1024 a third; x and the residual each). Past it ptxas spills (a residual at 128 B per row: 84-516 B of spills).
+FWD_PERSIST_HELD_BYTES = 384
 BWD_L2C_MAX_STATIC_SMEM = 44 * 1024
 
 

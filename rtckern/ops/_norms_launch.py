@@ -109,6 +109,12 @@ def fwd_feasible(p: K.FwdProblem, kind: str, cfg, warp: int = 32, smem_optin: in
         if need > room:
             return (f"the weight and bias slice needs {need} B of shared memory per block, over the {room} B this "
                     f"device allows: use more blocks per row")
+        rows = 3 if cfg.opt & K.PIPE_STATS else 2
+        held = K.fwd_thread_bytes(p, kind, cfg) * rows * (2 if p.residual else 1)
+        if held > K.FWD_PERSIST_HELD_BYTES:
+            arrays = "x and the residual" if p.residual else "x"
+            return (f"OPT {cfg.opt} keeps {held} B of rows per thread in registers ({arrays} of {rows} rows; limit "
+                    f"{K.FWD_PERSIST_HELD_BYTES}): it spills; use more blocks per row or threads")
     b = K.fwd_thread_bytes(p, kind, cfg)
     if b > K.FWD_MAX_THREAD_BYTES:
         return (f"each thread would hold {b} bytes of the row with {_geometry_text(kind, cfg)} "

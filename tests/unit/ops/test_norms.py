@@ -342,11 +342,14 @@ def test_registry_choice(cache_dir, arch, n, expect):
 
 def test_registry_choice_follows_the_kind_table(cache_dir):
     # fp32 RMSNorm backward at N = 65536: the cluster kernel measured fastest (norms_sweep_bwd_*.json.gz); its
-    # forward: the l2 kernel with a shared-memory stash (norms_sweep_stash_*.json.gz)
+    # forward: the persistent cluster kernel with pipelined statistics (norms_sweep_session6_pipe_*.json.gz);
+    # bf16 LayerNorm forward there: the l2 kernel with a shared-memory stash (norms_sweep_stash_*.json.gz)
     sel = select(_bwd_req("rms_norm_backward", 65536, "sm_90", "fp32", 4))
     assert sel.candidate.name == "rms_norm_backward.cluster"
     sel = select(_fwd_req("rms_norm", 65536, "sm_90", "fp32", 4))
-    assert sel.candidate.name == "rms_norm.l2" and int(sel.specs[0].template_args[-1]) > 0  # the stash
+    assert sel.candidate.name == "rms_norm.cluster" and int(sel.specs[0].template_args[-1]) & K.PIPE_STATS
+    sel = select(_fwd_req("layer_norm", 65536, "sm_90"))
+    assert sel.candidate.name == "layer_norm.l2" and int(sel.specs[0].template_args[-1]) > 0  # the stash
     assert select(_bwd_req("rms_norm_backward", 16384, "sm_90")).candidate.name == "rms_norm_backward.stage"
     # every benchmark shape: the candidate the registry picks is the kind the table measured fastest
     dev = DeviceInfo.for_arch("sm_90", sm_count=132)
@@ -488,6 +491,13 @@ def test_cluster_forward_affine_held_geometry():
     assert "needs persistent clusters" in L.fwd_feasible(p, "cluster", K.SplitConfig(512, 2, 4 | K.SMEM_AFFINE))
     assert L.fwd_feasible(p, "cluster", K.SplitConfig(512, 2, held.opt | K.PIPE_STATS)) is None
     assert "needs OPT 1 and 512" in L.fwd_feasible(p, "cluster", K.SplitConfig(512, 2, 5 | K.PIPE_STATS))
+    # Rows held in registers: x of this row and the next (a third with OPT 1024), and the residual's with one.
+    f32 = K.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w="fp32", bias=True, vec=4)
+    pipe = K.SplitConfig(256, 8, K.PERSIST | 4 | 2 | K.SMEM_AFFINE | K.PIPE_STATS)
+    assert L.fwd_feasible(f32, "cluster", pipe) is None  # 3 x 128 B
+    res = K.FwdProblem(**{**f32.__dict__, "residual": True})
+    assert "keeps 768 B of rows per thread" in L.fwd_feasible(res, "cluster", pipe)
+    assert "keeps 512 B" in L.fwd_feasible(K.FwdProblem(**{**p.__dict__, "residual": True}), "cluster", held)
     assert L.fwd_feasible(p, "cluster", held, smem_optin=100 * 1024).startswith(
         "the weight and bias slice needs 131072 B of shared memory per block")
 
