@@ -8,6 +8,8 @@
 # from shared memory one pack at a time in the write (slower for fp32: reverted), the tables are the first run's.
 # Then (same PART b): a register-capped variant (reverted), y as two FMAs (no gain: reverted), and the pipelined
 # statistics (OPT 1024): the tables of that last run are shipped.
+# A last PART b run timed OPT 2048 (the row two ahead in shared memory through cp.async instead of registers):
+# slower nearly everywhere, reverted (norms_sweep_session6_ahead_*); its tables were not taken.
 # PART=c: the norms and plugin GPU tests and the norms benchmark on those tables, then the operand probe again.
 # PART=d: Nsight Compute on the 65536 forwards below 0.90x copy (scripts/profile_norms_long.py) and the SASS
 # instruction counts of each kernel.
@@ -24,7 +26,7 @@ if [ "$P" = a ]; then
   timeout 200 python3 scripts/probe_norm_operands.py > $OUT/$P/operands.log 2>&1; cat $OUT/$P/operands.log | cut -c1-300
 fi
 if [ "$P" = b ]; then
-  timeout 150 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py -k "affine_held or split_over" \
+  timeout 150 python3 -m pytest -q -m gpu tests/gpu/ops/test_norms.py -k "affine_held or split_over or pipe_few" \
     -p no:cacheprovider > $OUT/$P/gpu_tests.txt 2>&1
   tail -2 $OUT/$P/gpu_tests.txt; grep -E "^(FAILED|ERROR)|Error" $OUT/$P/gpu_tests.txt | head -20
   timeout 400 python3 benchmarks/norms.py sweep --kinds cluster --dirs fwd --ns 16384,65536 --sweep-budget 330 \
