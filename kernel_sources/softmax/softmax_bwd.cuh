@@ -70,11 +70,7 @@ softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ d
     const long long e = ((long long)j * GROUP + lane) * VEC;
     if (e < n) {
       rtk_vec<T, VEC> o;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const float yv = rtk_to_float(a[j].v[i]);
-        o.v[i] = rtk_from_float<T>(scale * yv * (rtk_to_float(b[j].v[i]) - dot));
-      }
+      rtk_softmax_dx<T, VEC>(a[j], b[j], dot, scale, o);
       rtk_sm_store<T, VEC, CACHED == 0>(dxr + e, o);
     }
   }
@@ -85,11 +81,7 @@ softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ d
       if (e < valid) {
         const rtk_vec<T, VEC> p = stash_y[(e - kRegKeys) / VEC];
         const rtk_vec<T, VEC> q = stash_dy[(e - kRegKeys) / VEC];
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float yv = rtk_to_float(p.v[i]);
-          o.v[i] = rtk_from_float<T>(scale * yv * (rtk_to_float(q.v[i]) - dot));
-        }
+        rtk_softmax_dx<T, VEC>(p, q, dot, scale, o);
       } else {
         o = rtk_sm_zero<T, VEC>();
       }

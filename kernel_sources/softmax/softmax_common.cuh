@@ -88,6 +88,17 @@ RTK_DEVICE rtk_vec<T, VEC> rtk_sm_zero() {
   return z;
 }
 
+// One vector of the backward's output: o = scale * y * (dy - dot).
+template <typename T, int VEC>
+RTK_DEVICE void rtk_softmax_dx(const rtk_vec<T, VEC>& y, const rtk_vec<T, VEC>& dy, float dot, float scale,
+                               rtk_vec<T, VEC>& o) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const float yv = rtk_to_float(y.v[i]);
+    o.v[i] = rtk_from_float<T>(scale * yv * (rtk_to_float(dy.v[i]) - dot));
+  }
+}
+
 // VEC mask bytes at once (VEC bytes, aligned to VEC: the host picks VEC so that it is).
 template <int VEC>
 RTK_DEVICE void rtk_sm_load_mask(const unsigned char* p, bool (&m)[VEC]) {

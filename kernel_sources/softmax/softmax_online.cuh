@@ -141,11 +141,7 @@ softmax_bwd_finalize(const T* __restrict__ y, const T* __restrict__ dy, T* __res
     if (e < valid) {
       const rtk_vec<T, VEC> a = rtk_sm_load<T, VEC>(y + row * n + e);
       const rtk_vec<T, VEC> b = rtk_sm_load<T, VEC>(dy + row * n + e);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const float yv = rtk_to_float(a.v[i]);
-        o.v[i] = rtk_from_float<T>(scale * yv * (rtk_to_float(b.v[i]) - dot));
-      }
+      rtk_softmax_dx<T, VEC>(a, b, dot, scale, o);
     } else {
       o = rtk_sm_zero<T, VEC>();
     }

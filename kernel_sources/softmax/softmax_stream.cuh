@@ -219,8 +219,7 @@ softmax_bwd_async(const T* __restrict__ y, const T* __restrict__ dy, T* __restri
     rtk_vec<T, VEC> o;
     if (e < valid) {
       const rtk_vec<T, VEC> a = sy[e / VEC], b = sdy[e / VEC];
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) o.v[i] = rtk_from_float<T>(scale * rtk_to_float(a.v[i]) * (rtk_to_float(b.v[i]) - dot));
+      rtk_softmax_dx<T, VEC>(a, b, dot, scale, o);
     } else {
       o = rtk_sm_zero<T, VEC>();
     }
@@ -368,11 +367,7 @@ softmax_bwd_l2(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict_
     if (e < valid) {
       const rtk_vec<T, VEC> a = stash_y[k * THREADS + threadIdx.x];
       const rtk_vec<T, VEC> b = stash_dy[k * THREADS + threadIdx.x];
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const float yv = rtk_to_float(a.v[i]);
-        o.v[i] = rtk_from_float<T>(scale * yv * (rtk_to_float(b.v[i]) - dot));
-      }
+      rtk_softmax_dx<T, VEC>(a, b, dot, scale, o);
     } else {
       o = rtk_sm_zero<T, VEC>();
     }
@@ -384,11 +379,7 @@ softmax_bwd_l2(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict_
     if (e < valid) {
       const rtk_vec<T, VEC> a = rtk_sm_load_again<T, VEC, POLICY>(yr + e);
       const rtk_vec<T, VEC> b = rtk_sm_load_again<T, VEC, POLICY>(dyr + e);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const float yv = rtk_to_float(a.v[i]);
-        o.v[i] = rtk_from_float<T>(scale * yv * (rtk_to_float(b.v[i]) - dot));
-      }
+      rtk_softmax_dx<T, VEC>(a, b, dot, scale, o);
     } else {
       o = rtk_sm_zero<T, VEC>();
     }
