@@ -191,13 +191,13 @@ def bwd_heuristic(p: K.BwdProblem, kind: str, warp: int = 32):
     return K.SplitConfig(c.threads, c.parts, BWD_DEFAULT_OPT if kind == "cluster" else 0) if c else None
 
 
-def fwd_config(p: K.FwdProblem, kind: str, device) -> Any:
+def fwd_config(p: K.FwdProblem, kind: str, device, heuristic=fwd_heuristic) -> Any:
     """The tuned (or heuristic) config of `kind` for p on device; None when no feasible config exists."""
     optin = device.max_smem_per_block_optin
 
     def feasible(p_, kind_, cfg, warp):
         return fwd_feasible(p_, kind_, cfg, warp, optin)
-    return _config(TABLE_FWD, p, kind, device, feasible, fwd_heuristic)
+    return _config(TABLE_FWD, p, kind, device, feasible, heuristic)
 
 
 def bwd_config(p: K.BwdProblem, kind: str, device) -> Any:
@@ -214,11 +214,7 @@ def bwd_config(p: K.BwdProblem, kind: str, device) -> Any:
 def tuned_fwd_config(p: K.FwdProblem, kind: str, device) -> Any:
     """The tuned table's config of `kind` for p (the nearest timed shape's, where p can run it); None where there is
     none (fwd_config falls back to a rule then)."""
-    optin = device.max_smem_per_block_optin
-
-    def feasible(p_, kind_, cfg, warp):
-        return fwd_feasible(p_, kind_, cfg, warp, optin)
-    return _config(TABLE_FWD, p, kind, device, feasible, lambda *_: None)
+    return fwd_config(p, kind, device, heuristic=lambda *_: None)
 
 
 def _config(table: str, p, kind: str, device, feasible, heuristic):
@@ -257,7 +253,7 @@ def preferred_kind(direction: str, p, device) -> str | None:
             # No timed cluster config serves this row length (the nearest row's needs more registers per thread
             # than N allows): the l2 kernel, which any length runs, rather than an untimed cluster geometry.
             return "l2"
-        if cfg.opt & K.SMEM_AFFINE and K.affine_thread_bytes(p, K.SplitConfig(1, 1)) == 0:
+        if cfg.opt & K.SMEM_AFFINE and not p.flags & (K.WEIGHT | K.BIAS):
             # Chosen (and timed) for its weight and bias held per block; without them that kernel is slower than
             # l2 (fp32 LayerNorm 65536: 0.74 vs 0.88x copy, benchmarks/results/probe_norm_operands_session6_*).
             return "l2"
