@@ -6,7 +6,9 @@ Engines:
   rtckern  the public op, rtckern.ops.attention (registry selection, cached kernels)
   raw      the kernel templates through rtckern's KernelManager, no registry: times tile configurations that the
            registry would not pick (--tiles)
-Writes attention_<date>.json and .md (and a PNG plot with --plot) under --out.
+Writes attention_<gpu>.json and .md (and a PNG plot with --plot) under --out: one current file set per GPU,
+overwritten by each run. --tests JUNIT_XML records the outcome of the GPU attention test suite (pytest
+--junitxml) in the same files.
 """
 from __future__ import annotations
 
@@ -248,8 +250,9 @@ def time_ms(fn, warmup=5, reps=30):
 
 
 def bench_points():
+    """bf16 at 16k tokens per batch: hidden 2048 for head dims 32 / 64 / 128 (64, 32, 16 heads), 1536 for 96."""
     pts = []
-    for hd, heads in ((64, 32), (128, 16)):
+    for hd, heads in ((32, 64), (64, 32), (96, 16), (128, 16)):
         for sl in (1024, 4096, 16384):
             for causal in (False, True):
                 pts.append(dict(hd=hd, heads=heads, seqlen=sl, batch=16384 // sl, causal=causal))
@@ -384,6 +387,7 @@ def main(argv=None):
     ap.add_argument("--out", default="")
     ap.add_argument("--tag", default="")
     ap.add_argument("--plot", action="store_true")
+    ap.add_argument("--tests", default="", help="a pytest --junitxml file of the GPU attention tests to record")
     args = ap.parse_args(argv)
 
     if args.compile_times:
@@ -401,6 +405,8 @@ def main(argv=None):
     raw = RawEngine() if (args.engine == "raw" or args.tiles or args.check_kernels) else None
     eng = raw if args.engine == "raw" else RtckernEngine()
     result = dict(env=env, engine=args.engine, checks=[], bench=[])
+    if args.tests:
+        result["gpu_tests"] = junit_summary(Path(args.tests))
 
     def default_runner(dtype, hd, causal):
         if args.engine == "raw":
@@ -460,8 +466,8 @@ def main(argv=None):
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        stamp = _dt.date.today().isoformat()
-        name = f"attention_{args.engine}{'_' + args.tag if args.tag else ''}_{stamp}"
+        name = f"attention_{gpu_slug(env['gpu'])}{'_' + args.engine if args.engine != 'rtckern' else ''}" \
+               f"{'_' + args.tag if args.tag else ''}"
         (out / f"{name}.json").write_text(json.dumps(result, indent=1))
         print("wrote", out / f"{name}.json")
         if args.bench:
@@ -469,6 +475,28 @@ def main(argv=None):
             if args.plot:
                 write_plot(result, out / f"{name}.png")
     return result
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100': the file-name part that tells the GPUs lent here apart."""
+    words = name.replace("NVIDIA", "").split()
+    return "".join(ch for ch in (words[0] if words else "gpu").lower() if ch.isalnum())
+
+
+def junit_summary(path: Path) -> dict:
+    """Counts of a pytest --junitxml run (passed / failed / errors / skipped) and the failing test ids."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    cases = [c for s in suites for c in s.iter("testcase")]
+    failed = [f"{c.get('classname')}::{c.get('name')}" for c in cases if c.find("failure") is not None]
+    errors = [f"{c.get('classname')}::{c.get('name')}" for c in cases if c.find("error") is not None]
+    skipped = [c for c in cases if c.find("skipped") is not None]
+    return dict(tests=len(cases), passed=len(cases) - len(failed) - len(errors) - len(skipped), failed=len(failed),
+                errors=len(errors), skipped=len(skipped), failing=failed + errors,
+                seconds=round(sum(float(s.get("time", 0)) for s in suites), 1),
+                date=suites[0].get("timestamp") if suites else None)
 
 
 def compile_times(out: str):
@@ -512,7 +540,7 @@ def compile_times(out: str):
     print(f"max {res['max_s']:.2f} s over {len(rows)} kernels (load average {load})")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / f"attention_compile_{_dt.date.today().isoformat()}.json").write_text(json.dumps(res, indent=1))
+        (Path(out) / "attention_compile.json").write_text(json.dumps(res, indent=1))
     return res
 
 
@@ -521,7 +549,8 @@ def write_markdown(result, path: Path) -> None:
     lines = [f"# Attention forward, TFLOP/s ({result['engine']} engine)", "",
              f"{env.get('date')} on {env.get('gpu')} ({env.get('sm_count')} SMs), driver {env.get('driver')}, "
              f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')}, cuDNN {env.get('cudnn')}), "
-             f"rtckern NVRTC {env.get('nvrtc')}. bf16, batch x seqlen = 16384 tokens, hidden 2048. "
+             f"rtckern NVRTC {env.get('nvrtc')}. bf16, batch x seqlen = 16384 tokens, hidden 2048 "
+             "(1536 at head dim 96). "
              "TFLOP/s = 4 b h s^2 d / time (halved for causal); median of CUDA-event timings.", ""]
     labels = []
     for r in result["bench"]:
@@ -530,15 +559,28 @@ def write_markdown(result, path: Path) -> None:
                 labels.append(k)
     for note in result.get("notes", []):
         lines += [note, ""]
-    lines.append("| head dim | seqlen | batch | causal | " + " | ".join(labels) + " | best rtckern / flash |")
-    lines.append("|" + "---|" * (len(labels) + 5))
+    t = result.get("gpu_tests")
+    if t:
+        lines += [f"GPU test suite (`pytest tests/gpu/ops/test_attention.py`, {t['date']}, {env.get('gpu')}): "
+                  f"{t['passed']} passed, {t['failed']} failed, {t['errors']} errors, {t['skipped']} skipped of "
+                  f"{t['tests']} in {t['seconds']} s" + (": failing " + ", ".join(t["failing"]) if t["failing"]
+                                                          else "."), ""]
+    checks = result.get("checks") or []
+    if checks:
+        bad = sum(not c["ok"] for c in checks)
+        worst = max((c["ratio"] or 0 for c in checks), default=0)
+        lines += [f"Correctness grid (float64 reference, pass = error <= 2x math SDPA's): {len(checks) - bad} passed, "
+                  f"{bad} failed; worst error / math SDPA error {worst:.2f}.", ""]
+    lines.append("| head dim | seqlen | batch | causal | " + " | ".join(labels) +
+                 " | best rtckern / flash | best rtckern / cuDNN |")
+    lines.append("|" + "---|" * (len(labels) + 6))
     for r in result["bench"]:
         t = r["tflops"]
         ours = max((v for k, v in t.items() if not k.startswith("sdpa_")), default=0.0)
-        ratio = ours / t["sdpa_flash"] if t.get("sdpa_flash") else float("nan")
+        ratios = [f"{ours / t[k]:.2f}" if t.get(k) else "-" for k in ("sdpa_flash", "sdpa_cudnn")]
         cells = [f"{t[k]:.0f}" if k in t else "-" for k in labels]
         lines.append(f"| {r['hd']} | {r['seqlen']} | {r['batch']} | {int(r['causal'])} | " + " | ".join(cells) +
-                     f" | {ratio:.2f} |")
+                     " | " + " | ".join(ratios) + " |")
     path.write_text("\n".join(lines) + "\n")
     print("wrote", path)
 
@@ -552,8 +594,12 @@ def write_plot(result, path: Path) -> None:
     except Exception as e:  # report, keep the JSON and markdown
         print(f"no plot: {e}")
         return
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2), sharey=True)
-    panels = [(64, False), (64, True), (128, False), (128, True)]
+    hds = sorted({r["hd"] for r in result["bench"]})
+    panels = [(hd, c) for hd in hds for c in (False, True)]
+    ncol = 4
+    nrow = (len(panels) + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(18, 4.2 * nrow), sharey=True, squeeze=False)
+    axes = axes.ravel()
     every = []
     for r in result["bench"]:
         every += [k for k in r["tflops"] if k not in every]
@@ -572,6 +618,8 @@ def write_plot(result, path: Path) -> None:
         ax.set_title(f"head dim {hd}, {'causal' if causal else 'non-causal'}")
         ax.set_xlabel("seqlen (batch x seqlen = 16k)")
         ax.grid(alpha=0.3)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
     axes[0].set_ylabel("TFLOP/s")
     env = result["env"]
     fig.suptitle(f"attention forward bf16 on {env.get('gpu')} ({env.get('date')})")

@@ -262,8 +262,13 @@ __global__ void __launch_bounds__(NWARPS * 32)
   }
 
   // ---- epilogue: normalize, stage the warp's rows in its own part of sQ, store 16 bytes per thread ----
-  cp_async_wait<0>();  // nothing may still be landing in shared memory (n_blocks == 0 leaves the Q copy)
-  __syncwarp();
+  // The Q tile was copied by every thread of the block (chunk i by thread i % NT), so a warp's rows of sQ hold
+  // other warps' cp.async copies, and cp.async.wait_group waits only for the calling thread's own. In the main
+  // loop the block barrier after the first wait publishes them; a block with no visible key (causal, seqlen_q >
+  // seqlen_k) skips the loop, so without this barrier another warp's Q copy could land on the staged output
+  // after it was written, and Q values would be stored as O.
+  cp_async_wait<0>();
+  __syncthreads();
   constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)

@@ -57,8 +57,8 @@ class Sm80Tile:
 # Defaults per (head dim, causal), in order of preference; the first whose shared memory fits the device's
 # per-block opt-in limit is used (227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89). Register budget: the O
 # accumulator (BM/warps x HD fp32 per warp) plus the S tile (BM/warps x BN) fit 255 registers per thread without
-# spilling in the main loop. The first entries are the fastest measured on the H200 (benchmarks/results/
-# attention_notes.md, run 1); the later ones are for smaller shared memory.
+# spilling in the main loop. The first entries are the fastest measured on the H200 (docs/performance.md); the
+# later ones are for smaller shared memory.
 SM80_TILES: dict[tuple[int, bool], tuple[Sm80Tile, ...]] = {}
 for _causal in (False, True):
     SM80_TILES[(32, _causal)] = (Sm80Tile(128, 128, 4, 2, True),)
@@ -107,7 +107,7 @@ class Sm90Tile:
         return f"wg{self.bm}x{self.bn}"
 
 
-# Fastest measured on the H200 (run 2, benchmarks/results/attention_notes.md): for head dim 64 the 64-key tile
+# Fastest measured on the H200 (docs/performance.md): for head dim 64 the 64-key tile
 # (116 registers, 57 KB) lets two blocks share an SM, which interleaves their softmax and GEMM phases.
 SM90_TILES: dict[int, Sm90Tile] = {
     64: Sm90Tile(64, 2),
@@ -150,7 +150,7 @@ class Sm90WsTile:
         return f"ws{self.bm}x{self.bn}k{self.ks}v{self.vs}{'p' if self.pingpong else ''}"
 
 
-# Per (head dim, causal), fastest measured on the H200 (run 3, benchmarks/results/attention_rtckern_2026-11-26.md):
+# Per (head dim, causal), fastest measured on the H200 (docs/performance.md):
 # ping-pong pays for causal head dim 128 (392 vs 364 TFLOP/s at 1k, 670 vs 659 at 16k; 551 vs 558 at 4k) and
 # costs elsewhere (hd128 non-causal 16k: 596 vs 692; hd64 4k: 399 vs 439).
 SM90_WS_TILES: dict[tuple[int, bool], Sm90WsTile] = {

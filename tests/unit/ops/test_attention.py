@@ -192,6 +192,6 @@ def test_compiles_cold(source, name, targs, arch):
     dt = time.perf_counter() - t0
     binary = getattr(out, "binary", out)
     assert len(binary) > 1000
-    # The target is 1.5 s on the CPU machine (0.3-0.9 s measured, benchmarks/results/attention_notes.md); the bound
+    # The target is 1.5 s on the CPU machine (0.3-0.9 s measured, docs/performance.md); the bound
     # here is loose so a busy CI machine does not fail it, yet a runaway template (minutes) does.
     assert dt < 15, f"{spec.describe()} took {dt:.1f} s"
