@@ -91,6 +91,9 @@ class Settings:
     # --- HIP / AMD ---
     hiprtc_library: Path | None = None  # RTCKERN_HIPRTC_LIBRARY: the library with hiprtc (else searched by name)
     rocm_path: Path | None = None  # ROCM_PATH: a ROCm install whose lib/ is searched for hiprtc (else /opt/rocm)
+    # --- cache trust ---
+    cache_secret_file: Path | None = None  # RTCKERN_CACHE_SECRET_FILE: a shared secret; remote values and bundles
+    #   are signed with it (HMAC-SHA256) and unsigned or wrongly signed ones refused
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -113,6 +116,8 @@ class Settings:
             read_only_layers=layers,
             remote_cache=env.get("RTCKERN_REMOTE_CACHE") or None,
             remote_timeout_s=remote_timeout,
+            cache_secret_file=Path(env["RTCKERN_CACHE_SECRET_FILE"]).expanduser()
+            if env.get("RTCKERN_CACHE_SECRET_FILE") else None,
             record_manifest=Path(record).expanduser() if record else None,
             cuda_home=Path(cuda_home) if cuda_home else None,
             extra_include_dirs=incs,
@@ -166,3 +171,30 @@ def override(**changes) -> Iterator[Settings]:
     finally:
         with _lock:
             _current = old
+
+
+# How each setting relates to the bytes a compile produces (principle 2: the key is content). "key": part of every
+# cache key (tests change it and watch the key change); "identity": reaches the key through the compiler identity;
+# anything else says why it cannot change a compiled binary. tests/unit/test_spec.py fails on a setting missing here.
+CODE_EFFECT: dict[str, str] = {
+    "cache_dir": "where binaries are stored, not what they are",
+    "disk_cache": "whether binaries are stored on disk",
+    "cache_max_bytes": "how much the disk tier keeps",
+    "read_only_layers": "where binaries are looked up (each entry is bound to its key)",
+    "remote_cache": "where binaries are looked up (each value is bound to its key)",
+    "remote_timeout_s": "how long the remote tier is waited for",
+    "cache_secret_file": "who may write remote values and bundles (signatures); never changes a binary",
+    "record_manifest": "records requests; compiles nothing differently",
+    "cuda_home": "identity: only a fallback location of the CUDA headers, whose version is in the compiler identity",
+    "extra_include_dirs": "key: headers found there are hashed by content (labelled relative to their dir)",
+    "lineinfo": "key: -lineinfo is a setting option in the key (NVRTC; hiprtc adds nothing)",
+    "force_impl": "chooses which spec is compiled, not the bytes of a spec",
+    "disable_jit": "chooses whether a spec is compiled at all",
+    "strict": "chooses between rtckern and torch fallbacks",
+    "numerical_probe": "checks candidates; compiles the same specs",
+    "persist_decisions": "where registry decisions are kept",
+    "tuning_table_dir": "chooses tile configs, which are template arguments of the spec (so in the key)",
+    "verbose": "logging only",
+    "hiprtc_library": "identity: the hiprtc library's name, API and comgr versions are in the compiler identity",
+    "rocm_path": "identity: where hiprtc is found; its versions are in the compiler identity",
+}

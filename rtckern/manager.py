@@ -54,7 +54,7 @@ class KernelManager:
     def key(self, spec: KernelSpec) -> str:
         k = self._keys.get(spec)
         if k is None:
-            k = spec.key(compiler_for(spec.arch).identity())
+            k = spec.key(compiler_for(spec.arch).key_inputs())
             self._keys[spec] = k
         return k
 
@@ -90,7 +90,7 @@ class KernelManager:
                 from .cache.entry import InvalidEntry, unpack
 
                 try:
-                    ck = unpack(packed)
+                    ck = unpack(packed, key)
                 except InvalidEntry:
                     ck = None
                 if ck is not None:
@@ -127,9 +127,9 @@ class KernelManager:
                 if self.disk is not None:
                     self.disk.put(key, ck, meta)
                 if self.remote is not None:
-                    from .cache.entry import pack
+                    from .cache.entry import identity, pack
 
-                    self.remote.put_packed(key, pack(ck), meta)
+                    self.remote.put_packed(key, pack(ck, key, identity(meta)), meta)
                 self.memory.put(key, ck)
         events.emit(events.CacheEvent(spec, key, "compile", (time.perf_counter() - t0) * 1e3))
         return ck

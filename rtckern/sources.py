@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from pathlib import Path
+from typing import Sequence
 
 from .errors import RtckernError
 
-_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+_INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<([^>]+)>)', re.MULTILINE)
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,31 +32,57 @@ def read_source(relpath: str) -> str:
         raise RtckernError(f"kernel source {relpath!r} not found under {kernel_sources_dir()}") from None
 
 
-def resolve_includes(text: str, including: str = "") -> list[tuple[str, str]]:
-    """Every project header ``text`` includes, transitively, as sorted (relative path, content) pairs.
+def resolve_includes(text: str, including: str = "", user_dirs: Sequence[Path] = (),
+                     system_dirs: Sequence[Path] = ()) -> list[tuple[str, str]]:
+    """Every header ``text`` includes, transitively, that can change the code outside the compiler's own
+    headers, as sorted (label, content) pairs.
 
-    Quoted includes are looked up beside the including file, then under ``kernel_sources/``. Angle-bracket
-    (system/CUDA) headers are not read here: the compiler and header versions in the key cover them.
+    The search follows the compiler's: a quoted include is looked up beside the including file, then under
+    ``kernel_sources/``, then in each user include dir (RTCKERN_INCLUDE_DIRS) in order, then in the system dirs;
+    an angle-bracket include in the user dirs, then the system dirs. Project headers are labelled by their path
+    under ``kernel_sources/``; user headers ``user:<path relative to its dir>`` (no absolute path, so a key is the
+    same on every machine). System headers (CUDA's) are not read: the compiler identity's header version covers
+    them, as it does angle-bracket includes found nowhere here (the compiler's built-in headers).
     """
     root = kernel_sources_dir()
+    user = [Path(d) for d in user_dirs]
     seen: dict[str, str] = {}
-    stack = [(text, including)]
+    stack: list[tuple[str, Path | None]] = [(text, root / including if including else None)]
     while stack:
-        body, inc_from = stack.pop()
-        for name in _INCLUDE.findall(body):
-            rel = None
-            if inc_from:
-                cand = (Path(inc_from).parent / name).as_posix()
-                if (root / cand).is_file():
-                    rel = cand
-            if rel is None and (root / name).is_file():
-                rel = name
-            if rel is None:
-                raise RtckernError(f"{including or 'source'} includes \"{name}\", which is not under {root}")
-            rel = Path(rel).as_posix()
-            if rel in seen:
+        body, where = stack.pop()
+        for quoted, angled in _INCLUDE.findall(body):
+            name = quoted or angled
+            path = _find(name, where if quoted else None, ([root] if quoted else []) + user)
+            if path is None:
+                if angled or any((Path(d) / name).is_file() for d in system_dirs):
+                    continue
+                dirs = ", ".join(str(d) for d in [root, *user])
+                raise RtckernError(f"{including or 'source'} includes \"{name}\", which is not under {dirs}; put it "
+                                   "under a directory of RTCKERN_INCLUDE_DIRS")
+            label = _label(path, root, user)
+            if label in seen:
                 continue
-            content = (root / rel).read_text()
-            seen[rel] = content
-            stack.append((content, rel))
+            content = path.read_text()
+            seen[label] = content
+            stack.append((content, path))
     return sorted(seen.items())
+
+
+def _find(name: str, including_file: Path | None, dirs: Sequence[Path]) -> Path | None:
+    if including_file is not None and (including_file.parent / name).is_file():
+        return including_file.parent / name
+    for d in dirs:
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+def _label(path: Path, root: Path, user: Sequence[Path]) -> str:
+    """Where a header is, without machine-specific parts: relative to kernel_sources/ or to its user dir."""
+    p = Path(os.path.normpath(path))
+    for base, prefix in ((root, ""), *((d, "user:") for d in user)):
+        try:
+            return prefix + p.relative_to(os.path.normpath(base)).as_posix()
+        except ValueError:
+            continue
+    return "user:" + p.name

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .arch import Arch
 from .sources import read_source, resolve_includes
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: entries bound to their key; settings' options and user headers in the key
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyInputs:
+    """What the compiler adds to a spec's own fields: its identity (name, version, header version, base options),
+    the options the settings add (RTCKERN_LINEINFO's -lineinfo), and the include directories a header may come
+    from. Headers under user include dirs (RTCKERN_INCLUDE_DIRS) are hashed by content, labelled by their path
+    relative to that dir (never an absolute path, so keys are the same on every machine); headers found only in the
+    system dirs (CUDA's) are covered by the identity's header version."""
+
+    compiler_id: str
+    setting_options: tuple[str, ...] = ()
+    user_include_dirs: tuple[Path, ...] = ()
+    system_include_dirs: tuple[Path, ...] = ()
 
 
 def _render_template_arg(a: Any) -> str:
@@ -63,9 +78,12 @@ class KernelSpec:
         head = "".join(f"#define {k} {v}\n" for k, v in self.defines)
         return head + self.source_text()
 
-    def key(self, compiler_id: str) -> str:
-        """Content key: source text plus every header it includes, kernel name and template args, defines,
-        sorted options, target arch, compiler identity and version, cache format version."""
+    def key(self, inputs: KeyInputs | str) -> str:
+        """Content key: source text plus every header it includes (project and user headers by content), kernel
+        name and template args, defines, sorted options and the options the settings add, target arch, compiler
+        identity and version, cache format version. ``inputs``: the compiler's KeyInputs (or its identity alone)."""
+        if isinstance(inputs, str):
+            inputs = KeyInputs(inputs)
         text = self.source_text()
         h = hashlib.sha256()
 
@@ -75,15 +93,18 @@ class KernelSpec:
             h.update(b)
 
         field("format", str(CACHE_FORMAT_VERSION))
-        field("compiler", compiler_id)
+        field("compiler", inputs.compiler_id)
         field("target", self.arch.sm + (":ptx" if self.arch.ptx else ":bin"))
         field("kernel", self.name_expression)
         for k, v in self.defines:
             field("define", f"{k}={v}")
         for o in self.options:
             field("option", o)
+        for o in inputs.setting_options:
+            field("setting_option", o)
         field("source", text)
-        for rel, content in resolve_includes(text, self.source if not self.code else ""):
+        for rel, content in resolve_includes(text, self.source if not self.code else "",
+                                             inputs.user_include_dirs, inputs.system_include_dirs):
             field("header", rel)
             field("header_text", content)
         return h.hexdigest()

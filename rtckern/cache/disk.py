@@ -134,14 +134,12 @@ class DiskCache:
             self._warn_once(f"read:{key}", f"cannot read cache entry {path}: {e}; recompiling")
             return None
         try:
-            ck = entry_format.unpack(data)
+            ck = entry_format.unpack(data, key)
         except entry_format.InvalidEntry as e:
             self.stats.bump(self.name, "invalid")
             self.stats.bump(self.name, "misses")
-            self._warn_once(f"invalid:{key}", f"cache entry {path} is invalid ({e}); recompiling and replacing it")
-            if not self.read_only:
-                with contextlib.suppress(OSError):
-                    path.unlink()
+            self._warn_once(f"invalid:{key}", f"cache entry {path} is invalid ({e}); quarantined it, recompiling")
+            self._move_to_quarantine(key)
             return None
         self.stats.bump(self.name, "hits")
         if not self.read_only:
@@ -153,14 +151,14 @@ class DiskCache:
         """The raw, digest-checked entry bytes (for export and remote write-back)."""
         try:
             data = self.entry_path(key).read_bytes()
-            entry_format.unpack(data)
+            entry_format.unpack(data, key)
             return data
         except (OSError, entry_format.InvalidEntry):
             return None
 
     # ---- writes ----
     def put(self, key: str, ck: CompiledKernel, meta: dict | None = None) -> bool:
-        return self.put_packed(key, entry_format.pack(ck), meta)
+        return self.put_packed(key, entry_format.pack(ck, key, entry_format.identity(meta)), meta)
 
     def put_packed(self, key: str, data: bytes, meta: dict | None = None) -> bool:
         if not self.enabled or self.read_only:
@@ -209,6 +207,11 @@ class DiskCache:
         self.stats.bump(self.name, "quarantined")
         self._warn_once(f"quarantine:{key}", f"the driver refused cache entry {key[:16]}… ({reason}); "
                         "quarantined it and recompiling")
+        self._move_to_quarantine(key)
+
+    def _move_to_quarantine(self, key: str) -> None:
+        """Move the entry (kept for inspection) and its sidecar out of the served layout; nothing on a read-only
+        tier."""
         if self.read_only or not self.enabled:
             return
         q = self.root / "quarantine"
@@ -250,7 +253,7 @@ class DiskCache:
         for e in self.entries():
             checked += 1
             try:
-                entry_format.unpack(e.path.read_bytes())
+                entry_format.unpack(e.path.read_bytes(), e.key)
             except (OSError, entry_format.InvalidEntry) as err:
                 corrupt += 1
                 bad.append({"key": e.key, "reason": str(err)})

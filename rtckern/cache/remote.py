@@ -107,7 +107,7 @@ class RedisCache:
             self.stats.bump(self.name, "misses")
             return None
         try:
-            entry_format.unpack(data)
+            entry_format.unpack(data, key)
         except entry_format.InvalidEntry as e:
             self.stats.bump(self.name, "invalid")
             self.stats.bump(self.name, "misses")

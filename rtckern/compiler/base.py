@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from ..spec import KernelSpec
+from ..spec import KernelSpec, KeyInputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +26,10 @@ class Compiler:
     def identity(self) -> str:
         """Compiler name and version, header version, and the base options every compile gets."""
         raise NotImplementedError
+
+    def key_inputs(self) -> KeyInputs:
+        """Everything besides the spec that can change the bytes this compiler produces (see KeyInputs)."""
+        return KeyInputs(self.identity())
 
     def version(self) -> tuple[int, int]:
         raise NotImplementedError

@@ -26,7 +26,7 @@ from typing import Sequence
 from ..config import settings
 from ..errors import ArchError, CompileError, RtckernError
 from ..sources import kernel_sources_dir
-from ..spec import KernelSpec
+from ..spec import KernelSpec, KeyInputs
 from .base import CompiledKernel, Compiler
 from .hsaco import CodeObjectError, read_code_object
 
@@ -264,6 +264,10 @@ class HiprtcCompiler(Compiler):
 
     def include_dirs(self) -> list[Path]:
         return [kernel_sources_dir(), *settings().extra_include_dirs]
+
+    def key_inputs(self) -> KeyInputs:
+        # RTCKERN_LINEINFO adds nothing here (-lineinfo is NVRTC-only), so no setting option is in the key.
+        return KeyInputs(self.identity(), (), tuple(settings().extra_include_dirs))
 
     def check_target(self, gfx: str) -> None:
         if not gfx:

@@ -12,7 +12,7 @@ from ..arch import nvrtc_unsupported_message
 from ..config import settings
 from ..errors import ArchError, CompileError, RtckernError
 from ..sources import kernel_sources_dir
-from ..spec import KernelSpec
+from ..spec import KernelSpec, KeyInputs
 from .base import CompiledKernel, Compiler
 
 # Every compile gets these; they are part of the compiler identity (so of every key).
@@ -94,6 +94,14 @@ class NvrtcCompiler(Compiler):
     def include_dirs(self) -> list[Path]:
         return [kernel_sources_dir(), *settings().extra_include_dirs, cuda_include_dir()]
 
+    def setting_options(self) -> tuple[str, ...]:
+        """Options the settings add to every compile (they are in the key: see key_inputs)."""
+        return ("-lineinfo",) if settings().lineinfo else ()
+
+    def key_inputs(self) -> KeyInputs:
+        return KeyInputs(self.identity(), self.setting_options(), tuple(settings().extra_include_dirs),
+                         (cuda_include_dir(),))
+
     def compile(self, spec: KernelSpec) -> CompiledKernel:
         from cuda.bindings import nvrtc
 
@@ -104,9 +112,7 @@ class NvrtcCompiler(Compiler):
         if arch.number not in supported:
             raise ArchError(nvrtc_unsupported_message(arch, supported, self.version()))
         target = f"--gpu-architecture={arch.compute if arch.ptx else arch.sm}"
-        opts = [target, *BASE_OPTIONS, *spec.options]
-        if settings().lineinfo:
-            opts.append("-lineinfo")
+        opts = [target, *BASE_OPTIONS, *spec.options, *self.setting_options()]
         opts += [f"-I{d}" for d in self.include_dirs()]
         text = spec.program_text()
         prog_name = Path(spec.source).name or "kernel.cu"

@@ -255,7 +255,7 @@ def _check_entry(p: Path, name: str, key: str, data: bytes, index: dict[str, dic
     if rec.get("size") != len(data) or rec.get("sha256") != hashlib.sha256(data).hexdigest():
         raise BundleError(f"{p}: member {name!r} does not match its digest in the index (corrupt or altered)")
     try:
-        entry_format.unpack(data)
+        entry_format.unpack(data, key)  # valid, and bound to the key it is shipped under
     except entry_format.InvalidEntry as e:
         raise BundleError(f"{p}: member {name!r} is not a valid cache entry ({e})") from None
 

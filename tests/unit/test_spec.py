@@ -76,3 +76,81 @@ def test_arch_flags_rejected_in_options():
 def test_name_expression():
     s = KernelSpec("core/axpy.cuh", "f", Arch(8, 0), template_args=("rtk_bf16", 4096, True))
     assert s.name_expression == "f<rtk_bf16, 4096, true>"
+
+
+# ---- key completeness: the settings' options and user headers (issue: a key that misses compile inputs) ----
+def test_every_setting_is_classified_and_the_key_ones_change_the_key(tmp_path, axpy_spec):
+    """Walk every field of Settings: each says how it relates to the bytes (config.CODE_EFFECT); each one that
+    claims to be in the key changes the key of a spec it can affect."""
+    import dataclasses
+
+    from rtckern import config
+    from rtckern.compiler import compiler_for
+
+    fields = {f.name for f in dataclasses.fields(config.Settings)}
+    assert fields == set(config.CODE_EFFECT), "classify every setting in config.CODE_EFFECT"
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "user_k.h").write_text("#define USER_K 1\n")
+    user_spec = KernelSpec("user.cu", "k", Arch(8, 0), code='#include "user_k.h"\n__global__ void k(){}\n')
+    changes = {"lineinfo": (True, axpy_spec), "extra_include_dirs": ((inc,), user_spec)}
+    key_fields = {n for n, why in config.CODE_EFFECT.items() if why.startswith("key:")}
+    assert key_fields == set(changes)
+    comp = compiler_for(axpy_spec.arch)
+    for name, (value, spec) in changes.items():
+        base_dirs = (tmp_path / "empty",) if name == "extra_include_dirs" else ()
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        (tmp_path / "empty" / "user_k.h").write_text("#define USER_K 2\n")
+        with config.override(lineinfo=False, extra_include_dirs=base_dirs):
+            before = spec.key(comp.key_inputs())
+        with config.override(**{name: value}):
+            after = spec.key(comp.key_inputs())
+        assert before != after, name
+
+
+def test_lineinfo_reaches_the_compile_and_the_key(cache_dir, axpy_spec):
+    from rtckern import config
+    from rtckern.manager import KernelManager
+
+    with config.override(lineinfo=False):
+        m = KernelManager(cache_dir)
+        plain = m.compile(axpy_spec)
+    with config.override(lineinfo=True):
+        m2 = KernelManager(cache_dir)
+        with_lines = m2.compile(axpy_spec)
+        assert m2.key(axpy_spec) != m.key(axpy_spec)
+        assert m2.stats.compiles == 1  # not served the cached non-lineinfo cubin
+    assert plain.binary != with_lines.binary  # -lineinfo adds line tables to the cubin
+
+
+def test_user_include_dir_headers_are_found_and_hashed_by_content(cache_dir, tmp_path):
+    from rtckern import config
+    from rtckern.manager import KernelManager
+
+    code = '#include "my.h"\n#include <sub/deep.h>\nextern "C" __global__ void k(float* p){ *p = VALUE + DEEP; }\n'
+    spec = KernelSpec("user.cu", "k", Arch(8, 0), code=code)
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        (d / "sub").mkdir(parents=True)
+        (d / "my.h").write_text("#define VALUE 1.0f\n")
+        (d / "sub" / "deep.h").write_text("#define DEEP 2.0f\n")
+    with config.override(extra_include_dirs=(a,)):
+        m = KernelManager(cache_dir)
+        first = m.compile(spec)  # `#include "my.h"` from a user include dir compiles (it was refused)
+        key_a = m.key(spec)
+    with config.override(extra_include_dirs=(b,)):
+        assert KernelManager(cache_dir).key(spec) == key_a  # same content elsewhere: same key (no absolute paths)
+    (a / "sub" / "deep.h").write_text("#define DEEP 3.0f\n")  # edit a transitively included user header
+    with config.override(extra_include_dirs=(a,)):
+        m2 = KernelManager(cache_dir)
+        assert m2.key(spec) != key_a
+        assert m2.compile(spec).binary != first.binary and m2.stats.compiles == 1
+
+
+def test_unknown_quoted_include_names_the_search_dirs(tmp_path):
+    from rtckern.errors import RtckernError
+
+    spec = KernelSpec("user.cu", "k", Arch(8, 0), code='#include "nowhere.h"\n')
+    with pytest.raises(RtckernError, match=r'includes "nowhere.h", which is not under .*; put it under a directory '
+                                           r"of RTCKERN_INCLUDE_DIRS"):
+        spec.key(ID)

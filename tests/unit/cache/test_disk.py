@@ -46,11 +46,11 @@ def test_damaged_entries_are_misses_with_one_warning(tmp_path, damage):
 
 
 def test_unpack_rejects_bad_envelope():
-    data = pack(CK)
+    data = pack(CK, KEY)
     with pytest.raises(InvalidEntry, match="digest mismatch"):
-        unpack(data[:-1] + b"\x00" if data[-1] else data[:-1] + b"\x01")
+        unpack(data[:-1] + b"\x00" if data[-1] else data[:-1] + b"\x01", KEY)
     with pytest.raises(InvalidEntry, match="bad magic"):
-        unpack(b"X" * len(data))
+        unpack(b"X" * len(data), KEY)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
@@ -87,7 +87,7 @@ def test_prune_lru_under_cap(tmp_path):
 
 
 def test_cap_enforced_on_write(tmp_path):
-    d = DiskCache(tmp_path, max_bytes=len(pack(CK)) * 2 + 10)
+    d = DiskCache(tmp_path, max_bytes=len(pack(CK, KEY)) * 2 + 10)
     for i in range(5):
         d.put(f"{i:02x}" + "2" * 62, CK, {})
     assert len(list(d.entries())) == 2

@@ -90,10 +90,10 @@ def test_roundtrip_values_carry_their_digest(redis_server):
     r = RedisCache(redis_server.url)
     key = "ab" * 32
     assert r.get_packed(key) is None
-    assert r.put_packed(key, pack(CK))
+    assert r.put_packed(key, pack(CK, key))
     raw = redis_server.client().get(KEY_PREFIX + key)
-    assert raw == pack(CK) and unpack(raw).binary == CK.binary  # the value is the self-checking entry
-    assert r.get_packed(key) == pack(CK)
+    assert raw == pack(CK, key) and unpack(raw, key).binary == CK.binary  # the value is the self-checking entry
+    assert r.get_packed(key) == pack(CK, key)
     assert r.stats.tiers["remote"].hits == 1 and r.stats.tiers["remote"].writes == 1
 
 
@@ -112,20 +112,34 @@ def test_write_back_and_read_through(redis_server, cache_dir, tmp_path, spec):
     assert c.lookup(spec)[1] == "disk"
 
 
-@pytest.mark.parametrize("damage", ["garbage", "flip", "truncate"])
+def _valid_digest_bad_header() -> bytes:
+    import hashlib
+    import struct
+
+    from rtckern.cache import entry as entry_format
+
+    body = struct.pack("<I", 2) + b"[]" + b"\x7fELF"
+    return entry_format._HEAD.pack(entry_format.MAGIC, entry_format.FORMAT, hashlib.sha256(body).digest(),
+                                   len(body)) + body
+
+
+@pytest.mark.parametrize("damage", ["garbage", "flip", "truncate", "other_key", "bad_header"])
 def test_corrupt_value_is_a_miss_then_replaced(redis_server, cache_dir, spec, damage):
+    """other_key: a valid entry of another kernel written under this key (anyone who can write to the Redis tier
+    could otherwise redirect a key to other GPU code); bad_header: a valid digest around a malformed header."""
     seed = KernelManager(cache_dir / "seed", remote=RedisCache(redis_server.url))
     seed.compile(spec)
     key, cl = seed.key(spec), redis_server.client()
     good = cl.get(KEY_PREFIX + key)
     bad = {"garbage": b"not an entry" * 10, "flip": good[:-5] + bytes([good[-5] ^ 1]) + good[-4:],
-           "truncate": good[: len(good) // 2]}[damage]
+           "truncate": good[: len(good) // 2], "other_key": pack(CK, "f" * 64),
+           "bad_header": _valid_digest_bad_header()}[damage]
     cl.set(KEY_PREFIX + key, bad)
     m = KernelManager(cache_dir / "fresh", remote=RedisCache(redis_server.url))
     with pytest.warns(CacheWarning, match="remote cache value .* is invalid"):
         ck = m.compile(spec)
     assert m.stats.compiles == 1 and m.remote.stats.tiers["remote"].invalid >= 1
-    assert unpack(cl.get(KEY_PREFIX + key)).binary == ck.binary  # the write-back replaced the bad value
+    assert unpack(cl.get(KEY_PREFIX + key), key).binary == ck.binary  # the write-back replaced the bad value
 
 
 def test_server_stopped_mid_run_is_a_miss_with_one_warning(redis_server, cache_dir):
@@ -180,7 +194,7 @@ def test_unresponsive_server_is_bounded_by_the_timeout():
             for _ in range(3):
                 t0 = time.monotonic()
                 assert r.get_packed("cd" * 32) is None
-                assert r.put_packed("cd" * 32, pack(CK)) is False
+                assert r.put_packed("cd" * 32, pack(CK, "cd" * 32)) is False
                 times.append(time.monotonic() - t0)
         assert max(times) < 1.5, times  # two calls of at most ~0.3 s each
         assert sum(1 for w in got if issubclass(w.category, CacheWarning)) == 1
@@ -226,9 +240,10 @@ def test_lookup_order_layers_local_remote_and_compiles_go_local(redis_server, tm
     remote = RedisCache(redis_server.url)
     for t, s in specs.items():
         ck, key = builder.compile(s), builder.key(s)
-        {"float": layer, "rtk_half": local, "rtk_bf16": remote}[t].put_packed(key, pack(ck), {"arch": "sm_80"})
+        {"float": layer, "rtk_half": local, "rtk_bf16": remote}[t].put_packed(key, pack(ck, key), {"arch": "sm_80"})
     # The same key in the layer and the remote with other bytes: the layer must win (it is looked at first).
-    remote.put_packed(builder.key(specs["float"]), pack(CompiledKernel(b"\x7fELFother", "cubin", "x")))
+    fkey = builder.key(specs["float"])
+    remote.put_packed(fkey, pack(CompiledKernel(b"\x7fELFother", "cubin", "x"), fkey))
     snapshot = sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in layer_dir.rglob("*"))
 
     m = KernelManager(local_dir, layers=(layer_dir,), remote=RedisCache(redis_server.url))

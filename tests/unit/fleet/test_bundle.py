@@ -113,8 +113,8 @@ def _index(entries) -> bytes:
          "meta": {}} for k, d in entries]}).encode()
 
 
-GOOD = pack(_ck(1))
 K = _key(1)
+GOOD = pack(_ck(1), K)
 P = f"v1/{K[:2]}/{K}.rtk"
 
 
@@ -155,7 +155,7 @@ def test_oversized_member_and_not_a_bundle(tmp_path):
     with pytest.raises(BundleError, match="is not a readable bundle"):
         import_bundle(tmp_path / "junk", dest)
     # Refused as a whole even when only the last member is bad: the first two valid entries are not written.
-    good = [(_key(i), pack(_ck(i))) for i in range(3)]
+    good = [(_key(i), pack(_ck(i), _key(i))) for i in range(3)]
     members = [(INDEX_NAME, _index(good))] + [(f"v1/{k[:2]}/{k}.rtk", d) for k, d in sorted(good)]
     members[-1] = (members[-1][0], members[-1][1][:-1] + b"\1")
     (tmp_path / "last.bundle").write_bytes(_tar(members))

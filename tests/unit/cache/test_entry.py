@@ -1,0 +1,121 @@
+"""Cache entries are bound to their key: an entry of one kernel placed under another kernel's key (a file copy, a
+swapped bundle member, a malformed header with a valid digest) is a miss with one warning, quarantined and
+recompiled, never served; `cache verify` lists it and `cache import` refuses it."""
+
+import hashlib
+import json
+import struct
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from rtckern.arch import Arch
+from rtckern.cache import CacheWarning, DiskCache, pack, unpack
+from rtckern.cache import entry as entry_format
+from rtckern.cache.entry import InvalidEntry
+from rtckern.compiler.base import CompiledKernel
+from rtckern.manager import KernelManager
+from rtckern.spec import KernelSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fleet"))
+from fleetkit import cli  # noqa: E402
+
+CK = CompiledKernel(binary=b"\x7fELF" + bytes(range(256)) * 4, kind="cubin", lowered_name="_Z1kv")
+KA, KB = "a" * 64, "b" * 64
+
+
+def _forge(header_bytes: bytes, binary: bytes = b"\x7fELFxx") -> bytes:
+    """An entry whose digest is valid but whose header is whatever the test gives."""
+    body = struct.pack("<I", len(header_bytes)) + header_bytes + binary
+    return entry_format._HEAD.pack(entry_format.MAGIC, entry_format.FORMAT, hashlib.sha256(body).digest(),
+                                   len(body)) + body
+
+
+MALFORMED = {
+    "not json": b"{nope",
+    "not an object": b"[1, 2]",
+    "no key": json.dumps({"kind": "cubin", "lowered_name": "k"}).encode(),
+    "key not a string": json.dumps({"key": 5, "kind": "cubin", "lowered_name": "k"}).encode(),
+    "unknown kind": json.dumps({"key": KA, "kind": "exe", "lowered_name": "k"}).encode(),
+    "spec not an object": json.dumps({"key": KA, "kind": "cubin", "lowered_name": "k", "spec": [1]}).encode(),
+    "not utf-8": b"\xff\xfe{}",
+}
+
+
+def test_pack_binds_the_key_and_unpack_checks_it():
+    data = pack(CK, KA, {"name_expression": "k", "arch": "sm_90"})
+    assert unpack(data, KA) == CK
+    assert entry_format.header(data)["spec"] == {"name_expression": "k", "arch": "sm_90"}
+    with pytest.raises(InvalidEntry, match=r"bound to key aaaaaaaaaaaaaaaa… \(k\), read under key bbbbbbbbbbbbbbbb…"):
+        unpack(data, KB)
+
+
+@pytest.mark.parametrize("what", list(MALFORMED))
+def test_malformed_header_with_valid_digest_is_invalid_not_a_crash(what):
+    with pytest.raises(InvalidEntry, match="bad header"):
+        unpack(_forge(MALFORMED[what]), KA)
+
+
+def test_header_length_past_the_body_is_invalid():
+    body = struct.pack("<I", 10_000) + b"{}"
+    data = entry_format._HEAD.pack(entry_format.MAGIC, entry_format.FORMAT, hashlib.sha256(body).digest(),
+                                   len(body)) + body
+    with pytest.raises(InvalidEntry, match="runs past the body"):
+        unpack(data, KA)
+
+
+def _two_kernels(cache_dir):
+    m = KernelManager(cache_dir, remote=None)
+    f = KernelSpec("core/axpy.cuh", "axpy", Arch.parse("sm_80"), template_args=("float",), op="core")
+    h = KernelSpec("core/axpy.cuh", "axpy", Arch.parse("sm_80"), template_args=("rtk_half",), op="core")
+    return m, f, h, m.compile(f), m.compile(h)
+
+
+def test_entry_copied_under_another_key_is_quarantined_and_recompiled(cache_dir):
+    m, f, h, ck_f, ck_h = _two_kernels(cache_dir)
+    kf, kh = m.key(f), m.key(h)
+    m.disk.entry_path(kf).write_bytes(m.disk.entry_path(kh).read_bytes())  # a restore mix-up: half under float
+    m2 = KernelManager(cache_dir, remote=None)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = m2.compile(f)
+    msgs = [str(x.message) for x in w if issubclass(x.category, CacheWarning)]
+    assert len(msgs) == 1 and "bound to key" in msgs[0] and "quarantined" in msgs[0], msgs
+    assert got.binary == ck_f.binary and m2.stats.compiles == 1
+    assert (cache_dir / "quarantine" / f"{kf}.rtk").read_bytes() == pack(ck_h, kh, entry_format.identity(
+        m._meta(h, ck_h, "compile")))
+    assert m2.disk.get(kf).binary == ck_f.binary  # the recompiled entry replaced it
+
+
+def test_cache_verify_lists_entries_bound_to_another_key_and_bad_headers(cache_dir):
+    m, f, h, _, _ = _two_kernels(cache_dir)
+    kf, kh = m.key(f), m.key(h)
+    m.disk.entry_path(kf).write_bytes(m.disk.entry_path(kh).read_bytes())
+    odd = "c" * 64
+    p = m.disk.entry_path(odd)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(_forge(MALFORMED["no key"]))
+    r = json.loads(cli("cache", "verify", "--keep", "--json", cache=cache_dir, check=False).stdout)
+    reasons = {b["key"]: b["reason"] for b in r["bad"]}
+    assert r["checked"] == 3 and r["corrupt"] == 2
+    assert "bound to key" in reasons[kf] and "bad header" in reasons[odd]
+
+
+def test_bundle_with_swapped_members_and_a_consistent_index_is_refused(tmp_path):
+    from test_bundle import _index, _tar
+
+    from rtckern.fleet import BundleError, import_bundle
+    from rtckern.fleet.bundle import INDEX_NAME
+
+    a, b = pack(CK, KA), pack(CompiledKernel(b"\x7fELFother", "cubin", "_Z1kv"), KB)
+    swapped = [(KA, b), (KB, a)]  # each member's bytes are the other key's entry; the index agrees with them
+    members = [(INDEX_NAME, _index(swapped))] + [(f"v1/{k[:2]}/{k}.rtk", d) for k, d in swapped]
+    (tmp_path / "swap.bundle").write_bytes(_tar(members))
+    dest = DiskCache(tmp_path / "dest")
+    with pytest.raises(BundleError, match=r"is not a valid cache entry \(bound to key bbbb"):
+        import_bundle(tmp_path / "swap.bundle", dest)
+    assert list(dest.entries()) == []
+    r = cli("cache", "import", str(tmp_path / "swap.bundle"), cache=tmp_path / "dest2", check=False)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "bound to key" in r.stderr
