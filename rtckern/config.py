@@ -60,8 +60,9 @@ def _int(name: str, value: str | None, default: int | None, *, minimum: int | No
         raise ConfigError(f"{name}={value!r} is not an integer; set it to a whole number such as 4")
     n = int(v)
     if (minimum is not None and n < minimum) or (maximum is not None and n > maximum):
-        hi = "" if maximum is None else f" and at most {maximum}"
-        raise ConfigError(f"{name}={value!r} is out of range; it must be at least {minimum}{hi}")
+        bounds = " and ".join(b for b in (minimum is not None and f"at least {minimum}",
+                                          maximum is not None and f"at most {maximum}") if b)
+        raise ConfigError(f"{name}={value!r} is out of range; give a whole number {bounds}")
     return n
 
 

@@ -20,7 +20,8 @@ def test_cache_dir_precedence(tmp_path):
 
 
 def test_tilde_expands_with_the_given_home(tmp_path):
-    s = Settings.from_env({"HOME": str(tmp_path), "RTCKERN_CACHE_DIR": "~/c", "RTCKERN_CACHE_LAYERS": f"~/a{os.pathsep}/b"})
+    s = Settings.from_env({"HOME": str(tmp_path), "RTCKERN_CACHE_DIR": "~/c",
+                           "RTCKERN_CACHE_LAYERS": f"~/a{os.pathsep}/b"})
     assert s.cache_dir == tmp_path / "c" and s.read_only_layers == (tmp_path / "a", Path("/b"))
 
 
@@ -42,7 +43,8 @@ def test_sizes_take_a_suffix(value, size):
 
 
 @pytest.mark.parametrize("value, message", [
-    ("abc", "is not a size; give bytes or a number with a K/M/G/T suffix (1024-based), such as 10G or 512M, or unset it"),
+    ("abc", "is not a size; give bytes or a number with a K/M/G/T suffix (1024-based), such as 10G or 512M, "
+            "or unset it"),
     ("-1", "is not a size"), ("1e9", "is not a size"), ("１G", "is not a size"), ("1 G B", "is not a size"),
     ("0", "is 0 bytes, below the smallest accepted 1 MiB (1048576 bytes); give a larger size such as 10G, or unset it"),
     ("64K", "is 65536 bytes, below the smallest accepted 1 MiB"),
@@ -54,16 +56,19 @@ def test_bad_sizes(value, message):
 
 @pytest.mark.parametrize("value", ["abc", "inf", "1e9", "nan", "-1", "0", "61", "٣"])
 def test_bad_timeouts(value):
-    with pytest.raises(ConfigError, match=rf"^RTCKERN_REMOTE_TIMEOUT_S={re.escape(repr(value))} is not a number of "
-                                          r"seconds in \(0, 60\]; give a positive number such as 0.5 \(the default\)"):
+    with pytest.raises(ConfigError, match=rf"^RTCKERN_REMOTE_TIMEOUT_S={re.escape(repr(value))} is not a number "
+                                          r"of seconds in \(0, 60\]; give a positive number such as 0.5 \(the "
+                                          r"default\)"):
         Settings.from_env({"RTCKERN_REMOTE_TIMEOUT_S": value})
 
 
-@pytest.mark.parametrize("name", ["RTCKERN_DISK_CACHE", "RTCKERN_STRICT", "RTCKERN_LINEINFO", "RTCKERN_VERBOSE"])
+@pytest.mark.parametrize("name", ["RTCKERN_DISK_CACHE", "RTCKERN_STRICT", "RTCKERN_LINEINFO",
+                                  "RTCKERN_VERBOSE"])
 @pytest.mark.parametrize("value", ["maybe", "2", "-1", "yes please"])
 def test_bad_booleans(name, value):
     with pytest.raises(ConfigError, match=rf"^{name}={re.escape(repr(value))} is not a boolean; set it to 1 or 0 "
-                                          r"\(also accepted: true/false, yes/no, on/off\), or unset it for the default"):
+                                          r"\(also accepted: true/false, yes/no, on/off\), or unset it for the "
+                                          r"default \([01]\)$"):
         Settings.from_env({name: value})
 
 
@@ -100,6 +105,17 @@ def test_bad_force_impl(value, message):
         Settings.from_env({"RTCKERN_FORCE_IMPL": "rms norm=x"})
     with pytest.raises(ConfigError, match=r"^RTCKERN_DISABLE_JIT: op 'gemm!' is not a name \(letters, digits"):
         Settings.from_env({"RTCKERN_DISABLE_JIT": "softmax,gemm!"})
+
+
+def test_int_helper_for_new_settings():
+    assert config._int("RTCKERN_X", " 1_024 ", None) == 1024 and config._int("RTCKERN_X", "", 7) == 7
+    with pytest.raises(ConfigError, match=r"^RTCKERN_X='4.5' is not an integer; set it to a whole number such as 4$"):
+        config._int("RTCKERN_X", "4.5", None)
+    with pytest.raises(ConfigError, match=r"^RTCKERN_X='0' is out of range; give a whole number at least 1 and at most "
+                                          r"8$"):
+        config._int("RTCKERN_X", "0", None, minimum=1, maximum=8)
+    with pytest.raises(ConfigError, match=r"^RTCKERN_X='9' is out of range; give a whole number at most 8$"):
+        config._int("RTCKERN_X", "9", None, maximum=8)
 
 
 # One bad value per variable: every variable a Settings field reads (and XDG_CACHE_HOME) must be listed here.
