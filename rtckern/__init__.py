@@ -2,7 +2,7 @@
 
 from .arch import Arch, ArchFilter, parse_arch_list
 from .device import DeviceInfo, device_count
-from .errors import (ArchError, CacheError, CompileError, InputError, LaunchError, LoadError, RtckernError,
+from .errors import (ArchError, CacheError, CompileError, ConfigError, InputError, LaunchError, LoadError, RtckernError,
                      UnsupportedRequestError)
 from .manager import KernelManager, get_manager, set_manager
 from .spec import KernelSpec
@@ -17,7 +17,7 @@ def explain(*args, **kwargs):
     return _explain(*args, **kwargs)
 
 __all__ = [
-    "Arch", "ArchFilter", "ArchError", "CacheError", "CompileError", "DeviceInfo", "InputError", "KernelManager",
+    "Arch", "ArchFilter", "ArchError", "CacheError", "CompileError", "ConfigError", "DeviceInfo", "InputError", "KernelManager",
     "KernelSpec", "LaunchError", "LoadError", "RtckernError", "UnsupportedRequestError", "device_count",
     "explain", "get_manager", "parse_arch_list", "set_manager", "__version__",
 ]

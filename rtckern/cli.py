@@ -27,13 +27,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; an RtckernError (bad configuration or input) is one line on stderr and exit code 2."""
     from .errors import RtckernError
 
+    command = "rtckern"
     try:
+        args = build_parser().parse_args(argv)
+        command = f"rtckern {args.command}"
+        from .config import settings
+
+        settings()  # every variable checked before the command starts: a bad one is one line, whatever the command
         return int(args.func(args) or 0)
     except RtckernError as e:
-        print(f"rtckern {args.command}: {e}", file=sys.stderr)
+        print(f"{command}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -3,134 +3,348 @@
 No other module reads ``os.environ``. Settings are read once into a frozen :class:`Settings`; tests (and
 programs) change them with :func:`override`, which swaps the process-wide instance for the duration of a
 ``with`` block.
+
+A bad value is a :class:`~rtckern.errors.ConfigError` naming the variable, the value, what is accepted and how
+to fix it (never a silent default). New settings parse with the helpers below: ``_bool``, ``_int``,
+``_size(name, value, floor=...)``, ``_seconds(name, value, default, maximum=...)``, ``_path``, ``_paths``,
+``_remote_url``, ``_kv_list``, ``_name_set``; each field declares its variable and meaning with ``_var(...)``,
+from which ``docs/env.md`` is generated (``python tools/gen_env_doc.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
+import re
+import tempfile
 import threading
+import warnings
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
+from urllib.parse import urlsplit
+
+from .errors import ConfigError, ConfigWarning
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+MIN_CACHE_MAX_BYTES = MiB  # a cap below one large entry (GEMM cubins reach a few hundred KB) would prune everything
+MAX_REMOTE_TIMEOUT_S = 60.0  # a remote lookup slower than a compile is never worth waiting for
+REMOTE_SCHEMES = ("redis", "rediss", "unix")
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # op and candidate names
 
 
-def _bool(value: str | None, default: bool) -> bool:
-    if value is None or value == "":
+# ---- parsing helpers: each takes the variable's name and raw value (None when unset) -----------------------------
+def _unset(value: str | None) -> bool:
+    return value is None or value.strip() == ""
+
+
+def _bool(name: str, value: str | None, default: bool) -> bool:
+    if _unset(value):
         return default
     v = value.strip().lower()
     if v in ("1", "true", "yes", "on"):
         return True
     if v in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"expected a boolean (1/0/true/false/yes/no/on/off), got {value!r}")
+    raise ConfigError(f"{name}={value!r} is not a boolean; set it to 1 or 0 (also accepted: true/false, yes/no, "
+                      f"on/off), or unset it for the default ({int(default)})")
 
 
-def _int(name: str, value: str | None, default: int | None) -> int | None:
-    if value is None or value.strip() == "":
+def _int(name: str, value: str | None, default: int | None, *, minimum: int | None = None,
+         maximum: int | None = None) -> int | None:
+    if _unset(value):
+        return default
+    v = value.strip().replace("_", "")
+    if not re.fullmatch(r"[+-]?[0-9]+", v):
+        raise ConfigError(f"{name}={value!r} is not an integer; set it to a whole number such as 4")
+    n = int(v)
+    if (minimum is not None and n < minimum) or (maximum is not None and n > maximum):
+        bounds = " and ".join(b for b in (minimum is not None and f"at least {minimum}",
+                                          maximum is not None and f"at most {maximum}") if b)
+        raise ConfigError(f"{name}={value!r} is out of range; give a whole number {bounds}")
+    return n
+
+
+_SIZE = re.compile(r"([0-9][0-9_]*(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE | re.ASCII)
+_UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": TiB}
+
+
+def _size(name: str, value: str | None, default: int | None = None, *, floor: int = 1) -> int | None:
+    """Bytes, plain (``1073741824``) or with a 1024-based suffix (``64K``, ``512M``, ``1G``, ``2T``; ``MiB``,
+    ``GB`` and lower case read the same); at least ``floor`` bytes."""
+    if _unset(value):
+        return default
+    m = _SIZE.fullmatch(value.strip())
+    if m is None:
+        raise ConfigError(f"{name}={value!r} is not a size; give bytes or a number with a K/M/G/T suffix "
+                          "(1024-based), such as 10G or 512M, or unset it")
+    n = int(float(m.group(1).replace("_", "")) * _UNITS[m.group(2).upper()])
+    if n < floor:
+        raise ConfigError(f"{name}={value!r} is {n} bytes, below the smallest accepted {_human(floor)} "
+                          f"({floor} bytes); give a larger size such as 10G, or unset it")
+    return n
+
+
+def _human(n: int) -> str:
+    for unit, mult in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= mult and n % mult == 0:
+            return f"{n // mult} {unit}"
+    return f"{n} bytes"
+
+
+def _seconds(name: str, value: str | None, default: float, *, maximum: float) -> float:
+    """A positive, finite number of seconds, at most ``maximum``."""
+    if _unset(value):
         return default
     try:
-        return int(value.strip().replace("_", ""))
+        s = float(value.strip()) if value.isascii() else math.nan
     except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer; set it to a whole number such as 1073741824") from None
+        s = math.nan
+    if not (math.isfinite(s) and 0 < s <= maximum):
+        raise ConfigError(f"{name}={value!r} is not a number of seconds in (0, {maximum:g}]; give a positive "
+                          f"number such as {default:g} (the default), or unset it")
+    return s
 
 
-def _default_cache_dir(env: Mapping[str, str]) -> Path:
-    if env.get("RTCKERN_CACHE_DIR"):
-        return Path(env["RTCKERN_CACHE_DIR"]).expanduser()
-    if env.get("XDG_CACHE_HOME"):
-        return Path(env["XDG_CACHE_HOME"]).expanduser() / "rtckern"
-    return Path("~/.cache/rtckern").expanduser()
+def _home(env: Mapping[str, str]) -> str | None:
+    """$HOME, else the passwd entry of this uid; None when neither exists (arbitrary-UID containers)."""
+    if env.get("HOME"):
+        return env["HOME"]
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_dir or None
+    except (ImportError, KeyError):
+        return None
+
+
+def _expand(name: str, value: str, env: Mapping[str, str]) -> Path:
+    """``~`` and ``~user`` expanded like the shell, else a ConfigError naming the variable."""
+    if not value.startswith("~"):
+        return Path(value)
+    user, sep, rest = value[1:].partition("/")
+    if not user:
+        home = _home(env)
+        why = f"there is no HOME and uid {os.getuid()} has no passwd entry"
+    else:
+        try:
+            import pwd
+
+            home = pwd.getpwnam(user).pw_dir
+        except (ImportError, KeyError):
+            home = None
+        why = f"there is no user {user!r}"
+    if home is None:
+        raise ConfigError(f"{name}={value!r}: cannot expand '~' ({why}); give an absolute path")
+    return Path(home) / rest if rest else Path(home)
+
+
+def _path(name: str, value: str | None, env: Mapping[str, str]) -> Path | None:
+    return None if _unset(value) else _expand(name, value.strip(), env)
+
+
+def _paths(name: str, value: str | None, env: Mapping[str, str]) -> tuple[Path, ...]:
+    """An ``os.pathsep``-separated list of paths (empty items skipped)."""
+    if _unset(value):
+        return ()
+    return tuple(_expand(name, p.strip(), env) for p in value.split(os.pathsep) if p.strip())
+
+
+def _redacted(url: str) -> str:
+    """The URL with its password (if any) replaced by ***, for messages."""
+    return re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url)
+
+
+def _remote_url(name: str, value: str | None) -> str | None:
+    """``redis://[user:password@]host[:port][/db]``, ``rediss://...`` (TLS) or ``unix:///path/to/redis.sock``."""
+    if _unset(value):
+        return None
+    url = value.strip()
+    u = urlsplit(url)
+    accepted = "redis://host:6379/0, rediss://host:6380/0 (TLS) or unix:///path/to/redis.sock"
+    shown = _redacted(url)
+    if u.scheme not in REMOTE_SCHEMES:
+        what = f": scheme {u.scheme + '://'!r} is not supported" if u.scheme else " is not a URL"
+        raise ConfigError(f"{name}={shown!r}{what}; give {accepted}, or unset it for no remote tier")
+    if u.scheme == "unix":
+        if not u.path or u.path == "/":
+            raise ConfigError(f"{name}={shown!r}: a unix:// URL needs the socket's path, such as "
+                              "unix:///run/redis/redis.sock")
+        return url
+    try:
+        port = u.port
+    except ValueError:
+        port = -1
+    if not u.hostname or port == -1 or port == 0:
+        what = "has no host" if not u.hostname else "has a port that is not a number in 1..65535"
+        raise ConfigError(f"{name}={shown!r} {what}; give {accepted}")
+    db = u.path.strip("/")
+    if db and not (db.isascii() and db.isdigit()):
+        raise ConfigError(f"{name}={shown!r}: the database {db!r} is not a number; give redis://host:6379/0")
+    return url
+
+
+def _names(name: str, items: list[str], what: str) -> None:
+    for item in items:
+        if not _NAME.fullmatch(item):
+            raise ConfigError(f"{name}: {what} {item!r} is not a name (letters, digits, '_', '.', '-')")
 
 
 def _kv_list(name: str, value: str | None) -> dict[str, str]:
-    """Parse ``op=impl,op2=impl2``."""
+    """``op=candidate,op2=candidate2`` (also ';'-separated)."""
     out: dict[str, str] = {}
-    if not value:
+    if _unset(value):
         return out
     for item in value.replace(";", ",").split(","):
         item = item.strip()
         if not item:
             continue
-        if "=" not in item:
-            raise ValueError(f"{name}: entry {item!r} is not of the form op=name (example: rms_norm=rms_norm.rowwise)")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
+        k, eq, v = (x.strip() for x in item.partition("="))
+        if not eq or not k or not v:
+            raise ConfigError(f"{name}={value!r}: entry {item!r} is not of the form op=candidate (example: "
+                              f"{name}=rms_norm=rms_norm.l2)")
+        _names(name, [k, v], "op or candidate")
+        if out.get(k, v) != v:
+            raise ConfigError(f"{name}={value!r} names two candidates for op {k!r} ({out[k]!r} and {v!r}); keep one")
+        out[k] = v
     return out
 
 
-def _name_set(value: str | None) -> frozenset[str]:
-    if not value:
+def _name_set(name: str, value: str | None) -> frozenset[str]:
+    """``op1,op2`` (also ';'-separated)."""
+    if _unset(value):
         return frozenset()
-    return frozenset(x.strip() for x in value.replace(";", ",").split(",") if x.strip())
+    items = [x.strip() for x in value.replace(";", ",").split(",") if x.strip()]
+    _names(name, items, "op")
+    return frozenset(items)
+
+
+# ---- the cache directory when there is no home ------------------------------------------------------------------
+_warned_no_home = False
+
+
+def _fallback_cache_dir() -> Path:
+    """A private ``<tmp>/rtckern-cache-<uid>`` for a process with neither HOME nor a passwd entry (arbitrary-UID
+    containers), said once. Refused when someone else owns it or can write into it."""
+    global _warned_no_home
+    path = Path(tempfile.gettempdir()) / f"rtckern-cache-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        st = path.lstat()
+        if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise ConfigError(f"there is no HOME and uid {os.getuid()} has no passwd entry, and the fallback cache "
+                              f"directory {path} is not a private directory of this uid; set RTCKERN_CACHE_DIR "
+                              "(or HOME or XDG_CACHE_HOME)") from None
+    except OSError:
+        pass  # an unwritable temp dir: the disk tier says so when it tries
+    if not _warned_no_home:
+        _warned_no_home = True
+        warnings.warn(f"rtckern: there is no HOME and uid {os.getuid()} has no passwd entry; caching kernels in "
+                      f"{path}. Set RTCKERN_CACHE_DIR (or HOME or XDG_CACHE_HOME) to choose", ConfigWarning,
+                      stacklevel=2)
+    return path
+
+
+def _default_cache_dir(env: Mapping[str, str]) -> Path:
+    if not _unset(env.get("RTCKERN_CACHE_DIR")):
+        return _expand("RTCKERN_CACHE_DIR", env["RTCKERN_CACHE_DIR"].strip(), env)
+    if not _unset(env.get("XDG_CACHE_HOME")):
+        return _expand("XDG_CACHE_HOME", env["XDG_CACHE_HOME"].strip(), env) / "rtckern"
+    home = _home(env)
+    return Path(home) / ".cache" / "rtckern" if home else _fallback_cache_dir()
+
+
+def _var(env: str, doc: str, shown_default: str, **field: Any) -> Any:
+    """A Settings field read from the variable(s) ``env`` (comma-separated when several), with its meaning and
+    default as docs/env.md shows them; ``field`` goes to dataclasses.field (``default=None``)."""
+    return dataclasses.field(metadata={"env": env, "doc": doc, "default": shown_default}, **field)
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     # --- cache ---
-    cache_dir: Path  # RTCKERN_CACHE_DIR, else $XDG_CACHE_HOME/rtckern, else ~/.cache/rtckern
-    disk_cache: bool  # RTCKERN_DISK_CACHE=0 keeps binaries in memory only
-    cache_max_bytes: int | None  # RTCKERN_CACHE_MAX_BYTES: LRU-prune the disk tier above this size
-    read_only_layers: tuple[Path, ...]  # RTCKERN_CACHE_LAYERS: read-only cache dirs below the local one (os.pathsep)
-    remote_cache: str | None  # RTCKERN_REMOTE_CACHE: e.g. redis://host:6379/0
-    remote_timeout_s: float  # RTCKERN_REMOTE_TIMEOUT_S: bound on any remote call
-    record_manifest: Path | None  # RTCKERN_RECORD_MANIFEST: append each runtime miss's request (JSON lines)
+    cache_dir: Path = _var(
+        "RTCKERN_CACHE_DIR", "The writable disk cache.",
+        "`$XDG_CACHE_HOME/rtckern`, else `~/.cache/rtckern`, else (no HOME and a uid without a passwd entry) "
+        "`$TMPDIR/rtckern-cache-<uid>`, with a warning")
+    disk_cache: bool = _var("RTCKERN_DISK_CACHE", "0 keeps binaries in memory only (no disk tier).", "1")
+    cache_max_bytes: int | None = _var(
+        "RTCKERN_CACHE_MAX_BYTES", "LRU-prune the disk tier above this size: bytes or K/M/G/T (1024-based), "
+                                   f"at least {_human(MIN_CACHE_MAX_BYTES)}.", "no cap")
+    read_only_layers: tuple[Path, ...] = _var(
+        "RTCKERN_CACHE_LAYERS", "Read-only cache directories looked up before the local one (os.pathsep-separated).",
+        "none")
+    remote_cache: str | None = _var(
+        "RTCKERN_REMOTE_CACHE", "A Redis tier: redis://host:6379/0, rediss:// (TLS) or unix:///path/redis.sock.",
+        "none")
+    remote_timeout_s: float = _var(
+        "RTCKERN_REMOTE_TIMEOUT_S", f"Bound on any remote call, in seconds, in (0, {MAX_REMOTE_TIMEOUT_S:g}].", "0.5")
+    record_manifest: Path | None = _var(
+        "RTCKERN_RECORD_MANIFEST", "Append each runtime miss's request to this file (JSON lines) for "
+                                   "`rtckern prefill --manifest`.", "off")
     # --- compile ---
-    cuda_home: Path | None  # CUDA_HOME / CUDA_PATH: fallback for CUDA headers when cuda-pathfinder finds none
-    extra_include_dirs: tuple[Path, ...]  # RTCKERN_INCLUDE_DIRS (os.pathsep separated)
-    lineinfo: bool  # RTCKERN_LINEINFO=1 adds -lineinfo (changes the key)
+    cuda_home: Path | None = _var(
+        "CUDA_HOME, CUDA_PATH", "Fallback for CUDA headers when cuda-pathfinder finds none.", "none")
+    extra_include_dirs: tuple[Path, ...] = _var(
+        "RTCKERN_INCLUDE_DIRS", "Extra include directories for kernel sources (os.pathsep-separated).", "none")
+    lineinfo: bool = _var("RTCKERN_LINEINFO", "1 adds -lineinfo to every compile (changes the key).", "0")
     # --- registry ---
-    force_impl: Mapping[str, str]  # RTCKERN_FORCE_IMPL=op=candidate,...
-    disable_jit: frozenset[str]  # RTCKERN_DISABLE_JIT=op1,op2 (or "all")
-    strict: bool  # RTCKERN_STRICT=1: no silent fallback to torch ops
-    numerical_probe: bool  # RTCKERN_NUMERICAL_PROBE=1: probe candidates on a small input before accepting
-    persist_decisions: bool  # RTCKERN_PERSIST_DECISIONS=0 keeps registry decisions in memory only
-    tuning_table_dir: Path | None  # RTCKERN_TUNING_DIR: user tuning tables (default <cache_dir>/tuning)
+    force_impl: Mapping[str, str] = _var(
+        "RTCKERN_FORCE_IMPL", "op=candidate,...: use only this candidate for the op (checked against the "
+                              "registered ops and candidates at selection).", "none")
+    disable_jit: frozenset[str] = _var(
+        "RTCKERN_DISABLE_JIT", "op1,op2 (or all): no JIT candidate for these ops (the torch plugin falls back to "
+                               "torch).", "none")
+    strict: bool = _var("RTCKERN_STRICT", "1: no silent fallback to torch ops (an error instead).", "0")
+    numerical_probe: bool = _var(
+        "RTCKERN_NUMERICAL_PROBE", "1: probe candidates on a small input before accepting them.", "0")
+    persist_decisions: bool = _var(
+        "RTCKERN_PERSIST_DECISIONS", "0 keeps registry decisions in memory only.", "1")
+    tuning_table_dir: Path | None = _var("RTCKERN_TUNING_DIR", "User tuning tables.", "`<cache_dir>/tuning`")
     # --- logging ---
-    verbose: bool  # RTCKERN_VERBOSE=1: log every compile and cache event at INFO
+    verbose: bool = _var("RTCKERN_VERBOSE", "1: log every compile and cache event at INFO.", "0")
     # --- HIP / AMD ---
-    hiprtc_library: Path | None = None  # RTCKERN_HIPRTC_LIBRARY: the library with hiprtc (else searched by name)
-    rocm_path: Path | None = None  # ROCM_PATH: a ROCm install whose lib/ is searched for hiprtc (else /opt/rocm)
+    hiprtc_library: Path | None = _var(
+        "RTCKERN_HIPRTC_LIBRARY", "The library with hiprtc.", "`libhiprtc.so` searched by name", default=None)
+    rocm_path: Path | None = _var(
+        "ROCM_PATH", "A ROCm install whose `lib/` is searched for hiprtc.", "`/opt/rocm`", default=None)
     # --- cache trust ---
-    cache_secret_file: Path | None = None  # RTCKERN_CACHE_SECRET_FILE: a shared secret; remote values and bundles
-    #   are signed with it (HMAC-SHA256) and unsigned or wrongly signed ones refused
+    cache_secret_file: Path | None = _var(
+        "RTCKERN_CACHE_SECRET_FILE", "A file holding a shared secret (16+ bytes): remote values and bundles are "
+                                     "signed with it (HMAC-SHA256); unsigned or wrongly signed ones are refused.",
+        "none", default=None)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        """Read and check every variable; a bad value raises ConfigError naming it."""
         env = os.environ if env is None else env
-        cache_dir = _default_cache_dir(env)
-        layers = tuple(Path(p).expanduser() for p in env.get("RTCKERN_CACHE_LAYERS", "").split(os.pathsep) if p)
-        incs = tuple(Path(p).expanduser() for p in env.get("RTCKERN_INCLUDE_DIRS", "").split(os.pathsep) if p)
-        cuda_home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
-        tuning = env.get("RTCKERN_TUNING_DIR")
-        record = env.get("RTCKERN_RECORD_MANIFEST")
-        timeout = env.get("RTCKERN_REMOTE_TIMEOUT_S", "")
-        try:
-            remote_timeout = float(timeout) if timeout.strip() else 0.5
-        except ValueError:
-            raise ValueError(f"RTCKERN_REMOTE_TIMEOUT_S={timeout!r} is not a number of seconds (example: 0.5)") from None
+        g = env.get
+        cuda_home = "CUDA_HOME" if not _unset(g("CUDA_HOME")) else "CUDA_PATH"
         return cls(
-            cache_dir=cache_dir,
-            disk_cache=_bool(env.get("RTCKERN_DISK_CACHE"), True),
-            cache_max_bytes=_int("RTCKERN_CACHE_MAX_BYTES", env.get("RTCKERN_CACHE_MAX_BYTES"), None),
-            read_only_layers=layers,
-            remote_cache=env.get("RTCKERN_REMOTE_CACHE") or None,
-            remote_timeout_s=remote_timeout,
-            cache_secret_file=Path(env["RTCKERN_CACHE_SECRET_FILE"]).expanduser()
-            if env.get("RTCKERN_CACHE_SECRET_FILE") else None,
-            record_manifest=Path(record).expanduser() if record else None,
-            cuda_home=Path(cuda_home) if cuda_home else None,
-            extra_include_dirs=incs,
-            lineinfo=_bool(env.get("RTCKERN_LINEINFO"), False),
-            force_impl=_kv_list("RTCKERN_FORCE_IMPL", env.get("RTCKERN_FORCE_IMPL")),
-            disable_jit=_name_set(env.get("RTCKERN_DISABLE_JIT")),
-            strict=_bool(env.get("RTCKERN_STRICT"), False),
-            numerical_probe=_bool(env.get("RTCKERN_NUMERICAL_PROBE"), False),
-            persist_decisions=_bool(env.get("RTCKERN_PERSIST_DECISIONS"), True),
-            tuning_table_dir=Path(tuning).expanduser() if tuning else None,
-            verbose=_bool(env.get("RTCKERN_VERBOSE"), False),
-            hiprtc_library=Path(env["RTCKERN_HIPRTC_LIBRARY"]).expanduser() if env.get("RTCKERN_HIPRTC_LIBRARY") else None,
-            rocm_path=Path(env["ROCM_PATH"]).expanduser() if env.get("ROCM_PATH") else None,
+            cache_dir=_default_cache_dir(env),
+            disk_cache=_bool("RTCKERN_DISK_CACHE", g("RTCKERN_DISK_CACHE"), True),
+            cache_max_bytes=_size("RTCKERN_CACHE_MAX_BYTES", g("RTCKERN_CACHE_MAX_BYTES"), None,
+                                  floor=MIN_CACHE_MAX_BYTES),
+            read_only_layers=_paths("RTCKERN_CACHE_LAYERS", g("RTCKERN_CACHE_LAYERS"), env),
+            remote_cache=_remote_url("RTCKERN_REMOTE_CACHE", g("RTCKERN_REMOTE_CACHE")),
+            remote_timeout_s=_seconds("RTCKERN_REMOTE_TIMEOUT_S", g("RTCKERN_REMOTE_TIMEOUT_S"), 0.5,
+                                      maximum=MAX_REMOTE_TIMEOUT_S),
+            record_manifest=_path("RTCKERN_RECORD_MANIFEST", g("RTCKERN_RECORD_MANIFEST"), env),
+            cuda_home=_path(cuda_home, g(cuda_home), env),
+            extra_include_dirs=_paths("RTCKERN_INCLUDE_DIRS", g("RTCKERN_INCLUDE_DIRS"), env),
+            lineinfo=_bool("RTCKERN_LINEINFO", g("RTCKERN_LINEINFO"), False),
+            force_impl=_kv_list("RTCKERN_FORCE_IMPL", g("RTCKERN_FORCE_IMPL")),
+            disable_jit=_name_set("RTCKERN_DISABLE_JIT", g("RTCKERN_DISABLE_JIT")),
+            strict=_bool("RTCKERN_STRICT", g("RTCKERN_STRICT"), False),
+            numerical_probe=_bool("RTCKERN_NUMERICAL_PROBE", g("RTCKERN_NUMERICAL_PROBE"), False),
+            persist_decisions=_bool("RTCKERN_PERSIST_DECISIONS", g("RTCKERN_PERSIST_DECISIONS"), True),
+            tuning_table_dir=_path("RTCKERN_TUNING_DIR", g("RTCKERN_TUNING_DIR"), env),
+            verbose=_bool("RTCKERN_VERBOSE", g("RTCKERN_VERBOSE"), False),
+            hiprtc_library=_path("RTCKERN_HIPRTC_LIBRARY", g("RTCKERN_HIPRTC_LIBRARY"), env),
+            rocm_path=_path("ROCM_PATH", g("ROCM_PATH"), env),
+            cache_secret_file=_path("RTCKERN_CACHE_SECRET_FILE", g("RTCKERN_CACHE_SECRET_FILE"), env),
         )
 
 
@@ -171,6 +385,29 @@ def override(**changes) -> Iterator[Settings]:
     finally:
         with _lock:
             _current = old
+
+
+def env_doc() -> str:
+    """docs/env.md: every variable, its default and meaning, from the Settings fields."""
+    lines = ["# Environment variables", "",
+             "Generated from `rtckern/config.py` by `python tools/gen_env_doc.py`; do not edit by hand.",
+             "Every variable is read once per process; a bad value stops rtckern with one line naming the variable, "
+             "the value and what is accepted (`ConfigError`; exit code 2 at the command line). An empty value is "
+             "the same as unset.", ""]
+    section = ""
+    for f in dataclasses.fields(Settings):
+        group = _GROUPS.get(f.name)
+        if group and group != section:
+            section = group
+            lines += ["", f"## {group}", "", "| variable | default | meaning |", "|---|---|---|"]
+        env = " / ".join(f"`{e.strip()}`" for e in f.metadata["env"].split(","))
+        lines.append(f"| {env} | {f.metadata['default']} | {f.metadata['doc']} |")
+    return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
+
+
+_GROUPS = {"cache_dir": "Cache", "cuda_home": "Compile", "force_impl": "Registry", "verbose": "Logging",
+           "hiprtc_library": "HIP / AMD",
+           "cache_secret_file": "Cache trust"}
 
 
 # How each setting relates to the bytes a compile produces (principle 2: the key is content). "key": part of every

@@ -14,7 +14,12 @@ class ArchError(RtckernError, ValueError):
 
 
 class ConfigError(RtckernError, ValueError):
-    """A setting with a bad value."""
+    """An environment variable (or a setting) with a bad value: the message names the variable, the value, what is
+    accepted and how to fix it, on one line."""
+
+
+class ConfigWarning(UserWarning):
+    """A setting rtckern had to work around (no home directory: the cache goes to a private temp directory)."""
 
 
 class CompileError(RtckernError):

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -70,9 +72,51 @@ class _Progress:
 def run(args) -> int:
     if args.list_presets:
         return _list_presets(args)
+    _check_writable(args)
     if args.manifest or args.preset:
         return _run_manifest(args)
     return _run_builtin(args)
+
+
+def _target(args) -> Path:
+    from ..config import settings
+
+    return Path(args.cache_dir) if args.cache_dir else settings().cache_dir
+
+
+def _check_writable(args) -> None:
+    """Refuse up front (CacheError: one line, exit code 2) when the kernels compiled could not be saved."""
+    from ..config import settings
+    from ..errors import CacheError
+
+    if not settings().disk_cache:
+        raise CacheError("RTCKERN_DISK_CACHE=0 turns the disk tier off, so prefill would compile kernels and save "
+                         "none; unset RTCKERN_DISK_CACHE (or set it to 1) for prefill")
+    target = _target(args)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=target, prefix=".prefill-write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CacheError(f"cannot write the cache directory {target} ({type(e).__name__}: {e.strerror or e}), so "
+                         "prefill would save nothing; give a writable --out DIR or RTCKERN_CACHE_DIR") from None
+
+
+def _check_saved(args, summary: dict, keys: list[str]) -> int:
+    """Count the kernels prefill served that are in neither the cache it filled nor a read-only layer (the disk
+    tier stopped writing mid-run: ENOSPC, a damaged directory); say so on stderr. Returns the count."""
+    from ..manager import KernelManager
+
+    m = KernelManager(args.cache_dir, remote=None) if args.cache_dir else KernelManager(remote=None)
+    caches = ([m.disk] if m.disk is not None else []) + list(m.layers)
+    missing = [k for k in keys if not any(c.entry_path(k).is_file() for c in caches)]
+    summary["unsaved"] = len(missing)
+    if missing:
+        print(f"rtckern prefill: {len(missing)} of {len(keys)} kernels are not in {_target(args)} after the run (the "
+              "disk tier stopped writing; see the warning above): fix the cache directory and run prefill again",
+              file=sys.stderr)
+    return len(missing)
 
 
 def _list_presets(args) -> int:
@@ -111,7 +155,9 @@ def _run_builtin(args) -> int:
     summary = summarize(results, time.perf_counter() - t0, bad)
     summary["archs"] = [str(a) for a in archs]
     summary["jobs"] = jobs
-    _finish(args, summary, sorted({r.key for r in results if r.status != "failed"}))
+    keys = sorted({r.key for r in results if r.status != "failed"})
+    unsaved = _check_saved(args, summary, keys)
+    _finish(args, summary, keys)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -123,7 +169,7 @@ def _run_builtin(args) -> int:
         _print_bundle(summary)
         for f in summary["failures"]:
             print(f"FAILED {f['kernel']}: {f['error'].splitlines()[0] if f['error'] else ''}", file=sys.stderr)
-    return 1 if summary["failed"] else 0
+    return 1 if summary["failed"] or unsaved else 0
 
 
 def _run_manifest(args) -> int:
@@ -145,6 +191,7 @@ def _run_manifest(args) -> int:
     summary = summarize_replay(result, bad)
     summary.update(source=str(Path(args.manifest)) if args.manifest else f"preset:{args.preset}",
                    lines=len(entries), archs=[str(a) for a in archs], jobs=jobs)
+    unsaved = _check_saved(args, summary, result.keys())
     _finish(args, summary, result.keys())
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -159,7 +206,7 @@ def _run_manifest(args) -> int:
         _print_bundle(summary)
         for f in summary["failures"]:
             print(f"FAILED {f['request']}: {f['error']}", file=sys.stderr)
-    return 1 if summary["failed"] else 0
+    return 1 if summary["failed"] or unsaved else 0
 
 
 def _print_bundle(summary: dict) -> None:

@@ -120,6 +120,7 @@ def plan(entries: Sequence[ManifestEntry], archs: Sequence[Arch], registry: Any 
 
     registry = registry or default_registry()
     settings = settings or config.settings()
+    registry.check_overrides(settings)  # a bad RTCKERN_FORCE_IMPL / DISABLE_JIT is one ConfigError, not one per line
     out: list[PlannedRequest] = []
     for entry in entries:
         for arch in device_archs(archs):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rtckern import config
-from rtckern.errors import UnsupportedRequestError
+from rtckern.errors import ConfigError, UnsupportedRequestError
 from rtckern.registry import core_api
 from rtckern.registry.candidate import Candidate, check_declaration
 from rtckern.registry.probe import mode_of, probe_candidate
@@ -180,20 +180,36 @@ class Registry:
             return self._store_dir
         return (s.cache_dir / "decisions") if s.persist_decisions else None
 
+    def check_overrides(self, s: Any = None) -> None:
+        """ConfigError for an op in RTCKERN_FORCE_IMPL / RTCKERN_DISABLE_JIT that has no registered candidate, or
+        a forced candidate that is not one of its op's. Runs on every slow-path selection (ops register at
+        import: a module that registers an op named there must be imported before the first call)."""
+        s = s if s is not None else config.settings()
+        with self._lock:
+            known = {op: [c.name for c in cands] for op, cands in self._candidates.items() if cands}
+        later = "; an op that a module of yours registers: import it before the first rtckern call"
+        for setting, ops in ((FORCE_SETTING, sorted(s.force_impl)), (DISABLE_SETTING, sorted(s.disable_jit))):
+            unknown = [op for op in ops if op not in known and not (setting == DISABLE_SETTING and op == "all")]
+            if unknown:
+                extra = " (or all)" if setting == DISABLE_SETTING else ""
+                raise ConfigError(f"{setting} names op {unknown[0]!r}, which no registered candidate serves; known "
+                                  f"ops: {', '.join(sorted(known)) or '(none: import rtckern.ops)'}{extra}. Fix or "
+                                  f"unset {setting}{later}")
+        for op, forced in sorted(s.force_impl.items()):
+            if forced not in known[op]:
+                raise ConfigError(f"{FORCE_SETTING} forces {forced!r} for op {op!r}, which is not one of its "
+                                  f"candidates: {', '.join(known[op])}. Fix or unset {FORCE_SETTING}")
+
     def _override_reasons(self, op: str, cands: tuple[Candidate, ...], s: Any) -> dict[str, Reason]:
-        """Candidates the settings take out of the running, each with its reason."""
+        """Candidates the settings take out of the running, each with its reason (ConfigError for an op or
+        candidate name the settings name and the registry does not know)."""
+        self.check_overrides(s)
         if op in s.disable_jit or "all" in s.disable_jit:
             setting = f"{DISABLE_SETTING}={','.join(sorted(s.disable_jit))}"
             return {c.name: Reason("override", f"JIT disabled for op {op!r} by {setting}") for c in cands}
         forced = s.force_impl.get(op)
         if forced is None:
             return {}
-        names = [c.name for c in cands]
-        if forced not in names:
-            raise UnsupportedRequestError(
-                f"op {op!r} with {FORCE_SETTING} {op}={forced}",
-                {forced: [f"override: {forced!r} is not a candidate of op {op!r}"]},
-                hint=f"candidates of {op!r}: {names}; fix or unset {FORCE_SETTING}")
         return {c.name: Reason("override", f"not tried: {FORCE_SETTING} forces {forced!r} for op {op!r}")
                 for c in cands if c.name != forced}
 

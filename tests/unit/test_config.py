@@ -1,26 +1,155 @@
+import dataclasses
+import os
+import re
+from pathlib import Path
+
 import pytest
 
+from rtckern import config
 from rtckern.config import Settings, override, settings
+from rtckern.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_cache_dir_precedence(tmp_path):
     assert Settings.from_env({"RTCKERN_CACHE_DIR": str(tmp_path)}).cache_dir == tmp_path
     assert Settings.from_env({"XDG_CACHE_HOME": str(tmp_path)}).cache_dir == tmp_path / "rtckern"
-    assert Settings.from_env({}).cache_dir.name == "rtckern"
+    assert Settings.from_env({"HOME": str(tmp_path)}).cache_dir == tmp_path / ".cache" / "rtckern"
+    assert Settings.from_env({}).cache_dir.name == "rtckern"  # no HOME: the passwd entry's home
 
 
-def test_typed_values_and_errors():
-    s = Settings.from_env({"RTCKERN_CACHE_MAX_BYTES": "1_000", "RTCKERN_DISK_CACHE": "off",
-                           "RTCKERN_FORCE_IMPL": "rms_norm=rms_norm.rowwise, softmax=x", "RTCKERN_DISABLE_JIT": "gemm"})
-    assert s.cache_max_bytes == 1000 and s.disk_cache is False
+def test_tilde_expands_with_the_given_home(tmp_path):
+    s = Settings.from_env({"HOME": str(tmp_path), "RTCKERN_CACHE_DIR": "~/c",
+                           "RTCKERN_CACHE_LAYERS": f"~/a{os.pathsep}/b"})
+    assert s.cache_dir == tmp_path / "c" and s.read_only_layers == (tmp_path / "a", Path("/b"))
+
+
+def test_typed_values():
+    s = Settings.from_env({"RTCKERN_CACHE_MAX_BYTES": "1_048_576", "RTCKERN_DISK_CACHE": "off",
+                           "RTCKERN_FORCE_IMPL": "rms_norm=rms_norm.rowwise; softmax=x", "RTCKERN_DISABLE_JIT": "gemm",
+                           "RTCKERN_REMOTE_TIMEOUT_S": "2.5", "RTCKERN_REMOTE_CACHE": "rediss://u:pw@h:6380/1"})
+    assert s.cache_max_bytes == 1 << 20 and s.disk_cache is False and s.remote_timeout_s == 2.5
     assert s.force_impl == {"rms_norm": "rms_norm.rowwise", "softmax": "x"}
-    assert s.disable_jit == {"gemm"}
-    with pytest.raises(ValueError, match=r"RTCKERN_CACHE_MAX_BYTES='lots' is not an integer"):
-        Settings.from_env({"RTCKERN_CACHE_MAX_BYTES": "lots"})
-    with pytest.raises(ValueError, match="expected a boolean"):
-        Settings.from_env({"RTCKERN_STRICT": "maybe"})
-    with pytest.raises(ValueError, match="not of the form op=name"):
-        Settings.from_env({"RTCKERN_FORCE_IMPL": "rms_norm"})
+    assert s.disable_jit == {"gemm"} and s.remote_cache == "rediss://u:pw@h:6380/1"
+    blank = Settings.from_env({k: " " for k in _variables()})  # empty means unset
+    assert blank == dataclasses.replace(Settings.from_env({}), cache_dir=blank.cache_dir)
+
+
+@pytest.mark.parametrize("value, size", [("1G", 1 << 30), ("512M", 512 << 20), ("1.5g", 3 << 29), ("2 GiB", 2 << 30),
+                                         ("1048576", 1 << 20), ("4096K", 4 << 20), ("1T", 1 << 40), ("64MB", 64 << 20)])
+def test_sizes_take_a_suffix(value, size):
+    assert Settings.from_env({"RTCKERN_CACHE_MAX_BYTES": value}).cache_max_bytes == size
+
+
+@pytest.mark.parametrize("value, message", [
+    ("abc", "is not a size; give bytes or a number with a K/M/G/T suffix (1024-based), such as 10G or 512M, "
+            "or unset it"),
+    ("-1", "is not a size"), ("1e9", "is not a size"), ("１G", "is not a size"), ("1 G B", "is not a size"),
+    ("0", "is 0 bytes, below the smallest accepted 1 MiB (1048576 bytes); give a larger size such as 10G, or unset it"),
+    ("64K", "is 65536 bytes, below the smallest accepted 1 MiB"),
+])
+def test_bad_sizes(value, message):
+    with pytest.raises(ConfigError, match=f"^RTCKERN_CACHE_MAX_BYTES={value!r} {re.escape(message)}"):
+        Settings.from_env({"RTCKERN_CACHE_MAX_BYTES": value})
+
+
+@pytest.mark.parametrize("value", ["abc", "inf", "1e9", "nan", "-1", "0", "61", "٣"])
+def test_bad_timeouts(value):
+    with pytest.raises(ConfigError, match=rf"^RTCKERN_REMOTE_TIMEOUT_S={re.escape(repr(value))} is not a number "
+                                          r"of seconds in \(0, 60\]; give a positive number such as 0.5 \(the "
+                                          r"default\)"):
+        Settings.from_env({"RTCKERN_REMOTE_TIMEOUT_S": value})
+
+
+@pytest.mark.parametrize("name", ["RTCKERN_DISK_CACHE", "RTCKERN_STRICT", "RTCKERN_LINEINFO",
+                                  "RTCKERN_VERBOSE"])
+@pytest.mark.parametrize("value", ["maybe", "2", "-1", "yes please"])
+def test_bad_booleans(name, value):
+    with pytest.raises(ConfigError, match=rf"^{name}={re.escape(repr(value))} is not a boolean; set it to 1 or 0 "
+                                          r"\(also accepted: true/false, yes/no, on/off\), or unset it for the "
+                                          r"default \([01]\)$"):
+        Settings.from_env({name: value})
+
+
+ACCEPTED_URLS = "give redis://host:6379/0, rediss://host:6380/0 (TLS) or unix:///path/to/redis.sock"
+
+
+@pytest.mark.parametrize("value, message", [
+    ("http://x", f"'http://x': scheme 'http://' is not supported; {ACCEPTED_URLS}, or unset it for no remote tier"),
+    ("garbage", f"'garbage' is not a URL; {ACCEPTED_URLS}"),
+    ("redis://h:notaport/0", f"'redis://h:notaport/0' has a port that is not a number in 1..65535; {ACCEPTED_URLS}"),
+    ("redis://h:70000/0", "'redis://h:70000/0' has a port that is not a number in 1..65535"),
+    ("redis:///0", "'redis:///0' has no host"),
+    ("redis://h:6379/zero", "'redis://h:6379/zero': the database 'zero' is not a number; give redis://host:6379/0"),
+    ("unix://", "'unix://': a unix:// URL needs the socket's path, such as unix:///run/redis/redis.sock"),
+    ("redis://admin:s3cret@h:notaport/0", "'redis://admin:***@h:notaport/0' has a port"),  # no password in messages
+])
+def test_bad_remote_urls(value, message):
+    with pytest.raises(ConfigError, match=f"^RTCKERN_REMOTE_CACHE={re.escape(message)}") as ei:
+        Settings.from_env({"RTCKERN_REMOTE_CACHE": value})
+    assert "s3cret" not in str(ei.value)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("nonsense", "'nonsense': entry 'nonsense' is not of the form op=candidate (example: "
+                 "RTCKERN_FORCE_IMPL=rms_norm=rms_norm.l2)"),
+    ("rms_norm=", "'rms_norm=': entry 'rms_norm=' is not of the form op=candidate"),
+    ("=rms_norm.l2", "'=rms_norm.l2': entry '=rms_norm.l2' is not of the form op=candidate"),
+    ("rms_norm=a,rms_norm=b", "'rms_norm=a,rms_norm=b' names two candidates for op 'rms_norm' ('a' and 'b'); keep one"),
+])
+def test_bad_force_impl(value, message):
+    with pytest.raises(ConfigError, match=f"^RTCKERN_FORCE_IMPL={re.escape(message)}"):
+        Settings.from_env({"RTCKERN_FORCE_IMPL": value})
+    with pytest.raises(ConfigError, match=r"^RTCKERN_FORCE_IMPL: op or candidate 'rms norm' is not a name"):
+        Settings.from_env({"RTCKERN_FORCE_IMPL": "rms norm=x"})
+    with pytest.raises(ConfigError, match=r"^RTCKERN_DISABLE_JIT: op 'gemm!' is not a name \(letters, digits"):
+        Settings.from_env({"RTCKERN_DISABLE_JIT": "softmax,gemm!"})
+
+
+def test_int_helper_for_new_settings():
+    assert config._int("RTCKERN_X", " 1_024 ", None) == 1024 and config._int("RTCKERN_X", "", 7) == 7
+    with pytest.raises(ConfigError, match=r"^RTCKERN_X='4.5' is not an integer; set it to a whole number such as 4$"):
+        config._int("RTCKERN_X", "4.5", None)
+    with pytest.raises(ConfigError, match=r"^RTCKERN_X='0' is out of range; give a whole number at least 1 and at most "
+                                          r"8$"):
+        config._int("RTCKERN_X", "0", None, minimum=1, maximum=8)
+    with pytest.raises(ConfigError, match=r"^RTCKERN_X='9' is out of range; give a whole number at most 8$"):
+        config._int("RTCKERN_X", "9", None, maximum=8)
+
+
+# One bad value per variable: every variable a Settings field reads (and XDG_CACHE_HOME) must be listed here.
+NO_SUCH_USER = "~no_such_user_rtckern/x"
+BAD = {
+    "RTCKERN_CACHE_DIR": NO_SUCH_USER, "XDG_CACHE_HOME": NO_SUCH_USER, "RTCKERN_DISK_CACHE": "maybe",
+    "RTCKERN_CACHE_MAX_BYTES": "abc", "RTCKERN_CACHE_LAYERS": f"/ok{os.pathsep}{NO_SUCH_USER}",
+    "RTCKERN_REMOTE_CACHE": "http://x", "RTCKERN_REMOTE_TIMEOUT_S": "inf", "RTCKERN_RECORD_MANIFEST": NO_SUCH_USER,
+    "CUDA_HOME": NO_SUCH_USER, "CUDA_PATH": NO_SUCH_USER, "RTCKERN_INCLUDE_DIRS": NO_SUCH_USER,
+    "RTCKERN_LINEINFO": "2", "RTCKERN_FORCE_IMPL": "nonsense", "RTCKERN_DISABLE_JIT": "a b", "RTCKERN_STRICT": "2",
+    "RTCKERN_NUMERICAL_PROBE": "sometimes", "RTCKERN_PERSIST_DECISIONS": "never", "RTCKERN_TUNING_DIR": NO_SUCH_USER,
+    "RTCKERN_VERBOSE": "very", "RTCKERN_HIPRTC_LIBRARY": NO_SUCH_USER, "ROCM_PATH": NO_SUCH_USER,
+    "RTCKERN_CACHE_SECRET_FILE": NO_SUCH_USER,
+}
+
+
+def _variables() -> list[str]:
+    return [v.strip() for f in dataclasses.fields(Settings) for v in f.metadata["env"].split(",")]
+
+
+def test_every_field_declares_its_variable_and_has_a_bad_value_below():
+    for f in dataclasses.fields(Settings):
+        assert f.metadata.get("env") and f.metadata.get("doc") and f.metadata.get("default"), f.name
+    missing = sorted(set(_variables()) - set(BAD))
+    assert missing == [], f"add a bad value for {missing} to BAD (and make from_env refuse it)"
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_value_of_each_variable_is_a_config_error_naming_it(name):
+    with pytest.raises(ConfigError, match=f"^{name}(=|: )") as ei:
+        Settings.from_env({name: BAD[name]})
+    assert "\n" not in str(ei.value)
+    if BAD[name].startswith("~"):
+        assert f"cannot expand '~' (there is no user 'no_such_user_rtckern'); give an absolute path" in str(ei.value)
 
 
 def test_override_restores(tmp_path):
@@ -31,10 +160,14 @@ def test_override_restores(tmp_path):
 
 
 def test_no_environ_reads_outside_config():
-    import pathlib
-    import re
-
-    root = pathlib.Path(__file__).resolve().parents[2] / "rtckern"
+    root = REPO / "rtckern"
     offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
-                 if p.name != "config.py" and re.search(r"os\.environ|os\.getenv", p.read_text())]
+                 if p.name != "config.py" and re.search(r"os\.environ|os\.getenv|expanduser|Path\.home", p.read_text())]
     assert offenders == []
+
+
+def test_env_doc_is_up_to_date():
+    """docs/env.md is generated: python tools/gen_env_doc.py"""
+    doc = config.env_doc()
+    assert all(f"`{v}`" in doc for v in _variables())
+    assert (REPO / "docs" / "env.md").read_text() == doc, "regenerate it: python tools/gen_env_doc.py"

@@ -22,7 +22,7 @@ import registry_testkit as kit  # noqa: E402
 
 from rtckern import config  # noqa: E402
 from rtckern.device import DeviceInfo  # noqa: E402
-from rtckern.errors import UnsupportedRequestError  # noqa: E402
+from rtckern.errors import ConfigError, UnsupportedRequestError  # noqa: E402
 from rtckern.registry import Candidate, OpRequest, Registry, Resources  # noqa: E402
 from rtckern.registry import fallback  # noqa: E402
 from rtckern.registry.probe import live_resource_reason, required_checks  # noqa: E402
@@ -221,9 +221,32 @@ def test_forced_candidate_that_cannot_serve_raises_with_its_reasons(reg):
 
 def test_force_unknown_name_lists_the_candidates(reg):
     with config.override(force_impl={"axpy": "axpy.nonesuch"}):
-        with pytest.raises(UnsupportedRequestError, match=r"'axpy.nonesuch' is not a candidate of op 'axpy'"
-                                                          r"[\s\S]*candidates of 'axpy': \['axpy.hopper'"):
+        with pytest.raises(ConfigError, match=r"^RTCKERN_FORCE_IMPL forces 'axpy.nonesuch' for op 'axpy', which is not "
+                                              r"one of its candidates: axpy.hopper, .*axpy.fallback\. Fix or unset "
+                                              r"RTCKERN_FORCE_IMPL$"):
             reg.select(kit.axpy_request(dev("sm_80")))
+    assert reg.probe_count == 0
+
+
+@pytest.mark.parametrize("field, value, setting", [
+    ("force_impl", {"axpy": "axpy.fallback", "axyp": "axyp.fast"}, "RTCKERN_FORCE_IMPL"),
+    ("disable_jit", frozenset({"gemm_nope"}), "RTCKERN_DISABLE_JIT"),
+])
+def test_unknown_op_in_an_override_is_a_config_error_naming_the_known_ops(reg, field, value, setting):
+    """Even when the op selected is a known one: a typo in the setting is never silently ignored."""
+    bad = sorted(set(value) - {"axpy"})[0]
+    with config.override(**{field: value}):
+        with pytest.raises(ConfigError, match=rf"^{setting} names op '{bad}', which no registered candidate serves; "
+                                              r"known ops: axpy(?: \(or all\))?\. Fix or unset " + setting):
+            reg.select(kit.axpy_request(dev("sm_80")))
+        with pytest.raises(ConfigError, match=setting):
+            reg.check_overrides()
+    assert reg.probe_count == 0
+
+
+def test_disable_jit_all_and_known_overrides_pass_the_check(reg):
+    with config.override(force_impl={"axpy": "axpy.fallback"}, disable_jit=frozenset({"all"})):
+        reg.check_overrides()
 
 
 @pytest.mark.parametrize("disabled", [frozenset({"axpy"}), frozenset({"all"})])
