@@ -35,6 +35,21 @@ def _int(name: str, value: str | None, default: int | None) -> int | None:
         raise ValueError(f"{name}={value!r} is not an integer; set it to a whole number such as 1073741824") from None
 
 
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(name: str, value: str | None, default: int) -> int:
+    """A positive byte count: ``67108864``, ``64M``, ``64MiB``, ``1G`` (binary units)."""
+    if value is None or value.strip() == "":
+        return default
+    import re
+
+    m = re.fullmatch(r"([0-9]+)\s*(?:([KMGT])I?)?B?", value.strip().upper(), flags=re.ASCII)
+    if not m or int(m.group(1)) <= 0:
+        raise ValueError(f"{name}={value!r} is not a positive size; use bytes or a K/M/G/T suffix (example: 64M)")
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2) or ""]
+
+
 def _default_cache_dir(env: Mapping[str, str]) -> Path:
     if env.get("RTCKERN_CACHE_DIR"):
         return Path(env["RTCKERN_CACHE_DIR"]).expanduser()
@@ -73,7 +88,8 @@ class Settings:
     cache_max_bytes: int | None  # RTCKERN_CACHE_MAX_BYTES: LRU-prune the disk tier above this size
     read_only_layers: tuple[Path, ...]  # RTCKERN_CACHE_LAYERS: read-only cache dirs below the local one (os.pathsep)
     remote_cache: str | None  # RTCKERN_REMOTE_CACHE: e.g. redis://host:6379/0
-    remote_timeout_s: float  # RTCKERN_REMOTE_TIMEOUT_S: bound on any remote call
+    remote_timeout_s: float  # RTCKERN_REMOTE_TIMEOUT_S: whole-call deadline of every remote call (connect included)
+    remote_max_value_bytes: int  # RTCKERN_REMOTE_MAX_VALUE_BYTES: larger remote values are refused unread (64M)
     record_manifest: Path | None  # RTCKERN_RECORD_MANIFEST: append each runtime miss's request (JSON lines)
     # --- compile ---
     cuda_home: Path | None  # CUDA_HOME / CUDA_PATH: fallback for CUDA headers when cuda-pathfinder finds none
@@ -113,6 +129,8 @@ class Settings:
             read_only_layers=layers,
             remote_cache=env.get("RTCKERN_REMOTE_CACHE") or None,
             remote_timeout_s=remote_timeout,
+            remote_max_value_bytes=_size("RTCKERN_REMOTE_MAX_VALUE_BYTES", env.get("RTCKERN_REMOTE_MAX_VALUE_BYTES"),
+                                         64 << 20),
             record_manifest=Path(record).expanduser() if record else None,
             cuda_home=Path(cuda_home) if cuda_home else None,
             extra_include_dirs=incs,
