@@ -12,6 +12,7 @@ import time
 import tracemalloc
 import warnings
 
+import filelock
 import pytest
 
 from rtckern import config
@@ -445,3 +446,61 @@ def test_bad_deadlines_are_refused(timeout):
                                          r"\(RTCKERN_REMOTE_TIMEOUT_S, a whole-call deadline; e.g. 0.5\)"):
         RedisCache("redis://127.0.0.1:6379/0", timeout_s=timeout)
 
+
+# ---- no remote I/O under the per-key lock ----
+class _LockWatchingRemote:
+    """Wraps a RedisCache; on every call, records whether the key's disk lock is held (another flock on the
+    same file, which conflicts even within one process)."""
+
+    def __init__(self, inner: RedisCache, disk: DiskCache):
+        self.inner, self.disk = inner, disk
+        self.calls: list[tuple[str, bool]] = []
+
+    def _held(self, key: str) -> bool:
+        probe = filelock.FileLock(str(self.disk.lock_path(key)), timeout=0)
+        try:
+            probe.acquire()
+        except filelock.Timeout:
+            return True
+        probe.release()
+        return False
+
+    def get_packed(self, key):
+        self.calls.append(("get", self._held(key)))
+        return self.inner.get_packed(key)
+
+    def put_packed(self, key, data, meta=None):
+        self.calls.append(("put", self._held(key)))
+        return self.inner.put_packed(key, data, meta)
+
+
+def test_slow_remote_never_holds_the_per_key_lock(cache_dir, spec):
+    deadline = 1.5
+    with HostileRedis("blackhole") as srv:
+        m = KernelManager(cache_dir)
+        remote = _LockWatchingRemote(RedisCache(srv.url, timeout_s=deadline, cooldown_s=0.0), m.disk)
+        m.remote = remote
+        lock_path = str(m.disk.lock_path(m.key(spec)))
+        done = threading.Event()
+        held_since, longest = None, 0.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CacheWarning)
+            th = threading.Thread(target=lambda: (m.compile(spec), done.set()))
+            t0 = time.monotonic()
+            th.start()
+            # Meanwhile, another would-be compiler polls the lock: it must never wait as long as a remote call.
+            while not done.is_set():
+                probe = filelock.FileLock(lock_path, timeout=0)
+                try:
+                    probe.acquire()
+                    probe.release()
+                    held_since = None
+                except filelock.Timeout:
+                    held_since = held_since or time.monotonic()
+                    longest = max(longest, time.monotonic() - held_since)
+                time.sleep(0.01)
+            th.join()
+            took = time.monotonic() - t0
+    assert remote.calls == [("get", False), ("put", False)]  # one look before the lock, the write-back after it
+    assert m.stats.compiles == 1 and took >= 2 * deadline  # both remote calls really waited out the deadline
+    assert longest < deadline, longest  # the lock was held for the compile only
