@@ -100,7 +100,8 @@ class RedisCache:
         self.stats.bump(self.name, "invalid")
         if key not in self._warned_invalid:
             self._warned_invalid.add(key)
-            msg = f"remote cache value for {key[:16]}… is invalid ({why}); recompiling, and the write-back replaces it"
+            msg = (f"remote cache value for {key[:16]}… is invalid ({why}); recompiling, and the write-back "
+                   "replaces it")
             log.warning(msg)
             warnings.warn(msg, CacheWarning, stacklevel=4)
 
@@ -144,7 +145,7 @@ class RedisCache:
             # Every reader would refuse it; say so once (a kernel this large is worth knowing about).
             if key not in self._warned_invalid:
                 self._warned_invalid.add(key)
-                msg = (f"not writing {key[:16]}… to the remote cache: {ValueTooLarge(len(data), self.max_value_bytes)}")
+                msg = f"not writing {key[:16]}… to the remote cache: {ValueTooLarge(len(data), self.max_value_bytes)}"
                 log.warning(msg)
                 warnings.warn(msg, CacheWarning, stacklevel=3)
             return False

@@ -8,10 +8,11 @@ socket's timeout is set to the time left, and after each one the deadline is che
 at the deadline. A bulk reply is refused on its ``$<length>`` header when the length passes the caller's cap,
 before a byte of the value is read, and a value within the cap is read into one buffer of exactly that size.
 
-Only what the cache tier needs is spoken: ``GET``, ``SET``, ``AUTH``, ``SELECT``, ``PING`` and their replies
-(simple strings, errors, integers, bulk strings). URLs follow redis-py's forms: ``redis://[[user]:pass@]host[:port][/db]``,
-``rediss://`` (TLS; ``?ssl_cert_reqs=none|required``, ``ssl_ca_certs=``, ``ssl_certfile=``, ``ssl_keyfile=``,
-``ssl_check_hostname=``) and ``unix://[[user]:pass@]/path/redis.sock[?db=N]``.
+Only what the cache tier needs is spoken: ``GET``, ``SET``, ``AUTH``, ``SELECT`` and their replies
+(simple strings, errors, integers, bulk strings). URLs follow redis-py's forms:
+``redis://[[user]:pass@]host[:port][/db]``; ``rediss://`` (TLS, verified against the system CAs unless
+``?ssl_ca_certs=``; also ``ssl_cert_reqs=none|required``, ``ssl_certfile=``, ``ssl_keyfile=``,
+``ssl_check_hostname=``); ``unix://[[user]:pass@]/path/redis.sock[?db=N]``. Other query parameters are refused.
 """
 
 from __future__ import annotations

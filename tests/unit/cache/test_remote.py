@@ -130,6 +130,24 @@ def test_roundtrip_values_carry_their_digest(redis_server):
     assert r.stats.tiers["remote"].hits == 1 and r.stats.tiers["remote"].writes == 1
 
 
+def _connections(srv) -> int:
+    return srv.client().info("stats")["total_connections_received"]
+
+
+def test_one_connection_serves_many_calls_and_a_restart_is_no_failure(redis_server):
+    r = RedisCache(redis_server.url)
+    n0 = _connections(redis_server)
+    for i in range(50):
+        assert r.put_packed(f"{i:064x}", pack(CK)) and r.get_packed(f"{i:064x}") == pack(CK)
+    assert _connections(redis_server) - n0 == 2  # the tier's one pooled connection, plus this count's own
+    redis_server.stop()
+    redis_server.start()  # the pooled connection is now dead: noticed before use, replaced, no failure
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert r.put_packed(KEY, pack(CK)) and r.get_packed(KEY) == pack(CK)
+    assert r.stats.tiers["remote"].errors == 0
+
+
 def test_write_back_and_read_through(redis_server, cache_dir, tmp_path, spec):
     a = KernelManager(cache_dir, remote=RedisCache(redis_server.url))
     a.compile(spec)
@@ -313,7 +331,7 @@ def test_value_over_the_cap_is_refused_unread_and_not_written(redis_server):
         tracemalloc.stop()
     assert peak < 256 << 10, peak  # refused on the length header: the 2 MiB value was never read
     assert r.stats.tiers["remote"].errors == 0  # not the server's fault: no cool-down
-    with pytest.warns(CacheWarning, match=rf"not writing {'cd' * 8}… to the remote cache: the value is {len(big)} bytes"):
+    with pytest.warns(CacheWarning, match=rf"not writing {'cd' * 8}… to the remote cache: the value is {len(big)} "):
         assert r.put_packed("cd" * 32, big) is False
     assert not cl.exists(KEY_PREFIX + "cd" * 32)
     # At the cap exactly, the value is read and served.
@@ -369,8 +387,8 @@ def test_password_and_database_in_the_url(redis_server, tmp_path):
             warnings.simplefilter("always")
             assert bad.get_packed(KEY) is None
         msgs = [str(w.message) for w in got if issubclass(w.category, CacheWarning)]
-        assert len(msgs) == 1 and re.search(rf"redis://127.0.0.1:{srv.port}/3 failed \(get: ReplyError: AUTH: WRONGPASS",
-                                            msgs[0]), msgs
+        want = rf"redis://127.0.0.1:{srv.port}/3 failed \(get: ReplyError: AUTH: WRONGPASS"
+        assert len(msgs) == 1 and re.search(want, msgs[0]), msgs
         assert "wrong" not in msgs[0].replace("WRONGPASS", "")  # the password is never printed
     finally:
         srv.stop()
@@ -397,7 +415,10 @@ def test_rediss_url_with_tls(tmp_path, tls_files):
     try:
         base = f"rediss://127.0.0.1:{srv.port}/0"
         r = RedisCache(f"{base}?ssl_ca_certs={cert}")  # verified: the test CA, hostname 127.0.0.1 in the SAN
-        assert r.put_packed(KEY, pack(CK)) and r.get_packed(KEY) == pack(CK)
+        n0 = _connections(srv)
+        for _ in range(20):
+            assert r.put_packed(KEY, pack(CK)) and r.get_packed(KEY) == pack(CK)
+        assert _connections(srv) - n0 == 2  # one TLS connection reused (plus the count's own)
         assert srv.client().get(KEY_PREFIX + KEY) == pack(CK)
         assert RedisCache(f"{base}?ssl_cert_reqs=none").get_packed(KEY) == pack(CK)  # encrypted, not verified
         unknown_ca = RedisCache(base)  # the system CAs do not know the test certificate: refused, a miss
@@ -416,7 +437,7 @@ def test_tls_handshake_is_under_the_deadline():
     with HostileRedis("blackhole") as srv:
         r = RedisCache(f"rediss://127.0.0.1:{srv.port}/0", timeout_s=DEADLINE_S, cooldown_s=0)
         t0 = time.monotonic()
-        with pytest.warns(CacheWarning, match=r"get: DeadlineExceeded: the TLS handshake did not finish within the 1 s"):
+        with pytest.warns(CacheWarning, match=r"DeadlineExceeded: the TLS handshake did not finish within the 1 s "):
             assert r.get_packed(KEY) is None
         assert DEADLINE_S * 0.99 <= time.monotonic() - t0 <= DEADLINE_S * SLACK
 
