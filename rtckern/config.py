@@ -281,6 +281,9 @@ class Settings:
         "none")
     remote_timeout_s: float = _var(
         "RTCKERN_REMOTE_TIMEOUT_S", f"Bound on any remote call, in seconds, in (0, {MAX_REMOTE_TIMEOUT_S:g}].", "0.5")
+    remote_max_value_bytes: int = _var(
+        "RTCKERN_REMOTE_MAX_VALUE_BYTES", "Larger remote values are refused before they are read: bytes or K/M/G/T "
+                                          "(1024-based).", "64M")
     record_manifest: Path | None = _var(
         "RTCKERN_RECORD_MANIFEST", "Append each runtime miss's request to this file (JSON lines) for "
                                    "`rtckern prefill --manifest`.", "off")
@@ -331,6 +334,8 @@ class Settings:
             remote_cache=_remote_url("RTCKERN_REMOTE_CACHE", g("RTCKERN_REMOTE_CACHE")),
             remote_timeout_s=_seconds("RTCKERN_REMOTE_TIMEOUT_S", g("RTCKERN_REMOTE_TIMEOUT_S"), 0.5,
                                       maximum=MAX_REMOTE_TIMEOUT_S),
+            remote_max_value_bytes=_size("RTCKERN_REMOTE_MAX_VALUE_BYTES", g("RTCKERN_REMOTE_MAX_VALUE_BYTES"),
+                                         64 << 20, floor=1 << 10),
             record_manifest=_path("RTCKERN_RECORD_MANIFEST", g("RTCKERN_RECORD_MANIFEST"), env),
             cuda_home=_path(cuda_home, g(cuda_home), env),
             extra_include_dirs=_paths("RTCKERN_INCLUDE_DIRS", g("RTCKERN_INCLUDE_DIRS"), env),
@@ -420,6 +425,7 @@ CODE_EFFECT: dict[str, str] = {
     "read_only_layers": "where binaries are looked up (each entry is bound to its key)",
     "remote_cache": "where binaries are looked up (each value is bound to its key)",
     "remote_timeout_s": "how long the remote tier is waited for",
+    "remote_max_value_bytes": "which remote values are read at all (each one is bound to its key)",
     "cache_secret_file": "who may write remote values and bundles (signatures); never changes a binary",
     "record_manifest": "records requests; compiles nothing differently",
     "cuda_home": "identity: only a fallback location of the CUDA headers, whose version is in the compiler identity",

@@ -68,6 +68,13 @@ class KernelManager:
     # ---- compile through the tiers ----
     def lookup(self, spec: KernelSpec) -> tuple[CompiledKernel | None, str]:
         """Look in every tier without compiling: (compiled kernel or None, tier name)."""
+        ck, tier = self._lookup_local(spec)
+        if ck is not None:
+            return ck, tier
+        return self._lookup_remote(spec)
+
+    def _lookup_local(self, spec: KernelSpec) -> tuple[CompiledKernel | None, str]:
+        """Memory, read-only layers, local disk: the tiers that are cheap to look at under the per-key lock."""
         key = self.key(spec)
         ck = self.memory.get(key)
         if ck is not None:
@@ -84,24 +91,32 @@ class KernelManager:
             if ck is not None:
                 self.memory.put(key, ck)
                 return ck, "disk"
-        if self.remote is not None:
-            packed = self.remote.get_packed(key)
-            if packed is not None:
-                from .cache.entry import InvalidEntry, unpack
-
-                try:
-                    ck = unpack(packed, key)
-                except InvalidEntry:
-                    ck = None
-                if ck is not None:
-                    if self.disk is not None:
-                        self.disk.put_packed(key, packed, self._meta(spec, ck, source="remote"))
-                    self.memory.put(key, ck)
-                    return ck, "remote"
         return None, ""
 
+    def _lookup_remote(self, spec: KernelSpec) -> tuple[CompiledKernel | None, str]:
+        if self.remote is None:
+            return None, ""
+        key = self.key(spec)
+        packed = self.remote.get_packed(key)
+        if packed is None:
+            return None, ""
+        from .cache.entry import InvalidEntry, unpack
+
+        try:
+            ck = unpack(packed, key)
+        except InvalidEntry:
+            return None, ""
+        if self.disk is not None:
+            self.disk.put_packed(key, packed, self._meta(spec, ck, source="remote"))
+        self.memory.put(key, ck)
+        return ck, "remote"
+
     def compile(self, spec: KernelSpec, *, force: bool = False) -> CompiledKernel:
-        """The binary for ``spec``: from the caches, or compiled once (per key, across threads and processes)."""
+        """The binary for ``spec``: from the caches, or compiled once (per key, across threads and processes).
+
+        The remote tier is consulted before the per-key lock and written after it is released, never under it:
+        a slow remote (up to RTCKERN_REMOTE_TIMEOUT_S per call) must not stall every process waiting for the lock.
+        """
         t0 = time.perf_counter()
         key = self.key(spec)
         if not force:
@@ -112,8 +127,8 @@ class KernelManager:
         with self._key_lock(key):
             lock_cm = self.disk.lock(key) if self.disk is not None else _null()
             with lock_cm:
-                if not force:  # second look: another thread or process may have compiled it meanwhile
-                    ck, tier = self.lookup(spec)
+                if not force:  # second look, local tiers only: another thread or process may have compiled it
+                    ck, tier = self._lookup_local(spec)
                     if ck is not None:
                         events.emit(events.CacheEvent(spec, key, tier, (time.perf_counter() - t0) * 1e3))
                         return ck
@@ -126,11 +141,11 @@ class KernelManager:
                 meta = self._meta(spec, ck, source="compile")
                 if self.disk is not None:
                     self.disk.put(key, ck, meta)
-                if self.remote is not None:
-                    from .cache.entry import identity, pack
-
-                    self.remote.put_packed(key, pack(ck, key, identity(meta)), meta)
                 self.memory.put(key, ck)
+        if self.remote is not None:  # write-back outside the locks
+            from .cache.entry import identity, pack
+
+            self.remote.put_packed(key, pack(ck, key, identity(meta)), meta)
         events.emit(events.CacheEvent(spec, key, "compile", (time.perf_counter() - t0) * 1e3))
         return ck
 

@@ -1,41 +1,46 @@
-"""Remote tier: a Redis server shared by many machines (``RTCKERN_REMOTE_CACHE=redis://host:6379/0``).
+"""Remote tier: a Redis server shared by many machines (``RTCKERN_REMOTE_CACHE=redis://host:6379/0``, also
+``rediss://`` with TLS and ``unix:///path/redis.sock``).
 
 The manager reads through it (a remote hit is written into the local disk cache) and writes back after a
 compile. Values are packed cache entries, which carry the sha256 of their body: a value that does not unpack is
-a miss (warned once), and the compile that follows overwrites it.
+a miss (warned once per key), and the compile that follows overwrites it.
 
-A remote cache must never make a kernel call slower than a compile or make it fail: every call is bounded by
-``RTCKERN_REMOTE_TIMEOUT_S`` (connect and read; no retries), a connection error or timeout is a miss with one
-warning, and after one the tier is skipped for ``cooldown_s`` seconds so a dead server costs one timeout per
-cooldown, not one per kernel.
+A remote cache must never make a kernel call much slower than a compile, make it fail, or hold up other
+processes:
+
+- Every call (name resolution, connect, TLS handshake, AUTH/SELECT, the command and the whole reply) finishes
+  within ``RTCKERN_REMOTE_TIMEOUT_S`` seconds: a whole-call deadline, not a per-read timeout, so a server that
+  trickles bytes or never answers costs at most that (:mod:`rtckern.cache.resp` holds it; no retries).
+- A value larger than ``RTCKERN_REMOTE_MAX_VALUE_BYTES`` is refused on its announced length, before it is read,
+  and is a miss warned once per key; values that large are not written either.
+- A failure (refused, unreachable, deadline passed, not a Redis reply, a server error) is a miss with one
+  warning, and the tier is then skipped for ``cooldown_s`` seconds, so a dead or hostile server costs one
+  deadline per cool-down, not one per kernel.
+- The manager never calls this tier while it holds a per-key compile lock (see ``KernelManager.compile``).
+
+Integrity only: the digest catches damage, not a value written on purpose under another key by someone who can
+write to the server (entries bound to their key close part of that; see docs/fleet.md).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import warnings
 from typing import Any
-from urllib.parse import urlsplit
 
 from . import entry as entry_format
 from .disk import CacheWarning
+from .resp import SCHEMES, Client, Endpoint, ValueTooLarge
 from .stats import Stats
 
 log = logging.getLogger(__name__)
-SCHEMES = ("redis", "rediss", "unix")
+__all__ = ["DEFAULT_MAX_VALUE_BYTES", "KEY_PREFIX", "SCHEMES", "RedisCache", "remote_from_settings"]
 KEY_PREFIX = "rtckern:v1:"
-
-
-def _client(url: str, timeout_s: float) -> Any:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    return redis.Redis.from_url(
-        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False,
-        retry=Retry(NoBackoff(), 0), health_check_interval=0, socket_keepalive=True)
+DEFAULT_MAX_VALUE_BYTES = 64 << 20  # cubins are KBs to a few MB; 64 MiB leaves room and bounds memory
+MAX_TIMEOUT_S = 3600.0
 
 
 class RedisCache:
@@ -44,19 +49,22 @@ class RedisCache:
     name = "remote"
 
     def __init__(self, url: str, *, timeout_s: float = 0.5, cooldown_s: float = 30.0, stats: Stats | None = None,
-                 prefix: str = KEY_PREFIX, client: Any = None):
-        scheme = urlsplit(url).scheme
-        if scheme not in SCHEMES:
-            raise ValueError(f"RTCKERN_REMOTE_CACHE={url!r}: scheme {scheme!r} is not supported; use "
-                             "redis://host:6379/0 (or rediss:// with TLS, unix:///path/redis.sock)")
-        if not timeout_s > 0:
-            raise ValueError(f"remote cache timeout {timeout_s!r} s: must be positive (RTCKERN_REMOTE_TIMEOUT_S)")
+                 prefix: str = KEY_PREFIX, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+                 client: Client | None = None):
+        self.endpoint = Endpoint.parse(url)  # ConfigError for a bad URL, now rather than at the first call
+        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
+            raise ValueError(f"remote cache timeout {timeout_s!r} s: must be a number of seconds above 0 and at "
+                             f"most {MAX_TIMEOUT_S:g} (RTCKERN_REMOTE_TIMEOUT_S, a whole-call deadline; e.g. 0.5)")
+        if not (isinstance(max_value_bytes, int) and max_value_bytes > 0):
+            raise ValueError(f"remote cache value cap {max_value_bytes!r}: must be a positive number of bytes "
+                             "(RTCKERN_REMOTE_MAX_VALUE_BYTES, e.g. 64M)")
         self.url = url
-        self.timeout_s = timeout_s
+        self.timeout_s = float(timeout_s)
         self.cooldown_s = cooldown_s
+        self.max_value_bytes = max_value_bytes
         self.prefix = prefix
         self.stats = stats or Stats()
-        self._client = client if client is not None else _client(url, timeout_s)
+        self._client = client if client is not None else Client(self.endpoint)
         self._lock = threading.Lock()
         self._down_until = 0.0  # monotonic time until which the server is not tried
         self._down = False  # inside an outage (warned once at its start)
@@ -73,32 +81,44 @@ class RedisCache:
             self._down = True
             self._down_until = time.monotonic() + self.cooldown_s
         if first:
-            msg = (f"remote cache {self._where()} is unreachable ({op}: {type(err).__name__}: {err}); treating it "
-                   f"as a miss and retrying in {self.cooldown_s:g} s. Check RTCKERN_REMOTE_CACHE")
+            msg = (f"remote cache {self.endpoint.where()} failed ({op}: {type(err).__name__}: {err}); treating it "
+                   f"as a miss and skipping it for {self.cooldown_s:g} s. Check RTCKERN_REMOTE_CACHE and the server")
             log.warning(msg)
             warnings.warn(msg, CacheWarning, stacklevel=4)
         else:
-            log.debug("remote cache still unreachable (%s: %s)", op, err)
+            log.debug("remote cache still failing (%s: %s)", op, err)
 
     def _ok(self) -> None:
         if self._down:
             with self._lock:
                 was, self._down = self._down, False
             if was:
-                log.info("remote cache %s is reachable again", self._where())
+                log.info("remote cache %s is reachable again", self.endpoint.where())
 
-    def _where(self) -> str:
-        u = urlsplit(self.url)
-        return f"{u.scheme}://{u.hostname or ''}{':' + str(u.port) if u.port else ''}{u.path}"  # no password
+    def _warn_value(self, key: str, why: str) -> None:
+        """A bad value is the value's problem, not the server's: a miss warned once per key, no cool-down."""
+        self.stats.bump(self.name, "invalid")
+        if key not in self._warned_invalid:
+            self._warned_invalid.add(key)
+            msg = (f"remote cache value for {key[:16]}… is invalid ({why}); recompiling, and the write-back "
+                   "replaces it")
+            log.warning(msg)
+            warnings.warn(msg, CacheWarning, stacklevel=4)
 
     # ---- the tier ----
     def get_packed(self, key: str) -> bytes | None:
+        """The value under ``key`` if it unpacks, else None; never raises, never takes longer than the deadline."""
         if self._skip():
             self.stats.bump(self.name, "misses")
             return None
         try:
-            data = self._client.get(self.prefix + key)
-        except Exception as e:  # redis.ConnectionError, TimeoutError, OSError, protocol errors: all misses
+            data = self._client.execute((b"GET", (self.prefix + key).encode()), self.timeout_s, self.max_value_bytes)
+        except ValueTooLarge as e:
+            self._ok()
+            self.stats.bump(self.name, "misses")
+            self._warn_value(key, str(e))
+            return None
+        except Exception as e:  # refused, deadline passed, not RESP, server error: all misses
             self._failed("get", e)
             self.stats.bump(self.name, "misses")
             return None
@@ -107,25 +127,32 @@ class RedisCache:
             self.stats.bump(self.name, "misses")
             return None
         try:
+            if not isinstance(data, bytes):
+                raise entry_format.InvalidEntry(f"GET answered {type(data).__name__}, not a bulk string")
             entry_format.unpack(data, key)
         except entry_format.InvalidEntry as e:
-            self.stats.bump(self.name, "invalid")
             self.stats.bump(self.name, "misses")
-            if key not in self._warned_invalid:
-                self._warned_invalid.add(key)
-                msg = (f"remote cache value for {key[:16]}… is invalid ({e}); recompiling, and the write-back "
-                       "replaces it")
-                log.warning(msg)
-                warnings.warn(msg, CacheWarning, stacklevel=3)
+            self._warn_value(key, str(e))
             return None
         self.stats.bump(self.name, "hits")
-        return bytes(data)
+        return data
 
     def put_packed(self, key: str, data: bytes, meta: dict | None = None) -> bool:
+        """Write ``data`` under ``key``; False (never an exception) when skipped, too large or failed."""
         if self._skip():
             return False
+        if len(data) > self.max_value_bytes:
+            # Every reader would refuse it; say so once (a kernel this large is worth knowing about).
+            if key not in self._warned_invalid:
+                self._warned_invalid.add(key)
+                msg = f"not writing {key[:16]}… to the remote cache: {ValueTooLarge(len(data), self.max_value_bytes)}"
+                log.warning(msg)
+                warnings.warn(msg, CacheWarning, stacklevel=3)
+            return False
         try:
-            self._client.set(self.prefix + key, data)
+            reply = self._client.execute((b"SET", (self.prefix + key).encode(), bytes(data)), self.timeout_s)
+            if reply != "OK":
+                raise ValueError(f"SET answered {reply!r}, not OK")
         except Exception as e:
             self._failed("set", e)
             return False
@@ -134,30 +161,13 @@ class RedisCache:
         return True
 
     def close(self) -> None:
-        try:
-            self._client.close()
-        except Exception:
-            pass
-
-
-_warned_no_client = False
+        self._client.close()
 
 
 def remote_from_settings(s: Any, stats: Stats | None = None) -> RedisCache | None:
-    """The remote tier the settings ask for (``RTCKERN_REMOTE_CACHE``), or None. A missing ``redis`` package is
-    a warning (kernels still compile), a malformed URL an error."""
-    global _warned_no_client
+    """The remote tier the settings ask for (``RTCKERN_REMOTE_CACHE``), or None; a malformed URL is a
+    ConfigError. No client package is needed: the tier speaks RESP itself (rtckern.cache.resp)."""
     url = s.remote_cache
     if not url:
         return None
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        if not _warned_no_client:
-            _warned_no_client = True
-            msg = (f"RTCKERN_REMOTE_CACHE={url} is set but the redis package is not installed; running without the "
-                   "remote tier. Install it: pip install 'rtckern[redis]'")
-            log.warning(msg)
-            warnings.warn(msg, CacheWarning, stacklevel=3)
-        return None
-    return RedisCache(url, timeout_s=s.remote_timeout_s, stats=stats)
+    return RedisCache(url, timeout_s=s.remote_timeout_s, max_value_bytes=s.remote_max_value_bytes, stats=stats)
