@@ -72,6 +72,9 @@ class Settings:
     disk_cache: bool  # RTCKERN_DISK_CACHE=0 keeps binaries in memory only
     cache_max_bytes: int | None  # RTCKERN_CACHE_MAX_BYTES: LRU-prune the disk tier above this size
     read_only_layers: tuple[Path, ...]  # RTCKERN_CACHE_LAYERS: read-only cache dirs below the local one (os.pathsep)
+    lock_timeout_s: float  # RTCKERN_LOCK_TIMEOUT_S: longest wait for a per-key compile lock, then compile without it
+    lock_dir: Path | None  # RTCKERN_LOCK_DIR: per-key lock files (default <cache_dir>/locks; node-local on a network FS)
+    runtime_dir: Path | None  # XDG_RUNTIME_DIR: node-local home of lock files when the cache is on a network FS
     remote_cache: str | None  # RTCKERN_REMOTE_CACHE: e.g. redis://host:6379/0
     remote_timeout_s: float  # RTCKERN_REMOTE_TIMEOUT_S: bound on any remote call
     record_manifest: Path | None  # RTCKERN_RECORD_MANIFEST: append each runtime miss's request (JSON lines)
@@ -106,11 +109,22 @@ class Settings:
             remote_timeout = float(timeout) if timeout.strip() else 0.5
         except ValueError:
             raise ValueError(f"RTCKERN_REMOTE_TIMEOUT_S={timeout!r} is not a number of seconds (example: 0.5)") from None
+        lock_timeout = env.get("RTCKERN_LOCK_TIMEOUT_S", "")
+        try:
+            lock_timeout_s = float(lock_timeout) if lock_timeout.strip() else 600.0
+        except ValueError:
+            lock_timeout_s = -1.0
+        if not 0 < lock_timeout_s < 1e6:
+            raise ValueError(f"RTCKERN_LOCK_TIMEOUT_S={lock_timeout!r} is not a positive number of seconds "
+                             "below 1e6 (example: 600)")
         return cls(
             cache_dir=cache_dir,
             disk_cache=_bool(env.get("RTCKERN_DISK_CACHE"), True),
             cache_max_bytes=_int("RTCKERN_CACHE_MAX_BYTES", env.get("RTCKERN_CACHE_MAX_BYTES"), None),
             read_only_layers=layers,
+            lock_timeout_s=lock_timeout_s,
+            lock_dir=Path(env["RTCKERN_LOCK_DIR"]).expanduser() if env.get("RTCKERN_LOCK_DIR") else None,
+            runtime_dir=Path(env["XDG_RUNTIME_DIR"]) if env.get("XDG_RUNTIME_DIR") else None,
             remote_cache=env.get("RTCKERN_REMOTE_CACHE") or None,
             remote_timeout_s=remote_timeout,
             record_manifest=Path(record).expanduser() if record else None,

@@ -87,10 +87,16 @@ def test_prune_lru_under_cap(tmp_path):
 
 
 def test_cap_enforced_on_write(tmp_path):
-    d = DiskCache(tmp_path, max_bytes=len(pack(CK)) * 2 + 10)
-    for i in range(5):
-        d.put(f"{i:02x}" + "2" * 62, CK, {})
-    assert len(list(d.entries())) == 2
+    """Past the cap, a write prunes to 90% of it (the oldest go), so the next prune is several writes away."""
+    size = len(pack(CK))
+    d = DiskCache(tmp_path, max_bytes=3 * size)
+    keys = [f"{i:02x}" + "2" * 62 for i in range(5)]
+    for i, k in enumerate(keys):
+        d.put(k, CK, {})
+        os.utime(d.entry_path(k), (1000 + i, 1000 + i))
+        if i == 3:  # 4 entries > 3: pruned to 2 (<= 2.7 entries' worth)
+            assert {e.key for e in d.entries(meta=False)} == {keys[2], keys[3]}
+    assert {e.key for e in d.entries(meta=False)} == {keys[2], keys[3], keys[4]}
 
 
 def test_verify_and_quarantine(tmp_path):
@@ -100,7 +106,9 @@ def test_verify_and_quarantine(tmp_path):
     d.put(other, CK, {})
     d.entry_path(other).write_bytes(b"junk")
     assert d.verify(remove=True) == {"checked": 2, "corrupt": 1, "removed": 1,
-                                     "bad": [{"key": other, "reason": "truncated (4 bytes, the header alone is 52)"}]}
+                                     "bad": [{"key": other, "reason": "truncated (4 bytes, the header alone is 52)"}],
+                                     "bad_sidecars": [], "orphan_sidecars": 0, "stale_temp_files": 0, "cleaned": 0,
+                                     "read_only": False}
     with pytest.warns(CacheWarning, match="quarantined"):
         d.quarantine(KEY, "CUDA_ERROR_INVALID_IMAGE")
     assert d.get(KEY) is None and (tmp_path / "quarantine" / f"{KEY}.rtk").exists()
