@@ -49,7 +49,7 @@ NOTICE_AFTER_S = 5.0  # a wait longer than this is reported once, naming the hol
 _POLL_MAX_S = 0.05
 
 
-class LockTimeout(OSError):
+class LockTimeout(TimeoutError):
     """The lock was not free within the timeout; the message names the holder."""
 
 
@@ -176,8 +176,7 @@ def hold(path: Path, timeout: float, *, notice_after: float = NOTICE_AFTER_S,
             break
         waited = time.monotonic() - t0
         if waited >= timeout:
-            raise LockTimeout(errno.ETIMEDOUT, f"not free after {timeout:g} s (RTCKERN_LOCK_TIMEOUT_S); held by "
-                              f"{holder_of(path)}", str(path))
+            raise LockTimeout(f"not free after {timeout:g} s (RTCKERN_LOCK_TIMEOUT_S); held by {holder_of(path)}")
         if not noticed and waited >= notice_after:
             noticed = True
             notice(f"waiting for the compile lock {path}: held by {holder_of(path)}; giving up after "
