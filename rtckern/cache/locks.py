@@ -10,14 +10,16 @@ Lock files come and go safely: the holder removes its file before releasing it, 
 that the file it locked is still the one at the path (a file removed meanwhile is taken again). Housekeeping
 (``cache prune``/``clear``) removes only lock files nobody holds, by taking them first.
 
-Shared filesystems. ``flock`` over NFS is emulated with byte-range locks by the NFS client (NFSv4 leases, NLM on
-v3); on Lustre it needs the ``flock`` mount option (without it: ENOSYS, or ``localflock``: node-local only);
-CIFS and GPFS differ again. Where it works, a client that loses its lease loses the lock silently, and where it
-does not, every compile fails to lock or hangs (triton-lang/triton#11512, flashinfer-ai/flashinfer#3777). So when
-the cache directory is on a network filesystem (found in /proc/mounts), lock files go to node-local storage
-instead: ``$XDG_RUNTIME_DIR/rtckern-locks``, else ``<temp dir>/rtckern-locks-<uid>``, one subfolder per cache
-directory. ``RTCKERN_LOCK_DIR`` overrides the choice. Consequence: processes of one node compile a key once;
-nodes sharing the cache may each compile it once, and the last atomic rename wins with identical bytes.
+Shared filesystems. ``flock`` over NFS is emulated by the client with whole-file byte-range locks (NLM on v3,
+which fails with ENOLCK when rpc.statd is not running; leases on v4); on Lustre it needs the ``flock`` mount
+option (without it: ENOSYS; with ``localflock``: node-local only); CIFS and GPFS differ again. Where it works, a
+lock call can hang in the kernel on an unresponsive lock server, which no user-space timeout bounds, and a client
+that loses its lease can lose the lock unnoticed (triton-lang/triton#11512, flashinfer-ai/flashinfer#3777). So
+when the cache directory is on a network filesystem (its mount's type in /proc/mounts), lock files go to
+node-local storage instead: ``$XDG_RUNTIME_DIR/rtckern-locks``, else ``<temp dir>/rtckern-locks-<uid>``, one
+subfolder per cache directory. ``RTCKERN_LOCK_DIR`` overrides the choice. Consequence: the processes of one node
+compile a key once; nodes sharing the cache may each compile it once, and the last atomic rename wins with the
+same bytes.
 """
 
 from __future__ import annotations
