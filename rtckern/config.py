@@ -30,6 +30,7 @@ from .errors import ConfigError, ConfigWarning
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 MIN_CACHE_MAX_BYTES = MiB  # a cap below one large entry (GEMM cubins reach a few hundred KB) would prune everything
 MAX_REMOTE_TIMEOUT_S = 60.0  # a remote lookup slower than a compile is never worth waiting for
+MAX_LOCK_TIMEOUT_S = 86400.0  # a day: longer than any compile; a bound so a typo (6e9) is caught
 REMOTE_SCHEMES = ("redis", "rediss", "unix")
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # op and candidate names
 
@@ -276,6 +277,15 @@ class Settings:
     read_only_layers: tuple[Path, ...] = _var(
         "RTCKERN_CACHE_LAYERS", "Read-only cache directories looked up before the local one (os.pathsep-separated).",
         "none")
+    lock_timeout_s: float = _var(
+        "RTCKERN_LOCK_TIMEOUT_S", "Longest wait for a per-key compile lock, in seconds; then compile without it "
+                                  "(a duplicate compile, never a wrong entry).", "600")
+    lock_dir: Path | None = _var(
+        "RTCKERN_LOCK_DIR", "Where per-key lock files go.", "`<cache_dir>/locks`; node-local "
+        "(`$XDG_RUNTIME_DIR/rtckern-locks`, else `/tmp/rtckern-locks-<uid>`) when the cache is on a network "
+        "filesystem")
+    runtime_dir: Path | None = _var(
+        "XDG_RUNTIME_DIR", "Node-local home of lock files when the cache is on a network filesystem.", "none")
     remote_cache: str | None = _var(
         "RTCKERN_REMOTE_CACHE", "A Redis tier: redis://host:6379/0, rediss:// (TLS) or unix:///path/redis.sock.",
         "none")
@@ -331,6 +341,10 @@ class Settings:
             cache_max_bytes=_size("RTCKERN_CACHE_MAX_BYTES", g("RTCKERN_CACHE_MAX_BYTES"), None,
                                   floor=MIN_CACHE_MAX_BYTES),
             read_only_layers=_paths("RTCKERN_CACHE_LAYERS", g("RTCKERN_CACHE_LAYERS"), env),
+            lock_timeout_s=_seconds("RTCKERN_LOCK_TIMEOUT_S", g("RTCKERN_LOCK_TIMEOUT_S"), 600.0,
+                                    maximum=MAX_LOCK_TIMEOUT_S),
+            lock_dir=_path("RTCKERN_LOCK_DIR", g("RTCKERN_LOCK_DIR"), env),
+            runtime_dir=_path("XDG_RUNTIME_DIR", g("XDG_RUNTIME_DIR"), env),
             remote_cache=_remote_url("RTCKERN_REMOTE_CACHE", g("RTCKERN_REMOTE_CACHE")),
             remote_timeout_s=_seconds("RTCKERN_REMOTE_TIMEOUT_S", g("RTCKERN_REMOTE_TIMEOUT_S"), 0.5,
                                       maximum=MAX_REMOTE_TIMEOUT_S),
@@ -423,6 +437,9 @@ CODE_EFFECT: dict[str, str] = {
     "disk_cache": "whether binaries are stored on disk",
     "cache_max_bytes": "how much the disk tier keeps",
     "read_only_layers": "where binaries are looked up (each entry is bound to its key)",
+    "lock_timeout_s": "how long a compile waits for another process's compile of the same key",
+    "lock_dir": "where lock files are kept",
+    "runtime_dir": "where lock files are kept on a network filesystem",
     "remote_cache": "where binaries are looked up (each value is bound to its key)",
     "remote_timeout_s": "how long the remote tier is waited for",
     "remote_max_value_bytes": "which remote values are read at all (each one is bound to its key)",

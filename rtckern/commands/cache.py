@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     ls.add_argument("--toolchain", default=None, help="substring of the compiler identity, e.g. nvrtc-13.0")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=ls_)
-    v = cs.add_parser("verify", help="check every entry's digest; remove bad ones")
+    v = cs.add_parser("verify", help="check every entry and sidecar; remove bad ones")
     v.add_argument("--keep", action="store_true", help="report bad entries without removing them")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=verify)
@@ -103,19 +103,36 @@ def ls_(args) -> int:
     return 0
 
 
+def _read_only_line(d) -> str:
+    return f"; {d.root} is read-only: nothing removed" if not d.writable else ""
+
+
 def verify(args) -> int:
-    r = _disk(args).verify(remove=not args.keep)
-    _emit(args, r, f"checked {r['checked']}, corrupt {r['corrupt']}, removed {r['removed']}")
-    return 1 if r["corrupt"] and args.keep else 0
+    d = _disk(args)
+    r = d.verify(remove=not args.keep)
+    text = (f"checked {r['checked']}, corrupt {r['corrupt']}, removed {r['removed']}; bad sidecars "
+            f"{len(r['bad_sidecars'])}, orphan sidecars {r['orphan_sidecars']}, stale temp files "
+            f"{r['stale_temp_files']}, cleaned {r['cleaned']}" + _read_only_line(d))
+    text += "".join(f"\n  bad entry {b['key']}: {b['reason']}" for b in r["bad"])
+    text += "".join(f"\n  bad sidecar {b['key']}: {b['reason']}" for b in r["bad_sidecars"])
+    _emit(args, r, text)
+    found = r["corrupt"] or r["bad_sidecars"] or r["orphan_sidecars"] or r["stale_temp_files"]
+    return 1 if found and (args.keep or r["read_only"]) else 0  # problems left in place
 
 
 def clear(args) -> int:
     d = _disk(args)
     r = d.clear()
+    if r["read_only"]:
+        r["decisions_removed"] = 0
+        _emit(args, r, f"removed 0 of {r['entries']} entries{_read_only_line(d)}")
+        return 1
     from ..registry.store import clear_decisions
 
     r["decisions_removed"] = clear_decisions(d.root / "decisions")  # decisions refer to the entries just removed
-    return _emit(args, r, f"removed {r['removed']} entries and {r['decisions_removed']} stored registry decisions")
+    held = f"; kept {r['locks_held']} lock files of compiles in progress" if r["locks_held"] else ""
+    return _emit(args, r, f"removed {r['removed']} entries, {r['decisions_removed']} stored registry decisions, "
+                 f"{r['temp_removed']} stale temp files and {r['locks_removed']} unused lock files{held}")
 
 
 def prune(args) -> int:
@@ -128,8 +145,12 @@ def prune(args) -> int:
         keep = lambda e: not e.meta.get("compiler", "").startswith("nvrtc") or e.meta.get("compiler") == current  # noqa: E731
     older = args.older_than_days * 86400 if args.older_than_days is not None else None
     r = d.prune(max_bytes=args.max_bytes, older_than_s=older, keep=keep)
-    r["bytes"] = d.total_bytes()
-    return _emit(args, r, f"removed {r['removed']} entries ({r['freed_bytes']} bytes); {r['bytes']} bytes remain")
+    if r["read_only"]:
+        _emit(args, r, f"removed 0 entries ({r['would_remove']} would go){_read_only_line(d)}")
+        return 1 if r["would_remove"] else 0
+    return _emit(args, r, f"removed {r['removed']} entries ({r['freed_bytes']} bytes); {r['bytes']} bytes remain; "
+                 f"also {r['temp_removed']} stale temp files, {r['sidecars_removed']} orphan sidecars, "
+                 f"{r['locks_removed']} unused lock files")
 
 
 def export(args) -> int:

@@ -53,7 +53,7 @@ def collect() -> dict:
     m = get_manager()
     disk = m.disk
     info["cache"] = {"dir": str(s.cache_dir), "enabled": bool(disk and disk.enabled),
-                     "entries": sum(1 for _ in disk.entries()) if disk else 0,
+                     "entries": sum(1 for _ in disk.entries(meta=False)) if disk else 0,
                      "bytes": disk.total_bytes() if disk else 0, "max_bytes": s.cache_max_bytes,
                      "read_only_layers": [str(p) for p in s.read_only_layers], "remote": s.remote_cache}
     return info

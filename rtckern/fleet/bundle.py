@@ -88,12 +88,12 @@ def select_entries(caches: Sequence[DiskCache], *, keys: Iterable[str] | None = 
                 missing.append(key)
     else:
         for c in caches:
-            for e in c.entries():
+            for e in c.entries(meta=False):
                 if e.key in found:
                     continue
                 data = c.get_packed(e.key)
                 if data is not None:
-                    found[e.key] = (data, e.meta)
+                    found[e.key] = (data, c.meta(e.key, data)[0])
     out = []
     for key in sorted(found):
         data, meta = found[key]
@@ -108,10 +108,7 @@ def select_entries(caches: Sequence[DiskCache], *, keys: Iterable[str] | None = 
 
 
 def _read_meta(cache: DiskCache, key: str) -> dict:
-    try:
-        return json.loads(cache.meta_path(key).read_text())
-    except (OSError, ValueError):
-        return {}
+    return cache.meta(key)[0]  # the sidecar only if it checks out against the entry (arch from the binary)
 
 
 # ---- writing ----

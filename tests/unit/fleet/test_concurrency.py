@@ -134,3 +134,38 @@ def test_sigkill_mid_compile_leaves_no_entry_and_no_blocking_lock(tmp_path):
         assert time.monotonic() - t0 < 1.0
     ck = m.compile(spec)
     assert m.stats.compiles == 1 and d.get(key).binary == ck.binary
+
+
+LOCK_WORKER = r'''
+import os, sys, time
+from rtckern.cache import DiskCache
+d, key, flag, n = DiskCache(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+overlaps = 0
+for i in range(n):
+    with d.lock(key, timeout=120):
+        try:
+            fd = os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:  # someone else is inside too
+            overlaps += 1
+            continue
+        os.close(fd)
+        time.sleep(0.0005)
+        os.unlink(flag)
+print(overlaps)
+'''
+
+
+def test_lock_excludes_while_housekeeping_removes_lock_files(tmp_path):
+    """Holders remove their lock file on release and `prune`/`clear` remove free ones, while others wait on it:
+    whoever takes a lock checks that its file is still the one at the path, so two holders never overlap."""
+    cache, key = tmp_path / "cache", "ef" + "9" * 62
+    d = DiskCache(cache)
+    procs = [subprocess.Popen([sys.executable, "-c", LOCK_WORKER, str(cache), key, str(tmp_path / "inside"), "150"],
+                              stdout=subprocess.PIPE, text=True, env=_env(cache)) for _ in range(4)]
+    cleanups = 0
+    while any(p.poll() is None for p in procs):
+        d.prune() if cleanups % 2 else d.clear()
+        cleanups += 1
+    outs = [p.communicate()[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs) and [int(o) for o in outs] == [0, 0, 0, 0]
+    assert cleanups > 10 and not d.lock_path(key).exists()
