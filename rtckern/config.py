@@ -91,6 +91,9 @@ class Settings:
     # --- HIP / AMD ---
     hiprtc_library: Path | None = None  # RTCKERN_HIPRTC_LIBRARY: the library with hiprtc (else searched by name)
     rocm_path: Path | None = None  # ROCM_PATH: a ROCm install whose lib/ is searched for hiprtc (else /opt/rocm)
+    # --- bundles (`rtckern cache import`) ---
+    bundle_max_bytes: int = 4 << 30  # RTCKERN_BUNDLE_MAX_BYTES: refuse a bundle whose entries add up to more
+    bundle_max_ratio: int = 100  # RTCKERN_BUNDLE_MAX_RATIO: refuse a bundle whose entries pass N x its file size
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -126,6 +129,8 @@ class Settings:
             verbose=_bool(env.get("RTCKERN_VERBOSE"), False),
             hiprtc_library=Path(env["RTCKERN_HIPRTC_LIBRARY"]).expanduser() if env.get("RTCKERN_HIPRTC_LIBRARY") else None,
             rocm_path=Path(env["ROCM_PATH"]).expanduser() if env.get("ROCM_PATH") else None,
+            bundle_max_bytes=_int("RTCKERN_BUNDLE_MAX_BYTES", env.get("RTCKERN_BUNDLE_MAX_BYTES"), 4 << 30),
+            bundle_max_ratio=_int("RTCKERN_BUNDLE_MAX_RATIO", env.get("RTCKERN_BUNDLE_MAX_RATIO"), 100),
         )
 
 
