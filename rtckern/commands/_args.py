@@ -12,7 +12,7 @@ _INT = re.compile(r"-?[0-9]+", re.ASCII)
 def _int(text: str, minimum: int) -> int:
     t = text.strip()
     if not _INT.fullmatch(t) or int(t) < minimum:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {minimum} (in ASCII digits)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {minimum}")
     return int(t)
 
 

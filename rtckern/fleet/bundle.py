@@ -197,9 +197,11 @@ _READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
 
 def _open(path: Path) -> tarfile.TarFile:
     try:
-        return tarfile.open(path, mode="r:*")
+        return tarfile.open(path, mode="r:gz")  # a bundle is always gzip (see the module doc)
     except _READ_ERRORS as e:
-        raise BundleError(f"{path} is not a readable bundle ({e}); make one with `rtckern cache export --bundle`")
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BundleError(f"{path} is not a readable bundle ({why}); make one with `rtckern cache export --bundle`"
+                          ) from None
 
 
 def _damaged(path: Path, e: BaseException) -> BundleError:

@@ -73,3 +73,12 @@ def test_vec_is_checked(op, vec, message):
     with pytest.raises(OptionError, match=message):
         build_request(op, shape="8x4096", dtype="fp16", arch="sm_90", options={"vec": vec})
     assert build_request(op, shape="8x4096", dtype="fp16", arch="sm_90", options={"vec": "2"}).dim("vec") == 2
+
+
+@pytest.mark.parametrize("sm_count", [0, -5, True, "132", 1.5])
+def test_a_described_device_needs_a_positive_sm_count(sm_count):
+    from rtckern.device import DeviceInfo
+
+    with pytest.raises(OptionError, match=rf"^sm_count={sm_count!r}: a described device needs a positive SM count"):
+        DeviceInfo.for_arch("sm_90", sm_count=sm_count)
+    assert DeviceInfo.for_arch("sm_90", sm_count=None).sm_count == 132

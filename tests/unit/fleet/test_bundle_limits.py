@@ -162,3 +162,14 @@ def test_export_into_a_directory_and_import_of_a_directory(tmp_path):
                      r"out: a directory; give a bundle file")
     one_line_refusal(cli("cache", "import", str(tmp_path / "nope.bundle"), cache=tmp_path / "c", check=False),
                      r"nope.bundle: no such file; give a bundle file")
+
+
+def test_a_plain_tar_or_empty_file_is_one_line(tmp_path):
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tf:
+        tf.addfile(tarfile.TarInfo(INDEX_NAME))
+    (tmp_path / "plain.tar").write_bytes(raw.getvalue())
+    (tmp_path / "empty").write_bytes(b"")
+    for name, why in (("plain.tar", "not a gzip file"), ("empty", "empty file")):
+        one_line_refusal(cli("cache", "import", str(tmp_path / name), cache=tmp_path / "c", check=False),
+                         rf"{name} is not a readable bundle \({why}\); make one with `rtckern cache export --bundle`$")
