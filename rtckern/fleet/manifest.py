@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from ..arch import Arch
+from ..device import DeviceInfo
 from ..errors import ArchError, ManifestError
 from ..registry.options import FALSE, TRUE
 
@@ -125,8 +126,8 @@ def _check_request(request: Any, at: str) -> None:
                                     "as true)")
 
 
-_DEVICE_INTS = ("sm_count", "max_smem_per_block", "max_smem_per_block_optin", "regs_per_sm", "max_threads_per_sm",
-                "max_threads_per_block", "warp_size")
+# The limits of a recorded device (every DeviceInfo field but arch, name and the live-only ordinal): positive ints.
+_DEVICE_INTS = tuple(f.name for f in dataclasses.fields(DeviceInfo) if f.name not in ("arch", "name", "ordinal"))
 
 
 def _check_device(device: Any, at: str) -> None:
