@@ -17,10 +17,10 @@ ACCEPTED_FORMS = "'7.5', '8.6+PTX', '9.0a', 'sm_90a', 'compute_90', '90', 'gfx90
 # Arch-specific ("a") feature sets exist only for these NVIDIA archs.
 _ARCH_SPECIFIC_OK = {(9, 0), (10, 0), (10, 1), (10, 3), (11, 0), (12, 0), (12, 1)}
 
-_RE_DOTTED = re.compile(r"^(\d+)\.(\d)([af]?)(\+ptx)?$")
-_RE_SM = re.compile(r"^(sm|compute)_(\d+?)(\d)([af]?)$")
-_RE_BARE = re.compile(r"^(\d+?)(\d)([af]?)(\+ptx)?$")
-_RE_GFX = re.compile(r"^gfx[0-9a-f]{3,4}$")
+_RE_DOTTED = re.compile(r"([0-9]+)\.([0-9])([af]?)(\+ptx)?", re.ASCII)
+_RE_SM = re.compile(r"(sm|compute)_([0-9]+?)([0-9])([af]?)", re.ASCII)
+_RE_BARE = re.compile(r"([0-9]+?)([0-9])([af]?)(\+ptx)?", re.ASCII)
+_RE_GFX = re.compile(r"gfx[0-9a-f]{3,4}", re.ASCII)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -40,15 +40,15 @@ class Arch:
         s = text.strip().lower()
         if not s:
             raise ArchError(f"empty arch entry; accepted forms: {ACCEPTED_FORMS}")
-        if _RE_GFX.match(s):
+        if _RE_GFX.fullmatch(s):
             return cls(gfx=s)
-        m = _RE_DOTTED.match(s)
+        m = _RE_DOTTED.fullmatch(s)
         if m:
             return cls(int(m.group(1)), int(m.group(2)), m.group(3), bool(m.group(4)))
-        m = _RE_SM.match(s)
+        m = _RE_SM.fullmatch(s)
         if m:
             return cls(int(m.group(2)), int(m.group(3)), m.group(4), m.group(1) == "compute")
-        m = _RE_BARE.match(s)
+        m = _RE_BARE.fullmatch(s)
         if m and int(m.group(1)) >= 1:
             return cls(int(m.group(1)), int(m.group(2)), m.group(3), bool(m.group(4)))
         raise ArchError(f"unknown arch entry {text!r}; accepted forms: {ACCEPTED_FORMS}")

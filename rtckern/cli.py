@@ -11,8 +11,16 @@ import sys
 COMMANDS = ("info", "prefill", "cache", "explain", "tune", "selftest", "bench")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line (what was wrong, where to read the options) and exit code 2; subcommand
+    parsers are made of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rtckern", description="Runtime JIT kernel service (NVRTC / hiprtc).")
+    p = _Parser(prog="rtckern", description="Runtime JIT kernel service (NVRTC / hiprtc).")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:

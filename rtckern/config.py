@@ -328,6 +328,13 @@ class Settings:
         "RTCKERN_CACHE_SECRET_FILE", "A file holding a shared secret (16+ bytes): remote values and bundles are "
                                      "signed with it (HMAC-SHA256); unsigned or wrongly signed ones are refused.",
         "none", default=None)
+    # --- bundles (`rtckern cache import`) ---
+    bundle_max_bytes: int = _var(
+        "RTCKERN_BUNDLE_MAX_BYTES", "Refuse a bundle whose entries add up to more (bytes or K/M/G/T), before "
+                                    "writing anything.", "4G", default=4 << 30)
+    bundle_max_ratio: int = _var(
+        "RTCKERN_BUNDLE_MAX_RATIO", "Refuse a bundle whose entries add up to more than N times its file size "
+                                    "(a decompression bomb); any bundle may expand to 1 MiB.", "100", default=100)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -364,6 +371,8 @@ class Settings:
             hiprtc_library=_path("RTCKERN_HIPRTC_LIBRARY", g("RTCKERN_HIPRTC_LIBRARY"), env),
             rocm_path=_path("ROCM_PATH", g("ROCM_PATH"), env),
             cache_secret_file=_path("RTCKERN_CACHE_SECRET_FILE", g("RTCKERN_CACHE_SECRET_FILE"), env),
+            bundle_max_bytes=_size("RTCKERN_BUNDLE_MAX_BYTES", g("RTCKERN_BUNDLE_MAX_BYTES"), 4 << 30, floor=1 << 20),
+            bundle_max_ratio=_int("RTCKERN_BUNDLE_MAX_RATIO", g("RTCKERN_BUNDLE_MAX_RATIO"), 100, minimum=1),
         )
 
 
@@ -426,7 +435,7 @@ def env_doc() -> str:
 
 _GROUPS = {"cache_dir": "Cache", "cuda_home": "Compile", "force_impl": "Registry", "verbose": "Logging",
            "hiprtc_library": "HIP / AMD",
-           "cache_secret_file": "Cache trust"}
+           "cache_secret_file": "Cache trust", "bundle_max_bytes": "Bundles"}
 
 
 # How each setting relates to the bytes a compile produces (principle 2: the key is content). "key": part of every
@@ -443,6 +452,8 @@ CODE_EFFECT: dict[str, str] = {
     "remote_cache": "where binaries are looked up (each value is bound to its key)",
     "remote_timeout_s": "how long the remote tier is waited for",
     "remote_max_value_bytes": "which remote values are read at all (each one is bound to its key)",
+    "bundle_max_bytes": "which bundles are imported at all",
+    "bundle_max_ratio": "which bundles are imported at all",
     "cache_secret_file": "who may write remote values and bundles (signatures); never changes a binary",
     "record_manifest": "records requests; compiles nothing differently",
     "cuda_home": "identity: only a fallback location of the CUDA headers, whose version is in the compiler identity",

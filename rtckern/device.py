@@ -7,7 +7,7 @@ import functools
 import threading
 
 from .arch import Arch
-from .errors import RtckernError
+from .errors import OptionError, RtckernError
 
 # Typical limits per compute capability, for devices described by hand (prefill, tests, explain).
 # (sm_count, max_smem_per_block_optin, max_threads_per_sm)
@@ -47,6 +47,9 @@ class DeviceInfo:
     @classmethod
     def for_arch(cls, arch: str | Arch, sm_count: int | None = None, **overrides) -> "DeviceInfo":
         """A typical device of an arch, described by hand (no GPU needed)."""
+        if sm_count is not None and (isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1):
+            raise OptionError(f"sm_count={sm_count!r}: a described device needs a positive SM count (e.g. 132), or "
+                              "None for the arch's typical one")
         a = Arch.parse(arch) if isinstance(arch, str) else arch
         a = dataclasses.replace(a, ptx=False)
         if a.gfx:

@@ -93,3 +93,15 @@ class UnsupportedRequestError(RtckernError):
 
 class InputError(RtckernError, ValueError):
     """An array argument with the wrong dtype, shape, device or layout."""
+
+
+class OptionError(RtckernError, ValueError):
+    """A request option, command-line argument or manifest field with a bad value: names it and what is accepted."""
+
+
+class BundleError(CacheError, ValueError):
+    """A bundle that is refused: names the member and what is wrong with it."""
+
+
+class ManifestError(RtckernError, ValueError):
+    """A manifest line that cannot be read, naming the file, the line and what is expected."""

@@ -64,6 +64,12 @@ def load_builtin_providers() -> None:
 
 def builtin_specs(archs: Sequence[Arch], families: Sequence[str] | None = None) -> list[KernelSpec]:
     load_builtin_providers()
+    unknown = sorted(set(families or ()) - set(_providers))
+    if unknown:
+        from .errors import OptionError
+
+        raise OptionError(f"unknown kernel family {', '.join(map(repr, unknown))}; the families: "
+                          f"{', '.join(sorted(_providers))}")
     out: dict[KernelSpec, None] = {}
     for name in sorted(_providers):
         if families and name not in families:
@@ -204,4 +210,5 @@ def summarize(results: Sequence[PrefillResult], seconds: float, arch_failures: d
 
 
 def parse_archs(text: str | None) -> list[Arch]:
-    return parse_arch_list(text or DEFAULT_ARCHS)
+    """An arch list; None means the default list (an empty string is an error, not the default)."""
+    return parse_arch_list(DEFAULT_ARCHS if text is None else text)

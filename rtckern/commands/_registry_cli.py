@@ -14,7 +14,24 @@ def load_ops(extra_modules: list[str] | None = None) -> None:
         if exc.name != "rtckern.ops":
             raise
     for name in extra_modules or ():
+        import_module(name)
+
+
+def import_module(name: str) -> None:
+    """An --import module; one that cannot be imported is an OptionError naming it (a module that raises while
+    running keeps its traceback: that is a bug in it, not a bad argument)."""
+    from ..errors import OptionError
+
+    try:
         importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or name
+        what = f"no module named {name!r}" if name == missing or name.startswith(missing + ".") else \
+            f"{name!r} imports {missing!r}, which is not installed"
+        raise OptionError(f"--import {name}: {what}; give a module importable from this Python (a dotted name on "
+                          "sys.path or PYTHONPATH, e.g. mypkg.rtckern_ops)") from None
+    except ImportError as exc:
+        raise OptionError(f"--import {name}: cannot import it ({exc})") from None
 
 
 def add_request_arguments(p, *, shape_required: bool = True, op_optional: bool = False) -> None:
@@ -29,11 +46,15 @@ def add_request_arguments(p, *, shape_required: bool = True, op_optional: bool =
 
 
 def parse_opts(pairs: list[str]) -> dict[str, str]:
+    from ..errors import OptionError
+
     out: dict[str, str] = {}
     for item in pairs:
-        if "=" not in item:
-            raise SystemExit(f"--opt {item!r}: write KEY=VALUE, e.g. --opt causal=1")
-        k, v = item.split("=", 1)
+        k, eq, v = item.partition("=")
+        if not eq or not k.strip():
+            raise OptionError(f"--opt {item!r}: write KEY=VALUE, e.g. --opt causal=1")
+        if k.strip() in out:
+            raise OptionError(f"--opt {k.strip()} is given twice ({out[k.strip()]!r} and {v.strip()!r}); give it once")
         out[k.strip()] = v.strip()
     return out
 
@@ -54,7 +75,7 @@ def list_ops(registry) -> str:
     return "\n".join(lines) or "no ops registered"
 
 
-def live_device(ordinal: int, command: str):
+def live_device(ordinal: int, command: str, why: str = "needs a live GPU to measure on"):
     """DeviceInfo of GPU `ordinal`, or None after saying why there is none (no GPU, no driver, bad ordinal)."""
     import sys
 
@@ -63,7 +84,7 @@ def live_device(ordinal: int, command: str):
     n = device_count()
     if not 0 <= ordinal < n:
         have = f"{n} GPU(s) are visible (0..{n - 1})" if n else "no GPU is visible (no driver or no device)"
-        print(f"rtckern {command}: needs a live GPU to measure on; --device {ordinal} asked, but {have}. "
+        print(f"rtckern {command}: {why}; --device {ordinal} asked, but {have}. "
               "For a device that is not here, `rtckern explain --arch ...` shows the selection without one.",
               file=sys.stderr)
         return None

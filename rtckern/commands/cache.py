@@ -6,6 +6,8 @@ import argparse
 import json
 import time
 
+from ._args import non_negative_float, non_negative_int, positive_int
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("cache", help="inspect and maintain the disk cache")
@@ -29,8 +31,9 @@ def add_parser(sub) -> None:
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=clear)
     pr = cs.add_parser("prune", help="remove least-recently-used entries")
-    pr.add_argument("--max-bytes", type=int, default=None, help="shrink to at most this many bytes")
-    pr.add_argument("--older-than-days", type=float, default=None, help="remove entries unused this long")
+    pr.add_argument("--max-bytes", type=non_negative_int, default=None, help="shrink to at most this many bytes")
+    pr.add_argument("--older-than-days", type=non_negative_float, default=None,
+                    help="remove entries unused this long")
     pr.add_argument("--superseded", action="store_true", help="remove entries of other NVRTC versions")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=prune)
@@ -44,7 +47,7 @@ def add_parser(sub) -> None:
     ex.set_defaults(func=export)
     im = cs.add_parser("import", help="verify a bundle and add its entries (never replacing a valid entry)")
     im.add_argument("bundle", metavar="FILE")
-    im.add_argument("--max-member-bytes", type=int, default=None, help="refuse members above this size")
+    im.add_argument("--max-member-bytes", type=positive_int, default=None, help="refuse members above this size")
     im.add_argument("--json", action="store_true")
     im.set_defaults(func=import_)
     for sp in (s, ls, v, c, pr, ex, im):  # `rtckern cache ACTION --cache-dir DIR` works too
@@ -81,7 +84,7 @@ def ls_(args) -> int:
 
     from ..arch import Arch
 
-    arch = Arch.parse(args.arch).sm if args.arch else None  # sm_90, 9.0, 90 all name sm_90
+    arch = Arch.parse(args.arch).sm if args.arch is not None else None  # sm_90, 9.0, 90 all name sm_90
     rows = []
     for e in _disk(args).entries():
         m = e.meta
@@ -157,7 +160,7 @@ def export(args) -> int:
     from ..fleet import export_bundle
     from ..prefill import parse_archs
 
-    archs = parse_archs(args.arch) if args.arch else None
+    archs = parse_archs(args.arch) if args.arch is not None else None
     r = export_bundle(args.bundle, [_disk(args)], archs=archs, op=args.op, toolchain=args.toolchain)
     return _emit(args, r, f"wrote {r['bundle']}: {r['entries']} entries, {r['bytes']} bytes "
                  f"(entries {r['entry_bytes']} bytes), sha256 {r['sha256']}")
@@ -166,7 +169,8 @@ def export(args) -> int:
 def import_(args) -> int:
     from ..fleet import Limits, import_bundle
 
-    limits = Limits(max_member_bytes=args.max_member_bytes) if args.max_member_bytes else Limits()
+    extra = {} if args.max_member_bytes is None else {"max_member_bytes": args.max_member_bytes}
+    limits = Limits.from_settings(**extra)
     r = import_bundle(args.bundle, _disk(args), limits)
     return _emit(args, r, f"{r['bundle']}: {r['entries']} entries verified; imported {r['imported']}, already "
                  f"present {r['present']}, kept existing {r['kept']} (into {r['cache_dir']})")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from ._registry_cli import add_request_arguments, list_ops, load_ops, parse_opts
+from ._args import non_negative_int, positive_int
+from ._registry_cli import add_request_arguments, list_ops, live_device, load_ops, parse_opts
 
 
 def add_parser(sub) -> None:
@@ -17,10 +18,11 @@ def add_parser(sub) -> None:
     add_request_arguments(p, shape_required=False, op_optional=True)
     p.add_argument("--shape", default=None, help="the main input's shape, e.g. 8192x4096")
     p.add_argument("--arch", default=None, help="describe a device of this arch (no GPU needed), e.g. sm_90")
-    p.add_argument("--sm-count", type=int, default=None, help="SM count of the described device")
-    p.add_argument("--smem", type=int, default=None,
+    p.add_argument("--sm-count", type=positive_int, default=None, help="SM count of the described device")
+    p.add_argument("--smem", type=positive_int, default=None,
                    help="opt-in shared memory per block of the described device, in bytes")
-    p.add_argument("--device", type=int, default=None, help="probe on live GPU N instead of a described device")
+    p.add_argument("--device", type=non_negative_int, default=None,
+                   help="probe on live GPU N instead of a described device")
     p.add_argument("--first", action="store_true", help="stop at the chosen candidate (do not probe the rest)")
     p.add_argument("--json", action="store_true", help="JSON: op, request, mode, chosen, chosen_specs, "
                                                        "cache_keys, candidates[{name, accepted, reasons, ...}]")
@@ -54,9 +56,11 @@ def run(args, registry=None) -> int:
         extra = {"max_smem_per_block_optin": args.smem} if args.smem else {}
         device = DeviceInfo.for_arch(args.arch, sm_count=args.sm_count, **extra)
     elif args.device is not None or device_count() > 0:
-        device = DeviceInfo.from_device(args.device or 0)
         if args.sm_count or args.smem:
             print("rtckern explain: --sm-count/--smem describe a device; use them with --arch", file=sys.stderr)
+            return 2
+        device = live_device(args.device or 0, "explain", "--device probes on a live GPU")
+        if device is None:
             return 2
     else:
         print("rtckern explain: no GPU is visible; describe the device with --arch (e.g. --arch sm_90 "

@@ -12,6 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ._args import positive_int
+
 
 def add_parser(sub) -> None:
     from ..prefill import DEFAULT_ARCHS
@@ -25,7 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--arch", default=None, help=f"arch list (default: {DEFAULT_ARCHS!r}); e.g. '8.0;9.0a', native")
     p.add_argument("--family", action="append", default=None,
                    help="built-in set only: only these kernel families (repeatable)")
-    p.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile processes (default: CPUs, max 8)")
+    p.add_argument("--jobs", "-j", type=positive_int, default=None,
+                   help="parallel compile processes (default: CPUs, max 8)")
     p.add_argument("--out", "--cache-dir", dest="cache_dir", default=None, metavar="DIR",
                    help="cache directory to fill (default: RTCKERN_CACHE_DIR or ~/.cache/rtckern)")
     p.add_argument("--bundle", default=None, metavar="FILE",
@@ -74,7 +77,17 @@ def run(args) -> int:
         return _list_presets(args)
     _check_writable(args)
     if args.manifest or args.preset:
+        if args.family:
+            from ..errors import OptionError
+
+            raise OptionError("--family selects from the built-in kernel set; a manifest or preset names its "
+                              "requests itself (drop --family, or drop --manifest/--preset)")
         return _run_manifest(args)
+    if args.all_candidates:
+        from ..errors import OptionError
+
+        raise OptionError("--all-candidates applies to --manifest/--preset (the built-in set has no candidates "
+                          "to choose between); drop it or give a manifest")
     return _run_builtin(args)
 
 
@@ -142,8 +155,10 @@ def _finish(args, summary: dict, keys: list[str]) -> None:
 
 def _run_builtin(args) -> int:
     from ..prefill import builtin_specs, default_jobs, parse_archs, prefill, summarize, unsupported_archs
+    from ._registry_cli import load_ops
     from ._table import table
 
+    load_ops(args.imports)  # a module may register its own kernel family (rtckern.prefill.register_provider)
     archs = parse_archs(args.arch)
     bad = unsupported_archs(archs)
     specs = builtin_specs([a for a in archs if str(a) not in bad], args.family)

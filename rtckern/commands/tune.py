@@ -37,6 +37,8 @@ def run(args, registry=None) -> int:
     try:
         tuner = tuning.get_tuner(args.op)
         shapes = [s for s in args.shapes.split(",") if s.strip()]
+        if not shapes:
+            raise ValueError(f"--shapes {args.shapes!r} names no shape; give e.g. --shapes 8192x4096,1024x4096")
         device = live_device(args.device, "tune")
         if device is None:
             return 2

@@ -11,8 +11,11 @@ give the same bytes.
 
 Import trusts nothing: every member must be a regular file named as above (no links, devices, directories,
 absolute paths or ``..``), within the size limits, listed in the index exactly once with the size and sha256 of
-its bytes, and a valid entry whose internal digest matches. Any problem rejects the whole bundle before anything
-is written. An entry already in the cache and valid is never replaced by a different one.
+its bytes, and a valid entry whose internal digest matches. The entries may add up to at most
+``RTCKERN_BUNDLE_MAX_BYTES`` (default 4 GiB) and to at most ``RTCKERN_BUNDLE_MAX_RATIO`` (default 100) times the
+bundle's file size (a few KB of gzip can expand to GBs); a truncated download or a malformed index is refused with
+one line. Any problem rejects the whole bundle before anything is written. An entry already in the cache and
+valid is never replaced by a different one.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ import json
 import re
 import tarfile
 import warnings
+import zlib
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from ..arch import Arch
 from ..cache import CacheWarning, DiskCache, atomic_write
 from ..cache import entry as entry_format
-from ..errors import CacheError
+from ..errors import BundleError, ConfigError
 
 INDEX_NAME = "rtckern-bundle.json"
 FORMAT = "rtckern-bundle/1"
@@ -39,7 +43,9 @@ LAYOUT = "v1"
 MAX_MEMBER_BYTES = 256 << 20  # the largest cubin rtckern makes is a few MB
 MAX_INDEX_BYTES = 64 << 20
 MAX_MEMBERS = 200_000
-MAX_TOTAL_BYTES = 16 << 30
+MAX_TOTAL_BYTES = 4 << 30  # defaults of RTCKERN_BUNDLE_MAX_BYTES and RTCKERN_BUNDLE_MAX_RATIO
+MAX_RATIO = 100
+RATIO_FLOOR_BYTES = 1 << 20  # a bundle may always expand to this much (tiny bundles compress oddly)
 # Sidecar fields that describe the kernel; the others (compile_ms, created, via, size, digest, key) vary between
 # builds of the same bytes or are recomputed, so they stay out of a deterministic bundle.
 META_FIELDS = ("op", "kernel", "name_expression", "template_args", "defines", "options", "source", "arch", "kind",
@@ -47,15 +53,36 @@ META_FIELDS = ("op", "kernel", "name_expression", "template_args", "defines", "o
 _ENTRY_NAME = re.compile(r"^v1/([0-9a-f]{2})/([0-9a-f]{64})\.rtk$")
 
 
-class BundleError(CacheError, ValueError):
-    """A bundle that is refused: names the member and what is wrong with it."""
+_INDEX_KEYS = {"format", "layout", "count", "entries"}
+_RECORD_KEYS = {"key", "path", "size", "sha256", "meta"}
+_HEX64 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
+    """What an imported bundle may hold: bytes per member, members, total entry bytes, and entry bytes per byte
+    of the bundle file (the expansion ratio; a bundle may always expand to RATIO_FLOOR_BYTES)."""
+
     max_member_bytes: int = MAX_MEMBER_BYTES
     max_members: int = MAX_MEMBERS
     max_total_bytes: int = MAX_TOTAL_BYTES
+    max_ratio: int = MAX_RATIO
+
+    @classmethod
+    def from_settings(cls, **changes) -> "Limits":
+        """The limits of the settings (RTCKERN_BUNDLE_MAX_BYTES, RTCKERN_BUNDLE_MAX_RATIO), with ``changes``."""
+        from ..config import settings
+
+        s = settings()
+        for var, value in (("RTCKERN_BUNDLE_MAX_BYTES", s.bundle_max_bytes),
+                           ("RTCKERN_BUNDLE_MAX_RATIO", s.bundle_max_ratio)):
+            if value < 1:
+                raise ConfigError(f"{var}={value} must be at least 1; unset it for the default "
+                                  f"({MAX_TOTAL_BYTES if var.endswith('BYTES') else MAX_RATIO})")
+        return dataclasses.replace(cls(max_total_bytes=s.bundle_max_bytes, max_ratio=s.bundle_max_ratio), **changes)
+
+    def allowed_total(self, file_bytes: int) -> int:
+        return min(self.max_total_bytes, max(self.max_ratio * file_bytes, RATIO_FLOOR_BYTES))
 
 
 # ---- selection of entries ----
@@ -137,10 +164,15 @@ def bundle_bytes(entries: Sequence[tuple[str, bytes, dict]]) -> bytes:
 
 
 def write_bundle(path: str | Path, entries: Sequence[tuple[str, bytes, dict]]) -> dict:
-    data = bundle_bytes(entries)
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(p, data)
+    if p.is_dir():
+        raise BundleError(f"--bundle {p} is a directory; give a file path, e.g. {p / 'rtckern.bundle'}")
+    data = bundle_bytes(entries)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(p, data)
+    except OSError as e:
+        raise BundleError(f"cannot write bundle {p}: {e.strerror or e}; give a writable file path") from None
     return {"bundle": str(p), "entries": len(entries), "bytes": len(data),
             "entry_bytes": sum(len(d) for _, d, _ in entries), "sha256": hashlib.sha256(data).hexdigest()}
 
@@ -155,21 +187,35 @@ def export_bundle(path: str | Path, caches: Sequence[DiskCache], **select) -> di
 
 
 # ---- reading ----
+# What a damaged or truncated gzip/tar stream raises while it is read.
+_READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
+
+
 def _open(path: Path) -> tarfile.TarFile:
     try:
-        return tarfile.open(path, mode="r:*")
-    except (OSError, tarfile.TarError) as e:
-        raise BundleError(f"{path} is not a readable bundle ({e}); make one with `rtckern cache export --bundle`")
+        return tarfile.open(path, mode="r:gz")  # a bundle is always gzip (see the module doc)
+    except _READ_ERRORS as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BundleError(f"{path} is not a readable bundle ({why}); make one with `rtckern cache export --bundle`"
+                          ) from None
+
+
+def _damaged(path: Path, e: BaseException) -> BundleError:
+    return BundleError(f"{path}: truncated or damaged archive ({e or type(e).__name__}); download it again or "
+                       "export it again")
 
 
 def _members(tf: tarfile.TarFile, path: Path, limits: Limits) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
-    """Every member, checked for type, name and size before its bytes are read."""
+    """Every member, checked for type, name and size (its own, the running total and the expansion ratio) before
+    its bytes are read."""
     n = total = 0
+    file_bytes = path.stat().st_size
+    allowed = limits.allowed_total(file_bytes)
     while True:
         try:
             m = tf.next()
-        except tarfile.TarError as e:
-            raise BundleError(f"{path}: damaged archive ({e})") from None
+        except _READ_ERRORS as e:
+            raise _damaged(path, e) from None
         if m is None:
             return
         n += 1
@@ -186,37 +232,80 @@ def _members(tf: tarfile.TarFile, path: Path, limits: Limits) -> Iterator[tuple[
         if m.size > limit:
             raise BundleError(f"{path}: member {m.name!r} is {m.size} bytes, above the limit of {limit}")
         total += m.size
-        if total > limits.max_total_bytes:
-            raise BundleError(f"{path}: members add up to more than {limits.max_total_bytes} bytes; refusing it")
-        f = tf.extractfile(m)
-        data = f.read() if f is not None else b""
+        _check_total(path, total, file_bytes, limits)
+        try:
+            f = tf.extractfile(m)
+            data = f.read() if f is not None else b""
+        except _READ_ERRORS as e:
+            raise _damaged(path, e) from None
         if len(data) != m.size:
-            raise BundleError(f"{path}: member {m.name!r} is truncated ({len(data)} of {m.size} bytes)")
+            raise BundleError(f"{path}: member {m.name!r} is truncated ({len(data)} of {m.size} bytes); download "
+                              "it again or export it again")
         yield m, data
+
+
+def _check_total(path: Path, total: int, file_bytes: int, limits: Limits) -> None:
+    if total > limits.max_total_bytes:
+        raise BundleError(f"{path}: members add up to more than {limits.max_total_bytes} bytes, the limit "
+                          "(RTCKERN_BUNDLE_MAX_BYTES); refusing it")
+    if total > limits.allowed_total(file_bytes):
+        raise BundleError(f"{path}: members add up to more than {limits.max_ratio} times the bundle's "
+                          f"{file_bytes} bytes (RTCKERN_BUNDLE_MAX_RATIO; a compression bomb?); refusing it")
 
 
 def _read_index(data: bytes, path: Path) -> dict[str, dict]:
     try:
         index = json.loads(data)
-    except ValueError as e:
+    except ValueError as e:  # UnicodeDecodeError included
         raise BundleError(f"{path}: index {INDEX_NAME} is not JSON ({e})") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise BundleError(f"{path}: index format {index.get('format') if isinstance(index, dict) else None!r}; "
                           f"this rtckern reads {FORMAT}")
+    if set(index) - _INDEX_KEYS or index.get("layout", LAYOUT) != LAYOUT:
+        raise BundleError(f"{path}: index has fields {sorted(index)} and layout {index.get('layout')!r}; "
+                          f"{FORMAT} has {sorted(_INDEX_KEYS)} and layout {LAYOUT!r}")
+    entries = index.get("entries", [])
+    if not isinstance(entries, list):
+        raise BundleError(f"{path}: index entries is {type(entries).__name__}, not a list of objects")
+    if "count" in index and index["count"] != len(entries):
+        raise BundleError(f"{path}: index count {index['count']!r} but it lists {len(entries)} entries")
     out: dict[str, dict] = {}
-    for e in index.get("entries", []):
-        key = e.get("key", "")
-        if not re.fullmatch(r"[0-9a-f]{64}", str(key)) or e.get("path") != f"{LAYOUT}/{key[:2]}/{key}.rtk":
-            raise BundleError(f"{path}: index entry {e!r} has a bad key or path")
+    for i, e in enumerate(entries):
+        key = _check_record(path, i, e)
         if key in out:
             raise BundleError(f"{path}: index lists key {key} twice")
         out[key] = e
     return out
 
 
-def verify_bundle(path: str | Path, limits: Limits = Limits()) -> tuple[dict[str, dict], int]:
-    """Check everything without writing: (index by key, entry bytes). Raises BundleError at the first problem."""
+def _check_record(path: Path, i: int, e: object) -> str:
+    """One index entry: an object with key, path, size, sha256 and meta of the right types. Returns its key."""
+    where = f"{path}: index entry {i}"
+    if not isinstance(e, dict):
+        raise BundleError(f"{where} is {type(e).__name__} {e!r:.80}, not an object with key, path, size, sha256")
+    key = e.get("key")
+    if not isinstance(key, str) or not _HEX64.fullmatch(key) or e.get("path") != f"{LAYOUT}/{key[:2]}/{key}.rtk":
+        raise BundleError(f"{where} has a bad key or path ({e.get('key')!r:.80}, {e.get('path')!r:.80})")
+    size, sha = e.get("size"), e.get("sha256")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0 or not isinstance(sha, str) \
+            or not _HEX64.fullmatch(sha):
+        raise BundleError(f"{where} ({key}) has a bad size or sha256 ({size!r:.40}, {sha!r:.80})")
+    meta = e.get("meta", {})
+    if set(e) - _RECORD_KEYS or not isinstance(meta, dict) or set(meta) - set(META_FIELDS):
+        raise BundleError(f"{where} ({key}) has fields {sorted(e)} and meta fields "
+                          f"{sorted(meta) if isinstance(meta, dict) else type(meta).__name__}; a bundle entry has "
+                          f"{sorted(_RECORD_KEYS)} and meta fields among {', '.join(META_FIELDS)}")
+    return key
+
+
+def verify_bundle(path: str | Path, limits: Limits | None = None) -> tuple[dict[str, dict], int]:
+    """Check everything without writing: (index by key, entry bytes). Raises BundleError at the first problem.
+    ``limits``: default ``Limits.from_settings()``."""
     p = Path(path)
+    limits = limits or Limits.from_settings()
+    if not p.is_file():
+        raise BundleError(f"{p}: {'a directory' if p.is_dir() else 'no such file'}; give a bundle file "
+                          "(made by `rtckern cache export --bundle`)")
     index: dict[str, dict] | None = None
     seen: set[str] = set()
     nbytes = 0
@@ -257,10 +346,12 @@ def _check_entry(p: Path, name: str, key: str, data: bytes, index: dict[str, dic
         raise BundleError(f"{p}: member {name!r} is not a valid cache entry ({e})") from None
 
 
-def import_bundle(path: str | Path, cache: DiskCache, limits: Limits = Limits()) -> dict:
+def import_bundle(path: str | Path, cache: DiskCache, limits: Limits | None = None) -> dict:
     """Verify the whole bundle, then add its entries to ``cache``. Returns counts: imported, present (same bytes
-    already there), kept (a different valid entry already there: kept, with a warning)."""
+    already there), kept (a different valid entry already there: kept, with a warning). ``limits``: default
+    ``Limits.from_settings()``."""
     p = Path(path)
+    limits = limits or Limits.from_settings()
     index, _ = verify_bundle(p, limits)
     if cache.read_only or not cache.enabled:
         raise BundleError(f"cannot import into {cache.root}: the cache is read-only or not writable")

@@ -26,14 +26,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from ..errors import RtckernError
+from ..arch import Arch
+from ..device import DeviceInfo
+from ..errors import ArchError, ManifestError
+from ..registry.options import FALSE, TRUE
 
 RESERVED = ("op", "dtype", "shape", "request", "device", "comment")
 DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
-
-
-class ManifestError(RtckernError, ValueError):
-    """A manifest line that cannot be read, naming the file, the line and what is expected."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,16 +96,59 @@ def parse_entry(obj: Any, where: str = "") -> ManifestEntry:
             raise ManifestError(f"{at}option {k!r} = {e}") from None
     request = obj.get("request")
     if request is not None:
-        if not isinstance(request, dict) or set(request) - {"dtypes", "shape", "flags"}:
-            raise ManifestError(f"{at}request must be an object with dtypes, shape and flags (as record mode "
-                                f"writes it), got {request!r}")
+        _check_request(request, at)
     device = obj.get("device")
-    if device is not None and not (isinstance(device, dict) and isinstance(device.get("arch"), str)):
-        raise ManifestError(f"{at}device must be an object with at least an arch, e.g. "
-                            f'{{"arch": "sm_90", "sm_count": 132}}, got {device!r}')
+    if device is not None:
+        _check_device(device, at)
     clean = {k: v for k, v in obj.items() if k != "comment"}
     return ManifestEntry(op=op, dtype=dtype, shape=tuple(shape), options=tuple(options), request=request,
                          device=device, where=where, canonical=canonical_line(clean))
+
+
+def _check_request(request: Any, at: str) -> None:
+    """The exact request as record mode writes it: dtypes {name: str}, shape {name: int}, flags {name: scalar},
+    booleans as JSON true/false (a flag "0" would be a non-empty string, that is true)."""
+    if not isinstance(request, dict) or set(request) - {"dtypes", "shape", "flags"}:
+        raise ManifestError(f"{at}request must be an object with dtypes, shape and flags (as record mode "
+                            f"writes it), got {request!r}")
+    kinds = {"dtypes": (str,), "shape": (int,), "flags": (bool, int, float, str, type(None))}
+    for part, types in kinds.items():
+        values = request.get(part, {})
+        if not isinstance(values, dict):
+            raise ManifestError(f"{at}request {part} must be an object of name: value, got {values!r}")
+        for name, v in values.items():
+            if not isinstance(v, types) or (part == "shape" and isinstance(v, bool)):
+                want = {"dtypes": "a dtype name", "shape": "an int", "flags": "a JSON scalar"}[part]
+                raise ManifestError(f"{at}request {part} {name!r} = {v!r}: expected {want}")
+            if part == "flags" and isinstance(v, str) and v.strip().lower() in TRUE + FALSE:
+                raise ManifestError(f"{at}request flag {name!r} = {v!r} is text; write the boolean as JSON "
+                                    f"{'true' if v.strip().lower() in TRUE else 'false'} (a string would count "
+                                    "as true)")
+
+
+# The limits of a recorded device (every DeviceInfo field but arch, name and the live-only ordinal): positive ints.
+_DEVICE_INTS = tuple(f.name for f in dataclasses.fields(DeviceInfo) if f.name not in ("arch", "name", "ordinal"))
+
+
+def _check_device(device: Any, at: str) -> None:
+    """The recorded device: an arch that parses, positive ints for its limits, a name; nothing else."""
+    example = '{"arch": "sm_90", "sm_count": 132}'
+    if not (isinstance(device, dict) and isinstance(device.get("arch"), str)):
+        raise ManifestError(f"{at}device must be an object with at least an arch, e.g. {example}, got {device!r}")
+    unknown = sorted(set(device) - {"arch", "name", *_DEVICE_INTS})
+    if unknown:
+        raise ManifestError(f"{at}device field(s) {unknown} unknown; a device has arch, name, "
+                            f"{', '.join(_DEVICE_INTS)}")
+    try:
+        Arch.parse(device["arch"])
+    except ArchError as e:
+        raise ManifestError(f"{at}device {e}") from None
+    for k in _DEVICE_INTS:
+        v = device.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ManifestError(f"{at}device {k} = {v!r}: expected a positive int")
+    if not isinstance(device.get("name", ""), str):
+        raise ManifestError(f"{at}device name = {device['name']!r}: expected a string")
 
 
 def parse_lines(lines: Iterable[str], name: str = "<manifest>") -> list[ManifestEntry]:
@@ -131,6 +173,10 @@ def load_manifest(path: str | Path) -> list[ManifestEntry]:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ManifestError(f"cannot read manifest {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[:e.start].count(b"\n") + 1
+        raise ManifestError(f"{p}:{line}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                            "a manifest is JSON lines in UTF-8") from None
     return parse_lines(text.splitlines(), str(p))
 
 

@@ -26,6 +26,7 @@ from rtckern import tuning
 from rtckern.device import DeviceInfo
 from rtckern.ops import _attention_configs as cfgs
 from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder
+from rtckern.registry import options as opts
 from rtckern.registry.core_api import target_for
 from rtckern.spec import KernelSpec
 
@@ -206,9 +207,8 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
     """For `rtckern explain/tune/selftest attention`: shape is the head dim, or q's (batch, seqlen, heads, head_dim);
     option causal=0/1."""
     hd = shape[-1]
-    causal = str(options.pop("causal", "0")).lower() in ("1", "true", "yes", "on")
-    if options:
-        raise ValueError(f"attention: unknown options {sorted(options)}; the only option is causal=0/1")
+    opts.check_keys(OP, options, ("causal",))
+    causal = opts.flag(OP, options, "causal", False)
     return request(dtype or "bf16", hd, causal, device)
 
 

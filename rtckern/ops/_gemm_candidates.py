@@ -18,6 +18,7 @@ from rtckern import config
 from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, OpRequest, Resources, default_registry, register, \
     register_request_builder, select
+from rtckern.registry import options as opts
 from rtckern.ops import _gemm_launch as L
 from rtckern.ops import _gemm_plan as P
 from rtckern.ops import _gemm_tuned as T
@@ -214,23 +215,28 @@ def selection(p: P.GemmProblem, ordinal: int):
     return sel
 
 
-def _parse_bool(v: Any) -> bool:
-    return str(v).lower() in ("1", "true", "yes", "on")
+_OPTIONS = ("trans_b", "out", "bias", "act", "residual", "aligned", "b_batched")
 
 
 def build_request(shape, dtype, device, **options) -> OpRequest:
     """For `rtckern explain/tune gemm`: shape MxNxK or BxMxNxK; options trans_b, out, bias, act, residual,
-    aligned, b_batched."""
+    aligned, b_batched (an unknown key or a value outside what is accepted is an OptionError)."""
     dims = [int(x) for x in shape]
     if len(dims) not in (3, 4):
         raise ValueError(f"gemm: shape {shape!r} should be MxNxK or BxMxNxK, e.g. 4096x4096x4096")
+    opts.check_keys(OP, options, _OPTIONS)
     batch, (m, n, k) = (dims[0], dims[1:]) if len(dims) == 4 else (1, dims)
     dt = dtype or "bf16"
-    p = P.GemmProblem(batch=batch, m=m, n=n, k=k, dtype=dt, out_dtype=options.get("out", dt),
-                      trans_b=_parse_bool(options.get("trans_b", "1")), bias=_parse_bool(options.get("bias", "0")),
-                      activation=options.get("act", "none"), residual=_parse_bool(options.get("residual", "0")),
-                      aligned=_parse_bool(options.get("aligned", "1" if k % 8 == 0 and n % 8 == 0 else "0")),
-                      b_batched=_parse_bool(options.get("b_batched", "0" if batch == 1 else "1")))
+
+    def flag(name: str, default: bool) -> bool:
+        return opts.flag(OP, options, name, default)
+
+    p = P.GemmProblem(batch=batch, m=m, n=n, k=k, dtype=dt,
+                      out_dtype=opts.parse_choice(OP, "out", options.get("out", dt), P.OUTPUT_DTYPES),
+                      trans_b=flag("trans_b", True), bias=flag("bias", False),
+                      activation=opts.parse_choice(OP, "act", options.get("act", "none"), P.ACTIVATIONS),
+                      residual=flag("residual", False), aligned=flag("aligned", k % 8 == 0 and n % 8 == 0),
+                      b_batched=flag("b_batched", batch != 1))
     return request(p, device)
 
 
@@ -253,7 +259,7 @@ def register_all() -> None:
         if OP not in reg.builder_ops():
             register_request_builder(OP, build_request, help="shape: MxNxK or BxMxNxK; options trans_b=0|1 (default "
                                      "1: B is (n, k)), out=fp16|bf16|fp32, bias=0|1, act=none|gelu_tanh|silu, "
-                                     "residual=0|1", example="--dtype bf16 --shape 4096x4096x4096 --opt trans_b=1")
+                                     "residual=0|1, aligned=0|1, b_batched=0|1", example="--dtype bf16 --shape 4096x4096x4096 --opt trans_b=1")
         from rtckern.ops._gemm_tune import register_tuner
 
         register_tuner()

@@ -16,6 +16,7 @@ from typing import Any
 
 from rtckern.config import settings
 from rtckern.registry import Candidate, OpRequest, Resources
+from rtckern.registry import options as opts
 
 from . import _norms_kernels as K
 from . import _norms_launch as L
@@ -292,46 +293,42 @@ def all_candidates() -> list[Candidate]:
 
 
 # ---- requests from the command line (rtckern explain / selftest) -------------------------------------------------
-def _flag(options: dict, name: str, default: bool) -> bool:
-    v = options.get(name)
-    if v is None:
-        return default
-    if str(v).lower() in ("1", "true", "yes", "on"):
-        return True
-    if str(v).lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"--opt {name}={v!r}: expected 0 or 1")
+_FWD_OPTIONS = ("vec", "w", "y", "bias", "residual", "save_stats", "zero_centered")
+_BWD_OPTIONS = ("vec", "w", "dx", "dy", "bias_grad", "dresidual", "weight_grad", "zero_centered")
 
 
-def _dtype_opt(options: dict, name: str, default: str) -> str:
-    v = options.get(name, default)
-    if v not in K.DTYPES and v != "none":
-        raise ValueError(f"--opt {name}={v!r}: expected one of {', '.join(K.DTYPES)}")
-    return v
+def _dtype_opt(op: str, options: dict, name: str, default: str) -> str:
+    return opts.parse_choice(op, name, options.get(name, default), K.DTYPES + ("none",) if name == "w" else K.DTYPES)
 
 
 def build_request(op: str, shape: tuple, dtype: str | None, device, **options: str) -> OpRequest:
     """An op request from a shape (N, or rows x N) and --opt key=value pairs (w, y/dy/dx dtypes; bias, residual,
-    zero_centered, save_stats, weight_grad, dresidual as 0/1; vec, default the 16-byte width)."""
+    zero_centered, save_stats, weight_grad, dresidual as booleans; vec, default the 16-byte width). An unknown
+    key or a value outside what is accepted is an OptionError."""
     if not shape or shape[-1] < 1:
         raise ValueError(f"shape {shape!r}: give N or ROWSxN with N >= 1")
     x = dtype or "bf16"
     if x not in K.DTYPES:
         raise ValueError(f"dtype {x!r}: expected one of {', '.join(K.DTYPES)}")
+    opts.check_keys(op, options, _FWD_OPTIONS if op in FWD_OPS else _BWD_OPTIONS)
     n = int(shape[-1])
-    vec = int(options.get("vec", K.pick_vec(n, (K.ITEMSIZE[x],), (16,))))
+    vec = opts.parse_vec(op, options, n, K.ITEMSIZE[x], K.pick_vec(n, (K.ITEMSIZE[x],), (16,)))
     layer = op.startswith("layer")
-    w = _dtype_opt(options, "w", x)
+    w = _dtype_opt(op, options, "w", x)
+
+    def flag(name: str, default: bool) -> bool:
+        return opts.flag(op, options, name, default)
+
     if op in FWD_OPS:
-        flags = (("bias", _flag(options, "bias", layer)), ("residual", _flag(options, "residual", False)),
-                 ("save_stats", _flag(options, "save_stats", False)), ("weight", w != "none"),
-                 ("zero_centered", _flag(options, "zero_centered", False)))
-        return OpRequest(op=op, dtypes=(("w", w), ("x", x), ("y", _dtype_opt(options, "y", x))),
+        flags = (("bias", flag("bias", layer)), ("residual", flag("residual", False)),
+                 ("save_stats", flag("save_stats", False)), ("weight", w != "none"),
+                 ("zero_centered", flag("zero_centered", False)))
+        return OpRequest(op=op, dtypes=(("w", w), ("x", x), ("y", _dtype_opt(op, options, "y", x))),
                          shape=(("n", n), ("vec", vec)), flags=flags, device=device)
-    flags = (("bias_grad", _flag(options, "bias_grad", layer)), ("dresidual", _flag(options, "dresidual", False)),
-             ("weight", w != "none"), ("weight_grad", _flag(options, "weight_grad", w != "none")),
-             ("zero_centered", _flag(options, "zero_centered", False)))
-    return OpRequest(op=op, dtypes=(("dx", _dtype_opt(options, "dx", x)), ("dy", _dtype_opt(options, "dy", x)),
+    flags = (("bias_grad", flag("bias_grad", layer)), ("dresidual", flag("dresidual", False)),
+             ("weight", w != "none"), ("weight_grad", flag("weight_grad", w != "none")),
+             ("zero_centered", flag("zero_centered", False)))
+    return OpRequest(op=op, dtypes=(("dx", _dtype_opt(op, options, "dx", x)), ("dy", _dtype_opt(op, options, "dy", x)),
                                     ("w", w), ("x", x)), shape=(("n", n), ("vec", vec)), flags=flags, device=device)
 
 

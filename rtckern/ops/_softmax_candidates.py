@@ -13,6 +13,8 @@ from typing import Any
 from rtckern import config
 from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder, select
+from rtckern.errors import OptionError
+from rtckern.registry import options as opts
 from rtckern.registry import default_registry
 from rtckern.registry.candidate import arch_reason
 from rtckern.spec import KernelSpec
@@ -292,14 +294,20 @@ def selection(op: str, dtype: str, n: int, vec: int, ordinal: int, mask16: bool 
 
 
 def _build_request(op: str):
+    masked_fwd = OPS[op] == (plan.MASKED, plan.FWD)
+    allowed = ("vec", "mask16") if masked_fwd else ("vec",)
+
     def build(shape, dtype, device, **options) -> OpRequest:
         if not shape:
             raise ValueError(f"{op}: give a shape whose last dim is the row length, e.g. 8192x4096")
         dt = dtype or "bf16"
+        if dt not in plan.ELEM_BYTES:
+            raise OptionError(f"{op}: dtype {dt!r} is not one of {', '.join(plan.ELEM_BYTES)}")
+        opts.check_keys(op, options, allowed)
         n = int(shape[-1])
-        vec = int(options.get("vec", plan.vector_width(dt, n)))
-        mask16 = options.get("mask16")
-        return request(op, dt, n, vec, device, None if mask16 is None else str(mask16).lower() in ("1", "true"))
+        vec = opts.parse_vec(op, options, n, plan.ELEM_BYTES[dt], plan.vector_width(dt, n))
+        mask16 = None if options.get("mask16") is None else opts.parse_bool(op, "mask16", options["mask16"])
+        return request(op, dt, n, vec, device, mask16)
 
     return build
 

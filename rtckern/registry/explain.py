@@ -18,7 +18,7 @@ from rtckern.registry.request import OpRequest
 from rtckern.registry.results import ProbeResult, spec_to_dict
 from rtckern.registry.selector import Registry
 
-_SHAPE = re.compile(r"^\d+(x\d+)*$")
+_SHAPE = re.compile(r"[0-9]+(x[0-9]+)*", re.ASCII)
 
 
 def parse_shape(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -27,7 +27,7 @@ def parse_shape(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
         dims = tuple(int(d) for d in text)
     else:
         t = text.strip().lower().replace("×", "x").replace(",", "x")
-        if not _SHAPE.match(t):
+        if not _SHAPE.fullmatch(t):
             raise ValueError(f"shape {text!r}: write dimensions joined by 'x', e.g. 8192x4096")
         dims = tuple(int(d) for d in t.split("x"))
     if any(d <= 0 for d in dims):

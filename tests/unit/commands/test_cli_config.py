@@ -88,6 +88,7 @@ def _unknown_uid() -> int:
 AS_UNKNOWN_UID = """
 import importlib.metadata, os, sys
 import rtckern.cli as cli, rtckern.commands.info, rtckern.compiler.nvrtc, rtckern.device, rtckern.manager
+import rtckern.cache.remote  # and ssl, before the uid that cannot read the interpreter's lib dir
 cli.build_parser()
 uid = int(os.environ["AS_UID"])
 os.setgid(uid)

@@ -26,12 +26,34 @@ def test_lines_options_comments_and_duplicates(tmp_path):
     ('{"op": "axpy", "dtype": "bf16", "shape": [4], "opt": [1, 2]}', "option 'opt' = \\[1, 2\\]"),
     ('{"op": "", "dtype": "bf16", "shape": [4]}', "op must be a non-empty string"),
     ('{"op": "axpy", "dtype": "bf16", "shape": [4], "device": {"sm": 90}}', "device must be an object with"),
+    ('{"op": "axpy", "dtype": "bf16", "shape": [4], "device": {"arch": "８.0"}}',
+     "device unknown arch entry '８.0'; accepted forms"),
+    ('{"op": "axpy", "dtype": "bf16", "shape": [4], "device": {"arch": "sm_90", "sm_count": -5}}',
+     "device sm_count = -5: expected a positive int"),
+    ('{"op": "axpy", "dtype": "bf16", "shape": [4], "device": {"arch": "sm_90", "sms": 132}}',
+     r"device field\(s\) \['sms'\] unknown; a device has arch, name, sm_count, "),
+    ('{"op": "attention", "dtype": "bf16", "shape": [128], "request": {"flags": {"causal": "0"}}}',
+     r"request flag 'causal' = '0' is text; write the boolean as JSON false \(a string would count as true\)"),
+    ('{"op": "attention", "dtype": "bf16", "shape": [128], "request": {"flags": {"causal": "On"}}}',
+     r"request flag 'causal' = 'On' is text; write the boolean as JSON true"),
+    ('{"op": "axpy", "dtype": "bf16", "shape": [4], "request": {"shape": {"n": true}}}',
+     r"request shape 'n' = True: expected an int"),
+    ('{"op": "axpy", "dtype": "bf16", "shape": [4], "request": {"flags": [1]}}',
+     r"request flags must be an object of name: value, got \[1\]"),
     ('{"op": "axpy", dtype: bf16}', "not valid JSON"),
     ('[1, 2]', "expected a JSON object"),
 ])
 def test_bad_lines_name_file_line_and_fix(line, message):
     with pytest.raises(ManifestError, match="^m.jsonl:2: " + message):
         parse_lines(['{"op": "axpy", "dtype": "bf16", "shape": [4]}', line], "m.jsonl")
+
+
+def test_manifest_that_is_not_utf8(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_bytes('{"op": "axpy", "dtype": "bf16", "shape": [4], "comment": "é"}\n'.encode() + b'{"op": "\xe9"}\n')
+    with pytest.raises(ManifestError, match=r"m.jsonl:2: not UTF-8 text \(byte 0xe9 at offset 71\); a manifest is "
+                                            r"JSON lines in UTF-8$"):
+        load_manifest(p)
 
 
 def test_missing_file_and_unknown_preset(tmp_path):
