@@ -50,7 +50,9 @@ class RedisCache:
 
     def __init__(self, url: str, *, timeout_s: float = 0.5, cooldown_s: float = 30.0, stats: Stats | None = None,
                  prefix: str = KEY_PREFIX, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-                 client: Client | None = None):
+                 client: Client | None = None, secret: bytes | None = None):
+        """secret: the shared cache secret (RTCKERN_CACHE_SECRET_FILE): values are written signed with it and
+        values without a valid signature are refused (see entry.seal)."""
         self.endpoint = Endpoint.parse(url)  # ConfigError for a bad URL, now rather than at the first call
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
             raise ValueError(f"remote cache timeout {timeout_s!r} s: must be a number of seconds above 0 and at "
@@ -63,6 +65,7 @@ class RedisCache:
         self.cooldown_s = cooldown_s
         self.max_value_bytes = max_value_bytes
         self.prefix = prefix
+        self.secret = secret
         self.stats = stats or Stats()
         self._client = client if client is not None else Client(self.endpoint)
         self._lock = threading.Lock()
@@ -129,6 +132,7 @@ class RedisCache:
         try:
             if not isinstance(data, bytes):
                 raise entry_format.InvalidEntry(f"GET answered {type(data).__name__}, not a bulk string")
+            data = entry_format.open_sealed(data, key, self.secret)
             entry_format.unpack(data, key)
         except entry_format.InvalidEntry as e:
             self.stats.bump(self.name, "misses")
@@ -141,6 +145,8 @@ class RedisCache:
         """Write ``data`` under ``key``; False (never an exception) when skipped, too large or failed."""
         if self._skip():
             return False
+        if self.secret is not None:
+            data = entry_format.seal(data, key, self.secret)
         if len(data) > self.max_value_bytes:
             # Every reader would refuse it; say so once (a kernel this large is worth knowing about).
             if key not in self._warned_invalid:
@@ -170,4 +176,7 @@ def remote_from_settings(s: Any, stats: Stats | None = None) -> RedisCache | Non
     url = s.remote_cache
     if not url:
         return None
-    return RedisCache(url, timeout_s=s.remote_timeout_s, max_value_bytes=s.remote_max_value_bytes, stats=stats)
+    from .secret import read_secret
+
+    return RedisCache(url, timeout_s=s.remote_timeout_s, max_value_bytes=s.remote_max_value_bytes, stats=stats,
+                      secret=read_secret(s.cache_secret_file))

@@ -53,7 +53,7 @@ META_FIELDS = ("op", "kernel", "name_expression", "template_args", "defines", "o
 _ENTRY_NAME = re.compile(r"^v1/([0-9a-f]{2})/([0-9a-f]{64})\.rtk$")
 
 
-_INDEX_KEYS = {"format", "layout", "count", "entries"}
+_INDEX_KEYS = {"format", "layout", "count", "entries", "signature"}
 _RECORD_KEYS = {"key", "path", "size", "sha256", "meta"}
 _HEX64 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
@@ -147,12 +147,24 @@ def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
     return ti
 
 
-def bundle_bytes(entries: Sequence[tuple[str, bytes, dict]]) -> bytes:
-    """The bundle for ``entries`` (key, packed, meta), as bytes. Same entries, same bytes."""
+def _index_signature(index: dict, secret: bytes) -> str:
+    """HMAC-SHA256 of the index without its signature: the index lists every member's sha256, so it signs them
+    all (see docs/fleet.md, "What the cache protects against")."""
+    import hmac
+
+    body = json.dumps({k: v for k, v in index.items() if k != "signature"}, sort_keys=True).encode()
+    return hmac.new(secret, b"rtckern-bundle-index\0" + body, hashlib.sha256).hexdigest()
+
+
+def bundle_bytes(entries: Sequence[tuple[str, bytes, dict]], secret: bytes | None = None) -> bytes:
+    """The bundle for ``entries`` (key, packed, meta), as bytes. Same entries (and secret), same bytes. With a
+    secret the index carries its signature."""
     entries = sorted(entries, key=lambda e: e[0])
     index = {"format": FORMAT, "layout": LAYOUT, "count": len(entries), "entries": [
         {"key": k, "path": f"{LAYOUT}/{k[:2]}/{k}.rtk", "size": len(d), "sha256": hashlib.sha256(d).hexdigest(),
          "meta": {f: m[f] for f in META_FIELDS if f in m}} for k, d, m in entries]}
+    if secret is not None:
+        index["signature"] = {"hmac-sha256": _index_signature(index, secret)}
     index_bytes = (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
     raw = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
@@ -167,7 +179,7 @@ def write_bundle(path: str | Path, entries: Sequence[tuple[str, bytes, dict]]) -
     p = Path(path)
     if p.is_dir():
         raise BundleError(f"--bundle {p} is a directory; give a file path, e.g. {p / 'rtckern.bundle'}")
-    data = bundle_bytes(entries)
+    data = bundle_bytes(entries, _secret())
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(p, data)
@@ -253,6 +265,30 @@ def _check_total(path: Path, total: int, file_bytes: int, limits: Limits) -> Non
                           f"{file_bytes} bytes (RTCKERN_BUNDLE_MAX_RATIO; a compression bomb?); refusing it")
 
 
+def _secret() -> bytes | None:
+    from ..cache.secret import read_secret
+    from ..config import settings
+
+    return read_secret(settings().cache_secret_file)
+
+
+def _check_signature(index: dict, path: Path) -> None:
+    """With a cache secret set, the index must carry a signature made with it; without one, it is not checked."""
+    import hmac
+
+    secret = _secret()
+    if secret is None:
+        return
+    sig = index.get("signature")
+    given = sig.get("hmac-sha256") if isinstance(sig, dict) else None
+    if not isinstance(given, str):
+        raise BundleError(f"{path}: the bundle is not signed, and a cache secret is set (RTCKERN_CACHE_SECRET_FILE); "
+                          "export it with the same secret set")
+    if not hmac.compare_digest(given, _index_signature(index, secret)):
+        raise BundleError(f"{path}: the bundle's signature does not verify with this cache secret "
+                          "(RTCKERN_CACHE_SECRET_FILE): made without the secret, or altered")
+
+
 def _read_index(data: bytes, path: Path) -> dict[str, dict]:
     try:
         index = json.loads(data)
@@ -275,6 +311,7 @@ def _read_index(data: bytes, path: Path) -> dict[str, dict]:
         if key in out:
             raise BundleError(f"{path}: index lists key {key} twice")
         out[key] = e
+    _check_signature(index, path)
     return out
 
 

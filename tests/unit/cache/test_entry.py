@@ -119,3 +119,32 @@ def test_bundle_with_swapped_members_and_a_consistent_index_is_refused(tmp_path)
     assert list(dest.entries()) == []
     r = cli("cache", "import", str(tmp_path / "swap.bundle"), cache=tmp_path / "dest2", check=False)
     assert r.returncode != 0 and "Traceback" not in r.stderr and "bound to key" in r.stderr
+
+
+# ---- authenticity: a shared secret signs what crosses machines ----
+def test_sealed_entries_verify_only_with_the_secret():
+    data = pack(CK, KA)
+    sealed = entry_format.seal(data, KA, b"s" * 32)
+    assert entry_format.open_sealed(sealed, KA, b"s" * 32) == data
+    assert entry_format.open_sealed(sealed, KA, None) == data  # no secret here: integrity checks still apply
+    assert entry_format.open_sealed(data, KA, None) == data
+    with pytest.raises(InvalidEntry, match=r"signature does not verify with this cache secret"):
+        entry_format.open_sealed(sealed, KA, b"t" * 32)
+    with pytest.raises(InvalidEntry, match=r"signature does not verify"):  # a signature made for another key
+        entry_format.open_sealed(entry_format.seal(data, KB, b"s" * 32), KA, b"s" * 32)
+    with pytest.raises(InvalidEntry, match=r"not signed, and a cache secret is set"):
+        entry_format.open_sealed(data, KA, b"s" * 32)
+
+
+def test_secret_file_is_read_and_checked(tmp_path):
+    from rtckern.cache.secret import read_secret
+    from rtckern.errors import ConfigError
+
+    assert read_secret(None) is None
+    (tmp_path / "s").write_text("  0123456789abcdef0123  \n")
+    assert read_secret(tmp_path / "s") == b"0123456789abcdef0123"
+    (tmp_path / "short").write_text("abc")
+    with pytest.raises(ConfigError, match=r"RTCKERN_CACHE_SECRET_FILE=.*short: the secret is 3 bytes; use at least 16"):
+        read_secret(tmp_path / "short")
+    with pytest.raises(ConfigError, match=r"RTCKERN_CACHE_SECRET_FILE=.*nope: cannot read it"):
+        read_secret(tmp_path / "nope")

@@ -541,3 +541,27 @@ def test_slow_remote_never_holds_the_per_key_lock(cache_dir, spec):
     assert remote.calls == [("get", False), ("put", False)]  # one look before the lock, the write-back after it
     assert m.stats.compiles == 1 and took >= 2 * deadline  # both remote calls really waited out the deadline
     assert longest < deadline, longest  # the lock was held for the compile only
+
+
+def test_with_a_secret_only_signed_values_are_served(redis_server, cache_dir, spec, tmp_path):
+    """RTCKERN_CACHE_SECRET_FILE: writers sign, readers refuse unsigned values and other secrets' signatures (an
+    attacker with write access to Redis can pack a valid, key-bound entry, but cannot sign it)."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.write_text("a-shared-secret-of-the-fleet-0001")
+    theirs.write_text("somebody-elses-secret-000000000000")
+
+    def tier(secret_file):
+        with config.override(remote_cache=redis_server.url, cache_secret_file=secret_file):
+            return remote_from_settings(config.settings())
+
+    seed = KernelManager(cache_dir / "seed", remote=tier(ours))
+    ck = seed.compile(spec)
+    key, cl = seed.key(spec), redis_server.client()
+    assert cl.get(KEY_PREFIX + key).startswith(b"RTKSEAL1")
+    assert KernelManager(cache_dir / "a", remote=tier(ours)).lookup(spec)[1] == "remote"
+    with pytest.warns(CacheWarning, match="signature does not verify with this cache secret"):
+        assert KernelManager(cache_dir / "b", remote=tier(theirs)).lookup(spec) == (None, "")
+    cl.set(KEY_PREFIX + key, pack(ck, key))  # a valid, key-bound, unsigned entry
+    with pytest.warns(CacheWarning, match="not signed, and a cache secret is set"):
+        assert KernelManager(cache_dir / "c", remote=tier(ours)).lookup(spec) == (None, "")
+    assert KernelManager(cache_dir / "d", remote=tier(None)).lookup(spec)[1] == "remote"  # no secret: integrity only

@@ -179,3 +179,27 @@ def test_cli_export_import(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(list(DiskCache(tmp_path / "d").entries())) == 2
+
+
+def test_bundles_are_signed_with_the_cache_secret(tmp_path):
+    from rtckern import config
+
+    src = DiskCache(tmp_path / "src")
+    _fill(src, 2)
+    (tmp_path / "ours").write_text("a-shared-secret-of-the-fleet-0001")
+    (tmp_path / "theirs").write_text("somebody-elses-secret-000000000000")
+    with config.override(cache_secret_file=tmp_path / "ours"):
+        export_bundle(tmp_path / "signed.bundle", [src])
+        assert import_bundle(tmp_path / "signed.bundle", DiskCache(tmp_path / "d1"))["imported"] == 2
+    export_bundle(tmp_path / "plain.bundle", [src])
+    with config.override(cache_secret_file=tmp_path / "theirs"):
+        with pytest.raises(BundleError, match="signature does not verify with this cache secret"):
+            import_bundle(tmp_path / "signed.bundle", DiskCache(tmp_path / "d2"))
+    with config.override(cache_secret_file=tmp_path / "ours"):
+        with pytest.raises(BundleError, match="the bundle is not signed, and a cache secret is set"):
+            import_bundle(tmp_path / "plain.bundle", DiskCache(tmp_path / "d3"))
+    assert import_bundle(tmp_path / "signed.bundle", DiskCache(tmp_path / "d4"))["imported"] == 2  # no secret here
+    assert list(DiskCache(tmp_path / "d2").entries()) == list(DiskCache(tmp_path / "d3").entries()) == []
+    r = cli("cache", "import", str(tmp_path / "plain.bundle"), cache=tmp_path / "d5", check=False,
+            env={"RTCKERN_CACHE_SECRET_FILE": str(tmp_path / "ours")})
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "not signed" in r.stderr
