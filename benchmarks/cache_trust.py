@@ -1,10 +1,13 @@
-"""Cache-trust figures (issue 20). CPU only: no GPU needed.
+"""Cache-trust figures. CPU only: no GPU needed. Writes benchmarks/results/cache_trust.{json,md} (--out).
 
 ``remote_deadlines()``: the longest call the remote tier made against each hostile fake server
 (rtckern.testing.HostileRedis) under a given whole-call deadline, next to the bar (deadline + 10 %); for the
 trickling server also how long redis-py with the same per-read timeout stays blocked (what the tier did before).
+``race_compiles()``: processes (and threads) that start together on one empty cache and all ask for the same
+kernels: compiles per key. ``damaged_cache()``: a cache damaged in every way the runtime can meet, and what
+`cache verify` (DiskCache.verify) finds.
 
-    python3 benchmarks/cache_trust.py [--deadline 0.5] [--calls 5]
+    python3 benchmarks/cache_trust.py [--deadline 0.5] [--calls 5] [--procs 8,32] [--out DIR]
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import threading
 import time
 import tracemalloc
 import warnings
+from pathlib import Path
 
 from rtckern.cache import CacheWarning, pack
 from rtckern.cache.remote import RedisCache
@@ -105,12 +109,196 @@ def _against(mode: str, deadline_s: float, calls: int, limit: float) -> dict:
     return row
 
 
+# ---- one compile per key under races ----
+_RACE_SPECS = [("axpy", t) for t in ("float", "rtk_half", "rtk_bf16")] + [("noop0", None), ("noop8", None)]
+_RACER = r"""
+import json, sys, time
+from rtckern.arch import Arch
+from rtckern.manager import KernelManager
+from rtckern.spec import KernelSpec
+specs = [KernelSpec("core/axpy.cuh", n, Arch.parse("sm_80"), template_args=(t,) if t else ()) for n, t in %r]
+start = float(sys.argv[1])
+while time.time() < start:
+    time.sleep(0.001)
+m = KernelManager(sys.argv[2], remote=None)
+for s in specs:
+    m.compile(s)
+print(json.dumps({"compiles": m.stats.compiles}))
+"""
+
+
+def race_compiles(procs: int, tmp: Path) -> dict:
+    """``procs`` processes start at the same instant on one empty cache and compile the same kernels."""
+    import subprocess
+    import sys
+
+    cache = tmp / f"race{procs}"
+    start = time.time() + 1.0 + procs * 0.05  # every interpreter is up before the start
+    code = _RACER % (_RACE_SPECS,)
+    ps = [subprocess.Popen([sys.executable, "-c", code, repr(start), str(cache)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for _ in range(procs)]
+    outs = [p.communicate(timeout=900) for p in ps]
+    bad = [e for (o, e), p in zip(outs, ps) if p.returncode]
+    if bad:
+        raise RuntimeError(f"a racing process failed: {bad[0][-2000:]}")
+    compiles = sum(json.loads(o)["compiles"] for o, _ in outs)
+    from rtckern.cache import DiskCache
+
+    d = DiskCache(cache)
+    keys = len(list(d.entries(meta=False)))
+    return {"processes": procs, "kernels": len(_RACE_SPECS), "keys_in_cache": keys, "compiles": compiles,
+            "compiles_per_key": round(compiles / keys, 3), "corrupt": d.verify(remove=False)["corrupt"]}
+
+
+def race_threads(threads: int, tmp: Path) -> dict:
+    """``threads`` threads of one process ask one manager for the same kernels at once."""
+    from rtckern.arch import Arch
+    from rtckern.manager import KernelManager
+    from rtckern.spec import KernelSpec
+
+    m = KernelManager(tmp / f"threads{threads}", remote=None)
+    specs = [KernelSpec("core/axpy.cuh", n, Arch.parse("sm_80"), template_args=(t,) if t else ())
+             for n, t in _RACE_SPECS]
+    gate = threading.Barrier(threads)
+
+    def work(i: int) -> None:
+        gate.wait()
+        for s in specs[i % len(specs):] + specs[:i % len(specs)]:
+            m.compile(s)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return {"threads": threads, "kernels": len(specs), "compiles": m.stats.compiles,
+            "compiles_per_key": round(m.stats.compiles / len(specs), 3)}
+
+
+# ---- what verify finds on a damaged cache ----
+def damaged_cache(tmp: Path) -> dict:
+    """Compile a few kernels, damage the cache in each way the runtime can meet, and report what verify finds
+    (listed entries and sidecars, by kind of damage) and what the runtime does with each damaged key."""
+    import hashlib
+    import os
+    import struct
+
+    from rtckern.arch import Arch
+    from rtckern.cache import DiskCache
+    from rtckern.cache import entry as entry_format
+    from rtckern.manager import KernelManager
+    from rtckern.spec import KernelSpec
+
+    root = tmp / "damaged"
+    m = KernelManager(root, remote=None)
+    specs = [KernelSpec("core/axpy.cuh", n, Arch.parse(a), template_args=(t,) if t else (), op="core")
+             for n, t, a in (("axpy", "float", "sm_80"), ("axpy", "rtk_half", "sm_80"), ("axpy", "rtk_bf16", "sm_80"),
+                             ("noop0", None, "sm_80"), ("noop8", None, "sm_80"), ("axpy", "float", "sm_90"),
+                             ("axpy", "rtk_half", "sm_90"))]
+    keys = [m.key(s) for s in specs]
+    for s in specs:
+        m.compile(s)
+    d = m.disk
+    damage = {}
+
+    def entry(i):
+        return d.entry_path(keys[i])
+
+    data = entry(0).read_bytes()
+    entry(0).write_bytes(data[:-9] + bytes([data[-9] ^ 1]) + data[-8:])
+    damage["byte flip"] = keys[0]
+    entry(1).write_bytes(entry(1).read_bytes()[: 200])
+    damage["truncated"] = keys[1]
+    entry(2).write_bytes(entry(3).read_bytes())
+    damage["entry of another key"] = keys[2]
+    body = struct.pack("<I", 2) + b"[]" + b"\x7fELF"
+    entry(3).write_bytes(entry_format._HEAD.pack(entry_format.MAGIC, entry_format.FORMAT,
+                                                 hashlib.sha256(body).digest(), len(body)) + body)
+    damage["valid digest, malformed header"] = keys[3]
+    side = json.loads(d.meta_path(keys[5]).read_text())
+    d.meta_path(keys[5]).write_text(json.dumps(dict(side, arch="sm_80")))
+    damage["sidecar naming another arch"] = keys[5]
+    orphan = d.meta_path("ee" * 32)
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_text("{}")
+    temp = entry(4).parent / f".{entry(4).name}.dead.tmp"
+    temp.write_bytes(b"half a write")
+    old = time.time() - 3600
+    for p in (orphan, temp):
+        os.utime(p, (old, old))
+    report = DiskCache(root).verify(remove=False)
+    bad = {b["key"]: b["reason"] for b in report["bad"]}
+    bad_side = {b["key"]: b["reason"] for b in report["bad_sidecars"]}
+    found = {what: (bad.get(k) or bad_side.get(k)) for what, k in damage.items()}
+    found["orphan sidecar"] = report["orphan_sidecars"]
+    found["temp file of a killed writer"] = report["stale_temp_files"]
+    # The runtime on the same cache: every damaged entry is a miss (recompiled), none is served.
+    m2 = KernelManager(root, remote=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        served_right = all(m2.compile(s).binary == m.compile(s).binary for s in specs)
+    return {"entries": len(specs), "verify": {k: v for k, v in report.items() if k not in ("bad", "bad_sidecars")},
+            "found": found, "all_found": all(found.values()), "runtime_recompiled": m2.stats.compiles,
+            "runtime_served_right": served_right}
+
+
+def _markdown(res: dict) -> str:
+    from env import md_table  # benchmarks/env.py
+
+    e = res["env"]
+    rd = res["remote"]
+    lines = ["# Cache trust", "",
+             f"{e['date']}, {e.get('host', '')}: CPU only (no GPU involved), Python {e['python']}, NVRTC "
+             f"{e.get('nvrtc')}. `python3 benchmarks/cache_trust.py`.", "",
+             f"## Remote tier against hostile servers (deadline {rd['deadline_s']} s, bar {rd['limit_s']} s, "
+             f"{rd['calls_per_op']} calls per operation)", ""]
+    lines.append(md_table(("server", "worst get (s)", "worst put (s)", "within the bar", "warnings per call",
+                           "peak allocation of a get"),
+                          [(m, r["get_max_s"], r["put_max_s"], "yes" if r["within"] else "NO",
+                            "/".join(map(str, r["get_warnings_per_call"])), f"{r['get_peak_alloc_bytes']:,} B")
+                           for m, r in rd["servers"].items()]))
+    lines += ["", f"redis-py with the same 0.5 s per-read timeout against the trickling server (the tier before): "
+                  f"blocked {rd['redis_py_trickle_blocked_s']} s.", "", "## One compile per key", ""]
+    rows = [(f"{r['processes']} processes", r["kernels"], r["keys_in_cache"], r["compiles"], r["compiles_per_key"])
+            for r in res["race_processes"]]
+    rows += [(f"{r['threads']} threads", r["kernels"], r["kernels"], r["compiles"], r["compiles_per_key"])
+             for r in res["race_threads"]]
+    lines.append(md_table(("racers (started together, empty cache)", "kernels", "keys in cache", "compiles",
+                           "compiles per key"), rows))
+    dc = res["damaged"]
+    lines += ["", f"## `cache verify` on a deliberately damaged cache ({dc['entries']} entries)", ""]
+    lines.append(md_table(("damage", "verify reports"), [(k, v if not isinstance(v, int) else f"{v} found")
+                                                         for k, v in dc["found"].items()]))
+    lines += ["", f"The runtime on the same cache recompiled {dc['runtime_recompiled']} kernels (the damaged entries) "
+                  f"and served every kernel byte-identical to a fresh compile: {dc['runtime_served_right']}.", ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import sys
+    import tempfile
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--deadline", type=float, default=0.5)
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--procs", default="8,32")
+    ap.add_argument("--threads", default="256")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
-    print(json.dumps(remote_deadlines(args.deadline, args.calls), indent=1))
+    sys.path.insert(0, str(Path(__file__).parent))
+    from env import environment
+
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        res = {"env": environment(), "remote": remote_deadlines(args.deadline, args.calls),
+               "race_processes": [race_compiles(int(n), tmp) for n in args.procs.split(",")],
+               "race_threads": [race_threads(int(n), tmp) for n in args.threads.split(",")],
+               "damaged": damaged_cache(tmp)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cache_trust.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / "cache_trust.md").write_text(_markdown(res))
+    print(_markdown(res))
     return 0
 
 
