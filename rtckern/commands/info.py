@@ -55,7 +55,8 @@ def collect() -> dict:
     info["cache"] = {"dir": str(s.cache_dir), "enabled": bool(disk and disk.enabled),
                      "entries": sum(1 for _ in disk.entries(meta=False)) if disk else 0,
                      "bytes": disk.total_bytes() if disk else 0, "max_bytes": s.cache_max_bytes,
-                     "read_only_layers": [str(p) for p in s.read_only_layers], "remote": s.remote_cache}
+                     "read_only_layers": [str(p) for p in s.read_only_layers],
+                     "remote": m.remote.endpoint.where() if m.remote is not None else None}  # never the password
     return info
 
 

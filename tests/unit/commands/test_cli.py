@@ -21,6 +21,13 @@ def test_info_json(tmp_path):
     assert isinstance(info["devices"], list)
 
 
+def test_info_never_prints_the_remote_password(tmp_path, monkeypatch):
+    monkeypatch.setenv("RTCKERN_REMOTE_CACHE", "redis://user:s3cret-pw@127.0.0.1:1/0")
+    r = rtckern("info", "--json", env_cache=tmp_path)
+    assert json.loads(r.stdout)["cache"]["remote"] == "redis://127.0.0.1:1/0"
+    assert "s3cret-pw" not in r.stdout + r.stderr
+
+
 def test_prefill_then_cached_then_cache_commands(tmp_path):
     first = json.loads(rtckern("prefill", "--arch", "8.0;9.0a", "--family", "core", "--json", "-j", "2",
                                env_cache=tmp_path).stdout)
