@@ -15,13 +15,12 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<([^>]+)>)', re.MULTILINE
 
 @functools.lru_cache(maxsize=1)
 def kernel_sources_dir() -> Path:
-    """``kernel_sources/`` ships inside the package (``rtckern/kernel_sources``); in a source checkout it is
-    the top-level folder beside ``rtckern/``."""
-    here = Path(__file__).resolve().parent
-    for cand in (here / "kernel_sources", here.parent / "kernel_sources"):
-        if (cand / "common" / "portability.cuh").is_file():
-            return cand
-    raise RtckernError(f"kernel_sources/ not found next to {here}; reinstall rtckern (pip install .)")
+    """``rtckern/kernel_sources/``: the CUDA C++ sources, shipped inside the package as package data."""
+    d = Path(__file__).resolve().parent / "kernel_sources"
+    if not (d / "common" / "portability.cuh").is_file():
+        raise RtckernError(f"{d} is missing or incomplete (no common/portability.cuh); reinstall rtckern "
+                           "(pip install rtckern, or pip install . from a checkout)")
+    return d
 
 
 def read_source(relpath: str) -> str:

@@ -69,7 +69,7 @@ def generate() -> str:
 
 
 def main() -> None:
-    out = Path(__file__).resolve().parents[2] / "kernel_sources" / "attention" / "sm90_wgmma.cuh"
+    out = Path(__file__).resolve().parents[1] / "kernel_sources" / "attention" / "sm90_wgmma.cuh"
     out.write_text(generate())
     print("wrote", out)
 

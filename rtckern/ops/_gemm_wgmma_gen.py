@@ -55,7 +55,7 @@ def render() -> str:
 
 
 def target_path() -> Path:
-    return Path(__file__).resolve().parents[2] / "kernel_sources" / "gemm" / "wgmma_ops.cuh"
+    return Path(__file__).resolve().parents[1] / "kernel_sources" / "gemm" / "wgmma_ops.cuh"
 
 
 def main() -> int:
