@@ -2,7 +2,8 @@
 
 :class:`HostileRedis` is a fake Redis server on loopback that misbehaves in one chosen way, to check that the
 remote tier's whole-call deadline and value cap hold (tests/unit/cache/test_remote.py,
-benchmarks/cache_trust.py).
+benchmarks/cache_trust.py). :func:`compile_all` and :func:`compile_name_expressions` compile many kernels on
+every core (the tests that compile every variant of a family).
 """
 
 from __future__ import annotations
@@ -136,3 +137,86 @@ class HostileRedis:
                 raise ConnectionError("client closed")
         except socket.timeout:
             pass
+
+
+# ---- compile many kernels on every core ----
+def _jobs(jobs: int | None) -> int:
+    return max(1, jobs or os.cpu_count() or 1)
+
+
+def _spawn_pool(jobs: int):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _compile_spec(spec) -> str | None:
+    """None when ``spec`` compiles to a binary with a warning-free log, else what went wrong."""
+    from .compiler import compiler_for
+
+    try:
+        ck = compiler_for(spec.arch).compile(spec)
+    except Exception as e:  # collected, reported together
+        return f"{spec.name_expression}: {str(e)[:300]}"
+    if not ck.binary:
+        return f"{spec.name_expression}: empty binary"
+    if "warning" in (ck.log or "").lower():
+        return f"{spec.name_expression}: warnings: {ck.log[:600]}"
+    return None
+
+
+def compile_all(specs, jobs: int | None = None) -> list[str]:
+    """Compile every spec (no cache), spread over ``jobs`` processes (default: every core); returns the failures
+    (an error or a compiler warning), one line each, in spec order."""
+    specs = list(specs)
+    jobs = min(_jobs(jobs), len(specs) or 1)
+    if jobs == 1:
+        return [f for f in map(_compile_spec, specs) if f]
+    with _spawn_pool(jobs) as ex:
+        return [f for f in ex.map(_compile_spec, specs, chunksize=max(1, len(specs) // (4 * jobs))) if f]
+
+
+def _compile_program(args) -> str | None:
+    """One NVRTC program holding ``exprs`` as name expressions: None if it compiles warning-free and every
+    expression has a lowered name, else the log or the expression that failed."""
+    source, exprs, arch = args
+    from cuda.bindings import nvrtc
+
+    from .compiler.nvrtc import BASE_OPTIONS, NvrtcCompiler
+    from .sources import read_source
+
+    opts = [f"--gpu-architecture={arch}", *BASE_OPTIONS] + [f"-I{d}" for d in NvrtcCompiler().include_dirs()]
+    err, prog = nvrtc.nvrtcCreateProgram(read_source(source).encode(), source.encode(), 0, [], [])
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return f"nvrtcCreateProgram failed: {err}"
+    try:
+        for e in exprs:
+            nvrtc.nvrtcAddNameExpression(prog, e.encode())
+        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        text = log.decode(errors="replace")
+        if res != nvrtc.nvrtcResult.NVRTC_SUCCESS or "warning" in text.lower():
+            return text[:4000]
+        for e in exprs:
+            err, lowered = nvrtc.nvrtcGetLoweredName(prog, e.encode())
+            if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or not lowered:
+                return f"no lowered name for {e}"
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return None
+
+
+def compile_name_expressions(source: str, exprs, arch: str, jobs: int | None = None) -> list[str]:
+    """Compile ``source`` (a path under kernel_sources/) for ``arch`` with every name expression in ``exprs``,
+    as one NVRTC program per process (the headers are parsed once per program), on ``jobs`` processes; returns
+    the failures."""
+    exprs = list(exprs)
+    jobs = min(_jobs(jobs), len(exprs) or 1)
+    parts = [(source, exprs[i::jobs], arch) for i in range(jobs)]
+    if jobs == 1:
+        return [f for f in map(_compile_program, parts) if f]
+    with _spawn_pool(jobs) as ex:
+        return [f for f in ex.map(_compile_program, parts) if f]

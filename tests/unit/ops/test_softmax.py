@@ -512,33 +512,16 @@ def _all_name_expressions(arch: str) -> list[str]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_variant_compiles_with_nvrtc(arch, fresh):
-    """One NVRTC program per arch holding every variant as a name expression (a real compile of each, fast)."""
-    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
-    from rtckern.compiler.nvrtc import BASE_OPTIONS, NvrtcCompiler
-    from rtckern.sources import read_source
+    """Every variant as a name expression of one NVRTC program per core (a real compile of each)."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from rtckern.testing import compile_name_expressions
 
     exprs = _all_name_expressions(arch)
     assert len(exprs) > 100
     if arch != "sm_90":  # every variant for the target arch; a fixed 1-in-5 sample elsewhere keeps CI short
         exprs = exprs[::5] + exprs[-1:]
-    comp = NvrtcCompiler()
-    opts = [f"--gpu-architecture={arch}", *BASE_OPTIONS] + [f"-I{d}" for d in comp.include_dirs()]
-    err, prog = nvrtc.nvrtcCreateProgram(read_source(plan.SOURCE).encode(), b"softmax.cu", 0, [], [])
-    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
-    try:
-        for e in exprs:
-            nvrtc.nvrtcAddNameExpression(prog, e.encode())
-        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")[:4000]
-        assert "warning" not in log.decode(errors="replace").lower(), log.decode(errors="replace")[:4000]
-        for e in exprs:
-            err, lowered = nvrtc.nvrtcGetLoweredName(prog, e.encode())
-            assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS and lowered, e
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    failures = compile_name_expressions(plan.SOURCE, exprs, arch)
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
