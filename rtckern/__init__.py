@@ -16,8 +16,19 @@ def explain(*args, **kwargs):
 
     return _explain(*args, **kwargs)
 
+
+def clear_caches() -> None:
+    """Forget every in-memory cache: loaded kernels and binaries of the process-wide manager, op plans, registry
+    selections, tile choices, tuning tables (the disk tier and persisted decisions stay)."""
+    from . import caches
+    from .manager import get_manager
+
+    get_manager().clear_memory()
+    caches.clear_all()
+
+
 __all__ = [
     "Arch", "ArchFilter", "ArchError", "CacheError", "CompileError", "ConfigError", "DeviceInfo", "InputError", "KernelManager",
     "KernelSpec", "LaunchError", "LoadError", "RtckernError", "UnsupportedRequestError", "device_count",
-    "explain", "get_manager", "parse_arch_list", "set_manager", "__version__",
+    "clear_caches", "explain", "get_manager", "parse_arch_list", "set_manager", "__version__",
 ]

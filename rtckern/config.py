@@ -397,7 +397,16 @@ def reload() -> Settings:
     global _current
     with _lock:
         _current = Settings.from_env()
-        return _current
+        new = _current
+    _settings_changed()
+    return new
+
+
+def _settings_changed() -> None:
+    """Memos built under other settings (plans, selections, tiles) go: every PlanCache is emptied."""
+    from .caches import clear_all
+
+    clear_all()
 
 
 @contextlib.contextmanager
@@ -408,11 +417,13 @@ def override(**changes) -> Iterator[Settings]:
     new = dataclasses.replace(old, **changes)
     with _lock:
         _current = new
+    _settings_changed()
     try:
         yield new
     finally:
         with _lock:
             _current = old
+        _settings_changed()
 
 
 def env_doc() -> str:

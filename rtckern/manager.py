@@ -203,11 +203,14 @@ class KernelManager:
         return kernel
 
     def clear_memory(self) -> None:
-        """Forget loaded kernels and in-memory binaries (the disk tier stays)."""
+        """Forget loaded kernels and in-memory binaries (the disk tier stays), and every plan that holds them."""
         with self._lock:
             self._loaded.clear()
             self._keys.clear()
         self.memory.clear()
+        from .caches import clear_all
+
+        clear_all()
 
 
 class _null:
@@ -240,6 +243,9 @@ def set_manager(manager: KernelManager | None) -> KernelManager | None:
     global _manager
     with _manager_lock:
         old, _manager = _manager, manager
+    from .caches import clear_all
+
+    clear_all()  # plans hold kernels loaded by the old manager
     return old
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from rtckern import config
+from rtckern.caches import PlanCache
 from rtckern.errors import RtckernError
 
 FORMAT = 1
@@ -154,7 +155,7 @@ def _key_text(row: Row) -> str:
     return ", ".join([f"arch={row.arch}", f"sm_count={row.sm_count}"] + [f"{k}={v}" for k, v in row.shape])
 
 
-_cache: dict[Path, tuple[tuple[int, int], Table]] = {}
+_cache = PlanCache("tuning.tables", 256)
 _cache_lock = threading.Lock()
 
 
@@ -176,7 +177,7 @@ def load_table(path: Path | str, op: str | None = None) -> Table | None:
         raise TuningTableError(f"{p}: not valid JSON ({exc}); fix or delete the file") from None
     table = parse_table(data, p, op)
     with _cache_lock:
-        _cache[p] = (stamp, table)
+        _cache.put(p, (stamp, table))
     return table
 
 

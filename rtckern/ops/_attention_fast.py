@@ -9,13 +9,14 @@ change (config.override).
 """
 from __future__ import annotations
 
+from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.ops import _attention_candidates as cands
 from rtckern.ops._norms_plan import torch_stream
 
 _MAX_PLANS = 4096
-_torch_types: set = set()
-plans: dict[tuple, "Plan"] = {}
+_torch_types = PlanCache("attention.torch_types", 64)  # classes that passed the full path's checks
+plans = PlanCache("attention.call_plans", _MAX_PLANS)
 _SCALE_TYPES = (type(None), float, int)
 
 
@@ -39,12 +40,10 @@ def lookup(k):
 
 def remember(p: "Plan", q, k, v, causal, softmax_scale, return_lse) -> None:
     for t in (q, k, v):
-        _torch_types.add(type(t))
+        _torch_types.put(type(t), True)
     kk = key(q, k, v, causal, softmax_scale, return_lse)
     if kk is not None:
-        if len(plans) >= _MAX_PLANS:
-            plans.clear()
-        plans[kk] = p
+        plans.put(kk, p)
 
 
 class Plan:

@@ -14,6 +14,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from rtckern.caches import PlanCache
 from rtckern import config
 from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, OpRequest, Resources, default_registry, register, \
@@ -42,7 +43,7 @@ def problem(req: OpRequest) -> P.GemmProblem:
                          b_batched=bool(req.flag("b_batched")))
 
 
-_plans: dict[tuple, tuple[Any, str]] = {}
+_plans = PlanCache("gemm.tuned_configs")
 
 
 def tuned_plan(req: OpRequest) -> tuple[Any, str]:
@@ -50,7 +51,7 @@ def tuned_plan(req: OpRequest) -> tuple[Any, str]:
     key = (req,)
     hit = _plans.get(key)
     if hit is None:
-        hit = _plans[key] = T.tuned_config(problem(req), req.device)
+        hit = _plans.put(key, T.tuned_config(problem(req), req.device))
     return hit
 
 
@@ -167,7 +168,7 @@ class SimtCandidate(_GemmCandidate):
         return P.SimtConfig()
 
 
-_clusters_fit: dict[tuple, int] = {}
+_clusters_fit = PlanCache("gemm.clusters_fit")
 
 
 def active_clusters(kernel, cfg) -> int:
@@ -189,12 +190,12 @@ def active_clusters(kernel, cfg) -> int:
             hit = int(kernel.core.occupancy.max_active_clusters(lc, stream=core_stream(0)))
         except Exception:  # an older cuda.core or driver without the query
             hit = -1
-        _clusters_fit[key] = hit
+        _clusters_fit.put(key, hit)
     return hit
 
 
 # ---- selection, memoized per problem and device -----------------------------------------------------------------
-_selections: dict[tuple, Any] = {}
+_selections = PlanCache("gemm.selections")
 _selections_settings: Any = None
 _sel_lock = threading.Lock()
 
@@ -211,7 +212,7 @@ def selection(p: P.GemmProblem, ordinal: int):
             if _selections_settings is not config.settings():
                 _selections.clear()
                 _selections_settings = config.settings()
-            _selections[key] = sel
+            _selections.put(key, sel)
     return sel
 
 

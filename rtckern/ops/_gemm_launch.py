@@ -18,6 +18,7 @@ import math
 import threading
 from dataclasses import dataclass
 
+from rtckern.caches import PlanCache
 from rtckern.errors import LaunchError
 from rtckern.runtime.streams import stream_handle
 from rtckern.runtime.tma import encode_tiled
@@ -132,8 +133,8 @@ class LaunchPlan:
 
 # -- prepared launches ---------------------------------------------------------------------------------------------
 _cu = None  # (cuLaunchKernel, CUstream, CUDA_SUCCESS), bound on first raw launch
-_cu_streams: dict[int, object] = {}
-_smem_done: set = set()
+_cu_streams = PlanCache("gemm.cu_streams", 256)
+_smem_done = PlanCache("gemm.smem_attribute_set")  # (id(kernel), bytes); emptied with the kernels
 
 
 def _driver():
@@ -190,7 +191,7 @@ class _Prepared:
             setter = getattr(kernel, "set_max_dynamic_shared_memory", None)
             if setter is not None:
                 setter(self.smem)
-            _smem_done.add((id(kernel), self.smem))
+            _smem_done.put((id(kernel), self.smem), True)
         self._raw = _is_core_kernel(kernel)
         self._lock = threading.Lock()
         if self._raw:
@@ -219,7 +220,7 @@ class _Prepared:
                 launch_kernel, cu_stream, ok = _cu or _driver()
                 s = _cu_streams.get(stream)
                 if s is None:
-                    s = _cu_streams[stream] = cu_stream(stream)
+                    s = _cu_streams.put(stream, cu_stream(stream))
                 h = self._holders
                 gx, gy, gz, bx, by, bz = self._dims
                 nm = self._nmaps
@@ -251,14 +252,14 @@ class _Prepared:
             self.kernel.launch(self.grid, self.block, args, shared_mem=self.smem, stream=stream)
 
 
-_raw_warned: set = set()
+_raw_warned = PlanCache("gemm.raw_launch_warned", 256)
 
 
 def _warn_raw_off(kernel, exc) -> None:
     import warnings
 
     if kernel.label not in _raw_warned:
-        _raw_warned.add(kernel.label)
+        _raw_warned.put(kernel.label, True)
         warnings.warn(f"rtckern gemm: prepacked launch of {kernel.label} refused by cuda-bindings ({exc}); "
                       "launching through Kernel.launch / launch_packed instead", RuntimeWarning, stacklevel=3)
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rtckern.caches import PlanCache
 from rtckern import tuning
 from rtckern.arch import Arch
 from rtckern.spec import KernelSpec
@@ -276,7 +277,7 @@ def bwd_specs(p: K.BwdProblem, kind: str, cfg, arch: Arch, op: str = "") -> tupl
 
 
 # ---- occupancy (memoized: a driver query per new kernel and block size only) -------------------------------------
-_occ: dict[tuple, int] = {}
+_occ = PlanCache("norms.occupancy")
 _occ_lock = threading.Lock()
 
 
@@ -288,7 +289,7 @@ def blocks_per_sm(kernel, block: int, smem: int = 0) -> int:
             kernel.set_max_dynamic_shared_memory(smem)
         v = max(0, int(kernel.max_active_blocks_per_sm(block, smem)))
         with _occ_lock:
-            _occ[key] = v
+            _occ.put(key, v)
     return v
 
 
@@ -321,7 +322,7 @@ def active_clusters(kernel, cluster: int, block: int, stream: int, smem: int = 0
                 per_sm = 1
             v = max(1, per_sm * kernel.device.sm_count // cluster)
         with _occ_lock:
-            _occ[key] = v
+            _occ.put(key, v)
     return v
 
 

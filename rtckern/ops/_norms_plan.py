@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rtckern.caches import PlanCache
 from rtckern.config import settings
 
 from . import _norms_arrays as A
@@ -22,13 +23,13 @@ from . import _norms_kernels as K
 from ._norms_launch import BwdCall, FwdCall
 
 _MAX_PLANS = 4096  # distinct signatures kept (row counts vary in prefill); past it the memo starts over
-_torch_types: set = set()  # classes that passed isinstance(obj, torch.Tensor) on the full path
-fwd_plans: dict[tuple, "FwdPlan"] = {}
-bwd_plans: dict[tuple, "BwdPlan"] = {}
+_torch_types = PlanCache("norms.torch_types", 64)  # classes that passed isinstance(obj, torch.Tensor) on the full path
+fwd_plans = PlanCache("norms.fwd_call_plans", _MAX_PLANS)
+bwd_plans = PlanCache("norms.bwd_call_plans", _MAX_PLANS)
 
 
 def remember_torch_type(obj: Any) -> None:
-    _torch_types.add(type(obj))
+    _torch_types.put(type(obj), True)
 
 
 def _tk(t) -> tuple | None:
@@ -54,10 +55,8 @@ def bwd_key(layer, dy, x, w, b, mean, rstd, zc, dres, dx_dtype, wg, bg) -> tuple
             _tk(rstd), _tk(dres), zc, dx_dtype, wg, bg)
 
 
-def store(plans: dict, key, plan) -> None:
-    if len(plans) >= _MAX_PLANS:
-        plans.clear()
-    plans[key] = plan
+def store(plans: PlanCache, key, plan) -> None:
+    plans.put(key, plan)
 
 
 def lookup(plans: dict, key):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from rtckern.caches import PlanCache
 from rtckern import config
 from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder, select
@@ -45,7 +46,7 @@ def request(op: str, dtype: str, n: int, vec: int, device: DeviceInfo, mask16: b
     return OpRequest(op=op, dtypes={"x": dtype}, shape=shape, device=device)
 
 
-_configs: dict[tuple, plan.OnePass | None] = {}
+_configs = PlanCache("softmax.onepass_configs")
 
 
 def _config_for(direction: str, req: OpRequest) -> plan.OnePass | None:
@@ -55,7 +56,7 @@ def _config_for(direction: str, req: OpRequest) -> plan.OnePass | None:
     key = (direction, req)
     if key not in _configs:
         kind = OPS[req.op][0] if req.op in OPS else plan.PLAIN
-        _configs[key] = tuned_onepass(direction, req.dtype("x"), req.dim("n"), req.dim("vec"), req.device, kind)[0]
+        _configs.put(key, tuned_onepass(direction, req.dtype("x"), req.dim("n"), req.dim("vec"), req.device, kind)[0])
     return _configs[key]
 
 
@@ -151,14 +152,14 @@ class OnePassCandidate(_SoftmaxCandidate):
                        req.dim("vec"), ptrs, geom, scale, stream, self.kind)
 
 
-_rings: dict[tuple, ring.Ring | None] = {}
+_rings = PlanCache("softmax.rings")
 
 
 def ring_config(direction: str, kind: int, req: OpRequest) -> ring.Ring | None:
     """The ring kernel's config for req (tuning table, else the rule), memoized per request."""
     key = (direction, kind, req)
     if key not in _rings:
-        _rings[key] = tuned_ring(direction, kind, req.dtype("x"), req.dim("n"), req.device)[0]
+        _rings.put(key, tuned_ring(direction, kind, req.dtype("x"), req.dim("n"), req.device)[0])
     return _rings[key]
 
 
@@ -167,7 +168,7 @@ def ring_spec(direction: str, kind: int, dtype: str, cfg: ring.Ring, arch, op: s
                       template_args=cfg.template_args(direction, kind, dtype), op=op)
 
 
-_ring_blocks: dict[tuple, int] = {}
+_ring_blocks = PlanCache("softmax.ring_blocks")
 
 
 def ring_launch_geometry(kernel, direction: str, kind: int, dtype: str, cfg: ring.Ring, rows: int,
@@ -178,7 +179,7 @@ def ring_launch_geometry(kernel, direction: str, kind: int, dtype: str, cfg: rin
     k = (kernel, smem)  # the kernel object itself: an id could be reused by another kernel
     per_sm = _ring_blocks.get(k)
     if per_sm is None:
-        per_sm = _ring_blocks[k] = max(1, kernel.max_active_blocks_per_sm(cfg.threads, smem))
+        per_sm = _ring_blocks.put(k, max(1, kernel.max_active_blocks_per_sm(cfg.threads, smem)))
     return cfg.grid(rows, sm_count, per_sm), cfg.threads, smem
 
 
@@ -271,7 +272,7 @@ class OnlineCandidate(_SoftmaxCandidate):
 
 
 # ---- selection, memoized per (op, dtype, n, vec, device) ------------------------------------------------------
-_selections: dict[tuple, Any] = {}
+_selections = PlanCache("softmax.selections")
 _selections_settings: Any = None
 _sel_lock = threading.Lock()
 
@@ -289,7 +290,7 @@ def selection(op: str, dtype: str, n: int, vec: int, ordinal: int, mask16: bool 
             if _selections_settings is not config.settings():
                 _selections.clear()
                 _selections_settings = config.settings()
-            _selections[key] = sel
+            _selections.put(key, sel)
     return sel
 
 

@@ -10,6 +10,7 @@ change (config.override), as the selections are.
 """
 from __future__ import annotations
 
+from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_candidates as cands
@@ -17,8 +18,8 @@ from rtckern.ops import _softmax_plan as plan
 from rtckern.ops._norms_plan import torch_stream
 
 _MAX_PLANS = 4096
-_torch_types: set = set()  # classes that passed isinstance(obj, torch.Tensor) on the full path
-plans: dict[tuple, "Plan"] = {}
+_torch_types = PlanCache("softmax.torch_types", 64)  # classes that passed isinstance(obj, torch.Tensor) on the full path
+plans = PlanCache("softmax.call_plans", _MAX_PLANS)
 
 
 def _tk(t) -> tuple:
@@ -45,12 +46,10 @@ def remember(k_args, p: "Plan", *objs) -> None:
     """Store p for the call (op, a, b, scale) when its arrays are torch tensors."""
     for o in objs:
         if o is not None:
-            _torch_types.add(type(o))
+            _torch_types.put(type(o), True)
     k = key(*k_args)
     if k is not None:
-        if len(plans) >= _MAX_PLANS:
-            plans.clear()
-        plans[k] = p
+        plans.put(k, p)
 
 
 class Plan:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.ops import _attention_arrays as arr
@@ -33,7 +34,7 @@ __all__ = ["attention"]
 
 _INT32_MAX = 2**31 - 1
 _GRID_YZ_MAX = 65535
-_requests: dict[tuple, object] = {}
+_requests = PlanCache("attention.requests")
 
 
 def _check_qkv(q: arr.Tensor4, k: arr.Tensor4, v: arr.Tensor4) -> None:
@@ -100,7 +101,7 @@ def _request(dtype: str, head_dim: int, causal: bool, device: int):
     key = (dtype, head_dim, causal, device)
     req = _requests.get(key)
     if req is None:
-        req = _requests[key] = cands.request(dtype, head_dim, causal, DeviceInfo.from_device(device))
+        req = _requests.put(key, cands.request(dtype, head_dim, causal, DeviceInfo.from_device(device)))
     return req
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from rtckern.caches import PlanCache
 from rtckern import config
 from rtckern.errors import InputError
 from rtckern.ops import _gemm_arrays as arr
@@ -119,8 +120,7 @@ def gemm(a, b, bias=None, activation=None, trans_b: bool = False, out_dtype=None
 
 
 _TORCH_TYPES: frozenset = frozenset()
-_plans: dict[tuple, C.CallPlan] = {}
-_MAX_PLANS = 4096
+_plans = PlanCache("gemm.call_plans")
 
 
 def _torch_types() -> frozenset:
@@ -134,9 +134,7 @@ def _torch_types() -> frozenset:
 
 
 def _remember(key: tuple, plan: C.CallPlan) -> None:
-    if len(_plans) >= _MAX_PLANS:  # a workload with endlessly new shapes: start over rather than grow
-        _plans.clear()
-    _plans[key] = plan
+    _plans.put(key, plan)
 
 
 def _mat_key(A: arr.Mat, B: arr.Mat, Bi, R, trans_b, activation, out_dtype) -> tuple | None:

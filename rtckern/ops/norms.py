@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
@@ -34,7 +35,7 @@ _DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "fp32"
 
 # The decided (request, candidate, kernels) per (op, dtypes, n, vec, flags, device): what the plans of
 # _norms_plan ask once per alignment class.
-_fast: dict[tuple, tuple] = {}
+_fast = PlanCache("norms.selections")
 
 
 def _dtype_name(d: Any, what: str) -> str:
@@ -95,7 +96,7 @@ def _decide(sig: tuple, build) -> tuple:
     if hit is None or hit[0] is not s:
         req = build()
         sel = select(req)
-        hit = _fast[sig] = (s, req, sel.candidate, sel.kernels)
+        hit = _fast.put(sig, (s, req, sel.candidate, sel.kernels))
     return hit[1:]
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rtckern import config
+from rtckern.caches import PlanCache
 from rtckern.errors import ConfigError, UnsupportedRequestError
 from rtckern.registry import core_api
 from rtckern.registry.candidate import Candidate, check_declaration
@@ -41,7 +42,7 @@ class Registry:
         self._numeric = numeric
         self._candidates: dict[str, list[Candidate]] = {}
         self._by_name: dict[str, Candidate] = {}
-        self._memo: dict[OpRequest, Selection | _Failed] = {}
+        self._memo = PlanCache("registry.selections", 1 << 16)
         self._memo_settings: Any = None
         self._key_locks: dict[OpRequest, threading.Lock] = {}
         self._lock = threading.RLock()
@@ -127,7 +128,7 @@ class Registry:
                 found = self._decide(req, s)
                 with self._lock:
                     if self._memo_settings is s:
-                        self._memo[req] = found
+                        self._memo.put(req, found)
                 if s.record_manifest is not None and found.__class__ is Selection:
                     _record_first_selection(req)
         if isinstance(found, _Failed):

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from rtckern import config
+from rtckern.caches import PlanCache
 from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
@@ -348,9 +349,9 @@ def host_gemm(monkeypatch, cache_dir):
 
     monkeypatch.setattr(arr, "wrap", wrap)
     monkeypatch.setattr(cands, "select", select)
-    monkeypatch.setattr(cands, "_selections", {})
-    monkeypatch.setattr(cands, "_plans", {})
-    monkeypatch.setattr(G, "_plans", {})
+    monkeypatch.setattr(cands, "_selections", PlanCache("test.gemm.selections"))
+    monkeypatch.setattr(cands, "_plans", PlanCache("test.gemm.tuned_configs"))
+    monkeypatch.setattr(G, "_plans", PlanCache("test.gemm.call_plans"))
     monkeypatch.setattr(C, "torch_stream", lambda index: 0)
     monkeypatch.setattr(arr, "current_stream", lambda like: 0)
     monkeypatch.setattr(L, "tensor_map", tensor_map)
@@ -483,7 +484,7 @@ def test_prepacked_launch_buffers_hold_each_calls_values(monkeypatch):
     monkeypatch.setattr(L, "_is_core_kernel", lambda k: True)
     monkeypatch.setattr(L, "_devices_in_use", lambda: 1)
     monkeypatch.setattr(L, "_cu", (launch_kernel, lambda h: ("stream", h), 0))
-    monkeypatch.setattr(L, "_cu_streams", {})
+    monkeypatch.setattr(L, "_cu_streams", PlanCache("test.gemm.cu_streams"))
     monkeypatch.setattr(L, "tensor_map", lambda dtype, ptr, dims, strides, box: ptr.to_bytes(8, "little") * 16)
 
     p = P.GemmProblem(2, 100, 264, 520, "bf16", "bf16", True, True, "silu", True)
