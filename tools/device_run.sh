@@ -16,7 +16,8 @@ mkdir -p "$out"
 export OUT=$out PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=${RTCKERN_CACHE_DIR:-/tmp/rtckern-device-cache}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/NVIDIA//' | awk '{print tolower($1)}' | tr -cd 'a-z0-9')
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/NVIDIA//' | awk '{print tolower($1)}' \
+  | tr -cd 'a-z0-9')  # 'NVIDIA H100 80GB HBM3' -> h100
 ngpu=$(nvidia-smi -L | wc -l)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 junit=$out/${family}_tests.xml
@@ -29,7 +30,8 @@ case "$family" in
   norms)       tests="tests/gpu/ops/test_norms.py"
                bench="python3 benchmarks/norms.py bench --out $out"; stem=norms_bench ;;
   softmax)     tests="tests/gpu/ops/test_softmax.py"
-               bench="python3 benchmarks/softmax.py --prefill --bench --dtypes bf16,fp16,fp32 --name $name"; stem=$name ;;
+               bench="python3 benchmarks/softmax.py --prefill --bench --dtypes bf16,fp16,fp32 --name $name"
+               stem=$name ;;
   gemm)        tests="tests/gpu/ops/test_gemm.py"
                bench="python3 benchmarks/gemm.py --bench --out $out --commit $commit"; stem="gemm_NVIDIA_*" ;;
   gemm_skinny) tests="tests/gpu/ops/test_gemm.py"
@@ -40,11 +42,13 @@ case "$family" in
   core)        tests="tests/gpu/test_runtime_gpu.py"
                bench="python3 benchmarks/core.py"; stem=core ;;
   multi_gpu)   tests="tests/gpu/test_multi_gpu.py tests/gpu/test_runtime_gpu.py"; name=multi_gpu_${ngpu}x$gpu
-               bench="env RTCKERN_CACHE_DIR=/tmp/rtckern-multi-cold torchrun --nproc_per_node=$ngpu benchmarks/multi_gpu.py"
+               bench="env RTCKERN_CACHE_DIR=/tmp/rtckern-multi-cold torchrun --nproc_per_node=$ngpu
+                 benchmarks/multi_gpu.py"
                stem=multi_gpu; rm -rf /tmp/rtckern-multi-cold ;;
   op_overhead) tests=""
                bench="python3 benchmarks/op_overhead.py --json $out/$name.json"; stem=$name ;;
-  *) echo "unknown family: $family (attention norms softmax gemm gemm_skinny plugin core multi_gpu op_overhead)"; exit 2 ;;
+  *) echo "unknown family: $family (attention norms softmax gemm gemm_skinny plugin core multi_gpu op_overhead)"
+     exit 2 ;;
 esac
 
 for part in $parts; do
@@ -54,7 +58,8 @@ for part in $parts; do
       # shellcheck disable=SC2086
       timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -m gpu -p no:cacheprovider $tests --junitxml="$junit" \
         > "$out/${family}_tests.log" 2>&1
-      echo "tests rc=$?"; tail -3 "$out/${family}_tests.log"; grep -E "^(FAILED|ERROR)" "$out/${family}_tests.log" | head -20 ;;
+      echo "tests rc=$?"; tail -3 "$out/${family}_tests.log"
+      grep -E "^(FAILED|ERROR)" "$out/${family}_tests.log" | head -20 ;;
     bench)
       [ "$family" = attention ] && [ ! -f "$junit" ] && bench=${bench% --tests *}
       log=$out/${family}_bench.log
