@@ -86,7 +86,7 @@ def affine_configs(p) -> list[K.SplitConfig]:
     re-converted after the reduction, default-cached or streaming loads; with and without OPT 1024, the next
     row's statistics and cluster barrier before this row's write): 256-1024 threads, 2-8 blocks per row.
     (Capped at 64 registers, two to four blocks per SM with the weight and bias read a pack at a time, they ran
-    8-25% slower: norms_sweep_session6_affine_regcap_*.)"""
+    8-25% slower: docs/performance.md, Norms.)"""
     out = []
     for parts in (2, 4, 8):
         for threads in (256, 512, 1024):
@@ -193,7 +193,7 @@ def stage_configs(p) -> list[K.StageConfig]:
 
 
 # Weight per row from L1 (8), two / four rows per iteration (32 / 128), column sums in shared memory (64); OPT 2
-# and 16 (64-register cap) lost in earlier runs (norms_notes.md).
+# and 16 (64-register cap) lost in earlier sweeps (docs/performance.md).
 L2C_OPTS = (0, 8, 32, 40, 96, 128, 192)
 # With `sweep --l2-policy`, these also with the L2 access policies (OPT 256).
 L2C_POLICY_OPTS = (0, 32, 96)

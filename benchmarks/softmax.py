@@ -631,7 +631,7 @@ def main() -> None:
     elif args.tune_ring:
         tune_report = tune(torch, dev, dtypes, out_dir, one_pass=False)
         payload["tuning"] = tune_report
-    elif (out_dir / "softmax_tuning.json").is_file():  # an earlier --tune run of this session
+    elif (out_dir / "softmax_tuning.json").is_file():  # an earlier --tune run into this $OUT
         earlier = json.loads((out_dir / "softmax_tuning.json").read_text())
         tune_report = earlier.get("tuning", [])
         payload["tuning"] = tune_report
@@ -640,7 +640,7 @@ def main() -> None:
         copy_ref = {dt: copy_gbps(torch, ELEMENTS, {"fp32": torch.float32, "fp16": torch.float16,
                                                     "bf16": torch.bfloat16}[dt]) for dt in dtypes}
         copy_ref_4g = copy_gbps(torch, 1 << 31, torch.bfloat16)
-        torch.cuda.empty_cache()  # the problems get fresh allocations, not pieces of the 4 GiB copy's (notes, s4)
+        torch.cuda.empty_cache()  # the problems get fresh allocations, not pieces of the 4 GiB copy's (docs/performance.md)
         log("copy GB/s:", {k: round(v) for k, v in copy_ref.items()}, "4 GiB bf16:", round(copy_ref_4g))
         results = bench(torch, dev, dtypes, args.compile, copy_ref)
         payload.update({"copy_gbps": copy_ref, "copy_gbps_4gib": copy_ref_4g, "results": results,

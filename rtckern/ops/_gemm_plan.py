@@ -311,7 +311,7 @@ def with_splits(cfg, p: GemmProblem, sm_count: int):
     if splits == 0:
         tiles = math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
         # Small mma.sync cluster blocks stream best two to an SM (H200, M = 16: 32 tiles x 8 splits 9.8 us
-        # against x 4 splits 10.9 us; benchmarks/results/gemm_skinny_tune_trials_NVIDIA_H200_2026-11-26.json).
+        # against x 4 splits 10.9 us; docs/performance.md, GEMM).
         two = cfg.kind == "sm80" and cfg.cluster and cfg.bm <= 32
         splits = choose_splits(p, tiles, bk, sm_count, allowed=CLUSTER_SPLITS if cfg.cluster else None,
                                blocks_per_sm=2 if two else 1)

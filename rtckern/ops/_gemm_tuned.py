@@ -75,7 +75,7 @@ def settle_splits(cfg, p: P.GemmProblem, device, source: str):
 
 
 def heuristic(p: P.GemmProblem, device):
-    """The config without a table row, from what the H200 sweeps showed (benchmarks/results/gemm_*.json):
+    """The config without a table row, from what the H200 sweeps showed (docs/performance.md, GEMM):
     wgmma 128x256 cooperative for large outputs; for outputs that fill few tiles, smaller tiles and split-K
     (inside a thread-block cluster on sm_90+: no workspace, no second kernel); for M <= 32, the mma.sync split-K
     kernel with 16-row tiles (it streams B best); sm80 kernels elsewhere."""

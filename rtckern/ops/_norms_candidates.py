@@ -25,13 +25,13 @@ FWD_OPS = ("rms_norm", "layer_norm")
 BWD_OPS = ("rms_norm_backward", "layer_norm_backward")
 
 # Row bytes (N x x's itemsize) from which the cluster kernel beats the row kernel on sm_90 (measured on H200,
-# benchmarks/results/norms_*.json); the row kernel keeps everything shorter.
+# docs/performance.md, Norms); the row kernel keeps everything shorter.
 SPLIT_FROM_BYTES = {"fwd": 64 * 1024, "bwd": 32 * 1024}
 # Row bytes from which the l2 kernel takes over where no table covers the arch (measured on H200 by the sweep;
-# benchmarks/results/norms_notes.md).
+# docs/performance.md, Norms).
 L2_FROM_BYTES = {"fwd": 32 * 1024, "bwd": 24 * 1024}
 # Row bytes from which the l2c backward takes over on sm_90+ where no table covers the arch (H200 sweep,
-# benchmarks/results/norms_notes.md).
+# docs/performance.md, Norms).
 L2C_FROM_BYTES = 32 * 1024
 
 

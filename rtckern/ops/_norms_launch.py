@@ -256,7 +256,7 @@ def preferred_kind(direction: str, p, device) -> str | None:
             return "l2"
         if cfg.opt & K.SMEM_AFFINE and not p.flags & (K.WEIGHT | K.BIAS):
             # Chosen (and timed) for its weight and bias held per block; without them that kernel is slower than
-            # l2 (fp32 LayerNorm 65536: 0.74 vs 0.88x copy, benchmarks/results/probe_norm_operands_session6_*).
+            # l2 (fp32 LayerNorm 65536: 0.74 vs 0.88x copy, docs/performance.md, Norms).
             return "l2"
     return kind
 

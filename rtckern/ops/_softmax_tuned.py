@@ -190,7 +190,7 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
             if nvec >= threads:
                 # min_blocks 2048 / threads: the register cap of full occupancy (Nsight Compute on the causal 4096
                 # row: 40 registers held it to 12 of 16 blocks, and 40% of warp time waits on the row's copy or the
-                # block reduction: profile_causal_session5_*)
+                # block reduction: docs/performance.md, Softmax)
                 out += [plan.OnePass(threads, threads, 0, mb, "async") for mb in (1, 2048 // threads)]
     if n >= 8192:
         for threads, min_blocks in ((256, 1), (512, 1), (1024, 1), (1024, 2)):
@@ -210,14 +210,14 @@ def sweep_configs(direction: str, dtype: str, n: int, vec: int, smem_optin: int,
                     if stash >= 1:
                         out.append(plan.OnePass(threads, threads, 0, blocks, "l2", stash))
     # The register kernels also with default-cached loads and stores (0-4% faster than evict-first for some
-    # configs in the H200 re-tune of session 4: softmax_notes.md).
+    # configs in an H200 re-tune: docs/performance.md, Softmax).
     out += [dataclasses.replace(c, cached=1) for c in out if c.kernel == "regs"]
     # The l2 kernels also with L2 access policies on their two reads (evict_last, then evict_first): in the norm
-    # kernels of the same design they gave 1-4% (norms_notes.md, session 5).
+    # kernels of the same design they gave 1-4% (docs/performance.md, Norms).
     out += [dataclasses.replace(c, policy=1) for c in out if c.kernel == "l2"]
     # Masked forward: the register kernels that hold the whole row also with a head loop (one mask row read for
     # 2 / 4 / 8 heads instead of once per head). (The same loop in the cp.async kernel, with one or two row
-    # buffers, measured no gain on the H200: session 4 notes.)
+    # buffers, measured no gain on the H200: docs/performance.md, Softmax.)
     if direction == plan.FWD and kind == plan.MASKED:
         out += [dataclasses.replace(c, heads=h) for c in out if c.kernel == "regs" and c.register_keys(vec) >= n
                 for h in (2, 4, 8)]

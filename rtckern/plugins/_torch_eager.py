@@ -6,7 +6,7 @@
 
 A call through torch.ops.rtckern.* crosses the dispatcher and torch.library's Python wrappers (schema handling,
 the autograd wrapper, the composite op) several times: on the H200's host, 39-47 us per rms_norm call on top of
-the op's own 50-55 us (benchmarks/results/plugin_run1_2026-11-26.md, plugin_2026-11-26.md); this path adds 12 us.
+the op's own 50-55 us (docs/performance.md, Torch plugin); this path adds 12 us.
 In plain eager code the dispatcher buys nothing, so
 these functions call the same implementations (the custom ops' bodies, same kernels, same fallback policy) through
 a torch.autograd.Function, or directly when no gradient is needed. Anywhere else they go through torch.ops.rtckern:

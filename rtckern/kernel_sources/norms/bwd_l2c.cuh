@@ -238,7 +238,7 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
           rtk_norm_load<kLd2>(dy + r * sdy + c, dp[q][i]);
           // Without a group two ahead this re-reads the current row under kLd1 (evict_last with the policies),
           // though it is its last read: choosing kLd2 there (a branch per pack) measured 10% slower at RMSNorm
-          // bf16 65536 (norms_bench_session5_l2c_standin_*), and the rows it tags are the cluster's last two groups.
+          // bf16 65536 (docs/performance.md, Norms), and the rows it tags are the cluster's last two groups.
           rtk_norm_load<kLd1>(x + r2 * sx + c, xq[q][i]);
           rtk_norm_load<kLd1>(dy + r2 * sdy + c, dq[q][i]);
           if constexpr (kDRes) rtk_norm_load<kLdStream>(dres + r * sdres + c, rp[q][i]);

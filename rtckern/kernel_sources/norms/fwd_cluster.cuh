@@ -6,7 +6,7 @@
 //   reduces this one. With kOptSmemAffine as well: the slice statistics are two plain block sums, and a weight /
 //   bias too large for registers is copied into dynamic shared memory once per block and read from there for
 //   every row, instead of from L2 per row (64K columns: 256-512 KB of L2 reads per row, which held LayerNorm and
-//   fp32 RMSNorm below the copy rate: benchmarks/results/norms_notes.md, session 6). Launch: block THREADS (the
+//   fp32 RMSNorm below the copy rate: docs/performance.md, Norms). Launch: block THREADS (the
 //   kernel carries its cluster shape), dynamic shared memory (weight + bias) * NV * THREADS * VEC * sizeof(TW)
 //   when they are in shared memory (_norms_kernels.fwd_cluster_smem), else none.
 #pragma once

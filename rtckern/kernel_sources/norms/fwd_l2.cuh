@@ -11,7 +11,7 @@
 //   columns [rank * S, rank * S + S) (S = rtk_norm_slice_cols<N, VEC, C>). The blocks' statistics are combined
 //   through distributed shared memory in rank order (every block of the cluster gets bitwise the same), so a row
 //   is C smaller work units: at 2048 rows of 64K the last partial wave and the ramp cost 4-5% of the copy rate
-//   (benchmarks/results/probe_row_count_session5_*), which finer units recover.
+//   (docs/performance.md, Norms), which finer units recover.
 //   Template and kernel arguments as rtk_norm_fwd_rows, with THREADS (whole warps) and MINB (min blocks per SM
 //   for __launch_bounds__) instead of TPR / RPB. OPT kOptPlainLoads: pass 2 with default-cached loads and stores;
 //   kOptL2Policy (sm_80+): pass 1 loads under an L2 evict_last policy and pass 2 under evict_first, so the rows

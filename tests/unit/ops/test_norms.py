@@ -341,9 +341,9 @@ def test_registry_choice(cache_dir, arch, n, expect):
 
 
 def test_registry_choice_follows_the_kind_table(cache_dir):
-    # fp32 RMSNorm backward at N = 65536: the cluster kernel measured fastest (norms_sweep_bwd_*.json.gz); its
-    # forward: the persistent cluster kernel with pipelined statistics (norms_sweep_session6_pipe_*.json.gz);
-    # bf16 LayerNorm forward there: the l2 kernel with a shared-memory stash (norms_sweep_stash_*.json.gz)
+    # fp32 RMSNorm backward at N = 65536: the cluster kernel measured fastest in the H200 sweeps; its
+    # forward: the persistent cluster kernel with pipelined statistics;
+    # bf16 LayerNorm forward there: the l2 kernel with a shared-memory stash (docs/performance.md, Norms)
     sel = select(_bwd_req("rms_norm_backward", 65536, "sm_90", "fp32", 4))
     assert sel.candidate.name == "rms_norm_backward.cluster"
     sel = select(_fwd_req("rms_norm", 65536, "sm_90", "fp32", 4))
@@ -435,7 +435,7 @@ def test_explain_builds_norm_requests(cache_dir):
     e = explain("rms_norm", dtype="bf16", shape="8192x4096", arch="sm_90", sm_count=132)
     assert "rms_norm.rows" in str(e)
     e = explain("layer_norm_backward", dtype="fp16", shape="2048x65536", arch="sm_90", sm_count=132)
-    assert "layer_norm_backward.l2c" in str(e)  # the cluster-split l2 kernel measured fastest (norms_notes.md)
+    assert "layer_norm_backward.l2c" in str(e)  # the cluster-split l2 kernel measured fastest (docs/performance.md)
 
 
 class _RecordingKernel:

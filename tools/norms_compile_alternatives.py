@@ -1,13 +1,17 @@
 """For each norm shape whose fastest swept config (the kind and config the tables pick, on sm_90) takes longer than
 the 150 ms cold-compile budget on this CPU, the swept alternatives within 1 / 2 / 3% of its measured speed and
 their cold compile times: what choosing by compile time among near-equal configs would cost and gain. No GPU:
-speeds come from the sweeps in benchmarks/results (H200), compile times from NVRTC here.
+speeds come from the given sweep files (`benchmarks/norms.py sweep` output, H200 for the shipped rows), compile
+times from NVRTC here.
 
 With --apply TOL (after `benchmarks/norms.py tables`, which picks the fastest config): where the fastest config
 compiles over budget and a swept config within TOL of its speed compiles within it, the shipped tables take that
 config (its kind in norm_kind, its config in norm_fwd / norm_bwd).
 
-    PYTHONPATH=. python3 scripts/norms_compile_alternatives.py [--out benchmarks/results/x.json] [--apply 0.02]
+    PYTHONPATH=. python3 tools/norms_compile_alternatives.py --sweep SWEEP.json[.gz] [--sweep ...] [--out x.json]
+        [--apply 0.02]
+
+Give the sweeps in the order `benchmarks/norms.py tables` merged them (a later one replaces what it re-timed).
 """
 from __future__ import annotations
 
@@ -28,25 +32,17 @@ from rtckern.ops import _norms_launch as L  # noqa: E402
 from benchmarks.norms import specs_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 TABLES = ROOT / "rtckern" / "tuning_tables"
-# The sweeps the shipped tables were built from, in the order `benchmarks/norms.py tables` read them.
-SWEEPS = ("norms_sweep_2026-11-26_h200", "norms_sweep_l2_2026-11-26_h200", "norms_sweep_bwd_2026-11-26_h200",
-          "norms_sweep_stash_2026-11-26_h200", "norms_sweep_l2c16_2026-11-26_h200",
-          "norms_sweep_stage_2026-11-26_h200", "norms_sweep_l2minb_2026-11-26_h200",
-          "norms_sweep_stage5120_2026-11-26_h200",
-          # session 5, merged with `tables --merge` in this order
-          "norms_sweep_l2split_2026-11-26_h200", "norms_sweep_l2policy_fwd_2026-11-26_h200",
-          "norms_sweep_l2policy_bwd_2026-11-26_h200", "norms_sweep_l2cpolicy_2026-11-26_h200")
 BUDGET_MS = 150.0
 TOLERANCES = (0.01, 0.02, 0.03)
 
 
-def latest_results() -> dict:
+def latest_results(sweeps: list[Path]) -> dict:
     """(dir, op, dtype, n) -> {(kind, config json): gbps}, a later sweep replacing what it re-timed."""
     out: dict = {}
-    for name in SWEEPS:
-        doc = json.loads(gzip.decompress((RESULTS / f"{name}.json.gz").read_bytes()))
+    for path in sweeps:
+        raw = path.read_bytes()
+        doc = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
         here: dict = {}
         for r in doc["results"]:
             if r.get("ok") and r.get("gbps") and r["kind"] != "coop":
@@ -67,6 +63,8 @@ def compile_ms(item, arch: Arch, cache: dict) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", type=Path, action="append", required=True,
+                    help="a norms_sweep.json(.gz); repeat, in the order the tables merged them")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--apply", type=float, help="write the in-budget alternatives within this speed tolerance "
                     "(e.g. 0.02) into the shipped tables")
@@ -74,7 +72,7 @@ def main() -> None:
     arch = Arch.parse("sm_90")
     cache: dict = {}
     report = []
-    for (d, op, dt, n), cfgs in sorted(latest_results().items()):
+    for (d, op, dt, n), cfgs in sorted(latest_results(a.sweep).items()):
         ranked = sorted(cfgs.items(), key=lambda kv: -kv[1])
         (kind, cj), best = ranked[0]
 
@@ -116,7 +114,7 @@ def apply(report: list[dict], tol: float) -> None:
     if not report or field not in report[0]:
         raise SystemExit(f"--apply {tol}: the report has no {field} column (tolerances {TOLERANCES})")
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "source": f"scripts/norms_compile_alternatives.py --apply {tol} (the fastest in-budget config within "
+            "source": f"tools/norms_compile_alternatives.py --apply {tol} (the fastest in-budget config within "
                       f"{round(tol * 100)}% of the fastest swept config)"}
     cfg_rows = {"fwd": [], "bwd": []}
     kind_rows = []

@@ -3,8 +3,8 @@ of the kinds that serve them (coop, l2c, cluster) for every dtype and norm, each
 (sampled rows of dx, all of dweight / dbias). Without rows of their own the tables serve these N with the 65536
 row's kind and config, which the sweep measures too (`shipped`).
 
-    PYTHONPATH=. python3 scripts/norms_long_rows.py --out DIR        # GPU: DIR/norms_long_rows.json
-    PYTHONPATH=. python3 scripts/norms_long_rows.py --tables FILE    # CPU: the fastest config per shape -> tables
+    PYTHONPATH=. python3 tools/norms_long_rows.py --out DIR        # GPU: DIR/norms_long_rows.json
+    PYTHONPATH=. python3 tools/norms_long_rows.py --tables FILE    # CPU: the fastest config per shape -> tables
 """
 import argparse
 import json
@@ -79,7 +79,7 @@ def tables(path: Path) -> None:
     doc = json.loads(path.read_text())
     env = doc["env"]
     meta = {"date": env["date"], "versions": {k: env[k] for k in ("gpu", "driver", "nvrtc", "rtckern", "torch")},
-            "source": f"scripts/norms_long_rows.py ({path.name})"}
+            "source": f"tools/norms_long_rows.py ({path.name})"}
     best: dict = {}
     for r in doc["results"]:
         if r.get("ok") and r.get("gbps"):
