@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from rtckern.config import settings
 from rtckern.ops import _attention_candidates as cands
-from rtckern.ops._norms_plan import torch_stream
+from rtckern.runtime.streams import torch_stream
 
 _MAX_PLANS = 4096
 _torch_types: set = set()

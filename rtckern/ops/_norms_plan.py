@@ -10,12 +10,12 @@ the settings object they were made under and are rebuilt when the settings chang
 """
 from __future__ import annotations
 
-import sys
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from rtckern.config import settings
+from rtckern.runtime.streams import torch_stream
 
 from . import _norms_arrays as A
 from . import _norms_kernels as K
@@ -69,25 +69,6 @@ def lookup(plans: dict, key):
     if p is not None and p.settings is settings():
         return p
     return None
-
-
-# ---- streams ----------------------------------------------------------------------------------------------------
-_raw_stream: Callable[[int], int] | None = None
-
-
-def torch_stream(index: int) -> int:
-    """torch's current stream handle on device `index`: torch._C._cuda_getCurrentRawStream where this torch has it
-    (one C call), else torch.cuda.current_stream(index).cuda_stream (builds a Stream object per call)."""
-    global _raw_stream
-    f = _raw_stream
-    if f is None:
-        torch = sys.modules["torch"]
-        f = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
-        if f is None:
-            def f(i, _cs=torch.cuda.current_stream):
-                return _cs(i).cuda_stream
-        _raw_stream = f
-    return f(index)
 
 
 # ---- allocation -------------------------------------------------------------------------------------------------

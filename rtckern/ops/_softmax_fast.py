@@ -14,7 +14,7 @@ from rtckern.config import settings
 from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_candidates as cands
 from rtckern.ops import _softmax_plan as plan
-from rtckern.ops._norms_plan import torch_stream
+from rtckern.runtime.streams import torch_stream
 
 _MAX_PLANS = 4096
 _torch_types: set = set()  # classes that passed isinstance(obj, torch.Tensor) on the full path
