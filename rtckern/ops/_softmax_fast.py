@@ -4,7 +4,7 @@ alignment class of the addresses the chosen kernel with its grid, block, shared 
 memoized for torch tensors. A repeated call reads pointers, allocates its output, does two dict lookups and
 launches.
 
-The key holds everything softmax.py's checks read, so a call that hits the memo passed them; anything else takes
+The key holds everything _softmax_api.py's checks read, so a call that hits the memo passed them; anything else takes
 the full path (same errors as before), which builds and stores the plan. Plans are rebuilt when the settings
 change (config.override), as the selections are.
 """
