@@ -221,3 +221,19 @@ def test_scanner_catches_each_kind_of_violation():
     assert family_of("rtckern.ops.gemm") == "gemm" and family_of("rtckern.ops") is None
     assert family_of("rtckern.ops._common") is None
     assert set(FAMILIES) >= {"norms", "softmax", "attention", "gemm"}
+
+
+def test_no_op_is_shadowed_by_a_module():
+    """`rtckern.ops.<op>` is the op: no module or package under rtckern/ops is named like an exported op (a family's
+    API module is rtckern/ops/_<family>_api.py), so importing a submodule can never rebind an op's name."""
+    import inspect
+
+    import rtckern.ops as ops
+
+    assert ops.__all__ and not ops.unavailable
+    clashes = [n for n in ops.__all__ if (PKG / "ops" / f"{n}.py").exists() or (PKG / "ops" / n).is_dir()]
+    assert not clashes, f"modules named like ops under rtckern/ops: {clashes}"
+    for fam in FAMILIES:
+        assert (PKG / "ops" / f"_{fam}_api.py").exists(), f"family {fam} has no rtckern/ops/_{fam}_api.py"
+    for name in ("rms_norm", "layer_norm", "softmax", "attention", "gemm"):
+        assert inspect.isfunction(getattr(ops, name)), name
