@@ -106,9 +106,7 @@ class RawEngine:
 
 class RtckernEngine:
     def __init__(self, impl: str = ""):
-        import importlib
-
-        ops = importlib.import_module("rtckern.ops.attention")  # the module (rtckern.ops.attention is the op)
+        from rtckern import ops
 
         self.ops = ops
         self.impl = impl  # "" = the registry's choice; else a candidate name forced for the runner's loops

@@ -27,7 +27,7 @@ from rtckern.device import DeviceInfo
 from rtckern.ops import _gemm_candidates as cands
 from rtckern.ops import _gemm_plan as P
 from rtckern.ops._gemm_tune import error_bound, reference
-from rtckern.ops.gemm import gemm
+from rtckern.ops import gemm
 
 TDT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -38,7 +38,7 @@ def mock_host(args) -> int:
     from rtckern.ops import _gemm_launch as L
     from rtckern.registry.results import Selection
 
-    G = importlib.import_module("rtckern.ops.gemm")
+    from rtckern.ops import _gemm_api as G
     h200 = DeviceInfo.for_arch("sm_90", sm_count=132)
     names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
     real_wrap = arr.wrap
@@ -137,7 +137,7 @@ def bench_shape(m, n, k, tb, gen, rotate: int = 4) -> dict:
     from rtckern.ops import _gemm_candidates as cands
     from rtckern.ops import _gemm_plan as P
     from rtckern.ops._gemm_tune import error_bound, reference
-    from rtckern.ops.gemm import gemm
+    from rtckern.ops import gemm
 
     p = P.GemmProblem(1, m, n, k, "bf16", "bf16", tb, aligned=True, b_batched=False)
     As = [torch.randn(m, k, device="cuda", generator=gen).bfloat16() for _ in range(rotate)]
@@ -185,7 +185,7 @@ def host_overhead_tiny(gen) -> list[dict]:
     """Shapes whose GPU time is far below the host's: the per-call cost of the op itself."""
     import torch
 
-    from rtckern.ops.gemm import gemm
+    from rtckern.ops import gemm
 
     rows = []
     for m, n, k, tb in [(16, 1024, 1024, True), (1, 4096, 4096, True), (16, 4096, 4096, True)]:

@@ -556,7 +556,7 @@ def cmd_sweep(out: Path, torch, arch: Arch, budget_s: float, kinds=None, dirs=("
 
 # ---- public ops vs torch ----------------------------------------------------------------------------------------
 def cmd_bench(out: Path, torch, compile_budget_s: float, env: dict | None = None) -> dict:
-    from rtckern.ops import norms
+    from rtckern.ops import _norms_api as norms
 
     import torch._dynamo
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import importlib
 import json
 import os
 import statistics
@@ -162,8 +161,7 @@ def call_overhead_us(n: int = 2000) -> dict:
     import torch
 
     import rtckern.torch as rt
-    attn_mod = importlib.import_module("rtckern.ops.attention")  # the package exports the function as .attention
-    norms = importlib.import_module("rtckern.ops.norms")
+    from rtckern import ops
 
     x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
@@ -175,12 +173,12 @@ def call_overhead_us(n: int = 2000) -> dict:
         "rms_norm: torch.ops.rtckern.rms_norm": lambda: torch.ops.rtckern.rms_norm(x, w, 1e-6),
         "rms_norm: rtckern.torch.rms_norm (eager fast path)": lambda: rt.rms_norm(x, w, 1e-6),
         "rms_norm: rtckern.torch.RMSNorm module": lambda: mod(x),
-        "rms_norm: rtckern.ops.norms.rms_norm": lambda: norms.rms_norm(x, w, 1e-6),
+        "rms_norm: rtckern.ops.rms_norm": lambda: ops.rms_norm(x, w, 1e-6),
         "rms_norm: torch.nn.functional.rms_norm": lambda: torch.nn.functional.rms_norm(x, (1024,), w, 1e-6),
         "attention: torch.ops.rtckern.attention": lambda: torch.ops.rtckern.attention(q, q, q, True),
         "attention: rtckern.torch.attention (eager fast path)": lambda: rt.attention(q, q, q, True),
         "attention: transformers function": lambda: rt.rtckern_attention_forward(llama_attn, qt, qt, qt, None),
-        "attention: rtckern.ops.attention": lambda: attn_mod.attention(q, q, q, causal=True),
+        "attention: rtckern.ops.attention": lambda: ops.attention(q, q, q, causal=True),
         "attention: torch sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(qt, qt, qt, is_causal=True),
     }
     return {name: _host_us(fn, n) for name, fn in fns.items()}

@@ -400,7 +400,7 @@ def _check_rows(torch, out, ref) -> float:
 
 
 def bench_one(torch, op, dt_name, n, compile_mode, copy_ref) -> dict | None:
-    sm = importlib.import_module("rtckern.ops.softmax")  # the module (rtckern.ops.softmax is the op)
+    from rtckern import ops as sm
     from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dt_name]
@@ -609,7 +609,7 @@ def main() -> None:
 
     import benchmarks.env as benv
     from rtckern.device import DeviceInfo
-    importlib.import_module("rtckern.ops.softmax")  # registers candidates and tuners
+    importlib.import_module("rtckern.ops")  # registers candidates and tuners
 
     torch.cuda.init()
     dev = DeviceInfo.from_device(0)

@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    importlib.import_module("rtckern.ops.softmax")
+    importlib.import_module("rtckern.ops")
     dev = DeviceInfo.from_device(0)
     results = []
     for (direction, kind), op in OPS.items():

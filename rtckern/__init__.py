@@ -1,5 +1,6 @@
 """rtckern: a runtime JIT kernel service for CUDA (NVRTC) and HIP (hiprtc)."""
 
+from . import config, events
 from .arch import Arch, ArchFilter, parse_arch_list
 from .device import DeviceInfo, device_count
 from .errors import (ArchError, CacheError, CompileError, ConfigError, InputError, LaunchError, LoadError, RtckernError,
@@ -8,6 +9,19 @@ from .manager import KernelManager, get_manager, set_manager
 from .spec import KernelSpec
 
 __version__ = "0.1.0"
+
+
+def _record_mode(event: events.SelectionEvent) -> None:
+    """Record mode (RTCKERN_RECORD_MANIFEST): fleet appends each request the registry decides for the first time
+    to the manifest. Installed here, where every program passes, so the registry imports nothing above it; fleet
+    is imported only when recording."""
+    if config.settings().record_manifest is not None:
+        from .fleet.record import record_selection
+
+        record_selection(event)
+
+
+events.add_listener(_record_mode, events.SelectionEvent)
 
 
 def explain(*args, **kwargs):

@@ -1,10 +1,17 @@
-"""Compile and cache events for an optional listener (metrics, tracing). Listeners must be cheap."""
+"""Events for optional listeners (metrics, tracing, fleet's record mode). Listeners must be cheap.
+
+    CacheEvent      every KernelManager.get: which tier served the key (or "compile"), in how many ms
+    SelectionEvent  the registry decided a request for the first time in this process (its slow path only)
+
+``add_listener(fn)`` listens to cache events; ``add_listener(fn, SelectionEvent)`` to selections. A listener that
+raises is ignored: an event never breaks a compile or a selection.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from .spec import KernelSpec
 
@@ -17,23 +24,34 @@ class CacheEvent:
     ms: float
 
 
-_listeners: list[Callable[[CacheEvent], None]] = []
+@dataclasses.dataclass(frozen=True)
+class SelectionEvent:
+    request: Any  # the rtckern.registry.OpRequest decided
+    candidate: str  # the chosen candidate's name
+
+
+_listeners: dict[type, list[Callable[[Any], None]]] = {CacheEvent: [], SelectionEvent: []}
 _lock = threading.Lock()
 
 
-def add_listener(fn: Callable[[CacheEvent], None]) -> None:
+def add_listener(fn: Callable[[Any], None], event: type = CacheEvent) -> None:
     with _lock:
-        _listeners.append(fn)
+        _listeners[event].append(fn)
 
 
-def remove_listener(fn: Callable[[CacheEvent], None]) -> None:
+def remove_listener(fn: Callable[[Any], None], event: type = CacheEvent) -> None:
     with _lock:
-        if fn in _listeners:
-            _listeners.remove(fn)
+        if fn in _listeners[event]:
+            _listeners[event].remove(fn)
 
 
-def emit(event: CacheEvent) -> None:
-    for fn in list(_listeners):
+def listening(event: type) -> bool:
+    """Whether any listener waits for events of this type (skip building an event nobody reads)."""
+    return bool(_listeners[event])
+
+
+def emit(event: CacheEvent | SelectionEvent) -> None:
+    for fn in list(_listeners[type(event)]):
         try:
             fn(event)
         except Exception:  # a broken listener never breaks a compile

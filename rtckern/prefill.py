@@ -14,16 +14,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable, Iterable, Sequence
 
 from .arch import Arch, ArchFilter, parse_arch_list
+from .registry.providers import kernel_providers, register_kernel_provider
 from .spec import KernelSpec
 
 DEFAULT_ARCHS = "7.5;8.0;8.6;8.9;9.0a"
 
-_providers: dict[str, Callable[[Sequence[Arch]], Iterable[KernelSpec]]] = {}
-
-
-def register_provider(name: str, fn: Callable[[Sequence[Arch]], Iterable[KernelSpec]]) -> None:
-    """``fn(archs) -> specs``: what family ``name`` needs compiled for ``archs`` (apply its ArchFilter)."""
-    _providers[name] = fn
+# ``register_provider(name, fn)``, ``fn(archs) -> specs``: the registry keeps kernel providers (op families, a layer
+# below prefill, register theirs at import); the name stays here for callers of rtckern.prefill.
+register_provider = register_kernel_provider
 
 
 def _core_specs(archs: Sequence[Arch]) -> Iterable[KernelSpec]:
@@ -64,17 +62,18 @@ def load_builtin_providers() -> None:
 
 def builtin_specs(archs: Sequence[Arch], families: Sequence[str] | None = None) -> list[KernelSpec]:
     load_builtin_providers()
-    unknown = sorted(set(families or ()) - set(_providers))
+    providers = kernel_providers()
+    unknown = sorted(set(families or ()) - set(providers))
     if unknown:
         from .errors import OptionError
 
         raise OptionError(f"unknown kernel family {', '.join(map(repr, unknown))}; the families: "
-                          f"{', '.join(sorted(_providers))}")
+                          f"{', '.join(sorted(providers))}")
     out: dict[KernelSpec, None] = {}
-    for name in sorted(_providers):
+    for name in sorted(providers):
         if families and name not in families:
             continue
-        for spec in _providers[name](archs):
+        for spec in providers[name](archs):
             targets = [spec.arch]
             if spec.arch.ptx:  # "+PTX": a cubin and PTX
                 targets = [dataclasses.replace(spec.arch, ptx=False), spec.arch]

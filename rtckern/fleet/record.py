@@ -1,6 +1,7 @@
 """Record mode: with ``RTCKERN_RECORD_MANIFEST=FILE``, each request the registry decides for the first time in a
 process is appended to FILE as one manifest line, so a real workload can be replayed by ``rtckern prefill
---manifest FILE`` on a build machine.
+--manifest FILE`` on a build machine. The registry announces each such decision as an ``rtckern.events.
+SelectionEvent``; ``record_selection`` listens (rtckern installs it at import, so the registry imports no fleet).
 
 Safe under concurrent writers (processes of one job, jobs on one shared filesystem): the file is opened with
 ``O_APPEND`` and every line is written by one ``write`` under an exclusive ``flock``; a line already in the file is
@@ -73,7 +74,7 @@ def append_line(path: Path, line: str) -> bool:
 
 
 def record_request(req: Any) -> None:
-    """The registry's hook: append ``req`` to the record manifest when one is set. Never raises."""
+    """Append ``req`` to the record manifest when one is set. Never raises."""
     from ..config import settings
 
     path = settings().record_manifest
@@ -98,6 +99,12 @@ def record_request(req: Any) -> None:
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
         with _lock:
             _seen.discard(key)  # not written: a later call may try again
+
+
+def record_selection(event: Any) -> None:
+    """The listener for the registry's ``SelectionEvent``s (rtckern installs it at import; it records only while
+    ``RTCKERN_RECORD_MANIFEST`` is set). Never raises."""
+    record_request(event.request)
 
 
 def forget() -> None:

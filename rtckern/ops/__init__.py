@@ -1,7 +1,11 @@
-"""Op families. Importing this package registers every family's registry candidates and prefill providers.
+"""Op families. Importing this package registers every family's registry candidates, request builders, tuners and
+kernel providers, and exports the ops:
 
     rtckern.ops.rms_norm / layer_norm (+ backward)    rtckern.ops.softmax and the masked/causal variants
     rtckern.ops.attention                             rtckern.ops.gemm
+
+A family's API lives in rtckern/ops/_<family>_api.py (its other modules beside it, rtckern/ops/_<family>_*.py); the
+module is private so that `rtckern.ops.softmax` (and .attention, .gemm) is the op, never a module it could shadow.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ unavailable: dict[str, str] = {}  # family -> why it could not be imported
 
 for _fam in FAMILIES:
     try:
-        _mod = importlib.import_module(f"{__name__}.{_fam}")
+        _mod = importlib.import_module(f"{__name__}._{_fam}_api")
     except ImportError as _e:  # a family that cannot import does not take the others down
         unavailable[_fam] = f"{type(_e).__name__}: {_e}"
         log.warning("rtckern.ops.%s unavailable: %s", _fam, _e)

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from rtckern.errors import InputError
+from rtckern.runtime.streams import current_stream  # noqa: F401  (the family's arr.current_stream)
 
 _CUPY_DTYPES = {"float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
@@ -76,15 +77,3 @@ def empty(like: Tensor4, shape: tuple[int, ...], fp32: bool = False) -> tuple[An
     with cupy.cuda.Device(like.device):
         out = cupy.empty(shape, dtype=cupy.float32 if fp32 else like.obj.dtype)
     return out, out.data.ptr
-
-
-def current_stream(like: Tensor4) -> int:
-    """The handle of the library's current stream on like's device: launches order with the caller's work."""
-    if like.lib == "torch":
-        import torch
-
-        return torch.cuda.current_stream(like.obj.device).cuda_stream
-    import cupy
-
-    with cupy.cuda.Device(like.device):
-        return cupy.cuda.get_current_stream().ptr

@@ -3,7 +3,7 @@ alignment of q, k, v; causal; the scale; return_lse) becomes a plan (output shap
 block and shared memory, and the kernel's fixed arguments), memoized for torch tensors. A repeated call reads
 three pointers, allocates o (and lse), does a dict lookup and launches.
 
-The key holds everything attention.py's checks read, with the exact types of causal and softmax_scale (causal=1
+The key holds everything _attention_api.py's checks read, with the exact types of causal and softmax_scale (causal=1
 must still be refused), so a call that hits the memo is one that passed them. Plans are rebuilt when the settings
 change (config.override).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.ops import _attention_candidates as cands
-from rtckern.ops._norms_plan import torch_stream
+from rtckern.runtime.streams import torch_stream
 
 _MAX_PLANS = 4096
 _torch_types = PlanCache("attention.torch_types", 64)  # classes that passed the full path's checks

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from rtckern.errors import InputError
+from rtckern.runtime.streams import current_stream  # noqa: F401  (the family's arr.current_stream)
 
 _TORCH_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _CUPY_NAMES = {"float16": "fp16", "float32": "fp32"}
@@ -110,15 +111,3 @@ def empty_bytes(like: Mat, nbytes: int) -> tuple[Any, int]:
     with cupy.cuda.Device(like.device):
         out = cupy.empty(n, dtype=cupy.float32)
     return out, out.data.ptr
-
-
-def current_stream(like: Mat) -> int:
-    """The handle of the library's current stream on like's device: launches order with the caller's work."""
-    if like.lib == "torch":
-        import torch
-
-        return torch.cuda.current_stream(like.obj.device).cuda_stream
-    import cupy
-
-    with cupy.cuda.Device(like.device):
-        return cupy.cuda.get_current_stream().ptr

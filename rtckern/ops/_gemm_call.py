@@ -2,33 +2,17 @@
 prepared launches (`_gemm_launch.LaunchPlan`) and the settings object it was decided under, so a repeated call
 allocates the output, reads the current stream and launches.
 
-`gemm.py` keys plans by everything the decision depends on (dtypes, shapes, strides, devices, 16-byte alignment
+`_gemm_api.py` keys plans by everything the decision depends on (dtypes, shapes, strides, devices, 16-byte alignment
 of A and B, layout, epilogue, output dtype) and re-decides when the settings object changes (config.override,
 config.reload), as the registry's own memo does.
 """
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any
 
 from rtckern.ops import _gemm_arrays as arr
-
-_stream_fn: Callable[[int], int] | None = None
-
-
-def torch_stream(index: int) -> int:
-    """The raw handle of torch's current stream on device `index` (torch's C accessor where it has one: the
-    public torch.cuda.current_stream builds a Stream object per call)."""
-    global _stream_fn
-    f = _stream_fn
-    if f is None:
-        torch = sys.modules["torch"]
-        f = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if f is None:
-            def f(i, _t=torch):
-                return _t.cuda.current_stream(i).cuda_stream
-        _stream_fn = f
-    return f(index)
+from rtckern.runtime.streams import torch_stream
 
 
 class CallPlan:

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from rtckern.errors import InputError
+from rtckern.runtime.streams import current_stream  # noqa: F401  (the family's arr.current_stream)
 
 SUPPORTED = "fp32, fp16, bf16 (float32, float16, bfloat16)"
 _CUPY_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -184,15 +185,3 @@ def zeros(like: Rows, shape: tuple[int, ...], dtype: str) -> tuple[Any, int]:
     out, ptr = empty(like, shape, dtype)
     out.fill(0)
     return out, ptr
-
-
-def current_stream(a: Rows) -> int:
-    """The library's current stream on a's device: launches order with the caller's work."""
-    if a.lib == "torch":
-        import torch
-
-        return torch.cuda.current_stream(a.obj.device).cuda_stream
-    import cupy
-
-    with cupy.cuda.Device(a.device):
-        return cupy.cuda.get_current_stream().ptr

@@ -3,20 +3,20 @@ strides, eps as float32, and per pointer-alignment class the chosen kernel with 
 torch tensors, so a repeated call reads pointers, allocates its outputs, does two dict lookups and launches
 (DESIGN: "after the first call the hot path is a dict lookup and a launch").
 
-The memo key holds everything the checks in norms.py read (dtype, device, shape and strides of every array, eps
+The memo key holds everything the checks in _norms_api.py read (dtype, device, shape and strides of every array, eps
 and the flags), so a call that hits the memo is one that passed them; anything else (a new signature, CuPy arrays,
 an unusual eps type) takes the full path, which raises the same errors as before and builds the plan. Plans hold
 the settings object they were made under and are rebuilt when the settings change (config.override).
 """
 from __future__ import annotations
 
-import sys
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
+from rtckern.runtime.streams import torch_stream
 
 from . import _norms_arrays as A
 from . import _norms_kernels as K
@@ -68,25 +68,6 @@ def lookup(plans: dict, key):
     if p is not None and p.settings is settings():
         return p
     return None
-
-
-# ---- streams ----------------------------------------------------------------------------------------------------
-_raw_stream: Callable[[int], int] | None = None
-
-
-def torch_stream(index: int) -> int:
-    """torch's current stream handle on device `index`: torch._C._cuda_getCurrentRawStream where this torch has it
-    (one C call), else torch.cuda.current_stream(index).cuda_stream (builds a Stream object per call)."""
-    global _raw_stream
-    f = _raw_stream
-    if f is None:
-        torch = sys.modules["torch"]
-        f = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
-        if f is None:
-            def f(i, _cs=torch.cuda.current_stream):
-                return _cs(i).cuda_stream
-        _raw_stream = f
-    return f(index)
 
 
 # ---- allocation -------------------------------------------------------------------------------------------------
@@ -159,7 +140,7 @@ def _align_bits(*ptrs: int) -> int:
 
 # ---- forward ----------------------------------------------------------------------------------------------------
 class FwdPlan:
-    """A validated forward signature. `decide(op, dtypes, flags, vec)` is norms.py's selection (request,
+    """A validated forward signature. `decide(op, dtypes, flags, vec)` is _norms_api.py's selection (request,
     candidate, kernels); launchers are memoized per alignment class of the call's addresses."""
 
     __slots__ = ("settings", "alloc", "layer", "op", "shape", "stat_shape", "x_dtype", "y_dtype", "w_dtype",

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from rtckern.errors import InputError
+from rtckern.runtime.streams import current_stream  # noqa: F401  (the family's arr.current_stream)
 
 _TORCH_DTYPES: dict | None = None
 
@@ -129,15 +130,3 @@ def empty_floats(a: DeviceArray, count: int) -> tuple[Any, int]:
     with cupy.cuda.Device(a.device):
         ws = cupy.empty((count,), dtype=cupy.float32)
     return ws, ws.data.ptr
-
-
-def current_stream(a: DeviceArray) -> int:
-    """The handle of the library's current stream on a's device: launches order with the caller's work."""
-    if a.lib == "torch":
-        import torch
-
-        return torch.cuda.current_stream(a.obj.device).cuda_stream
-    import cupy
-
-    with cupy.cuda.Device(a.device):
-        return cupy.cuda.get_current_stream().ptr

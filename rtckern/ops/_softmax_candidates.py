@@ -13,7 +13,8 @@ from typing import Any
 from rtckern.caches import PlanCache
 from rtckern import config
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder, select
+from rtckern.registry import Candidate, OpRequest, Resources, register, register_kernel_provider, \
+    register_request_builder, select
 from rtckern.errors import OptionError
 from rtckern.registry import options as opts
 from rtckern.registry import default_registry
@@ -360,7 +361,5 @@ def register_all() -> None:
                                      "options vec=<elements per access>, mask16=0|1 (masked: 16-byte aligned mask rows)",
                                      example="--dtype bf16 --shape 16384x4096")
     register_tuners()
-    from rtckern.prefill import register_provider
-
-    register_provider("softmax", prefill_specs)
+    register_kernel_provider("softmax", prefill_specs)
     _registered = True

@@ -4,7 +4,7 @@ alignment class of the addresses the chosen kernel with its grid, block, shared 
 memoized for torch tensors. A repeated call reads pointers, allocates its output, does two dict lookups and
 launches.
 
-The key holds everything softmax.py's checks read, so a call that hits the memo passed them; anything else takes
+The key holds everything _softmax_api.py's checks read, so a call that hits the memo passed them; anything else takes
 the full path (same errors as before), which builds and stores the plan. Plans are rebuilt when the settings
 change (config.override), as the selections are.
 """
@@ -15,7 +15,7 @@ from rtckern.config import settings
 from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_candidates as cands
 from rtckern.ops import _softmax_plan as plan
-from rtckern.ops._norms_plan import torch_stream
+from rtckern.runtime.streams import torch_stream
 
 _MAX_PLANS = 4096
 _torch_types = PlanCache("softmax.torch_types", 64)  # classes that passed isinstance(obj, torch.Tensor) on the full path

@@ -63,6 +63,6 @@ def check_same_shape(a: torch.Tensor, x: torch.Tensor, name: str, x_name: str = 
 
 @functools.cache
 def ops_module(family: str):
-    """rtckern.ops.<family> (imported by full name: the rtckern.ops package exports its ops under the families'
-    names, so rtckern.ops.softmax may be the function rather than the module)."""
-    return importlib.import_module(f"rtckern.ops.{family}")
+    """The family's API module, rtckern.ops._<family>_api (its public ops and the *_impl entry points the custom
+    ops call)."""
+    return importlib.import_module(f"rtckern.ops._{family}_api")

@@ -30,12 +30,12 @@ import sys
 
 log = logging.getLogger(__name__)
 
-# family -> (rtckern.ops module providing the kernels, plugin module registering the torch ops)
+# family -> (its rtckern.ops API module, the plugin module registering its torch ops)
 FAMILIES = {
-    "norms": ("rtckern.ops.norms", "rtckern.plugins._torch_norms"),
-    "softmax": ("rtckern.ops.softmax", "rtckern.plugins._torch_softmax"),
-    "attention": ("rtckern.ops.attention", "rtckern.plugins._torch_attention"),
-    "gemm": ("rtckern.ops.gemm", "rtckern.plugins._torch_gemm"),
+    "norms": ("rtckern.ops._norms_api", "rtckern.plugins._torch_norms"),
+    "softmax": ("rtckern.ops._softmax_api", "rtckern.plugins._torch_softmax"),
+    "attention": ("rtckern.ops._attention_api", "rtckern.plugins._torch_attention"),
+    "gemm": ("rtckern.ops._gemm_api", "rtckern.plugins._torch_gemm"),
 }
 
 registered_ops: list[str] = []  # torch.ops.rtckern.<name> for each

@@ -2,8 +2,8 @@
 
     from rtckern.registry import OpRequest, Candidate, register, select, explain
 
-Ops register `Candidate`s (and a request builder, for `explain`/`tune`/`selftest` from the command line) at
-`import rtckern.ops`; `select(req)` returns the memoized `Selection` or raises `UnsupportedRequestError` with
+Ops register `Candidate`s (and a request builder, for `explain`/`tune`/`selftest` from the command line, and a
+kernel provider, for `rtckern prefill`) at `import rtckern.ops`; `select(req)` returns the memoized `Selection` or raises `UnsupportedRequestError` with
 every candidate's reasons.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from rtckern.registry.candidate import Candidate, Resources
 from rtckern.registry.explain import Explanation, build_request as _build_request, device_for, \
     explain as _explain, parse_shape
 from rtckern.registry.fallback import fallback_allowed, warn_fallback_once
+from rtckern.registry.providers import kernel_providers, register_kernel_provider
 from rtckern.registry.request import OpRequest
 from rtckern.registry.results import ProbeResult, Reason, Selection
 from rtckern.registry.selector import Registry
@@ -23,7 +24,7 @@ from rtckern.registry.store import clear_decisions, decisions_dir
 __all__ = ["OpRequest", "Candidate", "Resources", "Registry", "Selection", "ProbeResult", "Reason", "Explanation",
            "UnsupportedRequestError", "register", "select", "explain", "register_request_builder",
            "build_request", "candidates", "default_registry", "parse_shape", "device_for", "fallback_allowed",
-           "warn_fallback_once", "clear_decisions", "decisions_dir"]
+           "warn_fallback_once", "clear_decisions", "decisions_dir", "register_kernel_provider", "kernel_providers"]
 
 _default = Registry()
 

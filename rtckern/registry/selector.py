@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rtckern import config
+from rtckern import config, events
 from rtckern.caches import PlanCache
 from rtckern.errors import ConfigError, UnsupportedRequestError
 from rtckern.registry import core_api
@@ -129,8 +129,8 @@ class Registry:
                 with self._lock:
                     if self._memo_settings is s:
                         self._memo.put(req, found)
-                if s.record_manifest is not None and found.__class__ is Selection:
-                    _record_first_selection(req)
+                if found.__class__ is Selection and events.listening(events.SelectionEvent):
+                    events.emit(events.SelectionEvent(req, found.candidate.name))  # record mode listens
         if isinstance(found, _Failed):
             raise found.error
         return found
@@ -228,14 +228,6 @@ def unsupported_error(req: OpRequest, results: list[ProbeResult], s: Any) -> Uns
     err.request = req
     err.results = tuple(results)
     return err
-
-
-def _record_first_selection(req: OpRequest) -> None:
-    """Fleet hook (RTCKERN_RECORD_MANIFEST): append a request decided for the first time in this process to the
-    record manifest, for `rtckern prefill --manifest`. Slow path only; never raises."""
-    from rtckern.fleet.record import record_request
-
-    record_request(req)
 
 
 RequestBuilder = Callable[..., OpRequest]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 _lock = threading.Lock()
@@ -37,3 +38,36 @@ def core_stream(stream):
                 s = Stream.from_handle(h)
                 _by_handle[h] = s
     return s
+
+
+# ---- the caller's current stream ----------------------------------------------------------------------------------
+_raw_stream = None  # torch's C accessor (or a fallback), found on first use
+
+
+def torch_stream(index: int) -> int:
+    """torch's current stream handle on device `index`: torch._C._cuda_getCurrentRawStream where this torch has it
+    (one C call), else torch.cuda.current_stream(index).cuda_stream (builds a Stream object per call). For hot
+    paths that already know torch is imported."""
+    global _raw_stream
+    f = _raw_stream
+    if f is None:
+        torch = sys.modules["torch"]
+        f = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+        if f is None:
+            def f(i, _cs=torch.cuda.current_stream):
+                return _cs(i).cuda_stream
+        _raw_stream = f
+    return f(index)
+
+
+def current_stream(like) -> int:
+    """The handle of the library's current stream on the device of `like` (an op family's array view: `lib`
+    "torch" or "cupy", `obj` the array, `device` its ordinal): launches order with the caller's work."""
+    if like.lib == "torch":
+        import torch
+
+        return torch.cuda.current_stream(like.obj.device).cuda_stream
+    import cupy
+
+    with cupy.cuda.Device(like.device):
+        return cupy.cuda.get_current_stream().ptr

@@ -15,12 +15,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rtckern import config  # noqa: E402
+from rtckern import config, ops  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
 from rtckern.ops import _attention_arrays as arr  # noqa: E402
-import importlib  # noqa: E402
 
-attn = importlib.import_module("rtckern.ops.attention")  # the module; rtckern.ops.attention is the op
 
 pytestmark = pytest.mark.gpu
 
@@ -102,7 +100,7 @@ def check(dtype, b, sq, sk, hq, hk, hd, causal, seed, packed=False):
     torch.manual_seed(seed)
     q, k, v = make_qkv(dtype, b, sq, sk, hq, hk, hd, packed)
     scale = 0.9 / math.sqrt(hd)
-    o, lse = attn.attention(q, k, v, causal=causal, softmax_scale=scale, return_lse=True)
+    o, lse = ops.attention(q, k, v, causal=causal, softmax_scale=scale, return_lse=True)
     ref_o, ref_lse = reference(q, k, v, causal, scale)
     case = f"{dtype} b{b} sq{sq} sk{sk} hq{hq} hk{hk} hd{hd} causal={causal} packed={packed} seed={seed}"
     assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (b, hq, sq) and lse.dtype == torch.float32
@@ -195,10 +193,10 @@ def test_default_selection_and_strided_views():
     b, s, hq, hk, d = 2, 257, 8, 2, 128
     qkv = torch.randn(b, s, hq + 2 * hk, d, device="cuda", dtype=torch.bfloat16)
     q, k, v = qkv[:, :, :hq], qkv[:, :, hq:hq + hk], qkv[:, :, hq + hk:]
-    o = attn.attention(q, k, v, causal=True)
+    o = ops.attention(q, k, v, causal=True)
     ref, _ = reference(q, k, v, True, 1 / math.sqrt(d))
     assert (o.double() - ref).abs().max().item() < 2e-2
-    o2 = attn.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    o2 = ops.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
     assert torch.equal(o, o2)
 
 
@@ -207,7 +205,7 @@ def test_cupy_in_cupy_out():
     torch.manual_seed(4)
     q = torch.randn(1, 100, 4, 64, device="cuda", dtype=torch.float16)
     qc = cupy.asarray(q)
-    o = attn.attention(qc, qc, qc)
+    o = ops.attention(qc, qc, qc)
     assert isinstance(o, cupy.ndarray) and o.shape == (1, 100, 4, 64) and o.dtype == cupy.float16
     ref, _ = reference(q, q, q, False, 1 / 8)
     assert (torch.as_tensor(o, device="cuda").double() - ref).abs().max().item() < 5e-3
@@ -216,10 +214,10 @@ def test_cupy_in_cupy_out():
 def test_gpu_input_errors():
     q = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(InputError, match=r"^k is on cpu, in host memory; attention kernels read device memory"):
-        attn.attention(q, q.cpu(), q)
+        ops.attention(q, q.cpu(), q)
     t = torch.randn(1, 16, 64, 2, device="cuda", dtype=torch.bfloat16).transpose(2, 3)
     with pytest.raises(InputError, match=r"^q has strides \(2048, 128, 1, 2\) \(elements\): its head dim is not "
                                          r"contiguous \(stride 2, must be 1\); pass q.contiguous\(\)"):
-        attn.attention(t, q, q)
+        ops.attention(t, q, q)
     with pytest.raises(InputError, match=r"^q has dtype float32; supported: bf16, fp16"):
-        attn.attention(q.float(), q, q)
+        ops.attention(q.float(), q, q)

@@ -18,7 +18,7 @@ from rtckern.errors import InputError  # noqa: E402
 from rtckern.ops import _gemm_candidates as cands  # noqa: E402
 from rtckern.ops import _gemm_plan as P  # noqa: E402
 from rtckern.ops._gemm_tune import error_bound  # noqa: E402
-from rtckern.ops.gemm import gemm  # noqa: E402
+from rtckern.ops import gemm  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

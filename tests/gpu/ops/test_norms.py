@@ -10,10 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from rtckern import config  # noqa: E402
+from rtckern import config, ops  # noqa: E402
 from rtckern.errors import InputError, UnsupportedRequestError  # noqa: E402
 from rtckern.ops import _norms_arrays as arr  # noqa: E402
-from rtckern.ops import norms  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -110,9 +109,9 @@ def test_forward_matches_float64(layer, dtype, n):
     x, w, b, _ = _inputs(rows, n, dtype, offset=2.0 if layer else 0.0)  # a mean to subtract for LayerNorm
     eps = 1e-5
     if layer:
-        y, mean, rstd = norms.layer_norm(x, w, b, eps, return_stats=True)
+        y, mean, rstd = ops.layer_norm(x, w, b, eps, return_stats=True)
     else:
-        y, rstd = norms.rms_norm(x, w, eps, return_rstd=True)
+        y, rstd = ops.rms_norm(x, w, eps, return_rstd=True)
     ref, _, rmean, rrstd = _ref_fwd(layer, x, w, b if layer else None, eps, False)
     assert y.dtype == x.dtype and y.shape == x.shape
     assert _rel(y, ref) < FWD_TOL[dtype]
@@ -130,9 +129,9 @@ def test_forward_every_kind(layer, n, dtype, kind):
     x, w, b, _ = _inputs(rows, n, dtype, offset=1.0)
     op = "layer_norm" if layer else "rms_norm"
     if layer:
-        y = _forced(op, kind, norms.layer_norm, x, w, b, 1e-5)
+        y = _forced(op, kind, ops.layer_norm, x, w, b, 1e-5)
     else:
-        y = _forced(op, kind, norms.rms_norm, x, w, 1e-5)
+        y = _forced(op, kind, ops.rms_norm, x, w, 1e-5)
     ref = _ref_fwd(layer, x, w, b if layer else None, 1e-5, False)[0]
     assert _rel(y, ref) < FWD_TOL[dtype]
 
@@ -148,10 +147,10 @@ def test_forward_options(layer, n, kind):
     w0 = (w - 1).contiguous()  # zero-centered storage
     op = "layer_norm" if layer else "rms_norm"
     if layer:
-        y, h, mean, rstd = _forced(op, kind, norms.layer_norm, x, w0, b, 1e-5, residual=r, zero_centered=True,
+        y, h, mean, rstd = _forced(op, kind, ops.layer_norm, x, w0, b, 1e-5, residual=r, zero_centered=True,
                                    out_dtype=torch.float32, return_stats=True)
     else:
-        y, h, rstd = _forced(op, kind, norms.rms_norm, x, w0, 1e-5, residual=r, zero_centered=True,
+        y, h, rstd = _forced(op, kind, ops.rms_norm, x, w0, 1e-5, residual=r, zero_centered=True,
                              out_dtype=torch.float32, return_rstd=True)
     ref, href, _, rrstd = _ref_fwd(layer, x, w0, b if layer else None, 1e-5, True, residual=r)
     assert y.dtype == torch.float32 and h.dtype == torch.bfloat16
@@ -164,21 +163,21 @@ def test_forward_strided_rows_and_no_weight():
     n = 4096
     big = torch.randn(64, 2 * n, device="cuda", dtype=torch.bfloat16)
     x = big[:, 8:8 + n]  # row stride 2n, offset by 8 elements (16 bytes): still vectorizable
-    y = norms.rms_norm(x)
+    y = ops.rms_norm(x)
     ref = _ref_fwd(False, x.contiguous(), None, None, 1e-6, False)[0]
     assert _rel(y, ref) < FWD_TOL["bf16"]
     x3 = big[:, 3:3 + n]  # 6-byte offset: the general (scalar) path
-    assert _rel(norms.rms_norm(x3), _ref_fwd(False, x3.contiguous(), None, None, 1e-6, False)[0]) < FWD_TOL["bf16"]
+    assert _rel(ops.rms_norm(x3), _ref_fwd(False, x3.contiguous(), None, None, 1e-6, False)[0]) < FWD_TOL["bf16"]
 
 
 def test_forward_3d_and_zero_rows():
     x = torch.randn(2, 3, 1000, device="cuda", dtype=torch.float16)
     w = torch.randn(1000, device="cuda", dtype=torch.float16)
-    y = norms.rms_norm(x, w)
+    y = ops.rms_norm(x, w)
     assert y.shape == x.shape
     assert _rel(y, _ref_fwd(False, x, w, None, 1e-6, False)[0]) < FWD_TOL["fp16"]
     empty = torch.empty(0, 1000, device="cuda", dtype=torch.float16)
-    y0, r0 = norms.rms_norm(empty, w, return_rstd=True)
+    y0, r0 = ops.rms_norm(empty, w, return_rstd=True)
     assert y0.shape == (0, 1000) and r0.shape == (0,)
 
 
@@ -187,11 +186,11 @@ def test_nan_and_inf_propagate_like_torch():
     x[1, 5] = float("nan")
     x[2, 7] = float("inf")
     w = torch.ones(1024, device="cuda")
-    ours = norms.rms_norm(x, w, 1e-6)
+    ours = ops.rms_norm(x, w, 1e-6)
     theirs = F.rms_norm(x, (1024,), w, 1e-6)
     assert torch.equal(torch.isnan(ours), torch.isnan(theirs))
     assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
-    ours_l = norms.layer_norm(x, w, None, 1e-5)
+    ours_l = ops.layer_norm(x, w, None, 1e-5)
     theirs_l = F.layer_norm(x, (1024,), w, None, 1e-5)
     assert torch.equal(torch.isnan(ours_l), torch.isnan(theirs_l))
 
@@ -200,7 +199,7 @@ def test_cupy_arrays():
     cp = pytest.importorskip("cupy")
     x = cp.random.standard_normal((16, 768), dtype=cp.float32).astype(cp.float16)
     w = cp.ones(768, dtype=cp.float32)
-    y = norms.rms_norm(x, w)
+    y = ops.rms_norm(x, w)
     assert isinstance(y, cp.ndarray) and y.dtype == cp.float16
     xt = torch.as_tensor(x, device="cuda")
     ref = _ref_fwd(False, xt, torch.as_tensor(w, device="cuda"), None, 1e-6, False)[0]
@@ -221,11 +220,11 @@ def _autograd_ref(layer, x, w, b, dy, eps, zero_centered):
 
 def _backward(layer, kind, x, w, b, dy, eps, zero_centered=False, dresidual=None, dx_dtype=None):
     if layer:
-        _, mean, rstd = norms.layer_norm(x, w, b, eps, zero_centered=zero_centered, return_stats=True)
-        return _forced("layer_norm_backward", kind, norms.layer_norm_backward, dy, x, w, b, mean, rstd,
+        _, mean, rstd = ops.layer_norm(x, w, b, eps, zero_centered=zero_centered, return_stats=True)
+        return _forced("layer_norm_backward", kind, ops.layer_norm_backward, dy, x, w, b, mean, rstd,
                        zero_centered=zero_centered, dresidual=dresidual, dx_dtype=dx_dtype)
-    _, rstd = norms.rms_norm(x, w, eps, zero_centered=zero_centered, return_rstd=True)
-    return _forced("rms_norm_backward", kind, norms.rms_norm_backward, dy, x, w, rstd,
+    _, rstd = ops.rms_norm(x, w, eps, zero_centered=zero_centered, return_rstd=True)
+    return _forced("rms_norm_backward", kind, ops.rms_norm_backward, dy, x, w, rstd,
                    zero_centered=zero_centered, dresidual=dresidual, dx_dtype=dx_dtype)
 
 
@@ -289,8 +288,8 @@ def test_bitwise_repeatable(kind, n):
             assert torch.equal(a, c)
     if kind not in KINDS:  # a backward-only kind
         return
-    y1 = _forced("rms_norm", kind, norms.rms_norm, x, w)
-    y2 = _forced("rms_norm", kind, norms.rms_norm, x, w)
+    y1 = _forced("rms_norm", kind, ops.rms_norm, x, w)
+    y2 = _forced("rms_norm", kind, ops.rms_norm, x, w)
     assert torch.equal(y1, y2)
 
 
@@ -357,15 +356,15 @@ def test_l2c_backward_without_weight_or_grads(n):
     rows = 300
     x, w, b, g = _inputs(rows, n, "bf16", offset=0.5)
     dy = torch.randn(rows, n, device="cuda", generator=g).to(torch.bfloat16)
-    _, mean, rstd = norms.layer_norm(x, None, b, 1e-5, return_stats=True)
-    dx, dw, db = _forced("layer_norm_backward", "l2c", norms.layer_norm_backward, dy, x, None, b, mean, rstd)
+    _, mean, rstd = ops.layer_norm(x, None, b, 1e-5, return_stats=True)
+    dx, dw, db = _forced("layer_norm_backward", "l2c", ops.layer_norm_backward, dy, x, None, b, mean, rstd)
     x64, b64 = x.double().requires_grad_(), b.double().requires_grad_()
     gx, gb = torch.autograd.grad(F.layer_norm(x64, (n,), None, b64, 1e-5), [x64, b64], dy.double())
     assert dw is None and _rel(dx, gx) < BWD_TOL["bf16"] and _rel(db, gb) < BWD_TOL["bf16"]
-    _, rstd = norms.rms_norm(x, w, 1e-5, return_rstd=True)
-    dx, dw = _forced("rms_norm_backward", "l2c", norms.rms_norm_backward, dy, x, w, rstd, weight_grad=False)
+    _, rstd = ops.rms_norm(x, w, 1e-5, return_rstd=True)
+    dx, dw = _forced("rms_norm_backward", "l2c", ops.rms_norm_backward, dy, x, w, rstd, weight_grad=False)
     assert dw is None and _rel(dx, _autograd_ref(False, x, w, None, dy, 1e-5, False)[0]) < BWD_TOL["bf16"]
-    dx, dw = _forced("rms_norm_backward", "l2c", norms.rms_norm_backward, dy, x, None, rstd)
+    dx, dw = _forced("rms_norm_backward", "l2c", ops.rms_norm_backward, dy, x, None, rstd)
     x64 = x.double().requires_grad_()
     gx, = torch.autograd.grad(F.rms_norm(x64, (n,), None, 1e-5), [x64], dy.double())
     assert dw is None and _rel(dx, gx) < BWD_TOL["bf16"]
@@ -377,11 +376,11 @@ def test_l2_forward_many_rows(n, dtype):
     rows = 2053
     x, w, b, g = _inputs(rows, n, dtype, offset=3.0)
     r = torch.randn(rows, n, device="cuda", generator=g).to(DT[dtype])
-    y, h, rstd = _forced("rms_norm", "l2", norms.rms_norm, x, w, 1e-5, residual=r, return_rstd=True)
+    y, h, rstd = _forced("rms_norm", "l2", ops.rms_norm, x, w, 1e-5, residual=r, return_rstd=True)
     ref, href, _, rrstd = _ref_fwd(False, x, w, None, 1e-5, False, residual=r)
     assert torch.equal(h, href)
     assert _rel(y, ref) < FWD_TOL[dtype] and _rel(rstd, rrstd) < 1e-5
-    y, mean, rstd = _forced("layer_norm", "l2", norms.layer_norm, x, None, b, 1e-5, return_stats=True)
+    y, mean, rstd = _forced("layer_norm", "l2", ops.layer_norm, x, None, b, 1e-5, return_stats=True)
     ref, _, rmean, rrstd = _ref_fwd(True, x, None, b, 1e-5, False)
     assert _rel(y, ref) < FWD_TOL[dtype] and _rel(rstd, rrstd) < 1e-5
     assert (mean.double() - rmean).abs().max().item() < 1e-5 * (1 + rmean.abs().max().item())
@@ -391,7 +390,7 @@ def test_backward_zero_rows_gives_zero_grads():
     x = torch.empty(0, 512, device="cuda", dtype=torch.bfloat16)
     w = torch.ones(512, device="cuda", dtype=torch.bfloat16)
     rstd = torch.empty(0, device="cuda")
-    dx, dw = norms.rms_norm_backward(x, x, w, rstd)
+    dx, dw = ops.rms_norm_backward(x, x, w, rstd)
     assert dx.shape == (0, 512) and torch.equal(dw, torch.zeros_like(w))
 
 
@@ -399,32 +398,32 @@ def test_backward_zero_rows_gives_zero_grads():
 def test_errors_with_gpu_arrays():
     x = torch.randn(8, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(InputError, match=r"weight has shape \(32,\); it must be \(64,\)"):
-        norms.rms_norm(x, torch.ones(32, device="cuda", dtype=torch.bfloat16))
+        ops.rms_norm(x, torch.ones(32, device="cuda", dtype=torch.bfloat16))
     with pytest.raises(InputError, match=r"weight has dtype fp16; with x in bf16 it must be one of bf16, fp32"):
-        norms.rms_norm(x, torch.ones(64, device="cuda", dtype=torch.float16))
+        ops.rms_norm(x, torch.ones(64, device="cuda", dtype=torch.float16))
     with pytest.raises(InputError, match=r"x has stride 2 in its last dimension"):
-        norms.rms_norm(torch.randn(8, 128, device="cuda")[:, ::2])
+        ops.rms_norm(torch.randn(8, 128, device="cuda")[:, ::2])
     with pytest.raises(InputError, match=r"weight is on cpu \(host memory\)"):
-        norms.rms_norm(x, torch.ones(64, dtype=torch.bfloat16))
+        ops.rms_norm(x, torch.ones(64, dtype=torch.bfloat16))
     with pytest.raises(InputError, match=r"x has dtype float64; supported: fp32, fp16, bf16"):
-        norms.rms_norm(x.double())
+        ops.rms_norm(x.double())
     with pytest.raises(InputError, match=r"residual has dtype fp32; supported here: bf16"):
-        norms.rms_norm(x, residual=x.float())
+        ops.rms_norm(x, residual=x.float())
     with pytest.raises(InputError, match=r"rstd has shape \(4,\); it must hold one contiguous value per row"):
-        norms.rms_norm_backward(x, x, None, torch.ones(4, device="cuda"))
+        ops.rms_norm_backward(x, x, None, torch.ones(4, device="cuda"))
 
 
 def test_backward_without_weight_grad_and_bias_only():
     n = 1024
     x, w, b, g = _inputs(50, n, "fp32", offset=0.5)
     dy = torch.randn(50, n, device="cuda", generator=g)
-    _, rstd = norms.rms_norm(x, w, 1e-5, return_rstd=True)
-    dx, dw = norms.rms_norm_backward(dy, x, w, rstd, weight_grad=False)
+    _, rstd = ops.rms_norm(x, w, 1e-5, return_rstd=True)
+    dx, dw = ops.rms_norm_backward(dy, x, w, rstd, weight_grad=False)
     assert dw is None
     assert _rel(dx, _autograd_ref(False, x, w, None, dy, 1e-5, False)[0]) < 1e-5
-    y, mean, rstd = norms.layer_norm(x, None, b, 1e-5, return_stats=True)
+    y, mean, rstd = ops.layer_norm(x, None, b, 1e-5, return_stats=True)
     assert _rel(y, F.layer_norm(x.double(), (n,), None, b.double(), 1e-5)) < 2e-6
-    dx, dw, db = norms.layer_norm_backward(dy, x, None, b, mean, rstd)
+    dx, dw, db = ops.layer_norm_backward(dy, x, None, b, mean, rstd)
     x64, b64 = x.double().requires_grad_(), b.double().requires_grad_()
     gx, gb = torch.autograd.grad(F.layer_norm(x64, (n,), None, b64, 1e-5), [x64, b64], dy.double())
     assert dw is None
@@ -449,9 +448,9 @@ def test_l2c_every_opt(layer, opt, parts):
     dy = torch.randn(rows, n, device="cuda", generator=g).to(torch.bfloat16)
     dres = torch.randn(rows, n, device="cuda", generator=g)
     if layer:
-        _, mean, rstd = norms.layer_norm(x, w0, b, 1e-5, zero_centered=True, return_stats=True)
+        _, mean, rstd = ops.layer_norm(x, w0, b, 1e-5, zero_centered=True, return_stats=True)
     else:
-        _, rstd = norms.rms_norm(x, w0, 1e-5, zero_centered=True, return_rstd=True)
+        _, rstd = ops.rms_norm(x, w0, 1e-5, zero_centered=True, return_rstd=True)
         mean = None
     p = K.BwdProblem(layer=layer, n=n, x="bf16", dy="bf16", dx="fp32", w="fp32", weight_grad=True, bias_grad=layer,
                      zero_centered=True, dresidual=True, vec=8)

@@ -5,7 +5,6 @@ unwritten element fails; every check draws fresh random inputs.
 """
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
@@ -14,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rtckern import config  # noqa: E402
+from rtckern import ops  # noqa: E402
 from rtckern.errors import UnsupportedRequestError  # noqa: E402
-sm = importlib.import_module("rtckern.ops.softmax")  # the module; rtckern.ops.softmax is the op function
 from rtckern.ops import _softmax_arrays as arr  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -253,7 +252,7 @@ def test_offset_mask_falls_back_from_the_ring():
     base = torch.rand(2 * sq * sk + 8, device="cuda") < 0.3
     mask = base[8:].view(2, 1, sq, sk)
     x = torch.randn((2, 4, sq, sk), device="cuda", dtype=torch.bfloat16)
-    y = sm.scaled_masked_softmax(x, mask, 0.5)
+    y = ops.scaled_masked_softmax(x, mask, 0.5)
     ref = _ref_softmax(x, 0.5, ~mask)
     assert _rel_err(y, ref) < FWD_TOL["bf16"]
     from rtckern.ops import _softmax_candidates as cands
@@ -264,7 +263,7 @@ def test_offset_mask_falls_back_from_the_ring():
 def test_cupy_in_cupy_out():
     cupy = pytest.importorskip("cupy")
     x = cupy.random.standard_normal((64, 1000), dtype=cupy.float32)
-    y = sm.softmax(x, 2.0)
+    y = ops.softmax(x, 2.0)
     assert isinstance(y, cupy.ndarray)
     xt = torch.as_tensor(x, device="cuda")
     ref = _ref_softmax(xt, 2.0, None)
@@ -275,7 +274,7 @@ def test_runs_on_the_callers_stream():
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        y = sm.softmax(x)
+        y = ops.softmax(x)
     s.synchronize()
     assert _rel_err(y, _ref_softmax(x, 1.0, None)) < FWD_TOL["bf16"]
 
@@ -284,7 +283,7 @@ def test_misaligned_rows_use_narrower_vectors():
     # A view starting one element in: 16-byte vectors would be misaligned; the op picks a narrower width.
     base = torch.randn(64 * 1024 + 1, device="cuda", dtype=torch.bfloat16)
     x = base[1:].view(64, 1024)
-    y = sm.softmax(x, 1.0)
+    y = ops.softmax(x, 1.0)
     assert _rel_err(y, _ref_softmax(x, 1.0, None)) < FWD_TOL["bf16"]
 
 
@@ -304,8 +303,8 @@ def test_negative_inf_input_counts_as_masked(impl, scale):
 
 def test_deterministic():
     x = torch.randn(512, 8192, device="cuda", dtype=torch.bfloat16)
-    a = sm.softmax(x, 0.3)
-    b = sm.softmax(x, 0.3)
+    a = ops.softmax(x, 0.3)
+    b = ops.softmax(x, 0.3)
     assert torch.equal(a, b)
 
 

@@ -82,3 +82,31 @@ def test_concurrent_writers_lose_nothing_and_write_shared_lines_once(tmp_path):
     objs = [json.loads(x) for x in lines]  # every line intact
     assert len(lines) == len(set(lines)) == 8 * n + n
     assert sum(1 for o in objs if "shared" in o) == n
+
+
+def test_record_mode_needs_only_rtckern_imported(tmp_path):
+    """The registry imports no fleet: rtckern installs fleet's recorder as a SelectionEvent listener at import, so a
+    program that imports only the registry (or rtckern.ops) records with the variable set, and imports no fleet
+    without it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from fleetkit import kit\n"
+            "from rtckern.device import DeviceInfo\n"
+            "kit.make_registry(None).select(kit.axpy_request(DeviceInfo.for_arch('sm_90', sm_count=132), n=4096, "
+            "dtype='fp32'))\n"
+            "print('rtckern.fleet' in sys.modules)\n")
+    path = tmp_path / "rec.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "RTCKERN_RECORD_MANIFEST"}
+    env["RTCKERN_CACHE_DIR"] = str(tmp_path / "cache")
+    plain = subprocess.run([sys.executable, "-c", code, str(here)], env=env, capture_output=True, text=True)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.strip() == "False" and not path.exists()
+    env["RTCKERN_RECORD_MANIFEST"] = str(path)
+    rec = subprocess.run([sys.executable, "-c", code, str(here)], env=env, capture_output=True, text=True)
+    assert rec.returncode == 0, rec.stderr
+    assert [e.request["shape"]["n"] for e in load_manifest(path)] == [4096]

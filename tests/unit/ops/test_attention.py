@@ -3,7 +3,6 @@ hand-described sm_75 / sm_80 / sm_86 / sm_90 devices, the generated wgmma header
 kernel variants (with their cold compile time)."""
 from __future__ import annotations
 
-import importlib
 import time
 
 import pytest
@@ -12,6 +11,7 @@ from rtckern.arch import Arch
 from rtckern.compiler import compiler_for
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
+from rtckern.ops import _attention_api as attn
 from rtckern.ops import _attention_arrays as A
 from rtckern.ops import _attention_candidates as C
 from rtckern.ops import _attention_configs as K
@@ -19,7 +19,6 @@ from rtckern.ops import _attention_wgmma_gen as G
 from rtckern.registry import explain
 from rtckern.spec import KernelSpec
 
-attn = importlib.import_module("rtckern.ops.attention")  # the module (rtckern.ops.attention is the op)
 
 
 def t4(shape, dtype="bf16", strides=None, ptr=1 << 20, device=0, lib="torch"):

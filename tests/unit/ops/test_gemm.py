@@ -18,7 +18,7 @@ from rtckern.ops import _gemm_candidates as cands
 from rtckern.ops import _gemm_plan as P
 from rtckern.ops import _gemm_tuned as T
 from rtckern.ops import _gemm_wgmma_gen as gen
-from rtckern.ops.gemm import gemm
+from rtckern.ops import gemm
 from rtckern.registry import explain
 
 H200 = DeviceInfo.for_arch("sm_90", sm_count=132)
@@ -316,13 +316,10 @@ def host_gemm(monkeypatch, cache_dir):
     """rtckern.ops.gemm on CPU torch tensors posing as device 0 of an H200: validation, the registry's choice
     (the first candidate that supports the request, with recording kernels) and the launch plans are real."""
     torch = pytest.importorskip("torch")
+    from rtckern.ops import _gemm_api as G
     from rtckern.ops import _gemm_call as C
-    import importlib
-
     from rtckern.ops import _gemm_launch as L
     from rtckern.registry.results import Selection
-
-    G = importlib.import_module("rtckern.ops.gemm")  # the module (rtckern.ops.gemm is also the function's name)
 
     names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
     real_wrap = arr.wrap

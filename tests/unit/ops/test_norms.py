@@ -12,7 +12,7 @@ from rtckern.ops import _norms_arrays as A
 from rtckern.ops import _norms_candidates as cands
 from rtckern.ops import _norms_kernels as K
 from rtckern.ops import _norms_launch as L
-from rtckern.ops import norms
+from rtckern.ops import _norms_api as norms
 from rtckern.registry import OpRequest, select
 
 

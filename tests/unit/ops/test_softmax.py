@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import importlib
 import json
 
 import pytest
@@ -14,12 +13,11 @@ from rtckern import config
 from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError, UnsupportedRequestError
+from rtckern.ops import _softmax_api as sm
 from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_candidates as cands
 from rtckern.ops import _softmax_plan as plan
 from rtckern.ops import _softmax_tuned as tuned
-# The module (rtckern.ops.softmax the attribute is the op function, re-exported by rtckern.ops).
-sm = importlib.import_module("rtckern.ops.softmax")
 from rtckern.registry import candidates, select
 
 ARCHS = ("sm_75", "sm_80", "sm_90")
