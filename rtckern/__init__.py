@@ -42,7 +42,7 @@ def clear_caches() -> None:
 
 
 __all__ = [
-    "Arch", "ArchFilter", "ArchError", "CacheError", "CompileError", "ConfigError", "DeviceInfo", "InputError", "KernelManager",
-    "KernelSpec", "LaunchError", "LoadError", "RtckernError", "UnsupportedRequestError", "device_count",
+    "Arch", "ArchFilter", "ArchError", "CacheError", "CompileError", "ConfigError", "DeviceInfo", "InputError",
+    "KernelManager", "KernelSpec", "LaunchError", "LoadError", "RtckernError", "UnsupportedRequestError", "device_count",
     "clear_caches", "explain", "get_manager", "parse_arch_list", "set_manager", "__version__",
 ]

@@ -30,8 +30,8 @@ PKG = ROOT / "rtckern"
 
 LAYERS: dict[str, int] = {}
 for _rank, _names in enumerate((
-        ("config", "errors", "dtypes", "arch", "device", "spec", "sources", "events", "caches", "compiler", "cache", "runtime",
-         "manager"),
+        ("config", "errors", "dtypes", "arch", "device", "spec", "sources", "events", "caches", "compiler", "cache",
+         "runtime", "manager"),
         ("registry",),
         ("tuning",),
         ("ops",),
