@@ -50,7 +50,7 @@ def _call(op: str, impl: str, *args):
     reason says so; the online candidate serves every length)."""
     with config.override(force_impl={op: f"{op}.{impl}"}):
         try:
-            return getattr(sm, op)(*args)
+            return getattr(ops, op)(*args)
         except UnsupportedRequestError as e:
             if any(d in str(e) for d in DECLINES.get(impl, ())):
                 pytest.skip(str(e).splitlines()[1].strip())
