@@ -30,7 +30,9 @@ Autotuning
 ----------
 An op registers a ``Tuner`` (its key fields, candidate configs for a request, and a timing hook);
 ``rtckern tune OP --shapes ...`` times every config on the live GPU, keeps the fastest per shape and merges the
-winners into the user's table, replacing rows with the same key and keeping every other row.
+winners into the user's table, replacing rows with the same key and keeping every other row. Each row's
+``source`` names the ``rtckern tune`` command that made it; a tuner may write several tables (``table_rows``:
+the norms write the fastest config of each kernel kind and the fastest kind).
 """
 from __future__ import annotations
 
@@ -297,6 +299,24 @@ class Tuner:
     def valid(self, config: Mapping[str, Any], key: Mapping[str, KeyValue]) -> bool:
         return True
 
+    def validate(self, req: Any) -> None:
+        """Raise ValueError (one line: what was asked, what can be tuned) for a request this tuner cannot time or
+        whose rows would be keyed wrongly; `rtckern tune` calls it before touching the GPU."""
+
+    def prepare(self, req: Any, configs: Sequence[Mapping[str, Any]]) -> None:
+        """Called once before `measure` runs the configs of req (e.g. to compile them all in parallel)."""
+
+    def table_rows(self, req: Any, winner: Row, trials: Sequence["Trial"]) -> list[tuple[str, tuple[str, ...],
+                                                                                          list[Row]]]:
+        """The rows one tuned request writes, as (table, key fields, rows): by default the winner into the op's
+        own table. A family whose tables are keyed otherwise (several tables, the config's kind in the key)
+        overrides this."""
+        return [(self.op, tuple(self.key_fields), [winner])]
+
+    def table_names(self) -> list[str]:
+        """The tables `table_rows` writes."""
+        return [self.op]
+
     def best(self, req: Any) -> Tuned | None:
         """The table's (or the heuristic's) config for a request: what a candidate calls in kernel_specs()."""
         has_heuristic = type(self).heuristic is not Tuner.heuristic
@@ -368,14 +388,16 @@ class Trial:
     error: str = ""
 
 
-def tune_request(tuner: Tuner, req: Any) -> tuple[Row, list[Trial]]:
-    """Time every config of `tuner` for `req` on its live device; the winner as a table row."""
+def tune_request(tuner: Tuner, req: Any, *, source: str | None = None) -> tuple[Row, list[Trial]]:
+    """Time every config of `tuner` for `req` on its live device; the winner as a table row (`source`: the
+    command that made it, recorded in the row so that it can be made again)."""
     if req.device.ordinal is None:
         raise RtckernError(f"tuning {tuner.op!r} needs a live GPU; the request's device is described by hand "
                            f"({req.device.describe()})")
     configs = tuner.configs(req)
     if not configs:
         raise RtckernError(f"tuner for {tuner.op!r} offers no config for {req.describe()}")
+    tuner.prepare(req, configs)
     trials: list[Trial] = []
     for cfg in configs:
         try:
@@ -391,6 +413,8 @@ def tune_request(tuner: Tuner, req: Any) -> tuple[Row, list[Trial]]:
     meta = {"time_us": round(win.seconds * 1e6, 3), "configs_timed": len(ok),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "versions": versions(req.device)}
+    if source:
+        meta["source"] = source
     row = Row(arch=arch_key(req.device), sm_count=req.device.sm_count,
               shape=tuple((f, key[f]) for f in tuner.key_fields), config=dict(win.config), meta=meta)
     return row, trials

@@ -4,14 +4,14 @@ their cold compile times: what choosing by compile time among near-equal configs
 speeds come from the given sweep files (`benchmarks/norms.py sweep` output, H200 for the shipped rows), compile
 times from NVRTC here.
 
-With --apply TOL (after `benchmarks/norms.py tables`, which picks the fastest config): where the fastest config
-compiles over budget and a swept config within TOL of its speed compiles within it, the shipped tables take that
-config (its kind in norm_kind, its config in norm_fwd / norm_bwd).
+With --apply TOL (after `benchmarks/norms.py sweep --into rtckern/tuning_tables`, which ships the fastest
+config): where the fastest config compiles over budget and a swept config within TOL of its speed compiles within
+it, the shipped tables take that config (its kind in norm_kind, its config in norm_fwd / norm_bwd).
 
     PYTHONPATH=. python3 tools/norms_compile_alternatives.py --sweep SWEEP.json[.gz] [--sweep ...] [--out x.json]
         [--apply 0.02]
 
-Give the sweeps in the order `benchmarks/norms.py tables` merged them (a later one replaces what it re-timed).
+Give the sweeps in the order they were merged into the tables (a later one replaces what it re-timed).
 """
 from __future__ import annotations
 
@@ -28,8 +28,7 @@ from rtckern import tuning  # noqa: E402
 from rtckern.arch import Arch  # noqa: E402
 from rtckern.compiler import compiler_for  # noqa: E402
 from rtckern.ops import _norms_launch as L  # noqa: E402
-
-from benchmarks.norms import specs_of  # noqa: E402
+from rtckern.ops import _norms_tune as T  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "rtckern" / "tuning_tables"
@@ -57,7 +56,9 @@ def compile_ms(item, arch: Arch, cache: dict) -> float:
     """The slowest cold compile among the item's kernels (a backward may have a dweight reduction too)."""
     if item not in cache:
         comp = compiler_for(arch)
-        cache[item] = max(comp.compile(s).compile_ms for s in specs_of(item, arch))
+        d, op, dt, n, kind, cfg = item
+        specs = T.specs_for(d, T.table_problem(d, op, dt, n), kind, cfg, arch)
+        cache[item] = max(comp.compile(s).compile_ms for s in specs)
     return cache[item]
 
 

@@ -220,12 +220,14 @@ def _register() -> None:
     from rtckern.registry import default_registry
 
     from ._norms_candidates import all_candidates, register_builders
+    from ._norms_tune import register_tuners
 
     reg = default_registry()
     for cand in all_candidates():
         if cand.name not in {c.name for c in reg.candidates(cand.op)}:
             reg.register(cand)
     register_builders(reg)
+    register_tuners()
 
 
 _register()

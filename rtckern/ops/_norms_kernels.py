@@ -62,6 +62,7 @@ BWD_L2C_MAX_THREAD_COLS = 32
 BWD_L2C_TARGET_THREAD_COLS = 16
 BWD_STAGE_MAX_THREAD_COLS = 32  # stage backward: column sums per thread in registers (2 per column with dbias)
 L2C_SMEM_SUMS = 64  # OPT bit: the column sums in static shared memory (kOptSmemSums), under the 48 KB static limit
+L2C_RETIRED_OPT = 16 | 128  # l2c OPT bits no longer built (64-register cap, four rows per iteration)
 L2_POLICY = 256  # OPT bit of the l2 / l2c kernels: the first read L2 evict_last, the re-read evict_first (sm_80+)
 # OPT bits of the cluster forward: persistent clusters (1); with it, kOptSmemAffine (512): two-sum slice
 # statistics, and a weight / bias slice too large for registers held in dynamic shared memory for every row.

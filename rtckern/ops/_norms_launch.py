@@ -146,6 +146,9 @@ def bwd_feasible(p: K.BwdProblem, kind: str, cfg, warp: int = 32, smem_optin: in
                     f"{room} B this device allows")
         return None
     if kind == "l2c":
+        if cfg.opt & K.L2C_RETIRED_OPT:
+            return (f"OPT {cfg.opt}: the l2c OPT bits 16 (64-register cap) and 128 (four rows per iteration) were "
+                    "removed (slower in every sweep, docs/performance.md)")
         if e > K.BWD_L2C_MAX_THREAD_COLS:
             return (f"each thread would keep the sums of {e} columns in registers with {_geometry_text(kind, cfg)} "
                     f"(limit {K.BWD_L2C_MAX_THREAD_COLS}): use more blocks per row or threads")

@@ -172,7 +172,7 @@ def test_merge_keeps_other_archs_and_replaces_same_key(tmp_path):
 
 
 def test_merge_keep_order_replaces_in_place(tmp_path):
-    # rows deliberately out of sorted order (as benchmarks/norms.py tables writes them)
+    # rows deliberately out of sorted order (as a merge with keep_order leaves them)
     p = write(tmp_path / "norm.json", [row("sm_90", 132, "bf16", 8192, 1), row("sm_90", 132, "bf16", 1024, 2)])
     new = [Row("sm_90", 132, (("dtype", "bf16"), ("n", 1024)), {"block": 7}, {}),
            Row("sm_90", 132, (("dtype", "bf16"), ("n", 100000)), {"block": 8}, {})]

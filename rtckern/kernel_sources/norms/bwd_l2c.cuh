@@ -6,16 +6,16 @@
 // (L2-allocating) for the two row sums; the C block sums are combined through distributed shared memory (fixed
 // rank order, so every block gets bitwise the same sums); pass 2 re-reads the slice (an L2 hit, evict-first),
 // writes dx (streaming) and adds dy * x_hat (and dy) to the sums.
-// Rows go in groups of R (1, 2 with kOptTwoRows, 4 with kOptFourRows: more loads in flight per barrier, the same
-// registers for the sums). Pipelining: the cluster barrier of group g+1 is in flight while the block runs pass 2 of group g
+// Rows go in groups of R (1, or 2 with kOptTwoRows: more loads in flight per barrier, the same registers for the
+// sums). Pipelining: the cluster barrier of group g+1 is in flight while the block runs pass 2 of group g
 // fused with pass 1 of group g+2 (arrive after publishing g+1's block sums, wait only before g's pass 2); each
 // iteration issues its loads (g from L2, g+2 from memory) first, then the one block barrier that finishes g+1's
 // block sums (warp sums left in shared memory by the previous iteration), then the cluster wait, so barriers and
 // distributed-shared-memory reads overlap the loads. Row statistics are carried two groups ahead in registers.
 //   OPT kOptPlainLoads: pass 2 with default-cached loads; kOptReloadW: the weight read per row (L1) instead of
-//   held in registers; kOptRegCap: at most 64 registers (1024 threads per SM); kOptSmemSums: the column sums in
-//   static shared memory (each thread its own columns: no barrier), freeing their registers; kOptL2Policy
-//   (sm_80+): the first read of a row under an L2 evict_last policy, the re-read under evict_first. Other
+//   held in registers; kOptSmemSums: the column sums in static shared memory (each thread its own columns: no
+//   barrier), freeing their registers; kOptL2Policy (sm_80+): the first read of a row under an L2 evict_last
+//   policy, the re-read under evict_first. Other
 //   template and kernel arguments as rtk_norm_bwd_cluster; cluster k writes row k of dw_part / db_part
 //   ([gridDim.x / C, N] fp32) and rtk_norm_dw_reduce adds them in a fixed order: bitwise repeatable for a given grid.
 // Launch: grid clusters * C, block THREADS, no dynamic shared memory (the kernel carries its cluster shape).
@@ -49,7 +49,7 @@ RTK_DEVICE void rtk_norm_pack_from(const float (&v)[VEC], rtk_norm_pack<T, VEC>&
 template <typename TX, typename TW, typename TDY, typename TDX, int N, int VEC, int THREADS, int C, int FLAGS,
           int OPT>
 __global__ void __cluster_dims__(C, 1, 1)
-__launch_bounds__(THREADS, (OPT & kOptRegCap) && THREADS <= 1024 / 2 ? 1024 / THREADS : 1)
+__launch_bounds__(THREADS, 1)
 rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* __restrict__ dy,
                  const TDX* __restrict__ dres, const float* __restrict__ mean, const float* __restrict__ rstd,
                  TDX* __restrict__ dx, float* __restrict__ dw_part, float* __restrict__ db_part, long long rows,
@@ -68,7 +68,8 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
   constexpr int kLd1 = kPolicy ? kLdEvictLast : kLdDefault;
   constexpr int kLd2 = kPolicy ? kLdEvictFirst : (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
   constexpr bool kHoldW = kW && (OPT & kOptReloadW) == 0;
-  constexpr int R = (OPT & kOptFourRows) ? 4 : (OPT & kOptTwoRows) ? 2 : 1;
+  static_assert((OPT & (16 | 128)) == 0, "OPT 16 (64-register cap) and 128 (four rows) were removed");
+  constexpr int R = (OPT & kOptTwoRows) ? 2 : 1;
   constexpr bool kSmem = (OPT & kOptSmemSums) != 0 && (kDW || kDB);
   constexpr int kGrads = (kDW ? 1 : 0) + (kDB ? 1 : 0);
   constexpr int K2 = 2 * R;  // sums per group: {sum g * x_hat, sum g} per row

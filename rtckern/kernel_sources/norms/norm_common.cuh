@@ -22,10 +22,10 @@ constexpr int kOptPersist = 1;     // forward: persistent blocks; both: load the
 constexpr int kOptPlainLoads = 2;  // x / dy with default caching instead of evict-first (streaming)
 constexpr int kOptRecompute = 4;   // re-convert 16-bit inputs after the reduction instead of keeping fp32 copies
 constexpr int kOptReloadW = 8;     // l2c: read the weight per row (L1 hits) instead of holding it in registers
-constexpr int kOptRegCap = 16;     // l2c: __launch_bounds__ asks for 1024 threads per SM (at most 64 registers)
+constexpr int kOptRegCap = 16;     // retired (no kernel reads it; declared so every binary's symbols stay as they were)
 constexpr int kOptTwoRows = 32;    // l2c: two rows per iteration (twice the loads in flight per barrier)
 constexpr int kOptSmemSums = 64;   // l2c: the dweight / dbias column sums in (static) shared memory, not registers
-constexpr int kOptFourRows = 128;  // l2c: four rows per iteration
+constexpr int kOptFourRows = 128;  // retired, as kOptRegCap: bwd_l2c.cuh refuses both bits
 constexpr int kOptL2Policy = 256;  // l2: pass 1 loads marked L2 evict_last, the re-read evict_first (sm_80+)
 constexpr int kOptSmemAffine = 512;  // persistent cluster forward: the block's weight / bias slice in shared memory
 // 1024: kOptPipeStats, the cluster forward's pipelined statistics (fwd_cluster.cuh)
