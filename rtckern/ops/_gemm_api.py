@@ -29,6 +29,7 @@ from typing import Any
 
 from rtckern.caches import PlanCache
 from rtckern import config
+from rtckern.dtypes import parse_dtype
 from rtckern.errors import InputError
 from rtckern.ops import _gemm_arrays as arr
 from rtckern.ops import _gemm_call as C
@@ -39,8 +40,6 @@ from rtckern.ops import _gemm_plan as P
 __all__ = ["gemm", "ACTIVATIONS"]
 
 ACTIVATIONS = ("gelu_tanh", "silu")
-_DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16",
-                  "fp32": "fp32", "float32": "fp32", "float": "fp32"}
 
 cands.register_all()
 
@@ -48,12 +47,7 @@ cands.register_all()
 def _out_dtype(out_dtype: Any, default: str) -> str:
     if out_dtype is None:
         return default
-    name = str(out_dtype).replace("torch.", "").replace("<class 'numpy.", "").rstrip("'>")
-    dt = _DTYPE_ALIASES.get(name)
-    if dt is None:
-        raise InputError(f"out_dtype={out_dtype!r} is not supported; supported: fp16, bf16, fp32 (or the torch "
-                         "dtypes float16, bfloat16, float32)")
-    return dt
+    return parse_dtype(out_dtype, "out_dtype", P.OUTPUT_DTYPES, default="a's dtype")
 
 
 def _activation(activation: Any) -> str:

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from rtckern.ops import _gemm_arrays as arr
+from rtckern.dtypes import torch_dtype
 from rtckern.runtime.streams import torch_stream
 
 
@@ -36,7 +37,7 @@ class CallPlan:
         if like.lib == "torch":
             torch = sys.modules["torch"]
             self._torch = torch
-            self._tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[out_dtype]
+            self._tdtype = torch_dtype(out_dtype)
             self._tdevice = like.obj.device
 
     @classmethod

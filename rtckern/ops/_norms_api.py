@@ -22,6 +22,7 @@ from typing import Any
 from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.device import DeviceInfo
+from rtckern.dtypes import parse_dtype
 from rtckern.errors import InputError
 from rtckern.registry import OpRequest, select
 
@@ -30,20 +31,13 @@ from . import _norms_plan as P
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward"]
 
-_DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "fp32": "fp32", "fp16": "fp16",
-                "bf16": "bf16", "float": "fp32", "half": "fp16"}
-
 # The decided (request, candidate, kernels) per (op, dtypes, n, vec, flags, device): what the plans of
 # _norms_plan ask once per alignment class.
 _fast = PlanCache("norms.selections")
 
 
 def _dtype_name(d: Any, what: str) -> str:
-    s = str(d).replace("torch.", "")
-    name = _DTYPE_NAMES.get(s) or _DTYPE_NAMES.get(getattr(d, "name", ""))
-    if name is None:
-        raise InputError(f"{what}={d!r} is not supported; pass one of {A.SUPPORTED} (or None for x's dtype)")
-    return name
+    return parse_dtype(d, what, default="x's dtype")
 
 
 def _eps(eps: Any) -> float:

@@ -16,6 +16,7 @@ import numpy as np
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
+from rtckern.dtypes import torch_dtype
 from rtckern.runtime.streams import torch_stream
 
 from . import _norms_arrays as A
@@ -80,7 +81,7 @@ class _TorchAlloc:
         import torch
 
         self.torch, self.device, self.index = torch, device, device.index
-        self.dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        self.dtypes = {n: torch_dtype(n) for n in K.DTYPES}
 
     def empty(self, shape, dtype: str):
         t = self.torch.empty(shape, dtype=self.dtypes[dtype], device=self.device)

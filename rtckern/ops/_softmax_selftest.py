@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rtckern.dtypes import numpy_dtype, torch_dtype
 from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_plan as plan
 
@@ -77,14 +78,13 @@ class _Device:
     def put(self, values: np.ndarray, dtype: str):
         if self.torch is not None:
             t = self.torch
-            tdt = {"fp32": t.float32, "fp16": t.float16, "bf16": t.bfloat16, "bool": t.bool}[dtype]
-            return t.as_tensor(values).to(device=f"cuda:{self.ordinal}", dtype=tdt).contiguous()
+            return t.as_tensor(values).to(device=f"cuda:{self.ordinal}", dtype=torch_dtype(dtype)).contiguous()
         cp = self.cupy
         with cp.cuda.Device(self.ordinal):
             if dtype == "bf16":
                 b = np.asarray(values, np.float32).view(np.uint32)
                 return cp.asarray(((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16))
-            return cp.asarray(np.asarray(values, {"fp32": np.float32, "fp16": np.float16, "bool": np.bool_}[dtype]))
+            return cp.asarray(np.asarray(values, numpy_dtype(dtype)))
 
     def get(self, a, dtype: str) -> np.ndarray:
         if self.torch is not None:

@@ -74,7 +74,9 @@ def test_unsupported_dtypes(fakes):
 
 
 def test_out_dtype_and_activation_are_checked(fakes):
-    with pytest.raises(InputError, match=r"^out_dtype='int8' is not supported; supported: fp16, bf16, fp32"):
+    with pytest.raises(InputError, match=r"^out_dtype='int8' is not supported; pass one of fp16, bf16, fp32 "
+                                         r"\(float16, bfloat16, float32\) as a string or a torch / numpy dtype, or "
+                                         r"None for a's dtype$"):
         gemm(Fake((8, 16)), Fake((16, 8)), out_dtype="int8")
     with pytest.raises(InputError, match=r"^activation='gelu' is not supported; supported: None, 'gelu_tanh', "
                                          r"'silu'. GELU is fused in its tanh form only"):
