@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
-from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_candidates as cands
 from rtckern.ops import _softmax_plan as plan
+from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
 _MAX_PLANS = 4096
@@ -93,7 +93,7 @@ class Plan:
 
             out = torch.empty(self.shape, dtype=self.torch_dtype, device=self.device)
             return out, out.data_ptr()
-        return arr.empty_like(self.like)
+        return arr.empty(self.like, self.shape, self.dtype)
 
     def _stream(self) -> int:
         return torch_stream(self.index) if self.like is None else arr.current_stream(self.like)
