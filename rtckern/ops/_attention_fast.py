@@ -102,7 +102,8 @@ def _launcher(req, sel, qa, ka, va, scale: float):
 
 
 class _Ptr:
-    """A Tensor4's shape, strides, dtype and itemsize at another address (what a candidate's launch reads)."""
+    """A (batch, seqlen, heads, head_dim) DeviceArray's shape, strides, dtype and itemsize at another address, without
+    the array (what a candidate's launch reads)."""
 
     __slots__ = ("lib", "ptr", "shape", "strides", "dtype", "device", "itemsize", "obj")
 

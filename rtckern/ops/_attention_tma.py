@@ -16,8 +16,9 @@ from rtckern.runtime.tma import encode_tiled
 
 
 def kv_tensor_map(dtype: str, t, box_rows: int) -> bytes:
-    """CUtensorMap over a (batch, seqlen, heads, head_dim) array `t` (a Tensor4): dims innermost first
-    (head_dim, seqlen, heads, batch), 128-byte swizzle, box (64, box_rows, 1, 1), zeros outside the tensor."""
+    """CUtensorMap over a (batch, seqlen, heads, head_dim) array `t` (a DeviceArray, or a view of one at another
+    address): dims innermost first (head_dim, seqlen, heads, batch), 128-byte swizzle, box (64, box_rows, 1, 1),
+    zeros outside the tensor."""
     b, s, h, d = t.shape
     isz = t.itemsize
     row, head, batch = t.strides[1] * isz, t.strides[2] * isz, t.strides[0] * isz
