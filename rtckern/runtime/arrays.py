@@ -73,6 +73,11 @@ class DeviceArray:
             expect *= size
         return True
 
+    def at(self, ptr: int) -> "DeviceArray":
+        """The same shape, strides and dtype at address `ptr`, without the array (what a memoized plan keeps: it
+        must not keep a caller's tensor alive)."""
+        return DeviceArray(None, self.lib, ptr, self.shape, self.strides, self.dtype, self.itemsize, self.device)
+
     def transpose_last(self) -> "DeviceArray":
         """The same memory with its last two dimensions swapped (no copy)."""
         return dataclasses.replace(self, shape=self.shape[:-2] + (self.shape[-1], self.shape[-2]),
@@ -230,7 +235,7 @@ def _alloc(like: DeviceArray, shape, dtype: str, zero: bool) -> tuple[Any, int]:
     if like.lib == "torch":
         import torch
 
-        device = like.obj.device if like.obj is not None else like.device
+        device = like.obj.device if like.obj is not None else f"cuda:{like.device}"  # a view without its array
         out = (torch.zeros if zero else torch.empty)(shape, dtype=dtypes.torch_dtype(dtype), device=device)
         return out, out.data_ptr()
     import cupy
