@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from rtckern.errors import InputError
 
-__all__ = ["DType", "TABLE", "FLOATS", "parse_dtype", "ctype", "itemsize", "ctypes", "itemsizes", "lookup",
+__all__ = ["DType", "TABLE", "FLOATS", "parse_dtype", "ctype", "itemsize", "ctypes", "itemsizes", "unit_roundoff", "lookup",
            "name_of_torch", "name_of_numpy", "torch_dtype", "numpy_dtype", "describe"]
 
 
@@ -29,15 +29,16 @@ class DType:
     numpy: str | None  # numpy / CuPy dtype name (bf16 and fp8 through ml_dtypes), None where there is none
     aliases: tuple[str, ...] = ()  # other spellings accepted by parse_dtype (lower case)
     ptx: str | None = None  # PTX type of the tensor-core instructions (wgmma / mma operands)
+    mantissa: int | None = None  # stored fraction bits of a float type (unit roundoff 2^-(mantissa + 1))
 
 
 TABLE: dict[str, DType] = {d.name: d for d in (
-    DType("fp32", "float", 4, "float32", "float32", ("float32", "float", "f32"), "f32"),
-    DType("fp16", "rtk_half", 2, "float16", "float16", ("float16", "half", "f16"), "f16"),
-    DType("bf16", "rtk_bf16", 2, "bfloat16", "bfloat16", ("bfloat16",), "bf16"),
+    DType("fp32", "float", 4, "float32", "float32", ("float32", "float", "f32"), "f32", 23),
+    DType("fp16", "rtk_half", 2, "float16", "float16", ("float16", "half", "f16"), "f16", 10),
+    DType("bf16", "rtk_bf16", 2, "bfloat16", "bfloat16", ("bfloat16",), "bf16", 7),
     # fp8 storage (the fp8 GEMM issue): common/dtypes.cuh gains the rtk_fp8_* typedefs with the first kernel
-    DType("fp8_e4m3", "rtk_fp8_e4m3", 1, "float8_e4m3fn", "float8_e4m3fn", ("float8_e4m3fn", "e4m3"), "e4m3"),
-    DType("fp8_e5m2", "rtk_fp8_e5m2", 1, "float8_e5m2", "float8_e5m2", ("float8_e5m2", "e5m2"), "e5m2"),
+    DType("fp8_e4m3", "rtk_fp8_e4m3", 1, "float8_e4m3fn", "float8_e4m3fn", ("float8_e4m3fn", "e4m3"), "e4m3", 3),
+    DType("fp8_e5m2", "rtk_fp8_e5m2", 1, "float8_e5m2", "float8_e5m2", ("float8_e5m2", "e5m2"), "e5m2", 2),
     DType("int32", "int", 4, "int32", "int32", ("i32",)),
     DType("int64", "long long", 8, "int64", "int64", ("i64",)),
     DType("uint8", "unsigned char", 1, "uint8", "uint8", ("u8",)),
@@ -77,6 +78,11 @@ def name_of_torch(torch_name: str) -> str:
 def name_of_numpy(numpy_name: str) -> str:
     """Canonical name of a numpy / CuPy dtype name ("float16" -> "fp16"); the name itself outside the table."""
     return _BY_NUMPY.get(numpy_name, numpy_name)
+
+
+def unit_roundoff(name: str) -> float:
+    """2^-(mantissa + 1): the largest relative error of rounding to a float dtype."""
+    return 2.0 ** -(TABLE[name].mantissa + 1)
 
 
 def ctypes(names: Iterable[str]) -> dict[str, str]:

@@ -9,7 +9,7 @@ import statistics
 from typing import Any, Mapping
 
 from rtckern import tuning
-from rtckern.dtypes import torch_dtype
+from rtckern.dtypes import torch_dtype, unit_roundoff
 from rtckern.errors import RtckernError
 from rtckern.ops import _gemm_launch as L
 from rtckern.ops import _gemm_plan as P
@@ -110,13 +110,10 @@ def measure_config(p: P.GemmProblem, cfg, device, *, reps: int = 10, replays: in
     return statistics.median(times)
 
 
-UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -24}
-
-
 def error_bound(p: P.GemmProblem) -> float:
     """Relative Frobenius error allowed: the output dtype's unit roundoff (at least 2^-16, the fp32 accumulation
     of 16-bit products) times sqrt(k)."""
-    return max(UNIT_ROUNDOFF[p.out_dtype], 2.0 ** -16) * math.sqrt(p.k)
+    return max(unit_roundoff(p.out_dtype), 2.0 ** -16) * math.sqrt(p.k)
 
 
 def reference(p: P.GemmProblem, a, b, bias, res, dtype=None):

@@ -16,6 +16,7 @@ def test_table_entries():
     assert dtypes.name_of_torch("bfloat16") == "bf16" and dtypes.name_of_torch("float64") == "float64"
     assert dtypes.name_of_numpy("float16") == "fp16" and dtypes.name_of_numpy("bfloat16") == "bf16"
     assert dtypes.describe(("bf16", "fp16")) == "bf16, fp16 (bfloat16, float16)"
+    assert [dtypes.unit_roundoff(n) for n in dtypes.FLOATS] == [2.0 ** -24, 2.0 ** -11, 2.0 ** -8]
 
 
 @pytest.mark.parametrize("value,name", [
