@@ -31,7 +31,6 @@ __all__ = ["DeviceArray", "Rows", "wrap", "rows", "batched_matrix", "check_dtype
 DLPACK_GPU = frozenset({2, 10, 13})
 _DLPACK_NAMES = {1: "kDLCPU", 2: "kDLCUDA", 3: "kDLCUDAHost", 4: "kDLOpenCL", 7: "kDLVulkan", 8: "kDLMetal",
                  9: "kDLVPI", 10: "kDLROCM", 11: "kDLROCMHost", 13: "kDLCUDAManaged", 14: "kDLOneAPI"}
-_FIX = "pass a torch CUDA tensor or a CuPy array"
 
 
 @dataclasses.dataclass(slots=True)
@@ -95,8 +94,8 @@ def wrap(obj: Any, name: str) -> DeviceArray:
     if cupy is not None and isinstance(obj, cupy.ndarray):
         return _from_cupy(obj, name)
     if isinstance(obj, np.ndarray):
-        raise InputError(f"{name} is a numpy array, in host memory; rtckern kernels read GPU memory: {_FIX} "
-                         f"(cupy.asarray({name}))")
+        raise InputError(f"{name} is a numpy array, in host memory; rtckern kernels read GPU memory: pass a torch "
+                         f"CUDA tensor or a CuPy array (cupy.asarray({name}))")
     if hasattr(obj, "__cuda_array_interface__"):
         return _via_library(obj, name, "cupy")
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
