@@ -79,7 +79,7 @@ class RawEngine:
         if smem > 48 * 1024:
             kern.set_max_dynamic_shared_memory(smem)
         if isinstance(tile, C.Sm90WsTile):
-            from rtckern.ops import _attention_arrays as A
+            from rtckern.runtime import arrays as A
             from rtckern.ops._attention_candidates import launch_ws
 
             def run_ws(q, k, v, o, lse, scale):

@@ -25,13 +25,13 @@ import torch
 
 from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
+from rtckern.dtypes import unit_roundoff
 from rtckern.manager import get_manager
 from rtckern.ops import _gemm_launch as L
 from rtckern.ops._gemm_plan import (GemmProblem, SimtConfig, Sm80Config, Sm90Config, kernel_specs, with_splits,
                                     workspace_bytes)
 
 TORCH_DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -24}
 
 
 def versions() -> dict:
@@ -168,7 +168,7 @@ def check(case: Case, gen, misalign=False) -> dict:
     out = c.double()
     nan = int(torch.isnan(out).sum().item())
     err = (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
-    tol = max(UNIT_ROUNDOFF[p.out_dtype], 2.0 ** -16) * math.sqrt(p.k)
+    tol = max(unit_roundoff(p.out_dtype), 2.0 ** -16) * math.sqrt(p.k)
     ok = nan == 0 and err <= tol
     return {"ok": ok, "rel_err": err, "tol": tol, "unwritten_or_nan": nan}
 

@@ -33,10 +33,10 @@ def mock_host(args) -> int:
     import torch
 
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _gemm_arrays as arr
     from rtckern.ops import _gemm_candidates as cands
     from rtckern.ops import _gemm_launch as L
     from rtckern.registry.results import Selection
+    from rtckern.runtime import arrays as arr
 
     from rtckern.ops import _gemm_api as G
     h200 = DeviceInfo.for_arch("sm_90", sm_count=132)
@@ -58,8 +58,8 @@ def mock_host(args) -> int:
 
     def wrap(obj, name):
         if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            return arr.Mat(obj, "torch", obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), names[obj.dtype], 0,
-                           obj.element_size())
+            return arr.DeviceArray(obj, "torch", obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()),
+                                   names[obj.dtype], obj.element_size(), 0)
         return real_wrap(obj, name)
 
     def select(req):

@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable, Iterable, Sequence
 
 from .arch import Arch, ArchFilter, parse_arch_list
+from .dtypes import FLOATS, ctype
 from .registry.providers import kernel_providers, register_kernel_provider
 from .spec import KernelSpec
 
@@ -27,7 +28,7 @@ register_provider = register_kernel_provider
 def _core_specs(archs: Sequence[Arch]) -> Iterable[KernelSpec]:
     """The core service's own kernels: tests, benchmarks, smoke set."""
     for arch in ArchFilter.of(min_arch="7.5", vendors=("nvidia", "amd")).targets(archs):
-        for t in ("float", "rtk_half", "rtk_bf16"):
+        for t in map(ctype, FLOATS):
             yield KernelSpec("core/axpy.cuh", "axpy", arch, template_args=(t,), op="core")
         for name in ("noop0", "noop8", "coop_sum", "smem_reverse", "cluster_rank"):
             yield KernelSpec("core/axpy.cuh", name, arch, op="core")

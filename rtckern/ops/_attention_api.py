@@ -24,11 +24,11 @@ import math
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
-from rtckern.ops import _attention_arrays as arr
 from rtckern.ops import _attention_candidates as cands
 from rtckern.ops import _attention_fast as fast
 from rtckern.ops._attention_configs import DTYPES, HEAD_DIMS
 from rtckern.registry import select
+from rtckern.runtime import arrays as arr
 
 __all__ = ["attention"]
 
@@ -37,15 +37,13 @@ _GRID_YZ_MAX = 65535
 _requests = PlanCache("attention.requests")
 
 
-def _check_qkv(q: arr.Tensor4, k: arr.Tensor4, v: arr.Tensor4) -> None:
+def _check_qkv(q: arr.DeviceArray, k: arr.DeviceArray, v: arr.DeviceArray) -> None:
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         if len(t.shape) != 4:
             raise InputError(f"{name} has shape {t.shape} ({len(t.shape)} dims); attention takes 4-dim "
                              f"(batch, seqlen, heads, head_dim) tensors")
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        if t.dtype not in DTYPES:
-            raise InputError(f"{name} has dtype {t.dtype}; supported: bf16, fp16 (torch.bfloat16, torch.float16): "
-                             f"convert with {name}.to(torch.bfloat16)")
+        arr.check_dtype(t, name, tuple(DTYPES))
     if not (q.dtype == k.dtype == v.dtype):
         raise InputError(f"q, k, v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if not (q.lib == k.lib == v.lib):
@@ -118,8 +116,8 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
         raise InputError(f"causal={causal!r}; pass True or False")
     b, sq, hq, d = qa.shape
     scale = _scale(softmax_scale, d)
-    o, o_ptr = arr.empty(qa, (b, sq, hq, d))
-    lse, lse_ptr = arr.empty(qa, (b, hq, sq), fp32=True) if return_lse else (None, 0)
+    o, o_ptr = arr.empty(qa, (b, sq, hq, d), qa.dtype)
+    lse, lse_ptr = arr.empty(qa, (b, hq, sq), "fp32") if return_lse else (None, 0)
     if b and sq and hq:
         req = _request(qa.dtype, d, causal, qa.device)
         sel = select(req)

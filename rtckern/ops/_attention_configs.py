@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from rtckern.dtypes import ctypes
+
 HEAD_DIMS = (32, 64, 96, 128, 256)
-DTYPES = {"bf16": "rtk_bf16", "fp16": "rtk_half"}  # op dtype name -> kernel storage type
+DTYPES = ctypes(("bf16", "fp16"))  # op dtype name -> kernel storage type
 
 SM80_SOURCE = "attention/flash_fwd_sm80.cuh"
 SM80_KERNEL = "rtk_attn::flash_fwd_sm80"

@@ -80,7 +80,7 @@ def _launcher(req, sel, qa, ka, va, scale: float):
 
     cand, kernels = sel.candidate, sel.kernels
     # Views without the arrays: a memoized plan must not keep the caller's tensors alive.
-    qa, ka, va = _Ptr(qa, qa.ptr), _Ptr(ka, ka.ptr), _Ptr(va, va.ptr)
+    qa, ka, va = qa.at(qa.ptr), ka.at(ka.ptr), va.at(va.ptr)
     if type(cand) is cands.Sm90Ws:
         prepared = tma.PreparedWs(kernels[0], cand.tile(req), req.dtype("qkv"), qa, ka, va, scale)
         return prepared.launch
@@ -96,17 +96,5 @@ def _launcher(req, sel, qa, ka, va, scale: float):
         return launch
 
     def launch(qp, kp, vp, op, lp, stream):
-        q, k, v = (_Ptr(a, p) for a, p in ((qa, qp), (ka, kp), (va, vp)))
-        cand.launch(req, kernels, q, k, v, op, lp, scale, stream)
+        cand.launch(req, kernels, qa.at(qp), ka.at(kp), va.at(vp), op, lp, scale, stream)
     return launch
-
-
-class _Ptr:
-    """A Tensor4's shape, strides, dtype and itemsize at another address (what a candidate's launch reads)."""
-
-    __slots__ = ("lib", "ptr", "shape", "strides", "dtype", "device", "itemsize", "obj")
-
-    def __init__(self, t, ptr: int):
-        self.lib, self.ptr, self.shape, self.strides = t.lib, ptr, t.shape, t.strides
-        self.dtype, self.device, self.itemsize, self.obj = t.dtype, t.device, t.itemsize, None
-

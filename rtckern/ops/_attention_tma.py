@@ -16,8 +16,9 @@ from rtckern.runtime.tma import encode_tiled
 
 
 def kv_tensor_map(dtype: str, t, box_rows: int) -> bytes:
-    """CUtensorMap over a (batch, seqlen, heads, head_dim) array `t` (a Tensor4): dims innermost first
-    (head_dim, seqlen, heads, batch), 128-byte swizzle, box (64, box_rows, 1, 1), zeros outside the tensor."""
+    """CUtensorMap over a (batch, seqlen, heads, head_dim) array `t` (a DeviceArray, or a view of one at another
+    address): dims innermost first (head_dim, seqlen, heads, batch), 128-byte swizzle, box (64, box_rows, 1, 1),
+    zeros outside the tensor."""
     b, s, h, d = t.shape
     isz = t.itemsize
     row, head, batch = t.strides[1] * isz, t.strides[2] * isz, t.strides[0] * isz
@@ -58,11 +59,9 @@ class PreparedWs:
     def __init__(self, kernel, tile, dtype: str, q, k, v, scale: float):
         from rtckern.ops._attention_candidates import _LOG2E
 
-        from rtckern.ops._attention_fast import _Ptr
-
         b, sq, hq, d = q.shape
         # Views without the arrays: a memoized plan must not keep a caller's K/V cache alive.
-        self.kernel, self.tile, self.dtype, self.k, self.v = kernel, tile, dtype, _Ptr(k, k.ptr), _Ptr(v, v.ptr)
+        self.kernel, self.tile, self.dtype, self.k, self.v = kernel, tile, dtype, k.at(k.ptr), v.at(v.ptr)
         self.ordinal = kernel.device.ordinal
         from rtckern.runtime import kernel as kmod
         from rtckern.runtime.driver import driver
@@ -86,14 +85,9 @@ class PreparedWs:
         if self.smem > 48 * 1024:
             kernel.set_max_dynamic_shared_memory(self.smem)
 
-    def _view(self, t, ptr: int):
-        from rtckern.ops._attention_fast import _Ptr
-
-        return _Ptr(t, ptr)
-
     def params(self, qp: int, kp: int, vp: int, op: int, lp: int) -> list:
         """The typed parameter list Kernel.launch_packed takes (the fallback)."""
-        k, v = self._view(self.k, kp), self._view(self.v, vp)
+        k, v = self.k.at(kp), self.v.at(vp)
         bn = self.tile.bn
         return [("map", kv_tensor_map(self.dtype, k, bn)), ("map", kv_tensor_map(self.dtype, v, bn)),
                 ("u64", qp), ("u64", op), ("u64", lp)] + [("i64", i) for i in self.ints] + [("f32", self.scale)]
@@ -112,11 +106,11 @@ class PreparedWs:
         g = self.g3
         with self.lock:
             if kp != self.kp:
-                ctypes.memmove(ctypes.addressof(blk.kmap), kv_tensor_map(self.dtype, self._view(self.k, kp),
+                ctypes.memmove(ctypes.addressof(blk.kmap), kv_tensor_map(self.dtype, self.k.at(kp),
                                                                           self.tile.bn), 128)
                 self.kp = kp
             if vp != self.vp:
-                ctypes.memmove(ctypes.addressof(blk.vmap), kv_tensor_map(self.dtype, self._view(self.v, vp),
+                ctypes.memmove(ctypes.addressof(blk.vmap), kv_tensor_map(self.dtype, self.v.at(vp),
                                                                           self.tile.bn), 128)
                 self.vp = vp
             blk.q, blk.o, blk.lse = qp, op, lp

@@ -29,18 +29,17 @@ from typing import Any
 
 from rtckern.caches import PlanCache
 from rtckern import config
+from rtckern.dtypes import parse_dtype
 from rtckern.errors import InputError
-from rtckern.ops import _gemm_arrays as arr
 from rtckern.ops import _gemm_call as C
 from rtckern.ops import _gemm_candidates as cands
 from rtckern.ops import _gemm_launch as L
 from rtckern.ops import _gemm_plan as P
+from rtckern.runtime import arrays as arr
 
 __all__ = ["gemm", "ACTIVATIONS"]
 
 ACTIVATIONS = ("gelu_tanh", "silu")
-_DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16",
-                  "fp32": "fp32", "float32": "fp32", "float": "fp32"}
 
 cands.register_all()
 
@@ -48,12 +47,7 @@ cands.register_all()
 def _out_dtype(out_dtype: Any, default: str) -> str:
     if out_dtype is None:
         return default
-    name = str(out_dtype).replace("torch.", "").replace("<class 'numpy.", "").rstrip("'>")
-    dt = _DTYPE_ALIASES.get(name)
-    if dt is None:
-        raise InputError(f"out_dtype={out_dtype!r} is not supported; supported: fp16, bf16, fp32 (or the torch "
-                         "dtypes float16, bfloat16, float32)")
-    return dt
+    return parse_dtype(out_dtype, "out_dtype", P.OUTPUT_DTYPES, default="a's dtype")
 
 
 def _activation(activation: Any) -> str:
@@ -66,7 +60,7 @@ def _activation(activation: Any) -> str:
     raise InputError(f"activation={activation!r} is not supported; supported: None, 'gelu_tanh', 'silu'.{hint}")
 
 
-def _row_major(x: arr.Mat, name: str) -> None:
+def _row_major(x: arr.DeviceArray, name: str) -> None:
     if x.strides[-1] != 1 and x.shape[-1] > 1:
         raise InputError(f"{name} has shape {x.shape} and element strides {x.strides}: its last dimension is not "
                          f"contiguous, which no GEMM path reads; pass {name}.contiguous()")
@@ -75,21 +69,13 @@ def _row_major(x: arr.Mat, name: str) -> None:
                          f"{name}.contiguous()")
 
 
-def _aligned16(x: arr.Mat, batched: bool) -> bool:
+def _aligned16(x: arr.DeviceArray, batched: bool) -> bool:
     """Base address, row stride and (when batched) batch stride allow 16-byte chunks."""
     if x.ptr % 16:
         return False
     if x.shape[-2] > 1 and x.strides[-2] % 8:
         return False
     return not (batched and x.ndim == 3 and x.shape[0] > 1 and x.strides[0] % 8)
-
-
-def _as_batched(x: arr.Mat) -> tuple[int, int, int]:
-    """(row stride, batch stride, batch) of a 2-D or 3-D operand."""
-    row = x.strides[-2] if x.shape[-2] > 1 else x.shape[-1]
-    if x.ndim == 2:
-        return row, 0, 1
-    return row, x.strides[0], x.shape[0]
 
 
 def gemm(a, b, bias=None, activation=None, trans_b: bool = False, out_dtype=None, residual=None):
@@ -137,7 +123,7 @@ def _remember(key: tuple, plan: C.CallPlan) -> None:
     _plans.put(key, plan)
 
 
-def _mat_key(A: arr.Mat, B: arr.Mat, Bi, R, trans_b, activation, out_dtype) -> tuple | None:
+def _mat_key(A: arr.DeviceArray, B: arr.DeviceArray, Bi, R, trans_b, activation, out_dtype) -> tuple | None:
     def meta(x):
         return None if x is None else (x.lib, x.dtype, x.shape, x.strides, x.device)
 
@@ -165,7 +151,7 @@ def _plan_for(a, b, bias, activation, trans_b, out_dtype, residual):
     return plan, (A, B, Bi, R)
 
 
-def _build_plan(A: arr.Mat, B: arr.Mat, Bi, R, activation, trans_b, out_dtype) -> C.CallPlan:
+def _build_plan(A: arr.DeviceArray, B: arr.DeviceArray, Bi, R, activation, trans_b, out_dtype) -> C.CallPlan:
     """Validate one call signature and prepare its launches."""
     settings = config.settings()
     if A.ndim not in (2, 3):
@@ -176,11 +162,10 @@ def _build_plan(A: arr.Mat, B: arr.Mat, Bi, R, activation, trans_b, out_dtype) -
     if A.dtype not in P.INPUT_DTYPES or B.dtype != A.dtype:
         raise InputError(f"a is {A.dtype} and b is {B.dtype}; both must be fp16 or both bf16 (convert with "
                          ".to(torch.bfloat16) or .half())")
-    if A.device != B.device:
-        raise InputError(f"a is on cuda:{A.device} and b on cuda:{B.device}; put them on one device")
+    arr.check_same_place(A, B, "a", "b")
     # A transposed view of B (first dimension contiguous) is the other layout, read in place.
     if B.strides[-1] != 1 and B.shape[-1] > 1 and (B.strides[-2] == 1 or B.shape[-2] == 1):
-        B = arr.transpose_last(B)
+        B = B.transpose_last()
         trans_b = not trans_b
     _row_major(A, "a")
     _row_major(B, "b")
@@ -207,8 +192,7 @@ def _build_plan(A: arr.Mat, B: arr.Mat, Bi, R, activation, trans_b, out_dtype) -
         if Bi.shape != (n,) or Bi.dtype != A.dtype or (n > 1 and Bi.strides[0] != 1):
             raise InputError(f"bias has shape {Bi.shape}, dtype {Bi.dtype}, strides {Bi.strides}; expected a "
                              f"contiguous ({n},) array of {A.dtype} (a's dtype)")
-        if Bi.device != A.device:
-            raise InputError(f"bias is on cuda:{Bi.device}, a on cuda:{A.device}; put them on one device")
+        arr.check_same_place(A, Bi, "a", "bias")
     ldr = stride_r = 0
     if R is not None:
         if R.dtype != out_dt:
@@ -216,15 +200,14 @@ def _build_plan(A: arr.Mat, B: arr.Mat, Bi, R, activation, trans_b, out_dtype) -
         if R.shape not in (out_shape, (m, n)) or R.ndim not in (2, 3):
             raise InputError(f"residual has shape {R.shape}; expected {out_shape}" +
                              (f" or ({m}, {n}) shared across the batch" if A.ndim == 3 else ""))
-        if R.device != A.device:
-            raise InputError(f"residual is on cuda:{R.device}, a on cuda:{A.device}; put them on one device")
+        arr.check_same_place(A, R, "a", "residual")
         _row_major(R, "residual")
-        ldr, stride_r, _ = _as_batched(R)
+        ldr, stride_r, _ = arr.batched_matrix(R)
 
     if m == 0 or n == 0 or batch == 0:
         return C.CallPlan.nothing_to_do(settings, A, out_shape, out_dt)
-    lda, stride_a, _ = _as_batched(A)
-    ldb, stride_b, bbatch = _as_batched(B)
+    lda, stride_a, _ = arr.batched_matrix(A)
+    ldb, stride_b, bbatch = arr.batched_matrix(B)
     b_batched = B.ndim == 3 and bbatch > 1
     aligned = (k % 8 == 0 and (trans_b or n % 8 == 0) and _aligned16(A, True) and _aligned16(B, b_batched))
     p = P.GemmProblem(batch=batch, m=m, n=n, k=k, dtype=A.dtype, out_dtype=out_dt, trans_b=bool(trans_b),

@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from rtckern.ops import _gemm_arrays as arr
+from rtckern.dtypes import torch_dtype
+from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
 
@@ -22,7 +23,8 @@ class CallPlan:
     __slots__ = ("settings", "lib", "out_shape", "out_dtype", "ordinal", "launches", "candidate", "_tdtype",
                  "_tdevice", "_ws_words", "_torch")
 
-    def __init__(self, settings: Any, like: arr.Mat, out_shape: tuple, out_dtype: str, launches, candidate: str = ""):
+    def __init__(self, settings: Any, like: arr.DeviceArray, out_shape: tuple, out_dtype: str, launches,
+                 candidate: str = ""):
         self.settings = settings
         self.lib = like.lib
         self.out_shape = tuple(out_shape)
@@ -36,11 +38,11 @@ class CallPlan:
         if like.lib == "torch":
             torch = sys.modules["torch"]
             self._torch = torch
-            self._tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[out_dtype]
+            self._tdtype = torch_dtype(out_dtype)
             self._tdevice = like.obj.device
 
     @classmethod
-    def nothing_to_do(cls, settings: Any, like: arr.Mat, out_shape: tuple, out_dtype: str) -> "CallPlan":
+    def nothing_to_do(cls, settings: Any, like: arr.DeviceArray, out_shape: tuple, out_dtype: str) -> "CallPlan":
         return cls(settings, like, out_shape, out_dtype, None)
 
     def run_torch(self, a: int, b: int, bias: int, res: int):
@@ -58,7 +60,7 @@ class CallPlan:
         del ws  # split-K workspace: freed after the launches, safe with torch's stream-ordered allocator
         return out
 
-    def run_mats(self, A: arr.Mat, B: arr.Mat, Bi, R):
+    def run_mats(self, A: arr.DeviceArray, B: arr.DeviceArray, Bi, R):
         """Any library: operands as wrapped arrays (output and workspace from a's library)."""
         out, c = arr.empty(A, self.out_shape, self.out_dtype)
         launches = self.launches
@@ -66,7 +68,7 @@ class CallPlan:
             return out
         keep, ws_ptr = None, 0
         if self._ws_words:
-            keep, ws_ptr = arr.empty_bytes(A, launches.workspace_bytes)
+            keep, ws_ptr = arr.workspace(A, launches.workspace_bytes)
         launches.run(A.ptr, B.ptr, c, Bi.ptr if Bi is not None else 0, R.ptr if R is not None else 0,
                      arr.current_stream(A), ws_ptr)
         del keep

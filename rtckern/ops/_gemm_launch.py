@@ -19,11 +19,12 @@ import threading
 from dataclasses import dataclass
 
 from rtckern.caches import PlanCache
+from rtckern.dtypes import itemsize
 from rtckern.errors import LaunchError
 from rtckern.runtime.streams import stream_handle
 from rtckern.runtime.tma import encode_tiled
 
-from ._gemm_plan import ITEMSIZE, GemmProblem, normalize_splits, plan_workspace_bytes
+from ._gemm_plan import GemmProblem, normalize_splits, plan_workspace_bytes
 
 REDUCE_THREADS = 256
 _DEFAULT_DYN_SMEM = 48 * 1024
@@ -89,7 +90,7 @@ class LaunchPlan:
             self._main = _Prepared(kernels[0], (tiles, splits, p.batch), cfg.threads, cfg.smem_bytes,
                                    [("u64", 0)] * 5 + [("i64", v) for v in args])
         else:
-            esize = ITEMSIZE[p.dtype]
+            esize = itemsize(p.dtype)
             bb = p.batch if p.b_batched else 1
             # (dims innermost first, byte strides of dims 1 and 2, box) of A's and B's tensor maps
             map_a = ((p.k, p.m, p.batch), (ops.lda * esize, ops.stride_a * esize), (64, cfg.bm))

@@ -20,10 +20,9 @@ import math
 from dataclasses import dataclass, replace
 
 from rtckern.arch import Arch
+from rtckern.dtypes import ctype
 from rtckern.spec import KernelSpec
 
-CTYPE = {"fp16": "rtk_half", "bf16": "rtk_bf16", "fp32": "float"}
-ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
 # Activation ids: RTK_GEMM_ACT_* in kernel_sources/gemm/epilogue.cuh.
 ACTIVATIONS = {"none": 0, "gelu_tanh": 1, "silu": 2}
 INPUT_DTYPES = ("fp16", "bf16")
@@ -258,35 +257,35 @@ def _epi_flags(p: GemmProblem, splitk: bool) -> tuple:
 def sm80_spec(p: GemmProblem, cfg: Sm80Config, arch: Arch) -> KernelSpec:
     if cfg.cluster:
         return KernelSpec(source="gemm/gemm_sm80.cuh", name="gemm_mma_sm80_ck", arch=arch, op="gemm",
-                          template_args=(CTYPE[p.dtype], CTYPE[p.out_dtype], cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn,
+                          template_args=(ctype(p.dtype), ctype(p.out_dtype), cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn,
                                          cfg.stages, p.trans_b, p.aligned, *p.epilogue_args(), cfg.splits))
     splitk = cfg.splits > 1
     bias, act, res = _epi_flags(p, splitk)
     return KernelSpec(source="gemm/gemm_sm80.cuh", name="gemm_mma_sm80", arch=arch, op="gemm",
-                      template_args=(CTYPE[p.dtype], CTYPE[p.out_dtype], cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn,
+                      template_args=(ctype(p.dtype), ctype(p.out_dtype), cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn,
                                      cfg.stages, p.trans_b, p.aligned, bias, act, res, splitk))
 
 
 def sm90_spec(p: GemmProblem, cfg: Sm90Config, arch: Arch) -> KernelSpec:
     if cfg.cluster:
         return KernelSpec(source="gemm/gemm_sm90.cuh", name="gemm_wgmma_sm90_ck", arch=arch, op="gemm",
-                          template_args=(CTYPE[p.dtype], CTYPE[p.out_dtype], cfg.bm, cfg.bn, cfg.stages,
+                          template_args=(ctype(p.dtype), ctype(p.out_dtype), cfg.bm, cfg.bn, cfg.stages,
                                          cfg.consumers, p.trans_b, *p.epilogue_args(), cfg.splits))
     splitk = cfg.splits > 1
     bias, act, res = _epi_flags(p, splitk)
     return KernelSpec(source="gemm/gemm_sm90.cuh", name="gemm_wgmma_sm90", arch=arch, op="gemm",
-                      template_args=(CTYPE[p.dtype], CTYPE[p.out_dtype], cfg.bm, cfg.bn, cfg.stages,
+                      template_args=(ctype(p.dtype), ctype(p.out_dtype), cfg.bm, cfg.bn, cfg.stages,
                                      cfg.consumers, cfg.pingpong, p.trans_b, bias, act, res, splitk))
 
 
 def simt_spec(p: GemmProblem, arch: Arch) -> KernelSpec:
     return KernelSpec(source="gemm/gemm_simt.cuh", name="gemm_simt", arch=arch, op="gemm",
-                      template_args=(CTYPE[p.dtype], CTYPE[p.out_dtype], p.trans_b, *p.epilogue_args()))
+                      template_args=(ctype(p.dtype), ctype(p.out_dtype), p.trans_b, *p.epilogue_args()))
 
 
 def reduce_spec(p: GemmProblem, arch: Arch) -> KernelSpec:
     return KernelSpec(source="gemm/epilogue.cuh", name="gemm_splitk_reduce", arch=arch, op="gemm",
-                      template_args=(CTYPE[p.out_dtype], CTYPE[p.dtype], *p.epilogue_args()))
+                      template_args=(ctype(p.out_dtype), ctype(p.dtype), *p.epilogue_args()))
 
 
 def kernel_specs(p: GemmProblem, cfg, arch: Arch) -> tuple[KernelSpec, ...]:

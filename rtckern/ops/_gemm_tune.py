@@ -9,6 +9,7 @@ import statistics
 from typing import Any, Mapping
 
 from rtckern import tuning
+from rtckern.dtypes import torch_dtype, unit_roundoff
 from rtckern.errors import RtckernError
 from rtckern.ops import _gemm_launch as L
 from rtckern.ops import _gemm_plan as P
@@ -58,15 +59,15 @@ def measure_config(p: P.GemmProblem, cfg, device, *, reps: int = 10, replays: in
         raise RtckernError("measuring a GEMM config needs a live GPU")
     kernels = kernels_for(p, cfg, device)
     dev = torch.device("cuda", device.ordinal)
-    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     g = torch.Generator(device=dev)
     g.manual_seed(1234)
-    a = torch.randn(p.batch, p.m, p.k, device=dev, generator=g).to(tdt[p.dtype])
+    dt, out_dt = torch_dtype(p.dtype), torch_dtype(p.out_dtype)
+    a = torch.randn(p.batch, p.m, p.k, device=dev, generator=g).to(dt)
     bshape = (p.n, p.k) if p.trans_b else (p.k, p.n)
-    b = (torch.randn(p.batch if p.b_batched else 1, *bshape, device=dev, generator=g) / math.sqrt(p.k)).to(tdt[p.dtype])
-    bias = torch.randn(p.n, device=dev, generator=g).to(tdt[p.dtype]) if p.bias else None
-    res = torch.randn(p.batch, p.m, p.n, device=dev, generator=g).to(tdt[p.out_dtype]) if p.residual else None
-    c = torch.full((p.batch, p.m, p.n), float("nan"), device=dev, dtype=tdt[p.out_dtype])
+    b = (torch.randn(p.batch if p.b_batched else 1, *bshape, device=dev, generator=g) / math.sqrt(p.k)).to(dt)
+    bias = torch.randn(p.n, device=dev, generator=g).to(dt) if p.bias else None
+    res = torch.randn(p.batch, p.m, p.n, device=dev, generator=g).to(out_dt) if p.residual else None
+    c = torch.full((p.batch, p.m, p.n), float("nan"), device=dev, dtype=out_dt)
     nbytes = P.plan_workspace_bytes(p, cfg)
     ws = torch.empty(max(1, nbytes // 4), device=dev, dtype=torch.float32) if nbytes else None
     ops = L.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=p.k, ldb=b.stride(-2), ldc=p.n,
@@ -109,13 +110,10 @@ def measure_config(p: P.GemmProblem, cfg, device, *, reps: int = 10, replays: in
     return statistics.median(times)
 
 
-UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -24}
-
-
 def error_bound(p: P.GemmProblem) -> float:
     """Relative Frobenius error allowed: the output dtype's unit roundoff (at least 2^-16, the fp32 accumulation
     of 16-bit products) times sqrt(k)."""
-    return max(UNIT_ROUNDOFF[p.out_dtype], 2.0 ** -16) * math.sqrt(p.k)
+    return max(unit_roundoff(p.out_dtype), 2.0 ** -16) * math.sqrt(p.k)
 
 
 def reference(p: P.GemmProblem, a, b, bias, res, dtype=None):

@@ -22,16 +22,14 @@ from typing import Any
 from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.device import DeviceInfo
+from rtckern.dtypes import FLOATS, parse_dtype
 from rtckern.errors import InputError
 from rtckern.registry import OpRequest, select
+from rtckern.runtime import arrays as A
 
-from . import _norms_arrays as A
 from . import _norms_plan as P
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward"]
-
-_DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "fp32": "fp32", "fp16": "fp16",
-                "bf16": "bf16", "float": "fp32", "half": "fp16"}
 
 # The decided (request, candidate, kernels) per (op, dtypes, n, vec, flags, device): what the plans of
 # _norms_plan ask once per alignment class.
@@ -39,11 +37,7 @@ _fast = PlanCache("norms.selections")
 
 
 def _dtype_name(d: Any, what: str) -> str:
-    s = str(d).replace("torch.", "")
-    name = _DTYPE_NAMES.get(s) or _DTYPE_NAMES.get(getattr(d, "name", ""))
-    if name is None:
-        raise InputError(f"{what}={d!r} is not supported; pass one of {A.SUPPORTED} (or None for x's dtype)")
-    return name
+    return parse_dtype(d, what, default="x's dtype")
 
 
 def _eps(eps: Any) -> float:
@@ -56,9 +50,13 @@ def _eps(eps: Any) -> float:
     return e
 
 
+def _rows(obj: Any, name: str) -> A.Rows:
+    return A.rows(A.wrap(obj, name), name)
+
+
 def _check_x(x: Any, name: str = "x") -> A.Rows:
-    xa = A.wrap(x, name)
-    A.check_float(xa, name)
+    xa = _rows(x, name)
+    A.check_dtype(xa, name, FLOATS)
     if xa.n < 1:
         raise InputError(f"{name} has shape {xa.shape}: its last dimension is 0; the norms need N >= 1 columns")
     return xa
@@ -68,13 +66,42 @@ def _affine(weight: Any, bias: Any, xa: A.Rows) -> tuple[A.Rows | None, A.Rows |
     allowed = (xa.dtype,) if xa.dtype == "fp32" else (xa.dtype, "fp32")
     wa = ba = None
     if weight is not None:
-        wa = A.wrap(weight, "weight")
-        A.check_vector(wa, xa, "weight", allowed)
+        wa = _rows(weight, "weight")
+        _check_vector(wa, xa, "weight", allowed)
     if bias is not None:
-        ba = A.wrap(bias, "bias")
-        A.check_vector(ba, xa, "bias", (wa.dtype,) if wa is not None else allowed)
+        ba = _rows(bias, "bias")
+        _check_vector(ba, xa, "bias", (wa.dtype,) if wa is not None else allowed)
     w_dtype = wa.dtype if wa is not None else (ba.dtype if ba is not None else None)
     return wa, ba, w_dtype
+
+
+def _check_vector(v: A.Rows, x: A.Rows, name: str, allowed: tuple[str, ...]) -> None:
+    """A per-column parameter (weight, bias): shape (N,), dtype in `allowed`, same library and device as x."""
+    A.check_same_place(x, v, "x", name)
+    if v.shape != (x.n,):
+        raise InputError(f"{name} has shape {v.shape}; it must be ({x.n},), the size of x's last dimension "
+                         f"(x has shape {x.shape})")
+    if v.dtype not in allowed:
+        raise InputError(f"{name} has dtype {v.dtype}; with x in {x.dtype} it must be one of {', '.join(allowed)}")
+
+
+def _check_like(a: A.Rows, x: A.Rows, name: str, allowed: tuple[str, ...]) -> None:
+    """An array with x's shape (residual, dy, dresidual)."""
+    A.check_same_place(x, a, "x", name)
+    if a.shape != x.shape:
+        raise InputError(f"{name} has shape {a.shape} but x has {x.shape}; they must match")
+    if a.dtype not in allowed:
+        raise InputError(f"{name} has dtype {a.dtype}; supported here: {', '.join(allowed)}")
+
+
+def _check_stats(s: A.Rows, x: A.Rows, name: str) -> None:
+    """Saved statistics (mean, rstd): fp32, one contiguous value per row of x."""
+    A.check_same_place(x, s, "x", name)
+    if s.dtype != "fp32":
+        raise InputError(f"{name} has dtype {s.dtype}; the saved statistics are fp32 (as the forward returns them)")
+    if s.rows * s.n != x.rows or (s.rows > 1 and s.row_stride != s.n):
+        raise InputError(f"{name} has shape {s.shape}; it must hold one contiguous value per row of x "
+                         f"({x.rows} rows, x shape {x.shape})")
 
 
 def _selector(n: int, device: int):
@@ -114,8 +141,8 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
     wa, ba, w_dtype = _affine(weight, bias, xa)
     ra = None
     if residual is not None:
-        ra = A.wrap(residual, "residual")
-        A.check_like(ra, xa, "residual", (xa.dtype,))
+        ra = _rows(residual, "residual")
+        _check_like(ra, xa, "residual", (xa.dtype,))
     y_dtype = xa.dtype if out_dtype is None else _dtype_name(out_dtype, "out_dtype")
     e = _eps(eps)
     if xa.rows == 0:
@@ -161,25 +188,25 @@ def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresi
                             rstd.data_ptr())
     op = "layer_norm_backward" if layer else "rms_norm_backward"
     xa = _check_x(x)
-    dya = A.wrap(dy, "dy")
-    A.check_like(dya, xa, "dy", ("fp32", "fp16", "bf16"))
+    dya = _rows(dy, "dy")
+    _check_like(dya, xa, "dy", FLOATS)
     wa, ba, w_dtype = _affine(weight, bias, xa)
     if rstd is None:
         raise InputError(f"{op} needs rstd, the per-row statistics the forward returns "
                          f"({'layer_norm(..., return_stats=True)' if layer else 'rms_norm(..., return_rstd=True)'})")
-    rsa = A.wrap(rstd, "rstd")
-    A.check_stats(rsa, xa, "rstd")
+    rsa = _rows(rstd, "rstd")
+    _check_stats(rsa, xa, "rstd")
     ma = None
     if layer:
         if mean is None:
             raise InputError("layer_norm_backward needs mean, which layer_norm(..., return_stats=True) returns")
-        ma = A.wrap(mean, "mean")
-        A.check_stats(ma, xa, "mean")
+        ma = _rows(mean, "mean")
+        _check_stats(ma, xa, "mean")
     dx_name = xa.dtype if dx_dtype is None else _dtype_name(dx_dtype, "dx_dtype")
     dra = None
     if dresidual is not None:
-        dra = A.wrap(dresidual, "dresidual")
-        A.check_like(dra, xa, "dresidual", (dx_name,))
+        dra = _rows(dresidual, "dresidual")
+        _check_like(dra, xa, "dresidual", (dx_name,))
     want_dw = bool(weight_grad) and wa is not None
     want_db = bool(bias_grad) and ba is not None
     if xa.rows == 0:

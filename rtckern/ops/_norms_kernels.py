@@ -20,12 +20,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from rtckern.dtypes import FLOATS, ctype, itemsizes
+
 # Mirrors kernel_sources/norms/norm_common.cuh.
 LAYER, WEIGHT, BIAS, ZERO_CENTERED, RESIDUAL, SAVE_STATS, WEIGHT_GRAD = 1, 2, 4, 8, 16, 32, 64
 
-CXX_TYPE = {"fp32": "float", "fp16": "rtk_half", "bf16": "rtk_bf16"}
-ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
-DTYPES = tuple(CXX_TYPE)
+DTYPES = FLOATS
+ITEMSIZE = itemsizes(DTYPES)  # a plain dict: read in the launch planning loops
 
 SOURCES = {
     ("fwd", "rows"): ("norms/fwd_rows.cuh", "rtk_norm_fwd_rows"),
@@ -102,10 +103,10 @@ class FwdProblem:
 
     @property
     def w_type(self) -> str:
-        return CXX_TYPE[self.w or self.x]  # unused pointer type when there is no weight
+        return ctype(self.w or self.x)  # unused pointer type when there is no weight
 
     def type_args(self) -> tuple[str, str, str]:
-        return CXX_TYPE[self.x], self.w_type, CXX_TYPE[self.y]
+        return ctype(self.x), self.w_type, ctype(self.y)
 
     def bytes_moved(self, rows: int) -> int:
         """Bytes the op must move: x (+ residual) read, y (+ h) written, weight (+ bias) read once."""
@@ -140,10 +141,10 @@ class BwdProblem:
 
     @property
     def w_type(self) -> str:
-        return CXX_TYPE[self.w or self.x]
+        return ctype(self.w or self.x)
 
     def type_args(self) -> tuple[str, str, str, str]:
-        return CXX_TYPE[self.x], self.w_type, CXX_TYPE[self.dy], CXX_TYPE[self.dx]
+        return ctype(self.x), self.w_type, ctype(self.dy), ctype(self.dx)
 
     def bytes_moved(self, rows: int) -> int:
         """x, dy (+ dresidual) read, dx written, weight read, dweight (+ dbias) written."""

@@ -16,9 +16,10 @@ import numpy as np
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
+from rtckern.dtypes import torch_dtype
+from rtckern.runtime import arrays as A
 from rtckern.runtime.streams import torch_stream
 
-from . import _norms_arrays as A
 from . import _norms_kernels as K
 from ._norms_launch import BwdCall, FwdCall
 
@@ -72,7 +73,7 @@ def lookup(plans: dict, key):
 
 # ---- allocation -------------------------------------------------------------------------------------------------
 class _TorchAlloc:
-    """Outputs and workspaces on one torch device (what A.empty / A.zeros_u32 do, without the wrapper)."""
+    """Outputs and workspaces on one torch device (what A.empty / A.zeros / A.workspace do, without the wrapper)."""
 
     __slots__ = ("torch", "device", "index", "dtypes")
 
@@ -80,7 +81,7 @@ class _TorchAlloc:
         import torch
 
         self.torch, self.device, self.index = torch, device, device.index
-        self.dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        self.dtypes = {n: torch_dtype(n) for n in K.DTYPES}
 
     def empty(self, shape, dtype: str):
         t = self.torch.empty(shape, dtype=self.dtypes[dtype], device=self.device)
@@ -103,7 +104,7 @@ class _TorchAlloc:
 
 
 class _LikeAlloc:
-    """Any library through _norms_arrays (CuPy; not memoized: it holds the input array)."""
+    """Any library through rtckern.runtime.arrays (CuPy; not memoized: it holds the input array)."""
 
     __slots__ = ("like",)
 
@@ -116,11 +117,11 @@ class _LikeAlloc:
     def zeros(self, shape, dtype: str):
         return A.zeros(self.like, shape, dtype)
 
-    def zeros_u32(self, count: int):
-        return A.zeros_u32(self.like, count)
+    def zeros_u32(self, count: int):  # barrier counters: zeroed 32-bit words
+        return A.zeros(self.like, (count,), "int32")
 
     def empty_f32(self, count: int):
-        return A.empty(self.like, (count,), "fp32")
+        return A.workspace(self.like, 4 * count)
 
     def stream(self) -> int:
         return A.current_stream(self.like)

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from rtckern.dtypes import FLOATS
 from rtckern.errors import InputError
-from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_candidates as cands
 from rtckern.ops import _softmax_fast as fast
 from rtckern.ops import _softmax_plan as plan
+from rtckern.runtime import arrays as arr
 
 __all__ = [
     "softmax", "softmax_backward", "scaled_masked_softmax", "scaled_masked_softmax_backward",
@@ -45,8 +46,8 @@ __all__ = [
 
 
 def _input(x, name: str, min_ndim: int = 1) -> arr.DeviceArray:
-    a = arr.device_array(x, name)
-    arr.check_float(a, name)
+    a = arr.wrap(x, name)
+    arr.check_dtype(a, name, FLOATS)
     if len(a.shape) < min_ndim:
         raise InputError(f"{name} has shape {a.shape} ({len(a.shape)} dims); this op needs at least {min_ndim}")
     arr.check_contiguous(a, name)
@@ -64,7 +65,7 @@ def _scale(scale) -> np.float32:
 def _run_forward(op: str, a: arr.DeviceArray, geom: plan.RowGeometry, scale, mask: arr.DeviceArray | None,
                  objs: tuple):
     if geom.rows == 0 or geom.n == 0:
-        return arr.empty_like(a)[0]
+        return arr.empty(a, a.shape, a.dtype)[0]
     p = fast.Plan(op, a, geom, lambda: _scale(scale), mask is not None)
     if a.lib == "torch":
         fast.remember((op, objs[0], objs[1], scale), p, *objs)
@@ -79,10 +80,14 @@ def _run_backward(op: str, y, dy, scale, geometry) -> object:
             return p.backward(y.data_ptr(), dy.data_ptr())
     ya = _input(y, "y")
     dya = _input(dy, "dy")
-    arr.check_same(ya, dya, "y", "dy")
+    arr.check_same_place(ya, dya, "y", "dy")
+    if dya.shape != ya.shape:
+        raise InputError(f"dy has shape {dya.shape} but y has {ya.shape}; they must match")
+    if dya.dtype != ya.dtype:
+        raise InputError(f"dy has dtype {dya.dtype} but y has {ya.dtype}; they must match")
     geom = geometry(ya)
     if geom.rows == 0 or geom.n == 0:
-        return arr.empty_like(ya)[0]
+        return arr.empty(ya, ya.shape, ya.dtype)[0]
     p = fast.Plan(op, ya, geom, lambda: _scale(scale), False)
     if ya.lib == "torch":
         fast.remember((op, y, dy, scale), p, y, dy)
@@ -122,7 +127,7 @@ def _masked_geometry(a: arr.DeviceArray, mask: arr.DeviceArray | None) -> plan.R
 
 
 def _check_mask(a: arr.DeviceArray, mask) -> arr.DeviceArray:
-    m = arr.device_array(mask, "mask")
+    m = arr.wrap(mask, "mask")
     if m.dtype != "bool":
         raise InputError(f"mask has dtype {m.dtype}; it must be bool (True = masked out): pass mask.bool() or "
                          "mask != 0")
@@ -130,10 +135,7 @@ def _check_mask(a: arr.DeviceArray, mask) -> arr.DeviceArray:
     if len(m.shape) != 4 or m.shape[1] != 1 or m.shape[2:] != (sq, sk) or m.shape[0] not in (1, b):
         raise InputError(f"mask has shape {m.shape}; for x of shape {a.shape} it must be ({b}, 1, {sq}, {sk}) or "
                          f"(1, 1, {sq}, {sk}) (broadcast over heads, and over the batch when its first dim is 1)")
-    if m.device != a.device:
-        raise InputError(f"mask is on cuda:{m.device} but x on cuda:{a.device}; put both on one device")
-    if m.lib != a.lib:
-        raise InputError(f"x is a {a.lib} array but mask a {m.lib} array; pass one kind")
+    arr.check_same_place(a, m, "x", "mask")
     arr.check_contiguous(m, "mask")
     return m
 

@@ -19,8 +19,8 @@ from rtckern.errors import OptionError
 from rtckern.registry import options as opts
 from rtckern.registry import default_registry
 from rtckern.registry.candidate import arch_reason
+from rtckern.runtime import arrays as arr
 from rtckern.spec import KernelSpec
-from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_plan as plan
 from rtckern.ops import _softmax_ring as ring
 from rtckern.ops._softmax_tuned import measured_us, register_tuners, tuned_onepass, tuned_ring
@@ -254,7 +254,7 @@ class OnlineCandidate(_SoftmaxCandidate):
                stream) -> None:
         cfg = plan.online_config(geom.n, req.dim("vec"))
         grid = geom.rows * cfg.chunks(geom.n)
-        ws, stats = arr.empty_floats(a, cfg.stats_floats(self.direction, geom.rows, geom.n))
+        ws, stats = arr.workspace(a, 4 * cfg.stats_floats(self.direction, geom.rows, geom.n))
         g = geom
         if self.direction == plan.FWD:
             x, y, mask = ptrs

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
-from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_candidates as cands
 from rtckern.ops import _softmax_plan as plan
+from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
 _MAX_PLANS = 4096
@@ -93,7 +93,7 @@ class Plan:
 
             out = torch.empty(self.shape, dtype=self.torch_dtype, device=self.device)
             return out, out.data_ptr()
-        return arr.empty_like(self.like)
+        return arr.empty(self.like, self.shape, self.dtype)
 
     def _stream(self) -> int:
         return torch_stream(self.index) if self.like is None else arr.current_stream(self.like)
@@ -128,24 +128,11 @@ class Plan:
             def launch(p0, p1, p2, stream):
                 kl(grid, block, (p0, p1, p2) + tail, shared_mem=smem, stream=stream)
         else:
-            like, shape, dtype = self.like, self.shape, self.dtype
+            # what the candidate reads of the input (library and device, for its workspace): the array itself, or
+            # for torch a view without it (a memoized plan must not keep the caller's tensor alive)
+            a = self.like or arr.DeviceArray(None, "torch", 0, self.shape, (), self.dtype, 0, self.index)
 
             def launch(p0, p1, p2, stream):
-                a = like if like is not None else _TorchLike(shape, dtype, self.device, self.index)
                 cand.launch(req, kernels, a, (p0, p1, p2), g, scale, stream)
         self.launchers[k] = launch
         return launch
-
-
-class _TorchLike:
-    """What a candidate's launch reads of the input (lib, device, obj.device) for its workspace."""
-
-    __slots__ = ("lib", "shape", "dtype", "device", "obj")
-
-    class _Dev:
-        __slots__ = ("device",)
-
-    def __init__(self, shape, dtype, device, index):
-        self.lib, self.shape, self.dtype, self.device = "torch", shape, dtype, index
-        self.obj = _TorchLike._Dev()
-        self.obj.device = device

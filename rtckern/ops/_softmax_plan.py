@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from rtckern.dtypes import FLOATS, ctypes, itemsizes
+
 SOURCE = "softmax/softmax.cuh"
-CTYPES = {"fp32": "float", "fp16": "rtk_half", "bf16": "rtk_bf16"}
-ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+CTYPES = ctypes(FLOATS)  # the dtypes the kernels serve, with their storage types
+ELEM_BYTES = itemsizes(FLOATS)
 PLAIN, MASKED, CAUSAL = 0, 1, 2  # RTK_SOFTMAX_* in softmax_common.cuh
 FWD, BWD = "fwd", "bwd"
 # Static shared memory of a block (reduction scratch) plus slack; what the dynamic stash may not use.

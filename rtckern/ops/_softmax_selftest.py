@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from rtckern.ops import _softmax_arrays as arr
+from rtckern.dtypes import numpy_dtype, torch_dtype
 from rtckern.ops import _softmax_plan as plan
+from rtckern.runtime import arrays as arr
 
 TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.5e-2}  # ||out - ref|| / ||ref||: the output rounding of each dtype
 SCALE = 0.7
@@ -77,14 +78,13 @@ class _Device:
     def put(self, values: np.ndarray, dtype: str):
         if self.torch is not None:
             t = self.torch
-            tdt = {"fp32": t.float32, "fp16": t.float16, "bf16": t.bfloat16, "bool": t.bool}[dtype]
-            return t.as_tensor(values).to(device=f"cuda:{self.ordinal}", dtype=tdt).contiguous()
+            return t.as_tensor(values).to(device=f"cuda:{self.ordinal}", dtype=torch_dtype(dtype)).contiguous()
         cp = self.cupy
         with cp.cuda.Device(self.ordinal):
             if dtype == "bf16":
                 b = np.asarray(values, np.float32).view(np.uint32)
                 return cp.asarray(((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16))
-            return cp.asarray(np.asarray(values, {"fp32": np.float32, "fp16": np.float16, "bool": np.bool_}[dtype]))
+            return cp.asarray(np.asarray(values, numpy_dtype(dtype)))
 
     def get(self, a, dtype: str) -> np.ndarray:
         if self.torch is not None:
@@ -131,7 +131,7 @@ def check(cand, req, kernels) -> str | None:
         m = dev.put(mask, "bool") if mask is not None else None
         ptrs = (dev.ptr(x), dev.ptr(out), dev.ptr(m) if m is not None else 0)
         ref = _softmax64(dev.get(x, dtype), keep, SCALE)
-        a = arr.device_array(x, "x")
+        a = arr.wrap(x, "x")
     else:
         y = dev.put(_softmax64(x64, keep, 1.0), dtype)
         dy = dev.put(rng.standard_normal((geom.rows, n)), dtype)
@@ -139,7 +139,7 @@ def check(cand, req, kernels) -> str | None:
         y64, dy64 = dev.get(y, dtype), dev.get(dy, dtype)
         ref = SCALE * y64 * (dy64 - (y64 * dy64).sum(-1, keepdims=True))
         ptrs = (dev.ptr(y), dev.ptr(dy), dev.ptr(out))
-        a = arr.device_array(y, "y")
+        a = arr.wrap(y, "y")
     if any(p % (vec * plan.ELEM_BYTES[dtype]) for p in ptrs[:2]):
         return f"selftest buffers are not aligned to the request's vector width {vec}"  # never with fresh arrays
     cand.launch(req, kernels, a, ptrs, geom, np.float32(SCALE), arr.current_stream(a))

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rtckern import tuning
+from rtckern.dtypes import torch_dtype
 from rtckern.ops import _softmax_plan as plan
 from rtckern.ops import _softmax_ring as ring
 
@@ -355,7 +356,7 @@ def _random_buffers(ordinal: int, dtype: str, numel: int, count: int, mask_numel
     try:
         import torch
 
-        tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        tdt = torch_dtype(dtype)
         arrays = [torch.randn(numel, device=f"cuda:{ordinal}", dtype=tdt) for _ in range(count)]
         mask = torch.rand(mask_numel, device=f"cuda:{ordinal}") < 0.3 if mask_numel else None
         torch.cuda.synchronize(ordinal)

@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 
 from rtckern import tuning
+from rtckern.dtypes import FLOATS, ctypes
 from rtckern.manager import get_manager
 from rtckern.registry import Candidate, OpRequest, Registry, Resources
 from rtckern.tuning import Tuner, time_launches
 from rtckern.spec import KernelSpec
 
 OP = "axpy"
-_CTYPE = {"fp32": "float", "fp16": "rtk_half", "bf16": "rtk_bf16"}
+_CTYPE = ctypes(FLOATS)
 BIG_SMEM = 200 * 1024
 
 

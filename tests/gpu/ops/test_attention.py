@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from rtckern import config, ops  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
-from rtckern.ops import _attention_arrays as arr  # noqa: E402
+from rtckern.runtime import arrays as arr  # noqa: E402
 
 
 pytestmark = pytest.mark.gpu
@@ -34,8 +34,8 @@ BIG = (1, 4097, 4097, 4, 1)
 def poisoned_outputs(monkeypatch):
     real = arr.empty
 
-    def poisoned(like, shape, fp32=False):
-        out, ptr = real(like, shape, fp32)
+    def poisoned(like, shape, dtype):
+        out, ptr = real(like, shape, dtype)
         if hasattr(out, "fill_"):
             out.fill_(float("nan"))
         else:  # CuPy
@@ -213,7 +213,7 @@ def test_cupy_in_cupy_out():
 
 def test_gpu_input_errors():
     q = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(InputError, match=r"^k is on cpu, in host memory; attention kernels read device memory"):
+    with pytest.raises(InputError, match=r"^k is on cpu, in host memory; rtckern kernels read GPU memory"):
         ops.attention(q, q.cpu(), q)
     t = torch.randn(1, 16, 64, 2, device="cuda", dtype=torch.bfloat16).transpose(2, 3)
     with pytest.raises(InputError, match=r"^q has strides \(2048, 128, 1, 2\) \(elements\): its head dim is not "

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from rtckern import config  # noqa: E402
 from rtckern import ops  # noqa: E402
 from rtckern.errors import UnsupportedRequestError  # noqa: E402
-from rtckern.ops import _softmax_arrays as arr  # noqa: E402
+from rtckern.runtime import arrays as arr  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -35,14 +35,14 @@ SCALE = 0.7
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     """Every output the ops allocate starts as NaN: an element the kernel does not write fails the test."""
-    real = arr.empty_like
+    real = arr.empty
 
-    def poisoned(a):
-        out, ptr = real(a)
+    def poisoned(like, shape, dtype):
+        out, ptr = real(like, shape, dtype)
         (out.fill_ if hasattr(out, "fill_") else out.fill)(float("nan"))
         return out, ptr
 
-    monkeypatch.setattr(arr, "empty_like", poisoned)
+    monkeypatch.setattr(arr, "empty", poisoned)
 
 
 def _call(op: str, impl: str, *args):

@@ -12,11 +12,11 @@ from rtckern.compiler import compiler_for
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.ops import _attention_api as attn
-from rtckern.ops import _attention_arrays as A
 from rtckern.ops import _attention_candidates as C
 from rtckern.ops import _attention_configs as K
 from rtckern.ops import _attention_wgmma_gen as G
 from rtckern.registry import explain
+from rtckern.runtime import arrays as A
 from rtckern.spec import KernelSpec
 
 
@@ -27,7 +27,7 @@ def t4(shape, dtype="bf16", strides=None, ptr=1 << 20, device=0, lib="torch"):
         for n in reversed(shape):
             strides.insert(0, acc)
             acc *= n
-    return A.Tensor4(None, lib, ptr, tuple(shape), tuple(strides), dtype, device, 2)
+    return A.DeviceArray(None, lib, ptr, tuple(shape), tuple(strides), dtype, 2, device)
 
 
 Q = (2, 100, 8, 64)
@@ -46,7 +46,7 @@ def test_valid_inputs_pass():
     (t4((2, 100, 8)), t4(KV), t4(KV),
      r"^q has shape \(2, 100, 8\) \(3 dims\); attention takes 4-dim \(batch, seqlen, heads, head_dim\) tensors$"),
     (t4(Q, dtype="fp32"), t4(KV), t4(KV),
-     r"^q has dtype fp32; supported: bf16, fp16 \(torch.bfloat16, torch.float16\): convert with q.to\(torch.bfloat16\)$"),
+     r"^q has dtype fp32; supported: bf16, fp16 \(bfloat16, float16\): convert with q.to\(torch.bfloat16\)$"),
     (t4(Q), t4(KV, dtype="fp16"), t4(KV),
      r"^q, k, v must share one dtype; got q bf16, k fp16, v bf16$"),
     (t4(Q), t4(KV), t4(KV, lib="cupy"), r"^q, k, v must be arrays of one library; got q torch, k torch, v cupy$"),
@@ -95,7 +95,7 @@ def test_softmax_scale():
 
 def test_host_and_unknown_arrays_are_refused():
     np = pytest.importorskip("numpy")
-    with pytest.raises(InputError, match=r"^q is a numpy array, in host memory; attention kernels read device memory"):
+    with pytest.raises(InputError, match=r"^q is a numpy array, in host memory; rtckern kernels read GPU memory"):
         attn.attention(np.zeros((1, 4, 1, 64), np.float16), None, None)
     with pytest.raises(InputError, match=r"^q has type list; pass a torch CUDA tensor, a CuPy array"):
         attn.attention([[1.0]], None, None)

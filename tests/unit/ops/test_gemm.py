@@ -13,13 +13,13 @@ from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.manager import get_manager
-from rtckern.ops import _gemm_arrays as arr
 from rtckern.ops import _gemm_candidates as cands
 from rtckern.ops import _gemm_plan as P
 from rtckern.ops import _gemm_tuned as T
 from rtckern.ops import _gemm_wgmma_gen as gen
 from rtckern.ops import gemm
 from rtckern.registry import explain
+from rtckern.runtime import arrays as arr
 
 H200 = DeviceInfo.for_arch("sm_90", sm_count=132)
 
@@ -43,7 +43,7 @@ def fakes(monkeypatch):
 
     def wrap(obj, name):
         if isinstance(obj, Fake):
-            return arr.Mat(obj, "torch", obj.ptr, obj.shape, obj.strides, obj.dtype, obj.device, 2)
+            return arr.DeviceArray(obj, "torch", obj.ptr, obj.shape, obj.strides, obj.dtype, 2, obj.device)
         return real(obj, name)
 
     monkeypatch.setattr(arr, "wrap", wrap)
@@ -74,7 +74,9 @@ def test_unsupported_dtypes(fakes):
 
 
 def test_out_dtype_and_activation_are_checked(fakes):
-    with pytest.raises(InputError, match=r"^out_dtype='int8' is not supported; supported: fp16, bf16, fp32"):
+    with pytest.raises(InputError, match=r"^out_dtype='int8' is not supported; pass one of fp16, bf16, fp32 "
+                                         r"\(float16, bfloat16, float32\) as a string or a torch / numpy dtype, or "
+                                         r"None for a's dtype$"):
         gemm(Fake((8, 16)), Fake((16, 8)), out_dtype="int8")
     with pytest.raises(InputError, match=r"^activation='gelu' is not supported; supported: None, 'gelu_tanh', "
                                          r"'silu'. GELU is fused in its tanh form only"):
@@ -105,7 +107,7 @@ def test_batch_rules(fakes):
 
 
 def test_devices_must_match(fakes):
-    with pytest.raises(InputError, match=r"a is on cuda:0 and b on cuda:1; put them on one device"):
+    with pytest.raises(InputError, match=r"^a is on cuda:0 but b on cuda:1; put both on one device$"):
         gemm(Fake((4, 16)), Fake((16, 8), device=1))
 
 
@@ -114,7 +116,7 @@ def test_host_arrays_are_refused():
     with pytest.raises(InputError, match=r"^a is a numpy array, in host memory"):
         gemm(np.ones((4, 8), dtype=np.float16), np.ones((8, 4), dtype=np.float16))
     torch = pytest.importorskip("torch")
-    with pytest.raises(InputError, match=r"^a is on cpu, in host memory; rtckern.ops.gemm reads device memory"):
+    with pytest.raises(InputError, match=r"^a is on cpu, in host memory; rtckern kernels read GPU memory"):
         gemm(torch.ones(4, 8, dtype=torch.bfloat16), torch.ones(8, 4, dtype=torch.bfloat16))
 
 
@@ -328,8 +330,8 @@ def host_gemm(monkeypatch, cache_dir):
     def wrap(obj, name):
         state["wraps"] += 1
         if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            return arr.Mat(obj, "torch", obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), names[obj.dtype], 0,
-                           obj.element_size())
+            return arr.DeviceArray(obj, "torch", obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()),
+                                   names[obj.dtype], obj.element_size(), 0)
         return real_wrap(obj, name)
 
     def select(req):

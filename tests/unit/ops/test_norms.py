@@ -8,22 +8,22 @@ from rtckern import config
 from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
-from rtckern.ops import _norms_arrays as A
 from rtckern.ops import _norms_candidates as cands
 from rtckern.ops import _norms_kernels as K
 from rtckern.ops import _norms_launch as L
 from rtckern.ops import _norms_api as norms
 from rtckern.registry import OpRequest, select
+from rtckern.runtime import arrays as A
 
 
 def rows_of(shape, strides, dtype="bf16", itemsize=2, device=0, ptr=1 << 20, name="x"):
-    return A._rows(None, "torch", ptr, shape, strides, dtype, itemsize, device, name)
+    return A.rows(A.DeviceArray(None, "torch", ptr, tuple(shape), tuple(strides), dtype, itemsize, device), name)
 
 
 # ---- validation ---------------------------------------------------------------------------------------------------
 def test_host_numpy_array_is_refused():
     np = pytest.importorskip("numpy")
-    with pytest.raises(InputError, match=r"^x is a numpy array \(host memory\); the norm kernels read GPU memory"):
+    with pytest.raises(InputError, match=r"^x is a numpy array, in host memory; rtckern kernels read GPU memory"):
         norms.rms_norm(np.ones((4, 8), dtype=np.float32))
 
 
@@ -32,47 +32,32 @@ def test_unknown_array_type_is_refused():
         norms.rms_norm([[1.0, 2.0]])
 
 
-def test_rows_view_of_strided_arrays():
-    r = rows_of((4, 3, 64), (3 * 128, 128, 1))
-    assert (r.rows, r.n, r.row_stride) == (12, 64, 128)
-    r = rows_of((1, 5, 64), (999, 64, 1))  # size-1 dimensions do not matter
-    assert (r.rows, r.row_stride) == (5, 64)
-    with pytest.raises(InputError, match=r"x has stride 2 in its last dimension \(shape \(4, 64\)\)"):
-        rows_of((4, 64), (128, 2))
-    with pytest.raises(InputError, match=r"leading dimensions do not flatten to \[rows, 64\] with one row stride"):
-        rows_of((2, 3, 64), (64, 128, 1))
-    with pytest.raises(InputError, match=r"row stride 32 < 64: rows overlap"):
-        rows_of((4, 64), (32, 1))
-    with pytest.raises(InputError, match=r"x is a 0-d array"):
-        rows_of((), ())
-
-
 def test_vector_and_like_checks():
     x = rows_of((8, 64), (64, 1))
     with pytest.raises(InputError, match=r"^weight has shape \(32,\); it must be \(64,\), the size of x's last "
                                          r"dimension \(x has shape \(8, 64\)\)$"):
-        A.check_vector(rows_of((32,), (1,), name="weight"), x, "weight", ("bf16", "fp32"))
+        norms._check_vector(rows_of((32,), (1,), name="weight"), x, "weight", ("bf16", "fp32"))
     with pytest.raises(InputError, match=r"^weight has dtype fp16; with x in bf16 it must be one of bf16, fp32$"):
-        A.check_vector(rows_of((64,), (1,), dtype="fp16"), x, "weight", ("bf16", "fp32"))
+        norms._check_vector(rows_of((64,), (1,), dtype="fp16"), x, "weight", ("bf16", "fp32"))
     with pytest.raises(InputError, match=r"^x is on cuda:0 but weight on cuda:1; put both on one device$"):
-        A.check_vector(rows_of((64,), (1,), device=1), x, "weight", ("bf16",))
+        norms._check_vector(rows_of((64,), (1,), device=1), x, "weight", ("bf16",))
     with pytest.raises(InputError, match=r"^residual has shape \(8, 32\) but x has \(8, 64\); they must match$"):
-        A.check_like(rows_of((8, 32), (32, 1)), x, "residual", ("bf16",))
+        norms._check_like(rows_of((8, 32), (32, 1)), x, "residual", ("bf16",))
     with pytest.raises(InputError, match=r"^dy has dtype int8; supported here: fp32, fp16, bf16$"):
-        A.check_like(rows_of((8, 64), (64, 1), dtype="int8", itemsize=1), x, "dy", ("fp32", "fp16", "bf16"))
+        norms._check_like(rows_of((8, 64), (64, 1), dtype="int8", itemsize=1), x, "dy", ("fp32", "fp16", "bf16"))
     with pytest.raises(InputError, match=r"^x has dtype float64; supported: fp32, fp16, bf16"):
-        A.check_float(rows_of((8, 64), (64, 1), dtype="float64", itemsize=8), "x")
+        A.check_dtype(rows_of((8, 64), (64, 1), dtype="float64", itemsize=8), "x", ("fp32", "fp16", "bf16"))
 
 
 def test_stats_checks():
     x = rows_of((8, 64), (64, 1))
-    A.check_stats(rows_of((8,), (1,), dtype="fp32", itemsize=4), x, "rstd")
-    A.check_stats(rows_of((2, 4), (4, 1), dtype="fp32", itemsize=4), x, "rstd")
+    norms._check_stats(rows_of((8,), (1,), dtype="fp32", itemsize=4), x, "rstd")
+    norms._check_stats(rows_of((2, 4), (4, 1), dtype="fp32", itemsize=4), x, "rstd")
     with pytest.raises(InputError, match=r"^rstd has dtype bf16; the saved statistics are fp32"):
-        A.check_stats(rows_of((8,), (1,)), x, "rstd")
+        norms._check_stats(rows_of((8,), (1,)), x, "rstd")
     with pytest.raises(InputError, match=r"^mean has shape \(4,\); it must hold one contiguous value per row of x "
                                          r"\(8 rows, x shape \(8, 64\)\)$"):
-        A.check_stats(rows_of((4,), (1,), dtype="fp32", itemsize=4), x, "mean")
+        norms._check_stats(rows_of((4,), (1,), dtype="fp32", itemsize=4), x, "mean")
 
 
 def test_scalar_options():

@@ -14,11 +14,11 @@ from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError, UnsupportedRequestError
 from rtckern.ops import _softmax_api as sm
-from rtckern.ops import _softmax_arrays as arr
 from rtckern.ops import _softmax_candidates as cands
 from rtckern.ops import _softmax_plan as plan
 from rtckern.ops import _softmax_tuned as tuned
 from rtckern.registry import candidates, select
+from rtckern.runtime import arrays as arr
 
 ARCHS = ("sm_75", "sm_80", "sm_90")
 NS = (1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000)
@@ -33,25 +33,31 @@ class Fake:
 
 @pytest.fixture
 def fake_arrays(monkeypatch):
-    real = arr.device_array
+    real = arr.wrap
 
-    def device_array(obj, name):
+    def wrap(obj, name):
         if isinstance(obj, Fake):
-            return arr.DeviceArray(obj, obj.lib, obj.ptr, tuple(obj.shape), obj.dtype, obj.device, obj.contiguous)
+            strides, acc = [], 1
+            for n in reversed(obj.shape):
+                strides.insert(0, acc)
+                acc *= n
+            if not obj.contiguous:  # column-major
+                strides = list(reversed(strides))
+            return arr.DeviceArray(obj, obj.lib, obj.ptr, tuple(obj.shape), tuple(strides), obj.dtype, 2, obj.device)
         return real(obj, name)
 
-    monkeypatch.setattr(arr, "device_array", device_array)
+    monkeypatch.setattr(arr, "wrap", wrap)
 
     def no_launch(*a, **k):
         raise AssertionError("validation should have failed before any allocation")
 
-    monkeypatch.setattr(arr, "empty_like", no_launch)
+    monkeypatch.setattr(arr, "empty", no_launch)
 
 
 def test_host_numpy_array_is_refused():
     np = pytest.importorskip("numpy")
-    with pytest.raises(InputError, match=r"^x is a numpy array, in host memory; softmax kernels read device memory: "
-                                         r"pass a torch CUDA tensor or a CuPy array \(cupy.asarray\(...\)\)$"):
+    with pytest.raises(InputError, match=r"^x is a numpy array, in host memory; rtckern kernels read GPU memory: "
+                                         r"pass a torch CUDA tensor or a CuPy array \(cupy.asarray\(x\)\)$"):
         sm.softmax(np.ones((4, 8), dtype=np.float32))
 
 
@@ -63,7 +69,7 @@ def test_unknown_array_type_is_refused():
 
 def test_dtype_and_layout_errors(fake_arrays):
     with pytest.raises(InputError, match=r"^x has dtype int32; supported: fp32, fp16, bf16 \(float32, float16, "
-                                         r"bfloat16\)$"):
+                                         r"bfloat16\): convert with x.to\(torch.float32\)$"):
         sm.softmax(Fake((4, 8), dtype="int32"))
     with pytest.raises(InputError, match=r"^x of shape \(4, 8\) is not contiguous; the kernels need contiguous rows: "
                                          r"pass x.contiguous\(\) \(torch\) or cupy.ascontiguousarray\(x\)$"):
@@ -84,9 +90,9 @@ def test_masked_softmax_shape_and_mask_errors(fake_arrays):
                                              r"\(2, 1, 16, 32\) or \(1, 1, 16, 32\) \(broadcast over heads, and over "
                                              r"the batch when its first dim is 1\)$"):
             sm.scaled_masked_softmax(x, Fake(bad, dtype="bool"), 1.0)
-    with pytest.raises(InputError, match=r"^mask is on cuda:1 but x on cuda:0; put both on one device$"):
+    with pytest.raises(InputError, match=r"^x is on cuda:0 but mask on cuda:1; put both on one device$"):
         sm.scaled_masked_softmax(x, Fake((2, 1, 16, 32), dtype="bool", device=1), 1.0)
-    with pytest.raises(InputError, match=r"^x is a torch array but mask a cupy array; pass one kind$"):
+    with pytest.raises(InputError, match=r"^x is a torch array but mask a cupy array; pass arrays of one library$"):
         sm.scaled_masked_softmax(x, Fake((2, 1, 16, 32), dtype="bool", lib="cupy"), 1.0)
     with pytest.raises(InputError, match=r"^mask of shape \(1, 1, 16, 32\) is not contiguous"):
         sm.scaled_masked_softmax(x, Fake((1, 1, 16, 32), dtype="bool", contiguous=False), 1.0)
