@@ -219,5 +219,6 @@ def test_gpu_input_errors():
     with pytest.raises(InputError, match=r"^q has strides \(2048, 128, 1, 2\) \(elements\): its head dim is not "
                                          r"contiguous \(stride 2, must be 1\); pass q.contiguous\(\)"):
         ops.attention(t, q, q)
-    with pytest.raises(InputError, match=r"^q has dtype float32; supported: bf16, fp16"):
+    with pytest.raises(InputError, match=r"^q has dtype fp32; supported: bf16, fp16 \(bfloat16, float16\): "
+                                         r"convert with q.to\(torch.bfloat16\)"):
         ops.attention(q.float(), q, q)
