@@ -137,6 +137,9 @@ class OnePassCandidate(_SoftmaxCandidate):
                     f"kernel ({onepass_us:.1f} us) at n={at} {dt} (tuning tables); the ring candidate serves it")
         return None
 
+    def config(self, req: OpRequest) -> plan.OnePass | None:
+        return _config_for(self.direction, req)
+
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
         cfg = _config_for(self.direction, req)
         return (onepass_spec(self.direction, self.kind, req.dtype("x"), req.dim("vec"), cfg, self.target(req),
@@ -213,6 +216,9 @@ class RingCandidate(_SoftmaxCandidate):
                     f"({req.device.max_smem_per_block_optin} B per block) with room for the next chunk")
         return None
 
+    def config(self, req: OpRequest) -> ring.Ring | None:
+        return ring_config(self.direction, self.kind, req)
+
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
         cfg = ring_config(self.direction, self.kind, req)
         return (ring_spec(self.direction, self.kind, req.dtype("x"), cfg, self.target(req), self.op),)
@@ -240,6 +246,9 @@ class OnlineCandidate(_SoftmaxCandidate):
 
     def supports(self, req: OpRequest) -> str | None:
         return self._dtype_reason(req)
+
+    def config(self, req: OpRequest):
+        return plan.online_config(req.dim("n"), req.dim("vec"))
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
         cfg = plan.online_config(req.dim("n"), req.dim("vec"))
