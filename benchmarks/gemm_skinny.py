@@ -63,10 +63,12 @@ def mock_host(args) -> int:
         return real_wrap(obj, name)
 
     def select(req):
-        for cand in (cands.Sm90WgmmaCandidate(), cands.Sm80MmaCandidate(), cands.SimtCandidate()):
-            if cand.supports(req) is None:
-                return Selection(request=req, candidate=cand, specs=(), kernels=(NoopKernel(), NoopKernel()))
-        raise RuntimeError("no candidate")
+        from rtckern.registry import default_registry
+
+        ranked, _ = default_registry().rank(req)  # the registry's order, without the compile
+        if not ranked:
+            raise RuntimeError("no candidate")
+        return Selection(request=req, candidate=ranked[0][0], specs=(), kernels=(NoopKernel(), NoopKernel()))
 
     arr.wrap = wrap
     arr.current_stream = lambda like: 0

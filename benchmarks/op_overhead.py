@@ -204,19 +204,18 @@ def install_stubs() -> None:
         k._launch = lambda *a: None
         return k
 
-    # The registry: the first candidate (priority order) whose cheap checks pass, its kernels stubbed.
+    # The registry: the first-ranked candidate (cheap checks, expected cost, priority), its kernels stubbed.
     from rtckern.registry import results as res_mod
     from rtckern.registry import selector as sel_mod
 
     def _decide(self, req, s):
-        for cand in self.candidates(req.op):
-            if cand.min_arch and req.device.arch.cc < (int(cand.min_arch[3]), int(cand.min_arch[4:])):
-                continue
-            if cand.supports(req) is None:
-                specs = tuple(cand.kernel_specs(req))
-                return res_mod.Selection(request=req, candidate=cand, specs=specs,
-                                         kernels=tuple(stub_kernel(sp) for sp in specs))
-        raise RuntimeError(f"no candidate for {req}")
+        ranked, _ = self.rank(req, s)
+        if not ranked:
+            raise RuntimeError(f"no candidate for {req}")
+        cand = ranked[0][0]
+        specs = tuple(cand.kernel_specs(req))
+        return res_mod.Selection(request=req, candidate=cand, specs=specs,
+                                 kernels=tuple(stub_kernel(sp) for sp in specs))
 
     sel_mod.Registry._decide = _decide
 

@@ -4,7 +4,7 @@ The registry's request builders turn a line into an ``OpRequest`` for a hand-des
 arch (no GPU). The candidates are then walked the way ``Registry.probe`` walks them, minus the compile: the
 overrides of the settings (``RTCKERN_FORCE_IMPL``, ``RTCKERN_DISABLE_JIT``), the arch range, ``supports()`` and the
 resource checks that need no loaded kernel. What survives is the request's *chain*: its viable candidates in
-priority order, each with its ``KernelSpec``s. Prefill compiles the head of each chain and moves down a chain
+the registry's rank order (expected cost, then priority), each with its ``KernelSpec``s. Prefill compiles the head of each chain and moves down a chain
 only when a compile fails, as the runtime's compile-only probe would.
 
 An arch entry names a kind of device: ``9.0`` and ``9.0a`` both mean an sm_90 device, whose candidates pick their
@@ -87,29 +87,27 @@ def build_request(registry: Any, entry: ManifestEntry, device: DeviceInfo) -> An
 
 
 def chain_for(registry: Any, req: Any, settings: Any) -> tuple[list[Link], list[str]]:
-    """The viable candidates of ``req`` in priority order, and the others with their reasons."""
-    from ..registry.candidate import arch_reason
+    """The viable candidates of ``req`` in the registry's rank order, and the others with their reasons."""
     from ..registry.probe import _resources, static_resource_reason
 
-    cands = registry.candidates(req.op)
-    # The same overrides select() applies (a forced candidate that does not exist raises, as at runtime).
-    skip = registry._override_reasons(req.op, cands, settings)
+    # The same overrides and ranking select() applies (a forced candidate that does not exist raises, as at runtime).
+    ranked, rejected_results = registry.rank(req, settings)
     chain: list[Link] = []
-    rejected: list[str] = []
-    for cand in cands:
-        why = skip.get(cand.name) or arch_reason(cand, req) or cand.supports(req)
-        specs: tuple[KernelSpec, ...] = ()
-        if why is None:
-            specs = tuple(cand.kernel_specs(req))
-            if not specs:
-                why = "kernel_specs() returned no kernel"
-            else:
-                why = static_resource_reason(_resources(cand, req, len(specs)), req)
+    rejected = [f"{r.name}: {_reason_text(r)}" for r in rejected_results]
+    for cand, _cost in ranked:
+        specs = tuple(cand.kernel_specs(req))
+        why = "kernel_specs() returned no kernel" if not specs else \
+            static_resource_reason(_resources(cand, req, len(specs)), req)
         if why is not None:
             rejected.append(f"{cand.name}: {why}")
         else:
             chain.append(Link(cand.name, specs))
     return chain, rejected
+
+
+def _reason_text(result: Any) -> str:
+    reason = result.reasons[0]
+    return str(reason) if reason.stage == "override" else reason.message
 
 
 def plan(entries: Sequence[ManifestEntry], archs: Sequence[Arch], registry: Any = None,

@@ -5,8 +5,10 @@
   gemm.simt         sm_75+: no tensor cores (the sm_75 fallback; also whatever the others refuse)
 
 A request carries every feature that decides compilation or feasibility, with its real value: dtypes, m, n, k,
-batch, layout, epilogue, alignment, shared-B. Each candidate's config comes from the tuned table or the heuristic
-(`_gemm_tuned`); the sm_90a candidate steps aside when the table prefers the sm80 kernel for the shape.
+batch, layout, epilogue, alignment, shared-B. The tuned config (`_gemm_tuned`: the table's row, exact or nearest,
+else the heuristic) names the kernel family expected fastest: that candidate costs 1.0 and serves with that config;
+the other tensor-core candidate OTHER_COST with its own config; the SIMT kernel SIMT_COST (where the tuned config
+is SIMT, sm_75, it is the only one). Costs computed once per request, as each candidate's config.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any
 from rtckern.caches import PlanCache
 from rtckern import config
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, OpRequest, Resources, default_registry, register, \
+from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
     register_request_builder, select
 from rtckern.registry import options as opts
 from rtckern.ops import _gemm_launch as L
@@ -44,6 +46,11 @@ def problem(req: OpRequest) -> P.GemmProblem:
 
 
 _plans = PlanCache("gemm.tuned_configs")
+_configs = PlanCache("gemm.candidate_configs")
+# Expected cost relative to the kernel family the tuned config names (1.0): the other tensor-core family (the table
+# measured it slower, or the heuristic expects it to be), and the SIMT kernel (no tensor cores: the last resort).
+OTHER_COST = 1.5
+SIMT_COST = 4.0
 
 
 def tuned_plan(req: OpRequest) -> tuple[Any, str]:
@@ -64,11 +71,29 @@ def _dtype_reason(req: OpRequest) -> str | None:
     return None
 
 
+def tuned_cost(kind: str, req: OpRequest, other: float) -> Cost:
+    """1.0 where the tuned config is of `kind` (source: the table's row or the heuristic), else `other`."""
+    cfg, source = tuned_plan(req)
+    src = "table" if source in ("exact", "nearest") else "rule"
+    where = f"the {source} table row" if src == "table" else "the heuristic"
+    if cfg.kind == kind:
+        return Cost(1.0, src, f"{where} names the {kind} kernel ({cfg.as_dict()})")
+    return Cost(other, src, f"{where} names the {cfg.kind} kernel")
+
+
 class _GemmCandidate(Candidate):
     op = OP
     vendors = ("nvidia",)
 
     def config(self, req: OpRequest):
+        """This candidate's config for req, computed once per request (cost, specs, resources, launch)."""
+        key = (self.name, req)
+        hit = _configs.get(key)
+        if hit is None:
+            hit = _configs.put(key, self._config(req))
+        return hit
+
+    def _config(self, req: OpRequest):
         raise NotImplementedError
 
     def kernel_specs(self, req: OpRequest):
@@ -125,13 +150,14 @@ class Sm90WgmmaCandidate(_GemmCandidate):
         if not req.flag("aligned"):
             return ("TMA needs 16-byte aligned operands: base addresses, row strides and batch strides that are "
                     "multiples of 8 elements, k a multiple of 8 and, with trans_b=False, n a multiple of 8")
-        cfg, source = tuned_plan(req)
-        if cfg.kind != "sm90":
-            return f"the {source} tuned config for this shape is the {cfg.kind} kernel ({cfg.as_dict()})"
-        return None
+        return self.config(req).invalid(problem(req))
 
-    def config(self, req: OpRequest):
-        return tuned_plan(req)[0]
+    def cost(self, req: OpRequest) -> Cost:
+        return tuned_cost("sm90", req, OTHER_COST)
+
+    def _config(self, req: OpRequest):
+        cfg, _ = tuned_plan(req)
+        return cfg if cfg.kind == "sm90" else T.sm90_heuristic(problem(req), req.device)
 
 
 class Sm80MmaCandidate(_GemmCandidate):
@@ -145,7 +171,10 @@ class Sm80MmaCandidate(_GemmCandidate):
             return why
         return self.config(req).invalid(problem(req))
 
-    def config(self, req: OpRequest):
+    def cost(self, req: OpRequest) -> Cost:
+        return tuned_cost("sm80", req, OTHER_COST)
+
+    def _config(self, req: OpRequest):
         cfg, _ = tuned_plan(req)
         if cfg.kind != "sm80":
             cfg = T.sm80_heuristic(problem(req), req.device)
@@ -164,7 +193,10 @@ class SimtCandidate(_GemmCandidate):
     def supports(self, req: OpRequest) -> str | None:
         return _dtype_reason(req) or P.SimtConfig().invalid(problem(req))
 
-    def config(self, req: OpRequest):
+    def cost(self, req: OpRequest) -> Cost:
+        return tuned_cost("simt", req, SIMT_COST)
+
+    def _config(self, req: OpRequest):
         return P.SimtConfig()
 
 

@@ -3,8 +3,8 @@
 m, n, k), and the heuristics used where no row applies.
 
 A row's config is a kernel-family config (`_gemm_plan.config_from_dict`): {"kind": "sm90", "bm": 128, ...}.
-The kind says which candidate the row prefers: the sm_90a candidate steps aside (with that reason) for a row of
-kind sm80, so one table ranks both families on one GPU. m in the key is batch x m (rows of work). "splits": 0 in
+The kind says which candidate the row measured fastest: that candidate's expected cost is the lowest, so one table
+ranks both kernel families on one GPU (the other keeps its own config: `sm90_heuristic`, `sm80_heuristic`). m in the key is batch x m (rows of work). "splits": 0 in
 a config means "choose split-K by the wave heuristic at run time".
 """
 from __future__ import annotations
@@ -81,17 +81,24 @@ def heuristic(p: P.GemmProblem, device):
     kernel with 16-row tiles (it streams B best); sm80 kernels elsewhere."""
     rows = p.batch * p.m
     if device.arch.major == 9 and device.arch.minor == 0 and p.aligned and rows > 32:
-        big = math.ceil(rows / 128) * math.ceil(p.n / 256) >= device.sm_count
-        if big:
-            cfg = P.Sm90Config(128, 256, 4, 2)
-        elif rows <= 256:
-            # Skinny: 128 x 64 tiles read A once per tile and keep ~1 block per SM (H200, M = 128: best or within
-            # 0.3% at N = K = 4096 and 8192, split 2 in a cluster at 4096).
-            cfg = P.Sm90Config(128, 64, 8, 2, splits=0, cluster=True)
-        else:
-            cfg = P.Sm90Config(128, 128, 6, 2, splits=0, cluster=True)
-        return P.with_splits(cfg, p, device.sm_count)
+        return sm90_heuristic(p, device)
     return sm80_heuristic(p, device)
+
+
+def sm90_heuristic(p: P.GemmProblem, device):
+    """The wgmma kernel's config without a table row (for any M: heuristic() prefers the mma.sync kernel at
+    M <= 32, and this is the wgmma candidate's own config there)."""
+    rows = p.batch * p.m
+    big = math.ceil(rows / 128) * math.ceil(p.n / 256) >= device.sm_count
+    if big:
+        cfg = P.Sm90Config(128, 256, 4, 2)
+    elif rows <= 256:
+        # Skinny: 128 x 64 tiles read A once per tile and keep ~1 block per SM (H200, M = 128: best or within
+        # 0.3% at N = K = 4096 and 8192, split 2 in a cluster at 4096).
+        cfg = P.Sm90Config(128, 64, 8, 2, splits=0, cluster=True)
+    else:
+        cfg = P.Sm90Config(128, 128, 6, 2, splits=0, cluster=True)
+    return P.with_splits(cfg, p, device.sm_count)
 
 
 def sm80_heuristic(p: P.GemmProblem, device):

@@ -4,18 +4,19 @@ memory), an L2 re-read kernel (no row data in registers) and a cooperative kerne
 blocks per row); the backward ops also have the cluster-split L2 re-read kernel (l2c, sm_90+) and the cp.async
 staged kernel (stage, sm_80+).
 
-Priority: l2 (130) > stage (128, backward) > l2c (125) > cluster (120) > rows (100) > coop (80). The l2, l2c and
-cluster kernels serve a shape only where the norm_kind table (measured by the benchmark's sweep; nearest tuned
-shape) names them, or, without a table for the arch, where the row-size rule does; the stage kernel only where the
-table names it; the row kernel serves whatever fits its register budget; the cooperative kernel serves the rest
-(and rows too long for anything else). A forced candidate (force_impl) skips the preference.
+Each candidate says whether it can serve a request (a geometry within its register / shared-memory budget, the
+arch it needs) and at what expected cost (`kind_costs`, one answer per request shared by every kind): the kind the
+norm_kind table measured fastest near the request's shape costs 1.0 (without a table for the arch: the kinds the
+row-size rules name); the row kernel, where another kind is expected fastest, 1.25; the cooperative kernel 2.0
+(it serves rows too long for anything else); the kinds the table or the rules did not name 4.0. The registry ranks
+by cost, then priority: l2 (130) > stage (128, backward) > l2c (125) > cluster (120) > rows (100) > coop (80).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from rtckern.config import settings
-from rtckern.registry import Candidate, OpRequest, Resources
+from rtckern.caches import PlanCache
+from rtckern.registry import Candidate, Cost, OpRequest, Resources
 from rtckern.registry import options as opts
 
 from . import _norms_kernels as K
@@ -59,6 +60,66 @@ def _is_sm90_plus(req: OpRequest) -> bool:
     return not a.gfx and a.cc >= (9, 0)
 
 
+# Expected cost of a kind relative to the one expected fastest for the request (1.0): the general row kernel where
+# another kind is expected fastest (it takes over when that kind fails its probe), the cooperative kernel (several
+# blocks per row: the last resort), and the kinds the table measured slower or the rules do not name.
+ROWS_BEHIND = 1.25
+COOP_COST = 2.0
+NOT_NAMED = 4.0
+
+_costs = PlanCache("norms.kind_costs")
+_configs = PlanCache("norms.candidate_configs")
+
+
+def kind_costs(direction: str, p, device) -> dict[str, Cost]:
+    """Every norm kind's expected cost for problem p on device, memoized (one table lookup per request)."""
+    key = (direction, p, device)
+    hit = _costs.get(key)
+    if hit is None:
+        hit = _costs.put(key, _kind_costs(direction, p, device))
+    return hit
+
+
+def _kind_costs(direction: str, p, device) -> dict[str, Cost]:
+    kinds = ("rows", "cluster", "l2", "coop") + (("stage", "l2c") if direction == "bwd" else ())
+    found = L.preferred_kind_row(direction, p, device)
+    row_bytes = p.n * K.ITEMSIZE[p.x]
+    if found is not None:
+        kind, hit = found
+        named = {kind}
+        row = hit.row
+        at = dict(row.shape).get("n") if row is not None else None
+        gbps = f", {row.meta['gbps']} GB/s" if row is not None and "gbps" in row.meta else ""
+        named_src, why = "table", (f"norm_kind {hit.source} row {row.arch}/{row.sm_count} n={at}: {kind} "
+                                   f"measured fastest{gbps}" if row is not None else f"norm_kind: {kind} fastest")
+        if row is not None and str(row.config.get("kind")) != kind:
+            why += f" (the row names {row.config.get('kind')}, which has no tuned config for N={p.n})"
+        other = f"norm_kind: {kind} measured faster near N={p.n}"
+    else:
+        limits = {"l2": L2_FROM_BYTES[direction], "cluster": SPLIT_FROM_BYTES[direction]}
+        if direction == "bwd":
+            limits["l2c"] = L2C_FROM_BYTES
+        named = {k for k, lim in limits.items() if row_bytes >= lim}
+        named_src = "rule"
+        why = (f"rows of {row_bytes} B >= the {'/'.join(sorted(named))} thresholds "
+               f"(no norm_kind table for {device.arch.sm})" if named else
+               f"rows of {row_bytes} B < every other kind's threshold (no norm_kind table for {device.arch.sm})")
+        if not named:
+            named = {"rows"}
+        other = f"rows of {row_bytes} B: not named by the rules (no norm_kind table for {device.arch.sm})"
+    out = {}
+    for k in kinds:
+        if k in named:
+            out[k] = Cost(1.0, named_src, why)
+        elif k == "rows":
+            out[k] = Cost(ROWS_BEHIND, "rule", f"the row kernel, behind {'/'.join(sorted(named))}")
+        elif k == "coop":
+            out[k] = Cost(COOP_COST, "rule", "the cooperative kernel: the last resort")
+        else:
+            out[k] = Cost(NOT_NAMED, named_src, other)
+    return out
+
+
 class _NormCandidate(Candidate):
     kind = ""
     direction = ""
@@ -68,11 +129,10 @@ class _NormCandidate(Candidate):
         return fwd_problem(req) if self.direction == "fwd" else bwd_problem(req)
 
     def config(self, req: OpRequest):
-        p = self.problem(req)
-        return (L.fwd_config if self.direction == "fwd" else L.bwd_config)(p, self.kind, req.device)
+        return self._memo_of(req)[1]
 
-    def _row_bytes(self, req: OpRequest) -> int:
-        return req.dim("n") * K.ITEMSIZE[req.dtype("x")]
+    def cost(self, req: OpRequest) -> Cost:
+        return kind_costs(self.direction, self._memo_of(req)[0], req.device)[self.kind]
 
     def supports(self, req: OpRequest) -> str | None:
         cfg = self.config(req)
@@ -96,19 +156,6 @@ class _NormCandidate(Candidate):
         if self.direction == "fwd":
             return (main,)
         return (main,) + ((Resources(block=K.DW_REDUCE_BLOCK),) if (p.weight_grad or p.bias_grad) else ())
-
-    def prefers_cluster(self, req: OpRequest) -> tuple[bool, str]:
-        """Whether the cluster kernel should serve req on an sm_90+ device, and why: the measured choice for the
-        nearest tuned shape (norm_kind table), else the row-size rule."""
-        kind = L.preferred_kind(self.direction, self.problem(req), req.device)
-        if kind is not None:
-            return kind == "cluster", f"the tuned table's fastest kind near N={req.dim('n')} is {kind}"
-        split = self._row_bytes(req) >= SPLIT_FROM_BYTES[self.direction]
-        return split, (f"rows of {self._row_bytes(req)} B {'>=' if split else '<'} "
-                       f"{SPLIT_FROM_BYTES[self.direction]} B (no tuned table for {req.device.arch.sm})")
-
-    def forced(self, req: OpRequest) -> bool:
-        return settings().force_impl.get(req.op) == self.name
 
     def launch(self, req: OpRequest, kernels: tuple[Any, ...], call: Any, cfg: Any = None) -> tuple:
         p, memo_cfg = self._memo_of(req)
@@ -134,15 +181,15 @@ class _NormCandidate(Candidate):
             grid = min(grid, L.blocks_per_sm(kernels[0], cfg.block) * kernels[0].device.sm_count)
         return grid, cfg.block, 0
 
-    def _cfg_memo(self, req: OpRequest):
-        return self._memo_of(req)[1]
-
     def _memo_of(self, req: OpRequest):
-        """(problem, config) of req, memoized: the launch path reads them on every call."""
-        memo = self.__dict__.setdefault("_memo", {})
-        hit = memo.get(req)
+        """(problem, config) of req, computed once per request (supports, cost, specs, resources and every
+        launch read them)."""
+        key = (self.name, req)
+        hit = _configs.get(key)
         if hit is None:
-            hit = memo[req] = (self.problem(req), self.config(req))
+            p = self.problem(req)
+            cfg = (L.fwd_config if self.direction == "fwd" else L.bwd_config)(p, self.kind, req.device)
+            hit = _configs.put(key, (p, cfg))
         return hit
 
 
@@ -152,8 +199,8 @@ class _Rows(_NormCandidate):
     priority = 100
     min_arch = "sm_75"
 
-    # No preference check here: the cluster kernel (higher priority) declines shapes where rows are faster, and
-    # where it is preferred but fails its probe, the row kernel is the next best, not the cooperative one.
+    # Where another kind is expected fastest, the row kernel ranks next (ROWS_BEHIND): if that kind fails its
+    # probe, the row kernel serves, not the cooperative one.
 
 
 class _Cluster(_NormCandidate):
@@ -175,11 +222,6 @@ class _Cluster(_NormCandidate):
                     f"each fits on {req.device.describe()}")
         return None
 
-    def supports(self, req: OpRequest) -> str | None:
-        cluster, why = self.prefers_cluster(req)
-        if not cluster and not self.forced(req):
-            return f"another kernel kind is faster here (the cluster kernel is not preferred): {why}"
-        return super().supports(req)
 
 
 class _L2(_NormCandidate):
@@ -187,21 +229,7 @@ class _L2(_NormCandidate):
     priority = 130
     min_arch = "sm_75"
 
-    def prefers_l2(self, req: OpRequest) -> tuple[bool, str]:
-        """Whether the l2 kernel should serve req: the norm_kind table's measured choice near this shape, else the
-        row-size rule."""
-        kind = L.preferred_kind(self.direction, self.problem(req), req.device)
-        if kind is not None:
-            return kind == "l2", f"the tuned table's fastest kind near N={req.dim('n')} is {kind}"
-        lim = L2_FROM_BYTES[self.direction]
-        ok = self._row_bytes(req) >= lim
-        return ok, (f"rows of {self._row_bytes(req)} B {'>=' if ok else '<'} {lim} B "
-                    f"(no tuned table for {req.device.arch.sm})")
-
     def supports(self, req: OpRequest) -> str | None:
-        ok, why = self.prefers_l2(req)
-        if not ok and not self.forced(req):
-            return f"another kernel kind is faster here (the l2 kernel is not preferred): {why}"
         if self.direction == "bwd" and self.config(req) is None:
             p = self.problem(req)
             return L.bwd_feasible(p, "l2", K.l2_config(p.n, p.vec, True), smem_optin=req.device.max_smem_per_block_optin)
@@ -227,21 +255,9 @@ class _L2C(_Cluster):
     kind = "l2c"
     priority = 125
 
-    def supports(self, req: OpRequest) -> str | None:
-        kind = L.preferred_kind(self.direction, self.problem(req), req.device)
-        if kind is not None:
-            ok, why = kind == "l2c", f"the tuned table's fastest kind near N={req.dim('n')} is {kind}"
-        else:
-            ok = self._row_bytes(req) >= L2C_FROM_BYTES
-            why = (f"rows of {self._row_bytes(req)} B {'>=' if ok else '<'} {L2C_FROM_BYTES} B "
-                   f"(no tuned table for {req.device.arch.sm})")
-        if not ok and not self.forced(req):
-            return f"another kernel kind is faster here (the l2c kernel is not preferred): {why}"
-        return _NormCandidate.supports(self, req)
-
 
 class _Stage(_NormCandidate):
-    """Backward only: rows staged through shared memory with cp.async. Serves only where the norm_kind table
+    """Backward only: rows staged through shared memory with cp.async. Ranked first only where the norm_kind table
     measured it fastest (no row-size rule: without a table for the arch the other kinds keep their shapes)."""
 
     kind = "stage"
@@ -249,14 +265,6 @@ class _Stage(_NormCandidate):
     min_arch = "sm_80"
 
     def supports(self, req: OpRequest) -> str | None:
-        kind = L.preferred_kind(self.direction, self.problem(req), req.device)
-        if not self.forced(req):
-            if kind is None:
-                return (f"no tuned table for {req.device.arch.sm}: the stage kernel serves only shapes where it "
-                        "was measured fastest")
-            if kind != "stage":
-                return (f"another kernel kind is faster here (the stage kernel is not preferred): the tuned "
-                        f"table's fastest kind near N={req.dim('n')} is {kind}")
         if self.config(req) is None:
             p = self.problem(req)
             return (f"no stage geometry for N={p.n}: it needs 256-1024 threads with at most "

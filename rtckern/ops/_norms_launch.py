@@ -244,8 +244,13 @@ def _config(table: str, p, kind: str, device, feasible, heuristic):
 
 def preferred_kind(direction: str, p, device) -> str | None:
     """The fastest kernel kind measured for the nearest tuned shape on this arch ("rows" / "cluster" / "l2" /
-    "l2c"), or
-    None when the tables have nothing for this arch."""
+    "l2c" / "stage" / "coop"), or None when the tables have nothing for this arch."""
+    found = preferred_kind_row(direction, p, device)
+    return None if found is None else found[0]
+
+
+def preferred_kind_row(direction: str, p, device) -> tuple[str, Any] | None:
+    """(kind, the norm_kind table's hit) as preferred_kind; the hit names the row (its shape, gbps, source)."""
     key = {"dir": direction, "norm": "layer" if p.layer else "rms", "dtype": p.x, "n": p.n}
     hit = tuning.lookup(TABLE_KIND, device, key)
     if hit is None:
@@ -256,12 +261,12 @@ def preferred_kind(direction: str, p, device) -> str | None:
         if cfg is None:
             # No timed cluster config serves this row length (the nearest row's needs more registers per thread
             # than N allows): the l2 kernel, which any length runs, rather than an untimed cluster geometry.
-            return "l2"
+            return "l2", hit
         if cfg.opt & K.SMEM_AFFINE and not p.flags & (K.WEIGHT | K.BIAS):
             # Chosen (and timed) for its weight and bias held per block; without them that kernel is slower than
             # l2 (fp32 LayerNorm 65536: 0.74 vs 0.88x copy, docs/performance.md, Norms).
-            return "l2"
-    return kind
+            return "l2", hit
+    return kind, hit
 
 
 # ---- specs ------------------------------------------------------------------------------------------------------

@@ -4,6 +4,10 @@ chunks, any row length). One instance of each per op, registered by `register_al
 
 A request carries what decides compilation and feasibility: the dtype, the row length n (its power-of-two
 bucket picks the template config; n itself decides whether the shared-memory stash fits) and the vector width.
+
+Where the tuning tables timed the ring and the one-pass kernels on the same problem (`measured_us`), both answer
+an expected cost (time relative to the faster of the two) and the registry ranks the faster first; elsewhere
+neither has an estimate and priority decides: one-pass (100), ring (90), online (50, any row length).
 """
 from __future__ import annotations
 
@@ -13,12 +17,12 @@ from typing import Any
 from rtckern.caches import PlanCache
 from rtckern import config
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, OpRequest, Resources, register, register_kernel_provider, \
+from rtckern.registry import Candidate, Cost, OpRequest, Resources, register, register_kernel_provider, \
     register_request_builder, select
 from rtckern.errors import OptionError
 from rtckern.registry import options as opts
 from rtckern.registry import default_registry
-from rtckern.registry.candidate import arch_reason
+from rtckern.registry.candidate import arch_reason, rank_key
 from rtckern.runtime import arrays as arr
 from rtckern.spec import KernelSpec
 from rtckern.ops import _softmax_plan as plan
@@ -82,6 +86,26 @@ def launch_onepass(kernel, direction: str, cfg: plan.OnePass, dtype: str, vec: i
     kernel.launch(cfg.launch_grid(geom), cfg.threads, args, shared_mem=smem, stream=stream)
 
 
+_measured = PlanCache("softmax.measured")
+
+
+def measured_cost(direction: str, kind: int, req: OpRequest, *, ring: bool) -> Cost | None:
+    """The ring's or the one-pass kernel's expected time relative to the faster of the two, where the tuning
+    tables timed both on the same problem (nearest tuned row length); None elsewhere. One lookup per request."""
+    key = (direction, kind, req)
+    found = _measured.get(key)
+    if found is None:
+        found = _measured.put(key, measured_us(direction, kind, req.dtype("x"), req.dim("n"), req.dim("vec"),
+                                               req.device))
+    ring_us, onepass_us, at = found
+    if ring_us is None or onepass_us is None:
+        return None
+    mine = ring_us if ring else onepass_us
+    return Cost(mine / min(ring_us, onepass_us), "table",
+                f"tuned on {req.device.arch.sm} at n={at} {req.dtype('x')}: ring {ring_us:.1f} us, one-pass "
+                f"{onepass_us:.1f} us")
+
+
 class _SoftmaxCandidate(Candidate):
     min_arch = "sm_75"
     vendors = ("nvidia", "amd")  # portable sources (common/): hiprtc compiles them for gfx90a in CI; no AMD GPU run yet
@@ -120,22 +144,13 @@ class OnePassCandidate(_SoftmaxCandidate):
             return (f"a row of {n} {dt} keys (vector width {vec}) exceeds the one-pass limit of {limit} keys on "
                     f"{req.device.arch.sm} ({req.device.max_smem_per_block_optin} B shared memory per block); "
                     "the online candidate serves it")
-        return self._ring_preferred(req)
-
-    def _ring_preferred(self, req: OpRequest) -> str | None:
-        """Steps aside (a reason) where the ring kernel can serve req and the tuning tables measured it faster on
-        the same problem (nearest tuned row length of both); None otherwise, and always when forced."""
-        if config.settings().force_impl.get(req.op) == self.name:
-            return None
-        ring_cand = RingCandidate(self.op)
-        if arch_reason(ring_cand, req) is not None or ring_cand.supports(req) is not None:
-            return None
-        dt, n = req.dtype("x"), req.dim("n")
-        ring_us, onepass_us, at = measured_us(self.direction, self.kind, dt, n, req.dim("vec"), req.device)
-        if ring_us is not None and onepass_us is not None and ring_us < onepass_us:
-            return (f"measured on {req.device.arch.sm}: the ring kernel ({ring_us:.1f} us) beats the one-pass "
-                    f"kernel ({onepass_us:.1f} us) at n={at} {dt} (tuning tables); the ring candidate serves it")
         return None
+
+    def cost(self, req: OpRequest) -> Cost | None:
+        return measured_cost(self.direction, self.kind, req, ring=False)
+
+    def config(self, req: OpRequest) -> plan.OnePass | None:
+        return _config_for(self.direction, req)
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
         cfg = _config_for(self.direction, req)
@@ -186,8 +201,8 @@ def ring_launch_geometry(kernel, direction: str, kind: int, dtype: str, cfg: rin
 
 class RingCandidate(_SoftmaxCandidate):
     """Persistent blocks fed by bulk copies into a ring of shared-memory slots (sm_90+): rows of 16-byte aligned
-    vectors that fit in shared memory with room for the next chunk. Ranked below the one-pass kernels, which step
-    aside where the tuning tables measured the ring faster (OnePassCandidate.supports)."""
+    vectors that fit in shared memory with room for the next chunk. Ranked ahead of the one-pass kernel where the
+    tuning tables measured it faster on the same problem, behind it elsewhere (priority)."""
 
     priority = 90
     min_arch = "sm_90"
@@ -212,6 +227,12 @@ class RingCandidate(_SoftmaxCandidate):
             return (f"a row of {n} {dt} keys does not fit the shared-memory ring on {req.device.arch.sm} "
                     f"({req.device.max_smem_per_block_optin} B per block) with room for the next chunk")
         return None
+
+    def config(self, req: OpRequest) -> ring.Ring | None:
+        return ring_config(self.direction, self.kind, req)
+
+    def cost(self, req: OpRequest) -> Cost | None:
+        return measured_cost(self.direction, self.kind, req, ring=True)
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
         cfg = ring_config(self.direction, self.kind, req)
@@ -240,6 +261,9 @@ class OnlineCandidate(_SoftmaxCandidate):
 
     def supports(self, req: OpRequest) -> str | None:
         return self._dtype_reason(req)
+
+    def config(self, req: OpRequest):
+        return plan.online_config(req.dim("n"), req.dim("vec"))
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
         cfg = plan.online_config(req.dim("n"), req.dim("vec"))
@@ -320,11 +344,11 @@ PREFILL_NS = tuple(1 << k for k in range(7, 18)) + (1023,)
 
 
 def prefill_specs(archs):
-    """Every kernel the softmax ops pick on a typical device of each arch (prefill provider)."""
+    """The kernels the softmax ops pick on a typical device of each arch, and their fallbacks (prefill provider):
+    every candidate that can serve, except a one-pass kernel that ranks behind the ring (measured slower)."""
     import dataclasses
 
     from rtckern.arch import ArchFilter
-    from rtckern.registry.candidate import arch_reason
 
     out = {}
     for arch in ArchFilter.of(min_arch="7.5", vendors=("nvidia",)).targets(archs):
@@ -333,10 +357,13 @@ def prefill_specs(archs):
             for dt in plan.CTYPES:
                 for n in PREFILL_NS:
                     req = request(op, dt, n, plan.vector_width(dt, n), dev)
-                    for c in cands_:
-                        if arch_reason(c, req) is None and c.supports(req) is None:
-                            for spec in c.kernel_specs(req):
-                                out.setdefault(dataclasses.replace(spec, arch=arch), None)
+                    serving = [c for c in cands_ if arch_reason(c, req) is None and c.supports(req) is None]
+                    keys = {type(c): rank_key(c, c.cost(req)) for c in serving}
+                    for c in serving:
+                        if isinstance(c, OnePassCandidate) and keys.get(RingCandidate, keys[type(c)]) < keys[type(c)]:
+                            continue
+                        for spec in c.kernel_specs(req):
+                            out.setdefault(dataclasses.replace(spec, arch=arch), None)
     return list(out)
 
 

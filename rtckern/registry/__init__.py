@@ -3,7 +3,8 @@
     from rtckern.registry import OpRequest, Candidate, register, select, explain
 
 Ops register `Candidate`s (and a request builder, for `explain`/`tune`/`selftest` from the command line, and a
-kernel provider, for `rtckern prefill`) at `import rtckern.ops`; `select(req)` returns the memoized `Selection` or raises `UnsupportedRequestError` with
+kernel provider, for `rtckern prefill`) at `import rtckern.ops`; `select(req)` ranks the candidates that can serve by expected cost (`Candidate.cost`, then
+priority), probes them in that order and returns the memoized `Selection`, or raises `UnsupportedRequestError` with
 every candidate's reasons.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from rtckern.errors import UnsupportedRequestError
-from rtckern.registry.candidate import Candidate, Resources
+from rtckern.registry.candidate import Candidate, Cost, Resources
 from rtckern.registry.explain import Explanation, build_request as _build_request, device_for, \
     explain as _explain, parse_shape
 from rtckern.registry.fallback import fallback_allowed, warn_fallback_once
@@ -21,7 +22,7 @@ from rtckern.registry.results import ProbeResult, Reason, Selection
 from rtckern.registry.selector import Registry
 from rtckern.registry.store import clear_decisions, decisions_dir
 
-__all__ = ["OpRequest", "Candidate", "Resources", "Registry", "Selection", "ProbeResult", "Reason", "Explanation",
+__all__ = ["OpRequest", "Candidate", "Cost", "Resources", "Registry", "Selection", "ProbeResult", "Reason", "Explanation",
            "UnsupportedRequestError", "register", "select", "explain", "register_request_builder",
            "build_request", "candidates", "default_registry", "parse_shape", "device_for", "fallback_allowed",
            "warn_fallback_once", "clear_decisions", "decisions_dir", "register_kernel_provider", "kernel_providers"]
@@ -60,7 +61,8 @@ def explain(op_or_request: str | OpRequest, *, dtype: str | None = None, shape: 
             arch: str | None = None, sm_count: int | None = None, device: Any = None,
             options: Mapping[str, str] | None = None, probe_all: bool = True,
             registry: Registry | None = None) -> Explanation:
-    """Every candidate for the request, accepted or rejected and why, the chosen one, its specs and cache keys.
+    """Every candidate for the request, its expected cost and rank, accepted or rejected and why, the chosen one
+    and why it won, its specs and cache keys.
 
     explain("rms_norm", dtype="bf16", shape="8192x4096", arch="sm_90", sm_count=132)  # no GPU needed
     explain(req)                       # an OpRequest built by the caller

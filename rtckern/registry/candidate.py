@@ -2,8 +2,10 @@
 
 An op family subclasses `Candidate` once per implementation and registers an instance. The registry checks
 vendor and arch range itself (so every candidate words those reasons the same way), then calls the candidate's
-cheap `supports()`, compiles `kernel_specs()`, and on a live device loads them and checks `launch_resources()`
-and `check_resources()` against the device.
+cheap `supports()` (can it serve this request at all?) and `cost()` (at what expected cost?), ranks the candidates
+that can serve by (cost, then priority), and probes them in that order: it compiles `kernel_specs()`, and on a
+live device loads them and checks `launch_resources()` and `check_resources()` against the device. A candidate
+never declines because another one is faster: that is what its cost says.
 """
 from __future__ import annotations
 
@@ -15,6 +17,37 @@ from rtckern.arch import Arch, ArchFilter
 if TYPE_CHECKING:  # pragma: no cover
     from rtckern.registry.request import OpRequest
     from rtckern.spec import KernelSpec
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A candidate's expected cost for one request: lower ranks first. Comparable among one op's candidates only
+    (each family says what its unit is, e.g. time relative to the fastest kind known for the request).
+
+    source: where the number comes from: "table" (a tuned table's measurement) or "rule" (the family's rule where
+    no table covers the request). detail: one line naming the table row or the rule, for `explain`.
+    """
+
+    value: float
+    source: str = "rule"
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.source not in ("table", "rule"):
+            raise ValueError(f"Cost.source must be 'table' or 'rule', got {self.source!r}")
+        if not isinstance(self.value, (int, float)) or isinstance(self.value, bool) or self.value != self.value:
+            raise ValueError(f"Cost.value must be a number, got {self.value!r}")
+
+    def describe(self) -> str:
+        return f"{self.value:.3g} ({self.source}{': ' + self.detail if self.detail else ''})"
+
+
+def rank_key(cand: "Candidate", cost: Cost | None) -> tuple:
+    """The registry's order: candidates with an expected cost first, cheapest first; then those without one; ties
+    (and families without costs) by priority, then name."""
+    if cost is None:
+        return (1, 0.0, -cand.priority, cand.name)
+    return (0, float(cost.value), -cand.priority, cand.name)
 
 
 @dataclass(frozen=True)
@@ -33,7 +66,8 @@ class Resources:
 class Candidate:
     """Base class of an op implementation. Class attributes describe it; methods are called by the registry.
 
-    name: unique, "<op>.<variant>" by convention. priority: higher is tried first.
+    name: unique, "<op>.<variant>" by convention. priority: the tie-break among candidates of equal expected cost
+    (or without one): higher is tried first.
     min_arch / max_arch: inclusive compute-capability range ("sm_80"), None for open. arch_specific: the kernels
     need the device's arch-specific target (sm_90a: wgmma, setmaxnreg), whose binaries run only on that exact
     compute capability. vendors: which GPU vendors the sources serve.
@@ -49,7 +83,14 @@ class Candidate:
 
     # -- to implement -------------------------------------------------------------------------------------------
     def supports(self, req: "OpRequest") -> str | None:
-        """Cheap check (no compile): None when this candidate can serve req, else the reason, as data."""
+        """Cheap check (no compile): None when this candidate can serve req, else the reason, as data. Whether
+        another candidate would be faster is not a reason: say that with cost()."""
+        return None
+
+    def cost(self, req: "OpRequest") -> Cost | None:
+        """Optional: the expected cost of serving req (called only when supports(req) is None), from the tuned
+        tables where they cover req, else a rule; None when there is no estimate (ranked after those with one,
+        by priority)."""
         return None
 
     def kernel_specs(self, req: "OpRequest") -> tuple["KernelSpec", ...]:

@@ -1,4 +1,5 @@
-"""`explain`: which candidate a request gets, and why every other one was or would be rejected.
+"""`explain`: which candidate a request gets, and why: each candidate's expected cost (and where it comes from: a
+tuned table's row or the family's rule), the ranking, and why every other one was or would be rejected.
 
 Works without a GPU for a hand-described device (`arch=`, `sm_count=`): the probe is then compile-only (no
 load, no occupancy), which the report says. On a live device (`device=0`) it runs the same probe `select` does.
@@ -88,6 +89,8 @@ class Explanation:
             "request": self.request.to_dict(),
             "mode": self.mode,
             "chosen": self.chosen,
+            "why": self.why(),
+            "ranking": [r.name for r in sorted(self.results, key=_rank) if r.rank is not None],
             "chosen_specs": [spec_to_dict(s) for s in ch.specs] if ch else [],
             "cache_keys": list(ch.cache_keys) if ch else [],
             "candidates": [r.to_dict() for r in self.results],
@@ -100,27 +103,56 @@ class Explanation:
         lines = [f"request: {self.request.describe()}",
                  f"probe:   {self.mode}" + (" (no live device: no load, occupancy or numerical checks)"
                                             if self.mode == COMPILE_ONLY else "")]
-        lines.append("candidates (priority order):")
+        lines.append("candidates (those that can serve ranked by expected cost, then priority; then the others):")
         for r in self.results:
             mark = "chosen  " if r.name == self.chosen else ("accepted" if r.accepted else
                                                              ("skipped " if not r.probed else "rejected"))
             src = " [from stored decisions]" if r.from_store else ""
-            lines.append(f"  {mark} {r.name} (priority {r.priority}){src}")
+            rank = "" if r.rank is None else f" rank {r.rank}, " + (
+                f"expected cost {r.cost.describe()}" if r.cost is not None else "no cost estimate")
+            lines.append(f"  {mark} {r.name} (priority {r.priority}){rank}{src}")
             for reason in r.reasons:
                 lines.append(f"           - {reason}")
             if not r.probed and not r.reasons:
-                lines.append("           - not probed: a higher-priority candidate was chosen")
+                lines.append("           - not probed: a better-ranked candidate was chosen")
         ch = self.chosen_result
         if ch is None:
             lines.append("chosen: none (the op would raise UnsupportedRequestError)")
         else:
             lines.append(f"chosen: {ch.name}")
+            lines.append(f"why:    {self.why()}")
             for spec, key in zip(ch.specs, ch.cache_keys):
                 lines.append(f"  kernel: {spec.describe()}")
                 if spec.defines or spec.options:
                     lines.append(f"          defines {list(spec.defines)} options {list(spec.options)}")
                 lines.append(f"  cache key: {key}")
         return "\n".join(lines)
+
+
+    def why(self) -> str:
+        """One line: why the chosen candidate won (its rank and cost, the runner-up, better-ranked failures)."""
+        ch = self.chosen_result
+        if ch is None:
+            return "no candidate serves the request"
+        ranked = sorted((r for r in self.results if r.rank is not None), key=_rank)
+        if ch.cost is not None:
+            text = f"expected cost {ch.cost.describe()}"
+        else:
+            text = f"no cost estimate, priority {ch.priority}"
+        text = f"ranked {ch.rank} of {len(ranked)} that can serve ({text})"
+        failed = [r for r in ranked if r.rank < ch.rank]
+        if failed:
+            text += "; better-ranked " + ", ".join(
+                f"{r.name} failed its probe ({r.reasons[0].stage if r.reasons else 'rejected'})" for r in failed)
+        nxt = next((r for r in ranked if r.rank == ch.rank + 1), None)
+        if nxt is not None:
+            cost = f"expected cost {nxt.cost.describe()}" if nxt.cost is not None else "no cost estimate"
+            text += f"; next in line: {nxt.name} ({cost}, priority {nxt.priority})"
+        return text
+
+
+def _rank(r: ProbeResult) -> int:
+    return r.rank if r.rank is not None else 1 << 30
 
 
 def explain_request(registry: Registry, req: OpRequest, *, probe_all: bool = True) -> Explanation:

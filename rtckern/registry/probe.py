@@ -1,7 +1,8 @@
 """Probing one candidate for one request: the stages, in order, each turning a failure into a `Reason`.
 
-    arch -> supports -> specs -> compile (through the manager's caches) -> [live device] load -> resources
-         -> [numeric probe on] numeric
+    arch -> supports                                            (cheap_check: before ranking)
+    -> specs -> compile (through the manager's caches) -> [live device] load -> resources
+         -> [numeric probe on] numeric                          (probe_ranked: in rank order)
 
 A hand-described device (no ordinal) gets a compile-only probe plus the resource checks that need no loaded
 kernel (block size, dynamic shared memory vs the opt-in limit). Bugs in a candidate (supports() or
@@ -33,17 +34,23 @@ def required_checks(mode: str, numeric: bool) -> tuple[str, ...]:
     return ("compile", "load", "resources") + (("numeric",) if numeric else ())
 
 
-def probe_candidate(cand: Candidate, req: OpRequest, *, numeric: bool,
-                    stored: dict[str, Any] | None) -> tuple[ProbeResult, tuple[Any, ...]]:
-    """Run every stage for `cand`; return its result and, when accepted on a live device, its loaded kernels."""
-    base = dict(name=cand.name, priority=cand.priority)
+def cheap_check(cand: Candidate, req: OpRequest) -> ProbeResult | None:
+    """The checks that rank nothing and compile nothing (arch range, supports()): None when cand can serve req,
+    else its rejection."""
     why = arch_reason(cand, req)
     if why is not None:
-        return ProbeResult(accepted=False, reasons=(Reason("arch", why),), checks=("arch",), **base), ()
+        return ProbeResult(cand.name, cand.priority, accepted=False, reasons=(Reason("arch", why),), checks=("arch",))
     why = cand.supports(req)
     if why is not None:
-        return ProbeResult(accepted=False, reasons=(Reason("supports", str(why)),),
-                           checks=("arch", "supports"), **base), ()
+        return ProbeResult(cand.name, cand.priority, accepted=False, reasons=(Reason("supports", str(why)),),
+                           checks=("arch", "supports"))
+    return None
+
+
+def probe_ranked(cand: Candidate, req: OpRequest, *, numeric: bool, stored: dict[str, Any] | None,
+                 cost: Any = None, rank: int | None = None) -> tuple[ProbeResult, tuple[Any, ...]]:
+    """The costly stages for a candidate that passed cheap_check (specs, compile, load, resources, numeric)."""
+    base: dict[str, Any] = dict(name=cand.name, priority=cand.priority, cost=cost, rank=rank)
     specs = tuple(cand.kernel_specs(req))
     if not specs:
         raise ValueError(f"candidate {cand.name!r}: kernel_specs({req.describe()}) returned no KernelSpec")

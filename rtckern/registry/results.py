@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rtckern.registry.candidate import Candidate
+    from rtckern.registry.candidate import Candidate, Cost
     from rtckern.registry.request import OpRequest
     from rtckern.spec import KernelSpec
 
@@ -39,9 +39,11 @@ class Reason:
 class ProbeResult:
     """One candidate's outcome for one request.
 
-    accepted: passed every stage that was run. probed: False when it was not tried (a higher-priority candidate
-    was chosen first), in which case accepted is False and reasons is empty. checks: the stages that ran.
+    accepted: passed every stage that was run. probed: False when it was not tried (a better-ranked candidate
+    was chosen first, or an override took it out), in which case accepted is False. checks: the stages that ran.
     from_store: the compile/load/resource outcome was read from the persisted decisions, not re-probed.
+    cost: its expected cost (None: no estimate, or it cannot serve). rank: its place (1 = first) among the
+    candidates that can serve, None for the others.
     """
 
     name: str
@@ -53,10 +55,15 @@ class ProbeResult:
     checks: tuple[str, ...] = ()
     probed: bool = True
     from_store: bool = False
+    cost: "Cost | None" = None
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        c = self.cost
         return {
             "name": self.name, "priority": self.priority, "accepted": self.accepted, "probed": self.probed,
+            "rank": self.rank, "cost": None if c is None else {"value": c.value, "source": c.source,
+                                                               "detail": c.detail},
             "reasons": [str(r) for r in self.reasons], "reason_data": [r.to_dict() for r in self.reasons],
             "checks": list(self.checks), "from_store": self.from_store,
             "specs": [spec_to_dict(s) for s in self.specs], "cache_keys": list(self.cache_keys),
@@ -66,7 +73,8 @@ class ProbeResult:
 @dataclass(frozen=True)
 class Selection:
     """The chosen candidate for a request, with its kernels loaded on the request's device (an empty tuple for
-    a hand-described device: compile-only). `results` are the probe results up to and including the chosen."""
+    a hand-described device: compile-only). `results`: every candidate's result, those that can serve first in
+    rank order (probed up to and including the chosen), then the rejected ones."""
 
     request: "OpRequest"
     candidate: "Candidate"

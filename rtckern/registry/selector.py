@@ -1,8 +1,9 @@
 """`Registry`: candidates per op, memoized selection, overrides from the settings, and explain.
 
 Hot path: `select(req)` is one dict lookup once a request has been decided. The first call for a request takes
-that request's lock (concurrent first calls probe once), probes candidates in priority order and remembers the
-outcome, failures included, in memory and in the decision store on disk.
+that request's lock (concurrent first calls probe once), ranks the candidates that can serve it by expected cost
+(then priority), probes them in that order and remembers the outcome, failures included, in memory and in the
+decision store on disk.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from rtckern import config, events
 from rtckern.caches import PlanCache
 from rtckern.errors import ConfigError, UnsupportedRequestError
 from rtckern.registry import core_api
-from rtckern.registry.candidate import Candidate, check_declaration
-from rtckern.registry.probe import mode_of, probe_candidate
+from rtckern.registry.candidate import Candidate, Cost, check_declaration, rank_key
+from rtckern.registry.probe import cheap_check, mode_of, probe_ranked
 from rtckern.registry.request import OpRequest
 from rtckern.registry.results import ProbeResult, Reason, Selection
 from rtckern.registry.store import DecisionStore
@@ -142,15 +143,39 @@ class Registry:
         cand = self._by_name[chosen.name]
         return Selection(request=req, candidate=cand, specs=chosen.specs, kernels=kernels, results=tuple(results))
 
-    def probe(self, req: OpRequest, *, stop_at_first: bool, settings: Any = None, numeric: bool | None = None,
-              fresh: bool = False) -> tuple[list[ProbeResult], ProbeResult | None, tuple[Any, ...]]:
-        """Probe the op's candidates for req in priority order (applying the overrides). Returns every
-        candidate's result, the chosen one's result (None if none serves) and its loaded kernels.
-        numeric: run the numerical probe (default: the registry's / the setting's). fresh: ignore stored
-        outcomes (the new ones are still stored)."""
+    def rank(self, req: OpRequest, settings: Any = None
+             ) -> tuple[list[tuple[Candidate, Cost | None]], list[ProbeResult]]:
+        """The candidates that can serve req (overrides applied, arch range and supports() passed) with their
+        expected costs, in the order select() probes them: by cost, then priority (`rank_key`); and the others'
+        rejections, in priority order."""
         s = settings if settings is not None else config.settings()
         cands = self.candidates(req.op)
         skip = self._override_reasons(req.op, cands, s)
+        ranked: list[tuple[Candidate, Cost | None]] = []
+        rejected: list[ProbeResult] = []
+        for cand in cands:
+            if cand.name in skip:
+                rejected.append(ProbeResult(cand.name, cand.priority, False, (skip[cand.name],), probed=False))
+                continue
+            why = cheap_check(cand, req)
+            if why is not None:
+                rejected.append(why)
+                continue
+            cost = cand.cost(req)
+            if cost is not None and not isinstance(cost, Cost):
+                raise TypeError(f"candidate {cand.name!r}: cost() returned {cost!r}; expected a Cost or None")
+            ranked.append((cand, cost))
+        ranked.sort(key=lambda pair: rank_key(*pair))
+        return ranked, rejected
+
+    def probe(self, req: OpRequest, *, stop_at_first: bool, settings: Any = None, numeric: bool | None = None,
+              fresh: bool = False) -> tuple[list[ProbeResult], ProbeResult | None, tuple[Any, ...]]:
+        """Rank the op's candidates for req (`rank`) and probe them in that order. Returns every candidate's
+        result (those that can serve in rank order, then the rejected ones), the chosen one's result (None if
+        none serves) and its loaded kernels. numeric: run the numerical probe (default: the registry's / the
+        setting's). fresh: ignore stored outcomes (the new ones are still stored)."""
+        s = settings if settings is not None else config.settings()
+        ranked, rejected = self.rank(req, s)
         if numeric is None:
             numeric = self._numeric if self._numeric is not None else s.numerical_probe
         store = DecisionStore(self._store_root(s))
@@ -160,19 +185,17 @@ class Registry:
         results: list[ProbeResult] = []
         chosen: ProbeResult | None = None
         kernels: tuple[Any, ...] = ()
-        for cand in cands:
-            if cand.name in skip:
-                results.append(ProbeResult(cand.name, cand.priority, False, (skip[cand.name],), probed=False))
-                continue
+        for i, (cand, cost) in enumerate(ranked, 1):
             if chosen is not None and stop_at_first:
-                results.append(ProbeResult(cand.name, cand.priority, False, probed=False))
+                results.append(ProbeResult(cand.name, cand.priority, False, probed=False, cost=cost, rank=i))
                 continue
-            res, ks = probe_candidate(cand, req, numeric=numeric, stored=stored.get(cand.name))
+            res, ks = probe_ranked(cand, req, numeric=numeric, stored=stored.get(cand.name), cost=cost, rank=i)
             if res.cache_keys and not res.from_store:
                 self.probe_count += 1
             results.append(res)
             if res.accepted and chosen is None:
                 chosen, kernels = res, ks
+        results += rejected
         store.save(path, {"request": req.to_dict(with_ordinal=False), "mode": mode}, results)
         return results, chosen, kernels
 

@@ -23,7 +23,7 @@ import registry_testkit as kit  # noqa: E402
 from rtckern import config  # noqa: E402
 from rtckern.device import DeviceInfo  # noqa: E402
 from rtckern.errors import ConfigError, UnsupportedRequestError  # noqa: E402
-from rtckern.registry import Candidate, OpRequest, Registry, Resources  # noqa: E402
+from rtckern.registry import Candidate, Cost, OpRequest, Registry, Resources  # noqa: E402
 from rtckern.registry import fallback  # noqa: E402
 from rtckern.registry.probe import live_resource_reason, required_checks  # noqa: E402
 from rtckern.registry.results import Reason  # noqa: E402
@@ -122,8 +122,10 @@ def test_two_devices_in_one_process_get_separate_decisions(reg):
 def test_every_reason_is_data_with_stage_and_message(reg):
     exp = reg.probe(kit.axpy_request(dev("sm_86"), n=SMALL, dtype="fp32"), stop_at_first=False)[0]
     by = {r.name: r for r in exp}
-    assert [r.name for r in exp] == ["axpy.hopper", "axpy.broken", "axpy.persistent", "axpy.bigsmem",
-                                     "axpy.wide", "axpy.fallback"]
+    # those that can serve first, in rank order (no costs here: priority), then the rejected, in priority order
+    assert [r.name for r in exp] == ["axpy.broken", "axpy.bigsmem", "axpy.fallback", "axpy.hopper",
+                                     "axpy.persistent", "axpy.wide"]
+    assert [r.rank for r in exp] == [1, 2, 3, None, None, None]
     stages = {n: [x.stage for x in r.reasons] for n, r in by.items()}
     assert stages == {"axpy.hopper": ["arch"], "axpy.broken": ["compile"], "axpy.persistent": ["supports"],
                       "axpy.bigsmem": ["resources"], "axpy.wide": ["supports"], "axpy.fallback": []}
@@ -147,7 +149,7 @@ def test_unsupported_error_lists_every_candidate_and_its_reasons(cache_dir, tmp_
     assert err.reasons["axpy.wide"][0].startswith("arch: sm_75 is below the minimum sm_80")
     for name in err.reasons:
         assert f"  {name}: " in str(err)
-    assert [r.name for r in err.results] == ["axpy.hopper", "axpy.broken", "axpy.wide"]
+    assert [r.name for r in err.results] == ["axpy.broken", "axpy.hopper", "axpy.wide"]  # ranked, then rejected
     # the failure is memoized too: raising again probes nothing
     n = reg.probe_count
     with pytest.raises(UnsupportedRequestError):
@@ -159,6 +161,100 @@ def test_no_candidates_error_says_how_to_register(cache_dir, tmp_path):
     with pytest.raises(UnsupportedRequestError, match=r"no candidates are registered[\s\S]*register a Candidate "
                                                       r"with op='nope'"):
         Registry(tmp_path).select(OpRequest("nope", device=dev("sm_80")))
+
+
+# -- ranking by expected cost -------------------------------------------------------------------------------------
+def _costed(cls, value, source="table", calls=None):
+    """cls with cost() answering `value` (None: no estimate); `calls` collects the names cost() was asked for."""
+    def cost(self, req):
+        if calls is not None:
+            calls.append(self.name)
+        return None if value is None else Cost(value, source, f"{self.name} row")
+    return type(cls.__name__ + "Costed", (cls,), {"cost": cost})
+
+
+def _ranked_reg(tmp_path, *classes):
+    return kit.make_registry(tmp_path / "decisions", classes=classes)
+
+
+def test_cost_order_beats_priority(cache_dir, tmp_path):
+    reg = _ranked_reg(tmp_path, _costed(kit.Wide, 2.0), _costed(kit.Fallback, 1.0), kit.Persistent)
+    req = kit.axpy_request(dev("sm_80"), n=1 << 20, dtype="bf16")
+    ranked, rejected = reg.rank(req)
+    # costed first, cheapest first (fallback, priority 0, before wide, 100); no estimate last (persistent, 130)
+    assert [(c.name, cost and cost.value) for c, cost in ranked] == [
+        ("axpy.fallback", 1.0), ("axpy.wide", 2.0), ("axpy.persistent", None)]
+    assert rejected == []
+    sel = reg.select(req)
+    assert sel.name == "axpy.fallback"
+    assert [(r.name, r.rank, r.probed) for r in sel.results] == [
+        ("axpy.fallback", 1, True), ("axpy.wide", 2, False), ("axpy.persistent", 3, False)]
+    assert sel.results[0].cost == Cost(1.0, "table", "axpy.fallback row")
+
+
+def test_equal_costs_fall_back_to_priority(cache_dir, tmp_path):
+    reg = _ranked_reg(tmp_path, _costed(kit.Fallback, 1.0), _costed(kit.Wide, 1.0))
+    req = kit.axpy_request(dev("sm_80"), n=4096, dtype="bf16")
+    assert [c.name for c, _ in reg.rank(req)[0]] == ["axpy.wide", "axpy.fallback"]
+    assert reg.select(req).name == "axpy.wide"
+
+
+def test_a_candidate_that_cannot_serve_is_skipped_with_its_reason(cache_dir, tmp_path):
+    calls: list = []
+    reg = _ranked_reg(tmp_path, _costed(kit.Wide, 0.5, calls=calls), _costed(kit.Fallback, 3.0, calls=calls),
+                      _costed(kit.Hopper, 0.1, calls=calls))
+    req = kit.axpy_request(dev("sm_80"), n=1001, dtype="bf16")  # not aligned: wide cannot serve; sm_80: no hopper
+    results, chosen, _ = reg.probe(req, stop_at_first=True)
+    assert chosen.name == "axpy.fallback" and calls == ["axpy.fallback"]  # cost() only for those that can serve
+    by = {r.name: r for r in results}
+    assert (by["axpy.wide"].rank, by["axpy.wide"].cost) == (None, None)
+    assert [str(x) for x in by["axpy.wide"].reasons] == ["supports: needs n % 4 == 0 (aligned), n=1001"]
+    assert by["axpy.hopper"].reasons[0].stage == "arch"
+
+
+def test_a_probe_failure_moves_to_the_next_by_cost(cache_dir, tmp_path):
+    reg = _ranked_reg(tmp_path, _costed(kit.BigSmem, 0.1), _costed(kit.Wide, 2.0), _costed(kit.Fallback, 1.0))
+    req = kit.axpy_request(dev("sm_86"), n=4096, dtype="fp32")  # bigsmem's 200 KB do not fit sm_86's 99 KB
+    sel = reg.select(req)
+    assert sel.name == "axpy.fallback"  # cost 1.0, before wide (2.0, higher priority)
+    assert [(r.name, r.accepted, r.probed) for r in sel.results] == [
+        ("axpy.bigsmem", False, True), ("axpy.fallback", True, True), ("axpy.wide", False, False)]
+    assert sel.results[0].reasons[0].stage == "resources"
+    # the decision persists, the failure included: another registry on the same store probes nothing
+    again = _ranked_reg(tmp_path, _costed(kit.BigSmem, 0.1), _costed(kit.Wide, 2.0), _costed(kit.Fallback, 1.0))
+    sel2 = again.select(req)
+    assert sel2.name == "axpy.fallback" and again.probe_count == 0
+    assert [r.from_store for r in sel2.results[:2]] == [True, True]
+
+
+def test_explain_shows_each_cost_its_source_and_why_the_winner_won(cache_dir, tmp_path):
+    from rtckern.registry import explain
+
+    reg = _ranked_reg(tmp_path, _costed(kit.BigSmem, 0.1), _costed(kit.Wide, 2.0, "rule"),
+                      _costed(kit.Fallback, 1.0), kit.Hopper)
+    exp = explain("axpy", dtype="fp32", shape="4096", arch="sm_86", registry=reg)
+    text = exp.format()
+    assert "rejected axpy.bigsmem (priority 120) rank 1, expected cost 0.1 (table: axpy.bigsmem row)" in text
+    assert "chosen   axpy.fallback (priority 0) rank 2, expected cost 1 (table: axpy.fallback row)" in text
+    assert "accepted axpy.wide (priority 100) rank 3, expected cost 2 (rule: axpy.wide row)" in text
+    assert "rejected axpy.hopper (priority 200)\n" in text
+    assert exp.why() == ("ranked 2 of 3 that can serve (expected cost 1 (table: axpy.fallback row)); better-ranked "
+                         "axpy.bigsmem failed its probe (resources); next in line: axpy.wide (expected cost 2 "
+                         "(rule: axpy.wide row), priority 100)")
+    d = exp.to_dict()
+    assert d["ranking"] == ["axpy.bigsmem", "axpy.fallback", "axpy.wide"] and d["why"] == exp.why()
+    assert d["candidates"][1]["cost"] == {"value": 1.0, "source": "table", "detail": "axpy.fallback row"}
+
+
+def test_cost_must_be_a_cost(cache_dir, tmp_path):
+    bad = type("BadCost", (kit.Fallback,), {"cost": lambda self, req: 1.0})
+    reg = _ranked_reg(tmp_path, bad)
+    with pytest.raises(TypeError, match=r"candidate 'axpy.fallback': cost\(\) returned 1.0; expected a Cost"):
+        reg.select(kit.axpy_request(dev("sm_80"), n=64))
+    with pytest.raises(ValueError, match="Cost.source must be 'table' or 'rule'"):
+        Cost(1.0, "guess")
+    with pytest.raises(ValueError, match="Cost.value must be a number"):
+        Cost(float("nan"))
 
 
 # -- memoization ------------------------------------------------------------------------------------------------

@@ -39,8 +39,10 @@ def test_json_lists_every_candidate_and_the_chosen_spec_and_key(reg, capsys):
     data = json.loads(out)
     assert data["chosen"] == "axpy.fallback" and data["mode"] == "compile-only"
     cands = {c["name"]: c for c in data["candidates"]}
-    assert list(cands) == ["axpy.hopper", "axpy.broken", "axpy.persistent", "axpy.bigsmem", "axpy.wide",
-                           "axpy.fallback"]
+    # those that can serve, in rank order, then the rejected ones
+    assert list(cands) == ["axpy.broken", "axpy.bigsmem", "axpy.fallback", "axpy.hopper", "axpy.persistent",
+                           "axpy.wide"]
+    assert [c["rank"] for c in data["candidates"]] == [1, 2, 3, None, None, None]
     assert {n: c["accepted"] for n, c in cands.items()} == {
         "axpy.hopper": False, "axpy.broken": False, "axpy.persistent": False, "axpy.bigsmem": False,
         "axpy.wide": False, "axpy.fallback": True}
@@ -59,7 +61,8 @@ def test_text_output_names_chosen_reasons_and_key(reg, capsys):
     rc, out, _ = cli(reg, ["axpy", "--dtype", "bf16", "--shape", "4x256", "--arch", "sm_90"], capsys)
     assert rc == 0
     assert "probe:   compile-only" in out
-    assert "chosen   axpy.hopper (priority 200)" in out
+    assert "chosen   axpy.hopper (priority 200) rank 1, no cost estimate" in out
+    assert "why:    ranked 1 of 4 that can serve (no cost estimate, priority 200); next in line: axpy.broken" in out
     assert "chosen: axpy.hopper" in out and "kernel: axpy<rtk_bf16> [core/axpy.cuh] for sm_90a" in out
     assert "- compile: broken_axpy.cu(2): error: identifier \"undeclared_symbol\" is undefined" in out
     assert "cache key: " in out
@@ -110,7 +113,7 @@ def test_list_shows_ops_candidates_and_example(reg, capsys):
 def test_python_api(reg):
     exp = explain("axpy", dtype="bf16", shape="1001", arch="sm_80", sm_count=32, registry=reg)
     assert exp.chosen == "axpy.fallback" and exp.request.device.sm_count == 32
-    assert exp.to_dict()["candidates"][0]["name"] == "axpy.hopper"
+    assert exp.to_dict()["candidates"][0]["name"] == "axpy.broken"  # first in rank order (no costs: priority)
     req = kit.axpy_request(exp.request.device, n=1 << 16, dtype="bf16")
     assert explain(req, registry=reg).chosen == "axpy.persistent"
     with pytest.raises(ValueError, match=r"needs a device: arch='sm_90'"):

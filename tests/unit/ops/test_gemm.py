@@ -13,6 +13,7 @@ from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.manager import get_manager
+from rtckern.registry import Cost
 from rtckern.ops import _gemm_candidates as cands
 from rtckern.ops import _gemm_plan as P
 from rtckern.ops import _gemm_tuned as T
@@ -196,8 +197,15 @@ def test_a_tuned_sm80_row_makes_the_wgmma_candidate_step_aside(cache_dir, monkey
         p = P.GemmProblem(1, 1024, 1024, 1024, "bf16", "bf16", True)
         cfg, source = T.tuned_config(p, H200)
         assert (cfg, source) == (P.Sm80Config(128, 128, 32, 64, 64, 4), "exact")
-        reason = cands.Sm90WgmmaCandidate().supports(cands.request(p, H200))
-        assert reason.startswith("the exact tuned config for this shape is the sm80 kernel")
+        req = cands.request(p, H200)
+        wgmma, mma = cands.Sm90WgmmaCandidate(), cands.Sm80MmaCandidate()
+        assert wgmma.supports(req) is None and wgmma.config(req).kind == "sm90"  # it can serve, ranked behind
+        assert wgmma.cost(req) == Cost(cands.OTHER_COST, "table", "the exact table row names the sm80 kernel")
+        assert mma.cost(req).value == 1.0 and mma.config(req) == cfg
+        from rtckern.registry import default_registry
+
+        assert [c.name for c, _ in default_registry().rank(req)[0]] == ["gemm.sm80_mma", "gemm.sm90_wgmma",
+                                                                       "gemm.simt"]
         # a nearby shape takes the row as its nearest neighbour
         cfg2, source2 = T.tuned_config(P.GemmProblem(1, 2048, 1024, 1024, "bf16", "bf16", True), H200)
         assert source2 == "nearest" and cfg2.kind == "sm80"
@@ -316,7 +324,7 @@ class _RecordingKernel:
 @pytest.fixture
 def host_gemm(monkeypatch, cache_dir):
     """rtckern.ops.gemm on CPU torch tensors posing as device 0 of an H200: validation, the registry's choice
-    (the first candidate that supports the request, with recording kernels) and the launch plans are real."""
+    (the registry's first-ranked candidate, with recording kernels) and the launch plans are real."""
     torch = pytest.importorskip("torch")
     from rtckern.ops import _gemm_api as G
     from rtckern.ops import _gemm_call as C
@@ -336,11 +344,13 @@ def host_gemm(monkeypatch, cache_dir):
 
     def select(req):
         state["selects"] += 1
-        for cand in (cands.Sm90WgmmaCandidate(), cands.Sm80MmaCandidate(), cands.SimtCandidate()):
-            if cand.supports(req) is None:
-                kernels = tuple(_RecordingKernel(state["log"], f"{cand.name}[{i}]") for i in range(2))
-                return Selection(request=req, candidate=cand, specs=(), kernels=kernels)
-        raise AssertionError("no candidate")
+        from rtckern.registry import default_registry
+
+        ranked, _ = default_registry().rank(req)  # the registry's order, without the compile
+        assert ranked, "no candidate"
+        cand = ranked[0][0]
+        kernels = tuple(_RecordingKernel(state["log"], f"{cand.name}[{i}]") for i in range(2))
+        return Selection(request=req, candidate=cand, specs=(), kernels=kernels)
 
     def tensor_map(dtype, ptr, dims, strides, box):
         state["maps"] += 1

@@ -151,13 +151,17 @@ def test_stage_backward_geometry_and_choice(cache_dir):
         "fewer rows in flight")
     assert L.bwd_feasible(b, "stage", K.StageConfig(384, 1)).startswith("384 threads x 1 rows in flight is not")
     assert K.stage_config(K.BwdProblem(**{**b.__dict__, "n": 65536})) is None  # two rows do not fit
-    # Served only where the kind table measured it fastest; forced, it serves what fits.
+    # It serves what fits, but ranks first only where the kind table measured it fastest (none for sm_80: last);
+    # forced, it is chosen.
     req = _bwd_req("layer_norm_backward", 12288, "sm_80")
     stage = next(c for c in cands.all_candidates() if c.name == "layer_norm_backward.stage")
-    assert "no tuned table for sm_80" in stage.supports(req)
+    assert stage.supports(req) is None
+    assert "no stage geometry" in stage.supports(_bwd_req("layer_norm_backward", 65536, "sm_80"))
+    cost = stage.cost(req)
+    assert (cost.value, cost.source) == (cands.NOT_NAMED, "rule") and "no norm_kind table for sm_80" in cost.detail
+    assert select(req).candidate.name == "layer_norm_backward.l2"  # 24 KB rows: the l2 rule
     with config.override(force_impl={"layer_norm_backward": "layer_norm_backward.stage"}):
-        assert stage.supports(req) is None
-        assert "no stage geometry" in stage.supports(_bwd_req("layer_norm_backward", 65536, "sm_80"))
+        assert select(req).candidate.name == "layer_norm_backward.stage"
 
 
 def test_l2_forward_stash_geometry():

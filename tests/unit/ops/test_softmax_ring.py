@@ -92,8 +92,8 @@ def test_kind_tables_and_plain_fallback(fresh):
     assert json.loads((fresh / "softmax_causal.json").read_text())["op"] == "softmax_causal"
 
 
-def test_one_pass_steps_aside_where_the_tables_measured_the_ring_faster(fresh):
-    from rtckern.registry import select
+def test_the_ring_ranks_first_where_the_tables_measured_it_faster(fresh):
+    from rtckern.registry import default_registry, select
 
     dev = DeviceInfo.for_arch("sm_90")
     one = {"threads": 128, "group": 32, "items": 4, "min_blocks": 8, "kernel": "regs"}
@@ -103,26 +103,32 @@ def test_one_pass_steps_aside_where_the_tables_measured_the_ring_faster(fresh):
         r = tuning.Row(arch="sm_90", sm_count=132, shape=shape, config=cfg, meta={"time_us": us})
         tuning.merge_rows(name, fields, [r], fresh / f"{name}.json")
 
+    def ranking(req):
+        return [(c.name.split(".")[1], cost and round(cost.value, 4)) for c, cost in default_registry().rank(req)[0]]
+
     put("softmax", tuned.KEY_FIELDS, (("dtype", "bf16"), ("vec", 8), ("n", 1024)), one, 150.0)
     put("softmax_ring", tuned.RING_KEY_FIELDS, (("dtype", "bf16"), ("n", 1024)), rng, 160.0)
     req = cands.request("softmax", "bf16", 1024, 8, dev)
-    assert cands.OnePassCandidate("softmax").supports(req) is None  # the one-pass kernel was faster
+    assert ranking(req) == [("onepass", 1.0), ("ring", round(160 / 150, 4)), ("online", None)]
     assert select(req).name == "softmax.onepass"
-    # The masked kind has its own measurements: the ring wins there, and the one-pass kernel says why it steps aside.
+    # The masked kind has its own measurements: the ring wins there; the one-pass kernel can still serve (next).
     put("softmax_masked", tuned.KEY_FIELDS, (("dtype", "bf16"), ("vec", 8), ("n", 1024)), one, 190.0)
     put("softmax_ring_masked", tuned.RING_KEY_FIELDS, (("dtype", "bf16"), ("n", 1024)), rng, 170.0)
     mreq = cands.request("scaled_masked_softmax", "bf16", 1024, 8, dev)
-    why = cands.OnePassCandidate("scaled_masked_softmax").supports(mreq)
-    assert "the ring kernel (170.0 us) beats the one-pass kernel (190.0 us) at n=1024" in why
+    assert cands.OnePassCandidate("scaled_masked_softmax").supports(mreq) is None
+    assert ranking(mreq) == [("ring", 1.0), ("onepass", round(190 / 170, 4)), ("online", None)]
+    cost = cands.OnePassCandidate("scaled_masked_softmax").cost(mreq)
+    assert cost.source == "table" and cost.detail == "tuned on sm_90 at n=1024 bf16: ring 170.0 us, one-pass 190.0 us"
     assert select(mreq).name == "scaled_masked_softmax.ring"
     # A row length between tuned ones compares the nearest row both tables hold (same problem size, same timing).
     near = cands.request("scaled_masked_softmax", "bf16", 1280, 8, dev)
-    assert "at n=1024" in cands.OnePassCandidate("scaled_masked_softmax").supports(near)
-    # Forced, or where the ring cannot serve (an unaligned mask), the one-pass kernel does not step aside.
+    assert "at n=1024" in cands.OnePassCandidate("scaled_masked_softmax").cost(near).detail
+    # Forced, or where the ring cannot serve (an unaligned mask), the one-pass kernel serves.
     with config.override(force_impl={"scaled_masked_softmax": "scaled_masked_softmax.onepass"}):
-        assert cands.OnePassCandidate("scaled_masked_softmax").supports(mreq) is None
+        assert select(mreq).name == "scaled_masked_softmax.onepass"
     unaligned = cands.request("scaled_masked_softmax", "bf16", 1024, 8, dev, mask16=False)
-    assert cands.OnePassCandidate("scaled_masked_softmax").supports(unaligned) is None
+    assert [name for name, _ in ranking(unaligned)] == ["onepass", "online"]
+    assert select(unaligned).name == "scaled_masked_softmax.onepass"
 
 
 def test_masked_ring_chunks_must_be_whole_bulk_copies():
