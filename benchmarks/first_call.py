@@ -196,7 +196,7 @@ def run_child(args: list[str], env: dict) -> dict:
                        text=True)
     if r.returncode != 0:
         raise SystemExit(f"child {args} failed:\n{r.stderr[-3000:]}")
-    if "--profile" in args:
+    if "profile" in args:
         print(r.stderr)
         return {}
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -225,7 +225,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.child:
         mode, op, *rest = a.child
-        prof = "--profile" in rest
+        prof = "profile" in rest
         out = (child_select(op, prof) if mode == "select" else child_call(op, prof) if mode == "call"
                else child_gpu(op, rest[0], prof))
         print(json.dumps(out))
@@ -244,7 +244,7 @@ def main() -> None:
                 run_child([m[0], op, *m[1:]], env)
     if a.profile:
         for m in modes[:1] if a.gpu else modes:
-            run_child([m[0], a.profile, *m[1:], "--profile"], env)
+            run_child([m[0], a.profile, *m[1:], "profile"], env)
         return
     results: dict[str, dict] = {}
     for op in ops:
