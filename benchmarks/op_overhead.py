@@ -25,8 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ---- the CPU harness's stubs ------------------------------------------------------------------------------------
-def install_stubs() -> None:
-    """Fake torch + stub device/runtime pieces; must run before rtckern.ops is imported."""
+def install_stubs(stub_registry: bool = True):
+    """Fake torch + stub device/runtime pieces; must run before rtckern.ops is imported. stub_registry=False keeps
+    the registry's real probe (keys, caches, decision store) and stubs only the loading of a kernel on the device
+    (KernelManager._load: the binary still comes through the cache tiers). Returns the stub-kernel factory."""
     import types
 
     torch = types.ModuleType("torch")
@@ -217,7 +219,17 @@ def install_stubs() -> None:
         return res_mod.Selection(request=req, candidate=cand, specs=specs,
                                  kernels=tuple(stub_kernel(sp) for sp in specs))
 
-    sel_mod.Registry._decide = _decide
+    if stub_registry:
+        sel_mod.Registry._decide = _decide
+    else:
+        from rtckern.manager import KernelManager
+
+        def _load(self, spec, ordinal):
+            self.compile(spec)  # the tiers (memory, layers, disk, remote, compile): everything but the driver load
+            k = self._loaded[(spec, ordinal)] = stub_kernel(spec)
+            return k
+
+        KernelManager._load = _load
 
     # TMA tensor maps (attention on sm_90): a fixed 128-byte map.
     from cuda.bindings import driver as cbd
@@ -226,6 +238,7 @@ def install_stubs() -> None:
         opaque = [0] * 16
 
     cbd.cuTensorMapEncodeTiled = lambda *a: (cbd.CUresult.CUDA_SUCCESS, _Map())
+    return stub_kernel
 
 
 # ---- cases ------------------------------------------------------------------------------------------------------

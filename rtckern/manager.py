@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import events
+from . import events, sources
 from .cache import DiskCache, MemoryCache, Stats
 from .compiler import compiler_for
 from .compiler.base import CompiledKernel
@@ -40,7 +40,9 @@ class KernelManager:
             if use_disk else None)
         layer_dirs = layers if layers else s.read_only_layers
         self.layers = [DiskCache(Path(p), stats=self.stats, read_only=True, name=f"layer:{p}") for p in layer_dirs]
-        if remote is ...:
+        if remote is ... and not s.remote_cache:
+            remote = None  # no remote tier: its module (sockets, TLS) is not imported
+        elif remote is ...:
             from .cache.remote import remote_from_settings
 
             remote = remote_from_settings(s, self.stats)
@@ -49,6 +51,7 @@ class KernelManager:
         self._keys: dict[KernelSpec, str] = {}
         self._key_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        sources.forget()  # a new manager reads sources and headers afresh (then once per process: rtckern.sources)
 
     # ---- keys ----
     def key(self, spec: KernelSpec) -> str:

@@ -1,4 +1,11 @@
-"""Kernel source files: where ``kernel_sources/`` is, and the text of a source plus every header it includes."""
+"""Kernel source files: where ``kernel_sources/`` is, and the text of a source plus every header it includes.
+
+Read once per process: the text of each file and the include list resolved for each including text are memoized
+(``PlanCache``s, so ``rtckern.clear_caches()``, a settings change and ``set_manager()`` forget them, and so does
+building a ``KernelManager``). The rule: an edited source or header changes the key in a new process, and within a
+process once those caches are cleared (a new ``KernelManager`` sees the edit; one built before it keeps the keys
+it computed). A long-lived process that edits headers under RTCKERN_INCLUDE_DIRS calls ``rtckern.clear_caches()``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from .caches import PlanCache
 from .errors import RtckernError
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<([^>]+)>)', re.MULTILINE)
@@ -23,10 +31,28 @@ def kernel_sources_dir() -> Path:
     return d
 
 
+_texts = PlanCache("sources.texts", 4096)  # file path -> its text
+_includes = PlanCache("sources.includes", 4096)  # (text, including, dirs) -> resolved (label, content) pairs
+
+
+def forget() -> None:
+    """Forget the memoized file texts and include lists (a KernelManager being built calls it)."""
+    _texts.clear()
+    _includes.clear()
+
+
+def _read(path: Path) -> str:
+    k = str(path)
+    t = _texts.get(k)
+    if t is None:
+        t = _texts.put(k, path.read_text())
+    return t
+
+
 def read_source(relpath: str) -> str:
     path = kernel_sources_dir() / relpath
     try:
-        return path.read_text()
+        return _read(path)
     except FileNotFoundError:
         raise RtckernError(f"kernel source {relpath!r} not found under {kernel_sources_dir()}") from None
 
@@ -42,29 +68,54 @@ def resolve_includes(text: str, including: str = "", user_dirs: Sequence[Path] =
     under ``kernel_sources/``; user headers ``user:<path relative to its dir>`` (no absolute path, so a key is the
     same on every machine). System headers (CUDA's) are not read: the compiler identity's header version covers
     them, as it does angle-bracket includes found nowhere here (the compiler's built-in headers).
+    Memoized per process by (text, including, the dirs): see the module docstring for when an edit is seen.
     """
     root = kernel_sources_dir()
-    user = [Path(d) for d in user_dirs]
+    memo = (text, including, str(root), tuple(str(d) for d in user_dirs), tuple(str(d) for d in system_dirs))
+    hit = _includes.get(memo)
+    if hit is None:
+        hit = _includes.put(memo, tuple(_resolve(text, including, root, [Path(d) for d in user_dirs], system_dirs)))
+    return list(hit)
+
+
+def _resolve(text: str, including: str, root: Path, user: list[Path],
+             system_dirs: Sequence[Path]) -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
-    stack: list[tuple[str, Path | None]] = [(text, root / including if including else None)]
+    stack = [_direct(text, root / including if including else None, including, root, user, system_dirs)]
     while stack:
-        body, where = stack.pop()
-        for quoted, angled in _INCLUDE.findall(body):
-            name = quoted or angled
-            path = _find(name, where if quoted else None, ([root] if quoted else []) + user)
-            if path is None:
-                if angled or any((Path(d) / name).is_file() for d in system_dirs):
-                    continue
-                dirs = ", ".join(str(d) for d in [root, *user])
-                raise RtckernError(f"{including or 'source'} includes \"{name}\", which is not under {dirs}; put it "
-                                   "under a directory of RTCKERN_INCLUDE_DIRS")
-            label = _label(path, root, user)
+        for label, path in stack.pop():
             if label in seen:
                 continue
-            content = path.read_text()
-            seen[label] = content
-            stack.append((content, path))
+            seen[label] = _read(path)
+            stack.append(_file_includes(path, including, root, user, system_dirs))
     return sorted(seen.items())
+
+
+def _file_includes(path: Path, including: str, root: Path, user: list[Path],
+                   system_dirs: Sequence[Path]) -> tuple[tuple[str, Path], ...]:
+    """The headers one file includes directly, memoized by its path and the search dirs."""
+    memo = (str(path), str(root), tuple(str(d) for d in user), tuple(str(d) for d in system_dirs))
+    hit = _includes.get(memo)
+    if hit is None:
+        hit = _includes.put(memo, _direct(_read(path), path, including, root, user, system_dirs))
+    return hit
+
+
+def _direct(body: str, where: Path | None, including: str, root: Path, user: list[Path],
+            system_dirs: Sequence[Path]) -> tuple[tuple[str, Path], ...]:
+    """(label, path) of each header ``body`` (the text of the file at ``where``) includes, in order."""
+    out = []
+    for quoted, angled in _INCLUDE.findall(body):
+        name = quoted or angled
+        path = _find(name, where if quoted else None, ([root] if quoted else []) + user)
+        if path is None:
+            if angled or any((Path(d) / name).is_file() for d in system_dirs):
+                continue
+            dirs = ", ".join(str(d) for d in [root, *user])
+            raise RtckernError(f"{including or 'source'} includes \"{name}\", which is not under {dirs}; put it "
+                               "under a directory of RTCKERN_INCLUDE_DIRS")
+        out.append((_label(path, root, user), path))
+    return tuple(out)
 
 
 def _find(name: str, including_file: Path | None, dirs: Sequence[Path]) -> Path | None:

@@ -13,6 +13,8 @@ One JSON file per op: shipped defaults in ``rtckern/tuning_tables/<op>.json``, t
 A row's key is (arch, sm_count, the shape values in key_fields order); ``arch`` is the device's compute
 capability without a feature suffix (``sm_90``), so rows for many archs and SM counts live in one table without
 colliding. Two rows with one key in one file are an error that names the file and both rows.
+A process reads each op's tables once (``tables``); ``rtckern tune`` (``merge_rows``) reloads what it writes, and
+``reload()`` or ``rtckern.clear_caches()`` makes a running process read tables another process changed.
 
 Lookup rule (``lookup``)
 ------------------------
@@ -83,6 +85,18 @@ class Table:
     key_fields: tuple[str, ...]
     rows: tuple[Row, ...]
     path: Path | None = None
+    # Indexes built once per table: exact rows by key (the first of a key wins), and each arch's rows in file order.
+    exact: Mapping[tuple, Row] = field(init=False, repr=False, compare=False)
+    by_arch: Mapping[str, tuple[Row, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        exact: dict[tuple, Row] = {}
+        by_arch: dict[str, list[Row]] = {}
+        for r in self.rows:
+            exact.setdefault(r.key, r)
+            by_arch.setdefault(r.arch, []).append(r)
+        object.__setattr__(self, "exact", exact)
+        object.__setattr__(self, "by_arch", {a: tuple(rs) for a, rs in by_arch.items()})
 
     def to_json(self) -> dict[str, Any]:
         rows = sorted(self.rows, key=lambda r: (r.arch, r.sm_count, [str(v) for _, v in r.shape]))
@@ -196,14 +210,26 @@ def shipped_table_path(op: str) -> Path:
     return SHIPPED_DIR / f"{op}.json"
 
 
+_op_tables = PlanCache("tuning.op_tables", 256)
+
+
 def tables(op: str) -> list[Table]:
-    """The op's tables in lookup order: the user's, then the shipped one."""
-    out = []
-    for path in (user_table_path(op), shipped_table_path(op)):
-        t = load_table(path, op)
-        if t is not None:
-            out.append(t)
-    return out
+    """The op's tables in lookup order: the user's, then the shipped one.
+
+    Read once per process (per settings: a settings change reads them again): a lookup neither stats nor parses a
+    file after the first one of its op. `merge_rows` (so `rtckern tune`) reloads what it writes; a process that
+    should see tables another process wrote calls `reload()` (or `rtckern.clear_caches()`)."""
+    memo = (op, SHIPPED_DIR, user_dir())
+    hit = _op_tables.get(memo)
+    if hit is None:
+        found = (load_table(path, op) for path in (user_table_path(op), shipped_table_path(op)))
+        hit = _op_tables.put(memo, tuple(t for t in found if t is not None))
+    return list(hit)
+
+
+def reload() -> None:
+    """Forget the tables read so far: the next lookup of each op reads its files again."""
+    _op_tables.clear()
 
 
 # -- lookup --------------------------------------------------------------------------------------------------------
@@ -226,15 +252,12 @@ def lookup(op: str, device: Any, key: Mapping[str, KeyValue], *,
             raise KeyError(f"tuning lookup for {op!r}: key {dict(key)} lacks {missing} (table {t.path} is keyed "
                            f"by {list(t.key_fields)})")
     for t in ts:
-        want = (arch, sms, tuple((f, key[f]) for f in t.key_fields))
-        for row in t.rows:
-            if row.key == want:
-                return Tuned(row.config, "exact", row, t.path)
+        row = t.exact.get((arch, sms, tuple((f, key[f]) for f in t.key_fields)))
+        if row is not None:
+            return Tuned(row.config, "exact", row, t.path)
     best: tuple | None = None
     for ti, t in enumerate(ts):
-        for row in t.rows:
-            if row.arch != arch:
-                continue
+        for row in t.by_arch.get(arch, ()):
             score = _distance(row, key)
             if score is None or (valid is not None and not valid(row.config, key)):
                 continue
@@ -457,6 +480,7 @@ def merge_rows(op: str, key_fields: Sequence[str], new_rows: Sequence[Row], path
     if keep_order:
         doc["rows"] = [r.to_json() for r in table.rows]
     _atomic_write(p, json.dumps(doc, indent=1) + "\n")
+    reload()  # later lookups in this process see the rows just written
     return table
 
 

@@ -54,12 +54,17 @@ def cuda_include_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def cuda_header_version() -> int:
-    """CUDA_VERSION from the headers' cuda.h (e.g. 13000): a header change changes every key."""
+    """CUDA_VERSION from the headers' cuda.h (e.g. 13000): a header change changes every key. The define sits near
+    the top of a file of >1 MB: the first 64 KB are searched first, the whole file only if they lack it."""
+    define = re.compile(r"#define\s+CUDA_VERSION\s+(\d+)")
     try:
-        text = (cuda_include_dir() / "cuda.h").read_text(errors="replace")
+        with open(cuda_include_dir() / "cuda.h", encoding="utf-8", errors="replace") as f:
+            head = f.read(1 << 16)
+            m = define.search(head)
+            if m is None or m.end() == len(head):  # not there, or its digits may go on past the chunk
+                m = define.search(head + f.read())
     except OSError:
         return 0
-    m = re.search(r"#define\s+CUDA_VERSION\s+(\d+)", text)
     return int(m.group(1)) if m else 0
 
 

@@ -96,3 +96,13 @@ def test_get_on_described_device_refused(manager, axpy_spec):
 
     with pytest.raises(LaunchError, match="cannot load on a described"):
         manager.get(axpy_spec, DeviceInfo.for_arch("sm_80"))
+
+
+def test_no_remote_tier_module_without_a_remote_cache(tmp_path):
+    """A manager without RTCKERN_REMOTE_CACHE does not import the remote tier (sockets, TLS): first-call cost."""
+    code = ("import sys; from rtckern.manager import KernelManager; KernelManager(); "
+            "print('rtckern.cache.remote' in sys.modules, 'ssl' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "RTCKERN_REMOTE_CACHE"}
+    env["RTCKERN_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

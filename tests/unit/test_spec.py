@@ -57,7 +57,51 @@ def test_changed_included_header_changes_key(tmp_path, monkeypatch):
     assert [rel for rel, _ in sources.resolve_includes(spec.source_text(), spec.source)] == [
         "fam/deep.cuh", "fam/helper.cuh"]
     (root / "fam" / "helper.cuh").write_text("#pragma once\n#define K 2\n")  # a transitive header
-    assert spec.key(ID) != k1
+    # headers are read once per process: the edit is seen once the source caches are cleared (a new process, a
+    # new KernelManager, rtckern.clear_caches())
+    assert spec.key(ID) == k1
+    import rtckern
+
+    rtckern.clear_caches()
+    k2 = spec.key(ID)
+    assert k2 != k1
+    (root / "fam" / "helper.cuh").write_text("#pragma once\n#define K 3\n")
+    from rtckern.manager import KernelManager
+
+    KernelManager(disk=False, remote=None)
+    assert spec.key(ID) not in (k1, k2)
+
+
+def test_edited_header_changes_the_key_in_a_new_process(tmp_path):
+    """The per-process header cache never outlives its process: a fresh one reads the edited header."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    code = ("import sys; from pathlib import Path; from rtckern.spec import KernelSpec, KeyInputs; "
+            "from rtckern.arch import Arch; "
+            "s = KernelSpec('u.cu', 'k', Arch(8, 0), code='#include \"h.h\"\\n'); "
+            "print(s.key(KeyInputs('id', user_include_dirs=(Path(sys.argv[1]),))))")
+
+    def key() -> str:
+        return subprocess.run([sys.executable, "-c", code, str(inc)], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    (inc / "h.h").write_text("#define H 1\n")
+    first = key()
+    (inc / "h.h").write_text("#define H 2\n")
+    assert key() != first
+
+
+def test_cached_includes_give_the_same_keys_as_a_fresh_read(axpy_spec):
+    """Memoized header texts and include lists change no key: a warm second computation equals a cold one."""
+    import rtckern
+
+    specs = [axpy_spec, KernelSpec("core/axpy.cuh", "noop0", Arch(9, 0)),
+             KernelSpec("x.cu", "k", Arch(8, 0), code='#include "common/portability.cuh"\n')]
+    rtckern.clear_caches()
+    cold = [s.key(ID) for s in specs]
+    assert [s.key(ID) for s in specs] == cold
+    assert [(rel, len(t)) for rel, t in sources.resolve_includes(specs[2].code)] == [
+        (rel, len(t)) for rel, t in sources._resolve(specs[2].code, "", sources.kernel_sources_dir(), [], ())]
 
 
 def test_missing_include_is_an_error(tmp_path, monkeypatch):

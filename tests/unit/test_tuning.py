@@ -148,8 +148,37 @@ def test_user_table_comes_before_shipped(tdir, monkeypatch):
     write(tdir / "shipped" / "norm.json", [row("sm_90", 132, "bf16", 4096, 1)])
     assert tuning.lookup("norm", H200, {"dtype": "bf16", "n": 4096}).config == {"block": 1}
     write(tdir / "user" / "norm.json", [row("sm_90", 132, "bf16", 4096, 2)])
+    # tables are read once per process: a table another process wrote is seen after reload()
+    assert tuning.lookup("norm", H200, {"dtype": "bf16", "n": 4096}).config == {"block": 1}
+    tuning.reload()
     got = tuning.lookup("norm", H200, {"dtype": "bf16", "n": 4096})
     assert got.config == {"block": 2} and got.path == tdir / "user" / "norm.json"
+
+
+def test_merge_rows_is_seen_by_the_next_lookup_and_tables_are_read_once(tdir, monkeypatch):
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", tdir / "shipped")
+    write(tdir / "shipped" / "norm.json", [row("sm_90", 132, "bf16", 4096, 1)])
+    assert tuning.lookup("norm", H200, {"dtype": "bf16", "n": 4096}).config == {"block": 1}
+    reads = []
+    monkeypatch.setattr(tuning, "load_table", lambda *a, **k: reads.append(a))
+    for _ in range(3):
+        assert tuning.lookup("norm", H200, {"dtype": "bf16", "n": 4096}).config == {"block": 1}
+    assert reads == []  # no stat, no parse after the first lookup
+    monkeypatch.undo()
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", tdir / "shipped")
+    merge_rows("norm", ("dtype", "n"), [Row("sm_90", 132, (("dtype", "bf16"), ("n", 4096)), {"block": 5}, {})],
+               tuning.user_table_path("norm"))
+    assert tuning.lookup("norm", H200, {"dtype": "bf16", "n": 4096}).config == {"block": 5}
+
+
+def test_table_index_keeps_the_first_row_of_a_key_and_file_order():
+    rows = tuple(Row("sm_90", 132, (("n", n),), {"block": b}, index=i) for i, (n, b) in enumerate(
+        [(4096, 1), (4096, 2), (1024, 3)]))
+    t = tuning.Table("norm", ("n",), rows + (Row("sm_80", 108, (("n", 4096),), {"block": 4}, index=3),))
+    assert t.exact[("sm_90", 132, (("n", 4096),))].config == {"block": 1}
+    assert [r.config["block"] for r in t.by_arch["sm_90"]] == [1, 2, 3]
+    assert lookup("norm", H200, {"n": 4096}, tables_=[t]).config == {"block": 1}
+    assert lookup("norm", H200, {"n": 2048}, tables_=[t]).config == {"block": 1}  # nearest: first of equal rank
 
 
 def test_default_user_dir_is_under_the_cache_dir(tmp_path):
@@ -235,6 +264,7 @@ def test_tuner_best_uses_table_then_heuristic(tdir):
     req = OpRequest("norm", dtypes={"x": "bf16"}, shape={"n": 4096}, device=H200)
     assert T().best(req).source == "heuristic"
     write(tdir / "user" / "norm.json", [row("sm_90", 132, "bf16", 4096, 512)])
+    tuning.reload()  # written behind the process's back (merge_rows reloads by itself)
     assert (T().best(req).config, T().best(req).source) == ({"block": 512}, "exact")
 
 

@@ -63,3 +63,13 @@ def test_cold_compile_is_fast():
     t0 = time.perf_counter()
     c.compile(KernelSpec("core/axpy.cuh", "axpy", Arch(9, 0), template_args=("rtk_half",)))
     assert time.perf_counter() - t0 < 5.0  # generous: CI machines vary; benchmarks record the real figure
+
+
+@pytest.mark.parametrize("pad", [0, (1 << 16) - len("#define CUDA_VERSION 12"), 1 << 17])
+def test_header_version_wherever_the_define_is(tmp_path, monkeypatch, pad):
+    """cuda.h is searched in its first 64 KB first: a define past it, or whose digits cross it, is read whole."""
+    from rtckern.compiler import nvrtc
+
+    (tmp_path / "cuda.h").write_text(" " * pad + "#define CUDA_VERSION 12080\n#define CUDA_VERSION 1\n")
+    monkeypatch.setattr(nvrtc, "cuda_include_dir", lambda: tmp_path)
+    assert nvrtc.cuda_header_version.__wrapped__() == 12080
