@@ -80,11 +80,16 @@ def fallback(op: str, what: str, reason: str) -> None:
     warn_fallback_once(op, unsupported(op, what, reason))
 
 
-@torch.compiler.assume_constant_result
 def _strict_at_trace_time() -> bool:
     """Dynamo calls this (the settings are read under a lock it cannot trace) and bakes the answer into the graph:
     a compiled function keeps the strictness it was traced with."""
     return not fallback_allowed()
+
+
+# torch.compiler.assume_constant_result(fn) imports torch._dynamo (seconds) to set this one attribute, which
+# dynamo reads when it traces a call; setting it here keeps dynamo out of `import rtckern.torch` (a unit test
+# checks that the decorator still sets exactly this).
+_strict_at_trace_time._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 # ---- CUDA graph capture -----------------------------------------------------------------------------------------

@@ -94,6 +94,29 @@ def test_import_alias_is_the_plugin():
     assert set(rt.__all__) <= set(dir(rt))
 
 
+def test_import_does_not_load_dynamo():
+    """`import rtckern.torch` costs about what `import torch` does: torch._dynamo (seconds) loads only when
+    something compiles."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rtckern.torch; heavy = [m for m in ('torch._dynamo', 'torch._inductor', 'transformers') "
+            "if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_strict_flag_is_marked_constant_as_torch_would():
+    """_torch_dispatch marks _strict_at_trace_time by hand (the decorator imports dynamo): the same as torch's."""
+    def probe():
+        return True
+
+    before = set(vars(probe))
+    torch.compiler.assume_constant_result(probe)
+    assert {k: vars(probe)[k] for k in set(vars(probe)) - before} == {"_dynamo_marked_constant": True}
+    assert D._strict_at_trace_time._dynamo_marked_constant is True
+
+
 def test_a_missing_op_module_is_skipped_with_a_reason(monkeypatch, caplog):
     import rtckern.plugins.torch as plugin
 
