@@ -28,7 +28,11 @@ from rtckern.registry import default_registry, fallback_allowed, warn_fallback_o
 
 log = logging.getLogger(__name__)
 
-_state = threading.local()
+class _State(threading.local):
+    reference = False  # a class default: reading it costs no AttributeError in a thread that never set it
+
+
+_state = _State()
 
 
 class GraphCaptureError(RtckernError, RuntimeError):
@@ -36,7 +40,7 @@ class GraphCaptureError(RtckernError, RuntimeError):
 
 
 def _reference() -> bool:
-    return getattr(_state, "reference", False)
+    return _state.reference
 
 
 @contextlib.contextmanager
@@ -51,7 +55,7 @@ def reference_mode(enabled: bool = True):
 
 
 def run(op: str, jit_fn: Callable[..., Any], ref_fn: Callable[..., Any], *args: Any) -> Any:
-    if _reference():
+    if _state.reference:
         return ref_fn(*args)
     try:
         return jit_fn(*args)
