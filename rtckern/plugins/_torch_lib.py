@@ -109,8 +109,14 @@ class KernelOp:
 
         def autograd_kernel(keyset, *args):
             grad = _grad_enabled() and _any_requires_grad(*args)
-            if direct(*[args[i] for i in tensor_args if i < len(args)]):
-                return function.apply(*args, None) if grad else fn(*args)
+            if not (_dispatch_modes() or _transforms()):  # `direct`, inlined (this runs on every eager call)
+                n = len(args)
+                for i in tensor_args:
+                    t = args[i] if i < n else None
+                    if t is not None and (type(t) not in _PLAIN or t.is_meta):
+                        break
+                else:
+                    return function.apply(*args, None) if grad else fn(*args)
             if grad:
                 return function.apply(*args, keyset)
             with _below_autograd():
