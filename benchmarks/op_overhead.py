@@ -1,9 +1,16 @@
-"""Host cost per call of the rtckern ops (norms, softmax, attention) at launch-bound sizes.
+"""Host cost per call of the rtckern ops (norms, softmax, attention, gemm) at launch-bound sizes.
 
 GPU (the real number):     PYTHONPATH=. python3 benchmarks/op_overhead.py [--calls 5000] [--json out.json]
     Eager loop of N calls per op on small inputs, torch.cuda.synchronize() once at the end, vs torch's own op on
     the same inputs; prints a markdown table of microseconds per call. At these sizes the kernels take ~2-5 us,
-    so the loop measures the host side (what decode-time calls pay).
+    so the loop measures the host side (what decode-time calls pay). Each op is timed twice: called directly
+    (rtckern.ops.*) and through the torch plugin (torch.ops.rtckern.*, what a patched or compiled model calls),
+    both against torch's own eager call.
+
+Plugin layers (no GPU):    PYTHONPATH=. python3 benchmarks/op_overhead.py --plugin-stub [--calls 20000]
+    torch.ops.rtckern.* on CPU tensors with real torch and rtckern.ops' functions replaced by a stand-in that
+    allocates the output: the dispatcher and the plugin's own Python, per call, against the stand-in called
+    directly (the "rtckern" column). Use it to compare registration forms; torch's column stays empty.
 
 CPU harness (no GPU):      PYTHONPATH=. python3 benchmarks/op_overhead.py --stub [--calls 10000] [--profile OP]
     The real Python path of each op with the GPU pieces stubbed: a fake `torch` module (tensors that carry a
@@ -16,6 +23,7 @@ CPU harness (no GPU):      PYTHONPATH=. python3 benchmarks/op_overhead.py --stub
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import sys
@@ -265,6 +273,8 @@ def cases(torch, stub: bool):
     q = rnd(1, 1, 32, 128)
     k = rnd(1, 1024, 8, 128)
     v = rnd(1, 1024, 8, 128)
+    a1 = rnd(1, 1024)
+    wl = rnd(1024, 1024)  # an nn.Linear weight (out, in): 2 MB, so the GEMV itself stays under the host time
     out = [
         ("rms_norm [4,4096] bf16", lambda: ops.rms_norm(x, w, 1e-6),
          None if stub else (lambda: torch.nn.functional.rms_norm(x, (4096,), w, 1e-6))),
@@ -284,7 +294,62 @@ def cases(torch, stub: bool):
          None if stub else (lambda: torch.nn.functional.scaled_dot_product_attention(
              q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True))),
     ]
+    if not stub:  # the CPU harness's fake torch has no GEMM path
+        out.append(("gemm M=1 [1,1024] x [1024,1024]^T bf16", lambda: ops.gemm(a1, wl, trans_b=True),
+                    lambda: torch.nn.functional.linear(a1, wl)))
     return out
+
+
+def plugin_calls(torch, case_names, dev: str = "cuda") -> dict:
+    """The same calls through the torch plugin (torch.ops.rtckern.*), by case name, on the inputs of cases():
+    one dispatcher call each, as a patched model or a torch.compile graph makes them."""
+    importlib.import_module("rtckern.torch")  # registers torch.ops.rtckern
+
+    r = torch.ops.rtckern
+    bf16 = torch.bfloat16
+    x, w, b = (torch.randn(s, dtype=bf16, device=dev) for s in ((4, 4096), (4096,), (4096,)))
+    s = torch.randn(1, 32, 1, 1024, dtype=bf16, device=dev)
+    c = torch.randn(32, 128, 128, dtype=bf16, device=dev)
+    q = torch.randn(1, 1, 32, 128, dtype=bf16, device=dev)
+    k, v = (torch.randn(1, 1024, 8, 128, dtype=bf16, device=dev) for _ in range(2))
+    a1, wl = torch.randn(1, 1024, dtype=bf16, device=dev), torch.randn(1024, 1024, dtype=bf16, device=dev)
+    calls = {
+        "rms_norm [4,4096] bf16": lambda: r.rms_norm(x, w, 1e-6),
+        "rms_norm +residual": lambda: r.fused_add_rms_norm(x, x, w, 1e-6),
+        "layer_norm [4,4096] bf16": lambda: r.layer_norm(x, w, b, 1e-5),
+        "softmax [1,32,1,1024] bf16": lambda: r.softmax(s, 0.125),
+        "causal softmax [32,128,128]": lambda: r.scaled_upper_triang_masked_softmax(c, 0.125),
+        "attention decode q[1,1,32,128] kv 1024 GQA": lambda: r.attention(q, k, v),
+        "gemm M=1 [1,1024] x [1024,1024]^T bf16": lambda: r.gemm(a1, wl, None, None, True),
+    }
+    unknown = set(calls) - set(case_names)
+    assert not unknown, f"plugin calls name no case: {unknown}"
+    return calls
+
+
+PLUGIN_CASES = ("rms_norm [4,4096] bf16", "rms_norm +residual", "layer_norm [4,4096] bf16",
+                "softmax [1,32,1,1024] bf16", "causal softmax [32,128,128]",
+                "attention decode q[1,1,32,128] kv 1024 GQA", "gemm M=1 [1,1024] x [1024,1024]^T bf16")
+
+
+def plugin_stub_rows(calls: int, repeats: int) -> list:
+    """(name, stand-in us, None, torch.ops.rtckern us) per plugin case, on CPU with rtckern.ops' functions
+    replaced by a stand-in kernel: the host cost of the dispatcher and the plugin's own layers."""
+    import torch
+
+    import rtckern.ops as ops
+
+    def stand_in(x, *args, residual=None, return_rstd=False, return_stats=False, return_lse=False, **kwargs):
+        out = (x.new_empty(x.shape),) + ((x.new_empty(x.shape),) if residual is not None else ())
+        out += (x.new_empty(x.shape[:-1], dtype=torch.float32),) * (return_rstd + 2 * return_stats + return_lse)
+        return out if len(out) > 1 else out[0]
+
+    for name in ("rms_norm", "layer_norm", "softmax", "scaled_upper_triang_masked_softmax", "attention", "gemm"):
+        setattr(importlib.import_module(getattr(ops, name).__module__), name, stand_in)
+    x = torch.empty(4, 4096, dtype=torch.bfloat16)
+    base = time_loop(lambda: stand_in(x), calls, lambda: None, repeats)
+    return [(name, base, None, time_loop(fn, calls, lambda: None, repeats))
+            for name, fn in plugin_calls(torch, PLUGIN_CASES, "cpu").items()]
 
 
 def time_loop(fn, calls: int, sync, repeats: int) -> float:
@@ -304,6 +369,7 @@ def time_loop(fn, calls: int, sync, repeats: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stub", action="store_true", help="CPU harness with the GPU pieces stubbed")
+    ap.add_argument("--plugin-stub", action="store_true", help="the torch plugin's layers on CPU, stand-in kernels")
     ap.add_argument("--calls", type=int, default=None, help="calls per timed loop (default 10000 stub, 5000 GPU)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", default=None, help="cProfile the case whose name starts with this")
@@ -314,9 +380,11 @@ def main() -> None:
     import torch
 
     sync = (lambda: None) if a.stub else torch.cuda.synchronize
-    calls = a.calls or (10000 if a.stub else 5000)
-    rows = []
-    for name, fn, ref in cases(torch, a.stub):
+    calls = a.calls or (10000 if a.stub or a.plugin_stub else 5000)
+    rows = plugin_stub_rows(calls, a.repeats) if a.plugin_stub else []
+    all_cases = [] if a.plugin_stub else cases(torch, a.stub)
+    plugin = {} if a.stub or a.profile or a.plugin_stub else plugin_calls(torch, [c[0] for c in all_cases])
+    for name, fn, ref in all_cases:
         if a.profile and not name.startswith(a.profile):
             continue
         if a.profile:
@@ -334,24 +402,33 @@ def main() -> None:
             continue
         us = time_loop(fn, calls, sync, a.repeats)
         ref_us = time_loop(ref, calls, sync, a.repeats) if ref is not None else None
-        rows.append((name, us, ref_us))
+        plugin_us = time_loop(plugin[name], calls, sync, a.repeats) if name in plugin else None
+        rows.append((name, us, ref_us, plugin_us))
     if a.profile:
         return
     where = "CPU harness, GPU pieces stubbed (Python cost only)" if a.stub else \
-        f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
+        f"CPU, torch {torch.__version__}, rtckern.ops replaced by a stand-in kernel (plugin layers only)" \
+        if a.plugin_stub else f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
+
+    def us_cell(v):
+        return f"{v:.1f}" if v is not None else "-"
+
+    def ratio(v, ref):
+        return f"{v / ref:.2f}x" if v is not None and ref else "-"
+
     print(f"\nHost cost per call, {where}: {calls} calls per loop, median of {a.repeats} loops\n")
-    print("| op | rtckern us/call | torch us/call | ratio |")
-    print("|---|---|---|---|")
-    for name, us, ref_us in rows:
-        r = f"{ref_us:.1f}" if ref_us is not None else "-"
-        ratio = f"{us / ref_us:.2f}x" if ref_us else "-"
-        print(f"| {name} | {us:.1f} | {r} | {ratio} |")
+    print("| op | rtckern us/call | torch us/call | ratio | torch.ops.rtckern us/call | ratio |")
+    print("|---|---|---|---|---|---|")
+    for name, us, ref_us, plugin_us in rows:
+        print(f"| {name} | {us:.1f} | {us_cell(ref_us)} | {ratio(us, ref_us)} | {us_cell(plugin_us)} | "
+              f"{ratio(plugin_us, ref_us)} |")
     if a.json:
         import json
 
         with open(a.json, "w") as f:
             json.dump({"where": where, "calls": calls, "rows": [
-                {"op": n, "rtckern_us": u, "torch_us": r} for n, u, r in rows]}, f, indent=1)
+                {"op": n, "rtckern_us": u, "torch_us": r, "torch_ops_rtckern_us": p} for n, u, r, p in rows]},
+                f, indent=1)
 
 
 if __name__ == "__main__":

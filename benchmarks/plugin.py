@@ -1,6 +1,7 @@
 """PyTorch plugin benchmark (run on the GPU): a small randomly initialised Llama from transformers, unpatched
 (sdpa attention, transformers' RMSNorm) against rtckern.torch.patch(model) (rtckern RMSNorm + attention), at two
-sizes (CONFIGS), and the host cost of one call through each layer of the plugin.
+sizes (CONFIGS), a token-by-token decode step (batch 1, KV cache, eager: host-bound, so the plugin's per-call
+cost decides), and the host cost of one call through each layer of the plugin.
 
     PYTHONPATH=. python3 benchmarks/plugin.py        # writes plugin_<date>.json / .md to $OUT or benchmarks/results
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import inspect
 import json
 import os
 import statistics
@@ -138,6 +140,50 @@ def speed(ref, patched, ids, reps: int = 20, warmup: int = 3) -> dict:
     return out
 
 
+def decode_step_ms(steps: int = 32, reps: int = 7, prompt: int = 128, device: str = "cuda", **overrides) -> dict:
+    """Time per generated token, batch 1, greedy, KV cache (transformers' DynamicCache), eager, no grad: unpatched
+    against patched, the two alternating rep by rep; each rep prefills the prompt (untimed), then times `steps`
+    decode steps. At batch 1 the GPU work per step is small: the host cost of each norm and attention call shows."""
+    import torch
+    import transformers
+
+    import rtckern.torch as rt
+
+    cfg = transformers.LlamaConfig(**{**LLAMA, **overrides})
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    ref = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").to(device, dtype).eval()
+    patched = copy.deepcopy(ref)
+    rt.patch(patched)
+    ids = torch.randint(0, cfg.vocab_size, (1, prompt), device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    # the KV cache's argument and output name: `cache` in newer transformers, `past_key_values` before
+    kw = "cache" if "cache" in inspect.signature(ref.forward).parameters else "past_key_values"
+
+    def run_steps(model) -> float:
+        with torch.no_grad():
+            out = model(ids, use_cache=True)
+            cache, nxt = out[kw], out.logits[:, -1:].argmax(-1)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                out = model(nxt, use_cache=True, **{kw: cache})
+                cache, nxt = out[kw], out.logits[:, -1:].argmax(-1)
+            sync()
+            return (time.perf_counter() - t0) / steps * 1e3
+
+    run_steps(ref)  # warm-up: rtckern's first calls compile/load their kernels
+    run_steps(patched)
+    t_ref, t_rt = [], []
+    for _ in range(reps):
+        t_ref.append(run_steps(ref))
+        t_rt.append(run_steps(patched))
+    torch_ms, rtckern_ms = statistics.median(t_ref), statistics.median(t_rt)
+    return {"config": {**LLAMA, **overrides, "batch": 1, "prompt": prompt, "steps": steps},
+            "torch_ms": torch_ms, "rtckern_ms": rtckern_ms, "speedup": torch_ms / rtckern_ms,
+            "torch_spread": [min(t_ref), max(t_ref)], "rtckern_spread": [min(t_rt), max(t_rt)]}
+
+
 def _host_us(fn, n: int) -> float:
     import torch
 
@@ -215,6 +261,13 @@ def _markdown(res: dict) -> str:
         for k, e in acc["grad_err"].items():
             lines.append(f"- grad {k}: torch bf16 {e['torch_bf16']:.3e}, rtckern bf16 {e['rtckern_bf16']:.3e}")
         lines += ["", f"accuracy failures: {e2e['accuracy_failures'] or 'none'}", ""]
+    dec = res.get("decode")
+    if dec:
+        c = dec["config"]
+        lines += [f"## decode: Llama {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, batch 1, prompt "
+                  f"{c['prompt']}, {c['steps']} steps, KV cache, eager, bf16", "",
+                  "| ms per token | torch (sdpa + HF RMSNorm) | rtckern | speedup |", "|---|---|---|---|",
+                  f"| decode step | {dec['torch_ms']:.3f} | {dec['rtckern_ms']:.3f} | {dec['speedup']:.3f}x |", ""]
     lines += ["## host cost per call (us, GPU idle)", "", "| call | us |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in res["overhead_us"].items()]
     return "\n".join(lines) + "\n"
@@ -231,7 +284,7 @@ def main() -> None:
 
     date = datetime.date.today().isoformat()
     res = {"date": date, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "overhead_us": call_overhead_us(), "e2e": {}}
+           "overhead_us": call_overhead_us(), "decode": decode_step_ms(), "e2e": {}}
     for name, cfg in CONFIGS.items():
         res["e2e"][name] = run(**cfg)
         torch.cuda.empty_cache()

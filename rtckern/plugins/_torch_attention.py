@@ -27,7 +27,7 @@ from rtckern.errors import InputError
 
 from . import _torch_ref as R
 from ._torch_dispatch import _reference, run
-from ._torch_lib import F32, define_composite, empty_stat, needs_grad, ops_module
+from ._torch_lib import F32, define_composite, direct, empty_stat, kernel_op, needs_grad, ops_module
 
 OPS = ("attention", "attention_fwd", "attention_bwd")
 
@@ -64,7 +64,7 @@ def attention_fwd_impl(q, k, v, causal, softmax_scale, return_lse):
     return run("attention", _jit_fwd, R.attention_fwd, q, k, v, causal, softmax_scale, return_lse)
 
 
-@torch.library.custom_op("rtckern::attention_fwd", mutates_args=())
+@kernel_op("attention_fwd")
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: Optional[float],
                   return_lse: bool) -> tuple[Tensor, Tensor]:
     """(o, lse): o contiguous (batch, seqlen_q, heads_q, head_dim); lse fp32 (batch, heads_q, seqlen_q) with
@@ -109,7 +109,7 @@ def attention_bwd_impl(dout, q, k, v, o, lse, causal, softmax_scale):
     return R.attention_bwd(dout, q, k, v, o, lse, causal, softmax_scale)
 
 
-@torch.library.custom_op("rtckern::attention_bwd", mutates_args=())
+@kernel_op("attention_bwd")
 def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
                   softmax_scale: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) from the forward's o and lse; see the module docstring for which kernel runs."""
@@ -139,7 +139,24 @@ def _backward(ctx, dout, _dlse):
 attention_fwd.register_autograd(_backward, setup_context=_setup)
 
 
+def _jit(q, k, v, causal, softmax_scale):
+    return _attention().attention(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def _ref(q, k, v, causal, softmax_scale):
+    return R.attention_fwd(q, k, v, causal, softmax_scale, False)[0]
+
+
+def attention_direct(q, k, v, causal, softmax_scale):
+    """torch.ops.rtckern.attention in plain eager code (the caller checked `direct`)."""
+    if needs_grad(q, k, v):
+        return attention_fwd.call_direct(q, k, v, causal, softmax_scale, True)[0]
+    return run("attention", _jit, _ref, q, k, v, causal, softmax_scale)
+
+
 def _attention_composite(q, k, v, causal=False, softmax_scale=None):
+    if direct(q, k, v):
+        return attention_direct(q, k, v, causal, softmax_scale)
     return attention_fwd(q, k, v, causal, softmax_scale, needs_grad(q, k, v))[0]
 
 

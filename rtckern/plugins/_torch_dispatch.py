@@ -28,7 +28,11 @@ from rtckern.registry import default_registry, fallback_allowed, warn_fallback_o
 
 log = logging.getLogger(__name__)
 
-_state = threading.local()
+class _State(threading.local):
+    reference = False  # a class default: reading it costs no AttributeError in a thread that never set it
+
+
+_state = _State()
 
 
 class GraphCaptureError(RtckernError, RuntimeError):
@@ -36,7 +40,7 @@ class GraphCaptureError(RtckernError, RuntimeError):
 
 
 def _reference() -> bool:
-    return getattr(_state, "reference", False)
+    return _state.reference
 
 
 @contextlib.contextmanager
@@ -51,7 +55,7 @@ def reference_mode(enabled: bool = True):
 
 
 def run(op: str, jit_fn: Callable[..., Any], ref_fn: Callable[..., Any], *args: Any) -> Any:
-    if _reference():
+    if _state.reference:
         return ref_fn(*args)
     try:
         return jit_fn(*args)
@@ -80,11 +84,16 @@ def fallback(op: str, what: str, reason: str) -> None:
     warn_fallback_once(op, unsupported(op, what, reason))
 
 
-@torch.compiler.assume_constant_result
 def _strict_at_trace_time() -> bool:
     """Dynamo calls this (the settings are read under a lock it cannot trace) and bakes the answer into the graph:
     a compiled function keeps the strictness it was traced with."""
     return not fallback_allowed()
+
+
+# torch.compiler.assume_constant_result(fn) imports torch._dynamo (seconds) to set this one attribute, which
+# dynamo reads when it traces a call; setting it here keeps dynamo out of `import rtckern.torch` (a unit test
+# checks that the decorator still sets exactly this).
+_strict_at_trace_time._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 # ---- CUDA graph capture -----------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from rtckern.errors import InputError
 
 from . import _torch_ref as R
 from ._torch_dispatch import run
-from ._torch_lib import ops_module
+from ._torch_lib import kernel_op, ops_module
 
 OPS = ("gemm",)
 _ACTS = (None, "none", "gelu_tanh", "silu")
@@ -48,10 +48,10 @@ def _out_shape(a: Tensor, b: Tensor, trans_b: bool) -> tuple[int, ...]:
     return (a.shape[0], a.shape[1], n) if a.dim() == 3 else (a.shape[0], n)
 
 
-@torch.library.custom_op("rtckern::gemm", mutates_args=())
+@kernel_op("gemm")
 def gemm(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None,
          trans_b: bool = False, out_dtype: Optional[torch.dtype] = None, residual: Optional[Tensor] = None) -> Tensor:
-    """rtckern.ops.gemm as a custom op."""
+    """rtckern.ops.gemm as a torch op."""
     return run("gemm", _jit, R.gemm, a, b, bias, activation, trans_b, out_dtype, residual)
 
 

@@ -1,5 +1,15 @@
-"""The `rtckern` torch.library namespace: one fragment for the composite (decomposing) ops, shared helpers for
-the custom ops' fake kernels."""
+"""The `rtckern` torch.library namespace: the ops carrying kernels (`kernel_op`), the composite ops
+(`define_composite`), and shared helpers for their fake kernels.
+
+Registration, chosen by host cost per call (CPU, trivial kernel; docs/performance.md, Torch plugin): a
+torch.library.custom_op call crosses three Python kernels (its autograd kernel, a redispatch, its backend
+wrapper with an aliasing check); a composite in front of it adds a fourth. Here each op is defined with
+torch.library.Library: its implementation is the backend kernel (CompositeExplicitAutograd), a fake kernel
+serves FakeTensorMode / torch.compile / export, and a Python kernel at the Autograd key runs the implementation
+itself when nothing traces or intercepts the call (`direct`), wrapping it in an autograd.Function only when a
+gradient is needed. Under tracing, modes, subclasses, functorch transforms and meta tensors it redispatches as
+custom_op does, so the tracer sees the op and its fake kernel. An eager call is one Python kernel.
+"""
 from __future__ import annotations
 
 import functools
@@ -13,15 +23,143 @@ NAMESPACE = "rtckern"
 # Ops defined here by schema and implemented as CompositeImplicitAutograd: they decompose (under autograd,
 # torch.compile and export) into the custom ops that carry the kernels and the autograd formulas.
 LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
+QUALIFIED = NAMESPACE + "::"
 
 F32 = torch.float32
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_transforms = torch._C._are_functorch_transforms_active
+_grad_enabled = torch._C.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_after_autograd = torch._C._after_autograd_keyset
+
 
 def define_composite(schema: str, fn) -> None:
+    """An op that decomposes into the kernel ops under autograd, torch.compile and export; fn starts with an
+    eager fast path (`direct`) where it can."""
     name = schema.split("(", 1)[0]
     LIB.define(schema)
     LIB.impl(name, fn, "CompositeImplicitAutograd")
+
+
+# ---- the eager fast path inside the dispatcher ------------------------------------------------------------------
+
+def direct(*tensors) -> bool:
+    """True when a kernel at the autograd level may run the implementation itself, i.e. do what the redispatch
+    to the backend kernel would do: no dispatch mode (FakeTensorMode, make_fx, functionalization, a user's
+    TorchDispatchMode), no functorch transform, and plain dense tensors (no subclass such as FakeTensor or
+    DTensor, no meta tensor, whose kernel is the fake one). Torch-function modes have already seen the call."""
+    if _dispatch_modes() or _transforms():
+        return False
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN or t.is_meta):
+            return False
+    return True
+
+
+class KernelOp:
+    """An op carrying a kernel, registered with torch.library.Library (module docstring): the drop-in for
+    torch.library.custom_op that rtckern's ops use.
+
+        @kernel_op("softmax")
+        def softmax(x: Tensor, scale: float = 1.0) -> Tensor: ...   # the implementation; schema from annotations
+        softmax.register_fake(fake)
+        softmax.register_autograd(backward, setup_context=setup)     # custom_op's conventions
+
+    Calling the object calls torch.ops.rtckern.<name>; `call_direct` is for callers that have checked `direct`
+    themselves (the composites' fast paths)."""
+
+    def __init__(self, name: str, fn) -> None:
+        schema = torch.library.infer_schema(fn, mutates_args=())
+        LIB.define(name + schema)
+        self.name, self.fn = name, fn
+        self.op = getattr(getattr(torch.ops, NAMESPACE), name).default
+        args = self.op._schema.arguments
+        self._defaults = tuple(a.default_value for a in args)
+        self._tensor_args = tuple(i for i, a in enumerate(args) if str(a.type) in ("Tensor", "Optional[Tensor]"))
+        self._setup = self._backward = None
+        self.function = self._autograd_function()
+        LIB.impl(name, fn, "CompositeExplicitAutograd")
+        LIB.impl(name, self._autograd_kernel(), "Autograd", with_keyset=True)
+
+    def __call__(self, *args, **kwargs):
+        return self.op(*args, **kwargs)
+
+    def register_fake(self, fake):
+        torch.library.register_fake(QUALIFIED + self.name, fake, lib=LIB)
+        return fake
+
+    def register_autograd(self, backward, *, setup_context) -> None:
+        """backward(ctx, *grads) -> one gradient (or None) per argument; setup_context(ctx, inputs, output) with
+        every argument in inputs (defaults filled in), as torch.library.register_autograd."""
+        self._backward, self._setup = backward, setup_context
+
+    def call_direct(self, *args):
+        """The op in plain eager code (the caller checked `direct`): the implementation, through the op's
+        autograd.Function when a gradient is needed."""
+        if _grad_enabled() and _any_requires_grad(*args):
+            return self.function.apply(*args, None)
+        return self.fn(*args)
+
+    def _autograd_kernel(self):
+        fn, op, tensor_args, function = self.fn, self.op, self._tensor_args, self.function
+
+        def autograd_kernel(keyset, *args):
+            grad = _grad_enabled() and _any_requires_grad(*args)
+            if not (_dispatch_modes() or _transforms()):  # `direct`, inlined (this runs on every eager call)
+                n = len(args)
+                for i in tensor_args:
+                    t = args[i] if i < n else None
+                    if t is not None and (type(t) not in _PLAIN or t.is_meta):
+                        break
+                else:
+                    return function.apply(*args, None) if grad else fn(*args)
+            if grad:
+                return function.apply(*args, keyset)
+            with _below_autograd():
+                return op.redispatch(keyset & _after_autograd, *args)
+
+        autograd_kernel.__name__ = f"{self.name}_autograd"
+        return autograd_kernel
+
+    def _autograd_function(self) -> type:
+        kop = self
+
+        def forward(ctx, *args):
+            keyset, args = args[-1], args[:-1]
+            if keyset is None:  # plain eager: the implementation itself
+                out = kop.fn(*args)
+            else:
+                with _below_autograd():
+                    out = kop.op.redispatch(keyset & _after_autograd, *args)
+            if kop._setup is not None:
+                kop._setup(ctx, args + kop._defaults[len(args):], out)
+            return out
+
+        def backward(ctx, *grads):
+            if kop._backward is None:
+                raise RuntimeError(f"rtckern::{kop.name} has no autograd formula (double backward through rtckern's "
+                                   "backward ops is not supported)")
+            wanted = ctx.needs_input_grad
+            n = len(wanted) - 1  # the arguments the call passed (the dispatcher leaves out trailing defaults)
+            ctx.needs_input_grad = wanted[:-1]  # the formula sees the op's arguments only, not the keyset
+            try:
+                g = kop._backward(ctx, *grads)
+            finally:
+                ctx.needs_input_grad = wanted
+            g = g if isinstance(g, tuple) else (g,)
+            return (*g[:n], *(None,) * (n - len(g)), None)
+
+        return type(f"{self.name}_function", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def kernel_op(name: str):
+    """Decorator: `@kernel_op("rms_norm_fwd")` over the implementation makes torch.ops.rtckern.rms_norm_fwd."""
+    return lambda fn: KernelOp(name, fn)
 
 
 def empty_stat(x: torch.Tensor) -> torch.Tensor:
@@ -35,7 +173,8 @@ def placeholder(param, like: torch.Tensor) -> torch.Tensor:
 
 
 def needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    """A gradient will flow through the call: grad mode on and an argument requiring grad."""
+    return _grad_enabled() and _any_requires_grad(*tensors)
 
 
 def check_float(t: torch.Tensor, name: str, allowed=FLOAT_DTYPES) -> None:

@@ -69,16 +69,18 @@ class RMSNorm(nn.RMSNorm):
         self.__dict__["_torch_original"] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        why = _why_not_jit(x, self.weight, None)
+        weight = self.weight  # once: a parameter read goes through nn.Module.__getattr__ (~1 us per read)
+        why = _why_not_jit(x, weight, None)
         if why is not None:
             fallback("rms_norm", f"{x.dtype} input of shape {tuple(x.shape)} on {x.device}", why)
             return self._fallback(x)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        w = self.weight if self.weight is None or self.weight.dim() == 1 else self.weight.reshape(-1)
-        y = E.rms_norm(_flatten(x, self.normalized_shape), w, eps, self.zero_centered,
-                       _out_dtype(self.out_dtype_rule, x, self.weight))
-        return y.view(*x.shape[: x.dim() - len(self.normalized_shape)], *self.normalized_shape) \
-            if len(self.normalized_shape) > 1 else y
+        out_dtype = _out_dtype(self.out_dtype_rule, x, weight)
+        if weight is not None and weight.dim() != 1:
+            weight = weight.reshape(-1)
+        shape = self.normalized_shape
+        y = E.rms_norm(_flatten(x, shape), weight, eps, self.zero_centered, out_dtype)
+        return y.view(*x.shape[: x.dim() - len(shape)], *shape) if len(shape) > 1 else y
 
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
         original = self.__dict__.get("_torch_original")
@@ -106,13 +108,16 @@ class LayerNorm(nn.LayerNorm):
     """torch.nn.LayerNorm on rtckern's kernels (same constructor, parameters and state dict)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        why = _why_not_jit(x, self.weight, self.bias)
+        w, b = self.weight, self.bias  # once each: parameter reads go through nn.Module.__getattr__
+        why = _why_not_jit(x, w, b)
         if why is not None:
             fallback("layer_norm", f"{x.dtype} input of shape {tuple(x.shape)} on {x.device}", why)
             return nn.LayerNorm.forward(self, x)
         # 1-D parameters go in as they are: a reshape would add a view (and an autograd node) per call
-        w = self.weight if self.weight is None or self.weight.dim() == 1 else self.weight.reshape(-1)
-        b = self.bias if self.bias is None or self.bias.dim() == 1 else self.bias.reshape(-1)
+        if w is not None and w.dim() != 1:
+            w = w.reshape(-1)
+        if b is not None and b.dim() != 1:
+            b = b.reshape(-1)
         y = E.layer_norm(_flatten(x, self.normalized_shape), w, b, self.eps)
         return y.view(x.shape) if len(self.normalized_shape) > 1 else y
 

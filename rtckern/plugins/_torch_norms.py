@@ -4,10 +4,12 @@
     torch.ops.rtckern.fused_add_rms_norm(x, residual, weight=None, eps=1e-6, zero_centered=False) -> (y, h)
     torch.ops.rtckern.layer_norm(x, weight=None, bias=None, eps=1e-5, zero_centered=False, out_dtype=None) -> y
 
-These three are CompositeImplicitAutograd: each decomposes into a `*_fwd` custom op that also returns the
+These three are CompositeImplicitAutograd: each decomposes into a `*_fwd` kernel op that also returns the
 per-row statistics (rstd; mean and rstd for LayerNorm) when a gradient will be needed, and whose autograd
-formula calls the `*_bwd` custom op, i.e. rtckern's backward kernels (rtckern.ops.norms.*_backward).
-Double backward is not supported (the backward ops have no autograd formula).
+formula calls the `*_bwd` kernel op, i.e. rtckern's backward kernels (rtckern.ops.norms.*_backward).
+Double backward is not supported (the backward ops have no autograd formula). In plain eager code (`direct`)
+the composite calls rtckern's op itself: y alone without a gradient (no statistics, no placeholders), the
+`*_fwd` op's autograd.Function with one.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from torch import Tensor
 
 from . import _torch_ref as R
 from ._torch_dispatch import run
-from ._torch_lib import F32, check_float, check_same_shape, check_vector, define_composite, empty_stat, \
-    needs_grad, ops_module, placeholder
+from ._torch_lib import F32, check_float, check_same_shape, check_vector, define_composite, direct, empty_stat, \
+    kernel_op, needs_grad, ops_module, placeholder
 
 OPS = ("rms_norm", "rms_norm_fwd", "rms_norm_bwd", "fused_add_rms_norm", "fused_add_rms_norm_fwd", "layer_norm",
        "layer_norm_fwd", "layer_norm_bwd")
@@ -59,7 +61,7 @@ def _jit_ln_bwd(dy, x, weight, bias, mean, rstd, zero_centered, weight_grad, bia
     return dx, (dw if dw is not None else placeholder(weight, dy)), (db if db is not None else placeholder(bias, dy))
 
 
-# ---- implementations (the custom ops' bodies; also the eager fast path's, rtckern.plugins._torch_eager) --------
+# ---- implementations (the kernel ops' bodies) ---------------------------------------------------------------
 def rms_norm_fwd_impl(x, weight, eps, zero_centered, out_dtype, return_rstd):
     return run("rms_norm", _jit_rms_fwd, R.rms_norm_fwd, x, weight, eps, zero_centered, out_dtype, return_rstd)
 
@@ -79,8 +81,8 @@ def layer_norm_bwd_impl(dy, x, weight, bias, mean, rstd, zero_centered, weight_g
                weight_grad, bias_grad)
 
 
-# ---- custom ops -------------------------------------------------------------------------------------------------
-@torch.library.custom_op("rtckern::rms_norm_fwd", mutates_args=())
+# ---- kernel ops -------------------------------------------------------------------------------------------------
+@kernel_op("rms_norm_fwd")
 def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], eps: float, zero_centered: bool,
                  out_dtype: Optional[torch.dtype], return_rstd: bool) -> tuple[Tensor, Tensor]:
     """(y, rstd); rstd is fp32 of shape x.shape[:-1] with return_rstd, else an empty placeholder."""
@@ -95,7 +97,7 @@ def _(x, weight, eps, zero_centered, out_dtype, return_rstd):
     return y, (x.new_empty(x.shape[:-1], dtype=F32) if return_rstd else empty_stat(x))
 
 
-@torch.library.custom_op("rtckern::fused_add_rms_norm_fwd", mutates_args=())
+@kernel_op("fused_add_rms_norm_fwd")
 def fused_add_rms_norm_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, zero_centered: bool,
                            out_dtype: Optional[torch.dtype], return_rstd: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(y, h, rstd) with h = x + residual (x's dtype) and y = rms_norm(h)."""
@@ -112,7 +114,7 @@ def _(x, residual, weight, eps, zero_centered, out_dtype, return_rstd):
     return x.new_empty(x.shape, dtype=out_dtype or x.dtype), x.new_empty(x.shape), rstd
 
 
-@torch.library.custom_op("rtckern::rms_norm_bwd", mutates_args=())
+@kernel_op("rms_norm_bwd")
 def rms_norm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, zero_centered: bool,
                  weight_grad: bool, dresidual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """(dx, dweight): dweight is an empty placeholder without a weight or with weight_grad=False."""
@@ -128,7 +130,7 @@ def _(dy, x, weight, rstd, zero_centered, weight_grad, dresidual):
     return x.new_empty(x.shape), dw
 
 
-@torch.library.custom_op("rtckern::layer_norm_fwd", mutates_args=())
+@kernel_op("layer_norm_fwd")
 def layer_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float, zero_centered: bool,
                    out_dtype: Optional[torch.dtype], return_stats: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(y, mean, rstd); the statistics are fp32 of shape x.shape[:-1] with return_stats, else placeholders."""
@@ -146,7 +148,7 @@ def _(x, weight, bias, eps, zero_centered, out_dtype, return_stats):
     return y, x.new_empty(x.shape[:-1], dtype=F32), x.new_empty(x.shape[:-1], dtype=F32)
 
 
-@torch.library.custom_op("rtckern::layer_norm_bwd", mutates_args=())
+@kernel_op("layer_norm_bwd")
 def layer_norm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], mean: Tensor,
                    rstd: Tensor, zero_centered: bool, weight_grad: bool,
                    bias_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -228,17 +230,66 @@ def _ln_backward(ctx, dy, _dmean, _drstd):
 layer_norm_fwd.register_autograd(_ln_backward, setup_context=_ln_setup)
 
 
-# ---- composite entry points -------------------------------------------------------------------------------------
+# ---- composite entry points, with the eager fast path ----------------------------------------------------------
+def _jit_rms(x, weight, eps, zero_centered, out_dtype):
+    return _norms().rms_norm(x, weight, eps, zero_centered=zero_centered, out_dtype=out_dtype)
+
+
+def _ref_rms(x, weight, eps, zero_centered, out_dtype):
+    return R.rms_norm_fwd(x, weight, eps, zero_centered, out_dtype, False)[0]
+
+
+def _jit_add_rms(x, residual, weight, eps, zero_centered):
+    return _norms().rms_norm(x, weight, eps, residual=residual, zero_centered=zero_centered)
+
+
+def _ref_add_rms(x, residual, weight, eps, zero_centered):
+    return R.fused_add_rms_norm_fwd(x, residual, weight, eps, zero_centered, None, False)[:2]
+
+
+def _jit_ln(x, weight, bias, eps, zero_centered, out_dtype):
+    return _norms().layer_norm(x, weight, bias, eps, zero_centered=zero_centered, out_dtype=out_dtype)
+
+
+def _ref_ln(x, weight, bias, eps, zero_centered, out_dtype):
+    return R.layer_norm_fwd(x, weight, bias, eps, zero_centered, out_dtype, False)[0]
+
+
+def rms_norm_direct(x, weight, eps, zero_centered, out_dtype):
+    """torch.ops.rtckern.rms_norm in plain eager code (the caller checked `direct`)."""
+    if needs_grad(x, weight):
+        return rms_norm_fwd.call_direct(x, weight, eps, zero_centered, out_dtype, True)[0]
+    return run("rms_norm", _jit_rms, _ref_rms, x, weight, eps, zero_centered, out_dtype)
+
+
+def fused_add_rms_norm_direct(x, residual, weight, eps, zero_centered):
+    if needs_grad(x, residual, weight):
+        return fused_add_rms_norm_fwd.call_direct(x, residual, weight, eps, zero_centered, None, True)[:2]
+    return tuple(run("rms_norm", _jit_add_rms, _ref_add_rms, x, residual, weight, eps, zero_centered))
+
+
+def layer_norm_direct(x, weight, bias, eps, zero_centered, out_dtype):
+    if needs_grad(x, weight, bias):
+        return layer_norm_fwd.call_direct(x, weight, bias, eps, zero_centered, out_dtype, True)[0]
+    return run("layer_norm", _jit_ln, _ref_ln, x, weight, bias, eps, zero_centered, out_dtype)
+
+
 def _rms_norm(x, weight=None, eps=1e-6, zero_centered=False, out_dtype=None):
+    if direct(x, weight):
+        return rms_norm_direct(x, weight, eps, zero_centered, out_dtype)
     return rms_norm_fwd(x, weight, eps, zero_centered, out_dtype, needs_grad(x, weight))[0]
 
 
 def _fused_add_rms_norm(x, residual, weight=None, eps=1e-6, zero_centered=False):
+    if direct(x, residual, weight):
+        return fused_add_rms_norm_direct(x, residual, weight, eps, zero_centered)
     y, h, _ = fused_add_rms_norm_fwd(x, residual, weight, eps, zero_centered, None, needs_grad(x, residual, weight))
     return y, h
 
 
 def _layer_norm(x, weight=None, bias=None, eps=1e-5, zero_centered=False, out_dtype=None):
+    if direct(x, weight, bias):
+        return layer_norm_direct(x, weight, bias, eps, zero_centered, out_dtype)
     return layer_norm_fwd(x, weight, bias, eps, zero_centered, out_dtype, needs_grad(x, weight, bias))[0]
 
 

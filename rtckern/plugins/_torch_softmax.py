@@ -17,7 +17,7 @@ from rtckern.errors import InputError
 
 from . import _torch_ref as R
 from ._torch_dispatch import run
-from ._torch_lib import check_float, check_same_shape, ops_module
+from ._torch_lib import KernelOp, check_float, check_same_shape, ops_module
 
 _NAMES = ("softmax", "scaled_masked_softmax", "scaled_upper_triang_masked_softmax",
           "scaled_aligned_causal_masked_softmax")
@@ -75,8 +75,8 @@ def _define(name: str, min_ndim: int, masked: bool):
             _check_x(name, x, min_ndim)
             return x.new_empty(x.shape)
 
-    fwd.__doc__ = f"rtckern.ops.softmax.{name} as a custom op."
-    fwd_op = torch.library.custom_op(f"rtckern::{name}", mutates_args=())(fwd)
+    fwd.__doc__ = f"rtckern.ops.softmax.{name} as a torch op."
+    fwd_op = KernelOp(name, fwd)
     fwd_op.register_fake(fake)
 
     def bwd(y: Tensor, dy: Tensor, scale: float) -> Tensor:
@@ -86,8 +86,8 @@ def _define(name: str, min_ndim: int, masked: bool):
         check_same_shape(dy, y, "dy", "y")
         return y.new_empty(y.shape)
 
-    bwd.__doc__ = f"rtckern.ops.softmax.{name}_backward as a custom op: dx from y and dy."
-    bwd_op = torch.library.custom_op(f"rtckern::{name}_bwd", mutates_args=())(bwd)
+    bwd.__doc__ = f"rtckern.ops.softmax.{name}_backward as a torch op: dx from y and dy."
+    bwd_op = KernelOp(name + "_bwd", bwd)
     bwd_op.register_fake(bwd_fake)
 
     def setup(ctx, inputs, output):

@@ -11,7 +11,10 @@ Ops (namespace `rtckern`): rms_norm, fused_add_rms_norm, layer_norm (composite; 
 carry the kernels), softmax, scaled_masked_softmax, scaled_upper_triang_masked_softmax,
 scaled_aligned_causal_masked_softmax (+ *_bwd), attention (composite; attention_fwd / attention_bwd), gemm.
 
-Every custom op has a fake kernel (shape and dtype inference under torch.compile, export and FakeTensorMode),
+The ops are torch.library.Library ops (_torch_lib.KernelOp, chosen over custom_op for host cost): an eager call
+is one Python kernel that runs rtckern's op itself; under tracing, modes and subclasses they dispatch in full.
+Importing this module does not import torch._dynamo. Every op has a fake kernel (shape and dtype inference
+under torch.compile, export and FakeTensorMode),
 autograd wired to rtckern's backward kernels (norms, softmax; gemm's backward is rtckern GEMMs; attention's is
 documented in _torch_attention), launches on torch's current stream, and outputs allocated by torch.
 torch.compile(fullgraph=True) traces them without graph breaks. CUDA graphs: warm up once before capture; a

@@ -5,6 +5,7 @@ modules, patch(), and the transformers attention function (when transformers is 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 
@@ -92,6 +93,29 @@ def test_import_alias_is_the_plugin():
 
     assert rt.RMSNorm is plugin.RMSNorm and rt.patch is plugin.patch
     assert set(rt.__all__) <= set(dir(rt))
+
+
+def test_import_does_not_load_dynamo():
+    """`import rtckern.torch` costs about what `import torch` does: torch._dynamo (seconds) loads only when
+    something compiles."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rtckern.torch; heavy = [m for m in ('torch._dynamo', 'torch._inductor', 'transformers') "
+            "if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_strict_flag_is_marked_constant_as_torch_would():
+    """_torch_dispatch marks _strict_at_trace_time by hand (the decorator imports dynamo): the same as torch's."""
+    def probe():
+        return True
+
+    before = set(vars(probe))
+    torch.compiler.assume_constant_result(probe)
+    assert {k: vars(probe)[k] for k in set(vars(probe)) - before} == {"_dynamo_marked_constant": True}
+    assert D._strict_at_trace_time._dynamo_marked_constant is True
 
 
 def test_a_missing_op_module_is_skipped_with_a_reason(monkeypatch, caplog):
@@ -414,7 +438,7 @@ def test_plain_eager_only_outside_tracing_and_modes():
 
 
 @pytest.mark.parametrize("grad", [True, False])
-def test_fast_path_equals_the_custom_ops(grad):
+def test_functional_entry_points_equal_the_ops(grad):
     x, w, b = rand(3, 40, requires_grad=grad), rand(40, requires_grad=grad), rand(40, requires_grad=grad)
     q, k = rand(2, 9, 4, 16, dtype=BF16, requires_grad=grad), rand(2, 9, 2, 16, dtype=BF16, requires_grad=grad)
     with D.reference_mode():
@@ -428,6 +452,83 @@ def test_fast_path_equals_the_custom_ops(grad):
                 g = torch.randn_like(fast)
                 for a, c in zip(torch.autograd.grad(fast, inputs, g), torch.autograd.grad(op, inputs, g)):
                     assert torch.equal(a, c)
+
+
+class _SeeOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """A pass-through dispatch mode: it turns the ops' eager fast path off (the dispatcher path runs, as under
+    tracing) and records the rtckern ops it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "rtckern":
+            self.seen.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def _grad_inputs(args):
+    return [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+
+
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("name", sorted(_opcheck_cases()))
+def test_eager_fast_path_equals_the_dispatched_path(name, grad):
+    """Each op's eager call (the implementation run by the op's own kernel at the autograd level) gives what the
+    full dispatch gives (autograd.Function around a redispatch to the backend kernel), outputs and gradients."""
+    args = _opcheck_cases()[name]
+    if not grad:
+        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+    op = getattr(ops, name)
+    results = []
+    with D.reference_mode():
+        for mode in (None, _SeeOps()):
+            torch.manual_seed(0)
+            with mode or contextlib.nullcontext():
+                out = op(*args)
+            outs = out if isinstance(out, tuple) else (out,)
+            grads = ()
+            if grad and _grad_inputs(args):
+                loss = sum((o.float() * torch.linspace(-1, 1, o.numel()).view(o.shape)).sum()
+                           for o in outs if o.numel() and o.requires_grad)
+                grads = torch.autograd.grad(loss, _grad_inputs(args), allow_unused=True)
+            results.append((outs, grads))
+            if mode is not None:
+                assert mode.seen, f"{name}: the mode saw no rtckern op"
+    (fast, fast_g), (full, full_g) = results
+    for a, b in zip(fast + fast_g, full + full_g):
+        assert (a is None and b is None) or torch.equal(a, b), name
+    assert [o.requires_grad for o in fast] == [o.requires_grad for o in full], name
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_an_eager_call_is_one_dispatcher_op(jit_on_cpu, grad):
+    """In plain eager code a composite calls rtckern's op itself: the profiler sees the public op only, not the
+    kernel op it decomposes into under tracing; the modules skip the dispatcher altogether."""
+    x, w = rand(4, 32, requires_grad=grad), rand(32)
+    s = rand(2, 2, 5, 5, requires_grad=grad)
+    norm = rt.RMSNorm(32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ops.rms_norm(x, w, 1e-6)
+        ops.softmax(s, 0.5)
+        norm(x)
+    names = [e.name for e in prof.events() if e.name.startswith("rtckern::")]
+    assert sorted(names) == ["rtckern::rms_norm", "rtckern::softmax"]
+    with _SeeOps() as mode:
+        ops.rms_norm(x, w, 1e-6)
+    assert mode.seen == ["rtckern::rms_norm_fwd"]  # a mode sees the kernel op (the composite decomposed)
+
+
+def test_meta_and_inference_mode_take_the_dispatcher():
+    """Meta tensors reach the fake kernels (the fast path is for real tensors); inference-mode tensors skip the
+    autograd key and reach the backend kernel directly."""
+    x, w, s = torch.empty(4, 32, device="meta"), torch.empty(32, device="meta"), torch.empty(2, 3, 5, device="meta")
+    assert ops.rms_norm(x, w).device.type == "meta" and ops.softmax(s).shape == s.shape
+    with D.reference_mode(), torch.inference_mode():
+        xi, wi = rand(4, 32), rand(32)
+        torch.testing.assert_close(ops.rms_norm(xi, wi, 1e-6), nn.functional.rms_norm(xi, (32,), wi, 1e-6))
+        torch.testing.assert_close(ops.softmax(xi, 2.0), torch.softmax(2.0 * xi, -1))
 
 
 def test_modules_and_functional_compile_to_the_custom_ops():
