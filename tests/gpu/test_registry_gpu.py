@@ -66,8 +66,17 @@ def test_selection_matches_explain_and_runs(cache_dir, tmp_path, live, dtype, n,
 def test_real_ops_selection_matches_explain(cache_dir, live):
     """Every built-in op with an example request: select on the GPU == explain on the GPU == explain on its
     hand-described twin."""
+    import argparse
+    import shlex
+
     import rtckern.ops  # noqa: F401  (registers the op families)
-    from rtckern.commands.selftest import _example_args
+
+    def _example_args(example: str) -> argparse.Namespace:  # a request builder's example: --dtype, --shape, --opt
+        p = argparse.ArgumentParser(add_help=False)
+        p.add_argument("--dtype", default=None)
+        p.add_argument("--shape", default=None)
+        p.add_argument("--opt", action="append", default=[])
+        return p.parse_known_args(shlex.split(example))[0]
 
     reg = default_registry()
     seen = []

@@ -35,44 +35,53 @@ def _table_values(name: str, field: str, **match) -> set:
     return out
 
 
-def _norm_requests():
-    from rtckern.ops import _norms_candidates as nc
+NORM_FWD = ("rms_norm", "layer_norm")
+NORM_BWD = ("rms_norm_backward", "layer_norm_backward")
+SOFTMAX_OPS = ("softmax", "scaled_masked_softmax", "scaled_upper_triang_masked_softmax",
+               "scaled_aligned_causal_masked_softmax", "softmax_backward", "scaled_masked_softmax_backward",
+               "scaled_upper_triang_masked_softmax_backward", "scaled_aligned_causal_masked_softmax_backward")
+# the row lengths `rtckern prefill` builds softmax kernels for (powers of two from 128 to 131072, and 1023)
+SOFTMAX_PREFILL_NS = tuple(1 << k for k in range(7, 18)) + (1023,)
 
+
+def _request(op, shape, dtype, dev, **options):
+    """The request `rtckern explain` builds (the family's registered request builder, default options filled in)."""
+    from rtckern.registry import build_request
+
+    return build_request(op, shape=shape, dtype=dtype, device=dev, options=options)
+
+
+def _norm_requests():
     bench = {1024, 4096, 5120, 8192, 12288, 16384, 65536, 7, 1000, 100000, 262144}
     ns = sorted(bench | _table_values("norm_kind", "n") | _table_values("norm_fwd", "n")
                 | _table_values("norm_bwd", "n"))
     for arch, kw in DEVICES.items():
         dev = DeviceInfo.for_arch(arch, **kw)
-        for op in nc.FWD_OPS + nc.BWD_OPS:
+        for op in NORM_FWD + NORM_BWD:
             variants = [{}]
-            if op in nc.FWD_OPS:
+            if op in NORM_FWD:
                 variants += [{"w": "none", "bias": "0"}, {"w": "fp32", "y": "fp32"}]
             for dt in DTYPES:
                 for n in ns:
                     for opts in variants:
-                        yield nc.build_request(op, (n,), dt, dev, **opts)
+                        yield _request(op, (n,), dt, dev, **opts)
 
 
 def _softmax_requests():
-    from rtckern.ops import _softmax_candidates as sc
-    from rtckern.ops import _softmax_plan as plan
-
-    ns = {1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000} | set(sc.PREFILL_NS)
+    ns = {1, 3, 1000, 1024, 4096, 8192, 16384, 65536, 100000} | set(SOFTMAX_PREFILL_NS)
     for t in ("softmax", "softmax_masked", "softmax_causal", "softmax_backward", "softmax_backward_causal",
               "softmax_ring", "softmax_ring_masked", "softmax_ring_causal", "softmax_ring_backward",
               "softmax_ring_backward_causal"):
         ns |= _table_values(t, "n")
     for arch, kw in DEVICES.items():
         dev = DeviceInfo.for_arch(arch, **kw)
-        for op in sc.OPS:
+        for op in SOFTMAX_OPS:
             for dt in DTYPES:
                 for n in sorted(ns):
-                    yield sc.request(op, dt, n, plan.vector_width(dt, n), dev)
+                    yield _request(op, (n,), dt, dev)  # vec: the widest that divides n
 
 
 def _gemm_requests():
-    from rtckern.ops import _gemm_candidates as gc
-
     shapes = {(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (16, 4096, 4096), (16, 8192, 8192),
               (128, 4096, 4096), (128, 8192, 8192), (1, 4096, 4096), (4095, 4096, 4100)}
     from rtckern import tuning
@@ -87,9 +96,9 @@ def _gemm_requests():
         for m, n, k in sorted(shapes):
             for dt in ("bf16", "fp16"):
                 for trans_b in ("1", "0"):
-                    yield gc.build_request((m, n, k), dt, dev, trans_b=trans_b)
-            yield gc.build_request((m, n, k), "bf16", dev, aligned="0")
-            yield gc.build_request((2, m, n, k), "bf16", dev)
+                    yield _request("gemm", (m, n, k), dt, dev, trans_b=trans_b)
+            yield _request("gemm", (m, n, k), "bf16", dev, aligned="0")
+            yield _request("gemm", (2, m, n, k), "bf16", dev)
 
 
 def _attention_requests():

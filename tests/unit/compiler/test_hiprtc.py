@@ -163,9 +163,9 @@ def test_disk_round_trip(hiprtc, manager):
 
 # ---- every op family's portable kernels ---------------------------------------------------------------------------
 def _norm_specs():
+    import rtckern.ops  # noqa: F401  (registers the families)
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _norms_candidates as NC
-    from rtckern.registry import OpRequest
+    from rtckern.registry import OpRequest, candidates
 
     dev = DeviceInfo.for_arch("gfx90a")
     fwd_flags = (("bias", True), ("residual", True), ("save_stats", True), ("weight", True),
@@ -173,7 +173,7 @@ def _norm_specs():
     bwd_flags = (("bias_grad", True), ("dresidual", False), ("weight", True), ("weight_grad", True),
                  ("zero_centered", False))
     specs = []
-    cands = {c.name: c for c in NC.all_candidates()}
+    cands = {c.name: c for op in ("layer_norm", "layer_norm_backward") for c in candidates(op)}
     for op, dtypes, flags in (("layer_norm", (("w", "bf16"), ("x", "bf16"), ("y", "bf16")), fwd_flags),
                               ("layer_norm_backward", (("dx", "bf16"), ("dy", "bf16"), ("w", "bf16"), ("x", "bf16")),
                                bwd_flags)):
@@ -187,16 +187,15 @@ def _norm_specs():
 
 
 def _softmax_specs():
+    import rtckern.ops  # noqa: F401  (registers the families)
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as SC
-    from rtckern.registry import candidates
+    from rtckern.registry import build_request, candidates
     from rtckern.registry.candidate import arch_reason
 
-    SC.register_all()
     dev = DeviceInfo.for_arch("gfx90a")
     specs = []
     for op in ("softmax", "scaled_upper_triang_masked_softmax_backward"):
-        req = SC.request(op, "bf16", 4096, 8, dev)
+        req = build_request(op, shape=(4096,), dtype="bf16", device=dev, options={"vec": "8"})
         for cand in candidates(op):
             if arch_reason(cand, req) is not None:  # NVIDIA-only candidates (the sm_90 ring)
                 assert "amd" not in cand.vendors, cand.name
@@ -207,15 +206,15 @@ def _softmax_specs():
 
 
 def _attention_specs():
+    import rtckern.ops  # noqa: F401  (registers the families)
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _attention_candidates as AC
-    from rtckern.registry import candidates
+    from rtckern.registry import build_request, candidates
 
-    AC.register_all()
-    simt = next(c for c in candidates(AC.OP) if c.name == "attention.simt")
+    simt = next(c for c in candidates("attention") if c.name == "attention.simt")
     specs = []
     for causal in (False, True):
-        req = AC.request("bf16", 128, causal, DeviceInfo.for_arch("gfx90a"))
+        req = build_request("attention", shape=(128,), dtype="bf16", device=DeviceInfo.for_arch("gfx90a"),
+                            options={"causal": str(int(causal))})
         assert simt.supports(req) is None, simt.supports(req)
         specs += simt.kernel_specs(req)
     return specs
