@@ -134,7 +134,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._norms_launch": LAUNCH + " (configs, heuristics, tuned-table lookup, specs)",
     },
     "tests/unit/ops/test_norms_tune.py": {
-        "rtckern.ops._norms_candidates": "build_request with the family's own defaults, compared with the tuner's",
         "rtckern.ops._norms_kernels": "the SplitConfig record the tuner sweeps",
         "rtckern.ops._norms_launch": LAUNCH + " (config lookup and its JSON form, the tuner's round trip)",
         "rtckern.ops._norms_tune": "the tuner's sweep and table rows (sweep_configs, table_problem, config_dict)",

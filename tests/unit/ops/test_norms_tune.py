@@ -26,9 +26,10 @@ OP_OF = {("fwd", "rms"): "rms_norm", ("fwd", "layer"): "layer_norm", ("bwd", "rm
 
 
 def _req(op: str, n: int, dtype: str = "bf16", device=H100, **opts):
-    from rtckern.ops import _norms_candidates as cands
+    import rtckern.ops  # noqa: F401  (registers the families)
+    from rtckern.registry import build_request
 
-    return cands.build_request(op, (n,), dtype, device, **opts)
+    return build_request(op, shape=(n,), dtype=dtype, device=device, options=opts)
 
 
 def _shipped(table: str) -> list[dict]:
