@@ -3,7 +3,11 @@
 :class:`HostileRedis` is a fake Redis server on loopback that misbehaves in one chosen way, to check that the
 remote tier's whole-call deadline and value cap hold (tests/unit/cache/test_remote.py,
 benchmarks/cache_trust.py). :func:`compile_all` and :func:`compile_name_expressions` compile many kernels on
-every core (the tests that compile every variant of a family).
+every core (the tests that compile every variant of a family). ``torch_reference`` is the torch plugin's
+reference implementations (loaded on first use).
+
+Tests import only public names or this module (tests/unit/test_public_imports.py): a helper the tests need from
+inside a family belongs here, under a stable name, rather than imported from a private module.
 """
 
 from __future__ import annotations
@@ -220,3 +224,14 @@ def compile_name_expressions(source: str, exprs, arch: str, jobs: int | None = N
         return [f for f in map(_compile_program, parts) if f]
     with _spawn_pool(jobs) as ex:
         return [f for f in ex.map(_compile_program, parts) if f]
+
+
+# ---- names the tests use from inside a family or plugin (one place to change when files move) ----------------
+def __getattr__(name: str):
+    """``torch_reference``: the torch plugin's reference implementations (plain torch, the oracle the plugin's
+    tests compare against); loaded on first use, since it imports torch."""
+    if name == "torch_reference":
+        from .plugins import _torch_ref
+
+        return _torch_ref
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,9 +5,10 @@ module path after `rtckern` that starts with "_") or a private name (`from rtcke
 _example_args`) freezes today's file split: moving code between private modules breaks tests that check nothing
 about the move. What a test needs from inside a family is either
 
-- a public name: `rtckern.ops.*`, `rtckern.registry` (build_request, candidates, kernel_providers, explain), ...;
-- a test helper worth keeping stable: re-exported from `rtckern.testing` (request builders per family, the
-  kernel-spec enumerators the compile-everything tests use), which is the one place to change when files move;
+- a public name: `rtckern.ops.*`, `rtckern.registry` (build_request: a family's requests as `rtckern explain`
+  builds them; candidates(op); kernel_providers; explain), `rtckern.plugins.torch`, ...;
+- a test helper worth keeping stable: re-exported from `rtckern.testing` (compile_all, torch_reference, ...),
+  which is the one place to change when files move;
 - or a family's internals that the test genuinely checks (a plan module's memo, a kernel-config table): listed in
   ALLOWED below, file -> module -> why. The list only shrinks: an entry no import uses any more fails the test too.
 
@@ -102,7 +103,6 @@ ALLOWED: dict[str, dict[str, str]] = {
     "tests/gpu/plugins/test_torch_plugin_gpu.py": {
         "rtckern.plugins._torch_attention": "checks when the plugin routes attention to the flash kernel "
                                             "(_flash_serves), a dispatch rule with no public name",
-        "rtckern.plugins._torch_ref": "the plugin's torch reference implementations, the oracle of these tests",
     },
     "tests/unit/compiler/test_hiprtc.py": {
         "rtckern.ops._gemm_plan": "the SIMT gemm kernel and the split-k reduce on gfx90a (simt_spec, reduce_spec): "
@@ -156,7 +156,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.plugins._torch_dispatch": "the dispatcher's reference mode and trace-time strictness",
         "rtckern.plugins._torch_hf": "why a HF module is not patched (_why_not)",
         "rtckern.plugins._torch_modules": "why a module is not jitted (_why_not_jit)",
-        "rtckern.plugins._torch_ref": "the plugin's torch reference implementations, the oracle of these tests",
     },
 }
 

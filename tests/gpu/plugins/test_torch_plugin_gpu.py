@@ -18,7 +18,7 @@ import rtckern.torch as rt  # noqa: E402
 from rtckern import config  # noqa: E402
 from rtckern.errors import UnsupportedRequestError  # noqa: E402
 from rtckern.plugins import _torch_attention as TA  # noqa: E402
-from rtckern.plugins import _torch_ref as R  # noqa: E402
+from rtckern.testing import torch_reference as R  # noqa: E402
 from rtckern.registry import fallback as fallback_mod  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -26,7 +26,6 @@ OP_OF = {("fwd", "rms"): "rms_norm", ("fwd", "layer"): "layer_norm", ("bwd", "rm
 
 
 def _req(op: str, n: int, dtype: str = "bf16", device=H100, **opts):
-    import rtckern.ops  # noqa: F401  (registers the families)
     from rtckern.registry import build_request
 
     return build_request(op, shape=(n,), dtype=dtype, device=device, options=opts)

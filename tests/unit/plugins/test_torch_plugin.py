@@ -22,7 +22,7 @@ from rtckern.errors import InputError, UnsupportedRequestError  # noqa: E402
 from rtckern.plugins import _torch_dispatch as D  # noqa: E402
 from rtckern.plugins import _torch_hf as HF  # noqa: E402
 from rtckern.plugins import _torch_modules as M  # noqa: E402
-from rtckern.plugins import _torch_ref as R  # noqa: E402
+from rtckern.testing import torch_reference as R  # noqa: E402
 from rtckern.registry import OpRequest, default_registry  # noqa: E402
 from rtckern.registry import fallback as fallback_mod  # noqa: E402
 
