@@ -103,7 +103,7 @@ class PreparedLaunch:
     __slots__ = ("kernel", "grid", "block", "shared_mem", "param_types", "offsets", "size", "_buf", "_base",
                  "_params", "_params_addr", "_open", "_runs", "_maps", "_last_maps", "_values", "_lock", "_func",
                  "_dims", "_streams", "_raw", "_ordinal", "_launch_kernel", "_cu_stream", "_ok", "_label", "_given",
-                 "_one_run")
+                 "_one_run", "launch")
 
     def __init__(self, kernel, grid, block, shared_mem: int = 0, param_types: Sequence[str] = (),
                  values: Sequence[Any] | None = None):
@@ -153,10 +153,13 @@ class PreparedLaunch:
             self._func = kernel.core.handle
             self._ordinal = kernel.device.ordinal
             self._dims = (*self.grid, *self.block)
-        elif self.shared_mem > 48 * 1024:
-            setter = getattr(kernel, "set_max_dynamic_shared_memory", None)
-            if setter is not None:
-                setter(self.shared_mem)
+            self.launch = self._raw_launch()
+        else:
+            self.launch = self._launch_generic
+            if self.shared_mem > 48 * 1024:
+                setter = getattr(kernel, "set_max_dynamic_shared_memory", None)
+                if setter is not None:
+                    setter(self.shared_mem)
 
     @classmethod
     def from_args(cls, kernel, grid, block, args: Sequence[Any], shared_mem: int = 0,
@@ -225,49 +228,86 @@ class PreparedLaunch:
         return self._params_addr
 
     # ---- launch ----
-    def launch(self, stream: int, *values) -> None:
-        """Write the per-call values (pointers and tensor maps, in parameter order) and launch on ``stream``."""
-        if len(values) != len(self._open):
-            raise LaunchError(f"{self._label}: launch takes {len(self._open)} per-call values (pointers and "
-                              f"tensor maps), got {len(values)}")
-        if not self._raw:
-            self._launch_generic(stream, values)
-            return
-        s = self._streams.get(stream)
-        if s is None:
-            s = self._streams[stream] = self._cu_stream(stream)
+    # `launch(stream, *values)`: writes the per-call values (pointers and tensor maps, in parameter order) and
+    # launches on `stream`. An attribute, not a method: a closure over everything it reads, bound once.
+    def _raw_launch(self):
+        streams, cu_stream, lock = self._streams, self._cu_stream, self._lock
         buf, base0 = self._buf, self._base - ctypes.addressof(self._buf)
-        with self._lock:
-            one = self._one_run
-            if one is not None:
-                one[1].pack_into(buf, base0 + one[0], *values)
-            else:
-                for k0, k1, off, packer in self._runs:
-                    packer.pack_into(buf, base0 + off, *values[k0:k1])
-            if self._maps:
-                self._write_maps(values)
-            g0, g1, g2, b0, b1, b2 = self._dims
-            if len(_kmod._devices_in_use) > 1:
-                err = self._launch_in_own_context(s)
-            else:
-                err, = self._launch_kernel(self._func, g0, g1, g2, b0, b1, b2, self.shared_mem, s,
-                                           self._params_addr, 0)
-                if err != self._ok and int(err) == _INVALID_CONTEXT:  # a thread with no current context
-                    err = self._launch_in_own_context(s)
-        if err != self._ok:
-            raise LaunchError(f"launch of {self._label} failed: {err} (grid {self.grid}, block {self.block}, "
-                              f"shared memory {self.shared_mem}, {len(self.param_types)} params)")
+        runs = [(k0, k1, base0 + off, packer.pack_into) for k0, k1, off, packer in self._runs]
+        maps = [(k, i, self._base + self.offsets[i]) for k, i in enumerate(self._open)
+                if self.param_types[i] == "map"]
+        last, memmove = self._last_maps, ctypes.memmove
+        devices = _kmod._devices_in_use  # the runtime's live record of the devices kernels were loaded on
+        lk, func, smem, addr, ok = self._launch_kernel, self._func, self.shared_mem, self._params_addr, self._ok
+        g0, g1, g2, b0, b1, b2 = self._dims
+        n_open, own, retry, fail = len(self._open), self._launch_in_own_context, self._retry, self._fail
 
-    def _write_maps(self, values) -> None:
-        last, open_ = self._last_maps, self._open
-        for k, i in enumerate(open_):
-            if self.param_types[i] == "map" and values[k] is not last.get(i):
-                blob = values[k]
-                if len(blob) != MAP_BYTES:
-                    raise LaunchError(f"{self._label}: parameter {i} takes a {MAP_BYTES}-byte tensor map, not "
-                                      f"{len(blob)} bytes")
-                ctypes.memmove(self._base + self.offsets[i], blob, MAP_BYTES)
-                last[i] = blob
+        if self._one_run is not None:  # pointers only, consecutive: one pack
+            off, pack = base0 + self._one_run[0], self._one_run[1].pack_into
+
+            def launch(stream, *values):
+                s = streams.get(stream)
+                if s is None:
+                    s = streams[stream] = cu_stream(stream)
+                with lock:
+                    try:
+                        pack(buf, off, *values)
+                    except struct.error as e:
+                        raise self._bad_values(values, e) from None
+                    if len(devices) > 1:
+                        err = own(s)
+                    else:
+                        err, = lk(func, g0, g1, g2, b0, b1, b2, smem, s, addr, 0)
+                        if err != ok:
+                            err = retry(err, s)
+                if err != ok:
+                    fail(err)
+            return launch
+
+        def launch(stream, *values):
+            if len(values) != n_open:
+                raise self._bad_values(values, None)
+            s = streams.get(stream)
+            if s is None:
+                s = streams[stream] = cu_stream(stream)
+            with lock:
+                try:
+                    for k0, k1, o, pack in runs:
+                        pack(buf, o, *values[k0:k1])
+                except struct.error as e:
+                    raise self._bad_values(values, e) from None
+                for k, i, dst in maps:
+                    blob = values[k]
+                    if blob is not last.get(i):  # the same map object as last time is already in the block
+                        if len(blob) != MAP_BYTES:
+                            raise LaunchError(f"{self._label}: parameter {i} takes a {MAP_BYTES}-byte tensor map, "
+                                              f"not {len(blob)} bytes")
+                        memmove(dst, blob, MAP_BYTES)
+                        last[i] = blob
+                if len(devices) > 1:
+                    err = own(s)
+                else:
+                    err, = lk(func, g0, g1, g2, b0, b1, b2, smem, s, addr, 0)
+                    if err != ok:
+                        err = retry(err, s)
+            if err != ok:
+                fail(err)
+        return launch
+
+    def _bad_values(self, values, e) -> LaunchError:
+        return LaunchError(f"{self._label}: launch takes {len(self._open)} per-call values (pointers as ints, "
+                           f"then 128-byte tensor maps where the kernel takes them, in parameter order), got "
+                           f"{len(values)}" + (f": {e}" if e is not None else ""))
+
+    def _retry(self, err, s):
+        """A launch that found no current context (a fresh thread): once more in the kernel's own."""
+        if int(err) == _INVALID_CONTEXT:
+            return self._launch_in_own_context(s)
+        return err
+
+    def _fail(self, err) -> None:
+        raise LaunchError(f"launch of {self._label} failed: {err} (grid {self.grid}, block {self.block}, "
+                          f"shared memory {self.shared_mem}, {len(self.param_types)} params)")
 
     def _launch_in_own_context(self, s):
         """Launch with this kernel's primary context current, restoring what was current."""
@@ -285,8 +325,10 @@ class PreparedLaunch:
                 d.cuCtxPopCurrent()
         return err
 
-    def _launch_generic(self, stream: int, values) -> None:
+    def _launch_generic(self, stream: int, *values) -> None:
         """Not a core Kernel: its own launch (``launch_packed`` when a tensor map is passed by value)."""
+        if len(values) != len(self._open):
+            raise self._bad_values(values, None)
         full = list(self._values)
         for k, i in enumerate(self._open):
             full[i] = values[k]
