@@ -190,3 +190,21 @@ def test_other_kernels_launch_through_their_own_launch():
     PreparedLaunch(Recording(), (2, 1, 1), 64, 0, ["map", "ptr", "f32"], [None, None, 1.0]).launch(0, b"m" * 128, 5)
     assert log == [("launch", 4, 64, (100, 9), 0, 3),
                    ("packed", (2, 1, 1), 64, [("map", b"m" * 128), ("u64", 5), ("f32", 1.0)], 0, 0)]
+
+
+def test_ops_launch_through_public_runtime_names_only():
+    """No op family reaches into runtime privates (the device-context record, raw launch helpers)."""
+    import ast
+    from pathlib import Path
+
+    ops = Path(__file__).resolve().parents[3] / "rtckern" / "ops"
+    bad = []
+    for path in sorted(ops.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rtckern.runtime"):
+                bad += [f"{path.name}:{node.lineno} {a.name}" for a in node.names if a.name.startswith("_")]
+            elif isinstance(node, ast.Attribute) and node.attr in ("_primary_ctx", "_devices_in_use"):
+                bad.append(f"{path.name}:{node.lineno} {node.attr}")
+            elif isinstance(node, ast.Constant) and node.value in ("_primary_ctx", "_devices_in_use"):
+                bad.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert not bad, f"ops use runtime privates: {bad}"
