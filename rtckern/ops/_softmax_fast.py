@@ -1,6 +1,6 @@
 """The hot path of the softmax ops: a validated call signature (op, dtype, device, shape and strides of every
 array, the mask's, the scale) becomes a plan (output dtype and shape, row geometry, scale as float32, and per
-alignment class of the addresses the chosen kernel with its grid, block, shared memory and argument tail),
+alignment class of the addresses the chosen kernel's PreparedLaunch: grid, block, shared memory, scalars),
 memoized for torch tensors. A repeated call reads pointers, allocates its output, does two dict lookups and
 launches.
 
@@ -15,6 +15,7 @@ from rtckern.config import settings
 from rtckern.ops import _softmax_candidates as cands
 from rtckern.ops import _softmax_plan as plan
 from rtckern.runtime import arrays as arr
+from rtckern.runtime.prepared import PreparedLaunch
 from rtckern.runtime.streams import torch_stream
 
 _MAX_PLANS = 4096
@@ -119,14 +120,15 @@ class Plan:
                 cfg = cands._config_for(self.direction, req)
                 smem = cfg.smem_bytes(self.direction, self.dtype, g.n, vec, cand.kind)
                 grid, block = cfg.launch_grid(g), cfg.threads
-            kl = kernels[0].launch
             if self.direction == plan.FWD:
-                tail = plan.fwd_args(0, 0, 0, g, scale)[3:]
+                args = plan.fwd_args(0, 0, 0, g, scale)
             else:
-                tail = plan.bwd_args(0, 0, 0, g, scale)[3:]
+                args = plan.bwd_args(0, 0, 0, g, scale)
+            # the parameter block built once: a call writes the three addresses and launches
+            pl_launch = PreparedLaunch.from_args(kernels[0], grid, block, args, smem, pointers=3).launch
 
             def launch(p0, p1, p2, stream):
-                kl(grid, block, (p0, p1, p2) + tail, shared_mem=smem, stream=stream)
+                pl_launch(stream, p0, p1, p2)
         else:
             # what the candidate reads of the input (library and device, for its workspace): the array itself, or
             # for torch a view without it (a memoized plan must not keep the caller's tensor alive)
