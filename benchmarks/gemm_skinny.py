@@ -74,7 +74,7 @@ def mock_host(args) -> int:
     arr.current_stream = lambda like: 0
     cands.select = select
     DeviceInfo.from_device = staticmethod(lambda ordinal: h200)
-    importlib.import_module("rtckern.runtime.tma")._encode = lambda ptr, layout_key: bytes(128)
+    L.tensor_map = lambda *a, **k: bytes(128)
     try:
         importlib.import_module("rtckern.ops._gemm_call").torch_stream = lambda index: 0
     except ImportError:  # an older tree

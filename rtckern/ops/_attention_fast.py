@@ -12,7 +12,6 @@ from __future__ import annotations
 from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.ops import _attention_candidates as cands
-from rtckern.runtime.prepared import PreparedLaunch, param_types_of
 from rtckern.runtime.streams import torch_stream
 
 _MAX_PLANS = 4096
@@ -75,8 +74,8 @@ class Plan:
 
 def _launcher(req, sel, qa, ka, va, scale: float):
     """launch(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stream) for the selected candidate, its per-call work done
-    once: for the cp.async / mma kernels a PreparedLaunch (grid, block, shared memory, sizes and strides packed
-    once); for the TMA kernel one with tensor maps (_attention_tma.PreparedWs); for any other candidate its launch."""
+    once: for the cp.async / mma kernels the grid, block, shared memory and the size and stride arguments; for the
+    TMA kernel a prepared parameter block (see _attention_tma.PreparedWs); for any other candidate its launch."""
     from rtckern.ops import _attention_tma as tma
 
     cand, kernels = sel.candidate, sel.kernels
@@ -90,12 +89,10 @@ def _launcher(req, sel, qa, ka, va, scale: float):
         b, sq, hq, d = qa.shape
         grid, block, smem = tile.grid(b, hq, sq), tile.threads, tile.smem_bytes(d)
         tail = cands.kernel_args(qa, ka, va, 0, 0, scale)[5:]
-        # the parameter block built once: a call writes the five addresses and launches
-        pl_launch = PreparedLaunch(kernels[0], grid, block, smem, ("ptr",) * 5 + param_types_of(tail),
-                                   [None] * 5 + list(tail)).launch
+        kl = kernels[0].launch
 
         def launch(qp, kp, vp, op, lp, stream):
-            pl_launch(stream, qp, kp, vp, op, lp)
+            kl(grid, block, (qp, kp, vp, op, lp) + tail, shared_mem=smem, stream=stream)
         return launch
 
     def launch(qp, kp, vp, op, lp, stream):

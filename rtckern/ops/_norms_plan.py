@@ -18,7 +18,6 @@ from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.dtypes import torch_dtype
 from rtckern.runtime import arrays as A
-from rtckern.runtime.prepared import PreparedLaunch
 from rtckern.runtime.streams import torch_stream
 
 from . import _norms_kernels as K
@@ -193,20 +192,17 @@ class FwdPlan:
 
 
 def _fwd_launcher(p: FwdPlan, req, cand, kernels):
-    """The call's launch: for the row kernel a PreparedLaunch (grid, block and scalars packed once); for the others
+    """The call's launch: for the row kernel a precomputed grid and block around Kernel.launch; for the others
     (cluster, cooperative: a workspace per call) the candidate's own launch."""
     rows, n, sx, sr, e32 = p.rows, p.n, p.sx, p.sr, p.eps
     fast = getattr(cand, "row_launch_geometry", None)
     geom = fast(req, kernels, rows) if fast is not None else None
     if geom is not None:
         grid, block, smem = geom
-        # the parameter block built once: a call writes the eight addresses and launches
-        pl = PreparedLaunch.from_args(kernels[0], grid, block, [0] * 8 + [e32, rows, sx, sr, n, n], smem,
-                                      pointers=8)
-        pl_launch = pl.launch
+        kl = kernels[0].launch
 
         def launch(xp, rp, hp, wp, bp, yp, mp, rsp, stream):
-            pl_launch(stream, xp, rp, hp, wp, bp, yp, mp, rsp)
+            kl(grid, block, [xp, rp, hp, wp, bp, yp, mp, rsp, e32, rows, sx, sr, n, n], smem, stream)
         return launch
     alloc = p.alloc
 

@@ -1,6 +1,6 @@
 """The hot path of the softmax ops: a validated call signature (op, dtype, device, shape and strides of every
 array, the mask's, the scale) becomes a plan (output dtype and shape, row geometry, scale as float32, and per
-alignment class of the addresses the chosen kernel's PreparedLaunch: grid, block, shared memory, scalars),
+alignment class of the addresses the chosen kernel with its grid, block, shared memory and argument tail),
 memoized for torch tensors. A repeated call reads pointers, allocates its output, does two dict lookups and
 launches.
 
@@ -15,7 +15,6 @@ from rtckern.config import settings
 from rtckern.ops import _softmax_candidates as cands
 from rtckern.ops import _softmax_plan as plan
 from rtckern.runtime import arrays as arr
-from rtckern.runtime.prepared import PreparedLaunch
 from rtckern.runtime.streams import torch_stream
 
 _MAX_PLANS = 4096
@@ -120,15 +119,14 @@ class Plan:
                 cfg = cands._config_for(self.direction, req)
                 smem = cfg.smem_bytes(self.direction, self.dtype, g.n, vec, cand.kind)
                 grid, block = cfg.launch_grid(g), cfg.threads
+            kl = kernels[0].launch
             if self.direction == plan.FWD:
-                args = plan.fwd_args(0, 0, 0, g, scale)
+                tail = plan.fwd_args(0, 0, 0, g, scale)[3:]
             else:
-                args = plan.bwd_args(0, 0, 0, g, scale)
-            # the parameter block built once: a call writes the three addresses and launches
-            pl_launch = PreparedLaunch.from_args(kernels[0], grid, block, args, smem, pointers=3).launch
+                tail = plan.bwd_args(0, 0, 0, g, scale)[3:]
 
             def launch(p0, p1, p2, stream):
-                pl_launch(stream, p0, p1, p2)
+                kl(grid, block, (p0, p1, p2) + tail, shared_mem=smem, stream=stream)
         else:
             # what the candidate reads of the input (library and device, for its workspace): the array itself, or
             # for torch a view without it (a memoized plan must not keep the caller's tensor alive)

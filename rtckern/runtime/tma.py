@@ -1,11 +1,7 @@
 """TMA tensor maps (sm_90+): the 128-byte CUtensorMap that `cp.async.bulk.tensor` reads, encoded by the driver and
-passed to kernels by value (a "map" parameter of `rtckern.runtime.PreparedLaunch`, or `Kernel.launch_packed`). One
-encoder for every family: 16-bit elements, 128-byte swizzle, L2 256-byte promotion, zero fill outside the tensor.
-
-The one cache of maps is here, keyed by (address, (dtype, dims, strides, box)): a model's buffers repeat from call
-to call, so the driver call is paid once per buffer. A hot path holds a `MapLayout` (everything but the address,
-checked once) and asks it `at(ptr)`: the map last returned when the address has not changed (what a decode loop
-over one weight or KV cache does), else the cache, else the driver.
+passed to kernels by value (`Kernel.launch_packed`). One encoder for every family: 16-bit elements, 128-byte
+swizzle, L2 256-byte promotion, zero fill outside the tensor. Maps are cached per (dtype, address, dims, strides,
+box): a model's buffers repeat from call to call, so the driver call is paid once per buffer.
 """
 from __future__ import annotations
 
@@ -25,45 +21,11 @@ def encode_tiled(dtype: str, ptr: int, dims: Sequence[int], byte_strides: Sequen
                  box: Sequence[int]) -> bytes:
     """128 bytes of a tiled CUtensorMap over `ptr`: `dims` innermost first, `byte_strides` of dims 1.. (one fewer
     than dims), `box` per dim. dtype: "bf16" or "fp16". Raises LaunchError naming the values TMA refused."""
-    return _encode(int(ptr), _layout_key(dtype, dims, byte_strides, box))
-
-
-def _layout_key(dtype, dims, byte_strides, box) -> tuple:
     dims, byte_strides, box = tuple(map(int, dims)), tuple(map(int, byte_strides)), tuple(map(int, box))
     if dtype not in ("bf16", "fp16") or len(byte_strides) != len(dims) - 1 or len(box) != len(dims):
         raise ValueError(f"tensor map of dtype {dtype!r}, dims {dims}, strides {byte_strides}, box {box}: bf16/fp16 "
                          "only, one stride fewer than dims and one box size per dim")
-    return (dtype, dims, byte_strides, box)
-
-
-class MapLayout:
-    """Everything of a tiled tensor map but its address (arguments as `encode_tiled`'s), checked once;
-    `at(ptr)` gives the 128 bytes over `ptr`. Thread-safe (the last map is one tuple, swapped whole)."""
-
-    __slots__ = ("key", "_last")
-
-    def __init__(self, dtype: str, dims: Sequence[int], byte_strides: Sequence[int], box: Sequence[int]):
-        self.key = _layout_key(dtype, dims, byte_strides, box)
-        self._last = (None, None)
-
-    def __repr__(self) -> str:
-        dtype, dims, strides, box = self.key
-        return f"MapLayout({dtype!r}, dims={dims}, byte_strides={strides}, box={box})"
-
-    def at(self, ptr: int) -> bytes:
-        last = self._last
-        if last[0] == ptr:
-            return last[1]
-        raw = _cache.get((ptr, self.key))
-        if raw is None:
-            raw = _encode(int(ptr), self.key)
-        self._last = (ptr, raw)
-        return raw
-
-
-def _encode(ptr: int, layout_key: tuple) -> bytes:
-    dtype, dims, byte_strides, box = layout_key
-    key = (ptr, layout_key)
+    key = (dtype, int(ptr), dims, byte_strides, box)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:

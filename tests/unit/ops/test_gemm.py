@@ -21,9 +21,6 @@ from rtckern.ops import _gemm_wgmma_gen as gen
 from rtckern.ops import gemm
 from rtckern.registry import explain
 from rtckern.runtime import arrays as arr
-from rtckern.runtime import driver as drv_mod
-from rtckern.runtime import kernel as kmod
-from rtckern.runtime import tma
 
 H200 = DeviceInfo.for_arch("sm_90", sm_count=132)
 
@@ -355,7 +352,7 @@ def host_gemm(monkeypatch, cache_dir):
         kernels = tuple(_RecordingKernel(state["log"], f"{cand.name}[{i}]") for i in range(2))
         return Selection(request=req, candidate=cand, specs=(), kernels=kernels)
 
-    def encode(ptr, layout_key):
+    def tensor_map(dtype, ptr, dims, strides, box):
         state["maps"] += 1
         return ptr.to_bytes(8, "little") * 16
 
@@ -366,7 +363,7 @@ def host_gemm(monkeypatch, cache_dir):
     monkeypatch.setattr(G, "_plans", PlanCache("test.gemm.call_plans"))
     monkeypatch.setattr(C, "torch_stream", lambda index: 0)
     monkeypatch.setattr(arr, "current_stream", lambda like: 0)
-    monkeypatch.setattr(tma, "_encode", encode)
+    monkeypatch.setattr(L, "tensor_map", tensor_map)
     monkeypatch.setattr(DeviceInfo, "from_device", staticmethod(lambda ordinal: H200))
     return torch, state
 
@@ -475,6 +472,16 @@ def test_prepacked_launch_buffers_hold_each_calls_values(monkeypatch):
 
     seen = []
 
+    class Handle:
+        pass
+
+    class CoreKernel:
+        label, max_threads_per_block, num_regs = "k", 1024, 32
+        core = type("Core", (), {"handle": Handle()})()
+
+        def set_max_dynamic_shared_memory(self, nbytes):
+            pass
+
     def launch_kernel(f, gx, gy, gz, bx, by, bz, smem, stream, addr, extra):
         ptrs = (ctypes.c_void_p * n_params[0]).from_address(addr)
         vals = [ctypes.string_at(ptrs[i], 128) if i < n_maps[0] else ctypes.c_int64.from_address(ptrs[i]).value
@@ -482,23 +489,12 @@ def test_prepacked_launch_buffers_hold_each_calls_values(monkeypatch):
         seen.append(((gx, gy, gz), (bx, by, bz), smem, stream, vals))
         return (0,)
 
-    def CoreKernel():  # a runtime Kernel whose driver calls are the fake's
-        import threading
-
-        from rtckern.runtime.kernel import Kernel
-
-        k = Kernel.__new__(Kernel)
-        attrs = type("Attrs", (), {"max_threads_per_block": 1024, "num_regs": 32, "shared_size_bytes": 0})()
-        k._k = type("Core", (), {"handle": "func", "attributes": {H200.ordinal: attrs}})()
-        k.device, k.label, k._configs, k._max_dyn_smem, k._lock = H200, "k", {}, 1 << 20, threading.Lock()
-        return k
-
     n_params, n_maps = [0], [0]
-    fake = type("Driver", (), {"cuLaunchKernel": staticmethod(launch_kernel), "CUstream": staticmethod(
-        lambda h: ("stream", h)), "CUresult": type("R", (), {"CUDA_SUCCESS": 0})})()
-    monkeypatch.setattr(drv_mod, "driver", lambda: fake)
-    monkeypatch.setattr(kmod, "_devices_in_use", {0})
-    monkeypatch.setattr(tma, "_encode", lambda ptr, layout_key: ptr.to_bytes(8, "little") * 16)
+    monkeypatch.setattr(L, "_is_core_kernel", lambda k: True)
+    monkeypatch.setattr(L, "_devices_in_use", lambda: 1)
+    monkeypatch.setattr(L, "_cu", (launch_kernel, lambda h: ("stream", h), 0))
+    monkeypatch.setattr(L, "_cu_streams", PlanCache("test.gemm.cu_streams"))
+    monkeypatch.setattr(L, "tensor_map", lambda dtype, ptr, dims, strides, box: ptr.to_bytes(8, "little") * 16)
 
     p = P.GemmProblem(2, 100, 264, 520, "bf16", "bf16", True, True, "silu", True)
     ops = L.Operands(a=0, b=0, c=0, lda=520, ldb=520, ldc=264, stride_a=52000, stride_b=137280, stride_c=26400,
