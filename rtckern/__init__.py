@@ -34,11 +34,9 @@ def explain(*args, **kwargs):
 def clear_caches() -> None:
     """Forget every in-memory cache: loaded kernels and binaries of the process-wide manager, op plans, registry
     selections, tile choices, tuning tables (the disk tier and persisted decisions stay)."""
-    from . import caches
     from .manager import get_manager
 
-    get_manager().clear_memory()
-    caches.clear_all()
+    get_manager().clear_memory()  # also empties every PlanCache (rtckern.caches)
 
 
 __all__ = [

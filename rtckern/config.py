@@ -40,13 +40,17 @@ def _unset(value: str | None) -> bool:
     return value is None or value.strip() == ""
 
 
+TRUE_WORDS = ("1", "true", "yes", "on")  # the one spelling of booleans, for settings and request options alike
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
 def _bool(name: str, value: str | None, default: bool) -> bool:
     if _unset(value):
         return default
     v = value.strip().lower()
-    if v in ("1", "true", "yes", "on"):
+    if v in TRUE_WORDS:
         return True
-    if v in ("0", "false", "no", "off"):
+    if v in FALSE_WORDS:
         return False
     raise ConfigError(f"{name}={value!r} is not a boolean; set it to 1 or 0 (also accepted: true/false, yes/no, "
                       f"on/off), or unset it for the default ({int(default)})")
@@ -152,8 +156,8 @@ def _paths(name: str, value: str | None, env: Mapping[str, str]) -> tuple[Path, 
     return tuple(_expand(name, p.strip(), env) for p in value.split(os.pathsep) if p.strip())
 
 
-def _redacted(url: str) -> str:
-    """The URL with its password (if any) replaced by ***, for messages."""
+def redact_url(url: str) -> str:
+    """The URL with its password (if any) replaced by ***, for messages (config and the remote tier)."""
     return re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url)
 
 
@@ -164,7 +168,7 @@ def _remote_url(name: str, value: str | None) -> str | None:
     url = value.strip()
     u = urlsplit(url)
     accepted = "redis://host:6379/0, rediss://host:6380/0 (TLS) or unix:///path/to/redis.sock"
-    shown = _redacted(url)
+    shown = redact_url(url)
     if u.scheme not in REMOTE_SCHEMES:
         what = f": scheme {u.scheme + '://'!r} is not supported" if u.scheme else " is not a URL"
         raise ConfigError(f"{name}={shown!r}{what}; give {accepted}, or unset it for no remote tier")

@@ -28,6 +28,7 @@ import threading
 import time
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from ..config import redact_url
 from ..errors import ConfigError
 
 SCHEMES = ("redis", "rediss", "unix")
@@ -97,29 +98,29 @@ class Endpoint:
         """Parse a redis://, rediss:// or unix:// URL; anything else is a ConfigError naming the fix."""
         u = urlsplit(url)
         if u.scheme not in SCHEMES:
-            raise ConfigError(f"RTCKERN_REMOTE_CACHE={url!r}: scheme {u.scheme!r} is not supported; use "
-                              "redis://host:6379/0 (or rediss:// with TLS, unix:///path/redis.sock)")
+            raise ConfigError(f"RTCKERN_REMOTE_CACHE={redact_url(url)!r}: scheme {u.scheme!r} is not supported; "
+                              "use redis://host:6379/0 (or rediss:// with TLS, unix:///path/redis.sock)")
         query = {k: v[-1] for k, v in parse_qs(u.query, keep_blank_values=True).items()}
         allowed = ("db",) + (_TLS_PARAMS if u.scheme == "rediss" else ())
         unknown = sorted(set(query) - set(allowed))
         if unknown:
-            raise ConfigError(f"RTCKERN_REMOTE_CACHE={_hide_password(url)!r}: unknown query parameter(s) "
+            raise ConfigError(f"RTCKERN_REMOTE_CACHE={redact_url(url)!r}: unknown query parameter(s) "
                               f"{', '.join(unknown)}; supported: {', '.join(allowed)}")
         db = _db(url, u.path if u.scheme != "unix" else "", query.get("db"))
         user = unquote(u.username) if u.username else None
         password = unquote(u.password) if u.password is not None else None
         if u.scheme == "unix":
             if not u.path:
-                raise ConfigError(f"RTCKERN_REMOTE_CACHE={_hide_password(url)!r}: no socket path; use "
+                raise ConfigError(f"RTCKERN_REMOTE_CACHE={redact_url(url)!r}: no socket path; use "
                                   "unix:///path/redis.sock")
             return cls("unix", path=unquote(u.path), db=db, username=user, password=password)
         try:
             port = u.port or DEFAULT_PORT
         except ValueError:
-            raise ConfigError(f"RTCKERN_REMOTE_CACHE={_hide_password(url)!r}: the port is not a number from 1 "
+            raise ConfigError(f"RTCKERN_REMOTE_CACHE={redact_url(url)!r}: the port is not a number from 1 "
                               "to 65535; use redis://host:6379/0") from None
         if not u.hostname:
-            raise ConfigError(f"RTCKERN_REMOTE_CACHE={_hide_password(url)!r}: no host; use redis://host:6379/0")
+            raise ConfigError(f"RTCKERN_REMOTE_CACHE={redact_url(url)!r}: no host; use redis://host:6379/0")
         tls = tuple(sorted((k, v) for k, v in query.items() if k in _TLS_PARAMS))
         if u.scheme == "rediss":
             _tls_context(dict(tls), url)  # refuse bad TLS parameters now, not at the first call
@@ -133,19 +134,12 @@ class Endpoint:
         return f"{self.scheme}://{host}:{self.port}/{self.db}"
 
 
-def _hide_password(url: str) -> str:
-    u = urlsplit(url)
-    if u.password is None:
-        return url
-    return url.replace(f":{u.password}@", ":***@", 1)
-
-
 def _db(url: str, path: str, query_db: str | None) -> int:
     text = query_db if query_db is not None else path.strip("/")
     if text == "":
         return 0
     if not _INT.fullmatch(text.encode("utf-8", "replace")) or int(text) < 0:
-        raise ConfigError(f"RTCKERN_REMOTE_CACHE={_hide_password(url)!r}: database {text!r} is not a number "
+        raise ConfigError(f"RTCKERN_REMOTE_CACHE={redact_url(url)!r}: database {text!r} is not a number "
                           "from 0 up; use redis://host:6379/0")
     return int(text)
 
@@ -153,18 +147,18 @@ def _db(url: str, path: str, query_db: str | None) -> int:
 def _tls_context(params: dict[str, str], url: str) -> ssl.SSLContext:
     reqs = params.get("ssl_cert_reqs", "required").lower()
     if reqs not in ("none", "required"):
-        raise ConfigError(f"RTCKERN_REMOTE_CACHE={_hide_password(url)!r}: ssl_cert_reqs={reqs!r} is not "
+        raise ConfigError(f"RTCKERN_REMOTE_CACHE={redact_url(url)!r}: ssl_cert_reqs={reqs!r} is not "
                           "supported; use required (the default) or none")
     check = params.get("ssl_check_hostname", "true" if reqs == "required" else "false").lower()
     if check not in ("true", "false"):
-        raise ConfigError(f"RTCKERN_REMOTE_CACHE={_hide_password(url)!r}: ssl_check_hostname={check!r}; "
+        raise ConfigError(f"RTCKERN_REMOTE_CACHE={redact_url(url)!r}: ssl_check_hostname={check!r}; "
                           "use true or false")
     try:
         ctx = ssl.create_default_context(cafile=params.get("ssl_ca_certs") or None)
         if params.get("ssl_certfile"):
             ctx.load_cert_chain(params["ssl_certfile"], params.get("ssl_keyfile") or None)
     except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"RTCKERN_REMOTE_CACHE={_hide_password(url)!r}: cannot load the TLS files ({e}); "
+        raise ConfigError(f"RTCKERN_REMOTE_CACHE={redact_url(url)!r}: cannot load the TLS files ({e}); "
                           "check ssl_ca_certs / ssl_certfile / ssl_keyfile") from None
     ctx.check_hostname = check == "true"
     if reqs == "none":

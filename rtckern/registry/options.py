@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping
 
+from rtckern.config import FALSE_WORDS as FALSE
+from rtckern.config import TRUE_WORDS as TRUE
 from rtckern.errors import OptionError
 
-TRUE = ("1", "true", "yes", "on")
-FALSE = ("0", "false", "no", "off")
 BOOL_WORDS = "1/0, true/false, yes/no or on/off"
 _ASCII_INT = re.compile(r"-?[0-9]+", re.ASCII)
 
