@@ -15,6 +15,7 @@ from typing import Callable
 
 from . import events, sources
 from .cache import DiskCache, MemoryCache, Stats
+from .cache.entry import identity, pack
 from .compiler import compiler_for
 from .compiler.base import CompiledKernel
 from .config import settings
@@ -142,13 +143,12 @@ class KernelManager:
                 else:
                     log.debug("compiled %s in %.1f ms (key %s)", spec.describe(), ck.compile_ms, key[:16])
                 meta = self._meta(spec, ck, source="compile")
+                packed = pack(ck, key, identity(meta))
                 if self.disk is not None:
-                    self.disk.put(key, ck, meta)
+                    self.disk.put_packed(key, packed, meta)
                 self.memory.put(key, ck)
-        if self.remote is not None:  # write-back outside the locks
-            from .cache.entry import identity, pack
-
-            self.remote.put_packed(key, pack(ck, key, identity(meta)), meta)
+        if self.remote is not None:  # write-back outside the locks, the same bytes the disk got
+            self.remote.put_packed(key, packed, meta)
         events.emit(events.CacheEvent(spec, key, "compile", (time.perf_counter() - t0) * 1e3))
         return ck
 
