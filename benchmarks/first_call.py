@@ -242,6 +242,11 @@ def run(a):
         tmp = tempfile.TemporaryDirectory(prefix="rtckern-first-call-")
     env = dict(os.environ, RTCKERN_CACHE_DIR=a.cache_dir or tmp.name,
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # Bytecode as an installed package has it (pip compiles .pyc at install): the warm-up children write it, into
+    # a prefix of our own in case the tree is read-only or the environment says not to (then every child would
+    # compile ~100 modules from source: ~250 ms on the H100 host, none of it rtckern's first-call cost).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = os.path.join(a.cache_dir or tmp.name, "pycache")
     modes = [("gpu", "rtckern"), ("gpu", "torch")] if gpu else [("select",), ("call",)]
     for op in ops:  # warm-up: compile, persist decisions (one process per op and mode)
         for m in modes:
