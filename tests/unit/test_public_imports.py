@@ -100,10 +100,6 @@ ALLOWED: dict[str, dict[str, str]] = {
                                            "against torch on shapes the registry would route elsewhere",
         "rtckern.ops._softmax_plan": LAUNCH + " (row geometry: OnePass, RowGeometry, fits, vector_width)",
     },
-    "tests/gpu/plugins/test_torch_plugin_gpu.py": {
-        "rtckern.plugins._torch_attention": "checks when the plugin routes attention to the flash kernel "
-                                            "(_flash_serves), a dispatch rule with no public name",
-    },
     "tests/unit/compiler/test_hiprtc.py": {
         "rtckern.ops._gemm_plan": "the SIMT gemm kernel and the split-k reduce on gfx90a (simt_spec, reduce_spec): "
                                   "no registry candidate serves the reduce on its own",

@@ -3,26 +3,29 @@
 // kernel); correctness and reach, not speed.
 //
 // Two kernels and no atomics, so the result is deterministic by construction:
-//   attn_bwd_dkdv_simt: one block per (32 keys, kv head, batch) walks every q head of the GQA group and every
-//     query tile of 32 rows that can see its keys: S^T, P^T, dP^T, dS^T for its 32 x 32 tile, then
+//   attn_bwd_dkdv_simt: one block per (TILE keys, kv head, batch) walks every q head of the GQA group and every
+//     query tile of TILE rows that can see its keys: S^T, P^T, dP^T, dS^T for its TILE x TILE tile, then
 //     dV += P^T dO and dK += dS^T Q; writes dk (times scale) and dv once.
-//   attn_bwd_dq_simt: one block per (32 query rows, q head, batch) walks the key tiles its rows can see:
+//   attn_bwd_dq_simt: one block per (TILE query rows, q head, batch) walks the key tiles its rows can see:
 //     S, P, dP, dS, then dQ += dS K; writes dq (times scale).
-// Blocks of 128 threads; four consecutive threads share a row (a key in the first kernel, a query in the second):
-// thread (row, lane) scores the 8 columns lane + 4 i of the tile and accumulates the HD / 4 output columns
-// 4 i + lane of its row. Scores go through shared memory in fp32.
+// Blocks of 128 threads; LANES = 128 / TILE consecutive threads share a row (a key in the first kernel, a query in
+// the second): thread (row, lane) scores the TILE / LANES columns lane + LANES i of the tile and accumulates the
+// HD / LANES output columns LANES i + lane of its row. Scores go through shared memory in fp32. TILE is 32, or 16
+// for head dim 256 (its four tiles of 32 rows would not fit sm_75's 64 KB).
 #pragma once
 #include "common/dtypes.cuh"
 
 namespace rtk_attn {
 
-template <int HD>
+template <int HD, int TILE>
 struct simt_bwd_smem {
-  static constexpr int BM = 32, BN = 32;
-  static constexpr int ROW = HD + 2;  // +4 bytes: the 8 rows one warp reads at once hit distinct banks
-  static constexpr int SROW = 33;     // fp32 score rows
+  static_assert(TILE == 16 || TILE == 32, "tile");
+  static constexpr int BM = TILE, BN = TILE;
+  static constexpr int LANES = 128 / TILE;  // threads per row
+  static constexpr int ROW = HD + 2;  // +4 bytes: the rows one warp reads at once hit distinct banks
+  static constexpr int SROW = TILE + 1;  // fp32 score rows
   // four T tiles (K, V, Q, dO), two fp32 score tiles, lse2 and dsum of the query rows
-  static constexpr int bytes = 4 * 32 * ROW * 2 + 2 * 32 * SROW * 4 + 2 * 32 * 4;
+  static constexpr int bytes = 4 * TILE * ROW * 2 + 2 * TILE * SROW * 4 + 2 * TILE * 4;
 };
 
 template <int ROWS, int HD, int ROW, typename T>
@@ -34,7 +37,7 @@ RTK_DEVICE void simt_load_rows(T* s, const T* g_head, long long row_stride, int 
   }
 }
 
-template <typename T, int HD, bool CAUSAL>
+template <typename T, int HD, int TILE, bool CAUSAL>
 __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     attn_bwd_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                        const T* __restrict__ dout, const float* __restrict__ lse2, const float* __restrict__ dsum,
@@ -43,9 +46,9 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
                        long long q_hs, long long k_bs, long long k_rs, long long k_hs, long long v_bs, long long v_rs,
                        long long v_hs, long long do_bs, long long do_rs, long long do_hs, long long dkv_bs,
                        long long dkv_rs, long long dkv_hs, float scale_log2, float scale) {
-  using L = simt_bwd_smem<HD>;
-  constexpr int BM = L::BM, BN = L::BN, ROW = L::ROW, SROW = L::SROW;
-  constexpr int DPT = HD / 4;
+  using L = simt_bwd_smem<HD, TILE>;
+  constexpr int BM = L::BM, BN = L::BN, ROW = L::ROW, SROW = L::SROW, LANES = L::LANES;
+  constexpr int DPT = HD / LANES;
   static_assert(HD % 8 == 0, "head dim");
   const float kNegInf = __int_as_float(0xff800000);
 
@@ -60,8 +63,8 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
   float* sD = sL + BM;
 
   const int tid = threadIdx.x;
-  const int r = tid >> 2;  // key within the tile
-  const int qd = tid & 3;
+  const int r = tid / LANES;  // key within the tile
+  const int qd = tid % LANES;
   const long long hk = blockIdx.y, b = blockIdx.z;
   const int sq = static_cast<int>(seqlen_q), sk = static_cast<int>(seqlen_k);
   const int group = static_cast<int>(heads_q / heads_kv);
@@ -91,21 +94,21 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
       }
       __syncthreads();
 
-      float s[BM / 4], dp[BM / 4];
+      float s[BM / LANES], dp[BM / LANES];
 #pragma unroll
-      for (int i = 0; i < BM / 4; ++i) s[i] = dp[i] = 0.f;
+      for (int i = 0; i < BM / LANES; ++i) s[i] = dp[i] = 0.f;
       for (int d = 0; d < HD; ++d) {
         const float kv = rtk_to_float(sK[r * ROW + d]);
         const float vv = rtk_to_float(sV[r * ROW + d]);
 #pragma unroll
-        for (int i = 0; i < BM / 4; ++i) {
-          s[i] = fmaf(kv, rtk_to_float(sQ[(qd + 4 * i) * ROW + d]), s[i]);
-          dp[i] = fmaf(vv, rtk_to_float(sdO[(qd + 4 * i) * ROW + d]), dp[i]);
+        for (int i = 0; i < BM / LANES; ++i) {
+          s[i] = fmaf(kv, rtk_to_float(sQ[(qd + LANES * i) * ROW + d]), s[i]);
+          dp[i] = fmaf(vv, rtk_to_float(sdO[(qd + LANES * i) * ROW + d]), dp[i]);
         }
       }
 #pragma unroll
-      for (int i = 0; i < BM / 4; ++i) {
-        const int c = qd + 4 * i;
+      for (int i = 0; i < BM / LANES; ++i) {
+        const int c = qd + LANES * i;
         const int qry = m0 + c;
         float x = s[i];
         if (key >= sk || (CAUSAL && key > qry + diag)) x = kNegInf;
@@ -119,8 +122,8 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
         const float ds = sdS[r * SROW + c];
 #pragma unroll
         for (int i = 0; i < DPT; ++i) {
-          acc_dv[i] = fmaf(p, rtk_to_float(sdO[c * ROW + 4 * i + qd]), acc_dv[i]);
-          acc_dk[i] = fmaf(ds, rtk_to_float(sQ[c * ROW + 4 * i + qd]), acc_dk[i]);
+          acc_dv[i] = fmaf(p, rtk_to_float(sdO[c * ROW + LANES * i + qd]), acc_dv[i]);
+          acc_dk[i] = fmaf(ds, rtk_to_float(sQ[c * ROW + LANES * i + qd]), acc_dk[i]);
         }
       }
     }
@@ -129,13 +132,13 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     const long long off = b * dkv_bs + static_cast<long long>(key) * dkv_rs + hk * dkv_hs;
 #pragma unroll
     for (int i = 0; i < DPT; ++i) {
-      dk[off + 4 * i + qd] = rtk_from_float<T>(acc_dk[i] * scale);
-      dv[off + 4 * i + qd] = rtk_from_float<T>(acc_dv[i]);
+      dk[off + LANES * i + qd] = rtk_from_float<T>(acc_dk[i] * scale);
+      dv[off + LANES * i + qd] = rtk_from_float<T>(acc_dv[i]);
     }
   }
 }
 
-template <typename T, int HD, bool CAUSAL>
+template <typename T, int HD, int TILE, bool CAUSAL>
 __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     attn_bwd_dq_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      const T* __restrict__ dout, const float* __restrict__ lse2, const float* __restrict__ dsum,
@@ -144,9 +147,9 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
                      long long k_bs, long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs,
                      long long do_bs, long long do_rs, long long do_hs, long long dq_bs, long long dq_rs,
                      long long dq_hs, float scale_log2, float scale) {
-  using L = simt_bwd_smem<HD>;
-  constexpr int BM = L::BM, BN = L::BN, ROW = L::ROW, SROW = L::SROW;
-  constexpr int DPT = HD / 4;
+  using L = simt_bwd_smem<HD, TILE>;
+  constexpr int BM = L::BM, BN = L::BN, ROW = L::ROW, SROW = L::SROW, LANES = L::LANES;
+  constexpr int DPT = HD / LANES;
   const float kNegInf = __int_as_float(0xff800000);
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -159,8 +162,8 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
   float* sD = sL + BM;
 
   const int tid = threadIdx.x;
-  const int r = tid >> 2;  // query within the tile
-  const int qd = tid & 3;
+  const int r = tid / LANES;  // query within the tile
+  const int qd = tid % LANES;
   const long long h = blockIdx.y, b = blockIdx.z;
   const long long hk = h / (heads_q / heads_kv);
   const int sq = static_cast<int>(seqlen_q), sk = static_cast<int>(seqlen_k);
@@ -187,22 +190,22 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     simt_load_rows<BN, HD, ROW>(sK, gK, k_rs, n0, sk, tid);
     simt_load_rows<BN, HD, ROW>(sV, gV, v_rs, n0, sk, tid);
     __syncthreads();
-    float s[BN / 4], dp[BN / 4];
+    float s[BN / LANES], dp[BN / LANES];
 #pragma unroll
-    for (int i = 0; i < BN / 4; ++i) s[i] = dp[i] = 0.f;
+    for (int i = 0; i < BN / LANES; ++i) s[i] = dp[i] = 0.f;
     for (int d = 0; d < HD; ++d) {
       const float qv = rtk_to_float(sQ[r * ROW + d]);
       const float gv = rtk_to_float(sdO[r * ROW + d]);
 #pragma unroll
-      for (int i = 0; i < BN / 4; ++i) {
-        s[i] = fmaf(qv, rtk_to_float(sK[(qd + 4 * i) * ROW + d]), s[i]);
-        dp[i] = fmaf(gv, rtk_to_float(sV[(qd + 4 * i) * ROW + d]), dp[i]);
+      for (int i = 0; i < BN / LANES; ++i) {
+        s[i] = fmaf(qv, rtk_to_float(sK[(qd + LANES * i) * ROW + d]), s[i]);
+        dp[i] = fmaf(gv, rtk_to_float(sV[(qd + LANES * i) * ROW + d]), dp[i]);
       }
     }
     const float l = sL[r], dd = sD[r];
 #pragma unroll
-    for (int i = 0; i < BN / 4; ++i) {
-      const int c = qd + 4 * i;
+    for (int i = 0; i < BN / LANES; ++i) {
+      const int c = qd + LANES * i;
       const int key = n0 + c;
       float x = s[i];
       if (key >= sk || (CAUSAL && key > qry + diag)) x = kNegInf;
@@ -213,13 +216,13 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     for (int c = 0; c < BN; ++c) {
       const float ds = sdS[r * SROW + c];
 #pragma unroll
-      for (int i = 0; i < DPT; ++i) acc[i] = fmaf(ds, rtk_to_float(sK[c * ROW + 4 * i + qd]), acc[i]);
+      for (int i = 0; i < DPT; ++i) acc[i] = fmaf(ds, rtk_to_float(sK[c * ROW + LANES * i + qd]), acc[i]);
     }
   }
   if (qry < sq) {
     T* gdq = dq + b * dq_bs + static_cast<long long>(qry) * dq_rs + h * dq_hs;
 #pragma unroll
-    for (int i = 0; i < DPT; ++i) gdq[4 * i + qd] = rtk_from_float<T>(acc[i] * scale);
+    for (int i = 0; i < DPT; ++i) gdq[LANES * i + qd] = rtk_from_float<T>(acc[i] * scale);
   }
 }
 
