@@ -111,6 +111,13 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._attention_configs": "the kernel-config table (tiles, sources, kernel names, pick_tile)",
         "rtckern.ops._attention_wgmma_gen": "the code generator's output matches the shipped kernel source",
     },
+    "tests/unit/ops/test_attention_backward.py": {
+        "rtckern.ops._attention_bwd": "the dout/out/lse validation (_check_like_q, _check_lse) on fake arrays, "
+                                      "without a device",
+        "rtckern.ops._attention_bwd_candidates": "the candidates' request encoding and their prepared launches "
+                                                 "(argument lists checked against the kernel sources)",
+        "rtckern.ops._attention_bwd_configs": "the kernel-config table (tiles, shared memory, sources, kernel names)",
+    },
     "tests/unit/ops/test_gemm.py": {
         "rtckern.ops._gemm_api": "host_gemm fixture: runs rtckern.ops.gemm on CPU tensors by patching the module's "
                                  "array wrapper",
