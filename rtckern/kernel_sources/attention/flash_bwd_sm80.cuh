@@ -100,6 +100,10 @@ __global__ void __launch_bounds__(NWARPS * 32)
   constexpr int DW = HD / SPLIT;       // head-dim columns of dK, dV per warp
   constexpr int NDT = DW / 8;
   constexpr int KSTEPS = HD / 16;      // k-steps of S^T and dP^T
+  // Head dim 96 (12 dK / dV n-tiles) spills by a few registers with the k-step loops fully unrolled; two steps at
+  // a time keep it in registers; the others unroll fully (ptxas -v: partial unrolling makes head dim 128 spill).
+  constexpr int KS_UNROLL = HD == 96 ? 2 : KSTEPS;
+  constexpr int DQ_UNROLL = HD == 96 ? 2 : BN / 16;
   constexpr int SROW = L::SROW;
   constexpr int PROW = L::PROW;
   constexpr int CPR = smem_row<HD>::chunks;
@@ -229,7 +233,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
     {
       const unsigned sQ_b = smem_addr(sQb + sp * QW * SROW + ldsm_b_off<SROW>(lane));
       const unsigned sdO_b = smem_addr(sdOb + sp * QW * SROW + ldsm_b_off<SROW>(lane));
-#pragma unroll
+#pragma unroll KS_UNROLL
       for (int ks = 0; ks < KSTEPS; ++ks) {
         unsigned ka[4], va[4];
         ldsm_x4(ka[0], ka[1], ka[2], ka[3], sK_a + ks * 16 * 2);
@@ -345,7 +349,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
       for (int nt = 0; nt < DQ_NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_dq[mt][nt][e] = 0.f;
-#pragma unroll
+#pragma unroll DQ_UNROLL
     for (int ks = 0; ks < BN / 16; ++ks) {
       unsigned a[DQ_MT][4];
 #pragma unroll
