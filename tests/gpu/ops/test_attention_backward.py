@@ -69,8 +69,11 @@ def reference(q, k, v, dout, causal, scale):
 
 
 def math_sdpa_grads(q, k, v, dout, causal, scale, seen):
-    """torch's math SDPA backward in the inputs' dtype. Queries that see no key (NaN in SDPA) get one visible key
-    and a zero dout instead, which gives them zero gradient and no contribution, as in the reference."""
+    """torch's math SDPA backward in the inputs' dtype: with reductions in that dtype too, as flash-attention's rule
+    has it (its baseline is the reference computed in the same dtype without upcasting); torch's default upcasts
+    them to float32, which would make the baseline a float32 computation rounded once. Queries that see no key (NaN
+    in SDPA) get one visible key and a zero dout instead, which gives them zero gradient and no contribution, as in
+    the reference."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_(True) for t in (q, k, v))
@@ -79,10 +82,15 @@ def math_sdpa_grads(q, k, v, dout, causal, scale, seen):
     if causal:
         mask = _mask(q.shape[1], k.shape[1]) | (~seen[:, None] & (torch.arange(k.shape[1], device="cuda") == 0))
         g = dout * seen[None, :, None, None]
-    with sdpa_kernel(SDPBackend.MATH):
-        o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale,
-                                                             enable_gqa=True)
-    o.backward(g.transpose(1, 2))
+    allowed = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale,
+                                                                 enable_gqa=True)
+        o.backward(g.transpose(1, 2))
+    finally:
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(allowed)
     return qt.grad.transpose(1, 2), kt.grad.transpose(1, 2), vt.grad.transpose(1, 2)
 
 
