@@ -1,0 +1,365 @@
+// Fused attention backward for sm_90a (Hopper): the five GEMMs of flash_bwd_sm80.cuh on wgmma (FlashAttention-3's
+// tiling, without warp specialization: cp.async by every thread and a block barrier per query tile).
+//
+// Same contract as flash_bwd_sm80.cuh: the same parameter list, the prep kernel's lse2 (+inf on rows that see no
+// key and on padding rows) and dsum rows (padded to bwd_rows::pad), dQ / scale accumulated in fp32 into dq_accum
+// (zeroed by the prep kernel, scaled and cast by the convert kernel), dk and dv written once in T, and the same
+// per-(batch, q head, query block of BM rows) counters in deterministic mode.
+//
+// One block per (key block j of BN = 64 * NWG keys, kv head, batch); NWG consumer warpgroups, warpgroup w owning
+// keys w * 64 .. w * 64 + 63 of the block. K_j, V_j stay in shared memory; the block walks every q head of its GQA
+// group and, for each, the query blocks i of BM rows that can see key block j. Per step (s = scale * log2 e):
+//   S^T  = K_j Q_i^T     ss wgmma m64nBM, K-major A (K rows) and B (Q rows)        (keys as rows)
+//   dP^T = V_j dO_i^T    ss wgmma m64nBM, likewise with V and dO
+//   P^T  = exp2(s S^T - lse2_i) (masked keys: P = 0),  dS^T = P^T * (dP^T - dsum_i)
+//   dV_j += P^T dO_i     rs wgmma m64nHD: P^T packed from the accumulators is the A operand, dO MN-major B
+//   dK_j += dS^T Q_i     rs wgmma m64nHD: dS^T from registers, Q MN-major B
+//   dQ_i  = dS K_j       ss wgmma (both MN-major): dS^T stored to shared memory as [key][query] (so dS, with
+//                        queries as M, is M-contiguous) and K as [key][head dim] (N-contiguous)
+// then dQ_i goes into dq_accum with red.global.add.v4.f32 (one 16-byte reduction per pair of lanes and 8
+// columns). For dQ the NWG warpgroups tile (BM x HD) as DQ_WM groups of 64-query rows x DQ_WN head-dim slices.
+// Within a step the wgmma groups overlap the scalar work: P is computed while dP^T still runs, and the dV / dK
+// products run while dS^T is stored and the block meets at the barrier before dQ.
+//
+// Shared-memory tiles use the 128-byte-swizzle layout of flash_fwd_sm90.cuh (HD / 64 column blocks of rows x 128
+// bytes, 16-byte chunk c of row r at c ^ (r % 8)); dS^T is BN rows x BM columns in the same layout. Q_i, dO_i and
+// their lse2 / dsum rows stream through a ring of STAGES buffers (STAGES - 1 query tiles in flight).
+#pragma once
+#include "attention/attn_bwd_rows.cuh"
+#include "attention/flash_bwd_sm80.cuh"
+#include "attention/sm90_common.cuh"
+
+namespace rtk_attn {
+
+template <int HD, int BM, int BN, int STAGES>
+struct flash_bwd_sm90_smem {
+  static constexpr int kv_bytes = BN * HD * 2;   // K or V
+  static constexpr int q_bytes = BM * HD * 2;    // one Q or dO buffer
+  static constexpr int ds_bytes = BN * BM * 2;   // dS^T
+  static constexpr int row_bytes = STAGES * BM * 4;  // lse2 or dsum ring
+  static constexpr int bytes = 2 * kv_bytes + 2 * STAGES * q_bytes + ds_bytes + 2 * row_bytes + 1024;  // + align
+};
+
+// dst[0..3] += v: one 16-byte reduction (sm_90).
+RTK_DEVICE void red_add_f32x4(float* dst, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+
+template <typename T, int HD, int BM, int BN, int STAGES, bool CAUSAL, bool DETERMINISTIC>
+__global__ void __launch_bounds__(BN * 2, 1)
+    flash_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                   const T* __restrict__ dout, const float* __restrict__ lse2, const float* __restrict__ dsum,
+                   float* __restrict__ dq_accum, T* __restrict__ dk, T* __restrict__ dv, int* __restrict__ sem,
+                   long long seqlen_q, long long seqlen_k, long long heads_q, long long heads_kv,
+                   long long seqlen_q_pad, long long q_bs, long long q_rs, long long q_hs, long long k_bs,
+                   long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long do_bs,
+                   long long do_rs, long long do_hs, long long dkv_bs, long long dkv_rs, long long dkv_hs,
+                   float scale_log2, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = flash_bwd_sm90_smem<HD, BM, BN, STAGES>;
+  constexpr int NWG = BN / 64;
+  constexpr int NT = NWG * 128;
+  constexpr int NS = BM / 2;             // S^T (and dP^T) accumulators per thread: 64 keys x BM queries
+  constexpr int NKV = HD / 2;            // dK (and dV) accumulators per thread: 64 keys x HD
+  constexpr int KSTEPS = HD / 16;        // k-steps of S^T, dP^T
+  constexpr int QSTEPS = BM / 16;        // k-steps of dV, dK
+  constexpr int DQ_WM = (BM / 64 < NWG) ? BM / 64 : NWG;  // warpgroups along the query rows of dQ
+  constexpr int DQ_MT = BM / (64 * DQ_WM);                // 64-row tiles per warpgroup
+  constexpr int DQ_WN = NWG / DQ_WM;                      // warpgroups along the head dim
+  constexpr int DQ_N = HD / DQ_WN;                        // wgmma N of dQ
+  constexpr int CPR = HD / 8;
+  static_assert(HD % 64 == 0 && HD <= 256, "head dim: whole 64-element swizzle blocks");
+  static_assert(BN % 64 == 0 && NWG >= 1 && NWG <= 2, "BN = 64 x (1 or 2) warpgroups");
+  static_assert(BM % 64 == 0 && BM <= 256 && STAGES >= 2, "query tile");
+  static_assert(DQ_WM * DQ_WN == NWG && DQ_N % 64 == 0 && DQ_N * DQ_WN == HD, "dQ warpgroup tiling");
+  static_assert(bwd_rows::pad % BM == 0, "BM must divide the lse2 / dsum row padding");
+  const float kNegInf = __int_as_float(0xff800000);
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024 B alignment
+  unsigned char* smem = smem_raw + (smem_base - smem_addr(smem_raw));
+  const unsigned sK = smem_base;
+  const unsigned sV = sK + L::kv_bytes;
+  const unsigned sQ = sV + L::kv_bytes;                 // STAGES buffers
+  const unsigned sdO = sQ + STAGES * L::q_bytes;        // STAGES buffers
+  const unsigned sdS = sdO + STAGES * L::q_bytes;       // dS^T
+  const unsigned sRows = sdS + L::ds_bytes;             // lse2 ring, then dsum ring
+  const float* sLse = reinterpret_cast<const float*>(smem + (sRows - smem_base));
+  const float* sDsum = sLse + STAGES * BM;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wg = warp >> 2;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int key_in_tile = wg * 64 + (warp & 3) * 16 + g;  // this thread's first key row of S^T, dK, dV (+8)
+  const int n_block = blockIdx.x;
+  const long long hk = blockIdx.y;
+  const long long b = blockIdx.z;
+  const int sq = static_cast<int>(seqlen_q);
+  const int sk = static_cast<int>(seqlen_k);
+  const int group = static_cast<int>(heads_q / heads_kv);
+  const int n0 = n_block * BN;
+  const int diag = sk - sq;
+
+  // Query blocks that see key block j: key n0 is visible to query r iff r >= n0 - diag.
+  const int m_blocks = (sq + BM - 1) / BM;
+  const int m_begin = CAUSAL ? max(0, n0 - diag) / BM : 0;
+  const int nm = max(0, m_blocks - m_begin);
+  const int n_iter = group * nm;  // (q head, query block) steps, q head outer
+
+  const T* gK = k + b * k_bs + hk * k_hs;
+  const T* gV = v + b * v_bs + hk * v_hs;
+
+  auto load_step = [&](int it, int buf) {
+    const int hq_local = it / nm;
+    const long long h = hk * group + hq_local;
+    const int m0 = (m_begin + it - hq_local * nm) * BM;
+    load_tile_sw128<BM, HD, NT>(sQ + buf * L::q_bytes, q + b * q_bs + h * q_hs, q_rs, m0, sq, tid);
+    load_tile_sw128<BM, HD, NT>(sdO + buf * L::q_bytes, dout + b * do_bs + h * do_hs, do_rs, m0, sq, tid);
+    // lse2 / dsum rows are padded to a multiple of BM: whole 16-byte chunks, no bounds.
+    const long long row_base = (b * heads_q + h) * seqlen_q_pad + m0;
+    if (tid < BM / 4) {
+      cp_async_16(sRows + (buf * BM + tid * 4) * 4, lse2 + row_base + tid * 4, true);
+    } else if (tid < BM / 2) {
+      const int c = tid - BM / 4;
+      cp_async_16(sRows + (STAGES * BM + buf * BM + c * 4) * 4, dsum + row_base + c * 4, true);
+    }
+  };
+
+  load_tile_sw128<BN, HD, NT>(sK, gK, k_rs, n0, sk, tid);
+  load_tile_sw128<BN, HD, NT>(sV, gV, v_rs, n0, sk, tid);
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < n_iter) load_step(s, s);
+    cp_async_commit();  // always commit (K, V ride in the first group), so group counting stays uniform
+  }
+
+  float acc_dk[NKV];
+  float acc_dv[NKV];
+#pragma unroll
+  for (int i = 0; i < NKV; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+  float acc_s[NS];
+  float acc_dp[NS];
+  unsigned p_a[QSTEPS][4];   // P^T as wgmma A fragments (k-step kk: queries 16 kk .. 16 kk + 15)
+  unsigned ds_a[QSTEPS][4];  // dS^T likewise
+  float acc_dq[DQ_MT][DQ_N / 2];
+
+  const unsigned sK_wg = sK + wg * 64 * 128;  // this warpgroup's 64 key rows within column block 0
+  const unsigned sV_wg = sV + wg * 64 * 128;
+  const int dq_wm = wg % DQ_WM, dq_wn = wg / DQ_WM;
+
+  for (int it = 0; it < n_iter; ++it) {
+    const int buf = it % STAGES;
+    cp_async_wait<STAGES - 2>();
+    fence_proxy_async();  // this thread's cp.async writes, before the wgmma (async proxy) reads
+    __syncthreads();      // step it visible to all; every warpgroup is done with the buffer refilled next and dS^T
+    {
+      const int pf = it + STAGES - 1;
+      if (pf < n_iter) load_step(pf, pf % STAGES);
+      cp_async_commit();
+    }
+    const int hq_local = it / nm;
+    const long long h = hk * group + hq_local;
+    const int m_block = m_begin + it - hq_local * nm;
+    const int m0 = m_block * BM;
+    const unsigned sQb = sQ + buf * L::q_bytes;
+    const unsigned sdOb = sdO + buf * L::q_bytes;
+
+    // ---- S^T = K Q^T, dP^T = V dO^T: two commit groups ----
+    pin_regs(acc_s);
+    pin_regs(acc_dp);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+      const unsigned off_a = (ks >> 2) * (BN * 128) + (ks & 3) * 32;
+      const unsigned off_b = (ks >> 2) * (BM * 128) + (ks & 3) * 32;
+      wgmma_op<T, BM>::ss(acc_s, sw128_desc(sK_wg + off_a, 16, 1024), sw128_desc(sQb + off_b, 16, 1024),
+                          ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+      const unsigned off_a = (ks >> 2) * (BN * 128) + (ks & 3) * 32;
+      const unsigned off_b = (ks >> 2) * (BM * 128) + (ks & 3) * 32;
+      wgmma_op<T, BM>::ss(acc_dp, sw128_desc(sV_wg + off_a, 16, 1024), sw128_desc(sdOb + off_b, 16, 1024),
+                          ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+
+    // ---- P^T (while dP^T runs): rows keys n0 + key_in_tile (+8), columns queries m0 + j * 8 + 2t (+1) ----
+    const float* lse_s = sLse + buf * BM + 2 * t;
+    const float* dsum_s = sDsum + buf * BM + 2 * t;
+    wgmma_wait<1>();
+    pin_regs(acc_s);
+    {
+      const bool need_mask = (n0 + BN > sk) || (CAUSAL && n0 + BN - 1 > m0 + diag);
+      const int key0 = n0 + key_in_tile;
+      const int qry0 = m0 + 2 * t;
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j) {
+        const float2 l = *reinterpret_cast<const float2*>(lse_s + j * 8);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = j * 4 + e;
+          float s = acc_s[i];
+          if (need_mask) {
+            const int key = key0 + ((e >> 1) << 3);
+            const int qry = qry0 + j * 8 + (e & 1);
+            if (key >= sk || (CAUSAL && key > qry + diag)) s = kNegInf;
+          }
+          acc_s[i] = fast_exp2(fmaf(s, scale_log2, -((e & 1) ? l.y : l.x)));
+        }
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < QSTEPS; ++kk) {
+      p_a[kk][0] = pack2<T>(acc_s[(2 * kk) * 4 + 0], acc_s[(2 * kk) * 4 + 1]);
+      p_a[kk][1] = pack2<T>(acc_s[(2 * kk) * 4 + 2], acc_s[(2 * kk) * 4 + 3]);
+      p_a[kk][2] = pack2<T>(acc_s[(2 * kk + 1) * 4 + 0], acc_s[(2 * kk + 1) * 4 + 1]);
+      p_a[kk][3] = pack2<T>(acc_s[(2 * kk + 1) * 4 + 2], acc_s[(2 * kk + 1) * 4 + 3]);
+    }
+
+    // ---- dS^T = P^T (dP^T - dsum): packed as A fragments and stored to sdS ([key][query], swizzled) ----
+    wgmma_wait<0>();
+    pin_regs(acc_dp);
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const float2 d = *reinterpret_cast<const float2*>(dsum_s + j * 8);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = j * 4 + e;
+        acc_dp[i] = acc_s[i] * (acc_dp[i] - ((e & 1) ? d.y : d.x));
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < QSTEPS; ++kk) {
+      ds_a[kk][0] = pack2<T>(acc_dp[(2 * kk) * 4 + 0], acc_dp[(2 * kk) * 4 + 1]);
+      ds_a[kk][1] = pack2<T>(acc_dp[(2 * kk) * 4 + 2], acc_dp[(2 * kk) * 4 + 3]);
+      ds_a[kk][2] = pack2<T>(acc_dp[(2 * kk + 1) * 4 + 0], acc_dp[(2 * kk + 1) * 4 + 1]);
+      ds_a[kk][3] = pack2<T>(acc_dp[(2 * kk + 1) * 4 + 2], acc_dp[(2 * kk + 1) * 4 + 3]);
+    }
+
+    // ---- dV += P^T dO, dK += dS^T Q (issue; they run under the dS^T stores and the barrier) ----
+    pin_regs(p_a);
+    pin_regs(ds_a);
+    pin_regs(acc_dv);
+    pin_regs(acc_dk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < QSTEPS; ++kk)
+      wgmma_op<T, HD>::rs(acc_dv, p_a[kk], sw128_desc(sdOb + kk * 2048, BM * 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < QSTEPS; ++kk)
+      wgmma_op<T, HD>::rs(acc_dk, ds_a[kk], sw128_desc(sQb + kk * 2048, BM * 128, 1024));
+    wgmma_commit();
+
+    // dS^T fragment (row key_in_tile + 8 hh, query chunk 2 kk + c2) -> 4 bytes at lane offset 4t of the chunk.
+    // The 8 rows g of a warp hit 8 distinct swizzled chunk slots: conflict-free 32-bit stores.
+#pragma unroll
+    for (int kk = 0; kk < QSTEPS; ++kk)
+#pragma unroll
+      for (int c2 = 0; c2 < 2; ++c2)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          *reinterpret_cast<unsigned*>(smem + (sdS - smem_base) + sw128_offset<BN>(key_in_tile + 8 * hh, 2 * kk + c2) +
+                                       4 * t) = ds_a[kk][2 * c2 + hh];
+    fence_proxy_async();  // the dS^T stores, before the dQ wgmma reads them
+    __syncthreads();      // dS^T complete (every warpgroup's keys)
+
+    // ---- dQ_i (unscaled) = dS K: queries dq_wm * DQ_MT * 64 + mt * 64 .., head dims dq_wn * DQ_N .. ----
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+      for (int mt = 0; mt < DQ_MT; ++mt) {
+        const unsigned a = sdS + ((dq_wm * DQ_MT + mt) * (BN * 128)) + kk * 2048;  // 64-query column block
+        const unsigned bk = sK + dq_wn * (DQ_N / 64) * (BN * 128) + kk * 2048;
+        wgmma_op<T, DQ_N>::ss_mn(acc_dq[mt], sw128_desc(a, BN * 128, 1024), sw128_desc(bk, BN * 128, 1024),
+                                 kk > 0 ? 1 : 0);
+      }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < DQ_MT; ++mt) pin_regs(acc_dq[mt]);
+    pin_regs(acc_dv);
+    pin_regs(acc_dk);
+    pin_regs(p_a);
+    pin_regs(ds_a);
+
+    int* sem_i = nullptr;
+    if (DETERMINISTIC) {
+      sem_i = sem + (b * heads_q + h) * m_blocks + m_block;
+      if (tid == 0) {
+        while (ld_acquire(sem_i) != n_block) {
+        }
+      }
+      __syncthreads();  // key blocks 0 .. j-1 have added their dQ_i
+    }
+    {
+      // Lanes t and t ^ 1 swap halves so that each adds 4 consecutive columns of one row: even t row g, columns
+      // 8 jn + 2t .. + 3; odd t row g + 8, columns 8 jn + 2t - 2 .. + 1.
+      float* gdq = dq_accum + (b * heads_q + h) * seqlen_q * HD;
+      const bool odd = t & 1;
+#pragma unroll
+      for (int mt = 0; mt < DQ_MT; ++mt) {
+        const int row = m0 + (dq_wm * DQ_MT + mt) * 64 + (warp & 3) * 16 + g + (odd ? 8 : 0);
+        float* dst = gdq + static_cast<long long>(row) * HD + dq_wn * DQ_N + 2 * (t & 2);
+#pragma unroll
+        for (int jn = 0; jn < DQ_N / 8; ++jn) {
+          const float* a = acc_dq[mt] + jn * 4;  // (row g: a[0], a[1]), (row g + 8: a[2], a[3])
+          const float sx = odd ? a[0] : a[2];
+          const float sy = odd ? a[1] : a[3];
+          const float rx = __shfl_xor_sync(0xffffffffu, sx, 1);
+          const float ry = __shfl_xor_sync(0xffffffffu, sy, 1);
+          if (row < sq) {
+            if (odd)
+              red_add_f32x4(dst + jn * 8, rx, ry, a[2], a[3]);
+            else
+              red_add_f32x4(dst + jn * 8, a[0], a[1], rx, ry);
+          }
+        }
+      }
+    }
+    if (DETERMINISTIC) {
+      __threadfence();
+      __syncthreads();  // every thread's adds are issued and fenced before the hand-over
+      if (tid == 0) st_release(sem_i, n_block + 1);
+    }
+  }
+
+  // ---- epilogue: dK *= scale; stage dK in sK and dV in sV (swizzled), then 16-byte stores of rows < seqlen_k ----
+  cp_async_wait<0>();  // a block with no step still has its K / V copies in flight
+  __syncthreads();     // every warpgroup's wgmma reads of sK, sV are complete (each waited for its own)
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int off = sw128_offset<BN>(key_in_tile + 8 * hh, j) + 4 * t;
+      *reinterpret_cast<unsigned*>(smem + off) =
+          pack2<T>(acc_dk[j * 4 + 2 * hh] * scale, acc_dk[j * 4 + 2 * hh + 1] * scale);
+      *reinterpret_cast<unsigned*>(smem + L::kv_bytes + off) = pack2<T>(acc_dv[j * 4 + 2 * hh], acc_dv[j * 4 + 2 * hh + 1]);
+    }
+  __syncthreads();
+  T* gdK = dk + b * dkv_bs + hk * dkv_hs;
+  T* gdV = dv + b * dkv_bs + hk * dkv_hs;
+#pragma unroll
+  for (int it = 0; it < (BN * CPR + NT - 1) / NT; ++it) {
+    const int idx = it * NT + tid;
+    if ((BN * CPR) % NT == 0 || idx < BN * CPR) {
+      const int r = idx / CPR;
+      const int c = idx - r * CPR;
+      if (n0 + r < sk) {
+        const long long go = static_cast<long long>(n0 + r) * dkv_rs + c * 8;
+        *reinterpret_cast<uint4*>(gdK + go) = *reinterpret_cast<const uint4*>(smem + sw128_offset<BN>(r, c));
+        *reinterpret_cast<uint4*>(gdV + go) =
+            *reinterpret_cast<const uint4*>(smem + L::kv_bytes + sw128_offset<BN>(r, c));
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace rtk_attn
