@@ -1,6 +1,9 @@
 """Attention backward: TFLOP/s of rtckern.ops.attention_backward against torch SDPA's flash and cuDNN backward.
 
-    python -m benchmarks attention_backward [--deterministic] [--impls simt] [--quick]
+    python -m benchmarks attention_backward [--deterministic] [--impls sm80_mma,simt] [--quick]
+
+--impls adds forced rtckern candidates next to the registry's choice (rtckern_<impl>, and rtckern_<impl>_det with
+--deterministic): e.g. --impls sm80_mma compares the mma.sync kernel with the sm_90a one the registry picks.
 
 Points: bf16, head dim 64 (32 heads) and 128 (16 heads), seqlen 1k / 4k / 16k at 16k tokens per batch, causal and
 not. Only the backward is timed: rtckern's op from a saved (o, lse); SDPA's through autograd.grad of an output
@@ -71,7 +74,7 @@ def sdpa_backward_runner(backend_name, q, k, v, g, causal):
 def add_args(ap) -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--deterministic", action="store_true", help="also time rtckern's deterministic mode")
-    ap.add_argument("--impls", default="", help="extra forced rtckern candidates to time, comma list (e.g. simt)")
+    ap.add_argument("--impls", default="", help="extra forced rtckern candidates to time, comma list (e.g. sm80_mma,simt)")
 
 
 def run(args):
@@ -94,6 +97,9 @@ def run(args):
             runners["rtckern_det"] = ("", lambda: rtckern_runner(q, k, v, g, p["causal"], deterministic=True))
         for impl in filter(None, args.impls.split(",")):
             runners[f"rtckern_{impl}"] = (impl, lambda: rtckern_runner(q, k, v, g, p["causal"]))
+            if args.deterministic and impl != "simt":
+                runners[f"rtckern_{impl}_det"] = (impl, lambda: rtckern_runner(q, k, v, g, p["causal"],
+                                                                                deterministic=True))
         runners["sdpa_flash"] = ("", lambda: sdpa_backward_runner("FLASH_ATTENTION", q, k, v, g, p["causal"]))
         runners["sdpa_cudnn"] = ("", lambda: sdpa_backward_runner("CUDNN_ATTENTION", q, k, v, g, p["causal"]))
         ms = {}

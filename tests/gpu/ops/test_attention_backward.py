@@ -1,6 +1,7 @@
 """Attention backward on a GPU against a float64 reference (autograd through a float64 math attention), through each
-candidate (forced with the RTCKERN_FORCE_IMPL setting): ragged lengths (1, 17, 113, 1000), seqlen_q != seqlen_k both
-ways, GQA ratios 1/4/8, head dims 32/64/96/128/256, causal and not, fp16 and bf16, deterministic and not; causal
+candidate (forced with the RTCKERN_FORCE_IMPL setting; sm90a_wgmma on sm_90 only, head dims 64 and 128): ragged
+lengths (1, 17, 113, 1000, and around the 64 / 128 tile edges), seqlen_q != seqlen_k both ways, GQA ratios 1/4/8,
+head dims 32/64/96/128/256, causal and not, fp16 and bf16, deterministic and not; causal
 queries past the keys (whole query blocks that see no key: dq exactly 0 there, no contribution to dk, dv); a seeded
 random-shape sweep with strided views (packed qkv, a dout with other strides than out). Pass: for each of dq, dk,
 dv, max |error| <= 2x that of torch's math SDPA backward in the same dtype against the same reference, plus a small
@@ -24,11 +25,23 @@ from rtckern.runtime import arrays as arr  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
-IMPLS = ("sm80_mma", "simt")
+IMPLS = ("sm90a_wgmma", "sm80_mma", "simt")
 HEAD_DIMS = (32, 64, 96, 128, 256)
+IMPL_HEAD_DIMS = {"sm90a_wgmma": (64, 128)}
+DET_IMPLS = ("sm90a_wgmma", "sm80_mma")  # the simt kernels ignore the flag (always deterministic)
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv)
 SHAPES = [(2, 1, 1, 8, 8), (2, 17, 17, 8, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 8, 8), (1, 1, 500, 8, 1),
-          (3, 17, 113, 8, 2), (1, 113, 17, 4, 1), (1, 1000, 1000, 8, 4), (1, 300, 129, 2, 2)]
+          (3, 17, 113, 8, 2), (1, 113, 17, 4, 1), (1, 1000, 1000, 8, 4), (1, 300, 129, 2, 2),
+          (1, 128, 256, 8, 1), (2, 255, 129, 4, 4), (1, 65, 383, 8, 2)]
+
+
+def head_dims(impl):
+    return IMPL_HEAD_DIMS.get(impl, HEAD_DIMS)
+
+
+def _skip_unless_served(impl):
+    if impl == "sm90a_wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("sm90a_wgmma runs on sm_90 only")
 
 
 @pytest.fixture(autouse=True)
@@ -141,6 +154,7 @@ def check(dtype, b, sq, sk, hq, hk, hd, causal, seed, packed=False, deterministi
 
 
 def _force(impl):
+    _skip_unless_served(impl)
     return config.override(force_impl={"attention_backward": f"attention_backward.{impl}"})
 
 
@@ -149,25 +163,25 @@ def _force(impl):
 def test_grid(impl, causal):
     n = 0
     with _force(impl):
-        for hd in HEAD_DIMS:
+        for hd in head_dims(impl):
             for i, shape in enumerate(SHAPES):
                 dtype = "bf16" if (i + hd // 32) % 2 else "fp16"
-                det = impl == "sm80_mma" and (i + hd // 32) % 3 == 0
+                det = impl in DET_IMPLS and (i + hd // 32) % 3 == 0
                 check(dtype, *shape, hd, causal, seed=1000 * hd + 10 * i + causal, deterministic=det)
                 n += 1
-    assert n == len(HEAD_DIMS) * len(SHAPES)
+    assert n == len(head_dims(impl)) * len(SHAPES)
 
 
 # Causal with seqlen_q - seqlen_k larger than two query blocks: whole query blocks see no key; seqlen_k below one
 # key block; lengths 1.
-PAST_KEYS = [(1, 512, 256, 8, 2), (1, 512, 127, 8, 8), (2, 799, 3, 8, 2), (1, 1000, 1, 4, 1)]
+PAST_KEYS = [(1, 512, 256, 8, 2), (1, 512, 127, 8, 8), (2, 799, 3, 8, 2), (1, 1000, 1, 4, 1), (1, 700, 129, 8, 1)]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_causal_queries_past_the_keys(impl, dtype):
     with _force(impl):
-        for hd in HEAD_DIMS:
+        for hd in head_dims(impl):
             for i, shape in enumerate(PAST_KEYS):
                 check(dtype, *shape, hd, True, seed=100 * hd + i, deterministic=i % 2 == 1)
 
@@ -183,7 +197,7 @@ def test_random_shapes(impl):
     rng = random.Random(zlib.crc32(impl.encode()))
     with _force(impl):
         for c in range(16):
-            hd = rng.choice(HEAD_DIMS)
+            hd = rng.choice(head_dims(impl))
             hk = rng.choice((1, 2))
             hq = hk * rng.choice((1, 2, 4, 8))
             sq, sk = _log_uniform(rng, 1, 1500), _log_uniform(rng, 1, 1500)
@@ -193,13 +207,14 @@ def test_random_shapes(impl):
                   packed=rng.random() < 0.5, deterministic=rng.random() < 0.3)
 
 
+@pytest.mark.parametrize("impl", DET_IMPLS)
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_is_bitwise_repeatable(hd, causal):
+def test_deterministic_is_bitwise_repeatable(impl, hd, causal):
     torch.manual_seed(5)
     q, k, v, dout = make_inputs("bf16", 2, 1500, 1500, 8, 2, hd)
     o, lse = ops.attention(q, k, v, causal=causal, return_lse=True)
-    with _force("sm80_mma"):
+    with _force(impl):
         first = ops.attention_backward(dout, q, k, v, o, lse, causal=causal, deterministic=True)
         for _ in range(9):
             again = ops.attention_backward(dout, q, k, v, o, lse, causal=causal, deterministic=True)
@@ -207,9 +222,10 @@ def test_deterministic_is_bitwise_repeatable(hd, causal):
                 assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("impl", DET_IMPLS)
 @pytest.mark.parametrize("hd", [64, 128])
-def test_long_sequence(hd):
-    with _force("sm80_mma"):
+def test_long_sequence(impl, hd):
+    with _force(impl):
         check("bf16", 1, 4097, 4097, 4, 1, hd, True, seed=7)
         check("fp16", 1, 4097, 4097, 4, 1, hd, False, seed=8)
 
