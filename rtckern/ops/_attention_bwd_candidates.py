@@ -1,6 +1,8 @@
 """Registry candidates of the attention backward op (op name "attention_backward"), in priority order:
 
-  attention_backward.sm80_mma   sm_80 and newer (also the sm_90 choice until an sm_90a kernel exists): a
+  attention_backward.sm90a_wgmma  sm_90 only (arch-specific sm_90a cubin), head dims 64 and 128: the same three
+                                launches as sm80_mma with the main kernel on wgmma (flash_bwd_sm90.cuh, FA3 tiles)
+  attention_backward.sm80_mma   sm_80 and newer (on sm_90 for head dims 32, 96, 256): a
                                 FlashAttention-2-class kernel on mma.sync m16n8k16 (flash_bwd_sm80.cuh) between
                                 the prep kernel (lse in log2, rowsum(dO * O), zeroed dQ accumulator) and the
                                 convert kernel (dq = scale * accumulator, in the input dtype)
@@ -119,6 +121,8 @@ class Sm80Mma(_BwdCandidate):
     name = "attention_backward.sm80_mma"
     priority = 200
     min_arch = "sm_80"
+    source = cfgs.SM80_SOURCE
+    kernel = cfgs.SM80_KERNEL
 
     def __init__(self):
         self._tiles: dict[OpRequest, Any] = {}
@@ -139,7 +143,7 @@ class Sm80Mma(_BwdCandidate):
         tile = self.tile(req)
         targs = tile.template_args(req.dtype("qkv"), req.dim("head_dim"), req.flag("causal"),
                                    req.flag("deterministic"))
-        main = KernelSpec(cfgs.SM80_SOURCE, cfgs.SM80_KERNEL, target_for(req.device, self.arch_specific),
+        main = KernelSpec(self.source, self.kernel, target_for(req.device, self.arch_specific),
                           template_args=targs, op=OP)
         return (self._row_spec(req, cfgs.PREP_KERNEL), main, self._row_spec(req, cfgs.CONVERT_KERNEL))
 
@@ -175,6 +179,28 @@ class Sm80Mma(_BwdCandidate):
         steps = [prep, (kernels[1].launch, tile.grid(b, hk, sk), tile.threads, tile.smem_bytes(d), main_args),
                  (kernels[2].launch, cfgs.ROWS.convert_grid(b, hq, sq), cfgs.ROWS.threads, 0, conv_args)]
         return Prepared(total, steps)
+
+
+class Sm90Wgmma(Sm80Mma):
+    """The wgmma kernel: the sm80_mma launch path (prep, main, convert; workspace, counters) with its own tiles."""
+
+    name = "attention_backward.sm90a_wgmma"
+    priority = 300
+    min_arch = "sm_90"
+    max_arch = "sm_90"
+    arch_specific = True
+    source = cfgs.SM90_SOURCE
+    kernel = cfgs.SM90_KERNEL
+
+    def supports(self, req: OpRequest) -> str | None:
+        why = super().supports(req)
+        if why is None and req.dim("head_dim") not in cfgs.SM90_HEAD_DIMS:
+            why = (f"head_dim {req.dim('head_dim')} not supported (supported: "
+                   f"{', '.join(map(str, cfgs.SM90_HEAD_DIMS))})")
+        return why
+
+    def tile(self, req: OpRequest) -> cfgs.Sm90BwdTile:
+        return cfgs.SM90_BWD_TILES[req.dim("head_dim")]
 
 
 class Simt(_BwdCandidate):
@@ -235,7 +261,7 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
     return request(dtype or "bf16", hd, causal, det, device)
 
 
-CANDIDATES = (Sm80Mma(), Simt())
+CANDIDATES = (Sm90Wgmma(), Sm80Mma(), Simt())
 _registered = False
 
 

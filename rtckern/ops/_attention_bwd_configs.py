@@ -10,13 +10,16 @@ from rtckern.ops._attention_configs import DTYPES, HEAD_DIMS
 
 __all__ = ["DTYPES", "HEAD_DIMS", "ROWS_SOURCE", "PREP_KERNEL", "CONVERT_KERNEL", "SM80_SOURCE", "SM80_KERNEL",
            "SIMT_SOURCE", "SIMT_DKDV_KERNEL", "SIMT_DQ_KERNEL", "ROW_PAD", "RowKernels", "ROWS", "Sm80BwdTile",
-           "SM80_BWD_TILES", "pick_tile", "SimtBwdTile", "SIMT_BWD_TILE", "padded_rows"]
+           "SM80_BWD_TILES", "pick_tile", "SimtBwdTile", "SIMT_BWD_TILE", "padded_rows", "SM90_SOURCE", "SM90_KERNEL",
+           "Sm90BwdTile", "SM90_BWD_TILES", "SM90_HEAD_DIMS"]
 
 ROWS_SOURCE = "attention/attn_bwd_rows.cuh"
 PREP_KERNEL = "rtk_attn::attn_bwd_prep"
 CONVERT_KERNEL = "rtk_attn::attn_bwd_convert"
 SM80_SOURCE = "attention/flash_bwd_sm80.cuh"
 SM80_KERNEL = "rtk_attn::flash_bwd_sm80"
+SM90_SOURCE = "attention/flash_bwd_sm90.cuh"
+SM90_KERNEL = "rtk_attn::flash_bwd_sm90"
 SIMT_SOURCE = "attention/attn_bwd_simt.cuh"
 SIMT_DKDV_KERNEL = "rtk_attn::attn_bwd_dkdv_simt"
 SIMT_DQ_KERNEL = "rtk_attn::attn_bwd_dq_simt"
@@ -111,6 +114,59 @@ SM80_BWD_TILES: dict[int, tuple[Sm80BwdTile, ...]] = {
     128: (Sm80BwdTile(32, 128, 8, 2), Sm80BwdTile(32, 64, 4, 2)),
     256: (Sm80BwdTile(32, 64, 8, 2), Sm80BwdTile(32, 32, 4, 1)),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Sm90BwdTile:
+    """flash_bwd_sm90<T, HD, BM, BN, STAGES, CAUSAL, DETERMINISTIC>: one block per BN keys, BN / 64 warpgroups of 64
+    keys each; BM query rows per step (whole 64-row wgmma tiles); STAGES buffers of Q, dO, lse2, dsum."""
+
+    bm: int
+    bn: int = 128
+    stages: int = 3
+
+    def __post_init__(self):
+        if self.bn not in (64, 128) or self.bm % 64 or ROW_PAD % self.bm or self.stages < 2:
+            raise ValueError(f"tile {self}: bn must be 64 or 128, bm a multiple of 64 dividing {ROW_PAD}, "
+                             "stages >= 2")
+
+    @property
+    def threads(self) -> int:
+        return 2 * self.bn
+
+    def smem_bytes(self, head_dim: int) -> int:
+        # K, V; STAGES x (Q, dO); dS^T; lse2, dsum rings; 1024 bytes of alignment slack (flash_bwd_sm90_smem).
+        return (2 * self.bn * head_dim * 2 + 2 * self.stages * self.bm * head_dim * 2 + self.bn * self.bm * 2
+                + 2 * self.stages * self.bm * 4 + 1024)
+
+    def fits(self, head_dim: int) -> bool:
+        """The kernel's static warpgroup tiling of dQ holds (64-column head-dim slices per warpgroup)."""
+        nwg = self.bn // 64
+        dq_wm = min(self.bm // 64, nwg)
+        dq_wn = nwg // dq_wm
+        return head_dim % 64 == 0 and dq_wm * dq_wn == nwg and (head_dim // dq_wn) % 64 == 0
+
+    def template_args(self, dtype: str, head_dim: int, causal: bool, deterministic: bool) -> tuple:
+        return (DTYPES[dtype], head_dim, self.bm, self.bn, self.stages, bool(causal), bool(deterministic))
+
+    def grid(self, batch: int, heads_kv: int, seqlen_k: int) -> tuple[int, int, int]:
+        return (-(-seqlen_k // self.bn), heads_kv, batch)
+
+    def m_blocks(self, seqlen_q: int) -> int:
+        return -(-seqlen_q // self.bm)
+
+    def label(self) -> str:
+        return f"wg{self.bm}x{self.bn}s{self.stages}"
+
+
+# FlashAttention-3's Hopper tiles: 128 keys (2 warpgroups of 64), 128 queries per step at head dim 64, 64 at 128
+# (S^T, dP^T: 64 x BM accumulators per warpgroup; dK, dV: 64 x HD). 255 registers, no spills (ptxas -v, checked
+# by tests/unit/ops/test_attention_backward.py); 163 KB / 178 KB of shared memory (one block per SM either way).
+SM90_BWD_TILES: dict[int, Sm90BwdTile] = {
+    64: Sm90BwdTile(128, 128, 3),
+    128: Sm90BwdTile(64, 128, 3),
+}
+SM90_HEAD_DIMS = tuple(SM90_BWD_TILES)
 
 
 def pick_tile(tiles, head_dim: int, smem_limit: int):

@@ -110,9 +110,12 @@ def test_tiles_fit_every_arch_and_head_dim():
 
 # ---- registry choice on described devices (compile-only probes) --------------------------------------------------
 @pytest.mark.parametrize("arch,hd,chosen,targs", [
-    ("sm_90", 128, "attention_backward.sm80_mma", ("rtk_bf16", "128", "32", "128", "8", "2", "true", "false")),
-    ("sm_90", 64, "attention_backward.sm80_mma", ("rtk_bf16", "64", "64", "128", "8", "2", "true", "false")),
+    ("sm_90", 128, "attention_backward.sm90a_wgmma", ("rtk_bf16", "128", "64", "128", "3", "true", "false")),
+    ("sm_90", 64, "attention_backward.sm90a_wgmma", ("rtk_bf16", "64", "128", "128", "3", "true", "false")),
+    ("sm_90", 96, "attention_backward.sm80_mma", ("rtk_bf16", "96", "64", "128", "8", "2", "true", "false")),
     ("sm_90", 256, "attention_backward.sm80_mma", ("rtk_bf16", "256", "32", "64", "8", "2", "true", "false")),
+    ("sm_80", 64, "attention_backward.sm80_mma", ("rtk_bf16", "64", "64", "128", "8", "2", "true", "false")),
+    ("sm_80", 128, "attention_backward.sm80_mma", ("rtk_bf16", "128", "32", "128", "8", "2", "true", "false")),
     ("sm_80", 96, "attention_backward.sm80_mma", ("rtk_bf16", "96", "64", "128", "8", "2", "true", "false")),
     ("sm_86", 128, "attention_backward.sm80_mma", ("rtk_bf16", "128", "32", "64", "4", "2", "true", "false")),
     ("sm_89", 256, "attention_backward.sm80_mma", ("rtk_bf16", "256", "32", "32", "4", "1", "true", "false")),
@@ -125,7 +128,9 @@ def test_choice_on_described_devices(cache_dir, arch, hd, chosen, targs):
     res = next(r for r in e.results if r.name == chosen)
     names = [s.name for s in res.specs]
     assert names[0] == K.PREP_KERNEL and res.specs[1].template_args == targs
-    assert names[2] == (K.CONVERT_KERNEL if chosen.endswith("sm80_mma") else K.SIMT_DQ_KERNEL)
+    assert names[2] == (K.SIMT_DQ_KERNEL if chosen.endswith("simt") else K.CONVERT_KERNEL)
+    if chosen.endswith("sm90a_wgmma"):  # the arch-specific cubin, for every kernel of the candidate
+        assert names[1] == K.SM90_KERNEL and all((s.arch.major, s.arch.minor, s.arch.suffix) == (9, 0, "a") for s in res.specs), res.specs
 
 
 def test_request_options():
@@ -154,7 +159,7 @@ def test_explain_command_line(cache_dir):
                           "--shape", "4x4096x16x128", "--opt", "causal=1", "--opt", "deterministic=1", "--arch",
                           "sm_90"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "attention_backward.sm80_mma" in out.stdout and "flash_bwd_sm80" in out.stdout
+    assert "attention_backward.sm90a_wgmma" in out.stdout and "flash_bwd_sm90" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "rtckern", "explain", "attention_backward", "--shape", "64", "--opt",
                           "causal=2", "--arch", "sm_90"], capture_output=True, text=True)
     assert bad.returncode != 0 and "causal='2' is not a boolean" in bad.stderr and "Traceback" not in bad.stderr
@@ -190,7 +195,7 @@ class _Recorder:
         self.calls.append((grid, block, args, shared_mem))
 
 
-@pytest.mark.parametrize("impl", ["sm80_mma", "simt"])
+@pytest.mark.parametrize("impl", ["sm90a_wgmma", "sm80_mma", "simt"])
 @pytest.mark.parametrize("det", [False, True])
 def test_launch_arguments_match_the_kernels(impl, det):
     dev = DeviceInfo.for_arch("sm_90")
@@ -211,7 +216,7 @@ def test_launch_arguments_match_the_kernels(impl, det):
     prep_args = kernels[0].calls[0][2]
     assert prep_args[:4] == (ptrs["out"], ptrs["dout"], ptrs["lse"], ptrs["ws"])
     assert prep_args[4] == ptrs["ws"] + 4 * rows  # dsum after lse2
-    if impl == "sm80_mma":
+    if impl != "simt":
         tile = cand.tile(req)
         accum = 8 * rows
         assert prep_args[5] == ptrs["ws"] + accum
@@ -236,16 +241,20 @@ def test_common_preset_builds_backward_kernels(cache_dir):
     planned = plan(entries, [Arch.parse("9.0a"), Arch.parse("8.0"), Arch.parse("7.5")])
     assert all(not p.error and p.chain for p in planned), [p.error for p in planned if p.error]
     chosen = {(p.device.arch.sm, p.chain[0].candidate) for p in planned}
-    assert ("sm_90", "attention_backward.sm80_mma") in chosen and ("sm_75", "attention_backward.simt") in chosen
+    assert {("sm_90", "attention_backward.sm90a_wgmma"), ("sm_80", "attention_backward.sm80_mma"),
+            ("sm_75", "attention_backward.simt")} <= chosen
 
 
 # ---- real compiles --------------------------------------------------------------------------------------------------
 def _variants(arch: str):
     dev = DeviceInfo.for_arch(arch)
     mma = arch.startswith("sm_") and arch != "sm_75"
-    cands = [c for c in C.CANDIDATES if c.name.endswith("simt") or mma]
+    cands = [c for c in C.CANDIDATES if c.name.endswith("simt") or (mma and not c.name.endswith("sm90a_wgmma"))
+             or (arch == "sm_90" and c.name.endswith("sm90a_wgmma"))]
     for cand in cands:
         for hd in HEAD_DIMS:
+            if cand.supports(C.request("bf16", hd, False, False, dev)) is not None:
+                continue
             for dt in ("bf16", "fp16"):
                 for causal in (False, True):
                     for det in (False, True):
@@ -261,6 +270,33 @@ def test_every_variant_compiles_without_spills(arch):
 
     specs = list(dict.fromkeys(_variants(arch)))
     assert len(specs) >= (20 if arch == "sm_75" else 60)
+    failures = compile_all(specs, no_spills=True)
+    assert not failures, "\n".join(failures)
+
+
+def test_sm90_tiles():
+    assert set(K.SM90_HEAD_DIMS) == {64, 128}
+    for hd, t in K.SM90_BWD_TILES.items():
+        assert t.fits(hd) and t.smem_bytes(hd) <= SMEM["sm_90"] and t.threads == 256, (hd, t)
+    t = K.SM90_BWD_TILES[64]
+    # K, V; 3 x (Q, dO); dS^T; lse2 and dsum rings; alignment slack (the kernel's flash_bwd_sm90_smem)
+    assert t.smem_bytes(64) == 2 * 128 * 64 * 2 + 2 * 3 * 128 * 64 * 2 + 128 * 128 * 2 + 2 * 3 * 128 * 4 + 1024
+    assert (t.grid(3, 4, 1000), t.m_blocks(300), t.label()) == ((8, 4, 3), 3, "wg128x128s3")
+    assert not K.Sm90BwdTile(64, 128).fits(64)  # dQ would need 32-column wgmma slices
+    with pytest.raises(ValueError, match="bm a multiple of 64"):
+        K.Sm90BwdTile(96)
+
+
+def test_sm90_variants_compile_without_spills():
+    """A sample of the sm_90a kernels through NVRTC with ptxas -v (every variant: the slow every-variant test)."""
+    from rtckern.testing import compile_all
+
+    dev = DeviceInfo.for_arch("sm_90")
+    cand = next(c for c in C.CANDIDATES if c.name == "attention_backward.sm90a_wgmma")
+    specs = [cand.kernel_specs(C.request(dt, hd, causal, det, dev))[1]
+             for dt, hd, causal, det in (("bf16", 64, False, False), ("fp16", 64, True, True),
+                                         ("bf16", 128, True, False), ("fp16", 128, False, True))]
+    assert all(s.arch.suffix == "a" and s.name == K.SM90_KERNEL for s in specs)
     failures = compile_all(specs, no_spills=True)
     assert not failures, "\n".join(failures)
 
