@@ -24,9 +24,9 @@ import time
 import torch
 
 from rtckern.device import DeviceInfo
-from rtckern.ops import _gemm_candidates as cands
-from rtckern.ops import _gemm_plan as P
-from rtckern.ops._gemm_tune import error_bound, reference
+from rtckern.ops._gemm import candidates as cands
+from rtckern.ops._gemm import geometry as P
+from rtckern.ops._gemm.tune import error_bound, reference
 from rtckern.ops import gemm
 
 TDT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -135,7 +135,7 @@ def precompile_sweeps(dev, workers: int = 16) -> None:
     """Compile every config the sweeps will time, in parallel processes, into the disk cache."""
     import concurrent.futures as cf
 
-    from rtckern.ops import _gemm_tuned as T
+    from rtckern.ops._gemm import configs as T
     from rtckern.registry.core_api import target_for
 
     specs = []
@@ -163,8 +163,8 @@ def _safe_compile(spec):
 
 def tune(args) -> int:
     from rtckern import tuning
-    from rtckern.ops import _gemm_tuned as T
-    from rtckern.ops._gemm_tune import register_tuner
+    from rtckern.ops._gemm import configs as T
+    from rtckern.ops._gemm.tune import register_tuner
 
     if args.no_pingpong:
         T.ALLOW_PINGPONG = False

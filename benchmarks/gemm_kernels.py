@@ -1,5 +1,5 @@
 """Kernel-level GEMM check and config sweep on a live GPU (no registry): every kernel family and tile config is
-launched directly through rtckern.ops._gemm_launch, checked against a float64 reference, and timed against
+launched directly through rtckern.ops._gemm.launch, checked against a float64 reference, and timed against
 torch.matmul in the same process.
 
     PYTHONPATH=. python3 benchmarks/gemm_kernels.py --out DIR [--quick]
@@ -27,8 +27,8 @@ from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.dtypes import unit_roundoff
 from rtckern.manager import get_manager
-from rtckern.ops import _gemm_launch as L
-from rtckern.ops._gemm_plan import (GemmProblem, SimtConfig, Sm80Config, Sm90Config, kernel_specs, with_splits,
+from rtckern.ops._gemm import launch as L
+from rtckern.ops._gemm.geometry import (GemmProblem, SimtConfig, Sm80Config, Sm90Config, kernel_specs, with_splits,
                                     workspace_bytes)
 
 TORCH_DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}

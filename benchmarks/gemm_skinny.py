@@ -33,12 +33,12 @@ def mock_host(args) -> int:
     import torch
 
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _gemm_candidates as cands
-    from rtckern.ops import _gemm_launch as L
+    from rtckern.ops._gemm import candidates as cands
+    from rtckern.ops._gemm import launch as L
     from rtckern.registry.results import Selection
     from rtckern.runtime import arrays as arr
 
-    from rtckern.ops import _gemm_api as G
+    from rtckern.ops._gemm import api as G
     h200 = DeviceInfo.for_arch("sm_90", sm_count=132)
     names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
     real_wrap = arr.wrap
@@ -76,7 +76,7 @@ def mock_host(args) -> int:
     DeviceInfo.from_device = staticmethod(lambda ordinal: h200)
     L.tensor_map = lambda *a, **k: bytes(128)
     try:
-        importlib.import_module("rtckern.ops._gemm_call").torch_stream = lambda index: 0
+        importlib.import_module("rtckern.ops._gemm.plan").torch_stream = lambda index: 0
     except ImportError:  # an older tree
         pass
 
@@ -136,9 +136,9 @@ def bench_shape(m, n, k, tb, gen, rotate: int = 4) -> dict:
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from benchmarks.gemm import graph_us
-    from rtckern.ops import _gemm_candidates as cands
-    from rtckern.ops import _gemm_plan as P
-    from rtckern.ops._gemm_tune import error_bound, reference
+    from rtckern.ops._gemm import candidates as cands
+    from rtckern.ops._gemm import geometry as P
+    from rtckern.ops._gemm.tune import error_bound, reference
     from rtckern.ops import gemm
 
     p = P.GemmProblem(1, m, n, k, "bf16", "bf16", tb, aligned=True, b_batched=False)

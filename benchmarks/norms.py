@@ -12,7 +12,7 @@ eager and torch.compile, M x N = 2^27 elements, N in {1024, 4096, 5120, 8192, 12
 
 One shape of the sweep is `rtckern tune rms_norm --dtype bf16 --shapes 4096` (and layer_norm, the backwards):
 the candidate configs, their checks against float64, the timing and the table rows are the package's
-(rtckern/ops/_norms_tune.py). Bytes: forward reads x (+ weight, bias) and writes y; backward reads x, dy
+(rtckern/ops/_norms/tune.py). Bytes: forward reads x (+ weight, bias) and writes y; backward reads x, dy
 (+ weight) and writes dx (+ dweight, dbias). Timing: CUDA events around `inner` back-to-back calls queued behind
 a GPU sleep (so the host's launch cost stays out), warm-up first, median of `reps`; 2^27-element tensors are far
 larger than the 60 MB L2. Results: DIR/norms_sweep.json, DIR/norms_bench.json, DIR/norms_bench.md,
@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rtckern.arch import Arch  # noqa: E402
 from rtckern.device import DeviceInfo  # noqa: E402
-from rtckern.ops import _norms_kernels as K  # noqa: E402
-from rtckern.ops import _norms_launch as L  # noqa: E402
-from rtckern.ops import _norms_tune as T  # noqa: E402
+from rtckern.ops._norms import geometry as K  # noqa: E402
+from rtckern.ops._norms import launch as L  # noqa: E402
+from rtckern.ops._norms import tune as T  # noqa: E402
 
 TOTAL = T.TUNE_ELEMENTS
 NS = (1024, 4096, 5120, 8192, 12288, 16384, 65536)
@@ -66,7 +66,7 @@ def cmd_sweep(out: Path, torch, budget_s: float, kinds=None, dirs=("fwd", "bwd")
     DIR/norms_sweep.json, and with `into`, the rows (fastest config per kind, fastest kind) into the tables there."""
     import rtckern.ops  # noqa: F401  (registers the norm ops' request builders)
     from rtckern import tuning
-    from rtckern.ops import _norms_candidates as cands
+    from rtckern.ops._norms import candidates as cands
 
     device = DeviceInfo.from_device(torch.cuda.current_device())
     env = env_info(torch)
@@ -144,7 +144,7 @@ def env_info(torch) -> dict:
 
 
 def cmd_bench(out: Path, torch, compile_budget_s: float, env: dict | None = None) -> dict:
-    from rtckern.ops import _norms_api as norms
+    from rtckern.ops._norms import api as norms
 
     import torch._dynamo
 
@@ -314,7 +314,7 @@ def _selected_specs() -> set:
     """The kernels the registry picks (shipped tables; 132 SMs on sm_90) for every norm op, dtype and N in
     SELECTED_NS on sm_75 / sm_80 / sm_90: what a user's first call compiles."""
     import rtckern.ops  # noqa: F401  (registers the candidates)
-    from rtckern.ops import _norms_candidates as cands
+    from rtckern.ops._norms import candidates as cands
     from rtckern.registry import select
 
     out = set()

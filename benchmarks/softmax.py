@@ -59,8 +59,8 @@ def prefill(dev, dtypes) -> dict:
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
 
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
-    from rtckern.ops._softmax_tuned import sweep_configs
+    from rtckern.ops._softmax import candidates as cands, geometry as plan
+    from rtckern.ops._softmax.configs import sweep_configs
     from rtckern.registry import candidates
     from rtckern.registry.candidate import arch_reason
     from rtckern.registry.core_api import target_for
@@ -90,7 +90,7 @@ def prefill(dev, dtypes) -> dict:
                         if cfg.heads > 1:
                             specs.append(cands.onepass_spec(direction, plan.MASKED, dt, vec, cfg, target))
     if dev.arch.cc >= (9, 0):
-        from rtckern.ops import _softmax_ring as ring
+        from rtckern.ops._softmax import ring as ring
 
         for direction in (plan.FWD, plan.BWD):
             for dt in dtypes:
@@ -150,7 +150,7 @@ def tune(torch, dev, dtypes, out_dir: Path, one_pass: bool = True, rings: bool =
     `kinds` (mask kinds 0 plain, 1 masked, 2 causal): only those (a partial re-tune merges into the tables).
     `kernels` (one-pass kernel names): only those kernels' configs, plus the config the tables give now (timed in
     the same run, so the winner is chosen against it)."""
-    from rtckern.ops._softmax_tuned import KINDS
+    from rtckern.ops._softmax.configs import KINDS
 
     report = []
     for is_ring in ((False,) if one_pass else ()) + ((True,) if rings and dev.arch.cc >= (9, 0) else ()):
@@ -166,8 +166,8 @@ def tune(torch, dev, dtypes, out_dir: Path, one_pass: bool = True, rings: bool =
 def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_ring: bool,
                ns=BENCH_NS, kernels=None) -> list[dict]:
     from rtckern import tuning
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan, _softmax_ring as ring
-    from rtckern.ops._softmax_tuned import KEY_FIELDS, RING_KEY_FIELDS, table, tune_problem
+    from rtckern.ops._softmax import candidates as cands, geometry as plan, ring as ring
+    from rtckern.ops._softmax.configs import KEY_FIELDS, RING_KEY_FIELDS, table, tune_problem
 
     tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     name = table(direction, kind, is_ring)
@@ -183,7 +183,7 @@ def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_
             configs = tuner.configs(req)
             now = None
             if kernels is not None:
-                from rtckern.ops._softmax_tuned import config_dict, tuned_onepass
+                from rtckern.ops._softmax.configs import config_dict, tuned_onepass
 
                 now = tuned_onepass(direction, dt, n, vec, dev, kind)[0]
                 keep = [c for c in configs if c.get("kernel") in kernels]
@@ -245,8 +245,8 @@ def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_
 
 def problem_bytes(direction: str, kind: int, geom, elem: int, mask_rows: int) -> int:
     """Bytes of a tuning problem, counted as the benchmark counts them (causal: kept keys read, all written)."""
-    from rtckern.ops import _softmax_plan as plan
-    from rtckern.ops._softmax_ring import kernel_kind
+    from rtckern.ops._softmax import geometry as plan
+    from rtckern.ops._softmax.ring import kernel_kind
 
     k = kernel_kind(direction, kind)
     kept = sum(geom.valid_keys(r, plan.CAUSAL) for r in range(geom.sq)) * (geom.rows // geom.sq) \
@@ -258,8 +258,8 @@ def problem_bytes(direction: str, kind: int, geom, elem: int, mask_rows: int) ->
 def check_config(torch, tdtype, direction, kind, dt, n, vec, config, is_ring, req) -> float:
     """Relative error of one config against float64 on the kind's problem (fresh random rows, NaN-poisoned output,
     enough rows for several tiles per block of the persistent ring kernel)."""
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan, _softmax_ring as ring
-    from rtckern.ops._softmax_tuned import _Buffers
+    from rtckern.ops._softmax import candidates as cands, geometry as plan, ring as ring
+    from rtckern.ops._softmax.configs import _Buffers
 
     k = ring.kernel_kind(direction, kind)
     rows = min(3 * req.device.sm_count * 8, (1 << 23) // n) + 3
@@ -297,7 +297,7 @@ def check_config(torch, tdtype, direction, kind, dt, n, vec, config, is_ring, re
     bufs = _Buffers(arrays, [a.data_ptr() for a in arrays], mask)
     stream = torch.cuda.current_stream().cuda_stream
     if is_ring:
-        from rtckern.ops._softmax_tuned import ring_launcher
+        from rtckern.ops._softmax.configs import ring_launcher
 
         launch, _ = ring_launcher(direction, kind, ring.Ring(**config), req, geom, bufs)
         launch(stream)
@@ -401,7 +401,7 @@ def _check_rows(torch, out, ref) -> float:
 
 def bench_one(torch, op, dt_name, n, compile_mode, copy_ref) -> dict | None:
     from rtckern import ops as sm
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands, geometry as plan
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dt_name]
     p = problem(torch, op, n, dtype)

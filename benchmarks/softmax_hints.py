@@ -30,8 +30,8 @@ OPS = {("fwd", 0): "softmax", ("fwd", 1): "scaled_masked_softmax", ("fwd", 2): "
 def launcher(direction, kind, op, dtype, n, spec_defines, dev):
     """launch(stream) of the selected kernel of (op, dtype, n) built with `spec_defines`, over the tuning problem."""
     from rtckern.manager import get_manager
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
-    from rtckern.ops._softmax_tuned import _random_buffers, tune_problem
+    from rtckern.ops._softmax import candidates as cands, geometry as plan
+    from rtckern.ops._softmax.configs import _random_buffers, tune_problem
 
     vec = plan.vector_width(dtype, n)
     sel = cands.selection(op, dtype, n, vec, 0)

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rtckern import tuning  # noqa: E402
 from rtckern.arch import Arch  # noqa: E402
 from rtckern.compiler import compiler_for  # noqa: E402
-from rtckern.ops import _norms_launch as L  # noqa: E402
-from rtckern.ops import _norms_tune as T  # noqa: E402
+from rtckern.ops._norms import launch as L  # noqa: E402
+from rtckern.ops._norms import tune as T  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "rtckern" / "tuning_tables"

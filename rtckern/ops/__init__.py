@@ -21,7 +21,7 @@ unavailable: dict[str, str] = {}  # family -> why it could not be imported
 
 for _fam in FAMILIES:
     try:
-        _mod = importlib.import_module(f"{__name__}._{_fam}_api")
+        _mod = importlib.import_module(f"{__name__}._{_fam}.api")
     except ImportError as _e:  # a family that cannot import does not take the others down
         unavailable[_fam] = f"{type(_e).__name__}: {_e}"
         log.warning("rtckern.ops.%s unavailable: %s", _fam, _e)

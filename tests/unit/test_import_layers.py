@@ -217,7 +217,7 @@ def test_scanner_resolves(src, want):
 def test_scanner_catches_each_kind_of_violation():
     assert layer_of("rtckern.registry.selector") == 1 and layer_of("rtckern.fleet.record") == 4
     assert layer_of("rtckern.tuning") == 2 and layer_of("rtckern.prefill") == 4 and layer_of("rtckern.torch") == 5
-    assert family_of("rtckern.ops._norms_plan") == "norms" and family_of("rtckern.ops._softmax_api") == "softmax"
+    assert family_of("rtckern.ops._norms.plan") == "norms" and family_of("rtckern.ops._softmax.api") == "softmax"
     assert family_of("rtckern.ops.gemm") == "gemm" and family_of("rtckern.ops") is None
     assert family_of("rtckern.ops._common") is None
     assert set(FAMILIES) >= {"norms", "softmax", "attention", "gemm"}
@@ -234,6 +234,6 @@ def test_no_op_is_shadowed_by_a_module():
     clashes = [n for n in ops.__all__ if (PKG / "ops" / f"{n}.py").exists() or (PKG / "ops" / n).is_dir()]
     assert not clashes, f"modules named like ops under rtckern/ops: {clashes}"
     for fam in FAMILIES:
-        assert (PKG / "ops" / f"_{fam}_api.py").exists(), f"family {fam} has no rtckern/ops/_{fam}_api.py"
+        assert (PKG / "ops" / f"_{fam}" / "api.py").exists(), f"family {fam} has no rtckern/ops/_{fam}/api.py"
     for name in ("rms_norm", "layer_norm", "softmax", "attention", "gemm"):
         assert inspect.isfunction(getattr(ops, name)), name

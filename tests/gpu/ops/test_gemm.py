@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 
 from rtckern.device import DeviceInfo  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
-from rtckern.ops import _gemm_candidates as cands  # noqa: E402
-from rtckern.ops import _gemm_plan as P  # noqa: E402
-from rtckern.ops._gemm_tune import error_bound  # noqa: E402
+from rtckern.ops._gemm import candidates as cands  # noqa: E402
+from rtckern.ops._gemm import geometry as P  # noqa: E402
+from rtckern.ops._gemm.tune import error_bound  # noqa: E402
 from rtckern.ops import gemm  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -258,8 +258,8 @@ CLUSTER_PROBLEMS = [
                                                               if k not in ("group_m", "cluster", "pingpong"))
                                                      for c in CLUSTER_CONFIGS])
 def test_cluster_split_k_config(cfg, prob, tb, gen):
-    from rtckern.ops import _gemm_launch as L
-    from rtckern.ops._gemm_tune import kernels_for
+    from rtckern.ops._gemm import launch as L
+    from rtckern.ops._gemm.tune import kernels_for
 
     dev = DeviceInfo.from_device(torch.cuda.current_device())
     if dev.arch.major < 9:

@@ -439,8 +439,8 @@ def test_l2c_every_opt(layer, opt, parts):
     Clusters of 16 blocks take the non-portable cluster size opt-in."""
     if not _sm90():
         pytest.skip("l2c needs sm_90+")
-    from rtckern.ops import _norms_kernels as K
-    from rtckern.ops import _norms_launch as L
+    from rtckern.ops._norms import geometry as K
+    from rtckern.ops._norms import launch as L
 
     rows, n = 1031, 16384
     x, w, b, g = _inputs(rows, n, "bf16", wdtype="fp32", offset=0.5)
@@ -532,7 +532,7 @@ def test_cluster_forward_affine_held(layer, n, dtype, wdtype, threads, parts, op
     leave the last slice short."""
     if not _sm90():
         pytest.skip("thread-block clusters need sm_90+")
-    from rtckern.ops import _norms_kernels as K
+    from rtckern.ops._norms import geometry as K
 
     _check_forward_launch(layer, n, dtype, "cluster", K.SplitConfig(threads, parts, opt), wdtype,
                           residual=_held_residual(layer, n, dtype, wdtype, threads, parts, opt))
@@ -546,7 +546,7 @@ def test_cluster_forward_pipe_few_rows(rows, n, dtype, wdtype, threads, parts, o
     none or one ahead), and a few more rows than clusters (some clusters one row more than others)."""
     if not _sm90():
         pytest.skip("thread-block clusters need sm_90+")
-    from rtckern.ops import _norms_kernels as K
+    from rtckern.ops._norms import geometry as K
 
     _check_forward_launch(True, n, dtype, "cluster", K.SplitConfig(threads, parts, opt), wdtype,
                           residual=_held_residual(True, n, dtype, wdtype, threads, parts, opt), rows=rows)
@@ -554,8 +554,8 @@ def test_cluster_forward_pipe_few_rows(rows, n, dtype, wdtype, threads, parts, o
 
 def _held_residual(layer, n, dtype, wdtype, threads, parts, opt) -> bool:
     """With a residual where the rows it keeps fit the registers; else without, and the residual is refused."""
-    from rtckern.ops import _norms_kernels as K
-    from rtckern.ops import _norms_launch as L
+    from rtckern.ops._norms import geometry as K
+    from rtckern.ops._norms import launch as L
 
     vec = 16 // K.ITEMSIZE[dtype] if n % (16 // K.ITEMSIZE[dtype]) == 0 else (4 if n % 4 == 0 else 1)
     p = K.FwdProblem(layer=layer, n=n, x=dtype, y=dtype, w=wdtype, bias=layer, zero_centered=True, residual=True,
@@ -566,14 +566,14 @@ def _held_residual(layer, n, dtype, wdtype, threads, parts, opt) -> bool:
 
 
 def _check_l2_forward(layer, n, dtype, threads, stash, parts):
-    from rtckern.ops import _norms_kernels as K
+    from rtckern.ops._norms import geometry as K
 
     _check_forward_launch(layer, n, dtype, "l2", K.L2Config(threads, 1, 0, stash, parts))
 
 
 def _check_forward_launch(layer, n, dtype, kind, cfg, wdtype="fp32", residual=True, rows=1031):
-    from rtckern.ops import _norms_kernels as K
-    from rtckern.ops import _norms_launch as L
+    from rtckern.ops._norms import geometry as K
+    from rtckern.ops._norms import launch as L
 
     vec = 16 // K.ITEMSIZE[dtype]
     if n % vec:

@@ -255,7 +255,7 @@ def test_offset_mask_falls_back_from_the_ring():
     y = ops.scaled_masked_softmax(x, mask, 0.5)
     ref = _ref_softmax(x, 0.5, ~mask)
     assert _rel_err(y, ref) < FWD_TOL["bf16"]
-    from rtckern.ops import _softmax_candidates as cands
+    from rtckern.ops._softmax import candidates as cands
 
     assert cands.selection("scaled_masked_softmax", "bf16", sk, 8, 0, False).name != "scaled_masked_softmax.ring"
 
@@ -334,8 +334,8 @@ def test_negative_and_zero_scale_every_kernel(impl, n):
 def test_numerical_probe_passes_every_candidate(op, dtype, n):
     """Candidate.selftest (the registry's numerical probe) on every candidate that serves the request."""
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands
-    from rtckern.ops import _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands
+    from rtckern.ops._softmax import geometry as plan
     from rtckern.registry import candidates
     from rtckern.registry.candidate import arch_reason
     from rtckern.manager import get_manager
@@ -355,7 +355,7 @@ def test_numerical_probe_passes_every_candidate(op, dtype, n):
 def test_numerical_probe_catches_a_wrong_kernel(monkeypatch):
     """A candidate whose launch computes the wrong thing (here: the wrong scale) fails its probe with the error."""
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands
+    from rtckern.ops._softmax import candidates as cands
     from rtckern.manager import get_manager
 
     dev = DeviceInfo.from_device(0)
@@ -378,7 +378,7 @@ def test_l2_forward_stash(kind, dtype, n, threads, stash, scale):
     parts, masked keys (-inf in the stash), a causal bound inside and past the stash, both signs of the scale;
     n = 20000 / 3000 end some threads' stash or tail inside the row."""
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands, geometry as plan
 
     vec = plan.vector_width(dtype, n)
     op = {0: "softmax", 1: "scaled_masked_softmax", 2: "scaled_aligned_causal_masked_softmax"}[kind]
@@ -418,7 +418,7 @@ def test_l2_backward_stash(kind, bound, dtype, n, threads, stash):
     """The l2 backward with y and dy partly stashed in shared memory, launched directly (the tables pick it):
     stashed and re-read parts; a causal bound inside the stash (zeros behind it) or in the re-read tail (the stash
     all valid); n = 20000 / 3000 end some threads' stash or tail inside the row."""
-    from rtckern.ops import _softmax_plan as plan
+    from rtckern.ops._softmax import geometry as plan
 
     _check_backward_launch(kind, bound, dtype, n, plan.OnePass(threads, threads, 0, 1, "l2", stash))
 
@@ -429,14 +429,14 @@ def test_l2_backward_stash(kind, bound, dtype, n, threads, stash):
 def test_async_backward(kind, bound, dtype, n, threads, min_blocks):
     """The cp.async backward (y and dy of the row in shared memory), launched directly: plain rows and causal
     bounds early or late in the row (zeros behind them); n = 1001 copies one key per access (vector width 1)."""
-    from rtckern.ops import _softmax_plan as plan
+    from rtckern.ops._softmax import geometry as plan
 
     _check_backward_launch(kind, bound, dtype, n, plan.OnePass(threads, threads, 0, min_blocks, "async"))
 
 
 def _check_backward_launch(kind, bound, dtype, n, cfg):
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands, geometry as plan
 
     vec = plan.vector_width(dtype, n)
     op = "softmax_backward" if kind == 0 else "scaled_aligned_causal_masked_softmax_backward"
@@ -477,7 +477,7 @@ def test_masked_head_loop(dtype, n, cfg, batch_mask, scale, h):
     held in registers), launched directly (the tables pick it): odd B, H, Sq, a partial last chunk of heads, a
     mask per batch or one for all, -inf inputs, a fully masked query, both signs of the scale."""
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands, geometry as plan
 
     vec = plan.vector_width(dtype, n)
     req = cands.request("scaled_masked_softmax", dtype, n, vec, DeviceInfo.from_device(torch.cuda.current_device()))
@@ -514,7 +514,7 @@ def test_cached_register_kernels(direction, kind, dtype, n, cfg):
     """The register kernels with default-cached loads and stores (config `cached`), launched directly (the tables
     pick them), against float64: every mask kind, both directions, the shared-memory part of long rows."""
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands, geometry as plan
 
     vec = plan.vector_width(dtype, n)
     op = {("fwd", 0): "softmax", ("fwd", 1): "scaled_masked_softmax",

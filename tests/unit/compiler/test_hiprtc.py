@@ -221,7 +221,7 @@ def _attention_specs():
 
 
 def _gemm_specs():
-    from rtckern.ops import _gemm_plan as P
+    from rtckern.ops._gemm import geometry as P
 
     p = P.GemmProblem(batch=2, m=512, n=512, k=512, dtype="bf16", out_dtype="bf16", trans_b=True, bias=True,
                       residual=True)

@@ -11,10 +11,10 @@ from rtckern.arch import Arch
 from rtckern.compiler import compiler_for
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
-from rtckern.ops import _attention_api as attn
-from rtckern.ops import _attention_candidates as C
-from rtckern.ops import _attention_configs as K
-from rtckern.ops import _attention_wgmma_gen as G
+from rtckern.ops._attention import api as attn
+from rtckern.ops._attention import candidates as C
+from rtckern.ops._attention import configs as K
+from rtckern.ops._attention import wgmma_gen as G
 from rtckern.registry import explain
 from rtckern.runtime import arrays as A
 from rtckern.spec import KernelSpec
@@ -135,7 +135,7 @@ def test_generated_wgmma_header_is_current():
     from rtckern.sources import read_source
 
     assert read_source("attention/sm90_wgmma.cuh") == G.generate(), \
-        "run python3 -m rtckern.ops._attention_wgmma_gen and commit the header"
+        "run python3 -m rtckern.ops._attention.wgmma_gen and commit the header"
 
 
 # ---- registry choice on described devices (compile-only probes) --------------------------------------------------

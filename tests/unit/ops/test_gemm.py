@@ -14,10 +14,10 @@ from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.manager import get_manager
 from rtckern.registry import Cost
-from rtckern.ops import _gemm_candidates as cands
-from rtckern.ops import _gemm_plan as P
-from rtckern.ops import _gemm_tuned as T
-from rtckern.ops import _gemm_wgmma_gen as gen
+from rtckern.ops._gemm import candidates as cands
+from rtckern.ops._gemm import geometry as P
+from rtckern.ops._gemm import configs as T
+from rtckern.ops._gemm import wgmma_gen as gen
 from rtckern.ops import gemm
 from rtckern.registry import explain
 from rtckern.runtime import arrays as arr
@@ -243,7 +243,7 @@ def test_table_split_counts_are_settled_for_the_actual_k(cache_dir, monkeypatch)
 
 def test_launch_refuses_an_unsettled_split_count():
     from rtckern.errors import LaunchError
-    from rtckern.ops import _gemm_launch as L
+    from rtckern.ops._gemm import launch as L
 
     p = P.GemmProblem(1, 7, 1000, 63, "bf16", "bf16", True, aligned=False)
     ops = L.Operands(a=1, b=2, c=3, lda=63, ldb=63, ldc=1000, stride_a=0, stride_b=0, stride_c=0)
@@ -301,7 +301,7 @@ def test_wgmma_kernel_needs_the_arch_specific_target(cache_dir):
 
 def test_generated_wgmma_header_is_current():
     assert gen.target_path().read_text() == gen.render(), \
-        "kernel_sources/gemm/wgmma_ops.cuh is stale: run python -m rtckern.ops._gemm_wgmma_gen"
+        "kernel_sources/gemm/wgmma_ops.cuh is stale: run python -m rtckern.ops._gemm.wgmma_gen"
 
 
 # ---- the hot path of repeated calls (CPU tensors stand in for device ones; launches are recorded) ---------------
@@ -326,9 +326,9 @@ def host_gemm(monkeypatch, cache_dir):
     """rtckern.ops.gemm on CPU torch tensors posing as device 0 of an H200: validation, the registry's choice
     (the registry's first-ranked candidate, with recording kernels) and the launch plans are real."""
     torch = pytest.importorskip("torch")
-    from rtckern.ops import _gemm_api as G
-    from rtckern.ops import _gemm_call as C
-    from rtckern.ops import _gemm_launch as L
+    from rtckern.ops._gemm import api as G
+    from rtckern.ops._gemm import plan as C
+    from rtckern.ops._gemm import launch as L
     from rtckern.registry.results import Selection
 
     names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -468,7 +468,7 @@ def test_prepacked_launch_buffers_hold_each_calls_values(monkeypatch):
     it back as the driver would and compare with the plan's arguments, call after call."""
     import ctypes
 
-    from rtckern.ops import _gemm_launch as L
+    from rtckern.ops._gemm import launch as L
 
     seen = []
 

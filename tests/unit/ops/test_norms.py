@@ -8,10 +8,10 @@ from rtckern import config
 from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
-from rtckern.ops import _norms_candidates as cands
-from rtckern.ops import _norms_kernels as K
-from rtckern.ops import _norms_launch as L
-from rtckern.ops import _norms_api as norms
+from rtckern.ops._norms import candidates as cands
+from rtckern.ops._norms import geometry as K
+from rtckern.ops._norms import launch as L
+from rtckern.ops._norms import api as norms
 from rtckern.registry import OpRequest, select
 from rtckern.runtime import arrays as A
 

@@ -15,7 +15,7 @@ import rtckern.ops  # noqa: F401  (registers the norm ops, their request builder
 from rtckern import config, tuning
 from rtckern.cli import build_parser
 from rtckern.device import DeviceInfo
-from rtckern.ops import _norms_tune as T
+from rtckern.ops._norms import tune as T
 
 REPO = Path(__file__).resolve().parents[3]
 OPS = ("rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward")
@@ -64,8 +64,8 @@ def test_the_candidate_space_holds_every_shipped_config_and_kind():
 
 
 def test_retired_l2c_opt_bits_are_neither_swept_nor_accepted():
-    from rtckern.ops import _norms_kernels as K
-    from rtckern.ops import _norms_launch as L
+    from rtckern.ops._norms import geometry as K
+    from rtckern.ops._norms import launch as L
 
     p = T.table_problem("bwd", "rms", "bf16", 65536)
     assert not [c for k, c in T.sweep_configs("bwd", p, H100) if k == "l2c" and c.opt & (16 | 128)]
@@ -157,7 +157,7 @@ def test_tune_writes_each_kinds_fastest_config_and_the_fastest_kind(tuned, capsy
     assert kinds[65536]["source"] == "rtckern tune rms_norm --dtype bf16 --shapes 65536"
 
     # The next lookup serves the user's rows.
-    from rtckern.ops import _norms_launch as L
+    from rtckern.ops._norms import launch as L
 
     p = T.table_problem("fwd", "rms", "bf16", 4096)
     assert L.preferred_kind("fwd", p, H100) == "l2"

@@ -14,10 +14,10 @@ from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError, UnsupportedRequestError
 import rtckern.ops as sm
-from rtckern.ops._softmax_api import _scale
-from rtckern.ops import _softmax_candidates as cands
-from rtckern.ops import _softmax_plan as plan
-from rtckern.ops import _softmax_tuned as tuned
+from rtckern.ops._softmax.api import _scale
+from rtckern.ops._softmax import candidates as cands
+from rtckern.ops._softmax import geometry as plan
+from rtckern.ops._softmax import configs as tuned
 from rtckern.registry import candidates, select
 from rtckern.runtime import arrays as arr
 
@@ -483,7 +483,7 @@ def test_shipped_tables_parse_and_fit():
 def _all_name_expressions(arch: str) -> list[str]:
     """Every kernel the candidates can ask for on a device of `arch`, over the row lengths of the GPU tests, their
     vector widths (and width 1), the tuning sweep's configs and the heuristic's."""
-    from rtckern.ops import _softmax_ring as ring
+    from rtckern.ops._softmax import ring as ring
     from rtckern.registry.candidate import arch_reason
 
     dev = DeviceInfo.for_arch(arch)

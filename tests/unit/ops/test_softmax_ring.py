@@ -1,4 +1,4 @@
-"""The ring softmax kernels' launch planning (rtckern/ops/_softmax_ring.py) and their per-kind tuning tables; the
+"""The ring softmax kernels' launch planning (rtckern/ops/_softmax/ring.py) and their per-kind tuning tables; the
 kernels themselves are compiled by test_softmax.py's NVRTC tests and run by tests/gpu/ops/test_softmax.py."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 from rtckern import config, tuning
 from rtckern.device import DeviceInfo
-from rtckern.ops import _softmax_candidates as cands
-from rtckern.ops import _softmax_plan as plan
-from rtckern.ops import _softmax_ring as ring
-from rtckern.ops import _softmax_tuned as tuned
+from rtckern.ops._softmax import candidates as cands
+from rtckern.ops._softmax import geometry as plan
+from rtckern.ops._softmax import ring as ring
+from rtckern.ops._softmax import configs as tuned
 
 H100_OPTIN = 232448
 

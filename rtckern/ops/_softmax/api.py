@@ -33,9 +33,9 @@ import numpy as np
 
 from rtckern.dtypes import FLOATS
 from rtckern.errors import InputError
-from rtckern.ops import _softmax_candidates as cands
-from rtckern.ops import _softmax_fast as fast
-from rtckern.ops import _softmax_plan as plan
+from . import candidates as cands
+from . import plan as fast
+from . import geometry as plan
 from rtckern.runtime import arrays as arr
 
 __all__ = [

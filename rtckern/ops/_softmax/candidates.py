@@ -25,9 +25,9 @@ from rtckern.registry import default_registry
 from rtckern.registry.candidate import arch_reason, rank_key
 from rtckern.runtime import arrays as arr
 from rtckern.spec import KernelSpec
-from rtckern.ops import _softmax_plan as plan
-from rtckern.ops import _softmax_ring as ring
-from rtckern.ops._softmax_tuned import measured_us, register_tuners, tuned_onepass, tuned_ring
+from . import geometry as plan
+from . import ring as ring
+from .configs import measured_us, register_tuners, tuned_onepass, tuned_ring
 
 # op name -> (mask kind, direction)
 OPS = {
@@ -116,7 +116,7 @@ class _SoftmaxCandidate(Candidate):
 
     def selftest(self, req: OpRequest, kernels) -> str | None:
         """The numerical probe: this candidate's kernels on a small problem like req against float64."""
-        from rtckern.ops._softmax_selftest import check
+        from .selftest import check
 
         return check(self, req, kernels)
 

@@ -24,9 +24,9 @@ import math
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
-from rtckern.ops import _attention_candidates as cands
-from rtckern.ops import _attention_fast as fast
-from rtckern.ops._attention_configs import DTYPES, HEAD_DIMS
+from . import candidates as cands
+from . import plan as fast
+from .configs import DTYPES, HEAD_DIMS
 from rtckern.registry import select
 from rtckern.runtime import arrays as arr
 
@@ -108,7 +108,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     key = fast.key(q, k, v, causal, softmax_scale, return_lse)
     if key is not None:
         plan = fast.lookup(key)
-        if plan is not None:  # this signature passed the checks below before: see _attention_fast
+        if plan is not None:  # this signature passed the checks below before: see plan.py
             return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), return_lse)
     qa, ka, va = arr.wrap(q, "q"), arr.wrap(k, "k"), arr.wrap(v, "v")
     _check_qkv(qa, ka, va)

@@ -1,5 +1,5 @@
 """The GEMM tuner behind `rtckern tune gemm --shapes MxNxK,...` and `benchmarks/gemm.py --tune`: times every
-config of `_gemm_tuned.sweep_configs` on the live GPU (random inputs, CUDA-graph replays so that launch gaps do
+config of `configs.sweep_configs` on the live GPU (random inputs, CUDA-graph replays so that launch gaps do
 not hide the kernel time of small problems) and checks each result against an fp32 reference before it may win.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any, Mapping
 from rtckern import tuning
 from rtckern.dtypes import torch_dtype, unit_roundoff
 from rtckern.errors import RtckernError
-from rtckern.ops import _gemm_launch as L
-from rtckern.ops import _gemm_plan as P
-from rtckern.ops import _gemm_tuned as T
+from . import launch as L
+from . import geometry as P
+from . import configs as T
 
 
 class GemmTuner(tuning.Tuner):
@@ -21,12 +21,12 @@ class GemmTuner(tuning.Tuner):
     key_fields = T.KEY_FIELDS
 
     def key(self, req) -> dict[str, Any]:
-        from rtckern.ops._gemm_candidates import problem
+        from .candidates import problem
 
         return T.key_of(problem(req))
 
     def configs(self, req) -> list[dict[str, Any]]:
-        from rtckern.ops._gemm_candidates import problem
+        from .candidates import problem
 
         return [c.as_dict() for c in T.sweep_configs(problem(req), req.device)]
 
@@ -36,7 +36,7 @@ class GemmTuner(tuning.Tuner):
         return T.heuristic(p, device).as_dict()
 
     def measure(self, req, config: Mapping[str, Any]) -> float:
-        from rtckern.ops._gemm_candidates import problem
+        from .candidates import problem
 
         return measure_config(problem(req), P.config_from_dict(config), req.device)
 

@@ -3,7 +3,7 @@ strides, eps as float32, and per pointer-alignment class the chosen kernel with 
 torch tensors, so a repeated call reads pointers, allocates its outputs, does two dict lookups and launches
 (DESIGN: "after the first call the hot path is a dict lookup and a launch").
 
-The memo key holds everything the checks in _norms_api.py read (dtype, device, shape and strides of every array, eps
+The memo key holds everything the checks in api.py read (dtype, device, shape and strides of every array, eps
 and the flags), so a call that hits the memo is one that passed them; anything else (a new signature, CuPy arrays,
 an unusual eps type) takes the full path, which raises the same errors as before and builds the plan. Plans hold
 the settings object they were made under and are rebuilt when the settings change (config.override).
@@ -20,8 +20,8 @@ from rtckern.dtypes import torch_dtype
 from rtckern.runtime import arrays as A
 from rtckern.runtime.streams import torch_stream
 
-from . import _norms_kernels as K
-from ._norms_launch import BwdCall, FwdCall
+from . import geometry as K
+from .launch import BwdCall, FwdCall
 
 _MAX_PLANS = 4096  # distinct signatures kept (row counts vary in prefill); past it the memo starts over
 _torch_types = PlanCache("norms.torch_types", 64)  # classes that passed isinstance(obj, torch.Tensor) on the full path
@@ -141,7 +141,7 @@ def _align_bits(*ptrs: int) -> int:
 
 # ---- forward ----------------------------------------------------------------------------------------------------
 class FwdPlan:
-    """A validated forward signature. `decide(op, dtypes, flags, vec)` is _norms_api.py's selection (request,
+    """A validated forward signature. `decide(op, dtypes, flags, vec)` is api.py's selection (request,
     candidate, kernels); launchers are memoized per alignment class of the call's addresses."""
 
     __slots__ = ("settings", "alloc", "layer", "op", "shape", "stat_shape", "x_dtype", "y_dtype", "w_dtype",

@@ -5,7 +5,7 @@
   gemm.simt         sm_75+: no tensor cores (the sm_75 fallback; also whatever the others refuse)
 
 A request carries every feature that decides compilation or feasibility, with its real value: dtypes, m, n, k,
-batch, layout, epilogue, alignment, shared-B. The tuned config (`_gemm_tuned`: the table's row, exact or nearest,
+batch, layout, epilogue, alignment, shared-B. The tuned config (`configs`: the table's row, exact or nearest,
 else the heuristic) names the kernel family expected fastest: that candidate costs 1.0 and serves with that config;
 the other tensor-core candidate OTHER_COST with its own config; the SIMT kernel SIMT_COST (where the tuned config
 is SIMT, sm_75, it is the only one). Costs computed once per request, as each candidate's config.
@@ -22,9 +22,9 @@ from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
     register_request_builder, select
 from rtckern.registry import options as opts
-from rtckern.ops import _gemm_launch as L
-from rtckern.ops import _gemm_plan as P
-from rtckern.ops import _gemm_tuned as T
+from . import launch as L
+from . import geometry as P
+from . import configs as T
 
 OP = "gemm"
 
@@ -293,7 +293,7 @@ def register_all() -> None:
             register_request_builder(OP, build_request, help="shape: MxNxK or BxMxNxK; options trans_b=0|1 (default "
                                      "1: B is (n, k)), out=fp16|bf16|fp32, bias=0|1, act=none|gelu_tanh|silu, "
                                      "residual=0|1, aligned=0|1, b_batched=0|1", example="--dtype bf16 --shape 4096x4096x4096 --opt trans_b=1")
-        from rtckern.ops._gemm_tune import register_tuner
+        from .tune import register_tuner
 
         register_tuner()
         _registered = True

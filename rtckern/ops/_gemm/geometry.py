@@ -1,6 +1,6 @@
 """GEMM plans: the problem description, tile configs, kernel specs and launch geometry of each kernel family.
 
-Nothing here validates user arrays (_gemm_api.py does) or touches a GPU; `_gemm_launch.py` does the launches.
+Nothing here validates user arrays (api.py does) or touches a GPU; `launch.py` does the launches.
 
 Kernel families (kernel_sources/gemm/):
   sm80  gemm_mma_sm80   mma.sync + cp.async pipeline; any sm_80+ GPU; split-K; aligned or general loads

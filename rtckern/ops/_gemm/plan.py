@@ -1,8 +1,8 @@
 """One call signature of rtckern.ops.gemm, decided once: `CallPlan` holds the output's shape and dtype, the
-prepared launches (`_gemm_launch.LaunchPlan`) and the settings object it was decided under, so a repeated call
+prepared launches (`launch.LaunchPlan`) and the settings object it was decided under, so a repeated call
 allocates the output, reads the current stream and launches.
 
-`_gemm_api.py` keys plans by everything the decision depends on (dtypes, shapes, strides, devices, 16-byte alignment
+`api.py` keys plans by everything the decision depends on (dtypes, shapes, strides, devices, 16-byte alignment
 of A and B, layout, epilogue, output dtype) and re-decides when the settings object changes (config.override,
 config.reload), as the registry's own memo does.
 """

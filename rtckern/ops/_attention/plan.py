@@ -3,7 +3,7 @@ alignment of q, k, v; causal; the scale; return_lse) becomes a plan (output shap
 block and shared memory, and the kernel's fixed arguments), memoized for torch tensors. A repeated call reads
 three pointers, allocates o (and lse), does a dict lookup and launches.
 
-The key holds everything _attention_api.py's checks read, with the exact types of causal and softmax_scale (causal=1
+The key holds everything api.py's checks read, with the exact types of causal and softmax_scale (causal=1
 must still be refused), so a call that hits the memo is one that passed them. Plans are rebuilt when the settings
 change (config.override).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
-from rtckern.ops import _attention_candidates as cands
+from . import candidates as cands
 from rtckern.runtime.streams import torch_stream
 
 _MAX_PLANS = 4096
@@ -75,8 +75,8 @@ class Plan:
 def _launcher(req, sel, qa, ka, va, scale: float):
     """launch(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stream) for the selected candidate, its per-call work done
     once: for the cp.async / mma kernels the grid, block, shared memory and the size and stride arguments; for the
-    TMA kernel a prepared parameter block (see _attention_tma.PreparedWs); for any other candidate its launch."""
-    from rtckern.ops import _attention_tma as tma
+    TMA kernel a prepared parameter block (see launch.PreparedWs); for any other candidate its launch."""
+    from . import launch as tma
 
     cand, kernels = sel.candidate, sel.kernels
     # Views without the arrays: a memoized plan must not keep the caller's tensors alive.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from rtckern.dtypes import numpy_dtype, torch_dtype
-from rtckern.ops import _softmax_plan as plan
+from . import geometry as plan
 from rtckern.runtime import arrays as arr
 
 TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.5e-2}  # ||out - ref|| / ||ref||: the output rounding of each dtype
@@ -23,7 +23,7 @@ def _rows(n: int, sm_count: int, wanted: int = 0) -> int:
 def _ring_rows(cand, req, kernels) -> int:
     """Rows that make every block of the persistent ring kernel walk enough tiles to reuse each slot twice (the
     mbarrier parity flips), as far as the probe's size cap allows."""
-    from rtckern.ops import _softmax_candidates as cands
+    from . import candidates as cands
 
     cfg = cands.ring_config(cand.direction, cand.kind, req)
     grid, _, _ = cands.ring_launch_geometry(kernels[0], cand.direction, cand.kind, req.dtype("x"), cfg, 1 << 30,
@@ -118,7 +118,7 @@ def check(cand, req, kernels) -> str | None:
         return None  # described by hand: nothing to run
     dtype, n = req.dtype("x"), req.dim("n")
     rng = np.random.default_rng(20261126)
-    from rtckern.ops._softmax_candidates import RingCandidate
+    from .candidates import RingCandidate
 
     wanted = _ring_rows(cand, req, kernels) if isinstance(cand, RingCandidate) else 0
     geom, keep, mask = _problem(cand.direction, cand.kind, n, req.device.sm_count, rng, wanted)

@@ -4,7 +4,7 @@ alignment class of the addresses the chosen kernel with its grid, block, shared 
 memoized for torch tensors. A repeated call reads pointers, allocates its output, does two dict lookups and
 launches.
 
-The key holds everything _softmax_api.py's checks read, so a call that hits the memo passed them; anything else takes
+The key holds everything api.py's checks read, so a call that hits the memo passed them; anything else takes
 the full path (same errors as before), which builds and stores the plan. Plans are rebuilt when the settings
 change (config.override), as the selections are.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
-from rtckern.ops import _softmax_candidates as cands
-from rtckern.ops import _softmax_plan as plan
+from . import candidates as cands
+from . import geometry as plan
 from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 

@@ -19,8 +19,8 @@ from rtckern.caches import PlanCache
 from rtckern.registry import Candidate, Cost, OpRequest, Resources
 from rtckern.registry import options as opts
 
-from . import _norms_kernels as K
-from . import _norms_launch as L
+from . import geometry as K
+from . import launch as L
 
 FWD_OPS = ("rms_norm", "layer_norm")
 BWD_OPS = ("rms_norm_backward", "layer_norm_backward")

@@ -57,7 +57,7 @@ class PreparedWs:
     not the current one, it goes through Kernel.launch_packed, which makes it current."""
 
     def __init__(self, kernel, tile, dtype: str, q, k, v, scale: float):
-        from rtckern.ops._attention_candidates import _LOG2E
+        from .candidates import _LOG2E
 
         b, sq, hq, d = q.shape
         # Views without the arrays: a memoized plan must not keep a caller's K/V cache alive.

@@ -2,7 +2,7 @@
 `benchmarks/gemm.py --tune` or `rtckern tune gemm --shapes MxNxK,...`), keyed by (arch, SM count, dtype, layout,
 m, n, k), and the heuristics used where no row applies.
 
-A row's config is a kernel-family config (`_gemm_plan.config_from_dict`): {"kind": "sm90", "bm": 128, ...}.
+A row's config is a kernel-family config (`geometry.config_from_dict`): {"kind": "sm90", "bm": 128, ...}.
 The kind says which candidate the row measured fastest: that candidate's expected cost is the lowest, so one table
 ranks both kernel families on one GPU (the other keeps its own config: `sm90_heuristic`, `sm80_heuristic`). m in the key is batch x m (rows of work). "splits": 0 in
 a config means "choose split-K by the wave heuristic at run time".
@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from rtckern import tuning
-from rtckern.ops import _gemm_plan as P
+from . import geometry as P
 
 OP = "gemm"
 KEY_FIELDS = ("dtype", "layout", "m", "n", "k")

@@ -2,7 +2,7 @@
 benchmark's config sweep both call these).
 
 A launch config comes from the tuned table (`rtckern/tuning_tables/norm_fwd.json`, `norm_bwd.json`, keyed by
-kernel kind, norm, x dtype, N and vector width) and falls back to the heuristics of `_norms_kernels`.
+kernel kind, norm, x dtype, N and vector width) and falls back to the heuristics of `geometry`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from rtckern import tuning
 from rtckern.arch import Arch
 from rtckern.spec import KernelSpec
 
-from . import _norms_kernels as K
+from . import geometry as K
 
 TABLE_FWD = "norm_fwd"
 TABLE_BWD = "norm_bwd"

@@ -15,8 +15,8 @@ import numpy as np
 
 from rtckern import tuning
 from rtckern.dtypes import torch_dtype
-from rtckern.ops import _softmax_plan as plan
-from rtckern.ops import _softmax_ring as ring
+from . import geometry as plan
+from . import ring as ring
 
 TABLES = {plan.FWD: "softmax", plan.BWD: "softmax_backward"}  # the plain kind's
 # Ring kernel (sm_90+) configs: {warps, group, items, rows, slots, min_blocks} per (arch, SM count, dtype, n).
@@ -273,7 +273,7 @@ class SoftmaxTuner(tuning.Tuner):
         return config_dict(cfg) if cfg is not None else None
 
     def measure(self, req, config) -> float:
-        from rtckern.ops._softmax_candidates import launch_onepass, onepass_kernel
+        from .candidates import launch_onepass, onepass_kernel
 
         cfg = plan.OnePass(**config)
         dtype, n, vec = req.dtype("x"), req.dim("n"), req.dim("vec")
@@ -322,7 +322,7 @@ class RingTuner(tuning.Tuner):
 def ring_launcher(direction: str, kind: int, cfg: ring.Ring, req, geom: plan.RowGeometry, buffers=None,
                   mask_rows: int = 0):
     """(launch(stream), buffers) of one ring config over geom's rows of random data (for tuning and checks)."""
-    from rtckern.ops import _softmax_candidates as cands
+    from . import candidates as cands
     from rtckern.manager import get_manager
     from rtckern.registry.core_api import target_for
 

@@ -23,9 +23,9 @@ from typing import Any, Mapping, Sequence
 from rtckern import tuning
 from rtckern.errors import RtckernError
 
-from . import _norms_candidates as cands
-from . import _norms_kernels as K
-from . import _norms_launch as L
+from . import candidates as cands
+from . import geometry as K
+from . import launch as L
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@
 A request carries what decides compilation and feasibility: dtype, head dim, causal. Sequence lengths, batch,
 heads and strides are run-time arguments of every kernel (no recompile per shape). Tile configs come from the
 tuning table `attention` (rtckern/tuning_tables/attention.json, keyed by arch and SM count; `rtckern tune
-attention` adds rows) and, where no row fits, from the per-head-dim defaults in _attention_configs.
+attention` adds rows) and, where no row fits, from the per-head-dim defaults in configs.py.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from rtckern import tuning
 from rtckern.device import DeviceInfo
-from rtckern.ops import _attention_configs as cfgs
+from . import configs as cfgs
 from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder
 from rtckern.registry import options as opts
 from rtckern.registry.core_api import target_for
@@ -155,7 +155,7 @@ class Sm90Ws(_AttentionCandidate):
 
 
 def launch_ws(kernel, tile, dtype: str, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
-    from rtckern.ops import _attention_tma as tma
+    from . import launch as tma
 
     b, sq, hq, d = q.shape
     params = [("map", tma.kv_tensor_map(dtype, k, tile.bn)), ("map", tma.kv_tensor_map(dtype, v, tile.bn)),

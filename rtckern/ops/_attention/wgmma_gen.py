@@ -1,6 +1,6 @@
 """Generates kernel_sources/attention/sm90_wgmma.cuh: wgmma wrappers for the sm_90a attention kernel.
 
-    python3 -m rtckern.ops._attention_wgmma_gen     (rewrites the header; the output is committed)
+    python3 -m rtckern.ops._attention.wgmma_gen     (rewrites the header; the output is committed)
 
 Two forms, each for bf16 and fp16 and N in {64, 128, 256}:
   ss: D (+)= A B, A (Q) and B (K) from shared memory through descriptors, both K-major (S = Q K^T);
@@ -71,7 +71,7 @@ def generate() -> str:
 
 
 def main() -> None:
-    out = Path(__file__).resolve().parents[1] / "kernel_sources" / "attention" / "sm90_wgmma.cuh"
+    out = Path(__file__).resolve().parents[2] / "kernel_sources" / "attention" / "sm90_wgmma.cuh"
     out.write_text(generate())
     print("wrote", out)
 

@@ -1,7 +1,7 @@
 """Writes kernel_sources/gemm/wgmma_ops.cuh: the wgmma.mma_async wrappers, one per (dtype, N).
 
 A wgmma instruction names every accumulator register (N/2 of them per thread for m64nNk16 with fp32
-accumulators), so the wrappers are generated rather than typed. Run `python -m rtckern.ops._gemm_wgmma_gen`
+accumulators), so the wrappers are generated rather than typed. Run `python -m rtckern.ops._gemm.wgmma_gen`
 after changing the N list; tests/unit/ops/test_gemm.py checks that the committed header is current.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ def render() -> str:
 
 
 def target_path() -> Path:
-    return Path(__file__).resolve().parents[1] / "kernel_sources" / "gemm" / "wgmma_ops.cuh"
+    return Path(__file__).resolve().parents[2] / "kernel_sources" / "gemm" / "wgmma_ops.cuh"
 
 
 def main() -> int:

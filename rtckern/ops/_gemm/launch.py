@@ -24,7 +24,7 @@ from rtckern.errors import LaunchError
 from rtckern.runtime.streams import stream_handle
 from rtckern.runtime.tma import encode_tiled
 
-from ._gemm_plan import GemmProblem, normalize_splits, plan_workspace_bytes
+from .geometry import GemmProblem, normalize_splits, plan_workspace_bytes
 
 REDUCE_THREADS = 256
 _DEFAULT_DYN_SMEM = 48 * 1024
@@ -78,9 +78,9 @@ class LaunchPlan:
         splits, per = normalize_splits(p, bk, cfg.splits)
         if splits != cfg.splits:
             # The kernel specs (split-K or not) and the reduce follow cfg.splits; launching another count would
-            # add partial sums nobody wrote. Plans settle the count first (_gemm_plan.with_splits).
+            # add partial sums nobody wrote. Plans settle the count first (geometry.with_splits).
             raise LaunchError(f"GEMM plan {cfg.as_dict()} splits K {cfg.splits} ways, but k={p.k} allows {splits} "
-                              "non-empty splits; settle the plan with _gemm_plan.with_splits(cfg, problem, sm_count)")
+                              "non-empty splits; settle the plan with geometry.with_splits(cfg, problem, sm_count)")
         self.workspace_bytes = plan_workspace_bytes(p, cfg)
         self._ws_split = self.workspace_bytes > 0
         if cfg.kind == "sm80":

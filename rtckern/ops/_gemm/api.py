@@ -19,7 +19,7 @@ The output is a new array of a's library (torch in -> torch out, CuPy in -> CuPy
 library's current stream.
 
 Repeated calls: the first call of a signature (dtypes, shapes, strides, 16-byte alignment, epilogue, layout,
-device, settings) validates, asks the registry and prepares the launches (`_gemm_call.CallPlan`); later calls
+device, settings) validates, asks the registry and prepares the launches (`plan.CallPlan`); later calls
 with torch tensors of that signature read the tensors' metadata, find the plan in a dict and launch.
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ from rtckern.caches import PlanCache
 from rtckern import config
 from rtckern.dtypes import parse_dtype
 from rtckern.errors import InputError
-from rtckern.ops import _gemm_call as C
-from rtckern.ops import _gemm_candidates as cands
-from rtckern.ops import _gemm_launch as L
-from rtckern.ops import _gemm_plan as P
+from . import plan as C
+from . import candidates as cands
+from . import launch as L
+from . import geometry as P
 from rtckern.runtime import arrays as arr
 
 __all__ = ["gemm", "ACTIVATIONS"]

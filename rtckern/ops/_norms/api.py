@@ -27,12 +27,12 @@ from rtckern.errors import InputError
 from rtckern.registry import OpRequest, select
 from rtckern.runtime import arrays as A
 
-from . import _norms_plan as P
+from . import plan as P
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward"]
 
 # The decided (request, candidate, kernels) per (op, dtypes, n, vec, flags, device): what the plans of
-# _norms_plan ask once per alignment class.
+# plan.py ask once per alignment class.
 _fast = PlanCache("norms.selections")
 
 
@@ -129,7 +129,7 @@ def _decide(sig: tuple, build) -> tuple:
 
 # ---- forward ----------------------------------------------------------------------------------------------------
 def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dtype, save_stats):
-    # Hot path: a signature seen before (all torch tensors) runs its memoized plan; see _norms_plan.
+    # Hot path: a signature seen before (all torch tensors) runs its memoized plan; see plan.py.
     key = P.fwd_key(layer, x, weight, bias, eps, residual, zero_centered, out_dtype, save_stats)
     if key is not None:
         plan = P.lookup(P.fwd_plans, key)
@@ -246,8 +246,8 @@ def layer_norm_backward(dy: Any, x: Any, weight: Any, bias: Any, mean: Any, rstd
 def _register() -> None:
     from rtckern.registry import default_registry
 
-    from ._norms_candidates import all_candidates, register_builders
-    from ._norms_tune import register_tuners
+    from .candidates import all_candidates, register_builders
+    from .tune import register_tuners
 
     reg = default_registry()
     for cand in all_candidates():

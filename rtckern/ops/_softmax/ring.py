@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rtckern.ops import _softmax_plan as plan
+from . import geometry as plan
 
 STATIC_SMEM = 256  # scratch for the block reduction
 

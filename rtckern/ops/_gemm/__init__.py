@@ -1,0 +1,1 @@
+"""The gemm op family (see rtckern/ops/__init__.py for the layout every family shares)."""
