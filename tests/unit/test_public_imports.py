@@ -94,8 +94,8 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._gemm.tune": "the tuner's own kernels_for and error_bound, checked against the GPU",
     },
     "tests/gpu/ops/test_norms.py": {
-        "rtckern.ops._norms.geometry": "runs configs of the kernel-config tables (L2Config, SplitConfig) and the "
-                                      "problem records the launchers take",
+        "rtckern.ops._norms.geometry": "runs configs of the kernel-config records (L2Config, SplitConfig): the "
+                                       "problem records the launchers take, their feasibility and kernel specs",
         "rtckern.ops._norms.launch": LAUNCH + " (forces one kernel kind with launch_fwd/launch_bwd)",
     },
     "tests/gpu/ops/test_softmax.py": {
@@ -132,13 +132,15 @@ ALLOWED: dict[str, dict[str, str]] = {
     "tests/unit/ops/test_norms.py": {
         "rtckern.ops._norms.api": "the argument checks (_check_vector, _check_like, _check_stats, _eps) on fake "
                                   "arrays, without a device",
-        "rtckern.ops._norms.candidates": "every candidate's name and kind (all_candidates, NOT_NAMED)",
-        "rtckern.ops._norms.geometry": "the kernel-config tables and their smem/vector geometry",
-        "rtckern.ops._norms.launch": LAUNCH + " (configs, heuristics, tuned-table lookup, specs)",
+        "rtckern.ops._norms.configs": "the tuned-table lookups, the heuristics, the preferred kind and the configs' "
+                                      "JSON form",
+        "rtckern.ops._norms.geometry": "the problem and config records: smem/vector geometry, feasibility, template "
+                                       "arguments and specs",
+        "rtckern.ops._norms.launch": LAUNCH + " (launch_bwd's cluster launch, with a recording kernel)",
     },
     "tests/unit/ops/test_norms_tune.py": {
-        "rtckern.ops._norms.geometry": "the SplitConfig record the tuner sweeps",
-        "rtckern.ops._norms.launch": LAUNCH + " (config lookup and its JSON form, the tuner's round trip)",
+        "rtckern.ops._norms.configs": "config lookup and its JSON form (the tuner's round trip)",
+        "rtckern.ops._norms.geometry": "the SplitConfig record the tuner sweeps and its feasibility",
         "rtckern.ops._norms.tune": "the tuner's sweep and table rows (sweep_configs, table_problem, config_dict)",
     },
     "tests/unit/ops/test_softmax.py": {

@@ -25,9 +25,9 @@ from rtckern.device import DeviceInfo
 from rtckern.dtypes import FLOATS, parse_dtype
 from rtckern.errors import InputError
 from rtckern.registry import OpRequest, select
-from rtckern.runtime import arrays as A
+from rtckern.runtime import arrays as arr
 
-from . import plan as P
+from . import plan
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward"]
 
@@ -50,19 +50,19 @@ def _eps(eps: Any) -> float:
     return e
 
 
-def _rows(obj: Any, name: str) -> A.Rows:
-    return A.rows(A.wrap(obj, name), name)
+def _rows(obj: Any, name: str) -> arr.Rows:
+    return arr.rows(arr.wrap(obj, name), name)
 
 
-def _check_x(x: Any, name: str = "x") -> A.Rows:
+def _check_x(x: Any, name: str = "x") -> arr.Rows:
     xa = _rows(x, name)
-    A.check_dtype(xa, name, FLOATS)
+    arr.check_dtype(xa, name, FLOATS)
     if xa.n < 1:
         raise InputError(f"{name} has shape {xa.shape}: its last dimension is 0; the norms need N >= 1 columns")
     return xa
 
 
-def _affine(weight: Any, bias: Any, xa: A.Rows) -> tuple[A.Rows | None, A.Rows | None, str | None]:
+def _affine(weight: Any, bias: Any, xa: arr.Rows) -> tuple[arr.Rows | None, arr.Rows | None, str | None]:
     allowed = (xa.dtype,) if xa.dtype == "fp32" else (xa.dtype, "fp32")
     wa = ba = None
     if weight is not None:
@@ -75,9 +75,9 @@ def _affine(weight: Any, bias: Any, xa: A.Rows) -> tuple[A.Rows | None, A.Rows |
     return wa, ba, w_dtype
 
 
-def _check_vector(v: A.Rows, x: A.Rows, name: str, allowed: tuple[str, ...]) -> None:
+def _check_vector(v: arr.Rows, x: arr.Rows, name: str, allowed: tuple[str, ...]) -> None:
     """A per-column parameter (weight, bias): shape (N,), dtype in `allowed`, same library and device as x."""
-    A.check_same_place(x, v, "x", name)
+    arr.check_same_place(x, v, "x", name)
     if v.shape != (x.n,):
         raise InputError(f"{name} has shape {v.shape}; it must be ({x.n},), the size of x's last dimension "
                          f"(x has shape {x.shape})")
@@ -85,18 +85,18 @@ def _check_vector(v: A.Rows, x: A.Rows, name: str, allowed: tuple[str, ...]) -> 
         raise InputError(f"{name} has dtype {v.dtype}; with x in {x.dtype} it must be one of {', '.join(allowed)}")
 
 
-def _check_like(a: A.Rows, x: A.Rows, name: str, allowed: tuple[str, ...]) -> None:
+def _check_like(a: arr.Rows, x: arr.Rows, name: str, allowed: tuple[str, ...]) -> None:
     """An array with x's shape (residual, dy, dresidual)."""
-    A.check_same_place(x, a, "x", name)
+    arr.check_same_place(x, a, "x", name)
     if a.shape != x.shape:
         raise InputError(f"{name} has shape {a.shape} but x has {x.shape}; they must match")
     if a.dtype not in allowed:
         raise InputError(f"{name} has dtype {a.dtype}; supported here: {', '.join(allowed)}")
 
 
-def _check_stats(s: A.Rows, x: A.Rows, name: str) -> None:
+def _check_stats(s: arr.Rows, x: arr.Rows, name: str) -> None:
     """Saved statistics (mean, rstd): fp32, one contiguous value per row of x."""
-    A.check_same_place(x, s, "x", name)
+    arr.check_same_place(x, s, "x", name)
     if s.dtype != "fp32":
         raise InputError(f"{name} has dtype {s.dtype}; the saved statistics are fp32 (as the forward returns them)")
     if s.rows * s.n != x.rows or (s.rows > 1 and s.row_stride != s.n):
@@ -130,12 +130,12 @@ def _decide(sig: tuple, build) -> tuple:
 # ---- forward ----------------------------------------------------------------------------------------------------
 def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dtype, save_stats):
     # Hot path: a signature seen before (all torch tensors) runs its memoized plan; see plan.py.
-    key = P.fwd_key(layer, x, weight, bias, eps, residual, zero_centered, out_dtype, save_stats)
+    key = plan.fwd_key(layer, x, weight, bias, eps, residual, zero_centered, out_dtype, save_stats)
     if key is not None:
-        plan = P.lookup(P.fwd_plans, key)
-        if plan is not None:
-            return plan.run(x.data_ptr(), 0 if weight is None else weight.data_ptr(),
-                            0 if bias is None else bias.data_ptr(), 0 if residual is None else residual.data_ptr())
+        call_plan = plan.lookup(plan.fwd_plans, key)
+        if call_plan is not None:
+            return call_plan.run(x.data_ptr(), 0 if weight is None else weight.data_ptr(),
+                                 0 if bias is None else bias.data_ptr(), 0 if residual is None else residual.data_ptr())
     op = "layer_norm" if layer else "rms_norm"
     xa = _check_x(x)
     wa, ba, w_dtype = _affine(weight, bias, xa)
@@ -146,20 +146,21 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
     y_dtype = xa.dtype if out_dtype is None else _dtype_name(out_dtype, "out_dtype")
     e = _eps(eps)
     if xa.rows == 0:
-        y, _ = A.empty(xa, xa.shape, y_dtype)
-        outs = [y] + ([A.empty(xa, xa.shape, xa.dtype)[0]] if ra is not None else []) + \
-            ([A.empty(xa, xa.shape[:-1], "fp32")[0]] if (save_stats and layer) else []) + \
-            ([A.empty(xa, xa.shape[:-1], "fp32")[0]] if save_stats else [])
+        y, _ = arr.empty(xa, xa.shape, y_dtype)
+        outs = [y] + ([arr.empty(xa, xa.shape, xa.dtype)[0]] if ra is not None else []) + \
+            ([arr.empty(xa, xa.shape[:-1], "fp32")[0]] if (save_stats and layer) else []) + \
+            ([arr.empty(xa, xa.shape[:-1], "fp32")[0]] if save_stats else [])
         return outs[0] if len(outs) == 1 else tuple(outs)
-    plan = P.fwd_plan(layer, op, xa, wa, ba, ra, y_dtype, e, zero_centered, save_stats, _selector(xa.n, xa.device))
+    call_plan = plan.fwd_plan(layer, op, xa, wa, ba, ra, y_dtype, e, zero_centered, save_stats,
+                              _selector(xa.n, xa.device))
     if xa.lib == "torch":
         for t in (x, weight, bias, residual):
             if t is not None:
-                P.remember_torch_type(t)
-        key = P.fwd_key(layer, x, weight, bias, eps, residual, zero_centered, out_dtype, save_stats)
+                plan.remember_torch_type(t)
+        key = plan.fwd_key(layer, x, weight, bias, eps, residual, zero_centered, out_dtype, save_stats)
         if key is not None:
-            P.store(P.fwd_plans, key, plan)
-    return plan.run(xa.ptr, wa.ptr if wa else 0, ba.ptr if ba else 0, ra.ptr if ra else 0)
+            plan.store(plan.fwd_plans, key, call_plan)
+    return call_plan.run(xa.ptr, wa.ptr if wa else 0, ba.ptr if ba else 0, ra.ptr if ra else 0)
 
 
 def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6, *, residual: Any = None, zero_centered: bool = False,
@@ -178,14 +179,14 @@ def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5, 
 # ---- backward ---------------------------------------------------------------------------------------------------
 def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
               bias_grad):
-    key = P.bwd_key(layer, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
-                    bias_grad)
+    key = plan.bwd_key(layer, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
+                       bias_grad)
     if key is not None:
-        plan = P.lookup(P.bwd_plans, key)
-        if plan is not None:
-            return plan.run(x.data_ptr(), 0 if weight is None else weight.data_ptr(), dy.data_ptr(),
-                            0 if dresidual is None else dresidual.data_ptr(), 0 if mean is None else mean.data_ptr(),
-                            rstd.data_ptr())
+        call_plan = plan.lookup(plan.bwd_plans, key)
+        if call_plan is not None:
+            return call_plan.run(x.data_ptr(), 0 if weight is None else weight.data_ptr(), dy.data_ptr(),
+                                 0 if dresidual is None else dresidual.data_ptr(),
+                                 0 if mean is None else mean.data_ptr(), rstd.data_ptr())
     op = "layer_norm_backward" if layer else "rms_norm_backward"
     xa = _check_x(x)
     dya = _rows(dy, "dy")
@@ -210,21 +211,21 @@ def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresi
     want_dw = bool(weight_grad) and wa is not None
     want_db = bool(bias_grad) and ba is not None
     if xa.rows == 0:
-        dx, _ = A.empty(xa, xa.shape, dx_name)
-        dw = A.zeros(xa, (xa.n,), w_dtype)[0] if want_dw else None
-        db = A.zeros(xa, (xa.n,), w_dtype)[0] if want_db else None
+        dx, _ = arr.empty(xa, xa.shape, dx_name)
+        dw = arr.zeros(xa, (xa.n,), w_dtype)[0] if want_dw else None
+        db = arr.zeros(xa, (xa.n,), w_dtype)[0] if want_db else None
         return (dx, dw, db) if layer else (dx, dw)
-    plan = P.bwd_plan(layer, op, xa, dya, wa, dra, dx_name, w_dtype, want_dw, want_db, zero_centered,
-                      _selector(xa.n, xa.device))
+    call_plan = plan.bwd_plan(layer, op, xa, dya, wa, dra, dx_name, w_dtype, want_dw, want_db, zero_centered,
+                              _selector(xa.n, xa.device))
     if xa.lib == "torch":
         for t in (dy, x, weight, bias, mean, rstd, dresidual):
             if t is not None:
-                P.remember_torch_type(t)
-        key = P.bwd_key(layer, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
-                        bias_grad)
+                plan.remember_torch_type(t)
+        key = plan.bwd_key(layer, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
+                           bias_grad)
         if key is not None:
-            P.store(P.bwd_plans, key, plan)
-    return plan.run(xa.ptr, wa.ptr if wa else 0, dya.ptr, dra.ptr if dra else 0, ma.ptr if ma else 0, rsa.ptr)
+            plan.store(plan.bwd_plans, key, call_plan)
+    return call_plan.run(xa.ptr, wa.ptr if wa else 0, dya.ptr, dra.ptr if dra else 0, ma.ptr if ma else 0, rsa.ptr)
 
 
 def rms_norm_backward(dy: Any, x: Any, weight: Any, rstd: Any, *, zero_centered: bool = False,

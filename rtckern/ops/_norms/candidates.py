@@ -19,8 +19,8 @@ from rtckern.caches import PlanCache
 from rtckern.registry import Candidate, Cost, OpRequest, Resources
 from rtckern.registry import options as opts
 
-from . import geometry as K
-from . import launch as L
+from . import configs, geometry
+from .launch import active_clusters, blocks_per_sm, launch_bwd, launch_fwd
 
 FWD_OPS = ("rms_norm", "layer_norm")
 BWD_OPS = ("rms_norm_backward", "layer_norm_backward")
@@ -36,23 +36,23 @@ L2_FROM_BYTES = {"fwd": 32 * 1024, "bwd": 24 * 1024}
 L2C_FROM_BYTES = 32 * 1024
 
 
-def fwd_problem(req: OpRequest) -> K.FwdProblem:
+def fwd_problem(req: OpRequest) -> geometry.FwdProblem:
     w = req.dtype("w")
-    return K.FwdProblem(layer=req.op == "layer_norm", n=req.dim("n"), x=req.dtype("x"), y=req.dtype("y"),
-                        w=None if w == "none" else w, has_weight=bool(req.flag("weight")),
-                        bias=bool(req.flag("bias")),
-                        zero_centered=bool(req.flag("zero_centered")), residual=bool(req.flag("residual")),
-                        save_stats=bool(req.flag("save_stats")), vec=req.dim("vec"))
+    return geometry.FwdProblem(layer=req.op == "layer_norm", n=req.dim("n"), x=req.dtype("x"), y=req.dtype("y"),
+                               w=None if w == "none" else w, has_weight=bool(req.flag("weight")),
+                               bias=bool(req.flag("bias")),
+                               zero_centered=bool(req.flag("zero_centered")), residual=bool(req.flag("residual")),
+                               save_stats=bool(req.flag("save_stats")), vec=req.dim("vec"))
 
 
-def bwd_problem(req: OpRequest) -> K.BwdProblem:
+def bwd_problem(req: OpRequest) -> geometry.BwdProblem:
     w = req.dtype("w")
-    return K.BwdProblem(layer=req.op == "layer_norm_backward", n=req.dim("n"), x=req.dtype("x"),
-                        dy=req.dtype("dy"), dx=req.dtype("dx"), w=None if w == "none" else w,
-                        has_weight=bool(req.flag("weight")),
-                        weight_grad=bool(req.flag("weight_grad")), bias_grad=bool(req.flag("bias_grad")),
-                        zero_centered=bool(req.flag("zero_centered")), dresidual=bool(req.flag("dresidual")),
-                        vec=req.dim("vec"))
+    return geometry.BwdProblem(layer=req.op == "layer_norm_backward", n=req.dim("n"), x=req.dtype("x"),
+                               dy=req.dtype("dy"), dx=req.dtype("dx"), w=None if w == "none" else w,
+                               has_weight=bool(req.flag("weight")),
+                               weight_grad=bool(req.flag("weight_grad")), bias_grad=bool(req.flag("bias_grad")),
+                               zero_centered=bool(req.flag("zero_centered")), dresidual=bool(req.flag("dresidual")),
+                               vec=req.dim("vec"))
 
 
 def _is_sm90_plus(req: OpRequest) -> bool:
@@ -82,8 +82,8 @@ def kind_costs(direction: str, p, device) -> dict[str, Cost]:
 
 def _kind_costs(direction: str, p, device) -> dict[str, Cost]:
     kinds = ("rows", "cluster", "l2", "coop") + (("stage", "l2c") if direction == "bwd" else ())
-    found = L.preferred_kind_row(direction, p, device)
-    row_bytes = p.n * K.ITEMSIZE[p.x]
+    found = configs.preferred_kind_row(direction, p, device)
+    row_bytes = p.n * geometry.ITEMSIZE[p.x]
     if found is not None:
         kind, hit = found
         named = {kind}
@@ -143,26 +143,26 @@ class _NormCandidate(Candidate):
     def kernel_specs(self, req: OpRequest):
         p, cfg, arch = self.problem(req), self.config(req), self.target(req)
         if self.direction == "fwd":
-            return (L.fwd_spec(p, self.kind, cfg, arch, op=req.op),)
-        return L.bwd_specs(p, self.kind, cfg, arch, op=req.op)
+            return (geometry.fwd_spec(p, self.kind, cfg, arch, op=req.op),)
+        return geometry.bwd_specs(p, self.kind, cfg, arch, op=req.op)
 
     def launch_resources(self, req: OpRequest):
         p, cfg = self.problem(req), self.config(req)
         block = cfg.block if self.kind == "rows" else cfg.threads
         smem = 0
         if self.kind == "l2":  # the forward's stash, the backward's column sums
-            smem = K.fwd_l2_smem(p, cfg) if self.direction == "fwd" else K.bwd_l2_smem(p)
+            smem = geometry.fwd_l2_smem(p, cfg) if self.direction == "fwd" else geometry.bwd_l2_smem(p)
         main = Resources(block=block, dynamic_smem=smem, cooperative_grid=cfg.parts if self.kind == "coop" else None)
         if self.direction == "fwd":
             return (main,)
-        return (main,) + ((Resources(block=K.DW_REDUCE_BLOCK),) if (p.weight_grad or p.bias_grad) else ())
+        return (main,) + ((Resources(block=geometry.DW_REDUCE_BLOCK),) if (p.weight_grad or p.bias_grad) else ())
 
     def launch(self, req: OpRequest, kernels: tuple[Any, ...], call: Any, cfg: Any = None) -> tuple:
         p, memo_cfg = self._memo_of(req)
         cfg = cfg if cfg is not None else memo_cfg
         if self.direction == "fwd":
-            return L.launch_fwd(p, self.kind, cfg, kernels[0], call)
-        return L.launch_bwd(p, self.kind, cfg, kernels, call)
+            return launch_fwd(p, self.kind, cfg, kernels[0], call)
+        return launch_bwd(p, self.kind, cfg, kernels, call)
 
     def row_launch_geometry(self, req: OpRequest, kernels: tuple[Any, ...],
                             rows: int) -> tuple[int, int, int] | None:
@@ -175,10 +175,10 @@ class _NormCandidate(Candidate):
         if self.kind == "l2":
             if cfg.parts > 1:
                 return None  # a cluster launch: the candidate's own launch
-            return rows, cfg.threads, K.fwd_l2_smem(p, cfg)
-        grid = K.grid_for_rows(rows, cfg)
+            return rows, cfg.threads, geometry.fwd_l2_smem(p, cfg)
+        grid = geometry.grid_for_rows(rows, cfg)
         if cfg.opt & 1:
-            grid = min(grid, L.blocks_per_sm(kernels[0], cfg.block) * kernels[0].device.sm_count)
+            grid = min(grid, blocks_per_sm(kernels[0], cfg.block) * kernels[0].device.sm_count)
         return grid, cfg.block, 0
 
     def _memo_of(self, req: OpRequest):
@@ -188,7 +188,7 @@ class _NormCandidate(Candidate):
         hit = _configs.get(key)
         if hit is None:
             p = self.problem(req)
-            cfg = (L.fwd_config if self.direction == "fwd" else L.bwd_config)(p, self.kind, req.device)
+            cfg = (configs.fwd_config if self.direction == "fwd" else configs.bwd_config)(p, self.kind, req.device)
             hit = _configs.put(key, (p, cfg))
         return hit
 
@@ -216,8 +216,8 @@ class _Cluster(_NormCandidate):
         k = kernels[0]
         if k.num_regs * cfg.threads > req.device.regs_per_sm:
             return f"{k.num_regs} registers x {cfg.threads} threads > {req.device.regs_per_sm} per SM"
-        smem = K.fwd_cluster_smem(self.problem(req), cfg) if self.direction == "fwd" else 0
-        if L.active_clusters(k, cfg.parts, cfg.threads, 0, smem) < 1:
+        smem = geometry.fwd_cluster_smem(self.problem(req), cfg) if self.direction == "fwd" else 0
+        if active_clusters(k, cfg.parts, cfg.threads, 0, smem) < 1:
             return (f"no cluster of {cfg.parts} blocks x {cfg.threads} threads with {smem} B of shared memory "
                     f"each fits on {req.device.describe()}")
         return None
@@ -232,7 +232,8 @@ class _L2(_NormCandidate):
     def supports(self, req: OpRequest) -> str | None:
         if self.direction == "bwd" and self.config(req) is None:
             p = self.problem(req)
-            return L.bwd_feasible(p, "l2", K.l2_config(p.n, p.vec, True), smem_optin=req.device.max_smem_per_block_optin)
+            return geometry.bwd_feasible(p, "l2", geometry.l2_config(p.n, p.vec, True),
+                                         smem_optin=req.device.max_smem_per_block_optin)
         cfg = self.config(req)
         if cfg is not None and cfg.parts > 1 and not _is_sm90_plus(req):
             return (f"the tuned l2 config splits rows over clusters of {cfg.parts} blocks, which need sm_90+; "
@@ -245,9 +246,10 @@ class _L2(_NormCandidate):
         if self.direction != "fwd":
             return None
         p, cfg = self.problem(req), self.config(req)
-        if cfg.parts > 1 and L.active_clusters(kernels[0], cfg.parts, cfg.threads, 0, K.fwd_l2_smem(p, cfg)) < 1:
-            return (f"no cluster of {cfg.parts} blocks x {cfg.threads} threads with {K.fwd_l2_smem(p, cfg)} B of "
-                    f"shared memory each fits on {req.device.describe()}")
+        smem = geometry.fwd_l2_smem(p, cfg)
+        if cfg.parts > 1 and active_clusters(kernels[0], cfg.parts, cfg.threads, 0, smem) < 1:
+            return (f"no cluster of {cfg.parts} blocks x {cfg.threads} threads with {smem} B of shared memory each "
+                    f"fits on {req.device.describe()}")
         return None
 
 
@@ -268,14 +270,14 @@ class _Stage(_NormCandidate):
         if self.config(req) is None:
             p = self.problem(req)
             return (f"no stage geometry for N={p.n}: it needs 256-1024 threads with at most "
-                    f"{K.BWD_STAGE_MAX_THREAD_COLS} columns each (and at least half of them with a pack of the "
+                    f"{geometry.BWD_STAGE_MAX_THREAD_COLS} columns each (and at least half of them with a pack of the "
                     f"row), and two rows of x and dy in shared memory")
         return None
 
     def launch_resources(self, req: OpRequest):
         p, cfg = self.problem(req), self.config(req)
-        main = Resources(block=cfg.threads, dynamic_smem=K.stage_smem(p, cfg))
-        return (main,) + ((Resources(block=K.DW_REDUCE_BLOCK),) if (p.weight_grad or p.bias_grad) else ())
+        main = Resources(block=cfg.threads, dynamic_smem=geometry.stage_smem(p, cfg))
+        return (main,) + ((Resources(block=geometry.DW_REDUCE_BLOCK),) if (p.weight_grad or p.bias_grad) else ())
 
 
 class _Coop(_NormCandidate):
@@ -306,7 +308,8 @@ _BWD_OPTIONS = ("vec", "w", "dx", "dy", "bias_grad", "dresidual", "weight_grad",
 
 
 def _dtype_opt(op: str, options: dict, name: str, default: str) -> str:
-    return opts.parse_choice(op, name, options.get(name, default), K.DTYPES + ("none",) if name == "w" else K.DTYPES)
+    allowed = geometry.DTYPES + ("none",) if name == "w" else geometry.DTYPES
+    return opts.parse_choice(op, name, options.get(name, default), allowed)
 
 
 def build_request(op: str, shape: tuple, dtype: str | None, device, **options: str) -> OpRequest:
@@ -316,11 +319,11 @@ def build_request(op: str, shape: tuple, dtype: str | None, device, **options: s
     if not shape or shape[-1] < 1:
         raise ValueError(f"shape {shape!r}: give N or ROWSxN with N >= 1")
     x = dtype or "bf16"
-    if x not in K.DTYPES:
-        raise ValueError(f"dtype {x!r}: expected one of {', '.join(K.DTYPES)}")
+    if x not in geometry.DTYPES:
+        raise ValueError(f"dtype {x!r}: expected one of {', '.join(geometry.DTYPES)}")
     opts.check_keys(op, options, _FWD_OPTIONS if op in FWD_OPS else _BWD_OPTIONS)
     n = int(shape[-1])
-    vec = opts.parse_vec(op, options, n, K.ITEMSIZE[x], K.pick_vec(n, (K.ITEMSIZE[x],), (16,)))
+    vec = opts.parse_vec(op, options, n, geometry.ITEMSIZE[x], geometry.pick_vec(n, (geometry.ITEMSIZE[x],), (16,)))
     layer = op.startswith("layer")
     w = _dtype_opt(op, options, "w", x)
 

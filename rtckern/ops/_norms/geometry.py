@@ -1,6 +1,8 @@
-"""Kernel plans of the norm family: which template instantiation, launch geometry and workspace serve one
-RMSNorm / LayerNorm problem. Pure Python (no GPU, no array library): ops, candidates, tests and the benchmark
-share it.
+"""Launch geometry of the norm kernels: the problem records (a call's compile-relevant features), the config
+records of each kernel kind, the geometry rules (vector width, threads and blocks per row, shared memory), whether
+a config can serve a problem (`fwd_feasible`, `bwd_feasible`: register and shared-memory budgets) and the kernel
+specs (source, name, template arguments) of a (problem, kind, config). Pure Python (no GPU, no array library):
+the plans, candidates, configs, tuner, tests and benchmark share it.
 
 Four kernel kinds per direction (kernel_sources/norms/):
   rows    one group of TPR threads per row, the row in registers (RPB rows per block when TPR <= warp)
@@ -20,7 +22,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from rtckern.arch import Arch
 from rtckern.dtypes import FLOATS, ctype, itemsizes
+from rtckern.spec import KernelSpec
 
 # Mirrors kernel_sources/norms/norm_common.cuh.
 LAYER, WEIGHT, BIAS, ZERO_CENTERED, RESIDUAL, SAVE_STATS, WEIGHT_GRAD = 1, 2, 4, 8, 16, 32, 64
@@ -344,6 +348,120 @@ def split_config(n: int, vec: int, itemsize: int, max_parts: int, warp: int = 32
     return None
 
 
+# ---- feasibility ----------------------------------------------------------------------------------------------
+def geometry_reason(n: int, vec: int, kind: str, cfg, warp: int = 32) -> str | None:
+    """None when cfg is a launchable geometry for rows of n (vec-element packs), else why not."""
+    if kind == "stage":
+        if cfg.threads % warp or not warp <= cfg.threads <= 1024 or not 2 <= cfg.depth <= 8:
+            return (f"{cfg.threads} threads x {cfg.depth} rows in flight is not a valid stage geometry (whole warps, "
+                    f"at most 1024 threads, 2..8 rows)")
+        return None
+    if kind == "l2":
+        if cfg.threads % warp or not warp <= cfg.threads <= 1024 or cfg.minb < 1 or cfg.minb * cfg.threads > 2048:
+            return (f"{cfg.threads} threads x {cfg.minb} blocks per SM is not a valid l2 geometry (whole warps, "
+                    f"at most 1024 threads, 2048 per SM)")
+        if cfg.parts not in (1, 2, 4, 8):
+            return f"an l2 row split over {cfg.parts} blocks: supported 1, 2, 4 or 8 (a portable cluster)"
+        if cfg.parts > 1 and slice_cols(n, vec, cfg.parts) * (cfg.parts - 1) >= n:
+            return f"N={n} is too short to split into {cfg.parts} slices of whole {vec}-element packs"
+        return None
+    if kind == "rows":
+        if cfg.tpr < 1 or cfg.rpb < 1 or cfg.block > 1024 or (cfg.rpb > 1 and cfg.tpr > warp) or \
+                (cfg.tpr > warp and cfg.tpr % warp) or (cfg.tpr <= warp and cfg.tpr & (cfg.tpr - 1)):
+            return f"{cfg.tpr} threads per row x {cfg.rpb} rows per block is not a valid row-kernel geometry"
+        return None
+    cap = {"cluster": MAX_CLUSTER, "l2c": MAX_CLUSTER_L2C}.get(kind, warp)
+    if not 2 <= cfg.parts <= cap or cfg.threads % warp or cfg.threads > 1024:
+        return f"{cfg.parts} blocks of {cfg.threads} threads per row is not a valid {kind} geometry (2..{cap} blocks)"
+    if slice_cols(n, vec, cfg.parts) * (cfg.parts - 1) >= n:
+        return f"N={n} is too short to split into {cfg.parts} slices of whole {vec}-element packs"
+    return None
+
+
+def _geometry_text(kind: str, cfg) -> str:
+    if kind in ("l2", "stage"):
+        return f"{cfg.threads} threads per block"
+    return f"{cfg.tpr} threads per row" if kind == "rows" else f"{cfg.parts} blocks x {cfg.threads} threads per row"
+
+
+def fwd_feasible(p: FwdProblem, kind: str, cfg, warp: int = 32, smem_optin: int = 227 * 1024) -> str | None:
+    """None when cfg can serve p, else why not."""
+    why = geometry_reason(p.n, p.vec, kind, cfg, warp)
+    if why is not None:
+        return why
+    if kind == "l2" and cfg.stash:
+        nv = packs_per_thread(p.n, p.vec, cfg.threads, cfg.parts)
+        if not 0 < cfg.stash <= nv:
+            return f"a stash of {cfg.stash} packs per thread is not in 0..{nv} (the packs per thread of N={p.n})"
+        need, room = fwd_l2_smem(p, cfg), smem_optin - FWD_L2_STATIC_SMEM
+        if need > room:
+            return (f"a stash of {cfg.stash} packs per thread needs {need} B of shared memory per block, over the "
+                    f"{room} B this device allows: use a smaller stash")
+    if kind == "cluster" and cfg.opt & PIPE_STATS and not (cfg.opt & PERSIST and cfg.opt & SMEM_AFFINE):
+        return f"OPT {cfg.opt}: OPT 1024 (pipelined statistics) needs OPT 1 and 512 (persistent, two-sum statistics)"
+    if kind == "cluster" and cfg.opt & SMEM_AFFINE:
+        if not cfg.opt & PERSIST:
+            return f"OPT {cfg.opt}: OPT 512 (weight and bias held per block) needs persistent clusters (OPT 1)"
+        need, room = fwd_cluster_smem(p, cfg), smem_optin - FWD_L2_STATIC_SMEM
+        if need > room:
+            return (f"the weight and bias slice needs {need} B of shared memory per block, over the {room} B this "
+                    f"device allows: use more blocks per row")
+        rows = 3 if cfg.opt & PIPE_STATS else 2
+        held = fwd_thread_bytes(p, kind, cfg) * rows * (2 if p.residual else 1)
+        if held > FWD_PERSIST_HELD_BYTES:
+            arrays = "x and the residual" if p.residual else "x"
+            return (f"OPT {cfg.opt} keeps {held} B of rows per thread in registers ({arrays} of {rows} rows; limit "
+                    f"{FWD_PERSIST_HELD_BYTES}): it spills; use more blocks per row or threads")
+    b = fwd_thread_bytes(p, kind, cfg)
+    if b > FWD_MAX_THREAD_BYTES:
+        return (f"each thread would hold {b} bytes of the row with {_geometry_text(kind, cfg)} "
+                f"(limit {FWD_MAX_THREAD_BYTES})")
+    return None
+
+
+def bwd_feasible(p: BwdProblem, kind: str, cfg, warp: int = 32, smem_optin: int = 227 * 1024) -> str | None:
+    why = geometry_reason(p.n, p.vec, kind, cfg, warp)
+    if why is not None:
+        return why
+    e = bwd_thread_elems(p, kind, cfg)
+    if kind == "stage":
+        if e > BWD_STAGE_MAX_THREAD_COLS:
+            return (f"each thread would keep the sums of {e} columns in registers with {_geometry_text(kind, cfg)} "
+                    f"(limit {BWD_STAGE_MAX_THREAD_COLS}): use more threads")
+        need, room = stage_smem(p, cfg), smem_optin - BWD_L2_STATIC_SMEM
+        if need > room:
+            return (f"{cfg.depth} rows of x and dy need {need} B of shared memory per block, over the {room} B this "
+                    f"device allows: use fewer rows in flight")
+        return None
+    if kind == "l2":
+        if cfg.parts != 1:
+            return f"the l2 backward does not split rows (parts={cfg.parts}): use the l2c kind"
+        need, room = bwd_l2_smem(p), smem_optin - BWD_L2_STATIC_SMEM
+        if need > room:
+            return (f"the column sums of N={p.n} need {need} B of shared memory per block, over the "
+                    f"{room} B this device allows")
+        return None
+    if kind == "l2c":
+        if cfg.opt & L2C_RETIRED_OPT:
+            return (f"OPT {cfg.opt}: the l2c OPT bits 16 (64-register cap) and 128 (four rows per iteration) were "
+                    "removed (slower in every sweep, docs/performance.md)")
+        if e > BWD_L2C_MAX_THREAD_COLS:
+            return (f"each thread would keep the sums of {e} columns in registers with {_geometry_text(kind, cfg)} "
+                    f"(limit {BWD_L2C_MAX_THREAD_COLS}): use more blocks per row or threads")
+        smem = slice_cols(p.n, p.vec, cfg.parts) * 4 * ((1 if p.weight_grad else 0) + (1 if p.bias_grad else 0))
+        if cfg.opt & L2C_SMEM_SUMS and smem > BWD_L2C_MAX_STATIC_SMEM:
+            return (f"OPT {cfg.opt} keeps the column sums of a {slice_cols(p.n, p.vec, cfg.parts)}-column slice in "
+                    f"{smem} B of static shared memory (limit {BWD_L2C_MAX_STATIC_SMEM}): use more blocks per row")
+        return None
+    if e > BWD_MAX_THREAD_ELEMS:
+        return (f"each thread would hold {e} columns of x, dy and the gradient sums with {_geometry_text(kind, cfg)} "
+                f"(limit {BWD_MAX_THREAD_ELEMS})")
+    if kind == "rows" and cfg.rpb > 1 and p.n * 4 > 40 * 1024:
+        return f"{cfg.rpb} rows per block need {p.n * 4} B of shared memory to combine the column sums"
+    return None
+
+
+
 # ---- specs ------------------------------------------------------------------------------------------------------
 def fwd_template_args(p: FwdProblem, kind: str, cfg) -> tuple:
     tx, tw, ty = p.type_args()
@@ -403,3 +521,17 @@ def grid_for_rows(rows: int, cfg: RowsConfig) -> int:
 
 def log2(v: int) -> float:
     return math.log2(max(1, v))
+
+
+def fwd_spec(p: FwdProblem, kind: str, cfg, arch: Arch, op: str = "") -> KernelSpec:
+    src, name = SOURCES[("fwd", kind)]
+    return KernelSpec(src, name, arch, template_args=fwd_template_args(p, kind, cfg), op=op)
+
+
+def bwd_specs(p: BwdProblem, kind: str, cfg, arch: Arch, op: str = "") -> tuple[KernelSpec, ...]:
+    src, name = SOURCES[("bwd", kind)]
+    main = KernelSpec(src, name, arch, template_args=bwd_template_args(p, kind, cfg), op=op)
+    if not (p.weight_grad or p.bias_grad):
+        return (main,)
+    rsrc, rname = DW_REDUCE
+    return main, KernelSpec(rsrc, rname, arch, template_args=dw_reduce_template_args(p), op=op)

@@ -17,10 +17,10 @@ import numpy as np
 from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.dtypes import torch_dtype
-from rtckern.runtime import arrays as A
+from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
-from . import geometry as K
+from . import geometry
 from .launch import BwdCall, FwdCall
 
 _MAX_PLANS = 4096  # distinct signatures kept (row counts vary in prefill); past it the memo starts over
@@ -73,7 +73,8 @@ def lookup(plans: dict, key):
 
 # ---- allocation -------------------------------------------------------------------------------------------------
 class _TorchAlloc:
-    """Outputs and workspaces on one torch device (what A.empty / A.zeros / A.workspace do, without the wrapper)."""
+    """Outputs and workspaces on one torch device (what arr.empty / arr.zeros / arr.workspace do, without the
+    wrapper)."""
 
     __slots__ = ("torch", "device", "index", "dtypes")
 
@@ -81,7 +82,7 @@ class _TorchAlloc:
         import torch
 
         self.torch, self.device, self.index = torch, device, device.index
-        self.dtypes = {n: torch_dtype(n) for n in K.DTYPES}
+        self.dtypes = {n: torch_dtype(n) for n in geometry.DTYPES}
 
     def empty(self, shape, dtype: str):
         t = self.torch.empty(shape, dtype=self.dtypes[dtype], device=self.device)
@@ -108,31 +109,31 @@ class _LikeAlloc:
 
     __slots__ = ("like",)
 
-    def __init__(self, like: A.Rows):
+    def __init__(self, like: arr.Rows):
         self.like = like
 
     def empty(self, shape, dtype: str):
-        return A.empty(self.like, shape, dtype)
+        return arr.empty(self.like, shape, dtype)
 
     def zeros(self, shape, dtype: str):
-        return A.zeros(self.like, shape, dtype)
+        return arr.zeros(self.like, shape, dtype)
 
     def zeros_u32(self, count: int):  # barrier counters: zeroed 32-bit words
-        return A.zeros(self.like, (count,), "int32")
+        return arr.zeros(self.like, (count,), "int32")
 
     def empty_f32(self, count: int):
-        return A.workspace(self.like, 4 * count)
+        return arr.workspace(self.like, 4 * count)
 
     def stream(self) -> int:
-        return A.current_stream(self.like)
+        return arr.current_stream(self.like)
 
 
-def allocator(xa: A.Rows):
+def allocator(xa: arr.Rows):
     return _TorchAlloc(xa.obj.device) if xa.lib == "torch" else _LikeAlloc(xa)
 
 
 def _align_bits(*ptrs: int) -> int:
-    """Each address's low 4 bits side by side: all that K.byte_alignment reads of an address (it stops at 16)."""
+    """Each address's low 4 bits side by side: all that geometry.byte_alignment reads of an address (it stops at 16)."""
     k = 0
     for p in ptrs:
         k = (k << 4) | (p & 15)
@@ -171,17 +172,17 @@ class FwdPlan:
 
     def _launcher(self, key, xp, wp, bp, rp, yp, hp):
         n, isz = self.n, self.isz
-        isz_y = K.ITEMSIZE[self.y_dtype]
-        pairs = [(isz[self.x_dtype], K.byte_alignment(xp, self.sx * isz[self.x_dtype])),
-                 (isz_y, K.byte_alignment(yp, n * isz_y))]
+        isz_y = geometry.ITEMSIZE[self.y_dtype]
+        pairs = [(isz[self.x_dtype], geometry.byte_alignment(xp, self.sx * isz[self.x_dtype])),
+                 (isz_y, geometry.byte_alignment(yp, n * isz_y))]
         if self.has_w:
-            pairs.append((isz[self.w_dtype], K.byte_alignment(wp, self.sw * isz[self.w_dtype])))
+            pairs.append((isz[self.w_dtype], geometry.byte_alignment(wp, self.sw * isz[self.w_dtype])))
         if self.has_b:
-            pairs.append((isz[self.w_dtype], K.byte_alignment(bp, self.sb * isz[self.w_dtype])))
+            pairs.append((isz[self.w_dtype], geometry.byte_alignment(bp, self.sb * isz[self.w_dtype])))
         if self.has_r:
-            pairs += [(isz[self.x_dtype], K.byte_alignment(rp, self.sr * isz[self.x_dtype])),
-                      (isz[self.x_dtype], K.byte_alignment(hp, n * isz[self.x_dtype]))]
-        vec = K.pick_vec(n, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
+            pairs += [(isz[self.x_dtype], geometry.byte_alignment(rp, self.sr * isz[self.x_dtype])),
+                      (isz[self.x_dtype], geometry.byte_alignment(hp, n * isz[self.x_dtype]))]
+        vec = geometry.pick_vec(n, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
         flags = (("bias", self.has_b), ("residual", self.has_r), ("save_stats", self.want_rstd),
                  ("weight", self.has_w), ("zero_centered", self.zero_centered))
         dtypes = (("w", self.w_dtype or "none"), ("x", self.x_dtype), ("y", self.y_dtype))
@@ -213,7 +214,7 @@ def _fwd_launcher(p: FwdPlan, req, cand, kernels):
     return launch
 
 
-def fwd_plan(layer, op, xa: A.Rows, wa, ba, ra, y_dtype: str, eps: float, zero_centered, save_stats,
+def fwd_plan(layer, op, xa: arr.Rows, wa, ba, ra, y_dtype: str, eps: float, zero_centered, save_stats,
              decide) -> FwdPlan:
     p = FwdPlan()
     p.settings = settings()
@@ -230,7 +231,7 @@ def fwd_plan(layer, op, xa: A.Rows, wa, ba, ra, y_dtype: str, eps: float, zero_c
     p.sb = ba.row_stride if ba is not None else 0
     p.sr = ra.row_stride if ra is not None else 0
     p.eps = np.float32(eps)
-    p.isz = K.ITEMSIZE
+    p.isz = geometry.ITEMSIZE
     p.zero_centered = bool(zero_centered)
     p.launchers = {}
     p.decide = decide
@@ -261,15 +262,15 @@ class BwdPlan:
         return (dx, dw, db) if self.layer else (dx, dw)
 
     def _launcher(self, key, xp, wp, dyp, dresp, dxp):
-        n, isz = self.n, K.ITEMSIZE
-        pairs = [(isz[self.x_dtype], K.byte_alignment(xp, self.sx * isz[self.x_dtype])),
-                 (isz[self.dy_dtype], K.byte_alignment(dyp, self.sdy * isz[self.dy_dtype])),
-                 (isz[self.dx_dtype], K.byte_alignment(dxp, n * isz[self.dx_dtype]))]
+        n, isz = self.n, geometry.ITEMSIZE
+        pairs = [(isz[self.x_dtype], geometry.byte_alignment(xp, self.sx * isz[self.x_dtype])),
+                 (isz[self.dy_dtype], geometry.byte_alignment(dyp, self.sdy * isz[self.dy_dtype])),
+                 (isz[self.dx_dtype], geometry.byte_alignment(dxp, n * isz[self.dx_dtype]))]
         if self.has_w:
-            pairs.append((isz[self.w_dtype], K.byte_alignment(wp, self.sw * isz[self.w_dtype])))
+            pairs.append((isz[self.w_dtype], geometry.byte_alignment(wp, self.sw * isz[self.w_dtype])))
         if self.has_dres:
-            pairs.append((isz[self.dx_dtype], K.byte_alignment(dresp, self.sdres * isz[self.dx_dtype])))
-        vec = K.pick_vec(n, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
+            pairs.append((isz[self.dx_dtype], geometry.byte_alignment(dresp, self.sdres * isz[self.dx_dtype])))
+        vec = geometry.pick_vec(n, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
         flags = (("bias_grad", self.want_db), ("dresidual", self.has_dres), ("weight", self.has_w),
                  ("weight_grad", self.want_dw), ("zero_centered", self.zero_centered))
         dtypes = (("dx", self.dx_dtype), ("dy", self.dy_dtype), ("w", self.w_dtype or "none"), ("x", self.x_dtype))
@@ -284,7 +285,7 @@ class BwdPlan:
         return launch
 
 
-def bwd_plan(layer, op, xa: A.Rows, dya: A.Rows, wa, dra, dx_dtype: str, w_dtype, want_dw, want_db,
+def bwd_plan(layer, op, xa: arr.Rows, dya: arr.Rows, wa, dra, dx_dtype: str, w_dtype, want_dw, want_db,
              zero_centered, decide) -> BwdPlan:
     p = BwdPlan()
     p.settings = settings()

@@ -24,8 +24,7 @@ from rtckern import tuning
 from rtckern.errors import RtckernError
 
 from . import candidates as cands
-from . import geometry as K
-from . import launch as L
+from . import configs, geometry, launch
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +43,18 @@ CONFIG_FIELDS = ("kind", "norm", "dtype", "n", "vec")
 # ---- the tables' problems ---------------------------------------------------------------------------------------
 def table_problem(direction: str, norm: str, dtype: str, n: int, vec: int | None = None):
     """The problem a table row is measured on (see the module docstring)."""
-    vec = vec or 16 // K.ITEMSIZE[dtype]
+    vec = vec or 16 // geometry.ITEMSIZE[dtype]
     layer = norm == "layer"
     if direction == "fwd":
-        return K.FwdProblem(layer=layer, n=n, x=dtype, y=dtype, w=dtype, bias=layer, vec=vec)
-    return K.BwdProblem(layer=layer, n=n, x=dtype, dy=dtype, dx=dtype, w=dtype, weight_grad=True, bias_grad=layer,
-                        vec=vec)
+        return geometry.FwdProblem(layer=layer, n=n, x=dtype, y=dtype, w=dtype, bias=layer, vec=vec)
+    return geometry.BwdProblem(layer=layer, n=n, x=dtype, dy=dtype, dx=dtype, w=dtype, weight_grad=True,
+                               bias_grad=layer, vec=vec)
 
 
 def specs_for(direction: str, p, kind: str, cfg, arch) -> tuple:
     if direction == "fwd":
-        return (L.fwd_spec(p, kind, cfg, arch),)
-    return L.bwd_specs(p, kind, cfg, arch)
+        return (geometry.fwd_spec(p, kind, cfg, arch),)
+    return geometry.bwd_specs(p, kind, cfg, arch)
 
 
 # ---- candidate configs ------------------------------------------------------------------------------------------
@@ -67,7 +66,7 @@ OPTS = {("fwd", "rows"): (0, 2, 1, 5), ("bwd", "rows"): (1, 5, 0),
 L2C_OPTS = (0, 8, 32, 40, 96)
 L2C_POLICY_OPTS = (0, 32, 96)  # these also with the L2 access policies (OPT 256)
 # Backward rows past the swept lengths (N > 65536): the kinds that serve them.
-_S = K.SplitConfig
+_S = geometry.SplitConfig
 LONG_ROW_CONFIGS = {
     "coop": (_S(512, 8, 0), _S(512, 16, 0), _S(1024, 16, 0), _S(512, 32, 0), _S(256, 32, 0)),
     "l2c": (_S(512, 8, 0), _S(1024, 8, 0), _S(512, 16, 0), _S(256, 16, 0), _S(512, 16, 32), _S(512, 16, 64)),
@@ -75,7 +74,7 @@ LONG_ROW_CONFIGS = {
 }
 
 
-def rows_configs(n: int, vec: int, opts=(0, 1)) -> list[K.RowsConfig]:
+def rows_configs(n: int, vec: int, opts=(0, 1)) -> list[geometry.RowsConfig]:
     packs = n // vec
     out = []
     for nv in (1, 2, 3, 4, 5, 6, 8):
@@ -84,143 +83,145 @@ def rows_configs(n: int, vec: int, opts=(0, 1)) -> list[K.RowsConfig]:
         tpr = packs // nv
         for opt in opts:
             if tpr <= 32 and tpr & (tpr - 1) == 0:
-                out += [K.RowsConfig(tpr, max(1, 128 // tpr), opt), K.RowsConfig(tpr, max(1, 256 // tpr), opt)]
+                out += [geometry.RowsConfig(tpr, max(1, 128 // tpr), opt),
+                        geometry.RowsConfig(tpr, max(1, 256 // tpr), opt)]
             elif tpr % 32 == 0 and tpr <= 1024:
-                out.append(K.RowsConfig(tpr, 1, opt))
-    c = K.rows_config(n, vec)
-    out += [K.RowsConfig(c.tpr, c.rpb, opt) for opt in opts]
+                out.append(geometry.RowsConfig(tpr, 1, opt))
+    c = geometry.rows_config(n, vec)
+    out += [geometry.RowsConfig(c.tpr, c.rpb, opt) for opt in opts]
     return list(dict.fromkeys(out))
 
 
-def split_configs(n: int, vec: int, itemsize: int, cap: int, lo: int, hi: int, opts=(0, 1)) -> list[K.SplitConfig]:
+def split_configs(n: int, vec: int, itemsize: int, cap: int, lo: int, hi: int,
+                  opts=(0, 1)) -> list[geometry.SplitConfig]:
     out = []
     for parts in (2, 4, 8):
         if parts > cap:
             continue
         for threads in (128, 256, 512):
-            b = K.packs_per_thread(n, vec, threads, parts) * vec * itemsize
-            if lo <= b <= hi and K.slice_cols(n, vec, parts) * (parts - 1) < n:
-                out += [K.SplitConfig(threads, parts, opt) for opt in opts]
+            b = geometry.packs_per_thread(n, vec, threads, parts) * vec * itemsize
+            if lo <= b <= hi and geometry.slice_cols(n, vec, parts) * (parts - 1) < n:
+                out += [geometry.SplitConfig(threads, parts, opt) for opt in opts]
     return out
 
 
-def affine_configs(p, optin: int) -> list[K.SplitConfig]:
+def affine_configs(p, optin: int) -> list[geometry.SplitConfig]:
     """Persistent cluster forward with the weight / bias slice in shared memory (OPT 512 with persist, raw x
     re-converted after the reduction, default-cached or streaming loads; with and without OPT 1024, the next
     row's statistics and cluster barrier before this row's write): 256-1024 threads, 2-8 blocks per row."""
     out = []
     for parts in (2, 4, 8):
         for threads in (256, 512, 1024):
-            base = K.PERSIST | 4 | K.SMEM_AFFINE
-            for opt in (base, base | 2, base | K.PIPE_STATS, base | 2 | K.PIPE_STATS):
-                cfg = K.SplitConfig(threads, parts, opt)
-                if 16 <= K.fwd_thread_bytes(p, "cluster", cfg) and \
-                        L.fwd_feasible(p, "cluster", cfg, smem_optin=optin) is None:
+            base = geometry.PERSIST | 4 | geometry.SMEM_AFFINE
+            for opt in (base, base | 2, base | geometry.PIPE_STATS, base | 2 | geometry.PIPE_STATS):
+                cfg = geometry.SplitConfig(threads, parts, opt)
+                if 16 <= geometry.fwd_thread_bytes(p, "cluster", cfg) and \
+                        geometry.fwd_feasible(p, "cluster", cfg, smem_optin=optin) is None:
                     out.append(cfg)
     return out
 
 
-def l2_configs(p, backward: bool, sm90: bool, optin: int, l2_policy: bool = True) -> list[K.L2Config]:
+def l2_configs(p, backward: bool, sm90: bool, optin: int, l2_policy: bool = True) -> list[geometry.L2Config]:
     """Threads per block x min blocks per SM (forward: x default-cached pass 2; rows of 32 KB and more: x the
     largest shared-memory stash that lets 1-4 blocks share an SM; on sm_90, also each row split over a cluster of
     2 or 4 blocks, with and without a stash); with l2_policy, each (default-cached pass 2 aside) also with the L2
     access policies."""
     out = []
-    feas = L.bwd_feasible if backward else L.fwd_feasible
+    feas = geometry.bwd_feasible if backward else geometry.fwd_feasible
     for threads in (128, 256, 512, 1024):
         for minb in (1, 2, 4, 8):  # minb 4 / 8 for 128-256 threads: a 64 / 32-register cap, more blocks per SM
             if minb * threads > 2048 or (minb == 2 and threads < 512) or (backward and threads == 128) or \
                     (minb > 2 and (backward or threads > 256)):
                 continue
             for opt in ((1, 0) if backward else (0, 2)):
-                cfg = K.L2Config(threads, minb, opt)
+                cfg = geometry.L2Config(threads, minb, opt)
                 if feas(p, "l2", cfg, smem_optin=optin) is None and (p.n // p.vec) >= threads // 2:
                     out.append(cfg)
-    if not backward and p.n * K.ITEMSIZE[p.x] >= 32768:
+    if not backward and p.n * geometry.ITEMSIZE[p.x] >= 32768:
         out += l2_stash_configs(p, optin)
         if sm90:
             out += l2_split_configs(p, optin)
     if l2_policy:
-        out += [dataclasses.replace(c, opt=c.opt | K.L2_POLICY) for c in out if not c.opt & 2]
+        out += [dataclasses.replace(c, opt=c.opt | geometry.L2_POLICY) for c in out if not c.opt & 2]
     return out
 
 
 def _stash_minb(p, threads: int, stash: int) -> int:
-    per_block = stash * threads * p.vec * K.ITEMSIZE[p.x] + 1024 + K.FWD_L2_STATIC_SMEM
+    per_block = stash * threads * p.vec * geometry.ITEMSIZE[p.x] + 1024 + geometry.FWD_L2_STATIC_SMEM
     return min(SMEM_PER_SM // per_block, 2048 // threads, 4)
 
 
 def _stash_fit(p, threads: int, blocks: int) -> int:
-    return (SMEM_PER_SM // blocks - 1024 - K.FWD_L2_STATIC_SMEM) // (threads * p.vec * K.ITEMSIZE[p.x])
+    return (SMEM_PER_SM // blocks - 1024 - geometry.FWD_L2_STATIC_SMEM) // (threads * p.vec * geometry.ITEMSIZE[p.x])
 
 
-def l2_split_configs(p, optin: int) -> list[K.L2Config]:
+def l2_split_configs(p, optin: int) -> list[geometry.L2Config]:
     """Forward l2 with the row split over clusters of 2 / 4 blocks: 256-1024 threads, plain (minb 1 / 2, both
     pass-2 cache policies) and with the largest stash that fits 1-3 blocks per SM."""
     out = {}
     for parts in (2, 4):
         for threads in (256, 512, 1024):
-            if K.slice_cols(p.n, p.vec, parts) // p.vec < threads // 2:
+            if geometry.slice_cols(p.n, p.vec, parts) // p.vec < threads // 2:
                 continue
             for minb in (1, 2):
                 if minb * threads <= 2048:
                     for opt in (0, 2):
-                        out[(parts, threads, minb, opt, 0)] = K.L2Config(threads, minb, opt, 0, parts)
-            nv = K.packs_per_thread(p.n, p.vec, threads, parts)
+                        out[(parts, threads, minb, opt, 0)] = geometry.L2Config(threads, minb, opt, 0, parts)
+            nv = geometry.packs_per_thread(p.n, p.vec, threads, parts)
             for blocks in (1, 2, 3):
                 if blocks * threads > 2048:
                     continue
                 stash = min(nv, _stash_fit(p, threads, blocks))
                 minb = _stash_minb(p, threads, stash)
                 if stash >= 1:
-                    out[(parts, threads, minb, 0, stash)] = K.L2Config(threads, minb, 0, stash, parts)
-    return [c for c in out.values() if L.fwd_feasible(p, "l2", c, smem_optin=optin) is None]
+                    out[(parts, threads, minb, 0, stash)] = geometry.L2Config(threads, minb, 0, stash, parts)
+    return [c for c in out.values() if geometry.fwd_feasible(p, "l2", c, smem_optin=optin) is None]
 
 
-def l2_stash_configs(p, optin: int) -> list[K.L2Config]:
+def l2_stash_configs(p, optin: int) -> list[geometry.L2Config]:
     """Forward l2 with a stash: for 256-1024 threads and 1-4 blocks per SM, the largest stash that fits (and one
     pack less); minb = the blocks per SM the stash allows (the register cap that matches)."""
     out = {}
     for threads in (256, 512, 1024):
-        nv = K.packs_per_thread(p.n, p.vec, threads)
+        nv = geometry.packs_per_thread(p.n, p.vec, threads)
         for blocks in (1, 2, 3, 4):
             if blocks * threads > 2048:
                 continue
             fit = _stash_fit(p, threads, blocks)
             for stash in (min(nv, fit), min(nv, fit) - 1):
-                cfg = K.L2Config(threads, _stash_minb(p, threads, stash), 0, stash)
-                if stash >= 1 and L.fwd_feasible(p, "l2", cfg, smem_optin=optin) is None:
+                cfg = geometry.L2Config(threads, _stash_minb(p, threads, stash), 0, stash)
+                if stash >= 1 and geometry.fwd_feasible(p, "l2", cfg, smem_optin=optin) is None:
                     out[(threads, stash)] = cfg
     return list(out.values())
 
 
-def stage_configs(p, optin: int) -> list[K.StageConfig]:
+def stage_configs(p, optin: int) -> list[geometry.StageConfig]:
     """Staged backward: threads per block (4 to 32 columns per thread) x rows in flight that fit."""
     out = []
     for threads in (128, 160, 256, 320, 384, 512, 640, 768, 1024):  # 160 / 320 / 640: N = 5120 in whole packs
-        cols = K.packs_per_thread(p.n, p.vec, threads) * p.vec
-        if not 4 <= cols <= K.BWD_STAGE_MAX_THREAD_COLS or (p.n // p.vec) < threads // 2:
+        cols = geometry.packs_per_thread(p.n, p.vec, threads) * p.vec
+        if not 4 <= cols <= geometry.BWD_STAGE_MAX_THREAD_COLS or (p.n // p.vec) < threads // 2:
             continue
         for depth in (2, 3, 4, 6):
-            cfg = K.StageConfig(threads, depth)
-            if L.bwd_feasible(p, "stage", cfg, smem_optin=optin) is None:
+            cfg = geometry.StageConfig(threads, depth)
+            if geometry.bwd_feasible(p, "stage", cfg, smem_optin=optin) is None:
                 out.append(cfg)
     return out
 
 
-def l2c_configs(p, optin: int, l2_policy: bool = True) -> list[K.SplitConfig]:
+def l2c_configs(p, optin: int, l2_policy: bool = True) -> list[geometry.SplitConfig]:
     """Cluster size (16: non-portable) x threads per block x OPT, 4 to 32 columns per thread."""
-    opts = L2C_OPTS + (tuple(o | K.L2_POLICY for o in L2C_POLICY_OPTS) if l2_policy else ())
+    opts = L2C_OPTS + (tuple(o | geometry.L2_POLICY for o in L2C_POLICY_OPTS) if l2_policy else ())
     out = []
     for parts in (2, 4, 8, 16):
         for threads in (128, 256, 512):
-            cols = K.packs_per_thread(p.n, p.vec, threads, parts) * p.vec
-            if not 4 <= cols <= K.BWD_L2C_MAX_THREAD_COLS:
+            cols = geometry.packs_per_thread(p.n, p.vec, threads, parts) * p.vec
+            if not 4 <= cols <= geometry.BWD_L2C_MAX_THREAD_COLS:
                 continue
             for opt in opts:
-                cfg = K.SplitConfig(threads, parts, opt)
-                if L.bwd_feasible(p, "l2c", cfg, smem_optin=optin) is None and \
-                        K.slice_cols(p.n, p.vec, parts) // p.vec >= threads // 2:
+                cfg = geometry.SplitConfig(threads, parts, opt)
+                if geometry.bwd_feasible(p, "l2c", cfg, smem_optin=optin) is None and \
+                        geometry.slice_cols(p.n, p.vec, parts) // p.vec >= threads // 2:
                     out.append(cfg)
     return out
 
@@ -229,39 +230,39 @@ def _swept(direction: str, p, device, l2_policy: bool) -> list[tuple[str, Any]]:
     """(kind, config) the sweeps time for p (the rules that made the shipped tables)."""
     sm90 = not device.arch.gfx and device.arch.cc >= (9, 0)
     optin, warp = device.max_smem_per_block_optin, device.warp_size
-    n, isz = p.n, K.ITEMSIZE[p.x]
+    n, isz = p.n, geometry.ITEMSIZE[p.x]
     out: list[tuple[str, Any]] = []
     if direction == "fwd":
         out += [("l2", c) for c in l2_configs(p, False, sm90, optin, l2_policy)]
         out += [("rows", c) for c in rows_configs(n, p.vec, OPTS[("fwd", "rows")])
-                if L.fwd_feasible(p, "rows", c, warp, optin) is None]
+                if geometry.fwd_feasible(p, "rows", c, warp, optin) is None]
         if sm90 and n * isz >= 8192:
-            out += [("cluster", c) for c in split_configs(n, p.vec, isz, K.MAX_CLUSTER, 16, 128,
+            out += [("cluster", c) for c in split_configs(n, p.vec, isz, geometry.MAX_CLUSTER, 16, 128,
                                                           OPTS[("fwd", "cluster")])
-                    if L.fwd_feasible(p, "cluster", c, warp, optin) is None]
+                    if geometry.fwd_feasible(p, "cluster", c, warp, optin) is None]
         if sm90 and n * isz >= 16384:
             out += [("cluster", c) for c in affine_configs(p, optin)]
         if n >= SWEPT_ROW_LIMIT:
-            c = L.fwd_heuristic(p, "coop", warp)
+            c = configs.fwd_heuristic(p, "coop", warp)
             out += [("coop", c)] if c is not None else []
         return out
     out += [("l2", c) for c in l2_configs(p, True, sm90, optin, l2_policy)]
     out += [("rows", c) for c in rows_configs(n, p.vec, OPTS[("bwd", "rows")])
-            if L.bwd_feasible(p, "rows", c, warp, optin) is None]
+            if geometry.bwd_feasible(p, "rows", c, warp, optin) is None]
     if sm90 and n * isz >= 8192:
         out += [("l2c", c) for c in l2c_configs(p, optin, l2_policy)]
     if n * isz >= 8192:
         out += [("stage", c) for c in stage_configs(p, optin)]
     if sm90 and n * isz >= 8192:
-        out += [("cluster", c) for c in split_configs(n, p.vec, 1, K.MAX_CLUSTER, 4, K.BWD_MAX_THREAD_ELEMS,
-                                                      OPTS[("bwd", "cluster")])
-                if L.bwd_feasible(p, "cluster", c, warp, optin) is None]
+        swept = split_configs(n, p.vec, 1, geometry.MAX_CLUSTER, 4, geometry.BWD_MAX_THREAD_ELEMS,
+                              OPTS[("bwd", "cluster")])
+        out += [("cluster", c) for c in swept if geometry.bwd_feasible(p, "cluster", c, warp, optin) is None]
     if n >= SWEPT_ROW_LIMIT:
-        c = L.bwd_heuristic(p, "coop", warp)
+        c = configs.bwd_heuristic(p, "coop", warp)
         out += [("coop", c)] if c is not None else []
     if n > SWEPT_ROW_LIMIT:
         out += [(kind, c) for kind, cfgs in LONG_ROW_CONFIGS.items() for c in cfgs
-                if (sm90 or kind == "coop") and L.bwd_feasible(p, kind, c, warp, optin) is None]
+                if (sm90 or kind == "coop") and geometry.bwd_feasible(p, kind, c, warp, optin) is None]
     return out
 
 
@@ -271,23 +272,23 @@ def sweep_configs(direction: str, p, device, kinds: Sequence[str] | None = None,
     the tables or heuristics give each kind now, without duplicates."""
     sm90 = not device.arch.gfx and device.arch.cc >= (9, 0)
     out = [(k, c) for k, c in _swept(direction, p, device, l2_policy) if kinds is None or k in kinds]
-    for kind in K.KINDS:
-        if (direction == "fwd" and kind in K.BWD_ONLY_KINDS) or (kind in ("cluster", "l2c") and not sm90):
+    for kind in geometry.KINDS:
+        if (direction == "fwd" and kind in geometry.BWD_ONLY_KINDS) or (kind in ("cluster", "l2c") and not sm90):
             continue
-        cfg = (L.fwd_config if direction == "fwd" else L.bwd_config)(p, kind, device)
+        cfg = (configs.fwd_config if direction == "fwd" else configs.bwd_config)(p, kind, device)
         if cfg is not None:
             out.append((kind, cfg))
     return list(dict.fromkeys(out))
 
 
 def config_dict(kind: str, cfg) -> dict[str, Any]:
-    return {"kind": kind, **L.cfg_to_json(cfg)}
+    return {"kind": kind, **configs.cfg_to_json(cfg)}
 
 
 def config_of(config: Mapping[str, Any]) -> tuple[str, Any]:
     c = dict(config)
     kind = c.pop("kind")
-    return kind, L._cfg_from_json(kind, c)
+    return kind, configs.cfg_from_json(kind, c)
 
 
 # ---- measuring --------------------------------------------------------------------------------------------------
@@ -377,16 +378,16 @@ def launcher(torch, data: Data, direction: str, p, kind: str, cfg, kernels):
 
     n = p.n
     if direction == "fwd":
-        call = L.FwdCall(x=ptr(data.x), residual=0, h=0, w=ptr(data.w), b=ptr(data.b) if layer else 0,
-                         y=ptr(data.y), mean=0, rstd=0, eps=EPS, rows=data.rows, sx=n, sr=0, sh=0, sy=n,
-                         stream=stream, zeros_u32=zeros_u32, empty_f32=empty_f32)
-        return lambda: L.launch_fwd(p, kind, cfg, kernels[0], call)
+        call = launch.FwdCall(x=ptr(data.x), residual=0, h=0, w=ptr(data.w), b=ptr(data.b) if layer else 0,
+                              y=ptr(data.y), mean=0, rstd=0, eps=EPS, rows=data.rows, sx=n, sr=0, sh=0, sy=n,
+                              stream=stream, zeros_u32=zeros_u32, empty_f32=empty_f32)
+        return lambda: launch.launch_fwd(p, kind, cfg, kernels[0], call)
     norm = "layer" if layer else "rms"
-    call = L.BwdCall(x=ptr(data.x), w=ptr(data.w), dy=ptr(data.dy), dres=0,
-                     mean=ptr(data.mean) if layer else 0, rstd=ptr(data.rstd[norm]), dx=ptr(data.dx),
-                     dw=ptr(data.dw), db=ptr(data.db) if layer else 0, rows=data.rows, sx=n, sdy=n,
-                     sdres=0, sdx=n, stream=stream, zeros_u32=zeros_u32, empty_f32=empty_f32)
-    return lambda: L.launch_bwd(p, kind, cfg, kernels, call)
+    call = launch.BwdCall(x=ptr(data.x), w=ptr(data.w), dy=ptr(data.dy), dres=0,
+                          mean=ptr(data.mean) if layer else 0, rstd=ptr(data.rstd[norm]), dx=ptr(data.dx),
+                          dw=ptr(data.dw), db=ptr(data.db) if layer else 0, rows=data.rows, sx=n, sdy=n,
+                          sdres=0, sdx=n, stream=stream, zeros_u32=zeros_u32, empty_f32=empty_f32)
+    return lambda: launch.launch_bwd(p, kind, cfg, kernels, call)
 
 
 def check(torch, data: Data, direction: str, norm: str) -> float:
@@ -481,7 +482,7 @@ class NormTuner(tuning.Tuner):
                                                             self.l2_policy)]
 
     def table_names(self) -> list[str]:
-        return [L.TABLE_FWD if self.direction == "fwd" else L.TABLE_BWD, L.TABLE_KIND]
+        return [configs.TABLE_FWD if self.direction == "fwd" else configs.TABLE_BWD, configs.TABLE_KIND]
 
     def prepare(self, req, configs) -> None:
         p, arch = self.problem(req), req.device.target()
@@ -509,13 +510,13 @@ class NormTuner(tuning.Tuner):
             raise RtckernError("measuring a norm config needs a live GPU")
         kind, cfg = config_of(config)
         p = self.problem(req)
-        why = (L.fwd_feasible if self.direction == "fwd" else L.bwd_feasible)(
+        why = (geometry.fwd_feasible if self.direction == "fwd" else geometry.bwd_feasible)(
             p, kind, cfg, req.device.warp_size, req.device.max_smem_per_block_optin)
         if why is not None:
             raise RtckernError(why)
         with torch.cuda.device(req.device.ordinal):
             data = self.data(torch, req)
-            kernels = L.load(specs_for(self.direction, p, kind, cfg, req.device.target()), req.device.ordinal)
+            kernels = launch.load(specs_for(self.direction, p, kind, cfg, req.device.target()), req.device.ordinal)
             fn = launcher(torch, data, self.direction, p, kind, cfg, kernels)
             data.y.fill_(float("nan"))
             data.dx.fill_(float("nan"))
@@ -553,12 +554,12 @@ def norm_rows(direction: str, norm: str, req, winner: tuning.Row, trials: Sequen
         shape = (("kind", kind), ("norm", norm), ("dtype", dtype), ("n", n), ("vec", vec))
         cfg = {k: v for k, v in best[kind].config.items() if k != "kind"}
         cfg_rows.append(tuning.Row(winner.arch, winner.sm_count, shape, cfg, meta(best[kind])))
-    out = [(L.TABLE_FWD if direction == "fwd" else L.TABLE_BWD, CONFIG_FIELDS, cfg_rows)]
+    out = [(configs.TABLE_FWD if direction == "fwd" else configs.TABLE_BWD, CONFIG_FIELDS, cfg_rows)]
     eligible = {k: t for k, t in best.items() if k != "coop" or n > SWEPT_ROW_LIMIT}
     if eligible:
         kind = min(eligible, key=lambda k: eligible[k].seconds)
         shape = (("dir", direction), ("norm", norm), ("dtype", dtype), ("n", n))
-        out.append((L.TABLE_KIND, KIND_FIELDS,
+        out.append((configs.TABLE_KIND, KIND_FIELDS,
                     [tuning.Row(winner.arch, winner.sm_count, shape, {"kind": kind}, meta(eligible[kind]))]))
     return out
 
