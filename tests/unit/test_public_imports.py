@@ -145,17 +145,18 @@ ALLOWED: dict[str, dict[str, str]] = {
     },
     "tests/unit/ops/test_softmax.py": {
         "rtckern.ops._softmax.api": "the scale parser (_scale): the op parses scale on its first launch, "
-                                     "which fake arrays do not reach",
+                                    "which fake arrays do not reach",
         "rtckern.ops._softmax.candidates": "the candidates' configs memo and one-pass specs",
+        "rtckern.ops._softmax.configs": "the tuned tables and their lookup (TABLES, KEY_FIELDS, tuned_onepass, "
+                                        "config_dict)",
         "rtckern.ops._softmax.geometry": LAUNCH + " (row geometry, kernel names, template args)",
-        "rtckern.ops._softmax.ring": "the ring kernel's name and sweep",
-        "rtckern.ops._softmax.configs": "the tuned tables and their sweep (TABLES, KEY_FIELDS, tuned_onepass)",
+        "rtckern.ops._softmax.tune": "the tuner's sweep (sweep_configs): every config it times fits and compiles",
     },
     "tests/unit/ops/test_softmax_ring.py": {
-        "rtckern.ops._softmax.candidates": "the candidates' configs and rings memos",
-        "rtckern.ops._softmax.geometry": LAUNCH + " (the geometry constants)",
-        "rtckern.ops._softmax.ring": "the ring geometry (Ring, default_ring, fits, sweep_rings)",
-        "rtckern.ops._softmax.configs": "the ring tables and their tuner (tune_problem, RING_KEY_FIELDS)",
+        "rtckern.ops._softmax.configs": "the ring tables and their lookup (table, KEY_FIELDS, RING_KEY_FIELDS)",
+        "rtckern.ops._softmax.geometry": LAUNCH + " (the geometry constants, the kernel source)",
+        "rtckern.ops._softmax.ring": "the ring geometry (Ring, default_ring, fits, sweep_rings, kernel_name)",
+        "rtckern.ops._softmax.tune": "the problem each mask kind is timed on (tune_problem)",
     },
     "tests/unit/plugins/test_torch_plugin.py": {
         "rtckern.plugins._torch_dispatch": "the dispatcher's reference mode and trace-time strictness",

@@ -24,11 +24,12 @@ import math
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
+from rtckern.registry import select
+from rtckern.runtime import arrays as arr
+
 from . import candidates as cands
 from . import plan as fast
 from .configs import DTYPES, HEAD_DIMS
-from rtckern.registry import select
-from rtckern.runtime import arrays as arr
 
 __all__ = ["attention"]
 

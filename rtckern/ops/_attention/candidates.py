@@ -24,11 +24,12 @@ import numpy as np
 
 from rtckern import tuning
 from rtckern.device import DeviceInfo
-from . import configs as cfgs
 from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder
 from rtckern.registry import options as opts
 from rtckern.registry.core_api import target_for
 from rtckern.spec import KernelSpec
+
+from . import configs as cfgs
 
 OP = "attention"
 _LOG2E = math.log2(math.e)

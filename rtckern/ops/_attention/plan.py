@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
-from . import candidates as cands
 from rtckern.runtime.streams import torch_stream
+
+from . import candidates as cands
 
 _MAX_PLANS = 4096
 _torch_types = PlanCache("attention.torch_types", 64)  # classes that passed the full path's checks

@@ -31,11 +31,12 @@ from rtckern.caches import PlanCache
 from rtckern import config
 from rtckern.dtypes import parse_dtype
 from rtckern.errors import InputError
+from rtckern.runtime import arrays as arr
+
 from . import plan as C
 from . import candidates as cands
 from . import launch as L
 from . import geometry as P
-from rtckern.runtime import arrays as arr
 
 __all__ = ["gemm", "ACTIVATIONS"]
 

@@ -22,6 +22,7 @@ from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
     register_request_builder, select
 from rtckern.registry import options as opts
+
 from . import launch as L
 from . import geometry as P
 from . import configs as T

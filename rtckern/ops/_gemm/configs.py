@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from rtckern import tuning
+
 from . import geometry as P
 
 OP = "gemm"

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from rtckern import tuning
 from rtckern.dtypes import torch_dtype, unit_roundoff
 from rtckern.errors import RtckernError
+
 from . import launch as L
 from . import geometry as P
 from . import configs as T

@@ -33,10 +33,10 @@ import numpy as np
 
 from rtckern.dtypes import FLOATS
 from rtckern.errors import InputError
-from . import candidates as cands
-from . import plan as fast
-from . import geometry as plan
 from rtckern.runtime import arrays as arr
+
+from . import candidates as cands
+from . import geometry, plan
 
 __all__ = [
     "softmax", "softmax_backward", "scaled_masked_softmax", "scaled_masked_softmax_backward",
@@ -62,20 +62,20 @@ def _scale(scale) -> np.float32:
             from None
 
 
-def _run_forward(op: str, a: arr.DeviceArray, geom: plan.RowGeometry, scale, mask: arr.DeviceArray | None,
+def _run_forward(op: str, a: arr.DeviceArray, geom: geometry.RowGeometry, scale, mask: arr.DeviceArray | None,
                  objs: tuple):
     if geom.rows == 0 or geom.n == 0:
         return arr.empty(a, a.shape, a.dtype)[0]
-    p = fast.Plan(op, a, geom, lambda: _scale(scale), mask is not None)
+    p = plan.Plan(op, a, geom, lambda: _scale(scale), mask is not None)
     if a.lib == "torch":
-        fast.remember((op, objs[0], objs[1], scale), p, *objs)
+        plan.remember((op, objs[0], objs[1], scale), p, *objs)
     return p.forward(a.ptr, mask.ptr if mask is not None else 0)
 
 
-def _run_backward(op: str, y, dy, scale, geometry) -> object:
-    k = fast.key(op, y, dy, scale)
+def _run_backward(op: str, y, dy, scale, geometry_of) -> object:
+    k = plan.key(op, y, dy, scale)
     if k is not None:
-        p = fast.lookup(k)
+        p = plan.lookup(k)
         if p is not None:
             return p.backward(y.data_ptr(), dy.data_ptr())
     ya = _input(y, "y")
@@ -85,45 +85,45 @@ def _run_backward(op: str, y, dy, scale, geometry) -> object:
         raise InputError(f"dy has shape {dya.shape} but y has {ya.shape}; they must match")
     if dya.dtype != ya.dtype:
         raise InputError(f"dy has dtype {dya.dtype} but y has {ya.dtype}; they must match")
-    geom = geometry(ya)
+    geom = geometry_of(ya)
     if geom.rows == 0 or geom.n == 0:
         return arr.empty(ya, ya.shape, ya.dtype)[0]
-    p = fast.Plan(op, ya, geom, lambda: _scale(scale), False)
+    p = plan.Plan(op, ya, geom, lambda: _scale(scale), False)
     if ya.lib == "torch":
-        fast.remember((op, y, dy, scale), p, y, dy)
+        plan.remember((op, y, dy, scale), p, y, dy)
     return p.backward(ya.ptr, dya.ptr)
 
 
 def _hit(op: str, x, mask, scale):
     """The memoized plan of this call's signature (torch tensors seen before), else None."""
-    k = fast.key(op, x, mask, scale)
-    return fast.lookup(k) if k is not None else None
+    k = plan.key(op, x, mask, scale)
+    return plan.lookup(k) if k is not None else None
 
 
 # ---- geometry of each op -------------------------------------------------------------------------------------
-def _plain_geometry(a: arr.DeviceArray) -> plan.RowGeometry:
+def _plain_geometry(a: arr.DeviceArray) -> geometry.RowGeometry:
     n = a.shape[-1] if a.shape else 1
-    return plan.RowGeometry(rows=a.numel // n if n else 0, n=n)
+    return geometry.RowGeometry(rows=a.numel // n if n else 0, n=n)
 
 
-def _square_causal_geometry(a: arr.DeviceArray) -> plan.RowGeometry:
+def _square_causal_geometry(a: arr.DeviceArray) -> geometry.RowGeometry:
     sq, sk = a.shape[-2], a.shape[-1]
     if sq != sk:
         raise InputError(f"scaled_upper_triang_masked_softmax needs square score matrices (Sq == Sk), got shape "
                          f"{a.shape} with Sq={sq}, Sk={sk}; use scaled_aligned_causal_masked_softmax for Sq != Sk")
-    return plan.RowGeometry(rows=a.numel // sk if sk else 0, n=sk, sq=max(sq, 1), diag_offset=0)
+    return geometry.RowGeometry(rows=a.numel // sk if sk else 0, n=sk, sq=max(sq, 1), diag_offset=0)
 
 
-def _aligned_causal_geometry(a: arr.DeviceArray) -> plan.RowGeometry:
+def _aligned_causal_geometry(a: arr.DeviceArray) -> geometry.RowGeometry:
     sq, sk = a.shape[-2], a.shape[-1]
-    return plan.RowGeometry(rows=a.numel // sk if sk else 0, n=sk, sq=max(sq, 1), diag_offset=sk - sq)
+    return geometry.RowGeometry(rows=a.numel // sk if sk else 0, n=sk, sq=max(sq, 1), diag_offset=sk - sq)
 
 
-def _masked_geometry(a: arr.DeviceArray, mask: arr.DeviceArray | None) -> plan.RowGeometry:
+def _masked_geometry(a: arr.DeviceArray, mask: arr.DeviceArray | None) -> geometry.RowGeometry:
     b, h, sq, sk = a.shape
     mb = mask.shape[0] if mask is not None else b
-    return plan.RowGeometry(rows=b * h * sq, n=sk, sq=max(sq, 1), heads=max(h, 1),
-                            mask_batch_stride=0 if mb == 1 else sq)
+    return geometry.RowGeometry(rows=b * h * sq, n=sk, sq=max(sq, 1), heads=max(h, 1),
+                                mask_batch_stride=0 if mb == 1 else sq)
 
 
 def _check_mask(a: arr.DeviceArray, mask) -> arr.DeviceArray:

@@ -14,31 +14,30 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from rtckern.caches import PlanCache
 from rtckern import config
+from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, Cost, OpRequest, Resources, register, register_kernel_provider, \
-    register_request_builder, select
 from rtckern.errors import OptionError
+from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
+    register_kernel_provider, register_request_builder, select
 from rtckern.registry import options as opts
-from rtckern.registry import default_registry
 from rtckern.registry.candidate import arch_reason, rank_key
 from rtckern.runtime import arrays as arr
 from rtckern.spec import KernelSpec
-from . import geometry as plan
-from . import ring as ring
-from .configs import measured_us, register_tuners, tuned_onepass, tuned_ring
+
+from . import geometry, ring
+from .configs import measured_us, tuned_onepass, tuned_ring
 
 # op name -> (mask kind, direction)
 OPS = {
-    "softmax": (plan.PLAIN, plan.FWD),
-    "scaled_masked_softmax": (plan.MASKED, plan.FWD),
-    "scaled_upper_triang_masked_softmax": (plan.CAUSAL, plan.FWD),
-    "scaled_aligned_causal_masked_softmax": (plan.CAUSAL, plan.FWD),
-    "softmax_backward": (plan.PLAIN, plan.BWD),
-    "scaled_masked_softmax_backward": (plan.PLAIN, plan.BWD),
-    "scaled_upper_triang_masked_softmax_backward": (plan.CAUSAL, plan.BWD),
-    "scaled_aligned_causal_masked_softmax_backward": (plan.CAUSAL, plan.BWD),
+    "softmax": (geometry.PLAIN, geometry.FWD),
+    "scaled_masked_softmax": (geometry.MASKED, geometry.FWD),
+    "scaled_upper_triang_masked_softmax": (geometry.CAUSAL, geometry.FWD),
+    "scaled_aligned_causal_masked_softmax": (geometry.CAUSAL, geometry.FWD),
+    "softmax_backward": (geometry.PLAIN, geometry.BWD),
+    "scaled_masked_softmax_backward": (geometry.PLAIN, geometry.BWD),
+    "scaled_upper_triang_masked_softmax_backward": (geometry.CAUSAL, geometry.BWD),
+    "scaled_aligned_causal_masked_softmax_backward": (geometry.CAUSAL, geometry.BWD),
 }
 
 
@@ -46,7 +45,7 @@ def request(op: str, dtype: str, n: int, vec: int, device: DeviceInfo, mask16: b
     """mask16 (masked forward only): the mask's rows are 16-byte aligned (n % 16 == 0 and an aligned mask), which
     the ring kernel's bulk copies need; it defaults to n % 16 == 0 (a fresh allocation is aligned)."""
     shape = {"n": n, "vec": vec}
-    if OPS[op] == (plan.MASKED, plan.FWD):
+    if OPS[op] == (geometry.MASKED, geometry.FWD):
         shape["mask16"] = int(n % 16 == 0 if mask16 is None else bool(mask16) and n % 16 == 0)
     return OpRequest(op=op, dtypes={"x": dtype}, shape=shape, device=device)
 
@@ -54,23 +53,24 @@ def request(op: str, dtype: str, n: int, vec: int, device: DeviceInfo, mask16: b
 _configs = PlanCache("softmax.onepass_configs")
 
 
-def _config_for(direction: str, req: OpRequest) -> plan.OnePass | None:
+def _config_for(direction: str, req: OpRequest) -> geometry.OnePass | None:
     """The tuning table's config for the request's mask kind (exact or nearest row; the plain kind's table where
     the kind has none), else the rule's. Memoized per request
     (the launch path reads it on every call); tables edited while the process runs are seen by new requests."""
     key = (direction, req)
     if key not in _configs:
-        kind = OPS[req.op][0] if req.op in OPS else plan.PLAIN
+        kind = OPS[req.op][0] if req.op in OPS else geometry.PLAIN
         _configs.put(key, tuned_onepass(direction, req.dtype("x"), req.dim("n"), req.dim("vec"), req.device, kind)[0])
     return _configs[key]
 
 
-def onepass_spec(direction: str, kind: int, dtype: str, vec: int, cfg: plan.OnePass, arch, op: str = "") -> KernelSpec:
-    return KernelSpec(plan.SOURCE, plan.onepass_kernel_name(direction, cfg), arch,
-                      template_args=plan.onepass_template_args(direction, dtype, kind, vec, cfg), op=op)
+def onepass_spec(direction: str, kind: int, dtype: str, vec: int, cfg: geometry.OnePass, arch,
+                 op: str = "") -> KernelSpec:
+    return KernelSpec(geometry.SOURCE, geometry.onepass_kernel_name(direction, cfg), arch,
+                      template_args=geometry.onepass_template_args(direction, dtype, kind, vec, cfg), op=op)
 
 
-def onepass_kernel(direction: str, kind: int, dtype: str, vec: int, cfg: plan.OnePass, req: OpRequest):
+def onepass_kernel(direction: str, kind: int, dtype: str, vec: int, cfg: geometry.OnePass, req: OpRequest):
     """The one-pass kernel of `cfg` loaded on req's (live) device: for tuning and benchmarks."""
     from rtckern.manager import get_manager
     from rtckern.registry.core_api import target_for
@@ -79,10 +79,10 @@ def onepass_kernel(direction: str, kind: int, dtype: str, vec: int, cfg: plan.On
     return get_manager().get(spec, req.device.ordinal)
 
 
-def launch_onepass(kernel, direction: str, cfg: plan.OnePass, dtype: str, vec: int, ptrs: tuple,
-                   geom: plan.RowGeometry, scale, stream, kind: int = plan.PLAIN) -> None:
+def launch_onepass(kernel, direction: str, cfg: geometry.OnePass, dtype: str, vec: int, ptrs: tuple,
+                   geom: geometry.RowGeometry, scale, stream, kind: int = geometry.PLAIN) -> None:
     smem = cfg.smem_bytes(direction, dtype, geom.n, vec, kind)
-    args = plan.fwd_args(*ptrs, geom, scale) if direction == plan.FWD else plan.bwd_args(*ptrs, geom, scale)
+    args = geometry.fwd_args(*ptrs, geom, scale) if direction == geometry.FWD else geometry.bwd_args(*ptrs, geom, scale)
     kernel.launch(cfg.launch_grid(geom), cfg.threads, args, shared_mem=smem, stream=stream)
 
 
@@ -122,8 +122,8 @@ class _SoftmaxCandidate(Candidate):
 
     def _dtype_reason(self, req: OpRequest) -> str | None:
         dt = req.dtype("x")
-        if dt not in plan.CTYPES:
-            return f"dtype {dt} not supported; supported: {', '.join(plan.CTYPES)}"
+        if dt not in geometry.CTYPES:
+            return f"dtype {dt} not supported; supported: {', '.join(geometry.CTYPES)}"
         return None
 
 
@@ -140,7 +140,7 @@ class OnePassCandidate(_SoftmaxCandidate):
             return why
         if _config_for(self.direction, req) is None:
             n, vec, dt = req.dim("n"), req.dim("vec"), req.dtype("x")
-            limit = plan.max_onepass_keys(self.direction, dt, vec, req.device.max_smem_per_block_optin)
+            limit = geometry.max_onepass_keys(self.direction, dt, vec, req.device.max_smem_per_block_optin)
             return (f"a row of {n} {dt} keys (vector width {vec}) exceeds the one-pass limit of {limit} keys on "
                     f"{req.device.arch.sm} ({req.device.max_smem_per_block_optin} B shared memory per block); "
                     "the online candidate serves it")
@@ -149,7 +149,7 @@ class OnePassCandidate(_SoftmaxCandidate):
     def cost(self, req: OpRequest) -> Cost | None:
         return measured_cost(self.direction, self.kind, req, ring=False)
 
-    def config(self, req: OpRequest) -> plan.OnePass | None:
+    def config(self, req: OpRequest) -> geometry.OnePass | None:
         return _config_for(self.direction, req)
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
@@ -162,7 +162,7 @@ class OnePassCandidate(_SoftmaxCandidate):
         smem = cfg.smem_bytes(self.direction, req.dtype("x"), req.dim("n"), req.dim("vec"), self.kind)
         return (Resources(block=cfg.threads, dynamic_smem=smem),)
 
-    def launch(self, req: OpRequest, kernels, a: arr.DeviceArray, ptrs: tuple, geom: plan.RowGeometry, scale,
+    def launch(self, req: OpRequest, kernels, a: arr.DeviceArray, ptrs: tuple, geom: geometry.RowGeometry, scale,
                stream) -> None:
         launch_onepass(kernels[0], self.direction, _config_for(self.direction, req), req.dtype("x"),
                        req.dim("vec"), ptrs, geom, scale, stream, self.kind)
@@ -180,7 +180,7 @@ def ring_config(direction: str, kind: int, req: OpRequest) -> ring.Ring | None:
 
 
 def ring_spec(direction: str, kind: int, dtype: str, cfg: ring.Ring, arch, op: str = "") -> KernelSpec:
-    return KernelSpec(plan.SOURCE, ring.kernel_name(direction), arch,
+    return KernelSpec(geometry.SOURCE, ring.kernel_name(direction), arch,
                       template_args=cfg.template_args(direction, kind, dtype), op=op)
 
 
@@ -220,7 +220,7 @@ class RingCandidate(_SoftmaxCandidate):
         if vec != ring.vec(dt):
             return (f"rows of {n} {dt} keys at vector width {vec}: bulk copies need 16-byte aligned rows "
                     f"(n a multiple of {ring.vec(dt)} and aligned arrays); the one-pass candidate serves them")
-        if (self.kind, self.direction) == (plan.MASKED, plan.FWD) and not req.dim("mask16"):
+        if (self.kind, self.direction) == (geometry.MASKED, geometry.FWD) and not req.dim("mask16"):
             return (f"mask rows of {n} bytes are not 16-byte aligned (n % 16 != 0 or an offset mask); "
                     "the one-pass candidate serves them")
         if ring_config(self.direction, self.kind, req) is None:
@@ -241,14 +241,17 @@ class RingCandidate(_SoftmaxCandidate):
     def launch_resources(self, req: OpRequest):
         cfg = ring_config(self.direction, self.kind, req)
         return (Resources(block=cfg.threads, dynamic_smem=cfg.smem_bytes(self.direction, self.kind,
-                                                                          req.dtype("x"))),)
+                                                                         req.dtype("x"))),)
 
-    def launch(self, req: OpRequest, kernels, a: arr.DeviceArray, ptrs: tuple, geom: plan.RowGeometry, scale,
+    def launch(self, req: OpRequest, kernels, a: arr.DeviceArray, ptrs: tuple, geom: geometry.RowGeometry, scale,
                stream) -> None:
         cfg = ring_config(self.direction, self.kind, req)
         grid, block, smem = ring_launch_geometry(kernels[0], self.direction, self.kind, req.dtype("x"), cfg,
                                                  geom.rows, req.device.sm_count)
-        args = plan.fwd_args(*ptrs, geom, scale) if self.direction == plan.FWD else plan.bwd_args(*ptrs, geom, scale)
+        if self.direction == geometry.FWD:
+            args = geometry.fwd_args(*ptrs, geom, scale)
+        else:
+            args = geometry.bwd_args(*ptrs, geom, scale)
         kernels[0].launch(grid, block, args, shared_mem=smem, stream=stream)
 
 
@@ -263,24 +266,24 @@ class OnlineCandidate(_SoftmaxCandidate):
         return self._dtype_reason(req)
 
     def config(self, req: OpRequest):
-        return plan.online_config(req.dim("n"), req.dim("vec"))
+        return geometry.online_config(req.dim("n"), req.dim("vec"))
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
-        cfg = plan.online_config(req.dim("n"), req.dim("vec"))
-        return tuple(KernelSpec(plan.SOURCE, name, self.target(req), template_args=args, op=self.op)
-                     for name, args in plan.online_kernels(self.direction, req.dtype("x"), self.kind, cfg))
+        cfg = geometry.online_config(req.dim("n"), req.dim("vec"))
+        return tuple(KernelSpec(geometry.SOURCE, name, self.target(req), template_args=args, op=self.op)
+                     for name, args in geometry.online_kernels(self.direction, req.dtype("x"), self.kind, cfg))
 
     def launch_resources(self, req: OpRequest):
-        cfg = plan.online_config(req.dim("n"), req.dim("vec"))
+        cfg = geometry.online_config(req.dim("n"), req.dim("vec"))
         return (Resources(block=cfg.threads), Resources(block=cfg.threads))
 
-    def launch(self, req: OpRequest, kernels, a: arr.DeviceArray, ptrs: tuple, geom: plan.RowGeometry, scale,
+    def launch(self, req: OpRequest, kernels, a: arr.DeviceArray, ptrs: tuple, geom: geometry.RowGeometry, scale,
                stream) -> None:
-        cfg = plan.online_config(geom.n, req.dim("vec"))
+        cfg = geometry.online_config(geom.n, req.dim("vec"))
         grid = geom.rows * cfg.chunks(geom.n)
         ws, stats = arr.workspace(a, 4 * cfg.stats_floats(self.direction, geom.rows, geom.n))
         g = geom
-        if self.direction == plan.FWD:
+        if self.direction == geometry.FWD:
             x, y, mask = ptrs
             kernels[0].launch(grid, cfg.threads, (x, mask, stats, g.rows, g.n, cfg.chunk, g.sq, g.heads,
                                                   g.mask_batch_stride, g.diag_offset, scale), stream=stream)
@@ -320,18 +323,18 @@ def selection(op: str, dtype: str, n: int, vec: int, ordinal: int, mask16: bool 
 
 
 def _build_request(op: str):
-    masked_fwd = OPS[op] == (plan.MASKED, plan.FWD)
+    masked_fwd = OPS[op] == (geometry.MASKED, geometry.FWD)
     allowed = ("vec", "mask16") if masked_fwd else ("vec",)
 
     def build(shape, dtype, device, **options) -> OpRequest:
         if not shape:
             raise ValueError(f"{op}: give a shape whose last dim is the row length, e.g. 8192x4096")
         dt = dtype or "bf16"
-        if dt not in plan.ELEM_BYTES:
-            raise OptionError(f"{op}: dtype {dt!r} is not one of {', '.join(plan.ELEM_BYTES)}")
+        if dt not in geometry.ELEM_BYTES:
+            raise OptionError(f"{op}: dtype {dt!r} is not one of {', '.join(geometry.ELEM_BYTES)}")
         opts.check_keys(op, options, allowed)
         n = int(shape[-1])
-        vec = opts.parse_vec(op, options, n, plan.ELEM_BYTES[dt], plan.vector_width(dt, n))
+        vec = opts.parse_vec(op, options, n, geometry.ELEM_BYTES[dt], geometry.vector_width(dt, n))
         mask16 = None if options.get("mask16") is None else opts.parse_bool(op, "mask16", options["mask16"])
         return request(op, dt, n, vec, device, mask16)
 
@@ -354,9 +357,9 @@ def prefill_specs(archs):
     for arch in ArchFilter.of(min_arch="7.5", vendors=("nvidia",)).targets(archs):
         dev = DeviceInfo.for_arch(arch)
         for op, cands_ in ((op, (RingCandidate(op), OnePassCandidate(op), OnlineCandidate(op))) for op in OPS):
-            for dt in plan.CTYPES:
+            for dt in geometry.CTYPES:
                 for n in PREFILL_NS:
-                    req = request(op, dt, n, plan.vector_width(dt, n), dev)
+                    req = request(op, dt, n, geometry.vector_width(dt, n), dev)
                     serving = [c for c in cands_ if arch_reason(c, req) is None and c.supports(req) is None]
                     keys = {type(c): rank_key(c, c.cost(req)) for c in serving}
                     for c in serving:
@@ -371,7 +374,9 @@ _registered = False
 
 
 def register_all() -> None:
-    """Register both candidates of every softmax op (idempotent)."""
+    """Register the candidates, request builders, tuners and kernel provider of every softmax op (idempotent)."""
+    from .tune import register_tuners  # the tuners launch through this module's helpers: imported once it is loaded
+
     global _registered
     if _registered:
         return
@@ -384,8 +389,9 @@ def register_all() -> None:
             except KeyError:
                 register(cand)
         if op not in reg.builder_ops():
-            register_request_builder(op, _build_request(op), help="shape: (..., N), the last dim is the row length; "
-                                     "options vec=<elements per access>, mask16=0|1 (masked: 16-byte aligned mask rows)",
+            register_request_builder(op, _build_request(op),
+                                     help="shape: (..., N), the last dim is the row length; options vec=<elements "
+                                          "per access>, mask16=0|1 (masked: 16-byte aligned mask rows)",
                                      example="--dtype bf16 --shape 16384x4096")
     register_tuners()
     register_kernel_provider("softmax", prefill_specs)

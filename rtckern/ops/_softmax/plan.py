@@ -5,20 +5,22 @@ memoized for torch tensors. A repeated call reads pointers, allocates its output
 launches.
 
 The key holds everything api.py's checks read, so a call that hits the memo passed them; anything else takes
-the full path (same errors as before), which builds and stores the plan. Plans are rebuilt when the settings
+the full path (same errors as before), which builds and stores the geometry. Plans are rebuilt when the settings
 change (config.override), as the selections are.
 """
 from __future__ import annotations
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
-from . import candidates as cands
-from . import geometry as plan
 from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
+from . import candidates as cands
+from . import geometry
+
 _MAX_PLANS = 4096
-_torch_types = PlanCache("softmax.torch_types", 64)  # classes that passed isinstance(obj, torch.Tensor) on the full path
+# classes that passed isinstance(obj, torch.Tensor) on the full path
+_torch_types = PlanCache("softmax.torch_types", 64)
 plans = PlanCache("softmax.call_plans", _MAX_PLANS)
 
 
@@ -58,7 +60,7 @@ class Plan:
     __slots__ = ("settings", "op", "direction", "dtype", "geom", "scale", "shape", "torch_dtype", "device",
                  "index", "has_mask", "launchers", "like")
 
-    def __init__(self, op: str, a: arr.DeviceArray, geom: plan.RowGeometry, scale, has_mask: bool):
+    def __init__(self, op: str, a: arr.DeviceArray, geom: geometry.RowGeometry, scale, has_mask: bool):
         """scale: a callable giving the float32 scale; called after the selection, where the ops always read
         it (so a bad scale raises after an unsupported request does, as before)."""
         self.settings = settings()
@@ -100,11 +102,11 @@ class Plan:
 
     def _launcher(self, ptrs: tuple[int, ...], mask_ptr: int | None):
         g = self.geom
-        if self.direction == plan.FWD:
+        if self.direction == geometry.FWD:
             k = (ptrs[0] & 15) | ((ptrs[1] & 15) << 4) | (((mask_ptr or 0) & 15) << 8)
         else:
             k = (ptrs[0] & 15) | ((ptrs[1] & 15) << 4) | ((ptrs[2] & 15) << 8)
-        vec = plan.vector_width(self.dtype, g.n, ptrs, mask_ptr)
+        vec = geometry.vector_width(self.dtype, g.n, ptrs, mask_ptr)
         mask16 = None if mask_ptr is None else (g.n % 16 == 0 and mask_ptr % 16 == 0)
         sel = cands.selection(self.op, self.dtype, g.n, vec, self.index, mask16)
         cand, req, kernels = sel.candidate, sel.request, sel.kernels
@@ -120,10 +122,10 @@ class Plan:
                 smem = cfg.smem_bytes(self.direction, self.dtype, g.n, vec, cand.kind)
                 grid, block = cfg.launch_grid(g), cfg.threads
             kl = kernels[0].launch
-            if self.direction == plan.FWD:
-                tail = plan.fwd_args(0, 0, 0, g, scale)[3:]
+            if self.direction == geometry.FWD:
+                tail = geometry.fwd_args(0, 0, 0, g, scale)[3:]
             else:
-                tail = plan.bwd_args(0, 0, 0, g, scale)[3:]
+                tail = geometry.bwd_args(0, 0, 0, g, scale)[3:]
 
             def launch(p0, p1, p2, stream):
                 kl(grid, block, (p0, p1, p2) + tail, shared_mem=smem, stream=stream)

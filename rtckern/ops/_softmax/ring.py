@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import geometry as plan
+from . import geometry
 
 STATIC_SMEM = 256  # scratch for the block reduction
 
@@ -50,8 +50,8 @@ class Ring:
         return -(-n // self.chunk(dtype))
 
     def slot_bytes(self, direction: str, kind: int, dtype: str) -> int:
-        per_key = plan.ELEM_BYTES[dtype] * (2 if direction == plan.BWD else 1)
-        if direction == plan.FWD and kind == plan.MASKED:
+        per_key = geometry.ELEM_BYTES[dtype] * (2 if direction == geometry.BWD else 1)
+        if direction == geometry.FWD and kind == geometry.MASKED:
             per_key += 1
         return self.rows * self.chunk(dtype) * per_key
 
@@ -65,15 +65,15 @@ class Ring:
 
     def template_args(self, direction: str, kind: int, dtype: str) -> tuple:
         k = kernel_kind(direction, kind)
-        return (plan.CTYPES[dtype], k, self.warps, self.group, self.items, self.rows, self.slots, self.min_blocks)
+        return (geometry.CTYPES[dtype], k, self.warps, self.group, self.items, self.rows, self.slots, self.min_blocks)
 
 
 def vec(dtype: str) -> int:
-    return 16 // plan.ELEM_BYTES[dtype]
+    return 16 // geometry.ELEM_BYTES[dtype]
 
 
 def kernel_kind(direction: str, kind: int) -> int:
-    return kind if direction == plan.FWD else (plan.CAUSAL if kind == plan.CAUSAL else plan.PLAIN)
+    return kind if direction == geometry.FWD else (geometry.CAUSAL if kind == geometry.CAUSAL else geometry.PLAIN)
 
 
 def kernel_name(direction: str) -> str:
@@ -101,7 +101,7 @@ def block_ring(direction: str, kind: int, dtype: str, n: int, warps: int, chunk_
     """The block on one row: chunks of about chunk_bytes per array; slots as given (None: two rows' worth, at
     least 4, capped by shared memory); None when the row plus one chunk does not fit."""
     v = vec(dtype)
-    elem = plan.ELEM_BYTES[dtype]
+    elem = geometry.ELEM_BYTES[dtype]
     items = max(1, chunk_bytes // (warps * 32 * v * elem))
     probe = Ring(warps=warps, group=warps * 32, items=items, rows=1, slots=1)
     cpr = probe.chunks_per_row(dtype, n)
@@ -117,7 +117,7 @@ def default_ring(direction: str, kind: int, dtype: str, n: int, smem_optin: int)
     """A config by rule (where the tuning table has none), or None when a row does not fit in shared memory with
     room for one chunk of the next. Rows up to 2 KB per array: a warp per row, 8 rows per tile. Longer rows:
     8 consumer warps on one row, chunks of 8 KB per array."""
-    if n * plan.ELEM_BYTES[dtype] <= 2048:
+    if n * geometry.ELEM_BYTES[dtype] <= 2048:
         return warp_ring(direction, kind, dtype, n, 8, 1, 4, smem_optin)
     return block_ring(direction, kind, dtype, n, 8, 8192, None, smem_optin)
 
@@ -125,7 +125,7 @@ def default_ring(direction: str, kind: int, dtype: str, n: int, smem_optin: int)
 def sweep_rings(direction: str, kind: int, dtype: str, n: int, smem_optin: int) -> list[Ring]:
     """The configs worth timing for rows of n keys (benchmarks/softmax.py --ring-sweep)."""
     out: list[Ring] = []
-    if n * plan.ELEM_BYTES[dtype] <= 8192:
+    if n * geometry.ELEM_BYTES[dtype] <= 8192:
         for warps, rpw, sf in ((4, 1, 2), (4, 1, 4), (8, 1, 2), (8, 1, 4), (8, 2, 2), (16, 1, 2), (16, 2, 2)):
             out.append(warp_ring(direction, kind, dtype, n, warps, rpw, sf, smem_optin))
     for warps in (4, 8, 16):
@@ -140,7 +140,7 @@ def sweep_rings(direction: str, kind: int, dtype: str, n: int, smem_optin: int) 
 
 def fits(cfg: Ring, direction: str, kind: int, dtype: str, n: int, smem_optin: int) -> str | None:
     """None when cfg can run rows of n keys, else why not."""
-    if direction == plan.FWD and kind == plan.MASKED and cfg.chunk(dtype) % 16:
+    if direction == geometry.FWD and kind == geometry.MASKED and cfg.chunk(dtype) % 16:
         return (f"{cfg}: mask chunks of {cfg.chunk(dtype)} bytes; bulk copies need multiples of 16 (use group 32 "
                 "or more)")
     cpr = cfg.chunks_per_row(dtype, n)

@@ -8,8 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from rtckern.dtypes import numpy_dtype, torch_dtype
-from . import geometry as plan
 from rtckern.runtime import arrays as arr
+
+from . import candidates as cands
+from . import geometry
 
 TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.5e-2}  # ||out - ref|| / ||ref||: the output rounding of each dtype
 SCALE = 0.7
@@ -23,8 +25,6 @@ def _rows(n: int, sm_count: int, wanted: int = 0) -> int:
 def _ring_rows(cand, req, kernels) -> int:
     """Rows that make every block of the persistent ring kernel walk enough tiles to reuse each slot twice (the
     mbarrier parity flips), as far as the probe's size cap allows."""
-    from . import candidates as cands
-
     cfg = cands.ring_config(cand.direction, cand.kind, req)
     grid, _, _ = cands.ring_launch_geometry(kernels[0], cand.direction, cand.kind, req.dtype("x"), cfg, 1 << 30,
                                             req.device.sm_count)
@@ -33,23 +33,23 @@ def _ring_rows(cand, req, kernels) -> int:
 
 
 def _problem(direction: str, kind: int, n: int, sm_count: int, rng, wanted_rows: int = 0) -> tuple[
-        plan.RowGeometry, np.ndarray, np.ndarray | None]:
+        geometry.RowGeometry, np.ndarray, np.ndarray | None]:
     """(geometry, keep (rows, n) bool, mask (sq, n) bool or None)."""
     rows = _rows(n, sm_count, wanted_rows)
-    if direction == plan.FWD and kind == plan.MASKED:
+    if direction == geometry.FWD and kind == geometry.MASKED:
         sq = min(rows, 16)
         rows -= rows % sq
         mask = rng.random((sq, n)) < 0.3
         mask[0] = True  # a fully masked row: zeros
-        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, heads=rows // sq, mask_batch_stride=0)
+        geom = geometry.RowGeometry(rows=rows, n=n, sq=sq, heads=rows // sq, mask_batch_stride=0)
         return geom, ~np.tile(mask, (rows // sq, 1)), mask
-    if kind == plan.CAUSAL:
+    if kind == geometry.CAUSAL:
         sq = min(rows, n + 3)  # Sq > Sk past n: the first queries keep no key
         rows -= rows % sq
-        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n - sq)
-        valid = np.array([geom.valid_keys(r, plan.CAUSAL) for r in range(sq)] * (rows // sq))
+        geom = geometry.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n - sq)
+        valid = np.array([geom.valid_keys(r, geometry.CAUSAL) for r in range(sq)] * (rows // sq))
         return geom, np.arange(n)[None, :] < valid[:, None], None
-    return plan.RowGeometry(rows=rows, n=n), np.ones((rows, n), bool), None
+    return geometry.RowGeometry(rows=rows, n=n), np.ones((rows, n), bool), None
 
 
 def _softmax64(x: np.ndarray, keep: np.ndarray, scale: float) -> np.ndarray:
@@ -118,14 +118,12 @@ def check(cand, req, kernels) -> str | None:
         return None  # described by hand: nothing to run
     dtype, n = req.dtype("x"), req.dim("n")
     rng = np.random.default_rng(20261126)
-    from .candidates import RingCandidate
-
-    wanted = _ring_rows(cand, req, kernels) if isinstance(cand, RingCandidate) else 0
+    wanted = _ring_rows(cand, req, kernels) if isinstance(cand, cands.RingCandidate) else 0
     geom, keep, mask = _problem(cand.direction, cand.kind, n, req.device.sm_count, rng, wanted)
     dev = _Device(req.device.ordinal)
     vec = req.dim("vec")
     x64 = rng.standard_normal((geom.rows, n)) * 3
-    if cand.direction == plan.FWD:
+    if cand.direction == geometry.FWD:
         x = dev.put(x64, dtype)
         out = dev.empty_like(x)
         m = dev.put(mask, "bool") if mask is not None else None
@@ -140,7 +138,7 @@ def check(cand, req, kernels) -> str | None:
         ref = SCALE * y64 * (dy64 - (y64 * dy64).sum(-1, keepdims=True))
         ptrs = (dev.ptr(y), dev.ptr(dy), dev.ptr(out))
         a = arr.wrap(y, "y")
-    if any(p % (vec * plan.ELEM_BYTES[dtype]) for p in ptrs[:2]):
+    if any(p % (vec * geometry.ELEM_BYTES[dtype]) for p in ptrs[:2]):
         return f"selftest buffers are not aligned to the request's vector width {vec}"  # never with fresh arrays
     cand.launch(req, kernels, a, ptrs, geom, np.float32(SCALE), arr.current_stream(a))
     dev.sync()
