@@ -32,7 +32,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing: python3
 
 def _load_configs():
     # By file path: the raw engine must not depend on the rest of the package importing cleanly.
-    spec = importlib.util.spec_from_file_location("rtckern_attention_configs_standalone", ROOT / "rtckern/ops/_attention/configs.py")
+    spec = importlib.util.spec_from_file_location("rtckern_attention_configs_standalone",
+                                                  ROOT / "rtckern/ops/_attention/configs.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["rtckern_attention_configs_standalone"] = mod
     spec.loader.exec_module(mod)
@@ -80,7 +81,7 @@ class RawEngine:
             kern.set_max_dynamic_shared_memory(smem)
         if isinstance(tile, C.Sm90WsTile):
             from rtckern.runtime import arrays as A
-            from rtckern.ops._attention.candidates import launch_ws
+            from rtckern.ops._attention.launch import launch_ws
 
             def run_ws(q, k, v, o, lse, scale):
                 launch_ws(kern, tile, dtype, A.wrap(q, "q"), A.wrap(k, "k"), A.wrap(v, "v"), o.data_ptr(),

@@ -114,8 +114,8 @@ ALLOWED: dict[str, dict[str, str]] = {
     "tests/unit/ops/test_attention.py": {
         "rtckern.ops._attention.api": "the q/k/v validation and the scale parser (_check_qkv, _scale) on fake "
                                       "arrays, without a device",
-        "rtckern.ops._attention.candidates": "the candidates' kernel_args and request encoding",
         "rtckern.ops._attention.configs": "the kernel-config table (tiles, sources, kernel names, pick_tile)",
+        "rtckern.ops._attention.launch": "the kernels' parameter list (kernel_args): order, strides, scale",
         "rtckern.ops._attention.wgmma_gen": "the code generator's output matches the shipped kernel source",
     },
     "tests/unit/ops/test_gemm.py": {

@@ -28,7 +28,7 @@ from rtckern.registry import select
 from rtckern.runtime import arrays as arr
 
 from . import candidates as cands
-from . import plan as fast
+from . import plan
 from .configs import DTYPES, HEAD_DIMS
 
 __all__ = ["attention"]
@@ -106,11 +106,11 @@ def _request(dtype: str, head_dim: int, causal: bool, device: int):
 
 def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False):
     """Fused attention forward; see the module docstring for layouts, masking and limits."""
-    key = fast.key(q, k, v, causal, softmax_scale, return_lse)
+    key = plan.key(q, k, v, causal, softmax_scale, return_lse)
     if key is not None:
-        plan = fast.lookup(key)
-        if plan is not None:  # this signature passed the checks below before: see plan.py
-            return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), return_lse)
+        call_plan = plan.lookup(key)
+        if call_plan is not None:  # this signature passed the checks below before: see plan.py
+            return call_plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), return_lse)
     qa, ka, va = arr.wrap(q, "q"), arr.wrap(k, "k"), arr.wrap(v, "v")
     _check_qkv(qa, ka, va)
     if not isinstance(causal, bool):
@@ -123,9 +123,9 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
         req = _request(qa.dtype, d, causal, qa.device)
         sel = select(req)
         if qa.lib == "torch":
-            plan = fast.Plan(qa, ka, va, req, sel, scale, bool(return_lse))
-            fast.remember(plan, q, k, v, causal, softmax_scale, return_lse)
-            plan.launch(qa.ptr, ka.ptr, va.ptr, o_ptr, lse_ptr, arr.current_stream(qa))
+            call_plan = plan.Plan(qa, ka, va, req, sel, scale, bool(return_lse))
+            plan.remember(call_plan, q, k, v, causal, softmax_scale, return_lse)
+            call_plan.launch(qa.ptr, ka.ptr, va.ptr, o_ptr, lse_ptr, arr.current_stream(qa))
         else:
             sel.candidate.launch(req, sel.kernels, qa, ka, va, o_ptr, lse_ptr, scale, arr.current_stream(qa))
     return (o, lse) if return_lse else o

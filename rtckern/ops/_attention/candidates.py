@@ -17,10 +17,7 @@ attention` adds rows) and, where no row fits, from the per-head-dim defaults in 
 """
 from __future__ import annotations
 
-import math
 from typing import Any
-
-import numpy as np
 
 from rtckern import tuning
 from rtckern.device import DeviceInfo
@@ -29,10 +26,10 @@ from rtckern.registry import options as opts
 from rtckern.registry.core_api import target_for
 from rtckern.spec import KernelSpec
 
-from . import configs as cfgs
+from . import configs
+from .launch import kernel_args, launch_ws
 
 OP = "attention"
-_LOG2E = math.log2(math.e)
 
 
 def request(dtype: str, head_dim: int, causal: bool, device: DeviceInfo) -> OpRequest:
@@ -40,25 +37,10 @@ def request(dtype: str, head_dim: int, causal: bool, device: DeviceInfo) -> OpRe
                      device=device)
 
 
-def kernel_args(q, k, v, o_ptr: int, lse_ptr: int, scale: float) -> tuple:
-    """The kernels' common parameter list (see flash_fwd_sm80.cuh): pointers, sizes, element strides, scale."""
-    b, sq, hq, _ = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    o_strides = (sq * hq * q.shape[3], hq * q.shape[3], q.shape[3])  # o is allocated contiguous
-    i64 = np.int64
-    return (np.uint64(q.ptr), np.uint64(k.ptr), np.uint64(v.ptr), np.uint64(o_ptr), np.uint64(lse_ptr),
-            i64(sq), i64(sk), i64(hq), i64(hk),
-            i64(q.strides[0]), i64(q.strides[1]), i64(q.strides[2]),
-            i64(k.strides[0]), i64(k.strides[1]), i64(k.strides[2]),
-            i64(v.strides[0]), i64(v.strides[1]), i64(v.strides[2]),
-            i64(o_strides[0]), i64(o_strides[1]), i64(o_strides[2]),
-            np.float32(scale * _LOG2E))
-
-
 class _AttentionCandidate(Candidate):
     op = OP
     vendors = ("nvidia",)
-    head_dims: tuple[int, ...] = cfgs.HEAD_DIMS
+    head_dims: tuple[int, ...] = configs.HEAD_DIMS
     source = ""
     kernel = ""
 
@@ -91,7 +73,7 @@ class _AttentionCandidate(Candidate):
     # -- Candidate API --------------------------------------------------------------------------------------------
     def supports(self, req: OpRequest) -> str | None:
         dt = req.dtype("qkv")
-        if dt not in cfgs.DTYPES:
+        if dt not in configs.DTYPES:
             return f"dtype {dt} not supported (bf16, fp16)"
         hd = req.dim("head_dim")
         if hd not in self.head_dims:
@@ -121,15 +103,15 @@ class Sm90Wgmma(_AttentionCandidate):
     min_arch = "sm_90"
     max_arch = "sm_90"
     arch_specific = True
-    head_dims = cfgs.SM90_HEAD_DIMS
-    source = cfgs.SM90_SOURCE
-    kernel = cfgs.SM90_KERNEL
+    head_dims = configs.SM90_HEAD_DIMS
+    source = configs.SM90_SOURCE
+    kernel = configs.SM90_KERNEL
 
     def default_tile(self, head_dim, causal, device):
-        return cfgs.SM90_TILES[head_dim]
+        return configs.SM90_TILES[head_dim]
 
     def tile_from_config(self, c):
-        return cfgs.Sm90Tile(int(c["bn"]), int(c.get("nwg", 2))) if "nwg" in c else None
+        return configs.Sm90Tile(int(c["bn"]), int(c.get("nwg", 2))) if "nwg" in c else None
 
 
 class Sm90Ws(_AttentionCandidate):
@@ -140,49 +122,38 @@ class Sm90Ws(_AttentionCandidate):
     min_arch = "sm_90"
     max_arch = "sm_90"
     arch_specific = True
-    head_dims = cfgs.SM90_HEAD_DIMS
-    source = cfgs.SM90_WS_SOURCE
-    kernel = cfgs.SM90_WS_KERNEL
+    head_dims = configs.SM90_HEAD_DIMS
+    source = configs.SM90_WS_SOURCE
+    kernel = configs.SM90_WS_KERNEL
 
     def default_tile(self, head_dim, causal, device):
-        return cfgs.SM90_WS_TILES[(head_dim, bool(causal))]
+        return configs.SM90_WS_TILES[(head_dim, bool(causal))]
 
     def tile_from_config(self, c):
-        return cfgs.Sm90WsTile(int(c["bn"]), int(c.get("nwg", 2)), int(c.get("ks", 2)), int(c.get("vs", 2)),
-                               bool(c.get("pingpong", False))) if "ks" in c else None
+        return configs.Sm90WsTile(int(c["bn"]), int(c.get("nwg", 2)), int(c.get("ks", 2)), int(c.get("vs", 2)),
+                                  bool(c.get("pingpong", False))) if "ks" in c else None
 
     def launch(self, req: OpRequest, kernels, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
         launch_ws(kernels[0], self.tile(req), req.dtype("qkv"), q, k, v, o_ptr, lse_ptr, scale, stream)
-
-
-def launch_ws(kernel, tile, dtype: str, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
-    from . import launch as tma
-
-    b, sq, hq, d = q.shape
-    params = [("map", tma.kv_tensor_map(dtype, k, tile.bn)), ("map", tma.kv_tensor_map(dtype, v, tile.bn)),
-              ("u64", q.ptr), ("u64", o_ptr), ("u64", lse_ptr), ("i64", sq), ("i64", k.shape[1]), ("i64", hq),
-              ("i64", k.shape[2]), ("i64", q.strides[0]), ("i64", q.strides[1]), ("i64", q.strides[2]),
-              ("i64", sq * hq * d), ("i64", hq * d), ("i64", d), ("f32", scale * _LOG2E)]
-    tma.launch(kernel, tile.grid(b, hq, sq), tile.threads, tile.smem_bytes(d), stream, params)
 
 
 class Sm80Mma(_AttentionCandidate):
     name = "attention.sm80_mma"
     priority = 200
     min_arch = "sm_80"
-    source = cfgs.SM80_SOURCE
-    kernel = cfgs.SM80_KERNEL
+    source = configs.SM80_SOURCE
+    kernel = configs.SM80_KERNEL
 
     def default_tile(self, head_dim, causal, device):
-        tiles = cfgs.SM80_TILES[(head_dim, bool(causal))]
+        tiles = configs.SM80_TILES[(head_dim, bool(causal))]
         # None fits: keep the first, so the registry's resource check rejects it with the numbers.
-        return cfgs.pick_tile(tiles, head_dim, device.max_smem_per_block_optin) or tiles[0]
+        return configs.pick_tile(tiles, head_dim, device.max_smem_per_block_optin) or tiles[0]
 
     def tile_from_config(self, c):
         if "warps" not in c:
             return None
-        return cfgs.Sm80Tile(int(c["bm"]), int(c["bn"]), int(c["warps"]), int(c.get("stages", 2)),
-                             bool(c.get("q_in_regs", False)))
+        return configs.Sm80Tile(int(c["bm"]), int(c["bn"]), int(c["warps"]), int(c.get("stages", 2)),
+                                bool(c.get("q_in_regs", False)))
 
 
 class Simt(_AttentionCandidate):
@@ -190,11 +161,11 @@ class Simt(_AttentionCandidate):
     vendors = ("nvidia", "amd")  # the portable path; the mma/wgmma ones are NVIDIA-only
     priority = 100
     min_arch = "sm_75"
-    source = cfgs.SIMT_SOURCE
-    kernel = cfgs.SIMT_KERNEL
+    source = configs.SIMT_SOURCE
+    kernel = configs.SIMT_KERNEL
 
     def default_tile(self, head_dim, causal, device):
-        return cfgs.SIMT_TILE
+        return configs.SIMT_TILE
 
     def tile_from_config(self, c):
         return None

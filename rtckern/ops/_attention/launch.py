@@ -1,6 +1,7 @@
-"""Host side of the TMA attention kernel (flash_fwd_sm90_ws): tensor maps over K and V, and a raw launch.
+"""Launches of the attention kernels: the parameter list every kernel takes (`kernel_args`) and the host side of
+the TMA kernel (flash_fwd_sm90_ws): tensor maps over K and V, and its launch.
 
-The kernel takes two CUtensorMap structs by value (128 bytes each, __grid_constant__), so it launches through
+The TMA kernel takes two CUtensorMap structs by value (128 bytes each, __grid_constant__), so it launches through
 the core's Kernel.launch_packed (typed parameters, device context handled), or on the hot path through a
 PreparedWs parameter block. Tensor maps come from the core's encoder (rtckern/runtime/tma.py), cached per
 buffer.
@@ -8,11 +9,30 @@ buffer.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
+
+import numpy as np
 
 from rtckern.errors import LaunchError
 from rtckern.runtime.tma import encode_tiled
 
+LOG2E = math.log2(math.e)  # the kernels take the softmax scale times log2(e) (they exponentiate with exp2)
+
+
+def kernel_args(q, k, v, o_ptr: int, lse_ptr: int, scale: float) -> tuple:
+    """The kernels' common parameter list (see flash_fwd_sm80.cuh): pointers, sizes, element strides, scale."""
+    b, sq, hq, _ = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    o_strides = (sq * hq * q.shape[3], hq * q.shape[3], q.shape[3])  # o is allocated contiguous
+    i64 = np.int64
+    return (np.uint64(q.ptr), np.uint64(k.ptr), np.uint64(v.ptr), np.uint64(o_ptr), np.uint64(lse_ptr),
+            i64(sq), i64(sk), i64(hq), i64(hk),
+            i64(q.strides[0]), i64(q.strides[1]), i64(q.strides[2]),
+            i64(k.strides[0]), i64(k.strides[1]), i64(k.strides[2]),
+            i64(v.strides[0]), i64(v.strides[1]), i64(v.strides[2]),
+            i64(o_strides[0]), i64(o_strides[1]), i64(o_strides[2]),
+            np.float32(scale * LOG2E))
 
 
 def kv_tensor_map(dtype: str, t, box_rows: int) -> bytes:
@@ -37,6 +57,16 @@ def launch(kernel, grid, threads: int, smem: int, stream: int, params) -> None:
     kernel.launch_packed(grid, (threads, 1, 1), params, smem, stream)
 
 
+def launch_ws(kernel, tile, dtype: str, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
+    """One launch of the TMA kernel with its parameters packed for this call (PreparedWs: the hot path's form)."""
+    b, sq, hq, d = q.shape
+    params = [("map", kv_tensor_map(dtype, k, tile.bn)), ("map", kv_tensor_map(dtype, v, tile.bn)),
+              ("u64", q.ptr), ("u64", o_ptr), ("u64", lse_ptr), ("i64", sq), ("i64", k.shape[1]), ("i64", hq),
+              ("i64", k.shape[2]), ("i64", q.strides[0]), ("i64", q.strides[1]), ("i64", q.strides[2]),
+              ("i64", sq * hq * d), ("i64", hq * d), ("i64", d), ("f32", scale * LOG2E)]
+    launch(kernel, tile.grid(b, hq, sq), tile.threads, tile.smem_bytes(d), stream, params)
+
+
 class _WsParams(ctypes.Structure):
     """flash_fwd_sm90_ws's parameters, in order: two tensor maps, q/o/lse addresses, 10 sizes and strides, scale."""
 
@@ -57,8 +87,6 @@ class PreparedWs:
     not the current one, it goes through Kernel.launch_packed, which makes it current."""
 
     def __init__(self, kernel, tile, dtype: str, q, k, v, scale: float):
-        from .candidates import _LOG2E
-
         b, sq, hq, d = q.shape
         # Views without the arrays: a memoized plan must not keep a caller's K/V cache alive.
         self.kernel, self.tile, self.dtype, self.k, self.v = kernel, tile, dtype, k.at(k.ptr), v.at(v.ptr)
@@ -73,7 +101,7 @@ class PreparedWs:
         self.threads, self.smem = tile.threads, tile.smem_bytes(d)
         self.ints = (sq, k.shape[1], hq, k.shape[2], q.strides[0], q.strides[1], q.strides[2], sq * hq * d, hq * d,
                      d)
-        self.scale = scale * _LOG2E
+        self.scale = scale * LOG2E
         self.block = _WsParams()
         base = ctypes.addressof(self.block)
         self.ptrs = (ctypes.c_void_p * len(_WS_OFFSETS))(*[base + o for o in _WS_OFFSETS])
@@ -107,11 +135,11 @@ class PreparedWs:
         with self.lock:
             if kp != self.kp:
                 ctypes.memmove(ctypes.addressof(blk.kmap), kv_tensor_map(self.dtype, self.k.at(kp),
-                                                                          self.tile.bn), 128)
+                                                                         self.tile.bn), 128)
                 self.kp = kp
             if vp != self.vp:
                 ctypes.memmove(ctypes.addressof(blk.vmap), kv_tensor_map(self.dtype, self.v.at(vp),
-                                                                          self.tile.bn), 128)
+                                                                         self.tile.bn), 128)
                 self.vp = vp
             blk.q, blk.o, blk.lse = qp, op, lp
             err, = d.cuLaunchKernel(self.kernel.core.handle, g[0], g[1], g[2], self.threads, 1, 1, self.smem, s,

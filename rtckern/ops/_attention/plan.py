@@ -14,6 +14,7 @@ from rtckern.config import settings
 from rtckern.runtime.streams import torch_stream
 
 from . import candidates as cands
+from .launch import PreparedWs, kernel_args
 
 _MAX_PLANS = 4096
 _torch_types = PlanCache("attention.torch_types", 64)  # classes that passed the full path's checks
@@ -77,19 +78,17 @@ def _launcher(req, sel, qa, ka, va, scale: float):
     """launch(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stream) for the selected candidate, its per-call work done
     once: for the cp.async / mma kernels the grid, block, shared memory and the size and stride arguments; for the
     TMA kernel a prepared parameter block (see launch.PreparedWs); for any other candidate its launch."""
-    from . import launch as tma
-
     cand, kernels = sel.candidate, sel.kernels
     # Views without the arrays: a memoized plan must not keep the caller's tensors alive.
     qa, ka, va = qa.at(qa.ptr), ka.at(ka.ptr), va.at(va.ptr)
     if type(cand) is cands.Sm90Ws:
-        prepared = tma.PreparedWs(kernels[0], cand.tile(req), req.dtype("qkv"), qa, ka, va, scale)
+        prepared = PreparedWs(kernels[0], cand.tile(req), req.dtype("qkv"), qa, ka, va, scale)
         return prepared.launch
     if type(cand) in (cands.Sm90Wgmma, cands.Sm80Mma, cands.Simt):
         tile = cand.tile(req)
         b, sq, hq, d = qa.shape
         grid, block, smem = tile.grid(b, hq, sq), tile.threads, tile.smem_bytes(d)
-        tail = cands.kernel_args(qa, ka, va, 0, 0, scale)[5:]
+        tail = kernel_args(qa, ka, va, 0, 0, scale)[5:]
         kl = kernels[0].launch
 
         def launch(qp, kp, vp, op, lp, stream):
