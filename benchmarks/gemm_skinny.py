@@ -33,12 +33,12 @@ def mock_host(args) -> int:
     import torch
 
     from rtckern.device import DeviceInfo
+    from rtckern.ops._gemm import api as gemm_api
     from rtckern.ops._gemm import candidates as cands
-    from rtckern.ops._gemm import launch as L
+    from rtckern.ops._gemm import launch
     from rtckern.registry.results import Selection
     from rtckern.runtime import arrays as arr
 
-    from rtckern.ops._gemm import api as G
     h200 = DeviceInfo.for_arch("sm_90", sm_count=132)
     names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
     real_wrap = arr.wrap
@@ -74,7 +74,7 @@ def mock_host(args) -> int:
     arr.current_stream = lambda like: 0
     cands.select = select
     DeviceInfo.from_device = staticmethod(lambda ordinal: h200)
-    L.tensor_map = lambda *a, **k: bytes(128)
+    launch.tensor_map = lambda *a, **k: bytes(128)
     try:
         importlib.import_module("rtckern.ops._gemm.plan").torch_stream = lambda index: 0
     except ImportError:  # an older tree
@@ -91,7 +91,7 @@ def mock_host(args) -> int:
         cases.append((f"{m}x{n}x{k} tn bias+gelu", a, w, {"trans_b": True, "bias": bias, "activation": "gelu_tanh"}))
     rows = []
     for label, a, b, kw in cases:
-        fn = G.gemm
+        fn = gemm_api.gemm
         for _ in range(50):
             fn(a, b, **kw)
         before = launches[0]
@@ -106,7 +106,7 @@ def mock_host(args) -> int:
                      "launches_per_call": per})
         print(f"{label:28s} {statistics.median(times):7.2f} us/call (min {min(times):.2f}), {per:.0f} launch(es)",
               flush=True)
-    out = {"tree": os.path.abspath(os.path.dirname(G.__file__)), "python": sys.version.split()[0],
+    out = {"tree": os.path.abspath(os.path.dirname(gemm_api.__file__)), "python": sys.version.split()[0],
            "torch": torch.__version__, "calls": args.calls, "rounds": args.rounds, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
@@ -137,11 +137,11 @@ def bench_shape(m, n, k, tb, gen, rotate: int = 4) -> dict:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from benchmarks.gemm import graph_us
     from rtckern.ops._gemm import candidates as cands
-    from rtckern.ops._gemm import geometry as P
+    from rtckern.ops._gemm import geometry
     from rtckern.ops._gemm.tune import error_bound, reference
     from rtckern.ops import gemm
 
-    p = P.GemmProblem(1, m, n, k, "bf16", "bf16", tb, aligned=True, b_batched=False)
+    p = geometry.GemmProblem(1, m, n, k, "bf16", "bf16", tb, aligned=True, b_batched=False)
     As = [torch.randn(m, k, device="cuda", generator=gen).bfloat16() for _ in range(rotate)]
     Bs = [(torch.randn(*((n, k) if tb else (k, n)), device="cuda", generator=gen) / math.sqrt(k)).bfloat16()
           for _ in range(rotate)]

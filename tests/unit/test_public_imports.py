@@ -90,7 +90,7 @@ ALLOWED: dict[str, dict[str, str]] = {
                                         "request a problem maps to",
         "rtckern.ops._gemm.launch": LAUNCH + " (launches a given config's Operands directly)",
         "rtckern.ops._gemm.geometry": "compiles and runs every config of the kernel-config table (GemmProblem, "
-                                  "Sm80Config/Sm90Config, kernel_specs, with_splits)",
+                                      "Sm80Config/Sm90Config, kernel_specs, with_splits)",
         "rtckern.ops._gemm.tune": "the tuner's own kernels_for and error_bound, checked against the GPU",
     },
     "tests/gpu/ops/test_norms.py": {
@@ -108,8 +108,8 @@ ALLOWED: dict[str, dict[str, str]] = {
                                             "(_flash_serves), a dispatch rule with no public name",
     },
     "tests/unit/compiler/test_hiprtc.py": {
-        "rtckern.ops._gemm.geometry": "the SIMT gemm kernel and the split-k reduce on gfx90a (simt_spec, reduce_spec): "
-                                  "no registry candidate serves the reduce on its own",
+        "rtckern.ops._gemm.geometry": "the SIMT gemm kernel and the split-k reduce on gfx90a (simt_spec, "
+                                      "reduce_spec): no registry candidate serves the reduce on its own",
     },
     "tests/unit/ops/test_attention.py": {
         "rtckern.ops._attention.api": "the q/k/v validation and the scale parser (_check_qkv, _scale) on fake "
@@ -119,14 +119,14 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._attention.wgmma_gen": "the code generator's output matches the shipped kernel source",
     },
     "tests/unit/ops/test_gemm.py": {
-        "rtckern.ops._gemm.api": "host_gemm fixture: runs rtckern.ops.gemm on CPU tensors by patching the module's "
-                                 "array wrapper",
-        "rtckern.ops._gemm.plan": "host_gemm fixture: patches the call path's selection to record launches",
-        "rtckern.ops._gemm.candidates": "the candidates' plans, cost and request encoding",
-        "rtckern.ops._gemm.launch": LAUNCH + " (LaunchPlan, Operands)",
-        "rtckern.ops._gemm.geometry": "the kernel-config table and split-k rules (configs, choose_splits, "
-                                  "normalize_splits, kernel_specs)",
+        "rtckern.ops._gemm.candidates": "the candidates' plans, cost and request encoding; host_gemm fixture: "
+                                        "patches the selection to record launches",
         "rtckern.ops._gemm.configs": "the tuned-table lookup and heuristic (tuned_config, heuristic, KEY_FIELDS)",
+        "rtckern.ops._gemm.geometry": "the kernel-config table and split-k rules (configs, choose_splits, "
+                                      "normalize_splits, kernel_specs)",
+        "rtckern.ops._gemm.launch": LAUNCH + " (LaunchPlan, Operands)",
+        "rtckern.ops._gemm.plan": "host_gemm fixture: runs rtckern.ops.gemm on CPU tensors with a fresh call-plan "
+                                  "memo and a stub stream",
         "rtckern.ops._gemm.wgmma_gen": "the code generator's output matches the shipped kernel source",
     },
     "tests/unit/ops/test_norms.py": {

@@ -27,16 +27,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from rtckern.caches import PlanCache
 from rtckern import config
 from rtckern.dtypes import parse_dtype
 from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
 
-from . import plan as C
 from . import candidates as cands
-from . import launch as L
-from . import geometry as P
+from . import geometry, plan
+from .launch import Operands
 
 __all__ = ["gemm", "ACTIVATIONS"]
 
@@ -48,7 +46,7 @@ cands.register_all()
 def _out_dtype(out_dtype: Any, default: str) -> str:
     if out_dtype is None:
         return default
-    return parse_dtype(out_dtype, "out_dtype", P.OUTPUT_DTYPES, default="a's dtype")
+    return parse_dtype(out_dtype, "out_dtype", geometry.OUTPUT_DTYPES, default="a's dtype")
 
 
 def _activation(activation: Any) -> str:
@@ -92,22 +90,21 @@ def gemm(a, b, bias=None, activation=None, trans_b: bool = False, out_dtype=None
                None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.device),
                None if residual is None else (residual.dtype, residual.shape, residual.stride(), residual.device))
         try:
-            plan = _plans.get(key)
+            call_plan = plan.plans.get(key)
         except TypeError:  # an unhashable activation / out_dtype: validation below says what is wrong
-            plan, key = None, None
-        if plan is not None and plan.settings is config.settings():
-            return plan.run_torch(pa, pb, 0 if bias is None else bias.data_ptr(),
-                                  0 if residual is None else residual.data_ptr())
-        plan, mats = _plan_for(a, b, bias, activation, trans_b, out_dtype, residual)
+            call_plan, key = None, None
+        if call_plan is not None and call_plan.settings is config.settings():
+            return call_plan.run_torch(pa, pb, 0 if bias is None else bias.data_ptr(),
+                                       0 if residual is None else residual.data_ptr())
+        call_plan, mats = _plan_for(a, b, bias, activation, trans_b, out_dtype, residual)
         if key is not None:
-            _remember(key, plan)
-        return plan.run_mats(*mats)
-    plan, mats = _plan_for(a, b, bias, activation, trans_b, out_dtype, residual)
-    return plan.run_mats(*mats)
+            plan.plans.put(key, call_plan)
+        return call_plan.run_mats(*mats)
+    call_plan, mats = _plan_for(a, b, bias, activation, trans_b, out_dtype, residual)
+    return call_plan.run_mats(*mats)
 
 
 _TORCH_TYPES: frozenset = frozenset()
-_plans = PlanCache("gemm.call_plans")
 
 
 def _torch_types() -> frozenset:
@@ -118,10 +115,6 @@ def _torch_types() -> frozenset:
     if torch is not None and hasattr(torch, "nn"):
         _TORCH_TYPES = frozenset((torch.Tensor, torch.nn.Parameter))
     return _TORCH_TYPES
-
-
-def _remember(key: tuple, plan: C.CallPlan) -> None:
-    _plans.put(key, plan)
 
 
 def _mat_key(A: arr.DeviceArray, B: arr.DeviceArray, Bi, R, trans_b, activation, out_dtype) -> tuple | None:
@@ -144,15 +137,15 @@ def _plan_for(a, b, bias, activation, trans_b, out_dtype, residual):
     Bi = arr.wrap(bias, "bias") if bias is not None else None
     R = arr.wrap(residual, "residual") if residual is not None else None
     key = _mat_key(A, B, Bi, R, trans_b, activation, out_dtype)
-    plan = _plans.get(key) if key is not None else None
-    if plan is None or plan.settings is not config.settings():
-        plan = _build_plan(A, B, Bi, R, activation, trans_b, out_dtype)
+    call_plan = plan.plans.get(key) if key is not None else None
+    if call_plan is None or call_plan.settings is not config.settings():
+        call_plan = _build_plan(A, B, Bi, R, activation, trans_b, out_dtype)
         if key is not None:
-            _remember(key, plan)
-    return plan, (A, B, Bi, R)
+            plan.plans.put(key, call_plan)
+    return call_plan, (A, B, Bi, R)
 
 
-def _build_plan(A: arr.DeviceArray, B: arr.DeviceArray, Bi, R, activation, trans_b, out_dtype) -> C.CallPlan:
+def _build_plan(A: arr.DeviceArray, B: arr.DeviceArray, Bi, R, activation, trans_b, out_dtype) -> plan.CallPlan:
     """Validate one call signature and prepare its launches."""
     settings = config.settings()
     if A.ndim not in (2, 3):
@@ -160,7 +153,7 @@ def _build_plan(A: arr.DeviceArray, B: arr.DeviceArray, Bi, R, activation, trans
     if B.ndim not in (2, 3):
         raise InputError(f"b has shape {B.shape}; expected (K, N), (N, K) with trans_b=True, or with a leading "
                          "batch dimension")
-    if A.dtype not in P.INPUT_DTYPES or B.dtype != A.dtype:
+    if A.dtype not in geometry.INPUT_DTYPES or B.dtype != A.dtype:
         raise InputError(f"a is {A.dtype} and b is {B.dtype}; both must be fp16 or both bf16 (convert with "
                          ".to(torch.bfloat16) or .half())")
     arr.check_same_place(A, B, "a", "b")
@@ -206,16 +199,16 @@ def _build_plan(A: arr.DeviceArray, B: arr.DeviceArray, Bi, R, activation, trans
         ldr, stride_r, _ = arr.batched_matrix(R)
 
     if m == 0 or n == 0 or batch == 0:
-        return C.CallPlan.nothing_to_do(settings, A, out_shape, out_dt)
+        return plan.CallPlan.nothing_to_do(settings, A, out_shape, out_dt)
     lda, stride_a, _ = arr.batched_matrix(A)
     ldb, stride_b, bbatch = arr.batched_matrix(B)
     b_batched = B.ndim == 3 and bbatch > 1
     aligned = (k % 8 == 0 and (trans_b or n % 8 == 0) and _aligned16(A, True) and _aligned16(B, b_batched))
-    p = P.GemmProblem(batch=batch, m=m, n=n, k=k, dtype=A.dtype, out_dtype=out_dt, trans_b=bool(trans_b),
-                      bias=Bi is not None, activation=act, residual=R is not None, aligned=aligned,
-                      b_batched=b_batched)
-    strides = L.Operands(a=0, b=0, c=0, lda=lda, ldb=ldb, ldc=n, stride_a=stride_a,
-                         stride_b=stride_b if b_batched else 0, stride_c=m * n, ldr=ldr, stride_r=stride_r)
+    p = geometry.GemmProblem(batch=batch, m=m, n=n, k=k, dtype=A.dtype, out_dtype=out_dt, trans_b=bool(trans_b),
+                             bias=Bi is not None, activation=act, residual=R is not None, aligned=aligned,
+                             b_batched=b_batched)
+    strides = Operands(a=0, b=0, c=0, lda=lda, ldb=ldb, ldc=n, stride_a=stride_a,
+                       stride_b=stride_b if b_batched else 0, stride_c=m * n, ldr=ldr, stride_r=stride_r)
     sel = cands.selection(p, A.device)
     launches = sel.candidate.prepare(sel.request, sel.kernels, strides)
-    return C.CallPlan(settings, A, out_shape, out_dt, launches, sel.candidate.name)
+    return plan.CallPlan(settings, A, out_shape, out_dt, launches, sel.candidate.name)

@@ -23,14 +23,13 @@ from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_regi
     register_request_builder, select
 from rtckern.registry import options as opts
 
-from . import launch as L
-from . import geometry as P
-from . import configs as T
+from . import configs, geometry
+from .launch import REDUCE_THREADS, LaunchPlan, Operands, stream_int
 
 OP = "gemm"
 
 
-def request(p: P.GemmProblem, device: DeviceInfo) -> OpRequest:
+def request(p: geometry.GemmProblem, device: DeviceInfo) -> OpRequest:
     return OpRequest(op=OP, dtypes={"a": p.dtype, "out": p.out_dtype},
                      shape={"batch": p.batch, "m": p.m, "n": p.n, "k": p.k},
                      flags={"trans_b": p.trans_b, "bias": p.bias, "activation": p.activation,
@@ -38,12 +37,12 @@ def request(p: P.GemmProblem, device: DeviceInfo) -> OpRequest:
                      device=device)
 
 
-def problem(req: OpRequest) -> P.GemmProblem:
-    return P.GemmProblem(batch=req.dim("batch"), m=req.dim("m"), n=req.dim("n"), k=req.dim("k"),
-                         dtype=req.dtype("a"), out_dtype=req.dtype("out"), trans_b=bool(req.flag("trans_b")),
-                         bias=bool(req.flag("bias")), activation=str(req.flag("activation")),
-                         residual=bool(req.flag("residual")), aligned=bool(req.flag("aligned")),
-                         b_batched=bool(req.flag("b_batched")))
+def problem(req: OpRequest) -> geometry.GemmProblem:
+    return geometry.GemmProblem(batch=req.dim("batch"), m=req.dim("m"), n=req.dim("n"), k=req.dim("k"),
+                                dtype=req.dtype("a"), out_dtype=req.dtype("out"), trans_b=bool(req.flag("trans_b")),
+                                bias=bool(req.flag("bias")), activation=str(req.flag("activation")),
+                                residual=bool(req.flag("residual")), aligned=bool(req.flag("aligned")),
+                                b_batched=bool(req.flag("b_batched")))
 
 
 _plans = PlanCache("gemm.tuned_configs")
@@ -59,16 +58,16 @@ def tuned_plan(req: OpRequest) -> tuple[Any, str]:
     key = (req,)
     hit = _plans.get(key)
     if hit is None:
-        hit = _plans.put(key, T.tuned_config(problem(req), req.device))
+        hit = _plans.put(key, configs.tuned_config(problem(req), req.device))
     return hit
 
 
 def _dtype_reason(req: OpRequest) -> str | None:
     a, out = req.dtype("a"), req.dtype("out")
-    if a not in P.INPUT_DTYPES:
-        return f"input dtype {a} not supported; supported: {', '.join(P.INPUT_DTYPES)}"
-    if out not in P.OUTPUT_DTYPES:
-        return f"output dtype {out} not supported; supported: {', '.join(P.OUTPUT_DTYPES)}"
+    if a not in geometry.INPUT_DTYPES:
+        return f"input dtype {a} not supported; supported: {', '.join(geometry.INPUT_DTYPES)}"
+    if out not in geometry.OUTPUT_DTYPES:
+        return f"output dtype {out} not supported; supported: {', '.join(geometry.OUTPUT_DTYPES)}"
     return None
 
 
@@ -98,14 +97,14 @@ class _GemmCandidate(Candidate):
         raise NotImplementedError
 
     def kernel_specs(self, req: OpRequest):
-        return P.kernel_specs(problem(req), self.config(req), self.target(req))
+        return geometry.kernel_specs(problem(req), self.config(req), self.target(req))
 
     def launch_resources(self, req: OpRequest):
         cfg = self.config(req)
         if getattr(cfg, "cluster", False):
             return None  # the generic per-SM occupancy query does not know clusters: check_resources asks the driver
         main = Resources(block=cfg.threads, dynamic_smem=cfg.smem_bytes)
-        return (main, Resources(block=L.REDUCE_THREADS)) if cfg.splits > 1 else (main,)
+        return (main, Resources(block=REDUCE_THREADS)) if cfg.splits > 1 else (main,)
 
     def check_resources(self, req: OpRequest, kernels) -> str | None:
         cfg = self.config(req)
@@ -120,12 +119,12 @@ class _GemmCandidate(Candidate):
                     "each) fits on the device")
         return None
 
-    def prepare(self, req: OpRequest, kernels, ops: L.Operands) -> L.LaunchPlan:
+    def prepare(self, req: OpRequest, kernels, ops: Operands) -> LaunchPlan:
         """The launches of this request with the operand addresses left open (`ops` gives the strides; its
         addresses are ignored): a repeated call of the same signature only runs the plan."""
-        return L.LaunchPlan(kernels, problem(req), self.config(req), ops, req.device.sm_count)
+        return LaunchPlan(kernels, problem(req), self.config(req), ops, req.device.sm_count)
 
-    def launch(self, req: OpRequest, kernels, ops: L.Operands, *, stream, workspace_alloc) -> Any:
+    def launch(self, req: OpRequest, kernels, ops: Operands, *, stream, workspace_alloc) -> Any:
         """Run on `stream`; `workspace_alloc(nbytes)` returns (keepalive, address) for split-K partial sums.
         Returns the workspace keepalive (None without a workspace): the caller drops it after the launch, which
         the stream-ordered allocators of torch and CuPy make safe."""
@@ -133,7 +132,7 @@ class _GemmCandidate(Candidate):
         ws_obj, ws_ptr = None, 0
         if plan.workspace_bytes:
             ws_obj, ws_ptr = workspace_alloc(plan.workspace_bytes)
-        plan.run(ops.a, ops.b, ops.c, ops.bias, ops.res, L._stream_handle(stream), ws_ptr)
+        plan.run(ops.a, ops.b, ops.c, ops.bias, ops.res, stream_int(stream), ws_ptr)
         return ws_obj
 
 
@@ -158,7 +157,7 @@ class Sm90WgmmaCandidate(_GemmCandidate):
 
     def _config(self, req: OpRequest):
         cfg, _ = tuned_plan(req)
-        return cfg if cfg.kind == "sm90" else T.sm90_heuristic(problem(req), req.device)
+        return cfg if cfg.kind == "sm90" else configs.sm90_heuristic(problem(req), req.device)
 
 
 class Sm80MmaCandidate(_GemmCandidate):
@@ -178,11 +177,12 @@ class Sm80MmaCandidate(_GemmCandidate):
     def _config(self, req: OpRequest):
         cfg, _ = tuned_plan(req)
         if cfg.kind != "sm80":
-            cfg = T.sm80_heuristic(problem(req), req.device)
+            cfg = configs.sm80_heuristic(problem(req), req.device)
         if cfg.kind == "sm80" and cfg.cluster and req.device.arch.major < 9:  # clusters need sm_90+
-            cfg = P.with_splits(replace(cfg, cluster=False, splits=0), problem(req), req.device.sm_count)
-        return cfg if cfg.kind == "sm80" else P.with_splits(P.Sm80Config(64, 64, 64, 32, 32, 3), problem(req),
-                                                            req.device.sm_count)
+            cfg = geometry.with_splits(replace(cfg, cluster=False, splits=0), problem(req), req.device.sm_count)
+        if cfg.kind == "sm80":
+            return cfg
+        return geometry.with_splits(geometry.Sm80Config(64, 64, 64, 32, 32, 3), problem(req), req.device.sm_count)
 
 
 class SimtCandidate(_GemmCandidate):
@@ -192,13 +192,13 @@ class SimtCandidate(_GemmCandidate):
     min_arch = "sm_75"
 
     def supports(self, req: OpRequest) -> str | None:
-        return _dtype_reason(req) or P.SimtConfig().invalid(problem(req))
+        return _dtype_reason(req) or geometry.SimtConfig().invalid(problem(req))
 
     def cost(self, req: OpRequest) -> Cost:
         return tuned_cost("simt", req, SIMT_COST)
 
     def _config(self, req: OpRequest):
-        return P.SimtConfig()
+        return geometry.SimtConfig()
 
 
 _clusters_fit = PlanCache("gemm.clusters_fit")
@@ -233,7 +233,7 @@ _selections_settings: Any = None
 _sel_lock = threading.Lock()
 
 
-def selection(p: P.GemmProblem, ordinal: int):
+def selection(p: geometry.GemmProblem, ordinal: int):
     """The registry's selection for this call; after the first call a dict lookup. Forgotten when the settings
     change (overrides such as RTCKERN_FORCE_IMPL), as the registry's own memo is."""
     global _selections_settings
@@ -265,12 +265,12 @@ def build_request(shape, dtype, device, **options) -> OpRequest:
     def flag(name: str, default: bool) -> bool:
         return opts.flag(OP, options, name, default)
 
-    p = P.GemmProblem(batch=batch, m=m, n=n, k=k, dtype=dt,
-                      out_dtype=opts.parse_choice(OP, "out", options.get("out", dt), P.OUTPUT_DTYPES),
-                      trans_b=flag("trans_b", True), bias=flag("bias", False),
-                      activation=opts.parse_choice(OP, "act", options.get("act", "none"), P.ACTIVATIONS),
-                      residual=flag("residual", False), aligned=flag("aligned", k % 8 == 0 and n % 8 == 0),
-                      b_batched=flag("b_batched", batch != 1))
+    p = geometry.GemmProblem(batch=batch, m=m, n=n, k=k, dtype=dt,
+                             out_dtype=opts.parse_choice(OP, "out", options.get("out", dt), geometry.OUTPUT_DTYPES),
+                             trans_b=flag("trans_b", True), bias=flag("bias", False),
+                             activation=opts.parse_choice(OP, "act", options.get("act", "none"), geometry.ACTIVATIONS),
+                             residual=flag("residual", False), aligned=flag("aligned", k % 8 == 0 and n % 8 == 0),
+                             b_batched=flag("b_batched", batch != 1))
     return request(p, device)
 
 
@@ -293,7 +293,8 @@ def register_all() -> None:
         if OP not in reg.builder_ops():
             register_request_builder(OP, build_request, help="shape: MxNxK or BxMxNxK; options trans_b=0|1 (default "
                                      "1: B is (n, k)), out=fp16|bf16|fp32, bias=0|1, act=none|gelu_tanh|silu, "
-                                     "residual=0|1, aligned=0|1, b_batched=0|1", example="--dtype bf16 --shape 4096x4096x4096 --opt trans_b=1")
+                                     "residual=0|1, aligned=0|1, b_batched=0|1",
+                                     example="--dtype bf16 --shape 4096x4096x4096 --opt trans_b=1")
         from .tune import register_tuner
 
         register_tuner()

@@ -4,8 +4,9 @@ m, n, k), and the heuristics used where no row applies.
 
 A row's config is a kernel-family config (`geometry.config_from_dict`): {"kind": "sm90", "bm": 128, ...}.
 The kind says which candidate the row measured fastest: that candidate's expected cost is the lowest, so one table
-ranks both kernel families on one GPU (the other keeps its own config: `sm90_heuristic`, `sm80_heuristic`). m in the key is batch x m (rows of work). "splits": 0 in
-a config means "choose split-K by the wave heuristic at run time".
+ranks both kernel families on one GPU (the other keeps its own config: `sm90_heuristic`, `sm80_heuristic`). m in
+the key is batch x m (rows of work). "splits": 0 in a config means "choose split-K by the wave heuristic at run
+time". The configs worth timing and the tuner that writes the rows are in tune.py.
 """
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ from typing import Any, Mapping
 
 from rtckern import tuning
 
-from . import geometry as P
+from . import geometry
 
 OP = "gemm"
 KEY_FIELDS = ("dtype", "layout", "m", "n", "k")
-ALLOW_PINGPONG = True  # benchmarks/gemm.py --no-pingpong turns the ping-pong schedule out of sweeps
 
 
 def layout(trans_b: bool) -> str:
@@ -27,11 +27,11 @@ def layout(trans_b: bool) -> str:
     return "tn" if trans_b else "nn"
 
 
-def key_of(p: P.GemmProblem) -> dict[str, Any]:
+def key_of(p: geometry.GemmProblem) -> dict[str, Any]:
     return {"dtype": p.dtype, "layout": layout(p.trans_b), "m": p.batch * p.m, "n": p.n, "k": p.k}
 
 
-def _config_ok(cfg, p: P.GemmProblem, device) -> bool:
+def config_ok(cfg, p: geometry.GemmProblem, device) -> bool:
     if cfg.invalid(p) is not None:
         return False
     if cfg.kind == "sm90" and not (device.arch.major == 9 and device.arch.minor == 0):
@@ -44,14 +44,14 @@ def _config_ok(cfg, p: P.GemmProblem, device) -> bool:
     return cfg.smem_bytes <= limit
 
 
-def tuned_config(p: P.GemmProblem, device):
+def tuned_config(p: geometry.GemmProblem, device):
     """(config, source) for problem p on device: the table's row (exact, then nearest shape) when its config
     can serve p, else the heuristic. source: 'exact', 'nearest' or 'heuristic'. Unaligned problems always take
     the heuristic (rows are measured on aligned operands)."""
 
     def valid(config: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
         try:
-            return _config_ok(P.config_from_dict(config), p, device)
+            return config_ok(geometry.config_from_dict(config), p, device)
         except (TypeError, ValueError):
             return False
 
@@ -60,11 +60,11 @@ def tuned_config(p: P.GemmProblem, device):
         return heuristic(p, device), "heuristic"
     found = tuning.lookup(OP, device, key_of(p), valid=valid)
     if found is not None:
-        return settle_splits(P.config_from_dict(found.config), p, device, found.source), found.source
+        return settle_splits(geometry.config_from_dict(found.config), p, device, found.source), found.source
     return heuristic(p, device), "heuristic"
 
 
-def settle_splits(cfg, p: P.GemmProblem, device, source: str):
+def settle_splits(cfg, p: geometry.GemmProblem, device, source: str):
     """A row's split count fits the row's shape, not necessarily p's: an exact row's count is clamped to p's
     k-blocks (every split non-empty); a nearest row's is chosen afresh by the wave heuristic. Launch plans must
     use this settled count: the kernel specs (split or not) and the launch both follow it."""
@@ -72,10 +72,10 @@ def settle_splits(cfg, p: P.GemmProblem, device, source: str):
         return cfg
     if source != "exact":
         cfg = replace(cfg, splits=0)
-    return P.with_splits(cfg, p, device.sm_count)
+    return geometry.with_splits(cfg, p, device.sm_count)
 
 
-def heuristic(p: P.GemmProblem, device):
+def heuristic(p: geometry.GemmProblem, device):
     """The config without a table row, from what the H200 sweeps showed (docs/performance.md, GEMM):
     wgmma 128x256 cooperative for large outputs; for outputs that fill few tiles, smaller tiles and split-K
     (inside a thread-block cluster on sm_90+: no workspace, no second kernel); for M <= 32, the mma.sync split-K
@@ -86,88 +86,36 @@ def heuristic(p: P.GemmProblem, device):
     return sm80_heuristic(p, device)
 
 
-def sm90_heuristic(p: P.GemmProblem, device):
+def sm90_heuristic(p: geometry.GemmProblem, device):
     """The wgmma kernel's config without a table row (for any M: heuristic() prefers the mma.sync kernel at
     M <= 32, and this is the wgmma candidate's own config there)."""
     rows = p.batch * p.m
     big = math.ceil(rows / 128) * math.ceil(p.n / 256) >= device.sm_count
     if big:
-        cfg = P.Sm90Config(128, 256, 4, 2)
+        cfg = geometry.Sm90Config(128, 256, 4, 2)
     elif rows <= 256:
         # Skinny: 128 x 64 tiles read A once per tile and keep ~1 block per SM (H200, M = 128: best or within
         # 0.3% at N = K = 4096 and 8192, split 2 in a cluster at 4096).
-        cfg = P.Sm90Config(128, 64, 8, 2, splits=0, cluster=True)
+        cfg = geometry.Sm90Config(128, 64, 8, 2, splits=0, cluster=True)
     else:
-        cfg = P.Sm90Config(128, 128, 6, 2, splits=0, cluster=True)
-    return P.with_splits(cfg, p, device.sm_count)
+        cfg = geometry.Sm90Config(128, 128, 6, 2, splits=0, cluster=True)
+    return geometry.with_splits(cfg, p, device.sm_count)
 
 
-def sm80_heuristic(p: P.GemmProblem, device):
+def sm80_heuristic(p: geometry.GemmProblem, device):
     if device.arch.major < 8:
-        return P.SimtConfig()
+        return geometry.SimtConfig()
     rows = p.batch * p.m
     small_smem = device.max_smem_per_block_optin < 96 * 1024  # sm_86/89-class parts
     cluster = device.arch.major >= 9  # split-K inside a cluster where clusters exist
     if not p.aligned:
-        cfg = P.Sm80Config(64, 64, 64, 32, 32, 3, splits=0, cluster=cluster)
+        cfg = geometry.Sm80Config(64, 64, 64, 32, 32, 3, splits=0, cluster=cluster)
     elif rows <= 16:
-        cfg = P.Sm80Config(16, 128, 64, 16, 32, 4, splits=0, cluster=cluster)
+        cfg = geometry.Sm80Config(16, 128, 64, 16, 32, 4, splits=0, cluster=cluster)
     elif rows <= 64:
-        cfg = P.Sm80Config(64, 64, 64, 32, 32, 4, splits=0, cluster=cluster)
+        cfg = geometry.Sm80Config(64, 64, 64, 32, 32, 4, splits=0, cluster=cluster)
     elif small_smem:
-        cfg = P.Sm80Config(128, 128, 32, 64, 64, 3)
+        cfg = geometry.Sm80Config(128, 128, 32, 64, 64, 3)
     else:
-        cfg = P.Sm80Config(128, 128, 32, 64, 64, 4)
-    return P.with_splits(cfg, p, device.sm_count)
-
-
-def sweep_configs(p: P.GemmProblem, device) -> list:
-    """Configs worth timing for p on device (for `rtckern tune gemm` and benchmarks/gemm.py --tune)."""
-    out: list = []
-    is90 = device.arch.major == 9 and device.arch.minor == 0 and p.aligned
-    rows = p.batch * p.m
-    if is90:
-        out += [P.Sm90Config(128, 256, 4, 2), P.Sm90Config(256, 128, 4, 2), P.Sm90Config(128, 128, 6, 2),
-                P.Sm90Config(128, 128, 6, 2, pingpong=True), P.Sm90Config(64, 256, 5, 2, pingpong=True),
-                P.Sm90Config(128, 192, 5, 2)]
-        if rows <= 1024:
-            for splits in (1, 2, 3, 4, 0):
-                out += [P.Sm90Config(128, 128, 6, 2, splits=splits), P.Sm90Config(64, 128, 6, 1, splits=splits),
-                        P.Sm90Config(64, 64, 8, 1, splits=splits),
-                        P.Sm90Config(128, 128, 6, 2, pingpong=True, splits=splits)]
-        if 32 < rows <= 256:
-            # Skinny: B streams through once per 128-row tile; split-K inside clusters keeps ~1 block per SM
-            # busy without a workspace round trip.
-            out.append(P.Sm90Config(128, 64, 8, 2))
-            for splits in (2, 4, 8):
-                out += [P.Sm90Config(128, 128, 6, 2, splits=splits, cluster=True),
-                        P.Sm90Config(128, 256, 4, 2, splits=splits, cluster=True)]
-            for splits in (2, 4):
-                out += [P.Sm90Config(128, 64, 8, 2, splits=splits, cluster=True),
-                        P.Sm90Config(64, 128, 6, 1, splits=splits, cluster=True)]
-    if device.arch.major >= 8:
-        out += [P.Sm80Config(128, 128, 32, 64, 64, 4), P.Sm80Config(128, 128, 64, 64, 32, 4)]
-        if rows <= 256:
-            for splits in (1, 2, 4, 0):
-                out += [P.Sm80Config(16, 128, 64, 16, 32, 4, splits=splits),
-                        P.Sm80Config(64, 64, 64, 32, 32, 4, splits=splits)]
-        if rows <= 64 and device.arch.major >= 9:
-            # Decode-size rows: deeper pipelines and split-K inside clusters (2 blocks per SM fit at <= 110 KB).
-            bm, wm = (16, 16) if rows <= 16 else (32, 32)
-            for splits in (2, 4, 8):
-                for stages in (4, 6):
-                    out.append(P.Sm80Config(bm, 128, 64, wm, 32, stages, splits=splits, cluster=True))
-            for splits in (4, 8):
-                for stages in (6, 8):
-                    out.append(P.Sm80Config(bm, 64, 64, wm, 16, stages, splits=splits, cluster=True))
-    else:
-        out.append(P.SimtConfig())
-    seen, uniq = set(), []
-    for c in out:
-        c = P.with_splits(c, p, device.sm_count) if c.kind != "simt" else c
-        if c.kind == "sm90" and c.pingpong and not ALLOW_PINGPONG:
-            continue
-        if c not in seen and _config_ok(c, p, device):
-            seen.add(c)
-            uniq.append(c)
-    return uniq
+        cfg = geometry.Sm80Config(128, 128, 32, 64, 64, 4)
+    return geometry.with_splits(cfg, p, device.sm_count)

@@ -53,7 +53,7 @@ def launch(kernels, p: GemmProblem, cfg, ops: Operands, *, stream=None, sm_count
     """Run the plan once: main kernel (+ split-K reduce). `workspace`: device address of
     `plan_workspace_bytes(p, cfg)` bytes when the plan splits K through a workspace."""
     plan = LaunchPlan(kernels, p, cfg, ops, sm_count)
-    plan.run(ops.a, ops.b, ops.c, ops.bias, ops.res, _stream_handle(stream), workspace)
+    plan.run(ops.a, ops.b, ops.c, ops.bias, ops.res, stream_int(stream), workspace)
 
 
 class LaunchPlan:
@@ -296,7 +296,7 @@ def tensor_map(dtype: str, ptr: int, dims: tuple[int, int, int], strides: tuple[
     return encode_tiled(dtype, ptr, (d0, d1, d2), (s1, s2), (int(box[0]), int(box[1]), 1))
 
 
-def _stream_handle(stream) -> int:
+def stream_int(stream) -> int:
     """The int handle of `stream` (None: the default stream), through the core's one implementation."""
     if stream is None:
         return 0

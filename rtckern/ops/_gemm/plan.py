@@ -1,6 +1,6 @@
-"""One call signature of rtckern.ops.gemm, decided once: `CallPlan` holds the output's shape and dtype, the
-prepared launches (`launch.LaunchPlan`) and the settings object it was decided under, so a repeated call
-allocates the output, reads the current stream and launches.
+"""The hot path of rtckern.ops.gemm: one call signature, decided once. `CallPlan` holds the output's shape and
+dtype, the prepared launches (`launch.LaunchPlan`) and the settings object it was decided under, so a repeated call
+allocates the output, reads the current stream and launches; `plans` is the memo of CallPlans.
 
 `api.py` keys plans by everything the decision depends on (dtypes, shapes, strides, devices, 16-byte alignment
 of A and B, layout, epilogue, output dtype) and re-decides when the settings object changes (config.override,
@@ -11,9 +11,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from rtckern.caches import PlanCache
 from rtckern.dtypes import torch_dtype
 from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
+
+plans = PlanCache("gemm.call_plans")  # signature -> CallPlan (api.py builds the keys)
 
 
 class CallPlan:

@@ -1,6 +1,7 @@
 """The GEMM tuner behind `rtckern tune gemm --shapes MxNxK,...` and `benchmarks/gemm.py --tune`: times every
-config of `configs.sweep_configs` on the live GPU (random inputs, CUDA-graph replays so that launch gaps do
-not hide the kernel time of small problems) and checks each result against an fp32 reference before it may win.
+config of `sweep_configs` on the live GPU (random inputs, CUDA-graph replays so that launch gaps do not hide the
+kernel time of small problems) and checks each result against an fp32 reference before it may win. configs.py
+reads the table it writes.
 """
 from __future__ import annotations
 
@@ -12,45 +13,93 @@ from rtckern import tuning
 from rtckern.dtypes import torch_dtype, unit_roundoff
 from rtckern.errors import RtckernError
 
-from . import launch as L
-from . import geometry as P
-from . import configs as T
+from . import configs, geometry, launch
+from .geometry import SimtConfig, Sm80Config, Sm90Config
+from .candidates import problem
+
+ALLOW_PINGPONG = True  # benchmarks/gemm.py --no-pingpong turns the ping-pong schedule out of sweeps
 
 
 class GemmTuner(tuning.Tuner):
-    op = T.OP
-    key_fields = T.KEY_FIELDS
+    op = configs.OP
+    key_fields = configs.KEY_FIELDS
 
     def key(self, req) -> dict[str, Any]:
-        from .candidates import problem
-
-        return T.key_of(problem(req))
+        return configs.key_of(problem(req))
 
     def configs(self, req) -> list[dict[str, Any]]:
-        from .candidates import problem
-
-        return [c.as_dict() for c in T.sweep_configs(problem(req), req.device)]
+        return [c.as_dict() for c in sweep_configs(problem(req), req.device)]
 
     def heuristic(self, key: Mapping[str, Any], device) -> Mapping[str, Any]:
-        p = P.GemmProblem(1, int(key["m"]), int(key["n"]), int(key["k"]), str(key["dtype"]), str(key["dtype"]),
-                          key["layout"] == "tn")
-        return T.heuristic(p, device).as_dict()
+        p = geometry.GemmProblem(1, int(key["m"]), int(key["n"]), int(key["k"]), str(key["dtype"]), str(key["dtype"]),
+                                 key["layout"] == "tn")
+        return configs.heuristic(p, device).as_dict()
 
     def measure(self, req, config: Mapping[str, Any]) -> float:
-        from .candidates import problem
-
-        return measure_config(problem(req), P.config_from_dict(config), req.device)
+        return measure_config(problem(req), geometry.config_from_dict(config), req.device)
 
 
-def kernels_for(p: P.GemmProblem, cfg, device) -> list:
+def sweep_configs(p: geometry.GemmProblem, device) -> list:
+    """Configs worth timing for p on device (for `rtckern tune gemm` and benchmarks/gemm.py --tune)."""
+    out: list = []
+    is90 = device.arch.major == 9 and device.arch.minor == 0 and p.aligned
+    rows = p.batch * p.m
+    if is90:
+        out += [Sm90Config(128, 256, 4, 2), Sm90Config(256, 128, 4, 2), Sm90Config(128, 128, 6, 2),
+                Sm90Config(128, 128, 6, 2, pingpong=True), Sm90Config(64, 256, 5, 2, pingpong=True),
+                Sm90Config(128, 192, 5, 2)]
+        if rows <= 1024:
+            for splits in (1, 2, 3, 4, 0):
+                out += [Sm90Config(128, 128, 6, 2, splits=splits), Sm90Config(64, 128, 6, 1, splits=splits),
+                        Sm90Config(64, 64, 8, 1, splits=splits),
+                        Sm90Config(128, 128, 6, 2, pingpong=True, splits=splits)]
+        if 32 < rows <= 256:
+            # Skinny: B streams through once per 128-row tile; split-K inside clusters keeps ~1 block per SM
+            # busy without a workspace round trip.
+            out.append(Sm90Config(128, 64, 8, 2))
+            for splits in (2, 4, 8):
+                out += [Sm90Config(128, 128, 6, 2, splits=splits, cluster=True),
+                        Sm90Config(128, 256, 4, 2, splits=splits, cluster=True)]
+            for splits in (2, 4):
+                out += [Sm90Config(128, 64, 8, 2, splits=splits, cluster=True),
+                        Sm90Config(64, 128, 6, 1, splits=splits, cluster=True)]
+    if device.arch.major >= 8:
+        out += [Sm80Config(128, 128, 32, 64, 64, 4), Sm80Config(128, 128, 64, 64, 32, 4)]
+        if rows <= 256:
+            for splits in (1, 2, 4, 0):
+                out += [Sm80Config(16, 128, 64, 16, 32, 4, splits=splits),
+                        Sm80Config(64, 64, 64, 32, 32, 4, splits=splits)]
+        if rows <= 64 and device.arch.major >= 9:
+            # Decode-size rows: deeper pipelines and split-K inside clusters (2 blocks per SM fit at <= 110 KB).
+            bm, wm = (16, 16) if rows <= 16 else (32, 32)
+            for splits in (2, 4, 8):
+                for stages in (4, 6):
+                    out.append(Sm80Config(bm, 128, 64, wm, 32, stages, splits=splits, cluster=True))
+            for splits in (4, 8):
+                for stages in (6, 8):
+                    out.append(Sm80Config(bm, 64, 64, wm, 16, stages, splits=splits, cluster=True))
+    else:
+        out.append(SimtConfig())
+    seen, uniq = set(), []
+    for c in out:
+        c = geometry.with_splits(c, p, device.sm_count) if c.kind != "simt" else c
+        if c.kind == "sm90" and c.pingpong and not ALLOW_PINGPONG:
+            continue
+        if c not in seen and configs.config_ok(c, p, device):
+            seen.add(c)
+            uniq.append(c)
+    return uniq
+
+
+def kernels_for(p: geometry.GemmProblem, cfg, device) -> list:
     from rtckern.manager import get_manager
     from rtckern.registry.core_api import target_for
 
     arch = target_for(device, cfg.kind == "sm90")
-    return [get_manager().get(s, device.ordinal) for s in P.kernel_specs(p, cfg, arch)]
+    return [get_manager().get(s, device.ordinal) for s in geometry.kernel_specs(p, cfg, arch)]
 
 
-def measure_config(p: P.GemmProblem, cfg, device, *, reps: int = 10, replays: int = 5,
+def measure_config(p: geometry.GemmProblem, cfg, device, *, reps: int = 10, replays: int = 5,
                    check: bool = True) -> float:
     """Median seconds of one GEMM with `cfg` on the live device (torch needed for buffers and graphs). With
     `check`, a result whose relative error against an fp32 reference exceeds the output dtype's bound raises."""
@@ -69,14 +118,14 @@ def measure_config(p: P.GemmProblem, cfg, device, *, reps: int = 10, replays: in
     bias = torch.randn(p.n, device=dev, generator=g).to(dt) if p.bias else None
     res = torch.randn(p.batch, p.m, p.n, device=dev, generator=g).to(out_dt) if p.residual else None
     c = torch.full((p.batch, p.m, p.n), float("nan"), device=dev, dtype=out_dt)
-    nbytes = P.plan_workspace_bytes(p, cfg)
+    nbytes = geometry.plan_workspace_bytes(p, cfg)
     ws = torch.empty(max(1, nbytes // 4), device=dev, dtype=torch.float32) if nbytes else None
-    ops = L.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=p.k, ldb=b.stride(-2), ldc=p.n,
-                     stride_a=a.stride(0), stride_b=b.stride(0) if p.b_batched else 0, stride_c=c.stride(0),
-                     bias=bias.data_ptr() if bias is not None else 0, res=res.data_ptr() if res is not None else 0,
-                     ldr=p.n if res is not None else 0, stride_r=res.stride(0) if res is not None else 0)
+    ops = launch.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=p.k, ldb=b.stride(-2), ldc=p.n,
+                          stride_a=a.stride(0), stride_b=b.stride(0) if p.b_batched else 0, stride_c=c.stride(0),
+                          bias=bias.data_ptr() if bias is not None else 0, res=res.data_ptr() if res is not None else 0,
+                          ldr=p.n if res is not None else 0, stride_r=res.stride(0) if res is not None else 0)
 
-    plan = L.LaunchPlan(kernels, p, cfg, ops, device.sm_count)
+    plan = launch.LaunchPlan(kernels, p, cfg, ops, device.sm_count)
     ws_ptr = ws.data_ptr() if ws is not None else 0
 
     def run():
@@ -111,13 +160,13 @@ def measure_config(p: P.GemmProblem, cfg, device, *, reps: int = 10, replays: in
     return statistics.median(times)
 
 
-def error_bound(p: P.GemmProblem) -> float:
+def error_bound(p: geometry.GemmProblem) -> float:
     """Relative Frobenius error allowed: the output dtype's unit roundoff (at least 2^-16, the fp32 accumulation
     of 16-bit products) times sqrt(k)."""
     return max(unit_roundoff(p.out_dtype), 2.0 ** -16) * math.sqrt(p.k)
 
 
-def reference(p: P.GemmProblem, a, b, bias, res, dtype=None):
+def reference(p: geometry.GemmProblem, a, b, bias, res, dtype=None):
     """act(a @ op(b) + bias) + res in float32 (or `dtype`), from the same rounded inputs."""
     import torch
 
@@ -142,7 +191,7 @@ def reference(p: P.GemmProblem, a, b, bias, res, dtype=None):
     return y
 
 
-def relative_error(p: P.GemmProblem, a, b, bias, res, c) -> float:
+def relative_error(p: geometry.GemmProblem, a, b, bias, res, c) -> float:
     import torch
 
     ref = reference(p, a, b, bias, res)
@@ -161,5 +210,5 @@ def register_tuner() -> GemmTuner:
         try:
             _tuner = tuning.register_tuner(GemmTuner())
         except ValueError:  # registered by an earlier import of this module under another name
-            _tuner = tuning.get_tuner(T.OP)  # type: ignore[assignment]
+            _tuner = tuning.get_tuner(configs.OP)  # type: ignore[assignment]
     return _tuner
