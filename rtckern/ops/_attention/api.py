@@ -31,7 +31,7 @@ from . import candidates as cands
 from . import plan
 from .configs import DTYPES, HEAD_DIMS
 
-__all__ = ["attention"]
+__all__ = ("attention",)
 
 _INT32_MAX = 2**31 - 1
 _GRID_YZ_MAX = 65535

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from rtckern import tuning
+from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder
 from rtckern.registry import options as opts
@@ -30,6 +31,7 @@ from . import configs
 from .launch import kernel_args, launch_ws
 
 OP = "attention"
+_tiles = PlanCache("attention.tiles")  # (candidate name, request) -> its tile config
 
 
 def request(dtype: str, head_dim: int, causal: bool, device: DeviceInfo) -> OpRequest:
@@ -44,9 +46,6 @@ class _AttentionCandidate(Candidate):
     source = ""
     kernel = ""
 
-    def __init__(self):
-        self._tiles: dict[OpRequest, Any] = {}
-
     # -- what each family decides -------------------------------------------------------------------------------
     def default_tile(self, head_dim: int, causal: bool, device: DeviceInfo):
         raise NotImplementedError
@@ -57,7 +56,7 @@ class _AttentionCandidate(Candidate):
     def tile(self, req: OpRequest):
         """The tile config for req: the tuning table's row for this candidate (exact or nearest), else the
         default. Memoized per request: the launch path reads it on every call."""
-        t = self._tiles.get(req)
+        t = _tiles.get((self.name, req))
         if t is None:
             key = {"impl": self.name, "dtype": req.dtype("qkv"), "head_dim": req.dim("head_dim"),
                    "causal": int(req.flag("causal"))}
@@ -67,7 +66,7 @@ class _AttentionCandidate(Candidate):
             t = self.tile_from_config(found.config) if found is not None else None
             if t is None:
                 t = self.default_tile(req.dim("head_dim"), req.flag("causal"), req.device)
-            self._tiles[req] = t
+            _tiles.put((self.name, req), t)
         return t
 
     # -- Candidate API --------------------------------------------------------------------------------------------

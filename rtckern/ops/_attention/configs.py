@@ -5,6 +5,8 @@ benchmark and the tests.
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
+from typing import Mapping
 
 from rtckern.dtypes import ctypes
 
@@ -61,15 +63,17 @@ class Sm80Tile:
 # accumulator (BM/warps x HD fp32 per warp) plus the S tile (BM/warps x BN) fit 255 registers per thread without
 # spilling in the main loop. The first entries are the fastest measured on the H200 (docs/performance.md); the
 # later ones are for smaller shared memory.
-SM80_TILES: dict[tuple[int, bool], tuple[Sm80Tile, ...]] = {}
-for _causal in (False, True):
-    SM80_TILES[(32, _causal)] = (Sm80Tile(128, 128, 4, 2, True),)
-    SM80_TILES[(64, _causal)] = (Sm80Tile(128, 64, 4, 3, True), Sm80Tile(128, 64, 4, 2, True))
-    SM80_TILES[(96, _causal)] = (Sm80Tile(128, 64, 4, 2, False), Sm80Tile(128, 32, 4, 2, True))
-    SM80_TILES[(256, _causal)] = (Sm80Tile(64, 64, 4, 2, False), Sm80Tile(64, 32, 4, 2, False))
-SM80_TILES[(128, False)] = (Sm80Tile(128, 64, 4, 2, False), Sm80Tile(128, 32, 4, 2, True))
-SM80_TILES[(128, True)] = (Sm80Tile(128, 128, 8, 2, True), Sm80Tile(128, 64, 4, 2, False),
-                           Sm80Tile(128, 32, 4, 2, True))
+_SM80_EITHER_CAUSAL = (  # head dims whose tiles do not depend on causal
+    (32, (Sm80Tile(128, 128, 4, 2, True),)),
+    (64, (Sm80Tile(128, 64, 4, 3, True), Sm80Tile(128, 64, 4, 2, True))),
+    (96, (Sm80Tile(128, 64, 4, 2, False), Sm80Tile(128, 32, 4, 2, True))),
+    (256, (Sm80Tile(64, 64, 4, 2, False), Sm80Tile(64, 32, 4, 2, False))),
+)
+SM80_TILES: Mapping[tuple[int, bool], tuple[Sm80Tile, ...]] = MappingProxyType({
+    **{(hd, causal): tiles for causal in (False, True) for hd, tiles in _SM80_EITHER_CAUSAL},
+    (128, False): (Sm80Tile(128, 64, 4, 2, False), Sm80Tile(128, 32, 4, 2, True)),
+    (128, True): (Sm80Tile(128, 128, 8, 2, True), Sm80Tile(128, 64, 4, 2, False), Sm80Tile(128, 32, 4, 2, True)),
+})
 
 
 def pick_tile(tiles, head_dim: int, smem_limit: int):
@@ -111,11 +115,11 @@ class Sm90Tile:
 
 # Fastest measured on the H200 (docs/performance.md): for head dim 64 the 64-key tile
 # (116 registers, 57 KB) lets two blocks share an SM, which interleaves their softmax and GEMM phases.
-SM90_TILES: dict[int, Sm90Tile] = {
+SM90_TILES: Mapping[int, Sm90Tile] = MappingProxyType({
     64: Sm90Tile(64, 2),
     128: Sm90Tile(128, 2),
     256: Sm90Tile(64, 2),
-}
+})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,14 +159,14 @@ class Sm90WsTile:
 # Per (head dim, causal), fastest measured on the H200 (docs/performance.md):
 # ping-pong pays for causal head dim 128 (392 vs 364 TFLOP/s at 1k, 670 vs 659 at 16k; 551 vs 558 at 4k) and
 # costs elsewhere (hd128 non-causal 16k: 596 vs 692; hd64 4k: 399 vs 439).
-SM90_WS_TILES: dict[tuple[int, bool], Sm90WsTile] = {
+SM90_WS_TILES: Mapping[tuple[int, bool], Sm90WsTile] = MappingProxyType({
     (64, False): Sm90WsTile(128, 2, 2, 2),
     (64, True): Sm90WsTile(128, 2, 2, 2),
     (128, False): Sm90WsTile(128, 2, 2, 2),
     (128, True): Sm90WsTile(128, 2, 2, 2, pingpong=True),
     (256, False): Sm90WsTile(64, 2, 2, 2),
     (256, True): Sm90WsTile(64, 2, 2, 2),
-}
+})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,13 +70,14 @@ def launch_ws(kernel, tile, dtype: str, q, k, v, o_ptr: int, lse_ptr: int, scale
 class _WsParams(ctypes.Structure):
     """flash_fwd_sm90_ws's parameters, in order: two tensor maps, q/o/lse addresses, 10 sizes and strides, scale."""
 
-    _fields_ = [("kmap", ctypes.c_uint8 * 128), ("vmap", ctypes.c_uint8 * 128), ("q", ctypes.c_uint64),
+    _fields_ = (("kmap", ctypes.c_uint8 * 128), ("vmap", ctypes.c_uint8 * 128), ("q", ctypes.c_uint64),
                 ("o", ctypes.c_uint64), ("lse", ctypes.c_uint64), ("ints", ctypes.c_int64 * 10),
-                ("scale", ctypes.c_float)]
+                ("scale", ctypes.c_float))
 
 
-_WS_OFFSETS = ([_WsParams.kmap.offset, _WsParams.vmap.offset, _WsParams.q.offset, _WsParams.o.offset,
-                _WsParams.lse.offset] + [_WsParams.ints.offset + 8 * i for i in range(10)] + [_WsParams.scale.offset])
+_WS_OFFSETS = ((_WsParams.kmap.offset, _WsParams.vmap.offset, _WsParams.q.offset, _WsParams.o.offset,
+                _WsParams.lse.offset) + tuple(_WsParams.ints.offset + 8 * i for i in range(10))
+               + (_WsParams.scale.offset,))
 
 
 class PreparedWs:

@@ -11,6 +11,7 @@ Two forms, each for bf16 and fp16 and N in {64, 128, 256}:
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 from rtckern.dtypes import lookup
 
@@ -26,7 +27,7 @@ template <typename T, int N>
 struct wgmma_op;
 """
 
-TYPES = {lookup(n).ctype: lookup(n).ptx for n in ("bf16", "fp16")}
+TYPES = MappingProxyType({lookup(n).ctype: lookup(n).ptx for n in ("bf16", "fp16")})
 
 
 def _regs(n: int, first: int = 0) -> str:

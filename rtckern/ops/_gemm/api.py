@@ -36,7 +36,7 @@ from . import candidates as cands
 from . import geometry, plan
 from .launch import Operands
 
-__all__ = ["gemm", "ACTIVATIONS"]
+__all__ = ("gemm", "ACTIVATIONS")
 
 ACTIVATIONS = ("gelu_tanh", "silu")
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from rtckern.arch import Arch
 from rtckern.dtypes import ctype
 from rtckern.spec import KernelSpec
 
 # Activation ids: RTK_GEMM_ACT_* in kernel_sources/gemm/epilogue.cuh.
-ACTIVATIONS = {"none": 0, "gelu_tanh": 1, "silu": 2}
+ACTIVATIONS = MappingProxyType({"none": 0, "gelu_tanh": 1, "silu": 2})
 INPUT_DTYPES = ("fp16", "bf16")
 OUTPUT_DTYPES = ("fp16", "bf16", "fp32")
 MAX_GRID_YZ = 65535

@@ -29,7 +29,7 @@ from rtckern.runtime import arrays as arr
 
 from . import plan
 
-__all__ = ["rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward"]
+__all__ = ("rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward")
 
 # The decided (request, candidate, kernels) per (op, dtypes, n, vec, flags, device): what the plans of
 # plan.py ask once per alignment class.

@@ -13,6 +13,7 @@ by cost, then priority: l2 (130) > stage (128, backward) > l2c (125) > cluster (
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from rtckern.caches import PlanCache
@@ -27,10 +28,10 @@ BWD_OPS = ("rms_norm_backward", "layer_norm_backward")
 
 # Row bytes (N x x's itemsize) from which the cluster kernel beats the row kernel on sm_90 (measured on H200,
 # docs/performance.md, Norms); the row kernel keeps everything shorter.
-SPLIT_FROM_BYTES = {"fwd": 64 * 1024, "bwd": 32 * 1024}
+SPLIT_FROM_BYTES = MappingProxyType({"fwd": 64 * 1024, "bwd": 32 * 1024})
 # Row bytes from which the l2 kernel takes over where no table covers the arch (measured on H200 by the sweep;
 # docs/performance.md, Norms).
-L2_FROM_BYTES = {"fwd": 32 * 1024, "bwd": 24 * 1024}
+L2_FROM_BYTES = MappingProxyType({"fwd": 32 * 1024, "bwd": 24 * 1024})
 # Row bytes from which the l2c backward takes over on sm_90+ where no table covers the arch (H200 sweep,
 # docs/performance.md, Norms).
 L2C_FROM_BYTES = 32 * 1024

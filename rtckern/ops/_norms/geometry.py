@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import MappingProxyType
 
 from rtckern.arch import Arch
 from rtckern.dtypes import FLOATS, ctype, itemsizes
@@ -32,7 +33,7 @@ LAYER, WEIGHT, BIAS, ZERO_CENTERED, RESIDUAL, SAVE_STATS, WEIGHT_GRAD = 1, 2, 4,
 DTYPES = FLOATS
 ITEMSIZE = itemsizes(DTYPES)  # a plain dict: read in the launch planning loops
 
-SOURCES = {
+SOURCES = MappingProxyType({
     ("fwd", "rows"): ("norms/fwd_rows.cuh", "rtk_norm_fwd_rows"),
     ("fwd", "cluster"): ("norms/fwd_cluster.cuh", "rtk_norm_fwd_cluster"),
     ("fwd", "coop"): ("norms/coop.cuh", "rtk_norm_fwd_coop"),
@@ -43,7 +44,7 @@ SOURCES = {
     ("bwd", "l2"): ("norms/bwd_l2.cuh", "rtk_norm_bwd_l2"),
     ("bwd", "l2c"): ("norms/bwd_l2c.cuh", "rtk_norm_bwd_l2c"),
     ("bwd", "stage"): ("norms/bwd_stage.cuh", "rtk_norm_bwd_stage"),
-}
+})
 KINDS = ("rows", "cluster", "coop", "l2", "l2c", "stage")
 BWD_ONLY_KINDS = ("l2c", "stage")
 DW_REDUCE = ("norms/dw_reduce.cuh", "rtk_norm_dw_reduce")

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import statistics
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from rtckern import tuning
@@ -30,12 +31,12 @@ log = logging.getLogger(__name__)
 
 TUNE_ELEMENTS = 1 << 27  # per problem: far larger than any L2 (60 MB on H200)
 EPS = 1e-5
-TOL = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 1.5e-2}  # largest relative error of dx / y / dweight vs float64
+TOL = MappingProxyType({"fp32": 1e-4, "fp16": 2e-3, "bf16": 1.5e-2})  # largest relative error of dx / y / dweight vs float64
 SWEPT_ROW_LIMIT = 65536  # the longest N of the benchmark's sweep; coop may win a kind choice only past it
 SMEM_PER_SM = 228 * 1024  # H100 / H200; 1 KB of it is reserved per block
 
-OPS = {"rms_norm": ("fwd", "rms"), "layer_norm": ("fwd", "layer"),
-       "rms_norm_backward": ("bwd", "rms"), "layer_norm_backward": ("bwd", "layer")}
+OPS = MappingProxyType({"rms_norm": ("fwd", "rms"), "layer_norm": ("fwd", "layer"),
+       "rms_norm_backward": ("bwd", "rms"), "layer_norm_backward": ("bwd", "layer")})
 KIND_FIELDS = ("dir", "norm", "dtype", "n")
 CONFIG_FIELDS = ("kind", "norm", "dtype", "n", "vec")
 
@@ -59,19 +60,19 @@ def specs_for(direction: str, p, kind: str, cfg, arch) -> tuple:
 
 # ---- candidate configs ------------------------------------------------------------------------------------------
 # OPT bits swept per kind (1 persistent / prefetch, 2 default-cached loads, 4 re-convert after the reduction).
-OPTS = {("fwd", "rows"): (0, 2, 1, 5), ("bwd", "rows"): (1, 5, 0),
-        ("fwd", "cluster"): (0, 2, 5), ("bwd", "cluster"): (1, 5, 0)}
+OPTS = MappingProxyType({("fwd", "rows"): (0, 2, 1, 5), ("bwd", "rows"): (1, 5, 0),
+        ("fwd", "cluster"): (0, 2, 5), ("bwd", "cluster"): (1, 5, 0)})
 # l2c: the weight per row from L1 (8), two rows per iteration (32), column sums in shared memory (64). Four rows
 # per iteration and a 64-register cap lost in every sweep (docs/performance.md, Norms) and are no longer kernels.
 L2C_OPTS = (0, 8, 32, 40, 96)
 L2C_POLICY_OPTS = (0, 32, 96)  # these also with the L2 access policies (OPT 256)
 # Backward rows past the swept lengths (N > 65536): the kinds that serve them.
 _S = geometry.SplitConfig
-LONG_ROW_CONFIGS = {
+LONG_ROW_CONFIGS = MappingProxyType({
     "coop": (_S(512, 8, 0), _S(512, 16, 0), _S(1024, 16, 0), _S(512, 32, 0), _S(256, 32, 0)),
     "l2c": (_S(512, 8, 0), _S(1024, 8, 0), _S(512, 16, 0), _S(256, 16, 0), _S(512, 16, 32), _S(512, 16, 64)),
     "cluster": (_S(512, 8, 1), _S(1024, 8, 1)),
-}
+})
 
 
 def rows_configs(n: int, vec: int, opts=(0, 1)) -> list[geometry.RowsConfig]:

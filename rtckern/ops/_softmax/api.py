@@ -38,11 +38,11 @@ from rtckern.runtime import arrays as arr
 from . import candidates as cands
 from . import geometry, plan
 
-__all__ = [
+__all__ = (
     "softmax", "softmax_backward", "scaled_masked_softmax", "scaled_masked_softmax_backward",
     "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_backward",
     "scaled_aligned_causal_masked_softmax", "scaled_aligned_causal_masked_softmax_backward",
-]
+)
 
 
 def _input(x, name: str, min_ndim: int = 1) -> arr.DeviceArray:

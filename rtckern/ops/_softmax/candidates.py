@@ -12,6 +12,7 @@ neither has an estimate and priority decides: one-pass (100), ring (90), online 
 from __future__ import annotations
 
 import threading
+from types import MappingProxyType
 from typing import Any
 
 from rtckern import config
@@ -29,7 +30,7 @@ from . import geometry, ring
 from .configs import measured_us, tuned_onepass, tuned_ring
 
 # op name -> (mask kind, direction)
-OPS = {
+OPS = MappingProxyType({
     "softmax": (geometry.PLAIN, geometry.FWD),
     "scaled_masked_softmax": (geometry.MASKED, geometry.FWD),
     "scaled_upper_triang_masked_softmax": (geometry.CAUSAL, geometry.FWD),
@@ -38,7 +39,7 @@ OPS = {
     "scaled_masked_softmax_backward": (geometry.PLAIN, geometry.BWD),
     "scaled_upper_triang_masked_softmax_backward": (geometry.CAUSAL, geometry.BWD),
     "scaled_aligned_causal_masked_softmax_backward": (geometry.CAUSAL, geometry.BWD),
-}
+})
 
 
 def request(op: str, dtype: str, n: int, vec: int, device: DeviceInfo, mask16: bool | None = None) -> OpRequest:

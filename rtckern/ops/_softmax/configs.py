@@ -9,19 +9,20 @@ uneven lengths change which kernel wins, so each kind is timed on its own proble
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from rtckern import tuning
 
 from . import geometry, ring
 
-TABLES = {geometry.FWD: "softmax", geometry.BWD: "softmax_backward"}  # the plain kind's
+TABLES = MappingProxyType({geometry.FWD: "softmax", geometry.BWD: "softmax_backward"})  # the plain kind's
 # Ring kernel (sm_90+) configs: {warps, group, items, rows, slots, min_blocks} per (arch, SM count, dtype, n).
-RING_TABLES = {geometry.FWD: "softmax_ring", geometry.BWD: "softmax_ring_backward"}
+RING_TABLES = MappingProxyType({geometry.FWD: "softmax_ring", geometry.BWD: "softmax_ring_backward"})
 RING_KEY_FIELDS = ("dtype", "n")
-KINDS = {geometry.FWD: (geometry.PLAIN, geometry.MASKED, geometry.CAUSAL),
-         geometry.BWD: (geometry.PLAIN, geometry.CAUSAL)}
-_KIND_SUFFIX = {geometry.PLAIN: "", geometry.MASKED: "_masked", geometry.CAUSAL: "_causal"}
+KINDS = MappingProxyType({geometry.FWD: (geometry.PLAIN, geometry.MASKED, geometry.CAUSAL),
+         geometry.BWD: (geometry.PLAIN, geometry.CAUSAL)})
+_KIND_SUFFIX = MappingProxyType({geometry.PLAIN: "", geometry.MASKED: "_masked", geometry.CAUSAL: "_causal"})
 
 
 def table(direction: str, kind: int, is_ring: bool = False) -> str:

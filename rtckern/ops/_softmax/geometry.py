@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import MappingProxyType
 
 from rtckern.dtypes import FLOATS, ctypes, itemsizes
 
@@ -198,8 +199,8 @@ def fits(cfg: OnePass, direction: str, dtype: str, n: int, vec: int, smem_optin:
     return None
 
 
-_KERNEL_NAMES = {(FWD, "regs"): "softmax_fwd", (FWD, "async"): "softmax_fwd_async", (FWD, "l2"): "softmax_fwd_l2",
-                 (BWD, "regs"): "softmax_bwd", (BWD, "async"): "softmax_bwd_async", (BWD, "l2"): "softmax_bwd_l2"}
+_KERNEL_NAMES = MappingProxyType({(FWD, "regs"): "softmax_fwd", (FWD, "async"): "softmax_fwd_async", (FWD, "l2"): "softmax_fwd_l2",
+                 (BWD, "regs"): "softmax_bwd", (BWD, "async"): "softmax_bwd_async", (BWD, "l2"): "softmax_bwd_l2"})
 
 
 def onepass_template_args(direction: str, dtype: str, kind: int, vec: int, cfg: OnePass) -> tuple:
