@@ -96,13 +96,18 @@ class _AttentionCandidate(Candidate):
                           stream=stream)
 
 
-class Sm90Wgmma(_AttentionCandidate):
-    name = "attention.sm90a_wgmma"
-    priority = 300
+class _Sm90(_AttentionCandidate):
+    """The wgmma kernels: sm_90a cubins (they run on sm_90 only), head dims of whole 64-element swizzle blocks."""
+
     min_arch = "sm_90"
     max_arch = "sm_90"
     arch_specific = True
     head_dims = configs.SM90_HEAD_DIMS
+
+
+class Sm90Wgmma(_Sm90):
+    name = "attention.sm90a_wgmma"
+    priority = 300
     source = configs.SM90_SOURCE
     kernel = configs.SM90_KERNEL
 
@@ -113,15 +118,11 @@ class Sm90Wgmma(_AttentionCandidate):
         return configs.Sm90Tile(int(c["bn"]), int(c.get("nwg", 2))) if "nwg" in c else None
 
 
-class Sm90Ws(_AttentionCandidate):
+class Sm90Ws(_Sm90):
     """The warp-specialized TMA kernel. K and V go in as tensor maps, so it launches through cuLaunchKernel."""
 
     name = "attention.sm90a_ws"
     priority = 350
-    min_arch = "sm_90"
-    max_arch = "sm_90"
-    arch_specific = True
-    head_dims = configs.SM90_HEAD_DIMS
     source = configs.SM90_WS_SOURCE
     kernel = configs.SM90_WS_KERNEL
 

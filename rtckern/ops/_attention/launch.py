@@ -148,4 +148,3 @@ class PreparedWs:
         if err != d.CUresult.CUDA_SUCCESS:
             raise LaunchError(f"launch of {self.kernel.label} failed: {err} (grid {g}, block ({self.threads}, 1, 1), "
                               f"shared memory {self.smem}, {len(_WS_OFFSETS)} params)")
-

@@ -224,7 +224,6 @@ class _Cluster(_NormCandidate):
         return None
 
 
-
 class _L2(_NormCandidate):
     kind = "l2"
     priority = 130

@@ -45,7 +45,6 @@ def cfg_to_json(cfg) -> dict:
     return d
 
 
-
 def fwd_heuristic(p: geometry.FwdProblem, kind: str, warp: int = 32):
     if kind == "l2":
         return geometry.l2_config(p.n, p.vec, False, warp)

@@ -82,33 +82,47 @@ FWD_PERSIST_HELD_BYTES = 384
 BWD_L2C_MAX_STATIC_SMEM = 44 * 1024
 
 
-@dataclasses.dataclass(frozen=True)
-class FwdProblem:
-    """A forward call's compile-relevant features. w: dtype of the weight and bias (None with neither);
-    has_weight False for a bias without a weight."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Problem:
+    """What a forward and a backward call share: the norm (layer: LayerNorm, else RMSNorm), the row length, x's
+    dtype, w (the weight's dtype; see each direction for a bias alone), zero-centering, the vector width."""
 
     layer: bool
     n: int
     x: str
-    y: str
     w: str | None = None
     has_weight: bool = True
-    bias: bool = False
     zero_centered: bool = False
-    residual: bool = False
-    save_stats: bool = False
     vec: int = 1  # elements per access; N % vec == 0 and every array aligned to min(16, vec * itemsize)
+
+    # The FLAGS template argument's bit (norm_common.cuh) of each boolean field, besides WEIGHT (a weight given);
+    # each direction adds its own.
+    FLAG_BITS = (("layer", LAYER), ("zero_centered", ZERO_CENTERED))
 
     @property
     def flags(self) -> int:
-        return ((LAYER if self.layer else 0) | (WEIGHT if (self.w and self.has_weight) else 0)
-                | (BIAS if self.bias else 0)
-                | (ZERO_CENTERED if self.zero_centered else 0) | (RESIDUAL if self.residual else 0)
-                | (SAVE_STATS if self.save_stats else 0))
+        bits = WEIGHT if (self.w and self.has_weight) else 0
+        for field, bit in self.FLAG_BITS:
+            if getattr(self, field):
+                bits |= bit
+        return bits
 
     @property
     def w_type(self) -> str:
         return ctype(self.w or self.x)  # unused pointer type when there is no weight
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FwdProblem(_Problem):
+    """A forward call's compile-relevant features. w: dtype of the weight and bias (None with neither);
+    has_weight False for a bias without a weight."""
+
+    y: str
+    bias: bool = False
+    residual: bool = False
+    save_stats: bool = False
+
+    FLAG_BITS = _Problem.FLAG_BITS + (("bias", BIAS), ("residual", RESIDUAL), ("save_stats", SAVE_STATS))
 
     def type_args(self) -> tuple[str, str, str]:
         return ctype(self.x), self.w_type, ctype(self.y)
@@ -120,33 +134,18 @@ class FwdProblem:
         return rows * per_row + affine
 
 
-@dataclasses.dataclass(frozen=True)
-class BwdProblem:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BwdProblem(_Problem):
     """A backward call's compile-relevant features. w: the weight's dtype (None without a weight; the bias's
     dtype, with has_weight False, for a bias alone); weight_grad / bias_grad: dweight / dbias wanted."""
 
-    layer: bool
-    n: int
-    x: str
     dy: str
     dx: str
-    w: str | None = None
-    has_weight: bool = True
     weight_grad: bool = False
     bias_grad: bool = False
-    zero_centered: bool = False
     dresidual: bool = False
-    vec: int = 1
 
-    @property
-    def flags(self) -> int:
-        return ((LAYER if self.layer else 0) | (WEIGHT if (self.w and self.has_weight) else 0)
-                | (WEIGHT_GRAD if self.weight_grad else 0) | (BIAS if self.bias_grad else 0) | (ZERO_CENTERED if self.zero_centered else 0)
-                | (RESIDUAL if self.dresidual else 0))
-
-    @property
-    def w_type(self) -> str:
-        return ctype(self.w or self.x)
+    FLAG_BITS = _Problem.FLAG_BITS + (("weight_grad", WEIGHT_GRAD), ("bias_grad", BIAS), ("dresidual", RESIDUAL))
 
     def type_args(self) -> tuple[str, str, str, str]:
         return ctype(self.x), self.w_type, ctype(self.dy), ctype(self.dx)
@@ -460,7 +459,6 @@ def bwd_feasible(p: BwdProblem, kind: str, cfg, warp: int = 32, smem_optin: int 
     if kind == "rows" and cfg.rpb > 1 and p.n * 4 > 40 * 1024:
         return f"{cfg.rpb} rows per block need {p.n * 4} B of shared memory to combine the column sums"
     return None
-
 
 
 # ---- specs ------------------------------------------------------------------------------------------------------

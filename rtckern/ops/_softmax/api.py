@@ -140,19 +140,40 @@ def _check_mask(a: arr.DeviceArray, mask) -> arr.DeviceArray:
     return m
 
 
+def _at_least_2d(a: arr.DeviceArray, name: str) -> arr.DeviceArray:
+    if len(a.shape) < 2:
+        raise InputError(f"{name} has shape {a.shape} ({len(a.shape)} dims); this op needs at least 2 (..., Sq, Sk)")
+    return a
+
+
 # ---- public ops -----------------------------------------------------------------------------------------------
-def softmax(x, scale: float = 1.0):
-    """softmax(scale * x) over the last dimension of x (fp32, fp16 or bf16, contiguous, on a GPU)."""
-    p = _hit("softmax", x, None, scale)
-    if p is not None:
-        return p.forward(x.data_ptr(), 0)
-    a = _input(x, "x")
-    return _run_forward("softmax", a, _plain_geometry(a), scale, None, (x, None))
+def _unmasked(op: str, min_ndim: int, geometry_of, forward_doc: str, backward_doc: str):
+    """The op `op` and `op`_backward for scores without a mask array (plain, or causal: the mask is the geometry).
+    geometry_of(array) gives the rows' geometry and refuses a shape the op does not take; the forward takes x of at
+    least `min_ndim` dims. Built here once for softmax and the two causal forms (the same code; as functions of
+    their own, so the hot path pays no extra call)."""
+    def forward(x, scale: float = 1.0):
+        p = _hit(op, x, None, scale)
+        if p is not None:
+            return p.forward(x.data_ptr(), 0)
+        a = _input(x, "x", min_ndim)
+        return _run_forward(op, a, geometry_of(a), scale, None, (x, None))
+
+    backward_geometry = geometry_of if min_ndim < 2 else (lambda a: geometry_of(_at_least_2d(a, "y")))
+
+    def backward(y, dy, scale: float = 1.0):
+        return _run_backward(op + "_backward", y, dy, scale, backward_geometry)
+
+    for fn, name, doc in ((forward, op, forward_doc), (backward, op + "_backward", backward_doc)):
+        fn.__name__ = fn.__qualname__ = name
+        fn.__doc__ = doc
+    return forward, backward
 
 
-def softmax_backward(y, dy, scale: float = 1.0):
-    """Gradient of softmax(scale * x) with respect to x, from y = softmax(scale * x) and dy."""
-    return _run_backward("softmax_backward", y, dy, scale, _plain_geometry)
+softmax, softmax_backward = _unmasked(
+    "softmax", 1, _plain_geometry,
+    """softmax(scale * x) over the last dimension of x (fp32, fp16 or bf16, contiguous, on a GPU).""",
+    """Gradient of softmax(scale * x) with respect to x, from y = softmax(scale * x) and dy.""")
 
 
 def scaled_masked_softmax(x, mask, scale: float = 1.0):
@@ -173,42 +194,17 @@ def scaled_masked_softmax_backward(y, dy, scale: float = 1.0):
     return _run_backward("scaled_masked_softmax_backward", y, dy, scale, _plain_geometry)
 
 
-def scaled_upper_triang_masked_softmax(x, scale: float = 1.0):
+scaled_upper_triang_masked_softmax, scaled_upper_triang_masked_softmax_backward = _unmasked(
+    "scaled_upper_triang_masked_softmax", 2, _square_causal_geometry,
     """Causal softmax(scale * x) over square score matrices x (..., S, S), typically (B * H, S, S): key k of
-    query q is kept iff k <= q; the rest are exactly zero (and never read)."""
-    p = _hit("scaled_upper_triang_masked_softmax", x, None, scale)
-    if p is not None:
-        return p.forward(x.data_ptr(), 0)
-    a = _input(x, "x", min_ndim=2)
-    return _run_forward("scaled_upper_triang_masked_softmax", a, _square_causal_geometry(a), scale, None, (x, None))
+    query q is kept iff k <= q; the rest are exactly zero (and never read).""",
+    """Gradient of scaled_upper_triang_masked_softmax; keys above the diagonal get exactly zero.""")
 
-
-def scaled_upper_triang_masked_softmax_backward(y, dy, scale: float = 1.0):
-    """Gradient of scaled_upper_triang_masked_softmax; keys above the diagonal get exactly zero."""
-    return _run_backward("scaled_upper_triang_masked_softmax_backward", y, dy, scale,
-                         lambda a: _square_causal_geometry(_at_least_2d(a, "y")))
-
-
-def scaled_aligned_causal_masked_softmax(x, scale: float = 1.0):
+scaled_aligned_causal_masked_softmax, scaled_aligned_causal_masked_softmax_backward = _unmasked(
+    "scaled_aligned_causal_masked_softmax", 2, _aligned_causal_geometry,
     """Causal softmax(scale * x) aligned to the bottom-right corner, x (..., Sq, Sk): key k of query q is kept iff
-    k <= q + (Sk - Sq). With Sq > Sk the first Sq - Sk queries keep no key and give zeros."""
-    p = _hit("scaled_aligned_causal_masked_softmax", x, None, scale)
-    if p is not None:
-        return p.forward(x.data_ptr(), 0)
-    a = _input(x, "x", min_ndim=2)
-    return _run_forward("scaled_aligned_causal_masked_softmax", a, _aligned_causal_geometry(a), scale, None, (x, None))
-
-
-def scaled_aligned_causal_masked_softmax_backward(y, dy, scale: float = 1.0):
-    """Gradient of scaled_aligned_causal_masked_softmax; masked keys get exactly zero."""
-    return _run_backward("scaled_aligned_causal_masked_softmax_backward", y, dy, scale,
-                         lambda a: _aligned_causal_geometry(_at_least_2d(a, "y")))
-
-
-def _at_least_2d(a: arr.DeviceArray, name: str) -> arr.DeviceArray:
-    if len(a.shape) < 2:
-        raise InputError(f"{name} has shape {a.shape} ({len(a.shape)} dims); this op needs at least 2 (..., Sq, Sk)")
-    return a
+    k <= q + (Sk - Sq). With Sq > Sk the first Sq - Sk queries keep no key and give zeros.""",
+    """Gradient of scaled_aligned_causal_masked_softmax; masked keys get exactly zero.""")
 
 
 cands.register_all()

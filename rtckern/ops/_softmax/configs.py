@@ -40,6 +40,8 @@ def _lookup(direction: str, kind: int, is_ring: bool, device, key, valid=None):
         if found is not None:
             return found
     return None
+
+
 KEY_FIELDS = ("dtype", "vec", "n")
 # Rows with inputs of this many elements (2^27: 256 MB of bf16, far past L2) measure DRAM-bound behaviour.
 TUNE_ELEMENTS = 1 << 27
