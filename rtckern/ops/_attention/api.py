@@ -27,6 +27,7 @@ from rtckern.errors import InputError
 from rtckern.registry import select
 from rtckern.runtime import arrays as arr
 
+from .._common import current_plan, parse_number
 from . import candidates as cands
 from . import plan
 from .configs import DTYPES, HEAD_DIMS
@@ -85,11 +86,8 @@ def _check_qkv(q: arr.DeviceArray, k: arr.DeviceArray, v: arr.DeviceArray) -> No
 def _scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    try:
-        s = float(softmax_scale)
-    except (TypeError, ValueError):
-        raise InputError(f"softmax_scale={softmax_scale!r} is not a number; pass a positive float such as "
-                         f"1 / math.sqrt(head_dim), or None for that default") from None
+    s = parse_number(softmax_scale, "softmax_scale",
+                     "a positive float such as 1 / math.sqrt(head_dim), or None for that default")
     if not (math.isfinite(s) and s > 0):
         raise InputError(f"softmax_scale={softmax_scale!r}; it must be a positive finite number (default "
                          "1 / sqrt(head_dim))")
@@ -108,7 +106,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     """Fused attention forward; see the module docstring for layouts, masking and limits."""
     key = plan.key(q, k, v, causal, softmax_scale, return_lse)
     if key is not None:
-        call_plan = plan.lookup(key)
+        call_plan = current_plan(plan.plans, key)
         if call_plan is not None:  # this signature passed the checks below before: see plan.py
             return call_plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), return_lse)
     qa, ka, va = arr.wrap(q, "q"), arr.wrap(k, "k"), arr.wrap(v, "v")

@@ -33,13 +33,6 @@ def key(q, k, v, causal, softmax_scale, return_lse) -> tuple | None:
             causal, type(softmax_scale), softmax_scale, bool(return_lse))
 
 
-def lookup(k):
-    p = plans.get(k)
-    if p is not None and p.settings is settings():
-        return p
-    return None
-
-
 def remember(p: "Plan", q, k, v, causal, softmax_scale, return_lse) -> None:
     for t in (q, k, v):
         _torch_types.put(type(t), True)

@@ -27,6 +27,7 @@ from rtckern.errors import InputError
 from rtckern.registry import OpRequest, select
 from rtckern.runtime import arrays as arr
 
+from .._common import current_plan, parse_number
 from . import plan
 
 __all__ = ("rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward")
@@ -41,10 +42,7 @@ def _dtype_name(d: Any, what: str) -> str:
 
 
 def _eps(eps: Any) -> float:
-    try:
-        e = float(eps)
-    except (TypeError, ValueError):
-        raise InputError(f"eps={eps!r} is not a number; pass a small positive float such as 1e-6") from None
+    e = parse_number(eps, "eps", "a small positive float such as 1e-6")
     if not math.isfinite(e) or e < 0:
         raise InputError(f"eps={eps!r} must be finite and >= 0; pass a small positive float such as 1e-6")
     return e
@@ -132,7 +130,7 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
     # Hot path: a signature seen before (all torch tensors) runs its memoized plan; see plan.py.
     key = plan.fwd_key(layer, x, weight, bias, eps, residual, zero_centered, out_dtype, save_stats)
     if key is not None:
-        call_plan = plan.lookup(plan.fwd_plans, key)
+        call_plan = current_plan(plan.fwd_plans, key)
         if call_plan is not None:
             return call_plan.run(x.data_ptr(), 0 if weight is None else weight.data_ptr(),
                                  0 if bias is None else bias.data_ptr(), 0 if residual is None else residual.data_ptr())
@@ -182,7 +180,7 @@ def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresi
     key = plan.bwd_key(layer, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
                        bias_grad)
     if key is not None:
-        call_plan = plan.lookup(plan.bwd_plans, key)
+        call_plan = current_plan(plan.bwd_plans, key)
         if call_plan is not None:
             return call_plan.run(x.data_ptr(), 0 if weight is None else weight.data_ptr(), dy.data_ptr(),
                                  0 if dresidual is None else dresidual.data_ptr(),

@@ -60,17 +60,6 @@ def store(plans: PlanCache, key, plan) -> None:
     plans.put(key, plan)
 
 
-def lookup(plans: dict, key):
-    """The plan for key if it was made under the current settings, else None (unhashable keys: None)."""
-    try:
-        p = plans.get(key)
-    except TypeError:  # an unhashable flag or dtype argument: the full path handles it
-        return None
-    if p is not None and p.settings is settings():
-        return p
-    return None
-
-
 # ---- allocation -------------------------------------------------------------------------------------------------
 class _TorchAlloc:
     """Outputs and workspaces on one torch device (what arr.empty / arr.zeros / arr.workspace do, without the

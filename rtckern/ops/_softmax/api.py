@@ -35,6 +35,7 @@ from rtckern.dtypes import FLOATS
 from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
 
+from .._common import current_plan, parse_number
 from . import candidates as cands
 from . import geometry, plan
 
@@ -55,11 +56,7 @@ def _input(x, name: str, min_ndim: int = 1) -> arr.DeviceArray:
 
 
 def _scale(scale) -> np.float32:
-    try:
-        return np.float32(float(scale))
-    except (TypeError, ValueError):
-        raise InputError(f"scale={scale!r} is not a number; pass a Python float such as 1 / math.sqrt(head_dim)") \
-            from None
+    return np.float32(parse_number(scale, "scale", "a Python float such as 1 / math.sqrt(head_dim)"))
 
 
 def _run_forward(op: str, a: arr.DeviceArray, geom: geometry.RowGeometry, scale, mask: arr.DeviceArray | None,
@@ -75,7 +72,7 @@ def _run_forward(op: str, a: arr.DeviceArray, geom: geometry.RowGeometry, scale,
 def _run_backward(op: str, y, dy, scale, geometry_of) -> object:
     k = plan.key(op, y, dy, scale)
     if k is not None:
-        p = plan.lookup(k)
+        p = current_plan(plan.plans, k)
         if p is not None:
             return p.backward(y.data_ptr(), dy.data_ptr())
     ya = _input(y, "y")
@@ -97,7 +94,7 @@ def _run_backward(op: str, y, dy, scale, geometry_of) -> object:
 def _hit(op: str, x, mask, scale):
     """The memoized plan of this call's signature (torch tensors seen before), else None."""
     k = plan.key(op, x, mask, scale)
-    return plan.lookup(k) if k is not None else None
+    return current_plan(plan.plans, k) if k is not None else None
 
 
 # ---- geometry of each op -------------------------------------------------------------------------------------

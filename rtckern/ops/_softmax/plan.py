@@ -5,7 +5,7 @@ memoized for torch tensors. A repeated call reads pointers, allocates its output
 launches.
 
 The key holds everything api.py's checks read, so a call that hits the memo passed them; anything else takes
-the full path (same errors as before), which builds and stores the geometry. Plans are rebuilt when the settings
+the full path (same errors as before), which builds and stores the plan. Plans are rebuilt when the settings
 change (config.override), as the selections are.
 """
 from __future__ import annotations
@@ -35,13 +35,6 @@ def key(op: str, a, b, scale) -> tuple | None:
     if type(a) not in tt or (b is not None and type(b) not in tt) or type(scale) not in (float, int):
         return None
     return (op, _tk(a), None if b is None else _tk(b), scale)
-
-
-def lookup(k):
-    p = plans.get(k)
-    if p is not None and p.settings is settings():
-        return p
-    return None
 
 
 def remember(k_args, p: "Plan", *objs) -> None:
