@@ -32,10 +32,9 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing: python3
 
 def _load_configs():
     # By file path: the raw engine must not depend on the rest of the package importing cleanly.
-    spec = importlib.util.spec_from_file_location("rtckern_attention_configs_standalone",
-                                                  ROOT / "rtckern/ops/_attention/configs.py")
+    spec = importlib.util.spec_from_file_location("rtckern_attn_configs", ROOT / "rtckern/ops/_attention/configs.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["rtckern_attention_configs_standalone"] = mod
+    sys.modules["rtckern_attn_configs"] = mod
     spec.loader.exec_module(mod)
     return mod
 
