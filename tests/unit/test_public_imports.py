@@ -103,10 +103,6 @@ ALLOWED: dict[str, dict[str, str]] = {
                                            "against torch on shapes the registry would route elsewhere",
         "rtckern.ops._softmax.geometry": LAUNCH + " (row geometry: OnePass, RowGeometry, fits, vector_width)",
     },
-    "tests/gpu/plugins/test_torch_plugin_gpu.py": {
-        "rtckern.plugins._torch_attention": "checks when the plugin routes attention to the flash kernel "
-                                            "(_flash_serves), a dispatch rule with no public name",
-    },
     "tests/unit/compiler/test_hiprtc.py": {
         "rtckern.ops._gemm.geometry": "the SIMT gemm kernel and the split-k reduce on gfx90a (simt_spec, "
                                       "reduce_spec): no registry candidate serves the reduce on its own",
@@ -117,6 +113,14 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._attention.configs": "the kernel-config table (tiles, sources, kernel names, pick_tile)",
         "rtckern.ops._attention.launch": "the kernels' parameter list (kernel_args): order, strides, scale",
         "rtckern.ops._attention.wgmma_gen": "the code generator's output matches the shipped kernel source",
+    },
+    "tests/unit/ops/test_attention_backward.py": {
+        "rtckern.ops._attention.backward": "the dout/out/lse validation (_check_like_q, _check_lse) on fake arrays, "
+                                           "without a device",
+        "rtckern.ops._attention.backward_candidates": "the candidates' request encoding and their prepared launches "
+                                                      "(argument lists checked against the kernel sources)",
+        "rtckern.ops._attention.backward_configs": "the kernel-config table (tiles, shared memory, sources, kernel "
+                                                   "names)",
     },
     "tests/unit/ops/test_gemm.py": {
         "rtckern.ops._gemm.candidates": "the candidates' plans, cost and request encoding; host_gemm fixture: "

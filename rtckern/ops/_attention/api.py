@@ -32,7 +32,7 @@ from . import candidates as cands
 from . import plan
 from .configs import DTYPES, HEAD_DIMS
 
-__all__ = ("attention",)
+__all__ = ("attention", "attention_backward")
 
 _INT32_MAX = 2**31 - 1
 _GRID_YZ_MAX = 65535
@@ -130,3 +130,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
 
 
 cands.register_all()
+
+# The backward op lives beside (backward.py: its own checks and plan; backward_candidates.py, backward_configs.py);
+# exported with the forward.
+from .backward import attention_backward  # noqa: E402
