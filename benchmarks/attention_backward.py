@@ -1,25 +1,18 @@
 """Attention backward: TFLOP/s of rtckern.ops.attention_backward against torch SDPA's flash and cuDNN backward.
 
-    PYTHONPATH=. python3 benchmarks/attention_backward.py --out benchmarks/results [--deterministic] [--impls simt]
+    python -m benchmarks attention_backward [--deterministic] [--impls simt] [--quick]
 
 Points: bf16, head dim 64 (32 heads) and 128 (16 heads), seqlen 1k / 4k / 16k at 16k tokens per batch, causal and
 not. Only the backward is timed: rtckern's op from a saved (o, lse); SDPA's through autograd.grad of an output
 computed once under the backend (sdpa_kernel), retaining the graph. CUDA events, median of --reps back-to-back calls
 after a warm-up. TFLOP/s = 2.5 x the forward's 4 * batch * heads * seqlen^2 * head_dim, halved for causal.
-Writes attention_backward_<gpu>.json and .md under --out (one current file set per GPU, overwritten by each run).
+The runner writes attention_backward_<gpu>.json and .md (one current file set per GPU, overwritten by each run).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
+from benchmarks.attention import time_ms
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.attention import environment, gpu_slug, time_ms  # noqa: E402
+QUICK = "head dim 128 only, 1k and 16k, 5 reps"
 
 
 def bench_points():
@@ -75,39 +68,24 @@ def sdpa_backward_runner(backend_name, q, k, v, g, causal):
     return fn
 
 
-def markdown(result) -> str:
-    env = result["env"]
-    names = sorted({k for r in result["bench"] for k in r["tflops"]})
-    lines = [f"# Attention backward, {env['gpu']}", "",
-             f"torch {env['torch']}, CUDA {env['torch_cuda']}, cuDNN {env['cudnn']}, NVRTC {env.get('nvrtc')}, "
-             f"{env['date']}. bf16, 16k tokens per batch; TFLOP/s = 2.5 x forward FLOPs (halved for causal); "
-             "median of CUDA-event timings.", "",
-             "| hd | heads | seqlen | batch | causal | " + " | ".join(names) + " | rtckern / flash | rtckern / cudnn |",
-             "|" + "---|" * (7 + len(names))]
-    for r in result["bench"]:
-        t = r["tflops"]
-        cells = [f"{t[n]:.0f}" if n in t else "-" for n in names]
-        fl = f"{t['rtckern'] / t['sdpa_flash']:.2f}x" if "rtckern" in t and "sdpa_flash" in t else "-"
-        cu = f"{t['rtckern'] / t['sdpa_cudnn']:.2f}x" if "rtckern" in t and "sdpa_cudnn" in t else "-"
-        lines.append(f"| {r['hd']} | {r['heads']} | {r['seqlen']} | {r['batch']} | {int(r['causal'])} | "
-                     + " | ".join(cells) + f" | {fl} | {cu} |")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap) -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--deterministic", action="store_true", help="also time rtckern's deterministic mode")
     ap.add_argument("--impls", default="", help="extra forced rtckern candidates to time, comma list (e.g. simt)")
-    ap.add_argument("--out", default="")
-    args = ap.parse_args(argv)
 
+
+def run(args):
     import torch
 
-    env = environment()
-    print(json.dumps(env), flush=True)
+    from benchmarks.runner import Result, Table
+
+    points = bench_points()
+    reps = args.reps
+    if args.quick:
+        points = [p for p in points if p["hd"] == 128 and p["seqlen"] in (1024, 16384)]
+        reps = 5
     rows = []
-    for p in bench_points():
+    for p in points:
         gen = torch.Generator(device="cuda").manual_seed(1)
         shp = (p["batch"], p["seqlen"], p["heads"], p["hd"])
         q, k, v, g = (torch.randn(shp, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
@@ -122,7 +100,7 @@ def main(argv=None):
         for name, (impl, make) in runners.items():
             try:
                 with forced(impl):
-                    ms[name] = time_ms(make(), reps=args.reps)
+                    ms[name] = time_ms(make(), reps=reps)
             except Exception as e:  # report and go on: one backend missing must not lose the others
                 print(f"{name} failed at {p}: {type(e).__name__}: {e}", flush=True)
             torch.cuda.empty_cache()
@@ -131,15 +109,15 @@ def main(argv=None):
         rows.append(row)
         line = " ".join(f"{n}={t:.0f}" for n, t in sorted(row["tflops"].items(), key=lambda kv: -kv[1]))
         print(f"hd{p['hd']} s{p['seqlen']} b{p['batch']} causal={int(p['causal'])}: {line}", flush=True)
-    result = dict(env=env, bench=rows)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        name = f"attention_backward_{gpu_slug(env['gpu'])}"
-        (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-        (out / f"{name}.md").write_text(markdown(result))
-        print("wrote", out / f"{name}.json", out / f"{name}.md")
+    names = sorted({k for r in rows for k in r["tflops"]})
 
-
-if __name__ == "__main__":
-    main()
+    def ratio(t, other):
+        return f"{t['rtckern'] / t[other]:.2f}x" if "rtckern" in t and other in t else None
+    table = Table(["hd", "heads", "seqlen", "batch", "causal", *names, "rtckern / flash", "rtckern / cudnn"],
+                  [[r["hd"], r["heads"], r["seqlen"], r["batch"], int(r["causal"]),
+                    *[f"{r['tflops'][n]:.0f}" if n in r["tflops"] else None for n in names],
+                    ratio(r["tflops"], "sdpa_flash"), ratio(r["tflops"], "sdpa_cudnn")] for r in rows])
+    note = ("bf16, 16k tokens per batch; TFLOP/s = 2.5 x forward FLOPs (halved for causal); median of CUDA-event "
+            f"timings over {reps} back-to-back calls.")
+    return Result("Attention backward: TFLOP/s against SDPA's flash and cuDNN backward", rows=rows,
+                  body=[note, table])

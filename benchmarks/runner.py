@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 # process each), "cpu" (no GPU involved)
 SUITES = {
     "attention": "gpu",
+    "attention_backward": "gpu",
     "norms": "gpu",
     "softmax": "gpu",
     "gemm": "gpu",

@@ -29,6 +29,7 @@ tests=""
 args=""
 case "$family" in
   attention)   tests="tests/gpu/ops/test_attention.py"; args="--check" ;;
+  attention_backward) tests="tests/gpu/ops/test_attention_backward.py"; args="--deterministic" ;;
   norms)       tests="tests/gpu/ops/test_norms.py" ;;
   softmax)     tests="tests/gpu/ops/test_softmax.py"; args="--prefill" ;;
   gemm)        tests="tests/gpu/ops/test_gemm.py" ;;

@@ -124,7 +124,9 @@ def check(dtype, b, sq, sk, hq, hk, hd, causal, seed, packed=False, deterministi
         assert not torch.isnan(got).any(), f"unwritten or NaN {name} ({case})"
         err = (got.double() - want).abs().max().item()
         merr = (m.double() - want).abs().max().item()
-        floor = 1e-5 + 1e-4 * want.abs().max().item()
+        # plus half an ulp of the output dtype at the largest gradient: the one rounding no kernel avoids (math SDPA's
+        # own error can fall below it where its largest-error element happens to round well)
+        floor = 1e-5 + max(1e-4, 0.5 * torch.finfo(got.dtype).eps) * want.abs().max().item()
         assert err <= 2 * merr + floor, f"{name}: max error {err:.3g} > 2 x math SDPA's {merr:.3g} ({case})"
     if not bool(seen.all()):
         assert bool((dq[:, ~seen] == 0).all()), f"queries that see no key must get dq = 0 ({case})"
