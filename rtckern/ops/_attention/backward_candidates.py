@@ -23,6 +23,7 @@ from rtckern.registry.core_api import target_for
 from rtckern.spec import KernelSpec
 
 from . import backward_configs as cfgs
+from .configs import qkv_reason
 
 OP = "attention_backward"
 _LOG2E = math.log2(math.e)
@@ -93,13 +94,7 @@ class _BwdCandidate(Candidate):
     vendors = ("nvidia",)
 
     def supports(self, req: OpRequest) -> str | None:
-        dt = req.dtype("qkv")
-        if dt not in cfgs.DTYPES:
-            return f"dtype {dt} not supported (bf16, fp16)"
-        hd = req.dim("head_dim")
-        if hd not in cfgs.HEAD_DIMS:
-            return f"head_dim {hd} not supported (supported: {', '.join(map(str, cfgs.HEAD_DIMS))})"
-        return None
+        return qkv_reason(req, cfgs.HEAD_DIMS)
 
     def _row_spec(self, req: OpRequest, kernel: str) -> KernelSpec:
         return KernelSpec(cfgs.ROWS_SOURCE, kernel, target_for(req.device, self.arch_specific),

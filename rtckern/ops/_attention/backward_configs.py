@@ -5,6 +5,8 @@ benchmark and the tests.
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
+from typing import Mapping
 
 from .configs import DTYPES, HEAD_DIMS
 
@@ -104,13 +106,13 @@ class Sm80BwdTile:
 # used (227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89). Registers: the dK and dV accumulators (16 keys x
 # HD / split per warp) plus S^T and dP^T (16 keys x BM / split) stay under 255 per thread without spilling
 # (checked per variant by tests/unit/ops/test_attention_backward.py).
-SM80_BWD_TILES: dict[int, tuple[Sm80BwdTile, ...]] = {
+SM80_BWD_TILES: Mapping[int, tuple[Sm80BwdTile, ...]] = MappingProxyType({
     32: (Sm80BwdTile(64, 128, 8, 2),),
     64: (Sm80BwdTile(64, 128, 8, 2),),
     96: (Sm80BwdTile(64, 128, 8, 2), Sm80BwdTile(64, 64, 4, 2)),
     128: (Sm80BwdTile(32, 128, 8, 2), Sm80BwdTile(32, 64, 4, 2)),
     256: (Sm80BwdTile(32, 64, 8, 2), Sm80BwdTile(32, 32, 4, 1)),
-}
+})
 
 
 def pick_tile(tiles, head_dim: int, smem_limit: int):

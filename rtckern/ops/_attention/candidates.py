@@ -71,13 +71,7 @@ class _AttentionCandidate(Candidate):
 
     # -- Candidate API --------------------------------------------------------------------------------------------
     def supports(self, req: OpRequest) -> str | None:
-        dt = req.dtype("qkv")
-        if dt not in configs.DTYPES:
-            return f"dtype {dt} not supported (bf16, fp16)"
-        hd = req.dim("head_dim")
-        if hd not in self.head_dims:
-            return f"head_dim {hd} not supported (supported: {', '.join(map(str, self.head_dims))})"
-        return None
+        return configs.qkv_reason(req, self.head_dims)
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
         tile = self.tile(req)

@@ -76,6 +76,18 @@ SM80_TILES: Mapping[tuple[int, bool], tuple[Sm80Tile, ...]] = MappingProxyType({
 })
 
 
+def qkv_reason(req, head_dims: tuple[int, ...]) -> str | None:
+    """Why a kernel cannot serve the request's q / k / v dtype or head dim (one of `head_dims`); None when it
+    can. The forward and backward candidates alike."""
+    dt = req.dtype("qkv")
+    if dt not in DTYPES:
+        return f"dtype {dt} not supported (bf16, fp16)"
+    hd = req.dim("head_dim")
+    if hd not in head_dims:
+        return f"head_dim {hd} not supported (supported: {', '.join(map(str, head_dims))})"
+    return None
+
+
 def pick_tile(tiles, head_dim: int, smem_limit: int):
     """The first tile of `tiles` whose shared memory fits `smem_limit` bytes, else None."""
     for t in tiles:
