@@ -1,6 +1,6 @@
 """Kernel-level GEMM checks on a live GPU, no registry (`python -m benchmarks gemm --check`): every kernel family
 and tile config (sm80, the sm80 general path, simt, sm90 and its ping-pong schedule, split-K on both tensor-core
-families, a B shared across the batch) is launched directly through rtckern.ops._gemm_launch and checked against a
+families, a B shared across the batch) is launched directly through rtckern.ops._gemm.launch and checked against a
 float64 reference.
 
 Correctness: fresh random inputs per case, output poisoned with NaN first, relative Frobenius error against a
@@ -19,9 +19,9 @@ import torch
 from rtckern.device import DeviceInfo
 from rtckern.dtypes import unit_roundoff
 from rtckern.manager import get_manager
-from rtckern.ops import _gemm_launch as L
-from rtckern.ops._gemm_plan import (GemmProblem, SimtConfig, Sm80Config, Sm90Config, kernel_specs, with_splits,
-                                    workspace_bytes)
+from rtckern.ops._gemm import launch
+from rtckern.ops._gemm.geometry import (GemmProblem, SimtConfig, Sm80Config, Sm90Config, kernel_specs, with_splits,
+                                        workspace_bytes)
 
 TORCH_DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -92,11 +92,11 @@ def reference(p, a, b, bias, res):
 
 
 def operands(p, a, b, c, bias, res):
-    return L.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=a.stride(-2), ldb=b.stride(-2),
-                      ldc=c.stride(-2), stride_a=a.stride(0), stride_b=b.stride(0) if p.b_batched else 0,
-                      stride_c=c.stride(0), bias=bias.data_ptr() if bias is not None else 0,
-                      res=res.data_ptr() if res is not None else 0, ldr=res.stride(-2) if res is not None else 0,
-                      stride_r=res.stride(0) if res is not None else 0)
+    return launch.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=a.stride(-2), ldb=b.stride(-2),
+                           ldc=c.stride(-2), stride_a=a.stride(0), stride_b=b.stride(0) if p.b_batched else 0,
+                           stride_c=c.stride(0), bias=bias.data_ptr() if bias is not None else 0,
+                           res=res.data_ptr() if res is not None else 0, ldr=res.stride(-2) if res is not None else 0,
+                           stride_r=res.stride(0) if res is not None else 0)
 
 
 def run_case(case: Case, kernels, a, b, bias, res, c=None, ws=None, stream=None):
@@ -106,8 +106,8 @@ def run_case(case: Case, kernels, a, b, bias, res, c=None, ws=None, stream=None)
     nbytes = workspace_bytes(p, case.cfg.splits)
     if nbytes and ws is None:
         ws = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32)
-    L.launch(kernels, p, case.cfg, operands(p, a, b, c, bias, res), stream=stream, sm_count=case.dev.sm_count,
-             workspace=ws.data_ptr() if ws is not None else 0)
+    launch.launch(kernels, p, case.cfg, operands(p, a, b, c, bias, res), stream=stream, sm_count=case.dev.sm_count,
+                  workspace=ws.data_ptr() if ws is not None else 0)
     return c, ws
 
 
@@ -182,8 +182,8 @@ def correctness_cases(dev: DeviceInfo):
                 continue
             aligned = "sm80g" not in tag
             for (batch, m, n, k), (act, bias, res) in (((1, 16, 1024, 4096), ("gelu_tanh", True, True)),
-                                                      ((2, 33, 520, 2000), ("none", False, False)),
-                                                      ((1, 64, 4096, 1000 if not aligned else 1024),
+                                                       ((2, 33, 520, 2000), ("none", False, False)),
+                                                       ((1, 64, 4096, 1000 if not aligned else 1024),
                                                        ("silu", True, False))):
                 if not aligned:
                     n, k = n - 1, k - 3

@@ -21,22 +21,25 @@ OPS = {("fwd", 0): "softmax", ("fwd", 1): "scaled_masked_softmax", ("fwd", 2): "
 def launcher(direction, kind, op, dtype, n, spec_defines, dev):
     """launch(stream) of the selected kernel of (op, dtype, n) built with `spec_defines`, over the tuning problem."""
     from rtckern.manager import get_manager
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
-    from rtckern.ops._softmax_tuned import _random_buffers, tune_problem
+    from rtckern.ops._softmax import candidates as cands, geometry
+    from rtckern.ops._softmax.tune import _random_buffers, tune_problem
 
-    vec = plan.vector_width(dtype, n)
+    vec = geometry.vector_width(dtype, n)
     sel = cands.selection(op, dtype, n, vec, 0)
     cand, req = sel.candidate, sel.request
     spec = dataclasses.replace(cand.kernel_specs(req)[0], defines=spec_defines)
     kernel = get_manager().get(spec, 0)
     geom, mask_rows = tune_problem(direction, kind, n, dev)
-    bufs = _random_buffers(0, dtype, geom.rows * n, 2 if direction == plan.FWD else 3, mask_rows * n)
-    ptrs = (bufs.ptrs[0], bufs.ptrs[1], bufs.mask) if direction == plan.FWD else tuple(bufs.ptrs)
+    bufs = _random_buffers(0, dtype, geom.rows * n, 2 if direction == geometry.FWD else 3, mask_rows * n)
+    ptrs = (bufs.ptrs[0], bufs.ptrs[1], bufs.mask) if direction == geometry.FWD else tuple(bufs.ptrs)
     scale = np.float32(0.5)
     if isinstance(cand, cands.RingCandidate):
         cfg = cands.ring_config(direction, kind, req)
         grid, block, smem = cands.ring_launch_geometry(kernel, direction, kind, dtype, cfg, geom.rows, dev.sm_count)
-        args = plan.fwd_args(*ptrs, geom, scale) if direction == plan.FWD else plan.bwd_args(*ptrs, geom, scale)
+        if direction == geometry.FWD:
+            args = geometry.fwd_args(*ptrs, geom, scale)
+        else:
+            args = geometry.bwd_args(*ptrs, geom, scale)
 
         def launch(stream):
             kernel.launch(grid, block, args, shared_mem=smem, stream=stream)

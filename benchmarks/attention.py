@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _load_configs():
     # By file path: the raw engine must not depend on the rest of the package importing cleanly.
-    spec = importlib.util.spec_from_file_location("_attention_configs", ROOT / "rtckern/ops/_attention_configs.py")
+    spec = importlib.util.spec_from_file_location("rtckern_attn_configs", ROOT / "rtckern/ops/_attention/configs.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["_attention_configs"] = mod
+    sys.modules["rtckern_attn_configs"] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -81,7 +81,7 @@ class RawEngine:
             kern.set_max_dynamic_shared_memory(smem)
         if isinstance(tile, C.Sm90WsTile):
             from rtckern.runtime import arrays as A
-            from rtckern.ops._attention_candidates import launch_ws
+            from rtckern.ops._attention.launch import launch_ws
 
             def run_ws(q, k, v, o, lse, scale):
                 launch_ws(kern, tile, dtype, A.wrap(q, "q"), A.wrap(k, "k"), A.wrap(v, "v"), o.data_ptr(),

@@ -2,8 +2,8 @@
 
     python -m benchmarks gemm                                    # the result set gemm_<gpu>.{json,md,png}
     python -m benchmarks gemm --check                            # and first the kernel-level checks
-    python -m benchmarks gemm --tune --no-bench --table-out T.json   # sweep configs, merge winners into the
-                                                                 # user table (and copy it to T.json)
+    python -m benchmarks gemm --tune --no-bench --table-out configs.json   # sweep configs, merge winners into the
+                                                                 # user table (and copy it to configs.json)
     python -m benchmarks gemm --tune --skinny ...                # only the skinny shapes (M 16 / 128)
 
 Timing: each call is captured 20 times in a CUDA graph and replayed (median of 7 replays / 20), so launch gaps do
@@ -23,9 +23,9 @@ import torch
 
 from benchmarks.runner import Result, Table
 from rtckern.device import DeviceInfo
-from rtckern.ops import _gemm_candidates as cands
-from rtckern.ops import _gemm_plan as P
-from rtckern.ops._gemm_tune import error_bound, reference
+from rtckern.ops._gemm import candidates as cands
+from rtckern.ops._gemm import geometry
+from rtckern.ops._gemm.tune import error_bound, reference
 from rtckern.ops import gemm
 
 TDT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -58,9 +58,9 @@ def bench_shapes() -> list[dict]:
     return out
 
 
-def problem(s: dict) -> P.GemmProblem:
-    return P.GemmProblem(1, s["m"], s["n"], s["k"], s["dtype"], s["dtype"], s["trans_b"], s.get("bias", False),
-                         s.get("activation", "none"), s.get("residual", False), aligned=True, b_batched=False)
+def problem(s: dict) -> geometry.GemmProblem:
+    return geometry.GemmProblem(1, s["m"], s["n"], s["k"], s["dtype"], s["dtype"], s["trans_b"], s.get("bias", False),
+                                s.get("activation", "none"), s.get("residual", False), aligned=True, b_batched=False)
 
 
 def graph_us(fn, reps: int = 20, replays: int = 7) -> float:
@@ -110,15 +110,15 @@ def precompile_sweeps(dev, workers: int = 16) -> None:
     """Compile every config the sweeps will time, in parallel processes, into the disk cache."""
     import concurrent.futures as cf
 
-    from rtckern.ops import _gemm_tuned as T
+    from rtckern.ops._gemm.tune import sweep_configs
     from rtckern.registry.core_api import target_for
 
     specs = []
     for s in bench_shapes():
         p = problem(s)
-        for cfg in T.sweep_configs(P.GemmProblem(1, p.m, p.n, p.k, p.dtype, p.dtype, p.trans_b), dev):
-            specs += P.kernel_specs(P.GemmProblem(1, p.m, p.n, p.k, p.dtype, p.dtype, p.trans_b), cfg,
-                                    target_for(dev, cfg.kind == "sm90"))
+        for cfg in sweep_configs(geometry.GemmProblem(1, p.m, p.n, p.k, p.dtype, p.dtype, p.trans_b), dev):
+            specs += geometry.kernel_specs(geometry.GemmProblem(1, p.m, p.n, p.k, p.dtype, p.dtype, p.trans_b), cfg,
+                                           target_for(dev, cfg.kind == "sm90"))
     specs = list(dict.fromkeys(specs))
     t0 = time.perf_counter()
     with cf.ProcessPoolExecutor(max_workers=min(workers, os.cpu_count() or 4)) as ex:
@@ -139,20 +139,20 @@ def _safe_compile(spec):
 def tune(args) -> int:
     from benchmarks.env import environment
     from rtckern import tuning
-    from rtckern.ops import _gemm_tuned as T
-    from rtckern.ops._gemm_tune import register_tuner
+    from rtckern.ops._gemm import configs
+    from rtckern.ops._gemm import tune as gemm_tune
 
     if args.no_pingpong:
-        T.ALLOW_PINGPONG = False
-    tuner = register_tuner()
+        gemm_tune.ALLOW_PINGPONG = False
+    tuner = gemm_tune.register_tuner()
     dev = DeviceInfo.from_device(0)
     precompile_sweeps(dev)
     env = environment()
     rows, report = [], []
     seen = set()
     for s in bench_shapes():
-        p = P.GemmProblem(1, s["m"], s["n"], s["k"], s["dtype"], s["dtype"], s["trans_b"], b_batched=False)
-        key = tuple(T.key_of(p).items())
+        p = geometry.GemmProblem(1, s["m"], s["n"], s["k"], s["dtype"], s["dtype"], s["trans_b"], b_batched=False)
+        key = tuple(configs.key_of(p).items())
         if key in seen:
             continue
         seen.add(key)
@@ -162,7 +162,7 @@ def tune(args) -> int:
         rows.append(row)
         ok = sorted((t for t in trials if t.seconds is not None), key=lambda t: t.seconds)
         bad = [t for t in trials if t.seconds is None]
-        print(f"TUNE {s['m']}x{s['n']}x{s['k']} {s['dtype']} {T.layout(s['trans_b'])}: best {row.config} "
+        print(f"TUNE {s['m']}x{s['n']}x{s['k']} {s['dtype']} {configs.layout(s['trans_b'])}: best {row.config} "
               f"{row.meta['time_us']:.1f}us ({p.flops / row.meta['time_us'] / 1e6:.0f} TF); {len(ok)} timed, "
               f"{len(bad)} failed, {time.perf_counter() - t0:.1f}s", flush=True)
         for t in bad:
@@ -171,8 +171,8 @@ def tune(args) -> int:
                        "trials": [{"config": dict(t.config), "us": None if t.seconds is None else t.seconds * 1e6,
                                    "error": t.error} for t in trials]})
         # Merge as we go: a run cut short keeps every shape tuned so far.
-        path = tuning.user_table_path(T.OP)
-        table = tuning.merge_rows(T.OP, T.KEY_FIELDS, [row], path)
+        path = tuning.user_table_path(configs.OP)
+        table = tuning.merge_rows(configs.OP, configs.KEY_FIELDS, [row], path)
         if args.table_out:
             with open(args.table_out, "w") as f:
                 json.dump(table.to_json(), f, indent=1)
@@ -180,7 +180,7 @@ def tune(args) -> int:
         if args.out:
             with open(os.path.join(args.out, "gemm_tune_trials.json"), "w") as f:
                 json.dump({"environment": env, "shapes": report}, f, indent=1)
-    print(f"merged {len(rows)} rows into {tuning.user_table_path(T.OP)}", flush=True)
+    print(f"merged {len(rows)} rows into {tuning.user_table_path(configs.OP)}", flush=True)
     return 0
 
 

@@ -35,12 +35,12 @@ def mock_host(args) -> Result:
     import torch
 
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _gemm_candidates as cands
-    from rtckern.ops import _gemm_launch as L
+    from rtckern.ops._gemm import api as gemm_api
+    from rtckern.ops._gemm import candidates as cands
+    from rtckern.ops._gemm import launch
     from rtckern.registry.results import Selection
     from rtckern.runtime import arrays as arr
 
-    from rtckern.ops import _gemm_api as G
     h200 = DeviceInfo.for_arch("sm_90", sm_count=132)
     names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
     real_wrap = arr.wrap
@@ -76,9 +76,9 @@ def mock_host(args) -> Result:
     arr.current_stream = lambda like: 0
     cands.select = select
     DeviceInfo.from_device = staticmethod(lambda ordinal: h200)
-    L.tensor_map = lambda *a, **k: bytes(128)
+    launch.tensor_map = lambda *a, **k: bytes(128)
     try:
-        importlib.import_module("rtckern.ops._gemm_call").torch_stream = lambda index: 0
+        importlib.import_module("rtckern.ops._gemm.plan").torch_stream = lambda index: 0
     except ImportError:  # an older tree
         pass
 
@@ -93,7 +93,7 @@ def mock_host(args) -> Result:
         cases.append((f"{m}x{n}x{k} tn bias+gelu", a, w, {"trans_b": True, "bias": bias, "activation": "gelu_tanh"}))
     rows = []
     for label, a, b, kw in cases:
-        fn = G.gemm
+        fn = gemm_api.gemm
         for _ in range(50):
             fn(a, b, **kw)
         before = launches[0]
@@ -108,7 +108,7 @@ def mock_host(args) -> Result:
                      "launches_per_call": per})
         print(f"{label:28s} {statistics.median(times):7.2f} us/call (min {min(times):.2f}), {per:.0f} launch(es)",
               flush=True)
-    tree = os.path.abspath(os.path.dirname(G.__file__))
+    tree = os.path.abspath(os.path.dirname(gemm_api.__file__))
     table = Table(("case", "us per call", "min us", "launches per call"),
                   [(r["case"], f"{r['us_per_call']:.2f}", f"{r['min_us']:.2f}", f"{r['launches_per_call']:.0f}")
                    for r in rows])
@@ -140,12 +140,12 @@ def bench_shape(m, n, k, tb, gen, rotate: int = 4) -> dict:
     import torch
 
     from benchmarks.gemm import graph_us
-    from rtckern.ops import _gemm_candidates as cands
-    from rtckern.ops import _gemm_plan as P
-    from rtckern.ops._gemm_tune import error_bound, reference
+    from rtckern.ops._gemm import candidates as cands
+    from rtckern.ops._gemm import geometry
+    from rtckern.ops._gemm.tune import error_bound, reference
     from rtckern.ops import gemm
 
-    p = P.GemmProblem(1, m, n, k, "bf16", "bf16", tb, aligned=True, b_batched=False)
+    p = geometry.GemmProblem(1, m, n, k, "bf16", "bf16", tb, aligned=True, b_batched=False)
     As = [torch.randn(m, k, device="cuda", generator=gen).bfloat16() for _ in range(rotate)]
     Bs = [(torch.randn(*((n, k) if tb else (k, n)), device="cuda", generator=gen) / math.sqrt(k)).bfloat16()
           for _ in range(rotate)]

@@ -14,7 +14,7 @@ M x N = 2^27 elements, N in {1024, 4096, 5120, 8192, 12288, 16384, 65536}, bf16 
 
 One shape of the sweep is `rtckern tune rms_norm --dtype bf16 --shapes 4096` (and layer_norm, the backwards):
 the candidate configs, their checks against float64, the timing and the table rows are the package's
-(rtckern/ops/_norms_tune.py). Bytes: forward reads x (+ weight, bias) and writes y; backward reads x, dy
+(rtckern/ops/_norms/tune.py). Bytes: forward reads x (+ weight, bias) and writes y; backward reads x, dy
 (+ weight) and writes dx (+ dweight, dbias). Timing: CUDA events around `inner` back-to-back calls queued behind
 a GPU sleep (so the host's launch cost stays out), warm-up first, median of `reps`; 2^27-element tensors are far
 larger than the 60 MB L2.
@@ -34,29 +34,27 @@ from pathlib import Path
 from benchmarks.runner import Result, Table
 from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
-from rtckern.ops import _norms_kernels as K
-from rtckern.ops import _norms_launch as L
-from rtckern.ops import _norms_tune as T
+from rtckern.ops._norms import configs, geometry, tune
 
-TOTAL = T.TUNE_ELEMENTS
+TOTAL = tune.TUNE_ELEMENTS
 NS = (1024, 4096, 5120, 8192, 12288, 16384, 65536)
 DTYPES = ("bf16", "fp16", "fp32")
 OPS = ("rms", "layer")
-EPS = T.EPS
-Data = T.Data
-_rel = T.rel_error
+EPS = tune.EPS
+Data = tune.Data
+_rel = tune.rel_error
 
 
-def fwd_problem(op: str, dtype: str, n: int) -> K.FwdProblem:
-    return T.table_problem("fwd", op, dtype, n)
+def fwd_problem(op: str, dtype: str, n: int) -> geometry.FwdProblem:
+    return tune.table_problem("fwd", op, dtype, n)
 
 
-def bwd_problem(op: str, dtype: str, n: int) -> K.BwdProblem:
-    return T.table_problem("bwd", op, dtype, n)
+def bwd_problem(op: str, dtype: str, n: int) -> geometry.BwdProblem:
+    return tune.table_problem("bwd", op, dtype, n)
 
 
 def timeit(fn, torch, reps: int = 15, inner: int = 4, warmup: int = 3) -> float:
-    return T.timeit(fn, torch, reps=reps, inner=inner, warmup=warmup)
+    return tune.timeit(fn, torch, reps=reps, inner=inner, warmup=warmup)
 
 
 # ---- sweep: the package tuner over the benchmark's shapes --------------------------------------------------------
@@ -66,12 +64,12 @@ def cmd_sweep(out: Path, torch, budget_s: float, kinds=None, dirs=("fwd", "bwd")
     DIR/norms_sweep.json, and with `into`, the rows (fastest config per kind, fastest kind) into the tables there."""
     from benchmarks.env import environment
     from rtckern import tuning
-    from rtckern.ops import _norms_candidates as cands
+    from rtckern.ops._norms import candidates as cands
 
     importlib.import_module("rtckern.ops")  # registers the norm ops' request builders
     device = DeviceInfo.from_device(torch.cuda.current_device())
     env = environment()
-    ops = [op for op, (d, _) in T.OPS.items() if d in dirs]
+    ops = [op for op, (d, _) in tune.OPS.items() if d in dirs]
     t_start = time.perf_counter()
     results = []
     for dtype in DTYPES:
@@ -80,7 +78,7 @@ def cmd_sweep(out: Path, torch, budget_s: float, kinds=None, dirs=("fwd", "bwd")
                 print(f"sweep: time budget spent; skipping {dtype} N={n}", flush=True)
                 continue
             for op in ops:
-                tuner = T.NormTuner(op, kinds, l2_policy)
+                tuner = tune.NormTuner(op, kinds, l2_policy)
                 req = cands.build_request(op, (n,), dtype, device)
                 source = f"rtckern tune {op} --dtype {dtype} --shapes {n}"
                 if kinds or not l2_policy:
@@ -90,8 +88,8 @@ def cmd_sweep(out: Path, torch, budget_s: float, kinds=None, dirs=("fwd", "bwd")
                     row, trials = tuning.tune_request(tuner, req, source=source)
                 finally:
                     tuner.release()
-                d, norm = T.OPS[op]
-                moved = T.table_problem(d, norm, dtype, n).bytes_moved(TOTAL // n)
+                d, norm = tune.OPS[op]
+                moved = tune.table_problem(d, norm, dtype, n).bytes_moved(TOTAL // n)
                 for t in trials:
                     results.append({"dir": d, "op": norm, "dtype": dtype, "n": n, "kind": t.config["kind"],
                                     "config": {k: v for k, v in t.config.items() if k != "kind"},
@@ -102,7 +100,7 @@ def cmd_sweep(out: Path, torch, budget_s: float, kinds=None, dirs=("fwd", "bwd")
                 if into is not None:
                     for name, fields, rows in written:
                         tuning.merge_rows(name, fields, rows, into / f"{name}.json", keep_order=True)
-                kind_rows = [r for name, _, rs in written if name == L.TABLE_KIND for r in rs]
+                kind_rows = [r for name, _, rs in written if name == configs.TABLE_KIND for r in rs]
                 bad = [t for t in trials if t.seconds is None]
                 print(f"sweep {op:>19} {dtype:>4} N={n:>6}: " + ", ".join(
                     f"{r.config['kind']} {r.meta['gbps']} GB/s" for r in kind_rows)
@@ -199,10 +197,10 @@ def cmd_bench(torch, compile_budget_s: float, dtypes=DTYPES, ns=NS, partial=None
 
 def _chosen(op, dtype, n) -> dict:
     """The candidates the op's hot-path memo holds for (op, dtype, n): what the timed calls ran."""
-    from rtckern.ops import _norms_api
+    from rtckern.ops._norms import api as norms_api
 
     out = {}
-    for sig, (_s, req, cand, _k) in _norms_api._fast.items():
+    for sig, (_s, req, cand, _k) in norms_api._fast.items():
         if sig[2] == n and dict(sig[1]).get("x") == dtype and sig[0].startswith("layer" if op == "layer" else "rms"):
             out["bwd_kind" if sig[0].endswith("backward") else "fwd_kind"] = cand.name
     return out
@@ -280,7 +278,7 @@ SELECTED_NS = (7, 1000, 1024, 4096, 5120, 8192, 12288, 16384, 65536, 100000, 262
 def _selected_specs() -> set:
     """The kernels the registry picks (shipped tables; 132 SMs on sm_90) for every norm op, dtype and N in
     SELECTED_NS on sm_75 / sm_80 / sm_90: what a user's first call compiles."""
-    from rtckern.ops import _norms_candidates as cands
+    from rtckern.ops._norms import candidates as cands
     from rtckern.registry import select
 
     importlib.import_module("rtckern.ops")  # registers the candidates
@@ -308,22 +306,24 @@ def cmd_compile_times(out: Path | None) -> dict:
             for n in (7, 4096, 65536, 262144):
                 for op in OPS:
                     fp = fwd_problem(op, dtype, n)
-                    fp = K.FwdProblem(**{**fp.__dict__, "vec": K.pick_vec(n, (K.ITEMSIZE[dtype],), (16,))})
-                    bp = K.BwdProblem(**{**bwd_problem(op, dtype, n).__dict__, "vec": fp.vec})
+                    vec = geometry.pick_vec(n, (geometry.ITEMSIZE[dtype],), (16,))
+                    fp = geometry.FwdProblem(**{**fp.__dict__, "vec": vec})
+                    bp = geometry.BwdProblem(**{**bwd_problem(op, dtype, n).__dict__, "vec": fp.vec})
                     for kind in ("rows", "cluster", "l2", "l2c", "stage", "coop"):
                         if kind in ("cluster", "l2c") and a.cc < (9, 0):
                             continue
-                        c = L.fwd_config(fp, kind, dev) if kind not in K.BWD_ONLY_KINDS else None
+                        c = configs.fwd_config(fp, kind, dev) if kind not in geometry.BWD_ONLY_KINDS else None
                         if c is not None:
-                            variants.append(L.fwd_spec(fp, kind, c, a))
-                        c = L.bwd_config(bp, kind, dev)
+                            variants.append(geometry.fwd_spec(fp, kind, c, a))
+                        c = configs.bwd_config(bp, kind, dev)
                         if c is not None:
-                            variants.extend(L.bwd_specs(bp, kind, c, a))
+                            variants.extend(geometry.bwd_specs(bp, kind, c, a))
     selected = _selected_specs()
     variants = list(dict.fromkeys(variants + sorted(selected, key=lambda s: s.name_expression + s.arch.sm)))
     comp = compiler_for(Arch.parse("sm_90"))
     t0 = time.perf_counter()
-    comp.compile(L.fwd_spec(fwd_problem("rms", "bf16", 1024), "rows", K.rows_config(1024, 8), Arch.parse("sm_80")))
+    comp.compile(geometry.fwd_spec(fwd_problem("rms", "bf16", 1024), "rows", geometry.rows_config(1024, 8),
+                                   Arch.parse("sm_80")))
     first = (time.perf_counter() - t0) * 1e3
     rows = []
     for s in variants:

@@ -63,8 +63,8 @@ def prefill(dev, dtypes) -> dict:
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
 
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
-    from rtckern.ops._softmax_tuned import sweep_configs
+    from rtckern.ops._softmax import candidates as cands, geometry
+    from rtckern.ops._softmax.tune import sweep_configs
     from rtckern.registry import candidates
     from rtckern.registry.candidate import arch_reason
     from rtckern.registry.core_api import target_for
@@ -72,7 +72,7 @@ def prefill(dev, dtypes) -> dict:
     specs = []
     for op in cands.OPS:
         for dt in ("fp32", "fp16", "bf16"):
-            vecs_by_n = {n: {plan.vector_width(dt, n)} for n in TEST_NS + BENCH_NS}
+            vecs_by_n = {n: {geometry.vector_width(dt, n)} for n in TEST_NS + BENCH_NS}
             vecs_by_n[1024].add(1)  # the misaligned-view test
             for n, vecs in vecs_by_n.items():
                 for vec in vecs:
@@ -81,25 +81,25 @@ def prefill(dev, dtypes) -> dict:
                         if arch_reason(c, req) is None and c.supports(req) is None:
                             specs += c.kernel_specs(req)
     target = target_for(dev)
-    for direction in (plan.FWD, plan.BWD):
+    for direction in (geometry.FWD, geometry.BWD):
         for dt in dtypes:
             for n in BENCH_NS:
-                vec = plan.vector_width(dt, n)
+                vec = geometry.vector_width(dt, n)
                 for cfg in sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin, dev.max_threads_per_sm):
-                    for kind in (plan.PLAIN, plan.MASKED, plan.CAUSAL):  # tuned rows serve every mask kind
+                    for kind in (geometry.PLAIN, geometry.MASKED, geometry.CAUSAL):  # tuned rows serve every mask kind
                         specs.append(cands.onepass_spec(direction, kind, dt, vec, cfg, target))
-                if direction == plan.FWD:  # the masked sweep's own configs (head loops)
+                if direction == geometry.FWD:  # the masked sweep's own configs (head loops)
                     for cfg in sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin,
-                                             dev.max_threads_per_sm, plan.MASKED):
+                                             dev.max_threads_per_sm, geometry.MASKED):
                         if cfg.heads > 1:
-                            specs.append(cands.onepass_spec(direction, plan.MASKED, dt, vec, cfg, target))
+                            specs.append(cands.onepass_spec(direction, geometry.MASKED, dt, vec, cfg, target))
     if dev.arch.cc >= (9, 0):
-        from rtckern.ops import _softmax_ring as ring
+        from rtckern.ops._softmax import ring
 
-        for direction in (plan.FWD, plan.BWD):
+        for direction in (geometry.FWD, geometry.BWD):
             for dt in dtypes:
                 for n in BENCH_NS:
-                    for kind in (plan.PLAIN, plan.MASKED, plan.CAUSAL):
+                    for kind in (geometry.PLAIN, geometry.MASKED, geometry.CAUSAL):
                         if ring.kernel_kind(direction, kind) != kind:
                             continue
                         for cfg in ring.sweep_rings(direction, kind, dt, n, dev.max_smem_per_block_optin):
@@ -154,7 +154,7 @@ def tune(torch, dev, dtypes, out_dir: Path, one_pass: bool = True, rings: bool =
     `kinds` (mask kinds 0 plain, 1 masked, 2 causal): only those (a partial re-tune merges into the tables).
     `kernels` (one-pass kernel names): only those kernels' configs, plus the config the tables give now (timed in
     the same run, so the winner is chosen against it)."""
-    from rtckern.ops._softmax_tuned import KINDS
+    from rtckern.ops._softmax.configs import KINDS
 
     report = []
     for is_ring in ((False,) if one_pass else ()) + ((True,) if rings and dev.arch.cc >= (9, 0) else ()):
@@ -170,24 +170,26 @@ def tune(torch, dev, dtypes, out_dir: Path, one_pass: bool = True, rings: bool =
 def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_ring: bool,
                ns=BENCH_NS, kernels=None) -> list[dict]:
     from rtckern import tuning
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan, _softmax_ring as ring
-    from rtckern.ops._softmax_tuned import KEY_FIELDS, RING_KEY_FIELDS, table, tune_problem
+    from rtckern.ops._softmax import candidates as cands, geometry, ring
+    from rtckern.ops._softmax.configs import KEY_FIELDS, RING_KEY_FIELDS, table
+    from rtckern.ops._softmax.tune import tune_problem
 
     tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     name = table(direction, kind, is_ring)
     tuner = tuning.get_tuner(name)
-    op = {(plan.FWD, plan.PLAIN): "softmax", (plan.FWD, plan.MASKED): "scaled_masked_softmax",
-          (plan.FWD, plan.CAUSAL): "scaled_aligned_causal_masked_softmax", (plan.BWD, plan.PLAIN): "softmax_backward",
-          (plan.BWD, plan.CAUSAL): "scaled_aligned_causal_masked_softmax_backward"}[(direction, kind)]
+    op = {(geometry.FWD, geometry.PLAIN): "softmax", (geometry.FWD, geometry.MASKED): "scaled_masked_softmax",
+          (geometry.FWD, geometry.CAUSAL): "scaled_aligned_causal_masked_softmax",
+          (geometry.BWD, geometry.PLAIN): "softmax_backward",
+          (geometry.BWD, geometry.CAUSAL): "scaled_aligned_causal_masked_softmax_backward"}[(direction, kind)]
     report, rows = [], []
     for dt in dtypes:
         for n in ns:
-            vec = ring.vec(dt) if is_ring else plan.vector_width(dt, n)
+            vec = ring.vec(dt) if is_ring else geometry.vector_width(dt, n)
             req = cands.request(op, dt, n, vec, dev)
             configs = tuner.configs(req)
             now = None
             if kernels is not None:
-                from rtckern.ops._softmax_tuned import config_dict, tuned_onepass
+                from rtckern.ops._softmax.configs import config_dict, tuned_onepass
 
                 now = tuned_onepass(direction, dt, n, vec, dev, kind)[0]
                 keep = [c for c in configs if c.get("kernel") in kernels]
@@ -211,7 +213,7 @@ def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_
             good = [c for c in configs if c not in [b[0] for b in bad]]
             if not good:
                 report.append({"table": name, "dtype": dt, "n": n, "failed_check": [{"config": c, "err": e}
-                                                                                      for c, e in bad]})
+                                                                                    for c, e in bad]})
                 continue
             orig = tuner.configs
             tuner.configs = lambda r: good
@@ -224,7 +226,7 @@ def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_
             finally:
                 tuner.configs = orig
             geom, mask_rows = tune_problem(direction, kind, n, dev)
-            nbytes = problem_bytes(direction, kind, geom, plan.ELEM_BYTES[dt], mask_rows)
+            nbytes = problem_bytes(direction, kind, geom, geometry.ELEM_BYTES[dt], mask_rows)
             best = min((t for t in trials if t.seconds), key=lambda t: t.seconds)
             log(f"  tune {tag}: best {dict(best.config)} {best.seconds * 1e6:.1f} us "
                 f"({nbytes / best.seconds / 1e9:.0f} GB/s) of {len(trials)}")
@@ -249,47 +251,47 @@ def tune_table(torch, dev, dtypes, out_dir: Path, direction: str, kind: int, is_
 
 def problem_bytes(direction: str, kind: int, geom, elem: int, mask_rows: int) -> int:
     """Bytes of a tuning problem, counted as the benchmark counts them (causal: kept keys read, all written)."""
-    from rtckern.ops import _softmax_plan as plan
-    from rtckern.ops._softmax_ring import kernel_kind
+    from rtckern.ops._softmax import geometry
+    from rtckern.ops._softmax.ring import kernel_kind
 
     k = kernel_kind(direction, kind)
-    kept = sum(geom.valid_keys(r, plan.CAUSAL) for r in range(geom.sq)) * (geom.rows // geom.sq) \
-        if k == plan.CAUSAL else geom.rows * geom.n
-    reads = kept * elem * (1 if direction == plan.FWD else 2)
+    kept = sum(geom.valid_keys(r, geometry.CAUSAL) for r in range(geom.sq)) * (geom.rows // geom.sq) \
+        if k == geometry.CAUSAL else geom.rows * geom.n
+    reads = kept * elem * (1 if direction == geometry.FWD else 2)
     return reads + geom.rows * geom.n * elem + mask_rows * geom.n
 
 
 def check_config(torch, tdtype, direction, kind, dt, n, vec, config, is_ring, req) -> float:
     """Relative error of one config against float64 on the kind's problem (fresh random rows, NaN-poisoned output,
     enough rows for several tiles per block of the persistent ring kernel)."""
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan, _softmax_ring as ring
-    from rtckern.ops._softmax_tuned import _Buffers
+    from rtckern.ops._softmax import candidates as cands, geometry, ring
+    from rtckern.ops._softmax.tune import _Buffers
 
     k = ring.kernel_kind(direction, kind)
     rows = min(3 * req.device.sm_count * 8, (1 << 23) // n) + 3
     sq = 1
-    if k == plan.MASKED:
+    if k == geometry.MASKED:
         sq = 64
         rows = max(sq, rows - rows % sq)
-        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, heads=rows // sq, mask_batch_stride=0)
-    elif k == plan.CAUSAL:
+        geom = geometry.RowGeometry(rows=rows, n=n, sq=sq, heads=rows // sq, mask_batch_stride=0)
+    elif k == geometry.CAUSAL:
         sq = min(n, 256)
         rows = max(sq, rows - rows % sq)
-        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n - sq)
+        geom = geometry.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n - sq)
     else:
-        geom = plan.RowGeometry(rows=rows, n=n)
+        geom = geometry.RowGeometry(rows=rows, n=n)
     x = torch.randn(rows, n, device="cuda", dtype=tdtype) * 3
     keep = torch.ones(rows, n, dtype=torch.bool, device="cuda")
     mask = None
-    if k == plan.MASKED:
+    if k == geometry.MASKED:
         mask = torch.rand(sq, n, device="cuda") < 0.3
         keep = ~mask.repeat(rows // sq, 1)
-    elif k == plan.CAUSAL:
-        valid = torch.tensor([geom.valid_keys(r, plan.CAUSAL) for r in range(sq)], device="cuda").repeat(rows // sq)
+    elif k == geometry.CAUSAL:
+        valid = torch.tensor([geom.valid_keys(r, geometry.CAUSAL) for r in range(sq)], device="cuda").repeat(rows // sq)
         keep = torch.arange(n, device="cuda")[None, :] < valid[:, None]
     out = torch.full_like(x, float("nan"))
     ref_y = torch.nan_to_num(torch.softmax((x.double() * 0.5).masked_fill(~keep, float("-inf")), -1), nan=0.0)
-    if direction == plan.FWD:
+    if direction == geometry.FWD:
         arrays = [x, out]
         ref = ref_y
     else:
@@ -301,14 +303,14 @@ def check_config(torch, tdtype, direction, kind, dt, n, vec, config, is_ring, re
     bufs = _Buffers(arrays, [a.data_ptr() for a in arrays], mask)
     stream = torch.cuda.current_stream().cuda_stream
     if is_ring:
-        from rtckern.ops._softmax_tuned import ring_launcher
+        from rtckern.ops._softmax.tune import ring_launcher
 
         launch, _ = ring_launcher(direction, kind, ring.Ring(**config), req, geom, bufs)
         launch(stream)
     else:
-        cfg = plan.OnePass(**config)
+        cfg = geometry.OnePass(**config)
         kernel = cands.onepass_kernel(direction, kind, dt, vec, cfg, req)
-        ptrs = (bufs.ptrs[0], bufs.ptrs[1], bufs.mask) if direction == plan.FWD else tuple(bufs.ptrs)
+        ptrs = (bufs.ptrs[0], bufs.ptrs[1], bufs.mask) if direction == geometry.FWD else tuple(bufs.ptrs)
         cands.launch_onepass(kernel, direction, cfg, dt, vec, ptrs, geom, _f32(0.5), stream, kind)
     torch.cuda.synchronize()
     if torch.isnan(out).any():
@@ -405,7 +407,7 @@ def _check_rows(torch, out, ref) -> float:
 
 def bench_one(torch, op, dt_name, n, compile_mode, copy_ref) -> dict | None:
     from rtckern import ops as sm
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands, geometry
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dt_name]
     p = problem(torch, op, n, dtype)
@@ -414,7 +416,7 @@ def bench_one(torch, op, dt_name, n, compile_mode, copy_ref) -> dict | None:
     x, extra, bytes_f, bytes_b, shape = p
     r = {"op": op, "dtype": dt_name, "n": n, "shape": shape, "bytes_fwd": bytes_f, "bytes_bwd": bytes_b}
     fwd = rtk_forward(sm, op)
-    vec = plan.vector_width(dt_name, n)
+    vec = geometry.vector_width(dt_name, n)
     sel = cands.selection(op, dt_name, n, vec, 0)
     r["impl_fwd"] = sel.name + " " + " ".join(s.name_expression for s in sel.specs)
     eager = torch_forward(torch, op, x, extra, SCALE)

@@ -27,8 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rtckern import tuning  # noqa: E402
 from rtckern.arch import Arch  # noqa: E402
 from rtckern.compiler import compiler_for  # noqa: E402
-from rtckern.ops import _norms_launch as L  # noqa: E402
-from rtckern.ops import _norms_tune as T  # noqa: E402
+from rtckern.ops._norms import configs, tune  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "rtckern" / "tuning_tables"
@@ -57,7 +56,7 @@ def compile_ms(item, arch: Arch, cache: dict) -> float:
     if item not in cache:
         comp = compiler_for(arch)
         d, op, dt, n, kind, cfg = item
-        specs = T.specs_for(d, T.table_problem(d, op, dt, n), kind, cfg, arch)
+        specs = tune.specs_for(d, tune.table_problem(d, op, dt, n), kind, cfg, arch)
         cache[item] = max(comp.compile(s).compile_ms for s in specs)
     return cache[item]
 
@@ -78,13 +77,13 @@ def main() -> None:
         (kind, cj), best = ranked[0]
 
         def item(kind_, cj_):
-            return (d, op, dt, n, kind_, L._cfg_from_json(kind_, json.loads(cj_)))
+            return (d, op, dt, n, kind_, configs.cfg_from_json(kind_, json.loads(cj_)))
 
         ms = compile_ms(item(kind, cj), arch, cache)
         if ms <= BUDGET_MS:
             continue
         row = {"dir": d, "op": op, "dtype": dt, "n": n, "best": {"kind": kind, "config": json.loads(cj),
-                                                                  "gbps": round(best), "compile_ms": round(ms)}}
+                                                                 "gbps": round(best), "compile_ms": round(ms)}}
         for tol in TOLERANCES:
             pick = None
             for (k2, c2), g in ranked[1:]:
@@ -141,16 +140,16 @@ def apply(report: list[dict], tol: float) -> None:
         print(f"applied: {r['dir']} {r['op']} {r['dtype']} {r['n']}: {r['best']['kind']} {r['best']['config']} "
               f"({r['best']['compile_ms']} ms) -> {pick['kind']} {pick['config']} ({pick['compile_ms']} ms, "
               f"{pick['speed']} of the speed)")
-    for d, table in (("fwd", L.TABLE_FWD), ("bwd", L.TABLE_BWD)):
+    for d, table in (("fwd", configs.TABLE_FWD), ("bwd", configs.TABLE_BWD)):
         replace_rows(TABLES / f"{table}.json", cfg_rows[d])
-    replace_rows(TABLES / f"{L.TABLE_KIND}.json", kind_rows)
+    replace_rows(TABLES / f"{configs.TABLE_KIND}.json", kind_rows)
 
 
 def shipped_choices() -> dict:
     """(dir, op, dtype, n) -> (kind, config) of the shipped sm_90 / 132-SM rows."""
-    kinds = json.loads((TABLES / f"{L.TABLE_KIND}.json").read_text())["rows"]
+    kinds = json.loads((TABLES / f"{configs.TABLE_KIND}.json").read_text())["rows"]
     cfgs = {}
-    for d, table in (("fwd", L.TABLE_FWD), ("bwd", L.TABLE_BWD)):
+    for d, table in (("fwd", configs.TABLE_FWD), ("bwd", configs.TABLE_BWD)):
         for row in json.loads((TABLES / f"{table}.json").read_text())["rows"]:
             if (row["arch"], row["sm_count"]) == ("sm_90", 132):
                 sh = row["shape"]

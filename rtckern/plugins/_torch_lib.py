@@ -202,6 +202,6 @@ def check_same_shape(a: torch.Tensor, x: torch.Tensor, name: str, x_name: str = 
 
 @functools.cache
 def ops_module(family: str):
-    """The family's API module, rtckern.ops._<family>_api (its public ops and the *_impl entry points the custom
+    """The family's API module, rtckern.ops._<family>.api (its public ops and the *_impl entry points the custom
     ops call)."""
-    return importlib.import_module(f"rtckern.ops._{family}_api")
+    return importlib.import_module(f"rtckern.ops._{family}.api")

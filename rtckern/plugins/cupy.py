@@ -62,7 +62,7 @@ def as_cupy(obj: Any, name: str = "array"):
 
 
 def _make(op: str, family: str, array_args: tuple[str, ...]) -> Callable[..., Any]:
-    fn = getattr(importlib.import_module(f"rtckern.ops._{family}_api"), op)
+    fn = getattr(importlib.import_module(f"rtckern.ops._{family}.api"), op)
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)

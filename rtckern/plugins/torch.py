@@ -35,10 +35,10 @@ log = logging.getLogger(__name__)
 
 # family -> (its rtckern.ops API module, the plugin module registering its torch ops)
 FAMILIES = {
-    "norms": ("rtckern.ops._norms_api", "rtckern.plugins._torch_norms"),
-    "softmax": ("rtckern.ops._softmax_api", "rtckern.plugins._torch_softmax"),
-    "attention": ("rtckern.ops._attention_api", "rtckern.plugins._torch_attention"),
-    "gemm": ("rtckern.ops._gemm_api", "rtckern.plugins._torch_gemm"),
+    "norms": ("rtckern.ops._norms.api", "rtckern.plugins._torch_norms"),
+    "softmax": ("rtckern.ops._softmax.api", "rtckern.plugins._torch_softmax"),
+    "attention": ("rtckern.ops._attention.api", "rtckern.plugins._torch_attention"),
+    "gemm": ("rtckern.ops._gemm.api", "rtckern.plugins._torch_gemm"),
 }
 
 registered_ops: list[str] = []  # torch.ops.rtckern.<name> for each

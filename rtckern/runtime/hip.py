@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from ..arch import Arch
 from ..device import DeviceInfo
 from ..errors import LaunchError, LoadError, RtckernError
-from .kernel import _dim3
+from .kernel import _dim3, check_geometry
 from .streams import stream_handle
 
 # hipModuleLoadData errors that mean "this code object is no good here" (quarantine and recompile, as on CUDA).
@@ -236,22 +236,8 @@ class HipKernel:
         key = (g, b, shared_mem, cooperative)
         if key in self._checked:
             return g, b
-        nthreads = b[0] * b[1] * b[2]
-        if min(g) < 1 or min(b) < 1:
-            raise LaunchError(f"{self.label}: grid {g} and block {b} must be positive in every dimension")
-        if nthreads > self.max_threads_per_block:
-            raise LaunchError(f"{self.label}: block of {nthreads} threads exceeds this kernel's limit of "
-                              f"{self.max_threads_per_block} (__launch_bounds__ or registers: {self.num_regs} VGPRs)")
-        if shared_mem > self._max_dyn_smem:
-            self.set_max_dynamic_shared_memory(shared_mem)
-        if cooperative:
-            fit = self.max_cooperative_grid(nthreads, shared_mem)
-            blocks = g[0] * g[1] * g[2]
-            if blocks > fit:
-                raise LaunchError(
-                    f"{self.label}: cooperative grid of {blocks} blocks cannot be co-resident; at most {fit} fit "
-                    f"({fit // max(1, self.device.sm_count)} per CU x {self.device.sm_count} CUs at {nthreads} threads "
-                    f"and {shared_mem} bytes dynamic LDS). Launch at most {fit} blocks.")
+        check_geometry(self, g, b, shared_mem, cooperative, self.set_max_dynamic_shared_memory,
+                       limit=f"__launch_bounds__ or registers: {self.num_regs} VGPRs", unit="CU", smem="dynamic LDS")
         with _lock:
             self._checked.add(key)
         return g, b

@@ -41,6 +41,31 @@ def _dim3(v) -> tuple[int, int, int]:
     return t + (1,) * (3 - len(t))
 
 
+def check_geometry(kernel, g: tuple[int, int, int], b: tuple[int, int, int], shared_mem: int, cooperative: bool,
+                   opt_in_smem, *, limit: str, unit: str, smem: str) -> None:
+    """The checks of a launch's geometry, for the CUDA Kernel and the HIP kernel alike: grid and block positive, the
+    block within the kernel's thread limit, `opt_in_smem(shared_mem)` called where the kernel's dynamic shared
+    memory allowance is smaller, a cooperative grid that fits co-resident. The vendor's words: `limit` (what sets
+    the thread limit), `unit` (SM / CU), `smem` (what dynamic shared memory is called)."""
+    nthreads = b[0] * b[1] * b[2]
+    if min(g) < 1 or min(b) < 1:
+        raise LaunchError(f"{kernel.label}: grid {g} and block {b} must be positive in every dimension")
+    if nthreads > kernel.max_threads_per_block:
+        raise LaunchError(f"{kernel.label}: block of {nthreads} threads exceeds this kernel's limit of "
+                          f"{kernel.max_threads_per_block} ({limit})")
+    if shared_mem > kernel._max_dyn_smem:
+        opt_in_smem(shared_mem)
+    if cooperative:
+        fit = kernel.max_cooperative_grid(nthreads, shared_mem)
+        blocks = g[0] * g[1] * g[2]
+        if blocks > fit:
+            sms = kernel.device.sm_count
+            raise LaunchError(
+                f"{kernel.label}: cooperative grid of {blocks} blocks cannot be co-resident; at most {fit} fit "
+                f"({fit // max(1, sms)} per {unit} x {sms} {unit}s at {nthreads} threads and {shared_mem} bytes "
+                f"{smem}). Launch at most {fit} blocks.")
+
+
 def load_kernel(binary: bytes, kind: str, lowered_name: str, device: DeviceInfo, label: str = "") -> "Kernel":
     """Load ``binary`` on ``device`` and look up ``lowered_name``. Raises LoadError (with ``refused=True`` when
     the driver rejects the image itself)."""
@@ -188,22 +213,8 @@ class Kernel:
         from cuda.core import LaunchConfig
 
         g, b = _dim3(grid), _dim3(block)
-        nthreads = b[0] * b[1] * b[2]
-        if min(g) < 1 or min(b) < 1:
-            raise LaunchError(f"{self.label}: grid {g} and block {b} must be positive in every dimension")
-        if nthreads > self.max_threads_per_block:
-            raise LaunchError(f"{self.label}: block of {nthreads} threads exceeds this kernel's limit of "
-                              f"{self.max_threads_per_block} (registers: {self.num_regs} per thread)")
-        if shared_mem > self._max_dyn_smem:
-            self._ensure_dynamic_smem(shared_mem)
-        if cooperative:
-            fit = self.max_cooperative_grid(nthreads, shared_mem)
-            blocks = g[0] * g[1] * g[2]
-            if blocks > fit:
-                raise LaunchError(
-                    f"{self.label}: cooperative grid of {blocks} blocks cannot be co-resident; at most {fit} fit "
-                    f"({fit // max(1, self.device.sm_count)} per SM x {self.device.sm_count} SMs at {nthreads} threads "
-                    f"and {shared_mem} bytes dynamic shared memory). Launch at most {fit} blocks.")
+        check_geometry(self, g, b, shared_mem, cooperative, self._ensure_dynamic_smem,
+                       limit=f"registers: {self.num_regs} per thread", unit="SM", smem="dynamic shared memory")
         kw = {}
         if cluster is not None:
             c = _dim3(cluster)

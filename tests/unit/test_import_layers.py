@@ -7,8 +7,9 @@ and `importlib.import_module` / `__import__` with a literal name or an f-string 
     layer 0  core       config errors dtypes arch device spec sources events caches compiler/ cache/ runtime/ manager
     layer 1  registry   requests, candidates, ranking, probes, decisions, kernel providers
     layer 2  tuning     tuned tables and the tuner base (families register their tuners here; it never imports ops)
-    layer 3  ops        the op families, rtckern/ops/_<family>_*.py; a family never imports another, the shared
-                        modules (rtckern/ops/_common*.py) import none; the package's __init__ imports them all
+    layer 3  ops        the op families, the subpackages rtckern/ops/_<family>/; a family never imports another,
+                        the shared modules (rtckern/ops/_common*.py) import none; the package's __init__ imports
+                        them all
     layer 4  fleet, prefill   manifests, record mode (an events listener), replay, bundles; the built-in kernel set
     layer 5  plugins, torch   the framework plugins (rtckern.torch is rtckern.plugins.torch under a short name)
     layer 6  commands, cli, __main__
@@ -72,12 +73,11 @@ OPS_SHARED = re.compile(r"^rtckern\.ops(\._common\w*)?$")
 
 
 def family_of(mod: str) -> str | None:
-    """The op family of an rtckern.ops module: rtckern/ops/_<family>_*.py, rtckern/ops/<family>.py, or a module of a
-    rtckern/ops/<family>/ or rtckern/ops/_<family>/ package."""
-    m = re.match(r"^rtckern\.ops\.(_?)([a-z0-9]+)(?:(_\w+)|\.\w+|)?(?:\.|$)", mod)
+    """The op family of an rtckern.ops module: the package rtckern/ops/_<family>/ or a module in it."""
+    m = re.match(r"^rtckern\.ops\._([a-z0-9]+)(?:\.|$)", mod)
     if m is None:
         return None
-    fam = m.group(2)
+    fam = m.group(1)
     return fam if fam in FAMILIES else None
 
 
@@ -217,15 +217,19 @@ def test_scanner_resolves(src, want):
 def test_scanner_catches_each_kind_of_violation():
     assert layer_of("rtckern.registry.selector") == 1 and layer_of("rtckern.fleet.record") == 4
     assert layer_of("rtckern.tuning") == 2 and layer_of("rtckern.prefill") == 4 and layer_of("rtckern.torch") == 5
-    assert family_of("rtckern.ops._norms_plan") == "norms" and family_of("rtckern.ops._softmax_api") == "softmax"
-    assert family_of("rtckern.ops.gemm") == "gemm" and family_of("rtckern.ops") is None
-    assert family_of("rtckern.ops._common") is None
+    assert family_of("rtckern.ops._norms.plan") == "norms" and family_of("rtckern.ops._softmax.api") == "softmax"
+    assert family_of("rtckern.ops._gemm") == "gemm" and family_of("rtckern.ops") is None
+    assert family_of("rtckern.ops._common") is None and family_of("rtckern.ops.gemm") is None  # the op, no module
+    # a family's relative imports resolve inside its package
+    assert _scan("from . import plan", "rtckern.ops._norms.api") == ["rtckern.ops._norms.plan"]
+    assert _scan("from .launch import launch_fwd", "rtckern.ops._norms.candidates") == ["rtckern.ops._norms.launch"]
+    assert _scan("from .._common import parse_number", "rtckern.ops._norms.api") == ["rtckern.ops._common"]
     assert set(FAMILIES) >= {"norms", "softmax", "attention", "gemm"}
 
 
 def test_no_op_is_shadowed_by_a_module():
     """`rtckern.ops.<op>` is the op: no module or package under rtckern/ops is named like an exported op (a family's
-    API module is rtckern/ops/_<family>_api.py), so importing a submodule can never rebind an op's name."""
+    API module is rtckern/ops/_<family>/api.py), so importing a submodule can never rebind an op's name."""
     import inspect
 
     import rtckern.ops as ops
@@ -234,6 +238,6 @@ def test_no_op_is_shadowed_by_a_module():
     clashes = [n for n in ops.__all__ if (PKG / "ops" / f"{n}.py").exists() or (PKG / "ops" / n).is_dir()]
     assert not clashes, f"modules named like ops under rtckern/ops: {clashes}"
     for fam in FAMILIES:
-        assert (PKG / "ops" / f"_{fam}_api.py").exists(), f"family {fam} has no rtckern/ops/_{fam}_api.py"
+        assert (PKG / "ops" / f"_{fam}" / "api.py").exists(), f"family {fam} has no rtckern/ops/_{fam}/api.py"
     for name in ("rms_norm", "layer_norm", "softmax", "attention", "gemm"):
         assert inspect.isfunction(getattr(ops, name)), name

@@ -1,6 +1,6 @@
 """Tests import only public names, or rtckern.testing: an AST scan of every test file under tests/.
 
-A test that imports a private module (`rtckern.ops._norms_plan`, `rtckern.plugins._torch_ref`: any component of the
+A test that imports a private module (`rtckern.ops._norms.plan`, `rtckern.plugins._torch_ref`: any component of the
 module path after `rtckern` that starts with "_") or a private name (`from rtckern.commands.selftest import
 _example_args`) freezes today's file split: moving code between private modules breaks tests that check nothing
 about the move. What a test needs from inside a family is either
@@ -68,92 +68,99 @@ def private_imports(tests: Path = TESTS, root: Path = ROOT) -> list[tuple[str, i
 
 
 def _owner(name: str) -> str:
-    """`rtckern.a._b` -> itself when a module, else the first private module on the path, else the whole name (a
-    private name taken from a public module)."""
+    """`rtckern.a._b` -> itself when a module, else the first private module on the path (the deepest module of a
+    private package: `rtckern.ops._norms.plan.lookup` -> `rtckern.ops._norms.plan`), else the whole name (a private
+    name taken from a public module)."""
     parts = name.split(".")
     for i in range(2, len(parts) + 1):
         prefix = ".".join(parts[:i])
         if parts[i - 1].startswith("_") and (prefix in MODULES or i == len(parts)):
-            return prefix
+            while i < len(parts) and ".".join(parts[:i + 1]) in MODULES:
+                i += 1
+            return ".".join(parts[:i])
     return name
 
 
 # ---- the allowlist: file -> private module (or name) -> why the test needs it ----------------------------------
-LAUNCH = ("the launch path (kernel.py, prepared.py, _gemm_launch, _attention_tma, the norms/softmax plans) is being "
-          "rebuilt under issue 21 by another change; switch this import when that lands")
+LAUNCH = ("the launch path (kernel.py, prepared.py, ops/_gemm/launch.py, ops/_attention/launch.py, the norms/softmax "
+          "plans) is being rebuilt under issue 21 by another change; switch this import when that lands")
 ALLOWED: dict[str, dict[str, str]] = {
     "tests/gpu/ops/test_gemm.py": {
-        "rtckern.ops._gemm_candidates": "checks each kernel candidate (sm80 mma, sm90 wgmma) on the GPU, and the "
+        "rtckern.ops._gemm.candidates": "checks each kernel candidate (sm80 mma, sm90 wgmma) on the GPU, and the "
                                         "request a problem maps to",
-        "rtckern.ops._gemm_launch": LAUNCH + " (launches a given config's Operands directly)",
-        "rtckern.ops._gemm_plan": "compiles and runs every config of the kernel-config table (GemmProblem, "
-                                  "Sm80Config/Sm90Config, kernel_specs, with_splits)",
-        "rtckern.ops._gemm_tune": "the tuner's own kernels_for and error_bound, checked against the GPU",
+        "rtckern.ops._gemm.launch": LAUNCH + " (launches a given config's Operands directly)",
+        "rtckern.ops._gemm.geometry": "compiles and runs every config of the kernel-config table (GemmProblem, "
+                                      "Sm80Config/Sm90Config, kernel_specs, with_splits)",
+        "rtckern.ops._gemm.tune": "the tuner's own kernels_for and error_bound, checked against the GPU",
     },
     "tests/gpu/ops/test_norms.py": {
-        "rtckern.ops._norms_kernels": "runs configs of the kernel-config tables (L2Config, SplitConfig) and the "
-                                      "problem records the launchers take",
-        "rtckern.ops._norms_launch": LAUNCH + " (forces one kernel kind with launch_fwd/launch_bwd)",
+        "rtckern.ops._norms.geometry": "runs configs of the kernel-config records (L2Config, SplitConfig): the "
+                                       "problem records the launchers take, their feasibility and kernel specs",
+        "rtckern.ops._norms.launch": LAUNCH + " (forces one kernel kind with launch_fwd/launch_bwd)",
     },
     "tests/gpu/ops/test_softmax.py": {
-        "rtckern.ops._softmax_candidates": "forces the one-pass candidate's kernel (launch_onepass) to check it "
+        "rtckern.ops._softmax.candidates": "forces the one-pass candidate's kernel (launch_onepass) to check it "
                                            "against torch on shapes the registry would route elsewhere",
-        "rtckern.ops._softmax_plan": LAUNCH + " (row geometry: OnePass, RowGeometry, fits, vector_width)",
+        "rtckern.ops._softmax.geometry": LAUNCH + " (row geometry: OnePass, RowGeometry, fits, vector_width)",
     },
     "tests/unit/compiler/test_hiprtc.py": {
-        "rtckern.ops._gemm_plan": "the SIMT gemm kernel and the split-k reduce on gfx90a (simt_spec, reduce_spec): "
-                                  "no registry candidate serves the reduce on its own",
+        "rtckern.ops._gemm.geometry": "the SIMT gemm kernel and the split-k reduce on gfx90a (simt_spec, "
+                                      "reduce_spec): no registry candidate serves the reduce on its own",
     },
     "tests/unit/ops/test_attention.py": {
-        "rtckern.ops._attention_api": "the q/k/v validation and the scale parser (_check_qkv, _scale) on fake "
+        "rtckern.ops._attention.api": "the q/k/v validation and the scale parser (_check_qkv, _scale) on fake "
                                       "arrays, without a device",
-        "rtckern.ops._attention_candidates": "the candidates' kernel_args and request encoding",
-        "rtckern.ops._attention_configs": "the kernel-config table (tiles, sources, kernel names, pick_tile)",
-        "rtckern.ops._attention_wgmma_gen": "the code generator's output matches the shipped kernel source",
+        "rtckern.ops._attention.configs": "the kernel-config table (tiles, sources, kernel names, pick_tile)",
+        "rtckern.ops._attention.launch": "the kernels' parameter list (kernel_args): order, strides, scale",
+        "rtckern.ops._attention.wgmma_gen": "the code generator's output matches the shipped kernel source",
     },
     "tests/unit/ops/test_attention_backward.py": {
-        "rtckern.ops._attention_bwd": "the dout/out/lse validation (_check_like_q, _check_lse) on fake arrays, "
-                                      "without a device",
-        "rtckern.ops._attention_bwd_candidates": "the candidates' request encoding and their prepared launches "
-                                                 "(argument lists checked against the kernel sources)",
-        "rtckern.ops._attention_bwd_configs": "the kernel-config table (tiles, shared memory, sources, kernel names)",
+        "rtckern.ops._attention.backward": "the dout/out/lse validation (_check_like_q, _check_lse) on fake arrays, "
+                                           "without a device",
+        "rtckern.ops._attention.backward_candidates": "the candidates' request encoding and their prepared launches "
+                                                      "(argument lists checked against the kernel sources)",
+        "rtckern.ops._attention.backward_configs": "the kernel-config table (tiles, shared memory, sources, kernel "
+                                                   "names)",
     },
     "tests/unit/ops/test_gemm.py": {
-        "rtckern.ops._gemm_api": "host_gemm fixture: runs rtckern.ops.gemm on CPU tensors by patching the module's "
-                                 "array wrapper",
-        "rtckern.ops._gemm_call": "host_gemm fixture: patches the call path's selection to record launches",
-        "rtckern.ops._gemm_candidates": "the candidates' plans, cost and request encoding",
-        "rtckern.ops._gemm_launch": LAUNCH + " (LaunchPlan, Operands)",
-        "rtckern.ops._gemm_plan": "the kernel-config table and split-k rules (configs, choose_splits, "
-                                  "normalize_splits, kernel_specs)",
-        "rtckern.ops._gemm_tuned": "the tuned-table lookup and heuristic (tuned_config, heuristic, KEY_FIELDS)",
-        "rtckern.ops._gemm_wgmma_gen": "the code generator's output matches the shipped kernel source",
+        "rtckern.ops._gemm.candidates": "the candidates' plans, cost and request encoding; host_gemm fixture: "
+                                        "patches the selection to record launches",
+        "rtckern.ops._gemm.configs": "the tuned-table lookup and heuristic (tuned_config, heuristic, KEY_FIELDS)",
+        "rtckern.ops._gemm.geometry": "the kernel-config table and split-k rules (configs, choose_splits, "
+                                      "normalize_splits, kernel_specs)",
+        "rtckern.ops._gemm.launch": LAUNCH + " (LaunchPlan, Operands)",
+        "rtckern.ops._gemm.plan": "host_gemm fixture: runs rtckern.ops.gemm on CPU tensors with a fresh call-plan "
+                                  "memo and a stub stream",
+        "rtckern.ops._gemm.wgmma_gen": "the code generator's output matches the shipped kernel source",
     },
     "tests/unit/ops/test_norms.py": {
-        "rtckern.ops._norms_api": "the argument checks (_check_vector, _check_like, _check_stats, _eps) on fake "
+        "rtckern.ops._norms.api": "the argument checks (_check_vector, _check_like, _check_stats, _eps) on fake "
                                   "arrays, without a device",
-        "rtckern.ops._norms_candidates": "every candidate's name and kind (all_candidates, NOT_NAMED)",
-        "rtckern.ops._norms_kernels": "the kernel-config tables and their smem/vector geometry",
-        "rtckern.ops._norms_launch": LAUNCH + " (configs, heuristics, tuned-table lookup, specs)",
+        "rtckern.ops._norms.configs": "the tuned-table lookups, the heuristics, the preferred kind and the configs' "
+                                      "JSON form",
+        "rtckern.ops._norms.geometry": "the problem and config records: smem/vector geometry, feasibility, template "
+                                       "arguments and specs",
+        "rtckern.ops._norms.launch": LAUNCH + " (launch_bwd's cluster launch, with a recording kernel)",
     },
     "tests/unit/ops/test_norms_tune.py": {
-        "rtckern.ops._norms_kernels": "the SplitConfig record the tuner sweeps",
-        "rtckern.ops._norms_launch": LAUNCH + " (config lookup and its JSON form, the tuner's round trip)",
-        "rtckern.ops._norms_tune": "the tuner's sweep and table rows (sweep_configs, table_problem, config_dict)",
+        "rtckern.ops._norms.configs": "config lookup and its JSON form (the tuner's round trip)",
+        "rtckern.ops._norms.geometry": "the SplitConfig record the tuner sweeps and its feasibility",
+        "rtckern.ops._norms.tune": "the tuner's sweep and table rows (sweep_configs, table_problem, config_dict)",
     },
     "tests/unit/ops/test_softmax.py": {
-        "rtckern.ops._softmax_api": "the scale parser (_scale): the op parses scale on its first launch, "
-                                     "which fake arrays do not reach",
-        "rtckern.ops._softmax_candidates": "the candidates' configs memo and one-pass specs",
-        "rtckern.ops._softmax_plan": LAUNCH + " (row geometry, kernel names, template args)",
-        "rtckern.ops._softmax_ring": "the ring kernel's name and sweep",
-        "rtckern.ops._softmax_tuned": "the tuned tables and their sweep (TABLES, KEY_FIELDS, tuned_onepass)",
+        "rtckern.ops._softmax.api": "the scale parser (_scale): the op parses scale on its first launch, "
+                                    "which fake arrays do not reach",
+        "rtckern.ops._softmax.candidates": "the candidates' configs memo and one-pass specs",
+        "rtckern.ops._softmax.configs": "the tuned tables and their lookup (TABLES, KEY_FIELDS, tuned_onepass, "
+                                        "config_dict)",
+        "rtckern.ops._softmax.geometry": LAUNCH + " (row geometry, kernel names, template args)",
+        "rtckern.ops._softmax.tune": "the tuner's sweep (sweep_configs): every config it times fits and compiles",
     },
     "tests/unit/ops/test_softmax_ring.py": {
-        "rtckern.ops._softmax_candidates": "the candidates' configs and rings memos",
-        "rtckern.ops._softmax_plan": LAUNCH + " (the geometry constants)",
-        "rtckern.ops._softmax_ring": "the ring geometry (Ring, default_ring, fits, sweep_rings)",
-        "rtckern.ops._softmax_tuned": "the ring tables and their tuner (tune_problem, RING_KEY_FIELDS)",
+        "rtckern.ops._softmax.configs": "the ring tables and their lookup (table, KEY_FIELDS, RING_KEY_FIELDS)",
+        "rtckern.ops._softmax.geometry": LAUNCH + " (the geometry constants, the kernel source)",
+        "rtckern.ops._softmax.ring": "the ring geometry (Ring, default_ring, fits, sweep_rings, kernel_name)",
+        "rtckern.ops._softmax.tune": "the problem each mask kind is timed on (tune_problem)",
     },
     "tests/unit/plugins/test_torch_plugin.py": {
         "rtckern.plugins._torch_dispatch": "the dispatcher's reference mode and trace-time strictness",
@@ -194,18 +201,18 @@ def test_scanner_finds_every_kind_of_import(tmp_path):
         "import importlib\n"
         "import rtckern.ops\n"
         "from rtckern.ops import rms_norm\n"
-        "from rtckern.ops import _norms_plan as P\n"
-        "import rtckern.ops._softmax_plan\n"
+        "from rtckern.ops._norms import plan as P\n"
+        "import rtckern.ops._softmax.geometry\n"
         "def f():\n"
-        "    from rtckern.ops._gemm_plan import GemmProblem\n"
+        "    from rtckern.ops._gemm.geometry import GemmProblem\n"
         "    importlib.import_module('rtckern.plugins._torch_ref')\n"
         "    from rtckern.commands.selftest import _example_args\n"
         "    from rtckern.testing import compile_all\n"
         "    from rtckern import __version__\n")
     found = sorted((line, name) for _, line, name in private_imports(tmp_path, tmp_path))
-    assert found == [(4, "rtckern.ops._norms_plan"), (5, "rtckern.ops._softmax_plan"),
-                     (7, "rtckern.ops._gemm_plan"), (8, "rtckern.plugins._torch_ref"),
+    assert found == [(4, "rtckern.ops._norms.plan"), (5, "rtckern.ops._softmax.geometry"),
+                     (7, "rtckern.ops._gemm.geometry"), (8, "rtckern.plugins._torch_ref"),
                      (9, "rtckern.commands.selftest._example_args")]
-    assert is_private("rtckern.ops._norms_plan") and not is_private("rtckern.ops") and not is_private(
+    assert is_private("rtckern.ops._norms.plan") and not is_private("rtckern.ops") and not is_private(
         "rtckern.__main__")
 

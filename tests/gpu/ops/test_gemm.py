@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 
 from rtckern.device import DeviceInfo  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
-from rtckern.ops import _gemm_candidates as cands  # noqa: E402
-from rtckern.ops import _gemm_plan as P  # noqa: E402
-from rtckern.ops._gemm_tune import error_bound  # noqa: E402
+from rtckern.ops._gemm import candidates as cands  # noqa: E402
+from rtckern.ops._gemm import geometry  # noqa: E402
+from rtckern.ops._gemm.tune import error_bound  # noqa: E402
 from rtckern.ops import gemm  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -44,7 +44,7 @@ def _problems():
     out = []
     for (m, n, k), tb, (bias, act, res), (din, dout) in CASES:
         aligned = k % 8 == 0 and (tb or n % 8 == 0)
-        out.append(P.GemmProblem(1, m, n, k, din, dout, tb, bias, act or "none", res, aligned=aligned))
+        out.append(geometry.GemmProblem(1, m, n, k, din, dout, tb, bias, act or "none", res, aligned=aligned))
     return out
 
 
@@ -72,10 +72,10 @@ def precompiled():
         for cfg in CLUSTER_CONFIGS:
             for batch, m, n, k, din, dout, bias, act, res, aligned in CLUSTER_PROBLEMS:
                 for tb in (True, False):
-                    p = P.GemmProblem(batch, m, n, k, din, dout, tb, bias, act or "none", res, aligned=aligned)
+                    p = geometry.GemmProblem(batch, m, n, k, din, dout, tb, bias, act or "none", res, aligned=aligned)
                     if cfg.kind == "sm80" or aligned:
-                        specs += P.kernel_specs(p, P.with_splits(cfg, p, dev.sm_count),
-                                                target_for(dev, cfg.kind == "sm90"))
+                        specs += geometry.kernel_specs(p, geometry.with_splits(cfg, p, dev.sm_count),
+                                                       target_for(dev, cfg.kind == "sm90"))
     specs = list(dict.fromkeys(specs))
     with cf.ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as ex:
         list(ex.map(_compile, specs))
@@ -110,7 +110,7 @@ def _check(y, ref, k, dout):
     assert y.dtype == TDT[dout]
     assert not torch.isnan(y).any(), "NaN or unwritten output"
     err = (torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
-    p = P.GemmProblem(1, 1, 1, k, "bf16", dout, True)
+    p = geometry.GemmProblem(1, 1, 1, k, "bf16", dout, True)
     assert err <= error_bound(p), f"relative error {err:.3g} > {error_bound(p):.3g}"
 
 
@@ -122,8 +122,8 @@ def gen():
 
 
 @pytest.mark.parametrize("shape,tb,epi,dts", CASES, ids=[f"{s[0]}x{s[1]}x{s[2]}-tb{int(t)}-{e[1] or 'id'}"
-                                                        f"{'+b' if e[0] else ''}{'+r' if e[2] else ''}-{d[0]}>{d[1]}"
-                                                        for s, t, e, d in CASES])
+                                                         f"{'+b' if e[0] else ''}{'+r' if e[2] else ''}-{d[0]}>{d[1]}"
+                                                         for s, t, e, d in CASES])
 def test_gemm_matches_float64(shape, tb, epi, dts, gen):
     (m, n, k), (bias, act, res), (din, dout) = shape, epi, dts
     a, b, bi, r = _inputs(m, n, k, tb, din, dout, bias, res, gen=gen)
@@ -173,8 +173,8 @@ def test_misaligned_operands_take_the_general_path(tb, gen):
     y = gemm(a_odd, b, trans_b=tb, activation="gelu_tanh")
     torch.cuda.synchronize()
     _check(y, _reference(a_odd, b, tb, None, "gelu_tanh", None), k, "bf16")
-    sel = cands.selection(P.GemmProblem(1, m, n, k, "bf16", "bf16", tb, False, "gelu_tanh", False, aligned=False),
-                          0)
+    unaligned = geometry.GemmProblem(1, m, n, k, "bf16", "bf16", tb, False, "gelu_tanh", False, aligned=False)
+    sel = cands.selection(unaligned, 0)
     assert sel.candidate.name == "gemm.sm80_mma"
 
 
@@ -236,12 +236,12 @@ def test_host_tensor_is_refused():
 
 # ---- split-K inside thread-block clusters (sm_90+), config by config -------------------------------------------------
 CLUSTER_CONFIGS = [
-    P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4, cluster=True),
-    P.Sm80Config(16, 64, 64, 16, 16, 8, splits=8, cluster=True),
-    P.Sm80Config(64, 64, 64, 32, 32, 3, splits=2, cluster=True),
-    P.Sm90Config(128, 128, 6, 2, splits=4, cluster=True),
-    P.Sm90Config(64, 128, 6, 1, splits=2, cluster=True),
-    P.Sm90Config(128, 256, 4, 2, splits=8, cluster=True),
+    geometry.Sm80Config(16, 128, 64, 16, 32, 4, splits=4, cluster=True),
+    geometry.Sm80Config(16, 64, 64, 16, 16, 8, splits=8, cluster=True),
+    geometry.Sm80Config(64, 64, 64, 32, 32, 3, splits=2, cluster=True),
+    geometry.Sm90Config(128, 128, 6, 2, splits=4, cluster=True),
+    geometry.Sm90Config(64, 128, 6, 1, splits=2, cluster=True),
+    geometry.Sm90Config(128, 256, 4, 2, splits=8, cluster=True),
 ]
 # (batch, m, n, k, dtype in, dtype out, bias, activation, residual, aligned)
 CLUSTER_PROBLEMS = [
@@ -253,13 +253,13 @@ CLUSTER_PROBLEMS = [
 
 @pytest.mark.parametrize("tb", [True, False])
 @pytest.mark.parametrize("prob", CLUSTER_PROBLEMS, ids=[f"{b}x{m}x{n}x{k}-{di}>{do}" for b, m, n, k, di, do, *_ in
-                                                      CLUSTER_PROBLEMS])
+                                                        CLUSTER_PROBLEMS])
 @pytest.mark.parametrize("cfg", CLUSTER_CONFIGS, ids=[",".join(f"{k}={v}" for k, v in c.as_dict().items()
-                                                              if k not in ("group_m", "cluster", "pingpong"))
-                                                     for c in CLUSTER_CONFIGS])
+                                                               if k not in ("group_m", "cluster", "pingpong"))
+                                                      for c in CLUSTER_CONFIGS])
 def test_cluster_split_k_config(cfg, prob, tb, gen):
-    from rtckern.ops import _gemm_launch as L
-    from rtckern.ops._gemm_tune import kernels_for
+    from rtckern.ops._gemm import launch
+    from rtckern.ops._gemm.tune import kernels_for
 
     dev = DeviceInfo.from_device(torch.cuda.current_device())
     if dev.arch.major < 9:
@@ -267,16 +267,16 @@ def test_cluster_split_k_config(cfg, prob, tb, gen):
     batch, m, n, k, din, dout, bias, act, res, aligned = prob
     if cfg.kind == "sm90" and not aligned:
         pytest.skip("the wgmma kernel reads 16-byte aligned operands only")
-    p = P.GemmProblem(batch, m, n, k, din, dout, tb, bias, act or "none", res, aligned=aligned, b_batched=True)
-    cfg = P.with_splits(cfg, p, dev.sm_count)
+    p = geometry.GemmProblem(batch, m, n, k, din, dout, tb, bias, act or "none", res, aligned=aligned, b_batched=True)
+    cfg = geometry.with_splits(cfg, p, dev.sm_count)
     assert cfg.cluster and cfg.invalid(p) is None
     a, b, bi, r = _inputs(m, n, k, tb, din, dout, bias, res, batch=batch, gen=gen)
     c = torch.full((batch, m, n), float("nan"), device="cuda", dtype=TDT[dout])
-    ops = L.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=k, ldb=b.stride(-2), ldc=n,
-                     stride_a=a.stride(0), stride_b=b.stride(0), stride_c=m * n,
-                     bias=bi.data_ptr() if bi is not None else 0, res=r.data_ptr() if r is not None else 0,
-                     ldr=n if r is not None else 0, stride_r=m * n if r is not None else 0)
-    L.launch(kernels_for(p, cfg, dev), p, cfg, ops, stream=torch.cuda.current_stream().cuda_stream,
-             sm_count=dev.sm_count)
+    ops = launch.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=k, ldb=b.stride(-2), ldc=n,
+                          stride_a=a.stride(0), stride_b=b.stride(0), stride_c=m * n,
+                          bias=bi.data_ptr() if bi is not None else 0, res=r.data_ptr() if r is not None else 0,
+                          ldr=n if r is not None else 0, stride_r=m * n if r is not None else 0)
+    launch.launch(kernels_for(p, cfg, dev), p, cfg, ops, stream=torch.cuda.current_stream().cuda_stream,
+                  sm_count=dev.sm_count)
     torch.cuda.synchronize()
     _check(c, _reference(a, b, tb, bi, act, r), k, dout)

@@ -439,8 +439,8 @@ def test_l2c_every_opt(layer, opt, parts):
     Clusters of 16 blocks take the non-portable cluster size opt-in."""
     if not _sm90():
         pytest.skip("l2c needs sm_90+")
-    from rtckern.ops import _norms_kernels as K
-    from rtckern.ops import _norms_launch as L
+    from rtckern.ops._norms import geometry
+    from rtckern.ops._norms import launch
 
     rows, n = 1031, 16384
     x, w, b, g = _inputs(rows, n, "bf16", wdtype="fp32", offset=0.5)
@@ -452,11 +452,11 @@ def test_l2c_every_opt(layer, opt, parts):
     else:
         _, rstd = ops.rms_norm(x, w0, 1e-5, zero_centered=True, return_rstd=True)
         mean = None
-    p = K.BwdProblem(layer=layer, n=n, x="bf16", dy="bf16", dx="fp32", w="fp32", weight_grad=True, bias_grad=layer,
-                     zero_centered=True, dresidual=True, vec=8)
-    cfg = K.SplitConfig(256, parts, opt)
-    assert L.bwd_feasible(p, "l2c", cfg) is None
-    kernels = L.load(L.bwd_specs(p, "l2c", cfg, _arch()), torch.cuda.current_device())
+    p = geometry.BwdProblem(layer=layer, n=n, x="bf16", dy="bf16", dx="fp32", w="fp32", weight_grad=True,
+                            bias_grad=layer, zero_centered=True, dresidual=True, vec=8)
+    cfg = geometry.SplitConfig(256, parts, opt)
+    assert geometry.bwd_feasible(p, "l2c", cfg) is None
+    kernels = launch.load(geometry.bwd_specs(p, "l2c", cfg, _arch()), torch.cuda.current_device())
 
     def run():
         dx = torch.full((rows, n), float("nan"), device="cuda")
@@ -469,7 +469,7 @@ def test_l2c_every_opt(layer, opt, parts):
             keep.append(t)
             return t, t.data_ptr()
 
-        L.launch_bwd(p, "l2c", cfg, kernels, L.BwdCall(
+        launch.launch_bwd(p, "l2c", cfg, kernels, launch.BwdCall(
             x=x.data_ptr(), w=w0.data_ptr(), dy=dy.data_ptr(), dres=dres.data_ptr(),
             mean=mean.data_ptr() if layer else 0, rstd=rstd.data_ptr(), dx=dx.data_ptr(), dw=dw.data_ptr(),
             db=db.data_ptr() if layer else 0, rows=rows, sx=n, sdy=n, sdres=n, sdx=n,
@@ -532,9 +532,9 @@ def test_cluster_forward_affine_held(layer, n, dtype, wdtype, threads, parts, op
     leave the last slice short."""
     if not _sm90():
         pytest.skip("thread-block clusters need sm_90+")
-    from rtckern.ops import _norms_kernels as K
+    from rtckern.ops._norms import geometry
 
-    _check_forward_launch(layer, n, dtype, "cluster", K.SplitConfig(threads, parts, opt), wdtype,
+    _check_forward_launch(layer, n, dtype, "cluster", geometry.SplitConfig(threads, parts, opt), wdtype,
                           residual=_held_residual(layer, n, dtype, wdtype, threads, parts, opt))
 
 
@@ -546,52 +546,51 @@ def test_cluster_forward_pipe_few_rows(rows, n, dtype, wdtype, threads, parts, o
     none or one ahead), and a few more rows than clusters (some clusters one row more than others)."""
     if not _sm90():
         pytest.skip("thread-block clusters need sm_90+")
-    from rtckern.ops import _norms_kernels as K
+    from rtckern.ops._norms import geometry
 
-    _check_forward_launch(True, n, dtype, "cluster", K.SplitConfig(threads, parts, opt), wdtype,
+    _check_forward_launch(True, n, dtype, "cluster", geometry.SplitConfig(threads, parts, opt), wdtype,
                           residual=_held_residual(True, n, dtype, wdtype, threads, parts, opt), rows=rows)
 
 
 def _held_residual(layer, n, dtype, wdtype, threads, parts, opt) -> bool:
     """With a residual where the rows it keeps fit the registers; else without, and the residual is refused."""
-    from rtckern.ops import _norms_kernels as K
-    from rtckern.ops import _norms_launch as L
+    from rtckern.ops._norms import geometry
 
-    vec = 16 // K.ITEMSIZE[dtype] if n % (16 // K.ITEMSIZE[dtype]) == 0 else (4 if n % 4 == 0 else 1)
-    p = K.FwdProblem(layer=layer, n=n, x=dtype, y=dtype, w=wdtype, bias=layer, zero_centered=True, residual=True,
-                     save_stats=True, vec=vec)
-    why = L.fwd_feasible(p, "cluster", K.SplitConfig(threads, parts, opt))
+    vec = 16 // geometry.ITEMSIZE[dtype] if n % (16 // geometry.ITEMSIZE[dtype]) == 0 else (4 if n % 4 == 0 else 1)
+    p = geometry.FwdProblem(layer=layer, n=n, x=dtype, y=dtype, w=wdtype, bias=layer, zero_centered=True, residual=True,
+                            save_stats=True, vec=vec)
+    why = geometry.fwd_feasible(p, "cluster", geometry.SplitConfig(threads, parts, opt))
     assert why is None or "spills" in why, why
     return why is None
 
 
 def _check_l2_forward(layer, n, dtype, threads, stash, parts):
-    from rtckern.ops import _norms_kernels as K
+    from rtckern.ops._norms import geometry
 
-    _check_forward_launch(layer, n, dtype, "l2", K.L2Config(threads, 1, 0, stash, parts))
+    _check_forward_launch(layer, n, dtype, "l2", geometry.L2Config(threads, 1, 0, stash, parts))
 
 
 def _check_forward_launch(layer, n, dtype, kind, cfg, wdtype="fp32", residual=True, rows=1031):
-    from rtckern.ops import _norms_kernels as K
-    from rtckern.ops import _norms_launch as L
+    from rtckern.ops._norms import geometry
+    from rtckern.ops._norms import launch
 
-    vec = 16 // K.ITEMSIZE[dtype]
+    vec = 16 // geometry.ITEMSIZE[dtype]
     if n % vec:
         vec = 4 if n % 4 == 0 else 1
     x, w, b, g = _inputs(rows, n, dtype, wdtype=wdtype, offset=2.0)
     w0 = (w - 1).contiguous()
     r = torch.randn(rows, n, device="cuda", generator=g).to(DT[dtype]) if residual else None
-    p = K.FwdProblem(layer=layer, n=n, x=dtype, y=dtype, w=wdtype, bias=layer, zero_centered=True, residual=residual,
-                     save_stats=True, vec=vec)
-    assert L.fwd_feasible(p, kind, cfg) is None
-    kernel = L.load((L.fwd_spec(p, kind, cfg, _arch()),), torch.cuda.current_device())[0]
+    p = geometry.FwdProblem(layer=layer, n=n, x=dtype, y=dtype, w=wdtype, bias=layer, zero_centered=True,
+                            residual=residual, save_stats=True, vec=vec)
+    assert geometry.fwd_feasible(p, kind, cfg) is None
+    kernel = launch.load((geometry.fwd_spec(p, kind, cfg, _arch()),), torch.cuda.current_device())[0]
 
     def run():
         y = torch.full((rows, n), float("nan"), device="cuda", dtype=DT[dtype])
         h = torch.full_like(y, float("nan"))
         mean = torch.full((rows,), float("nan"), device="cuda")
         rstd = torch.full_like(mean, float("nan"))
-        L.launch_fwd(p, kind, cfg, kernel, L.FwdCall(
+        launch.launch_fwd(p, kind, cfg, kernel, launch.FwdCall(
             x=x.data_ptr(), residual=r.data_ptr() if residual else 0, h=h.data_ptr() if residual else 0,
             w=w0.data_ptr(), b=b.data_ptr() if layer else 0,
             y=y.data_ptr(), mean=mean.data_ptr() if layer else 0, rstd=rstd.data_ptr(), eps=1e-5, rows=rows, sx=n,

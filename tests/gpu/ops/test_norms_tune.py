@@ -36,9 +36,8 @@ def test_tune_a_norm_shape(tmp_path, op, dtype, n, table):
     assert len(kind_rows) == 1 and kind_rows[0]["source"] == source
     kind = kind_rows[0]["config"]["kind"]
     assert kind in {r["shape"]["kind"] for r in cfg_rows}
-    code = ("import rtckern.ops; from rtckern.device import DeviceInfo; from rtckern.registry import select; "
-            "from rtckern.ops import _norms_candidates as c; "
-            f"print(select(c.build_request({op!r}, ({n},), {dtype!r}, DeviceInfo.from_device(0))).candidate.name)")
+    code = ("import rtckern.ops; from rtckern.registry import build_request, select; "
+            f"print(select(build_request({op!r}, shape=({n},), dtype={dtype!r}, device=0)).candidate.name)")
     chosen = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert chosen.returncode == 0, chosen.stderr[-3000:]
     assert chosen.stdout.strip() == f"{op}.{kind}"

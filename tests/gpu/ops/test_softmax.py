@@ -255,7 +255,7 @@ def test_offset_mask_falls_back_from_the_ring():
     y = ops.scaled_masked_softmax(x, mask, 0.5)
     ref = _ref_softmax(x, 0.5, ~mask)
     assert _rel_err(y, ref) < FWD_TOL["bf16"]
-    from rtckern.ops import _softmax_candidates as cands
+    from rtckern.ops._softmax import candidates as cands
 
     assert cands.selection("scaled_masked_softmax", "bf16", sk, 8, 0, False).name != "scaled_masked_softmax.ring"
 
@@ -334,14 +334,14 @@ def test_negative_and_zero_scale_every_kernel(impl, n):
 def test_numerical_probe_passes_every_candidate(op, dtype, n):
     """Candidate.selftest (the registry's numerical probe) on every candidate that serves the request."""
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands
-    from rtckern.ops import _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands
+    from rtckern.ops._softmax import geometry
     from rtckern.registry import candidates
     from rtckern.registry.candidate import arch_reason
     from rtckern.manager import get_manager
 
     dev = DeviceInfo.from_device(0)
-    req = cands.request(op, dtype, n, plan.vector_width(dtype, n), dev)
+    req = cands.request(op, dtype, n, geometry.vector_width(dtype, n), dev)
     ran = 0
     for cand in candidates(op):
         if arch_reason(cand, req) is not None or cand.supports(req) is not None:
@@ -355,7 +355,7 @@ def test_numerical_probe_passes_every_candidate(op, dtype, n):
 def test_numerical_probe_catches_a_wrong_kernel(monkeypatch):
     """A candidate whose launch computes the wrong thing (here: the wrong scale) fails its probe with the error."""
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands
+    from rtckern.ops._softmax import candidates as cands
     from rtckern.manager import get_manager
 
     dev = DeviceInfo.from_device(0)
@@ -378,32 +378,32 @@ def test_l2_forward_stash(kind, dtype, n, threads, stash, scale):
     parts, masked keys (-inf in the stash), a causal bound inside and past the stash, both signs of the scale;
     n = 20000 / 3000 end some threads' stash or tail inside the row."""
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands, geometry
 
-    vec = plan.vector_width(dtype, n)
+    vec = geometry.vector_width(dtype, n)
     op = {0: "softmax", 1: "scaled_masked_softmax", 2: "scaled_aligned_causal_masked_softmax"}[kind]
     req = cands.request(op, dtype, n, vec, DeviceInfo.from_device(torch.cuda.current_device()))
-    cfg = plan.OnePass(threads, threads, 0, 1, "l2", stash)
-    assert plan.fits(cfg, plan.FWD, dtype, n, vec, req.device.max_smem_per_block_optin, kind) is None
-    kernel = cands.onepass_kernel(plan.FWD, kind, dtype, vec, cfg, req)
+    cfg = geometry.OnePass(threads, threads, 0, 1, "l2", stash)
+    assert geometry.fits(cfg, geometry.FWD, dtype, n, vec, req.device.max_smem_per_block_optin, kind) is None
+    kernel = cands.onepass_kernel(geometry.FWD, kind, dtype, vec, cfg, req)
     sq = 64
     rows = max(sq, min(600, (1 << 23) // n) // sq * sq)
     x = torch.randn(rows, n, device="cuda", dtype=DTYPES[dtype]) * 3
     x[5, ::7] = float("-inf")
     keep = torch.isfinite(x)
-    mask, geom = None, plan.RowGeometry(rows=rows, n=n)
+    mask, geom = None, geometry.RowGeometry(rows=rows, n=n)
     if kind == 1:
         mask = torch.rand(sq, n, device="cuda") < 0.3
         keep &= ~mask.repeat(rows // sq, 1)
-        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, heads=rows // sq)
+        geom = geometry.RowGeometry(rows=rows, n=n, sq=sq, heads=rows // sq)
     elif kind == 2:
         # valid keys: n // 3 + (row % sq) + 1: the bound falls inside the stash, and at n = 65536 / 20000 the
         # re-read part behind it holds only zeros
-        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n // 3)
-        valid = torch.tensor([geom.valid_keys(r, plan.CAUSAL) for r in range(rows)], device="cuda")
+        geom = geometry.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n // 3)
+        valid = torch.tensor([geom.valid_keys(r, geometry.CAUSAL) for r in range(rows)], device="cuda")
         keep &= torch.arange(n, device="cuda")[None, :] < valid[:, None]
     y = torch.full_like(x, float("nan"))
-    cands.launch_onepass(kernel, plan.FWD, cfg, dtype, vec,
+    cands.launch_onepass(kernel, geometry.FWD, cfg, dtype, vec,
                          (x.data_ptr(), y.data_ptr(), mask.data_ptr() if mask is not None else 0), geom,
                          np.float32(scale), torch.cuda.current_stream().cuda_stream, kind)
     torch.cuda.synchronize()
@@ -418,9 +418,9 @@ def test_l2_backward_stash(kind, bound, dtype, n, threads, stash):
     """The l2 backward with y and dy partly stashed in shared memory, launched directly (the tables pick it):
     stashed and re-read parts; a causal bound inside the stash (zeros behind it) or in the re-read tail (the stash
     all valid); n = 20000 / 3000 end some threads' stash or tail inside the row."""
-    from rtckern.ops import _softmax_plan as plan
+    from rtckern.ops._softmax import geometry
 
-    _check_backward_launch(kind, bound, dtype, n, plan.OnePass(threads, threads, 0, 1, "l2", stash))
+    _check_backward_launch(kind, bound, dtype, n, geometry.OnePass(threads, threads, 0, 1, "l2", stash))
 
 
 @pytest.mark.parametrize("kind,bound", [(0, None), (2, "stash"), (2, "tail")])
@@ -429,33 +429,33 @@ def test_l2_backward_stash(kind, bound, dtype, n, threads, stash):
 def test_async_backward(kind, bound, dtype, n, threads, min_blocks):
     """The cp.async backward (y and dy of the row in shared memory), launched directly: plain rows and causal
     bounds early or late in the row (zeros behind them); n = 1001 copies one key per access (vector width 1)."""
-    from rtckern.ops import _softmax_plan as plan
+    from rtckern.ops._softmax import geometry
 
-    _check_backward_launch(kind, bound, dtype, n, plan.OnePass(threads, threads, 0, min_blocks, "async"))
+    _check_backward_launch(kind, bound, dtype, n, geometry.OnePass(threads, threads, 0, min_blocks, "async"))
 
 
 def _check_backward_launch(kind, bound, dtype, n, cfg):
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands, geometry
 
-    vec = plan.vector_width(dtype, n)
+    vec = geometry.vector_width(dtype, n)
     op = "softmax_backward" if kind == 0 else "scaled_aligned_causal_masked_softmax_backward"
     req = cands.request(op, dtype, n, vec, DeviceInfo.from_device(torch.cuda.current_device()))
-    assert plan.fits(cfg, plan.BWD, dtype, n, vec, req.device.max_smem_per_block_optin, kind) is None
-    kernel = cands.onepass_kernel(plan.BWD, kind, dtype, vec, cfg, req)
+    assert geometry.fits(cfg, geometry.BWD, dtype, n, vec, req.device.max_smem_per_block_optin, kind) is None
+    kernel = cands.onepass_kernel(geometry.BWD, kind, dtype, vec, cfg, req)
     sq = 64
     rows = max(sq, min(600, (1 << 23) // n) // sq * sq)
     x = torch.randn(rows, n, device="cuda", dtype=DTYPES[dtype]) * 3
     keep = torch.ones_like(x, dtype=torch.bool)
-    geom = plan.RowGeometry(rows=rows, n=n)
+    geom = geometry.RowGeometry(rows=rows, n=n)
     if kind == 2:
-        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n // 3 if bound == "stash" else n - sq)
-        valid = torch.tensor([geom.valid_keys(r, plan.CAUSAL) for r in range(rows)], device="cuda")
+        geom = geometry.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n // 3 if bound == "stash" else n - sq)
+        valid = torch.tensor([geom.valid_keys(r, geometry.CAUSAL) for r in range(rows)], device="cuda")
         keep = torch.arange(n, device="cuda")[None, :] < valid[:, None]
     y = _ref_softmax(x, SCALE, keep).to(DTYPES[dtype])
     dy = torch.randn_like(y)
     dx = torch.full_like(y, float("nan"))
-    cands.launch_onepass(kernel, plan.BWD, cfg, dtype, vec, (y.data_ptr(), dy.data_ptr(), dx.data_ptr()), geom,
+    cands.launch_onepass(kernel, geometry.BWD, cfg, dtype, vec, (y.data_ptr(), dy.data_ptr(), dx.data_ptr()), geom,
                          np.float32(SCALE), torch.cuda.current_stream().cuda_stream, kind)
     torch.cuda.synchronize()
     assert _rel_err(dx, _ref_backward(y, dy, SCALE)) < BWD_TOL[dtype]
@@ -477,23 +477,23 @@ def test_masked_head_loop(dtype, n, cfg, batch_mask, scale, h):
     held in registers), launched directly (the tables pick it): odd B, H, Sq, a partial last chunk of heads, a
     mask per batch or one for all, -inf inputs, a fully masked query, both signs of the scale."""
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands, geometry
 
-    vec = plan.vector_width(dtype, n)
+    vec = geometry.vector_width(dtype, n)
     req = cands.request("scaled_masked_softmax", dtype, n, vec, DeviceInfo.from_device(torch.cuda.current_device()))
-    cfg = plan.OnePass(**cfg)
-    assert plan.fits(cfg, plan.FWD, dtype, n, vec, req.device.max_smem_per_block_optin, plan.MASKED) is None
-    kernel = cands.onepass_kernel(plan.FWD, plan.MASKED, dtype, vec, cfg, req)
+    cfg = geometry.OnePass(**cfg)
+    assert geometry.fits(cfg, geometry.FWD, dtype, n, vec, req.device.max_smem_per_block_optin, geometry.MASKED) is None
+    kernel = cands.onepass_kernel(geometry.FWD, geometry.MASKED, dtype, vec, cfg, req)
     b, sq = 3, 7  # H = 1: fewer heads than the loop holds, every group stops after one
     x = torch.randn((b, h, sq, n), device="cuda", dtype=DTYPES[dtype]) * 3
     x[1, h // 2, 3, ::5] = float("-inf")
     mask = torch.rand((b if batch_mask else 1, 1, sq, n), device="cuda") < 0.3
     mask[0, 0, 4] = True  # a query with every key masked: zeros
     keep = torch.isfinite(x) & ~mask
-    geom = plan.RowGeometry(rows=b * h * sq, n=n, sq=sq, heads=h, mask_batch_stride=sq if batch_mask else 0)
+    geom = geometry.RowGeometry(rows=b * h * sq, n=n, sq=sq, heads=h, mask_batch_stride=sq if batch_mask else 0)
     y = torch.full_like(x, float("nan"))
-    cands.launch_onepass(kernel, plan.FWD, cfg, dtype, vec, (x.data_ptr(), y.data_ptr(), mask.data_ptr()), geom,
-                         np.float32(scale), torch.cuda.current_stream().cuda_stream, plan.MASKED)
+    cands.launch_onepass(kernel, geometry.FWD, cfg, dtype, vec, (x.data_ptr(), y.data_ptr(), mask.data_ptr()), geom,
+                         np.float32(scale), torch.cuda.current_stream().cuda_stream, geometry.MASKED)
     torch.cuda.synchronize()
     ref = _ref_softmax(torch.where(keep, x, torch.zeros_like(x)), scale, keep)
     assert _rel_err(y, ref) < FWD_TOL[dtype]
@@ -514,34 +514,34 @@ def test_cached_register_kernels(direction, kind, dtype, n, cfg):
     """The register kernels with default-cached loads and stores (config `cached`), launched directly (the tables
     pick them), against float64: every mask kind, both directions, the shared-memory part of long rows."""
     from rtckern.device import DeviceInfo
-    from rtckern.ops import _softmax_candidates as cands, _softmax_plan as plan
+    from rtckern.ops._softmax import candidates as cands, geometry
 
-    vec = plan.vector_width(dtype, n)
+    vec = geometry.vector_width(dtype, n)
     op = {("fwd", 0): "softmax", ("fwd", 1): "scaled_masked_softmax",
           ("fwd", 2): "scaled_aligned_causal_masked_softmax", ("bwd", 0): "softmax_backward",
           ("bwd", 2): "scaled_aligned_causal_masked_softmax_backward"}[(direction, kind)]
     req = cands.request(op, dtype, n, vec, DeviceInfo.from_device(torch.cuda.current_device()))
-    c = plan.OnePass(**cfg, cached=1)
-    assert plan.fits(c, direction, dtype, n, vec, req.device.max_smem_per_block_optin, kind) is None
+    c = geometry.OnePass(**cfg, cached=1)
+    assert geometry.fits(c, direction, dtype, n, vec, req.device.max_smem_per_block_optin, kind) is None
     kernel = cands.onepass_kernel(direction, kind, dtype, vec, c, req)
     b, h, sq = 2, 5, 64
     rows = b * h * sq
     x = torch.randn(rows, n, device="cuda", dtype=DTYPES[dtype]) * 3
     keep = torch.ones_like(x, dtype=torch.bool)
-    mask, geom = None, plan.RowGeometry(rows=rows, n=n)
+    mask, geom = None, geometry.RowGeometry(rows=rows, n=n)
     if kind == 1:
         mask = torch.rand((b, 1, sq, n), device="cuda") < 0.3
         keep = ~mask.expand(b, h, sq, n).reshape(rows, n)
-        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, heads=h, mask_batch_stride=sq)
+        geom = geometry.RowGeometry(rows=rows, n=n, sq=sq, heads=h, mask_batch_stride=sq)
     elif kind == 2:
-        geom = plan.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n - sq)
-        valid = torch.tensor([geom.valid_keys(r, plan.CAUSAL) for r in range(rows)], device="cuda")
+        geom = geometry.RowGeometry(rows=rows, n=n, sq=sq, diag_offset=n - sq)
+        valid = torch.tensor([geom.valid_keys(r, geometry.CAUSAL) for r in range(rows)], device="cuda")
         keep = torch.arange(n, device="cuda")[None, :] < valid[:, None]
     stream = torch.cuda.current_stream().cuda_stream
     y_ref = _ref_softmax(x, SCALE, keep)
     out = torch.full_like(x, float("nan"))
     if direction == "fwd":
-        cands.launch_onepass(kernel, plan.FWD, c, dtype, vec,
+        cands.launch_onepass(kernel, geometry.FWD, c, dtype, vec,
                              (x.data_ptr(), out.data_ptr(), mask.data_ptr() if mask is not None else 0), geom,
                              np.float32(SCALE), stream, kind)
         ref = y_ref
@@ -549,7 +549,7 @@ def test_cached_register_kernels(direction, kind, dtype, n, cfg):
     else:
         y = y_ref.to(DTYPES[dtype])
         dy = torch.randn_like(y)
-        cands.launch_onepass(kernel, plan.BWD, c, dtype, vec, (y.data_ptr(), dy.data_ptr(), out.data_ptr()), geom,
+        cands.launch_onepass(kernel, geometry.BWD, c, dtype, vec, (y.data_ptr(), dy.data_ptr(), out.data_ptr()), geom,
                              np.float32(SCALE), stream, kind)
         ref = _ref_backward(y, dy, SCALE)
         tol = BWD_TOL[dtype]

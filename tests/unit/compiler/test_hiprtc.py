@@ -221,11 +221,11 @@ def _attention_specs():
 
 
 def _gemm_specs():
-    from rtckern.ops import _gemm_plan as P
+    from rtckern.ops._gemm import geometry
 
-    p = P.GemmProblem(batch=2, m=512, n=512, k=512, dtype="bf16", out_dtype="bf16", trans_b=True, bias=True,
-                      residual=True)
-    return [P.simt_spec(p, GFX90A), P.reduce_spec(p, GFX90A)]
+    p = geometry.GemmProblem(batch=2, m=512, n=512, k=512, dtype="bf16", out_dtype="bf16", trans_b=True, bias=True,
+                             residual=True)
+    return [geometry.simt_spec(p, GFX90A), geometry.reduce_spec(p, GFX90A)]
 
 
 FAMILIES = {"norms": _norm_specs, "softmax": _softmax_specs, "attention": _attention_specs, "gemm": _gemm_specs}

@@ -11,11 +11,9 @@ from rtckern.arch import Arch
 from rtckern.compiler import compiler_for
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
-from rtckern.ops import _attention_api as attn
-from rtckern.ops import _attention_candidates as C
-from rtckern.ops import _attention_configs as K
-from rtckern.ops import _attention_wgmma_gen as G
-from rtckern.registry import explain
+from rtckern.ops._attention import api as attn
+from rtckern.ops._attention import configs, launch, wgmma_gen
+from rtckern.registry import build_request, default_registry, explain
 from rtckern.runtime import arrays as A
 from rtckern.spec import KernelSpec
 
@@ -103,29 +101,29 @@ def test_host_and_unknown_arrays_are_refused():
 
 # ---- tiles ---------------------------------------------------------------------------------------------------------
 def test_tile_shared_memory_and_picking():
-    t = K.Sm80Tile(128, 64, 4, 2)
+    t = configs.Sm80Tile(128, 64, 4, 2)
     assert t.smem_bytes(128) == (128 + 2 * 2 * 64) * 136 * 2
     assert t.grid(3, 16, 1000) == (8, 16, 3) and t.threads == 128
-    w = K.Sm90Tile(128, 2)
+    w = configs.Sm90Tile(128, 2)
     assert (w.bm, w.threads, w.smem_bytes(128)) == (128, 256, 128 * 128 * 2 + 5 * 128 * 128 * 2 + 1024)
-    tiles = K.SM80_TILES[(256, False)]
-    assert K.pick_tile(tiles, 256, 232448) is tiles[0]
-    assert K.pick_tile(tiles, 256, 101376) is tiles[1]
-    assert K.pick_tile(tiles, 256, 50000) is None
+    tiles = configs.SM80_TILES[(256, False)]
+    assert configs.pick_tile(tiles, 256, 232448) is tiles[0]
+    assert configs.pick_tile(tiles, 256, 101376) is tiles[1]
+    assert configs.pick_tile(tiles, 256, 50000) is None
     with pytest.raises(ValueError, match="bm must be a multiple of 16 \\* warps"):
-        K.Sm80Tile(96, 64, 4)
-    for (hd, _), ts in K.SM80_TILES.items():
+        configs.Sm80Tile(96, 64, 4)
+    for (hd, _), ts in configs.SM80_TILES.items():
         for tile in ts:
-            assert tile.bm % (16 * tile.warps) == 0 and hd in K.HEAD_DIMS
-    for hd, tile in list(K.SM90_TILES.items()) + [(hd, t) for (hd, _), t in K.SM90_WS_TILES.items()]:
+            assert tile.bm % (16 * tile.warps) == 0 and hd in configs.HEAD_DIMS
+    for hd, tile in list(configs.SM90_TILES.items()) + [(hd, t) for (hd, _), t in configs.SM90_WS_TILES.items()]:
         assert tile.smem_bytes(hd) <= 232448, (hd, tile)
-    ws = K.Sm90WsTile(128, 2, 2, 2)
+    ws = configs.Sm90WsTile(128, 2, 2, 2)
     assert (ws.threads, ws.template_args("fp16", 128, True)) == (384, ("rtk_half", 128, 128, 2, 2, 2, True, False))
 
 
 def test_kernel_args_order():
     q, k = t4(Q), t4(KV, ptr=1 << 21)
-    args = C.kernel_args(q, k, k, 4096, 0, 0.125)
+    args = launch.kernel_args(q, k, k, 4096, 0, 0.125)
     assert [int(a) for a in args[:9]] == [1 << 20, 1 << 21, 1 << 21, 4096, 0, 100, 300, 8, 2]
     assert [int(a) for a in args[9:21]] == [51200, 512, 64, 38400, 128, 64, 38400, 128, 64, 51200, 512, 64]
     assert abs(float(args[21]) - 0.125 * 1.4426950408889634) < 1e-7
@@ -134,8 +132,8 @@ def test_kernel_args_order():
 def test_generated_wgmma_header_is_current():
     from rtckern.sources import read_source
 
-    assert read_source("attention/sm90_wgmma.cuh") == G.generate(), \
-        "run python3 -m rtckern.ops._attention_wgmma_gen and commit the header"
+    assert read_source("attention/sm90_wgmma.cuh") == wgmma_gen.generate(), \
+        "run python3 -m rtckern.ops._attention.wgmma_gen and commit the header"
 
 
 # ---- registry choice on described devices (compile-only probes) --------------------------------------------------
@@ -158,27 +156,31 @@ def test_choice_on_described_devices(cache_dir, arch, hd, causal, chosen, targs)
 
 
 def test_unsupported_head_dim_reasons(cache_dir):
-    req = C.request("bf16", 96, False, DeviceInfo.for_arch("sm_90"))
-    by_name = {c.name: c for c in C.CANDIDATES}
+    dev = DeviceInfo.for_arch("sm_90")
+    req = build_request("attention", shape=(96,), dtype="bf16", device=dev)
+    by_name = {c.name: c for c in default_registry().candidates("attention")}
     for name in ("attention.sm90a_wgmma", "attention.sm90a_ws"):
         assert by_name[name].supports(req) == "head_dim 96 not supported (supported: 64, 128, 256)"
     assert by_name["attention.sm80_mma"].supports(req) is None
-    assert by_name["attention.sm80_mma"].supports(C.request("fp32", 64, False, DeviceInfo.for_arch("sm_90"))) == \
-        "dtype fp32 not supported (bf16, fp16)"
+    fp32 = build_request("attention", shape=(64,), dtype="fp32", device=dev)
+    assert by_name["attention.sm80_mma"].supports(fp32) == "dtype fp32 not supported (bf16, fp16)"
 
 
 # ---- real compiles, with the cold compile time -------------------------------------------------------------------
+_SM90 = (configs.SM90_SOURCE, configs.SM90_KERNEL)
+_SM90_WS = (configs.SM90_WS_SOURCE, configs.SM90_WS_KERNEL)
+_SM80 = (configs.SM80_SOURCE, configs.SM80_KERNEL)
 VARIANTS = [
-    (K.SM90_SOURCE, K.SM90_KERNEL, K.SM90_TILES[128].template_args("bf16", 128, True), "sm_90a"),
-    (K.SM90_SOURCE, K.SM90_KERNEL, K.SM90_TILES[64].template_args("fp16", 64, False), "sm_90a"),
-    (K.SM90_SOURCE, K.SM90_KERNEL, K.SM90_TILES[256].template_args("bf16", 256, False), "sm_90a"),
-    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[(128, True)].template_args("bf16", 128, True), "sm_90a"),
-    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[(64, False)].template_args("fp16", 64, False), "sm_90a"),
-    (K.SM90_WS_SOURCE, K.SM90_WS_KERNEL, K.SM90_WS_TILES[(256, False)].template_args("bf16", 256, False), "sm_90a"),
-    (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(128, False)][0].template_args("bf16", 128, False), "sm_80"),
-    (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(32, True)][0].template_args("fp16", 32, True), "sm_90"),
-    (K.SM80_SOURCE, K.SM80_KERNEL, K.SM80_TILES[(96, True)][0].template_args("bf16", 96, True), "sm_86"),
-    (K.SIMT_SOURCE, K.SIMT_KERNEL, K.SIMT_TILE.template_args("bf16", 256, True), "sm_75"),
+    (*_SM90, configs.SM90_TILES[128].template_args("bf16", 128, True), "sm_90a"),
+    (*_SM90, configs.SM90_TILES[64].template_args("fp16", 64, False), "sm_90a"),
+    (*_SM90, configs.SM90_TILES[256].template_args("bf16", 256, False), "sm_90a"),
+    (*_SM90_WS, configs.SM90_WS_TILES[(128, True)].template_args("bf16", 128, True), "sm_90a"),
+    (*_SM90_WS, configs.SM90_WS_TILES[(64, False)].template_args("fp16", 64, False), "sm_90a"),
+    (*_SM90_WS, configs.SM90_WS_TILES[(256, False)].template_args("bf16", 256, False), "sm_90a"),
+    (*_SM80, configs.SM80_TILES[(128, False)][0].template_args("bf16", 128, False), "sm_80"),
+    (*_SM80, configs.SM80_TILES[(32, True)][0].template_args("fp16", 32, True), "sm_90"),
+    (*_SM80, configs.SM80_TILES[(96, True)][0].template_args("bf16", 96, True), "sm_86"),
+    (configs.SIMT_SOURCE, configs.SIMT_KERNEL, configs.SIMT_TILE.template_args("bf16", 256, True), "sm_75"),
 ]
 
 

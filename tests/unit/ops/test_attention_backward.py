@@ -16,9 +16,9 @@ from rtckern import ops
 from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError, OptionError
-from rtckern.ops import _attention_bwd as B
-from rtckern.ops import _attention_bwd_candidates as C
-from rtckern.ops import _attention_bwd_configs as K
+from rtckern.ops._attention import backward as B
+from rtckern.ops._attention import backward_candidates as C
+from rtckern.ops._attention import backward_configs as K
 from rtckern.registry import build_request, explain
 from rtckern.runtime import arrays as A
 from rtckern.sources import read_source

@@ -14,11 +14,10 @@ from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.manager import get_manager
 from rtckern.registry import Cost
-from rtckern.ops import _gemm_candidates as cands
-from rtckern.ops import _gemm_plan as P
-from rtckern.ops import _gemm_tuned as T
-from rtckern.ops import _gemm_wgmma_gen as gen
 from rtckern.ops import gemm
+from rtckern.ops._gemm import candidates as cands
+from rtckern.ops._gemm import configs, geometry, wgmma_gen
+from rtckern.ops._gemm.geometry import GemmProblem, SimtConfig, Sm80Config, Sm90Config
 from rtckern.registry import explain
 from rtckern.runtime import arrays as arr
 
@@ -128,41 +127,41 @@ def test_unknown_array_type_is_refused():
 
 # ---- plans --------------------------------------------------------------------------------------------------------
 def test_split_k_fills_the_gpu_and_keeps_every_split_non_empty():
-    p = P.GemmProblem(1, 128, 8192, 8192, "bf16", "bf16", True)
-    assert P.choose_splits(p, 64, 64, 132) == 2  # 64 tiles x 2 = 128 units: one wave of 132 SMs
-    p = P.GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True)
-    assert P.choose_splits(p, 32, 64, 132) == 4
-    big = P.GemmProblem(1, 4096, 4096, 4096, "bf16", "bf16", True)
-    assert P.choose_splits(big, 512, 64, 132) == 1
-    assert P.normalize_splits(P.GemmProblem(1, 1, 1, 130, "bf16", "bf16", True), 64, 5) == (3, 1)
-    assert P.normalize_splits(P.GemmProblem(1, 1, 1, 1000, "bf16", "bf16", True), 64, 3) == (3, 6)
+    p = GemmProblem(1, 128, 8192, 8192, "bf16", "bf16", True)
+    assert geometry.choose_splits(p, 64, 64, 132) == 2  # 64 tiles x 2 = 128 units: one wave of 132 SMs
+    p = GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True)
+    assert geometry.choose_splits(p, 32, 64, 132) == 4
+    big = GemmProblem(1, 4096, 4096, 4096, "bf16", "bf16", True)
+    assert geometry.choose_splits(big, 512, 64, 132) == 1
+    assert geometry.normalize_splits(GemmProblem(1, 1, 1, 130, "bf16", "bf16", True), 64, 5) == (3, 1)
+    assert geometry.normalize_splits(GemmProblem(1, 1, 1, 1000, "bf16", "bf16", True), 64, 3) == (3, 6)
 
 
 def test_config_reasons():
-    p = P.GemmProblem(1, 64, 64, 64, "bf16", "bf16", False, aligned=False)
-    assert "TMA needs 16-byte aligned" in P.Sm90Config().invalid(p)
-    assert P.Sm90Config(128, 256, 4, 2, pingpong=True).invalid(P.GemmProblem(1, 1, 8, 8, "bf16", "bf16", True)) \
+    p = GemmProblem(1, 64, 64, 64, "bf16", "bf16", False, aligned=False)
+    assert "TMA needs 16-byte aligned" in Sm90Config().invalid(p)
+    assert Sm90Config(128, 256, 4, 2, pingpong=True).invalid(GemmProblem(1, 1, 8, 8, "bf16", "bf16", True)) \
         == "128x256 accumulators per consumer warpgroup exceed 128 registers per thread"
-    assert P.Sm80Config(128, 96, 64, 64, 32, 3).invalid(p) == "bn=96: an N-major B tile needs bn a multiple of 64"
+    assert Sm80Config(128, 96, 64, 64, 32, 3).invalid(p) == "bn=96: an N-major B tile needs bn a multiple of 64"
 
 
 def test_kernel_specs_name_every_compile_relevant_choice():
-    p = P.GemmProblem(2, 100, 200, 300, "fp16", "fp32", True, True, "gelu_tanh", True)
-    specs = P.kernel_specs(p, P.Sm90Config(128, 128, 6, 2, pingpong=True, splits=3), Arch.parse("sm_90a"))
+    p = GemmProblem(2, 100, 200, 300, "fp16", "fp32", True, True, "gelu_tanh", True)
+    specs = geometry.kernel_specs(p, Sm90Config(128, 128, 6, 2, pingpong=True, splits=3), Arch.parse("sm_90a"))
     assert specs[0].name_expression == ("gemm_wgmma_sm90<rtk_half, float, 128, 128, 6, 2, true, true, false, 0, "
                                         "false, true>")
     assert specs[1].name_expression == "gemm_splitk_reduce<float, rtk_half, true, 1, true>"
-    (one,) = P.kernel_specs(p, P.Sm80Config(64, 64, 64, 32, 32, 3), Arch.parse("sm_80"))
+    (one,) = geometry.kernel_specs(p, Sm80Config(64, 64, 64, 32, 32, 3), Arch.parse("sm_80"))
     assert one.name_expression == ("gemm_mma_sm80<rtk_half, float, 64, 64, 64, 32, 32, 3, true, true, true, 1, true, "
                                    "false>")
 
 
 def test_config_dict_round_trip():
-    for cfg in (P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4), P.Sm90Config(64, 256, 5, 2, pingpong=True),
-                P.SimtConfig()):
-        assert P.config_from_dict(cfg.as_dict()) == cfg
+    for cfg in (Sm80Config(16, 128, 64, 16, 32, 4, splits=4), Sm90Config(64, 256, 5, 2, pingpong=True),
+                SimtConfig()):
+        assert geometry.config_from_dict(cfg.as_dict()) == cfg
     with pytest.raises(ValueError, match="GEMM config kind 'x'"):
-        P.config_from_dict({"kind": "x"})
+        geometry.config_from_dict({"kind": "x"})
 
 
 # ---- the registry's choice ---------------------------------------------------------------------------------------
@@ -187,16 +186,16 @@ def test_a_tuned_sm80_row_makes_the_wgmma_candidate_step_aside(cache_dir, monkey
     tdir = cache_dir / "tuning"
     tdir.mkdir(parents=True)
     row = {"arch": "sm_90", "sm_count": 132, "shape": {"dtype": "bf16", "layout": "tn", "m": 1024, "n": 1024,
-                                                        "k": 1024},
-           "config": P.Sm80Config(128, 128, 32, 64, 64, 4).as_dict(), "time_us": 1.0}
-    (tdir / "gemm.json").write_text(json.dumps({"format": 1, "op": "gemm", "key_fields": list(T.KEY_FIELDS),
+                                                       "k": 1024},
+           "config": Sm80Config(128, 128, 32, 64, 64, 4).as_dict(), "time_us": 1.0}
+    (tdir / "gemm.json").write_text(json.dumps({"format": 1, "op": "gemm", "key_fields": list(configs.KEY_FIELDS),
                                                 "rows": [row]}))
     monkeypatch.setattr("rtckern.tuning.SHIPPED_DIR", cache_dir / "none")
     with config.override(tuning_table_dir=tdir):
         cands._plans.clear()
-        p = P.GemmProblem(1, 1024, 1024, 1024, "bf16", "bf16", True)
-        cfg, source = T.tuned_config(p, H200)
-        assert (cfg, source) == (P.Sm80Config(128, 128, 32, 64, 64, 4), "exact")
+        p = GemmProblem(1, 1024, 1024, 1024, "bf16", "bf16", True)
+        cfg, source = configs.tuned_config(p, H200)
+        assert (cfg, source) == (Sm80Config(128, 128, 32, 64, 64, 4), "exact")
         req = cands.request(p, H200)
         wgmma, mma = cands.Sm90WgmmaCandidate(), cands.Sm80MmaCandidate()
         assert wgmma.supports(req) is None and wgmma.config(req).kind == "sm90"  # it can serve, ranked behind
@@ -205,9 +204,9 @@ def test_a_tuned_sm80_row_makes_the_wgmma_candidate_step_aside(cache_dir, monkey
         from rtckern.registry import default_registry
 
         assert [c.name for c, _ in default_registry().rank(req)[0]] == ["gemm.sm80_mma", "gemm.sm90_wgmma",
-                                                                       "gemm.simt"]
+                                                                        "gemm.simt"]
         # a nearby shape takes the row as its nearest neighbour
-        cfg2, source2 = T.tuned_config(P.GemmProblem(1, 2048, 1024, 1024, "bf16", "bf16", True), H200)
+        cfg2, source2 = configs.tuned_config(GemmProblem(1, 2048, 1024, 1024, "bf16", "bf16", True), H200)
         assert source2 == "nearest" and cfg2.kind == "sm80"
     cands._plans.clear()
 
@@ -217,75 +216,75 @@ def test_table_split_counts_are_settled_for_the_actual_k(cache_dir, monkeypatch)
     add partial sums nobody wrote (seen on the H200: NaN / garbage for every K < 64 that took such a row)."""
     tdir = cache_dir / "tuning"
     tdir.mkdir(parents=True)
-    cfg4 = P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4)
+    cfg4 = Sm80Config(16, 128, 64, 16, 32, 4, splits=4)
     row = {"arch": "sm_90", "sm_count": 132, "shape": {"dtype": "bf16", "layout": "tn", "m": 16, "n": 4096,
-                                                        "k": 4096}, "config": cfg4.as_dict(), "time_us": 9.8}
-    (tdir / "gemm.json").write_text(json.dumps({"format": 1, "op": "gemm", "key_fields": list(T.KEY_FIELDS),
+                                                       "k": 4096}, "config": cfg4.as_dict(), "time_us": 9.8}
+    (tdir / "gemm.json").write_text(json.dumps({"format": 1, "op": "gemm", "key_fields": list(configs.KEY_FIELDS),
                                                 "rows": [row]}))
     monkeypatch.setattr("rtckern.tuning.SHIPPED_DIR", cache_dir / "none")
     with config.override(tuning_table_dir=tdir):
-        exact, src = T.tuned_config(P.GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True), H200)
+        exact, src = configs.tuned_config(GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True), H200)
         assert (exact, src) == (cfg4, "exact")
         for k in (8, 16, 56):
-            p = P.GemmProblem(1, 7, 1000, k, "bf16", "bf16", True)
-            cfg, src = T.tuned_config(p, H200)
+            p = GemmProblem(1, 7, 1000, k, "bf16", "bf16", True)
+            cfg, src = configs.tuned_config(p, H200)
             assert src == "nearest" and cfg.kind == "sm80" and cfg.splits == 1, (k, cfg)
-            assert len(P.kernel_specs(p, cfg, Arch.parse("sm_90"))) == 1  # no reduce kernel
+            assert len(geometry.kernel_specs(p, cfg, Arch.parse("sm_90"))) == 1  # no reduce kernel
             cands._plans.clear()
             sel_cfg = cands.Sm80MmaCandidate().config(cands.request(p, H200))
             assert sel_cfg.splits == 1
         # unaligned problems (the general path) never take rows timed on aligned operands
-        odd = P.GemmProblem(1, 7, 1000, 63, "bf16", "bf16", True, aligned=False)
-        cfg, src = T.tuned_config(odd, H200)
-        assert src == "heuristic" and cfg == P.Sm80Config(64, 64, 64, 32, 32, 3, splits=1)
+        odd = GemmProblem(1, 7, 1000, 63, "bf16", "bf16", True, aligned=False)
+        cfg, src = configs.tuned_config(odd, H200)
+        assert src == "heuristic" and cfg == Sm80Config(64, 64, 64, 32, 32, 3, splits=1)
     cands._plans.clear()
 
 
 def test_launch_refuses_an_unsettled_split_count():
     from rtckern.errors import LaunchError
-    from rtckern.ops import _gemm_launch as L
+    from rtckern.ops._gemm import launch
 
-    p = P.GemmProblem(1, 7, 1000, 63, "bf16", "bf16", True, aligned=False)
-    ops = L.Operands(a=1, b=2, c=3, lda=63, ldb=63, ldc=1000, stride_a=0, stride_b=0, stride_c=0)
+    p = GemmProblem(1, 7, 1000, 63, "bf16", "bf16", True, aligned=False)
+    ops = launch.Operands(a=1, b=2, c=3, lda=63, ldb=63, ldc=1000, stride_a=0, stride_b=0, stride_c=0)
     with pytest.raises(LaunchError, match=r"splits K 4 ways, but k=63 allows 1 non-empty splits"):
-        L.launch((None, None), p, P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4), ops, sm_count=132, workspace=8)
+        launch.launch((None, None), p, Sm80Config(16, 128, 64, 16, 32, 4, splits=4), ops, sm_count=132, workspace=8)
 
 
 def test_heuristic_prefers_large_wgmma_tiles_for_large_outputs():
-    big = T.heuristic(P.GemmProblem(1, 8192, 8192, 8192, "bf16", "bf16", True), H200)
-    assert big == P.Sm90Config(128, 256, 4, 2)
-    skinny = T.heuristic(P.GemmProblem(1, 128, 8192, 8192, "bf16", "bf16", True), H200)
-    assert skinny == P.Sm90Config(128, 64, 8, 2)  # 128 tiles: no split
-    skinny = T.heuristic(P.GemmProblem(1, 128, 4096, 4096, "bf16", "bf16", True), H200)
-    assert skinny == P.Sm90Config(128, 64, 8, 2, splits=2, cluster=True)
-    decode = T.heuristic(P.GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True), H200)
-    assert decode == P.Sm80Config(16, 128, 64, 16, 32, 4, splits=8, cluster=True)  # 256 blocks, 2 per SM
-    a100 = T.heuristic(P.GemmProblem(1, 4096, 4096, 4096, "bf16", "bf16", True), DeviceInfo.for_arch("sm_80"))
+    big = configs.heuristic(GemmProblem(1, 8192, 8192, 8192, "bf16", "bf16", True), H200)
+    assert big == Sm90Config(128, 256, 4, 2)
+    skinny = configs.heuristic(GemmProblem(1, 128, 8192, 8192, "bf16", "bf16", True), H200)
+    assert skinny == Sm90Config(128, 64, 8, 2)  # 128 tiles: no split
+    skinny = configs.heuristic(GemmProblem(1, 128, 4096, 4096, "bf16", "bf16", True), H200)
+    assert skinny == Sm90Config(128, 64, 8, 2, splits=2, cluster=True)
+    decode = configs.heuristic(GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True), H200)
+    assert decode == Sm80Config(16, 128, 64, 16, 32, 4, splits=8, cluster=True)  # 256 blocks, 2 per SM
+    a100 = configs.heuristic(GemmProblem(1, 4096, 4096, 4096, "bf16", "bf16", True), DeviceInfo.for_arch("sm_80"))
     assert a100.kind == "sm80"
 
 
 # ---- real NVRTC compiles -------------------------------------------------------------------------------------------
 COMPILES = [
-    ("sm_75", P.SimtConfig(), P.GemmProblem(1, 7, 9, 11, "fp16", "fp32", False, True, "silu", True, aligned=False)),
-    ("sm_80", P.Sm80Config(128, 128, 32, 64, 64, 4), P.GemmProblem(1, 64, 64, 64, "bf16", "bf16", True, True,
-                                                                    "gelu_tanh", True)),
-    ("sm_80", P.Sm80Config(64, 64, 64, 32, 32, 3, splits=2), P.GemmProblem(1, 7, 9, 1000, "fp16", "fp16", False,
-                                                                           True, "silu", False, aligned=False)),
-    ("sm_80", P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4), P.GemmProblem(1, 16, 4096, 4096, "bf16", "fp32",
-                                                                            False)),
-    ("sm_90", P.Sm80Config(128, 128, 64, 64, 32, 4), P.GemmProblem(2, 64, 64, 64, "fp16", "bf16", False)),
-    ("sm_90a", P.Sm90Config(128, 256, 4, 2), P.GemmProblem(1, 64, 64, 64, "bf16", "bf16", True, True, "gelu_tanh",
-                                                            True)),
-    ("sm_90a", P.Sm90Config(128, 128, 6, 2, pingpong=True, splits=2), P.GemmProblem(1, 64, 64, 4096, "fp16",
-                                                                                     "fp16", False)),
-    ("sm_90a", P.Sm90Config(64, 128, 6, 1), P.GemmProblem(1, 64, 64, 64, "bf16", "fp32", False, False, "silu",
-                                                           True)),
+    ("sm_75", SimtConfig(), GemmProblem(1, 7, 9, 11, "fp16", "fp32", False, True, "silu", True, aligned=False)),
+    ("sm_80", Sm80Config(128, 128, 32, 64, 64, 4), GemmProblem(1, 64, 64, 64, "bf16", "bf16", True, True,
+                                                               "gelu_tanh", True)),
+    ("sm_80", Sm80Config(64, 64, 64, 32, 32, 3, splits=2), GemmProblem(1, 7, 9, 1000, "fp16", "fp16", False,
+                                                                       True, "silu", False, aligned=False)),
+    ("sm_80", Sm80Config(16, 128, 64, 16, 32, 4, splits=4), GemmProblem(1, 16, 4096, 4096, "bf16", "fp32",
+                                                                        False)),
+    ("sm_90", Sm80Config(128, 128, 64, 64, 32, 4), GemmProblem(2, 64, 64, 64, "fp16", "bf16", False)),
+    ("sm_90a", Sm90Config(128, 256, 4, 2), GemmProblem(1, 64, 64, 64, "bf16", "bf16", True, True, "gelu_tanh",
+                                                       True)),
+    ("sm_90a", Sm90Config(128, 128, 6, 2, pingpong=True, splits=2), GemmProblem(1, 64, 64, 4096, "fp16",
+                                                                                "fp16", False)),
+    ("sm_90a", Sm90Config(64, 128, 6, 1), GemmProblem(1, 64, 64, 64, "bf16", "fp32", False, False, "silu",
+                                                      True)),
 ]
 
 
 @pytest.mark.parametrize("arch,cfg,p", COMPILES, ids=[f"{a}-{c.kind}-{i}" for i, (a, c, _) in enumerate(COMPILES)])
 def test_nvrtc_compiles(cache_dir, arch, cfg, p):
-    for spec in P.kernel_specs(p, cfg, Arch.parse(arch)):
+    for spec in geometry.kernel_specs(p, cfg, Arch.parse(arch)):
         ck = get_manager().compile(spec)
         assert ck.kind == "cubin" and len(ck.binary) > 1000
 
@@ -293,15 +292,15 @@ def test_nvrtc_compiles(cache_dir, arch, cfg, p):
 def test_wgmma_kernel_needs_the_arch_specific_target(cache_dir):
     from rtckern.errors import CompileError
 
-    (spec,) = P.kernel_specs(P.GemmProblem(1, 64, 64, 64, "bf16", "bf16", True), P.Sm90Config(),
-                             Arch.parse("sm_90"))
+    (spec,) = geometry.kernel_specs(GemmProblem(1, 64, 64, 64, "bf16", "bf16", True), Sm90Config(),
+                                    Arch.parse("sm_90"))
     with pytest.raises(CompileError, match="needs the sm_90a target"):
         get_manager().compile(spec)
 
 
 def test_generated_wgmma_header_is_current():
-    assert gen.target_path().read_text() == gen.render(), \
-        "kernel_sources/gemm/wgmma_ops.cuh is stale: run python -m rtckern.ops._gemm_wgmma_gen"
+    assert wgmma_gen.target_path().read_text() == wgmma_gen.render(), \
+        "kernel_sources/gemm/wgmma_ops.cuh is stale: run python -m rtckern.ops._gemm.wgmma_gen"
 
 
 # ---- the hot path of repeated calls (CPU tensors stand in for device ones; launches are recorded) ---------------
@@ -326,9 +325,7 @@ def host_gemm(monkeypatch, cache_dir):
     """rtckern.ops.gemm on CPU torch tensors posing as device 0 of an H200: validation, the registry's choice
     (the registry's first-ranked candidate, with recording kernels) and the launch plans are real."""
     torch = pytest.importorskip("torch")
-    from rtckern.ops import _gemm_api as G
-    from rtckern.ops import _gemm_call as C
-    from rtckern.ops import _gemm_launch as L
+    from rtckern.ops._gemm import launch, plan
     from rtckern.registry.results import Selection
 
     names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -360,17 +357,17 @@ def host_gemm(monkeypatch, cache_dir):
     monkeypatch.setattr(cands, "select", select)
     monkeypatch.setattr(cands, "_selections", PlanCache("test.gemm.selections"))
     monkeypatch.setattr(cands, "_plans", PlanCache("test.gemm.tuned_configs"))
-    monkeypatch.setattr(G, "_plans", PlanCache("test.gemm.call_plans"))
-    monkeypatch.setattr(C, "torch_stream", lambda index: 0)
+    monkeypatch.setattr(plan, "plans", PlanCache("test.gemm.call_plans"))
+    monkeypatch.setattr(plan, "torch_stream", lambda index: 0)
     monkeypatch.setattr(arr, "current_stream", lambda like: 0)
-    monkeypatch.setattr(L, "tensor_map", tensor_map)
+    monkeypatch.setattr(launch, "tensor_map", tensor_map)
     monkeypatch.setattr(DeviceInfo, "from_device", staticmethod(lambda ordinal: H200))
     return torch, state
 
 
 def test_a_repeated_call_reenters_neither_validation_nor_the_registry(host_gemm, monkeypatch):
     torch, state = host_gemm
-    monkeypatch.setattr(T.tuning, "lookup", lambda *args, **kwargs: None)  # the heuristic: one cluster launch
+    monkeypatch.setattr(configs.tuning, "lookup", lambda *args, **kwargs: None)  # the heuristic: one cluster launch
     a = torch.randn(16, 1024).bfloat16()
     w = torch.randn(3072, 1024).bfloat16()
     bias = torch.randn(3072).bfloat16()
@@ -385,7 +382,7 @@ def test_a_repeated_call_reenters_neither_validation_nor_the_registry(host_gemm,
     monkeypatch.setattr(arr, "wrap", refuse)
     monkeypatch.setattr(cands, "select", refuse)
     monkeypatch.setattr(cands, "selection", refuse)
-    monkeypatch.setattr(T, "tuned_config", refuse)
+    monkeypatch.setattr(configs, "tuned_config", refuse)
     a2 = torch.randn(16, 1024).bfloat16()  # new addresses, same signature
     y2 = gemm(a2, w, bias=bias, activation="silu", trans_b=True)
     assert y2.shape == (16, 3072) and len(state["log"]) == 2
@@ -408,9 +405,9 @@ def test_a_repeated_call_reenters_neither_validation_nor_the_registry(host_gemm,
 
 def test_repeated_calls_take_a_workspace_and_reduce_when_the_plan_splits_k_through_one(host_gemm, monkeypatch):
     torch, state = host_gemm
-    monkeypatch.setattr(T, "heuristic", lambda p, device: P.with_splits(
-        P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4), p, device.sm_count))
-    monkeypatch.setattr(T.tuning, "lookup", lambda *args, **kwargs: None)
+    monkeypatch.setattr(configs, "heuristic", lambda p, device: geometry.with_splits(
+        Sm80Config(16, 128, 64, 16, 32, 4, splits=4), p, device.sm_count))
+    monkeypatch.setattr(configs.tuning, "lookup", lambda *args, **kwargs: None)
     a, w = torch.randn(16, 4096).bfloat16(), torch.randn(4096, 1024).bfloat16()
     for _ in range(2):
         y = gemm(a, w)
@@ -423,18 +420,18 @@ def test_repeated_calls_take_a_workspace_and_reduce_when_the_plan_splits_k_throu
 
 def test_cluster_split_k_plans_one_launch_and_no_workspace(host_gemm, monkeypatch):
     torch, state = host_gemm
-    monkeypatch.setattr(T.tuning, "lookup", lambda *args, **kwargs: None)
+    monkeypatch.setattr(configs.tuning, "lookup", lambda *args, **kwargs: None)
     a, w = torch.randn(16, 4096).bfloat16(), torch.randn(2048, 4096).bfloat16()
     y = gemm(a, w, trans_b=True)
     (name, grid, block, args, smem), = state["log"]
     assert name == "gemm.sm80_mma[0]"
-    cfg = T.heuristic(P.GemmProblem(1, 16, 2048, 4096, "bf16", "bf16", True, b_batched=False), H200)
+    cfg = configs.heuristic(GemmProblem(1, 16, 2048, 4096, "bf16", "bf16", True, b_batched=False), H200)
     assert cfg.cluster and grid == (16, cfg.splits, 1) and args[2] == y.data_ptr()
 
 
 def test_the_wgmma_plan_encodes_a_tensor_map_once_per_address(host_gemm, monkeypatch):
     torch, state = host_gemm
-    monkeypatch.setattr(T.tuning, "lookup", lambda *args, **kwargs: None)
+    monkeypatch.setattr(configs.tuning, "lookup", lambda *args, **kwargs: None)
     a, w = torch.randn(512, 1024).bfloat16(), torch.randn(1024, 1024).bfloat16()
     for _ in range(3):
         gemm(a, w, trans_b=True)
@@ -446,19 +443,19 @@ def test_the_wgmma_plan_encodes_a_tensor_map_once_per_address(host_gemm, monkeyp
 
 
 def test_cluster_split_counts_are_powers_of_two_that_keep_every_split_non_empty():
-    p = P.GemmProblem(1, 16, 4096, 192, "bf16", "bf16", True)  # 3 k-blocks
-    cfg = P.with_splits(P.Sm80Config(16, 128, 64, 16, 32, 4, splits=8, cluster=True), p, 132)
+    p = GemmProblem(1, 16, 4096, 192, "bf16", "bf16", True)  # 3 k-blocks
+    cfg = geometry.with_splits(Sm80Config(16, 128, 64, 16, 32, 4, splits=8, cluster=True), p, 132)
     assert cfg.splits == 2 and cfg.cluster
-    one = P.with_splits(P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4, cluster=True),
-                        P.GemmProblem(1, 16, 4096, 64, "bf16", "bf16", True), 132)
-    assert one.splits == 1 and not one.cluster and len(P.kernel_specs(
-        P.GemmProblem(1, 16, 4096, 64, "bf16", "bf16", True), one, Arch.parse("sm_90"))) == 1
-    assert "cluster split-K takes 2, 4, 8 splits" in P.Sm80Config(splits=3, cluster=True).invalid(p)
-    assert "cooperative schedule" in P.Sm90Config(128, 128, 6, 2, pingpong=True, splits=2, cluster=True).invalid(p)
-    assert not T._config_ok(P.Sm80Config(16, 128, 64, 16, 32, 4, splits=2, cluster=True), p,
-                            DeviceInfo.for_arch("sm_80"))
-    specs = P.kernel_specs(P.GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True, True, "gelu_tanh"),
-                           P.Sm80Config(16, 128, 64, 16, 32, 4, splits=4, cluster=True), Arch.parse("sm_90"))
+    one = geometry.with_splits(Sm80Config(16, 128, 64, 16, 32, 4, splits=4, cluster=True),
+                               GemmProblem(1, 16, 4096, 64, "bf16", "bf16", True), 132)
+    assert one.splits == 1 and not one.cluster and len(geometry.kernel_specs(
+        GemmProblem(1, 16, 4096, 64, "bf16", "bf16", True), one, Arch.parse("sm_90"))) == 1
+    assert "cluster split-K takes 2, 4, 8 splits" in Sm80Config(splits=3, cluster=True).invalid(p)
+    assert "cooperative schedule" in Sm90Config(128, 128, 6, 2, pingpong=True, splits=2, cluster=True).invalid(p)
+    assert not configs.config_ok(Sm80Config(16, 128, 64, 16, 32, 4, splits=2, cluster=True), p,
+                                 DeviceInfo.for_arch("sm_80"))
+    specs = geometry.kernel_specs(GemmProblem(1, 16, 4096, 4096, "bf16", "bf16", True, True, "gelu_tanh"),
+                                  Sm80Config(16, 128, 64, 16, 32, 4, splits=4, cluster=True), Arch.parse("sm_90"))
     assert [s.name_expression for s in specs] == [
         "gemm_mma_sm80_ck<rtk_bf16, rtk_bf16, 16, 128, 64, 16, 32, 4, true, true, true, 1, false, 4>"]
 
@@ -468,7 +465,7 @@ def test_prepacked_launch_buffers_hold_each_calls_values(monkeypatch):
     it back as the driver would and compare with the plan's arguments, call after call."""
     import ctypes
 
-    from rtckern.ops import _gemm_launch as L
+    from rtckern.ops._gemm import launch
 
     seen = []
 
@@ -490,29 +487,29 @@ def test_prepacked_launch_buffers_hold_each_calls_values(monkeypatch):
         return (0,)
 
     n_params, n_maps = [0], [0]
-    monkeypatch.setattr(L, "_is_core_kernel", lambda k: True)
-    monkeypatch.setattr(L, "_devices_in_use", lambda: 1)
-    monkeypatch.setattr(L, "_cu", (launch_kernel, lambda h: ("stream", h), 0))
-    monkeypatch.setattr(L, "_cu_streams", PlanCache("test.gemm.cu_streams"))
-    monkeypatch.setattr(L, "tensor_map", lambda dtype, ptr, dims, strides, box: ptr.to_bytes(8, "little") * 16)
+    monkeypatch.setattr(launch, "_is_core_kernel", lambda k: True)
+    monkeypatch.setattr(launch, "_devices_in_use", lambda: 1)
+    monkeypatch.setattr(launch, "_cu", (launch_kernel, lambda h: ("stream", h), 0))
+    monkeypatch.setattr(launch, "_cu_streams", PlanCache("test.gemm.cu_streams"))
+    monkeypatch.setattr(launch, "tensor_map", lambda dtype, ptr, dims, strides, box: ptr.to_bytes(8, "little") * 16)
 
-    p = P.GemmProblem(2, 100, 264, 520, "bf16", "bf16", True, True, "silu", True)
-    ops = L.Operands(a=0, b=0, c=0, lda=520, ldb=520, ldc=264, stride_a=52000, stride_b=137280, stride_c=26400,
-                     ldr=264, stride_r=26400)
-    cfg = P.with_splits(P.Sm80Config(64, 64, 64, 32, 32, 4, splits=2, cluster=True), p, 132)
-    plan = L.LaunchPlan((CoreKernel(),), p, cfg, ops, 132)
+    p = GemmProblem(2, 100, 264, 520, "bf16", "bf16", True, True, "silu", True)
+    ops = launch.Operands(a=0, b=0, c=0, lda=520, ldb=520, ldc=264, stride_a=52000, stride_b=137280, stride_c=26400,
+                          ldr=264, stride_r=26400)
+    cfg = geometry.with_splits(Sm80Config(64, 64, 64, 32, 32, 4, splits=2, cluster=True), p, 132)
+    launch_plan = launch.LaunchPlan((CoreKernel(),), p, cfg, ops, 132)
     n_params[0], n_maps[0] = 19, 0
     for a in (1 << 20, 5 << 20):
-        plan.run(a, 2 << 20, 3 << 20, 4 << 20, 6 << 20, 77)
+        launch_plan.run(a, 2 << 20, 3 << 20, 4 << 20, 6 << 20, 77)
         grid, block, smem, stream, vals = seen[-1]
         assert grid == (2 * 5, 2, 2) and block == (128, 1, 1) and smem == cfg.smem_bytes and stream == ("stream", 77)
         assert vals == [a, 2 << 20, 3 << 20, 4 << 20, 6 << 20, 100, 264, 520, 520, 520, 264, 264, 52000, 137280,
                         26400, 26400, 2, 5, 8]
 
-    cfg90 = P.with_splits(P.Sm90Config(128, 128, 6, 2, splits=2, cluster=True), p, 132)
-    plan = L.LaunchPlan((CoreKernel(),), p, cfg90, ops, 132)
+    cfg90 = geometry.with_splits(Sm90Config(128, 128, 6, 2, splits=2, cluster=True), p, 132)
+    launch_plan = launch.LaunchPlan((CoreKernel(),), p, cfg90, ops, 132)
     n_params[0], n_maps[0] = 17, 2
-    plan.run(1 << 20, 2 << 20, 3 << 20, 0, 6 << 20, 0)
+    launch_plan.run(1 << 20, 2 << 20, 3 << 20, 0, 6 << 20, 0)
     grid, block, smem, stream, vals = seen[-1]
     assert grid == (2 * 1 * 3 * 2, 1, 1) and block == (384, 1, 1)  # cluster split-K: one block per unit
     assert vals[0] == (1 << 20).to_bytes(8, "little") * 16 and vals[1] == (2 << 20).to_bytes(8, "little") * 16

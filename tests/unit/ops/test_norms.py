@@ -8,11 +8,9 @@ from rtckern import config
 from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
-from rtckern.ops import _norms_candidates as cands
-from rtckern.ops import _norms_kernels as K
-from rtckern.ops import _norms_launch as L
-from rtckern.ops import _norms_api as norms
-from rtckern.registry import OpRequest, select
+from rtckern.ops._norms import api as norms
+from rtckern.ops._norms import configs, geometry, launch
+from rtckern.registry import OpRequest, default_registry, select
 from rtckern.runtime import arrays as A
 
 
@@ -72,128 +70,134 @@ def test_scalar_options():
 
 # ---- geometry -----------------------------------------------------------------------------------------------------
 def test_pick_vec():
-    assert K.pick_vec(4096, (2, 2), (16, 16)) == 8
-    assert K.pick_vec(4096, (2, 4), (16, 16)) == 8  # fp32 output: two 16-byte stores per pack
-    assert K.pick_vec(1000, (2,), (16,)) == 8
-    assert K.pick_vec(1001, (2,), (16,)) == 1
-    assert K.pick_vec(4100, (4,), (16,)) == 4
-    assert K.pick_vec(4096, (2,), (8,)) == 4  # an 8-byte-aligned address halves the vector
-    assert K.pick_vec(4096, (2,), (2,)) == 1
-    assert K.byte_alignment(1 << 20, 4096 * 2) == 16
-    assert K.byte_alignment((1 << 20) + 6, 8192) == 2
+    assert geometry.pick_vec(4096, (2, 2), (16, 16)) == 8
+    assert geometry.pick_vec(4096, (2, 4), (16, 16)) == 8  # fp32 output: two 16-byte stores per pack
+    assert geometry.pick_vec(1000, (2,), (16,)) == 8
+    assert geometry.pick_vec(1001, (2,), (16,)) == 1
+    assert geometry.pick_vec(4100, (4,), (16,)) == 4
+    assert geometry.pick_vec(4096, (2,), (8,)) == 4  # an 8-byte-aligned address halves the vector
+    assert geometry.pick_vec(4096, (2,), (2,)) == 1
+    assert geometry.byte_alignment(1 << 20, 4096 * 2) == 16
+    assert geometry.byte_alignment((1 << 20) + 6, 8192) == 2
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 31, 33, 1000, 1024, 4096, 5120, 12288, 16384, 32768, 65536, 262144, 65537])
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_heuristic_configs_are_feasible_and_cover_the_row(n, dtype):
-    vec = K.pick_vec(n, (K.ITEMSIZE[dtype],), (16,))
-    fp = K.FwdProblem(layer=True, n=n, x=dtype, y=dtype, w=dtype, bias=True, vec=vec)
-    bp = K.BwdProblem(layer=True, n=n, x=dtype, dy=dtype, dx=dtype, w=dtype, weight_grad=True, bias_grad=True,
-                      vec=vec)
+    vec = geometry.pick_vec(n, (geometry.ITEMSIZE[dtype],), (16,))
+    fp = geometry.FwdProblem(layer=True, n=n, x=dtype, y=dtype, w=dtype, bias=True, vec=vec)
+    bp = geometry.BwdProblem(layer=True, n=n, x=dtype, dy=dtype, dx=dtype, w=dtype, weight_grad=True, bias_grad=True,
+                             vec=vec)
     served = 0
     for kind in ("rows", "cluster", "coop"):
-        for p, cfg_of, feas in ((fp, L.fwd_heuristic, L.fwd_feasible), (bp, L.bwd_heuristic, L.bwd_feasible)):
+        for p, cfg_of, feas in ((fp, configs.fwd_heuristic, geometry.fwd_feasible),
+                                (bp, configs.bwd_heuristic, geometry.bwd_feasible)):
             cfg = cfg_of(p, kind)
             if cfg is None or feas(p, kind, cfg) is not None:
                 continue
             served += 1
             if kind == "rows":
-                assert K.packs_per_thread(n, vec, cfg.tpr) * cfg.tpr * vec >= n
+                assert geometry.packs_per_thread(n, vec, cfg.tpr) * cfg.tpr * vec >= n
             else:
-                assert K.slice_cols(n, vec, cfg.parts) * cfg.parts >= n
-                assert K.packs_per_thread(n, vec, cfg.threads, cfg.parts) * cfg.threads * vec >= \
-                    K.slice_cols(n, vec, cfg.parts)
+                assert geometry.slice_cols(n, vec, cfg.parts) * cfg.parts >= n
+                assert geometry.packs_per_thread(n, vec, cfg.threads, cfg.parts) * cfg.threads * vec >= \
+                    geometry.slice_cols(n, vec, cfg.parts)
     assert served >= 2  # at least one forward and one backward kind serves every N
 
 
 def test_infeasible_configs_say_why():
-    p = K.FwdProblem(layer=False, n=262144, x="bf16", y="bf16", vec=8)
-    assert L.fwd_feasible(p, "rows", K.RowsConfig(1024, 1)) == \
+    p = geometry.FwdProblem(layer=False, n=262144, x="bf16", y="bf16", vec=8)
+    assert geometry.fwd_feasible(p, "rows", geometry.RowsConfig(1024, 1)) == \
         "each thread would hold 512 bytes of the row with 1024 threads per row (limit 128)"
-    assert L.fwd_feasible(p, "rows", K.RowsConfig(48, 2)) == \
+    assert geometry.fwd_feasible(p, "rows", geometry.RowsConfig(48, 2)) == \
         "48 threads per row x 2 rows per block is not a valid row-kernel geometry"
-    small = K.FwdProblem(layer=False, n=16, x="bf16", y="bf16", vec=8)
-    assert L.fwd_feasible(small, "cluster", K.SplitConfig(256, 4)) == \
+    small = geometry.FwdProblem(layer=False, n=16, x="bf16", y="bf16", vec=8)
+    assert geometry.fwd_feasible(small, "cluster", geometry.SplitConfig(256, 4)) == \
         "N=16 is too short to split into 4 slices of whole 8-element packs"
 
 
 def test_l2_geometry_and_budget():
-    p = K.FwdProblem(layer=True, n=65536, x="bf16", y="bf16", w="bf16", bias=True, vec=8)
-    assert L.fwd_feasible(p, "l2", K.L2Config(1024)) is None  # nothing of the row stays in registers
-    assert L.fwd_feasible(p, "l2", K.L2Config(1024, 4)) == \
+    p = geometry.FwdProblem(layer=True, n=65536, x="bf16", y="bf16", w="bf16", bias=True, vec=8)
+    assert geometry.fwd_feasible(p, "l2", geometry.L2Config(1024)) is None  # nothing of the row stays in registers
+    assert geometry.fwd_feasible(p, "l2", geometry.L2Config(1024, 4)) == \
         "1024 threads x 4 blocks per SM is not a valid l2 geometry (whole warps, at most 1024 threads, 2048 per SM)"
-    assert L.fwd_feasible(p, "l2", K.L2Config(100)).startswith("100 threads x 1 blocks per SM is not a valid l2")
-    b = K.BwdProblem(layer=True, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
-                     bias_grad=True, vec=8)
-    assert L.bwd_feasible(b, "l2", K.L2Config(1024)) == \
+    assert geometry.fwd_feasible(p, "l2", geometry.L2Config(100)).startswith(
+        "100 threads x 1 blocks per SM is not a valid l2")
+    b = geometry.BwdProblem(layer=True, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
+                            bias_grad=True, vec=8)
+    assert geometry.bwd_feasible(b, "l2", geometry.L2Config(1024)) == \
         "the column sums of N=65536 need 524288 B of shared memory per block, over the 231424 B this device allows"
-    assert L.bwd_config(b, "l2", DeviceInfo.for_arch("sm_90")) is None
-    b16 = K.BwdProblem(**{**b.__dict__, "n": 16384})
-    c = L.bwd_config(b16, "l2", DeviceInfo.for_arch("sm_90"))
-    assert c is not None and K.bwd_l2_smem(b16) == 16384 * 8
-    assert L.bwd_config(b16, "l2", DeviceInfo.for_arch("sm_75")) is None  # 64 KB of shared memory there
-    assert K.fwd_template_args(p, "l2", K.L2Config(512, 2, 2)) == \
+    assert configs.bwd_config(b, "l2", DeviceInfo.for_arch("sm_90")) is None
+    b16 = geometry.BwdProblem(**{**b.__dict__, "n": 16384})
+    c = configs.bwd_config(b16, "l2", DeviceInfo.for_arch("sm_90"))
+    assert c is not None and geometry.bwd_l2_smem(b16) == 16384 * 8
+    assert configs.bwd_config(b16, "l2", DeviceInfo.for_arch("sm_75")) is None  # 64 KB of shared memory there
+    assert geometry.fwd_template_args(p, "l2", geometry.L2Config(512, 2, 2)) == \
         ("rtk_bf16", "rtk_bf16", "rtk_bf16", 65536, 8, 512, 2, p.flags, 2)
 
 
 def test_stage_backward_geometry_and_choice(cache_dir):
-    b = K.BwdProblem(layer=True, n=12288, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
-                     bias_grad=True, vec=8)
-    cfg = K.stage_config(b)
-    assert cfg == K.StageConfig(384, 4) and K.stage_smem(b, cfg) == 4 * (12288 * 2 + 12288 * 2)
-    assert K.bwd_template_args(b, "stage", cfg) == ("rtk_bf16", "rtk_bf16", "rtk_bf16", "rtk_bf16", 12288, 8, 384, 4,
-                                                     b.flags, 0)
-    assert L.bwd_feasible(b, "stage", K.StageConfig(256, 2)) == (
+    b = geometry.BwdProblem(layer=True, n=12288, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
+                            bias_grad=True, vec=8)
+    cfg = geometry.stage_config(b)
+    assert cfg == geometry.StageConfig(384, 4) and geometry.stage_smem(b, cfg) == 4 * (12288 * 2 + 12288 * 2)
+    assert geometry.bwd_template_args(b, "stage", cfg) == ("rtk_bf16", "rtk_bf16", "rtk_bf16", "rtk_bf16", 12288, 8,
+                                                           384, 4, b.flags, 0)
+    assert geometry.bwd_feasible(b, "stage", geometry.StageConfig(256, 2)) == (
         "each thread would keep the sums of 48 columns in registers with 256 threads per block (limit 32): use more "
         "threads")
-    assert L.bwd_feasible(b, "stage", K.StageConfig(384, 5)) == (
+    assert geometry.bwd_feasible(b, "stage", geometry.StageConfig(384, 5)) == (
         "5 rows of x and dy need 245760 B of shared memory per block, over the 231424 B this device allows: use "
         "fewer rows in flight")
-    assert L.bwd_feasible(b, "stage", K.StageConfig(384, 1)).startswith("384 threads x 1 rows in flight is not")
-    assert K.stage_config(K.BwdProblem(**{**b.__dict__, "n": 65536})) is None  # two rows do not fit
+    assert geometry.bwd_feasible(b, "stage", geometry.StageConfig(384, 1)).startswith(
+        "384 threads x 1 rows in flight is not")
+    assert geometry.stage_config(geometry.BwdProblem(**{**b.__dict__, "n": 65536})) is None  # two rows do not fit
     # It serves what fits, but ranks first only where the kind table measured it fastest (none for sm_80: last);
     # forced, it is chosen.
     req = _bwd_req("layer_norm_backward", 12288, "sm_80")
-    stage = next(c for c in cands.all_candidates() if c.name == "layer_norm_backward.stage")
+    stage = default_registry().get("layer_norm_backward.stage")
     assert stage.supports(req) is None
     assert "no stage geometry" in stage.supports(_bwd_req("layer_norm_backward", 65536, "sm_80"))
     cost = stage.cost(req)
-    assert (cost.value, cost.source) == (cands.NOT_NAMED, "rule") and "no norm_kind table for sm_80" in cost.detail
+    assert cost.source == "rule" and "no norm_kind table for sm_80" in cost.detail
+    assert cost.value == max(c.cost(req).value for c in default_registry().candidates("layer_norm_backward"))
     assert select(req).candidate.name == "layer_norm_backward.l2"  # 24 KB rows: the l2 rule
     with config.override(force_impl={"layer_norm_backward": "layer_norm_backward.stage"}):
         assert select(req).candidate.name == "layer_norm_backward.stage"
 
 
 def test_l2_forward_stash_geometry():
-    p = K.FwdProblem(layer=True, n=65536, x="bf16", y="bf16", w="bf16", bias=True, vec=8)
-    cfg = K.L2Config(1024, 2, 0, 7)
-    assert L.fwd_feasible(p, "l2", cfg) is None and K.fwd_l2_smem(p, cfg) == 7 * 1024 * 16
-    assert K.fwd_template_args(p, "l2", cfg)[-1] == 7
-    assert L.fwd_feasible(p, "l2", K.L2Config(1024, 1, 0, 9)) == \
+    p = geometry.FwdProblem(layer=True, n=65536, x="bf16", y="bf16", w="bf16", bias=True, vec=8)
+    cfg = geometry.L2Config(1024, 2, 0, 7)
+    assert geometry.fwd_feasible(p, "l2", cfg) is None and geometry.fwd_l2_smem(p, cfg) == 7 * 1024 * 16
+    assert geometry.fwd_template_args(p, "l2", cfg)[-1] == 7
+    assert geometry.fwd_feasible(p, "l2", geometry.L2Config(1024, 1, 0, 9)) == \
         "a stash of 9 packs per thread is not in 0..8 (the packs per thread of N=65536)"
-    assert L.fwd_feasible(p, "l2", K.L2Config(512, 1, 0, 15)) is None  # 120 KB
-    assert L.fwd_feasible(p, "l2", K.L2Config(256, 1, 0, 32), smem_optin=100 * 1024).startswith(
+    assert geometry.fwd_feasible(p, "l2", geometry.L2Config(512, 1, 0, 15)) is None  # 120 KB
+    assert geometry.fwd_feasible(p, "l2", geometry.L2Config(256, 1, 0, 32), smem_optin=100 * 1024).startswith(
         "a stash of 32 packs per thread needs 131072 B of shared memory per block, over the 101376 B")
-    assert L.cfg_to_json(K.L2Config(512, 2, 2)) == {"threads": 512, "minb": 2, "opt": 2}  # old tables unchanged
-    assert L.cfg_to_json(cfg)["stash"] == 7 and L._cfg_from_json("l2", L.cfg_to_json(cfg)) == cfg
+    # the tables written before stash and parts existed stay unchanged
+    assert configs.cfg_to_json(geometry.L2Config(512, 2, 2)) == {"threads": 512, "minb": 2, "opt": 2}
+    assert configs.cfg_to_json(cfg)["stash"] == 7 and configs.cfg_from_json("l2", configs.cfg_to_json(cfg)) == cfg
 
 
 def test_l2_forward_split_geometry():
-    p = K.FwdProblem(layer=False, n=65536, x="bf16", y="bf16", w="bf16", vec=8)
-    cfg = K.L2Config(1024, 1, 0, 0, 2)
-    assert L.fwd_feasible(p, "l2", cfg) is None
-    assert K.fwd_template_args(p, "l2", cfg)[-2:] == (0, 2)  # STASH spelled out before C
-    assert L.cfg_to_json(cfg) == {"threads": 1024, "minb": 1, "opt": 0, "parts": 2}
-    assert L._cfg_from_json("l2", L.cfg_to_json(cfg)) == cfg
+    p = geometry.FwdProblem(layer=False, n=65536, x="bf16", y="bf16", w="bf16", vec=8)
+    cfg = geometry.L2Config(1024, 1, 0, 0, 2)
+    assert geometry.fwd_feasible(p, "l2", cfg) is None
+    assert geometry.fwd_template_args(p, "l2", cfg)[-2:] == (0, 2)  # STASH spelled out before C
+    assert configs.cfg_to_json(cfg) == {"threads": 1024, "minb": 1, "opt": 0, "parts": 2}
+    assert configs.cfg_from_json("l2", configs.cfg_to_json(cfg)) == cfg
     # the stash counts packs of the block's slice: 4 per thread of a half row at 1024 threads
-    assert L.fwd_feasible(p, "l2", K.L2Config(1024, 1, 0, 4, 2)) is None
-    assert "not in 0..4" in L.fwd_feasible(p, "l2", K.L2Config(1024, 1, 0, 5, 2))
-    assert L.fwd_feasible(p, "l2", K.L2Config(256, 1, 0, 0, 3)) == \
+    assert geometry.fwd_feasible(p, "l2", geometry.L2Config(1024, 1, 0, 4, 2)) is None
+    assert "not in 0..4" in geometry.fwd_feasible(p, "l2", geometry.L2Config(1024, 1, 0, 5, 2))
+    assert geometry.fwd_feasible(p, "l2", geometry.L2Config(256, 1, 0, 0, 3)) == \
         "an l2 row split over 3 blocks: supported 1, 2, 4 or 8 (a portable cluster)"
-    assert "too short to split into 8 slices" in L.fwd_feasible(
-        K.FwdProblem(layer=False, n=7, x="fp32", y="fp32", w="fp32", vec=1), "l2", K.L2Config(32, 1, 0, 0, 8))
-    bp = K.BwdProblem(layer=False, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", vec=8)
-    assert "does not split rows" in L.bwd_feasible(bp, "l2", K.L2Config(1024, 1, 1, 0, 2))
+    assert "too short to split into 8 slices" in geometry.fwd_feasible(
+        geometry.FwdProblem(layer=False, n=7, x="fp32", y="fp32", w="fp32", vec=1), "l2",
+        geometry.L2Config(32, 1, 0, 0, 8))
+    bp = geometry.BwdProblem(layer=False, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", vec=8)
+    assert "does not split rows" in geometry.bwd_feasible(bp, "l2", geometry.L2Config(1024, 1, 1, 0, 2))
 
 
 @pytest.mark.parametrize("layer", [False, True])
@@ -202,21 +206,21 @@ def test_l2_forward_split_compiles_for_sm90_only(cache_dir, layer):
     GPU without clusters (a table row of another arch never reaches it; this guards a hand-made one)."""
     from rtckern.compiler import compiler_for
 
-    p = K.FwdProblem(layer=layer, n=5000, x="bf16", y="fp32", w="fp32", bias=layer, residual=True,
-                     save_stats=True, vec=8)
-    spec = L.fwd_spec(p, "l2", K.L2Config(256, 1, 0, 1, 4), Arch.parse("sm_90"))
+    p = geometry.FwdProblem(layer=layer, n=5000, x="bf16", y="fp32", w="fp32", bias=layer, residual=True,
+                            save_stats=True, vec=8)
+    spec = geometry.fwd_spec(p, "l2", geometry.L2Config(256, 1, 0, 1, 4), Arch.parse("sm_90"))
     assert spec.template_args[-2:] == ("1", "4")
     ck = compiler_for(spec.arch).compile(spec)
     assert ck.kind == "cubin" and len(ck.binary) > 1000
     req = _fwd_req("rms_norm", 65536, "sm_80")
-    l2 = next(c for c in cands.all_candidates() if c.name == "rms_norm.l2")
-    orig = L.fwd_config
+    l2 = default_registry().get("rms_norm.l2")
+    orig = configs.fwd_config
     try:
-        L.fwd_config = lambda p_, kind, dev: K.L2Config(1024, 1, 0, 0, 2)
+        configs.fwd_config = lambda p_, kind, dev: geometry.L2Config(1024, 1, 0, 0, 2)
         l2.__dict__.pop("_memo", None)
         assert "need sm_90+" in l2.supports(req)
     finally:
-        L.fwd_config = orig
+        configs.fwd_config = orig
         l2.__dict__.pop("_memo", None)
 
 
@@ -230,30 +234,32 @@ def test_forced_l2_skips_the_preference(cache_dir):
 
 
 def test_l2c_geometry_and_budget():
-    b = K.BwdProblem(layer=True, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
-                     bias_grad=True, vec=8)
-    assert K.l2c_config(65536, 8) == K.SplitConfig(512, 8)  # 16 columns per thread
-    assert K.l2c_config(16384, 8) == K.SplitConfig(512, 2)
-    assert K.l2c_config(5121, 1) == K.SplitConfig(256, 2)  # 11 columns per thread, uneven slices
-    assert L.bwd_feasible(b, "l2c", K.SplitConfig(256, 8)) is None  # 32 columns per thread
-    assert L.bwd_feasible(b, "l2c", K.SplitConfig(128, 8)) == (
+    b = geometry.BwdProblem(layer=True, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
+                            bias_grad=True, vec=8)
+    assert geometry.l2c_config(65536, 8) == geometry.SplitConfig(512, 8)  # 16 columns per thread
+    assert geometry.l2c_config(16384, 8) == geometry.SplitConfig(512, 2)
+    assert geometry.l2c_config(5121, 1) == geometry.SplitConfig(256, 2)  # 11 columns per thread, uneven slices
+    assert geometry.bwd_feasible(b, "l2c", geometry.SplitConfig(256, 8)) is None  # 32 columns per thread
+    assert geometry.bwd_feasible(b, "l2c", geometry.SplitConfig(128, 8)) == (
         "each thread would keep the sums of 64 columns in registers with 8 blocks x 128 threads per row (limit 32): "
         "use more blocks per row or threads")
-    assert L.bwd_feasible(b, "l2c", K.SplitConfig(256, 16)) is None  # non-portable cluster size (opt-in at launch)
-    assert L.bwd_feasible(b, "l2c", K.SplitConfig(256, 32)).startswith("32 blocks of 256 threads per row is not a "
-                                                                      "valid l2c geometry (2..16 blocks)")
-    assert L.bwd_feasible(b, "cluster", K.SplitConfig(256, 16)).startswith("16 blocks of 256 threads per row is "
-                                                                          "not a valid cluster geometry (2..8")
-    assert L.bwd_feasible(b, "l2c", K.SplitConfig(512, 8, 64)) == (
+    # a non-portable cluster size (opted in at launch)
+    assert geometry.bwd_feasible(b, "l2c", geometry.SplitConfig(256, 16)) is None
+    assert geometry.bwd_feasible(b, "l2c", geometry.SplitConfig(256, 32)).startswith(
+        "32 blocks of 256 threads per row is not a valid l2c geometry (2..16 blocks)")
+    assert geometry.bwd_feasible(b, "cluster", geometry.SplitConfig(256, 16)).startswith(
+        "16 blocks of 256 threads per row is not a valid cluster geometry (2..8")
+    assert geometry.bwd_feasible(b, "l2c", geometry.SplitConfig(512, 8, 64)) == (
         "OPT 64 keeps the column sums of a 8192-column slice in 65536 B of static shared memory (limit 45056): use "
         "more blocks per row")
-    assert L.bwd_feasible(K.BwdProblem(**{**b.__dict__, "n": 16384}), "l2c", K.SplitConfig(128, 4, 64)) is None
-    c = L.bwd_config(b, "l2c", DeviceInfo.for_arch("sm_90", sm_count=132))
-    assert c is not None and L.bwd_feasible(b, "l2c", c) is None
-    assert K.bwd_template_args(b, "l2c", K.SplitConfig(512, 8, 2)) == \
+    b16 = geometry.BwdProblem(**{**b.__dict__, "n": 16384})
+    assert geometry.bwd_feasible(b16, "l2c", geometry.SplitConfig(128, 4, 64)) is None
+    c = configs.bwd_config(b, "l2c", DeviceInfo.for_arch("sm_90", sm_count=132))
+    assert c is not None and geometry.bwd_feasible(b, "l2c", c) is None
+    assert geometry.bwd_template_args(b, "l2c", geometry.SplitConfig(512, 8, 2)) == \
         ("rtk_bf16", "rtk_bf16", "rtk_bf16", "rtk_bf16", 65536, 8, 512, 8, b.flags, 2)
-    specs = L.bwd_specs(b, "l2c", K.SplitConfig(512, 8), Arch.parse("sm_90"))
-    assert [s.name for s in specs] == ["rtk_norm_bwd_l2c", K.DW_REDUCE[1]]
+    specs = geometry.bwd_specs(b, "l2c", geometry.SplitConfig(512, 8), Arch.parse("sm_90"))
+    assert [s.name for s in specs] == ["rtk_norm_bwd_l2c", geometry.DW_REDUCE[1]]
 
 
 @pytest.mark.parametrize("arch", ["sm_75", "sm_80"])
@@ -290,10 +296,10 @@ def test_l2c_variants_compile_for_sm90():
     dev = DeviceInfo.for_arch("sm_90", sm_count=132)
     names = []
     for kw in _l2c_problems():
-        p = K.BwdProblem(**kw)
-        cfg = L.bwd_config(p, "l2c", dev)
+        p = geometry.BwdProblem(**kw)
+        cfg = configs.bwd_config(p, "l2c", dev)
         assert cfg is not None, kw
-        for s in L.bwd_specs(p, "l2c", cfg, Arch.parse("sm_90")):
+        for s in geometry.bwd_specs(p, "l2c", cfg, Arch.parse("sm_90")):
             ck = comp.compile(s)
             assert ck.binary and ck.kind == "cubin"
             names.append(s.name)
@@ -301,9 +307,9 @@ def test_l2c_variants_compile_for_sm90():
 
 
 def test_bytes_moved():
-    p = K.FwdProblem(layer=True, n=1024, x="bf16", y="fp32", w="fp32", bias=True, residual=True, vec=8)
+    p = geometry.FwdProblem(layer=True, n=1024, x="bf16", y="fp32", w="fp32", bias=True, residual=True, vec=8)
     assert p.bytes_moved(10) == 10 * 1024 * (2 * 3 + 4) + 1024 * 4 * 2
-    b = K.BwdProblem(layer=False, n=1024, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True, vec=8)
+    b = geometry.BwdProblem(layer=False, n=1024, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True, vec=8)
     assert b.bytes_moved(10) == 10 * 1024 * 6 + 1024 * 2 * 2
 
 
@@ -336,7 +342,7 @@ def test_registry_choice_follows_the_kind_table(cache_dir):
     sel = select(_bwd_req("rms_norm_backward", 65536, "sm_90", "fp32", 4))
     assert sel.candidate.name == "rms_norm_backward.cluster"
     sel = select(_fwd_req("rms_norm", 65536, "sm_90", "fp32", 4))
-    assert sel.candidate.name == "rms_norm.cluster" and int(sel.specs[0].template_args[-1]) & K.PIPE_STATS
+    assert sel.candidate.name == "rms_norm.cluster" and int(sel.specs[0].template_args[-1]) & geometry.PIPE_STATS
     sel = select(_fwd_req("layer_norm", 65536, "sm_90"))
     assert sel.candidate.name == "layer_norm.l2" and int(sel.specs[0].template_args[-1]) > 0  # the stash
     assert select(_bwd_req("rms_norm_backward", 16384, "sm_90")).candidate.name == "rms_norm_backward.stage"
@@ -347,8 +353,8 @@ def test_registry_choice_follows_the_kind_table(cache_dir):
             for op, req in (("rms_norm", _fwd_req("rms_norm", n, "sm_90", dt, vec)),
                             ("layer_norm_backward", _bwd_req("layer_norm_backward", n, "sm_90", dt, vec))):
                 direction = "bwd" if op.endswith("backward") else "fwd"
-                cand = next(c for c in cands.all_candidates() if c.name.startswith(op + "."))
-                kind = L.preferred_kind(direction, cand.problem(req), dev)
+                cand = default_registry().candidates(op)[0]
+                kind = configs.preferred_kind(direction, cand.problem(req), dev)
                 assert select(req).candidate.name == f"{op}.{kind}", (op, dt, n)
 
 
@@ -357,7 +363,7 @@ def test_registry_choice_follows_the_kind_table(cache_dir):
 def test_registry_choice_backward(cache_dir, arch, n, expect):
     sel = select(_bwd_req("layer_norm_backward", n, arch))
     assert sel.candidate.name == f"layer_norm_backward.{expect}"
-    assert [s.name for s in sel.specs] == [K.SOURCES[("bwd", expect)][1], K.DW_REDUCE[1]]
+    assert [s.name for s in sel.specs] == [geometry.SOURCES[("bwd", expect)][1], geometry.DW_REDUCE[1]]
 
 
 # ---- every variant compiles with NVRTC ----------------------------------------------------------------------------
@@ -368,20 +374,20 @@ def _variants(arch: str):
     for layer in (False, True):
         for x, w, y in combos:
             for n in (1, 7, 1000, 4096, 5121, 65536, 262144):
-                vec = K.pick_vec(n, (K.ITEMSIZE[x],), (16,))
+                vec = geometry.pick_vec(n, (geometry.ITEMSIZE[x],), (16,))
                 for extra in ({}, {"zero_centered": True, "residual": True, "save_stats": True}):
-                    fp = K.FwdProblem(layer=layer, n=n, x=x, y=y, w=w, bias=layer, vec=vec, **extra)
-                    bp = K.BwdProblem(layer=layer, n=n, x=x, dy=y, dx=x, w=w, weight_grad=True, bias_grad=layer,
-                                      vec=vec, zero_centered=bool(extra), dresidual=bool(extra))
+                    fp = geometry.FwdProblem(layer=layer, n=n, x=x, y=y, w=w, bias=layer, vec=vec, **extra)
+                    bp = geometry.BwdProblem(layer=layer, n=n, x=x, dy=y, dx=x, w=w, weight_grad=True, bias_grad=layer,
+                                             vec=vec, zero_centered=bool(extra), dresidual=bool(extra))
                     for kind in ("rows", "cluster", "l2", "l2c", "stage", "coop"):
                         if kind in ("cluster", "l2c") and a.cc < (9, 0):
                             continue
-                        c = L.fwd_config(fp, kind, dev) if kind not in K.BWD_ONLY_KINDS else None
+                        c = configs.fwd_config(fp, kind, dev) if kind not in geometry.BWD_ONLY_KINDS else None
                         if c is not None:
-                            yield L.fwd_spec(fp, kind, c, a)
-                        c = L.bwd_config(bp, kind, dev)
+                            yield geometry.fwd_spec(fp, kind, c, a)
+                        c = configs.bwd_config(bp, kind, dev)
                         if c is not None:
-                            yield from L.bwd_specs(bp, kind, c, a)
+                            yield from geometry.bwd_specs(bp, kind, c, a)
 
 
 @pytest.mark.slow
@@ -406,15 +412,15 @@ def test_shipped_tables_cover_the_benchmark_shapes():
         for norm in ("rms", "layer"):
             for dt in ("bf16", "fp16", "fp32"):
                 for n in (1024, 4096, 5120, 8192, 12288, 16384, 65536):
-                    hit = tuning.lookup(L.TABLE_KIND, dev, {"dir": d, "norm": norm, "dtype": dt, "n": n})
+                    hit = tuning.lookup(configs.TABLE_KIND, dev, {"dir": d, "norm": norm, "dtype": dt, "n": n})
                     assert hit is not None and hit.source == "exact" and \
                         hit.config["kind"] in ("rows", "cluster", "l2", "l2c", "stage")
                     kind = hit.config["kind"]
-                    p = (K.FwdProblem(layer=norm == "layer", n=n, x=dt, y=dt, w=dt, bias=norm == "layer",
-                                      vec=16 // K.ITEMSIZE[dt]) if d == "fwd" else
-                         K.BwdProblem(layer=norm == "layer", n=n, x=dt, dy=dt, dx=dt, w=dt, weight_grad=True,
-                                      bias_grad=norm == "layer", vec=16 // K.ITEMSIZE[dt]))
-                    cfg = (L.fwd_config if d == "fwd" else L.bwd_config)(p, kind, dev)
+                    p = (geometry.FwdProblem(layer=norm == "layer", n=n, x=dt, y=dt, w=dt, bias=norm == "layer",
+                                             vec=16 // geometry.ITEMSIZE[dt]) if d == "fwd" else
+                         geometry.BwdProblem(layer=norm == "layer", n=n, x=dt, dy=dt, dx=dt, w=dt, weight_grad=True,
+                                             bias_grad=norm == "layer", vec=16 // geometry.ITEMSIZE[dt]))
+                    cfg = (configs.fwd_config if d == "fwd" else configs.bwd_config)(p, kind, dev)
                     assert cfg is not None
 
 
@@ -443,43 +449,47 @@ class _RecordingKernel:
 @pytest.mark.parametrize("parts,opt_in", [(8, False), (16, True)])
 def test_l2c_clusters_past_8_take_the_non_portable_opt_in(monkeypatch, parts, opt_in):
     """A cluster of more than 8 blocks needs the driver's non-portable cluster attribute before the launch."""
-    p = K.BwdProblem(layer=True, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
-                     bias_grad=True, vec=8)
-    cfg = K.SplitConfig(256, parts, 0)
-    assert L.bwd_feasible(p, "l2c", cfg) is None
-    monkeypatch.setattr(L, "active_clusters", lambda kernel, cluster, block, stream: 132 // cluster)
+    p = geometry.BwdProblem(layer=True, n=65536, x="bf16", dy="bf16", dx="bf16", w="bf16", weight_grad=True,
+                            bias_grad=True, vec=8)
+    cfg = geometry.SplitConfig(256, parts, 0)
+    assert geometry.bwd_feasible(p, "l2c", cfg) is None
+    monkeypatch.setattr(launch, "active_clusters", lambda kernel, cluster, block, stream: 132 // cluster)
     main, reduce = _RecordingKernel(), _RecordingKernel()
-    call = L.BwdCall(x=1, w=2, dy=3, dres=0, mean=4, rstd=5, dx=6, dw=7, db=8, rows=4096, sx=65536, sdy=65536,
-                     sdres=0, sdx=65536, stream=0, zeros_u32=None, empty_f32=lambda count: (None, 9))
-    L.launch_bwd(p, "l2c", cfg, (main, reduce), call)
+    call = launch.BwdCall(x=1, w=2, dy=3, dres=0, mean=4, rstd=5, dx=6, dw=7, db=8, rows=4096, sx=65536, sdy=65536,
+                          sdres=0, sdx=65536, stream=0, zeros_u32=None, empty_f32=lambda count: (None, 9))
+    launch.launch_bwd(p, "l2c", cfg, (main, reduce), call)
     clusters = 132 // parts
     expect = ([("non_portable",)] if opt_in else []) + [("launch", clusters * parts, 256, 0)]
     assert main.calls == expect
-    assert reduce.calls == [("launch", -(-65536 // K.DW_REDUCE_COLS), K.DW_REDUCE_BLOCK, 0)]
+    assert reduce.calls == [("launch", -(-65536 // geometry.DW_REDUCE_COLS), geometry.DW_REDUCE_BLOCK, 0)]
 
 
 def test_cluster_forward_affine_held_geometry():
     """OPT 512 of the persistent cluster forward: the weight / bias slice in shared memory only where registers do
     not hold it, sized NV * threads packs per array; it needs persistent clusters and the device's shared memory."""
-    p = K.FwdProblem(layer=True, n=65536, x="bf16", y="bf16", w="bf16", bias=True, vec=8)
-    held = K.SplitConfig(512, 2, K.PERSIST | 4 | K.SMEM_AFFINE)
-    assert L.fwd_feasible(p, "cluster", held) is None
-    assert K.fwd_cluster_smem(p, held) == 2 * 8 * 512 * 16  # weight and bias: 8 packs of 16 B per thread each
-    assert K.fwd_template_args(p, "cluster", held)[-1] == 517
-    rms = K.FwdProblem(layer=False, n=65536, x="bf16", y="bf16", w="bf16", vec=8)
-    assert K.fwd_cluster_smem(rms, K.SplitConfig(1024, 4, 517)) == 0  # 32 B of weight per thread: registers
-    assert K.fwd_cluster_smem(p, K.SplitConfig(512, 2, 4 | K.SMEM_AFFINE)) == 0
-    assert "needs persistent clusters" in L.fwd_feasible(p, "cluster", K.SplitConfig(512, 2, 4 | K.SMEM_AFFINE))
-    assert L.fwd_feasible(p, "cluster", K.SplitConfig(512, 2, held.opt | K.PIPE_STATS)) is None
-    assert "needs OPT 1 and 512" in L.fwd_feasible(p, "cluster", K.SplitConfig(512, 2, 5 | K.PIPE_STATS))
+    p = geometry.FwdProblem(layer=True, n=65536, x="bf16", y="bf16", w="bf16", bias=True, vec=8)
+    held = geometry.SplitConfig(512, 2, geometry.PERSIST | 4 | geometry.SMEM_AFFINE)
+    assert geometry.fwd_feasible(p, "cluster", held) is None
+    assert geometry.fwd_cluster_smem(p, held) == 2 * 8 * 512 * 16  # weight and bias: 8 packs of 16 B per thread each
+    assert geometry.fwd_template_args(p, "cluster", held)[-1] == 517
+    rms = geometry.FwdProblem(layer=False, n=65536, x="bf16", y="bf16", w="bf16", vec=8)
+    # 32 B of weight per thread: registers
+    assert geometry.fwd_cluster_smem(rms, geometry.SplitConfig(1024, 4, 517)) == 0
+    assert geometry.fwd_cluster_smem(p, geometry.SplitConfig(512, 2, 4 | geometry.SMEM_AFFINE)) == 0
+    assert "needs persistent clusters" in geometry.fwd_feasible(p, "cluster",
+                                                                geometry.SplitConfig(512, 2, 4 | geometry.SMEM_AFFINE))
+    assert geometry.fwd_feasible(p, "cluster", geometry.SplitConfig(512, 2, held.opt | geometry.PIPE_STATS)) is None
+    assert "needs OPT 1 and 512" in geometry.fwd_feasible(p, "cluster",
+                                                          geometry.SplitConfig(512, 2, 5 | geometry.PIPE_STATS))
     # Rows held in registers: x of this row and the next (a third with OPT 1024), and the residual's with one.
-    f32 = K.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w="fp32", bias=True, vec=4)
-    pipe = K.SplitConfig(256, 8, K.PERSIST | 4 | 2 | K.SMEM_AFFINE | K.PIPE_STATS)
-    assert L.fwd_feasible(f32, "cluster", pipe) is None  # 3 x 128 B
-    res = K.FwdProblem(**{**f32.__dict__, "residual": True})
-    assert "keeps 768 B of rows per thread" in L.fwd_feasible(res, "cluster", pipe)
-    assert "keeps 512 B" in L.fwd_feasible(K.FwdProblem(**{**p.__dict__, "residual": True}), "cluster", held)
-    assert L.fwd_feasible(p, "cluster", held, smem_optin=100 * 1024).startswith(
+    f32 = geometry.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w="fp32", bias=True, vec=4)
+    pipe = geometry.SplitConfig(256, 8, geometry.PERSIST | 4 | 2 | geometry.SMEM_AFFINE | geometry.PIPE_STATS)
+    assert geometry.fwd_feasible(f32, "cluster", pipe) is None  # 3 x 128 B
+    res = geometry.FwdProblem(**{**f32.__dict__, "residual": True})
+    assert "keeps 768 B of rows per thread" in geometry.fwd_feasible(res, "cluster", pipe)
+    with_residual = geometry.FwdProblem(**{**p.__dict__, "residual": True})
+    assert "keeps 512 B" in geometry.fwd_feasible(with_residual, "cluster", held)
+    assert geometry.fwd_feasible(p, "cluster", held, smem_optin=100 * 1024).startswith(
         "the weight and bias slice needs 131072 B of shared memory per block")
 
 
@@ -487,16 +497,16 @@ def test_cluster_forward_affine_held_not_chosen_without_affine(monkeypatch):
     """The kind table chose a cluster config with OPT 512 for its held weight and bias: a LayerNorm with neither
     goes to the l2 kernel instead (measured slower there), one with them stays on the cluster kernel."""
     dev = DeviceInfo.for_arch("sm_90", sm_count=132)
-    held = K.SplitConfig(512, 4, K.PERSIST | 4 | 2 | K.SMEM_AFFINE)
-    monkeypatch.setattr(L.tuning, "lookup", lambda table, device, key: L.tuning.Tuned(
-        config={"kind": "cluster"}, source="exact") if table == L.TABLE_KIND else None)
-    monkeypatch.setattr(L, "tuned_fwd_config", lambda p, kind, device: held if kind == "cluster" else None)
-    affine = K.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w="fp32", bias=True, vec=4)
-    bare = K.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w=None, vec=4)
-    assert L.preferred_kind("fwd", affine, dev) == "cluster"
-    assert L.preferred_kind("fwd", bare, dev) == "l2"
-    monkeypatch.setattr(L, "tuned_fwd_config", lambda p, kind, device: K.SplitConfig(512, 4, 5))
-    assert L.preferred_kind("fwd", bare, dev) == "cluster"
+    held = geometry.SplitConfig(512, 4, geometry.PERSIST | 4 | 2 | geometry.SMEM_AFFINE)
+    monkeypatch.setattr(configs.tuning, "lookup", lambda table, device, key: configs.tuning.Tuned(
+        config={"kind": "cluster"}, source="exact") if table == configs.TABLE_KIND else None)
+    monkeypatch.setattr(configs, "tuned_fwd_config", lambda p, kind, device: held if kind == "cluster" else None)
+    affine = geometry.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w="fp32", bias=True, vec=4)
+    bare = geometry.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w=None, vec=4)
+    assert configs.preferred_kind("fwd", affine, dev) == "cluster"
+    assert configs.preferred_kind("fwd", bare, dev) == "l2"
+    monkeypatch.setattr(configs, "tuned_fwd_config", lambda p, kind, device: geometry.SplitConfig(512, 4, 5))
+    assert configs.preferred_kind("fwd", bare, dev) == "cluster"
 
 
 def test_cluster_forward_kind_needs_a_timed_config():
@@ -505,9 +515,9 @@ def test_cluster_forward_kind_needs_a_timed_config():
     thread), at 65536 the table's cluster config."""
     dev = DeviceInfo.for_arch("sm_90", sm_count=132)
     for n, kind in ((65536, "cluster"), (262144, "l2")):
-        p = K.FwdProblem(layer=True, n=n, x="fp32", y="fp32", w="fp32", bias=True, vec=4)
-        if L.preferred_kind("fwd", K.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w="fp32", bias=True,
-                                                vec=4), dev) != "cluster":
+        p = geometry.FwdProblem(layer=True, n=n, x="fp32", y="fp32", w="fp32", bias=True, vec=4)
+        at_65536 = geometry.FwdProblem(layer=True, n=65536, x="fp32", y="fp32", w="fp32", bias=True, vec=4)
+        if configs.preferred_kind("fwd", at_65536, dev) != "cluster":
             pytest.skip("the shipped tables do not choose the cluster forward for fp32 LayerNorm 65536")
-        assert L.preferred_kind("fwd", p, dev) == kind
-        assert (L.tuned_fwd_config(p, "cluster", dev) is None) == (kind == "l2")
+        assert configs.preferred_kind("fwd", p, dev) == kind
+        assert (configs.tuned_fwd_config(p, "cluster", dev) is None) == (kind == "l2")

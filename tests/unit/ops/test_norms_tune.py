@@ -15,7 +15,7 @@ import rtckern.ops  # noqa: F401  (registers the norm ops, their request builder
 from rtckern import config, tuning
 from rtckern.cli import build_parser
 from rtckern.device import DeviceInfo
-from rtckern.ops import _norms_tune as T
+from rtckern.ops._norms import configs, geometry, tune
 
 REPO = Path(__file__).resolve().parents[3]
 OPS = ("rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward")
@@ -51,26 +51,23 @@ def test_the_candidate_space_holds_every_shipped_config_and_kind():
         for r in _shipped(table):
             sh = r["shape"]
             assert (r["arch"], r["sm_count"]) == ("sm_90", 132)
-            p = T.table_problem(d, sh["norm"], sh["dtype"], sh["n"], sh["vec"])
+            p = tune.table_problem(d, sh["norm"], sh["dtype"], sh["n"], sh["vec"])
             want = {"kind": sh["kind"], **r["config"]}
-            assert want in [T.config_dict(k, c) for k, c in T._swept(d, p, H100, True)], (table, sh, r["config"])
+            assert want in [tune.config_dict(k, c) for k, c in tune._swept(d, p, H100, True)], (table, sh, r["config"])
             op = OP_OF[(d, sh["norm"])]
-            configs = tuning.get_tuner(op).configs(_req(op, sh["n"], sh["dtype"], vec=str(sh["vec"])))
-            assert want in configs
-            kinds_timed[(d, sh["norm"], sh["dtype"], sh["n"])] = {c["kind"] for c in configs}
+            timed = tuning.get_tuner(op).configs(_req(op, sh["n"], sh["dtype"], vec=str(sh["vec"])))
+            assert want in timed
+            kinds_timed[(d, sh["norm"], sh["dtype"], sh["n"])] = {c["kind"] for c in timed}
     for r in _shipped("norm_kind"):
         sh = r["shape"]
         assert r["config"]["kind"] in kinds_timed[(sh["dir"], sh["norm"], sh["dtype"], sh["n"])], sh
 
 
 def test_retired_l2c_opt_bits_are_neither_swept_nor_accepted():
-    from rtckern.ops import _norms_kernels as K
-    from rtckern.ops import _norms_launch as L
-
-    p = T.table_problem("bwd", "rms", "bf16", 65536)
-    assert not [c for k, c in T.sweep_configs("bwd", p, H100) if k == "l2c" and c.opt & (16 | 128)]
+    p = tune.table_problem("bwd", "rms", "bf16", 65536)
+    assert not [c for k, c in tune.sweep_configs("bwd", p, H100) if k == "l2c" and c.opt & (16 | 128)]
     for opt in (16, 128, 192):
-        assert "were removed" in L.bwd_feasible(p, "l2c", K.SplitConfig(512, 16, opt))
+        assert "were removed" in geometry.bwd_feasible(p, "l2c", geometry.SplitConfig(512, 16, opt))
     for t in ("norm_fwd", "norm_bwd"):
         assert not [r for r in _shipped(t) if r["shape"]["kind"] == "l2c" and r["config"]["opt"] & (16 | 128)]
 
@@ -157,11 +154,9 @@ def test_tune_writes_each_kinds_fastest_config_and_the_fastest_kind(tuned, capsy
     assert kinds[65536]["source"] == "rtckern tune rms_norm --dtype bf16 --shapes 65536"
 
     # The next lookup serves the user's rows.
-    from rtckern.ops import _norms_launch as L
-
-    p = T.table_problem("fwd", "rms", "bf16", 4096)
-    assert L.preferred_kind("fwd", p, H100) == "l2"
-    assert L.fwd_config(p, "l2", H100) == L._cfg_from_json("l2", {"threads": 512, "minb": 1, "opt": 0})
+    p = tune.table_problem("fwd", "rms", "bf16", 4096)
+    assert configs.preferred_kind("fwd", p, H100) == "l2"
+    assert configs.fwd_config(p, "l2", H100) == configs.cfg_from_json("l2", {"threads": 512, "minb": 1, "opt": 0})
 
 
 def test_tune_into_a_directory_replaces_rows_in_place(tuned, capsys):

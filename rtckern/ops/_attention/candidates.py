@@ -1,0 +1,193 @@
+"""Registry candidates of the attention op, in priority order:
+
+  attention.sm90a_ws      sm_90 only (arch-specific sm_90a cubin): warp-specialized FlashAttention-3 structure:
+                          a TMA producer warpgroup, mbarrier rings, consumer warpgroups on wgmma with the
+                          softmax of tile n under the P V product of tile n-1 (ping-pong for causal hd128);
+                          head dims 64, 128, 256
+  attention.sm90a_wgmma   sm_90 only: the same math without warp specialization (cp.async by every thread, a
+                          block barrier per tile); kept as the next choice (it needs no tensor maps)
+  attention.sm80_mma      sm_80 and newer: mma.sync m16n8k16 + ldmatrix + cp.async ring (FlashAttention-2 class);
+                          head dims 32, 64, 96, 128, 256
+  attention.simt          sm_75 and newer: fp32 FMA tiles, the fallback for GPUs without bf16 tensor cores
+
+A request carries what decides compilation and feasibility: dtype, head dim, causal. Sequence lengths, batch,
+heads and strides are run-time arguments of every kernel (no recompile per shape). Tile configs come from the
+tuning table `attention` (rtckern/tuning_tables/attention.json, keyed by arch and SM count; `rtckern tune
+attention` adds rows) and, where no row fits, from the per-head-dim defaults in configs.py.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rtckern import tuning
+from rtckern.caches import PlanCache
+from rtckern.device import DeviceInfo
+from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder
+from rtckern.registry import options as opts
+from rtckern.registry.core_api import target_for
+from rtckern.spec import KernelSpec
+
+from . import configs
+from .launch import kernel_args, launch_ws
+
+OP = "attention"
+_tiles = PlanCache("attention.tiles")  # (candidate name, request) -> its tile config
+
+
+def request(dtype: str, head_dim: int, causal: bool, device: DeviceInfo) -> OpRequest:
+    return OpRequest(op=OP, dtypes={"qkv": dtype}, shape={"head_dim": int(head_dim)}, flags={"causal": bool(causal)},
+                     device=device)
+
+
+class _AttentionCandidate(Candidate):
+    op = OP
+    vendors = ("nvidia",)
+    head_dims: tuple[int, ...] = configs.HEAD_DIMS
+    source = ""
+    kernel = ""
+
+    # -- what each family decides -------------------------------------------------------------------------------
+    def default_tile(self, head_dim: int, causal: bool, device: DeviceInfo):
+        raise NotImplementedError
+
+    def tile_from_config(self, config) -> Any:
+        raise NotImplementedError
+
+    def tile(self, req: OpRequest):
+        """The tile config for req: the tuning table's row for this candidate (exact or nearest), else the
+        default. Memoized per request: the launch path reads it on every call."""
+        t = _tiles.get((self.name, req))
+        if t is None:
+            key = {"impl": self.name, "dtype": req.dtype("qkv"), "head_dim": req.dim("head_dim"),
+                   "causal": int(req.flag("causal"))}
+            # A neighbour's row only serves the same head dim (shared memory and registers scale with it).
+            found = tuning.lookup(OP, req.device, key, valid=lambda c, k: int(c.get("head_dim", -1)) == k["head_dim"]
+                                  ) if _has_table() else None
+            t = self.tile_from_config(found.config) if found is not None else None
+            if t is None:
+                t = self.default_tile(req.dim("head_dim"), req.flag("causal"), req.device)
+            _tiles.put((self.name, req), t)
+        return t
+
+    # -- Candidate API --------------------------------------------------------------------------------------------
+    def supports(self, req: OpRequest) -> str | None:
+        return configs.qkv_reason(req, self.head_dims)
+
+    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+        tile = self.tile(req)
+        targs = tile.template_args(req.dtype("qkv"), req.dim("head_dim"), req.flag("causal"))
+        return (KernelSpec(self.source, self.kernel, target_for(req.device, self.arch_specific), template_args=targs,
+                           op=OP),)
+
+    def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
+        tile = self.tile(req)
+        return (Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(req.dim("head_dim"))),)
+
+    def launch(self, req: OpRequest, kernels, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
+        tile = self.tile(req)
+        kernels[0].launch(tile.grid(q.shape[0], q.shape[2], q.shape[1]), tile.threads,
+                          kernel_args(q, k, v, o_ptr, lse_ptr, scale), shared_mem=tile.smem_bytes(q.shape[3]),
+                          stream=stream)
+
+
+class _Sm90(_AttentionCandidate):
+    """The wgmma kernels: sm_90a cubins (they run on sm_90 only), head dims of whole 64-element swizzle blocks."""
+
+    min_arch = "sm_90"
+    max_arch = "sm_90"
+    arch_specific = True
+    head_dims = configs.SM90_HEAD_DIMS
+
+
+class Sm90Wgmma(_Sm90):
+    name = "attention.sm90a_wgmma"
+    priority = 300
+    source = configs.SM90_SOURCE
+    kernel = configs.SM90_KERNEL
+
+    def default_tile(self, head_dim, causal, device):
+        return configs.SM90_TILES[head_dim]
+
+    def tile_from_config(self, c):
+        return configs.Sm90Tile(int(c["bn"]), int(c.get("nwg", 2))) if "nwg" in c else None
+
+
+class Sm90Ws(_Sm90):
+    """The warp-specialized TMA kernel. K and V go in as tensor maps, so it launches through cuLaunchKernel."""
+
+    name = "attention.sm90a_ws"
+    priority = 350
+    source = configs.SM90_WS_SOURCE
+    kernel = configs.SM90_WS_KERNEL
+
+    def default_tile(self, head_dim, causal, device):
+        return configs.SM90_WS_TILES[(head_dim, bool(causal))]
+
+    def tile_from_config(self, c):
+        return configs.Sm90WsTile(int(c["bn"]), int(c.get("nwg", 2)), int(c.get("ks", 2)), int(c.get("vs", 2)),
+                                  bool(c.get("pingpong", False))) if "ks" in c else None
+
+    def launch(self, req: OpRequest, kernels, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
+        launch_ws(kernels[0], self.tile(req), req.dtype("qkv"), q, k, v, o_ptr, lse_ptr, scale, stream)
+
+
+class Sm80Mma(_AttentionCandidate):
+    name = "attention.sm80_mma"
+    priority = 200
+    min_arch = "sm_80"
+    source = configs.SM80_SOURCE
+    kernel = configs.SM80_KERNEL
+
+    def default_tile(self, head_dim, causal, device):
+        tiles = configs.SM80_TILES[(head_dim, bool(causal))]
+        # None fits: keep the first, so the registry's resource check rejects it with the numbers.
+        return configs.pick_tile(tiles, head_dim, device.max_smem_per_block_optin) or tiles[0]
+
+    def tile_from_config(self, c):
+        if "warps" not in c:
+            return None
+        return configs.Sm80Tile(int(c["bm"]), int(c["bn"]), int(c["warps"]), int(c.get("stages", 2)),
+                                bool(c.get("q_in_regs", False)))
+
+
+class Simt(_AttentionCandidate):
+    name = "attention.simt"
+    vendors = ("nvidia", "amd")  # the portable path; the mma/wgmma ones are NVIDIA-only
+    priority = 100
+    min_arch = "sm_75"
+    source = configs.SIMT_SOURCE
+    kernel = configs.SIMT_KERNEL
+
+    def default_tile(self, head_dim, causal, device):
+        return configs.SIMT_TILE
+
+    def tile_from_config(self, c):
+        return None
+
+
+def _has_table() -> bool:
+    return tuning.shipped_table_path(OP).is_file() or tuning.user_table_path(OP).is_file()
+
+
+def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest:
+    """For `rtckern explain/tune/selftest attention`: shape is the head dim, or q's (batch, seqlen, heads, head_dim);
+    option causal=0/1."""
+    hd = shape[-1]
+    opts.check_keys(OP, options, ("causal",))
+    causal = opts.flag(OP, options, "causal", False)
+    return request(dtype or "bf16", hd, causal, device)
+
+
+CANDIDATES = (Sm90Ws(), Sm90Wgmma(), Sm80Mma(), Simt())
+_registered = False
+
+
+def register_all() -> None:
+    global _registered
+    if _registered:
+        return
+    for c in CANDIDATES:
+        register(c)
+    register_request_builder(OP, _build_request, help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1",
+                             example="--dtype bf16 --shape 4x4096x16x128 --opt causal=1")
+    _registered = True

@@ -1,0 +1,306 @@
+"""GEMM launches: grids, argument lists, TMA tensor maps and the split-K reduce, for a settled plan.
+
+`LaunchPlan` fixes everything about one call signature except the operand addresses: grids, blocks, shared memory,
+every scalar argument, and the packed parameter buffers of each kernel. A repeated call writes five addresses
+(and, on the sm_90a path, two tensor maps cached per address) into those buffers and launches: no argument lists
+are built, no configs looked up, nothing re-validated.
+
+Launch route: kernels loaded by the core (`rtckern.runtime.Kernel`) on a process that uses one device are launched
+with `cuLaunchKernel` straight from the prepacked buffers (the core's `Kernel.launch` / `launch_packed` build
+their parameter lists per call, a few microseconds each). With several devices in use, and for anything that is
+not a core Kernel (test doubles), the plan goes through `Kernel.launch` / `Kernel.launch_packed`, which make the
+kernel's own device context current.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from dataclasses import dataclass
+
+from rtckern.caches import PlanCache
+from rtckern.dtypes import itemsize
+from rtckern.errors import LaunchError
+from rtckern.runtime.streams import stream_handle
+from rtckern.runtime.tma import encode_tiled
+
+from .geometry import GemmProblem, normalize_splits, plan_workspace_bytes
+
+REDUCE_THREADS = 256
+_DEFAULT_DYN_SMEM = 48 * 1024
+
+
+@dataclass(frozen=True)
+class Operands:
+    """Device addresses and strides (in elements) of one call; 0 for an absent bias or residual."""
+
+    a: int
+    b: int
+    c: int
+    lda: int
+    ldb: int
+    ldc: int
+    stride_a: int
+    stride_b: int
+    stride_c: int
+    bias: int = 0
+    res: int = 0
+    ldr: int = 0
+    stride_r: int = 0
+
+
+def launch(kernels, p: GemmProblem, cfg, ops: Operands, *, stream=None, sm_count: int, workspace: int = 0) -> None:
+    """Run the plan once: main kernel (+ split-K reduce). `workspace`: device address of
+    `plan_workspace_bytes(p, cfg)` bytes when the plan splits K through a workspace."""
+    plan = LaunchPlan(kernels, p, cfg, ops, sm_count)
+    plan.run(ops.a, ops.b, ops.c, ops.bias, ops.res, stream_int(stream), workspace)
+
+
+class LaunchPlan:
+    """The launches of one (problem, config, strides) with the operand addresses left open: `run(a, b, c, bias,
+    res, stream, workspace)`. `workspace_bytes`: the global scratch `run` needs (0 for none)."""
+
+    __slots__ = ("p", "cfg", "workspace_bytes", "_main", "_reduce", "_maps", "_kind", "_ws_split")
+
+    def __init__(self, kernels, p: GemmProblem, cfg, ops: Operands, sm_count: int):
+        self.p, self.cfg = p, cfg
+        self._reduce = None
+        self._maps = None
+        self._kind = cfg.kind
+        if cfg.kind == "simt":
+            self.workspace_bytes, self._ws_split = 0, False
+            args = (p.m, p.n, p.k, ops.lda, ops.ldb, ops.ldc, ops.ldr, ops.stride_a,
+                    ops.stride_b if p.b_batched else 0, ops.stride_c, ops.stride_r)
+            self._main = _Prepared(kernels[0], (math.ceil(p.n / 64), math.ceil(p.m / 64), p.batch), 256, 0,
+                                   [("u64", 0)] * 5 + [("i64", v) for v in args])
+            return
+        bk = cfg.bk if cfg.kind == "sm80" else 64
+        splits, per = normalize_splits(p, bk, cfg.splits)
+        if splits != cfg.splits:
+            # The kernel specs (split-K or not) and the reduce follow cfg.splits; launching another count would
+            # add partial sums nobody wrote. Plans settle the count first (geometry.with_splits).
+            raise LaunchError(f"GEMM plan {cfg.as_dict()} splits K {cfg.splits} ways, but k={p.k} allows {splits} "
+                              "non-empty splits; settle the plan with geometry.with_splits(cfg, problem, sm_count)")
+        self.workspace_bytes = plan_workspace_bytes(p, cfg)
+        self._ws_split = self.workspace_bytes > 0
+        if cfg.kind == "sm80":
+            tiles = math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
+            args = (p.m, p.n, p.k, ops.lda, ops.ldb, ops.ldc, ops.ldr, ops.stride_a,
+                    ops.stride_b if p.b_batched else 0, ops.stride_c, ops.stride_r, splits, per, cfg.group_m)
+            self._main = _Prepared(kernels[0], (tiles, splits, p.batch), cfg.threads, cfg.smem_bytes,
+                                   [("u64", 0)] * 5 + [("i64", v) for v in args])
+        else:
+            esize = itemsize(p.dtype)
+            bb = p.batch if p.b_batched else 1
+            # (dims innermost first, byte strides of dims 1 and 2, box) of A's and B's tensor maps
+            map_a = ((p.k, p.m, p.batch), (ops.lda * esize, ops.stride_a * esize), (64, cfg.bm))
+            if p.trans_b:
+                map_b = ((p.k, p.n, bb), (ops.ldb * esize, ops.stride_b * esize), (64, cfg.bn))
+            else:
+                map_b = ((p.n, p.k, bb), (ops.ldb * esize, ops.stride_b * esize), (64, 64))
+            self._maps = (_MapCache(p.dtype, *map_a), _MapCache(p.dtype, *map_b))
+            units = p.batch * splits * math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
+            # Persistent: at most one block per SM. Cluster split-K: one block per unit (the cluster barrier
+            # needs every block of a cluster on the same unit).
+            grid = units if cfg.cluster else max(1, min(units, sm_count))
+            scalars = (p.m, p.n, p.k, ops.ldc, ops.ldr, ops.stride_c, ops.stride_r, p.batch, int(p.b_batched),
+                       splits, per, cfg.group_m)
+            self._main = _Prepared(kernels[0], (grid, 1, 1), (cfg.threads, 1, 1), cfg.smem_bytes,
+                                   [("map", bytes(128)), ("map", bytes(128)), ("u64", 0), ("u64", 0), ("u64", 0)]
+                                   + [("i64", v) for v in scalars])
+        if self._ws_split:
+            total = p.batch * p.m * p.n
+            grid = max(1, min(math.ceil(total / REDUCE_THREADS), sm_count * 16))
+            args = (p.m, p.n, ops.ldc, ops.ldr, ops.stride_c, ops.stride_r, p.batch, splits)
+            self._reduce = _Prepared(kernels[1], grid, REDUCE_THREADS, 0,
+                                     [("u64", 0)] * 4 + [("i64", v) for v in args])
+
+    def run(self, a: int, b: int, c: int, bias: int, res: int, stream: int, workspace: int = 0) -> None:
+        """Launch on `stream` (an int handle; 0 for the default stream)."""
+        target = c
+        if self._ws_split:
+            if not workspace:
+                raise LaunchError(f"GEMM plan {self.cfg.as_dict()} splits K {self.cfg.splits} ways through a "
+                                  "workspace but no workspace was given")
+            target = workspace
+        if self._maps is None:
+            self._main.run((a, b, target, bias, res), stream)
+        else:
+            ma, mb = self._maps
+            self._main.run((ma.get(a), mb.get(b), target, bias, res), stream)
+        if self._reduce is not None:
+            self._reduce.run((workspace, c, bias, res), stream)
+
+
+# -- prepared launches ---------------------------------------------------------------------------------------------
+_cu = None  # (cuLaunchKernel, CUstream, CUDA_SUCCESS), bound on first raw launch
+_cu_streams = PlanCache("gemm.cu_streams", 256)
+_smem_done = PlanCache("gemm.smem_attribute_set")  # (id(kernel), bytes); emptied with the kernels
+
+
+def _driver():
+    global _cu
+    if _cu is None:
+        from cuda.bindings import driver as d
+
+        _cu = (d.cuLaunchKernel, d.CUstream, d.CUresult.CUDA_SUCCESS)
+    return _cu
+
+
+_rk_devices: set | None = None
+
+
+def _devices_in_use() -> int:
+    """How many devices the core has loaded kernels on (its own record, read live)."""
+    global _rk_devices
+    if _rk_devices is None:
+        from rtckern.runtime import kernel as rk
+
+        found = getattr(rk, "_devices_in_use", None)
+        if not isinstance(found, set):
+            return 2  # unknown: take the context-safe route
+        _rk_devices = found
+    return len(_rk_devices)
+
+
+def _is_core_kernel(kernel) -> bool:
+    try:
+        from rtckern.runtime.kernel import Kernel
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(kernel, Kernel)
+
+
+class _Prepared:
+    """One kernel's launch with fixed geometry and scalars; the first len(values) parameters are set per call.
+    params: [(kind, value)] with kind "u64" / "i64" (8 bytes) or "map" (a 128-byte CUtensorMap, by value)."""
+
+    __slots__ = ("kernel", "grid", "block", "smem", "kinds", "params", "_raw", "_holders", "_addr", "_func",
+                 "_lock", "_dims", "_has_maps", "_nmaps")
+
+    def __init__(self, kernel, grid, block, smem: int, params: list):
+        self.kernel, self.smem = kernel, int(smem)
+        self.grid = grid if isinstance(grid, tuple) else (int(grid), 1, 1)
+        self.block = block if isinstance(block, tuple) else (int(block), 1, 1)
+        self.kinds = [k for k, _ in params]
+        self.params = list(params)
+        self._has_maps = "map" in self.kinds
+        self._nmaps = self.kinds.count("map")
+        if self.kinds[:self._nmaps] != ["map"] * self._nmaps:
+            raise ValueError("tensor-map parameters must come first")
+        if self.smem > _DEFAULT_DYN_SMEM and (id(kernel), self.smem) not in _smem_done:
+            setter = getattr(kernel, "set_max_dynamic_shared_memory", None)
+            if setter is not None:
+                setter(self.smem)
+            _smem_done.put((id(kernel), self.smem), True)
+        self._raw = _is_core_kernel(kernel)
+        self._lock = threading.Lock()
+        if self._raw:
+            nthreads = self.block[0] * self.block[1] * self.block[2]
+            if nthreads > kernel.max_threads_per_block:
+                raise LaunchError(f"{kernel.label}: block of {nthreads} threads exceeds this kernel's limit of "
+                                  f"{kernel.max_threads_per_block} (registers: {kernel.num_regs} per thread)")
+            holders = []
+            for kind, val in params:
+                if kind == "map":
+                    holders.append((ctypes.c_uint8 * 128).from_buffer_copy(val))
+                elif kind == "i64":
+                    holders.append(ctypes.c_int64(int(val)))
+                else:
+                    holders.append(ctypes.c_uint64(int(val)))
+            self._holders = holders
+            ptrs = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+            self._holders.append(ptrs)  # keeps the pointer array alive with the values
+            self._addr = ctypes.addressof(ptrs)
+            self._func = kernel.core.handle
+            self._dims = (*self.grid, *self.block)
+
+    def run(self, values: tuple, stream: int) -> None:
+        if self._raw and _devices_in_use() == 1:
+            try:
+                launch_kernel, cu_stream, ok = _cu or _driver()
+                s = _cu_streams.get(stream)
+                if s is None:
+                    s = _cu_streams.put(stream, cu_stream(stream))
+                h = self._holders
+                gx, gy, gz, bx, by, bz = self._dims
+                nm = self._nmaps
+                with self._lock:  # the buffers are shared by every call of this signature
+                    for i in range(nm):
+                        ctypes.memmove(h[i], values[i], 128)
+                    for i in range(nm, len(values)):
+                        h[i].value = values[i]
+                    err, = launch_kernel(self._func, gx, gy, gz, bx, by, bz, self.smem, s, self._addr, 0)
+            except (TypeError, ValueError, AttributeError, OverflowError) as e:
+                # The bindings refused the prepacked form (another cuda-bindings version): the core's launch
+                # from now on for this kernel, which packs per call.
+                self._raw = False
+                _warn_raw_off(self.kernel, e)
+            else:
+                if err == ok:
+                    return
+                # No launch happened (e.g. no current context in this thread): the core's launch makes the
+                # kernel's context current and reports its own error if it fails too.
+        self._core_run(values, stream)
+
+    def _core_run(self, values: tuple, stream: int) -> None:
+        n = len(values)
+        if self._has_maps:
+            params = [(k, v) for k, v in zip(self.kinds[:n], values)] + self.params[n:]
+            self.kernel.launch_packed(self.grid, self.block, params, self.smem, stream)
+        else:
+            args = tuple(values) + tuple(v for _, v in self.params[n:])
+            self.kernel.launch(self.grid, self.block, args, shared_mem=self.smem, stream=stream)
+
+
+_raw_warned = PlanCache("gemm.raw_launch_warned", 256)
+
+
+def _warn_raw_off(kernel, exc) -> None:
+    import warnings
+
+    if kernel.label not in _raw_warned:
+        _raw_warned.put(kernel.label, True)
+        warnings.warn(f"rtckern gemm: prepacked launch of {kernel.label} refused by cuda-bindings ({exc}); "
+                      "launching through Kernel.launch / launch_packed instead", RuntimeWarning, stacklevel=3)
+
+
+# -- sm_90a tensor maps ----------------------------------------------------------------------------------------------
+class _MapCache:
+    """Tensor maps of one (dtype, dims, strides, box) by base address: a weight reused across calls is encoded
+    once, and a repeated call is one dict lookup."""
+
+    __slots__ = ("dtype", "dims", "strides", "box", "_by_ptr")
+
+    def __init__(self, dtype, dims, strides, box):
+        self.dtype, self.dims, self.strides, self.box = dtype, dims, strides, box
+        self._by_ptr: dict[int, bytes] = {}
+
+    def get(self, ptr: int) -> bytes:
+        m = self._by_ptr.get(ptr)
+        if m is None:
+            if len(self._by_ptr) >= 64:
+                self._by_ptr.clear()
+            m = self._by_ptr[ptr] = tensor_map(self.dtype, ptr, self.dims, self.strides, self.box)
+        return m
+
+
+def tensor_map(dtype: str, ptr: int, dims: tuple[int, int, int], strides: tuple[int, int],
+               box: tuple[int, int]) -> bytes:
+    """128 bytes of a 3-d CUtensorMap (the core's encoder: SWIZZLE_128B, zero fill out of range) over ptr: dims
+    innermost first, strides in bytes of dims 1 and 2, box (inner, outer, 1). Cached per buffer."""
+    d0, d1, d2 = (int(x) for x in dims)
+    s1, s2 = int(strides[0]), int(strides[1])
+    if d2 == 1 or s2 == 0:
+        s2 = s1 * d1  # a batch dimension of one (or a broadcast operand): any legal stride will do
+    return encode_tiled(dtype, ptr, (d0, d1, d2), (s1, s2), (int(box[0]), int(box[1]), 1))
+
+
+def stream_int(stream) -> int:
+    """The int handle of `stream` (None: the default stream), through the core's one implementation."""
+    if stream is None:
+        return 0
+    try:
+        return stream_handle(stream)
+    except TypeError:
+        raise LaunchError(f"cannot get a CUDA stream handle from {stream!r}") from None
