@@ -3,6 +3,7 @@ kernel providers, and exports the ops:
 
     rtckern.ops.rms_norm / layer_norm (+ backward)    rtckern.ops.softmax and the masked/causal variants
     rtckern.ops.attention                             rtckern.ops.gemm
+    rtckern.ops.attention_varlen (packed variable-length sequences)
 
 A family's API lives in rtckern/ops/_<family>_api.py (its other modules beside it, rtckern/ops/_<family>_*.py); the
 module is private so that `rtckern.ops.softmax` (and .attention, .gemm) is the op, never a module it could shadow.
@@ -15,7 +16,7 @@ import logging
 
 log = logging.getLogger(__name__)
 
-FAMILIES = ("norms", "softmax", "attention", "gemm")
+FAMILIES = ("norms", "softmax", "attention", "attention_varlen", "gemm")
 _exports: dict[str, object] = {}
 unavailable: dict[str, str] = {}  # family -> why it could not be imported
 
