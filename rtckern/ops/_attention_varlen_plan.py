@@ -185,5 +185,5 @@ class PreparedWsVarlen:
             err, = d.cuLaunchKernel(self.kernel.core.handle, gx, self.heads_q, self.batch, self.threads, 1, 1,
                                     self.smem, s, ctypes.addressof(self.ptrs), 0)
         if err != d.CUresult.CUDA_SUCCESS:
-            raise LaunchError(f"launch of {self.kernel.label} failed: {err} (grid {grid}, block ({self.threads}, 1, 1), "
-                              f"shared memory {self.smem}, {len(_OFFSETS)} params)")
+            raise LaunchError(f"launch of {self.kernel.label} failed: {err} (grid {grid}, block ({self.threads}, 1, "
+                              f"1), shared memory {self.smem}, {len(_OFFSETS)} params)")
