@@ -152,6 +152,12 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._softmax_ring": "the ring geometry (Ring, default_ring, fits, sweep_rings)",
         "rtckern.ops._softmax_tuned": "the ring tables and their tuner (tune_problem, RING_KEY_FIELDS)",
     },
+    "tests/unit/plugins/test_torch_attention_varlen.py": {
+        "rtckern.plugins._torch_dispatch": "the reference mode: the varlen ops' forward and interim backward on CPU",
+        "rtckern.plugins._torch_hf": "lets the transformers function take its rtckern path on CPU tensors (_why_not)",
+        "rtckern.plugins._torch_hf_varlen": "the transformers varlen routes (route, run, the varlen_from_* prefix "
+                                            "sums, the mask builder, mask_kind), a dispatch rule with no public name",
+    },
     "tests/unit/plugins/test_torch_plugin.py": {
         "rtckern.plugins._torch_dispatch": "the dispatcher's reference mode and trace-time strictness",
         "rtckern.plugins._torch_hf": "why a HF module is not patched (_why_not)",
