@@ -100,6 +100,10 @@ ALLOWED: dict[str, dict[str, str]] = {
                                            "against torch on shapes the registry would route elsewhere",
         "rtckern.ops._softmax_plan": LAUNCH + " (row geometry: OnePass, RowGeometry, fits, vector_width)",
     },
+    "tests/gpu/plugins/test_torch_attention_varlen_gpu.py": {
+        "rtckern.plugins._torch_hf_varlen": "counts the varlen routes a transformers model takes (run), which no "
+                                            "public name shows",
+    },
     "tests/gpu/plugins/test_torch_plugin_gpu.py": {
         "rtckern.plugins._torch_attention": "checks when the plugin routes attention to the flash kernel "
                                             "(_flash_serves), a dispatch rule with no public name",
