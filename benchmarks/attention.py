@@ -1,11 +1,18 @@
 """Attention forward: correctness grid and TFLOP/s against torch SDPA (flash and cuDNN backends).
 
     PYTHONPATH=. python3 benchmarks/attention.py --check --bench --out benchmarks/results
+    PYTHONPATH=. python3 benchmarks/attention.py --varlen --out benchmarks/results    # packed variable-length rows
 
 Engines:
   rtckern  the public op, rtckern.ops.attention (registry selection, cached kernels)
   raw      the kernel templates through rtckern's KernelManager, no registry: times tile configurations that the
            registry would not pick (--tiles)
+--varlen times rtckern.ops.attention_varlen on 16k tokens packed from random lengths (512..4k as in the varlen
+brief, and 128..2k: mean about 1k as in issue 22), head dims 64 / 128, causal and not, against the dense op on the
+same sequences padded to the longest, the dense op on equal-length sequences of the same token count, torch's
+flash varlen kernel (aten._flash_attention_forward with cumulative lengths) where this torch has it, and SDPA
+(flash) called per sequence. TFLOP/s count the real per-sequence work (4 h len^2 d per sequence, halved for
+causal) for every engine, so padding shows as lost throughput.
 Writes attention_<gpu>.json and .md (and a PNG plot with --plot) under --out: one current file set per GPU,
 overwritten by each run. --tests JUNIT_XML records the outcome of the GPU attention test suite (pytest
 --junitxml) in the same files.
@@ -282,6 +289,101 @@ def sdpa_runner(backend_name):
     return make
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# packed variable-length batches
+# ----------------------------------------------------------------------------------------------------------------
+VARLEN_TOKENS = 16384
+VARLEN_DISTS = {"512-4k": (512, 4096), "128-2k": (128, 2048)}
+
+
+def varlen_lengths(lo: int, hi: int, seed: int, total: int = VARLEN_TOKENS) -> list[int]:
+    """Uniform random lengths in [lo, hi] adding up to exactly `total` (the last one cut to fit)."""
+    import random
+
+    rng = random.Random(seed)
+    lens: list[int] = []
+    while sum(lens) < total:
+        lens.append(min(rng.randint(lo, hi), total - sum(lens)))
+    return lens
+
+
+def varlen_points():
+    pts = []
+    for dist in VARLEN_DISTS:
+        for hd, heads in ((64, 32), (128, 16)):
+            for causal in (False, True):
+                pts.append(dict(dist=dist, hd=hd, heads=heads, causal=causal))
+    return pts
+
+
+def varlen_flops(lens, heads, hd, causal) -> float:
+    f = sum(4.0 * heads * n * n * hd for n in lens)
+    return f / 2 if causal else f
+
+
+def varlen_runners(lens, heads, hd, causal, impls=()):
+    """label -> fn() for one packed batch (bf16, q heads = kv heads)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from rtckern import config, ops
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    total, longest = sum(lens), max(lens)
+    q, k, v = (torch.randn(total, heads, hd, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device="cuda")
+    runs = {"rtckern_varlen": lambda: ops.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal)}
+    for impl in impls:
+        def forced(impl=impl):
+            with config.override(force_impl={"attention_varlen": impl}):
+                return ops.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal)
+        runs[f"rtckern_varlen[{impl.split('.')[-1]}]"] = forced
+    padded = torch.zeros(len(lens), longest, heads, hd, device="cuda", dtype=torch.bfloat16)
+    for i, n in enumerate(lens):
+        padded[i, :n] = q[cu[i]:cu[i] + n]
+    runs["rtckern_dense_padded"] = lambda: ops.attention(padded, padded, padded, causal=causal)
+    equal = torch.randn(len(lens), total // len(lens), heads, hd, device="cuda", dtype=torch.bfloat16, generator=g)
+    runs["rtckern_dense_equal"] = lambda: ops.attention(equal, equal, equal, causal=causal)
+    fa = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    if fa is not None:
+        def torch_flash_varlen():
+            return fa(q, k, v, cu, cu, longest, longest, 0.0, causal, False, scale=1.0 / math.sqrt(hd))
+        runs["torch_flash_varlen"] = torch_flash_varlen
+    views = [(q[cu[i]:cu[i] + n].transpose(0, 1)[None], k[cu[i]:cu[i] + n].transpose(0, 1)[None],
+              v[cu[i]:cu[i] + n].transpose(0, 1)[None]) for i, n in enumerate(lens)]
+
+    def sdpa_per_sequence():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return [F.scaled_dot_product_attention(a, b, c, is_causal=causal) for a, b, c in views]
+    runs["sdpa_flash_per_seq"] = sdpa_per_sequence
+    # what the dense op over equal lengths computes, for its own TFLOP/s
+    flops = {"rtckern_dense_equal": 4.0 * heads * len(lens) * (total // len(lens)) ** 2 * hd / (2 if causal else 1)}
+    return runs, flops
+
+
+def bench_varlen(reps: int, impls=()) -> list[dict]:
+    rows = []
+    for p in varlen_points():
+        lens = varlen_lengths(*VARLEN_DISTS[p["dist"]], seed=7)
+        runs, own_flops = varlen_runners(lens, p["heads"], p["hd"], p["causal"], impls)
+        real = varlen_flops(lens, p["heads"], p["hd"], p["causal"])
+        ms, tf = {}, {}
+        for label, fn in runs.items():
+            try:
+                ms[label] = time_ms(fn, reps=reps)[0]
+            except Exception as e:  # an engine this torch or GPU lacks: report, keep the others
+                print(f"varlen {label} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            tf[label] = own_flops.get(label, real) / (ms[label] * 1e-3) / 1e12
+        row = dict(p, tokens=sum(lens), sequences=len(lens), longest=max(lens), ms=ms, tflops=tf)
+        rows.append(row)
+        line = " ".join(f"{k}={v:.0f}" for k, v in sorted(tf.items(), key=lambda kv: -kv[1]))
+        print(f"varlen {p['dist']} hd{p['hd']} causal={int(p['causal'])} ({len(lens)} seqs, longest "
+              f"{max(lens)}): {line}", flush=True)
+    return rows
+
+
 def environment():
     import torch
 
@@ -377,6 +479,10 @@ def main(argv=None):
     ap.add_argument("--check-kernels", default="",
                     help="raw kernels to run the grid on: comma list of sm80, sm90, sm90ws, simt")
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--varlen", action="store_true", help="time attention_varlen on packed batches (see above)")
+    ap.add_argument("--varlen-impls", default="",
+                    help="attention_varlen candidates to force as extra series, comma list (e.g. "
+                         "attention_varlen.sm80_mma)")
     ap.add_argument("--tiles", default="", help="extra raw tiles to time: hd=tile,tile;hd=...")
     ap.add_argument("--impls", default="", help="rtckern engine: extra forced candidates to time, comma list")
     ap.add_argument("--compile-times", action="store_true", help="cold NVRTC compile of every default kernel")
@@ -459,6 +565,8 @@ def main(argv=None):
             line = " ".join(f"{k}={v:.0f}" for k, v in sorted(row["tflops"].items(), key=lambda kv: -kv[1]))
             print(f"hd{p['hd']} s{p['seqlen']} b{p['batch']} causal={int(p['causal'])}: {line}", flush=True)
         result["bench"] = rows
+    if args.varlen:
+        result["varlen"] = bench_varlen(args.reps, tuple(filter(None, args.varlen_impls.split(","))))
     if raw is not None:
         result["load_or_compile_s_device"] = raw.compile_s
     if args.out:
@@ -468,7 +576,7 @@ def main(argv=None):
                f"{'_' + args.tag if args.tag else ''}"
         (out / f"{name}.json").write_text(json.dumps(result, indent=1))
         print("wrote", out / f"{name}.json")
-        if args.bench:
+        if args.bench or args.varlen:
             write_markdown(result, out / f"{name}.md")
             if args.plot:
                 write_plot(result, out / f"{name}.png")
@@ -579,8 +687,36 @@ def write_markdown(result, path: Path) -> None:
         cells = [f"{t[k]:.0f}" if k in t else "-" for k in labels]
         lines.append(f"| {r['hd']} | {r['seqlen']} | {r['batch']} | {int(r['causal'])} | " + " | ".join(cells) +
                      " | " + " | ".join(ratios) + " |")
+    lines += varlen_markdown(result.get("varlen") or [])
     path.write_text("\n".join(lines) + "\n")
     print("wrote", path)
+
+
+def varlen_markdown(rows) -> list[str]:
+    if not rows:
+        return []
+    labels = []
+    for r in rows:
+        labels += [k for k in r["tflops"] if k not in labels]
+    out = ["", "## Packed variable-length sequences (attention_varlen)", "",
+           f"bf16, {VARLEN_TOKENS} tokens packed from uniform random lengths (dist), hidden 2048, q heads = kv heads. "
+           "TFLOP/s on the real per-sequence work (4 h len^2 d, halved for causal) for every engine, except "
+           "rtckern_dense_equal (equal-length sequences, the same token count: its own work). dense_padded: the "
+           "dense op on the sequences padded to the longest; sdpa_flash_per_seq: one SDPA call per sequence.", "",
+           "| dist | head dim | causal | seqs | longest | " + " | ".join(labels) +
+           " | varlen / dense equal | varlen / best torch |",
+           "|" + "---|" * (len(labels) + 7)]
+    for r in rows:
+        t = r["tflops"]
+        ours = t.get("rtckern_varlen", 0.0)
+        torch_best = max((v for k, v in t.items() if k.startswith(("torch_", "sdpa_"))), default=0.0)
+        eq = t.get("rtckern_dense_equal")
+        cells = [f"{t[k]:.0f}" if k in t else "-" for k in labels]
+        vs_eq = f"{ours / eq:.2f}" if eq else "-"
+        vs_torch = f"{ours / torch_best:.2f}" if torch_best else "-"
+        out.append(f"| {r['dist']} | {r['hd']} | {int(r['causal'])} | {r['sequences']} | {r['longest']} | "
+                   + " | ".join(cells) + f" | {vs_eq} | {vs_torch} |")
+    return out
 
 
 def write_plot(result, path: Path) -> None:

@@ -172,6 +172,30 @@ def test_every_candidate_mirrors_a_dense_one():
             (d.priority, d.min_arch, d.max_arch, d.arch_specific, d.vendors)
 
 
+def test_record_mode_and_replay(tmp_path, cache_dir):
+    """A first selection is recorded as a manifest line (RTCKERN_RECORD_MANIFEST) that `rtckern prefill` replays
+    to the same kernels; the shipped preset `common` holds varlen requests too."""
+    from rtckern import config
+    from rtckern.fleet import load_manifest, load_preset, plan
+    from rtckern.fleet.record import forget
+    from rtckern.prefill import parse_archs
+    from rtckern.registry import select
+
+    forget()
+    req = build_request("attention_varlen", shape=(16384, 16, 128), dtype="bf16",
+                        device=DeviceInfo.for_arch("sm_90", sm_count=132), options={"causal": "1"})
+    with config.override(record_manifest=tmp_path / "rec.jsonl"):
+        sel = select(req)  # compile-only probe on the described device
+    (entry,) = [e for e in load_manifest(tmp_path / "rec.jsonl") if e.op == "attention_varlen"]
+    assert entry.request == {"dtypes": {"qkv": "bf16"}, "shape": {"head_dim": 128}, "flags": {"causal": True}}
+    (planned,) = plan([entry], parse_archs("9.0a"))
+    assert planned.chain[0].candidate == sel.candidate.name == "attention_varlen.sm90a_ws"
+    assert planned.chain[0].specs == sel.specs
+    preset = [e for e in load_preset("common") if e.op == "attention_varlen"]
+    assert {(e.dtype, e.shape[-1], dict(e.options)["causal"]) for e in preset} == \
+        {(dt, hd, c) for dt in ("bf16", "fp16") for hd in (64, 128) for c in ("0", "1")}
+
+
 # ---- every varlen variant compiles ---------------------------------------------------------------------------------
 def _varlen_specs(arch: str) -> list[KernelSpec]:
     dev = DeviceInfo.for_arch(arch)
