@@ -60,6 +60,8 @@ def rtckern_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         fallback("attention", f"transformers attention of {tuple(query.shape)} {query.dtype}", why)
+        if V.mask_kind(attention_mask) is not None:  # what rtckern_mask handed over: sdpa takes a 4D mask
+            attention_mask = V.as_sdpa_mask(attention_mask, query.shape[2], key.shape[2])
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     q_len, kv_len = query.shape[2], key.shape[2]

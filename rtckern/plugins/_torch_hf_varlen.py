@@ -123,6 +123,24 @@ def mask_kind(mask: Optional[torch.Tensor]) -> Optional[str]:
     return "packed" if not mask.dtype.is_floating_point and not mask.dtype.is_complex else None
 
 
+def as_sdpa_mask(mask: torch.Tensor, q_len: int, kv_len: int) -> torch.Tensor:
+    """The (batch, 1, q_len, kv_len) bool mask sdpa takes for what rtckern_mask handed over (a padding mask or packed
+    sequence ids, both of a causal pattern): for calls that fall back to transformers' sdpa attention (dropout,
+    dtypes or head dims the kernels do not take). Queries are the last q_len positions of a padding mask (keys past
+    its length, e.g. empty static-cache slots, are masked), as in transformers' sdpa_mask."""
+    dev = mask.device
+    if mask_kind(mask) == "packed":
+        same = mask[:, :, None] == mask[:, None, :]
+        return (same & torch.ones(q_len, kv_len, dtype=torch.bool, device=dev).tril())[:, None]
+    if mask_kind(mask) != "padding":
+        return mask
+    length = mask.shape[1]
+    keys = mask[:, -kv_len:] if length >= kv_len else torch.nn.functional.pad(mask, (0, kv_len - length), value=False)
+    offset = min(length, kv_len) - q_len  # the first query's position among the keys
+    causal = torch.arange(kv_len, device=dev)[None, :] <= torch.arange(q_len, device=dev)[:, None] + offset
+    return (causal[None] & keys[:, None, :])[:, None]
+
+
 # ---- once per forward -------------------------------------------------------------------------------------------
 class _Memo:
     """One entry: what a route derived from a tensor (by identity and version, plus `extra`)."""

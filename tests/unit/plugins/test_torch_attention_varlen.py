@@ -217,6 +217,23 @@ def test_the_memo_is_per_tensor_and_version():
     assert V.varlen_from_ids(ids).cu_q.tolist() == [0, 2, 6]
 
 
+def test_fallback_masks_for_sdpa():
+    """What the mask builder handed over, as the 4D bool mask sdpa takes when a call falls back."""
+    ids = torch.tensor([[0, 0, 1, 1, 1]])
+    want = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]).bool()
+    assert torch.equal(V.as_sdpa_mask(ids, 5, 5), want[None, None])
+    pad = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    full = V.as_sdpa_mask(pad, 4, 4)[:, 0]
+    assert torch.equal(full[0], torch.tril(torch.ones(4, 4, dtype=torch.bool)) & pad[0])
+    assert torch.equal(V.as_sdpa_mask(pad, 1, 4)[:, 0, 0], pad)  # decoding: the last position sees every key
+    chunk = V.as_sdpa_mask(pad, 2, 4)[1, 0]  # 2 queries after 2 cached tokens
+    assert chunk.tolist() == [[True, True, True, False], [True, True, True, True]]
+    static = V.as_sdpa_mask(pad, 4, 6)[1, 0]  # a static cache of 6 slots, 4 filled
+    assert static[:, 4:].sum() == 0 and torch.equal(static[:, :4], torch.tril(torch.ones(4, 4, dtype=torch.bool)))
+    m4 = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    assert V.as_sdpa_mask(m4, 4, 4) is m4
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_run_unpads_and_pads_back(causal):
     """A left-padded batch through route + run (reference kernels) equals attention on each unpadded sequence."""
@@ -289,6 +306,25 @@ def test_mask_builder_recognizes_padding_packing_and_nothing_else():
                                lambda b, h, qi, ki: qi >= 0)):
         m = V.rtckern_mask(1, 4, 4, mask_function=other, allow_is_causal_skip=False)
         assert m.dim() == 4 and m.dtype == torch.bool  # sdpa's mask: the attention falls back to sdpa
+
+
+def test_llama_fallback_keeps_padding_and_packing():
+    """Calls the kernels cannot take (here: CPU tensors) go to sdpa with the builder's masks turned 4D: the same
+    logits as transformers' own sdpa model, padded and packed."""
+    model = _tiny_llama()
+    assert rt.register_transformers()
+    ref = copy.deepcopy(model)
+    model.set_attn_implementation("rtckern")
+    ids = torch.randint(0, 128, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[0, :4] = 0
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4]])
+    with pytest.warns(RuntimeWarning, match="tensors are on cpu"):
+        got = _logits(model, ids, attention_mask=mask, use_cache=False)
+    assert torch.allclose(got[mask.bool()], _logits(ref, ids, attention_mask=mask, use_cache=False)[mask.bool()],
+                          atol=1e-5)
+    got = _logits(model, ids[:1], position_ids=pos, use_cache=False)
+    assert torch.allclose(got, _logits(ref, ids[:1], position_ids=pos, use_cache=False), atol=1e-5)
 
 
 def _logits(model, ids, **kw):
