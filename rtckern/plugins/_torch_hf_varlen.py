@@ -24,6 +24,8 @@ The attention function's routes (`route`), in transformers' order:
 Whatever a route derives from a mask, ids or position_ids (prefix sums, gather indices, the longest sequence) is
 computed once per forward with one device-to-host copy: every layer gets the same tensor object, and a one-entry
 memo per route is keyed by its identity and version (an in-place update of a static buffer is a new version).
+Reading a mask on the host is a graph break under torch.compile (as transformers' flash_attention_2 path's
+nonzero / item are); batches with neither padding nor packing keep the dense path, which compiles without one.
 """
 from __future__ import annotations
 
@@ -249,7 +251,8 @@ def route(attention_mask: Optional[torch.Tensor], query: torch.Tensor, key: torc
     fa = [kwargs.get(n) for n in FA_KWARGS]
     if all(x is not None for x in fa):
         cu_q, cu_k, max_q, max_k = fa
-        return Varlen(cu_q.to(torch.int32), cu_k.to(torch.int32), _host_int(max_q), _host_int(max_k))
+        dev = query.device
+        return Varlen(cu_q.to(dev, torch.int32), cu_k.to(dev, torch.int32), _host_int(max_q), _host_int(max_k))
     if kind == "packed":
         if tuple(attention_mask.shape) != (b, q_len) or q_len != kv_len:
             raise ValueError(f"rtckern attention: packed sequence ids of shape {tuple(attention_mask.shape)} for "

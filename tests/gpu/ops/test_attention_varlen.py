@@ -179,7 +179,8 @@ def test_random_packed_batches(impl):
                 lens_q = random_lengths(rng, batch, longest)
                 same = rng.random() < 0.4
                 lens_k = list(lens_q) if same else random_lengths(rng, batch, longest)
-                check(("bf16", "fp16")[(rep + n) % 2], lens_q, lens_k, hq, hk, hd, causal=(rep + n) % 2 == 0,
+                # two kernels per head dim (bf16 causal, fp16 not): fewer first-use compiles on the test machine
+                check("fp16" if rep == 1 else "bf16", lens_q, lens_k, hq, hk, hd, causal=rep != 1,
                       seed=1000 * hd + rep, packed_view=same and rng.random() < 0.5, upper_bound=rep == 0)
                 n += 1
     assert n == 3 * len(IMPLS[impl])
