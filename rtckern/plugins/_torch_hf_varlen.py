@@ -2,7 +2,8 @@
 rtckern.ops.attention_varlen, as transformers' flash_attention_2 integration runs flash_attn_varlen_func.
 
 The "rtckern" mask builder (`rtckern_mask`, registered with transformers' AttentionMaskInterface) is sdpa's
-(`sdpa_mask`) except in two cases it hands over without materializing a (batch, 1, q_len, kv_len) mask:
+(`sdpa_mask`) except in two cases it hands over without materializing a (batch, 1, q_len, kv_len) mask (in eager
+mode):
 - a causal mask with padding (the 2D attention_mask has a False): it returns that 2D bool mask (its last kv_len
   columns), as transformers' flash_attention_mask does;
 - a causal mask over packed sequences (position_ids that restart, no attention_mask and no cache: transformers'
@@ -24,8 +25,9 @@ The attention function's routes (`route`), in transformers' order:
 Whatever a route derives from a mask, ids or position_ids (prefix sums, gather indices, the longest sequence) is
 computed once per forward with one device-to-host copy: every layer gets the same tensor object, and a one-entry
 memo per route is keyed by its identity and version (an in-place update of a static buffer is a new version).
-Reading a mask on the host is a graph break under torch.compile (as transformers' flash_attention_2 path's
-nonzero / item are); batches with neither padding nor packing keep the dense path, which compiles without one.
+While torch.compile traces a model, or a CUDA graph is captured, the builder is sdpa's and route 4 is off (reading
+a mask on the host would be a graph break, or a sync inside the capture): such models keep what they did before (the dense path, or sdpa for masked batches); the
+flash-attention kwargs route needs no host read and stays on.
 """
 from __future__ import annotations
 
@@ -104,9 +106,11 @@ def rtckern_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
     causal_fn = mu.causal_mask_function
     if mask_function is None:
         mask_function = causal_fn
-    if mask_function is causal_fn and attention_mask is not None and attention_mask.dim() == 2:
+    if torch.compiler.is_compiling() or _capturing():
+        pass  # the varlen routes read masks on the host: compiled / captured models keep sdpa's masks (as before)
+    elif mask_function is causal_fn and attention_mask is not None and attention_mask.dim() == 2:
         padding = attention_mask[:, -kv_length:]
-        if torch.compiler.is_compiling() or not bool(padding.all()):
+        if not bool(padding.all()):
             return padding.to(torch.bool)
     elif attention_mask is None and q_length == kv_length:
         ids = packed_sequence_ids(mask_function, causal_fn)
