@@ -26,8 +26,8 @@ Whatever a route derives from a mask, ids or position_ids (prefix sums, gather i
 computed once per forward with one device-to-host copy: every layer gets the same tensor object, and a one-entry
 memo per route is keyed by its identity and version (an in-place update of a static buffer is a new version).
 While torch.compile traces a model, or a CUDA graph is captured, the builder is sdpa's and route 4 is off (reading
-a mask on the host would be a graph break, or a sync inside the capture): such models keep what they did before (the dense path, or sdpa for masked batches); the
-flash-attention kwargs route needs no host read and stays on.
+a mask on the host would be a graph break, or a sync inside the capture): such models keep what they did before
+(the dense path, or sdpa for masked batches); the flash-attention kwargs route needs no host read and stays on.
 """
 from __future__ import annotations
 
