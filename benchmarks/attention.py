@@ -1,21 +1,15 @@
 """Attention forward: correctness grid and TFLOP/s against torch SDPA (flash and cuDNN backends).
 
-    PYTHONPATH=. python3 benchmarks/attention.py --check --bench --out benchmarks/results
-    PYTHONPATH=. python3 benchmarks/attention.py --varlen --out benchmarks/results    # packed variable-length rows
+    python -m benchmarks attention [--check] [--tests JUNIT_XML]    # the result set attention_<gpu>.{json,md,png}
+    python -m benchmarks attention --compile-times                  # cold NVRTC compiles (no GPU;
+                                                                    # DIR/attention_compile.json)
+    python -m benchmarks attention --replot attention_h100.json     # re-render a result JSON (no GPU)
 
 Engines:
   rtckern  the public op, rtckern.ops.attention (registry selection, cached kernels)
   raw      the kernel templates through rtckern's KernelManager, no registry: times tile configurations that the
            registry would not pick (--tiles)
---varlen times rtckern.ops.attention_varlen on 16k tokens packed from random lengths (512..4k as in the varlen
-brief, and 128..2k: mean about 1k as in issue 22), head dims 64 / 128, causal and not, against the dense op on the
-same sequences padded to the longest, the dense op on equal-length sequences of the same token count, torch's
-flash varlen kernel (aten._flash_attention_forward with cumulative lengths) where this torch has it, and SDPA
-(flash) called per sequence. TFLOP/s count the real per-sequence work (4 h len^2 d per sequence, halved for
-causal) for every engine, so padding shows as lost throughput.
-Writes attention_<gpu>.json and .md (and a PNG plot with --plot) under --out: one current file set per GPU,
-overwritten by each run. --tests JUNIT_XML records the outcome of the GPU attention test suite (pytest
---junitxml) in the same files.
+--tests JUNIT_XML records the outcome of the GPU attention test suite (pytest --junitxml) in the same files.
 """
 from __future__ import annotations
 
@@ -32,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.runner import Result, Table
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run from a checkout without installing: python3 benchmarks/attention.py
-    sys.path.insert(0, str(ROOT))
 
 
 def _load_configs():
@@ -165,7 +159,6 @@ def reference(q, k, v, causal, scale):
 
 
 def math_sdpa(q, k, v, causal, scale):
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -289,128 +282,6 @@ def sdpa_runner(backend_name):
     return make
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# packed variable-length batches
-# ----------------------------------------------------------------------------------------------------------------
-VARLEN_TOKENS = 16384
-VARLEN_DISTS = {"512-4k": (512, 4096), "128-2k": (128, 2048)}
-
-
-def varlen_lengths(lo: int, hi: int, seed: int, total: int = VARLEN_TOKENS) -> list[int]:
-    """Uniform random lengths in [lo, hi] adding up to exactly `total` (the last one cut to fit)."""
-    import random
-
-    rng = random.Random(seed)
-    lens: list[int] = []
-    while sum(lens) < total:
-        lens.append(min(rng.randint(lo, hi), total - sum(lens)))
-    return lens
-
-
-def varlen_points():
-    pts = []
-    for dist in VARLEN_DISTS:
-        for hd, heads in ((64, 32), (128, 16)):
-            for causal in (False, True):
-                pts.append(dict(dist=dist, hd=hd, heads=heads, causal=causal))
-    return pts
-
-
-def varlen_flops(lens, heads, hd, causal) -> float:
-    f = sum(4.0 * heads * n * n * hd for n in lens)
-    return f / 2 if causal else f
-
-
-def varlen_runners(lens, heads, hd, causal, impls=()):
-    """label -> fn() for one packed batch (bf16, q heads = kv heads)."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from rtckern import config, ops
-
-    g = torch.Generator(device="cuda").manual_seed(2)
-    total, longest = sum(lens), max(lens)
-    q, k, v = (torch.randn(total, heads, hd, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device="cuda")
-    runs = {"rtckern_varlen": lambda: ops.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal)}
-    for impl in impls:
-        def forced(impl=impl):
-            with config.override(force_impl={"attention_varlen": impl}):
-                return ops.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal)
-        runs[f"rtckern_varlen[{impl.split('.')[-1]}]"] = forced
-    padded = torch.zeros(len(lens), longest, heads, hd, device="cuda", dtype=torch.bfloat16)
-    for i, n in enumerate(lens):
-        padded[i, :n] = q[cu[i]:cu[i] + n]
-    runs["rtckern_dense_padded"] = lambda: ops.attention(padded, padded, padded, causal=causal)
-    equal = torch.randn(len(lens), total // len(lens), heads, hd, device="cuda", dtype=torch.bfloat16, generator=g)
-    runs["rtckern_dense_equal"] = lambda: ops.attention(equal, equal, equal, causal=causal)
-    fa = getattr(torch.ops.aten, "_flash_attention_forward", None)
-    if fa is not None:
-        def torch_flash_varlen():
-            return fa(q, k, v, cu, cu, longest, longest, 0.0, causal, False, scale=1.0 / math.sqrt(hd))
-        runs["torch_flash_varlen"] = torch_flash_varlen
-    views = [(q[cu[i]:cu[i] + n].transpose(0, 1)[None], k[cu[i]:cu[i] + n].transpose(0, 1)[None],
-              v[cu[i]:cu[i] + n].transpose(0, 1)[None]) for i, n in enumerate(lens)]
-
-    def sdpa_per_sequence():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return [F.scaled_dot_product_attention(a, b, c, is_causal=causal) for a, b, c in views]
-    runs["sdpa_flash_per_seq"] = sdpa_per_sequence
-    # what the dense op over equal lengths computes, for its own TFLOP/s
-    flops = {"rtckern_dense_equal": 4.0 * heads * len(lens) * (total // len(lens)) ** 2 * hd / (2 if causal else 1)}
-    return runs, flops
-
-
-def bench_varlen(reps: int, impls=()) -> list[dict]:
-    rows = []
-    for p in varlen_points():
-        lens = varlen_lengths(*VARLEN_DISTS[p["dist"]], seed=7)
-        runs, own_flops = varlen_runners(lens, p["heads"], p["hd"], p["causal"], impls)
-        real = varlen_flops(lens, p["heads"], p["hd"], p["causal"])
-        ms, tf = {}, {}
-        for label, fn in runs.items():
-            try:
-                ms[label] = time_ms(fn, reps=reps)[0]
-            except Exception as e:  # an engine this torch or GPU lacks: report, keep the others
-                print(f"varlen {label} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-                continue
-            tf[label] = own_flops.get(label, real) / (ms[label] * 1e-3) / 1e12
-        row = dict(p, tokens=sum(lens), sequences=len(lens), longest=max(lens), ms=ms, tflops=tf)
-        rows.append(row)
-        line = " ".join(f"{k}={v:.0f}" for k, v in sorted(tf.items(), key=lambda kv: -kv[1]))
-        print(f"varlen {p['dist']} hd{p['hd']} causal={int(p['causal'])} ({len(lens)} seqs, longest "
-              f"{max(lens)}): {line}", flush=True)
-    return rows
-
-
-def environment():
-    import torch
-
-    env = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), python=platform.python_version(),
-               torch=torch.__version__, torch_cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(0),
-               sm_count=torch.cuda.get_device_properties(0).multi_processor_count,
-               cudnn=torch.backends.cudnn.version())
-    try:
-        import subprocess
-
-        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                       capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception as e:  # report, do not fail the benchmark
-        env["driver"] = f"unknown ({e})"
-    try:
-        from cuda.bindings import nvrtc
-
-        _, major, minor = nvrtc.nvrtcVersion()
-        env["nvrtc"] = f"{major}.{minor}"
-        import rtckern
-
-        env["rtckern"] = rtckern.__version__
-    except Exception as e:
-        env["nvrtc"] = f"unknown ({e})"
-    return env
-
-
 def parse_tile(s: str):
     """'128x64w4s2q' -> Sm80Tile(128, 64, 4, 2, True); 'wg128x128' -> Sm90Tile(128, 2); 'simt'."""
     if s == "simt":
@@ -472,43 +343,39 @@ def run_grid(result, make_runner, tag, seed0, max_elems=None, only_hd=None):
     return fails
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+CHECK = "the correctness grid first (float64 reference; pass = error <= 2x math SDPA's)"
+QUICK = "head dims 64 and 128 at seqlen 4096 only (and with --check, the grid at head dim 128)"
+
+
+def add_args(ap) -> None:
     ap.add_argument("--engine", choices=("rtckern", "raw"), default="rtckern")
-    ap.add_argument("--check", action="store_true", help="run the correctness grid on the engine's default")
     ap.add_argument("--check-kernels", default="",
                     help="raw kernels to run the grid on: comma list of sm80, sm90, sm90ws, simt")
-    ap.add_argument("--bench", action="store_true")
-    ap.add_argument("--varlen", action="store_true", help="time attention_varlen on packed batches (see above)")
-    ap.add_argument("--varlen-impls", default="",
-                    help="attention_varlen candidates to force as extra series, comma list (e.g. "
-                         "attention_varlen.sm80_mma)")
+    ap.add_argument("--bench", action=argparse.BooleanOptionalAction, default=True,
+                    help="time the engine against SDPA (on by default)")
     ap.add_argument("--tiles", default="", help="extra raw tiles to time: hd=tile,tile;hd=...")
     ap.add_argument("--impls", default="", help="rtckern engine: extra forced candidates to time, comma list")
-    ap.add_argument("--compile-times", action="store_true", help="cold NVRTC compile of every default kernel")
-    ap.add_argument("--replot", default="", help="rewrite the markdown and PNG of a results JSON (no GPU needed)")
+    ap.add_argument("--compile-times", action="store_true", help="cold NVRTC compile of every default kernel (no GPU)")
+    ap.add_argument("--replot", default="", help="re-render the markdown and PNG of a results JSON (no GPU)")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--out", default="")
-    ap.add_argument("--tag", default="")
-    ap.add_argument("--plot", action="store_true")
     ap.add_argument("--tests", default="", help="a pytest --junitxml file of the GPU attention tests to record")
-    args = ap.parse_args(argv)
 
+
+def needs_gpu(args) -> bool:
+    return not (args.compile_times or args.replot)
+
+
+def run(args) -> Result | None:
     if args.compile_times:
-        return compile_times(args.out)
+        compile_times(args.out)
+        return None
     if args.replot:
-        src = Path(args.replot)
-        result = json.loads(src.read_text())
-        write_markdown(result, src.with_suffix(".md"))
-        write_plot(result, src.with_suffix(".png"))
-        return result
+        return replot(Path(args.replot))
     import torch
 
-    env = environment()
-    print(json.dumps(env), flush=True)
     raw = RawEngine() if (args.engine == "raw" or args.tiles or args.check_kernels) else None
     eng = raw if args.engine == "raw" else RtckernEngine()
-    result = dict(env=env, engine=args.engine, checks=[], bench=[])
+    result = dict(engine=args.engine, checks=[], bench=[])
     if args.tests:
         result["gpu_tests"] = junit_summary(Path(args.tests))
 
@@ -518,7 +385,7 @@ def main(argv=None):
         return eng.runner(None, dtype, hd, causal)
 
     if args.check:
-        run_grid(result, default_runner, args.engine, 0)
+        run_grid(result, default_runner, args.engine, 0, only_hd=(128,) if args.quick else None)
     for fam in filter(None, args.check_kernels.split(",")):
         def mk(dtype, hd, causal, fam=fam):
             t = family_tile(fam, hd, causal)
@@ -532,7 +399,10 @@ def main(argv=None):
 
     if args.bench:
         rows = []
-        for p in bench_points():
+        points = bench_points()
+        if args.quick:
+            points = [p for p in points if p["seqlen"] == 4096 and p["hd"] in (64, 128)]
+        for p in points:
             g = torch.Generator(device="cuda").manual_seed(1)
             shp = (p["batch"], p["seqlen"], p["heads"], p["hd"])
             q, k, v = (torch.randn(shp, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
@@ -565,28 +435,36 @@ def main(argv=None):
             line = " ".join(f"{k}={v:.0f}" for k, v in sorted(row["tflops"].items(), key=lambda kv: -kv[1]))
             print(f"hd{p['hd']} s{p['seqlen']} b{p['batch']} causal={int(p['causal'])}: {line}", flush=True)
         result["bench"] = rows
-    if args.varlen:
-        result["varlen"] = bench_varlen(args.reps, tuple(filter(None, args.varlen_impls.split(","))))
     if raw is not None:
         result["load_or_compile_s_device"] = raw.compile_s
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        name = f"attention_{gpu_slug(env['gpu'])}{'_' + args.engine if args.engine != 'rtckern' else ''}" \
-               f"{'_' + args.tag if args.tag else ''}"
-        (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-        print("wrote", out / f"{name}.json")
-        if args.bench or args.varlen:
-            write_markdown(result, out / f"{name}.md")
-            if args.plot:
-                write_plot(result, out / f"{name}.png")
-    return result
+    return to_result(result)
 
 
-def gpu_slug(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'h100': the file-name part that tells the GPUs lent here apart."""
-    words = name.replace("NVIDIA", "").split()
-    return "".join(ch for ch in (words[0] if words else "gpu").lower() if ch.isalnum())
+def to_result(result: dict, meta: dict | None = None) -> Result:
+    """The runner's Result of a run's dict (engine, checks, bench rows, gpu_tests)."""
+    rows = result.pop("bench")
+    data = dict(result)
+    return Result(f"Attention forward, TFLOP/s ({data['engine']} engine)", rows=rows, body=body(data, rows),
+                  data=data, meta=meta, rc=0 if all(c["ok"] for c in data["checks"]) else 1,
+                  plot=(lambda plt, path, m: plot(plt, path, m, rows)) if rows else None)
+
+
+def replot(path: Path) -> Result:
+    """A result JSON of this suite, re-rendered with the environment it recorded (an older file's "env" too)."""
+    doc = json.loads(path.read_text())
+    if "meta" in doc:
+        meta = doc["meta"]
+        result = {k: v for k, v in doc.items() if k not in ("family", "title", "meta", "rows")}
+        result["bench"] = doc["rows"]
+    else:  # written before the runner: {"env": {...}, "engine", "checks", "bench", ...}
+        env = doc["env"]
+        meta = {"date": env.get("date"), "python": env.get("python"), "torch": env.get("torch"),
+                "torch_cuda": env.get("torch_cuda"), "cudnn": env.get("cudnn"), "driver": env.get("driver"),
+                "nvrtc": env.get("nvrtc"), "gpu": {"name": env.get("gpu"), "sm_count": env.get("sm_count")},
+                "gpu_used": True, "command": f"python -m benchmarks attention --replot {path.name}"}
+        result = {k: v for k, v in doc.items() if k != "env"}
+    result.setdefault("checks", [])
+    return to_result(result, meta)
 
 
 def junit_summary(path: Path) -> dict:
@@ -650,97 +528,55 @@ def compile_times(out: str):
     return res
 
 
-def write_markdown(result, path: Path) -> None:
-    env = result["env"]
-    lines = [f"# Attention forward, TFLOP/s ({result['engine']} engine)", "",
-             f"{env.get('date')} on {env.get('gpu')} ({env.get('sm_count')} SMs), driver {env.get('driver')}, "
-             f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')}, cuDNN {env.get('cudnn')}), "
-             f"rtckern NVRTC {env.get('nvrtc')}. bf16, batch x seqlen = 16384 tokens, hidden 2048 "
-             "(1536 at head dim 96). "
-             "TFLOP/s = 4 b h s^2 d / time (halved for causal); median of CUDA-event timings.", ""]
+def body(result: dict, bench: list[dict]) -> list:
+    out = ["bf16, batch x seqlen = 16384 tokens, hidden 2048 (1536 at head dim 96). TFLOP/s = 4 b h s^2 d / time "
+           "(halved for causal); median of CUDA-event timings."]
     labels = []
-    for r in result["bench"]:
+    for r in bench:
         for k in r["tflops"]:
             if k not in labels:
                 labels.append(k)
-    for note in result.get("notes", []):
-        lines += [note, ""]
+    out += result.get("notes", [])
     t = result.get("gpu_tests")
     if t:
-        lines += [f"GPU test suite (`pytest tests/gpu/ops/test_attention.py`, {t['date']}, {env.get('gpu')}): "
-                  f"{t['passed']} passed, {t['failed']} failed, {t['errors']} errors, {t['skipped']} skipped of "
-                  f"{t['tests']} in {t['seconds']} s" + (": failing " + ", ".join(t["failing"]) if t["failing"]
-                                                          else "."), ""]
+        out.append(f"GPU test suite (`pytest tests/gpu/ops/test_attention.py`, {t['date']}): "
+                   f"{t['passed']} passed, {t['failed']} failed, {t['errors']} errors, {t['skipped']} skipped of "
+                   f"{t['tests']} in {t['seconds']} s" + (": failing " + ", ".join(t["failing"]) if t["failing"]
+                                                           else "."))
     checks = result.get("checks") or []
     if checks:
         bad = sum(not c["ok"] for c in checks)
         worst = max((c["ratio"] or 0 for c in checks), default=0)
-        lines += [f"Correctness grid (float64 reference, pass = error <= 2x math SDPA's): {len(checks) - bad} passed, "
-                  f"{bad} failed; worst error / math SDPA error {worst:.2f}.", ""]
-    lines.append("| head dim | seqlen | batch | causal | " + " | ".join(labels) +
-                 " | best rtckern / flash | best rtckern / cuDNN |")
-    lines.append("|" + "---|" * (len(labels) + 6))
-    for r in result["bench"]:
+        out.append(f"Correctness grid (float64 reference, pass = error <= 2x math SDPA's): {len(checks) - bad} "
+                   f"passed, {bad} failed; worst error / math SDPA error {worst:.2f}.")
+    if not bench:
+        return out
+    rows = []
+    for r in bench:
         t = r["tflops"]
         ours = max((v for k, v in t.items() if not k.startswith("sdpa_")), default=0.0)
         ratios = [f"{ours / t[k]:.2f}" if t.get(k) else "-" for k in ("sdpa_flash", "sdpa_cudnn")]
-        cells = [f"{t[k]:.0f}" if k in t else "-" for k in labels]
-        lines.append(f"| {r['hd']} | {r['seqlen']} | {r['batch']} | {int(r['causal'])} | " + " | ".join(cells) +
-                     " | " + " | ".join(ratios) + " |")
-    lines += varlen_markdown(result.get("varlen") or [])
-    path.write_text("\n".join(lines) + "\n")
-    print("wrote", path)
-
-
-def varlen_markdown(rows) -> list[str]:
-    if not rows:
-        return []
-    labels = []
-    for r in rows:
-        labels += [k for k in r["tflops"] if k not in labels]
-    out = ["", "## Packed variable-length sequences (attention_varlen)", "",
-           f"bf16, {VARLEN_TOKENS} tokens packed from uniform random lengths (dist), hidden 2048, q heads = kv heads. "
-           "TFLOP/s on the real per-sequence work (4 h len^2 d, halved for causal) for every engine, except "
-           "rtckern_dense_equal (equal-length sequences, the same token count: its own work). dense_padded: the "
-           "dense op on the sequences padded to the longest; sdpa_flash_per_seq: one SDPA call per sequence.", "",
-           "| dist | head dim | causal | seqs | longest | " + " | ".join(labels) +
-           " | varlen / dense equal | varlen / best torch |",
-           "|" + "---|" * (len(labels) + 7)]
-    for r in rows:
-        t = r["tflops"]
-        ours = t.get("rtckern_varlen", 0.0)
-        torch_best = max((v for k, v in t.items() if k.startswith(("torch_", "sdpa_"))), default=0.0)
-        eq = t.get("rtckern_dense_equal")
-        cells = [f"{t[k]:.0f}" if k in t else "-" for k in labels]
-        vs_eq = f"{ours / eq:.2f}" if eq else "-"
-        vs_torch = f"{ours / torch_best:.2f}" if torch_best else "-"
-        out.append(f"| {r['dist']} | {r['hd']} | {int(r['causal'])} | {r['sequences']} | {r['longest']} | "
-                   + " | ".join(cells) + f" | {vs_eq} | {vs_torch} |")
+        rows.append((r["hd"], r["seqlen"], r["batch"], int(r["causal"]),
+                     *(f"{t[k]:.0f}" if k in t else "-" for k in labels), *ratios))
+    out.append(Table(("head dim", "seqlen", "batch", "causal", *labels, "best rtckern / flash", "best rtckern / cuDNN"),
+                     rows))
     return out
 
 
-def write_plot(result, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as e:  # report, keep the JSON and markdown
-        print(f"no plot: {e}")
-        return
-    hds = sorted({r["hd"] for r in result["bench"]})
+def plot(plt, path: Path, meta: dict, bench: list[dict]) -> None:
+    hds = sorted({r["hd"] for r in bench})
     panels = [(hd, c) for hd in hds for c in (False, True)]
     ncol = 4
     nrow = (len(panels) + ncol - 1) // ncol
     fig, axes = plt.subplots(nrow, ncol, figsize=(18, 4.2 * nrow), sharey=True, squeeze=False)
     axes = axes.ravel()
     every = []
-    for r in result["bench"]:
+    for r in bench:
         every += [k for k in r["tflops"] if k not in every]
     cmap = plt.cm.tab10 if len(every) <= 10 else plt.cm.tab20
     colors = {lab: cmap(i % cmap.N) for i, lab in enumerate(every)}  # one color per series in every panel
     for ax, (hd, causal) in zip(axes, panels):
-        rows = [r for r in result["bench"] if r["hd"] == hd and r["causal"] == causal]
+        rows = [r for r in bench if r["hd"] == hd and r["causal"] == causal]
         for lab in every:
             xs = [r["seqlen"] for r in rows if lab in r["tflops"]]
             ys = [r["tflops"][lab] for r in rows if lab in r["tflops"]]
@@ -755,12 +591,6 @@ def write_plot(result, path: Path) -> None:
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     axes[0].set_ylabel("TFLOP/s")
-    env = result["env"]
-    fig.suptitle(f"attention forward bf16 on {env.get('gpu')} ({env.get('date')})")
+    fig.suptitle(f"attention forward bf16 on {(meta.get('gpu') or {}).get('name')} ({meta.get('date')})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    print("wrote", path)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""Cache-trust figures. CPU only: no GPU needed. Writes benchmarks/results/cache_trust.{json,md} (--out).
+"""Cache trust (CPU only): remote tier vs hostile servers, one compile per key under races, damaged-cache verify.
 
 ``remote_deadlines()``: the longest call the remote tier made against each hostile fake server
 (rtckern.testing.HostileRedis) under a given whole-call deadline, next to the bar (deadline + 10 %); for the
@@ -7,12 +7,11 @@ trickling server also how long redis-py with the same per-read timeout stays blo
 kernels: compiles per key. ``damaged_cache()``: a cache damaged in every way the runtime can meet, and what
 `cache verify` (DiskCache.verify) finds.
 
-    python3 benchmarks/cache_trust.py [--deadline 0.5] [--calls 5] [--procs 8,32] [--out DIR]
+    python -m benchmarks cache_trust [--deadline 0.5] [--calls 5] [--procs 8,32] [--threads 256] [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import threading
@@ -21,6 +20,7 @@ import tracemalloc
 import warnings
 from pathlib import Path
 
+from benchmarks.runner import Result, Table
 from rtckern.cache import CacheWarning, pack
 from rtckern.cache.remote import RedisCache
 from rtckern.compiler.base import CompiledKernel
@@ -242,65 +242,56 @@ def damaged_cache(tmp: Path) -> dict:
             "runtime_served_right": served_right}
 
 
-def _markdown(res: dict) -> str:
-    from env import md_table  # benchmarks/env.py
-
-    e = res["env"]
-    rd = res["remote"]
-    lines = ["# Cache trust", "",
-             f"{e['date']}, {e.get('host', '')}: CPU only (no GPU involved), Python {e['python']}, NVRTC "
-             f"{e.get('nvrtc')}. `python3 benchmarks/cache_trust.py`.", "",
-             f"## Remote tier against hostile servers (deadline {rd['deadline_s']} s, bar {rd['limit_s']} s, "
-             f"{rd['calls_per_op']} calls per operation)", ""]
-    lines.append(md_table(("server", "worst get (s)", "worst put (s)", "within the bar", "warnings per call",
-                           "peak allocation of a get"),
-                          [(m, r["get_max_s"], r["put_max_s"], "yes" if r["within"] else "NO",
-                            "/".join(map(str, r["get_warnings_per_call"])), f"{r['get_peak_alloc_bytes']:,} B")
-                           for m, r in rd["servers"].items()]))
-    lines += ["", f"redis-py with the same 0.5 s per-read timeout against the trickling server (the tier before): "
-                  f"blocked {rd['redis_py_trickle_blocked_s']} s.", "", "## One compile per key", ""]
-    rows = [(f"{r['processes']} processes", r["kernels"], r["keys_in_cache"], r["compiles"], r["compiles_per_key"])
-            for r in res["race_processes"]]
-    rows += [(f"{r['threads']} threads", r["kernels"], r["kernels"], r["compiles"], r["compiles_per_key"])
-             for r in res["race_threads"]]
-    lines.append(md_table(("racers (started together, empty cache)", "kernels", "keys in cache", "compiles",
-                           "compiles per key"), rows))
-    dc = res["damaged"]
-    lines += ["", f"## `cache verify` on a deliberately damaged cache ({dc['entries']} entries)", ""]
-    lines.append(md_table(("damage", "verify reports"), [(k, v if not isinstance(v, int) else f"{v} found")
-                                                         for k, v in dc["found"].items()]))
-    lines += ["", f"The runtime on the same cache recompiled {dc['runtime_recompiled']} kernels (the damaged entries) "
-                  f"and served every kernel byte-identical to a fresh compile: {dc['runtime_served_right']}.", ""]
-    return "\n".join(lines)
+QUICK = "1 call per operation, a 0.2 s deadline, 2 racing processes and 8 threads (a smoke run)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    import sys
+def add_args(ap) -> None:
+    ap.add_argument("--deadline", type=float, default=None, help="the remote tier's whole-call deadline, s (0.5)")
+    ap.add_argument("--calls", type=int, default=None, help="calls per operation and server (5)")
+    ap.add_argument("--procs", default=None, help="racing processes, comma list (8,32)")
+    ap.add_argument("--threads", default=None, help="racing threads, comma list (256)")
+
+
+def run(args) -> Result:
     import tempfile
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--deadline", type=float, default=0.5)
-    ap.add_argument("--calls", type=int, default=5)
-    ap.add_argument("--procs", default="8,32")
-    ap.add_argument("--threads", default="256")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).parent))
-    from env import environment
-
+    q = args.quick
+    deadline = args.deadline if args.deadline is not None else (0.2 if q else 0.5)
+    calls = args.calls if args.calls is not None else (1 if q else 5)
+    procs = args.procs or ("2" if q else "8,32")
+    threads = args.threads or ("8" if q else "256")
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
-        res = {"env": environment(), "remote": remote_deadlines(args.deadline, args.calls),
-               "race_processes": [race_compiles(int(n), tmp) for n in args.procs.split(",")],
-               "race_threads": [race_threads(int(n), tmp) for n in args.threads.split(",")],
-               "damaged": damaged_cache(tmp)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cache_trust.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / "cache_trust.md").write_text(_markdown(res))
-    print(_markdown(res))
-    return 0
+        remote = remote_deadlines(deadline, calls, redis_py_give_up_s=1.0 if q else 10.0)
+        race_p = [race_compiles(int(n), tmp) for n in procs.split(",")]
+        race_t = [race_threads(int(n), tmp) for n in threads.split(",")]
+        damaged = damaged_cache(tmp)
+    servers = remote.pop("servers")
+    rows = [{"server": m, **r} for m, r in servers.items()]
+    return Result("Cache trust", rows=rows, body=_body(remote, rows, race_p, race_t, damaged),
+                  data={"remote": remote, "race_processes": race_p, "race_threads": race_t, "damaged": damaged})
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _body(rd: dict, servers: list[dict], race_p: list[dict], race_t: list[dict], dc: dict) -> list:
+    body = ["CPU only (no GPU involved)."]
+    body.append(Table(("server", "worst get (s)", "worst put (s)", "within the bar", "warnings per call",
+                       "peak allocation of a get"),
+                      [(r["server"], r["get_max_s"], r["put_max_s"], "yes" if r["within"] else "NO",
+                        "/".join(map(str, r["get_warnings_per_call"])), f"{r['get_peak_alloc_bytes']:,} B")
+                       for r in servers],
+                      title=f"Remote tier against hostile servers (deadline {rd['deadline_s']} s, bar {rd['limit_s']} s, "
+                            f"{rd['calls_per_op']} calls per operation)"))
+    body.append(f"redis-py with the same {rd['deadline_s']} s per-read timeout against the trickling server (the tier "
+                f"before): blocked {rd['redis_py_trickle_blocked_s']} s.")
+    rows = [(f"{r['processes']} processes", r["kernels"], r["keys_in_cache"], r["compiles"], r["compiles_per_key"])
+            for r in race_p]
+    rows += [(f"{r['threads']} threads", r["kernels"], r["kernels"], r["compiles"], r["compiles_per_key"])
+             for r in race_t]
+    body.append(Table(("racers (started together, empty cache)", "kernels", "keys in cache", "compiles",
+                       "compiles per key"), rows, title="One compile per key"))
+    body.append(Table(("damage", "verify reports"), [(k, v if not isinstance(v, int) else f"{v} found")
+                                                     for k, v in dc["found"].items()],
+                      title=f"`cache verify` on a deliberately damaged cache ({dc['entries']} entries)"))
+    body.append(f"The runtime on the same cache recompiled {dc['runtime_recompiled']} kernels (the damaged entries) "
+                f"and served every kernel byte-identical to a fresh compile: {dc['runtime_served_right']}.")
+    return body

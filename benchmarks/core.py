@@ -1,6 +1,6 @@
-"""Core-service benchmark (run on the GPU): copy bandwidth, hot-path launch cost, compile and cache timings.
+"""Core service: copy bandwidth, hot-path launch cost against cuda.core / CuPy / torch, compile and cache timings.
 
-    PYTHONPATH=. python3 benchmarks/core.py        # writes core.json / core.md to $OUT or benchmarks/results
+    python -m benchmarks core
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from benchmarks.runner import Result, Table
 
 
 def copy_bandwidth(torch, nbytes=4 << 30, reps=20) -> float:
@@ -46,11 +48,10 @@ def per_call_us(fn, sync, n=20000, rounds=5) -> float:
     return statistics.median(res)
 
 
-def main() -> None:
+def run(args) -> Result:
     import torch
     from cuda.core import LaunchConfig, launch
 
-    import benchmarks.env as benv
     from rtckern.arch import Arch
     from rtckern.device import DeviceInfo
     from rtckern.manager import KernelManager
@@ -59,7 +60,7 @@ def main() -> None:
     torch.cuda.init()
     dev = DeviceInfo.from_device(0)
     arch = Arch(dev.arch.major, dev.arch.minor)
-    results: dict = {"env": benv.environment(), "device": dev.describe()}
+    results: dict = {"device": dev.describe()}
 
     results["copy_gbps"] = round(copy_bandwidth(torch), 1)
 
@@ -78,7 +79,7 @@ def main() -> None:
             t0 = time.perf_counter()
             m2.get(s, 0)
             warm.append((time.perf_counter() - t0) * 1e3)
-        k = m2.get(specs[-1], 0)
+        m2.get(specs[-1], 0)
         n = 100000
         t0 = time.perf_counter()
         for _ in range(n):
@@ -127,28 +128,24 @@ def main() -> None:
             "below_cupy": rt8 < cupy_us, "below_torch": rt8 < torch_us,
             "warm_disk_le_1ms": max(warm) <= 1.0, "memory_hit_le_2us": mem_us <= 2.0}
 
+    return to_result(results)
+
+
+def to_result(results: dict) -> Result:
     L = results["launch_us"]
-    md = [f"# Core service benchmark\n\n{results['env']['date']} on {results['device']}; "
-          f"driver/GPU: {results['env'].get('nvidia_smi')}; NVRTC {results['env'].get('nvrtc')}; "
-          f"torch {results['env']['packages'].get('torch')}, cuda-core {results['env']['packages'].get('cuda-core')}, "
-          f"cupy {results['env']['packages'].get('cupy-cuda13x')}\n",
-          f"Device-to-device copy: **{results['copy_gbps']} GB/s** (read + write)\n",
-          "## Host cost per launch (µs, empty kernel, 20k back-to-back launches, median of 5)\n",
-          benv.md_table(["launcher", "0 args", "8 args"], [
-              ["cuda.core launch (raw)", L["cuda_core_0args"], L["cuda_core_8args"]],
-              ["rtckern Kernel.launch (int stream)", L["rtckern_0args"], L["rtckern_8args"]],
-              ["rtckern Kernel.launch (torch stream)", "", L["rtckern_8args_torch_stream_obj"]],
-              ["CuPy RawKernel", "", L["cupy_rawkernel_8args"]],
-              ["torch eager `add_`", L["torch_add_"], ""]]),
-          "\n## Compile and cache\n",
-          benv.md_table(["what", "value"], [
-              ["cold NVRTC compile (axpy f32/f16/bf16), ms", results["cold_compile_ms"]],
-              ["warm disk hit + load, new manager, ms", results["warm_disk_load_ms"]],
-              ["memory hit (manager.get), µs", results["memory_hit_us"]]]),
-          "\n## Targets\n", benv.md_table(["target", "value"], list(results["targets"].items()))]
-    j, m_ = benv.write("core", results, "\n".join(md))
-    print(open(m_).read())
-
-
-if __name__ == "__main__":
-    main()
+    rows = [{"launcher": "cuda.core launch (raw)", "args0_us": L["cuda_core_0args"], "args8_us": L["cuda_core_8args"]},
+            {"launcher": "rtckern Kernel.launch (int stream)", "args0_us": L["rtckern_0args"],
+             "args8_us": L["rtckern_8args"]},
+            {"launcher": "rtckern Kernel.launch (torch stream)", "args0_us": None,
+             "args8_us": L["rtckern_8args_torch_stream_obj"]},
+            {"launcher": "CuPy RawKernel", "args0_us": None, "args8_us": L["cupy_rawkernel_8args"]},
+            {"launcher": "torch eager `add_`", "args0_us": L["torch_add_"], "args8_us": None}]
+    body = [f"On {results['device']}.", f"Device-to-device copy: **{results['copy_gbps']} GB/s** (read + write)",
+            Table(["launcher", "0 args", "8 args"], [(r["launcher"], r["args0_us"], r["args8_us"]) for r in rows],
+                  title="Host cost per launch (µs, empty kernel, 20k back-to-back launches, median of 5)"),
+            Table(["what", "value"], [
+                ["cold NVRTC compile (axpy f32/f16/bf16), ms", results["cold_compile_ms"]],
+                ["warm disk hit + load, new manager, ms", results["warm_disk_load_ms"]],
+                ["memory hit (manager.get), µs", results["memory_hit_us"]]], title="Compile and cache"),
+            Table(["target", "value"], list(results["targets"].items()), title="Targets")]
+    return Result("Core service benchmark", rows=rows, body=body, data=results)

@@ -1,70 +1,158 @@
-"""What every benchmark result records: date, GPU, driver and package versions; and result writing."""
+"""What every benchmark result records (date, commit, host, GPU, driver, package versions) and the GPU file tag."""
 
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("rtckern", "torch", "triton", "cupy-cuda13x", "cuda-core", "cuda-bindings", "cuda-pathfinder",
-            "nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "numpy")
+            "nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "numpy", "transformers")
 
 
-def environment() -> dict:
-    env: dict = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                 "python": platform.python_version(), "host": platform.node()}
-    vers = {}
-    for p in PACKAGES:
-        try:
-            vers[p] = metadata.version(p)
-        except metadata.PackageNotFoundError:
-            vers[p] = None
-    env["packages"] = vers
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _output(args: list[str], timeout: float = 20) -> str | None:
+    """stdout of a command, or None where it is missing or fails."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
-        env["nvidia_smi"] = out
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except (OSError, subprocess.SubprocessError):
-        env["nvidia_smi"] = None
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def smi_gpus() -> list[dict]:
+    """The GPUs nvidia-smi lists (name, driver, memory, max SM clock); [] without nvidia-smi or a GPU."""
+    out = _output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                   "--format=csv,noheader"])
+    gpus = []
+    for line in (out or "").splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 4 and parts[0]:
+            gpus.append({"name": parts[0], "driver": parts[1], "memory": parts[2], "max_sm_clock": parts[3]})
+    return gpus
+
+
+def gpu_count() -> int:
+    """Visible CUDA GPUs: nvidia-smi's list, else torch's count where nvidia-smi is missing."""
+    n = len(smi_gpus())
+    if n or _output(["nvidia-smi", "-L"]) is not None:
+        return n
     try:
         import torch
 
-        if torch.cuda.is_available():
-            p = torch.cuda.get_device_properties(0)
-            env["gpu"] = {"name": p.name, "sm_count": p.multi_processor_count, "cc": f"{p.major}.{p.minor}",
-                          "memory_gib": round(p.total_memory / 2**30, 1), "torch_cuda": torch.version.cuda}
-    except Exception:
-        pass
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # no torch, or a torch without CUDA: no GPU this runner can use
+        return 0
+
+
+def gpu_tag(name: str | None) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA H200' -> 'h200': the file-name part that tells the GPUs apart
+    (the same rule tools/device_run.sh used)."""
+    words = (name or "").replace("NVIDIA", "").split()
+    tag = "".join(ch for ch in (words[0] if words else "").lower() if ch.isascii() and ch.isalnum())
+    return tag or "gpu"
+
+
+def git_commit() -> tuple[str | None, bool]:
+    """(short commit of the checkout, whether tracked files differ from it); (None, False) outside git."""
+    commit = _output(["git", "rev-parse", "--short", "HEAD"])
+    if not commit:
+        return None, False
+    status = _output(["git", "status", "--porcelain", "--untracked-files=no"])
+    return commit, bool(status)
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(date: str | None = None) -> dict:
+    """The run's environment. Never initialises CUDA itself: GPU properties come from torch only where the suite
+    already initialised it, else from nvidia-smi."""
+    commit, dirty = git_commit()
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    env: dict = {"date": date or utc_now(), "commit": commit, "dirty": dirty, "host": platform.node(),
+                 "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+                 "cores": os.cpu_count(), "loadavg": load,
+                 "packages": {p: _version(p) for p in PACKAGES}}
+    gpus = smi_gpus()
+    env["nvidia_smi"] = gpus
+    env["driver"] = gpus[0]["driver"] if gpus else None
+    env["driver_cuda"] = None
+    if gpus:
+        try:
+            from rtckern.runtime.driver import driver_version
+
+            env["driver_cuda"] = "%d.%d" % driver_version()
+        except Exception:  # recorded as unknown; the driver version above still names the driver
+            pass
+    env["gpu"] = None
+    torch = sys.modules.get("torch")  # imported by the suite (or a stand-in of op_overhead --stub)
+    if torch is not None:
+        try:
+            env["torch"] = str(torch.__version__)
+            env["torch_cuda"] = torch.version.cuda
+            env["cudnn"] = torch.backends.cudnn.version()
+            if torch.cuda.is_initialized():
+                p = torch.cuda.get_device_properties(0)
+                env["gpu"] = {"name": p.name, "count": torch.cuda.device_count(), "sm_count": p.multi_processor_count,
+                              "cc": f"{p.major}.{p.minor}", "memory_gib": round(p.total_memory / 2**30, 1)}
+        except Exception:  # a torch without CUDA, or the CPU harness's stand-in torch
+            pass
+    if env["gpu"] is None and gpus:
+        env["gpu"] = {"name": gpus[0]["name"], "count": len(gpus), "memory": gpus[0]["memory"]}
     try:
         from rtckern.compiler.nvrtc import NvrtcCompiler
 
         env["nvrtc"] = "%d.%d" % NvrtcCompiler().version()
-    except Exception:
-        pass
+    except Exception:  # no NVRTC here: recorded as unknown
+        env["nvrtc"] = None
     return env
 
 
-def out_dir() -> Path:
-    """$OUT on the device machine, else benchmarks/results."""
-    d = Path(os.environ.get("OUT") or Path(__file__).parent / "results")  # noqa: rtckern config is for the library
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def write(name: str, payload: dict, markdown: str) -> tuple[Path, Path]:
-    d = out_dir()
-    j = d / f"{name}.json"
-    m = d / f"{name}.md"
-    j.write_text(json.dumps(payload, indent=2) + "\n")
-    m.write_text(markdown)
-    return j, m
-
-
-def md_table(headers, rows) -> str:
-    out = ["| " + " | ".join(str(h) for h in headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out) + "\n"
+def describe(env: dict, command: str | None = None) -> list[str]:
+    """The metadata lines at the top of every result markdown (missing fields are left out)."""
+    commit = env.get("commit") or "unknown"
+    if env.get("dirty"):
+        commit += " (with uncommitted changes)"
+    lines = [f"- date: {env.get('date')}, commit {commit}" + (f", host {env['host']}" if env.get("host") else "")]
+    gpu = env.get("gpu") if env.get("gpu_used", True) else None
+    if gpu:
+        facts = [f"{gpu['sm_count']} SMs" if gpu.get("sm_count") else "", f"cc {gpu['cc']}" if gpu.get("cc") else "",
+                 f"{gpu['memory_gib']} GiB" if gpu.get("memory_gib") else gpu.get("memory") or ""]
+        facts = ", ".join(f for f in facts if f)
+        count = f"{gpu['count']} x " if (gpu.get("count") or 1) > 1 else ""
+        driver = f"driver {env.get('driver')}" + (f" (CUDA {env['driver_cuda']})" if env.get("driver_cuda") else "")
+        lines.append(f"- GPU: {count}{gpu.get('name')}" + (f" ({facts})" if facts else "") + f", {driver}")
+    else:
+        lines.append(f"- GPU: none used (CPU only: {env.get('cpu')}, {env.get('cores')} cores, load average "
+                     f"{env.get('loadavg')})")
+    pk = env.get("packages") or {}
+    torch = env.get("torch") or pk.get("torch")
+    versions = []
+    if torch:
+        extra = ", ".join(x for x in (f"CUDA {env['torch_cuda']}" if env.get("torch_cuda") else "",
+                                      f"cuDNN {env['cudnn']}" if env.get("cudnn") else "") if x)
+        versions.append(f"torch {torch}" + (f" ({extra})" if extra else ""))
+    versions.append(f"NVRTC {env.get('nvrtc') or 'unknown'}")
+    versions += [f"{p} {pk[p]}" for p in ("cuda-core", "cuda-bindings", "cupy-cuda13x", "triton", "transformers",
+                                          "numpy") if pk.get(p)]
+    versions.append(f"Python {env.get('python')}")
+    lines.append("- versions: " + ", ".join(versions))
+    if command:
+        lines.append(f"- command: `{command}`")
+    return lines

@@ -1,12 +1,12 @@
-"""The first call of each op in a fresh process, on a warm cache (the kernels are on disk, the decisions persisted).
+"""The first call of each op in a fresh process on a warm cache (kernels on disk, decisions persisted), vs torch's.
 
-GPU (the real number):   PYTHONPATH=. python3 benchmarks/first_call.py --gpu [--json out.json] [--profile OP]
+GPU (the real number):   python -m benchmarks first_call [--profile OP]
     Per op, two fresh processes that do the same setup (import torch and rtckern.ops, make tiny CUDA inputs,
     synchronize: the CUDA context exists before the clock starts) and then time one first call, synchronized:
     rtckern's op in one, torch's own op in the other. `extra ms` is rtckern's first call minus torch's (the issue's
     target: <= 5 ms per op). A warm-up process per op fills the cache dir first (compile, decisions).
 
-CPU (no GPU):            PYTHONPATH=. python3 benchmarks/first_call.py [--json out.json] [--profile OP]
+CPU (no GPU):            python -m benchmarks first_call --cpu [--profile OP]
     Two measurements per op, each in a fresh process on a warm cache dir:
     - `select`: what `rtckern explain` / prefill do for a described device (DeviceInfo.for_arch("sm_90",
       sm_count=132)): build the request, registry selection with compile-only probes (keys, persisted decisions,
@@ -19,11 +19,12 @@ CPU (no GPU):            PYTHONPATH=. python3 benchmarks/first_call.py [--json o
       call so that `call ms` is rtckern's own first-call work.
 
 --cache-dir DIR uses (and warms) DIR instead of a fresh temporary one. --profile OP prints a cProfile of OP's first
-call (in the chosen mode) instead of the table.
+call (in the chosen mode) instead of the table (no result files).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -32,7 +33,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 # op -> (registry request: shape, options) for the described-device selection
 SELECT_CASES = {
@@ -106,7 +106,7 @@ def _profile(fn) -> None:
 
 def child_select(op: str, profile: bool) -> dict:
     t0 = time.perf_counter()
-    import rtckern.ops  # noqa: F401
+    importlib.import_module("rtckern.ops")
     t1 = time.perf_counter()
     from rtckern.arch import Arch
     from rtckern.compiler import compiler_for
@@ -142,10 +142,10 @@ def child_call(op: str, profile: bool) -> dict:
     install_stubs(stub_registry=False)
     import torch
 
-    import rtckern.ops  # noqa: F401
+    importlib.import_module("rtckern.ops")
     t1 = time.perf_counter()
-    import cuda.bindings.nvrtc  # noqa: F401
-    import cuda.core  # noqa: F401
+    importlib.import_module("cuda.bindings.nvrtc")
+    importlib.import_module("cuda.core")
     t2 = time.perf_counter()
     fn, _ = call_case(op, torch, stub=True)
     if profile:
@@ -167,7 +167,7 @@ def child_gpu(op: str, who: str, profile: bool) -> dict:
     import torch
 
     t0 = time.perf_counter()
-    import rtckern.ops  # noqa: F401
+    importlib.import_module("rtckern.ops")
     t1 = time.perf_counter()
     rt, ref = call_case(op, torch, stub=False)
     torch.cuda.synchronize()
@@ -192,8 +192,8 @@ def child_gpu(op: str, who: str, profile: bool) -> dict:
 
 
 def run_child(args: list[str], env: dict) -> dict:
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], env=env, capture_output=True,
-                       text=True)
+    r = subprocess.run([sys.executable, "-m", "benchmarks.first_call", "--child", *args], env=env, cwd=ROOT,
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"child {args} failed:\n{r.stderr[-3000:]}")
     if "profile" in args:
@@ -212,78 +212,100 @@ def median_of(rows: list[dict]) -> dict:
     return out
 
 
-# ---- the parent: warm the cache, run the children, print the table -----------------------------------------------
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpu", action="store_true", help="real ops on the GPU vs torch's own first call")
+# ---- the parent: warm the cache, run the children, report ---------------------------------------------------------
+QUICK = "two ops (rms_norm, softmax), one process per measurement"
+
+
+def add_args(ap) -> None:
+    ap.add_argument("--cpu", action="store_true", help="the CPU measurements (described-device selection; the op "
+                    "call with torch and the driver stubbed) instead of the GPU's")
+    ap.add_argument("--gpu", action="store_true", help=argparse.SUPPRESS)  # the default; accepted as before
     ap.add_argument("--ops", default=None, help="comma-separated ops (default: all)")
-    ap.add_argument("--repeats", type=int, default=3, help="fresh processes per measurement (median)")
+    ap.add_argument("--repeats", type=int, default=None, help="fresh processes per measurement (median; default 3)")
     ap.add_argument("--cache-dir", default=None, help="cache dir to warm and use (default: a fresh temporary one)")
     ap.add_argument("--profile", default=None, metavar="OP", help="cProfile OP's first call instead of timing")
-    ap.add_argument("--json", default=None, help="also write the numbers here")
-    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.child:
-        mode, op, *rest = a.child
-        prof = "profile" in rest
-        out = (child_select(op, prof) if mode == "select" else child_call(op, prof) if mode == "call"
-               else child_gpu(op, rest[0], prof))
-        print(json.dumps(out))
-        return
 
-    ops = a.ops.split(",") if a.ops else list(CALL_OPS)
+
+def needs_gpu(a) -> bool:
+    return not a.cpu
+
+
+def run(a):
+    # the runner's types are imported here, not at the top: a child process imports no more than it did as a script
+    from benchmarks.runner import Result
+
+    gpu = not a.cpu
+    ops = a.ops.split(",") if a.ops else (["rms_norm", "softmax"] if a.quick else list(CALL_OPS))
+    repeats = a.repeats or (1 if a.quick else 3)
     tmp = None
     if a.cache_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="rtckern-first-call-")
     env = dict(os.environ, RTCKERN_CACHE_DIR=a.cache_dir or tmp.name,
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    modes = [("gpu", "rtckern"), ("gpu", "torch")] if a.gpu else [("select",), ("call",)]
+    # Bytecode as an installed package has it (pip compiles .pyc at install): the warm-up children write it, into
+    # a prefix of our own in case the tree is read-only or the environment says not to (then every child would
+    # compile ~100 modules from source: ~250 ms on the H100 host, none of it rtckern's first-call cost).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = os.path.join(a.cache_dir or tmp.name, "pycache")
+    modes = [("gpu", "rtckern"), ("gpu", "torch")] if gpu else [("select",), ("call",)]
     for op in ops:  # warm-up: compile, persist decisions (one process per op and mode)
         for m in modes:
             if m != ("gpu", "torch"):
                 run_child([m[0], op, *m[1:]], env)
     if a.profile:
-        for m in modes[:1] if a.gpu else modes:
+        for m in modes[:1] if gpu else modes:
             run_child([m[0], a.profile, *m[1:], "profile"], env)
-        return
+        return None
     results: dict[str, dict] = {}
     for op in ops:
         for m in modes:
-            rows = [run_child([m[0], op, *m[1:]], env) for _ in range(a.repeats)]
+            rows = [run_child([m[0], op, *m[1:]], env) for _ in range(repeats)]
             results.setdefault(op, {})["-".join(m)] = rows[0] if "error" in rows[0] else median_of(rows)
-    print(report(results, a.gpu, a.repeats))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"mode": "gpu" if a.gpu else "cpu", "repeats": a.repeats, "results": results}, f, indent=1)
+    note, table = report(results, gpu, repeats)
+    return Result("First call in a fresh process, warm cache", body=[note, table],
+                  rows=[{"op": op, **r} for op, r in results.items()],
+                  data={"mode": "gpu" if gpu else "cpu", "repeats": repeats})
 
 
-def report(results: dict, gpu: bool, repeats: int) -> str:
+def report(results: dict, gpu: bool, repeats: int) -> tuple:
+    from benchmarks.runner import Table
+
     def f(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
 
     if gpu:
         dev = next((r["gpu-rtckern"].get("device") for r in results.values() if "device" in r["gpu-rtckern"]), "GPU")
-        lines = [f"First call in a fresh process, warm cache, {dev}; median of {repeats} processes per cell", "",
-                 "| op | import rtckern.ops ms | rtckern first call ms | torch first call ms | extra ms | "
-                 "rtckern 2nd call us |", "|---|---|---|---|---|---|"]
+        rows = []
         for op, r in results.items():
             rt, th = r["gpu-rtckern"], r["gpu-torch"]
             extra = rt["first_ms"] - th["first_ms"] if "first_ms" in th else None
-            lines.append(f"| {op} | {f(rt.get('import_ms'))} | {f(rt.get('first_ms'))} | {f(th.get('first_ms'))} | "
-                         f"{f(extra)} | {f(rt.get('second_us'), '{:.0f}')} |")
-        return "\n".join(lines)
-    lines = [f"First call in a fresh process, warm cache, CPU only (median of {repeats} processes per cell)", "",
-             "| op | import rtckern.ops ms | select: nvrtc load ms | select: first ms | select: 2nd us | "
-             "call: runtime imports ms | call: first ms | call: 2nd us | chosen |",
-             "|---|---|---|---|---|---|---|---|---|"]
+            rows.append((op, f(rt.get("import_ms")), f(rt.get("first_ms")), f(th.get("first_ms")), f(extra),
+                         f(rt.get("second_us"), "{:.0f}")))
+        return (f"{dev}; median of {repeats} processes per cell.",
+                Table(("op", "import rtckern.ops ms", "rtckern first call ms", "torch first call ms", "extra ms",
+                       "rtckern 2nd call us"), rows))
+    rows = []
     for op, r in results.items():
         s, c = r["select"], r["call"]
-        call = (f"{f(c.get('imports_ms'))} | {f(c.get('first_ms'))} | {f(c.get('second_us'), '{:.0f}')}"
-                if "error" not in c else f"- | stub cannot run it ({c['error'][:60]}) | -")
-        lines.append(f"| {op} | {f(s['import_ms'])} | {f(s['nvrtc_ms'])} | {f(s['first_ms'])} | "
-                     f"{f(s['second_us'], '{:.0f}')} | {call} | {s['chosen']} |")
-    return "\n".join(lines)
+        call = ((f(c.get("imports_ms")), f(c.get("first_ms")), f(c.get("second_us"), "{:.0f}"))
+                if "error" not in c else ("-", f"stub cannot run it ({c['error'][:60]})", "-"))
+        rows.append((op, f(s["import_ms"]), f(s["nvrtc_ms"]), f(s["first_ms"]), f(s["second_us"], "{:.0f}"), *call,
+                     s["chosen"]))
+    return (f"CPU only (median of {repeats} processes per cell).",
+            Table(("op", "import rtckern.ops ms", "select: nvrtc load ms", "select: first ms", "select: 2nd us",
+                   "call: runtime imports ms", "call: first ms", "call: 2nd us", "chosen"), rows))
+
+
+def child_main(argv: list[str]) -> None:
+    """One measurement in this fresh process (`python -m benchmarks.first_call --child MODE OP ...`)."""
+    if argv[:1] != ["--child"] or len(argv) < 3:
+        raise SystemExit("a child of `python -m benchmarks first_call`: run that instead")
+    mode, op, *rest = argv[1:]
+    prof = "profile" in rest
+    out = (child_select(op, prof) if mode == "select" else child_call(op, prof) if mode == "call"
+           else child_gpu(op, rest[0], prof))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    main()
+    child_main(sys.argv[1:])

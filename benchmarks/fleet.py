@@ -1,20 +1,19 @@
-"""Fleet numbers for docs/fleet.md, measured on this (CPU-only) machine: per preset, the kernels it needs, prefill
-time with 1 and N processes, bundle size per device arch, import time, and warm-start time of a fresh process
-(every request of the preset selected through the registry, binaries from: local disk, a read-only layer, Redis;
-and cold, for comparison).
+"""Fleet (CPU only): per preset, prefill time, bundle sizes per arch, and warm starts from disk, layer and Redis.
 
-    python3 benchmarks/fleet.py [--presets a,b] [--archs "8.0;9.0a"] [--jobs 2] [--out benchmarks/results]
+For docs/fleet.md: per preset, the kernels it needs, prefill time with 1 and N processes, bundle size per device
+arch, import time, and warm-start time of a fresh process (every request of the preset selected through the
+registry, binaries from: local disk, a read-only layer, Redis; and cold, for comparison).
+
+    python -m benchmarks fleet [--presets a,b] [--archs "8.0;9.0a"] [--jobs 2] [--quick]
 
 No GPU: a warm start here ends with the binaries in memory; on a GPU add module loading (core.md: 0.6-0.9 ms per
-kernel from a warm disk, load included).
+kernel from a warm disk, load included). --quick: one request (a one-line manifest), one arch, one process.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import shutil
 import socket
 import subprocess
@@ -23,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.runner import Result, Table
+
 ROOT = Path(__file__).resolve().parents[1]
 
 WARM = r"""
@@ -30,14 +31,14 @@ import json, sys, time
 t0 = time.perf_counter()
 import rtckern.ops
 from rtckern.device import DeviceInfo
-from rtckern.fleet import load_preset
+from rtckern.fleet import load_manifest, load_preset
 from rtckern.fleet.plan import build_request
 from rtckern.manager import get_manager
 from rtckern.registry import default_registry
 t1 = time.perf_counter()
 reg, n = default_registry(), 0
 dev = DeviceInfo.for_arch(sys.argv[2])
-for e in load_preset(sys.argv[1]):
+for e in (load_manifest(sys.argv[1]) if sys.argv[1].endswith('.jsonl') else load_preset(sys.argv[1])):
     try:
         req = build_request(reg, e, dev)
     except LookupError:
@@ -81,11 +82,15 @@ def warm_start(preset: str, arch: str, env: dict) -> dict:
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
 
 
-def bench_preset(preset: str, archs: str, jobs: int, tmp: Path, redis_url: str | None) -> dict:
+def bench_preset(source: str, archs: str, jobs: int, tmp: Path, redis_url: str | None) -> dict:
+    """source: a shipped preset's name, or a manifest file (*.jsonl)."""
+    manifest = source.endswith(".jsonl")
+    preset = Path(source).stem if manifest else source
     res: dict = {"preset": preset, "archs": archs}
     for j in sorted({1, jobs}):
         cache = tmp / f"{preset}-j{j}"
-        r, wall = rtckern("prefill", "--preset", preset, "--arch", archs, "-j", str(j), "--out", str(cache),
+        r, wall = rtckern("prefill", "--manifest" if manifest else "--preset", source, "--arch", archs, "-j", str(j),
+                          "--out", str(cache),
                           "--bundle", str(tmp / f"{preset}-j{j}.bundle"), "--json", "--no-progress")
         s = json.loads(r.stdout)
         res[f"prefill_j{j}"] = {"wall_s": round(wall, 2), "seconds": s["seconds"], "compiled": s["compiled"],
@@ -112,9 +117,9 @@ def bench_preset(preset: str, archs: str, jobs: int, tmp: Path, redis_url: str |
     local = tmp / f"{preset}-local"
     shutil.copytree(tmp / f"{preset}-9.0a-import", local) if (tmp / f"{preset}-9.0a-import").exists() else None
     ws = {
-        "cold (empty caches: compiles)": warm_start(preset, arch, {"RTCKERN_CACHE_DIR": str(tmp / f"{preset}-cold")}),
-        "local disk": warm_start(preset, arch, {"RTCKERN_CACHE_DIR": str(local)}),
-        "read-only layer": warm_start(preset, arch, {"RTCKERN_CACHE_DIR": str(tmp / f"{preset}-empty1"),
+        "cold (empty caches: compiles)": warm_start(source, arch, {"RTCKERN_CACHE_DIR": str(tmp / f"{preset}-cold")}),
+        "local disk": warm_start(source, arch, {"RTCKERN_CACHE_DIR": str(local)}),
+        "read-only layer": warm_start(source, arch, {"RTCKERN_CACHE_DIR": str(tmp / f"{preset}-empty1"),
                                                      "RTCKERN_CACHE_LAYERS": str(local)}),
     }
     if redis_url:
@@ -122,27 +127,39 @@ def bench_preset(preset: str, archs: str, jobs: int, tmp: Path, redis_url: str |
         from rtckern.cache.remote import RedisCache
 
         remote, d = RedisCache(redis_url, timeout_s=2.0), DiskCache(local)
-        remote._client.flushdb()
+        remote._client.execute((b"FLUSHDB",), 2.0)  # the remote holds this preset's kernels only
         for e in d.entries():  # the remote holds what the sm_90 bundle holds
             remote.put_packed(e.key, d.get_packed(e.key))
-        ws["redis (empty local)"] = warm_start(preset, arch, {"RTCKERN_CACHE_DIR": str(tmp / f"{preset}-empty2"),
+        ws["redis (empty local)"] = warm_start(source, arch, {"RTCKERN_CACHE_DIR": str(tmp / f"{preset}-empty2"),
                                                               "RTCKERN_REMOTE_CACHE": redis_url})
     res["warm_start_sm90"] = ws
     return res
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--presets", default=None)
-    ap.add_argument("--archs", default="8.0;9.0a")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
+QUICK = "one request (a one-line manifest, rms_norm bf16 4096x2048), arch 9.0a only, one process (a smoke run)"
+QUICK_MANIFEST = '{"op": "rms_norm", "dtype": "bf16", "shape": [4096, 2048]}\n'
+
+
+def add_args(ap) -> None:
+    ap.add_argument("--presets", default=None, help="comma list of shipped presets (default: all)")
+    ap.add_argument("--archs", default=None, help='arch list of the prefill (default "8.0;9.0a")')
+    ap.add_argument("--jobs", type=int, default=None, help="prefill processes besides 1 (default: CPUs)")
+
+
+def run(args) -> Result:
+    from rtckern.compiler.nvrtc import NvrtcCompiler
     from rtckern.fleet import preset_names
 
-    presets = args.presets.split(",") if args.presets else preset_names()
+    archs = args.archs or ("9.0a" if args.quick else "8.0;9.0a")
+    jobs = args.jobs or (1 if args.quick else os.cpu_count() or 2)
     tmp = Path(tempfile.mkdtemp(prefix="rtckern-fleet-"))
+    if args.presets:
+        presets = args.presets.split(",")
+    elif args.quick:
+        presets = [str(tmp / "quick.jsonl")]
+        Path(presets[0]).write_text(QUICK_MANIFEST)
+    else:
+        presets = preset_names()
     redis = None
     url = None
     if shutil.which("redis-server"):
@@ -152,28 +169,43 @@ def main() -> int:
         url = f"redis://127.0.0.1:{port}/0"
         time.sleep(0.5)
     try:
-        from rtckern.compiler.nvrtc import NvrtcCompiler
-
-        meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
-                "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "loadavg_at_start": os.getloadavg(),
-                "python": platform.python_version(), "toolchain": NvrtcCompiler().identity(),
-                "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                      cwd=ROOT).stdout.strip(), "archs": args.archs, "jobs": args.jobs}
+        setup = {"toolchain": NvrtcCompiler().identity(), "archs": archs, "jobs": jobs,
+                 "loadavg_at_start": os.getloadavg()}
         results = []
         for p in presets:
             print(f"== {p}", file=sys.stderr, flush=True)
-            results.append(bench_preset(p, args.archs, args.jobs, tmp, url))
+            results.append(bench_preset(p, archs, jobs, tmp, url))
             print(json.dumps(results[-1], indent=1), file=sys.stderr, flush=True)
     finally:
         if redis is not None:
             redis.kill()
             redis.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-    out = Path(args.out) / f"fleet_{time.strftime('%Y-%m-%d')}.json"
-    out.write_text(json.dumps({"meta": meta, "presets": results}, indent=1) + "\n")
-    print(out)
-    return 0
+    return Result("Fleet: prefill, bundles and warm starts", rows=results, body=_body(results, setup),
+                  data={"setup": setup})
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _body(results: list[dict], setup: dict) -> list:
+    jobs = setup["jobs"]
+    procs = "1 process" if jobs == 1 else f"1 and {jobs} processes"
+    body = [f"CPU only. Prefill of each preset for `{setup['archs']}` with {procs} "
+            f"(`rtckern prefill`), bundles per arch (`rtckern cache export` / `import`), and a fresh process on an "
+            f"sm_90 machine selecting every request of the preset (binaries from each source, no GPU: module "
+            f"loading not included). Toolchain: {setup['toolchain'].split('|')[0]}."]
+    prefill = []
+    for r in results:
+        p1, pn = r["prefill_j1"], r.get(f"prefill_j{jobs}", r["prefill_j1"])
+        prefill.append((r["preset"], p1["requests"], p1["served"], p1["compiled"], p1["wall_s"], pn["wall_s"],
+                        r["compile_s_per_kernel_one_core"], "yes" if r["bundles_identical_j1_vs_jN"] else "NO",
+                        p1["bundle_bytes"], ", ".join(r["failures"]) or "-"))
+    body.append(Table(("preset", "requests", "served", "kernels compiled", "prefill s (1 process)",
+                       f"prefill s ({jobs} processes)", "compile s per kernel", "bundles identical", "bundle bytes",
+                       "failures"), prefill, title="Prefill"))
+    body.append(Table(("preset", "arch", "entries", "bundle bytes", "entry bytes", "import s (process)"),
+                      [(r["preset"], a, x["entries"], x["bundle_bytes"], x["entry_bytes"], x["import_process_s"])
+                       for r in results for a, x in r["per_arch"].items()], title="Bundles per arch"))
+    body.append(Table(("preset", "binaries from", "process s", "import s", "select s", "kernels", "compiles"),
+                      [(r["preset"], src, w["process_s"], w["import_s"], w["select_s"], w["kernels"], w["compiles"])
+                       for r in results for src, w in r["warm_start_sm90"].items()],
+                      title="Warm start of a fresh process on sm_90 (every request selected)"))
+    return body

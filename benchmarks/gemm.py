@@ -1,9 +1,10 @@
-"""GEMM benchmark and tuner on a live GPU: rtckern.ops.gemm against torch.matmul (cuBLAS) in the same process.
+"""GEMM: rtckern.ops.gemm against torch.matmul (cuBLAS) in one process, large, skinny and fused-epilogue shapes.
 
-    PYTHONPATH=. python3 benchmarks/gemm.py --tune --table-out T.json   # sweep configs, merge winners into the
-                                                                        # user table (and copy it to T.json)
-    PYTHONPATH=. python3 benchmarks/gemm.py --bench --out DIR           # gemm_<gpu>_<date>.json/.md/.png
-    PYTHONPATH=. python3 benchmarks/gemm.py --tune --skinny ...         # only the skinny shapes (M 16 / 128)
+    python -m benchmarks gemm                                    # the result set gemm_<gpu>.{json,md,png}
+    python -m benchmarks gemm --check                            # and first the kernel-level checks
+    python -m benchmarks gemm --tune --no-bench --table-out T.json   # sweep configs, merge winners into the
+                                                                 # user table (and copy it to T.json)
+    python -m benchmarks gemm --tune --skinny ...                # only the skinny shapes (M 16 / 128)
 
 Timing: each call is captured 20 times in a CUDA graph and replayed (median of 7 replays / 20), so launch gaps do
 not count for either side; the op's eager time (Python included) is reported too. Inputs are random (never
@@ -12,17 +13,15 @@ zeros), freshly drawn per shape; every timed output is checked against an fp32 r
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
 
+from benchmarks.runner import Result, Table
 from rtckern.device import DeviceInfo
 from rtckern.ops import _gemm_candidates as cands
 from rtckern.ops import _gemm_plan as P
@@ -100,30 +99,6 @@ def eager_us(fn, reps: int = 50) -> float:
     return (time.perf_counter() - t0) * 1e6 / reps
 
 
-def environment(args) -> dict:
-    from importlib.metadata import version
-
-    def v(pkg):
-        try:
-            return version(pkg)
-        except Exception:
-            return None
-
-    dev = DeviceInfo.from_device(0)
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception as e:
-        smi = f"nvidia-smi failed: {e}"
-    from rtckern.runtime.driver import driver_version
-
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "gpu": dev.name, "sm_count": dev.sm_count, "arch": dev.arch.sm, "nvidia_smi": smi,
-            "driver_cuda": "%d.%d" % driver_version(), "torch": torch.__version__, "cuda_torch": torch.version.cuda,
-            "cuda-bindings": v("cuda-bindings"), "cuda-core": v("cuda-core"), "nvrtc": v("nvidia-cuda-nvrtc"),
-            "rtckern_commit": args.commit, "python": sys.version.split()[0]}
-
-
 # -- tune ----------------------------------------------------------------------------------------------------------
 def _compile(spec):
     from rtckern.manager import get_manager
@@ -162,6 +137,7 @@ def _safe_compile(spec):
 
 
 def tune(args) -> int:
+    from benchmarks.env import environment
     from rtckern import tuning
     from rtckern.ops import _gemm_tuned as T
     from rtckern.ops._gemm_tune import register_tuner
@@ -171,7 +147,7 @@ def tune(args) -> int:
     tuner = register_tuner()
     dev = DeviceInfo.from_device(0)
     precompile_sweeps(dev)
-    env = environment(args)
+    env = environment()
     rows, report = [], []
     seen = set()
     for s in bench_shapes():
@@ -252,38 +228,25 @@ def bench_one(s: dict, gen) -> dict:
             "config_source": cands.tuned_plan(sel.request)[1]}
 
 
-def write_markdown(path: str, env: dict, rows: list[dict]) -> None:
-    lines = [f"# rtckern GEMM vs torch.matmul on {env['gpu']} ({env['date']})", "",
-             f"driver CUDA {env['driver_cuda']} ({env['nvidia_smi']}), torch {env['torch']} (CUDA "
-             f"{env['cuda_torch']}), cuda-bindings {env['cuda-bindings']}, NVRTC {env['nvrtc']}, rtckern "
-             f"{env['rtckern_commit']}.", "",
-             "Times: CUDA-graph replays, median; torch column = torch.matmul (+ separate bias/activation/residual "
-             "ops for the fused rows). ratio = torch time / rtckern time (>1: rtckern faster).", "",
-             "| group | M x N x K | dtype | layout | epilogue | rtckern TFLOP/s | torch TFLOP/s | ratio | eager us "
-             "| rel err | candidate | config |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def table(rows: list[dict]) -> Table:
+    cells = []
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['group']} | {r['m']}x{r['n']}x{r['k']} | {r['dtype']} | | | ERROR {r['error']} |"
-                         " | | | | | |")
+            cells.append((r["group"], f"{r['m']}x{r['n']}x{r['k']}", r["dtype"], "", "", f"ERROR {r['error']}")
+                         + ("",) * 6)
             continue
         epi = "+".join(x for x in (("bias" if r.get("bias") else ""), r.get("activation", "") or "",
                                    ("residual" if r.get("residual") else "")) if x and x != "none") or "-"
         cfg = r["config"]
         cfg_s = ",".join(f"{k}={v}" for k, v in cfg.items() if k not in ("group_m",))
-        lines.append(f"| {r['group']} | {r['m']}x{r['n']}x{r['k']} | {r['dtype']} | "
-                     f"{'tn' if r['trans_b'] else 'nn'} | {epi} | {r['tflops']:.0f} | {r['torch_tflops']:.0f} | "
-                     f"{r['ratio_vs_torch']:.3f} | {r['eager_us']:.1f} | {r['rel_err']:.1e} | {r['candidate']} | "
-                     f"{cfg_s} ({r['config_source']}) |")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        cells.append((r["group"], f"{r['m']}x{r['n']}x{r['k']}", r["dtype"], "tn" if r["trans_b"] else "nn", epi,
+                      f"{r['tflops']:.0f}", f"{r['torch_tflops']:.0f}", f"{r['ratio_vs_torch']:.3f}",
+                      f"{r['eager_us']:.1f}", f"{r['rel_err']:.1e}", r["candidate"], f"{cfg_s} ({r['config_source']})"))
+    return Table(("group", "M x N x K", "dtype", "layout", "epilogue", "rtckern TFLOP/s", "torch TFLOP/s", "ratio",
+                  "eager us", "rel err", "candidate", "config"), cells)
 
 
-def plot(path: str, env: dict, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(plt, path, meta: dict, rows: list[dict]) -> None:
     ok = [r for r in rows if "error" not in r]
     labels = [f"{r['m']}x{r['n']}x{r['k']}\n{r['dtype']} {'tn' if r['trans_b'] else 'nn'}"
               + ("\n" + (r.get('activation') or '') if r["group"] == "fused" else "") for r in ok]
@@ -296,19 +259,21 @@ def plot(path: str, env: dict, rows: list[dict]) -> None:
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, rotation=90, fontsize=7)
     ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"GEMM on {env['gpu']}, {env['date'][:10]} (ratio = torch time / rtckern time)")
+    ax.set_title(f"GEMM on {(meta.get('gpu') or {}).get('name')}, {meta['date'][:10]} "
+                 "(ratio = torch time / rtckern time)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def bench(args) -> int:
-    env = environment(args)
-    print(json.dumps(env), flush=True)
+def bench(args) -> list[dict]:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(7)
     rows = []
-    for s in bench_shapes():
+    shapes = bench_shapes()
+    if args.quick:
+        shapes = [s for s in shapes if s["dtype"] == "bf16" and (s["m"], s["n"], s["k"]) in QUICK_SHAPES]
+    for s in shapes:
         try:
             r = bench_one(s, gen)
         except Exception as e:  # recorded and reported; the other shapes still run
@@ -322,40 +287,60 @@ def bench(args) -> int:
                   f" {r['tflops']:.0f} TF vs torch {r['torch_tflops']:.0f} TF = {r['ratio_vs_torch']:.3f}x "
                   f"(eager {r['eager_us']:.0f}us, err {r['rel_err']:.1e} {'ok' if r['ok'] else 'BAD'}) "
                   f"{r['candidate']} {r['config_source']}", flush=True)
-    stem = f"gemm_{env['gpu'].replace(' ', '_')}_{env['date'][:10]}"
-    with open(os.path.join(args.out, stem + ".json"), "w") as f:
-        json.dump({"environment": env, "results": rows}, f, indent=1)
-    write_markdown(os.path.join(args.out, stem + ".md"), env, rows)
-    try:
-        plot(os.path.join(args.out, stem + ".png"), env, rows)
-    except Exception as e:
-        print(f"plot failed: {e}", flush=True)
-    return 0 if all(r.get("ok") for r in rows) else 1
+    return rows
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tune", action="store_true")
-    ap.add_argument("--bench", action="store_true")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--table-out", default=None)
-    ap.add_argument("--commit", default="unknown")
+CHECK = ("first the kernel-level checks: every kernel family and tile config launched directly (no registry) "
+         "against float64 (benchmarks/_gemm_kernels.py)")
+QUICK = "bf16 4096^3 (plain and fused epilogues) and 16x4096x4096 only"
+QUICK_SHAPES = {(4096, 4096, 4096), (16, 4096, 4096)}
+
+
+def add_args(ap) -> None:
+    ap.add_argument("--tune", action="store_true", help="sweep every config of the benchmark's shapes first and "
+                    "merge the winners into the user's tuning table")
+    ap.add_argument("--bench", action=argparse.BooleanOptionalAction, default=True,
+                    help="time the op against torch (the result set; on by default)")
+    ap.add_argument("--table-out", default=None, help="--tune: also copy the merged table here")
     ap.add_argument("--no-pingpong", action="store_true", help="leave ping-pong configs out of the sweep")
     ap.add_argument("--skinny", action="store_true", help="only the skinny shapes (M 16 / 128, N = K 4096 / 8192)")
     ap.add_argument("--precompile-only", action="store_true", help="compile the sweep's kernels and stop")
-    args = ap.parse_args(argv)
+    ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 4),
+                    help="--check: parallel compile processes")
+    ap.add_argument("--no-sm90", action="store_true", help="--check: leave out the sm_90a kernels (after a hang)")
+
+
+def run(args) -> Result | None:
     global SKINNY_ONLY
     SKINNY_ONLY = args.skinny
     if args.precompile_only:
         precompile_sweeps(DeviceInfo.from_device(0))
-        return 0
+        return None
     rc = 0
     if args.tune:
         rc |= tune(args)
-    if args.bench:
-        rc |= bench(args)
-    return rc
+    checks = None
+    if args.check:
+        from benchmarks import _gemm_kernels
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+        checks = _gemm_kernels.run_checks(DeviceInfo.from_device(0), args.workers, args.no_sm90)
+        rc |= 0 if all(c["ok"] for c in checks) else 1
+    if not (args.bench or args.check):
+        return None
+    rows = bench(args) if args.bench else []
+    rc |= 0 if all(r.get("ok") for r in rows) else 1
+    body = []
+    if checks is not None:
+        bad = [c for c in checks if not c["ok"]]
+        body.append(f"Kernel-level checks (every kernel family and tile config launched directly, float64 reference, "
+                    f"bound max(u_out, 2^-16) * sqrt(K)): {len(checks) - len(bad)} passed, {len(bad)} failed.")
+        if bad:
+            body.append(Table(("case", "config", "rel err", "bound", "error"),
+                              [(c["label"], c["config"], c.get("rel_err"), c.get("tol"), c.get("error")) for c in bad],
+                              title="Failed kernel-level checks"))
+    if rows:
+        body += ["Times: CUDA-graph replays, median; torch column = torch.matmul (+ separate bias/activation/residual "
+                 "ops for the fused rows). ratio = torch time / rtckern time (>1: rtckern faster).", table(rows)]
+    return Result("rtckern GEMM vs torch.matmul", rows=rows, body=body,
+                  data={"kernel_checks": checks} if checks is not None else {},
+                  plot=(lambda plt, path, meta: plot(plt, path, meta, rows)) if rows else None, rc=rc)

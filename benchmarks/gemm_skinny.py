@@ -1,9 +1,10 @@
 """Skinny GEMMs (decode-size M) and the op's per-call cost: rtckern.ops.gemm against torch.matmul in one process.
 
-    PYTHONPATH=. python3 benchmarks/gemm_skinny.py --bench --tag after --out DIR    # live GPU
-    PYTHONPATH=. python3 benchmarks/gemm_skinny.py --mock-host                      # this CPU, launches mocked
+    python -m benchmarks gemm_skinny [--host] [--tag after]     # live GPU
+    python -m benchmarks gemm_skinny --mock-host                # this CPU, launches mocked
+    python -m benchmarks gemm_skinny --plot BEFORE.json AFTER.json OUT.png   # two runs' ratios side by side
 
---bench, per shape (M 16 / 128, N = K 4096 / 8192, bf16, both B layouts), after a check against an fp32
+The GPU run, per shape (M 16 / 128, N = K 4096 / 8192, bf16, both B layouts), after a check against an fp32
 reference:
   graph      CUDA-graph replays of 20 calls (median of 7 replays / 20), same buffers every call (B stays partly
              in L2 when it fits: 32 MB at N = K = 4096 against the H200's 60 MB);
@@ -22,14 +23,15 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
+
+from benchmarks.runner import Result, Table
 
 SKINNY = [(16, 4096, 4096), (16, 8192, 8192), (128, 4096, 4096), (128, 8192, 8192)]
 
 
 # -- host path on this CPU ------------------------------------------------------------------------------------------
-def mock_host(args) -> int:
+def mock_host(args) -> Result:
     import torch
 
     from rtckern.device import DeviceInfo
@@ -106,12 +108,15 @@ def mock_host(args) -> int:
                      "launches_per_call": per})
         print(f"{label:28s} {statistics.median(times):7.2f} us/call (min {min(times):.2f}), {per:.0f} launch(es)",
               flush=True)
-    out = {"tree": os.path.abspath(os.path.dirname(G.__file__)), "python": sys.version.split()[0],
-           "torch": torch.__version__, "calls": args.calls, "rounds": args.rounds, "rows": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    return 0
+    tree = os.path.abspath(os.path.dirname(G.__file__))
+    table = Table(("case", "us per call", "min us", "launches per call"),
+                  [(r["case"], f"{r['us_per_call']:.2f}", f"{r['min_us']:.2f}", f"{r['launches_per_call']:.0f}")
+                   for r in rows])
+    return Result("GEMM host path per call, launches mocked (CPU)", rows=rows,
+                  body=[f"The op's host path alone on this CPU: CPU tensors pose as device 0 of an H200, the registry's "
+                        f"choice is real, kernel launches do nothing. Tree {tree}; {args.calls} calls per round, median "
+                        f"of {args.rounds} rounds.", table],
+                  data={"tree": tree, "calls": args.calls, "rounds": args.rounds})
 
 
 # -- live GPU ---------------------------------------------------------------------------------------------------------
@@ -134,7 +139,6 @@ def eager(fn, n: int = 200) -> tuple[float, float]:
 def bench_shape(m, n, k, tb, gen, rotate: int = 4) -> dict:
     import torch
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from benchmarks.gemm import graph_us
     from rtckern.ops import _gemm_candidates as cands
     from rtckern.ops import _gemm_plan as P
@@ -208,48 +212,40 @@ def host_overhead_tiny(gen) -> list[dict]:
     return rows
 
 
-def write_markdown(path: str, env: dict, tag: str, rows: list[dict], host: list[dict]) -> None:
-    lines = [f"# Skinny GEMM and per-call cost, rtckern vs torch.matmul, {env['gpu']} ({env['date']}, {tag})", "",
-             f"driver CUDA {env['driver_cuda']} ({env['nvidia_smi']}), torch {env['torch']}, cuda-bindings "
-             f"{env['cuda-bindings']}, NVRTC {env['nvrtc']}, rtckern {env['rtckern_commit']}.", "",
-             "bf16. graph: CUDA-graph replays, same buffers (B partly L2-resident at N = K = 4096); rotated: 4 "
-             "copies of A and B in turn; eager: 200 calls, wall time per call with the GPU work. ratio = torch "
-             "time / rtckern time (>= 1: rtckern as fast or faster). eager submit: host time per call.", "",
-             "| M x N x K | layout | graph us (torch) | ratio | rotated us (torch) | ratio | eager us (torch) | ratio "
-             "| eager submit us (torch) | TB/s rotated | rel err | candidate | config |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def _body(rows: list[dict], host: list[dict]) -> list:
+    body = ["bf16. graph: CUDA-graph replays, same buffers (B partly L2-resident at N = K = 4096); rotated: 4 "
+            "copies of A and B in turn; eager: 200 calls, wall time per call with the GPU work. ratio = torch "
+            "time / rtckern time (>= 1: rtckern as fast or faster). eager submit: host time per call."]
+    cells = []
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['m']}x{r['n']}x{r['k']} | {r['layout']} | ERROR {r['error']} | | | | | | | | | | |")
+            cells.append((f"{r['m']}x{r['n']}x{r['k']}", r["layout"], f"ERROR {r['error']}") + ("",) * 10)
             continue
         cfg = ",".join(f"{k}={v}" for k, v in r["config"].items() if k != "group_m")
-        lines.append(f"| {r['m']}x{r['n']}x{r['k']} | {r['layout']} | {r['graph_us']:.1f} ({r['torch_graph_us']:.1f})"
-                     f" | {r['ratio_graph']:.3f} | {r['rot_us']:.1f} ({r['torch_rot_us']:.1f}) | {r['ratio_rot']:.3f}"
-                     f" | {r['eager_us']:.1f} ({r['torch_eager_us']:.1f}) | {r['ratio_eager']:.3f} | "
-                     f"{r['eager_submit_us']:.1f} ({r['torch_eager_submit_us']:.1f}) | {r['hbm_tbs_rot']:.2f} | "
-                     f"{r['rel_err']:.1e} | {r['candidate']} | {cfg} ({r['config_source']}) |")
+        cells.append((f"{r['m']}x{r['n']}x{r['k']}", r["layout"], f"{r['graph_us']:.1f} ({r['torch_graph_us']:.1f})",
+                      f"{r['ratio_graph']:.3f}", f"{r['rot_us']:.1f} ({r['torch_rot_us']:.1f})", f"{r['ratio_rot']:.3f}",
+                      f"{r['eager_us']:.1f} ({r['torch_eager_us']:.1f})", f"{r['ratio_eager']:.3f}",
+                      f"{r['eager_submit_us']:.1f} ({r['torch_eager_submit_us']:.1f})", f"{r['hbm_tbs_rot']:.2f}",
+                      f"{r['rel_err']:.1e}", r["candidate"], f"{cfg} ({r['config_source']})"))
+    body.append(Table(("M x N x K", "layout", "graph us (torch)", "ratio", "rotated us (torch)", "ratio",
+                       "eager us (torch)", "ratio", "eager submit us (torch)", "TB/s rotated", "rel err", "candidate",
+                       "config"), cells))
     if host:
-        lines += ["", "Per-call cost on shapes the host dominates (500 calls):", "",
-                  "| M x N x K | epilogue | rtckern submit us | rtckern eager us | torch submit us | torch eager us |",
-                  "|---|---|---|---|---|---|"]
-        for h in host:
-            lines.append(f"| {h['m']}x{h['n']}x{h['k']} | {h['epilogue']} | {h['submit_us']:.2f} | "
-                         f"{h['eager_us']:.2f} | {h['torch_submit_us']:.2f} | {h['torch_eager_us']:.2f} |")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        body.append(Table(("M x N x K", "epilogue", "rtckern submit us", "rtckern eager us", "torch submit us",
+                           "torch eager us"),
+                          [(f"{h['m']}x{h['n']}x{h['k']}", h["epilogue"], f"{h['submit_us']:.2f}", f"{h['eager_us']:.2f}",
+                            f"{h['torch_submit_us']:.2f}", f"{h['torch_eager_us']:.2f}") for h in host],
+                          title="Per-call cost on shapes the host dominates (500 calls)"))
+    return body
 
 
-def bench(args) -> int:
+def bench(args) -> Result:
     import torch
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from benchmarks.gemm import environment
-
-    env = environment(args)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(11)
     rows = []
-    for m, n, k in SKINNY:
+    for m, n, k in (SKINNY[:1] if args.quick else SKINNY):
         for tb in (True, False):
             try:
                 r = bench_shape(m, n, k, tb, gen)
@@ -266,11 +262,9 @@ def bench(args) -> int:
                       f"{r['torch_eager_submit_us']:.1f} err {r['rel_err']:.1e} {r['candidate']} "
                       f"{r['config']} {r['config_source']}", flush=True)
     host = host_overhead_tiny(gen) if args.host else []
-    stem = f"gemm_skinny_{args.tag}_{env['gpu'].replace(' ', '_')}_{env['date'][:10]}"
-    with open(os.path.join(args.out, stem + ".json"), "w") as f:
-        json.dump({"environment": env, "tag": args.tag, "results": rows, "host": host}, f, indent=1)
-    write_markdown(os.path.join(args.out, stem + ".md"), env, args.tag, rows, host)
-    return 0 if all(r.get("ok") for r in rows) else 1
+    title = "Skinny GEMM and per-call cost, rtckern vs torch.matmul" + (f" ({args.tag})" if args.tag else "")
+    return Result(title, rows=rows, body=_body(rows, host), data={"tag": args.tag, "host": host},
+                  rc=0 if all(r.get("ok") for r in rows) else 1)
 
 
 def plot(before_json: str, after_json: str, path: str) -> None:
@@ -280,14 +274,14 @@ def plot(before_json: str, after_json: str, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [json.load(open(before_json)), json.load(open(after_json))]
-    rows = [[r for r in run["results"] if "error" not in r] for run in runs]
+    runs = [json.load(open(before_json)), json.load(open(after_json))]  # two result files of this suite
+    rows = [[r for r in run["rows"] if "error" not in r] for run in runs]
     labels = [f"M{r['m']}\n{r['n'] // 1024}k {r['layout']}" for r in rows[1]]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), sharey=True)
     for ax, key, title in zip(axes, ("ratio_graph", "ratio_rot", "ratio_eager"),
                               ("CUDA graph, same buffers", "CUDA graph, 4 rotating buffers", "eager (200 calls)")):
         x = range(len(labels))
-        for off, run_rows, tag in ((-0.2, rows[0], runs[0]["tag"]), (0.2, rows[1], runs[1]["tag"])):
+        for off, run_rows, tag in ((-0.2, rows[0], runs[0]["tag"] or "before"), (0.2, rows[1], runs[1]["tag"] or "after")):
             ax.bar([i + off for i in x], [r[key] for r in run_rows], width=0.4, label=tag)
         ax.axhline(0.9, color="k", lw=0.8, ls="--")
         ax.axhline(1.0, color="grey", lw=0.5)
@@ -297,36 +291,35 @@ def plot(before_json: str, after_json: str, path: str) -> None:
         ax.set_title(title, fontsize=9)
     axes[0].set_ylabel("torch.matmul time / rtckern time (N = K)")
     axes[0].legend(fontsize=8)
-    env = runs[1]["environment"]
-    fig.suptitle(f"Skinny bf16 GEMM vs torch.matmul on {env['gpu']}, {env['date'][:10]} (dashed: 0.90 target)",
-                 fontsize=10)
+    env = runs[1]["meta"]
+    fig.suptitle(f"Skinny bf16 GEMM vs torch.matmul on {(env.get('gpu') or {}).get('name')}, {env['date'][:10]} "
+                 "(dashed: 0.90 target)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bench", action="store_true")
-    ap.add_argument("--host", action="store_true", help="with --bench: per-call cost on host-bound shapes too")
-    ap.add_argument("--tag", default="run")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--commit", default="unknown")
-    ap.add_argument("--mock-host", action="store_true")
-    ap.add_argument("--calls", type=int, default=3000)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", default=None, help="with --mock-host: write the rows here")
-    ap.add_argument("--plot", nargs=3, metavar=("BEFORE_JSON", "AFTER_JSON", "PNG"), default=None)
-    args = ap.parse_args(argv)
+QUICK = "the first shape only (16x4096x4096, both layouts)"
+
+
+def add_args(ap) -> None:
+    ap.add_argument("--bench", action="store_true", help=argparse.SUPPRESS)  # the default; accepted as before
+    ap.add_argument("--host", action="store_true", help="per-call cost on host-bound shapes too")
+    ap.add_argument("--tag", default="", help="a label of this run in the title and JSON (before / after)")
+    ap.add_argument("--mock-host", action="store_true", help="this CPU: the op's host path, launches mocked")
+    ap.add_argument("--calls", type=int, default=3000, help="--mock-host: calls per round")
+    ap.add_argument("--rounds", type=int, default=5, help="--mock-host: rounds (median)")
+    ap.add_argument("--plot", nargs=3, metavar=("BEFORE_JSON", "AFTER_JSON", "PNG"), default=None,
+                    help="draw two runs' ratios side by side (no GPU, no result files)")
+
+
+def needs_gpu(args) -> bool:
+    return not (args.mock_host or args.plot)
+
+
+def run(args) -> Result | None:
     if args.plot:
         plot(*args.plot)
-        return 0
+        return None
     if args.mock_host:
         return mock_host(args)
-    if args.bench:
-        return bench(args)
-    ap.print_help()
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return bench(args)

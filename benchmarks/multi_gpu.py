@@ -1,10 +1,11 @@
-"""Several ranks starting cold on one cache directory (run under torchrun, one rank per GPU).
+"""Multi-GPU cold start: several ranks (one process per GPU, torchrun) starting cold on one cache directory.
 
-    RTCKERN_CACHE_DIR=/tmp/shared torchrun --nproc_per_node=2 benchmarks/multi_gpu.py
+    python -m benchmarks multi_gpu [--nproc N] [--cache-dir DIR]
 
 Each rank records every compile/cache event, checks its outputs against torch, and the time from process
-start to first correct output. Rank 0 checks that every kernel key was compiled exactly once across ranks and
-writes multi_gpu.json / multi_gpu.md."""
+start to first correct output. Rank 0 checks that every kernel key was compiled exactly once across ranks. The
+cache directory is a fresh empty one unless --cache-dir names one (it is then used as it is).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import json
 import os
 import time
 
-T_START = time.perf_counter()
+T_START = time.perf_counter()  # a rank's process start (this module is the first thing a rank imports)
 
 
-def main() -> None:
+def worker(result_path: str) -> None:
+    """One rank, under torchrun; rank 0 writes the gathered result to result_path."""
     import torch
     import torch.distributed as dist
 
@@ -63,28 +65,69 @@ def main() -> None:
     if rank == 0:
         from collections import Counter
 
-        import benchmarks.env as benv
-
         counts = Counter(k for g in gathered for k in g["compiles"])
-        result = {"env": benv.environment(), "world": world, "ranks": gathered,
+        result = {"world": world, "ranks": gathered,
                   "keys_compiled": len(counts), "max_compiles_per_key": max(counts.values()) if counts else 0,
                   "every_key_compiled_once": all(c == 1 for c in counts.values()),
                   "all_ranks_correct": all(g["ok"] for g in gathered)}
-        rows = [[g["rank"], g["device"], g["first_output_s"], len(g["compiles"]),
-                 sum(1 for e in g["events"] if e[1] != "compile"), g["ok"],
-                 " ".join(f"{k}={v:.1e}" for k, v in g["errors"].items())] for g in gathered]
-        md = (f"# Multi-GPU cold start: {world} ranks, one cache directory\n\n{result['env']['date']}; "
-              f"{result['env'].get('nvidia_smi')}; torch {result['env']['packages'].get('torch')}\n\n"
-              + benv.md_table(["rank", "GPU", "time to first output (s)", "compiled", "cache hits", "correct",
-                               "rel. errors"], rows)
-              + f"\nKeys compiled: {result['keys_compiled']}; most compiles of one key across ranks: "
-                f"{result['max_compiles_per_key']} (every key once: {result['every_key_compiled_once']}); "
-                f"all ranks correct: {result['all_ranks_correct']}\n")
-        benv.write("multi_gpu", result, md)
-        print(md)
+        with open(result_path, "w") as f:
+            json.dump(result, f)
     dist.barrier()
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main()
+def add_args(ap) -> None:
+    ap.add_argument("--nproc", type=int, default=None, help="ranks, one per GPU (default: every visible GPU)")
+    ap.add_argument("--cache-dir", default=None, help="the shared cache directory (default: a fresh empty one)")
+
+
+def run(args):
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from benchmarks.env import ROOT, gpu_count
+
+    nproc = args.nproc or gpu_count()
+    tmp = Path(tempfile.mkdtemp(prefix="rtckern-multi-"))
+    try:
+        cache = args.cache_dir or str(tmp / "cold-cache")
+        out = tmp / "result.json"
+        env = dict(os.environ, RTCKERN_CACHE_DIR=cache,
+                   PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "-m",
+               "benchmarks.multi_gpu", "--worker", str(out)]
+        rc = subprocess.run(cmd, env=env, cwd=ROOT).returncode
+        if rc != 0 or not out.is_file():
+            raise RuntimeError(f"the ranks failed (torchrun exit status {rc}): {' '.join(cmd)}")
+        result = json.loads(out.read_text())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return to_result(result)
+
+
+def to_result(result: dict):
+    from benchmarks.runner import Result, Table
+
+    world = result["world"]
+    rows = result.pop("ranks")
+    table = [[g["rank"], g["device"], g["first_output_s"], len(g["compiles"]),
+              sum(1 for e in g["events"] if e[1] != "compile"), g["ok"],
+              " ".join(f"{k}={v:.1e}" for k, v in g["errors"].items())] for g in rows]
+    body = [Table(["rank", "GPU", "time to first output (s)", "compiled", "cache hits", "correct", "rel. errors"],
+                  table),
+            f"Keys compiled: {result['keys_compiled']}; most compiles of one key across ranks: "
+            f"{result['max_compiles_per_key']} (every key once: {result['every_key_compiled_once']}); "
+            f"all ranks correct: {result['all_ranks_correct']}"]
+    return Result(f"Multi-GPU cold start: {world} ranks, one cache directory", rows=rows, body=body, data=result,
+                  gpus=world)
+
+
+if __name__ == "__main__":  # a rank, started by run() through torchrun
+    import sys
+
+    if sys.argv[1:2] != ["--worker"] or len(sys.argv) != 3:
+        raise SystemExit("a rank of `python -m benchmarks multi_gpu`: run that instead")
+    worker(sys.argv[2])

@@ -1,42 +1,42 @@
-"""RMSNorm / LayerNorm benchmark (issue 4): GB/s of rtckern's kernels against a device-to-device copy, torch
-eager and torch.compile, M x N = 2^27 elements, N in {1024, 4096, 5120, 8192, 12288, 16384, 65536}.
+"""RMSNorm / LayerNorm: GB/s of rtckern's kernels against a device-to-device copy, torch eager and torch.compile.
 
-    python3 benchmarks/norms.py bench  --out DIR   # the public ops (registry's choice) vs copy/eager/compile
-    python3 benchmarks/norms.py sweep  --out DIR   # the package tuner (`rtckern tune <norm op>`) over every
-                                                   # benchmark shape; --into DIR merges the rows into the tables
-                                                   # there (rtckern/tuning_tables: the shipped ones)
-    python3 benchmarks/norms.py sweep --kinds l2 --dirs bwd --ns 65536   # only these kinds' configs (plus each
-                                                   # kind's current config, re-timed in the same run)
-    python3 benchmarks/norms.py all    --out DIR   # both
-    python3 benchmarks/norms.py compile-times      # cold NVRTC compile of every kernel variant (no GPU)
+M x N = 2^27 elements, N in {1024, 4096, 5120, 8192, 12288, 16384, 65536}, bf16 / fp16 / fp32, forward and backward.
+
+    python -m benchmarks norms [bench]   # the public ops (registry's choice) vs copy/eager/compile: the result set
+    python -m benchmarks norms sweep     # the package tuner (`rtckern tune <norm op>`) over every benchmark shape
+                                         # (trials: DIR/norms_sweep.json); --into DIR merges the rows into the
+                                         # tables there (rtckern/tuning_tables: the shipped ones)
+    python -m benchmarks norms sweep --kinds l2 --dirs bwd --ns 65536   # only these kinds' configs (plus each
+                                         # kind's current config, re-timed in the same run)
+    python -m benchmarks norms all       # both
+    python -m benchmarks norms compile-times   # cold NVRTC compile of every kernel variant (no GPU;
+                                               # DIR/norms_compile_times.json)
 
 One shape of the sweep is `rtckern tune rms_norm --dtype bf16 --shapes 4096` (and layer_norm, the backwards):
 the candidate configs, their checks against float64, the timing and the table rows are the package's
 (rtckern/ops/_norms_tune.py). Bytes: forward reads x (+ weight, bias) and writes y; backward reads x, dy
 (+ weight) and writes dx (+ dweight, dbias). Timing: CUDA events around `inner` back-to-back calls queued behind
 a GPU sleep (so the host's launch cost stays out), warm-up first, median of `reps`; 2^27-element tensors are far
-larger than the 60 MB L2. Results: DIR/norms_sweep.json, DIR/norms_bench.json, DIR/norms_bench.md,
-DIR/norms_bench.png.
+larger than the 60 MB L2.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rtckern.arch import Arch  # noqa: E402
-from rtckern.device import DeviceInfo  # noqa: E402
-from rtckern.ops import _norms_kernels as K  # noqa: E402
-from rtckern.ops import _norms_launch as L  # noqa: E402
-from rtckern.ops import _norms_tune as T  # noqa: E402
+from benchmarks.runner import Result, Table
+from rtckern.arch import Arch
+from rtckern.device import DeviceInfo
+from rtckern.ops import _norms_kernels as K
+from rtckern.ops import _norms_launch as L
+from rtckern.ops import _norms_tune as T
 
 TOTAL = T.TUNE_ELEMENTS
 NS = (1024, 4096, 5120, 8192, 12288, 16384, 65536)
@@ -64,12 +64,13 @@ def cmd_sweep(out: Path, torch, budget_s: float, kinds=None, dirs=("fwd", "bwd")
               into: Path | None = None) -> dict:
     """Tune every (norm op, dtype, N) of the benchmark with the package's NormTuner; the trials go to
     DIR/norms_sweep.json, and with `into`, the rows (fastest config per kind, fastest kind) into the tables there."""
-    import rtckern.ops  # noqa: F401  (registers the norm ops' request builders)
+    from benchmarks.env import environment
     from rtckern import tuning
     from rtckern.ops import _norms_candidates as cands
 
+    importlib.import_module("rtckern.ops")  # registers the norm ops' request builders
     device = DeviceInfo.from_device(torch.cuda.current_device())
-    env = env_info(torch)
+    env = environment()
     ops = [op for op, (d, _) in T.OPS.items() if d in dirs]
     t_start = time.perf_counter()
     results = []
@@ -83,7 +84,7 @@ def cmd_sweep(out: Path, torch, budget_s: float, kinds=None, dirs=("fwd", "bwd")
                 req = cands.build_request(op, (n,), dtype, device)
                 source = f"rtckern tune {op} --dtype {dtype} --shapes {n}"
                 if kinds or not l2_policy:
-                    source += (f" (benchmarks/norms.py sweep{' --kinds ' + ','.join(kinds) if kinds else ''}"
+                    source += (f" (python -m benchmarks norms sweep{' --kinds ' + ','.join(kinds) if kinds else ''}"
                                f"{'' if l2_policy else ' --no-l2-policy'})")
                 try:
                     row, trials = tuning.tune_request(tuner, req, source=source)
@@ -114,37 +115,9 @@ def cmd_sweep(out: Path, torch, budget_s: float, kinds=None, dirs=("fwd", "bwd")
     return {"results": results}
 
 
-# ---- environment ---------------------------------------------------------------------------------------------
-def env_info(torch) -> dict:
-    from rtckern.compiler import compiler_for
-    from rtckern.runtime.driver import driver_version
-
-    import rtckern
-
-    p = torch.cuda.get_device_properties(0)
-    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "gpu": p.name, "sm_count": p.multi_processor_count, "capability": "%d.%d" % (p.major, p.minor),
-            "driver_cuda": "%d.%d" % driver_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-            "rtckern": rtckern.__version__, "nvrtc": compiler_for(Arch(p.major, p.minor)).identity().split("|")[0],
-            "python": platform.python_version(), "host": platform.node()}
-    try:
-        import subprocess
-
-        info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                        capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception as e:  # no nvidia-smi: the CUDA driver version above still says which driver
-        info["driver"] = f"unknown ({e})"
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
-        info["triton"] = None
-    return info
-
-
-def cmd_bench(out: Path, torch, compile_budget_s: float, env: dict | None = None) -> dict:
-    from rtckern.ops import _norms_api as norms
+def cmd_bench(torch, compile_budget_s: float, dtypes=DTYPES, ns=NS, partial=None) -> dict:
+    """partial(bench so far): called after each N (a run cut short still leaves a report)."""
+    from rtckern import ops as norms
 
     import torch._dynamo
 
@@ -153,17 +126,17 @@ def cmd_bench(out: Path, torch, compile_budget_s: float, env: dict | None = None
     F = torch.nn.functional
     rows_out = []
     copy = {}
-    for dtype in DTYPES:
+    for dtype in dtypes:
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
         a = torch.randn(TOTAL, device="cuda").to(dt)
         b = torch.empty_like(a)
         sec = timeit(lambda: b.copy_(a), torch)
         copy[dtype] = 2 * a.numel() * a.element_size() / sec / 1e9
-        del a, b
+        a = b = None
     print("copy GB/s:", {k: round(v) for k, v in copy.items()}, flush=True)
     compile_spent = 0.0
-    for dtype in DTYPES:
-        for n in NS:
+    for dtype in dtypes:
+        for n in ns:
             data = Data(torch, dtype, n)
             x, w, bias, dy = data.x, data.w, data.b, data.dy
             for op in OPS:
@@ -203,7 +176,7 @@ def cmd_bench(out: Path, torch, compile_budget_s: float, env: dict | None = None
                 y = fn(*leaves)
                 r["eager_bwd_gbps"] = bbytes / timeit(
                     lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True), torch) / 1e9
-                del y, leaves, xg, wg, grads
+                y = leaves = xg = wg = grads = None
                 if compile_spent < compile_budget_s:
                     t0 = time.perf_counter()
                     cf = torch.compile(fn, dynamic=False)
@@ -213,20 +186,23 @@ def cmd_bench(out: Path, torch, compile_budget_s: float, env: dict | None = None
                     r["compile_fwd_gbps"] = fbytes / timeit(lambda: cf(*args), torch) / 1e9
                 else:
                     r["compile_fwd_gbps"] = None
-                kinds = _chosen(norms, op, dtype, n)
+                kinds = _chosen(op, dtype, n)
                 r.update(kinds)
                 rows_out.append(r)
                 print(_line(r), flush=True)
             del data
             torch.cuda.empty_cache()
-            if env is not None:  # the report so far, so a run cut short still leaves one
-                write_report(out, env, {"copy_gbps": copy, "results": rows_out}, None)
+            if partial is not None:  # the report so far, so a run cut short still leaves one
+                partial({"copy_gbps": copy, "results": rows_out})
     return {"copy_gbps": copy, "results": rows_out}
 
 
-def _chosen(norms, op, dtype, n) -> dict:
+def _chosen(op, dtype, n) -> dict:
+    """The candidates the op's hot-path memo holds for (op, dtype, n): what the timed calls ran."""
+    from rtckern.ops import _norms_api
+
     out = {}
-    for sig, (_s, req, cand, _k) in norms._fast.items():
+    for sig, (_s, req, cand, _k) in _norms_api._fast.items():
         if sig[2] == n and dict(sig[1]).get("x") == dtype and sig[0].startswith("layer" if op == "layer" else "rms"):
             out["bwd_kind" if sig[0].endswith("backward") else "fwd_kind"] = cand.name
     return out
@@ -246,16 +222,8 @@ def _line(r) -> str:
             f"{r.get('fwd_kind', '')}/{r.get('bwd_kind', '')}")
 
 
-def write_report(out: Path, env: dict, bench: dict, sweep: dict | None) -> None:
-    doc = {"env": env, **bench}
-    (out / "norms_bench.json").write_text(json.dumps(doc, indent=1))
-    lines = [f"# rtckern norms benchmark — {env['gpu']} ({env['sm_count']} SMs), {env['date']}", "",
-             f"driver {env.get('driver')} (CUDA {env['driver_cuda']}), torch {env['torch']} (CUDA {env['torch_cuda']}),"
-             f" triton {env.get('triton')}, {env['nvrtc']}, rtckern {env['rtckern']}. M x N = 2^27 elements.",
-             "Copy GB/s (read + write, same dtype): " + ", ".join(f"{k} {v:.0f}" for k, v in bench["copy_gbps"].items()),
-             "", "Targets: fwd >= 0.90x copy and >= 1.0x torch.compile; bwd >= 0.80x copy and >= 1.5x eager.", "",
-             "| op | dtype | N | fwd GB/s | x copy | eager | compile | x compile | bwd GB/s | x copy | eager bwd | x eager"
-             " | kernels | fwd ok | bwd ok |", "|" + "---|" * 15]
+def result(bench: dict) -> Result:
+    rows = []
     for r in bench["results"]:
         fc, fcomp = _ratio(r["ours_fwd_gbps"], r["copy_gbps"]), _ratio(r["ours_fwd_gbps"], r["compile_fwd_gbps"])
         bc, be = _ratio(r["ours_bwd_gbps"], r["copy_gbps"]), _ratio(r["ours_bwd_gbps"], r["eager_bwd_gbps"])
@@ -264,27 +232,26 @@ def write_report(out: Path, env: dict, bench: dict, sweep: dict | None) -> None:
 
         def g(v, fmt="{:.0f}"):
             return fmt.format(v) if v is not None else "-"
-        lines.append(f"| {r['op']} | {r['dtype']} | {r['n']} | {g(r['ours_fwd_gbps'])} | {g(fc, '{:.2f}')} | "
-                     f"{g(r['eager_fwd_gbps'])} | {g(r['compile_fwd_gbps'])} | {g(fcomp, '{:.2f}')} | "
-                     f"{g(r['ours_bwd_gbps'])} | {g(bc, '{:.2f}')} | {g(r['eager_bwd_gbps'])} | {g(be, '{:.2f}')} | "
-                     f"{r.get('fwd_kind', '')} / {r.get('bwd_kind', '')} | {'yes' if fok else 'NO'} | "
-                     f"{'yes' if bok else 'NO'} |")
-    (out / "norms_bench.md").write_text("\n".join(lines) + "\n")
-    try:
-        plot(out, env, bench)
-    except Exception as e:  # the JSON and table stand without the plot
-        print("plot failed:", e)
+        rows.append((r["op"], r["dtype"], r["n"], g(r["ours_fwd_gbps"]), g(fc, "{:.2f}"), g(r["eager_fwd_gbps"]),
+                     g(r["compile_fwd_gbps"]), g(fcomp, "{:.2f}"), g(r["ours_bwd_gbps"]), g(bc, "{:.2f}"),
+                     g(r["eager_bwd_gbps"]), g(be, "{:.2f}"), f"{r.get('fwd_kind', '')} / {r.get('bwd_kind', '')}",
+                     "yes" if fok else "NO", "yes" if bok else "NO"))
+    body = ["M x N = 2^27 elements. Copy GB/s (read + write, same dtype): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in bench["copy_gbps"].items()),
+            "Targets: fwd >= 0.90x copy and >= 1.0x torch.compile; bwd >= 0.80x copy and >= 1.5x eager.",
+            Table(("op", "dtype", "N", "fwd GB/s", "x copy", "eager", "compile", "x compile", "bwd GB/s", "x copy",
+                   "eager bwd", "x eager", "kernels", "fwd ok", "bwd ok"), rows)]
+    return Result("rtckern norms benchmark", rows=bench["results"], body=body,
+                  data={"copy_gbps": bench["copy_gbps"]}, plot=lambda plt, path, meta: plot(plt, path, meta, bench))
 
 
-def plot(out: Path, env: dict, bench: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 6, figsize=(26, 8), sharex=True)
+def plot(plt, path: Path, meta: dict, bench: dict) -> None:
+    dtypes = [t for t in DTYPES if t in bench["copy_gbps"]]
+    ops = [o for o in OPS if any(r["op"] == o for r in bench["results"])]
+    fig, axes = plt.subplots(2, len(ops) * len(dtypes), figsize=(26 * len(ops) * len(dtypes) / 6, 8), sharex=True,
+                             squeeze=False)
     for i, d in enumerate(("fwd", "bwd")):
-        for j, (op, dtype) in enumerate((o, t) for o in OPS for t in DTYPES):
+        for j, (op, dtype) in enumerate((o, t) for o in ops for t in dtypes):
             ax = axes[i][j]
             rs = [r for r in bench["results"] if r["op"] == op and r["dtype"] == dtype]
             ns = [r["n"] for r in rs]
@@ -301,9 +268,9 @@ def plot(out: Path, env: dict, bench: dict) -> None:
             if i == 1:
                 ax.set_xlabel("N")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"rtckern norms, {env['gpu']}, {env['date']}")
+    fig.suptitle(f"rtckern norms, {(meta.get('gpu') or {}).get('name')}, {meta.get('date')}")
     fig.tight_layout()
-    fig.savefig(out / "norms_bench.png", dpi=80)
+    fig.savefig(path, dpi=80)
 
 
 # ---- compile times (CPU) ----------------------------------------------------------------------------------------
@@ -313,9 +280,10 @@ SELECTED_NS = (7, 1000, 1024, 4096, 5120, 8192, 12288, 16384, 65536, 100000, 262
 def _selected_specs() -> set:
     """The kernels the registry picks (shipped tables; 132 SMs on sm_90) for every norm op, dtype and N in
     SELECTED_NS on sm_75 / sm_80 / sm_90: what a user's first call compiles."""
-    import rtckern.ops  # noqa: F401  (registers the candidates)
     from rtckern.ops import _norms_candidates as cands
     from rtckern.registry import select
+
+    importlib.import_module("rtckern.ops")  # registers the candidates
 
     out = set()
     for arch in ("sm_75", "sm_80", "sm_90"):
@@ -379,39 +347,43 @@ def cmd_compile_times(out: Path | None) -> dict:
 
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cmd", choices=("sweep", "bench", "all", "compile-times"))
+QUICK = "bf16 at N = 4096 only (both norms, forward and backward)"
+
+
+def add_args(ap) -> None:
+    ap.add_argument("cmd", nargs="?", default="bench", choices=("bench", "sweep", "all", "compile-times"),
+                    help="bench (default): the result set; sweep: the tuner over the benchmark's shapes; all: both; "
+                    "compile-times: cold NVRTC compiles, no GPU")
     ap.add_argument("--kinds", help="sweep/all: only these kernel kinds (comma-separated), plus the tabled "
                     "config of the others")
     ap.add_argument("--dirs", default="fwd,bwd", help="sweep/all: only these directions (fwd, bwd)")
     ap.add_argument("--ns", help="sweep/all: only these row lengths (comma-separated; default: every benchmark N)")
     ap.add_argument("--into", type=Path, default=None, help="sweep/all: merge the rows into the tables in this "
                     "directory (rtckern/tuning_tables: the shipped tables; rows replaced in place)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--sweep-budget", type=float, default=3600.0, help="seconds of sweep at most (checked per N)")
     ap.add_argument("--compile-budget", type=float, default=120.0, help="seconds of torch.compile at most")
     ap.add_argument("--l2-policy", action=argparse.BooleanOptionalAction, default=True,
                     help="sweep/all: also every l2 config (and some l2c OPTs) with the L2 access policies (OPT 256; "
                     "sm_80+); on by default, so a sweep re-times what the tables ship")
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
+
+
+def needs_gpu(a) -> bool:
+    return a.cmd != "compile-times"
+
+
+def run(a) -> Result | None:
     if a.cmd == "compile-times":
         cmd_compile_times(a.out)
-        return
+        return None
     kinds = tuple(a.kinds.split(",")) if a.kinds else None
     dirs = tuple(a.dirs.split(","))
     ns = tuple(int(v) for v in a.ns.split(",")) if a.ns else NS
     import torch
 
-    sweep = None
     if a.cmd in ("sweep", "all"):
-        sweep = cmd_sweep(a.out, torch, a.sweep_budget, kinds, dirs, ns, a.l2_policy, a.into)
-    if a.cmd in ("bench", "all"):
-        env = env_info(torch)
-        bench = cmd_bench(a.out, torch, a.compile_budget, env)
-        write_report(a.out, env, bench, sweep)
-
-
-if __name__ == "__main__":
-    main()
+        cmd_sweep(a.out, torch, a.sweep_budget, kinds, dirs, ns, a.l2_policy, a.into)
+    if a.cmd == "sweep":
+        return None
+    bench = cmd_bench(torch, a.compile_budget, ("bf16",) if a.quick else DTYPES, (4096,) if a.quick else NS,
+                      partial=lambda b: a.partial(result(b)))
+    return result(bench)

@@ -1,18 +1,18 @@
-"""Host cost per call of the rtckern ops (norms, softmax, attention, gemm) at launch-bound sizes.
+"""Host cost per call of the rtckern ops (norms, softmax, attention, gemm) at launch-bound sizes, against torch's.
 
-GPU (the real number):     PYTHONPATH=. python3 benchmarks/op_overhead.py [--calls 5000] [--json out.json]
+GPU (the real number):     python -m benchmarks op_overhead [--calls 5000]
     Eager loop of N calls per op on small inputs, torch.cuda.synchronize() once at the end, vs torch's own op on
     the same inputs; prints a markdown table of microseconds per call. At these sizes the kernels take ~2-5 us,
     so the loop measures the host side (what decode-time calls pay). Each op is timed twice: called directly
     (rtckern.ops.*) and through the torch plugin (torch.ops.rtckern.*, what a patched or compiled model calls),
     both against torch's own eager call.
 
-Plugin layers (no GPU):    PYTHONPATH=. python3 benchmarks/op_overhead.py --plugin-stub [--calls 20000]
+Plugin layers (no GPU):    python -m benchmarks op_overhead --plugin-stub [--calls 20000]
     torch.ops.rtckern.* on CPU tensors with real torch and rtckern.ops' functions replaced by a stand-in that
     allocates the output: the dispatcher and the plugin's own Python, per call, against the stand-in called
     directly (the "rtckern" column). Use it to compare registration forms; torch's column stays empty.
 
-CPU harness (no GPU):      PYTHONPATH=. python3 benchmarks/op_overhead.py --stub [--calls 10000] [--profile OP]
+CPU harness (no GPU):      python -m benchmarks op_overhead --stub [--calls 10000] [--profile OP]
     The real Python path of each op with the GPU pieces stubbed: a fake `torch` module (tensors that carry a
     shape, strides, dtype and an address; empty/zeros; the current stream), a hand-built sm_90 DeviceInfo, the
     registry's probe replaced by "first candidate whose cheap checks pass", and rtckern Kernel objects whose
@@ -22,14 +22,12 @@ CPU harness (no GPU):      PYTHONPATH=. python3 benchmarks/op_overhead.py --stub
 """
 from __future__ import annotations
 
-import argparse
 import importlib
-import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.runner import Result, Table
 
 
 # ---- the CPU harness's stubs ------------------------------------------------------------------------------------
@@ -366,15 +364,20 @@ def time_loop(fn, calls: int, sync, repeats: int) -> float:
     return statistics.median(best)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap) -> None:
     ap.add_argument("--stub", action="store_true", help="CPU harness with the GPU pieces stubbed")
     ap.add_argument("--plugin-stub", action="store_true", help="the torch plugin's layers on CPU, stand-in kernels")
     ap.add_argument("--calls", type=int, default=None, help="calls per timed loop (default 10000 stub, 5000 GPU)")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--profile", default=None, help="cProfile the case whose name starts with this")
-    ap.add_argument("--json", default=None, help="also write the numbers here")
-    a = ap.parse_args()
+    ap.add_argument("--profile", default=None, help="cProfile the case whose name starts with this (no result "
+                    "files)")
+
+
+def needs_gpu(a) -> bool:
+    return not (a.stub or a.plugin_stub)
+
+
+def run(a) -> Result | None:
     if a.stub:
         install_stubs()
     import torch
@@ -405,7 +408,7 @@ def main() -> None:
         plugin_us = time_loop(plugin[name], calls, sync, a.repeats) if name in plugin else None
         rows.append((name, us, ref_us, plugin_us))
     if a.profile:
-        return
+        return None
     where = "CPU harness, GPU pieces stubbed (Python cost only)" if a.stub else \
         f"CPU, torch {torch.__version__}, rtckern.ops replaced by a stand-in kernel (plugin layers only)" \
         if a.plugin_stub else f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
@@ -416,20 +419,9 @@ def main() -> None:
     def ratio(v, ref):
         return f"{v / ref:.2f}x" if v is not None and ref else "-"
 
-    print(f"\nHost cost per call, {where}: {calls} calls per loop, median of {a.repeats} loops\n")
-    print("| op | rtckern us/call | torch us/call | ratio | torch.ops.rtckern us/call | ratio |")
-    print("|---|---|---|---|---|---|")
-    for name, us, ref_us, plugin_us in rows:
-        print(f"| {name} | {us:.1f} | {us_cell(ref_us)} | {ratio(us, ref_us)} | {us_cell(plugin_us)} | "
-              f"{ratio(plugin_us, ref_us)} |")
-    if a.json:
-        import json
-
-        with open(a.json, "w") as f:
-            json.dump({"where": where, "calls": calls, "rows": [
-                {"op": n, "rtckern_us": u, "torch_us": r, "torch_ops_rtckern_us": p} for n, u, r, p in rows]},
-                f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+    table = Table(("op", "rtckern us/call", "torch us/call", "ratio", "torch.ops.rtckern us/call", "ratio"),
+                  [(name, f"{us:.1f}", us_cell(ref_us), ratio(us, ref_us), us_cell(plugin_us),
+                    ratio(plugin_us, ref_us)) for name, us, ref_us, plugin_us in rows])
+    return Result("Host cost per call", body=[f"{where}: {calls} calls per loop, median of {a.repeats} loops.", table],
+                  rows=[{"op": n, "rtckern_us": u, "torch_us": r, "torch_ops_rtckern_us": p} for n, u, r, p in rows],
+                  data={"where": where, "calls": calls, "repeats": a.repeats})

@@ -1,9 +1,10 @@
-"""PyTorch plugin benchmark (run on the GPU): a small randomly initialised Llama from transformers, unpatched
-(sdpa attention, transformers' RMSNorm) against rtckern.torch.patch(model) (rtckern RMSNorm + attention), at two
-sizes (CONFIGS), a token-by-token decode step (batch 1, KV cache, eager: host-bound, so the plugin's per-call
-cost decides), and the host cost of one call through each layer of the plugin.
+"""PyTorch plugin end to end: a small Llama from transformers, unpatched against rtckern.torch.patch(model).
 
-    PYTHONPATH=. python3 benchmarks/plugin.py        # writes plugin_<date>.json / .md to $OUT or benchmarks/results
+A randomly initialised Llama (sdpa attention, transformers' RMSNorm) against rtckern.torch.patch(model) (rtckern
+RMSNorm + attention), at two sizes (CONFIGS), a token-by-token decode step (batch 1, KV cache, eager: host-bound, so
+the plugin's per-call cost decides), and the host cost of one call through each layer of the plugin.
+
+    python -m benchmarks plugin [--quick]
 
 Accuracy: logits and parameter gradients of both bf16 models against a float32 copy of the unpatched model
 (relative L2 error); the patched model must stay within 2x the unpatched model's own bf16 error (+1e-3).
@@ -13,13 +14,11 @@ alternating iteration by iteration (drift hits both alike), median of `reps`.
 from __future__ import annotations
 
 import copy
-import datetime
 import inspect
-import json
-import os
 import statistics
 import time
-from pathlib import Path
+
+from benchmarks.runner import Result, Table
 
 # Large enough per call to keep the GPU busy (4 layers of 2048 hidden, 8192 tokens): a timing of launch gaps would
 # measure Python, not kernels. Head dim 128, GQA 4.
@@ -230,7 +229,7 @@ def call_overhead_us(n: int = 2000) -> dict:
     return {name: _host_us(fn, n) for name, fn in fns.items()}
 
 
-def run(batch: int = 4, seq: int = 2048, reps: int = 20, **overrides) -> dict:
+def run_e2e(batch: int = 4, seq: int = 2048, reps: int = 20, **overrides) -> dict:
     import torch
 
     ref32, ref, patched, report, ids = build_models(batch, seq, **overrides)
@@ -244,33 +243,32 @@ def run(batch: int = 4, seq: int = 2048, reps: int = 20, **overrides) -> dict:
     return result
 
 
-def _markdown(res: dict) -> str:
-    lines = [f"# rtckern.torch end to end ({res['device']}, torch {res['torch']}, {res['date']})", ""]
+def _body(res: dict) -> list:
+    body = []
     for name, e2e in res["e2e"].items():
         acc, sp = e2e["accuracy"], e2e["speed"]
         c = e2e["config"]
-        lines += [f"## {name}: Llama {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, batch {c['batch']} x "
-                  f"seq {c['seq']}, bf16", "",
-                  f"patched: {e2e['replaced']} norms, attention={e2e['attention']}", "",
-                  "| median ms | torch (sdpa + HF RMSNorm) | rtckern | speedup |", "|---|---|---|---|"]
-        for k in ("forward_ms", "fwd_bwd_ms"):
-            lines.append(f"| {k} | {sp[k]['torch']:.3f} | {sp[k]['rtckern']:.3f} | {sp[k]['speedup']:.3f}x |")
-        lines += ["", "relative L2 error against the fp32 model (same weights):", "",
-                  f"- logits: torch bf16 {acc['logits_err_torch_bf16']:.3e}, rtckern bf16 "
-                  f"{acc['logits_err_rtckern_bf16']:.3e}"]
+        body.append(f"## {name}: Llama {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, batch {c['batch']} "
+                    f"x seq {c['seq']}, bf16\n\npatched: {e2e['replaced']} norms, attention={e2e['attention']}")
+        body.append(Table(("median ms", "torch (sdpa + HF RMSNorm)", "rtckern", "speedup"),
+                          [(k, f"{sp[k]['torch']:.3f}", f"{sp[k]['rtckern']:.3f}", f"{sp[k]['speedup']:.3f}x")
+                           for k in ("forward_ms", "fwd_bwd_ms")]))
+        lines = ["relative L2 error against the fp32 model (same weights):", "",
+                 f"- logits: torch bf16 {acc['logits_err_torch_bf16']:.3e}, rtckern bf16 "
+                 f"{acc['logits_err_rtckern_bf16']:.3e}"]
         for k, e in acc["grad_err"].items():
             lines.append(f"- grad {k}: torch bf16 {e['torch_bf16']:.3e}, rtckern bf16 {e['rtckern_bf16']:.3e}")
-        lines += ["", f"accuracy failures: {e2e['accuracy_failures'] or 'none'}", ""]
+        body += ["\n".join(lines), f"accuracy failures: {e2e['accuracy_failures'] or 'none'}"]
     dec = res.get("decode")
     if dec:
         c = dec["config"]
-        lines += [f"## decode: Llama {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, batch 1, prompt "
-                  f"{c['prompt']}, {c['steps']} steps, KV cache, eager, bf16", "",
-                  "| ms per token | torch (sdpa + HF RMSNorm) | rtckern | speedup |", "|---|---|---|---|",
-                  f"| decode step | {dec['torch_ms']:.3f} | {dec['rtckern_ms']:.3f} | {dec['speedup']:.3f}x |", ""]
-    lines += ["## host cost per call (us, GPU idle)", "", "| call | us |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in res["overhead_us"].items()]
-    return "\n".join(lines) + "\n"
+        body.append(Table(("ms per token", "torch (sdpa + HF RMSNorm)", "rtckern", "speedup"),
+                          [("decode step", f"{dec['torch_ms']:.3f}", f"{dec['rtckern_ms']:.3f}",
+                            f"{dec['speedup']:.3f}x")],
+                          title=f"decode: Llama {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, batch 1, "
+                                f"prompt {c['prompt']}, {c['steps']} steps, KV cache, eager, bf16"))
+    body.append(Table(("call", "us"), list(res["overhead_us"].items()), title="host cost per call (us, GPU idle)"))
+    return body
 
 
 CONFIGS = {
@@ -279,22 +277,19 @@ CONFIGS = {
 }
 
 
-def main() -> None:
+QUICK = "the small model only (2 layers, 4096 tokens), besides the decode step and the per-call costs"
+
+
+def run(args) -> Result:
     import torch
 
-    date = datetime.date.today().isoformat()
-    res = {"date": date, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "overhead_us": call_overhead_us(), "decode": decode_step_ms(), "e2e": {}}
+    res = {"device": torch.cuda.get_device_name(), "overhead_us": call_overhead_us(), "decode": decode_step_ms(),
+           "e2e": {}}
     for name, cfg in CONFIGS.items():
-        res["e2e"][name] = run(**cfg)
+        if args.quick and name != "small":
+            continue
+        res["e2e"][name] = run_e2e(**cfg)
         torch.cuda.empty_cache()
-    out_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"plugin_{date}.json").write_text(json.dumps(res, indent=1))
-    md = _markdown(res)
-    (out_dir / f"plugin_{date}.md").write_text(md)
-    print(md)
-
-
-if __name__ == "__main__":
-    main()
+    rows = [{"model": name, **e2e} for name, e2e in res["e2e"].items()]
+    return Result("rtckern.torch end to end", rows=rows, body=_body(res),
+                  data={k: v for k, v in res.items() if k != "e2e"})

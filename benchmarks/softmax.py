@@ -1,14 +1,19 @@
-"""Softmax benchmark (run on the GPU): rtckern's softmax ops against device-to-device copy, torch eager and
-torch.compile, forward and backward, over rows of N keys with M x N = 2^27 elements.
+"""Softmax ops (plain, masked, causal; forward and backward): GB/s against a device copy, torch eager, torch.compile.
 
-    PYTHONPATH=. python3 benchmarks/softmax.py --prefill --tune --bench [--compile all|plain|none]
+Rows of N keys with M x N = 2^27 elements.
 
---prefill  compiles, in parallel, every kernel the GPU tests and this benchmark use (disk cache), so pytest and the
-           timings do not compile one by one.
---tune     times every one-pass config per (direction, dtype, N) (rtckern.tuning), checks each against a float64
-           reference first, and writes the winners as tuning tables softmax.json / softmax_backward.json (the
-           format of rtckern/tuning_tables/) to the output folder and to this process's tuning dir.
---bench    times the ops; writes softmax.json, softmax.md and softmax.png to $OUT (else benchmarks/results).
+    python -m benchmarks softmax [--prefill] [--tune] [--no-bench] [--compile all|plain|none] [--ceilings] [--hints]
+
+--prefill   compiles, in parallel, every kernel the GPU tests and this benchmark use (disk cache), so pytest and the
+            timings do not compile one by one.
+--tune      times every one-pass config per (direction, dtype, N) (rtckern.tuning), checks each against a float64
+            reference first, and writes the winners as tuning tables softmax.json / softmax_backward.json (the
+            format of rtckern/tuning_tables/) to the output folder and to this process's tuning dir.
+bench       (the default; --no-bench skips it) times the ops: the result set softmax_<gpu>.{json,md,png}. A run
+            with --no-bench and only --prefill / --tune writes DIR/softmax_tuning.json, which a later bench run
+            into the same folder reports.
+--ceilings  also the traffic ceilings the ratios to copy are read against (benchmarks/_softmax_ceilings.py).
+--hints     also the cache-hint variants of the selected kernels (benchmarks/_softmax_hints.py).
 
 Bytes counted: each input read once and each output written once; the boolean mask's bytes (its own size) where
 there is one; for the causal ops only the keys at or below the diagonal are read (the kernels skip the rest),
@@ -22,11 +27,10 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.runner import Result, Table
 
 ELEMENTS = 1 << 27
 BENCH_NS = (1024, 4096, 8192, 16384, 65536)
@@ -374,13 +378,13 @@ def rtk_forward(sm, op: str):
     return lambda x, extra: f(x, SCALE)
 
 
-def bench(torch, dev, dtypes, compile_mode: str, copy_ref: dict) -> list[dict]:
+def bench(torch, dev, dtypes, compile_mode: str, copy_ref: dict, ns=BENCH_NS) -> list[dict]:
     results = []
     for op in FWD_OPS:
         for dt_name in dtypes:
             if op != "softmax" and dt_name != "bf16":
                 continue
-            for n in BENCH_NS:
+            for n in ns:
                 try:
                     r = bench_one(torch, op, dt_name, n, compile_mode, copy_ref)
                 except Exception as e:  # recorded; the other problems still run
@@ -504,56 +508,46 @@ def summary(results: list[dict]) -> dict:
     return out
 
 
-def markdown(env: dict, copy_ref: dict, results: list[dict], summ: dict, tune_report: list[dict]) -> str:
-    gpu = env.get("gpu", {})
-    lines = [f"# Softmax benchmark ({env['date']})", "",
-             f"GPU: {gpu.get('name')} ({gpu.get('sm_count')} SMs), nvidia-smi: {env.get('nvidia_smi')}; "
-             f"NVRTC {env.get('nvrtc')}; packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v),
-             "", f"M x N = 2^27 elements, scale {SCALE}. Device-to-device copy of the same bytes: "
-             + ", ".join(f"{k} {v:.0f} GB/s" for k, v in copy_ref.items()) + ".", "",
-             "eager = torch expression (scale, mask as -inf, softmax); eager plain = torch.softmax(x) unscaled; "
-             "compile = torch.compile of the eager expression; backward eager = torch._softmax_backward_data. "
-             "Device time: each sample is queued behind a GPU sleep (host cost per call: op_overhead).", "",
-             "| op | dtype | N | shape | fwd GB/s | x copy | eager | eager plain | compile | x eager | x compile | "
-             "bwd GB/s | x copy | eager bwd |", "|" + "---|" * 14]
+def body(copy_ref: dict, results: list[dict], summ: dict, tune_report: list[dict]) -> list:
+    out = [f"M x N = 2^27 elements, scale {SCALE}. Device-to-device copy of the same bytes: "
+           + ", ".join(f"{k} {v:.0f} GB/s" for k, v in copy_ref.items()) + ".",
+           "eager = torch expression (scale, mask as -inf, softmax); eager plain = torch.softmax(x) unscaled; "
+           "compile = torch.compile of the eager expression; backward eager = torch._softmax_backward_data. "
+           "Device time: each sample is queued behind a GPU sleep (host cost per call: op_overhead)."]
+    rows = []
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['op']} | {r['dtype']} | {r['n']} | FAILED: {r['error'][:120]} |" + " |" * 10)
+            rows.append((r["op"], r["dtype"], r["n"], f"FAILED: {r['error'][:120]}") + ("",) * 10)
             continue
         ce = r.get("compile_fwd_gbps")
-        lines.append(
-            f"| {r['op']} | {r['dtype']} | {r['n']} | {r['shape']} | {r['rtk_fwd_gbps']:.0f} | {r['fwd_vs_copy']:.2f} | "
-            f"{r['eager_fwd_gbps']:.0f} | {r.get('eager_plain_fwd_gbps', '-')} | {ce if ce else '-'} | "
-            f"{r['rtk_fwd_gbps'] / r['eager_fwd_gbps']:.2f} | {(r['rtk_fwd_gbps'] / ce) if ce else 0:.2f} | "
-            f"{r['rtk_bwd_gbps']:.0f} | {r['bwd_vs_copy']:.2f} | {r['eager_bwd_gbps']:.0f} |")
-    lines += ["", "## Summary", "", "```", json.dumps(summ, indent=1), "```", ""]
+        rows.append((r["op"], r["dtype"], r["n"], r["shape"], f"{r['rtk_fwd_gbps']:.0f}", f"{r['fwd_vs_copy']:.2f}",
+                     f"{r['eager_fwd_gbps']:.0f}", r.get("eager_plain_fwd_gbps", "-"), ce if ce else "-",
+                     f"{r['rtk_fwd_gbps'] / r['eager_fwd_gbps']:.2f}", f"{(r['rtk_fwd_gbps'] / ce) if ce else 0:.2f}",
+                     f"{r['rtk_bwd_gbps']:.0f}", f"{r['bwd_vs_copy']:.2f}", f"{r['eager_bwd_gbps']:.0f}"))
+    out.append(Table(("op", "dtype", "N", "shape", "fwd GB/s", "x copy", "eager", "eager plain", "compile", "x eager",
+                      "x compile", "bwd GB/s", "x copy", "eager bwd"), rows))
+    out.append("## Summary\n\n```\n" + json.dumps(summ, indent=1) + "\n```")
     if tune_report:
         fmt_one = lambda c: (f"{c['kernel']} {c['threads']}/{c['group']}/{c['items']}/"  # noqa: E731
                              f"{c['min_blocks']}")
         fmt_ring = lambda c: f"ring {c['warps']}/{c['group']}/{c['items']}/{c['rows']}/{c['slots']}"  # noqa: E731
-        lines += ["## Tuning: the best config per table (one-pass: kernel threads/group/items/min_blocks; ring: "
-                  "warps/group/items/rows/slots) and the GB/s of every config tried", "",
-                  "| table | dtype | N | best | GB/s of each config tried |", "|---|---|---|---|---|"]
+        rows = []
         for t in tune_report:
             if "best" not in t:
                 continue
             fmt = fmt_ring if t.get("kernel") == "ring" else fmt_one
             tried = "; ".join(f"{fmt(c['config'])}: {c['gbps']}" for c in t["trials"])
-            lines.append(f"| {t['table']} | {t['dtype']} | {t['n']} | {fmt(t['best'])} | {tried} |")
-    lines.append("")
+            rows.append((t["table"], t["dtype"], t["n"], fmt(t["best"]), tried))
+        out.append(Table(("table", "dtype", "N", "best", "GB/s of each config tried"), rows,
+                         title="Tuning: the best config per table (one-pass: kernel threads/group/items/min_blocks; "
+                               "ring: warps/group/items/rows/slots) and the GB/s of every config tried"))
     impls = sorted({(r["op"], r["dtype"], r["n"], r["impl_fwd"], r["impl_bwd"]) for r in results if "error" not in r})
-    lines += ["## Kernels used", ""] + [f"- {o} {d} N={n}: {f}; backward {b}" for o, d, n, f, b in impls] + [""]
-    return "\n".join(lines)
+    if impls:
+        out.append("## Kernels used\n\n" + "\n".join(f"- {o} {d} N={n}: {f}; backward {b}" for o, d, n, f, b in impls))
+    return out
 
 
-def plot(results: list[dict], copy_ref: dict, path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+def plot(plt, path: Path, results: list[dict], copy_ref: dict) -> None:
     results = [r for r in results if "error" not in r]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     for ax, d in zip(axes, ("fwd", "bwd")):
@@ -581,15 +575,18 @@ def plot(results: list[dict], copy_ref: dict, path: Path) -> bool:
     axes[0].set_ylabel("GB/s")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    return True
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prefill", action="store_true")
+QUICK = "bf16 at N = 4096 only (every op, forward and backward)"
+
+
+def add_args(ap) -> None:
+    ap.add_argument("--prefill", action="store_true", help="compile every kernel of the GPU tests and the benchmark "
+                    "first, in parallel")
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--tune-ring", action="store_true", help="only the ring kernel's sweep (sm_90+)")
-    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--bench", action=argparse.BooleanOptionalAction, default=True,
+                    help="time the ops (the result set; on by default)")
     ap.add_argument("--tune-dirs", default="fwd,bwd", help="--tune: only these directions")
     ap.add_argument("--tune-kinds", help="--tune: only these mask kinds (plain, masked, causal; comma-separated)")
     ap.add_argument("--tune-no-ring", action="store_true", help="--tune: the one-pass tables only")
@@ -597,26 +594,32 @@ def main() -> None:
     ap.add_argument("--tune-kernels", help="--tune: only these one-pass kernels' configs (regs, async, l2), plus "
                     "the config the tables give now")
     ap.add_argument("--compile", default="plain", choices=("all", "plain", "none"))
-    ap.add_argument("--dtypes", default="bf16,fp16,fp32")
-    ap.add_argument("--name", default="softmax_results")
+    ap.add_argument("--dtypes", default=None, help="comma list (default bf16,fp16,fp32)")
     ap.add_argument("--compile-deadline", type=float, default=1e9,
                     help="seconds after start past which torch.compile baselines are skipped")
-    args = ap.parse_args()
+    ap.add_argument("--ceilings", action="store_true", help="also the traffic ceilings: bandwidth by traffic mix and "
+                    "the causal problems' traffic without arithmetic")
+    ap.add_argument("--hints", action="store_true", help="also the cache-hint variants of the selected kernels")
+    ap.add_argument("--hints-ns", default="1024,4096,8192,16384,65536", help="--hints: row lengths")
+    ap.add_argument("--hints-dtype", default="bf16", help="--hints: dtype")
+    ap.add_argument("--hints-rounds", type=int, default=3, help="--hints: rounds over the variants (median)")
+
+
+def run(args) -> Result | None:
     COMPILE_DEADLINE[0] = args.compile_deadline
-    dtypes = args.dtypes.split(",")
+    dtypes = (args.dtypes or ("bf16" if args.quick else "bf16,fp16,fp32")).split(",")
 
     import torch
 
-    import benchmarks.env as benv
+    from benchmarks.env import environment
     from rtckern.device import DeviceInfo
     importlib.import_module("rtckern.ops")  # registers candidates and tuners
 
     torch.cuda.init()
     dev = DeviceInfo.from_device(0)
-    env = benv.environment()
-    log("device:", dev.describe(), env.get("nvidia_smi"))
-    out_dir = benv.out_dir()
-    payload: dict = {"env": env}
+    log("device:", dev.describe())
+    out_dir = args.out
+    payload: dict = {}
     if args.prefill:
         payload["prefill"] = prefill(dev, dtypes)
     tune_report = []
@@ -631,33 +634,40 @@ def main() -> None:
     elif args.tune_ring:
         tune_report = tune(torch, dev, dtypes, out_dir, one_pass=False)
         payload["tuning"] = tune_report
-    elif (out_dir / "softmax_tuning.json").is_file():  # an earlier --tune run into this $OUT
+    elif (out_dir / "softmax_tuning.json").is_file():  # an earlier --tune run into this folder
         earlier = json.loads((out_dir / "softmax_tuning.json").read_text())
         tune_report = earlier.get("tuning", [])
         payload["tuning"] = tune_report
         payload.setdefault("prefill", earlier.get("prefill"))
+    if not (args.bench or args.ceilings or args.hints):
+        (out_dir / "softmax_tuning.json").write_text(json.dumps({"env": environment(), **payload}, indent=1,
+                                                                default=str) + "\n")
+        return None
+    out = Result("Softmax benchmark", data=payload)
     if args.bench:
         copy_ref = {dt: copy_gbps(torch, ELEMENTS, {"fp32": torch.float32, "fp16": torch.float16,
                                                     "bf16": torch.bfloat16}[dt]) for dt in dtypes}
         copy_ref_4g = copy_gbps(torch, 1 << 31, torch.bfloat16)
         torch.cuda.empty_cache()  # the problems get fresh allocations, not pieces of the 4 GiB copy's (docs/performance.md)
         log("copy GB/s:", {k: round(v) for k, v in copy_ref.items()}, "4 GiB bf16:", round(copy_ref_4g))
-        results = bench(torch, dev, dtypes, args.compile, copy_ref)
-        payload.update({"copy_gbps": copy_ref, "copy_gbps_4gib": copy_ref_4g, "results": results,
-                        "elements": ELEMENTS, "scale": SCALE})
-        (out_dir / f"{args.name}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+        results = bench(torch, dev, dtypes, args.compile, copy_ref, ns=(4096,) if args.quick else BENCH_NS)
         summ = summary(results)
-        payload["summary"] = summ
-        md = markdown(env, copy_ref, results, summ, tune_report)
-        benv.write(args.name, json.loads(json.dumps(payload, default=str)), md)
-        try:
-            plot(results, copy_ref, out_dir / f"{args.name}.png")
-        except Exception as e:  # the numbers are written; a plot failure is reported only
-            log("plot failed:", e)
+        payload.update({"copy_gbps": copy_ref, "copy_gbps_4gib": copy_ref_4g, "elements": ELEMENTS, "scale": SCALE,
+                        "summary": summ})
         log("summary:", json.dumps(summ))
-    else:
-        (out_dir / f"{args.name}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+        out.rows, out.body = results, body(copy_ref, results, summ, tune_report)
+        out.plot = lambda plt, path, meta: plot(plt, path, results, copy_ref)
+    if args.ceilings:
+        from benchmarks import _softmax_ceilings as ceil
 
+        torch.cuda.empty_cache()
+        payload["ceilings"] = ceil.ceilings(torch, log)
+        out.body += ceil.tables(payload["ceilings"])
+    if args.hints:
+        from benchmarks import _softmax_hints as hints
 
-if __name__ == "__main__":
-    main()
+        torch.cuda.empty_cache()
+        payload["hints"] = hints.hints(dev, [int(v) for v in args.hints_ns.split(",")], args.hints_dtype,
+                                       args.hints_rounds, log)
+        out.body.append(hints.table(payload["hints"]))
+    return out

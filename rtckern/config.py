@@ -18,6 +18,7 @@ import dataclasses
 import math
 import os
 import re
+import shlex
 import tempfile
 import threading
 import warnings
@@ -54,6 +55,27 @@ def _bool(name: str, value: str | None, default: bool) -> bool:
         return False
     raise ConfigError(f"{name}={value!r} is not a boolean; set it to 1 or 0 (also accepted: true/false, yes/no, "
                       f"on/off), or unset it for the default ({int(default)})")
+
+
+def _command(name: str, value: str | None) -> tuple[str, ...] | None:
+    if _unset(value):
+        return None
+    try:
+        return tuple(shlex.split(value))
+    except ValueError as e:
+        raise ConfigError(f"{name}={value!r} is not a command line ({e}); quote it as a shell would") from None
+
+
+def _auto_bool(name: str, value: str | None, default: str) -> str:
+    """"auto", "on" or "off" from auto or a boolean word."""
+    if _unset(value):
+        return default
+    v = value.strip().lower()
+    if v == "auto":
+        return v
+    if v in TRUE_WORDS or v in FALSE_WORDS:
+        return "on" if v in TRUE_WORDS else "off"
+    raise ConfigError(f"{name}={value!r}; set it to auto, 1 or 0, or unset it for the default ({default})")
 
 
 def _int(name: str, value: str | None, default: int | None, *, minimum: int | None = None,
@@ -339,6 +361,14 @@ class Settings:
     bundle_max_ratio: int = _var(
         "RTCKERN_BUNDLE_MAX_RATIO", "Refuse a bundle whose entries add up to more than N times its file size "
                                     "(a decompression bomb); any bundle may expand to 1 MiB.", "100", default=100)
+    # --- launch ---
+    native_launch: str = _var(  # "auto", "on" or "off"
+        "RTCKERN_NATIVE_LAUNCH", "auto: launch through a small C launcher built with the system C compiler at "
+                                 "first use (cached under the cache dir), else through cuda.core; 1: the C launcher "
+                                 "or an error; 0: always cuda.core.", "auto", default="auto")
+    c_compiler: tuple[str, ...] | None = _var(
+        "CC", "The C compiler (a command line) that builds the native launcher.", "cc, gcc or clang on PATH",
+        default=None)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -371,6 +401,8 @@ class Settings:
             numerical_probe=_bool("RTCKERN_NUMERICAL_PROBE", g("RTCKERN_NUMERICAL_PROBE"), False),
             persist_decisions=_bool("RTCKERN_PERSIST_DECISIONS", g("RTCKERN_PERSIST_DECISIONS"), True),
             tuning_table_dir=_path("RTCKERN_TUNING_DIR", g("RTCKERN_TUNING_DIR"), env),
+            c_compiler=_command("CC", g("CC")),
+            native_launch=_auto_bool("RTCKERN_NATIVE_LAUNCH", g("RTCKERN_NATIVE_LAUNCH"), "auto"),
             verbose=_bool("RTCKERN_VERBOSE", g("RTCKERN_VERBOSE"), False),
             hiprtc_library=_path("RTCKERN_HIPRTC_LIBRARY", g("RTCKERN_HIPRTC_LIBRARY"), env),
             rocm_path=_path("ROCM_PATH", g("ROCM_PATH"), env),
@@ -450,7 +482,7 @@ def env_doc() -> str:
 
 _GROUPS = {"cache_dir": "Cache", "cuda_home": "Compile", "force_impl": "Registry", "verbose": "Logging",
            "hiprtc_library": "HIP / AMD",
-           "cache_secret_file": "Cache trust", "bundle_max_bytes": "Bundles"}
+           "cache_secret_file": "Cache trust", "bundle_max_bytes": "Bundles", "native_launch": "Launch"}
 
 
 # How each setting relates to the bytes a compile produces (principle 2: the key is content). "key": part of every
@@ -481,6 +513,8 @@ CODE_EFFECT: dict[str, str] = {
     "persist_decisions": "where registry decisions are kept",
     "tuning_table_dir": "chooses tile configs, which are template arguments of the spec (so in the key)",
     "verbose": "logging only",
+    "native_launch": "how a loaded binary is launched, never which binary",
+    "c_compiler": "builds the native launcher, never a kernel",
     "hiprtc_library": "identity: the hiprtc library's name, API and comgr versions are in the compiler identity",
     "rocm_path": "identity: where hiprtc is found; its versions are in the compiler identity",
 }

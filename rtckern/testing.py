@@ -12,8 +12,10 @@ inside a family belongs here, under a stable name, rather than imported from a p
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
+import re
 import socket
 import threading
 
@@ -155,10 +157,19 @@ def _spawn_pool(jobs: int):
     return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
 
 
-def _compile_spec(spec) -> str | None:
-    """None when ``spec`` compiles to a binary with a warning-free log, else what went wrong."""
+_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def _compile_spec(spec, no_spills: bool = False) -> str | None:
+    """None when ``spec`` compiles to a binary with a warning-free log (and, with no_spills on an NVIDIA target,
+    ptxas reports no register spills), else what went wrong."""
+    import dataclasses
+
     from .compiler import compiler_for
 
+    verbose = no_spills and not spec.arch.gfx
+    if verbose:
+        spec = dataclasses.replace(spec, options=tuple(spec.options) + ("--ptxas-options=-v",))
     try:
         ck = compiler_for(spec.arch).compile(spec)
     except Exception as e:  # collected, reported together
@@ -167,18 +178,25 @@ def _compile_spec(spec) -> str | None:
         return f"{spec.name_expression}: empty binary"
     if "warning" in (ck.log or "").lower():
         return f"{spec.name_expression}: warnings: {ck.log[:600]}"
+    if verbose:
+        spilled = [m for m in _SPILLS.finditer(ck.log or "") if int(m.group(1)) or int(m.group(2))]
+        if spilled or not _SPILLS.search(ck.log or ""):
+            found = spilled[0].group(0) if spilled else "no ptxas resource report in the log"
+            return f"{spec.name_expression} ({spec.arch.sm}): {found}"
     return None
 
 
-def compile_all(specs, jobs: int | None = None) -> list[str]:
+def compile_all(specs, jobs: int | None = None, no_spills: bool = False) -> list[str]:
     """Compile every spec (no cache), spread over ``jobs`` processes (default: every core); returns the failures
-    (an error or a compiler warning), one line each, in spec order."""
+    (an error or a compiler warning; with no_spills, register spills that ptxas reports for NVIDIA targets), one
+    line each, in spec order."""
     specs = list(specs)
     jobs = min(_jobs(jobs), len(specs) or 1)
+    fn = functools.partial(_compile_spec, no_spills=no_spills)
     if jobs == 1:
-        return [f for f in map(_compile_spec, specs) if f]
+        return [f for f in map(fn, specs) if f]
     with _spawn_pool(jobs) as ex:
-        return [f for f in ex.map(_compile_spec, specs, chunksize=max(1, len(specs) // (4 * jobs))) if f]
+        return [f for f in ex.map(fn, specs, chunksize=max(1, len(specs) // (4 * jobs))) if f]
 
 
 def _compile_program(args) -> str | None:

@@ -1,10 +1,10 @@
 """For each norm shape whose fastest swept config (the kind and config the tables pick, on sm_90) takes longer than
 the 150 ms cold-compile budget on this CPU, the swept alternatives within 1 / 2 / 3% of its measured speed and
 their cold compile times: what choosing by compile time among near-equal configs would cost and gain. No GPU:
-speeds come from the given sweep files (`benchmarks/norms.py sweep` output, H200 for the shipped rows), compile
+speeds come from the given sweep files (`python -m benchmarks norms sweep` output, H200 for the shipped rows), compile
 times from NVRTC here.
 
-With --apply TOL (after `benchmarks/norms.py sweep --into rtckern/tuning_tables`, which ships the fastest
+With --apply TOL (after `python -m benchmarks norms sweep --into rtckern/tuning_tables`, which ships the fastest
 config): where the fastest config compiles over budget and a swept config within TOL of its speed compiles within
 it, the shipped tables take that config (its kind in norm_kind, its config in norm_fwd / norm_bwd).
 

@@ -30,7 +30,7 @@ from rtckern.ops._attention_configs import DTYPES, HEAD_DIMS
 from rtckern.registry import select
 from rtckern.runtime import arrays as arr
 
-__all__ = ["attention"]
+__all__ = ["attention", "attention_backward"]
 
 _INT32_MAX = 2**31 - 1
 _GRID_YZ_MAX = 65535
@@ -131,3 +131,6 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
 
 
 cands.register_all()
+
+# The backward op lives beside (its own API, plan and candidates); exported with the forward.
+from rtckern.ops._attention_bwd import attention_backward  # noqa: E402

@@ -2,19 +2,18 @@
 
     torch.ops.rtckern.attention(q, k, v, causal=False, softmax_scale=None) -> o      (composite)
     torch.ops.rtckern.attention_fwd(q, k, v, causal, softmax_scale, return_lse) -> (o, lse)
-    torch.ops.rtckern.attention_bwd(dout, q, k, v, o, lse, causal, softmax_scale) -> (dq, dk, dv)
+    torch.ops.rtckern.attention_bwd(dout, q, k, v, o, lse, causal, softmax_scale, deterministic=False)
+        -> (dq, dk, dv)
 
 Layouts are rtckern.ops.attention's: (batch, seqlen, heads, head_dim), GQA by heads_q = n * heads_kv, causal
 aligned to the bottom-right corner, lse float32 (batch, heads_q, seqlen_q).
 
-Backward (documented fallback: rtckern has no attention backward kernel yet). attention_bwd takes the forward's
-output and lse, like FlashAttention's backward, and runs
-- torch's FlashAttention-2 backward (aten._scaled_dot_product_flash_attention_backward) where it computes the
-  same function: CUDA, compute capability 8.0+, fp16/bf16, and not (causal with seqlen_q != seqlen_k), because
-  torch's flash kernels reject is_causal for seqlen_q != seqlen_k. GQA goes in as is (the flash kernels sum dk,
-  dv over each group, as for sdpa's enable_gqa);
-- otherwise the explicit backward of _torch_ref.attention_bwd, which materializes the (seqlen_q, seqlen_k)
-  probabilities in fp32 (memory O(batch * heads * seqlen_q * seqlen_k)).
+Backward: attention_bwd takes the forward's output and lse (the forward saves them when a gradient is needed) and
+runs rtckern.ops.attention_backward (FlashAttention-2-class kernels; dk, dv summed over each GQA group). Autograd
+asks for its deterministic mode when torch.are_deterministic_algorithms_enabled(). Where no rtckern candidate serves
+the request (e.g. a GPU older than sm_75) the plugin's policy applies as for every op: one warning and the explicit
+backward of _torch_ref.attention_bwd (materializes the (seqlen_q, seqlen_k) probabilities in fp32), or an error
+under RTCKERN_STRICT=1.
 """
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from torch import Tensor
 from rtckern.errors import InputError
 
 from . import _torch_ref as R
-from ._torch_dispatch import _reference, run
+from ._torch_dispatch import run
 from ._torch_lib import F32, define_composite, direct, empty_stat, kernel_op, needs_grad, ops_module
 
 OPS = ("attention", "attention_fwd", "attention_bwd")
@@ -81,43 +80,29 @@ def _(q, k, v, causal, softmax_scale, return_lse):
 
 
 # ---- backward ---------------------------------------------------------------------------------------------------
-def _flash_serves(q: Tensor, k: Tensor, causal: bool) -> bool:
-    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] % 8 or q.shape[-1] > 256:
-        return False
-    if causal and q.shape[1] != k.shape[1]:
-        return False
-    return torch.cuda.get_device_capability(q.device) >= (8, 0)
+def _jit_bwd(dout, q, k, v, o, lse, causal, softmax_scale, deterministic):
+    return _attention().attention_backward(dout, q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
+                                           deterministic=deterministic)
 
 
-def _flash_bwd(dout, q, k, v, o, lse, causal, softmax_scale):
-    sq, sk, d = q.shape[1], k.shape[1], q.shape[3]
-    # GQA goes in as is: torch's flash kernels take heads_kv dividing heads_q (sdpa's enable_gqa path), summing
-    # dk, dv over each group themselves.
-    # rng state of a dropout-free forward: read by the kernel only when dropout_p > 0
-    seed = torch.empty((2,), dtype=torch.uint64, device=q.device)
-    offset = torch.empty((), dtype=torch.uint64, device=q.device)
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), o.transpose(1, 2),
-        lse.contiguous(), None, None, sq, sk, 0.0, causal, seed, offset,
-        scale=R.attention_scale(softmax_scale, d))
-    return dq.transpose(1, 2).contiguous(), dk.transpose(1, 2).contiguous(), dv.transpose(1, 2).contiguous()
-
-
-def attention_bwd_impl(dout, q, k, v, o, lse, causal, softmax_scale):
-    if not _reference() and _flash_serves(q, k, causal):
-        return _flash_bwd(dout, q, k, v, o, lse, causal, softmax_scale)
+def _ref_bwd(dout, q, k, v, o, lse, causal, softmax_scale, deterministic):
     return R.attention_bwd(dout, q, k, v, o, lse, causal, softmax_scale)
+
+
+def attention_bwd_impl(dout, q, k, v, o, lse, causal, softmax_scale, deterministic=False):
+    return run("attention_backward", _jit_bwd, _ref_bwd, dout, q, k, v, o, lse, causal, softmax_scale,
+               deterministic)
 
 
 @kernel_op("attention_bwd")
 def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
-                  softmax_scale: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) from the forward's o and lse; see the module docstring for which kernel runs."""
-    return attention_bwd_impl(dout, q, k, v, o, lse, causal, softmax_scale)
+                  softmax_scale: Optional[float], deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) from the forward's o and lse (rtckern.ops.attention_backward)."""
+    return attention_bwd_impl(dout, q, k, v, o, lse, causal, softmax_scale, deterministic)
 
 
 @attention_bwd.register_fake
-def _(dout, q, k, v, o, lse, causal, softmax_scale):
+def _(dout, q, k, v, o, lse, causal, softmax_scale, deterministic=False):
     _check(q, k, v)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -132,7 +117,8 @@ def _backward(ctx, dout, _dlse):
     q, k, v, o, lse = ctx.saved_tensors
     if lse.numel() == 0 and o.numel() != 0:  # forward called without return_lse while a gradient was needed
         o, lse = attention_fwd(q, k, v, ctx.causal, ctx.scale, True)
-    dq, dk, dv = attention_bwd(dout.contiguous(), q, k, v, o, lse, ctx.causal, ctx.scale)
+    dq, dk, dv = attention_bwd(dout.contiguous(), q, k, v, o, lse, ctx.causal, ctx.scale,
+                               torch.are_deterministic_algorithms_enabled())
     return dq, dk, dv, None, None, None
 
 

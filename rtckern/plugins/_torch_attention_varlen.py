@@ -12,12 +12,12 @@ int32 prefix sums (batch + 1,) on the device, host ints for the longest sequence
 per sequence aligned to its bottom-right corner, lse float32 (heads_q, total_q). The forward never reads the prefix
 sums on the host (no synchronization; CUDA-graph capturable after a first call).
 
-Backward (interim, until issue 22's varlen backward kernel replaces attention_varlen_bwd's implementation): the
-prefix sums are copied to the host (one synchronization per backward) and each sequence runs the dense attention
-backward (torch.ops.rtckern.attention_bwd's implementation, i.e. torch's flash backward where it applies, else the
-explicit reference) on its own rows; gradient rows that no sequence covers are zero. Correct for every input the
-forward takes, but a Python loop over the sequences: slow for many short sequences, and not capturable in a CUDA
-graph. The fake kernels never read the prefix sums, so torch.compile (fullgraph) traces the forward and the
+Backward (interim, until a varlen backward kernel replaces attention_varlen_bwd's implementation): the prefix sums
+are copied to the host (one synchronization per backward) and each sequence runs the dense attention backward
+(torch.ops.rtckern.attention_bwd's implementation: rtckern.ops.attention_backward, deterministic when
+torch.are_deterministic_algorithms_enabled()) on its own rows; gradient rows that no sequence covers are zero.
+Correct for every input the forward takes, but a Python loop over the sequences: slow for many short sequences, and
+not capturable in a CUDA graph. The fake kernels never read the prefix sums, so torch.compile (fullgraph) traces the forward and the
 backward as one op each.
 """
 from __future__ import annotations
@@ -121,11 +121,12 @@ def attention_varlen_bwd_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, c
     from ._torch_attention import attention_bwd_impl
 
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    deterministic = torch.are_deterministic_algorithms_enabled()
     for q0, q1, k0, k1 in _spans(cu_q, cu_k):
         if q1 <= q0 or k1 <= k0:  # no query, or no key (o = 0 there): no gradient flows
             continue
         g = attention_bwd_impl(dout[q0:q1][None], q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], o[q0:q1][None],
-                               lse[:, q0:q1][None], causal, softmax_scale)
+                               lse[:, q0:q1][None], causal, softmax_scale, deterministic)
         dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
 

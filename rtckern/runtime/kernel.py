@@ -275,6 +275,24 @@ class Kernel:
             raise LaunchError(f"launch of {self.label} failed: {err} (grid {g}, block {b}, shared memory "
                               f"{shared_mem}, {len(params)} params)")
 
+    def prepare(self, grid, block, kinds: str, shared_mem: int = 0):
+        """A launch of this kernel at one geometry, prepared once for a hot path: ``f(stream_handle, *args)``
+        with one argument per character of ``kinds`` ('P' pointer, 'q' int64, 'i' int32, 'I' uint32, 'f' float32,
+        'd' float64, 'M' a 128-byte tensor map as bytes). Through the native launcher (rtckern.runtime.native)
+        where it is available, a call costs the driver's launch and little else; otherwise through cuda.core.
+        Either way it runs in this kernel's device context whatever context is current."""
+        from . import native
+
+        g, b = _dim3(grid), _dim3(block)
+        self._config(g, b, int(shared_mem), False, None)  # checks the geometry, opts in to the shared memory
+        mod = native.module()
+        if mod is not None:
+            # the context's CUfunction, not the library's CUkernel: the driver launches it ~1 us faster
+            with on_device(self.device.ordinal):
+                fn = check(driver().cuKernelGetFunction(self._k.handle), "cuKernelGetFunction")
+            return mod.Prepared(int(fn), _primary_ctx[self.device.ordinal], g, b, int(shared_mem), kinds, self.label)
+        return _fallback_launch(self, g, b, kinds, int(shared_mem))
+
     def launch(self, grid, block, args: Sequence[Any] = (), shared_mem: int = 0, stream=None,
                cooperative: bool = False, cluster=None) -> None:
         """Launch on ``stream`` (int handle, ``__cuda_stream__`` object, torch or CuPy stream).
@@ -309,3 +327,36 @@ class Kernel:
         except Exception as e:
             raise LaunchError(f"launch of {self.label} failed (grid {grid}, block {block}, shared memory "
                               f"{shared_mem}, {len(args)} args): {e}") from e
+
+
+def _fallback_launch(kernel: Kernel, grid, block, kinds: str, shared_mem: int):
+    """Kernel.prepare without the native launcher: the same call through cuda.core (or, for tensor maps, the
+    driver's cuLaunchKernel with a packed parameter block)."""
+    import numpy as np
+
+    if "M" in kinds:
+        names = {"P": "u64", "q": "i64", "f": "f32", "M": "map"}
+        if any(k not in names for k in kinds):
+            raise LaunchError(f"{kernel.label}: parameter kinds {kinds!r}; with a tensor map only P q f M are supported")
+        tags = tuple(names[k] for k in kinds)
+
+        def packed(stream, *args):
+            kernel.launch_packed(grid, block, tuple(zip(tags, args)), shared_mem, stream)
+        return packed
+    conv = {"f": np.float32, "i": np.int32, "I": np.uint32, "d": np.float64}
+    casts = tuple((i, conv[k]) for i, k in enumerate(kinds) if k in conv)
+    bad = set(kinds) - set("PqifId")
+    if bad:
+        raise LaunchError(f"{kernel.label}: parameter kinds {sorted(bad)}; supported: P q i I f d M")
+    n = len(kinds)
+    launch = kernel.launch
+
+    def call(stream, *args):
+        if len(args) != n:
+            raise TypeError(f"launch of {kernel.label} takes a stream and {n} kernel arguments; got {len(args) + 1}")
+        if casts:
+            args = list(args)
+            for i, c in casts:
+                args[i] = c(args[i])
+        launch(grid, block, args, shared_mem, stream)
+    return call

@@ -196,3 +196,36 @@ def test_launch_packed_typed_params(dev, mgr):
     assert torch.allclose(y, 1 + 0.5 * x)
     with pytest.raises(LaunchError, match="parameter kind 'f16'"):
         k.launch_packed(1, 32, [("f16", 1.0)])
+
+
+@pytest.mark.parametrize("native_launch", ["auto", "off"])
+def test_prepared_launch(dev, mgr, native_launch):
+    """Kernel.prepare: the native launcher and the cuda.core fallback compute the same, on torch's current stream,
+    and a prepared launch made on one device runs there while another device's context is current."""
+    from rtckern import config
+    from rtckern.runtime import native
+
+    with config.override(native_launch=native_launch):
+        k = mgr.get(spec(dev, "axpy", ("float",)), 0)
+        n = 100_000
+        x, y = torch.randn(n, device="cuda"), torch.ones(n, device="cuda")
+        launch = k.prepare((n + 255) // 256, 256, "PPfq")
+        assert (native.module() is not None) == (native_launch == "auto"), native.why()
+        assert type(launch).__name__ == ("Prepared" if native_launch == "auto" else "function")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())  # x and y were made on the default stream
+        with torch.cuda.stream(s):
+            launch(torch.cuda.current_stream().cuda_stream, x.data_ptr(), y.data_ptr(), np.float32(0.5), n)
+            launch(s.cuda_stream, x.data_ptr(), y.data_ptr(), 0.25, np.int64(n))
+        s.synchronize()
+        assert torch.allclose(y, 1 + 0.75 * x)
+        with pytest.raises(TypeError, match="takes a stream and 4 kernel arguments"):
+            launch(0, x.data_ptr(), y.data_ptr())
+
+
+def test_native_launcher_is_available_on_the_gpu_machine():
+    """Where the GPU tests run, a C compiler and the Python headers exist: the launcher must build (a silent
+    fallback there would hide a 2-3 us regression per launch)."""
+    from rtckern.runtime import native
+
+    assert native.module() is not None, native.why()

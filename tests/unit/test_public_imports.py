@@ -104,10 +104,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.plugins._torch_hf_varlen": "counts the varlen routes a transformers model takes (run), which no "
                                             "public name shows",
     },
-    "tests/gpu/plugins/test_torch_plugin_gpu.py": {
-        "rtckern.plugins._torch_attention": "checks when the plugin routes attention to the flash kernel "
-                                            "(_flash_serves), a dispatch rule with no public name",
-    },
     "tests/unit/compiler/test_hiprtc.py": {
         "rtckern.ops._gemm_plan": "the SIMT gemm kernel and the split-k reduce on gfx90a (simt_spec, reduce_spec): "
                                   "no registry candidate serves the reduce on its own",
@@ -118,6 +114,13 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._attention_candidates": "the candidates' kernel_args and request encoding",
         "rtckern.ops._attention_configs": "the kernel-config table (tiles, sources, kernel names, pick_tile)",
         "rtckern.ops._attention_wgmma_gen": "the code generator's output matches the shipped kernel source",
+    },
+    "tests/unit/ops/test_attention_backward.py": {
+        "rtckern.ops._attention_bwd": "the dout/out/lse validation (_check_like_q, _check_lse) on fake arrays, "
+                                      "without a device",
+        "rtckern.ops._attention_bwd_candidates": "the candidates' request encoding and their prepared launches "
+                                                 "(argument lists checked against the kernel sources)",
+        "rtckern.ops._attention_bwd_configs": "the kernel-config table (tiles, shared memory, sources, kernel names)",
     },
     "tests/unit/ops/test_gemm.py": {
         "rtckern.ops._gemm_api": "host_gemm fixture: runs rtckern.ops.gemm on CPU tensors by patching the module's "

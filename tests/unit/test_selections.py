@@ -112,6 +112,18 @@ def _attention_requests():
                                         **kw)
 
 
+def _attention_backward_requests():
+    from rtckern.registry import build_request
+
+    for arch, kw in DEVICES.items():
+        for hd in (32, 64, 96, 128, 256):
+            for dt in ("bf16", "fp16"):
+                for causal in ("0", "1"):
+                    for det in ("0", "1"):
+                        yield build_request("attention_backward", shape=(hd,), dtype=dt, arch=arch,
+                                            options={"causal": causal, "deterministic": det}, **kw)
+
+
 def _plain(v):
     if isinstance(v, (str, int, float, bool)) or v is None:
         return v
@@ -159,7 +171,8 @@ def current_selections() -> dict[str, str]:
     core_api.cache_key = lambda spec: repr(spec)
     out: dict[str, str] = {}
     try:
-        for family in (_norm_requests, _softmax_requests, _gemm_requests, _attention_requests):
+        for family in (_norm_requests, _softmax_requests, _gemm_requests, _attention_requests,
+                           _attention_backward_requests):
             for req in family():
                 key = _key(req)
                 if key in out:  # a variant that names the defaults

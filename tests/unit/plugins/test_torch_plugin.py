@@ -359,6 +359,12 @@ def test_gemm_autograd_matches_torch(act, layout):
     _assert_close_grads(got, torch.autograd.grad(ref, (a, b, bias, res), g), tol=1e-4)
 
 
+def _attention_bwd_args(q, kv):
+    with D.reference_mode():
+        o, lse = ops.attention_fwd(q.detach(), kv.detach(), kv.detach(), True, 0.3, True)
+    return (torch.randn_like(o), q.detach(), kv.detach(), kv.detach(), o, lse, True, 0.3, True)
+
+
 def _opcheck_cases():
     x, w, b, r = rand(4, 32, requires_grad=True), rand(32, requires_grad=True), rand(32, requires_grad=True), \
         rand(4, 32, requires_grad=True)
@@ -376,6 +382,7 @@ def _opcheck_cases():
         "softmax": (s, 0.5), "softmax_bwd": (s.detach(), s.detach(), 0.5), "scaled_masked_softmax": (s, mask, 2.0),
         "scaled_upper_triang_masked_softmax": (s, 1.0), "scaled_aligned_causal_masked_softmax": (s, 1.0),
         "attention": (q, kv, kv, True), "attention_fwd": (q, kv, kv, False, 0.2, True),
+        "attention_bwd": _attention_bwd_args(q, kv),
         "gemm": (a, bt, rand(4, dtype=BF16, requires_grad=True), "silu", True),
     }
 

@@ -1,29 +1,21 @@
-"""Kernel-level GEMM check and config sweep on a live GPU (no registry): every kernel family and tile config is
-launched directly through rtckern.ops._gemm_launch, checked against a float64 reference, and timed against
-torch.matmul in the same process.
-
-    PYTHONPATH=. python3 benchmarks/gemm_kernels.py --out DIR [--quick]
+"""Kernel-level GEMM checks on a live GPU, no registry (`python -m benchmarks gemm --check`): every kernel family
+and tile config (sm80, the sm80 general path, simt, sm90 and its ping-pong schedule, split-K on both tensor-core
+families, a B shared across the batch) is launched directly through rtckern.ops._gemm_launch and checked against a
+float64 reference.
 
 Correctness: fresh random inputs per case, output poisoned with NaN first, relative Frobenius error against a
 float64 reference of the same (rounded) inputs, bound max(u_out, 2^-16) * sqrt(K) (u: unit roundoff of the
-output dtype). Timing: each variant is captured in a CUDA graph of `reps` launches and replayed; the median of
-several replays over the launch count; torch.matmul is timed the same way on the same inputs.
+output dtype).
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
-import json
 import math
-import os
-import statistics
-import sys
 import time
 import traceback
 
 import torch
 
-from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.dtypes import unit_roundoff
 from rtckern.manager import get_manager
@@ -32,24 +24,6 @@ from rtckern.ops._gemm_plan import (GemmProblem, SimtConfig, Sm80Config, Sm90Con
                                     workspace_bytes)
 
 TORCH_DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def versions() -> dict:
-    from importlib.metadata import version
-
-    out = {}
-    for pkg in ("cuda-bindings", "cuda-core", "nvidia-cuda-nvrtc", "cupy-cuda13x"):
-        try:
-            out[pkg] = version(pkg)
-        except Exception:
-            out[pkg] = None
-    try:
-        from rtckern.runtime.driver import driver_version
-
-        out["driver_cuda"] = ".".join(map(str, driver_version()))
-    except Exception as e:
-        out["driver_cuda"] = str(e)
-    return out
 
 
 def _compile_one(spec):
@@ -117,27 +91,6 @@ def reference(p, a, b, bias, res):
     return y
 
 
-def reference32(p, a, b, bias, res):
-    a32, b32 = a.float(), b.float()
-    if p.trans_b:
-        b32 = b32.transpose(-1, -2)
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        y = torch.matmul(a32, b32)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-    if bias is not None:
-        y = y + bias.float()
-    if p.activation == "gelu_tanh":
-        y = torch.nn.functional.gelu(y, approximate="tanh")
-    elif p.activation == "silu":
-        y = torch.nn.functional.silu(y)
-    if res is not None:
-        y = y + res.float()
-    return y
-
-
 def operands(p, a, b, c, bias, res):
     return L.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=a.stride(-2), ldb=b.stride(-2),
                       ldc=c.stride(-2), stride_a=a.stride(0), stride_b=b.stride(0) if p.b_batched else 0,
@@ -171,70 +124,6 @@ def check(case: Case, gen, misalign=False) -> dict:
     tol = max(unit_roundoff(p.out_dtype), 2.0 ** -16) * math.sqrt(p.k)
     ok = nan == 0 and err <= tol
     return {"ok": ok, "rel_err": err, "tol": tol, "unwritten_or_nan": nan}
-
-
-def graph_time_us(fn, reps: int = 20, replays: int = 7) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / reps)
-    return statistics.median(times)
-
-
-def bench_case(case: Case, gen, torch_us_cache: dict) -> dict:
-    p = case.p
-    kernels = [get_manager().get(s, device=0) for s in case.specs]
-    a, b, bias, res = make_inputs(p, gen)
-    c = torch.empty((p.batch, p.m, p.n), device="cuda", dtype=TORCH_DT[p.out_dtype])
-    nbytes = workspace_bytes(p, case.cfg.splits)
-    ws = torch.empty(max(1, nbytes // 4), device="cuda", dtype=torch.float32) if nbytes else None
-
-    def ours():
-        run_case(case, kernels, a, b, bias, res, c=c, ws=ws, stream=torch.cuda.current_stream())
-
-    us = graph_time_us(ours)
-    # correctness of the timed variant on these inputs too (fp32 reference: fp64 would take seconds here)
-    ref = reference32(p, a, b, bias, res)
-    err = (torch.linalg.vector_norm(c.double() - ref) / torch.linalg.vector_norm(ref)).item()
-    key = (p.batch, p.m, p.n, p.k, p.dtype, p.trans_b, p.bias, p.activation, p.residual)
-    if key not in torch_us_cache:
-        bt = b.transpose(-1, -2) if p.trans_b else b
-        a2 = a if p.batch > 1 else a[0]
-        b2 = bt if p.batch > 1 else bt[0]
-
-        def tm():
-            y = torch.matmul(a2, b2)
-            if bias is not None:
-                y = y + bias
-            if p.activation == "gelu_tanh":
-                y = torch.nn.functional.gelu(y, approximate="tanh")
-            elif p.activation == "silu":
-                y = torch.nn.functional.silu(y)
-            if res is not None:
-                y = y + (res if p.batch > 1 else res[0])
-            return y
-
-        torch_us_cache[key] = graph_time_us(tm)
-    tus = torch_us_cache[key]
-    return {"us": us, "tflops": p.flops / us / 1e6, "torch_us": tus, "torch_tflops": p.flops / tus / 1e6,
-            "ratio": tus / us, "rel_err": err}
 
 
 # -- the case lists -----------------------------------------------------------------------------------------------
@@ -310,109 +199,24 @@ def correctness_cases(dev: DeviceInfo):
     return cases
 
 
-def bench_cases(dev: DeviceInfo, quick: bool):
-    P = GemmProblem
-    out = []
-    big = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096)]
-    if quick:
-        big = big[:1]
-    sm90_cfgs = [Sm90Config(128, 256, 4, 2), Sm90Config(128, 128, 6, 2), Sm90Config(128, 192, 5, 2),
-                 Sm90Config(256, 128, 4, 2)]
-    sm80_cfgs = [Sm80Config(128, 128, 32, 64, 64, 4), Sm80Config(128, 256, 32, 64, 64, 3),
-                 Sm80Config(256, 128, 32, 64, 64, 3), Sm80Config(128, 128, 32, 64, 32, 4),
-                 Sm80Config(128, 128, 64, 64, 64, 3)]
-    is90 = dev.arch.major == 9 and dev.arch.minor == 0
-    for (m, n, k) in big:
-        for tb in (True, False):
-            p = P(1, m, n, k, "bf16", "bf16", tb)
-            for cfg in (sm90_cfgs if is90 else []) + sm80_cfgs[: (2 if m > 4096 else 5)]:
-                out.append(Case(p, cfg, dev))
-    # fp16 once
-    p = P(1, 4096, 4096, 4096, "fp16", "fp16", True)
-    if is90:
-        out.append(Case(p, Sm90Config(128, 256, 4, 2), dev))
-    # fused epilogue vs torch matmul + separate ops
-    for act, res in (("gelu_tanh", False), ("silu", True)):
-        p = P(1, 4096, 4096, 4096, "bf16", "bf16", True, True, act, res)
-        if is90:
-            out.append(Case(p, Sm90Config(128, 256, 4, 2), dev))
-    # skinny
-    for m, nk in ((16, 4096), (16, 8192), (128, 4096), (128, 8192), (64, 4096)):
-        for tb in (True, False):
-            p = P(1, m, nk, nk, "bf16", "bf16", tb)
-            cfgs = [Sm80Config(16 if m <= 16 else 64, 128, 64, 16 if m <= 16 else 32, 32, 4, splits=0),
-                    Sm80Config(64, 64, 64, 32, 32, 4, splits=0)]
-            if is90:
-                cfgs = [Sm90Config(64, 128, 6, 1, splits=0), Sm90Config(64, 256, 4, 1, splits=0),
-                        Sm90Config(128, 128, 6, 2, splits=0), Sm90Config(64, 64, 8, 1, splits=0)] + cfgs
-            for cfg in cfgs:
-                out.append(Case(p, cfg, dev))
-    return out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 4))
-    ap.add_argument("--phase", choices=("compile", "checks", "bench", "all"), default="all")
-    ap.add_argument("--no-sm90", action="store_true", help="leave out the sm_90a kernels (after a hang)")
-    args = ap.parse_args(argv)
-    dev = DeviceInfo.from_device(0)
-    print(f"device: {dev.describe()}; torch {torch.__version__}; {versions()}", flush=True)
-    keep = (lambda c: c.cfg.kind != "sm90") if args.no_sm90 else (lambda c: True)
-    checks = [(l, c) for l, c in correctness_cases(dev) if keep(c)] if args.phase in ("checks", "all", "compile") else []
-    benches = [c for c in bench_cases(dev, args.quick) if keep(c)] if args.phase in ("bench", "all", "compile") else []
-    if args.phase in ("compile", "all"):
-        precompile([s for _, c in checks for s in c.specs] + [s for c in benches for s in c.specs], args.workers)
-    if args.phase == "compile":
-        return 0
-    tag = "" if args.phase == "all" else "_" + args.phase
-    out_json = os.path.join(args.out, f"gemm_kernels{tag}.json")
-
+def run_checks(dev: DeviceInfo, workers: int, no_sm90: bool = False) -> list[dict]:
+    """Every correctness case (compiled first, in parallel processes): one row per case, ok or not."""
+    keep = (lambda c: c.cfg.kind != "sm90") if no_sm90 else (lambda c: True)
+    checks = [(lbl, c) for lbl, c in correctness_cases(dev) if keep(c)]
+    precompile([s for _, c in checks for s in c.specs], workers)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1234)
-    results = {"device": dev.name, "checks": [], "bench": []}
-    nfail = 0
+    results = []
     for label, case in checks:
         try:
             r = check(case, gen, misalign=("sm80g" in label or "simt" in label) and case.p.batch == 1
                       and case.p.m * case.p.k > 1)
-        except Exception as e:
+        except Exception as e:  # recorded as a failed case; the others still run
             r = {"ok": False, "error": f"{type(e).__name__}: {e}"[:1500], "tb": traceback.format_exc()[-1500:]}
         r.update(label=label, config=case.cfg.as_dict())
-        results["checks"].append(r)
-        nfail += not r["ok"]
-        with open(out_json, "w") as f:
-            json.dump(results, f, indent=1)
+        results.append(r)
         print(("PASS " if r["ok"] else "FAIL ") + label + f" cfg={case.cfg.as_dict()} "
               + (f"err={r.get('rel_err', 0):.2e} tol={r.get('tol', 0):.1e} nan={r.get('unwritten_or_nan')}"
                  if "error" not in r else r["error"]), flush=True)
-    if checks:
-        print(f"checks: {len(checks) - nfail}/{len(checks)} passed", flush=True)
-    with open(out_json, "w") as f:
-        json.dump(results, f, indent=1)
-
-    tcache: dict = {}
-    for case in benches:
-        p = case.p
-        try:
-            r = bench_case(case, gen, tcache)
-        except Exception as e:
-            r = {"error": f"{type(e).__name__}: {e}"[:800]}
-        r.update(shape=[p.batch, p.m, p.n, p.k], dtype=p.dtype, trans_b=p.trans_b, epilogue=[p.bias, p.activation,
-                 p.residual], config=case.cfg.as_dict())
-        results["bench"].append(r)
-        if "error" in r:
-            print(f"BENCH ERR {r['shape']} tb={p.trans_b} {case.cfg.as_dict()}: {r['error']}", flush=True)
-        else:
-            print(f"BENCH {p.m}x{p.n}x{p.k} {p.dtype} tb={int(p.trans_b)} epi={p.activation[:4]}{'+b' if p.bias else ''}"
-                  f"{'+r' if p.residual else ''} {case.cfg.as_dict()}: {r['us']:.1f}us {r['tflops']:.0f} TF | torch "
-                  f"{r['torch_tflops']:.0f} TF | x{r['ratio']:.3f} err={r['rel_err']:.1e}", flush=True)
-        with open(out_json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0 if nfail == 0 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    print(f"checks: {sum(r['ok'] for r in results)}/{len(results)} passed", flush=True)
+    return results

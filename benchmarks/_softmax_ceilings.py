@@ -1,24 +1,31 @@
-"""The causal softmax's traffic without its arithmetic (run on the GPU): a kernel that, for every row of the
+"""The traffic ceilings the softmax's ratios to copy are read against (`python -m benchmarks softmax --ceilings`).
+
+mix(): device-memory bandwidth by traffic mix: copy (half reads, half writes), write-only (fill) and read-only (a
+max reduction) over the benchmark's 2^27-element buffers. The causal softmax moves about one third reads and two
+thirds writes, so the write-only figure bounds what it can reach next to the copy line.
+
+causal_traffic(): the causal softmax's traffic without its arithmetic: a kernel that, for every row of the
 benchmark's causal problems, reads the keys the causal bound keeps and writes the whole row (the kept keys
 copied, zeros past the bound), as the softmax does. Its GB/s, counted as the benchmark counts the softmax's bytes
 (kept keys read + every key written), over the copy of the same dtype is the ceiling that traffic pattern allows
-a one-pass kernel; the causal softmax's ratio is compared against it. Two layouts: one row per block (the
-softmax's) and a flat grid over all vectors (no per-row imbalance).
-
-    PYTHONPATH=. python3 benchmarks/causal_traffic.py
-
-Prints one JSON line per problem and writes $OUT/causal_traffic.json when OUT is set.
+a one-pass kernel. Two layouts: one row per block (the softmax's) and a flat grid over all vectors (no per-row
+imbalance).
 """
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
+from benchmarks.softmax import ELEMENTS, copy_gbps, time_ms
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.softmax import ELEMENTS, copy_gbps, time_ms  # noqa: E402
+def mix(torch, dtype) -> dict:
+    x = torch.randn(ELEMENTS, device="cuda", dtype=dtype)
+    y = torch.empty_like(x)
+    nbytes = ELEMENTS * x.element_size()
+    out = {}
+    out["copy_gbps"] = 2 * nbytes / time_ms(torch, lambda: y.copy_(x), reps=20) / 1e6
+    out["write_gbps"] = nbytes / time_ms(torch, lambda: y.fill_(0.5), reps=20) / 1e6
+    out["read_gbps"] = nbytes / time_ms(torch, lambda: torch.amax(x), reps=20) / 1e6
+    return {k: round(v, 1) for k, v in out.items()}
+
 
 CODE = r'''
 #include "common/dtypes.cuh"
@@ -77,9 +84,10 @@ def problems():
         yield "aligned", m // sq, sq, n
 
 
-def main() -> None:
+def causal_traffic(torch, log=print) -> list[dict]:
+    import json
+
     import numpy as np
-    import torch
 
     from rtckern.arch import Arch
     from rtckern.manager import get_manager
@@ -117,13 +125,29 @@ def main() -> None:
         res["flat_x_copy"] = round(nbytes / ms / 1e6 / copy, 3)
         ref = torch.tril(x.view(batch, sq, n), diagonal=off).view(rows, n)
         res["exact"] = bool(torch.equal(y, ref))
-        print(json.dumps(res), flush=True)
+        log(json.dumps(res))
         out.append(res)
-        del x, y, ref
+        x = y = ref = None
         torch.cuda.empty_cache()
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "causal_traffic.json").write_text(json.dumps(out, indent=1))
+    return out
 
 
-if __name__ == "__main__":
-    main()
+def ceilings(torch, log=print) -> dict:
+    """Both: {"mix": {dtype: GB/s by traffic}, "causal_traffic": [rows]}."""
+    tdt = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    return {"mix": {d: mix(torch, tdt[d]) for d in ("bf16", "fp32")}, "causal_traffic": causal_traffic(torch, log)}
+
+
+def tables(c: dict) -> list:
+    from benchmarks.runner import Table
+
+    return [Table(("dtype", "copy GB/s", "write-only GB/s", "x copy", "read-only GB/s", "x copy"),
+                  [(d, m["copy_gbps"], m["write_gbps"], f"{m['write_gbps'] / m['copy_gbps']:.2f}", m["read_gbps"],
+                    f"{m['read_gbps'] / m['copy_gbps']:.2f}") for d, m in c["mix"].items()],
+                  title="Ceilings: device-memory bandwidth by traffic mix (2^27 elements)"),
+            Table(("problem", "batch x sq x N", "read fraction", "rows, 128 threads: x copy",
+                   "rows, 256 threads: x copy", "flat grid: x copy", "exact"),
+                  [(r["problem"], f"{r['batch']}x{r['sq']}x{r['n']}", r["read_fraction"], r["rows_128_x_copy"],
+                    r["rows_256_x_copy"], r["flat_x_copy"], r["exact"]) for r in c["causal_traffic"]],
+                  title="Ceilings: the causal softmax's traffic without arithmetic (bf16; bytes counted as the "
+                        "benchmark counts them)")]

@@ -1,25 +1,16 @@
-"""Cache hints of the softmax kernels, measured (run on the GPU): the kernel the registry selects for each benchmark
-problem (bf16, N in the benchmark's row lengths, every op kind, both directions), built four ways: evict-first or
-default-cached loads of the data read once, and streaming or default stores of the outputs
-(RTK_SOFTMAX_STREAM_LOADS / _STORES in softmax_common.cuh). The variants are timed in turn, several rounds, on the
-tuning problem of each kind (2^27 keys), so drift hits them alike.
-
-    PYTHONPATH=. python3 benchmarks/softmax_hints.py [--ns 1024,4096] [--rounds 3]
-
-Prints one line per problem and writes softmax_hints.json to $OUT (else benchmarks/results).
+"""Cache hints of the softmax kernels, measured (`python -m benchmarks softmax --hints`): the kernel the registry
+selects for each benchmark problem (bf16, N in the benchmark's row lengths, every op kind, both directions), built
+four ways: evict-first or default-cached loads of the data read once, and streaming or default stores of the
+outputs (RTK_SOFTMAX_STREAM_LOADS / _STORES in softmax_common.cuh). The variants are timed in turn, several
+rounds, on the tuning problem of each kind (2^27 keys), so drift hits them alike.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 VARIANTS = {"stream ld, stream st": (1, 1), "default ld, stream st": (0, 1), "stream ld, default st": (1, 0),
             "default ld, default st": (0, 0)}
@@ -57,42 +48,36 @@ def launcher(direction, kind, op, dtype, n, spec_defines, dev):
     return launch, bufs, spec.name_expression + f" [{cand.name}]"
 
 
-def main() -> None:
+def hints(dev, ns, dtype: str = "bf16", rounds: int = 3, log=print) -> list[dict]:
+    """One row per (op, N): median us of each variant and the shipped variant's time over each (>1: shipped
+    faster)."""
     from rtckern import tuning
-    from rtckern.device import DeviceInfo
-    from benchmarks import env as benv
-    import importlib
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ns", default="1024,4096,8192,16384,65536")
-    ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--rounds", type=int, default=3)
-    a = ap.parse_args()
-    importlib.import_module("rtckern.ops")
-    dev = DeviceInfo.from_device(0)
     results = []
     for (direction, kind), op in OPS.items():
-        for n in (int(v) for v in a.ns.split(",")):
+        for n in ns:
             runs, keep, name = {}, [], ""
             for label, (ld, st) in VARIANTS.items():
-                launch, bufs, name = launcher(direction, kind, op, a.dtype, n,
+                launch, bufs, name = launcher(direction, kind, op, dtype, n,
                                               {"RTK_SOFTMAX_STREAM_LOADS": ld, "RTK_SOFTMAX_STREAM_STORES": st}, dev)
                 runs[label] = (launch, [])
                 keep.append(bufs)
-            for _ in range(a.rounds):
+            for _ in range(rounds):
                 for label, (launch, times) in runs.items():
                     times.append(tuning.time_launches(launch, 0, warmup=3, reps=20) * 1e6)
-            row = {"op": op, "direction": direction, "dtype": a.dtype, "n": n, "kernel": name,
+            row = {"op": op, "direction": direction, "dtype": dtype, "n": n, "kernel": name,
                    "us": {k: round(statistics.median(t), 2) for k, (_, t) in runs.items()}}
             base = row["us"]["stream ld, stream st"]
             row["vs_shipped"] = {k: round(base / v, 3) for k, v in row["us"].items()}
-            print(json.dumps(row), flush=True)
+            log(json.dumps(row))
             results.append(row)
-            del keep
-    out = {"env": benv.environment(), "results": results}
-    path = benv.out_dir() / "softmax_hints.json"
-    path.write_text(json.dumps(out, indent=1, default=str) + "\n")
+            keep = None
+    return results
 
 
-if __name__ == "__main__":
-    main()
+def table(rows: list[dict]):
+    from benchmarks.runner import Table
+
+    return Table(("op", "dtype", "N", "kernel", *(f"{v} us" for v in VARIANTS)),
+                 [(r["op"], r["dtype"], r["n"], r["kernel"], *(r["us"][v] for v in VARIANTS)) for r in rows],
+                 title="Cache hints: the selected kernel built four ways (the shipped build: stream ld, stream st)")

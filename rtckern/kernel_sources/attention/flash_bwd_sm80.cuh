@@ -1,0 +1,431 @@
+// Fused attention backward for sm_80 and newer: a FlashAttention-2-class kernel on mma.sync m16n8k16.
+//
+// Inputs are the forward's (same layouts, strides and GQA mapping as flash_fwd_sm80.cuh) plus dout (like q) and,
+// from attn_bwd_rows.cuh's prep kernel, lse2 = lse * log2(e) (+inf on rows that see no key and padding rows)
+// and dsum = rowsum(dout * o), both float32 (batch, heads_q, seqlen_q_pad). Outputs: dk, dv in T (batch,
+// seqlen_k, heads_kv, HD) (element strides dkv_*), and dQ / scale accumulated in fp32 into dq_accum (batch,
+// heads_q, seqlen_q, HD), which the convert kernel scales and casts.
+//
+// One block per (key block j of BN keys, kv head, batch). K_j and V_j stay in shared memory; the block walks every
+// q head of its GQA group and, for each, the query blocks i of BM rows that can see key block j (causal: from the
+// block of the first query row n0 - (seqlen_k - seqlen_q) to the end). Summing the group inside the block makes
+// dk and dv exact sums written once, with no atomics. Q_i, dO_i and their lse2 / dsum rows stream through a ring
+// of STAGES buffers filled by cp.async. Per step, with s = scale * log2(e):
+//   S^T  = K_j Q_i^T                 P^T  = exp2(s S^T - lse2_i)    (masked keys: P = 0)
+//   dP^T = V_j dO_i^T                dS^T = P^T * (dP^T - dsum_i)
+//   dV_j += P^T dO_i                 dK_j += dS^T Q_i               dQ_i += dS_i K_j   (dq_accum)
+// S and dP are computed transposed (keys as rows) so that a warp's accumulators of P^T and dS^T are already the
+// A operands of the dV and dK products: with SPLIT == 1 they never leave registers. dS^T goes to shared memory
+// for dQ = dS K (all warps' keys summed per query row), read back with ldmatrix.trans.
+//
+// Warps: KW = BN / 16 key warps x SPLIT. Warp w owns the 16 keys (w % KW) * 16 of the block; with SPLIT == 2 (large
+// head dims, where the dK and dV accumulators of 16 keys x HD would not fit in registers) warp w computes S^T and
+// dP^T for query half w / KW and accumulates dK, dV for head-dim half w / KW, so P^T and dS^T go through shared
+// memory for the dK / dV products too. For dQ the warps tile (BM x HD) as DQ_WM row groups x DQ_WN column groups.
+//
+// dQ: by default each block adds its dQ_i tile into dq_accum with fp32 atomics (red.global.add), so the order of
+// additions varies from run to run. DETERMINISTIC: every (batch, q head, query block) has a counter in `sem`
+// (zeroed by the prep kernel); key block j waits until the counter is j, adds, and sets it to j + 1, so the adds
+// into each dQ element happen in increasing j whatever the scheduling: bitwise repeatable dq. The key blocks that
+// touch query block i are always a prefix 0..J(i) (causal visibility only grows with the key index shrinking), so
+// the counter reaches every value. Blocks are dispatched in increasing blockIdx.x, so block j - 1 is resident or
+// done when block j waits: no deadlock. This keeps one fp32 accumulator (no per-key-block copies of dq, whose
+// memory would grow with seqlen_k), and a block waits only at its first step of each query block, behind the
+// previous key block by about one step.
+//
+// Shared-memory rows are padded by 16 bytes (HD + 8, BM + 8 elements): the 8 row addresses of every ldmatrix phase
+// and the 32-bit stores of dS^T from the accumulator layout fall in distinct bank groups.
+#pragma once
+#include "attention/attn_bwd_rows.cuh"
+#include "attention/flash_fwd_sm80.cuh"
+
+namespace rtk_attn {
+
+template <int HD, int BM, int BN, int NWARPS, int STAGES>
+struct flash_bwd_sm80_smem {
+  static constexpr int SPLIT = NWARPS / (BN / 16);
+  static constexpr int SROW = HD + 8;  // K, V, Q, dO rows
+  static constexpr int PROW = BM + 8;  // dS^T (and P^T) rows: one key per row, BM queries
+  static constexpr int elems = 2 * BN * SROW + 2 * STAGES * BM * SROW + (SPLIT == 2 ? 2 : 1) * BN * PROW;
+  static constexpr int bytes = elems * 2 + 2 * STAGES * BM * 4;
+};
+
+// Per-lane ldmatrix offsets (elements) into a tile of row stride ROW; see sm80_primitives.cuh for the fragments.
+//   A from [m][k] storage (non-trans), and B from [k][n] storage (.trans): 8 consecutive rows per 8x8 matrix.
+template <int ROW>
+RTK_DEVICE int ldsm_a_off(int lane) { return (lane & 15) * ROW + (lane >> 4) * 8; }
+//   B from [n][k] storage (non-trans); the same addresses give A from [k][m] storage with .trans.
+template <int ROW>
+RTK_DEVICE int ldsm_b_off(int lane) { return ((lane & 7) + ((lane >> 4) << 3)) * ROW + ((lane >> 3) & 1) * 8; }
+//   B from [k][n] storage with .trans.
+template <int ROW>
+RTK_DEVICE int ldsm_bt_off(int lane) { return ((lane & 7) + (((lane >> 3) & 1) << 3)) * ROW + (lane >> 4) * 8; }
+
+RTK_DEVICE int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+RTK_DEVICE void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// dq[0..1] += (x, y): one 8-byte reduction on sm_90, two 4-byte ones before.
+RTK_DEVICE void red_add_f32x2(float* dst, float x, float y) {
+#if RTK_ARCH >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+#else
+  atomicAdd(dst, x);
+  atomicAdd(dst + 1, y);
+#endif
+}
+
+template <typename T, int HD, int BM, int BN, int NWARPS, int STAGES, bool CAUSAL, bool DETERMINISTIC>
+__global__ void __launch_bounds__(NWARPS * 32)
+    flash_bwd_sm80(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                   const T* __restrict__ dout, const float* __restrict__ lse2, const float* __restrict__ dsum,
+                   float* __restrict__ dq_accum, T* __restrict__ dk, T* __restrict__ dv, int* __restrict__ sem,
+                   long long seqlen_q, long long seqlen_k, long long heads_q, long long heads_kv,
+                   long long seqlen_q_pad, long long q_bs, long long q_rs, long long q_hs, long long k_bs,
+                   long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long do_bs,
+                   long long do_rs, long long do_hs, long long dkv_bs, long long dkv_rs, long long dkv_hs,
+                   float scale_log2, float scale) {
+#if RTK_ARCH >= 800
+  using L = flash_bwd_sm80_smem<HD, BM, BN, NWARPS, STAGES>;
+  constexpr int NT = NWARPS * 32;
+  constexpr int KW = BN / 16;          // key warps: 16 keys each
+  constexpr int SPLIT = L::SPLIT;
+  constexpr int QW = BM / SPLIT;       // query columns of S^T per warp
+  constexpr int NQT = QW / 8;          // n-tiles of S^T per warp
+  constexpr int DW = HD / SPLIT;       // head-dim columns of dK, dV per warp
+  constexpr int NDT = DW / 8;
+  constexpr int KSTEPS = HD / 16;      // k-steps of S^T and dP^T
+  // Head dim 96 (12 dK / dV n-tiles) spills by a few registers with the k-step loops fully unrolled; two steps at
+  // a time keep it in registers; the others unroll fully (ptxas -v: partial unrolling makes head dim 128 spill).
+  constexpr int KS_UNROLL = HD == 96 ? 2 : KSTEPS;
+  constexpr int DQ_UNROLL = HD == 96 ? 2 : BN / 16;
+  constexpr int SROW = L::SROW;
+  constexpr int PROW = L::PROW;
+  constexpr int CPR = smem_row<HD>::chunks;
+  constexpr int DQ_WM = (NWARPS < BM / 16) ? NWARPS : BM / 16;  // warps along the query rows of dQ
+  constexpr int DQ_MT = BM / (16 * DQ_WM);                      // 16-row tiles per warp
+  constexpr int DQ_WN = NWARPS / DQ_WM;                         // warps along the head dim of dQ
+  constexpr int DQ_COLS = HD / DQ_WN;
+  constexpr int DQ_NT = DQ_COLS / 8;
+  static_assert(BN % 16 == 0 && HD % 16 == 0 && BM % 16 == 0 && STAGES >= 1, "tile shape");
+  static_assert(SPLIT == 1 || SPLIT == 2, "NWARPS must be BN / 16 or 2 * BN / 16");
+  static_assert(SPLIT * KW == NWARPS, "NWARPS must be a multiple of BN / 16");
+  static_assert(QW % 16 == 0 && DW % 16 == 0, "per-warp query and head-dim slices must be multiples of 16");
+  static_assert(DQ_MT * 16 * DQ_WM == BM && DQ_WM * DQ_WN == NWARPS && DQ_COLS % 16 == 0 && DQ_COLS * DQ_WN == HD,
+                "dQ warp tiling");
+  static_assert(bwd_rows::pad % BM == 0, "BM must divide the lse2 / dsum row padding");
+  const float kNegInf = __int_as_float(0xff800000);
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);
+  T* sV = sK + BN * SROW;
+  T* sQ = sV + BN * SROW;
+  T* sdO = sQ + STAGES * BM * SROW;
+  T* sdS = sdO + STAGES * BM * SROW;
+  T* sP = sdS + BN * PROW;  // SPLIT == 2 only
+  float* sLse = reinterpret_cast<float*>(sdS + (SPLIT == 2 ? 2 : 1) * BN * PROW);
+  float* sDsum = sLse + STAGES * BM;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int kw = warp % KW;  // this warp's 16 keys
+  const int sp = warp / KW;  // its query half (S^T, dP^T) and head-dim half (dK, dV) when SPLIT == 2
+  const int n_block = blockIdx.x;
+  const long long hk = blockIdx.y;
+  const long long b = blockIdx.z;
+  const int sq = static_cast<int>(seqlen_q);
+  const int sk = static_cast<int>(seqlen_k);
+  const int group = static_cast<int>(heads_q / heads_kv);
+  const int n0 = n_block * BN;
+  const int diag = sk - sq;
+
+  // Query blocks that see key block j: key n0 is visible to query r iff r >= n0 - diag.
+  const int m_blocks = (sq + BM - 1) / BM;
+  const int m_begin = CAUSAL ? max(0, n0 - diag) / BM : 0;
+  const int nm = max(0, m_blocks - m_begin);
+  const int n_iter = group * nm;  // (q head, query block) steps, q head outer
+
+  const T* gK = k + b * k_bs + hk * k_hs;
+  const T* gV = v + b * v_bs + hk * v_hs;
+
+  auto load_step = [&](int it, int buf) {
+    const int hq_local = it / nm;
+    const long long h = hk * group + hq_local;
+    const int m0 = (m_begin + it - hq_local * nm) * BM;
+    load_tile_async<BM, HD, NT>(sQ + buf * BM * SROW, q + b * q_bs + h * q_hs, q_rs, m0, sq, tid);
+    load_tile_async<BM, HD, NT>(sdO + buf * BM * SROW, dout + b * do_bs + h * do_hs, do_rs, m0, sq, tid);
+    // lse2 / dsum rows are padded to a multiple of BM: whole 16-byte chunks, no bounds.
+    const long long row_base = (b * heads_q + h) * seqlen_q_pad + m0;
+    if (tid < BM / 4) {
+      cp_async_16(smem_addr(sLse + buf * BM + tid * 4), lse2 + row_base + tid * 4, true);
+    } else if (tid < BM / 2) {
+      const int c = tid - BM / 4;
+      cp_async_16(smem_addr(sDsum + buf * BM + c * 4), dsum + row_base + c * 4, true);
+    }
+  };
+
+  load_tile_async<BN, HD, NT>(sK, gK, k_rs, n0, sk, tid);
+  load_tile_async<BN, HD, NT>(sV, gV, v_rs, n0, sk, tid);
+  if constexpr (STAGES == 1) {
+    cp_async_commit();
+  } else {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < n_iter) load_step(s, s);
+      cp_async_commit();  // always commit (K, V ride in the first group), so group counting stays uniform
+    }
+  }
+
+  float acc_dk[NDT][4];
+  float acc_dv[NDT][4];
+#pragma unroll
+  for (int dt = 0; dt < NDT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
+
+  // Lane addresses of the fixed operands.
+  const unsigned sK_a = smem_addr(sK + kw * 16 * SROW + ldsm_a_off<SROW>(lane));  // K rows as A (S^T)
+  const unsigned sV_a = smem_addr(sV + kw * 16 * SROW + ldsm_a_off<SROW>(lane));  // V rows as A (dP^T)
+  const int dq_wm = warp % DQ_WM, dq_wn = warp / DQ_WM;
+  const unsigned sK_bt = smem_addr(sK + dq_wn * DQ_COLS + ldsm_bt_off<SROW>(lane));  // K as B of dS K
+  const unsigned sdS_at =
+      smem_addr(sdS + dq_wm * DQ_MT * 16 + ldsm_b_off<PROW>(lane));  // dS^T as A of dS K (.trans)
+
+  for (int it = 0; it < n_iter; ++it) {
+    int buf;
+    if constexpr (STAGES == 1) {
+      buf = 0;
+      if (it > 0) __syncthreads();  // every warp is done with the previous step's Q, dO and dS
+      load_step(it, 0);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+    } else {
+      buf = it % STAGES;
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // step it visible to all; every warp is done with the buffer refilled next and with dS
+      const int pf = it + STAGES - 1;
+      if (pf < n_iter) load_step(pf, pf % STAGES);
+      cp_async_commit();
+    }
+    const int hq_local = it / nm;
+    const long long h = hk * group + hq_local;
+    const int m_block = m_begin + it - hq_local * nm;
+    const int m0 = m_block * BM;
+    const T* sQb = sQ + buf * BM * SROW;
+    const T* sdOb = sdO + buf * BM * SROW;
+
+    // ---- S^T = K Q^T and dP^T = V dO^T: this warp's 16 keys x QW queries ----
+    float s_acc[NQT][4];
+    float dp_acc[NQT][4];
+#pragma unroll
+    for (int nt = 0; nt < NQT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_acc[nt][e] = dp_acc[nt][e] = 0.f;
+    {
+      const unsigned sQ_b = smem_addr(sQb + sp * QW * SROW + ldsm_b_off<SROW>(lane));
+      const unsigned sdO_b = smem_addr(sdOb + sp * QW * SROW + ldsm_b_off<SROW>(lane));
+#pragma unroll KS_UNROLL
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        unsigned ka[4], va[4];
+        ldsm_x4(ka[0], ka[1], ka[2], ka[3], sK_a + ks * 16 * 2);
+        ldsm_x4(va[0], va[1], va[2], va[3], sV_a + ks * 16 * 2);
+#pragma unroll
+        for (int nt2 = 0; nt2 < NQT / 2; ++nt2) {
+          unsigned b0, b1, b2, b3;
+          ldsm_x4(b0, b1, b2, b3, sQ_b + (nt2 * 16 * SROW + ks * 16) * 2);
+          mma_16816<T>(s_acc[2 * nt2], ka, b0, b1);
+          mma_16816<T>(s_acc[2 * nt2 + 1], ka, b2, b3);
+          ldsm_x4(b0, b1, b2, b3, sdO_b + (nt2 * 16 * SROW + ks * 16) * 2);
+          mma_16816<T>(dp_acc[2 * nt2], va, b0, b1);
+          mma_16816<T>(dp_acc[2 * nt2 + 1], va, b2, b3);
+        }
+      }
+    }
+
+    // ---- P^T and dS^T, in place: rows are keys n0 + kw * 16 + g (+ 8), columns queries m0 + sp * QW + ... ----
+    {
+      const bool need_mask = (n0 + BN > sk) || (CAUSAL && n0 + BN - 1 > m0 + diag);
+      const float* lse_s = sLse + buf * BM + sp * QW;
+      const float* dsum_s = sDsum + buf * BM + sp * QW;
+      const int key0 = n0 + kw * 16 + g;
+      const int qry0 = m0 + sp * QW + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < NQT; ++nt) {
+        const float2 l = *reinterpret_cast<const float2*>(lse_s + nt * 8 + 2 * t);
+        const float2 d = *reinterpret_cast<const float2*>(dsum_s + nt * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float s = s_acc[nt][e];
+          if (need_mask) {
+            const int key = key0 + ((e >> 1) << 3);
+            const int qry = qry0 + nt * 8 + (e & 1);
+            if (key >= sk || (CAUSAL && key > qry + diag)) s = kNegInf;
+          }
+          const float p = fast_exp2(fmaf(s, scale_log2, -((e & 1) ? l.y : l.x)));
+          s_acc[nt][e] = p;
+          dp_acc[nt][e] = p * (dp_acc[nt][e] - ((e & 1) ? d.y : d.x));
+        }
+      }
+    }
+
+    // ---- dS^T (and P^T when SPLIT == 2) to shared memory: 32-bit stores, conflict-free with the padded rows ----
+#pragma unroll
+    for (int nt = 0; nt < NQT; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int off = (kw * 16 + g + hh * 8) * PROW + sp * QW + nt * 8 + 2 * t;
+        *reinterpret_cast<unsigned*>(sdS + off) = pack2<T>(dp_acc[nt][2 * hh], dp_acc[nt][2 * hh + 1]);
+        if constexpr (SPLIT == 2)
+          *reinterpret_cast<unsigned*>(sP + off) = pack2<T>(s_acc[nt][2 * hh], s_acc[nt][2 * hh + 1]);
+      }
+
+    if constexpr (SPLIT == 1) {
+      // ---- dV += P^T dO, dK += dS^T Q with the A operands straight from the accumulators ----
+      const unsigned sdO_bt = smem_addr(sdOb + ldsm_bt_off<SROW>(lane));
+      const unsigned sQ_bt = smem_addr(sQb + ldsm_bt_off<SROW>(lane));
+#pragma unroll
+      for (int kk = 0; kk < QW / 16; ++kk) {
+        unsigned pa[4], da[4];
+        pa[0] = pack2<T>(s_acc[2 * kk][0], s_acc[2 * kk][1]);
+        pa[1] = pack2<T>(s_acc[2 * kk][2], s_acc[2 * kk][3]);
+        pa[2] = pack2<T>(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
+        pa[3] = pack2<T>(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
+        da[0] = pack2<T>(dp_acc[2 * kk][0], dp_acc[2 * kk][1]);
+        da[1] = pack2<T>(dp_acc[2 * kk][2], dp_acc[2 * kk][3]);
+        da[2] = pack2<T>(dp_acc[2 * kk + 1][0], dp_acc[2 * kk + 1][1]);
+        da[3] = pack2<T>(dp_acc[2 * kk + 1][2], dp_acc[2 * kk + 1][3]);
+#pragma unroll
+        for (int dt2 = 0; dt2 < NDT / 2; ++dt2) {
+          unsigned b0, b1, b2, b3;
+          ldsm_x4_trans(b0, b1, b2, b3, sdO_bt + (kk * 16 * SROW + dt2 * 16) * 2);
+          mma_16816<T>(acc_dv[2 * dt2], pa, b0, b1);
+          mma_16816<T>(acc_dv[2 * dt2 + 1], pa, b2, b3);
+          ldsm_x4_trans(b0, b1, b2, b3, sQ_bt + (kk * 16 * SROW + dt2 * 16) * 2);
+          mma_16816<T>(acc_dk[2 * dt2], da, b0, b1);
+          mma_16816<T>(acc_dk[2 * dt2 + 1], da, b2, b3);
+        }
+      }
+    }
+    __syncthreads();  // dS^T (and P^T) complete in shared memory
+
+    if constexpr (SPLIT == 2) {
+      // ---- dV += P^T dO, dK += dS^T Q over all BM queries, this warp's head-dim half ----
+      const unsigned sP_a = smem_addr(sP + kw * 16 * PROW + ldsm_a_off<PROW>(lane));
+      const unsigned sdS_a = smem_addr(sdS + kw * 16 * PROW + ldsm_a_off<PROW>(lane));
+      const unsigned sdO_bt = smem_addr(sdOb + sp * DW + ldsm_bt_off<SROW>(lane));
+      const unsigned sQ_bt = smem_addr(sQb + sp * DW + ldsm_bt_off<SROW>(lane));
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        unsigned pa[4], da[4];
+        ldsm_x4(pa[0], pa[1], pa[2], pa[3], sP_a + kk * 16 * 2);
+        ldsm_x4(da[0], da[1], da[2], da[3], sdS_a + kk * 16 * 2);
+#pragma unroll
+        for (int dt2 = 0; dt2 < NDT / 2; ++dt2) {
+          unsigned b0, b1, b2, b3;
+          ldsm_x4_trans(b0, b1, b2, b3, sdO_bt + (kk * 16 * SROW + dt2 * 16) * 2);
+          mma_16816<T>(acc_dv[2 * dt2], pa, b0, b1);
+          mma_16816<T>(acc_dv[2 * dt2 + 1], pa, b2, b3);
+          ldsm_x4_trans(b0, b1, b2, b3, sQ_bt + (kk * 16 * SROW + dt2 * 16) * 2);
+          mma_16816<T>(acc_dk[2 * dt2], da, b0, b1);
+          mma_16816<T>(acc_dk[2 * dt2 + 1], da, b2, b3);
+        }
+      }
+    }
+
+    // ---- dQ_i (unscaled) = dS K: rows dq_wm * DQ_MT * 16.., columns dq_wn * DQ_COLS.. ----
+    float acc_dq[DQ_MT][DQ_NT][4];
+#pragma unroll
+    for (int mt = 0; mt < DQ_MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < DQ_NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dq[mt][nt][e] = 0.f;
+#pragma unroll DQ_UNROLL
+    for (int ks = 0; ks < BN / 16; ++ks) {
+      unsigned a[DQ_MT][4];
+#pragma unroll
+      for (int mt = 0; mt < DQ_MT; ++mt)
+        ldsm_x4_trans(a[mt][0], a[mt][1], a[mt][2], a[mt][3], sdS_at + (ks * 16 * PROW + mt * 16) * 2);
+#pragma unroll
+      for (int dt2 = 0; dt2 < DQ_NT / 2; ++dt2) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4_trans(b0, b1, b2, b3, sK_bt + (ks * 16 * SROW + dt2 * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < DQ_MT; ++mt) {
+          mma_16816<T>(acc_dq[mt][2 * dt2], a[mt], b0, b1);
+          mma_16816<T>(acc_dq[mt][2 * dt2 + 1], a[mt], b2, b3);
+        }
+      }
+    }
+
+    int* sem_i = nullptr;
+    if (DETERMINISTIC) {
+      sem_i = sem + (b * heads_q + h) * m_blocks + m_block;
+      if (tid == 0) {
+        while (ld_acquire(sem_i) != n_block) {
+        }
+      }
+      __syncthreads();  // key blocks 0 .. j-1 have added their dQ_i
+    }
+    {
+      float* gdq = dq_accum + (b * heads_q + h) * seqlen_q * HD;
+#pragma unroll
+      for (int mt = 0; mt < DQ_MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = m0 + dq_wm * DQ_MT * 16 + mt * 16 + g + hh * 8;
+          if (row < sq) {
+            float* dst = gdq + static_cast<long long>(row) * HD + dq_wn * DQ_COLS + 2 * t;
+#pragma unroll
+            for (int nt = 0; nt < DQ_NT; ++nt)
+              red_add_f32x2(dst + nt * 8, acc_dq[mt][nt][2 * hh], acc_dq[mt][nt][2 * hh + 1]);
+          }
+        }
+    }
+    if (DETERMINISTIC) {
+      __threadfence();
+      __syncthreads();  // every thread's adds are issued and fenced before the hand-over
+      if (tid == 0) st_release(sem_i, n_block + 1);
+    }
+  }
+
+  // ---- epilogue: dK *= scale; stage dK in sK and dV in sV, then 16-byte stores of the rows < seqlen_k ----
+  cp_async_wait<0>();  // a block with no step still has its K / V copies in flight
+  __syncthreads();     // every warp is done reading sK, sV
+#pragma unroll
+  for (int dt = 0; dt < NDT; ++dt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int off = (kw * 16 + g + hh * 8) * SROW + sp * DW + dt * 8 + 2 * t;
+      *reinterpret_cast<unsigned*>(sK + off) = pack2<T>(acc_dk[dt][2 * hh] * scale, acc_dk[dt][2 * hh + 1] * scale);
+      *reinterpret_cast<unsigned*>(sV + off) = pack2<T>(acc_dv[dt][2 * hh], acc_dv[dt][2 * hh + 1]);
+    }
+  __syncthreads();
+  T* gdK = dk + b * dkv_bs + hk * dkv_hs;
+  T* gdV = dv + b * dkv_bs + hk * dkv_hs;
+#pragma unroll
+  for (int it = 0; it < (BN * CPR + NT - 1) / NT; ++it) {
+    const int idx = it * NT + tid;
+    if ((BN * CPR) % NT == 0 || idx < BN * CPR) {
+      const int r = idx / CPR;
+      const int c = idx - r * CPR;
+      if (n0 + r < sk) {
+        const long long go = static_cast<long long>(n0 + r) * dkv_rs + c * 8;
+        *reinterpret_cast<uint4*>(gdK + go) = *reinterpret_cast<const uint4*>(sK + r * SROW + c * 8);
+        *reinterpret_cast<uint4*>(gdV + go) = *reinterpret_cast<const uint4*>(sV + r * SROW + c * 8);
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace rtk_attn

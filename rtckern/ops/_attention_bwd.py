@@ -1,0 +1,168 @@
+"""Fused attention backward (FlashAttention-2 class): the gradients of rtckern.ops.attention from its output and lse.
+
+    o, lse = rtckern.ops.attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = rtckern.ops.attention_backward(dout, q, k, v, o, lse, causal=True)
+
+Layouts, dtypes, head dims, GQA/MQA, causal alignment and lengths are the forward's (see rtckern.ops.attention):
+q, dout, out (batch, seqlen_q, heads_q, head_dim); k, v (batch, seqlen_k, heads_kv, head_dim); lse float32
+(batch, heads_q, seqlen_q), natural log (-inf for a query that sees no key), as the forward returns it.
+causal and softmax_scale must be those of the forward. dk and dv are summed over the q heads that share a kv head.
+A query that sees no key contributes nothing and gets dq = 0.
+deterministic=True: bitwise-repeatable dq (dk and dv always are): the key blocks add their dQ contributions in a
+fixed order instead of with free-running atomics (somewhat slower).
+Returns (dq, dk, dv) like q, k, v (same library, device, dtype; contiguous).
+
+Strides: q, k, v, dout and out may be strided views (head dim contiguous, other strides multiples of 8 elements,
+16-byte aligned addresses; dout's strides may differ from out's); lse any strides. Launched on the library's
+current stream.
+"""
+from __future__ import annotations
+
+from rtckern.caches import PlanCache
+from rtckern.config import settings
+from rtckern.device import DeviceInfo
+from rtckern.errors import InputError
+from rtckern.ops import _attention_bwd_candidates as cands
+from rtckern.ops._attention_api import _check_qkv, _scale
+from rtckern.registry import select
+from rtckern.runtime import arrays as arr
+from rtckern.runtime.streams import torch_stream
+
+__all__ = ["attention_backward"]
+
+_requests = PlanCache("attention_backward.requests")
+_torch_types = PlanCache("attention_backward.torch_types", 64)  # classes that passed the full path's checks
+plans = PlanCache("attention_backward.call_plans", 4096)
+_SCALE_TYPES = (type(None), float, int)
+
+
+def _check_like_q(t: arr.DeviceArray, q: arr.DeviceArray, name: str) -> None:
+    if t.shape != q.shape:
+        raise InputError(f"{name} has shape {t.shape} but q has {q.shape}; they must match "
+                         "(batch, seqlen_q, heads_q, head_dim)")
+    if t.dtype != q.dtype:
+        raise InputError(f"{name} has dtype {t.dtype} but q has {q.dtype}; they must match")
+    if t.lib != q.lib or t.device != q.device:
+        raise InputError(f"{name} must be a {q.lib} array on cuda:{q.device} like q; got a {t.lib} array on "
+                         f"cuda:{t.device}")
+    if t.strides[3] != 1 and t.shape[3] > 1:
+        raise InputError(f"{name} has strides {t.strides} (elements): its head dim is not contiguous (stride "
+                         f"{t.strides[3]}, must be 1); pass {name}.contiguous()")
+    bad = [s for s, n in zip(t.strides[:3], t.shape[:3]) if n > 1 and s % 8]
+    if bad or t.ptr % 16:
+        raise InputError(f"{name} has strides {t.strides} (elements) at address {t.ptr:#x}: the batch, seqlen and "
+                         f"head strides must be multiples of 8 elements and the address 16-byte aligned; pass "
+                         f"{name}.contiguous()")
+
+
+def _check_lse(lse: arr.DeviceArray, q: arr.DeviceArray) -> None:
+    b, sq, hq, _ = q.shape
+    if lse.shape != (b, hq, sq):
+        raise InputError(f"lse has shape {lse.shape}; it must be (batch, heads_q, seqlen_q) = {(b, hq, sq)}, as "
+                         "rtckern.ops.attention(..., return_lse=True) returns it")
+    if lse.dtype != "fp32":
+        raise InputError(f"lse has dtype {lse.dtype}; it must be fp32 (the forward's lse)")
+    if lse.lib != q.lib or lse.device != q.device:
+        raise InputError(f"lse must be a {q.lib} array on cuda:{q.device} like q; got a {lse.lib} array on "
+                         f"cuda:{lse.device}")
+    if lse.ptr % 4:
+        raise InputError(f"lse at address {lse.ptr:#x} is not 4-byte aligned")
+
+
+def _request(dtype: str, head_dim: int, causal: bool, deterministic: bool, device: int):
+    key = (dtype, head_dim, causal, deterministic, device)
+    req = _requests.get(key)
+    if req is None:
+        req = _requests.put(key, cands.request(dtype, head_dim, causal, deterministic, DeviceInfo.from_device(device)))
+    return req
+
+
+def _key(args, causal, softmax_scale, deterministic) -> tuple | None:
+    """The memo key of a torch call: everything the checks read (exact types of the flags: causal=1 must still be
+    refused)."""
+    tt = _torch_types
+    for t in args:
+        if type(t) not in tt:
+            return None
+    if type(causal) is not bool or type(deterministic) is not bool or type(softmax_scale) not in _SCALE_TYPES:
+        return None
+    key = [causal, deterministic, type(softmax_scale), softmax_scale]
+    for t in args:
+        key += (t.dtype, t.is_cuda, t.get_device(), t.shape, t.stride(), t.data_ptr() & 15)
+    return tuple(key)
+
+
+class Plan:
+    """One validated torch signature: output shapes, the selection's prepared launches."""
+
+    __slots__ = ("settings", "q_shape", "kv_shape", "dtype", "device", "index", "prepared", "ws_words", "_torch")
+
+    def __init__(self, qa, ka, prepared):
+        import torch
+
+        self.settings = settings()
+        self.q_shape, self.kv_shape = qa.shape, ka.shape
+        self.dtype, self.device, self.index = qa.obj.dtype, qa.obj.device, qa.device
+        self.prepared = prepared
+        self.ws_words = max(1, (prepared.workspace_bytes + 3) // 4)
+        self._torch = torch
+
+    def run(self, dout, q, k, v, out, lse):
+        torch = self._torch
+        dq = torch.empty(self.q_shape, dtype=self.dtype, device=self.device)
+        dk = torch.empty(self.kv_shape, dtype=self.dtype, device=self.device)
+        dv = torch.empty(self.kv_shape, dtype=self.dtype, device=self.device)
+        ws = torch.empty((self.ws_words,), dtype=torch.float32, device=self.device)
+        self.prepared.run({"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "dout": dout.data_ptr(),
+                           "out": out.data_ptr(), "lse": lse.data_ptr(), "dq": dq.data_ptr(), "dk": dk.data_ptr(),
+                           "dv": dv.data_ptr(), "ws": ws.data_ptr()}, torch_stream(self.index))
+        return dq, dk, dv
+
+
+def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_scale: float | None = None,
+                       deterministic: bool = False):
+    """Gradients (dq, dk, dv) of rtckern.ops.attention; see the module docstring for layouts and limits."""
+    args = (dout, q, k, v, out, lse)
+    key = _key(args, causal, softmax_scale, deterministic)
+    if key is not None:
+        plan = plans.get(key)
+        if plan is not None and plan.settings is settings():  # this signature passed the checks below before
+            return plan.run(*args)
+    qa, ka, va = arr.wrap(q, "q"), arr.wrap(k, "k"), arr.wrap(v, "v")
+    _check_qkv(qa, ka, va)
+    da, oa, la = arr.wrap(dout, "dout"), arr.wrap(out, "out"), arr.wrap(lse, "lse")
+    _check_like_q(da, qa, "dout")
+    _check_like_q(oa, qa, "out")
+    _check_lse(la, qa)
+    if not isinstance(causal, bool):
+        raise InputError(f"causal={causal!r}; pass True or False")
+    if not isinstance(deterministic, bool):
+        raise InputError(f"deterministic={deterministic!r}; pass True or False")
+    b, sq, hq, d = qa.shape
+    sk = ka.shape[1]
+    scale = _scale(softmax_scale, d)
+    if not (b and sq and hq and sk):  # nothing to launch: every gradient is zero (or empty)
+        return (arr.zeros(qa, qa.shape, qa.dtype)[0], arr.zeros(qa, ka.shape, qa.dtype)[0],
+                arr.zeros(qa, ka.shape, qa.dtype)[0])
+    dq, dq_ptr = arr.empty(qa, qa.shape, qa.dtype)
+    dk, dk_ptr = arr.empty(qa, ka.shape, qa.dtype)
+    dv, dv_ptr = arr.empty(qa, ka.shape, qa.dtype)
+    req = _request(qa.dtype, d, causal, deterministic, qa.device)
+    sel = select(req)
+    # Views without the arrays: a memoized plan must not keep the caller's tensors alive.
+    views = [a.at(a.ptr) for a in (qa, ka, va, da, oa, la)]
+    prepared = sel.candidate.prepare(req, sel.kernels, *views, scale)
+    keep, ws_ptr = arr.workspace(qa, prepared.workspace_bytes)
+    if qa.lib == "torch":
+        for t in args:
+            _torch_types.put(type(t), True)
+        key = _key(args, causal, softmax_scale, deterministic)
+        if key is not None:
+            plans.put(key, Plan(qa, ka, prepared))
+    prepared.run({"q": qa.ptr, "k": ka.ptr, "v": va.ptr, "dout": da.ptr, "out": oa.ptr, "lse": la.ptr, "dq": dq_ptr,
+                  "dk": dk_ptr, "dv": dv_ptr, "ws": ws_ptr}, arr.current_stream(qa))
+    del keep  # stream-ordered allocator: freeing after the launches are queued is safe
+    return dq, dk, dv
+
+
+cands.register_all()

@@ -1,0 +1,251 @@
+"""Registry candidates of the attention backward op (op name "attention_backward"), in priority order:
+
+  attention_backward.sm80_mma   sm_80 and newer (also the sm_90 choice until an sm_90a kernel exists): a
+                                FlashAttention-2-class kernel on mma.sync m16n8k16 (flash_bwd_sm80.cuh) between
+                                the prep kernel (lse in log2, rowsum(dO * O), zeroed dQ accumulator) and the
+                                convert kernel (dq = scale * accumulator, in the input dtype)
+  attention_backward.simt       sm_75 and newer, and HIP: fp32 FMA, one kernel for dk/dv and one for dq, no atomics
+
+A request carries what decides compilation and feasibility: dtype, head dim, causal, deterministic. Sequence
+lengths, batch, heads and strides are run-time arguments (no recompile per shape).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from rtckern.device import DeviceInfo
+from rtckern.ops import _attention_bwd_configs as cfgs
+from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder
+from rtckern.registry import options as opts
+from rtckern.registry.core_api import target_for
+from rtckern.spec import KernelSpec
+
+OP = "attention_backward"
+_LOG2E = math.log2(math.e)
+_i64 = np.int64
+
+
+def request(dtype: str, head_dim: int, causal: bool, deterministic: bool, device: DeviceInfo) -> OpRequest:
+    return OpRequest(op=OP, dtypes={"qkv": dtype}, shape={"head_dim": int(head_dim)},
+                     flags={"causal": bool(causal), "deterministic": bool(deterministic)}, device=device)
+
+
+def _strides3(a) -> tuple:
+    return tuple(_i64(s) for s in a.strides[:3])
+
+
+def _contiguous3(shape) -> tuple:
+    _, s, h, d = shape
+    return (_i64(s * h * d), _i64(h * d), _i64(d))
+
+
+class Prepared:
+    """The launches of one call signature with every size and stride argument fixed: `run` takes the pointers
+    (inputs, outputs, workspace) and the stream. `workspace_bytes`: scratch memory the launches need."""
+
+    __slots__ = ("workspace_bytes", "_steps")
+
+    def __init__(self, workspace_bytes: int, steps: list):
+        self.workspace_bytes = workspace_bytes
+        self._steps = steps  # (kernel.launch, grid, block, smem, build(ptrs) -> args)
+
+    def run(self, ptrs: dict, stream) -> None:
+        for launch, grid, block, smem, build in self._steps:
+            launch(grid, block, build(ptrs), shared_mem=smem, stream=stream)
+
+
+def _row_kernels_steps(kernels, q, out, dout, lse, lay: dict, with_accum: bool, sem_rows: int, sem_blocks: int):
+    """The prep launch: lse2, dsum (and the zeroed dQ accumulator and counters)."""
+    b, sq, hq, _ = q.shape
+    sqp = cfgs.padded_rows(sq)
+    tail = (_i64(sq), _i64(sqp), _i64(hq), *_strides3(out), *_strides3(dout), *_strides3(lse), _i64(sem_rows),
+            _i64(sem_blocks))
+    lse2_off, dsum_off, acc_off, sem_off = lay["lse2"], lay["dsum"], lay.get("accum"), lay.get("sem")
+
+    def build(p):
+        ws = p["ws"]
+        return (p["out"], p["dout"], p["lse"], ws + lse2_off, ws + dsum_off,
+                ws + acc_off if with_accum else 0, ws + sem_off if sem_off is not None else 0) + tail
+    return (kernels[0].launch, cfgs.ROWS.prep_grid(b, hq, sq), cfgs.ROWS.threads, 0, build)
+
+
+def _layout(q, head_dim: int, accum: bool, sem_count: int) -> tuple[dict, int]:
+    """Byte offsets of the workspace parts (each 16-byte aligned) and the total."""
+    b, sq, hq, _ = q.shape
+    rows = b * hq * cfgs.padded_rows(sq)
+    lay = {"lse2": 0, "dsum": 4 * rows}
+    end = 8 * rows
+    if accum:
+        lay["accum"] = end
+        end += 4 * b * hq * sq * head_dim
+    if sem_count:
+        lay["sem"] = end
+        end += 4 * sem_count
+    return lay, end
+
+
+class _BwdCandidate(Candidate):
+    op = OP
+    vendors = ("nvidia",)
+
+    def supports(self, req: OpRequest) -> str | None:
+        dt = req.dtype("qkv")
+        if dt not in cfgs.DTYPES:
+            return f"dtype {dt} not supported (bf16, fp16)"
+        hd = req.dim("head_dim")
+        if hd not in cfgs.HEAD_DIMS:
+            return f"head_dim {hd} not supported (supported: {', '.join(map(str, cfgs.HEAD_DIMS))})"
+        return None
+
+    def _row_spec(self, req: OpRequest, kernel: str) -> KernelSpec:
+        return KernelSpec(cfgs.ROWS_SOURCE, kernel, target_for(req.device, self.arch_specific),
+                          template_args=cfgs.ROWS.template_args(req.dtype("qkv"), req.dim("head_dim")), op=OP)
+
+    def launch(self, req: OpRequest, kernels, q, k, v, dout, out, lse, dq_ptr: int, dk_ptr: int, dv_ptr: int,
+               ws_ptr: int, scale: float, stream) -> None:
+        """The generic path (CuPy, first calls): prepare and run at once."""
+        prepared = self.prepare(req, kernels, q, k, v, dout, out, lse, scale)
+        prepared.run({"q": q.ptr, "k": k.ptr, "v": v.ptr, "dout": dout.ptr, "out": out.ptr, "lse": lse.ptr,
+                      "dq": dq_ptr, "dk": dk_ptr, "dv": dv_ptr, "ws": ws_ptr}, stream)
+
+    def prepare(self, req: OpRequest, kernels, q, k, v, dout, out, lse, scale: float) -> Prepared:
+        raise NotImplementedError
+
+
+class Sm80Mma(_BwdCandidate):
+    name = "attention_backward.sm80_mma"
+    priority = 200
+    min_arch = "sm_80"
+
+    def __init__(self):
+        self._tiles: dict[OpRequest, Any] = {}
+
+    def tile(self, req: OpRequest) -> cfgs.Sm80BwdTile:
+        t = self._tiles.get(req)
+        if t is None:
+            tiles = cfgs.SM80_BWD_TILES[req.dim("head_dim")]
+            # None fits: keep the first, so the registry's resource check rejects it with the numbers.
+            t = cfgs.pick_tile(tiles, req.dim("head_dim"), req.device.max_smem_per_block_optin) or tiles[0]
+            self._tiles[req] = t
+        return t
+
+    def config(self, req: OpRequest) -> str:
+        return self.tile(req).label()
+
+    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+        tile = self.tile(req)
+        targs = tile.template_args(req.dtype("qkv"), req.dim("head_dim"), req.flag("causal"),
+                                   req.flag("deterministic"))
+        main = KernelSpec(cfgs.SM80_SOURCE, cfgs.SM80_KERNEL, target_for(req.device, self.arch_specific),
+                          template_args=targs, op=OP)
+        return (self._row_spec(req, cfgs.PREP_KERNEL), main, self._row_spec(req, cfgs.CONVERT_KERNEL))
+
+    def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
+        tile = self.tile(req)
+        rows = Resources(block=cfgs.ROWS.threads)
+        return (rows, Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(req.dim("head_dim"))), rows)
+
+    def prepare(self, req: OpRequest, kernels, q, k, v, dout, out, lse, scale: float) -> Prepared:
+        tile = self.tile(req)
+        b, sq, hq, d = q.shape
+        sk, hk = k.shape[1], k.shape[2]
+        det = req.flag("deterministic")
+        m_blocks = tile.m_blocks(sq)
+        lay, total = _layout(q, d, True, b * hq * m_blocks if det else 0)
+        prep = _row_kernels_steps(kernels, q, out, dout, lse, lay, True, tile.bm, m_blocks)
+        lse2_off, dsum_off, acc_off = lay["lse2"], lay["dsum"], lay["accum"]
+        sem_off = lay.get("sem")
+        main_tail = (_i64(sq), _i64(sk), _i64(hq), _i64(hk), _i64(cfgs.padded_rows(sq)), *_strides3(q),
+                     *_strides3(k), *_strides3(v), *_strides3(dout), *_contiguous3(k.shape),
+                     np.float32(scale * _LOG2E), np.float32(scale))
+
+        def main_args(p):
+            ws = p["ws"]
+            return (p["q"], p["k"], p["v"], p["dout"], ws + lse2_off, ws + dsum_off, ws + acc_off, p["dk"], p["dv"],
+                    ws + sem_off if sem_off is not None else 0) + main_tail
+
+        conv_tail = (_i64(sq), _i64(hq), *_contiguous3(q.shape), np.float32(scale))
+
+        def conv_args(p):
+            return (p["ws"] + acc_off, p["dq"]) + conv_tail
+
+        steps = [prep, (kernels[1].launch, tile.grid(b, hk, sk), tile.threads, tile.smem_bytes(d), main_args),
+                 (kernels[2].launch, cfgs.ROWS.convert_grid(b, hq, sq), cfgs.ROWS.threads, 0, conv_args)]
+        return Prepared(total, steps)
+
+
+class Simt(_BwdCandidate):
+    name = "attention_backward.simt"
+    vendors = ("nvidia", "amd")  # the portable path
+    priority = 100
+    min_arch = "sm_75"
+
+    def config(self, req: OpRequest) -> str:
+        return cfgs.SIMT_BWD_TILE.label()
+
+    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+        targs = cfgs.SIMT_BWD_TILE.template_args(req.dtype("qkv"), req.dim("head_dim"), req.flag("causal"))
+        target = target_for(req.device, self.arch_specific)
+        return (self._row_spec(req, cfgs.PREP_KERNEL),
+                KernelSpec(cfgs.SIMT_SOURCE, cfgs.SIMT_DKDV_KERNEL, target, template_args=targs, op=OP),
+                KernelSpec(cfgs.SIMT_SOURCE, cfgs.SIMT_DQ_KERNEL, target, template_args=targs, op=OP))
+
+    def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
+        t = cfgs.SIMT_BWD_TILE
+        smem = t.smem_bytes(req.dim("head_dim"))
+        return (Resources(block=cfgs.ROWS.threads), Resources(block=t.threads, dynamic_smem=smem),
+                Resources(block=t.threads, dynamic_smem=smem))
+
+    def prepare(self, req: OpRequest, kernels, q, k, v, dout, out, lse, scale: float) -> Prepared:
+        t = cfgs.SIMT_BWD_TILE
+        b, sq, hq, d = q.shape
+        sk, hk = k.shape[1], k.shape[2]
+        lay, total = _layout(q, d, False, 0)
+        prep = _row_kernels_steps(kernels, q, out, dout, lse, lay, False, 1, 0)
+        lse2_off, dsum_off = lay["lse2"], lay["dsum"]
+        head = (_i64(sq), _i64(sk), _i64(hq), _i64(hk), _i64(cfgs.padded_rows(sq)), *_strides3(q), *_strides3(k),
+                *_strides3(v), *_strides3(dout))
+        dkv_tail = head + _contiguous3(k.shape) + (np.float32(scale * _LOG2E), np.float32(scale))
+        dq_tail = head + _contiguous3(q.shape) + (np.float32(scale * _LOG2E), np.float32(scale))
+
+        def dkdv_args(p):
+            ws = p["ws"]
+            return (p["q"], p["k"], p["v"], p["dout"], ws + lse2_off, ws + dsum_off, p["dk"], p["dv"]) + dkv_tail
+
+        def dq_args(p):
+            ws = p["ws"]
+            return (p["q"], p["k"], p["v"], p["dout"], ws + lse2_off, ws + dsum_off, p["dq"]) + dq_tail
+
+        smem = t.smem_bytes(d)
+        steps = [prep, (kernels[1].launch, t.dkdv_grid(d, b, hk, sk), t.threads, smem, dkdv_args),
+                 (kernels[2].launch, t.dq_grid(d, b, hq, sq), t.threads, smem, dq_args)]
+        return Prepared(total, steps)
+
+
+def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest:
+    """For `rtckern explain/tune/selftest attention_backward`: shape is the head dim, or q's (batch, seqlen, heads,
+    head_dim); options causal=0/1, deterministic=0/1."""
+    hd = shape[-1]
+    opts.check_keys(OP, options, ("causal", "deterministic"))
+    causal = opts.flag(OP, options, "causal", False)
+    det = opts.flag(OP, options, "deterministic", False)
+    return request(dtype or "bf16", hd, causal, det, device)
+
+
+CANDIDATES = (Sm80Mma(), Simt())
+_registered = False
+
+
+def register_all() -> None:
+    global _registered
+    if _registered:
+        return
+    for c in CANDIDATES:
+        register(c)
+    register_request_builder(OP, _build_request,
+                             help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1, --opt deterministic=0/1",
+                             example="--dtype bf16 --shape 4x4096x16x128 --opt causal=1")
+    _registered = True

@@ -1,0 +1,153 @@
+"""Tile configurations of the attention backward kernels: what each kernel template is specialized on, its launch
+geometry and its shared memory. Pure data and arithmetic (no GPU, no compile), shared by the candidates, the
+benchmark and the tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from rtckern.ops._attention_configs import DTYPES, HEAD_DIMS
+
+__all__ = ["DTYPES", "HEAD_DIMS", "ROWS_SOURCE", "PREP_KERNEL", "CONVERT_KERNEL", "SM80_SOURCE", "SM80_KERNEL",
+           "SIMT_SOURCE", "SIMT_DKDV_KERNEL", "SIMT_DQ_KERNEL", "ROW_PAD", "RowKernels", "ROWS", "Sm80BwdTile",
+           "SM80_BWD_TILES", "pick_tile", "SimtBwdTile", "SIMT_BWD_TILE", "padded_rows"]
+
+ROWS_SOURCE = "attention/attn_bwd_rows.cuh"
+PREP_KERNEL = "rtk_attn::attn_bwd_prep"
+CONVERT_KERNEL = "rtk_attn::attn_bwd_convert"
+SM80_SOURCE = "attention/flash_bwd_sm80.cuh"
+SM80_KERNEL = "rtk_attn::flash_bwd_sm80"
+SIMT_SOURCE = "attention/attn_bwd_simt.cuh"
+SIMT_DKDV_KERNEL = "rtk_attn::attn_bwd_dkdv_simt"
+SIMT_DQ_KERNEL = "rtk_attn::attn_bwd_dq_simt"
+
+ROW_PAD = 128  # bwd_rows::pad in attn_bwd_rows.cuh: lse2 / dsum rows per (batch, head), and a multiple of every BM
+
+
+def padded_rows(seqlen_q: int) -> int:
+    return -(-seqlen_q // ROW_PAD) * ROW_PAD
+
+
+@dataclasses.dataclass(frozen=True)
+class RowKernels:
+    """attn_bwd_prep / attn_bwd_convert<T, HD>: 128 threads, 32 rows per block."""
+
+    threads: int = 128
+    rows_per_block: int = 32
+
+    def prep_grid(self, batch: int, heads_q: int, seqlen_q: int) -> tuple[int, int, int]:
+        return (padded_rows(seqlen_q) // self.rows_per_block, heads_q, batch)
+
+    def convert_grid(self, batch: int, heads_q: int, seqlen_q: int) -> tuple[int, int, int]:
+        return (-(-seqlen_q // self.rows_per_block), heads_q, batch)
+
+    @staticmethod
+    def template_args(dtype: str, head_dim: int) -> tuple:
+        return (DTYPES[dtype], head_dim)
+
+
+ROWS = RowKernels()
+
+
+@dataclasses.dataclass(frozen=True)
+class Sm80BwdTile:
+    """flash_bwd_sm80<T, HD, BM, BN, NWARPS, STAGES, CAUSAL, DETERMINISTIC>: one block per BN keys; warps own 16 keys
+    each (split = warps / (bn / 16) = 2: two warps share 16 keys, each taking half the queries of S^T and half the
+    head dim of dK, dV)."""
+
+    bm: int
+    bn: int
+    warps: int
+    stages: int = 2
+
+    def __post_init__(self):
+        if self.bn % 16 or self.warps not in (self.bn // 16, 2 * self.bn // 16):
+            raise ValueError(f"tile {self}: bn must be a multiple of 16 and warps bn / 16 or 2 * bn / 16")
+        if self.bm % (16 * self.split) or ROW_PAD % self.bm or self.stages < 1:
+            raise ValueError(f"tile {self}: bm must be a multiple of 16 * split dividing {ROW_PAD}, stages >= 1")
+
+    @property
+    def split(self) -> int:
+        return self.warps // (self.bn // 16)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def smem_bytes(self, head_dim: int) -> int:
+        # K, V tiles; STAGES x (Q, dO tiles); dS^T (and P^T when split); rows padded by 8 elements; lse2, dsum.
+        srow, prow = head_dim + 8, self.bm + 8
+        elems = 2 * self.bn * srow + 2 * self.stages * self.bm * srow + self.split * self.bn * prow
+        return elems * 2 + 2 * self.stages * self.bm * 4
+
+    def fits(self, head_dim: int) -> bool:
+        """The kernel's static warp tiling holds for head_dim (per-warp slices in whole 16-column steps)."""
+        dq_wm = min(self.warps, self.bm // 16)
+        dq_wn = self.warps // dq_wm
+        return (self.bm // self.split) % 16 == 0 and (head_dim // self.split) % 16 == 0 and \
+            head_dim % dq_wn == 0 and (head_dim // dq_wn) % 16 == 0 and dq_wm * dq_wn == self.warps
+
+    def template_args(self, dtype: str, head_dim: int, causal: bool, deterministic: bool) -> tuple:
+        return (DTYPES[dtype], head_dim, self.bm, self.bn, self.warps, self.stages, bool(causal), bool(deterministic))
+
+    def grid(self, batch: int, heads_kv: int, seqlen_k: int) -> tuple[int, int, int]:
+        return (-(-seqlen_k // self.bn), heads_kv, batch)
+
+    def m_blocks(self, seqlen_q: int) -> int:
+        return -(-seqlen_q // self.bm)
+
+    def label(self) -> str:
+        return f"{self.bm}x{self.bn}w{self.warps}s{self.stages}"
+
+
+# Per head dim, in order of preference; the first whose shared memory fits the device's per-block opt-in limit is
+# used (227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89). Registers: the dK and dV accumulators (16 keys x
+# HD / split per warp) plus S^T and dP^T (16 keys x BM / split) stay under 255 per thread without spilling
+# (checked per variant by tests/unit/ops/test_attention_backward.py).
+SM80_BWD_TILES: dict[int, tuple[Sm80BwdTile, ...]] = {
+    32: (Sm80BwdTile(64, 128, 8, 2),),
+    64: (Sm80BwdTile(64, 128, 8, 2),),
+    96: (Sm80BwdTile(64, 128, 8, 2), Sm80BwdTile(64, 64, 4, 2)),
+    128: (Sm80BwdTile(32, 128, 8, 2), Sm80BwdTile(32, 64, 4, 2)),
+    256: (Sm80BwdTile(32, 64, 8, 2), Sm80BwdTile(32, 32, 4, 1)),
+}
+
+
+def pick_tile(tiles, head_dim: int, smem_limit: int):
+    """The first tile of `tiles` whose shared memory fits `smem_limit` bytes, else None."""
+    for t in tiles:
+        if t.smem_bytes(head_dim) <= smem_limit:
+            return t
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class SimtBwdTile:
+    """attn_bwd_dkdv_simt / attn_bwd_dq_simt<T, HD, TILE, CAUSAL>: 128 threads, TILE x TILE tiles (TILE 32, or 16 for
+    head dim 256, whose 32-row tiles would not fit sm_75's 64 KB of shared memory)."""
+
+    threads: int = 128
+
+    @staticmethod
+    def tile(head_dim: int) -> int:
+        return 16 if head_dim > 128 else 32
+
+    def smem_bytes(self, head_dim: int) -> int:
+        t = self.tile(head_dim)
+        return 4 * t * (head_dim + 2) * 2 + 2 * t * (t + 1) * 4 + 2 * t * 4
+
+    def template_args(self, dtype: str, head_dim: int, causal: bool) -> tuple:
+        return (DTYPES[dtype], head_dim, self.tile(head_dim), bool(causal))
+
+    def dkdv_grid(self, head_dim: int, batch: int, heads_kv: int, seqlen_k: int) -> tuple[int, int, int]:
+        return (-(-seqlen_k // self.tile(head_dim)), heads_kv, batch)
+
+    def dq_grid(self, head_dim: int, batch: int, heads_q: int, seqlen_q: int) -> tuple[int, int, int]:
+        return (-(-seqlen_q // self.tile(head_dim)), heads_q, batch)
+
+    @staticmethod
+    def label() -> str:
+        return "simt"
+
+
+SIMT_BWD_TILE = SimtBwdTile()

@@ -1,0 +1,137 @@
+"""The native launcher (native_launch.c): built once per machine and Python with the system C compiler, cached
+under ``<cache_dir>/native/``, loaded once per process.
+
+A launch through cuda.core costs ~4 us of host time on an H100, more than the whole of some torch ops; the C
+launcher costs the driver call (~1.5 us). Building needs a C compiler (``$CC``, else cc/gcc/clang) and the Python
+headers; where either is missing (or RTCKERN_NATIVE_LAUNCH=0) rtckern launches through cuda.core and says why once
+at INFO (RTCKERN_NATIVE_LAUNCH=1 makes it an error instead).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+from rtckern.config import settings
+from rtckern.errors import LaunchError
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("native_launch.c")
+MODULE = "rtckern_native_launch"
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "module" (the loaded module or None), "why" (why there is none)
+
+
+def _compiler() -> list[str] | None:
+    cc = settings().c_compiler
+    if cc:
+        return list(cc) if shutil.which(cc[0]) else None
+    for name in ("cc", "gcc", "clang"):
+        if shutil.which(name):
+            return [name]
+    return None
+
+
+def _artifact_name(source: bytes) -> str:
+    h = hashlib.sha256(source)
+    for part in (sys.version, sysconfig.get_platform(), sysconfig.get_config_var("EXT_SUFFIX") or ""):
+        h.update(b"\0" + part.encode())
+    return f"{MODULE}-{h.hexdigest()[:20]}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+
+
+def _build(dest: Path) -> None:
+    cc = _compiler()
+    if cc is None:
+        raise LaunchError(f"no C compiler found ({'CC=' + ' '.join(settings().c_compiler) + ' is not on PATH' if settings().c_compiler else 'no cc, gcc or clang on PATH'}; set CC or install one)")
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").is_file():
+        raise LaunchError(f"no Python headers at {include} (install python3-dev or the interpreter's headers)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    cmd = [*cc, "-O2", "-shared", "-fPIC", "-std=c11", f"-I{include}", str(SOURCE), "-o", tmp, "-ldl"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise LaunchError(f"{' '.join(cmd)} failed:\n{r.stderr.strip()[-2000:]}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load(path: Path):
+    loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
+    spec = importlib.util.spec_from_file_location(MODULE, str(path), loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def _libcuda_path() -> str:
+    return "libcuda.so.1"
+
+
+def module():
+    """The loaded native launcher module, or None (then `why()` says why)."""
+    s = settings()
+    if _state.get("settings") is s:
+        return _state["module"]
+    with _lock:
+        if _state.get("settings") is s:
+            return _state["module"]
+        mode = s.native_launch
+        mod, why = None, "RTCKERN_NATIVE_LAUNCH=0"
+        if mode != "off" and _state.get("loaded") is not None:
+            mod = _state["loaded"]  # built and loaded under earlier settings: a module loads once per process
+        elif mode != "off":
+            try:
+                mod = _open()
+            except (OSError, LaunchError, ImportError, subprocess.SubprocessError) as e:
+                why = f"{type(e).__name__}: {e}"
+                if mode == "on":
+                    raise LaunchError(f"RTCKERN_NATIVE_LAUNCH=1 but the native launcher is unavailable: {why}. "
+                                      "Install a C compiler and the Python headers, or unset the variable") from e
+                log.info("rtckern: launching through cuda.core (the native launcher is unavailable: %s)", why)
+        _state.update(why=None if mod else why, module=mod, settings=s)
+        if mod is not None:
+            _state["loaded"] = mod
+        return mod
+
+
+def _open():
+    source = SOURCE.read_bytes()
+    name = _artifact_name(source)
+    s = settings()
+    places = [s.cache_dir / "native", Path(tempfile.gettempdir()) / f"rtckern-native-{os.getuid()}"]
+    for d in places:  # the first that has it or can build it
+        path = d / name
+        if not path.is_file():
+            try:
+                _build(path)
+            except PermissionError:
+                continue
+            except OSError as e:
+                if not os.access(d if d.exists() else d.parent, os.W_OK):
+                    continue
+                raise LaunchError(str(e)) from e
+        mod = _load(path)
+        mod.init(_libcuda_path(), LaunchError)
+        return mod
+    raise LaunchError(f"no writable place to build the native launcher ({', '.join(map(str, places))})")
+
+
+def why() -> str | None:
+    """Why the native launcher is not in use (None when it is, or before the first launch asked)."""
+    return _state.get("why")

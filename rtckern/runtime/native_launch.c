@@ -1,0 +1,279 @@
+/* The native launch path: a prepared launch of one kernel at one geometry, called from Python as
+ *     prepared(stream_handle, *args)
+ * which converts each argument by its declared kind into a parameter block on the stack and calls the driver's
+ * cuLaunchKernel once. Through cuda.core or cuda.bindings the same launch costs ~4 us of host time on an H100
+ * (argument objects and conversion layers); a vectorcall into this file costs the driver call plus tens of ns.
+ *
+ * Built at first use by rtckern/runtime/native.py with the system C compiler (as Triton builds its launchers);
+ * where no compiler or Python headers exist, rtckern launches through cuda.core instead. Nothing here links
+ * against libcuda: the driver entry points are found in the process (cuda.bindings has loaded libcuda already).
+ *
+ * Kinds, one character per kernel parameter: 'P' pointer / u64, 'q' int64, 'i' int32, 'I' uint32, 'f' float32,
+ * 'd' float64, 'M' a 128-byte by-value struct (a CUtensorMap: a bytes-like object of 128 bytes, 64-aligned).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int (*launch_fn)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                         void**);
+typedef int (*ctx_get_fn)(void**);
+typedef int (*ctx_push_fn)(void*);
+typedef int (*ctx_pop_fn)(void**);
+
+static launch_fn cu_launch = NULL;
+static ctx_get_fn cu_ctx_get = NULL;
+static ctx_push_fn cu_ctx_push = NULL;
+static ctx_pop_fn cu_ctx_pop = NULL;
+static PyObject* launch_error = NULL; /* rtckern.errors.LaunchError, set by init() */
+
+#define MAX_PARAMS 48
+#define BLOCK_BYTES 2048
+
+typedef struct {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  void* func;
+  void* ctx; /* the device's primary context: pushed when another one is current */
+  unsigned grid[3], block[3], smem;
+  int nparams;
+  char kinds[MAX_PARAMS];
+  int offsets[MAX_PARAMS];
+  PyObject* label;
+} Prepared;
+
+static int kind_size(char k) {
+  switch (k) {
+    case 'P': case 'q': case 'd': return 8;
+    case 'i': case 'I': case 'f': return 4;
+    case 'M': return 128;
+    default: return 0;
+  }
+}
+
+static int kind_align(char k) { return k == 'M' ? 64 : kind_size(k); }
+
+static PyObject* fail(Prepared* self, int err) {
+  PyErr_Format(launch_error ? launch_error : PyExc_RuntimeError,
+               "launch of %U failed: CUresult %d (grid (%u, %u, %u), block (%u, %u, %u), shared memory %u)",
+               self->label, err, self->grid[0], self->grid[1], self->grid[2], self->block[0], self->block[1],
+               self->block[2], self->smem);
+  return NULL;
+}
+
+static PyObject* prepared_call(PyObject* obj, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  Prepared* self = (Prepared*)obj;
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
+    PyErr_SetString(PyExc_TypeError, "a prepared launch takes positional arguments only");
+    return NULL;
+  }
+  if (nargs != self->nparams + 1) {
+    PyErr_Format(PyExc_TypeError, "launch of %U takes a stream and %d kernel arguments; got %zd arguments",
+                 self->label, self->nparams, nargs);
+    return NULL;
+  }
+  _Alignas(64) unsigned char block[BLOCK_BYTES];
+  void* params[MAX_PARAMS];
+  void* stream = PyLong_AsVoidPtr(args[0]);
+  if (stream == NULL && PyErr_Occurred()) return NULL;
+  for (int i = 0; i < self->nparams; ++i) {
+    PyObject* a = args[i + 1];
+    unsigned char* dst = block + self->offsets[i];
+    params[i] = dst;
+    switch (self->kinds[i]) {
+      case 'P': {
+        unsigned long long v = PyLong_AsUnsignedLongLong(a);
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) goto bad;
+        memcpy(dst, &v, 8);
+        break;
+      }
+      case 'q': {
+        long long v = PyLong_AsLongLong(a);
+        if (v == -1 && PyErr_Occurred()) goto bad;
+        memcpy(dst, &v, 8);
+        break;
+      }
+      case 'i': {
+        long v = PyLong_AsLong(a);
+        if (v == -1 && PyErr_Occurred()) goto bad;
+        int32_t w = (int32_t)v;
+        memcpy(dst, &w, 4);
+        break;
+      }
+      case 'I': {
+        unsigned long v = PyLong_AsUnsignedLong(a);
+        if (v == (unsigned long)-1 && PyErr_Occurred()) goto bad;
+        uint32_t w = (uint32_t)v;
+        memcpy(dst, &w, 4);
+        break;
+      }
+      case 'f': {
+        double v = PyFloat_AsDouble(a);
+        if (v == -1.0 && PyErr_Occurred()) goto bad;
+        float w = (float)v;
+        memcpy(dst, &w, 4);
+        break;
+      }
+      case 'd': {
+        double v = PyFloat_AsDouble(a);
+        if (v == -1.0 && PyErr_Occurred()) goto bad;
+        memcpy(dst, &v, 8);
+        break;
+      }
+      case 'M': {
+        Py_buffer view;
+        if (PyObject_GetBuffer(a, &view, PyBUF_SIMPLE) != 0) goto bad;
+        if (view.len != 128) {
+          PyBuffer_Release(&view);
+          PyErr_Format(PyExc_ValueError, "argument %d of %U: a tensor map is 128 bytes; got %zd", i, self->label,
+                       view.len);
+          return NULL;
+        }
+        memcpy(dst, view.buf, 128);
+        PyBuffer_Release(&view);
+        break;
+      }
+    }
+    continue;
+  bad:
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "argument %d of %U (kind '%c'): cannot convert %R", i, self->label,
+                 self->kinds[i], a);
+    return NULL;
+  }
+  int err, pushed = 0;
+  Py_BEGIN_ALLOW_THREADS
+  void* cur = NULL;
+  err = cu_ctx_get(&cur);
+  if (err == 0 && cur != self->ctx) {
+    err = cu_ctx_push(self->ctx);
+    pushed = err == 0;
+  }
+  if (err == 0)
+    err = cu_launch(self->func, self->grid[0], self->grid[1], self->grid[2], self->block[0], self->block[1],
+                    self->block[2], self->smem, stream, params, NULL);
+  if (pushed) {
+    void* popped;
+    cu_ctx_pop(&popped);
+  }
+  Py_END_ALLOW_THREADS
+  if (err != 0) return fail(self, err);
+  Py_RETURN_NONE;
+}
+
+static PyObject* prepared_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
+  unsigned long long func, ctx;
+  unsigned g[3], b[3], smem;
+  const char* kinds;
+  PyObject* label;
+  if (cu_launch == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "native_launch.init() was not called");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "KK(III)(III)IsU", &func, &ctx, &g[0], &g[1], &g[2], &b[0], &b[1], &b[2], &smem,
+                        &kinds, &label))
+    return NULL;
+  Py_ssize_t n = (Py_ssize_t)strlen(kinds);
+  if (n > MAX_PARAMS) {
+    PyErr_Format(PyExc_ValueError, "%zd kernel parameters; a prepared launch takes at most %d", n, MAX_PARAMS);
+    return NULL;
+  }
+  Prepared* self = (Prepared*)type->tp_alloc(type, 0);
+  if (self == NULL) return NULL;
+  self->vectorcall = prepared_call;
+  self->func = (void*)(uintptr_t)func;
+  self->ctx = (void*)(uintptr_t)ctx;
+  memcpy(self->grid, g, sizeof g);
+  memcpy(self->block, b, sizeof b);
+  self->smem = smem;
+  self->nparams = (int)n;
+  int off = 0;
+  for (int i = 0; i < n; ++i) {
+    int sz = kind_size(kinds[i]), al = kind_align(kinds[i]);
+    if (sz == 0) {
+      Py_DECREF(self);
+      PyErr_Format(PyExc_ValueError, "parameter kind '%c'; supported: P q i I f d M", kinds[i]);
+      return NULL;
+    }
+    off = (off + al - 1) / al * al;
+    self->kinds[i] = kinds[i];
+    self->offsets[i] = off;
+    off += sz;
+  }
+  if (off > BLOCK_BYTES) {
+    Py_DECREF(self);
+    PyErr_Format(PyExc_ValueError, "parameters take %d bytes; a prepared launch holds at most %d", off, BLOCK_BYTES);
+    return NULL;
+  }
+  Py_INCREF(label);
+  self->label = label;
+  return (PyObject*)self;
+}
+
+static void prepared_dealloc(Prepared* self) {
+  Py_XDECREF(self->label);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static PyObject* prepared_repr(Prepared* self) {
+  return PyUnicode_FromFormat("<native launch of %U: grid (%u, %u, %u), block (%u, %u, %u), smem %u, %d params>",
+                              self->label, self->grid[0], self->grid[1], self->grid[2], self->block[0],
+                              self->block[1], self->block[2], self->smem, self->nparams);
+}
+
+static PyTypeObject PreparedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rtckern_native_launch.Prepared",
+    .tp_basicsize = sizeof(Prepared),
+    .tp_dealloc = (destructor)prepared_dealloc,
+    .tp_vectorcall_offset = offsetof(Prepared, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_repr = (reprfunc)prepared_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = prepared_new,
+};
+
+/* init(libcuda_path, LaunchError): find the driver entry points in the already loaded libcuda. */
+static PyObject* init(PyObject* mod, PyObject* args) {
+  const char* path;
+  PyObject* err_cls;
+  if (!PyArg_ParseTuple(args, "sO", &path, &err_cls)) return NULL;
+  void* h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  if (h == NULL) h = dlopen(path, RTLD_NOW);
+  if (h == NULL) {
+    PyErr_Format(PyExc_OSError, "cannot open %s: %s", path, dlerror());
+    return NULL;
+  }
+  cu_launch = (launch_fn)dlsym(h, "cuLaunchKernel");
+  cu_ctx_get = (ctx_get_fn)dlsym(h, "cuCtxGetCurrent");
+  cu_ctx_push = (ctx_push_fn)dlsym(h, "cuCtxPushCurrent_v2");
+  cu_ctx_pop = (ctx_pop_fn)dlsym(h, "cuCtxPopCurrent_v2");
+  if (!cu_launch || !cu_ctx_get || !cu_ctx_push || !cu_ctx_pop) {
+    cu_launch = NULL;
+    PyErr_Format(PyExc_OSError, "%s lacks cuLaunchKernel / cuCtxGetCurrent / cuCtxPushCurrent_v2", path);
+    return NULL;
+  }
+  Py_XINCREF(err_cls);
+  Py_XSETREF(launch_error, err_cls);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {{"init", init, METH_VARARGS, "init(libcuda_path, error_class)"}, {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "rtckern_native_launch", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit_rtckern_native_launch(void) {
+  if (PyType_Ready(&PreparedType) < 0) return NULL;
+  PyObject* m = PyModule_Create(&moddef);
+  if (m == NULL) return NULL;
+  Py_INCREF(&PreparedType);
+  if (PyModule_AddObject(m, "Prepared", (PyObject*)&PreparedType) < 0) {
+    Py_DECREF(&PreparedType);
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}

@@ -1,0 +1,177 @@
+"""The native launcher (rtckern/runtime/native_launch.c), built with the real C compiler and driven against a fake
+libcuda that records what cuLaunchKernel receives: parameter packing per kind, argument errors, driver errors, and
+the context switch. Each case runs in a subprocess, because the launcher binds the driver's entry points once per
+process."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rtckern import config
+from rtckern.errors import LaunchError
+from rtckern.runtime import native
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+
+FAKE_CUDA = r"""
+#include <string.h>
+#include <stdint.h>
+unsigned char params_seen[16][128];
+uintptr_t param_addr[16];
+unsigned dims[7];
+void* func_seen; void* stream_seen;
+int nlaunch, npush, npop, fail_with, nexpect;  /* nexpect: how many params to record (the call does not say) */
+void* current_ctx;
+int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned smem, void* stream, void** params, void** extra) {
+  if (fail_with) return fail_with;
+  func_seen = f; stream_seen = stream;
+  unsigned d[7] = {gx, gy, gz, bx, by, bz, smem};
+  memcpy(dims, d, sizeof d);
+  for (int i = 0; i < nexpect && i < 16; ++i) { memcpy(params_seen[i], params[i], 128); param_addr[i] = (uintptr_t)params[i]; }
+  ++nlaunch;
+  return 0;
+}
+int cuCtxGetCurrent(void** c) { *c = current_ctx; return 0; }
+int cuCtxPushCurrent_v2(void* c) { ++npush; current_ctx = c; return 0; }
+int cuCtxPopCurrent_v2(void** c) { ++npop; *c = current_ctx; current_ctx = 0; return 0; }
+"""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    d = tmp_path_factory.mktemp("native")
+    so = d / native._artifact_name(native.SOURCE.read_bytes())
+    native._build(so)
+    (d / "fake.c").write_text(FAKE_CUDA)
+    fake = d / "libfakecuda.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(fake), str(d / "fake.c")], check=True)
+    return so, fake
+
+
+def run(built, body: str) -> str:
+    so, fake = built
+    prog = textwrap.dedent(f"""
+        import ctypes, struct, sys
+        import numpy as np
+        from rtckern.errors import LaunchError
+        from rtckern.runtime.native import _load
+        mod = _load({str(so)!r})
+        mod.init({str(fake)!r}, LaunchError)
+        fake = ctypes.CDLL({str(fake)!r})
+        seen = (ctypes.c_ubyte * (16 * 128)).in_dll(fake, "params_seen")
+        addr = (ctypes.c_size_t * 16).in_dll(fake, "param_addr")
+        dims = (ctypes.c_uint * 7).in_dll(fake, "dims")
+        def param(i, fmt):
+            return struct.unpack_from(fmt, bytes(seen), i * 128)[0]
+        def counter(name):
+            return ctypes.c_int.in_dll(fake, name).value
+        def expect(n):
+            ctypes.c_int.in_dll(fake, "nexpect").value = n
+    """) + textwrap.dedent(body)
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_parameters_are_packed_by_kind(built):
+    out = run(built, """
+        ctx = 0x7000
+        ctypes.c_void_p.in_dll(fake, "current_ctx").value = ctx
+        p = mod.Prepared(0x1234, ctx, (3, 2, 1), (128, 1, 1), 4096, "PqiIfdM", "k")
+        tmap = bytes(range(128))
+        expect(7)
+        p(0xabc, 2**64 - 16, np.int64(-5), -7, 2**32 - 1, np.float32(0.5), 1.25, tmap)
+        assert counter("nlaunch") == 1 and counter("npush") == 0  # its context was current
+        assert list(dims) == [3, 2, 1, 128, 1, 1, 4096]
+        assert ctypes.c_void_p.in_dll(fake, "func_seen").value == 0x1234
+        assert ctypes.c_void_p.in_dll(fake, "stream_seen").value == 0xabc
+        assert param(0, "<Q") == 2**64 - 16 and param(1, "<q") == -5 and param(2, "<i") == -7
+        assert param(3, "<I") == 2**32 - 1 and param(4, "<f") == 0.5 and param(5, "<d") == 1.25
+        assert bytes(seen)[6 * 128:7 * 128] == tmap and addr[6] % 64 == 0  # a tensor map is 64-byte aligned
+        print("ok", repr(p))
+    """)
+    assert out.startswith("ok <native launch of k: grid (3, 2, 1), block (128, 1, 1), smem 4096, 7 params>")
+
+
+def test_another_context_is_pushed_and_popped(built):
+    run(built, """
+        ctypes.c_void_p.in_dll(fake, "current_ctx").value = 0x1
+        p = mod.Prepared(1, 0x2, (1, 1, 1), (32, 1, 1), 0, "P", "k")
+        p(0, 5)
+        assert (counter("npush"), counter("npop"), counter("nlaunch")) == (1, 1, 1)
+    """)
+
+
+def test_bad_arguments_name_the_argument(built):
+    out = run(built, """
+        p = mod.Prepared(1, 0, (1, 1, 1), (32, 1, 1), 0, "Pf", "mykernel")
+        for args in [(0, 1), (0, 1, 2.0, 3), (0, "x", 1.0), (0, -1, 1.0), (0, 1, "y"), (0, 1.5, 1.0)]:
+            try:
+                p(*args)
+            except TypeError as e:
+                print(e)
+        try:
+            p(0, 1, 1.0, kw=2)
+        except TypeError as e:
+            print(e)
+        try:
+            mod.Prepared(1, 0, (1, 1, 1), (32, 1, 1), 0, "Px", "k")
+        except ValueError as e:
+            print(e)
+        m = mod.Prepared(1, 0, (1, 1, 1), (32, 1, 1), 0, "M", "k")
+        try:
+            m(0, b"short")
+        except ValueError as e:
+            print(e)
+        assert counter("nlaunch") == 0
+    """)
+    lines = out.splitlines()
+    assert lines[0] == "launch of mykernel takes a stream and 2 kernel arguments; got 2 arguments"
+    assert lines[1] == "launch of mykernel takes a stream and 2 kernel arguments; got 4 arguments"
+    assert lines[2] == "argument 0 of mykernel (kind 'P'): cannot convert 'x'"
+    assert lines[3] == "argument 0 of mykernel (kind 'P'): cannot convert -1"
+    assert lines[4] == "argument 1 of mykernel (kind 'f'): cannot convert 'y'"
+    assert lines[5] == "argument 0 of mykernel (kind 'P'): cannot convert 1.5"
+    assert lines[6] == "a prepared launch takes positional arguments only"
+    assert lines[7] == "parameter kind 'x'; supported: P q i I f d M"
+    assert lines[8] == "argument 0 of k: a tensor map is 128 bytes; got 5"
+
+
+def test_driver_error_is_a_launch_error(built):
+    out = run(built, """
+        ctypes.c_int.in_dll(fake, "fail_with").value = 701
+        p = mod.Prepared(1, 0, (4, 1, 1), (64, 1, 1), 0, "P", "k")
+        try:
+            p(0, 1)
+        except LaunchError as e:
+            print(e)
+    """)
+    assert out.strip() == "launch of k failed: CUresult 701 (grid (4, 1, 1), block (64, 1, 1), shared memory 0)"
+
+
+def test_unavailable_launcher_falls_back_or_raises(tmp_path):
+    missing = str(tmp_path / "no-such-cc")
+    with config.override(native_launch="auto", c_compiler=(missing,), cache_dir=tmp_path / "c"):
+        if native._state.get("loaded") is None:  # a launcher loaded earlier in this process stays in use
+            assert native.module() is None
+            assert "LaunchError" in native.why() or "OSError" in native.why()
+    with config.override(native_launch="off"):
+        assert native.module() is None and native.why() == "RTCKERN_NATIVE_LAUNCH=0"
+
+
+def test_artifact_name_follows_the_source():
+    a = native._artifact_name(b"int x;")
+    assert a != native._artifact_name(b"int y;") and a.startswith("rtckern_native_launch-")
+    assert Path(a).suffix == ".so"
+
+
+def test_build_failure_says_what_failed(tmp_path, monkeypatch):
+    with config.override(c_compiler=("false",)):
+        with pytest.raises(LaunchError, match="failed"):
+            native._build(tmp_path / "x.so")
