@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 SUITES = {
     "attention": "gpu",
     "attention_backward": "gpu",
+    "attention_varlen": "gpu",
     "norms": "gpu",
     "softmax": "gpu",
     "gemm": "gpu",

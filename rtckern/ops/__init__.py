@@ -3,6 +3,7 @@ kernel providers, and exports the ops:
 
     rtckern.ops.rms_norm / layer_norm (+ backward)    rtckern.ops.softmax and the masked/causal variants
     rtckern.ops.attention                             rtckern.ops.gemm
+    rtckern.ops.attention_varlen (packed variable-length sequences)
 
 Each family is a private subpackage, rtckern/ops/_<family>/ (private so that `rtckern.ops.softmax`, `.attention`
 and `.gemm` are the ops, never a package that could shadow them), whose modules have the same name wherever they
@@ -17,7 +18,7 @@ have the same role:
     launch.py       kernel launch helpers
 
 (every family has api.py and candidates.py; the others where the family has that role), plus modules whose names
-say what they hold: _softmax/ring.py and selftest.py, _attention/backward*.py (the attention backward op), the
+say what they hold: _softmax/ring.py and selftest.py, _attention/backward*.py (the attention backward op) and varlen*.py (packed variable-length sequences), the
 wgmma_gen.py code generators. Families never import
 each other; what they share lives in rtckern/ops/_common.py or below the op layer (runtime/, registry/, tuning).
 Every memo is a rtckern.caches.PlanCache; no module here keeps other mutable state (tests/unit/ops/test_layout.py).

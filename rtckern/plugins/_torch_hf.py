@@ -8,11 +8,13 @@
 The attention function follows transformers' sdpa_attention_forward contract (query/key/value (batch, heads,
 seqlen, head_dim), kv heads not repeated; returns ((batch, seqlen, heads, head_dim), None)) and its causal
 decision: causal when the module is causal, no mask was built and seqlen_q > 1; with no mask and
-seqlen_k > seqlen_q (prefill into an empty static cache) the keys past seqlen_q are cropped, as sdpa does. The mask
-builder registered for "rtckern" is sdpa's, so a plain causal batch gets no mask. Calls the kernels cannot take
-(an explicit mask, i.e. padding; dropout; sliding windows; softcapping; position biases; attention weights asked
-for; head dims or dtypes rtckern.ops.attention does not support) run transformers' sdpa attention instead, with
-one warning (an error under RTCKERN_STRICT=1).
+seqlen_k > seqlen_q (prefill into an empty static cache) the keys past seqlen_q are cropped, as sdpa does.
+Padded and packed batches take rtckern.ops.attention_varlen, as transformers' flash_attention_2 integration takes
+flash_attn_varlen_func (_torch_hf_varlen: the "rtckern" mask builder hands over a padding mask or packed sequence
+ids instead of sdpa's 4D mask; the flash-attention kwargs cu_seq_lens_q/k, max_length_q/k and restarting
+position_ids are honoured). Calls the kernels cannot take (any other mask pattern; dropout; sliding windows;
+softcapping; position biases; attention weights asked for; head dims or dtypes rtckern.ops.attention does not
+support) run transformers' sdpa attention instead, with one warning (an error under RTCKERN_STRICT=1).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Optional
 import torch
 
 from . import _torch_eager as E
+from . import _torch_hf_varlen as V
 from ._torch_dispatch import fallback
 
 NAME = "rtckern"
@@ -28,8 +31,9 @@ _HEAD_DIMS = (32, 64, 96, 128, 256)
 
 
 def _why_not(module, query, key, value, attention_mask, dropout, kwargs) -> Optional[str]:
-    if attention_mask is not None:
-        return "an attention mask was given (padding or a custom pattern); only causal/full attention is fused"
+    if attention_mask is not None and V.mask_kind(attention_mask) is None:
+        return ("an attention mask was given (a custom pattern); causal/full attention, padding and packed sequences "
+                "are fused")
     if dropout:
         return f"attention dropout {dropout} (training with attention_dropout > 0)"
     for k in ("sliding_window", "softcap", "position_bias", "s_aux", "sinks"):
@@ -56,10 +60,15 @@ def rtckern_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         fallback("attention", f"transformers attention of {tuple(query.shape)} {query.dtype}", why)
+        if V.mask_kind(attention_mask) is not None:  # what rtckern_mask handed over: sdpa takes a 4D mask
+            attention_mask = V.as_sdpa_mask(attention_mask, query.shape[2], key.shape[2])
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    plan = V.route(attention_mask, query, key, kwargs)
+    if plan is not None:  # padded or packed: the padding / packed masks come from the causal mask builder
+        return V.run(plan, query, key, value, attention_mask is not None or bool(causal), scaling), None
     causal = bool(causal) and q_len > 1
     if causal and kv_len > q_len:  # prefill into an empty static cache (what sdpa_attention_forward does)
         key, value = key[:, :, :q_len], value[:, :, :q_len]
@@ -68,13 +77,18 @@ def rtckern_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
 
 
 def register_transformers() -> bool:
-    """Register "rtckern" with transformers' AttentionInterface (and sdpa's mask builder under the same name).
-    False when transformers (or its attention registry, transformers >= 4.48) is not installed."""
+    """Register "rtckern" with transformers' AttentionInterface (and its mask builder, sdpa's except for padding and
+    packed sequences: _torch_hf_varlen.rtckern_mask). False when transformers (or its attention and mask registries)
+    is not installed."""
     try:
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    except ImportError:
+        from transformers import masking_utils as mu
+
+        masks = mu.AttentionMaskInterface
+        if not (callable(mu.sdpa_mask) and callable(mu.causal_mask_function)):  # what rtckern_mask builds on
+            return False
+    except (ImportError, AttributeError):
         return False
     AttentionInterface.register(NAME, rtckern_attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    masks.register(NAME, V.rtckern_mask)
     return True

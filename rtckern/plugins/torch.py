@@ -3,13 +3,15 @@
     import rtckern.torch                       # registers torch.ops.rtckern.*
     y = torch.ops.rtckern.rms_norm(x, weight, 1e-6)
     o = torch.ops.rtckern.attention(q, k, v, True)            # (batch, seqlen, heads, head_dim)
+    o = torch.ops.rtckern.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, True)  # packed (total, heads, head_dim)
     norm = rtckern.torch.RMSNorm(4096, eps=1e-6)              # torch.nn.RMSNorm, same state dict
     report = rtckern.torch.patch(model)                       # swap norms in place; transformers attention
     y = rtckern.torch.rms_norm(x, weight, 1e-6)               # the op without the dispatcher in plain eager code
 
 Ops (namespace `rtckern`): rms_norm, fused_add_rms_norm, layer_norm (composite; their *_fwd / *_bwd custom ops
 carry the kernels), softmax, scaled_masked_softmax, scaled_upper_triang_masked_softmax,
-scaled_aligned_causal_masked_softmax (+ *_bwd), attention (composite; attention_fwd / attention_bwd), gemm.
+scaled_aligned_causal_masked_softmax (+ *_bwd), attention (composite; attention_fwd / attention_bwd), attention_varlen
+(composite; attention_varlen_fwd / attention_varlen_bwd), gemm.
 
 The ops are torch.library.Library ops (_torch_lib.KernelOp, chosen over custom_op for host cost): an eager call
 is one Python kernel that runs rtckern's op itself; under tracing, modes and subclasses they dispatch in full.
@@ -38,6 +40,7 @@ FAMILIES = {
     "norms": ("rtckern.ops._norms.api", "rtckern.plugins._torch_norms"),
     "softmax": ("rtckern.ops._softmax.api", "rtckern.plugins._torch_softmax"),
     "attention": ("rtckern.ops._attention.api", "rtckern.plugins._torch_attention"),
+    "attention_varlen": ("rtckern.ops._attention.api", "rtckern.plugins._torch_attention_varlen"),
     "gemm": ("rtckern.ops._gemm.api", "rtckern.plugins._torch_gemm"),
 }
 
@@ -63,6 +66,7 @@ def _register_all() -> None:
 _register_all()
 
 from ._torch_dispatch import GraphCaptureError, install_capture_guard, reference_mode  # noqa: E402
+from ._torch_attention_varlen import attention_varlen  # noqa: E402
 from ._torch_eager import attention, layer_norm, plain_eager, rms_norm  # noqa: E402
 from ._torch_hf import register_transformers, rtckern_attention_forward  # noqa: E402
 from ._torch_modules import LayerNorm, RMSNorm  # noqa: E402
@@ -72,6 +76,6 @@ install_capture_guard()
 if "transformers" in sys.modules:  # registering needs transformers imported; patch() registers otherwise
     register_transformers()
 
-__all__ = ["GraphCaptureError", "LayerNorm", "PatchReport", "RMSNorm", "attention", "convert",
+__all__ = ["GraphCaptureError", "LayerNorm", "PatchReport", "RMSNorm", "attention", "attention_varlen", "convert",
            "install_capture_guard", "layer_norm", "patch", "plain_eager", "reference_mode", "register_transformers",
            "registered_ops", "rms_norm", "rtckern_attention_forward", "skipped_ops"]

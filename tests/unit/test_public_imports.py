@@ -103,6 +103,10 @@ ALLOWED: dict[str, dict[str, str]] = {
                                            "against torch on shapes the registry would route elsewhere",
         "rtckern.ops._softmax.geometry": LAUNCH + " (row geometry: OnePass, RowGeometry, fits, vector_width)",
     },
+    "tests/gpu/plugins/test_torch_attention_varlen_gpu.py": {
+        "rtckern.plugins._torch_hf_varlen": "counts the varlen routes a transformers model takes (run), which no "
+                                            "public name shows",
+    },
     "tests/unit/compiler/test_hiprtc.py": {
         "rtckern.ops._gemm.geometry": "the SIMT gemm kernel and the split-k reduce on gfx90a (simt_spec, "
                                       "reduce_spec): no registry candidate serves the reduce on its own",
@@ -161,6 +165,12 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._softmax.geometry": LAUNCH + " (the geometry constants, the kernel source)",
         "rtckern.ops._softmax.ring": "the ring geometry (Ring, default_ring, fits, sweep_rings, kernel_name)",
         "rtckern.ops._softmax.tune": "the problem each mask kind is timed on (tune_problem)",
+    },
+    "tests/unit/plugins/test_torch_attention_varlen.py": {
+        "rtckern.plugins._torch_dispatch": "the reference mode: the varlen ops' forward and interim backward on CPU",
+        "rtckern.plugins._torch_hf": "lets the transformers function take its rtckern path on CPU tensors (_why_not)",
+        "rtckern.plugins._torch_hf_varlen": "the transformers varlen routes (route, run, the varlen_from_* prefix "
+                                            "sums, the mask builder, mask_kind), a dispatch rule with no public name",
     },
     "tests/unit/plugins/test_torch_plugin.py": {
         "rtckern.plugins._torch_dispatch": "the dispatcher's reference mode and trace-time strictness",

@@ -5,8 +5,18 @@
 // A block of 128 threads owns 32 query rows; four consecutive threads share a row. For each tile of 32 keys a
 // thread scores 8 keys (j = quad_lane + 4 i), the quad agrees on the row max by shuffles, the probabilities go
 // through shared memory, and each thread accumulates HD / 4 output columns (d = 4 i + quad_lane).
+//
+// RTK_ATTN_VARLEN=1: the packed variable-length kernel, with the parameters and layouts of flash_fwd_sm80.cuh's
+// (attention/varlen.cuh); 0 (the default) compiles to the same binary as without it.
 #pragma once
 #include "common/dtypes.cuh"
+
+#ifndef RTK_ATTN_VARLEN
+#define RTK_ATTN_VARLEN 0
+#endif
+#if RTK_ATTN_VARLEN
+#include "attention/varlen.cuh"
+#endif
 
 namespace rtk_attn {
 
@@ -23,7 +33,11 @@ __global__ void __launch_bounds__(128)
                   float* __restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q,
                   long long heads_kv, long long q_bs, long long q_rs, long long q_hs, long long k_bs, long long k_rs,
                   long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long o_bs, long long o_rs,
-                  long long o_hs, float scale_log2) {
+                  long long o_hs, float scale_log2
+#if RTK_ATTN_VARLEN
+                  , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
+                  ) {
   using L = simt_smem<HD>;
   constexpr int BM = L::BM, BN = L::BN, QK_ROW = L::QK_ROW;
   constexpr int DPT = HD / 4;  // output columns per thread
@@ -41,15 +55,28 @@ __global__ void __launch_bounds__(128)
   const int qd = tid & 3;  // lane within the row's quad
   const long long hq = blockIdx.y, b = blockIdx.z;
   const long long hk = hq / (heads_q / heads_kv);
+#if RTK_ATTN_VARLEN
+  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const int sq = seq.sq, sk = seq.sk;
+  const int m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * BM;
+  if (m0 >= sq) return;  // past this sequence's queries: the whole block leaves before any barrier
+#else
   const int sq = static_cast<int>(seqlen_q), sk = static_cast<int>(seqlen_k);
   const int m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * BM;
+#endif
   const int diag = sk - sq;
   const int row = m0 + r;
   const int n_end = CAUSAL ? max(0, min(sk, m0 + BM + diag)) : sk;
 
+#if RTK_ATTN_VARLEN
+  const T* gQ = q + seq.q0 * q_rs + hq * q_hs;
+  const T* gK = k + seq.k0 * k_rs + hk * k_hs;
+  const T* gV = v + seq.k0 * v_rs + hk * v_hs;
+#else
   const T* gQ = q + b * q_bs + hq * q_hs;
   const T* gK = k + b * k_bs + hk * k_hs;
   const T* gV = v + b * v_bs + hk * v_hs;
+#endif
   const T zero = rtk_from_float<T>(0.f);
 
   for (int i = tid; i < BM * HD; i += 128) {
@@ -114,11 +141,19 @@ __global__ void __launch_bounds__(128)
   l_run += rtk_shfl_xor(l_run, 2);
   if (row < sq) {
     const float inv = l_run > 0.f ? 1.f / l_run : 0.f;
+#if RTK_ATTN_VARLEN
+    T* gO = o + seq.q0 * o_rs + hq * o_hs + (long long)row * o_rs;
+#else
     T* gO = o + b * o_bs + hq * o_hs + (long long)row * o_rs;
+#endif
 #pragma unroll
     for (int i = 0; i < DPT; ++i) gO[4 * i + qd] = rtk_from_float<T>(acc[i] * inv);
     if (lse != nullptr && qd == 0)
+#if RTK_ATTN_VARLEN
+      lse[hq * seqlen_q + seq.q0 + row] =  // (heads_q, total_q)
+#else
       lse[(b * heads_q + hq) * seqlen_q + row] =
+#endif
           l_run > 0.f ? (m_run * scale_log2 + log2f(l_run)) * 0.6931471805599453f : kNegInf;
   }
 }

@@ -16,8 +16,20 @@
 //
 // Shared-memory rows are padded by 16 bytes, so the 8 row addresses of every ldmatrix phase fall in distinct
 // bank groups for every supported head dim (32, 64, 96, 128, 256).
+//
+// RTK_ATTN_VARLEN=1 (a define of the spec; 0 by default, which compiles to the same binary as without it) makes this
+// the packed variable-length kernel (attention/varlen.cuh): q, o are (total_q, heads_q, HD) and k, v (total_k,
+// heads_kv, HD), the batch strides are unused, seqlen_q / seqlen_k carry total_q / total_k, and two more
+// parameters follow the scale: cu_seqlens_q, cu_seqlens_k. lse is then (heads_q, total_q).
 #pragma once
 #include "attention/sm80_primitives.cuh"
+
+#ifndef RTK_ATTN_VARLEN
+#define RTK_ATTN_VARLEN 0
+#endif
+#if RTK_ATTN_VARLEN
+#include "attention/varlen.cuh"
+#endif
 
 namespace rtk_attn {
 
@@ -58,7 +70,11 @@ __global__ void __launch_bounds__(NWARPS * 32)
                    float* __restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q,
                    long long heads_kv, long long q_bs, long long q_rs, long long q_hs, long long k_bs,
                    long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long o_bs,
-                   long long o_rs, long long o_hs, float scale_log2) {
+                   long long o_rs, long long o_hs, float scale_log2
+#if RTK_ATTN_VARLEN
+                   , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
+                   ) {
 #if RTK_ARCH >= 800
   constexpr int NT = NWARPS * 32;
   constexpr int MT = BM / (16 * NWARPS);
@@ -86,19 +102,33 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const long long hq = blockIdx.y;
   const long long b = blockIdx.z;
   const long long hk = hq / (heads_q / heads_kv);
+#if RTK_ATTN_VARLEN
+  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const int sq = seq.sq;
+  const int sk = seq.sk;
+  const int m0 = static_cast<int>(m_block) * BM;
+  if (m0 >= sq) return;  // past this sequence's queries (the grid covers the longest one): the whole block leaves
+#else
   // Sequence lengths fit in int (the host checks); block-local index math stays 32-bit to save registers.
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
   const int m0 = static_cast<int>(m_block) * BM;
+#endif
   const int diag = sk - sq;
 
   int n_end = sk;
   if (CAUSAL) n_end = max(0, min(sk, m0 + BM + diag));
   const int n_blocks = (n_end + BN - 1) / BN;
 
+#if RTK_ATTN_VARLEN
+  const T* gQ = q + seq.q0 * q_rs + hq * q_hs;
+  const T* gK = k + seq.k0 * k_rs + hk * k_hs;
+  const T* gV = v + seq.k0 * v_rs + hk * v_hs;
+#else
   const T* gQ = q + b * q_bs + hq * q_hs;
   const T* gK = k + b * k_bs + hk * k_hs;
   const T* gV = v + b * v_bs + hk * v_hs;
+#endif
 
   load_tile_async<BM, HD, NT>(sQ, gQ, q_rs, m0, sq, tid);
   cp_async_commit();
@@ -286,11 +316,19 @@ __global__ void __launch_bounds__(NWARPS * 32)
       const int row = m0 + r_local;
       if (lse != nullptr && t == 0 && row < sq) {
         const float val = sum > 0.f ? (row_max[mt][h] * scale_log2 + __log2f(sum)) * kLn2 : kNegInf;
+#if RTK_ATTN_VARLEN
+        lse[hq * seqlen_q + seq.q0 + row] = val;  // (heads_q, total_q)
+#else
         lse[(b * heads_q + hq) * seqlen_q + row] = val;
+#endif
       }
     }
   __syncwarp();
+#if RTK_ATTN_VARLEN
+  T* gO = o + seq.q0 * o_rs + hq * o_hs;
+#else
   T* gO = o + b * o_bs + hq * o_hs;
+#endif
 #pragma unroll
   for (int it = 0; it < (MT * 16 * CPR + 31) / 32; ++it) {
     const int idx = it * 32 + lane;

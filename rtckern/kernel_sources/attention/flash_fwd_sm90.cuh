@@ -12,9 +12,19 @@
 // Shared-memory tiles use the canonical 128-byte-swizzle layout that wgmma descriptors describe: a tile of R
 // rows x HD is stored as HD / 64 column blocks of R rows x 128 bytes, and 16-byte chunk c of row r sits at
 // chunk c ^ (r % 8). Head dims 64, 128 and 256 (whole 64-element column blocks).
+//
+// RTK_ATTN_VARLEN=1: the packed variable-length kernel, with the parameters and layouts of flash_fwd_sm80.cuh's
+// (attention/varlen.cuh); 0 (the default) compiles to the same binary as without it.
 #pragma once
 #include "attention/sm80_primitives.cuh"
 #include "attention/sm90_common.cuh"
+
+#ifndef RTK_ATTN_VARLEN
+#define RTK_ATTN_VARLEN 0
+#endif
+#if RTK_ATTN_VARLEN
+#include "attention/varlen.cuh"
+#endif
 
 namespace rtk_attn {
 
@@ -31,7 +41,11 @@ __global__ void __launch_bounds__(NWG * 128, 1)
                    float* __restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q,
                    long long heads_kv, long long q_bs, long long q_rs, long long q_hs, long long k_bs,
                    long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long o_bs,
-                   long long o_rs, long long o_hs, float scale_log2) {
+                   long long o_rs, long long o_hs, float scale_log2
+#if RTK_ATTN_VARLEN
+                   , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
+                   ) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = 64 * NWG;
   constexpr int NT = NWG * 128;
@@ -62,16 +76,30 @@ __global__ void __launch_bounds__(NWG * 128, 1)
   const long long hq = blockIdx.y;
   const long long b = blockIdx.z;
   const long long hk = hq / (heads_q / heads_kv);
+#if RTK_ATTN_VARLEN
+  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const int sq = seq.sq;
+  const int sk = seq.sk;
+  const int m0 = static_cast<int>(m_block) * BM;
+  if (m0 >= sq) return;  // past this sequence's queries: the whole block leaves before any barrier
+#else
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
   const int m0 = static_cast<int>(m_block) * BM;
+#endif
   const int diag = sk - sq;
   const int n_end = CAUSAL ? max(0, min(sk, m0 + BM + diag)) : sk;
   const int n_blocks = (n_end + BN - 1) / BN;
 
+#if RTK_ATTN_VARLEN
+  const T* gQ = q + seq.q0 * q_rs + hq * q_hs;
+  const T* gK = k + seq.k0 * k_rs + hk * k_hs;
+  const T* gV = v + seq.k0 * v_rs + hk * v_hs;
+#else
   const T* gQ = q + b * q_bs + hq * q_hs;
   const T* gK = k + b * k_bs + hk * k_hs;
   const T* gV = v + b * v_bs + hk * v_hs;
+#endif
 
   load_tile_sw128<BM, HD, NT>(sQ, gQ, q_rs, m0, sq, tid);
   if (n_blocks > 0) {
@@ -227,11 +255,19 @@ __global__ void __launch_bounds__(NWG * 128, 1)
           pack2<T>(acc_o[j * 4 + 2 * h] * inv, acc_o[j * 4 + 2 * h + 1] * inv);
     const int row = m0 + r_local;
     if (lse != nullptr && t == 0 && row < sq)
+#if RTK_ATTN_VARLEN
+      lse[hq * seqlen_q + seq.q0 + row] =  // (heads_q, total_q)
+#else
       lse[(b * heads_q + hq) * seqlen_q + row] =
+#endif
           sum > 0.f ? (row_max[h] * scale_log2 + __log2f(sum)) * kLn2 : kNegInf;
   }
   __syncwarp();
+#if RTK_ATTN_VARLEN
+  T* gO = o + seq.q0 * o_rs + hq * o_hs;
+#else
   T* gO = o + b * o_bs + hq * o_hs;
+#endif
   const int warp_row0 = wg * 64 + (warp & 3) * 16;
 #pragma unroll
   for (int it = 0; it < (16 * CPR) / 32; ++it) {

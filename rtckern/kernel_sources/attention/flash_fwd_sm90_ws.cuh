@@ -8,10 +8,36 @@
 // Same contract as flash_fwd_sm80.cuh. K and V come in as tensor maps over (head_dim, seqlen_k, heads_kv, batch)
 // with 128-byte swizzle and a (64, BN) box, which writes exactly the layout the wgmma descriptors read; rows past
 // seqlen_k arrive as zeros. Q is loaded once by the consumers with cp.async; O is stored through shared memory.
+//
+// RTK_ATTN_VARLEN=1 (0 by default, which compiles to the same binary as without it): the packed variable-length
+// kernel (attention/varlen.cuh), with cu_seqlens_q, cu_seqlens_k after the scale, total_q / total_k in seqlen_q /
+// seqlen_k and lse (heads_q, total_q). The tensor maps cover the packed (total_k, heads_kv, HD) tensors as
+// (HD, total_k, heads_kv, 1); a sequence's tile n is the box at row cu_seqlens_k[b] + n * BN. The rows of its last
+// tile past the sequence's keys hold the next sequence's keys and values (zeros past total_k): their scores are
+// masked like any partial tile's, and those V rows are zeroed in shared memory before the last P V product (their
+// P is 0, but 0 * inf or nan would not be).
 #pragma once
 #include "attention/sm90_common.cuh"
 
+#ifndef RTK_ATTN_VARLEN
+#define RTK_ATTN_VARLEN 0
+#endif
+#if RTK_ATTN_VARLEN
+#include "attention/varlen.cuh"
+#endif
+
 namespace rtk_attn {
+
+#if RTK_ATTN_VARLEN
+// Zero rows [first_row, BN) of a swizzled BN x HD tile (HD / 64 column blocks of BN rows x 128 bytes; the swizzle
+// permutes 16-byte chunks within a row, so a whole row is its 128 bytes whatever the swizzle), by 128 threads.
+template <int BN, int HD>
+RTK_DEVICE void zero_tile_rows_sw128(unsigned char* tile, int first_row, int tid) {
+  constexpr int CHUNKS = (HD / 64) * BN * 8;  // chunk i: column block i / (BN * 8), row (i / 8) % BN
+  for (int i = tid; i < CHUNKS; i += 128)
+    if (((i >> 3) % BN) >= first_row) *reinterpret_cast<uint4*>(tile + i * 16) = make_uint4(0u, 0u, 0u, 0u);
+}
+#endif
 
 template <int HD, int BN, int NWG, int KS, int VS>
 struct flash_sm90_ws_smem {
@@ -26,7 +52,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     flash_fwd_sm90_ws(const __grid_constant__ tensor_map tm_k, const __grid_constant__ tensor_map tm_v,
                       const T* __restrict__ q, T* __restrict__ o, float* __restrict__ lse, long long seqlen_q,
                       long long seqlen_k, long long heads_q, long long heads_kv, long long q_bs, long long q_rs,
-                      long long q_hs, long long o_bs, long long o_rs, long long o_hs, float scale_log2) {
+                      long long q_hs, long long o_bs, long long o_rs, long long o_hs, float scale_log2
+#if RTK_ATTN_VARLEN
+                      , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
+                      ) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = 64 * NWG;
   constexpr int NC = NWG * 128;  // consumer threads
@@ -62,9 +92,18 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   const long long hq = blockIdx.y;
   const long long b = blockIdx.z;
   const int hk = static_cast<int>(hq / (heads_q / heads_kv));
+#if RTK_ATTN_VARLEN
+  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const int sq = seq.sq;
+  const int sk = seq.sk;
+  const int m0 = static_cast<int>(m_block) * BM;
+  if (m0 >= sq) return;  // past this sequence's queries: the whole block leaves before the mbarriers exist
+  const int kv_row0 = static_cast<int>(seq.k0);  // the sequence's first row in the tensor maps
+#else
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
   const int m0 = static_cast<int>(m_block) * BM;
+#endif
   const int diag = sk - sq;
   const int n_end = CAUSAL ? max(0, min(sk, m0 + BM + diag)) : sk;
   const int n_blocks = (n_end + BN - 1) / BN;
@@ -94,12 +133,20 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         mbar_arrive_expect_tx(full_k(ks), L::kv_bytes);
 #pragma unroll
         for (int cb = 0; cb < HD / 64; ++cb)
+#if RTK_ATTN_VARLEN
+          tma_load_4d(sK + ks * L::kv_bytes + cb * (BN * 128), &tm_k, full_k(ks), cb * 64, kv_row0 + nb * BN, hk, 0);
+#else
           tma_load_4d(sK + ks * L::kv_bytes + cb * (BN * 128), &tm_k, full_k(ks), cb * 64, nb * BN, hk, (int)b);
+#endif
         mbar_wait(empty_v(vs), ((nb / VS) & 1) ^ 1);
         mbar_arrive_expect_tx(full_v(vs), L::kv_bytes);
 #pragma unroll
         for (int cb = 0; cb < HD / 64; ++cb)
+#if RTK_ATTN_VARLEN
+          tma_load_4d(sV + vs * L::kv_bytes + cb * (BN * 128), &tm_v, full_v(vs), cb * 64, kv_row0 + nb * BN, hk, 0);
+#else
           tma_load_4d(sV + vs * L::kv_bytes + cb * (BN * 128), &tm_v, full_v(vs), cb * 64, nb * BN, hk, (int)b);
+#endif
       }
     }
   } else {
@@ -111,7 +158,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     const int t = lane & 3;
     const int row_in_tile = cw * 64 + (warp & 3) * 16 + g;
 
+#if RTK_ATTN_VARLEN
+    const T* gQ = q + seq.q0 * q_rs + hq * q_hs;
+#else
     const T* gQ = q + b * q_bs + hq * q_hs;
+#endif
     load_tile_sw128<BM, HD, NC>(sQ, gQ, q_rs, m0, sq, ctid);
     cp_async_commit();
     cp_async_wait<0>();
@@ -248,6 +299,16 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     if (n_blocks > 0) {
       const int vbuf = (n_blocks - 1) % VS;
       mbar_wait(full_v(vbuf), ((n_blocks - 1) / VS) & 1);
+#if RTK_ATTN_VARLEN
+      if (n_blocks * BN > sk) {
+        // Rows past the sequence's keys: the next sequence's values. Both warpgroups write the same zeros (the
+        // producer has nothing left to load into this stage); each publishes its own writes to its wgmma.
+        zero_tile_rows_sw128<BN, HD>(smem + (sV - smem_base) + vbuf * L::kv_bytes, sk - (n_blocks - 1) * BN,
+                                     tid & 127);
+        fence_proxy_async();
+        named_barrier(2 + cw, 128);
+      }
+#endif
       pin_regs(acc_o);
       pin_regs(p);
       take_turn();
@@ -276,11 +337,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             pack2<T>(acc_o[j * 4 + 2 * h] * inv, acc_o[j * 4 + 2 * h + 1] * inv);
       const int row = m0 + r_local;
       if (lse != nullptr && t == 0 && row < sq)
+#if RTK_ATTN_VARLEN
+        lse[hq * seqlen_q + seq.q0 + row] =  // (heads_q, total_q)
+#else
         lse[(b * heads_q + hq) * seqlen_q + row] =
+#endif
             sum > 0.f ? (row_max[h] * scale_log2 + __log2f(sum)) * kLn2 : kNegInf;
     }
     __syncwarp();
+#if RTK_ATTN_VARLEN
+    T* gO = o + seq.q0 * o_rs + hq * o_hs;
+#else
     T* gO = o + b * o_bs + hq * o_hs;
+#endif
     const int warp_row0 = cw * 64 + (warp & 3) * 16;
 #pragma unroll
     for (int it = 0; it < (16 * CPR) / 32; ++it) {

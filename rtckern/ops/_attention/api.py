@@ -32,7 +32,7 @@ from . import candidates as cands
 from . import plan
 from .configs import DTYPES, HEAD_DIMS
 
-__all__ = ("attention", "attention_backward")
+__all__ = ("attention", "attention_backward", "attention_varlen")
 
 _INT32_MAX = 2**31 - 1
 _GRID_YZ_MAX = 65535
@@ -134,3 +134,4 @@ cands.register_all()
 # The backward op lives beside (backward.py: its own checks and plan; backward_candidates.py, backward_configs.py);
 # exported with the forward.
 from .backward import attention_backward  # noqa: E402
+from .varlen import attention_varlen  # noqa: E402

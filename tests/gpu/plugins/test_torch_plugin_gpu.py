@@ -55,6 +55,9 @@ def _cases():
     mask = torch.rand(2, 1, 64, 64, device=DEV) < 0.2
     q, kv = rand(2, 128, 8, 64, requires_grad=True), rand(2, 128, 2, 64, requires_grad=True)
     o, lse = ops.attention_fwd(q.detach(), kv.detach(), kv.detach(), True, None, True)
+    cu = torch.tensor([0, 50, 50, 51, 128], dtype=torch.int32, device=DEV)  # lengths 50, 0, 1, 77
+    qv, kvv = rand(128, 8, 64, requires_grad=True), rand(128, 2, 64, requires_grad=True)
+    ov, lv = ops.attention_varlen_fwd(qv.detach(), kvv.detach(), kvv.detach(), cu, cu, 77, 77, True, None, True)
     a, wt = rand(2, 64, 128, requires_grad=True), rand(96, 128, requires_grad=True, scale=0.1)
     bias = rand(96, requires_grad=True)
     return {
@@ -72,16 +75,20 @@ def _cases():
         "scaled_aligned_causal_masked_softmax_bwd": (sa.detach(), sa.detach(), 0.3),
         "attention": (q, kv, kv, True), "attention_fwd": (q, kv, kv, False, 0.1, True),
         "attention_bwd": (o, q.detach(), kv.detach(), kv.detach(), o, lse, True, None),
+        "attention_varlen": (qv, kvv, kvv, cu, cu, 77, 77, True),
+        "attention_varlen_fwd": (qv, kvv, kvv, cu, cu, 77, 77, False, 0.1, True),
+        "attention_varlen_bwd": (ov, qv.detach(), kvv.detach(), kvv.detach(), ov, lv, cu, cu, 77, 77, True, None),
         "attention_bwd_det": ("attention_bwd", (o, q.detach(), kv.detach(), kv.detach(), o, lse, False, 0.2, True)),
         "gemm": (a, wt, bias, "silu", True), "gemm_plain": ("gemm", (a, wt.detach().t().contiguous())),
     }
 
 
-CASES = ("attention", "attention_bwd", "attention_bwd_det", "attention_fwd", "fused_add_rms_norm",
-         "fused_add_rms_norm_fwd", "gemm", "gemm_plain", "layer_norm", "layer_norm_bwd", "layer_norm_fwd",
-         "rms_norm", "rms_norm_bwd", "rms_norm_fwd", "rms_norm_mixed", "scaled_aligned_causal_masked_softmax",
-         "scaled_aligned_causal_masked_softmax_bwd", "scaled_masked_softmax", "scaled_masked_softmax_bwd",
-         "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_bwd", "softmax", "softmax_bwd")
+CASES = ("attention", "attention_bwd", "attention_bwd_det", "attention_fwd", "attention_varlen",
+         "attention_varlen_bwd", "attention_varlen_fwd", "fused_add_rms_norm", "fused_add_rms_norm_fwd", "gemm",
+         "gemm_plain", "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
+         "rms_norm_mixed", "scaled_aligned_causal_masked_softmax", "scaled_aligned_causal_masked_softmax_bwd",
+         "scaled_masked_softmax", "scaled_masked_softmax_bwd", "scaled_upper_triang_masked_softmax",
+         "scaled_upper_triang_masked_softmax_bwd", "softmax", "softmax_bwd")
 
 
 def test_cases_cover_every_registered_op():

@@ -51,7 +51,8 @@ def test_a_bad_variable_is_one_line_and_exit_code_2(tmp_path, command, var, valu
 
 @pytest.mark.parametrize("var, value, message", [
     ("RTCKERN_FORCE_IMPL", "rms_nrom=rms_norm.l2", "RTCKERN_FORCE_IMPL names op 'rms_nrom', which no registered "
-                                                   "candidate serves; known ops: attention, attention_backward, gemm"),
+                                                   "candidate serves; known ops: attention, attention_backward, "
+                                                   "attention_varlen"),
     ("RTCKERN_FORCE_IMPL", "rms_norm=rms_norm.nope", "RTCKERN_FORCE_IMPL forces 'rms_norm.nope' for op 'rms_norm', "
                                                      "which is not one of its candidates: rms_norm.l2"),
     ("RTCKERN_DISABLE_JIT", "softmx", "RTCKERN_DISABLE_JIT names op 'softmx', which no registered candidate serves"),

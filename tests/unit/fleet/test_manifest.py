@@ -70,6 +70,7 @@ def test_presets_ship_and_cover_the_common_shapes():
     hidden = {e.shape[-1] for e in common if e.op == "rms_norm"}
     head_dims = {e.shape[-1] for e in common if e.op == "attention"}
     assert hidden == {2048, 4096, 5120, 8192} and head_dims == {64, 128}
+    assert {e.shape[-1] for e in common if e.op == "attention_varlen"} == {64, 128}
     # GQA: the fused QKV projection of Llama-3.1-8B is (32 + 2 * 8) heads x 128 wide
     qkv = [e for e in load_preset("llama-3.1-8b") if e.op == "gemm" and e.shape[1:] == (6144, 4096)]
     assert len(qkv) == 3

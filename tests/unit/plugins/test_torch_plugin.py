@@ -47,7 +47,8 @@ EXPECTED = ["rms_norm", "rms_norm_fwd", "rms_norm_bwd", "fused_add_rms_norm", "f
             "layer_norm", "layer_norm_fwd", "layer_norm_bwd", "softmax", "softmax_bwd", "scaled_masked_softmax",
             "scaled_masked_softmax_bwd", "scaled_upper_triang_masked_softmax",
             "scaled_upper_triang_masked_softmax_bwd", "scaled_aligned_causal_masked_softmax",
-            "scaled_aligned_causal_masked_softmax_bwd", "attention", "attention_fwd", "attention_bwd", "gemm"]
+            "scaled_aligned_causal_masked_softmax_bwd", "attention", "attention_fwd", "attention_bwd", "attention_varlen",
+            "attention_varlen_fwd", "attention_varlen_bwd", "gemm"]
 
 
 def test_every_op_is_registered_under_the_rtckern_namespace():
@@ -786,12 +787,20 @@ def test_transformers_attention_function_layout_and_causality(jit_on_cpu):
     with torch.no_grad():
         got, want = model(ids).logits, ref(ids).logits
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
-    # padding builds a mask: the attention goes to sdpa with a warning, and still matches
+    # padding: the mask builder hands over the 2D mask and the attention takes the varlen path (no fallback)
     mask = torch.ones(2, 16, dtype=torch.long)
     mask[0, :3] = 0
-    with pytest.warns(RuntimeWarning, match="attention mask was given"), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error", RuntimeWarning)
         got = model(ids, attention_mask=mask).logits
-    assert torch.allclose(got, ref(ids, attention_mask=mask).logits, atol=1e-4)
+    want = ref(ids, attention_mask=mask).logits
+    assert torch.allclose(got[mask.bool()], want[mask.bool()], atol=1e-4)
+    # a custom 4D mask is a pattern the kernels do not take: sdpa with a warning, and still matches
+    custom = torch.rand(2, 1, 16, 16) < 0.7
+    custom |= torch.eye(16, dtype=torch.bool)
+    with pytest.warns(RuntimeWarning, match="attention mask was given"), torch.no_grad():
+        got = model(ids, attention_mask=custom).logits
+    assert torch.allclose(got, ref(ids, attention_mask=custom).logits, atol=1e-4)
 
 
 def test_transformers_from_config_with_attn_implementation_rtckern():

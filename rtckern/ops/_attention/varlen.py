@@ -1,0 +1,190 @@
+"""Fused attention forward over packed variable-length sequences (FlashAttention's varlen API).
+
+    o = rtckern.ops.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
+    o, lse = rtckern.ops.attention_varlen(..., return_lse=True)
+
+q: (total_q, heads_q, head_dim); k, v: (total_k, heads_kv, head_dim): the tokens of `batch` sequences one after the
+other. cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) prefix sums in device memory: sequence b is rows
+[cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q (and o) and rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v.
+Each sequence attends only within itself; lengths 0 and 1 are allowed. max_seqlen_q, max_seqlen_k: Python ints, at
+least the longest query / key sequence; they size the grid only (blocks past a sequence's end exit at once), so an
+upper bound is correct and the exact maximum is fastest. The prefix sums are never read on the host: no
+synchronization, and a call can be captured in a CUDA graph (after a first call outside the capture).
+
+Everything else is rtckern.ops.attention's: bf16 / fp16, fp32 accumulation; GQA / MQA (heads_q = n * heads_kv);
+head_dim 32, 64, 96, 128 or 256; causal per sequence, aligned to its bottom-right corner (key j of a sequence is
+visible to its query i iff j <= i + len_k - len_q); a query that sees no key (len_k = 0, or causal with len_q >
+len_k) gets o = 0 and lse = -inf; softmax_scale default 1 / sqrt(head_dim); q, k, v strided with the head dim
+contiguous, token and head strides multiples of 8 elements, 16-byte aligned addresses.
+
+Returns o contiguous (total_q, heads_q, head_dim), like q; with return_lse also lse float32 (heads_q, total_q)
+(FlashAttention's varlen layout), natural log. Rows of o and lse that no sequence covers (past
+cu_seqlens_q[batch]) are left unwritten. The prefix sums must be non-decreasing, start at 0 or more and stay
+within total_q / total_k (not checked on the host: that would synchronize); bad ones give wrong rows, never a fault.
+"""
+from __future__ import annotations
+
+import operator
+
+from rtckern.caches import PlanCache
+from rtckern.device import DeviceInfo
+from rtckern.errors import InputError
+from . import varlen_candidates as vc
+from . import varlen_plan as plan
+from .api import _scale
+from .configs import DTYPES, HEAD_DIMS
+from rtckern.registry import select
+from rtckern.runtime import arrays as arr
+
+__all__ = ("attention_varlen",)
+
+_INT32_MAX = 2**31 - 1
+_GRID_YZ_MAX = 65535
+_requests = PlanCache("attention_varlen.requests")
+
+
+def _check_qkv(q: arr.DeviceArray, k: arr.DeviceArray, v: arr.DeviceArray) -> None:
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        if len(t.shape) != 3:
+            raise InputError(f"{name} has shape {t.shape} ({len(t.shape)} dims); attention_varlen takes 3-dim "
+                             f"(total_tokens, heads, head_dim) tensors (the sequences packed one after the other)")
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        arr.check_dtype(t, name, tuple(DTYPES))
+    if not (q.dtype == k.dtype == v.dtype):
+        raise InputError(f"q, k, v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not (q.lib == k.lib == v.lib):
+        raise InputError(f"q, k, v must be arrays of one library; got q {q.lib}, k {k.lib}, v {v.lib}")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"q, k, v must be on one GPU; got q on cuda:{q.device}, k on cuda:{k.device}, "
+                         f"v on cuda:{v.device}")
+    if k.shape != v.shape:
+        raise InputError(f"k has shape {k.shape} but v has {v.shape}; they must match (total_k, heads_kv, head_dim)")
+    tq, hq, d = q.shape
+    tk, hk, dk = k.shape
+    if dk != d:
+        raise InputError(f"head_dim mismatch: q has {d}, k and v have {dk}")
+    if d not in HEAD_DIMS:
+        raise InputError(f"head_dim {d} is not supported; supported: {', '.join(map(str, HEAD_DIMS))} "
+                         "(pad the head dim with zeros up to the next one)")
+    if hk < 1 or hq % hk:
+        raise InputError(f"heads_q={hq} is not a multiple of heads_kv={hk}; grouped-query attention needs "
+                         "heads_q = n * heads_kv (n >= 1)")
+    if tq > _INT32_MAX or tk > _INT32_MAX:
+        raise InputError(f"total_q={tq}, total_k={tk}: at most {_INT32_MAX} tokens each (int32 prefix sums)")
+    if hq > _GRID_YZ_MAX:
+        raise InputError(f"heads_q={hq}: at most {_GRID_YZ_MAX} (grid y limit); split the call")
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        if t.strides[2] != 1 and t.shape[2] > 1:
+            raise InputError(f"{name} has strides {t.strides} (elements): its head dim is not contiguous (stride "
+                             f"{t.strides[2]}, must be 1); pass {name}.contiguous()")
+        bad = [s for s, n in zip(t.strides[:2], t.shape[:2]) if n > 1 and s % 8]
+        if bad or t.ptr % 16:
+            raise InputError(f"{name} has strides {t.strides} (elements) at address {t.ptr:#x}: the token and head "
+                             f"strides must be multiples of 8 elements and the address 16-byte aligned; pass "
+                             f"{name}.contiguous()")
+
+
+def _check_cu(cq: arr.DeviceArray, ck: arr.DeviceArray, q: arr.DeviceArray) -> int:
+    """The prefix sums: int32, 1-dim, contiguous, of equal length >= 1, beside q. Returns batch."""
+    for t, name in ((cq, "cu_seqlens_q"), (ck, "cu_seqlens_k")):
+        if len(t.shape) != 1:
+            raise InputError(f"{name} has shape {t.shape}; it must be 1-dim (batch + 1,): the prefix sums of the "
+                             "sequence lengths, starting at 0")
+        if t.dtype != "int32":
+            fix = f"{name}.to(torch.int32)" if t.lib == "torch" else f"{name}.astype(cupy.int32)"
+            raise InputError(f"{name} has dtype {t.dtype}; it must be int32: convert with {fix}")
+        if t.lib != q.lib or t.device != q.device:
+            raise InputError(f"{name} is a {t.lib} array on cuda:{t.device} but q a {q.lib} array on "
+                             f"cuda:{q.device}; the prefix sums live beside q (the kernels read them; the host never "
+                             "does)")
+        if t.shape[0] > 1 and t.strides[0] != 1:
+            raise InputError(f"{name} has stride {t.strides[0]}; pass {name}.contiguous()")
+        if t.shape[0] < 1:
+            raise InputError(f"{name} is empty; it must hold batch + 1 >= 1 entries (the prefix sums, starting at 0)")
+    if cq.shape != ck.shape:
+        raise InputError(f"batch mismatch: cu_seqlens_q has {cq.shape[0]} entries, cu_seqlens_k {ck.shape[0]}; both "
+                         "are (batch + 1,)")
+    batch = cq.shape[0] - 1
+    if batch > _GRID_YZ_MAX:
+        raise InputError(f"batch={batch}: at most {_GRID_YZ_MAX} sequences per call (grid z limit); split the call")
+    return batch
+
+
+def _check_max(value, name: str, total: int, total_name: str) -> int:
+    """A host int (a Python or numpy integer); a device scalar is refused, since reading it would synchronize."""
+    if type(value) is not int:
+        try:
+            if isinstance(value, bool) or hasattr(value, "__dlpack__") or hasattr(value, "__cuda_array_interface__"):
+                raise TypeError
+            value = operator.index(value)
+        except TypeError:
+            raise InputError(f"{name}={value!r} ({type(value).__name__}); pass a Python int (the longest sequence, "
+                             "or an upper bound): the op never reads device memory on the host") from None
+    if value < 0:
+        raise InputError(f"{name}={value}; it must be >= 0 (the longest sequence's length, or an upper bound)")
+    if value > total:
+        raise InputError(f"{name}={value} exceeds {total_name}={total}: no sequence is longer than all of them "
+                         "together")
+    return value
+
+
+def _request(dtype: str, head_dim: int, causal: bool, device: int):
+    key = (dtype, head_dim, causal, device)
+    req = _requests.get(key)
+    if req is None:
+        req = _requests.put(key, vc.request(dtype, head_dim, causal, DeviceInfo.from_device(device)))
+    return req
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool = False,
+                     softmax_scale: float | None = None, return_lse: bool = False):
+    """Fused attention forward over packed sequences; see the module docstring for layouts, masking and limits."""
+    key = plan.key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                   return_lse)
+    if key is not None:
+        p = plan.lookup(key)
+        if p is not None and 0 <= max_seqlen_q <= p.total_q and 0 <= max_seqlen_k <= p.total_k:
+            return p.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
+                         max_seqlen_q, return_lse)
+    qa, ka, va = arr.wrap(q, "q"), arr.wrap(k, "k"), arr.wrap(v, "v")
+    _check_qkv(qa, ka, va)
+    cqa, cka = arr.wrap(cu_seqlens_q, "cu_seqlens_q"), arr.wrap(cu_seqlens_k, "cu_seqlens_k")
+    batch = _check_cu(cqa, cka, qa)
+    tq, hq, d = qa.shape
+    tk = ka.shape[0]
+    max_q = _check_max(max_seqlen_q, "max_seqlen_q", tq, "total_q")
+    _check_max(max_seqlen_k, "max_seqlen_k", tk, "total_k")
+    if not isinstance(causal, bool):
+        raise InputError(f"causal={causal!r}; pass True or False")
+    scale = _scale(softmax_scale, d)
+    if tk == 0 and tq and hq:  # no key anywhere: every query row sees none (o = 0, lse = -inf), no launch
+        o, _ = arr.zeros(qa, (tq, hq, d), qa.dtype)
+        lse = _full_neg_inf(qa, (hq, tq)) if return_lse else None
+        return (o, lse) if return_lse else o
+    o, o_ptr = arr.empty(qa, (tq, hq, d), qa.dtype)
+    lse, lse_ptr = arr.empty(qa, (hq, tq), "fp32") if return_lse else (None, 0)
+    if batch and max_q and hq:
+        req = _request(qa.dtype, d, causal, qa.device)
+        sel = select(req)
+        if qa.lib == "torch":
+            p = plan.Plan(qa, ka, va, batch, req, sel, scale, bool(return_lse))
+            plan.remember(p, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                          softmax_scale, return_lse)
+            p.launch(qa.ptr, ka.ptr, va.ptr, cqa.ptr, cka.ptr, o_ptr, lse_ptr, p.grid_x(max_q),
+                     arr.current_stream(qa))
+        else:
+            sel.candidate.launch(req, sel.kernels, qa, ka, va, cqa.ptr, cka.ptr, batch, max_q, o_ptr, lse_ptr, scale,
+                                 arr.current_stream(qa))
+    return (o, lse) if return_lse else o
+
+
+def _full_neg_inf(like: arr.DeviceArray, shape: tuple[int, ...]):
+    out, _ = arr.empty(like, shape, "fp32")
+    if like.lib == "torch":
+        out.fill_(float("-inf"))
+    else:
+        out.fill(float("-inf"))
+    return out
+
+
+vc.register_all()
