@@ -37,7 +37,7 @@ OPS = ("attention_varlen", "attention_varlen_fwd", "attention_varlen_bwd")
 
 
 def _varlen():
-    return ops_module("attention_varlen")
+    return ops_module("attention")
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor) -> None:
