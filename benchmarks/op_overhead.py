@@ -127,6 +127,7 @@ def install_stubs(stub_registry: bool = True):
         return d if isinstance(d, device) else device("cuda", 0)
 
     torch.empty = lambda shape, dtype=None, device=None: Tensor(tuple(shape), dtype or torch.float32, _dev(device))
+    torch.empty_like = lambda t, dtype=None: Tensor(tuple(t.shape), dtype or t.dtype, t.device)
     torch.zeros = torch.empty
 
     class _Stream:

@@ -44,10 +44,10 @@ def core_stream(stream):
 _raw_stream = None  # torch's C accessor (or a fallback), found on first use
 
 
-def torch_stream(index: int) -> int:
-    """torch's current stream handle on device `index`: torch._C._cuda_getCurrentRawStream where this torch has it
-    (one C call), else torch.cuda.current_stream(index).cuda_stream (builds a Stream object per call). For hot
-    paths that already know torch is imported."""
+def torch_stream_getter():
+    """f(index) -> torch's current stream handle on device `index`: torch._C._cuda_getCurrentRawStream where this
+    torch has it (one C call), else torch.cuda.current_stream(index).cuda_stream (builds a Stream object per call).
+    For hot paths that already know torch is imported: they keep f and call it."""
     global _raw_stream
     f = _raw_stream
     if f is None:
@@ -57,7 +57,13 @@ def torch_stream(index: int) -> int:
             def f(i, _cs=torch.cuda.current_stream):
                 return _cs(i).cuda_stream
         _raw_stream = f
-    return f(index)
+    return f
+
+
+def torch_stream(index: int) -> int:
+    """torch's current stream handle on device `index` (see torch_stream_getter)."""
+    f = _raw_stream
+    return (f or torch_stream_getter())(index)
 
 
 def current_stream(like) -> int:

@@ -13,9 +13,7 @@ kernel's own device context current.
 """
 from __future__ import annotations
 
-import ctypes
 import math
-import threading
 from dataclasses import dataclass
 
 from rtckern.caches import PlanCache
@@ -133,50 +131,17 @@ class LaunchPlan:
 
 
 # -- prepared launches ---------------------------------------------------------------------------------------------
-_cu = None  # (cuLaunchKernel, CUstream, CUDA_SUCCESS), bound on first raw launch
-_cu_streams = PlanCache("gemm.cu_streams", 256)
 _smem_done = PlanCache("gemm.smem_attribute_set")  # (id(kernel), bytes); emptied with the kernels
-
-
-def _driver():
-    global _cu
-    if _cu is None:
-        from cuda.bindings import driver as d
-
-        _cu = (d.cuLaunchKernel, d.CUstream, d.CUresult.CUDA_SUCCESS)
-    return _cu
-
-
-_rk_devices: set | None = None
-
-
-def _devices_in_use() -> int:
-    """How many devices the core has loaded kernels on (its own record, read live)."""
-    global _rk_devices
-    if _rk_devices is None:
-        from rtckern.runtime import kernel as rk
-
-        found = getattr(rk, "_devices_in_use", None)
-        if not isinstance(found, set):
-            return 2  # unknown: take the context-safe route
-        _rk_devices = found
-    return len(_rk_devices)
-
-
-def _is_core_kernel(kernel) -> bool:
-    try:
-        from rtckern.runtime.kernel import Kernel
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(kernel, Kernel)
+_KINDS = {"map": "M", "u64": "P", "i64": "q"}
 
 
 class _Prepared:
     """One kernel's launch with fixed geometry and scalars; the first len(values) parameters are set per call.
-    params: [(kind, value)] with kind "u64" / "i64" (8 bytes) or "map" (a 128-byte CUtensorMap, by value)."""
+    params: [(kind, value)] with kind "u64" / "i64" (8 bytes) or "map" (a 128-byte CUtensorMap, by value).
+    A CUDA kernel launches through Kernel.prepare (the native launcher where it is built); a HIP kernel through
+    its launch / launch_packed."""
 
-    __slots__ = ("kernel", "grid", "block", "smem", "kinds", "params", "_raw", "_holders", "_addr", "_func",
-                 "_lock", "_dims", "_has_maps", "_nmaps")
+    __slots__ = ("kernel", "grid", "block", "smem", "kinds", "params", "_has_maps", "_go", "_tail")
 
     def __init__(self, kernel, grid, block, smem: int, params: list):
         self.kernel, self.smem = kernel, int(smem)
@@ -185,65 +150,24 @@ class _Prepared:
         self.kinds = [k for k, _ in params]
         self.params = list(params)
         self._has_maps = "map" in self.kinds
-        self._nmaps = self.kinds.count("map")
-        if self.kinds[:self._nmaps] != ["map"] * self._nmaps:
-            raise ValueError("tensor-map parameters must come first")
-        if self.smem > _DEFAULT_DYN_SMEM and (id(kernel), self.smem) not in _smem_done:
+        self._tail = None  # the fixed parameters after the per-call values, on the first run
+        prepare = getattr(kernel, "prepare", None)
+        self._go = prepare(self.grid, self.block, "".join(_KINDS[k] for k in self.kinds), self.smem) \
+            if prepare is not None else None
+        if self._go is None and self.smem > _DEFAULT_DYN_SMEM and (id(kernel), self.smem) not in _smem_done:
             setter = getattr(kernel, "set_max_dynamic_shared_memory", None)
             if setter is not None:
                 setter(self.smem)
             _smem_done.put((id(kernel), self.smem), True)
-        self._raw = _is_core_kernel(kernel)
-        self._lock = threading.Lock()
-        if self._raw:
-            nthreads = self.block[0] * self.block[1] * self.block[2]
-            if nthreads > kernel.max_threads_per_block:
-                raise LaunchError(f"{kernel.label}: block of {nthreads} threads exceeds this kernel's limit of "
-                                  f"{kernel.max_threads_per_block} (registers: {kernel.num_regs} per thread)")
-            holders = []
-            for kind, val in params:
-                if kind == "map":
-                    holders.append((ctypes.c_uint8 * 128).from_buffer_copy(val))
-                elif kind == "i64":
-                    holders.append(ctypes.c_int64(int(val)))
-                else:
-                    holders.append(ctypes.c_uint64(int(val)))
-            self._holders = holders
-            ptrs = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
-            self._holders.append(ptrs)  # keeps the pointer array alive with the values
-            self._addr = ctypes.addressof(ptrs)
-            self._func = kernel.core.handle
-            self._dims = (*self.grid, *self.block)
 
     def run(self, values: tuple, stream: int) -> None:
-        if self._raw and _devices_in_use() == 1:
-            try:
-                launch_kernel, cu_stream, ok = _cu or _driver()
-                s = _cu_streams.get(stream)
-                if s is None:
-                    s = _cu_streams.put(stream, cu_stream(stream))
-                h = self._holders
-                gx, gy, gz, bx, by, bz = self._dims
-                nm = self._nmaps
-                with self._lock:  # the buffers are shared by every call of this signature
-                    for i in range(nm):
-                        ctypes.memmove(h[i], values[i], 128)
-                    for i in range(nm, len(values)):
-                        h[i].value = values[i]
-                    err, = launch_kernel(self._func, gx, gy, gz, bx, by, bz, self.smem, s, self._addr, 0)
-            except (TypeError, ValueError, AttributeError, OverflowError) as e:
-                # The bindings refused the prepacked form (another cuda-bindings version): the core's launch
-                # from now on for this kernel, which packs per call.
-                self._raw = False
-                _warn_raw_off(self.kernel, e)
-            else:
-                if err == ok:
-                    return
-                # No launch happened (e.g. no current context in this thread): the core's launch makes the
-                # kernel's context current and reports its own error if it fails too.
-        self._core_run(values, stream)
-
-    def _core_run(self, values: tuple, stream: int) -> None:
+        go = self._go
+        if go is not None:
+            tail = self._tail
+            if tail is None:
+                tail = self._tail = tuple(v for _, v in self.params[len(values):])
+            go(stream, *values, *tail)
+            return
         n = len(values)
         if self._has_maps:
             params = [(k, v) for k, v in zip(self.kinds[:n], values)] + self.params[n:]
@@ -251,18 +175,6 @@ class _Prepared:
         else:
             args = tuple(values) + tuple(v for _, v in self.params[n:])
             self.kernel.launch(self.grid, self.block, args, shared_mem=self.smem, stream=stream)
-
-
-_raw_warned = PlanCache("gemm.raw_launch_warned", 256)
-
-
-def _warn_raw_off(kernel, exc) -> None:
-    import warnings
-
-    if kernel.label not in _raw_warned:
-        _raw_warned.put(kernel.label, True)
-        warnings.warn(f"rtckern gemm: prepacked launch of {kernel.label} refused by cuda-bindings ({exc}); "
-                      "launching through Kernel.launch / launch_packed instead", RuntimeWarning, stacklevel=3)
 
 
 # -- sm_90a tensor maps ----------------------------------------------------------------------------------------------

@@ -132,6 +132,9 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
     if key is not None:
         call_plan = current_plan(plan.fwd_plans, key)
         if call_plan is not None:
+            fast = call_plan.fast
+            if fast is not None:
+                return fast(x, weight, bias)
             return call_plan.run(x.data_ptr(), 0 if weight is None else weight.data_ptr(),
                                  0 if bias is None else bias.data_ptr(), 0 if residual is None else residual.data_ptr())
     op = "layer_norm" if layer else "rms_norm"
@@ -152,6 +155,7 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
     call_plan = plan.fwd_plan(layer, op, xa, wa, ba, ra, y_dtype, e, zero_centered, save_stats,
                               _selector(xa.n, xa.device))
     if xa.lib == "torch":
+        call_plan.like_x = y_dtype == xa.dtype and x.is_contiguous()
         for t in (x, weight, bias, residual):
             if t is not None:
                 plan.remember_torch_type(t)

@@ -74,7 +74,7 @@ def _run_backward(op: str, y, dy, scale, geometry_of) -> object:
     if k is not None:
         p = current_plan(plan.plans, k)
         if p is not None:
-            return p.backward(y.data_ptr(), dy.data_ptr())
+            return p.fast(y, dy) if p.fast is not None else p.backward(y.data_ptr(), dy.data_ptr())
     ya = _input(y, "y")
     dya = _input(dy, "dy")
     arr.check_same_place(ya, dya, "y", "dy")
@@ -152,7 +152,7 @@ def _unmasked(op: str, min_ndim: int, geometry_of, forward_doc: str, backward_do
     def forward(x, scale: float = 1.0):
         p = _hit(op, x, None, scale)
         if p is not None:
-            return p.forward(x.data_ptr(), 0)
+            return p.fast(x, None) if p.fast is not None else p.forward(x.data_ptr(), 0)
         a = _input(x, "x", min_ndim)
         return _run_forward(op, a, geometry_of(a), scale, None, (x, None))
 
@@ -178,7 +178,7 @@ def scaled_masked_softmax(x, mask, scale: float = 1.0):
     (B, 1, Sq, Sk) or (1, 1, Sq, Sk), broadcast over heads. A row with every key masked gives zeros."""
     p = _hit("scaled_masked_softmax", x, mask, scale)
     if p is not None:
-        return p.forward(x.data_ptr(), mask.data_ptr())
+        return p.fast(x, mask) if p.fast is not None else p.forward(x.data_ptr(), mask.data_ptr())
     a = _input(x, "x")
     if len(a.shape) != 4:
         raise InputError(f"scaled_masked_softmax needs x of shape (B, H, Sq, Sk); got {a.shape}")

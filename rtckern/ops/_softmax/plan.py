@@ -13,7 +13,7 @@ from __future__ import annotations
 from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.runtime import arrays as arr
-from rtckern.runtime.streams import torch_stream
+from rtckern.runtime.streams import torch_stream, torch_stream_getter
 
 from . import candidates as cands
 from . import geometry
@@ -51,7 +51,7 @@ class Plan:
     """A validated signature of one softmax op (forward: ptrs (x, y, mask); backward: (y, dy, dx))."""
 
     __slots__ = ("settings", "op", "direction", "dtype", "geom", "scale", "shape", "torch_dtype", "device",
-                 "index", "has_mask", "launchers", "like")
+                 "index", "has_mask", "launchers", "like", "fast")
 
     def __init__(self, op: str, a: arr.DeviceArray, geom: geometry.RowGeometry, scale, has_mask: bool):
         """scale: a callable giving the float32 scale; called after the selection, where the ops always read
@@ -61,6 +61,7 @@ class Plan:
         self.dtype, self.geom, self.scale, self.shape = a.dtype, geom, scale, a.shape
         self.has_mask = has_mask
         self.launchers = {}
+        self.fast = None  # f(a, b) -> the output, once the aligned launcher is prepared (torch only; _fast below)
         if a.lib == "torch":
             self.torch_dtype, self.device, self.index, self.like = a.obj.dtype, a.obj.device, a.obj.device.index, None
         else:  # not memoized: holds the array for its library's allocator and stream
@@ -114,14 +115,24 @@ class Plan:
                 cfg = cands._config_for(self.direction, req)
                 smem = cfg.smem_bytes(self.direction, self.dtype, g.n, vec, cand.kind)
                 grid, block = cfg.launch_grid(g), cfg.threads
-            kl = kernels[0].launch
             if self.direction == geometry.FWD:
                 tail = geometry.fwd_args(0, 0, 0, g, scale)[3:]
             else:
                 tail = geometry.bwd_args(0, 0, 0, g, scale)[3:]
+            prepare = getattr(kernels[0], "prepare", None)  # a HIP kernel launches through Kernel.launch
+            if prepare is not None:
+                # three pointers, the long long sizes, the float scale (softmax_fwd / softmax_bwd and the ring's)
+                go = prepare(grid, block, "PPP" + "q" * (len(tail) - 1) + "f", smem)
 
-            def launch(p0, p1, p2, stream):
-                kl(grid, block, (p0, p1, p2) + tail, shared_mem=smem, stream=stream)
+                def launch(p0, p1, p2, stream):
+                    go(stream, p0, p1, p2, *tail)
+                if k == 0 and self.like is None:
+                    self.fast = _fast(self, go, tail)
+            else:
+                kl = kernels[0].launch
+
+                def launch(p0, p1, p2, stream):
+                    kl(grid, block, (p0, p1, p2) + tail, shared_mem=smem, stream=stream)
         else:
             # what the candidate reads of the input (library and device, for its workspace): the array itself, or
             # for torch a view without it (a memoized plan must not keep the caller's tensor alive)
@@ -131,3 +142,31 @@ class Plan:
                 cand.launch(req, kernels, a, (p0, p1, p2), g, scale, stream)
         self.launchers[k] = launch
         return launch
+
+
+def _fast(p: Plan, go, tail: tuple):
+    """The whole call for the common case (torch tensors, every address 16-byte aligned, a one-pass or ring
+    kernel): the output as torch.empty_like of the (contiguous) input, the addresses, one prepared launch
+    (rtckern.runtime Kernel.prepare). A call with an address off 16 bytes takes forward() / backward()."""
+    import torch
+
+    new_like, raw, index = torch.empty_like, torch_stream_getter(), p.index
+    if p.direction == geometry.FWD:
+        def fast(x, mask):
+            y = new_like(x)
+            xp, yp = x.data_ptr(), y.data_ptr()
+            mp = 0 if mask is None else mask.data_ptr()
+            if (xp | yp | mp) & 15:
+                return p.forward(xp, mp)
+            go(raw(index), xp, yp, mp, *tail)
+            return y
+        return fast
+
+    def fast_backward(y, dy):
+        dx = new_like(y)
+        yp, dyp, dxp = y.data_ptr(), dy.data_ptr(), dx.data_ptr()
+        if (yp | dyp | dxp) & 15:
+            return p.backward(yp, dyp)
+        go(raw(index), yp, dyp, dxp, *tail)
+        return dx
+    return fast_backward

@@ -460,37 +460,24 @@ def test_cluster_split_counts_are_powers_of_two_that_keep_every_split_non_empty(
         "gemm_mma_sm80_ck<rtk_bf16, rtk_bf16, 16, 128, 64, 16, 32, 4, true, true, true, 1, false, 4>"]
 
 
-def test_prepacked_launch_buffers_hold_each_calls_values(monkeypatch):
-    """The raw route (one device, core kernels): cuLaunchKernel gets an array of pointers to the parameters; read
-    it back as the driver would and compare with the plan's arguments, call after call."""
-    import ctypes
-
+def test_prepared_launches_get_each_calls_values(monkeypatch):
+    """A plan prepares each kernel's launch once (Kernel.prepare: geometry, parameter kinds, shared memory) and
+    passes every call's addresses followed by the plan's fixed sizes and strides, call after call."""
     from rtckern.ops._gemm import launch
 
-    seen = []
-
-    class Handle:
-        pass
+    seen, prepared = [], []
 
     class CoreKernel:
-        label, max_threads_per_block, num_regs = "k", 1024, 32
-        core = type("Core", (), {"handle": Handle()})()
+        label = "k"
 
-        def set_max_dynamic_shared_memory(self, nbytes):
-            pass
+        def prepare(self, grid, block, kinds, smem):
+            prepared.append((grid, block, kinds, smem))
 
-    def launch_kernel(f, gx, gy, gz, bx, by, bz, smem, stream, addr, extra):
-        ptrs = (ctypes.c_void_p * n_params[0]).from_address(addr)
-        vals = [ctypes.string_at(ptrs[i], 128) if i < n_maps[0] else ctypes.c_int64.from_address(ptrs[i]).value
-                for i in range(n_params[0])]
-        seen.append(((gx, gy, gz), (bx, by, bz), smem, stream, vals))
-        return (0,)
+            def go(stream, *args):
+                assert len(args) == len(kinds)
+                seen.append((grid, block, smem, stream, list(args)))
+            return go
 
-    n_params, n_maps = [0], [0]
-    monkeypatch.setattr(launch, "_is_core_kernel", lambda k: True)
-    monkeypatch.setattr(launch, "_devices_in_use", lambda: 1)
-    monkeypatch.setattr(launch, "_cu", (launch_kernel, lambda h: ("stream", h), 0))
-    monkeypatch.setattr(launch, "_cu_streams", PlanCache("test.gemm.cu_streams"))
     monkeypatch.setattr(launch, "tensor_map", lambda dtype, ptr, dims, strides, box: ptr.to_bytes(8, "little") * 16)
 
     p = GemmProblem(2, 100, 264, 520, "bf16", "bf16", True, True, "silu", True)
@@ -498,17 +485,17 @@ def test_prepacked_launch_buffers_hold_each_calls_values(monkeypatch):
                           ldr=264, stride_r=26400)
     cfg = geometry.with_splits(Sm80Config(64, 64, 64, 32, 32, 4, splits=2, cluster=True), p, 132)
     launch_plan = launch.LaunchPlan((CoreKernel(),), p, cfg, ops, 132)
-    n_params[0], n_maps[0] = 19, 0
+    assert prepared[-1][2] == "P" * 5 + "q" * 14
     for a in (1 << 20, 5 << 20):
         launch_plan.run(a, 2 << 20, 3 << 20, 4 << 20, 6 << 20, 77)
         grid, block, smem, stream, vals = seen[-1]
-        assert grid == (2 * 5, 2, 2) and block == (128, 1, 1) and smem == cfg.smem_bytes and stream == ("stream", 77)
+        assert grid == (2 * 5, 2, 2) and block == (128, 1, 1) and smem == cfg.smem_bytes and stream == 77
         assert vals == [a, 2 << 20, 3 << 20, 4 << 20, 6 << 20, 100, 264, 520, 520, 520, 264, 264, 52000, 137280,
                         26400, 26400, 2, 5, 8]
 
     cfg90 = geometry.with_splits(Sm90Config(128, 128, 6, 2, splits=2, cluster=True), p, 132)
     launch_plan = launch.LaunchPlan((CoreKernel(),), p, cfg90, ops, 132)
-    n_params[0], n_maps[0] = 17, 2
+    assert prepared[-1][2] == "MM" + "P" * 3 + "q" * 12
     launch_plan.run(1 << 20, 2 << 20, 3 << 20, 0, 6 << 20, 0)
     grid, block, smem, stream, vals = seen[-1]
     assert grid == (2 * 1 * 3 * 2, 1, 1) and block == (384, 1, 1)  # cluster split-K: one block per unit
