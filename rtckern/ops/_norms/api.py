@@ -186,6 +186,8 @@ def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresi
     if key is not None:
         call_plan = current_plan(plan.bwd_plans, key)
         if call_plan is not None:
+            if call_plan.fast is not None:
+                return call_plan.fast(dy, x, weight, dresidual, mean, rstd)
             return call_plan.run(x.data_ptr(), 0 if weight is None else weight.data_ptr(), dy.data_ptr(),
                                  0 if dresidual is None else dresidual.data_ptr(),
                                  0 if mean is None else mean.data_ptr(), rstd.data_ptr())
@@ -220,6 +222,9 @@ def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresi
     call_plan = plan.bwd_plan(layer, op, xa, dya, wa, dra, dx_name, w_dtype, want_dw, want_db, zero_centered,
                               _selector(xa.n, xa.device))
     if xa.lib == "torch":
+        # the whole-call fast path allocates dx like x and dw, db like the weight: where those fit
+        grads_like_w = not (want_dw or want_db) or (wa is not None and wa.dtype == w_dtype and weight.is_contiguous())
+        call_plan.like = (dx_name == xa.dtype and x.is_contiguous()) if grads_like_w else None
         for t in (dy, x, weight, bias, mean, rstd, dresidual):
             if t is not None:
                 plan.remember_torch_type(t)

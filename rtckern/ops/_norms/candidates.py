@@ -21,7 +21,7 @@ from rtckern.registry import Candidate, Cost, OpRequest, Resources
 from rtckern.registry import options as opts
 
 from . import configs, geometry
-from .launch import active_clusters, blocks_per_sm, launch_bwd, launch_fwd
+from .launch import active_clusters, blocks_per_sm, bwd_partial_rows, bwd_smem, launch_bwd, launch_fwd
 
 FWD_OPS = ("rms_norm", "layer_norm")
 BWD_OPS = ("rms_norm_backward", "layer_norm_backward")
@@ -181,6 +181,16 @@ class _NormCandidate(Candidate):
         if cfg.opt & 1:
             grid = min(grid, blocks_per_sm(kernels[0], cfg.block) * kernels[0].device.sm_count)
         return grid, cfg.block, 0
+
+    def bwd_launch_geometry(self, req: OpRequest, kernels: tuple[Any, ...],
+                            rows: int) -> tuple[int, int, int] | None:
+        """(partial rows, block, dynamic shared memory) of the backward row kernels (rows, l2, stage: what
+        launch_bwd computes per call) for `rows` rows, for the ops' memoized plans; None for the other kinds
+        (cluster, cooperative: their launch)."""
+        if self.kind not in ("rows", "l2", "stage") or self.direction != "bwd":
+            return None
+        p, cfg = self._memo_of(req)
+        return bwd_partial_rows(p, self.kind, cfg, kernels[0], rows, 0), cfg.block, bwd_smem(p, self.kind, cfg)
 
     def _memo_of(self, req: OpRequest):
         """(problem, config) of req, computed once per request (supports, cost, specs, resources and every

@@ -272,7 +272,7 @@ def fwd_plan(layer, op, xa: arr.Rows, wa, ba, ra, y_dtype: str, eps: float, zero
 class BwdPlan:
     __slots__ = ("settings", "alloc", "layer", "op", "shape", "n", "rows", "x_dtype", "dy_dtype", "dx_dtype",
                  "w_dtype", "has_w", "has_dres", "want_dw", "want_db", "sx", "sdy", "sw", "sdres", "zero_centered",
-                 "launchers", "decide")
+                 "launchers", "decide", "like", "fast")
 
     def run(self, xp: int, wp: int, dyp: int, dresp: int, mp: int, rsp: int):
         alloc = self.alloc
@@ -305,6 +305,14 @@ class BwdPlan:
         dtypes = (("dx", self.dx_dtype), ("dy", self.dy_dtype), ("w", self.w_dtype or "none"), ("x", self.x_dtype))
         req, cand, kernels = self.decide(self.op, dtypes, flags, vec)
         rows, sx, sdy, sdres, alloc = self.rows, self.sx, self.sdy, self.sdres, self.alloc
+        geom = getattr(cand, "bwd_launch_geometry", None)
+        geom = geom(req, kernels, rows) if geom is not None else None
+        if geom is not None and all(hasattr(k, "prepare") for k in kernels):
+            launch = _bwd_row_launcher(self, kernels, *geom)
+            if key == 0 and type(alloc) is _TorchAlloc and self.like is not None:
+                self.fast = _fast_backward(self, launch)
+            self.launchers[key] = launch
+            return launch
 
         def launch(xp, wp, dyp, dresp, mp, rsp, dxp, dwp, dbp, stream):
             cand.launch(req, kernels, BwdCall(x=xp, w=wp, dy=dyp, dres=dresp, mean=mp, rstd=rsp, dx=dxp, dw=dwp,
@@ -312,6 +320,61 @@ class BwdPlan:
                                               zeros_u32=alloc.zeros_u32, empty_f32=alloc.empty_f32))
         self.launchers[key] = launch
         return launch
+
+
+# rtk_norm_bwd_rows (and the l2 / stage kernels): x, w, dy, dres, mean, rstd, dx, dw_part, db_part, rows and four
+# row strides; rtk_norm_dw_reduce: dw_part, db_part, dw, db, parts, n.
+BWD_ROW_KINDS = "PPPPPPPPPqqqqq"
+DW_REDUCE_KINDS = "PPPPqq"
+
+
+def _bwd_row_launcher(p: BwdPlan, kernels, parts: int, block: int, smem: int):
+    """launch(xp, wp, dyp, dresp, mp, rsp, dxp, dwp, dbp, stream) for the row kernels: prepared launches of the
+    main kernel and the weight/bias-gradient reduce, the partial sums in one float32 workspace per call (freed
+    after the launches: torch's allocator orders its reuse on the stream)."""
+    rows, sx, sdy, sdres, n = p.rows, p.sx, p.sdy, p.sdres, p.n
+    main = kernels[0].prepare(parts, block, BWD_ROW_KINDS, smem)
+    grads = int(p.want_dw) + int(p.want_db)
+    red = kernels[1].prepare(-(-n // geometry.DW_REDUCE_COLS), geometry.DW_REDUCE_BLOCK, DW_REDUCE_KINDS) \
+        if grads else None
+    empty_f32, span = p.alloc.empty_f32, 4 * parts * n
+
+    def launch(xp, wp, dyp, dresp, mp, rsp, dxp, dwp, dbp, stream):
+        pw = pb = 0
+        if grads:
+            ws, base = empty_f32(grads * parts * n)
+            pw = base if p.want_dw else 0
+            pb = (base + span if p.want_dw else base) if p.want_db else 0
+        main(stream, xp, wp, dyp, dresp, mp, rsp, dxp, pw, pb, rows, sx, sdy, sdres, n)
+        if grads:
+            red(stream, pw, pb, dwp, dbp, parts, n)
+            del ws  # after both launches are queued
+    return launch
+
+
+def _fast_backward(p: BwdPlan, launch):
+    """The whole backward call for the common case (torch tensors, every address 16-byte aligned, a row kernel):
+    outputs by torch.empty_like of x and w, then the prepared launches. Other alignments take run()."""
+    import torch
+
+    new_like, empty, raw = torch.empty_like, torch.empty, torch_stream_getter()
+    like_x = p.like
+    shape, dt, dev, index = p.shape, p.alloc.dtypes[p.dx_dtype], p.alloc.device, p.alloc.index
+    want_dw, want_db, layer, run = p.want_dw, p.want_db, p.layer, p.run
+
+    def fast(dy, x, w, dres, mean, rstd):
+        dx = new_like(x) if like_x else empty(shape, dtype=dt, device=dev)
+        dw = new_like(w) if want_dw else None
+        db = new_like(w) if want_db else None
+        xp, dyp, dxp = x.data_ptr(), dy.data_ptr(), dx.data_ptr()
+        wp = 0 if w is None else w.data_ptr()
+        dresp = 0 if dres is None else dres.data_ptr()
+        if (xp | dyp | dxp | wp | dresp) & 15:
+            return run(xp, wp, dyp, dresp, 0 if mean is None else mean.data_ptr(), rstd.data_ptr())
+        launch(xp, wp, dyp, dresp, 0 if mean is None else mean.data_ptr(), rstd.data_ptr(), dxp,
+               0 if dw is None else dw.data_ptr(), 0 if db is None else db.data_ptr(), raw(index))
+        return (dx, dw, db) if layer else (dx, dw)
+    return fast
 
 
 def bwd_plan(layer, op, xa: arr.Rows, dya: arr.Rows, wa, dra, dx_dtype: str, w_dtype, want_dw, want_db,
@@ -330,4 +393,6 @@ def bwd_plan(layer, op, xa: arr.Rows, dya: arr.Rows, wa, dra, dx_dtype: str, w_d
     p.zero_centered = bool(zero_centered)
     p.launchers = {}
     p.decide = decide
+    p.like = None  # set by the caller for torch: whether torch.empty_like(x) / (w) give dx / dw, db (see _fast_backward)
+    p.fast = None
     return p
