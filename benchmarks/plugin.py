@@ -1,15 +1,30 @@
 """PyTorch plugin end to end: a small Llama from transformers, unpatched against rtckern.torch.patch(model).
 
 A randomly initialised Llama (sdpa attention, transformers' RMSNorm) against rtckern.torch.patch(model) (rtckern
-RMSNorm + attention), at two sizes (CONFIGS), a token-by-token decode step (batch 1, KV cache, eager: host-bound, so
-the plugin's per-call cost decides), and the host cost of one call through each layer of the plugin.
+RMSNorm + attention). Parts (--parts, default all):
+- train: issue 22's training step (4 layers, hidden 2048, 16 heads, 4 kv heads, batch 2 x seq 2048, bf16): each
+  patch variant -- attention only (patch(norms=False)), norms only (patch(attention=False)), full -- and an unpatched
+  copy (A/A control: the noise), timed against the unpatched model in alternation, three runs (--runs): each run's
+  speedup and the median;
+- packed: the same 4096 tokens as random-length sequences (256..1792), packed (batch 1, position_ids restarting, as
+  DataCollatorWithFlattening gives; attn_implementation="rtckern" takes the varlen path) against padded to the
+  longest with an attention mask (rtckern: varlen on the unpadded tokens; sdpa: a 4D mask), and sdpa on the packed
+  batch (transformers' block-diagonal 4D mask): forward + backward ms and tokens/s; the packed loss must equal the
+  padded loss on the real tokens (bf16 tolerance);
+- e2e: forward and forward+backward at two sizes (CONFIGS);
+- decode: a token-by-token decode step (batch 1, DynamicCache, eager: host-bound, the plugin's per-call cost
+  decides);
+- graphs: decode steps on a StaticCache, eager and captured in a CUDA graph, unpatched and patched (a capture that
+  fails is reported, not raised);
+- overhead: the host cost of one call through each layer of the plugin.
 
-    python -m benchmarks plugin [--quick]
+    python -m benchmarks plugin [--quick] [--parts train,packed,...] [--runs 3] [--reps N]
+    python -m benchmarks plugin --cpu      (a tiny Llama on the CPU: the suite's code paths, no GPU, no kernels)
 
-Accuracy: logits and parameter gradients of both bf16 models against a float32 copy of the unpatched model
+Accuracy: logits and parameter gradients of the bf16 models against a float32 copy of the unpatched model
 (relative L2 error); the patched model must stay within 2x the unpatched model's own bf16 error (+1e-3).
-Speed: forward (inference) and forward+backward (loss.backward()) with CUDA events, warm-up first, the two models
-alternating iteration by iteration (drift hits both alike), median of `reps`.
+Speed: CUDA events, warm-up first, the models alternating iteration by iteration (drift hits both alike), median of
+`reps`.
 """
 from __future__ import annotations
 
@@ -43,7 +58,7 @@ def rel_err(x, ref) -> float:
     return d / max(torch.linalg.vector_norm(ref.double()).item(), 1e-30)
 
 
-def build_models(batch: int, seq: int, seed: int = 0, **overrides):
+def build_models(batch: int, seq: int, seed: int = 0, device: str = "cuda", **overrides):
     import torch
     import transformers
 
@@ -51,11 +66,11 @@ def build_models(batch: int, seq: int, seed: int = 0, **overrides):
 
     cfg = transformers.LlamaConfig(**{**LLAMA, **overrides})
     torch.manual_seed(seed)
-    ref = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").cuda().to(torch.bfloat16)
+    ref = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").to(device, torch.bfloat16)
     ref32 = copy.deepcopy(ref).float()  # the same (bf16-valued) weights: the errors below are arithmetic only
     patched = copy.deepcopy(ref)
     report = rt.patch(patched)
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
     return ref32, ref, patched, report, ids
 
 
@@ -101,8 +116,13 @@ def within_tolerance(acc: dict) -> list[str]:
 
 
 def _timed(fn) -> float:
+    """ms of one call: CUDA events on a GPU, the host clock without one (the --cpu mode)."""
     import torch
 
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     fn()
@@ -229,21 +249,22 @@ def call_overhead_us(n: int = 2000) -> dict:
     return {name: _host_us(fn, n) for name, fn in fns.items()}
 
 
-def run_e2e(batch: int = 4, seq: int = 2048, reps: int = 20, **overrides) -> dict:
+def run_e2e(batch: int = 4, seq: int = 2048, reps: int = 20, device: str = "cuda", **overrides) -> dict:
     import torch
 
-    ref32, ref, patched, report, ids = build_models(batch, seq, **overrides)
+    ref32, ref, patched, report, ids = build_models(batch, seq, device=device, **overrides)
     result = {"config": {**LLAMA, **overrides, "batch": batch, "seq": seq, "dtype": "bf16"},
               "replaced": len(report.replaced), "attention": report.attention}
     result["accuracy"] = accuracy(ref32, ref, patched, ids)
     result["accuracy_failures"] = within_tolerance(result["accuracy"])
     del ref32
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     result["speed"] = speed(ref, patched, ids, reps=reps)
     return result
 
 
-def _body(res: dict) -> list:
+def _e2e_body(res: dict) -> list:
     body = []
     for name, e2e in res["e2e"].items():
         acc, sp = e2e["accuracy"], e2e["speed"]
@@ -267,7 +288,6 @@ def _body(res: dict) -> list:
                             f"{dec['speedup']:.3f}x")],
                           title=f"decode: Llama {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, batch 1, "
                                 f"prompt {c['prompt']}, {c['steps']} steps, KV cache, eager, bf16"))
-    body.append(Table(("call", "us"), list(res["overhead_us"].items()), title="host cost per call (us, GPU idle)"))
     return body
 
 
@@ -275,21 +295,202 @@ CONFIGS = {
     "gpu_bound": dict(batch=4, seq=2048),  # 4 layers, 8192 tokens
     "small": dict(batch=2, seq=2048, num_hidden_layers=2),  # 4096 tokens: host overheads show
 }
+PARTS = ("overhead", "decode", "train", "packed", "e2e", "graphs")
+# --cpu: a Llama and batches small enough for the CPU, every part's code path with every rtckern op falling back to
+# torch
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2)
+TINY_SIZES = dict(seq=256, packed_tokens=512, lengths=(32, 224))
 
 
-QUICK = "the small model only (2 layers, 4096 tokens), besides the decode step and the per-call costs"
+QUICK = ("train (three runs, 10 reps), packed, decode, graphs and overhead with fewer reps; not the e2e sizes "
+         "(under 2 minutes on an H100)")
+
+
+def add_args(ap) -> None:
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
+    ap.add_argument("--runs", type=int, default=3, help="independent timed runs of the training point (default 3)")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="timed iterations per run and model (default 20; --quick 10; --cpu 2)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="a tiny Llama on the CPU (every rtckern op falls back to torch): exercises the suite's code "
+                         "paths without a GPU; its times mean nothing")
+
+
+def needs_gpu(args) -> bool:
+    return not getattr(args, "cpu", False)
+
+
+def parse_parts(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        raise SystemExit(f"benchmarks plugin: --parts {text!r}: unknown {bad or 'empty'}; pick from {', '.join(PARTS)}")
+    return parts
 
 
 def run(args) -> Result:
     import torch
 
-    res = {"device": torch.cuda.get_device_name(), "overhead_us": call_overhead_us(), "decode": decode_step_ms(),
-           "e2e": {}}
-    for name, cfg in CONFIGS.items():
-        if args.quick and name != "small":
-            continue
-        res["e2e"][name] = run_e2e(**cfg)
-        torch.cuda.empty_cache()
-    rows = [{"model": name, **e2e} for name, e2e in res["e2e"].items()]
-    return Result("rtckern.torch end to end", rows=rows, body=_body(res),
-                  data={k: v for k, v in res.items() if k != "e2e"})
+    from benchmarks import _plugin_graphs as G
+    from benchmarks import _plugin_training as T
+
+    parts = parse_parts(args.parts)
+    cpu = getattr(args, "cpu", False)
+    device = "cpu" if cpu else "cuda"
+    model = TINY if cpu else {}
+    reps = args.reps or (2 if cpu else 10 if args.quick else 20)
+    res: dict = {"device": "cpu (tiny model, --cpu)" if cpu else torch.cuda.get_device_name(), "parts": list(parts),
+                 "e2e": {}}
+    title = "rtckern.torch end to end"
+
+    def report() -> Result:
+        rows = [{"part": "e2e", "model": name, **e2e} for name, e2e in res["e2e"].items()]
+        return Result(title, rows=rows + _rows(res), body=_body(res),
+                      data={k: v for k, v in res.items() if k != "e2e"}, rc=1 if _failures(res) else 0)
+
+    def done() -> None:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        args.partial(report())
+
+    if "overhead" in parts and not cpu:
+        res["overhead_us"] = call_overhead_us(500 if args.quick else 2000)
+        done()
+    if "decode" in parts:
+        res["decode"] = decode_step_ms(steps=16 if args.quick or cpu else 32, reps=3 if cpu else 5 if args.quick else 7,
+                                       prompt=32 if cpu else 128, device=device, **model)
+        done()
+    if "train" in parts or "packed" in parts:
+        res["train"] = T.run_training_point(runs=args.runs if "train" in parts else 0, reps=reps, device=device,
+                                            packed="packed" in parts, packed_reps=reps,
+                                            **(TINY_SIZES if cpu else {}), **model)
+        done()
+    if "e2e" in parts and not args.quick:
+        for name, cfg in CONFIGS.items():
+            res["e2e"][name] = run_e2e(reps=reps, device=device, **{**model, **cfg, **({"seq": 256} if cpu else {})})
+            done()
+    if "graphs" in parts:
+        ref = T.build_llama(device, **model).eval()
+        patched = T.make_variants(ref, {"full": {}})[0]["full"].eval()
+        res["graphs"] = G.static_decode({"torch": ref, "rtckern": patched}, prompt=32 if cpu else 128,
+                                        steps=16 if cpu else 32 if args.quick else 64,
+                                        reps=3 if cpu else 5 if args.quick else 7, device=device)
+        del ref, patched
+        done()
+    return report()
+
+
+def _failures(res: dict) -> list[str]:
+    bad = [f"e2e {n}: {f}" for n, e in res["e2e"].items() for f in e["accuracy_failures"]]
+    train = res.get("train") or {}
+    bad += [f"train {v}: {f}" for v, fs in train.get("accuracy_failures", {}).items() for f in fs]
+    bad += [f"packed: {f}" for f in (train.get("packed") or {}).get("accuracy_failures", [])]
+    return bad
+
+
+def _rows(res: dict) -> list[dict]:
+    rows = []
+    train = res.get("train") or {}
+    for name, sp in train.get("speed", {}).items():
+        rows.append({"part": "train", "variant": name, **train["variants"][name], "speedups": sp["speedups"],
+                     "median_speedup": sp["median_speedup"], "runs": sp["runs"]})
+    packed = train.get("packed")
+    if packed:
+        rows += [{"part": "packed", "config": k, "fwd_bwd_ms": ms, "tokens_per_s": packed["tokens_per_s"][k]}
+                 for k, ms in packed["fwd_bwd_ms"].items()]
+    graphs = res.get("graphs")
+    if graphs:
+        rows += [{"part": "graphs", "model": k, **{f: v.get(f) for f in ("eager_ms", "graph_ms", "graph_error")}}
+                 for k, v in graphs["models"].items()]
+    return rows
+
+
+def _f(v, fmt: str = ".3f", suffix: str = "") -> str | None:
+    return None if v is None else f"{v:{fmt}}{suffix}"
+
+
+def _variant_text(v: dict) -> str:
+    if "patch" not in v:
+        return "unpatched copy (A/A control)"
+    kw = ", ".join(f"{k}={x}" for k, x in v["patch"].items())
+    return f"patch({kw}): {v['norms_replaced']} norms, attention={v['attention']}"
+
+
+def _train_body(tr: dict) -> list:
+    c = tr["config"]
+    body: list = [f"## training step: Llama {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
+                  f"{c['num_attention_heads']} heads, {c['num_key_value_heads']} kv heads, batch {c['batch']} x seq "
+                  f"{c['seq']}, bf16 (forward + backward)"]
+    if tr.get("speed"):
+        runs = len(next(iter(tr["speed"].values()))["runs"])
+        rows = []
+        for name, sp in tr["speed"].items():
+            ms = " / ".join(f"{r['torch_ms']:.2f} vs {r['patched_ms']:.2f}" for r in sp["runs"])
+            rows.append((name, _variant_text(tr["variants"][name]), ms, " / ".join(f"{x:.3f}x" for x in sp["speedups"]),
+                         f"{sp['median_speedup']:.3f}x"))
+        body.append(Table(("variant", "what", f"ms torch vs patched, runs 1-{runs}", "speedup per run",
+                           "median speedup"), rows))
+        body.append("Each run times every variant against the unpatched model (sdpa + HF RMSNorm), the two "
+                    "alternating step by step; speedup = median torch ms / median patched ms. Goals (issue 22): "
+                    "attention >= 1.05x, full >= 1.3x.")
+    if tr.get("served"):
+        body.append("\n".join(["served by (one forward under RTCKERN_STRICT=1):", ""] +
+                              [f"- {k}: {v}" for k, v in tr["served"].items()]))
+    lines = ["relative L2 error against the fp32 model (same weights), torch bf16 / each variant:", ""]
+    for name, acc in tr["accuracy"].items():
+        lines.append(f"- {name}: logits {acc['logits_err_torch_bf16']:.3e} / {acc['logits_err_rtckern_bf16']:.3e}; "
+                     "grads " + ", ".join(f"{k.removeprefix('model.').removesuffix('.weight')} "
+                                          f"{e['torch_bf16']:.2e}/{e['rtckern_bf16']:.2e}"
+                                          for k, e in acc["grad_err"].items()))
+    fails = {k: v for k, v in tr["accuracy_failures"].items() if v}
+    body += ["\n".join(lines), f"accuracy failures: {fails or 'none'}"]
+    return body
+
+
+def _packed_body(pk: dict) -> list:
+    ms, tps = pk["fwd_bwd_ms"], pk["tokens_per_s"]
+    rows = [(k, f"{ms[k]:.3f}", f"{tps[k]:,.0f}", f"{pk['accuracy']['loss'][k]:.5f}",
+             f"{pk['accuracy']['logits_err'][k]:.3e}") for k in ms]
+    shape = pk["padded_shape"]
+    return [Table(("batch", "fwd+bwd ms", "tokens/s", "loss", "logits err vs fp32"), rows,
+                  title=f"packed vs padded: {pk['tokens']} tokens in {len(pk['lengths'])} sequences "
+                        f"{pk['lengths']}; padded {shape[0]} x {shape[1]} ({pk['padding_fraction']:.0%} padding)"),
+            "\n".join(["packed: batch 1, position_ids restarting per sequence, no mask; padded: right padding and a "
+                       "2D attention mask; rtckern = patch(model) (norms + attention), sdpa = unpatched. fp32 loss "
+                       f"(padded): {pk['accuracy']['loss']['fp32 padded']:.5f}.", ""] +
+                      [f"- {k}: {v:.3f}x" for k, v in pk["speedup"].items()] +
+                      [f"- served, {k}: {v}" for k, v in pk["served"].items()]),
+            f"accuracy failures: {pk['accuracy_failures'] or 'none'}"]
+
+
+def _graphs_body(g: dict) -> list:
+    c = g["config"]
+    rows = []
+    for name, m in g["models"].items():
+        rows.append((name, _f(m["eager_ms"]), _f(m["graph_ms"]), _f(m["graph_speedup_vs_eager"], ".2f", "x"),
+                     m.get("graph_matches_eager"), m["eager_tokens_agree_with_first"], m["served"],
+                     m["graph_error"] or "-"))
+    sp = g.get("speedup") or {}
+    return [Table(("model", "eager ms/token", "graph ms/token", "graph vs eager", "graph tokens == eager",
+                   "tokens agree with torch", "served by", "graph capture"), rows,
+                  title=f"decode on a StaticCache, eager and CUDA graph: batch 1, prompt {c['prompt']}, {c['steps']} "
+                        f"steps, max_cache_len {c['max_cache_len']}, bf16"),
+            f"rtckern vs torch: eager {_f(sp.get('eager'), '.3f', 'x')}, CUDA graph "
+            f"{_f(sp.get('graph'), '.3f', 'x') or '- (not captured)'} "
+            "(issue 21: no slower eager, faster under CUDA graphs)."]
+
+
+def _body(res: dict) -> list:
+    body: list = []
+    if res.get("train"):
+        body += _train_body(res["train"])
+        if res["train"].get("packed"):
+            body += _packed_body(res["train"]["packed"])
+    if res.get("graphs"):
+        body += _graphs_body(res["graphs"])
+    body += _e2e_body(res)
+    if res.get("overhead_us"):
+        body.append(Table(("call", "us"), list(res["overhead_us"].items()), title="host cost per call (us, GPU idle)"))
+    return body

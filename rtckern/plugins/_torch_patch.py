@@ -126,7 +126,10 @@ def _set_attention(model: nn.Module, report: PatchReport) -> None:
 def patch(model: nn.Module, *, norms: bool = True, attention: bool = True,
           rms_norm_classes: Iterable[type] = ()) -> PatchReport:
     """Swap model's norm modules for rtckern's in place; with attention=True and a transformers model, register
-    and select attn_implementation="rtckern". Returns what was replaced and what was skipped, and why."""
+    and select attn_implementation="rtckern". Returns what was replaced and what was skipped, and why.
+
+    Either half alone: patch(model, norms=False) switches only the attention (the norms stay the model's own);
+    patch(model, attention=False) swaps only the norms (the attention implementation is left as it is)."""
     report = PatchReport()
     extra = tuple(rms_norm_classes)
     if norms:

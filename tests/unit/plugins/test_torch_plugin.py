@@ -779,6 +779,24 @@ def test_transformers_patch_registers_and_selects_rtckern_attention():
     assert torch.equal(got, ref(ids).logits)
 
 
+def test_patch_norms_only_or_attention_only():
+    model, norms_only, attention_only = _tiny_llama(), _tiny_llama(), _tiny_llama()
+    rms_cls = type(model.model.norm)
+    report = rt.patch(norms_only, attention=False)
+    assert len(report.replaced) == 2 * 2 + 1 and report.attention is None
+    assert norms_only.config._attn_implementation == model.config._attn_implementation != "rtckern"
+    assert isinstance(norms_only.model.norm, rt.RMSNorm)
+    report = rt.patch(attention_only, norms=False)
+    assert report.replaced == [] and report.skipped == [] and report.attention == "rtckern"
+    assert attention_only.config._attn_implementation == "rtckern"
+    assert type(attention_only.model.norm) is rms_cls
+    assert not any(isinstance(m, rt.RMSNorm) for m in attention_only.modules())
+    assert rt.patch(attention_only, attention=False).replaced  # the other half later: the full patch
+    assert attention_only.config._attn_implementation == "rtckern"
+    toy = Toy()
+    assert rt.patch(toy, norms=False).replaced == [] and type(toy.a) is LlamaStyleRMSNorm  # not a transformers model
+
+
 def test_transformers_attention_function_layout_and_causality(jit_on_cpu):
     model = _tiny_llama()
     ref = copy.deepcopy(model)
