@@ -11,12 +11,9 @@ that hits the memo is one that passed them. Plans are rebuilt when the settings 
 """
 from __future__ import annotations
 
-import ctypes
-import threading
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
-from rtckern.errors import LaunchError
 from . import varlen_candidates as vc
 from rtckern.runtime.streams import torch_stream
 
@@ -113,48 +110,24 @@ def _launcher(req, sel, qa, ka, va, batch: int, scale: float):
     return launch
 
 
-class _WsVarlenParams(ctypes.Structure):
-    """flash_fwd_sm90_ws's parameters in varlen mode, in order: two tensor maps, q/o/lse addresses, 10 sizes and
-    strides, the scale, the two prefix-sum addresses."""
-
-    _fields_ = (("kmap", ctypes.c_uint8 * 128), ("vmap", ctypes.c_uint8 * 128), ("q", ctypes.c_uint64),
-                ("o", ctypes.c_uint64), ("lse", ctypes.c_uint64), ("ints", ctypes.c_int64 * 10),
-                ("scale", ctypes.c_float), ("cu_q", ctypes.c_uint64), ("cu_k", ctypes.c_uint64))
-
-
-_OFFSETS = ((_WsVarlenParams.kmap.offset, _WsVarlenParams.vmap.offset, _WsVarlenParams.q.offset,
-             _WsVarlenParams.o.offset, _WsVarlenParams.lse.offset)
-            + tuple(_WsVarlenParams.ints.offset + 8 * i for i in range(10))
-            + (_WsVarlenParams.scale.offset, _WsVarlenParams.cu_q.offset, _WsVarlenParams.cu_k.offset))
+# flash_fwd_sm90_ws's parameters in varlen mode: the K and V maps, q / o / lse, ten sizes and strides, the scale, the
+# two prefix-sum addresses
+WS_VARLEN_KINDS = "MMPPP" + "q" * 10 + "f" + "PP"
 
 
 class PreparedWsVarlen:
-    """The TMA kernel's varlen launch for one call signature, with the parameter block built once (as
-    launch.PreparedWs for the dense op): a call writes five addresses (and the K / V tensor maps when their
-    addresses changed) and launches through cuLaunchKernel; a lock keeps the shared block consistent between
-    threads. When the kernel's device context is not the current one, it goes through Kernel.launch_packed."""
+    """The TMA kernel's varlen launch for one call signature (as launch.PreparedWs for the dense op): a prepared launch
+    per grid width (the grid follows max_seqlen_q), the sizes, strides and scale bound; a call passes five addresses
+    and the K / V tensor maps, encoded again only when K's or V's address changed."""
 
     def __init__(self, kernel, tile, dtype: str, q, k, v, batch: int, scale: float):
-        from rtckern.runtime import kernel as kmod
-        from rtckern.runtime.driver import driver
-
-        self.kernel, self.tile, self.dtype, self.q, self.k, self.v = kernel, tile, dtype, q, k, v
-        self.ordinal = kernel.device.ordinal
-        self.driver = driver()
-        self.primary_ctx = getattr(kmod, "_primary_ctx", {})
+        self.kernel, self.tile, self.dtype, self.k, self.v = kernel, tile, dtype, k, v
         self.heads_q, self.batch = q.shape[1], batch
         self.threads, self.smem = tile.threads, tile.smem_bytes(q.shape[2])
-        self.scale = scale
-        self.block = _WsVarlenParams()
-        base = ctypes.addressof(self.block)
-        self.ptrs = (ctypes.c_void_p * len(_OFFSETS))(*[base + o for o in _OFFSETS])
-        self.block.ints[:] = vc.ws_ints(q, k)
-        self.block.scale = scale * vc._LOG2E
-        self.kp = self.vp = None
-        self.lock = threading.Lock()
-        self.streams: dict[int, object] = {}
-        if self.smem > 48 * 1024:
-            kernel.set_max_dynamic_shared_memory(self.smem)
+        self.ints = vc.ws_ints(q, k)
+        self.scale = scale * vc._LOG2E
+        self.by_width = PlanCache("attention_varlen.ws_launches", 64)  # grid width -> prepared launch
+        self.kmap = self.vmap = (None, b"")
 
     def _map(self, t, ptr: int) -> bytes:
         from . import launch as tma
@@ -162,28 +135,13 @@ class PreparedWsVarlen:
         return tma.kv_tensor_map(self.dtype, vc.packed_4d(t.at(ptr)), self.tile.bn)
 
     def launch(self, qp: int, kp: int, vp: int, cqp: int, ckp: int, op: int, lp: int, gx: int, stream: int) -> None:
-        d = self.driver
-        grid = (gx, self.heads_q, self.batch)
-        cur = d.cuCtxGetCurrent()[1]
-        if cur is None or int(cur) != self.primary_ctx.get(self.ordinal):
-            params = vc.ws_params(self.tile, self.dtype, self.q.at(qp), self.k.at(kp), self.v.at(vp), cqp, ckp, op,
-                                  lp, self.scale)
-            self.kernel.launch_packed(grid, (self.threads, 1, 1), params, self.smem, stream)
-            return
-        s = self.streams.get(stream)
-        if s is None:
-            s = self.streams[stream] = d.CUstream(stream)
-        blk = self.block
-        with self.lock:
-            if kp != self.kp:
-                ctypes.memmove(ctypes.addressof(blk.kmap), self._map(self.k, kp), 128)
-                self.kp = kp
-            if vp != self.vp:
-                ctypes.memmove(ctypes.addressof(blk.vmap), self._map(self.v, vp), 128)
-                self.vp = vp
-            blk.q, blk.o, blk.lse, blk.cu_q, blk.cu_k = qp, op, lp, cqp, ckp
-            err, = d.cuLaunchKernel(self.kernel.core.handle, gx, self.heads_q, self.batch, self.threads, 1, 1,
-                                    self.smem, s, ctypes.addressof(self.ptrs), 0)
-        if err != d.CUresult.CUDA_SUCCESS:
-            raise LaunchError(f"launch of {self.kernel.label} failed: {err} (grid {grid}, block ({self.threads}, 1, "
-                              f"1), shared memory {self.smem}, {len(_OFFSETS)} params)")
+        go = self.by_width.get(gx)
+        if go is None:
+            go = self.by_width.put(gx, self.kernel.prepare((gx, self.heads_q, self.batch), (self.threads, 1, 1),
+                                                           WS_VARLEN_KINDS, self.smem))
+        km, vm = self.kmap, self.vmap
+        if km[0] != kp:
+            km = self.kmap = (kp, self._map(self.k, kp))
+        if vm[0] != vp:
+            vm = self.vmap = (vp, self._map(self.v, vp))
+        go(stream, km[1], vm[1], qp, op, lp, *self.ints, self.scale, cqp, ckp)

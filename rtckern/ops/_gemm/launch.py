@@ -14,6 +14,7 @@ kernel's own device context current.
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from dataclasses import dataclass
 
 from rtckern.caches import PlanCache
@@ -132,7 +133,7 @@ class LaunchPlan:
 
 # -- prepared launches ---------------------------------------------------------------------------------------------
 _smem_done = PlanCache("gemm.smem_attribute_set")  # (id(kernel), bytes); emptied with the kernels
-_KINDS = {"map": "M", "u64": "P", "i64": "q"}
+_KINDS = MappingProxyType({"map": "M", "u64": "P", "i64": "q"})  # params' kinds -> Kernel.prepare's
 
 
 class _Prepared:
