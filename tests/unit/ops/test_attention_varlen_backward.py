@@ -245,7 +245,8 @@ def test_launch_arguments_match_the_kernels(impl, det):
         assert conv[0] == (-(-130 // 32), 8, batch) and conv[2][:2] == (accum, PTRS["dq"])
     else:
         assert prep[5] == 0 and prep[6] == 0 and prepared.workspace_bytes == 8 * 8 * R and int(prep[19]) == 1
-        assert kernels[1].calls[0][0] == (-(-70 // 32), 2, batch) and kernels[2].calls[0][0] == (-(-130 // 32), 8, batch)
+        assert kernels[1].calls[0][0] == (-(-70 // 32), 2, batch)
+        assert kernels[2].calls[0][0] == (-(-130 // 32), 8, batch)
 
 
 # ---- record mode and presets ----------------------------------------------------------------------------------------
