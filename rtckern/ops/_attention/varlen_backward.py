@@ -39,6 +39,7 @@ _requests = PlanCache("attention_varlen_backward.requests")
 _torch_types = PlanCache("attention_varlen_backward.torch_types", 64)  # classes that passed the full path's checks
 plans = PlanCache("attention_varlen_backward.call_plans", 4096)
 _SCALE_TYPES = (type(None), float, int)
+_INT32_MAX = 2**31 - 1
 
 
 def _check_like_q(t: arr.DeviceArray, q: arr.DeviceArray, name: str) -> None:
@@ -154,6 +155,9 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     batch = _check_cu(cqa, cka, qa)
     tq, hq, d = qa.shape
     tk = ka.shape[0]
+    if vbc.padded_rows(tq, batch) > _INT32_MAX:  # the kernels keep padded row offsets in 32 bits
+        raise InputError(f"total_q={tq} with batch={batch}: the padded rows (total_q rounded up to 128, plus 128 per "
+                         f"sequence) must stay within {_INT32_MAX}; split the call")
     max_q = _check_max(max_seqlen_q, "max_seqlen_q", tq, "total_q")
     max_k = _check_max(max_seqlen_k, "max_seqlen_k", tk, "total_k")
     if not isinstance(causal, bool):
