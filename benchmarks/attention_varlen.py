@@ -1,5 +1,5 @@
-"""Attention over packed variable-length sequences: TFLOP/s of rtckern.ops.attention_varlen against the dense op
-and torch.
+"""Attention over packed variable-length sequences: TFLOP/s of rtckern.ops.attention_varlen (and
+attention_varlen_backward) against the dense op and torch.
 
     python -m benchmarks attention_varlen [--impls sm80_mma,sm90a_wgmma] [--quick]
 
@@ -11,6 +11,12 @@ dense op on the same total tokens" compares with); torch_flash_varlen (aten._fla
 cumulative lengths, where this torch has it); sdpa_flash_per_seq (one SDPA flash call per sequence). TFLOP/s count
 the real per-sequence work, 4 h len^2 d per sequence (halved for causal), for every series but dense_equal (its own
 work), so padding shows as lost throughput. CUDA events, median of --reps back-to-back calls after a warm-up.
+
+Backward rows (pass "bwd"; the 128..2k lengths, mean about 1k, the issue's point): rtckern_varlen is
+rtckern.ops.attention_varlen_backward (the registry's choice; forced candidates with --impls); rtckern_dense_equal
+the dense attention_backward on equal lengths; torch_flash_varlen aten._flash_attention_backward with cumulative
+lengths; sdpa_flash_per_seq the SDPA flash backward of every sequence (autograd over the per-sequence calls).
+Backward TFLOP/s count 2.5x the forward's work.
 The runner writes attention_varlen_<gpu>.json and .md (one current file set per GPU, overwritten by each run).
 """
 from __future__ import annotations
@@ -20,6 +26,7 @@ import math
 from benchmarks.attention import time_ms
 
 QUICK = "the 128..2k lengths and head dim 128 only, 5 reps"
+BWD_FACTOR = 2.5  # backward FLOPs per forward FLOP (the issue's count)
 TOKENS = 16384
 DISTS = {"512-4k": (512, 4096), "128-2k": (128, 2048)}
 
@@ -36,8 +43,11 @@ def lengths(lo: int, hi: int, seed: int, total: int = TOKENS) -> list[int]:
 
 
 def bench_points():
-    return [dict(dist=dist, hd=hd, heads=heads, causal=causal) for dist in DISTS
-            for hd, heads in ((64, 32), (128, 16)) for causal in (False, True)]
+    fwd = [dict(dist=dist, hd=hd, heads=heads, causal=causal, **{"pass": "fwd"}) for dist in DISTS
+           for hd, heads in ((64, 32), (128, 16)) for causal in (False, True)]
+    bwd = [dict(dist="128-2k", hd=hd, heads=heads, causal=causal, **{"pass": "bwd"})
+           for hd, heads in ((64, 32), (128, 16)) for causal in (False, True)]
+    return fwd + bwd
 
 
 def work(lens, heads, hd, causal) -> float:
@@ -46,14 +56,66 @@ def work(lens, heads, hd, causal) -> float:
 
 
 def forced(impl: str):
-    """The settings that force an rtckern varlen candidate (entered around its whole timing)."""
+    """The settings that force an rtckern varlen candidate, forward and backward (entered around its whole
+    timing)."""
     import contextlib
 
     from rtckern import config
 
     if not impl:
         return contextlib.nullcontext()
-    return config.override(force_impl={"attention_varlen": f"attention_varlen.{impl}"})
+    return config.override(force_impl={"attention_varlen": f"attention_varlen.{impl}",
+                                       "attention_varlen_backward": f"attention_varlen_backward.{impl}"})
+
+
+def backward_runners(lens, heads, hd, causal, impls=()):
+    """The backward series of one packed batch (see the module docstring), and the work of dense_equal."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from rtckern import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    total, longest = sum(lens), max(lens)
+    q, k, v, dout = (torch.randn(total, heads, hd, device="cuda", dtype=torch.bfloat16, generator=gen)
+                     for _ in range(4))
+    starts = [sum(lens[:i]) for i in range(len(lens) + 1)]
+    cu = torch.tensor(starts, dtype=torch.int32, device="cuda")
+    o, lse = ops.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, return_lse=True)
+
+    def varlen():
+        return ops.attention_varlen_backward(dout, q, k, v, o, lse, cu, cu, longest, longest, causal=causal)
+    out = {"rtckern_varlen": ("", varlen)}
+    for impl in impls:
+        out[f"rtckern_varlen_{impl}"] = (impl, varlen)
+    each = total // len(lens)
+    eq, edo = (torch.randn(len(lens), each, heads, hd, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for _ in range(2))
+    eo, else_ = ops.attention(eq, eq, eq, causal=causal, return_lse=True)
+    out["rtckern_dense_equal"] = ("", lambda: ops.attention_backward(edo, eq, eq, eq, eo, else_, causal=causal))
+    fa = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    fb = getattr(torch.ops.aten, "_flash_attention_backward", None)
+    if fa is not None and fb is not None:
+        scale = 1.0 / math.sqrt(hd)
+        try:
+            to, tl, rng, unused, _ = fa(q, k, v, cu, cu, longest, longest, 0.0, causal, False, scale=scale)
+            out["torch_flash_varlen"] = ("", lambda: fb(dout, q, k, v, to, tl, cu, cu, longest, longest, 0.0, causal,
+                                                        rng, unused, scale=scale))
+        except Exception as e:  # this torch's flash varlen forward is missing or refuses the inputs
+            print(f"torch_flash_varlen unavailable: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    leaves = [tuple(t[starts[i]:starts[i] + n].transpose(0, 1)[None].detach().requires_grad_(True)
+                    for t in (q, k, v)) for i, n in enumerate(lens)]
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        outs = [F.scaled_dot_product_attention(a, b, c, is_causal=causal) for a, b, c in leaves]
+    grads = [dout[starts[i]:starts[i] + n].transpose(0, 1)[None] for i, n in enumerate(lens)]
+    flat = [t for trio in leaves for t in trio]
+
+    def sdpa_per_sequence():
+        return torch.autograd.grad(outs, flat, grads, retain_graph=True)
+    out["sdpa_flash_per_seq"] = ("", sdpa_per_sequence)
+    own = {"rtckern_dense_equal": BWD_FACTOR * work([each] * len(lens), heads, hd, causal)}
+    return out, own
 
 
 def runners(lens, heads, hd, causal, impls=()):
@@ -116,8 +178,9 @@ def run(args):
     rows = []
     for p in points:
         lens = lengths(*DISTS[p["dist"]], seed=7)
-        series, own = runners(lens, p["heads"], p["hd"], p["causal"], impls)
-        real = work(lens, p["heads"], p["hd"], p["causal"])
+        bwd = p["pass"] == "bwd"
+        series, own = (backward_runners if bwd else runners)(lens, p["heads"], p["hd"], p["causal"], impls)
+        real = work(lens, p["heads"], p["hd"], p["causal"]) * (BWD_FACTOR if bwd else 1.0)
         ms = {}
         for name, (impl, fn) in series.items():
             try:
@@ -131,8 +194,8 @@ def run(args):
                    tflops={n: own.get(n, real) / (m[0] * 1e-3) / 1e12 for n, m in ms.items()})
         rows.append(row)
         line = " ".join(f"{n}={t:.0f}" for n, t in sorted(row["tflops"].items(), key=lambda kv: -kv[1]))
-        print(f"{p['dist']} hd{p['hd']} causal={int(p['causal'])} ({len(lens)} sequences, longest {max(lens)}): "
-              f"{line}", flush=True)
+        print(f"{p['pass']} {p['dist']} hd{p['hd']} causal={int(p['causal'])} ({len(lens)} sequences, longest "
+              f"{max(lens)}): {line}", flush=True)
     return Result("Attention over packed variable-length sequences: TFLOP/s", rows=rows, body=body(rows, reps))
 
 
@@ -150,13 +213,13 @@ def body(rows, reps) -> list:
         vals = [v for n, v in t.items() if n.startswith(("torch_", "sdpa_"))]
         return f"{t['rtckern_varlen'] / max(vals):.2f}x" if vals and "rtckern_varlen" in t else None
 
-    table = Table(["lengths", "hd", "causal", "sequences", "longest", *names, "varlen / dense equal",
+    table = Table(["pass", "lengths", "hd", "causal", "sequences", "longest", *names, "varlen / dense equal",
                    "varlen / dense padded", "varlen / best torch"],
-                  [[r["dist"], r["hd"], int(r["causal"]), r["sequences"], r["longest"],
+                  [[r.get("pass", "fwd"), r["dist"], r["hd"], int(r["causal"]), r["sequences"], r["longest"],
                     *[f"{r['tflops'][n]:.0f}" if n in r["tflops"] else None for n in names],
                     ratio(r["tflops"], "rtckern_dense_equal"), ratio(r["tflops"], "rtckern_dense_padded"),
                     best_torch(r["tflops"])] for r in rows])
     note = (f"bf16, {TOKENS} tokens per batch packed from uniform random lengths, hidden 2048 (q heads = kv heads); "
-            "TFLOP/s on the real per-sequence work (4 h len^2 d per sequence, halved for causal), dense_equal on its "
-            f"own; median of CUDA-event timings over {reps} back-to-back calls.")
+            "TFLOP/s on the real per-sequence work (4 h len^2 d per sequence, halved for causal; 2.5x that for the "
+            f"backward rows), dense_equal on its own; median of CUDA-event timings over {reps} back-to-back calls.")
     return [note, table]

@@ -3,7 +3,7 @@ kernel providers, and exports the ops:
 
     rtckern.ops.rms_norm / layer_norm (+ backward)    rtckern.ops.softmax and the masked/causal variants
     rtckern.ops.attention                             rtckern.ops.gemm
-    rtckern.ops.attention_varlen (packed variable-length sequences)
+    rtckern.ops.attention_varlen (packed variable-length sequences; + backward)
 
 Each family is a private subpackage, rtckern/ops/_<family>/ (private so that `rtckern.ops.softmax`, `.attention`
 and `.gemm` are the ops, never a package that could shadow them), whose modules have the same name wherever they

@@ -5,19 +5,19 @@
     torch.ops.rtckern.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                            softmax_scale, return_lse) -> (o, lse)
     torch.ops.rtckern.attention_varlen_bwd(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                           max_seqlen_k, causal, softmax_scale) -> (dq, dk, dv)
+                                           max_seqlen_k, causal, softmax_scale, deterministic=False) -> (dq, dk, dv)
 
 Layouts are rtckern.ops.attention_varlen's: q (total_q, heads_q, head_dim), k, v (total_k, heads_kv, head_dim),
 int32 prefix sums (batch + 1,) on the device, host ints for the longest sequences (an upper bound is fine), causal
 per sequence aligned to its bottom-right corner, lse float32 (heads_q, total_q). The forward never reads the prefix
 sums on the host (no synchronization; CUDA-graph capturable after a first call).
 
-Backward (interim, until a varlen backward kernel replaces attention_varlen_bwd's implementation): the prefix sums
-are copied to the host (one synchronization per backward) and each sequence runs the dense attention backward
-(torch.ops.rtckern.attention_bwd's implementation: rtckern.ops.attention_backward, deterministic when
-torch.are_deterministic_algorithms_enabled()) on its own rows; gradient rows that no sequence covers are zero.
-Correct for every input the forward takes, but a Python loop over the sequences: slow for many short sequences, and
-not capturable in a CUDA graph. The fake kernels never read the prefix sums, so torch.compile (fullgraph) traces the forward and the
+Backward: rtckern.ops.attention_varlen_backward (one set of launches for the whole packed batch; the prefix sums
+are never read on the host, so the backward is CUDA-graph capturable too); autograd runs it deterministic when
+torch.are_deterministic_algorithms_enabled(). Gradient rows that no sequence covers (from cu_seqlens[batch] on) are
+left unwritten, as the forward leaves those rows of o. The reference path (reference_mode, and the fallback when no
+kernel serves a request) runs torch's attention per sequence with the prefix sums read on the host, and zeroes
+those rows. The fake kernels never read the prefix sums, so torch.compile (fullgraph) traces the forward and the
 backward as one op each.
 """
 from __future__ import annotations
@@ -116,32 +116,45 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
     return q.new_empty(q.shape), (q.new_empty((hq, tq), dtype=F32) if return_lse else empty_stat(q))
 
 
-# ---- backward (interim: the dense backward per sequence) ----------------------------------------------------------
-def attention_varlen_bwd_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale):
-    from ._torch_attention import attention_bwd_impl
-
+# ---- backward -----------------------------------------------------------------------------------------------------
+def attention_varlen_bwd_ref(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale,
+                             deterministic=False):
+    """Torch's attention backward per sequence (rtckern.testing.torch_reference.attention_bwd), the prefix sums read
+    on the host; rows no sequence covers are zero."""
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    deterministic = torch.are_deterministic_algorithms_enabled()
     for q0, q1, k0, k1 in _spans(cu_q, cu_k):
         if q1 <= q0 or k1 <= k0:  # no query, or no key (o = 0 there): no gradient flows
             continue
-        g = attention_bwd_impl(dout[q0:q1][None], q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], o[q0:q1][None],
-                               lse[:, q0:q1][None], causal, softmax_scale, deterministic)
+        g = R.attention_bwd(dout[q0:q1][None], q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], o[q0:q1][None],
+                            lse[:, q0:q1][None], causal, softmax_scale)
         dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
+
+
+def _jit_bwd(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, deterministic):
+    return _varlen().attention_varlen_backward(dout, q, k, v, o, lse, cu_q, cu_k, int(max_q), int(max_k),
+                                               causal=causal, softmax_scale=softmax_scale,
+                                               deterministic=deterministic)
+
+
+def attention_varlen_bwd_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale,
+                              deterministic=False):
+    return run("attention_varlen_backward", _jit_bwd, attention_varlen_bwd_ref, dout, q, k, v, o, lse, cu_q, cu_k,
+               max_q, max_k, causal, softmax_scale, deterministic)
 
 
 @kernel_op("attention_varlen_bwd")
 def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
                          cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                         softmax_scale: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) from the forward's o and lse; see the module docstring for what runs (interim)."""
+                         softmax_scale: Optional[float], deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) from the forward's o and lse (rtckern.ops.attention_varlen_backward)."""
     return attention_varlen_bwd_impl(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                     causal, softmax_scale)
+                                     causal, softmax_scale, deterministic)
 
 
 @attention_varlen_bwd.register_fake
-def _(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale):
+def _(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+      deterministic=False):
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -157,7 +170,7 @@ def _backward(ctx, dout, _dlse):
     if lse.numel() == 0 and o.numel() != 0:  # forward called without return_lse while a gradient was needed
         o, lse = attention_varlen_fwd(q, k, v, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, True)
     dq, dk, dv = attention_varlen_bwd(dout.contiguous(), q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k,
-                                      ctx.causal, ctx.scale)
+                                      ctx.causal, ctx.scale, torch.are_deterministic_algorithms_enabled())
     return dq, dk, dv, None, None, None, None, None, None, None
 
 

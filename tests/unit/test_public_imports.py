@@ -126,6 +126,14 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._attention.backward_configs": "the kernel-config table (tiles, shared memory, sources, kernel "
                                                    "names)",
     },
+    "tests/unit/ops/test_attention_varlen_backward.py": {
+        "rtckern.ops._attention.backward_configs": "the kernel names and sources the candidates must compile",
+        "rtckern.ops._attention.varlen_backward": "stops the op at its request (_request) to check its input "
+                                                  "validation on fake arrays, without a device",
+        "rtckern.ops._attention.varlen_backward_candidates": "the candidates' request encoding, workspace layout and "
+                                                             "prepared launches (argument lists checked against the "
+                                                             "kernel sources)",
+    },
     "tests/unit/ops/test_gemm.py": {
         "rtckern.ops._gemm.candidates": "the candidates' plans, cost and request encoding; host_gemm fixture: "
                                         "patches the selection to record launches",
@@ -167,7 +175,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._softmax.tune": "the problem each mask kind is timed on (tune_problem)",
     },
     "tests/unit/plugins/test_torch_attention_varlen.py": {
-        "rtckern.plugins._torch_dispatch": "the reference mode: the varlen ops' forward and interim backward on CPU",
+        "rtckern.plugins._torch_dispatch": "the reference mode: the varlen ops' forward and backward on CPU",
         "rtckern.plugins._torch_hf": "lets the transformers function take its rtckern path on CPU tensors (_why_not)",
         "rtckern.plugins._torch_hf_varlen": "the transformers varlen routes (route, run, the varlen_from_* prefix "
                                             "sums, the mask builder, mask_kind), a dispatch rule with no public name",

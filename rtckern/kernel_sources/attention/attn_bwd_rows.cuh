@@ -13,8 +13,24 @@
 //
 // Both: blocks of 128 threads, 32 rows per block, 4 threads per row, 16-byte accesses
 // (grid (ceil(rows / 32), heads_q, batch)).
+//
+// RTK_ATTN_VARLEN=1 (rtckern.ops.attention_varlen_backward; 0, the default, compiles to the same binary as without
+// it): o, dout, dq are packed (total_q, heads_q, HD), lse is (heads_q, total_q) (lse_bs unused), seqlen_q carries
+// total_q, and both kernels take cu_seqlens_q (int32, batch + 1 prefix sums) as their last parameter; grid z is the
+// sequence, grid x covers the longest one (blocks past the sequence's rows exit). The padded workspace of lse2 /
+// dsum is (heads_q, seqlen_q_pad) with seqlen_q_pad = round_up(total_q, 128) + 128 * batch, and sequence b's padded
+// rows start at row varlen_pad_row0(cu_seqlens_q[b], b) = 128 * (floor(cu_seqlens_q[b] / 128) + b): a multiple of
+// 128 (every BM divides it; 16-byte aligned rows), and the padded row blocks of consecutive sequences never overlap
+// (start[b + 1] - start[b] >= 128 * floor(len_b / 128) + 128 >= round_up(len_b, 128)), with no host computation.
+// The dQ accumulator is (heads_q, total_q, HD) (row cu_seqlens_q[b] + r of head h), and the deterministic counters
+// are one per BM rows of the padded workspace: sem[(h * seqlen_q_pad + varlen_pad_row0(...) + m0) / BM] (sem_rows =
+// BM; sem_blocks unused), zeroed here for the query blocks that hold rows of their sequence.
 #pragma once
 #include "common/vec.cuh"
+
+#ifndef RTK_ATTN_VARLEN
+#define RTK_ATTN_VARLEN 0
+#endif
 
 namespace rtk_attn {
 
@@ -24,23 +40,48 @@ struct bwd_rows {
   static constexpr int per_block = 128 / threads;
 };
 
+#if RTK_ATTN_VARLEN
+// Sequence b's first row in the padded lse2 / dsum workspace (see the top of this file).
+RTK_DEVICE long long varlen_pad_row0(long long q0, long long b) { return (q0 / bwd_rows::pad + b) * bwd_rows::pad; }
+#endif
+
 template <typename T, int HD>
 __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     attn_bwd_prep(const T* __restrict__ o, const T* __restrict__ dout, const float* __restrict__ lse,
                   float* __restrict__ lse2, float* __restrict__ dsum, float* __restrict__ dq_accum,
                   int* __restrict__ sem, long long seqlen_q, long long seqlen_q_pad, long long heads_q,
                   long long o_bs, long long o_rs, long long o_hs, long long do_bs, long long do_rs, long long do_hs,
-                  long long lse_bs, long long lse_hs, long long lse_rs, long long sem_rows, long long sem_blocks) {
+                  long long lse_bs, long long lse_hs, long long lse_rs, long long sem_rows, long long sem_blocks
+#if RTK_ATTN_VARLEN
+                  , const int* __restrict__ cu_seqlens_q
+#endif
+                  ) {
   static_assert(HD % 8 == 0, "head dim");
   constexpr int CHUNKS = HD / 8;  // 16-byte chunks of T per row
   const int lane = threadIdx.x % bwd_rows::threads;
   const long long r = static_cast<long long>(blockIdx.x) * bwd_rows::per_block + threadIdx.x / bwd_rows::threads;
   const long long h = blockIdx.y, b = blockIdx.z;
+#if RTK_ATTN_VARLEN
+  const long long q0 = cu_seqlens_q[b];
+  const long long len = cu_seqlens_q[b + 1] - q0;
+  // Past the sequence's padded rows (a multiple of 32): the whole block leaves, before any shuffle.
+  if (static_cast<long long>(blockIdx.x) * bwd_rows::per_block >=
+      (len + bwd_rows::pad - 1) / bwd_rows::pad * bwd_rows::pad)
+    return;
+  const long long prow = varlen_pad_row0(q0, b) + r;  // this row in the padded workspace of head h
+  const bool valid = r < len;
+#else
   const bool valid = r < seqlen_q;  // the grid covers seqlen_q_pad rows exactly
+#endif
   float acc = 0.f;
   if (valid) {
+#if RTK_ATTN_VARLEN
+    const T* po = o + (q0 + r) * o_rs + h * o_hs;
+    const T* pd = dout + (q0 + r) * do_rs + h * do_hs;
+#else
     const T* po = o + b * o_bs + r * o_rs + h * o_hs;
     const T* pd = dout + b * do_bs + r * do_rs + h * do_hs;
+#endif
     for (int c = lane; c < CHUNKS; c += bwd_rows::threads) {
       const rtk_vec<T, 8> x = rtk_load_vec<T, 8>(po + c * 8);
       const rtk_vec<T, 8> y = rtk_load_vec<T, 8>(pd + c * 8);
@@ -48,21 +89,34 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
       for (int e = 0; e < 8; ++e) acc = fmaf(rtk_to_float(x.v[e]), rtk_to_float(y.v[e]), acc);
     }
     if (dq_accum != nullptr) {
+#if RTK_ATTN_VARLEN
+      float* pq = dq_accum + (h * seqlen_q + q0 + r) * HD;  // (heads_q, total_q, HD)
+#else
       float* pq = dq_accum + ((b * heads_q + h) * seqlen_q + r) * HD;
+#endif
       rtk_vec<float, 4> z;
 #pragma unroll
       for (int e = 0; e < 4; ++e) z.v[e] = 0.f;
       for (int c = lane; c < HD / 4; c += bwd_rows::threads) rtk_store_vec<float, 4>(pq + c * 4, z);
     }
     if (sem != nullptr && lane == 0 && r % sem_rows == 0)
+#if RTK_ATTN_VARLEN
+      sem[(h * seqlen_q_pad + prow) / sem_rows] = 0;
+#else
       sem[(b * heads_q + h) * sem_blocks + r / sem_rows] = 0;
+#endif
   }
   acc += rtk_shfl_xor(acc, 1);
   acc += rtk_shfl_xor(acc, 2);
   if (lane == 0) {
     const float kInf = __int_as_float(0x7f800000);
+#if RTK_ATTN_VARLEN
+    const long long i = h * seqlen_q_pad + prow;
+    float l = valid ? lse[h * lse_hs + (q0 + r) * lse_rs] : -kInf;
+#else
     const long long i = (b * heads_q + h) * seqlen_q_pad + r;
     float l = valid ? lse[b * lse_bs + h * lse_hs + r * lse_rs] : -kInf;
+#endif
     dsum[i] = valid ? acc : 0.f;
     lse2[i] = l == -kInf ? kInf : l * 1.4426950408889634f;
   }
@@ -71,14 +125,25 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
 template <typename T, int HD>
 __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     attn_bwd_convert(const float* __restrict__ dq_accum, T* __restrict__ dq, long long seqlen_q, long long heads_q,
-                     long long dq_bs, long long dq_rs, long long dq_hs, float scale) {
+                     long long dq_bs, long long dq_rs, long long dq_hs, float scale
+#if RTK_ATTN_VARLEN
+                     , const int* __restrict__ cu_seqlens_q
+#endif
+                     ) {
   constexpr int CHUNKS = HD / 8;
   const int lane = threadIdx.x % bwd_rows::threads;
   const long long r = static_cast<long long>(blockIdx.x) * bwd_rows::per_block + threadIdx.x / bwd_rows::threads;
   const long long h = blockIdx.y, b = blockIdx.z;
+#if RTK_ATTN_VARLEN
+  const long long q0 = cu_seqlens_q[b];
+  if (r >= cu_seqlens_q[b + 1] - q0) return;
+  const float* pa = dq_accum + (h * seqlen_q + q0 + r) * HD;
+  T* pq = dq + (q0 + r) * dq_rs + h * dq_hs;
+#else
   if (r >= seqlen_q) return;
   const float* pa = dq_accum + ((b * heads_q + h) * seqlen_q + r) * HD;
   T* pq = dq + b * dq_bs + r * dq_rs + h * dq_hs;
+#endif
   for (int c = lane; c < CHUNKS; c += bwd_rows::threads) {
     const rtk_vec<float, 4> x0 = rtk_load_vec<float, 4>(pa + c * 8);
     const rtk_vec<float, 4> x1 = rtk_load_vec<float, 4>(pa + c * 8 + 4);

@@ -12,8 +12,21 @@
 // the second): thread (row, lane) scores the TILE / LANES columns lane + LANES i of the tile and accumulates the
 // HD / LANES output columns LANES i + lane of its row. Scores go through shared memory in fp32. TILE is 32, or 16
 // for head dim 256 (its four tiles of 32 rows would not fit sm_75's 64 KB).
+//
+// RTK_ATTN_VARLEN=1: the packed variable-length kernels (rtckern.ops.attention_varlen_backward), with the layouts of
+// flash_bwd_sm80.cuh's varlen mode (and its two extra parameters, cu_seqlens_q / cu_seqlens_k, after the scale);
+// grid z is the sequence, grid x covers the longest key (dk/dv) or query (dq) sequence and a block past its
+// sequence's rows returns at once. 0 (the default) compiles to the same binary as without it.
 #pragma once
 #include "common/dtypes.cuh"
+
+#ifndef RTK_ATTN_VARLEN
+#define RTK_ATTN_VARLEN 0
+#endif
+#if RTK_ATTN_VARLEN
+#include "attention/attn_bwd_rows.cuh"
+#include "attention/varlen.cuh"
+#endif
 
 namespace rtk_attn {
 
@@ -45,7 +58,11 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
                        long long heads_q, long long heads_kv, long long seqlen_q_pad, long long q_bs, long long q_rs,
                        long long q_hs, long long k_bs, long long k_rs, long long k_hs, long long v_bs, long long v_rs,
                        long long v_hs, long long do_bs, long long do_rs, long long do_hs, long long dkv_bs,
-                       long long dkv_rs, long long dkv_hs, float scale_log2, float scale) {
+                       long long dkv_rs, long long dkv_hs, float scale_log2, float scale
+#if RTK_ATTN_VARLEN
+                       , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
+                       ) {
   using L = simt_bwd_smem<HD, TILE>;
   constexpr int BM = L::BM, BN = L::BN, ROW = L::ROW, SROW = L::SROW, LANES = L::LANES;
   constexpr int DPT = HD / LANES;
@@ -66,15 +83,29 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
   const int r = tid / LANES;  // key within the tile
   const int qd = tid % LANES;
   const long long hk = blockIdx.y, b = blockIdx.z;
+#if RTK_ATTN_VARLEN
+  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const int sq = seq.sq, sk = seq.sk;
+  const int group = static_cast<int>(heads_q / heads_kv);
+  const int n0 = static_cast<int>(blockIdx.x) * BN;
+  if (n0 >= sk) return;  // past this sequence's keys: the whole block leaves before any barrier
+  const long long pad0 = varlen_pad_row0(seq.q0, b);
+#else
   const int sq = static_cast<int>(seqlen_q), sk = static_cast<int>(seqlen_k);
   const int group = static_cast<int>(heads_q / heads_kv);
   const int n0 = static_cast<int>(blockIdx.x) * BN;
+#endif
   const int diag = sk - sq;
   const int key = n0 + r;
   const int m_first = CAUSAL ? (max(0, n0 - diag) / BM) * BM : 0;
 
+#if RTK_ATTN_VARLEN
+  simt_load_rows<BN, HD, ROW>(sK, k + seq.k0 * k_rs + hk * k_hs, k_rs, n0, sk, tid);
+  simt_load_rows<BN, HD, ROW>(sV, v + seq.k0 * v_rs + hk * v_hs, v_rs, n0, sk, tid);
+#else
   simt_load_rows<BN, HD, ROW>(sK, k + b * k_bs + hk * k_hs, k_rs, n0, sk, tid);
   simt_load_rows<BN, HD, ROW>(sV, v + b * v_bs + hk * v_hs, v_rs, n0, sk, tid);
+#endif
 
   float acc_dk[DPT], acc_dv[DPT];
 #pragma unroll
@@ -82,15 +113,26 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
 
   for (int hl = 0; hl < group; ++hl) {
     const long long h = hk * group + hl;
+#if RTK_ATTN_VARLEN
+    const T* gQ = q + seq.q0 * q_rs + h * q_hs;
+    const T* gdO = dout + seq.q0 * do_rs + h * do_hs;
+    const long long row_base = h * seqlen_q_pad + pad0;
+#else
     const T* gQ = q + b * q_bs + h * q_hs;
     const T* gdO = dout + b * do_bs + h * do_hs;
+#endif
     for (int m0 = m_first; m0 < sq; m0 += BM) {
       __syncthreads();  // the previous tile is fully consumed (and sK, sV written, on the first pass)
       simt_load_rows<BM, HD, ROW>(sQ, gQ, q_rs, m0, sq, tid);
       simt_load_rows<BM, HD, ROW>(sdO, gdO, do_rs, m0, sq, tid);
       if (tid < BM) {  // lse2 / dsum rows are padded: rows >= seqlen_q hold +inf / 0
+#if RTK_ATTN_VARLEN
+        sL[tid] = lse2[row_base + m0 + tid];
+        sD[tid] = dsum[row_base + m0 + tid];
+#else
         sL[tid] = lse2[(b * heads_q + h) * seqlen_q_pad + m0 + tid];
         sD[tid] = dsum[(b * heads_q + h) * seqlen_q_pad + m0 + tid];
+#endif
       }
       __syncthreads();
 
@@ -129,7 +171,11 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     }
   }
   if (key < sk) {
+#if RTK_ATTN_VARLEN
+    const long long off = (seq.k0 + key) * dkv_rs + hk * dkv_hs;
+#else
     const long long off = b * dkv_bs + static_cast<long long>(key) * dkv_rs + hk * dkv_hs;
+#endif
 #pragma unroll
     for (int i = 0; i < DPT; ++i) {
       dk[off + LANES * i + qd] = rtk_from_float<T>(acc_dk[i] * scale);
@@ -146,7 +192,11 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
                      long long heads_kv, long long seqlen_q_pad, long long q_bs, long long q_rs, long long q_hs,
                      long long k_bs, long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs,
                      long long do_bs, long long do_rs, long long do_hs, long long dq_bs, long long dq_rs,
-                     long long dq_hs, float scale_log2, float scale) {
+                     long long dq_hs, float scale_log2, float scale
+#if RTK_ATTN_VARLEN
+                     , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
+                     ) {
   using L = simt_bwd_smem<HD, TILE>;
   constexpr int BM = L::BM, BN = L::BN, ROW = L::ROW, SROW = L::SROW, LANES = L::LANES;
   constexpr int DPT = HD / LANES;
@@ -166,12 +216,30 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
   const int qd = tid % LANES;
   const long long h = blockIdx.y, b = blockIdx.z;
   const long long hk = h / (heads_q / heads_kv);
+#if RTK_ATTN_VARLEN
+  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const int sq = seq.sq, sk = seq.sk;
+  const int m0 = static_cast<int>(blockIdx.x) * BM;
+  if (m0 >= sq) return;  // past this sequence's queries: the whole block leaves before any barrier
+#else
   const int sq = static_cast<int>(seqlen_q), sk = static_cast<int>(seqlen_k);
   const int m0 = static_cast<int>(blockIdx.x) * BM;
+#endif
   const int diag = sk - sq;
   const int qry = m0 + r;
   const int n_end = CAUSAL ? max(0, min(sk, m0 + BM + diag)) : sk;
 
+#if RTK_ATTN_VARLEN
+  simt_load_rows<BM, HD, ROW>(sQ, q + seq.q0 * q_rs + h * q_hs, q_rs, m0, sq, tid);
+  simt_load_rows<BM, HD, ROW>(sdO, dout + seq.q0 * do_rs + h * do_hs, do_rs, m0, sq, tid);
+  if (tid < BM) {
+    const long long row = h * seqlen_q_pad + varlen_pad_row0(seq.q0, b) + m0 + tid;
+    sL[tid] = lse2[row];
+    sD[tid] = dsum[row];
+  }
+  const T* gK = k + seq.k0 * k_rs + hk * k_hs;
+  const T* gV = v + seq.k0 * v_rs + hk * v_hs;
+#else
   simt_load_rows<BM, HD, ROW>(sQ, q + b * q_bs + h * q_hs, q_rs, m0, sq, tid);
   simt_load_rows<BM, HD, ROW>(sdO, dout + b * do_bs + h * do_hs, do_rs, m0, sq, tid);
   if (tid < BM) {
@@ -180,6 +248,7 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
   }
   const T* gK = k + b * k_bs + hk * k_hs;
   const T* gV = v + b * v_bs + hk * v_hs;
+#endif
 
   float acc[DPT];
 #pragma unroll
@@ -220,7 +289,11 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     }
   }
   if (qry < sq) {
+#if RTK_ATTN_VARLEN
+    T* gdq = dq + (seq.q0 + qry) * dq_rs + h * dq_hs;
+#else
     T* gdq = dq + b * dq_bs + static_cast<long long>(qry) * dq_rs + h * dq_hs;
+#endif
 #pragma unroll
     for (int i = 0; i < DPT; ++i) gdq[LANES * i + qd] = rtk_from_float<T>(acc[i] * scale);
   }

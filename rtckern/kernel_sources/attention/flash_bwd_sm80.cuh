@@ -35,6 +35,15 @@
 //
 // Shared-memory rows are padded by 16 bytes (HD + 8, BM + 8 elements): the 8 row addresses of every ldmatrix phase
 // and the 32-bit stores of dS^T from the accumulator layout fall in distinct bank groups.
+//
+// RTK_ATTN_VARLEN=1 (a define of the spec; 0 by default, which compiles to the same binary as without it) makes this
+// the packed variable-length kernel (rtckern.ops.attention_varlen_backward; attention/varlen.cuh): q, dout are
+// (total_q, heads_q, HD), k, v, dk, dv (total_k, heads_kv, HD), the batch strides are unused, seqlen_q / seqlen_k
+// carry total_q / total_k, and two more parameters follow the scale: cu_seqlens_q, cu_seqlens_k. Grid z is the
+// sequence and grid x covers the longest key sequence (a block past its sequence's keys returns at once); tiles,
+// masks and bottom-right causal run on the sequence's own lengths. Rows past the sequence (Q, dO, K, V) are
+// zero-filled on load, never read from the next sequence. lse2 / dsum rows, the dQ accumulator and the counters
+// use the varlen workspace layout of attn_bwd_rows.cuh (seqlen_q_pad: rows per head of the padded workspace).
 #pragma once
 #include "attention/attn_bwd_rows.cuh"
 #include "attention/flash_fwd_sm80.cuh"
@@ -89,7 +98,11 @@ __global__ void __launch_bounds__(NWARPS * 32)
                    long long seqlen_q_pad, long long q_bs, long long q_rs, long long q_hs, long long k_bs,
                    long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long do_bs,
                    long long do_rs, long long do_hs, long long dkv_bs, long long dkv_rs, long long dkv_hs,
-                   float scale_log2, float scale) {
+                   float scale_log2, float scale
+#if RTK_ATTN_VARLEN
+                   , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
+                   ) {
 #if RTK_ARCH >= 800
   using L = flash_bwd_sm80_smem<HD, BM, BN, NWARPS, STAGES>;
   constexpr int NT = NWARPS * 32;
@@ -103,7 +116,13 @@ __global__ void __launch_bounds__(NWARPS * 32)
   // Head dim 96 (12 dK / dV n-tiles) spills by a few registers with the k-step loops fully unrolled; two steps at
   // a time keep it in registers; the others unroll fully (ptxas -v: partial unrolling makes head dim 128 spill).
   constexpr int KS_UNROLL = HD == 96 ? 2 : KSTEPS;
+#if RTK_ATTN_VARLEN
+  // The sequence's lengths and offsets live in registers (the dense kernel reads them from the parameter bank):
+  // head dim 256 unrolls dS K two steps at a time to stay clear of spills.
+  constexpr int DQ_UNROLL = (HD == 96 || HD == 256) ? 2 : BN / 16;
+#else
   constexpr int DQ_UNROLL = HD == 96 ? 2 : BN / 16;
+#endif
   constexpr int SROW = L::SROW;
   constexpr int PROW = L::PROW;
   constexpr int CPR = smem_row<HD>::chunks;
@@ -141,10 +160,23 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const int n_block = blockIdx.x;
   const long long hk = blockIdx.y;
   const long long b = blockIdx.z;
+#if RTK_ATTN_VARLEN
+  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const int sq = seq.sq;
+  const int sk = seq.sk;
+  const int group = static_cast<int>(heads_q / heads_kv);
+  const int n0 = n_block * BN;
+  if (n0 >= sk) return;  // past this sequence's keys (the grid covers the longest one): the whole block leaves
+  // 32-bit row offsets (the host checks that the totals and the padded rows fit in int): fewer live registers.
+  const int q0 = static_cast<int>(seq.q0);
+  const int k0 = static_cast<int>(seq.k0);
+  const int pad0 = static_cast<int>(varlen_pad_row0(seq.q0, b));  // the sequence's first padded lse2 / dsum row
+#else
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
   const int group = static_cast<int>(heads_q / heads_kv);
   const int n0 = n_block * BN;
+#endif
   const int diag = sk - sq;
 
   // Query blocks that see key block j: key n0 is visible to query r iff r >= n0 - diag.
@@ -153,17 +185,30 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const int nm = max(0, m_blocks - m_begin);
   const int n_iter = group * nm;  // (q head, query block) steps, q head outer
 
+#if RTK_ATTN_VARLEN
+  const T* gK = k + static_cast<long long>(k0) * k_rs + hk * k_hs;
+  const T* gV = v + static_cast<long long>(k0) * v_rs + hk * v_hs;
+#else
   const T* gK = k + b * k_bs + hk * k_hs;
   const T* gV = v + b * v_bs + hk * v_hs;
+#endif
 
   auto load_step = [&](int it, int buf) {
     const int hq_local = it / nm;
     const long long h = hk * group + hq_local;
     const int m0 = (m_begin + it - hq_local * nm) * BM;
+#if RTK_ATTN_VARLEN
+    load_tile_async<BM, HD, NT>(sQ + buf * BM * SROW, q + static_cast<long long>(q0) * q_rs + h * q_hs, q_rs, m0, sq,
+                                tid);
+    load_tile_async<BM, HD, NT>(sdO + buf * BM * SROW, dout + static_cast<long long>(q0) * do_rs + h * do_hs, do_rs,
+                                m0, sq, tid);
+    const long long row_base = h * seqlen_q_pad + pad0 + m0;  // padded per sequence: whole 16-byte chunks
+#else
     load_tile_async<BM, HD, NT>(sQ + buf * BM * SROW, q + b * q_bs + h * q_hs, q_rs, m0, sq, tid);
     load_tile_async<BM, HD, NT>(sdO + buf * BM * SROW, dout + b * do_bs + h * do_hs, do_rs, m0, sq, tid);
     // lse2 / dsum rows are padded to a multiple of BM: whole 16-byte chunks, no bounds.
     const long long row_base = (b * heads_q + h) * seqlen_q_pad + m0;
+#endif
     if (tid < BM / 4) {
       cp_async_16(smem_addr(sLse + buf * BM + tid * 4), lse2 + row_base + tid * 4, true);
     } else if (tid < BM / 2) {
@@ -369,7 +414,11 @@ __global__ void __launch_bounds__(NWARPS * 32)
 
     int* sem_i = nullptr;
     if (DETERMINISTIC) {
+#if RTK_ATTN_VARLEN
+      sem_i = sem + (h * seqlen_q_pad + pad0 + m0) / BM;  // one counter per BM padded rows
+#else
       sem_i = sem + (b * heads_q + h) * m_blocks + m_block;
+#endif
       if (tid == 0) {
         while (ld_acquire(sem_i) != n_block) {
         }
@@ -377,7 +426,11 @@ __global__ void __launch_bounds__(NWARPS * 32)
       __syncthreads();  // key blocks 0 .. j-1 have added their dQ_i
     }
     {
+#if RTK_ATTN_VARLEN
+      float* gdq = dq_accum + (h * seqlen_q + q0) * HD;  // (heads_q, total_q, HD)
+#else
       float* gdq = dq_accum + (b * heads_q + h) * seqlen_q * HD;
+#endif
 #pragma unroll
       for (int mt = 0; mt < DQ_MT; ++mt)
 #pragma unroll
@@ -410,8 +463,13 @@ __global__ void __launch_bounds__(NWARPS * 32)
       *reinterpret_cast<unsigned*>(sV + off) = pack2<T>(acc_dv[dt][2 * hh], acc_dv[dt][2 * hh + 1]);
     }
   __syncthreads();
+#if RTK_ATTN_VARLEN
+  T* gdK = dk + static_cast<long long>(k0) * dkv_rs + hk * dkv_hs;
+  T* gdV = dv + static_cast<long long>(k0) * dkv_rs + hk * dkv_hs;
+#else
   T* gdK = dk + b * dkv_bs + hk * dkv_hs;
   T* gdV = dv + b * dkv_bs + hk * dkv_hs;
+#endif
 #pragma unroll
   for (int it = 0; it < (BN * CPR + NT - 1) / NT; ++it) {
     const int idx = it * NT + tid;

@@ -24,6 +24,10 @@
 // Shared-memory tiles use the 128-byte-swizzle layout of flash_fwd_sm90.cuh (HD / 64 column blocks of rows x 128
 // bytes, 16-byte chunk c of row r at c ^ (r % 8)); dS^T is BN rows x BM columns in the same layout. Q_i, dO_i and
 // their lse2 / dsum rows stream through a ring of STAGES buffers (STAGES - 1 query tiles in flight).
+//
+// RTK_ATTN_VARLEN=1: the packed variable-length kernel, with the parameters and layouts of flash_bwd_sm80.cuh's
+// (0, the default, compiles to the same binary as without it). Q / dO rows past the sequence and K / V rows past
+// it are zero-filled by the cp.async loads (src-size 0: the next sequence's rows are never read).
 #pragma once
 #include "attention/attn_bwd_rows.cuh"
 #include "attention/flash_bwd_sm80.cuh"
@@ -55,7 +59,11 @@ __global__ void __launch_bounds__(BN * 2, 1)
                    long long seqlen_q_pad, long long q_bs, long long q_rs, long long q_hs, long long k_bs,
                    long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long do_bs,
                    long long do_rs, long long do_hs, long long dkv_bs, long long dkv_rs, long long dkv_hs,
-                   float scale_log2, float scale) {
+                   float scale_log2, float scale
+#if RTK_ATTN_VARLEN
+                   , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
+                   ) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = flash_bwd_sm90_smem<HD, BM, BN, STAGES>;
   constexpr int NWG = BN / 64;
@@ -98,10 +106,23 @@ __global__ void __launch_bounds__(BN * 2, 1)
   const int n_block = blockIdx.x;
   const long long hk = blockIdx.y;
   const long long b = blockIdx.z;
+#if RTK_ATTN_VARLEN
+  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const int sq = seq.sq;
+  const int sk = seq.sk;
+  const int group = static_cast<int>(heads_q / heads_kv);
+  const int n0 = n_block * BN;
+  if (n0 >= sk) return;  // past this sequence's keys (the grid covers the longest one): the whole block leaves
+  // 32-bit row offsets (the host checks that the totals and the padded rows fit in int): fewer live registers.
+  const int q0 = static_cast<int>(seq.q0);
+  const int k0 = static_cast<int>(seq.k0);
+  const int pad0 = static_cast<int>(varlen_pad_row0(seq.q0, b));  // the sequence's first padded lse2 / dsum row
+#else
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
   const int group = static_cast<int>(heads_q / heads_kv);
   const int n0 = n_block * BN;
+#endif
   const int diag = sk - sq;
 
   // Query blocks that see key block j: key n0 is visible to query r iff r >= n0 - diag.
@@ -110,17 +131,30 @@ __global__ void __launch_bounds__(BN * 2, 1)
   const int nm = max(0, m_blocks - m_begin);
   const int n_iter = group * nm;  // (q head, query block) steps, q head outer
 
+#if RTK_ATTN_VARLEN
+  const T* gK = k + static_cast<long long>(k0) * k_rs + hk * k_hs;
+  const T* gV = v + static_cast<long long>(k0) * v_rs + hk * v_hs;
+#else
   const T* gK = k + b * k_bs + hk * k_hs;
   const T* gV = v + b * v_bs + hk * v_hs;
+#endif
 
   auto load_step = [&](int it, int buf) {
     const int hq_local = it / nm;
     const long long h = hk * group + hq_local;
     const int m0 = (m_begin + it - hq_local * nm) * BM;
+#if RTK_ATTN_VARLEN
+    load_tile_sw128<BM, HD, NT>(sQ + buf * L::q_bytes, q + static_cast<long long>(q0) * q_rs + h * q_hs, q_rs, m0, sq,
+                                tid);
+    load_tile_sw128<BM, HD, NT>(sdO + buf * L::q_bytes, dout + static_cast<long long>(q0) * do_rs + h * do_hs, do_rs,
+                                m0, sq, tid);
+    const long long row_base = h * seqlen_q_pad + pad0 + m0;  // padded per sequence: whole 16-byte chunks
+#else
     load_tile_sw128<BM, HD, NT>(sQ + buf * L::q_bytes, q + b * q_bs + h * q_hs, q_rs, m0, sq, tid);
     load_tile_sw128<BM, HD, NT>(sdO + buf * L::q_bytes, dout + b * do_bs + h * do_hs, do_rs, m0, sq, tid);
     // lse2 / dsum rows are padded to a multiple of BM: whole 16-byte chunks, no bounds.
     const long long row_base = (b * heads_q + h) * seqlen_q_pad + m0;
+#endif
     if (tid < BM / 4) {
       cp_async_16(sRows + (buf * BM + tid * 4) * 4, lse2 + row_base + tid * 4, true);
     } else if (tid < BM / 2) {
@@ -291,7 +325,11 @@ __global__ void __launch_bounds__(BN * 2, 1)
 
     int* sem_i = nullptr;
     if (DETERMINISTIC) {
+#if RTK_ATTN_VARLEN
+      sem_i = sem + (h * seqlen_q_pad + pad0 + m0) / BM;  // one counter per BM padded rows
+#else
       sem_i = sem + (b * heads_q + h) * m_blocks + m_block;
+#endif
       if (tid == 0) {
         while (ld_acquire(sem_i) != n_block) {
         }
@@ -301,7 +339,11 @@ __global__ void __launch_bounds__(BN * 2, 1)
     {
       // Lanes t and t ^ 1 swap halves so that each adds 4 consecutive columns of one row: even t row g, columns
       // 8 jn + 2t .. + 3; odd t row g + 8, columns 8 jn + 2t - 2 .. + 1.
+#if RTK_ATTN_VARLEN
+      float* gdq = dq_accum + (h * seqlen_q + q0) * HD;  // (heads_q, total_q, HD)
+#else
       float* gdq = dq_accum + (b * heads_q + h) * seqlen_q * HD;
+#endif
       const bool odd = t & 1;
 #pragma unroll
       for (int mt = 0; mt < DQ_MT; ++mt) {
@@ -343,8 +385,13 @@ __global__ void __launch_bounds__(BN * 2, 1)
       *reinterpret_cast<unsigned*>(smem + L::kv_bytes + off) = pack2<T>(acc_dv[j * 4 + 2 * hh], acc_dv[j * 4 + 2 * hh + 1]);
     }
   __syncthreads();
+#if RTK_ATTN_VARLEN
+  T* gdK = dk + static_cast<long long>(k0) * dkv_rs + hk * dkv_hs;
+  T* gdV = dv + static_cast<long long>(k0) * dkv_rs + hk * dkv_hs;
+#else
   T* gdK = dk + b * dkv_bs + hk * dkv_hs;
   T* gdV = dv + b * dkv_bs + hk * dkv_hs;
+#endif
 #pragma unroll
   for (int it = 0; it < (BN * CPR + NT - 1) / NT; ++it) {
     const int idx = it * NT + tid;

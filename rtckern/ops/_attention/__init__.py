@@ -12,4 +12,10 @@ The backward op has its own modules (their names clash with the forward's: Sm80M
     backward.py             attention_backward: its checks, its plan and memo
     backward_candidates.py  its registry candidates (sm80_mma, simt) and prepared launches
     backward_configs.py     its kernels' tile configs
+
+Packed variable-length sequences (the same kernels compiled with RTK_ATTN_VARLEN=1):
+
+    varlen.py, varlen_plan.py, varlen_candidates.py     attention_varlen (forward)
+    varlen_backward.py, varlen_backward_candidates.py   attention_varlen_backward: its checks, plan, candidates and
+                                                        workspace layout
 """

@@ -247,6 +247,12 @@ DENSE_TOKENS = {
     "attention/flash_fwd_sm90.cuh": "3cd2b27a007bec9ae15b68cbaa366fd94128b083a8b0111da42df705f78170dd",
     "attention/flash_fwd_sm90_ws.cuh": "7cdb9a41da400fc98a5f416b1fb5f34dd869c4cdc8ffcf55026a0f15df8a810d",
     "attention/attn_fwd_simt.cuh": "30d4d47dae79adc67319e76288d1aa9df0072e76199d0a928622b7f5ef29f77f",
+    # the backward kernels (attention_varlen_backward; their cubins compared byte for byte, 424 variants on
+    # sm_80-sm_90a, when the define went in)
+    "attention/attn_bwd_rows.cuh": "eb8b4d5c6a641ecf9007cb9af98bf7949d7b639f4e29d4d4239c718c695c85cc",
+    "attention/flash_bwd_sm80.cuh": "03e128774e5b95187a03b9a7bda4d86281fa7350dab510a172ada85dca920047",
+    "attention/flash_bwd_sm90.cuh": "566749ce7a6bcc4f5bafc59e3334d7a26121967b95ec3fe9945e88957e028d90",
+    "attention/attn_bwd_simt.cuh": "9666f5307830ac185c5bc3b2c98736ca72de1e95403549421799e13d78d971a5",
 }
 
 
@@ -292,15 +298,19 @@ def test_dense_kernel_tokens_are_unchanged(source):
     assert "#if RTK_ATTN_VARLEN" in read_source(source)
 
 
-@pytest.mark.parametrize("name,arch,hd", [("sm80_mma", "sm_80", 128), ("sm90a_ws", "sm_90", 128),
-                                          ("sm90a_wgmma", "sm_90", 64), ("simt", "sm_75", 96)])
-def test_dense_view_is_what_the_compiler_sees(cache_dir, name, arch, hd):
+@pytest.mark.parametrize("op,name,arch,hd,index", [
+    ("attention", "sm80_mma", "sm_80", 128, 0), ("attention", "sm90a_ws", "sm_90", 128, 0),
+    ("attention", "sm90a_wgmma", "sm_90", 64, 0), ("attention", "simt", "sm_75", 96, 0),
+    ("attention_backward", "sm90a_wgmma", "sm_90", 128, 1), ("attention_backward", "sm80_mma", "sm_86", 64, 1),
+    ("attention_backward", "sm80_mma", "sm_80", 96, 0), ("attention_backward", "sm80_mma", "sm_80", 32, 2),
+    ("attention_backward", "simt", "sm_75", 64, 1), ("attention_backward", "simt", "sm_75", 256, 2)])
+def test_dense_view_is_what_the_compiler_sees(cache_dir, op, name, arch, hd, index):
     """The dense kernel from its file and from dense_text(file) compile to the same bytes (the token view above is
-    the preprocessor's), and the varlen define changes them."""
-    cand = next(c for c in candidates("attention") if c.name == f"attention.{name}")
-    req = build_request("attention", shape=(hd,), dtype="bf16", device=DeviceInfo.for_arch(arch),
-                        options={"causal": "1"})
-    spec = cand.kernel_specs(req)[0]
+    the preprocessor's), and the varlen define changes them. (Backward kernels: index 0 prep, 1 the main kernel or
+    the SIMT dk/dv kernel, 2 convert or the SIMT dq kernel.)"""
+    cand = next(c for c in candidates(op) if c.name == f"{op}.{name}")
+    req = build_request(op, shape=(hd,), dtype="bf16", device=DeviceInfo.for_arch(arch), options={"causal": "1"})
+    spec = cand.kernel_specs(req)[index]
     inline = KernelSpec(spec.source, spec.name, spec.arch, template_args=spec.template_args,
                         code=dense_text(read_source(spec.source)))
     comp = compiler_for(spec.arch)

@@ -1,5 +1,5 @@
 """torch.ops.rtckern.attention_varlen without a GPU: schemas, fake-tensor shapes and trace-time errors, forward and
-the interim backward through the torch reference kernels (reference_mode) against attention per sequence, opcheck,
+the backward through the torch reference kernels (reference_mode) against attention per sequence, opcheck,
 torch.compile(fullgraph), and the transformers varlen routes: the prefix sums and gather indices from padding masks,
 packed sequence ids and position_ids, the flash-attention kwargs, the once-per-forward memo, the unpad / pad
 round trip, the mask builder, and (when transformers is installed) a tiny Llama on padded and packed batches equal
