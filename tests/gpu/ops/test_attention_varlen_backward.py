@@ -223,7 +223,9 @@ def check(impl, dtype, lens_q, lens_k, hq, hk, hd, causal, det, seed, packed_vie
                 assert (got[0].float() - w[0][0].float()).abs().max().item() <= tol, \
                     f"sequence {b}: dq differs from the dense backward's beyond rounding ({case})"
     for name, (err, merr, top) in stats.items():
-        floor = 1e-5 + max(1e-4, 0.5 * torch.finfo(dq.dtype).eps) * top
+        # an absolute 1e-4: where every gradient is exactly 0 in exact math (one visible key: dS = P (dP - D) with
+        # P = 1 and dP = D), fp32 summation in a different order leaves ~1e-5 (seen: hd256, bf16)
+        floor = 1e-4 + max(1e-4, 0.5 * torch.finfo(dq.dtype).eps) * top
         assert err <= 2 * merr + floor, f"{name}: max error {err:.3g} > 2 x math SDPA's {merr:.3g} ({case})"
 
 
