@@ -72,12 +72,62 @@ def sdpa_backward_runner(backend_name, q, k, v, g, causal):
 
 
 def add_args(ap) -> None:
+    ap.add_argument("--compile-times", action="store_true", help="cold NVRTC compile of every backward kernel of "
+                    "every candidate for sm_90 and sm_80 (bf16, each head dim and causal mode; no GPU)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--deterministic", action="store_true", help="also time rtckern's deterministic mode")
     ap.add_argument("--impls", default="", help="extra forced rtckern candidates to time, comma list (e.g. sm80_mma,simt)")
 
 
+def needs_gpu(args) -> bool:
+    return not args.compile_times
+
+
+def compile_times():
+    """Cold NVRTC compile (no cache) of each kernel every backward candidate uses, on described sm_90 and sm_80
+    devices: the issue's budget is 2 s per backward kernel on the CPU machine."""
+    import os
+    import time
+
+    from benchmarks.runner import Result, Table
+    from rtckern.compiler import compiler_for
+    from rtckern.device import DeviceInfo
+    from rtckern.registry import candidates
+    from rtckern.registry.candidate import arch_reason
+
+    from rtckern.ops._attention import backward_candidates as bc
+
+    seen, rows = set(), []
+    for arch in ("sm_90", "sm_80"):
+        dev = DeviceInfo.for_arch(arch)
+        for hd in (64, 128, 256):
+            for causal in (False, True):
+                req = bc.request("bf16", hd, causal, False, dev)
+                for cand in candidates("attention_backward"):
+                    if arch_reason(cand, req) is not None or cand.supports(req) is not None:  # cannot serve
+                        continue
+                    for spec in cand.kernel_specs(req):
+                        if spec in seen:
+                            continue
+                        seen.add(spec)
+                        t0 = time.perf_counter()
+                        compiler_for(spec.arch).compile(spec)
+                        dt = time.perf_counter() - t0
+                        rows.append(dict(candidate=cand.name, arch=spec.arch.sm, kernel=spec.name_expression,
+                                         seconds=round(dt, 3)))
+                        print(f"{dt:6.2f} s  {spec.arch.sm:7s} {spec.name_expression}", flush=True)
+    load = os.getloadavg()
+    note = (f"Cold NVRTC compile of each kernel (no cache), one at a time, {os.cpu_count()} CPUs, load average "
+            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end; max {max(r['seconds'] for r in rows):.2f} s over "
+            f"{len(rows)} kernels.")
+    table = Table(["candidate", "arch", "kernel", "seconds"],
+                  [[r["candidate"], r["arch"], r["kernel"], f"{r['seconds']:.2f}"] for r in rows])
+    return Result("Attention backward: cold compile per kernel", rows=rows, body=[note, table])
+
+
 def run(args):
+    if args.compile_times:
+        return compile_times()
     import torch
 
     from benchmarks.runner import Result, Table
