@@ -138,21 +138,15 @@ CANDIDATES = (Sm90aWgmmaCandidate, SimtCandidate, QuantCandidate)
 
 # ---- selection, memoized per request key and device -------------------------------------------------------------
 _selections = PlanCache("gemm_fp8.selections")
-_sel_state: dict = {}  # noqa: RUF012 -- written under _sel_lock only (the settings object of the memo)
-_sel_lock = threading.Lock()
 
 
 def selection(req_key: tuple, make) -> Any:
-    """The registry's selection for `make()`'s request, memoized under req_key; forgotten when the settings change
-    (overrides such as RTCKERN_FORCE_IMPL), as the registry's own memo is."""
-    sel = _selections.get(req_key)
-    if sel is None or _sel_state.get("settings") is not config.settings():
-        sel = select(make())
-        with _sel_lock:
-            if _sel_state.get("settings") is not config.settings():
-                _selections.clear()
-                _sel_state["settings"] = config.settings()
-            _selections.put(req_key, sel)
+    """The registry's selection for `make()`'s request, memoized under req_key and the settings object (a change
+    of settings, such as RTCKERN_FORCE_IMPL, decides again, as the registry's own memo does)."""
+    key = (req_key, id(config.settings()))
+    sel = _selections.get(key)
+    if sel is None:
+        sel = _selections.put(key, select(make()))
     return sel
 
 
