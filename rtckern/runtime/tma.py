@@ -1,5 +1,6 @@
 """TMA tensor maps (sm_90+): the 128-byte CUtensorMap that `cp.async.bulk.tensor` reads, encoded by the driver and
-passed to kernels by value (`Kernel.launch_packed`). One encoder for every family: 16-bit elements, 128-byte
+passed to kernels by value (`Kernel.launch_packed`). One encoder for every family: 16-bit or 8-bit (fp8, as
+uint8) elements, 128-byte
 swizzle, L2 256-byte promotion, zero fill outside the tensor. Maps are cached per (dtype, address, dims, strides,
 box): a model's buffers repeat from call to call, so the driver call is paid once per buffer.
 """
@@ -15,16 +16,20 @@ from rtckern.errors import LaunchError
 CACHE_SIZE = 512
 _cache: "OrderedDict[tuple, bytes]" = OrderedDict()
 _lock = threading.Lock()
+_TYPES = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+          "fp8_e4m3": "CU_TENSOR_MAP_DATA_TYPE_UINT8", "fp8_e5m2": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+          "uint8": "CU_TENSOR_MAP_DATA_TYPE_UINT8"}
 
 
 def encode_tiled(dtype: str, ptr: int, dims: Sequence[int], byte_strides: Sequence[int],
                  box: Sequence[int]) -> bytes:
     """128 bytes of a tiled CUtensorMap over `ptr`: `dims` innermost first, `byte_strides` of dims 1.. (one fewer
-    than dims), `box` per dim. dtype: "bf16" or "fp16". Raises LaunchError naming the values TMA refused."""
+    than dims), `box` per dim. dtype: "bf16", "fp16" or an 8-bit type ("fp8_e4m3", "fp8_e5m2", "uint8": TMA moves
+    them as uint8). Raises LaunchError naming the values TMA refused."""
     dims, byte_strides, box = tuple(map(int, dims)), tuple(map(int, byte_strides)), tuple(map(int, box))
-    if dtype not in ("bf16", "fp16") or len(byte_strides) != len(dims) - 1 or len(box) != len(dims):
-        raise ValueError(f"tensor map of dtype {dtype!r}, dims {dims}, strides {byte_strides}, box {box}: bf16/fp16 "
-                         "only, one stride fewer than dims and one box size per dim")
+    if dtype not in _TYPES or len(byte_strides) != len(dims) - 1 or len(box) != len(dims):
+        raise ValueError(f"tensor map of dtype {dtype!r}, dims {dims}, strides {byte_strides}, box {box}: "
+                         f"dtype one of {sorted(_TYPES)}, one stride fewer than dims and one box size per dim")
     key = (dtype, int(ptr), dims, byte_strides, box)
     with _lock:
         hit = _cache.get(key)
@@ -33,8 +38,7 @@ def encode_tiled(dtype: str, ptr: int, dims: Sequence[int], byte_strides: Sequen
             return hit
     from cuda.bindings import driver as drv
 
-    dt = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if dtype == "bf16"
-          else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16)
+    dt = getattr(drv.CUtensorMapDataType, _TYPES[dtype])
     u64, u32 = drv.cuuint64_t, drv.cuuint32_t  # older cuda-bindings refuse plain ints here
     err, tmap = drv.cuTensorMapEncodeTiled(
         dt, len(dims), int(ptr), [u64(x) for x in dims], [u64(x) for x in byte_strides], [u32(x) for x in box],

@@ -1,0 +1,31 @@
+// fp8 helpers shared by the fp8 GEMM kernels and the quantizer: storage types (rtckern.dtypes' rtk_fp8_*), the
+// conversions, and the scale layouts.
+//
+// Scales (fp32), read as s[row * s_row + kb * s_kb] with element strides given by the host:
+//   RTK_FP8_SCALE_CHANNEL  a: per tensor (s_row = 0) or per row; b: per tensor or per column (row of the (N, K) b).
+//                          Applied once in the epilogue: y = acc * sa[row] * sb[col].
+//   RTK_FP8_SCALE_BLOCK    a: 1 x 128 groups, (M, ceil(K/128)); b: 128 x 128 blocks, (ceil(N/128), ceil(K/128)).
+//                          Applied per K block of 128 when the block's partial sums are promoted into the fp32
+//                          accumulators: acc += partial * sa[row, kb] * sb[col / 128, kb].
+#pragma once
+#include "common/dtypes.cuh"
+#if defined(RTK_CUDA)
+#include <cuda_fp8.h>
+typedef __nv_fp8_e4m3 rtk_fp8_e4m3;
+typedef __nv_fp8_e5m2 rtk_fp8_e5m2;
+#endif
+
+#define RTK_FP8_SCALE_CHANNEL 0
+#define RTK_FP8_SCALE_BLOCK 1
+#define RTK_FP8_E4M3_MAX 448.0f
+
+// One e4m3 byte as float (exact: every e4m3 value is a float).
+RTK_DEVICE float rtk_e4m3_to_float(unsigned char b) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// float -> e4m3, round to nearest even, saturating to +-448 (no NaN from overflow; a NaN stays NaN).
+RTK_DEVICE unsigned char rtk_float_to_e4m3_sat(float v) {
+  return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}

@@ -1,0 +1,196 @@
+// fp8 GEMM for sm_90a: y = (a * sa) @ (b * sb)^T (+ bias), a (M, K) and b (N, K) e4m3, both K-major (row-major
+// with K contiguous: 8-bit wgmma reads both operands K-major from shared memory), fp32 accumulation.
+//
+// The structure of gemm_sm90.cuh (warp specialization, persistent tile loop, grouped tile order):
+//   warpgroup 0      producer: one thread issues TMA loads (SWIZZLE_128B boxes of 128 k = 128 bytes per row)
+//                    into a STAGES-deep ring; "full" mbarriers count the bytes in, "empty" ones free a stage.
+//   warpgroups 1..NC consumers, cooperative: each owns BM / NC (= 64 x MI) rows of every BM x BN tile.
+// Per K block of 128 (one stage) a consumer runs 4 wgmma m64nBNk32 into a short-lived accumulator `part` (the
+// first with scale-d = 0, which overwrites it), waits for them, frees the stage and promotes:
+//   acc += part (channel scales)   or   acc += part * sa[row, kb] * sb[tile col / 128, kb] (block scales).
+// The promotion bounds the error of the tensor cores' reduced-precision fp8 accumulation to one K block (the
+// DeepSeek-V3 / DeepGEMM recipe); acc is a plain fp32 sum. The block scales of a K block are loaded before its
+// full barrier is waited on, so their latency hides behind the TMA wait and the wgmmas. Two consumers interleave:
+// while one promotes, the other's wgmmas run.
+// Epilogue from registers: channel scales (sa[row] * sb[col]; stride 0 for a per-tensor scale), bias, rounding.
+//
+// Shapes: any m, n >= 1 and k >= 16 with k % 16 == 0 (TMA row strides: multiples of 16 bytes); TMA zero-fills
+// boxes past m, n and k (a ragged last K block of a block-scaled GEMM adds zeros, with its scales in range);
+// scale reads of rows / columns past m / n are clamped to the last one; stores are guarded.
+// Tensor maps (3-d, batch 1), uint8 elements, SWIZZLE_128B: A dims (k, m, 1), box (128, BM, 1); B dims (k, n, 1),
+// box (128, BN, 1).
+#pragma once
+#include "gemm/epilogue.cuh"
+#include "gemm/fp8.cuh"
+#include "gemm/hopper.cuh"
+#include "gemm/wgmma_fp8_ops.cuh"
+
+template <typename TOut, typename TBias, int BM, int BN, int STAGES, int NC, bool HAS_BIAS, int SCALE>
+__global__ void __launch_bounds__((NC + 1) * 128, 1)
+    gemm_fp8_wgmma_sm90(const __grid_constant__ rtk_tensor_map tm_a, const __grid_constant__ rtk_tensor_map tm_b,
+                        TOut* __restrict__ c, const float* __restrict__ sa, const float* __restrict__ sb,
+                        const TBias* __restrict__ bias, long long m, long long n, long long k, long long ldc,
+                        long long sa_row, long long sa_kb, long long sb_row, long long sb_kb, long long group_m) {
+#if defined(RTK_HAS_WGMMA)
+  constexpr int BK = 128;                 // fp8 elements: one 128-byte swizzle row
+  constexpr int WG_M = BM / NC;           // rows per consumer warpgroup
+  constexpr int MI = WG_M / 64;           // m64 wgmma blocks per consumer
+  constexpr int A_STAGE = BM * BK;        // bytes
+  constexpr int B_STAGE = BN * BK;
+  constexpr unsigned STAGE_BYTES = (BM + BN) * BK;
+  static_assert(WG_M % 64 == 0 && BN % 64 == 0 && BN <= 192, "tile shape");
+  static_assert(SCALE != RTK_FP8_SCALE_BLOCK || 128 % BN == 0, "block scales: a tile's columns share one b block");
+
+  extern __shared__ unsigned char rtk_gemm_fp8_smem90[];
+  const unsigned raw = rtk_smem_u32(rtk_gemm_fp8_smem90);
+  unsigned char* sA = rtk_gemm_fp8_smem90 + (((raw + 1023u) & ~1023u) - raw);  // 1024-B swizzle atoms
+  unsigned char* sB = sA + STAGES * A_STAGE;
+  __shared__ __align__(8) unsigned long long full_bar[STAGES];
+  __shared__ __align__(8) unsigned long long empty_bar[STAGES];
+
+  if (threadIdx.x == 0) {
+    rtk_tma_prefetch_map(&tm_a);
+    rtk_tma_prefetch_map(&tm_b);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      rtk_mbar_init(&full_bar[s], 1);
+      rtk_mbar_init(&empty_bar[s], NC);
+    }
+    rtk_mbar_init_fence();
+  }
+  __syncthreads();
+
+  const long long tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN, tiles = tiles_m * tiles_n;
+  const long long kb_total = (k + BK - 1) / BK;
+  const int wg = threadIdx.x / 128;
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    if constexpr (NC >= 2) rtk_setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      int stage = 0;
+      unsigned phase = 0;
+      for (long long t0 = blockIdx.x; t0 < tiles; t0 += gridDim.x) {
+        long long tm, tn;
+        rtk_tile_coords(t0, tiles_m, tiles_n, group_m, tm, tn);
+        for (long long kb = 0; kb < kb_total; ++kb) {
+          rtk_mbar_wait(&empty_bar[stage], phase ^ 1u);
+          rtk_mbar_arrive_expect_tx(&full_bar[stage], STAGE_BYTES);
+          rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), (int)(tm * BM), 0);
+          rtk_tma_load_3d(sB + stage * B_STAGE, &tm_b, &full_bar[stage], (int)(kb * BK), (int)(tn * BN), 0);
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers ----------------
+    if constexpr (NC >= 2) rtk_setmaxnreg_inc<232>();
+    const int cw = wg - 1;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    float acc[MI][BN / 2];
+    float part[MI][BN / 2];
+    long long g = 0;  // k-blocks consumed before the current tile (the ring cursor)
+    for (long long t0 = blockIdx.x; t0 < tiles; t0 += gridDim.x) {
+      long long tm, tn;
+      rtk_tile_coords(t0, tiles_m, tiles_n, group_m, tm, tn);
+      // Accumulator layout of m64nN: thread (warp w, lane l) holds, for each 8-column group j, rows
+      // 16 w + l / 4 (+ 8) and columns 8 j + 2 (l % 4) (+ 1) at acc[4 j + {0, 1}] (row) and {2, 3} (row + 8).
+      const long long row_base = tm * BM + cw * WG_M + warp * 16 + (lane >> 2);
+      const long long col_base = tn * BN + (lane & 3) * 2;
+      // Block scales: the scale rows of this thread's rows (clamped into range) and the tile's b block row.
+      const float* sa_r[MI][2];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const long long r = row_base + mi * 64 + h * 8;
+          sa_r[mi][h] = sa + (r < m ? r : m - 1) * sa_row;
+        }
+      const float* sb_t = sb + ((tn * BN) / 128) * sb_row;
+
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int j = 0; j < BN / 2; ++j) acc[mi][j] = 0.f;
+
+      for (long long kb = 0; kb < kb_total; ++kb, ++g) {
+        float s_a[MI][2], s_b = 1.f;
+        if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {  // issued now, used after the wgmmas
+          s_b = __ldg(sb_t + kb * sb_kb);
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+            s_a[mi][0] = __ldg(sa_r[mi][0] + kb * sa_kb);
+            s_a[mi][1] = __ldg(sa_r[mi][1] + kb * sa_kb);
+          }
+        }
+        const int stage = (int)(g % STAGES);
+        rtk_mbar_wait(&full_bar[stage], (unsigned)((g / STAGES) & 1));
+        rtk_wgmma_fence();
+        const unsigned a_base = rtk_smem_u32(sA + stage * A_STAGE + cw * WG_M * BK);
+        const unsigned b_base = rtk_smem_u32(sB + stage * B_STAGE);
+#pragma unroll
+        for (int ks = 0; ks < BK / 32; ++ks) {
+          // K-major, 128-byte rows: the next 32 k are 32 bytes further along each row; 8-row atoms 1024 B apart.
+          const unsigned long long db = rtk_wgmma_desc(b_base + ks * 32, 16, 1024);
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+            const unsigned long long da = rtk_wgmma_desc(a_base + mi * 64 * BK + ks * 32, 16, 1024);
+            rtk_wgmma_e4m3<BN>::mma(part[mi], da, db, ks > 0 ? 1 : 0);
+          }
+        }
+        rtk_wgmma_commit();
+        rtk_wgmma_wait<0>();
+        if (tid == 0) rtk_mbar_arrive(&empty_bar[stage]);  // this consumer has read the stage
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+          if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
+            const float s0 = s_a[mi][0] * s_b, s1 = s_a[mi][1] * s_b;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+              acc[mi][4 * j] = fmaf(part[mi][4 * j], s0, acc[mi][4 * j]);
+              acc[mi][4 * j + 1] = fmaf(part[mi][4 * j + 1], s0, acc[mi][4 * j + 1]);
+              acc[mi][4 * j + 2] = fmaf(part[mi][4 * j + 2], s1, acc[mi][4 * j + 2]);
+              acc[mi][4 * j + 3] = fmaf(part[mi][4 * j + 3], s1, acc[mi][4 * j + 3]);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < BN / 2; ++j) acc[mi][j] += part[mi][j];
+          }
+        }
+      }
+
+      RtkGemmOut<TOut, TBias> o;
+      o.c = c;
+      o.bias = bias;
+      o.res = nullptr;
+      o.m = m;
+      o.n = n;
+      o.ldc = ldc;
+      o.ldr = 0;
+      o.pair_ok = rtk_gemm_out_pair_ok(o, HAS_BIAS, false);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        if constexpr (SCALE == RTK_FP8_SCALE_CHANNEL) {
+          const float a0 = __ldg(sa_r[mi][0]), a1 = __ldg(sa_r[mi][1]);
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const long long col = col_base + 8 * j;
+            const float b0 = __ldg(sb + (col < n ? col : n - 1) * sb_row);
+            const float b1 = __ldg(sb + (col + 1 < n ? col + 1 : n - 1) * sb_row);
+            acc[mi][4 * j] *= a0 * b0;
+            acc[mi][4 * j + 1] *= a0 * b1;
+            acc[mi][4 * j + 2] *= a1 * b0;
+            acc[mi][4 * j + 3] *= a1 * b1;
+          }
+        }
+        rtk_gemm_epilogue_slab<HAS_BIAS, RTK_GEMM_ACT_NONE, false, BN / 8>(o, row_base + mi * 64, col_base, acc[mi]);
+      }
+    }
+  }
+#else
+  static_assert(sizeof(TOut) == 0, "gemm_fp8_wgmma_sm90 needs the sm_90a target (wgmma, setmaxnreg)");
+#endif
+}

@@ -1,0 +1,236 @@
+"""Registry candidates of the fp8 ops, highest priority first:
+
+  gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
+  gemm_fp8.simt          sm_89+: CUDA cores, fp32 (the fallback: sm_89, and what the wgmma kernel refuses)
+  quantize_fp8.warp      sm_89+: per-token-group quantization, one warp per group
+
+Requests carry everything that decides compilation or feasibility: output and bias dtypes, scale granularity,
+m, n, k, alignment (gemm_fp8); input dtype, group, m, k (quantize_fp8). fp8 has no hardware conversion or tensor
+cores before sm_89: both ops refuse older GPUs with that reason.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from rtckern import config
+from rtckern.caches import PlanCache
+from rtckern.device import DeviceInfo
+from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
+    register_kernel_provider, register_request_builder, select
+from rtckern.registry import options as opts
+
+from . import configs, geometry
+from .geometry import OP, QUANT_OP, Fp8Problem, Sm90Fp8Config
+
+FP8_MIN_ARCH = "sm_89"
+
+
+def request(p: Fp8Problem, device: DeviceInfo) -> OpRequest:
+    return OpRequest(op=OP, dtypes={"a": p.dtype, "out": p.out_dtype, "bias": p.bias},
+                     shape={"m": p.m, "n": p.n, "k": p.k}, flags={"scale": p.scale, "aligned": p.aligned},
+                     device=device)
+
+
+def problem(req: OpRequest) -> Fp8Problem:
+    return Fp8Problem(m=req.dim("m"), n=req.dim("n"), k=req.dim("k"), scale=str(req.flag("scale")),
+                      out_dtype=req.dtype("out"), bias=req.dtype("bias"), aligned=bool(req.flag("aligned")),
+                      dtype=req.dtype("a"))
+
+
+def quant_request(dtype: str, group: int, m: int, k: int, device: DeviceInfo) -> OpRequest:
+    return OpRequest(op=QUANT_OP, dtypes={"x": dtype}, shape={"group": group, "m": m, "k": k}, device=device)
+
+
+def _reason(p: Fp8Problem) -> str | None:
+    if p.dtype not in geometry.INPUT_DTYPES:
+        return f"input dtype {p.dtype} not supported; supported: {', '.join(geometry.INPUT_DTYPES)}"
+    if p.out_dtype not in geometry.OUTPUT_DTYPES:
+        return f"output dtype {p.out_dtype} not supported; supported: {', '.join(geometry.OUTPUT_DTYPES)}"
+    if p.bias != "none" and p.bias not in geometry.BIAS_DTYPES:
+        return f"bias dtype {p.bias} not supported; supported: {', '.join(geometry.BIAS_DTYPES)}"
+    if p.scale not in geometry.SCALES:
+        return f"scale granularity {p.scale!r} not supported; supported: {', '.join(geometry.SCALES)}"
+    if p.k % geometry.K_MULTIPLE or p.k <= 0:
+        return f"k={p.k}: K must be a positive multiple of {geometry.K_MULTIPLE}"
+    return None
+
+
+_configs = PlanCache("gemm_fp8.candidate_configs")
+
+
+class Sm90aWgmmaCandidate(Candidate):
+    name = "gemm_fp8.sm90a_wgmma"
+    op = OP
+    priority = 300
+    min_arch = "sm_90"
+    max_arch = "sm_90"
+    arch_specific = True
+
+    def config(self, req: OpRequest) -> Sm90Fp8Config:
+        hit = _configs.get(req)
+        if hit is None:
+            hit = _configs.put(req, configs.heuristic(problem(req), req.device.sm_count))
+        return hit
+
+    def supports(self, req: OpRequest) -> str | None:
+        p = problem(req)
+        return _reason(p) or self.config(req).invalid(p)
+
+    def cost(self, req: OpRequest) -> Cost:
+        return Cost(1.0, "rule", f"tensor cores (wgmma e4m3), tile {self.config(req).as_dict()}")
+
+    def kernel_specs(self, req: OpRequest):
+        return (geometry.sm90_spec(problem(req), self.config(req), self.target(req)),)
+
+    def launch_resources(self, req: OpRequest):
+        cfg = self.config(req)
+        return (Resources(block=cfg.threads, dynamic_smem=cfg.smem_bytes),)
+
+
+class SimtCandidate(Candidate):
+    name = "gemm_fp8.simt"
+    op = OP
+    priority = 10
+    min_arch = FP8_MIN_ARCH
+
+    def supports(self, req: OpRequest) -> str | None:
+        return _reason(problem(req))
+
+    def cost(self, req: OpRequest) -> Cost:
+        return Cost(8.0, "rule", "CUDA cores in fp32 (no fp8 tensor cores used): the fallback")
+
+    def kernel_specs(self, req: OpRequest):
+        return (geometry.simt_spec(problem(req), self.target(req)),)
+
+    def launch_resources(self, req: OpRequest):
+        return (Resources(block=geometry.SIMT_TILE[2]),)
+
+
+class QuantCandidate(Candidate):
+    name = "quantize_fp8.warp"
+    op = QUANT_OP
+    priority = 100
+    min_arch = FP8_MIN_ARCH
+
+    def supports(self, req: OpRequest) -> str | None:
+        dt, g, k = req.dtype("x"), req.dim("group"), req.dim("k")
+        if dt not in geometry.QUANT_DTYPES:
+            return f"input dtype {dt} not supported; supported: {', '.join(geometry.QUANT_DTYPES)}"
+        if g not in geometry.QUANT_GROUPS:
+            return f"group={g} not supported; supported: {', '.join(map(str, geometry.QUANT_GROUPS))}"
+        if k % g:
+            return f"k={k} is not a multiple of group={g}"
+        return None
+
+    def cost(self, req: OpRequest) -> Cost:
+        return Cost(1.0, "rule", "one memory-bound pass")
+
+    def kernel_specs(self, req: OpRequest):
+        return (geometry.quant_spec(req.dtype("x"), req.dim("group"), self.target(req)),)
+
+    def launch_resources(self, req: OpRequest):
+        return (Resources(block=256),)
+
+
+CANDIDATES = (Sm90aWgmmaCandidate, SimtCandidate, QuantCandidate)
+
+# ---- selection, memoized per request key and device -------------------------------------------------------------
+_selections = PlanCache("gemm_fp8.selections")
+
+
+def selection(req_key: tuple, make) -> Any:
+    """The registry's selection for `make()`'s request, memoized under req_key and the settings object (a change
+    of settings, such as RTCKERN_FORCE_IMPL, decides again, as the registry's own memo does)."""
+    key = (req_key, id(config.settings()))
+    sel = _selections.get(key)
+    if sel is None:
+        sel = _selections.put(key, select(make()))
+    return sel
+
+
+# ---- explain / prefill ---------------------------------------------------------------------------------------------
+_GEMM_OPTIONS = ("scale", "out", "bias", "aligned")
+
+
+def build_request(shape, dtype, device, **options) -> OpRequest:
+    """For `rtckern explain gemm_fp8`: shape MxNxK; options scale=tensor|channel|block, out=bf16|fp16|fp32,
+    bias=none|bf16|fp16|fp32, aligned=0|1."""
+    dims = [int(x) for x in shape]
+    if len(dims) != 3:
+        raise ValueError(f"gemm_fp8: shape {shape!r} should be MxNxK, e.g. 4096x4096x4096")
+    opts.check_keys(OP, options, _GEMM_OPTIONS)
+    m, n, k = dims
+    dt = opts.parse_choice(OP, "dtype", dtype or "fp8_e4m3", geometry.INPUT_DTYPES)
+    p = Fp8Problem(m=m, n=n, k=k, scale=opts.parse_choice(OP, "scale", options.get("scale", "tensor"),
+                                                          geometry.SCALES),
+                   out_dtype=opts.parse_choice(OP, "out", options.get("out", "bf16"), geometry.OUTPUT_DTYPES),
+                   bias=opts.parse_choice(OP, "bias", options.get("bias", "none"), ("none",) + geometry.BIAS_DTYPES),
+                   aligned=opts.flag(OP, options, "aligned", k % 16 == 0), dtype=dt)
+    return request(p, device)
+
+
+def build_quant_request(shape, dtype, device, **options) -> OpRequest:
+    """For `rtckern explain quantize_fp8`: shape MxK; option group=32|64|128|256."""
+    dims = [int(x) for x in shape]
+    if len(dims) != 2:
+        raise ValueError(f"quantize_fp8: shape {shape!r} should be MxK, e.g. 4096x7168")
+    opts.check_keys(QUANT_OP, options, ("group",))
+    group = int(options.get("group", 128))
+    return quant_request(opts.parse_choice(QUANT_OP, "dtype", dtype or "bf16", geometry.QUANT_DTYPES), group,
+                         dims[0], dims[1], device)
+
+
+PREFILL_OUT = ("bf16",)
+
+
+def prefill_specs(archs):
+    """The kernels of the common requests on a typical device of each fp8-capable arch (prefill provider): both
+    scale kinds with bf16 output, with and without a bf16 bias, both tile classes; the quantizer for bf16 and fp16
+    inputs, groups of 128."""
+    from rtckern.arch import ArchFilter
+    from rtckern.registry.candidate import arch_filter
+
+    out = {}
+    for arch in ArchFilter.of(min_arch="8.9", vendors=("nvidia",)).targets(archs):
+        dev = DeviceInfo.for_arch(arch)
+        reqs = [build_request((m, 4096, 4096), None, dev, scale=s, bias=b)
+                for m in (16, 4096) for s in ("tensor", "block") for b in ("none", "bf16")]
+        reqs += [quant_request(dt, 128, 4096, 4096, dev) for dt in ("bf16", "fp16")]
+        for req in reqs:
+            for cls in CANDIDATES:
+                c = cls()
+                if c.op != req.op or c.supports(req) is not None:
+                    continue
+                for target in arch_filter(c).targets([arch]):
+                    for spec in c.kernel_specs(req):
+                        out.setdefault(dataclasses.replace(spec, arch=target), None)
+    return list(out)
+
+
+_registered = False
+_reg_lock = threading.Lock()
+
+
+def register_all() -> None:
+    """Register the fp8 candidates, request builders and kernel provider (idempotent)."""
+    global _registered
+    with _reg_lock:
+        if _registered:
+            return
+        reg = default_registry()
+        for cls in CANDIDATES:
+            try:
+                reg.get(cls.name)
+            except KeyError:
+                register(cls())
+        if OP not in reg.builder_ops():
+            register_request_builder(OP, build_request, help="shape: MxNxK (a (M, K), b (N, K), both e4m3); options "
+                                     "scale=tensor|channel|block, out=bf16|fp16|fp32, bias=none|bf16|fp16|fp32, "
+                                     "aligned=0|1", example="--shape 4096x4096x4096 --opt scale=block")
+        if QUANT_OP not in reg.builder_ops():
+            register_request_builder(QUANT_OP, build_quant_request, help="shape: MxK; dtype fp32|fp16|bf16; option "
+                                     "group=32|64|128|256", example="--dtype bf16 --shape 4096x7168 --opt group=128")
+        register_kernel_provider("gemm_fp8", prefill_specs)
+        _registered = True

@@ -1,0 +1,126 @@
+"""fp8 GEMM and quantization plans: problem records, the sm_90a tile config, kernel specs. Nothing here touches a
+GPU or validates user arrays (api.py does).
+
+Kernels (kernel_sources/gemm/):
+  gemm_fp8_wgmma_sm90   gemm_fp8_sm90.cuh: TMA + mbarrier ring + wgmma m64nNk32 e4m3, warp-specialized and
+                        persistent; promotion of each K block of 128 into fp32 accumulators; sm_90a only
+  gemm_fp8_simt         gemm_fp8_simt.cuh: CUDA-core fallback (sm_89+, any alignment)
+  quantize_fp8_groups   quantize_fp8.cuh: per-token-group quantization, one warp per group
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from rtckern.arch import Arch
+from rtckern.dtypes import ctype
+from rtckern.spec import KernelSpec
+
+OP = "gemm_fp8"
+QUANT_OP = "quantize_fp8"
+INPUT_DTYPES = ("fp8_e4m3",)
+OUTPUT_DTYPES = ("bf16", "fp16", "fp32")
+BIAS_DTYPES = ("bf16", "fp16", "fp32")
+QUANT_DTYPES = ("fp32", "fp16", "bf16")
+QUANT_GROUPS = (32, 64, 128, 256)
+# Scale granularities and their kernel ids (RTK_FP8_SCALE_* in kernel_sources/gemm/fp8.cuh). "tensor" and
+# "channel" (per row of a / per column of b, alone or mixed with a per-tensor scale) share the epilogue kernel.
+SCALES = ("tensor", "channel", "block")
+SCALE_IDS = MappingProxyType({"tensor": 0, "channel": 0, "block": 1})
+SCALE_BLOCK = 128  # block scales: 1 x 128 groups of a, 128 x 128 blocks of b
+K_MULTIPLE = 16  # TMA row strides are multiples of 16 bytes; the fallback keeps the same contract
+SMEM_LIMIT = 232448  # bytes a block may opt in to on sm_90
+
+
+@dataclass(frozen=True)
+class Fp8Problem:
+    """One gemm_fp8 call as far as kernel choice and compilation go. aligned: a's and b's bases are 16-byte
+    aligned and their row strides multiples of 16 bytes (TMA)."""
+
+    m: int
+    n: int
+    k: int
+    scale: str = "tensor"
+    out_dtype: str = "bf16"
+    bias: str = "none"  # the bias dtype, or "none"
+    aligned: bool = True
+    dtype: str = "fp8_e4m3"
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class Sm90Fp8Config:
+    """bm x bn output tiles, `consumers` warpgroups of bm / consumers rows (multiples of 64), a ring of `stages`
+    K blocks of 128."""
+
+    bm: int = 128
+    bn: int = 128
+    stages: int = 6
+    consumers: int = 2
+    group_m: int = 8
+
+    kind = "sm90"
+
+    @property
+    def threads(self) -> int:
+        return (self.consumers + 1) * 128
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * (self.bm + self.bn) * 128 + 1024  # + slack to align the ring to 1024 B
+
+    def invalid(self, p: Fp8Problem) -> str | None:
+        if self.consumers not in (1, 2) or (self.bm // self.consumers) % 64 or self.bm > 256:
+            return f"bm={self.bm}, consumers={self.consumers}: each consumer needs a multiple of 64 rows, bm <= 256"
+        if self.bn not in (64, 128):
+            return f"bn={self.bn}: supported 64, 128"
+        if p.scale == "block" and SCALE_BLOCK % self.bn:
+            return f"bn={self.bn}: block scales need a tile inside one 128-column block (bn 64 or 128)"
+        if (self.bm // self.consumers) // 64 * self.bn > 128:
+            return f"{self.bm // self.consumers}x{self.bn} rows x columns per consumer: two accumulator sets exceed " \
+                   "the registers"
+        if self.smem_bytes > SMEM_LIMIT:
+            return f"{self.smem_bytes} bytes of shared memory exceed the 227 KB a block may have"
+        if not p.aligned:
+            return "TMA needs 16-byte aligned bases and row strides of a and b (K a multiple of 16)"
+        return None
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "bm": self.bm, "bn": self.bn, "stages": self.stages,
+                "consumers": self.consumers, "group_m": self.group_m}
+
+
+SIMT_TILE = (64, 64, 256)  # gemm_fp8_simt: bm, bn, threads
+
+
+def _bias_ctype(p: Fp8Problem) -> str:
+    return ctype(p.bias if p.bias != "none" else p.out_dtype)
+
+
+def sm90_spec(p: Fp8Problem, cfg: Sm90Fp8Config, arch: Arch) -> KernelSpec:
+    return KernelSpec(source="gemm/gemm_fp8_sm90.cuh", name="gemm_fp8_wgmma_sm90", arch=arch, op=OP,
+                      template_args=(ctype(p.out_dtype), _bias_ctype(p), cfg.bm, cfg.bn, cfg.stages, cfg.consumers,
+                                     p.bias != "none", SCALE_IDS[p.scale]))
+
+
+def simt_spec(p: Fp8Problem, arch: Arch) -> KernelSpec:
+    return KernelSpec(source="gemm/gemm_fp8_simt.cuh", name="gemm_fp8_simt", arch=arch, op=OP,
+                      template_args=(ctype(p.out_dtype), _bias_ctype(p), p.bias != "none", SCALE_IDS[p.scale]))
+
+
+def quant_spec(dtype: str, group: int, arch: Arch) -> KernelSpec:
+    return KernelSpec(source="gemm/quantize_fp8.cuh", name="quantize_fp8_groups", arch=arch, op=QUANT_OP,
+                      template_args=(ctype(dtype), group))
+
+
+def tma_aligned_rows(m: int) -> int:
+    """Rows of the column-major scale layout: m rounded up to 16 bytes of fp32 (DeepGEMM's get_tma_aligned_size)."""
+    return math.ceil(m / 4) * 4
+
+
+def kb_count(k: int) -> int:
+    return math.ceil(k / SCALE_BLOCK)

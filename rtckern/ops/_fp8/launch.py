@@ -1,0 +1,103 @@
+"""Prepared launches of the fp8 kernels: grid, block, shared memory and every scalar fixed once per call
+signature; a call sets the addresses (and, on sm_90a, two tensor maps cached per base address) and launches
+through Kernel.prepare."""
+from __future__ import annotations
+
+import math
+from types import MappingProxyType
+
+from rtckern.runtime.tma import encode_tiled
+
+from .geometry import SIMT_TILE, Fp8Problem
+
+_KINDS = MappingProxyType({"map": "M", "u64": "P", "i64": "q"})
+
+
+class Prepared:
+    """One kernel at fixed geometry; the first len(values) parameters are given per call."""
+
+    __slots__ = ("kernel", "grid", "block", "smem", "params", "_go", "_tail")
+
+    def __init__(self, kernel, grid: tuple, block: tuple, smem: int, params: list):
+        self.kernel, self.grid, self.block, self.smem = kernel, grid, block, int(smem)
+        self.params = list(params)
+        self._tail = None
+        prepare = getattr(kernel, "prepare", None)
+        self._go = prepare(grid, block, "".join(_KINDS[k] for k, _ in params), self.smem) \
+            if prepare is not None else None
+
+    def run(self, values: tuple, stream: int) -> None:
+        tail = self._tail
+        if tail is None:
+            tail = self._tail = tuple(v for _, v in self.params[len(values):])
+        if self._go is not None:
+            self._go(stream, *values, *tail)
+        else:  # a test double: records the launch
+            self.kernel.launch(self.grid, self.block, tuple(values) + tail, shared_mem=self.smem, stream=stream)
+
+
+class MapCache:
+    """Tensor maps of one fp8 operand (dims, row stride, box) by base address."""
+
+    __slots__ = ("dims", "stride", "box", "_by_ptr")
+
+    def __init__(self, dims: tuple[int, int], stride: int, box: tuple[int, int]):
+        self.dims, self.stride, self.box = dims, stride, box
+        self._by_ptr: dict[int, bytes] = {}
+
+    def get(self, ptr: int) -> bytes:
+        m = self._by_ptr.get(ptr)
+        if m is None:
+            if len(self._by_ptr) >= 64:
+                self._by_ptr.clear()
+            d0, d1 = self.dims
+            m = self._by_ptr[ptr] = encode_tiled("fp8_e4m3", ptr, (d0, d1, 1), (self.stride, self.stride * d1),
+                                                 (self.box[0], self.box[1], 1))
+        return m
+
+
+
+class GemmLaunch:
+    """gemm_fp8 for one signature: run(a, b, c, sa, sb, bias, stream)."""
+
+    __slots__ = ("_main", "_maps")
+
+    def __init__(self, kernel, p: Fp8Problem, cfg, lda: int, ldb: int, scale_strides: tuple, sm_count: int):
+        sa_row, sa_kb, sb_row, sb_kb = scale_strides
+        if cfg is not None:  # sm_90a
+            self._maps = (MapCache((p.k, p.m), lda, (128, cfg.bm)), MapCache((p.k, p.n), ldb, (128, cfg.bn)))
+            tiles = math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
+            scalars = (p.m, p.n, p.k, p.n, sa_row, sa_kb, sb_row, sb_kb, cfg.group_m)
+            self._main = Prepared(kernel, (max(1, min(tiles, sm_count)), 1, 1), (cfg.threads, 1, 1), cfg.smem_bytes,
+                                  [("map", bytes(128)), ("map", bytes(128))] + [("u64", 0)] * 4
+                                  + [("i64", v) for v in scalars])
+        else:
+            self._maps = None
+            bm, bn, threads = SIMT_TILE
+            scalars = (p.m, p.n, p.k, lda, ldb, p.n, sa_row, sa_kb, sb_row, sb_kb)
+            self._main = Prepared(kernel, (math.ceil(p.n / bn), math.ceil(p.m / bm), 1), (threads, 1, 1), 0,
+                                  [("u64", 0)] * 6 + [("i64", v) for v in scalars])
+
+    def run(self, a: int, b: int, c: int, sa: int, sb: int, bias: int, stream: int) -> None:
+        maps = self._maps
+        if maps is None:
+            self._main.run((a, b, c, sa, sb, bias), stream)
+        else:
+            self._main.run((maps[0].get(a), maps[1].get(b), c, sa, sb, bias), stream)
+
+
+QUANT_WARPS = 8
+
+
+class QuantLaunch:
+    """quantize_fp8 for one signature: run(x, q, s, stream)."""
+
+    __slots__ = ("_main",)
+
+    def __init__(self, kernel, m: int, k: int, group: int, ldx: int, s_row: int, s_col: int):
+        groups = m * (k // group)
+        self._main = Prepared(kernel, (max(1, math.ceil(groups / QUANT_WARPS)), 1, 1), (32 * QUANT_WARPS, 1, 1), 0,
+                              [("u64", 0)] * 3 + [("i64", v) for v in (m, k, ldx, k, s_row, s_col)])
+
+    def run(self, x: int, q: int, s: int, stream: int) -> None:
+        self._main.run((x, q, s), stream)

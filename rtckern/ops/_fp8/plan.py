@@ -1,0 +1,62 @@
+"""The hot paths of gemm_fp8 and quantize_fp8: one call signature, decided once. A plan holds the output shapes and
+dtypes and the prepared launch; a repeated call allocates the outputs, reads the pointers and the current stream
+and launches. `plans` is the memo (api.py builds the keys: dtypes, shapes, strides, devices, 16-byte alignment,
+options) and a plan is re-decided when the settings object changes."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rtckern.caches import PlanCache
+from rtckern.dtypes import torch_dtype
+from rtckern.runtime import arrays as arr
+from rtckern.runtime.streams import torch_stream
+
+plans = PlanCache("gemm_fp8.call_plans")
+
+
+class GemmPlan:
+    __slots__ = ("settings", "out_shape", "out_dtype", "ordinal", "launch", "candidate", "_torch", "_tdtype",
+                 "_tdevice")
+
+    def __init__(self, settings: Any, like: arr.DeviceArray, out_shape: tuple, out_dtype: str, launch, candidate=""):
+        self.settings, self.out_shape, self.out_dtype = settings, tuple(out_shape), out_dtype
+        self.ordinal, self.launch, self.candidate = like.device, launch, candidate
+        self._torch = self._tdtype = self._tdevice = None
+        if like.lib == "torch":
+            self._torch = sys.modules["torch"]
+            self._tdtype = torch_dtype(out_dtype)
+            self._tdevice = like.obj.device
+
+    def run_torch(self, a: int, b: int, sa: int, sb: int, bias: int):
+        out = self._torch.empty(self.out_shape, dtype=self._tdtype, device=self._tdevice)
+        if self.launch is not None:
+            self.launch.run(a, b, out.data_ptr(), sa, sb, bias, torch_stream(self.ordinal))
+        return out
+
+    def run_mats(self, A, B, SA, SB, Bi):
+        out, c = arr.empty(A, self.out_shape, self.out_dtype)
+        if self.launch is not None:
+            self.launch.run(A.ptr, B.ptr, c, SA.ptr, SB.ptr, Bi.ptr if Bi is not None else 0, arr.current_stream(A))
+        return out
+
+
+class QuantPlan:
+    __slots__ = ("settings", "m", "k", "s_alloc", "s_shape", "s_strides", "ordinal", "launch", "_torch",
+                 "_tdevice")
+
+    def __init__(self, settings: Any, like: arr.DeviceArray, m: int, k: int, s_alloc: tuple, s_shape: tuple,
+                 s_strides: tuple, launch):
+        self.settings, self.m, self.k, self.launch = settings, m, k, launch
+        self.s_alloc, self.s_shape, self.s_strides = s_alloc, s_shape, s_strides
+        self.ordinal = like.device
+        self._torch = sys.modules.get("torch") if like.lib == "torch" else None
+        self._tdevice = like.obj.device if like.lib == "torch" else None
+
+    def run_torch(self, x: int):
+        torch = self._torch
+        q = torch.empty((self.m, self.k), dtype=torch.float8_e4m3fn, device=self._tdevice)
+        s_raw = torch.empty(self.s_alloc, dtype=torch.float32, device=self._tdevice)
+        if self.launch is not None:
+            self.launch.run(x, q.data_ptr(), s_raw.data_ptr(), torch_stream(self.ordinal))
+        return q, torch.as_strided(s_raw, self.s_shape, self.s_strides)

@@ -1,0 +1,124 @@
+"""fp8 GEMM and quantization on the GPU (H100/H200: both candidates; sm_89: the fallback).
+
+Bound: a and b are exact e4m3 values and the scales exact fp32, so the float64 GEMM of the dequantized inputs is
+the exact answer up to float64 rounding. The kernels' errors: fp32 products of the scales (2 roundings), fp32
+accumulation of K terms in K/128 promoted blocks (relative Frobenius error <= ~2^-24 * sqrt(K) * a small
+constant, with the tensor cores' reduced-precision accumulation confined to one 128-term block: budget 2^-18 per
+block) and the output's rounding (unit roundoff u_out). Test: rel. Frobenius error <= u_out + 2^-14."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rtckern import config  # noqa: E402
+from rtckern.ops import gemm_fp8, quantize_fp8  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+E4M3 = torch.float8_e4m3fn
+U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}
+
+
+def _fp8(shape, g):
+    return (torch.randn(shape, device="cuda", generator=g) * 2).to(E4M3)
+
+
+def _scales(kind, m, n, k, g):
+    kb, nb = math.ceil(k / 128), math.ceil(n / 128)
+    r = lambda *s: torch.rand(*s, device="cuda", generator=g) + 0.5  # noqa: E731
+    if kind == "tensor":
+        return r(()), r(1)
+    if kind == "channel":
+        return r(m, 1), r(n)
+    sa = r(m, kb)
+    if kind == "block_col":  # column-major, TMA-aligned rows
+        mp = math.ceil(m / 4) * 4
+        sa = torch.empty(kb, mp, device="cuda").t()[:m].copy_(sa)
+    return sa, r(nb, kb)
+
+
+def _ref(a, b, sa, sb, bias, kind):
+    m, k = a.shape
+    n = b.shape[0]
+    A, B = a.double(), b.double()
+    if kind.startswith("block"):
+        A = A * sa.double().repeat_interleave(128, 1)[:, :k]
+        B = B * sb.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    else:
+        A = A * sa.double().reshape(-1, 1) if sa.numel() > 1 else A * sa.double().reshape(())
+        B = B * sb.double().reshape(-1, 1) if sb.numel() > 1 else B * sb.double().reshape(())
+    y = A @ B.t()
+    return y + bias.double() if bias is not None else y
+
+
+def _check(y, ref, out):
+    err = float(torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
+    assert err <= U[out] + 2.0 ** -14, err
+
+
+CANDS = ["gemm_fp8.sm90a_wgmma", "gemm_fp8.simt"]
+
+
+def _force(name):
+    if name == "gemm_fp8.sm90a_wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    return config.override(force_impl={"gemm_fp8": name})
+
+
+@pytest.mark.parametrize("cand", CANDS)
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
+@pytest.mark.parametrize("m,n,k", [(1, 256, 256), (7, 63, 144), (63, 4097, 512), (4097, 129, 384),
+                                   (256, 384, 1040)])
+def test_gemm_fp8(cand, kind, m, n, k):
+    g = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
+    a, b = _fp8((m, k), g), _fp8((n, k), g)
+    sa, sb = _scales(kind, m, n, k, g)
+    with _force(cand):
+        for out in (torch.bfloat16, torch.float16, torch.float32):
+            bias = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16) if out != torch.float16 else None
+            y = gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias)
+            assert y.dtype == out and y.shape == (m, n)
+            _check(y, _ref(a, b, sa, sb, bias, kind), out)
+            y2 = gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias)  # the hot path
+            assert torch.equal(y, y2)
+
+
+def test_quantize_round_trip_and_saturation():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q0 = _fp8((33, 512), g)
+    q0[:, :128] = 0  # a zero group
+    q0[:, 128] = 448  # every other group has amax 448 * 2^s: exact scales
+    q0[:, 256] = -448
+    q0[:, 384] = 448
+    x = (q0.float() * 0.25).to(torch.bfloat16)
+    for fmt in ("row", "col_tma"):
+        q, s = quantize_fp8(x, 128, fmt)
+        assert s.shape == (33, 4) and not torch.isnan(s).any()
+        if fmt == "col_tma":
+            assert s.stride() == (1, 36)
+        assert torch.equal(s[:, 0], torch.ones(33, device="cuda"))
+        assert torch.equal(s[:, 1:], torch.full((33, 3), 0.25, device="cuda"))
+        assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8))
+    big = torch.full((2, 128), 1e4, device="cuda")
+    big[:, 0] = 1e38
+    q, s = quantize_fp8(big, 128)
+    assert not torch.isnan(q.float()).any() and float(q.float().abs().max()) == 448
+
+
+@pytest.mark.parametrize("fmt", ["row", "col_tma"])
+def test_quantized_gemm_against_bf16(fmt):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    m, n, k = 300, 512, 1024
+    x = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16)
+    qx, sx = quantize_fp8(x, 128, fmt)
+    # 128 x 128 weight blocks from 1 x 128 groups: quantize, then use the max scale of each block
+    wb = w.float().reshape(n // 128, 128, k // 128, 128)
+    sw = (wb.abs().amax(dim=(1, 3)) / 448).clamp_min(1e-12)
+    qw = (wb / sw[:, None, :, None]).reshape(n, k).to(E4M3)
+    y = gemm_fp8(qx, qw, sx, sw, out_dtype=torch.bfloat16)
+    ref = x.float() @ w.float().t()
+    err = float(torch.linalg.vector_norm(y.float() - ref) / torch.linalg.vector_norm(ref))
+    assert err < 0.06, err  # e4m3 rounding of both operands (2^-4 relative each, random signs)

