@@ -2,9 +2,11 @@
 
 Bound: a and b are exact e4m3 values and the scales exact fp32, so the float64 GEMM of the dequantized inputs is
 the exact answer up to float64 rounding. The kernels' errors: fp32 products of the scales (2 roundings), fp32
-accumulation of K terms in K/128 promoted blocks (relative Frobenius error <= ~2^-24 * sqrt(K) * a small
-constant, with the tensor cores' reduced-precision accumulation confined to one 128-term block: budget 2^-18 per
-block) and the output's rounding (unit roundoff u_out). Test: rel. Frobenius error <= u_out + 2^-14."""
+accumulation of K terms in K/128 promoted blocks, and the output's rounding (unit roundoff u_out). Hopper's fp8
+wgmma accumulates inside the tensor core with ~14 significant bits (DeepSeek-V3's report, section 3.3.2: the reason
+for promoting every 128 K into fp32), so one 128-term block contributes up to ~2^-14 relative; measured on an H100
+with fp32 output: 1.1e-4 to 1.3e-4 (~2^-13) relative Frobenius error. Test: rel. Frobenius error <= u_out + 2^-12
+(a wrong index or scale gives errors of order 1)."""
 from __future__ import annotations
 
 import math
@@ -55,7 +57,7 @@ def _ref(a, b, sa, sb, bias, kind):
 
 def _check(y, ref, out):
     err = float(torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
-    assert err <= U[out] + 2.0 ** -14, err
+    assert err <= U[out] + 2.0 ** -12, err
 
 
 CANDS = ["gemm_fp8.sm90a_wgmma", "gemm_fp8.simt"]
