@@ -35,23 +35,34 @@ def _attention():
     return ops_module("attention")
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
-    """What decides the output shapes; the op itself checks the rest (head dims, strides, alignment)."""
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, dims: int, takes: str, kv_layout: str) -> None:
+    """What the dense and packed layouts share: ``dims`` dims each (``takes`` says which), bf16 or fp16, k shaped
+    like v (``kv_layout``)."""
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        if t.dim() != 4:
-            raise InputError(f"{name} has shape {tuple(t.shape)} ({t.dim()} dims); attention takes 4-dim "
-                             "(batch, seqlen, heads, head_dim) tensors")
+        if t.dim() != dims:
+            raise InputError(f"{name} has shape {tuple(t.shape)} ({t.dim()} dims); {takes}")
         if t.dtype not in (torch.float16, torch.bfloat16):
             raise InputError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; supported: bf16, fp16 "
                              f"(torch.bfloat16, torch.float16): convert with {name}.to(torch.bfloat16)")
     if k.shape != v.shape:
-        raise InputError(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must match "
-                         "(batch, seqlen_k, heads_kv, head_dim)")
+        raise InputError(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must match {kv_layout}")
+
+
+def check_gqa(q: Tensor, k: Tensor) -> None:
+    """heads_q (the second-to-last dim) a multiple of heads_kv."""
+    hq, hk = q.shape[-2], k.shape[-2]
+    if hk < 1 or hq % hk:
+        raise InputError(f"heads_q={hq} is not a multiple of heads_kv={hk}; grouped-query attention needs heads_q = "
+                         "n * heads_kv (n >= 1)")
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """What decides the output shapes; the op itself checks the rest (head dims, strides, alignment)."""
+    check_qkv(q, k, v, 4, "attention takes 4-dim (batch, seqlen, heads, head_dim) tensors",
+              "(batch, seqlen_k, heads_kv, head_dim)")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise InputError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share batch and head_dim")
-    if k.shape[2] < 1 or q.shape[2] % k.shape[2]:
-        raise InputError(f"heads_q={q.shape[2]} is not a multiple of heads_kv={k.shape[2]}; grouped-query "
-                         "attention needs heads_q = n * heads_kv (n >= 1)")
+    check_gqa(q, k)
 
 
 def _jit_fwd(q, k, v, causal, softmax_scale, return_lse):

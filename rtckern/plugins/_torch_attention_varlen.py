@@ -30,6 +30,7 @@ from torch import Tensor
 from rtckern.errors import InputError
 
 from . import _torch_ref as R
+from ._torch_attention import check_gqa, check_qkv
 from ._torch_dispatch import run
 from ._torch_lib import F32, define_composite, direct, empty_stat, kernel_op, needs_grad, ops_module
 
@@ -42,21 +43,11 @@ def _varlen():
 
 def _check(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor) -> None:
     """What decides the output shapes; the op itself checks the rest (head dims, strides, alignment, max_seqlen)."""
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        if t.dim() != 3:
-            raise InputError(f"{name} has shape {tuple(t.shape)} ({t.dim()} dims); attention_varlen takes 3-dim "
-                             "(total_tokens, heads, head_dim) tensors")
-        if t.dtype not in (torch.float16, torch.bfloat16):
-            raise InputError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; supported: bf16, fp16 "
-                             f"(torch.bfloat16, torch.float16): convert with {name}.to(torch.bfloat16)")
-    if k.shape != v.shape:
-        raise InputError(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must match "
-                         "(total_k, heads_kv, head_dim)")
+    check_qkv(q, k, v, 3, "attention_varlen takes 3-dim (total_tokens, heads, head_dim) tensors",
+              "(total_k, heads_kv, head_dim)")
     if q.shape[2] != k.shape[2]:
         raise InputError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share head_dim")
-    if k.shape[1] < 1 or q.shape[1] % k.shape[1]:
-        raise InputError(f"heads_q={q.shape[1]} is not a multiple of heads_kv={k.shape[1]}; grouped-query "
-                         "attention needs heads_q = n * heads_kv (n >= 1)")
+    check_gqa(q, k)
     for t, name in ((cu_q, "cu_seqlens_q"), (cu_k, "cu_seqlens_k")):
         if t.dim() != 1 or t.dtype != torch.int32:
             raise InputError(f"{name} has shape {tuple(t.shape)} and dtype {str(t.dtype).replace('torch.', '')}; it "

@@ -64,6 +64,17 @@ static PyObject* fail(Prepared* self, int err) {
   return NULL;
 }
 
+/* One number argument of a prepared_call switch case: CONV(a) as CT (CT's -1 with an exception set is an error),
+   narrowed to ST and stored at dst. */
+#define RTK_PACK_NUMBER(CONV, CT, ST)                  \
+  {                                                    \
+    CT v = CONV(a);                                    \
+    if (v == (CT)-1 && PyErr_Occurred()) goto bad;     \
+    ST w = (ST)v;                                      \
+    memcpy(dst, &w, sizeof(ST));                       \
+    break;                                             \
+  }
+
 static PyObject* prepared_call(PyObject* obj, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   Prepared* self = (Prepared*)obj;
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -85,45 +96,12 @@ static PyObject* prepared_call(PyObject* obj, PyObject* const* args, size_t narg
     unsigned char* dst = block + self->offsets[i];
     params[i] = dst;
     switch (self->kinds[i]) {
-      case 'P': {
-        unsigned long long v = PyLong_AsUnsignedLongLong(a);
-        if (v == (unsigned long long)-1 && PyErr_Occurred()) goto bad;
-        memcpy(dst, &v, 8);
-        break;
-      }
-      case 'q': {
-        long long v = PyLong_AsLongLong(a);
-        if (v == -1 && PyErr_Occurred()) goto bad;
-        memcpy(dst, &v, 8);
-        break;
-      }
-      case 'i': {
-        long v = PyLong_AsLong(a);
-        if (v == -1 && PyErr_Occurred()) goto bad;
-        int32_t w = (int32_t)v;
-        memcpy(dst, &w, 4);
-        break;
-      }
-      case 'I': {
-        unsigned long v = PyLong_AsUnsignedLong(a);
-        if (v == (unsigned long)-1 && PyErr_Occurred()) goto bad;
-        uint32_t w = (uint32_t)v;
-        memcpy(dst, &w, 4);
-        break;
-      }
-      case 'f': {
-        double v = PyFloat_AsDouble(a);
-        if (v == -1.0 && PyErr_Occurred()) goto bad;
-        float w = (float)v;
-        memcpy(dst, &w, 4);
-        break;
-      }
-      case 'd': {
-        double v = PyFloat_AsDouble(a);
-        if (v == -1.0 && PyErr_Occurred()) goto bad;
-        memcpy(dst, &v, 8);
-        break;
-      }
+      case 'P': RTK_PACK_NUMBER(PyLong_AsUnsignedLongLong, unsigned long long, unsigned long long)
+      case 'q': RTK_PACK_NUMBER(PyLong_AsLongLong, long long, long long)
+      case 'i': RTK_PACK_NUMBER(PyLong_AsLong, long, int32_t)
+      case 'I': RTK_PACK_NUMBER(PyLong_AsUnsignedLong, unsigned long, uint32_t)
+      case 'f': RTK_PACK_NUMBER(PyFloat_AsDouble, double, float)
+      case 'd': RTK_PACK_NUMBER(PyFloat_AsDouble, double, double)
       case 'M': {
         Py_buffer view;
         if (PyObject_GetBuffer(a, &view, PyBUF_SIMPLE) != 0) goto bad;

@@ -42,21 +42,9 @@ struct smem_row {
 // Copy a ROWS x HD tile (rows row0.., rows >= rows_valid zero-filled) into padded shared memory.
 template <int ROWS, int HD, int NT, typename T>
 RTK_DEVICE void load_tile_async(T* s, const T* g_head, long long row_stride, int row0, int rows_valid, int tid) {
-  constexpr int CPR = smem_row<HD>::chunks;
   constexpr int SROW = smem_row<HD>::elems;
-  constexpr int TOTAL = ROWS * CPR;
-#pragma unroll
-  for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
-    const int idx = it * NT + tid;
-    if (TOTAL % NT == 0 || idx < TOTAL) {
-      const int r = idx / CPR;
-      const int c = idx - r * CPR;
-      const bool full = row0 + r < rows_valid;
-      // A zero-fill reads nothing, but keep the address inside the tensor anyway (row 0 of this head).
-      const T* src = full ? g_head + static_cast<long long>(row0 + r) * row_stride + c * 8 : g_head;
-      cp_async_16(smem_addr(s + r * SROW + c * 8), src, full);
-    }
-  }
+  load_tile_chunks<ROWS, HD, NT>([s](int r, int c) { return smem_addr(s + r * SROW + c * 8); }, g_head, row_stride,
+                                 row0, rows_valid, tid);
 }
 
 template <int HD, int BM, int BN, int STAGES>

@@ -17,7 +17,7 @@
 // (attention/varlen.cuh); 0 (the default) compiles to the same binary as without it.
 #pragma once
 #include "attention/sm80_primitives.cuh"
-#include "attention/sm90_common.cuh"
+#include "attention/sm90_fwd_parts.cuh"
 
 #ifndef RTK_ATTN_VARLEN
 #define RTK_ATTN_VARLEN 0
@@ -51,7 +51,6 @@ __global__ void __launch_bounds__(NWG * 128, 1)
   constexpr int NT = NWG * 128;
   constexpr int NS = BN / 2;  // S accumulators per thread (64 x BN per warpgroup)
   constexpr int NO = HD / 2;  // O accumulators per thread (64 x HD per warpgroup)
-  constexpr int CPR = HD / 8;
   static_assert(HD % 64 == 0 && HD <= 256, "head dim: whole 64-element swizzle blocks, wgmma N <= 256");
   static_assert(BN % 16 == 0 && BN <= 256, "key tile");
   using L = flash_sm90_smem<HD, BN, NWG>;
@@ -121,69 +120,13 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 
   const unsigned sQ_wg = sQ + wg * 64 * 128;  // this warpgroup's 64 rows within column block 0
 
-  // S = Q K_n^T into s (issue only).
-  auto issue_qk = [&](int kbuf) {
-    const unsigned kb = sK + kbuf * L::kv_bytes;
-#pragma unroll
-    for (int ks = 0; ks < HD / 16; ++ks) {
-      const unsigned long long da = sw128_desc(sQ_wg + (ks >> 2) * (BM * 128) + (ks & 3) * 32, 16, 1024);
-      const unsigned long long db = sw128_desc(kb + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
-      wgmma_op<T, BN>::ss(s, da, db, ks > 0 ? 1 : 0);
-    }
-  };
-  // O += P V_n (issue only). V is MN-major: 64-wide d blocks BN * 128 bytes apart, 8-key groups 1024 apart.
-  auto issue_pv = [&](int vbuf) {
-    const unsigned vb = sV + vbuf * L::kv_bytes;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const unsigned long long db = sw128_desc(vb + kk * 2048, BN * 128, 1024);
-      wgmma_op<T, HD>::rs(acc_o, p[kk], db);
-    }
-  };
-  // Mask, then the online-softmax statistics; s becomes P (fp32), alpha the O rescale for this tile.
+  // The steps of sm90_fwd_parts.cuh on this warpgroup's rows.
+  auto issue_qk = [&](int kbuf) { sm90_issue_qk<T, HD, BN, BM>(s, sQ_wg, sK + kbuf * L::kv_bytes); };
+  auto issue_pv = [&](int vbuf) { sm90_issue_pv<T, HD, BN>(acc_o, p, sV + vbuf * L::kv_bytes); };
   auto softmax = [&](int nb) {
-    const int n0 = nb * BN;
-    if ((n0 + BN > sk) || (CAUSAL && n0 + BN - 1 > m0 + diag)) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        const int row = m0 + row_in_tile + ((i >> 1) & 1) * 8;
-        const int col = n0 + (i >> 2) * 8 + 2 * t + (i & 1);
-        if (col >= sk || (CAUSAL && col > row + diag)) s[i] = kNegInf;
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = row_max[h];
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_scaled = mx == kNegInf ? 0.f : mx * scale_log2;
-      alpha[h] = fast_exp2(row_max[h] * scale_log2 - m_scaled);
-      row_max[h] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const float p0 = fast_exp2(fmaf(s[j * 4 + 2 * h], scale_log2, -m_scaled));
-        const float p1 = fast_exp2(fmaf(s[j * 4 + 2 * h + 1], scale_log2, -m_scaled));
-        s[j * 4 + 2 * h] = p0;
-        s[j * 4 + 2 * h + 1] = p1;
-        sum += p0 + p1;
-      }
-      row_sum[h] = row_sum[h] * alpha[h] + sum;
-    }
+    sm90_online_softmax<BN, CAUSAL>(s, row_max, row_sum, alpha, nb * BN, m0, row_in_tile, t, sk, diag, scale_log2);
   };
-  auto rescale_and_pack = [&]() {
-#pragma unroll
-    for (int i = 0; i < NO; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      p[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
-      p[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
-      p[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
-      p[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
-    }
-  };
+  auto rescale_and_pack = [&]() { sm90_rescale_and_pack<T, HD, BN>(acc_o, p, s, alpha); };
 
   if (n_blocks > 0) {
     cp_async_wait<0>();
@@ -241,44 +184,19 @@ __global__ void __launch_bounds__(NWG * 128, 1)
   // ---- epilogue: normalize, stage each warp's 16 rows in its own part of sQ (swizzled), 16-byte stores ----
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup's wgmma reads of sQ are complete
-  constexpr float kLn2 = 0.6931471805599453f;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = row_sum[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int r_local = row_in_tile + h * 8;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j)
-      *reinterpret_cast<unsigned*>(smem + sw128_offset<BM>(r_local, j) + 4 * t) =
-          pack2<T>(acc_o[j * 4 + 2 * h] * inv, acc_o[j * 4 + 2 * h + 1] * inv);
-    const int row = m0 + r_local;
-    if (lse != nullptr && t == 0 && row < sq)
 #if RTK_ATTN_VARLEN
-      lse[hq * seqlen_q + seq.q0 + row] =  // (heads_q, total_q)
+  auto lse_index = [&](int row) { return hq * seqlen_q + seq.q0 + row; };  // (heads_q, total_q)
 #else
-      lse[(b * heads_q + hq) * seqlen_q + row] =
+  auto lse_index = [&](int row) { return (b * heads_q + hq) * seqlen_q + row; };
 #endif
-          sum > 0.f ? (row_max[h] * scale_log2 + __log2f(sum)) * kLn2 : kNegInf;
-  }
+  sm90_stage_o<T, HD, BM>(smem, acc_o, row_sum, row_max, lse, lse_index, row_in_tile, m0, sq, t, scale_log2);
   __syncwarp();
 #if RTK_ATTN_VARLEN
-  T* gO = o + seq.q0 * o_rs + hq * o_hs;
+  const long long o_head = seq.q0 * o_rs + hq * o_hs;
 #else
-  T* gO = o + b * o_bs + hq * o_hs;
+  const long long o_head = b * o_bs + hq * o_hs;
 #endif
-  const int warp_row0 = wg * 64 + (warp & 3) * 16;
-#pragma unroll
-  for (int it = 0; it < (16 * CPR) / 32; ++it) {
-    const int idx = it * 32 + lane;
-    const int r = idx / CPR;
-    const int c = idx - r * CPR;
-    const int row = m0 + warp_row0 + r;
-    if (row < sq)
-      *reinterpret_cast<uint4*>(gO + (long long)row * o_rs + c * 8) =
-          *reinterpret_cast<const uint4*>(smem + sw128_offset<BM>(warp_row0 + r, c));
-  }
+  sm90_store_o<T, HD, BM>(o, o_head, o_rs, smem, wg * 64 + (warp & 3) * 16, m0, sq, lane);
 #endif
 }
 

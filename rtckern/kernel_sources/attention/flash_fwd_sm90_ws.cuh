@@ -17,7 +17,7 @@
 // masked like any partial tile's, and those V rows are zeroed in shared memory before the last P V product (their
 // P is 0, but 0 * inf or nan would not be).
 #pragma once
-#include "attention/sm90_common.cuh"
+#include "attention/sm90_fwd_parts.cuh"
 
 #ifndef RTK_ATTN_VARLEN
 #define RTK_ATTN_VARLEN 0
@@ -62,7 +62,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   constexpr int NC = NWG * 128;  // consumer threads
   constexpr int NS = BN / 2;
   constexpr int NO = HD / 2;
-  constexpr int CPR = HD / 8;
   static_assert(HD % 64 == 0 && HD <= 256 && BN % 16 == 0 && BN <= 256, "tile shape");
   static_assert(!PINGPONG || NWG == 2, "ping-pong schedules exactly two consumer warpgroups");
   using L = flash_sm90_ws_smem<HD, BN, NWG, KS, VS>;
@@ -127,26 +126,23 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     if (warp == 0 && lane == 0) {
       tma_prefetch_map(&tm_k);
       tma_prefetch_map(&tm_v);
+      // Key tile nb into stage st of a ring (K or V) once its consumers have freed it; bytes counted on `full`.
+      auto load = [&](int nb, unsigned ring, const tensor_map* map, unsigned full, unsigned empty, int st,
+                      unsigned parity) {
+        mbar_wait(empty, parity);
+        mbar_arrive_expect_tx(full, L::kv_bytes);
+#pragma unroll
+        for (int cb = 0; cb < HD / 64; ++cb)
+#if RTK_ATTN_VARLEN
+          tma_load_4d(ring + st * L::kv_bytes + cb * (BN * 128), map, full, cb * 64, kv_row0 + nb * BN, hk, 0);
+#else
+          tma_load_4d(ring + st * L::kv_bytes + cb * (BN * 128), map, full, cb * 64, nb * BN, hk, (int)b);
+#endif
+      };
       for (int nb = 0; nb < n_blocks; ++nb) {
         const int ks = nb % KS, vs = nb % VS;
-        mbar_wait(empty_k(ks), ((nb / KS) & 1) ^ 1);
-        mbar_arrive_expect_tx(full_k(ks), L::kv_bytes);
-#pragma unroll
-        for (int cb = 0; cb < HD / 64; ++cb)
-#if RTK_ATTN_VARLEN
-          tma_load_4d(sK + ks * L::kv_bytes + cb * (BN * 128), &tm_k, full_k(ks), cb * 64, kv_row0 + nb * BN, hk, 0);
-#else
-          tma_load_4d(sK + ks * L::kv_bytes + cb * (BN * 128), &tm_k, full_k(ks), cb * 64, nb * BN, hk, (int)b);
-#endif
-        mbar_wait(empty_v(vs), ((nb / VS) & 1) ^ 1);
-        mbar_arrive_expect_tx(full_v(vs), L::kv_bytes);
-#pragma unroll
-        for (int cb = 0; cb < HD / 64; ++cb)
-#if RTK_ATTN_VARLEN
-          tma_load_4d(sV + vs * L::kv_bytes + cb * (BN * 128), &tm_v, full_v(vs), cb * 64, kv_row0 + nb * BN, hk, 0);
-#else
-          tma_load_4d(sV + vs * L::kv_bytes + cb * (BN * 128), &tm_v, full_v(vs), cb * 64, nb * BN, hk, (int)b);
-#endif
+        load(nb, sK, &tm_k, full_k(ks), empty_k(ks), ks, ((nb / KS) & 1) ^ 1);
+        load(nb, sV, &tm_v, full_v(vs), empty_v(vs), vs, ((nb / VS) & 1) ^ 1);
       }
     }
   } else {
@@ -200,63 +196,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     float alpha[2] = {1.f, 1.f};
     const unsigned sQ_wg = sQ + cw * 64 * 128;
 
-    auto issue_qk = [&](int kbuf) {
-      const unsigned kb = sK + kbuf * L::kv_bytes;
-#pragma unroll
-      for (int ks = 0; ks < HD / 16; ++ks) {
-        const unsigned long long da = sw128_desc(sQ_wg + (ks >> 2) * (BM * 128) + (ks & 3) * 32, 16, 1024);
-        const unsigned long long db = sw128_desc(kb + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
-        wgmma_op<T, BN>::ss(s, da, db, ks > 0 ? 1 : 0);
-      }
-    };
-    auto issue_pv = [&](int vbuf) {
-      const unsigned vb = sV + vbuf * L::kv_bytes;
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) wgmma_op<T, HD>::rs(acc_o, p[kk], sw128_desc(vb + kk * 2048, BN * 128, 1024));
-    };
+    // The steps of sm90_fwd_parts.cuh on this warpgroup's rows.
+    auto issue_qk = [&](int kbuf) { sm90_issue_qk<T, HD, BN, BM>(s, sQ_wg, sK + kbuf * L::kv_bytes); };
+    auto issue_pv = [&](int vbuf) { sm90_issue_pv<T, HD, BN>(acc_o, p, sV + vbuf * L::kv_bytes); };
     auto softmax = [&](int nb) {
-      const int n0 = nb * BN;
-      if ((n0 + BN > sk) || (CAUSAL && n0 + BN - 1 > m0 + diag)) {
-#pragma unroll
-        for (int i = 0; i < NS; ++i) {
-          const int row = m0 + row_in_tile + ((i >> 1) & 1) * 8;
-          const int col = n0 + (i >> 2) * 8 + 2 * t + (i & 1);
-          if (col >= sk || (CAUSAL && col > row + diag)) s[i] = kNegInf;
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = row_max[h];
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * h], s[j * 4 + 2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_scaled = mx == kNegInf ? 0.f : mx * scale_log2;
-        alpha[h] = fast_exp2(row_max[h] * scale_log2 - m_scaled);
-        row_max[h] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const float p0 = fast_exp2(fmaf(s[j * 4 + 2 * h], scale_log2, -m_scaled));
-          const float p1 = fast_exp2(fmaf(s[j * 4 + 2 * h + 1], scale_log2, -m_scaled));
-          s[j * 4 + 2 * h] = p0;
-          s[j * 4 + 2 * h + 1] = p1;
-          sum += p0 + p1;
-        }
-        row_sum[h] = row_sum[h] * alpha[h] + sum;
-      }
+      sm90_online_softmax<BN, CAUSAL>(s, row_max, row_sum, alpha, nb * BN, m0, row_in_tile, t, sk, diag, scale_log2);
     };
-    auto rescale_and_pack = [&]() {
-#pragma unroll
-      for (int i = 0; i < NO; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        p[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
-        p[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
-        p[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
-        p[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
-      }
-    };
+    auto rescale_and_pack = [&]() { sm90_rescale_and_pack<T, HD, BN>(acc_o, p, s, alpha); };
 
     if (n_blocks > 0) {
       mbar_wait(full_k(0), 0);
@@ -323,44 +269,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 
     // ---- epilogue: each warpgroup stages its own 64 rows in sQ (its wgmma reads of them are complete) ----
     named_barrier(2 + cw, 128);
-    constexpr float kLn2 = 0.6931471805599453f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = row_sum[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const int r_local = row_in_tile + h * 8;
-#pragma unroll
-      for (int j = 0; j < HD / 8; ++j)
-        *reinterpret_cast<unsigned*>(smem + sw128_offset<BM>(r_local, j) + 4 * t) =
-            pack2<T>(acc_o[j * 4 + 2 * h] * inv, acc_o[j * 4 + 2 * h + 1] * inv);
-      const int row = m0 + r_local;
-      if (lse != nullptr && t == 0 && row < sq)
 #if RTK_ATTN_VARLEN
-        lse[hq * seqlen_q + seq.q0 + row] =  // (heads_q, total_q)
+    auto lse_index = [&](int row) { return hq * seqlen_q + seq.q0 + row; };  // (heads_q, total_q)
 #else
-        lse[(b * heads_q + hq) * seqlen_q + row] =
+    auto lse_index = [&](int row) { return (b * heads_q + hq) * seqlen_q + row; };
 #endif
-            sum > 0.f ? (row_max[h] * scale_log2 + __log2f(sum)) * kLn2 : kNegInf;
-    }
+    sm90_stage_o<T, HD, BM>(smem, acc_o, row_sum, row_max, lse, lse_index, row_in_tile, m0, sq, t, scale_log2);
     __syncwarp();
 #if RTK_ATTN_VARLEN
-    T* gO = o + seq.q0 * o_rs + hq * o_hs;
+    const long long o_head = seq.q0 * o_rs + hq * o_hs;
 #else
-    T* gO = o + b * o_bs + hq * o_hs;
+    const long long o_head = b * o_bs + hq * o_hs;
 #endif
-    const int warp_row0 = cw * 64 + (warp & 3) * 16;
-#pragma unroll
-    for (int it = 0; it < (16 * CPR) / 32; ++it) {
-      const int idx = it * 32 + lane;
-      const int r = idx / CPR;
-      const int c = idx - r * CPR;
-      const int row = m0 + warp_row0 + r;
-      if (row < sq)
-        *reinterpret_cast<uint4*>(gO + (long long)row * o_rs + c * 8) =
-            *reinterpret_cast<const uint4*>(smem + sw128_offset<BM>(warp_row0 + r, c));
-    }
+    sm90_store_o<T, HD, BM>(o, o_head, o_rs, smem, cw * 64 + (warp & 3) * 16, m0, sq, lane);
   }
 #endif
 }

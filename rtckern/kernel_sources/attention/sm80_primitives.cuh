@@ -33,6 +33,27 @@ RTK_DEVICE void cp_async_wait() {
 #endif
 }
 
+// cp.async a ROWS x HD tile (rows row0.. of g_head, 16-byte chunk c of row r to shared address dst(r, c)) by NT
+// threads; rows at or past rows_valid are zero-filled. dst is the tile's layout (padded rows, or 128-byte swizzle).
+template <int ROWS, int HD, int NT, typename T, typename Dst>
+RTK_DEVICE void load_tile_chunks(const Dst& dst, const T* g_head, long long row_stride, int row0, int rows_valid,
+                                 int tid) {
+  constexpr int CPR = HD / 8;
+  constexpr int TOTAL = ROWS * CPR;
+#pragma unroll
+  for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
+    const int idx = it * NT + tid;
+    if (TOTAL % NT == 0 || idx < TOTAL) {
+      const int r = idx / CPR;
+      const int c = idx - r * CPR;
+      const bool full = row0 + r < rows_valid;
+      // A zero-fill reads nothing, but keep the address inside the tensor anyway (row 0 of this head).
+      const T* src = full ? g_head + static_cast<long long>(row0 + r) * row_stride + c * 8 : g_head;
+      cp_async_16(dst(r, c), src, full);
+    }
+  }
+}
+
 RTK_DEVICE void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)

@@ -45,24 +45,13 @@ RTK_DEVICE int sw128_offset(int r, int c) {
   return (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
 }
 
+// Copy a ROWS x HD tile (rows >= rows_valid zero-filled) into a 128-byte-swizzled tile at shared address s.
 template <int ROWS, int HD, int NT, typename T>
 RTK_DEVICE void load_tile_sw128(unsigned s, const T* g_head, long long row_stride, int row0, int rows_valid,
                                 int tid) {
-  constexpr int CPR = HD / 8;
-  constexpr int TOTAL = ROWS * CPR;
-#pragma unroll
-  for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
-    const int idx = it * NT + tid;
-    if (TOTAL % NT == 0 || idx < TOTAL) {
-      const int r = idx / CPR;
-      const int c = idx - r * CPR;
-      const bool full = row0 + r < rows_valid;
-      const T* src = full ? g_head + static_cast<long long>(row0 + r) * row_stride + c * 8 : g_head;
-      cp_async_16(s + sw128_offset<ROWS>(r, c), src, full);
-    }
-  }
+  load_tile_chunks<ROWS, HD, NT>([s](int r, int c) { return s + sw128_offset<ROWS>(r, c); }, g_head, row_stride,
+                                 row0, rows_valid, tid);
 }
-
 
 #if defined(RTK_CUDA) && RTK_ARCH >= 900
 // A CUtensorMap passed by value as a __grid_constant__ kernel parameter: 128 opaque bytes, 64-byte aligned.

@@ -39,11 +39,13 @@ _GRID_YZ_MAX = 65535
 _requests = PlanCache("attention.requests")
 
 
-def _check_qkv(q: arr.DeviceArray, k: arr.DeviceArray, v: arr.DeviceArray) -> None:
+def check_qkv_arrays(q: arr.DeviceArray, k: arr.DeviceArray, v: arr.DeviceArray, dims: int, takes: str,
+                     kv_layout: str) -> None:
+    """What the dense and packed layouts share before their shapes differ: ``dims`` dims each (``takes`` says
+    which), one supported dtype, library and device, k shaped like v (``kv_layout``)."""
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        if len(t.shape) != 4:
-            raise InputError(f"{name} has shape {t.shape} ({len(t.shape)} dims); attention takes 4-dim "
-                             f"(batch, seqlen, heads, head_dim) tensors")
+        if len(t.shape) != dims:
+            raise InputError(f"{name} has shape {t.shape} ({len(t.shape)} dims); {takes}")
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         arr.check_dtype(t, name, tuple(DTYPES))
     if not (q.dtype == k.dtype == v.dtype):
@@ -54,12 +56,11 @@ def _check_qkv(q: arr.DeviceArray, k: arr.DeviceArray, v: arr.DeviceArray) -> No
         raise InputError(f"q, k, v must be on one GPU; got q on cuda:{q.device}, k on cuda:{k.device}, "
                          f"v on cuda:{v.device}")
     if k.shape != v.shape:
-        raise InputError(f"k has shape {k.shape} but v has {v.shape}; they must match "
-                         "(batch, seqlen_k, heads_kv, head_dim)")
-    b, sq, hq, d = q.shape
-    bk, sk, hk, dk = k.shape
-    if bk != b:
-        raise InputError(f"batch mismatch: q has batch {b}, k and v have {bk}")
+        raise InputError(f"k has shape {k.shape} but v has {v.shape}; they must match {kv_layout}")
+
+
+def check_heads(d: int, dk: int, hq: int, hk: int) -> None:
+    """q's and k's head dims agree and are supported; heads_q is a multiple of heads_kv."""
     if dk != d:
         raise InputError(f"head_dim mismatch: q has {d}, k and v have {dk}")
     if d not in HEAD_DIMS:
@@ -68,19 +69,35 @@ def _check_qkv(q: arr.DeviceArray, k: arr.DeviceArray, v: arr.DeviceArray) -> No
     if hk < 1 or hq % hk:
         raise InputError(f"heads_q={hq} is not a multiple of heads_kv={hk}; grouped-query attention needs "
                          "heads_q = n * heads_kv (n >= 1)")
+
+
+def check_strides(t: arr.DeviceArray, name: str, outer: str) -> None:
+    """The head dim (last) contiguous; the ``outer`` strides ("batch, seqlen and head") multiples of 8 elements on
+    a 16-byte aligned address."""
+    last = len(t.shape) - 1
+    if t.strides[last] != 1 and t.shape[last] > 1:
+        raise InputError(f"{name} has strides {t.strides} (elements): its head dim is not contiguous (stride "
+                         f"{t.strides[last]}, must be 1); pass {name}.contiguous()")
+    bad = [s for s, n in zip(t.strides[:last], t.shape[:last]) if n > 1 and s % 8]
+    if bad or t.ptr % 16:
+        raise InputError(f"{name} has strides {t.strides} (elements) at address {t.ptr:#x}: the {outer} strides "
+                         f"must be multiples of 8 elements and the address 16-byte aligned; pass {name}.contiguous()")
+
+
+def _check_qkv(q: arr.DeviceArray, k: arr.DeviceArray, v: arr.DeviceArray) -> None:
+    check_qkv_arrays(q, k, v, 4, "attention takes 4-dim (batch, seqlen, heads, head_dim) tensors",
+                     "(batch, seqlen_k, heads_kv, head_dim)")
+    b, sq, hq, d = q.shape
+    bk, sk, hk, dk = k.shape
+    if bk != b:
+        raise InputError(f"batch mismatch: q has batch {b}, k and v have {bk}")
+    check_heads(d, dk, hq, hk)
     if sq > _INT32_MAX or sk > _INT32_MAX:
         raise InputError(f"seqlen_q={sq}, seqlen_k={sk}: at most {_INT32_MAX} supported")
     if b > _GRID_YZ_MAX or hq > _GRID_YZ_MAX:
         raise InputError(f"batch={b}, heads_q={hq}: at most {_GRID_YZ_MAX} each (grid y/z limits); split the call")
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        if t.strides[3] != 1 and t.shape[3] > 1:
-            raise InputError(f"{name} has strides {t.strides} (elements): its head dim is not contiguous (stride "
-                             f"{t.strides[3]}, must be 1); pass {name}.contiguous()")
-        bad = [s for s, n in zip(t.strides[:3], t.shape[:3]) if n > 1 and s % 8]
-        if bad or t.ptr % 16:
-            raise InputError(f"{name} has strides {t.strides} (elements) at address {t.ptr:#x}: the batch, seqlen and "
-                             "head strides must be multiples of 8 elements and the address 16-byte aligned; pass "
-                             f"{name}.contiguous()")
+        check_strides(t, name, "batch, seqlen and head")
 
 
 def _scale(softmax_scale, head_dim: int) -> float:
@@ -94,11 +111,13 @@ def _scale(softmax_scale, head_dim: int) -> float:
     return s
 
 
-def _request(dtype: str, head_dim: int, causal: bool, device: int):
+def cached_request(requests: PlanCache, build, dtype: str, head_dim: int, causal: bool, device: int):
+    """The request of (dtype, head_dim, causal, device) from ``requests``; on a miss ``build(dtype, head_dim,
+    causal, DeviceInfo)`` makes it (the forward's and varlen's candidates.request)."""
     key = (dtype, head_dim, causal, device)
-    req = _requests.get(key)
+    req = requests.get(key)
     if req is None:
-        req = _requests.put(key, cands.request(dtype, head_dim, causal, DeviceInfo.from_device(device)))
+        req = requests.put(key, build(dtype, head_dim, causal, DeviceInfo.from_device(device)))
     return req
 
 
@@ -118,7 +137,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     o, o_ptr = arr.empty(qa, (b, sq, hq, d), qa.dtype)
     lse, lse_ptr = arr.empty(qa, (b, hq, sq), "fp32") if return_lse else (None, 0)
     if b and sq and hq:
-        req = _request(qa.dtype, d, causal, qa.device)
+        req = cached_request(_requests, cands.request, qa.dtype, d, causal, qa.device)
         sel = select(req)
         if qa.lib == "torch":
             call_plan = plan.Plan(qa, ka, va, req, sel, scale, bool(return_lse))

@@ -28,7 +28,7 @@ from rtckern.runtime.streams import torch_stream
 
 from .._common import current_plan
 from . import backward_candidates as cands
-from .api import _check_qkv, _scale
+from .api import _check_qkv, _scale, check_strides
 
 __all__ = ("attention_backward",)
 
@@ -47,14 +47,7 @@ def _check_like_q(t: arr.DeviceArray, q: arr.DeviceArray, name: str) -> None:
     if t.lib != q.lib or t.device != q.device:
         raise InputError(f"{name} must be a {q.lib} array on cuda:{q.device} like q; got a {t.lib} array on "
                          f"cuda:{t.device}")
-    if t.strides[3] != 1 and t.shape[3] > 1:
-        raise InputError(f"{name} has strides {t.strides} (elements): its head dim is not contiguous (stride "
-                         f"{t.strides[3]}, must be 1); pass {name}.contiguous()")
-    bad = [s for s, n in zip(t.strides[:3], t.shape[:3]) if n > 1 and s % 8]
-    if bad or t.ptr % 16:
-        raise InputError(f"{name} has strides {t.strides} (elements) at address {t.ptr:#x}: the batch, seqlen and "
-                         f"head strides must be multiples of 8 elements and the address 16-byte aligned; pass "
-                         f"{name}.contiguous()")
+    check_strides(t, name, "batch, seqlen and head")
 
 
 def _check_lse(lse: arr.DeviceArray, q: arr.DeviceArray) -> None:

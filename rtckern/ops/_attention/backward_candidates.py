@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder
+from rtckern.registry import Candidate, OpRequest, Resources
 from rtckern.registry import options as opts
 from rtckern.registry.core_api import target_for
 from rtckern.spec import KernelSpec
 
 from . import backward_configs as cfgs
+from .candidates import registrar
 from .configs import qkv_reason
 
 OP = "attention_backward"
@@ -258,16 +259,6 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
 
 
 CANDIDATES = (Sm90Wgmma(), Sm80Mma(), Simt())
-_registered = False
-
-
-def register_all() -> None:
-    global _registered
-    if _registered:
-        return
-    for c in CANDIDATES:
-        register(c)
-    register_request_builder(OP, _build_request,
-                             help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1, --opt deterministic=0/1",
-                             example="--dtype bf16 --shape 4x4096x16x128 --opt causal=1")
-    _registered = True
+register_all = registrar(CANDIDATES, OP, _build_request,
+                         help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1, --opt deterministic=0/1",
+                         example="--dtype bf16 --shape 4x4096x16x128 --opt causal=1")

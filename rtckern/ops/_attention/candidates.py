@@ -179,15 +179,22 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
 
 
 CANDIDATES = (Sm90Ws(), Sm90Wgmma(), Sm80Mma(), Simt())
-_registered = False
 
 
-def register_all() -> None:
-    global _registered
-    if _registered:
-        return
-    for c in CANDIDATES:
-        register(c)
-    register_request_builder(OP, _build_request, help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1",
-                             example="--dtype bf16 --shape 4x4096x16x128 --opt causal=1")
-    _registered = True
+def registrar(candidates, op: str, builder, help: str, example: str):
+    """The register_all() of an attention op: registers its candidates and request builder on the first call."""
+    done = []
+
+    def register_all() -> None:
+        if done:
+            return
+        for c in candidates:
+            register(c)
+        register_request_builder(op, builder, help=help, example=example)
+        done.append(True)
+
+    return register_all
+
+
+register_all = registrar(CANDIDATES, OP, _build_request, help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1",
+                         example="--dtype bf16 --shape 4x4096x16x128 --opt causal=1")

@@ -27,12 +27,10 @@ from __future__ import annotations
 import operator
 
 from rtckern.caches import PlanCache
-from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from . import varlen_candidates as vc
 from . import varlen_plan as plan
-from .api import _scale
-from .configs import DTYPES, HEAD_DIMS
+from .api import _scale, cached_request, check_heads, check_qkv_arrays, check_strides
 from rtckern.registry import select
 from rtckern.runtime import arrays as arr
 
@@ -44,44 +42,17 @@ _requests = PlanCache("attention_varlen.requests")
 
 
 def _check_qkv(q: arr.DeviceArray, k: arr.DeviceArray, v: arr.DeviceArray) -> None:
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        if len(t.shape) != 3:
-            raise InputError(f"{name} has shape {t.shape} ({len(t.shape)} dims); attention_varlen takes 3-dim "
-                             f"(total_tokens, heads, head_dim) tensors (the sequences packed one after the other)")
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        arr.check_dtype(t, name, tuple(DTYPES))
-    if not (q.dtype == k.dtype == v.dtype):
-        raise InputError(f"q, k, v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if not (q.lib == k.lib == v.lib):
-        raise InputError(f"q, k, v must be arrays of one library; got q {q.lib}, k {k.lib}, v {v.lib}")
-    if not (q.device == k.device == v.device):
-        raise InputError(f"q, k, v must be on one GPU; got q on cuda:{q.device}, k on cuda:{k.device}, "
-                         f"v on cuda:{v.device}")
-    if k.shape != v.shape:
-        raise InputError(f"k has shape {k.shape} but v has {v.shape}; they must match (total_k, heads_kv, head_dim)")
+    check_qkv_arrays(q, k, v, 3, "attention_varlen takes 3-dim (total_tokens, heads, head_dim) tensors (the "
+                     "sequences packed one after the other)", "(total_k, heads_kv, head_dim)")
     tq, hq, d = q.shape
     tk, hk, dk = k.shape
-    if dk != d:
-        raise InputError(f"head_dim mismatch: q has {d}, k and v have {dk}")
-    if d not in HEAD_DIMS:
-        raise InputError(f"head_dim {d} is not supported; supported: {', '.join(map(str, HEAD_DIMS))} "
-                         "(pad the head dim with zeros up to the next one)")
-    if hk < 1 or hq % hk:
-        raise InputError(f"heads_q={hq} is not a multiple of heads_kv={hk}; grouped-query attention needs "
-                         "heads_q = n * heads_kv (n >= 1)")
+    check_heads(d, dk, hq, hk)
     if tq > _INT32_MAX or tk > _INT32_MAX:
         raise InputError(f"total_q={tq}, total_k={tk}: at most {_INT32_MAX} tokens each (int32 prefix sums)")
     if hq > _GRID_YZ_MAX:
         raise InputError(f"heads_q={hq}: at most {_GRID_YZ_MAX} (grid y limit); split the call")
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        if t.strides[2] != 1 and t.shape[2] > 1:
-            raise InputError(f"{name} has strides {t.strides} (elements): its head dim is not contiguous (stride "
-                             f"{t.strides[2]}, must be 1); pass {name}.contiguous()")
-        bad = [s for s, n in zip(t.strides[:2], t.shape[:2]) if n > 1 and s % 8]
-        if bad or t.ptr % 16:
-            raise InputError(f"{name} has strides {t.strides} (elements) at address {t.ptr:#x}: the token and head "
-                             f"strides must be multiples of 8 elements and the address 16-byte aligned; pass "
-                             f"{name}.contiguous()")
+        check_strides(t, name, "token and head")
 
 
 def _check_cu(cq: arr.DeviceArray, ck: arr.DeviceArray, q: arr.DeviceArray) -> int:
@@ -128,14 +99,6 @@ def _check_max(value, name: str, total: int, total_name: str) -> int:
     return value
 
 
-def _request(dtype: str, head_dim: int, causal: bool, device: int):
-    key = (dtype, head_dim, causal, device)
-    req = _requests.get(key)
-    if req is None:
-        req = _requests.put(key, vc.request(dtype, head_dim, causal, DeviceInfo.from_device(device)))
-    return req
-
-
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool = False,
                      softmax_scale: float | None = None, return_lse: bool = False):
     """Fused attention forward over packed sequences; see the module docstring for layouts, masking and limits."""
@@ -164,7 +127,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     o, o_ptr = arr.empty(qa, (tq, hq, d), qa.dtype)
     lse, lse_ptr = arr.empty(qa, (hq, tq), "fp32") if return_lse else (None, 0)
     if batch and max_q and hq:
-        req = _request(qa.dtype, d, causal, qa.device)
+        req = cached_request(_requests, vc.request, qa.dtype, d, causal, qa.device)
         sel = select(req)
         if qa.lib == "torch":
             p = plan.Plan(qa, ka, va, batch, req, sel, scale, bool(return_lse))

@@ -21,7 +21,7 @@ import numpy as np
 
 from rtckern.device import DeviceInfo
 from . import candidates as dense
-from rtckern.registry import OpRequest, register, register_request_builder
+from rtckern.registry import OpRequest
 from rtckern.registry import options as opts
 from rtckern.runtime.arrays import DeviceArray
 
@@ -147,16 +147,6 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
 
 
 CANDIDATES = (Sm90Ws(), Sm90Wgmma(), Sm80Mma(), Simt())
-_registered = False
-
-
-def register_all() -> None:
-    global _registered
-    if _registered:
-        return
-    for c in CANDIDATES:
-        register(c)
-    register_request_builder(OP, _build_request, help="shape: head_dim, or q's TxHxD (packed tokens); "
-                                                      "--opt causal=0/1",
-                             example="--dtype bf16 --shape 16384x16x128 --opt causal=1")
-    _registered = True
+register_all = dense.registrar(CANDIDATES, OP, _build_request,
+                               help="shape: head_dim, or q's TxHxD (packed tokens); --opt causal=0/1",
+                               example="--dtype bf16 --shape 16384x16x128 --opt causal=1")
