@@ -42,6 +42,7 @@ SUITES = {
     "softmax": "gpu",
     "gemm": "gpu",
     "gemm_skinny": "gpu",
+    "gemm_fp8": "gpu",
     "plugin": "gpu",
     "core": "gpu",
     "multi_gpu": "gpus",

@@ -34,6 +34,7 @@ case "$family" in
   norms)       tests="tests/gpu/ops/test_norms.py" ;;
   softmax)     tests="tests/gpu/ops/test_softmax.py"; args="--prefill" ;;
   gemm)        tests="tests/gpu/ops/test_gemm.py" ;;
+  gemm_fp8)    tests="tests/gpu/ops/test_gemm_fp8.py" ;;
   gemm_skinny) tests="tests/gpu/ops/test_gemm.py"; args="--host" ;;
   plugin)      tests="tests/gpu/plugins" ;;
   core)        tests="tests/gpu/test_runtime_gpu.py" ;;

@@ -1,0 +1,99 @@
+"""fp8 GEMM and quantization: TFLOP/s of rtckern.ops.gemm_fp8 (per-tensor and 1x128 / 128x128 block scales) against
+torch._scaled_mm (per-tensor scales, bf16 out), and quantize_fp8's GB/s against the device's copy bandwidth.
+
+    python -m benchmarks gemm_fp8 [--quick]
+
+Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 projections, M = 128 and 16 decode
+shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time.
+"""
+from __future__ import annotations
+
+import statistics
+
+SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 18432), (4096, 24576, 1536), (128, 28672, 8192),
+          (16, 28672, 8192))
+QUICK = "4096^3 and M=128 only, 10 reps"
+
+
+def add_args(ap) -> None:
+    ap.add_argument("--reps", type=int, default=30)
+
+
+def _time_ms(fn, reps: int) -> float:
+    import torch
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in ev)
+
+
+def _copy_gbs() -> float:
+    import torch
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = _time_ms(lambda: dst.copy_(src), 20)
+    return 2 * src.numel() / (ms * 1e-3) / 1e9
+
+
+def run(args):
+    import torch
+
+    from benchmarks.runner import Result, Table
+    from rtckern import ops
+
+    reps = 10 if args.quick else args.reps
+    shapes = ((4096, 4096, 4096), (128, 28672, 8192)) if args.quick else SHAPES
+    e4m3 = torch.float8_e4m3fn
+    rows = []
+    for m, n, k in shapes:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(m, k, device="cuda", generator=g).to(e4m3)
+        b = torch.randn(n, k, device="cuda", generator=g).to(e4m3)
+        one = torch.ones((), device="cuda")
+        sa_blk = torch.rand(m, -(-k // 128), device="cuda", generator=g) + 0.5
+        sb_blk = torch.rand(-(-n // 128), -(-k // 128), device="cuda", generator=g) + 0.5
+        flops = 2.0 * m * n * k
+        res = {}
+        runs = {"rtckern per-tensor": lambda: ops.gemm_fp8(a, b, one, one),
+                "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
+                "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
+                                                             out_dtype=torch.bfloat16)}
+        for name, fn in runs.items():
+            try:
+                res[name] = flops / (_time_ms(fn, reps) * 1e-3) / 1e12
+            except Exception as e:  # one path failing must not lose the others
+                print(f"{name} failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
+        rows.append({"m": m, "n": n, "k": k, "tflops": res})
+        print(f"{m}x{n}x{k}: " + ", ".join(f"{k_}={v:.0f}" for k_, v in res.items()), flush=True)
+        runs.clear()  # the lambdas hold a and b
+        torch.cuda.empty_cache()
+    copy = _copy_gbs()
+    qrows = []
+    for m, k in ((4096, 7168), (16384, 7168)):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ms = _time_ms(lambda: ops.quantize_fp8(x, 128), reps)
+        nbytes = m * k * 2 + m * k + m * (k // 128) * 4
+        qrows.append({"m": m, "k": k, "gbs": nbytes / (ms * 1e-3) / 1e9, "copy_gbs": copy})
+
+    def ratio(t, a_, b_):
+        return f"{t[a_] / t[b_]:.2f}x" if a_ in t and b_ in t else None
+    table = Table(["M", "N", "K", "rtckern per-tensor", "rtckern block", "torch._scaled_mm", "per-tensor / torch",
+                   "block / torch"],
+                  [[r["m"], r["n"], r["k"], *[f"{r['tflops'][c]:.0f}" if c in r["tflops"] else None
+                                              for c in ("rtckern per-tensor", "rtckern block", "torch._scaled_mm")],
+                    ratio(r["tflops"], "rtckern per-tensor", "torch._scaled_mm"),
+                    ratio(r["tflops"], "rtckern block", "torch._scaled_mm")] for r in rows], title="gemm_fp8 TFLOP/s")
+    qtable = Table(["M", "K", "GB/s", "copy GB/s", "fraction of copy"],
+                   [[q["m"], q["k"], f"{q['gbs']:.0f}", f"{q['copy_gbs']:.0f}", f"{q['gbs'] / q['copy_gbs']:.2f}"]
+                    for q in qrows], title="quantize_fp8 (bf16 in; e4m3 and fp32 scales out, group 128)")
+    note = (f"e4m3 inputs, bf16 output; median of {reps} CUDA-event timings of back-to-back calls; torch._scaled_mm "
+            "with per-tensor scales (its fastest form).")
+    return Result("fp8 GEMM and quantization", rows=rows, body=[note, table, qtable], data={"quantize": qrows})
