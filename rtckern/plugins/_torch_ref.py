@@ -230,3 +230,74 @@ def gemm(a, b, bias, act, trans_b, out_dtype, residual):
     if residual is not None:
         y = y + _up(residual)
     return y.to(out_dtype or a.dtype).contiguous()
+
+
+# ---- fp8 ----------------------------------------------------------------------------------------------------------
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_BLOCK = 128  # gemm_fp8's block scales: 1 x 128 groups of a, 128 x 128 blocks of b
+
+
+def _expand_scale(s, rows: int, k: int, block_rows: int):
+    """An fp32 scale tensor as a (rows, k) multiplier: one element (per tensor), one per row ((rows,) or
+    (rows, 1)), or blocks of block_rows x 128 ((ceil(rows / block_rows), ceil(k / 128)))."""
+    s = s.float()
+    if s.numel() == 1:
+        return s.reshape(1, 1)
+    if s.dim() == 1 or (s.dim() == 2 and s.shape[1] == 1):
+        return s.reshape(-1, 1)
+    return s.repeat_interleave(block_rows, 0).repeat_interleave(FP8_BLOCK, 1)[:rows, :k]
+
+
+def gemm_fp8(a, b, a_scale, b_scale, out_dtype, bias, trans_b):
+    """y = (a * a_scale) @ (b * b_scale)^T (+ bias): dequantized in fp32, multiplied in fp32."""
+    m, k = a.shape
+    n = b.shape[0]
+    block = a_scale.dim() == 2 and a_scale.shape[1] > 1 or b_scale.dim() == 2 and b_scale.shape[1] > 1
+    ad = a.float() * _expand_scale(a_scale, m, k, 1)
+    bd = b.float() * _expand_scale(b_scale, n, k, FP8_BLOCK if block else 1)
+    y = ad @ bd.t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype or torch.bfloat16).contiguous()
+
+
+def tma_aligned_rows(m):
+    """Rows of the column-major scale layout: m rounded up to a multiple of 4 (16 bytes of fp32)."""
+    return (m + 3) // 4 * 4
+
+
+def fp8_scales_out(scales, scale_format: str):
+    """(M, G) fp32 scales in quantize_fp8's layout: row-major ("row") or column-major with M padded to a multiple
+    of 4 ("col_tma": strides (1, ceil(M / 4) * 4))."""
+    if scale_format == "row":
+        return scales.contiguous()
+    m, g = scales.shape
+    mp = tma_aligned_rows(m)
+    raw = scales.new_zeros((g, mp))
+    raw[:, :m] = scales.t()
+    return raw.as_strided((m, g), (1, mp))
+
+
+def quantize_groups(xf, group: int):
+    """(q, scales) of fp32 rows (M, K): per group of `group` columns scale = amax / 448 (1 for an all-zero group),
+    q = x / scale rounded to nearest even and saturated to +-448."""
+    m, k = xf.shape
+    v = xf.reshape(m, k // group, group)
+    scale = v.abs().amax(-1) / FP8_MAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = (v / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(m, k), scale
+
+
+def quantize_fp8(x, group, scale_format):
+    q, scale = quantize_groups(x.float(), group)
+    return q, fp8_scales_out(scale, scale_format)
+
+
+def rms_norm_quant(x, weight, eps, group, scale_format, zero_centered):
+    """rms_norm (fp32, not rounded to x's dtype) then per-group quantization; scales per row of x flattened to
+    (rows, N)."""
+    y, _ = rms_norm_fwd(x, weight, eps, zero_centered, torch.float32, False)
+    n = x.shape[-1]
+    q, scale = quantize_groups(y.reshape(-1, n), group)
+    return q.reshape(x.shape), fp8_scales_out(scale, scale_format)

@@ -11,7 +11,8 @@
 Ops (namespace `rtckern`): rms_norm, fused_add_rms_norm, layer_norm (composite; their *_fwd / *_bwd custom ops
 carry the kernels), softmax, scaled_masked_softmax, scaled_upper_triang_masked_softmax,
 scaled_aligned_causal_masked_softmax (+ *_bwd), attention (composite; attention_fwd / attention_bwd), attention_varlen
-(composite; attention_varlen_fwd / attention_varlen_bwd), gemm.
+(composite; attention_varlen_fwd / attention_varlen_bwd), gemm, gemm_fp8, quantize_fp8, rms_norm_quant (fused
+RMSNorm + per-group fp8 quantization; inference only, no autograd).
 
 The ops are torch.library.Library ops (_torch_lib.KernelOp, chosen over custom_op for host cost): an eager call
 is one Python kernel that runs rtckern's op itself; under tracing, modes and subclasses they dispatch in full.
@@ -42,6 +43,7 @@ FAMILIES = {
     "attention": ("rtckern.ops._attention.api", "rtckern.plugins._torch_attention"),
     "attention_varlen": ("rtckern.ops._attention.api", "rtckern.plugins._torch_attention_varlen"),
     "gemm": ("rtckern.ops._gemm.api", "rtckern.plugins._torch_gemm"),
+    "fp8": ("rtckern.ops._fp8.api", "rtckern.plugins._torch_fp8"),
 }
 
 registered_ops: list[str] = []  # torch.ops.rtckern.<name> for each

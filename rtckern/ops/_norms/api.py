@@ -6,6 +6,7 @@
     y = layer_norm(x, weight, bias, eps=1e-5)
     y, mean, rstd = layer_norm(x, weight, bias, return_stats=True)
     dx, dweight = rms_norm_backward(dy, x, weight, rstd)    # x: the normalized input (h with a residual)
+    q, scales = rms_norm_quant(x, weight, eps, group=128)   # fp8 e4m3 + per-group scales in one pass (quant.py)
     dx, dweight, dbias = layer_norm_backward(dy, x, weight, bias, mean, rstd)
 
 Options: zero_centered=True stores the weight as gamma - 1 (y = x_hat * (1 + weight)); out_dtype / dx_dtype
@@ -30,7 +31,7 @@ from rtckern.runtime import arrays as arr
 from .._common import current_plan, parse_number
 from . import plan
 
-__all__ = ("rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward")
+__all__ = ("rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward", "rms_norm_quant")
 
 # The decided (request, candidate, kernels) per (op, dtypes, n, vec, flags, device): what the plans of
 # plan.py ask once per alignment class.
@@ -145,6 +146,9 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
         ra = _rows(residual, "residual")
         _check_like(ra, xa, "residual", (xa.dtype,))
     y_dtype = xa.dtype if out_dtype is None else _dtype_name(out_dtype, "out_dtype")
+    if y_dtype.startswith("fp8"):
+        raise InputError(f"{op} does not write fp8 (out_dtype={y_dtype}): fp8 activations need per-group scales; "
+                         "use rtckern.ops.rms_norm_quant(x, weight, eps, group=128), which returns (q, scales)")
     e = _eps(eps)
     if xa.rows == 0:
         y, _ = arr.empty(xa, xa.shape, y_dtype)
@@ -249,6 +253,9 @@ def layer_norm_backward(dy: Any, x: Any, weight: Any, bias: Any, mean: Any, rstd
     parameter."""
     return _backward(True, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
                      bias_grad)
+
+
+from .quant import rms_norm_quant  # noqa: E402  (the fused fp8 producer; quant.py)
 
 
 def _register() -> None:

@@ -303,8 +303,95 @@ def _make(op: str, base: type, direction: str) -> Candidate:
     return cls()
 
 
+QUANT_OP = "rms_norm_quant"
+FP8 = "fp8_e4m3"
+
+
+class RmsNormQuantRows(Candidate):
+    """rms_norm_quant: the row kernel with the fp8 store (norms/fwd_rows_fp8.cuh), RMSNorm's row config for the
+    same (x dtype, N, vec) (its tuned table row or rule) where that config holds whole groups, else the rule's.
+    sm_89+ (fp8 conversions); one memory-bound pass."""
+
+    name = "rms_norm_quant.rows"
+    op = QUANT_OP
+    priority = 100
+    min_arch = "sm_89"
+    vendors = ("nvidia",)
+
+    def _memo_of(self, req: OpRequest):
+        key = (self.name, req)
+        hit = _configs.get(key)
+        if hit is None:
+            p = fwd_problem(req)
+            group = req.dim("group")
+            cfg = configs.fwd_config(p, "rows", req.device)
+            if cfg is not None and geometry.quant_reason(p.n, p.vec, group, cfg):
+                cfg = configs.fwd_heuristic(p, "rows")
+                if geometry.fwd_feasible(p, "rows", cfg):
+                    cfg = None
+            hit = _configs.put(key, (p, cfg))
+        return hit
+
+    def config(self, req: OpRequest):
+        return self._memo_of(req)[1]
+
+    def supports(self, req: OpRequest) -> str | None:
+        if req.dtype("y") != FP8:
+            return f"output dtype {req.dtype('y')} not supported; rms_norm_quant writes {FP8}"
+        if req.dtype("x") not in geometry.DTYPES:
+            return f"input dtype {req.dtype('x')} not supported; supported: {', '.join(geometry.DTYPES)}"
+        p, cfg = self._memo_of(req)
+        if cfg is None:
+            return f"no row geometry keeps N={p.n} ({p.x}) within the register budget"
+        return geometry.quant_reason(p.n, p.vec, req.dim("group"), cfg)
+
+    def cost(self, req: OpRequest) -> Cost:
+        return Cost(1.0, "rule", "one memory-bound pass: the row kernel with a quantizing store")
+
+    def kernel_specs(self, req: OpRequest):
+        p, cfg = self._memo_of(req)
+        return (geometry.quant_spec(p, cfg, req.dim("group"), self.target(req), op=req.op),)
+
+    def launch_resources(self, req: OpRequest):
+        return (Resources(block=self.config(req).block),)
+
+    def row_launch_geometry(self, req: OpRequest, kernels: tuple[Any, ...], rows: int) -> tuple[int, int, int]:
+        cfg = self.config(req)
+        grid = geometry.grid_for_rows(rows, cfg)
+        if cfg.opt & 1:
+            grid = min(grid, blocks_per_sm(kernels[0], cfg.block) * kernels[0].device.sm_count)
+        return grid, cfg.block, 0
+
+
+def quant_request(x: str, w: str | None, n: int, vec: int, group: int, zero_centered: bool, device) -> OpRequest:
+    """rms_norm_quant's request: dtypes x, w (or "none"), y (fp8_e4m3); shape n, vec, group; flags weight,
+    zero_centered (the scale layout is a runtime stride: not in the request)."""
+    return OpRequest(op=QUANT_OP, dtypes=(("w", w or "none"), ("x", x), ("y", FP8)),
+                     shape=(("group", group), ("n", n), ("vec", vec)),
+                     flags=(("bias", False), ("residual", False), ("save_stats", False), ("weight", w is not None),
+                            ("zero_centered", bool(zero_centered))), device=device)
+
+
+def build_quant_request(shape: tuple, dtype: str | None, device, **options: str) -> OpRequest:
+    """`rtckern explain rms_norm_quant`: shape N or ROWSxN; --opt w= (a dtype or none), group=, vec=,
+    zero_centered=0/1."""
+    op = QUANT_OP
+    if not shape or shape[-1] < 1:
+        raise ValueError(f"shape {shape!r}: give N or ROWSxN with N >= 1")
+    x = dtype or "bf16"
+    if x not in geometry.DTYPES:
+        raise ValueError(f"dtype {x!r}: expected one of {', '.join(geometry.DTYPES)}")
+    opts.check_keys(op, options, ("vec", "w", "group", "zero_centered"))
+    n = int(shape[-1])
+    vec = opts.parse_vec(op, options, n, geometry.ITEMSIZE[x], geometry.pick_vec(n, (geometry.ITEMSIZE[x],), (16,)))
+    w = _dtype_opt(op, options, "w", x)
+    group = int(opts.parse_choice(op, "group", options.get("group", "128"), tuple(map(str, geometry.QUANT_GROUPS))))
+    return quant_request(x, None if w == "none" else w, n, vec, group, opts.flag(op, options, "zero_centered", False),
+                         device)
+
+
 def all_candidates() -> list[Candidate]:
-    out = []
+    out = [RmsNormQuantRows()]
     for op in FWD_OPS:
         out += [_make(op, b, "fwd") for b in (_Rows, _Cluster, _L2, _Coop)]
     for op in BWD_OPS:
@@ -355,6 +442,12 @@ def build_request(op: str, shape: tuple, dtype: str | None, device, **options: s
 
 def register_builders(registry) -> None:
     import functools
+
+    if QUANT_OP not in registry.builder_ops():
+        registry.register_request_builder(
+            QUANT_OP, build_quant_request,
+            help="shape: N or ROWSxN; --opt w=fp32|none group=32|64|128|256 zero_centered=0/1 vec=",
+            example="--dtype bf16 --shape 8192x7168 --opt group=128")
 
     for op in FWD_OPS + BWD_OPS:
         if op in registry.builder_ops():

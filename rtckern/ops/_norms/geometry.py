@@ -534,3 +534,35 @@ def bwd_specs(p: BwdProblem, kind: str, cfg, arch: Arch, op: str = "") -> tuple[
         return (main,)
     rsrc, rname = DW_REDUCE
     return main, KernelSpec(rsrc, rname, arch, template_args=dw_reduce_template_args(p), op=op)
+
+
+# ---- rms_norm_quant: RMSNorm with per-group fp8 output (norms/fwd_rows_fp8.cuh) ---------------------------------
+QUANT_SOURCE = ("norms/fwd_rows_fp8.cuh", "rtk_norm_fwd_rows_fp8")
+QUANT_GROUPS = (32, 64, 128, 256)
+QUANT_MAX_LANES = 32  # a group's lanes (group / vec) share one warp
+
+
+def quant_reason(n: int, vec: int, group: int, cfg: RowsConfig | None) -> str | None:
+    """None when the fp8 row kernel can serve rows of n with this vector width, group and row config."""
+    if group not in QUANT_GROUPS:
+        return f"group={group} not supported; supported: {', '.join(map(str, QUANT_GROUPS))}"
+    if n % group:
+        return f"N={n} is not a multiple of group={group}"
+    if vec < 2 or group // vec > QUANT_MAX_LANES:
+        return (f"vector width {vec} is too narrow for groups of {group} (each group must fit {QUANT_MAX_LANES} "
+                f"lanes of at least max(2, {group // QUANT_MAX_LANES}) elements): x's rows must be aligned to "
+                f"{max(2, group // QUANT_MAX_LANES)} elements")
+    if cfg is not None and cfg.tpr % (group // vec):
+        return f"{cfg.tpr} threads per row do not hold whole groups of {group // vec} lanes"
+    return None
+
+
+def quant_spec(p: FwdProblem, cfg: RowsConfig, group: int, arch: Arch, op: str = "") -> KernelSpec:
+    src, name = QUANT_SOURCE
+    return KernelSpec(src, name, arch, op=op,
+                      template_args=(ctype(p.x), p.w_type, p.n, p.vec, cfg.tpr, cfg.rpb, p.flags, cfg.opt, group))
+
+
+def quant_bytes_moved(p: FwdProblem, rows: int, group: int) -> int:
+    """x read, q (1 byte per element) and the fp32 scales written, the weight read once."""
+    return rows * (p.n * (ITEMSIZE[p.x] + 1) + 4 * (p.n // group)) + (p.n * ITEMSIZE[p.w] if p.w else 0)

@@ -1,0 +1,91 @@
+// RMSNorm forward with per-group fp8 quantization of y (the producer of gemm_fp8's activations): the row kernel of
+// fwd_rows.cuh (same template arguments TX, TW, N, VEC, TPR, RPB, FLAGS, OPT, same loads, statistics and persistent
+// loop) with only its store changed. y = x * rstd * w is computed in fp32 as rtk_norm_fwd_write does, then per
+// group of G consecutive columns: scale = amax(|y|) / 448 (1 for an all-zero group), q = y / scale as e4m3, rounded
+// to nearest even and saturated to +-448 (quantize_fp8.cuh's rule, so the result equals rms_norm in fp32 followed
+// by quantize_fp8). A group is LPG = G / VEC adjacent lanes of one pack index (TPR % LPG == 0, LPG <= 32): its amax
+// is log2(LPG) xor-shuffles. Scales at s[row * s_row + group * s_col] (row-major, or column-major TMA-aligned).
+// A separate file and kernel so that the binaries of fwd_rows.cuh stay byte-identical. CUDA only (fp8, sm_89+).
+#pragma once
+#include "norms/norm_fwd_parts.cuh"
+#include "gemm/fp8.cuh"
+
+template <typename TX, typename TW, int N, int VEC, int TPR, int RPB, int FLAGS, int OPT, int G>
+__global__ void __launch_bounds__(TPR * RPB)
+rtk_norm_fwd_rows_fp8(const TX* __restrict__ x, const TW* __restrict__ w, unsigned char* __restrict__ q,
+                      float* __restrict__ s, float eps, long long rows, long long sx, long long s_row,
+                      long long s_col) {
+  static_assert(N % VEC == 0 && N % G == 0, "VEC and G must divide N");
+  static_assert((FLAGS & (kNormLayer | kNormBias | kNormResidual | kNormSaveStats)) == 0,
+                "RMSNorm with an optional (zero-centered) weight only");
+  constexpr int LPG = G / VEC;
+  static_assert(G % VEC == 0 && LPG >= 1 && LPG <= 32 && (LPG & (LPG - 1)) == 0 && TPR % LPG == 0,
+                "a group is a power-of-two run of lanes inside one warp");
+  static_assert(VEC >= 2, "fp8 packs of at least 2 bytes");
+  static_assert(RPB == 1 || TPR <= RTK_WARP_SIZE_CONST, "several rows per block need TPR <= warp size");
+  constexpr int NV = (N / VEC + TPR - 1) / TPR;
+  constexpr bool kPersist = (OPT & kOptPersist) != 0;
+  constexpr int kLd = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
+  __shared__ float scratch[rtk_norm_scratch_floats<TPR>(3)];
+
+  const int t = threadIdx.x % TPR;
+  const int g = threadIdx.x / TPR;
+  const long long step = (long long)gridDim.x * RPB;
+  long long base = (long long)blockIdx.x * RPB;
+
+  rtk_norm_affine<FLAGS, TW, VEC, NV, TPR> a;
+  constexpr bool kEarly = rtk_norm_early_affine<FLAGS, TW, VEC, NV>();
+  if constexpr (kEarly) a.load(w, w, t, N, true);
+
+  rtk_norm_fwd_in<FLAGS, TX, VEC, NV, TPR> cur;
+  {
+    const long long row = base + g;
+    const long long r = row < rows ? row : 0;
+    cur.template load<kLd>(x + r * sx, x, t, N, row < rows);
+  }
+  while (true) {
+    const long long row = base + g;
+    const bool live = row < rows;
+    const long long r = live ? row : 0;
+    const long long next = base + step;
+    rtk_norm_fwd_in<FLAGS, TX, VEC, NV, TPR> nxt;
+    if (kPersist && next < rows) {
+      const long long nrow = next + g;
+      const long long nr = nrow < rows ? nrow : 0;
+      nxt.template load<kLd>(x + nr * sx, x, t, N, nrow < rows);
+    }
+    float center, m2;
+    rtk_norm_local_stats<FLAGS>(cur.x, t, N, scratch, center, m2);
+    const float rstd = rsqrtf(m2 * (1.f / (float)N) + eps);
+    if constexpr ((OPT & kOptRecompute) != 0) cur.x.opaque();
+    if constexpr (!kEarly) a.load(w, w, t, N, live);
+
+    // The store: every lane runs every pack index (the shuffles need the whole warp); dead lanes hold zeros.
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c = cur.x.col(i, t);
+      const bool in = live && c < N;
+      float v[VEC];
+      float amax = 0.f;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[j] = in ? (cur.x.get(i, j) - center) * rstd * a.weight(i, j) + a.bias(i, j) : 0.f;
+        amax = fmaxf(amax, fabsf(v[j]));  // fmaxf drops NaN, as quantize_fp8 does
+      }
+#pragma unroll
+      for (int off = LPG / 2; off > 0; off >>= 1) amax = fmaxf(amax, rtk_shfl_xor(amax, off));
+      float scale = amax / RTK_FP8_E4M3_MAX;
+      if (!(scale > 0.f)) scale = 1.f;
+      if (in) {
+        rtk_norm_pack<unsigned char, VEC> out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out.v[j] = rtk_float_to_e4m3_sat(v[j] / scale);
+        rtk_norm_store<kStDefault>(q + r * N + c, out);
+        if (t % LPG == 0) s[r * s_row + (c / G) * s_col] = scale;
+      }
+    }
+    if (!kPersist || next >= rows) break;
+    base = next;
+    cur = nxt;
+  }
+}
