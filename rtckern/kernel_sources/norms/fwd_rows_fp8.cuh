@@ -60,6 +60,8 @@ rtk_norm_fwd_rows_fp8(const TX* __restrict__ x, const TW* __restrict__ w, unsign
     if constexpr ((OPT & kOptRecompute) != 0) cur.x.opaque();
     if constexpr (!kEarly) a.load(w, w, t, N, live);
 
+    unsigned char* q_row = q + r * N;
+    float* s_row_p = s + r * s_row;
     // The store: every lane runs every pack index (the shuffles need the whole warp); dead lanes hold zeros.
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -80,8 +82,8 @@ rtk_norm_fwd_rows_fp8(const TX* __restrict__ x, const TW* __restrict__ w, unsign
         rtk_norm_pack<unsigned char, VEC> out;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) out.v[j] = rtk_float_to_e4m3_sat(v[j] / scale);
-        rtk_norm_store<kStDefault>(q + r * N + c, out);
-        if (t % LPG == 0) s[r * s_row + (c / G) * s_col] = scale;
+        rtk_norm_store<kStDefault>(q_row + c, out);
+        if (t % LPG == 0) s_row_p[(c / G) * s_col] = scale;
       }
     }
     if (!kPersist || next >= rows) break;
