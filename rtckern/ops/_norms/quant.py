@@ -29,7 +29,6 @@ from rtckern.config import settings
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.registry import select
-from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
 from . import geometry
