@@ -23,7 +23,7 @@ from typing import Any
 from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.device import DeviceInfo
-from rtckern.dtypes import FLOATS, parse_dtype
+from rtckern.dtypes import FLOATS, TABLE, parse_dtype
 from rtckern.errors import InputError
 from rtckern.registry import OpRequest, select
 from rtckern.runtime import arrays as arr
@@ -40,6 +40,14 @@ _fast = PlanCache("norms.selections")
 
 def _dtype_name(d: Any, what: str) -> str:
     return parse_dtype(d, what, default="x's dtype")
+
+
+def _any_dtype(d: Any) -> str:
+    """The canonical name of any dtype rtckern knows ("" when none): for errors that point elsewhere."""
+    try:
+        return parse_dtype(d, "dtype", TABLE)
+    except InputError:
+        return ""
 
 
 def _eps(eps: Any) -> float:
@@ -145,10 +153,10 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
     if residual is not None:
         ra = _rows(residual, "residual")
         _check_like(ra, xa, "residual", (xa.dtype,))
-    y_dtype = xa.dtype if out_dtype is None else _dtype_name(out_dtype, "out_dtype")
-    if y_dtype.startswith("fp8"):
-        raise InputError(f"{op} does not write fp8 (out_dtype={y_dtype}): fp8 activations need per-group scales; "
+    if out_dtype is not None and _any_dtype(out_dtype).startswith("fp8"):
+        raise InputError(f"{op} does not write fp8 (out_dtype={out_dtype}): fp8 activations need per-group scales; "
                          "use rtckern.ops.rms_norm_quant(x, weight, eps, group=128), which returns (q, scales)")
+    y_dtype = xa.dtype if out_dtype is None else _dtype_name(out_dtype, "out_dtype")
     e = _eps(eps)
     if xa.rows == 0:
         y, _ = arr.empty(xa, xa.shape, y_dtype)

@@ -29,7 +29,11 @@ def test_custom_ops_equal_the_ops_and_fake_strides(m, fmt):
     b = torch.randn(256, 512, device="cuda").to(E4M3)
     sb = torch.rand(2, 4, device="cuda") + 0.5
     y = ops.gemm_fp8(q, b, s, sb)
-    torch.testing.assert_close(y.float(), R.gemm_fp8(q, b, s, sb, BF16, None, True).float(), rtol=2e-2, atol=2e-2)
+    ref = R.gemm_fp8(q, b, s, sb, BF16, None, True).float()
+    # relative Frobenius error (an elementwise bound fails where K terms cancel): bf16 output rounding plus Hopper's
+    # ~14-bit fp8 accumulation, as tests/gpu/ops/test_gemm_fp8.py allows
+    err = ((y.float() - ref).norm() / ref.norm()).item()
+    assert err <= 2.0 ** -8 + 2.0 ** -12, err
 
 
 @pytest.mark.parametrize("dtype", [BF16, torch.float16, F32])

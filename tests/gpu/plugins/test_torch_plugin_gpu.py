@@ -91,10 +91,15 @@ CASES = ("attention", "attention_bwd", "attention_bwd_det", "attention_fwd", "at
          "scaled_upper_triang_masked_softmax_bwd", "softmax", "softmax_bwd")
 
 
+# fp8 inputs need their own cases (e4m3 tensors and scales): opchecked in tests/unit/plugins/test_torch_fp8.py through
+# the reference path and checked against the ops on the GPU in tests/gpu/plugins/test_torch_fp8_gpu.py
+COVERED_ELSEWHERE = frozenset({"gemm_fp8", "quantize_fp8", "rms_norm_quant"})
+
+
 def test_cases_cover_every_registered_op():
     names = {c if not isinstance(a[0], str) else a[0] for c, a in _cases().items()}
     assert sorted(_cases()) == sorted(CASES)
-    assert set(rt.registered_ops) <= names, set(rt.registered_ops) - names
+    assert set(rt.registered_ops) <= names | COVERED_ELSEWHERE, set(rt.registered_ops) - names - COVERED_ELSEWHERE
 
 
 @pytest.mark.parametrize("case", CASES)
