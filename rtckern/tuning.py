@@ -1,32 +1,49 @@
-"""Tuned-config tables: the best launch/tile config per (arch, SM count, shape key), and autotuning.
+"""Tuned-config tables: the best launch/tile config per (arch, SM count, device class, shape key), and autotuning.
 
 Tables
 ------
 One JSON file per op: shipped defaults in ``rtckern/tuning_tables/<op>.json``, the user's in
 ``<tuning dir>/<op>.json`` (``RTCKERN_TUNING_DIR``, default ``<cache dir>/tuning``)::
 
-    {"format": 1, "op": "rms_norm", "key_fields": ["dtype", "n"],
-     "rows": [{"arch": "sm_90", "sm_count": 132, "shape": {"dtype": "bf16", "n": 4096},
+    {"format": 2, "op": "rms_norm", "key_fields": ["dtype", "n"],
+     "rows": [{"arch": "sm_90", "sm_count": 132, "device_class": "h200", "shape": {"dtype": "bf16", "n": 4096},
                "config": {"block": 256, "vec": 8}, "time_us": 6.1, "date": "2026-11-26T03:00:00Z",
                "versions": {"rtckern": "0.1.0", "nvrtc": "13.0", "driver": "13.0", "device": "NVIDIA H200"}}]}
 
-A row's key is (arch, sm_count, the shape values in key_fields order); ``arch`` is the device's compute
-capability without a feature suffix (``sm_90``), so rows for many archs and SM counts live in one table without
-colliding. Two rows with one key in one file are an error that names the file and both rows.
+A row's key is (arch, sm_count, device_class, the shape values in key_fields order); ``arch`` is the device's compute
+capability without a feature suffix (``sm_90``), so rows for many archs, SM counts and device classes live in one
+table without colliding. ``device_class`` (rtckern.device.device_class: "h100-sxm", "h200", "a100-80g", ..., else
+the device name normalized) tells apart GPUs that (arch, SM count) does not: an H100 SXM and an H200 are both sm_90
+with 132 SMs, yet 3.35 vs 4.8 TB/s moves the best config of memory-bound shapes. A row without it (format 1
+tables; a row written by hand) serves any class. Rows with one key in one file are an error that names the file and
+lists every duplicate; so are duplicate keys among the rows one merge writes.
+
+Format 2 added ``device_class``; format 1 tables still load (their rows serve any class). `migrate` turns a format
+1 table into format 2, giving each row the class of the device its ``versions`` name (``device`` or ``gpu``):
+deterministic, so the shipped tables were migrated by it (tests/unit/test_tuning.py checks they stay so).
 A process reads each op's tables once (``tables``); ``rtckern tune`` (``merge_rows``) reloads what it writes, and
 ``reload()`` or ``rtckern.clear_caches()`` makes a running process read tables another process changed.
 
 Lookup rule (``lookup``)
 ------------------------
-1. Exact: a row with the device's arch, its SM count and the same shape key (the user table before the
-   shipped one).
-2. Nearest shape, among rows of the same arch whose non-integer key fields (dtype, layout) are equal and whose
-   config the op accepts for this shape (``valid``): the smallest shape distance, the sum over integer fields of
-   |log2(row) - log2(query)| (scale-free: 2048 is as far from 4096 as 4096 from 8192); ties go to the closer SM
-   count, then to the row with fewer fields below the query's (a config tuned for a larger problem over one for
-   a smaller), then to the user table, then to file order.
-3. The op's heuristic, if it gave one; otherwise no config (None).
-Rows of another arch are never used: a config tuned on sm_80 says nothing reliable about sm_90.
+1. The device's class, when it has one (a live device; a described one given ``device_class``): a row with the
+   device's arch, SM count, class and shape key (the user table before the shipped one); else the nearest shape
+   (the rule of step 3) among rows of that arch, SM count and class.
+2. Any class, exact: a row with the device's arch, SM count and shape key, of no class ("any") or of another
+   class; rows of no class first, then the class whose memory bandwidth is nearest the device's (|log2 ratio| of
+   ``rtckern.device.CLASS_BANDWIDTH_TBPS``; classes of unknown bandwidth last), then the user table, then file
+   order. Bandwidth, because it is what (arch, SM count) leaves out and what moves the best config of the
+   memory-bound shapes (decode GEMMs, norms); compute-bound shapes want the same config on both.
+3. Any class, nearest shape, among rows of the same arch whose non-integer key fields (dtype, layout) are equal and
+   whose config the op accepts for this shape (``valid``): the smallest shape distance, the sum over integer fields
+   of |log2(row) - log2(query)| (scale-free: 2048 is as far from 4096 as 4096 from 8192); ties go to the closer SM
+   count, then to the nearer class (as in step 2), then to the row with fewer fields below the query's (a config
+   tuned for a larger problem over one for a smaller), then to the user table, then to file order.
+4. The op's heuristic, if it gave one; otherwise no config (None).
+Rows of another arch are never used: a config tuned on sm_80 says nothing reliable about sm_90. A device without a
+class (described by arch alone) starts at step 2: it gets what every device of its arch and SM count got before
+classes existed. ``Tuned.describe()`` (in `rtckern explain`) names the row that served and whether its class
+matched.
 
 Autotuning
 ----------
@@ -38,9 +55,11 @@ the norms write the fastest config of each kernel kind and the fastest kind).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
+import re
 import statistics
 import threading
 from dataclasses import dataclass, field
@@ -51,7 +70,8 @@ from rtckern import config
 from rtckern.caches import PlanCache
 from rtckern.errors import RtckernError
 
-FORMAT = 1
+FORMAT = 2
+READ_FORMATS = (1, 2)  # format 1: rows without device_class (any class)
 SHIPPED_DIR = Path(__file__).resolve().parent / "tuning_tables"
 
 KeyValue = int | str
@@ -69,13 +89,15 @@ class Row:
     config: Mapping[str, Any]
     meta: Mapping[str, Any] = field(default_factory=dict)  # time_us, date, versions, ...
     index: int = -1  # position in its file, for messages
+    device_class: str | None = None  # None: serves any class
 
     @property
     def key(self) -> tuple:
-        return (self.arch, self.sm_count, self.shape)
+        return (self.arch, self.sm_count, self.device_class, self.shape)
 
     def to_json(self) -> dict[str, Any]:
-        return {"arch": self.arch, "sm_count": self.sm_count, "shape": dict(self.shape),
+        cls = {"device_class": self.device_class} if self.device_class else {}
+        return {"arch": self.arch, "sm_count": self.sm_count, **cls, "shape": dict(self.shape),
                 "config": dict(self.config), **dict(self.meta)}
 
 
@@ -85,41 +107,70 @@ class Table:
     key_fields: tuple[str, ...]
     rows: tuple[Row, ...]
     path: Path | None = None
-    # Indexes built once per table: exact rows by key (the first of a key wins), and each arch's rows in file order.
+    # Indexes built once per table: exact rows by key (the first of a key wins), rows by (arch, SM count, shape) of
+    # every class, and each arch's rows, in file order.
     exact: Mapping[tuple, Row] = field(init=False, repr=False, compare=False)
+    by_shape: Mapping[tuple, tuple[Row, ...]] = field(init=False, repr=False, compare=False)
     by_arch: Mapping[str, tuple[Row, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         exact: dict[tuple, Row] = {}
+        by_shape: dict[tuple, list[Row]] = {}
         by_arch: dict[str, list[Row]] = {}
         for r in self.rows:
             exact.setdefault(r.key, r)
+            by_shape.setdefault((r.arch, r.sm_count, r.shape), []).append(r)
             by_arch.setdefault(r.arch, []).append(r)
         object.__setattr__(self, "exact", exact)
+        object.__setattr__(self, "by_shape", {k: tuple(rs) for k, rs in by_shape.items()})
         object.__setattr__(self, "by_arch", {a: tuple(rs) for a, rs in by_arch.items()})
 
     def to_json(self) -> dict[str, Any]:
-        rows = sorted(self.rows, key=lambda r: (r.arch, r.sm_count, [str(v) for _, v in r.shape]))
+        rows = sorted(self.rows, key=lambda r: (r.arch, r.sm_count, r.device_class or "",
+                                                [str(v) for _, v in r.shape]))
         return {"format": FORMAT, "op": self.op, "key_fields": list(self.key_fields),
                 "rows": [r.to_json() for r in rows]}
 
 
 @dataclass(frozen=True)
 class Tuned:
-    """A lookup's answer: the config, where it came from ("exact", "nearest", "heuristic") and the row."""
+    """A lookup's answer: the config, where it came from ("exact", "nearest", "heuristic"), the row, and how the
+    row's class relates to the device's (`match`: "class" the device's own, "any" a row of no class, "other" a
+    row of another class, the fallback; "" for the heuristic)."""
 
     config: Mapping[str, Any]
     source: str
     row: Row | None = None
     path: Path | None = None
+    match: str = ""
+    device_class: str | None = None  # the device's
+
+    def describe(self) -> str:
+        """One phrase for explain: which row served and whether it matched the device's class."""
+        dev = f"class {self.device_class}" if self.device_class else "no class"
+        if self.row is None:
+            return f"the heuristic (no table row of this arch serves; device of {dev})"
+        r = self.row
+        where = f"{self.source} row {r.index} of {self.path.name if self.path else 'the table'}"
+        what = ", ".join(f"{k}={v}" for k, v in r.shape)
+        tuned = f"({r.arch}, {r.sm_count} SMs, class {r.device_class or 'any'}: {what})"
+        if self.match == "class":
+            how = f"the device's class {self.device_class}"
+        elif self.device_class:
+            how = f"no row of the device's class {self.device_class} serves, fell back to " + \
+                  ("a row of any class" if self.match == "any" else f"class {r.device_class}")
+        else:
+            how = "a device of no class (described without --device-class): rows of any class serve"
+        return f"{where} {tuned}; {how}"
 
 
 # -- loading -----------------------------------------------------------------------------------------------------
 def parse_table(data: Any, path: Path | str, op: str | None = None) -> Table:
     where = str(path)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in READ_FORMATS:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise TuningTableError(f"{where}: not a tuning table of format {FORMAT} (format {got!r})")
+        raise TuningTableError(f"{where}: not a tuning table of format {' or '.join(map(str, READ_FORMATS))} "
+                               f"(format {got!r})")
     table_op = data.get("op")
     if op is not None and table_op != op:
         raise TuningTableError(f"{where}: table is for op {table_op!r}, expected {op!r} (the file name picks the op)")
@@ -129,20 +180,32 @@ def parse_table(data: Any, path: Path | str, op: str | None = None) -> Table:
     raw_rows = data.get("rows")
     if not isinstance(raw_rows, list):
         raise TuningTableError(f"{where}: 'rows' must be a list")
-    rows: list[Row] = []
-    seen: dict[tuple, Row] = {}
-    for i, raw in enumerate(raw_rows):
-        row = _parse_row(raw, i, fields, where)
-        prev = seen.get(row.key)
-        if prev is not None:
-            raise TuningTableError(
-                f"{where}: rows {prev.index} and {i} have the same key ({_key_text(row)}); "
-                f"row {prev.index}: {json.dumps(raw_rows[prev.index], sort_keys=True)}; "
-                f"row {i}: {json.dumps(raw, sort_keys=True)}. Keep one of them (rtckern tune merges by key, so "
-                "duplicates come from hand edits or concatenated files)")
-        seen[row.key] = row
-        rows.append(row)
+    rows = [_parse_row(raw, i, fields, where) for i, raw in enumerate(raw_rows)]
+    dups = duplicate_keys(rows)
+    if dups:
+        raise TuningTableError(
+            f"{where}: {_duplicates_text(dups, lambda r: json.dumps(raw_rows[r.index], sort_keys=True))}. Keep one "
+            "row of each key (rtckern tune merges by key, so duplicates come from hand edits or concatenated files)")
     return Table(op=table_op, key_fields=tuple(fields), rows=tuple(rows), path=Path(path))
+
+
+def duplicate_keys(rows: Sequence[Row]) -> list[list[Row]]:
+    """Every group of rows sharing one key (arch, SM count, device class, shape), in order of first row."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(r.key, []).append(r)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _duplicates_text(dups: list[list[Row]], show: Callable[[Row], str]) -> str:
+    parts = []
+    for g in dups:
+        idx = [str(r.index) for r in g]
+        which = f"{', '.join(idx[:-1])} and {idx[-1]}"
+        parts.append(f"rows {which} have the same key ({_key_text(g[0])}); "
+                     + "; ".join(f"row {r.index}: {show(r)}" for r in g))
+    head = "" if len(dups) == 1 else f"{len(dups)} duplicate keys: "
+    return head + " | ".join(parts)
 
 
 def _parse_row(raw: Any, i: int, fields: list[str], where: str) -> Row:
@@ -163,12 +226,50 @@ def _parse_row(raw: Any, i: int, fields: list[str], where: str) -> Row:
             raise TuningTableError(f"{where}: row {i}: shape[{k!r}] = {v!r} must be an int or a string")
     if not isinstance(cfg, dict):
         raise TuningTableError(f"{where}: row {i}: config must be an object, got {cfg!r}")
-    meta = {k: v for k, v in raw.items() if k not in ("arch", "sm_count", "shape", "config")}
-    return Row(arch=arch, sm_count=sms, shape=tuple((f, shape[f]) for f in fields), config=cfg, meta=meta, index=i)
+    cls = raw.get("device_class")
+    if cls is not None and (not isinstance(cls, str) or not _CLASS_RE.fullmatch(cls)):
+        raise TuningTableError(f"{where}: row {i}: device_class {cls!r} should be a short lowercase name like "
+                               "'h100-sxm' or 'h200' (leave it out for a row that serves any class)")
+    meta = {k: v for k, v in raw.items() if k not in ("arch", "sm_count", "device_class", "shape", "config")}
+    return Row(arch=arch, sm_count=sms, shape=tuple((f, shape[f]) for f in fields), config=cfg, meta=meta, index=i,
+               device_class=cls)
+
+
+_CLASS_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}", re.ASCII)
 
 
 def _key_text(row: Row) -> str:
-    return ", ".join([f"arch={row.arch}", f"sm_count={row.sm_count}"] + [f"{k}={v}" for k, v in row.shape])
+    cls = [f"device_class={row.device_class}"] if row.device_class else []
+    return ", ".join([f"arch={row.arch}", f"sm_count={row.sm_count}"] + cls + [f"{k}={v}" for k, v in row.shape])
+
+
+def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A table's JSON in the current format: a format 1 table's rows get the class of the device their `versions`
+    name (``device``, else ``gpu``; a row that names none stays of any class), inserted after ``sm_count``; other
+    fields keep their order. Deterministic; a current table is returned as it is (copied)."""
+    out = json.loads(json.dumps(data))
+    if out.get("format") == FORMAT:
+        return out
+    if out.get("format") not in READ_FORMATS:
+        raise TuningTableError(f"cannot migrate a table of format {out.get('format')!r}")
+    from rtckern.device import class_of_name
+
+    rows = []
+    for raw in out.get("rows", []):
+        vers = raw.get("versions") if isinstance(raw.get("versions"), dict) else {}
+        name = vers.get("device") or vers.get("gpu") or ""
+        cls = raw.get("device_class") or (class_of_name(name) if name and not name.startswith("sm_") else None)
+        new = {}
+        for k, v in raw.items():
+            if k == "device_class":
+                continue
+            new[k] = v
+            if k == "sm_count" and cls:
+                new["device_class"] = cls
+        rows.append(new)
+    out["format"] = FORMAT
+    out["rows"] = rows
+    return {k: out[k] for k in ("format", *[k for k in out if k != "format"])}
 
 
 _cache = PlanCache("tuning.tables", 256)
@@ -238,38 +339,90 @@ def arch_key(device: Any) -> str:
     return device.arch.base().sm if hasattr(device.arch, "base") else device.arch.sm
 
 
+def class_key(device: Any) -> str | None:
+    """The device class a row is keyed by (rtckern.device.device_class); None for a device of no known class."""
+    from rtckern.device import device_class
+
+    return device_class(device)
+
+
+def class_distance(row_class: str | None, device_class_: str | None) -> float:
+    """How far a row's class is from the device's, for the fallback to other classes (module docstring, lookup
+    step 2): 0 for a row of no class, then 1 + |log2| of the ratio of their memory bandwidths; 1 for every class
+    when the device has none; 1000 where a bandwidth is unknown (after every known class)."""
+    from rtckern.device import CLASS_BANDWIDTH_TBPS
+
+    if row_class is None:
+        return 0.0
+    if device_class_ is None:
+        return 1.0
+    a, b = CLASS_BANDWIDTH_TBPS.get(row_class), CLASS_BANDWIDTH_TBPS.get(device_class_)
+    if a is None or b is None:
+        return 1.0 if row_class == device_class_ else 1000.0
+    return 1.0 + abs(math.log2(a / b))
+
+
 def lookup(op: str, device: Any, key: Mapping[str, KeyValue], *,
            heuristic: Callable[[Mapping[str, KeyValue], Any], Mapping[str, Any]] | None = None,
            valid: Callable[[Mapping[str, Any], Mapping[str, KeyValue]], bool] | None = None,
            tables_: Sequence[Table] | None = None) -> Tuned | None:
     """The config for `key` on `device` by the rule in this module's docstring (exact, nearest shape,
     heuristic). `valid(config, key)` rejects a neighbour's config that cannot serve this shape."""
-    arch, sms = arch_key(device), device.sm_count
+    arch, sms, cls = arch_key(device), device.sm_count, class_key(device)
     ts = list(tables_) if tables_ is not None else tables(op)
     for t in ts:
         missing = [f for f in t.key_fields if f not in key]
         if missing:
             raise KeyError(f"tuning lookup for {op!r}: key {dict(key)} lacks {missing} (table {t.path} is keyed "
                            f"by {list(t.key_fields)})")
-    for t in ts:
-        row = t.exact.get((arch, sms, tuple((f, key[f]) for f in t.key_fields)))
-        if row is not None:
-            return Tuned(row.config, "exact", row, t.path)
+
+    def match(row: Row) -> str:
+        return "class" if cls is not None and row.device_class == cls else ("any" if row.device_class is None
+                                                                             else "other")
+
+    if cls is not None:  # 1. the device's class: exact shape, then nearest among its (arch, SM count, class) rows
+        for t in ts:
+            row = t.exact.get((arch, sms, cls, tuple((f, key[f]) for f in t.key_fields)))
+            if row is not None:
+                return Tuned(row.config, "exact", row, t.path, "class", cls)
+        found = _nearest(ts, arch, sms, cls, key, valid, lambda r: r.sm_count == sms and r.device_class == cls)
+        if found is not None:
+            return Tuned(found[0].config, "nearest", found[0], found[1], "class", cls)
+    best: tuple | None = None  # 2. any class, exact shape: no class first, then the nearest class by bandwidth
+    for ti, t in enumerate(ts):
+        for row in t.by_shape.get((arch, sms, tuple((f, key[f]) for f in t.key_fields)), ()):
+            if cls is not None and row.device_class == cls:
+                continue  # seen in step 1
+            rank = (class_distance(row.device_class, cls), ti, row.index)
+            if best is None or rank < best[0]:
+                best = (rank, row, t.path)
+    if best is not None:
+        return Tuned(best[1].config, "exact", best[1], best[2], match(best[1]), cls)
+    found = _nearest(ts, arch, sms, cls, key, valid, None)  # 3. any class, nearest shape
+    if found is not None:
+        return Tuned(found[0].config, "nearest", found[0], found[1], match(found[0]), cls)
+    if heuristic is not None:
+        return Tuned(dict(heuristic(key, device)), "heuristic", device_class=cls)
+    return None
+
+
+def _nearest(ts: Sequence[Table], arch: str, sms: int, cls: str | None, key: Mapping[str, KeyValue],
+             valid: Callable[[Mapping[str, Any], Mapping[str, KeyValue]], bool] | None,
+             only: Callable[[Row], bool] | None) -> tuple[Row, Path | None] | None:
+    """The nearest-shape row of the arch (among those `only` accepts), ranked as the module docstring says."""
     best: tuple | None = None
     for ti, t in enumerate(ts):
         for row in t.by_arch.get(arch, ()):
+            if only is not None and not only(row):
+                continue
             score = _distance(row, key)
             if score is None or (valid is not None and not valid(row.config, key)):
                 continue
             below = sum(1 for f, v in row.shape if isinstance(v, int) and v < key[f])
-            rank = (score, abs(row.sm_count - sms), below, ti, row.index)
+            rank = (score, abs(row.sm_count - sms), class_distance(row.device_class, cls), below, ti, row.index)
             if best is None or rank < best[0]:
                 best = (rank, row, t.path)
-    if best is not None:
-        return Tuned(best[1].config, "nearest", best[1], best[2])
-    if heuristic is not None:
-        return Tuned(dict(heuristic(key, device)), "heuristic")
-    return None
+    return None if best is None else (best[1], best[2])
 
 
 def _distance(row: Row, key: Mapping[str, KeyValue]) -> float | None:
@@ -439,7 +592,8 @@ def tune_request(tuner: Tuner, req: Any, *, source: str | None = None) -> tuple[
     if source:
         meta["source"] = source
     row = Row(arch=arch_key(req.device), sm_count=req.device.sm_count,
-              shape=tuple((f, key[f]) for f in tuner.key_fields), config=dict(win.config), meta=meta)
+              shape=tuple((f, key[f]) for f in tuner.key_fields), config=dict(win.config), meta=meta,
+              device_class=class_key(req.device))
     return row, trials
 
 
@@ -472,6 +626,10 @@ def merge_rows(op: str, key_fields: Sequence[str], new_rows: Sequence[Row], path
     if old is not None and tuple(old.key_fields) != tuple(key_fields):
         raise TuningTableError(f"{p}: table is keyed by {list(old.key_fields)}, the tuner by {list(key_fields)}; "
                                "move the old file away to start a new table")
+    dups = duplicate_keys([dataclasses.replace(r, index=i) for i, r in enumerate(new_rows)])
+    if dups:
+        raise TuningTableError(f"{p}: the rows to merge hold {_duplicates_text(dups, lambda r: dict(r.config))} "
+                               "(row numbers count the new rows); nothing was written. Tune each shape once")
     merged: dict[tuple, Row] = {r.key: r for r in (old.rows if old else ())}
     for r in new_rows:
         merged[r.key] = r

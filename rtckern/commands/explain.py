@@ -1,8 +1,8 @@
 """``rtckern explain``: which implementation a request gets, and why every candidate was accepted or rejected.
 
-    rtckern explain rms_norm --dtype bf16 --shape 8192x4096 --arch sm_90 --sm-count 132 [--json]
+    rtckern explain rms_norm --dtype bf16 --shape 8192x4096 --arch sm_90 --sm-count 132 [--device-class h100-sxm] [--json]
 
-Without a GPU, describe the device (--arch, --sm-count, --smem): the probe compiles but does not load. With
+Without a GPU, describe the device (--arch, --sm-count, --smem, --device-class: which tuning rows serve it): the probe compiles but does not load. With
 --device N (or no --arch on a machine with a GPU) it runs the probe `select` runs on that device.
 """
 from __future__ import annotations
@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
     p.add_argument("--shape", default=None, help="the main input's shape, e.g. 8192x4096")
     p.add_argument("--arch", default=None, help="describe a device of this arch (no GPU needed), e.g. sm_90")
     p.add_argument("--sm-count", type=positive_int, default=None, help="SM count of the described device")
+    p.add_argument("--device-class", default=None, help="device class of the described device, which picks its tuning "
+                   "rows (e.g. h100-sxm, h200; default: none, rows of any class serve)")
     p.add_argument("--smem", type=positive_int, default=None,
                    help="opt-in shared memory per block of the described device, in bytes")
     p.add_argument("--device", type=non_negative_int, default=None,
@@ -54,10 +56,16 @@ def run(args, registry=None) -> int:
         return 2
     if args.arch is not None:
         extra = {"max_smem_per_block_optin": args.smem} if args.smem else {}
-        device = DeviceInfo.for_arch(args.arch, sm_count=args.sm_count, **extra)
+        try:
+            device = DeviceInfo.for_arch(args.arch, sm_count=args.sm_count, device_class=args.device_class or "",
+                                         **extra)
+        except ValueError as exc:
+            print(f"rtckern explain: {exc}", file=sys.stderr)
+            return 2
     elif args.device is not None or device_count() > 0:
-        if args.sm_count or args.smem:
-            print("rtckern explain: --sm-count/--smem describe a device; use them with --arch", file=sys.stderr)
+        if args.sm_count or args.smem or args.device_class:
+            print("rtckern explain: --sm-count/--smem/--device-class describe a device; use them with --arch "
+                  "(a live GPU's class comes from its name)", file=sys.stderr)
             return 2
         device = live_device(args.device or 0, "explain", "--device probes on a live GPU")
         if device is None:

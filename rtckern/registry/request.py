@@ -146,5 +146,10 @@ def device_to_dict(device: DeviceInfo) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(device):
         val = getattr(device, f.name)
+        if f.name in _OMIT_WHEN_UNSET and not val:
+            continue  # unset: left out, so requests (digests, manifest lines) of devices without it are unchanged
         out[f.name] = getattr(val, "sm", val) if f.name == "arch" else val
     return out
+
+
+_OMIT_WHEN_UNSET = ("memory_bytes", "device_class")

@@ -87,7 +87,17 @@ def device_attributes(ordinal: int) -> dict:
         "warp_size": attr(A.CU_DEVICE_ATTRIBUTE_WARP_SIZE),
         "cooperative": attr(A.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH),
         "name": name,
+        "memory_bytes": _total_memory(d, dev),
     }
+
+
+def _total_memory(d, dev) -> int:
+    """Total device memory in bytes (0 where the binding or driver cannot say: the device class then comes from
+    the name alone)."""
+    try:
+        return int(check(d.cuDeviceTotalMem(dev), "cuDeviceTotalMem"))
+    except Exception:  # an older binding without cuDeviceTotalMem: memory stays unknown
+        return 0
 
 
 @contextlib.contextmanager

@@ -167,6 +167,12 @@ ALLOWED: dict[str, dict[str, str]] = {
                                        "arguments and specs",
         "rtckern.ops._norms.launch": LAUNCH + " (launch_bwd's cluster launch, with a recording kernel)",
     },
+    "tests/unit/ops/test_fp8_tune.py": {
+        "rtckern.ops._fp8.candidates": "clears the candidates' memo of tuned configs after the table changes",
+        "rtckern.ops._fp8.configs": "the tuned-table lookup (tuned, heuristic, KEY_FIELDS)",
+        "rtckern.ops._fp8.tune": "the tuner's sweep (Fp8GemmTuner.configs)",
+        "rtckern.ops._fp8.geometry": "the problem and tile-config records the tuner sweeps (Fp8Problem, Sm90Fp8Config)",
+    },
     "tests/unit/ops/test_norms_tune.py": {
         "rtckern.ops._norms.configs": "config lookup and its JSON form (the tuner's round trip)",
         "rtckern.ops._norms.geometry": "the SplitConfig record the tuner sweeps and its feasibility",

@@ -68,7 +68,7 @@ def test_duplicate_keys_name_the_file_and_both_rows(tmp_path):
 
 
 @pytest.mark.parametrize("data, match", [
-    ({"format": 2, "op": "norm", "key_fields": [], "rows": []}, r"not a tuning table of format 1 \(format 2\)"),
+    ({"format": 3, "op": "norm", "key_fields": [], "rows": []}, r"not a tuning table of format 1 or 2 \(format 3\)"),
     ({"format": 1, "op": "other", "key_fields": ["n"], "rows": []}, r"table is for op 'other', expected 'norm'"),
     ({"format": 1, "op": "norm", "key_fields": ["n", "n"], "rows": []}, r"key_fields must be a list of distinct"),
     ({"format": 1, "op": "norm", "key_fields": ["n"], "rows": [{"arch": "sm_90", "sm_count": 132,
@@ -175,7 +175,7 @@ def test_table_index_keeps_the_first_row_of_a_key_and_file_order():
     rows = tuple(Row("sm_90", 132, (("n", n),), {"block": b}, index=i) for i, (n, b) in enumerate(
         [(4096, 1), (4096, 2), (1024, 3)]))
     t = tuning.Table("norm", ("n",), rows + (Row("sm_80", 108, (("n", 4096),), {"block": 4}, index=3),))
-    assert t.exact[("sm_90", 132, (("n", 4096),))].config == {"block": 1}
+    assert t.exact[("sm_90", 132, None, (("n", 4096),))].config == {"block": 1}
     assert [r.config["block"] for r in t.by_arch["sm_90"]] == [1, 2, 3]
     assert lookup("norm", H200, {"n": 4096}, tables_=[t]).config == {"block": 1}
     assert lookup("norm", H200, {"n": 2048}, tables_=[t]).config == {"block": 1}  # nearest: first of equal rank
@@ -289,3 +289,131 @@ def test_shipped_tables_load_and_carry_date_and_versions():
             v = r.meta.get("versions") or {}
             # the GPU's name ("device"; the norms sweep writes "gpu") and at least one toolchain version
             assert r.meta.get("date") and (v.get("device") or v.get("gpu")) and len(v) >= 2, (path, r.index)
+
+
+# -- device classes ------------------------------------------------------------------------------------------------
+def crow(cls, n, block, sms=132, arch="sm_90", dtype="bf16"):
+    r = row(arch, sms, dtype, n, block)
+    if cls:
+        r["device_class"] = cls
+    return r
+
+
+def write2(path, rows):
+    path.write_text(json.dumps({"format": 2, "op": "norm", "key_fields": ["dtype", "n"], "rows": rows}))
+    return load_table(path, "norm")
+
+
+H100 = DeviceInfo.for_arch("sm_90", sm_count=132, device_class="h100-sxm")
+H200C = DeviceInfo.for_arch("sm_90", sm_count=132, device_class="h200")
+
+
+@pytest.mark.parametrize("name, memory, cls", [
+    ("NVIDIA H100 80GB HBM3", 0, "h100-sxm"), ("NVIDIA H200", 0, "h200"), ("NVIDIA H100 PCIe", 0, "h100-pcie"),
+    ("NVIDIA H100 NVL", 0, "h100-nvl"), ("NVIDIA A100-SXM4-80GB", 0, "a100-80g"),
+    ("NVIDIA A100-SXM4-40GB", 40 << 30, "a100-40g"), ("NVIDIA A100 80GB PCIe", 80 << 30, "a100-80g"),
+    ("NVIDIA GeForce RTX 4090", 0, "geforce-rtx-4090"), ("AMD Instinct MI300X", 0, "mi300x"), ("", 0, None)])
+def test_class_of_a_device_name(name, memory, cls):
+    from rtckern.device import class_of_name
+
+    assert class_of_name(name, memory) == cls
+
+
+def test_device_class_of_live_described_and_named_devices():
+    from rtckern.device import device_class
+
+    assert device_class(H200) is None  # described by arch alone
+    assert device_class(H100) == "h100-sxm"
+    live_like = dataclasses.replace(H200, name="NVIDIA H100 80GB HBM3", memory_bytes=80 << 30)
+    assert device_class(live_like) == "h100-sxm"
+    with pytest.raises(ValueError, match=r"device class 'H 1': use lowercase letters"):
+        DeviceInfo.for_arch("sm_90", device_class="H 1")
+    assert DeviceInfo.for_arch("sm_90", device_class="H200").device_class == "h200"
+
+
+def test_lookup_prefers_the_device_class_then_falls_back_by_bandwidth(tmp_path):
+    t = write2(tmp_path / "c.json", [crow("h200", 4096, 1), crow("h100-sxm", 8192, 2), crow("a100-80g", 4096, 3),
+                                     crow(None, 2048, 4)])
+    key = {"dtype": "bf16", "n": 4096}
+    # the H100's own rows first: nearest shape among them (8192) beats the H200's exact shape
+    got = lookup("norm", H100, key, tables_=[t])
+    assert (got.config, got.source, got.match) == ({"block": 2}, "nearest", "class")
+    assert "matches" not in got.describe() and "the device's class h100-sxm" in got.describe()
+    # the H200 has its exact row
+    got = lookup("norm", H200C, key, tables_=[t])
+    assert (got.config, got.source, got.match) == ({"block": 1}, "exact", "class")
+    # a class without rows: exact shape of another class, the nearest bandwidth (h200 4.8 vs a100 2.0 from 3.9)
+    nvl = DeviceInfo.for_arch("sm_90", sm_count=132, device_class="h100-nvl")
+    got = lookup("norm", nvl, key, tables_=[t])
+    assert (got.config, got.source, got.match) == ({"block": 1}, "exact", "other")
+    assert "no row of the device's class h100-nvl serves, fell back to class h200" in got.describe()
+    pcie = DeviceInfo.for_arch("sm_90", sm_count=132, device_class="h100-pcie")  # 2.0 TB/s: the A100's row
+    assert lookup("norm", pcie, key, tables_=[t]).config == {"block": 3}
+    # a row of no class is preferred over other classes at the same shape
+    t2 = write2(tmp_path / "d.json", [crow("h200", 4096, 1), crow(None, 4096, 9)])
+    got = lookup("norm", nvl, key, tables_=[t2])
+    assert (got.config, got.match) == ({"block": 9}, "any")
+
+
+def test_a_device_without_class_gets_what_it_got_before_classes(tmp_path):
+    old = table(tmp_path, NEAR)  # format 1: rows of any class
+    migrated = write2(tmp_path / "m.json", [crow("h200", r["shape"]["n"], r["config"]["block"], sms=r["sm_count"],
+                                                 arch=r["arch"], dtype=r["shape"]["dtype"]) for r in NEAR])
+    for dtype, n in [("bf16", 2048), ("bf16", 3000), ("bf16", 8192), ("bf16", 12000), ("fp32", 100000),
+                     ("fp16", 4096)]:
+        for dev in (H200, H100):
+            a = lookup("norm", dev, {"dtype": dtype, "n": n}, tables_=[old])
+            b = lookup("norm", dev, {"dtype": dtype, "n": n}, tables_=[migrated])
+            assert (a and (a.config, a.source)) == (b and (b.config, b.source))
+
+
+def test_rows_of_two_classes_with_one_shape_are_not_duplicates_but_repeats_are_all_listed(tmp_path):
+    write2(tmp_path / "ok.json", [crow("h200", 4096, 1), crow("h100-sxm", 4096, 2), crow(None, 4096, 3)])
+    path = tmp_path / "dup.json"
+    rows = [crow("h200", 4096, 1), crow("h200", 4096, 2), crow("h100-sxm", 1024, 3), crow("h200", 4096, 4),
+            crow("h100-sxm", 1024, 5)]
+    with pytest.raises(TuningTableError) as ei:
+        write2(path, rows)
+    msg = str(ei.value)
+    assert msg.startswith(f"{path}: 2 duplicate keys: rows 0, 1 and 3 have the same key (arch=sm_90, sm_count=132, "
+                          "device_class=h200, dtype=bf16, n=4096)")
+    assert "rows 2 and 4 have the same key (arch=sm_90, sm_count=132, device_class=h100-sxm, dtype=bf16, n=1024)" in msg
+
+
+def test_merge_refuses_duplicate_new_rows_and_keeps_other_classes(tmp_path):
+    path = tmp_path / "norm.json"
+    write2(path, [crow("h200", 4096, 1), crow("a100-80g", 4096, 7, sms=108, arch="sm_80")])
+    new = [Row("sm_90", 132, (("dtype", "bf16"), ("n", 4096)), {"block": 2}, device_class="h100-sxm")]
+    with pytest.raises(TuningTableError, match=r"the rows to merge hold rows 0 and 1 have the same key"):
+        merge_rows("norm", ("dtype", "n"), new * 2, path)
+    t = merge_rows("norm", ("dtype", "n"), new, path)
+    assert sorted((r.device_class, r.config["block"]) for r in t.rows) == [("a100-80g", 7), ("h100-sxm", 2),
+                                                                          ("h200", 1)]
+
+
+def test_the_same_rows_give_the_same_bytes_in_any_order(tmp_path):
+    rows = [Row("sm_90", 132, (("dtype", "bf16"), ("n", n)), {"block": n // 16}, {"time_us": 1.0}, device_class=c)
+            for n in (1024, 4096) for c in ("h200", "h100-sxm", None)]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    merge_rows("norm", ("dtype", "n"), rows, a)
+    merge_rows("norm", ("dtype", "n"), rows[::-1], b)
+    assert a.read_bytes() == b.read_bytes()
+    assert json.loads(a.read_text())["format"] == tuning.FORMAT == 2
+
+
+def test_shipped_tables_are_migrated_deterministically_from_their_versions():
+    from rtckern.device import class_of_name
+
+    for path in sorted(tuning.SHIPPED_DIR.glob("*.json")):
+        text = path.read_text()
+        data = json.loads(text)
+        assert data["format"] == 2, path
+        for r in data["rows"]:
+            name = r["versions"].get("device") or r["versions"].get("gpu")
+            assert r["device_class"] == class_of_name(name) == "h200", (path, r)
+        old = json.loads(text)
+        old["format"] = 1
+        for r in old["rows"]:
+            del r["device_class"]
+        assert json.dumps(tuning.migrate(old), indent=1) + "\n" == text, path
+        assert not tuning.duplicate_keys(load_table(path).rows)

@@ -68,18 +68,25 @@ class Sm90aWgmmaCandidate(Candidate):
     max_arch = "sm_90"
     arch_specific = True
 
-    def config(self, req: OpRequest) -> Sm90Fp8Config:
+    def tuned(self, req: OpRequest) -> tuple[Sm90Fp8Config, Any]:
+        """(config, the tuning table's answer or None for the rule), memoized per request."""
         hit = _configs.get(req)
         if hit is None:
-            hit = _configs.put(req, configs.heuristic(problem(req), req.device.sm_count))
+            hit = _configs.put(req, configs.tuned(problem(req), req.device))
         return hit
+
+    def config(self, req: OpRequest) -> Sm90Fp8Config:
+        return self.tuned(req)[0]
 
     def supports(self, req: OpRequest) -> str | None:
         p = problem(req)
         return _reason(p) or self.config(req).invalid(p)
 
     def cost(self, req: OpRequest) -> Cost:
-        return Cost(1.0, "rule", f"tensor cores (wgmma e4m3), tile {self.config(req).as_dict()}")
+        cfg, found = self.tuned(req)
+        if found is None:
+            return Cost(1.0, "rule", f"tensor cores (wgmma e4m3), tile {cfg.as_dict()} by the rule (no table row)")
+        return Cost(1.0, "table", f"tensor cores (wgmma e4m3), tile {cfg.as_dict()} from the {found.describe()}")
 
     def kernel_specs(self, req: OpRequest):
         return (geometry.sm90_spec(problem(req), self.config(req), self.target(req)),)
@@ -233,4 +240,7 @@ def register_all() -> None:
             register_request_builder(QUANT_OP, build_quant_request, help="shape: MxK; dtype fp32|fp16|bf16; option "
                                      "group=32|64|128|256", example="--dtype bf16 --shape 4096x7168 --opt group=128")
         register_kernel_provider("gemm_fp8", prefill_specs)
+        from .tune import register_tuner
+
+        register_tuner()
         _registered = True

@@ -1,13 +1,65 @@
-"""The sm_90a fp8 kernel's tile config per shape class (no tuned table yet: `rtckern tune gemm_fp8` is issue 23's
-dispatch part). Each consumer warpgroup keeps two accumulator sets (the K block's wgmma partial sums and the
-promoted fp32 sums), so a consumer owns at most 64 x 192 outputs; 128 x 128 tiles with two consumers is the
-DeepGEMM-style default, 64-row tiles with one consumer where M is small (decode, M <= 64)."""
+"""The sm_90a fp8 kernel's tile config: the tuned table `gemm_fp8` (`rtckern tune gemm_fp8 --shapes ...`, tune.py;
+the user's tuning dir, then rtckern/tuning_tables/gemm_fp8.json where shipped), keyed by (arch, SM count, device
+class, scale kind, out dtype, m, n, k), else a rule per shape class.
+
+Lookup (rtckern/tuning.py's rule): the device's own (arch, SM count, class) rows, exact shape then nearest; then rows
+of any class of its arch; a row serves only where its config can run this problem (`Sm90Fp8Config.invalid`). The
+rule: each consumer warpgroup keeps two accumulator sets (the K block's wgmma partial sums and the promoted fp32
+sums), so a consumer owns at most 64 x 192 outputs; 128 x 128 tiles with two consumers is the DeepGEMM-style
+default, 64-row tiles with one consumer where M is small (decode, M <= 64).
+
+The key's `scale` is the kernel's scale kind: "tensor" (per-tensor and per-channel scales, which share one epilogue
+and one kernel) or "block". Rows are timed without bias on 16-byte aligned operands; unaligned problems never reach
+this kernel.
+"""
 from __future__ import annotations
 
-from .geometry import Fp8Problem, Sm90Fp8Config
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from rtckern import tuning
+
+from .geometry import OP, Fp8Problem, Sm90Fp8Config
+
+KEY_FIELDS = ("scale", "out", "m", "n", "k")
+SCALE_KIND = MappingProxyType({"tensor": "tensor", "channel": "tensor", "block": "block"})
+
+
+def key_of(p: Fp8Problem) -> dict[str, Any]:
+    return {"scale": SCALE_KIND.get(p.scale, p.scale), "out": p.out_dtype, "m": p.m, "n": p.n, "k": p.k}
+
+
+def config_from_dict(d: Mapping[str, Any]) -> Sm90Fp8Config:
+    """A table row's config; ValueError for one that is not an sm90 fp8 tile config."""
+    if d.get("kind", "sm90") != "sm90":
+        raise ValueError(f"gemm_fp8 config {dict(d)}: kind must be 'sm90'")
+    extra = set(d) - {"kind", "bm", "bn", "stages", "consumers", "group_m"}
+    if extra:
+        raise ValueError(f"gemm_fp8 config {dict(d)}: unknown fields {sorted(extra)}")
+    vals = {k: d[k] for k in ("bm", "bn", "stages", "consumers", "group_m") if k in d}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vals.values()):
+        raise ValueError(f"gemm_fp8 config {dict(d)}: tile fields must be positive integers")
+    return Sm90Fp8Config(**vals)
 
 
 def heuristic(p: Fp8Problem, sm_count: int) -> Sm90Fp8Config:
     if p.m <= 64:
         return Sm90Fp8Config(64, 128, 8, 1)  # 8 x 24 KB ring: B streams once, deep prefetch
     return Sm90Fp8Config(128, 128, 6, 2)  # 6 x 32 KB
+
+
+def tuned(p: Fp8Problem, device) -> tuple[Sm90Fp8Config, tuning.Tuned | None]:
+    """(config, the table's answer) for p on device: the table's row (exact, then nearest shape) when its config can
+    serve p, else the rule (answer None)."""
+
+    def valid(config: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
+        try:
+            return config_from_dict(config).invalid(p) is None
+        except (TypeError, ValueError):
+            return False
+
+    if p.aligned:
+        found = tuning.lookup(OP, device, key_of(p), valid=valid)
+        if found is not None:
+            return config_from_dict(found.config), found
+    return heuristic(p, device.sm_count), None

@@ -55,10 +55,15 @@ SIMT_COST = 4.0
 
 def tuned_plan(req: OpRequest) -> tuple[Any, str]:
     """(config, source) for the request, memoized (the launch path reads it on every call)."""
+    hit = _tuned(req)
+    return hit[0], hit[1]
+
+
+def _tuned(req: OpRequest) -> tuple[Any, str, Any]:
     key = (req,)
     hit = _plans.get(key)
     if hit is None:
-        hit = _plans.put(key, configs.tuned_config(problem(req), req.device))
+        hit = _plans.put(key, configs.tuned_config_row(problem(req), req.device))
     return hit
 
 
@@ -73,9 +78,9 @@ def _dtype_reason(req: OpRequest) -> str | None:
 
 def tuned_cost(kind: str, req: OpRequest, other: float) -> Cost:
     """1.0 where the tuned config is of `kind` (source: the table's row or the heuristic), else `other`."""
-    cfg, source = tuned_plan(req)
+    cfg, source, found = _tuned(req)
     src = "table" if source in ("exact", "nearest") else "rule"
-    where = f"the {source} table row" if src == "table" else "the heuristic"
+    where = f"the {found.describe()}," if src == "table" and found is not None else "the heuristic"
     if cfg.kind == kind:
         return Cost(1.0, src, f"{where} names the {kind} kernel ({cfg.as_dict()})")
     return Cost(other, src, f"{where} names the {cfg.kind} kernel")

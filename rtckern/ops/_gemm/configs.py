@@ -48,6 +48,13 @@ def tuned_config(p: geometry.GemmProblem, device):
     """(config, source) for problem p on device: the table's row (exact, then nearest shape) when its config
     can serve p, else the heuristic. source: 'exact', 'nearest' or 'heuristic'. Unaligned problems always take
     the heuristic (rows are measured on aligned operands)."""
+    cfg, source, _ = tuned_config_row(p, device)
+    return cfg, source
+
+
+def tuned_config_row(p: geometry.GemmProblem, device):
+    """(config, source, the table's answer or None) as tuned_config: the answer names the row that served and
+    whether its device class matched (`tuning.Tuned.describe`, for explain)."""
 
     def valid(config: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
         try:
@@ -57,11 +64,11 @@ def tuned_config(p: geometry.GemmProblem, device):
 
     if not p.aligned:
         # Rows are timed on 16-byte aligned operands (the fast paths); the general path has its own heuristic.
-        return heuristic(p, device), "heuristic"
+        return heuristic(p, device), "heuristic", None
     found = tuning.lookup(OP, device, key_of(p), valid=valid)
     if found is not None:
-        return settle_splits(geometry.config_from_dict(found.config), p, device, found.source), found.source
-    return heuristic(p, device), "heuristic"
+        return settle_splits(geometry.config_from_dict(found.config), p, device, found.source), found.source, found
+    return heuristic(p, device), "heuristic", None
 
 
 def settle_splits(cfg, p: geometry.GemmProblem, device, source: str):

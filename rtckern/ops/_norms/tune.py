@@ -554,14 +554,16 @@ def norm_rows(direction: str, norm: str, req, winner: tuning.Row, trials: Sequen
     for kind in sorted(best):
         shape = (("kind", kind), ("norm", norm), ("dtype", dtype), ("n", n), ("vec", vec))
         cfg = {k: v for k, v in best[kind].config.items() if k != "kind"}
-        cfg_rows.append(tuning.Row(winner.arch, winner.sm_count, shape, cfg, meta(best[kind])))
+        cfg_rows.append(tuning.Row(winner.arch, winner.sm_count, shape, cfg, meta(best[kind]),
+                                    device_class=winner.device_class))
     out = [(configs.TABLE_FWD if direction == "fwd" else configs.TABLE_BWD, CONFIG_FIELDS, cfg_rows)]
     eligible = {k: t for k, t in best.items() if k != "coop" or n > SWEPT_ROW_LIMIT}
     if eligible:
         kind = min(eligible, key=lambda k: eligible[k].seconds)
         shape = (("dir", direction), ("norm", norm), ("dtype", dtype), ("n", n))
         out.append((configs.TABLE_KIND, KIND_FIELDS,
-                    [tuning.Row(winner.arch, winner.sm_count, shape, {"kind": kind}, meta(eligible[kind]))]))
+                    [tuning.Row(winner.arch, winner.sm_count, shape, {"kind": kind}, meta(eligible[kind]),
+                                device_class=winner.device_class)]))
     return out
 
 

@@ -199,7 +199,10 @@ def test_a_tuned_sm80_row_makes_the_wgmma_candidate_step_aside(cache_dir, monkey
         req = cands.request(p, H200)
         wgmma, mma = cands.Sm90WgmmaCandidate(), cands.Sm80MmaCandidate()
         assert wgmma.supports(req) is None and wgmma.config(req).kind == "sm90"  # it can serve, ranked behind
-        assert wgmma.cost(req) == Cost(cands.OTHER_COST, "table", "the exact table row names the sm80 kernel")
+        assert wgmma.cost(req) == Cost(cands.OTHER_COST, "table", "the exact row 0 of gemm.json (sm_90, 132 SMs, "
+                                       "class any: dtype=bf16, layout=tn, m=1024, n=1024, k=1024); a device of no "
+                                       "class (described without --device-class): rows of any class serve, names "
+                                       "the sm80 kernel")
         assert mma.cost(req).value == 1.0 and mma.config(req) == cfg
         from rtckern.registry import default_registry
 

@@ -159,7 +159,11 @@ def test_tune_writes_each_kinds_fastest_config_and_the_fastest_kind(tuned, capsy
     assert configs.fwd_config(p, "l2", H100) == configs.cfg_from_json("l2", {"threads": 512, "minb": 1, "opt": 0})
 
 
-def test_tune_into_a_directory_replaces_rows_in_place(tuned, capsys):
+def test_tune_into_a_directory_replaces_rows_in_place(tuned, capsys, monkeypatch):
+    # on the GPU class the shipped rows were tuned on (an H200): its rows are replaced; an H100 would add its own
+    from rtckern.commands import tune as tune_cmd
+
+    monkeypatch.setattr(tune_cmd, "live_device", lambda ordinal, command: dataclasses.replace(LIVE, name="NVIDIA H200"))
     into = tuned / "tables"
     into.mkdir()
     for name in ("norm_fwd", "norm_kind"):
@@ -174,6 +178,18 @@ def test_tune_into_a_directory_replaces_rows_in_place(tuned, capsys):
     assert len(changed) == 1 and after[changed[0]]["shape"] == {"dir": "fwd", "norm": "rms", "dtype": "bf16",
                                                                    "n": 4096}
     assert not (tuned / "user").exists()
+
+
+def test_tune_on_another_class_adds_its_rows_and_keeps_the_h200s(tuned, capsys):
+    into = tuned / "tables"
+    into.mkdir()
+    for name in ("norm_fwd", "norm_kind"):
+        (into / f"{name}.json").write_text((tuning.SHIPPED_DIR / f"{name}.json").read_text())
+    before = json.loads((into / "norm_kind.json").read_text())["rows"]
+    _run(["tune", "rms_norm", "--dtype", "bf16", "--shapes", "4096", "--into", str(into)], capsys)
+    after = json.loads((into / "norm_kind.json").read_text())["rows"]
+    assert after[:len(before)] == before and len(after) == len(before) + 1
+    assert after[-1]["device_class"] == "h100-sxm" and after[-1]["shape"]["n"] == 4096
 
 
 def test_tune_refuses_out_for_a_tuner_with_several_tables(tuned, capsys):

@@ -1,0 +1,192 @@
+"""The fp8 GEMM tuner behind `rtckern tune gemm_fp8 --shapes MxNxK,...|FILE`: times every tile config the sm_90a
+kernel supports for a shape (`sweep_configs`) on the live GPU (random e4m3 inputs and scales of the request's
+granularity, CUDA-graph replays so that launch gaps do not hide the kernel time of decode shapes), checks each
+result against a float32 GEMM of the dequantized inputs before it may win, and writes the fastest per shape into the
+`gemm_fp8` table, keyed (arch, SM count, device class, scale kind, out dtype, m, n, k). configs.py reads it.
+
+Shape lists of models (one MxNxK per line, `#` comments; the M = 1..256 decode range and prefill sizes) ship under
+rtckern/tuning_tables/shapes/: `--shapes llama-3.1-8b` (or a path) names one.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Mapping
+
+from rtckern import tuning
+from rtckern.errors import RtckernError
+
+from . import configs, geometry
+from .candidates import problem
+from .geometry import OP, Fp8Problem, Sm90Fp8Config
+
+STAGES = (4, 6, 8, 10, 12)  # ring depths tried, where the ring fits in shared memory
+TILES = ((64, 64, 1), (64, 128, 1), (128, 64, 1), (128, 64, 2), (128, 128, 2), (256, 64, 2))  # bm, bn, consumers
+
+
+def sweep_configs(p: Fp8Problem) -> list[Sm90Fp8Config]:
+    """Every tile config the sm_90a kernel accepts for p (Sm90Fp8Config.invalid), at each ring depth that fits;
+    tiles of 128+ rows are left out where M <= 64 (their extra rows are padding). In a fixed order."""
+    out = []
+    for bm, bn, consumers in TILES:
+        if p.m <= 64 and bm > 64:
+            continue
+        for stages in STAGES:
+            cfg = Sm90Fp8Config(bm, bn, stages, consumers)
+            if cfg.invalid(p) is None:
+                out.append(cfg)
+    return out
+
+
+class Fp8GemmTuner(tuning.Tuner):
+    op = OP
+    key_fields = configs.KEY_FIELDS
+
+    def key(self, req) -> dict[str, Any]:
+        return configs.key_of(problem(req))
+
+    def configs(self, req) -> list[dict[str, Any]]:
+        return [c.as_dict() for c in sweep_configs(problem(req))]
+
+    def heuristic(self, key: Mapping[str, Any], device) -> Mapping[str, Any]:
+        p = Fp8Problem(m=int(key["m"]), n=int(key["n"]), k=int(key["k"]), scale=str(key["scale"]),
+                       out_dtype=str(key["out"]))
+        return configs.heuristic(p, device.sm_count).as_dict()
+
+    def valid(self, config: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
+        try:
+            p = Fp8Problem(m=int(key["m"]), n=int(key["n"]), k=int(key["k"]), scale=str(key["scale"]))
+            return configs.config_from_dict(config).invalid(p) is None
+        except (TypeError, ValueError):
+            return False
+
+    def validate(self, req) -> None:
+        p = problem(req)
+        if req.device.arch.gfx or req.device.arch.cc != (9, 0):
+            raise ValueError(f"gemm_fp8 has tile configs to tune on sm_90 (H100 / H200: the wgmma kernel) only; "
+                             f"{req.device.describe()} runs the CUDA-core fallback, which has none")
+        if not p.aligned or p.k % geometry.K_MULTIPLE:
+            raise ValueError(f"gemm_fp8 {p.m}x{p.n}x{p.k}: rows are timed on 16-byte aligned operands (K a multiple "
+                             f"of {geometry.K_MULTIPLE}); this shape runs the fallback")
+        if p.bias != "none":
+            raise ValueError("gemm_fp8 rows are keyed without bias (the bias add is a cheap epilogue); tune without "
+                             "--opt bias")
+        if p.scale == "channel":
+            raise ValueError("per-channel scales run the per-tensor kernel and use its rows: tune with "
+                             "--opt scale=tensor")
+
+    def measure(self, req, config: Mapping[str, Any]) -> float:
+        return measure_config(problem(req), configs.config_from_dict(config), req.device)
+
+
+def make_inputs(p: Fp8Problem, dev, seed: int = 1234):
+    """(a, b, sa, sb, scale strides): random e4m3 operands and fp32 scales of p's granularity on torch device dev."""
+    import torch
+
+    g = torch.Generator(device=dev)
+    g.manual_seed(seed)
+    a = (torch.randn(p.m, p.k, device=dev, generator=g) * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(p.n, p.k, device=dev, generator=g) * 4).to(torch.float8_e4m3fn)
+    if p.scale == "block":
+        kb, nb = geometry.kb_count(p.k), (p.n + 127) // 128
+        sa = torch.rand(p.m, kb, device=dev, generator=g) / 64 + 1e-3
+        sb = torch.rand(nb, kb, device=dev, generator=g) / 64 + 1e-3
+        strides = (sa.stride(0) if p.m > 1 else 0, sa.stride(1) if kb > 1 else 0,
+                   sb.stride(0) if nb > 1 else 0, sb.stride(1) if kb > 1 else 0)
+    else:
+        sa = torch.full((1,), 0.01, device=dev)
+        sb = torch.full((1,), 0.02, device=dev)
+        strides = (0, 0, 0, 0)
+    return a, b, sa, sb, strides
+
+
+def reference(p: Fp8Problem, a, b, sa, sb):
+    """float32 (a * sa) @ (b * sb)^T from the same rounded inputs."""
+    import torch
+
+    af, bf = a.float(), b.float()
+    if p.scale == "block":
+        af = af * sa.repeat_interleave(geometry.SCALE_BLOCK, 1)[:, :p.k]
+        sb_full = sb.repeat_interleave(geometry.SCALE_BLOCK, 0)[:p.n].repeat_interleave(geometry.SCALE_BLOCK, 1)
+        bf = bf * sb_full[:, :p.k]
+    else:
+        af, bf = af * sa, bf * sb
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return af @ bf.t()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+ERROR_BOUND = 2.0 ** -6  # relative Frobenius error: bf16 output rounding plus fp32 accumulation, far below a bad tile
+
+
+def measure_config(p: Fp8Problem, cfg: Sm90Fp8Config, device, *, reps: int = 10, replays: int = 5,
+                   check: bool = True) -> float:
+    """Median seconds of one gemm_fp8 with tile `cfg` on the live device (torch needed for buffers and graphs). With
+    `check`, a result off the float32 reference by more than ERROR_BOUND raises (the config does not win)."""
+    import torch
+
+    from rtckern.dtypes import torch_dtype
+    from rtckern.manager import get_manager
+    from rtckern.registry.core_api import target_for
+
+    from .launch import GemmLaunch
+
+    if device.ordinal is None:
+        raise RtckernError("measuring a gemm_fp8 config needs a live GPU")
+    bad = cfg.invalid(p)
+    if bad:
+        raise RtckernError(f"config {cfg.as_dict()} cannot run {p.m}x{p.n}x{p.k}: {bad}")
+    kernel = get_manager().get(geometry.sm90_spec(p, cfg, target_for(device, True)), device.ordinal)
+    dev = torch.device("cuda", device.ordinal)
+    a, b, sa, sb, strides = make_inputs(p, dev)
+    c = torch.full((p.m, p.n), float("nan"), device=dev, dtype=torch_dtype(p.out_dtype))
+    plan = GemmLaunch(kernel, p, cfg, p.k, p.k, strides, device.sm_count)
+
+    def run():
+        plan.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), sa.data_ptr(), sb.data_ptr(), 0,
+                 torch.cuda.current_stream(dev).cuda_stream)
+
+    with torch.cuda.device(dev):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        if check:
+            ref = reference(p, a, b, sa, sb)
+            out = c.float()
+            err = float("nan") if torch.isnan(out).any() else float(
+                torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
+            if not err <= ERROR_BOUND:
+                raise RtckernError(f"config {cfg.as_dict()} gave relative error {err:.3g} > {ERROR_BOUND:.3g}")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                run()
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(replays):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            graph.replay()
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) / 1e3 / reps)
+    return statistics.median(times)
+
+
+_tuner: Fp8GemmTuner | None = None
+
+
+def register_tuner() -> Fp8GemmTuner:
+    global _tuner
+    if _tuner is None:
+        try:
+            _tuner = tuning.register_tuner(Fp8GemmTuner())
+        except ValueError:  # registered by an earlier import of this module under another name
+            _tuner = tuning.get_tuner(OP)  # type: ignore[assignment]
+    return _tuner
