@@ -111,13 +111,14 @@ def _scale(softmax_scale, head_dim: int) -> float:
     return s
 
 
-def cached_request(requests: PlanCache, build, dtype: str, head_dim: int, causal: bool, device: int):
-    """The request of (dtype, head_dim, causal, device) from ``requests``; on a miss ``build(dtype, head_dim,
-    causal, DeviceInfo)`` makes it (the forward's and varlen's candidates.request)."""
-    key = (dtype, head_dim, causal, device)
+def cached_request(requests: PlanCache, build, dtype: str, head_dim: int, causal: bool, device: int, *flags):
+    """The request of (dtype, head_dim, causal, device, flags) from ``requests``; on a miss ``build(dtype, head_dim,
+    causal, *flags, DeviceInfo)`` makes it (each attention op's candidates.request; the backwards pass
+    deterministic as a flag)."""
+    key = (dtype, head_dim, causal, device) + flags
     req = requests.get(key)
     if req is None:
-        req = requests.put(key, build(dtype, head_dim, causal, DeviceInfo.from_device(device)))
+        req = requests.put(key, build(dtype, head_dim, causal, *flags, DeviceInfo.from_device(device)))
     return req
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
-from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.registry import select
 from rtckern.runtime import arrays as arr
@@ -28,7 +27,7 @@ from rtckern.runtime.streams import torch_stream
 
 from .._common import current_plan
 from . import backward_candidates as cands
-from .api import _check_qkv, _scale, check_strides
+from .api import _check_qkv, _scale, cached_request, check_strides
 
 __all__ = ("attention_backward",)
 
@@ -50,11 +49,11 @@ def _check_like_q(t: arr.DeviceArray, q: arr.DeviceArray, name: str) -> None:
     check_strides(t, name, "batch, seqlen and head")
 
 
-def _check_lse(lse: arr.DeviceArray, q: arr.DeviceArray) -> None:
-    b, sq, hq, _ = q.shape
-    if lse.shape != (b, hq, sq):
-        raise InputError(f"lse has shape {lse.shape}; it must be (batch, heads_q, seqlen_q) = {(b, hq, sq)}, as "
-                         "rtckern.ops.attention(..., return_lse=True) returns it")
+def check_lse(lse: arr.DeviceArray, q: arr.DeviceArray, shape: tuple, layout: str, producer: str) -> None:
+    """lse as the forward `producer` returned it: fp32 of `shape` (`layout` names its dims), on q's device."""
+    if lse.shape != shape:
+        raise InputError(f"lse has shape {lse.shape}; it must be {layout} = {shape}, as {producer}(..., "
+                         "return_lse=True) returns it")
     if lse.dtype != "fp32":
         raise InputError(f"lse has dtype {lse.dtype}; it must be fp32 (the forward's lse)")
     if lse.lib != q.lib or lse.device != q.device:
@@ -62,14 +61,6 @@ def _check_lse(lse: arr.DeviceArray, q: arr.DeviceArray) -> None:
                          f"cuda:{lse.device}")
     if lse.ptr % 4:
         raise InputError(f"lse at address {lse.ptr:#x} is not 4-byte aligned")
-
-
-def _request(dtype: str, head_dim: int, causal: bool, deterministic: bool, device: int):
-    key = (dtype, head_dim, causal, deterministic, device)
-    req = _requests.get(key)
-    if req is None:
-        req = _requests.put(key, cands.request(dtype, head_dim, causal, deterministic, DeviceInfo.from_device(device)))
-    return req
 
 
 def _key(args, causal, softmax_scale, deterministic) -> tuple | None:
@@ -128,7 +119,8 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_sc
     da, oa, la = arr.wrap(dout, "dout"), arr.wrap(out, "out"), arr.wrap(lse, "lse")
     _check_like_q(da, qa, "dout")
     _check_like_q(oa, qa, "out")
-    _check_lse(la, qa)
+    b, sq, hq, _ = qa.shape
+    check_lse(la, qa, (b, hq, sq), "(batch, heads_q, seqlen_q)", "rtckern.ops.attention")
     if not isinstance(causal, bool):
         raise InputError(f"causal={causal!r}; pass True or False")
     if not isinstance(deterministic, bool):
@@ -142,7 +134,7 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_sc
     dq, dq_ptr = arr.empty(qa, qa.shape, qa.dtype)
     dk, dk_ptr = arr.empty(qa, ka.shape, qa.dtype)
     dv, dv_ptr = arr.empty(qa, ka.shape, qa.dtype)
-    req = _request(qa.dtype, d, causal, deterministic, qa.device)
+    req = cached_request(_requests, cands.request, qa.dtype, d, causal, qa.device, deterministic)
     sel = select(req)
     # Views without the arrays: a memoized plan must not keep the caller's tensors alive.
     views = [a.at(a.ptr) for a in (qa, ka, va, da, oa, la)]

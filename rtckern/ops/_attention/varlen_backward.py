@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
-from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.registry import select
 from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
 from . import varlen_backward_candidates as vbc
-from .api import _scale
+from .api import _scale, cached_request
+from .backward import check_lse
 from .varlen import _check_cu, _check_max, _check_qkv
 
 __all__ = ("attention_varlen_backward",)
@@ -59,28 +59,6 @@ def _check_like_q(t: arr.DeviceArray, q: arr.DeviceArray, name: str) -> None:
         raise InputError(f"{name} has strides {t.strides} (elements) at address {t.ptr:#x}: the token and head "
                          f"strides must be multiples of 8 elements and the address 16-byte aligned; pass "
                          f"{name}.contiguous()")
-
-
-def _check_lse(lse: arr.DeviceArray, q: arr.DeviceArray) -> None:
-    tq, hq, _ = q.shape
-    if lse.shape != (hq, tq):
-        raise InputError(f"lse has shape {lse.shape}; it must be (heads_q, total_q) = {(hq, tq)}, as "
-                         "rtckern.ops.attention_varlen(..., return_lse=True) returns it")
-    if lse.dtype != "fp32":
-        raise InputError(f"lse has dtype {lse.dtype}; it must be fp32 (the forward's lse)")
-    if lse.lib != q.lib or lse.device != q.device:
-        raise InputError(f"lse must be a {q.lib} array on cuda:{q.device} like q; got a {lse.lib} array on "
-                         f"cuda:{lse.device}")
-    if lse.ptr % 4:
-        raise InputError(f"lse at address {lse.ptr:#x} is not 4-byte aligned")
-
-
-def _request(dtype: str, head_dim: int, causal: bool, deterministic: bool, device: int):
-    key = (dtype, head_dim, causal, deterministic, device)
-    req = _requests.get(key)
-    if req is None:
-        req = _requests.put(key, vbc.request(dtype, head_dim, causal, deterministic, DeviceInfo.from_device(device)))
-    return req
 
 
 def _key(args, cu_q, cu_k, max_q, max_k, causal, softmax_scale, deterministic) -> tuple | None:
@@ -150,7 +128,8 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     da, oa, la = arr.wrap(dout, "dout"), arr.wrap(out, "out"), arr.wrap(lse, "lse")
     _check_like_q(da, qa, "dout")
     _check_like_q(oa, qa, "out")
-    _check_lse(la, qa)
+    tq, hq, _ = qa.shape
+    check_lse(la, qa, (hq, tq), "(heads_q, total_q)", "rtckern.ops.attention_varlen")
     cqa, cka = arr.wrap(cu_seqlens_q, "cu_seqlens_q"), arr.wrap(cu_seqlens_k, "cu_seqlens_k")
     batch = _check_cu(cqa, cka, qa)
     tq, hq, d = qa.shape
@@ -168,7 +147,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     if not (batch and hq and tq and tk):  # nothing to launch: every gradient is zero (or empty)
         return (arr.zeros(qa, qa.shape, qa.dtype)[0], arr.zeros(qa, ka.shape, qa.dtype)[0],
                 arr.zeros(qa, ka.shape, qa.dtype)[0])
-    req = _request(qa.dtype, d, causal, deterministic, qa.device)
+    req = cached_request(_requests, vbc.request, qa.dtype, d, causal, qa.device, deterministic)
     sel = select(req)
     # Views without the arrays: a memoized plan must not keep the caller's tensors alive.
     views = [a.at(a.ptr) for a in (qa, ka, va, da, oa, la)]

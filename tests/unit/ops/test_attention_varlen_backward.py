@@ -54,7 +54,7 @@ def described(monkeypatch):
 
     monkeypatch.setattr(A, "empty", stop)
     monkeypatch.setattr(A, "zeros", stop)
-    monkeypatch.setattr(VB, "_request", stop)
+    monkeypatch.setattr(VB, "cached_request", stop)
 
 
 Q, KV, LSE, CU = (100, 8, 64), (300, 2, 64), (8, 100), (5,)
