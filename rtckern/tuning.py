@@ -557,6 +557,38 @@ def time_launches(launch: Callable[[int], None], ordinal: int, *, warmup: int = 
     return statistics.median(samples) / 1e3
 
 
+def time_graphed(device, run, check=None, *, reps: int = 10, replays: int = 5) -> float:
+    """Seconds per call of `run()` on torch device `device`: one warm-up call on a side stream, `check()` (raises
+    when the output is wrong), then `reps` calls captured in one CUDA graph and replayed `replays` times (median),
+    so that launch gaps do not hide the kernel time of small shapes. The tuners' shared timing."""
+    import torch
+
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        if check is not None:
+            check()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                run()
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(replays):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            graph.replay()
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) / 1e3 / reps)
+    return statistics.median(times)
+
+
 @dataclass(frozen=True)
 class Trial:
     config: Mapping[str, Any]

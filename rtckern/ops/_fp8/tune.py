@@ -9,7 +9,6 @@ rtckern/tuning_tables/shapes/: `--shapes llama-3.1-8b` (or a path) names one.
 """
 from __future__ import annotations
 
-import statistics
 from typing import Any, Mapping
 
 from rtckern import tuning
@@ -148,35 +147,14 @@ def measure_config(p: Fp8Problem, cfg: Sm90Fp8Config, device, *, reps: int = 10,
         plan.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), sa.data_ptr(), sb.data_ptr(), 0,
                  torch.cuda.current_stream(dev).cuda_stream)
 
-    with torch.cuda.device(dev):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            run()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        if check:
-            ref = reference(p, a, b, sa, sb)
-            out = c.float()
-            err = float("nan") if torch.isnan(out).any() else float(
-                torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
-            if not err <= ERROR_BOUND:
-                raise RtckernError(f"config {cfg.as_dict()} gave relative error {err:.3g} > {ERROR_BOUND:.3g}")
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(reps):
-                run()
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(replays):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            graph.replay()
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1) / 1e3 / reps)
-    return statistics.median(times)
+    def verify():
+        ref = reference(p, a, b, sa, sb)
+        out = c.float()
+        err = float("nan") if torch.isnan(out).any() else float(
+            torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
+        if not err <= ERROR_BOUND:
+            raise RtckernError(f"config {cfg.as_dict()} gave relative error {err:.3g} > {ERROR_BOUND:.3g}")
+    return tuning.time_graphed(dev, run, verify if check else None, reps=reps, replays=replays)
 
 
 _tuner: Fp8GemmTuner | None = None

@@ -6,7 +6,6 @@ reads the table it writes.
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any, Mapping
 
 from rtckern import tuning
@@ -131,33 +130,12 @@ def measure_config(p: geometry.GemmProblem, cfg, device, *, reps: int = 10, repl
     def run():
         plan.run(ops.a, ops.b, ops.c, ops.bias, ops.res, torch.cuda.current_stream(dev).cuda_stream, ws_ptr)
 
-    with torch.cuda.device(dev):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            run()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        if check:
-            err = relative_error(p, a, b, bias, res, c)
-            bound = error_bound(p)
-            if not err <= bound:
-                raise RtckernError(f"config {cfg.as_dict()} gave relative error {err:.3g} > {bound:.3g}")
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(reps):
-                run()
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(replays):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            graph.replay()
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1) / 1e3 / reps)
-    return statistics.median(times)
+    def verify():
+        err = relative_error(p, a, b, bias, res, c)
+        bound = error_bound(p)
+        if not err <= bound:
+            raise RtckernError(f"config {cfg.as_dict()} gave relative error {err:.3g} > {bound:.3g}")
+    return tuning.time_graphed(dev, run, verify if check else None, reps=reps, replays=replays)
 
 
 def error_bound(p: geometry.GemmProblem) -> float:
