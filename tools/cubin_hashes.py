@@ -89,29 +89,9 @@ def gemm_specs(arch):
 
 
 def norms_specs(arch):
-    from rtckern.arch import Arch
-    from rtckern.device import DeviceInfo
-    from rtckern.ops._norms import configs, geometry
+    from rtckern.testing import norms_variants
 
-    a, dev = Arch.parse(arch), DeviceInfo.for_arch(arch)
-    combos = [("bf16", "bf16", "bf16"), ("fp16", "fp32", "fp16"), ("fp32", "fp32", "fp32"), ("bf16", "fp32", "fp32")]
-    for layer in (False, True):
-        for x, w, y in combos:
-            for n in (1, 7, 1000, 4096, 5121, 65536, 262144):
-                vec = geometry.pick_vec(n, (geometry.ITEMSIZE[x],), (16,))
-                for extra in ({}, {"zero_centered": True, "residual": True, "save_stats": True}):
-                    fp = geometry.FwdProblem(layer=layer, n=n, x=x, y=y, w=w, bias=layer, vec=vec, **extra)
-                    bp = geometry.BwdProblem(layer=layer, n=n, x=x, dy=y, dx=x, w=w, weight_grad=True, bias_grad=layer,
-                                             vec=vec, zero_centered=bool(extra), dresidual=bool(extra))
-                    for kind in ("rows", "cluster", "l2", "l2c", "stage", "coop"):
-                        if kind in ("cluster", "l2c") and a.cc < (9, 0):
-                            continue
-                        c = configs.fwd_config(fp, kind, dev) if kind not in geometry.BWD_ONLY_KINDS else None
-                        if c is not None:
-                            yield geometry.fwd_spec(fp, kind, c, a)
-                        c = configs.bwd_config(bp, kind, dev)
-                        if c is not None:
-                            yield from geometry.bwd_specs(bp, kind, c, a)
+    return norms_variants(arch)
 
 
 def softmax_specs(arch):

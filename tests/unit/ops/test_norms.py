@@ -12,6 +12,7 @@ from rtckern.ops._norms import api as norms
 from rtckern.ops._norms import configs, geometry, launch
 from rtckern.registry import OpRequest, default_registry, select
 from rtckern.runtime import arrays as A
+from rtckern.testing import norms_variants
 
 
 def rows_of(shape, strides, dtype="bf16", itemsize=2, device=0, ptr=1 << 20, name="x"):
@@ -367,35 +368,12 @@ def test_registry_choice_backward(cache_dir, arch, n, expect):
 
 
 # ---- every variant compiles with NVRTC ----------------------------------------------------------------------------
-def _variants(arch: str):
-    a = Arch.parse(arch)
-    dev = DeviceInfo.for_arch(arch)
-    combos = [("bf16", "bf16", "bf16"), ("fp16", "fp32", "fp16"), ("fp32", "fp32", "fp32"), ("bf16", "fp32", "fp32")]
-    for layer in (False, True):
-        for x, w, y in combos:
-            for n in (1, 7, 1000, 4096, 5121, 65536, 262144):
-                vec = geometry.pick_vec(n, (geometry.ITEMSIZE[x],), (16,))
-                for extra in ({}, {"zero_centered": True, "residual": True, "save_stats": True}):
-                    fp = geometry.FwdProblem(layer=layer, n=n, x=x, y=y, w=w, bias=layer, vec=vec, **extra)
-                    bp = geometry.BwdProblem(layer=layer, n=n, x=x, dy=y, dx=x, w=w, weight_grad=True, bias_grad=layer,
-                                             vec=vec, zero_centered=bool(extra), dresidual=bool(extra))
-                    for kind in ("rows", "cluster", "l2", "l2c", "stage", "coop"):
-                        if kind in ("cluster", "l2c") and a.cc < (9, 0):
-                            continue
-                        c = configs.fwd_config(fp, kind, dev) if kind not in geometry.BWD_ONLY_KINDS else None
-                        if c is not None:
-                            yield geometry.fwd_spec(fp, kind, c, a)
-                        c = configs.bwd_config(bp, kind, dev)
-                        if c is not None:
-                            yield from geometry.bwd_specs(bp, kind, c, a)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90"])
 def test_every_variant_compiles(arch):
     from rtckern.testing import compile_all
 
-    specs = list(dict.fromkeys(_variants(arch)))
+    specs = list(dict.fromkeys(norms_variants(arch)))
     assert len(specs) > 50
     if arch != "sm_90":  # every variant for the target arch; a fixed 1-in-6 sample elsewhere keeps CI short
         specs = specs[::6] + specs[-1:]
