@@ -150,11 +150,11 @@ _selections = PlanCache("gemm_fp8.selections")
 def selection(req_key: tuple, make) -> Any:
     """The registry's selection for `make()`'s request, memoized under req_key and the settings object (a change
     of settings, such as RTCKERN_FORCE_IMPL, decides again, as the registry's own memo does)."""
-    key = (req_key, id(config.settings()))
-    sel = _selections.get(key)
-    if sel is None:
-        sel = _selections.put(key, select(make()))
-    return sel
+    s = config.settings()
+    hit = _selections.get(req_key)
+    if hit is None or hit[0] is not s:  # the object itself: an id could be reused by a later settings object
+        hit = _selections.put(req_key, (s, select(make())))
+    return hit[1]
 
 
 # ---- explain / prefill ---------------------------------------------------------------------------------------------
