@@ -275,7 +275,7 @@ def norms_variants(arch: str):
 
 def kvcache_kernel_exprs(head_dims) -> tuple[str, list[str]]:
     """(source, name expressions) of every attention_with_kvcache kernel variant: for bf16 and fp16 and each head
-    dim, the attention kernel at its default tile (causal and not), the split merge and the append."""
+    dim, the attention kernel at its default tile (causal and not), the split merge, the append and the gather."""
     from .ops._attention import configs
     from .ops._attention import kvcache_candidates as kc
 
@@ -290,6 +290,7 @@ def kvcache_kernel_exprs(head_dims) -> tuple[str, list[str]]:
                 exprs.append(f"{kc.KERNEL}<{args}>")
             exprs.append(f"{kc.COMBINE_KERNEL}<{t}, {hd}, {kc.COMBINE_THREADS}, {kc.MAX_SPLITS}>")
             exprs.append(f"{kc.APPEND_KERNEL}<{t}, {hd}>")
+            exprs.append(f"{kc.GATHER_KERNEL}<{t}, {hd}>")
     return kc.SOURCE, exprs
 
 

@@ -147,18 +147,6 @@ class Kernel:
         with self._lock:
             self._raise_dynamic_smem(int(nbytes))
 
-    def prefer_shared_memory(self, percent: int = 100) -> None:
-        """Hint the driver to give ``percent`` of the unified L1 / shared memory to shared memory for this kernel
-        (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT): a kernel that wants several blocks per SM, each with
-        much shared memory, gets them resident only under a large carveout."""
-        if not 0 <= int(percent) <= 100:
-            raise ValueError(f"percent={percent!r}: 0 to 100")
-        d = driver()
-        with self._lock, on_device(self.device.ordinal):
-            check(d.cuKernelSetAttribute(
-                d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, int(percent),
-                self._k.handle, self.device.ordinal), "cuKernelSetAttribute(preferred shared memory carveout)")
-
     def _raise_dynamic_smem(self, nbytes: int) -> None:
         """Sets the attribute to max(nbytes, what is set); the caller holds self._lock."""
         limit = self.device.max_smem_per_block_optin - self.shared_size_bytes

@@ -59,6 +59,43 @@ __global__ void kvcache_append(const T* __restrict__ k_new, const T* __restrict_
   }
 }
 
+// Gather for the long-query path (chunked prefill): sequence b's first len_b tokens (cached plus appended) of K and
+// V into packed (total, heads_kv, HD) buffers, sequences one after the other, and the prefix sums cu_seqlens_k
+// (batch + 1) that attention_varlen reads. Grid (ceil(capacity / 16), batch); block x copies tokens 16 x .. 16 x + 15
+// of its sequence; its offset in the packed buffers is the sum of the earlier sequences' lengths.
+template <typename T, int HD>
+__global__ void kvcache_gather(const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                               const int* __restrict__ cache_seqlens, const int* __restrict__ block_table,
+                               T* __restrict__ k_out, T* __restrict__ v_out, int* __restrict__ cu_seqlens_k,
+                               long long heads_kv, long long seqlen_new, long long capacity, long long bt_stride,
+                               long long page_size, long long k_bs, long long k_rs, long long k_hs, long long v_bs,
+                               long long v_rs, long long v_hs) {
+  constexpr int CPR = HD / 8;
+  const long long b = blockIdx.y;
+  const int len = kv_length(cache_seqlens, b, seqlen_new, capacity);
+  const int j0 = blockIdx.x * 16;
+  long long off = 0;
+  for (long long i = 0; i < b; ++i) off += kv_length(cache_seqlens, i, seqlen_new, capacity);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    cu_seqlens_k[b + 1] = static_cast<int>(off + len);
+    if (b == 0) cu_seqlens_k[0] = 0;
+  }
+  if (j0 >= len) return;
+  const int n = min(16, len - j0);
+  const long long per_token = heads_kv * CPR;
+  for (long long idx = threadIdx.x; idx < n * per_token; idx += blockDim.x) {
+    const int t = static_cast<int>(idx / per_token);
+    const long long rem = idx - t * per_token;
+    const long long h = rem / CPR;
+    const long long c = (rem - h * CPR) * 8;
+    const long long ks = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), k_bs, k_rs, b, j0 + t);
+    const long long vs = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), v_bs, v_rs, b, j0 + t);
+    const long long dst = ((off + j0 + t) * heads_kv + h) * HD + c;
+    *reinterpret_cast<uint4*>(k_out + dst) = *reinterpret_cast<const uint4*>(k_cache + ks + h * k_hs + c);
+    *reinterpret_cast<uint4*>(v_out + dst) = *reinterpret_cast<const uint4*>(v_cache + vs + h * v_hs + c);
+  }
+}
+
 // Split-KV merge. A split kernel leaves, per query row R = (b * seqlen_q + i) * heads_q + h and split s, the
 // normalized partial output part_o[(R * splits + s) * HD ..] (float) and part_lse[R * splits + s] (log2 of the
 // split's softmax denominator plus its scaled max; -inf for a split that saw no key). The row's output is the

@@ -25,6 +25,10 @@ chooses from batch, heads, the cache's capacity and the GPU's SM count; 1 never 
 Returns o (batch, seqlen_q, heads_q, head_dim) contiguous, like q; with return_lse also lse float32 (batch, heads_q,
 seqlen_q), natural log.
 
+More than 16 query tokens (chunked prefill) take a long-query path: the attended part of the cache is gathered into
+packed K / V (on the device, lengths included) and attention_varlen's kernels run over it; up to 16 (decode,
+speculative verification) run the decode kernel, which reads the cache once per kv head.
+
 The lengths and the block table are read by the kernels only (no host synchronization): a call can be captured in
 a CUDA graph and replayed with new cache_seqlens / block_table contents (the grid depends on the shapes only).
 Strides: every tensor's head dim contiguous, its other strides multiples of 8 elements, 16-byte aligned addresses;
@@ -60,6 +64,7 @@ _SCALE_TYPES = (type(None), float, int)
 MAIN_KINDS = "P" * 9 + "q" * 19 + "f"
 COMBINE_KINDS = "P" * 4 + "q" * 6
 APPEND_KINDS = "P" * 6 + "q" * 16
+GATHER_KINDS = "P" * 7 + "q" * 11
 
 
 def _check_int32(t: arr.DeviceArray, name: str, q: arr.DeviceArray, dims: int, meaning: str) -> None:
@@ -216,6 +221,63 @@ class Plan:
         return (o, lse) if return_lse else o
 
 
+class LongQueryPlan:
+    """More than DECODE_MAX_SEQLEN_Q query tokens (chunked prefill): the append, then the cache gathered into packed
+    K / V buffers with device-side prefix sums (kvcache_gather), then attention_varlen over them (its fastest kernel,
+    TMA on sm_90), q viewed as packed sequences of seqlen_q tokens. The gather costs a read and write of the
+    attended cache, small against the math of a long chunk."""
+
+    __slots__ = ("settings", "append", "append_tail", "gather", "gather_tail", "batch", "sq", "hq", "hk", "d",
+                 "capacity", "causal", "scale", "cu_q", "dtype", "index", "lib", "like", "_varlen")
+
+    def __init__(self, c: _Call, qa: arr.DeviceArray, sel):
+        from .varlen import attention_varlen
+
+        self.settings = settings()
+        _, _, append, gather = sel.kernels
+        self.batch, self.sq, self.hq, self.hk, self.d = c.batch, c.sq, c.hq, c.hk, c.d
+        self.capacity, self.causal, self.scale = c.capacity, c.causal, c.scale
+        self.append = self.append_tail = None
+        if c.seqlen_new:
+            self.append = append.prepare((c.seqlen_new, c.batch, 1), (kc.APPEND_THREADS, 1, 1), APPEND_KINDS)
+            self.append_tail = (c.hk, c.capacity, c.bt_stride, c.page_size) + tuple(c.kn_strides) + \
+                tuple(c.vn_strides) + tuple(c.k_strides) + tuple(c.v_strides)
+        self.gather = gather.prepare((-(-c.capacity // kc.CHUNK), c.batch, 1), (kc.GATHER_THREADS, 1, 1),
+                                     GATHER_KINDS)
+        self.gather_tail = (c.hk, c.seqlen_new, c.capacity, c.bt_stride, c.page_size) + tuple(c.k_strides) + \
+            tuple(c.v_strides)
+        self.dtype, self.index, self.lib = qa.dtype, qa.device, qa.lib
+        self.like = qa.at(qa.ptr)
+        self._varlen = attention_varlen
+        cu = np.arange(c.batch + 1, dtype=np.int32) * c.sq  # the queries' prefix sums: constant per plan
+        if qa.lib == "torch":
+            import torch
+            self.cu_q = torch.from_numpy(cu).to(qa.obj.device)
+        else:
+            import cupy
+            with cupy.cuda.Device(qa.device):
+                self.cu_q = cupy.asarray(cu)
+
+    def run(self, q, kp, vp, csp, btp, knp, vnp, return_lse: bool, stream: int):
+        b, hk, d = self.batch, self.hk, self.d
+        total = b * self.capacity
+        kbuf, kb = arr.empty(self.like, (total, hk, d), self.dtype)
+        vbuf, vb = arr.empty(self.like, (total, hk, d), self.dtype)
+        cu_k, cp = arr.empty(self.like, (b + 1,), "int32")
+        if self.append is not None:
+            self.append(stream, knp, vnp, kp, vp, csp, btp, *self.append_tail)
+        self.gather(stream, kp, vp, csp, btp, kb, vb, cp, *self.gather_tail)
+        res = self._varlen(q.reshape(b * self.sq, self.hq, d), kbuf, vbuf, self.cu_q, cu_k, self.sq, self.capacity,
+                           causal=self.causal, softmax_scale=self.scale, return_lse=return_lse)
+        o, lse = res if return_lse else (res, None)
+        o = o.reshape(b, self.sq, self.hq, d)
+        if not return_lse:
+            return o
+        lse = lse.reshape(self.hq, b, self.sq)
+        lse = lse.permute(1, 0, 2).contiguous() if self.lib == "torch" else lse.transpose(1, 0, 2).copy()
+        return o, lse
+
+
 def _key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, softmax_scale, num_splits,
          return_lse) -> tuple | None:
     tt = _torch_types
@@ -248,7 +310,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     if key is not None:
         p = current_plan(plans, key)
         if p is not None:  # this signature passed the checks below before
-            return p.run(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
+            return p.run(q if p.__class__ is LongQueryPlan else q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
                          block_table.data_ptr() if block_table is not None else 0,
                          k_new.data_ptr() if k_new is not None else 0, v_new.data_ptr() if v_new is not None else 0,
                          return_lse, torch_stream(p.index))
@@ -265,7 +327,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
         return (o, lse) if return_lse else o
     req = cached_request(_requests, kc.request, qa.dtype, c.d, c.causal, qa.device)
     sel = select(req)
-    p = Plan(c, qa, sel, req, splits)
+    long_query = c.sq > kc.DECODE_MAX_SEQLEN_Q and c.capacity > 0
+    p = LongQueryPlan(c, qa, sel) if long_query else Plan(c, qa, sel, req, splits)
     if qa.lib == "torch":
         for t in (q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new):
             if t is not None:
@@ -274,8 +337,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
                   return_lse)
         if kk is not None:
             plans.put(kk, p)
-    return p.run(qa.ptr, ka.ptr, va.ptr, csa.ptr, bta.ptr if bta else 0, kna.ptr if kna else 0,
-                 vna.ptr if vna else 0, return_lse, arr.current_stream(qa))
+    return p.run(qa.obj if long_query else qa.ptr, ka.ptr, va.ptr, csa.ptr, bta.ptr if bta else 0,
+                 kna.ptr if kna else 0, vna.ptr if vna else 0, return_lse, arr.current_stream(qa))
 
 
 kc.register_all()

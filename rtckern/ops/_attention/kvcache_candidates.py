@@ -7,8 +7,9 @@
 
 A request is what decides compilation: dtype, head dim, causal (only meaningful with more than one query token;
 the op passes causal and seqlen_q > 1). Contiguous or paged caches, lengths, page size, heads and strides are
-run-time arguments of one binary. Each candidate compiles three kernels: the attention kernel, the split-KV merge
-and the append of new tokens.
+run-time arguments of one binary. Each candidate compiles four kernels: the attention kernel, the split-KV merge,
+the append of new tokens and the gather of the long-query path (more than DECODE_MAX_SEQLEN_Q query tokens: chunked
+prefill runs on attention_varlen's kernels over the gathered cache).
 """
 from __future__ import annotations
 
@@ -31,8 +32,13 @@ SOURCE = "attention/decode_sm80.cuh"
 KERNEL = "rtk_attn::attn_decode_sm80"
 COMBINE_KERNEL = "rtk_attn::attn_split_combine"
 APPEND_KERNEL = "rtk_attn::kvcache_append"
+GATHER_KERNEL = "rtk_attn::kvcache_gather"
 COMBINE_THREADS = 128
 APPEND_THREADS = 128
+GATHER_THREADS = 128
+# More query tokens than this take the long-query path: the cache gathered into packed K / V and attention_varlen's
+# kernels (the decode kernel's 16-row tiles would read the cache once per tile of a long chunk).
+DECODE_MAX_SEQLEN_Q = 16
 ROW_TILE = 16  # query rows (group members x query tokens) per block
 CHUNK = 16  # keys per warp step; page sizes must be multiples of it
 MAX_SPLITS = 256
@@ -130,12 +136,13 @@ class Sm80Decode(Candidate):
                                                                                                req.flag("causal")),
                            op=OP),
                 KernelSpec(SOURCE, COMBINE_KERNEL, target, template_args=(t, hd, COMBINE_THREADS, MAX_SPLITS), op=OP),
-                KernelSpec(SOURCE, APPEND_KERNEL, target, template_args=(t, hd), op=OP))
+                KernelSpec(SOURCE, APPEND_KERNEL, target, template_args=(t, hd), op=OP),
+                KernelSpec(SOURCE, GATHER_KERNEL, target, template_args=(t, hd), op=OP))
 
     def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
         tile = self.tile(req)
         return (Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(req.dim("head_dim"))),
-                Resources(block=COMBINE_THREADS), Resources(block=APPEND_THREADS))
+                Resources(block=COMBINE_THREADS), Resources(block=APPEND_THREADS), Resources(block=GATHER_THREADS))
 
 
 def _has_table() -> bool:

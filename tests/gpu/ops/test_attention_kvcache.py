@@ -1,6 +1,7 @@
 """attention_with_kvcache on a GPU: contiguous and paged caches (every page size, blocks shuffled), random lengths
 per sequence (1 .. 128k), GQA 1/4/8, every head dim, seqlen_q 1/2/4/16, causal and not, appends that cross page
-boundaries, split-KV (chosen, none, forced counts), bf16 and fp16.
+boundaries, split-KV (chosen, none, forced counts), bf16 and fp16; chunked prefill (more than 16 query tokens: the
+long-query path over the gathered cache).
 
 Each sequence is checked against a float64 reference built by gathering its tokens from the cache (after the
 append): max |error| <= 2x that of torch's math SDPA in the same dtype (plus a half-ulp floor), lse within 1e-3,
@@ -206,6 +207,16 @@ def test_append_crossing_pages(page):
     rng = random.Random(7 + (page or 0))
     check(rng, "bf16", [15, 16, 63, 1000, 0], 8, 1, 128, 1, True, page, new=1)
     check(rng, "fp16", [15, 47, 250, 0], 4, 2, 64, 37, True, page, new=37, slack=5)
+
+
+@pytest.mark.parametrize("page", [None, 16, 256])
+@pytest.mark.parametrize("hd", [64, 128, 96])
+def test_chunked_prefill(page, hd):
+    """More than 16 query tokens (the long-query path): a chunk of new tokens appended and attended causally on top
+    of cached ones of different lengths (0 included), GQA 4; and a non-causal chunk without append."""
+    rng = random.Random(hd + (page or 0))
+    check(rng, "bf16", [0, 700, 2500, 31], 8, 2, hd, 128, True, page, new=128, slack=3)
+    check(rng, "fp16", [300, 1200], 4, 4, hd, 17, False, page)
 
 
 @pytest.mark.parametrize("page", [None, 64])

@@ -1,6 +1,6 @@
 """attention_with_kvcache without a GPU: input validation through the public op (exact messages; arrays described by
 hand), the split-KV decision, the registry's choice on described devices (`explain`), and real NVRTC compiles of
-every kernel variant (attention, merge, append) for sm_80 and sm_90.
+every kernel variant (attention, merge, append, gather) for sm_80 and sm_90.
 """
 from __future__ import annotations
 
@@ -107,5 +107,5 @@ def test_every_variant_compiles(arch):
     """Every (dtype, head dim, causal) of the attention kernel with its merge and append kernels, in one NVRTC
     program per process."""
     source, exprs = kvcache_kernel_exprs(HEAD_DIMS)
-    assert len(exprs) == 2 * len(HEAD_DIMS) * 4
+    assert len(exprs) == 2 * len(HEAD_DIMS) * 5
     assert compile_name_expressions(source, exprs, arch) == []
