@@ -170,7 +170,7 @@ class Plan:
         tile = cand.tile(req)
         tiles = kc.row_tiles(c.sq, c.hq // c.hk)
         smem = tile.smem_bytes(c.d)
-        main, combine, append = kernels
+        main, combine, append = kernels[:3]
         if num_splits == 0:
             per_sm = main.max_active_blocks_per_sm(tile.threads, smem)
             num_splits = kc.choose_splits(c.batch, c.hk, tiles, c.capacity, req.device.sm_count, per_sm, tile.warps)
@@ -258,12 +258,23 @@ class LongQueryPlan:
             with cupy.cuda.Device(qa.device):
                 self.cu_q = cupy.asarray(cu)
 
+    def _scratch(self, shape, dtype: str):
+        """Scratch (the packed K / V and their prefix sums) from the caller's library allocator, stream-ordered."""
+        from rtckern import dtypes
+
+        if self.lib == "torch":
+            import torch
+            return torch.empty(shape, dtype=dtypes.torch_dtype(dtype), device=f"cuda:{self.index}")
+        import cupy
+        with cupy.cuda.Device(self.index):
+            return cupy.empty(shape, dtype=dtypes.numpy_dtype(dtype))
+
     def run(self, q, kp, vp, csp, btp, knp, vnp, return_lse: bool, stream: int):
         b, hk, d = self.batch, self.hk, self.d
         total = b * self.capacity
-        kbuf, kb = arr.empty(self.like, (total, hk, d), self.dtype)
-        vbuf, vb = arr.empty(self.like, (total, hk, d), self.dtype)
-        cu_k, cp = arr.empty(self.like, (b + 1,), "int32")
+        kbuf, vbuf, cu_k = self._scratch((total, hk, d), self.dtype), self._scratch((total, hk, d), self.dtype), \
+            self._scratch((b + 1,), "int32")
+        kb, vb, cp = (arr.wrap(t, "scratch").ptr for t in (kbuf, vbuf, cu_k))
         if self.append is not None:
             self.append(stream, knp, vnp, kp, vp, csp, btp, *self.append_tail)
         self.gather(stream, kp, vp, csp, btp, kb, vb, cp, *self.gather_tail)
