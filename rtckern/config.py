@@ -97,16 +97,25 @@ _SIZE = re.compile(r"([0-9][0-9_]*(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORE
 _UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": TiB}
 
 
+def parse_size(text: str) -> int:
+    """Bytes of a size written plain (``1073741824``) or with a 1024-based suffix (``64K``, ``512M``, ``1G``,
+    ``2T``; ``MiB``, ``GB`` and lower case read the same); ValueError for anything else. Settings and command-line
+    options (``rtckern cache prune --max-bytes 1G``) read sizes with this one parser."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"{text!r} is not a size")
+    return int(float(m.group(1).replace("_", "")) * _UNITS[m.group(2).upper()])
+
+
 def _size(name: str, value: str | None, default: int | None = None, *, floor: int = 1) -> int | None:
-    """Bytes, plain (``1073741824``) or with a 1024-based suffix (``64K``, ``512M``, ``1G``, ``2T``; ``MiB``,
-    ``GB`` and lower case read the same); at least ``floor`` bytes."""
+    """A size (``parse_size``) of at least ``floor`` bytes."""
     if _unset(value):
         return default
-    m = _SIZE.fullmatch(value.strip())
-    if m is None:
+    try:
+        n = parse_size(value)
+    except ValueError:
         raise ConfigError(f"{name}={value!r} is not a size; give bytes or a number with a K/M/G/T suffix "
-                          "(1024-based), such as 10G or 512M, or unset it")
-    n = int(float(m.group(1).replace("_", "")) * _UNITS[m.group(2).upper()])
+                          "(1024-based), such as 10G or 512M, or unset it") from None
     if n < floor:
         raise ConfigError(f"{name}={value!r} is {n} bytes, below the smallest accepted {_human(floor)} "
                           f"({floor} bytes); give a larger size such as 10G, or unset it")
@@ -460,6 +469,39 @@ def override(**changes) -> Iterator[Settings]:
         with _lock:
             _current = old
         _settings_changed()
+
+
+def _shown(value: Any) -> str:
+    """A setting's value as a user would write it in its variable."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (tuple, list)) and all(isinstance(v, Path) for v in value):
+        return os.pathsep.join(map(str, value))
+    if isinstance(value, (tuple, list)):
+        return shlex.join(value)
+    if isinstance(value, frozenset):
+        return ",".join(sorted(value))
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items()))
+    return str(value)
+
+
+def effective(s: Settings | None = None, env: Mapping[str, str] | None = None) -> list[dict[str, str | bool]]:
+    """Every setting as it is in effect, for `rtckern info`: field name, variable(s), value as written in the
+    variable ("" for unset/none; the remote URL without its password), and whether the environment sets it."""
+    s = s or settings()
+    env = os.environ if env is None else env
+    out = []
+    for f in dataclasses.fields(Settings):
+        names = [e.strip() for e in f.metadata["env"].split(",")]
+        value = _shown(getattr(s, f.name))
+        if f.name == "remote_cache" and value:
+            value = redact_url(value)
+        out.append({"name": f.name, "env": ", ".join(names), "value": value,
+                    "set": any(not _unset(env.get(n)) for n in names)})
+    return out
 
 
 def env_doc() -> str:

@@ -166,6 +166,15 @@ class RedisCache:
         self.stats.bump(self.name, "writes")
         return True
 
+    def ping(self, timeout_s: float | None = None) -> str | None:
+        """None when the server answers PING within ``timeout_s`` (default: the tier's deadline), else why not,
+        in one line (for `rtckern info`; no warning, no cool-down)."""
+        try:
+            reply = self._client.execute((b"PING",), timeout_s or self.timeout_s)
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return None if reply == "PONG" else f"PING answered {reply!r}, not PONG"
+
     def close(self) -> None:
         self._client.close()
 

@@ -68,16 +68,18 @@ class Registry:
         return cand
 
     def register_request_builder(self, op: str, fn: "RequestBuilder", *, help: str = "",
-                                 example: str = "", replace: bool = False) -> None:
+                                 example: str = "", replace: bool = False,
+                                 limits: "LimitProbe | None" = None) -> None:
         """Let `explain`, `tune` and `selftest` build op's request from a shape string: fn(shape: tuple[int, ...],
         dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest. dtype is None when not given (use
         the op's main dtype); options are the CLI's --opt key=value pairs, as strings. help: one line naming
-        what shape means and which options exist; example: an argument line (`--dtype bf16 --shape 8192x4096`)."""
+        what shape means and which options exist; example: an argument line (`--dtype bf16 --shape 8192x4096`);
+        limits: the dimension whose served values `rtckern ops` shows (probed through the candidates)."""
         with self._lock:
             if op in self._builders and not replace:
                 raise ValueError(f"op {op!r} already has a request builder ({self._builders[op].fn!r}); pass "
                                  "replace=True to swap it")
-            self._builders[op] = BuilderEntry(op, fn, help, example)
+            self._builders[op] = BuilderEntry(op, fn, help, example, limits)
 
     def request_builder(self, op: str) -> "BuilderEntry":
         try:
@@ -257,8 +259,20 @@ RequestBuilder = Callable[..., OpRequest]
 
 
 @dataclass(frozen=True)
+class LimitProbe:
+    """The dimension of an op whose limits a catalogue shows (a head dim, a row length): sample values, each asked
+    for with ``--shape shape.format(value)`` on the op's example request; the values some candidate serves are
+    the op's limits, as the candidates' own checks decide them (nothing is declared twice)."""
+
+    dim: str
+    values: tuple[int, ...]
+    shape: str = "{}"
+
+
+@dataclass(frozen=True)
 class BuilderEntry:
     op: str
     fn: RequestBuilder
     help: str = ""
     example: str = ""
+    limits: LimitProbe | None = None

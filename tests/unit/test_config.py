@@ -42,6 +42,29 @@ def test_sizes_take_a_suffix(value, size):
     assert Settings.from_env({"RTCKERN_CACHE_MAX_BYTES": value}).cache_max_bytes == size
 
 
+@pytest.mark.parametrize("value, size", [("0", 0), ("1G", 1 << 30), ("1GiB", 1 << 30), ("1gb", 1 << 30),
+                                         ("10K", 10 << 10), ("3MiB", 3 << 20), ("2T", 2 << 40), ("1.5K", 1536)])
+def test_parse_size_reads_the_sizes_of_settings_and_options(value, size):
+    assert config.parse_size(value) == size
+
+
+@pytest.mark.parametrize("value", ["", "G", "1X", "-1", "1e3", "1 G B", "１G"])
+def test_parse_size_refuses(value):
+    with pytest.raises(ValueError, match="is not a size"):
+        config.parse_size(value)
+
+
+def test_effective_settings_say_what_the_environment_sets_and_hide_the_password(tmp_path):
+    env = {"RTCKERN_CACHE_DIR": str(tmp_path), "RTCKERN_REMOTE_CACHE": "redis://u:pw@h:1/0", "RTCKERN_STRICT": "yes"}
+    rows = {r["name"]: r for r in config.effective(Settings.from_env(env), env)}
+    assert set(rows) == {f.name for f in dataclasses.fields(Settings)}
+    assert rows["cache_dir"] == {"name": "cache_dir", "env": "RTCKERN_CACHE_DIR", "value": str(tmp_path), "set": True}
+    assert rows["remote_cache"]["value"] == "redis://u:***@h:1/0"
+    assert (rows["strict"]["value"], rows["strict"]["set"]) == ("1", True)
+    assert (rows["lineinfo"]["value"], rows["lineinfo"]["set"]) == ("0", False)
+    assert rows["cuda_home"]["env"] == "CUDA_HOME, CUDA_PATH"
+
+
 @pytest.mark.parametrize("value, message", [
     ("abc", "is not a size; give bytes or a number with a K/M/G/T suffix (1024-based), such as 10G or 512M, "
             "or unset it"),

@@ -22,7 +22,7 @@ from typing import Any
 from rtckern import tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder
+from rtckern.registry import Candidate, LimitProbe, OpRequest, Resources, register, register_request_builder
 from rtckern.registry import options as opts
 from rtckern.registry.core_api import target_for
 from rtckern.spec import KernelSpec
@@ -181,6 +181,10 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
 CANDIDATES = (Sm90Ws(), Sm90Wgmma(), Sm80Mma(), Simt())
 
 
+# The head dims `rtckern ops` lists for every attention op: a bare head dim is a request shape of its own.
+HEAD_DIM_LIMITS = LimitProbe("head_dim", configs.HEAD_DIM_SAMPLES)
+
+
 def registrar(candidates, op: str, builder, help: str, example: str):
     """The register_all() of an attention op: registers its candidates and request builder on the first call."""
     done = []
@@ -190,7 +194,7 @@ def registrar(candidates, op: str, builder, help: str, example: str):
             return
         for c in candidates:
             register(c)
-        register_request_builder(op, builder, help=help, example=example)
+        register_request_builder(op, builder, help=help, example=example, limits=HEAD_DIM_LIMITS)
         done.append(True)
 
     return register_all
