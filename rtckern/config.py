@@ -386,7 +386,7 @@ class Settings:
     lineinfo: bool = _var("RTCKERN_LINEINFO", "1 adds -lineinfo to every compile (changes the key).", "0")
     arch_list: str | None = _var(
         "RTCKERN_ARCH_LIST", "The arch list `rtckern prefill` compiles for when `--arch` is not given, "
-                             " as TORCH_CUDA_ARCH_LIST is for torch extensions: entries such as `8.0`, `9.0a`, "
+                             "as TORCH_CUDA_ARCH_LIST is for torch extensions: entries such as `8.0`, `9.0a`, "
                              "`8.6+PTX`, `sm_100`, `native`, separated by `;`, `,` or spaces.",
         f"`{DEFAULT_ARCH_LIST}`")
     # --- registry ---
