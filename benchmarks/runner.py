@@ -38,6 +38,7 @@ SUITES = {
     "attention": "gpu",
     "attention_backward": "gpu",
     "attention_varlen": "gpu",
+    "attention_kvcache": "gpu",
     "norms": "gpu",
     "softmax": "gpu",
     "gemm": "gpu",

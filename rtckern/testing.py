@@ -273,6 +273,35 @@ def norms_variants(arch: str):
                             yield from geometry.bwd_specs(bp, kind, c, a)
 
 
+def kvcache_kernel_exprs(head_dims) -> tuple[str, list[str]]:
+    """(source, name expressions) of every attention_with_kvcache kernel variant: for bf16 and fp16 and each head
+    dim, the attention kernel at its default tile (causal and not), the split merge, the append and the gather."""
+    from .ops._attention import configs
+    from .ops._attention import kvcache_candidates as kc
+
+    exprs = []
+    for dtype in ("bf16", "fp16"):
+        t = configs.DTYPES[dtype]
+        for hd in head_dims:
+            tile = kc.DEFAULT_TILES[hd]
+            for causal in (False, True):
+                args = ", ".join(str(a).lower() if isinstance(a, bool) else str(a)
+                                 for a in tile.template_args(dtype, hd, causal))
+                exprs.append(f"{kc.KERNEL}<{args}>")
+            exprs.append(f"{kc.COMBINE_KERNEL}<{t}, {hd}, {kc.COMBINE_THREADS}, {kc.MAX_SPLITS}>")
+            exprs.append(f"{kc.APPEND_KERNEL}<{t}, {hd}>")
+            exprs.append(f"{kc.GATHER_KERNEL}<{t}, {hd}>")
+    return kc.SOURCE, exprs
+
+
+def kvcache_split_choice(**kw) -> int:
+    """attention_with_kvcache's split-KV count for (batch, heads_kv, tiles, capacity, sm_count, blocks_per_sm,
+    warps)."""
+    from .ops._attention import kvcache_candidates as kc
+
+    return kc.choose_splits(**kw)
+
+
 # ---- names the tests use from inside a family or plugin (one place to change when files move) ----------------
 def __getattr__(name: str):
     """``torch_reference``: the torch plugin's reference implementations (plain torch, the oracle the plugin's

@@ -4,7 +4,7 @@
 # as <family>_<gpu>.{json,md,png} (copy it to benchmarks/results/).
 #
 #   bash tools/device_run.sh FAMILY [PART...]     PART: tests, bench (default: both)
-#   FAMILY: one of `python3 -m benchmarks --list` (attention attention_backward attention_varlen norms softmax gemm
+#   FAMILY: one of `python3 -m benchmarks --list` (attention attention_backward attention_varlen attention_kvcache norms softmax gemm
 #           gemm_skinny plugin core multi_gpu op_overhead first_call cache_trust fleet)
 #
 # tests: pytest of the family's GPU tests with a junit XML ($OUT/FAMILY_tests.{log,xml});
@@ -31,6 +31,7 @@ case "$family" in
   attention)   tests="tests/gpu/ops/test_attention.py"; args="--check" ;;
   attention_backward) tests="tests/gpu/ops/test_attention_backward.py"; args="--deterministic" ;;
   attention_varlen) tests="tests/gpu/ops/test_attention_varlen.py tests/gpu/plugins/test_torch_attention_varlen_gpu.py" ;;
+  attention_kvcache) tests="tests/gpu/ops/test_attention_kvcache.py" ;;
   norms)       tests="tests/gpu/ops/test_norms.py" ;;
   softmax)     tests="tests/gpu/ops/test_softmax.py"; args="--prefill" ;;
   gemm)        tests="tests/gpu/ops/test_gemm.py" ;;

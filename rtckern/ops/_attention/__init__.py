@@ -18,4 +18,9 @@ Packed variable-length sequences (the same kernels compiled with RTK_ATTN_VARLEN
     varlen.py, varlen_plan.py, varlen_candidates.py     attention_varlen (forward)
     varlen_backward.py, varlen_backward_candidates.py   attention_varlen_backward: its checks, plan, candidates and
                                                         workspace layout
+
+Attention over a KV cache (serving: decode, speculative verification, chunked prefill):
+
+    kvcache.py              attention_with_kvcache: checks, the plan (three prepared kernels) and its memo
+    kvcache_candidates.py   its registry candidates, tile configs and the split-KV decision
 """

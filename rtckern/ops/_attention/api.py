@@ -32,7 +32,7 @@ from . import candidates as cands
 from . import plan
 from .configs import DTYPES, HEAD_DIMS
 
-__all__ = ("attention", "attention_backward", "attention_varlen", "attention_varlen_backward")
+__all__ = ("attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "attention_with_kvcache")
 
 _INT32_MAX = 2**31 - 1
 _GRID_YZ_MAX = 65535
@@ -181,3 +181,4 @@ cands.register_all()
 from .backward import attention_backward  # noqa: E402
 from .varlen import attention_varlen  # noqa: E402
 from .varlen_backward import attention_varlen_backward  # noqa: E402
+from .kvcache import attention_with_kvcache  # noqa: E402

@@ -1,0 +1,163 @@
+"""Registry candidates of attention_with_kvcache, and its split-KV decision.
+
+  attention_with_kvcache.sm80_mma   sm_80 and newer (sm_90 included): the decode kernel (attention/decode_sm80.cuh):
+                                    one block per (split, kv head, 16 packed query rows, sequence), warps on
+                                    separate 16-token chunks with their own cp.async rings, mma.sync; head dims 32,
+                                    64, 96, 128, 256
+
+A request is what decides compilation: dtype, head dim, causal (only meaningful with more than one query token;
+the op passes causal and seqlen_q > 1). Contiguous or paged caches, lengths, page size, heads and strides are
+run-time arguments of one binary. Each candidate compiles four kernels: the attention kernel, the split-KV merge,
+the append of new tokens and the gather of the long-query path (more than DECODE_MAX_SEQLEN_Q query tokens: chunked
+prefill runs on attention_varlen's kernels over the gathered cache).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from rtckern import tuning
+from rtckern.caches import PlanCache
+from rtckern.device import DeviceInfo
+from rtckern.registry import Candidate, OpRequest, Resources
+from rtckern.registry import options as opts
+from rtckern.registry.core_api import target_for
+from rtckern.spec import KernelSpec
+
+from . import candidates as dense
+from . import configs
+
+OP = "attention_with_kvcache"
+SOURCE = "attention/decode_sm80.cuh"
+KERNEL = "rtk_attn::attn_decode_sm80"
+COMBINE_KERNEL = "rtk_attn::attn_split_combine"
+APPEND_KERNEL = "rtk_attn::kvcache_append"
+GATHER_KERNEL = "rtk_attn::kvcache_gather"
+COMBINE_THREADS = 128
+APPEND_THREADS = 128
+GATHER_THREADS = 128
+# More query tokens than this take the long-query path: the cache gathered into packed K / V and attention_varlen's
+# kernels (the decode kernel's 16-row tiles would read the cache once per tile of a long chunk).
+DECODE_MAX_SEQLEN_Q = 16
+ROW_TILE = 16  # query rows (group members x query tokens) per block
+CHUNK = 16  # keys per warp step; page sizes must be multiples of it
+MAX_SPLITS = 256
+MIN_CHUNKS = 4  # per warp and split
+LOG2E = math.log2(math.e)
+_tiles = PlanCache("attention_with_kvcache.tiles")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeTile:
+    """attn_decode_sm80<T, HD, NWARPS, STAGES, CAUSAL>: warps per block, chunks in each warp's cp.async ring."""
+
+    warps: int
+    stages: int
+
+    def __post_init__(self):
+        if not (1 <= self.warps <= 16 and self.stages >= 2):
+            raise ValueError(f"tile {self}: 1-16 warps and at least 2 stages")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def smem_bytes(self, head_dim: int) -> int:
+        srow = head_dim + 8
+        ring = self.warps * self.stages * 2 * CHUNK * srow * 2
+        merge = self.warps * 16 * head_dim * 4 + 2 * self.warps * 16 * 4
+        return 16 * srow * 2 + max(ring, merge)
+
+    def template_args(self, dtype: str, head_dim: int, causal: bool) -> tuple:
+        return (configs.DTYPES[dtype], head_dim, self.warps, self.stages, bool(causal))
+
+    def label(self) -> str:
+        return f"w{self.warps}s{self.stages}"
+
+
+# Defaults per head dim: 4 warps with rings of 2 chunks (one in flight while one is consumed). Measured on an H200
+# (docs/performance.md): at head dim 128 it keeps three blocks per SM (74 KB of shared memory each) and matched or
+# beat 4-warp rings of 4 and 6 chunks and 8-warp blocks wherever the GPU is full (batch x kv heads >= 2 waves), and
+# split counts make up the rest at small batches. Head dim 256 keeps the same structure at one block per SM.
+DEFAULT_TILES = {hd: DecodeTile(4, 2) for hd in configs.HEAD_DIMS}
+
+
+def request(dtype: str, head_dim: int, causal: bool, device: DeviceInfo) -> OpRequest:
+    return OpRequest(op=OP, dtypes={"qkv": dtype}, shape={"head_dim": int(head_dim)}, flags={"causal": bool(causal)},
+                     device=device)
+
+
+def row_tiles(seqlen_q: int, group: int) -> int:
+    return -(-(seqlen_q * group) // ROW_TILE)
+
+
+def choose_splits(batch: int, heads_kv: int, tiles: int, capacity: int, sm_count: int, blocks_per_sm: int,
+                  warps: int) -> int:
+    """Splits of each sequence's keys (flash-decoding), from the cache's capacity (the lengths live on the device
+    and are never read here): none when batch x kv heads x row tiles already fills more than half of the GPU's
+    resident blocks; else enough blocks for two per SM, as long as every warp keeps at least MIN_CHUNKS chunks
+    (fewer and a split's fixed cost, its prologue and its merge, outweighs what it adds). Measured on an H200 at
+    head dim 128 (docs/performance.md): at batch 1 the best counts were 33 of 8, 16, 33 at 8k tokens, 66 of 16, 33,
+    66 at 32k, 66 of 66, 132 at 128k; at batch 8, 8 of 4, 8, 16 at 8k and 32k."""
+    units = batch * heads_kv * tiles
+    if units * 2 > sm_count * max(1, blocks_per_sm):
+        return 1
+    chunks = -(-capacity // CHUNK)
+    by_work = max(1, chunks // (MIN_CHUNKS * warps))
+    return max(1, min(-(-2 * sm_count // units), by_work, MAX_SPLITS))
+
+
+class Sm80Decode(Candidate):
+    name = "attention_with_kvcache.sm80_mma"
+    op = OP
+    vendors = ("nvidia",)
+    priority = 200
+    min_arch = "sm_80"
+    head_dims = configs.HEAD_DIMS
+
+    def tile(self, req: OpRequest) -> DecodeTile:
+        t = _tiles.get((self.name, req))
+        if t is None:
+            key = {"impl": self.name, "dtype": req.dtype("qkv"), "head_dim": req.dim("head_dim")}
+            found = tuning.lookup(OP, req.device, key, valid=lambda c, k: int(c.get("head_dim", -1)) == k["head_dim"]
+                                  ) if _has_table() else None
+            t = DecodeTile(int(found.config["warps"]), int(found.config["stages"])) if found is not None else None
+            t = _tiles.put((self.name, req), t or DEFAULT_TILES[req.dim("head_dim")])
+        return t
+
+    def supports(self, req: OpRequest) -> str | None:
+        return configs.qkv_reason(req, self.head_dims)
+
+    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+        dtype, hd = req.dtype("qkv"), req.dim("head_dim")
+        target = target_for(req.device, False)
+        t = configs.DTYPES[dtype]
+        return (KernelSpec(SOURCE, KERNEL, target, template_args=self.tile(req).template_args(dtype, hd,
+                                                                                               req.flag("causal")),
+                           op=OP),
+                KernelSpec(SOURCE, COMBINE_KERNEL, target, template_args=(t, hd, COMBINE_THREADS, MAX_SPLITS), op=OP),
+                KernelSpec(SOURCE, APPEND_KERNEL, target, template_args=(t, hd), op=OP),
+                KernelSpec(SOURCE, GATHER_KERNEL, target, template_args=(t, hd), op=OP))
+
+    def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
+        tile = self.tile(req)
+        return (Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(req.dim("head_dim"))),
+                Resources(block=COMBINE_THREADS), Resources(block=APPEND_THREADS), Resources(block=GATHER_THREADS))
+
+
+def _has_table() -> bool:
+    return tuning.shipped_table_path(OP).is_file() or tuning.user_table_path(OP).is_file()
+
+
+def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest:
+    """For `rtckern explain/selftest attention_with_kvcache`: shape is the head dim, or q's (batch, seqlen_q, heads,
+    head_dim); option causal=0/1 (meaningful with seqlen_q > 1)."""
+    opts.check_keys(OP, options, ("causal",))
+    causal = opts.flag(OP, options, "causal", False)
+    return request(dtype or "bf16", shape[-1], causal, device)
+
+
+CANDIDATES = (Sm80Decode(),)
+register_all = dense.registrar(CANDIDATES, OP, _build_request,
+                               help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1 (seqlen_q > 1)",
+                               example="--dtype bf16 --shape 64x1x32x128")

@@ -1,0 +1,292 @@
+"""attention_with_kvcache on a GPU: contiguous and paged caches (every page size, blocks shuffled), random lengths
+per sequence (1 .. 128k), GQA 1/4/8, every head dim, seqlen_q 1/2/4/16, causal and not, appends that cross page
+boundaries, split-KV (chosen, none, forced counts), bf16 and fp16; chunked prefill (more than 16 query tokens: the
+long-query path over the gathered cache).
+
+Each sequence is checked against a float64 reference built by gathering its tokens from the cache (after the
+append): max |error| <= 2x that of torch's math SDPA in the same dtype (plus a half-ulp floor), lse within 1e-3,
+rows that see no key exactly 0 with lse -inf. Outputs are poisoned (NaN) before each call; cache rows past each
+sequence's length and unused blocks hold NaN, so a read outside the sequence shows. Appended rows must equal k_new /
+v_new bit for bit and no other cache row may change. A CUDA graph captured once replays correctly with new lengths
+and a new block table.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rtckern import ops  # noqa: E402
+from rtckern.errors import InputError  # noqa: E402
+from rtckern.runtime import arrays as arr  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    real = arr.empty
+
+    def poisoned(like, shape, dtype):
+        out, ptr = real(like, shape, dtype)
+        out.fill_(float("nan"))
+        return out, ptr
+
+    monkeypatch.setattr(arr, "empty", poisoned)
+
+
+class Cache:
+    """A K/V cache holding `lens[b]` random tokens per sequence, NaN everywhere else: contiguous (batch, capacity,
+    hk, hd), or paged (num_blocks, page, hk, hd) with a shuffled block table (plus spare NaN blocks)."""
+
+    def __init__(self, rng, dtype, lens, capacity, hk, hd, page=None):
+        t = DT[dtype]
+        self.lens, self.page, self.capacity = list(lens), page, capacity
+        b = len(lens)
+        if page is None:
+            self.k = torch.full((b, capacity, hk, hd), float("nan"), dtype=t, device=DEV)
+            self.v = torch.full_like(self.k, float("nan"))
+            self.block_table = None
+        else:
+            per_seq = -(-capacity // page)
+            nblocks = b * per_seq + 3
+            ids = list(range(nblocks))
+            rng.shuffle(ids)
+            self.block_table = torch.tensor(ids[:b * per_seq], dtype=torch.int32, device=DEV).view(b, per_seq)
+            self.k = torch.full((nblocks, page, hk, hd), float("nan"), dtype=t, device=DEV)
+            self.v = torch.full_like(self.k, float("nan"))
+        for i, n in enumerate(lens):
+            self.write(i, 0, torch.randn(n, hk, hd, device=DEV, dtype=t), torch.randn(n, hk, hd, device=DEV, dtype=t))
+        self.seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+
+    def rows(self, b: int, start: int, n: int):
+        """Index tuples (block or batch, row) of tokens start .. start + n - 1 of sequence b."""
+        j = torch.arange(start, start + n, device=DEV)
+        if self.page is None:
+            return torch.full_like(j, b), j
+        return self.block_table[b].long()[j // self.page], j % self.page
+
+    def write(self, b, start, k, v):
+        i0, i1 = self.rows(b, start, k.shape[0])
+        self.k[i0, i1] = k
+        self.v[i0, i1] = v
+
+    def gather(self, b, n):
+        i0, i1 = self.rows(b, 0, n)
+        return self.k[i0, i1], self.v[i0, i1]
+
+
+def reference(q, k, v, causal, scale):
+    """float64 attention of one sequence; q (sq, hq, d), k, v (n, hk, d) -> o (sq, hq, d), lse (hq, sq)."""
+    hq, hk = q.shape[1], k.shape[1]
+    qf = q.double().transpose(0, 1)
+    kf = k.double().transpose(0, 1).repeat_interleave(hq // hk, dim=0)
+    vf = v.double().transpose(0, 1).repeat_interleave(hq // hk, dim=0)
+    sq, n = q.shape[0], k.shape[0]
+    if n == 0:
+        return torch.zeros_like(qf).transpose(0, 1), torch.full((hq, sq), float("-inf"), dtype=torch.float64,
+                                                                device=DEV)
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    if causal:
+        i = torch.arange(sq, device=DEV)[:, None]
+        j = torch.arange(n, device=DEV)[None, :]
+        s = s.masked_fill(j > i + (n - sq), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    o = torch.exp(s - lse[..., None]).nan_to_num(0.0) @ vf
+    return o.transpose(0, 1), lse
+
+
+def math_sdpa_error(q, k, v, causal, scale, ref_o, ref_lse) -> float:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sq, n = q.shape[0], k.shape[0]
+    seen = torch.isfinite(ref_lse).transpose(0, 1)
+    if not n or not bool(seen.any()):
+        return 0.0
+    mask = None
+    if causal:
+        mask = torch.arange(n, device=DEV)[None, :] <= torch.arange(sq, device=DEV)[:, None] + (n - sq)
+    with sdpa_kernel(SDPBackend.MATH):
+        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                             v.transpose(0, 1)[None], attn_mask=mask, scale=scale,
+                                                             enable_gqa=True)[0].transpose(0, 1)
+    return (o.double() - ref_o).abs()[seen].max().item()
+
+
+def check(rng, dtype, lens, hq, hk, hd, sq, causal, page=None, new=0, num_splits=0, slack=0):
+    """One call against the float64 reference of every sequence (see the module docstring)."""
+    torch.manual_seed(rng.randrange(2**31))
+    t = DT[dtype]
+    capacity = max(lens) + new + slack
+    cache = Cache(rng, dtype, lens, capacity, hk, hd, page)
+    b = len(lens)
+    q = torch.randn(b, sq, hq, hd, device=DEV, dtype=t)
+    k_new = v_new = None
+    if new:
+        k_new = torch.randn(b, new, hk, hd, device=DEV, dtype=t)
+        v_new = torch.randn(b, new, hk, hd, device=DEV, dtype=t)
+    k_before, v_before = cache.k.clone(), cache.v.clone()
+    scale = 0.9 / math.sqrt(hd)
+    o, lse = ops.attention_with_kvcache(q, cache.k, cache.v, cache.seqlens, block_table=cache.block_table,
+                                        k_new=k_new, v_new=v_new, causal=causal, softmax_scale=scale,
+                                        num_splits=num_splits, return_lse=True)
+    case = (f"{dtype} lens {lens[:6]}.. hq{hq} hk{hk} hd{hd} sq{sq} causal={causal} page={page} new={new} "
+            f"splits={num_splits}")
+    assert o.shape == (b, sq, hq, hd) and o.dtype == t and lse.shape == (b, hq, sq) and o.is_contiguous()
+    assert not torch.isnan(o).any(), f"unwritten or NaN output ({case})"
+    if new:  # the appended rows hold k_new / v_new exactly; nothing else changed
+        expect_k, expect_v = k_before, v_before
+        for i, n in enumerate(lens):
+            i0, i1 = cache.rows(i, n, new)
+            expect_k[i0, i1] = k_new[i]
+            expect_v[i0, i1] = v_new[i]
+        assert torch.equal(cache.k.nan_to_num(7.0), expect_k.nan_to_num(7.0)), f"k cache after the append ({case})"
+        assert torch.equal(cache.v.nan_to_num(7.0), expect_v.nan_to_num(7.0)), f"v cache after the append ({case})"
+    err = merr = lerr = 0.0
+    for i, n in enumerate(lens):
+        ks, vs = cache.gather(i, n + new)
+        ref_o, ref_lse = reference(q[i], ks, vs, causal, scale)
+        err = max(err, (o[i].double() - ref_o).abs().max().item())
+        merr = max(merr, math_sdpa_error(q[i], ks, vs, causal, scale, ref_o, ref_lse))
+        fin = torch.isfinite(ref_lse)
+        if bool(fin.any()):
+            lerr = max(lerr, (lse[i].double() - ref_lse)[fin].abs().max().item())
+        assert bool((lse[i][~fin] == float("-inf")).all()), f"sequence {i}: rows that see no key need lse -inf"
+        assert bool((o[i].transpose(0, 1)[~fin] == 0).all()), f"sequence {i}: rows that see no key must be 0"
+    ulp = 2.0 ** (-8 if dtype == "bf16" else -11)
+    assert err <= 2 * merr + ulp / 2, f"max error {err:.3g} > 2 x math SDPA's {merr:.3g} ({case})"
+    assert lerr < 1e-3, f"lse error {lerr:.3g} ({case})"
+    return o, lse
+
+
+def log_uniform(rng, lo, hi):
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+
+@pytest.mark.parametrize("page", [None, 16, 32, 64, 128, 256])
+def test_decode_random_lengths(page):
+    """seqlen_q 1, batch 1..24, lengths 1..5000 per sequence, GQA 1/4/8, head dims 64/128/256, split or not."""
+    rng = random.Random(page or 1)
+    for rep, hd in enumerate((64, 128, 256, 128)):
+        b = rng.choice((1, 5, 24))
+        lens = [log_uniform(rng, 1, 5000) for _ in range(b)]
+        hk = rng.choice((1, 2, 4))
+        group = (1, 4, 8)[rep % 3]
+        check(rng, "bf16" if rep % 2 == 0 else "fp16", lens, hk * group, hk, hd, 1, True, page,
+              num_splits=(0, 1, 5, 0)[rep], slack=rng.choice((0, 17)))
+
+
+@pytest.mark.parametrize("hd", [32, 64, 96, 128, 256])
+def test_every_head_dim(hd):
+    rng = random.Random(hd)
+    check(rng, "bf16", [1, 33, 700], 8, 2, hd, 1, True, page=16)
+    check(rng, "fp16", [300, 16], 4, 4, hd, 3, True, num_splits=2)
+
+
+@pytest.mark.parametrize("sq", [2, 4, 16])
+@pytest.mark.parametrize("causal", [True, False])
+def test_several_queries(sq, causal):
+    """Speculative verification and small chunks: causal per row (bottom-right), lengths shorter than seqlen_q
+    too (rows that see no key)."""
+    rng = random.Random(sq * 2 + causal)
+    for group, page in ((1, 32), (4, None), (8, 64)):
+        lens = [rng.randint(0, 40), log_uniform(rng, 1, 3000), 1, 0]
+        check(rng, "bf16", lens, 2 * group, 2, 128, sq, causal, page, num_splits=rng.choice((0, 1, 3)))
+
+
+@pytest.mark.parametrize("page", [None, 16, 64])
+def test_append_crossing_pages(page):
+    """k_new / v_new written at cache_seqlens (crossing page boundaries), then attended; decode (1 new token) and a
+    chunk of 37 new tokens with seqlen_q 37 (chunked prefill)."""
+    rng = random.Random(7 + (page or 0))
+    check(rng, "bf16", [15, 16, 63, 1000, 0], 8, 1, 128, 1, True, page, new=1)
+    check(rng, "fp16", [15, 47, 250, 0], 4, 2, 64, 37, True, page, new=37, slack=5)
+
+
+@pytest.mark.parametrize("page", [None, 16, 256])
+@pytest.mark.parametrize("hd", [64, 128, 96])
+def test_chunked_prefill(page, hd):
+    """More than 16 query tokens (the long-query path): a chunk of new tokens appended and attended causally on top
+    of cached ones of different lengths (0 included), GQA 4; and a non-causal chunk without append."""
+    rng = random.Random(hd + (page or 0))
+    check(rng, "bf16", [0, 700, 2500, 31], 8, 2, hd, 128, True, page, new=128, slack=3)
+    check(rng, "fp16", [300, 1200], 4, 4, hd, 17, False, page)
+
+
+@pytest.mark.parametrize("page", [None, 64])
+def test_long_contexts(page):
+    """Lengths up to 128k with few sequences: many splits (chosen), and a forced count that does not divide the
+    chunks."""
+    rng = random.Random(11)
+    check(rng, "bf16", [131072, 70001], 32, 4, 128, 1, True, page)
+    check(rng, "bf16", [50003], 8, 8, 128, 1, True, page, num_splits=37)
+
+
+def test_splits_agree():
+    """Any split count gives the reference's answer (the merge is exact up to rounding)."""
+    rng = random.Random(3)
+    lens = [4000, 17, 2500]
+    outs = [check(random.Random(3), "bf16", lens, 16, 2, 128, 1, True, 32, num_splits=s)[0] for s in (1, 2, 7, 64)]
+    for o in outs[1:]:
+        assert (o.float() - outs[0].float()).abs().max().item() < 2e-2
+    assert rng is not None
+
+
+def test_empty_sequences():
+    """Length 0 and no append: o = 0, lse = -inf (split and not)."""
+    rng = random.Random(5)
+    for splits in (1, 4):
+        check(rng, "bf16", [0, 0, 5], 8, 2, 128, 1, True, page=16, num_splits=splits)
+
+
+def test_cuda_graph_replay_with_new_lengths_and_table():
+    """Captured once; replayed after the lengths and the block table (contents) change: each replay matches an
+    eager call on the same inputs."""
+    rng = random.Random(9)
+    b, hq, hk, hd, page, cap = 4, 16, 2, 128, 16, 2048
+    cache = Cache(rng, "bf16", [cap] * b, cap, hk, hd, page)
+    q = torch.randn(b, 1, hq, hd, device=DEV, dtype=torch.bfloat16)
+    seqlens = torch.tensor([10, 20, 30, 40], dtype=torch.int32, device=DEV)
+    table = cache.block_table.clone()
+    ops.attention_with_kvcache(q, cache.k, cache.v, seqlens, block_table=table)  # a first call outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.attention_with_kvcache(q, cache.k, cache.v, seqlens, block_table=table)
+    for lens in ([1, 2000, 777, 16], [2048, 0, 5, 1500]):
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        perm = torch.randperm(table.numel(), device=DEV)
+        table.copy_(cache.block_table.view(-1)[perm].view_as(table))
+        graph.replay()
+        expect = ops.attention_with_kvcache(q, cache.k, cache.v, seqlens, block_table=table)
+        torch.cuda.synchronize()
+        assert torch.equal(out, expect), f"graph replay differs from eager for lengths {lens}"
+
+
+def test_plan_memo_serves_new_lengths():
+    """A repeated call (the memoized plan) with new lengths in the same tensors gives the new answer."""
+    rng = random.Random(13)
+    o1, _ = check(rng, "bf16", [100, 200], 8, 1, 128, 1, True, 16)
+    o2, _ = check(rng, "bf16", [101, 3], 8, 1, 128, 1, True, 16)
+    assert o1.shape == o2.shape
+
+
+def test_refusals():
+    q = torch.randn(2, 1, 8, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(2, 64, 2, 128, device=DEV, dtype=torch.bfloat16)
+    lens = torch.tensor([3, 4], dtype=torch.int32, device=DEV)
+    with pytest.raises(InputError, match="int32"):
+        ops.attention_with_kvcache(q, k, k, lens.long())
+    with pytest.raises(InputError, match="page_size=24"):
+        ops.attention_with_kvcache(q, k[:, :24], k[:, :24], lens,
+                                   block_table=torch.zeros(2, 1, dtype=torch.int32, device=DEV))
+    with pytest.raises(InputError, match="num_splits"):
+        ops.attention_with_kvcache(q, k, k, lens, num_splits=-1)
+    with pytest.raises(InputError, match="together"):
+        ops.attention_with_kvcache(q, k, k, lens, k_new=k[:, :1])

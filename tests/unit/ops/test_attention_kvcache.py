@@ -1,0 +1,111 @@
+"""attention_with_kvcache without a GPU: input validation through the public op (exact messages; arrays described by
+hand), the split-KV decision, the registry's choice on described devices (`explain`), and real NVRTC compiles of
+every kernel variant (attention, merge, append, gather) for sm_80 and sm_90.
+"""
+from __future__ import annotations
+
+import pytest
+
+from rtckern import ops
+from rtckern.errors import InputError
+from rtckern.registry import build_request, explain
+from rtckern.runtime import arrays as A
+from rtckern.testing import compile_name_expressions, kvcache_kernel_exprs, kvcache_split_choice
+
+HEAD_DIMS = (32, 64, 96, 128, 256)
+
+
+def arr(shape, dtype="bf16", strides=None, ptr=1 << 20, device=0):
+    if strides is None:
+        strides, acc = [], 1
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= n
+    size = 4 if dtype in ("int32", "fp32") else 8 if dtype == "int64" else 2
+    return A.DeviceArray(None, "torch", ptr, tuple(shape), tuple(strides), dtype, size, device)
+
+
+@pytest.fixture
+def described(monkeypatch):
+    """The op takes DeviceArrays as they are (no GPU needed); every case below is refused before a kernel is
+    chosen."""
+    real = A.wrap
+    monkeypatch.setattr(A, "wrap", lambda obj, name: obj if isinstance(obj, A.DeviceArray) else real(obj, name))
+
+
+Q = (2, 1, 8, 128)
+KC = (2, 64, 2, 128)
+
+
+def call(q=Q, kc=KC, lens=(2,), **kw):
+    qa = arr(q) if isinstance(q, tuple) else q
+    ka = arr(kc) if isinstance(kc, tuple) else kc
+    la = arr(lens, "int32") if isinstance(lens, tuple) else lens
+    return ops.attention_with_kvcache(qa, ka, ka, la, **kw)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(lens=arr((2,), "int64")), "cache_seqlens has dtype int64; it must be int32: convert with "
+                                     "cache_seqlens.to(torch.int32)"),
+    (dict(lens=(3,)), "batch mismatch: q has batch 2, cache_seqlens 3 entries"),
+    (dict(kc=(3, 64, 2, 128)), "batch mismatch: q has batch 2, the contiguous caches 3; pass block_table"),
+    (dict(kc=(9, 24, 2, 128), block_table=arr((2, 3), "int32")), "page_size=24 (k_cache.shape[1]); it must be a "
+                                                                   "positive multiple of 16"),
+    (dict(kc=(9, 32, 2, 128), block_table=arr((3, 3), "int32")), "batch mismatch: q has batch 2, block_table 3 rows"),
+    (dict(kc=(9, 32, 2, 128), block_table=arr((2, 3), "int64")), "block_table has dtype int64; it must be int32"),
+    (dict(q=(2, 1, 5, 128)), "heads_q=5 is not a multiple of heads_kv=2"),
+    (dict(kc=(2, 64, 2, 64)), "head_dim mismatch: q has 128, k and v have 64"),
+    (dict(num_splits=-1), "num_splits=-1; it must be 0 (choose), or 1 to 256"),
+    (dict(num_splits=1.5), "num_splits=1.5; pass an int"),
+    (dict(causal=1), "causal=1; pass True or False"),
+    (dict(k_new=arr((2, 1, 2, 128))), "pass k_new and v_new together"),
+    (dict(k_new=arr((2, 1, 4, 128)), v_new=arr((2, 1, 4, 128))), "k_new has shape (2, 1, 4, 128); it must be "
+                                                                   "(batch=2, seqlen_new, heads_kv=2, head_dim=128)"),
+])
+def test_refusals(described, kw, message):
+    with pytest.raises(InputError) as e:
+        call(**kw)
+    assert message in str(e.value)
+
+
+def test_refuses_a_strided_head_dim(described):
+    q = arr(Q, strides=(2048, 2048, 256, 2))
+    with pytest.raises(InputError, match="its head dim is not contiguous"):
+        call(q=q)
+
+
+def test_split_choice():
+    """Two blocks per SM where batch x kv heads falls short; no split past half the resident blocks; at least four
+    chunks per warp of the capacity; at most 256."""
+    def choice(batch, capacity, heads_kv=4, sm_count=132):
+        return kvcache_split_choice(batch=batch, heads_kv=heads_kv, tiles=1, capacity=capacity, sm_count=sm_count,
+                                    blocks_per_sm=3, warps=4)
+    assert choice(64, 8192) == 1  # 256 blocks: more than half of 396 resident
+    assert choice(1, 8192) == 32  # 512 chunks / 16 per split; two per SM would want 66
+    assert choice(1, 32768) == 66
+    assert choice(1, 131072) == 66
+    assert choice(8, 32768) == 9
+    assert choice(1, 10**7, heads_kv=1, sm_count=1000) == 256
+    assert choice(2, 16, heads_kv=1) == 1
+
+
+@pytest.mark.parametrize("arch, expect", [("sm_80", "attention_with_kvcache.sm80_mma"),
+                                          ("sm_90", "attention_with_kvcache.sm80_mma")])
+def test_explain_on_described_devices(arch, expect):
+    req = build_request("attention_with_kvcache", shape=(64, 1, 32, 128), dtype="bf16", arch=arch, sm_count=132)
+    assert explain(req).chosen == expect
+
+
+def test_explain_refuses_sm75():
+    req = build_request("attention_with_kvcache", shape=(128,), dtype="bf16", arch="sm_75", sm_count=40)
+    text = str(explain(req))
+    assert "sm_80" in text
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_variant_compiles(arch):
+    """Every (dtype, head dim, causal) of the attention kernel with its merge and append kernels, in one NVRTC
+    program per process."""
+    source, exprs = kvcache_kernel_exprs(HEAD_DIMS)
+    assert len(exprs) == 2 * len(HEAD_DIMS) * 5
+    assert compile_name_expressions(source, exprs, arch) == []
