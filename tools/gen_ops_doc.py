@@ -84,8 +84,8 @@ INTRO = {
                 "and get exactly zero; a row whose keys are all masked (a fully masked mask row, or a query above the "
                 "causal diagonal when Sq > Sk) gives all zeros, not NaN, and a zero gradient. An input of -inf "
                 "counts as a masked key whatever the sign of the scale.",
-    "_attention": "Dense (batch, seqlen, heads, head_dim) or packed varlen (total, heads, head_dim) layouts; bf16 or "
-                  "fp16 with fp32 accumulation; head_dim 32, 64, 96, 128 or 256; GQA / MQA (heads_q a multiple of "
+    "_attention": "Dense (batch, seqlen, heads, head_dim) or packed varlen (total, heads, head_dim) layouts, and "
+                  "queries over a contiguous or paged KV cache; bf16 or fp16 with fp32 accumulation; head_dim 32, 64, 96, 128 or 256; GQA / MQA (heads_q a multiple of "
                   "heads_kv); causal masks aligned to the bottom-right corner. A query that sees no key gets an "
                   "output of zeros and an lse of -inf (never NaN). Limits: seqlen up to 2^31 - 1, batch and heads_q "
                   "up to 65535 each per call.",
