@@ -51,6 +51,7 @@ SUITES = {
     "first_call": "gpu",
     "cache_trust": "cpu",
     "fleet": "cpu",
+    "prefill": "cpu",
 }
 
 

@@ -14,12 +14,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable, Iterable, Sequence
 
-from .arch import Arch, ArchFilter, parse_arch_list
+from .arch import DEFAULT_ARCH_LIST, Arch, ArchFilter, parse_arch_list
 from .dtypes import FLOATS, ctype
 from .registry.providers import kernel_providers, register_kernel_provider
 from .spec import KernelSpec
 
-DEFAULT_ARCHS = "7.5;8.0;8.6;8.9;9.0a"
+DEFAULT_ARCHS = DEFAULT_ARCH_LIST  # the built-in default; RTCKERN_ARCH_LIST replaces it (default_arch_list())
 WORKER_STOP_S = 1.0  # an interrupted prefill waits this long for a terminated worker before killing it
 
 # ``register_provider(name, fn)``, ``fn(archs) -> specs``: the registry keeps kernel providers (op families, a layer
@@ -238,6 +238,13 @@ def summarize(results: Sequence[PrefillResult], seconds: float, arch_failures: d
     }
 
 
+def default_arch_list() -> str:
+    """The arch list used when none is given: RTCKERN_ARCH_LIST, else DEFAULT_ARCHS."""
+    from .config import settings
+
+    return settings().arch_list or DEFAULT_ARCHS
+
+
 def parse_archs(text: str | None) -> list[Arch]:
     """An arch list; None means the default list (an empty string is an error, not the default)."""
-    return parse_arch_list(DEFAULT_ARCHS if text is None else text)
+    return parse_arch_list(default_arch_list() if text is None else text)

@@ -157,8 +157,7 @@ class DiskCache:
             if tag in self._warned:
                 return
             self._warned.add(tag)
-        log.warning(msg)
-        warnings.warn(msg, CacheWarning, stacklevel=3)
+        warnings.warn(msg, CacheWarning, stacklevel=3)  # one channel: not logged as well (rtckern.logs)
 
     # ---- paths ----
     def entry_path(self, key: str) -> Path:

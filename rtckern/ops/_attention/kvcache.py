@@ -315,7 +315,39 @@ def _key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, k_new=None, v_new=None,
                            causal: bool = True, softmax_scale: float | None = None, num_splits: int = 0,
                            return_lse: bool = False):
-    """Attention of q over a contiguous or paged KV cache, with an optional append; see the module docstring."""
+    """Attention of q over a contiguous or paged KV cache, with an optional append first (flash_attn_with_kvcache's
+    API): decode, speculative verification, chunked prefill.
+
+    Args:
+        q: (batch, seqlen_q, heads_q, head_dim), bf16 or fp16; head_dim 32, 64, 96, 128 or 256.
+        k_cache, v_cache: q's dtype. Contiguous (block_table None): (batch, capacity, heads_kv, head_dim). Paged:
+            (num_blocks, page_size, heads_kv, head_dim), page_size a multiple of 16. heads_q = n * heads_kv.
+        cache_seqlens: int32 (batch,) on the GPU: the tokens cached per sequence before this call (not updated
+            here: the caller advances it).
+        block_table: int32 (batch, max_blocks_per_seq) for a paged cache: token j of sequence b is row
+            j % page_size of block block_table[b, j // page_size] (blocks in any order, shareable); or None.
+        k_new, v_new: (batch, seqlen_new, heads_kv, head_dim), together or neither: written into the cache at rows
+            cache_seqlens[b] .. + seqlen_new - 1 (in place, before attending; rows past the capacity are dropped).
+        causal: query i of sequence b sees key j iff j <= i + len_b - seqlen_q (the queries are the last seqlen_q
+            of len_b = cache_seqlens[b] + seqlen_new tokens, clamped to the capacity); False: all len_b keys.
+        softmax_scale: a positive finite number; None means 1 / sqrt(head_dim).
+        num_splits: parts each sequence's keys are cut into and merged by log-sum-exp (flash-decoding); 0 chooses
+            from batch, heads, capacity and SM count; 1 never splits.
+        return_lse: also return lse.
+
+    Returns:
+        o contiguous (batch, seqlen_q, heads_q, head_dim) like q; with return_lse, (o, lse) with lse float32
+        (batch, heads_q, seqlen_q), natural log. A query that sees no key gets o = 0 and lse = -inf. The lengths
+        and block table are read on the device only: a call can be captured in a CUDA graph and replayed with new
+        cache_seqlens / block_table contents.
+
+    Raises:
+        InputError: a dtype, shape, stride or alignment the op does not take (head dim not contiguous, other
+            strides not multiples of 8 elements, addresses not 16-byte aligned), batch mismatches, a page size that
+            is not a multiple of 16, int32 arrays of the wrong shape or place, k_new without v_new, or a bad
+            causal / softmax_scale / num_splits.
+        UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
+    """
     key = _key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, softmax_scale, num_splits,
                return_lse)
     if key is not None:

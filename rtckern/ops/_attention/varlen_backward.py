@@ -115,7 +115,28 @@ class Plan:
 
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal: bool = False, softmax_scale: float | None = None, deterministic: bool = False):
-    """Gradients (dq, dk, dv) of rtckern.ops.attention_varlen; see the module docstring for layouts and limits."""
+    """Gradients of rtckern.ops.attention_varlen from its output and lse.
+
+    Args:
+        dout: the gradient of o, (total_q, heads_q, head_dim) in q's dtype.
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale: the forward's.
+        out, lse: what attention_varlen(..., return_lse=True) returned (lse float32 (heads_q, total_q), any
+            strides).
+        deterministic: bitwise-repeatable dq (dk and dv always are).
+
+    Returns:
+        (dq, dk, dv), contiguous, like q, k, v. Each sequence is its own problem: dk / dv are summed over the q
+        heads of each kv head; a query that sees no key gets dq = 0, a key no query sees dk = dv = 0. Rows no
+        sequence covers are left unwritten. No host synchronization: capturable in a CUDA graph after a first call.
+
+    Raises:
+        InputError: arrays not on one GPU or of one library, a dtype other than bf16 / fp16, shapes that disagree,
+            a head_dim other than 32, 64, 96, 128 or 256, heads_q not a multiple of heads_kv, a head dim that is not
+            contiguous, other strides not multiples of 8 elements or an address not 16-byte aligned, or a bad
+            causal / softmax_scale.
+        UnsupportedRequestError: no kernel serves the request on this device (a GPU older than sm_75, or
+            RTCKERN_DISABLE_OPS names the op).
+    """
     args = (dout, q, k, v, out, lse)
     key = _key(args, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic)
     if key is not None:
