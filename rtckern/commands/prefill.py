@@ -41,7 +41,8 @@ def add_parser(sub) -> None:
                      help="JSON-lines manifest of op requests (what RTCKERN_RECORD_MANIFEST records)")
     src.add_argument("--preset", default=None, metavar="NAME", help="a shipped manifest (see --list-presets)")
     src.add_argument("--list-presets", action="store_true", help="list the shipped presets and exit")
-    p.add_argument("--arch", default=None, help=f"arch list (default: {DEFAULT_ARCHS!r}); e.g. '8.0;9.0a', native")
+    p.add_argument("--arch", default=None, help=f"arch list (default: $RTCKERN_ARCH_LIST, else {DEFAULT_ARCHS!r}); "
+                   "e.g. '8.0;9.0a', native")
     p.add_argument("--family", action="append", default=None,
                    help="built-in set only: only these kernel families (repeatable)")
     p.add_argument("--jobs", "-j", type=positive_int, default=None,
