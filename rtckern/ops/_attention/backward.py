@@ -37,16 +37,18 @@ plans = PlanCache("attention_backward.call_plans", 4096)
 _SCALE_TYPES = (type(None), float, int)
 
 
-def _check_like_q(t: arr.DeviceArray, q: arr.DeviceArray, name: str) -> None:
+def check_like_q(t: arr.DeviceArray, q: arr.DeviceArray, name: str,
+                 layout: str = "(batch, seqlen_q, heads_q, head_dim)", outer: str = "batch, seqlen and head") -> None:
+    """dout / out beside q: q's shape (`layout` names its dims), dtype, library and device; the strides the kernels
+    take (`outer`: the dims other than the head dim)."""
     if t.shape != q.shape:
-        raise InputError(f"{name} has shape {t.shape} but q has {q.shape}; they must match "
-                         "(batch, seqlen_q, heads_q, head_dim)")
+        raise InputError(f"{name} has shape {t.shape} but q has {q.shape}; they must match {layout}")
     if t.dtype != q.dtype:
         raise InputError(f"{name} has dtype {t.dtype} but q has {q.dtype}; they must match")
     if t.lib != q.lib or t.device != q.device:
         raise InputError(f"{name} must be a {q.lib} array on cuda:{q.device} like q; got a {t.lib} array on "
                          f"cuda:{t.device}")
-    check_strides(t, name, "batch, seqlen and head")
+    check_strides(t, name, outer)
 
 
 def check_lse(lse: arr.DeviceArray, q: arr.DeviceArray, shape: tuple, layout: str, producer: str) -> None:
@@ -139,8 +141,8 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_sc
     qa, ka, va = arr.wrap(q, "q"), arr.wrap(k, "k"), arr.wrap(v, "v")
     _check_qkv(qa, ka, va)
     da, oa, la = arr.wrap(dout, "dout"), arr.wrap(out, "out"), arr.wrap(lse, "lse")
-    _check_like_q(da, qa, "dout")
-    _check_like_q(oa, qa, "out")
+    check_like_q(da, qa, "dout")
+    check_like_q(oa, qa, "out")
     b, sq, hq, _ = qa.shape
     check_lse(la, qa, (b, hq, sq), "(batch, heads_q, seqlen_q)", "rtckern.ops.attention")
     if not isinstance(causal, bool):
