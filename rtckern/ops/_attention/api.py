@@ -176,6 +176,10 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
 
 cands.register_all()
 
+from .tune import register_tuner  # noqa: E402  (the tuner selects through this module's candidates)
+
+register_tuner()
+
 # The backward op lives beside (backward.py: its own checks and plan; backward_candidates.py, backward_configs.py);
 # exported with the forward.
 from .backward import attention_backward  # noqa: E402

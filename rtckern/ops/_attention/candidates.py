@@ -170,12 +170,17 @@ def _has_table() -> bool:
 
 
 def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest:
-    """For `rtckern explain/tune/selftest attention`: shape is the head dim, or q's (batch, seqlen, heads, head_dim);
-    option causal=0/1."""
+    """For `rtckern explain/tune/selftest attention`: shape is the head dim, or q's (batch, seqlen, heads, head_dim)
+    (kept in the request: the tuner times that shape); option causal=0/1."""
     hd = shape[-1]
     opts.check_keys(OP, options, ("causal",))
     causal = opts.flag(OP, options, "causal", False)
-    return request(dtype or "bf16", hd, causal, device)
+    req = request(dtype or "bf16", hd, causal, device)
+    if len(shape) == 4:  # q's full shape: kept for the tuner's timing (kernels are compiled per head dim only)
+        b, s, h, _ = shape
+        req = OpRequest(op=OP, dtypes=dict(req.dtypes), shape={"head_dim": int(hd), "batch": int(b), "seqlen": int(s),
+                                                                "heads": int(h)}, flags=dict(req.flags), device=device)
+    return req
 
 
 CANDIDATES = (Sm90Ws(), Sm90Wgmma(), Sm80Mma(), Simt())
