@@ -294,6 +294,17 @@ def kvcache_kernel_exprs(head_dims) -> tuple[str, list[str]]:
     return kc.SOURCE, exprs
 
 
+def kvcache_simt_kernel_exprs(head_dims) -> tuple[str, list[str]]:
+    """(source, name expressions) of the portable attention_with_kvcache kernel (decode_simt.cuh, which includes
+    the merge, append and gather): bf16 and fp16, each head dim, causal and not."""
+    from .ops._attention import configs
+    from .ops._attention import kvcache_candidates as kc
+
+    exprs = [f"{kc.SIMT_KERNEL}<{configs.DTYPES[dt]}, {hd}, {str(c).lower()}>" for dt in ("bf16", "fp16")
+             for hd in head_dims for c in (False, True)]
+    return kc.SIMT_SOURCE, exprs
+
+
 def kvcache_split_choice(**kw) -> int:
     """attention_with_kvcache's split-KV count for (batch, heads_kv, tiles, capacity, sm_count, blocks_per_sm,
     warps)."""

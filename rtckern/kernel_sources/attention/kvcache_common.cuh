@@ -150,7 +150,6 @@ __global__ void __launch_bounds__(THREADS)
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   if (grp < GROUPS) {
     const float4* po = reinterpret_cast<const float4*>(part_o + row * splits * HD) + col;
-#pragma unroll 4
     for (int s = grp; s < ns; s += GROUPS) {
       const float w = s_w[s];
       const float4 x = po[static_cast<long long>(s) * COLS];

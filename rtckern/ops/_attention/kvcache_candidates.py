@@ -4,6 +4,8 @@
                                     one block per (split, kv head, 16 packed query rows, sequence), warps on
                                     separate 16-token chunks with their own cp.async rings, mma.sync; head dims 32,
                                     64, 96, 128, 256
+  attention_with_kvcache.simt       sm_75 and newer, and AMD: the same blocks and outputs on fp32 FMA units
+                                    (attention/decode_simt.cuh), the portable fallback
 
 A request is what decides compilation: dtype, head dim, causal (only meaningful with more than one query token;
 the op passes causal and seqlen_q > 1). Contiguous or paged caches, lengths, page size, heads and strides are
@@ -31,6 +33,8 @@ from . import configs
 OP = "attention_with_kvcache"
 SOURCE = "attention/decode_sm80.cuh"
 KERNEL = "rtk_attn::attn_decode_sm80"
+SIMT_SOURCE = "attention/decode_simt.cuh"
+SIMT_KERNEL = "rtk_attn::attn_decode_simt"
 COMBINE_KERNEL = "rtk_attn::attn_split_combine"
 APPEND_KERNEL = "rtk_attn::kvcache_append"
 GATHER_KERNEL = "rtk_attn::kvcache_gather"
@@ -115,6 +119,8 @@ class Sm80Decode(Candidate):
     priority = 200
     min_arch = "sm_80"
     head_dims = configs.HEAD_DIMS
+    source = SOURCE
+    kernel = KERNEL
 
     def tile(self, req: OpRequest) -> DecodeTile:
         t = _tiles.get((self.name, req))
@@ -133,17 +139,55 @@ class Sm80Decode(Candidate):
         dtype, hd = req.dtype("qkv"), req.dim("head_dim")
         target = target_for(req.device, False)
         t = configs.DTYPES[dtype]
-        return (KernelSpec(SOURCE, KERNEL, target, template_args=self.tile(req).template_args(dtype, hd,
+        src = self.source  # the merge, append and gather kernels come from kvcache_common.cuh, which it includes
+        return (KernelSpec(src, self.kernel, target, template_args=self.tile(req).template_args(dtype, hd,
                                                                                                req.flag("causal")),
                            op=OP),
-                KernelSpec(SOURCE, COMBINE_KERNEL, target, template_args=(t, hd, COMBINE_THREADS, MAX_SPLITS), op=OP),
-                KernelSpec(SOURCE, APPEND_KERNEL, target, template_args=(t, hd), op=OP),
-                KernelSpec(SOURCE, GATHER_KERNEL, target, template_args=(t, hd), op=OP))
+                KernelSpec(src, COMBINE_KERNEL, target, template_args=(t, hd, COMBINE_THREADS, MAX_SPLITS), op=OP),
+                KernelSpec(src, APPEND_KERNEL, target, template_args=(t, hd), op=OP),
+                KernelSpec(src, GATHER_KERNEL, target, template_args=(t, hd), op=OP))
 
     def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
         tile = self.tile(req)
         return (Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(req.dim("head_dim"))),
                 Resources(block=COMBINE_THREADS), Resources(block=APPEND_THREADS), Resources(block=GATHER_THREADS))
+
+
+@dataclasses.dataclass(frozen=True)
+class SimtDecodeTile:
+    """attn_decode_simt<T, HD, CAUSAL>: 128 threads, 32 keys per step (decode_simt.cuh)."""
+
+    warps: int = 4  # of 32 threads: what the split rule counts chunks per
+
+    @property
+    def threads(self) -> int:
+        return 128
+
+    def smem_bytes(self, head_dim: int) -> int:
+        return (16 * head_dim + 32 * (head_dim + 1) + 32 * head_dim + 16 * 32 + 4 * 16) * 4
+
+    def template_args(self, dtype: str, head_dim: int, causal: bool) -> tuple:
+        return (configs.DTYPES[dtype], head_dim, bool(causal))
+
+    def label(self) -> str:
+        return "simt"
+
+
+class SimtDecode(Sm80Decode):
+    """The portable fallback: fp32 FMA, any NVIDIA GPU from sm_75 and AMD through hiprtc."""
+
+    name = "attention_with_kvcache.simt"
+    vendors = ("nvidia", "amd")
+    priority = 100
+    min_arch = "sm_75"
+    source = SIMT_SOURCE
+    kernel = SIMT_KERNEL
+
+    def tile(self, req: OpRequest) -> SimtDecodeTile:
+        return SIMT_TILE
+
+
+SIMT_TILE = SimtDecodeTile()
 
 
 def _has_table() -> bool:
@@ -158,7 +202,7 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
     return request(dtype or "bf16", shape[-1], causal, device)
 
 
-CANDIDATES = (Sm80Decode(),)
+CANDIDATES = (Sm80Decode(), SimtDecode())
 register_all = dense.registrar(CANDIDATES, OP, _build_request,
                                help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1 (seqlen_q > 1)",
                                example="--dtype bf16 --shape 64x1x32x128")

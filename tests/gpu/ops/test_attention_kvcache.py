@@ -1,7 +1,7 @@
 """attention_with_kvcache on a GPU: contiguous and paged caches (every page size, blocks shuffled), random lengths
 per sequence (1 .. 128k), GQA 1/4/8, every head dim, seqlen_q 1/2/4/16, causal and not, appends that cross page
 boundaries, split-KV (chosen, none, forced counts), bf16 and fp16; chunked prefill (more than 16 query tokens: the
-long-query path over the gathered cache).
+long-query path over the gathered cache); the portable fp32 candidate, forced.
 
 Each sequence is checked against a float64 reference built by gathering its tokens from the cache (after the
 append): max |error| <= 2x that of torch's math SDPA in the same dtype (plus a half-ulp floor), lse within 1e-3,
@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rtckern import ops  # noqa: E402
+from rtckern import config, ops  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
 from rtckern.runtime import arrays as arr  # noqa: E402
 
@@ -290,3 +290,14 @@ def test_refusals():
         ops.attention_with_kvcache(q, k, k, lens, num_splits=-1)
     with pytest.raises(InputError, match="together"):
         ops.attention_with_kvcache(q, k, k, lens, k_new=k[:, :1])
+
+
+def test_portable_candidate():
+    """The fp32 FMA fallback (forced): decode over a paged cache with splits, speculative rows, an append, both
+    dtypes and head dims 64 / 96 / 256."""
+    rng = random.Random(17)
+    with config.override(force_impl={"attention_with_kvcache": "attention_with_kvcache.simt"}):
+        check(rng, "bf16", [1, 700, 3000], 8, 2, 128, 1, True, 16, num_splits=0)
+        check(rng, "fp16", [40, 0, 513], 4, 1, 64, 4, True, 32, new=2, num_splits=3)
+        check(rng, "bf16", [300, 17], 2, 2, 96, 2, False, None, num_splits=1)
+        check(rng, "bf16", [1000], 8, 1, 256, 1, True, 64)
