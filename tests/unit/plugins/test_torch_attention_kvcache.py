@@ -1,11 +1,18 @@
-"""torch.ops.rtckern.attention_with_kvcache without a GPU: the schema (k_cache and v_cache declared written), fake-tensor
-shapes and trace-time errors, the reference kernels (reference_mode) against a float64 attention per sequence over
-contiguous and paged caches with appends (in place, rows past the capacity dropped), opcheck, torch.compile(fullgraph)
-with the append seen by the caller, and inductor calling the op on the caches themselves (no copies of a cache).
+"""torch.ops.rtckern.attention_with_kvcache without a GPU: the schema (k_cache and v_cache declared written),
+fake-tensor shapes and trace-time errors, the reference kernels (reference_mode) against a float64 attention per
+sequence over contiguous and paged caches with appends (in place, rows past the capacity dropped), opcheck,
+torch.compile(fullgraph) with the append seen by the caller, and inductor calling the op on the caches themselves (no
+copies of a cache); the transformers KV-cache route: the cache lengths the mask builder hands over (made on the
+device) and when, what the attention function refuses, the op reading the cache tensors in place, and (when
+transformers is installed) a tiny Llama decoding on a StaticCache and a DynamicCache, with and without a 2D mask,
+equal to transformers' sdpa model through the route on every layer of every step, the fallback, and a compiled
+(fullgraph) decode step.
 """
 from __future__ import annotations
 
+import copy
 import shutil
+import warnings
 
 import pytest
 
@@ -16,6 +23,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import rtckern.torch as rt  # noqa: E402
 from rtckern import config  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
+from rtckern.plugins import _torch_hf as HF  # noqa: E402
+from rtckern.plugins import _torch_hf_kvcache as K  # noqa: E402
+from rtckern.plugins import _torch_hf_varlen as V  # noqa: E402
 from rtckern.registry import fallback as fallback_mod  # noqa: E402
 
 ops = torch.ops.rtckern
@@ -193,7 +203,8 @@ def test_opcheck_through_the_reference_kernels():
     op = ops.attention_with_kvcache.default
     with rt.reference_mode():
         torch.library.opcheck(op, (q, cache.k, cache.v, cache.seqlens))
-        torch.library.opcheck(op, (q, cache.k.clone(), cache.v.clone(), cache.seqlens, None, kn, vn, True, 0.2, 0, True))
+        torch.library.opcheck(op, (q, cache.k.clone(), cache.v.clone(), cache.seqlens, None, kn, vn, True, 0.2, 0,
+                                   True))
         torch.library.opcheck(op, (q, paged.k.clone(), paged.v.clone(), paged.seqlens, paged.block_table, kn, vn),
                               {"causal": False, "return_lse": True})
 
@@ -247,3 +258,219 @@ def test_inductor_runs_the_op_on_the_caches_themselves():
     text = "\n".join(code)
     calls = [line for line in text.splitlines() if "torch.ops.rtckern.attention_with_kvcache.default(" in line]
     assert len(calls) == 1 and "clone(" not in text and ".copy_(" not in text, text
+
+
+# ---- the transformers KV-cache route, without transformers --------------------------------------------------------
+def test_cache_lengths_are_made_on_the_device_and_match_sdpas_mask():
+    lens = K.cache_lengths(3, 2, torch.tensor(5), "cpu")  # a StaticCache's offset: a tensor, never read on the host
+    assert lens.dtype == I32 and lens.is_contiguous() and lens.tolist() == [7, 7, 7]
+    assert K.cache_lengths(2, 1, 9, "cpu").tolist() == [10, 10]  # a DynamicCache's: an int
+    assert V.mask_kind(lens) == "lengths" and V.mask_kind(lens.long()) is None
+    mask = V.as_sdpa_mask(lens, 2, 10)  # what sdpa's builder makes for a causal mask with q_offset 5
+    want = torch.arange(10)[None, :] <= torch.arange(2)[:, None] + 5
+    assert mask.shape == (3, 1, 2, 10) and mask.dtype == torch.bool and bool((mask == want).all())
+
+
+@pytest.mark.parametrize("q_length, kv_length, q_offset, kv_offset, mask_length, serves", [
+    (1, 64, torch.tensor(10), 0, None, True),  # a static cache's decode step
+    (16, 64, torch.tensor(10), 0, 11, True),  # speculative verification, a 2D mask of ones as wide as the tokens
+    (17, 64, torch.tensor(10), 0, None, False),  # a longer chunk keeps its path
+    (1, 11, 10, 0, 11, True),  # a DynamicCache's decode step
+    (4, 4, 0, 0, None, False),  # no cache behind the queries: the dense op
+    (1, 64, torch.tensor(10), 3, None, False),  # keys that start later (kv_offset): sdpa's mask
+    (1, 8, 7, 0, 9, False),  # a 2D mask wider than the keys
+])
+def test_which_masks_the_cache_lengths_replace(q_length, kv_length, q_offset, kv_offset, mask_length, serves):
+    assert K.serves(q_length, kv_length, q_offset, kv_offset, mask_length) is serves
+
+
+def test_why_not_names_what_the_op_cannot_read_in_place():
+    q, k = torch.randn(2, 8, 1, 64, dtype=BF16), torch.randn(2, 2, 32, 64, dtype=BF16)
+    assert K.why_not(q, k, k) is None
+    assert "17 query tokens" in K.why_not(torch.randn(2, 8, 17, 64, dtype=BF16), k, k)
+    odd = torch.randn(2, 2, 32, 68, dtype=BF16)[..., :64]  # rows 68 elements apart
+    assert K.why_not(q, odd, k).startswith("the key cache has strides (4352, 2176, 68, 1)")
+
+
+def test_run_attends_the_first_lengths_keys_of_the_cache_tensors_in_place():
+    b, hq, hk, d, cap = 2, 4, 2, 16, 12
+    query = torch.randn(b, hq, 2, d, dtype=F64)
+    key, value = torch.randn(b, hk, cap, d, dtype=F64), torch.randn(b, hk, cap, d, dtype=F64)
+    lens = torch.tensor([7, 7], dtype=I32)
+
+    class SeeCaches(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "attention_with_kvcache" in str(func):
+                self.ptrs = (args[1].data_ptr(), args[2].data_ptr())
+            return func(*args, **(kwargs or {}))
+
+    with rt.reference_mode(), SeeCaches() as mode:
+        out = K.run(lens, query, key, value, 0.25)
+    assert mode.ptrs == (key.data_ptr(), value.data_ptr())  # the caches themselves, not copies
+    assert out.shape == (b, 2, hq, d)
+    for i in range(b):
+        want, _ = reference(query[i].transpose(0, 1), key[i, :, :7].transpose(0, 1), value[i, :, :7].transpose(0, 1),
+                            True, 0.25)
+        assert torch.allclose(out[i], want, atol=1e-12)
+
+
+# ---- transformers ------------------------------------------------------------------------------------------------
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture
+def hf_on_cpu(monkeypatch):
+    """The transformers function takes its rtckern paths on CPU tensors with the reference kernels, and records the
+    lengths of each KV-cache call."""
+    real = HF._why_not
+
+    def why_not(*args):
+        why = real(*args)
+        return None if why and "tensors are on cpu" in why else why
+
+    monkeypatch.setattr(HF, "_why_not", why_not)
+    calls = []
+    real_run = K.run
+
+    def run(lengths, *args):
+        if not torch.compiler.is_compiling():  # a host read: recorded in eager calls only
+            calls.append(lengths.tolist())
+        return real_run(lengths, *args)
+
+    monkeypatch.setattr(K, "run", run)
+    with rt.reference_mode():
+        yield calls
+
+
+def test_mask_builder_hands_over_cache_lengths_and_nothing_else():
+    pytest.importorskip("transformers")
+    from transformers import masking_utils as mu
+
+    assert rt.register_transformers()
+    causal = mu.causal_mask_function
+    offset = torch.tensor(5)
+
+    def build(**kw):
+        args = dict(batch_size=2, q_length=1, kv_length=32, q_offset=offset, mask_function=causal,
+                    allow_is_causal_skip=False)
+        return V.rtckern_mask(**{**args, **kw})
+
+    assert build().tolist() == [6, 6] and build().dtype == I32
+    ones = torch.ones(2, 6, dtype=torch.bool)
+    assert build(attention_mask=ones).tolist() == [6, 6]  # no padding (read on the host, as for the varlen route)
+    padded = ones.clone()
+    padded[0, :2] = False
+    assert torch.equal(build(attention_mask=padded), padded)  # padding: the varlen route
+    assert build(q_length=3, q_offset=4, kv_length=7, allow_is_causal_skip=True).tolist() == [7, 7]  # DynamicCache
+    for kw in (dict(mask_function=mu.sliding_window_causal_mask_function(4)), dict(kv_offset=2), dict(q_length=17),
+               dict(cache_position=torch.arange(5, 6))):
+        m = build(**kw)
+        assert m.dim() == 4 and m.dtype == torch.bool, kw  # sdpa's mask
+    assert build(q_length=4, kv_length=4, q_offset=0, allow_is_causal_skip=True) is None  # no cache: sdpa's None
+
+
+def _decode(model, ids, steps, cache, attention_mask=False):
+    """Greedy decode: the prompt, then `steps` one-token steps; the last position's logits of each forward."""
+    out, b, n = [], ids.shape[0], ids.shape[1]
+    with torch.no_grad():
+        kw = {"attention_mask": torch.ones(b, n, dtype=torch.long)} if attention_mask else {}
+        o = model(ids, past_key_values=cache, use_cache=True, **kw)
+        for s in range(steps):
+            out.append(o.logits[:, -1])
+            if attention_mask:
+                kw["attention_mask"] = torch.ones(b, n + s + 1, dtype=torch.long)
+            o = model(o.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True, **kw)
+        out.append(o.logits[:, -1])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("cache_kind", ["static", "dynamic"])
+@pytest.mark.parametrize("attention_mask", [False, True])
+def test_llama_decode_takes_the_kvcache_route_and_equals_sdpa(hf_on_cpu, cache_kind, attention_mask):
+    import transformers
+
+    model = _tiny_llama()
+    assert rt.register_transformers()
+    ref = copy.deepcopy(model)
+    ref.set_attn_implementation("sdpa")
+    model.set_attn_implementation("rtckern")
+
+    def cache(m):
+        if cache_kind == "static":
+            return transformers.StaticCache(config=m.config, max_cache_len=40)
+        return transformers.DynamicCache(config=m.config)
+
+    ids = torch.randint(0, 128, (2, 20))  # a prompt longer than 16 queries: its usual path
+    want = _decode(ref, ids, 6, cache(ref), attention_mask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback anywhere
+        got = _decode(model, ids, 6, cache(model), attention_mask)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert hf_on_cpu == [[20 + s, 20 + s] for s in range(1, 7) for _layer in range(2)]  # every layer of every step
+
+
+def test_llama_short_prompt_into_a_static_cache_takes_it_too(hf_on_cpu):
+    import transformers
+
+    model = _tiny_llama()
+    assert rt.register_transformers()
+    ref = copy.deepcopy(model)
+    ref.set_attn_implementation("sdpa")
+    model.set_attn_implementation("rtckern")
+    ids = torch.randint(0, 128, (1, 5))
+    want = _decode(ref, ids, 2, transformers.StaticCache(config=ref.config, max_cache_len=16))
+    got = _decode(model, ids, 2, transformers.StaticCache(config=model.config, max_cache_len=16))
+    assert torch.allclose(got, want, atol=1e-5) and hf_on_cpu[:2] == [[5], [5]]
+
+
+def test_llama_fallback_turns_the_lengths_into_sdpas_mask():
+    """Calls the kernels cannot take (here: CPU tensors) go to sdpa with the lengths as a 4D mask: the logits of
+    transformers' own sdpa model, with one warning."""
+    import transformers
+
+    model = _tiny_llama()
+    assert rt.register_transformers()
+    ref = copy.deepcopy(model)
+    ref.set_attn_implementation("sdpa")
+    model.set_attn_implementation("rtckern")
+    ids = torch.randint(0, 128, (2, 9))
+    want = _decode(ref, ids, 3, transformers.StaticCache(config=ref.config, max_cache_len=20))
+    with pytest.warns(RuntimeWarning, match="tensors are on cpu"):
+        got = _decode(model, ids, 3, transformers.StaticCache(config=model.config, max_cache_len=20))
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_llama_static_decode_step_compiles_fullgraph_to_the_op(hf_on_cpu):
+    """A StaticCache decode step without a 2D mask, compiled with fullgraph: the cache lengths come from the cache's
+    device offset inside the graph, and the graph calls the KV-cache op."""
+    import transformers
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    model = _tiny_llama().to(BF16)  # the op's dtypes (the fake kernel checks them)
+    assert rt.register_transformers()
+    model.set_attn_implementation("rtckern")
+    eager_cache = transformers.StaticCache(config=model.config, max_cache_len=24)
+    compiled_cache = transformers.StaticCache(config=model.config, max_cache_len=24)
+    ids = torch.randint(0, 128, (2, 20))
+    counter = CompileCounterWithBackend("aot_eager")
+
+    def step(tok, cache):
+        return model(tok, past_key_values=cache, use_cache=True).logits
+
+    with torch.no_grad():
+        model(ids, past_key_values=eager_cache, use_cache=True)  # prefill both (20 queries: not compiled here)
+        model(ids, past_key_values=compiled_cache, use_cache=True)
+        compiled = torch.compile(step, backend=counter, fullgraph=True)
+        tok = torch.randint(0, 128, (2, 1))
+        for _ in range(2):
+            want, got = step(tok, eager_cache), compiled(tok, compiled_cache)
+            assert torch.equal(got, want)
+            tok = want[:, -1:].argmax(-1)
+    targets = {str(n.target) for g in counter.graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert "rtckern.attention_with_kvcache" in targets
