@@ -32,6 +32,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.autograd.graph import increment_version
 
 from rtckern.errors import InputError
 
@@ -129,6 +130,8 @@ def _jit(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, 
     r = ops_module("attention").attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new,
                                                        causal=causal, softmax_scale=softmax_scale,
                                                        num_splits=num_splits, return_lse=return_lse)
+    if k_new is not None:  # the kernels wrote the caches behind torch's back: count it as torch's in-place ops do
+        increment_version((k_cache, v_cache))
     return r if return_lse else (r, empty_stat(q))
 
 

@@ -103,12 +103,15 @@ def test_the_custom_op_is_the_op(lens, capacity, page, sq, new, hq, hk):
     for call in ("ops", "custom op", "function"):
         c = base.clone()
         args = (q, c.k, c.v, c.seqlens, c.block_table, kn, vn)
+        version = c.k._version
         if call == "ops":
             o, lse = rk.attention_with_kvcache(*args, causal=True, softmax_scale=0.1, return_lse=True)
         elif call == "custom op":
             o, lse = ops.attention_with_kvcache(*args, True, 0.1, 0, True)
         else:
             o, lse = rt.attention_with_kvcache(*args, causal=True, softmax_scale=0.1, return_lse=True)
+        if call != "ops":  # torch sees the append as an in-place write (autograd's version counter)
+            assert (c.k._version > version) == bool(new), call
         results.append((o, lse, c.k, c.v))
     for name, got in zip(("custom op", "function"), results[1:]):
         for a, b, what in zip(got, results[0], ("o", "lse", "k cache", "v cache")):
