@@ -8,8 +8,9 @@ stream. Unpatched and patched models alternate rep by rep.
 
 A capture that fails (a host sync or an allocation outside torch's allocator inside a captured op, a first call
 during capture) is reported as `graph_error` for that model and its eager numbers still stand. Which attention ran
-is probed separately (`served`): transformers builds a 4D mask for a static cache's decode step (it does not skip the
-mask when the cache is compileable), which rtckern's attention function hands to sdpa.
+is probed separately (`served`): the steps pass no 2D mask, so the "rtckern" mask builder hands the static cache's
+lengths over instead of sdpa's 4D mask and each step's attention runs rtckern.ops.attention_with_kvcache on the cache
+in place (rtckern/plugins/_torch_hf_kvcache.py), eager and captured alike.
 """
 from __future__ import annotations
 

@@ -41,8 +41,8 @@ register_provider("core", _core_specs)
 
 def _preset_specs(archs: Sequence[Arch]) -> Iterable[KernelSpec]:
     """Every op family's kernels for the shipped presets ``common`` (norms, softmax, attention at hidden sizes
-    2048-8192, head dims 64/128, bf16/fp16) and ``llama-3.1-8b`` (adds its GEMM shapes): for each request and
-    device arch, the kernels of the candidate the registry would choose first."""
+    2048-8192, head dims 64/128, bf16/fp16) and ``llama-3.1-8b`` (adds its GEMM shapes and the KV-cache decode
+    kernels): for each request and device arch, the kernels of the candidate the registry would choose first."""
     from .fleet import load_preset
     from .fleet.plan import plan
 

@@ -12,9 +12,12 @@ seqlen_k > seqlen_q (prefill into an empty static cache) the keys past seqlen_q 
 Padded and packed batches take rtckern.ops.attention_varlen, as transformers' flash_attention_2 integration takes
 flash_attn_varlen_func (_torch_hf_varlen: the "rtckern" mask builder hands over a padding mask or packed sequence
 ids instead of sdpa's 4D mask; the flash-attention kwargs cu_seq_lens_q/k, max_length_q/k and restarting
-position_ids are honoured). Calls the kernels cannot take (any other mask pattern; dropout; sliding windows;
-softcapping; position biases; attention weights asked for; head dims or dtypes rtckern.ops.attention does not
-support) run transformers' sdpa attention instead, with one warning (an error under RTCKERN_STRICT=1).
+position_ids are honoured). Decode steps over a KV cache (a StaticCache's, whose 4D mask went to sdpa before, or a
+DynamicCache's; up to 16 queries, no padding) take rtckern.ops.attention_with_kvcache on the cache tensors in place
+(_torch_hf_kvcache: the builder hands over the cache lengths, made on the device). Calls the kernels cannot take
+(any other mask pattern; dropout; sliding windows; softcapping; position biases; attention weights asked for; head
+dims or dtypes rtckern.ops.attention does not support) run transformers' sdpa attention instead, with one warning
+(an error under RTCKERN_STRICT=1).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import Optional
 import torch
 
 from . import _torch_eager as E
+from . import _torch_hf_kvcache as K
 from . import _torch_hf_varlen as V
 from ._torch_dispatch import fallback
 
@@ -55,15 +59,20 @@ def _why_not(module, query, key, value, attention_mask, dropout, kwargs) -> Opti
 def rtckern_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                               attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
                               scaling: Optional[float] = None, is_causal: Optional[bool] = None, **kwargs):
+    kind = V.mask_kind(attention_mask)
     why = _why_not(module, query, key, value, attention_mask, dropout, kwargs)
+    if why is None and kind == "lengths":  # a decode step over a KV cache (the builder checked the mask pattern)
+        why = K.why_not(query, key, value)
     if why is not None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         fallback("attention", f"transformers attention of {tuple(query.shape)} {query.dtype}", why)
-        if V.mask_kind(attention_mask) is not None:  # what rtckern_mask handed over: sdpa takes a 4D mask
+        if kind is not None:  # what rtckern_mask handed over: sdpa takes a 4D mask
             attention_mask = V.as_sdpa_mask(attention_mask, query.shape[2], key.shape[2])
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    if kind == "lengths":
+        return K.run(attention_mask, query, key, value, scaling), None
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     plan = V.route(attention_mask, query, key, kwargs)

@@ -2,12 +2,15 @@
 rtckern.ops.attention_varlen, as transformers' flash_attention_2 integration runs flash_attn_varlen_func.
 
 The "rtckern" mask builder (`rtckern_mask`, registered with transformers' AttentionMaskInterface) is sdpa's
-(`sdpa_mask`) except in two cases it hands over without materializing a (batch, 1, q_len, kv_len) mask (in eager
-mode):
+(`sdpa_mask`) except in three cases it hands over without materializing a (batch, 1, q_len, kv_len) mask (the
+first two in eager mode only):
 - a causal mask with padding (the 2D attention_mask has a False): it returns that 2D bool mask (its last kv_len
   columns), as transformers' flash_attention_mask does;
 - a causal mask over packed sequences (position_ids that restart, no attention_mask and no cache: transformers'
-  packed_sequence_mask overlay and nothing else): it returns the (batch, seqlen) integer sequence ids.
+  packed_sequence_mask overlay and nothing else): it returns the (batch, seqlen) integer sequence ids;
+- a causal mask without padding over a KV cache, for at most 16 queries (decode steps): it returns the int32 (batch,)
+  cache lengths, and the attention function runs rtckern.ops.attention_with_kvcache (_torch_hf_kvcache, which also
+  says when; this one needs no host read when there is no 2D mask, so it stays on while compiling or capturing).
 Any other pattern (sliding windows, chunks, custom and/or mask functions, bidirectional masks with padding) is
 sdpa's 4D mask, which the attention function hands to sdpa (a one-time warning, as before).
 
@@ -25,9 +28,10 @@ The attention function's routes (`route`), in transformers' order:
 Whatever a route derives from a mask, ids or position_ids (prefix sums, gather indices, the longest sequence) is
 computed once per forward with one device-to-host copy: every layer gets the same tensor object, and a one-entry
 memo per route is keyed by its identity and version (an in-place update of a static buffer is a new version).
-While torch.compile traces a model, or a CUDA graph is captured, the builder is sdpa's and route 4 is off (reading
-a mask on the host would be a graph break, or a sync inside the capture): such models keep what they did before
-(the dense path, or sdpa for masked batches); the flash-attention kwargs route needs no host read and stays on.
+While torch.compile traces a model, or a CUDA graph is captured, the builder is sdpa's (but for the cache lengths
+without a 2D mask) and route 4 is off (reading a mask on the host would be a graph break, or a sync inside the
+capture): such models keep what they did before (the dense path, or sdpa for masked batches); the flash-attention
+kwargs route needs no host read and stays on.
 """
 from __future__ import annotations
 
@@ -38,6 +42,8 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+
+from . import _torch_hf_kvcache as K
 
 FA_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
@@ -98,21 +104,31 @@ def packed_sequence_ids(mask_function, causal_fn) -> Optional[torch.Tensor]:
     return found[0] if len(found) == 1 and found[0].dim() == 2 else None
 
 
-def rtckern_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+def rtckern_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
                  mask_function=None, attention_mask: Optional[torch.Tensor] = None, **kwargs):
-    """transformers' mask builder for attn_implementation="rtckern" (see the module docstring)."""
+    """transformers' mask builder for attn_implementation="rtckern" (see the module docstring, and _torch_hf_kvcache
+    for the cache lengths)."""
     from transformers import masking_utils as mu
 
     causal_fn = mu.causal_mask_function
     if mask_function is None:
         mask_function = causal_fn
-    if torch.compiler.is_compiling() or _capturing():
-        pass  # the varlen routes read masks on the host: compiled / captured models keep sdpa's masks (as before)
-    elif mask_function is causal_fn and attention_mask is not None and attention_mask.dim() == 2:
+    # the varlen routes and the padding check read masks on the host: compiled / captured models keep sdpa's masks
+    # (as before), except the cache lengths, which need no host read when there is no 2D mask to check
+    traced = torch.compiler.is_compiling() or _capturing()
+    causal = mask_function is causal_fn
+    padded: Optional[bool] = None  # unknown
+    if causal and attention_mask is not None and attention_mask.dim() == 2 and not traced:
         padding = attention_mask[:, -kv_length:]
-        if not bool(padding.all()):
+        padded = not bool(padding.all())
+        if padded:
             return padding.to(torch.bool)
-    elif attention_mask is None and q_length == kv_length:
+    # "cache_position": an older builder API (no q_offset), whose offsets this does not read
+    if causal and (attention_mask is None or padded is False) and "cache_position" not in kwargs and K.serves(
+            q_length, kv_length, q_offset, kv_offset, None if attention_mask is None else attention_mask.shape[-1]):
+        device = kwargs.get("device") or (attention_mask.device if attention_mask is not None else "cpu")
+        return K.cache_lengths(batch_size, q_length, q_offset, device)
+    if not traced and attention_mask is None and q_length == kv_length:
         ids = packed_sequence_ids(mask_function, causal_fn)
         if ids is not None and tuple(ids.shape) == (batch_size, q_length):
             return ids
@@ -121,7 +137,10 @@ def rtckern_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
 
 
 def mask_kind(mask: Optional[torch.Tensor]) -> Optional[str]:
-    """"padding" (2D bool), "packed" (2D integer sequence ids), None for anything else (4D masks, float masks)."""
+    """"padding" (2D bool), "packed" (2D integer sequence ids), "lengths" (int32 (batch,) cache lengths,
+    _torch_hf_kvcache), None for anything else (4D masks, float masks)."""
+    if isinstance(mask, torch.Tensor) and mask.dim() == 1 and mask.dtype == torch.int32:
+        return "lengths"
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
         return None
     if mask.dtype == torch.bool:
@@ -130,11 +149,13 @@ def mask_kind(mask: Optional[torch.Tensor]) -> Optional[str]:
 
 
 def as_sdpa_mask(mask: torch.Tensor, q_len: int, kv_len: int) -> torch.Tensor:
-    """The (batch, 1, q_len, kv_len) bool mask sdpa takes for what rtckern_mask handed over (a padding mask or packed
-    sequence ids, both of a causal pattern): for calls that fall back to transformers' sdpa attention (dropout,
-    dtypes or head dims the kernels do not take). Queries are the last q_len positions of a padding mask (keys past
-    its length, e.g. empty static-cache slots, are masked), as in transformers' sdpa_mask."""
+    """The (batch, 1, q_len, kv_len) bool mask sdpa takes for what rtckern_mask handed over (a padding mask, packed
+    sequence ids or cache lengths, all of a causal pattern): for calls that fall back to transformers' sdpa attention
+    (dropout, dtypes or head dims the kernels do not take). Queries are the last q_len positions of a padding mask
+    (keys past its length, e.g. empty static-cache slots, are masked), as in transformers' sdpa_mask."""
     dev = mask.device
+    if mask_kind(mask) == "lengths":
+        return K.as_sdpa_mask(mask, q_len, kv_len)
     if mask_kind(mask) == "packed":
         same = mask[:, :, None] == mask[:, None, :]
         return (same & torch.ones(q_len, kv_len, dtype=torch.bool, device=dev).tril())[:, None]

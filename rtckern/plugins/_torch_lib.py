@@ -69,11 +69,13 @@ class KernelOp:
         softmax.register_fake(fake)
         softmax.register_autograd(backward, setup_context=setup)     # custom_op's conventions
 
-    Calling the object calls torch.ops.rtckern.<name>; `call_direct` is for callers that have checked `direct`
-    themselves (the composites' fast paths)."""
+    mutates_args names the arguments the implementation may write in place, as for custom_op (the schema marks them
+    `Tensor(a!)`, so functionalization and torch.compile see the writes). Calling the object calls
+    torch.ops.rtckern.<name>; `call_direct` is for callers that have checked `direct` themselves (the composites'
+    fast paths)."""
 
-    def __init__(self, name: str, fn) -> None:
-        schema = torch.library.infer_schema(fn, mutates_args=())
+    def __init__(self, name: str, fn, mutates_args: tuple[str, ...] = ()) -> None:
+        schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
         LIB.define(name + schema)
         self.name, self.fn = name, fn
         self.op = getattr(getattr(torch.ops, NAMESPACE), name).default
@@ -157,9 +159,9 @@ class KernelOp:
                     {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-def kernel_op(name: str):
+def kernel_op(name: str, mutates_args: tuple[str, ...] = ()):
     """Decorator: `@kernel_op("rms_norm_fwd")` over the implementation makes torch.ops.rtckern.rms_norm_fwd."""
-    return lambda fn: KernelOp(name, fn)
+    return lambda fn: KernelOp(name, fn, mutates_args)
 
 
 def empty_stat(x: torch.Tensor) -> torch.Tensor:

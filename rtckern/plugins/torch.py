@@ -4,6 +4,7 @@
     y = torch.ops.rtckern.rms_norm(x, weight, 1e-6)
     o = torch.ops.rtckern.attention(q, k, v, True)            # (batch, seqlen, heads, head_dim)
     o = torch.ops.rtckern.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, True)  # packed (total, heads, head_dim)
+    o, lse = torch.ops.rtckern.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens)  # decode over a KV cache
     norm = rtckern.torch.RMSNorm(4096, eps=1e-6)              # torch.nn.RMSNorm, same state dict
     report = rtckern.torch.patch(model)                       # swap norms in place; transformers attention
     y = rtckern.torch.rms_norm(x, weight, 1e-6)               # the op without the dispatcher in plain eager code
@@ -11,8 +12,9 @@
 Ops (namespace `rtckern`): rms_norm, fused_add_rms_norm, layer_norm (composite; their *_fwd / *_bwd custom ops
 carry the kernels), softmax, scaled_masked_softmax, scaled_upper_triang_masked_softmax,
 scaled_aligned_causal_masked_softmax (+ *_bwd), attention (composite; attention_fwd / attention_bwd), attention_varlen
-(composite; attention_varlen_fwd / attention_varlen_bwd), gemm, gemm_fp8, quantize_fp8, rms_norm_quant (fused
-RMSNorm + per-group fp8 quantization; inference only, no autograd).
+(composite; attention_varlen_fwd / attention_varlen_bwd), attention_with_kvcache (contiguous or paged KV cache,
+appends in place: k_cache / v_cache are declared mutated; inference only), gemm, gemm_fp8, quantize_fp8,
+rms_norm_quant (fused RMSNorm + per-group fp8 quantization; inference only, no autograd).
 
 The ops are torch.library.Library ops (_torch_lib.KernelOp, chosen over custom_op for host cost): an eager call
 is one Python kernel that runs rtckern's op itself; under tracing, modes and subclasses they dispatch in full.
@@ -42,6 +44,7 @@ FAMILIES = {
     "softmax": ("rtckern.ops._softmax.api", "rtckern.plugins._torch_softmax"),
     "attention": ("rtckern.ops._attention.api", "rtckern.plugins._torch_attention"),
     "attention_varlen": ("rtckern.ops._attention.api", "rtckern.plugins._torch_attention_varlen"),
+    "attention_kvcache": ("rtckern.ops._attention.api", "rtckern.plugins._torch_attention_kvcache"),
     "gemm": ("rtckern.ops._gemm.api", "rtckern.plugins._torch_gemm"),
     "fp8": ("rtckern.ops._fp8.api", "rtckern.plugins._torch_fp8"),
 }
@@ -68,6 +71,7 @@ def _register_all() -> None:
 _register_all()
 
 from ._torch_dispatch import GraphCaptureError, install_capture_guard, reference_mode  # noqa: E402
+from ._torch_attention_kvcache import attention_with_kvcache  # noqa: E402
 from ._torch_attention_varlen import attention_varlen  # noqa: E402
 from ._torch_eager import attention, layer_norm, plain_eager, rms_norm  # noqa: E402
 from ._torch_hf import register_transformers, rtckern_attention_forward  # noqa: E402
@@ -80,6 +84,7 @@ register_torch_logging()  # `rtckern` in torch's log registry (TORCH_LOGS / torc
 if "transformers" in sys.modules:  # registering needs transformers imported; patch() registers otherwise
     register_transformers()
 
-__all__ = ["GraphCaptureError", "LayerNorm", "PatchReport", "RMSNorm", "attention", "attention_varlen", "convert",
-           "install_capture_guard", "layer_norm", "patch", "plain_eager", "reference_mode", "register_transformers",
-           "registered_ops", "rms_norm", "rtckern_attention_forward", "skipped_ops"]
+__all__ = ["GraphCaptureError", "LayerNorm", "PatchReport", "RMSNorm", "attention", "attention_varlen",
+           "attention_with_kvcache", "convert", "install_capture_guard", "layer_norm", "patch", "plain_eager",
+           "reference_mode", "register_transformers", "registered_ops", "rms_norm", "rtckern_attention_forward",
+           "skipped_ops"]

@@ -116,6 +116,10 @@ ALLOWED: dict[str, dict[str, str]] = {
                                            "against torch on shapes the registry would route elsewhere",
         "rtckern.ops._softmax.geometry": LAUNCH + " (row geometry: OnePass, RowGeometry, fits, vector_width)",
     },
+    "tests/gpu/plugins/test_torch_attention_kvcache_gpu.py": {
+        "rtckern.plugins._torch_hf_kvcache": "counts the KV-cache routes a transformers model takes (run), which no "
+                                             "public name shows",
+    },
     "tests/gpu/plugins/test_torch_attention_varlen_gpu.py": {
         "rtckern.plugins._torch_hf_varlen": "counts the varlen routes a transformers model takes (run), which no "
                                             "public name shows",
@@ -192,6 +196,13 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._softmax.geometry": LAUNCH + " (the geometry constants, the kernel source)",
         "rtckern.ops._softmax.ring": "the ring geometry (Ring, default_ring, fits, sweep_rings, kernel_name)",
         "rtckern.ops._softmax.tune": "the problem each mask kind is timed on (tune_problem)",
+    },
+    "tests/unit/plugins/test_torch_attention_kvcache.py": {
+        "rtckern.plugins._torch_hf": "lets the transformers function take its rtckern path on CPU tensors (_why_not)",
+        "rtckern.plugins._torch_hf_kvcache": "the transformers KV-cache route (serves, cache_lengths, why_not, run, "
+                                             "as_sdpa_mask), a dispatch rule with no public name",
+        "rtckern.plugins._torch_hf_varlen": "the mask builder (rtckern_mask) and mask_kind, which hand the cache "
+                                            "lengths over",
     },
     "tests/unit/plugins/test_torch_attention_varlen.py": {
         "rtckern.plugins._torch_dispatch": "the reference mode: the varlen ops' forward and backward on CPU",

@@ -195,10 +195,12 @@ def _has_table() -> bool:
 
 
 def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest:
-    """For `rtckern explain/selftest attention_with_kvcache`: shape is the head dim, or q's (batch, seqlen_q, heads,
-    head_dim); option causal=0/1 (meaningful with seqlen_q > 1)."""
+    """For `rtckern explain/selftest attention_with_kvcache` and manifest lines: shape is the head dim, or q's
+    (batch, seqlen_q, heads, head_dim); option causal=0/1. As in the op, a single query token makes a non-causal
+    request whatever causal says (it sees the whole cache either way), so a decode line names the kernels decode
+    runs."""
     opts.check_keys(OP, options, ("causal",))
-    causal = opts.flag(OP, options, "causal", False)
+    causal = opts.flag(OP, options, "causal", False) and not (len(shape) == 4 and shape[1] == 1)
     return request(dtype or "bf16", shape[-1], causal, device)
 
 

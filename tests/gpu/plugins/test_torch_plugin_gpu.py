@@ -92,8 +92,9 @@ CASES = ("attention", "attention_bwd", "attention_bwd_det", "attention_fwd", "at
 
 
 # fp8 inputs need their own cases (e4m3 tensors and scales): opchecked in tests/unit/plugins/test_torch_fp8.py through
-# the reference path and checked against the ops on the GPU in tests/gpu/plugins/test_torch_fp8_gpu.py
-COVERED_ELSEWHERE = frozenset({"gemm_fp8", "quantize_fp8", "rms_norm_quant"})
+# the reference path and checked against the ops on the GPU in tests/gpu/plugins/test_torch_fp8_gpu.py; the KV-cache
+# op (caches, lengths, block tables) in tests/gpu/plugins/test_torch_attention_kvcache_gpu.py
+COVERED_ELSEWHERE = frozenset({"gemm_fp8", "quantize_fp8", "rms_norm_quant", "attention_with_kvcache"})
 
 
 def test_cases_cover_every_registered_op():

@@ -134,3 +134,69 @@ def test_portable_kernels_compile_for_gfx90a():
                                        "rtk_attn::kvcache_append", "rtk_attn::kvcache_gather"]
     for spec in specs:
         assert len(comp.compile(spec).binary) > 1000
+
+
+# ---- requests as explain, manifests and record mode build them --------------------------------------------------
+@pytest.mark.parametrize("shape, options, causal", [
+    ((64, 1, 32, 128), {}, False), ((64, 1, 32, 128), {"causal": "1"}, False),  # one query: never causal, as the op
+    ((64, 4, 32, 128), {"causal": "1"}, True), ((64, 4, 32, 128), {"causal": "0"}, False),
+    ((128,), {}, False), ((128,), {"causal": "1"}, True)])
+def test_request_builder_makes_the_ops_requests(shape, options, causal):
+    req = build_request("attention_with_kvcache", shape=shape, dtype="bf16", arch="sm_90", sm_count=132,
+                        options=options)
+    assert (req.dtype("qkv"), req.dim("head_dim"), req.flag("causal")) == ("bf16", shape[-1], causal)
+
+
+def test_explain_command_names_the_decode_kernels(cache_dir, capsys):
+    """`rtckern explain attention_with_kvcache --arch sm_90 ...`: a compile-only probe on the described device names
+    the four kernels of the chosen candidate (attention, split merge, append, gather) and their cache keys."""
+    import json
+
+    from rtckern.cli import build_parser
+    from rtckern.commands import explain as explain_cmd
+
+    args = build_parser().parse_args(["explain", "attention_with_kvcache", "--dtype", "bf16", "--shape",
+                                      "64x1x32x128", "--arch", "sm_90", "--sm-count", "132", "--json"])
+    assert explain_cmd.run(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["chosen"] == "attention_with_kvcache.sm80_mma" and data["mode"] == "compile-only"
+    assert data["request"]["flags"] == {"causal": False} and data["request"]["shape"] == {"head_dim": 128}
+    names = [(s["name"], s["arch"]) for s in data["chosen_specs"]]
+    assert names == [("rtk_attn::attn_decode_sm80", "sm_90"), ("rtk_attn::attn_split_combine", "sm_90"),
+                     ("rtk_attn::kvcache_append", "sm_90"), ("rtk_attn::kvcache_gather", "sm_90")]
+    assert len(data["cache_keys"]) == 4
+
+
+def test_record_mode_replay_and_presets(tmp_path, cache_dir):
+    """A first selection is recorded as a manifest line (RTCKERN_RECORD_MANIFEST) that `rtckern prefill` replays
+    to the same kernels; the llama-3.1 presets hold the decode requests (one query, and a causal chunk of 4), which
+    the built-in prefill set (common + llama-3.1-8b) compiles, the same list every time."""
+    from rtckern import config
+    from rtckern.device import DeviceInfo
+    from rtckern.fleet import load_manifest, load_preset, plan
+    from rtckern.fleet.record import forget
+    from rtckern.prefill import builtin_specs, parse_archs
+    from rtckern.registry import select
+
+    forget()
+    req = build_request("attention_with_kvcache", shape=(64, 1, 32, 128), dtype="bf16",
+                        device=DeviceInfo.for_arch("sm_90", sm_count=132))
+    with config.override(record_manifest=tmp_path / "rec.jsonl"):
+        sel = select(req)  # compile-only probe on the described device
+    (entry,) = [e for e in load_manifest(tmp_path / "rec.jsonl") if e.op == "attention_with_kvcache"]
+    assert entry.request == {"dtypes": {"qkv": "bf16"}, "shape": {"head_dim": 128}, "flags": {"causal": False}}
+    (planned,) = plan([entry], parse_archs("9.0a"))
+    assert planned.chain[0].candidate == sel.candidate.name == "attention_with_kvcache.sm80_mma"
+    assert planned.chain[0].specs == sel.specs
+    for name, heads in (("llama-3.1-8b", 32), ("llama-3.1-70b", 64)):
+        lines = [e for e in load_preset(name) if e.op == "attention_with_kvcache"]
+        assert [(e.dtype, e.shape, dict(e.options).get("causal")) for e in lines] == [
+            ("bf16", (64, 1, heads, 128), None), ("bf16", (64, 4, heads, 128), "1")]
+        planned = plan(lines, parse_archs("8.0;9.0a"))
+        assert [(p.device.arch.sm, p.request.flag("causal")) for p in planned] == [
+            ("sm_80", False), ("sm_90", False), ("sm_80", True), ("sm_90", True)]
+        assert all(p.chain[0].candidate == "attention_with_kvcache.sm80_mma" for p in planned)
+    specs = builtin_specs(parse_archs("8.0;9.0a"), ["ops"])
+    decode = {(s.arch.sm, s.template_args[-1]) for s in specs if s.name == "rtk_attn::attn_decode_sm80"}
+    assert decode == {(a, c) for a in ("sm_80", "sm_90") for c in ("false", "true")}
+    assert specs == builtin_specs(parse_archs("8.0;9.0a"), ["ops"])
