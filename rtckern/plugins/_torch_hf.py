@@ -99,5 +99,6 @@ def register_transformers() -> bool:
     except (ImportError, AttributeError):
         return False
     AttentionInterface.register(NAME, rtckern_attention_forward)
+    V.use_masking_utils(mu)
     masks.register(NAME, V.rtckern_mask)
     return True

@@ -104,11 +104,20 @@ def packed_sequence_ids(mask_function, causal_fn) -> Optional[torch.Tensor]:
     return found[0] if len(found) == 1 and found[0].dim() == 2 else None
 
 
+# transformers.masking_utils, set when the builder is registered (_torch_hf.register_transformers): the builder runs
+# inside torch.compile's traces, where an import statement of transformers' lazy module is a graph break.
+_masking_utils: list = []
+
+
+def use_masking_utils(module) -> None:
+    _masking_utils[:] = [module]
+
+
 def rtckern_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
                  mask_function=None, attention_mask: Optional[torch.Tensor] = None, **kwargs):
     """transformers' mask builder for attn_implementation="rtckern" (see the module docstring, and _torch_hf_kvcache
     for the cache lengths)."""
-    from transformers import masking_utils as mu
+    mu = _masking_utils[0]
 
     causal_fn = mu.causal_mask_function
     if mask_function is None:

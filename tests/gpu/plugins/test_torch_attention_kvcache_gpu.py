@@ -201,7 +201,7 @@ def test_disabled_jit_falls_back_to_the_reference_once():
     q, kn, vn = _inputs(2, 2, 8, 2, 2)
     jit = cache.clone()
     want = rt.attention_with_kvcache(q, jit.k, jit.v, jit.seqlens, jit.block_table, kn, vn)
-    with config.override(disable_jit=frozenset({"attention_with_kvcache"})):
+    with config.override(disabled_ops=frozenset({"attention_with_kvcache"})):
         with pytest.warns(RuntimeWarning, match="attention_with_kvcache"):
             got = rt.attention_with_kvcache(q, cache.k, cache.v, cache.seqlens, cache.block_table, kn, vn)
     assert (got.double() - want.double()).abs().max().item() < 2e-2
