@@ -139,8 +139,10 @@ def describe(env: dict, command: str | None = None) -> list[str]:
         driver = f"driver {env.get('driver') or 'not recorded'}" + (f" (CUDA {env['driver_cuda']})" if env.get("driver_cuda") else "")
         lines.append(f"- GPU: {count}{gpu.get('name')}" + (f" ({facts})" if facts else "") + f", {driver}")
     else:
-        lines.append(f"- GPU: none used (CPU only: {env.get('cpu')}, {env.get('cores')} cores, load average "
-                     f"{env.get('loadavg')})")
+        host = [str(env["cpu"]) if env.get("cpu") else "", f"{env['cores']} cores" if env.get("cores") else "",
+                f"load average {env['loadavg']}" if env.get("loadavg") else ""]  # (unknown in older sets)
+        host = ", ".join(f for f in host if f)
+        lines.append("- GPU: none used (CPU only" + (f": {host})" if host else ")"))
     pk = env.get("packages") or {}
     torch = env.get("torch") or pk.get("torch")
     versions = []
