@@ -153,7 +153,8 @@ def describe(env: dict, command: str | None = None) -> list[str]:
     versions.append(f"NVRTC {env.get('nvrtc') or 'unknown'}")
     versions += [f"{p} {pk[p]}" for p in ("cuda-core", "cuda-bindings", "cupy-cuda13x", "triton", "transformers",
                                           "numpy") if pk.get(p)]
-    versions.append(f"Python {env.get('python')}")
+    if env.get("python"):
+        versions.append(f"Python {env['python']}")
     lines.append("- versions: " + ", ".join(versions))
     if command:
         lines.append(f"- command: `{command}`")
