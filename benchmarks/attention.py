@@ -581,7 +581,8 @@ def tflops_panels(plt, bench: list[dict], title: str, ncol: int = 4):
             if xs:
                 ax.plot(xs, ys, marker="o", label=lab, color=colors[lab],
                         linestyle="--" if lab.startswith("sdpa") else "-")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # (a panel may have no points)
+            ax.legend(fontsize=7)
         ax.set_xscale("log", base=2)
         ax.set_title(f"head dim {hd}, {'causal' if causal else 'non-causal'}")
         ax.set_xlabel("seqlen (batch x seqlen = 16k)")

@@ -202,9 +202,10 @@ def bench_result(rows: list[dict], reps: int) -> Result:
                     ratio(r["tflops"], "sdpa_flash"), ratio(r["tflops"], "sdpa_cudnn")] for r in rows])
     note = ("bf16, 16k tokens per batch; TFLOP/s = 2.5 x forward FLOPs (halved for causal); median of CUDA-event "
             f"timings over {reps} back-to-back calls.")
+    def plot(plt, meta):
+        return tflops_panels(plt, rows, f"attention backward bf16 on {gpu_name(meta)} ({meta.get('date')})")
     return Result("Attention backward: TFLOP/s against SDPA's flash and cuDNN backward", rows=rows,
-                  body=[note, table], plot=(lambda plt, meta: tflops_panels(
-                      plt, rows, f"attention backward bf16 on {gpu_name(meta)} ({meta.get('date')})")) if rows else None)
+                  body=[note, table], plot=plot if rows else None)
 
 
 def render(payload: dict) -> Result:

@@ -241,7 +241,8 @@ def run(args):
 
 def to_result(rows: list[dict], copy_gbs: float, host: dict) -> Result:
     return Result("Attention over a KV cache: decode bandwidth, chunked prefill, host cost", rows=rows,
-                  body=body(rows, copy_gbs, host), data={"copy_gbs": copy_gbs, "host_us": host}, plot=plot_fn(rows, copy_gbs))
+                  body=body(rows, copy_gbs, host), data={"copy_gbs": copy_gbs, "host_us": host},
+                  plot=plot_fn(rows, copy_gbs))
 
 
 def render(payload: dict) -> Result:

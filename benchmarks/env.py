@@ -129,14 +129,16 @@ def describe(env: dict, command: str | None = None) -> list[str]:
     commit = env.get("commit") or "unknown"
     if env.get("dirty"):
         commit += " (with uncommitted changes)"
-    lines = [f"- date: {env.get('date') or 'not recorded'}, commit {commit}" + (f", host {env['host']}" if env.get("host") else "")]
+    lines = [f"- date: {env.get('date') or 'not recorded'}, commit {commit}"
+             + (f", host {env['host']}" if env.get("host") else "")]
     gpu = env.get("gpu") if env.get("gpu_used", True) else None
     if gpu:
         facts = [f"{gpu['sm_count']} SMs" if gpu.get("sm_count") else "", f"cc {gpu['cc']}" if gpu.get("cc") else "",
                  f"{gpu['memory_gib']} GiB" if gpu.get("memory_gib") else gpu.get("memory") or ""]
         facts = ", ".join(f for f in facts if f)
         count = f"{gpu['count']} x " if (gpu.get("count") or 1) > 1 else ""
-        driver = f"driver {env.get('driver') or 'not recorded'}" + (f" (CUDA {env['driver_cuda']})" if env.get("driver_cuda") else "")
+        driver = (f"driver {env.get('driver') or 'not recorded'}"
+                  + (f" (CUDA {env['driver_cuda']})" if env.get("driver_cuda") else ""))
         lines.append(f"- GPU: {count}{gpu.get('name')}" + (f" ({facts})" if facts else "") + f", {driver}")
     else:
         host = [str(env["cpu"]) if env.get("cpu") else "", f"{env['cores']} cores" if env.get("cores") else "",
