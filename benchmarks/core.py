@@ -168,6 +168,8 @@ def plot(plt, meta: dict, rows: list[dict]):
     y = range(len(rows))
     for off, key, label in ((-0.2, "args0_us", "0 args"), (0.2, "args8_us", "8 args")):
         ys = [i + off for i, r in zip(y, rows) if r[key] is not None]
+        if not ys:  # a series this run has no value of (e.g. torch's under the plugin stub)
+            continue
         bars = ax.barh(ys, [r[key] for r in rows if r[key] is not None], height=0.4, label=label)
         ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
     ax.set_yticks(list(y))

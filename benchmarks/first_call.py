@@ -298,6 +298,8 @@ def plot(plt, meta: dict, results: dict, gpu: bool):
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(ops) + 1.8))
     for i, (key, label) in enumerate(series):
         ys = [j + (i - 0.5) * 0.4 for j, op in enumerate(ops) if results[op][key].get("first_ms") is not None]
+        if not ys:  # a series this run has no value of (e.g. torch's under the plugin stub)
+            continue
         bars = ax.barh(ys, [results[op][key]["first_ms"] for op in ops if results[op][key].get("first_ms") is not None],
                        height=0.4, label=label)
         ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=2)

@@ -446,6 +446,8 @@ def plot(plt, meta: dict, rows: list[dict], where: str):
     height = 0.8 / len(SERIES)
     for i, (key, label) in enumerate(SERIES):
         ys = [j + (i - 1) * height for j, r in enumerate(rows) if r[key] is not None]
+        if not ys:  # a series this run has no value of (e.g. torch's under the plugin stub)
+            continue
         bars = ax.barh(ys, [r[key] for r in rows if r[key] is not None], height=height, label=label)
         ax.bar_label(bars, fmt="%.1f", fontsize=6, padding=2)
     ax.set_yticks(range(len(rows)))
