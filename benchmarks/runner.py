@@ -12,7 +12,7 @@ data, body and plot built from them and nothing else); optional `CHECK` / `QUICK
 once: it refuses a GPU run where no GPU is visible (one line, exit 2), runs the suite, and writes the result set
 
     DIR/<family>_<gpu>.json, .md, .png     (<gpu>: h100, h200; a multi-GPU suite: 2xh200)
-    DIR/<family>.json, .md                 (a run that needs no GPU)
+    DIR/<family>.json, .md, .png           (a run that needs no GPU)
 
 with the environment (benchmarks/env.py: date, commit, GPU, driver, versions) at the top of the markdown and
 under "meta" in the JSON beside the rows. DIR: --out, else $OUT, else benchmarks/results. The PNG is drawn where
@@ -286,7 +286,11 @@ def render_set(family: str, suite, path: Path, out: Path | None) -> int:
     if payload.get("family", family) != family:
         say(family, f"{path} is a result set of {payload['family']!r}, not of {family!r}")
         return 2
-    result = suite.render(payload)
+    try:
+        result = suite.render(payload)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:  # a JSON of another shape
+        say(family, f"{path} is not a result set this suite can read ({type(e).__name__}: {e})")
+        return 2
     result.meta = result.meta or payload.get("meta")
     if not result.meta:
         say(family, f"{path} records no environment: nothing to render it under")

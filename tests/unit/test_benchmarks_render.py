@@ -292,3 +292,8 @@ def test_bad_input_is_refused_in_one_line(tmp_path, capsys):
     assert err.strip() == f"benchmarks fleet: {src} is a result set of 'prefill', not of 'fleet'"
     assert runner.main(["fleet", "--render", str(tmp_path / "none.json")]) == 2
     assert capsys.readouterr().err.startswith("benchmarks fleet: cannot read")
+    src.write_text(json.dumps({"family": "fleet", "rows": [{"preset": "p"}]}))
+    assert runner.main(["fleet", "--render", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"benchmarks fleet: {src} is not a result set this suite can read (KeyError")
+    assert len(err.splitlines()) == 1
