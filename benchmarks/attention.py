@@ -3,7 +3,7 @@
     python -m benchmarks attention [--check] [--tests JUNIT_XML]    # the result set attention_<gpu>.{json,md,png}
     python -m benchmarks attention --compile-times                  # cold NVRTC compiles (no GPU;
                                                                     # DIR/attention_compile.json)
-    python -m benchmarks attention --replot attention_h100.json     # re-render a result JSON (no GPU)
+    python -m benchmarks attention --render benchmarks/results/attention_h100.json   # re-write the set (no GPU)
 
 Engines:
   rtckern  the public op, rtckern.ops.attention (registry selection, cached kernels)
@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.runner import Result, Table
+from benchmarks.env import legacy_meta
+from benchmarks.runner import Result, Table, gpu_name, stored_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -356,21 +357,18 @@ def add_args(ap) -> None:
     ap.add_argument("--tiles", default="", help="extra raw tiles to time: hd=tile,tile;hd=...")
     ap.add_argument("--impls", default="", help="rtckern engine: extra forced candidates to time, comma list")
     ap.add_argument("--compile-times", action="store_true", help="cold NVRTC compile of every default kernel (no GPU)")
-    ap.add_argument("--replot", default="", help="re-render the markdown and PNG of a results JSON (no GPU)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tests", default="", help="a pytest --junitxml file of the GPU attention tests to record")
 
 
 def needs_gpu(args) -> bool:
-    return not (args.compile_times or args.replot)
+    return not args.compile_times
 
 
 def run(args) -> Result | None:
     if args.compile_times:
         compile_times(args.out)
         return None
-    if args.replot:
-        return replot(Path(args.replot))
     import torch
 
     raw = RawEngine() if (args.engine == "raw" or args.tiles or args.check_kernels) else None
@@ -446,23 +444,18 @@ def to_result(result: dict, meta: dict | None = None) -> Result:
     data = dict(result)
     return Result(f"Attention forward, TFLOP/s ({data['engine']} engine)", rows=rows, body=body(data, rows),
                   data=data, meta=meta, rc=0 if all(c["ok"] for c in data["checks"]) else 1,
-                  plot=(lambda plt, path, m: plot(plt, path, m, rows)) if rows else None)
+                  plot=(lambda plt, m: plot(plt, m, rows)) if rows else None)
 
 
-def replot(path: Path) -> Result:
+def render(payload: dict) -> Result:
     """A result JSON of this suite, re-rendered with the environment it recorded (an older file's "env" too)."""
-    doc = json.loads(path.read_text())
-    if "meta" in doc:
-        meta = doc["meta"]
-        result = {k: v for k, v in doc.items() if k not in ("family", "title", "meta", "rows")}
-        result["bench"] = doc["rows"]
-    else:  # written before the runner: {"env": {...}, "engine", "checks", "bench", ...}
-        env = doc["env"]
-        meta = {"date": env.get("date"), "python": env.get("python"), "torch": env.get("torch"),
-                "torch_cuda": env.get("torch_cuda"), "cudnn": env.get("cudnn"), "driver": env.get("driver"),
-                "nvrtc": env.get("nvrtc"), "gpu": {"name": env.get("gpu"), "sm_count": env.get("sm_count")},
-                "gpu_used": True, "command": f"python -m benchmarks attention --replot {path.name}"}
-        result = {k: v for k, v in doc.items() if k != "env"}
+    if "meta" in payload:
+        result = stored_data(payload)
+        result["bench"] = payload["rows"]
+        meta = payload["meta"]
+    else:  # written before the runner: {"env": {...}, "engine", "checks", "bench", "gpu_tests"}
+        result = {k: v for k, v in payload.items() if k != "env"}
+        meta = legacy_meta(payload["env"], gpu_used=True)
     result.setdefault("checks", [])
     return to_result(result, meta)
 
@@ -563,10 +556,15 @@ def body(result: dict, bench: list[dict]) -> list:
     return out
 
 
-def plot(plt, path: Path, meta: dict, bench: list[dict]) -> None:
+def plot(plt, meta: dict, bench: list[dict]):
+    return tflops_panels(plt, bench, f"attention forward bf16 on {gpu_name(meta)} ({meta.get('date')})")
+
+
+def tflops_panels(plt, bench: list[dict], title: str, ncol: int = 4):
+    """TFLOP/s against seqlen, one panel per (head dim, causal), one color per series in every panel (dashed: SDPA);
+    the rows: hd, seqlen, causal and a tflops dict per series (the backward suite's rows too)."""
     hds = sorted({r["hd"] for r in bench})
     panels = [(hd, c) for hd in hds for c in (False, True)]
-    ncol = 4
     nrow = (len(panels) + ncol - 1) // ncol
     fig, axes = plt.subplots(nrow, ncol, figsize=(18, 4.2 * nrow), sharey=True, squeeze=False)
     axes = axes.ravel()
@@ -574,7 +572,7 @@ def plot(plt, path: Path, meta: dict, bench: list[dict]) -> None:
     for r in bench:
         every += [k for k in r["tflops"] if k not in every]
     cmap = plt.cm.tab10 if len(every) <= 10 else plt.cm.tab20
-    colors = {lab: cmap(i % cmap.N) for i, lab in enumerate(every)}  # one color per series in every panel
+    colors = {lab: cmap(i % cmap.N) for i, lab in enumerate(every)}
     for ax, (hd, causal) in zip(axes, panels):
         rows = [r for r in bench if r["hd"] == hd and r["causal"] == causal]
         for lab in every:
@@ -583,7 +581,8 @@ def plot(plt, path: Path, meta: dict, bench: list[dict]) -> None:
             if xs:
                 ax.plot(xs, ys, marker="o", label=lab, color=colors[lab],
                         linestyle="--" if lab.startswith("sdpa") else "-")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # (a panel may have no points)
+            ax.legend(fontsize=7)
         ax.set_xscale("log", base=2)
         ax.set_title(f"head dim {hd}, {'causal' if causal else 'non-causal'}")
         ax.set_xlabel("seqlen (batch x seqlen = 16k)")
@@ -591,6 +590,6 @@ def plot(plt, path: Path, meta: dict, bench: list[dict]) -> None:
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     axes[0].set_ylabel("TFLOP/s")
-    fig.suptitle(f"attention forward bf16 on {(meta.get('gpu') or {}).get('name')} ({meta.get('date')})")
+    fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig

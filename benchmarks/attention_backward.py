@@ -9,11 +9,15 @@ Points: bf16, head dim 64 (32 heads) and 128 (16 heads), seqlen 1k / 4k / 16k at
 not. Only the backward is timed: rtckern's op from a saved (o, lse); SDPA's through autograd.grad of an output
 computed once under the backend (sdpa_kernel), retaining the graph. CUDA events, median of --reps back-to-back calls
 after a warm-up. TFLOP/s = 2.5 x the forward's 4 * batch * heads * seqlen^2 * head_dim, halved for causal.
-The runner writes attention_backward_<gpu>.json and .md (one current file set per GPU, overwritten by each run).
+The runner writes attention_backward_<gpu>.json, .md and .png (one current file set per GPU, overwritten by each
+run); --compile-times writes attention_backward.{json,md,png} (no GPU).
 """
 from __future__ import annotations
 
-from benchmarks.attention import time_ms
+from benchmarks.attention import tflops_panels, time_ms
+from benchmarks.runner import Result, Table, gpu_name, recorded_args
+
+COMPILE_BUDGET_S = 2.0  # the issue's budget per backward kernel on the CPU machine
 
 QUICK = "head dim 128 only, 1k and 16k, 5 reps"
 
@@ -86,10 +90,8 @@ def needs_gpu(args) -> bool:
 def compile_times():
     """Cold NVRTC compile (no cache) of each kernel every backward candidate uses, on described sm_90 and sm_80
     devices: the issue's budget is 2 s per backward kernel on the CPU machine."""
-    import os
     import time
 
-    from benchmarks.runner import Result, Table
     from rtckern.compiler import compiler_for
     from rtckern.device import DeviceInfo
     from rtckern.registry import candidates
@@ -116,13 +118,37 @@ def compile_times():
                         rows.append(dict(candidate=cand.name, arch=spec.arch.sm, kernel=spec.name_expression,
                                          seconds=round(dt, 3)))
                         print(f"{dt:6.2f} s  {spec.arch.sm:7s} {spec.name_expression}", flush=True)
-    load = os.getloadavg()
-    note = (f"Cold NVRTC compile of each kernel (no cache), one at a time, {os.cpu_count()} CPUs, load average "
-            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end; max {max(r['seconds'] for r in rows):.2f} s over "
-            f"{len(rows)} kernels.")
+    return compile_result(rows)
+
+
+def compile_result(rows: list[dict]) -> Result:
+    note = (f"Cold NVRTC compile of each kernel (no cache), one at a time (CPUs and load average: the lines above); "
+            f"max {max(r['seconds'] for r in rows):.2f} s over {len(rows)} kernels.")
     table = Table(["candidate", "arch", "kernel", "seconds"],
                   [[r["candidate"], r["arch"], r["kernel"], f"{r['seconds']:.2f}"] for r in rows])
-    return Result("Attention backward: cold compile per kernel", rows=rows, body=[note, table])
+    return Result("Attention backward: cold compile per kernel", rows=rows, body=[note, table],
+                  plot=lambda plt, meta: compile_plot(plt, meta, rows))
+
+
+def compile_plot(plt, meta: dict, rows: list[dict]):
+    """Seconds per kernel, one color per candidate, against the budget."""
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    names = list(dict.fromkeys(r["candidate"] for r in rows))
+    for i, name in enumerate(names):
+        xs = [j for j, r in enumerate(rows) if r["candidate"] == name]
+        ax.bar(xs, [rows[j]["seconds"] for j in xs], color=plt.cm.tab10(i % 10), label=name)
+    ax.axhline(COMPILE_BUDGET_S, color="k", ls="--", lw=1, label=f"budget {COMPILE_BUDGET_S:g} s per kernel")
+    ax.set_xlabel("kernel (in compile order: sm_90 then sm_80, head dims 64 / 128 / 256, causal and not)")
+    ax.set_ylabel("cold NVRTC compile, s")
+    ax.set_xticks([])
+    ax.legend(fontsize=8)
+    ax.set_title(f"attention backward: cold compile per kernel, {len(rows)} kernels ({gpu_name(meta)})")
+    fig.tight_layout()
+    return fig
+
+
+def reps_of(args) -> int:
+    return 5 if args.quick else args.reps
 
 
 def run(args):
@@ -130,13 +156,10 @@ def run(args):
         return compile_times()
     import torch
 
-    from benchmarks.runner import Result, Table
-
     points = bench_points()
-    reps = args.reps
+    reps = reps_of(args)
     if args.quick:
         points = [p for p in points if p["hd"] == 128 and p["seqlen"] in (1024, 16384)]
-        reps = 5
     rows = []
     for p in points:
         gen = torch.Generator(device="cuda").manual_seed(1)
@@ -165,6 +188,10 @@ def run(args):
         rows.append(row)
         line = " ".join(f"{n}={t:.0f}" for n, t in sorted(row["tflops"].items(), key=lambda kv: -kv[1]))
         print(f"hd{p['hd']} s{p['seqlen']} b{p['batch']} causal={int(p['causal'])}: {line}", flush=True)
+    return bench_result(rows, reps)
+
+
+def bench_result(rows: list[dict], reps: int) -> Result:
     names = sorted({k for r in rows for k in r["tflops"]})
 
     def ratio(t, other):
@@ -175,5 +202,15 @@ def run(args):
                     ratio(r["tflops"], "sdpa_flash"), ratio(r["tflops"], "sdpa_cudnn")] for r in rows])
     note = ("bf16, 16k tokens per batch; TFLOP/s = 2.5 x forward FLOPs (halved for causal); median of CUDA-event "
             f"timings over {reps} back-to-back calls.")
+    def plot(plt, meta):
+        return tflops_panels(plt, rows, f"attention backward bf16 on {gpu_name(meta)} ({meta.get('date')})")
     return Result("Attention backward: TFLOP/s against SDPA's flash and cuDNN backward", rows=rows,
-                  body=[note, table])
+                  body=[note, table], plot=plot if rows else None)
+
+
+def render(payload: dict) -> Result:
+    """The result set of a stored JSON: the timed points, or the cold compiles of --compile-times."""
+    rows = payload["rows"]
+    if rows and "seconds" in rows[0]:
+        return compile_result(rows)
+    return bench_result(rows, reps_of(recorded_args(payload)))

@@ -25,6 +25,8 @@ import math
 import statistics
 import time
 
+from benchmarks.runner import Result, Table, gpu_name
+
 QUICK = "GQA 8:1, contiguous and paged 16, batch 1/64, context 8k/32k; no prefill"
 HD = 128
 HQ = 32
@@ -218,8 +220,6 @@ def host_cost():
 
 
 def run(args):
-    from benchmarks.runner import Result
-
     copy_gbs = copy_bandwidth()
     print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
     layouts = [("contiguous", None), ("paged16", 16)] + ([] if args.quick else [("paged64", 64)])
@@ -236,13 +236,20 @@ def run(args):
         rows += prefill_rows()
     host = host_cost()
     print(f"host cost per call (us): {host}", flush=True)
+    return to_result(rows, copy_gbs, host)
+
+
+def to_result(rows: list[dict], copy_gbs: float, host: dict) -> Result:
     return Result("Attention over a KV cache: decode bandwidth, chunked prefill, host cost", rows=rows,
-                  body=body(rows, copy_gbs, host), data={"copy_gbs": copy_gbs, "host_us": host}, plot=plot_fn(rows))
+                  body=body(rows, copy_gbs, host), data={"copy_gbs": copy_gbs, "host_us": host},
+                  plot=plot_fn(rows, copy_gbs))
+
+
+def render(payload: dict) -> Result:
+    return to_result(payload["rows"], payload["copy_gbs"], payload["host_us"])
 
 
 def body(rows, copy_gbs, host) -> list:
-    from benchmarks.runner import Table
-
     dec = [r for r in rows if r["kind"] == "decode"]
     names = []
     for r in dec:
@@ -267,25 +274,25 @@ def body(rows, copy_gbs, host) -> list:
     return [note, t1] + ([t2] if pre else [])
 
 
-def plot_fn(rows):
+def plot_fn(rows, copy_gbs: float):
     dec = [r for r in rows if r["kind"] == "decode" and r["hk"] == 4]
     if not dec:
         return None
 
-    def plot(plt, path, meta):
+    def plot(plt, meta):
         fig, ax = plt.subplots(figsize=(8, 4.5))
-        for batch in sorted({r["batch"] for r in dec}):
+        for i, batch in enumerate(sorted({r["batch"] for r in dec})):  # one color per batch: rtckern solid, SDPA dashed
             pts = sorted((r["ctx"], r) for r in dec if r["batch"] == batch)
             xs = [c for c, _ in pts]
             for name, style in (("rtckern_paged16", "-o"), ("sdpa", "--x")):
                 ys = [r["gbs"].get(name, math.nan) for _, r in pts]
-                ax.plot(xs, ys, style, label=f"{name} batch {batch}")
+                ax.plot(xs, ys, style, color=plt.cm.tab10(i), label=f"{name} batch {batch}")
+        ax.axhline(copy_gbs, color="k", lw=1, label="device copy")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context (tokens)")
         ax.set_ylabel("K+V GB/s")
-        ax.set_title(f"decode, GQA 32:4, head dim 128 ({(meta.get('gpu') or {}).get('name', '')})")
+        ax.set_title(f"decode, GQA 32:4, head dim 128, bf16 on {gpu_name(meta)}")
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        return fig
     return plot

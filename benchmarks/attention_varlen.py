@@ -17,13 +17,14 @@ rtckern.ops.attention_varlen_backward (the registry's choice; forced candidates 
 the dense attention_backward on equal lengths; torch_flash_varlen aten._flash_attention_backward with cumulative
 lengths; sdpa_flash_per_seq the SDPA flash backward of every sequence (autograd over the per-sequence calls).
 Backward TFLOP/s count 2.5x the forward's work.
-The runner writes attention_varlen_<gpu>.json and .md (one current file set per GPU, overwritten by each run).
+The runner writes attention_varlen_<gpu>.json, .md and .png (one current file set per GPU, overwritten by each run).
 """
 from __future__ import annotations
 
 import math
 
 from benchmarks.attention import time_ms
+from benchmarks.runner import Result, Table, gpu_name, recorded_args
 
 QUICK = "the 128..2k lengths and head dim 128 only, 5 reps"
 BWD_FACTOR = 2.5  # backward FLOPs per forward FLOP (the issue's count)
@@ -165,15 +166,16 @@ def add_args(ap) -> None:
                     help="extra forced rtckern varlen candidates to time, comma list (e.g. sm80_mma,sm90a_wgmma)")
 
 
+def reps_of(args) -> int:
+    return 5 if args.quick else args.reps
+
+
 def run(args):
     import torch
 
-    from benchmarks.runner import Result
-
-    points, reps = bench_points(), args.reps
+    points, reps = bench_points(), reps_of(args)
     if args.quick:
         points = [p for p in points if p["dist"] == "128-2k" and p["hd"] == 128]
-        reps = 5
     impls = tuple(filter(None, args.impls.split(",")))
     rows = []
     for p in points:
@@ -196,12 +198,19 @@ def run(args):
         line = " ".join(f"{n}={t:.0f}" for n, t in sorted(row["tflops"].items(), key=lambda kv: -kv[1]))
         print(f"{p['pass']} {p['dist']} hd{p['hd']} causal={int(p['causal'])} ({len(lens)} sequences, longest "
               f"{max(lens)}): {line}", flush=True)
-    return Result("Attention over packed variable-length sequences: TFLOP/s", rows=rows, body=body(rows, reps))
+    return to_result(rows, reps)
+
+
+def to_result(rows: list[dict], reps: int) -> Result:
+    return Result("Attention over packed variable-length sequences: TFLOP/s", rows=rows, body=body(rows, reps),
+                  plot=(lambda plt, meta: plot(plt, meta, rows)) if rows else None)
+
+
+def render(payload: dict) -> Result:
+    return to_result(payload["rows"], reps_of(recorded_args(payload)))
 
 
 def body(rows, reps) -> list:
-    from benchmarks.runner import Table
-
     names = []
     for r in rows:
         names += [n for n in r["tflops"] if n not in names]
@@ -223,3 +232,29 @@ def body(rows, reps) -> list:
             "TFLOP/s on the real per-sequence work (4 h len^2 d per sequence, halved for causal; 2.5x that for the "
             f"backward rows), dense_equal on its own; median of CUDA-event timings over {reps} back-to-back calls.")
     return [note, table]
+
+
+def plot(plt, meta: dict, rows: list[dict]):
+    """TFLOP/s per series, one panel per pass and length mix, bars grouped by (head dim, causal)."""
+    panels = list(dict.fromkeys((r.get("pass", "fwd"), r["dist"]) for r in rows))
+    names = []
+    for r in rows:
+        names += [n for n in r["tflops"] if n not in names]
+    colors = {n: plt.cm.tab10(i % 10) for i, n in enumerate(names)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.8), sharey=True, squeeze=False)
+    for ax, (pas, dist) in zip(axes[0], panels):
+        pts = [r for r in rows if (r.get("pass", "fwd"), r["dist"]) == (pas, dist)]
+        width = 0.8 / len(names)
+        for i, n in enumerate(names):
+            xs = [j + (i - (len(names) - 1) / 2) * width for j, r in enumerate(pts) if n in r["tflops"]]
+            ax.bar(xs, [r["tflops"][n] for r in pts if n in r["tflops"]], width=width, color=colors[n], label=n)
+        ax.set_xticks(range(len(pts)))
+        ax.set_xticklabels([f"hd {r['hd']}\n{'causal' if r['causal'] else 'non-causal'}" for r in pts], fontsize=8)
+        ax.set_title(f"{'forward' if pas == 'fwd' else 'backward'}, lengths {dist} ({pts[0]['sequences']} sequences)")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("TFLOP/s (real per-sequence work)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(names), fontsize=8, bbox_to_anchor=(0.5, 0.95))
+    fig.suptitle(f"attention over packed variable-length sequences, bf16, {TOKENS} tokens, on {gpu_name(meta)}")
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    return fig

@@ -20,7 +20,8 @@ import tracemalloc
 import warnings
 from pathlib import Path
 
-from benchmarks.runner import Result, Table
+from benchmarks.env import legacy_meta
+from benchmarks.runner import Result, Table, gpu_name, stored_data
 from rtckern.cache import CacheWarning, pack
 from rtckern.cache.remote import RedisCache
 from rtckern.compiler.base import CompiledKernel
@@ -268,8 +269,45 @@ def run(args) -> Result:
         damaged = damaged_cache(tmp)
     servers = remote.pop("servers")
     rows = [{"server": m, **r} for m, r in servers.items()]
-    return Result("Cache trust", rows=rows, body=_body(remote, rows, race_p, race_t, damaged),
-                  data={"remote": remote, "race_processes": race_p, "race_threads": race_t, "damaged": damaged})
+    return to_result(rows, {"remote": remote, "race_processes": race_p, "race_threads": race_t, "damaged": damaged})
+
+
+def to_result(rows: list[dict], data: dict) -> Result:
+    body = _body(data["remote"], rows, data["race_processes"], data["race_threads"], data["damaged"])
+    return Result("Cache trust", rows=rows, body=body, data=data,
+                  plot=lambda plt, meta: plot(plt, meta, rows, data["remote"]))
+
+
+def render(payload: dict) -> Result:
+    """The result set of a stored JSON (one written before the runner too: {"env", "remote" with its servers,
+    ...})."""
+    if "meta" in payload:
+        return to_result(payload["rows"], stored_data(payload))
+    data = {k: v for k, v in payload.items() if k != "env"}
+    data["remote"] = {k: v for k, v in data["remote"].items() if k != "servers"}
+    result = to_result([{"server": m, **r} for m, r in payload["remote"]["servers"].items()], data)
+    result.meta = legacy_meta(payload["env"], gpu_used=False)
+    return result
+
+
+def plot(plt, meta: dict, servers: list[dict], remote: dict):
+    """The remote tier's longest get and put against each hostile server, next to the deadline and its bar."""
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    x = range(len(servers))
+    for off, op in ((-0.2, "get"), (0.2, "put")):
+        bars = ax.bar([i + off for i in x], [r[f"{op}_max_s"] for r in servers], width=0.4, label=f"worst {op}")
+        ax.bar_label(bars, fmt="%.3g", fontsize=7)
+    ax.axhline(remote["limit_s"], color="r", ls="--", lw=1, label=f"bar {remote['limit_s']} s (deadline + 10 %)")
+    ax.axhline(remote["deadline_s"], color="k", ls=":", lw=1, label=f"deadline {remote['deadline_s']} s")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([r["server"] for r in servers])
+    ax.set_ylabel("seconds (longest of the calls)")
+    ax.set_ylim(0, remote["limit_s"] * 1.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"remote tier against hostile servers ({gpu_name(meta)}); redis-py with the same per-read timeout: "
+                 f"blocked {remote['redis_py_trickle_blocked_s']} s", fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 def _body(rd: dict, servers: list[dict], race_p: list[dict], race_t: list[dict], dc: dict) -> list:

@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 
-from benchmarks.runner import Result, Table
+from benchmarks.env import legacy_meta
+from benchmarks.runner import Result, Table, gpu_name, stored_data
 
 
 def copy_bandwidth(torch, nbytes=4 << 30, reps=20) -> float:
@@ -148,4 +149,34 @@ def to_result(results: dict) -> Result:
                 ["warm disk hit + load, new manager, ms", results["warm_disk_load_ms"]],
                 ["memory hit (manager.get), µs", results["memory_hit_us"]]], title="Compile and cache"),
             Table(["target", "value"], list(results["targets"].items()), title="Targets")]
-    return Result("Core service benchmark", rows=rows, body=body, data=results)
+    return Result("Core service benchmark", rows=rows, body=body, data=results,
+                  plot=lambda plt, meta: plot(plt, meta, rows))
+
+
+def render(payload: dict) -> Result:
+    """The result set of a stored JSON (one written before the runner too: {"env", "device", "launch_us", ...})."""
+    if "meta" in payload:
+        return to_result(stored_data(payload))
+    result = to_result({k: v for k, v in payload.items() if k != "env"})
+    result.meta = legacy_meta(payload["env"], gpu_used=True)
+    return result
+
+
+def plot(plt, meta: dict, rows: list[dict]):
+    """Host cost per launch of an empty kernel, per launcher, with 0 and 8 arguments."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    y = range(len(rows))
+    for off, key, label in ((-0.2, "args0_us", "0 args"), (0.2, "args8_us", "8 args")):
+        ys = [i + off for i, r in zip(y, rows) if r[key] is not None]
+        if not ys:  # a series this run has no value of (e.g. torch's under the plugin stub)
+            continue
+        bars = ax.barh(ys, [r[key] for r in rows if r[key] is not None], height=0.4, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+    ax.set_yticks(list(y))
+    ax.set_yticklabels([r["launcher"].replace("`", "") for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("host us per launch (empty kernel, 20k back-to-back launches, median of 5)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"host cost per launch on {gpu_name(meta)}")
+    fig.tight_layout()
+    return fig

@@ -129,18 +129,22 @@ def describe(env: dict, command: str | None = None) -> list[str]:
     commit = env.get("commit") or "unknown"
     if env.get("dirty"):
         commit += " (with uncommitted changes)"
-    lines = [f"- date: {env.get('date')}, commit {commit}" + (f", host {env['host']}" if env.get("host") else "")]
+    lines = [f"- date: {env.get('date') or 'not recorded'}, commit {commit}"
+             + (f", host {env['host']}" if env.get("host") else "")]
     gpu = env.get("gpu") if env.get("gpu_used", True) else None
     if gpu:
         facts = [f"{gpu['sm_count']} SMs" if gpu.get("sm_count") else "", f"cc {gpu['cc']}" if gpu.get("cc") else "",
                  f"{gpu['memory_gib']} GiB" if gpu.get("memory_gib") else gpu.get("memory") or ""]
         facts = ", ".join(f for f in facts if f)
         count = f"{gpu['count']} x " if (gpu.get("count") or 1) > 1 else ""
-        driver = f"driver {env.get('driver')}" + (f" (CUDA {env['driver_cuda']})" if env.get("driver_cuda") else "")
+        driver = (f"driver {env.get('driver') or 'not recorded'}"
+                  + (f" (CUDA {env['driver_cuda']})" if env.get("driver_cuda") else ""))
         lines.append(f"- GPU: {count}{gpu.get('name')}" + (f" ({facts})" if facts else "") + f", {driver}")
     else:
-        lines.append(f"- GPU: none used (CPU only: {env.get('cpu')}, {env.get('cores')} cores, load average "
-                     f"{env.get('loadavg')})")
+        host = [str(env["cpu"]) if env.get("cpu") else "", f"{env['cores']} cores" if env.get("cores") else "",
+                f"load average {env['loadavg']}" if env.get("loadavg") else ""]  # (unknown in older sets)
+        host = ", ".join(f for f in host if f)
+        lines.append("- GPU: none used (CPU only" + (f": {host})" if host else ")"))
     pk = env.get("packages") or {}
     torch = env.get("torch") or pk.get("torch")
     versions = []
@@ -151,8 +155,59 @@ def describe(env: dict, command: str | None = None) -> list[str]:
     versions.append(f"NVRTC {env.get('nvrtc') or 'unknown'}")
     versions += [f"{p} {pk[p]}" for p in ("cuda-core", "cuda-bindings", "cupy-cuda13x", "triton", "transformers",
                                           "numpy") if pk.get(p)]
-    versions.append(f"Python {env.get('python')}")
+    if env.get("python"):
+        versions.append(f"Python {env['python']}")
     lines.append("- versions: " + ", ".join(versions))
     if command:
         lines.append(f"- command: `{command}`")
     return lines
+
+
+# ---- result sets written before the runner ------------------------------------------------------------------------
+# Their environment sat under "env", "environment" or "meta" (or at the top), under names that varied by suite.
+LEGACY_NAMES = {"git": "commit", "rtckern_commit": "commit", "cuda_torch": "torch_cuda", "capability": "cc"}
+
+
+def parse_smi(value) -> list[dict]:
+    """nvidia-smi's GPUs as recorded before the runner: None, a list of dicts, or its CSV lines ("name, driver,
+    [memory,] clock")."""
+    if not value:
+        return []
+    if isinstance(value, list):
+        return value
+    gpus = []
+    for line in str(value).splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        gpu = {"name": parts[0], "driver": parts[1] if len(parts) > 1 else None}
+        gpu.update({"memory": parts[2], "max_sm_clock": parts[3]} if len(parts) > 3 else
+                   {"max_sm_clock": parts[2]} if len(parts) > 2 else {})
+        gpus.append(gpu)
+    return gpus
+
+
+def legacy_meta(env: dict, *, gpu_used: bool, command: str | None = None) -> dict:
+    """The runner's meta of an environment recorded before the runner. Every recorded field is kept (the known ones
+    under the runner's names, the others as they were); a field that was never recorded stays out (or None)."""
+    env = {LEGACY_NAMES.get(k, k): v for k, v in env.items()}
+    smi = parse_smi(env.pop("nvidia_smi", None))
+    gpu = env.pop("gpu", None)
+    gpu = dict({"name": gpu} if isinstance(gpu, str) else gpu or {})
+    for key in ("sm_count", "cc"):
+        if key in env:
+            gpu.setdefault(key, env.pop(key))
+    torch_cuda = gpu.pop("torch_cuda", None) or env.pop("torch_cuda", None)
+    if smi:
+        gpu.setdefault("name", smi[0]["name"])
+        gpu.setdefault("count", len(smi))
+    packages = dict(env.pop("packages", None) or {})
+    torch = env.pop("torch", None) or packages.get("torch")  # the full version (+cu130) where one was recorded
+    for name in PACKAGES:
+        if name in env and not isinstance(env[name], dict):
+            packages.setdefault(name, env.pop(name))
+    if isinstance(env.get("nvrtc"), str):
+        env["nvrtc"] = env["nvrtc"].removeprefix("nvrtc-")
+    meta = {"date": env.pop("date", None), "commit": env.pop("commit", None), "packages": packages,
+            "nvidia_smi": smi, "driver": env.pop("driver", None) or (smi[0].get("driver") if smi else None),
+            "gpu": (gpu or None) if gpu_used else None, "torch": torch, "torch_cuda": torch_cuda, "command": command,
+            "gpu_used": gpu_used}
+    return {**meta, **env}

@@ -231,9 +231,6 @@ def needs_gpu(a) -> bool:
 
 
 def run(a):
-    # the runner's types are imported here, not at the top: a child process imports no more than it did as a script
-    from benchmarks.runner import Result
-
     gpu = not a.cpu
     ops = a.ops.split(",") if a.ops else (["rms_norm", "softmax"] if a.quick else list(CALL_OPS))
     repeats = a.repeats or (1 if a.quick else 3)
@@ -261,10 +258,60 @@ def run(a):
         for m in modes:
             rows = [run_child([m[0], op, *m[1:]], env) for _ in range(repeats)]
             results.setdefault(op, {})["-".join(m)] = rows[0] if "error" in rows[0] else median_of(rows)
-    note, table = report(results, gpu, repeats)
+    return to_result(results, "gpu" if gpu else "cpu", repeats)
+
+
+def to_result(results: dict, mode: str, repeats: int):
+    # the runner's types are imported here, not at the top: a child process imports no more than it did as a script
+    from benchmarks.runner import Result
+
+    note, table = report(results, mode == "gpu", repeats)
     return Result("First call in a fresh process, warm cache", body=[note, table],
-                  rows=[{"op": op, **r} for op, r in results.items()],
-                  data={"mode": "gpu" if gpu else "cpu", "repeats": repeats})
+                  rows=[{"op": op, **r} for op, r in results.items()], data={"mode": mode, "repeats": repeats},
+                  plot=lambda plt, meta: plot(plt, meta, results, mode == "gpu"))
+
+
+def render(payload: dict):
+    """The result set of a stored JSON (one written before the runner too: {"mode", "repeats", "results"}, no
+    environment but the GPU the children named)."""
+    if "meta" in payload:
+        results = {r["op"]: {k: v for k, v in r.items() if k != "op"} for r in payload["rows"]}
+        return to_result(results, payload["mode"], payload["repeats"])
+    from benchmarks.env import legacy_meta
+
+    result = to_result(payload["results"], payload["mode"], payload["repeats"])
+    gpu = payload["mode"] == "gpu"
+    device = next((r["gpu-rtckern"]["device"] for r in payload["results"].values()
+                   if "device" in r.get("gpu-rtckern", {})), None) if gpu else None
+    result.meta = legacy_meta({"gpu": device} if device else {}, gpu_used=gpu)
+    return result
+
+
+def plot(plt, meta: dict, results: dict, gpu: bool):
+    """Per op, the first call's ms: rtckern's against torch's (GPU), or the selection's and the stubbed call's
+    (CPU)."""
+    from benchmarks.runner import gpu_name
+
+    series = ((("gpu-rtckern", "rtckern first call"), ("gpu-torch", "torch first call")) if gpu else
+              (("select", "select: first"), ("call", "call: first (stubbed launch)")))
+    ops = list(results)
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(ops) + 1.8))
+    for i, (key, label) in enumerate(series):
+        ys = [j + (i - 0.5) * 0.4 for j, op in enumerate(ops) if results[op][key].get("first_ms") is not None]
+        if not ys:  # a series this run has no value of (e.g. torch's under the plugin stub)
+            continue
+        bars = ax.barh(ys, [results[op][key]["first_ms"] for op in ops if results[op][key].get("first_ms") is not None],
+                       height=0.4, label=label)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=2)
+    ax.set_yticks(range(len(ops)))
+    ax.set_yticklabels(ops, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms, first call in a fresh process on a warm cache (median of processes)")
+    ax.margins(x=0.2)  # room for the legend right of the bars
+    ax.legend(fontsize=8, loc="center right")
+    ax.set_title(f"first call per op on {gpu_name(meta)}")
+    fig.tight_layout()
+    return fig
 
 
 def report(results: dict, gpu: bool, repeats: int) -> tuple:

@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.runner import Result, Table
+from benchmarks.env import legacy_meta
+from benchmarks.runner import Result, Table, gpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,8 +182,45 @@ def run(args) -> Result:
             redis.kill()
             redis.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+    return to_result(results, setup)
+
+
+def to_result(results: list[dict], setup: dict) -> Result:
     return Result("Fleet: prefill, bundles and warm starts", rows=results, body=_body(results, setup),
-                  data={"setup": setup})
+                  data={"setup": setup}, plot=lambda plt, meta: plot(plt, meta, results))
+
+
+def render(payload: dict) -> Result:
+    """The result set of a stored JSON (one written before the runner too: {"meta" with the setup, "presets"})."""
+    if "rows" in payload:
+        return to_result(payload["rows"], payload["setup"])
+    env = dict(payload["meta"])
+    setup = {k: env.pop(k) for k in ("toolchain", "archs", "jobs")}
+    env["nvrtc"] = setup["toolchain"].split("|")[0]  # "nvrtc-13.5|cuda-headers-..."
+    result = to_result(payload["presets"], setup)
+    result.meta = legacy_meta(env, gpu_used=False)
+    return result
+
+
+def plot(plt, meta: dict, results: list[dict]):
+    """Seconds for a fresh sm_90 process to select every request of a preset, per source of the binaries."""
+    sources = list(dict.fromkeys(src for r in results for src in r["warm_start_sm90"]))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    width = 0.8 / len(sources)
+    for i, src in enumerate(sources):
+        xs = [j + (i - (len(sources) - 1) / 2) * width for j, r in enumerate(results) if src in r["warm_start_sm90"]]
+        bars = ax.bar(xs, [r["warm_start_sm90"][src]["process_s"] for r in results if src in r["warm_start_sm90"]],
+                      width=width, label=src)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(results)))
+    ax.set_xticklabels([f"{r['preset']}\n({r['prefill_j1']['requests']} requests)" for r in results], fontsize=8)
+    ax.set_ylabel("fresh process, s (log)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"warm start of a fresh sm_90 process selecting every request of a preset ({gpu_name(meta)}, no "
+                 "module loading)", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _body(results: list[dict], setup: dict) -> list:

@@ -21,7 +21,8 @@ import time
 
 import torch
 
-from benchmarks.runner import Result, Table
+from benchmarks.env import legacy_meta
+from benchmarks.runner import Result, Table, gpu_name
 from rtckern.device import DeviceInfo
 from rtckern.ops._gemm import candidates as cands
 from rtckern.ops._gemm import geometry
@@ -246,7 +247,7 @@ def table(rows: list[dict]) -> Table:
                   "eager us", "rel err", "candidate", "config"), cells)
 
 
-def plot(plt, path, meta: dict, rows: list[dict]) -> None:
+def plot(plt, meta: dict, rows: list[dict]):
     ok = [r for r in rows if "error" not in r]
     labels = [f"{r['m']}x{r['n']}x{r['k']}\n{r['dtype']} {'tn' if r['trans_b'] else 'nn'}"
               + ("\n" + (r.get('activation') or '') if r["group"] == "fused" else "") for r in ok]
@@ -259,11 +260,10 @@ def plot(plt, path, meta: dict, rows: list[dict]) -> None:
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, rotation=90, fontsize=7)
     ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"GEMM on {(meta.get('gpu') or {}).get('name')}, {meta['date'][:10]} "
-                 "(ratio = torch time / rtckern time)")
+    ax.set_title(f"GEMM on {gpu_name(meta)}, {(meta.get('date') or '')[:10]} (ratio = torch time / rtckern time)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 def bench(args) -> list[dict]:
@@ -328,7 +328,14 @@ def run(args) -> Result | None:
     if not (args.bench or args.check):
         return None
     rows = bench(args) if args.bench else []
-    rc |= 0 if all(r.get("ok") for r in rows) else 1
+    result = to_result(rows, checks)
+    result.rc |= rc
+    return result
+
+
+def to_result(rows: list[dict], checks: list[dict] | None) -> Result:
+    """The result set of timed rows and kernel-level checks (either may be missing)."""
+    rc = 0 if all(r.get("ok") for r in rows) and all(c["ok"] for c in checks or []) else 1
     body = []
     if checks is not None:
         bad = [c for c in checks if not c["ok"]]
@@ -343,4 +350,13 @@ def run(args) -> Result | None:
                  "ops for the fused rows). ratio = torch time / rtckern time (>1: rtckern faster).", table(rows)]
     return Result("rtckern GEMM vs torch.matmul", rows=rows, body=body,
                   data={"kernel_checks": checks} if checks is not None else {},
-                  plot=(lambda plt, path, meta: plot(plt, path, meta, rows)) if rows else None, rc=rc)
+                  plot=(lambda plt, meta: plot(plt, meta, rows)) if rows else None, rc=rc)
+
+
+def render(payload: dict) -> Result:
+    """The result set of a stored JSON (one written before the runner too: {"environment", "results"})."""
+    if "meta" not in payload:
+        result = to_result(payload["results"], None)
+        result.meta = legacy_meta(payload["environment"], gpu_used=True)
+        return result
+    return to_result(payload["rows"], payload.get("kernel_checks"))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import statistics
 
+from benchmarks.runner import Result, Table, gpu_name, recorded_args
+
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 18432), (4096, 24576, 1536), (128, 28672, 8192),
           (16, 28672, 8192))
 QUICK = "4096^3 and M=128 only, 10 reps"
@@ -43,13 +45,16 @@ def _copy_gbs() -> float:
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
+def reps_of(args) -> int:
+    return 10 if args.quick else args.reps
+
+
 def run(args):
     import torch
 
-    from benchmarks.runner import Result, Table
     from rtckern import ops
 
-    reps = 10 if args.quick else args.reps
+    reps = reps_of(args)
     shapes = ((4096, 4096, 4096), (128, 28672, 8192)) if args.quick else SHAPES
     e4m3 = torch.float8_e4m3fn
     rows = []
@@ -83,12 +88,18 @@ def run(args):
         nbytes = m * k * 2 + m * k + m * (k // 128) * 4
         qrows.append({"m": m, "k": k, "gbs": nbytes / (ms * 1e-3) / 1e9, "copy_gbs": copy})
 
+    return to_result(rows, qrows, reps)
+
+
+SERIES = ("rtckern per-tensor", "rtckern block", "torch._scaled_mm")
+
+
+def to_result(rows: list[dict], qrows: list[dict], reps: int) -> Result:
     def ratio(t, a_, b_):
         return f"{t[a_] / t[b_]:.2f}x" if a_ in t and b_ in t else None
     table = Table(["M", "N", "K", "rtckern per-tensor", "rtckern block", "torch._scaled_mm", "per-tensor / torch",
                    "block / torch"],
-                  [[r["m"], r["n"], r["k"], *[f"{r['tflops'][c]:.0f}" if c in r["tflops"] else None
-                                              for c in ("rtckern per-tensor", "rtckern block", "torch._scaled_mm")],
+                  [[r["m"], r["n"], r["k"], *[f"{r['tflops'][c]:.0f}" if c in r["tflops"] else None for c in SERIES],
                     ratio(r["tflops"], "rtckern per-tensor", "torch._scaled_mm"),
                     ratio(r["tflops"], "rtckern block", "torch._scaled_mm")] for r in rows], title="gemm_fp8 TFLOP/s")
     qtable = Table(["M", "K", "GB/s", "copy GB/s", "fraction of copy"],
@@ -96,4 +107,32 @@ def run(args):
                     for q in qrows], title="quantize_fp8 (bf16 in; e4m3 and fp32 scales out, group 128)")
     note = (f"e4m3 inputs, bf16 output; median of {reps} CUDA-event timings of back-to-back calls; torch._scaled_mm "
             "with per-tensor scales (its fastest form).")
-    return Result("fp8 GEMM and quantization", rows=rows, body=[note, table, qtable], data={"quantize": qrows})
+    return Result("fp8 GEMM and quantization", rows=rows, body=[note, table, qtable], data={"quantize": qrows},
+                  plot=lambda plt, meta: plot(plt, meta, rows, qrows))
+
+
+def render(payload: dict) -> Result:
+    return to_result(payload["rows"], payload["quantize"], reps_of(recorded_args(payload)))
+
+
+def plot(plt, meta: dict, rows: list[dict], qrows: list[dict]):
+    """TFLOP/s per shape (rtckern's two scalings against torch._scaled_mm), and quantize_fp8 against a copy."""
+    fig, (ax, qax) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [4, 1]})
+    width = 0.8 / len(SERIES)
+    for i, name in enumerate(SERIES):
+        xs = [j + (i - 1) * width for j, r in enumerate(rows) if name in r["tflops"]]
+        ax.bar(xs, [r["tflops"][name] for r in rows if name in r["tflops"]], width=width, label=name)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r['m']}x{r['n']}x{r['k']}" for r in rows], fontsize=8)
+    ax.set_ylabel("TFLOP/s (2 M N K / time)")
+    ax.set_title("gemm_fp8, e4m3 in, bf16 out")
+    ax.legend(fontsize=8)
+    qax.bar([f"{q['m']}x{q['k']}" for q in qrows], [q["gbs"] / q["copy_gbs"] for q in qrows], color="tab:purple")
+    qax.axhline(1.0, color="k", lw=1)
+    qax.set_ylim(0, 1.1)
+    qax.set_ylabel("GB/s / device copy GB/s")
+    qax.set_title("quantize_fp8 (group 128)")
+    qax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"fp8 GEMM and quantization on {gpu_name(meta)}")
+    fig.tight_layout()
+    return fig

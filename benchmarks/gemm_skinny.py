@@ -3,6 +3,7 @@
     python -m benchmarks gemm_skinny [--host] [--tag after]     # live GPU
     python -m benchmarks gemm_skinny --mock-host                # this CPU, launches mocked
     python -m benchmarks gemm_skinny --plot BEFORE.json AFTER.json OUT.png   # two runs' ratios side by side
+    python -m benchmarks gemm_skinny --render benchmarks/results/gemm_skinny_h200.json   # re-write a set (no GPU)
 
 The GPU run, per shape (M 16 / 128, N = K 4096 / 8192, bf16, both B layouts), after a check against an fp32
 reference:
@@ -24,8 +25,10 @@ import math
 import os
 import statistics
 import time
+from pathlib import Path
 
-from benchmarks.runner import Result, Table
+from benchmarks.env import legacy_meta
+from benchmarks.runner import Result, Table, gpu_name, stored_data
 
 SKINNY = [(16, 4096, 4096), (16, 8192, 8192), (128, 4096, 4096), (128, 8192, 8192)]
 
@@ -109,14 +112,27 @@ def mock_host(args) -> Result:
         print(f"{label:28s} {statistics.median(times):7.2f} us/call (min {min(times):.2f}), {per:.0f} launch(es)",
               flush=True)
     tree = os.path.abspath(os.path.dirname(gemm_api.__file__))
+    return mock_result(rows, {"tree": tree, "calls": args.calls, "rounds": args.rounds})
+
+
+def mock_result(rows: list[dict], data: dict) -> Result:
     table = Table(("case", "us per call", "min us", "launches per call"),
                   [(r["case"], f"{r['us_per_call']:.2f}", f"{r['min_us']:.2f}", f"{r['launches_per_call']:.0f}")
                    for r in rows])
     return Result("GEMM host path per call, launches mocked (CPU)", rows=rows,
                   body=[f"The op's host path alone on this CPU: CPU tensors pose as device 0 of an H200, the registry's "
-                        f"choice is real, kernel launches do nothing. Tree {tree}; {args.calls} calls per round, median "
-                        f"of {args.rounds} rounds.", table],
-                  data={"tree": tree, "calls": args.calls, "rounds": args.rounds})
+                        f"choice is real, kernel launches do nothing. Tree {data['tree']}; {data['calls']} calls per "
+                        f"round, median of {data['rounds']} rounds.", table],
+                  data=data, plot=lambda plt, meta: mock_plot(plt, meta, rows))
+
+
+def mock_plot(plt, meta: dict, rows: list[dict]):
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.5))
+    ax.barh([r["case"] for r in rows][::-1], [r["us_per_call"] for r in rows][::-1])
+    ax.set_xlabel("us per call (median of rounds)")
+    ax.set_title(f"GEMM host path per call, launches mocked ({gpu_name(meta)})")
+    fig.tight_layout()
+    return fig
 
 
 # -- live GPU ---------------------------------------------------------------------------------------------------------
@@ -262,27 +278,40 @@ def bench(args) -> Result:
                       f"{r['torch_eager_submit_us']:.1f} err {r['rel_err']:.1e} {r['candidate']} "
                       f"{r['config']} {r['config_source']}", flush=True)
     host = host_overhead_tiny(gen) if args.host else []
-    title = "Skinny GEMM and per-call cost, rtckern vs torch.matmul" + (f" ({args.tag})" if args.tag else "")
-    return Result(title, rows=rows, body=_body(rows, host), data={"tag": args.tag, "host": host},
-                  rc=0 if all(r.get("ok") for r in rows) else 1)
+    return bench_result(rows, host, args.tag)
 
 
-def plot(before_json: str, after_json: str, path: str) -> None:
-    """Ratio to torch (graph, rotated, eager) per shape, before and after, from two --bench JSON files."""
-    import matplotlib
+def bench_result(rows: list[dict], host: list[dict], tag: str) -> Result:
+    title = "Skinny GEMM and per-call cost, rtckern vs torch.matmul" + (f" ({tag})" if tag else "")
+    return Result(title, rows=rows, body=_body(rows, host), data={"tag": tag, "host": host},
+                  rc=0 if all(r.get("ok") for r in rows) else 1,
+                  plot=lambda plt, meta: ratio_panels(plt, [(tag or "this run", rows)], meta))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    runs = [json.load(open(before_json)), json.load(open(after_json))]  # two result files of this suite
-    rows = [[r for r in run["rows"] if "error" not in r] for run in runs]
-    labels = [f"M{r['m']}\n{r['n'] // 1024}k {r['layout']}" for r in rows[1]]
+def render(payload: dict) -> Result:
+    """The result set of a stored JSON: the GPU run (one written before the runner too: {"environment", "tag",
+    "results", "host"}) or --mock-host's."""
+    if "meta" not in payload:
+        result = bench_result(payload["results"], payload.get("host") or [], payload.get("tag") or "")
+        result.meta = legacy_meta(payload["environment"], gpu_used=True)
+        return result
+    if payload["rows"] and "case" in payload["rows"][0]:
+        return mock_result(payload["rows"], stored_data(payload))
+    return bench_result(payload["rows"], payload.get("host") or [], payload.get("tag") or "")
+
+
+def ratio_panels(plt, runs: list[tuple[str, list[dict]]], meta: dict):
+    """torch time / rtckern time per shape (CUDA graph, rotating buffers, eager), one bar per run in each group."""
+    runs = [(label, [r for r in rows if "error" not in r]) for label, rows in runs]
+    labels = [f"M{r['m']}\n{r['n'] // 1024}k {r['layout']}" for r in runs[-1][1]]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), sharey=True)
+    width = 0.8 / len(runs)
     for ax, key, title in zip(axes, ("ratio_graph", "ratio_rot", "ratio_eager"),
                               ("CUDA graph, same buffers", "CUDA graph, 4 rotating buffers", "eager (200 calls)")):
         x = range(len(labels))
-        for off, run_rows, tag in ((-0.2, rows[0], runs[0]["tag"] or "before"), (0.2, rows[1], runs[1]["tag"] or "after")):
-            ax.bar([i + off for i in x], [r[key] for r in run_rows], width=0.4, label=tag)
+        for i, (label, rows) in enumerate(runs):
+            off = (i - (len(runs) - 1) / 2) * width
+            ax.bar([j + off for j in x], [r[key] for r in rows], width=width, label=label)
         ax.axhline(0.9, color="k", lw=0.8, ls="--")
         ax.axhline(1.0, color="grey", lw=0.5)
         ax.set_xticks(list(x))
@@ -291,11 +320,21 @@ def plot(before_json: str, after_json: str, path: str) -> None:
         ax.set_title(title, fontsize=9)
     axes[0].set_ylabel("torch.matmul time / rtckern time (N = K)")
     axes[0].legend(fontsize=8)
-    env = runs[1]["meta"]
-    fig.suptitle(f"Skinny bf16 GEMM vs torch.matmul on {(env.get('gpu') or {}).get('name')}, {env['date'][:10]} "
+    fig.suptitle(f"Skinny bf16 GEMM vs torch.matmul on {gpu_name(meta)}, {(meta.get('date') or '')[:10]} "
                  "(dashed: 0.90 target)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
+
+
+def plot(before_json: str, after_json: str, path: str) -> None:
+    """Ratio to torch (graph, rotated, eager) per shape, before and after, from two result JSONs of this suite;
+    stamped with the after run's environment."""
+    from benchmarks.runner import draw
+
+    payloads = [json.loads(Path(f).read_text()) for f in (before_json, after_json)]
+    runs = [render(p) for p in payloads]
+    pairs = [(r.data.get("tag") or tag, r.rows) for r, tag in zip(runs, ("before", "after"))]
+    draw(lambda plt, meta: ratio_panels(plt, pairs, meta), Path(path), runs[1].meta or payloads[1]["meta"])
 
 
 QUICK = "the first shape only (16x4096x4096, both layouts)"

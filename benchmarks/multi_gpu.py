@@ -122,7 +122,60 @@ def to_result(result: dict):
             f"{result['max_compiles_per_key']} (every key once: {result['every_key_compiled_once']}); "
             f"all ranks correct: {result['all_ranks_correct']}"]
     return Result(f"Multi-GPU cold start: {world} ranks, one cache directory", rows=rows, body=body, data=result,
-                  gpus=world)
+                  gpus=world, plot=lambda plt, meta: plot(plt, meta, rows))
+
+
+def render(payload: dict):
+    """The result set of a stored JSON (one written before the runner too: {"env", "world", "ranks", ...})."""
+    if "rows" in payload:
+        from benchmarks.runner import stored_data
+
+        return to_result({**stored_data(payload), "ranks": payload["rows"]})
+    from benchmarks.env import legacy_meta
+
+    result = to_result({k: v for k, v in payload.items() if k != "env"})
+    result.meta = legacy_meta(payload["env"], gpu_used=True)
+    return result
+
+
+def first_loads(rank: dict) -> dict:
+    """kernel -> (source, ms) of a rank's first get of each kernel that missed memory: compiled, or read from the
+    shared disk cache (another rank's compile)."""
+    out = {}
+    for _key, source, ms, kernel in rank["events"]:
+        if source != "memory":
+            out.setdefault(kernel, (source, ms))
+    return out
+
+
+def plot(plt, meta: dict, ranks: list[dict]):
+    """Per kernel and rank, the ms of its first get, colored by where it came from: one compile per key across
+    the ranks, the others read it from the shared cache."""
+    from benchmarks.runner import gpu_name
+
+    loads = [first_loads(r) for r in ranks]
+    kernels = list(dict.fromkeys(k for lo in loads for k in lo))
+    colors = {"compile": "tab:red", "disk": "tab:blue"}
+    fig, ax = plt.subplots(figsize=(10, 0.5 * len(kernels) * len(ranks) + 1.8))
+    height = 0.8 / len(ranks)
+    for i, (rank, lo) in enumerate(zip(ranks, loads)):
+        for j, k in enumerate(kernels):
+            if k in lo:
+                source, ms = lo[k]
+                y = j + (i - (len(ranks) - 1) / 2) * height
+                ax.barh(y, ms, height=height, color=colors.get(source, "tab:gray"))
+                ax.text(ms, y, f" rank {rank['rank']}: {source} {ms:.0f} ms", va="center", fontsize=7)
+    ax.set_yticks(range(len(kernels)))
+    ax.set_yticklabels(kernels, fontsize=8)
+    ax.invert_yaxis()
+    ax.margins(x=0.35)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c, label=src) for src, c in colors.items()], fontsize=8,
+              loc="lower right")
+    ax.set_xlabel("ms of the first get: its compile, or its read from the shared cache (waiting on the compiling rank "
+                  "included)")
+    ax.set_title(f"multi-GPU cold start: {len(ranks)} ranks on {gpu_name(meta)}, one cache directory")
+    fig.tight_layout()
+    return fig
 
 
 if __name__ == "__main__":  # a rank, started by run() through torchrun

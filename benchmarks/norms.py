@@ -31,7 +31,8 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.runner import Result, Table
+from benchmarks.env import legacy_meta
+from benchmarks.runner import Result, Table, gpu_name
 from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.ops._norms import configs, geometry, tune
@@ -240,10 +241,19 @@ def result(bench: dict) -> Result:
             Table(("op", "dtype", "N", "fwd GB/s", "x copy", "eager", "compile", "x compile", "bwd GB/s", "x copy",
                    "eager bwd", "x eager", "kernels", "fwd ok", "bwd ok"), rows)]
     return Result("rtckern norms benchmark", rows=bench["results"], body=body,
-                  data={"copy_gbps": bench["copy_gbps"]}, plot=lambda plt, path, meta: plot(plt, path, meta, bench))
+                  data={"copy_gbps": bench["copy_gbps"]}, plot=lambda plt, meta: plot(plt, meta, bench))
 
 
-def plot(plt, path: Path, meta: dict, bench: dict) -> None:
+def render(payload: dict) -> Result:
+    """The result set of a stored JSON (one written before the runner too: {"env", "copy_gbps", "results"})."""
+    if "meta" not in payload:
+        out = result({"copy_gbps": payload["copy_gbps"], "results": payload["results"]})
+        out.meta = legacy_meta(payload["env"], gpu_used=True)
+        return out
+    return result({"copy_gbps": payload["copy_gbps"], "results": payload["rows"]})
+
+
+def plot(plt, meta: dict, bench: dict):
     dtypes = [t for t in DTYPES if t in bench["copy_gbps"]]
     ops = [o for o in OPS if any(r["op"] == o for r in bench["results"])]
     fig, axes = plt.subplots(2, len(ops) * len(dtypes), figsize=(26 * len(ops) * len(dtypes) / 6, 8), sharex=True,
@@ -266,9 +276,9 @@ def plot(plt, path: Path, meta: dict, bench: dict) -> None:
             if i == 1:
                 ax.set_xlabel("N")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"rtckern norms, {(meta.get('gpu') or {}).get('name')}, {meta.get('date')}")
+    fig.suptitle(f"rtckern norms (M x N = 2^27) on {gpu_name(meta)}, {meta.get('date')}")
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    return fig
 
 
 # ---- compile times (CPU) ----------------------------------------------------------------------------------------

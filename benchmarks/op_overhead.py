@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from benchmarks.runner import Result, Table
+from benchmarks.runner import Result, Table, gpu_name, stored_data
 
 
 # ---- the CPU harness's stubs ------------------------------------------------------------------------------------
@@ -414,6 +414,14 @@ def run(a) -> Result | None:
         f"CPU, torch {torch.__version__}, rtckern.ops replaced by a stand-in kernel (plugin layers only)" \
         if a.plugin_stub else f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
 
+    return to_result([{"op": n, "rtckern_us": u, "torch_us": r, "torch_ops_rtckern_us": p} for n, u, r, p in rows],
+                     {"where": where, "calls": calls, "repeats": a.repeats})
+
+
+SERIES = (("rtckern_us", "rtckern.ops"), ("torch_us", "torch"), ("torch_ops_rtckern_us", "torch.ops.rtckern"))
+
+
+def to_result(rows: list[dict], data: dict) -> Result:
     def us_cell(v):
         return f"{v:.1f}" if v is not None else "-"
 
@@ -421,8 +429,34 @@ def run(a) -> Result | None:
         return f"{v / ref:.2f}x" if v is not None and ref else "-"
 
     table = Table(("op", "rtckern us/call", "torch us/call", "ratio", "torch.ops.rtckern us/call", "ratio"),
-                  [(name, f"{us:.1f}", us_cell(ref_us), ratio(us, ref_us), us_cell(plugin_us),
-                    ratio(plugin_us, ref_us)) for name, us, ref_us, plugin_us in rows])
-    return Result("Host cost per call", body=[f"{where}: {calls} calls per loop, median of {a.repeats} loops.", table],
-                  rows=[{"op": n, "rtckern_us": u, "torch_us": r, "torch_ops_rtckern_us": p} for n, u, r, p in rows],
-                  data={"where": where, "calls": calls, "repeats": a.repeats})
+                  [(r["op"], f"{r['rtckern_us']:.1f}", us_cell(r["torch_us"]), ratio(r["rtckern_us"], r["torch_us"]),
+                    us_cell(r["torch_ops_rtckern_us"]), ratio(r["torch_ops_rtckern_us"], r["torch_us"])) for r in rows])
+    return Result("Host cost per call", rows=rows, data=data,
+                  body=[f"{data['where']}: {data['calls']} calls per loop, median of {data['repeats']} loops.", table],
+                  plot=lambda plt, meta: plot(plt, meta, rows, data["where"]))
+
+
+def render(payload: dict) -> Result:
+    return to_result(payload["rows"], stored_data(payload))
+
+
+def plot(plt, meta: dict, rows: list[dict], where: str):
+    """Host us per call of each op: rtckern.ops, torch's own op and the torch plugin's torch.ops.rtckern."""
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(rows) + 1.8))
+    height = 0.8 / len(SERIES)
+    for i, (key, label) in enumerate(SERIES):
+        ys = [j + (i - 1) * height for j, r in enumerate(rows) if r[key] is not None]
+        if not ys:  # a series this run has no value of (e.g. torch's under the plugin stub)
+            continue
+        bars = ax.barh(ys, [r[key] for r in rows if r[key] is not None], height=height, label=label)
+        ax.bar_label(bars, fmt="%.1f", fontsize=6, padding=2)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([r["op"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.margins(x=0.12)
+    ax.set_xlabel("host us per call (eager loop, synchronized once at the end)")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f"host cost per call on {gpu_name(meta)}" + ("" if meta.get("gpu_used", True) else f" ({where})"),
+                 fontsize=10)
+    fig.tight_layout()
+    return fig

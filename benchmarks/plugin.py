@@ -33,7 +33,8 @@ import inspect
 import statistics
 import time
 
-from benchmarks.runner import Result, Table
+from benchmarks.env import legacy_meta
+from benchmarks.runner import Result, Table, gpu_name, stored_data
 
 # Large enough per call to keep the GPU busy (4 layers of 2048 hidden, 8192 tokens): a timing of launch gaps would
 # measure Python, not kernels. Head dim 128, GQA 4.
@@ -343,12 +344,9 @@ def run(args) -> Result:
     reps = args.reps or (2 if cpu else 10 if args.quick else 20)
     res: dict = {"device": "cpu (tiny model, --cpu)" if cpu else torch.cuda.get_device_name(), "parts": list(parts),
                  "e2e": {}}
-    title = "rtckern.torch end to end"
 
     def report() -> Result:
-        rows = [{"part": "e2e", "model": name, **e2e} for name, e2e in res["e2e"].items()]
-        return Result(title, rows=rows + _rows(res), body=_body(res),
-                      data={k: v for k, v in res.items() if k != "e2e"}, rc=1 if _failures(res) else 0)
+        return to_result(res)
 
     def done() -> None:
         if device == "cuda":
@@ -380,6 +378,70 @@ def run(args) -> Result:
         del ref, patched
         done()
     return report()
+
+
+def to_result(res: dict) -> Result:
+    """The result set of the parts measured so far (res: device, parts, e2e per config and each part's dict)."""
+    rows = [{"part": "e2e", "model": name, **e2e} for name, e2e in res["e2e"].items()]
+    return Result("rtckern.torch end to end", rows=rows + _rows(res), body=_body(res),
+                  data={k: v for k, v in res.items() if k != "e2e"}, rc=1 if _failures(res) else 0,
+                  plot=(lambda plt, meta: plot(plt, meta, res)) if speedups(res) else None)
+
+
+def render(payload: dict) -> Result:
+    """The result set of a stored JSON (one written before the runner too: {"date", "device", "torch",
+    "overhead_us", "e2e"})."""
+    if "rows" in payload:
+        e2e = {r["model"]: {k: v for k, v in r.items() if k not in ("part", "model")} for r in payload["rows"]
+               if r["part"] == "e2e"}
+        return to_result({**stored_data(payload), "e2e": e2e})
+    result = to_result({k: v for k, v in payload.items() if k not in ("date", "torch")})
+    result.meta = legacy_meta({"date": payload["date"], "gpu": payload["device"], "torch": payload["torch"]},
+                              gpu_used=True)
+    return result
+
+
+def speedups(res: dict) -> list[tuple[str, str, float, list]]:
+    """(part, what, rtckern's speedup over torch, per-run speedups) of every comparison the parts measured."""
+    out = []
+    train = res.get("train") or {}
+    for name, sp in train.get("speed", {}).items():
+        what = "unpatched copy (A/A control)" if name == "none" else f"patch: {name}"
+        out.append(("train step", what, sp["median_speedup"], sp["speedups"]))
+    for what, x in ((train.get("packed") or {}).get("speedup") or {}).items():
+        out.append(("packed", what, x, []))
+    for name, e2e in res["e2e"].items():
+        out += [("e2e", f"{name} {k.removesuffix('_ms')}", v["speedup"], []) for k, v in e2e["speed"].items()]
+    if res.get("decode"):
+        out.append(("decode", "eager step (DynamicCache)", res["decode"]["speedup"], []))
+    for k, x in ((res.get("graphs") or {}).get("speedup") or {}).items():
+        if x is not None:
+            out.append(("graphs", f"StaticCache, {k}", x, []))
+    return out
+
+
+def plot(plt, meta: dict, res: dict):
+    """rtckern's speedup over the unpatched model (sdpa + HF RMSNorm) in every comparison measured; dots: the
+    training step's runs."""
+    sp = speedups(res)
+    parts = list(dict.fromkeys(p for p, *_ in sp))
+    fig, ax = plt.subplots(figsize=(10, 0.4 * len(sp) + 1.8))
+    for i, (part, what, x, runs) in enumerate(sp):
+        ax.barh(i, x, color=plt.cm.tab10(parts.index(part)), label=part if part not in [s[0] for s in sp[:i]] else None)
+        ax.plot(runs, [i] * len(runs), "k.", ms=4)
+        ax.text(max([x, *runs]), i, f" {x:.2f}x", va="center", fontsize=7)
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_yticks(range(len(sp)))
+    ax.set_yticklabels([what for _, what, _, _ in sp], fontsize=8)
+    ax.invert_yaxis()
+    lo = min(min([x, *runs]) for _, _, x, runs in sp)
+    ax.set_xlim(min(0.8, lo - 0.05), None)
+    ax.margins(x=0.1)
+    ax.set_xlabel("speedup over the unpatched model (torch time / rtckern time)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(f"rtckern.torch end to end on {gpu_name(meta)}", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _failures(res: dict) -> list[str]:

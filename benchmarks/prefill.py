@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.runner import Result, Table
+from benchmarks.runner import Result, Table, gpu_name, stored_data
 
 TOTAL = re.compile(r"^(\d+) kernels for (\S+) in ([0-9.]+) s with (\d+) process", re.MULTILINE)
 QUICK = "the core kernels for sm_90 only, one warm run (a smoke test of the suite)"
@@ -71,13 +71,41 @@ def run(args) -> Result:
     rows = [dict(run="cold (empty cache)", **{k: v for k, v in cold.items() if k != "table"})]
     rows += [dict(run=f"warm {i + 1} (all cached)", **{k: v for k, v in w.items() if k != "table"})
              for i, w in enumerate(warm)]
+    return to_result(rows, {"command_measured": " ".join(command), "cores": os.cpu_count(),
+                            "cold_output": cold["table"]})
+
+
+def to_result(rows: list[dict], data: dict) -> Result:
     table = Table(["run", "kernels", "CPU-seconds", "wall s", "processes", "load avg (1 min) before, after"],
                   [(r["run"], r["kernels"], r["cpu_s"], r["wall_s"], r["processes"],
                     f"{r['loadavg_1min'][0]}, {r['loadavg_1min'][1]}") for r in rows])
-    cores = os.cpu_count()
-    note = (f"`{' '.join(command)}` on {cores} cores, {cold['processes']} compile processes (the default: one per "
-            f"core, at most 8), arch list {cold['archs']}. CPU-seconds are user + system time of the command and "
-            "its worker processes; wall time depends on what else ran on this shared machine. The cold run's "
-            "output:\n\n```\n" + cold["table"] + "\n```")
+    cold = rows[0]
+    note = (f"`{data['command_measured']}` on {data['cores']} cores, {cold['processes']} compile processes (the "
+            f"default: one per core, at most 8), arch list {cold['archs']}. CPU-seconds are user + system time of the "
+            "command and its worker processes; wall time depends on what else ran on this shared machine.")
+    if data.get("cold_output"):  # (a set from before it was stored has none)
+        note += " The cold run's output:\n\n```\n" + data["cold_output"] + "\n```"
     return Result(title="rtckern prefill: the built-in kernel set, cold and warm, in CPU-seconds", rows=rows,
-                  body=[table, note], data={"command_measured": " ".join(command), "cores": cores})
+                  body=[table, note], data=data, plot=lambda plt, meta: plot(plt, meta, rows))
+
+
+def render(payload: dict) -> Result:
+    return to_result(payload["rows"], stored_data(payload))
+
+
+def plot(plt, meta: dict, rows: list[dict]):
+    """CPU-seconds and wall seconds of the cold run and the warm ones (log scale: minutes against seconds)."""
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    x = range(len(rows))
+    for off, key, label in ((-0.2, "cpu_s", "CPU-seconds"), (0.2, "wall_s", "wall s")):
+        bars = ax.bar([i + off for i in x], [r[key] for r in rows], width=0.4, label=label)
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([r["run"] for r in rows], fontsize=8)
+    ax.set_ylabel("seconds (log)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"rtckern prefill: {rows[0]['kernels']} kernels for {rows[0]['archs']} ({gpu_name(meta)}, "
+                 f"{rows[0]['processes']} processes)", fontsize=10)
+    fig.tight_layout()
+    return fig

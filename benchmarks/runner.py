@@ -3,18 +3,27 @@
     python -m benchmarks --list
     python -m benchmarks FAMILY [--check] [--quick] [--out DIR] [the suite's own options]
     python -m benchmarks FAMILY --help
+    python -m benchmarks FAMILY --render DIR/<family>_<gpu>.json [--out DIR2]
 
-A suite is a module of this package (one per family in SUITES) with `add_args(parser)` for its own options and
-`run(args) -> Result | None`; optional `CHECK` / `QUICK` (help texts: the suite offers --check / --quick) and
-`needs_gpu(args)` (False for a mode that runs on the CPU). The runner does the common parts once: it refuses a GPU
-run where no GPU is visible (one line, exit 2), runs the suite, and writes the result set
+A suite is a module of this package (one per family in SUITES) with `add_args(parser)` for its own options,
+`run(args) -> Result | None` and `render(payload) -> Result` (the Result of a result set's stored JSON: its rows and
+data, body and plot built from them and nothing else); optional `CHECK` / `QUICK` (help texts: the suite offers
+--check / --quick) and `needs_gpu(args)` (False for a mode that runs on the CPU). The runner does the common parts
+once: it refuses a GPU run where no GPU is visible (one line, exit 2), runs the suite, and writes the result set
 
     DIR/<family>_<gpu>.json, .md, .png     (<gpu>: h100, h200; a multi-GPU suite: 2xh200)
-    DIR/<family>.json, .md                 (a run that needs no GPU)
+    DIR/<family>.json, .md, .png           (a run that needs no GPU)
 
 with the environment (benchmarks/env.py: date, commit, GPU, driver, versions) at the top of the markdown and
 under "meta" in the JSON beside the rows. DIR: --out, else $OUT, else benchmarks/results. The PNG is drawn where
-the suite gives a plot and matplotlib is installed (else one line says so).
+the suite gives a plot and matplotlib is installed (else one line says so); the runner stamps the environment
+(date, GPU, driver, versions) under the suite's figure.
+
+--render re-writes a result set from its JSON without a GPU and without measuring: the suite's render() rebuilds
+the markdown and the plot from the stored rows, under the environment the JSON recorded (date, GPU, versions of
+the measuring run). The files keep the JSON's name (beside it, or in --out); the JSON itself is written back in the
+runner's form (unchanged where it already was; a set from before the runner gets its recorded environment as
+"meta").
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ import ast
 import importlib
 import json
 import os
+import shlex
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,9 +87,10 @@ class Table:
 @dataclass
 class Result:
     """What a suite measured. rows: one dict per measurement (the JSON's "rows"); body: the markdown after the
-    metadata lines, in order (paragraphs and Tables); data: more JSON beside the rows; plot(plt, path, meta): draws
-    the PNG (meta: the run's environment, for a title); rc: the exit status (e.g. 1 where a timed output failed its check); meta: the environment of an earlier
-    run (re-rendering one); gpus: GPUs a multi-GPU suite used (its file tag)."""
+    metadata lines, in order (paragraphs and Tables); data: more JSON beside the rows; plot(plt, meta) -> Figure:
+    the suite's figure (meta: the run's environment, for a title; the runner stamps the environment under it and
+    saves it); rc: the exit status (e.g. 1 where a timed output failed its check); meta: the environment of an
+    earlier run (re-rendering one); gpus: GPUs a multi-GPU suite used (its file tag)."""
     title: str
     rows: list = field(default_factory=list)
     body: list = field(default_factory=list)
@@ -87,6 +99,32 @@ class Result:
     rc: int = 0
     meta: dict | None = None
     gpus: int | None = None
+
+
+RESERVED = ("family", "title", "meta", "rows")  # the runner's keys of a result JSON; the rest is the suite's data
+
+
+def stored_data(payload: dict) -> dict:
+    """A result JSON's data: everything beside the runner's own keys."""
+    return {k: v for k, v in payload.items() if k not in RESERVED}
+
+
+def recorded_args(payload: dict) -> argparse.Namespace:
+    """The suite options of the run that measured a result set, parsed from the command it recorded (a setting that
+    shaped the report, e.g. --reps, is read back from there rather than stored twice)."""
+    family = payload["family"]
+    argv = shlex.split((payload.get("meta") or {}).get("command") or "")[4:]  # after `python -m benchmarks FAMILY`
+    args = make_parser(family, importlib.import_module(f"benchmarks.{family}")).parse_args(argv)
+    args.quick = getattr(args, "quick", False)
+    args.check = getattr(args, "check", False)
+    return args
+
+
+def gpu_name(meta: dict) -> str:
+    """The GPU a result set ran on, for a plot's title ("CPU only" for a run without one)."""
+    if not meta.get("gpu_used", True):
+        return "CPU only"
+    return (meta.get("gpu") or {}).get("name") or "GPU not recorded"
 
 
 def say(family: str, message: str) -> None:
@@ -116,6 +154,10 @@ def make_parser(family: str, suite) -> argparse.ArgumentParser:
         common.add_argument("--check", action="store_true", help=suite.CHECK)
     if getattr(suite, "QUICK", None):
         common.add_argument("--quick", action="store_true", help=suite.QUICK)
+    if hasattr(suite, "render"):
+        common.add_argument("--render", type=Path, default=None, metavar="JSON",
+                            help="re-write the markdown and PNG of this result JSON from its stored rows (no GPU, "
+                                 "nothing measured; the files go beside it unless --out says otherwise)")
     if hasattr(suite, "add_args"):
         suite.add_args(ap.add_argument_group(f"{family} options"))
     return ap
@@ -144,12 +186,16 @@ def command_line(family: str, argv: Sequence[str]) -> str:
 class Writer:
     """Writes a suite's result set; the environment is taken once, at the first write."""
 
-    def __init__(self, family: str, out: Path, gpu_run: bool, command: str, started: str, t0: float):
+    def __init__(self, family: str, out: Path, gpu_run: bool, command: str, started: str, t0: float,
+                 stem: str | None = None):
         self.family, self.out, self.gpu_run, self.command = family, out, gpu_run, command
         self.started, self.t0 = started, t0
+        self.fixed_stem = stem  # a re-rendered set keeps its file name
         self.meta: dict | None = None
 
     def stem(self, result: Result, meta: dict) -> str:
+        if self.fixed_stem:
+            return self.fixed_stem
         if not meta.get("gpu_used", self.gpu_run):  # (an earlier run's meta says where that run ran)
             return self.family
         from benchmarks.env import gpu_tag
@@ -189,6 +235,14 @@ class Writer:
         return paths
 
 
+def stamp_text(meta: dict, width: int) -> str:
+    """The environment lines of the markdown (date, GPU, driver, versions; not the command), wrapped to width."""
+    from benchmarks.env import describe
+
+    lines = [ln.removeprefix("- ") for ln in describe(meta)]
+    return "\n".join(textwrap.fill(ln, width, subsequent_indent="    ") for ln in lines)
+
+
 def draw(plot: Callable, path: Path, meta: dict) -> bool:
     try:
         import matplotlib
@@ -199,7 +253,14 @@ def draw(plot: Callable, path: Path, meta: dict) -> bool:
         print(f"no plot: matplotlib is not installed ({path.name} not written)", flush=True)
         return False
     try:
-        plot(plt, path, meta)
+        fig = plot(plt, meta)
+        # under the figure, so that a PNG shown alone still says where and with what it was measured; the font
+        # grows with a wide figure so the lines stay readable where the PNG is shown scaled down
+        width_in = fig.get_figwidth()
+        size = min(11.0, max(7.0, width_in * 0.45))
+        fig.text(0.005, 0.0, stamp_text(meta, int(width_in * 72 / (0.62 * size))), fontsize=size, va="top",
+                 ha="left", family="monospace", color="0.3")
+        fig.savefig(path, dpi=110, bbox_inches="tight")
     except Exception as e:  # the JSON and markdown stand without the plot
         print(f"no plot: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} ({path.name} not written)",
               flush=True)
@@ -210,8 +271,34 @@ def draw(plot: Callable, path: Path, meta: dict) -> bool:
 
 
 USAGE = """usage: python -m benchmarks FAMILY [--check] [--quick] [--out DIR] [suite options]
+       python -m benchmarks FAMILY --render JSON [--out DIR]   (re-write a result set from its JSON, no GPU)
        python -m benchmarks FAMILY --help      (the suite's own options)
        python -m benchmarks --list             (the families)"""
+
+
+def render_set(family: str, suite, path: Path, out: Path | None) -> int:
+    """Re-writes the result set of a stored JSON (no GPU, nothing measured) under the environment it recorded."""
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        say(family, f"cannot read {path}: {type(e).__name__}: {e}")
+        return 2
+    if payload.get("family", family) != family:
+        say(family, f"{path} is a result set of {payload['family']!r}, not of {family!r}")
+        return 2
+    try:
+        result = suite.render(payload)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:  # a JSON of another shape
+        say(family, f"{path} is not a result set this suite can read ({type(e).__name__}: {e})")
+        return 2
+    result.meta = result.meta or payload.get("meta")
+    if not result.meta:
+        say(family, f"{path} records no environment: nothing to render it under")
+        return 2
+    write = Writer(family, (out or path.parent).resolve(), False, "", "", 0.0, stem=path.stem)
+    for p in write(result):
+        print("wrote", p, flush=True)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -236,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(family, f"cannot import the suite: {type(e).__name__}: {e}")
         return 2
     args = make_parser(family, suite).parse_args(rest)
+    if getattr(args, "render", None) is not None:
+        return render_set(family, suite, args.render, args.out)
     args.family = family
     args.check = getattr(args, "check", False)
     args.quick = getattr(args, "quick", False)

@@ -30,7 +30,8 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.runner import Result, Table
+from benchmarks.env import legacy_meta
+from benchmarks.runner import Result, Table, gpu_name, stored_data
 
 ELEMENTS = 1 << 27
 BENCH_NS = (1024, 4096, 8192, 16384, 65536)
@@ -549,7 +550,7 @@ def body(copy_ref: dict, results: list[dict], summ: dict, tune_report: list[dict
     return out
 
 
-def plot(plt, path: Path, results: list[dict], copy_ref: dict) -> None:
+def plot(plt, meta: dict, results: list[dict], copy_ref: dict):
     results = [r for r in results if "error" not in r]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     for ax, d in zip(axes, ("fwd", "bwd")):
@@ -575,8 +576,9 @@ def plot(plt, path: Path, results: list[dict], copy_ref: dict) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0].set_ylabel("GB/s")
+    fig.suptitle(f"softmax ops, bf16, M x N = 2^27, on {gpu_name(meta)} ({meta.get('date')})")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 QUICK = "bf16 at N = 4096 only (every op, forward and backward)"
@@ -645,7 +647,7 @@ def run(args) -> Result | None:
         (out_dir / "softmax_tuning.json").write_text(json.dumps({"env": environment(), **payload}, indent=1,
                                                                 default=str) + "\n")
         return None
-    out = Result("Softmax benchmark", data=payload)
+    results = []
     if args.bench:
         copy_ref = {dt: copy_gbps(torch, ELEMENTS, {"fp32": torch.float32, "fp16": torch.float16,
                                                     "bf16": torch.bfloat16}[dt]) for dt in dtypes}
@@ -657,19 +659,43 @@ def run(args) -> Result | None:
         payload.update({"copy_gbps": copy_ref, "copy_gbps_4gib": copy_ref_4g, "elements": ELEMENTS, "scale": SCALE,
                         "summary": summ})
         log("summary:", json.dumps(summ))
-        out.rows, out.body = results, body(copy_ref, results, summ, tune_report)
-        out.plot = lambda plt, path, meta: plot(plt, path, results, copy_ref)
     if args.ceilings:
         from benchmarks import _softmax_ceilings as ceil
 
         torch.cuda.empty_cache()
         payload["ceilings"] = ceil.ceilings(torch, log)
-        out.body += ceil.tables(payload["ceilings"])
     if args.hints:
         from benchmarks import _softmax_hints as hints
 
         torch.cuda.empty_cache()
         payload["hints"] = hints.hints(dev, [int(v) for v in args.hints_ns.split(",")], args.hints_dtype,
                                        args.hints_rounds, log)
-        out.body.append(hints.table(payload["hints"]))
+    return to_result(results, payload)
+
+
+def to_result(results: list[dict], data: dict) -> Result:
+    """The result set of the timed ops (where data has their copy bandwidths), ceilings and hints (where data has
+    them)."""
+    out = Result("Softmax benchmark", rows=results, data=data)
+    if "copy_gbps" in data:
+        out.body = body(data["copy_gbps"], results, data["summary"], data.get("tuning") or [])
+        out.plot = lambda plt, meta: plot(plt, meta, results, data["copy_gbps"])
+    if "ceilings" in data:
+        from benchmarks import _softmax_ceilings as ceil
+
+        out.body += ceil.tables(data["ceilings"])
+    if "hints" in data:
+        from benchmarks import _softmax_hints as hints
+
+        out.body.append(hints.table(data["hints"]))
     return out
+
+
+def render(payload: dict) -> Result:
+    """The result set of a stored JSON (one written before the runner too: {"env", "results", ...})."""
+    if "meta" not in payload:
+        data = {k: v for k, v in payload.items() if k not in ("env", "results")}
+        result = to_result(payload["results"], data)
+        result.meta = legacy_meta(payload["env"], gpu_used=True)
+        return result
+    return to_result(payload["rows"], stored_data(payload))

@@ -4,6 +4,7 @@ where no GPU is visible, and the runner's naming of result files."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -38,7 +39,8 @@ def test_list_names_every_family_with_where_it_runs_and_what_it_measures():
 
 
 def check_result_set(out: Path, family: str, title: str, command: str) -> dict:
-    assert sorted(p.name for p in out.iterdir()) == [f"{family}.json", f"{family}.md"]  # no GPU: no tag, no plot
+    plot = [f"{family}.png"] if importlib.util.find_spec("matplotlib") else []  # drawn where matplotlib is there
+    assert sorted(p.name for p in out.iterdir()) == [f"{family}.json", f"{family}.md", *plot]  # no GPU: no tag
     doc = json.loads((out / f"{family}.json").read_text())
     assert doc["family"] == family and doc["title"] == title and doc["rows"]
     meta = doc["meta"]

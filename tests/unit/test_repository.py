@@ -2,8 +2,8 @@
 
 benchmarks/ holds one runner (`python -m benchmarks FAMILY`: runner.py, env.py), one suite per family and the
 suites' `_`-prefixed helpers; benchmarks/results/ keeps one current file set per family and GPU
-(`<family>_<gpu>.{md,json,png}`, `<family>.{md,json}` for a CPU-only suite, overwritten per run); git history keeps
-the earlier runs, docs/performance.md the conclusions.
+(`<family>_<gpu>.{md,json,png}`, `<family>.{md,json,png}` for a run without a GPU, overwritten per run); git
+history keeps the earlier runs, docs/performance.md the conclusions.
 """
 
 import ast
