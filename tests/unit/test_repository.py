@@ -76,6 +76,18 @@ def test_every_result_file_belongs_to_a_family():
     assert not bad, f"results are <family>_<gpu>.* (<family>.* for a run without a GPU), family a suite: {bad}"
 
 
+def test_every_result_set_is_complete():
+    """Each result set is the JSON (the rows and the run's environment), its markdown and its plot; a set missing
+    one was written by hand or half-deleted (`python -m benchmarks FAMILY --render JSON` rewrites the other two)."""
+    sets: dict[str, set[str]] = {}
+    for p in tracked():
+        if p.startswith("benchmarks/results/"):
+            stem, ext = Path(p).name.rsplit(".", 1)
+            sets.setdefault(stem, set()).add(ext)
+    bad = {stem: sorted(exts) for stem, exts in sets.items() if exts != {"json", "md", "png"}}
+    assert not bad, f"result sets missing files (have): {bad}"
+
+
 def test_no_scripts_folder():
     assert not any(p.startswith("scripts/") for p in tracked())
     assert not (ROOT / "scripts").exists()
