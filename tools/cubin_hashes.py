@@ -88,6 +88,30 @@ def gemm_specs(arch):
                     yield spec
 
 
+def gemm_fp8_specs(arch):
+    """Every sm_90a tile of the tuner's sweep for both scale kinds, outputs and biases (on sm_90), the CUDA-core
+    fallback and the quantizer (sm_89 and newer)."""
+    from rtckern.arch import Arch
+    from rtckern.ops._fp8 import geometry, tune
+    from rtckern.ops._fp8.geometry import Fp8Problem
+
+    a = Arch.parse(arch)
+    if a.cc < (8, 9):
+        return
+    for scale in ("tensor", "block"):
+        for out in geometry.OUTPUT_DTYPES:
+            for bias in ("none",) + geometry.BIAS_DTYPES:
+                for m in (16, 4096):
+                    p = Fp8Problem(m, 4096, 4096, scale, out, bias)
+                    if arch == "sm_90":
+                        for cfg in tune.sweep_configs(p):
+                            yield geometry.sm90_spec(p, cfg, Arch.parse("sm_90a"))
+                    yield geometry.simt_spec(p, a)
+    for dt in geometry.QUANT_DTYPES:
+        for g in geometry.QUANT_GROUPS:
+            yield geometry.quant_spec(dt, g, a)
+
+
 def norms_specs(arch):
     from rtckern.testing import norms_variants
 
@@ -122,7 +146,7 @@ def core_specs(arch):
 
 
 FAMILIES = {"attention": attention_specs, "attention_backward": attention_backward_specs, "gemm": gemm_specs,
-            "norms": norms_specs, "softmax": softmax_specs, "core": core_specs}
+            "gemm_fp8": gemm_fp8_specs, "norms": norms_specs, "softmax": softmax_specs, "core": core_specs}
 
 
 def label(family: str, spec) -> str:
