@@ -21,10 +21,10 @@
 // box (128, BN, 1).
 //
 // RTK_GEMM_GROUPED=1 / 2 (rtckern.ops.grouped_gemm_fp8 / grouped_gemm_fp8_masked): the grouped GEMM of
-// gemm/grouped.cuh (modes, tile prefix, unit map) with block scales. Extra parameters: `batch` groups, stride_c
-// between the output matrices of masked groups, sa_batch / sb_batch between the groups' scale matrices (a_scale:
-// (total_m, kb) with sa_batch 0, or (groups, capacity, kb); b_scale (groups, nb, kb)), `groups` the offsets or
-// masked_m. `m` is A's rows (contiguous: total_m) or the capacity (masked); the tile prefix takes 4 (batch + 1) bytes
+// gemm/grouped.cuh (modes, tile prefix, unit map) with block scales. Extra parameters: `groups` (after `bias`) the offsets
+// or masked_m; at the end `batch` groups, stride_c between the output matrices of masked groups, sa_batch / sb_batch
+// between the groups' scale matrices (a_scale: (total_m, kb) with sa_batch 0, or (groups, capacity, kb); b_scale
+// (groups, nb, kb)). `m` is A's rows (contiguous: total_m) or the capacity (masked); the tile prefix takes 4 (batch + 1) bytes
 // of dynamic shared memory after the ring. A: dims (k, m, 1) or (k, m, groups); B: dims (k, n, groups). A tile's
 // rows past its group's end are loaded and not stored; their scale reads are clamped to the group's last row.
 // Every grouped-only line is inside `#if RTK_GEMM_GROUPED`: without the define the kernel's binaries are unchanged.
@@ -39,19 +39,20 @@
 #endif
 #if RTK_GEMM_GROUPED
 #include "gemm/grouped.cuh"
-#define RTK_GEMM_FP8_GROUPS_PARAMS                                                                        \
-  , long long batch, long long stride_c, long long sa_batch, long long sb_batch, const int* __restrict__ groups
+#define RTK_GEMM_FP8_GROUPS_PARAM , const int* __restrict__ groups
+#define RTK_GEMM_FP8_GROUPS_SCALARS , long long batch, long long stride_c, long long sa_batch, long long sb_batch
 #else
-#define RTK_GEMM_FP8_GROUPS_PARAMS
+#define RTK_GEMM_FP8_GROUPS_PARAM
+#define RTK_GEMM_FP8_GROUPS_SCALARS
 #endif
 
 template <typename TOut, typename TBias, int BM, int BN, int STAGES, int NC, bool HAS_BIAS, int SCALE>
 __global__ void __launch_bounds__((NC + 1) * 128, 1)
     gemm_fp8_wgmma_sm90(const __grid_constant__ rtk_tensor_map tm_a, const __grid_constant__ rtk_tensor_map tm_b,
                         TOut* __restrict__ c, const float* __restrict__ sa, const float* __restrict__ sb,
-                        const TBias* __restrict__ bias, long long m, long long n, long long k, long long ldc,
-                        long long sa_row, long long sa_kb, long long sb_row, long long sb_kb,
-                        long long group_m RTK_GEMM_FP8_GROUPS_PARAMS) {
+                        const TBias* __restrict__ bias RTK_GEMM_FP8_GROUPS_PARAM, long long m, long long n,
+                        long long k, long long ldc, long long sa_row, long long sa_kb, long long sb_row,
+                        long long sb_kb, long long group_m RTK_GEMM_FP8_GROUPS_SCALARS) {
 #if defined(RTK_HAS_WGMMA)
   constexpr int BK = 128;                 // fp8 elements: one 128-byte swizzle row
   constexpr int WG_M = BM / NC;           // rows per consumer warpgroup

@@ -26,11 +26,11 @@
 // reuses the ring's shared memory once the mainloop is over. Cooperative schedule only.
 //
 // RTK_GEMM_GROUPED=1 / 2 (rtckern.ops.grouped_gemm / grouped_gemm_masked): gemm_wgmma_sm90 as a grouped GEMM
-// (gemm/grouped.cuh: the modes, the tile prefix, the unit map). `batch` is the number of groups, `m` A's rows
-// (contiguous: total_m) or the capacity (masked), `groups` the offsets or masked_m; the tile prefix takes
-// 4 (batch + 1) bytes of dynamic shared memory after the ring. A: dims (k, m, 1) (contiguous) or (k, m, groups)
-// (masked); B: the batched maps above with the group as the batch coordinate; C rows as A's, stride_c between
-// masked groups. A tile's rows past its group's end are loaded (they belong to the next group, or are TMA's zeros)
+// (gemm/grouped.cuh: the modes, the tile prefix, the unit map). `groups` (a parameter after `res`) is the offsets
+// or masked_m, `batch` the number of groups, `m` A's rows (contiguous: total_m) or the capacity (masked); the tile
+// prefix takes 4 (batch + 1) bytes of dynamic shared memory after the ring. A: dims (k, m, 1) (contiguous) or
+// (k, m, groups) (masked); B: the batched maps above with the group as the batch coordinate; C rows as A's, stride_c
+// between masked groups. A tile's rows past its group's end are loaded (they belong to the next group, or are TMA's zeros)
 // and not stored. No split-K, no epilogue (bias, activation, residual). Every grouped-only line is inside
 // `#if RTK_GEMM_GROUPED`: without the define the kernels compile to the same binaries as before it existed.
 #pragma once
@@ -52,12 +52,12 @@
 #endif
 
 #define RTK_GEMM90_SCALARS                                                                                     \
-  void *__restrict__ c, const T *__restrict__ bias, const TOut *__restrict__ res, long long m, long long n,      \
-      long long k, long long ldc, long long ldr, long long stride_c, long long stride_r, long long batch,       \
-      long long b_batched, long long splits, long long kb_per_split, long long group_m RTK_GEMM90_GROUPS_PARAM
-#define RTK_GEMM90_ARGS                                                                                         \
-  tm_a, tm_b, c, bias, res, m, n, k, ldc, ldr, stride_c, stride_r, batch, b_batched, splits, kb_per_split, group_m \
-      RTK_GEMM90_GROUPS_ARG
+  void *__restrict__ c, const T *__restrict__ bias, const TOut *__restrict__ res RTK_GEMM90_GROUPS_PARAM,        \
+      long long m, long long n, long long k, long long ldc, long long ldr, long long stride_c, long long stride_r, \
+      long long batch, long long b_batched, long long splits, long long kb_per_split, long long group_m
+#define RTK_GEMM90_ARGS                                                                                          \
+  tm_a, tm_b, c, bias, res RTK_GEMM90_GROUPS_ARG, m, n, k, ldc, ldr, stride_c, stride_r, batch, b_batched, splits, \
+      kb_per_split, group_m
 
 // Work unit u -> (batch entry, split, tile). Persistent kernels walk units split-major within a batch entry; the
 // cluster kernel (CK > 1) puts the CK splits of one tile on consecutive units, which are the blocks of a cluster.
