@@ -21,13 +21,14 @@
 // box (128, BN, 1).
 //
 // RTK_GEMM_GROUPED=1 / 2 (rtckern.ops.grouped_gemm_fp8 / grouped_gemm_fp8_masked): the grouped GEMM of
-// gemm/grouped.cuh (modes, tile prefix, unit map) with block scales. Extra parameters: `groups` (after `bias`) the offsets
-// or masked_m; at the end `batch` groups, stride_c between the output matrices of masked groups, sa_batch / sb_batch
-// between the groups' scale matrices (a_scale: (total_m, kb) with sa_batch 0, or (groups, capacity, kb); b_scale
-// (groups, nb, kb)). `m` is A's rows (contiguous: total_m) or the capacity (masked); the tile prefix takes 4 (batch + 1) bytes
-// of dynamic shared memory after the ring. A: dims (k, m, 1) or (k, m, groups); B: dims (k, n, groups). A tile's
-// rows past its group's end are loaded and not stored; their scale reads are clamped to the group's last row.
-// Every grouped-only line is inside `#if RTK_GEMM_GROUPED`: without the define the kernel's binaries are unchanged.
+// gemm/grouped.cuh (modes, tile prefix, unit map) with block scales. Extra parameters: `groups` (after `bias`), the
+// offsets or masked_m; at the end `batch` groups, stride_c between the output matrices of masked groups, sa_batch /
+// sb_batch between the groups' scale matrices (a_scale: (total_m, kb) with sa_batch 0, or (groups, capacity, kb);
+// b_scale (groups, nb, kb)). `m` is A's rows (contiguous: total_m) or the capacity (masked); the tile prefix takes
+// 4 (batch + 1) bytes of dynamic shared memory after the ring. A: dims (k, m, 1) or (k, m, groups); B: dims
+// (k, n, groups). A tile's rows past its group's end are loaded and not stored; their scale reads are clamped to the
+// group's last row. Every grouped-only line is inside `#if RTK_GEMM_GROUPED`: without the define the kernel's
+// binaries are unchanged.
 #pragma once
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"

@@ -30,9 +30,9 @@
 // or masked_m, `batch` the number of groups, `m` A's rows (contiguous: total_m) or the capacity (masked); the tile
 // prefix takes 4 (batch + 1) bytes of dynamic shared memory after the ring. A: dims (k, m, 1) (contiguous) or
 // (k, m, groups) (masked); B: the batched maps above with the group as the batch coordinate; C rows as A's, stride_c
-// between masked groups. A tile's rows past its group's end are loaded (they belong to the next group, or are TMA's zeros)
-// and not stored. No split-K, no epilogue (bias, activation, residual). Every grouped-only line is inside
-// `#if RTK_GEMM_GROUPED`: without the define the kernels compile to the same binaries as before it existed.
+// between masked groups. A tile's rows past its group's end are loaded (they belong to the next group, or are
+// TMA's zeros) and not stored. No split-K, no epilogue (bias, activation, residual). Every grouped-only line is
+// inside `#if RTK_GEMM_GROUPED`: without the define the kernels compile to the same binaries as before it existed.
 #pragma once
 #include "gemm/cluster_reduce.cuh"
 #include "gemm/epilogue.cuh"
