@@ -48,7 +48,8 @@ EXPECTED = ["rms_norm", "rms_norm_fwd", "rms_norm_bwd", "fused_add_rms_norm", "f
             "scaled_masked_softmax_bwd", "scaled_upper_triang_masked_softmax",
             "scaled_upper_triang_masked_softmax_bwd", "scaled_aligned_causal_masked_softmax",
             "scaled_aligned_causal_masked_softmax_bwd", "attention", "attention_fwd", "attention_bwd", "attention_varlen",
-            "attention_varlen_fwd", "attention_varlen_bwd", "gemm", "gemm_fp8", "quantize_fp8", "rms_norm_quant"]
+            "attention_varlen_fwd", "attention_varlen_bwd", "gemm", "gemm_fp8", "quantize_fp8", "rms_norm_quant",
+            "grouped_gemm", "grouped_gemm_masked", "grouped_gemm_fp8", "grouped_gemm_fp8_masked"]
 
 
 def test_every_op_is_registered_under_the_rtckern_namespace():
