@@ -112,6 +112,12 @@ def gemm_fp8_specs(arch):
             yield geometry.quant_spec(dt, g, a)
 
 
+def grouped_specs(arch):
+    from rtckern.testing import grouped_gemm_variants
+
+    return grouped_gemm_variants(arch)
+
+
 def norms_specs(arch):
     from rtckern.testing import norms_variants
 
@@ -146,7 +152,7 @@ def core_specs(arch):
 
 
 FAMILIES = {"attention": attention_specs, "attention_backward": attention_backward_specs, "gemm": gemm_specs,
-            "gemm_fp8": gemm_fp8_specs, "norms": norms_specs, "softmax": softmax_specs, "core": core_specs}
+            "gemm_fp8": gemm_fp8_specs, "grouped_gemm": grouped_specs, "norms": norms_specs, "softmax": softmax_specs, "core": core_specs}
 
 
 def label(family: str, spec) -> str:
