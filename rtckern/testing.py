@@ -306,10 +306,13 @@ def grouped_tile_bound(mode: str, groups: int, rows: int, bm: int) -> int:
 
 
 def dense_gemm_identity_specs():
-    """Dense GEMM kernels of the sources the grouped GEMMs share (gemm_sm90.cuh, gemm_fp8_sm90.cuh) whose binaries
-    tests/unit/ops/dense_gemm_cubins.json records from before RTK_GEMM_GROUPED: the wgmma tiles the grouped rule
-    uses in both layouts with and without an epilogue, ping-pong, split-K through a workspace and in a cluster, and
-    the fp8 kernel's two rule tiles for both scale kinds."""
+    """Dense GEMM kernels of the sources the grouped GEMMs share (gemm_sm90.cuh, gemm_sm80.cuh, gemm_fp8_sm90.cuh)
+    whose binaries tests/unit/ops/dense_gemm_cubins.json records from before RTK_GEMM_GROUPED: the wgmma tiles the
+    grouped rule uses in both layouts with and without an epilogue, ping-pong, split-K through a workspace and in a
+    cluster; the mma.sync tiles likewise (aligned and not, sm_80 and sm_90 targets); the fp8 kernel's two rule tiles
+    for both scale kinds."""
+    import dataclasses
+
     from .arch import Arch
     from .ops._fp8 import geometry as f8
     from .ops._gemm import geometry as g
@@ -321,6 +324,13 @@ def dense_gemm_identity_specs():
             g.Sm90Config(128, 128, 4, 2, pingpong=True), g.Sm90Config(128, 128, 6, 2, splits=3),
             g.Sm90Config(128, 64, 8, 2, splits=2, cluster=True))
     specs = [g.kernel_specs(p, c, a)[0] for p in (plain, epi) for c in cfgs]
+    mma = (g.Sm80Config(64, 64, 64, 32, 32, 4), g.Sm80Config(128, 128, 32, 64, 64, 4),
+           g.Sm80Config(64, 64, 64, 32, 32, 3, splits=2), g.Sm80Config(16, 128, 64, 16, 32, 4, splits=4, cluster=True))
+    for arch in ("sm_80", "sm_90"):
+        for p in (plain, epi, dataclasses.replace(plain, aligned=False)):
+            for c in mma:
+                if not (c.cluster and arch == "sm_80"):
+                    specs.append(g.kernel_specs(p, c, Arch.parse(arch))[0])
     specs += [f8.sm90_spec(f8.Fp8Problem(4096, 4096, 4096, sc, "bf16", bias), c, a)
               for sc in ("tensor", "block") for bias in ("none", "fp32")
               for c in (f8.Sm90Fp8Config(128, 128, 6, 2), f8.Sm90Fp8Config(64, 128, 8, 1))]
