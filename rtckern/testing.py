@@ -274,20 +274,20 @@ def norms_variants(arch: str):
 
 
 def grouped_gemm_variants(arch: str):
-    """Every grouped GEMM kernel spec the every-variant compile test covers on `arch`: the specs the chosen candidate
-    of grouped_gemm (bf16 / fp16 in, every output dtype, both layouts) and grouped_gemm_fp8 (every output dtype)
-    serves, in both modes, for rows per group that take each tile of the rule; built through the registry's request
-    builders (as `rtckern explain` builds them), in a stable order with repeats. Empty where no candidate serves
-    (below sm_90); the test and tools/cubin_hashes.py both enumerate through here."""
+    """Every grouped GEMM kernel spec the every-variant compile test covers on `arch`: the specs every candidate of
+    grouped_gemm (bf16 / fp16 in, every output dtype, both layouts, aligned or not) and grouped_gemm_fp8 (every output
+    dtype) serves there, in both modes, for rows per group that take each tile of the rules; built through the
+    registry's request builders (as `rtckern explain` builds them), in a stable order with repeats. Empty where no
+    candidate serves (sm_75); the test and tools/cubin_hashes.py both enumerate through here."""
     from .device import DeviceInfo
     from .registry import build_request, candidates
     from .registry.candidate import arch_reason
 
     dev = DeviceInfo.for_arch(arch, sm_count=132)
     reqs = [build_request("grouped_gemm", shape=(8, rows, 4096, 7168), dtype=dt, device=dev,
-                          options={"mode": mode, "out": out, "trans_b": tb})
+                          options={"mode": mode, "out": out, "trans_b": tb, "aligned": al})
             for mode in ("contiguous", "masked") for rows in (16, 128, 512) for dt in ("bf16", "fp16")
-            for out in ("bf16", "fp16", "fp32") for tb in ("1", "0")]
+            for out in ("bf16", "fp16", "fp32") for tb in ("1", "0") for al in ("1", "0")]
     reqs += [build_request("grouped_gemm_fp8", shape=(8, rows, 4096, 7168), dtype=None, device=dev,
                            options={"mode": mode, "out": out})
              for mode in ("contiguous", "masked") for rows in (16, 512) for out in ("bf16", "fp16", "fp32")]

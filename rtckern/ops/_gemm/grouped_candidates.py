@@ -1,11 +1,14 @@
-"""Registry candidates of grouped_gemm (contiguous and masked groups: one op, the mode a request flag):
+"""Registry candidates of grouped_gemm (contiguous and masked groups: one op, the mode a request flag), cheapest first:
 
   grouped_gemm.sm90a_wgmma   sm_90a: gemm_wgmma_sm90 compiled with RTK_GEMM_GROUPED (TMA + wgmma, warp-specialized,
                              persistent over every group's tiles); 16-byte aligned operands
+  grouped_gemm.sm80_mma      sm_80+: gemm_mma_sm80 compiled with RTK_GEMM_GROUPED (mma.sync + cp.async, one unit per
+                             block, each block building the tile prefix); any alignment (element loads otherwise):
+                             the fallback on A100 / Ada and for unaligned operands on H100 / H200
 
-No other GPU or layout has a grouped kernel yet: such a request is refused with the candidate's reason (the op's
-docstring says what to do instead). A request holds dtypes, layout, mode, groups, N, K and the rows per group as a
-power of two (grouped_geometry.py); the tile comes from the rule there (no tuned table: `explain` says "rule").
+Older GPUs (sm_75) have no grouped kernel: such a request is refused with the candidates' reasons. A request holds
+dtypes, layout, mode, groups, N, K and the rows per group as a power of two (grouped_geometry.py); the tiles come
+from the rules there (no tuned table: `explain` says "rule").
 """
 from __future__ import annotations
 
@@ -48,19 +51,36 @@ def _dtype_reason(p: GroupedProblem) -> str | None:
 _configs = PlanCache("grouped_gemm.candidate_configs")
 
 
-class Sm90aWgmmaCandidate(Candidate):
-    name = "grouped_gemm.sm90a_wgmma"
+class _GroupedCandidate(Candidate):
     op = OP
+
+    def config(self, req: OpRequest):
+        key = (self.name, req)
+        hit = _configs.get(key)
+        if hit is None:
+            hit = _configs.put(key, self._config(req))
+        return hit
+
+    def _config(self, req: OpRequest):
+        raise NotImplementedError
+
+    def kernel_specs(self, req: OpRequest):
+        return (gg.spec(problem(req), self.config(req), self.target(req)),)
+
+    def launch_resources(self, req: OpRequest):
+        cfg = self.config(req)
+        return (Resources(block=cfg.threads, dynamic_smem=gg.smem_bytes(cfg, req.dim("groups"))),)
+
+
+class Sm90aWgmmaCandidate(_GroupedCandidate):
+    name = "grouped_gemm.sm90a_wgmma"
     priority = 300
     min_arch = "sm_90"
     max_arch = "sm_90"
     arch_specific = True
 
-    def config(self, req: OpRequest):
-        hit = _configs.get(req)
-        if hit is None:
-            hit = _configs.put(req, gg.config(problem(req)))
-        return hit
+    def _config(self, req: OpRequest):
+        return gg.sm90_config(problem(req))
 
     def supports(self, req: OpRequest) -> str | None:
         p = problem(req)
@@ -76,15 +96,26 @@ class Sm90aWgmmaCandidate(Candidate):
         return Cost(1.0, "rule", f"wgmma + TMA over the groups' tiles, tile {self.config(req).as_dict()} by the rows "
                                  "per group (no tuned table for grouped GEMM)")
 
-    def kernel_specs(self, req: OpRequest):
-        return (gg.spec(problem(req), self.config(req), self.target(req)),)
 
-    def launch_resources(self, req: OpRequest):
-        cfg = self.config(req)
-        return (Resources(block=cfg.threads, dynamic_smem=gg.smem_bytes(cfg, req.dim("groups"))),)
+class Sm80MmaCandidate(_GroupedCandidate):
+    name = "grouped_gemm.sm80_mma"
+    priority = 200
+    min_arch = "sm_80"
+
+    def _config(self, req: OpRequest):
+        return gg.sm80_config(problem(req), req.device)
+
+    def supports(self, req: OpRequest) -> str | None:
+        p = problem(req)
+        return _dtype_reason(p) or gg.invalid(p, self.config(req))
+
+    def cost(self, req: OpRequest) -> Cost:
+        # No measurement behind it: the dense GEMM's tables rank wgmma well ahead of mma.sync on sm_90.
+        return Cost(2.0, "rule", f"mma.sync, one unit per block, tile {self.config(req).as_dict()} (the fallback "
+                                 "where the wgmma kernel does not serve)")
 
 
-CANDIDATES = (Sm90aWgmmaCandidate,)
+CANDIDATES = (Sm90aWgmmaCandidate, Sm80MmaCandidate)
 
 # ---- selection, memoized per problem and device -----------------------------------------------------------------
 _selections = PlanCache("grouped_gemm.selections")

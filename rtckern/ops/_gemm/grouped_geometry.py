@@ -1,6 +1,6 @@
-"""Grouped GEMM plans (rtckern.ops.grouped_gemm / grouped_gemm_masked): the problem record, the tile rule, kernel
-specs of gemm_wgmma_sm90 compiled with RTK_GEMM_GROUPED (kernel_sources/gemm/gemm_sm90.cuh and
-grouped.cuh). Nothing here validates user arrays (grouped.py does) or touches a GPU.
+"""Grouped GEMM plans (rtckern.ops.grouped_gemm / grouped_gemm_masked): the problem record, the tile rules and kernel
+specs of gemm_wgmma_sm90 and gemm_mma_sm80 compiled with RTK_GEMM_GROUPED (kernel_sources/gemm/gemm_sm90.cuh,
+gemm_sm80.cuh and grouped.cuh). Nothing here validates user arrays (grouped.py does) or touches a GPU.
 
 A request holds what decides compilation and the tile: dtypes, layout, mode, groups, N, K and the rows per group as
 a power of two (contiguous: total_m / groups, the average; masked: the capacity), so that calls whose token counts
@@ -15,7 +15,7 @@ from rtckern.arch import Arch
 from rtckern.spec import KernelSpec
 
 from .. import _common_grouped as shared
-from .geometry import GemmProblem, Sm90Config, sm90_spec
+from .geometry import GemmProblem, Sm80Config, Sm90Config, sm80_spec, sm90_spec
 
 OP = "grouped_gemm"
 SMEM_LIMIT = 232448 - 1024  # what a block may opt in to on sm_90, less the barriers' static shared memory
@@ -43,14 +43,18 @@ class GroupedProblem:
                            out_dtype=self.out_dtype, trans_b=self.trans_b, aligned=self.aligned)
 
 
-def smem_bytes(cfg: Sm90Config, groups: int) -> int:
-    return cfg.smem_bytes + shared.prefix_bytes(groups)
+def smem_bytes(cfg, groups: int) -> int:
+    """Dynamic shared memory of a launch: the wgmma kernel keeps the tile prefix after its ring; the mma.sync kernel
+    builds it in the ring before the pipeline starts, so the ring must hold it."""
+    if cfg.kind == "sm90":
+        return cfg.smem_bytes + shared.prefix_bytes(groups)
+    return max(cfg.smem_bytes, shared.prefix_bytes(groups))
 
 
-def config(p: GroupedProblem) -> Sm90Config:
-    """The tile by rows per group: one 64-row consumer up to 64 rows (decode-sized groups stream B, and a 128-row
-    tile would be mostly padding), 128 x 128 with two consumers up to 256 rows, and the dense kernel's large-output
-    tile 128 x 256 above (compute-bound experts). Cooperative schedule, no split-K."""
+def sm90_config(p: GroupedProblem) -> Sm90Config:
+    """The wgmma tile by rows per group: one 64-row consumer up to 64 rows (decode-sized groups stream B, and a
+    128-row tile would be mostly padding), 128 x 128 with two consumers up to 256 rows, and the dense kernel's
+    large-output tile 128 x 256 above (compute-bound experts). Cooperative schedule, no split-K."""
     if p.rows <= 64:
         return Sm90Config(64, 128, 8, 1)
     if p.rows <= 256:
@@ -58,7 +62,19 @@ def config(p: GroupedProblem) -> Sm90Config:
     return Sm90Config(128, 256, 4, 2)
 
 
-def invalid(p: GroupedProblem, cfg: Sm90Config) -> str | None:
+def sm80_config(p: GroupedProblem, device) -> Sm80Config:
+    """The mma.sync tile (the fallback): the dense heuristic's tiles without split-K: 64 x 64 for groups of up to 64
+    rows and for unaligned operands (element loads: the large tile spills), 128 x 128 otherwise (3 stages where a
+    block has less than 96 KB of shared memory)."""
+    if not p.aligned:
+        return Sm80Config(64, 64, 64, 32, 32, 3)
+    if p.rows <= 64:
+        return Sm80Config(64, 64, 64, 32, 32, 4)
+    small_smem = device.max_smem_per_block_optin < 96 * 1024
+    return Sm80Config(128, 128, 32, 64, 64, 3 if small_smem else 4)
+
+
+def invalid(p: GroupedProblem, cfg) -> str | None:
     """Why cfg cannot serve p (None when it can)."""
     if p.mode not in shared.MODES:
         return f"mode {p.mode!r}: supported {', '.join(shared.MODES)}"
@@ -75,6 +91,6 @@ def invalid(p: GroupedProblem, cfg: Sm90Config) -> str | None:
     return None
 
 
-def spec(p: GroupedProblem, cfg: Sm90Config, arch: Arch) -> KernelSpec:
-    return dataclasses.replace(sm90_spec(p.dense(), cfg, arch),
-                               defines=(("RTK_GEMM_GROUPED", str(shared.MODE_IDS[p.mode])),), op=OP)
+def spec(p: GroupedProblem, cfg, arch: Arch) -> KernelSpec:
+    dense = sm90_spec(p.dense(), cfg, arch) if cfg.kind == "sm90" else sm80_spec(p.dense(), cfg, arch)
+    return dataclasses.replace(dense, defines=(("RTK_GEMM_GROUPED", str(shared.MODE_IDS[p.mode])),), op=OP)

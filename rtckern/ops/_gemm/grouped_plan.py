@@ -17,7 +17,6 @@ from rtckern.runtime.streams import torch_stream
 
 from .. import _common_grouped as shared
 from . import grouped_geometry as gg
-from .geometry import Sm90Config
 from .launch import _MapCache, _Prepared
 
 plans = PlanCache("grouped_gemm.call_plans")
@@ -37,13 +36,24 @@ class Layout:
 
 
 class GroupedLaunch:
-    """gemm_wgmma_sm90 with RTK_GEMM_GROUPED for one (problem, config, layout): run(a, b, c, groups, stream)."""
+    """The grouped kernel of one (problem, config, layout): run(a, b, c, groups, stream). gemm_wgmma_sm90 (sm90
+    config): persistent, tensor maps by address; gemm_mma_sm80 (sm80 config): one block per unit of the tile
+    bound, plain pointers."""
 
     __slots__ = ("_main", "_maps")
 
-    def __init__(self, kernel, p: gg.GroupedProblem, cfg: Sm90Config, lay: Layout, sm_count: int):
-        es = itemsize(p.dtype)
+    def __init__(self, kernel, p: gg.GroupedProblem, cfg, lay: Layout, sm_count: int):
         masked = p.mode == "masked"
+        if cfg.kind == "sm80":
+            self._maps = None
+            units = shared.m_tiles_bound(p.mode, p.groups, lay.rows, cfg.bm) * math.ceil(p.n / cfg.bn)
+            # m, n, k, lda, ldb, ldc, ldr, stride_a, stride_b, stride_c, stride_r, splits, kb_per_split, group_m, batch
+            scalars = (lay.rows, p.n, p.k, lay.lda, lay.ldb, p.n, 0, lay.stride_a, lay.stride_b, lay.stride_c, 0, 1,
+                       math.ceil(p.k / cfg.bk), cfg.group_m, p.groups)
+            self._main = _Prepared(kernel, (max(1, units), 1, 1), (cfg.threads, 1, 1), gg.smem_bytes(cfg, p.groups),
+                                   [("u64", 0)] * 6 + [("i64", v) for v in scalars])
+            return
+        es = itemsize(p.dtype)
         # (dims innermost first, byte strides of dims 1 and 2, box) of A's and B's 3-d tensor maps
         map_a = ((p.k, lay.rows, p.groups if masked else 1), (lay.lda * es, lay.stride_a * es), (64, cfg.bm))
         if p.trans_b:
@@ -55,14 +65,16 @@ class GroupedLaunch:
         # m, n, k, ldc, ldr, stride_c, stride_r, batch (groups), b_batched, splits, kb_per_split, group_m
         scalars = (lay.rows, p.n, p.k, p.n, 0, lay.stride_c, 0, p.groups, 1, 1, kb_total, cfg.group_m)
         grid = shared.persistent_grid(p.mode, p.groups, lay.rows, p.n, cfg.bm, cfg.bn, sm_count)
-        self._main = _Prepared(kernel, (grid, 1, 1),
-                               (cfg.threads, 1, 1), gg.smem_bytes(cfg, p.groups),
+        self._main = _Prepared(kernel, (grid, 1, 1), (cfg.threads, 1, 1), gg.smem_bytes(cfg, p.groups),
                                [("map", bytes(128)), ("map", bytes(128))] + [("u64", 0)] * 4
                                + [("i64", v) for v in scalars])
 
     def run(self, a: int, b: int, c: int, groups: int, stream: int) -> None:
-        ma, mb = self._maps
-        self._main.run((ma.get(a), mb.get(b), c, 0, 0, groups), stream)
+        maps = self._maps
+        if maps is None:
+            self._main.run((a, b, c, 0, 0, groups), stream)
+        else:
+            self._main.run((maps[0].get(a), maps[1].get(b), c, 0, 0, groups), stream)
 
 
 class Plan:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rtckern import config
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError, UnsupportedRequestError
@@ -117,16 +118,27 @@ def test_the_tile_follows_the_rows_per_group(rows, tile):
     assert tuple(map(int, spec.template_args[2:4])) == tile
 
 
-@pytest.mark.parametrize("arch, opts, why", [
-    ("sm_80", {}, r"sm_80 is below the minimum sm_90"),
-    ("sm_90", {"aligned": "0"}, r"TMA needs 16-byte aligned operands"),
+@pytest.mark.parametrize("arch, opts, chosen", [
+    ("sm_90", {}, "grouped_gemm.sm90a_wgmma"),
+    ("sm_90", {"aligned": "0"}, "grouped_gemm.sm80_mma"),  # TMA needs 16-byte aligned operands
+    ("sm_89", {}, "grouped_gemm.sm80_mma"),
+    ("sm_80", {"mode": "masked", "trans_b": "0"}, "grouped_gemm.sm80_mma"),
 ])
-def test_requests_no_kernel_serves_are_refused_with_the_reason(arch, opts, why):
-    from rtckern.registry import select
-
+def test_the_registry_falls_back_to_mma_sync_where_wgmma_does_not_serve(arch, opts, chosen):
     dev = DeviceInfo.for_arch(arch, sm_count=132)
     req = build_request("grouped_gemm", shape=(8, 64, 4096, 4096), dtype="bf16", device=dev, options=opts)
-    with pytest.raises(UnsupportedRequestError, match=why):
+    exp = explain(req)
+    assert exp.chosen == chosen
+    (spec,) = exp.chosen_result.specs
+    assert spec.defines == (("RTK_GEMM_GROUPED", "2" if opts.get("mode") == "masked" else "1"),)
+
+
+def test_gpus_without_tensor_core_kernels_are_refused_with_the_reasons():
+    from rtckern.registry import select
+
+    req = build_request("grouped_gemm", shape=(8, 64, 4096, 4096), dtype="bf16", device=DeviceInfo.for_arch("sm_75"),
+                        options={})
+    with pytest.raises(UnsupportedRequestError, match=r"(?s)sm_75 is below the minimum sm_90.*below the minimum sm_80"):
         select(req)
 
 
@@ -192,6 +204,41 @@ def emulate_bf16(mem, launch, maps, spec, mode, index):
     return written
 
 
+def emulate_sm80(mem, launch, spec, mode, index):
+    """Run the recorded gemm_mma_sm80 launch (RTK_GEMM_GROUPED): one unit per block of the grid, pointers and
+    strides as the kernel reads them."""
+    torch = mem.torch
+    _, grid, block, args, smem = launch
+    a, b, c, bias, res, groups_ptr, m, n, k, lda, ldb, ldc, ldr, stride_a, stride_b, stride_c, stride_r, splits, \
+        kb_per_split, group_m, batch = args
+    tdt, odt, bm, bn, bk, wm, wn, _, trans_b = spec.template_args[:9]
+    bm, bn, bk, trans_b = int(bm), int(bn), int(bk), trans_b == "true"
+    assert (bias, res, ldr, stride_r, splits, kb_per_split) == (0, 0, 0, 0, 1, math.ceil(k / bk))
+    assert block[0] == (bm // int(wm)) * (bn // int(wn)) * 32 and smem >= 4 * (batch + 1)
+    tdtype = torch.bfloat16 if tdt == "rtk_bf16" else torch.float16
+    odtype = {"rtk_bf16": torch.bfloat16, "rtk_half": torch.float16, "float": torch.float32}[odt]
+    es = torch.empty(0, dtype=odtype).element_size()
+    tiles_n = math.ceil(n / bn)
+    work = list(units(index, mode, batch, m, bm, tiles_n, group_m))
+    assert grid[0] >= len(work), "the grid's bound misses units"
+    A = mem.view(a, (batch, m, k), (stride_a, lda, 1), tdtype) if mode == "masked" else \
+        mem.view(a, (1, m, k), (0, lda, 1), tdtype)
+    B = mem.view(b, (batch, n, k) if trans_b else (batch, k, n), (stride_b, ldb, 1), tdtype)
+    written = set()
+    for g, row0, row_end, tn in work:
+        av = box_rows(A[g if mode == "masked" else 0][:row_end], row0, bm)  # rows past the group's end: zeros
+        bg = B[g].double()
+        bt = bg[tn * bn:(tn + 1) * bn] if trans_b else bg[:, tn * bn:(tn + 1) * bn].t()
+        acc = av @ bt.t()
+        cols = min(bn, n - tn * bn)
+        out = mem.view(c + g * stride_c * es, (m, n), (ldc, 1), odtype)
+        for i in range(bm):
+            if row0 + i < row_end:
+                out[row0 + i, tn * bn:tn * bn + cols] = acc[i, :cols].to(odtype)
+                written.add((g if mode == "masked" else 0, row0 + i, tn))
+    return written
+
+
 @pytest.fixture
 def host(monkeypatch, cache_dir):
     """The grouped ops on CPU torch tensors posing as device 0 of an H200: validation, the registry's choice (its
@@ -223,6 +270,9 @@ def host(monkeypatch, cache_dir):
 
         def launch_packed(self, grid, block, params, shared_mem=0, stream=None):
             state["log"].append((self.spec, grid, block, tuple(params), shared_mem))
+
+        def launch(self, grid, block, args, shared_mem=0, stream=None):
+            state["log"].append((self.spec, grid, block, tuple(args), shared_mem))
 
     def select(req):
         state["selects"] += 1
@@ -263,9 +313,11 @@ def reference(torch, a, b, index, mode, trans_b):
 
 def check(torch, mem, state, y, a, b, index, mode, trans_b, tol):
     spec, *_ = state["log"][-1]
-    maps = state["maps"]
     mem.add(y)
-    written = emulate_bf16(mem, state["log"][-1], maps, spec, mode, index.tolist())
+    if spec.name == "gemm_mma_sm80":
+        written = emulate_sm80(mem, state["log"][-1], spec, mode, index.tolist())
+    else:
+        written = emulate_bf16(mem, state["log"][-1], state["maps"], spec, mode, index.tolist())
     want = reference(torch, a, b, index, mode, trans_b)
     n = y.shape[-1]
     bn = int(spec.template_args[3])
@@ -276,11 +328,18 @@ def check(torch, mem, state, y, a, b, index, mode, trans_b, tol):
         assert torch.allclose(got, v, rtol=tol, atol=tol), (g, r)
 
 
+@pytest.mark.parametrize("cand", ["grouped_gemm.sm90a_wgmma", "grouped_gemm.sm80_mma"])
 @pytest.mark.parametrize("mode", ["contiguous", "masked"])
 @pytest.mark.parametrize("trans_b", [True, False])
 @pytest.mark.parametrize("sizes", [[0, 1, 70, 0, 5], [130], [0, 0], [64, 64, 64, 3]])
-def test_the_launch_computes_every_group_and_nothing_else(host, mode, trans_b, sizes):
+def test_the_launch_computes_every_group_and_nothing_else(host, cand, mode, trans_b, sizes):
     torch, state = host
+    with config.override(force_impl={"grouped_gemm": cand}):
+        run_and_check(torch, state, mode, trans_b, sizes)
+    assert state["log"][-1][0].name == ("gemm_wgmma_sm90" if "wgmma" in cand else "gemm_mma_sm80")
+
+
+def run_and_check(torch, state, mode, trans_b, sizes):
     gen = torch.Generator().manual_seed(len(sizes) * 7 + sum(sizes))
     n, k, groups = 136, 72, len(sizes)
     b = torch.randn((groups, n, k) if trans_b else (groups, k, n), generator=gen).bfloat16()
@@ -338,6 +397,19 @@ def test_a_transposed_view_of_b_is_read_in_place(host):
     check(torch, mem, state, y, a, b_kn, index, "contiguous", False, 1e-2)
 
 
+def test_unaligned_operands_take_the_mma_sync_kernel_with_element_loads(host):
+    torch, state = host
+    a = torch.randn(14, 60).bfloat16()  # K = 60: rows of 120 bytes, no TMA, no 16-byte chunks
+    b = torch.randn(2, 24, 60).bfloat16()
+    index = torch.tensor([0, 5, 14], dtype=torch.int32)
+    y = grouped_gemm(a, b, index)
+    spec = state["log"][-1][0]
+    assert spec.name == "gemm_mma_sm80" and spec.template_args[9] == "false"  # ALIGNED
+    mem = Memory(torch)
+    mem.add(a, b)
+    check(torch, mem, state, y, a, b, index, "contiguous", True, 1e-2)
+
+
 def test_nothing_to_compute_launches_nothing(host):
     torch, state = host
     y = grouped_gemm(torch.randn(0, 64).bfloat16(), torch.randn(3, 8, 64).bfloat16(),
@@ -349,8 +421,12 @@ def test_nothing_to_compute_launches_nothing(host):
 def test_every_grouped_variant_compiles_without_spills():
     from rtckern.testing import compile_all, grouped_gemm_variants
 
-    specs = list(dict.fromkeys(s for s in grouped_gemm_variants("sm_90") if s.op == "grouped_gemm"))
-    assert len(specs) == 72  # 2 modes x 3 tiles x 2 input dtypes x 3 outputs x 2 layouts
+    wgmma = [s for s in grouped_gemm_variants("sm_90") if s.name == "gemm_wgmma_sm90"]
+    mma = list(grouped_gemm_variants("sm_80"))
+    specs = list(dict.fromkeys(wgmma + mma))
+    # each: 2 modes x 3 tiles (wgmma: by rows; mma.sync: two by rows, one unaligned) x 2 input dtypes x 3 outputs x
+    # 2 layouts
+    assert len(specs) == 144 and all(s.op == "grouped_gemm" for s in specs)
     failures = compile_all(specs, no_spills=True)
     assert not failures, "\n".join(failures)
 
