@@ -14,6 +14,7 @@ from rtckern.errors import InputError
 
 MODES = ("contiguous", "masked")
 MODE_IDS = MappingProxyType({"contiguous": 1, "masked": 2})  # RTK_GEMM_GROUPED's values
+INT32_MAX = 2**31 - 1
 MAX_GROUPS = 4096  # the tile prefix (4 bytes a group) shares a block's shared memory with the ring
 # mode -> (the index argument's name, what it holds)
 INDEX = MappingProxyType({
@@ -38,10 +39,13 @@ def check_group_index(x, mode: str, groups: int, like) -> None:
         raise InputError(f"{name} has stride {x.strides[0]}; pass {name}.contiguous()")
 
 
-def check_groups(groups: int, op: str) -> None:
+def check_sizes(groups: int, rows: int, op: str) -> None:
+    """At most MAX_GROUPS groups; rows (total_m or the capacity) that int32 offsets and TMA coordinates can reach."""
     if groups > MAX_GROUPS:
         raise InputError(f"b has {groups} groups; {op} takes at most {MAX_GROUPS} per call (each block keeps the "
                          "groups' tile counts in shared memory): split the groups over several calls")
+    if rows > INT32_MAX:
+        raise InputError(f"a has {rows} rows; {op} takes at most {INT32_MAX} (int32 offsets): split the call")
 
 
 def rows_class(mode: str, rows: int, groups: int) -> int:

@@ -137,7 +137,7 @@ def _build(mode: str, A, B, SA, SB, I, out_dtype, trans_b) -> plan.Plan:
                              f"a_scale {want_sa} (1x128 groups of a's rows) and b_scale {(groups, nblocks, kblocks)} "
                              "(128x128 blocks of each group's b)")
     shared.check_group_index(I, mode, groups, A)
-    shared.check_groups(groups, op)
+    shared.check_sizes(groups, A.shape[-2], op)
     out_shape = (groups, rows, n) if masked else (rows, n)
     if rows == 0 or n == 0 or groups == 0:
         return plan.Plan(settings, A, out_shape, out_dt, None)

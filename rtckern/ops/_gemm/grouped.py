@@ -23,12 +23,13 @@ are not checked on the host (that would synchronize) but clamped on the device: 
 access out of bounds.
 
 dtypes: a and b both bf16 or both fp16, fp32 accumulation, y bf16 / fp16 / fp32 (default: a's dtype). Rows
-contiguous in their last dimension, base addresses 16-byte aligned, row and group strides multiples of 8 elements,
-K (and N with trans_b=False) a multiple of 8. Up to 4096 groups per call.
+contiguous in their last dimension (any row and group strides). Up to 4096 groups per call.
 
-GPUs: sm_90 (H100 / H200) only, through the dense GEMM's wgmma + TMA kernel compiled for groups. Other GPUs and
-unaligned operands are refused (UnsupportedRequestError naming the reason): run a loop of rtckern.ops.gemm over
-the groups there (reading the offsets on the host). y is an array of a's library on its current stream.
+GPUs: sm_90 (H100 / H200) runs the dense GEMM's wgmma + TMA kernel compiled for groups (persistent over every
+group's tiles) when the operands suit TMA: 16-byte aligned base addresses, row and group strides multiples of 8
+elements, K (and N with trans_b=False) a multiple of 8. sm_80 and newer otherwise run the mma.sync kernel compiled
+for groups (one tile per block; element loads where rows are not 16-byte aligned): correct, slower. sm_75 and older
+GPUs are refused (UnsupportedRequestError naming the reason). y is an array of a's library on its current stream.
 """
 from __future__ import annotations
 
@@ -135,7 +136,7 @@ def _build(mode: str, A: arr.DeviceArray, B: arr.DeviceArray, I: arr.DeviceArray
     out_dt = A.dtype if out_dtype is None else \
         parse_dtype(out_dtype, "out_dtype", geometry.OUTPUT_DTYPES, default="a's dtype")
     shared.check_group_index(I, mode, groups, A)
-    shared.check_groups(groups, op)
+    shared.check_sizes(groups, A.shape[-2], op)
     rows = A.shape[-2]
     out_shape = (groups, rows, n) if masked else (rows, n)
     if rows == 0 or n == 0 or groups == 0:
