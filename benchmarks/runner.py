@@ -52,6 +52,7 @@ SUITES = {
     "first_call": "gpu",
     "cache_trust": "cpu",
     "fleet": "cpu",
+    "prefill": "cpu",
 }
 
 

@@ -1,6 +1,6 @@
 """rtckern: a runtime JIT kernel service for CUDA (NVRTC) and HIP (hiprtc)."""
 
-from . import config, events
+from . import config, events, logs
 from .arch import Arch, ArchFilter, parse_arch_list
 from .device import DeviceInfo, device_count
 from .errors import (ArchError, CacheError, CompileError, ConfigError, InputError, LaunchError, LoadError, RtckernError,
@@ -22,6 +22,7 @@ def _record_mode(event: events.SelectionEvent) -> None:
 
 
 events.add_listener(_record_mode, events.SelectionEvent)
+logs.register_torch()  # only where torch is already imported (rtckern.torch registers it otherwise)
 
 
 def explain(*args, **kwargs):

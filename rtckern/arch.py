@@ -14,6 +14,11 @@ from .errors import ArchError
 
 ACCEPTED_FORMS = "'7.5', '8.6+PTX', '9.0a', 'sm_90a', 'compute_90', '90', 'gfx90a', 'native'"
 
+# What `rtckern prefill` compiles for without --arch (RTCKERN_ARCH_LIST replaces it): Turing to Hopper, sm_90a for the
+# wgmma kernels, and Blackwell: sm_100 (B200 / GB200) and sm_120 (RTX 50 / RTX PRO), where the portable (sm_80-class)
+# kernels serve, since the sm_90a ones run on sm_90 only.
+DEFAULT_ARCH_LIST = "7.5;8.0;8.6;8.9;9.0a;10.0;12.0"
+
 # Arch-specific ("a") feature sets exist only for these NVIDIA archs.
 _ARCH_SPECIFIC_OK = {(9, 0), (10, 0), (10, 1), (10, 3), (11, 0), (12, 0), (12, 1)}
 

@@ -7,7 +7,7 @@ programs) change them with :func:`override`, which swaps the process-wide instan
 A bad value is a :class:`~rtckern.errors.ConfigError` naming the variable, the value, what is accepted and how
 to fix it (never a silent default). New settings parse with the helpers below: ``_bool``, ``_int``,
 ``_size(name, value, floor=...)``, ``_seconds(name, value, default, maximum=...)``, ``_path``, ``_paths``,
-``_remote_url``, ``_kv_list``, ``_name_set``; each field declares its variable and meaning with ``_var(...)``,
+``_remote_url``, ``_kv_list``, ``_name_set``, ``_verbosity``, ``_arch_list``; each field declares its variable and meaning with ``_var(...)``,
 from which ``docs/env.md`` is generated (``python tools/gen_env_doc.py``).
 """
 
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 from urllib.parse import urlsplit
 
-from .errors import ConfigError, ConfigWarning
+from .arch import DEFAULT_ARCH_LIST, Arch
+from .errors import ArchError, ConfigDeprecationWarning, ConfigError, ConfigWarning
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 MIN_CACHE_MAX_BYTES = MiB  # a cap below one large entry (GEMM cubins reach a few hundred KB) would prune everything
@@ -78,6 +79,35 @@ def _auto_bool(name: str, value: str | None, default: str) -> str:
     raise ConfigError(f"{name}={value!r}; set it to auto, 1 or 0, or unset it for the default ({default})")
 
 
+def _verbosity(name: str, value: str | None) -> int:
+    """0, 1 or 2; a boolean word means 0 or 1."""
+    if _unset(value):
+        return 0
+    v = value.strip().lower()
+    if v in ("0", "1", "2"):
+        return int(v)
+    if v in TRUE_WORDS or v in FALSE_WORDS:
+        return int(v in TRUE_WORDS)
+    raise ConfigError(f"{name}={value!r}; set it to 1 (log compiles), 2 (also cache hits) or 0, or unset it for the "
+                      "default (0)")
+
+
+def _arch_list(name: str, value: str | None) -> str | None:
+    """An arch list as ``rtckern prefill --arch`` takes it, checked entry by entry (``native`` is expanded only when
+    the list is used: reading the settings never queries a GPU)."""
+    if _unset(value):
+        return None
+    entries = [e for e in re.split(r"[;,\s]+", value.strip()) if e]
+    for entry in entries:
+        if entry.lower() != "native":
+            try:
+                Arch.parse(entry)
+            except ArchError as e:
+                raise ConfigError(f"{name}={value!r}: {e}; give a list such as {DEFAULT_ARCH_LIST!r}, or unset it "
+                                  "for that default") from None
+    return value.strip()
+
+
 def _int(name: str, value: str | None, default: int | None, *, minimum: int | None = None,
          maximum: int | None = None) -> int | None:
     if _unset(value):
@@ -97,16 +127,25 @@ _SIZE = re.compile(r"([0-9][0-9_]*(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORE
 _UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": TiB}
 
 
+def parse_size(text: str) -> int:
+    """Bytes of a size written plain (``1073741824``) or with a 1024-based suffix (``64K``, ``512M``, ``1G``,
+    ``2T``; ``MiB``, ``GB`` and lower case read the same); ValueError for anything else. Settings and command-line
+    options (``rtckern cache prune --max-bytes 1G``) read sizes with this one parser."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"{text!r} is not a size")
+    return int(float(m.group(1).replace("_", "")) * _UNITS[m.group(2).upper()])
+
+
 def _size(name: str, value: str | None, default: int | None = None, *, floor: int = 1) -> int | None:
-    """Bytes, plain (``1073741824``) or with a 1024-based suffix (``64K``, ``512M``, ``1G``, ``2T``; ``MiB``,
-    ``GB`` and lower case read the same); at least ``floor`` bytes."""
+    """A size (``parse_size``) of at least ``floor`` bytes."""
     if _unset(value):
         return default
-    m = _SIZE.fullmatch(value.strip())
-    if m is None:
+    try:
+        n = parse_size(value)
+    except ValueError:
         raise ConfigError(f"{name}={value!r} is not a size; give bytes or a number with a K/M/G/T suffix "
-                          "(1024-based), such as 10G or 512M, or unset it")
-    n = int(float(m.group(1).replace("_", "")) * _UNITS[m.group(2).upper()])
+                          "(1024-based), such as 10G or 512M, or unset it") from None
     if n < floor:
         raise ConfigError(f"{name}={value!r} is {n} bytes, below the smallest accepted {_human(floor)} "
                           f"({floor} bytes); give a larger size such as 10G, or unset it")
@@ -247,6 +286,31 @@ def _name_set(name: str, value: str | None) -> frozenset[str]:
     return frozenset(items)
 
 
+DISABLE_OPS, DISABLE_OPS_OLD = "RTCKERN_DISABLE_OPS", "RTCKERN_DISABLE_JIT"
+
+
+def _disabled_ops(env: Mapping[str, str]) -> frozenset[str]:
+    """RTCKERN_DISABLE_OPS, or its deprecated old name RTCKERN_DISABLE_JIT (with a warning). Renamed because
+    FlashInfer's FLASHINFER_DISABLE_JIT means "never compile, use prebuilt kernels", while this takes rtckern's
+    kernels away from the ops named (rtckern.ops raise, the torch plugin runs torch's op)."""
+    new, old = env.get(DISABLE_OPS), env.get(DISABLE_OPS_OLD)
+    name, value = (DISABLE_OPS, new) if not _unset(new) else (DISABLE_OPS_OLD, old)
+    if not _unset(old):
+        if not _unset(new):
+            raise ConfigError(f"{DISABLE_OPS_OLD}={old!r} and {DISABLE_OPS}={new!r} are both set; "
+                              f"{DISABLE_OPS_OLD} is the deprecated name of {DISABLE_OPS}: unset it")
+        warnings.warn(f"rtckern: {DISABLE_OPS_OLD} is deprecated; set {DISABLE_OPS}={old.strip()} instead (same "
+                      "meaning: no rtckern kernels for these ops, not FlashInfer's 'never compile')",
+                      ConfigDeprecationWarning, stacklevel=4)
+    v = (value or "").strip().lower()
+    if v in TRUE_WORDS or v in FALSE_WORDS:
+        raise ConfigError(f"{name}={value!r} is not a list of ops: it takes op names (rms_norm,gemm) or 'all', "
+                          "whose requests then get no rtckern kernel (the torch plugin runs torch's op). It is not "
+                          "a switch that stops compiling (FlashInfer's FLASHINFER_DISABLE_JIT); prefill the cache "
+                          "(`rtckern prefill`) to keep compiles out of serving")
+    return _name_set(name, value)
+
+
 # ---- the cache directory when there is no home ------------------------------------------------------------------
 _warned_no_home = False
 
@@ -329,13 +393,20 @@ class Settings:
     extra_include_dirs: tuple[Path, ...] = _var(
         "RTCKERN_INCLUDE_DIRS", "Extra include directories for kernel sources (os.pathsep-separated).", "none")
     lineinfo: bool = _var("RTCKERN_LINEINFO", "1 adds -lineinfo to every compile (changes the key).", "0")
+    arch_list: str | None = _var(
+        "RTCKERN_ARCH_LIST", "The arch list `rtckern prefill` compiles for when `--arch` is not given, "
+                             "as TORCH_CUDA_ARCH_LIST is for torch extensions: entries such as `8.0`, `9.0a`, "
+                             "`8.6+PTX`, `sm_100`, `native`, separated by `;`, `,` or spaces.",
+        f"`{DEFAULT_ARCH_LIST}`")
     # --- registry ---
     force_impl: Mapping[str, str] = _var(
         "RTCKERN_FORCE_IMPL", "op=candidate,...: use only this candidate for the op (checked against the "
                               "registered ops and candidates at selection).", "none")
-    disable_jit: frozenset[str] = _var(
-        "RTCKERN_DISABLE_JIT", "op1,op2 (or all): no JIT candidate for these ops (the torch plugin falls back to "
-                               "torch).", "none")
+    disabled_ops: frozenset[str] = _var(
+        "RTCKERN_DISABLE_OPS, RTCKERN_DISABLE_JIT",
+        "op1,op2 (or all): no rtckern kernel serves these ops (rtckern.ops raise UnsupportedRequestError; the torch "
+        "plugin runs torch's op). Not a switch that stops compiling, as FLASHINFER_DISABLE_JIT is: hence the new "
+        "name; RTCKERN_DISABLE_JIT, the old one, still works with a deprecation warning.", "none")
     strict: bool = _var("RTCKERN_STRICT", "1: no silent fallback to torch ops (an error instead).", "0")
     numerical_probe: bool = _var(
         "RTCKERN_NUMERICAL_PROBE", "1: probe candidates on a small input before accepting them.", "0")
@@ -343,7 +414,10 @@ class Settings:
         "RTCKERN_PERSIST_DECISIONS", "0 keeps registry decisions in memory only.", "1")
     tuning_table_dir: Path | None = _var("RTCKERN_TUNING_DIR", "User tuning tables.", "`<cache_dir>/tuning`")
     # --- logging ---
-    verbose: bool = _var("RTCKERN_VERBOSE", "1: log every compile and cache event at INFO.", "0")
+    verbose: int = _var(
+        "RTCKERN_VERBOSE", "1: log compiles (INFO) to stderr; 2: cache hits too (DEBUG). Sets the `rtckern` logger's "
+                           "level where the application set none, and writes through a stderr handler only while no "
+                           "other handler (the application's, torch's TORCH_LOGS) receives its records.", "0")
     # --- HIP / AMD ---
     hiprtc_library: Path | None = _var(
         "RTCKERN_HIPRTC_LIBRARY", "The library with hiprtc.", "`libhiprtc.so` searched by name", default=None)
@@ -395,15 +469,16 @@ class Settings:
             cuda_home=_path(cuda_home, g(cuda_home), env),
             extra_include_dirs=_paths("RTCKERN_INCLUDE_DIRS", g("RTCKERN_INCLUDE_DIRS"), env),
             lineinfo=_bool("RTCKERN_LINEINFO", g("RTCKERN_LINEINFO"), False),
+            arch_list=_arch_list("RTCKERN_ARCH_LIST", g("RTCKERN_ARCH_LIST")),
             force_impl=_kv_list("RTCKERN_FORCE_IMPL", g("RTCKERN_FORCE_IMPL")),
-            disable_jit=_name_set("RTCKERN_DISABLE_JIT", g("RTCKERN_DISABLE_JIT")),
+            disabled_ops=_disabled_ops(env),
             strict=_bool("RTCKERN_STRICT", g("RTCKERN_STRICT"), False),
             numerical_probe=_bool("RTCKERN_NUMERICAL_PROBE", g("RTCKERN_NUMERICAL_PROBE"), False),
             persist_decisions=_bool("RTCKERN_PERSIST_DECISIONS", g("RTCKERN_PERSIST_DECISIONS"), True),
             tuning_table_dir=_path("RTCKERN_TUNING_DIR", g("RTCKERN_TUNING_DIR"), env),
             c_compiler=_command("CC", g("CC")),
             native_launch=_auto_bool("RTCKERN_NATIVE_LAUNCH", g("RTCKERN_NATIVE_LAUNCH"), "auto"),
-            verbose=_bool("RTCKERN_VERBOSE", g("RTCKERN_VERBOSE"), False),
+            verbose=_verbosity("RTCKERN_VERBOSE", g("RTCKERN_VERBOSE")),
             hiprtc_library=_path("RTCKERN_HIPRTC_LIBRARY", g("RTCKERN_HIPRTC_LIBRARY"), env),
             rocm_path=_path("ROCM_PATH", g("ROCM_PATH"), env),
             cache_secret_file=_path("RTCKERN_CACHE_SECRET_FILE", g("RTCKERN_CACHE_SECRET_FILE"), env),
@@ -424,6 +499,7 @@ def settings() -> Settings:
         with _lock:
             if _current is None:
                 _current = Settings.from_env()
+                _apply(_current)
             s = _current
     return s
 
@@ -443,6 +519,15 @@ def _settings_changed() -> None:
     from .caches import clear_all
 
     clear_all()
+    _apply(_current)
+
+
+def _apply(s: Settings | None) -> None:
+    """What takes effect when settings are read or replaced, beyond the memos: the logging RTCKERN_VERBOSE asks for."""
+    if s is not None:
+        from .logs import apply_verbose
+
+        apply_verbose(s.verbose)
 
 
 @contextlib.contextmanager
@@ -460,6 +545,39 @@ def override(**changes) -> Iterator[Settings]:
         with _lock:
             _current = old
         _settings_changed()
+
+
+def _shown(value: Any) -> str:
+    """A setting's value as a user would write it in its variable."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (tuple, list)) and all(isinstance(v, Path) for v in value):
+        return os.pathsep.join(map(str, value))
+    if isinstance(value, (tuple, list)):
+        return shlex.join(value)
+    if isinstance(value, frozenset):
+        return ",".join(sorted(value))
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items()))
+    return str(value)
+
+
+def effective(s: Settings | None = None, env: Mapping[str, str] | None = None) -> list[dict[str, str | bool]]:
+    """Every setting as it is in effect, for `rtckern info`: field name, variable(s), value as written in the
+    variable ("" for unset/none; the remote URL without its password), and whether the environment sets it."""
+    s = s or settings()
+    env = os.environ if env is None else env
+    out = []
+    for f in dataclasses.fields(Settings):
+        names = [e.strip() for e in f.metadata["env"].split(",")]
+        value = _shown(getattr(s, f.name))
+        if f.name == "remote_cache" and value:
+            value = redact_url(value)
+        out.append({"name": f.name, "env": ", ".join(names), "value": value,
+                    "set": any(not _unset(env.get(n)) for n in names)})
+    return out
 
 
 def env_doc() -> str:
@@ -506,8 +624,9 @@ CODE_EFFECT: dict[str, str] = {
     "cuda_home": "identity: only a fallback location of the CUDA headers, whose version is in the compiler identity",
     "extra_include_dirs": "key: headers found there are hashed by content (labelled relative to their dir)",
     "lineinfo": "key: -lineinfo is a setting option in the key (NVRTC; hiprtc adds nothing)",
+    "arch_list": "chooses which archs prefill compiles for; each spec's arch is in its key",
     "force_impl": "chooses which spec is compiled, not the bytes of a spec",
-    "disable_jit": "chooses whether a spec is compiled at all",
+    "disabled_ops": "chooses whether a spec is compiled at all",
     "strict": "chooses between rtckern and torch fallbacks",
     "numerical_probe": "checks candidates; compiles the same specs",
     "persist_decisions": "where registry decisions are kept",

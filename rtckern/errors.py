@@ -22,6 +22,10 @@ class ConfigWarning(UserWarning):
     """A setting rtckern had to work around (no home directory: the cache goes to a private temp directory)."""
 
 
+class ConfigDeprecationWarning(ConfigWarning, FutureWarning):
+    """A setting read under its deprecated name (shown by default: whoever sets the variable should see it)."""
+
+
 class CompileError(RtckernError):
     """A kernel failed to compile. Carries the spec, options, the compiler log and a source excerpt."""
 

@@ -3,8 +3,9 @@
     CacheEvent      every KernelManager.get: which tier served the key (or "compile"), in how many ms
     SelectionEvent  the registry decided a request for the first time in this process (its slow path only)
 
-``add_listener(fn)`` listens to cache events; ``add_listener(fn, SelectionEvent)`` to selections. A listener that
-raises is ignored: an event never breaks a compile or a selection.
+``add_listener(fn)`` listens to cache events; ``add_listener(fn, SelectionEvent)`` to selections; ``remove_listener``
+with the same arguments stops. Listeners run in the calling thread. A listener that raises is ignored: an event never
+breaks a compile or a selection. docs/logging.md has the fields and an example.
 """
 
 from __future__ import annotations

@@ -71,11 +71,13 @@ class KernelManager:
 
     # ---- compile through the tiers ----
     def lookup(self, spec: KernelSpec) -> tuple[CompiledKernel | None, str]:
-        """Look in every tier without compiling: (compiled kernel or None, tier name)."""
+        """Look in every tier without compiling: (compiled kernel or None, tier name). A hit is logged at DEBUG."""
         ck, tier = self._lookup_local(spec)
+        if ck is None:
+            ck, tier = self._lookup_remote(spec)
         if ck is not None:
-            return ck, tier
-        return self._lookup_remote(spec)
+            _log_hit(spec, tier)
+        return ck, tier
 
     def _lookup_local(self, spec: KernelSpec) -> tuple[CompiledKernel | None, str]:
         """Memory, read-only layers, local disk: the tiers that are cheap to look at under the per-key lock."""
@@ -134,14 +136,12 @@ class KernelManager:
                 if not force:  # second look, local tiers only: another thread or process may have compiled it
                     ck, tier = self._lookup_local(spec)
                     if ck is not None:
+                        _log_hit(spec, tier)
                         events.emit(events.CacheEvent(spec, key, tier, (time.perf_counter() - t0) * 1e3))
                         return ck
                 ck = compiler_for(spec.arch).compile(spec)
                 self.stats.compiled(ck.compile_ms)
-                if settings().verbose:
-                    log.info("compiled %s in %.1f ms (key %s)", spec.describe(), ck.compile_ms, key[:16])
-                else:
-                    log.debug("compiled %s in %.1f ms (key %s)", spec.describe(), ck.compile_ms, key[:16])
+                log.info("compiled %s in %.1f ms (key %s)", spec.describe(), ck.compile_ms, key[:16])
                 meta = self._meta(spec, ck, source="compile")
                 packed = pack(ck, key, identity(meta))
                 if self.disk is not None:
@@ -214,6 +214,11 @@ class KernelManager:
         from .caches import clear_all
 
         clear_all()
+
+
+def _log_hit(spec: KernelSpec, tier: str) -> None:
+    if log.isEnabledFor(logging.DEBUG):  # describe() only when someone reads it
+        log.debug("cache hit (%s) %s", tier, spec.describe())
 
 
 class _null:

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable, Iterable, Sequence
 
-from .arch import Arch, ArchFilter, parse_arch_list
+from .arch import DEFAULT_ARCH_LIST, Arch, ArchFilter, parse_arch_list
 from .dtypes import FLOATS, ctype
 from .registry.providers import kernel_providers, register_kernel_provider
 from .spec import KernelSpec
 
-DEFAULT_ARCHS = "7.5;8.0;8.6;8.9;9.0a"
+DEFAULT_ARCHS = DEFAULT_ARCH_LIST  # the built-in default; RTCKERN_ARCH_LIST replaces it (default_arch_list())
+WORKER_STOP_S = 1.0  # an interrupted prefill waits this long for a terminated worker before killing it
 
 # ``register_provider(name, fn)``, ``fn(archs) -> specs``: the registry keeps kernel providers (op families, a layer
 # below prefill, register theirs at import); the name stays here for callers of rtckern.prefill.
@@ -137,8 +139,30 @@ def _worker(args):
     return _compile_one(spec, cache_dir)
 
 
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C (SIGINT to the terminal's whole process group) to the parent, which stops them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_workers(ex: ProcessPoolExecutor) -> None:
+    """Cancel the queued compiles and end the running ones now (an interrupt): a compile in a worker is one NVRTC
+    call that would otherwise run on for seconds. Entries are written atomically and lock files are flocks the
+    kernel releases, so a killed worker leaves at most a temp file that `rtckern cache verify` or `prune` removes."""
+    # Taken before shutdown(), which forgets them (Python < 3.14 has no public way to reach the workers).
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.join(WORKER_STOP_S)
+        if p.is_alive():
+            p.kill()
+
+
 def prefill(specs: Sequence[KernelSpec], *, jobs: int = 1, cache_dir: str | None = None,
             progress: Callable[[PrefillResult], None] | None = None) -> list[PrefillResult]:
+    """Compile (or find) every spec, over ``jobs`` processes; results in the order of ``specs``. A
+    KeyboardInterrupt cancels what is queued, stops the workers and propagates; what was compiled stays cached."""
     results: list[PrefillResult] = []
     if jobs <= 1 or len(specs) <= 1:
         for s in specs:
@@ -154,13 +178,18 @@ def prefill(specs: Sequence[KernelSpec], *, jobs: int = 1, cache_dir: str | None
             ctx = multiprocessing.get_context("spawn")  # no forked CUDA/NVRTC state
         except ValueError:
             pass
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
+        ex = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_ignore_sigint)
+        try:
             futs = [ex.submit(_worker, (s, cache_dir)) for s in specs]
             for f in as_completed(futs):
                 r = f.result()
                 results.append(r)
                 if progress:
                     progress(r)
+        except BaseException:
+            _stop_workers(ex)
+            raise
+        ex.shutdown(wait=True)
     order = {s: i for i, s in enumerate(specs)}
     results.sort(key=lambda r: order[r.spec])
     return results
@@ -209,6 +238,13 @@ def summarize(results: Sequence[PrefillResult], seconds: float, arch_failures: d
     }
 
 
+def default_arch_list() -> str:
+    """The arch list used when none is given: RTCKERN_ARCH_LIST, else DEFAULT_ARCHS."""
+    from .config import settings
+
+    return settings().arch_list or DEFAULT_ARCHS
+
+
 def parse_archs(text: str | None) -> list[Arch]:
     """An arch list; None means the default list (an empty string is an error, not the default)."""
-    return parse_arch_list(DEFAULT_ARCHS if text is None else text)
+    return parse_arch_list(default_arch_list() if text is None else text)

@@ -450,6 +450,11 @@ class Tuner:
 
     op: str = ""
     key_fields: tuple[str, ...] = ()
+    request_ops: tuple[str, ...] = ()  # the ops whose requests it times, when they are not just `op` (its table)
+
+    def ops(self) -> tuple[str, ...]:
+        """The ops whose requests this tuner times (`rtckern tune OP` finds it by any of them)."""
+        return self.request_ops or (self.op,)
 
     def key(self, req: Any) -> dict[str, KeyValue]:
         out: dict[str, KeyValue] = {}
@@ -522,6 +527,33 @@ def get_tuner(op: str) -> Tuner:
 
 def tuner_ops() -> list[str]:
     return sorted(_tuners)
+
+
+def tuners_for(op: str) -> list[Tuner]:
+    """The tuners that time requests of ``op``, by name."""
+    return sorted((t for t in _tuners.values() if op in t.ops()), key=lambda t: t.op)
+
+
+def resolve_tuner(name: str) -> tuple[Tuner, str]:
+    """(tuner, the op of the requests it times) for `rtckern tune NAME`: NAME is a tuner (its table's name) or an
+    op that exactly one tuner times. KeyError naming what exists otherwise."""
+    if name in _tuners:
+        return _tuners[name], _tuners[name].ops()[0]
+    found = tuners_for(name)
+    if len(found) == 1:
+        return found[0], name
+    if found:
+        names = ", ".join(t.op for t in found)
+        raise KeyError(f"op {name!r} is timed by {len(found)} tuners, each writing its own table: {names}; name "
+                       f"one, e.g. `rtckern tune {found[0].op} ...`")
+    by_op: dict[str, list[str]] = {}
+    for t in _tuners.values():
+        for op in t.ops():
+            by_op.setdefault(op, []).append(t.op)
+    listing = "; ".join(f"{op} ({', '.join(sorted(ts))})" for op, ts in sorted(by_op.items())) or \
+        "none (import rtckern.ops)"
+    raise KeyError(f"{name!r} is neither a tuner nor an op with one (its configs come from rules and the shipped "
+                   f"tables); ops with tuners (tuner names): {listing}")
 
 
 # -- measuring ------------------------------------------------------------------------------------------------------

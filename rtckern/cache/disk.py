@@ -78,11 +78,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, fsync, rename: readers see the old file or the whole new one."""
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Temp file in the same folder, fsync, rename: readers see the old file or the whole new one. The file is
+    private (0600, as mkstemp makes it) unless ``mode`` says otherwise (a bundle is shipped: 0644)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -154,8 +157,7 @@ class DiskCache:
             if tag in self._warned:
                 return
             self._warned.add(tag)
-        log.warning(msg)
-        warnings.warn(msg, CacheWarning, stacklevel=3)
+        warnings.warn(msg, CacheWarning, stacklevel=3)  # one channel: not logged as well (rtckern.logs)
 
     # ---- paths ----
     def entry_path(self, key: str) -> Path:

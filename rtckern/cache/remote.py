@@ -86,8 +86,7 @@ class RedisCache:
         if first:
             msg = (f"remote cache {self.endpoint.where()} failed ({op}: {type(err).__name__}: {err}); treating it "
                    f"as a miss and skipping it for {self.cooldown_s:g} s. Check RTCKERN_REMOTE_CACHE and the server")
-            log.warning(msg)
-            warnings.warn(msg, CacheWarning, stacklevel=4)
+            warnings.warn(msg, CacheWarning, stacklevel=4)  # one channel: not logged as well (rtckern.logs)
         else:
             log.debug("remote cache still failing (%s: %s)", op, err)
 
@@ -105,7 +104,6 @@ class RedisCache:
             self._warned_invalid.add(key)
             msg = (f"remote cache value for {key[:16]}… is invalid ({why}); recompiling, and the write-back "
                    "replaces it")
-            log.warning(msg)
             warnings.warn(msg, CacheWarning, stacklevel=4)
 
     # ---- the tier ----
@@ -152,7 +150,6 @@ class RedisCache:
             if key not in self._warned_invalid:
                 self._warned_invalid.add(key)
                 msg = f"not writing {key[:16]}… to the remote cache: {ValueTooLarge(len(data), self.max_value_bytes)}"
-                log.warning(msg)
                 warnings.warn(msg, CacheWarning, stacklevel=3)
             return False
         try:
@@ -165,6 +162,15 @@ class RedisCache:
         self._ok()
         self.stats.bump(self.name, "writes")
         return True
+
+    def ping(self, timeout_s: float | None = None) -> str | None:
+        """None when the server answers PING within ``timeout_s`` (default: the tier's deadline), else why not,
+        in one line (for `rtckern info`; no warning, no cool-down)."""
+        try:
+            reply = self._client.execute((b"PING",), timeout_s or self.timeout_s)
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return None if reply == "PONG" else f"PING answered {reply!r}, not PONG"
 
     def close(self) -> None:
         self._client.close()

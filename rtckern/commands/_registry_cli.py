@@ -69,10 +69,16 @@ def list_ops(registry) -> str:
             if b.help:
                 lines.append(f"    {b.help}")
             if b.example:
-                lines.append(f"    example: rtckern explain {op} {b.example}")
+                lines.append(f"    example: {example_command(op, b.example)}")
         else:
             lines.append("    (no request builder: not usable from the command line)")
     return "\n".join(lines) or "no ops registered"
+
+
+def example_command(op: str, example: str, arch: str = "sm_90") -> str:
+    """The explain command of an op's example request, on a described device so that it runs without a GPU."""
+    described = "" if "--arch" in example.split() or "--device" in example.split() else f" --arch {arch}"
+    return f"rtckern explain {op} {example}{described}"
 
 
 def live_device(ordinal: int, command: str, why: str = "needs a live GPU to measure on"):

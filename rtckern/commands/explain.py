@@ -10,11 +10,22 @@ from __future__ import annotations
 import sys
 
 from ._args import non_negative_int, positive_int
+from ._help import add_command
 from ._registry_cli import add_request_arguments, list_ops, live_device, load_ops, parse_opts
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("explain", help="show every candidate for an op request, accepted or rejected and why")
+    p = add_command(
+        sub, "explain", summary="show every candidate for an op request, accepted or rejected and why",
+        description="Builds the request an op call would make and runs the registry's selection on it: each "
+                    "candidate's arch range, supports() check, expected cost (tuned table row or rule) and compile "
+                    "are shown, with the one chosen. Without a GPU, describe the device with --arch (and "
+                    "--sm-count, --smem, --device-class): the probe compiles but does not load. With --device N, "
+                    "or no --arch on a machine with a GPU, it probes on that GPU.",
+        examples=["rtckern explain --list                                  ops, candidates and options",
+                  "rtckern explain rms_norm --dtype bf16 --shape 8192x4096 --arch sm_90",
+                  "rtckern explain attention --shape 4x4096x16x128 --opt causal=1 --arch sm_80 --json",
+                  "rtckern explain gemm --shape 4096x4096x4096 --device 0      (on a live GPU)"])
     add_request_arguments(p, shape_required=False, op_optional=True)
     p.add_argument("--shape", default=None, help="the main input's shape, e.g. 8192x4096")
     p.add_argument("--arch", default=None, help="describe a device of this arch (no GPU needed), e.g. sm_90")

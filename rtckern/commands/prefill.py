@@ -1,6 +1,9 @@
 """``rtckern prefill``: compile the built-in kernel set, a manifest or a preset for a list of archs, no GPU needed.
 
     rtckern prefill [--manifest F | --preset NAME] --arch LIST [--jobs N] [--out DIR] [--bundle FILE] [--json]
+
+Progress goes to stderr (a bar on a terminal, a line every ~10% or 30 s otherwise). Ctrl-C stops within a second
+or two: queued compiles are cancelled, running ones stopped, and what was compiled stays in the cache (exit 130).
 """
 
 from __future__ import annotations
@@ -13,18 +16,33 @@ import time
 from pathlib import Path
 
 from ._args import positive_int
+from ._help import add_command
+from ._progress import Progress
 
 
 def add_parser(sub) -> None:
     from ..prefill import DEFAULT_ARCHS
 
-    p = sub.add_parser("prefill", help="compile kernels for an arch list into the cache (no GPU needed)")
+    p = add_command(
+        sub, "prefill", summary="compile kernels for an arch list into the cache (no GPU needed)",
+        description="Compiles, in parallel processes, the kernels a fleet will ask for into a cache directory, so "
+                    "that no compile happens on the serving path: the built-in kernel set (every op family's "
+                    "kernels for the shipped presets, or --family), or the requests of a manifest recorded with "
+                    "RTCKERN_RECORD_MANIFEST (or a shipped --preset) on each device arch. The same arch list and "
+                    "toolchain give the same keys and bytes; --bundle also writes them into one file to ship. "
+                    "Progress goes to stderr; Ctrl-C stops within a second or two and keeps what was compiled "
+                    "(exit code 130). Exit code 1 when a kernel or request failed.",
+        examples=["rtckern prefill --arch '8.0;9.0a' -j 8",
+                  "rtckern prefill --preset llama-3.1-8b --arch 9.0 --bundle llama-h100.bundle",
+                  "rtckern prefill --manifest requests.jsonl --arch '8.0;9.0' --out /mnt/cache --json",
+                  "rtckern prefill --family core --arch native --no-progress"])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--manifest", default=None, metavar="FILE",
                      help="JSON-lines manifest of op requests (what RTCKERN_RECORD_MANIFEST records)")
     src.add_argument("--preset", default=None, metavar="NAME", help="a shipped manifest (see --list-presets)")
     src.add_argument("--list-presets", action="store_true", help="list the shipped presets and exit")
-    p.add_argument("--arch", default=None, help=f"arch list (default: {DEFAULT_ARCHS!r}); e.g. '8.0;9.0a', native")
+    p.add_argument("--arch", default=None, help=f"arch list (default: $RTCKERN_ARCH_LIST, else {DEFAULT_ARCHS!r}); "
+                   "e.g. '8.0;9.0a', native")
     p.add_argument("--family", action="append", default=None,
                    help="built-in set only: only these kernel families (repeatable)")
     p.add_argument("--jobs", "-j", type=positive_int, default=None,
@@ -40,36 +58,19 @@ def add_parser(sub) -> None:
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (registers your own candidates and request builders)")
     p.add_argument("--json", action="store_true", help="print a JSON summary (keys: compiled, cached, failed)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (by default a bar on a terminal, else a line every ~10%% or 30 s)")
     p.set_defaults(func=run)
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.n, self.enabled = total, 0, enabled and sys.stderr.isatty()
-        self.bar = None
-        if self.enabled:
-            try:
-                from tqdm import tqdm
+def _interrupted(prog: Progress) -> int:
+    """Ctrl-C: the compile pools are stopped (rtckern.prefill); say how far it got."""
+    prog.close()
+    print(f"rtckern prefill: interrupted: {prog.n} of {prog.total or '?'} done, compiled kernels kept",
+          file=sys.stderr)
+    from ..cli import EXIT_INTERRUPTED
 
-                self.bar = tqdm(total=total or None, unit="kernel", file=sys.stderr, leave=False)
-            except ImportError:
-                pass
-
-    def __call__(self, r) -> None:
-        self.n += 1
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix_str(r.status)
-        elif self.enabled:
-            of = f"/{self.total}" if self.total else ""
-            print(f"\r[{self.n}{of}] {r.status:<8} {r.spec.describe()[:70]:<70}", end="", file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        elif self.enabled:
-            print(file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def run(args) -> int:
@@ -163,9 +164,12 @@ def _run_builtin(args) -> int:
     bad = unsupported_archs(archs)
     specs = builtin_specs([a for a in archs if str(a) not in bad], args.family)
     jobs = args.jobs or default_jobs()
-    prog = _Progress(len(specs), not args.no_progress and not args.json)
+    prog = Progress("prefill", "kernel", len(specs), show=not args.no_progress)
     t0 = time.perf_counter()
-    results = prefill(specs, jobs=jobs, cache_dir=args.cache_dir, progress=prog)
+    try:
+        results = prefill(specs, jobs=jobs, cache_dir=args.cache_dir, progress=prog)
+    except KeyboardInterrupt:
+        return _interrupted(prog)
     prog.close()
     summary = summarize(results, time.perf_counter() - t0, bad)
     summary["archs"] = [str(a) for a in archs]
@@ -199,9 +203,12 @@ def _run_manifest(args) -> int:
     archs = parse_archs(args.arch)
     bad = unsupported_archs(archs)
     jobs = args.jobs or default_jobs()
-    prog = _Progress(0, not args.no_progress and not args.json)
-    result = replay(entries, [a for a in archs if str(a) not in bad], jobs=jobs, cache_dir=args.cache_dir,
-                    all_candidates=args.all_candidates, progress=prog)
+    prog = Progress("prefill", "kernel", show=not args.no_progress)
+    try:
+        result = replay(entries, [a for a in archs if str(a) not in bad], jobs=jobs, cache_dir=args.cache_dir,
+                        all_candidates=args.all_candidates, progress=prog, on_round=prog.add_total)
+    except KeyboardInterrupt:
+        return _interrupted(prog)
     prog.close()
     summary = summarize_replay(result, bad)
     summary.update(source=str(Path(args.manifest)) if args.manifest else f"preset:{args.preset}",

@@ -12,11 +12,20 @@ import json
 import shlex
 import sys
 
+from ._help import add_command
 from ._registry_cli import live_device, load_ops, parse_opts
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("selftest", help="numerically check every candidate of an op (or of all ops) on the GPU")
+    p = add_command(
+        sub, "selftest", summary="numerically check every candidate of an op (or of all ops) on the GPU",
+        description="Launches every candidate that serves the request on a small input shaped like it and "
+                    "compares the result with a reference. Outcomes are stored with the registry's decisions, so "
+                    "selection under RTCKERN_NUMERICAL_PROBE=1 reuses them. Needs a live GPU; exit code 1 when a "
+                    "candidate fails.",
+        examples=["rtckern selftest                                   every op, at its example request",
+                  "rtckern selftest rms_norm --dtype bf16 --shape 8192x4096",
+                  "rtckern selftest attention --shape 128 --opt causal=1 --device 1 --json"])
     p.add_argument("op", nargs="*", help="ops to check (default: every op with a request builder)")
     p.add_argument("--dtype", default=None, help="main dtype (default: the op's example's)")
     p.add_argument("--shape", default=None, help="main input shape (default: the op's example's)")

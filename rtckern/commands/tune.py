@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 from ._args import positive_int
+from ._help import add_command
+from ._progress import Progress
 from ._registry_cli import live_device, load_ops, parse_opts
 
 SHAPES_DIR = Path(__file__).resolve().parents[1] / "tuning_tables" / "shapes"
@@ -57,8 +59,18 @@ def read_shapes(text: str) -> tuple[list[str], str | None]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("tune", help="measure an op's configs on the live GPU; merge the winners into your table")
-    p.add_argument("op", help="op name (see `rtckern explain --list`)")
+    p = add_command(
+        sub, "tune", summary="measure an op's configs on the live GPU; merge the winners into your table",
+        description="Times every candidate config of each shape on the live GPU and merges the fastest into "
+                    "the user's tuning table, keyed by the device's (arch, SM count, device class) and the shape; "
+                    "other rows are kept. OP is an op name (rms_norm, gemm, ...) or the name of one of its "
+                    "tuners (softmax_ring, ...); --list-configs shows what would be timed without a GPU when "
+                    "the device is described with --arch.",
+        examples=["rtckern tune rms_norm --dtype bf16 --shapes 8192x4096,8192x8192",
+                  "rtckern tune gemm_fp8 --shapes llama-3.1-8b            (a shipped shape list)",
+                  "rtckern tune softmax_ring --shapes 4096x8192 --dry-run",
+                  "rtckern tune rms_norm --shapes 8192x4096 --list-configs --arch sm_90"])
+    p.add_argument("op", help="op name (see `rtckern ops`) or tuner name")
     p.add_argument("--shapes", required=True, help="comma-separated shapes of the main input, e.g. 8192x4096,1024x4096; "
                    "a file of shapes (one per line, # comments); or a shipped shape list: "
                    + ", ".join(shipped_shape_lists()))
@@ -93,7 +105,7 @@ def run(args, registry=None) -> int:
     load_ops(args.imports)
     reg = registry or default_registry()
     try:
-        tuner = tuning.get_tuner(args.op)
+        tuner, request_op = tuning.resolve_tuner(args.op)
         shapes, shapes_file = read_shapes(args.shapes)
         if (args.arch or args.sm_count or args.device_class) and not args.list_configs:
             raise ValueError("--arch/--sm-count/--device-class describe a device, which --list-configs can use; "
@@ -102,7 +114,7 @@ def run(args, registry=None) -> int:
             raise ValueError("give --out (one table) or --into (a directory of tables), not both")
         names = tuner.table_names()
         if args.out and len(names) > 1:
-            raise ValueError(f"{args.op}'s tuner writes {len(names)} tables ({', '.join(names)}); give a directory "
+            raise ValueError(f"{tuner.op}'s tuner writes {len(names)} tables ({', '.join(names)}); give a directory "
                              "with --into instead of --out")
         if args.arch:
             from ..device import DeviceInfo
@@ -112,7 +124,7 @@ def run(args, registry=None) -> int:
             device = live_device(args.device, "tune")
             if device is None:
                 return 2
-        reqs = [build_request(reg, args.op, shape=s, dtype=args.dtype, device=device, options=parse_opts(args.opt))
+        reqs = [build_request(reg, request_op, shape=s, dtype=args.dtype, device=device, options=parse_opts(args.opt))
                 for s in shapes]
         for req in reqs:
             tuner.validate(req)
@@ -123,8 +135,10 @@ def run(args, registry=None) -> int:
         return list_configs(args, tuner, shapes, reqs, device, shapes_file)
     rows, report = [], []
     tables: dict[str, tuple[tuple[str, ...], list]] = {}
+    prog = Progress("tune", "shape", len(shapes), show=args.json)  # text mode prints a table per shape instead
     for shape, req in zip(shapes, reqs):
-        row, trials = tuning.tune_request(tuner, req, source=command_text(args, shape))
+        row, trials = tuning.tune_request(tuner, req, source=command_text(args, shape, tuner.op))
+        prog()
         rows.append(row)
         for name, fields, new_rows in tuner.table_rows(req, row, trials):
             tables.setdefault(name, (tuple(fields), []))[1].extend(new_rows)
@@ -137,6 +151,7 @@ def run(args, registry=None) -> int:
                      "<- best" if dict(t.config) == dict(row.config) else "") for t in trials]
             print(f"{args.op} {shape} on {device.describe()}")
             print(table(("config", "median us", ""), body))
+    prog.close()
     paths = {}
     for name, (fields, new_rows) in tables.items():
         if args.out:
@@ -186,9 +201,10 @@ def list_configs(args, tuner, shapes, reqs, device, shapes_file) -> int:
     return 0
 
 
-def command_text(args, shape: str) -> str:
-    """The command that tunes one shape as this run did: what a table row's `source` names."""
-    parts = ["rtckern", "tune", args.op]
+def command_text(args, shape: str, tuner: str | None = None) -> str:
+    """The command that tunes one shape as this run did: what a table row's `source` names (by the tuner's name,
+    which stays unambiguous where an op has several tuners)."""
+    parts = ["rtckern", "tune", tuner or args.op]
     if args.dtype:
         parts += ["--dtype", args.dtype]
     parts += ["--shapes", shape]

@@ -46,6 +46,8 @@ MAX_MEMBERS = 200_000
 MAX_TOTAL_BYTES = 4 << 30  # defaults of RTCKERN_BUNDLE_MAX_BYTES and RTCKERN_BUNDLE_MAX_RATIO
 MAX_RATIO = 100
 RATIO_FLOOR_BYTES = 1 << 20  # a bundle may always expand to this much (tiny bundles compress oddly)
+# Readable by all: a bundle is copied into images and onto machines where another (non-root) user imports it.
+BUNDLE_FILE_MODE = 0o644
 # Sidecar fields that describe the kernel; the others (compile_ms, created, via, size, digest, key) vary between
 # builds of the same bytes or are recomputed, so they stay out of a deterministic bundle.
 META_FIELDS = ("op", "kernel", "name_expression", "template_args", "defines", "options", "source", "arch", "kind",
@@ -182,7 +184,7 @@ def write_bundle(path: str | Path, entries: Sequence[tuple[str, bytes, dict]]) -
     data = bundle_bytes(entries, _secret())
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(p, data)
+        atomic_write(p, data, mode=BUNDLE_FILE_MODE)
     except OSError as e:
         raise BundleError(f"cannot write bundle {p}: {e.strerror or e}; give a writable file path") from None
     return {"bundle": str(p), "entries": len(entries), "bytes": len(data),

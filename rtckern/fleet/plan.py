@@ -2,7 +2,7 @@
 
 The registry's request builders turn a line into an ``OpRequest`` for a hand-described device of each target
 arch (no GPU). The candidates are then walked the way ``Registry.probe`` walks them, minus the compile: the
-overrides of the settings (``RTCKERN_FORCE_IMPL``, ``RTCKERN_DISABLE_JIT``), the arch range, ``supports()`` and the
+overrides of the settings (``RTCKERN_FORCE_IMPL``, ``RTCKERN_DISABLE_OPS``), the arch range, ``supports()`` and the
 resource checks that need no loaded kernel. What survives is the request's *chain*: its viable candidates in
 the registry's rank order (expected cost, then priority), each with its ``KernelSpec``s. Prefill compiles the head of each chain and moves down a chain
 only when a compile fails, as the runtime's compile-only probe would.
@@ -118,7 +118,7 @@ def plan(entries: Sequence[ManifestEntry], archs: Sequence[Arch], registry: Any 
 
     registry = registry or default_registry()
     settings = settings or config.settings()
-    registry.check_overrides(settings)  # a bad RTCKERN_FORCE_IMPL / DISABLE_JIT is one ConfigError, not one per line
+    registry.check_overrides(settings)  # a bad RTCKERN_FORCE_IMPL / DISABLE_OPS is one ConfigError, not one per line
     out: list[PlannedRequest] = []
     for entry in entries:
         for arch in device_archs(archs):

@@ -94,8 +94,7 @@ def record_request(req: Any) -> None:
             first = str(path) not in _warned
             _warned.add(str(path))
         if first:
-            log.warning(msg)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # one channel: not logged as well (rtckern.logs)
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
         with _lock:
             _seen.discard(key)  # not written: a later call may try again

@@ -56,7 +56,10 @@ def short_error(text: str, limit: int = 3) -> str:
 
 def replay(entries: Sequence[ManifestEntry], archs: Sequence[Arch], *, jobs: int = 1, cache_dir: str | None = None,
            registry: Any = None, all_candidates: bool = False,
-           progress: Callable[[PrefillResult], None] | None = None) -> ReplayResult:
+           progress: Callable[[PrefillResult], None] | None = None,
+           on_round: Callable[[int], None] | None = None) -> ReplayResult:
+    """progress(result) after each kernel; on_round(n) before each round with the number of kernels it compiles
+    (the first round's is most of the work; later rounds are fallbacks), so a display can show a total."""
     t0 = time.perf_counter()
     planned = plan(entries, archs, registry)
     outcomes = [RequestOutcome(p) for p in planned]
@@ -71,6 +74,8 @@ def replay(entries: Sequence[ManifestEntry], archs: Sequence[Arch], *, jobs: int
                 for s in link.specs:
                     if s not in done:
                         want.setdefault(s, None)
+        if on_round:
+            on_round(len(want))
         for r in prefill(sorted(want, key=spec_order), jobs=jobs, cache_dir=cache_dir, progress=progress):
             done[r.spec] = r
         still = []

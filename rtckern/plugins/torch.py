@@ -74,8 +74,10 @@ from ._torch_eager import attention, layer_norm, plain_eager, rms_norm  # noqa: 
 from ._torch_hf import register_transformers, rtckern_attention_forward  # noqa: E402
 from ._torch_modules import LayerNorm, RMSNorm  # noqa: E402
 from ._torch_patch import PatchReport, convert, patch  # noqa: E402
+from rtckern.logs import register_torch as register_torch_logging  # noqa: E402
 
 install_capture_guard()
+register_torch_logging()  # `rtckern` in torch's log registry (TORCH_LOGS / torch._logging.set_logs)
 if "transformers" in sys.modules:  # registering needs transformers imported; patch() registers otherwise
     register_transformers()
 

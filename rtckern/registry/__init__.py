@@ -19,13 +19,14 @@ from rtckern.registry.fallback import fallback_allowed, warn_fallback_once
 from rtckern.registry.providers import kernel_providers, register_kernel_provider
 from rtckern.registry.request import OpRequest
 from rtckern.registry.results import ProbeResult, Reason, Selection
-from rtckern.registry.selector import Registry
+from rtckern.registry.selector import LimitProbe, Registry
 from rtckern.registry.store import clear_decisions, decisions_dir
 
 __all__ = ["OpRequest", "Candidate", "Cost", "Resources", "Registry", "Selection", "ProbeResult", "Reason", "Explanation",
            "UnsupportedRequestError", "register", "select", "explain", "register_request_builder",
            "build_request", "candidates", "default_registry", "parse_shape", "device_for", "fallback_allowed",
-           "warn_fallback_once", "clear_decisions", "decisions_dir", "register_kernel_provider", "kernel_providers"]
+           "warn_fallback_once", "clear_decisions", "decisions_dir", "register_kernel_provider", "kernel_providers",
+           "LimitProbe"]
 
 _default = Registry()
 
@@ -38,8 +39,9 @@ def register(cand: Candidate, *, replace: bool = False) -> Candidate:
     return _default.register(cand, replace=replace)
 
 
-def register_request_builder(op: str, fn: Any, *, help: str = "", example: str = "", replace: bool = False) -> None:
-    _default.register_request_builder(op, fn, help=help, example=example, replace=replace)
+def register_request_builder(op: str, fn: Any, *, help: str = "", example: str = "", replace: bool = False,
+                             limits: LimitProbe | None = None) -> None:
+    _default.register_request_builder(op, fn, help=help, example=example, replace=replace, limits=limits)
 
 
 def candidates(op: str) -> tuple[Candidate, ...]:

@@ -166,4 +166,10 @@ def arch_reason(cand: Candidate, req: "OpRequest") -> str | None:
         return None
     lo, hi = cand.min_arch or "any", cand.max_arch or "any"
     kind = ", arch-specific target" if cand.arch_specific else ""
-    return f"{why} (candidate serves {lo} .. {hi}{kind}; device: {req.device.name or req.device.arch.sm})"
+    why = f"{why} (candidate serves {lo} .. {hi}{kind}; device: {req.device.name or req.device.arch.sm})"
+    if cand.arch_specific and cand.max_arch is not None and req.device.arch.cc > Arch.parse(cand.max_arch).cc:
+        # Blackwell and later: say why an sm_90a kernel is no use there, so the portable pick is not a surprise
+        target = Arch.parse(cand.max_arch).with_specific().sm
+        why += (f"; {target} code (arch-specific instructions such as wgmma) runs on {Arch.parse(cand.max_arch).sm} "
+                "GPUs only: newer ones take a portable candidate")
+    return why

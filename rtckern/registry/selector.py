@@ -21,7 +21,7 @@ from rtckern.registry.request import OpRequest
 from rtckern.registry.results import ProbeResult, Reason, Selection
 from rtckern.registry.store import DecisionStore
 
-DISABLE_SETTING = "RTCKERN_DISABLE_JIT"
+DISABLE_SETTING = "RTCKERN_DISABLE_OPS"  # RTCKERN_DISABLE_JIT is its deprecated old name (rtckern.config)
 FORCE_SETTING = "RTCKERN_FORCE_IMPL"
 
 
@@ -68,16 +68,18 @@ class Registry:
         return cand
 
     def register_request_builder(self, op: str, fn: "RequestBuilder", *, help: str = "",
-                                 example: str = "", replace: bool = False) -> None:
+                                 example: str = "", replace: bool = False,
+                                 limits: "LimitProbe | None" = None) -> None:
         """Let `explain`, `tune` and `selftest` build op's request from a shape string: fn(shape: tuple[int, ...],
         dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest. dtype is None when not given (use
         the op's main dtype); options are the CLI's --opt key=value pairs, as strings. help: one line naming
-        what shape means and which options exist; example: an argument line (`--dtype bf16 --shape 8192x4096`)."""
+        what shape means and which options exist; example: an argument line (`--dtype bf16 --shape 8192x4096`);
+        limits: the dimension whose served values `rtckern ops` shows (probed through the candidates)."""
         with self._lock:
             if op in self._builders and not replace:
                 raise ValueError(f"op {op!r} already has a request builder ({self._builders[op].fn!r}); pass "
                                  "replace=True to swap it")
-            self._builders[op] = BuilderEntry(op, fn, help, example)
+            self._builders[op] = BuilderEntry(op, fn, help, example, limits)
 
     def request_builder(self, op: str) -> "BuilderEntry":
         try:
@@ -205,14 +207,14 @@ class Registry:
         return (s.cache_dir / "decisions") if s.persist_decisions else None
 
     def check_overrides(self, s: Any = None) -> None:
-        """ConfigError for an op in RTCKERN_FORCE_IMPL / RTCKERN_DISABLE_JIT that has no registered candidate, or
+        """ConfigError for an op in RTCKERN_FORCE_IMPL / RTCKERN_DISABLE_OPS that has no registered candidate, or
         a forced candidate that is not one of its op's. Runs on every slow-path selection (ops register at
         import: a module that registers an op named there must be imported before the first call)."""
         s = s if s is not None else config.settings()
         with self._lock:
             known = {op: [c.name for c in cands] for op, cands in self._candidates.items() if cands}
         later = "; an op that a module of yours registers: import it before the first rtckern call"
-        for setting, ops in ((FORCE_SETTING, sorted(s.force_impl)), (DISABLE_SETTING, sorted(s.disable_jit))):
+        for setting, ops in ((FORCE_SETTING, sorted(s.force_impl)), (DISABLE_SETTING, sorted(s.disabled_ops))):
             unknown = [op for op in ops if op not in known and not (setting == DISABLE_SETTING and op == "all")]
             if unknown:
                 extra = " (or all)" if setting == DISABLE_SETTING else ""
@@ -228,9 +230,9 @@ class Registry:
         """Candidates the settings take out of the running, each with its reason (ConfigError for an op or
         candidate name the settings name and the registry does not know)."""
         self.check_overrides(s)
-        if op in s.disable_jit or "all" in s.disable_jit:
-            setting = f"{DISABLE_SETTING}={','.join(sorted(s.disable_jit))}"
-            return {c.name: Reason("override", f"JIT disabled for op {op!r} by {setting}") for c in cands}
+        if op in s.disabled_ops or "all" in s.disabled_ops:
+            setting = f"{DISABLE_SETTING}={','.join(sorted(s.disabled_ops))}"
+            return {c.name: Reason("override", f"rtckern kernels disabled for op {op!r} by {setting}") for c in cands}
         forced = s.force_impl.get(op)
         if forced is None:
             return {}
@@ -257,8 +259,20 @@ RequestBuilder = Callable[..., OpRequest]
 
 
 @dataclass(frozen=True)
+class LimitProbe:
+    """The dimension of an op whose limits a catalogue shows (a head dim, a row length): sample values, each asked
+    for with ``--shape shape.format(value)`` on the op's example request; the values some candidate serves are
+    the op's limits, as the candidates' own checks decide them (nothing is declared twice)."""
+
+    dim: str
+    values: tuple[int, ...]
+    shape: str = "{}"
+
+
+@dataclass(frozen=True)
 class BuilderEntry:
     op: str
     fn: RequestBuilder
     help: str = ""
     example: str = ""
+    limits: LimitProbe | None = None

@@ -73,6 +73,16 @@ def test_fleet_through_the_runner(tmp_path):
     assert doc["setup"]["archs"] == "9.0a"
 
 
+def test_prefill_through_the_runner(tmp_path):
+    r = bench("prefill", "--quick", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = check_result_set(tmp_path, "prefill", "rtckern prefill: the built-in kernel set, cold and warm, in "
+                           "CPU-seconds", "python -m benchmarks prefill --quick")
+    cold, warm = doc["rows"]
+    assert cold["kernels"] == warm["kernels"] > 0 and cold["archs"] == "9.0" and cold["cpu_s"] > 0
+    assert doc["command_measured"] == "rtckern prefill --arch 9.0 --family core"
+
+
 @pytest.mark.skipif(gpu_count() > 0, reason="a GPU is visible here")
 def test_a_gpu_suite_without_a_gpu_is_refused_in_one_line(tmp_path):
     r = bench("norms", "--out", str(tmp_path))

@@ -27,11 +27,11 @@ def test_tilde_expands_with_the_given_home(tmp_path):
 
 def test_typed_values():
     s = Settings.from_env({"RTCKERN_CACHE_MAX_BYTES": "1_048_576", "RTCKERN_DISK_CACHE": "off",
-                           "RTCKERN_FORCE_IMPL": "rms_norm=rms_norm.rowwise; softmax=x", "RTCKERN_DISABLE_JIT": "gemm",
+                           "RTCKERN_FORCE_IMPL": "rms_norm=rms_norm.rowwise; softmax=x", "RTCKERN_DISABLE_OPS": "gemm",
                            "RTCKERN_REMOTE_TIMEOUT_S": "2.5", "RTCKERN_REMOTE_CACHE": "rediss://u:pw@h:6380/1"})
     assert s.cache_max_bytes == 1 << 20 and s.disk_cache is False and s.remote_timeout_s == 2.5
     assert s.force_impl == {"rms_norm": "rms_norm.rowwise", "softmax": "x"}
-    assert s.disable_jit == {"gemm"} and s.remote_cache == "rediss://u:pw@h:6380/1"
+    assert s.disabled_ops == {"gemm"} and s.remote_cache == "rediss://u:pw@h:6380/1"
     blank = Settings.from_env({k: " " for k in _variables()})  # empty means unset
     assert blank == dataclasses.replace(Settings.from_env({}), cache_dir=blank.cache_dir)
 
@@ -40,6 +40,29 @@ def test_typed_values():
                                          ("1048576", 1 << 20), ("4096K", 4 << 20), ("1T", 1 << 40), ("64MB", 64 << 20)])
 def test_sizes_take_a_suffix(value, size):
     assert Settings.from_env({"RTCKERN_CACHE_MAX_BYTES": value}).cache_max_bytes == size
+
+
+@pytest.mark.parametrize("value, size", [("0", 0), ("1G", 1 << 30), ("1GiB", 1 << 30), ("1gb", 1 << 30),
+                                         ("10K", 10 << 10), ("3MiB", 3 << 20), ("2T", 2 << 40), ("1.5K", 1536)])
+def test_parse_size_reads_the_sizes_of_settings_and_options(value, size):
+    assert config.parse_size(value) == size
+
+
+@pytest.mark.parametrize("value", ["", "G", "1X", "-1", "1e3", "1 G B", "１G"])
+def test_parse_size_refuses(value):
+    with pytest.raises(ValueError, match="is not a size"):
+        config.parse_size(value)
+
+
+def test_effective_settings_say_what_the_environment_sets_and_hide_the_password(tmp_path):
+    env = {"RTCKERN_CACHE_DIR": str(tmp_path), "RTCKERN_REMOTE_CACHE": "redis://u:pw@h:1/0", "RTCKERN_STRICT": "yes"}
+    rows = {r["name"]: r for r in config.effective(Settings.from_env(env), env)}
+    assert set(rows) == {f.name for f in dataclasses.fields(Settings)}
+    assert rows["cache_dir"] == {"name": "cache_dir", "env": "RTCKERN_CACHE_DIR", "value": str(tmp_path), "set": True}
+    assert rows["remote_cache"]["value"] == "redis://u:***@h:1/0"
+    assert (rows["strict"]["value"], rows["strict"]["set"]) == ("1", True)
+    assert (rows["lineinfo"]["value"], rows["lineinfo"]["set"]) == ("0", False)
+    assert rows["cuda_home"]["env"] == "CUDA_HOME, CUDA_PATH"
 
 
 @pytest.mark.parametrize("value, message", [
@@ -62,8 +85,7 @@ def test_bad_timeouts(value):
         Settings.from_env({"RTCKERN_REMOTE_TIMEOUT_S": value})
 
 
-@pytest.mark.parametrize("name", ["RTCKERN_DISK_CACHE", "RTCKERN_STRICT", "RTCKERN_LINEINFO",
-                                  "RTCKERN_VERBOSE"])
+@pytest.mark.parametrize("name", ["RTCKERN_DISK_CACHE", "RTCKERN_STRICT", "RTCKERN_LINEINFO"])
 @pytest.mark.parametrize("value", ["maybe", "2", "-1", "yes please"])
 def test_bad_booleans(name, value):
     with pytest.raises(ConfigError, match=rf"^{name}={re.escape(repr(value))} is not a boolean; set it to 1 or 0 "
@@ -103,8 +125,43 @@ def test_bad_force_impl(value, message):
         Settings.from_env({"RTCKERN_FORCE_IMPL": value})
     with pytest.raises(ConfigError, match=r"^RTCKERN_FORCE_IMPL: op or candidate 'rms norm' is not a name"):
         Settings.from_env({"RTCKERN_FORCE_IMPL": "rms norm=x"})
-    with pytest.raises(ConfigError, match=r"^RTCKERN_DISABLE_JIT: op 'gemm!' is not a name \(letters, digits"):
-        Settings.from_env({"RTCKERN_DISABLE_JIT": "softmax,gemm!"})
+    with pytest.raises(ConfigError, match=r"^RTCKERN_DISABLE_OPS: op 'gemm!' is not a name \(letters, digits"):
+        Settings.from_env({"RTCKERN_DISABLE_OPS": "softmax,gemm!"})
+
+
+@pytest.mark.parametrize("value, level", [("", 0), ("0", 0), ("1", 1), ("2", 2), ("yes", 1), ("off", 0)])
+def test_verbose_takes_a_level_or_a_boolean(value, level):
+    assert Settings.from_env({"RTCKERN_VERBOSE": value}).verbose == level
+
+
+def test_bad_verbose_names_the_levels():
+    with pytest.raises(ConfigError, match=r"^RTCKERN_VERBOSE='3'; set it to 1 \(log compiles\), 2 \(also cache hits\) or "
+                                          r"0, or unset it for the default \(0\)$"):
+        Settings.from_env({"RTCKERN_VERBOSE": "3"})
+
+
+def test_disable_jit_is_the_deprecated_name_of_disable_ops():
+    with pytest.warns(FutureWarning, match=r"RTCKERN_DISABLE_JIT is deprecated; set RTCKERN_DISABLE_OPS=gemm instead"):
+        assert Settings.from_env({"RTCKERN_DISABLE_JIT": "gemm"}).disabled_ops == {"gemm"}
+    with pytest.raises(ConfigError, match=r"^RTCKERN_DISABLE_JIT='a' and RTCKERN_DISABLE_OPS='b' are both set; "
+                                          r"RTCKERN_DISABLE_JIT is the deprecated name of RTCKERN_DISABLE_OPS: unset"):
+        Settings.from_env({"RTCKERN_DISABLE_JIT": "a", "RTCKERN_DISABLE_OPS": "b"})
+
+
+@pytest.mark.parametrize("value", ["1", "true", "off"])
+def test_disable_ops_is_not_a_switch(value):
+    """FlashInfer's FLASHINFER_DISABLE_JIT=1 means "never compile"; ours names ops, so a boolean is refused."""
+    with pytest.raises(ConfigError, match=rf"^RTCKERN_DISABLE_OPS='{value}' is not a list of ops: it takes op names "
+                                          r"\(rms_norm,gemm\) or 'all'.* It is not a switch that stops compiling"):
+        Settings.from_env({"RTCKERN_DISABLE_OPS": value})
+
+
+def test_arch_list_is_checked_when_read_and_native_waits_for_its_use():
+    assert Settings.from_env({}).arch_list is None
+    assert Settings.from_env({"RTCKERN_ARCH_LIST": " 8.0;9.0a, sm_100 native "}).arch_list == "8.0;9.0a, sm_100 native"
+    with pytest.raises(ConfigError, match=r"^RTCKERN_ARCH_LIST='8.0;sm_7x': unknown arch entry 'sm_7x'; accepted forms: "
+                                          r".*; give a list such as '7.5;8.0;8.6;8.9;9.0a;10.0;12.0', or unset it"):
+        Settings.from_env({"RTCKERN_ARCH_LIST": "8.0;sm_7x"})
 
 
 def test_int_helper_for_new_settings():
@@ -127,7 +184,8 @@ BAD = {
     "RTCKERN_RECORD_MANIFEST": NO_SUCH_USER, "RTCKERN_LOCK_TIMEOUT_S": "abc", "RTCKERN_LOCK_DIR": NO_SUCH_USER,
     "XDG_RUNTIME_DIR": NO_SUCH_USER,
     "CUDA_HOME": NO_SUCH_USER, "CUDA_PATH": NO_SUCH_USER, "RTCKERN_INCLUDE_DIRS": NO_SUCH_USER,
-    "RTCKERN_LINEINFO": "2", "RTCKERN_FORCE_IMPL": "nonsense", "RTCKERN_DISABLE_JIT": "a b", "RTCKERN_STRICT": "2",
+    "RTCKERN_LINEINFO": "2", "RTCKERN_FORCE_IMPL": "nonsense", "RTCKERN_DISABLE_OPS": "a b", "RTCKERN_DISABLE_JIT": "a b",
+    "RTCKERN_ARCH_LIST": "8.0;sm_7x", "RTCKERN_STRICT": "2",
     "RTCKERN_NUMERICAL_PROBE": "sometimes", "RTCKERN_PERSIST_DECISIONS": "never", "RTCKERN_TUNING_DIR": NO_SUCH_USER,
     "RTCKERN_VERBOSE": "very", "RTCKERN_HIPRTC_LIBRARY": NO_SUCH_USER, "ROCM_PATH": NO_SUCH_USER,
     "RTCKERN_CACHE_SECRET_FILE": NO_SUCH_USER, "RTCKERN_BUNDLE_MAX_BYTES": "lots", "RTCKERN_BUNDLE_MAX_RATIO": "0",
@@ -146,6 +204,7 @@ def test_every_field_declares_its_variable_and_has_a_bad_value_below():
     assert missing == [], f"add a bad value for {missing} to BAD (and make from_env refuse it)"
 
 
+@pytest.mark.filterwarnings("ignore:rtckern. RTCKERN_DISABLE_JIT is deprecated:FutureWarning")
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_a_bad_value_of_each_variable_is_a_config_error_naming_it(name):
     with pytest.raises(ConfigError, match=f"^{name}(=|: )") as ei:

@@ -4,7 +4,7 @@ Every import counts: module level or inside a function, `import a.b`, `from a im
 `from ..x import y` (resolved to absolute names; `from p import n` is the module p.n when p/n is a module, else p)
 and `importlib.import_module` / `__import__` with a literal name or an f-string whose literal prefix names a package.
 
-    layer 0  core       config errors dtypes arch device spec sources events caches compiler/ cache/ runtime/ manager
+    layer 0  core       config errors dtypes arch device spec sources events logs caches compiler/ cache/ runtime/ manager
     layer 1  registry   requests, candidates, ranking, probes, decisions, kernel providers
     layer 2  tuning     tuned tables and the tuner base (families register their tuners here; it never imports ops)
     layer 3  ops        the op families, the subpackages rtckern/ops/_<family>/; a family never imports another,
@@ -31,8 +31,8 @@ PKG = ROOT / "rtckern"
 
 LAYERS: dict[str, int] = {}
 for _rank, _names in enumerate((
-        ("config", "errors", "dtypes", "arch", "device", "spec", "sources", "events", "caches", "compiler", "cache",
-         "runtime", "manager"),
+        ("config", "errors", "dtypes", "arch", "device", "spec", "sources", "events", "logs", "caches", "compiler",
+         "cache", "runtime", "manager"),
         ("registry",),
         ("tuning",),
         ("ops",),

@@ -1,10 +1,14 @@
 """The sdist builds, and a wheel built from it ships every kernel source (the runtime compiles them from the
-installed package, so a missing .cuh is a compile error on a user's machine, not here)."""
+installed package, so a missing .cuh is a compile error on a user's machine, not here); the project metadata
+(license, version, typing marker, declared dependencies) says what the package is."""
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -47,5 +51,66 @@ def test_sdist_builds_and_its_wheel_ships_every_kernel_source(tmp_path):
     want.add("rtckern/runtime/native_launch.c")  # the native launcher is built from it on the user's machine
     with zipfile.ZipFile(wheel) as z:
         shipped = set(z.namelist())
+    want.add("rtckern/py.typed")
     assert want and want <= shipped, sorted(want - shipped)[:10]
+    meta = next(n for n in shipped if n.endswith(".dist-info/METADATA"))
+    with zipfile.ZipFile(wheel) as z:
+        text = z.read(meta).decode()
+    assert "License-Expression: Apache-2.0" in text and f"Version: {_version()}" in text
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in shipped)
     assert not any(n.startswith("rtckern/kernel_sources/") and n.endswith(".py") for n in shipped)
+
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+# third-party module imported somewhere in rtckern -> the requirement that provides it, and where it is declared
+# ("" = a dependency, else the extra's name); None: an optional integration used only where the user has it
+PROVIDERS = {"numpy": ("numpy", ""), "cuda": ("cuda-core", ""), "tqdm": ("tqdm", ""), "torch": ("torch", "torch"),
+             "cupy": ("cupy-cuda13x", "cupy"), "hip": ("hip-python", "hip"), "transformers": None,
+             "ml_dtypes": None}  # ml_dtypes: bf16 / fp8 numpy dtypes for CuPy arrays, asked for by name where needed
+
+
+def _version() -> str:
+    m = re.search(r'^__version__ = "([^"]+)"$', (ROOT / "rtckern" / "__init__.py").read_text(), re.MULTILINE)
+    assert m, "rtckern/__init__.py writes __version__ as a string literal (setuptools reads it from there)"
+    return m.group(1)
+
+
+def test_license_version_and_typing_marker_are_declared_once():
+    project = PYPROJECT["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0, January 2004" in \
+        (ROOT / "LICENSE").read_text()
+    assert not any(c.startswith("License ::") for c in project["classifiers"]), "the SPDX expression says it"
+    assert "version" not in project and project["dynamic"] == ["version"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "rtckern.__version__"} and _version()
+    assert (ROOT / "rtckern" / "py.typed").is_file() and "py.typed" in PYPROJECT["tool"]["setuptools"][
+        "package-data"]["rtckern"] and "Typing :: Typed" in project["classifiers"]
+
+
+def _requirement_names(reqs: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].strip().lower() for r in reqs}
+
+
+def test_every_third_party_import_is_declared():
+    found = set()
+    for path in (ROOT / "rtckern").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    third_party = found - set(sys.stdlib_module_names) - {"rtckern", "__future__"}
+    assert third_party <= set(PROVIDERS), f"declare {sorted(third_party - set(PROVIDERS))} in pyproject.toml"
+    deps = _requirement_names(PYPROJECT["project"]["dependencies"])
+    extras = {k: _requirement_names(v) for k, v in PYPROJECT["project"]["optional-dependencies"].items()}
+    for module in sorted(third_party):
+        if PROVIDERS[module] is None:
+            continue
+        req, extra = PROVIDERS[module]
+        assert req in (extras.get(extra, set()) if extra else deps), f"{module}: {req} is not declared"
+
+
+def test_cuda_wheels_are_pinned_to_one_major_version():
+    deps = {re.split(r"[<>=!~ ]", r, maxsplit=1)[0]: r for r in PYPROJECT["project"]["dependencies"]}
+    for name in ("nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "cuda-bindings"):
+        assert re.fullmatch(rf"{name}>=13\.\d+,<14", deps[name]), deps[name]

@@ -135,7 +135,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._attention.wgmma_gen": "the code generator's output matches the shipped kernel source",
     },
     "tests/unit/ops/test_attention_backward.py": {
-        "rtckern.ops._attention.backward": "the dout/out/lse validation (_check_like_q, _check_lse) on fake arrays, "
+        "rtckern.ops._attention.backward": "the dout/out/lse validation (check_like_q, check_lse) on fake arrays, "
                                            "without a device",
         "rtckern.ops._attention.backward_candidates": "the candidates' request encoding and their prepared launches "
                                                       "(argument lists checked against the kernel sources)",

@@ -326,7 +326,7 @@ def test_force_unknown_name_lists_the_candidates(reg):
 
 @pytest.mark.parametrize("field, value, setting", [
     ("force_impl", {"axpy": "axpy.fallback", "axyp": "axyp.fast"}, "RTCKERN_FORCE_IMPL"),
-    ("disable_jit", frozenset({"gemm_nope"}), "RTCKERN_DISABLE_JIT"),
+    ("disabled_ops", frozenset({"gemm_nope"}), "RTCKERN_DISABLE_OPS"),
 ])
 def test_unknown_op_in_an_override_is_a_config_error_naming_the_known_ops(reg, field, value, setting):
     """Even when the op selected is a known one: a typo in the setting is never silently ignored."""
@@ -340,15 +340,16 @@ def test_unknown_op_in_an_override_is_a_config_error_naming_the_known_ops(reg, f
     assert reg.probe_count == 0
 
 
-def test_disable_jit_all_and_known_overrides_pass_the_check(reg):
-    with config.override(force_impl={"axpy": "axpy.fallback"}, disable_jit=frozenset({"all"})):
+def test_disable_ops_all_and_known_overrides_pass_the_check(reg):
+    with config.override(force_impl={"axpy": "axpy.fallback"}, disabled_ops=frozenset({"all"})):
         reg.check_overrides()
 
 
 @pytest.mark.parametrize("disabled", [frozenset({"axpy"}), frozenset({"all"})])
-def test_disable_jit_rejects_every_candidate(reg, disabled):
-    with config.override(disable_jit=disabled):
-        with pytest.raises(UnsupportedRequestError, match=r"JIT disabled for op 'axpy' by RTCKERN_DISABLE_JIT=") as ei:
+def test_disable_ops_rejects_every_candidate(reg, disabled):
+    with config.override(disabled_ops=disabled):
+        with pytest.raises(UnsupportedRequestError, match=r"rtckern kernels disabled for op 'axpy' by "
+                                                          r"RTCKERN_DISABLE_OPS=") as ei:
             reg.select(kit.axpy_request(dev("sm_80")))
     assert len(ei.value.reasons) == len(kit.ALL)
     assert reg.probe_count == 0

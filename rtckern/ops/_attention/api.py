@@ -123,7 +123,32 @@ def cached_request(requests: PlanCache, build, dtype: str, head_dim: int, causal
 
 
 def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False):
-    """Fused attention forward; see the module docstring for layouts, masking and limits."""
+    """Fused attention forward (FlashAttention class): softmax(scale * q k^T) v without materializing the scores,
+    fp32 accumulation.
+
+    Args:
+        q: (batch, seqlen_q, heads_q, head_dim), bf16 or fp16, a torch CUDA tensor or a CuPy array; any strided
+            view with a contiguous head dim (e.g. a slice of a packed qkv tensor).
+        k, v: (batch, seqlen_k, heads_kv, head_dim) in q's dtype; heads_q a multiple of heads_kv (GQA / MQA: q head
+            h reads kv head h // (heads_q // heads_kv)). head_dim 32, 64, 96, 128 or 256; any lengths >= 1.
+        causal: key j is visible to query i iff j <= i + seqlen_k - seqlen_q (aligned to the bottom-right corner,
+            as in FlashAttention 2.1+; the usual mask when seqlen_q == seqlen_k).
+        softmax_scale: a positive finite number; None means 1 / sqrt(head_dim).
+        return_lse: also return lse = log(sum_j exp(scale * q_i . k_j)) (the backward's input).
+
+    Returns:
+        o, contiguous (batch, seqlen_q, heads_q, head_dim) like q (library, device, dtype); with return_lse,
+        (o, lse) with lse float32 (batch, heads_q, seqlen_q). A query that sees no key (causal with seqlen_q >
+        seqlen_k) gets o = 0 and lse = -inf. Computed on the library's current stream.
+
+    Raises:
+        InputError: arrays not on one GPU or of one library, a dtype other than bf16 / fp16, shapes that disagree,
+            a head_dim other than 32, 64, 96, 128 or 256, heads_q not a multiple of heads_kv, a head dim that is not
+            contiguous, other strides not multiples of 8 elements or an address not 16-byte aligned, or a bad
+            causal / softmax_scale.
+        UnsupportedRequestError: no kernel serves the request on this device (a GPU older than sm_75, or
+            RTCKERN_DISABLE_OPS names the op).
+    """
     key = plan.key(q, k, v, causal, softmax_scale, return_lse)
     if key is not None:
         call_plan = current_plan(plan.plans, key)
@@ -150,6 +175,10 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
 
 
 cands.register_all()
+
+from .tune import register_tuner  # noqa: E402  (the tuner selects through this module's candidates)
+
+register_tuner()
 
 # The backward op lives beside (backward.py: its own checks and plan; backward_candidates.py, backward_configs.py);
 # exported with the forward.

@@ -37,16 +37,18 @@ plans = PlanCache("attention_backward.call_plans", 4096)
 _SCALE_TYPES = (type(None), float, int)
 
 
-def _check_like_q(t: arr.DeviceArray, q: arr.DeviceArray, name: str) -> None:
+def check_like_q(t: arr.DeviceArray, q: arr.DeviceArray, name: str,
+                 layout: str = "(batch, seqlen_q, heads_q, head_dim)", outer: str = "batch, seqlen and head") -> None:
+    """dout / out beside q: q's shape (`layout` names its dims), dtype, library and device; the strides the kernels
+    take (`outer`: the dims other than the head dim)."""
     if t.shape != q.shape:
-        raise InputError(f"{name} has shape {t.shape} but q has {q.shape}; they must match "
-                         "(batch, seqlen_q, heads_q, head_dim)")
+        raise InputError(f"{name} has shape {t.shape} but q has {q.shape}; they must match {layout}")
     if t.dtype != q.dtype:
         raise InputError(f"{name} has dtype {t.dtype} but q has {q.dtype}; they must match")
     if t.lib != q.lib or t.device != q.device:
         raise InputError(f"{name} must be a {q.lib} array on cuda:{q.device} like q; got a {t.lib} array on "
                          f"cuda:{t.device}")
-    check_strides(t, name, "batch, seqlen and head")
+    check_strides(t, name, outer)
 
 
 def check_lse(lse: arr.DeviceArray, q: arr.DeviceArray, shape: tuple, layout: str, producer: str) -> None:
@@ -107,7 +109,29 @@ class Plan:
 
 def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_scale: float | None = None,
                        deterministic: bool = False):
-    """Gradients (dq, dk, dv) of rtckern.ops.attention; see the module docstring for layouts and limits."""
+    """Gradients of rtckern.ops.attention (FlashAttention-2 class) from its output and lse.
+
+    Args:
+        dout: the gradient of o, q's shape and dtype; may be strided differently from out.
+        q, k, v: the forward's inputs (layouts, dtypes, head dims and GQA as in attention).
+        out, lse: what attention(q, k, v, ..., return_lse=True) returned: out (batch, seqlen_q, heads_q, head_dim),
+            lse float32 (batch, heads_q, seqlen_q), natural log (any strides).
+        causal, softmax_scale: the forward's.
+        deterministic: bitwise-repeatable dq (dk and dv always are): key blocks add their dq contributions in a
+            fixed order instead of with atomics (somewhat slower).
+
+    Returns:
+        (dq, dk, dv), contiguous, like q, k, v. dk and dv are summed over the q heads that share a kv head; a query
+        that sees no key gets dq = 0.
+
+    Raises:
+        InputError: arrays not on one GPU or of one library, a dtype other than bf16 / fp16, shapes that disagree,
+            a head_dim other than 32, 64, 96, 128 or 256, heads_q not a multiple of heads_kv, a head dim that is not
+            contiguous, other strides not multiples of 8 elements or an address not 16-byte aligned, or a bad
+            causal / softmax_scale.
+        UnsupportedRequestError: no kernel serves the request on this device (a GPU older than sm_75, or
+            RTCKERN_DISABLE_OPS names the op).
+    """
     args = (dout, q, k, v, out, lse)
     key = _key(args, causal, softmax_scale, deterministic)
     if key is not None:
@@ -117,8 +141,8 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_sc
     qa, ka, va = arr.wrap(q, "q"), arr.wrap(k, "k"), arr.wrap(v, "v")
     _check_qkv(qa, ka, va)
     da, oa, la = arr.wrap(dout, "dout"), arr.wrap(out, "out"), arr.wrap(lse, "lse")
-    _check_like_q(da, qa, "dout")
-    _check_like_q(oa, qa, "out")
+    check_like_q(da, qa, "dout")
+    check_like_q(oa, qa, "out")
     b, sq, hq, _ = qa.shape
     check_lse(la, qa, (b, hq, sq), "(batch, heads_q, seqlen_q)", "rtckern.ops.attention")
     if not isinstance(causal, bool):

@@ -22,7 +22,7 @@ from typing import Any
 from rtckern import tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, OpRequest, Resources, register, register_request_builder
+from rtckern.registry import Candidate, LimitProbe, OpRequest, Resources, register, register_request_builder
 from rtckern.registry import options as opts
 from rtckern.registry.core_api import target_for
 from rtckern.spec import KernelSpec
@@ -170,15 +170,24 @@ def _has_table() -> bool:
 
 
 def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest:
-    """For `rtckern explain/tune/selftest attention`: shape is the head dim, or q's (batch, seqlen, heads, head_dim);
-    option causal=0/1."""
+    """For `rtckern explain/tune/selftest attention`: shape is the head dim, or q's (batch, seqlen, heads, head_dim)
+    (kept in the request: the tuner times that shape); option causal=0/1."""
     hd = shape[-1]
     opts.check_keys(OP, options, ("causal",))
     causal = opts.flag(OP, options, "causal", False)
-    return request(dtype or "bf16", hd, causal, device)
+    req = request(dtype or "bf16", hd, causal, device)
+    if len(shape) == 4:  # q's full shape: kept for the tuner's timing (kernels are compiled per head dim only)
+        b, s, h, _ = shape
+        req = OpRequest(op=OP, dtypes=dict(req.dtypes), shape={"head_dim": int(hd), "batch": int(b), "seqlen": int(s),
+                                                                "heads": int(h)}, flags=dict(req.flags), device=device)
+    return req
 
 
 CANDIDATES = (Sm90Ws(), Sm90Wgmma(), Sm80Mma(), Simt())
+
+
+# The head dims `rtckern ops` lists for every attention op: a bare head dim is a request shape of its own.
+HEAD_DIM_LIMITS = LimitProbe("head_dim", configs.HEAD_DIM_SAMPLES)
 
 
 def registrar(candidates, op: str, builder, help: str, example: str):
@@ -190,7 +199,7 @@ def registrar(candidates, op: str, builder, help: str, example: str):
             return
         for c in candidates:
             register(c)
-        register_request_builder(op, builder, help=help, example=example)
+        register_request_builder(op, builder, help=help, example=example, limits=HEAD_DIM_LIMITS)
         done.append(True)
 
     return register_all

@@ -11,6 +11,8 @@ from typing import Mapping
 from rtckern.dtypes import ctypes
 
 HEAD_DIMS = (32, 64, 96, 128, 256)
+# `rtckern ops` asks the candidates about these head dims (the catalogue shows which each one serves)
+HEAD_DIM_SAMPLES = (16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 256, 512)
 DTYPES = ctypes(("bf16", "fp16"))  # op dtype name -> kernel storage type
 
 SM80_SOURCE = "attention/flash_fwd_sm80.cuh"

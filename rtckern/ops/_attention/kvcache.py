@@ -170,7 +170,7 @@ class Plan:
         tile = cand.tile(req)
         tiles = kc.row_tiles(c.sq, c.hq // c.hk)
         smem = tile.smem_bytes(c.d)
-        main, combine, append = kernels
+        main, combine, append = kernels[:3]
         if num_splits == 0:
             per_sm = main.max_active_blocks_per_sm(tile.threads, smem)
             num_splits = kc.choose_splits(c.batch, c.hk, tiles, c.capacity, req.device.sm_count, per_sm, tile.warps)
@@ -258,12 +258,23 @@ class LongQueryPlan:
             with cupy.cuda.Device(qa.device):
                 self.cu_q = cupy.asarray(cu)
 
+    def _scratch(self, shape, dtype: str):
+        """Scratch (the packed K / V and their prefix sums) from the caller's library allocator, stream-ordered."""
+        from rtckern import dtypes
+
+        if self.lib == "torch":
+            import torch
+            return torch.empty(shape, dtype=dtypes.torch_dtype(dtype), device=f"cuda:{self.index}")
+        import cupy
+        with cupy.cuda.Device(self.index):
+            return cupy.empty(shape, dtype=dtypes.numpy_dtype(dtype))
+
     def run(self, q, kp, vp, csp, btp, knp, vnp, return_lse: bool, stream: int):
         b, hk, d = self.batch, self.hk, self.d
         total = b * self.capacity
-        kbuf, kb = arr.empty(self.like, (total, hk, d), self.dtype)
-        vbuf, vb = arr.empty(self.like, (total, hk, d), self.dtype)
-        cu_k, cp = arr.empty(self.like, (b + 1,), "int32")
+        kbuf, vbuf, cu_k = self._scratch((total, hk, d), self.dtype), self._scratch((total, hk, d), self.dtype), \
+            self._scratch((b + 1,), "int32")
+        kb, vb, cp = (arr.wrap(t, "scratch").ptr for t in (kbuf, vbuf, cu_k))
         if self.append is not None:
             self.append(stream, knp, vnp, kp, vp, csp, btp, *self.append_tail)
         self.gather(stream, kp, vp, csp, btp, kb, vb, cp, *self.gather_tail)
@@ -304,7 +315,39 @@ def _key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, k_new=None, v_new=None,
                            causal: bool = True, softmax_scale: float | None = None, num_splits: int = 0,
                            return_lse: bool = False):
-    """Attention of q over a contiguous or paged KV cache, with an optional append; see the module docstring."""
+    """Attention of q over a contiguous or paged KV cache, with an optional append first (flash_attn_with_kvcache's
+    API): decode, speculative verification, chunked prefill.
+
+    Args:
+        q: (batch, seqlen_q, heads_q, head_dim), bf16 or fp16; head_dim 32, 64, 96, 128 or 256.
+        k_cache, v_cache: q's dtype. Contiguous (block_table None): (batch, capacity, heads_kv, head_dim). Paged:
+            (num_blocks, page_size, heads_kv, head_dim), page_size a multiple of 16. heads_q = n * heads_kv.
+        cache_seqlens: int32 (batch,) on the GPU: the tokens cached per sequence before this call (not updated
+            here: the caller advances it).
+        block_table: int32 (batch, max_blocks_per_seq) for a paged cache: token j of sequence b is row
+            j % page_size of block block_table[b, j // page_size] (blocks in any order, shareable); or None.
+        k_new, v_new: (batch, seqlen_new, heads_kv, head_dim), together or neither: written into the cache at rows
+            cache_seqlens[b] .. + seqlen_new - 1 (in place, before attending; rows past the capacity are dropped).
+        causal: query i of sequence b sees key j iff j <= i + len_b - seqlen_q (the queries are the last seqlen_q
+            of len_b = cache_seqlens[b] + seqlen_new tokens, clamped to the capacity); False: all len_b keys.
+        softmax_scale: a positive finite number; None means 1 / sqrt(head_dim).
+        num_splits: parts each sequence's keys are cut into and merged by log-sum-exp (flash-decoding); 0 chooses
+            from batch, heads, capacity and SM count; 1 never splits.
+        return_lse: also return lse.
+
+    Returns:
+        o contiguous (batch, seqlen_q, heads_q, head_dim) like q; with return_lse, (o, lse) with lse float32
+        (batch, heads_q, seqlen_q), natural log. A query that sees no key gets o = 0 and lse = -inf. The lengths
+        and block table are read on the device only: a call can be captured in a CUDA graph and replayed with new
+        cache_seqlens / block_table contents.
+
+    Raises:
+        InputError: a dtype, shape, stride or alignment the op does not take (head dim not contiguous, other
+            strides not multiples of 8 elements, addresses not 16-byte aligned), batch mismatches, a page size that
+            is not a multiple of 16, int32 arrays of the wrong shape or place, k_new without v_new, or a bad
+            causal / softmax_scale / num_splits.
+        UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
+    """
     key = _key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, softmax_scale, num_splits,
                return_lse)
     if key is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import MappingProxyType
 
 from rtckern import tuning
 from rtckern.caches import PlanCache
@@ -79,7 +80,7 @@ class DecodeTile:
 # (docs/performance.md): at head dim 128 it keeps three blocks per SM (74 KB of shared memory each) and matched or
 # beat 4-warp rings of 4 and 6 chunks and 8-warp blocks wherever the GPU is full (batch x kv heads >= 2 waves), and
 # split counts make up the rest at small batches. Head dim 256 keeps the same structure at one block per SM.
-DEFAULT_TILES = {hd: DecodeTile(4, 2) for hd in configs.HEAD_DIMS}
+DEFAULT_TILES = MappingProxyType({hd: DecodeTile(4, 2) for hd in configs.HEAD_DIMS})
 
 
 def request(dtype: str, head_dim: int, causal: bool, device: DeviceInfo) -> OpRequest:

@@ -101,7 +101,35 @@ def _check_max(value, name: str, total: int, total_name: str) -> int:
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool = False,
                      softmax_scale: float | None = None, return_lse: bool = False):
-    """Fused attention forward over packed sequences; see the module docstring for layouts, masking and limits."""
+    """Fused attention forward over packed variable-length sequences (FlashAttention's varlen API).
+
+    Args:
+        q: (total_q, heads_q, head_dim), the tokens of every sequence one after the other; bf16 or fp16.
+        k, v: (total_k, heads_kv, head_dim) in q's dtype; GQA / MQA and head dims as in attention.
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) prefix sums in device memory: sequence b is rows
+            [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v.
+            Never read on the host (no synchronization; a call can be captured in a CUDA graph after a first call
+            outside it), so they are not checked: they must be non-decreasing and within total_q / total_k.
+        max_seqlen_q, max_seqlen_k: Python ints, at least the longest query / key sequence (they size the grid; an
+            upper bound is correct, the exact maximum fastest).
+        causal: per sequence, aligned to its bottom-right corner (key j visible to query i iff j <= i + len_k -
+            len_q).
+        softmax_scale: a positive finite number; None means 1 / sqrt(head_dim).
+        return_lse: also return lse.
+
+    Returns:
+        o contiguous (total_q, heads_q, head_dim) like q; with return_lse, (o, lse) with lse float32
+        (heads_q, total_q). Each sequence attends only within itself; lengths 0 and 1 are allowed; a query that
+        sees no key gets o = 0 and lse = -inf. Rows past cu_seqlens_q[batch] are left unwritten.
+
+    Raises:
+        InputError: arrays not on one GPU or of one library, a dtype other than bf16 / fp16, shapes that disagree,
+            a head_dim other than 32, 64, 96, 128 or 256, heads_q not a multiple of heads_kv, a head dim that is not
+            contiguous, other strides not multiples of 8 elements or an address not 16-byte aligned, a bad causal /
+            softmax_scale, or cu_seqlens that are not int32 (batch + 1,) arrays on q's device.
+        UnsupportedRequestError: no kernel serves the request on this device (a GPU older than sm_75, or
+            RTCKERN_DISABLE_OPS names the op).
+    """
     key = plan.key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                    return_lse)
     if key is not None:

@@ -30,7 +30,7 @@ from rtckern.runtime.streams import torch_stream
 
 from . import varlen_backward_candidates as vbc
 from .api import _scale, cached_request
-from .backward import check_lse
+from .backward import check_like_q, check_lse
 from .varlen import _check_cu, _check_max, _check_qkv
 
 __all__ = ("attention_varlen_backward",)
@@ -40,25 +40,6 @@ _torch_types = PlanCache("attention_varlen_backward.torch_types", 64)  # classes
 plans = PlanCache("attention_varlen_backward.call_plans", 4096)
 _SCALE_TYPES = (type(None), float, int)
 _INT32_MAX = 2**31 - 1
-
-
-def _check_like_q(t: arr.DeviceArray, q: arr.DeviceArray, name: str) -> None:
-    if t.shape != q.shape:
-        raise InputError(f"{name} has shape {t.shape} but q has {q.shape}; they must match "
-                         "(total_q, heads_q, head_dim)")
-    if t.dtype != q.dtype:
-        raise InputError(f"{name} has dtype {t.dtype} but q has {q.dtype}; they must match")
-    if t.lib != q.lib or t.device != q.device:
-        raise InputError(f"{name} must be a {q.lib} array on cuda:{q.device} like q; got a {t.lib} array on "
-                         f"cuda:{t.device}")
-    if t.strides[2] != 1 and t.shape[2] > 1:
-        raise InputError(f"{name} has strides {t.strides} (elements): its head dim is not contiguous (stride "
-                         f"{t.strides[2]}, must be 1); pass {name}.contiguous()")
-    bad = [s for s, n in zip(t.strides[:2], t.shape[:2]) if n > 1 and s % 8]
-    if bad or t.ptr % 16:
-        raise InputError(f"{name} has strides {t.strides} (elements) at address {t.ptr:#x}: the token and head "
-                         f"strides must be multiples of 8 elements and the address 16-byte aligned; pass "
-                         f"{name}.contiguous()")
 
 
 def _key(args, cu_q, cu_k, max_q, max_k, causal, softmax_scale, deterministic) -> tuple | None:
@@ -115,7 +96,28 @@ class Plan:
 
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal: bool = False, softmax_scale: float | None = None, deterministic: bool = False):
-    """Gradients (dq, dk, dv) of rtckern.ops.attention_varlen; see the module docstring for layouts and limits."""
+    """Gradients of rtckern.ops.attention_varlen from its output and lse.
+
+    Args:
+        dout: the gradient of o, (total_q, heads_q, head_dim) in q's dtype.
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale: the forward's.
+        out, lse: what attention_varlen(..., return_lse=True) returned (lse float32 (heads_q, total_q), any
+            strides).
+        deterministic: bitwise-repeatable dq (dk and dv always are).
+
+    Returns:
+        (dq, dk, dv), contiguous, like q, k, v. Each sequence is its own problem: dk / dv are summed over the q
+        heads of each kv head; a query that sees no key gets dq = 0, a key no query sees dk = dv = 0. Rows no
+        sequence covers are left unwritten. No host synchronization: capturable in a CUDA graph after a first call.
+
+    Raises:
+        InputError: arrays not on one GPU or of one library, a dtype other than bf16 / fp16, shapes that disagree,
+            a head_dim other than 32, 64, 96, 128 or 256, heads_q not a multiple of heads_kv, a head dim that is not
+            contiguous, other strides not multiples of 8 elements or an address not 16-byte aligned, or a bad
+            causal / softmax_scale.
+        UnsupportedRequestError: no kernel serves the request on this device (a GPU older than sm_75, or
+            RTCKERN_DISABLE_OPS names the op).
+    """
     args = (dout, q, k, v, out, lse)
     key = _key(args, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic)
     if key is not None:
@@ -126,8 +128,8 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     qa, ka, va = arr.wrap(q, "q"), arr.wrap(k, "k"), arr.wrap(v, "v")
     _check_qkv(qa, ka, va)
     da, oa, la = arr.wrap(dout, "dout"), arr.wrap(out, "out"), arr.wrap(lse, "lse")
-    _check_like_q(da, qa, "dout")
-    _check_like_q(oa, qa, "out")
+    check_like_q(da, qa, "dout", "(total_q, heads_q, head_dim)", "token and head")
+    check_like_q(oa, qa, "out", "(total_q, heads_q, head_dim)", "token and head")
     tq, hq, _ = qa.shape
     check_lse(la, qa, (hq, tq), "(heads_q, total_q)", "rtckern.ops.attention_varlen")
     cqa, cka = arr.wrap(cu_seqlens_q, "cu_seqlens_q"), arr.wrap(cu_seqlens_k, "cu_seqlens_k")

@@ -32,6 +32,7 @@ from rtckern.registry import options as opts
 
 from . import backward_candidates as dense
 from . import backward_configs as cfgs
+from . import candidates as dense_fwd
 
 OP = "attention_varlen_backward"
 DEFINES = (("RTK_ATTN_VARLEN", "1"),)
@@ -233,5 +234,6 @@ def register_all() -> None:
         register(c)
     register_request_builder(OP, _build_request, help="shape: head_dim, or q's TxHxD (packed tokens); "
                                                       "--opt causal=0/1, --opt deterministic=0/1",
-                             example="--dtype bf16 --shape 16384x16x128 --opt causal=1")
+                             example="--dtype bf16 --shape 16384x16x128 --opt causal=1",
+                             limits=dense_fwd.HEAD_DIM_LIMITS)
     _registered = True

@@ -50,7 +50,29 @@ def _torch_types() -> frozenset:
 
 
 def gemm_fp8(a, b, a_scale, b_scale, out_dtype="bf16", bias=None, trans_b: bool = True):
-    """y = (a * a_scale) @ (b * b_scale)^T (+ bias). See the module docstring."""
+    """fp8 matrix multiply: y = (a * a_scale) @ (b * b_scale)^T (+ bias), fp32 accumulation.
+
+    Args:
+        a: (M, K) float8_e4m3fn, K contiguous, any M >= 1.
+        b: (N, K) float8_e4m3fn, K contiguous (nn.Linear's (out, in) layout); K a positive multiple of 16.
+        a_scale, b_scale: fp32 scales whose shapes give their granularity: one element (a 0-d tensor, (1,) or
+            (1, 1)) per tensor; (M,) / (M, 1) and (N,) / (N, 1) per channel (either may be per tensor instead);
+            block scales a_scale (M, ceil(K/128)) for 1 x 128 groups of a (row-major, or quantize_fp8's "col_tma"
+            layout) with b_scale (ceil(N/128), ceil(K/128)) for 128 x 128 blocks of b (both or neither).
+        out_dtype: bf16 (default), fp16 or fp32.
+        bias: (N,) bf16 / fp16 / fp32, or None.
+        trans_b: must be True (8-bit tensor-core MMAs read both operands K-major); False is refused.
+
+    Returns:
+        y, (M, N) in out_dtype, of a's library. sm_90 takes the wgmma kernel when a's and b's bases are 16-byte
+        aligned; other sm_89+ GPUs a CUDA-core kernel.
+
+    Raises:
+        InputError: a GPU older than sm_89 (no fp8), a dtype other than float8_e4m3fn for a / b or fp32 for the
+            scales, K not a multiple of 16, shapes that disagree, scale shapes of no supported granularity, or a
+            bad bias / out_dtype.
+        UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
+    """
     tt = _torch_types()
     if type(a) in tt and type(b) in tt and type(a_scale) in tt and type(b_scale) in tt and \
             (bias is None or type(bias) in tt):
@@ -163,7 +185,23 @@ def _build(A, B, SA, SB, Bi, out_dtype, trans_b) -> plan.GemmPlan:
 
 
 def quantize_fp8(x, group: int = 128, scale_format: str = "row"):
-    """(q, scales): per-token-group e4m3 quantization of x (M, K). See the module docstring."""
+    """Per-token-group fp8 quantization (DeepSeek-V3 style), the producer of gemm_fp8's block-scaled a.
+
+    Args:
+        x: (M, K) torch CUDA tensor, fp32 / fp16 / bf16, contiguous rows; K a multiple of group.
+        group: columns per scale: 32, 64, 128 or 256.
+        scale_format: "row" (scales (M, K / group) row-major) or "col_tma" (column-major with M padded to a
+            multiple of 4, strides (1, ceil(M/4)*4): DeepGEMM's TMA-aligned layout, which gemm_fp8 reads fastest).
+
+    Returns:
+        (q, scales): q float8_e4m3fn (M, K); scales fp32 (M, K / group) with scale = amax(|group|) / 448 (1 for an
+        all-zero group), q = x / scale rounded to nearest even and saturated to +-448 (never NaN for finite x).
+
+    Raises:
+        InputError: x not a torch tensor, not 2-D, a dtype it does not take, K not a multiple of group, rows not
+            contiguous and aligned, an unsupported group or scale_format, or a GPU older than sm_89.
+        UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
+    """
     tt = _torch_types()
     if type(x) not in tt:
         raise InputError(f"quantize_fp8 takes a torch tensor; got {type(x).__name__}")

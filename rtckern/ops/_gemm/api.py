@@ -78,7 +78,32 @@ def _aligned16(x: arr.DeviceArray, batched: bool) -> bool:
 
 
 def gemm(a, b, bias=None, activation=None, trans_b: bool = False, out_dtype=None, residual=None):
-    """y = act(a @ op(b) + bias) + residual. See the module docstring."""
+    """Matrix multiply with a fused epilogue: y = act(a @ op(b) + bias) + residual, op(b) = b or b^T.
+
+    Args:
+        a: (M, K) or (batch, M, K), fp16 or bf16, rows contiguous in their last dimension.
+        b: (K, N), or (N, K) with trans_b=True (the nn.Linear weight layout), in a's dtype; (batch, ...) for a
+            batched B, or 2-D to share one B across a's batch. A transposed view (e.g. weight.t()) is read in
+            place as the other layout.
+        bias: (N,) contiguous, in a's dtype, or None.
+        activation: None, "gelu_tanh" (GELU in its tanh form, torch's gelu(approximate="tanh")) or "silu"
+            (ACTIVATIONS lists them); plain "gelu" is refused with that hint.
+        trans_b: b is (N, K).
+        out_dtype: fp16, bf16 or fp32 (a torch / numpy dtype or a name); default a's dtype.
+        residual: (M, N) or (batch, M, N) in the output dtype, added after the activation; or None.
+
+    Returns:
+        y, a new (M, N) or (batch, M, N) array of a's library, computed on its current stream with fp32
+        accumulation. Any M, N, K >= 1; operands with 16-byte aligned rows (base, row and batch strides
+        multiples of 8 elements, K and, for trans_b=False, N multiples of 8) take the fast paths (wgmma + TMA on
+        sm_90, cp.async elsewhere), others a general path.
+
+    Raises:
+        InputError: arrays not on one GPU, a dtype pair other than fp16/fp16 or bf16/bf16, inner dimensions that
+            disagree, K = 0, overlapping or non-contiguous rows, a bias or residual of the wrong shape or dtype, or
+            an unsupported activation / out_dtype.
+        UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
+    """
     tt = _TORCH_TYPES or _torch_types()
     if type(a) in tt and type(b) in tt and (bias is None or type(bias) in tt) and \
             (residual is None or type(residual) in tt):

@@ -179,14 +179,57 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
 
 def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6, *, residual: Any = None, zero_centered: bool = False,
              out_dtype: Any = None, return_rstd: bool = False):
-    """RMSNorm over the last dimension. Returns y; (y, h) with a residual; rstd appended with return_rstd."""
+    """RMSNorm over the last dimension: y = x / sqrt(mean(x^2) + eps) * weight, arithmetic in fp32.
+
+    Args:
+        x: (..., N), fp32 / fp16 / bf16, N >= 1; rows may be strided, the last dimension must be contiguous.
+        weight: (N,) in x's dtype or fp32, or None (no scaling).
+        eps: added to the mean square, finite and >= 0.
+        residual: x's shape and dtype, or None: h = x + residual (rounded to x's dtype) is normalized and returned.
+        zero_centered: the weight is stored as gamma - 1 (y = x_hat * (1 + weight)), as in Gemma.
+        out_dtype: y's dtype (fp32 / fp16 / bf16; a torch or numpy dtype or a name), default x's. fp8 is refused:
+            use rms_norm_quant.
+        return_rstd: also return rstd = 1 / sqrt(mean(h^2) + eps), fp32 of shape x.shape[:-1] (for the backward).
+
+    Returns:
+        y (x's shape) alone; (y, h) with a residual; rstd appended last with return_rstd: (y, rstd) or
+        (y, h, rstd). Arrays of x's library (torch in -> torch out, CuPy in -> CuPy out), computed on its current
+        stream; bitwise the same for the same inputs on a given device.
+
+    Raises:
+        InputError: an array that is not a CUDA array (torch tensor, CuPy array, or DLPack / CUDA-array-interface
+            object), a dtype other than fp32 / fp16 / bf16, shapes that disagree, a last dimension that is not
+            contiguous, or a bad eps / out_dtype (the message names the value and what is accepted).
+        UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op, or
+            the GPU is older than every candidate's minimum).
+    """
     return _forward(False, x, weight, None, eps, residual, zero_centered, out_dtype, return_rstd)
 
 
 def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5, *, residual: Any = None,
                zero_centered: bool = False, out_dtype: Any = None, return_stats: bool = False):
-    """LayerNorm over the last dimension. Returns y; (y, h) with a residual; mean, rstd appended with
-    return_stats."""
+    """LayerNorm over the last dimension: y = (x - mean) / sqrt(var + eps) * weight + bias, arithmetic in fp32.
+
+    Args:
+        x: (..., N), fp32 / fp16 / bf16, N >= 1; rows may be strided, the last dimension must be contiguous.
+        weight, bias: (N,) in x's dtype or fp32 (both the same dtype), or None.
+        eps: added to the variance, finite and >= 0.
+        residual: x's shape and dtype, or None: h = x + residual (rounded to x's dtype) is normalized and returned.
+        zero_centered: the weight is stored as gamma - 1 (y = x_hat * (1 + weight) + bias).
+        out_dtype: y's dtype (fp32 / fp16 / bf16), default x's.
+        return_stats: also return mean and rstd, fp32 of shape x.shape[:-1] (for the backward).
+
+    Returns:
+        y alone; (y, h) with a residual; mean, rstd appended last with return_stats: (y, mean, rstd) or
+        (y, h, mean, rstd). Arrays of x's library, computed on its current stream.
+
+    Raises:
+        InputError: an array that is not a CUDA array (torch tensor, CuPy array, or DLPack / CUDA-array-interface
+            object), a dtype other than fp32 / fp16 / bf16, shapes that disagree, a last dimension that is not
+            contiguous, or a bad eps / out_dtype (the message names the value and what is accepted).
+        UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op, or
+            the GPU is older than every candidate's minimum).
+    """
     return _forward(True, x, weight, bias, eps, residual, zero_centered, out_dtype, return_stats)
 
 
@@ -249,16 +292,58 @@ def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresi
 
 def rms_norm_backward(dy: Any, x: Any, weight: Any, rstd: Any, *, zero_centered: bool = False,
                       dresidual: Any = None, dx_dtype: Any = None, weight_grad: bool = True):
-    """Gradients of rms_norm: (dx, dweight); dweight is None without a weight or with weight_grad=False.
-    x is the normalized input (h when the forward added a residual); dresidual is added into dx."""
+    """Gradients of rms_norm from the forward's input and its rstd.
+
+    Args:
+        dy: the gradient of y, x's shape, fp32 / fp16 / bf16.
+        x: the normalized input (h when the forward added a residual).
+        weight: the forward's weight, or None.
+        rstd: fp32, one value per row of x, as rms_norm(..., return_rstd=True) returned it.
+        zero_centered: as in the forward.
+        dresidual: a gradient arriving for h (x's shape, dx's dtype), added into dx; or None.
+        dx_dtype: dx's dtype, default x's.
+        weight_grad: False skips dweight (returned as None).
+
+    Returns:
+        (dx, dweight): dx like x; dweight (N,) in the weight's dtype, or None without a weight or with
+        weight_grad=False. dweight is reduced in a fixed order: bitwise repeatable.
+
+    Raises:
+        InputError: an array that is not a CUDA array (torch tensor, CuPy array, or DLPack / CUDA-array-interface
+            object), a dtype other than fp32 / fp16 / bf16, shapes that disagree, a last dimension that is not
+            contiguous, or a bad eps / out_dtype (the message names the value and what is accepted).
+        UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op, or
+            the GPU is older than every candidate's minimum).
+    """
     return _backward(False, dy, x, weight, None, None, rstd, zero_centered, dresidual, dx_dtype, weight_grad, False)
 
 
 def layer_norm_backward(dy: Any, x: Any, weight: Any, bias: Any, mean: Any, rstd: Any, *,
                         zero_centered: bool = False, dresidual: Any = None, dx_dtype: Any = None,
                         weight_grad: bool = True, bias_grad: bool = True):
-    """Gradients of layer_norm: (dx, dweight, dbias), None for a gradient not asked for or without its
-    parameter."""
+    """Gradients of layer_norm from the forward's input and its mean and rstd.
+
+    Args:
+        dy: the gradient of y, x's shape, fp32 / fp16 / bf16.
+        x: the normalized input (h when the forward added a residual).
+        weight, bias: the forward's, or None.
+        mean, rstd: fp32, one value per row of x, as layer_norm(..., return_stats=True) returned them.
+        zero_centered: as in the forward.
+        dresidual: a gradient arriving for h (x's shape, dx's dtype), added into dx; or None.
+        dx_dtype: dx's dtype, default x's.
+        weight_grad, bias_grad: False skips that gradient (returned as None).
+
+    Returns:
+        (dx, dweight, dbias): dx like x; dweight and dbias (N,) in the parameters' dtype, None for a gradient not
+        asked for or without its parameter. Bitwise repeatable.
+
+    Raises:
+        InputError: an array that is not a CUDA array (torch tensor, CuPy array, or DLPack / CUDA-array-interface
+            object), a dtype other than fp32 / fp16 / bf16, shapes that disagree, a last dimension that is not
+            contiguous, or a bad eps / out_dtype (the message names the value and what is accepted).
+        UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op, or
+            the GPU is older than every candidate's minimum).
+    """
     return _backward(True, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
                      bias_grad)
 

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rtckern.caches import PlanCache
-from rtckern.registry import Candidate, Cost, OpRequest, Resources
+from rtckern.registry import Candidate, Cost, LimitProbe, OpRequest, Resources
 from rtckern.registry import options as opts
 
 from . import configs, geometry
@@ -440,6 +440,10 @@ def build_request(op: str, shape: tuple, dtype: str | None, device, **options: s
                                     ("w", w), ("x", x)), shape=(("n", n), ("vec", vec)), flags=flags, device=device)
 
 
+# The row lengths `rtckern ops` asks the candidates about (each kind's register, shared-memory and cluster limits).
+ROW_LIMITS = LimitProbe("N", tuple(1 << k for k in range(6, 22)))
+
+
 def register_builders(registry) -> None:
     import functools
 
@@ -447,7 +451,7 @@ def register_builders(registry) -> None:
         registry.register_request_builder(
             QUANT_OP, build_quant_request,
             help="shape: N or ROWSxN; --opt w=fp32|none group=32|64|128|256 zero_centered=0/1 vec=",
-            example="--dtype bf16 --shape 8192x7168 --opt group=128")
+            example="--dtype bf16 --shape 8192x7168 --opt group=128", limits=ROW_LIMITS)
 
     for op in FWD_OPS + BWD_OPS:
         if op in registry.builder_ops():
@@ -456,4 +460,4 @@ def register_builders(registry) -> None:
             op, functools.partial(build_request, op),
             help="shape: N or ROWSxN; --opt w=fp32 y=fp32 bias=0/1 residual=0/1 zero_centered=0/1 save_stats=0/1 "
                  "(backward: dy= dx= weight_grad= bias_grad= dresidual=)",
-            example=f"--dtype bf16 --shape 8192x4096{' --opt w=fp32' if op in FWD_OPS else ''}")
+            example=f"--dtype bf16 --shape 8192x4096{' --opt w=fp32' if op in FWD_OPS else ''}", limits=ROW_LIMITS)

@@ -56,7 +56,29 @@ class QuantNormPlan:
 
 def rms_norm_quant(x, weight=None, eps: float = 1e-6, *, group: int = 128, scale_format: str = "row",
                    zero_centered: bool = False):
-    """(q, scales): RMSNorm of x's rows quantized to fp8 per group of columns. See the module docstring."""
+    """RMSNorm of x's rows quantized to fp8 e4m3 per group of columns, in one pass (gemm_fp8's activations).
+
+    Args:
+        x: (..., N) torch CUDA tensor, fp32 / fp16 / bf16, contiguous rows aligned to max(2, group / 32) elements;
+            N a multiple of group.
+        weight: (N,) in x's dtype or fp32, or None.
+        eps: added to the mean square, finite and >= 0.
+        group: columns per scale: 32, 64, 128 or 256.
+        scale_format: "row" (scales (M, N / group) row-major) or "col_tma" (column-major, M padded to a multiple
+            of 4: the a_scale layout gemm_fp8's block-scaled kernel reads fastest).
+        zero_centered: the weight is stored as gamma - 1.
+
+    Returns:
+        (q, scales): q float8_e4m3fn of x's shape; scales fp32 (M, N / group) with M = x.numel() / N, where each
+        group's scale = amax(|y|) / 448 (1 for an all-zero group) and q = y / scale, rounded to nearest even and
+        saturated to +-448; y = x * rstd * weight in fp32. The same as rms_norm(..., out_dtype=fp32) followed by
+        quantize_fp8.
+
+    Raises:
+        InputError: x not a torch tensor, a dtype, shape or alignment it does not take, an unsupported group or
+            scale_format, or a GPU older than sm_89 (no fp8).
+        UnsupportedRequestError: no kernel serves the request (RTCKERN_DISABLE_OPS names the op).
+    """
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(x, torch.Tensor) or (weight is not None and not isinstance(weight, torch.Tensor)):
         raise InputError(f"rms_norm_quant takes torch tensors; got x of type {type(x).__name__}")

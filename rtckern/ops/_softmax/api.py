@@ -169,13 +169,56 @@ def _unmasked(op: str, min_ndim: int, geometry_of, forward_doc: str, backward_do
 
 softmax, softmax_backward = _unmasked(
     "softmax", 1, _plain_geometry,
-    """softmax(scale * x) over the last dimension of x (fp32, fp16 or bf16, contiguous, on a GPU).""",
-    """Gradient of softmax(scale * x) with respect to x, from y = softmax(scale * x) and dy.""")
+    """softmax(scale * x) over the last dimension, arithmetic in fp32.
+
+    Args:
+        x: (..., N), fp32 / fp16 / bf16, contiguous, any N (long rows take a two-pass kernel).
+        scale: multiplies x before the softmax (e.g. 1 / sqrt(head_dim)); -inf entries count as masked keys
+            whatever its sign, and a row of only -inf gives zeros.
+
+    Returns:
+        A new contiguous array of x's shape, dtype and library (torch in -> torch out, CuPy in -> CuPy out),
+        computed on that library's current stream.
+    Raises:
+        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
+            does not take, or a scale that is not a number.
+        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
+    """,
+    """Gradient of softmax(scale * x) with respect to x, from y = softmax(scale * x) and dy.
+
+    Args:
+        y: the forward's output, fp32 / fp16 / bf16, contiguous.
+        dy: the gradient of y, y's shape and dtype.
+        scale: the forward's scale.
+
+    Returns:
+        dx = scale * y * (dy - sum(y * dy)) over the last dimension, like y.
+    Raises:
+        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
+            does not take, or a scale that is not a number.
+        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
+    """)
 
 
 def scaled_masked_softmax(x, mask, scale: float = 1.0):
-    """softmax(scale * x) with keys where `mask` is True set to exactly zero. x: (B, H, Sq, Sk); mask: bool
-    (B, 1, Sq, Sk) or (1, 1, Sq, Sk), broadcast over heads. A row with every key masked gives zeros."""
+    """softmax(scale * x) over the last dimension with the keys where `mask` is True set to exactly zero.
+
+    Args:
+        x: (B, H, Sq, Sk) attention scores, fp32 / fp16 / bf16, contiguous.
+        mask: bool (B, 1, Sq, Sk) or (1, 1, Sq, Sk), True where a key is masked out; broadcast over heads (and
+            over the batch when its first dimension is 1); contiguous, on x's device.
+        scale: multiplies x before the softmax.
+
+    Returns:
+        A new contiguous array of x's shape, dtype and library (torch in -> torch out, CuPy in -> CuPy out),
+        computed on that library's current stream.
+        Masked keys get exactly zero and contribute nothing; a row whose keys are all masked gives zeros, not NaN.
+
+    Raises:
+        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
+            does not take, or a scale that is not a number.
+        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
+    """
     p = _hit("scaled_masked_softmax", x, mask, scale)
     if p is not None:
         return p.fast(x, mask) if p.fast is not None else p.forward(x.data_ptr(), mask.data_ptr())
@@ -187,21 +230,91 @@ def scaled_masked_softmax(x, mask, scale: float = 1.0):
 
 
 def scaled_masked_softmax_backward(y, dy, scale: float = 1.0):
-    """Gradient of scaled_masked_softmax from its output y (exactly zero at masked keys) and dy."""
+    """Gradient of scaled_masked_softmax from its output y (exactly zero at masked keys, so no mask is needed).
+
+    Args:
+        y: the forward's output, fp32 / fp16 / bf16, contiguous.
+        dy: the gradient of y, y's shape and dtype.
+        scale: the forward's scale.
+
+    Returns:
+        dx = scale * y * (dy - sum(y * dy)) over the last dimension, like y.
+        Masked keys (and fully masked rows) get exactly zero.
+
+    Raises:
+        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
+            does not take, or a scale that is not a number.
+        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
+    """
     return _run_backward("scaled_masked_softmax_backward", y, dy, scale, _plain_geometry)
 
 
 scaled_upper_triang_masked_softmax, scaled_upper_triang_masked_softmax_backward = _unmasked(
     "scaled_upper_triang_masked_softmax", 2, _square_causal_geometry,
-    """Causal softmax(scale * x) over square score matrices x (..., S, S), typically (B * H, S, S): key k of
-    query q is kept iff k <= q; the rest are exactly zero (and never read).""",
-    """Gradient of scaled_upper_triang_masked_softmax; keys above the diagonal get exactly zero.""")
+    """Causal softmax(scale * x) over square score matrices: key k of query q is kept iff k <= q.
+
+    Args:
+        x: (..., S, S), typically (B * H, S, S), fp32 / fp16 / bf16, contiguous. Sq != Sk is refused: use
+            scaled_aligned_causal_masked_softmax.
+        scale: multiplies x before the softmax.
+
+    Returns:
+        A new contiguous array of x's shape, dtype and library (torch in -> torch out, CuPy in -> CuPy out),
+        computed on that library's current stream.
+        Keys above the diagonal are exactly zero (and never read).
+
+    Raises:
+        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
+            does not take, or a scale that is not a number.
+        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
+    """,
+    """Gradient of scaled_upper_triang_masked_softmax; keys above the diagonal get exactly zero.
+
+    Args:
+        y: the forward's output, fp32 / fp16 / bf16, contiguous.
+        dy: the gradient of y, y's shape and dtype.
+        scale: the forward's scale.
+
+    Returns:
+        dx = scale * y * (dy - sum(y * dy)) over the last dimension, like y.
+    Raises:
+        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
+            does not take, or a scale that is not a number.
+        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
+    """)
 
 scaled_aligned_causal_masked_softmax, scaled_aligned_causal_masked_softmax_backward = _unmasked(
     "scaled_aligned_causal_masked_softmax", 2, _aligned_causal_geometry,
-    """Causal softmax(scale * x) aligned to the bottom-right corner, x (..., Sq, Sk): key k of query q is kept iff
-    k <= q + (Sk - Sq). With Sq > Sk the first Sq - Sk queries keep no key and give zeros.""",
-    """Gradient of scaled_aligned_causal_masked_softmax; masked keys get exactly zero.""")
+    """Causal softmax(scale * x) aligned to the bottom-right corner: key k of query q is kept iff k <= q + Sk - Sq.
+
+    Args:
+        x: (..., Sq, Sk), fp32 / fp16 / bf16, contiguous (Sq == Sk is the usual causal mask).
+        scale: multiplies x before the softmax.
+
+    Returns:
+        A new contiguous array of x's shape, dtype and library (torch in -> torch out, CuPy in -> CuPy out),
+        computed on that library's current stream.
+        Masked keys are exactly zero; with Sq > Sk the first Sq - Sk queries keep no key and give zeros.
+
+    Raises:
+        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
+            does not take, or a scale that is not a number.
+        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
+    """,
+    """Gradient of scaled_aligned_causal_masked_softmax; masked keys get exactly zero.
+
+    Args:
+        y: the forward's output, fp32 / fp16 / bf16, contiguous.
+        dy: the gradient of y, y's shape and dtype.
+        scale: the forward's scale.
+
+    Returns:
+        dx = scale * y * (dy - sum(y * dy)) over the last dimension, like y.
+    Raises:
+        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
+            does not take, or a scale that is not a number.
+        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
+    """)
 
 
 cands.register_all()

@@ -19,7 +19,7 @@ from rtckern import config
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.errors import OptionError
-from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
+from rtckern.registry import Candidate, Cost, LimitProbe, OpRequest, Resources, default_registry, register, \
     register_kernel_provider, register_request_builder, select
 from rtckern.registry import options as opts
 from rtckern.registry.candidate import arch_reason, rank_key
@@ -372,6 +372,8 @@ def prefill_specs(archs):
 
 
 _registered = False
+# The row lengths `rtckern ops` asks the candidates about (one-pass and ring limits; online serves any).
+ROW_LIMITS = LimitProbe("N", tuple(1 << k for k in range(5, 22)))
 
 
 def register_all() -> None:
@@ -393,7 +395,7 @@ def register_all() -> None:
             register_request_builder(op, _build_request(op),
                                      help="shape: (..., N), the last dim is the row length; options vec=<elements "
                                           "per access>, mask16=0|1 (masked: 16-byte aligned mask rows)",
-                                     example="--dtype bf16 --shape 16384x4096")
+                                     example="--dtype bf16 --shape 16384x4096", limits=ROW_LIMITS)
     register_tuners()
     register_kernel_provider("softmax", prefill_specs)
     _registered = True

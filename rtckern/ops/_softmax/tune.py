@@ -130,6 +130,12 @@ def tune_problem(direction: str, kind: int, n: int, device) -> tuple[geometry.Ro
     return geometry.RowGeometry(rows=rows, n=n), 0
 
 
+def served_ops(table_name: str, direction: str, is_ring: bool) -> tuple[str, ...]:
+    """The softmax ops whose configs come from this table (`rtckern tune scaled_masked_softmax` finds its
+    tuners), in the order of OPS (the op of the table's own kind first)."""
+    return tuple(op for op, (kind, d) in cands.OPS.items() if d == direction and table(d, kind, is_ring) == table_name)
+
+
 class SoftmaxTuner(tuning.Tuner):
     """Times one-pass configs of one (direction, mask kind) on the live GPU."""
 
@@ -138,6 +144,7 @@ class SoftmaxTuner(tuning.Tuner):
     def __init__(self, direction: str, kind: int = geometry.PLAIN):
         self.direction, self.kind = direction, kind
         self.op = table(direction, kind)
+        self.request_ops = served_ops(self.op, direction, is_ring=False)
 
     def key(self, req) -> dict[str, Any]:
         return {"dtype": req.dtype("x"), "vec": req.dim("vec"), "n": req.dim("n")}
@@ -179,6 +186,7 @@ class RingTuner(tuning.Tuner):
     def __init__(self, direction: str, kind: int = geometry.PLAIN):
         self.direction, self.kind = direction, kind
         self.op = table(direction, kind, True)
+        self.request_ops = served_ops(self.op, direction, is_ring=True)
 
     def key(self, req) -> dict[str, Any]:
         return {"dtype": req.dtype("x"), "n": req.dim("n")}

@@ -292,18 +292,18 @@ def test_first_call_during_capture_is_a_clear_error():
 
 
 # ---- fallback and strict through a real registry refusal -----------------------------------------------------------
-def test_disabled_jit_falls_back_to_torch_once_and_strict_refuses():
+def test_disabled_ops_fall_back_to_torch_once_and_strict_refuses():
     x, w = rand(16, 768), rand(768)
     want = R.rms_norm_fwd(x, w, 1e-6, False, None, False)[0]
-    with config.override(disable_jit=frozenset({"rms_norm"})):
-        with pytest.warns(RuntimeWarning, match=r"(?s)no JIT implementation serves 'rms_norm'.*RTCKERN_DISABLE_JIT"):
+    with config.override(disabled_ops=frozenset({"rms_norm"})):
+        with pytest.warns(RuntimeWarning, match=r"(?s)no JIT implementation serves 'rms_norm'.*RTCKERN_DISABLE_OPS"):
             y = ops.rms_norm(x, w, 1e-6)
         torch.testing.assert_close(y, want)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             ops.rms_norm(x, w, 1e-6)
-    with config.override(disable_jit=frozenset({"rms_norm"}), strict=True):
-        with pytest.raises(UnsupportedRequestError, match="RTCKERN_DISABLE_JIT"):
+    with config.override(disabled_ops=frozenset({"rms_norm"}), strict=True):
+        with pytest.raises(UnsupportedRequestError, match="RTCKERN_DISABLE_OPS"):
             ops.rms_norm(x, w, 1e-6)
 
 

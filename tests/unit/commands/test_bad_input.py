@@ -82,10 +82,16 @@ def ex(op: str, *rest: str, shape: str = "8192x4096") -> tuple[str, ...]:
     (("prefill", "--arch", "9.0", "--family", "core", "--all-candidates"),
      r"--all-candidates applies to --manifest/--preset"),
     (("tune", "softmax", "--shapes", ","), r"--shapes ',' names no shape"),
-    (("cache", "ls", "--arch", ""), r"^rtckern cache: empty arch entry; accepted forms"),
-    (("cache", "prune", "--max-bytes", "-1"), r"argument --max-bytes: '-1' is not a whole number >= 0"),
+    (("cache", "ls", "--arch", ""), r"^rtckern cache: empty arch list; give at least one entry"),
+    (("cache", "export", "--bundle", "b", "--arch", ""), r"^rtckern cache: empty arch list; give at least one entry"),
+    (("cache", "prune", "--max-bytes", "-1"), r"argument --max-bytes: '-1' is not a size; give bytes or a number "
+                                              r"with a K/M/G/T suffix"),
+    (("cache", "prune", "--max-bytes", "1X"), r"argument --max-bytes: '1X' is not a size"),
+    (("cache", "prune"), r"^rtckern cache: prune needs at least one of --max-bytes SIZE \(e.g. 10G\), "
+                         r"--older-than-days DAYS, --superseded"),
     (("cache", "prune", "--older-than-days", "nan"), r"argument --older-than-days: 'nan' is not a finite number"),
-    (("cache", "import", "x.bundle", "--max-member-bytes", "0"), r"argument --max-member-bytes: '0' is not a"),
+    (("cache", "import", "x.bundle", "--max-member-bytes", "0"),
+     r"argument --max-member-bytes: '0' is 0 bytes; give a size of at least 1 byte"),
 ])
 def test_refused_with_one_line(tmp_path, argv, match):
     refused(rtckern(*argv, cache=tmp_path / "cache"), match)
@@ -101,6 +107,7 @@ def test_manifest_that_is_not_utf8(tmp_path):
 
 def test_export_into_a_directory(tmp_path):
     (tmp_path / "out").mkdir()
+    (tmp_path / "c" / "v1").mkdir(parents=True)  # an (empty) cache
     refused(rtckern("cache", "export", "--bundle", str(tmp_path / "out"), cache=tmp_path / "c"),
             rf"^rtckern cache: --bundle {re.escape(str(tmp_path / 'out'))} is a directory; give a file path, e.g. ")
 

@@ -55,7 +55,7 @@ def test_a_bad_variable_is_one_line_and_exit_code_2(tmp_path, command, var, valu
                                                    "attention_varlen"),
     ("RTCKERN_FORCE_IMPL", "rms_norm=rms_norm.nope", "RTCKERN_FORCE_IMPL forces 'rms_norm.nope' for op 'rms_norm', "
                                                      "which is not one of its candidates: rms_norm.l2"),
-    ("RTCKERN_DISABLE_JIT", "softmx", "RTCKERN_DISABLE_JIT names op 'softmx', which no registered candidate serves"),
+    ("RTCKERN_DISABLE_OPS", "softmx", "RTCKERN_DISABLE_OPS names op 'softmx', which no registered candidate serves"),
 ])
 def test_unknown_op_or_candidate_names_are_one_line(tmp_path, var, value, message):
     r = run("explain", "softmax", "--shape", "8x1024", "--arch", "9.0", env={"RTCKERN_CACHE_DIR": str(tmp_path),

@@ -107,7 +107,16 @@ def test_bad_arguments_say_what_to_do(reg, capsys, argv, match):
 def test_list_shows_ops_candidates_and_example(reg, capsys):
     rc, out, _ = cli(reg, ["--list"], capsys)
     assert rc == 0 and out.startswith("axpy: axpy.hopper, axpy.broken")
-    assert "example: rtckern explain axpy --dtype bf16 --shape 1048576" in out
+    assert "example: rtckern explain axpy --dtype bf16 --shape 1048576 --arch sm_90" in out
+
+
+def test_list_examples_run_without_a_gpu(reg, capsys):
+    import shlex
+
+    _, out, _ = cli(reg, ["--list"], capsys)
+    example = next(line for line in out.splitlines() if "example: " in line).split("example: ", 1)[1]
+    rc, out, err = cli(reg, shlex.split(example)[2:], capsys)
+    assert rc == 0 and "chosen: axpy." in out, out + err
 
 
 def test_python_api(reg):

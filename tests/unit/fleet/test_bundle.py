@@ -38,6 +38,20 @@ def _fill(cache: DiskCache, n: int = 4, **meta_extra) -> list[str]:
     return keys
 
 
+def test_bundle_file_is_readable_by_all_whatever_the_umask(tmp_path):
+    import os
+    import stat
+
+    a = DiskCache(tmp_path / "a")
+    _fill(a, 1)
+    old = os.umask(0o077)
+    try:
+        export_bundle(tmp_path / "x.bundle", [a])
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "x.bundle").stat().st_mode) == 0o644
+
+
 def test_roundtrip_and_deterministic_bytes(tmp_path):
     a, b = DiskCache(tmp_path / "a"), DiskCache(tmp_path / "b")
     keys = _fill(a)

@@ -43,8 +43,10 @@ def test_ls_filters(tmp_path):
 
     assert ls() == set(keys)
     assert ls("--op", "gemm") == set(keys[:2])
-    assert ls("--arch", "9.0") == ls("--arch", "sm_90") == ls("--arch", "90") == {keys[1], keys[3]}
-    assert ls("--arch", "sm_90a") == {keys[0]}
+    # --arch names device archs, as in export and prefill: an sm_90 device runs the sm_90 and sm_90a entries
+    sm90 = {keys[0], keys[1], keys[3]}
+    assert ls("--arch", "9.0") == ls("--arch", "sm_90") == ls("--arch", "90") == ls("--arch", "sm_90a") == sm90
+    assert ls("--arch", "8.0;9.0") == set(keys)
     assert ls("--toolchain", "nvrtc-12.8") == {keys[3]}
     assert ls("--op", "softmax", "--toolchain", cur.split("|")[0]) == {keys[2]}
     bad = cli("cache", "ls", "--arch", "hopper", cache=tmp_path, check=False)

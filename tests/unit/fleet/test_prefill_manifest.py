@@ -114,3 +114,10 @@ def test_same_bundle_for_any_jobs_and_for_identical_inputs(tmp_path):
 
     index, _ = verify_bundle(tmp_path / "a.bundle")
     assert len(index) == out["compiled"] + out["cached"] == 8
+
+
+def test_on_round_announces_every_kernel_before_it_is_compiled(registry, cache_dir):
+    rounds, done = [], []
+    res = replay(_entries(LINES), parse_archs("8.0;9.0a"), registry=registry, cache_dir=str(cache_dir),
+                 progress=done.append, on_round=rounds.append)
+    assert len(rounds) >= 2 and sum(rounds) == len(done) == len(res.kernels)  # a fallback round after axpy.broken

@@ -50,8 +50,8 @@ def check_lse(lse, q):
 
 def test_valid_inputs_pass():
     q = t4(Q)
-    B._check_like_q(t4(Q, strides=(100 * 9 * 64, 9 * 64, 64, 1)), q, "dout")  # a strided dout
-    B._check_like_q(t4(Q), q, "out")
+    B.check_like_q(t4(Q, strides=(100 * 9 * 64, 9 * 64, 64, 1)), q, "dout")  # a strided dout
+    B.check_like_q(t4(Q), q, "out")
     check_lse(t4((2, 8, 100), "fp32"), q)
     check_lse(t4((2, 8, 100), "fp32", strides=(800, 1, 8)), q)  # any lse strides
 
@@ -70,7 +70,7 @@ def test_valid_inputs_pass():
 ])
 def test_bad_dout_or_out(t, name, msg):
     with pytest.raises(InputError, match=msg):
-        B._check_like_q(t, t4(Q), name)
+        B.check_like_q(t, t4(Q), name)
 
 
 @pytest.mark.parametrize("lse,msg", [
