@@ -52,13 +52,62 @@ def _torch_types() -> frozenset:
 
 
 def grouped_gemm_fp8(a, b, a_scale, b_scale, group_offsets, out_dtype="bf16", trans_b: bool = True):
-    """y[rows of g] = (a * a_scale)[rows of g] @ (b[g] * b_scale[g])^T over contiguous groups. See the module
-    docstring."""
+    """Grouped fp8 matrix multiply with block scales over contiguous groups (MoE experts, the DeepSeek-V3 recipe):
+    y[rows of g] = (a * a_scale)[rows of g] @ (b[g] * b_scale[g])^T, fp32 accumulation promoted every 128 K.
+
+    Args:
+        a: (total_m, K) float8_e4m3fn, K contiguous: the rows of G groups one group after the other.
+        b: (G, N, K) float8_e4m3fn, K contiguous (each expert's nn.Linear weight); K a positive multiple of 16.
+        a_scale: fp32 (total_m, ceil(K/128)), any strides (row-major, or quantize_fp8's "col_tma" layout): one scale
+            per 1 x 128 group of a's rows.
+        b_scale: fp32 (G, ceil(N/128), ceil(K/128)), any strides: one scale per 128 x 128 block of each b[g].
+        group_offsets: int32 (G + 1,) prefix sums in device memory, beside a: group g is rows
+            [group_offsets[g], group_offsets[g + 1]). Never read on the host (CUDA-graph capturable); values outside
+            [0, total_m] are clamped on the device.
+        out_dtype: bf16 (default), fp16 or fp32.
+        trans_b: must be True (8-bit tensor-core MMAs read both operands K-major); False is refused.
+
+    Returns:
+        y, (total_m, N) in out_dtype, of a's library; rows no group covers are left unwritten. Groups of 0 rows are
+        fine; at most 4096 groups per call. Needs sm_90 (H100 / H200) and 16-byte aligned bases with row and group
+        strides that are multiples of 16 bytes.
+
+    Raises:
+        InputError: a dtype other than float8_e4m3fn for a / b or fp32 for the scales, K not a multiple of 16,
+            shapes that disagree, scales that are not the block shapes above, group_offsets not int32 (G + 1,)
+            beside a, more than 4096 groups, trans_b=False, or a bad out_dtype.
+        UnsupportedRequestError: no kernel serves the request on this device (GPUs other than sm_90, unaligned
+            operands; RTCKERN_DISABLE_OPS naming the op).
+    """
     return _call("contiguous", a, b, a_scale, b_scale, group_offsets, out_dtype, trans_b)
 
 
 def grouped_gemm_fp8_masked(a, b, a_scale, b_scale, masked_m, out_dtype="bf16", trans_b: bool = True):
-    """y[g, :masked_m[g]] = (a * a_scale)[g, :masked_m[g]] @ (b[g] * b_scale[g])^T. See the module docstring."""
+    """Grouped fp8 matrix multiply with block scales over masked groups of a fixed capacity (MoE decode):
+    y[g, :masked_m[g]] = (a * a_scale)[g, :masked_m[g]] @ (b[g] * b_scale[g])^T, fp32 accumulation promoted every
+    128 K.
+
+    Args:
+        a: (G, capacity, K) float8_e4m3fn, K contiguous: each group's rows, the first masked_m[g] of them valid.
+        b: (G, N, K) float8_e4m3fn, K contiguous; K a positive multiple of 16.
+        a_scale: fp32 (G, capacity, ceil(K/128)), any strides: one scale per 1 x 128 group of a's rows.
+        b_scale: fp32 (G, ceil(N/128), ceil(K/128)), any strides: one scale per 128 x 128 block of each b[g].
+        masked_m: int32 (G,) in device memory, beside a: the valid rows of each group. Never read on the host
+            (CUDA-graph capturable); values outside [0, capacity] are clamped on the device.
+        out_dtype: bf16 (default), fp16 or fp32.
+        trans_b: must be True (8-bit tensor-core MMAs read both operands K-major); False is refused.
+
+    Returns:
+        y, (G, capacity, N) in out_dtype, of a's library; rows from masked_m[g] on are left unwritten. Kernels and
+        limits as grouped_gemm_fp8.
+
+    Raises:
+        InputError: a dtype other than float8_e4m3fn for a / b or fp32 for the scales, K not a multiple of 16,
+            shapes that disagree, scales that are not the block shapes above, masked_m not int32 (G,) beside a,
+            more than 4096 groups, trans_b=False, or a bad out_dtype.
+        UnsupportedRequestError: no kernel serves the request on this device (GPUs other than sm_90, unaligned
+            operands; RTCKERN_DISABLE_OPS naming the op).
+    """
     return _call("masked", a, b, a_scale, b_scale, masked_m, out_dtype, trans_b)
 
 

@@ -58,12 +58,62 @@ def _torch_types() -> frozenset:
 
 
 def grouped_gemm(a, b, group_offsets, out_dtype=None, trans_b: bool = True):
-    """y[rows of g] = a[rows of g] @ op(b[g]) over contiguous groups. See the module docstring."""
+    """Grouped matrix multiply over contiguous groups (MoE experts): y[rows of g] = a[rows of g] @ op(b[g]), one
+    launch for every group, fp32 accumulation.
+
+    Args:
+        a: (total_m, K) bf16 or fp16: the rows (tokens) of G groups one group after the other (sorted by expert).
+        b: (G, N, K) with trans_b=True (each expert's nn.Linear weight) or (G, K, N) with trans_b=False, a's dtype;
+            a view with the last two dimensions swapped is read in place as the other layout.
+        group_offsets: int32 (G + 1,) prefix sums in device memory, beside a: group g is rows
+            [group_offsets[g], group_offsets[g + 1]) of a and y. Never read on the host (no synchronization; the
+            grid depends on shapes only, so a call captured in a CUDA graph replays with new offsets); values
+            outside [0, total_m] or decreasing are clamped on the device (wrong rows, never a fault).
+        out_dtype: fp16, bf16 or fp32; None (default) is a's dtype.
+        trans_b: True (default): b is (G, N, K); False: (G, K, N).
+
+    Returns:
+        y, (total_m, N) in out_dtype, of a's library. Rows no group covers (before group_offsets[0], from
+        group_offsets[G] on) are left unwritten. Groups of 0 rows are fine; at most 4096 groups per call. sm_90
+        (H100 / H200) runs a persistent wgmma + TMA kernel when a's and b's bases are 16-byte aligned and their row
+        and group strides, K (and N with trans_b=False) are multiples of 8 elements; other sm_80+ GPUs and layouts
+        a mma.sync kernel.
+
+    Raises:
+        InputError: dtypes other than matching fp16 / bf16, shapes that disagree (K, the number of groups),
+            group_offsets not int32 (G + 1,) beside a, more than 4096 groups, a last dimension that is not
+            contiguous, or a bad out_dtype.
+        UnsupportedRequestError: no kernel serves the request on this device (sm_75 and older GPUs;
+            RTCKERN_DISABLE_OPS naming the op).
+    """
     return _call("contiguous", a, b, group_offsets, out_dtype, trans_b)
 
 
 def grouped_gemm_masked(a, b, masked_m, out_dtype=None, trans_b: bool = True):
-    """y[g, :masked_m[g]] = a[g, :masked_m[g]] @ op(b[g]). See the module docstring."""
+    """Grouped matrix multiply over masked groups of a fixed capacity (MoE decode): y[g, :masked_m[g]] =
+    a[g, :masked_m[g]] @ op(b[g]), one launch for every group, fp32 accumulation.
+
+    Args:
+        a: (G, capacity, K) bf16 or fp16: each group's rows, the first masked_m[g] of them valid.
+        b: (G, N, K) with trans_b=True (each expert's nn.Linear weight) or (G, K, N) with trans_b=False, a's dtype;
+            a view with the last two dimensions swapped is read in place as the other layout.
+        masked_m: int32 (G,) in device memory, beside a: the valid rows of each group. Never read on the host (the
+            grid covers every group's capacity and blocks past a group's valid rows exit, so a call captured in a
+            CUDA graph replays with new counts); values outside [0, capacity] are clamped on the device.
+        out_dtype: fp16, bf16 or fp32; None (default) is a's dtype.
+        trans_b: True (default): b is (G, N, K); False: (G, K, N).
+
+    Returns:
+        y, (G, capacity, N) in out_dtype, of a's library. Rows from masked_m[g] on are left unwritten (not computed,
+        not zeroed). Kernels and limits as grouped_gemm.
+
+    Raises:
+        InputError: dtypes other than matching fp16 / bf16, shapes that disagree (K, the number of groups),
+            masked_m not int32 (G,) beside a, more than 4096 groups, a last dimension that is not contiguous, or a
+            bad out_dtype.
+        UnsupportedRequestError: no kernel serves the request on this device (sm_75 and older GPUs;
+            RTCKERN_DISABLE_OPS naming the op).
+    """
     return _call("masked", a, b, masked_m, out_dtype, trans_b)
 
 
