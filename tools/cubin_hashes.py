@@ -1,7 +1,7 @@
 """Compile every kernel variant of one or more families and record the sha256 of each binary, or compare two
 such records: the evidence that a change to shared device code left the cubins byte-identical.
 
-    python tools/cubin_hashes.py write before.json [--family attention ...] [--arch sm_80 ...] [--jobs 2]
+    python tools/cubin_hashes.py write before.json [--family attention ...] [--arch sm_80 ...] [--match RE] [--jobs 2]
     python tools/cubin_hashes.py compare before.json after.json
 
 Each record maps a variant label (family, arch, kernel name expression, defines) to its sha256, its register
@@ -180,19 +180,22 @@ def _compile(spec) -> dict:
             "spill_bytes": sum(spills)}
 
 
-def collect(families, archs) -> dict:
+def collect(families, archs, match: str | None = None) -> dict:
     importlib.import_module("rtckern.ops")  # registers the candidates
 
+    pattern = re.compile(match) if match else None
     specs = {}
     for fam in families:
         for arch in archs:
             for spec in FAMILIES[fam](arch):
-                specs.setdefault(label(fam, spec), spec)
+                lab = label(fam, spec)
+                if pattern is None or pattern.search(lab):
+                    specs.setdefault(lab, spec)
     return specs
 
 
-def write(path, families, archs, jobs) -> None:
-    specs = collect(families, archs)
+def write(path, families, archs, jobs, match=None) -> None:
+    specs = collect(families, archs, match)
     labels = sorted(specs)
     print(f"{len(labels)} variants ({', '.join(families)}; {', '.join(archs)}) on {jobs} processes", flush=True)
     if jobs == 1:
@@ -240,6 +243,8 @@ def main(argv=None) -> int:
     w.add_argument("--family", action="append", choices=sorted(FAMILIES), help="default: every family")
     w.add_argument("--arch", action="append", help=f"default: {', '.join(ARCHS)}")
     w.add_argument("--jobs", type=int, default=2)
+    w.add_argument("--match", help="only the variants whose label matches this regular expression (e.g. the kernels "
+                   "of the sources a change touched: 'sm_90a|_ck<')")
     w.add_argument("--list", action="store_true", help="print the labels only (no compile)")
     c = sub.add_parser("compare", help="compare two records; exit 1 if any binary changed")
     c.add_argument("before")
@@ -249,11 +254,11 @@ def main(argv=None) -> int:
         return compare(args.before, args.after)
     families, archs = args.family or sorted(FAMILIES), tuple(args.arch or ARCHS)
     if args.list:
-        specs = collect(families, archs)
+        specs = collect(families, archs, args.match)
         print("\n".join(sorted(specs)))
         print(f"{len(specs)} variants", file=sys.stderr)
         return 0
-    write(args.out, families, archs, max(1, args.jobs))
+    write(args.out, families, archs, max(1, args.jobs), args.match)
     return 0
 
 
