@@ -1,4 +1,5 @@
-"""rtckern.ops.grouped_gemm / grouped_gemm_masked on a live GPU (sm_90: H100 / H200; other GPUs: the refusal).
+"""rtckern.ops.grouped_gemm / grouped_gemm_masked on a live GPU: both kernels (the sm_90a wgmma kernel on H100 / H200,
+the mma.sync fallback on sm_80+, each forced on sm_90); the refusal below sm_80.
 
 Against a float64 reference per group: the inputs are exact in float64, the kernel accumulates in fp32 and rounds
 once at the store, so each output row's relative error is at most the output's unit roundoff u_out (2^-8 bf16, 2^-11
@@ -14,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from rtckern import config  # noqa: E402
 from rtckern.errors import UnsupportedRequestError  # noqa: E402
 from rtckern.ops import grouped_gemm, grouped_gemm_masked  # noqa: E402
 
@@ -22,10 +24,19 @@ DEV = "cuda"
 U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}
 
 
-@pytest.fixture
-def sm90():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the grouped kernels are sm_90a (H100 / H200); test_refusal_without_sm90 covers other GPUs")
+CANDS = ["grouped_gemm.sm90a_wgmma", "grouped_gemm.sm80_mma"]
+
+
+@pytest.fixture(params=CANDS)
+def kernel(request):
+    """Each candidate forced in turn, where the GPU has it."""
+    cc = torch.cuda.get_device_capability()
+    if request.param.endswith("sm90a_wgmma") and cc != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90 (H100 / H200)")
+    if cc < (8, 0):
+        pytest.skip("grouped GEMM needs sm_80+; test_refusal_below_sm80 covers this GPU")
+    with config.override(force_impl={"grouped_gemm": request.param}):
+        yield request.param
 
 
 def sizes(rng, groups, typical):
@@ -71,7 +82,7 @@ def weights(g, n, k, dtype, trans_b, gen):
 @pytest.mark.parametrize("dtype, out", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
                                         (torch.bfloat16, torch.float16)])
 @pytest.mark.parametrize("trans_b", [True, False])
-def test_contiguous_groups(groups, dtype, out, trans_b, sm90):
+def test_contiguous_groups(groups, dtype, out, trans_b, kernel):
     rng = random.Random(groups * 31 + int(trans_b))
     gen = torch.Generator(device=DEV).manual_seed(groups)
     n, k = 264, 520  # N past a 128 / 256 tile, K past a 64 block
@@ -95,7 +106,7 @@ def test_contiguous_groups(groups, dtype, out, trans_b, sm90):
 
 @pytest.mark.parametrize("groups", [1, 8, 64, 256])
 @pytest.mark.parametrize("cap", [1, 16, 130])
-def test_masked_groups(groups, cap, sm90):
+def test_masked_groups(groups, cap, kernel):
     rng = random.Random(groups * 7 + cap)
     gen = torch.Generator(device=DEV).manual_seed(cap)
     n, k = 256, 512
@@ -111,7 +122,7 @@ def test_masked_groups(groups, cap, sm90):
             assert torch.isnan(y[g, c:]).all(), f"group {g}: rows past masked_m were written"
 
 
-def test_masked_counts_past_the_capacity_are_clamped(sm90):
+def test_masked_counts_past_the_capacity_are_clamped(kernel):
     a = torch.randn(3, 8, 64, device=DEV).to(torch.bfloat16)
     b = weights(3, 64, 64, torch.bfloat16, True, None)
     y = grouped_gemm_masked(a, b, torch.tensor([100, -5, 8], dtype=torch.int32, device=DEV))
@@ -119,7 +130,7 @@ def test_masked_counts_past_the_capacity_are_clamped(sm90):
     check_rows(y[2], a[2], b[2], True, torch.bfloat16, "group 2")
 
 
-def test_deepseek_v3_expert_shapes(sm90):
+def test_deepseek_v3_expert_shapes(kernel):
     """N = 4096 / K = 7168 (the gate-up projection) and N = 7168 / K = 2048 (down), 8 groups of mixed sizes."""
     rng = random.Random(3)
     gen = torch.Generator(device=DEV).manual_seed(3)
@@ -135,7 +146,7 @@ def test_deepseek_v3_expert_shapes(sm90):
                        f"{n}x{k} group {g}")
 
 
-def test_cuda_graph_replays_with_new_offsets_and_counts(sm90):
+def test_cuda_graph_replays_with_new_offsets_and_counts(kernel):
     """Captured once (after a first call outside the capture); each replay after the offsets / counts (and a's
     values) change in place matches an eager call."""
     gen = torch.Generator(device=DEV).manual_seed(11)
@@ -167,10 +178,22 @@ def test_cuda_graph_replays_with_new_offsets_and_counts(sm90):
             check_rows(ym[g, :counts[g]], am[g, :counts[g]], b[g], True, torch.bfloat16, f"replay, masked {g}")
 
 
-def test_refusal_without_sm90():
-    """On a GPU without sm_90a the op refuses with the registry's reason."""
-    if torch.cuda.get_device_capability() == (9, 0):
-        pytest.skip("sm_90 serves grouped GEMM")
-    a = torch.randn(8, 64, device=DEV).to(torch.bfloat16)
-    with pytest.raises(UnsupportedRequestError, match="minimum sm_90"):
-        grouped_gemm(a, torch.randn(2, 32, 64, device=DEV).to(torch.bfloat16), prefix([3, 5]))
+def test_refusal_below_sm80():
+    """On a GPU older than sm_80 the op refuses with the registry's reasons."""
+    if torch.cuda.get_device_capability() >= (8, 0):
+        pytest.skip("sm_80+ serves grouped GEMM")
+    a = torch.randn(8, 64, device=DEV).to(torch.float16)
+    with pytest.raises(UnsupportedRequestError, match="minimum sm_80"):
+        grouped_gemm(a, torch.randn(2, 32, 64, device=DEV).to(torch.float16), prefix([3, 5]))
+
+
+def test_unaligned_operands_on_sm90_take_the_fallback():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the choice between the two kernels exists on sm_90")
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    a = torch.randn(50, 60, device=DEV, generator=gen).to(torch.bfloat16)  # K = 60: no TMA
+    b = weights(3, 40, 60, torch.bfloat16, True, gen)
+    off = prefix([20, 0, 30])
+    y = grouped_gemm(a, b, off)
+    for g, (r0, r1) in enumerate(((0, 20), (20, 20), (20, 50))):
+        check_rows(y[r0:r1], a[r0:r1], b[g], True, torch.bfloat16, f"group {g}")
