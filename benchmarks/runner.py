@@ -55,6 +55,7 @@ SUITES = {
     "gemm": "gpu",
     "gemm_skinny": "gpu",
     "gemm_fp8": "gpu",
+    "grouped_gemm": "gpu",
     "plugin": "gpu",
     "core": "gpu",
     "multi_gpu": "gpus",

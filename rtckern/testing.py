@@ -273,6 +273,70 @@ def norms_variants(arch: str):
                             yield from geometry.bwd_specs(bp, kind, c, a)
 
 
+def grouped_gemm_variants(arch: str):
+    """Every grouped GEMM kernel spec the every-variant compile test covers on `arch`: the specs every candidate of
+    grouped_gemm (bf16 / fp16 in, every output dtype, both layouts, aligned or not) and grouped_gemm_fp8 (every output
+    dtype) serves there, in both modes, for rows per group that take each tile of the rules; built through the
+    registry's request builders (as `rtckern explain` builds them), in a stable order with repeats. Empty where no
+    candidate serves (sm_75); the test and tools/cubin_hashes.py both enumerate through here."""
+    from .device import DeviceInfo
+    from .registry import build_request, candidates
+    from .registry.candidate import arch_reason
+
+    dev = DeviceInfo.for_arch(arch, sm_count=132)
+    reqs = [build_request("grouped_gemm", shape=(8, rows, 4096, 7168), dtype=dt, device=dev,
+                          options={"mode": mode, "out": out, "trans_b": tb, "aligned": al})
+            for mode in ("contiguous", "masked") for rows in (16, 128, 512) for dt in ("bf16", "fp16")
+            for out in ("bf16", "fp16", "fp32") for tb in ("1", "0") for al in ("1", "0")]
+    reqs += [build_request("grouped_gemm_fp8", shape=(8, rows, 4096, 7168), dtype=None, device=dev,
+                           options={"mode": mode, "out": out})
+             for mode in ("contiguous", "masked") for rows in (16, 512) for out in ("bf16", "fp16", "fp32")]
+    for req in reqs:
+        for c in candidates(req.op):
+            if arch_reason(c, req) is None and c.supports(req) is None:
+                yield from c.kernel_specs(req)
+
+
+def grouped_tile_bound(mode: str, groups: int, rows: int, bm: int) -> int:
+    """The upper bound of the m-tiles of any group sizes that sizes the grouped GEMMs' grids (rows: total_m in
+    contiguous mode, the capacity in masked mode)."""
+    from .ops._common_grouped import m_tiles_bound
+
+    return m_tiles_bound(mode, groups, rows, bm)
+
+
+def dense_gemm_identity_specs():
+    """Dense GEMM kernels of the sources the grouped GEMMs share (gemm_sm90.cuh, gemm_sm80.cuh, gemm_fp8_sm90.cuh)
+    whose binaries tests/unit/ops/dense_gemm_cubins.json records from before RTK_GEMM_GROUPED: the wgmma tiles the
+    grouped rule uses in both layouts with and without an epilogue, ping-pong, split-K through a workspace and in a
+    cluster; the mma.sync tiles likewise (aligned and not, sm_80 and sm_90 targets); the fp8 kernel's two rule tiles
+    for both scale kinds."""
+    import dataclasses
+
+    from .arch import Arch
+    from .ops._fp8 import geometry as f8
+    from .ops._gemm import geometry as g
+
+    a = Arch.parse("sm_90a")
+    plain = g.GemmProblem(1, 4096, 4096, 4096, "bf16", "bf16", True)
+    epi = g.GemmProblem(2, 4096, 4096, 4096, "fp16", "fp32", False, True, "silu", True)
+    cfgs = (g.Sm90Config(64, 128, 8, 1), g.Sm90Config(128, 128, 6, 2), g.Sm90Config(128, 256, 4, 2),
+            g.Sm90Config(128, 128, 4, 2, pingpong=True), g.Sm90Config(128, 128, 6, 2, splits=3),
+            g.Sm90Config(128, 64, 8, 2, splits=2, cluster=True))
+    specs = [g.kernel_specs(p, c, a)[0] for p in (plain, epi) for c in cfgs]
+    mma = (g.Sm80Config(64, 64, 64, 32, 32, 4), g.Sm80Config(128, 128, 32, 64, 64, 4),
+           g.Sm80Config(64, 64, 64, 32, 32, 3, splits=2), g.Sm80Config(16, 128, 64, 16, 32, 4, splits=4, cluster=True))
+    for arch in ("sm_80", "sm_90"):
+        for p in (plain, epi, dataclasses.replace(plain, aligned=False)):
+            for c in mma:
+                if not (c.cluster and arch == "sm_80"):
+                    specs.append(g.kernel_specs(p, c, Arch.parse(arch))[0])
+    specs += [f8.sm90_spec(f8.Fp8Problem(4096, 4096, 4096, sc, "bf16", bias), c, a)
+              for sc in ("tensor", "block") for bias in ("none", "fp32")
+              for c in (f8.Sm90Fp8Config(128, 128, 6, 2), f8.Sm90Fp8Config(64, 128, 8, 1))]
+    return specs
+
+
 def kvcache_kernel_exprs(head_dims) -> tuple[str, list[str]]:
     """(source, name expressions) of every attention_with_kvcache kernel variant: for bf16 and fp16 and each head
     dim, the attention kernel at its default tile (causal and not), the split merge, the append and the gather."""

@@ -1,7 +1,7 @@
 """Compile every kernel variant of one or more families and record the sha256 of each binary, or compare two
 such records: the evidence that a change to shared device code left the cubins byte-identical.
 
-    python tools/cubin_hashes.py write before.json [--family attention ...] [--arch sm_80 ...] [--jobs 2]
+    python tools/cubin_hashes.py write before.json [--family attention ...] [--arch sm_80 ...] [--match RE] [--jobs 2]
     python tools/cubin_hashes.py compare before.json after.json
 
 Each record maps a variant label (family, arch, kernel name expression, defines) to its sha256, its register
@@ -88,6 +88,36 @@ def gemm_specs(arch):
                     yield spec
 
 
+def gemm_fp8_specs(arch):
+    """Every sm_90a tile of the tuner's sweep for both scale kinds, outputs and biases (on sm_90), the CUDA-core
+    fallback and the quantizer (sm_89 and newer)."""
+    from rtckern.arch import Arch
+    from rtckern.ops._fp8 import geometry, tune
+    from rtckern.ops._fp8.geometry import Fp8Problem
+
+    a = Arch.parse(arch)
+    if a.cc < (8, 9):
+        return
+    for scale in ("tensor", "block"):
+        for out in geometry.OUTPUT_DTYPES:
+            for bias in ("none",) + geometry.BIAS_DTYPES:
+                for m in (16, 4096):
+                    p = Fp8Problem(m, 4096, 4096, scale, out, bias)
+                    if arch == "sm_90":
+                        for cfg in tune.sweep_configs(p):
+                            yield geometry.sm90_spec(p, cfg, Arch.parse("sm_90a"))
+                    yield geometry.simt_spec(p, a)
+    for dt in geometry.QUANT_DTYPES:
+        for g in geometry.QUANT_GROUPS:
+            yield geometry.quant_spec(dt, g, a)
+
+
+def grouped_specs(arch):
+    from rtckern.testing import grouped_gemm_variants
+
+    return grouped_gemm_variants(arch)
+
+
 def norms_specs(arch):
     from rtckern.testing import norms_variants
 
@@ -122,7 +152,7 @@ def core_specs(arch):
 
 
 FAMILIES = {"attention": attention_specs, "attention_backward": attention_backward_specs, "gemm": gemm_specs,
-            "norms": norms_specs, "softmax": softmax_specs, "core": core_specs}
+            "gemm_fp8": gemm_fp8_specs, "grouped_gemm": grouped_specs, "norms": norms_specs, "softmax": softmax_specs, "core": core_specs}
 
 
 def label(family: str, spec) -> str:
@@ -150,19 +180,22 @@ def _compile(spec) -> dict:
             "spill_bytes": sum(spills)}
 
 
-def collect(families, archs) -> dict:
+def collect(families, archs, match: str | None = None) -> dict:
     importlib.import_module("rtckern.ops")  # registers the candidates
 
+    pattern = re.compile(match) if match else None
     specs = {}
     for fam in families:
         for arch in archs:
             for spec in FAMILIES[fam](arch):
-                specs.setdefault(label(fam, spec), spec)
+                lab = label(fam, spec)
+                if pattern is None or pattern.search(lab):
+                    specs.setdefault(lab, spec)
     return specs
 
 
-def write(path, families, archs, jobs) -> None:
-    specs = collect(families, archs)
+def write(path, families, archs, jobs, match=None) -> None:
+    specs = collect(families, archs, match)
     labels = sorted(specs)
     print(f"{len(labels)} variants ({', '.join(families)}; {', '.join(archs)}) on {jobs} processes", flush=True)
     if jobs == 1:
@@ -210,6 +243,8 @@ def main(argv=None) -> int:
     w.add_argument("--family", action="append", choices=sorted(FAMILIES), help="default: every family")
     w.add_argument("--arch", action="append", help=f"default: {', '.join(ARCHS)}")
     w.add_argument("--jobs", type=int, default=2)
+    w.add_argument("--match", help="only the variants whose label matches this regular expression (e.g. the kernels "
+                   "of the sources a change touched: 'sm_90a|_ck<')")
     w.add_argument("--list", action="store_true", help="print the labels only (no compile)")
     c = sub.add_parser("compare", help="compare two records; exit 1 if any binary changed")
     c.add_argument("before")
@@ -219,11 +254,11 @@ def main(argv=None) -> int:
         return compare(args.before, args.after)
     families, archs = args.family or sorted(FAMILIES), tuple(args.arch or ARCHS)
     if args.list:
-        specs = collect(families, archs)
+        specs = collect(families, archs, args.match)
         print("\n".join(sorted(specs)))
         print(f"{len(specs)} variants", file=sys.stderr)
         return 0
-    write(args.out, families, archs, max(1, args.jobs))
+    write(args.out, families, archs, max(1, args.jobs), args.match)
     return 0
 
 

@@ -89,9 +89,11 @@ INTRO = {
                   "heads_kv); causal masks aligned to the bottom-right corner. A query that sees no key gets an "
                   "output of zeros and an lse of -inf (never NaN). Limits: seqlen up to 2^31 - 1, batch and heads_q "
                   "up to 65535 each per call.",
-    "_gemm": "fp16 or bf16 operands, fp32 accumulation, fused bias, activation and residual epilogue; any M, N, K >= 1.",
-    "_fp8": "float8_e4m3fn operands with fp32 scales, on sm_89+ GPUs (Ada, Hopper and newer); quantize_fp8 and "
-            "rms_norm_quant (Norms) produce the operands and their scales.",
+    "_gemm": "fp16 or bf16 operands, fp32 accumulation, fused bias, activation and residual epilogue; any M, N, K "
+             ">= 1. The grouped GEMMs (mixture-of-experts layers) multiply the rows of every group by the group's own "
+             "B in one launch; their group index lives in device memory and is never read on the host.",
+    "_fp8": "float8_e4m3fn operands with fp32 scales, on sm_89+ GPUs (Ada, Hopper and newer; the grouped fp8 GEMMs "
+            "on sm_90); quantize_fp8 and rms_norm_quant (Norms) produce the operands and their scales.",
 }
 
 

@@ -1,17 +1,21 @@
-"""torch.ops.rtckern fp8 ops: the GEMM, the quantizer and the fused RMSNorm + quantization producer.
+"""torch.ops.rtckern fp8 ops: the GEMM, the grouped GEMMs, the quantizer and the fused RMSNorm + quantization producer.
 
     y = torch.ops.rtckern.gemm_fp8(a, b, a_scale, b_scale, out_dtype=None, bias=None, trans_b=True)
+    y = torch.ops.rtckern.grouped_gemm_fp8(a, b, a_scale, b_scale, group_offsets, out_dtype=None, trans_b=True)
+    y = torch.ops.rtckern.grouped_gemm_fp8_masked(a, b, a_scale, b_scale, masked_m, out_dtype=None, trans_b=True)
     q, scales = torch.ops.rtckern.quantize_fp8(x, group=128, scale_format="row")
     q, scales = torch.ops.rtckern.rms_norm_quant(x, weight=None, eps=1e-6, group=128, scale_format="row",
                                                  zero_centered=False)
 
-rtckern.ops.gemm_fp8 / quantize_fp8 / rms_norm_quant as kernel ops (_torch_lib.KernelOp): out_dtype None is
-bfloat16. The fake kernels give exactly what the kernels return: y (M, N) contiguous; q with x's shape, contiguous,
+rtckern.ops.gemm_fp8 / grouped_gemm_fp8(_masked) / quantize_fp8 / rms_norm_quant as kernel ops (_torch_lib.KernelOp):
+out_dtype None is bfloat16. The fake kernels give exactly what the kernels return: y (M, N) contiguous (grouped:
+(total_m, N), masked (G, capacity, N)); q with x's shape, contiguous,
 float8_e4m3fn; scales (M, K / group) fp32, row-major for "row", column-major with M padded to a multiple of 4 for
 "col_tma" (strides (1, ceil(M / 4) * 4)); for rms_norm_quant M is the number of rows of x (x.numel() / N). No
 autograd (inference ops: fp8 tensors carry no gradient). CPU tensors are refused by the kernels as every rtckern
 op refuses them; the torch references (_torch_ref.gemm_fp8 / quantize_fp8 / rms_norm_quant: dequantize and matmul
-in fp32; amax / 448 and a saturating cast) serve reference_mode and the no-candidate fallback.
+in fp32; amax / 448 and a saturating cast; the grouped references group by group, reading the group index on the host)
+serve reference_mode and the no-candidate fallback.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from . import _torch_ref as R
 from ._torch_dispatch import run
 from ._torch_lib import F32, FLOAT_DTYPES, check_float, check_vector, kernel_op, ops_module
 
-OPS = ("gemm_fp8", "quantize_fp8", "rms_norm_quant")
+OPS = ("gemm_fp8", "grouped_gemm_fp8", "grouped_gemm_fp8_masked", "quantize_fp8", "rms_norm_quant")
 E4M3 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GROUPS = (32, 64, 128, 256)
@@ -121,6 +125,84 @@ def gemm_fp8(a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor, out_dtype: 
 @gemm_fp8.register_fake
 def _(a, b, a_scale, b_scale, out_dtype=None, bias=None, trans_b=True):
     shape, out = _gemm_fp8_out(a, b, a_scale, b_scale, out_dtype, bias, trans_b)
+    return a.new_empty(shape, dtype=out)
+
+
+# ---- grouped_gemm_fp8 -------------------------------------------------------------------------------------------
+def _grouped_fp8_out(a, b, a_scale, b_scale, index, out_dtype, trans_b, masked: bool) -> tuple:
+    op = "grouped_gemm_fp8_masked" if masked else "grouped_gemm_fp8"
+    if not trans_b:
+        raise InputError(f"{op} takes b as (G, N, K) with K contiguous (trans_b=True) only: 8-bit tensor-core MMAs "
+                         "read both operands K-major")
+    if a.dim() != (3 if masked else 2) or b.dim() != 3:
+        want = "(G, capacity, K)" if masked else "(total_m, K)"
+        raise InputError(f"a has shape {tuple(a.shape)} and b {tuple(b.shape)}; {op} takes a {want} and b (G, N, K)")
+    for t, name in ((a, "a"), (b, "b")):
+        if t.dtype != E4M3:
+            raise InputError(f"{name} is {_name(t.dtype)}; {op} takes float8_e4m3fn a and b")
+    groups, n, k = b.shape
+    rows = a.shape[-2]
+    if a.shape[-1] != k:
+        raise InputError(f"inner dimensions disagree: a {tuple(a.shape)} has K={a.shape[-1]}, b {tuple(b.shape)} "
+                         f"(G, N, K) has K={k}")
+    if k % K_MULTIPLE != 0:
+        raise InputError(f"K={k} is not supported: {op} needs K a positive multiple of {K_MULTIPLE} (16-byte rows)")
+    out = out_dtype or torch.bfloat16
+    if out not in OUT_DTYPES:
+        raise InputError(f"out_dtype={_name(out)} is not supported; supported: bfloat16, float16, float32")
+    kblocks, nblocks = (k + 127) // 128, (n + 127) // 128
+    want_sa = (groups, rows, kblocks) if masked else (rows, kblocks)
+    for s, name in ((a_scale, "a_scale"), (b_scale, "b_scale")):
+        if s.dtype != F32:
+            raise InputError(f"{name} is {_name(s.dtype)}; scales must be float32")
+    if tuple(a_scale.shape) != want_sa or tuple(b_scale.shape) != (groups, nblocks, kblocks):
+        raise InputError(f"a_scale has shape {tuple(a_scale.shape)} and b_scale {tuple(b_scale.shape)}; {op} takes "
+                         f"block scales: a_scale {want_sa} and b_scale {(groups, nblocks, kblocks)}")
+    length, name = (groups, "masked_m") if masked else (groups + 1, "group_offsets")
+    if index.dtype != torch.int32 or tuple(index.shape) != (length,):
+        raise InputError(f"{name} is {_name(index.dtype)} of shape {tuple(index.shape)}; expected int32 ({length},)")
+    return ((groups, rows, n) if masked else (rows, n)), out
+
+
+def _jit_grouped(a, b, a_scale, b_scale, group_offsets, out_dtype, trans_b):
+    return ops_module("fp8").grouped_gemm_fp8(a, b, a_scale, b_scale, group_offsets,
+                                              out_dtype=out_dtype or torch.bfloat16, trans_b=trans_b)
+
+
+def _jit_grouped_masked(a, b, a_scale, b_scale, masked_m, out_dtype, trans_b):
+    return ops_module("fp8").grouped_gemm_fp8_masked(a, b, a_scale, b_scale, masked_m,
+                                                     out_dtype=out_dtype or torch.bfloat16, trans_b=trans_b)
+
+
+def _ref_grouped_masked(a, b, a_scale, b_scale, masked_m, out_dtype, trans_b):
+    return R.grouped_gemm_fp8(a, b, a_scale, b_scale, masked_m, out_dtype, trans_b, masked=True)
+
+
+@kernel_op("grouped_gemm_fp8")
+def grouped_gemm_fp8(a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor, group_offsets: Tensor,
+                     out_dtype: Optional[torch.dtype] = None, trans_b: bool = True) -> Tensor:
+    """rtckern.ops.grouped_gemm_fp8 as a torch op (out_dtype None: bfloat16)."""
+    return run("grouped_gemm_fp8", _jit_grouped, R.grouped_gemm_fp8, a, b, a_scale, b_scale, group_offsets,
+               out_dtype, trans_b)
+
+
+@grouped_gemm_fp8.register_fake
+def _(a, b, a_scale, b_scale, group_offsets, out_dtype=None, trans_b=True):
+    shape, out = _grouped_fp8_out(a, b, a_scale, b_scale, group_offsets, out_dtype, trans_b, False)
+    return a.new_empty(shape, dtype=out)
+
+
+@kernel_op("grouped_gemm_fp8_masked")
+def grouped_gemm_fp8_masked(a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor, masked_m: Tensor,
+                            out_dtype: Optional[torch.dtype] = None, trans_b: bool = True) -> Tensor:
+    """rtckern.ops.grouped_gemm_fp8_masked as a torch op (out_dtype None: bfloat16)."""
+    return run("grouped_gemm_fp8_masked", _jit_grouped_masked, _ref_grouped_masked, a, b, a_scale, b_scale, masked_m,
+               out_dtype, trans_b)
+
+
+@grouped_gemm_fp8_masked.register_fake
+def _(a, b, a_scale, b_scale, masked_m, out_dtype=None, trans_b=True):
+    shape, out = _grouped_fp8_out(a, b, a_scale, b_scale, masked_m, out_dtype, trans_b, True)
     return a.new_empty(shape, dtype=out)
 
 

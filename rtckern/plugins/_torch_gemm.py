@@ -1,4 +1,6 @@
-"""torch.ops.rtckern.gemm(a, b, bias=None, activation=None, trans_b=False, out_dtype=None, residual=None).
+"""torch.ops.rtckern.gemm(a, b, bias=None, activation=None, trans_b=False, out_dtype=None, residual=None), and the
+grouped GEMMs torch.ops.rtckern.grouped_gemm(a, b, group_offsets, out_dtype=None, trans_b=True) /
+grouped_gemm_masked(a, b, masked_m, out_dtype=None, trans_b=True).
 
 y = act(a @ op(b) + bias) + residual with rtckern.ops.gemm's layouts and dtypes. Autograd: every gradient is
 computed with rtckern's GEMM (there is no separate backward kernel; a GEMM's backward is two GEMMs):
@@ -8,6 +10,11 @@ computed with rtckern's GEMM (there is no separate backward kernel; a GEMM's bac
 - db = a^T @ dZ (or dZ^T @ a with trans_b): one GEMM whose A operand is a transposed copy (the GEMM reads A
   row-major only); a 2-D b shared across a's batch gets the batch folded into the reduction;
 - dbias = sum of dZ over rows (fp32), dresidual = dY (summed over the batch when the residual was shared).
+
+The grouped GEMMs (rtckern.ops.grouped_gemm / grouped_gemm_masked) are inference ops without autograd (b's gradient
+is a per-group reduction over each group's rows, which no rtckern kernel computes). Fake kernels give y contiguous:
+(total_m, N), or (G, capacity, N) for the masked form. Their torch references (the no-candidate fallback and
+reference_mode) read the group index on the host, which synchronizes; the kernels never do.
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from . import _torch_ref as R
 from ._torch_dispatch import run
 from ._torch_lib import kernel_op, ops_module
 
-OPS = ("gemm",)
+OPS = ("gemm", "grouped_gemm", "grouped_gemm_masked")
 _ACTS = (None, "none", "gelu_tanh", "silu")
 
 
@@ -111,3 +118,60 @@ def _backward(ctx, dy):
 
 
 gemm.register_autograd(_backward, setup_context=_setup)
+
+
+# ---- grouped GEMM (no autograd) -----------------------------------------------------------------------------------
+def _grouped_out_shape(a: Tensor, b: Tensor, index: Tensor, trans_b: bool, masked: bool) -> tuple[int, ...]:
+    op = "grouped_gemm_masked" if masked else "grouped_gemm"
+    if a.dtype not in (torch.float16, torch.bfloat16) or b.dtype != a.dtype:
+        raise InputError(f"a is {str(a.dtype).replace('torch.', '')} and b is {str(b.dtype).replace('torch.', '')}; "
+                         "both must be float16 or both bfloat16")
+    if a.dim() != (3 if masked else 2) or b.dim() != 3:
+        want = "(G, capacity, K)" if masked else "(total_m, K)"
+        raise InputError(f"a has shape {tuple(a.shape)} and b {tuple(b.shape)}; {op} takes a {want} and b (G, N, K) "
+                         "with trans_b=True or (G, K, N) with trans_b=False")
+    groups, k = b.shape[0], a.shape[-1]
+    n, kb = (b.shape[1], b.shape[2]) if trans_b else (b.shape[2], b.shape[1])
+    if k != kb:
+        raise InputError(f"inner dimensions disagree: a {tuple(a.shape)} has K={k}, b {tuple(b.shape)} has K={kb}")
+    length, name = (groups, "masked_m") if masked else (groups + 1, "group_offsets")
+    if index.dtype != torch.int32 or tuple(index.shape) != (length,):
+        raise InputError(f"{name} is {str(index.dtype).replace('torch.', '')} of shape {tuple(index.shape)}; expected "
+                         f"int32 ({length},)")
+    return (groups, a.shape[1], n) if masked else (a.shape[0], n)
+
+
+def _jit_grouped(a, b, group_offsets, out_dtype, trans_b):
+    return ops_module("gemm").grouped_gemm(a, b, group_offsets, out_dtype=out_dtype, trans_b=trans_b)
+
+
+def _jit_grouped_masked(a, b, masked_m, out_dtype, trans_b):
+    return ops_module("gemm").grouped_gemm_masked(a, b, masked_m, out_dtype=out_dtype, trans_b=trans_b)
+
+
+def _ref_grouped_masked(a, b, masked_m, out_dtype, trans_b):
+    return R.grouped_gemm(a, b, masked_m, out_dtype, trans_b, masked=True)
+
+
+@kernel_op("grouped_gemm")
+def grouped_gemm(a: Tensor, b: Tensor, group_offsets: Tensor, out_dtype: Optional[torch.dtype] = None,
+                 trans_b: bool = True) -> Tensor:
+    """rtckern.ops.grouped_gemm as a torch op."""
+    return run("grouped_gemm", _jit_grouped, R.grouped_gemm, a, b, group_offsets, out_dtype, trans_b)
+
+
+@grouped_gemm.register_fake
+def _(a, b, group_offsets, out_dtype=None, trans_b=True):
+    return a.new_empty(_grouped_out_shape(a, b, group_offsets, trans_b, False), dtype=out_dtype or a.dtype)
+
+
+@kernel_op("grouped_gemm_masked")
+def grouped_gemm_masked(a: Tensor, b: Tensor, masked_m: Tensor, out_dtype: Optional[torch.dtype] = None,
+                        trans_b: bool = True) -> Tensor:
+    """rtckern.ops.grouped_gemm_masked as a torch op."""
+    return run("grouped_gemm_masked", _jit_grouped_masked, _ref_grouped_masked, a, b, masked_m, out_dtype, trans_b)
+
+
+@grouped_gemm_masked.register_fake
+def _(a, b, masked_m, out_dtype=None, trans_b=True):
+    return a.new_empty(_grouped_out_shape(a, b, masked_m, trans_b, True), dtype=out_dtype or a.dtype)

@@ -301,3 +301,54 @@ def rms_norm_quant(x, weight, eps, group, scale_format, zero_centered):
     n = x.shape[-1]
     q, scale = quantize_groups(y.reshape(-1, n), group)
     return q.reshape(x.shape), fp8_scales_out(scale, scale_format)
+
+
+# ---- grouped GEMM -------------------------------------------------------------------------------------------------
+def group_rows(index, masked: bool, rows: int) -> list[tuple[int, int]]:
+    """(first row, end) of each group, clamped as the kernels clamp them: the offsets (G + 1) or masked_m (G), read
+    on the host (the references synchronize; the kernels never do)."""
+    idx = [int(v) for v in index.tolist()]
+    if masked:
+        return [(0, min(max(c, 0), rows)) for c in idx]
+    out = []
+    for g in range(len(idx) - 1):
+        b = min(max(idx[g], 0), rows)
+        out.append((b, min(max(idx[g + 1], b), rows)))
+    return out
+
+
+def _group_views(y, a, masked: bool, g: int, r0: int, r1: int):
+    return (y[g, r0:r1], a[g, r0:r1]) if masked else (y[r0:r1], a[r0:r1])
+
+
+def grouped_gemm(a, b, index, out_dtype, trans_b, masked=False):
+    """y[rows of g] = a[rows of g] @ op(b[g]) in fp32, group by group; rows that no group covers are zero (the kernels
+    leave them unwritten)."""
+    n = b.shape[1] if trans_b else b.shape[2]
+    y = a.new_zeros(tuple(a.shape[:-1]) + (n,), dtype=out_dtype or a.dtype)
+    for g, (r0, r1) in enumerate(group_rows(index, masked, a.shape[-2])):
+        if r1 > r0:
+            yg, ag = _group_views(y, a, masked, g, r0, r1)
+            bg = _up(b[g])
+            yg.copy_(_up(ag) @ (bg.t() if trans_b else bg))
+    return y
+
+
+def _block_scale(s, rows: int, k: int, block_rows: int):
+    """Block scales ((ceil(rows / block_rows), ceil(k / 128))) as a (rows, k) multiplier."""
+    return s.float().repeat_interleave(block_rows, 0).repeat_interleave(FP8_BLOCK, 1)[:rows, :k]
+
+
+def grouped_gemm_fp8(a, b, a_scale, b_scale, index, out_dtype, trans_b, masked=False):
+    """y[rows of g] = (a * a_scale)[rows of g] @ (b[g] * b_scale[g])^T, dequantized and multiplied in fp32, group by
+    group; rows that no group covers are zero."""
+    n, k = b.shape[1], b.shape[2]
+    y = a.new_zeros(tuple(a.shape[:-1]) + (n,), dtype=out_dtype or torch.bfloat16)
+    for g, (r0, r1) in enumerate(group_rows(index, masked, a.shape[-2])):
+        if r1 > r0:
+            yg, ag = _group_views(y, a, masked, g, r0, r1)
+            sa = a_scale[g, r0:r1] if masked else a_scale[r0:r1]
+            ad = ag.float() * _block_scale(sa, r1 - r0, k, 1)
+            bd = b[g].float() * _block_scale(b_scale[g], n, k, FP8_BLOCK)
+            yg.copy_(ad @ bd.t())
+    return y

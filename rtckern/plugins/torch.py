@@ -14,7 +14,8 @@ carry the kernels), softmax, scaled_masked_softmax, scaled_upper_triang_masked_s
 scaled_aligned_causal_masked_softmax (+ *_bwd), attention (composite; attention_fwd / attention_bwd), attention_varlen
 (composite; attention_varlen_fwd / attention_varlen_bwd), attention_with_kvcache (contiguous or paged KV cache,
 appends in place: k_cache / v_cache are declared mutated; inference only), gemm, gemm_fp8, quantize_fp8,
-rms_norm_quant (fused RMSNorm + per-group fp8 quantization; inference only, no autograd).
+rms_norm_quant (fused RMSNorm + per-group fp8 quantization; inference only, no autograd), grouped_gemm,
+grouped_gemm_masked, grouped_gemm_fp8, grouped_gemm_fp8_masked (mixture-of-experts GEMMs; inference only, no autograd).
 
 The ops are torch.library.Library ops (_torch_lib.KernelOp, chosen over custom_op for host cost): an eager call
 is one Python kernel that runs rtckern's op itself; under tracing, modes and subclasses they dispatch in full.

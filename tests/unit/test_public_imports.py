@@ -89,6 +89,9 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._norms.candidates": "rms_norm_quant's request builders and candidate refusals",
         "rtckern.ops._norms.geometry": "the fp8 row kernel's specs and row configs for the compile sweep",
     },
+    "tests/unit/plugins/test_torch_grouped.py": {
+        "rtckern.plugins._torch_dispatch": "reference_mode: the grouped GEMM ops through their torch references on CPU",
+    },
     "tests/unit/plugins/test_torch_fp8.py": {
         "rtckern.plugins._torch_dispatch": "reference_mode: the fp8 ops through their torch references on CPU",
     },
@@ -161,6 +164,20 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._gemm.plan": "host_gemm fixture: runs rtckern.ops.gemm on CPU tensors with a fresh call-plan "
                                   "memo and a stub stream",
         "rtckern.ops._gemm.wgmma_gen": "the code generator's output matches the shipped kernel source",
+    },
+    "tests/unit/ops/test_grouped_gemm.py": {
+        "rtckern.ops._gemm.grouped_candidates": "host fixture: the registry's choice with a recording kernel (select) "
+                                                "and a fresh selection memo",
+        "rtckern.ops._gemm.grouped_plan": "host fixture: a fresh call-plan memo and a stub stream",
+        "rtckern.ops._gemm.launch": "host fixture: records the tensor maps the prepared launch encodes (tensor_map), "
+                                    "which the emulator reads",
+    },
+    "tests/unit/ops/test_grouped_gemm_fp8.py": {
+        "rtckern.ops._fp8.grouped_candidates": "host fixture: the registry's choice with a recording kernel (select) "
+                                               "and a fresh selection memo",
+        "rtckern.ops._fp8.grouped_plan": "host fixture: a fresh call-plan memo and a stub stream",
+        "rtckern.ops._fp8.launch": "host fixture: records the tensor maps the prepared launch encodes (encode_tiled), "
+                                   "which the emulator reads",
     },
     "tests/unit/ops/test_norms.py": {
         "rtckern.ops._norms.api": "the argument checks (_check_vector, _check_like, _check_stats, _eps) on fake "

@@ -19,18 +19,41 @@
 // scale reads of rows / columns past m / n are clamped to the last one; stores are guarded.
 // Tensor maps (3-d, batch 1), uint8 elements, SWIZZLE_128B: A dims (k, m, 1), box (128, BM, 1); B dims (k, n, 1),
 // box (128, BN, 1).
+//
+// RTK_GEMM_GROUPED=1 / 2 (rtckern.ops.grouped_gemm_fp8 / grouped_gemm_fp8_masked): the grouped GEMM of
+// gemm/grouped.cuh (modes, tile prefix, unit map) with block scales. Extra parameters: `groups` (after `bias`), the
+// offsets or masked_m; at the end `batch` groups, stride_c between the output matrices of masked groups, sa_batch /
+// sb_batch between the groups' scale matrices (a_scale: (total_m, kb) with sa_batch 0, or (groups, capacity, kb);
+// b_scale (groups, nb, kb)). `m` is A's rows (contiguous: total_m) or the capacity (masked); the tile prefix takes
+// 4 (batch + 1) bytes of dynamic shared memory after the ring. A: dims (k, m, 1) or (k, m, groups); B: dims
+// (k, n, groups). A tile's rows past its group's end are loaded and not stored; their scale reads are clamped to the
+// group's last row. Every grouped-only line is inside `#if RTK_GEMM_GROUPED`: without the define the kernel's
+// binaries are unchanged.
 #pragma once
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"
 #include "gemm/hopper.cuh"
 #include "gemm/wgmma_fp8_ops.cuh"
 
+#ifndef RTK_GEMM_GROUPED
+#define RTK_GEMM_GROUPED 0
+#endif
+#if RTK_GEMM_GROUPED
+#include "gemm/grouped.cuh"
+#define RTK_GEMM_FP8_GROUPS_PARAM , const int* __restrict__ groups
+#define RTK_GEMM_FP8_GROUPS_SCALARS , long long batch, long long stride_c, long long sa_batch, long long sb_batch
+#else
+#define RTK_GEMM_FP8_GROUPS_PARAM
+#define RTK_GEMM_FP8_GROUPS_SCALARS
+#endif
+
 template <typename TOut, typename TBias, int BM, int BN, int STAGES, int NC, bool HAS_BIAS, int SCALE>
 __global__ void __launch_bounds__((NC + 1) * 128, 1)
     gemm_fp8_wgmma_sm90(const __grid_constant__ rtk_tensor_map tm_a, const __grid_constant__ rtk_tensor_map tm_b,
                         TOut* __restrict__ c, const float* __restrict__ sa, const float* __restrict__ sb,
-                        const TBias* __restrict__ bias, long long m, long long n, long long k, long long ldc,
-                        long long sa_row, long long sa_kb, long long sb_row, long long sb_kb, long long group_m) {
+                        const TBias* __restrict__ bias RTK_GEMM_FP8_GROUPS_PARAM, long long m, long long n,
+                        long long k, long long ldc, long long sa_row, long long sa_kb, long long sb_row,
+                        long long sb_kb, long long group_m RTK_GEMM_FP8_GROUPS_SCALARS) {
 #if defined(RTK_HAS_WGMMA)
   constexpr int BK = 128;                 // fp8 elements: one 128-byte swizzle row
   constexpr int WG_M = BM / NC;           // rows per consumer warpgroup
@@ -47,6 +70,10 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
   unsigned char* sB = sA + STAGES * A_STAGE;
   __shared__ __align__(8) unsigned long long full_bar[STAGES];
   __shared__ __align__(8) unsigned long long empty_bar[STAGES];
+#if RTK_GEMM_GROUPED
+  static_assert(!HAS_BIAS && SCALE == RTK_FP8_SCALE_BLOCK, "grouped fp8 GEMM: block scales, no bias");
+  int* group_tiles = reinterpret_cast<int*>(sB + STAGES * B_STAGE);  // the tile prefix, after the ring
+#endif
 
   if (threadIdx.x == 0) {
     rtk_tma_prefetch_map(&tm_a);
@@ -60,7 +87,12 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
   }
   __syncthreads();
 
+#if RTK_GEMM_GROUPED
+  rtk_group_tile_prefix<BM, RTK_GEMM_GROUPED>(groups, batch, m, group_tiles);
+  const long long tiles_n = (n + BN - 1) / BN, tiles = group_tiles[batch] * tiles_n;
+#else
   const long long tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN, tiles = tiles_m * tiles_n;
+#endif
   const long long kb_total = (k + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
@@ -71,13 +103,26 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
       int stage = 0;
       unsigned phase = 0;
       for (long long t0 = blockIdx.x; t0 < tiles; t0 += gridDim.x) {
+#if RTK_GEMM_GROUPED
+        const RtkGroupUnit gu =
+            rtk_group_unit<BM, RTK_GEMM_GROUPED>(t0, group_tiles, batch, tiles_n, group_m, groups, m);
+        const long long tn = gu.tn;
+        const int a_batch = RTK_GEMM_GROUPED == 2 ? (int)gu.group : 0;
+#else
         long long tm, tn;
         rtk_tile_coords(t0, tiles_m, tiles_n, group_m, tm, tn);
+#endif
         for (long long kb = 0; kb < kb_total; ++kb) {
           rtk_mbar_wait(&empty_bar[stage], phase ^ 1u);
           rtk_mbar_arrive_expect_tx(&full_bar[stage], STAGE_BYTES);
+#if RTK_GEMM_GROUPED
+          rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), (int)gu.row0, a_batch);
+          rtk_tma_load_3d(sB + stage * B_STAGE, &tm_b, &full_bar[stage], (int)(kb * BK), (int)(tn * BN),
+                          (int)gu.group);
+#else
           rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), (int)(tm * BM), 0);
           rtk_tma_load_3d(sB + stage * B_STAGE, &tm_b, &full_bar[stage], (int)(kb * BK), (int)(tn * BN), 0);
+#endif
           if (++stage == STAGES) {
             stage = 0;
             phase ^= 1u;
@@ -94,6 +139,21 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
     float part[MI][BN / 2];
     long long g = 0;  // k-blocks consumed before the current tile (the ring cursor)
     for (long long t0 = blockIdx.x; t0 < tiles; t0 += gridDim.x) {
+#if RTK_GEMM_GROUPED
+      const RtkGroupUnit gu = rtk_group_unit<BM, RTK_GEMM_GROUPED>(t0, group_tiles, batch, tiles_n, group_m, groups, m);
+      const long long tn = gu.tn;
+      const long long row_base = gu.row0 + cw * WG_M + warp * 16 + (lane >> 2);
+      const long long col_base = tn * BN + (lane & 3) * 2;
+      const float* sa_r[MI][2];  // the group's scale rows, clamped to its last row
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const long long r = row_base + mi * 64 + h * 8;
+          sa_r[mi][h] = sa + gu.group * sa_batch + (r < gu.row_end ? r : gu.row_end - 1) * sa_row;
+        }
+      const float* sb_t = sb + gu.group * sb_batch + ((tn * BN) / 128) * sb_row;
+#else
       long long tm, tn;
       rtk_tile_coords(t0, tiles_m, tiles_n, group_m, tm, tn);
       // Accumulator layout of m64nN: thread (warp w, lane l) holds, for each 8-column group j, rows
@@ -110,6 +170,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
           sa_r[mi][h] = sa + (r < m ? r : m - 1) * sa_row;
         }
       const float* sb_t = sb + ((tn * BN) / 128) * sb_row;
+#endif
 
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
@@ -163,10 +224,17 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
       }
 
       RtkGemmOut<TOut, TBias> o;
+#if RTK_GEMM_GROUPED
+      o.c = c + gu.group * stride_c;
+      o.bias = bias;
+      o.res = nullptr;
+      o.m = gu.row_end;  // the group's rows: the tile's rows past it belong to the next group
+#else
       o.c = c;
       o.bias = bias;
       o.res = nullptr;
       o.m = m;
+#endif
       o.n = n;
       o.ldc = ldc;
       o.ldr = 0;

@@ -13,10 +13,35 @@
 // gemm_splitk_reduce (epilogue.cuh) adds them in split order and applies the epilogue.
 // gemm_mma_sm80_ck (sm_90+): the CK slices of one tile form a thread-block cluster and add their partial tiles
 // through distributed shared memory (cluster_reduce.cuh): split-K in one kernel, with no workspace.
+//
+// RTK_GEMM_GROUPED=1 / 2 (rtckern.ops.grouped_gemm / grouped_gemm_masked where no sm_90a kernel serves):
+// gemm_mma_sm80 as a grouped GEMM (gemm/grouped.cuh: modes, tile prefix, unit map). Grid x = an upper bound of the
+// units (groups' m-tiles x n-tiles), one unit per block: each block builds the tile prefix in the ring's shared
+// memory (4 (batch + 1) bytes; the host sizes the ring at least that large), takes unit blockIdx.x and exits past
+// the last one. `groups` (after `res`) is the offsets or masked_m, `batch` (the last parameter) the number of
+// groups, `m` A's rows (contiguous: total_m) or the capacity (masked); A and C rows as in gemm_sm90.cuh, stride_a /
+// stride_c between masked groups, stride_b between groups. No split-K, no epilogue. Every grouped-only line is
+// inside `#if RTK_GEMM_GROUPED`: without the define the kernels compile to the same binaries as before it existed.
 #pragma once
 #include "gemm/epilogue.cuh"
 #include "gemm/cluster_reduce.cuh"
 #include "gemm/mma_sm80.cuh"
+
+#ifndef RTK_GEMM_GROUPED
+#define RTK_GEMM_GROUPED 0
+#endif
+#if RTK_GEMM_GROUPED
+#include "gemm/grouped.cuh"
+#define RTK_GEMM80_GROUPS_PARAM , const int *__restrict__ groups
+#define RTK_GEMM80_GROUPS_ARG , groups
+#define RTK_GEMM80_BATCH_PARAM , long long batch
+#define RTK_GEMM80_BATCH_ARG , batch
+#else
+#define RTK_GEMM80_GROUPS_PARAM
+#define RTK_GEMM80_GROUPS_ARG
+#define RTK_GEMM80_BATCH_PARAM
+#define RTK_GEMM80_BATCH_ARG
+#endif
 
 #if defined(RTK_CUDA)
 
@@ -74,11 +99,12 @@ RTK_DEVICE void rtk_gemm_load_nmajor(T* s, const T* __restrict__ g, long long ld
 
 #define RTK_GEMM80_PARAMS                                                                                          \
   const T *__restrict__ a, const T *__restrict__ b, void *__restrict__ c, const T *__restrict__ bias,              \
-      const TOut *__restrict__ res, long long m, long long n, long long k, long long lda, long long ldb,           \
-      long long ldc, long long ldr, long long stride_a, long long stride_b, long long stride_c, long long stride_r, \
-      long long splits, long long kb_per_split, long long group_m
-#define RTK_GEMM80_ARGS \
-  a, b, c, bias, res, m, n, k, lda, ldb, ldc, ldr, stride_a, stride_b, stride_c, stride_r, splits, kb_per_split, group_m
+      const TOut *__restrict__ res RTK_GEMM80_GROUPS_PARAM, long long m, long long n, long long k, long long lda,  \
+      long long ldb, long long ldc, long long ldr, long long stride_a, long long stride_b, long long stride_c,      \
+      long long stride_r, long long splits, long long kb_per_split, long long group_m RTK_GEMM80_BATCH_PARAM
+#define RTK_GEMM80_ARGS                                                                                           \
+  a, b, c, bias, res RTK_GEMM80_GROUPS_ARG, m, n, k, lda, ldb, ldc, ldr, stride_a, stride_b, stride_c, stride_r, \
+      splits, kb_per_split, group_m RTK_GEMM80_BATCH_ARG
 
 // The kernel body. CK > 1: split-K inside a cluster of CK blocks along grid y (cluster_reduce.cuh); SPLITK: split-K
 // through a global workspace. At most one of them.
@@ -100,6 +126,22 @@ __device__ __forceinline__ void rtk_gemm_mma_sm80_body(RTK_GEMM80_PARAMS) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;
 
+#if RTK_GEMM_GROUPED
+  static_assert(!SPLITK && CK <= 1 && !HAS_BIAS && ACT == RTK_GEMM_ACT_NONE && !HAS_RES,
+                "grouped GEMM: no split-K, no epilogue");
+  int* group_tiles = reinterpret_cast<int*>(rtk_gemm_smem);  // the tile prefix, in the ring before it fills
+  rtk_group_tile_prefix<BM, RTK_GEMM_GROUPED>(groups, batch, m, group_tiles);
+  const long long tiles_n = (n + BN - 1) / BN;
+  if ((long long)blockIdx.x >= group_tiles[batch] * tiles_n) return;  // past the last unit (the grid is a bound)
+  const RtkGroupUnit gu =
+      rtk_group_unit<BM, RTK_GEMM_GROUPED>(blockIdx.x, group_tiles, batch, tiles_n, group_m, groups, m);
+  __syncthreads();  // every thread has its unit: the pipeline may overwrite the prefix
+  const long long m0 = gu.row0, n0 = gu.tn * BN;
+  const long long split = 0, bidx = gu.group;
+  const long long rows_end = gu.row_end;  // the group's rows: the tile's rows past it belong to the next group
+  a += RTK_GEMM_GROUPED == 2 ? bidx * stride_a : 0;
+  b += bidx * stride_b;
+#else
   const long long tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN;
   long long tm, tn;
   rtk_tile_coords(blockIdx.x, tiles_m, tiles_n, group_m, tm, tn);
@@ -107,6 +149,7 @@ __device__ __forceinline__ void rtk_gemm_mma_sm80_body(RTK_GEMM80_PARAMS) {
   const long long split = blockIdx.y, bidx = blockIdx.z;
   a += bidx * stride_a;
   b += bidx * stride_b;
+#endif
 
   const long long kb_total = (k + BK - 1) / BK;
   const long long kb0 = split * kb_per_split;
@@ -116,7 +159,11 @@ __device__ __forceinline__ void rtk_gemm_mma_sm80_body(RTK_GEMM80_PARAMS) {
 
   auto load_stage = [&](int slot, int kb) {
     const long long k0 = (kb0 + kb) * BK;
+#if RTK_GEMM_GROUPED
+    rtk_gemm_load_kmajor<T, BM, BK, THREADS, ALIGNED>(sA + slot * BM * BK, a, lda, m0, rows_end, k0, kend, tid);
+#else
     rtk_gemm_load_kmajor<T, BM, BK, THREADS, ALIGNED>(sA + slot * BM * BK, a, lda, m0, m, k0, kend, tid);
+#endif
     if constexpr (TRANS_B) {
       rtk_gemm_load_kmajor<T, BN, BK, THREADS, ALIGNED>(sB + slot * BN * BK, b, ldb, n0, n, k0, kend, tid);
     } else {
@@ -219,7 +266,11 @@ __device__ __forceinline__ void rtk_gemm_mma_sm80_body(RTK_GEMM80_PARAMS) {
     o.c = reinterpret_cast<TOut*>(c) + bidx * stride_c;
     o.bias = bias;
     o.res = HAS_RES ? res + bidx * stride_r : nullptr;
+#if RTK_GEMM_GROUPED
+    o.m = rows_end;
+#else
     o.m = m;
+#endif
     o.n = n;
     o.ldc = ldc;
     o.ldr = ldr;

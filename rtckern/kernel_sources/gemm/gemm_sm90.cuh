@@ -24,18 +24,40 @@
 // persistent): the CK splits of a tile are the blocks of one cluster (consecutive blockIdx.x), which add their
 // partial tiles through distributed shared memory and apply the epilogue (cluster_reduce.cuh); the partial tile
 // reuses the ring's shared memory once the mainloop is over. Cooperative schedule only.
+//
+// RTK_GEMM_GROUPED=1 / 2 (rtckern.ops.grouped_gemm / grouped_gemm_masked): gemm_wgmma_sm90 as a grouped GEMM
+// (gemm/grouped.cuh: the modes, the tile prefix, the unit map). `groups` (a parameter after `res`) is the offsets
+// or masked_m, `batch` the number of groups, `m` A's rows (contiguous: total_m) or the capacity (masked); the tile
+// prefix takes 4 (batch + 1) bytes of dynamic shared memory after the ring. A: dims (k, m, 1) (contiguous) or
+// (k, m, groups) (masked); B: the batched maps above with the group as the batch coordinate; C rows as A's, stride_c
+// between masked groups. A tile's rows past its group's end are loaded (they belong to the next group, or are
+// TMA's zeros) and not stored. No split-K, no epilogue (bias, activation, residual). Every grouped-only line is
+// inside `#if RTK_GEMM_GROUPED`: without the define the kernels compile to the same binaries as before it existed.
 #pragma once
 #include "gemm/cluster_reduce.cuh"
 #include "gemm/epilogue.cuh"
 #include "gemm/hopper.cuh"
 #include "gemm/wgmma_ops.cuh"
 
+#ifndef RTK_GEMM_GROUPED
+#define RTK_GEMM_GROUPED 0
+#endif
+#if RTK_GEMM_GROUPED
+#include "gemm/grouped.cuh"
+#define RTK_GEMM90_GROUPS_PARAM , const int *__restrict__ groups
+#define RTK_GEMM90_GROUPS_ARG , groups
+#else
+#define RTK_GEMM90_GROUPS_PARAM
+#define RTK_GEMM90_GROUPS_ARG
+#endif
+
 #define RTK_GEMM90_SCALARS                                                                                     \
-  void *__restrict__ c, const T *__restrict__ bias, const TOut *__restrict__ res, long long m, long long n,      \
-      long long k, long long ldc, long long ldr, long long stride_c, long long stride_r, long long batch,       \
-      long long b_batched, long long splits, long long kb_per_split, long long group_m
-#define RTK_GEMM90_ARGS \
-  tm_a, tm_b, c, bias, res, m, n, k, ldc, ldr, stride_c, stride_r, batch, b_batched, splits, kb_per_split, group_m
+  void *__restrict__ c, const T *__restrict__ bias, const TOut *__restrict__ res RTK_GEMM90_GROUPS_PARAM,        \
+      long long m, long long n, long long k, long long ldc, long long ldr, long long stride_c, long long stride_r, \
+      long long batch, long long b_batched, long long splits, long long kb_per_split, long long group_m
+#define RTK_GEMM90_ARGS                                                                                          \
+  tm_a, tm_b, c, bias, res RTK_GEMM90_GROUPS_ARG, m, n, k, ldc, ldr, stride_c, stride_r, batch, b_batched, splits, \
+      kb_per_split, group_m
 
 // Work unit u -> (batch entry, split, tile). Persistent kernels walk units split-major within a batch entry; the
 // cluster kernel (CK > 1) puts the CK splits of one tile on consecutive units, which are the blocks of a cluster.
@@ -81,6 +103,11 @@ __device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& t
   __shared__ __align__(8) unsigned long long full_bar[STAGES];
   __shared__ __align__(8) unsigned long long empty_bar[STAGES];
   __shared__ __align__(8) unsigned long long order_bar[2];  // ping-pong: order_bar[c] = "consumer c may start"
+#if RTK_GEMM_GROUPED
+  static_assert(!SPLITK && CK <= 1 && !HAS_BIAS && ACT == RTK_GEMM_ACT_NONE && !HAS_RES,
+                "grouped GEMM: no split-K, no epilogue");
+  int* group_tiles = reinterpret_cast<int*>(sB + STAGES * B_STAGE);  // the tile prefix, after the ring
+#endif
 
   if (threadIdx.x == 0) {
     rtk_tma_prefetch_map(&tm_a);
@@ -96,10 +123,17 @@ __device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& t
   }
   __syncthreads();
 
+#if RTK_GEMM_GROUPED
+  rtk_group_tile_prefix<BM, RTK_GEMM_GROUPED>(groups, batch, m, group_tiles);
+  const long long tiles_n = (n + BN - 1) / BN;
+  const long long kb_total = (k + BK - 1) / BK;
+  const long long units = group_tiles[batch] * tiles_n;
+#else
   const long long tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN, tiles = tiles_m * tiles_n;
   const long long kb_total = (k + BK - 1) / BK;
   const long long per_batch = splits * tiles;
   const long long units = batch * per_batch;
+#endif
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
@@ -109,16 +143,27 @@ __device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& t
       int stage = 0;
       unsigned phase = 0;
       for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+#if RTK_GEMM_GROUPED
+        const RtkGroupUnit gu =
+            rtk_group_unit<BM, RTK_GEMM_GROUPED>(u, group_tiles, batch, tiles_n, group_m, groups, m);
+        const long long kb0 = 0, kb1 = kb_total, tn = gu.tn;
+        const int bb = (int)gu.group, a_batch = RTK_GEMM_GROUPED == 2 ? (int)gu.group : 0;
+#else
         long long bidx, split, t, tm, tn;
         rtk_gemm90_unit<CK>(u, tiles, splits, bidx, split, t);
         rtk_tile_coords(t, tiles_m, tiles_n, group_m, tm, tn);
         const long long kb0 = split * kb_per_split;
         const long long kb1 = kb0 + kb_per_split < kb_total ? kb0 + kb_per_split : kb_total;
         const int bb = b_batched ? (int)bidx : 0;
+#endif
         for (long long kb = kb0; kb < kb1; ++kb) {
           rtk_mbar_wait(&empty_bar[stage], phase ^ 1u);
           rtk_mbar_arrive_expect_tx(&full_bar[stage], STAGE_BYTES);
+#if RTK_GEMM_GROUPED
+          rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), (int)gu.row0, a_batch);
+#else
           rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), (int)(tm * BM), (int)bidx);
+#endif
           if constexpr (TRANS_B) {
             rtk_tma_load_3d(sB + stage * B_STAGE, &tm_b, &full_bar[stage], (int)(kb * BK), (int)(tn * BN), bb);
           } else {
@@ -134,12 +179,14 @@ __device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& t
         }
       }
     }
+#if !RTK_GEMM_GROUPED
     if constexpr (CK > 1) {
       // The cluster barriers count every thread of the cluster. The producer warpgroup (registers cut by
       // setmaxnreg) arrives from its own branch and does nothing else: no code is shared with the consumers.
       rtk_gemm_cluster_sync();
       rtk_gemm_cluster_sync_relaxed();
     }
+#endif
   } else {
     // ---------------- consumers ----------------
     if constexpr (NC >= 2) rtk_setmaxnreg_inc<232>();
@@ -150,11 +197,16 @@ __device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& t
     unsigned order_phase = 0;  // ping-pong: waits done on order_bar[cw]
     long long i = 0;           // index of the unit among this block's units
     for (long long u = blockIdx.x; u < units; u += gridDim.x, ++i) {
+#if RTK_GEMM_GROUPED
+      const RtkGroupUnit gu = rtk_group_unit<BM, RTK_GEMM_GROUPED>(u, group_tiles, batch, tiles_n, group_m, groups, m);
+      const long long kb0 = 0, kb1 = kb_total, tn = gu.tn;
+#else
       long long bidx, split, t, tm, tn;
       rtk_gemm90_unit<CK>(u, tiles, splits, bidx, split, t);
       rtk_tile_coords(t, tiles_m, tiles_n, group_m, tm, tn);
       const long long kb0 = split * kb_per_split;
       const long long kb1 = kb0 + kb_per_split < kb_total ? kb0 + kb_per_split : kb_total;
+#endif
       if (PINGPONG && (i & 1) != cw) {  // the other consumer's tile: skip its stages in the ring
         g += kb1 - kb0;
         continue;
@@ -201,6 +253,22 @@ __device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& t
 
       // Accumulator layout of m64nN: thread (warp w, lane l) holds, for each 8-column group j, rows
       // 16 w + l / 4 (+ 8) and columns 8 j + 2 (l % 4) (+ 1) at acc[4 j + {0, 1}] (row) and {2, 3} (row + 8).
+#if RTK_GEMM_GROUPED
+      const long long row_base = gu.row0 + (PINGPONG ? 0 : cw * WG_M) + warp * 16 + (lane >> 2);
+      const long long col_base = tn * BN + (lane & 3) * 2;
+      RtkGemmOut<TOut, T> o;
+      o.c = reinterpret_cast<TOut*>(c) + gu.group * stride_c;
+      o.bias = nullptr;
+      o.res = nullptr;
+      o.m = gu.row_end;  // the group's rows: the tile's rows past it belong to the next group
+      o.n = n;
+      o.ldc = ldc;
+      o.ldr = 0;
+      o.pair_ok = rtk_gemm_out_pair_ok(o, false, false);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+        rtk_gemm_epilogue_slab<false, RTK_GEMM_ACT_NONE, false, BN / 8>(o, row_base + mi * 64, col_base, acc[mi]);
+#else
       const long long row_base = tm * BM + (PINGPONG ? 0 : cw * WG_M) + warp * 16 + (lane >> 2);
       const long long col_base = tn * BN + (lane & 3) * 2;
       if constexpr (CK > 1) {
@@ -240,7 +308,9 @@ __device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& t
         for (int mi = 0; mi < MI; ++mi)
           rtk_gemm_epilogue_slab<HAS_BIAS, ACT, HAS_RES, BN / 8>(o, row_base + mi * 64, col_base, acc[mi]);
       }
+#endif
     }
+#if !RTK_GEMM_GROUPED
     if constexpr (CK > 1) {
       rtk_gemm_cluster_sync();  // the partial tiles of all CK splits are in shared memory
       long long bidx, split, t, tm, tn;
@@ -259,6 +329,7 @@ __device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& t
                                                                            tm * BM, tn * BN, threadIdx.x - 128);
       rtk_gemm_cluster_sync_relaxed();  // the peers have read this block's partials: it may exit
     }
+#endif
   }
 #else
   static_assert(sizeof(T) == 0, "gemm_wgmma_sm90 needs the sm_90a target (wgmma, setmaxnreg)");

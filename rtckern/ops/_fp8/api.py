@@ -38,7 +38,7 @@ from . import geometry, plan
 from .geometry import Fp8Problem
 from .launch import GemmLaunch, QuantLaunch
 
-__all__ = ("gemm_fp8", "quantize_fp8")
+__all__ = ("gemm_fp8", "quantize_fp8", "grouped_gemm_fp8", "grouped_gemm_fp8_masked")
 
 cands.register_all()
 SCALE_FORMATS = ("row", "col_tma")
@@ -249,3 +249,6 @@ def _build_quant(X, group, scale_format) -> plan.QuantPlan:
                           lambda: cands.quant_request(X.dtype, group, m, k, dev))
     launch = QuantLaunch(sel.kernels[0], m, k, group, ldx, s_row, s_col)
     return plan.QuantPlan(settings, X, m, k, s_alloc, (m, groups), s_strides, launch)
+
+
+from .grouped import grouped_gemm_fp8, grouped_gemm_fp8_masked  # noqa: E402  (the grouped ops, exported with gemm_fp8)

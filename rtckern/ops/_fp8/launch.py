@@ -37,12 +37,15 @@ class Prepared:
 
 
 class MapCache:
-    """Tensor maps of one fp8 operand (dims, row stride, box) by base address."""
+    """Tensor maps of one fp8 operand (dims, row stride, box; a batch of `batch` matrices `batch_stride` bytes apart
+    for the grouped GEMM) by base address."""
 
-    __slots__ = ("dims", "stride", "box", "_by_ptr")
+    __slots__ = ("dims", "stride", "box", "batch", "batch_stride", "_by_ptr")
 
-    def __init__(self, dims: tuple[int, int], stride: int, box: tuple[int, int]):
+    def __init__(self, dims: tuple[int, int], stride: int, box: tuple[int, int], batch: int = 1,
+                 batch_stride: int = 0):
         self.dims, self.stride, self.box = dims, stride, box
+        self.batch, self.batch_stride = batch, batch_stride
         self._by_ptr: dict[int, bytes] = {}
 
     def get(self, ptr: int) -> bytes:
@@ -51,10 +54,11 @@ class MapCache:
             if len(self._by_ptr) >= 64:
                 self._by_ptr.clear()
             d0, d1 = self.dims
-            m = self._by_ptr[ptr] = encode_tiled("fp8_e4m3", ptr, (d0, d1, 1), (self.stride, self.stride * d1),
+            # a batch of one: any legal stride will do
+            bstride = self.batch_stride if self.batch > 1 else self.stride * d1
+            m = self._by_ptr[ptr] = encode_tiled("fp8_e4m3", ptr, (d0, d1, self.batch), (self.stride, bstride),
                                                  (self.box[0], self.box[1], 1))
         return m
-
 
 
 class GemmLaunch:

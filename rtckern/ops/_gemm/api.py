@@ -36,7 +36,7 @@ from . import candidates as cands
 from . import geometry, plan
 from .launch import Operands
 
-__all__ = ("gemm", "ACTIVATIONS")
+__all__ = ("gemm", "grouped_gemm", "grouped_gemm_masked", "ACTIVATIONS")
 
 ACTIVATIONS = ("gelu_tanh", "silu")
 
@@ -237,3 +237,6 @@ def _build_plan(A: arr.DeviceArray, B: arr.DeviceArray, Bi, R, activation, trans
     sel = cands.selection(p, A.device)
     launches = sel.candidate.prepare(sel.request, sel.kernels, strides)
     return plan.CallPlan(settings, A, out_shape, out_dt, launches, sel.candidate.name)
+
+
+from .grouped import grouped_gemm, grouped_gemm_masked  # noqa: E402  (the grouped ops, exported with gemm)

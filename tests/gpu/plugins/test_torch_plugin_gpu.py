@@ -93,8 +93,11 @@ CASES = ("attention", "attention_bwd", "attention_bwd_det", "attention_fwd", "at
 
 # fp8 inputs need their own cases (e4m3 tensors and scales): opchecked in tests/unit/plugins/test_torch_fp8.py through
 # the reference path and checked against the ops on the GPU in tests/gpu/plugins/test_torch_fp8_gpu.py; the KV-cache
-# op (caches, lengths, block tables) in tests/gpu/plugins/test_torch_attention_kvcache_gpu.py
-COVERED_ELSEWHERE = frozenset({"gemm_fp8", "quantize_fp8", "rms_norm_quant", "attention_with_kvcache"})
+# op (caches, lengths, block tables) in tests/gpu/plugins/test_torch_attention_kvcache_gpu.py. The grouped
+# GEMMs take a group index: opchecked in tests/unit/plugins/test_torch_grouped.py, checked on the GPU in
+# tests/gpu/plugins/test_torch_grouped_gpu.py.
+COVERED_ELSEWHERE = frozenset({"gemm_fp8", "quantize_fp8", "rms_norm_quant", "attention_with_kvcache", "grouped_gemm",
+                               "grouped_gemm_masked", "grouped_gemm_fp8", "grouped_gemm_fp8_masked"})
 
 
 def test_cases_cover_every_registered_op():

@@ -1,0 +1,75 @@
+"""What the grouped GEMMs of the gemm and fp8 families share (families never import each other): the two modes and
+their group index, its checks, the request's rows-per-group class, and the launch geometry of the kernels compiled
+with RTK_GEMM_GROUPED (kernel_sources/gemm/grouped.cuh): the tile prefix's shared memory and the grid's bound.
+
+    contiguous   a (total_m, K): every group's rows one group after the other; group_offsets int32 (G + 1,)
+    masked       a (G, capacity, K); masked_m int32 (G,): the valid rows of each group
+"""
+from __future__ import annotations
+
+import math
+from types import MappingProxyType
+
+from rtckern.errors import InputError
+
+MODES = ("contiguous", "masked")
+MODE_IDS = MappingProxyType({"contiguous": 1, "masked": 2})  # RTK_GEMM_GROUPED's values
+INT32_MAX = 2**31 - 1
+MAX_GROUPS = 4096  # the tile prefix (4 bytes a group) shares a block's shared memory with the ring
+# mode -> (the index argument's name, what it holds)
+INDEX = MappingProxyType({
+    "contiguous": ("group_offsets", "the prefix sums of the group sizes, starting at 0 (G + 1 entries)"),
+    "masked": ("masked_m", "the valid rows of each group (G entries)")})
+
+
+def check_group_index(x, mode: str, groups: int, like) -> None:
+    """The group index of a call in `mode` (a runtime.arrays.DeviceArray): int32, 1-dim, of the mode's length,
+    contiguous, beside `like` (a: the kernels read it; the host never does)."""
+    name, what = INDEX[mode]
+    length = groups + 1 if mode == "contiguous" else groups
+    if x.ndim != 1 or x.shape[0] != length:
+        raise InputError(f"{name} has shape {x.shape}; expected ({length},) for {groups} groups: {what}")
+    if x.dtype != "int32":
+        fix = f"{name}.to(torch.int32)" if x.lib == "torch" else f"{name}.astype(cupy.int32)"
+        raise InputError(f"{name} has dtype {x.dtype}; it must be int32: convert with {fix}")
+    if x.lib != like.lib or x.device != like.device:
+        raise InputError(f"{name} is a {x.lib} array on cuda:{x.device} but a is a {like.lib} array on "
+                         f"cuda:{like.device}; {name} lives beside a (the kernel reads it; the host never does)")
+    if length > 1 and x.strides[0] != 1:
+        raise InputError(f"{name} has stride {x.strides[0]}; pass {name}.contiguous()")
+
+
+def check_sizes(groups: int, rows: int, op: str) -> None:
+    """At most MAX_GROUPS groups; rows (total_m or the capacity) that int32 offsets and TMA coordinates can reach."""
+    if groups > MAX_GROUPS:
+        raise InputError(f"b has {groups} groups; {op} takes at most {MAX_GROUPS} per call (each block keeps the "
+                         "groups' tile counts in shared memory): split the groups over several calls")
+    if rows > INT32_MAX:
+        raise InputError(f"a has {rows} rows; {op} takes at most {INT32_MAX} (int32 offsets): split the call")
+
+
+def rows_class(mode: str, rows: int, groups: int) -> int:
+    """The request's rows per group: the average (contiguous: rows = total_m) or the capacity (masked), rounded up to
+    a power of two (at least 1), so that calls whose token counts change step to step share one request."""
+    per = rows if mode == "masked" else math.ceil(rows / max(1, groups))
+    return 1 << max(0, math.ceil(math.log2(max(1, per))))
+
+
+def prefix_bytes(groups: int) -> int:
+    """Dynamic shared memory of the tile prefix (groups + 1 ints) after the ring, in 16-byte steps."""
+    return (4 * (groups + 1) + 15) // 16 * 16
+
+
+def m_tiles_bound(mode: str, groups: int, rows: int, bm: int) -> int:
+    """An upper bound of the m-tiles of any group sizes: contiguous (rows = total_m), sum over g of ceil(m_g / bm)
+    <= (total_m + groups (bm - 1)) / bm; masked (rows = capacity), groups x ceil(capacity / bm)."""
+    if mode == "contiguous":
+        return (rows + groups * (bm - 1)) // bm
+    return groups * math.ceil(rows / bm)
+
+
+def persistent_grid(mode: str, groups: int, rows: int, n: int, bm: int, bn: int, sm_count: int) -> int:
+    """At most one block per SM and never more blocks than units can be (blocks past the real units exit at once);
+    from the shapes only, so a captured CUDA graph serves any offsets or counts."""
+    units = m_tiles_bound(mode, groups, rows, bm) * math.ceil(n / bn)
+    return max(1, min(units, sm_count))

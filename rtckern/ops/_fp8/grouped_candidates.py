@@ -1,0 +1,144 @@
+"""Registry candidates of grouped_gemm_fp8 (contiguous and masked groups: one op, the mode a request flag):
+
+  grouped_gemm_fp8.sm90a_wgmma   sm_90a: gemm_fp8_wgmma_sm90 compiled with RTK_GEMM_GROUPED (TMA + wgmma e4m3 with
+                                 128-K promotion, block scales, persistent over every group's tiles); 16-byte
+                                 aligned operands
+
+No other GPU has a grouped fp8 kernel: such a request is refused with the candidate's reason. A request holds the
+output dtype, mode, groups, N, K and the rows per group as a power of two (grouped_geometry.py); the tile comes from
+the rule there (no tuned table: `explain` says "rule").
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rtckern import config
+from rtckern.caches import PlanCache
+from rtckern.device import DeviceInfo
+from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
+    register_request_builder, select
+from rtckern.registry import options as opts
+
+from .. import _common_grouped as shared
+from . import geometry
+from . import grouped_geometry as gg
+from .grouped_geometry import OP, GroupedFp8Problem
+
+
+def request(p: GroupedFp8Problem, device: DeviceInfo) -> OpRequest:
+    return OpRequest(op=OP, dtypes={"a": p.dtype, "out": p.out_dtype},
+                     shape={"groups": p.groups, "rows": p.rows, "n": p.n, "k": p.k},
+                     flags={"mode": p.mode, "aligned": p.aligned}, device=device)
+
+
+def problem(req: OpRequest) -> GroupedFp8Problem:
+    return GroupedFp8Problem(mode=str(req.flag("mode")), groups=req.dim("groups"), rows=req.dim("rows"),
+                             n=req.dim("n"), k=req.dim("k"), out_dtype=req.dtype("out"),
+                             aligned=bool(req.flag("aligned")), dtype=req.dtype("a"))
+
+
+def _reason(p: GroupedFp8Problem) -> str | None:
+    if p.dtype not in geometry.INPUT_DTYPES:
+        return f"input dtype {p.dtype} not supported; supported: {', '.join(geometry.INPUT_DTYPES)}"
+    if p.out_dtype not in geometry.OUTPUT_DTYPES:
+        return f"output dtype {p.out_dtype} not supported; supported: {', '.join(geometry.OUTPUT_DTYPES)}"
+    if p.k % geometry.K_MULTIPLE or p.k <= 0:
+        return f"k={p.k}: K must be a positive multiple of {geometry.K_MULTIPLE}"
+    if not p.aligned:
+        return "TMA needs 16-byte aligned bases of a and b and row / group strides that are multiples of 16 bytes"
+    return None
+
+
+_configs = PlanCache("grouped_gemm_fp8.candidate_configs")
+
+
+class Sm90aWgmmaCandidate(Candidate):
+    name = "grouped_gemm_fp8.sm90a_wgmma"
+    op = OP
+    priority = 300
+    min_arch = "sm_90"
+    max_arch = "sm_90"
+    arch_specific = True
+
+    def config(self, req: OpRequest):
+        hit = _configs.get(req)
+        if hit is None:
+            hit = _configs.put(req, gg.config(problem(req)))
+        return hit
+
+    def supports(self, req: OpRequest) -> str | None:
+        p = problem(req)
+        return _reason(p) or gg.invalid(p, self.config(req))
+
+    def cost(self, req: OpRequest) -> Cost:
+        return Cost(1.0, "rule", f"wgmma e4m3 over the groups' tiles, tile {self.config(req).as_dict()} by the rows "
+                                 "per group (no tuned table for grouped GEMM)")
+
+    def kernel_specs(self, req: OpRequest):
+        return (gg.spec(problem(req), self.config(req), self.target(req)),)
+
+    def launch_resources(self, req: OpRequest):
+        cfg = self.config(req)
+        return (Resources(block=cfg.threads, dynamic_smem=gg.smem_bytes(cfg, req.dim("groups"))),)
+
+
+CANDIDATES = (Sm90aWgmmaCandidate,)
+
+# ---- selection, memoized per problem and device -----------------------------------------------------------------
+_selections = PlanCache("grouped_gemm_fp8.selections")
+
+
+def selection(p: GroupedFp8Problem, device: DeviceInfo) -> Any:
+    """The registry's selection for p on device, memoized with the settings object it was made under (compared by
+    identity: a change of settings, such as RTCKERN_FORCE_IMPL, decides again)."""
+    s = config.settings()
+    key = (p, device.ordinal)
+    hit = _selections.get(key)
+    if hit is None or hit[0] is not s:
+        hit = _selections.put(key, (s, select(request(p, device))))
+    return hit[1]
+
+
+# ---- explain -------------------------------------------------------------------------------------------------------
+_OPTIONS = ("mode", "out", "aligned")
+
+
+def build_request(shape, dtype, device, **options) -> OpRequest:
+    """For `rtckern explain grouped_gemm_fp8`: shape GxMxNxK (groups, rows per group: the average token count, or
+    the capacity with mode=masked; N, K); options mode=contiguous|masked, out=bf16|fp16|fp32, aligned=0|1."""
+    dims = [int(x) for x in shape]
+    if len(dims) != 4:
+        raise ValueError(f"grouped_gemm_fp8: shape {shape!r} should be GxMxNxK (groups, rows per group, N, K), e.g. "
+                         "256x64x4096x7168")
+    opts.check_keys(OP, options, _OPTIONS)
+    groups, rows, n, k = dims
+    p = GroupedFp8Problem(mode=opts.parse_choice(OP, "mode", options.get("mode", "contiguous"), shared.MODES),
+                          groups=groups, rows=shared.rows_class("masked", rows, 1), n=n, k=k,
+                          out_dtype=opts.parse_choice(OP, "out", options.get("out", "bf16"), geometry.OUTPUT_DTYPES),
+                          aligned=opts.flag(OP, options, "aligned", k % geometry.K_MULTIPLE == 0),
+                          dtype=opts.parse_choice(OP, "dtype", dtype or "fp8_e4m3", geometry.INPUT_DTYPES))
+    return request(p, device)
+
+
+_registered = False
+_reg_lock = threading.Lock()
+
+
+def register_all() -> None:
+    """Register the grouped fp8 GEMM candidates and request builder (idempotent)."""
+    global _registered
+    with _reg_lock:
+        if _registered:
+            return
+        reg = default_registry()
+        for cls in CANDIDATES:
+            try:
+                reg.get(cls.name)
+            except KeyError:
+                register(cls())
+        if OP not in reg.builder_ops():
+            register_request_builder(OP, build_request, help="shape: GxMxNxK (groups, rows per group, N, K; a, b "
+                                     "e4m3 with block scales); options mode=contiguous|masked, out=bf16|fp16|fp32, "
+                                     "aligned=0|1", example="--shape 256x64x4096x7168 --opt mode=masked")
+        _registered = True

@@ -1,0 +1,75 @@
+"""Grouped fp8 GEMM plans (rtckern.ops.grouped_gemm_fp8 / grouped_gemm_fp8_masked): the problem record, the tile rule,
+kernel specs and launch geometry of gemm_fp8_wgmma_sm90 compiled with RTK_GEMM_GROUPED (kernel_sources/gemm/
+gemm_fp8_sm90.cuh and grouped.cuh). Nothing here validates user arrays (grouped.py does) or touches a GPU.
+
+A request holds what decides compilation and the tile: output dtype, mode, groups, N, K and the rows per group as a
+power of two (contiguous: total_m / groups, the average; masked: the capacity), so that calls whose token counts
+change step to step share one request and one compiled kernel; the exact row count sizes the grid only. Scales are
+the DeepSeek-V3 recipe's blocks (1 x 128 groups of a's rows, 128 x 128 blocks of each group's b).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from rtckern.arch import Arch
+from rtckern.spec import KernelSpec
+
+from .. import _common_grouped as shared
+from .geometry import SMEM_LIMIT, Fp8Problem, Sm90Fp8Config, sm90_spec
+
+OP = "grouped_gemm_fp8"
+GROUPED_SMEM_LIMIT = SMEM_LIMIT - 1024  # less the barriers' static shared memory
+
+
+@dataclass(frozen=True)
+class GroupedFp8Problem:
+    """One grouped fp8 GEMM call as far as kernel choice and compilation go. rows: rows per group as a power of two
+    (_common_grouped.rows_class); aligned: a's and b's bases 16-byte aligned, row and group strides multiples of 16
+    bytes."""
+
+    mode: str
+    groups: int
+    rows: int
+    n: int
+    k: int
+    out_dtype: str = "bf16"
+    aligned: bool = True
+    dtype: str = "fp8_e4m3"
+
+    def dense(self) -> Fp8Problem:
+        """The block-scaled GEMM whose kernel this one compiles with the grouped define (no bias)."""
+        return Fp8Problem(m=self.rows, n=self.n, k=self.k, scale="block", out_dtype=self.out_dtype,
+                          aligned=self.aligned, dtype=self.dtype)
+
+
+def smem_bytes(cfg: Sm90Fp8Config, groups: int) -> int:
+    return cfg.smem_bytes + shared.prefix_bytes(groups)
+
+
+def config(p: GroupedFp8Problem) -> Sm90Fp8Config:
+    """gemm_fp8's rule by rows per group: 64-row tiles with one consumer up to 64 rows (decode-sized groups; a
+    128-row tile would be mostly padding), 128 x 128 with two consumers above."""
+    if p.rows <= 64:
+        return Sm90Fp8Config(64, 128, 8, 1)
+    return Sm90Fp8Config(128, 128, 6, 2)
+
+
+def invalid(p: GroupedFp8Problem, cfg: Sm90Fp8Config) -> str | None:
+    """Why cfg cannot serve p (None when it can)."""
+    if p.mode not in shared.MODES:
+        return f"mode {p.mode!r}: supported {', '.join(shared.MODES)}"
+    if not 1 <= p.groups <= shared.MAX_GROUPS:
+        return f"{p.groups} groups: supported 1 to {shared.MAX_GROUPS} (the tile prefix lives in shared memory)"
+    why = cfg.invalid(p.dense())
+    if why:
+        return why
+    if smem_bytes(cfg, p.groups) > GROUPED_SMEM_LIMIT:
+        return (f"{cfg.smem_bytes} bytes of ring and {shared.prefix_bytes(p.groups)} of tile prefix exceed the "
+                f"{GROUPED_SMEM_LIMIT} bytes of shared memory a block may have")
+    return None
+
+
+def spec(p: GroupedFp8Problem, cfg: Sm90Fp8Config, arch: Arch) -> KernelSpec:
+    return dataclasses.replace(sm90_spec(p.dense(), cfg, arch),
+                               defines=(("RTK_GEMM_GROUPED", str(shared.MODE_IDS[p.mode])),), op=OP)

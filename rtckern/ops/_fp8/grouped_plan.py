@@ -1,0 +1,92 @@
+"""The hot path of grouped_gemm_fp8 / grouped_gemm_fp8_masked: one call signature, decided once. `Plan` holds the
+output's shape and dtype and the prepared launch (`GroupedLaunch`: tensor maps by address, every scalar fixed); a
+repeated call allocates the output, reads the current stream and launches. `plans` is the memo (grouped.py keys it by
+everything the checks read). The group index is passed by address: its values never reach the host.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from rtckern.caches import PlanCache
+from rtckern.dtypes import torch_dtype
+from rtckern.runtime import arrays as arr
+from rtckern.runtime.streams import torch_stream
+
+from .. import _common_grouped as shared
+from . import grouped_geometry as gg
+from .geometry import Sm90Fp8Config
+from .launch import MapCache, Prepared
+
+plans = PlanCache("grouped_gemm_fp8.call_plans")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One call's exact rows (contiguous: total_m; masked: the capacity) and element strides: a's rows and groups
+    (masked), b's rows and groups, the output's groups (masked; else 0), and the scales' (row, K block, group)
+    strides (a_scale's group stride 0 in contiguous mode: its rows are a's)."""
+
+    rows: int
+    lda: int
+    stride_a: int
+    ldb: int
+    stride_b: int
+    stride_c: int
+    sa: tuple[int, int, int]
+    sb: tuple[int, int, int]
+
+
+class GroupedLaunch:
+    """gemm_fp8_wgmma_sm90 with RTK_GEMM_GROUPED for one (problem, config, layout):
+    run(a, b, c, a_scale, b_scale, groups, stream)."""
+
+    __slots__ = ("_main", "_maps")
+
+    def __init__(self, kernel, p: gg.GroupedFp8Problem, cfg: Sm90Fp8Config, lay: Layout, sm_count: int):
+        masked = p.mode == "masked"
+        self._maps = (MapCache((p.k, lay.rows), lay.lda, (128, cfg.bm), p.groups if masked else 1, lay.stride_a),
+                      MapCache((p.k, p.n), lay.ldb, (128, cfg.bn), p.groups, lay.stride_b))
+        (sa_row, sa_kb, sa_batch), (sb_row, sb_kb, sb_batch) = lay.sa, lay.sb
+        # m, n, k, ldc, sa_row, sa_kb, sb_row, sb_kb, group_m, then batch (groups), stride_c, sa_batch, sb_batch
+        scalars = (lay.rows, p.n, p.k, p.n, sa_row, sa_kb, sb_row, sb_kb, cfg.group_m, p.groups, lay.stride_c,
+                   sa_batch, sb_batch)
+        grid = shared.persistent_grid(p.mode, p.groups, lay.rows, p.n, cfg.bm, cfg.bn, sm_count)
+        self._main = Prepared(kernel, (grid, 1, 1), (cfg.threads, 1, 1), gg.smem_bytes(cfg, p.groups),
+                              [("map", bytes(128)), ("map", bytes(128))] + [("u64", 0)] * 5
+                              + [("i64", v) for v in scalars])
+
+    def run(self, a: int, b: int, c: int, sa: int, sb: int, groups: int, stream: int) -> None:
+        ma, mb = self._maps
+        self._main.run((ma.get(a), mb.get(b), c, sa, sb, 0, groups), stream)
+
+
+class Plan:
+    """What a call of one signature does: allocate the output (like a's library), launch on the library's current
+    stream. `launch` is None when there is nothing to compute (no rows, columns or groups)."""
+
+    __slots__ = ("settings", "out_shape", "out_dtype", "ordinal", "launch", "candidate", "_torch", "_tdtype",
+                 "_tdevice")
+
+    def __init__(self, settings: Any, like: arr.DeviceArray, out_shape: tuple, out_dtype: str, launch,
+                 candidate: str = ""):
+        self.settings, self.out_shape, self.out_dtype = settings, tuple(out_shape), out_dtype
+        self.ordinal, self.launch, self.candidate = like.device, launch, candidate
+        self._torch = self._tdtype = self._tdevice = None
+        if like.lib == "torch":
+            self._torch = sys.modules["torch"]
+            self._tdtype = torch_dtype(out_dtype)
+            self._tdevice = like.obj.device
+
+    def run_torch(self, a: int, b: int, sa: int, sb: int, groups: int):
+        out = self._torch.empty(self.out_shape, dtype=self._tdtype, device=self._tdevice)
+        if self.launch is not None:
+            self.launch.run(a, b, out.data_ptr(), sa, sb, groups, torch_stream(self.ordinal))
+        return out
+
+    def run_mats(self, A, B, SA, SB, I):
+        out, c = arr.empty(A, self.out_shape, self.out_dtype)
+        if self.launch is not None:
+            self.launch.run(A.ptr, B.ptr, c, SA.ptr, SB.ptr, I.ptr, arr.current_stream(A))
+        return out
