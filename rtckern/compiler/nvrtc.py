@@ -13,7 +13,9 @@ from ..config import settings
 from ..errors import ArchError, CompileError, RtckernError
 from ..sources import kernel_sources_dir
 from ..spec import KernelSpec, KeyInputs
+from . import nvrtc_facts, toolkit
 from .base import CompiledKernel, Compiler
+from .nvrtc_facts import NvrtcFacts
 
 # Every compile gets these; they are part of the compiler identity (so of every key).
 BASE_OPTIONS = ("-std=c++17", "--device-as-default-execution-space", "-DRTK_NVRTC=1")
@@ -31,17 +33,21 @@ def _check(result, what: str):
 
 @functools.lru_cache(maxsize=1)
 def cuda_include_dir() -> Path:
-    """CUDA headers (cuda_fp16.h, ...): the nvidia-cuda-runtime wheel via cuda-pathfinder, else CUDA_HOME."""
+    """CUDA headers (cuda_fp16.h, ...): the nvidia-cuda-runtime wheel (found as cuda-pathfinder finds it, without
+    importing it: toolkit.wheel_headers), else cuda-pathfinder's answer, else CUDA_HOME."""
     tried = []
-    try:
-        from cuda import pathfinder
+    found = toolkit.wheel_headers()
+    if found is None:
+        try:
+            from cuda import pathfinder
 
-        found = pathfinder.find_nvidia_header_directory("cudart")
-        if found and (Path(found) / "cuda_fp16.h").is_file():
-            return Path(found)
+            found = pathfinder.find_nvidia_header_directory("cudart")
+        except Exception as e:  # pathfinder missing or failing: fall back
+            tried.append(f"cuda-pathfinder: {e}")
+    if found and (Path(found) / "cuda_fp16.h").is_file():
+        return Path(found)
+    if not tried:
         tried.append(f"cuda-pathfinder: {found}")
-    except Exception as e:  # pathfinder missing or failing: fall back
-        tried.append(f"cuda-pathfinder: {e}")
     home = settings().cuda_home
     if home is not None:
         for cand in (home / "include", home / "targets" / "x86_64-linux" / "include"):
@@ -73,21 +79,70 @@ class NvrtcCompiler(Compiler):
     vendor = "nvidia"
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._identity: str | None = None
+        self._facts: NvrtcFacts | None = None  # version and supported archs, from a memo or the library
+        self._library: Path | None = None  # the wheel's libnvrtc the facts are of; None: pathfinder's choice
+        self._checked = False  # the loaded library said what the facts say
 
-    @functools.lru_cache(maxsize=1)
     def version(self) -> tuple[int, int]:
-        from cuda.bindings import nvrtc
+        return self._known().version
 
-        major, minor = _check(nvrtc.nvrtcVersion(), "version")
-        return int(major), int(minor)
-
-    @functools.lru_cache(maxsize=1)
     def supported_archs(self) -> tuple[int, ...]:
+        return self._known().archs
+
+    def _known(self) -> NvrtcFacts:
+        """The facts of the NVRTC this process compiles with: remembered for its library file (nvrtc_facts),
+        else read from the library, once per process."""
+        f = self._facts
+        if f is None:
+            with self._lock:
+                if self._facts is None:
+                    self._library = toolkit.wheel_nvrtc()
+                    known = nvrtc_facts.recall(self._library) if self._library is not None else None
+                    self._facts = known or self._read_facts()
+                f = self._facts
+        return f
+
+    def _read_facts(self) -> NvrtcFacts:
+        """Load NVRTC, ask it, and remember its answer for its file when the file did not change meanwhile."""
+        lib = self._library
+        before = nvrtc_facts.file_identity(lib) if lib is not None else None
+        facts = self._ask_library()
+        self._checked = True
+        if lib is not None and nvrtc_facts.file_identity(lib) == before:
+            nvrtc_facts.remember(before, facts)
+        return facts
+
+    def _ask_library(self) -> NvrtcFacts:
         from cuda.bindings import nvrtc
 
-        return tuple(int(a) for a in _check(nvrtc.nvrtcGetSupportedArchs(), "supported archs"))
+        if self._library is not None:
+            toolkit.preload_nvrtc(self._library)  # so cuda.bindings uses this very file (see nvrtc_facts)
+        major, minor = _check(nvrtc.nvrtcVersion(), "version")
+        archs = _check(nvrtc.nvrtcGetSupportedArchs(), "supported archs")
+        return NvrtcFacts((int(major), int(minor)), tuple(int(a) for a in archs))
+
+    def _ensure_loaded(self) -> None:
+        """Before the first compile: NVRTC loaded from the file whose facts made this process's keys, and saying
+        those facts. Remembered facts that the library contradicts (the file changed after they were read) are
+        forgotten, and the compile refused: its binary would be stored under a key naming another NVRTC."""
+        if self._checked:
+            return
+        with self._lock:
+            known = self._known()
+            if self._checked:
+                return
+            real = self._ask_library()
+            if real != known:
+                if self._library is not None:
+                    nvrtc_facts.forget(self._library)
+                raise RtckernError(
+                    f"NVRTC at {self._library or 'the path cuda-pathfinder chose'} says version "
+                    f"{real.version[0]}.{real.version[1]} (archs {list(real.archs)}), but this process computed "
+                    f"its cache keys for {known.version[0]}.{known.version[1]} (archs {list(known.archs)}): the "
+                    "library changed while the process ran. Restart the process.")
+            self._checked = True
 
     def identity(self) -> str:
         if self._identity is None:
@@ -113,6 +168,7 @@ class NvrtcCompiler(Compiler):
         arch = spec.arch
         if arch.gfx:
             raise ArchError(f"NVRTC cannot compile for AMD target {arch.gfx}; that needs hiprtc")
+        self._ensure_loaded()
         supported = self.supported_archs()
         if arch.number not in supported:
             raise ArchError(nvrtc_unsupported_message(arch, supported, self.version()))
