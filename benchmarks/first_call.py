@@ -10,13 +10,15 @@ CPU (no GPU):            python -m benchmarks first_call --cpu [--profile OP]
     Two measurements per op, each in a fresh process on a warm cache dir:
     - `select`: what `rtckern explain` / prefill do for a described device (DeviceInfo.for_arch("sm_90",
       sm_count=132)): build the request, registry selection with compile-only probes (keys, persisted decisions,
-      tuning tables). The compiler (NVRTC) is loaded by the first op of a process: `nvrtc ms` is that load, timed
-      before the call, so `select ms` is what each op costs on top of it.
+      tuning tables). The compiler's facts (version, archs: remembered per NVRTC library file, else read from the
+      loaded NVRTC) are asked first: `nvrtc ms`, timed before the call, so `select ms` is what each op costs on
+      top of it.
     - `call`: the real op call (array checks, plan, registry with its real probe, keys, disk tier, tuning tables,
-      launch geometry) with torch and the driver stubbed as in benchmarks/op_overhead.py --stub: loading a kernel on
-      the device is the only step left out (the binary still comes from the disk tier). `imports ms` is the
-      third-party runtime modules the first call would import (cuda.core, cuda.bindings.nvrtc), timed before the
-      call so that `call ms` is rtckern's own first-call work.
+      device facts, loading, launch geometry, prepared launch) with torch and the CUDA driver faked
+      (benchmarks/_cpu_stubs.py): everything but the GPU's own work, in a process that has imported what torch
+      imports (cuda.bindings.driver). `call imported` names the heavy modules the first call imported itself
+      (cuda.core, cuda.pathfinder, cuda.bindings.nvrtc) and whether it loaded libnvrtc: none of them should be
+      needed on a warm cache.
 
 --cache-dir DIR uses (and warms) DIR instead of a fresh temporary one. --profile OP prints a cProfile of OP's first
 call (in the chosen mode) instead of the table (no result files).
@@ -135,19 +137,22 @@ def child_select(op: str, profile: bool) -> dict:
             "second_us": (t5 - t4) * 1e6, "chosen": sel.candidate.name}
 
 
-def child_call(op: str, profile: bool) -> dict:
-    from benchmarks.op_overhead import install_stubs
+# What a first call on a warm cache should not need: the modules (tens to hundreds of ms each) and NVRTC's library.
+HEAVY_MODULES = ("cuda.core", "cuda.pathfinder", "cuda.bindings.nvrtc")
 
+
+def child_call(op: str, profile: bool) -> dict:
+    from benchmarks._cpu_stubs import install_stubs
+
+    importlib.import_module("cuda.bindings.driver")  # imported by torch in a CUDA process
     t0 = time.perf_counter()
     install_stubs(stub_registry=False)
     import torch
 
     importlib.import_module("rtckern.ops")
     t1 = time.perf_counter()
-    importlib.import_module("cuda.bindings.nvrtc")
-    importlib.import_module("cuda.core")
-    t2 = time.perf_counter()
     fn, _ = call_case(op, torch, stub=True)
+    before = set(sys.modules)
     if profile:
         _profile(fn)
         return {}
@@ -159,8 +164,12 @@ def child_call(op: str, profile: bool) -> dict:
     t4 = time.perf_counter()
     fn()
     t5 = time.perf_counter()
-    return {"op": op, "import_ms": (t1 - t0) * 1e3, "imports_ms": (t2 - t1) * 1e3, "first_ms": (t4 - t3) * 1e3,
-            "second_us": (t5 - t4) * 1e6}
+    imported = [m for m in HEAVY_MODULES if m in sys.modules and m not in before]
+    with open("/proc/self/maps") as f:
+        if "libnvrtc" in f.read():
+            imported.append("libnvrtc")
+    return {"op": op, "import_ms": (t1 - t0) * 1e3, "first_ms": (t4 - t3) * 1e3, "second_us": (t5 - t4) * 1e6,
+            "imported": ", ".join(imported) or "-"}
 
 
 def child_gpu(op: str, who: str, profile: bool) -> dict:
@@ -334,13 +343,13 @@ def report(results: dict, gpu: bool, repeats: int) -> tuple:
     rows = []
     for op, r in results.items():
         s, c = r["select"], r["call"]
-        call = ((f(c.get("imports_ms")), f(c.get("first_ms")), f(c.get("second_us"), "{:.0f}"))
-                if "error" not in c else ("-", f"stub cannot run it ({c['error'][:60]})", "-"))
+        call = ((f(c.get("first_ms")), f(c.get("second_us"), "{:.0f}"), c.get("imported", "-"))
+                if "error" not in c else (f"stub cannot run it ({c['error'][:60]})", "-", "-"))
         rows.append((op, f(s["import_ms"]), f(s["nvrtc_ms"]), f(s["first_ms"]), f(s["second_us"], "{:.0f}"), *call,
                      s["chosen"]))
     return (f"CPU only (median of {repeats} processes per cell).",
             Table(("op", "import rtckern.ops ms", "select: nvrtc load ms", "select: first ms", "select: 2nd us",
-                   "call: runtime imports ms", "call: first ms", "call: 2nd us", "chosen"), rows))
+                   "call: first ms", "call: 2nd us", "call imported", "chosen"), rows))
 
 
 def child_main(argv: list[str]) -> None:

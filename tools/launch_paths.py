@@ -65,7 +65,7 @@ def main() -> int:
 
     arch = "sm_%d%d" % torch.cuda.get_device_capability(0)
     k = rtckern.get_manager().get(KernelSpec(source="touch.cu", name="touch", arch=arch, code=SRC))
-    core = k._k
+    core = k.core
     from cuda.core import LaunchConfig, launch
     from cuda.bindings import driver as d
 

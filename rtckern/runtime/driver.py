@@ -100,19 +100,32 @@ def _total_memory(d, dev) -> int:
         return 0
 
 
+_primary: dict[int, object] = {}  # ordinal -> its primary context, retained once for the process's lifetime
+
+
+def primary_context(ordinal: int):
+    """The device's primary context (the one torch and cuda.core use), retained on first use."""
+    c = _primary.get(ordinal)
+    if c is None:
+        ensure_init()
+        d = driver()
+        dev = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+        c = _primary.setdefault(ordinal, check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain"))
+    return c
+
+
 @contextlib.contextmanager
 def on_device(ordinal: int):
     """Make the device's primary context current for the block, then restore whatever was current
     (so torch's idea of the current device is left alone)."""
-    ensure_init()
     d = driver()
+    ctx = primary_context(ordinal)
     prev = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    from cuda.core import Device
-
-    dev = Device(ordinal)
-    dev.set_current()
+    switch = prev is None or int(prev) != int(ctx)
+    if switch:
+        check(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     try:
-        yield dev
+        yield ctx
     finally:
-        if prev is not None and int(prev) != 0:
+        if switch and prev is not None and int(prev) != 0:
             check(d.cuCtxSetCurrent(prev), "cuCtxSetCurrent")

@@ -1,14 +1,24 @@
-"""``Kernel``: a compiled kernel loaded on one device, with attributes, occupancy and (cooperative) launch."""
+"""``Kernel``: a compiled kernel loaded on one device, with attributes, occupancy and (cooperative) launch.
+
+Loading, attributes, occupancy and launches go through the driver API (cuda.bindings.driver, which torch has
+imported already) and the native launcher (runtime/native.py). cuda.core, whose import costs ~150 ms on a GPU host
+(more than the rest of an op's first call), is imported only for what needs it: `Kernel.core`, cooperative and
+cluster launches, launch arguments without a native kind, and every launch where the native launcher is
+unavailable.
+"""
 
 from __future__ import annotations
 
 import threading
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..device import DeviceInfo
 from ..errors import LaunchError, LoadError
-from .driver import DriverError, check, driver, on_device
 from .arrays import SCALAR_TYPES, convert_args
+from .driver import DriverError, check, driver, on_device, primary_context
+from .library import Library
 from .streams import core_stream, stream_handle
 
 _SMEM_DEFAULT_LIMIT = 48 * 1024
@@ -27,9 +37,52 @@ _primary_ctx: dict[int, int] = {}
 def _ctx_of(ordinal: int) -> int:
     c = _primary_ctx.get(ordinal)
     if c is None:
-        with on_device(ordinal):
-            c = _primary_ctx[ordinal] = int(check(driver().cuCtxGetCurrent(), "cuCtxGetCurrent"))
+        c = _primary_ctx[ordinal] = int(primary_context(ordinal))
     return c
+
+
+# The native launcher's kind of each launch argument type whose packing it shares with cuda.core's launch (ints as
+# intptr_t, floats as double, numpy scalars at their width); other types (bool, 8/16-bit ints) go through cuda.core.
+NATIVE_KINDS = {int: "q", float: "d", np.float32: "f", np.float64: "d", np.int32: "i", np.uint32: "I", np.int64: "q",
+                np.uint64: "P"}
+
+
+def native_kinds(args) -> str | None:
+    """The native launcher's kinds string for these arguments, or None where one has no native kind."""
+    kinds = ""
+    for a in args:
+        k = NATIVE_KINDS.get(type(a))
+        if k is None:
+            return None
+        kinds += k
+    return kinds
+
+
+class LaunchShape:
+    """A checked launch geometry (grid in blocks, block, dynamic shared memory, cooperative, cluster), with the
+    launches made for it: the native launcher's per kinds string, and cuda.core's config, both built on first use."""
+
+    __slots__ = ("grid", "block", "shared_mem", "cooperative", "cluster", "native", "_core")
+
+    def __init__(self, grid, block, shared_mem: int, cooperative: bool, cluster):
+        self.grid, self.block, self.shared_mem = grid, block, shared_mem
+        self.cooperative, self.cluster = cooperative, cluster
+        self.native: dict[str, Any] = {}  # kinds -> a prepared native launch
+        self._core = None
+
+    def core(self):
+        """cuda.core's LaunchConfig (which counts the grid in clusters when a cluster is given)."""
+        if self._core is None:
+            from cuda.core import LaunchConfig
+
+            kw = {}
+            g = self.grid
+            if self.cluster is not None:
+                g = tuple(gd // cd for gd, cd in zip(g, self.cluster))
+                kw["cluster"] = self.cluster
+            self._core = LaunchConfig(grid=g, block=self.block, shmem_size=self.shared_mem,
+                                      is_cooperative=self.cooperative, **kw)
+        return self._core
 
 
 def _dim3(v) -> tuple[int, int, int]:
@@ -67,44 +120,43 @@ def check_geometry(kernel, g: tuple[int, int, int], b: tuple[int, int, int], sha
 
 
 def load_kernel(binary: bytes, kind: str, lowered_name: str, device: DeviceInfo, label: str = "") -> "Kernel":
-    """Load ``binary`` on ``device`` and look up ``lowered_name``. Raises LoadError (with ``refused=True`` when
-    the driver rejects the image itself)."""
-    from cuda.core import ObjectCode
-
+    """Load ``binary`` (a cubin or PTX image: ``kind``) on ``device`` and look up ``lowered_name``. Raises
+    LoadError (with ``refused=True`` when the driver rejects the image itself)."""
     try:
+        lib = Library(binary)
+        handle = lib.kernel(lowered_name)
         with on_device(device.ordinal):
-            oc = ObjectCode.from_cubin(binary, name=label) if kind == "cubin" else ObjectCode.from_ptx(binary, name=label)
-            k = oc.get_kernel(lowered_name)
-            k.attributes.num_regs  # forces the load now, so a bad image fails here and not at launch
-    except Exception as e:  # cuda.core raises its own CUDAError types; classify by the driver error name
+            # the kernel in the device's context: loads it there now, so a bad image fails here and not at launch
+            fn = check(driver().cuKernelGetFunction(handle), "cuKernelGetFunction")
+    except Exception as e:  # DriverError names the driver's error; classify by that name
         text = str(e)
         refused = any(name in text for name in REFUSED_IMAGE_ERRORS)
         err = LoadError(f"cannot load {label or lowered_name} on {device.describe()}: {text}")
         err.refused = refused
         raise err from e
-    return Kernel(k, oc, device, label or lowered_name)
+    return Kernel(handle, fn, lib, device, label or lowered_name)
 
 
 class Kernel:
-    """A kernel on one device. ``launch`` is the hot path: a dict lookup for the launch config and stream,
-    then cuda.core's launch."""
+    """A kernel on one device. ``prepare`` gives the hot paths a launch at one geometry; ``launch`` looks its
+    geometry up (a dict lookup) and launches through the native launcher, or cuda.core where it must."""
 
-    __slots__ = ("_k", "_module", "device", "label", "_configs", "_max_dyn_smem", "_non_portable_cluster", "_lock",
-                 "_default_stream", "_launch")
+    __slots__ = ("_handle", "_fn", "_library", "_core", "_attrs", "device", "label", "_configs", "_max_dyn_smem",
+                 "_non_portable_cluster", "_lock", "_default_stream")
 
-    def __init__(self, core_kernel, module, device: DeviceInfo, label: str):
-        from cuda.core import launch
-
-        self._k = core_kernel
-        self._module = module  # keeps the library loaded
+    def __init__(self, handle, function, library: Library, device: DeviceInfo, label: str):
+        self._handle = handle  # CUkernel: attributes, cuda.core's view
+        self._fn = function  # CUfunction in the device's primary context: launches, occupancy
+        self._library = library  # keeps the image loaded
+        self._core = None
+        self._attrs: dict[str, int] = {}
         self.device = device
         self.label = label
-        self._configs: dict[tuple, Any] = {}
+        self._configs: dict[tuple, LaunchShape] = {}
         self._max_dyn_smem = -1  # dynamic shared memory launches may use; -1: not looked up yet
         self._lock = threading.Lock()
         self._non_portable_cluster = False  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set
         self._default_stream = None
-        self._launch = launch
         _ctx_of(device.ordinal)
         _devices_in_use.add(device.ordinal)
 
@@ -114,32 +166,43 @@ class Kernel:
     # ---- attributes ----
     @property
     def core(self):
-        """The underlying cuda.core Kernel."""
-        return self._k
+        """The kernel as a cuda.core Kernel (valid while this Kernel lives: this one keeps the image loaded)."""
+        if self._core is None:
+            from cuda.core import Kernel as CoreKernel
 
-    def _attrs(self):
-        return self._k.attributes[self.device.ordinal]
+            self._core = CoreKernel.from_handle(int(self._handle))
+        return self._core
+
+    def _attr(self, name: str) -> int:
+        """A CU_FUNC_ATTRIBUTE_<name> of the kernel on its device (fixed once loaded: read once)."""
+        v = self._attrs.get(name)
+        if v is None:
+            d = driver()
+            attr = getattr(d.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
+            v = self._attrs[name] = int(check(d.cuKernelGetAttribute(attr, self._handle, self.device.ordinal),
+                                              f"cuKernelGetAttribute({name})"))
+        return v
 
     @property
     def num_regs(self) -> int:
-        return self._attrs().num_regs
+        return self._attr("NUM_REGS")
 
     @property
     def shared_size_bytes(self) -> int:
         """Static shared memory per block."""
-        return self._attrs().shared_size_bytes
+        return self._attr("SHARED_SIZE_BYTES")
 
     @property
     def local_size_bytes(self) -> int:
-        return self._attrs().local_size_bytes
+        return self._attr("LOCAL_SIZE_BYTES")
 
     @property
     def max_threads_per_block(self) -> int:
-        return self._attrs().max_threads_per_block
+        return self._attr("MAX_THREADS_PER_BLOCK")
 
     @property
     def binary_version(self) -> int:
-        return self._attrs().binary_version
+        return self._attr("BINARY_VERSION")
 
     def set_max_dynamic_shared_memory(self, nbytes: int) -> None:
         """Allow launches with up to ``nbytes`` of dynamic shared memory (needed above 48 KB). The limit only
@@ -159,7 +222,7 @@ class Kernel:
         with on_device(self.device.ordinal):
             check(d.cuKernelSetAttribute(
                 d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(value),
-                self._k.handle, self.device.ordinal), "cuKernelSetAttribute(max dynamic shared memory)")
+                self._handle, self.device.ordinal), "cuKernelSetAttribute(max dynamic shared memory)")
         self._max_dyn_smem = value
 
     def allow_non_portable_cluster_size(self) -> None:
@@ -174,7 +237,7 @@ class Kernel:
         with self._lock, on_device(self.device.ordinal):
             check(d.cuKernelSetAttribute(
                 d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1,
-                self._k.handle, self.device.ordinal), "cuKernelSetAttribute(non-portable cluster size allowed)")
+                self._handle, self.device.ordinal), "cuKernelSetAttribute(non-portable cluster size allowed)")
             self._non_portable_cluster = True
 
     def _ensure_dynamic_smem(self, nbytes: int) -> None:
@@ -191,31 +254,35 @@ class Kernel:
     # ---- occupancy ----
     def max_active_blocks_per_sm(self, block_size: int, dynamic_smem: int = 0) -> int:
         self._ensure_dynamic_smem(dynamic_smem)
+        d = driver()
         with on_device(self.device.ordinal):
-            return int(self._k.occupancy.max_active_blocks_per_multiprocessor(int(block_size), int(dynamic_smem)))
+            return int(check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, int(block_size),
+                                                                            int(dynamic_smem)),
+                             "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
 
     def max_potential_block_size(self, dynamic_smem: int = 0, block_size_limit: int = 0) -> tuple[int, int]:
         """(min grid size for full occupancy, block size) as the driver suggests."""
+        d = driver()
         with on_device(self.device.ordinal):
-            r = self._k.occupancy.max_potential_block_size(int(dynamic_smem), int(block_size_limit))
-        return int(r.min_grid_size), int(r.max_block_size)
+            grid, block = check(d.cuOccupancyMaxPotentialBlockSize(self._fn, None, int(dynamic_smem),
+                                                                   int(block_size_limit)),
+                                "cuOccupancyMaxPotentialBlockSize")
+        return int(grid), int(block)
 
     def max_cooperative_grid(self, block_size: int, dynamic_smem: int = 0) -> int:
         """The largest grid (in blocks) that can be co-resident, hence launched cooperatively."""
         return self.max_active_blocks_per_sm(block_size, dynamic_smem) * self.device.sm_count
 
     # ---- launch ----
-    def _config(self, grid, block, shared_mem: int, cooperative: bool, cluster=None):
+    def _config(self, grid, block, shared_mem: int, cooperative: bool, cluster=None) -> LaunchShape:
         key = (grid, block, shared_mem, cooperative, cluster)
         cfg = self._configs.get(key)
         if cfg is not None:
             return cfg
-        from cuda.core import LaunchConfig
-
         g, b = _dim3(grid), _dim3(block)
         check_geometry(self, g, b, shared_mem, cooperative, self._ensure_dynamic_smem,
                        limit=f"registers: {self.num_regs} per thread", unit="SM", smem="dynamic shared memory")
-        kw = {}
+        c = None
         if cluster is not None:
             c = _dim3(cluster)
             if self.device.arch.cc < (9, 0):
@@ -223,13 +290,24 @@ class Kernel:
                                   f"{self.device.describe()} has none. Launch without cluster=")
             if any(gd % cd for gd, cd in zip(g, c)):
                 raise LaunchError(f"{self.label}: grid {g} is not a multiple of cluster {c} in every dimension")
-            # cuda.core counts the grid in clusters when a cluster is given
-            g = tuple(gd // cd for gd, cd in zip(g, c))
-            kw["cluster"] = c
-        cfg = LaunchConfig(grid=g, block=b, shmem_size=int(shared_mem), is_cooperative=bool(cooperative), **kw)
+        same = (g, b, int(shared_mem), bool(cooperative), c)  # the geometry however it was spelled: one shape
         with self._lock:
-            self._configs[key] = cfg
+            cfg = self._configs.get(same) or LaunchShape(*same)
+            self._configs[key] = self._configs[same] = cfg
         return cfg
+
+    def _native_launch(self, cfg: LaunchShape, kinds: str):
+        """The native launcher's launch of this geometry for arguments of these kinds (None without it)."""
+        from . import native
+
+        mod = native.module()  # per call: RTCKERN_NATIVE_LAUNCH may change
+        if mod is None:
+            return None
+        go = cfg.native.get(kinds)
+        if go is None:
+            go = cfg.native[kinds] = mod.Prepared(int(self._fn), _primary_ctx[self.device.ordinal], cfg.grid,
+                                                   cfg.block, cfg.shared_mem, kinds, self.label)
+        return go
 
     def _launch_on_own_device(self, s, cfg, args) -> None:
         """Several devices are in use: launch in this kernel's device context whatever is current, so a tensor
@@ -237,12 +315,14 @@ class Kernel:
         d = driver()
         mine = _primary_ctx[self.device.ordinal]
         cur = d.cuCtxGetCurrent()[1]
+        from cuda.core import launch
+
         if cur is not None and int(cur) == mine:
-            self._launch(s, cfg, self._k, *args)
+            launch(s, cfg, self.core, *args)
             return
         check(d.cuCtxPushCurrent(d.CUcontext(mine)), "cuCtxPushCurrent")
         try:
-            self._launch(s, cfg, self._k, *args)
+            launch(s, cfg, self.core, *args)
         finally:
             d.cuCtxPopCurrent()
 
@@ -277,7 +357,7 @@ class Kernel:
         if pushed:
             check(d.cuCtxPushCurrent(d.CUcontext(mine)), "cuCtxPushCurrent")
         try:
-            err, = d.cuLaunchKernel(self._k.handle, g[0], g[1], g[2], b[0], b[1], b[2], int(shared_mem),
+            err, = d.cuLaunchKernel(self._fn, g[0], g[1], g[2], b[0], b[1], b[2], int(shared_mem),
                                     d.CUstream(h), ctypes.addressof(ptrs), 0)
         finally:
             if pushed:
@@ -292,16 +372,11 @@ class Kernel:
         'd' float64, 'M' a 128-byte tensor map as bytes). Through the native launcher (rtckern.runtime.native)
         where it is available, a call costs the driver's launch and little else; otherwise through cuda.core.
         Either way it runs in this kernel's device context whatever context is current."""
-        from . import native
-
         g, b = _dim3(grid), _dim3(block)
-        self._config(g, b, int(shared_mem), False, None)  # checks the geometry, opts in to the shared memory
-        mod = native.module()
-        if mod is not None:
-            # the context's CUfunction, not the library's CUkernel: the driver launches it ~1 us faster
-            with on_device(self.device.ordinal):
-                fn = check(driver().cuKernelGetFunction(self._k.handle), "cuKernelGetFunction")
-            return mod.Prepared(int(fn), _primary_ctx[self.device.ordinal], g, b, int(shared_mem), kinds, self.label)
+        cfg = self._config(g, b, int(shared_mem), False, None)  # checks the geometry, opts in to the shared memory
+        go = self._native_launch(cfg, kinds)
+        if go is not None:
+            return go
         return _fallback_launch(self, g, b, kinds, int(shared_mem))
 
     def launch(self, grid, block, args: Sequence[Any] = (), shared_mem: int = 0, stream=None,
@@ -322,6 +397,19 @@ class Kernel:
                 if stream is None:
                     stream = implied
                 break
+        if not cooperative and cluster is None:
+            kinds = native_kinds(args)
+            go = None if kinds is None else self._native_launch(cfg, kinds)
+            if go is not None:  # in this kernel's context whatever is current, as _launch_on_own_device
+                go(0 if stream is None else stream_handle(stream), *args)
+                return
+        self._launch_core(cfg, args, stream)
+
+    def _launch_core(self, cfg: LaunchShape, args, stream) -> None:
+        """The launch through cuda.core: cooperative and cluster launches, arguments without a native kind, or no
+        native launcher."""
+        from cuda.core import launch
+
         if stream is None:
             s = self._default_stream
             if s is None:
@@ -330,21 +418,19 @@ class Kernel:
             s = core_stream(stream)
         try:
             if len(_devices_in_use) > 1:
-                self._launch_on_own_device(s, cfg, args)
+                self._launch_on_own_device(s, cfg.core(), args)
             else:
-                self._launch(s, cfg, self._k, *args)
+                launch(s, cfg.core(), self.core, *args)
         except DriverError:
             raise
         except Exception as e:
-            raise LaunchError(f"launch of {self.label} failed (grid {grid}, block {block}, shared memory "
-                              f"{shared_mem}, {len(args)} args): {e}") from e
+            raise LaunchError(f"launch of {self.label} failed (grid {cfg.grid}, block {cfg.block}, shared memory "
+                              f"{cfg.shared_mem}, {len(args)} args): {e}") from e
 
 
 def _fallback_launch(kernel: Kernel, grid, block, kinds: str, shared_mem: int):
     """Kernel.prepare without the native launcher: the same call through cuda.core (or, for tensor maps, the
     driver's cuLaunchKernel with a packed parameter block)."""
-    import numpy as np
-
     if "M" in kinds:
         names = {"P": "u64", "q": "i64", "f": "f32", "M": "map"}
         if any(k not in names for k in kinds):

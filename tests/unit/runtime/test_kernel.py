@@ -1,7 +1,11 @@
 """rtckern.runtime.kernel.Kernel paths that need no GPU (the rest runs in tests/gpu/test_runtime_gpu.py)."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +28,154 @@ def test_non_portable_cluster_opt_in_needs_sm90():
     with pytest.raises(LaunchError, match="thread-block clusters need sm_90 or newer"):
         _bare_kernel("sm_80").allow_non_portable_cluster_size()
 
+
+
+# ---- loading and launching through the driver, on a fake one ------------------------------------------------------
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fake_cuda  # noqa: E402
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return fake_cuda.install(monkeypatch)
+
+
+def _load(fake, ordinal=0):
+    from rtckern.runtime.kernel import load_kernel
+
+    dev = DeviceInfo.for_arch("sm_90", ordinal=ordinal, name="NVIDIA H200")
+    return load_kernel(b"\x7fELF image", "cubin", "_Z4axpyPfS_fi", dev, "axpy<float>")
+
+
+def test_load_in_the_device_context_then_back(fake):
+    fake.current = 0xAA  # another context is current (torch's, on another device)
+    k = _load(fake)
+    assert ("cuLibraryLoadData", b"\x7fELF image") in fake.calls
+    assert ("cuLibraryGetKernel", 0x1000, b"_Z4axpyPfS_fi") in fake.calls
+    assert ("cuKernelGetFunction", 0x2000, fake_cuda.PRIMARY) in fake.calls  # in the device's primary context
+    assert fake.current == 0xAA  # and the caller's context is current again
+    assert repr(k).startswith("<rtckern.Kernel axpy<float> on")
+
+
+def test_attributes_are_read_once(fake):
+    k = _load(fake)
+    assert (k.num_regs, k.shared_size_bytes, k.max_threads_per_block, k.binary_version) == (40, 1024, 1024, 90)
+    n = fake.names().count("cuKernelGetAttribute")
+    assert k.num_regs == 40 and fake.names().count("cuKernelGetAttribute") == n == 4
+
+
+def test_occupancy_in_the_device_context(fake):
+    k = _load(fake)
+    assert k.max_active_blocks_per_sm(256) == 3 and k.max_cooperative_grid(256) == 3 * k.device.sm_count
+    assert fake.calls[-1] == ("cuOccupancyMaxActiveBlocksPerMultiprocessor", 0x3000, 256, 0, fake_cuda.PRIMARY)
+    assert k.max_potential_block_size(128, 512) == (264, 512)
+
+
+def test_refused_image_is_a_load_error_saying_so(fake):
+    from rtckern.errors import LoadError
+
+    fake.fail["cuLibraryLoadData"] = 200
+    with pytest.raises(LoadError, match="cannot load axpy<float> on .*CUDA_ERROR_INVALID_IMAGE") as ei:
+        _load(fake)
+    assert ei.value.refused
+
+
+class _FakeNative:
+    """The native launcher's module: Prepared records how it was made and called."""
+
+    def __init__(self):
+        self.made, self.calls = [], []
+        outer = self
+
+        class Prepared:
+            def __init__(self, *args):
+                outer.made.append(args)
+
+            def __call__(self, *args):
+                outer.calls.append(args)
+        self.Prepared = Prepared
+
+
+@pytest.fixture
+def native_mod(monkeypatch):
+    from rtckern.runtime import native
+
+    mod = _FakeNative()
+    monkeypatch.setattr(native, "module", lambda: mod)
+    return mod
+
+
+def test_launch_goes_through_the_native_launcher(fake, native_mod, monkeypatch):
+    import numpy as np
+
+    k = _load(fake)
+    monkeypatch.setattr(type(k), "_launch_core", lambda *a: pytest.fail("launched through cuda.core"))
+    args = (0x7000, np.float32(0.5), 2.5, np.int32(-3), np.uint32(7), np.int64(9), np.uint64(11), np.float64(1.0))
+    k.launch(4, 128, args, stream=5)
+    k.launch(4, 128, args, stream=5)
+    assert native_mod.made == [(0x3000, fake_cuda.PRIMARY, (4, 1, 1), (128, 1, 1), 0, "qfdiIqPd", "axpy<float>")]
+    assert native_mod.calls == [(5, *args)] * 2
+    assert k.prepare(4, 128, "qfdiIqPd") is not None and len(native_mod.made) == 1  # the same prepared launch
+
+
+@pytest.mark.parametrize("case", ["bool argument", "cooperative", "cluster", "no native launcher"])
+def test_what_the_native_launcher_cannot_do_goes_through_cuda_core(fake, native_mod, monkeypatch, case):
+    from rtckern.runtime import native
+
+    k = _load(fake)
+    core = []
+    monkeypatch.setattr(type(k), "_launch_core", lambda self, cfg, args, stream: core.append((cfg, args)))
+    kw, args = {}, (1, 2)
+    if case == "bool argument":
+        args = (1, True)
+    elif case == "cooperative":
+        kw["cooperative"] = True
+    elif case == "cluster":
+        kw["cluster"] = 2
+    else:
+        monkeypatch.setattr(native, "module", lambda: None)
+    k.launch(4, 128, args, **kw)
+    assert len(core) == 1 and core[0][1] == args and not native_mod.calls
+
+
+def test_on_device_leaves_the_current_context_alone_when_it_is_the_device(fake):
+    from rtckern.runtime.driver import on_device
+
+    fake.current = fake_cuda.PRIMARY
+    with on_device(0):
+        pass
+    assert "cuCtxSetCurrent" not in fake.names()
+    fake.current = 0  # none current: the device's stays current (as cuda.core's set_current left it)
+    with on_device(0):
+        assert fake.current == fake_cuda.PRIMARY
+    assert fake.current == fake_cuda.PRIMARY
+
+
+def test_loading_and_launching_import_no_cuda_core():
+    """The first-call path (load, attributes, occupancy, prepared and plain launches) stays off cuda.core, whose
+    import costs more than the rest of a first call."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+        import pytest
+        import fake_cuda
+        from rtckern.device import DeviceInfo
+        from rtckern.runtime import native
+        from rtckern.runtime.kernel import load_kernel
+
+        class Native:
+            class Prepared:
+                def __init__(self, *a): pass
+                def __call__(self, *a): pass
+        mp = pytest.MonkeyPatch()
+        fake_cuda.install(mp)
+        native.module = lambda: Native
+        k = load_kernel(b"x", "cubin", "k", DeviceInfo.for_arch("sm_90", ordinal=0), "k")
+        k.num_regs, k.max_active_blocks_per_sm(128, 0), k.max_potential_block_size()
+        k.prepare(8, 128, "PPfq", 1024)(0, 1, 2, 0.5, 4)
+        k.launch(8, 128, (1, 2, 3))
+        print(sorted(m for m in sys.modules if m.startswith("cuda.core")))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
