@@ -18,7 +18,6 @@ import dataclasses
 import math
 import os
 import re
-import shlex
 import tempfile
 import threading
 import warnings
@@ -61,6 +60,8 @@ def _bool(name: str, value: str | None, default: bool) -> bool:
 def _command(name: str, value: str | None) -> tuple[str, ...] | None:
     if _unset(value):
         return None
+    import shlex
+
     try:
         return tuple(shlex.split(value))
     except ValueError as e:
@@ -556,6 +557,8 @@ def _shown(value: Any) -> str:
     if isinstance(value, (tuple, list)) and all(isinstance(v, Path) for v in value):
         return os.pathsep.join(map(str, value))
     if isinstance(value, (tuple, list)):
+        import shlex
+
         return shlex.join(value)
     if isinstance(value, frozenset):
         return ",".join(sorted(value))

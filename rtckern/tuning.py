@@ -59,8 +59,8 @@ import dataclasses
 import datetime
 import json
 import math
+import importlib
 import re
-import statistics
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -506,6 +506,7 @@ class Tuner:
 
 
 _tuners: dict[str, Tuner] = {}
+_deferred: list[tuple[str, str]] = []  # (module, function) that registers tuners: called when tuners are asked for
 
 
 def register_tuner(tuner: Tuner, *, replace: bool = False) -> Tuner:
@@ -517,28 +518,45 @@ def register_tuner(tuner: Tuner, *, replace: bool = False) -> Tuner:
     return tuner
 
 
+def defer_tuners(module: str, function: str = "register_tuners") -> None:
+    """Tuners that ``module.function()`` registers, registered when tuners are first asked for (`rtckern tune`,
+    completion, get_tuner): an op family declares its tuners at import without importing the tuner code, which no
+    op call needs."""
+    if (module, function) not in _deferred:
+        _deferred.append((module, function))
+
+
+def _registered() -> dict[str, Tuner]:
+    while _deferred:
+        module, function = _deferred.pop(0)
+        getattr(importlib.import_module(module), function)()
+    return _tuners
+
+
 def get_tuner(op: str) -> Tuner:
+    tuners = _registered()
     try:
-        return _tuners[op]
+        return tuners[op]
     except KeyError:
-        raise KeyError(f"op {op!r} has no tuner; ops with one: {sorted(_tuners) or '(none: import rtckern.ops)'}"
+        raise KeyError(f"op {op!r} has no tuner; ops with one: {sorted(tuners) or '(none: import rtckern.ops)'}"
                        ) from None
 
 
 def tuner_ops() -> list[str]:
-    return sorted(_tuners)
+    return sorted(_registered())
 
 
 def tuners_for(op: str) -> list[Tuner]:
     """The tuners that time requests of ``op``, by name."""
-    return sorted((t for t in _tuners.values() if op in t.ops()), key=lambda t: t.op)
+    return sorted((t for t in _registered().values() if op in t.ops()), key=lambda t: t.op)
 
 
 def resolve_tuner(name: str) -> tuple[Tuner, str]:
     """(tuner, the op of the requests it times) for `rtckern tune NAME`: NAME is a tuner (its table's name) or an
     op that exactly one tuner times. KeyError naming what exists otherwise."""
-    if name in _tuners:
-        return _tuners[name], _tuners[name].ops()[0]
+    tuners = _registered()
+    if name in tuners:
+        return tuners[name], tuners[name].ops()[0]
     found = tuners_for(name)
     if len(found) == 1:
         return found[0], name
@@ -547,7 +565,7 @@ def resolve_tuner(name: str) -> tuple[Tuner, str]:
         raise KeyError(f"op {name!r} is timed by {len(found)} tuners, each writing its own table: {names}; name "
                        f"one, e.g. `rtckern tune {found[0].op} ...`")
     by_op: dict[str, list[str]] = {}
-    for t in _tuners.values():
+    for t in tuners.values():
         for op in t.ops():
             by_op.setdefault(op, []).append(t.op)
     listing = "; ".join(f"{op} ({', '.join(sorted(ts))})" for op, ts in sorted(by_op.items())) or \
@@ -586,6 +604,8 @@ def time_launches(launch: Callable[[int], None], ordinal: int, *, warmup: int = 
             d.cuEventDestroy(start)
             d.cuEventDestroy(end)
             d.cuStreamDestroy(stream)
+    import statistics
+
     return statistics.median(samples) / 1e3
 
 
@@ -618,6 +638,8 @@ def time_graphed(device, run, check=None, *, reps: int = 10, replays: int = 5) -
             e1.record()
             e1.synchronize()
             times.append(e0.elapsed_time(e1) / 1e3 / reps)
+    import statistics
+
     return statistics.median(times)
 
 

@@ -64,10 +64,12 @@ def driver_version() -> tuple[int, int]:
 def device_attributes(ordinal: int) -> dict:
     ensure_init()
     d = driver()
-    n = count_devices()
-    if not 0 <= ordinal < n:
-        raise RtckernError(f"device {ordinal} does not exist; {n} device(s) are visible (0..{n - 1})")
-    dev = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+    err, dev = d.cuDeviceGet(ordinal)
+    if err != d.CUresult.CUDA_SUCCESS:  # the device count only to say what exists
+        n = count_devices()
+        if not 0 <= ordinal < n:
+            raise RtckernError(f"device {ordinal} does not exist; {n} device(s) are visible (0..{n - 1})")
+        check((err, dev), "cuDeviceGet")
     A = d.CUdevice_attribute
 
     def attr(a):

@@ -14,7 +14,7 @@ import dataclasses
 import threading
 from typing import Any
 
-from rtckern import config
+from rtckern import config, tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
@@ -240,7 +240,5 @@ def register_all() -> None:
             register_request_builder(QUANT_OP, build_quant_request, help="shape: MxK; dtype fp32|fp16|bf16; option "
                                      "group=32|64|128|256", example="--dtype bf16 --shape 4096x7168 --opt group=128")
         register_kernel_provider("gemm_fp8", prefill_specs)
-        from .tune import register_tuner
-
-        register_tuner()
+        tuning.defer_tuners(f"{__package__}.tune", "register_tuner")  # imported by `rtckern tune` only
         _registered = True

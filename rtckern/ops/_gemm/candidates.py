@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from rtckern.caches import PlanCache
-from rtckern import config
+from rtckern import config, tuning
 from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
     register_request_builder, select
@@ -300,7 +300,5 @@ def register_all() -> None:
                                      "1: B is (n, k)), out=fp16|bf16|fp32, bias=0|1, act=none|gelu_tanh|silu, "
                                      "residual=0|1, aligned=0|1, b_batched=0|1",
                                      example="--dtype bf16 --shape 4096x4096x4096 --opt trans_b=1")
-        from .tune import register_tuner
-
-        register_tuner()
+        tuning.defer_tuners(f"{__package__}.tune", "register_tuner")  # imported by `rtckern tune` only
         _registered = True

@@ -352,17 +352,17 @@ from .quant import rms_norm_quant  # noqa: E402  (the fused fp8 producer; quant.
 
 
 def _register() -> None:
+    from rtckern import tuning
     from rtckern.registry import default_registry
 
     from .candidates import all_candidates, register_builders
-    from .tune import register_tuners
 
     reg = default_registry()
     for cand in all_candidates():
         if cand.name not in {c.name for c in reg.candidates(cand.op)}:
             reg.register(cand)
     register_builders(reg)
-    register_tuners()
+    tuning.defer_tuners(f"{__package__}.tune")  # imported by `rtckern tune`, not by an op call
 
 
 _register()

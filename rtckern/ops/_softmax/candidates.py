@@ -15,7 +15,7 @@ import threading
 from types import MappingProxyType
 from typing import Any
 
-from rtckern import config
+from rtckern import config, tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.errors import OptionError
@@ -378,8 +378,6 @@ ROW_LIMITS = LimitProbe("N", tuple(1 << k for k in range(5, 22)))
 
 def register_all() -> None:
     """Register the candidates, request builders, tuners and kernel provider of every softmax op (idempotent)."""
-    from .tune import register_tuners  # the tuners launch through this module's helpers: imported once it is loaded
-
     global _registered
     if _registered:
         return
@@ -396,6 +394,6 @@ def register_all() -> None:
                                      help="shape: (..., N), the last dim is the row length; options vec=<elements "
                                           "per access>, mask16=0|1 (masked: 16-byte aligned mask rows)",
                                      example="--dtype bf16 --shape 16384x4096", limits=ROW_LIMITS)
-    register_tuners()
+    tuning.defer_tuners(f"{__package__}.tune")  # imported by `rtckern tune`, not by an op call
     register_kernel_provider("softmax", prefill_specs)
     _registered = True

@@ -6,7 +6,12 @@ from __future__ import annotations
 PRIMARY = 0xC0
 FUNCTION = {"NUM_REGS": 40, "SHARED_SIZE_BYTES": 1024, "LOCAL_SIZE_BYTES": 0, "MAX_THREADS_PER_BLOCK": 1024,
             "BINARY_VERSION": 90}
-ERRORS = {200: "CUDA_ERROR_INVALID_IMAGE", 500: "CUDA_ERROR_NOT_FOUND", 1: "CUDA_ERROR_INVALID_VALUE"}
+ERRORS = {200: "CUDA_ERROR_INVALID_IMAGE", 500: "CUDA_ERROR_NOT_FOUND", 1: "CUDA_ERROR_INVALID_VALUE",
+          101: "CUDA_ERROR_INVALID_DEVICE"}
+DEVICE = {"COMPUTE_CAPABILITY_MAJOR": 9, "COMPUTE_CAPABILITY_MINOR": 0, "MULTIPROCESSOR_COUNT": 132,
+          "MAX_SHARED_MEMORY_PER_BLOCK": 49152, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 232448,
+          "MAX_REGISTERS_PER_MULTIPROCESSOR": 65536, "MAX_THREADS_PER_MULTIPROCESSOR": 2048,
+          "MAX_THREADS_PER_BLOCK": 1024, "WARP_SIZE": 32, "COOPERATIVE_LAUNCH": 1}
 
 
 class _Names:
@@ -43,8 +48,22 @@ class FakeDriver:
     def cuInit(self, flags):
         return self._call("cuInit", flags)
 
+    def cuDeviceGetCount(self):
+        return self._call("cuDeviceGetCount", result=(1,))
+
     def cuDeviceGet(self, ordinal):
+        if ordinal != 0:
+            return 101, None
         return self._call("cuDeviceGet", ordinal, result=(ordinal,))
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        return self._call("cuDeviceGetAttribute", attr, dev, result=(DEVICE[attr.removeprefix("CU_DEVICE_ATTRIBUTE_")],))
+
+    def cuDeviceGetName(self, n, dev):
+        return self._call("cuDeviceGetName", dev, result=(b"NVIDIA H200\x00\x00",))
+
+    def cuDeviceTotalMem(self, dev):
+        return self._call("cuDeviceTotalMem", dev, result=(143771 << 20,))
 
     def cuDevicePrimaryCtxRetain(self, dev):
         return self._call("cuDevicePrimaryCtxRetain", dev, result=(PRIMARY,))
