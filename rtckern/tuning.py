@@ -219,7 +219,7 @@ def _parse_row(raw: Any, i: int, fields: list[str], where: str) -> Row:
         raise TuningTableError(f"{where}: row {i}: arch {arch!r} should be like 'sm_90' or 'gfx90a'")
     if not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0:
         raise TuningTableError(f"{where}: row {i}: sm_count {sms!r} should be a positive integer")
-    if not isinstance(shape, dict) or sorted(shape) != sorted(fields):
+    if not isinstance(shape, dict) or shape.keys() != set(fields):
         raise TuningTableError(f"{where}: row {i}: shape {shape!r} must have exactly the key fields {fields}")
     for k, v in shape.items():
         if isinstance(v, bool) or not isinstance(v, (int, str)):
@@ -230,12 +230,13 @@ def _parse_row(raw: Any, i: int, fields: list[str], where: str) -> Row:
     if cls is not None and (not isinstance(cls, str) or not _CLASS_RE.fullmatch(cls)):
         raise TuningTableError(f"{where}: row {i}: device_class {cls!r} should be a short lowercase name like "
                                "'h100-sxm' or 'h200' (leave it out for a row that serves any class)")
-    meta = {k: v for k, v in raw.items() if k not in ("arch", "sm_count", "device_class", "shape", "config")}
-    return Row(arch=arch, sm_count=sms, shape=tuple((f, shape[f]) for f in fields), config=cfg, meta=meta, index=i,
+    meta = {k: v for k, v in raw.items() if k not in _ROW_KEYS}
+    return Row(arch=arch, sm_count=sms, shape=tuple([(f, shape[f]) for f in fields]), config=cfg, meta=meta, index=i,
                device_class=cls)
 
 
 _CLASS_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}", re.ASCII)
+_ROW_KEYS = frozenset(("arch", "sm_count", "device_class", "shape", "config"))
 
 
 def _key_text(row: Row) -> str:
