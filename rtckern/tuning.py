@@ -165,7 +165,10 @@ class Tuned:
 
 
 # -- loading -----------------------------------------------------------------------------------------------------
-def parse_table(data: Any, path: Path | str, op: str | None = None) -> Table:
+def parse_table(data: Any, path: Path | str, op: str | None = None, *, check_rows: bool = True) -> Table:
+    """The table in `data` (a file's JSON). check_rows=False skips the per-row checks, for the shipped tables only:
+    they are package data, checked row by row by tests/unit/test_tuning.py, and their checks were half the cost
+    of an op's first call into the tuning tables."""
     where = str(path)
     if not isinstance(data, dict) or data.get("format") not in READ_FORMATS:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
@@ -180,7 +183,10 @@ def parse_table(data: Any, path: Path | str, op: str | None = None) -> Table:
     raw_rows = data.get("rows")
     if not isinstance(raw_rows, list):
         raise TuningTableError(f"{where}: 'rows' must be a list")
-    rows = [_parse_row(raw, i, fields, where) for i, raw in enumerate(raw_rows)]
+    if check_rows:
+        for i, raw in enumerate(raw_rows):
+            _check_row(raw, i, fields, where)
+    rows = [_row(raw, i, fields) for i, raw in enumerate(raw_rows)]
     dups = duplicate_keys(rows)
     if dups:
         raise TuningTableError(
@@ -208,7 +214,7 @@ def _duplicates_text(dups: list[list[Row]], show: Callable[[Row], str]) -> str:
     return head + " | ".join(parts)
 
 
-def _parse_row(raw: Any, i: int, fields: list[str], where: str) -> Row:
+def _check_row(raw: Any, i: int, fields: list[str], where: str) -> None:
     if not isinstance(raw, dict):
         raise TuningTableError(f"{where}: row {i} is not an object: {raw!r}")
     missing = [k for k in ("arch", "sm_count", "shape", "config") if k not in raw]
@@ -230,9 +236,13 @@ def _parse_row(raw: Any, i: int, fields: list[str], where: str) -> Row:
     if cls is not None and (not isinstance(cls, str) or not _CLASS_RE.fullmatch(cls)):
         raise TuningTableError(f"{where}: row {i}: device_class {cls!r} should be a short lowercase name like "
                                "'h100-sxm' or 'h200' (leave it out for a row that serves any class)")
-    meta = {k: v for k, v in raw.items() if k not in _ROW_KEYS}
-    return Row(arch=arch, sm_count=sms, shape=tuple([(f, shape[f]) for f in fields]), config=cfg, meta=meta, index=i,
-               device_class=cls)
+
+
+def _row(raw: dict, i: int, fields: list[str]) -> Row:
+    """A row of the table's JSON (checked by _check_row, or shipped)."""
+    return Row(arch=raw["arch"], sm_count=raw["sm_count"], shape=tuple([(f, raw["shape"][f]) for f in fields]),
+               config=raw["config"], meta={k: v for k, v in raw.items() if k not in _ROW_KEYS}, index=i,
+               device_class=raw.get("device_class"))
 
 
 _CLASS_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}", re.ASCII)
@@ -277,8 +287,9 @@ _cache = PlanCache("tuning.tables", 256)
 _cache_lock = threading.Lock()
 
 
-def load_table(path: Path | str, op: str | None = None) -> Table | None:
-    """The table at path (None if the file does not exist); re-read when the file changes."""
+def load_table(path: Path | str, op: str | None = None, *, check_rows: bool = True) -> Table | None:
+    """The table at path (None if the file does not exist); re-read when the file changes. check_rows: see
+    parse_table."""
     p = Path(path)
     try:
         st = p.stat()
@@ -293,7 +304,7 @@ def load_table(path: Path | str, op: str | None = None) -> Table | None:
         data = json.loads(p.read_text())
     except ValueError as exc:
         raise TuningTableError(f"{p}: not valid JSON ({exc}); fix or delete the file") from None
-    table = parse_table(data, p, op)
+    table = parse_table(data, p, op, check_rows=check_rows)
     with _cache_lock:
         _cache.put(p, (stamp, table))
     return table
@@ -324,7 +335,7 @@ def tables(op: str) -> list[Table]:
     memo = (op, SHIPPED_DIR, user_dir())
     hit = _op_tables.get(memo)
     if hit is None:
-        found = (load_table(path, op) for path in (user_table_path(op), shipped_table_path(op)))
+        found = (load_table(user_table_path(op), op), load_table(shipped_table_path(op), op, check_rows=False))
         hit = _op_tables.put(memo, tuple(t for t in found if t is not None))
     return list(hit)
 
