@@ -356,6 +356,7 @@ def _var(env: str, doc: str, shown_default: str, **field: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
+    """Every setting, read from the environment once (from_env); see the module docstring."""
     # --- cache ---
     cache_dir: Path = _var(
         "RTCKERN_CACHE_DIR", "The writable disk cache.",

@@ -26,6 +26,7 @@ _TYPICAL = {
 
 @dataclasses.dataclass(frozen=True)
 class DeviceInfo:
+    """A GPU as rtckern needs to know it: live (from_device) or described by hand (for_arch)."""
     arch: Arch
     sm_count: int
     max_smem_per_block: int = 49152

@@ -22,6 +22,7 @@ __all__ = ["DType", "TABLE", "FLOATS", "parse_dtype", "ctype", "itemsize", "ctyp
 
 @dataclasses.dataclass(frozen=True)
 class DType:
+    """One dtype of the table: its names in every library and its C++ storage type."""
     name: str  # canonical: what requests, specs' callers, tables and messages use
     ctype: str  # C++ storage type in kernel templates (common/dtypes.cuh maps the rtk_ types per vendor)
     itemsize: int  # bytes

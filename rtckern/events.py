@@ -19,6 +19,7 @@ from .spec import KernelSpec
 
 @dataclasses.dataclass(frozen=True)
 class CacheEvent:
+    """A kernel served by a cache tier or compiled."""
     spec: KernelSpec
     key: str
     source: str  # "memory", "layer", "disk", "remote" or "compile"
@@ -27,6 +28,7 @@ class CacheEvent:
 
 @dataclasses.dataclass(frozen=True)
 class SelectionEvent:
+    """A request the registry decided for the first time in this process."""
     request: Any  # the rtckern.registry.OpRequest decided
     candidate: str  # the chosen candidate's name
 

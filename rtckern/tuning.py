@@ -83,6 +83,7 @@ class TuningTableError(RtckernError, ValueError):
 
 @dataclass(frozen=True)
 class Row:
+    """One row of a tuning table: its key (arch, SM count, device class, shape) and config."""
     arch: str
     sm_count: int
     shape: tuple[tuple[str, KeyValue], ...]  # in the table's key_fields order
@@ -103,6 +104,7 @@ class Row:
 
 @dataclass(frozen=True)
 class Table:
+    """One tuning table file, with its indexes."""
     op: str
     key_fields: tuple[str, ...]
     rows: tuple[Row, ...]
@@ -657,6 +659,7 @@ def time_graphed(device, run, check=None, *, reps: int = 10, replays: int = 5) -
 
 @dataclass(frozen=True)
 class Trial:
+    """One config timed by a tuner (seconds None: it failed, error says why)."""
     config: Mapping[str, Any]
     seconds: float | None
     error: str = ""

@@ -48,6 +48,7 @@ class CacheWarning(UserWarning):
 
 @dataclasses.dataclass(frozen=True)
 class EntryInfo:
+    """One disk entry as housekeeping lists it."""
     key: str
     path: Path
     size: int

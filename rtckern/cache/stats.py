@@ -8,6 +8,7 @@ import threading
 
 @dataclasses.dataclass
 class TierStats:
+    """Counters of one cache tier."""
     hits: int = 0
     misses: int = 0
     writes: int = 0

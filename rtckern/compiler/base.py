@@ -10,6 +10,7 @@ from ..spec import KernelSpec, KeyInputs
 
 @dataclasses.dataclass(frozen=True)
 class CompiledKernel:
+    """A compiler's output: the binary and the symbol to look up once it is loaded."""
     binary: bytes
     kind: str  # "cubin", "ptx" or "hsaco"
     lowered_name: str  # the symbol to look up in the loaded module

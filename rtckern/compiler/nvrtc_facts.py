@@ -31,6 +31,7 @@ FORMAT = 1
 
 @dataclasses.dataclass(frozen=True)
 class NvrtcFacts:
+    """What the cache keys and compile targets need to know of an NVRTC."""
     version: tuple[int, int]
     archs: tuple[int, ...]
 

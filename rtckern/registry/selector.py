@@ -271,6 +271,7 @@ class LimitProbe:
 
 @dataclass(frozen=True)
 class BuilderEntry:
+    """A request builder registered for an op, with its help for the CLI."""
     op: str
     fn: RequestBuilder
     help: str = ""

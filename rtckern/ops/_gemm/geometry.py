@@ -179,6 +179,7 @@ def _cluster_reason(cfg) -> str | None:
 
 @dataclass(frozen=True)
 class SimtConfig:
+    """The SIMT kernel's config: nothing to tune."""
     splits: int = 1  # never split; present so every config answers .splits
 
     kind = "simt"

@@ -190,6 +190,7 @@ def _ceil(a: int, b: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class RowsConfig:
+    """The row kernel's config: threads per row, rows per block, OPT bits."""
     tpr: int  # threads per row
     rpb: int  # rows per block
     opt: int = 0  # OPT bits: 1 persistent / prefetch the next row, 2 default-cached loads

@@ -91,6 +91,7 @@ class FwdCall:
 
 @dataclasses.dataclass
 class BwdCall:
+    """Device addresses (0 where absent), runtime sizes and the stream of one backward call."""
     x: int
     w: int
     dy: int

@@ -18,6 +18,7 @@ STATIC_SMEM = 256  # scratch for the block reduction
 
 @dataclasses.dataclass(frozen=True)
 class Ring:
+    """The ring kernel's geometry."""
     warps: int
     group: int
     items: int
