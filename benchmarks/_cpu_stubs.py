@@ -1,17 +1,12 @@
 """The CPU harness's stand-ins for the GPU pieces (benchmarks op_overhead --stub, first_call --cpu): a fake `torch`
-(tensors that carry a shape, strides, dtype and an address; empty/zeros; the current stream), a fake CUDA driver
-behind rtckern.runtime.driver.driver() (an H200-like device, loads, attributes, occupancy, launches that do
-nothing), and a fake libcuda for the native launcher (built with the C compiler, as the launcher itself is), so that
-rtckern's own code for devices, loading and launching runs as it does on a GPU host.
+(tensors that carry a shape, strides, dtype and an address; empty/zeros; the current stream) and a fake libcuda
+(rtckern.testing.use_fake_libcuda: an H200-like device, loads, attributes, occupancy, launches that do nothing), so
+that rtckern's own code for devices, loading and launching runs as on a GPU host, through the real cuda.bindings
+and the native launcher.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 
 # ---- torch --------------------------------------------------------------------------------------------------------
@@ -129,146 +124,20 @@ def install_fake_torch():
 
 
 # ---- the CUDA driver ----------------------------------------------------------------------------------------------
-DEVICE = {"COMPUTE_CAPABILITY_MAJOR": 9, "COMPUTE_CAPABILITY_MINOR": 0, "MULTIPROCESSOR_COUNT": 132,
-          "MAX_SHARED_MEMORY_PER_BLOCK": 49152, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 232448,
-          "MAX_REGISTERS_PER_MULTIPROCESSOR": 65536, "MAX_THREADS_PER_MULTIPROCESSOR": 2048,
-          "MAX_THREADS_PER_BLOCK": 1024, "WARP_SIZE": 32, "COOPERATIVE_LAUNCH": 1}
-FUNCTION = {"NUM_REGS": 64, "SHARED_SIZE_BYTES": 0, "LOCAL_SIZE_BYTES": 0, "MAX_THREADS_PER_BLOCK": 1024,
-            "BINARY_VERSION": 90}
-PRIMARY_CTX = 0xC0
-
-
-class _Names:
-    """An enum class of the bindings: every member is its own name."""
-
-    def __getattr__(self, name):
-        return name
-
-
-class FakeDriver:
-    """cuda.bindings.driver as far as rtckern's runtime calls it: one H200-like device, every call succeeds."""
-
-    class CUresult:
-        CUDA_SUCCESS = 0
-
-    CUdevice_attribute = CUfunction_attribute = _Names()
-    CUcontext = CUstream = staticmethod(lambda h: h)
-
-    def __init__(self):
-        self.current = 0
-        self.calls: dict[str, int] = {}
-
-    def __getattr__(self, name):  # a call the fake does not know: succeed with nothing
-        return lambda *a: (0,)
-
-    def _n(self, name):
-        self.calls[name] = self.calls.get(name, 0) + 1
-
-    def cuInit(self, flags):
-        return (0,)
-
-    def cuDriverGetVersion(self):
-        return 0, 13000
-
-    def cuDeviceGetCount(self):
-        return 0, 1
-
-    def cuDeviceGet(self, ordinal):
-        return 0, ordinal
-
-    def cuDeviceGetAttribute(self, attr, dev):
-        self._n("cuDeviceGetAttribute")
-        return 0, DEVICE[attr.removeprefix("CU_DEVICE_ATTRIBUTE_")]
-
-    def cuDeviceGetName(self, n, dev):
-        return 0, b"NVIDIA H200\x00"
-
-    def cuDeviceTotalMem(self, dev):
-        return 0, 143771 << 20
-
-    def cuDevicePrimaryCtxRetain(self, dev):
-        return 0, PRIMARY_CTX
-
-    def cuCtxGetCurrent(self):
-        return 0, self.current
-
-    def cuCtxSetCurrent(self, ctx):
-        self.current = int(ctx)
-        return (0,)
-
-    def cuLibraryLoadData(self, code, *options):
-        self._n("cuLibraryLoadData")
-        return 0, 0x1000 + len(code)
-
-    def cuLibraryGetKernel(self, lib, name):
-        return 0, 0x2000
-
-    def cuKernelGetFunction(self, kernel):
-        return 0, 0x3000
-
-    def cuKernelGetAttribute(self, attr, kernel, dev):
-        return 0, FUNCTION[attr.removeprefix("CU_FUNC_ATTRIBUTE_")]
-
-    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, fn, block, smem):
-        return 0, 2
-
-    def cuOccupancyMaxPotentialBlockSize(self, fn, cb, smem, limit):
-        return 0, 264, 1024
-
-
-def install_fake_driver() -> FakeDriver:
-    """rtckern's runtime talks to a FakeDriver; the native launcher (where a C compiler builds it) to a fake libcuda
-    whose launches do nothing."""
-    from rtckern.runtime import driver as drv_mod
+def install_fake_driver() -> None:
+    """rtckern.testing's fake libcuda behind the real cuda.bindings and the native launcher (an H200-like device;
+    loads, attributes, occupancy; launches that do nothing). Launches through cuda.core (cooperative, cluster),
+    which asks the driver for more than the fake answers, do nothing but import cuda.core: the cost a real one pays
+    first."""
     from rtckern.runtime import kernel as kmod
-    from rtckern.runtime import library as lib_mod
-    from rtckern.runtime import native
+    from rtckern.testing import use_fake_libcuda
 
-    fake = FakeDriver()
-    drv_mod.driver = kmod.driver = lib_mod.driver = lambda: fake
-    lib = fake_libcuda()
-    if lib is not None:
-        native._libcuda_path = lambda: lib
+    use_fake_libcuda()
 
-    # the launch through cuda.core (cooperative, cluster): its import is the cost a real one would pay first
     def launch_core(self, cfg, args, stream):
         import cuda.core  # noqa: F401
 
     kmod.Kernel._launch_core = launch_core
-    # TMA tensor maps (attention on sm_90): a fixed 128-byte map.
-    from cuda.bindings import driver as cbd
-
-    class _Map:
-        opaque = [0] * 16
-
-    cbd.cuTensorMapEncodeTiled = lambda *a: (cbd.CUresult.CUDA_SUCCESS, _Map())
-    return fake
-
-
-FAKE_LIBCUDA = r"""
-int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                   unsigned smem, void* stream, void** params, void** extra) { return 0; }
-int cuCtxGetCurrent(void** c) { *c = (void*)0xC0; return 0; }
-int cuCtxPushCurrent_v2(void* c) { return 0; }
-int cuCtxPopCurrent_v2(void** c) { return 0; }
-"""
-
-
-def fake_libcuda() -> str | None:
-    """A libcuda whose launches do nothing (built once per machine), or None without a C compiler."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return None
-    digest = hashlib.sha256(FAKE_LIBCUDA.encode()).hexdigest()[:16]
-    path = os.path.join(tempfile.gettempdir(), f"rtckern-fake-libcuda-{os.getuid()}-{digest}.so")
-    if not os.path.exists(path):
-        with tempfile.TemporaryDirectory() as d:
-            src, out = os.path.join(d, "fake.c"), os.path.join(d, "fake.so")
-            with open(src, "w") as f:
-                f.write(FAKE_LIBCUDA)
-            subprocess.run([cc, "-shared", "-fPIC", "-o", out, src], check=True, capture_output=True)
-            os.replace(out, path)
-    return path
 
 
 # ---- the whole harness --------------------------------------------------------------------------------------------
@@ -283,7 +152,7 @@ def install_stubs(stub_registry: bool = True):
     from rtckern.runtime.kernel import load_kernel
 
     def stub_kernel(spec):
-        return load_kernel(b"\0", "cubin", spec.name, DeviceInfo.from_device(0), spec.name)
+        return load_kernel(b"\x7fELF", "cubin", spec.name, DeviceInfo.from_device(0), spec.name)
 
     if stub_registry:
         from rtckern.registry import results as res_mod

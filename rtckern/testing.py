@@ -4,7 +4,9 @@
 remote tier's whole-call deadline and value cap hold (tests/unit/cache/test_remote.py,
 benchmarks/cache_trust.py). :func:`compile_all` and :func:`compile_name_expressions` compile many kernels on
 every core (the tests that compile every variant of a family). ``torch_reference`` is the torch plugin's
-reference implementations (loaded on first use).
+reference implementations (loaded on first use). :func:`use_fake_libcuda` gives a process without a GPU a fake
+driver library, so that rtckern's runtime runs through the real cuda.bindings (tests/unit/runtime, the CPU modes of
+benchmarks/first_call.py and op_overhead.py).
 
 Tests import only public names or this module (tests/unit/test_public_imports.py): a helper the tests need from
 inside a family belongs here, under a stable name, rather than imported from a private module.
@@ -375,6 +377,143 @@ def kvcache_split_choice(**kw) -> int:
     from .ops._attention import kvcache_candidates as kc
 
     return kc.choose_splits(**kw)
+
+
+# ---- a fake libcuda ----------------------------------------------------------------------------------------------
+FAKE_DEVICE = {"COMPUTE_CAPABILITY_MAJOR": 9, "COMPUTE_CAPABILITY_MINOR": 0, "MULTIPROCESSOR_COUNT": 132,
+               "MAX_SHARED_MEMORY_PER_BLOCK": 49152, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 232448,
+               "MAX_REGISTERS_PER_MULTIPROCESSOR": 65536, "MAX_THREADS_PER_MULTIPROCESSOR": 2048,
+               "MAX_THREADS_PER_BLOCK": 1024, "WARP_SIZE": 32, "COOPERATIVE_LAUNCH": 1}
+FAKE_FUNCTION = {"NUM_REGS": 40, "SHARED_SIZE_BYTES": 1024, "LOCAL_SIZE_BYTES": 0, "MAX_THREADS_PER_BLOCK": 1024,
+                 "BINARY_VERSION": 90}
+# One H200-like device. cuda.bindings finds each entry point through cuGetProcAddress (here: dlsym of the same name),
+# the native launcher through dlsym. The current context is tracked: calls that need the device's context fail
+# without it. An image starting with "BAD" is refused (CUDA_ERROR_INVALID_IMAGE); counters say what was called.
+_FAKE_LIBCUDA = r"""
+#include <dlfcn.h>
+#include <string.h>
+#include <stddef.h>
+int rtk_fake_loads, rtk_fake_launches, rtk_fake_setattrs;
+char rtk_fake_last_name[256];
+static void* current = 0;  /* every name the fake exports is cu* or rtk_fake_*: nothing else to interpose */
+int cuInit(unsigned f) { return 0; }
+int cuDriverGetVersion(int* v) { *v = 13000; return 0; }
+/* NVRTC, where a libcuda is loaded, calls cuInit and then asks for a private table: none here */
+int cuGetExportTable(const void** table, const void* id) { *table = 0; return 801; }
+int cuGetProcAddress_v2(const char* sym, void** pfn, int ver, unsigned long long flags, int* status) {
+  void* p = dlsym(RTLD_DEFAULT, sym);
+  if (status) *status = p ? 0 : 1;
+  *pfn = p;
+  return p ? 0 : 500;
+}
+int cuGetProcAddress(const char* sym, void** pfn, int ver, unsigned long long flags) {
+  return cuGetProcAddress_v2(sym, pfn, ver, flags, 0);
+}
+int cuGetErrorName(int e, const char** s) { *s = e == 200 ? "CUDA_ERROR_INVALID_IMAGE" : "CUDA_ERROR_UNKNOWN"; return 0; }
+int cuGetErrorString(int e, const char** s) { *s = "fake libcuda"; return 0; }
+int cuDeviceGetCount(int* n) { *n = 1; return 0; }
+int cuDeviceGet(int* dev, int ordinal) { if (ordinal != 0) return 101; *dev = 0; return 0; }
+int cuDeviceGetAttribute(int* pi, int a, int dev) {
+  switch (a) {
+%(device)s
+  }
+  return 1;
+}
+int cuDeviceGetName(char* name, int len, int dev) { strncpy(name, "NVIDIA H200", len); return 0; }
+int cuDeviceTotalMem(size_t* b, int dev) { *b = (size_t)143771 << 20; return 0; }
+int cuDevicePrimaryCtxRetain(void** c, int dev) { *c = (void*)0xC0; return 0; }
+int cuCtxGetCurrent(void** c) { *c = current; return 0; }
+int cuCtxSetCurrent(void* c) { current = c; return 0; }
+int cuCtxPushCurrent(void* c) { current = c; return 0; }
+int cuCtxPushCurrent_v2(void* c) { current = c; return 0; }
+int cuCtxPopCurrent(void** c) { *c = current; current = 0; return 0; }
+int cuCtxPopCurrent_v2(void** c) { return cuCtxPopCurrent(c); }
+int cuLibraryLoadData(void** lib, const void* code, void* jo, void** jv, unsigned nj, void* lo, void** lv, unsigned nl) {
+  ++rtk_fake_loads;
+  if (memcmp(code, "BAD", 3) == 0) return 200;
+  *lib = (void*)0x1000;
+  return 0;
+}
+int cuLibraryUnload(void* lib) { return 0; }
+int cuLibraryGetKernel(void** k, void* lib, const char* name) { strncpy(rtk_fake_last_name, name, 255); *k = (void*)0x2000; return 0; }
+int cuKernelGetFunction(void** f, void* k) { if (current != (void*)0xC0) return 201; *f = (void*)0x3000; return 0; }
+int cuKernelGetAttribute(int* pi, int a, void* k, int dev) {
+  switch (a) {
+%(function)s
+  }
+  return 1;
+}
+int cuKernelSetAttribute(int a, int v, void* k, int dev) { ++rtk_fake_setattrs; return 0; }
+int cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, void* f, int block, size_t smem) {
+  if (current != (void*)0xC0) return 201;
+  *n = 3;
+  return 0;
+}
+int cuOccupancyMaxPotentialBlockSize(int* g, int* b, void* f, void* cb, size_t smem, int lim) {
+  *g = 264; *b = 512;
+  return 0;
+}
+int cuTensorMapEncodeTiled(void* map, int t, unsigned rank, void* addr, const void* dims, const void* strides,
+                           const void* box, const void* es, int il, int sw, int l2, int oob) {
+  memset(map, 0, 128);
+  return 0;
+}
+int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem,
+                   void* s, void** p, void** e) {
+  if (f != (void*)0x3000 || current != (void*)0xC0) return 400;
+  ++rtk_fake_launches;
+  return 0;
+}
+"""
+
+
+def fake_libcuda(directory: str | None = None) -> str:
+    """The path of the fake libcuda.so.1 (see _FAKE_LIBCUDA), built with the C compiler once per source under
+    `directory` (default: the temp dir). RuntimeError without a C compiler."""
+    import hashlib
+    import shutil
+    import subprocess
+    import tempfile
+
+    from cuda.bindings import driver as d
+
+    def cases(enum, prefix, values):
+        return "\n".join(f"    case {int(getattr(enum, prefix + k))}: *pi = {v}; return 0;" for k, v in values.items())
+    source = _FAKE_LIBCUDA % {"device": cases(d.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_", FAKE_DEVICE),
+                              "function": cases(d.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_", FAKE_FUNCTION)}
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH to build the fake libcuda")
+    base = os.path.join(directory or tempfile.gettempdir(), f"rtckern-fake-libcuda-{os.getuid()}",
+                        hashlib.sha256(source.encode()).hexdigest()[:16])
+    path = os.path.join(base, "libcuda.so.1")
+    if not os.path.exists(path):
+        os.makedirs(base, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=base) as tmp:
+            src, out = os.path.join(tmp, "fake.c"), os.path.join(tmp, "libcuda.so.1")
+            with open(src, "w") as f:
+                f.write(source)
+            subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", out, src, "-ldl"], check=True,
+                           capture_output=True)
+            os.replace(out, path)
+    return path
+
+
+def use_fake_libcuda(directory: str | None = None) -> str:
+    """Load the fake libcuda into this process, before anything loads a real one: cuda.bindings (through
+    cuda-pathfinder, which takes a libcuda.so.1 that is loaded already) and the native launcher then call it. For a
+    process of its own (a test's subprocess, a CPU benchmark): it cannot be undone. Returns its path."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        pass
+    else:
+        raise RuntimeError("a libcuda.so.1 is loaded in this process already: the fake must come first")
+    path = fake_libcuda(directory)
+    ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    return path
 
 
 # ---- names the tests use from inside a family or plugin (one place to change when files move) ----------------
