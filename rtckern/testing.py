@@ -422,6 +422,7 @@ int cuDeviceGetAttribute(int* pi, int a, int dev) {
 int cuDeviceGetName(char* name, int len, int dev) { strncpy(name, "NVIDIA H200", len); return 0; }
 int cuDeviceTotalMem(size_t* b, int dev) { *b = (size_t)143771 << 20; return 0; }
 int cuDevicePrimaryCtxRetain(void** c, int dev) { *c = (void*)0xC0; return 0; }
+int cuCtxGetDevice(int* dev) { *dev = 0; return 0; }
 int cuCtxGetCurrent(void** c) { *c = current; return 0; }
 int cuCtxSetCurrent(void* c) { current = c; return 0; }
 int cuCtxPushCurrent(void* c) { current = c; return 0; }
