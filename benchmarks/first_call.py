@@ -11,12 +11,12 @@ CPU (no GPU):            python -m benchmarks first_call --cpu [--profile OP]
     - `select`: what `rtckern explain` / prefill do for a described device (DeviceInfo.for_arch("sm_90",
       sm_count=132)): build the request, registry selection with compile-only probes (keys, persisted decisions,
       tuning tables). The compiler's facts (version, archs: remembered per NVRTC library file, else read from the
-      loaded NVRTC) are asked first: `nvrtc ms`, timed before the call, so `select ms` is what each op costs on
-      top of it.
+      loaded NVRTC) are asked first: `compiler facts ms`, timed before the call, so `select ms` is what each op
+      costs on top of them.
     - `call`: the real op call (array checks, plan, registry with its real probe, keys, disk tier, tuning tables,
-      device facts, loading, launch geometry, prepared launch) with torch and the CUDA driver faked
-      (benchmarks/_cpu_stubs.py): everything but the GPU's own work, in a process that has imported what torch
-      imports (cuda.bindings.driver). `call imported` names the heavy modules the first call imported itself
+      device facts, loading, launch geometry, prepared launch) with torch faked and a fake libcuda behind the real
+      cuda.bindings (benchmarks/_cpu_stubs.py): everything but the GPU's own work, in a process that has imported
+      what torch imports (cuda.bindings.driver). `call imported` names the heavy modules the first call imported itself
       (cuda.core, cuda.pathfinder, cuda.bindings.nvrtc) and whether it loaded libnvrtc: none of them should be
       needed on a warm cache.
 
@@ -348,7 +348,7 @@ def report(results: dict, gpu: bool, repeats: int) -> tuple:
         rows.append((op, f(s["import_ms"]), f(s["nvrtc_ms"]), f(s["first_ms"]), f(s["second_us"], "{:.0f}"), *call,
                      s["chosen"]))
     return (f"CPU only (median of {repeats} processes per cell).",
-            Table(("op", "import rtckern.ops ms", "select: nvrtc load ms", "select: first ms", "select: 2nd us",
+            Table(("op", "import rtckern.ops ms", "select: compiler facts ms", "select: first ms", "select: 2nd us",
                    "call: first ms", "call: 2nd us", "call imported", "chosen"), rows))
 
 

@@ -409,7 +409,10 @@ int cuGetProcAddress_v2(const char* sym, void** pfn, int ver, unsigned long long
 int cuGetProcAddress(const char* sym, void** pfn, int ver, unsigned long long flags) {
   return cuGetProcAddress_v2(sym, pfn, ver, flags, 0);
 }
-int cuGetErrorName(int e, const char** s) { *s = e == 200 ? "CUDA_ERROR_INVALID_IMAGE" : "CUDA_ERROR_UNKNOWN"; return 0; }
+int cuGetErrorName(int e, const char** s) {
+  *s = e == 200 ? "CUDA_ERROR_INVALID_IMAGE" : "CUDA_ERROR_UNKNOWN";
+  return 0;
+}
 int cuGetErrorString(int e, const char** s) { *s = "fake libcuda"; return 0; }
 int cuDeviceGetCount(int* n) { *n = 1; return 0; }
 int cuDeviceGet(int* dev, int ordinal) { if (ordinal != 0) return 101; *dev = 0; return 0; }
@@ -429,14 +432,19 @@ int cuCtxPushCurrent(void* c) { current = c; return 0; }
 int cuCtxPushCurrent_v2(void* c) { current = c; return 0; }
 int cuCtxPopCurrent(void** c) { *c = current; current = 0; return 0; }
 int cuCtxPopCurrent_v2(void** c) { return cuCtxPopCurrent(c); }
-int cuLibraryLoadData(void** lib, const void* code, void* jo, void** jv, unsigned nj, void* lo, void** lv, unsigned nl) {
+int cuLibraryLoadData(void** lib, const void* code, void* jo, void** jv, unsigned nj, void* lo, void** lv,
+                      unsigned nl) {
   ++rtk_fake_loads;
   if (memcmp(code, "BAD", 3) == 0) return 200;
   *lib = (void*)0x1000;
   return 0;
 }
 int cuLibraryUnload(void* lib) { return 0; }
-int cuLibraryGetKernel(void** k, void* lib, const char* name) { strncpy(rtk_fake_last_name, name, 255); *k = (void*)0x2000; return 0; }
+int cuLibraryGetKernel(void** k, void* lib, const char* name) {
+  strncpy(rtk_fake_last_name, name, 255);
+  *k = (void*)0x2000;
+  return 0;
+}
 int cuKernelGetFunction(void** f, void* k) { if (current != (void*)0xC0) return 201; *f = (void*)0x3000; return 0; }
 int cuKernelGetAttribute(int* pi, int a, void* k, int dev) {
   switch (a) {

@@ -57,7 +57,8 @@ class FakeDriver:
         return self._call("cuDeviceGet", ordinal, result=(ordinal,))
 
     def cuDeviceGetAttribute(self, attr, dev):
-        return self._call("cuDeviceGetAttribute", attr, dev, result=(DEVICE[attr.removeprefix("CU_DEVICE_ATTRIBUTE_")],))
+        value = DEVICE[attr.removeprefix("CU_DEVICE_ATTRIBUTE_")]
+        return self._call("cuDeviceGetAttribute", attr, dev, result=(value,))
 
     def cuDeviceGetName(self, n, dev):
         return self._call("cuDeviceGetName", dev, result=(b"NVIDIA H200\x00\x00",))
