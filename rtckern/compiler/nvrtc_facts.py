@@ -9,8 +9,9 @@ The file asked about is the one the process compiles with: NvrtcCompiler loads N
 its first compile (toolkit.preload_nvrtc) and checks then that the library says what was remembered, so a key
 never names another NVRTC than the one that would compile it.
 
-Memos live in ``<cache dir>/toolchain/nvrtc-<hash of the file identity>.json`` (not with RTCKERN_DISK_CACHE=0);
-one that cannot be read or does not match its file is a miss, and any error writing one is ignored.
+Memos live in ``<cache dir>/toolchain/nvrtc-<hash of the file identity>.json`` (not with RTCKERN_DISK_CACHE=0, nor
+before the cache dir exists: commands that only read create nothing); one that cannot be read or does not match
+its file is a miss, and any error writing one is ignored.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def _facts_of(data, ident: dict) -> NvrtcFacts | None:
 def remember(identity: dict, facts: NvrtcFacts) -> None:
     """Write the facts read from the library whose identity (taken before it was loaded) is `identity`."""
     path = memo_path(identity)
-    if path is None:
+    if path is None or not path.parent.parent.is_dir():  # a cache dir that does not exist is not created for it
         return
     data = {"format": FORMAT, "library": identity, "nvrtc_version": list(facts.version),
             "supported_archs": list(facts.archs)}

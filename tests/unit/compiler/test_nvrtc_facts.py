@@ -25,6 +25,7 @@ def library(tmp_path):
     lib = tmp_path / "lib" / "libnvrtc.so.13"
     lib.parent.mkdir()
     lib.write_bytes(b"\x7fELF one build of NVRTC")
+    (tmp_path / "cache").mkdir()
     with config.override(cache_dir=tmp_path / "cache", disk_cache=True):
         yield lib
 
@@ -81,6 +82,13 @@ def test_a_bad_or_foreign_memo_is_a_miss(library, content):
         content = json.dumps(data)
     memo.write_text(content)
     assert nvrtc_facts.recall(library) is None
+
+
+def test_no_cache_dir_is_created_for_a_memo(library, tmp_path):
+    with config.override(cache_dir=tmp_path / "not" / "there"):
+        _remember(library)
+        assert nvrtc_facts.recall(library) is None
+    assert not (tmp_path / "not").exists()
 
 
 def test_forget_and_no_disk_cache(library):
@@ -143,6 +151,7 @@ def test_a_cached_process_never_loads_nvrtc(tmp_path):
             c.compile(KernelSpec("core/axpy.cuh", "noop0", Arch(9, 0)))
             print("compiled")
     """)
+    (tmp_path / "cache").mkdir()
     env = dict(os.environ, RTCKERN_CACHE_DIR=str(tmp_path / "cache"))
 
     def run(mode):
