@@ -14,12 +14,11 @@ Plugin layers (no GPU):    python -m benchmarks op_overhead --plugin-stub [--cal
 
 CPU harness (no GPU):      python -m benchmarks op_overhead --stub [--calls 10000] [--profile OP]
     The real Python path of each op with the GPU pieces stubbed (benchmarks/_cpu_stubs.py): a fake `torch` module
-    (tensors that carry a shape, strides, dtype and an address; empty/zeros; the current stream), a fake driver
-    (an H200-like device; loads, attributes and occupancy answered, launches that do nothing, also through the
-    native launcher), and the registry's probe replaced by "first candidate whose cheap checks pass". It measures
-    our Python only: torch's own allocation and stream costs and the driver's launch (~4.8 us on the H200) are not
-    in it. Use it to find and remove Python work;
-    use the GPU mode for the number that matters.
+    (tensors that carry a shape, strides, dtype and an address; empty/zeros; the current stream), a fake libcuda
+    behind the real cuda.bindings and the native launcher (an H200-like device; loads, attributes and occupancy
+    answered, launches that do nothing), and the registry's probe replaced by "first candidate whose cheap checks
+    pass". It measures our Python only: torch's own allocation and stream costs and the driver's launch (~4.8 us on
+    the H200) are not in it. Use it to find and remove Python work; use the GPU mode for the number that matters.
 """
 from __future__ import annotations
 
