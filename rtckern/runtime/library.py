@@ -21,13 +21,15 @@ class Library:
     """A loaded cubin or PTX image. Unloaded when the last holder (its Kernels) is gone; not at interpreter exit,
     when the driver may be gone before it."""
 
-    __slots__ = ("handle", "__weakref__")
+    __slots__ = ("handle", "image", "__weakref__")
 
     def __init__(self, binary: bytes):
         ensure_init()
         d = driver()
         # context-independent loading: the image is checked now, and loaded into a context when a kernel of it
-        # is first asked for there (Library.kernel + cuKernelGetFunction)
+        # is first asked for there (Library.kernel + cuKernelGetFunction); with lazy loading the driver may read
+        # it then, so it lives as long as the library (as cuda.core's ObjectCode keeps its image)
+        self.image = binary
         self.handle = check(d.cuLibraryLoadData(binary, None, None, 0, None, None, 0), "cuLibraryLoadData")
         weakref.finalize(self, _unload, d, self.handle).atexit = False
 
