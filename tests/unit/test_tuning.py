@@ -418,3 +418,14 @@ def test_shipped_tables_are_migrated_deterministically_from_their_versions():
             del r["device_class"]
         assert json.dumps(tuning.migrate(old), indent=1) + "\n" == text, path
         assert not tuning.duplicate_keys(load_table(path).rows)
+
+
+def test_importing_the_ops_imports_no_tuner_and_rtckern_tune_finds_every_one():
+    """Tuners are declared at import (tuning.defer_tuners) and imported when asked for: no op call needs them."""
+    code = ("import sys, rtckern.ops\n"
+            "print(sorted(m for m in sys.modules if m.startswith('rtckern.ops.') and m.endswith('.tune')))\n"
+            "from rtckern import tuning\n"
+            "print(all(t in tuning.tuner_ops() for t in ('rms_norm', 'softmax', 'attention', 'gemm', 'gemm_fp8')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stdout

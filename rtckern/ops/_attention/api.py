@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+from rtckern import tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
@@ -175,10 +176,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
 
 
 cands.register_all()
-
-from .tune import register_tuner  # noqa: E402  (the tuner selects through this module's candidates)
-
-register_tuner()
+tuning.defer_tuners(f"{__package__}.tune", "register_tuner")  # imported by `rtckern tune`, not by an op call
 
 # The backward op lives beside (backward.py: its own checks and plan; backward_candidates.py, backward_configs.py);
 # exported with the forward.
