@@ -57,9 +57,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib
 import json
 import math
-import importlib
 import re
 import threading
 from dataclasses import dataclass, field
