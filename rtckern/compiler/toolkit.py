@@ -60,11 +60,30 @@ def nvrtc_loaded() -> bool:
     return False
 
 
-def wheel_nvrtc() -> Path | None:
-    """The libnvrtc of an NVIDIA wheel that cuda.bindings would load, or None (not Linux, no wheel has one, or a
-    libnvrtc is loaded already: ask pathfinder then)."""
-    if not sys.platform.startswith("linux") or nvrtc_loaded():
+def loaded_nvrtc() -> Path | None:
+    """The file of the libnvrtc this process has loaded already (torch's CUDA build loads one at import), read from
+    /proc/self/maps, or None. pathfinder, and so cuda.bindings, takes a loaded libnvrtc whatever its directory."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            maps = f.read()
+    except OSError:
         return None
+    for soname in NVRTC_SONAMES:
+        for line in maps.splitlines():
+            path = line.split(maxsplit=5)[5].strip() if line.count(" ") >= 5 else ""
+            name = os.path.basename(path)
+            if name == soname or (name.startswith(soname + ".") and "builtins" not in name):
+                return Path(path)
+    return None
+
+
+def wheel_nvrtc() -> Path | None:
+    """The libnvrtc cuda.bindings would load: the one loaded in this process already, else an NVIDIA wheel's; None
+    off Linux, or when neither is found (ask pathfinder then)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    if nvrtc_loaded():
+        return loaded_nvrtc()
     return _wheel_file(NVRTC_WHEEL_DIRS, NVRTC_SONAMES)
 
 

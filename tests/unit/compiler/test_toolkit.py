@@ -34,13 +34,19 @@ def test_same_files_as_pathfinder():
         pytest.skip(f"no NVIDIA wheel holds NVRTC and the headers here ({out.strip()})")
 
 
-def test_a_loaded_nvrtc_is_left_to_pathfinder():
+def test_a_loaded_nvrtc_is_the_file_used():
+    """Once a libnvrtc is loaded (torch's CUDA build loads one), the lookup names that file, the one pathfinder
+    and cuda.bindings then take."""
     out = _in_fresh_process("""
+        import os
         from rtckern.compiler import toolkit
         lib = toolkit.wheel_nvrtc()
         if lib is not None:
             toolkit.preload_nvrtc(lib)
-            assert toolkit.nvrtc_loaded() and toolkit.wheel_nvrtc() is None
+            loaded = toolkit.wheel_nvrtc()
+            assert toolkit.nvrtc_loaded() and loaded is not None and os.path.samefile(loaded, lib), loaded
+            from cuda.pathfinder import load_nvidia_dynamic_lib
+            assert os.path.samefile(load_nvidia_dynamic_lib("nvrtc").abs_path, lib)
         print("ok")
     """)
     assert out.strip() == "ok"
