@@ -70,7 +70,10 @@ def loaded_nvrtc() -> Path | None:
         return None
     for soname in NVRTC_SONAMES:
         for line in maps.splitlines():
-            path = line.split(maxsplit=5)[5].strip() if line.count(" ") >= 5 else ""
+            fields = line.split(None, 5)  # address, perms, offset, dev, inode[, path]
+            if len(fields) < 6:
+                continue
+            path = fields[5].strip()
             name = os.path.basename(path)
             if name == soname or (name.startswith(soname + ".") and "builtins" not in name):
                 return Path(path)

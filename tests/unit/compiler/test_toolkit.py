@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,16 @@ def test_user_site_goes_where_pathfinder_puts_it(monkeypatch, venv, expected):
     monkeypatch.setattr(toolkit.site, "ENABLE_USER_SITE", True)
     monkeypatch.setattr(toolkit.sys, "base_prefix", "/base" if venv else toolkit.sys.prefix)
     assert toolkit.site_dirs() == expected
+
+
+def test_loaded_nvrtc_reads_maps_with_anonymous_lines(tmp_path, monkeypatch):
+    """/proc/self/maps lines without a path (anonymous mappings, padded with spaces) are skipped; the builtins
+    library is not NVRTC."""
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 rw-p 00000000 00:00 0 \n"
+                    "7f01-7f02 rw-p 00000000 00:00 0                          \n"
+                    "7f02-7f03 r--p 00000000 08:01 120    /w/lib/libnvrtc-builtins.so.13.0\n"
+                    "7f03-7f04 r-xp 00000000 08:01 123    /w/lib/libnvrtc.so.13\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(maps if p == "/proc/self/maps" else p, *a, **k))
+    assert toolkit.loaded_nvrtc() == Path("/w/lib/libnvrtc.so.13")
