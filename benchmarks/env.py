@@ -62,7 +62,12 @@ def gpu_tag(name: str | None) -> str:
 
 
 def git_commit() -> tuple[str | None, bool]:
-    """(short commit of the checkout, whether tracked files differ from it); (None, False) outside git."""
+    """(short commit of the checkout, whether tracked files differ from it); (None, False) outside git.
+    BENCH_COMMIT=<commit> names the commit where the checkout is a copy whose git metadata is older than its files
+    (the device machine copies the working tree over the repository it started with): then clean is assumed."""
+    given = os.environ.get("BENCH_COMMIT", "").strip()
+    if given:
+        return given, False
     commit = _output(["git", "rev-parse", "--short", "HEAD"])
     if not commit:
         return None, False

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+from benchmarks.runner import gpu_name
+
 QUICK = "N x K = 4096 x 7168 and 7168 x 2048 at G = 64 x 128 tokens only, and one masked point"
 SHAPES = ((4096, 7168), (7168, 2048))  # (N, K) of DeepSeek-V3's experts
 GROUPS = (8, 64, 256)
@@ -176,6 +178,14 @@ def run(args):
     return Result("Grouped GEMM (MoE experts)", rows=rows, body=body(rows), plot=plot_fn(rows))
 
 
+def render(payload: dict):
+    """The result set of an earlier run, from its JSON (python -m benchmarks grouped_gemm --render FILE)."""
+    from benchmarks.runner import Result
+
+    rows = payload["rows"]
+    return Result("Grouped GEMM (MoE experts)", rows=rows, body=body(rows), plot=plot_fn(rows))
+
+
 def _ratio(t: dict, a: str, b: str):
     return f"{t[a] / t[b]:.2f}x" if a in t and b in t and t[b] > 0 else None
 
@@ -219,7 +229,7 @@ def plot_fn(rows):
     if not pts:
         return None
 
-    def plot(plt, path, meta):
+    def plot(plt, meta):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
         for ax, dtype in zip(axes, ("bf16", "fp8")):
             for (n, k), style in zip(SHAPES, ("-", "--")):
@@ -234,11 +244,10 @@ def plot_fn(rows):
                     if not all(math.isnan(y) for y in ys):
                         ax.plot(xs, ys, style + marker, label=f"{name} {n}x{k}")
                 ax.set_xticks(xs, [f"{r['groups']}x{r['tokens']}" for r in sel], rotation=45, fontsize=7)
-            ax.set_title(f"{dtype} ({(meta.get('gpu') or {}).get('name', '')})")
+            ax.set_title(f"{dtype} on {gpu_name(meta)}")
             ax.set_xlabel("groups x tokens per group")
             ax.legend(fontsize=6)
         axes[0].set_ylabel("TFLOP/s")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        return fig
     return plot

@@ -8,7 +8,8 @@
 #           gemm_skinny plugin core multi_gpu op_overhead first_call cache_trust fleet)
 #
 # tests: pytest of the family's GPU tests with a junit XML ($OUT/FAMILY_tests.{log,xml});
-# bench: the family's suite, its log in $OUT/FAMILY_bench.log.
+# bench: the family's suite, its log in $OUT/FAMILY_bench.log. The device's copy keeps the git metadata it started
+# with: pass BENCH_COMMIT=$(git rev-parse --short HEAD) from the checkout (after committing) so results name the commit.
 set -uo pipefail
 family=${1:?usage: tools/device_run.sh FAMILY [tests] [bench]}
 shift
