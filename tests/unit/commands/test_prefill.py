@@ -92,9 +92,11 @@ def test_progress_bar_on_a_terminal_fits_its_width(tmp_path):
 def test_ctrl_c_stops_within_a_bound_and_keeps_compiled_kernels(tmp_path, to):
     """SIGINT to the process (kill -INT) or to its whole process group (what Ctrl-C on a terminal does)."""
     cache = tmp_path / "c"
+    # SIGINT at its default in the child: a test run started in the background of a non-interactive shell inherits
+    # it ignored, and Python then installs no KeyboardInterrupt handler (a terminal's Ctrl-C never meets that case)
     p = subprocess.Popen([sys.executable, "-m", "rtckern", "prefill", "--arch", "9.0a", "--family", "ops", "-j", "2"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(cache), cwd=REPO,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while entries(cache) == 0 and p.poll() is None and time.monotonic() < deadline:

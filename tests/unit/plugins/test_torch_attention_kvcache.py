@@ -326,7 +326,8 @@ def _tiny_llama():
 @pytest.fixture
 def hf_on_cpu(monkeypatch):
     """The transformers function takes its rtckern paths on CPU tensors with the reference kernels, and records the
-    lengths of each KV-cache call."""
+    lengths of each KV-cache call (the tests that use it skip where transformers is not installed)."""
+    pytest.importorskip("transformers")
     real = HF._why_not
 
     def why_not(*args):
@@ -431,7 +432,7 @@ def test_llama_short_prompt_into_a_static_cache_takes_it_too(hf_on_cpu):
 def test_llama_fallback_turns_the_lengths_into_sdpas_mask():
     """Calls the kernels cannot take (here: CPU tensors) go to sdpa with the lengths as a 4D mask: the logits of
     transformers' own sdpa model, with one warning."""
-    import transformers
+    transformers = pytest.importorskip("transformers")
 
     model = _tiny_llama()
     assert rt.register_transformers()
