@@ -6,7 +6,9 @@
 --deterministic): e.g. --impls sm80_mma compares the mma.sync kernel with the sm_90a one the registry picks.
 
 Points: bf16, head dim 64 (32 heads) and 128 (16 heads), seqlen 1k / 4k / 16k at 16k tokens per batch, causal and
-not. Only the backward is timed: rtckern's op from a saved (o, lse); SDPA's through autograd.grad of an output
+not; GQA points (SDPA with enable_gqa): a Llama-style training step's attention (batch 2 x 2k tokens, 16 q heads
+over 4 kv heads, head dim 128), GQA 8 at 4k and GQA 4 at head dim 64, each with rtckern_unsplit beside the registry's
+choice (the wgmma kernel without its head split: each block walks the whole GQA group). Only the backward is timed: rtckern's op from a saved (o, lse); SDPA's through autograd.grad of an output
 computed once under the backend (sdpa_kernel), retaining the graph. CUDA events, median of --reps back-to-back calls
 after a warm-up. TFLOP/s = 2.5 x the forward's 4 * batch * heads * seqlen^2 * head_dim, halved for causal.
 The runner writes attention_backward_<gpu>.json, .md and .png (one current file set per GPU, overwritten by each
@@ -27,8 +29,32 @@ def bench_points():
     for hd, heads in ((64, 32), (128, 16)):
         for sl in (1024, 4096, 16384):
             for causal in (False, True):
-                pts.append(dict(hd=hd, heads=heads, seqlen=sl, batch=16384 // sl, causal=causal))
+                pts.append(dict(hd=hd, heads=heads, heads_kv=heads, seqlen=sl, batch=16384 // sl, causal=causal))
+    for hd, heads, heads_kv, sl, batch in ((128, 16, 4, 2048, 2), (128, 32, 4, 4096, 4), (64, 32, 8, 1024, 16)):
+        for causal in (False, True):
+            pts.append(dict(hd=hd, heads=heads, heads_kv=heads_kv, seqlen=sl, batch=batch, causal=causal))
     return pts
+
+
+def unsplit():
+    """The wgmma backward without its head split (backward_configs.head_splits answering 1), memoized plans cleared
+    on the way in and out."""
+    import contextlib
+
+    import rtckern
+    from rtckern.ops._attention import backward_configs
+
+    @contextlib.contextmanager
+    def ctx():
+        real = backward_configs.head_splits
+        backward_configs.head_splits = lambda *a, **kw: 1
+        rtckern.clear_caches()
+        try:
+            yield
+        finally:
+            backward_configs.head_splits = real
+            rtckern.clear_caches()
+    return ctx()
 
 
 def tflops(p, ms):
@@ -57,6 +83,8 @@ def forced(impl: str):
 
     if not impl:
         return contextlib.nullcontext()
+    if impl == "unsplit":
+        return unsplit()
     return config.override(force_impl={"attention_backward": f"attention_backward.{impl}"})
 
 
@@ -66,8 +94,9 @@ def sdpa_backward_runner(backend_name, q, k, v, g, causal):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_(True) for t in (q, k, v))
+    gqa = q.shape[2] != k.shape[2]
     with sdpa_kernel(getattr(SDPBackend, backend_name)):
-        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
     gt = g.transpose(1, 2)
 
     def fn():
@@ -164,8 +193,12 @@ def run(args):
     for p in points:
         gen = torch.Generator(device="cuda").manual_seed(1)
         shp = (p["batch"], p["seqlen"], p["heads"], p["hd"])
-        q, k, v, g = (torch.randn(shp, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+        kv_shp = (p["batch"], p["seqlen"], p.get("heads_kv", p["heads"]), p["hd"])
+        q, g = (torch.randn(shp, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+        k, v = (torch.randn(kv_shp, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
         runners = {"rtckern": ("", lambda: rtckern_runner(q, k, v, g, p["causal"]))}
+        if kv_shp[2] != shp[2]:
+            runners["rtckern_unsplit"] = ("unsplit", lambda: rtckern_runner(q, k, v, g, p["causal"]))
         if args.deterministic:
             runners["rtckern_det"] = ("", lambda: rtckern_runner(q, k, v, g, p["causal"], deterministic=True))
         for impl in filter(None, args.impls.split(",")):
@@ -187,7 +220,8 @@ def run(args):
                    tflops={n: tflops(p, m[0]) for n, m in ms.items()})
         rows.append(row)
         line = " ".join(f"{n}={t:.0f}" for n, t in sorted(row["tflops"].items(), key=lambda kv: -kv[1]))
-        print(f"hd{p['hd']} s{p['seqlen']} b{p['batch']} causal={int(p['causal'])}: {line}", flush=True)
+        print(f"hd{p['hd']} h{p['heads']}/{kv_shp[2]} s{p['seqlen']} b{p['batch']} causal={int(p['causal'])}: {line}",
+              flush=True)
     return bench_result(rows, reps)
 
 
@@ -196,14 +230,20 @@ def bench_result(rows: list[dict], reps: int) -> Result:
 
     def ratio(t, other):
         return f"{t['rtckern'] / t[other]:.2f}x" if "rtckern" in t and other in t else None
-    table = Table(["hd", "heads", "seqlen", "batch", "causal", *names, "rtckern / flash", "rtckern / cudnn"],
-                  [[r["hd"], r["heads"], r["seqlen"], r["batch"], int(r["causal"]),
+    table = Table(["hd", "heads", "kv heads", "seqlen", "batch", "causal", *names, "rtckern / flash",
+                   "rtckern / cudnn"],
+                  [[r["hd"], r["heads"], r.get("heads_kv", r["heads"]), r["seqlen"], r["batch"], int(r["causal"]),
                     *[f"{r['tflops'][n]:.0f}" if n in r["tflops"] else None for n in names],
                     ratio(r["tflops"], "sdpa_flash"), ratio(r["tflops"], "sdpa_cudnn")] for r in rows])
-    note = ("bf16, 16k tokens per batch; TFLOP/s = 2.5 x forward FLOPs (halved for causal); median of CUDA-event "
+    note = ("bf16, 16k tokens per batch (GQA points: batch x seqlen as listed); TFLOP/s = 2.5 x forward FLOPs (halved for causal); median of CUDA-event "
             f"timings over {reps} back-to-back calls.")
     def plot(plt, meta):
-        return tflops_panels(plt, rows, f"attention backward bf16 on {gpu_name(meta)} ({meta.get('date')})")
+        # GQA points get panels of their own, labelled like head dims ("128 GQA 16/4")
+        def panel(r):
+            kv = r.get("heads_kv", r["heads"])
+            return str(r["hd"]) if kv == r["heads"] else f"{r['hd']} GQA {r['heads']}/{kv}"
+        return tflops_panels(plt, [dict(r, hd=panel(r)) for r in rows],
+                             f"attention backward bf16 on {gpu_name(meta)} ({meta.get('date')})")
     return Result("Attention backward: TFLOP/s against SDPA's flash and cuDNN backward", rows=rows,
                   body=[note, table], plot=plot if rows else None)
 

@@ -14,6 +14,10 @@
 // Both: blocks of 128 threads, 32 rows per block, 4 threads per row, 16-byte accesses
 // (grid (ceil(rows / 32), heads_q, batch)).
 //
+// attn_bwd_dkv_sum (the head-split backward's last step): dk[i] = T(sum_p part_k[p * count + i]) and likewise dv,
+// the slices p = 0 .. splits - 1 added in order (bitwise repeatable), for i < count (a multiple of 4: whole rows of
+// HD elements; dk and dv contiguous). Blocks of 256 threads, 4 elements per thread, a grid-stride loop.
+//
 // RTK_ATTN_VARLEN=1 (rtckern.ops.attention_varlen_backward; 0, the default, compiles to the same binary as without
 // it): o, dout, dq are packed (total_q, heads_q, HD), lse is (heads_q, total_q) (lse_bs unused), seqlen_q carries
 // total_q, and both kernels take cu_seqlens_q (int32, batch + 1 prefix sums) as their last parameter; grid z is the
@@ -154,6 +158,35 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
       y.v[e + 4] = rtk_from_float<T>(x1.v[e] * scale);
     }
     rtk_store_vec<T, 8>(pq + c * 8, y);
+  }
+}
+
+template <typename T, int HD>
+__global__ void RTK_LAUNCH_BOUNDS(256, 1)
+    attn_bwd_dkv_sum(const float* __restrict__ part_k, const float* __restrict__ part_v, T* __restrict__ dk,
+                     T* __restrict__ dv, long long count, long long splits) {
+  static_assert(HD % 4 == 0, "head dim");
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x * 4;
+  for (long long i = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < count; i += stride) {
+    rtk_vec<float, 4> sk = rtk_load_vec<float, 4>(part_k + i);
+    rtk_vec<float, 4> sv = rtk_load_vec<float, 4>(part_v + i);
+    for (long long p = 1; p < splits; ++p) {
+      const rtk_vec<float, 4> xk = rtk_load_vec<float, 4>(part_k + p * count + i);
+      const rtk_vec<float, 4> xv = rtk_load_vec<float, 4>(part_v + p * count + i);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sk.v[e] += xk.v[e];
+        sv.v[e] += xv.v[e];
+      }
+    }
+    rtk_vec<T, 4> yk, yv;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      yk.v[e] = rtk_from_float<T>(sk.v[e]);
+      yv.v[e] = rtk_from_float<T>(sv.v[e]);
+    }
+    rtk_store_vec<T, 4>(dk + i, yk);
+    rtk_store_vec<T, 4>(dv + i, yv);
   }
 }
 

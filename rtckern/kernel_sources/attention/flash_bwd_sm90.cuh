@@ -8,7 +8,14 @@
 //
 // One block per (key block j of BN = 64 * NWG keys, kv head, batch); NWG consumer warpgroups, warpgroup w owning
 // keys w * 64 .. w * 64 + 63 of the block. K_j, V_j stay in shared memory; the block walks every q head of its GQA
-// group and, for each, the query blocks i of BM rows that can see key block j. Per step (s = scale * log2 e):
+// group and, for each, the query blocks i of BM rows that can see key block j.
+//
+// Head split (gridDim.y = heads_kv * splits, splits dividing the GQA group): block (j, hk * splits + p) walks only
+// the p-th of `splits` equal slices of the group's q heads, so a GQA step of few kv heads (or a causal one, whose
+// first key blocks see every query) spreads over more blocks. Its dK (scaled) and dV are then partial sums: they go
+// in fp32 to dk / dv reinterpreted as float arrays of `splits` slices (slice p at p * seqlen_k * dkv_rs * batch
+// floats; dense (batch, seqlen_k, heads_kv, HD) strides in dkv_*; varlen: batch = 1), which attn_bwd_dkv_sum adds
+// in slice order (bitwise repeatable) and casts. Per step (s = scale * log2 e):
 //   S^T  = K_j Q_i^T     ss wgmma m64nBM, K-major A (K rows) and B (Q rows)        (keys as rows)
 //   dP^T = V_j dO_i^T    ss wgmma m64nBM, likewise with V and dO
 //   P^T  = exp2(s S^T - lse2_i) (masked keys: P = 0),  dS^T = P^T * (dP^T - dsum_i)
@@ -104,13 +111,15 @@ __global__ void __launch_bounds__(BN * 2, 1)
   const int t = lane & 3;
   const int key_in_tile = wg * 64 + (warp & 3) * 16 + g;  // this thread's first key row of S^T, dK, dV (+8)
   const int n_block = blockIdx.x;
-  const long long hk = blockIdx.y;
+  const int splits = static_cast<int>(gridDim.y / heads_kv);
+  const long long hk = blockIdx.y / splits;
+  const int part = static_cast<int>(blockIdx.y - hk * splits);
   const long long b = blockIdx.z;
 #if RTK_ATTN_VARLEN
   const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
   const int sq = seq.sq;
   const int sk = seq.sk;
-  const int group = static_cast<int>(heads_q / heads_kv);
+  const int group = static_cast<int>(heads_q / heads_kv) / splits;  // q heads this block walks
   const int n0 = n_block * BN;
   if (n0 >= sk) return;  // past this sequence's keys (the grid covers the longest one): the whole block leaves
   // 32-bit row offsets (the host checks that the totals and the padded rows fit in int): fewer live registers.
@@ -120,9 +129,10 @@ __global__ void __launch_bounds__(BN * 2, 1)
 #else
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
-  const int group = static_cast<int>(heads_q / heads_kv);
+  const int group = static_cast<int>(heads_q / heads_kv) / splits;  // q heads this block walks
   const int n0 = n_block * BN;
 #endif
+  const long long h_first = (hk * splits + part) * group;  // this block's first q head
   const int diag = sk - sq;
 
   // Query blocks that see key block j: key n0 is visible to query r iff r >= n0 - diag.
@@ -141,7 +151,7 @@ __global__ void __launch_bounds__(BN * 2, 1)
 
   auto load_step = [&](int it, int buf) {
     const int hq_local = it / nm;
-    const long long h = hk * group + hq_local;
+    const long long h = h_first + hq_local;
     const int m0 = (m_begin + it - hq_local * nm) * BM;
 #if RTK_ATTN_VARLEN
     load_tile_sw128<BM, HD, NT>(sQ + buf * L::q_bytes, q + static_cast<long long>(q0) * q_rs + h * q_hs, q_rs, m0, sq,
@@ -196,7 +206,7 @@ __global__ void __launch_bounds__(BN * 2, 1)
       cp_async_commit();
     }
     const int hq_local = it / nm;
-    const long long h = hk * group + hq_local;
+    const long long h = h_first + hq_local;
     const int m_block = m_begin + it - hq_local * nm;
     const int m0 = m_block * BM;
     const unsigned sQb = sQ + buf * L::q_bytes;
@@ -374,6 +384,31 @@ __global__ void __launch_bounds__(BN * 2, 1)
 
   // ---- epilogue: dK *= scale; stage dK in sK and dV in sV (swizzled), then 16-byte stores of rows < seqlen_k ----
   cp_async_wait<0>();  // a block with no step still has its K / V copies in flight
+  if (splits > 1) {
+    // Partial sums in fp32, straight from the accumulators: each quad of lanes stores 32 contiguous bytes of a row.
+#if RTK_ATTN_VARLEN
+    const long long slice = seqlen_k * dkv_rs;  // seqlen_k carries total_k
+    const long long base = part * slice + static_cast<long long>(k0) * dkv_rs + hk * dkv_hs;
+#else
+    const long long slice = seqlen_k * dkv_rs * gridDim.z;
+    const long long base = part * slice + b * dkv_bs + hk * dkv_hs;
+#endif
+    float* pk = reinterpret_cast<float*>(dk) + base;
+    float* pv = reinterpret_cast<float*>(dv) + base;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = n0 + key_in_tile + 8 * hh;
+      if (row < sk) {
+#pragma unroll
+        for (int j = 0; j < HD / 8; ++j) {
+          const long long o = static_cast<long long>(row) * dkv_rs + j * 8 + 2 * t;
+          *reinterpret_cast<float2*>(pk + o) = make_float2(acc_dk[j * 4 + 2 * hh] * scale, acc_dk[j * 4 + 2 * hh + 1] * scale);
+          *reinterpret_cast<float2*>(pv + o) = make_float2(acc_dv[j * 4 + 2 * hh], acc_dv[j * 4 + 2 * hh + 1]);
+        }
+      }
+    }
+    return;
+  }
   __syncthreads();     // every warpgroup's wgmma reads of sK, sV are complete (each waited for its own)
 #pragma unroll
   for (int j = 0; j < HD / 8; ++j)

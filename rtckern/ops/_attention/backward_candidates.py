@@ -1,7 +1,9 @@
 """Registry candidates of the attention backward op (op name "attention_backward"), in priority order:
 
   attention_backward.sm90a_wgmma  sm_90 only (arch-specific sm_90a cubin), head dims 64 and 128: the same three
-                                launches as sm80_mma with the main kernel on wgmma (flash_bwd_sm90.cuh, FA3 tiles)
+                                launches as sm80_mma with the main kernel on wgmma (flash_bwd_sm90.cuh, FA3 tiles);
+                                where the model of backward_configs.head_splits says so, the GQA group's q heads
+                                split over several blocks per key block and a fourth launch adds their fp32 dK / dV
   attention_backward.sm80_mma   sm_80 and newer (on sm_90 for head dims 32, 96, 256): a
                                 FlashAttention-2-class kernel on mma.sync m16n8k16 (flash_bwd_sm80.cuh) between
                                 the prep kernel (lse in log2, rowsum(dO * O), zeroed dQ accumulator) and the
@@ -77,7 +79,7 @@ def _row_kernels_steps(kernels, q, out, dout, lse, lay: dict, with_accum: bool, 
     return (kernels[0].launch, cfgs.ROWS.prep_grid(b, hq, sq), cfgs.ROWS.threads, 0, build)
 
 
-def _layout(q, head_dim: int, accum: bool, sem_count: int) -> tuple[dict, int]:
+def _layout(q, head_dim: int, accum: bool, sem_count: int, dkv_part_floats: int = 0) -> tuple[dict, int]:
     """Byte offsets of the workspace parts (each 16-byte aligned) and the total."""
     b, sq, hq, _ = q.shape
     rows = b * hq * cfgs.padded_rows(sq)
@@ -89,6 +91,11 @@ def _layout(q, head_dim: int, accum: bool, sem_count: int) -> tuple[dict, int]:
     if sem_count:
         lay["sem"] = end
         end += 4 * sem_count
+    if dkv_part_floats:  # the head split's fp32 dK and dV slices (16-byte vectors in the sum kernel)
+        end = -(-end // 16) * 16
+        lay["part_k"] = end
+        lay["part_v"] = end + 4 * dkv_part_floats
+        end += 8 * dkv_part_floats
     return lay, end
 
 
@@ -149,23 +156,30 @@ class Sm80Mma(_BwdCandidate):
         rows = Resources(block=cfgs.ROWS.threads)
         return (rows, Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(req.dim("head_dim"))), rows)
 
+    def head_splits(self, req: OpRequest, q, k) -> int:
+        """Blocks per (key block, kv head); 1: this kernel walks the whole GQA group in one block."""
+        return 1
+
     def prepare(self, req: OpRequest, kernels, q, k, v, dout, out, lse, scale: float) -> Prepared:
         tile = self.tile(req)
         b, sq, hq, d = q.shape
         sk, hk = k.shape[1], k.shape[2]
         det = req.flag("deterministic")
         m_blocks = tile.m_blocks(sq)
-        lay, total = _layout(q, d, True, b * hq * m_blocks if det else 0)
+        splits = self.head_splits(req, q, k)
+        count = b * sk * hk * d  # elements of dk (and dv)
+        lay, total = _layout(q, d, True, b * hq * m_blocks if det else 0, splits * count if splits > 1 else 0)
         prep = _row_kernels_steps(kernels, q, out, dout, lse, lay, True, tile.bm, m_blocks)
         lse2_off, dsum_off, acc_off = lay["lse2"], lay["dsum"], lay["accum"]
-        sem_off = lay.get("sem")
+        sem_off, pk_off, pv_off = lay.get("sem"), lay.get("part_k"), lay.get("part_v")
         main_tail = (_i64(sq), _i64(sk), _i64(hq), _i64(hk), _i64(cfgs.padded_rows(sq)), *_strides3(q),
                      *_strides3(k), *_strides3(v), *_strides3(dout), *_contiguous3(k.shape),
                      np.float32(scale * _LOG2E), np.float32(scale))
 
         def main_args(p):
             ws = p["ws"]
-            return (p["q"], p["k"], p["v"], p["dout"], ws + lse2_off, ws + dsum_off, ws + acc_off, p["dk"], p["dv"],
+            dk, dv = (ws + pk_off, ws + pv_off) if pk_off is not None else (p["dk"], p["dv"])
+            return (p["q"], p["k"], p["v"], p["dout"], ws + lse2_off, ws + dsum_off, ws + acc_off, dk, dv,
                     ws + sem_off if sem_off is not None else 0) + main_tail
 
         conv_tail = (_i64(sq), _i64(hq), *_contiguous3(q.shape), np.float32(scale))
@@ -173,8 +187,18 @@ class Sm80Mma(_BwdCandidate):
         def conv_args(p):
             return (p["ws"] + acc_off, p["dq"]) + conv_tail
 
-        steps = [prep, (kernels[1].launch, tile.grid(b, hk, sk), tile.threads, tile.smem_bytes(d), main_args),
+        gx, gy, gz = tile.grid(b, hk, sk)
+        steps = [prep, (kernels[1].launch, (gx, gy * splits, gz), tile.threads, tile.smem_bytes(d), main_args),
                  (kernels[2].launch, cfgs.ROWS.convert_grid(b, hq, sq), cfgs.ROWS.threads, 0, conv_args)]
+        if splits > 1:
+            sum_tail = (_i64(count), _i64(splits))
+
+            def sum_args(p):
+                return (p["ws"] + pk_off, p["ws"] + pv_off, p["dk"], p["dv"]) + sum_tail
+
+            per_block = 4 * cfgs.DKV_SUM_THREADS
+            blocks = min(-(-count // per_block), 8 * req.device.sm_count)
+            steps.append((kernels[3].launch, (blocks, 1, 1), cfgs.DKV_SUM_THREADS, 0, sum_args))
         return Prepared(total, steps)
 
 
@@ -198,6 +222,17 @@ class Sm90Wgmma(Sm80Mma):
 
     def tile(self, req: OpRequest) -> cfgs.Sm90BwdTile:
         return cfgs.SM90_BWD_TILES[req.dim("head_dim")]
+
+    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+        return super().kernel_specs(req) + (self._row_spec(req, cfgs.DKV_SUM_KERNEL),)
+
+    def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
+        return super().launch_resources(req) + (Resources(block=cfgs.DKV_SUM_THREADS),)
+
+    def head_splits(self, req: OpRequest, q, k) -> int:
+        b, sq, hq, d = q.shape
+        sk, hk = k.shape[1], k.shape[2]
+        return cfgs.head_splits(self.tile(req), b, hk, hq // hk, sq, sk, req.flag("causal"), d, req.device.sm_count)
 
 
 class Simt(_BwdCandidate):

@@ -13,11 +13,13 @@ from .configs import DTYPES, HEAD_DIMS
 __all__ = ("DTYPES", "HEAD_DIMS", "ROWS_SOURCE", "PREP_KERNEL", "CONVERT_KERNEL", "SM80_SOURCE", "SM80_KERNEL",
            "SIMT_SOURCE", "SIMT_DKDV_KERNEL", "SIMT_DQ_KERNEL", "ROW_PAD", "RowKernels", "ROWS", "Sm80BwdTile",
            "SM80_BWD_TILES", "pick_tile", "SimtBwdTile", "SIMT_BWD_TILE", "padded_rows", "SM90_SOURCE", "SM90_KERNEL",
-           "Sm90BwdTile", "SM90_BWD_TILES", "SM90_HEAD_DIMS")
+           "Sm90BwdTile", "SM90_BWD_TILES", "SM90_HEAD_DIMS", "DKV_SUM_KERNEL", "DKV_SUM_THREADS", "head_splits")
 
 ROWS_SOURCE = "attention/attn_bwd_rows.cuh"
 PREP_KERNEL = "rtk_attn::attn_bwd_prep"
 CONVERT_KERNEL = "rtk_attn::attn_bwd_convert"
+DKV_SUM_KERNEL = "rtk_attn::attn_bwd_dkv_sum"  # adds the head split's fp32 dK / dV slices (256 threads)
+DKV_SUM_THREADS = 256
 SM80_SOURCE = "attention/flash_bwd_sm80.cuh"
 SM80_KERNEL = "rtk_attn::flash_bwd_sm80"
 SM90_SOURCE = "attention/flash_bwd_sm90.cuh"
@@ -169,6 +171,51 @@ SM90_BWD_TILES: Mapping[int, Sm90BwdTile] = MappingProxyType({
     128: Sm90BwdTile(64, 128, 3),
 })
 SM90_HEAD_DIMS = tuple(SM90_BWD_TILES)
+
+# Cost model of the head split (head_splits): one key block's step (five GEMMs of BN x BM x HD) at the per-SM rate
+# the wgmma kernel reaches (~350 TFLOP/s over 132 SMs on an H100), and the split's extra traffic (fp32 slices of
+# dK and dV written by the main kernel and read back by attn_bwd_dkv_sum) at ~2.5 TB/s. Only the ratio matters.
+_SM_FLOPS = 2.6e12
+_BYTES_PER_S = 2.5e12
+
+
+def _makespan(works, sms: int) -> float:
+    """Steps until the last block ends when blocks start in launch order, one per SM, each on the SM that frees
+    first (the hardware's block scheduler, to a first approximation)."""
+    import heapq
+
+    if len(works) <= sms:
+        return float(max(works))
+    free = [0.0] * sms
+    for w in works:
+        heapq.heapreplace(free, free[0] + w)
+    return max(free)
+
+
+def head_splits(tile: "Sm90BwdTile", batch: int, heads_kv: int, group: int, seqlen_q: int, seqlen_k: int,
+                causal: bool, head_dim: int, sms: int) -> int:
+    """How many blocks share each (key block, kv head) of flash_bwd_sm90, each walking group / splits of its q heads
+    (a divisor of the GQA group): the count with the least modelled time. A GQA step with few kv heads launches
+    few blocks, and under causal masking the first key blocks (which see every query) set the pace; splitting
+    trades that for fp32 partial sums of dK / dV added by one more kernel."""
+    if group <= 1:
+        return 1
+    nk = -(-seqlen_k // tile.bn)
+    m_blocks = -(-seqlen_q // tile.bm)
+    diag = seqlen_k - seqlen_q
+    per_key = [max(0, m_blocks - (max(0, j * tile.bn - diag) // tile.bm if causal else 0)) for j in range(nk)]
+    step_s = 10.0 * tile.bn * tile.bm * head_dim / _SM_FLOPS
+    best, best_t = 1, None
+    for s in range(1, group + 1):
+        if group % s:
+            continue
+        works = [group // s * w + 1 for w in per_key] * (heads_kv * s * batch)  # + 1: load K / V, epilogue
+        t = _makespan(works, sms) * step_s
+        if s > 1:
+            t += (s * 8 * 2 + 2 * 2) * batch * seqlen_k * heads_kv * head_dim / _BYTES_PER_S
+        if best_t is None or t < best_t * 0.97:  # a split must win by more than the model's slack
+            best, best_t = s, t
+    return best
 
 
 def pick_tile(tiles, head_dim: int, smem_limit: int):

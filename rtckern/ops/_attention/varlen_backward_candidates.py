@@ -176,6 +176,14 @@ class Sm90Wgmma(_Varlen, dense.Sm90Wgmma):
     name = "attention_varlen_backward.sm90a_wgmma"
     prepare = Sm80Mma.prepare
 
+    # No head split here (its cost model needs the sequence lengths, which stay on the device): the dense
+    # candidate's three launches, without its dK / dV sum kernel.
+    def kernel_specs(self, req: OpRequest):
+        return super().kernel_specs(req)[:3]
+
+    def launch_resources(self, req: OpRequest):
+        return super().launch_resources(req)[:3]
+
 
 class Simt(_Varlen, dense.Simt):
     name = "attention_varlen_backward.simt"

@@ -18,8 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import rtckern  # noqa: E402
 from rtckern import config, ops  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
+from rtckern.ops._attention import backward_configs  # noqa: E402
 from rtckern.runtime import arrays as arr  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -220,6 +222,26 @@ def test_deterministic_is_bitwise_repeatable(impl, hd, causal):
             again = ops.attention_backward(dout, q, k, v, o, lse, causal=causal, deterministic=True)
             for a, b in zip(first, again):
                 assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4, 8])
+def test_head_splits(monkeypatch, splits):
+    """sm90a_wgmma with each head split forced (the cost model chooses among these): the GQA group's q heads over
+    `splits` blocks per key block, fp32 dK / dV slices added by the sum kernel."""
+    _skip_unless_served("sm90a_wgmma")
+    monkeypatch.setattr(backward_configs, "head_splits", lambda tile, b, hk, group, *rest: splits
+                        if group % splits == 0 else 1)
+    rtckern.clear_caches()  # call plans memoize the split
+    try:
+        with _force("sm90a_wgmma"):
+            for i, (b, sq, sk, hq, hk) in enumerate([(2, 300, 300, 8, 1), (1, 1000, 1000, 8, 1), (1, 129, 700, 16, 2),
+                                                     (2, 700, 129, 8, 1), (1, 2048, 2048, 16, 2)]):
+                for hd in (64, 128):
+                    check("bf16" if (i + hd) % 2 else "fp16", b, sq, sk, hq, hk, hd, i % 2 == 0,
+                          seed=10 * i + hd + splits, deterministic=i == 1)
+    finally:
+        monkeypatch.undo()
+        rtckern.clear_caches()
 
 
 @pytest.mark.parametrize("impl", DET_IMPLS)

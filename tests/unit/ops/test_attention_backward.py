@@ -226,11 +226,24 @@ def test_launch_arguments_match_the_kernels(impl, det):
     if impl != "simt":
         tile = cand.tile(req)
         accum = 8 * rows
+        sem = 4 * 2 * 8 * tile.m_blocks(300) if det else 0
         assert prep_args[5] == ptrs["ws"] + accum
         assert prep_args[6] == (ptrs["ws"] + accum + 4 * 2 * 8 * 300 * 64 if det else 0)
         assert [int(a) for a in prep_args[-2:]] == [tile.bm, tile.m_blocks(300)]
-        assert prepared.workspace_bytes == accum + 4 * 2 * 8 * 300 * 64 + (4 * 2 * 8 * tile.m_blocks(300) if det else 0)
-        assert kernels[1].calls[0][0] == tile.grid(2, 2, 200)
+        gx, gy, gz = tile.grid(2, 2, 200)
+        main_args = kernels[1].calls[0][2]
+        splits = K.head_splits(tile, 2, 2, 4, 300, 200, True, 64, dev.sm_count) if impl == "sm90a_wgmma" else 1
+        if splits == 1:
+            assert main_args[7:9] == (ptrs["dk"], ptrs["dv"])
+            assert prepared.workspace_bytes == accum + 4 * 2 * 8 * 300 * 64 + sem
+        else:  # fp32 dK / dV slices after the counters, added by the fourth launch into dk, dv
+            count = 2 * 200 * 2 * 64
+            part_k = ptrs["ws"] + -(-(accum + 4 * 2 * 8 * 300 * 64 + sem) // 16) * 16
+            assert main_args[7:9] == (part_k, part_k + 4 * splits * count)
+            assert prepared.workspace_bytes == part_k - ptrs["ws"] + 8 * splits * count
+            assert kernels[3].calls[0][2] == (part_k, part_k + 4 * splits * count, ptrs["dk"], ptrs["dv"], count,
+                                              splits)
+        assert kernels[1].calls[0][0] == (gx, gy * splits, gz)
         assert kernels[2].calls[0][0] == (10, 8, 2)
     else:
         assert prep_args[5] == 0 and prep_args[6] == 0 and prepared.workspace_bytes == 8 * rows
@@ -279,6 +292,21 @@ def test_every_variant_compiles_without_spills(arch):
     assert len(specs) >= (20 if arch == "sm_75" else 60)
     failures = compile_all(specs, no_spills=True)
     assert not failures, "\n".join(failures)
+
+
+def test_head_split_model():
+    """backward_configs.head_splits: no split without GQA; a divisor of the group; a split where few kv heads (or
+    causal masking, whose first key blocks see every query) leave SMs idle; none where the grid is already full."""
+    t = K.SM90_BWD_TILES[128]
+    assert K.head_splits(t, 1, 1, 1, 512, 512, True, 128, 132) == 1  # no GQA: nothing to split
+    # Llama-style training step: batch 2, 2k tokens, 16 q heads over 4 kv heads, causal: 128 blocks, the first
+    # key blocks of each head 4x longer than the average -> each q head its own block
+    assert K.head_splits(t, 2, 4, 4, 2048, 2048, True, 128, 132) == 4
+    assert K.head_splits(t, 2, 4, 4, 2048, 2048, False, 128, 132) == 1  # 128 equal blocks on 132 SMs: full
+    assert K.head_splits(t, 16, 8, 4, 4096, 4096, False, 128, 132) == 1  # many waves already
+    for b, hk, g, s, causal in ((1, 1, 8, 300, True), (1, 2, 6, 1000, False), (3, 1, 3, 77, True)):
+        n = K.head_splits(t, b, hk, g, s, s, causal, 128, 132)
+        assert n > 1 and g % n == 0, (b, hk, g, s, causal, n)
 
 
 def test_sm90_tiles():
