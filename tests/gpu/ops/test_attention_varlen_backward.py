@@ -5,8 +5,8 @@ candidate, bf16 and fp16, deterministic or not, strided views of a packed qkv bu
 Each sequence is checked against a float64 reference (autograd on the float64 attention of that sequence alone):
 for each of dq, dk, dv, max |error| <= 2x that of torch's math SDPA backward in the same dtype (reductions in that
 dtype) plus half an ulp of the output dtype, as tests/gpu/ops/test_attention_backward.py; and against the dense
-backward run on that sequence alone through the twin candidate, from the same o and lse: dk and dv the same bits
-(written once, the same code path), dq the same bits in deterministic mode and on the SIMT kernels, to rounding
+backward run on that sequence alone through the twin candidate, from the same o and lse (the wgmma one without its
+head split, which the varlen kernel does not use): dk and dv the same bits (written once, the same code path), dq the same bits in deterministic mode and on the SIMT kernels, to rounding
 otherwise (fp32 atomics in a varying order). Rows that see no key get dq = 0; sequences without keys (or queries)
 get zero gradients. Outputs are poisoned (NaN) before each call. Also: NaN rows after the last sequence and an inf
 in a neighbouring sequence never reach a sequence's gradients; deterministic mode is bitwise repeatable over 10
@@ -16,6 +16,7 @@ The kernels these tests use are compiled up front in parallel (rtckern.prefill) 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import zlib
@@ -24,8 +25,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import rtckern  # noqa: E402
 from rtckern import config, ops  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
+from rtckern.ops._attention import backward_configs  # noqa: E402
 from rtckern.runtime import arrays as arr  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -179,6 +182,20 @@ def math_sdpa_grads(q, k, v, dout, causal, scale, seen):
     return qt.grad.transpose(1, 2), kt.grad.transpose(1, 2), vt.grad.transpose(1, 2)
 
 
+@contextlib.contextmanager
+def unsplit():
+    """The dense wgmma backward without its head split (the varlen kernel's dK / dV code path); memoized call plans
+    cleared on the way in and out."""
+    real = backward_configs.head_splits
+    backward_configs.head_splits = lambda *a, **kw: 1
+    rtckern.clear_caches()
+    try:
+        yield
+    finally:
+        backward_configs.head_splits = real
+        rtckern.clear_caches()
+
+
 def check(impl, dtype, lens_q, lens_k, hq, hk, hd, causal, det, seed, packed_view=False, tail=0, dense=True):
     torch.manual_seed(seed)
     q, k, v, dout = make(dtype, lens_q, lens_k, hq, hk, hd, packed_view, tail)
@@ -212,8 +229,9 @@ def check(impl, dtype, lens_q, lens_k, hq, hk, hd, causal, det, seed, packed_vie
         if not bool(ref[3].all()):
             assert bool((got[0][~ref[3]] == 0).all()), f"sequence {b}: queries that see no key need dq = 0 ({case})"
         if dense:  # the dense backward on this sequence alone, through the twin candidate, from the same o and lse
-            w = ops.attention_backward(dos, qs, ks, vs, o[q0:q1][None], lse[:, q0:q1][None], causal=causal,
-                                       softmax_scale=scale, deterministic=det)
+            with unsplit():
+                w = ops.attention_backward(dos, qs, ks, vs, o[q0:q1][None], lse[:, q0:q1][None], causal=causal,
+                                           softmax_scale=scale, deterministic=det)
             assert torch.equal(got[1], w[1][0]) and torch.equal(got[2], w[2][0]), \
                 f"sequence {b}: dk / dv differ from the dense backward's ({case})"
             if det or impl == "simt":
