@@ -14,7 +14,7 @@ inside a family belongs here, under a stable name, rather than imported from a p
 
 from __future__ import annotations
 
-import functools
+import atexit
 import itertools
 import os
 import re
@@ -148,18 +148,48 @@ class HostileRedis:
 
 
 # ---- compile many kernels on every core ----
-def _jobs(jobs: int | None) -> int:
-    return max(1, jobs or os.cpu_count() or 1)
-
-
-def _spawn_pool(jobs: int):
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
-
-
+# The every-variant tests compile thousands of kernels. What keeps that short:
+# - kernels of one source (same text, defines and options, same target) compile as name expressions of one NVRTC
+#   program: the headers are parsed once for the lot, and each kernel still gets its own entry, lowered name and
+#   ptxas report (a program that fails is compiled again one kernel at a time, to name the failures as a lone
+#   compile does);
+# - the programs go to one pool of spawned processes (every core, at a lower priority) kept for the process, and
+#   the calling process compiles too while it waits: it takes the programs it needs that no worker has started;
+# - prefetch() queues a test's kernels ahead (the test session does it at collection for the tests marked
+#   `compiles`), so they compile on the spare core while the other tests run;
+# - a verdict is kept per kernel, check and compile settings for the process: a kernel two tests check compiles once.
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_PROPERTIES = re.compile(r"Function properties for (\S+)\s*\n[^\n]*?(\d+) bytes spill stores, (\d+) bytes spill loads")
+_CHUNK = 16  # kernels per program at most: small enough to balance the cores, large enough to share the parse
+_MAX_WORKERS = 32  # an NVRTC compile of a large kernel takes up to ~1 GB
+_WORKER_NICE = 10  # the pool yields to the test process (whose tests may time things)
+_pool = None  # the ProcessPoolExecutor, made on first use
+_workers = max(1, min(_MAX_WORKERS, os.cpu_count() or 1))
+_verdicts: dict = {}  # (spec, check) -> None or the failure line
+_pending: dict = {}  # (spec, check) -> (future of its chunk's verdicts, the chunk): queued by _submit
+
+
+def _executor():
+    """The process's pool: a spawned worker per core (spawned: NVRTC state is never forked), made on first use."""
+    global _pool
+    if _pool is None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        _pool = ProcessPoolExecutor(max_workers=_workers, mp_context=multiprocessing.get_context("spawn"),
+                                    initializer=os.nice, initargs=(_WORKER_NICE,))
+        atexit.register(_shutdown_pool)
+    return _pool
+
+
+def _shutdown_pool() -> None:
+    """Cancel what no worker has started and stop the workers (at exit, or after a worker died)."""
+    global _pool
+    pool, _pool = _pool, None
+    _pending.clear()
+    if pool is not None:
+        atexit.unregister(_shutdown_pool)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _compile_spec(spec, no_spills: bool = False) -> str | None:
@@ -188,62 +218,164 @@ def _compile_spec(spec, no_spills: bool = False) -> str | None:
     return None
 
 
-def compile_all(specs, jobs: int | None = None, no_spills: bool = False) -> list[str]:
-    """Compile every spec (no cache), spread over ``jobs`` processes (default: every core); returns the failures
-    (an error or a compiler warning; with no_spills, register spills that ptxas reports for NVIDIA targets), one
-    line each, in spec order."""
-    specs = list(specs)
-    jobs = min(_jobs(jobs), len(specs) or 1)
-    fn = functools.partial(_compile_spec, no_spills=no_spills)
-    if jobs == 1:
-        return [f for f in map(fn, specs) if f]
-    with _spawn_pool(jobs) as ex:
-        return [f for f in ex.map(fn, specs, chunksize=max(1, len(specs) // (4 * jobs))) if f]
-
-
-def _compile_program(args) -> str | None:
-    """One NVRTC program holding ``exprs`` as name expressions: None if it compiles warning-free and every
-    expression has a lowered name, else the log or the expression that failed."""
-    source, exprs, arch = args
+def _program_passes(specs, no_spills: bool) -> bool:
+    """True when ``specs`` (one NVRTC source, defines, options and cubin target) compile as one program to a
+    binary with a warning-free log, every kernel with a lowered name and, with no_spills, ptxas's report for each
+    kernel and no spill in any function. False sends the kernels to lone compiles, which name the failures."""
     from cuda.bindings import nvrtc
 
-    from .compiler.nvrtc import BASE_OPTIONS, NvrtcCompiler
-    from .sources import read_source
+    from .compiler import compiler_for
 
-    opts = [f"--gpu-architecture={arch}", *BASE_OPTIONS] + [f"-I{d}" for d in NvrtcCompiler().include_dirs()]
-    err, prog = nvrtc.nvrtcCreateProgram(read_source(source).encode(), source.encode(), 0, [], [])
+    spec = specs[0]
+    opts = compiler_for(spec.arch).options_for(spec) + (["--ptxas-options=-v"] if no_spills else [])
+    name = (spec.source.rsplit("/", 1)[-1] or "kernel.cu").encode()
+    err, prog = nvrtc.nvrtcCreateProgram(spec.program_text().encode(), name, 0, [], [])
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        return f"nvrtcCreateProgram failed: {err}"
+        return False
     try:
+        exprs = [s.name_expression.encode() for s in specs]
         for e in exprs:
-            nvrtc.nvrtcAddNameExpression(prog, e.encode())
+            nvrtc.nvrtcAddNameExpression(prog, e)
         (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)
         log = b" " * size
         nvrtc.nvrtcGetProgramLog(prog, log)
-        text = log.decode(errors="replace")
-        if res != nvrtc.nvrtcResult.NVRTC_SUCCESS or "warning" in text.lower():
-            return text[:4000]
+        log = log.decode(errors="replace")
+        if res != nvrtc.nvrtcResult.NVRTC_SUCCESS or "warning" in log.lower():
+            return False
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or not size:
+            return False
+        lowered = []
         for e in exprs:
-            err, lowered = nvrtc.nvrtcGetLoweredName(prog, e.encode())
-            if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or not lowered:
-                return f"no lowered name for {e}"
+            err, low = nvrtc.nvrtcGetLoweredName(prog, e)
+            if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or not low:
+                return False
+            lowered.append(low.decode() if isinstance(low, bytes) else str(low))
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return None
+    if no_spills:
+        props = {m.group(1): int(m.group(2)) or int(m.group(3)) for m in _PROPERTIES.finditer(log)}
+        if any(props.values()) or not all(low in props for low in lowered):
+            return False
+    return True
+
+
+def _groupable(spec) -> bool:
+    return not spec.arch.gfx and not spec.arch.ptx
+
+
+def _check_chunk(specs, no_spills: bool) -> list[str | None]:
+    """The verdict on each spec of a chunk."""
+    if _groupable(specs[0]):
+        try:
+            if _program_passes(specs, no_spills):
+                return [None] * len(specs)
+        except Exception:  # anything odd in the shared program: the lone compiles tell what it was
+            pass
+    return [_compile_spec(s, no_spills) for s in specs]
+
+
+def _check_chunk_in_worker(specs, no_spills: bool, current) -> list[str | None]:
+    """A pool worker's job: _check_chunk under the caller's settings (include dirs, lineinfo, CUDA_HOME)."""
+    import dataclasses
+
+    from . import config
+
+    with config.override(**{f.name: getattr(current, f.name) for f in dataclasses.fields(current)}):
+        return _check_chunk(specs, no_spills)
+
+
+def _chunks(specs: list, workers: int) -> list[list]:
+    """Specs of one program (source, inline code, defines, options, cubin target) in chunks of at most _CHUNK,
+    smaller for small groups so every core gets work; AMD and PTX targets one at a time. Largest chunks first."""
+    groups: dict = {}
+    for s in specs:
+        key = (s.source, s.code, s.defines, s.options, s.arch) if _groupable(s) else s
+        groups.setdefault(key, []).append(s)
+    out = []
+    for g in groups.values():
+        size = max(1, min(_CHUNK, -(-len(g) // (4 * workers))))
+        out += [g[i:i + size] for i in range(0, len(g), size)]
+    return sorted(out, key=len, reverse=True)
+
+
+def _check(no_spills: bool) -> tuple:
+    """What a verdict depends on besides the spec: the check, and the settings that reach the compile."""
+    from . import config
+
+    current = config.settings()
+    return no_spills, current.extra_include_dirs, current.lineinfo, current.cuda_home
+
+
+def _submit(specs, no_spills: bool) -> None:
+    """Queue on the pool every spec with neither a verdict nor a queued compile."""
+    from . import config
+
+    check = _check(no_spills)
+    todo = [s for s in dict.fromkeys(specs) if (s, check) not in _verdicts and (s, check) not in _pending]
+    if not todo:
+        return
+    current = config.settings()
+    pool = _executor()
+    for chunk in _chunks(todo, _workers):
+        fut = pool.submit(_check_chunk_in_worker, chunk, no_spills, current)
+        for s in chunk:
+            _pending[(s, check)] = (fut, chunk)
+
+
+def prefetch(specs, no_spills: bool = False) -> None:
+    """Start compiling ``specs`` on the pool and return at once: a later compile_all of them takes these verdicts.
+    The test session calls it at collection for each test marked ``compiles`` (tests/conftest.py)."""
+    _submit(specs, no_spills)
+
+
+def compile_all(specs, jobs: int | None = None, no_spills: bool = False) -> list[str]:
+    """Compile every spec (no cache) and return the failures (an error or a compiler warning; with no_spills,
+    register spills that ptxas reports for NVIDIA targets), one line each, in spec order. Kernels of one source
+    compile as one NVRTC program (one parse of the headers), on the process's pool of every core and in this
+    process; ``jobs=1`` compiles here only. A kernel checked before in this process (same spec, check and compile
+    settings), or queued by prefetch(), is not compiled again."""
+    specs = list(dict.fromkeys(specs))
+    check = _check(no_spills)
+    if jobs != 1:
+        _submit(specs, no_spills)
+    queued = list({id(fut): (fut, chunk) for fut, chunk in
+                   (_pending[(s, check)] for s in specs if (s, check) in _pending)}.values())
+    for fut, chunk in reversed(queued):  # what no worker has started, this process compiles (last queued first)
+        if fut.cancel():
+            _record(chunk, check, _check_chunk(chunk, no_spills))
+    for fut, chunk in queued:
+        if not fut.cancelled():
+            try:
+                verdicts = fut.result()
+            except Exception:  # a worker died (out of memory?): start a new pool; the rest compiles here
+                _shutdown_pool()
+                continue
+            _record(chunk, check, verdicts)
+    todo = [s for s in specs if (s, check) not in _verdicts]
+    for chunk in _chunks(todo, 1):
+        _record(chunk, check, _check_chunk(chunk, no_spills))
+    return [v for v in (_verdicts[(s, check)] for s in specs) if v]
+
+
+def _record(chunk, check, verdicts) -> None:
+    for s, v in zip(chunk, verdicts):
+        _verdicts[(s, check)] = v
+        _pending.pop((s, check), None)
+
+
+def name_expression_specs(source: str, exprs, arch: str) -> list:
+    """KernelSpecs of ``source`` (a path under kernel_sources/), one per name expression, for ``arch``."""
+    from .spec import KernelSpec
+
+    return [KernelSpec(source, e, arch) for e in exprs]
 
 
 def compile_name_expressions(source: str, exprs, arch: str, jobs: int | None = None) -> list[str]:
-    """Compile ``source`` (a path under kernel_sources/) for ``arch`` with every name expression in ``exprs``,
-    as one NVRTC program per process (the headers are parsed once per program), on ``jobs`` processes; returns
-    the failures."""
-    exprs = list(exprs)
-    jobs = min(_jobs(jobs), len(exprs) or 1)
-    parts = [(source, exprs[i::jobs], arch) for i in range(jobs)]
-    if jobs == 1:
-        return [f for f in map(_compile_program, parts) if f]
-    with _spawn_pool(jobs) as ex:
-        return [f for f in ex.map(_compile_program, parts) if f]
+    """compile_all of ``source`` (a path under kernel_sources/) for ``arch`` with every name expression in
+    ``exprs``; returns the failures."""
+    return compile_all(name_expression_specs(source, exprs, arch), jobs)
 
 
 def norms_variants(arch: str):

@@ -1,6 +1,9 @@
-"""Shared fixtures: a fresh cache directory per test, a tiny kernel spec, and GPU skipping."""
+"""Shared fixtures: a fresh cache directory per test, a tiny kernel spec, GPU skipping, and the every-variant
+tests' kernels queued for compiling at collection (the ``compiles`` marker)."""
 
 from __future__ import annotations
+
+import inspect
 
 import pytest
 
@@ -16,6 +19,32 @@ def _gpu_visible() -> bool:
     return device_count() > 0
 
 
+def pytest_collection_modifyitems(items):
+    """The tests marked ``compiles`` run last: the others run first, while their kernels compile on the spare core."""
+    items[:] = [i for i in items if i.get_closest_marker("compiles") is None] + \
+        [i for i in items if i.get_closest_marker("compiles") is not None]
+
+
+def pytest_collection_finish(session):
+    """Queue the kernels of every test marked ``compiles(builder=..., no_spills=False)`` on rtckern.testing's pool
+    before the first test runs: they compile on the spare core (and on both while a test waits for them) while the
+    other tests run here. ``builder`` takes the test's parameters it names and returns the KernelSpecs the test
+    will give compile_all; whatever it returns that the test does not ask for is only wasted work."""
+    if session.config.option.collectonly or hasattr(session.config, "workerinput"):  # xdist: a worker runs a share
+        return
+    from rtckern.testing import prefetch
+
+    for item in session.items:
+        for mark in item.iter_markers("compiles"):
+            kwargs = dict(mark.kwargs)
+            builder = kwargs.pop("builder")
+            params = getattr(item, "callspec", None)
+            names = inspect.signature(builder).parameters
+            try:
+                specs = builder(**{k: v for k, v in (params.params if params else {}).items() if k in names})
+            except Exception:  # the test calls it too, and fails there with the whole story
+                continue
+            prefetch(specs, **kwargs)
 
 
 def pytest_runtest_setup(item):

@@ -162,6 +162,13 @@ class NvrtcCompiler(Compiler):
         return KeyInputs(self.identity(), self.setting_options(), tuple(settings().extra_include_dirs),
                          (cuda_include_dir(),))
 
+    def options_for(self, spec: KernelSpec) -> list[str]:
+        """Every option of ``spec``'s compile: target, base, the spec's, the settings', include dirs."""
+        arch = spec.arch
+        opts = [f"--gpu-architecture={arch.compute if arch.ptx else arch.sm}", *BASE_OPTIONS, *spec.options,
+                *self.setting_options()]
+        return opts + [f"-I{d}" for d in self.include_dirs()]
+
     def compile(self, spec: KernelSpec) -> CompiledKernel:
         from cuda.bindings import nvrtc
 
@@ -172,9 +179,7 @@ class NvrtcCompiler(Compiler):
         supported = self.supported_archs()
         if arch.number not in supported:
             raise ArchError(nvrtc_unsupported_message(arch, supported, self.version()))
-        target = f"--gpu-architecture={arch.compute if arch.ptx else arch.sm}"
-        opts = [target, *BASE_OPTIONS, *spec.options, *self.setting_options()]
-        opts += [f"-I{d}" for d in self.include_dirs()]
+        opts = self.options_for(spec)
         text = spec.program_text()
         prog_name = Path(spec.source).name or "kernel.cu"
         t0 = time.perf_counter()

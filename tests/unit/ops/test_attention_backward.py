@@ -283,12 +283,17 @@ def _variants(arch: str):
                         yield from cand.kernel_specs(C.request(dt, hd, causal, det, dev))
 
 
+def _unique_variants(arch: str) -> list:
+    return list(dict.fromkeys(_variants(arch)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90"])
+@pytest.mark.compiles(builder=_unique_variants, no_spills=True)
 def test_every_variant_compiles_without_spills(arch):
     from rtckern.testing import compile_all
 
-    specs = list(dict.fromkeys(_variants(arch)))
+    specs = _unique_variants(arch)
     assert len(specs) >= (20 if arch == "sm_75" else 60)
     failures = compile_all(specs, no_spills=True)
     assert not failures, "\n".join(failures)
@@ -336,6 +341,12 @@ def test_sm90_variants_compile_without_spills():
     assert not failures, "\n".join(failures)
 
 
+def _hip_sample() -> list:
+    specs = _unique_variants("gfx90a")
+    return specs[::3] + specs[-1:]
+
+
+@pytest.mark.compiles(builder=_hip_sample)
 def test_hip_variants_compile(cache_dir):
     from rtckern.compiler.hiprtc import HiprtcCompiler, HiprtcUnavailable
     from rtckern.testing import compile_all
@@ -346,8 +357,7 @@ def test_hip_variants_compile(cache_dir):
         pytest.skip(f"no hiprtc here: {e}")
     e = explain("attention_backward", dtype="fp16", shape="2x128x8x64", arch="gfx90a")
     assert e.chosen == "attention_backward.simt"
-    specs = list(dict.fromkeys(_variants("gfx90a")))
-    assert not compile_all(specs[::3] + specs[-1:])
+    assert not compile_all(_hip_sample())
 
 
 @pytest.mark.parametrize("hd", [64, 128])

@@ -3,9 +3,11 @@ hand-described devices, tuning-table lookups, and real NVRTC compiles of every k
 and sm_90."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -511,17 +513,46 @@ def _all_name_expressions(arch: str) -> list[str]:
     return sorted(exprs)
 
 
+def _compiled_expressions(arch: str) -> list[str]:
+    """Every variant for the target arch; a fixed 1-in-5 sample elsewhere keeps CI short."""
+    exprs = _all_name_expressions(arch)
+    return exprs if arch == "sm_90" else exprs[::5] + exprs[-1:]
+
+
+@contextlib.contextmanager
+def _as_fresh():
+    """What the `fresh` fixture gives the candidates (no tuning tables: the heuristic's configs), outside a test."""
+    from rtckern import tuning
+
+    shipped = tuning.SHIPPED_DIR
+    with tempfile.TemporaryDirectory() as d:
+        tuning.SHIPPED_DIR = Path(d) / "shipped"
+        try:
+            with config.override(tuning_table_dir=Path(d) / "tuning", persist_decisions=False):
+                cands._configs.clear()
+                yield
+        finally:
+            cands._configs.clear()
+            tuning.SHIPPED_DIR = shipped
+
+
+def _fresh_compiled_specs(arch: str) -> list:
+    """The kernels test_every_variant_compiles_with_nvrtc compiles (under `fresh`), queued at collection."""
+    from rtckern.testing import name_expression_specs
+
+    with _as_fresh():
+        return name_expression_specs(geometry.SOURCE, _compiled_expressions(arch), arch)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.compiles(builder=_fresh_compiled_specs)
 def test_every_variant_compiles_with_nvrtc(arch, fresh):
-    """Every variant as a name expression of one NVRTC program per core (a real compile of each)."""
+    """Every variant as a name expression, several to an NVRTC program, on every core (a real compile of each)."""
     pytest.importorskip("cuda.bindings.nvrtc")
     from rtckern.testing import compile_name_expressions
 
-    exprs = _all_name_expressions(arch)
-    assert len(exprs) > 100
-    if arch != "sm_90":  # every variant for the target arch; a fixed 1-in-5 sample elsewhere keeps CI short
-        exprs = exprs[::5] + exprs[-1:]
-    failures = compile_name_expressions(geometry.SOURCE, exprs, arch)
+    assert len(_all_name_expressions(arch)) > 100
+    failures = compile_name_expressions(geometry.SOURCE, _compiled_expressions(arch), arch)
     assert not failures, "\n".join(failures)
 
 

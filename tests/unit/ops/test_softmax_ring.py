@@ -150,12 +150,8 @@ def test_tune_problem_matches_the_benchmark_shapes():
     assert g.sq == 1 and g.rows == 131072  # the masked backward is the plain problem
 
 
-def test_every_ring_variant_compiles_with_nvrtc():
-    """Every ring config the sweep times on sm_90 (each mask kind and dtype, the row lengths of the tuning tables),
-    as name expressions of one NVRTC program per core (a real compile of each)."""
-    pytest.importorskip("cuda.bindings.nvrtc")
-    from rtckern.testing import compile_name_expressions
-
+def _ring_sweep_expressions() -> list[str]:
+    """Every ring config the sweep times on sm_90 (each mask kind and dtype, the row lengths of the tuning tables)."""
     smem = DeviceInfo.for_arch("sm_90").max_smem_per_block_optin
     exprs = set()
     for direction in (FWD, BWD):
@@ -165,6 +161,23 @@ def test_every_ring_variant_compiles_with_nvrtc():
                     for r in ring.sweep_rings(direction, kind, dt, n, smem):
                         args = ", ".join(map(str, r.template_args(direction, kind, dt)))
                         exprs.add(f"{ring.kernel_name(direction)}<{args}>")
+    return sorted(exprs)
+
+
+def _ring_sweep_specs() -> list:
+    from rtckern.testing import name_expression_specs
+
+    return name_expression_specs(geometry.SOURCE, _ring_sweep_expressions(), "sm_90")
+
+
+@pytest.mark.compiles(builder=_ring_sweep_specs)
+def test_every_ring_variant_compiles_with_nvrtc():
+    """Every ring config the sweep times on sm_90, as name expressions, several to an NVRTC program, on every core
+    (a real compile of each)."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from rtckern.testing import compile_name_expressions
+
+    exprs = _ring_sweep_expressions()
     assert len(exprs) > 50
-    failures = compile_name_expressions(geometry.SOURCE, sorted(exprs), "sm_90")
+    failures = compile_name_expressions(geometry.SOURCE, exprs, "sm_90")
     assert not failures, "\n".join(failures)

@@ -1,0 +1,115 @@
+"""rtckern.testing.compile_all, which the every-variant tests rely on: kernels of one source compile as one NVRTC
+program, and each kernel's verdict (error, warning, spills) is still its own, as a lone compile gives it; kernels
+queued by prefetch() or checked before are not compiled again. (Verdicts are kept for the process: each test here
+compiles source text of its own.)"""
+from __future__ import annotations
+
+import pytest
+
+from rtckern.arch import Arch
+from rtckern.spec import KernelSpec
+from rtckern.testing import compile_all, compile_name_expressions
+
+pytest.importorskip("cuda.bindings.nvrtc")
+
+SOURCE = r"""
+template <int N>
+__global__ void fill(float* y) {
+  static_assert(N != 3, "N = 3 is refused");
+  y[threadIdx.x] = N;
+}
+
+template <int N>
+__global__ void unused(float* y) {
+  int never_read = N;  // a warning (declared but never referenced) for every N
+  y[0] = 1.0f;
+}
+
+template <int N>
+__global__ void __launch_bounds__(256) pressure(const float* __restrict__ x, float* __restrict__ y, int k) {
+  float acc[N];  // N = 64 spills (48 bytes on sm_80 with NVRTC 13), N = 2 does not
+#pragma unroll
+  for (int i = 0; i < N; ++i) acc[i] = x[threadIdx.x * N + i];
+  for (int r = 0; r < k; ++r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] = acc[i] * acc[(i + r) % N] + x[i];
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) y[threadIdx.x * N + i] = acc[i];
+}
+"""
+
+
+def _spec(expr: str, arch: str = "sm_80", options=(), tag: str = "") -> KernelSpec:
+    return KernelSpec("test/shared.cu", expr, Arch.parse(arch), code=SOURCE + f"// {tag}\n", options=options)
+
+
+def test_one_bad_kernel_among_good_ones_is_the_only_failure():
+    specs = [_spec(f"fill<{n}>") for n in (1, 2, 3, 4, 5)]
+    failures = compile_all(specs, jobs=1)
+    assert len(failures) == 1 and failures[0].startswith("fill<3>: ") and "N = 3 is refused" in failures[0]
+
+
+def test_a_warning_names_its_kernel():
+    failures = compile_all([_spec("fill<7>"), _spec("unused<1>"), _spec("fill<8>")], jobs=1)
+    assert len(failures) == 1 and failures[0].startswith("unused<1>: warnings: ")
+
+
+def test_spills_are_checked_per_kernel():
+    opts = ("--maxrregcount=32",)
+    small, big = _spec("pressure<2>", options=opts), _spec("pressure<64>", options=opts)
+    assert compile_all([small], jobs=1, no_spills=True) == []
+    failures = compile_all([small, big, _spec("pressure<3>", options=opts)], jobs=1, no_spills=True)
+    assert len(failures) == 1 and failures[0].startswith("pressure<64> (sm_80): ") and "bytes spill" in failures[0]
+    assert compile_all([big], jobs=1) == []  # without the spill check it compiles
+
+
+def test_programs_spread_over_processes_give_the_same_verdicts():
+    specs = [_spec(f"fill<{n}>", arch) for arch in ("sm_80", "sm_90") for n in range(10, 50)]
+    specs += [_spec("fill<3>", "sm_90"), _spec("unused<2>", "sm_80")]
+    failures = compile_all(specs, jobs=2)
+    assert [f.split(":")[0] for f in failures] == ["fill<3>", "unused<2>"]
+
+
+def test_name_expressions_of_a_kernel_source():
+    assert compile_name_expressions("core/axpy.cuh", ["axpy<float>", "axpy<rtk_half>"], "sm_80") == []
+    failures = compile_name_expressions("core/axpy.cuh", ["axpy<float>", "axpy<no_such_type>"], "sm_80", jobs=1)
+    assert len(failures) == 1 and failures[0].startswith("axpy<no_such_type>: ")
+
+
+def test_good_kernels_of_one_source_compile_as_one_program(monkeypatch):
+    """The fast path holds: no lone compile when every kernel passes (the spill report is read per kernel)."""
+    import rtckern.testing as testing
+
+    def lone(spec, no_spills=False):
+        raise AssertionError(f"{spec.name_expression} was compiled alone")
+
+    monkeypatch.setattr(testing, "_compile_spec", lone)
+    specs = [_spec(f"pressure<{n}>", "sm_90", tag="one") for n in (2, 4, 5, 6)]
+    specs += [_spec(f"fill<{n}>", "sm_90", tag="one") for n in (1, 2)]
+    assert compile_all(specs, jobs=1, no_spills=True) == []
+
+
+def test_a_kernel_is_checked_once(monkeypatch):
+    import rtckern.testing as testing
+
+    specs = [_spec(f"fill<{n}>", tag="once") for n in (1, 2, 3)]
+    assert [f.split(":")[0] for f in compile_all(specs)] == ["fill<3>"]
+
+    def again(chunk, no_spills):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(testing, "_check_chunk", again)
+    assert [f.split(":")[0] for f in compile_all(specs[::-1])] == ["fill<3>"]
+    with pytest.raises(AssertionError, match="compiled again"):  # another check is another verdict
+        compile_all(specs[:1], jobs=1, no_spills=True)
+
+
+def test_prefetched_kernels_are_taken_from_the_pool():
+    from rtckern.testing import prefetch
+
+    specs = [_spec(f"fill<{n}>", arch, tag="prefetch") for arch in ("sm_80", "sm_90") for n in range(60, 100)]
+    specs.append(_spec("fill<3>", "sm_90", tag="prefetch"))
+    prefetch(specs)  # returns at once; the pool compiles
+    failures = compile_all(specs[::-1])  # waits for the pool's verdicts, and compiles what no worker has started
+    assert [f.split(":")[0] for f in failures] == ["fill<3>"]
