@@ -151,15 +151,15 @@ class HostileRedis:
 # The every-variant tests compile thousands of kernels. What keeps that short:
 # - kernels of one source (same text, defines and options, same target) compile as name expressions of one NVRTC
 #   program: the headers are parsed once for the lot, and each kernel still gets its own entry, lowered name and
-#   ptxas report (a program that fails is compiled again one kernel at a time, to name the failures as a lone
-#   compile does);
+#   ptxas report, so its spills are its own (a program that fails is compiled again one kernel at a time, to name
+#   the failures as a lone compile does);
 # - the programs go to one pool of spawned processes (every core, at a lower priority) kept for the process, and
 #   the calling process compiles too while it waits: it takes the programs it needs that no worker has started;
 # - prefetch() queues a test's kernels ahead (the test session does it at collection for the tests marked
 #   `compiles`), so they compile on the spare core while the other tests run;
 # - a verdict is kept per kernel, check and compile settings for the process: a kernel two tests check compiles once.
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
-_PROPERTIES = re.compile(r"Function properties for (\S+)\s*\n[^\n]*?(\d+) bytes spill stores, (\d+) bytes spill loads")
+_PROPERTIES = re.compile(r"Function properties for (\S+)\s*\n[^\n]*?(\d+ bytes spill stores, \d+ bytes spill loads)")
 _CHUNK = 16  # kernels per program at most: small enough to balance the cores, large enough to share the parse
 _MAX_WORKERS = 32  # an NVRTC compile of a large kernel takes up to ~1 GB
 _WORKER_NICE = 10  # the pool yields to the test process (whose tests may time things)
@@ -218,10 +218,11 @@ def _compile_spec(spec, no_spills: bool = False) -> str | None:
     return None
 
 
-def _program_passes(specs, no_spills: bool) -> bool:
-    """True when ``specs`` (one NVRTC source, defines, options and cubin target) compile as one program to a
-    binary with a warning-free log, every kernel with a lowered name and, with no_spills, ptxas's report for each
-    kernel and no spill in any function. False sends the kernels to lone compiles, which name the failures."""
+def _program_verdicts(specs, no_spills: bool) -> list[str | None] | None:
+    """The verdict on each of ``specs`` (one NVRTC source, defines, options and cubin target) compiled as one
+    program: when it compiles to a binary with a warning-free log and every kernel has a lowered name (and, with
+    no_spills, its own ptxas report, the only functions that spill being kernels), each kernel's verdict is the one
+    a lone compile gives (None, or its spills). None otherwise: the lone compiles name the failures."""
     from cuda.bindings import nvrtc
 
     from .compiler import compiler_for
@@ -231,7 +232,7 @@ def _program_passes(specs, no_spills: bool) -> bool:
     name = (spec.source.rsplit("/", 1)[-1] or "kernel.cu").encode()
     err, prog = nvrtc.nvrtcCreateProgram(spec.program_text().encode(), name, 0, [], [])
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        return False
+        return None
     try:
         exprs = [s.name_expression.encode() for s in specs]
         for e in exprs:
@@ -242,23 +243,26 @@ def _program_passes(specs, no_spills: bool) -> bool:
         nvrtc.nvrtcGetProgramLog(prog, log)
         log = log.decode(errors="replace")
         if res != nvrtc.nvrtcResult.NVRTC_SUCCESS or "warning" in log.lower():
-            return False
+            return None
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or not size:
-            return False
+            return None
         lowered = []
         for e in exprs:
             err, low = nvrtc.nvrtcGetLoweredName(prog, e)
             if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or not low:
-                return False
+                return None
             lowered.append(low.decode() if isinstance(low, bytes) else str(low))
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    if no_spills:
-        props = {m.group(1): int(m.group(2)) or int(m.group(3)) for m in _PROPERTIES.finditer(log)}
-        if any(props.values()) or not all(low in props for low in lowered):
-            return False
-    return True
+    if not no_spills:
+        return [None] * len(specs)
+    spills = {m.group(1): m.group(2) for m in _PROPERTIES.finditer(log)}
+    spilled = {f for f, text in spills.items() if any(int(n) for n in _SPILLS.match(text).groups())}
+    if not all(low in spills for low in lowered) or not spilled <= set(lowered):
+        return None  # a kernel without its report, or a device function that spills: the lone compiles tell
+    return [f"{s.name_expression} ({s.arch.sm}): {spills[low]}" if low in spilled else None
+            for s, low in zip(specs, lowered)]
 
 
 def _groupable(spec) -> bool:
@@ -269,10 +273,11 @@ def _check_chunk(specs, no_spills: bool) -> list[str | None]:
     """The verdict on each spec of a chunk."""
     if _groupable(specs[0]):
         try:
-            if _program_passes(specs, no_spills):
-                return [None] * len(specs)
+            verdicts = _program_verdicts(specs, no_spills)
         except Exception:  # anything odd in the shared program: the lone compiles tell what it was
-            pass
+            verdicts = None
+        if verdicts is not None:
+            return verdicts
     return [_compile_spec(s, no_spills) for s in specs]
 
 

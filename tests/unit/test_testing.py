@@ -90,6 +90,25 @@ def test_good_kernels_of_one_source_compile_as_one_program(monkeypatch):
     assert compile_all(specs, jobs=1, no_spills=True) == []
 
 
+def test_a_kernel_that_spills_among_good_ones_is_named_from_the_program(monkeypatch):
+    """The spill report is read per kernel from the shared program, worded as a lone compile words it (no lone
+    compile of the chunk: a known spill costs no recompiles)."""
+    import rtckern.testing as testing
+
+    opts = ("--maxrregcount=32",)
+    big = _spec("pressure<64>", options=opts, tag="from the program")
+    alone = testing._compile_spec(big, no_spills=True)
+    assert alone and "bytes spill" in alone
+
+    def lone(spec, no_spills=False):
+        raise AssertionError(f"{spec.name_expression} was compiled alone")
+
+    monkeypatch.setattr(testing, "_compile_spec", lone)
+    specs = [_spec(e, options=opts, tag="from the program") for e in ("pressure<2>", "fill<5>")]
+    specs.insert(1, big)
+    assert compile_all(specs, jobs=1, no_spills=True) == [alone]
+
+
 def test_a_kernel_is_checked_once(monkeypatch):
     import rtckern.testing as testing
 
