@@ -177,9 +177,22 @@ def _executor():
         from concurrent.futures import ProcessPoolExecutor
 
         _pool = ProcessPoolExecutor(max_workers=_workers, mp_context=multiprocessing.get_context("spawn"),
-                                    initializer=os.nice, initargs=(_WORKER_NICE,))
+                                    initializer=_init_worker)
         atexit.register(_shutdown_pool)
     return _pool
+
+
+def _init_worker() -> None:
+    """A pool worker yields to the test process, and ends with it: a worker holds its own queue's write end, so a
+    test process killed without its exit handlers would otherwise leave it waiting for work forever."""
+    os.nice(_WORKER_NICE)
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
 
 
 def _shutdown_pool() -> None:
