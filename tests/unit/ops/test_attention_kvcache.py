@@ -11,7 +11,7 @@ from rtckern.errors import InputError
 from rtckern.registry import build_request, explain
 from rtckern.runtime import arrays as A
 from rtckern.testing import (compile_name_expressions, kvcache_kernel_exprs, kvcache_simt_kernel_exprs,
-                             kvcache_split_choice)
+                             kvcache_split_choice, name_expression_specs)
 
 HEAD_DIMS = (32, 64, 96, 128, 256)
 
@@ -97,7 +97,16 @@ def test_explain_on_described_devices(arch, expect):
     assert explain(req).chosen == expect
 
 
+def _kvcache_specs(arch: str) -> list:
+    return name_expression_specs(*kvcache_kernel_exprs(HEAD_DIMS), arch)
+
+
+def _kvcache_simt_specs(arch: str) -> list:
+    return name_expression_specs(*kvcache_simt_kernel_exprs(HEAD_DIMS), arch)
+
+
 @pytest.mark.parametrize("arch", ["sm_80"])
+@pytest.mark.compiles(builder=_kvcache_specs)
 def test_every_variant_compiles(arch):
     """Every (dtype, head dim, causal) of the attention kernel with its merge, append and gather kernels, in one
     NVRTC program per process (sm_80 only: the source has no code for later archs, which the GPU tests run)."""
@@ -107,6 +116,7 @@ def test_every_variant_compiles(arch):
 
 
 @pytest.mark.parametrize("arch", ["sm_75"])
+@pytest.mark.compiles(builder=_kvcache_simt_specs)
 def test_every_portable_variant_compiles(arch):
     source, exprs = kvcache_simt_kernel_exprs(HEAD_DIMS)
     assert len(exprs) == 2 * len(HEAD_DIMS) * 2
