@@ -487,19 +487,22 @@ def test_bad_deadlines_are_refused(timeout):
 # ---- no remote I/O under the per-key lock ----
 class _LockWatchingRemote:
     """Wraps a RedisCache; on every call, records whether the key's disk lock is held (another flock on the
-    same file, which conflicts even within one process)."""
+    same file, which conflicts even within one process). A test that probes the lock itself does it under
+    ``probing``, so that neither probe takes the other's flock for the manager's."""
 
     def __init__(self, inner: RedisCache, disk: DiskCache):
         self.inner, self.disk = inner, disk
         self.calls: list[tuple[str, bool]] = []
+        self.probing = threading.Lock()
 
     def _held(self, key: str) -> bool:
         probe = filelock.FileLock(str(self.disk.lock_path(key)), timeout=0)
-        try:
-            probe.acquire()
-        except filelock.Timeout:
-            return True
-        probe.release()
+        with self.probing:
+            try:
+                probe.acquire()
+            except filelock.Timeout:
+                return True
+            probe.release()
         return False
 
     def get_packed(self, key):
@@ -528,13 +531,14 @@ def test_slow_remote_never_holds_the_per_key_lock(cache_dir, spec):
             # Meanwhile, another would-be compiler polls the lock: it must never wait as long as a remote call.
             while not done.is_set():
                 probe = filelock.FileLock(lock_path, timeout=0)
-                try:
-                    probe.acquire()
-                    probe.release()
-                    held_since = None
-                except filelock.Timeout:
-                    held_since = held_since or time.monotonic()
-                    longest = max(longest, time.monotonic() - held_since)
+                with remote.probing:
+                    try:
+                        probe.acquire()
+                        probe.release()
+                        held_since = None
+                    except filelock.Timeout:
+                        held_since = held_since or time.monotonic()
+                        longest = max(longest, time.monotonic() - held_since)
                 time.sleep(0.01)
             th.join()
             took = time.monotonic() - t0
