@@ -178,7 +178,7 @@ def _executor():
 
         _pool = ProcessPoolExecutor(max_workers=_workers, mp_context=multiprocessing.get_context("spawn"),
                                     initializer=_init_worker)
-        atexit.register(_shutdown_pool)
+        atexit.register(stop_pool)
     return _pool
 
 
@@ -195,13 +195,16 @@ def _init_worker() -> None:
         pass
 
 
-def _shutdown_pool() -> None:
-    """Cancel what no worker has started and stop the workers (at exit, or after a worker died)."""
+def stop_pool() -> None:
+    """Drop the queued compiles no worker has started, wait for the started ones and stop the workers (after a
+    worker died; at exit). A process that prefetched kernels it may not ask for calls it before it ends (the test
+    session does, at its finish: after -x or a Ctrl-C): at interpreter exit Python waits for every queued compile
+    of a pool before it runs the atexit handlers."""
     global _pool
     pool, _pool = _pool, None
     _pending.clear()
     if pool is not None:
-        atexit.unregister(_shutdown_pool)
+        atexit.unregister(stop_pool)
         pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -344,7 +347,8 @@ def _submit(specs, no_spills: bool) -> None:
 
 def prefetch(specs, no_spills: bool = False) -> None:
     """Start compiling ``specs`` on the pool and return at once: a later compile_all of them takes these verdicts.
-    The test session calls it at collection for each test marked ``compiles`` (tests/conftest.py)."""
+    The test session calls it at collection for each test marked ``compiles``, and stop_pool() at its finish
+    (tests/conftest.py)."""
     _submit(specs, no_spills)
 
 
@@ -368,7 +372,7 @@ def compile_all(specs, jobs: int | None = None, no_spills: bool = False) -> list
             try:
                 verdicts = fut.result()
             except Exception:  # a worker died (out of memory?): start a new pool; the rest compiles here
-                _shutdown_pool()
+                stop_pool()
                 continue
             _record(chunk, check, verdicts)
     todo = [s for s in specs if (s, check) not in _verdicts]

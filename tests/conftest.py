@@ -47,6 +47,15 @@ def pytest_collection_finish(session):
             prefetch(specs, **kwargs)
 
 
+def pytest_sessionfinish(session):
+    """A session that ends before its ``compiles`` tests (-x, a failure, Ctrl-C) does not wait for their kernels."""
+    import sys
+
+    testing = sys.modules.get("rtckern.testing")
+    if testing is not None:
+        testing.stop_pool()
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("gpu") is not None and not _gpu_visible():
         pytest.skip("no CUDA GPU visible")
