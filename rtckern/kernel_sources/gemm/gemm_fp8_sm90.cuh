@@ -10,8 +10,11 @@
 //   acc += part (channel scales)   or   acc += part * sa[row, kb] * sb[tile col / 128, kb] (block scales).
 // The promotion bounds the error of the tensor cores' reduced-precision fp8 accumulation to one K block (the
 // DeepSeek-V3 / DeepGEMM recipe); acc is a plain fp32 sum. The block scales of a K block are loaded before its
-// full barrier is waited on, so their latency hides behind the TMA wait and the wgmmas. Two consumers interleave:
-// while one promotes, the other's wgmmas run.
+// full barrier is waited on, so their latency hides behind the TMA wait and the wgmmas. Two consumers take turns
+// issuing (a token passed through named barriers 1 and 2: consumer 0 issues K block g, then consumer 1 issues g,
+// then consumer 0 issues g + 1, ...), so their wgmma groups reach the tensor cores alternately and one consumer's
+// wait and promotion run under the other's wgmmas. Without the token both consumers issue, wait and promote in
+// lockstep and the tensor cores idle through every promotion.
 // Epilogue from registers: channel scales (sa[row] * sb[col]; stride 0 for a per-tensor scale), bias, rounding.
 //
 // Shapes: any m, n >= 1 and k >= 16 with k % 16 == 0 (TMA row strides: multiples of 16 bytes); TMA zero-fills
@@ -189,6 +192,9 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         }
         const int stage = (int)(g % STAGES);
         rtk_mbar_wait(&full_bar[stage], (unsigned)((g / STAGES) & 1));
+        if constexpr (NC == 2) {  // my turn: consumer 1 after consumer 0 issued g; consumer 0 after 1 issued g - 1
+          if (cw == 1 || g > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(cw == 1 ? 1 : 2) : "memory");
+        }
         rtk_wgmma_fence();
         const unsigned a_base = rtk_smem_u32(sA + stage * A_STAGE + cw * WG_M * BK);
         const unsigned b_base = rtk_smem_u32(sB + stage * B_STAGE);
@@ -203,6 +209,9 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
           }
         }
         rtk_wgmma_commit();
+        if constexpr (NC == 2) {  // pass the turn
+          asm volatile("bar.arrive %0, 256;\n" ::"r"(cw == 0 ? 1 : 2) : "memory");
+        }
         rtk_wgmma_wait<0>();
         if (tid == 0) rtk_mbar_arrive(&empty_bar[stage]);  // this consumer has read the stage
 #pragma unroll
@@ -256,6 +265,10 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         }
         rtk_gemm_epilogue_slab<HAS_BIAS, RTK_GEMM_ACT_NONE, false, BN / 8>(o, row_base + mi * 64, col_base, acc[mi]);
       }
+    }
+    // Consumer 1's last turn passed to consumer 0: taken, so no named barrier is left half arrived.
+    if constexpr (NC == 2) {
+      if (cw == 0 && g > 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
     }
   }
 #else
