@@ -501,7 +501,8 @@ def dense_gemm_identity_specs():
                     specs.append(g.kernel_specs(p, c, Arch.parse(arch))[0])
     specs += [f8.sm90_spec(f8.Fp8Problem(4096, 4096, 4096, sc, "bf16", bias), c, a)
               for sc in ("tensor", "block") for bias in ("none", "fp32")
-              for c in (f8.Sm90Fp8Config(128, 128, 6, 2), f8.Sm90Fp8Config(64, 128, 8, 1))]
+              for c in (f8.Sm90Fp8Config(128, 128, 6, 2), f8.Sm90Fp8Config(64, 128, 8, 1),
+                        f8.Sm90Fp8Config(128, 256, 4, 2))]
     return specs
 
 

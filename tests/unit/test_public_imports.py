@@ -109,6 +109,10 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._attention.backward_configs": "the dense twin without its head split (head_splits), to compare "
                                                    "dK / dV bit for bit",
     },
+    "tests/gpu/ops/test_gemm_fp8.py": {
+        "rtckern.ops._fp8.geometry": "the problem record the tuner's sweep takes (Fp8Problem)",
+        "rtckern.ops._fp8.tune": "runs every tile config of the tuner's sweep through its checked measurement",
+    },
     "tests/gpu/ops/test_gemm.py": {
         "rtckern.ops._gemm.candidates": "checks each kernel candidate (sm80 mma, sm90 wgmma) on the GPU, and the "
                                         "request a problem maps to",

@@ -7,6 +7,7 @@
 //   RTK_FP8_SCALE_BLOCK    a: 1 x 128 groups, (M, ceil(K/128)); b: 128 x 128 blocks, (ceil(N/128), ceil(K/128)).
 //                          Applied per K block of 128 when the block's partial sums are promoted into the fp32
 //                          accumulators: acc += partial * sa[row, kb] * sb[col / 128, kb].
+//   RTK_FP8_SCALE_TENSOR   (the sm_90a kernel) a and b per tensor: y = acc * sa[0] * sb[0], no per-column loads.
 #pragma once
 #include "common/dtypes.cuh"
 #if defined(RTK_CUDA)
@@ -17,6 +18,7 @@ typedef __nv_fp8_e5m2 rtk_fp8_e5m2;
 
 #define RTK_FP8_SCALE_CHANNEL 0
 #define RTK_FP8_SCALE_BLOCK 1
+#define RTK_FP8_SCALE_TENSOR 2
 #define RTK_FP8_E4M3_MAX 448.0f
 
 // One e4m3 byte as float (exact: every e4m3 value is a float).

@@ -5,8 +5,11 @@
 //   warpgroup 0      producer: one thread issues TMA loads (SWIZZLE_128B boxes of 128 k = 128 bytes per row)
 //                    into a STAGES-deep ring; "full" mbarriers count the bytes in, "empty" ones free a stage.
 //   warpgroups 1..NC consumers, cooperative: each owns BM / NC (= 64 x MI) rows of every BM x BN tile.
-// Per K block of 128 (one stage) a consumer runs 4 wgmma m64nBNk32 into a short-lived accumulator `part` (the
-// first with scale-d = 0, which overwrites it), waits for them, frees the stage and promotes:
+// Per K block of 128 (one stage) a consumer runs 4 wgmma m64nPNk32 into a short-lived accumulator `part` (the
+// first with scale-d = 0, which overwrites it), waits for them and promotes, once per PN = min(BN, 128) columns of
+// its tile (BN = 256: two column halves in turn, so `part` holds 64 x 128 and a 128 x 256 tile fits the registers;
+// the wider tile halves the L2 traffic per FLOP against 128 x 128, which at fp8 rates is what the SMs wait on);
+// after the last half it frees the stage:
 //   acc += part (channel scales)   or   acc += part * sa[row, kb] * sb[tile col / 128, kb] (block scales).
 // The promotion bounds the error of the tensor cores' reduced-precision fp8 accumulation to one K block (the
 // DeepSeek-V3 / DeepGEMM recipe); acc is a plain fp32 sum. The block scales of a K block are loaded before its
@@ -15,7 +18,9 @@
 // then consumer 0 issues g + 1, ...), so their wgmma groups reach the tensor cores alternately and one consumer's
 // wait and promotion run under the other's wgmmas. Without the token both consumers issue, wait and promote in
 // lockstep and the tensor cores idle through every promotion.
-// Epilogue from registers: channel scales (sa[row] * sb[col]; stride 0 for a per-tensor scale), bias, rounding.
+// Epilogue from registers: the per-tensor scale (SCALE_TENSOR) or channel scales (sa[row] * sb[col], either stride
+// 0 for a per-tensor side), bias, rounding. Channel scales load a scale per column pair, which 128 x 256 tiles have
+// no registers left for: the host keeps them to 128-column tiles.
 //
 // Shapes: any m, n >= 1 and k >= 16 with k % 16 == 0 (TMA row strides: multiples of 16 bytes); TMA zero-fills
 // boxes past m, n and k (a ragged last K block of a block-scaled GEMM adds zeros, with its scales in range);
@@ -64,8 +69,10 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
   constexpr int A_STAGE = BM * BK;        // bytes
   constexpr int B_STAGE = BN * BK;
   constexpr unsigned STAGE_BYTES = (BM + BN) * BK;
-  static_assert(WG_M % 64 == 0 && BN % 64 == 0 && BN <= 192, "tile shape");
-  static_assert(SCALE != RTK_FP8_SCALE_BLOCK || 128 % BN == 0, "block scales: a tile's columns share one b block");
+  constexpr int PN = BN > 128 ? 128 : BN;  // columns per partial sum (the wgmma N)
+  constexpr int NH = BN / PN;               // partial sums per K block
+  static_assert(WG_M % 64 == 0 && BN % 64 == 0 && BN % PN == 0 && BN <= 256, "tile shape");
+  static_assert(SCALE != RTK_FP8_SCALE_BLOCK || 128 % PN == 0, "block scales: a partial's columns share one b block");
 
   extern __shared__ unsigned char rtk_gemm_fp8_smem90[];
   const unsigned raw = rtk_smem_u32(rtk_gemm_fp8_smem90);
@@ -101,7 +108,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    if constexpr (NC >= 2) rtk_setmaxnreg_dec<40>();
+    if constexpr (NC >= 2) rtk_setmaxnreg_dec<(BN > 128 ? 24 : 40)>();  // one thread issues the loads
     if (threadIdx.x == 0) {
       int stage = 0;
       unsigned phase = 0;
@@ -135,11 +142,12 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
     }
   } else {
     // ---------------- consumers ----------------
-    if constexpr (NC >= 2) rtk_setmaxnreg_inc<232>();
+    // 128 x 256 tiles: 128 promoted + 64 partial accumulators per thread; 2 x 128 x 240 + 128 x 24 registers fit.
+    if constexpr (NC >= 2) rtk_setmaxnreg_inc<(BN > 128 ? 240 : 232)>();
     const int cw = wg - 1;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     float acc[MI][BN / 2];
-    float part[MI][BN / 2];
+    float part[MI][PN / 2];
     long long g = 0;  // k-blocks consumed before the current tile (the ring cursor)
     for (long long t0 = blockIdx.x; t0 < tiles; t0 += gridDim.x) {
 #if RTK_GEMM_GROUPED
@@ -155,7 +163,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
           const long long r = row_base + mi * 64 + h * 8;
           sa_r[mi][h] = sa + gu.group * sa_batch + (r < gu.row_end ? r : gu.row_end - 1) * sa_row;
         }
-      const float* sb_t = sb + gu.group * sb_batch + ((tn * BN) / 128) * sb_row;
+      const float* sb_t = sb + gu.group * sb_batch;  // the group's b scale rows
 #else
       long long tm, tn;
       rtk_tile_coords(t0, tiles_m, tiles_n, group_m, tm, tn);
@@ -172,7 +180,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
           const long long r = row_base + mi * 64 + h * 8;
           sa_r[mi][h] = sa + (r < m ? r : m - 1) * sa_row;
         }
-      const float* sb_t = sb + ((tn * BN) / 128) * sb_row;
+      const float* sb_t = sb;
 #endif
 
 #pragma unroll
@@ -181,9 +189,13 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         for (int j = 0; j < BN / 2; ++j) acc[mi][j] = 0.f;
 
       for (long long kb = 0; kb < kb_total; ++kb, ++g) {
-        float s_a[MI][2], s_b = 1.f;
+        float s_a[MI][2], s_b[NH];
         if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {  // issued now, used after the wgmmas
-          s_b = __ldg(sb_t + kb * sb_kb);
+#pragma unroll
+          for (int h = 0; h < NH; ++h) {  // the 128-column b block of partial h, clamped to the last one
+            const long long r = (tn * BN) / 128 + h, last = (n + 127) / 128 - 1;
+            s_b[h] = __ldg(sb_t + (r < last ? r : last) * sb_row + kb * sb_kb);
+          }
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
             s_a[mi][0] = __ldg(sa_r[mi][0] + kb * sa_kb);
@@ -192,42 +204,46 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         }
         const int stage = (int)(g % STAGES);
         rtk_mbar_wait(&full_bar[stage], (unsigned)((g / STAGES) & 1));
-        if constexpr (NC == 2) {  // my turn: consumer 1 after consumer 0 issued g; consumer 0 after 1 issued g - 1
-          if (cw == 1 || g > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(cw == 1 ? 1 : 2) : "memory");
-        }
-        rtk_wgmma_fence();
         const unsigned a_base = rtk_smem_u32(sA + stage * A_STAGE + cw * WG_M * BK);
-        const unsigned b_base = rtk_smem_u32(sB + stage * B_STAGE);
 #pragma unroll
-        for (int ks = 0; ks < BK / 32; ++ks) {
-          // K-major, 128-byte rows: the next 32 k are 32 bytes further along each row; 8-row atoms 1024 B apart.
-          const unsigned long long db = rtk_wgmma_desc(b_base + ks * 32, 16, 1024);
+        for (int h = 0; h < NH; ++h) {
+          if constexpr (NC == 2) {  // my turn: consumer 1 after consumer 0 issued; consumer 0 after 1's previous
+            if (cw == 1 || g > 0 || h > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(cw == 1 ? 1 : 2) : "memory");
+          }
+          rtk_wgmma_fence();
+          const unsigned b_base = rtk_smem_u32(sB + stage * B_STAGE + h * PN * BK);  // rows h * PN ..: 1024-B aligned
+#pragma unroll
+          for (int ks = 0; ks < BK / 32; ++ks) {
+            // K-major, 128-byte rows: the next 32 k are 32 bytes further along each row; 8-row atoms 1024 B apart.
+            const unsigned long long db = rtk_wgmma_desc(b_base + ks * 32, 16, 1024);
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi) {
+              const unsigned long long da = rtk_wgmma_desc(a_base + mi * 64 * BK + ks * 32, 16, 1024);
+              rtk_wgmma_e4m3<PN>::mma(part[mi], da, db, ks > 0 ? 1 : 0);
+            }
+          }
+          rtk_wgmma_commit();
+          if constexpr (NC == 2) {  // pass the turn
+            asm volatile("bar.arrive %0, 256;\n" ::"r"(cw == 0 ? 1 : 2) : "memory");
+          }
+          rtk_wgmma_wait<0>();
+          if (h == NH - 1 && tid == 0) rtk_mbar_arrive(&empty_bar[stage]);  // this consumer has read the stage
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
-            const unsigned long long da = rtk_wgmma_desc(a_base + mi * 64 * BK + ks * 32, 16, 1024);
-            rtk_wgmma_e4m3<BN>::mma(part[mi], da, db, ks > 0 ? 1 : 0);
-          }
-        }
-        rtk_wgmma_commit();
-        if constexpr (NC == 2) {  // pass the turn
-          asm volatile("bar.arrive %0, 256;\n" ::"r"(cw == 0 ? 1 : 2) : "memory");
-        }
-        rtk_wgmma_wait<0>();
-        if (tid == 0) rtk_mbar_arrive(&empty_bar[stage]);  // this consumer has read the stage
+            float* a = acc[mi] + h * (PN / 2);
+            if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
+              const float s0 = s_a[mi][0] * s_b[h], s1 = s_a[mi][1] * s_b[h];
 #pragma unroll
-        for (int mi = 0; mi < MI; ++mi) {
-          if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
-            const float s0 = s_a[mi][0] * s_b, s1 = s_a[mi][1] * s_b;
+              for (int j = 0; j < PN / 8; ++j) {
+                a[4 * j] = fmaf(part[mi][4 * j], s0, a[4 * j]);
+                a[4 * j + 1] = fmaf(part[mi][4 * j + 1], s0, a[4 * j + 1]);
+                a[4 * j + 2] = fmaf(part[mi][4 * j + 2], s1, a[4 * j + 2]);
+                a[4 * j + 3] = fmaf(part[mi][4 * j + 3], s1, a[4 * j + 3]);
+              }
+            } else {
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-              acc[mi][4 * j] = fmaf(part[mi][4 * j], s0, acc[mi][4 * j]);
-              acc[mi][4 * j + 1] = fmaf(part[mi][4 * j + 1], s0, acc[mi][4 * j + 1]);
-              acc[mi][4 * j + 2] = fmaf(part[mi][4 * j + 2], s1, acc[mi][4 * j + 2]);
-              acc[mi][4 * j + 3] = fmaf(part[mi][4 * j + 3], s1, acc[mi][4 * j + 3]);
+              for (int j = 0; j < PN / 2; ++j) a[j] += part[mi][j];
             }
-          } else {
-#pragma unroll
-            for (int j = 0; j < BN / 2; ++j) acc[mi][j] += part[mi][j];
           }
         }
       }
@@ -250,6 +266,11 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
       o.pair_ok = rtk_gemm_out_pair_ok(o, HAS_BIAS, false);
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
+        if constexpr (SCALE == RTK_FP8_SCALE_TENSOR) {
+          const float s = __ldg(sa) * __ldg(sb);
+#pragma unroll
+          for (int j = 0; j < BN / 2; ++j) acc[mi][j] *= s;
+        }
         if constexpr (SCALE == RTK_FP8_SCALE_CHANNEL) {
           const float a0 = __ldg(sa_r[mi][0]), a1 = __ldg(sa_r[mi][1]);
 #pragma unroll

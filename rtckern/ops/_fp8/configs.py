@@ -4,9 +4,10 @@ class, scale kind, out dtype, m, n, k), else a rule per shape class.
 
 Lookup (rtckern/tuning.py's rule): the device's own (arch, SM count, class) rows, exact shape then nearest; then rows
 of any class of its arch; a row serves only where its config can run this problem (`Sm90Fp8Config.invalid`). The
-rule: each consumer warpgroup keeps two accumulator sets (the K block's wgmma partial sums and the promoted fp32
-sums), so a consumer owns at most 64 x 192 outputs; 128 x 128 tiles with two consumers is the DeepGEMM-style
-default, 64-row tiles with one consumer where M is small (decode, M <= 64).
+rule: each consumer warpgroup keeps the promoted fp32 sums of its rows and the partial sums of one K block for at most
+128 columns at a time, so a consumer owns at most 64 x 256 outputs; 128 x 256 tiles with two consumers where the
+output is wide (half the L2 traffic per FLOP of 128 x 128, which at fp8 rates the SMs wait on), 128 x 128 where N
+is narrow, 64-row tiles with one consumer where M is small (decode, M <= 64).
 
 The key's `scale` is the kernel's scale kind: "tensor" (per-tensor and per-channel scales, which share one epilogue
 and one kernel) or "block". Rows are timed without bias on 16-byte aligned operands; unaligned problems never reach
@@ -45,6 +46,8 @@ def config_from_dict(d: Mapping[str, Any]) -> Sm90Fp8Config:
 def heuristic(p: Fp8Problem, sm_count: int) -> Sm90Fp8Config:
     if p.m <= 64:
         return Sm90Fp8Config(64, 128, 8, 1)  # 8 x 24 KB ring: B streams once, deep prefetch
+    if p.n >= 1024 and p.scale != "channel":
+        return Sm90Fp8Config(128, 256, 4, 2)  # 4 x 48 KB
     return Sm90Fp8Config(128, 128, 6, 2)  # 6 x 32 KB
 
 

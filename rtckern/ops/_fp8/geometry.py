@@ -24,10 +24,12 @@ OUTPUT_DTYPES = ("bf16", "fp16", "fp32")
 BIAS_DTYPES = ("bf16", "fp16", "fp32")
 QUANT_DTYPES = ("fp32", "fp16", "bf16")
 QUANT_GROUPS = (32, 64, 128, 256)
-# Scale granularities and their kernel ids (RTK_FP8_SCALE_* in kernel_sources/gemm/fp8.cuh). "tensor" and
-# "channel" (per row of a / per column of b, alone or mixed with a per-tensor scale) share the epilogue kernel.
+# Scale granularities and their kernel ids (RTK_FP8_SCALE_* in kernel_sources/gemm/fp8.cuh). The fallback serves
+# "tensor" with its "channel" epilogue (per row of a / per column of b, either side possibly per tensor); the sm_90a
+# kernel has a scalar epilogue for "tensor".
 SCALES = ("tensor", "channel", "block")
 SCALE_IDS = MappingProxyType({"tensor": 0, "channel": 0, "block": 1})
+SM90_SCALE_IDS = MappingProxyType({"tensor": 2, "channel": 0, "block": 1})
 SCALE_BLOCK = 128  # block scales: 1 x 128 groups of a, 128 x 128 blocks of b
 K_MULTIPLE = 16  # TMA row strides are multiples of 16 bytes; the fallback keeps the same contract
 SMEM_LIMIT = 232448  # bytes a block may opt in to on sm_90
@@ -76,13 +78,17 @@ class Sm90Fp8Config:
     def invalid(self, p: Fp8Problem) -> str | None:
         if self.consumers not in (1, 2) or (self.bm // self.consumers) % 64 or self.bm > 256:
             return f"bm={self.bm}, consumers={self.consumers}: each consumer needs a multiple of 64 rows, bm <= 256"
-        if self.bn not in (64, 128):
-            return f"bn={self.bn}: supported 64, 128"
-        if p.scale == "block" and SCALE_BLOCK % self.bn:
-            return f"bn={self.bn}: block scales need a tile inside one 128-column block (bn 64 or 128)"
-        if (self.bm // self.consumers) // 64 * self.bn > 128:
-            return f"{self.bm // self.consumers}x{self.bn} rows x columns per consumer: two accumulator sets exceed " \
-                   "the registers"
+        if self.bn not in (64, 128, 256):
+            return f"bn={self.bn}: supported 64, 128, 256"
+        # fp32 accumulators per thread: the tile's promoted sums (mi x bn / 2) and one partial of at most 128
+        # columns (mi x min(bn, 128) / 2), within the 232 registers a consumer gets
+        mi = (self.bm // self.consumers) // 64
+        if mi * (self.bn + min(self.bn, 128)) // 2 > 192:
+            return f"{self.bm // self.consumers}x{self.bn} rows x columns per consumer: the promoted and partial " \
+                   "accumulators exceed the registers"
+        if p.scale == "channel" and self.bn > 128:
+            return f"bn={self.bn}: per-channel scales need bn <= 128 (a scale per column pair in the epilogue, " \
+                   "beside 128 x 256 accumulators, exceeds the registers)"
         if self.smem_bytes > SMEM_LIMIT:
             return f"{self.smem_bytes} bytes of shared memory exceed the 227 KB a block may have"
         if not p.aligned:
@@ -104,7 +110,7 @@ def _bias_ctype(p: Fp8Problem) -> str:
 def sm90_spec(p: Fp8Problem, cfg: Sm90Fp8Config, arch: Arch) -> KernelSpec:
     return KernelSpec(source="gemm/gemm_fp8_sm90.cuh", name="gemm_fp8_wgmma_sm90", arch=arch, op=OP,
                       template_args=(ctype(p.out_dtype), _bias_ctype(p), cfg.bm, cfg.bn, cfg.stages, cfg.consumers,
-                                     p.bias != "none", SCALE_IDS[p.scale]))
+                                     p.bias != "none", SM90_SCALE_IDS[p.scale]))
 
 
 def simt_spec(p: Fp8Problem, arch: Arch) -> KernelSpec:

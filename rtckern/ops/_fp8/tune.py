@@ -19,7 +19,8 @@ from .candidates import problem
 from .geometry import OP, Fp8Problem, Sm90Fp8Config
 
 STAGES = (4, 6, 8, 10, 12)  # ring depths tried, where the ring fits in shared memory
-TILES = ((64, 64, 1), (64, 128, 1), (128, 64, 1), (128, 64, 2), (128, 128, 2), (256, 64, 2))  # bm, bn, consumers
+TILES = ((64, 64, 1), (64, 128, 1), (128, 64, 1), (128, 64, 2), (128, 128, 2), (256, 64, 2),
+         (128, 256, 2))  # bm, bn, consumers
 
 
 def sweep_configs(p: Fp8Problem) -> list[Sm90Fp8Config]:

@@ -72,7 +72,7 @@ def _force(name):
 @pytest.mark.parametrize("cand", CANDS)
 @pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
 @pytest.mark.parametrize("m,n,k", [(1, 256, 256), (7, 63, 144), (63, 4097, 512), (4097, 129, 384),
-                                   (256, 384, 1040)])
+                                   (256, 384, 1040), (300, 1100, 640), (129, 2048, 256)])
 def test_gemm_fp8(cand, kind, m, n, k):
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
     a, b = _fp8((m, k), g), _fp8((n, k), g)
@@ -85,6 +85,24 @@ def test_gemm_fp8(cand, kind, m, n, k):
             _check(y, _ref(a, b, sa, sb, bias, kind), out)
             y2 = gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias)  # the hot path
             assert torch.equal(y, y2)
+
+
+@pytest.mark.parametrize("scale", ["tensor", "block"])
+@pytest.mark.parametrize("m,n,k", [(300, 1100, 640), (129, 2048, 256), (64, 1000, 4096)])
+def test_every_tile_config(scale, m, n, k):
+    """Each tile config the tuner may pick (128 x 256 tiles: two column-half partials per K block, the second half's
+    b block clamped where N ends inside it), checked by the tuner's own float32 reference."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    from rtckern.device import current_device_info
+    from rtckern.ops._fp8.geometry import Fp8Problem
+    from rtckern.ops._fp8.tune import measure_config, sweep_configs
+
+    p = Fp8Problem(m, n, k, scale)
+    cfgs = sweep_configs(p)
+    assert cfgs
+    for cfg in cfgs:
+        measure_config(p, cfg, current_device_info(), reps=1, replays=1, check=True)
 
 
 def test_quantize_round_trip_and_saturation():

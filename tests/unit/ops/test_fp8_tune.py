@@ -34,7 +34,7 @@ def test_the_tuner_is_registered_and_times_every_tile_the_kernel_accepts():
     big = t.configs(_req("4096x4096x4096"))
     assert big and all(Sm90Fp8Config(**{k: v for k, v in c.items() if k != "kind"}).invalid(
         Fp8Problem(4096, 4096, 4096)) is None for c in big)
-    for rule in (Sm90Fp8Config(128, 128, 6, 2), Sm90Fp8Config(64, 128, 8, 1)):
+    for rule in (Sm90Fp8Config(128, 128, 6, 2), Sm90Fp8Config(64, 128, 8, 1), Sm90Fp8Config(128, 256, 4, 2)):
         assert rule.as_dict() in big  # the rule's tiles are among those timed
     small = t.configs(_req("16x4096x4096"))
     assert small and all(c["bm"] == 64 for c in small) and len(small) < len(big)

@@ -23,10 +23,13 @@ def test_scale_inference():
 
 
 def test_tiles_and_limits():
-    for cfg in (G.Sm90Fp8Config(128, 128, 6, 2), G.Sm90Fp8Config(64, 128, 8, 1)):
+    for cfg in (G.Sm90Fp8Config(128, 128, 6, 2), G.Sm90Fp8Config(64, 128, 8, 1), G.Sm90Fp8Config(128, 256, 4, 2)):
         assert cfg.invalid(G.Fp8Problem(4096, 4096, 4096, "block")) is None
         assert cfg.smem_bytes <= G.SMEM_LIMIT
-    assert "two accumulator sets" in G.Sm90Fp8Config(128, 256, 4, 2).invalid(G.Fp8Problem(64, 64, 64)) or True
+    # 128 rows per consumer: 2 x (128 promoted + 64 partial) accumulators per thread
+    assert "exceed the registers" in G.Sm90Fp8Config(256, 128, 4, 2).invalid(G.Fp8Problem(4096, 4096, 4096))
+    assert "shared memory" in G.Sm90Fp8Config(128, 256, 6, 2).invalid(G.Fp8Problem(4096, 4096, 4096))
+    assert "supported 64, 128, 256" in G.Sm90Fp8Config(128, 192, 4, 2).invalid(G.Fp8Problem(4096, 4096, 4096))
     assert "TMA" in G.Sm90Fp8Config().invalid(G.Fp8Problem(64, 64, 64, aligned=False))
 
 
@@ -57,7 +60,7 @@ def test_prefill_specs():
 
 
 def _variants():
-    for cfg in (G.Sm90Fp8Config(128, 128, 6, 2), G.Sm90Fp8Config(64, 128, 8, 1)):
+    for cfg in (G.Sm90Fp8Config(128, 128, 6, 2), G.Sm90Fp8Config(64, 128, 8, 1), G.Sm90Fp8Config(128, 256, 4, 2)):
         for sc in ("tensor", "block"):
             for out in G.OUTPUT_DTYPES:
                 for bias in ("none", "bf16", "fp32"):
