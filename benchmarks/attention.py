@@ -230,14 +230,34 @@ def check_grid():
 # ----------------------------------------------------------------------------------------------------------------
 # timing
 # ----------------------------------------------------------------------------------------------------------------
-def time_ms(fn, warmup=5, reps=30):
-    """Median, min, max milliseconds of fn on the GPU. Calls are queued back to back (no sync between reps), so
-    host-side overhead overlaps the previous call's GPU work, as in a model's forward pass."""
+WARM_S = 0.05  # each series starts after this long of back-to-back calls (see time_ms)
+
+
+def warm(fn, calls: int = 5, seconds: float = WARM_S) -> None:
+    """Runs fn until `calls` calls and `seconds` of wall time have passed, synchronized. A series timed right after
+    the host was busy alone (allocating inputs, building a plan) measured up to 16% slower than the same kernel
+    timed again at once (attention_backward_h100, rtckern vs rtckern_unsplit with one config): the GPU's clocks
+    need tens of milliseconds of load to come back up."""
+    import time
+
     import torch
 
-    for _ in range(warmup):
+    t0 = time.perf_counter()
+    n = 0
+    while n < calls or time.perf_counter() - t0 < seconds:
         fn()
+        n += 1
+        if n % 5 == 0:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
+
+
+def time_ms(fn, warmup=5, reps=30):
+    """Median, min, max milliseconds of fn on the GPU, after `warm`. Calls are queued back to back (no sync between
+    reps), so host-side overhead overlaps the previous call's GPU work, as in a model's forward pass."""
+    import torch
+
+    warm(fn, warmup)
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for s, e in ev:
         s.record()

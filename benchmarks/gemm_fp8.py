@@ -24,9 +24,9 @@ def add_args(ap) -> None:
 def _time_ms(fn, reps: int) -> float:
     import torch
 
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
+    from benchmarks.attention import warm
+
+    warm(fn)
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for s, e in ev:
         s.record()
