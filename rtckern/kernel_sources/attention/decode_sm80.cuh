@@ -3,10 +3,9 @@
 // Decode reads the cache once and does little math per byte, so the kernel is built around the loads: one block
 // serves one kv head of one sequence and packs the query rows of every q head of that kv head's GQA group (row
 // r = group member * seqlen_q + query token) into a 16-row mma tile, so each cached byte is read once per kv head.
-// The keys are cut into 16-token chunks; warp w takes chunks w, w + NWARPS, ... of the block's range (walked from a
-// per-block rotation, see chunk_at) and runs its own cp.async ring of STAGES chunks (no block barrier in the main
-// loop), its own online softmax and its own O accumulator; the warps' partial results merge through shared memory
-// at the end. A 16-token chunk never crosses a
+// The keys are cut into 16-token chunks; warp w takes chunks w, w + NWARPS, ... of the block's range and runs its
+// own cp.async ring of STAGES chunks (no block barrier in the main loop), its own online softmax and its own O
+// accumulator; the warps' partial results merge through shared memory at the end. A 16-token chunk never crosses a
 // page (page sizes are multiples of 16), so paging costs one block-table read per chunk, read a batch of 32
 // chunks ahead.
 //
@@ -93,14 +92,6 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const int c_begin = min(chunks, split * per_split);
   const int c_end = min(chunks, c_begin + per_split);
   const int mine = c_end - c_begin > warp ? (c_end - c_begin - warp + NWARPS - 1) / NWARPS : 0;
-  // The warp walks its share from a per-block rotation: blocks of short sequences start (and end) together, and
-  // without it every one of them reads the same offsets of caches strided by a power of two at once (a contiguous
-  // (batch, 1024, heads, 128) cache is 1 MB per sequence), which concentrates the reads on few memory channels.
-  const int rot = mine > 0 ? static_cast<int>((b * 37 + hk * 11 + split * 5) % mine) : 0;
-  auto chunk_at = [&](int n) {  // the warp's n-th chunk in walking order
-    const int r = n + rot;
-    return c_begin + warp + (r >= mine ? r - mine : r) * NWARPS;
-  };
 
   T* sK = sKV + warp * STAGES * CHUNK;
   T* sV = sKV + (NWARPS + warp) * STAGES * CHUNK;
@@ -110,7 +101,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
   auto fetch_pages = [&](int first) -> int {
     const int m = first + lane;
     if (block_table == nullptr || m >= mine) return 0;
-    return block_table[b * bt_stride + (chunk_at(m) << 4) / ps];
+    return block_table[b * bt_stride + ((c_begin + warp + m * NWARPS) << 4) / ps];
   };
   int pg_cur = fetch_pages(0);
   int pg_next = fetch_pages(32);
@@ -120,7 +111,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
       pg_next = fetch_pages(n + 32);
     }
     const int page = __shfl_sync(0xffffffffu, pg_cur, n & 31);
-    const int j0 = chunk_at(n) << 4;
+    const int j0 = (c_begin + warp + n * NWARPS) << 4;
     long long kt, vt;
     if (block_table != nullptr) {
       const long long in_page = j0 - (j0 / ps) * ps;
@@ -195,7 +186,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
     }
 
     // ---- mask keys past the sequence and, when causal, past each row's diagonal ----
-    const int j0 = chunk_at(n) << 4;
+    const int j0 = (c_begin + warp + n * NWARPS) << 4;
     if (j0 + 15 > last_min) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
