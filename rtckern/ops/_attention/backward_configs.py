@@ -8,7 +8,8 @@ import dataclasses
 from types import MappingProxyType
 from typing import Mapping
 
-from .configs import DTYPES, HEAD_DIMS
+# pick_tile is the forward's: the backward tiles answer the same smem_bytes(head_dim), so one search serves both
+from .configs import DTYPES, HEAD_DIMS, pick_tile
 
 __all__ = ("DTYPES", "HEAD_DIMS", "ROWS_SOURCE", "PREP_KERNEL", "CONVERT_KERNEL", "SM80_SOURCE", "SM80_KERNEL",
            "SIMT_SOURCE", "SIMT_DKDV_KERNEL", "SIMT_DQ_KERNEL", "ROW_PAD", "RowKernels", "ROWS", "Sm80BwdTile",
@@ -216,14 +217,6 @@ def head_splits(tile: "Sm90BwdTile", batch: int, heads_kv: int, group: int, seql
         if best_t is None or t < best_t * 0.97:  # a split must win by more than the model's slack
             best, best_t = s, t
     return best
-
-
-def pick_tile(tiles, head_dim: int, smem_limit: int):
-    """The first tile of `tiles` whose shared memory fits `smem_limit` bytes, else None."""
-    for t in tiles:
-        if t.smem_bytes(head_dim) <= smem_limit:
-            return t
-    return None
 
 
 @dataclasses.dataclass(frozen=True)
