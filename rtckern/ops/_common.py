@@ -1,13 +1,17 @@
 """What the op families share (they never import each other): parsing the numeric arguments the ops take (eps,
-scale), and finding a memoized call plan on the hot path. It imports no family. (The memos themselves are
+scale), finding a memoized call plan on the hot path, and registering a family's candidates and request builders
+once. It imports no family. (The memos themselves are
 rtckern.caches.PlanCache, below the op layer: the core's settings and manager clear them.)
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+import threading
+from typing import Any, Callable, Iterable
 
 from rtckern.config import settings
 from rtckern.errors import InputError
+from rtckern.registry import default_registry, register, register_request_builder
 
 
 def parse_number(value: Any, name: str, example: str) -> float:
@@ -28,3 +32,39 @@ def current_plan(plans, key):
     if p is not None and p.settings is settings():
         return p
     return None
+
+
+# ---- registration at import ---------------------------------------------------------------------------------------
+# The gemm and fp8 families register the same way (idempotent, thread-safe, tolerant of a module imported twice under
+# another name); these three helpers are that one procedure, so the families' register_all() say only what they add.
+def run_once(fn: Callable[[], None]) -> Callable[[], None]:
+    """fn as a function that runs it on the first call only, under a lock (a concurrent call waits for it); a call
+    that raised leaves it to run again on the next call."""
+    lock = threading.Lock()
+    done = False
+
+    @functools.wraps(fn)
+    def once() -> None:
+        nonlocal done
+        with lock:
+            if not done:
+                fn()
+                done = True
+
+    return once
+
+
+def register_missing_candidates(classes: Iterable[type]) -> None:
+    """Register an instance of each candidate class whose name the default registry does not hold yet."""
+    reg = default_registry()
+    for cls in classes:
+        try:
+            reg.get(cls.name)
+        except KeyError:
+            register(cls())
+
+
+def register_missing_builder(op: str, build: Callable[..., Any], *, help: str, example: str) -> None:
+    """Register `build` as op's request builder (explain, tune, selftest) unless op has one already."""
+    if op not in default_registry().builder_ops():
+        register_request_builder(op, build, help=help, example=example)

@@ -11,16 +11,15 @@ cores before sm_89: both ops refuse older GPUs with that reason.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any
 
 from rtckern import config, tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
-    register_kernel_provider, register_request_builder, select
+from rtckern.registry import Candidate, Cost, OpRequest, Resources, register_kernel_provider, select
 from rtckern.registry import options as opts
 
+from .._common import register_missing_builder, register_missing_candidates, run_once
 from . import configs, geometry
 from .geometry import OP, QUANT_OP, Fp8Problem, Sm90Fp8Config
 
@@ -216,29 +215,14 @@ def prefill_specs(archs):
     return list(out)
 
 
-_registered = False
-_reg_lock = threading.Lock()
-
-
+@run_once
 def register_all() -> None:
     """Register the fp8 candidates, request builders and kernel provider (idempotent)."""
-    global _registered
-    with _reg_lock:
-        if _registered:
-            return
-        reg = default_registry()
-        for cls in CANDIDATES:
-            try:
-                reg.get(cls.name)
-            except KeyError:
-                register(cls())
-        if OP not in reg.builder_ops():
-            register_request_builder(OP, build_request, help="shape: MxNxK (a (M, K), b (N, K), both e4m3); options "
-                                     "scale=tensor|channel|block, out=bf16|fp16|fp32, bias=none|bf16|fp16|fp32, "
-                                     "aligned=0|1", example="--shape 4096x4096x4096 --opt scale=block")
-        if QUANT_OP not in reg.builder_ops():
-            register_request_builder(QUANT_OP, build_quant_request, help="shape: MxK; dtype fp32|fp16|bf16; option "
-                                     "group=32|64|128|256", example="--dtype bf16 --shape 4096x7168 --opt group=128")
-        register_kernel_provider("gemm_fp8", prefill_specs)
-        tuning.defer_tuners(f"{__package__}.tune", "register_tuner")  # imported by `rtckern tune` only
-        _registered = True
+    register_missing_candidates(CANDIDATES)
+    register_missing_builder(OP, build_request, help="shape: MxNxK (a (M, K), b (N, K), both e4m3); options "
+                             "scale=tensor|channel|block, out=bf16|fp16|fp32, bias=none|bf16|fp16|fp32, aligned=0|1",
+                             example="--shape 4096x4096x4096 --opt scale=block")
+    register_missing_builder(QUANT_OP, build_quant_request, help="shape: MxK; dtype fp32|fp16|bf16; option "
+                             "group=32|64|128|256", example="--dtype bf16 --shape 4096x7168 --opt group=128")
+    register_kernel_provider("gemm_fp8", prefill_specs)
+    tuning.defer_tuners(f"{__package__}.tune", "register_tuner")  # imported by `rtckern tune` only

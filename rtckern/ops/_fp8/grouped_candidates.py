@@ -10,17 +10,16 @@ the rule there (no tuned table: `explain` says "rule").
 """
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from rtckern import config
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
-    register_request_builder, select
+from rtckern.registry import Candidate, Cost, OpRequest, Resources, select
 from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared
+from .._common import register_missing_builder, register_missing_candidates, run_once
 from . import geometry
 from . import grouped_geometry as gg
 from .grouped_geometry import OP, GroupedFp8Problem
@@ -121,24 +120,10 @@ def build_request(shape, dtype, device, **options) -> OpRequest:
     return request(p, device)
 
 
-_registered = False
-_reg_lock = threading.Lock()
-
-
+@run_once
 def register_all() -> None:
     """Register the grouped fp8 GEMM candidates and request builder (idempotent)."""
-    global _registered
-    with _reg_lock:
-        if _registered:
-            return
-        reg = default_registry()
-        for cls in CANDIDATES:
-            try:
-                reg.get(cls.name)
-            except KeyError:
-                register(cls())
-        if OP not in reg.builder_ops():
-            register_request_builder(OP, build_request, help="shape: GxMxNxK (groups, rows per group, N, K; a, b "
-                                     "e4m3 with block scales); options mode=contiguous|masked, out=bf16|fp16|fp32, "
-                                     "aligned=0|1", example="--shape 256x64x4096x7168 --opt mode=masked")
-        _registered = True
+    register_missing_candidates(CANDIDATES)
+    register_missing_builder(OP, build_request, help="shape: GxMxNxK (groups, rows per group, N, K; a, b e4m3 with "
+                             "block scales); options mode=contiguous|masked, out=bf16|fp16|fp32, aligned=0|1",
+                             example="--shape 256x64x4096x7168 --opt mode=masked")

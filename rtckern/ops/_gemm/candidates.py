@@ -19,10 +19,10 @@ from typing import Any
 from rtckern.caches import PlanCache
 from rtckern import config, tuning
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
-    register_request_builder, select
+from rtckern.registry import Candidate, Cost, OpRequest, Resources, select
 from rtckern.registry import options as opts
 
+from .._common import register_missing_builder, register_missing_candidates, run_once
 from . import configs, geometry
 from .launch import REDUCE_THREADS, LaunchPlan, Operands, stream_int
 
@@ -279,26 +279,11 @@ def build_request(shape, dtype, device, **options) -> OpRequest:
     return request(p, device)
 
 
-_registered = False
-_reg_lock = threading.Lock()
-
-
+@run_once
 def register_all() -> None:
     """Register the GEMM candidates, request builder and tuner (idempotent)."""
-    global _registered
-    with _reg_lock:
-        if _registered:
-            return
-        reg = default_registry()
-        for cls in (Sm90WgmmaCandidate, Sm80MmaCandidate, SimtCandidate):
-            try:
-                reg.get(cls.name)
-            except KeyError:
-                register(cls())
-        if OP not in reg.builder_ops():
-            register_request_builder(OP, build_request, help="shape: MxNxK or BxMxNxK; options trans_b=0|1 (default "
-                                     "1: B is (n, k)), out=fp16|bf16|fp32, bias=0|1, act=none|gelu_tanh|silu, "
-                                     "residual=0|1, aligned=0|1, b_batched=0|1",
-                                     example="--dtype bf16 --shape 4096x4096x4096 --opt trans_b=1")
-        tuning.defer_tuners(f"{__package__}.tune", "register_tuner")  # imported by `rtckern tune` only
-        _registered = True
+    register_missing_candidates((Sm90WgmmaCandidate, Sm80MmaCandidate, SimtCandidate))
+    register_missing_builder(OP, build_request, help="shape: MxNxK or BxMxNxK; options trans_b=0|1 (default 1: B is "
+                             "(n, k)), out=fp16|bf16|fp32, bias=0|1, act=none|gelu_tanh|silu, residual=0|1, "
+                             "aligned=0|1, b_batched=0|1", example="--dtype bf16 --shape 4096x4096x4096 --opt trans_b=1")
+    tuning.defer_tuners(f"{__package__}.tune", "register_tuner")  # imported by `rtckern tune` only
