@@ -532,6 +532,15 @@ def register_tuner(tuner: Tuner, *, replace: bool = False) -> Tuner:
     return tuner
 
 
+def register_or_get_tuner(tuner: Tuner) -> Tuner:
+    """Register `tuner`, or return the tuner its op has already: a family's tune module registers its one tuner on
+    first use, and may be imported a second time under another name (so find the first module's tuner, not fail)."""
+    try:
+        return register_tuner(tuner)
+    except ValueError:  # registered by an earlier import of the family's module under another name
+        return get_tuner(tuner.op)
+
+
 def defer_tuners(module: str, function: str = "register_tuners") -> None:
     """Tuners that ``module.function()`` registers, registered when tuners are first asked for (`rtckern tune`,
     completion, get_tuner): an op family declares its tuners at import without importing the tuner code, which no

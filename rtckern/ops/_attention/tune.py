@@ -143,8 +143,5 @@ _tuner: AttentionTuner | None = None
 def register_tuner() -> AttentionTuner:
     global _tuner
     if _tuner is None:
-        try:
-            _tuner = tuning.register_tuner(AttentionTuner())
-        except ValueError:  # registered by an earlier import of this module under another name
-            _tuner = tuning.get_tuner(cands.OP)  # type: ignore[assignment]
+        _tuner = tuning.register_or_get_tuner(AttentionTuner())  # type: ignore[assignment]
     return _tuner

@@ -164,8 +164,5 @@ _tuner: Fp8GemmTuner | None = None
 def register_tuner() -> Fp8GemmTuner:
     global _tuner
     if _tuner is None:
-        try:
-            _tuner = tuning.register_tuner(Fp8GemmTuner())
-        except ValueError:  # registered by an earlier import of this module under another name
-            _tuner = tuning.get_tuner(OP)  # type: ignore[assignment]
+        _tuner = tuning.register_or_get_tuner(Fp8GemmTuner())  # type: ignore[assignment]
     return _tuner

@@ -185,8 +185,5 @@ _tuner: GemmTuner | None = None
 def register_tuner() -> GemmTuner:
     global _tuner
     if _tuner is None:
-        try:
-            _tuner = tuning.register_tuner(GemmTuner())
-        except ValueError:  # registered by an earlier import of this module under another name
-            _tuner = tuning.get_tuner(configs.OP)  # type: ignore[assignment]
+        _tuner = tuning.register_or_get_tuner(GemmTuner())  # type: ignore[assignment]
     return _tuner
