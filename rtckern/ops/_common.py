@@ -1,17 +1,20 @@
 """What the op families share (they never import each other): parsing the numeric arguments the ops take (eps,
-scale), finding a memoized call plan on the hot path, and registering a family's candidates and request builders
-once. It imports no family. (The memos themselves are
-rtckern.caches.PlanCache, below the op layer: the core's settings and manager clear them.)
+scale), finding a memoized call plan on the hot path, the state of a one-output plan, and registering a family's
+candidates and request builders once. It imports no family. (The memos themselves are rtckern.caches.PlanCache,
+below the op layer: the core's settings and manager clear them.)
 """
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from typing import Any, Callable, Iterable
 
 from rtckern.config import settings
+from rtckern.dtypes import torch_dtype
 from rtckern.errors import InputError
 from rtckern.registry import default_registry, register, register_request_builder
+from rtckern.runtime import arrays as arr
 
 
 def parse_number(value: Any, name: str, example: str) -> float:
@@ -32,6 +35,27 @@ def current_plan(plans, key):
     if p is not None and p.settings is settings():
         return p
     return None
+
+
+class OutputPlan:
+    """What the plans of the one-output GEMMs (gemm_fp8, grouped_gemm, grouped_gemm_fp8) hold alike: the settings
+    they were decided under, the output's shape and dtype, the device ordinal, the prepared launch (None: nothing to
+    compute), the candidate's name, and for a torch caller the torch module, dtype and device to allocate the output.
+    Built here once for the three; each subclass adds its own run_torch / run_mats (the hot path, which reads these
+    slots directly: a base class's slots cost nothing more to read) and declares `__slots__ = ()`."""
+
+    __slots__ = ("settings", "out_shape", "out_dtype", "ordinal", "launch", "candidate", "_torch", "_tdtype",
+                 "_tdevice")
+
+    def __init__(self, settings: Any, like: arr.DeviceArray, out_shape: tuple, out_dtype: str, launch,
+                 candidate: str = ""):
+        self.settings, self.out_shape, self.out_dtype = settings, tuple(out_shape), out_dtype
+        self.ordinal, self.launch, self.candidate = like.device, launch, candidate
+        self._torch = self._tdtype = self._tdevice = None
+        if like.lib == "torch":
+            self._torch = sys.modules["torch"]
+            self._tdtype = torch_dtype(out_dtype)
+            self._tdevice = like.obj.device
 
 
 # ---- registration at import ---------------------------------------------------------------------------------------

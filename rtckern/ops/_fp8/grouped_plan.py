@@ -5,16 +5,14 @@ everything the checks read). The group index is passed by address: its values ne
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from typing import Any
 
 from rtckern.caches import PlanCache
-from rtckern.dtypes import torch_dtype
 from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
 from .. import _common_grouped as shared
+from .._common import OutputPlan
 from . import grouped_geometry as gg
 from .geometry import Sm90Fp8Config
 from .launch import MapCache, Prepared
@@ -62,22 +60,11 @@ class GroupedLaunch:
         self._main.run((ma.get(a), mb.get(b), c, sa, sb, 0, groups), stream)
 
 
-class Plan:
+class Plan(OutputPlan):
     """What a call of one signature does: allocate the output (like a's library), launch on the library's current
     stream. `launch` is None when there is nothing to compute (no rows, columns or groups)."""
 
-    __slots__ = ("settings", "out_shape", "out_dtype", "ordinal", "launch", "candidate", "_torch", "_tdtype",
-                 "_tdevice")
-
-    def __init__(self, settings: Any, like: arr.DeviceArray, out_shape: tuple, out_dtype: str, launch,
-                 candidate: str = ""):
-        self.settings, self.out_shape, self.out_dtype = settings, tuple(out_shape), out_dtype
-        self.ordinal, self.launch, self.candidate = like.device, launch, candidate
-        self._torch = self._tdtype = self._tdevice = None
-        if like.lib == "torch":
-            self._torch = sys.modules["torch"]
-            self._tdtype = torch_dtype(out_dtype)
-            self._tdevice = like.obj.device
+    __slots__ = ()
 
     def run_torch(self, a: int, b: int, sa: int, sb: int, groups: int):
         out = self._torch.empty(self.out_shape, dtype=self._tdtype, device=self._tdevice)

@@ -8,25 +8,16 @@ import sys
 from typing import Any
 
 from rtckern.caches import PlanCache
-from rtckern.dtypes import torch_dtype
 from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
+
+from .._common import OutputPlan
 
 plans = PlanCache("gemm_fp8.call_plans")
 
 
-class GemmPlan:
-    __slots__ = ("settings", "out_shape", "out_dtype", "ordinal", "launch", "candidate", "_torch", "_tdtype",
-                 "_tdevice")
-
-    def __init__(self, settings: Any, like: arr.DeviceArray, out_shape: tuple, out_dtype: str, launch, candidate=""):
-        self.settings, self.out_shape, self.out_dtype = settings, tuple(out_shape), out_dtype
-        self.ordinal, self.launch, self.candidate = like.device, launch, candidate
-        self._torch = self._tdtype = self._tdevice = None
-        if like.lib == "torch":
-            self._torch = sys.modules["torch"]
-            self._tdtype = torch_dtype(out_dtype)
-            self._tdevice = like.obj.device
+class GemmPlan(OutputPlan):
+    __slots__ = ()
 
     def run_torch(self, a: int, b: int, sa: int, sb: int, bias: int):
         out = self._torch.empty(self.out_shape, dtype=self._tdtype, device=self._tdevice)

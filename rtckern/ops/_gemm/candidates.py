@@ -285,5 +285,6 @@ def register_all() -> None:
     register_missing_candidates((Sm90WgmmaCandidate, Sm80MmaCandidate, SimtCandidate))
     register_missing_builder(OP, build_request, help="shape: MxNxK or BxMxNxK; options trans_b=0|1 (default 1: B is "
                              "(n, k)), out=fp16|bf16|fp32, bias=0|1, act=none|gelu_tanh|silu, residual=0|1, "
-                             "aligned=0|1, b_batched=0|1", example="--dtype bf16 --shape 4096x4096x4096 --opt trans_b=1")
+                             "aligned=0|1, b_batched=0|1",
+                             example="--dtype bf16 --shape 4096x4096x4096 --opt trans_b=1")
     tuning.defer_tuners(f"{__package__}.tune", "register_tuner")  # imported by `rtckern tune` only
