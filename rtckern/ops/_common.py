@@ -1,6 +1,6 @@
 """What the op families share (they never import each other): parsing the numeric arguments the ops take (eps,
-scale), finding a memoized call plan on the hot path, the state of a one-output plan, and registering a family's
-candidates and request builders once. It imports no family. (The memos themselves are rtckern.caches.PlanCache,
+scale), finding a memoized call plan on the hot path, the state of a one-output plan, a candidate's memoized config,
+and registering a family's candidates and request builders once. It imports no family. (The memos themselves are rtckern.caches.PlanCache,
 below the op layer: the core's settings and manager clear them.)
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 from rtckern.config import settings
 from rtckern.dtypes import torch_dtype
 from rtckern.errors import InputError
-from rtckern.registry import default_registry, register, register_request_builder
+from rtckern.registry import Candidate, OpRequest, default_registry, register, register_request_builder
 from rtckern.runtime import arrays as arr
 
 
@@ -56,6 +56,25 @@ class OutputPlan:
             self._torch = sys.modules["torch"]
             self._tdtype = torch_dtype(out_dtype)
             self._tdevice = like.obj.device
+
+
+class MemoizedConfigCandidate(Candidate):
+    """A candidate whose config for a request (the tile the cost, supports, kernel_specs, resources and launch all
+    read) is computed once: config(req) memoizes the subclass's _config(req) by (candidate name, request) in
+    `config_memo`, the PlanCache the subclass names. Shared by the gemm and grouped gemm candidates."""
+
+    config_memo: Any  # a rtckern.caches.PlanCache
+
+    def config(self, req: OpRequest):
+        """This candidate's config for req, computed once per request (cost, specs, resources, launch)."""
+        key = (self.name, req)
+        hit = self.config_memo.get(key)
+        if hit is None:
+            hit = self.config_memo.put(key, self._config(req))
+        return hit
+
+    def _config(self, req: OpRequest):
+        raise NotImplementedError
 
 
 # ---- registration at import ---------------------------------------------------------------------------------------

@@ -19,10 +19,10 @@ from typing import Any
 from rtckern.caches import PlanCache
 from rtckern import config, tuning
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, Cost, OpRequest, Resources, select
+from rtckern.registry import Cost, OpRequest, Resources, select
 from rtckern.registry import options as opts
 
-from .._common import register_missing_builder, register_missing_candidates, run_once
+from .._common import MemoizedConfigCandidate, register_missing_builder, register_missing_candidates, run_once
 from . import configs, geometry
 from .launch import REDUCE_THREADS, LaunchPlan, Operands, stream_int
 
@@ -86,20 +86,10 @@ def tuned_cost(kind: str, req: OpRequest, other: float) -> Cost:
     return Cost(other, src, f"{where} names the {cfg.kind} kernel")
 
 
-class _GemmCandidate(Candidate):
+class _GemmCandidate(MemoizedConfigCandidate):
     op = OP
     vendors = ("nvidia",)
-
-    def config(self, req: OpRequest):
-        """This candidate's config for req, computed once per request (cost, specs, resources, launch)."""
-        key = (self.name, req)
-        hit = _configs.get(key)
-        if hit is None:
-            hit = _configs.put(key, self._config(req))
-        return hit
-
-    def _config(self, req: OpRequest):
-        raise NotImplementedError
+    config_memo = _configs
 
     def kernel_specs(self, req: OpRequest):
         return geometry.kernel_specs(problem(req), self.config(req), self.target(req))

@@ -17,11 +17,11 @@ from typing import Any
 from rtckern import config
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, Cost, OpRequest, Resources, select
+from rtckern.registry import Cost, OpRequest, Resources, select
 from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared
-from .._common import register_missing_builder, register_missing_candidates, run_once
+from .._common import MemoizedConfigCandidate, register_missing_builder, register_missing_candidates, run_once
 from . import geometry
 from . import grouped_geometry as gg
 from .grouped_geometry import OP, GroupedProblem
@@ -50,18 +50,9 @@ def _dtype_reason(p: GroupedProblem) -> str | None:
 _configs = PlanCache("grouped_gemm.candidate_configs")
 
 
-class _GroupedCandidate(Candidate):
+class _GroupedCandidate(MemoizedConfigCandidate):
     op = OP
-
-    def config(self, req: OpRequest):
-        key = (self.name, req)
-        hit = _configs.get(key)
-        if hit is None:
-            hit = _configs.put(key, self._config(req))
-        return hit
-
-    def _config(self, req: OpRequest):
-        raise NotImplementedError
+    config_memo = _configs
 
     def kernel_specs(self, req: OpRequest):
         return (gg.spec(problem(req), self.config(req), self.target(req)),)
