@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from ..arch import Arch
 from ..device import DeviceInfo
 from ..errors import LaunchError, LoadError, RtckernError
-from .kernel import _dim3, check_geometry
+from .kernel import KernelAttributes, _dim3, check_geometry
 from .streams import stream_handle
 
 # hipModuleLoadData errors that mean "this code object is no good here" (quarantine and recompile, as on CUDA).
@@ -156,7 +156,7 @@ def load_kernel(binary: bytes, kind: str, lowered_name: str, device: DeviceInfo,
     return HipKernel(func, module, image, device, label or lowered_name)
 
 
-class HipKernel:
+class HipKernel(KernelAttributes):
     """A kernel on one AMD GPU; the same surface as ``rtckern.runtime.Kernel``."""
 
     __slots__ = ("_f", "_module", "_image", "device", "label", "_attrs", "_max_dyn_smem", "_checked")
@@ -175,30 +175,16 @@ class HipKernel:
         return f"<rtckern.HipKernel {self.label} on {self.device.describe()}>"
 
     def _attr(self, name: str) -> int:
+        """A HIP_FUNC_ATTRIBUTE_<name> of the kernel (fixed once loaded: read once)."""
         v = self._attrs.get(name)
         if v is None:
             h = hip()
-            a = getattr(h.hipFunction_attribute, name)
+            full = f"HIP_FUNC_ATTRIBUTE_{name}"
+            a = getattr(h.hipFunction_attribute, full)
             with on_device(self.device.ordinal):
-                v = int(check(h.hipFuncGetAttribute(a, self._f), f"hipFuncGetAttribute({name})"))
+                v = int(check(h.hipFuncGetAttribute(a, self._f), f"hipFuncGetAttribute({full})"))
             self._attrs[name] = v
         return v
-
-    @property
-    def num_regs(self) -> int:
-        return self._attr("HIP_FUNC_ATTRIBUTE_NUM_REGS")
-
-    @property
-    def shared_size_bytes(self) -> int:
-        return self._attr("HIP_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES")
-
-    @property
-    def local_size_bytes(self) -> int:
-        return self._attr("HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES")
-
-    @property
-    def max_threads_per_block(self) -> int:
-        return self._attr("HIP_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK")
 
     def set_max_dynamic_shared_memory(self, nbytes: int) -> None:
         """AMD needs no opt-in: every block may use the device's LDS up to its limit; refuse more, like CUDA."""

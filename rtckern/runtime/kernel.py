@@ -137,7 +137,35 @@ def load_kernel(binary: bytes, kind: str, lowered_name: str, device: DeviceInfo,
     return Kernel(handle, fn, lib, device, label or lowered_name)
 
 
-class Kernel:
+class KernelAttributes:
+    """The function attributes every kernel class exposes (Kernel here, hip.HipKernel on AMD GPUs), named once: each
+    reads an attribute through its class's `_attr(name)`, given the attribute's short name (NUM_REGS: CUDA's
+    CU_FUNC_ATTRIBUTE_NUM_REGS, HIP's HIP_FUNC_ATTRIBUTE_NUM_REGS)."""
+
+    __slots__ = ()
+
+    def _attr(self, name: str) -> int:
+        raise NotImplementedError
+
+    @property
+    def num_regs(self) -> int:
+        return self._attr("NUM_REGS")
+
+    @property
+    def shared_size_bytes(self) -> int:
+        """Static shared memory per block."""
+        return self._attr("SHARED_SIZE_BYTES")
+
+    @property
+    def local_size_bytes(self) -> int:
+        return self._attr("LOCAL_SIZE_BYTES")
+
+    @property
+    def max_threads_per_block(self) -> int:
+        return self._attr("MAX_THREADS_PER_BLOCK")
+
+
+class Kernel(KernelAttributes):
     """A kernel on one device. ``prepare`` gives the hot paths a launch at one geometry; ``launch`` looks its
     geometry up (a dict lookup) and launches through the native launcher, or cuda.core where it must."""
 
@@ -182,23 +210,6 @@ class Kernel:
             v = self._attrs[name] = int(check(d.cuKernelGetAttribute(attr, self._handle, self.device.ordinal),
                                               f"cuKernelGetAttribute({name})"))
         return v
-
-    @property
-    def num_regs(self) -> int:
-        return self._attr("NUM_REGS")
-
-    @property
-    def shared_size_bytes(self) -> int:
-        """Static shared memory per block."""
-        return self._attr("SHARED_SIZE_BYTES")
-
-    @property
-    def local_size_bytes(self) -> int:
-        return self._attr("LOCAL_SIZE_BYTES")
-
-    @property
-    def max_threads_per_block(self) -> int:
-        return self._attr("MAX_THREADS_PER_BLOCK")
 
     @property
     def binary_version(self) -> int:
