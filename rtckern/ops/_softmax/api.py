@@ -143,6 +143,53 @@ def _at_least_2d(a: arr.DeviceArray, name: str) -> arr.DeviceArray:
     return a
 
 
+# ---- docstrings -----------------------------------------------------------------------------------------------
+# Every softmax op raises the same errors and returns its result the same way, and every backward takes the same
+# arguments: those sections are written once here and joined into each op's docstring (help() shows the whole).
+_RETURNS = """
+    Returns:
+        A new contiguous array of x's shape, dtype and library (torch in -> torch out, CuPy in -> CuPy out),
+        computed on that library's current stream.
+"""
+_BACKWARD_ARGS_RETURNS = """
+    Args:
+        y: the forward's output, fp32 / fp16 / bf16, contiguous.
+        dy: the gradient of y, y's shape and dtype.
+        scale: the forward's scale.
+
+    Returns:
+        dx = scale * y * (dy - sum(y * dy)) over the last dimension, like y.
+"""
+_RAISES = """
+    Raises:
+        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
+            does not take, or a scale that is not a number.
+        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
+    """
+
+
+def _note(returns_note: str) -> str:
+    return f"        {returns_note}\n" if returns_note else ""
+
+
+def _forward_doc(summary: str, args: str, returns_note: str = "") -> str:
+    """A forward's docstring: its summary and Args, the common Returns and the line this op adds to it, Raises."""
+    return summary + "\n" + args + _RETURNS + _note(returns_note) + _RAISES
+
+
+def _backward_doc(summary: str, returns_note: str = "") -> str:
+    """A backward's docstring: its summary, the common Args and Returns and the line this op adds to it, Raises."""
+    return summary + "\n" + _BACKWARD_ARGS_RETURNS + _note(returns_note) + _RAISES
+
+
+def _with_doc(doc: str):
+    """Decorator: set the function's docstring to `doc` (built above from the shared sections)."""
+    def set_doc(fn):
+        fn.__doc__ = doc
+        return fn
+    return set_doc
+
+
 # ---- public ops -----------------------------------------------------------------------------------------------
 def _unmasked(op: str, min_ndim: int, geometry_of, forward_doc: str, backward_doc: str):
     """The op `op` and `op`_backward for scores without a mask array (plain, or causal: the mask is the geometry).
@@ -169,56 +216,24 @@ def _unmasked(op: str, min_ndim: int, geometry_of, forward_doc: str, backward_do
 
 softmax, softmax_backward = _unmasked(
     "softmax", 1, _plain_geometry,
-    """softmax(scale * x) over the last dimension, arithmetic in fp32.
-
+    _forward_doc("softmax(scale * x) over the last dimension, arithmetic in fp32.", """
     Args:
         x: (..., N), fp32 / fp16 / bf16, contiguous, any N (long rows take a two-pass kernel).
         scale: multiplies x before the softmax (e.g. 1 / sqrt(head_dim)); -inf entries count as masked keys
             whatever its sign, and a row of only -inf gives zeros.
-
-    Returns:
-        A new contiguous array of x's shape, dtype and library (torch in -> torch out, CuPy in -> CuPy out),
-        computed on that library's current stream.
-    Raises:
-        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
-            does not take, or a scale that is not a number.
-        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
-    """,
-    """Gradient of softmax(scale * x) with respect to x, from y = softmax(scale * x) and dy.
-
-    Args:
-        y: the forward's output, fp32 / fp16 / bf16, contiguous.
-        dy: the gradient of y, y's shape and dtype.
-        scale: the forward's scale.
-
-    Returns:
-        dx = scale * y * (dy - sum(y * dy)) over the last dimension, like y.
-    Raises:
-        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
-            does not take, or a scale that is not a number.
-        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
-    """)
+"""),
+    _backward_doc("Gradient of softmax(scale * x) with respect to x, from y = softmax(scale * x) and dy."))
 
 
-def scaled_masked_softmax(x, mask, scale: float = 1.0):
-    """softmax(scale * x) over the last dimension with the keys where `mask` is True set to exactly zero.
-
+@_with_doc(_forward_doc(
+    "softmax(scale * x) over the last dimension with the keys where `mask` is True set to exactly zero.", """
     Args:
         x: (B, H, Sq, Sk) attention scores, fp32 / fp16 / bf16, contiguous.
         mask: bool (B, 1, Sq, Sk) or (1, 1, Sq, Sk), True where a key is masked out; broadcast over heads (and
             over the batch when its first dimension is 1); contiguous, on x's device.
         scale: multiplies x before the softmax.
-
-    Returns:
-        A new contiguous array of x's shape, dtype and library (torch in -> torch out, CuPy in -> CuPy out),
-        computed on that library's current stream.
-        Masked keys get exactly zero and contribute nothing; a row whose keys are all masked gives zeros, not NaN.
-
-    Raises:
-        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
-            does not take, or a scale that is not a number.
-        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
-    """
+""", "Masked keys get exactly zero and contribute nothing; a row whose keys are all masked gives zeros, not NaN."))
+def scaled_masked_softmax(x, mask, scale: float = 1.0):
     p = _hit("scaled_masked_softmax", x, mask, scale)
     if p is not None:
         return p.fast(x, mask) if p.fast is not None else p.forward(x.data_ptr(), mask.data_ptr())
@@ -229,92 +244,32 @@ def scaled_masked_softmax(x, mask, scale: float = 1.0):
     return _run_forward("scaled_masked_softmax", a, _masked_geometry(a, m), scale, m, (x, mask))
 
 
+@_with_doc(_backward_doc(
+    "Gradient of scaled_masked_softmax from its output y (exactly zero at masked keys, so no mask is needed).",
+    "Masked keys (and fully masked rows) get exactly zero."))
 def scaled_masked_softmax_backward(y, dy, scale: float = 1.0):
-    """Gradient of scaled_masked_softmax from its output y (exactly zero at masked keys, so no mask is needed).
-
-    Args:
-        y: the forward's output, fp32 / fp16 / bf16, contiguous.
-        dy: the gradient of y, y's shape and dtype.
-        scale: the forward's scale.
-
-    Returns:
-        dx = scale * y * (dy - sum(y * dy)) over the last dimension, like y.
-        Masked keys (and fully masked rows) get exactly zero.
-
-    Raises:
-        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
-            does not take, or a scale that is not a number.
-        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
-    """
     return _run_backward("scaled_masked_softmax_backward", y, dy, scale, _plain_geometry)
 
 
 scaled_upper_triang_masked_softmax, scaled_upper_triang_masked_softmax_backward = _unmasked(
     "scaled_upper_triang_masked_softmax", 2, _square_causal_geometry,
-    """Causal softmax(scale * x) over square score matrices: key k of query q is kept iff k <= q.
-
+    _forward_doc("Causal softmax(scale * x) over square score matrices: key k of query q is kept iff k <= q.", """
     Args:
         x: (..., S, S), typically (B * H, S, S), fp32 / fp16 / bf16, contiguous. Sq != Sk is refused: use
             scaled_aligned_causal_masked_softmax.
         scale: multiplies x before the softmax.
-
-    Returns:
-        A new contiguous array of x's shape, dtype and library (torch in -> torch out, CuPy in -> CuPy out),
-        computed on that library's current stream.
-        Keys above the diagonal are exactly zero (and never read).
-
-    Raises:
-        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
-            does not take, or a scale that is not a number.
-        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
-    """,
-    """Gradient of scaled_upper_triang_masked_softmax; keys above the diagonal get exactly zero.
-
-    Args:
-        y: the forward's output, fp32 / fp16 / bf16, contiguous.
-        dy: the gradient of y, y's shape and dtype.
-        scale: the forward's scale.
-
-    Returns:
-        dx = scale * y * (dy - sum(y * dy)) over the last dimension, like y.
-    Raises:
-        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
-            does not take, or a scale that is not a number.
-        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
-    """)
+""", "Keys above the diagonal are exactly zero (and never read)."),
+    _backward_doc("Gradient of scaled_upper_triang_masked_softmax; keys above the diagonal get exactly zero."))
 
 scaled_aligned_causal_masked_softmax, scaled_aligned_causal_masked_softmax_backward = _unmasked(
     "scaled_aligned_causal_masked_softmax", 2, _aligned_causal_geometry,
-    """Causal softmax(scale * x) aligned to the bottom-right corner: key k of query q is kept iff k <= q + Sk - Sq.
-
+    _forward_doc("Causal softmax(scale * x) aligned to the bottom-right corner: key k of query q is kept iff "
+                 "k <= q + Sk - Sq.", """
     Args:
         x: (..., Sq, Sk), fp32 / fp16 / bf16, contiguous (Sq == Sk is the usual causal mask).
         scale: multiplies x before the softmax.
-
-    Returns:
-        A new contiguous array of x's shape, dtype and library (torch in -> torch out, CuPy in -> CuPy out),
-        computed on that library's current stream.
-        Masked keys are exactly zero; with Sq > Sk the first Sq - Sk queries keep no key and give zeros.
-
-    Raises:
-        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
-            does not take, or a scale that is not a number.
-        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
-    """,
-    """Gradient of scaled_aligned_causal_masked_softmax; masked keys get exactly zero.
-
-    Args:
-        y: the forward's output, fp32 / fp16 / bf16, contiguous.
-        dy: the gradient of y, y's shape and dtype.
-        scale: the forward's scale.
-
-    Returns:
-        dx = scale * y * (dy - sum(y * dy)) over the last dimension, like y.
-    Raises:
-        InputError: not a CUDA array, a dtype other than fp32 / fp16 / bf16, a non-contiguous array, a shape the op
-            does not take, or a scale that is not a number.
-        UnsupportedRequestError: no kernel serves the request on this device (e.g. RTCKERN_DISABLE_OPS names it).
-    """)
+""", "Masked keys are exactly zero; with Sq > Sk the first Sq - Sk queries keep no key and give zeros."),
+    _backward_doc("Gradient of scaled_aligned_causal_masked_softmax; masked keys get exactly zero."))
 
 
 cands.register_all()
