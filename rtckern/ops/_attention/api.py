@@ -19,6 +19,7 @@ access). Launched on the library's current stream.
 """
 from __future__ import annotations
 
+import inspect
 import math
 
 from rtckern import tuning
@@ -123,6 +124,25 @@ def cached_request(requests: PlanCache, build, dtype: str, head_dim: int, causal
     return req
 
 
+# The Raises section of attention, attention_backward and attention_varlen_backward: the same checks of q, k, v and of
+# the flags refuse the same inputs, so the three docstrings end with this one text (added by with_shared_raises).
+SHARED_RAISES = """Raises:
+    InputError: arrays not on one GPU or of one library, a dtype other than bf16 / fp16, shapes that disagree,
+        a head_dim other than 32, 64, 96, 128 or 256, heads_q not a multiple of heads_kv, a head dim that is not
+        contiguous, other strides not multiples of 8 elements or an address not 16-byte aligned, or a bad
+        causal / softmax_scale.
+    UnsupportedRequestError: no kernel serves the request on this device (a GPU older than sm_75, or
+        RTCKERN_DISABLE_OPS names the op)."""
+
+
+def with_shared_raises(fn):
+    """Decorator: end fn's docstring (written up to its Returns section) with SHARED_RAISES. The docstring is cleaned
+    first (as Python 3.13 compiles docstrings), so both parts share one margin on every Python version."""
+    fn.__doc__ = inspect.cleandoc(fn.__doc__) + "\n\n" + SHARED_RAISES
+    return fn
+
+
+@with_shared_raises
 def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False):
     """Fused attention forward (FlashAttention class): softmax(scale * q k^T) v without materializing the scores,
     fp32 accumulation.
@@ -141,14 +161,6 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
         o, contiguous (batch, seqlen_q, heads_q, head_dim) like q (library, device, dtype); with return_lse,
         (o, lse) with lse float32 (batch, heads_q, seqlen_q). A query that sees no key (causal with seqlen_q >
         seqlen_k) gets o = 0 and lse = -inf. Computed on the library's current stream.
-
-    Raises:
-        InputError: arrays not on one GPU or of one library, a dtype other than bf16 / fp16, shapes that disagree,
-            a head_dim other than 32, 64, 96, 128 or 256, heads_q not a multiple of heads_kv, a head dim that is not
-            contiguous, other strides not multiples of 8 elements or an address not 16-byte aligned, or a bad
-            causal / softmax_scale.
-        UnsupportedRequestError: no kernel serves the request on this device (a GPU older than sm_75, or
-            RTCKERN_DISABLE_OPS names the op).
     """
     key = plan.key(q, k, v, causal, softmax_scale, return_lse)
     if key is not None:

@@ -27,7 +27,7 @@ from rtckern.runtime.streams import torch_stream
 
 from .._common import current_plan
 from . import backward_candidates as cands
-from .api import _check_qkv, _scale, cached_request, check_strides
+from .api import _check_qkv, _scale, cached_request, check_strides, with_shared_raises
 
 __all__ = ("attention_backward",)
 
@@ -107,6 +107,7 @@ class Plan:
         return dq, dk, dv
 
 
+@with_shared_raises
 def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_scale: float | None = None,
                        deterministic: bool = False):
     """Gradients of rtckern.ops.attention (FlashAttention-2 class) from its output and lse.
@@ -123,14 +124,6 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_sc
     Returns:
         (dq, dk, dv), contiguous, like q, k, v. dk and dv are summed over the q heads that share a kv head; a query
         that sees no key gets dq = 0.
-
-    Raises:
-        InputError: arrays not on one GPU or of one library, a dtype other than bf16 / fp16, shapes that disagree,
-            a head_dim other than 32, 64, 96, 128 or 256, heads_q not a multiple of heads_kv, a head dim that is not
-            contiguous, other strides not multiples of 8 elements or an address not 16-byte aligned, or a bad
-            causal / softmax_scale.
-        UnsupportedRequestError: no kernel serves the request on this device (a GPU older than sm_75, or
-            RTCKERN_DISABLE_OPS names the op).
     """
     args = (dout, q, k, v, out, lse)
     key = _key(args, causal, softmax_scale, deterministic)

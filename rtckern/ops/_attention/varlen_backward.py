@@ -29,7 +29,7 @@ from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
 from . import varlen_backward_candidates as vbc
-from .api import _scale, cached_request
+from .api import _scale, cached_request, with_shared_raises
 from .backward import check_like_q, check_lse
 from .varlen import _check_cu, _check_max, _check_qkv
 
@@ -94,6 +94,7 @@ class Plan:
         return dq, dk, dv
 
 
+@with_shared_raises
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal: bool = False, softmax_scale: float | None = None, deterministic: bool = False):
     """Gradients of rtckern.ops.attention_varlen from its output and lse.
@@ -109,14 +110,6 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         (dq, dk, dv), contiguous, like q, k, v. Each sequence is its own problem: dk / dv are summed over the q
         heads of each kv head; a query that sees no key gets dq = 0, a key no query sees dk = dv = 0. Rows no
         sequence covers are left unwritten. No host synchronization: capturable in a CUDA graph after a first call.
-
-    Raises:
-        InputError: arrays not on one GPU or of one library, a dtype other than bf16 / fp16, shapes that disagree,
-            a head_dim other than 32, 64, 96, 128 or 256, heads_q not a multiple of heads_kv, a head dim that is not
-            contiguous, other strides not multiples of 8 elements or an address not 16-byte aligned, or a bad
-            causal / softmax_scale.
-        UnsupportedRequestError: no kernel serves the request on this device (a GPU older than sm_75, or
-            RTCKERN_DISABLE_OPS names the op).
     """
     args = (dout, q, k, v, out, lse)
     key = _key(args, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic)
