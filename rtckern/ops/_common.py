@@ -1,7 +1,7 @@
 """What the op families share (they never import each other): parsing the numeric arguments the ops take (eps,
 scale), finding a memoized call plan on the hot path, the state of a one-output plan, a candidate's memoized config,
-and registering a family's candidates and request builders once. It imports no family. (The memos themselves are rtckern.caches.PlanCache,
-below the op layer: the core's settings and manager clear them.)
+and registering a family's candidates and request builders once. It imports no family. (The memos themselves are
+rtckern.caches.PlanCache, below the op layer: the core's settings and manager clear them.)
 """
 from __future__ import annotations
 
