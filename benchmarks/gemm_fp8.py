@@ -84,9 +84,13 @@ def run(args):
     qrows = []
     for m, k in ((4096, 7168), (16384, 7168)):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        ms = _time_ms(lambda: ops.quantize_fp8(x, 128), reps)
-        nbytes = m * k * 2 + m * k + m * (k // 128) * 4
-        qrows.append({"m": m, "k": k, "gbs": nbytes / (ms * 1e-3) / 1e9, "copy_gbs": copy})
+        w = torch.randn(k, device="cuda", dtype=torch.bfloat16)
+        nbytes = m * k * 2 + m * k + m * (k // 128) * 4  # bf16 in; e4m3 and fp32 group scales out
+        for op, fn in (("quantize_fp8", lambda: ops.quantize_fp8(x, 128)),
+                       ("rms_norm_quant", lambda: ops.rms_norm_quant(x, w, 1e-6, group=128))):
+            ms = _time_ms(fn, reps)
+            qrows.append({"op": op, "m": m, "k": k, "gbs": (nbytes + (k * 2 if op == "rms_norm_quant" else 0))
+                          / (ms * 1e-3) / 1e9, "copy_gbs": copy})
 
     return to_result(rows, qrows, reps)
 
@@ -102,9 +106,11 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int) -> Result:
                   [[r["m"], r["n"], r["k"], *[f"{r['tflops'][c]:.0f}" if c in r["tflops"] else None for c in SERIES],
                     ratio(r["tflops"], "rtckern per-tensor", "torch._scaled_mm"),
                     ratio(r["tflops"], "rtckern block", "torch._scaled_mm")] for r in rows], title="gemm_fp8 TFLOP/s")
-    qtable = Table(["M", "K", "GB/s", "copy GB/s", "fraction of copy"],
-                   [[q["m"], q["k"], f"{q['gbs']:.0f}", f"{q['copy_gbs']:.0f}", f"{q['gbs'] / q['copy_gbs']:.2f}"]
-                    for q in qrows], title="quantize_fp8 (bf16 in; e4m3 and fp32 scales out, group 128)")
+    qtable = Table(["op", "M", "K", "GB/s", "copy GB/s", "fraction of copy"],
+                   [[q.get("op", "quantize_fp8"), q["m"], q["k"], f"{q['gbs']:.0f}", f"{q['copy_gbs']:.0f}",
+                     f"{q['gbs'] / q['copy_gbs']:.2f}"] for q in qrows],
+                   title="quantize_fp8 and the fused rms_norm_quant (bf16 in; e4m3 and fp32 scales out, group 128; "
+                         "bytes in + out)")
     note = (f"e4m3 inputs, bf16 output; median of {reps} CUDA-event timings of back-to-back calls; torch._scaled_mm "
             "with per-tensor scales (its fastest form).")
     return Result("fp8 GEMM and quantization", rows=rows, body=[note, table, qtable], data={"quantize": qrows},
@@ -117,7 +123,7 @@ def render(payload: dict) -> Result:
 
 def plot(plt, meta: dict, rows: list[dict], qrows: list[dict]):
     """TFLOP/s per shape (rtckern's two scalings against torch._scaled_mm), and quantize_fp8 against a copy."""
-    fig, (ax, qax) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [4, 1]})
+    fig, (ax, qax) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     width = 0.8 / len(SERIES)
     for i, name in enumerate(SERIES):
         xs = [j + (i - 1) * width for j, r in enumerate(rows) if name in r["tflops"]]
@@ -127,11 +133,12 @@ def plot(plt, meta: dict, rows: list[dict], qrows: list[dict]):
     ax.set_ylabel("TFLOP/s (2 M N K / time)")
     ax.set_title("gemm_fp8, e4m3 in, bf16 out")
     ax.legend(fontsize=8)
-    qax.bar([f"{q['m']}x{q['k']}" for q in qrows], [q["gbs"] / q["copy_gbs"] for q in qrows], color="tab:purple")
+    qax.bar([f"{q.get('op', 'quantize_fp8').replace('_', ' ')}\n{q['m']}x{q['k']}" for q in qrows],
+            [q["gbs"] / q["copy_gbs"] for q in qrows], color="tab:purple")
     qax.axhline(1.0, color="k", lw=1)
     qax.set_ylim(0, 1.1)
     qax.set_ylabel("GB/s / device copy GB/s")
-    qax.set_title("quantize_fp8 (group 128)")
+    qax.set_title("quantize (group 128)")
     qax.tick_params(axis="x", labelsize=8)
     fig.suptitle(f"fp8 GEMM and quantization on {gpu_name(meta)}")
     fig.tight_layout()

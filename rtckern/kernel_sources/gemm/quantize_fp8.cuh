@@ -1,40 +1,70 @@
 // Per-token-group fp8 quantization: x (M, K) fp32 / fp16 / bf16 -> q (M, K) e4m3 and fp32 scales, one scale per
 // group of G consecutive elements of a row: scale = amax(|group|) / 448 (1 for an all-zero group), q = x / scale
-// rounded to nearest even and saturated to +-448. One warp per group, each lane G / 32 consecutive elements
-// (vector loads and stores); grid = ceil(groups / 8) blocks of 8 warps.
+// rounded to nearest even and saturated to +-448. A group is spread over LPG lanes of a warp (vector loads and
+// stores, the group maximum by shuffles within those lanes), and each lane works on ROUNDS groups with all of its
+// loads issued first: one group per warp with 8-byte loads had a single load in flight per lane (0.57x copy).
 // Scales at s[row * s_row + group * s_col]: row-major (s_row = K / G, s_col = 1) or the column-major, TMA-aligned
 // layout the block-scaled GEMM reads (s_row = 1, s_col = M rounded up to a multiple of 4).
 #pragma once
 #include "common/vec.cuh"
 #include "gemm/fp8.cuh"
 
+// Lanes: V consecutive elements each (16-byte loads, or G / 32 where a group is wider than 32 such loads), LPG = G / V
+// lanes per group, 32 / LPG groups per warp in each of ROUNDS rounds; 8 warps per block. The host's grid
+// (rtckern.ops._fp8.launch.quant_groups_per_block) mirrors these numbers.
+template <typename T, int G>
+struct rtk_quant_fp8_geometry {
+  static constexpr int V = (16 / (int)sizeof(T)) > G / 32 ? 16 / (int)sizeof(T) : G / 32;
+  static constexpr int LPG = G / V;
+  static constexpr int ROUNDS = 4;
+};
+
 template <typename T, int G>
 __global__ void __launch_bounds__(256)
     quantize_fp8_groups(const T* __restrict__ x, unsigned char* __restrict__ q, float* __restrict__ s, long long m,
                         long long k, long long ldx, long long ldq, long long s_row, long long s_col) {
-  constexpr int V = G / 32;
-  static_assert(G % 32 == 0 && V >= 1 && V <= 8, "group of 32 to 256 elements");
+  constexpr int V = rtk_quant_fp8_geometry<T, G>::V;
+  constexpr int LPG = rtk_quant_fp8_geometry<T, G>::LPG;
+  constexpr int GPW = 32 / LPG;
+  constexpr int ROUNDS = rtk_quant_fp8_geometry<T, G>::ROUNDS;
+  static_assert(G % 32 == 0 && G <= 256 && LPG >= 1 && LPG <= 32 && 32 % LPG == 0, "group of 32 to 256 elements");
   const long long groups_per_row = k / G;
-  const long long gid = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+  const long long total = m * groups_per_row;
   const int lane = threadIdx.x % 32;
-  if (gid >= m * groups_per_row) return;
-  const long long row = gid / groups_per_row, grp = gid - row * groups_per_row;
-  const long long col = grp * G + lane * V;
-  const rtk_vec<T, V> v = rtk_load_vec<T, V>(x + row * ldx + col);
-  float f[V];
-  float amax = 0.f;
+  const int sub = lane / LPG, l = lane % LPG;  // this lane's group within a round, and its place in the group
+  const long long base = ((long long)blockIdx.x * 8 + threadIdx.x / 32) * (GPW * ROUNDS) + sub;
+  // Every round's load first (ROUNDS vector loads in flight per lane), then the group maxima and the stores.
+  rtk_vec<T, V> v[ROUNDS];
 #pragma unroll
-  for (int i = 0; i < V; ++i) {
-    f[i] = rtk_to_float<T>(v.v[i]);
-    amax = fmaxf(amax, fabsf(f[i]));  // fmaxf drops NaN: a NaN element stays NaN in q, not in the scale
+  for (int r = 0; r < ROUNDS; ++r) {
+    const long long gid = base + r * GPW;
+    if (gid < total) {
+      const long long row = gid / groups_per_row, grp = gid - row * groups_per_row;
+      v[r] = rtk_load_vec<T, V>(x + row * ldx + grp * G + l * V);
+    }
   }
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  float scale = amax / RTK_FP8_E4M3_MAX;
-  if (!(scale > 0.f)) scale = 1.f;  // an all-zero group (or one whose amax / 448 underflows): q is 0 anyway
-  rtk_vec<unsigned char, V> out;
+  for (int r = 0; r < ROUNDS; ++r) {
+    const long long gid = base + r * GPW;
+    const bool valid = gid < total;  // the shuffles below need every lane, valid or not
+    float f[V];
+    float amax = 0.f;
 #pragma unroll
-  for (int i = 0; i < V; ++i) out.v[i] = rtk_float_to_e4m3_sat(f[i] / scale);
-  rtk_store_vec<unsigned char, V>(q + row * ldq + col, out);
-  if (lane == 0) s[row * s_row + grp * s_col] = scale;
+    for (int i = 0; i < V; ++i) {
+      f[i] = valid ? rtk_to_float<T>(v[r].v[i]) : 0.f;
+      amax = fmaxf(amax, fabsf(f[i]));  // fmaxf drops NaN: a NaN element stays NaN in q, not in the scale
+    }
+#pragma unroll
+    for (int off = LPG / 2; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    float scale = amax / RTK_FP8_E4M3_MAX;
+    if (!(scale > 0.f)) scale = 1.f;  // an all-zero group (or one whose amax / 448 underflows): q is 0 anyway
+    if (valid) {
+      const long long row = gid / groups_per_row, grp = gid - row * groups_per_row;
+      rtk_vec<unsigned char, V> out;
+#pragma unroll
+      for (int i = 0; i < V; ++i) out.v[i] = rtk_float_to_e4m3_sat(f[i] / scale);
+      rtk_store_vec<unsigned char, V>(q + row * ldq + grp * G + l * V, out);
+      if (l == 0) s[row * s_row + grp * s_col] = scale;
+    }
+  }
 }

@@ -29,7 +29,7 @@ import sys
 
 from rtckern import config
 from rtckern.device import DeviceInfo
-from rtckern.dtypes import parse_dtype
+from rtckern.dtypes import itemsize, parse_dtype
 from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
 
@@ -231,7 +231,7 @@ def _build_quant(X, group, scale_format) -> plan.QuantPlan:
     m, k = X.shape
     if k % group:
         raise InputError(f"K={k} is not a multiple of group={group}; pick a group that divides K")
-    v_bytes = group // 32 * X.itemsize
+    v_bytes = max(16 // X.itemsize, group // 32) * X.itemsize  # a lane's vector (quantize_fp8.cuh)
     ldx = X.strides[0] if m > 1 else k
     if (X.strides[1] != 1 and k > 1) or X.ptr % v_bytes or (ldx * X.itemsize) % v_bytes:
         raise InputError(f"x has strides {X.strides} at address {X.ptr:#x}: rows must be contiguous and aligned to "
@@ -247,7 +247,7 @@ def _build_quant(X, group, scale_format) -> plan.QuantPlan:
         return plan.QuantPlan(settings, X, m, k, s_alloc, (m, groups), s_strides, None)
     sel = cands.selection(("quant", X.dtype, group, m, k, X.device),
                           lambda: cands.quant_request(X.dtype, group, m, k, dev))
-    launch = QuantLaunch(sel.kernels[0], m, k, group, ldx, s_row, s_col)
+    launch = QuantLaunch(sel.kernels[0], m, k, group, ldx, s_row, s_col, itemsize(X.dtype))
     return plan.QuantPlan(settings, X, m, k, s_alloc, (m, groups), s_strides, launch)
 
 

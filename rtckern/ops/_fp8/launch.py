@@ -93,14 +93,23 @@ class GemmLaunch:
 QUANT_WARPS = 8
 
 
+def quant_groups_per_block(elem_bytes: int, group: int) -> int:
+    """Groups one block of quantize_fp8_groups covers (rtk_quant_fp8_geometry in gemm/quantize_fp8.cuh): lanes of
+    max(16 bytes, group / 32 elements), so group / that lanes per group, 32 / those groups per warp and round, four
+    rounds, QUANT_WARPS warps."""
+    v = max(16 // elem_bytes, group // 32)
+    return QUANT_WARPS * (32 // (group // v)) * 4
+
+
 class QuantLaunch:
     """quantize_fp8 for one signature: run(x, q, s, stream)."""
 
     __slots__ = ("_main",)
 
-    def __init__(self, kernel, m: int, k: int, group: int, ldx: int, s_row: int, s_col: int):
+    def __init__(self, kernel, m: int, k: int, group: int, ldx: int, s_row: int, s_col: int, elem_bytes: int):
         groups = m * (k // group)
-        self._main = Prepared(kernel, (max(1, math.ceil(groups / QUANT_WARPS)), 1, 1), (32 * QUANT_WARPS, 1, 1), 0,
+        per_block = quant_groups_per_block(elem_bytes, group)
+        self._main = Prepared(kernel, (max(1, math.ceil(groups / per_block)), 1, 1), (32 * QUANT_WARPS, 1, 1), 0,
                               [("u64", 0)] * 3 + [("i64", v) for v in (m, k, ldx, k, s_row, s_col)])
 
     def run(self, x: int, q: int, s: int, stream: int) -> None:

@@ -127,6 +127,27 @@ def test_quantize_round_trip_and_saturation():
     assert not torch.isnan(q.float()).any() and float(q.float().abs().max()) == 448
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+def test_quantize_every_group_against_torch(dtype, group):
+    """Every group of rows counts that end inside a block's share (1, 7, 333 rows x 5 groups): scales equal to
+    torch's amax / 448, and q * scale within e4m3's rounding of x."""
+    g = torch.Generator(device="cuda").manual_seed(group)
+    for m in (1, 7, 333):
+        k = 5 * group
+        x = (torch.randn(m, k, device="cuda", generator=g) * torch.rand(m, 1, device="cuda", generator=g) * 50
+             ).to(dtype)
+        for fmt in ("row", "col_tma"):
+            q, s = quantize_fp8(x, group, fmt)
+            xf = x.float().view(m, k // group, group)
+            want = xf.abs().amax(-1) / 448
+            want = torch.where(want > 0, want, torch.ones_like(want))
+            assert torch.allclose(s, want, rtol=1e-6, atol=0), (m, fmt)
+            back = q.float().view(m, k // group, group) * s[..., None]
+            err = (back - xf).abs()
+            assert bool((err <= xf.abs() * 2.0 ** -4 + s[..., None] * 2.0 ** -9).all()), (m, fmt, float(err.max()))
+
+
 @pytest.mark.parametrize("fmt", ["row", "col_tma"])
 def test_quantized_gemm_against_bf16(fmt):
     g = torch.Generator(device="cuda").manual_seed(1)
