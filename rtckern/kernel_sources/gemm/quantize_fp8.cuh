@@ -1,5 +1,5 @@
 // Per-token-group fp8 quantization: x (M, K) fp32 / fp16 / bf16 -> q (M, K) e4m3 and fp32 scales, one scale per
-// group of G consecutive elements of a row: scale = amax(|group|) / 448 (1 for an all-zero group), q = x / scale
+// group of G consecutive elements of a row: scale = amax(|group|) / 448 (1 for an all-zero group), q = x * (1 / scale)
 // rounded to nearest even and saturated to +-448. A group is spread over LPG lanes of a warp (vector loads and
 // stores, the group maximum by shuffles within those lanes), and each lane works on ROUNDS groups with all of its
 // loads issued first: one group per warp with 8-byte loads had a single load in flight per lane (0.57x copy).
@@ -28,25 +28,25 @@ __global__ void __launch_bounds__(256)
   constexpr int GPW = 32 / LPG;
   constexpr int ROUNDS = rtk_quant_fp8_geometry<T, G>::ROUNDS;
   static_assert(G % 32 == 0 && G <= 256 && LPG >= 1 && LPG <= 32 && 32 % LPG == 0, "group of 32 to 256 elements");
-  const long long groups_per_row = k / G;
-  const long long total = m * groups_per_row;
+  // 32-bit group indices (the host refuses 2^31 groups or more): 64-bit divisions cost more than the loads
+  const unsigned groups_per_row = static_cast<unsigned>(k / G);
+  const unsigned total = static_cast<unsigned>(m) * groups_per_row;
   const int lane = threadIdx.x % 32;
   const int sub = lane / LPG, l = lane % LPG;  // this lane's group within a round, and its place in the group
-  const long long base = ((long long)blockIdx.x * 8 + threadIdx.x / 32) * (GPW * ROUNDS) + sub;
+  const unsigned base = (blockIdx.x * 8u + threadIdx.x / 32) * (GPW * ROUNDS) + sub;
   // Every round's load first (ROUNDS vector loads in flight per lane), then the group maxima and the stores.
   rtk_vec<T, V> v[ROUNDS];
+  unsigned rows[ROUNDS], grps[ROUNDS];
 #pragma unroll
   for (int r = 0; r < ROUNDS; ++r) {
-    const long long gid = base + r * GPW;
-    if (gid < total) {
-      const long long row = gid / groups_per_row, grp = gid - row * groups_per_row;
-      v[r] = rtk_load_vec<T, V>(x + row * ldx + grp * G + l * V);
-    }
+    const unsigned gid = base + r * GPW;
+    rows[r] = gid / groups_per_row;
+    grps[r] = gid - rows[r] * groups_per_row;
+    if (gid < total) v[r] = rtk_load_vec<T, V>(x + rows[r] * ldx + grps[r] * G + l * V);
   }
 #pragma unroll
   for (int r = 0; r < ROUNDS; ++r) {
-    const long long gid = base + r * GPW;
-    const bool valid = gid < total;  // the shuffles below need every lane, valid or not
+    const bool valid = base + r * GPW < total;  // the shuffles below need every lane, valid or not
     float f[V];
     float amax = 0.f;
 #pragma unroll
@@ -58,13 +58,13 @@ __global__ void __launch_bounds__(256)
     for (int off = LPG / 2; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     float scale = amax / RTK_FP8_E4M3_MAX;
     if (!(scale > 0.f)) scale = 1.f;  // an all-zero group (or one whose amax / 448 underflows): q is 0 anyway
+    const float inv = 1.f / scale;    // one division per group; exact where the scale is a power of two
     if (valid) {
-      const long long row = gid / groups_per_row, grp = gid - row * groups_per_row;
       rtk_vec<unsigned char, V> out;
 #pragma unroll
-      for (int i = 0; i < V; ++i) out.v[i] = rtk_float_to_e4m3_sat(f[i] / scale);
-      rtk_store_vec<unsigned char, V>(q + row * ldq + grp * G + l * V, out);
-      if (l == 0) s[row * s_row + grp * s_col] = scale;
+      for (int i = 0; i < V; ++i) out.v[i] = rtk_float_to_e4m3_sat(f[i] * inv);
+      rtk_store_vec<unsigned char, V>(q + rows[r] * ldq + grps[r] * G + l * V, out);
+      if (l == 0) s[rows[r] * s_row + grps[r] * s_col] = scale;
     }
   }
 }

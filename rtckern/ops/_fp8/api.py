@@ -238,6 +238,9 @@ def _build_quant(X, group, scale_format) -> plan.QuantPlan:
                          f"{v_bytes} bytes; pass x.contiguous()")
     dev = check_fp8_device(X.device, "quantize_fp8")
     groups = k // group
+    if m * groups >= 2**31:  # the kernel indexes groups in 32 bits
+        raise InputError(f"x {X.shape} has {m * groups} groups of {group}; quantize_fp8 takes fewer than 2^31 per "
+                         "call: quantize its rows in chunks")
     if scale_format == "row":
         s_alloc, s_strides, s_row, s_col = (m, groups), (groups, 1), groups, 1
     else:
