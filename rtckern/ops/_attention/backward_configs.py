@@ -202,13 +202,15 @@ def head_splits(tile: "Sm90BwdTile", batch: int, heads_kv: int, group: int, seql
     if group <= 1:
         return 1
     nk = -(-seqlen_k // tile.bn)
+    if nk * heads_kv * batch >= 8 * sms:  # eight waves or more balance by themselves (and the model would cost ms)
+        return 1
     m_blocks = -(-seqlen_q // tile.bm)
     diag = seqlen_k - seqlen_q
     per_key = [max(0, m_blocks - (max(0, j * tile.bn - diag) // tile.bm if causal else 0)) for j in range(nk)]
     step_s = 10.0 * tile.bn * tile.bm * head_dim / _SM_FLOPS
     best, best_t = 1, None
     for s in range(1, group + 1):
-        if group % s:
+        if group % s or nk * heads_kv * batch * s > 32 * sms:  # past 32 waves a split buys nothing
             continue
         works = [group // s * w + 1 for w in per_key] * (heads_kv * s * batch)  # + 1: load K / V, epilogue
         t = _makespan(works, sms) * step_s
