@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(256)
     for (int off = LPG / 2; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     float scale = amax / RTK_FP8_E4M3_MAX;
     if (!(scale > 0.f)) scale = 1.f;  // an all-zero group (or one whose amax / 448 underflows): q is 0 anyway
-    const float inv = 1.f / scale;    // one division per group; exact where the scale is a power of two
+    const float inv = __frcp_rn(scale);  // one correctly rounded reciprocal per group, not a division per element
     if (valid) {
       rtk_vec<unsigned char, V> out;
 #pragma unroll
