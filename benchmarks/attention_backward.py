@@ -37,24 +37,10 @@ def bench_points():
 
 
 def unsplit():
-    """The wgmma backward without its head split (backward_configs.head_splits answering 1), memoized plans cleared
-    on the way in and out."""
-    import contextlib
+    """The wgmma backward without its head split (rtckern.testing.attention_backward_unsplit)."""
+    from rtckern.testing import attention_backward_unsplit
 
-    import rtckern
-    from rtckern.ops._attention import backward_configs
-
-    @contextlib.contextmanager
-    def ctx():
-        real = backward_configs.head_splits
-        backward_configs.head_splits = lambda *a, **kw: 1
-        rtckern.clear_caches()
-        try:
-            yield
-        finally:
-            backward_configs.head_splits = real
-            rtckern.clear_caches()
-    return ctx()
+    return attention_backward_unsplit()
 
 
 def tflops(p, ms):

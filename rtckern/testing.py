@@ -15,6 +15,7 @@ inside a family belongs here, under a stable name, rather than imported from a p
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import re
@@ -504,6 +505,24 @@ def dense_gemm_identity_specs():
               for c in (f8.Sm90Fp8Config(128, 128, 6, 2), f8.Sm90Fp8Config(64, 128, 8, 1),
                         f8.Sm90Fp8Config(128, 256, 4, 2))]
     return specs
+
+
+@contextlib.contextmanager
+def attention_backward_unsplit():
+    """The sm90a attention backward without its GQA head split (backward_configs.head_splits answering 1: each block
+    walks its whole group, the varlen kernel's code path), memoized call plans cleared on the way in and out. For
+    the GPU tests that compare with the unsplit kernel and the benchmark's rtckern_unsplit series."""
+    import rtckern
+    from rtckern.ops._attention import backward_configs
+
+    real = backward_configs.head_splits
+    backward_configs.head_splits = lambda *a, **kw: 1
+    rtckern.clear_caches()
+    try:
+        yield
+    finally:
+        backward_configs.head_splits = real
+        rtckern.clear_caches()
 
 
 def kvcache_kernel_exprs(head_dims) -> tuple[str, list[str]]:

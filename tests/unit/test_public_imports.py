@@ -105,10 +105,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._attention.backward_configs": "forces each head split of the wgmma backward (head_splits) "
                                                    "against the float64 reference",
     },
-    "tests/gpu/ops/test_attention_varlen_backward.py": {
-        "rtckern.ops._attention.backward_configs": "the dense twin without its head split (head_splits), to compare "
-                                                   "dK / dV bit for bit",
-    },
     "tests/gpu/ops/test_gemm_fp8.py": {
         "rtckern.ops._fp8.geometry": "the problem record the tuner's sweep takes (Fp8Problem)",
         "rtckern.ops._fp8.tune": "runs every tile config of the tuner's sweep through its checked measurement",

@@ -16,7 +16,6 @@ The kernels these tests use are compiled up front in parallel (rtckern.prefill) 
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import zlib
@@ -25,10 +24,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import rtckern  # noqa: E402
 from rtckern import config, ops  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
-from rtckern.ops._attention import backward_configs  # noqa: E402
+from rtckern.testing import attention_backward_unsplit  # noqa: E402
 from rtckern.runtime import arrays as arr  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -182,20 +180,6 @@ def math_sdpa_grads(q, k, v, dout, causal, scale, seen):
     return qt.grad.transpose(1, 2), kt.grad.transpose(1, 2), vt.grad.transpose(1, 2)
 
 
-@contextlib.contextmanager
-def unsplit():
-    """The dense wgmma backward without its head split (the varlen kernel's dK / dV code path); memoized call plans
-    cleared on the way in and out."""
-    real = backward_configs.head_splits
-    backward_configs.head_splits = lambda *a, **kw: 1
-    rtckern.clear_caches()
-    try:
-        yield
-    finally:
-        backward_configs.head_splits = real
-        rtckern.clear_caches()
-
-
 def check(impl, dtype, lens_q, lens_k, hq, hk, hd, causal, det, seed, packed_view=False, tail=0, dense=True):
     torch.manual_seed(seed)
     q, k, v, dout = make(dtype, lens_q, lens_k, hq, hk, hd, packed_view, tail)
@@ -229,7 +213,7 @@ def check(impl, dtype, lens_q, lens_k, hq, hk, hd, causal, det, seed, packed_vie
         if not bool(ref[3].all()):
             assert bool((got[0][~ref[3]] == 0).all()), f"sequence {b}: queries that see no key need dq = 0 ({case})"
         if dense:  # the dense backward on this sequence alone, through the twin candidate, from the same o and lse
-            with unsplit():
+            with attention_backward_unsplit():
                 w = ops.attention_backward(dos, qs, ks, vs, o[q0:q1][None], lse[:, q0:q1][None], causal=causal,
                                            softmax_scale=scale, deterministic=det)
             assert torch.equal(got[1], w[1][0]) and torch.equal(got[2], w[2][0]), \
