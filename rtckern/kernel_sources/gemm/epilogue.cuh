@@ -67,6 +67,22 @@ RTK_DEVICE bool rtk_gemm_out_pair_ok(const RtkGemmOut<TOut, TBias>& o, bool has_
          (!has_bias || rtk_pair_aligned(o.bias, 0));
 }
 
+// Fills o for batch entry bidx (c and, with HAS_RES, res advanced by their batch strides); pair_ok from
+// rtk_gemm_out_pair_ok with PAIRS, false without (kernels that store single elements only).
+template <bool HAS_BIAS, bool HAS_RES, bool PAIRS, typename TOut, typename TBias>
+RTK_DEVICE void rtk_gemm_out_init(RtkGemmOut<TOut, TBias>& o, void* c, const TBias* bias, const TOut* res,
+                                  long long bidx, long long stride_c, long long stride_r, long long m, long long n,
+                                  long long ldc, long long ldr) {
+  o.c = reinterpret_cast<TOut*>(c) + bidx * stride_c;
+  o.bias = bias;
+  o.res = HAS_RES ? res + bidx * stride_r : nullptr;
+  o.m = m;
+  o.n = n;
+  o.ldc = ldc;
+  o.ldr = ldr;
+  o.pair_ok = PAIRS ? rtk_gemm_out_pair_ok(o, HAS_BIAS, HAS_RES) : false;
+}
+
 // Applies the epilogue to one accumulator at (row, col) (the general path of kernels that own single elements).
 template <bool HAS_BIAS, int ACT, bool HAS_RES, typename TOut, typename TBias>
 RTK_DEVICE void rtk_gemm_epilogue_one(const RtkGemmOut<TOut, TBias>& o, long long row, long long col, float v) {

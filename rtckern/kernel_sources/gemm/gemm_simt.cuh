@@ -62,14 +62,7 @@ __global__ void __launch_bounds__(256)
   }
 
   RtkGemmOut<TOut, T> o;
-  o.c = reinterpret_cast<TOut*>(c) + bidx * stride_c;
-  o.bias = bias;
-  o.res = HAS_RES ? res + bidx * stride_r : nullptr;
-  o.m = m;
-  o.n = n;
-  o.ldc = ldc;
-  o.ldr = ldr;
-  o.pair_ok = false;
+  rtk_gemm_out_init<HAS_BIAS, HAS_RES, false>(o, c, bias, res, bidx, stride_c, stride_r, m, n, ldc, ldr);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll

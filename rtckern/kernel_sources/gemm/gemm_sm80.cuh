@@ -45,56 +45,45 @@
 
 #if defined(RTK_CUDA)
 
-// Rows x BK tile of a K-major operand (A, or B when TRANS_B) into swizzled shared memory.
-template <typename T, int ROWS, int BK, int THREADS, bool ALIGNED>
-RTK_DEVICE void rtk_gemm_load_kmajor(T* s, const T* __restrict__ g, long long ld, long long row0, long long rows,
-                                     long long k0, long long kend, int tid) {
-  constexpr int CH = BK / 8;
+// ROWS x COLS tile (COLS a multiple of 8) of a row-major operand into swizzled shared memory, 16-byte chunks
+// along the rows: row r0 + r, columns c0 + 8 ch .. + 7; rows at or past rend and columns at or past cend read 0.
+template <typename T, int ROWS, int COLS, int THREADS, bool ALIGNED>
+RTK_DEVICE void rtk_gemm_load_tile(T* s, const T* __restrict__ g, long long ld, long long r0, long long rend,
+                                   long long c0, long long cend, int tid) {
+  constexpr int CH = COLS / 8;
   constexpr int TOTAL = ROWS * CH;
 #pragma unroll
   for (int i = 0; i < (TOTAL + THREADS - 1) / THREADS; ++i) {
     const int idx = tid + i * THREADS;
     if (TOTAL % THREADS != 0 && idx >= TOTAL) break;
     const int r = idx / CH, ch = idx % CH;
-    const long long gr = row0 + r, gk = k0 + ch * 8;
+    const long long gr = r0 + r, gc = c0 + ch * 8;
     T* dst = s + rtk_swz<CH>(r, ch) * 8;
     if constexpr (ALIGNED) {
-      const bool ok = gr < rows && gk < kend;
-      rtk_cp_async16(dst, ok ? g + gr * ld + gk : g, ok ? 16 : 0);
+      const bool ok = gr < rend && gc < cend;
+      rtk_cp_async16(dst, ok ? g + gr * ld + gc : g, ok ? 16 : 0);
     } else {
       rtk_vec<T, 8> v;
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        v.v[e] = (gr < rows && gk + e < kend) ? g[gr * ld + gk + e] : rtk_from_float<T>(0.f);
+        v.v[e] = (gr < rend && gc + e < cend) ? g[gr * ld + gc + e] : rtk_from_float<T>(0.f);
       *reinterpret_cast<rtk_vec<T, 8>*>(dst) = v;
     }
   }
+}
+
+// Rows x BK tile of a K-major operand (A, or B when TRANS_B).
+template <typename T, int ROWS, int BK, int THREADS, bool ALIGNED>
+RTK_DEVICE void rtk_gemm_load_kmajor(T* s, const T* __restrict__ g, long long ld, long long row0, long long rows,
+                                     long long k0, long long kend, int tid) {
+  rtk_gemm_load_tile<T, ROWS, BK, THREADS, ALIGNED>(s, g, ld, row0, rows, k0, kend, tid);
 }
 
 // BK x COLS tile of an N-major operand (B when not TRANS_B): rows are k, 16-byte chunks run along n.
 template <typename T, int BK, int COLS, int THREADS, bool ALIGNED>
 RTK_DEVICE void rtk_gemm_load_nmajor(T* s, const T* __restrict__ g, long long ld, long long k0, long long kend,
                                      long long col0, long long cols, int tid) {
-  constexpr int CH = COLS / 8;
-  constexpr int TOTAL = BK * CH;
-#pragma unroll
-  for (int i = 0; i < (TOTAL + THREADS - 1) / THREADS; ++i) {
-    const int idx = tid + i * THREADS;
-    if (TOTAL % THREADS != 0 && idx >= TOTAL) break;
-    const int r = idx / CH, ch = idx % CH;
-    const long long gk = k0 + r, gc = col0 + ch * 8;
-    T* dst = s + rtk_swz<CH>(r, ch) * 8;
-    if constexpr (ALIGNED) {
-      const bool ok = gk < kend && gc < cols;
-      rtk_cp_async16(dst, ok ? g + gk * ld + gc : g, ok ? 16 : 0);
-    } else {
-      rtk_vec<T, 8> v;
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        v.v[e] = (gk < kend && gc + e < cols) ? g[gk * ld + gc + e] : rtk_from_float<T>(0.f);
-      *reinterpret_cast<rtk_vec<T, 8>*>(dst) = v;
-    }
-  }
+  rtk_gemm_load_tile<T, BK, COLS, THREADS, ALIGNED>(s, g, ld, k0, kend, col0, cols, tid);
 }
 
 #define RTK_GEMM80_PARAMS                                                                                          \
@@ -240,14 +229,7 @@ __device__ __forceinline__ void rtk_gemm_mma_sm80_body(RTK_GEMM80_PARAMS) {
         rtk_gemm_red_store(red, LDR, row + 8, col, acc[i][j][2], acc[i][j][3]);
       }
     RtkGemmOut<TOut, T> o;
-    o.c = reinterpret_cast<TOut*>(c) + bidx * stride_c;
-    o.bias = bias;
-    o.res = HAS_RES ? res + bidx * stride_r : nullptr;
-    o.m = m;
-    o.n = n;
-    o.ldc = ldc;
-    o.ldr = ldr;
-    o.pair_ok = rtk_gemm_out_pair_ok(o, HAS_BIAS, HAS_RES);
+    rtk_gemm_out_init<HAS_BIAS, HAS_RES, true>(o, c, bias, res, bidx, stride_c, stride_r, m, n, ldc, ldr);
     rtk_gemm_cluster_sync();  // every split's partial tile is in its block's shared memory
     rtk_gemm_cluster_finish<BM, BN, CK, THREADS, HAS_BIAS, ACT, HAS_RES>(red, o, m0, n0, tid);
     rtk_gemm_cluster_sync_relaxed();  // the peers have read this block's partials: it may exit
@@ -262,19 +244,13 @@ __device__ __forceinline__ void rtk_gemm_mma_sm80_body(RTK_GEMM80_PARAMS) {
         rtk_gemm_partial_pair(ws, m, n, row + 8, col, acc[i][j][2], acc[i][j][3]);
       }
   } else {
-    RtkGemmOut<TOut, T> o;
-    o.c = reinterpret_cast<TOut*>(c) + bidx * stride_c;
-    o.bias = bias;
-    o.res = HAS_RES ? res + bidx * stride_r : nullptr;
 #if RTK_GEMM_GROUPED
-    o.m = rows_end;
+    const long long out_m = rows_end;
 #else
-    o.m = m;
+    const long long out_m = m;
 #endif
-    o.n = n;
-    o.ldc = ldc;
-    o.ldr = ldr;
-    o.pair_ok = rtk_gemm_out_pair_ok(o, HAS_BIAS, HAS_RES);
+    RtkGemmOut<TOut, T> o;
+    rtk_gemm_out_init<HAS_BIAS, HAS_RES, true>(o, c, bias, res, bidx, stride_c, stride_r, out_m, n, ldc, ldr);
 #pragma unroll
     for (int i = 0; i < MT; ++i)
       rtk_gemm_epilogue_slab<HAS_BIAS, ACT, HAS_RES, NT>(o, row_base + i * 16, col_base, &acc[i][0][0]);

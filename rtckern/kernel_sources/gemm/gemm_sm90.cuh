@@ -296,14 +296,7 @@ __device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& t
           }
       } else {
         RtkGemmOut<TOut, T> o;
-        o.c = reinterpret_cast<TOut*>(c) + bidx * stride_c;
-        o.bias = bias;
-        o.res = HAS_RES ? res + bidx * stride_r : nullptr;
-        o.m = m;
-        o.n = n;
-        o.ldc = ldc;
-        o.ldr = ldr;
-        o.pair_ok = rtk_gemm_out_pair_ok(o, HAS_BIAS, HAS_RES);
+        rtk_gemm_out_init<HAS_BIAS, HAS_RES, true>(o, c, bias, res, bidx, stride_c, stride_r, m, n, ldc, ldr);
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
           rtk_gemm_epilogue_slab<HAS_BIAS, ACT, HAS_RES, BN / 8>(o, row_base + mi * 64, col_base, acc[mi]);
@@ -317,14 +310,7 @@ __device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& t
       rtk_gemm90_unit<CK>(blockIdx.x, tiles, splits, bidx, split, t);
       rtk_tile_coords(t, tiles_m, tiles_n, group_m, tm, tn);
       RtkGemmOut<TOut, T> o;
-      o.c = reinterpret_cast<TOut*>(c) + bidx * stride_c;
-      o.bias = bias;
-      o.res = HAS_RES ? res + bidx * stride_r : nullptr;
-      o.m = m;
-      o.n = n;
-      o.ldc = ldc;
-      o.ldr = ldr;
-      o.pair_ok = rtk_gemm_out_pair_ok(o, HAS_BIAS, HAS_RES);
+      rtk_gemm_out_init<HAS_BIAS, HAS_RES, true>(o, c, bias, res, bidx, stride_c, stride_r, m, n, ldc, ldr);
       rtk_gemm_cluster_finish<BM, BN, CK, NC * 128, HAS_BIAS, ACT, HAS_RES>(reinterpret_cast<const float*>(sA), o,
                                                                            tm * BM, tn * BN, threadIdx.x - 128);
       rtk_gemm_cluster_sync_relaxed();  // the peers have read this block's partials: it may exit
