@@ -89,6 +89,29 @@ RTK_DEVICE void red_add_f32x2(float* dst, float x, float y) {
 #endif
 }
 
+// The dK / dV epilogue's stores (flash_bwd_sm80 and flash_bwd_sm90): the BN x CPR 16-byte chunks staged in shared
+// memory (row r, chunk c at src_k(r, c) / src_v(r, c)) to rows n0 + r < sk of dk / dv, from dk + seq_off +
+// head_off (seq_off: the batch's or, varlen, the sequence's first row), row stride dkv_rs; NT threads.
+template <int BN, int CPR, int NT, typename T, typename SrcK, typename SrcV>
+RTK_DEVICE void store_dkdv(T* dk, T* dv, long long seq_off, long long head_off, long long dkv_rs, int n0, int sk,
+                           int tid, SrcK src_k, SrcV src_v) {
+  T* gdK = dk + seq_off + head_off;
+  T* gdV = dv + seq_off + head_off;
+#pragma unroll
+  for (int it = 0; it < (BN * CPR + NT - 1) / NT; ++it) {
+    const int idx = it * NT + tid;
+    if ((BN * CPR) % NT == 0 || idx < BN * CPR) {
+      const int r = idx / CPR;
+      const int c = idx - r * CPR;
+      if (n0 + r < sk) {
+        const long long go = static_cast<long long>(n0 + r) * dkv_rs + c * 8;
+        *reinterpret_cast<uint4*>(gdK + go) = *reinterpret_cast<const uint4*>(src_k(r, c));
+        *reinterpret_cast<uint4*>(gdV + go) = *reinterpret_cast<const uint4*>(src_v(r, c));
+      }
+    }
+  }
+}
+
 template <typename T, int HD, int BM, int BN, int NWARPS, int STAGES, bool CAUSAL, bool DETERMINISTIC>
 __global__ void __launch_bounds__(NWARPS * 32)
     flash_bwd_sm80(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -464,25 +487,13 @@ __global__ void __launch_bounds__(NWARPS * 32)
     }
   __syncthreads();
 #if RTK_ATTN_VARLEN
-  T* gdK = dk + static_cast<long long>(k0) * dkv_rs + hk * dkv_hs;
-  T* gdV = dv + static_cast<long long>(k0) * dkv_rs + hk * dkv_hs;
+  const long long dkv_seq = static_cast<long long>(k0) * dkv_rs;
 #else
-  T* gdK = dk + b * dkv_bs + hk * dkv_hs;
-  T* gdV = dv + b * dkv_bs + hk * dkv_hs;
+  const long long dkv_seq = b * dkv_bs;
 #endif
-#pragma unroll
-  for (int it = 0; it < (BN * CPR + NT - 1) / NT; ++it) {
-    const int idx = it * NT + tid;
-    if ((BN * CPR) % NT == 0 || idx < BN * CPR) {
-      const int r = idx / CPR;
-      const int c = idx - r * CPR;
-      if (n0 + r < sk) {
-        const long long go = static_cast<long long>(n0 + r) * dkv_rs + c * 8;
-        *reinterpret_cast<uint4*>(gdK + go) = *reinterpret_cast<const uint4*>(sK + r * SROW + c * 8);
-        *reinterpret_cast<uint4*>(gdV + go) = *reinterpret_cast<const uint4*>(sV + r * SROW + c * 8);
-      }
-    }
-  }
+  store_dkdv<BN, CPR, NT>(dk, dv, dkv_seq, hk * dkv_hs, dkv_rs, n0, sk, tid,
+                          [&](int r, int c) { return sK + r * SROW + c * 8; },
+                          [&](int r, int c) { return sV + r * SROW + c * 8; });
 #endif
 }
 

@@ -421,26 +421,13 @@ __global__ void __launch_bounds__(BN * 2, 1)
     }
   __syncthreads();
 #if RTK_ATTN_VARLEN
-  T* gdK = dk + static_cast<long long>(k0) * dkv_rs + hk * dkv_hs;
-  T* gdV = dv + static_cast<long long>(k0) * dkv_rs + hk * dkv_hs;
+  const long long dkv_seq = static_cast<long long>(k0) * dkv_rs;
 #else
-  T* gdK = dk + b * dkv_bs + hk * dkv_hs;
-  T* gdV = dv + b * dkv_bs + hk * dkv_hs;
+  const long long dkv_seq = b * dkv_bs;
 #endif
-#pragma unroll
-  for (int it = 0; it < (BN * CPR + NT - 1) / NT; ++it) {
-    const int idx = it * NT + tid;
-    if ((BN * CPR) % NT == 0 || idx < BN * CPR) {
-      const int r = idx / CPR;
-      const int c = idx - r * CPR;
-      if (n0 + r < sk) {
-        const long long go = static_cast<long long>(n0 + r) * dkv_rs + c * 8;
-        *reinterpret_cast<uint4*>(gdK + go) = *reinterpret_cast<const uint4*>(smem + sw128_offset<BN>(r, c));
-        *reinterpret_cast<uint4*>(gdV + go) =
-            *reinterpret_cast<const uint4*>(smem + L::kv_bytes + sw128_offset<BN>(r, c));
-      }
-    }
-  }
+  store_dkdv<BN, CPR, NT>(dk, dv, dkv_seq, hk * dkv_hs, dkv_rs, n0, sk, tid,
+                          [&](int r, int c) { return smem + sw128_offset<BN>(r, c); },
+                          [&](int r, int c) { return smem + L::kv_bytes + sw128_offset<BN>(r, c); });
 #endif
 }
 
