@@ -79,6 +79,21 @@ RTK_DEVICE void st_release(int* p, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
+// Deterministic dQ (flash_bwd_sm80 and flash_bwd_sm90): key block n_block adds to its query block's dQ only after
+// key blocks 0 .. n_block - 1 have (wait_dq_turn), then hands the counter at sem_i on (pass_dq_turn).
+RTK_DEVICE void wait_dq_turn(const int* sem_i, int n_block, int tid) {
+  if (tid == 0) {
+    while (ld_acquire(sem_i) != n_block) {
+    }
+  }
+  __syncthreads();  // key blocks 0 .. j-1 have added their dQ_i
+}
+RTK_DEVICE void pass_dq_turn(int* sem_i, int n_block, int tid) {
+  __threadfence();
+  __syncthreads();  // every thread's adds are issued and fenced before the hand-over
+  if (tid == 0) st_release(sem_i, n_block + 1);
+}
+
 // dq[0..1] += (x, y): one 8-byte reduction on sm_90, two 4-byte ones before.
 RTK_DEVICE void red_add_f32x2(float* dst, float x, float y) {
 #if RTK_ARCH >= 900
@@ -442,11 +457,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
 #else
       sem_i = sem + (b * heads_q + h) * m_blocks + m_block;
 #endif
-      if (tid == 0) {
-        while (ld_acquire(sem_i) != n_block) {
-        }
-      }
-      __syncthreads();  // key blocks 0 .. j-1 have added their dQ_i
+      wait_dq_turn(sem_i, n_block, tid);
     }
     {
 #if RTK_ATTN_VARLEN
@@ -467,11 +478,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
           }
         }
     }
-    if (DETERMINISTIC) {
-      __threadfence();
-      __syncthreads();  // every thread's adds are issued and fenced before the hand-over
-      if (tid == 0) st_release(sem_i, n_block + 1);
-    }
+    if (DETERMINISTIC) pass_dq_turn(sem_i, n_block, tid);
   }
 
   // ---- epilogue: dK *= scale; stage dK in sK and dV in sV, then 16-byte stores of the rows < seqlen_k ----

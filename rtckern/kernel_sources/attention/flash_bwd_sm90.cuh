@@ -340,11 +340,7 @@ __global__ void __launch_bounds__(BN * 2, 1)
 #else
       sem_i = sem + (b * heads_q + h) * m_blocks + m_block;
 #endif
-      if (tid == 0) {
-        while (ld_acquire(sem_i) != n_block) {
-        }
-      }
-      __syncthreads();  // key blocks 0 .. j-1 have added their dQ_i
+      wait_dq_turn(sem_i, n_block, tid);
     }
     {
       // Lanes t and t ^ 1 swap halves so that each adds 4 consecutive columns of one row: even t row g, columns
@@ -375,11 +371,7 @@ __global__ void __launch_bounds__(BN * 2, 1)
         }
       }
     }
-    if (DETERMINISTIC) {
-      __threadfence();
-      __syncthreads();  // every thread's adds are issued and fenced before the hand-over
-      if (tid == 0) st_release(sem_i, n_block + 1);
-    }
+    if (DETERMINISTIC) pass_dq_turn(sem_i, n_block, tid);
   }
 
   // ---- epilogue: dK *= scale; stage dK in sK and dV in sV (swizzled), then 16-byte stores of rows < seqlen_k ----
