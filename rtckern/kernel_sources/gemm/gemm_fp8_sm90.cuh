@@ -86,13 +86,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
 #endif
 
   if (threadIdx.x == 0) {
-    rtk_tma_prefetch_map(&tm_a);
-    rtk_tma_prefetch_map(&tm_b);
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      rtk_mbar_init(&full_bar[s], 1);
-      rtk_mbar_init(&empty_bar[s], NC);
-    }
+    rtk_tma_ring_init<STAGES>(&tm_a, &tm_b, full_bar, empty_bar, NC);
     rtk_mbar_init_fence();
   }
   __syncthreads();

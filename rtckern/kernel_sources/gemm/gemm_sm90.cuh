@@ -110,13 +110,7 @@ __device__ __forceinline__ void rtk_gemm_wgmma_sm90_body(const rtk_tensor_map& t
 #endif
 
   if (threadIdx.x == 0) {
-    rtk_tma_prefetch_map(&tm_a);
-    rtk_tma_prefetch_map(&tm_b);
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      rtk_mbar_init(&full_bar[s], 1);
-      rtk_mbar_init(&empty_bar[s], PINGPONG ? 1 : NC);
-    }
+    rtk_tma_ring_init<STAGES>(&tm_a, &tm_b, full_bar, empty_bar, PINGPONG ? 1 : NC);
     rtk_mbar_init(&order_bar[0], 1);
     rtk_mbar_init(&order_bar[1], 1);
     rtk_mbar_init_fence();

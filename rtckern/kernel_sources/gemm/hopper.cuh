@@ -25,6 +25,21 @@ RTK_DEVICE void rtk_tma_prefetch_map(const rtk_tensor_map* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
 }
 
+// The start of a TMA ring of two operands (thread 0 of gemm_wgmma_sm90 and gemm_fp8_wgmma_sm90): prefetches both
+// tensor maps and initializes the STAGES full barriers (one arrival, the producer's) and empty barriers
+// (empty_count arrivals); the caller adds its own barriers and fences (rtk_mbar_init_fence).
+template <int STAGES>
+RTK_DEVICE void rtk_tma_ring_init(const rtk_tensor_map* tm_a, const rtk_tensor_map* tm_b, unsigned long long* full_bar,
+                                  unsigned long long* empty_bar, unsigned empty_count) {
+  rtk_tma_prefetch_map(tm_a);
+  rtk_tma_prefetch_map(tm_b);
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) {
+    rtk_mbar_init(&full_bar[s], 1);
+    rtk_mbar_init(&empty_bar[s], empty_count);
+  }
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RTK_HAS_WGMMA 1
 
