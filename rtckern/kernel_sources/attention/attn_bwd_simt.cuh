@@ -50,6 +50,25 @@ RTK_DEVICE void simt_load_rows(T* s, const T* g_head, long long row_stride, int 
   }
 }
 
+// Both kernels' two dot products per tile: s[i] = x[r] . xc[qd + LANES i] and dp[i] = y[r] . yc[qd + LANES i],
+// over HD, of rows ROW elements apart in shared memory (K, V against Q, dO in the first kernel; the reverse in the
+// second).
+template <int NI, int HD, int ROW, int LANES, typename T>
+RTK_DEVICE void simt_dot_pair(const T* x, const T* y, const T* xc, const T* yc, int r, int qd, float (&s)[NI],
+                              float (&dp)[NI]) {
+#pragma unroll
+  for (int i = 0; i < NI; ++i) s[i] = dp[i] = 0.f;
+  for (int d = 0; d < HD; ++d) {
+    const float xv = rtk_to_float(x[r * ROW + d]);
+    const float yv = rtk_to_float(y[r * ROW + d]);
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+      s[i] = fmaf(xv, rtk_to_float(xc[(qd + LANES * i) * ROW + d]), s[i]);
+      dp[i] = fmaf(yv, rtk_to_float(yc[(qd + LANES * i) * ROW + d]), dp[i]);
+    }
+  }
+}
+
 template <typename T, int HD, int TILE, bool CAUSAL>
 __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     attn_bwd_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -137,17 +156,7 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
       __syncthreads();
 
       float s[BM / LANES], dp[BM / LANES];
-#pragma unroll
-      for (int i = 0; i < BM / LANES; ++i) s[i] = dp[i] = 0.f;
-      for (int d = 0; d < HD; ++d) {
-        const float kv = rtk_to_float(sK[r * ROW + d]);
-        const float vv = rtk_to_float(sV[r * ROW + d]);
-#pragma unroll
-        for (int i = 0; i < BM / LANES; ++i) {
-          s[i] = fmaf(kv, rtk_to_float(sQ[(qd + LANES * i) * ROW + d]), s[i]);
-          dp[i] = fmaf(vv, rtk_to_float(sdO[(qd + LANES * i) * ROW + d]), dp[i]);
-        }
-      }
+      simt_dot_pair<BM / LANES, HD, ROW, LANES>(sK, sV, sQ, sdO, r, qd, s, dp);
 #pragma unroll
       for (int i = 0; i < BM / LANES; ++i) {
         const int c = qd + LANES * i;
@@ -260,17 +269,7 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     simt_load_rows<BN, HD, ROW>(sV, gV, v_rs, n0, sk, tid);
     __syncthreads();
     float s[BN / LANES], dp[BN / LANES];
-#pragma unroll
-    for (int i = 0; i < BN / LANES; ++i) s[i] = dp[i] = 0.f;
-    for (int d = 0; d < HD; ++d) {
-      const float qv = rtk_to_float(sQ[r * ROW + d]);
-      const float gv = rtk_to_float(sdO[r * ROW + d]);
-#pragma unroll
-      for (int i = 0; i < BN / LANES; ++i) {
-        s[i] = fmaf(qv, rtk_to_float(sK[(qd + LANES * i) * ROW + d]), s[i]);
-        dp[i] = fmaf(gv, rtk_to_float(sV[(qd + LANES * i) * ROW + d]), dp[i]);
-      }
-    }
+    simt_dot_pair<BN / LANES, HD, ROW, LANES>(sQ, sdO, sK, sV, r, qd, s, dp);
     const float l = sL[r], dd = sD[r];
 #pragma unroll
     for (int i = 0; i < BN / LANES; ++i) {

@@ -254,12 +254,13 @@ DENSE_TOKENS = {
     "attention/attn_fwd_simt.cuh": "30d4d47dae79adc67319e76288d1aa9df0072e76199d0a928622b7f5ef29f77f",
     # the backward kernels (attention_varlen_backward; their cubins compared byte for byte, 424 variants on
     # sm_80-sm_90a, when the define went in; the sm90a kernel and the row kernels changed since for the GQA head
-    # split, benchmarked in attention_backward_h100; the dK / dV stores and the dQ hand-over shared since, cubins
-    # byte-identical: 152 variants of flash_bwd_sm80 / flash_bwd_sm90 on sm_80, sm_90 and sm_90a)
+    # split, benchmarked in attention_backward_h100; since, with byte-identical cubins (tools/cubin_hashes.py):
+    # the dK / dV stores and the dQ hand-over shared by flash_bwd_sm80 / flash_bwd_sm90, the dot products of the
+    # two attn_bwd_simt kernels)
     "attention/attn_bwd_rows.cuh": "212e362403a0047c8de26ee6a27e2a06a8effe1999a79ec64f8b3b68278ec663",
     "attention/flash_bwd_sm80.cuh": "e1713efd298adcc511abad2406d20a334007511abe7ca58ab2422e92d39be523",
     "attention/flash_bwd_sm90.cuh": "62ef9a4f6085ad59d730f08e129344d351cecf62b2a5f3d75f15a9c3bf572c59",
-    "attention/attn_bwd_simt.cuh": "9666f5307830ac185c5bc3b2c98736ca72de1e95403549421799e13d78d971a5",
+    "attention/attn_bwd_simt.cuh": "1b04a3c986594ae083107bca4d8683f50b3e158790d735ecbb0c2950161ec674",
 }
 
 
