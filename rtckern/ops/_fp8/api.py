@@ -17,10 +17,11 @@ takes the wgmma kernel when a's and b's bases are 16-byte aligned, others the CU
 
     q, scales = rtckern.ops.quantize_fp8(x, group=128, scale_format="row")
 
-x (M, K) fp32 / fp16 / bf16 with contiguous rows, K a multiple of group (32, 64, 128 or 256). scales =
-amax(|group|) / 448 (1 for an all-zero group), q = x / scale as e4m3, rounded to nearest even and saturated to
-+-448 (never NaN for finite x). scales (M, K / group) fp32: row-major ("row") or column-major with M padded to a
-multiple of 4 ("col_tma", DeepGEMM's TMA-aligned layout: strides (1, ceil(M/4)*4)), which gemm_fp8 reads as a_scale.
+x (M, K) fp32 / fp16 / bf16 with contiguous, 16-byte aligned rows (a contiguous tensor's always are), K a multiple of
+group (32, 64, 128 or 256), fewer than 2^31 groups. scales = amax(|group|) / 448 (1 for an all-zero group),
+q = x * (1 / scale) as e4m3, rounded to nearest even and saturated to +-448 (never NaN for finite x). scales
+(M, K / group) fp32: row-major ("row") or column-major with M padded to a multiple of 4 ("col_tma", DeepGEMM's
+TMA-aligned layout: strides (1, ceil(M/4)*4)), which gemm_fp8 reads as a_scale.
 Torch tensors only.
 """
 from __future__ import annotations
@@ -188,18 +189,21 @@ def quantize_fp8(x, group: int = 128, scale_format: str = "row"):
     """Per-token-group fp8 quantization (DeepSeek-V3 style), the producer of gemm_fp8's block-scaled a.
 
     Args:
-        x: (M, K) torch CUDA tensor, fp32 / fp16 / bf16, contiguous rows; K a multiple of group.
+        x: (M, K) torch CUDA tensor, fp32 / fp16 / bf16, contiguous rows on 16-byte aligned addresses (those of a
+            contiguous tensor are); K a multiple of group; fewer than 2^31 groups in all.
         group: columns per scale: 32, 64, 128 or 256.
         scale_format: "row" (scales (M, K / group) row-major) or "col_tma" (column-major with M padded to a
             multiple of 4, strides (1, ceil(M/4)*4): DeepGEMM's TMA-aligned layout, which gemm_fp8 reads fastest).
 
     Returns:
         (q, scales): q float8_e4m3fn (M, K); scales fp32 (M, K / group) with scale = amax(|group|) / 448 (1 for an
-        all-zero group), q = x / scale rounded to nearest even and saturated to +-448 (never NaN for finite x).
+        all-zero group), q = x * (1 / scale) rounded to nearest even and saturated to +-448 (never NaN for finite
+        x).
 
     Raises:
         InputError: x not a torch tensor, not 2-D, a dtype it does not take, K not a multiple of group, rows not
-            contiguous and aligned, an unsupported group or scale_format, or a GPU older than sm_89.
+            contiguous and 16-byte aligned, 2^31 groups or more, an unsupported group or scale_format, or a GPU
+            older than sm_89.
         UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
     """
     tt = _torch_types()
