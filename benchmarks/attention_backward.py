@@ -5,12 +5,13 @@
 --impls adds forced rtckern candidates next to the registry's choice (rtckern_<impl>, and rtckern_<impl>_det with
 --deterministic): e.g. --impls sm80_mma compares the mma.sync kernel with the sm_90a one the registry picks.
 
-Points: bf16, head dim 64 (32 heads) and 128 (16 heads), seqlen 1k / 4k / 16k at 16k tokens per batch, causal and
-not; GQA points (SDPA with enable_gqa): a Llama-style training step's attention (batch 2 x 2k tokens, 16 q heads
-over 4 kv heads, head dim 128), GQA 8 at 4k and GQA 4 at head dim 64, each with rtckern_unsplit beside the registry's
-choice (the wgmma kernel without its head split: each block walks the whole GQA group). Only the backward is timed: rtckern's op from a saved (o, lse); SDPA's through autograd.grad of an output
-computed once under the backend (sdpa_kernel), retaining the graph. CUDA events, median of --reps back-to-back calls
-after a warm-up. TFLOP/s = 2.5 x the forward's 4 * batch * heads * seqlen^2 * head_dim, halved for causal.
+Points: bf16, head dim 64 (32 heads) and 128 (16 heads), seqlen 1k / 4k / 16k at 16k tokens per batch, causal and not;
+GQA points (SDPA with enable_gqa): a Llama-style training step's attention (batch 2 x 2k tokens, 16 q heads over 4 kv
+heads, head dim 128), GQA 8 at 4k and GQA 4 at head dim 64, each with rtckern_unsplit beside the registry's choice (the
+wgmma kernel without its head split: each block walks the whole GQA group). Only the backward is timed: rtckern's op
+from a saved (o, lse); SDPA's through autograd.grad of an output computed once under the backend (sdpa_kernel),
+retaining the graph. CUDA events, median of --reps back-to-back calls after a warm-up. TFLOP/s = 2.5 x the forward's 4 *
+batch * heads * seqlen^2 * head_dim, halved for causal.
 The runner writes attention_backward_<gpu>.json, .md and .png (one current file set per GPU, overwritten by each
 run); --compile-times writes attention_backward.{json,md,png} (no GPU).
 """
@@ -34,13 +35,6 @@ def bench_points():
         for causal in (False, True):
             pts.append(dict(hd=hd, heads=heads, heads_kv=heads_kv, seqlen=sl, batch=batch, causal=causal))
     return pts
-
-
-def unsplit():
-    """The wgmma backward without its head split (rtckern.testing.attention_backward_unsplit)."""
-    from rtckern.testing import attention_backward_unsplit
-
-    return attention_backward_unsplit()
 
 
 def tflops(p, ms):
@@ -69,8 +63,10 @@ def forced(impl: str):
 
     if not impl:
         return contextlib.nullcontext()
-    if impl == "unsplit":
-        return unsplit()
+    if impl == "unsplit":  # the wgmma kernel without its head split
+        from rtckern.testing import attention_backward_unsplit
+
+        return attention_backward_unsplit()
     return config.override(force_impl={"attention_backward": f"attention_backward.{impl}"})
 
 
@@ -221,8 +217,8 @@ def bench_result(rows: list[dict], reps: int) -> Result:
                   [[r["hd"], r["heads"], r.get("heads_kv", r["heads"]), r["seqlen"], r["batch"], int(r["causal"]),
                     *[f"{r['tflops'][n]:.0f}" if n in r["tflops"] else None for n in names],
                     ratio(r["tflops"], "sdpa_flash"), ratio(r["tflops"], "sdpa_cudnn")] for r in rows])
-    note = ("bf16, 16k tokens per batch (GQA points: batch x seqlen as listed); TFLOP/s = 2.5 x forward FLOPs (halved for causal); median of CUDA-event "
-            f"timings over {reps} back-to-back calls.")
+    note = ("bf16, 16k tokens per batch (GQA points: batch x seqlen as listed); TFLOP/s = 2.5 x forward FLOPs "
+            f"(halved for causal); median of CUDA-event timings over {reps} back-to-back calls.")
     def plot(plt, meta):
         # GQA points get panels of their own, labelled like head dims ("128 GQA 16/4")
         def panel(r):

@@ -394,7 +394,8 @@ __global__ void __launch_bounds__(BN * 2, 1)
 #pragma unroll
         for (int j = 0; j < HD / 8; ++j) {
           const long long o = static_cast<long long>(row) * dkv_rs + j * 8 + 2 * t;
-          *reinterpret_cast<float2*>(pk + o) = make_float2(acc_dk[j * 4 + 2 * hh] * scale, acc_dk[j * 4 + 2 * hh + 1] * scale);
+          *reinterpret_cast<float2*>(pk + o) =
+              make_float2(acc_dk[j * 4 + 2 * hh] * scale, acc_dk[j * 4 + 2 * hh + 1] * scale);
           *reinterpret_cast<float2*>(pv + o) = make_float2(acc_dv[j * 4 + 2 * hh], acc_dv[j * 4 + 2 * hh + 1]);
         }
       }

@@ -2,15 +2,16 @@
 random sequence lengths including 0 and 1 (batch up to 64), causal or not, GQA 1/4/8, every head dim of the
 candidate, bf16 and fp16, deterministic or not, strided views of a packed qkv buffer, long sequences.
 
-Each sequence is checked against a float64 reference (autograd on the float64 attention of that sequence alone):
-for each of dq, dk, dv, max |error| <= 2x that of torch's math SDPA backward in the same dtype (reductions in that
-dtype) plus half an ulp of the output dtype, as tests/gpu/ops/test_attention_backward.py; and against the dense
-backward run on that sequence alone through the twin candidate, from the same o and lse (the wgmma one without its
-head split, which the varlen kernel does not use): dk and dv the same bits (written once, the same code path), dq the same bits in deterministic mode and on the SIMT kernels, to rounding
-otherwise (fp32 atomics in a varying order). Rows that see no key get dq = 0; sequences without keys (or queries)
-get zero gradients. Outputs are poisoned (NaN) before each call. Also: NaN rows after the last sequence and an inf
-in a neighbouring sequence never reach a sequence's gradients; deterministic mode is bitwise repeatable over 10
-runs; a CUDA graph captured once replays for other sequence lengths (nothing is read on the host).
+Each sequence is checked against a float64 reference (autograd on the float64 attention of that sequence alone): for
+each of dq, dk, dv, max |error| <= 2x that of torch's math SDPA backward in the same dtype (reductions in that dtype)
+plus half an ulp of the output dtype, as tests/gpu/ops/test_attention_backward.py; and against the dense backward run on
+that sequence alone through the twin candidate, from the same o and lse (the wgmma one without its head split, which the
+varlen kernel does not use): dk and dv the same bits (written once, the same code path), dq the same bits in
+deterministic mode and on the SIMT kernels, to rounding otherwise (fp32 atomics in a varying order). Rows that see no
+key get dq = 0; sequences without keys (or queries) get zero gradients. Outputs are poisoned (NaN) before each call.
+Also: NaN rows after the last sequence and an inf in a neighbouring sequence never reach a sequence's gradients;
+deterministic mode is bitwise repeatable over 10 runs; a CUDA graph captured once replays for other sequence lengths
+(nothing is read on the host).
 
 The kernels these tests use are compiled up front in parallel (rtckern.prefill) to keep the first run short.
 """
