@@ -582,11 +582,13 @@ _FAKE_LIBCUDA = r"""
 int rtk_fake_loads, rtk_fake_launches, rtk_fake_setattrs;
 char rtk_fake_last_name[256];
 static void* current = 0;  /* every name the fake exports is cu* or rtk_fake_*: nothing else to interpose */
+int rtk_fake_procaddrs = 0;  /* entry points asked for: cuda.bindings.driver asks for all on its first call */
 int cuInit(unsigned f) { return 0; }
 int cuDriverGetVersion(int* v) { *v = 13000; return 0; }
 /* NVRTC, where a libcuda is loaded, calls cuInit and then asks for a private table: none here */
 int cuGetExportTable(const void** table, const void* id) { *table = 0; return 801; }
 int cuGetProcAddress_v2(const char* sym, void** pfn, int ver, unsigned long long flags, int* status) {
+  ++rtk_fake_procaddrs;
   void* p = dlsym(RTLD_DEFAULT, sym);
   if (status) *status = p ? 0 : 1;
   *pfn = p;
@@ -610,6 +612,7 @@ int cuDeviceGetAttribute(int* pi, int a, int dev) {
 }
 int cuDeviceGetName(char* name, int len, int dev) { strncpy(name, "NVIDIA H200", len); return 0; }
 int cuDeviceTotalMem(size_t* b, int dev) { *b = (size_t)143771 << 20; return 0; }
+int cuDeviceTotalMem_v2(size_t* b, int dev) { return cuDeviceTotalMem(b, dev); }
 int cuDevicePrimaryCtxRetain(void** c, int dev) { *c = (void*)0xC0; return 0; }
 int cuCtxGetDevice(int* dev) { *dev = 0; return 0; }
 int cuCtxGetCurrent(void** c) { *c = current; return 0; }

@@ -15,6 +15,7 @@ from rtckern.dtypes import torch_dtype
 from rtckern.errors import InputError
 from rtckern.registry import Candidate, OpRequest, default_registry, register, register_request_builder
 from rtckern.runtime import arrays as arr
+from rtckern.runtime.streams import torch_stream
 
 
 def parse_number(value: Any, name: str, example: str) -> float:
@@ -38,11 +39,11 @@ def current_plan(plans, key):
 
 
 class OutputPlan:
-    """What the plans of the one-output GEMMs (gemm_fp8, grouped_gemm, grouped_gemm_fp8) hold alike: the settings
-    they were decided under, the output's shape and dtype, the device ordinal, the prepared launch (None: nothing to
+    """The plan of one call signature of a one-output GEMM (gemm_fp8, grouped_gemm, grouped_gemm_fp8): the settings
+    it was decided under, the output's shape and dtype, the device ordinal, the prepared launch (None: nothing to
     compute), the candidate's name, and for a torch caller the torch module, dtype and device to allocate the output.
-    Built here once for the three; each subclass adds its own run_torch / run_mats (the hot path, which reads these
-    slots directly: a base class's slots cost nothing more to read) and declares `__slots__ = ()`."""
+    A call allocates the output like its first operand and runs the launch as launch.run(a, b, out, *rest, stream):
+    a, b and `rest` are the other operands' addresses in the kernel's order (0 for an absent one)."""
 
     __slots__ = ("settings", "out_shape", "out_dtype", "ordinal", "launch", "candidate", "_torch", "_tdtype",
                  "_tdevice")
@@ -56,6 +57,20 @@ class OutputPlan:
             self._torch = sys.modules["torch"]
             self._tdtype = torch_dtype(out_dtype)
             self._tdevice = like.obj.device
+
+    def run_torch(self, a: int, b: int, *rest: int):
+        """The call for torch tensors, given their addresses (the hot path)."""
+        out = self._torch.empty(self.out_shape, dtype=self._tdtype, device=self._tdevice)
+        if self.launch is not None:
+            self.launch.run(a, b, out.data_ptr(), *rest, torch_stream(self.ordinal))
+        return out
+
+    def run_mats(self, A: arr.DeviceArray, B: arr.DeviceArray, *rest: arr.DeviceArray | None):
+        """The call for any library's arrays (None for an absent operand)."""
+        out, c = arr.empty(A, self.out_shape, self.out_dtype)
+        if self.launch is not None:
+            self.launch.run(A.ptr, B.ptr, c, *(0 if r is None else r.ptr for r in rest), arr.current_stream(A))
+        return out
 
 
 class MemoizedConfigCandidate(Candidate):

@@ -1,4 +1,5 @@
-"""Thin helpers over the CUDA driver API (cuda-bindings): initialization, device attributes, error checks."""
+"""Thin helpers over the CUDA driver API (runtime/libcuda.py, cuda-bindings): initialization, device attributes, error
+checks."""
 
 from __future__ import annotations
 
@@ -12,10 +13,21 @@ _init_lock = threading.Lock()
 _initialized = False
 
 
-def driver():
-    from cuda.bindings import driver as d
+_driver = None
 
-    return d
+
+def driver():
+    """The driver API: runtime/libcuda.py's ctypes functions for a first call's path, cuda.bindings.driver for the
+    rest (and for all of it where libcuda cannot be opened through ctypes)."""
+    global _driver
+    if _driver is None:
+        from .libcuda import open_driver
+
+        d = open_driver()
+        if d is None:
+            from cuda.bindings import driver as d
+        _driver = d
+    return _driver
 
 
 def check(result, what: str):

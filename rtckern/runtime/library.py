@@ -1,7 +1,7 @@
 """A binary loaded through the driver's library API (cuLibraryLoadData), kept loaded while anything holds it.
 
-The driver, not cuda.core: importing cuda.core costs ~150 ms, more than everything else a first call does, while
-torch has imported cuda.bindings.driver already (see runtime/kernel.py).
+The driver (runtime/driver.py), not cuda.core: importing cuda.core costs ~150 ms, more than everything else a first
+call does (see runtime/kernel.py).
 """
 from __future__ import annotations
 

@@ -176,14 +176,16 @@ ALLOWED: dict[str, dict[str, str]] = {
     "tests/unit/ops/test_grouped_gemm.py": {
         "rtckern.ops._gemm.grouped_candidates": "host fixture: the registry's choice with a recording kernel (select) "
                                                 "and a fresh selection memo",
-        "rtckern.ops._gemm.grouped_plan": "host fixture: a fresh call-plan memo and a stub stream",
+        "rtckern.ops._common": "host fixture: a stub stream for the plans' outputs (OutputPlan)",
+        "rtckern.ops._gemm.grouped_plan": "host fixture: a fresh call-plan memo",
         "rtckern.ops._gemm.launch": "host fixture: records the tensor maps the prepared launch encodes (tensor_map), "
                                     "which the emulator reads",
     },
     "tests/unit/ops/test_grouped_gemm_fp8.py": {
         "rtckern.ops._fp8.grouped_candidates": "host fixture: the registry's choice with a recording kernel (select) "
                                                "and a fresh selection memo",
-        "rtckern.ops._fp8.grouped_plan": "host fixture: a fresh call-plan memo and a stub stream",
+        "rtckern.ops._common": "host fixture: a stub stream for the plans' outputs (OutputPlan)",
+        "rtckern.ops._fp8.grouped_plan": "host fixture: a fresh call-plan memo",
         "rtckern.ops._fp8.launch": "host fixture: records the tensor maps the prepared launch encodes (encode_tiled), "
                                    "which the emulator reads",
     },

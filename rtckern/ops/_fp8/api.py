@@ -36,6 +36,7 @@ from rtckern.runtime import arrays as arr
 
 from . import candidates as cands
 from . import geometry, plan
+from .._common import OutputPlan
 from .geometry import Fp8Problem
 from .launch import GemmLaunch, QuantLaunch
 
@@ -138,7 +139,7 @@ def scale_layout(m: int, n: int, k: int, a_shape: tuple, a_strides: tuple, b_sha
         f"may be per tensor), or blocks (a_scale ({m}, {kb}): 1x128 groups, b_scale ({nb}, {kb}): 128x128 blocks)")
 
 
-def _build(A, B, SA, SB, Bi, out_dtype, trans_b) -> plan.GemmPlan:
+def _build(A, B, SA, SB, Bi, out_dtype, trans_b) -> OutputPlan:
     settings = config.settings()
     if not trans_b:
         raise InputError("gemm_fp8 takes b as (N, K) with K contiguous (trans_b=True) only: 8-bit tensor-core MMAs "
@@ -175,14 +176,14 @@ def _build(A, B, SA, SB, Bi, out_dtype, trans_b) -> plan.GemmPlan:
         bias_dt = Bi.dtype
     dev = check_fp8_device(A.device, "gemm_fp8")
     if m == 0 or n == 0:
-        return plan.GemmPlan(settings, A, (m, n), out_dt, None)
+        return OutputPlan(settings, A, (m, n), out_dt, None)
     lda, ldb = A.strides[0] if m > 1 else k, B.strides[0] if n > 1 else k
     aligned = not (A.ptr % 16 or B.ptr % 16 or lda % 16 or ldb % 16)
     p = Fp8Problem(m=m, n=n, k=k, scale=gran, out_dtype=out_dt, bias=bias_dt, aligned=aligned)
     sel = cands.selection((p, A.device), lambda: cands.request(p, dev))
     cfg = sel.candidate.config(sel.request) if isinstance(sel.candidate, cands.Sm90aWgmmaCandidate) else None
     launch = GemmLaunch(sel.kernels[0], p, cfg, lda, ldb, strides, dev.sm_count)
-    return plan.GemmPlan(settings, A, (m, n), out_dt, launch, sel.candidate.name)
+    return OutputPlan(settings, A, (m, n), out_dt, launch, sel.candidate.name)
 
 
 def quantize_fp8(x, group: int = 128, scale_format: str = "row"):

@@ -35,7 +35,7 @@ from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
 
 from .. import _common_grouped as shared
-from .._common import current_plan
+from .._common import OutputPlan, current_plan
 from . import geometry
 from . import grouped_candidates as cands
 from . import grouped_geometry as gg
@@ -189,7 +189,7 @@ def _build(mode: str, A, B, SA, SB, I, out_dtype, trans_b) -> plan.Plan:
     shared.check_sizes(groups, A.shape[-2], op)
     out_shape = (groups, rows, n) if masked else (rows, n)
     if rows == 0 or n == 0 or groups == 0:
-        return plan.Plan(settings, A, out_shape, out_dt, None)
+        return OutputPlan(settings, A, out_shape, out_dt, None)
     lda = A.strides[-2] if rows > 1 else k
     stride_a = (A.strides[0] if groups > 1 else rows * lda) if masked else 0
     ldb = B.strides[1] if n > 1 else k
@@ -205,4 +205,4 @@ def _build(mode: str, A, B, SA, SB, I, out_dtype, trans_b) -> plan.Plan:
     lay = plan.Layout(rows=rows, lda=lda, stride_a=stride_a, ldb=ldb, stride_b=stride_b,
                       stride_c=rows * n if masked else 0, sa=sa, sb=(sb[1], sb[2], sb[0]))
     launch = plan.GroupedLaunch(sel.kernels[0], p, sel.candidate.config(sel.request), lay, dev.sm_count)
-    return plan.Plan(settings, A, out_shape, out_dt, launch, sel.candidate.name)
+    return OutputPlan(settings, A, out_shape, out_dt, launch, sel.candidate.name)

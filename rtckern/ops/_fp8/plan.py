@@ -1,7 +1,8 @@
-"""The hot paths of gemm_fp8 and quantize_fp8: one call signature, decided once. A plan holds the output shapes and
-dtypes and the prepared launch; a repeated call allocates the outputs, reads the pointers and the current stream
-and launches. `plans` is the memo (api.py builds the keys: dtypes, shapes, strides, devices, 16-byte alignment,
-options) and a plan is re-decided when the settings object changes."""
+"""The hot paths of gemm_fp8 and quantize_fp8: one call signature, decided once. A plan (gemm_fp8:
+rtckern.ops._common.OutputPlan; quantize_fp8: QuantPlan) holds the output shapes and dtypes and the prepared launch; a
+repeated call allocates the outputs, reads the pointers and the current stream and launches. `plans` is the memo (api.py
+builds the keys: dtypes, shapes, strides, devices, 16-byte alignment, options) and a plan is re-decided when the
+settings object changes."""
 from __future__ import annotations
 
 import sys
@@ -11,25 +12,7 @@ from rtckern.caches import PlanCache
 from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
-from .._common import OutputPlan
-
 plans = PlanCache("gemm_fp8.call_plans")
-
-
-class GemmPlan(OutputPlan):
-    __slots__ = ()
-
-    def run_torch(self, a: int, b: int, sa: int, sb: int, bias: int):
-        out = self._torch.empty(self.out_shape, dtype=self._tdtype, device=self._tdevice)
-        if self.launch is not None:
-            self.launch.run(a, b, out.data_ptr(), sa, sb, bias, torch_stream(self.ordinal))
-        return out
-
-    def run_mats(self, A, B, SA, SB, Bi):
-        out, c = arr.empty(A, self.out_shape, self.out_dtype)
-        if self.launch is not None:
-            self.launch.run(A.ptr, B.ptr, c, SA.ptr, SB.ptr, Bi.ptr if Bi is not None else 0, arr.current_stream(A))
-        return out
 
 
 class QuantPlan:

@@ -42,7 +42,7 @@ from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
 
 from .. import _common_grouped as shared
-from .._common import current_plan
+from .._common import OutputPlan, current_plan
 from . import geometry
 from . import grouped_candidates as cands
 from . import grouped_geometry as gg
@@ -190,7 +190,7 @@ def _build(mode: str, A: arr.DeviceArray, B: arr.DeviceArray, I: arr.DeviceArray
     rows = A.shape[-2]
     out_shape = (groups, rows, n) if masked else (rows, n)
     if rows == 0 or n == 0 or groups == 0:
-        return plan.Plan(settings, A, out_shape, out_dt, None)
+        return OutputPlan(settings, A, out_shape, out_dt, None)
     lda = A.strides[-2] if rows > 1 else k
     stride_a = (A.strides[0] if groups > 1 else rows * lda) if masked else 0
     ldb = B.strides[-2] if B.shape[-2] > 1 else B.shape[-1]
@@ -204,4 +204,4 @@ def _build(mode: str, A: arr.DeviceArray, B: arr.DeviceArray, I: arr.DeviceArray
     lay = plan.Layout(rows=rows, lda=lda, stride_a=stride_a, ldb=ldb, stride_b=stride_b,
                       stride_c=rows * n if masked else 0)
     launch = plan.GroupedLaunch(sel.kernels[0], p, sel.candidate.config(sel.request), lay, dev.sm_count)
-    return plan.Plan(settings, A, out_shape, out_dt, launch, sel.candidate.name)
+    return OutputPlan(settings, A, out_shape, out_dt, launch, sel.candidate.name)

@@ -1,7 +1,8 @@
-"""The hot path of grouped_gemm / grouped_gemm_masked: one call signature, decided once. `Plan` holds the output's
-shape and dtype and the prepared launch (`GroupedLaunch`: tensor maps by address, every scalar fixed), so a repeated
-call allocates the output, reads the current stream and launches; `plans` is the memo of Plans (grouped.py keys it
-by everything the checks read). The group index is passed by address: its values never reach the host.
+"""The hot path of grouped_gemm / grouped_gemm_masked: one call signature, decided once. The plan
+(rtckern.ops._common.OutputPlan) holds the output's shape and dtype and the prepared launch (`GroupedLaunch`: tensor
+maps by address, every scalar fixed), so a repeated call allocates the output, reads the current stream and launches;
+`plans` is the memo of Plans (grouped.py keys it by everything the checks read). The group index is passed by address:
+its values never reach the host.
 """
 from __future__ import annotations
 
@@ -10,11 +11,8 @@ from dataclasses import dataclass
 
 from rtckern.caches import PlanCache
 from rtckern.dtypes import itemsize
-from rtckern.runtime import arrays as arr
-from rtckern.runtime.streams import torch_stream
 
 from .. import _common_grouped as shared
-from .._common import OutputPlan
 from . import grouped_geometry as gg
 from .launch import _MapCache, _Prepared
 
@@ -76,20 +74,3 @@ class GroupedLaunch:
             self._main.run((maps[0].get(a), maps[1].get(b), c, 0, 0, groups), stream)
 
 
-class Plan(OutputPlan):
-    """What a call of one signature does: allocate the output (like a's library), launch on the library's current
-    stream. `launch` is None when there is nothing to compute (no rows, columns or groups)."""
-
-    __slots__ = ()
-
-    def run_torch(self, a: int, b: int, groups: int):
-        out = self._torch.empty(self.out_shape, dtype=self._tdtype, device=self._tdevice)
-        if self.launch is not None:
-            self.launch.run(a, b, out.data_ptr(), groups, torch_stream(self.ordinal))
-        return out
-
-    def run_mats(self, A: arr.DeviceArray, B: arr.DeviceArray, I: arr.DeviceArray):
-        out, c = arr.empty(A, self.out_shape, self.out_dtype)
-        if self.launch is not None:
-            self.launch.run(A.ptr, B.ptr, c, I.ptr, arr.current_stream(A))
-        return out

@@ -245,6 +245,7 @@ def host(monkeypatch, cache_dir):
     first-ranked candidate, with a recording kernel) and the prepared launch are real; tensor maps are recorded."""
     torch = pytest.importorskip("torch")
     from rtckern.ops._gemm import grouped_candidates as gc
+    from rtckern.ops import _common
     from rtckern.ops._gemm import grouped_plan, launch
     from rtckern.registry import default_registry
     from rtckern.registry.results import Selection
@@ -290,7 +291,7 @@ def host(monkeypatch, cache_dir):
     monkeypatch.setattr(gc, "select", select)
     monkeypatch.setattr(gc, "_selections", PlanCache("test.grouped_gemm.selections"))
     monkeypatch.setattr(grouped_plan, "plans", PlanCache("test.grouped_gemm.call_plans"))
-    monkeypatch.setattr(grouped_plan, "torch_stream", lambda index: 0)
+    monkeypatch.setattr(_common, "torch_stream", lambda index: 0)
     monkeypatch.setattr(arr, "current_stream", lambda like: 0)
     monkeypatch.setattr(launch, "tensor_map", tensor_map)
     monkeypatch.setattr(DeviceInfo, "from_device", staticmethod(lambda ordinal: H200))

@@ -135,6 +135,7 @@ def host(monkeypatch, cache_dir):
     torch = pytest.importorskip("torch")
     from rtckern.dtypes import name_of_torch
     from rtckern.ops._fp8 import grouped_candidates as gc
+    from rtckern.ops import _common
     from rtckern.ops._fp8 import grouped_plan, launch
     from rtckern.registry import default_registry
     from rtckern.registry.results import Selection
@@ -169,7 +170,7 @@ def host(monkeypatch, cache_dir):
     monkeypatch.setattr(gc, "select", select)
     monkeypatch.setattr(gc, "_selections", PlanCache("test.grouped_gemm_fp8.selections"))
     monkeypatch.setattr(grouped_plan, "plans", PlanCache("test.grouped_gemm_fp8.call_plans"))
-    monkeypatch.setattr(grouped_plan, "torch_stream", lambda index: 0)
+    monkeypatch.setattr(_common, "torch_stream", lambda index: 0)
     monkeypatch.setattr(arr, "current_stream", lambda like: 0)
     monkeypatch.setattr(launch, "encode_tiled", encode_tiled)
     monkeypatch.setattr(DeviceInfo, "from_device", staticmethod(lambda ordinal: H200))

@@ -1,7 +1,8 @@
-"""The runtime through the real cuda.bindings against rtckern.testing's fake libcuda.so.1 (built with the C
-compiler): every driver call of the first-call path (device facts, load, attributes, occupancy, opt-ins, prepared
-and plain launches through the native launcher, typed launches through cuda.bindings) with the arguments
-cuda.bindings marshals, and no cuda.core import. In a subprocess: the fake, once loaded, stays the process's driver."""
+"""The runtime against rtckern.testing's fake libcuda.so.1 (built with the C compiler): every driver call of the
+first-call path (device facts, load, attributes, occupancy, opt-ins, prepared and plain launches through the native
+launcher) through runtime/libcuda.py's ctypes functions without initializing cuda.bindings.driver, then the calls
+left to cuda.bindings (typed launches, the occupancy call with a callback) with the arguments it marshals, and no
+cuda.core import. In a subprocess: the fake, once loaded, stays the process's driver."""
 from __future__ import annotations
 
 import os
@@ -34,7 +35,6 @@ assert ctypes.c_char_p(ctypes.addressof(ctypes.c_char.in_dll(fake, "rtk_fake_las
 assert (k.num_regs, k.shared_size_bytes, k.local_size_bytes, k.max_threads_per_block, k.binary_version) == \\
     (40, 1024, 0, 1024, 90)
 assert k.max_active_blocks_per_sm(256) == 3 and k.max_cooperative_grid(256) == 396
-assert k.max_potential_block_size() == (264, 512)
 k.set_max_dynamic_shared_memory(100_000)
 k.allow_non_portable_cluster_size()
 assert count("rtk_fake_setattrs") == 2
@@ -42,6 +42,10 @@ go = k.prepare(8, 128, "PPfq", 4096)
 assert type(go).__name__ == "Prepared", native.why()
 go(0, 1, 2, 0.5, 4)
 k.launch(8, 128, (1, 2, np.float32(0.5), 4), stream=0)
+# up to here the first-call path: ctypes into libcuda, cuda.bindings.driver never initialized (its first call
+# asks for every entry point: ~20 ms on a GPU host)
+assert count("rtk_fake_procaddrs") == 0, count("rtk_fake_procaddrs")
+assert k.max_potential_block_size() == (264, 512)  # through cuda.bindings (a callback argument)
 k.launch_packed(8, 128, [("u64", 1), ("f32", 0.5), ("map", bytes(128))])
 assert count("rtk_fake_launches") == 3
 try:
@@ -54,7 +58,7 @@ print("ok")
 """
 
 
-def test_first_call_path_through_cuda_bindings(tmp_path):
+def test_first_call_path_through_the_driver(tmp_path):
     env = dict(os.environ, RTCKERN_CACHE_DIR=str(tmp_path / "cache"))
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(CHECKS)], capture_output=True, text=True, env=env,
                        timeout=300)
