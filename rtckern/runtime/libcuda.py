@@ -2,7 +2,7 @@
 context, loading a library, kernel attributes, occupancy. Each takes and returns what cuda.bindings.driver's
 function of the same name does ((CUresult, value) tuples, handles as ints, which cuda.bindings accepts back), so
 `runtime.driver.driver()` hands out one object: these functions, and cuda.bindings.driver's for everything else
-(enums, types, streams, events, tensor maps, the cuda.core launch path).
+(the enums' other members, types, streams, events, tensor maps, the cuda.core launch path).
 
 Why: cuda.bindings.driver resolves every driver entry point (~500 cuGetProcAddress calls) on its first call in a
 process, ~20 ms on an H100 host, the largest part of what rtckern's first call cost beyond torch's own. ctypes
@@ -43,6 +43,31 @@ _SIGNATURES: dict[str, tuple[str, tuple]] = {
 }
 
 
+class _Constants:
+    """Some members of one of cuda.bindings.driver's enums as plain ints, the values cuda.h fixes (a CPU test checks
+    them against cuda.bindings): the first-call path reads these without importing cuda.bindings.driver (~20 ms of
+    enum building on an H100 host). Any other member is the enum's own."""
+
+    def __init__(self, enum: str, prefix: str, values: dict[str, int]) -> None:
+        self._enum = enum
+        self.__dict__.update({prefix + k: v for k, v in values.items()})
+
+    def __getattr__(self, name: str) -> Any:
+        from cuda.bindings import driver as bindings
+
+        return getattr(getattr(bindings, self._enum), name)
+
+
+CUresult = _Constants("CUresult", "CUDA_", {"SUCCESS": 0})
+CUdevice_attribute = _Constants("CUdevice_attribute", "CU_DEVICE_ATTRIBUTE_", {
+    "MAX_THREADS_PER_BLOCK": 1, "MAX_SHARED_MEMORY_PER_BLOCK": 8, "WARP_SIZE": 10, "MULTIPROCESSOR_COUNT": 16,
+    "MAX_THREADS_PER_MULTIPROCESSOR": 39, "COMPUTE_CAPABILITY_MAJOR": 75, "COMPUTE_CAPABILITY_MINOR": 76,
+    "MAX_REGISTERS_PER_MULTIPROCESSOR": 82, "COOPERATIVE_LAUNCH": 95, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 97})
+CUfunction_attribute = _Constants("CUfunction_attribute", "CU_FUNC_ATTRIBUTE_", {
+    "MAX_THREADS_PER_BLOCK": 0, "SHARED_SIZE_BYTES": 1, "LOCAL_SIZE_BYTES": 3, "NUM_REGS": 4, "BINARY_VERSION": 6,
+    "MAX_DYNAMIC_SHARED_SIZE_BYTES": 8, "NON_PORTABLE_CLUSTER_SIZE_ALLOWED": 14})
+
+
 def _handle(h) -> int | None:
     """A handle argument as an address (cuda.bindings' handle objects, ints, None for NULL)."""
     return None if h is None else int(h) or None
@@ -51,6 +76,8 @@ def _handle(h) -> int | None:
 class Driver:
     """libcuda's functions named in _SIGNATURES, with cuda.bindings.driver's calling convention; any other name is
     cuda.bindings.driver's own (imported on first such use)."""
+
+    CUresult, CUdevice_attribute, CUfunction_attribute = CUresult, CUdevice_attribute, CUfunction_attribute
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fns = {}

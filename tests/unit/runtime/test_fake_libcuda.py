@@ -71,3 +71,38 @@ def test_the_fake_must_come_first():
             "try:\n    use_fake_libcuda()\nexcept RuntimeError as e:\n    print(e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "loaded in this process already" in r.stdout, r.stdout + r.stderr
+
+
+def test_first_call_path_imports_no_cuda_bindings_driver(tmp_path):
+    """Importing cuda.bindings.driver builds its enums (~20 ms on a GPU host): the first-call path reads the few
+    constants it needs from runtime/libcuda.py instead."""
+    from rtckern.testing import fake_libcuda
+
+    code = textwrap.dedent(f"""
+        import ctypes, os, sys
+        ctypes.CDLL({fake_libcuda()!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+        from rtckern.device import DeviceInfo
+        from rtckern.runtime.kernel import load_kernel
+        dev = DeviceInfo.from_device(0)
+        k = load_kernel(b"\\x7fELF image", "cubin", "_Z4axpyPfS_fi", dev, "axpy")
+        assert (k.num_regs, k.max_active_blocks_per_sm(256)) == (40, 3)
+        k.set_max_dynamic_shared_memory(100_000)
+        k.prepare(8, 128, "PPfq", 4096)(0, 1, 2, 0.5, 4)
+        print(" ".join(sorted(m for m in sys.modules if m.startswith("cuda.bindings.driver"))) or "none")
+        """)
+    env = dict(os.environ, RTCKERN_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "none", r.stdout + r.stderr
+
+
+def test_driver_constants_are_cuda_bindings_values():
+    from cuda.bindings import driver as bindings
+
+    from rtckern.runtime import libcuda
+
+    for name in ("CUresult", "CUdevice_attribute", "CUfunction_attribute"):
+        mine = getattr(libcuda, name)
+        members = {k: v for k, v in vars(mine).items() if not k.startswith("_")}
+        assert members
+        for member, value in members.items():
+            assert int(getattr(getattr(bindings, name), member)) == value, (name, member)
