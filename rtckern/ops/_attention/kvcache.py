@@ -172,8 +172,7 @@ class Plan:
         smem = tile.smem_bytes(c.d)
         main, combine, append = kernels[:3]
         if num_splits == 0:
-            per_sm = main.max_active_blocks_per_sm(tile.threads, smem)
-            num_splits = kc.choose_splits(c.batch, c.hk, tiles, c.capacity, req.device.sm_count, per_sm, tile.warps)
+            num_splits = kc.choose_splits(c.batch, c.hk, tiles, c.capacity, req.device.sm_count, tile.warps)
         self.splits = num_splits
         rows = c.batch * c.sq * c.hq
         self.o_shape, self.lse_shape = (c.batch, c.sq, c.hq, c.d), (c.batch, c.hq, c.sq)

@@ -47,7 +47,6 @@ DECODE_MAX_SEQLEN_Q = 16
 ROW_TILE = 16  # query rows (group members x query tokens) per block
 CHUNK = 16  # keys per warp step; page sizes must be multiples of it
 MAX_SPLITS = 256
-MIN_CHUNKS = 4  # per warp and split
 LOG2E = math.log2(math.e)
 _tiles = PlanCache("attention_with_kvcache.tiles")
 
@@ -96,20 +95,20 @@ def row_tiles(seqlen_q: int, group: int) -> int:
     return -(-(seqlen_q * group) // ROW_TILE)
 
 
-def choose_splits(batch: int, heads_kv: int, tiles: int, capacity: int, sm_count: int, blocks_per_sm: int,
-                  warps: int) -> int:
+def choose_splits(batch: int, heads_kv: int, tiles: int, capacity: int, sm_count: int, warps: int) -> int:
     """Splits of each sequence's keys (flash-decoding), from the cache's capacity (the lengths live on the device
-    and are never read here): none when batch x kv heads x row tiles already fills more than half of the GPU's
-    resident blocks; else enough blocks for two per SM, as long as every warp keeps at least MIN_CHUNKS chunks
-    (fewer and a split's fixed cost, its prologue and its merge, outweighs what it adds). Measured on an H200 at
-    head dim 128 (docs/performance.md): at batch 1 the best counts were 33 of 8, 16, 33 at 8k tokens, 66 of 16, 33,
-    66 at 32k, 66 of 66, 132 at 128k; at batch 8, 8 of 4, 8, 16 at 8k and 32k."""
+    and are never read here): none once batch x kv heads x row tiles fills the SMs (one block each); else the
+    largest power of two (the chunks divide evenly) that keeps the blocks within one per SM and each warp at least
+    one chunk. Measured on an H100 at head dim 128, bf16, GQA 8:1 and 4:1, each count against the others in one run
+    (docs/performance.md): one wave won at batch 1 / 1k-128k (1k: 16 splits 8.3 us, the rule before gave 4 and 10.2;
+    32k: 32 splits 32.8 us, two waves 34.4), batch 2 and 4, batch 16 / 1k, and unsplit at 128 units (batch 32 / 1k:
+    29.9 us, 2 splits 33.5); two waves won by 1-3% only at batch 8 (8k; 1k with 8 kv heads)."""
     units = batch * heads_kv * tiles
-    if units * 2 > sm_count * max(1, blocks_per_sm):
+    if units >= sm_count:
         return 1
     chunks = -(-capacity // CHUNK)
-    by_work = max(1, chunks // (MIN_CHUNKS * warps))
-    return max(1, min(-(-2 * sm_count // units), by_work, MAX_SPLITS))
+    cap = max(1, min(sm_count // units, chunks // warps, MAX_SPLITS))
+    return 1 << (cap.bit_length() - 1)
 
 
 class Sm80Decode(Candidate):
