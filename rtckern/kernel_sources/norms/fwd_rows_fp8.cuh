@@ -1,12 +1,12 @@
 // RMSNorm forward with per-group fp8 quantization of y (the producer of gemm_fp8's activations): the row kernel of
 // fwd_rows.cuh (same template arguments TX, TW, N, VEC, TPR, RPB, FLAGS, OPT, same loads, statistics and persistent
 // loop) with only its store changed. y = x * rstd * w is computed in fp32 as rtk_norm_fwd_write does, then per group of
-// G consecutive columns: scale = amax(|y|) / 448 (1 for an all-zero group), q = y / scale as e4m3, rounded to nearest
-// even and saturated to +-448 (quantize_fp8.cuh's rule, which multiplies by 1 / scale instead: the two agree to one
-// e4m3 step where the fp32 quotients round apart; the reciprocal here spilled 4 bytes on sm_89). A group is LPG = G /
-// VEC adjacent lanes of one pack index (TPR % LPG == 0, LPG <= 32): its amax is log2(LPG) xor-shuffles. Scales at s[row
-// * s_row + group * s_col] (row-major, or column-major TMA-aligned). A separate file and kernel so that the binaries of
-// fwd_rows.cuh stay byte-identical. CUDA only (fp8, sm_89+).
+// G consecutive columns: scale = amax(|y|) / 448 (1 for an all-zero group), q = y * (1 / scale) as e4m3 with one
+// correctly rounded reciprocal per group on sm_90+ (quantize_fp8.cuh's rule; a division per element made this kernel
+// instruction-bound), y / scale on sm_89 (within one e4m3 step of it), rounded to nearest even and saturated to +-448.
+// A group is LPG = G / VEC adjacent lanes of one pack index (TPR % LPG == 0, LPG <= 32): its amax is log2(LPG) xor-
+// shuffles. Scales at s[row * s_row + group * s_col] (row-major, or column-major TMA-aligned). A separate file and
+// kernel so that the binaries of fwd_rows.cuh stay byte-identical. CUDA only (fp8, sm_89+).
 #pragma once
 #include "norms/norm_fwd_parts.cuh"
 #include "gemm/fp8.cuh"
@@ -81,8 +81,14 @@ rtk_norm_fwd_rows_fp8(const TX* __restrict__ x, const TW* __restrict__ w, unsign
       if (!(scale > 0.f)) scale = 1.f;
       if (in) {
         rtk_norm_pack<unsigned char, VEC> out;
+#if RTK_ARCH >= 900
+        const float inv = __frcp_rn(scale);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out.v[j] = rtk_float_to_e4m3_sat(v[j] * inv);
+#else  // sm_89: with the reciprocal ptxas spills 4 bytes in two variants (N 7168, group 256); a division instead
 #pragma unroll
         for (int j = 0; j < VEC; ++j) out.v[j] = rtk_float_to_e4m3_sat(v[j] / scale);
+#endif
         rtk_norm_store<kStDefault>(q_row + c, out);
         if (t % LPG == 0) s_row_p[(c / G) * s_col] = scale;
       }
