@@ -307,10 +307,23 @@ QUANT_OP = "rms_norm_quant"
 FP8 = "fp8_e4m3"
 
 
+def quant_rows_config(p, group: int):
+    """rms_norm_quant's own rule for rows that take a whole block: about two packs per thread, persistent (each block
+    prefetches its next row). RMSNorm's configs (tuned for a 2-byte output) held four packs at 64 registers, half
+    the warps an SM could hold. Measured on an H100, bf16, group 128, GB/s from graph replays (docs/performance.md):
+    4096 x 7168 2485 with 448 threads persistent against 1966 with RMSNorm's 256, 16384 x 7168 2717 vs 2289, 8192 x
+    4096 2571 vs 2568, 16384 x 2048 2583 vs 2446. None below 128 threads per row (shorter rows, not measured:
+    RMSNorm's config)."""
+    base = geometry.rows_config(p.n, p.vec, packs_per_thread=2)
+    if base.rpb != 1 or base.tpr < 128 or geometry.quant_reason(p.n, p.vec, group, base):
+        return None
+    return geometry.RowsConfig(base.tpr, 1, 1)
+
+
 class RmsNormQuantRows(Candidate):
-    """rms_norm_quant: the row kernel with the fp8 store (norms/fwd_rows_fp8.cuh), RMSNorm's row config for the
-    same (x dtype, N, vec) (its tuned table row or rule) where that config holds whole groups, else the rule's.
-    sm_89+ (fp8 conversions); one memory-bound pass."""
+    """rms_norm_quant: the row kernel with the fp8 store (norms/fwd_rows_fp8.cuh): its own rule for long rows
+    (quant_rows_config), else RMSNorm's row config for the same (x dtype, N, vec) (its tuned table row or rule)
+    where that config holds whole groups, else RMSNorm's rule. sm_89+ (fp8 conversions); one memory-bound pass."""
 
     name = "rms_norm_quant.rows"
     op = QUANT_OP
@@ -324,7 +337,11 @@ class RmsNormQuantRows(Candidate):
         if hit is None:
             p = fwd_problem(req)
             group = req.dim("group")
-            cfg = configs.fwd_config(p, "rows", req.device)
+            cfg = quant_rows_config(p, group)
+            if cfg is not None and geometry.fwd_feasible(p, "rows", cfg):
+                cfg = None
+            if cfg is None:
+                cfg = configs.fwd_config(p, "rows", req.device)
             if cfg is not None and geometry.quant_reason(p.n, p.vec, group, cfg):
                 cfg = configs.fwd_heuristic(p, "rows")
                 if geometry.fwd_feasible(p, "rows", cfg):

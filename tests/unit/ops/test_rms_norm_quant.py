@@ -37,6 +37,16 @@ def test_explain_names_the_candidate():
     assert ex.request.op == old.request.op and old.chosen is None
 
 
+def test_long_rows_take_the_quant_rule():
+    """Rows of a whole block: about two packs per thread, persistent; shorter rows keep RMSNorm's config."""
+    dev = DeviceInfo.for_arch("sm_90")
+    cand = C.RmsNormQuantRows()
+    for n, tpr in ((2048, 128), (4096, 256), (7168, 448), (8192, 512)):
+        assert cand.config(C.quant_request("bf16", "bf16", n, 8, 128, False, dev)) == G.RowsConfig(tpr, 1, 1)
+    short = cand.config(C.quant_request("bf16", "bf16", 256, 8, 128, False, dev))
+    assert short.opt & 1 == 0
+
+
 def _variants():
     for arch in ("sm_89", "sm_90"):
         dev = DeviceInfo.for_arch(arch)
