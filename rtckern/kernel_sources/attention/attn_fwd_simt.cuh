@@ -10,13 +10,7 @@
 // (attention/varlen.cuh); 0 (the default) compiles to the same binary as without it.
 #pragma once
 #include "common/dtypes.cuh"
-
-#ifndef RTK_ATTN_VARLEN
-#define RTK_ATTN_VARLEN 0
-#endif
-#if RTK_ATTN_VARLEN
 #include "attention/varlen.cuh"
-#endif
 
 namespace rtk_attn {
 
@@ -57,26 +51,22 @@ __global__ void __launch_bounds__(128)
   const long long hk = hq / (heads_q / heads_kv);
 #if RTK_ATTN_VARLEN
   const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const seq_at at{seq.q0, seq.k0};
   const int sq = seq.sq, sk = seq.sk;
   const int m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * BM;
   if (m0 >= sq) return;  // past this sequence's queries: the whole block leaves before any barrier
 #else
+  const seq_at at{b};
   const int sq = static_cast<int>(seqlen_q), sk = static_cast<int>(seqlen_k);
   const int m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * BM;
 #endif
   const int diag = sk - sq;
   const int row = m0 + r;
-  const int n_end = CAUSAL ? max(0, min(sk, m0 + BM + diag)) : sk;
+  const int n_end = key_end<BM, CAUSAL>(m0, sk, diag);
 
-#if RTK_ATTN_VARLEN
-  const T* gQ = q + seq.q0 * q_rs + hq * q_hs;
-  const T* gK = k + seq.k0 * k_rs + hk * k_hs;
-  const T* gV = v + seq.k0 * v_rs + hk * v_hs;
-#else
-  const T* gQ = q + b * q_bs + hq * q_hs;
-  const T* gK = k + b * k_bs + hk * k_hs;
-  const T* gV = v + b * v_bs + hk * v_hs;
-#endif
+  const T* gQ = q + at.q_off(q_bs, q_rs) + hq * q_hs;
+  const T* gK = k + at.k_off(k_bs, k_rs) + hk * k_hs;
+  const T* gV = v + at.k_off(v_bs, v_rs) + hk * v_hs;
   const T zero = rtk_from_float<T>(0.f);
 
   for (int i = tid; i < BM * HD; i += 128) {
@@ -141,19 +131,11 @@ __global__ void __launch_bounds__(128)
   l_run += rtk_shfl_xor(l_run, 2);
   if (row < sq) {
     const float inv = l_run > 0.f ? 1.f / l_run : 0.f;
-#if RTK_ATTN_VARLEN
-    T* gO = o + seq.q0 * o_rs + hq * o_hs + (long long)row * o_rs;
-#else
-    T* gO = o + b * o_bs + hq * o_hs + (long long)row * o_rs;
-#endif
+    T* gO = o + at.q_off(o_bs, o_rs) + hq * o_hs + (long long)row * o_rs;
 #pragma unroll
     for (int i = 0; i < DPT; ++i) gO[4 * i + qd] = rtk_from_float<T>(acc[i] * inv);
     if (lse != nullptr && qd == 0)
-#if RTK_ATTN_VARLEN
-      lse[hq * seqlen_q + seq.q0 + row] =  // (heads_q, total_q)
-#else
-      lse[(b * heads_q + hq) * seqlen_q + row] =
-#endif
+      lse[at.lse_off(hq, heads_q, seqlen_q) + row] =
           l_run > 0.f ? (m_run * scale_log2 + log2f(l_run)) * 0.6931471805599453f : kNegInf;
   }
 }

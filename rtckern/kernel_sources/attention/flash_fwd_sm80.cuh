@@ -23,13 +23,7 @@
 // parameters follow the scale: cu_seqlens_q, cu_seqlens_k. lse is then (heads_q, total_q).
 #pragma once
 #include "attention/sm80_primitives.cuh"
-
-#ifndef RTK_ATTN_VARLEN
-#define RTK_ATTN_VARLEN 0
-#endif
-#if RTK_ATTN_VARLEN
 #include "attention/varlen.cuh"
-#endif
 
 namespace rtk_attn {
 
@@ -92,31 +86,24 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const long long hk = hq / (heads_q / heads_kv);
 #if RTK_ATTN_VARLEN
   const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const seq_at at{seq.q0, seq.k0};
   const int sq = seq.sq;
   const int sk = seq.sk;
   const int m0 = static_cast<int>(m_block) * BM;
   if (m0 >= sq) return;  // past this sequence's queries (the grid covers the longest one): the whole block leaves
 #else
+  const seq_at at{b};
   // Sequence lengths fit in int (the host checks); block-local index math stays 32-bit to save registers.
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
   const int m0 = static_cast<int>(m_block) * BM;
 #endif
   const int diag = sk - sq;
+  const int n_blocks = (key_end<BM, CAUSAL>(m0, sk, diag) + BN - 1) / BN;
 
-  int n_end = sk;
-  if (CAUSAL) n_end = max(0, min(sk, m0 + BM + diag));
-  const int n_blocks = (n_end + BN - 1) / BN;
-
-#if RTK_ATTN_VARLEN
-  const T* gQ = q + seq.q0 * q_rs + hq * q_hs;
-  const T* gK = k + seq.k0 * k_rs + hk * k_hs;
-  const T* gV = v + seq.k0 * v_rs + hk * v_hs;
-#else
-  const T* gQ = q + b * q_bs + hq * q_hs;
-  const T* gK = k + b * k_bs + hk * k_hs;
-  const T* gV = v + b * v_bs + hk * v_hs;
-#endif
+  const T* gQ = q + at.q_off(q_bs, q_rs) + hq * q_hs;
+  const T* gK = k + at.k_off(k_bs, k_rs) + hk * k_hs;
+  const T* gV = v + at.k_off(v_bs, v_rs) + hk * v_hs;
 
   load_tile_async<BM, HD, NT>(sQ, gQ, q_rs, m0, sq, tid);
   cp_async_commit();
@@ -304,19 +291,11 @@ __global__ void __launch_bounds__(NWARPS * 32)
       const int row = m0 + r_local;
       if (lse != nullptr && t == 0 && row < sq) {
         const float val = sum > 0.f ? (row_max[mt][h] * scale_log2 + __log2f(sum)) * kLn2 : kNegInf;
-#if RTK_ATTN_VARLEN
-        lse[hq * seqlen_q + seq.q0 + row] = val;  // (heads_q, total_q)
-#else
-        lse[(b * heads_q + hq) * seqlen_q + row] = val;
-#endif
+        lse[at.lse_off(hq, heads_q, seqlen_q) + row] = val;
       }
     }
   __syncwarp();
-#if RTK_ATTN_VARLEN
-  T* gO = o + seq.q0 * o_rs + hq * o_hs;
-#else
-  T* gO = o + b * o_bs + hq * o_hs;
-#endif
+  T* gO = o + at.q_off(o_bs, o_rs) + hq * o_hs;
 #pragma unroll
   for (int it = 0; it < (MT * 16 * CPR + 31) / 32; ++it) {
     const int idx = it * 32 + lane;

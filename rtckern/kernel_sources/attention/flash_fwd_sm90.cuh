@@ -18,13 +18,7 @@
 #pragma once
 #include "attention/sm80_primitives.cuh"
 #include "attention/sm90_fwd_parts.cuh"
-
-#ifndef RTK_ATTN_VARLEN
-#define RTK_ATTN_VARLEN 0
-#endif
-#if RTK_ATTN_VARLEN
 #include "attention/varlen.cuh"
-#endif
 
 namespace rtk_attn {
 
@@ -49,12 +43,9 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = 64 * NWG;
   constexpr int NT = NWG * 128;
-  constexpr int NS = BN / 2;  // S accumulators per thread (64 x BN per warpgroup)
-  constexpr int NO = HD / 2;  // O accumulators per thread (64 x HD per warpgroup)
   static_assert(HD % 64 == 0 && HD <= 256, "head dim: whole 64-element swizzle blocks, wgmma N <= 256");
   static_assert(BN % 16 == 0 && BN <= 256, "key tile");
   using L = flash_sm90_smem<HD, BN, NWG>;
-  const float kNegInf = __int_as_float(0xff800000);
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024 B alignment
@@ -77,28 +68,23 @@ __global__ void __launch_bounds__(NWG * 128, 1)
   const long long hk = hq / (heads_q / heads_kv);
 #if RTK_ATTN_VARLEN
   const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const seq_at at{seq.q0, seq.k0};
   const int sq = seq.sq;
   const int sk = seq.sk;
   const int m0 = static_cast<int>(m_block) * BM;
   if (m0 >= sq) return;  // past this sequence's queries: the whole block leaves before any barrier
 #else
+  const seq_at at{b};
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
   const int m0 = static_cast<int>(m_block) * BM;
 #endif
   const int diag = sk - sq;
-  const int n_end = CAUSAL ? max(0, min(sk, m0 + BM + diag)) : sk;
-  const int n_blocks = (n_end + BN - 1) / BN;
+  const int n_blocks = (key_end<BM, CAUSAL>(m0, sk, diag) + BN - 1) / BN;
 
-#if RTK_ATTN_VARLEN
-  const T* gQ = q + seq.q0 * q_rs + hq * q_hs;
-  const T* gK = k + seq.k0 * k_rs + hk * k_hs;
-  const T* gV = v + seq.k0 * v_rs + hk * v_hs;
-#else
-  const T* gQ = q + b * q_bs + hq * q_hs;
-  const T* gK = k + b * k_bs + hk * k_hs;
-  const T* gV = v + b * v_bs + hk * v_hs;
-#endif
+  const T* gQ = q + at.q_off(q_bs, q_rs) + hq * q_hs;
+  const T* gK = k + at.k_off(k_bs, k_rs) + hk * k_hs;
+  const T* gV = v + at.k_off(v_bs, v_rs) + hk * v_hs;
 
   load_tile_sw128<BM, HD, NT>(sQ, gQ, q_rs, m0, sq, tid);
   if (n_blocks > 0) {
@@ -107,26 +93,11 @@ __global__ void __launch_bounds__(NWG * 128, 1)
   }
   cp_async_commit();
 
-  float s[NS];
-  float acc_o[NO];
-#pragma unroll
-  for (int i = 0; i < NS; ++i) s[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < NO; ++i) acc_o[i] = 0.f;
+  float s[BN / 2], acc_o[HD / 2], row_max[2], row_sum[2], alpha[2];
   unsigned p[BN / 16][4];
-  float row_max[2] = {kNegInf, kNegInf};
-  float row_sum[2] = {0.f, 0.f};
-  float alpha[2] = {1.f, 1.f};
-
   const unsigned sQ_wg = sQ + wg * 64 * 128;  // this warpgroup's 64 rows within column block 0
-
-  // The steps of sm90_fwd_parts.cuh on this warpgroup's rows.
-  auto issue_qk = [&](int kbuf) { sm90_issue_qk<T, HD, BN, BM>(s, sQ_wg, sK + kbuf * L::kv_bytes); };
-  auto issue_pv = [&](int vbuf) { sm90_issue_pv<T, HD, BN>(acc_o, p, sV + vbuf * L::kv_bytes); };
-  auto softmax = [&](int nb) {
-    sm90_online_softmax<BN, CAUSAL>(s, row_max, row_sum, alpha, nb * BN, m0, row_in_tile, t, sk, diag, scale_log2);
-  };
-  auto rescale_and_pack = [&]() { sm90_rescale_and_pack<T, HD, BN>(acc_o, p, s, alpha); };
+  sm90_fwd_consumer<T, HD, BN, BM, CAUSAL> c(s, acc_o, p, row_max, row_sum, alpha, sQ_wg, sK, sV, m0, row_in_tile, t,
+                                            sk, diag, scale_log2);
 
   if (n_blocks > 0) {
     cp_async_wait<0>();
@@ -139,12 +110,12 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     cp_async_commit();
     pin_regs(s);
     wgmma_fence();
-    issue_qk(0);
+    c.issue_qk(0);
     wgmma_commit();
     wgmma_wait<0>();
     pin_regs(s);
-    softmax(0);
-    rescale_and_pack();
+    c.softmax(0);
+    c.rescale_and_pack();
   }
   for (int nb = 1; nb < n_blocks; ++nb) {
     cp_async_wait<0>();  // K_nb, V_nb landed
@@ -159,23 +130,23 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     pin_regs(acc_o);
     pin_regs(p);
     wgmma_fence();
-    issue_qk(nb & 1);
+    c.issue_qk(nb & 1);
     wgmma_commit();
-    issue_pv((nb - 1) % 3);
+    c.issue_pv((nb - 1) % 3);
     wgmma_commit();
     wgmma_wait<1>();  // S_nb done; P_{nb-1} V_{nb-1} may still run
     pin_regs(s);
-    softmax(nb);
+    c.softmax(nb);
     wgmma_wait<0>();
     pin_regs(acc_o);
     pin_regs(p);
-    rescale_and_pack();
+    c.rescale_and_pack();
   }
   if (n_blocks > 0) {
     pin_regs(acc_o);
     pin_regs(p);
     wgmma_fence();
-    issue_pv((n_blocks - 1) % 3);
+    c.issue_pv((n_blocks - 1) % 3);
     wgmma_commit();
     wgmma_wait<0>();
     pin_regs(acc_o);
@@ -184,19 +155,9 @@ __global__ void __launch_bounds__(NWG * 128, 1)
   // ---- epilogue: normalize, stage each warp's 16 rows in its own part of sQ (swizzled), 16-byte stores ----
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup's wgmma reads of sQ are complete
-#if RTK_ATTN_VARLEN
-  auto lse_index = [&](int row) { return hq * seqlen_q + seq.q0 + row; };  // (heads_q, total_q)
-#else
-  auto lse_index = [&](int row) { return (b * heads_q + hq) * seqlen_q + row; };
-#endif
-  sm90_stage_o<T, HD, BM>(smem, acc_o, row_sum, row_max, lse, lse_index, row_in_tile, m0, sq, t, scale_log2);
+  c.stage_o(smem, lse, [&](int row) { return at.lse_off(hq, heads_q, seqlen_q) + row; }, sq);
   __syncwarp();
-#if RTK_ATTN_VARLEN
-  const long long o_head = seq.q0 * o_rs + hq * o_hs;
-#else
-  const long long o_head = b * o_bs + hq * o_hs;
-#endif
-  sm90_store_o<T, HD, BM>(o, o_head, o_rs, smem, wg * 64 + (warp & 3) * 16, m0, sq, lane);
+  c.store_o(o, at.q_off(o_bs, o_rs) + hq * o_hs, o_rs, smem, wg * 64 + (warp & 3) * 16, sq, lane);
 #endif
 }
 

@@ -18,13 +18,7 @@
 // P is 0, but 0 * inf or nan would not be).
 #pragma once
 #include "attention/sm90_fwd_parts.cuh"
-
-#ifndef RTK_ATTN_VARLEN
-#define RTK_ATTN_VARLEN 0
-#endif
-#if RTK_ATTN_VARLEN
 #include "attention/varlen.cuh"
-#endif
 
 namespace rtk_attn {
 
@@ -60,15 +54,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = 64 * NWG;
   constexpr int NC = NWG * 128;  // consumer threads
-  constexpr int NS = BN / 2;
-  constexpr int NO = HD / 2;
   static_assert(HD % 64 == 0 && HD <= 256 && BN % 16 == 0 && BN <= 256, "tile shape");
   static_assert(!PINGPONG || NWG == 2, "ping-pong schedules exactly two consumer warpgroups");
   using L = flash_sm90_ws_smem<HD, BN, NWG, KS, VS>;
   // Register split (multiples of 8; the 64K register file over (NWG + 1) warpgroups): producer 24, consumers the
   // rest. With one consumer warpgroup the entry cap (255) already suffices and setmaxnreg is left out.
   constexpr int kConsumerRegs = NWG == 2 ? 240 : NWG == 3 ? 160 : 0;
-  const float kNegInf = __int_as_float(0xff800000);
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -93,19 +84,20 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   const int hk = static_cast<int>(hq / (heads_q / heads_kv));
 #if RTK_ATTN_VARLEN
   const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const seq_at at{seq.q0, seq.k0};
   const int sq = seq.sq;
   const int sk = seq.sk;
   const int m0 = static_cast<int>(m_block) * BM;
   if (m0 >= sq) return;  // past this sequence's queries: the whole block leaves before the mbarriers exist
   const int kv_row0 = static_cast<int>(seq.k0);  // the sequence's first row in the tensor maps
 #else
+  const seq_at at{b};
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
   const int m0 = static_cast<int>(m_block) * BM;
 #endif
   const int diag = sk - sq;
-  const int n_end = CAUSAL ? max(0, min(sk, m0 + BM + diag)) : sk;
-  const int n_blocks = (n_end + BN - 1) / BN;
+  const int n_blocks = (key_end<BM, CAUSAL>(m0, sk, diag) + BN - 1) / BN;
 
   if (tid == 0) {
     for (int s = 0; s < KS; ++s) {
@@ -154,11 +146,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     const int t = lane & 3;
     const int row_in_tile = cw * 64 + (warp & 3) * 16 + g;
 
-#if RTK_ATTN_VARLEN
-    const T* gQ = q + seq.q0 * q_rs + hq * q_hs;
-#else
-    const T* gQ = q + b * q_bs + hq * q_hs;
-#endif
+    const T* gQ = q + at.q_off(q_bs, q_rs) + hq * q_hs;
     load_tile_sw128<BM, HD, NC>(sQ, gQ, q_rs, m0, sq, ctid);
     cp_async_commit();
     cp_async_wait<0>();
@@ -184,39 +172,25 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       if (cw == 1 && n_blocks > 0) asm volatile("bar.arrive %0, %1;\n" ::"r"(4), "r"(2 * 128) : "memory");
     }
 
-    float s[NS];
-    float acc_o[NO];
-#pragma unroll
-    for (int i = 0; i < NS; ++i) s[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < NO; ++i) acc_o[i] = 0.f;
+    float s[BN / 2], acc_o[HD / 2], row_max[2], row_sum[2], alpha[2];
     unsigned p[BN / 16][4];
-    float row_max[2] = {kNegInf, kNegInf};
-    float row_sum[2] = {0.f, 0.f};
-    float alpha[2] = {1.f, 1.f};
     const unsigned sQ_wg = sQ + cw * 64 * 128;
-
-    // The steps of sm90_fwd_parts.cuh on this warpgroup's rows.
-    auto issue_qk = [&](int kbuf) { sm90_issue_qk<T, HD, BN, BM>(s, sQ_wg, sK + kbuf * L::kv_bytes); };
-    auto issue_pv = [&](int vbuf) { sm90_issue_pv<T, HD, BN>(acc_o, p, sV + vbuf * L::kv_bytes); };
-    auto softmax = [&](int nb) {
-      sm90_online_softmax<BN, CAUSAL>(s, row_max, row_sum, alpha, nb * BN, m0, row_in_tile, t, sk, diag, scale_log2);
-    };
-    auto rescale_and_pack = [&]() { sm90_rescale_and_pack<T, HD, BN>(acc_o, p, s, alpha); };
+    sm90_fwd_consumer<T, HD, BN, BM, CAUSAL> c(s, acc_o, p, row_max, row_sum, alpha, sQ_wg, sK, sV, m0, row_in_tile,
+                                              t, sk, diag, scale_log2);
 
     if (n_blocks > 0) {
       mbar_wait(full_k(0), 0);
       pin_regs(s);
       take_turn();
       wgmma_fence();
-      issue_qk(0);
+      c.issue_qk(0);
       wgmma_commit();
       pass_turn();
       wgmma_wait<0>();
       pin_regs(s);
       mbar_arrive(empty_k(0));
-      softmax(0);
-      rescale_and_pack();
+      c.softmax(0);
+      c.rescale_and_pack();
     }
     for (int nb = 1; nb < n_blocks; ++nb) {
       const int kbuf = nb % KS, vbuf = (nb - 1) % VS;
@@ -227,20 +201,20 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       pin_regs(p);
       take_turn();
       wgmma_fence();
-      issue_qk(kbuf);
+      c.issue_qk(kbuf);
       wgmma_commit();
-      issue_pv(vbuf);
+      c.issue_pv(vbuf);
       wgmma_commit();
       pass_turn();
       wgmma_wait<1>();  // S_nb done; P_{nb-1} V_{nb-1} may still run
       pin_regs(s);
       mbar_arrive(empty_k(kbuf));
-      softmax(nb);
+      c.softmax(nb);
       wgmma_wait<0>();
       pin_regs(acc_o);
       pin_regs(p);
       mbar_arrive(empty_v(vbuf));
-      rescale_and_pack();
+      c.rescale_and_pack();
     }
     if (n_blocks > 0) {
       const int vbuf = (n_blocks - 1) % VS;
@@ -259,7 +233,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       pin_regs(p);
       take_turn();
       wgmma_fence();
-      issue_pv(vbuf);
+      c.issue_pv(vbuf);
       wgmma_commit();
       pass_turn();
       wgmma_wait<0>();
@@ -269,19 +243,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 
     // ---- epilogue: each warpgroup stages its own 64 rows in sQ (its wgmma reads of them are complete) ----
     named_barrier(2 + cw, 128);
-#if RTK_ATTN_VARLEN
-    auto lse_index = [&](int row) { return hq * seqlen_q + seq.q0 + row; };  // (heads_q, total_q)
-#else
-    auto lse_index = [&](int row) { return (b * heads_q + hq) * seqlen_q + row; };
-#endif
-    sm90_stage_o<T, HD, BM>(smem, acc_o, row_sum, row_max, lse, lse_index, row_in_tile, m0, sq, t, scale_log2);
+    c.stage_o(smem, lse, [&](int row) { return at.lse_off(hq, heads_q, seqlen_q) + row; }, sq);
     __syncwarp();
-#if RTK_ATTN_VARLEN
-    const long long o_head = seq.q0 * o_rs + hq * o_hs;
-#else
-    const long long o_head = b * o_bs + hq * o_hs;
-#endif
-    sm90_store_o<T, HD, BM>(o, o_head, o_rs, smem, cw * 64 + (warp & 3) * 16, m0, sq, lane);
+    c.store_o(o, at.q_off(o_bs, o_rs) + hq * o_hs, o_rs, smem, cw * 64 + (warp & 3) * 16, sq, lane);
   }
 #endif
 }

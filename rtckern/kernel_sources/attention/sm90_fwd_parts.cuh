@@ -125,6 +125,58 @@ RTK_DEVICE void sm90_store_o(T* o, long long o_head, long long o_rs, const unsig
           *reinterpret_cast<const uint4*>(smem + sw128_offset<BM>(warp_row0 + r, c));
   }
 }
+
+// One consumer warpgroup's steps in either kernel, bound to its state: the kernel's accumulator arrays (S, then P
+// in fp32; O; P packed for the next P V wgmma; this thread's two rows' running max, sum and O rescale), which the
+// constructor sets up for the first key tile; the K / V rings from sK / sV (stages of BN x HD); its rows (sQ_wg: its
+// 64 rows within column block 0 of the Q tile; m0, row_in_tile, quad lane t; sk keys, diagonal diag). The kernels
+// differ only in how they feed the rings and order the steps. Every member is a reference, as the captures of the
+// per-kernel lambdas it replaces were: the arrays stay the kernel's own (pinned around each wgmma), and the binaries
+// are byte for byte what they were (holding the scalars by value, or taking stage addresses, changes them).
+template <typename T, int HD, int BN, int BM, bool CAUSAL>
+struct sm90_fwd_consumer {
+  float (&s)[BN / 2];
+  float (&acc_o)[HD / 2];
+  unsigned (&p)[BN / 16][4];
+  float (&row_max)[2];
+  float (&row_sum)[2];
+  float (&alpha)[2];
+  const unsigned &sQ_wg, &sK, &sV;
+  const int &m0, &row_in_tile, &t, &sk, &diag;
+  const float& scale_log2;
+
+  RTK_DEVICE sm90_fwd_consumer(float (&s_)[BN / 2], float (&acc_o_)[HD / 2], unsigned (&p_)[BN / 16][4],
+                               float (&row_max_)[2], float (&row_sum_)[2], float (&alpha_)[2],
+                               const unsigned& sQ_wg_, const unsigned& sK_, const unsigned& sV_, const int& m0_,
+                               const int& row_in_tile_, const int& t_, const int& sk_, const int& diag_,
+                               const float& scale_log2_)
+      : s(s_), acc_o(acc_o_), p(p_), row_max(row_max_), row_sum(row_sum_), alpha(alpha_), sQ_wg(sQ_wg_), sK(sK_),
+        sV(sV_), m0(m0_), row_in_tile(row_in_tile_), t(t_), sk(sk_), diag(diag_), scale_log2(scale_log2_) {
+    const float kNegInf = __int_as_float(0xff800000);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) acc_o[i] = 0.f;
+    row_max[0] = row_max[1] = kNegInf;
+    row_sum[0] = row_sum[1] = 0.f;
+    alpha[0] = alpha[1] = 1.f;
+  }
+  RTK_DEVICE void issue_qk(int kbuf) { sm90_issue_qk<T, HD, BN, BM>(s, sQ_wg, sK + kbuf * (BN * HD * 2)); }
+  RTK_DEVICE void issue_pv(int vbuf) { sm90_issue_pv<T, HD, BN>(acc_o, p, sV + vbuf * (BN * HD * 2)); }
+  RTK_DEVICE void softmax(int nb) {
+    sm90_online_softmax<BN, CAUSAL>(s, row_max, row_sum, alpha, nb * BN, m0, row_in_tile, t, sk, diag, scale_log2);
+  }
+  RTK_DEVICE void rescale_and_pack() { sm90_rescale_and_pack<T, HD, BN>(acc_o, p, s, alpha); }
+  // The epilogue's two halves (the warp syncs between them).
+  template <typename LseIndex>
+  RTK_DEVICE void stage_o(unsigned char* smem, float* lse, const LseIndex& lse_index, int sq) {
+    sm90_stage_o<T, HD, BM>(smem, acc_o, row_sum, row_max, lse, lse_index, row_in_tile, m0, sq, t, scale_log2);
+  }
+  RTK_DEVICE void store_o(T* o, long long o_head, long long o_rs, const unsigned char* smem, int warp_row0, int sq,
+                          int lane) {
+    sm90_store_o<T, HD, BM>(o, o_head, o_rs, smem, warp_row0, m0, sq, lane);
+  }
+};
 #endif
 
 }  // namespace rtk_attn

@@ -8,8 +8,16 @@
 // block whose query tile starts at or past the end of its own sequence returns at once. Everything else (tiles,
 // masks of partial tiles, bottom-right causal) runs on the sequence's own lengths. Prefix sums that decrease give a
 // negative length, which reads nothing and writes nothing (no fault), never a meaningful result.
+//
+// The forward kernels include this file in both builds (the sm80 / sm90 backward kernels through flash_fwd_sm80.cuh):
+// it sets the define's default (0, the dense kernels), and seq_at addresses the block's sequence in either build, so
+// that a kernel needs no #if per tensor it indexes.
 #pragma once
 #include "common/portability.cuh"
+
+#ifndef RTK_ATTN_VARLEN
+#define RTK_ATTN_VARLEN 0
+#endif
 
 namespace rtk_attn {
 
@@ -27,6 +35,34 @@ RTK_DEVICE varlen_seq varlen_lookup(const int* __restrict__ cu_seqlens_q, const 
   s.sq = cu_seqlens_q[b + 1] - q0;
   s.sk = cu_seqlens_k[b + 1] - k0;
   return s;
+}
+
+// The block's sequence b: dense, batch entry b; RTK_ATTN_VARLEN=1, the packed sequence whose first rows q0, k0 a kernel
+// takes from varlen_lookup. q_off / k_off: the element offset of its first row in q or o / in k or v (batch stride bs,
+// row stride rs: each build reads one of them); lse_off: that of head h's first entry in lse or any (heads_q,
+// seqlen_q)-per-sequence array (dense (batch, heads, seqlen_q), varlen (heads, total_q)). Force-inlined, the same
+// expressions as the kernels' former #if branches: the binaries did not change.
+struct seq_at {
+#if RTK_ATTN_VARLEN
+  long long q0, k0;
+  RTK_DEVICE long long q_off(long long, long long rs) const { return q0 * rs; }
+  RTK_DEVICE long long k_off(long long, long long rs) const { return k0 * rs; }
+  RTK_DEVICE long long lse_off(long long h, long long, long long total_q) const { return h * total_q + q0; }
+#else
+  long long b;
+  RTK_DEVICE long long q_off(long long bs, long long) const { return b * bs; }
+  RTK_DEVICE long long k_off(long long bs, long long) const { return b * bs; }
+  RTK_DEVICE long long lse_off(long long h, long long heads, long long seqlen_q) const {
+    return (b * heads + h) * seqlen_q;
+  }
+#endif
+};
+
+// The keys [0, key_end) that a tile of BM query rows from m0 sees: all sk, or with CAUSAL those up to its last row's
+// bottom-right diagonal (key j visible to query i iff j <= i + diag, diag = sk - sq); every forward kernel's key loop.
+template <int BM, bool CAUSAL>
+RTK_DEVICE int key_end(int m0, int sk, int diag) {
+  return CAUSAL ? max(0, min(sk, m0 + BM + diag)) : sk;
 }
 
 }  // namespace rtk_attn
