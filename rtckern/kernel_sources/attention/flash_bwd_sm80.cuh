@@ -104,6 +104,45 @@ RTK_DEVICE void red_add_f32x2(float* dst, float x, float y) {
 #endif
 }
 
+// The steps of key block n0.. in both backward kernels: the query blocks that see it, m_begin .. m_blocks - 1 (key n0
+// is visible to query r iff r >= n0 - diag; nm of them, none when the causal start is past the end), for each of the
+// `group` q heads the block walks, q head outer: step it is q head head(it) of the group and query block
+// block(it, head(it)).
+template <int BM, bool CAUSAL>
+struct bwd_steps {
+  int m_blocks, m_begin, nm, n_iter;
+  RTK_DEVICE bwd_steps(int sq, int n0, int diag, int group)
+      : m_blocks((sq + BM - 1) / BM), m_begin(CAUSAL ? max(0, n0 - diag) / BM : 0), nm(max(0, m_blocks - m_begin)),
+        n_iter(group * nm) {}
+  RTK_DEVICE int head(int it) const { return it / nm; }
+  RTK_DEVICE int block(int it, int head) const { return m_begin + it - head * nm; }
+};
+
+// The block's sequence in the workspace of attn_bwd_rows.cuh, in both builds as seq_at is in q, k, v: dense, batch
+// entry b (lse2 / dsum (batch, heads_q, rows), a counter per (batch, q head, query block)); RTK_ATTN_VARLEN=1, the
+// sequence's first padded row pad0 (32-bit, the host checks that the padded rows fit in int: fewer live registers;
+// (heads_q, rows) lse2 / dsum, a counter per BM padded rows). rows: seqlen_q_pad. row: the lse2 / dsum row of query
+// m0 of q head h; counter: the deterministic dQ counter of its query block m_block (of m_blocks).
+struct bwd_ws_at {
+#if RTK_ATTN_VARLEN
+  int pad0;
+  RTK_DEVICE long long row(long long h, long long, long long rows, int m0) const { return h * rows + pad0 + m0; }
+  template <int BM>
+  RTK_DEVICE int* counter(int* sem, long long h, long long, long long rows, int, int, int m0) const {
+    return sem + (h * rows + pad0 + m0) / BM;
+  }
+#else
+  long long b;
+  RTK_DEVICE long long row(long long h, long long heads, long long rows, int m0) const {
+    return (b * heads + h) * rows + m0;
+  }
+  template <int BM>
+  RTK_DEVICE int* counter(int* sem, long long h, long long heads, long long, int m_blocks, int m_block, int) const {
+    return sem + (b * heads + h) * m_blocks + m_block;
+  }
+#endif
+};
+
 // The dK / dV epilogue's stores (flash_bwd_sm80 and flash_bwd_sm90): the BN x CPR 16-byte chunks staged in shared
 // memory (row r, chunk c at src_k(r, c) / src_v(r, c)) to rows n0 + r < sk of dk / dv, from dk + seq_off +
 // head_off (seq_off: the batch's or, varlen, the sequence's first row), row stride dkv_rs; NT threads.
@@ -124,6 +163,32 @@ RTK_DEVICE void store_dkdv(T* dk, T* dv, long long seq_off, long long head_off, 
         *reinterpret_cast<uint4*>(gdV + go) = *reinterpret_cast<const uint4*>(src_v(r, c));
       }
     }
+  }
+}
+
+// acc0 += a0 B0 and acc1 += a1 B1 over one 16-deep k-step ks, N n-tiles of 8 taken in pairs (one ldmatrix x4 per
+// pair and operand): B0, B1 from tiles of row stride SROW elements at the lane addresses b0 / b1 (ldsm_b_off, or
+// ldsm_bt_off with TRANS), stored [n][k] (pair j: rows 16 j.., columns 16 ks..) or, with TRANS, [k][n] read by
+// ldmatrix.trans (rows 16 ks.., columns 16 j..). flash_bwd_sm80's two paired products: S^T, dP^T (A: K, V rows; B:
+// Q, dO) and dV, dK (A: P^T, dS^T; B: dO, Q with .trans).
+template <typename T, bool TRANS, int SROW, int N>
+RTK_DEVICE void mma_pair_step(float (&acc0)[N][4], float (&acc1)[N][4], const unsigned (&a0)[4],
+                              const unsigned (&a1)[4], unsigned b0, unsigned b1, int ks) {
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) {
+    unsigned f0, f1, f2, f3;
+    if constexpr (TRANS)
+      ldsm_x4_trans(f0, f1, f2, f3, b0 + (ks * 16 * SROW + j * 16) * 2);
+    else
+      ldsm_x4(f0, f1, f2, f3, b0 + (j * 16 * SROW + ks * 16) * 2);
+    mma_16816<T>(acc0[2 * j], a0, f0, f1);
+    mma_16816<T>(acc0[2 * j + 1], a0, f2, f3);
+    if constexpr (TRANS)
+      ldsm_x4_trans(f0, f1, f2, f3, b1 + (ks * 16 * SROW + j * 16) * 2);
+    else
+      ldsm_x4(f0, f1, f2, f3, b1 + (j * 16 * SROW + ks * 16) * 2);
+    mma_16816<T>(acc1[2 * j], a1, f0, f1);
+    mma_16816<T>(acc1[2 * j + 1], a1, f2, f3);
   }
 }
 
@@ -200,53 +265,36 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const long long b = blockIdx.z;
 #if RTK_ATTN_VARLEN
   const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const seq_at at{seq.q0, seq.k0};
   const int sq = seq.sq;
   const int sk = seq.sk;
   const int group = static_cast<int>(heads_q / heads_kv);
   const int n0 = n_block * BN;
   if (n0 >= sk) return;  // past this sequence's keys (the grid covers the longest one): the whole block leaves
-  // 32-bit row offsets (the host checks that the totals and the padded rows fit in int): fewer live registers.
-  const int q0 = static_cast<int>(seq.q0);
-  const int k0 = static_cast<int>(seq.k0);
-  const int pad0 = static_cast<int>(varlen_pad_row0(seq.q0, b));  // the sequence's first padded lse2 / dsum row
+  const bwd_ws_at ws{static_cast<int>(varlen_pad_row0(seq.q0, b))};
 #else
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
   const int group = static_cast<int>(heads_q / heads_kv);
   const int n0 = n_block * BN;
+  const seq_at at{b};
+  const bwd_ws_at ws{b};
 #endif
   const int diag = sk - sq;
 
-  // Query blocks that see key block j: key n0 is visible to query r iff r >= n0 - diag.
-  const int m_blocks = (sq + BM - 1) / BM;
-  const int m_begin = CAUSAL ? max(0, n0 - diag) / BM : 0;
-  const int nm = max(0, m_blocks - m_begin);
-  const int n_iter = group * nm;  // (q head, query block) steps, q head outer
+  const bwd_steps<BM, CAUSAL> st(sq, n0, diag, group);
 
-#if RTK_ATTN_VARLEN
-  const T* gK = k + static_cast<long long>(k0) * k_rs + hk * k_hs;
-  const T* gV = v + static_cast<long long>(k0) * v_rs + hk * v_hs;
-#else
-  const T* gK = k + b * k_bs + hk * k_hs;
-  const T* gV = v + b * v_bs + hk * v_hs;
-#endif
+  const T* gK = k + at.k_off(k_bs, k_rs) + hk * k_hs;
+  const T* gV = v + at.k_off(v_bs, v_rs) + hk * v_hs;
 
   auto load_step = [&](int it, int buf) {
-    const int hq_local = it / nm;
+    const int hq_local = st.head(it);
     const long long h = hk * group + hq_local;
-    const int m0 = (m_begin + it - hq_local * nm) * BM;
-#if RTK_ATTN_VARLEN
-    load_tile_async<BM, HD, NT>(sQ + buf * BM * SROW, q + static_cast<long long>(q0) * q_rs + h * q_hs, q_rs, m0, sq,
-                                tid);
-    load_tile_async<BM, HD, NT>(sdO + buf * BM * SROW, dout + static_cast<long long>(q0) * do_rs + h * do_hs, do_rs,
-                                m0, sq, tid);
-    const long long row_base = h * seqlen_q_pad + pad0 + m0;  // padded per sequence: whole 16-byte chunks
-#else
-    load_tile_async<BM, HD, NT>(sQ + buf * BM * SROW, q + b * q_bs + h * q_hs, q_rs, m0, sq, tid);
-    load_tile_async<BM, HD, NT>(sdO + buf * BM * SROW, dout + b * do_bs + h * do_hs, do_rs, m0, sq, tid);
-    // lse2 / dsum rows are padded to a multiple of BM: whole 16-byte chunks, no bounds.
-    const long long row_base = (b * heads_q + h) * seqlen_q_pad + m0;
-#endif
+    const int m0 = st.block(it, hq_local) * BM;
+    load_tile_async<BM, HD, NT>(sQ + buf * BM * SROW, q + at.q_off(q_bs, q_rs) + h * q_hs, q_rs, m0, sq, tid);
+    load_tile_async<BM, HD, NT>(sdO + buf * BM * SROW, dout + at.q_off(do_bs, do_rs) + h * do_hs, do_rs, m0, sq, tid);
+    // lse2 / dsum rows are padded to a multiple of BM (per sequence, varlen): whole 16-byte chunks, no bounds.
+    const long long row_base = ws.row(h, heads_q, seqlen_q_pad, m0);
     if (tid < BM / 4) {
       cp_async_16(smem_addr(sLse + buf * BM + tid * 4), lse2 + row_base + tid * 4, true);
     } else if (tid < BM / 2) {
@@ -262,7 +310,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
   } else {
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < n_iter) load_step(s, s);
+      if (s < st.n_iter) load_step(s, s);
       cp_async_commit();  // always commit (K, V ride in the first group), so group counting stays uniform
     }
   }
@@ -282,7 +330,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const unsigned sdS_at =
       smem_addr(sdS + dq_wm * DQ_MT * 16 + ldsm_b_off<PROW>(lane));  // dS^T as A of dS K (.trans)
 
-  for (int it = 0; it < n_iter; ++it) {
+  for (int it = 0; it < st.n_iter; ++it) {
     int buf;
     if constexpr (STAGES == 1) {
       buf = 0;
@@ -296,12 +344,12 @@ __global__ void __launch_bounds__(NWARPS * 32)
       cp_async_wait<STAGES - 2>();
       __syncthreads();  // step it visible to all; every warp is done with the buffer refilled next and with dS
       const int pf = it + STAGES - 1;
-      if (pf < n_iter) load_step(pf, pf % STAGES);
+      if (pf < st.n_iter) load_step(pf, pf % STAGES);
       cp_async_commit();
     }
-    const int hq_local = it / nm;
+    const int hq_local = st.head(it);
     const long long h = hk * group + hq_local;
-    const int m_block = m_begin + it - hq_local * nm;
+    const int m_block = st.block(it, hq_local);
     const int m0 = m_block * BM;
     const T* sQb = sQ + buf * BM * SROW;
     const T* sdOb = sdO + buf * BM * SROW;
@@ -321,16 +369,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
         unsigned ka[4], va[4];
         ldsm_x4(ka[0], ka[1], ka[2], ka[3], sK_a + ks * 16 * 2);
         ldsm_x4(va[0], va[1], va[2], va[3], sV_a + ks * 16 * 2);
-#pragma unroll
-        for (int nt2 = 0; nt2 < NQT / 2; ++nt2) {
-          unsigned b0, b1, b2, b3;
-          ldsm_x4(b0, b1, b2, b3, sQ_b + (nt2 * 16 * SROW + ks * 16) * 2);
-          mma_16816<T>(s_acc[2 * nt2], ka, b0, b1);
-          mma_16816<T>(s_acc[2 * nt2 + 1], ka, b2, b3);
-          ldsm_x4(b0, b1, b2, b3, sdO_b + (nt2 * 16 * SROW + ks * 16) * 2);
-          mma_16816<T>(dp_acc[2 * nt2], va, b0, b1);
-          mma_16816<T>(dp_acc[2 * nt2 + 1], va, b2, b3);
-        }
+        mma_pair_step<T, false, SROW>(s_acc, dp_acc, ka, va, sQ_b, sdO_b, ks);
       }
     }
 
@@ -386,16 +425,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
         da[1] = pack2<T>(dp_acc[2 * kk][2], dp_acc[2 * kk][3]);
         da[2] = pack2<T>(dp_acc[2 * kk + 1][0], dp_acc[2 * kk + 1][1]);
         da[3] = pack2<T>(dp_acc[2 * kk + 1][2], dp_acc[2 * kk + 1][3]);
-#pragma unroll
-        for (int dt2 = 0; dt2 < NDT / 2; ++dt2) {
-          unsigned b0, b1, b2, b3;
-          ldsm_x4_trans(b0, b1, b2, b3, sdO_bt + (kk * 16 * SROW + dt2 * 16) * 2);
-          mma_16816<T>(acc_dv[2 * dt2], pa, b0, b1);
-          mma_16816<T>(acc_dv[2 * dt2 + 1], pa, b2, b3);
-          ldsm_x4_trans(b0, b1, b2, b3, sQ_bt + (kk * 16 * SROW + dt2 * 16) * 2);
-          mma_16816<T>(acc_dk[2 * dt2], da, b0, b1);
-          mma_16816<T>(acc_dk[2 * dt2 + 1], da, b2, b3);
-        }
+        mma_pair_step<T, true, SROW>(acc_dv, acc_dk, pa, da, sdO_bt, sQ_bt, kk);
       }
     }
     __syncthreads();  // dS^T (and P^T) complete in shared memory
@@ -411,16 +441,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
         unsigned pa[4], da[4];
         ldsm_x4(pa[0], pa[1], pa[2], pa[3], sP_a + kk * 16 * 2);
         ldsm_x4(da[0], da[1], da[2], da[3], sdS_a + kk * 16 * 2);
-#pragma unroll
-        for (int dt2 = 0; dt2 < NDT / 2; ++dt2) {
-          unsigned b0, b1, b2, b3;
-          ldsm_x4_trans(b0, b1, b2, b3, sdO_bt + (kk * 16 * SROW + dt2 * 16) * 2);
-          mma_16816<T>(acc_dv[2 * dt2], pa, b0, b1);
-          mma_16816<T>(acc_dv[2 * dt2 + 1], pa, b2, b3);
-          ldsm_x4_trans(b0, b1, b2, b3, sQ_bt + (kk * 16 * SROW + dt2 * 16) * 2);
-          mma_16816<T>(acc_dk[2 * dt2], da, b0, b1);
-          mma_16816<T>(acc_dk[2 * dt2 + 1], da, b2, b3);
-        }
+        mma_pair_step<T, true, SROW>(acc_dv, acc_dk, pa, da, sdO_bt, sQ_bt, kk);
       }
     }
 
@@ -452,19 +473,11 @@ __global__ void __launch_bounds__(NWARPS * 32)
 
     int* sem_i = nullptr;
     if (DETERMINISTIC) {
-#if RTK_ATTN_VARLEN
-      sem_i = sem + (h * seqlen_q_pad + pad0 + m0) / BM;  // one counter per BM padded rows
-#else
-      sem_i = sem + (b * heads_q + h) * m_blocks + m_block;
-#endif
+      sem_i = ws.counter<BM>(sem, h, heads_q, seqlen_q_pad, st.m_blocks, m_block, m0);
       wait_dq_turn(sem_i, n_block, tid);
     }
     {
-#if RTK_ATTN_VARLEN
-      float* gdq = dq_accum + (h * seqlen_q + q0) * HD;  // (heads_q, total_q, HD)
-#else
-      float* gdq = dq_accum + (b * heads_q + h) * seqlen_q * HD;
-#endif
+      float* gdq = dq_accum + at.lse_off(h, heads_q, seqlen_q) * HD;
 #pragma unroll
       for (int mt = 0; mt < DQ_MT; ++mt)
 #pragma unroll
@@ -493,12 +506,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
       *reinterpret_cast<unsigned*>(sV + off) = pack2<T>(acc_dv[dt][2 * hh], acc_dv[dt][2 * hh + 1]);
     }
   __syncthreads();
-#if RTK_ATTN_VARLEN
-  const long long dkv_seq = static_cast<long long>(k0) * dkv_rs;
-#else
-  const long long dkv_seq = b * dkv_bs;
-#endif
-  store_dkdv<BN, CPR, NT>(dk, dv, dkv_seq, hk * dkv_hs, dkv_rs, n0, sk, tid,
+  store_dkdv<BN, CPR, NT>(dk, dv, at.k_off(dkv_bs, dkv_rs), hk * dkv_hs, dkv_rs, n0, sk, tid,
                           [&](int r, int c) { return sK + r * SROW + c * 8; },
                           [&](int r, int c) { return sV + r * SROW + c * 8; });
 #endif

@@ -117,54 +117,37 @@ __global__ void __launch_bounds__(BN * 2, 1)
   const long long b = blockIdx.z;
 #if RTK_ATTN_VARLEN
   const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const seq_at at{seq.q0, seq.k0};
   const int sq = seq.sq;
   const int sk = seq.sk;
   const int group = static_cast<int>(heads_q / heads_kv) / splits;  // q heads this block walks
   const int n0 = n_block * BN;
   if (n0 >= sk) return;  // past this sequence's keys (the grid covers the longest one): the whole block leaves
-  // 32-bit row offsets (the host checks that the totals and the padded rows fit in int): fewer live registers.
-  const int q0 = static_cast<int>(seq.q0);
-  const int k0 = static_cast<int>(seq.k0);
-  const int pad0 = static_cast<int>(varlen_pad_row0(seq.q0, b));  // the sequence's first padded lse2 / dsum row
+  const bwd_ws_at ws{static_cast<int>(varlen_pad_row0(seq.q0, b))};
 #else
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
   const int group = static_cast<int>(heads_q / heads_kv) / splits;  // q heads this block walks
   const int n0 = n_block * BN;
+  const seq_at at{b};
+  const bwd_ws_at ws{b};
 #endif
   const long long h_first = (hk * splits + part) * group;  // this block's first q head
   const int diag = sk - sq;
 
-  // Query blocks that see key block j: key n0 is visible to query r iff r >= n0 - diag.
-  const int m_blocks = (sq + BM - 1) / BM;
-  const int m_begin = CAUSAL ? max(0, n0 - diag) / BM : 0;
-  const int nm = max(0, m_blocks - m_begin);
-  const int n_iter = group * nm;  // (q head, query block) steps, q head outer
+  const bwd_steps<BM, CAUSAL> st(sq, n0, diag, group);
 
-#if RTK_ATTN_VARLEN
-  const T* gK = k + static_cast<long long>(k0) * k_rs + hk * k_hs;
-  const T* gV = v + static_cast<long long>(k0) * v_rs + hk * v_hs;
-#else
-  const T* gK = k + b * k_bs + hk * k_hs;
-  const T* gV = v + b * v_bs + hk * v_hs;
-#endif
+  const T* gK = k + at.k_off(k_bs, k_rs) + hk * k_hs;
+  const T* gV = v + at.k_off(v_bs, v_rs) + hk * v_hs;
 
   auto load_step = [&](int it, int buf) {
-    const int hq_local = it / nm;
+    const int hq_local = st.head(it);
     const long long h = h_first + hq_local;
-    const int m0 = (m_begin + it - hq_local * nm) * BM;
-#if RTK_ATTN_VARLEN
-    load_tile_sw128<BM, HD, NT>(sQ + buf * L::q_bytes, q + static_cast<long long>(q0) * q_rs + h * q_hs, q_rs, m0, sq,
-                                tid);
-    load_tile_sw128<BM, HD, NT>(sdO + buf * L::q_bytes, dout + static_cast<long long>(q0) * do_rs + h * do_hs, do_rs,
-                                m0, sq, tid);
-    const long long row_base = h * seqlen_q_pad + pad0 + m0;  // padded per sequence: whole 16-byte chunks
-#else
-    load_tile_sw128<BM, HD, NT>(sQ + buf * L::q_bytes, q + b * q_bs + h * q_hs, q_rs, m0, sq, tid);
-    load_tile_sw128<BM, HD, NT>(sdO + buf * L::q_bytes, dout + b * do_bs + h * do_hs, do_rs, m0, sq, tid);
-    // lse2 / dsum rows are padded to a multiple of BM: whole 16-byte chunks, no bounds.
-    const long long row_base = (b * heads_q + h) * seqlen_q_pad + m0;
-#endif
+    const int m0 = st.block(it, hq_local) * BM;
+    load_tile_sw128<BM, HD, NT>(sQ + buf * L::q_bytes, q + at.q_off(q_bs, q_rs) + h * q_hs, q_rs, m0, sq, tid);
+    load_tile_sw128<BM, HD, NT>(sdO + buf * L::q_bytes, dout + at.q_off(do_bs, do_rs) + h * do_hs, do_rs, m0, sq, tid);
+    // lse2 / dsum rows are padded to a multiple of BM (per sequence, varlen): whole 16-byte chunks, no bounds.
+    const long long row_base = ws.row(h, heads_q, seqlen_q_pad, m0);
     if (tid < BM / 4) {
       cp_async_16(sRows + (buf * BM + tid * 4) * 4, lse2 + row_base + tid * 4, true);
     } else if (tid < BM / 2) {
@@ -177,7 +160,7 @@ __global__ void __launch_bounds__(BN * 2, 1)
   load_tile_sw128<BN, HD, NT>(sV, gV, v_rs, n0, sk, tid);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < n_iter) load_step(s, s);
+    if (s < st.n_iter) load_step(s, s);
     cp_async_commit();  // always commit (K, V ride in the first group), so group counting stays uniform
   }
 
@@ -195,19 +178,19 @@ __global__ void __launch_bounds__(BN * 2, 1)
   const unsigned sV_wg = sV + wg * 64 * 128;
   const int dq_wm = wg % DQ_WM, dq_wn = wg / DQ_WM;
 
-  for (int it = 0; it < n_iter; ++it) {
+  for (int it = 0; it < st.n_iter; ++it) {
     const int buf = it % STAGES;
     cp_async_wait<STAGES - 2>();
     fence_proxy_async();  // this thread's cp.async writes, before the wgmma (async proxy) reads
     __syncthreads();      // step it visible to all; every warpgroup is done with the buffer refilled next and dS^T
     {
       const int pf = it + STAGES - 1;
-      if (pf < n_iter) load_step(pf, pf % STAGES);
+      if (pf < st.n_iter) load_step(pf, pf % STAGES);
       cp_async_commit();
     }
-    const int hq_local = it / nm;
+    const int hq_local = st.head(it);
     const long long h = h_first + hq_local;
-    const int m_block = m_begin + it - hq_local * nm;
+    const int m_block = st.block(it, hq_local);
     const int m0 = m_block * BM;
     const unsigned sQb = sQ + buf * L::q_bytes;
     const unsigned sdOb = sdO + buf * L::q_bytes;
@@ -335,21 +318,13 @@ __global__ void __launch_bounds__(BN * 2, 1)
 
     int* sem_i = nullptr;
     if (DETERMINISTIC) {
-#if RTK_ATTN_VARLEN
-      sem_i = sem + (h * seqlen_q_pad + pad0 + m0) / BM;  // one counter per BM padded rows
-#else
-      sem_i = sem + (b * heads_q + h) * m_blocks + m_block;
-#endif
+      sem_i = ws.counter<BM>(sem, h, heads_q, seqlen_q_pad, st.m_blocks, m_block, m0);
       wait_dq_turn(sem_i, n_block, tid);
     }
     {
       // Lanes t and t ^ 1 swap halves so that each adds 4 consecutive columns of one row: even t row g, columns
       // 8 jn + 2t .. + 3; odd t row g + 8, columns 8 jn + 2t - 2 .. + 1.
-#if RTK_ATTN_VARLEN
-      float* gdq = dq_accum + (h * seqlen_q + q0) * HD;  // (heads_q, total_q, HD)
-#else
-      float* gdq = dq_accum + (b * heads_q + h) * seqlen_q * HD;
-#endif
+      float* gdq = dq_accum + at.lse_off(h, heads_q, seqlen_q) * HD;
       const bool odd = t & 1;
 #pragma unroll
       for (int mt = 0; mt < DQ_MT; ++mt) {
@@ -380,11 +355,10 @@ __global__ void __launch_bounds__(BN * 2, 1)
     // Partial sums in fp32, straight from the accumulators: each quad of lanes stores 32 contiguous bytes of a row.
 #if RTK_ATTN_VARLEN
     const long long slice = seqlen_k * dkv_rs;  // seqlen_k carries total_k
-    const long long base = part * slice + static_cast<long long>(k0) * dkv_rs + hk * dkv_hs;
 #else
     const long long slice = seqlen_k * dkv_rs * gridDim.z;
-    const long long base = part * slice + b * dkv_bs + hk * dkv_hs;
 #endif
+    const long long base = part * slice + at.k_off(dkv_bs, dkv_rs) + hk * dkv_hs;
     float* pk = reinterpret_cast<float*>(dk) + base;
     float* pv = reinterpret_cast<float*>(dv) + base;
 #pragma unroll
@@ -413,12 +387,7 @@ __global__ void __launch_bounds__(BN * 2, 1)
       *reinterpret_cast<unsigned*>(smem + L::kv_bytes + off) = pack2<T>(acc_dv[j * 4 + 2 * hh], acc_dv[j * 4 + 2 * hh + 1]);
     }
   __syncthreads();
-#if RTK_ATTN_VARLEN
-  const long long dkv_seq = static_cast<long long>(k0) * dkv_rs;
-#else
-  const long long dkv_seq = b * dkv_bs;
-#endif
-  store_dkdv<BN, CPR, NT>(dk, dv, dkv_seq, hk * dkv_hs, dkv_rs, n0, sk, tid,
+  store_dkdv<BN, CPR, NT>(dk, dv, at.k_off(dkv_bs, dkv_rs), hk * dkv_hs, dkv_rs, n0, sk, tid,
                           [&](int r, int c) { return smem + sw128_offset<BN>(r, c); },
                           [&](int r, int c) { return smem + L::kv_bytes + sw128_offset<BN>(r, c); });
 #endif
