@@ -66,18 +66,17 @@ __global__ void __launch_bounds__(NWG * 128, 1)
   const long long hq = blockIdx.y;
   const long long b = blockIdx.z;
   const long long hk = hq / (heads_q / heads_kv);
+  const int m0 = static_cast<int>(m_block) * BM;
 #if RTK_ATTN_VARLEN
   const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
   const seq_at at{seq.q0, seq.k0};
   const int sq = seq.sq;
   const int sk = seq.sk;
-  const int m0 = static_cast<int>(m_block) * BM;
   if (m0 >= sq) return;  // past this sequence's queries: the whole block leaves before any barrier
 #else
   const seq_at at{b};
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
-  const int m0 = static_cast<int>(m_block) * BM;
 #endif
   const int diag = sk - sq;
   const int n_blocks = (key_end<BM, CAUSAL>(m0, sk, diag) + BN - 1) / BN;

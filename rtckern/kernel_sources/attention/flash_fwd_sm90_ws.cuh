@@ -94,7 +94,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   const seq_at at{b};
   const int sq = static_cast<int>(seqlen_q);
   const int sk = static_cast<int>(seqlen_k);
-  const int m0 = static_cast<int>(m_block) * BM;
+  const int m0 = static_cast<int>(m_block) * BM;  // set in each branch: above the #if it reorders this kernel's code
 #endif
   const int diag = sk - sq;
   const int n_blocks = (key_end<BM, CAUSAL>(m0, sk, diag) + BN - 1) / BN;

@@ -250,9 +250,9 @@ def test_portable_varlen_kernel_compiles_for_gfx90a():
 DENSE_TOKENS = {
     # the forward kernels; since, with byte-identical cubins (tools/cubin_hashes.py, 408 variants on sm_75-sm_90a):
     # varlen.cuh's seq_at and key_end in place of their per-tensor #if branches, sm90_fwd_consumer shared by the two
-    # sm_90a kernels
-    "attention/flash_fwd_sm80.cuh": "b32d21ec5afdf9aebd3cd35519c4d8f3ca045735e0302ea32d0d7816e4bf4fb8",
-    "attention/flash_fwd_sm90.cuh": "08da286c197cbdfca0b3c9118f6f184d7b109fda68b99613577d0576905acdfe",
+    # sm_90a kernels, m0 set once in flash_fwd_sm80 / flash_fwd_sm90
+    "attention/flash_fwd_sm80.cuh": "85fe26cc69d64cf705c2ff82dc9b6bba4cb15406d0900d36e78cb783a7f8f683",
+    "attention/flash_fwd_sm90.cuh": "95992f593f3fe26b9c9d181c323694dd7b9de0f8f00216035d50817d801dd390",
     "attention/flash_fwd_sm90_ws.cuh": "cb9bb81def9fb6d1cdc4f9d08e2e7d194821a9af7bcc0e642f76514fe4c7f2a2",
     "attention/attn_fwd_simt.cuh": "7776bb01eb994a0d73dd25da2da1c2948c28f89375f1382432bfef84a27c2f34",
     # the backward kernels (attention_varlen_backward; their cubins compared byte for byte, 424 variants on
