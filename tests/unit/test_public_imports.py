@@ -101,6 +101,9 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._fp8.geometry": "tile configs and the kernel specs of every variant (compiled without spills)",
         "rtckern.ops._gemm.wgmma_gen": "checks that the generated fp8 wgmma header is current",
     },
+    "tests/gpu/ops/test_attention_kvcache.py": {
+        "rtckern.ops._attention.kvcache_tune": "a short tuning run: fewer timing points and tiles than the tuner's",
+    },
     "tests/gpu/ops/test_attention_backward.py": {
         "rtckern.ops._attention.backward_configs": "forces each head split of the wgmma backward (head_splits) "
                                                    "against the float64 reference",

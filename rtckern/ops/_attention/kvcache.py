@@ -40,6 +40,7 @@ import operator
 
 import numpy as np
 
+from rtckern import tuning
 from rtckern.caches import PlanCache
 from rtckern.config import settings
 from rtckern.errors import InputError
@@ -397,3 +398,4 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
 
 
 kc.register_all()
+tuning.defer_tuners(f"{__package__}.kvcache_tune", "register_tuner")  # imported by `rtckern tune` only

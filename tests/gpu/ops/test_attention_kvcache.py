@@ -301,3 +301,40 @@ def test_portable_candidate():
         check(rng, "fp16", [40, 0, 513], 4, 1, 64, 4, True, 32, new=2, num_splits=3)
         check(rng, "bf16", [300, 17], 2, 2, 96, 2, False, None, num_splits=1)
         check(rng, "bf16", [1000], 8, 1, 256, 1, True, 64)
+
+
+def test_tune_writes_the_tile_the_decode_then_uses(tmp_path, monkeypatch):
+    """`rtckern tune attention_with_kvcache` times decode tiles (each output checked against SDPA), writes the
+    winner as the (impl, dtype, head dim) row, and the op's next selection compiles that tile; the op stays right."""
+    import json
+
+    import rtckern
+    from rtckern.cli import build_parser
+    from rtckern.device import DeviceInfo
+    from rtckern.ops._attention import kvcache_tune
+    from rtckern.registry import build_request, explain
+
+    monkeypatch.setattr(kvcache_tune, "TIMING_POINTS", ((8, 2048, 4), (64, 1024, 8)))  # a short run
+    monkeypatch.setattr(kvcache_tune, "WARPS", (4, 8))
+    monkeypatch.setattr(kvcache_tune, "STAGES", (2, 3))
+    with config.override(tuning_table_dir=tmp_path):
+        args = build_parser().parse_args(["tune", "attention_with_kvcache", "--shapes", "128", "--json"])
+        assert args.func(args) == 0
+        rows = json.loads((tmp_path / "attention_with_kvcache.json").read_text())["rows"]
+        assert len(rows) == 1 and rows[0]["shape"]["head_dim"] == 128
+        win = rows[0]["config"]
+        assert set(win) == {"warps", "stages"} and rows[0]["source"].startswith("rtckern tune attention_with_kvcache")
+        rtckern.clear_caches()
+        dev = DeviceInfo.from_device(0)
+        chosen = explain(build_request("attention_with_kvcache", shape=(128,), dtype="bf16",
+                                       device=dev)).chosen_specs[0]
+        assert chosen.template_args[2:4] == (str(win["warps"]), str(win["stages"]))
+        q = torch.randn(4, 1, 32, 128, device=DEV, dtype=torch.bfloat16)
+        k, v = (torch.randn(4, 1024, 8, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        lens = torch.full((4,), 1000, dtype=torch.int32, device=DEV)
+        o = ops.attention_with_kvcache(q, k, v, lens)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2).float(), k[:, :1000].transpose(1, 2).float(), v[:, :1000].transpose(1, 2).float(),
+            enable_gqa=True).transpose(1, 2)
+        assert (o.float() - ref).abs().max() < 2e-2
+    rtckern.clear_caches()

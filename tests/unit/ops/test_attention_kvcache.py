@@ -4,6 +4,8 @@ every kernel variant (attention, merge, append, gather) for sm_80 and sm_90.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rtckern import ops
@@ -176,6 +178,23 @@ def test_explain_command_names_the_decode_kernels(cache_dir, capsys):
     assert names == [("rtk_attn::attn_decode_sm80", "sm_90"), ("rtk_attn::attn_split_combine", "sm_90"),
                      ("rtk_attn::kvcache_append", "sm_90"), ("rtk_attn::kvcache_gather", "sm_90")]
     assert len(data["cache_keys"]) == 4
+
+
+def test_tuner_lists_the_decode_tiles_without_a_gpu(capsys):
+    """`rtckern tune attention_with_kvcache --list-configs` on a described device: the decode tiles that fit its
+    shared memory, the default first, keyed by impl, dtype and head dim (what Sm80Decode.tile looks up)."""
+    from rtckern.cli import build_parser
+
+    args = build_parser().parse_args(["tune", "attention_with_kvcache", "--shapes", "128,256", "--list-configs",
+                                      "--arch", "sm_90", "--json"])
+    assert args.func(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    by_hd = {s["key"]["head_dim"]: s for s in data["shapes"]}
+    assert by_hd[128]["key"] == {"arch": "sm_90", "sm_count": 132, "device_class": None,
+                                 "impl": "attention_with_kvcache.sm80_mma", "dtype": "bf16", "head_dim": 128}
+    assert by_hd[128]["configs"][0] == {"warps": 4, "stages": 2}
+    assert {"warps": 8, "stages": 4} not in by_hd[128]["configs"]  # 283 KB: past the 227 KB opt-in
+    assert len(by_hd[256]["configs"]) < len(by_hd[128]["configs"])
 
 
 def test_record_mode_replay_and_presets(tmp_path, cache_dir):
