@@ -327,7 +327,7 @@ def test_tune_writes_the_tile_the_decode_then_uses(tmp_path, monkeypatch):
         rtckern.clear_caches()
         dev = DeviceInfo.from_device(0)
         chosen = explain(build_request("attention_with_kvcache", shape=(128,), dtype="bf16",
-                                       device=dev)).chosen_specs[0]
+                                       device=dev)).chosen_result.specs[0]
         assert chosen.template_args[2:4] == (str(win["warps"]), str(win["stages"]))
         q = torch.randn(4, 1, 32, 128, device=DEV, dtype=torch.bfloat16)
         k, v = (torch.randn(4, 1024, 8, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2))
