@@ -558,7 +558,7 @@ def kvcache_simt_kernel_exprs(head_dims) -> tuple[str, list[str]]:
 
 
 def kvcache_split_choice(**kw) -> int:
-    """attention_with_kvcache's split-KV count for (batch, heads_kv, tiles, capacity, sm_count, warps)."""
+    """attention_with_kvcache's split-KV count for (batch, heads_kv, tiles, capacity, sm_count)."""
     from .ops._attention import kvcache_candidates as kc
 
     return kc.choose_splits(**kw)

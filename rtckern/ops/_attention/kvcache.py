@@ -173,7 +173,7 @@ class Plan:
         smem = tile.smem_bytes(c.d)
         main, combine, append = kernels[:3]
         if num_splits == 0:
-            num_splits = kc.choose_splits(c.batch, c.hk, tiles, c.capacity, req.device.sm_count, tile.warps)
+            num_splits = kc.choose_splits(c.batch, c.hk, tiles, c.capacity, req.device.sm_count)
         self.splits = num_splits
         rows = c.batch * c.sq * c.hq
         self.o_shape, self.lse_shape = (c.batch, c.sq, c.hq, c.d), (c.batch, c.hq, c.sq)

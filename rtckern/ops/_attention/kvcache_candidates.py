@@ -47,6 +47,7 @@ DECODE_MAX_SEQLEN_Q = 16
 ROW_TILE = 16  # query rows (group members x query tokens) per block
 CHUNK = 16  # keys per warp step; page sizes must be multiples of it
 MAX_SPLITS = 256
+SPLIT_CHUNKS = 4  # chunks per split at least (choose_splits)
 LOG2E = math.log2(math.e)
 _tiles = PlanCache("attention_with_kvcache.tiles")
 
@@ -95,19 +96,21 @@ def row_tiles(seqlen_q: int, group: int) -> int:
     return -(-(seqlen_q * group) // ROW_TILE)
 
 
-def choose_splits(batch: int, heads_kv: int, tiles: int, capacity: int, sm_count: int, warps: int) -> int:
+def choose_splits(batch: int, heads_kv: int, tiles: int, capacity: int, sm_count: int) -> int:
     """Splits of each sequence's keys (flash-decoding), from the cache's capacity (the lengths live on the device
     and are never read here): none once batch x kv heads x row tiles fills the SMs (one block each); else the
-    largest power of two (the chunks divide evenly) that keeps the blocks within one per SM and each warp at least
-    one chunk. Measured on an H100 at head dim 128, bf16, GQA 8:1 and 4:1, each count against the others in one run
+    largest power of two (the chunks divide evenly) that keeps the blocks within one per SM and each split at least
+    SPLIT_CHUNKS chunks, whatever the tile's warps. Measured on an H100 at head dim 128, bf16, GQA 8:1 and 4:1, each count against the others in one run
     (docs/performance.md): one wave won at batch 1 / 1k-128k (1k: 16 splits 8.3 us, the rule before gave 4 and 10.2;
     32k: 32 splits 32.8 us, two waves 34.4), batch 2 and 4, batch 16 / 1k, and unsplit at 128 units (batch 32 / 1k:
-    29.9 us, 2 splits 33.5); two waves won by 1-3% only at batch 8 (8k; 1k with 8 kv heads)."""
+    29.9 us, 2 splits 33.5); two waves won by 1-3% only at batch 8 (8k; 1k with 8 kv heads). Batch 1 / 1k with
+    4 warps: 16 splits of 4 chunks 8.3 us, 32 of 2 8.7, 64 of 1 10.2; a 6-warp tile capped at one chunk per warp
+    got 8 splits there and lost 15%."""
     units = batch * heads_kv * tiles
     if units >= sm_count:
         return 1
     chunks = -(-capacity // CHUNK)
-    cap = max(1, min(sm_count // units, chunks // warps, MAX_SPLITS))
+    cap = max(1, min(sm_count // units, chunks // SPLIT_CHUNKS, MAX_SPLITS))
     return 1 << (cap.bit_length() - 1)
 
 
@@ -155,8 +158,6 @@ class Sm80Decode(Candidate):
 @dataclasses.dataclass(frozen=True)
 class SimtDecodeTile:
     """attn_decode_simt<T, HD, CAUSAL>: 128 threads, 32 keys per step (decode_simt.cuh)."""
-
-    warps: int = 4  # of 32 threads: what the split rule counts chunks per
 
     @property
     def threads(self) -> int:

@@ -79,13 +79,12 @@ def test_refuses_a_strided_head_dim(described):
 
 def test_split_choice():
     """No split once the blocks fill the SMs; else the largest power of two within one block per SM and at least
-    one chunk per warp; at most 256 (the H100 measurements in the rule's docstring)."""
+    four chunks per split; at most 256 (the H100 measurements in the rule's docstring)."""
     def choice(batch, capacity, heads_kv=4, sm_count=132):
-        return kvcache_split_choice(batch=batch, heads_kv=heads_kv, tiles=1, capacity=capacity, sm_count=sm_count,
-                                    warps=4)
+        return kvcache_split_choice(batch=batch, heads_kv=heads_kv, tiles=1, capacity=capacity, sm_count=sm_count)
     assert choice(64, 8192) == 1  # 256 blocks
     assert choice(32, 1024) == 1  # 128 blocks: one wave already
-    assert choice(1, 1024) == 16  # 64 chunks: one per warp
+    assert choice(1, 1024) == 16  # 64 chunks: four per split
     assert choice(1, 8192) == 32 and choice(1, 131072) == 32  # 33 blocks per kv head fit
     assert choice(2, 8192) == 16 and choice(4, 8192) == 8 and choice(16, 1024) == 2
     assert choice(8, 8192, heads_kv=8) == 2
