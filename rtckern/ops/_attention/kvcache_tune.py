@@ -98,11 +98,6 @@ def measure_point(req, tile: kc.DecodeTile, batch: int, context: int, heads_kv: 
         clear()  # no plan keeps the forced tile
 
 
-_tuner: KvcacheTuner | None = None
-
-
 def register_tuner() -> KvcacheTuner:
-    global _tuner
-    if _tuner is None:
-        _tuner = tuning.register_or_get_tuner(KvcacheTuner())  # type: ignore[assignment]
-    return _tuner
+    """The family's tuner, registered on first use (the registry keeps the one instance)."""
+    return tuning.register_or_get_tuner(KvcacheTuner())  # type: ignore[return-value]

@@ -137,11 +137,6 @@ def measure_tile(req, cand, config: Mapping[str, Any], *, reps: int = 10, replay
     return tuning.time_graphed(device, run, check, reps=reps, replays=replays)
 
 
-_tuner: AttentionTuner | None = None
-
-
 def register_tuner() -> AttentionTuner:
-    global _tuner
-    if _tuner is None:
-        _tuner = tuning.register_or_get_tuner(AttentionTuner())  # type: ignore[assignment]
-    return _tuner
+    """The family's tuner, registered on first use (the registry keeps the one instance)."""
+    return tuning.register_or_get_tuner(AttentionTuner())  # type: ignore[return-value]

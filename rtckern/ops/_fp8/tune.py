@@ -158,11 +158,6 @@ def measure_config(p: Fp8Problem, cfg: Sm90Fp8Config, device, *, reps: int = 10,
     return tuning.time_graphed(dev, run, verify if check else None, reps=reps, replays=replays)
 
 
-_tuner: Fp8GemmTuner | None = None
-
-
 def register_tuner() -> Fp8GemmTuner:
-    global _tuner
-    if _tuner is None:
-        _tuner = tuning.register_or_get_tuner(Fp8GemmTuner())  # type: ignore[assignment]
-    return _tuner
+    """The family's tuner, registered on first use (the registry keeps the one instance)."""
+    return tuning.register_or_get_tuner(Fp8GemmTuner())  # type: ignore[return-value]

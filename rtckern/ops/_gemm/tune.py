@@ -179,11 +179,6 @@ def relative_error(p: geometry.GemmProblem, a, b, bias, res, c) -> float:
     return float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
 
 
-_tuner: GemmTuner | None = None
-
-
 def register_tuner() -> GemmTuner:
-    global _tuner
-    if _tuner is None:
-        _tuner = tuning.register_or_get_tuner(GemmTuner())  # type: ignore[assignment]
-    return _tuner
+    """The family's tuner, registered on first use (the registry keeps the one instance)."""
+    return tuning.register_or_get_tuner(GemmTuner())  # type: ignore[return-value]
