@@ -18,29 +18,31 @@ from typing import Any
 _int, _uint, _ptr, _size = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p, ctypes.c_size_t
 _P = ctypes.POINTER
 
-# name -> (entry point, argument types); every function returns a CUresult (int)
-_SIGNATURES: dict[str, tuple[str, tuple]] = {
-    "cuInit": ("cuInit", (_uint,)),
-    "cuDriverGetVersion": ("cuDriverGetVersion", (_P(_int),)),
-    "cuDeviceGetCount": ("cuDeviceGetCount", (_P(_int),)),
-    "cuDeviceGet": ("cuDeviceGet", (_P(_int), _int)),
-    "cuDeviceGetAttribute": ("cuDeviceGetAttribute", (_P(_int), _int, _int)),
-    "cuDeviceGetName": ("cuDeviceGetName", (ctypes.c_char_p, _int, _int)),
-    "cuDeviceTotalMem": ("cuDeviceTotalMem_v2", (_P(_size), _int)),
-    "cuDevicePrimaryCtxRetain": ("cuDevicePrimaryCtxRetain", (_P(_ptr), _int)),
-    "cuCtxGetCurrent": ("cuCtxGetCurrent", (_P(_ptr),)),
-    "cuCtxSetCurrent": ("cuCtxSetCurrent", (_ptr,)),
-    "cuLibraryLoadData": ("cuLibraryLoadData", (_P(_ptr), ctypes.c_char_p, _ptr, _ptr, _uint, _ptr, _ptr, _uint)),
-    "cuLibraryUnload": ("cuLibraryUnload", (_ptr,)),
-    "cuLibraryGetKernel": ("cuLibraryGetKernel", (_P(_ptr), _ptr, ctypes.c_char_p)),
-    "cuKernelGetFunction": ("cuKernelGetFunction", (_P(_ptr), _ptr)),
-    "cuKernelGetAttribute": ("cuKernelGetAttribute", (_P(_int), _int, _ptr, _int)),
-    "cuKernelSetAttribute": ("cuKernelSetAttribute", (_int, _int, _ptr, _int)),
-    "cuOccupancyMaxActiveBlocksPerMultiprocessor": ("cuOccupancyMaxActiveBlocksPerMultiprocessor",
-                                                    (_P(_int), _ptr, _int, _size)),
-    "cuGetErrorName": ("cuGetErrorName", (_int, _P(ctypes.c_char_p))),
-    "cuGetErrorString": ("cuGetErrorString", (_int, _P(ctypes.c_char_p))),
+LIBCUDA = "libcuda.so.1"  # the driver library's soname, as cuda.bindings and the native launcher load it
+# name -> argument types; every function returns a CUresult (int). The entry point is the name, but where cuda.h maps
+# the name to a versioned one (_ENTRY_POINTS).
+_ARGTYPES: dict[str, tuple] = {
+    "cuInit": (_uint,),
+    "cuDriverGetVersion": (_P(_int),),
+    "cuDeviceGetCount": (_P(_int),),
+    "cuDeviceGet": (_P(_int), _int),
+    "cuDeviceGetAttribute": (_P(_int), _int, _int),
+    "cuDeviceGetName": (ctypes.c_char_p, _int, _int),
+    "cuDeviceTotalMem": (_P(_size), _int),
+    "cuDevicePrimaryCtxRetain": (_P(_ptr), _int),
+    "cuCtxGetCurrent": (_P(_ptr),),
+    "cuCtxSetCurrent": (_ptr,),
+    "cuLibraryLoadData": (_P(_ptr), ctypes.c_char_p, _ptr, _ptr, _uint, _ptr, _ptr, _uint),
+    "cuLibraryUnload": (_ptr,),
+    "cuLibraryGetKernel": (_P(_ptr), _ptr, ctypes.c_char_p),
+    "cuKernelGetFunction": (_P(_ptr), _ptr),
+    "cuKernelGetAttribute": (_P(_int), _int, _ptr, _int),
+    "cuKernelSetAttribute": (_int, _int, _ptr, _int),
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor": (_P(_int), _ptr, _int, _size),
+    "cuGetErrorName": (_int, _P(ctypes.c_char_p)),
+    "cuGetErrorString": (_int, _P(ctypes.c_char_p)),
 }
+_ENTRY_POINTS = {"cuDeviceTotalMem": "cuDeviceTotalMem_v2"}
 
 
 class _Constants:
@@ -74,15 +76,15 @@ def _handle(h) -> int | None:
 
 
 class Driver:
-    """libcuda's functions named in _SIGNATURES, with cuda.bindings.driver's calling convention; any other name is
+    """libcuda's functions named in _ARGTYPES, with cuda.bindings.driver's calling convention; any other name is
     cuda.bindings.driver's own (imported on first such use)."""
 
     CUresult, CUdevice_attribute, CUfunction_attribute = CUresult, CUdevice_attribute, CUfunction_attribute
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fns = {}
-        for name, (symbol, argtypes) in _SIGNATURES.items():
-            fn = getattr(lib, symbol)  # AttributeError: this libcuda lacks it, and the caller takes cuda.bindings
+        for name, argtypes in _ARGTYPES.items():
+            fn = getattr(lib, _ENTRY_POINTS.get(name, name))  # AttributeError: this libcuda lacks it (cuda.bindings)
             fn.argtypes, fn.restype = argtypes, _int
             self._fns[name] = fn
 
@@ -174,7 +176,7 @@ def open_driver() -> Driver | None:
     """The ctypes driver over the process's libcuda.so.1 (loading it if nothing has), or None where it cannot be
     opened or lacks one of the functions (then cuda.bindings.driver serves every call)."""
     try:
-        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOW | getattr(os, "RTLD_GLOBAL", 0))
+        lib = ctypes.CDLL(LIBCUDA, mode=os.RTLD_NOW | getattr(os, "RTLD_GLOBAL", 0))
         return Driver(lib)
     except (OSError, AttributeError):
         return None

@@ -24,6 +24,8 @@ from pathlib import Path
 from rtckern.config import settings
 from rtckern.errors import LaunchError
 
+from .libcuda import LIBCUDA
+
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native_launch.c")
 MODULE = "rtckern_native_launch"
@@ -79,10 +81,6 @@ def _load(path: Path):
     return mod
 
 
-def _libcuda_path() -> str:
-    return "libcuda.so.1"
-
-
 def module():
     """The loaded native launcher module, or None (then `why()` says why)."""
     s = settings()
@@ -127,7 +125,7 @@ def _open():
                     continue
                 raise LaunchError(str(e)) from e
         mod = _load(path)
-        mod.init(_libcuda_path(), LaunchError)
+        mod.init(LIBCUDA, LaunchError)
         return mod
     raise LaunchError(f"no writable place to build the native launcher ({', '.join(map(str, places))})")
 
