@@ -28,7 +28,7 @@ MAX_REL_ERROR = 2e-2  # relative Frobenius error against SDPA on random inputs; 
 def tile_configs(head_dim: int, smem_limit: int) -> list[dict[str, int]]:
     """The tiles worth timing at head dim `head_dim` (those whose shared memory fits), the default first."""
     default = kc.DEFAULT_TILES[head_dim]
-    tiles = [default] + [kc.DecodeTile(w, s) for w in WARPS for s in STAGES if kc.DecodeTile(w, s) != default]
+    tiles = list(dict.fromkeys([default] + [kc.DecodeTile(w, s) for w in WARPS for s in STAGES]))
     return [{"warps": t.warps, "stages": t.stages} for t in tiles if t.smem_bytes(head_dim) <= smem_limit]
 
 
