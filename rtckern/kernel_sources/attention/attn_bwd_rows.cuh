@@ -9,7 +9,8 @@
 // (batch, heads_q, seqlen_q, HD)), its rows are zeroed; when sem is given (deterministic mode: one int per
 // (batch, q head, query block of sem_rows rows)), it is zeroed too.
 //
-// attn_bwd_convert: dq[b, r, h, :] = T(scale * dq_accum[b, h, r, :]).
+// attn_bwd_convert: dq[b, r, h, :] = T(scale * dq_accum[b, h, r, :]). SWIZZLED: flash_bwd_sm90_ws's accumulator,
+// whose row r holds its 8-element group k at group k ^ (r & 3) (HD >= 32).
 //
 // Both: blocks of 128 threads, 32 rows per block, 4 threads per row, 16-byte accesses
 // (grid (ceil(rows / 32), heads_q, batch)).
@@ -126,7 +127,7 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
   }
 }
 
-template <typename T, int HD>
+template <typename T, int HD, bool SWIZZLED = false>
 __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     attn_bwd_convert(const float* __restrict__ dq_accum, T* __restrict__ dq, long long seqlen_q, long long heads_q,
                      long long dq_bs, long long dq_rs, long long dq_hs, float scale
@@ -135,6 +136,7 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
 #endif
                      ) {
   constexpr int CHUNKS = HD / 8;
+  static_assert(!SWIZZLED || CHUNKS >= 4, "the swizzled layout permutes groups of 4 chunks");
   const int lane = threadIdx.x % bwd_rows::threads;
   const long long r = static_cast<long long>(blockIdx.x) * bwd_rows::per_block + threadIdx.x / bwd_rows::threads;
   const long long h = blockIdx.y, b = blockIdx.z;
@@ -149,8 +151,9 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
   T* pq = dq + b * dq_bs + r * dq_rs + h * dq_hs;
 #endif
   for (int c = lane; c < CHUNKS; c += bwd_rows::threads) {
-    const rtk_vec<float, 4> x0 = rtk_load_vec<float, 4>(pa + c * 8);
-    const rtk_vec<float, 4> x1 = rtk_load_vec<float, 4>(pa + c * 8 + 4);
+    const int ca = SWIZZLED ? (c ^ static_cast<int>(r & 3)) : c;
+    const rtk_vec<float, 4> x0 = rtk_load_vec<float, 4>(pa + ca * 8);
+    const rtk_vec<float, 4> x1 = rtk_load_vec<float, 4>(pa + ca * 8 + 4);
     rtk_vec<T, 8> y;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {

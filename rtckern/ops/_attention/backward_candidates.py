@@ -1,5 +1,8 @@
 """Registry candidates of the attention backward op (op name "attention_backward"), in priority order:
 
+  attention_backward.sm90a_ws     sm_90 only, head dims 64 and 128: sm90a_wgmma's launches with the warp-specialized
+                                main kernel (flash_bwd_sm90_ws.cuh: TMA producer warp, mbarriers, dQ added by bulk
+                                reductions into a swizzled accumulator that its convert kernel reads)
   attention_backward.sm90a_wgmma  sm_90 only (arch-specific sm_90a cubin), head dims 64 and 128: the same three
                                 launches as sm80_mma with the main kernel on wgmma (flash_bwd_sm90.cuh, FA3 tiles);
                                 where the model of backward_configs.head_splits says so, the GQA group's q heads
@@ -15,6 +18,7 @@ lengths, batch, heads and strides are run-time arguments (no recompile per shape
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -26,7 +30,10 @@ from rtckern.registry import options as opts
 from rtckern.registry.core_api import target_for
 from rtckern.spec import KernelSpec
 
+from rtckern.runtime.streams import stream_handle
+
 from . import backward_configs as cfgs
+from . import launch as tma
 from .candidates import registrar
 from .configs import qkv_reason
 
@@ -160,6 +167,11 @@ class Sm80Mma(_BwdCandidate):
         """Blocks per (key block, kv head); 1: this kernel walks the whole GQA group in one block."""
         return 1
 
+    def _main_step(self, req: OpRequest, kernel, grid, q, k, v, dout, main_args):
+        """The main kernel's launch step: (launch, grid, block, smem, build(ptrs) -> args)."""
+        tile = self.tile(req)
+        return (kernel.launch, grid, tile.threads, tile.smem_bytes(q.shape[3]), main_args)
+
     def prepare(self, req: OpRequest, kernels, q, k, v, dout, out, lse, scale: float) -> Prepared:
         tile = self.tile(req)
         b, sq, hq, d = q.shape
@@ -187,8 +199,7 @@ class Sm80Mma(_BwdCandidate):
         def conv_args(p):
             return (p["ws"] + acc_off, p["dq"]) + conv_tail
 
-        gx, gy, gz = tile.grid(b, hk, sk)
-        steps = [prep, (kernels[1].launch, (gx, gy * splits, gz), tile.threads, tile.smem_bytes(d), main_args),
+        steps = [prep, self._main_step(req, kernels[1], tile.grid(b, hk * splits, sk), q, k, v, dout, main_args),
                  (kernels[2].launch, cfgs.ROWS.convert_grid(b, hq, sq), cfgs.ROWS.threads, 0, conv_args)]
         if splits > 1:
             sum_tail = (_i64(count), _i64(splits))
@@ -233,6 +244,70 @@ class Sm90Wgmma(Sm80Mma):
         b, sq, hq, d = q.shape
         sk, hk = k.shape[1], k.shape[2]
         return cfgs.head_splits(self.tile(req), b, hk, hq // hk, sq, sk, req.flag("causal"), d, req.device.sm_count)
+
+
+class _WsLaunch:
+    """flash_bwd_sm90_ws's launch in a Prepared step: the kernel's prepared launch (the native launcher where it is
+    built), made at the first call; the build step passes the tensor maps by value."""
+
+    __slots__ = ("kernel", "go")
+
+    def __init__(self, kernel):
+        self.kernel, self.go = kernel, None
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        go = self.go
+        if go is None:
+            go = self.go = self.kernel.prepare(grid, (block, 1, 1), WS_KINDS, shared_mem)
+        go(stream if type(stream) is int else (0 if stream is None else stream_handle(stream)), *args)
+
+
+# flash_bwd_sm90_ws's parameters: tensor maps over q, k, v, dout (by value); lse2, dsum, dq_accum, dk, dv, sem;
+# eight sizes and strides; two scales
+WS_KINDS = "MMMM" + "P" * 6 + "q" * 8 + "ff"
+
+
+class Sm90WgmmaWs(Sm90Wgmma):
+    """The warp-specialized wgmma kernel: Sm90Wgmma's launches and head split with flash_bwd_sm90_ws (a TMA producer
+    warpgroup and mbarriers) as the main kernel."""
+
+    name = "attention_backward.sm90a_ws"
+    priority = 350
+    source = cfgs.SM90_WS_SOURCE
+    kernel = cfgs.SM90_WS_KERNEL
+
+    def tile(self, req: OpRequest) -> cfgs.Sm90WsBwdTile:
+        return cfgs.SM90_WS_BWD_TILES[req.dim("head_dim")]
+
+    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+        # the convert kernel reads the main kernel's swizzled dQ accumulator
+        prep, main, convert, dkv_sum = super().kernel_specs(req)
+        return prep, main, dataclasses.replace(convert, template_args=convert.template_args + (True,)), dkv_sum
+
+    def _main_step(self, req: OpRequest, kernel, grid, q, k, v, dout, main_args):
+        tile = self.tile(req)
+        dtype = req.dtype("qkv")
+        # Views without the arrays (a memoized plan must not keep the caller's tensors alive), with their boxes.
+        operands = (("q", q.at(q.ptr), tile.bm), ("k", k.at(k.ptr), tile.bn), ("v", v.at(v.ptr), tile.bn),
+                    ("dout", dout.at(dout.ptr), tile.bm))
+
+        last = [(None, b"")] * len(operands)  # per operand: the last (address, map), replaced as one tuple
+
+        def build(p):
+            maps = []
+            for i, (name, view, box) in enumerate(operands):
+                ptr, m = last[i]
+                if ptr != p[name]:  # encoded again only when the address changed
+                    ptr = p[name]
+                    m = tma.kv_tensor_map(dtype, view.at(ptr), box)
+                    last[i] = (ptr, m)
+                maps.append(m)
+            # flash_bwd_sm90's list: q, k, v, dout; six workspace / output pointers; five sizes; the strides of q,
+            # k, v, dout (the maps hold them), dk / dv's; two scales
+            a = main_args(p)
+            return (*maps, *a[4:15], *a[-5:])
+
+        return (_WsLaunch(kernel), grid, tile.threads, tile.smem_bytes(q.shape[3]), build)
 
 
 class Simt(_BwdCandidate):
@@ -293,7 +368,7 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
     return request(dtype or "bf16", hd, causal, det, device)
 
 
-CANDIDATES = (Sm90Wgmma(), Sm80Mma(), Simt())
+CANDIDATES = (Sm90WgmmaWs(), Sm90Wgmma(), Sm80Mma(), Simt())
 register_all = registrar(CANDIDATES, OP, _build_request,
                          help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1, --opt deterministic=0/1",
                          example="--dtype bf16 --shape 4x4096x16x128 --opt causal=1")

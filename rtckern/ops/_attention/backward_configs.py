@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from types import MappingProxyType
-from typing import Mapping
+from typing import ClassVar, Mapping
 
 # pick_tile is the forward's: the backward tiles answer the same smem_bytes(head_dim), so one search serves both
 from .configs import DTYPES, HEAD_DIMS, pick_tile
@@ -14,7 +14,8 @@ from .configs import DTYPES, HEAD_DIMS, pick_tile
 __all__ = ("DTYPES", "HEAD_DIMS", "ROWS_SOURCE", "PREP_KERNEL", "CONVERT_KERNEL", "SM80_SOURCE", "SM80_KERNEL",
            "SIMT_SOURCE", "SIMT_DKDV_KERNEL", "SIMT_DQ_KERNEL", "ROW_PAD", "RowKernels", "ROWS", "Sm80BwdTile",
            "SM80_BWD_TILES", "pick_tile", "SimtBwdTile", "SIMT_BWD_TILE", "padded_rows", "SM90_SOURCE", "SM90_KERNEL",
-           "Sm90BwdTile", "SM90_BWD_TILES", "SM90_HEAD_DIMS", "DKV_SUM_KERNEL", "DKV_SUM_THREADS", "head_splits")
+           "Sm90BwdTile", "SM90_BWD_TILES", "SM90_HEAD_DIMS", "DKV_SUM_KERNEL", "DKV_SUM_THREADS", "head_splits",
+           "SM90_WS_SOURCE", "SM90_WS_KERNEL", "Sm90WsBwdTile", "SM90_WS_BWD_TILES")
 
 ROWS_SOURCE = "attention/attn_bwd_rows.cuh"
 PREP_KERNEL = "rtk_attn::attn_bwd_prep"
@@ -25,6 +26,8 @@ SM80_SOURCE = "attention/flash_bwd_sm80.cuh"
 SM80_KERNEL = "rtk_attn::flash_bwd_sm80"
 SM90_SOURCE = "attention/flash_bwd_sm90.cuh"
 SM90_KERNEL = "rtk_attn::flash_bwd_sm90"
+SM90_WS_SOURCE = "attention/flash_bwd_sm90_ws.cuh"
+SM90_WS_KERNEL = "rtk_attn::flash_bwd_sm90_ws"
 SIMT_SOURCE = "attention/attn_bwd_simt.cuh"
 SIMT_DKDV_KERNEL = "rtk_attn::attn_bwd_dkdv_simt"
 SIMT_DQ_KERNEL = "rtk_attn::attn_bwd_dq_simt"
@@ -129,6 +132,7 @@ class Sm90BwdTile:
     bm: int
     bn: int = 128
     stages: int = 3
+    heads_fastest: ClassVar[bool] = False  # grid (key blocks, heads, batch), else (heads, key blocks, batch)
 
     def __post_init__(self):
         if self.bn not in (64, 128) or self.bm % 64 or ROW_PAD % self.bm or self.stages < 2:
@@ -173,6 +177,46 @@ SM90_BWD_TILES: Mapping[int, Sm90BwdTile] = MappingProxyType({
 })
 SM90_HEAD_DIMS = tuple(SM90_BWD_TILES)
 
+
+@dataclasses.dataclass(frozen=True)
+class Sm90WsBwdTile(Sm90BwdTile):
+    """flash_bwd_sm90_ws<T, HD, BM, BN, STAGES, CAUSAL, DETERMINISTIC>: Sm90BwdTile's math with a producer warpgroup
+    (TMA into STAGES stages of Q, dO, lse2, dsum under mbarriers) beside the two consumer warpgroups, and two dS^T
+    buffers."""
+
+    heads_fastest: ClassVar[bool] = True  # see grid()
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.bn != 128:
+            raise ValueError(f"tile {self}: bn must be 128 (two consumer warpgroups)")
+
+    @property
+    def threads(self) -> int:
+        return 2 * self.bn + 128
+
+    def smem_bytes(self, head_dim: int) -> int:
+        # K, V; STAGES x (Q, dO); two dS^T; lse2, dsum stages; dQ in fp32; mbarriers; alignment slack
+        # (flash_bwd_sm90_ws_smem).
+        return (2 * self.bn * head_dim * 2 + 2 * self.stages * self.bm * head_dim * 2 + 2 * self.bn * self.bm * 2
+                + 2 * self.stages * self.bm * 4 + self.bm * head_dim * 4 + (2 * self.stages + 1) * 8 + 1024)
+
+    def label(self) -> str:
+        return f"ws{self.bm}x{self.bn}s{self.stages}"
+
+    def grid(self, batch: int, heads: int, seqlen_k: int) -> tuple[int, int, int]:
+        """Heads (kv heads x head splits) fastest, then key blocks, then batch: under causal masking the longest blocks
+        of a batch entry (its first key blocks) start first."""
+        return (heads, -(-seqlen_k // self.bn), batch)
+
+
+# The wgmma tiles, stages of two (FlashAttention-3's; three measured no faster): 194 KB of shared memory at head
+# dim 128, 195 KB at 64.
+SM90_WS_BWD_TILES: Mapping[int, Sm90WsBwdTile] = MappingProxyType({
+    64: Sm90WsBwdTile(128, 128, 2),
+    128: Sm90WsBwdTile(64, 128, 2),
+})
+
 # Cost model of the head split (head_splits): one key block's step (five GEMMs of BN x BM x HD) at the per-SM rate
 # the wgmma kernel reaches (~350 TFLOP/s over 132 SMs on an H100), and the split's extra traffic (fp32 slices of
 # dK and dV written by the main kernel and read back by attn_bwd_dkv_sum) at ~2.5 TB/s. Only the ratio matters.
@@ -198,9 +242,28 @@ def head_splits(tile: "Sm90BwdTile", batch: int, heads_kv: int, group: int, seql
     """How many blocks share each (key block, kv head) of flash_bwd_sm90, each walking group / splits of its q heads
     (a divisor of the GQA group): the count with the least modelled time. A GQA step with few kv heads launches
     few blocks, and under causal masking the first key blocks (which see every query) set the pace; splitting
-    trades that for fp32 partial sums of dK / dV added by one more kernel."""
+    trades that for fp32 partial sums of dK / dV added by one more kernel.
+
+    The warp-specialized kernel (tile.heads_fastest) walks at most CAUSAL_HEADS_PER_BLOCK q heads per block under
+    causal masking whatever the model says: its key blocks start their walks at different query blocks and drift
+    apart, so that over a long walk the blocks running at once read Q and dO of more heads than the L2 holds
+    (H100, 32 q over 4 kv heads, batch 4 x 4k causal: 370 TFLOP/s walking 8 heads per block, 446 walking 4, which the
+    balance model does not see)."""
     if group <= 1:
         return 1
+    floor = 1
+    if causal and tile.heads_fastest:
+        floor = next(s for s in range(1, group + 1) if group % s == 0 and group // s <= CAUSAL_HEADS_PER_BLOCK)
+    return max(floor, _balanced_splits(tile, batch, heads_kv, group, seqlen_q, seqlen_k, causal, head_dim, sms))
+
+
+CAUSAL_HEADS_PER_BLOCK = 4
+
+
+def _balanced_splits(tile, batch: int, heads_kv: int, group: int, seqlen_q: int, seqlen_k: int, causal: bool,
+                     head_dim: int, sms: int) -> int:
+    """head_splits' cost model: the split count with the least modelled time (list-scheduled blocks plus the
+    split's extra traffic)."""
     nk = -(-seqlen_k // tile.bn)
     if nk * heads_kv * batch >= 8 * sms:  # eight waves or more balance by themselves (and the model would cost ms)
         return 1
@@ -212,7 +275,11 @@ def head_splits(tile: "Sm90BwdTile", batch: int, heads_kv: int, group: int, seql
     for s in range(1, group + 1):
         if group % s or nk * heads_kv * batch * s > 32 * sms:  # past 32 waves a split buys nothing
             continue
-        works = [group // s * w + 1 for w in per_key] * (heads_kv * s * batch)  # + 1: load K / V, epilogue
+        per_block = [group // s * w + 1 for w in per_key]  # + 1: load K / V, epilogue
+        if tile.heads_fastest:  # the launch order of the blocks
+            works = [w for w in per_block for _ in range(heads_kv * s)] * batch
+        else:
+            works = per_block * (heads_kv * s * batch)
         t = _makespan(works, sms) * step_s
         if s > 1:
             t += (s * 8 * 2 + 2 * 2) * batch * seqlen_k * heads_kv * head_dim / _BYTES_PER_S

@@ -1,5 +1,5 @@
 """Attention backward on a GPU against a float64 reference (autograd through a float64 math attention), through each
-candidate (forced with the RTCKERN_FORCE_IMPL setting; sm90a_wgmma on sm_90 only, head dims 64 and 128): ragged
+candidate (forced with the RTCKERN_FORCE_IMPL setting; sm90a_ws and sm90a_wgmma on sm_90 only, head dims 64 and 128): ragged
 lengths (1, 17, 113, 1000, and around the 64 / 128 tile edges), seqlen_q != seqlen_k both ways, GQA ratios 1/4/8,
 head dims 32/64/96/128/256, causal and not, fp16 and bf16, deterministic and not; causal
 queries past the keys (whole query blocks that see no key: dq exactly 0 there, no contribution to dk, dv); a seeded
@@ -27,10 +27,10 @@ from rtckern.runtime import arrays as arr  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
-IMPLS = ("sm90a_wgmma", "sm80_mma", "simt")
+IMPLS = ("sm90a_ws", "sm90a_wgmma", "sm80_mma", "simt")
 HEAD_DIMS = (32, 64, 96, 128, 256)
-IMPL_HEAD_DIMS = {"sm90a_wgmma": (64, 128)}
-DET_IMPLS = ("sm90a_wgmma", "sm80_mma")  # the simt kernels ignore the flag (always deterministic)
+IMPL_HEAD_DIMS = {"sm90a_ws": (64, 128), "sm90a_wgmma": (64, 128)}
+DET_IMPLS = ("sm90a_ws", "sm90a_wgmma", "sm80_mma")  # the simt kernels ignore the flag (always deterministic)
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv)
 SHAPES = [(2, 1, 1, 8, 8), (2, 17, 17, 8, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 8, 8), (1, 1, 500, 8, 1),
           (3, 17, 113, 8, 2), (1, 113, 17, 4, 1), (1, 1000, 1000, 8, 4), (1, 300, 129, 2, 2),
@@ -42,8 +42,8 @@ def head_dims(impl):
 
 
 def _skip_unless_served(impl):
-    if impl == "sm90a_wgmma" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("sm90a_wgmma runs on sm_90 only")
+    if impl.startswith("sm90a") and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"{impl} runs on sm_90 only")
 
 
 @pytest.fixture(autouse=True)
@@ -224,16 +224,17 @@ def test_deterministic_is_bitwise_repeatable(impl, hd, causal):
                 assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("impl", ["sm90a_ws", "sm90a_wgmma"])
 @pytest.mark.parametrize("splits", [1, 2, 4, 8])
-def test_head_splits(monkeypatch, splits):
-    """sm90a_wgmma with each head split forced (the cost model chooses among these): the GQA group's q heads over
-    `splits` blocks per key block, fp32 dK / dV slices added by the sum kernel."""
-    _skip_unless_served("sm90a_wgmma")
+def test_head_splits(monkeypatch, splits, impl):
+    """The wgmma kernels with each head split forced (the cost model chooses among these): the GQA group's q heads
+    over `splits` blocks per key block, fp32 dK / dV slices added by the sum kernel."""
+    _skip_unless_served(impl)
     monkeypatch.setattr(backward_configs, "head_splits", lambda tile, b, hk, group, *rest: splits
                         if group % splits == 0 else 1)
     rtckern.clear_caches()  # call plans memoize the split
     try:
-        with _force("sm90a_wgmma"):
+        with _force(impl):
             for i, (b, sq, sk, hq, hk) in enumerate([(2, 300, 300, 8, 1), (1, 1000, 1000, 8, 1), (1, 129, 700, 16, 2),
                                                      (2, 700, 129, 8, 1), (1, 2048, 2048, 16, 2)]):
                 for hd in (64, 128):

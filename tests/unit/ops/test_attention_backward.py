@@ -116,8 +116,8 @@ def test_tiles_fit_every_arch_and_head_dim():
 
 # ---- registry choice on described devices (compile-only probes) --------------------------------------------------
 @pytest.mark.parametrize("arch,hd,chosen,targs", [
-    ("sm_90", 128, "attention_backward.sm90a_wgmma", ("rtk_bf16", "128", "64", "128", "3", "true", "false")),
-    ("sm_90", 64, "attention_backward.sm90a_wgmma", ("rtk_bf16", "64", "128", "128", "3", "true", "false")),
+    ("sm_90", 128, "attention_backward.sm90a_ws", ("rtk_bf16", "128", "64", "128", "2", "true", "false")),
+    ("sm_90", 64, "attention_backward.sm90a_ws", ("rtk_bf16", "64", "128", "128", "2", "true", "false")),
     ("sm_90", 96, "attention_backward.sm80_mma", ("rtk_bf16", "96", "64", "128", "8", "2", "true", "false")),
     ("sm_90", 256, "attention_backward.sm80_mma", ("rtk_bf16", "256", "32", "64", "8", "2", "true", "false")),
     ("sm_80", 64, "attention_backward.sm80_mma", ("rtk_bf16", "64", "64", "128", "8", "2", "true", "false")),
@@ -135,8 +135,8 @@ def test_choice_on_described_devices(cache_dir, arch, hd, chosen, targs):
     names = [s.name for s in res.specs]
     assert names[0] == K.PREP_KERNEL and res.specs[1].template_args == targs
     assert names[2] == (K.SIMT_DQ_KERNEL if chosen.endswith("simt") else K.CONVERT_KERNEL)
-    if chosen.endswith("sm90a_wgmma"):  # the arch-specific cubin, for every kernel of the candidate
-        assert names[1] == K.SM90_KERNEL and all((s.arch.major, s.arch.minor, s.arch.suffix) == (9, 0, "a") for s in res.specs), res.specs
+    if chosen.endswith("sm90a_ws"):  # the arch-specific cubin, for every kernel of the candidate
+        assert names[1] == K.SM90_WS_KERNEL and all((s.arch.major, s.arch.minor, s.arch.suffix) == (9, 0, "a") for s in res.specs), res.specs
 
 
 def test_request_options():
@@ -184,7 +184,9 @@ def _params(source: str, kernel: str) -> list[str]:
 def _check_args(params: list[str], args: tuple, what: str) -> None:
     assert len(params) == len(args), f"{what}: {len(args)} arguments for {len(params)} parameters"
     for p, a in zip(params, args):
-        if "*" in p:
+        if "tensor_map" in p:  # a CUtensorMap by value
+            assert type(a) is bytes and len(a) == 128, (what, p, a)
+        elif "*" in p:
             assert type(a) is int, (what, p, a)
         elif p.startswith("long long"):
             assert type(a) is np.int64, (what, p, a)
@@ -201,10 +203,23 @@ class _Recorder:
     def launch(self, grid, block, args, shared_mem=0, stream=None):
         self.calls.append((grid, block, args, shared_mem))
 
+    def prepare(self, grid, block, kinds, shared_mem=0):  # the TMA kernel's prepared launch
+        def go(stream, *args):
+            assert len(args) == len(kinds)
+            self.calls.append((grid, block[0], args, shared_mem))
+        return go
 
-@pytest.mark.parametrize("impl", ["sm90a_wgmma", "sm80_mma", "simt"])
+
+@pytest.mark.parametrize("impl", ["sm90a_ws", "sm90a_wgmma", "sm80_mma", "simt"])
 @pytest.mark.parametrize("det", [False, True])
-def test_launch_arguments_match_the_kernels(impl, det):
+def test_launch_arguments_match_the_kernels(impl, det, monkeypatch):
+    maps = []
+
+    def encode_tiled(dtype, ptr, dims, strides, box):  # records the TMA kernel's tensor maps (no driver here)
+        maps.append((dtype, ptr, dims, strides, box))
+        return bytes(128)
+
+    monkeypatch.setattr(C.tma, "encode_tiled", encode_tiled)
     dev = DeviceInfo.for_arch("sm_90")
     cand = next(c for c in C.CANDIDATES if c.name == f"attention_backward.{impl}")
     req = C.request("bf16", 64, True, det, dev)
@@ -230,9 +245,8 @@ def test_launch_arguments_match_the_kernels(impl, det):
         assert prep_args[5] == ptrs["ws"] + accum
         assert prep_args[6] == (ptrs["ws"] + accum + 4 * 2 * 8 * 300 * 64 if det else 0)
         assert [int(a) for a in prep_args[-2:]] == [tile.bm, tile.m_blocks(300)]
-        gx, gy, gz = tile.grid(2, 2, 200)
         main_args = kernels[1].calls[0][2]
-        splits = K.head_splits(tile, 2, 2, 4, 300, 200, True, 64, dev.sm_count) if impl == "sm90a_wgmma" else 1
+        splits = K.head_splits(tile, 2, 2, 4, 300, 200, True, 64, dev.sm_count) if impl.startswith("sm90a") else 1
         if splits == 1:
             assert main_args[7:9] == (ptrs["dk"], ptrs["dv"])
             assert prepared.workspace_bytes == accum + 4 * 2 * 8 * 300 * 64 + sem
@@ -243,8 +257,15 @@ def test_launch_arguments_match_the_kernels(impl, det):
             assert prepared.workspace_bytes == part_k - ptrs["ws"] + 8 * splits * count
             assert kernels[3].calls[0][2] == (part_k, part_k + 4 * splits * count, ptrs["dk"], ptrs["dv"], count,
                                               splits)
-        assert kernels[1].calls[0][0] == (gx, gy * splits, gz)
+        # blocks per key block and kv head: splits (the sm90a_ws grid: heads, key blocks, batch; the others: key
+        # blocks, heads, batch)
+        assert kernels[1].calls[0][0] == ((2 * splits, 2, 2) if impl == "sm90a_ws" else (2, 2 * splits, 2))
         assert kernels[2].calls[0][0] == (10, 8, 2)
+        if impl == "sm90a_ws":  # q, k, v, dout as (head_dim, seqlen, heads, batch) in boxes of 64 x BM or BN rows
+            assert maps == [("bf16", ptrs["q"], (64, 300, 8, 2), (1024, 128, 300 * 1024), (64, tile.bm, 1, 1)),
+                            ("bf16", ptrs["k"], (64, 200, 2, 2), (256, 128, 200 * 256), (64, tile.bn, 1, 1)),
+                            ("bf16", ptrs["v"], (64, 200, 2, 2), (256, 128, 200 * 256), (64, tile.bn, 1, 1)),
+                            ("bf16", ptrs["dout"], (64, 300, 8, 2), (1024, 128, 300 * 1024), (64, tile.bm, 1, 1))]
     else:
         assert prep_args[5] == 0 and prep_args[6] == 0 and prepared.workspace_bytes == 8 * rows
         assert kernels[1].calls[0][0] == (7, 2, 2) and kernels[2].calls[0][0] == (10, 8, 2)
@@ -261,7 +282,7 @@ def test_common_preset_builds_backward_kernels(cache_dir):
     planned = plan(entries, [Arch.parse("9.0a"), Arch.parse("8.0"), Arch.parse("7.5")])
     assert all(not p.error and p.chain for p in planned), [p.error for p in planned if p.error]
     chosen = {(p.device.arch.sm, p.chain[0].candidate) for p in planned}
-    assert {("sm_90", "attention_backward.sm90a_wgmma"), ("sm_80", "attention_backward.sm80_mma"),
+    assert {("sm_90", "attention_backward.sm90a_ws"), ("sm_80", "attention_backward.sm80_mma"),
             ("sm_75", "attention_backward.simt")} <= chosen
 
 
@@ -269,8 +290,9 @@ def test_common_preset_builds_backward_kernels(cache_dir):
 def _variants(arch: str):
     dev = DeviceInfo.for_arch(arch)
     mma = arch.startswith("sm_") and arch != "sm_75"
-    cands = [c for c in C.CANDIDATES if c.name.endswith("simt") or (mma and not c.name.endswith("sm90a_wgmma"))
-             or (arch == "sm_90" and c.name.endswith("sm90a_wgmma"))]
+    sm90a = (".sm90a_wgmma", ".sm90a_ws")
+    cands = [c for c in C.CANDIDATES if c.name.endswith("simt") or (mma and not c.name.endswith(sm90a))
+             or (arch == "sm_90" and c.name.endswith(sm90a))]
     for cand in cands:
         for hd in HEAD_DIMS:
             if cand.supports(C.request("bf16", hd, False, False, dev)) is not None:
@@ -323,6 +345,19 @@ def test_head_split_model():
         assert n > 1 and g % n == 0, (b, hk, g, s, causal, n)
 
 
+def test_head_split_floor_of_the_ws_kernel():
+    """The warp-specialized kernel walks at most CAUSAL_HEADS_PER_BLOCK q heads per block under causal masking, what
+    the balance model says; not without causal masking, and not for the other kernels."""
+    ws, sync = K.SM90_WS_BWD_TILES[128], K.SM90_BWD_TILES[128]
+    assert K.CAUSAL_HEADS_PER_BLOCK == 4
+    for g in (8, 16):  # a grid of many waves: the model alone says 1
+        assert K.head_splits(ws, 64, 4, g, 4096, 4096, True, 128, 132) == g // 4
+        assert K.head_splits(ws, 64, 4, g, 4096, 4096, False, 128, 132) == 1
+        assert K.head_splits(sync, 64, 4, g, 4096, 4096, True, 128, 132) == 1
+    assert K.head_splits(ws, 64, 4, 4, 4096, 4096, True, 128, 132) == 1
+    assert K.head_splits(ws, 2, 4, 4, 2048, 2048, True, 128, 132) == 2  # the Llama step: the model's split
+
+
 def test_sm90_tiles():
     assert set(K.SM90_HEAD_DIMS) == {64, 128}
     for hd, t in K.SM90_BWD_TILES.items():
@@ -341,11 +376,13 @@ def test_sm90_variants_compile_without_spills():
     from rtckern.testing import compile_all
 
     dev = DeviceInfo.for_arch("sm_90")
-    cand = next(c for c in C.CANDIDATES if c.name == "attention_backward.sm90a_wgmma")
-    specs = [cand.kernel_specs(C.request(dt, hd, causal, det, dev))[1]
-             for dt, hd, causal, det in (("bf16", 64, False, False), ("fp16", 64, True, True),
-                                         ("bf16", 128, True, False), ("fp16", 128, False, True))]
-    assert all(s.arch.suffix == "a" and s.name == K.SM90_KERNEL for s in specs)
+    specs = []
+    for name, kernel in (("sm90a_wgmma", K.SM90_KERNEL), ("sm90a_ws", K.SM90_WS_KERNEL)):
+        cand = next(c for c in C.CANDIDATES if c.name == f"attention_backward.{name}")
+        specs += [cand.kernel_specs(C.request(dt, hd, causal, det, dev))[1]
+                  for dt, hd, causal, det in (("bf16", 64, False, False), ("fp16", 64, True, True),
+                                              ("bf16", 128, True, False), ("fp16", 128, False, True))]
+        assert all(s.arch.suffix == "a" and s.name == kernel for s in specs[-4:])
     failures = compile_all(specs, no_spills=True)
     assert not failures, "\n".join(failures)
 
