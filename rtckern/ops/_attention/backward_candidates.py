@@ -56,19 +56,35 @@ def _contiguous3(shape) -> tuple:
     return (_i64(s * h * d), _i64(h * d), _i64(d))
 
 
+# Launch parameter kinds (Kernel.prepare) of the argument types the steps build
+_KINDS = {int: "P", np.int64: "q", np.float32: "f", bytes: "M"}
+
+
 class Prepared:
     """The launches of one call signature with every size and stride argument fixed: `run` takes the pointers
-    (inputs, outputs, workspace) and the stream. `workspace_bytes`: scratch memory the launches need."""
+    (inputs, outputs, workspace) and the stream. `workspace_bytes`: scratch memory the launches need. Each launch is
+    prepared once (Kernel.prepare: the native launcher where it is built), at the first run, with the parameter
+    kinds of the arguments its step builds."""
 
-    __slots__ = ("workspace_bytes", "_steps")
+    __slots__ = ("workspace_bytes", "_steps", "_launches")
 
     def __init__(self, workspace_bytes: int, steps: list):
         self.workspace_bytes = workspace_bytes
-        self._steps = steps  # (kernel.launch, grid, block, smem, build(ptrs) -> args)
+        self._steps = steps  # (kernel, grid, block, smem, build(ptrs) -> args)
+        self._launches = None
 
     def run(self, ptrs: dict, stream) -> None:
-        for launch, grid, block, smem, build in self._steps:
-            launch(grid, block, build(ptrs), shared_mem=smem, stream=stream)
+        if type(stream) is not int:
+            stream = 0 if stream is None else stream_handle(stream)
+        launches = self._launches
+        if launches is None:
+            launches = []
+            for kernel, grid, block, smem, build in self._steps:
+                kinds = "".join(_KINDS[type(a)] for a in build(ptrs))
+                launches.append((kernel.prepare(grid, (block, 1, 1), kinds, smem), build))
+            self._launches = launches
+        for go, build in launches:
+            go(stream, *build(ptrs))
 
 
 def _row_kernels_steps(kernels, q, out, dout, lse, lay: dict, with_accum: bool, sem_rows: int, sem_blocks: int):
@@ -83,7 +99,7 @@ def _row_kernels_steps(kernels, q, out, dout, lse, lay: dict, with_accum: bool, 
         ws = p["ws"]
         return (p["out"], p["dout"], p["lse"], ws + lse2_off, ws + dsum_off,
                 ws + acc_off if with_accum else 0, ws + sem_off if sem_off is not None else 0) + tail
-    return (kernels[0].launch, cfgs.ROWS.prep_grid(b, hq, sq), cfgs.ROWS.threads, 0, build)
+    return (kernels[0], cfgs.ROWS.prep_grid(b, hq, sq), cfgs.ROWS.threads, 0, build)
 
 
 def _layout(q, head_dim: int, accum: bool, sem_count: int, dkv_part_floats: int = 0) -> tuple[dict, int]:
@@ -170,7 +186,7 @@ class Sm80Mma(_BwdCandidate):
     def _main_step(self, req: OpRequest, kernel, grid, q, k, v, dout, main_args):
         """The main kernel's launch step: (launch, grid, block, smem, build(ptrs) -> args)."""
         tile = self.tile(req)
-        return (kernel.launch, grid, tile.threads, tile.smem_bytes(q.shape[3]), main_args)
+        return (kernel, grid, tile.threads, tile.smem_bytes(q.shape[3]), main_args)
 
     def prepare(self, req: OpRequest, kernels, q, k, v, dout, out, lse, scale: float) -> Prepared:
         tile = self.tile(req)
@@ -200,7 +216,7 @@ class Sm80Mma(_BwdCandidate):
             return (p["ws"] + acc_off, p["dq"]) + conv_tail
 
         steps = [prep, self._main_step(req, kernels[1], tile.grid(b, hk * splits, sk), q, k, v, dout, main_args),
-                 (kernels[2].launch, cfgs.ROWS.convert_grid(b, hq, sq), cfgs.ROWS.threads, 0, conv_args)]
+                 (kernels[2], cfgs.ROWS.convert_grid(b, hq, sq), cfgs.ROWS.threads, 0, conv_args)]
         if splits > 1:
             sum_tail = (_i64(count), _i64(splits))
 
@@ -209,7 +225,7 @@ class Sm80Mma(_BwdCandidate):
 
             per_block = 4 * cfgs.DKV_SUM_THREADS
             blocks = min(-(-count // per_block), 8 * req.device.sm_count)
-            steps.append((kernels[3].launch, (blocks, 1, 1), cfgs.DKV_SUM_THREADS, 0, sum_args))
+            steps.append((kernels[3], (blocks, 1, 1), cfgs.DKV_SUM_THREADS, 0, sum_args))
         return Prepared(total, steps)
 
 
@@ -244,27 +260,6 @@ class Sm90Wgmma(Sm80Mma):
         b, sq, hq, d = q.shape
         sk, hk = k.shape[1], k.shape[2]
         return cfgs.head_splits(self.tile(req), b, hk, hq // hk, sq, sk, req.flag("causal"), d, req.device.sm_count)
-
-
-class _WsLaunch:
-    """flash_bwd_sm90_ws's launch in a Prepared step: the kernel's prepared launch (the native launcher where it is
-    built), made at the first call; the build step passes the tensor maps by value."""
-
-    __slots__ = ("kernel", "go")
-
-    def __init__(self, kernel):
-        self.kernel, self.go = kernel, None
-
-    def __call__(self, grid, block, args, shared_mem=0, stream=None):
-        go = self.go
-        if go is None:
-            go = self.go = self.kernel.prepare(grid, (block, 1, 1), WS_KINDS, shared_mem)
-        go(stream if type(stream) is int else (0 if stream is None else stream_handle(stream)), *args)
-
-
-# flash_bwd_sm90_ws's parameters: tensor maps over q, k, v, dout (by value); lse2, dsum, dq_accum, dk, dv, sem;
-# eight sizes and strides; two scales
-WS_KINDS = "MMMM" + "P" * 6 + "q" * 8 + "ff"
 
 
 class Sm90WgmmaWs(Sm90Wgmma):
@@ -307,7 +302,7 @@ class Sm90WgmmaWs(Sm90Wgmma):
             a = main_args(p)
             return (*maps, *a[4:15], *a[-5:])
 
-        return (_WsLaunch(kernel), grid, tile.threads, tile.smem_bytes(q.shape[3]), build)
+        return (kernel, grid, tile.threads, tile.smem_bytes(q.shape[3]), build)
 
 
 class Simt(_BwdCandidate):
@@ -353,8 +348,8 @@ class Simt(_BwdCandidate):
             return (p["q"], p["k"], p["v"], p["dout"], ws + lse2_off, ws + dsum_off, p["dq"]) + dq_tail
 
         smem = t.smem_bytes(d)
-        steps = [prep, (kernels[1].launch, t.dkdv_grid(d, b, hk, sk), t.threads, smem, dkdv_args),
-                 (kernels[2].launch, t.dq_grid(d, b, hq, sq), t.threads, smem, dq_args)]
+        steps = [prep, (kernels[1], t.dkdv_grid(d, b, hk, sk), t.threads, smem, dkdv_args),
+                 (kernels[2], t.dq_grid(d, b, hq, sq), t.threads, smem, dq_args)]
         return Prepared(total, steps)
 
 
