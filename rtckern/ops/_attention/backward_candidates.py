@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,7 @@ def _contiguous3(shape) -> tuple:
 
 
 # Launch parameter kinds (Kernel.prepare) of the argument types the steps build
-_KINDS = {int: "P", np.int64: "q", np.float32: "f", bytes: "M"}
+_KINDS = MappingProxyType({int: "P", np.int64: "q", np.float32: "f", bytes: "M"})
 
 
 class Prepared:

@@ -261,7 +261,9 @@ DENSE_TOKENS = {
     # the dK / dV stores and the dQ hand-over shared by flash_bwd_sm80 / flash_bwd_sm90, the dot products of the
     # two attn_bwd_simt kernels; varlen.cuh's seq_at, bwd_ws_at, bwd_steps and mma_pair_step in the two mma kernels,
     # 352 variants on sm_80-sm_90a)
-    "attention/attn_bwd_rows.cuh": "212e362403a0047c8de26ee6a27e2a06a8effe1999a79ec64f8b3b68278ec663",
+    # attn_bwd_rows.cuh since: attn_bwd_convert's SWIZZLED parameter (default false) for flash_bwd_sm90_ws's
+    # accumulator, benchmarked with that kernel (attention_backward_h100)
+    "attention/attn_bwd_rows.cuh": "2d58c067eea9baafaea7586f4425fed646815133129cad4774524464a5cc71e4",
     "attention/flash_bwd_sm80.cuh": "ea676ed7a6e90afe62041d139d17a214f8b35d6fac56007a8bf3f8f616d6ec64",
     "attention/flash_bwd_sm90.cuh": "ab538f6c27d07ff25a75bfe68db750eccb4f55c44b32851e17d0384ee9695ca7",
     "attention/attn_bwd_simt.cuh": "1b04a3c986594ae083107bca4d8683f50b3e158790d735ecbb0c2950161ec674",
