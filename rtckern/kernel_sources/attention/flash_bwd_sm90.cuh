@@ -38,6 +38,7 @@
 #pragma once
 #include "attention/attn_bwd_rows.cuh"
 #include "attention/flash_bwd_sm80.cuh"
+#include "attention/sm90_bwd_parts.cuh"
 #include "attention/sm90_common.cuh"
 
 namespace rtk_attn {
@@ -77,7 +78,6 @@ __global__ void __launch_bounds__(BN * 2, 1)
   constexpr int NT = NWG * 128;
   constexpr int NS = BM / 2;             // S^T (and dP^T) accumulators per thread: 64 keys x BM queries
   constexpr int NKV = HD / 2;            // dK (and dV) accumulators per thread: 64 keys x HD
-  constexpr int KSTEPS = HD / 16;        // k-steps of S^T, dP^T
   constexpr int QSTEPS = BM / 16;        // k-steps of dV, dK
   constexpr int DQ_WM = (BM / 64 < NWG) ? BM / 64 : NWG;  // warpgroups along the query rows of dQ
   constexpr int DQ_MT = BM / (64 * DQ_WM);                // 64-row tiles per warpgroup
@@ -89,7 +89,6 @@ __global__ void __launch_bounds__(BN * 2, 1)
   static_assert(BM % 64 == 0 && BM <= 256 && STAGES >= 2, "query tile");
   static_assert(DQ_WM * DQ_WN == NWG && DQ_N % 64 == 0 && DQ_N * DQ_WN == HD, "dQ warpgroup tiling");
   static_assert(bwd_rows::pad % BM == 0, "BM must divide the lse2 / dsum row padding");
-  const float kNegInf = __int_as_float(0xff800000);
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024 B alignment
@@ -195,79 +194,9 @@ __global__ void __launch_bounds__(BN * 2, 1)
     const unsigned sQb = sQ + buf * L::q_bytes;
     const unsigned sdOb = sdO + buf * L::q_bytes;
 
-    // ---- S^T = K Q^T, dP^T = V dO^T: two commit groups ----
-    pin_regs(acc_s);
-    pin_regs(acc_dp);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) {
-      const unsigned off_a = (ks >> 2) * (BN * 128) + (ks & 3) * 32;
-      const unsigned off_b = (ks >> 2) * (BM * 128) + (ks & 3) * 32;
-      wgmma_op<T, BM>::ss(acc_s, sw128_desc(sK_wg + off_a, 16, 1024), sw128_desc(sQb + off_b, 16, 1024),
-                          ks > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) {
-      const unsigned off_a = (ks >> 2) * (BN * 128) + (ks & 3) * 32;
-      const unsigned off_b = (ks >> 2) * (BM * 128) + (ks & 3) * 32;
-      wgmma_op<T, BM>::ss(acc_dp, sw128_desc(sV_wg + off_a, 16, 1024), sw128_desc(sdOb + off_b, 16, 1024),
-                          ks > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-
-    // ---- P^T (while dP^T runs): rows keys n0 + key_in_tile (+8), columns queries m0 + j * 8 + 2t (+1) ----
-    const float* lse_s = sLse + buf * BM + 2 * t;
-    const float* dsum_s = sDsum + buf * BM + 2 * t;
-    wgmma_wait<1>();
-    pin_regs(acc_s);
-    {
-      const bool need_mask = (n0 + BN > sk) || (CAUSAL && n0 + BN - 1 > m0 + diag);
-      const int key0 = n0 + key_in_tile;
-      const int qry0 = m0 + 2 * t;
-#pragma unroll
-      for (int j = 0; j < BM / 8; ++j) {
-        const float2 l = *reinterpret_cast<const float2*>(lse_s + j * 8);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = j * 4 + e;
-          float s = acc_s[i];
-          if (need_mask) {
-            const int key = key0 + ((e >> 1) << 3);
-            const int qry = qry0 + j * 8 + (e & 1);
-            if (key >= sk || (CAUSAL && key > qry + diag)) s = kNegInf;
-          }
-          acc_s[i] = fast_exp2(fmaf(s, scale_log2, -((e & 1) ? l.y : l.x)));
-        }
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < QSTEPS; ++kk) {
-      p_a[kk][0] = pack2<T>(acc_s[(2 * kk) * 4 + 0], acc_s[(2 * kk) * 4 + 1]);
-      p_a[kk][1] = pack2<T>(acc_s[(2 * kk) * 4 + 2], acc_s[(2 * kk) * 4 + 3]);
-      p_a[kk][2] = pack2<T>(acc_s[(2 * kk + 1) * 4 + 0], acc_s[(2 * kk + 1) * 4 + 1]);
-      p_a[kk][3] = pack2<T>(acc_s[(2 * kk + 1) * 4 + 2], acc_s[(2 * kk + 1) * 4 + 3]);
-    }
-
-    // ---- dS^T = P^T (dP^T - dsum): packed as A fragments and stored to sdS ([key][query], swizzled) ----
-    wgmma_wait<0>();
-    pin_regs(acc_dp);
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-      const float2 d = *reinterpret_cast<const float2*>(dsum_s + j * 8);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = j * 4 + e;
-        acc_dp[i] = acc_s[i] * (acc_dp[i] - ((e & 1) ? d.y : d.x));
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < QSTEPS; ++kk) {
-      ds_a[kk][0] = pack2<T>(acc_dp[(2 * kk) * 4 + 0], acc_dp[(2 * kk) * 4 + 1]);
-      ds_a[kk][1] = pack2<T>(acc_dp[(2 * kk) * 4 + 2], acc_dp[(2 * kk) * 4 + 3]);
-      ds_a[kk][2] = pack2<T>(acc_dp[(2 * kk + 1) * 4 + 0], acc_dp[(2 * kk + 1) * 4 + 1]);
-      ds_a[kk][3] = pack2<T>(acc_dp[(2 * kk + 1) * 4 + 2], acc_dp[(2 * kk + 1) * 4 + 3]);
-    }
+    // ---- S^T, dP^T; P^T and dS^T as wgmma A fragments (sm90_bwd_parts.cuh) ----
+    sm90_bwd_scores<T, HD, BM, BN, CAUSAL>(acc_s, acc_dp, p_a, ds_a, sK_wg, sV_wg, sQb, sdOb, sLse + buf * BM + 2 * t,
+                                           sDsum + buf * BM + 2 * t, n0, m0, key_in_tile, t, sk, diag, scale_log2);
 
     // ---- dV += P^T dO, dK += dS^T Q (issue; they run under the dS^T stores and the barrier) ----
     pin_regs(p_a);
@@ -275,39 +204,17 @@ __global__ void __launch_bounds__(BN * 2, 1)
     pin_regs(acc_dv);
     pin_regs(acc_dk);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < QSTEPS; ++kk)
-      wgmma_op<T, HD>::rs(acc_dv, p_a[kk], sw128_desc(sdOb + kk * 2048, BM * 128, 1024));
-#pragma unroll
-    for (int kk = 0; kk < QSTEPS; ++kk)
-      wgmma_op<T, HD>::rs(acc_dk, ds_a[kk], sw128_desc(sQb + kk * 2048, BM * 128, 1024));
+    sm90_bwd_issue_rs<T, HD, BM>(acc_dv, p_a, sdOb);
+    sm90_bwd_issue_rs<T, HD, BM>(acc_dk, ds_a, sQb);
     wgmma_commit();
 
-    // dS^T fragment (row key_in_tile + 8 hh, query chunk 2 kk + c2) -> 4 bytes at lane offset 4t of the chunk.
-    // The 8 rows g of a warp hit 8 distinct swizzled chunk slots: conflict-free 32-bit stores.
-#pragma unroll
-    for (int kk = 0; kk < QSTEPS; ++kk)
-#pragma unroll
-      for (int c2 = 0; c2 < 2; ++c2)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-          *reinterpret_cast<unsigned*>(smem + (sdS - smem_base) + sw128_offset<BN>(key_in_tile + 8 * hh, 2 * kk + c2) +
-                                       4 * t) = ds_a[kk][2 * c2 + hh];
+    // dS^T to shared memory as [key][query] (swizzled), for dQ = dS K.
+    sm90_bwd_store_ds<BM, BN>(smem + (sdS - smem_base), ds_a, key_in_tile, t);
     fence_proxy_async();  // the dS^T stores, before the dQ wgmma reads them
     __syncthreads();      // dS^T complete (every warpgroup's keys)
 
     // ---- dQ_i (unscaled) = dS K: queries dq_wm * DQ_MT * 64 + mt * 64 .., head dims dq_wn * DQ_N .. ----
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-      for (int mt = 0; mt < DQ_MT; ++mt) {
-        const unsigned a = sdS + ((dq_wm * DQ_MT + mt) * (BN * 128)) + kk * 2048;  // 64-query column block
-        const unsigned bk = sK + dq_wn * (DQ_N / 64) * (BN * 128) + kk * 2048;
-        wgmma_op<T, DQ_N>::ss_mn(acc_dq[mt], sw128_desc(a, BN * 128, 1024), sw128_desc(bk, BN * 128, 1024),
-                                 kk > 0 ? 1 : 0);
-      }
-    wgmma_commit();
+    sm90_bwd_issue_dq<T, BN, DQ_MT, DQ_N>(acc_dq, sdS, sK, dq_wm, dq_wn);
     wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < DQ_MT; ++mt) pin_regs(acc_dq[mt]);
@@ -361,31 +268,11 @@ __global__ void __launch_bounds__(BN * 2, 1)
     const long long base = part * slice + at.k_off(dkv_bs, dkv_rs) + hk * dkv_hs;
     float* pk = reinterpret_cast<float*>(dk) + base;
     float* pv = reinterpret_cast<float*>(dv) + base;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = n0 + key_in_tile + 8 * hh;
-      if (row < sk) {
-#pragma unroll
-        for (int j = 0; j < HD / 8; ++j) {
-          const long long o = static_cast<long long>(row) * dkv_rs + j * 8 + 2 * t;
-          *reinterpret_cast<float2*>(pk + o) =
-              make_float2(acc_dk[j * 4 + 2 * hh] * scale, acc_dk[j * 4 + 2 * hh + 1] * scale);
-          *reinterpret_cast<float2*>(pv + o) = make_float2(acc_dv[j * 4 + 2 * hh], acc_dv[j * 4 + 2 * hh + 1]);
-        }
-      }
-    }
+    sm90_bwd_store_dkdv_f32<HD>(pk, pv, acc_dk, acc_dv, n0 + key_in_tile, sk, dkv_rs, t, scale);
     return;
   }
   __syncthreads();     // every warpgroup's wgmma reads of sK, sV are complete (each waited for its own)
-#pragma unroll
-  for (int j = 0; j < HD / 8; ++j)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int off = sw128_offset<BN>(key_in_tile + 8 * hh, j) + 4 * t;
-      *reinterpret_cast<unsigned*>(smem + off) =
-          pack2<T>(acc_dk[j * 4 + 2 * hh] * scale, acc_dk[j * 4 + 2 * hh + 1] * scale);
-      *reinterpret_cast<unsigned*>(smem + L::kv_bytes + off) = pack2<T>(acc_dv[j * 4 + 2 * hh], acc_dv[j * 4 + 2 * hh + 1]);
-    }
+  sm90_bwd_stage_dkdv<T, HD, BN>(smem, smem + L::kv_bytes, acc_dk, acc_dv, key_in_tile, t, scale);
   __syncthreads();
   store_dkdv<BN, CPR, NT>(dk, dv, at.k_off(dkv_bs, dkv_rs), hk * dkv_hs, dkv_rs, n0, sk, tid,
                           [&](int r, int c) { return smem + sw128_offset<BN>(r, c); },

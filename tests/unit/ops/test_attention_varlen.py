@@ -265,7 +265,9 @@ DENSE_TOKENS = {
     # accumulator, benchmarked with that kernel (attention_backward_h100)
     "attention/attn_bwd_rows.cuh": "2d58c067eea9baafaea7586f4425fed646815133129cad4774524464a5cc71e4",
     "attention/flash_bwd_sm80.cuh": "ea676ed7a6e90afe62041d139d17a214f8b35d6fac56007a8bf3f8f616d6ec64",
-    "attention/flash_bwd_sm90.cuh": "ab538f6c27d07ff25a75bfe68db750eccb4f55c44b32851e17d0384ee9695ca7",
+    # flash_bwd_sm90.cuh since: its step math in sm90_bwd_parts.cuh, shared with flash_bwd_sm90_ws.cuh (cubins
+    # byte-identical, tools/cubin_hashes.py: 48 variants of both kernels on sm_90a, dense and varlen)
+    "attention/flash_bwd_sm90.cuh": "a30f34992c54b0672c1eb416a670471895f80e477955e2284dd0d08c143cadab",
     "attention/attn_bwd_simt.cuh": "1b04a3c986594ae083107bca4d8683f50b3e158790d735ecbb0c2950161ec674",
 }
 
