@@ -20,16 +20,16 @@
 //     passes the counter on; the consumers never wait for another block. Two named barriers hand sdQ over: dQ full
 //     (consumers arrive, the warp waits) and dQ empty (the warp arrives once its reduction has read sdQ).
 //     The tile is bytewise the accumulator's rows m0 .. m0 + BM of the head, whose layout is swizzled for it: the
-//     16-byte chunk c of row r sits at chunk c ^ ((r & 3) << 1) (attn_bwd_convert_swizzled reads it back). That puts
-//     the consumers' 8-byte stores of a half-warp (4 rows x 4 lanes) on distinct banks, and keeps the tile one
-//     contiguous range for a single reduction.
+//     16-byte chunk c of row r sits at chunk c ^ ((r & 3) << 1) (attn_bwd_convert<..., SWIZZLED> reads it back).
+//     That puts the consumers' 8-byte stores of a half-warp (4 rows x 4 lanes) on distinct banks, and keeps the
+//     tile one contiguous range for a single reduction.
 //   consumers: per step the math of flash_bwd_sm90.cuh, reordered as FlashAttention-3 does: dV issued first (under
 //     the dS^T stores and the barrier), then dQ, then dK, which runs while dQ goes to shared memory. dS^T goes to one
 //     of two shared buffers (step parity), and a named barrier over the consumers (not the producer) publishes it
 //     before dQ = dS K. Two buffers make that one barrier enough: a warpgroup can write buffer p again only two
 //     steps later, after the other warpgroup passed the barrier of the step in between, i.e. after its dQ product
 //     of the step that read buffer p completed.
-// No block-wide barrier in the main loop: the producer runs STAGES - 1 steps ahead, and the warpgroups' scalar
+// No block-wide barrier in the main loop: the producer runs up to STAGES steps ahead, and the warpgroups' scalar
 // work (P, dS, the dQ hand-over) overlaps the other warpgroup's wgmmas.
 #pragma once
 #include "attention/attn_bwd_rows.cuh"
