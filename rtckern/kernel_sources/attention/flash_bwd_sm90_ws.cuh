@@ -67,9 +67,6 @@ RTK_DEVICE void bulk_wait_all() {
   else
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
-RTK_DEVICE void named_barrier_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
 
 // `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned), counted on `bar` in bytes.
 RTK_DEVICE void bulk_load_1d(unsigned dst, const void* src, unsigned bytes, unsigned bar) {

@@ -11,32 +11,31 @@
 namespace rtk_attn {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// acc = A B^T over the head dim (S^T = K Q^T or dP^T = V dO^T): A the warpgroup's 64 key rows at sA (within a BN-row
+// tile), B the stage's BM query rows at sB, both K-major swizzled tiles. No fence or commit.
+template <typename T, int HD, int BM, int BN>
+RTK_DEVICE void sm90_bwd_issue_ss(float (&acc)[BM / 2], unsigned sA, unsigned sB) {
+#pragma unroll
+  for (int ks = 0; ks < HD / 16; ++ks) {
+    const unsigned off_a = (ks >> 2) * (BN * 128) + (ks & 3) * 32;
+    const unsigned off_b = (ks >> 2) * (BM * 128) + (ks & 3) * 32;
+    wgmma_op<T, BM>::ss(acc, sw128_desc(sA + off_a, 16, 1024), sw128_desc(sB + off_b, 16, 1024), ks > 0 ? 1 : 0);
+  }
+}
+
 template <typename T, int HD, int BM, int BN, bool CAUSAL>
 RTK_DEVICE void sm90_bwd_scores(float (&acc_s)[BM / 2], float (&acc_dp)[BM / 2], unsigned (&p_a)[BM / 16][4],
                                 unsigned (&ds_a)[BM / 16][4], unsigned sK_wg, unsigned sV_wg, unsigned sQb,
                                 unsigned sdOb, const float* lse_s, const float* dsum_s, int n0, int m0,
                                 int key_in_tile, int t, int sk, int diag, float scale_log2) {
-  constexpr int KSTEPS = HD / 16;  // k-steps of S^T, dP^T
   constexpr int QSTEPS = BM / 16;  // A-fragment k-steps of dV, dK
   const float kNegInf = __int_as_float(0xff800000);
   pin_regs(acc_s);
   pin_regs(acc_dp);
   wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < KSTEPS; ++ks) {
-    const unsigned off_a = (ks >> 2) * (BN * 128) + (ks & 3) * 32;
-    const unsigned off_b = (ks >> 2) * (BM * 128) + (ks & 3) * 32;
-    wgmma_op<T, BM>::ss(acc_s, sw128_desc(sK_wg + off_a, 16, 1024), sw128_desc(sQb + off_b, 16, 1024),
-                        ks > 0 ? 1 : 0);
-  }
+  sm90_bwd_issue_ss<T, HD, BM, BN>(acc_s, sK_wg, sQb);
   wgmma_commit();
-#pragma unroll
-  for (int ks = 0; ks < KSTEPS; ++ks) {
-    const unsigned off_a = (ks >> 2) * (BN * 128) + (ks & 3) * 32;
-    const unsigned off_b = (ks >> 2) * (BM * 128) + (ks & 3) * 32;
-    wgmma_op<T, BM>::ss(acc_dp, sw128_desc(sV_wg + off_a, 16, 1024), sw128_desc(sdOb + off_b, 16, 1024),
-                        ks > 0 ? 1 : 0);
-  }
+  sm90_bwd_issue_ss<T, HD, BM, BN>(acc_dp, sV_wg, sdOb);
   wgmma_commit();
 
   // ---- P^T (while dP^T runs): rows keys n0 + key_in_tile (+8), columns queries m0 + j * 8 + 2t (+1) ----

@@ -81,6 +81,10 @@ RTK_DEVICE void tma_prefetch_map(const tensor_map* map) {
 RTK_DEVICE void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+// Arrive at named barrier `id` without waiting (the producer side of a hand-over).
+RTK_DEVICE void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
