@@ -184,10 +184,15 @@ class Sm80Mma(_BwdCandidate):
         """Blocks per (key block, kv head); 1: this kernel walks the whole GQA group in one block."""
         return 1
 
-    def _main_step(self, req: OpRequest, kernel, grid, q, k, v, dout, main_args):
-        """The main kernel's launch step: (launch, grid, block, smem, build(ptrs) -> args)."""
+    def _main_step(self, req: OpRequest, kernel, grid, q, k, v, dout, outputs, tail: tuple):
+        """The main kernel's launch step (kernel, grid, block, smem, build(ptrs) -> args): its parameter list is
+        q, k, v, dout, then outputs(ptrs) (the six workspace / output pointers), then `tail` (sizes, strides,
+        scales)."""
         tile = self.tile(req)
-        return (kernel, grid, tile.threads, tile.smem_bytes(q.shape[3]), main_args)
+
+        def build(p):
+            return (p["q"], p["k"], p["v"], p["dout"]) + outputs(p) + tail
+        return (kernel, grid, tile.threads, tile.smem_bytes(q.shape[3]), build)
 
     def prepare(self, req: OpRequest, kernels, q, k, v, dout, out, lse, scale: float) -> Prepared:
         tile = self.tile(req)
@@ -205,18 +210,18 @@ class Sm80Mma(_BwdCandidate):
                      *_strides3(k), *_strides3(v), *_strides3(dout), *_contiguous3(k.shape),
                      np.float32(scale * _LOG2E), np.float32(scale))
 
-        def main_args(p):
+        def outputs(p):
             ws = p["ws"]
             dk, dv = (ws + pk_off, ws + pv_off) if pk_off is not None else (p["dk"], p["dv"])
-            return (p["q"], p["k"], p["v"], p["dout"], ws + lse2_off, ws + dsum_off, ws + acc_off, dk, dv,
-                    ws + sem_off if sem_off is not None else 0) + main_tail
+            return (ws + lse2_off, ws + dsum_off, ws + acc_off, dk, dv, ws + sem_off if sem_off is not None else 0)
 
         conv_tail = (_i64(sq), _i64(hq), *_contiguous3(q.shape), np.float32(scale))
 
         def conv_args(p):
             return (p["ws"] + acc_off, p["dq"]) + conv_tail
 
-        steps = [prep, self._main_step(req, kernels[1], tile.grid(b, hk * splits, sk), q, k, v, dout, main_args),
+        steps = [prep, self._main_step(req, kernels[1], tile.grid(b, hk * splits, sk), q, k, v, dout, outputs,
+                                       main_tail),
                  (kernels[2], cfgs.ROWS.convert_grid(b, hq, sq), cfgs.ROWS.threads, 0, conv_args)]
         if splits > 1:
             sum_tail = (_i64(count), _i64(splits))
@@ -280,9 +285,12 @@ class Sm90WgmmaWs(Sm90Wgmma):
         prep, main, convert, dkv_sum = super().kernel_specs(req)
         return prep, main, dataclasses.replace(convert, template_args=convert.template_args + (True,)), dkv_sum
 
-    def _main_step(self, req: OpRequest, kernel, grid, q, k, v, dout, main_args):
+    def _main_step(self, req: OpRequest, kernel, grid, q, k, v, dout, outputs, tail: tuple):
         tile = self.tile(req)
         dtype = req.dtype("qkv")
+        # flash_bwd_sm90's tail without the strides of q, k, v, dout (the maps hold them): five sizes, dk / dv's
+        # strides, two scales
+        tail = tail[:5] + tail[-5:]
         # Views without the arrays (a memoized plan must not keep the caller's tensors alive), with their boxes.
         operands = (("q", q.at(q.ptr), tile.bm), ("k", k.at(k.ptr), tile.bn), ("v", v.at(v.ptr), tile.bn),
                     ("dout", dout.at(dout.ptr), tile.bm))
@@ -298,10 +306,7 @@ class Sm90WgmmaWs(Sm90Wgmma):
                     m = tma.kv_tensor_map(dtype, view.at(ptr), box)
                     last[i] = (ptr, m)
                 maps.append(m)
-            # flash_bwd_sm90's list: q, k, v, dout; six workspace / output pointers; five sizes; the strides of q,
-            # k, v, dout (the maps hold them), dk / dv's; two scales
-            a = main_args(p)
-            return (*maps, *a[4:15], *a[-5:])
+            return (*maps, *outputs(p), *tail)
 
         return (kernel, grid, tile.threads, tile.smem_bytes(q.shape[3]), build)
 
