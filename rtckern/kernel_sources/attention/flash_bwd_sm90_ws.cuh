@@ -9,6 +9,13 @@
 //
 // Head split as in flash_bwd_sm90.cuh, on the grid (heads_kv * splits, key blocks, batch).
 //
+// RTK_ATTN_VARLEN=1: the packed variable-length kernel (the parameters and layouts of flash_bwd_sm80.cuh's, with the
+// tensor maps over the packed (total, heads, HD) tensors as (HD, total, heads, 1); grid z is the sequence and a
+// block past its sequence's keys leaves). A sequence's tiles are boxes at its first row: rows past the sequence hold
+// the next sequence's rows (zeros past the total), which the consumers overwrite with zeros in shared memory (the
+// last key block once, the last query tile of each head per step); their queries have lse2 = +inf (P = 0) and their
+// keys are masked, dK / dV rows past the sequence are not stored, and the dQ reduction covers the sequence's rows.
+//
 // Threads: one producer warpgroup and NWG = BN / 64 consumer warpgroups of 64 keys each (BN = 128: 384 threads).
 // setmaxnreg moves registers from the producer (24) to the consumers (240).
 //   producer warp 0 (one thread): K_j and V_j once, then for every step the Q_i and dO_i tiles and their lse2 / dsum
@@ -82,7 +89,11 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
                       const float* __restrict__ lse2, const float* __restrict__ dsum, float* __restrict__ dq_accum,
                       T* __restrict__ dk, T* __restrict__ dv, int* __restrict__ sem, long long seqlen_q,
                       long long seqlen_k, long long heads_q, long long heads_kv, long long seqlen_q_pad,
-                      long long dkv_bs, long long dkv_rs, long long dkv_hs, float scale_log2, float scale) {
+                      long long dkv_bs, long long dkv_rs, long long dkv_hs, float scale_log2, float scale
+#if RTK_ATTN_VARLEN
+                      , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#endif
+                      ) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = flash_bwd_sm90_ws_smem<HD, BM, BN, STAGES>;
   constexpr int NWG = BN / 64;
@@ -133,12 +144,24 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
   const long long hk = blockIdx.x / splits;
   const int part = static_cast<int>(blockIdx.x - hk * splits);
   const long long b = blockIdx.z;
-  const int sq = static_cast<int>(seqlen_q);
-  const int sk = static_cast<int>(seqlen_k);
   const int group = static_cast<int>(heads_q / heads_kv) / splits;  // q heads this block walks
   const int n0 = n_block * BN;
+#if RTK_ATTN_VARLEN
+  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const int sq = seq.sq;
+  const int sk = seq.sk;
+  if (n0 >= sk) return;  // past this sequence's keys (the grid covers the longest one): the whole block leaves
+  const seq_at at{seq.q0, seq.k0};
+  const bwd_ws_at ws{static_cast<int>(varlen_pad_row0(seq.q0, b))};
+  // The tensor maps cover the packed tensors as (HD, total, heads, 1): a tile's box starts at the sequence's row.
+  const int q_row0 = static_cast<int>(seq.q0), k_row0 = static_cast<int>(seq.k0), tma_b = 0;
+#else
+  const int sq = static_cast<int>(seqlen_q);
+  const int sk = static_cast<int>(seqlen_k);
   const seq_at at{b};
   const bwd_ws_at ws{b};
+  const int q_row0 = 0, k_row0 = 0, tma_b = static_cast<int>(b);
+#endif
   const long long h_first = (hk * splits + part) * group;  // this block's first q head
   const int diag = sk - sq;
   const bwd_steps<BM, CAUSAL> st(sq, n0, diag, group);
@@ -155,7 +178,7 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
 
   if (wg == 0) {
     // ---------------- producer: one thread issues every copy ----------------
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<24>();  // 128 x 24 + 256 x 240 = 384 x 168, the registers the block launched with
     if (warp == 0 && lane == 0) {
       tma_prefetch_map(&tm_q);
       tma_prefetch_map(&tm_k);
@@ -164,8 +187,8 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
       mbar_arrive_expect_tx(kv_full, 2 * L::kv_bytes);
 #pragma unroll
       for (int cb = 0; cb < HD / 64; ++cb) {
-        tma_load_4d(sK + cb * (BN * 128), &tm_k, kv_full, cb * 64, n0, (int)hk, (int)b);
-        tma_load_4d(sV + cb * (BN * 128), &tm_v, kv_full, cb * 64, n0, (int)hk, (int)b);
+        tma_load_4d(sK + cb * (BN * 128), &tm_k, kv_full, cb * 64, k_row0 + n0, (int)hk, tma_b);
+        tma_load_4d(sV + cb * (BN * 128), &tm_v, kv_full, cb * 64, k_row0 + n0, (int)hk, tma_b);
       }
       for (int it = 0; it < st.n_iter; ++it) {
         const int s = it % STAGES;
@@ -176,8 +199,8 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
         mbar_arrive_expect_tx(full(s), 2 * L::q_bytes + 2 * L::row_bytes);
 #pragma unroll
         for (int cb = 0; cb < HD / 64; ++cb) {
-          tma_load_4d(sQ + s * L::q_bytes + cb * (BM * 128), &tm_q, full(s), cb * 64, m0, h, (int)b);
-          tma_load_4d(sdO + s * L::q_bytes + cb * (BM * 128), &tm_do, full(s), cb * 64, m0, h, (int)b);
+          tma_load_4d(sQ + s * L::q_bytes + cb * (BM * 128), &tm_q, full(s), cb * 64, q_row0 + m0, h, tma_b);
+          tma_load_4d(sdO + s * L::q_bytes + cb * (BM * 128), &tm_do, full(s), cb * 64, q_row0 + m0, h, tma_b);
         }
         // lse2 / dsum rows are padded to a multiple of BM: whole rows, 16-byte aligned, no bounds.
         const long long row_base = ws.row(h, heads_q, seqlen_q_pad, m0);
@@ -244,6 +267,16 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
   const int dq_wm = cw % DQ_WM, dq_wn = cw / DQ_WM;
 
   mbar_wait(kv_full, 0);  // also in a block with no step: no copy may still be landing when the block exits
+#if RTK_ATTN_VARLEN
+  // Rows past the sequence's keys hold the next sequence's keys and values: zeros instead (their scores are masked,
+  // but 0 * inf or nan in the products would not be 0). Both warpgroups write the same zeros.
+  if (n0 + BN > sk) {
+    zero_tile_rows_sw128<BN, HD>(smem + (sK - smem_base), sk - n0, tid & 127);
+    zero_tile_rows_sw128<BN, HD>(smem + (sV - smem_base), sk - n0, tid & 127);
+    fence_proxy_async();
+    named_barrier(1, NC);
+  }
+#endif
   for (int it = 0; it < st.n_iter; ++it) {
     const int buf = it % STAGES;
     const int m0 = st.block(it, st.head(it)) * BM;
@@ -251,6 +284,14 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
     const unsigned sdOb = sdO + buf * L::q_bytes;
     const unsigned sdSb = sdS + (it & 1) * L::ds_bytes;
     mbar_wait(full(buf), (it / STAGES) & 1);
+#if RTK_ATTN_VARLEN
+    if (m0 + BM > sq) {  // the sequence's last query tile: its rows past the sequence, zeros (as K and V above)
+      zero_tile_rows_sw128<BM, HD>(smem + (sQb - smem_base), sq - m0, tid & 127);
+      zero_tile_rows_sw128<BM, HD>(smem + (sdOb - smem_base), sq - m0, tid & 127);
+      fence_proxy_async();
+      named_barrier(1, NC);
+    }
+#endif
 
     // ---- S^T, dP^T; P^T and dS^T as wgmma A fragments (sm90_bwd_parts.cuh) ----
     sm90_bwd_scores<T, HD, BM, BN, CAUSAL>(acc_s, acc_dp, p_a, ds_a, sK_wg, sV_wg, sQb, sdOb, sLse + buf * BM + 2 * t,
@@ -305,10 +346,21 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
   }
 
   // ---- epilogue: dK *= scale; stage dK in sK and dV in sV (swizzled), then 16-byte stores of rows < seqlen_k ----
+#if RTK_ATTN_VARLEN
+  // The sequence's first key row, loaded again rather than held in two registers across the loop (the hd 64
+  // consumers are at their register cap).
+  const long long kv_off = static_cast<long long>(__ldg(cu_seqlens_k + b)) * dkv_rs;
+#else
+  const long long kv_off = at.k_off(dkv_bs, dkv_rs);
+#endif
   if (splits > 1) {
     // Partial sums in fp32, straight from the accumulators: each quad of lanes stores 32 contiguous bytes of a row.
+#if RTK_ATTN_VARLEN
+    const long long slice = seqlen_k * dkv_rs;  // seqlen_k carries total_k
+#else
     const long long slice = seqlen_k * dkv_rs * gridDim.z;
-    const long long base = part * slice + at.k_off(dkv_bs, dkv_rs) + hk * dkv_hs;
+#endif
+    const long long base = part * slice + kv_off + hk * dkv_hs;
     float* pk = reinterpret_cast<float*>(dk) + base;
     float* pv = reinterpret_cast<float*>(dv) + base;
     sm90_bwd_store_dkdv_f32<HD>(pk, pv, acc_dk, acc_dv, n0 + key_in_tile, sk, dkv_rs, t, scale);
@@ -317,7 +369,7 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
   named_barrier(1, NC);  // every consumer's wgmma reads of sK, sV are complete
   sm90_bwd_stage_dkdv<T, HD, BN>(smem, smem + L::kv_bytes, acc_dk, acc_dv, key_in_tile, t, scale);
   named_barrier(1, NC);
-  store_dkdv<BN, CPR, NC>(dk, dv, at.k_off(dkv_bs, dkv_rs), hk * dkv_hs, dkv_rs, n0, sk, ctid,
+  store_dkdv<BN, CPR, NC>(dk, dv, kv_off, hk * dkv_hs, dkv_rs, n0, sk, ctid,
                           [&](int r, int c) { return smem + sw128_offset<BN>(r, c); },
                           [&](int r, int c) { return smem + L::kv_bytes + sw128_offset<BN>(r, c); });
 #endif

@@ -22,17 +22,6 @@
 
 namespace rtk_attn {
 
-#if RTK_ATTN_VARLEN
-// Zero rows [first_row, BN) of a swizzled BN x HD tile (HD / 64 column blocks of BN rows x 128 bytes; the swizzle
-// permutes 16-byte chunks within a row, so a whole row is its 128 bytes whatever the swizzle), by 128 threads.
-template <int BN, int HD>
-RTK_DEVICE void zero_tile_rows_sw128(unsigned char* tile, int first_row, int tid) {
-  constexpr int CHUNKS = (HD / 64) * BN * 8;  // chunk i: column block i / (BN * 8), row (i / 8) % BN
-  for (int i = tid; i < CHUNKS; i += 128)
-    if (((i >> 3) % BN) >= first_row) *reinterpret_cast<uint4*>(tile + i * 16) = make_uint4(0u, 0u, 0u, 0u);
-}
-#endif
-
 template <int HD, int BN, int NWG, int KS, int VS>
 struct flash_sm90_ws_smem {
   static constexpr int q_bytes = 64 * NWG * HD * 2;

@@ -53,6 +53,18 @@ RTK_DEVICE void load_tile_sw128(unsigned s, const T* g_head, long long row_strid
                                  row0, rows_valid, tid);
 }
 
+#if RTK_ATTN_VARLEN
+// Zero rows [first_row, ROWS) of a swizzled ROWS x HD tile (HD / 64 column blocks of ROWS rows x 128 bytes; the
+// swizzle permutes 16-byte chunks within a row, so a whole row is its 128 bytes whatever the swizzle), by 128
+// threads. The varlen TMA kernels clear the rows of a tile that hold the next sequence's rows.
+template <int ROWS, int HD>
+RTK_DEVICE void zero_tile_rows_sw128(unsigned char* tile, int first_row, int tid) {
+  constexpr int CHUNKS = (HD / 64) * ROWS * 8;  // chunk i: column block i / (ROWS * 8), row (i / 8) % ROWS
+  for (int i = tid; i < CHUNKS; i += 128)
+    if (((i >> 3) % ROWS) >= first_row) *reinterpret_cast<uint4*>(tile + i * 16) = make_uint4(0u, 0u, 0u, 0u);
+}
+#endif
+
 #if defined(RTK_CUDA) && RTK_ARCH >= 900
 // A CUtensorMap passed by value as a __grid_constant__ kernel parameter: 128 opaque bytes, 64-byte aligned.
 struct alignas(64) tensor_map {

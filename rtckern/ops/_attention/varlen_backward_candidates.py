@@ -2,6 +2,8 @@
 (one source serves both ops; see attention/attn_bwd_rows.cuh and attention/varlen.cuh), mirroring
 attention_backward's candidates in the same order and with the same tiles:
 
+  attention_varlen_backward.sm90a_ws     sm_90 only, head dims 64 and 128: prep, flash_bwd_sm90_ws (TMA producer,
+                                         dQ by bulk reductions into the swizzled accumulator), its convert
   attention_varlen_backward.sm90a_wgmma  sm_90 only, head dims 64 and 128: prep, flash_bwd_sm90 (wgmma), convert
   attention_varlen_backward.sm80_mma     sm_80 and newer (sm_90 for head dims 32, 96, 256): prep, flash_bwd_sm80,
                                          convert
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import MappingProxyType
 
 import numpy as np
 
@@ -33,6 +36,8 @@ from rtckern.registry import options as opts
 from . import backward_candidates as dense
 from . import backward_configs as cfgs
 from . import candidates as dense_fwd
+from . import launch as tma
+from . import varlen_candidates as vc
 
 OP = "attention_varlen_backward"
 DEFINES = (("RTK_ATTN_VARLEN", "1"),)
@@ -128,6 +133,13 @@ class _Varlen:
     def kernel_specs(self, req: OpRequest):
         return tuple(dataclasses.replace(s, defines=DEFINES, op=OP) for s in super().kernel_specs(req))
 
+    def _varlen_main_step(self, req: OpRequest, kernel, q, k, v, dout, batch: int, main_args):
+        """The main kernel's step: (launch, grid(max_q, max_k), block, smem, build(ptrs) -> args)."""
+        tile = self.tile(req)
+        bn, hk = tile.bn, k.shape[1]
+        return (kernel.launch, lambda mq, mk: (_cdiv(mk, bn), hk, batch), tile.threads, tile.smem_bytes(q.shape[2]),
+                main_args)
+
     def launch(self, req: OpRequest, kernels, q, k, v, dout, out, lse, cu_q_ptr: int, cu_k_ptr: int, batch: int,
                max_q: int, max_k: int, dq_ptr: int, dk_ptr: int, dv_ptr: int, ws_ptr: int, scale: float,
                stream) -> None:
@@ -162,10 +174,8 @@ class Sm80Mma(_Varlen, dense.Sm80Mma):
         def conv_args(p):
             return (p["ws"] + acc_off, p["dq"]) + conv_tail + (p["cu_q"],)
 
-        bn, rpb = tile.bn, cfgs.ROWS.rows_per_block
-        steps = [prep,
-                 (kernels[1].launch, lambda mq, mk: (_cdiv(mk, bn), hk, batch), tile.threads, tile.smem_bytes(d),
-                  main_args),
+        rpb = cfgs.ROWS.rows_per_block
+        steps = [prep, self._varlen_main_step(req, kernels[1], q, k, v, dout, batch, main_args),
                  (kernels[2].launch, lambda mq, mk: (_cdiv(mq, rpb), hq, batch), cfgs.ROWS.threads, 0, conv_args)]
         return Prepared(total, steps)
 
@@ -183,6 +193,52 @@ class Sm90Wgmma(_Varlen, dense.Sm90Wgmma):
 
     def launch_resources(self, req: OpRequest):
         return super().launch_resources(req)[:3]
+
+
+# Kernel.launch_packed's parameter kinds of the argument types a step builds
+_TYPED = MappingProxyType({bytes: "map", int: "u64", np.int64: "i64", np.float32: "f32"})
+
+
+class Sm90WgmmaWs(_Varlen, dense.Sm90WgmmaWs):
+    """The warp-specialized kernel (flash_bwd_sm90_ws with RTK_ATTN_VARLEN=1): tensor maps over the packed q, k, v,
+    dout, launched with typed parameters; no head split, as sm90a_wgmma."""
+
+    name = "attention_varlen_backward.sm90a_ws"
+    prepare = Sm80Mma.prepare
+
+    def kernel_specs(self, req: OpRequest):
+        return super().kernel_specs(req)[:3]
+
+    def launch_resources(self, req: OpRequest):
+        return super().launch_resources(req)[:3]
+
+    def _varlen_main_step(self, req: OpRequest, kernel, q, k, v, dout, batch: int, main_args):
+        tile = self.tile(req)
+        dtype = req.dtype("qkv")
+        bn, hk = tile.bn, k.shape[1]
+        operands = (("q", q.at(q.ptr), tile.bm), ("k", k.at(k.ptr), tile.bn), ("v", v.at(v.ptr), tile.bn),
+                    ("dout", dout.at(dout.ptr), tile.bm))
+
+        last = [(None, b"")] * len(operands)  # per operand: the last (address, map), replaced as one tuple
+
+        def build(p):
+            # flash_bwd_sm80's varlen list: q, k, v, dout; six workspace / output pointers; five sizes; the strides of
+            # q, k, v, dout (the maps hold them); dk / dv's strides, two scales, cu_seqlens_q / _k
+            a = main_args(p)
+            maps = []
+            for i, (name, view, box) in enumerate(operands):
+                ptr, m = last[i]
+                if ptr != p[name]:  # encoded again only when the address changed
+                    ptr = p[name]
+                    m = tma.kv_tensor_map(dtype, vc.packed_4d(view.at(ptr)), box)
+                    last[i] = (ptr, m)
+                maps.append(m)
+            return (*maps, *a[4:15], *a[-7:])
+
+        def launch(grid, block, args, shared_mem=0, stream=None):
+            kernel.launch_packed(grid, (block, 1, 1), [(_TYPED[type(x)], x) for x in args], shared_mem, stream)
+
+        return (launch, lambda mq, mk: (hk, _cdiv(mk, bn), batch), tile.threads, tile.smem_bytes(q.shape[2]), build)
 
 
 class Simt(_Varlen, dense.Simt):
@@ -230,7 +286,7 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
     return request(dtype or "bf16", shape[-1], causal, det, device)
 
 
-CANDIDATES = (Sm90Wgmma(), Sm80Mma(), Simt())
+CANDIDATES = (Sm90WgmmaWs(), Sm90Wgmma(), Sm80Mma(), Simt())
 _registered = False
 
 

@@ -34,8 +34,8 @@ pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
-IMPLS = {"sm90a_wgmma": (64, 128), "sm80_mma": (32, 64, 96, 128, 256), "simt": (32, 64, 96, 128, 256)}
-DET_IMPLS = ("sm90a_wgmma", "sm80_mma")  # the simt kernels ignore the flag (always deterministic)
+IMPLS = {"sm90a_ws": (64, 128), "sm90a_wgmma": (64, 128), "sm80_mma": (32, 64, 96, 128, 256), "simt": (32, 64, 96, 128, 256)}
+DET_IMPLS = ("sm90a_ws", "sm90a_wgmma", "sm80_mma")  # the simt kernels ignore the flag (always deterministic)
 
 
 def _on_sm90() -> bool:

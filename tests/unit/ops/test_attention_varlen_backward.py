@@ -108,33 +108,29 @@ def test_bad_inputs(described, kw, msg):
 
 # ---- registry choice on described devices --------------------------------------------------------------------------
 @pytest.mark.parametrize("arch,hd,chosen", [
-    ("sm_90", 128, "sm90a_wgmma"), ("sm_90", 64, "sm90a_wgmma"), ("sm_90", 96, "sm80_mma"),
+    ("sm_90", 128, "sm90a_ws"), ("sm_90", 64, "sm90a_ws"), ("sm_90", 96, "sm80_mma"),
     ("sm_90", 256, "sm80_mma"), ("sm_80", 128, "sm80_mma"), ("sm_86", 64, "sm80_mma"), ("sm_75", 64, "simt"),
 ])
 @pytest.mark.parametrize("det", ["0", "1"])
 def test_explain_mirrors_the_dense_choice(cache_dir, arch, hd, chosen, det):
-    """The varlen op's choice is the dense op's candidate of the same name (on sm_90 the dense op prefers its
-    warp-specialized kernel, which has no varlen build yet)."""
     opts = {"causal": "1", "deterministic": det}
     e = explain(OP, dtype="bf16", shape=f"16384x16x{hd}", arch=arch, options=opts)
     d = explain("attention_backward", dtype="bf16", shape=str(hd), arch=arch, options=opts)
-    dense_chosen = "sm90a_ws" if chosen == "sm90a_wgmma" else chosen
-    assert (e.chosen, d.chosen) == (f"{OP}.{chosen}", f"attention_backward.{dense_chosen}")
+    assert (e.chosen, d.chosen) == (f"{OP}.{chosen}", f"attention_backward.{chosen}")
     specs = next(r for r in e.results if r.name == e.chosen).specs
-    dspecs = next(r for r in d.results if r.name == f"attention_backward.{chosen}").specs
+    dspecs = next(r for r in d.results if r.name == d.chosen).specs
     # the same kernels and tiles as the dense op's, compiled with the varlen define (the dense wgmma candidate adds
     # its head split's dK / dV sum kernel, which the varlen one has no use for)
     assert [(s.source, s.name, s.template_args, s.arch) for s in specs] == \
         [(s.source, s.name, s.template_args, s.arch) for s in dspecs if s.name != K.DKV_SUM_KERNEL]
-    assert len(dspecs) == len(specs) + (chosen == "sm90a_wgmma")
+    assert len(dspecs) == len(specs) + chosen.startswith("sm90a")
     assert all(s.defines == (VARLEN,) and s.op == OP for s in specs) and all(s.defines == () for s in dspecs)
 
 
 def test_every_candidate_mirrors_a_dense_one():
     varlen = {c.name.split(".", 1)[1]: c for c in candidates(OP)}
     dense = {c.name.split(".", 1)[1]: c for c in candidates("attention_backward")}
-    assert set(varlen) == {"sm90a_wgmma", "sm80_mma", "simt"}
-    assert set(dense) == set(varlen) | {"sm90a_ws"}  # the warp-specialized kernel: dense only so far
+    assert set(varlen) == set(dense) == {"sm90a_ws", "sm90a_wgmma", "sm80_mma", "simt"}
     for name, c in varlen.items():
         d = dense[name]
         assert (c.priority, c.min_arch, c.max_arch, c.arch_specific, c.vendors) == \
@@ -187,7 +183,9 @@ def _params(source: str, kernel: str) -> list[str]:
 def _check_args(params: list[str], args: tuple, what: str) -> None:
     assert len(params) == len(args), f"{what}: {len(args)} arguments for {len(params)} parameters"
     for p, a in zip(params, args):
-        if "*" in p:
+        if "tensor_map" in p:  # a CUtensorMap by value
+            assert type(a) is bytes and len(a) == 128, (what, p, a)
+        elif "*" in p:
             assert type(a) is int, (what, p, a)
         elif p.startswith("long long"):
             assert type(a) is np.int64, (what, p, a)
@@ -204,14 +202,26 @@ class _Recorder:
     def launch(self, grid, block, args, shared_mem=0, stream=None):
         self.calls.append((grid, block, args, shared_mem))
 
+    def launch_packed(self, grid, block, params, shared_mem=0, stream=None):  # the TMA kernel's typed launch
+        kinds = {bytes: "map", int: "u64", np.int64: "i64", np.float32: "f32"}
+        assert all(kind == kinds[type(a)] for kind, a in params)
+        self.calls.append((grid, block[0], tuple(a for _, a in params), shared_mem))
+
 
 PTRS = {n: (i + 1) << 32 for i, n in enumerate(("q", "k", "v", "dout", "out", "lse", "cu_q", "cu_k", "dq", "dk", "dv",
                                                  "ws"))}
 
 
-@pytest.mark.parametrize("impl", ["sm90a_wgmma", "sm80_mma", "simt"])
+@pytest.mark.parametrize("impl", ["sm90a_ws", "sm90a_wgmma", "sm80_mma", "simt"])
 @pytest.mark.parametrize("det", [False, True])
-def test_launch_arguments_match_the_kernels(impl, det):
+def test_launch_arguments_match_the_kernels(impl, det, monkeypatch):
+    maps = []
+
+    def encode_tiled(dtype, ptr, dims, strides, box):  # records the TMA kernel's tensor maps (no driver here)
+        maps.append((ptr, dims, strides, box))
+        return bytes(128)
+
+    monkeypatch.setattr(VC.tma, "encode_tiled", encode_tiled)
     dev = DeviceInfo.for_arch("sm_90")
     cand = next(c for c in VC.CANDIDATES if c.name == f"{OP}.{impl}")
     req = VC.request("bf16", 64, True, det, dev)
@@ -243,10 +253,19 @@ def test_launch_arguments_match_the_kernels(impl, det):
         assert prep[6] == (accum + 4 * 8 * tq * 64 if det else 0)
         assert prepared.workspace_bytes == 8 * 8 * R + 4 * 8 * tq * 64 + (4 * 8 * R // tile.bm if det else 0)
         main = kernels[1].calls[0]
-        assert main[0] == (-(-70 // tile.bn), 2, batch)
         assert main[2][4:7] == (ws, ws + 4 * 8 * R, accum) and main[2][-2:] == (PTRS["cu_q"], PTRS["cu_k"])
         assert [int(a) for a in main[2][10:15]] == [tq, tk, 8, 2, R]
-        assert [int(a) for a in main[2][15:30]] == [0, 512, 64, 0, 128, 64, 0, 128, 64, 0, 576, 64, 0, 128, 64]
+        if impl == "sm90a_ws":  # grid (heads, key blocks, sequences); maps over the packed tensors, then dk's strides
+            assert main[0] == (2, -(-70 // tile.bn), batch)
+            assert [int(a) for a in main[2][15:18]] == [0, 128, 64]
+            # byte strides: row, head, and (one batch entry) any legal value: heads x head stride
+            assert maps == [(PTRS["q"], (64, tq, 8, 1), (1024, 128, 1024), (64, tile.bm, 1, 1)),
+                            (PTRS["k"], (64, tk, 2, 1), (256, 128, 256), (64, tile.bn, 1, 1)),
+                            (PTRS["v"], (64, tk, 2, 1), (256, 128, 256), (64, tile.bn, 1, 1)),
+                            (PTRS["dout"], (64, tq, 8, 1), (1152, 128, 1024), (64, tile.bm, 1, 1))]
+        else:
+            assert main[0] == (-(-70 // tile.bn), 2, batch)
+            assert [int(a) for a in main[2][15:30]] == [0, 512, 64, 0, 128, 64, 0, 128, 64, 0, 576, 64, 0, 128, 64]
         conv = kernels[2].calls[0]
         assert conv[0] == (-(-130 // 32), 8, batch) and conv[2][:2] == (accum, PTRS["dq"])
     else:
@@ -272,7 +291,7 @@ def test_record_mode_and_preset(tmp_path, cache_dir):
     assert entry.request == {"dtypes": {"qkv": "bf16"}, "shape": {"head_dim": 128},
                              "flags": {"causal": True, "deterministic": False}}
     (planned,) = plan([entry], parse_archs("9.0a"))
-    assert planned.chain[0].candidate == sel.candidate.name == f"{OP}.sm90a_wgmma"
+    assert planned.chain[0].candidate == sel.candidate.name == f"{OP}.sm90a_ws"
     assert planned.chain[0].specs == sel.specs
     preset = [e for e in load_preset("common") if e.op == OP]
     assert {(e.dtype, e.shape[-1], dict(e.options)["causal"]) for e in preset} == \
