@@ -55,6 +55,8 @@ def cases(torch, stub: bool):
     q = rnd(1, 1, 32, 128)
     k = rnd(1, 1024, 8, 128)
     v = rnd(1, 1024, 8, 128)
+    qb = rnd(2, 128, 8, 64)
+    lse_b = rnd(2, 8, 128, dtype=torch.float32) if stub else ops.attention(qb, qb, qb, causal=True, return_lse=True)[1]
     a1 = rnd(1, 1024)
     wl = rnd(1024, 1024)  # an nn.Linear weight (out, in): 2 MB, so the GEMV itself stays under the host time
     out = [
@@ -75,11 +77,43 @@ def cases(torch, stub: bool):
         ("attention decode q[1,1,32,128] kv 1024 GQA", lambda: ops.attention(q, k, v),
          None if stub else (lambda: torch.nn.functional.scaled_dot_product_attention(
              q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True))),
+        ("attention_backward [2,128,8,64] causal",
+         lambda: ops.attention_backward(qb, qb, qb, qb, qb, lse_b, causal=True), None),
     ]
-    if not stub:  # the CPU harness's fake torch has no GEMM path
+    if not stub:  # the CPU harness's fake torch has neither a GEMM path nor autograd
         out.append(("gemm M=1 [1,1024] x [1024,1024]^T bf16", lambda: ops.gemm(a1, wl, trans_b=True),
                     lambda: torch.nn.functional.linear(a1, wl)))
+        out.append(training_attention(torch, ops))
     return out
+
+
+TRAINING_ATTENTION = "attention fwd+bwd [2,128,8,64] causal"
+
+
+def training_attention(torch, ops):
+    """A training step's attention at a launch-bound size: forward, then backward from a given dout. rtckern's
+    column calls the two ops; torch's is SDPA through autograd (torch.autograd.grad, no .grad accumulation), what
+    an unpatched HF model runs; the plugin column (plugin_calls) is torch.ops.rtckern.attention through autograd."""
+    q, k, v, do = (torch.randn(2, 128, 8, 64, dtype=torch.bfloat16, device="cuda") for _ in range(4))
+
+    def direct():
+        o, lse = ops.attention(q, k, v, causal=True, return_lse=True)
+        return ops.attention_backward(do, q, k, v, o, lse, causal=True)
+
+    qt, kt, vt = (t.transpose(1, 2).requires_grad_() for t in (q, k, v))
+    dot = do.transpose(1, 2)
+
+    def sdpa():
+        o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+        return torch.autograd.grad(o, (qt, kt, vt), dot)
+    return TRAINING_ATTENTION, direct, sdpa
+
+
+def _training_attention_plugin(torch, q, k, v, do):
+    def call():
+        o = torch.ops.rtckern.attention(q, k, v, True)
+        return torch.autograd.grad(o, (q, k, v), do)
+    return call
 
 
 def plugin_calls(torch, case_names, dev: str = "cuda") -> dict:
@@ -103,6 +137,8 @@ def plugin_calls(torch, case_names, dev: str = "cuda") -> dict:
         "causal softmax [32,128,128]": lambda: r.scaled_upper_triang_masked_softmax(c, 0.125),
         "attention decode q[1,1,32,128] kv 1024 GQA": lambda: r.attention(q, k, v),
         "gemm M=1 [1,1024] x [1024,1024]^T bf16": lambda: r.gemm(a1, wl, None, None, True),
+        TRAINING_ATTENTION: _training_attention_plugin(
+            torch, *(torch.randn(2, 128, 8, 64, dtype=bf16, device=dev).requires_grad_(i < 3) for i in range(4))),
     }
     unknown = set(calls) - set(case_names)
     assert not unknown, f"plugin calls name no case: {unknown}"
@@ -111,7 +147,8 @@ def plugin_calls(torch, case_names, dev: str = "cuda") -> dict:
 
 PLUGIN_CASES = ("rms_norm [4,4096] bf16", "rms_norm +residual", "layer_norm [4,4096] bf16",
                 "softmax [1,32,1,1024] bf16", "causal softmax [32,128,128]",
-                "attention decode q[1,1,32,128] kv 1024 GQA", "gemm M=1 [1,1024] x [1024,1024]^T bf16")
+                "attention decode q[1,1,32,128] kv 1024 GQA", "gemm M=1 [1,1024] x [1024,1024]^T bf16",
+                TRAINING_ATTENTION)
 
 
 def plugin_stub_rows(calls: int, repeats: int) -> list:
@@ -126,12 +163,30 @@ def plugin_stub_rows(calls: int, repeats: int) -> list:
         out += (x.new_empty(x.shape[:-1], dtype=torch.float32),) * (return_rstd + 2 * return_stats + return_lse)
         return out if len(out) > 1 else out[0]
 
+    def backward_stand_in(dout, q, k, v, *args, **kwargs):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
     for name in ("rms_norm", "layer_norm", "softmax", "scaled_upper_triang_masked_softmax", "attention", "gemm"):
         setattr(importlib.import_module(getattr(ops, name).__module__), name, stand_in)
+    setattr(importlib.import_module("rtckern.ops._attention.api"), "attention_backward", backward_stand_in)
     x = torch.empty(4, 4096, dtype=torch.bfloat16)
     base = time_loop(lambda: stand_in(x), calls, lambda: None, repeats)
     return [(name, base, None, time_loop(fn, calls, lambda: None, repeats))
             for name, fn in plugin_calls(torch, PLUGIN_CASES, "cpu").items()]
+
+
+def profile(fn, calls: int) -> None:
+    import cProfile
+    import pstats
+
+    for _ in range(100):
+        fn()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
 
 def time_loop(fn, calls: int, sync, repeats: int) -> float:
@@ -170,22 +225,15 @@ def run(a) -> Result | None:
     calls = a.calls or (10000 if a.stub or a.plugin_stub else 5000)
     rows = plugin_stub_rows(calls, a.repeats) if a.plugin_stub else []
     all_cases = [] if a.plugin_stub else cases(torch, a.stub)
-    plugin = {} if a.stub or a.profile or a.plugin_stub else plugin_calls(torch, [c[0] for c in all_cases])
+    plugin = {} if a.stub or a.plugin_stub else plugin_calls(torch, [c[0] for c in all_cases])
     for name, fn, ref in all_cases:
         if a.profile and not name.startswith(a.profile):
             continue
-        if a.profile:
-            import cProfile
-            import pstats
-
-            for _ in range(100):
-                fn()
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(calls):
-                fn()
-            pr.disable()
-            pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+        if a.profile:  # rtckern.ops' call, then the plugin's where the case has one
+            for label, call in (("rtckern.ops", fn), ("torch.ops.rtckern", plugin.get(name))):
+                if call is not None:
+                    print(f"---- {name}: {label}")
+                    profile(call, calls)
             continue
         us = time_loop(fn, calls, sync, a.repeats)
         ref_us = time_loop(ref, calls, sync, a.repeats) if ref is not None else None

@@ -46,6 +46,21 @@ def define_composite(schema: str, fn) -> None:
 
 
 # ---- the eager fast path inside the dispatcher ------------------------------------------------------------------
+_function_modes = torch._C._is_torch_function_mode_enabled
+_function_apply = torch._C._FunctionBase.__dict__["apply"]  # the C++ apply, bound per Function class below
+
+
+def _plain(args: tuple, tensor_args: tuple[int, ...]) -> bool:
+    """`direct` over the tensor arguments at positions tensor_args (this runs on every eager call)."""
+    if _dispatch_modes() or _transforms():
+        return False
+    n = len(args)
+    for i in tensor_args:
+        t = args[i] if i < n else None
+        if t is not None and (type(t) not in _PLAIN or t.is_meta):
+            return False
+    return True
+
 
 def direct(*tensors) -> bool:
     """True when a kernel at the autograd level may run the implementation itself, i.e. do what the redispatch
@@ -71,8 +86,8 @@ class KernelOp:
 
     mutates_args names the arguments the implementation may write in place, as for custom_op (the schema marks them
     `Tensor(a!)`, so functionalization and torch.compile see the writes). Calling the object calls
-    torch.ops.rtckern.<name>; `call_direct` is for callers that have checked `direct` themselves (the composites'
-    fast paths)."""
+    torch.ops.rtckern.<name>, or its implementation directly in plain eager code; `call_direct` is for callers that
+    have checked `direct` themselves (the composites' fast paths)."""
 
     def __init__(self, name: str, fn, mutates_args: tuple[str, ...] = ()) -> None:
         schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
@@ -84,10 +99,17 @@ class KernelOp:
         self._tensor_args = tuple(i for i, a in enumerate(args) if str(a.type) in ("Tensor", "Optional[Tensor]"))
         self._setup = self._backward = None
         self.function = self._autograd_function()
+        # autograd.Function.apply without its Python wrapper, whose work (binding defaults for setup_context,
+        # unwrapping dead functorch wrappers) has nothing to do on the eager fast path: ~4 us per call
+        self._apply = _function_apply.__get__(None, self.function)
         LIB.impl(name, fn, "CompositeExplicitAutograd")
         LIB.impl(name, self._autograd_kernel(), "Autograd", with_keyset=True)
 
     def __call__(self, *args, **kwargs):
+        """torch.ops.rtckern.<name>(*args), taking the eager fast path (`call_direct`) itself when nothing traces
+        or intercepts the call: the backward formulas call their backward ops this way."""
+        if not kwargs and not _function_modes() and _plain(args, self._tensor_args):
+            return self.call_direct(*args)
         return self.op(*args, **kwargs)
 
     def register_fake(self, fake):
@@ -103,22 +125,16 @@ class KernelOp:
         """The op in plain eager code (the caller checked `direct`): the implementation, through the op's
         autograd.Function when a gradient is needed."""
         if _grad_enabled() and _any_requires_grad(*args):
-            return self.function.apply(*args, None)
+            return self._apply(*args, None)
         return self.fn(*args)
 
     def _autograd_kernel(self):
-        fn, op, tensor_args, function = self.fn, self.op, self._tensor_args, self.function
+        fn, op, tensor_args, function, apply = self.fn, self.op, self._tensor_args, self.function, self._apply
 
         def autograd_kernel(keyset, *args):
             grad = _grad_enabled() and _any_requires_grad(*args)
-            if not (_dispatch_modes() or _transforms()):  # `direct`, inlined (this runs on every eager call)
-                n = len(args)
-                for i in tensor_args:
-                    t = args[i] if i < n else None
-                    if t is not None and (type(t) not in _PLAIN or t.is_meta):
-                        break
-                else:
-                    return function.apply(*args, None) if grad else fn(*args)
+            if _plain(args, tensor_args):
+                return apply(*args, None) if grad else fn(*args)
             if grad:
                 return function.apply(*args, keyset)
             with _below_autograd():

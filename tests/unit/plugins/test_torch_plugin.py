@@ -533,6 +533,22 @@ def test_an_eager_call_is_one_dispatcher_op(jit_on_cpu, grad):
     assert mode.seen == ["rtckern::rms_norm_fwd"]  # a mode sees the kernel op (the composite decomposed)
 
 
+def test_backward_formulas_skip_the_dispatcher_in_eager_code(jit_on_cpu):
+    """A backward formula runs its backward op's implementation itself in plain eager code: the profiler sees the
+    public ops only; a dispatch mode still sees the backward ops (as tracing does)."""
+    x, w = rand(4, 32, requires_grad=True), rand(32, requires_grad=True)
+    q = rand(1, 8, 2, 16, dtype=BF16, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ops.rms_norm(x, w, 1e-6).sum().backward()
+        ops.attention(q, q, q, True).float().sum().backward()
+    names = {e.name for e in prof.events() if e.name.startswith("rtckern::")}
+    assert names == {"rtckern::rms_norm", "rtckern::attention"}
+    with _SeeOps() as mode:
+        ops.rms_norm(x, w, 1e-6).sum().backward()
+        ops.attention(q, q, q, True).float().sum().backward()
+    assert {"rtckern::rms_norm_bwd", "rtckern::attention_bwd"} <= set(mode.seen)
+
+
 def test_meta_and_inference_mode_take_the_dispatcher():
     """Meta tensors reach the fake kernels (the fast path is for real tensors); inference-mode tensors skip the
     autograd key and reach the backend kernel directly."""
