@@ -5,7 +5,9 @@ GPU (the real number):     python -m benchmarks op_overhead [--calls 5000]
     the same inputs; prints a markdown table of microseconds per call. At these sizes the kernels take ~2-5 us,
     so the loop measures the host side (what decode-time calls pay). Each op is timed twice: called directly
     (rtckern.ops.*) and through the torch plugin (torch.ops.rtckern.*, what a patched or compiled model calls),
-    both against torch's own eager call.
+    both against torch's own eager call. Two training rows: attention forward + backward through autograd (against
+    SDPA's), and the floor any Python autograd formula pays on CUDA tensors (a bare autograd.Function that only
+    allocates, in torch's column).
 
 Plugin layers (no GPU):    python -m benchmarks op_overhead --plugin-stub [--calls 20000]
     torch.ops.rtckern.* on CPU tensors with real torch and rtckern.ops' functions replaced by a stand-in that
@@ -84,7 +86,31 @@ def cases(torch, stub: bool):
         out.append(("gemm M=1 [1,1024] x [1024,1024]^T bf16", lambda: ops.gemm(a1, wl, trans_b=True),
                     lambda: torch.nn.functional.linear(a1, wl)))
         out.append(training_attention(torch, ops))
+        out.append((AUTOGRAD_FLOOR, None, python_function_floor(torch)))
     return out
+
+
+AUTOGRAD_FLOOR = "autograd.Function floor [2,128,8,64] (empty_like only)"
+
+
+def python_function_floor(torch):
+    """What any op with a Python autograd formula pays on CUDA tensors before it launches anything: a bare
+    torch.autograd.Function whose forward and backward only allocate their outputs, through torch.autograd.grad
+    (the backward runs on autograd's device thread and takes the GIL there). In torch's column: torch's own cost."""
+    class Bare(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return torch.empty_like(q)
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    q, k, v, do = (torch.randn(2, 128, 8, 64, dtype=torch.bfloat16, device="cuda").requires_grad_(i < 3)
+                   for i in range(4))
+    return lambda: torch.autograd.grad(Bare.apply(q, k, v), (q, k, v), do)
 
 
 TRAINING_ATTENTION = "attention fwd+bwd [2,128,8,64] causal"
@@ -230,12 +256,12 @@ def run(a) -> Result | None:
         if a.profile and not name.startswith(a.profile):
             continue
         if a.profile:  # rtckern.ops' call, then the plugin's where the case has one
-            for label, call in (("rtckern.ops", fn), ("torch.ops.rtckern", plugin.get(name))):
+            for label, call in (("rtckern.ops", fn), ("torch.ops.rtckern", plugin.get(name)), ("torch", ref)):
                 if call is not None:
                     print(f"---- {name}: {label}")
                     profile(call, calls)
             continue
-        us = time_loop(fn, calls, sync, a.repeats)
+        us = time_loop(fn, calls, sync, a.repeats) if fn is not None else None
         ref_us = time_loop(ref, calls, sync, a.repeats) if ref is not None else None
         plugin_us = time_loop(plugin[name], calls, sync, a.repeats) if name in plugin else None
         rows.append((name, us, ref_us, plugin_us))
@@ -260,7 +286,7 @@ def to_result(rows: list[dict], data: dict) -> Result:
         return f"{v / ref:.2f}x" if v is not None and ref else "-"
 
     table = Table(("op", "rtckern us/call", "torch us/call", "ratio", "torch.ops.rtckern us/call", "ratio"),
-                  [(r["op"], f"{r['rtckern_us']:.1f}", us_cell(r["torch_us"]), ratio(r["rtckern_us"], r["torch_us"]),
+                  [(r["op"], us_cell(r["rtckern_us"]), us_cell(r["torch_us"]), ratio(r["rtckern_us"], r["torch_us"]),
                     us_cell(r["torch_ops_rtckern_us"]), ratio(r["torch_ops_rtckern_us"], r["torch_us"])) for r in rows])
     return Result("Host cost per call", rows=rows, data=data,
                   body=[f"{data['where']}: {data['calls']} calls per loop, median of {data['repeats']} loops.", table],

@@ -128,6 +128,12 @@ def primary_context(ordinal: int):
     return c
 
 
+def retained_ordinal() -> int:
+    """A device whose primary context this process already retained (0 when none is): for driver calls that need
+    some current context but do not depend on the device, in a thread where none is current yet."""
+    return next(iter(_primary), 0)
+
+
 @contextlib.contextmanager
 def on_device(ordinal: int):
     """Make the device's primary context current for the block, then restore whatever was current

@@ -28,9 +28,7 @@ REFUSED_IMAGE_ERRORS = {"CUDA_ERROR_INVALID_IMAGE", "CUDA_ERROR_NO_BINARY_FOR_GP
                         "CUDA_ERROR_NOT_FOUND"}
 
 
-# Ordinals of every device a Kernel was loaded on. While it is one device (the common case) a launch needs no
-# context check; with several, a launch makes its own device's context current if another one is.
-_devices_in_use: set[int] = set()
+# ordinal -> its primary context's handle: launches push it when another context (or none) is current
 _primary_ctx: dict[int, int] = {}
 
 
@@ -186,7 +184,6 @@ class Kernel(KernelAttributes):
         self._non_portable_cluster = False  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set
         self._default_stream = None
         _ctx_of(device.ordinal)
-        _devices_in_use.add(device.ordinal)
 
     def __repr__(self) -> str:
         return f"<rtckern.Kernel {self.label} on {self.device.describe()}>"
@@ -321,8 +318,8 @@ class Kernel(KernelAttributes):
         return go
 
     def _launch_on_own_device(self, s, cfg, args) -> None:
-        """Several devices are in use: launch in this kernel's device context whatever is current, so a tensor
-        on device 1 runs on device 1 while the caller's current device is 0."""
+        """Launch in this kernel's device context whatever is current: a tensor on device 1 runs on device 1 while
+        the caller's current device is 0, and a thread with no current context gets this one for the launch."""
         d = driver()
         mine = _primary_ctx[self.device.ordinal]
         cur = d.cuCtxGetCurrent()[1]
@@ -419,8 +416,6 @@ class Kernel(KernelAttributes):
     def _launch_core(self, cfg: LaunchShape, args, stream) -> None:
         """The launch through cuda.core: cooperative and cluster launches, arguments without a native kind, or no
         native launcher."""
-        from cuda.core import launch
-
         if stream is None:
             s = self._default_stream
             if s is None:
@@ -428,10 +423,9 @@ class Kernel(KernelAttributes):
         else:
             s = core_stream(stream)
         try:
-            if len(_devices_in_use) > 1:
-                self._launch_on_own_device(s, cfg.core(), args)
-            else:
-                launch(s, cfg.core(), self.core, *args)
+            # in this kernel's context whatever is current: another device's, or none (a thread such as autograd's
+            # device threads, where no CUDA runtime call made one current yet)
+            self._launch_on_own_device(s, cfg.core(), args)
         except DriverError:
             raise
         except Exception as e:

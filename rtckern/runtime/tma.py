@@ -40,12 +40,19 @@ def encode_tiled(dtype: str, ptr: int, dims: Sequence[int], byte_strides: Sequen
 
     dt = getattr(drv.CUtensorMapDataType, _TYPES[dtype])
     u64, u32 = drv.cuuint64_t, drv.cuuint32_t  # older cuda-bindings refuse plain ints here
-    err, tmap = drv.cuTensorMapEncodeTiled(
-        dt, len(dims), int(ptr), [u64(x) for x in dims], [u64(x) for x in byte_strides], [u32(x) for x in box],
-        [u32(1)] * len(dims),
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    args = (dt, len(dims), int(ptr), [u64(x) for x in dims], [u64(x) for x in byte_strides], [u32(x) for x in box],
+            [u32(1)] * len(dims),
+            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    err, tmap = drv.cuTensorMapEncodeTiled(*args)
+    if err == drv.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        # A thread with no current context (autograd's device threads run a backward before any CUDA runtime call
+        # there): the driver wants one, though the map does not depend on it.
+        from rtckern.runtime.driver import on_device, retained_ordinal
+
+        with on_device(retained_ordinal()):
+            err, tmap = drv.cuTensorMapEncodeTiled(*args)
     if err != drv.CUresult.CUDA_SUCCESS:
         raise LaunchError(f"cuTensorMapEncodeTiled failed ({err}) for a {dtype} tensor at {int(ptr):#x}, dims {dims} "
                           f"(innermost first), byte strides {byte_strides}, box {box}: TMA needs a 16-byte aligned "

@@ -232,3 +232,59 @@ def test_native_launcher_is_available_on_the_gpu_machine():
     if config.settings().native_launch == "off":
         pytest.skip("RTCKERN_NATIVE_LAUNCH=0: the run checks the cuda.core fallback")
     assert native.module() is not None, native.why()
+
+
+def _in_a_fresh_thread(fn):
+    """fn() in a new thread: no CUDA call has made a context current there (as in autograd's device threads,
+    which run a backward's first op before anything else touched CUDA in them)."""
+    import threading
+
+    box = {}
+
+    def work():
+        try:
+            box["out"] = fn()
+        except BaseException as e:  # re-raised in the test's thread
+            box["err"] = e
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
+def test_cooperative_launch_in_a_thread_with_no_current_context(dev, mgr):
+    """The cuda.core launch path (cooperative here) pushes the kernel's context where none is current."""
+    k = mgr.get(spec(dev, "coop_sum"), 0)
+    x = torch.rand(1_000_000, device="cuda", dtype=torch.float32)
+    partials = torch.empty(k.max_cooperative_grid(256), device="cuda")
+    out = torch.full((1,), float("nan"), device="cuda")
+    bar = torch.zeros(1, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+    _in_a_fresh_thread(lambda: k.launch(partials.numel(), 256, (x.data_ptr(), partials.data_ptr(), out.data_ptr(),
+                                                                x.numel(), bar.data_ptr()), cooperative=True))
+    torch.cuda.synchronize()
+    assert abs(out.item() - x.double().sum().item()) < 1e-3 * x.numel()
+
+
+def test_ops_run_in_a_thread_with_no_current_context():
+    """The TMA kernels (tensor maps encoded in the thread) and the native launches work where no context is
+    current, and give what the main thread gets."""
+    from rtckern import ops
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    o, lse = ops.attention(q, k, v, causal=True, return_lse=True)
+    a, b = (torch.randn(512, 512, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+
+    def work():
+        return (ops.attention(q, k, v, causal=True),
+                *ops.attention_backward(do, q, k, v, o, lse, causal=True, deterministic=True), ops.gemm(a, b))
+
+    torch.cuda.synchronize()
+    fresh = _in_a_fresh_thread(work)
+    torch.cuda.synchronize()
+    for x, y in zip(fresh, work()):
+        assert torch.equal(x, y)

@@ -114,5 +114,4 @@ def install(monkeypatch) -> FakeDriver:
     monkeypatch.setattr(drv_mod, "_initialized", False)
     monkeypatch.setattr(drv_mod, "_primary", {})
     monkeypatch.setattr(kmod, "_primary_ctx", {})
-    monkeypatch.setattr(kmod, "_devices_in_use", set())
     return fake
