@@ -281,6 +281,23 @@ class Kernel(KernelAttributes):
         """The largest grid (in blocks) that can be co-resident, hence launched cooperatively."""
         return self.max_active_blocks_per_sm(block_size, dynamic_smem) * self.device.sm_count
 
+    def max_active_clusters(self, cluster, block_size: int, dynamic_smem: int = 0) -> int:
+        """How many clusters of shape `cluster` (sm_90+) can run at once: the driver's answer, which knows the GPC
+        layout (clusters of two on an H100 SXM's 132 SMs: fewer than 66). -1 where the driver or cuda.core cannot
+        say."""
+        try:
+            from cuda.core import LaunchConfig
+
+            from . import core_stream
+
+            if dynamic_smem > 48 * 1024:
+                self._ensure_dynamic_smem(dynamic_smem)
+            # cuda.core counts the grid in clusters when a cluster is given: one cluster
+            lc = LaunchConfig(grid=1, cluster=_dim3(cluster), block=int(block_size), shmem_size=int(dynamic_smem))
+            return int(self.core.occupancy.max_active_clusters(lc, stream=core_stream(0)))
+        except Exception:  # an older cuda.core or driver without the query
+            return -1
+
     # ---- launch ----
     def _config(self, grid, block, shared_mem: int, cooperative: bool, cluster=None) -> LaunchShape:
         key = (grid, block, shared_mem, cooperative, cluster)

@@ -28,6 +28,16 @@
 // Tensor maps (3-d, batch 1), uint8 elements, SWIZZLE_128B: A dims (k, m, 1), box (128, BM, 1); B dims (k, n, 1),
 // box (128, BN, 1).
 //
+// RTK_FP8_MULTICAST=1: clusters of two blocks on vertically adjacent tiles (tm even / odd, same tn) share B: each
+// block loads half of the stage's B rows with TMA multicast into both (B's map has a box of BN / 2 rows), so a tile
+// reads 3/4 of the L2 bytes per K block (A, half of B) that it reads alone. Both blocks walk the same tile pairs
+// and K blocks in step; a stage is refilled only when the consumers of both blocks are done with it: a producer
+// that sees its own consumers' release (the empty barrier, as without clusters) tells the peer's producer through
+// the peer's `peer_bar` and waits on its own, so the consumers' code is the one without clusters. A cluster barrier
+// after the barriers' set-up and before the exit keeps every remote arrival and multicast inside the peer's
+// lifetime. A pair's odd tile past
+// the last row block loads zeros and stores nothing. The grid holds whole clusters.
+//
 // RTK_GEMM_GROUPED=1 / 2 (rtckern.ops.grouped_gemm_fp8 / grouped_gemm_fp8_masked): the grouped GEMM of
 // gemm/grouped.cuh (modes, tile prefix, unit map) with block scales. Extra parameters: `groups` (after `bias`), the
 // offsets or masked_m; at the end `batch` groups, stride_c between the output matrices of masked groups, sa_batch /
@@ -46,6 +56,15 @@
 #ifndef RTK_GEMM_GROUPED
 #define RTK_GEMM_GROUPED 0
 #endif
+#ifndef RTK_FP8_MULTICAST
+#define RTK_FP8_MULTICAST 0
+#endif
+#if RTK_FP8_MULTICAST
+#include "gemm/cluster_reduce.cuh"
+#define RTK_FP8_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
+#else
+#define RTK_FP8_CLUSTER_DIMS
+#endif
 #if RTK_GEMM_GROUPED
 #include "gemm/grouped.cuh"
 #define RTK_GEMM_FP8_GROUPS_PARAM , const int* __restrict__ groups
@@ -56,7 +75,7 @@
 #endif
 
 template <typename TOut, typename TBias, int BM, int BN, int STAGES, int NC, bool HAS_BIAS, int SCALE>
-__global__ void __launch_bounds__((NC + 1) * 128, 1)
+__global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
     gemm_fp8_wgmma_sm90(const __grid_constant__ rtk_tensor_map tm_a, const __grid_constant__ rtk_tensor_map tm_b,
                         TOut* __restrict__ c, const float* __restrict__ sa, const float* __restrict__ sb,
                         const TBias* __restrict__ bias RTK_GEMM_FP8_GROUPS_PARAM, long long m, long long n,
@@ -80,22 +99,51 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
   unsigned char* sB = sA + STAGES * A_STAGE;
   __shared__ __align__(8) unsigned long long full_bar[STAGES];
   __shared__ __align__(8) unsigned long long empty_bar[STAGES];
+#if RTK_FP8_MULTICAST
+  __shared__ __align__(8) unsigned long long peer_bar[STAGES];  // the peer's consumers released the stage
+#endif
 #if RTK_GEMM_GROUPED
   static_assert(!HAS_BIAS && SCALE == RTK_FP8_SCALE_BLOCK, "grouped fp8 GEMM: block scales, no bias");
   int* group_tiles = reinterpret_cast<int*>(sB + STAGES * B_STAGE);  // the tile prefix, after the ring
 #endif
 
+#if RTK_FP8_MULTICAST
+  static_assert(!RTK_GEMM_GROUPED, "multicast: the dense GEMM only");
+  // the rank in the cluster: blockIdx.x & 1 for clusters of (2, 1, 1), re-read where used rather than kept live
+#define RTK_FP8_RANK (blockIdx.x & 1u)
+  if (threadIdx.x == 0) {
+    rtk_tma_ring_init<STAGES>(&tm_a, &tm_b, full_bar, empty_bar, NC);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) rtk_mbar_init(&peer_bar[s], 1);  // the peer's producer
+    rtk_mbar_init_fence();
+  }
+  rtk_gemm_cluster_sync();  // both blocks' barriers exist before either multicasts or arrives remotely
+#else
   if (threadIdx.x == 0) {
     rtk_tma_ring_init<STAGES>(&tm_a, &tm_b, full_bar, empty_bar, NC);
     rtk_mbar_init_fence();
   }
   __syncthreads();
+#endif
 
 #if RTK_GEMM_GROUPED
   rtk_group_tile_prefix<BM, RTK_GEMM_GROUPED>(groups, batch, m, group_tiles);
   const long long tiles_n = (n + BN - 1) / BN, tiles = group_tiles[batch] * tiles_n;
 #else
   const long long tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN, tiles = tiles_m * tiles_n;
+#endif
+#if RTK_FP8_MULTICAST
+  // units: pairs of row blocks x column blocks; the cluster walks them as one block walks tiles
+  (void)tiles;
+  // 32-bit: the consumers sit at the register cap (a tile count past 2^31 is 2^45 outputs)
+  const int pairs_m = (int)((tiles_m + 1) / 2), units = pairs_m * (int)tiles_n, gm_pairs = group_m > 1 ? (int)group_m / 2 : 1;
+  const int tn_count = (int)tiles_n;
+  auto unit_coords = [&](int u, int& tm, int& tn) {  // rtk_tile_coords over pairs of row blocks, in 32 bits
+    const int per_group = gm_pairs * tn_count, g = u / per_group, first = g * gm_pairs;
+    const int rows = pairs_m - first < gm_pairs ? pairs_m - first : gm_pairs, r = u - g * per_group;
+    tm = 2 * (first + r % rows) + (int)RTK_FP8_RANK;
+    tn = r / rows;
+  };
 #endif
   const long long kb_total = (k + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
@@ -106,6 +154,12 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
     if (threadIdx.x == 0) {
       int stage = 0;
       unsigned phase = 0;
+#if RTK_FP8_MULTICAST
+      bool refill = false;  // from the second pass over the ring on, a stage's wait follows a release
+      for (int t0 = blockIdx.x / 2; t0 < units; t0 += gridDim.x / 2) {
+        int tm, tn;
+        unit_coords(t0, tm, tn);
+#else
       for (long long t0 = blockIdx.x; t0 < tiles; t0 += gridDim.x) {
 #if RTK_GEMM_GROUPED
         const RtkGroupUnit gu =
@@ -116,13 +170,23 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         long long tm, tn;
         rtk_tile_coords(t0, tiles_m, tiles_n, group_m, tm, tn);
 #endif
+#endif
         for (long long kb = 0; kb < kb_total; ++kb) {
           rtk_mbar_wait(&empty_bar[stage], phase ^ 1u);
+#if RTK_FP8_MULTICAST
+          if (refill) rtk_mbar_arrive_cluster(&peer_bar[stage], RTK_FP8_RANK ^ 1u);  // my copy is free
+          rtk_mbar_wait(&peer_bar[stage], phase ^ 1u);                              // and the peer's
+#endif
           rtk_mbar_arrive_expect_tx(&full_bar[stage], STAGE_BYTES);
 #if RTK_GEMM_GROUPED
           rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), (int)gu.row0, a_batch);
           rtk_tma_load_3d(sB + stage * B_STAGE, &tm_b, &full_bar[stage], (int)(kb * BK), (int)(tn * BN),
                           (int)gu.group);
+#elif RTK_FP8_MULTICAST
+          rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), (int)(tm * BM), 0);
+          // B rows rank * BN / 2 ..: 1024-B aligned, the same swizzle as one box of BN rows
+          rtk_tma_load_3d_multicast(sB + stage * B_STAGE + RTK_FP8_RANK * (B_STAGE / 2), &tm_b, &full_bar[stage],
+                                    (int)(kb * BK), (int)(tn * BN + RTK_FP8_RANK * (BN / 2)), 0, (unsigned short)3);
 #else
           rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), (int)(tm * BM), 0);
           rtk_tma_load_3d(sB + stage * B_STAGE, &tm_b, &full_bar[stage], (int)(kb * BK), (int)(tn * BN), 0);
@@ -130,6 +194,9 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
           if (++stage == STAGES) {
             stage = 0;
             phase ^= 1u;
+#if RTK_FP8_MULTICAST
+            refill = true;
+#endif
           }
         }
       }
@@ -143,7 +210,11 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
     float acc[MI][BN / 2];
     float part[MI][PN / 2];
     long long g = 0;  // k-blocks consumed before the current tile (the ring cursor)
+#if RTK_FP8_MULTICAST
+    for (int t0 = blockIdx.x / 2; t0 < units; t0 += gridDim.x / 2) {
+#else
     for (long long t0 = blockIdx.x; t0 < tiles; t0 += gridDim.x) {
+#endif
 #if RTK_GEMM_GROUPED
       const RtkGroupUnit gu = rtk_group_unit<BM, RTK_GEMM_GROUPED>(t0, group_tiles, batch, tiles_n, group_m, groups, m);
       const long long tn = gu.tn;
@@ -160,7 +231,16 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
       const float* sb_t = sb + gu.group * sb_batch;  // the group's b scale rows
 #else
       long long tm, tn;
+#if RTK_FP8_MULTICAST
+      {
+        int tm32, tn32;
+        unit_coords(t0, tm32, tn32);
+        tm = tm32;
+        tn = tn32;
+      }
+#else
       rtk_tile_coords(t0, tiles_m, tiles_n, group_m, tm, tn);
+#endif
       // Accumulator layout of m64nN: thread (warp w, lane l) holds, for each 8-column group j, rows
       // 16 w + l / 4 (+ 8) and columns 8 j + 2 (l % 4) (+ 1) at acc[4 j + {0, 1}] (row) and {2, 3} (row + 8).
       const long long row_base = tm * BM + cw * WG_M + warp * 16 + (lane >> 2);
@@ -286,6 +366,9 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
       if (cw == 0 && g > 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
     }
   }
+#if RTK_FP8_MULTICAST
+  rtk_gemm_cluster_sync();  // the peer's last remote arrivals (released before it arrives) land before either exits
+#endif
 #else
   static_assert(sizeof(TOut) == 0, "gemm_fp8_wgmma_sm90 needs the sm_90a target (wgmma, setmaxnreg)");
 #endif

@@ -21,6 +21,27 @@ RTK_DEVICE void rtk_tma_load_3d(void* smem_dst, const rtk_tensor_map* map, unsig
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(rtk_smem_u32(bar))
       : "memory");
 }
+// The same load delivered to every block of the cluster in `cta_mask` (bit r: rank r): the data lands at
+// smem_dst's offset in each, and each one's barrier at bar's offset counts the bytes.
+RTK_DEVICE void rtk_tma_load_3d_multicast(void* smem_dst, const rtk_tensor_map* map, unsigned long long* bar, int c0,
+                                          int c1, int c2, unsigned short cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(rtk_smem_u32(smem_dst)),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(rtk_smem_u32(bar)),
+      "h"(cta_mask)
+      : "memory");
+}
+// One arrival on the barrier at bar's offset in block `rank` of the cluster. CTA-scope release (the default): a
+// cluster-scope one waits for every store the thread has in flight (the previous tile's epilogue) and stalled the
+// fp8 GEMM's consumers by a third; what the arrival publishes (wgmma reads of shared memory, completed) needs none.
+RTK_DEVICE void rtk_mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(rtk_smem_u32(bar)),
+      "r"(rank)
+      : "memory");
+}
 RTK_DEVICE void rtk_tma_prefetch_map(const rtk_tensor_map* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
 }

@@ -34,10 +34,10 @@ def config_from_dict(d: Mapping[str, Any]) -> Sm90Fp8Config:
     """A table row's config; ValueError for one that is not an sm90 fp8 tile config."""
     if d.get("kind", "sm90") != "sm90":
         raise ValueError(f"gemm_fp8 config {dict(d)}: kind must be 'sm90'")
-    extra = set(d) - {"kind", "bm", "bn", "stages", "consumers", "group_m"}
+    extra = set(d) - {"kind", "bm", "bn", "stages", "consumers", "group_m", "cluster"}
     if extra:
         raise ValueError(f"gemm_fp8 config {dict(d)}: unknown fields {sorted(extra)}")
-    vals = {k: d[k] for k in ("bm", "bn", "stages", "consumers", "group_m") if k in d}
+    vals = {k: d[k] for k in ("bm", "bn", "stages", "consumers", "group_m", "cluster") if k in d}
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vals.values()):
         raise ValueError(f"gemm_fp8 config {dict(d)}: tile fields must be positive integers")
     return Sm90Fp8Config(**vals)
@@ -63,6 +63,8 @@ def tuned(p: Fp8Problem, device) -> tuple[Sm90Fp8Config, tuning.Tuned | None]:
 
     if p.aligned:
         found = tuning.lookup(OP, device, key_of(p), valid=valid)
-        if found is not None:
+        # an exact row is not checked by the lookup, and rows are keyed without bias: a row's config may not serve
+        # this call (a clustered 128 x 256 tile with a bias), which the rule then does
+        if found is not None and valid(found.config, {}):
             return config_from_dict(found.config), found
     return heuristic(p, device.sm_count), None

@@ -57,13 +57,15 @@ class Fp8Problem:
 @dataclass(frozen=True)
 class Sm90Fp8Config:
     """bm x bn output tiles, `consumers` warpgroups of bm / consumers rows (multiples of 64), a ring of `stages`
-    K blocks of 128."""
+    K blocks of 128; `cluster` 2: pairs of blocks on vertically adjacent tiles share B by TMA multicast
+    (RTK_FP8_MULTICAST)."""
 
     bm: int = 128
     bn: int = 128
     stages: int = 6
     consumers: int = 2
     group_m: int = 8
+    cluster: int = 1
 
     kind = "sm90"
 
@@ -80,6 +82,12 @@ class Sm90Fp8Config:
             return f"bm={self.bm}, consumers={self.consumers}: each consumer needs a multiple of 64 rows, bm <= 256"
         if self.bn not in (64, 128, 256):
             return f"bn={self.bn}: supported 64, 128, 256"
+        if self.cluster not in (1, 2) or (self.cluster == 2 and self.bn < 128):
+            return f"cluster={self.cluster}, bn={self.bn}: clusters of 1, or of 2 with bn >= 128 (each block " \
+                   "multicasts half of B's rows, a whole number of 64-row boxes)"
+        if self.cluster == 2 and self.bn == 256 and (p.bias != "none" or p.scale == "block"):
+            return "cluster=2 with bn=256 and a bias or block scales: beside the cluster's tile walk the consumers " \
+                   "spill registers; bn=128 or cluster=1"
         # fp32 accumulators per thread: the tile's promoted sums (mi x bn / 2) and one partial of at most 128
         # columns (mi x min(bn, 128) / 2), within the 232 registers a consumer gets
         mi = (self.bm // self.consumers) // 64
@@ -96,8 +104,11 @@ class Sm90Fp8Config:
         return None
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "bm": self.bm, "bn": self.bn, "stages": self.stages,
-                "consumers": self.consumers, "group_m": self.group_m}
+        d = {"kind": self.kind, "bm": self.bm, "bn": self.bn, "stages": self.stages, "consumers": self.consumers,
+             "group_m": self.group_m}
+        if self.cluster != 1:  # rows of tables written before clusters stay as they were
+            d["cluster"] = self.cluster
+        return d
 
 
 SIMT_TILE = (64, 64, 256)  # gemm_fp8_simt: bm, bn, threads
@@ -110,7 +121,8 @@ def _bias_ctype(p: Fp8Problem) -> str:
 def sm90_spec(p: Fp8Problem, cfg: Sm90Fp8Config, arch: Arch) -> KernelSpec:
     return KernelSpec(source="gemm/gemm_fp8_sm90.cuh", name="gemm_fp8_wgmma_sm90", arch=arch, op=OP,
                       template_args=(ctype(p.out_dtype), _bias_ctype(p), cfg.bm, cfg.bn, cfg.stages, cfg.consumers,
-                                     p.bias != "none", SM90_SCALE_IDS[p.scale]))
+                                     p.bias != "none", SM90_SCALE_IDS[p.scale]),
+                      defines=(("RTK_FP8_MULTICAST", "1"),) if cfg.cluster == 2 else ())
 
 
 def simt_spec(p: Fp8Problem, arch: Arch) -> KernelSpec:

@@ -69,10 +69,17 @@ class GemmLaunch:
     def __init__(self, kernel, p: Fp8Problem, cfg, lda: int, ldb: int, scale_strides: tuple, sm_count: int):
         sa_row, sa_kb, sb_row, sb_kb = scale_strides
         if cfg is not None:  # sm_90a
-            self._maps = (MapCache((p.k, p.m), lda, (128, cfg.bm)), MapCache((p.k, p.n), ldb, (128, cfg.bn)))
-            tiles = math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
+            # a cluster's blocks each multicast B's rows bn / cluster ..; units: tiles, or pairs of row blocks
+            cl = cfg.cluster
+            self._maps = (MapCache((p.k, p.m), lda, (128, cfg.bm)), MapCache((p.k, p.n), ldb, (128, cfg.bn // cl)))
+            units = math.ceil(math.ceil(p.m / cfg.bm) / cl) * math.ceil(p.n / cfg.bn)
+            resident = sm_count // cl
+            if cl > 1:  # the GPCs leave fewer whole clusters than sm_count / cl: a grid past them runs a second wave
+                fit = getattr(kernel, "max_active_clusters", lambda *a: -1)((cl, 1, 1), cfg.threads, cfg.smem_bytes)
+                resident = fit if fit > 0 else resident
             scalars = (p.m, p.n, p.k, p.n, sa_row, sa_kb, sb_row, sb_kb, cfg.group_m)
-            self._main = Prepared(kernel, (max(1, min(tiles, sm_count)), 1, 1), (cfg.threads, 1, 1), cfg.smem_bytes,
+            self._main = Prepared(kernel, (cl * max(1, min(units, resident)), 1, 1), (cfg.threads, 1, 1),
+                                  cfg.smem_bytes,
                                   [("map", bytes(128)), ("map", bytes(128))] + [("u64", 0)] * 4
                                   + [("i64", v) for v in scalars])
         else:

@@ -19,19 +19,20 @@ from .candidates import problem
 from .geometry import OP, Fp8Problem, Sm90Fp8Config
 
 STAGES = (4, 6, 8, 10, 12)  # ring depths tried, where the ring fits in shared memory
-TILES = ((64, 64, 1), (64, 128, 1), (128, 64, 1), (128, 64, 2), (128, 128, 2), (256, 64, 2),
-         (128, 256, 2))  # bm, bn, consumers
+TILES = ((64, 64, 1, 1), (64, 128, 1, 1), (128, 64, 1, 1), (128, 64, 2, 1), (128, 128, 2, 1), (256, 64, 2, 1),
+         (128, 256, 2, 1), (128, 128, 2, 2), (128, 256, 2, 2))  # bm, bn, consumers, cluster
 
 
 def sweep_configs(p: Fp8Problem) -> list[Sm90Fp8Config]:
     """Every tile config the sm_90a kernel accepts for p (Sm90Fp8Config.invalid), at each ring depth that fits;
-    tiles of 128+ rows are left out where M <= 64 (their extra rows are padding). In a fixed order."""
+    tiles of 128+ rows are left out where M <= 64 (their extra rows are padding), clusters where M spans fewer
+    than two row blocks (nothing to share). In a fixed order."""
     out = []
-    for bm, bn, consumers in TILES:
-        if p.m <= 64 and bm > 64:
+    for bm, bn, consumers, cluster in TILES:
+        if (p.m <= 64 and bm > 64) or (cluster > 1 and p.m <= bm):
             continue
         for stages in STAGES:
-            cfg = Sm90Fp8Config(bm, bn, stages, consumers)
+            cfg = Sm90Fp8Config(bm, bn, stages, consumers, cluster=cluster)
             if cfg.invalid(p) is None:
                 out.append(cfg)
     return out

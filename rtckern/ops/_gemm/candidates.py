@@ -206,19 +206,7 @@ def active_clusters(kernel, cfg) -> int:
     key = (id(kernel), dims, cfg.threads, cfg.smem_bytes)
     hit = _clusters_fit.get(key)
     if hit is None:
-        try:
-            from cuda.core import LaunchConfig
-
-            from rtckern.runtime import core_stream
-
-            if cfg.smem_bytes > 48 * 1024:
-                kernel.set_max_dynamic_shared_memory(cfg.smem_bytes)
-            # cuda.core counts the grid in clusters when a cluster is given: one cluster
-            lc = LaunchConfig(grid=1, cluster=dims, block=cfg.threads, shmem_size=cfg.smem_bytes)
-            hit = int(kernel.core.occupancy.max_active_clusters(lc, stream=core_stream(0)))
-        except Exception:  # an older cuda.core or driver without the query
-            hit = -1
-        _clusters_fit.put(key, hit)
+        hit = _clusters_fit.put(key, kernel.max_active_clusters(dims, cfg.threads, cfg.smem_bytes))
     return hit
 
 

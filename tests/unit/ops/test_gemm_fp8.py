@@ -33,6 +33,56 @@ def test_tiles_and_limits():
     assert "TMA" in G.Sm90Fp8Config().invalid(G.Fp8Problem(64, 64, 64, aligned=False))
 
 
+def test_clusters_share_b_between_vertically_adjacent_tiles():
+    """cluster=2 configs: a define (the dense kernel's text unchanged otherwise), B's map box halved, whole clusters
+    in the grid, never more than the driver says fit, the table's dict round trip; refused where bn < 128."""
+    from rtckern.ops._fp8 import configs, launch, tune
+
+    cfg = G.Sm90Fp8Config(128, 256, 4, 2, cluster=2)
+    p = G.Fp8Problem(1000, 4096, 4096)
+    assert cfg.invalid(p) is None and "cluster=2, bn=64" in G.Sm90Fp8Config(128, 64, 6, 2, cluster=2).invalid(p)
+    assert "spill" in cfg.invalid(G.Fp8Problem(1000, 4096, 4096, bias="bf16"))
+    assert G.sm90_spec(p, cfg, Arch.parse("sm_90a")).defines == (("RTK_FP8_MULTICAST", "1"),)
+    assert G.sm90_spec(p, G.Sm90Fp8Config(128, 256, 4, 2), Arch.parse("sm_90a")).defines == ()
+    assert configs.config_from_dict(cfg.as_dict()) == cfg and "cluster" not in G.Sm90Fp8Config().as_dict()
+
+    class Kernel:  # records the prepared launch
+        def __init__(self, fit):
+            self.fit = fit
+
+        def max_active_clusters(self, cluster, threads, smem):
+            assert cluster == (2, 1, 1)
+            return self.fit
+
+        def prepare(self, grid, block, kinds, smem):
+            self.grid = grid
+            return lambda *a: None
+
+    # 1000 rows: 8 row blocks, 4 pairs; 16 column tiles: 64 units of two tiles
+    for fit, blocks in ((66, 128), (20, 40), (-1, 128)):  # -1: the driver cannot say, 132 SMs / 2
+        k = Kernel(fit)
+        gl = launch.GemmLaunch(k, p, cfg, 4096, 4096, (0, 0, 0, 0), 132)
+        assert k.grid == (blocks, 1, 1) and gl._maps[1].box == (128, 128)
+    # the tuner times clusters only where M spans two row blocks
+    assert any(c.cluster == 2 for c in tune.sweep_configs(p))
+    assert not any(c.cluster == 2 for c in tune.sweep_configs(G.Fp8Problem(128, 4096, 4096)))
+
+
+def test_a_table_row_that_cannot_serve_the_call_gives_way_to_the_rule(monkeypatch):
+    """Rows are keyed without bias and the lookup does not check exact rows: a clustered 128 x 256 row serves a call
+    without bias, and the rule serves the same shape with one (not the CUDA-core fallback)."""
+    import types
+
+    from rtckern.ops._fp8 import configs
+
+    row = G.Sm90Fp8Config(128, 256, 4, 2, cluster=2).as_dict()
+    monkeypatch.setattr(configs.tuning, "lookup", lambda *a, **k: types.SimpleNamespace(config=row))
+    dev = DeviceInfo.for_arch("sm_90", sm_count=132)
+    assert configs.tuned(G.Fp8Problem(4096, 4096, 4096), dev)[0].cluster == 2
+    cfg, found = configs.tuned(G.Fp8Problem(4096, 4096, 4096, bias="bf16"), dev)
+    assert found is None and cfg == configs.heuristic(G.Fp8Problem(4096, 4096, 4096, bias="bf16"), 132)
+
+
 def test_explain_and_requests():
     dev = DeviceInfo.for_arch("sm_90", sm_count=132)
     req = cands.build_request((4096, 4096, 4096), None, dev, scale="block")
@@ -65,6 +115,12 @@ def _variants():
             for out in G.OUTPUT_DTYPES:
                 for bias in ("none", "bf16", "fp32"):
                     yield G.sm90_spec(G.Fp8Problem(64, 64, 256, sc, out, bias), cfg, Arch.parse("sm_90a"))
+    for cfg in (G.Sm90Fp8Config(128, 128, 6, 2, cluster=2), G.Sm90Fp8Config(128, 256, 4, 2, cluster=2)):
+        for sc in ("tensor", "block"):
+            for bias in ("none", "fp32"):
+                p = G.Fp8Problem(256, 256, 256, sc, "bf16", bias)
+                if cfg.invalid(p) is None:
+                    yield G.sm90_spec(p, cfg, Arch.parse("sm_90a"))
     for arch in ("sm_89", "sm_90"):
         for sc in ("tensor", "block"):
             for out in G.OUTPUT_DTYPES:
