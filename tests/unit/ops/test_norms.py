@@ -369,9 +369,10 @@ def test_registry_choice_backward(cache_dir, arch, n, expect):
 
 # ---- every variant compiles with NVRTC ----------------------------------------------------------------------------
 def _compiled_variants(arch: str) -> list:
-    """Every variant for the target arch; a fixed 1-in-6 sample elsewhere keeps CI short."""
+    """Fixed samples that keep CI under ten minutes on two cores: 1 in 2 variants for the target arch (sm_90), 1 in
+    6 elsewhere. `rtckern tune` compiles (and checks on the GPU) every config it times."""
     specs = list(dict.fromkeys(norms_variants(arch)))
-    return specs if arch == "sm_90" else specs[::6] + specs[-1:]
+    return specs[::2] + specs[-1:] if arch == "sm_90" else specs[::6] + specs[-1:]
 
 
 @pytest.mark.slow
