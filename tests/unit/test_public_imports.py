@@ -99,6 +99,9 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._fp8.api": "scale_layout: the scale-granularity inference on plain shapes, without arrays",
         "rtckern.ops._fp8.candidates": "request builders, candidates' refusals and the prefill provider",
         "rtckern.ops._fp8.geometry": "tile configs and the kernel specs of every variant (compiled without spills)",
+        "rtckern.ops._fp8.configs": "the table row / rule choice of a tile config (a row that cannot serve a call)",
+        "rtckern.ops._fp8.launch": "the clustered launch's grid and B map box with a recording kernel",
+        "rtckern.ops._fp8.tune": "which tile configs the tuner's sweep offers (clusters only where M spans two tiles)",
         "rtckern.ops._gemm.wgmma_gen": "checks that the generated fp8 wgmma header is current",
     },
     "tests/gpu/ops/test_attention_kvcache.py": {

@@ -162,11 +162,15 @@ def test_list_configs_needs_no_gpu_and_names_the_row_key(capsys):
     assert "--list-configs" in err
 
 
-def test_without_rows_the_rule_serves_and_selection_is_unchanged():
+def test_without_rows_the_rule_serves_and_selection_is_unchanged(monkeypatch, tmp_path):
+    from rtckern import tuning
+
     cands._configs.clear()
     for dev in (PLAIN, H100):
         cfg, found = configs.tuned(Fp8Problem(16, 4096, 4096), dev)
         assert found is None or found.row is not None
+    # no table at all (neither shipped nor the user's): the rule
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", tmp_path / "shipped")
     with config.override(tuning_table_dir=None):
         cfg, found = configs.tuned(Fp8Problem(4096, 4096, 4096), PLAIN)
-    assert cfg == configs.heuristic(Fp8Problem(4096, 4096, 4096), 132)
+    assert found is None and cfg == configs.heuristic(Fp8Problem(4096, 4096, 4096), 132)
