@@ -74,6 +74,26 @@ def cache_dir(tmp_path, monkeypatch):
             set_manager(old)
 
 
+@pytest.fixture(scope="session")
+def _session_cache_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("shared-cache")
+
+
+@pytest.fixture
+def shared_cache_dir(_session_cache_root, monkeypatch):
+    """As `cache_dir`, but one directory for the whole session: for tests that read the registry's choices on
+    described devices and never look at the cache itself, so that a kernel one of them compiled is a disk hit for
+    the next (the explain tests of the attention ops compile the same kernels over and over otherwise)."""
+    d = _session_cache_root / "cache"
+    monkeypatch.setenv("RTCKERN_CACHE_DIR", str(d))
+    with config.override(cache_dir=d, cache_max_bytes=None, read_only_layers=(), remote_cache=None):
+        old = set_manager(None)
+        try:
+            yield d
+        finally:
+            set_manager(old)
+
+
 @pytest.fixture
 def manager(cache_dir):
     return KernelManager(cache_dir)

@@ -146,7 +146,7 @@ def test_generated_wgmma_header_is_current():
     ("sm_86", 128, False, "attention.sm80_mma", ("rtk_bf16", "128", "128", "32", "4", "2", "false", "true")),
     ("sm_75", 64, True, "attention.simt", ("rtk_bf16", "64", "true")),
 ])
-def test_choice_on_described_devices(cache_dir, arch, hd, causal, chosen, targs):
+def test_choice_on_described_devices(shared_cache_dir, arch, hd, causal, chosen, targs):
     e = explain("attention", dtype="bf16", shape=str(hd), arch=arch, options={"causal": "1" if causal else "0"})
     assert e.chosen == chosen
     res = next(r for r in e.results if r.name == chosen)

@@ -128,7 +128,7 @@ def test_tiles_fit_every_arch_and_head_dim():
     ("sm_75", 64, "attention_backward.simt", ("rtk_bf16", "64", "32", "true")),
     ("sm_75", 256, "attention_backward.simt", ("rtk_bf16", "256", "16", "true")),
 ])
-def test_choice_on_described_devices(cache_dir, arch, hd, chosen, targs):
+def test_choice_on_described_devices(shared_cache_dir, arch, hd, chosen, targs):
     e = explain("attention_backward", dtype="bf16", shape=str(hd), arch=arch, options={"causal": "1"})
     assert e.chosen == chosen
     res = next(r for r in e.results if r.name == chosen)

@@ -149,7 +149,7 @@ def test_host_arrays_are_refused():
     ("sm_86", 128, False, "attention_varlen.sm80_mma"),
     ("sm_75", 64, True, "attention_varlen.simt"),
 ])
-def test_explain_mirrors_the_dense_choice(cache_dir, arch, hd, causal, chosen):
+def test_explain_mirrors_the_dense_choice(shared_cache_dir, arch, hd, causal, chosen):
     opts = {"causal": "1" if causal else "0"}
     e = explain("attention_varlen", dtype="bf16", shape=f"16384x16x{hd}", arch=arch, options=opts)
     d = explain("attention", dtype="bf16", shape=str(hd), arch=arch, options=opts)

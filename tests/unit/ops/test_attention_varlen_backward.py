@@ -112,7 +112,7 @@ def test_bad_inputs(described, kw, msg):
     ("sm_90", 256, "sm80_mma"), ("sm_80", 128, "sm80_mma"), ("sm_86", 64, "sm80_mma"), ("sm_75", 64, "simt"),
 ])
 @pytest.mark.parametrize("det", ["0", "1"])
-def test_explain_mirrors_the_dense_choice(cache_dir, arch, hd, chosen, det):
+def test_explain_mirrors_the_dense_choice(shared_cache_dir, arch, hd, chosen, det):
     opts = {"causal": "1", "deterministic": det}
     e = explain(OP, dtype="bf16", shape=f"16384x16x{hd}", arch=arch, options=opts)
     d = explain("attention_backward", dtype="bf16", shape=str(hd), arch=arch, options=opts)
