@@ -86,7 +86,10 @@ def shared_cache_dir(_session_cache_root, monkeypatch):
     the next (the explain tests of the attention ops compile the same kernels over and over otherwise)."""
     d = _session_cache_root / "cache"
     monkeypatch.setenv("RTCKERN_CACHE_DIR", str(d))
-    with config.override(cache_dir=d, cache_max_bytes=None, read_only_layers=(), remote_cache=None):
+    # kernels only: a persisted probe decision (a rejection is reused whatever its stage) would carry one test's
+    # transient failure into every later one
+    with config.override(cache_dir=d, cache_max_bytes=None, read_only_layers=(), remote_cache=None,
+                         persist_decisions=False):
         old = set_manager(None)
         try:
             yield d

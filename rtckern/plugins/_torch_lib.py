@@ -47,6 +47,7 @@ def define_composite(schema: str, fn) -> None:
 
 # ---- the eager fast path inside the dispatcher ------------------------------------------------------------------
 _function_modes = torch._C._is_torch_function_mode_enabled
+_compiling = torch.compiler.is_compiling  # dynamo (compiled autograd included) must see the op, not its body
 _function_apply = torch._C._FunctionBase.__dict__["apply"]  # the C++ apply, bound per Function class below
 
 
@@ -108,7 +109,7 @@ class KernelOp:
     def __call__(self, *args, **kwargs):
         """torch.ops.rtckern.<name>(*args), taking the eager fast path (`call_direct`) itself when nothing traces
         or intercepts the call: the backward formulas call their backward ops this way."""
-        if not kwargs and not _function_modes() and _plain(args, self._tensor_args):
+        if not kwargs and not _function_modes() and not _compiling() and _plain(args, self._tensor_args):
             return self.call_direct(*args)
         return self.op(*args, **kwargs)
 

@@ -135,6 +135,17 @@ def retained_ordinal() -> int:
 
 
 @contextlib.contextmanager
+def pushed(ordinal: int):
+    """The device's primary context pushed for the block and popped after, whatever was current (none included)."""
+    d = driver()
+    check(d.cuCtxPushCurrent(d.CUcontext(int(primary_context(ordinal)))), "cuCtxPushCurrent")
+    try:
+        yield
+    finally:
+        d.cuCtxPopCurrent()
+
+
+@contextlib.contextmanager
 def on_device(ordinal: int):
     """Make the device's primary context current for the block, then restore whatever was current
     (so torch's idea of the current device is left alone)."""

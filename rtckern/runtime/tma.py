@@ -49,9 +49,9 @@ def encode_tiled(dtype: str, ptr: int, dims: Sequence[int], byte_strides: Sequen
     if err == drv.CUresult.CUDA_ERROR_INVALID_CONTEXT:
         # A thread with no current context (autograd's device threads run a backward before any CUDA runtime call
         # there): the driver wants one, though the map does not depend on it.
-        from rtckern.runtime.driver import on_device, retained_ordinal
+        from rtckern.runtime.driver import pushed, retained_ordinal
 
-        with on_device(retained_ordinal()):
+        with pushed(retained_ordinal()):  # popped after: the thread is left with no context, as it was
             err, tmap = drv.cuTensorMapEncodeTiled(*args)
     if err != drv.CUresult.CUDA_SUCCESS:
         raise LaunchError(f"cuTensorMapEncodeTiled failed ({err}) for a {dtype} tensor at {int(ptr):#x}, dims {dims} "

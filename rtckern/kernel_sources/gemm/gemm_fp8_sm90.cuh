@@ -136,7 +136,9 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
   // units: pairs of row blocks x column blocks; the cluster walks them as one block walks tiles
   (void)tiles;
   // 32-bit: the consumers sit at the register cap (a tile count past 2^31 is 2^45 outputs)
-  const int pairs_m = (int)((tiles_m + 1) / 2), units = pairs_m * (int)tiles_n, gm_pairs = group_m > 1 ? (int)group_m / 2 : 1;
+  const long long gm2 = group_m > 1 ? group_m / 2 : 1;  // a table's group_m is not bounded: clamp before 32 bits
+  const int pairs_m = (int)((tiles_m + 1) / 2), units = pairs_m * (int)tiles_n,
+            gm_pairs = (int)(gm2 < pairs_m ? gm2 : pairs_m);
   const int tn_count = (int)tiles_n;
   auto unit_coords = [&](int u, int& tm, int& tn) {  // rtk_tile_coords over pairs of row blocks, in 32 bits
     const int per_group = gm_pairs * tn_count, g = u / per_group, first = g * gm_pairs;

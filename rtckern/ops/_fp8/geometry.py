@@ -85,6 +85,8 @@ class Sm90Fp8Config:
         if self.cluster not in (1, 2) or (self.cluster == 2 and self.bn < 128):
             return f"cluster={self.cluster}, bn={self.bn}: clusters of 1, or of 2 with bn >= 128 (each block " \
                    "multicasts half of B's rows, a whole number of 64-row boxes)"
+        if self.cluster == 2 and p.m <= self.bm:
+            return f"cluster=2 with m={p.m} <= bm={self.bm}: one row block, nothing for a pair of blocks to share"
         if self.cluster == 2 and self.bn == 256 and (p.bias != "none" or p.scale == "block"):
             return "cluster=2 with bn=256 and a bias or block scales: beside the cluster's tile walk the consumers " \
                    "spill registers; bn=128 or cluster=1"

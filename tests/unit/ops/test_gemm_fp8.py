@@ -42,6 +42,7 @@ def test_clusters_share_b_between_vertically_adjacent_tiles():
     p = G.Fp8Problem(1000, 4096, 4096)
     assert cfg.invalid(p) is None and "cluster=2, bn=64" in G.Sm90Fp8Config(128, 64, 6, 2, cluster=2).invalid(p)
     assert "spill" in cfg.invalid(G.Fp8Problem(1000, 4096, 4096, bias="bf16"))
+    assert "one row block" in cfg.invalid(G.Fp8Problem(128, 4096, 4096))
     assert G.sm90_spec(p, cfg, Arch.parse("sm_90a")).defines == (("RTK_FP8_MULTICAST", "1"),)
     assert G.sm90_spec(p, G.Sm90Fp8Config(128, 256, 4, 2), Arch.parse("sm_90a")).defines == ()
     assert configs.config_from_dict(cfg.as_dict()) == cfg and "cluster" not in G.Sm90Fp8Config().as_dict()

@@ -58,7 +58,7 @@ def fake_driver(monkeypatch):
 
     from rtckern.runtime import driver
 
-    monkeypatch.setattr(driver, "on_device", on_device)
+    monkeypatch.setattr(driver, "pushed", on_device)
     monkeypatch.setattr(driver, "_primary", {1: "ctx1"})
     return calls
 
