@@ -164,20 +164,26 @@ def _ring_sweep_expressions() -> list[str]:
     return sorted(exprs)
 
 
+def _ring_sample() -> list[str]:
+    """A fixed 1-in-2 sample of the sweep's configs (CI under ten minutes on two cores; `rtckern tune` compiles and
+    checks on the GPU every config it times)."""
+    exprs = _ring_sweep_expressions()
+    return exprs[::2] + exprs[-1:]
+
+
 def _ring_sweep_specs() -> list:
     from rtckern.testing import name_expression_specs
 
-    return name_expression_specs(geometry.SOURCE, _ring_sweep_expressions(), "sm_90")
+    return name_expression_specs(geometry.SOURCE, _ring_sample(), "sm_90")
 
 
 @pytest.mark.compiles(builder=_ring_sweep_specs)
 def test_every_ring_variant_compiles_with_nvrtc():
-    """Every ring config the sweep times on sm_90, as name expressions, several to an NVRTC program, on every core
-    (a real compile of each)."""
+    """The ring configs the sweep times on sm_90 (a fixed half of them), as name expressions, several to an NVRTC
+    program, on every core (a real compile of each)."""
     pytest.importorskip("cuda.bindings.nvrtc")
     from rtckern.testing import compile_name_expressions
 
-    exprs = _ring_sweep_expressions()
-    assert len(exprs) > 50
-    failures = compile_name_expressions(geometry.SOURCE, exprs, "sm_90")
+    assert len(_ring_sweep_expressions()) > 50
+    failures = compile_name_expressions(geometry.SOURCE, _ring_sample(), "sm_90")
     assert not failures, "\n".join(failures)
