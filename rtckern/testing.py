@@ -413,6 +413,34 @@ def compile_name_expressions(source: str, exprs, arch: str, jobs: int | None = N
     return compile_all(name_expression_specs(source, exprs, arch), jobs)
 
 
+def kernel_parameters(text: str, kernel: str) -> list[str]:
+    """The parameter declarations of `kernel` (a name, namespace allowed) in the kernel source `text`, one string
+    each with whitespace collapsed: what the launch-argument tests hold a host launch against."""
+    name = kernel.split("::")[-1]
+    m = re.search(r"__global__[^;{]*?\b" + name + r"\(([^)]*)\)", text, re.S)
+    assert m, f"{name} not found in the source"
+    return [" ".join(p.split()) for p in m.group(1).split(",")]
+
+
+def check_launch_args(params: list[str], args: tuple, what: str) -> None:
+    """Raise AssertionError unless `args` (a launch's arguments) match `params` (kernel_parameters) one for one:
+    128 bytes for a tensor map, an int for a pointer, numpy int64 for long long, numpy float32 for float."""
+    import numpy as np
+
+    assert len(params) == len(args), f"{what}: {len(args)} arguments for {len(params)} parameters"
+    for p, a in zip(params, args):
+        if "tensor_map" in p:  # a CUtensorMap by value
+            assert type(a) is bytes and len(a) == 128, (what, p, a)
+        elif "*" in p:
+            assert type(a) is int, (what, p, a)
+        elif p.startswith("long long"):
+            assert type(a) is np.int64, (what, p, a)
+        elif p.startswith("float"):
+            assert type(a) is np.float32, (what, p, a)
+        else:
+            raise AssertionError(f"{what}: parameter {p!r} of an unexpected type")
+
+
 def norms_variants(arch: str):
     """Every norms kernel spec the every-variant compile test covers on `arch` (forward and backward of every
     kind, four dtype combinations, seven widths, plain and with every flag), in a stable order with repeats; the

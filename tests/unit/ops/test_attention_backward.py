@@ -23,6 +23,7 @@ from rtckern.registry import build_request, explain
 from rtckern.runtime import arrays as A
 from rtckern.sources import read_source
 from rtckern.spec import KernelSpec
+from rtckern.testing import check_launch_args, kernel_parameters
 
 HEAD_DIMS = (32, 64, 96, 128, 256)
 SMEM = {"sm_80": 166912, "sm_86": 101376, "sm_89": 101376, "sm_90": 232448}
@@ -175,25 +176,7 @@ def test_explain_command_line(cache_dir):
 def _params(source: str, kernel: str) -> list[str]:
     # the dense parameter list: RTK_ATTN_VARLEN's extra parameters dropped (attention_varlen_backward's)
     text = re.sub(r"#if RTK_ATTN_VARLEN\b.*?#endif", "", read_source(source), flags=re.S)
-    name = kernel.split("::")[-1]
-    m = re.search(r"__global__[^;{]*?\b" + name + r"\(([^)]*)\)", text, re.S)
-    assert m, f"{name} not found in {source}"
-    return [" ".join(p.split()) for p in m.group(1).split(",")]
-
-
-def _check_args(params: list[str], args: tuple, what: str) -> None:
-    assert len(params) == len(args), f"{what}: {len(args)} arguments for {len(params)} parameters"
-    for p, a in zip(params, args):
-        if "tensor_map" in p:  # a CUtensorMap by value
-            assert type(a) is bytes and len(a) == 128, (what, p, a)
-        elif "*" in p:
-            assert type(a) is int, (what, p, a)
-        elif p.startswith("long long"):
-            assert type(a) is np.int64, (what, p, a)
-        elif p.startswith("float"):
-            assert type(a) is np.float32, (what, p, a)
-        else:
-            raise AssertionError(f"{what}: parameter {p!r} of an unexpected type")
+    return kernel_parameters(text, kernel)
 
 
 class _Recorder:
@@ -233,7 +216,7 @@ def test_launch_arguments_match_the_kernels(impl, det, monkeypatch):
     rows = 2 * 8 * 384  # batch x heads_q x padded seqlen_q
     for spec, rec, res in zip(specs, kernels, cand.launch_resources(req)):
         (grid, block, args, smem), = rec.calls
-        _check_args(_params(spec.source, spec.name), args, spec.name)
+        check_launch_args(_params(spec.source, spec.name), args, spec.name)
         assert block == res.block and smem == res.dynamic_smem
     prep_args = kernels[0].calls[0][2]
     assert prep_args[:4] == (ptrs["out"], ptrs["dout"], ptrs["lse"], ptrs["ws"])

@@ -6,7 +6,6 @@ installed). That the dense backward kernels are unchanged is tests/unit/ops/test
 """
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from rtckern.registry import build_request, candidates, explain
 from rtckern.registry.candidate import arch_reason
 from rtckern.runtime import arrays as A
 from rtckern.sources import read_source
+from rtckern.testing import check_launch_args, kernel_parameters
 
 HEAD_DIMS = (32, 64, 96, 128, 256)
 VARLEN = ("RTK_ATTN_VARLEN", "1")
@@ -174,25 +174,7 @@ def varlen_view(text: str) -> str:
 
 def _params(source: str, kernel: str) -> list[str]:
     text = varlen_view(read_source(source))
-    name = kernel.split("::")[-1]
-    m = re.search(r"__global__[^;{]*?\b" + name + r"\(([^)]*)\)", text, re.S)
-    assert m, f"{name} not found in {source}"
-    return [" ".join(p.split()) for p in m.group(1).split(",")]
-
-
-def _check_args(params: list[str], args: tuple, what: str) -> None:
-    assert len(params) == len(args), f"{what}: {len(args)} arguments for {len(params)} parameters"
-    for p, a in zip(params, args):
-        if "tensor_map" in p:  # a CUtensorMap by value
-            assert type(a) is bytes and len(a) == 128, (what, p, a)
-        elif "*" in p:
-            assert type(a) is int, (what, p, a)
-        elif p.startswith("long long"):
-            assert type(a) is np.int64, (what, p, a)
-        elif p.startswith("float"):
-            assert type(a) is np.float32, (what, p, a)
-        else:
-            raise AssertionError(f"{what}: parameter {p!r} of an unexpected type")
+    return kernel_parameters(text, kernel)
 
 
 class _Recorder:
@@ -237,7 +219,7 @@ def test_launch_arguments_match_the_kernels(impl, det, monkeypatch):
     assert VC.padded_rows(tq, batch) == R
     for spec, rec, res in zip(specs, kernels, cand.launch_resources(req)):
         (grid, block, args, smem), = rec.calls
-        _check_args(_params(spec.source, spec.name), args, spec.name)
+        check_launch_args(_params(spec.source, spec.name), args, spec.name)
         assert block == res.block and smem == res.dynamic_smem
         assert grid[2] == batch and args[-1] in (PTRS["cu_q"], PTRS["cu_k"])
     prep = kernels[0].calls[0][2]
