@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib
 import statistics
-import sys
 import time
 
 from benchmarks._cpu_stubs import install_stubs
