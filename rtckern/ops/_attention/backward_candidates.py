@@ -295,18 +295,10 @@ class Sm90WgmmaWs(Sm90Wgmma):
         operands = (("q", q.at(q.ptr), tile.bm), ("k", k.at(k.ptr), tile.bn), ("v", v.at(v.ptr), tile.bn),
                     ("dout", dout.at(dout.ptr), tile.bm))
 
-        last = [(None, b"")] * len(operands)  # per operand: the last (address, map), replaced as one tuple
+        maps = tma.maps_by_address(dtype, operands)
 
         def build(p):
-            maps = []
-            for i, (name, view, box) in enumerate(operands):
-                ptr, m = last[i]
-                if ptr != p[name]:  # encoded again only when the address changed
-                    ptr = p[name]
-                    m = tma.kv_tensor_map(dtype, view.at(ptr), box)
-                    last[i] = (ptr, m)
-                maps.append(m)
-            return (*maps, *outputs(p), *tail)
+            return (*maps(p), *outputs(p), *tail)
 
         return (kernel, grid, tile.threads, tile.smem_bytes(q.shape[3]), build)
 

@@ -48,6 +48,25 @@ def kv_tensor_map(dtype: str, t, box_rows: int) -> bytes:
     return encode_tiled(dtype, t.ptr, dims, (row, head, batch), (64, box_rows, 1, 1))
 
 
+def maps_by_address(dtype: str, operands, view=lambda t: t):
+    """maps(ptrs) -> the tensor maps of `operands` ((name, array view without its array, box rows), in order) at the
+    addresses ptrs[name]: each operand's last map is kept and encoded again only when its address changes (a memoized
+    plan sees the same buffers call after call). `view` reshapes a view for the map (the varlen ops' packed 4-d one)."""
+    last = [(None, b"")] * len(operands)  # per operand: the last (address, map), replaced as one tuple
+
+    def maps(ptrs) -> list[bytes]:
+        out = []
+        for i, (name, t, box) in enumerate(operands):
+            ptr, m = last[i]
+            if ptr != ptrs[name]:
+                ptr = ptrs[name]
+                m = kv_tensor_map(dtype, view(t.at(ptr)), box)
+                last[i] = (ptr, m)
+            out.append(m)
+        return out
+    return maps
+
+
 def launch(kernel, grid, threads: int, smem: int, stream: int, params) -> None:
     """By-value TMA maps need typed parameters: the core's Kernel.launch_packed (device context handled);
     ("map", 128 bytes), ("u64"|"i64", int), ("f32", float)."""

@@ -219,21 +219,13 @@ class Sm90WgmmaWs(_Varlen, dense.Sm90WgmmaWs):
         operands = (("q", q.at(q.ptr), tile.bm), ("k", k.at(k.ptr), tile.bn), ("v", v.at(v.ptr), tile.bn),
                     ("dout", dout.at(dout.ptr), tile.bm))
 
-        last = [(None, b"")] * len(operands)  # per operand: the last (address, map), replaced as one tuple
+        maps = tma.maps_by_address(dtype, operands, vc.packed_4d)
 
         def build(p):
             # flash_bwd_sm80's varlen list: q, k, v, dout; six workspace / output pointers; five sizes; the strides of
             # q, k, v, dout (the maps hold them); dk / dv's strides, two scales, cu_seqlens_q / _k
             a = main_args(p)
-            maps = []
-            for i, (name, view, box) in enumerate(operands):
-                ptr, m = last[i]
-                if ptr != p[name]:  # encoded again only when the address changed
-                    ptr = p[name]
-                    m = tma.kv_tensor_map(dtype, vc.packed_4d(view.at(ptr)), box)
-                    last[i] = (ptr, m)
-                maps.append(m)
-            return (*maps, *a[4:15], *a[-7:])
+            return (*maps(p), *a[4:15], *a[-7:])
 
         def launch(grid, block, args, shared_mem=0, stream=None):
             kernel.launch_packed(grid, (block, 1, 1), [(_TYPED[type(x)], x) for x in args], shared_mem, stream)
