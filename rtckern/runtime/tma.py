@@ -1,5 +1,5 @@
 """TMA tensor maps (sm_90+): the 128-byte CUtensorMap that `cp.async.bulk.tensor` reads, encoded by the driver and
-passed to kernels by value (`Kernel.launch_packed`). One encoder for every family: 16-bit or 8-bit (fp8, as
+passed to kernels by value (`Kernel.launch_packed`). One encoder for every family: 32-bit, 16-bit or 8-bit (fp8, as
 uint8) elements, 128-byte
 swizzle, L2 256-byte promotion, zero fill outside the tensor. Maps are cached per (dtype, address, dims, strides,
 box): a model's buffers repeat from call to call, so the driver call is paid once per buffer.
@@ -17,6 +17,7 @@ CACHE_SIZE = 512
 _cache: "OrderedDict[tuple, bytes]" = OrderedDict()
 _lock = threading.Lock()
 _TYPES = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+          "fp32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
           "fp8_e4m3": "CU_TENSOR_MAP_DATA_TYPE_UINT8", "fp8_e5m2": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
           "uint8": "CU_TENSOR_MAP_DATA_TYPE_UINT8"}
 
@@ -24,7 +25,7 @@ _TYPES = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DAT
 def encode_tiled(dtype: str, ptr: int, dims: Sequence[int], byte_strides: Sequence[int],
                  box: Sequence[int]) -> bytes:
     """128 bytes of a tiled CUtensorMap over `ptr`: `dims` innermost first, `byte_strides` of dims 1.. (one fewer
-    than dims), `box` per dim. dtype: "bf16", "fp16" or an 8-bit type ("fp8_e4m3", "fp8_e5m2", "uint8": TMA moves
+    than dims), `box` per dim. dtype: "fp32", "bf16", "fp16" or an 8-bit type ("fp8_e4m3", "fp8_e5m2", "uint8": TMA moves
     them as uint8). Raises LaunchError naming the values TMA refused."""
     dims, byte_strides, box = tuple(map(int, dims)), tuple(map(int, byte_strides)), tuple(map(int, box))
     if dtype not in _TYPES or len(byte_strides) != len(dims) - 1 or len(box) != len(dims):

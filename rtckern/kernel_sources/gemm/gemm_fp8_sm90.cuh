@@ -21,6 +21,12 @@
 // Epilogue from registers: the per-tensor scale (SCALE_TENSOR) or channel scales (sa[row] * sb[col], either stride
 // 0 for a per-tensor side), bias, rounding. Channel scales load a scale per column pair, which 128 x 256 tiles have
 // no registers left for: the host keeps them to 128-column tiles.
+// RTK_FP8_TMA_STORE=1 (rows of c 16-byte multiples; extra parameter tm_c after tm_b): each consumer writes its rows
+// in boxes of 64 rows x 128 bytes into shared memory (128-byte swizzle: the fragment's 8 rows of a store land in 8
+// different 16-byte columns, no bank conflicts) and one thread stores each box with TMA, asynchronously, from two
+// buffers in turn; TMA clips the boxes at m and n. Direct global stores put 8 row segments of 16 bytes behind every
+// warp instruction, and for as long as they take the tensor cores idle: at fp8 rates that epilogue was a large
+// share of a tile with few K blocks. Buffers: 2 x 8 KB per consumer after the ring.
 //
 // Shapes: any m, n >= 1 and k >= 16 with k % 16 == 0 (TMA row strides: multiples of 16 bytes); TMA zero-fills
 // boxes past m, n and k (a ragged last K block of a block-scaled GEMM adds zeros, with its scales in range);
@@ -59,6 +65,14 @@
 #ifndef RTK_FP8_MULTICAST
 #define RTK_FP8_MULTICAST 0
 #endif
+#ifndef RTK_FP8_TMA_STORE
+#define RTK_FP8_TMA_STORE 0
+#endif
+#if RTK_FP8_TMA_STORE
+#define RTK_FP8_C_MAP_PARAM , const __grid_constant__ rtk_tensor_map tm_c
+#else
+#define RTK_FP8_C_MAP_PARAM
+#endif
 #if RTK_FP8_MULTICAST
 #include "gemm/cluster_reduce.cuh"
 #define RTK_FP8_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
@@ -76,7 +90,8 @@
 
 template <typename TOut, typename TBias, int BM, int BN, int STAGES, int NC, bool HAS_BIAS, int SCALE>
 __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
-    gemm_fp8_wgmma_sm90(const __grid_constant__ rtk_tensor_map tm_a, const __grid_constant__ rtk_tensor_map tm_b,
+    gemm_fp8_wgmma_sm90(const __grid_constant__ rtk_tensor_map tm_a, const __grid_constant__ rtk_tensor_map tm_b
+                            RTK_FP8_C_MAP_PARAM,
                         TOut* __restrict__ c, const float* __restrict__ sa, const float* __restrict__ sb,
                         const TBias* __restrict__ bias RTK_GEMM_FP8_GROUPS_PARAM, long long m, long long n,
                         long long k, long long ldc, long long sa_row, long long sa_kb, long long sb_row,
@@ -105,6 +120,11 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 #if RTK_GEMM_GROUPED
   static_assert(!HAS_BIAS && SCALE == RTK_FP8_SCALE_BLOCK, "grouped fp8 GEMM: block scales, no bias");
   int* group_tiles = reinterpret_cast<int*>(sB + STAGES * B_STAGE);  // the tile prefix, after the ring
+#endif
+#if RTK_FP8_TMA_STORE
+  static_assert(!RTK_GEMM_GROUPED, "TMA store: the dense GEMM only (a grouped tile's rows end at its group)");
+  constexpr int C_BOX = 64 * 128;  // bytes of one store box: 64 rows x 128 bytes
+  unsigned char* sC = sB + STAGES * B_STAGE;  // 2 boxes per consumer, after the ring (1024-B aligned)
 #endif
 
 #if RTK_FP8_MULTICAST
@@ -212,6 +232,9 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
     float acc[MI][BN / 2];
     float part[MI][PN / 2];
     long long g = 0;  // k-blocks consumed before the current tile (the ring cursor)
+#if RTK_FP8_TMA_STORE
+    unsigned boxes = 0;  // store boxes this consumer has written (its buffers alternate)
+#endif
 #if RTK_FP8_MULTICAST
     for (int t0 = blockIdx.x / 2; t0 < units; t0 += gridDim.x / 2) {
 #else
@@ -360,9 +383,49 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
             acc[mi][4 * j + 3] *= a1 * b1;
           }
         }
+#if RTK_FP8_TMA_STORE
+        constexpr int CB = 128 / (int)sizeof(TOut);  // columns per box
+        constexpr int JB = CB / 8;                   // 8-column fragment groups per box
+        const long long box_row = tm * BM + cw * WG_M + mi * 64;
+#pragma unroll
+        for (int cb = 0; cb < BN / CB; ++cb, ++boxes) {
+          unsigned char* buf = sC + (cw * 2 + (int)(boxes & 1u)) * C_BOX;
+          if (tid == 0) rtk_bulk_wait_read<1>();  // the box stored from this buffer two boxes ago has been read
+          asm volatile("bar.sync %0, 128;\n" ::"r"(3 + cw) : "memory");
+#pragma unroll
+          for (int jj = 0; jj < JB; ++jj) {
+            const int j = cb * JB + jj;
+            float v0 = acc[mi][4 * j], v1 = acc[mi][4 * j + 1], v2 = acc[mi][4 * j + 2], v3 = acc[mi][4 * j + 3];
+            if constexpr (HAS_BIAS) {
+              const long long col = col_base + 8 * j;
+              const float b0 = col < n ? rtk_to_float<TBias>(bias[col]) : 0.f;
+              const float b1 = col + 1 < n ? rtk_to_float<TBias>(bias[col + 1]) : 0.f;
+              v0 += b0;
+              v1 += b1;
+              v2 += b0;
+              v3 += b1;
+            }
+            // rows r and r + 8 of the box (r % 8 == lane / 4): 16-byte column (byte / 16) ^ (lane / 4)
+            const int r = warp * 16 + (lane >> 2), byte = (jj * 8 + (lane & 3) * 2) * (int)sizeof(TOut);
+            const int at = r * 128 + ((((byte >> 4) ^ (lane >> 2)) << 4) | (byte & 15));
+            rtk_store_pair<TOut>(reinterpret_cast<TOut*>(buf + at), v0, v1);
+            rtk_store_pair<TOut>(reinterpret_cast<TOut*>(buf + at + 8 * 128), v2, v3);
+          }
+          rtk_fence_proxy_async();
+          asm volatile("bar.sync %0, 128;\n" ::"r"(3 + cw) : "memory");
+          if (tid == 0) {
+            if (box_row < m) rtk_tma_store_3d(&tm_c, buf, (int)(tn * BN + cb * CB), (int)box_row, 0);
+            rtk_bulk_commit();
+          }
+        }
+#else
         rtk_gemm_epilogue_slab<HAS_BIAS, RTK_GEMM_ACT_NONE, false, BN / 8>(o, row_base + mi * 64, col_base, acc[mi]);
+#endif
       }
     }
+#if RTK_FP8_TMA_STORE
+    if (tid == 0) rtk_bulk_wait_all();  // the last boxes are written before the block (and its shared memory) ends
+#endif
     // Consumer 1's last turn passed to consumer 0: taken, so no named barrier is left half arrived.
     if constexpr (NC == 2) {
       if (cw == 0 && g > 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");

@@ -42,6 +42,24 @@ RTK_DEVICE void rtk_mbar_arrive_cluster(unsigned long long* bar, unsigned rank) 
       "r"(rank)
       : "memory");
 }
+// TMA store: the box at smem_src (the map's box, 128-byte swizzled) to the tensor at (c0, c1, c2); elements
+// outside the tensor are not written. Asynchronous: commit it to a bulk group (rtk_bulk_commit) and wait before
+// the shared memory is written again (rtk_bulk_wait_read) or the block exits (rtk_bulk_wait_all).
+RTK_DEVICE void rtk_tma_store_3d(const rtk_tensor_map* map, const void* smem_src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(rtk_smem_u32(smem_src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+RTK_DEVICE void rtk_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// At most N of this thread's bulk groups still read shared memory.
+template <int N>
+RTK_DEVICE void rtk_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+RTK_DEVICE void rtk_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Generic-proxy writes to shared memory become visible to the async proxy (TMA) after this fence.
+RTK_DEVICE void rtk_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 RTK_DEVICE void rtk_tma_prefetch_map(const rtk_tensor_map* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
 }

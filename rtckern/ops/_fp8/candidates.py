@@ -92,7 +92,7 @@ class Sm90aWgmmaCandidate(Candidate):
 
     def launch_resources(self, req: OpRequest):
         cfg = self.config(req)
-        return (Resources(block=cfg.threads, dynamic_smem=cfg.smem_bytes),)
+        return (Resources(block=cfg.threads, dynamic_smem=cfg.launch_smem(problem(req))),)
 
 
 class SimtCandidate(Candidate):

@@ -33,6 +33,8 @@ SM90_SCALE_IDS = MappingProxyType({"tensor": 2, "channel": 0, "block": 1})
 SCALE_BLOCK = 128  # block scales: 1 x 128 groups of a, 128 x 128 blocks of b
 K_MULTIPLE = 16  # TMA row strides are multiples of 16 bytes; the fallback keeps the same contract
 SMEM_LIMIT = 232448  # bytes a block may opt in to on sm_90
+OUT_BYTES = MappingProxyType({"bf16": 2, "fp16": 2, "fp32": 4})
+STORE_BOX_BYTES = 64 * 128  # RTK_FP8_TMA_STORE: one box of 64 output rows x 128 bytes; two per consumer
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class Fp8Problem:
     bias: str = "none"  # the bias dtype, or "none"
     aligned: bool = True
     dtype: str = "fp8_e4m3"
+    direct_store: bool = False  # tiles stored from registers (the grouped kernel: a tile's rows end at its group's)
 
     @property
     def flops(self) -> int:
@@ -75,7 +78,18 @@ class Sm90Fp8Config:
 
     @property
     def smem_bytes(self) -> int:
-        return self.stages * (self.bm + self.bn) * 128 + 1024  # + slack to align the ring to 1024 B
+        """The ring (and the slack to align it to 1024 B): what the grouped kernel and a direct-store dense one take."""
+        return self.stages * (self.bm + self.bn) * 128 + 1024
+
+    def tma_store(self, p: Fp8Problem) -> bool:
+        """Whether the dense kernel stores c with TMA (RTK_FP8_TMA_STORE): c's rows (n elements, the output this op
+        allocates) are multiples of 16 bytes, and tiles of 128+ rows, where the epilogue is a share of a tile's time
+        worth a tensor map per output address (64-row tiles serve decode shapes, whose calls are host-bound)."""
+        return self.bm >= 128 and not p.direct_store and p.n * OUT_BYTES.get(p.out_dtype, 1) % 16 == 0
+
+    def launch_smem(self, p: Fp8Problem) -> int:
+        """Dynamic shared memory of the dense kernel for p: the ring, plus two store boxes per consumer."""
+        return self.smem_bytes + (2 * self.consumers * STORE_BOX_BYTES if self.tma_store(p) else 0)
 
     def invalid(self, p: Fp8Problem) -> str | None:
         if self.consumers not in (1, 2) or (self.bm // self.consumers) % 64 or self.bm > 256:
@@ -99,8 +113,8 @@ class Sm90Fp8Config:
         if p.scale == "channel" and self.bn > 128:
             return f"bn={self.bn}: per-channel scales need bn <= 128 (a scale per column pair in the epilogue, " \
                    "beside 128 x 256 accumulators, exceeds the registers)"
-        if self.smem_bytes > SMEM_LIMIT:
-            return f"{self.smem_bytes} bytes of shared memory exceed the 227 KB a block may have"
+        if self.launch_smem(p) > SMEM_LIMIT:
+            return f"{self.launch_smem(p)} bytes of shared memory exceed the 227 KB a block may have"
         if not p.aligned:
             return "TMA needs 16-byte aligned bases and row strides of a and b (K a multiple of 16)"
         return None
@@ -121,10 +135,12 @@ def _bias_ctype(p: Fp8Problem) -> str:
 
 
 def sm90_spec(p: Fp8Problem, cfg: Sm90Fp8Config, arch: Arch) -> KernelSpec:
+    defines = ((("RTK_FP8_MULTICAST", "1"),) if cfg.cluster == 2 else ()) + \
+        ((("RTK_FP8_TMA_STORE", "1"),) if cfg.tma_store(p) else ())
     return KernelSpec(source="gemm/gemm_fp8_sm90.cuh", name="gemm_fp8_wgmma_sm90", arch=arch, op=OP,
                       template_args=(ctype(p.out_dtype), _bias_ctype(p), cfg.bm, cfg.bn, cfg.stages, cfg.consumers,
                                      p.bias != "none", SM90_SCALE_IDS[p.scale]),
-                      defines=(("RTK_FP8_MULTICAST", "1"),) if cfg.cluster == 2 else ())
+                      defines=defines)
 
 
 def simt_spec(p: Fp8Problem, arch: Arch) -> KernelSpec:

@@ -40,7 +40,7 @@ class GroupedFp8Problem:
     def dense(self) -> Fp8Problem:
         """The block-scaled GEMM whose kernel this one compiles with the grouped define (no bias)."""
         return Fp8Problem(m=self.rows, n=self.n, k=self.k, scale="block", out_dtype=self.out_dtype,
-                          aligned=self.aligned, dtype=self.dtype)
+                          aligned=self.aligned, dtype=self.dtype, direct_store=True)
 
 
 def smem_bytes(cfg: Sm90Fp8Config, groups: int) -> int:

@@ -1,6 +1,6 @@
 """Prepared launches of the fp8 kernels: grid, block, shared memory and every scalar fixed once per call
-signature; a call sets the addresses (and, on sm_90a, two tensor maps cached per base address) and launches
-through Kernel.prepare."""
+signature; a call sets the addresses (and, on sm_90a, the tensor maps of a and b, and of c where the kernel stores
+with TMA, cached per base address) and launches through Kernel.prepare."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from rtckern.runtime.tma import encode_tiled
 
-from .geometry import SIMT_TILE, Fp8Problem
+from .geometry import OUT_BYTES, SIMT_TILE, Fp8Problem
 
 _KINDS = MappingProxyType({"map": "M", "u64": "P", "i64": "q"})
 
@@ -37,15 +37,15 @@ class Prepared:
 
 
 class MapCache:
-    """Tensor maps of one fp8 operand (dims, row stride, box; a batch of `batch` matrices `batch_stride` bytes apart
-    for the grouped GEMM) by base address."""
+    """Tensor maps of one operand (dims, row stride in bytes, box; a batch of `batch` matrices `batch_stride` bytes
+    apart for the grouped GEMM; fp8 unless `dtype` says otherwise) by base address."""
 
-    __slots__ = ("dims", "stride", "box", "batch", "batch_stride", "_by_ptr")
+    __slots__ = ("dims", "stride", "box", "batch", "batch_stride", "dtype", "_by_ptr")
 
     def __init__(self, dims: tuple[int, int], stride: int, box: tuple[int, int], batch: int = 1,
-                 batch_stride: int = 0):
+                 batch_stride: int = 0, dtype: str = "fp8_e4m3"):
         self.dims, self.stride, self.box = dims, stride, box
-        self.batch, self.batch_stride = batch, batch_stride
+        self.batch, self.batch_stride, self.dtype = batch, batch_stride, dtype
         self._by_ptr: dict[int, bytes] = {}
 
     def get(self, ptr: int) -> bytes:
@@ -56,7 +56,7 @@ class MapCache:
             d0, d1 = self.dims
             # a batch of one: any legal stride will do
             bstride = self.batch_stride if self.batch > 1 else self.stride * d1
-            m = self._by_ptr[ptr] = encode_tiled("fp8_e4m3", ptr, (d0, d1, self.batch), (self.stride, bstride),
+            m = self._by_ptr[ptr] = encode_tiled(self.dtype, ptr, (d0, d1, self.batch), (self.stride, bstride),
                                                  (self.box[0], self.box[1], 1))
         return m
 
@@ -72,15 +72,18 @@ class GemmLaunch:
             # a cluster's blocks each multicast B's rows bn / cluster ..; units: tiles, or pairs of row blocks
             cl = cfg.cluster
             self._maps = (MapCache((p.k, p.m), lda, (128, cfg.bm)), MapCache((p.k, p.n), ldb, (128, cfg.bn // cl)))
+            if cfg.tma_store(p):  # c: boxes of 64 rows x 128 bytes
+                width = OUT_BYTES[p.out_dtype]
+                self._maps += (MapCache((p.n, p.m), p.n * width, (128 // width, 64), dtype=p.out_dtype),)
+            smem = cfg.launch_smem(p)
             units = math.ceil(math.ceil(p.m / cfg.bm) / cl) * math.ceil(p.n / cfg.bn)
             resident = sm_count // cl
             if cl > 1:  # the GPCs leave fewer whole clusters than sm_count / cl: a grid past them runs a second wave
-                fit = getattr(kernel, "max_active_clusters", lambda *a: -1)((cl, 1, 1), cfg.threads, cfg.smem_bytes)
+                fit = getattr(kernel, "max_active_clusters", lambda *a: -1)((cl, 1, 1), cfg.threads, smem)
                 resident = fit if fit > 0 else resident
             scalars = (p.m, p.n, p.k, p.n, sa_row, sa_kb, sb_row, sb_kb, cfg.group_m)
-            self._main = Prepared(kernel, (cl * max(1, min(units, resident)), 1, 1), (cfg.threads, 1, 1),
-                                  cfg.smem_bytes,
-                                  [("map", bytes(128)), ("map", bytes(128))] + [("u64", 0)] * 4
+            self._main = Prepared(kernel, (cl * max(1, min(units, resident)), 1, 1), (cfg.threads, 1, 1), smem,
+                                  [("map", bytes(128))] * len(self._maps) + [("u64", 0)] * 4
                                   + [("i64", v) for v in scalars])
         else:
             self._maps = None
@@ -93,8 +96,10 @@ class GemmLaunch:
         maps = self._maps
         if maps is None:
             self._main.run((a, b, c, sa, sb, bias), stream)
-        else:
+        elif len(maps) == 2:
             self._main.run((maps[0].get(a), maps[1].get(b), c, sa, sb, bias), stream)
+        else:
+            self._main.run((maps[0].get(a), maps[1].get(b), maps[2].get(c), c, sa, sb, bias), stream)
 
 
 QUANT_WARPS = 8

@@ -72,7 +72,8 @@ def _force(name):
 @pytest.mark.parametrize("cand", CANDS)
 @pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
 @pytest.mark.parametrize("m,n,k", [(1, 256, 256), (7, 63, 144), (63, 4097, 512), (4097, 129, 384),
-                                   (256, 384, 1040), (300, 1100, 640), (129, 2048, 256)])
+                                   (256, 384, 1040), (300, 1100, 640), (129, 2048, 256), (300, 1096, 640),
+                                   (1100, 520, 256), (2500, 4104, 256)])
 def test_gemm_fp8(cand, kind, m, n, k):
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
     a, b = _fp8((m, k), g), _fp8((n, k), g)
@@ -88,10 +89,11 @@ def test_gemm_fp8(cand, kind, m, n, k):
 
 
 @pytest.mark.parametrize("scale", ["tensor", "block"])
-@pytest.mark.parametrize("m,n,k", [(300, 1100, 640), (129, 2048, 256), (64, 1000, 4096)])
+@pytest.mark.parametrize("m,n,k", [(300, 1100, 640), (129, 2048, 256), (64, 1000, 4096), (300, 1096, 640)])
 def test_every_tile_config(scale, m, n, k):
     """Each tile config the tuner may pick (128 x 256 tiles: two column-half partials per K block, the second half's
-    b block clamped where N ends inside it), checked by the tuner's own float32 reference."""
+    b block clamped where N ends inside it), checked by the tuner's own float32 reference; bf16 rows of 1100
+    columns are stored from registers, of 1096 and 2048 with TMA (1096: the last box clipped at n)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs sm_90")
     from rtckern.device import current_device_info

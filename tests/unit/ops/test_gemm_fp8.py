@@ -33,6 +33,33 @@ def test_tiles_and_limits():
     assert "TMA" in G.Sm90Fp8Config().invalid(G.Fp8Problem(64, 64, 64, aligned=False))
 
 
+def test_tma_store_where_rows_of_c_are_16_byte_multiples():
+    """Tiles of 128+ rows store c with TMA (a define, two 8 KB boxes per consumer of shared memory, a third tensor
+    map over c) where c's rows are 16-byte multiples; otherwise, and for 64-row tiles and the grouped kernel, from
+    registers."""
+    from rtckern.ops._fp8 import launch
+
+    cfg, sm90a = G.Sm90Fp8Config(128, 256, 4, 2), Arch.parse("sm_90a")
+    for n, out, tma in ((4096, "bf16", True), (4100, "bf16", False), (4100, "fp32", True), (4098, "fp32", False)):
+        p = G.Fp8Problem(1000, n, 4096, out_dtype=out)
+        assert cfg.tma_store(p) is tma
+        assert (("RTK_FP8_TMA_STORE", "1") in G.sm90_spec(p, cfg, sm90a).defines) is tma
+        assert cfg.launch_smem(p) == cfg.smem_bytes + (2 * 2 * G.STORE_BOX_BYTES if tma else 0) <= G.SMEM_LIMIT
+    p = G.Fp8Problem(1000, 4096, 4096)
+    assert not G.Sm90Fp8Config(64, 128, 8, 1).tma_store(p)
+    assert not cfg.tma_store(G.Fp8Problem(1000, 4096, 4096, scale="block", direct_store=True))
+
+    class Kernel:
+        def prepare(self, grid, block, kinds, smem):
+            self.kinds, self.smem = kinds, smem
+            return lambda *a: None
+
+    k = Kernel()
+    gl = launch.GemmLaunch(k, G.Fp8Problem(1000, 4100, 4096, out_dtype="fp32"), cfg, 4096, 4096, (0, 0, 0, 0), 132)
+    assert k.kinds.startswith("MMMP") and k.smem == cfg.smem_bytes + 4 * G.STORE_BOX_BYTES
+    assert gl._maps[2].dtype == "fp32" and gl._maps[2].box == (32, 64) and gl._maps[2].stride == 4100 * 4
+
+
 def test_clusters_share_b_between_vertically_adjacent_tiles():
     """cluster=2 configs: a define (the dense kernel's text unchanged otherwise), B's map box halved, whole clusters
     in the grid, never more than the driver says fit, the table's dict round trip; refused where bn < 128."""
@@ -43,8 +70,9 @@ def test_clusters_share_b_between_vertically_adjacent_tiles():
     assert cfg.invalid(p) is None and "cluster=2, bn=64" in G.Sm90Fp8Config(128, 64, 6, 2, cluster=2).invalid(p)
     assert "spill" in cfg.invalid(G.Fp8Problem(1000, 4096, 4096, bias="bf16"))
     assert "one row block" in cfg.invalid(G.Fp8Problem(128, 4096, 4096))
-    assert G.sm90_spec(p, cfg, Arch.parse("sm_90a")).defines == (("RTK_FP8_MULTICAST", "1"),)
-    assert G.sm90_spec(p, G.Sm90Fp8Config(128, 256, 4, 2), Arch.parse("sm_90a")).defines == ()
+    tma = ("RTK_FP8_TMA_STORE", "1")
+    assert G.sm90_spec(p, cfg, Arch.parse("sm_90a")).defines == (("RTK_FP8_MULTICAST", "1"), tma)
+    assert G.sm90_spec(p, G.Sm90Fp8Config(128, 256, 4, 2), Arch.parse("sm_90a")).defines == (tma,)
     assert configs.config_from_dict(cfg.as_dict()) == cfg and "cluster" not in G.Sm90Fp8Config().as_dict()
 
     class Kernel:  # records the prepared launch
@@ -116,6 +144,8 @@ def _variants():
             for out in G.OUTPUT_DTYPES:
                 for bias in ("none", "bf16", "fp32"):
                     yield G.sm90_spec(G.Fp8Problem(64, 64, 256, sc, out, bias), cfg, Arch.parse("sm_90a"))
+                # rows of c that are no multiple of 16 bytes: stored from registers
+                yield G.sm90_spec(G.Fp8Problem(64, 60, 256, sc, out, "bf16"), cfg, Arch.parse("sm_90a"))
     for cfg in (G.Sm90Fp8Config(128, 128, 6, 2, cluster=2), G.Sm90Fp8Config(128, 256, 4, 2, cluster=2)):
         for sc in ("tensor", "block"):
             for bias in ("none", "fp32"):
