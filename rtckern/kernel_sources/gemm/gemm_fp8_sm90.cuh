@@ -21,6 +21,11 @@
 // Epilogue from registers: the per-tensor scale (SCALE_TENSOR) or channel scales (sa[row] * sb[col], either stride
 // 0 for a per-tensor side), bias, rounding. Channel scales load a scale per column pair, which 128 x 256 tiles have
 // no registers left for: the host keeps them to 128-column tiles.
+// RTK_FP8_PARTIALS=2 (tiles of at most 128 columns: one partial per K block): two partial accumulators per consumer
+// in turn, so a consumer issues K block kb + 1 into one before it waits for K block kb in the other (wait_group 1)
+// and promotes it: its promotion and the wait's round trip run under its own next wgmmas, and the tensor cores
+// always hold queued work without the two consumers taking turns (no token). 64 x 128 outputs per consumer: 64
+// promoted + 2 x 64 partial accumulators.
 // RTK_FP8_TMA_STORE=1 (rows of c 16-byte multiples; extra parameter tm_c after tm_b): each consumer writes its rows
 // in boxes of 64 rows x 128 bytes into shared memory (128-byte swizzle: the fragment's 8 rows of a store land in 8
 // different 16-byte columns, no bank conflicts) and one thread stores each box with TMA, asynchronously, from two
@@ -68,6 +73,9 @@
 #ifndef RTK_FP8_TMA_STORE
 #define RTK_FP8_TMA_STORE 0
 #endif
+#ifndef RTK_FP8_PARTIALS
+#define RTK_FP8_PARTIALS 1
+#endif
 #if RTK_FP8_TMA_STORE
 #define RTK_FP8_C_MAP_PARAM , const __grid_constant__ rtk_tensor_map tm_c
 #else
@@ -107,6 +115,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
   constexpr int NH = BN / PN;               // partial sums per K block
   static_assert(WG_M % 64 == 0 && BN % 64 == 0 && BN % PN == 0 && BN <= 256, "tile shape");
   static_assert(SCALE != RTK_FP8_SCALE_BLOCK || 128 % PN == 0, "block scales: a partial's columns share one b block");
+  static_assert(RTK_FP8_PARTIALS == 1 || (RTK_FP8_PARTIALS == 2 && NH == 1), "two partials: tiles of <= 128 columns");
 
   extern __shared__ unsigned char rtk_gemm_fp8_smem90[];
   const unsigned raw = rtk_smem_u32(rtk_gemm_fp8_smem90);
@@ -287,6 +296,81 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 #pragma unroll
         for (int j = 0; j < BN / 2; ++j) acc[mi][j] = 0.f;
 
+#if RTK_FP8_PARTIALS == 2
+      float part_b[MI][PN / 2];
+      // K block at ring position gg into partial p (waits for its stage to fill)
+      auto issue = [&](float (&p)[MI][PN / 2], long long gg) {
+        const int stage = (int)(gg % STAGES);
+        rtk_mbar_wait(&full_bar[stage], (unsigned)((gg / STAGES) & 1));
+        const unsigned a_base = rtk_smem_u32(sA + stage * A_STAGE + cw * WG_M * BK);
+        const unsigned b_base = rtk_smem_u32(sB + stage * B_STAGE);
+        rtk_wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BK / 32; ++ks) {
+          const unsigned long long db = rtk_wgmma_desc(b_base + ks * 32, 16, 1024);
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi)
+            rtk_wgmma_e4m3<PN>::mma(p[mi], rtk_wgmma_desc(a_base + mi * 64 * BK + ks * 32, 16, 1024), db,
+                                   ks > 0 ? 1 : 0);
+        }
+        rtk_wgmma_commit();
+      };
+      // Block scales of K block kb (sa[row] * sb[the tile's b block], clamped), loaded before the wait that
+      // precedes their use so the load hides behind it.
+      auto scales = [&](float (&sc)[MI][2], long long kb) {
+        if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
+          const long long r = (tn * BN) / 128, last = (n + 127) / 128 - 1;
+          const float s_b = __ldg(sb_t + (r < last ? r : last) * sb_row + kb * sb_kb);
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+            sc[mi][0] = __ldg(sa_r[mi][0] + kb * sa_kb) * s_b;
+            sc[mi][1] = __ldg(sa_r[mi][1] + kb * sa_kb) * s_b;
+          }
+        }
+      };
+      // The K block at ring position g sits in p, complete (the wait after the next K block's issue into the
+      // other partial, wait_group 1; after the last, wait_group 0): free its stage, promote p.
+      auto promote = [&](float (&p)[MI][PN / 2], const float (&sc)[MI][2]) {
+        if (tid == 0) rtk_mbar_arrive(&empty_bar[(int)(g % STAGES)]);
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int j = 0; j < PN / 2; ++j) {
+            if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
+              acc[mi][j] = fmaf(p[mi][j], sc[mi][(j >> 1) & 1], acc[mi][j]);  // j % 4 in {2, 3}: row + 8
+            } else {
+              acc[mi][j] += p[mi][j];
+            }
+          }
+        ++g;
+      };
+      // Straight-line pairs (the same partial pending at every loop edge), then a tail of one or two K blocks.
+      float sc0[MI][2], sc1[MI][2];
+      issue(part, g);
+      long long kb = 0;
+      for (; kb + 2 < kb_total; kb += 2) {
+        scales(sc0, kb);
+        issue(part_b, g + 1);
+        rtk_wgmma_wait<1>();
+        promote(part, sc0);
+        scales(sc1, kb + 1);
+        issue(part, g + 1);
+        rtk_wgmma_wait<1>();
+        promote(part_b, sc1);
+      }
+      scales(sc0, kb);
+      if (kb + 1 < kb_total) {
+        scales(sc1, kb + 1);
+        issue(part_b, g + 1);
+        rtk_wgmma_wait<1>();
+        promote(part, sc0);
+        rtk_wgmma_wait<0>();
+        promote(part_b, sc1);
+      } else {
+        rtk_wgmma_wait<0>();
+        promote(part, sc0);
+      }
+#else
       for (long long kb = 0; kb < kb_total; ++kb, ++g) {
         float s_a[MI][2], s_b[NH];
         if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {  // issued now, used after the wgmmas
@@ -346,6 +430,8 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
           }
         }
       }
+
+#endif  // RTK_FP8_PARTIALS
 
       RtkGemmOut<TOut, TBias> o;
 #if RTK_GEMM_GROUPED
@@ -427,7 +513,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
     if (tid == 0) rtk_bulk_wait_all();  // the last boxes are written before the block (and its shared memory) ends
 #endif
     // Consumer 1's last turn passed to consumer 0: taken, so no named barrier is left half arrived.
-    if constexpr (NC == 2) {
+    if constexpr (NC == 2 && RTK_FP8_PARTIALS == 1) {
       if (cw == 0 && g > 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
     }
   }

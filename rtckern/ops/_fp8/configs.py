@@ -34,10 +34,10 @@ def config_from_dict(d: Mapping[str, Any]) -> Sm90Fp8Config:
     """A table row's config; ValueError for one that is not an sm90 fp8 tile config."""
     if d.get("kind", "sm90") != "sm90":
         raise ValueError(f"gemm_fp8 config {dict(d)}: kind must be 'sm90'")
-    extra = set(d) - {"kind", "bm", "bn", "stages", "consumers", "group_m", "cluster"}
+    extra = set(d) - {"kind", "bm", "bn", "stages", "consumers", "group_m", "cluster", "partials"}
     if extra:
         raise ValueError(f"gemm_fp8 config {dict(d)}: unknown fields {sorted(extra)}")
-    vals = {k: d[k] for k in ("bm", "bn", "stages", "consumers", "group_m", "cluster") if k in d}
+    vals = {k: d[k] for k in ("bm", "bn", "stages", "consumers", "group_m", "cluster", "partials") if k in d}
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vals.values()):
         raise ValueError(f"gemm_fp8 config {dict(d)}: tile fields must be positive integers")
     return Sm90Fp8Config(**vals)

@@ -61,7 +61,8 @@ class Fp8Problem:
 class Sm90Fp8Config:
     """bm x bn output tiles, `consumers` warpgroups of bm / consumers rows (multiples of 64), a ring of `stages`
     K blocks of 128; `cluster` 2: pairs of blocks on vertically adjacent tiles share B by TMA multicast
-    (RTK_FP8_MULTICAST)."""
+    (RTK_FP8_MULTICAST); `partials` 2: each consumer issues the next K block into a second partial accumulator
+    before it promotes the last one (RTK_FP8_PARTIALS; bn <= 128)."""
 
     bm: int = 128
     bn: int = 128
@@ -69,6 +70,7 @@ class Sm90Fp8Config:
     consumers: int = 2
     group_m: int = 8
     cluster: int = 1
+    partials: int = 1
 
     kind = "sm90"
 
@@ -104,10 +106,12 @@ class Sm90Fp8Config:
         if self.cluster == 2 and self.bn == 256 and (p.bias != "none" or p.scale == "block"):
             return "cluster=2 with bn=256 and a bias or block scales: beside the cluster's tile walk the consumers " \
                    "spill registers; bn=128 or cluster=1"
-        # fp32 accumulators per thread: the tile's promoted sums (mi x bn / 2) and one partial of at most 128
-        # columns (mi x min(bn, 128) / 2), within the 232 registers a consumer gets
+        if self.partials not in (1, 2) or (self.partials == 2 and self.bn > 128):
+            return f"partials={self.partials}, bn={self.bn}: 1, or 2 with bn <= 128 (one partial per K block)"
+        # fp32 accumulators per thread: the tile's promoted sums (mi x bn / 2) and `partials` partials of at most
+        # 128 columns (mi x min(bn, 128) / 2 each), within the 232 registers a consumer gets
         mi = (self.bm // self.consumers) // 64
-        if mi * (self.bn + min(self.bn, 128)) // 2 > 192:
+        if mi * (self.bn + self.partials * min(self.bn, 128)) // 2 > 192:
             return f"{self.bm // self.consumers}x{self.bn} rows x columns per consumer: the promoted and partial " \
                    "accumulators exceed the registers"
         if p.scale == "channel" and self.bn > 128:
@@ -124,6 +128,8 @@ class Sm90Fp8Config:
              "group_m": self.group_m}
         if self.cluster != 1:  # rows of tables written before clusters stay as they were
             d["cluster"] = self.cluster
+        if self.partials != 1:
+            d["partials"] = self.partials
         return d
 
 
@@ -136,7 +142,8 @@ def _bias_ctype(p: Fp8Problem) -> str:
 
 def sm90_spec(p: Fp8Problem, cfg: Sm90Fp8Config, arch: Arch) -> KernelSpec:
     defines = ((("RTK_FP8_MULTICAST", "1"),) if cfg.cluster == 2 else ()) + \
-        ((("RTK_FP8_TMA_STORE", "1"),) if cfg.tma_store(p) else ())
+        ((("RTK_FP8_TMA_STORE", "1"),) if cfg.tma_store(p) else ()) + \
+        ((("RTK_FP8_PARTIALS", "2"),) if cfg.partials == 2 else ())
     return KernelSpec(source="gemm/gemm_fp8_sm90.cuh", name="gemm_fp8_wgmma_sm90", arch=arch, op=OP,
                       template_args=(ctype(p.out_dtype), _bias_ctype(p), cfg.bm, cfg.bn, cfg.stages, cfg.consumers,
                                      p.bias != "none", SM90_SCALE_IDS[p.scale]),

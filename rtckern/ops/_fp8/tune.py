@@ -21,6 +21,7 @@ from .geometry import OP, Fp8Problem, Sm90Fp8Config
 STAGES = (4, 6, 8, 10, 12)  # ring depths tried, where the ring fits in shared memory
 TILES = ((64, 64, 1, 1), (64, 128, 1, 1), (128, 64, 1, 1), (128, 64, 2, 1), (128, 128, 2, 1), (256, 64, 2, 1),
          (128, 256, 2, 1), (128, 128, 2, 2), (128, 256, 2, 2))  # bm, bn, consumers, cluster
+PARTIALS = (1, 2)  # one partial per consumer, or two in turn (bn <= 128)
 
 
 def sweep_configs(p: Fp8Problem) -> list[Sm90Fp8Config]:
@@ -31,10 +32,11 @@ def sweep_configs(p: Fp8Problem) -> list[Sm90Fp8Config]:
     for bm, bn, consumers, cluster in TILES:
         if (p.m <= 64 and bm > 64) or (cluster > 1 and p.m <= bm):
             continue
-        for stages in STAGES:
-            cfg = Sm90Fp8Config(bm, bn, stages, consumers, cluster=cluster)
-            if cfg.invalid(p) is None:
-                out.append(cfg)
+        for partials in PARTIALS:
+            for stages in STAGES:
+                cfg = Sm90Fp8Config(bm, bn, stages, consumers, cluster=cluster, partials=partials)
+                if cfg.invalid(p) is None:
+                    out.append(cfg)
     return out
 
 
@@ -80,7 +82,8 @@ class Fp8GemmTuner(tuning.Tuner):
 
 
 def make_inputs(p: Fp8Problem, dev, seed: int = 1234):
-    """(a, b, sa, sb, scale strides): random e4m3 operands and fp32 scales of p's granularity on torch device dev."""
+    """(a, b, sa, sb, scale strides): random e4m3 operands and fp32 scales of p's granularity (per-tensor, per-channel
+    or block) on torch device dev."""
     import torch
 
     g = torch.Generator(device=dev)
@@ -93,6 +96,10 @@ def make_inputs(p: Fp8Problem, dev, seed: int = 1234):
         sb = torch.rand(nb, kb, device=dev, generator=g) / 64 + 1e-3
         strides = (sa.stride(0) if p.m > 1 else 0, sa.stride(1) if kb > 1 else 0,
                    sb.stride(0) if nb > 1 else 0, sb.stride(1) if kb > 1 else 0)
+    elif p.scale == "channel":  # a scale per row of a and per row of b (column of the output), as (rows, 1)
+        sa = torch.rand(p.m, 1, device=dev, generator=g) / 64 + 1e-3
+        sb = torch.rand(p.n, 1, device=dev, generator=g) / 64 + 1e-3
+        strides = (1, 0, 1, 0)
     else:
         sa = torch.full((1,), 0.01, device=dev)
         sb = torch.full((1,), 0.02, device=dev)

@@ -88,12 +88,13 @@ def test_gemm_fp8(cand, kind, m, n, k):
             assert torch.equal(y, y2)
 
 
-@pytest.mark.parametrize("scale", ["tensor", "block"])
+@pytest.mark.parametrize("scale", ["tensor", "block", "channel"])
 @pytest.mark.parametrize("m,n,k", [(300, 1100, 640), (129, 2048, 256), (64, 1000, 4096), (300, 1096, 640)])
 def test_every_tile_config(scale, m, n, k):
     """Each tile config the tuner may pick (128 x 256 tiles: two column-half partials per K block, the second half's
-    b block clamped where N ends inside it), checked by the tuner's own float32 reference; bf16 rows of 1100
-    columns are stored from registers, of 1096 and 2048 with TMA (1096: the last box clipped at n)."""
+    b block clamped where N ends inside it; two partials in turn, with K blocks 5 (a tail of one), 2 (a pair only)
+    and 32), checked by the tuner's own float32 reference; bf16 rows of 1100 columns are stored from registers, of
+    1096 and 2048 with TMA (1096: the last box clipped at n). Per-channel scales run the per-tensor rows' configs."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs sm_90")
     from rtckern.device import current_device_info

@@ -33,6 +33,23 @@ def test_tiles_and_limits():
     assert "TMA" in G.Sm90Fp8Config().invalid(G.Fp8Problem(64, 64, 64, aligned=False))
 
 
+def test_two_partials_in_turn():
+    """partials=2: a define, tiles of at most 128 columns, registers for 64 promoted + 2 x 64 partial sums per
+    thread; the table's dict round trip; the tuner offers it beside one partial."""
+    from rtckern.ops._fp8 import configs, tune
+
+    p = G.Fp8Problem(1000, 4096, 4096)
+    cfg = G.Sm90Fp8Config(128, 128, 6, 2, partials=2)
+    assert cfg.invalid(p) is None and ("RTK_FP8_PARTIALS", "2") in G.sm90_spec(p, cfg, Arch.parse("sm_90a")).defines
+    assert "bn <= 128" in G.Sm90Fp8Config(128, 256, 4, 2, partials=2).invalid(p)
+    assert "exceed the registers" in G.Sm90Fp8Config(128, 128, 4, 1, partials=2).invalid(p)  # 128 rows per consumer
+    assert "partials=3" in G.Sm90Fp8Config(partials=3).invalid(p)
+    assert configs.config_from_dict(cfg.as_dict()) == cfg and cfg.as_dict()["partials"] == 2
+    assert "partials" not in G.Sm90Fp8Config().as_dict()
+    swept = tune.sweep_configs(p)
+    assert {c.partials for c in swept} == {1, 2} and all(c.bn <= 128 for c in swept if c.partials == 2)
+
+
 def test_tma_store_where_rows_of_c_are_16_byte_multiples():
     """Tiles of 128+ rows store c with TMA (a define, two 8 KB boxes per consumer of shared memory, a third tensor
     map over c) where c's rows are 16-byte multiples; otherwise, and for 64-row tiles and the grouped kernel, from
@@ -146,6 +163,11 @@ def _variants():
                     yield G.sm90_spec(G.Fp8Problem(64, 64, 256, sc, out, bias), cfg, Arch.parse("sm_90a"))
                 # rows of c that are no multiple of 16 bytes: stored from registers
                 yield G.sm90_spec(G.Fp8Problem(64, 60, 256, sc, out, "bf16"), cfg, Arch.parse("sm_90a"))
+    for cfg in (G.Sm90Fp8Config(128, 128, 6, 2, partials=2), G.Sm90Fp8Config(64, 128, 8, 1, partials=2),
+                G.Sm90Fp8Config(256, 64, 4, 2, partials=2)):  # two partials in turn: no wgmma serialization
+        for sc in ("tensor", "channel", "block"):
+            for n in (64, 60):
+                yield G.sm90_spec(G.Fp8Problem(256, n, 256, sc, "bf16", "bf16"), cfg, Arch.parse("sm_90a"))
     for cfg in (G.Sm90Fp8Config(128, 128, 6, 2, cluster=2), G.Sm90Fp8Config(128, 256, 4, 2, cluster=2)):
         for sc in ("tensor", "block"):
             for bias in ("none", "fp32"):
