@@ -7,7 +7,9 @@ Decode points: bf16, head dim 128, seqlen_q 1, 32 q heads over 4 kv heads (GQA 8
 1/8/64/256 x context 1k/8k/32k/128k (every sequence full), caches over --max-cache-gb skipped. Layouts: contiguous
 (batch, context, kv heads, 128), paged with pages of 16 and 64 tokens (block table shuffled). Series: rtckern
 (num_splits chosen), rtckern_nosplit (num_splits=1, contiguous), sdpa (torch's scaled_dot_product_attention with
-enable_gqa on the same contiguous cache, (batch, heads, seq, dim) views). GB/s = K and V bytes read / kernel time;
+enable_gqa on the same contiguous cache, (batch, heads, seq, dim) views), rtckern_fp8 (a contiguous float8_e4m3fn
+cache with per-kv-head scales, num_splits chosen: half the bytes). GB/s = K and V bytes read / kernel time (the fp8
+series: its e4m3 bytes); "fp8 speedup" = the bf16 contiguous cache's time / the fp8 cache's;
 the ratio column divides by the device's copy bandwidth measured in the same run (a 1 GiB device copy, read +
 write bytes). Kernel time: a CUDA graph of calls cycling through enough copies of the cache that together exceed
 the L2 several times (no call finds its cache in L2), replayed 5 times, median per call.
@@ -113,6 +115,18 @@ def make_caches(batch, ctx, hk, page, copies):
     return out
 
 
+def fp8_caches(batch, ctx, hk, copies):
+    """`copies` contiguous e4m3 (k, v) caches with per-kv-head scales (k_scale, v_scale)."""
+    import torch
+
+    out = []
+    for _ in range(copies):
+        k = torch.randn(batch, ctx, hk, HD, device="cuda").to(torch.float8_e4m3fn)
+        out.append((k, torch.randn(batch, ctx, hk, HD, device="cuda").to(torch.float8_e4m3fn),
+                    torch.full((hk,), 0.02, device="cuda"), torch.full((hk,), 0.02, device="cuda")))
+    return out
+
+
 def decode_row(p, layouts, copy_gbs, max_bytes):
     import torch
     import torch.nn.functional as F
@@ -153,8 +167,16 @@ def decode_row(p, layouts, copy_gbs, max_bytes):
                 print(f"sdpa failed at {p}: {type(e).__name__}: {str(e)[:200]}", flush=True)
         del caches
         torch.cuda.empty_cache()
+    fp8_copies = max(1, min(64, -(-L2_FACTOR // (nbytes // 2))))
+    caches = fp8_caches(batch, ctx, hk, fp8_copies)
+    calls = [(lambda c=caches[i % fp8_copies]: ops.attention_with_kvcache(q, c[0], c[1], lens, k_scale=c[2],
+                                                                         v_scale=c[3]))
+             for i in range(max(fp8_copies, 8))]
+    row["us"]["rtckern_fp8"] = graphed_seconds(calls) * 1e6
+    del caches, calls
+    torch.cuda.empty_cache()
     for name, us in row["us"].items():
-        row["gbs"][name] = nbytes / (us * 1e-6) / 1e9
+        row["gbs"][name] = (nbytes // 2 if name == "rtckern_fp8" else nbytes) / (us * 1e-6) / 1e9
     row["vs_copy"] = {n: g / copy_gbs for n, g in row["gbs"].items()}
     return row
 
@@ -265,12 +287,20 @@ def body(rows, copy_gbs, host) -> list:
     def ratio(r, a, b):
         return f"{r['gbs'][a] / r['gbs'][b]:.2f}x" if a in r["gbs"] and b in r["gbs"] else None
 
+    def fp8(r, what):
+        if "rtckern_fp8" not in r.get("us", {}):  # older result sets have no fp8 series
+            return None
+        if what == "copy":
+            return f"{r['vs_copy']['rtckern_fp8']:.2f}"
+        return f"{r['us']['rtckern_contiguous'] / r['us']['rtckern_fp8']:.2f}x"
+
     t1 = Table(["GQA", "batch", "context", "cache MB", *[f"{n} GB/s" for n in names],
-                "best rtckern / copy", "rtckern contiguous / sdpa"],
+                "best rtckern / copy", "rtckern contiguous / sdpa", "fp8 / copy", "fp8 speedup"],
                [[f"{HQ}:{r['hk']}", r["batch"], r["ctx"], r["cache_mb"],
                  *[f"{r['gbs'][n]:.0f}" if n in r["gbs"] else None for n in names],
-                 f"{max(v for n, v in r['vs_copy'].items() if n.startswith('rtckern')):.2f}",
-                 ratio(r, "rtckern_contiguous", "sdpa")] for r in dec], title="Decode (seqlen_q 1, head dim 128, bf16)")
+                 f"{max(v for n, v in r['vs_copy'].items() if n.startswith('rtckern') and n != 'rtckern_fp8'):.2f}",
+                 ratio(r, "rtckern_contiguous", "sdpa"), fp8(r, "copy"), fp8(r, "speedup")] for r in dec],
+               title="Decode (seqlen_q 1, head dim 128, q bf16; cache bf16, or e4m3 for rtckern_fp8)")
     pre = [r for r in rows if r["kind"] == "prefill"]
     def eager(r):  # older result sets timed eager calls only
         e = r.get("eager_tflops")

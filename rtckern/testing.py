@@ -574,6 +574,22 @@ def kvcache_kernel_exprs(head_dims) -> tuple[str, list[str]]:
     return kc.SOURCE, exprs
 
 
+def kvcache_fp8_specs(head_dims, arch: str) -> list:
+    """The kernels of an attention_with_kvcache request over float8_e4m3fn caches on a described `arch` (sm_89+):
+    for bf16 and fp16 q and each head dim, the tensor-core candidate's four specs (the attention kernel's RTK_KV_FP8
+    form, causal and not, the split merge, the fp8 append and the fp8 gather), as the op would compile them."""
+    from .device import DeviceInfo
+    from .ops._attention import kvcache_candidates as kc
+
+    dev, cand = DeviceInfo.for_arch(arch), kc.Sm80Decode()
+    specs = []
+    for dtype in ("bf16", "fp16"):
+        for hd in head_dims:
+            for causal in (False, True):
+                specs += cand.kernel_specs(kc.request(dtype, hd, causal, dev, kc.FP8_CACHE))
+    return list(dict.fromkeys(specs))
+
+
 def kvcache_simt_kernel_exprs(head_dims) -> tuple[str, list[str]]:
     """(source, name expressions) of the portable attention_with_kvcache kernel (decode_simt.cuh, which includes
     the merge, append and gather): bf16 and fp16, each head dim, causal and not."""

@@ -20,9 +20,25 @@
 // sequence's tokens including the appended ones). A row that sees no key gets o = 0 and lse = -inf.
 // Grid (splits, heads_kv * row_tiles, batch), row_tiles = ceil(seqlen_q * heads_q / heads_kv / 16); NWARPS * 32
 // threads; shared memory decode_sm80_smem<HD, NWARPS, STAGES>::bytes.
+//
+// RTK_KV_FP8=1 (kvcache_fp8.cuh; sm_89+): k / v are e4m3 caches with fp32 scales per kv head (scale_hs 1) or per
+// tensor (0), three parameters after scale_log2. Each warp's ring holds the raw e4m3 chunks (half the bytes of a
+// bf16 cache in flight); once a chunk has landed the warp expands it into one T chunk (K and V) that the mma loop
+// reads as before; k's scale joins the softmax scale, v's the output's normalization.
 #pragma once
 #include "attention/kvcache_common.cuh"
 #include "attention/sm80_primitives.cuh"
+#ifndef RTK_KV_FP8
+#define RTK_KV_FP8 0
+#endif
+#if RTK_KV_FP8
+#include "attention/kvcache_fp8.cuh"
+#define RTK_KV_CACHE_T unsigned char
+#define RTK_KV_SCALE_PARAMS , const float *__restrict__ k_scale, const float *__restrict__ v_scale, long long scale_hs
+#else
+#define RTK_KV_CACHE_T T
+#define RTK_KV_SCALE_PARAMS
+#endif
 
 namespace rtk_attn {
 
@@ -30,20 +46,26 @@ template <int HD, int NWARPS, int STAGES>
 struct decode_sm80_smem {
   static constexpr int srow = HD + 8;  // padded row (elements): conflict-free ldmatrix phases
   static constexpr int q_bytes = 16 * srow * 2;
+#if RTK_KV_FP8  // per warp: one expanded K and V chunk, then the ring of STAGES raw e4m3 K chunks and V chunks
+  static constexpr int kv_bytes = NWARPS * (2 * 16 * srow * 2 + STAGES * 2 * 16 * HD);
+#else
   static constexpr int kv_bytes = NWARPS * STAGES * 2 * 16 * srow * 2;  // per warp: STAGES x (K chunk + V chunk)
+#endif
   static constexpr int merge_bytes = NWARPS * 16 * HD * 4 + 2 * NWARPS * 16 * 4;  // reuses the K/V ring
   static constexpr int bytes = q_bytes + (kv_bytes > merge_bytes ? kv_bytes : merge_bytes);
 };
 
 template <typename T, int HD, int NWARPS, int STAGES, bool CAUSAL>
 __global__ void __launch_bounds__(NWARPS * 32)
-    attn_decode_sm80(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+    attn_decode_sm80(const T* __restrict__ q, const RTK_KV_CACHE_T* __restrict__ k,
+                     const RTK_KV_CACHE_T* __restrict__ v, T* __restrict__ o,
                      float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
                      const int* __restrict__ cache_seqlens, const int* __restrict__ block_table,
                      long long seqlen_q, long long heads_q, long long heads_kv, long long seqlen_new,
                      long long capacity, long long bt_stride, long long page_size, long long q_bs, long long q_rs,
                      long long q_hs, long long k_bs, long long k_rs, long long k_hs, long long v_bs, long long v_rs,
-                     long long v_hs, long long o_bs, long long o_rs, long long o_hs, float scale_log2) {
+                     long long v_hs, long long o_bs, long long o_rs, long long o_hs,
+                     float scale_log2 RTK_KV_SCALE_PARAMS) {
 #if RTK_ARCH >= 800
   static_assert(HD % 16 == 0 && STAGES >= 2, "tile shape");
   using SM = decode_sm80_smem<HD, NWARPS, STAGES>;
@@ -72,6 +94,9 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const int sq = static_cast<int>(seqlen_q);
   const int rows = group * sq;  // query rows of this kv head
   const int len = kv_length(cache_seqlens, b, seqlen_new, capacity);
+#if RTK_KV_FP8
+  scale_log2 *= __ldg(k_scale + hk * scale_hs);  // scores of the stored e4m3 keys, times k's scale
+#endif
 
   // ---- Q: 16 rows (rows past `rows` zero), by cp.async as the first group, so the K/V ring starts filling before
   // Q arrives ----
@@ -93,8 +118,17 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const int c_end = min(chunks, c_begin + per_split);
   const int mine = c_end - c_begin > warp ? (c_end - c_begin - warp + NWARPS - 1) / NWARPS : 0;
 
+#if RTK_KV_FP8
+  constexpr int RAW = 16 * HD;  // bytes of one raw e4m3 chunk
+  unsigned char* wbase = reinterpret_cast<unsigned char*>(sKV) + warp * (2 * CHUNK * 2 + STAGES * 2 * RAW);
+  T* sK = reinterpret_cast<T*>(wbase);  // the expanded chunk the mma loop reads
+  T* sV = sK + CHUNK;
+  unsigned char* rK = wbase + 2 * CHUNK * 2;  // the raw ring: STAGES K chunks, then STAGES V chunks
+  unsigned char* rV = rK + STAGES * RAW;
+#else
   T* sK = sKV + warp * STAGES * CHUNK;
   T* sV = sKV + (NWARPS + warp) * STAGES * CHUNK;
+#endif
   const int ps = static_cast<int>(page_size);
   // A paged cache's block-table reads are taken off the ring's path: lane l holds the page of the warp's chunk
   // 32 m + l for the current batch m (pg_cur) and the next (pg_next), read one batch ahead.
@@ -124,6 +158,17 @@ __global__ void __launch_bounds__(NWARPS * 32)
     kt += hk * k_hs;
     vt += hk * v_hs;
     const int valid = len - j0;
+#if RTK_KV_FP8
+#pragma unroll
+    for (int it = 0; it < 16 * (HD / 16) / 32; ++it) {  // 16 e4m3 per access
+      const int idx = it * 32 + lane;
+      const int r = idx / (HD / 16);
+      const int c = idx - r * (HD / 16);
+      const bool full = r < valid;
+      cp_async_16(smem_addr(rK + buf * RAW + r * HD + c * 16), k + kt + (full ? r * k_rs + c * 16 : 0), full);
+      cp_async_16(smem_addr(rV + buf * RAW + r * HD + c * 16), v + vt + (full ? r * v_rs + c * 16 : 0), full);
+    }
+#else
 #pragma unroll
     for (int it = 0; it < 16 * CPR / 32; ++it) {
       const int idx = it * 32 + lane;
@@ -133,6 +178,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
       cp_async_16(smem_addr(sK + buf * CHUNK + r * SROW + c * 8), k + kt + (full ? r * k_rs + c * 8 : 0), full);
       cp_async_16(smem_addr(sV + buf * CHUNK + r * SROW + c * 8), v + vt + (full ? r * v_rs + c * 8 : 0), full);
     }
+#endif
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -171,8 +217,24 @@ __global__ void __launch_bounds__(NWARPS * 32)
     if (n + STAGES - 1 < mine) load_chunk(n + STAGES - 1, (n + STAGES - 1) % STAGES);
     cp_async_commit();
     const int buf = n % STAGES;
+#if RTK_KV_FP8
+    // expand the landed e4m3 chunk into the warp's T chunk (the previous one's ldmatrix reads are done: the loop's
+    // __syncwarp above)
+#pragma unroll
+    for (int it = 0; it < 16 * (HD / 16) / 32; ++it) {
+      const int idx = it * 32 + lane;
+      const int r = idx / (HD / 16);
+      const int c = idx - r * (HD / 16);
+      kv_fp8_expand16<T>(rK + buf * RAW + r * HD + c * 16, sK + r * SROW + c * 16);
+      kv_fp8_expand16<T>(rV + buf * RAW + r * HD + c * 16, sV + r * SROW + c * 16);
+    }
+    __syncwarp();
+    const unsigned sK_lane = smem_addr(sK + k_off);
+    const unsigned sV_lane = smem_addr(sV + v_off);
+#else
     const unsigned sK_lane = smem_addr(sK + buf * CHUNK + k_off);
     const unsigned sV_lane = smem_addr(sV + buf * CHUNK + v_off);
+#endif
 
     // ---- S = Q K^T: 16 rows x 16 keys ----
     float s_acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -292,7 +354,11 @@ __global__ void __launch_bounds__(NWARPS * 32)
       acc.z += x.z;
       acc.w += x.w;
     }
+#if RTK_KV_FP8
+    const float inv = l > 0.f ? __ldg(v_scale + hk * scale_hs) / l : 0.f;  // values are e4m3 times v's scale
+#else
     const float inv = l > 0.f ? 1.f / l : 0.f;
+#endif
     const int gi = row / sq;
     const int i = row - gi * sq;
     const long long h = hk * group + gi;

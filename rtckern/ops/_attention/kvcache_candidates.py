@@ -8,7 +8,9 @@
                                     (attention/decode_simt.cuh), the portable fallback
 
 A request is what decides compilation: dtype, head dim, causal (only meaningful with more than one query token;
-the op passes causal and seqlen_q > 1). Contiguous or paged caches, lengths, page size, heads and strides are
+the op passes causal and seqlen_q > 1), and the cache's dtype where it differs from q's (dtypes["cache"]
+"fp8_e4m3": e4m3 caches with fp32 scales, the tensor-core kernel's RTK_KV_FP8 form on sm_89+; the portable
+kernel refuses them). Contiguous or paged caches, lengths, page size, heads and strides are
 run-time arguments of one binary. Each candidate compiles four kernels: the attention kernel, the split-KV merge,
 the append of new tokens and the gather of the long-query path (more than DECODE_MAX_SEQLEN_Q query tokens: chunked
 prefill runs on attention_varlen's kernels over the gathered cache).
@@ -22,6 +24,7 @@ from types import MappingProxyType
 from rtckern import tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
+from rtckern.errors import OptionError
 from rtckern.registry import Candidate, OpRequest, Resources
 from rtckern.registry import options as opts
 from rtckern.registry.core_api import target_for
@@ -38,6 +41,11 @@ SIMT_KERNEL = "rtk_attn::attn_decode_simt"
 COMBINE_KERNEL = "rtk_attn::attn_split_combine"
 APPEND_KERNEL = "rtk_attn::kvcache_append"
 GATHER_KERNEL = "rtk_attn::kvcache_gather"
+FP8_CACHE = "fp8_e4m3"
+FP8_DEFINES = (("RTK_KV_FP8", "1"),)  # decode_sm80.cuh then includes kvcache_fp8.cuh
+APPEND_FP8_KERNEL = "rtk_attn::kvcache_append_fp8"
+GATHER_FP8_KERNEL = "rtk_attn::kvcache_gather_fp8"
+FP8_MIN_CC = (8, 9)  # hardware e4m3 conversion
 COMBINE_THREADS = 128
 APPEND_THREADS = 128
 GATHER_THREADS = 128
@@ -67,9 +75,14 @@ class DecodeTile:
     def threads(self) -> int:
         return 32 * self.warps
 
-    def smem_bytes(self, head_dim: int) -> int:
+    def smem_bytes(self, head_dim: int, fp8: bool = False) -> int:
+        """decode_sm80_smem::bytes: Q, then the warps' rings (fp8: one expanded K and V chunk per warp beside a ring
+        of raw e4m3 chunks) or, after the loop, the merge buffers in the same memory."""
         srow = head_dim + 8
-        ring = self.warps * self.stages * 2 * CHUNK * srow * 2
+        if fp8:
+            ring = self.warps * (2 * CHUNK * srow * 2 + self.stages * 2 * CHUNK * head_dim)
+        else:
+            ring = self.warps * self.stages * 2 * CHUNK * srow * 2
         merge = self.warps * 16 * head_dim * 4 + 2 * self.warps * 16 * 4
         return 16 * srow * 2 + max(ring, merge)
 
@@ -87,9 +100,20 @@ class DecodeTile:
 DEFAULT_TILES = MappingProxyType({hd: DecodeTile(4, 2) for hd in configs.HEAD_DIMS})
 
 
-def request(dtype: str, head_dim: int, causal: bool, device: DeviceInfo) -> OpRequest:
-    return OpRequest(op=OP, dtypes={"qkv": dtype}, shape={"head_dim": int(head_dim)}, flags={"causal": bool(causal)},
+def request(dtype: str, head_dim: int, causal: bool, device: DeviceInfo, cache: str | None = None) -> OpRequest:
+    """cache: the caches' dtype where it is not q's (FP8_CACHE)."""
+    dtypes = {"qkv": dtype} if cache is None or cache == dtype else {"qkv": dtype, "cache": cache}
+    return OpRequest(op=OP, dtypes=dtypes, shape={"head_dim": int(head_dim)}, flags={"causal": bool(causal)},
                      device=device)
+
+
+def cache_dtype(req: OpRequest) -> str | None:
+    """The caches' dtype where the request names one apart from q's, else None."""
+    return next((dt for name, dt in req.dtypes if name == "cache"), None)
+
+
+def fp8_cache(req: OpRequest) -> bool:
+    return cache_dtype(req) == FP8_CACHE
 
 
 def row_tiles(seqlen_q: int, group: int) -> int:
@@ -135,23 +159,38 @@ class Sm80Decode(Candidate):
         return t
 
     def supports(self, req: OpRequest) -> str | None:
-        return configs.qkv_reason(req, self.head_dims)
+        why = configs.qkv_reason(req, self.head_dims)
+        cache = cache_dtype(req)
+        if why is None and cache is not None:
+            if cache != FP8_CACHE:
+                return f"cache dtype {cache}: q's dtype, or {FP8_CACHE} with scales"
+            arch = req.device.arch
+            if arch.gfx or arch.cc < FP8_MIN_CC:
+                return f"{FP8_CACHE} caches need sm_89+ (hardware e4m3 conversion); {req.device.describe()} has none"
+        return why
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
         dtype, hd = req.dtype("qkv"), req.dim("head_dim")
         target = target_for(req.device, False)
         t = configs.DTYPES[dtype]
         src = self.source  # the merge, append and gather kernels come from kvcache_common.cuh, which it includes
+        fp8 = fp8_cache(req)
+        d = FP8_DEFINES if fp8 else ()
         return (KernelSpec(src, self.kernel, target, template_args=self.tile(req).template_args(dtype, hd,
                                                                                                req.flag("causal")),
+                           defines=d, op=OP),
+                KernelSpec(src, COMBINE_KERNEL, target, template_args=(t, hd, COMBINE_THREADS, MAX_SPLITS), defines=d,
                            op=OP),
-                KernelSpec(src, COMBINE_KERNEL, target, template_args=(t, hd, COMBINE_THREADS, MAX_SPLITS), op=OP),
-                KernelSpec(src, APPEND_KERNEL, target, template_args=(t, hd), op=OP),
-                KernelSpec(src, GATHER_KERNEL, target, template_args=(t, hd), op=OP))
+                KernelSpec(src, APPEND_FP8_KERNEL if fp8 else APPEND_KERNEL, target, template_args=(t, hd), defines=d,
+                           op=OP),
+                KernelSpec(src, GATHER_FP8_KERNEL if fp8 else GATHER_KERNEL, target, template_args=(t, hd), defines=d,
+                           op=OP))
 
     def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
         tile = self.tile(req)
-        return (Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(req.dim("head_dim"))),
+        smem = tile.smem_bytes(req.dim("head_dim"), fp8_cache(req)) if isinstance(tile, DecodeTile) else \
+            tile.smem_bytes(req.dim("head_dim"))
+        return (Resources(block=tile.threads, dynamic_smem=smem),
                 Resources(block=COMBINE_THREADS), Resources(block=APPEND_THREADS), Resources(block=GATHER_THREADS))
 
 
@@ -186,6 +225,11 @@ class SimtDecode(Sm80Decode):
     def tile(self, req: OpRequest) -> SimtDecodeTile:
         return SIMT_TILE
 
+    def supports(self, req: OpRequest) -> str | None:
+        if cache_dtype(req) is not None:
+            return f"{cache_dtype(req)} caches: the tensor-core kernel (sm_89+) only"
+        return configs.qkv_reason(req, self.head_dims)
+
 
 SIMT_TILE = SimtDecodeTile()
 
@@ -198,13 +242,17 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
     """For `rtckern explain/selftest attention_with_kvcache` and manifest lines: shape is the head dim, or q's
     (batch, seqlen_q, heads, head_dim); option causal=0/1. As in the op, a single query token makes a non-causal
     request whatever causal says (it sees the whole cache either way), so a decode line names the kernels decode
-    runs."""
-    opts.check_keys(OP, options, ("causal",))
+    runs; option cache=fp8_e4m3 for an e4m3 cache."""
+    opts.check_keys(OP, options, ("causal", "cache"))
     causal = opts.flag(OP, options, "causal", False) and not (len(shape) == 4 and shape[1] == 1)
-    return request(dtype or "bf16", shape[-1], causal, device)
+    cache = options.get("cache")
+    if cache not in (None, FP8_CACHE):
+        raise OptionError(f"{OP}: cache={cache!r}; leave it out (q's dtype) or pass cache={FP8_CACHE}")
+    return request(dtype or "bf16", shape[-1], causal, device, cache)
 
 
 CANDIDATES = (Sm80Decode(), SimtDecode())
 register_all = dense.registrar(CANDIDATES, OP, _build_request,
-                               help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1 (seqlen_q > 1)",
+                               help="shape: head_dim, or q's BxSxHxD; --opt causal=0/1 (seqlen_q > 1), "
+                                    "cache=fp8_e4m3",
                                example="--dtype bf16 --shape 64x1x32x128")

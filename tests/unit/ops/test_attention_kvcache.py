@@ -12,8 +12,8 @@ from rtckern import ops
 from rtckern.errors import InputError
 from rtckern.registry import build_request, explain
 from rtckern.runtime import arrays as A
-from rtckern.testing import (compile_name_expressions, kvcache_kernel_exprs, kvcache_simt_kernel_exprs,
-                             kvcache_split_choice, name_expression_specs)
+from rtckern.testing import (compile_all, compile_name_expressions, kvcache_fp8_specs, kvcache_kernel_exprs,
+                             kvcache_simt_kernel_exprs, kvcache_split_choice, name_expression_specs)
 
 HEAD_DIMS = (32, 64, 96, 128, 256)
 
@@ -69,6 +69,64 @@ def test_refusals(described, kw, message):
     with pytest.raises(InputError) as e:
         call(**kw)
     assert message in str(e.value)
+
+
+def arr8(shape, strides=None, ptr=1 << 20):
+    a = arr(shape, strides=strides, ptr=ptr)
+    return A.DeviceArray(None, "torch", a.ptr, a.shape, a.strides, "fp8_e4m3", 1, 0)
+
+
+def scale(n=1, dtype="fp32"):
+    return arr((n,), dtype)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(), "fp8_e4m3 caches need k_scale and v_scale: float32 tensors of 1 (per tensor) or heads_kv=2"),
+    (dict(k_scale=scale(), v_scale=scale(3)), "v_scale has shape (3,) and dtype fp32; it must be float32 with 1 "
+                                              "element (per tensor) or shape (2,) (per kv head)"),
+    (dict(k_scale=scale(), v_scale=scale(1, "bf16")), "v_scale has shape (1,) and dtype bf16"),
+    (dict(k_scale=scale(), v_scale=scale(2)), "both per tensor or both per kv head"),
+    (dict(k_scale=scale(), v_scale=scale(), kc=arr8(KC, strides=(8200, 128, 72, 1))),
+     "an fp8_e4m3 cache's block/batch, token and head strides must be multiples of 16 elements"),
+    (dict(k_scale=scale(), v_scale=scale(), v=arr(KC)), "k_cache is fp8_e4m3 but v_cache is bf16"),
+])
+def test_fp8_cache_refusals(described, kw, message):
+    kc = kw.pop("kc", arr8(KC))
+    v = kw.pop("v", kc)
+    with pytest.raises(InputError) as e:
+        ops.attention_with_kvcache(arr(Q), kc, v, arr((2,), "int32"), **kw)
+    assert message in str(e.value)
+
+
+def test_scales_beside_a_bf16_cache_are_refused(described):
+    with pytest.raises(InputError, match="k_scale / v_scale are for fp8_e4m3 caches; these caches are bf16"):
+        call(k_scale=scale(), v_scale=scale())
+
+
+@pytest.mark.parametrize("arch, expect", [("sm_89", "attention_with_kvcache.sm80_mma"),
+                                          ("sm_90", "attention_with_kvcache.sm80_mma"), ("sm_80", None),
+                                          ("sm_75", None)])
+def test_fp8_caches_take_the_tensor_core_kernel_on_sm89_and_newer(arch, expect):
+    req = build_request("attention_with_kvcache", shape=(8, 1, 32, 128), dtype="bf16", arch=arch, sm_count=132,
+                        options={"cache": "fp8_e4m3"})
+    ex = explain(req)
+    assert ex.chosen == expect
+    if expect is None:
+        assert "fp8_e4m3 caches" in str(ex)
+
+
+def _kvcache_fp8_specs(arch: str) -> list:
+    return kvcache_fp8_specs(HEAD_DIMS, arch)
+
+
+@pytest.mark.parametrize("arch", ["sm_89"])
+@pytest.mark.compiles(builder=_kvcache_fp8_specs)
+def test_every_fp8_cache_variant_compiles(arch):
+    """The fp8 cache's kernels (decode_sm80.cuh with RTK_KV_FP8: the attention kernel, merge, append, gather) for
+    both q dtypes and every head dim, as the op builds them."""
+    specs = kvcache_fp8_specs(HEAD_DIMS, arch)
+    assert len(specs) == 2 * len(HEAD_DIMS) * 5 and all(s.defines == (("RTK_KV_FP8", "1"),) for s in specs)
+    assert compile_all(specs) == []
 
 
 def test_refuses_a_strided_head_dim(described):

@@ -87,7 +87,8 @@ def test_schema_declares_the_cache_writes():
         ("q", "Tensor", None), ("k_cache", "Tensor", None), ("v_cache", "Tensor", None),
         ("cache_seqlens", "Tensor", None), ("block_table", "Optional[Tensor]", None),
         ("k_new", "Optional[Tensor]", None), ("v_new", "Optional[Tensor]", None), ("causal", "bool", True),
-        ("softmax_scale", "Optional[float]", None), ("num_splits", "int", 0), ("return_lse", "bool", False)]
+        ("softmax_scale", "Optional[float]", None), ("num_splits", "int", 0), ("return_lse", "bool", False),
+        ("k_scale", "Optional[Tensor]", None), ("v_scale", "Optional[Tensor]", None)]
     assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == ["k_cache", "v_cache"]
     assert [str(r.type) for r in schema.returns] == ["Tensor", "Tensor"]
     assert not any(r.alias_info for r in schema.returns)  # o and lse are fresh tensors
@@ -207,6 +208,38 @@ def test_opcheck_through_the_reference_kernels():
                                    True))
         torch.library.opcheck(op, (q, paged.k.clone(), paged.v.clone(), paged.seqlens, paged.block_table, kn, vn),
                               {"causal": False, "return_lse": True})
+
+
+def test_fp8_caches_through_the_reference_kernels():
+    """float8_e4m3fn caches with per-head scales: the append divides by the scale and rounds to e4m3 (saturating),
+    the attention reads e4m3 * scale; opcheck passes with the scales."""
+    lens, hk, d = [3, 0, 6], 2, 16
+    g = torch.Generator().manual_seed(4)
+    k8 = (torch.randn(3, 8, hk, d, generator=g) * 3).to(torch.float8_e4m3fn)
+    v8 = (torch.randn(3, 8, hk, d, generator=g) * 3).to(torch.float8_e4m3fn)
+    ks, vs = torch.tensor([0.05, 0.02]), torch.tensor([0.03, 0.01])
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(3, 1, 4, d, generator=g, dtype=BF16)
+    kn = (torch.randn(3, 1, hk, d, generator=g) * 30).to(BF16)  # past 448 x scale: saturates
+    vn = torch.randn(3, 1, hk, d, generator=g).to(BF16)
+    kc, vc = k8.clone(), v8.clone()
+    with rt.reference_mode():
+        o = rt.attention_with_kvcache(q, kc, vc, seqlens, k_new=kn, v_new=vn, k_scale=ks, v_scale=vs)
+        # test_schema compares the tensors with ops torch has no float8 CPU kernels for: the other checks
+        torch.library.opcheck(ops.attention_with_kvcache.default, (q, k8.clone(), v8.clone(), seqlens, None, kn, vn),
+                              {"k_scale": ks, "v_scale": vs},
+                              test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    for b, n in enumerate(lens):
+        want_k = (kn[b].float() / ks.reshape(-1, 1)).clamp(-448, 448).to(torch.float8_e4m3fn)
+        assert torch.equal(kc[b, n:n + 1].view(torch.uint8), want_k.view(torch.uint8))
+        keys = (kc[b, :n + 1].float() * ks.reshape(-1, 1)).to(BF16)
+        vals = (vc[b, :n + 1].float() * vs.reshape(-1, 1)).to(BF16)
+        want_o, _ = reference(q[b], keys, vals, True, d ** -0.5)
+        assert torch.allclose(o[b].double(), want_o, atol=2e-2)
+    assert float(kc.view(torch.uint8).float().max()) < 255 and not torch.isnan(kc.float()).any()
+    with pytest.raises(InputError, match="need k_scale and v_scale"):
+        with rt.reference_mode():
+            rt.attention_with_kvcache(q, k8, v8, seqlens)
 
 
 def _decode_step(q, k_cache, v_cache, lens, k_new, v_new):
