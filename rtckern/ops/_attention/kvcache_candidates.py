@@ -116,6 +116,12 @@ def fp8_cache(req: OpRequest) -> bool:
     return cache_dtype(req) == FP8_CACHE
 
 
+def tile_key(req: OpRequest) -> dict:
+    """The decode tile table's key: impl, the cache's dtype (q's, or fp8_e4m3: the bytes a tile streams) and the
+    head dim."""
+    return {"impl": Sm80Decode.name, "dtype": cache_dtype(req) or req.dtype("qkv"), "head_dim": req.dim("head_dim")}
+
+
 def row_tiles(seqlen_q: int, group: int) -> int:
     return -(-(seqlen_q * group) // ROW_TILE)
 
@@ -151,7 +157,7 @@ class Sm80Decode(Candidate):
     def tile(self, req: OpRequest) -> DecodeTile:
         t = _tiles.get((self.name, req))
         if t is None:
-            key = {"impl": self.name, "dtype": req.dtype("qkv"), "head_dim": req.dim("head_dim")}
+            key = tile_key(req)
             found = tuning.lookup(OP, req.device, key, valid=lambda c, k: int(c.get("head_dim", -1)) == k["head_dim"]
                                   ) if _has_table() else None
             t = DecodeTile(int(found.config["warps"]), int(found.config["stages"])) if found is not None else None

@@ -287,3 +287,20 @@ def test_record_mode_replay_and_presets(tmp_path, cache_dir):
     decode = {(s.arch.sm, s.template_args[-1]) for s in specs if s.name == "rtk_attn::attn_decode_sm80"}
     assert decode == {(a, c) for a in ("sm_80", "sm_90") for c in ("false", "true")}
     assert specs == builtin_specs(parse_archs("8.0;9.0a"), ["ops"])
+
+
+def test_fp8_caches_have_their_own_tile_rows(capsys):
+    """`rtckern tune attention_with_kvcache --opt cache=fp8_e4m3` keys its rows by the cache's dtype (an e4m3 cache
+    streams half the bytes of a bf16 one: its best tile differs) and sizes the tiles' shared memory for the raw ring
+    beside the expanded chunk."""
+    from rtckern.cli import build_parser
+    from rtckern.commands import tune as tune_cmd
+
+    base = ["tune", "attention_with_kvcache", "--shapes", "128", "--dtype", "bf16", "--list-configs", "--arch",
+            "sm_90"]
+    assert tune_cmd.run(build_parser().parse_args(base + ["--opt", "cache=fp8_e4m3"])) == 0
+    fp8 = capsys.readouterr().out
+    assert tune_cmd.run(build_parser().parse_args(base)) == 0
+    bf16 = capsys.readouterr().out
+    assert "dtype=fp8_e4m3, head_dim=128" in fp8 and "dtype=bf16, head_dim=128" in bf16
+    assert '{"stages": 4, "warps": 8}' in fp8 and '{"stages": 4, "warps": 8}' not in bf16  # 8 x 4 fits only as e4m3
