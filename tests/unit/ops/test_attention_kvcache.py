@@ -304,3 +304,19 @@ def test_fp8_caches_have_their_own_tile_rows(capsys):
     bf16 = capsys.readouterr().out
     assert "dtype=fp8_e4m3, head_dim=128" in fp8 and "dtype=bf16, head_dim=128" in bf16
     assert '{"stages": 4, "warps": 8}' in fp8 and '{"stages": 4, "warps": 8}' not in bf16  # 8 x 4 fits only as e4m3
+
+
+def test_manifest_lines_plan_the_fp8_cache_kernels():
+    """A manifest line with option cache=fp8_e4m3 (what a prefill or replay reads) plans the RTK_KV_FP8 kernels on
+    sm_89+ and says why not on sm_80; a recorded request names the cache's dtype for an exact replay."""
+    from rtckern.arch import Arch
+    from rtckern.fleet import parse_lines, plan, request_line
+
+    line = '{"op": "attention_with_kvcache", "dtype": "bf16", "shape": [64, 1, 32, 128], "cache": "fp8_e4m3"}'
+    planned = plan(parse_lines([line]), [Arch.parse("sm_80"), Arch.parse("sm_90")])
+    by_arch = {p.device.arch.sm: p for p in planned}
+    assert "fp8_e4m3 caches need sm_89+" in by_arch["sm_80"].error
+    ok = by_arch["sm_90"]
+    assert not ok.error and ok.chain[0].candidate == "attention_with_kvcache.sm80_mma"
+    assert len(ok.chain[0].specs) == 4 and all(s.defines == (("RTK_KV_FP8", "1"),) for s in ok.chain[0].specs)
+    assert '"cache":"fp8_e4m3"' in request_line(ok.request).replace(" ", "")
