@@ -63,6 +63,19 @@ __global__ void kvcache_append(const T* __restrict__ k_new, const T* __restrict_
 // V into packed (total, heads_kv, HD) buffers, sequences one after the other, and the prefix sums cu_seqlens_k
 // (batch + 1) that attention_varlen reads. Grid (ceil(capacity / 16), batch); block x copies tokens 16 x .. 16 x + 15
 // of its sequence; its offset in the packed buffers is the sum of the earlier sequences' lengths.
+// Sequence b's offset in a gather's packed buffers (the earlier sequences' lengths); block 0's thread 0 writes the
+// prefix sums (len: sequence b's length).
+RTK_DEVICE long long kv_gather_offset(const int* __restrict__ cache_seqlens, int* __restrict__ cu_seqlens_k,
+                                      long long b, int len, long long seqlen_new, long long capacity) {
+  long long off = 0;
+  for (long long i = 0; i < b; ++i) off += kv_length(cache_seqlens, i, seqlen_new, capacity);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    cu_seqlens_k[b + 1] = static_cast<int>(off + len);
+    if (b == 0) cu_seqlens_k[0] = 0;
+  }
+  return off;
+}
+
 template <typename T, int HD>
 __global__ void kvcache_gather(const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                                const int* __restrict__ cache_seqlens, const int* __restrict__ block_table,
@@ -74,12 +87,7 @@ __global__ void kvcache_gather(const T* __restrict__ k_cache, const T* __restric
   const long long b = blockIdx.y;
   const int len = kv_length(cache_seqlens, b, seqlen_new, capacity);
   const int j0 = blockIdx.x * 16;
-  long long off = 0;
-  for (long long i = 0; i < b; ++i) off += kv_length(cache_seqlens, i, seqlen_new, capacity);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    cu_seqlens_k[b + 1] = static_cast<int>(off + len);
-    if (b == 0) cu_seqlens_k[0] = 0;
-  }
+  const long long off = kv_gather_offset(cache_seqlens, cu_seqlens_k, b, len, seqlen_new, capacity);
   if (j0 >= len) return;
   const int n = min(16, len - j0);
   const long long per_token = heads_kv * CPR;

@@ -102,12 +102,7 @@ __global__ void kvcache_gather_fp8(const unsigned char* __restrict__ k_cache, co
   const long long b = blockIdx.y;
   const int len = kv_length(cache_seqlens, b, seqlen_new, capacity);
   const int j0 = blockIdx.x * 16;
-  long long off = 0;
-  for (long long i = 0; i < b; ++i) off += kv_length(cache_seqlens, i, seqlen_new, capacity);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    cu_seqlens_k[b + 1] = static_cast<int>(off + len);
-    if (b == 0) cu_seqlens_k[0] = 0;
-  }
+  const long long off = kv_gather_offset(cache_seqlens, cu_seqlens_k, b, len, seqlen_new, capacity);
   if (j0 >= len) return;
   const int n = min(16, len - j0);
   const long long per_token = heads_kv * CPR;
