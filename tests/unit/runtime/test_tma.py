@@ -13,8 +13,8 @@ from rtckern.runtime import tma
 
 
 def test_refuses_bad_arguments_before_the_driver():
-    with pytest.raises(ValueError, match=r"dtype one of \['bf16', 'fp16', 'fp8_e4m3'"):
-        tma.encode_tiled("fp32", 0x1000, (64, 8), (128,), (64, 8))
+    with pytest.raises(ValueError, match=r"dtype one of \['bf16', 'fp16', 'fp32', 'fp8_e4m3'"):
+        tma.encode_tiled("fp64", 0x1000, (64, 8), (128,), (64, 8))
     with pytest.raises(ValueError, match="one stride fewer than dims"):
         tma.encode_tiled("bf16", 0x1000, (64, 8, 2), (128,), (64, 8, 1))
 
