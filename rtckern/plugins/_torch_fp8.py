@@ -59,10 +59,11 @@ def _gemm_fp8_out(a, b, a_scale, b_scale, out_dtype, bias, trans_b) -> tuple:
                          "read both operands K-major. For a (K, N) weight w pass w.t().contiguous() (once, offline)")
     if a.dim() != 2 or b.dim() != 2:
         raise InputError(f"a has shape {tuple(a.shape)} and b {tuple(b.shape)}; gemm_fp8 takes a (M, K) and b (N, K)")
-    for t, name in ((a, "a"), (b, "b")):
-        if t.dtype != E4M3:
-            raise InputError(f"{name} is {_name(t.dtype)}; gemm_fp8 takes float8_e4m3fn a and b (quantize with "
-                             "rtckern.ops.quantize_fp8 or x.to(torch.float8_e4m3fn))")
+    for t, name, allowed in ((a, "a", (E4M3, torch.float8_e5m2)), (b, "b", (E4M3,))):
+        if t.dtype not in allowed:
+            raise InputError(f"{name} is {_name(t.dtype)}; gemm_fp8 takes a float8_e4m3fn (or float8_e5m2: "
+                             "gradients) and b float8_e4m3fn (quantize with rtckern.ops.quantize_fp8 or "
+                             "x.to(torch.float8_e4m3fn))")
     m, k = a.shape
     n, kb = b.shape
     if k != kb:

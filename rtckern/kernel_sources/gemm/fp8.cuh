@@ -27,6 +27,22 @@ RTK_DEVICE float rtk_e4m3_to_float(unsigned char b) {
   return __half2float(__half(h));
 }
 
+// One e5m2 byte as float (exact).
+RTK_DEVICE float rtk_e5m2_to_float(unsigned char b) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E5M2);
+  return __half2float(__half(h));
+}
+
+// RTK_FP8_A_E5M2=1: a holds e5m2 (gradients), b e4m3; the kernels read a through rtk_fp8_a_to_float.
+#ifndef RTK_FP8_A_E5M2
+#define RTK_FP8_A_E5M2 0
+#endif
+#if RTK_FP8_A_E5M2
+#define rtk_fp8_a_to_float rtk_e5m2_to_float
+#else
+#define rtk_fp8_a_to_float rtk_e4m3_to_float
+#endif
+
 // float -> e4m3, round to nearest even, saturating to +-448 (no NaN from overflow; a NaN stays NaN).
 RTK_DEVICE unsigned char rtk_float_to_e4m3_sat(float v) {
   return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);

@@ -1,5 +1,6 @@
 // fp8 GEMM fallback (any GPU with fp8 support, sm_89+, and shapes or alignments the sm_90a kernel does not
-// take): y = (a * sa) @ (b * sb)^T (+ bias) with a (M, K) and b (N, K) e4m3 rows (any row strides, any k),
+// take): y = (a * sa) @ (b * sb)^T (+ bias) with a (M, K) and b (N, K) e4m3 rows (a e5m2 with RTK_FP8_A_E5M2;
+// any row strides, any k),
 // computed on CUDA cores in fp32. Tiles of 64 x 64 outputs, 256 threads (4 x 4 outputs each); K in steps of 32,
 // each e4m3 element converted to float (exactly) as it is staged in shared memory.
 // Block scales (fp8.cuh): partial sums of each K block of 128 are promoted with their scales, as on sm_90a;
@@ -30,7 +31,7 @@ __global__ void __launch_bounds__(256)
     for (int it = 0; it < BM * BK / 256; ++it) {
       const int e = tid + it * 256, r = e / BK, kk = e % BK;
       const long long gr = m0 + r, gk = k0 + kk;
-      As[kk][r] = (gr < m && gk < k) ? rtk_e4m3_to_float(a[gr * lda + gk]) : 0.f;
+      As[kk][r] = (gr < m && gk < k) ? rtk_fp8_a_to_float(a[gr * lda + gk]) : 0.f;
       const long long gn = n0 + r;
       Bs[kk][r] = (gn < n && gk < k) ? rtk_e4m3_to_float(b[gn * ldb + gk]) : 0.f;
     }

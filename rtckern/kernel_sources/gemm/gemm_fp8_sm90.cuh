@@ -1,4 +1,5 @@
-// fp8 GEMM for sm_90a: y = (a * sa) @ (b * sb)^T (+ bias), a (M, K) and b (N, K) e4m3, both K-major (row-major
+// fp8 GEMM for sm_90a: y = (a * sa) @ (b * sb)^T (+ bias), a (M, K) and b (N, K) e4m3 (a e5m2 with
+// RTK_FP8_A_E5M2), both K-major (row-major
 // with K contiguous: 8-bit wgmma reads both operands K-major from shared memory), fp32 accumulation.
 //
 // The structure of gemm_sm90.cuh (warp specialization, persistent tile loop, grouped tile order):
@@ -75,6 +76,11 @@
 #endif
 #ifndef RTK_FP8_PARTIALS
 #define RTK_FP8_PARTIALS 1
+#endif
+#if RTK_FP8_A_E5M2  // fp8.cuh's default: 0
+#define RTK_FP8_MMA rtk_wgmma_e5m2_e4m3  // a e5m2 (gradients), b e4m3
+#else
+#define RTK_FP8_MMA rtk_wgmma_e4m3
 #endif
 #if RTK_FP8_TMA_STORE
 #define RTK_FP8_C_MAP_PARAM , const __grid_constant__ rtk_tensor_map tm_c
@@ -310,7 +316,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
           const unsigned long long db = rtk_wgmma_desc(b_base + ks * 32, 16, 1024);
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi)
-            rtk_wgmma_e4m3<PN>::mma(p[mi], rtk_wgmma_desc(a_base + mi * 64 * BK + ks * 32, 16, 1024), db,
+            RTK_FP8_MMA<PN>::mma(p[mi], rtk_wgmma_desc(a_base + mi * 64 * BK + ks * 32, 16, 1024), db,
                                    ks > 0 ? 1 : 0);
         }
         rtk_wgmma_commit();
@@ -402,7 +408,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi) {
               const unsigned long long da = rtk_wgmma_desc(a_base + mi * 64 * BK + ks * 32, 16, 1024);
-              rtk_wgmma_e4m3<PN>::mma(part[mi], da, db, ks > 0 ? 1 : 0);
+              RTK_FP8_MMA<PN>::mma(part[mi], da, db, ks > 0 ? 1 : 0);
             }
           }
           rtk_wgmma_commit();

@@ -55,7 +55,7 @@ def gemm_fp8(a, b, a_scale, b_scale, out_dtype="bf16", bias=None, trans_b: bool 
     """fp8 matrix multiply: y = (a * a_scale) @ (b * b_scale)^T (+ bias), fp32 accumulation.
 
     Args:
-        a: (M, K) float8_e4m3fn, K contiguous, any M >= 1.
+        a: (M, K) float8_e4m3fn (or float8_e5m2, as gradients are in fp8 training), K contiguous, any M >= 1.
         b: (N, K) float8_e4m3fn, K contiguous (nn.Linear's (out, in) layout); K a positive multiple of 16.
         a_scale, b_scale: fp32 scales whose shapes give their granularity: one element (a 0-d tensor, (1,) or
             (1, 1)) per tensor; (M,) / (M, 1) and (N,) / (N, 1) per channel (either may be per tensor instead);
@@ -146,10 +146,10 @@ def _build(A, B, SA, SB, Bi, out_dtype, trans_b) -> OutputPlan:
                          "read both operands K-major. For a (K, N) weight w pass w.t().contiguous() (once, offline)")
     if A.ndim != 2 or B.ndim != 2:
         raise InputError(f"a has shape {A.shape} and b {B.shape}; gemm_fp8 takes a (M, K) and b (N, K)")
-    for X, name in ((A, "a"), (B, "b")):
-        if X.dtype != "fp8_e4m3":
-            raise InputError(f"{name} is {X.dtype}; gemm_fp8 takes float8_e4m3fn a and b (quantize with "
-                             "rtckern.ops.quantize_fp8 or x.to(torch.float8_e4m3fn))")
+    for X, name, allowed in ((A, "a", geometry.INPUT_DTYPES), (B, "b", ("fp8_e4m3",))):
+        if X.dtype not in allowed:
+            raise InputError(f"{name} is {X.dtype}; gemm_fp8 takes a float8_e4m3fn (or float8_e5m2: gradients) and b "
+                             "float8_e4m3fn (quantize with rtckern.ops.quantize_fp8 or x.to(torch.float8_e4m3fn))")
         if X.strides[-1] != 1 and X.shape[-1] > 1:
             raise InputError(f"{name} has shape {X.shape} and strides {X.strides}: K must be contiguous (trans_b=True "
                              f"layout, K-major); pass {name}.contiguous()")
@@ -179,7 +179,7 @@ def _build(A, B, SA, SB, Bi, out_dtype, trans_b) -> OutputPlan:
         return OutputPlan(settings, A, (m, n), out_dt, None)
     lda, ldb = A.strides[0] if m > 1 else k, B.strides[0] if n > 1 else k
     aligned = not (A.ptr % 16 or B.ptr % 16 or lda % 16 or ldb % 16)
-    p = Fp8Problem(m=m, n=n, k=k, scale=gran, out_dtype=out_dt, bias=bias_dt, aligned=aligned)
+    p = Fp8Problem(m=m, n=n, k=k, scale=gran, out_dtype=out_dt, bias=bias_dt, aligned=aligned, dtype=A.dtype)
     sel = cands.selection((p, A.device), lambda: cands.request(p, dev))
     cfg = sel.candidate.config(sel.request) if isinstance(sel.candidate, cands.Sm90aWgmmaCandidate) else None
     launch = GemmLaunch(sel.kernels[0], p, cfg, lda, ldb, strides, dev.sm_count)

@@ -19,7 +19,8 @@ from rtckern.spec import KernelSpec
 
 OP = "gemm_fp8"
 QUANT_OP = "quantize_fp8"
-INPUT_DTYPES = ("fp8_e4m3",)
+INPUT_DTYPES = ("fp8_e4m3", "fp8_e5m2")  # a's; b is e4m3 (e5m2 a: gradients, RTK_FP8_A_E5M2)
+GROUPED_INPUT_DTYPES = ("fp8_e4m3",)
 OUTPUT_DTYPES = ("bf16", "fp16", "fp32")
 BIAS_DTYPES = ("bf16", "fp16", "fp32")
 QUANT_DTYPES = ("fp32", "fp16", "bf16")
@@ -49,7 +50,7 @@ class Fp8Problem:
     out_dtype: str = "bf16"
     bias: str = "none"  # the bias dtype, or "none"
     aligned: bool = True
-    dtype: str = "fp8_e4m3"
+    dtype: str = "fp8_e4m3"  # a's (b is e4m3)
     direct_store: bool = False  # tiles stored from registers (the grouped kernel: a tile's rows end at its group's)
 
     @property
@@ -143,7 +144,7 @@ def _bias_ctype(p: Fp8Problem) -> str:
 def sm90_spec(p: Fp8Problem, cfg: Sm90Fp8Config, arch: Arch) -> KernelSpec:
     defines = ((("RTK_FP8_MULTICAST", "1"),) if cfg.cluster == 2 else ()) + \
         ((("RTK_FP8_TMA_STORE", "1"),) if cfg.tma_store(p) else ()) + \
-        ((("RTK_FP8_PARTIALS", "2"),) if cfg.partials == 2 else ())
+        ((("RTK_FP8_PARTIALS", "2"),) if cfg.partials == 2 else ()) + _a_defines(p)
     return KernelSpec(source="gemm/gemm_fp8_sm90.cuh", name="gemm_fp8_wgmma_sm90", arch=arch, op=OP,
                       template_args=(ctype(p.out_dtype), _bias_ctype(p), cfg.bm, cfg.bn, cfg.stages, cfg.consumers,
                                      p.bias != "none", SM90_SCALE_IDS[p.scale]),
@@ -152,7 +153,12 @@ def sm90_spec(p: Fp8Problem, cfg: Sm90Fp8Config, arch: Arch) -> KernelSpec:
 
 def simt_spec(p: Fp8Problem, arch: Arch) -> KernelSpec:
     return KernelSpec(source="gemm/gemm_fp8_simt.cuh", name="gemm_fp8_simt", arch=arch, op=OP,
-                      template_args=(ctype(p.out_dtype), _bias_ctype(p), p.bias != "none", SCALE_IDS[p.scale]))
+                      template_args=(ctype(p.out_dtype), _bias_ctype(p), p.bias != "none", SCALE_IDS[p.scale]),
+                      defines=_a_defines(p))
+
+
+def _a_defines(p: Fp8Problem) -> tuple:
+    return (("RTK_FP8_A_E5M2", "1"),) if p.dtype == "fp8_e5m2" else ()
 
 
 def quant_spec(dtype: str, group: int, arch: Arch) -> KernelSpec:

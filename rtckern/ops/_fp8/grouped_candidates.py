@@ -38,8 +38,8 @@ def problem(req: OpRequest) -> GroupedFp8Problem:
 
 
 def _reason(p: GroupedFp8Problem) -> str | None:
-    if p.dtype not in geometry.INPUT_DTYPES:
-        return f"input dtype {p.dtype} not supported; supported: {', '.join(geometry.INPUT_DTYPES)}"
+    if p.dtype not in geometry.GROUPED_INPUT_DTYPES:
+        return f"input dtype {p.dtype} not supported; supported: {', '.join(geometry.GROUPED_INPUT_DTYPES)}"
     if p.out_dtype not in geometry.OUTPUT_DTYPES:
         return f"output dtype {p.out_dtype} not supported; supported: {', '.join(geometry.OUTPUT_DTYPES)}"
     if p.k % geometry.K_MULTIPLE or p.k <= 0:
@@ -116,7 +116,7 @@ def build_request(shape, dtype, device, **options) -> OpRequest:
                           groups=groups, rows=shared.rows_class("masked", rows, 1), n=n, k=k,
                           out_dtype=opts.parse_choice(OP, "out", options.get("out", "bf16"), geometry.OUTPUT_DTYPES),
                           aligned=opts.flag(OP, options, "aligned", k % geometry.K_MULTIPLE == 0),
-                          dtype=opts.parse_choice(OP, "dtype", dtype or "fp8_e4m3", geometry.INPUT_DTYPES))
+                          dtype=opts.parse_choice(OP, "dtype", dtype or "fp8_e4m3", geometry.GROUPED_INPUT_DTYPES))
     return request(p, device)
 
 

@@ -163,6 +163,9 @@ def _variants():
                     yield G.sm90_spec(G.Fp8Problem(64, 64, 256, sc, out, bias), cfg, Arch.parse("sm_90a"))
                 # rows of c that are no multiple of 16 bytes: stored from registers
                 yield G.sm90_spec(G.Fp8Problem(64, 60, 256, sc, out, "bf16"), cfg, Arch.parse("sm_90a"))
+    for cfg, sc in ((G.Sm90Fp8Config(128, 256, 4, 2), "tensor"), (G.Sm90Fp8Config(128, 128, 6, 2, partials=2), "block"),
+                    (G.Sm90Fp8Config(64, 128, 8, 1), "tensor")):  # e5m2 a (gradients) x e4m3 b
+        yield G.sm90_spec(G.Fp8Problem(256, 256, 256, sc, "bf16", dtype="fp8_e5m2"), cfg, Arch.parse("sm_90a"))
     for cfg in (G.Sm90Fp8Config(128, 128, 6, 2, partials=2), G.Sm90Fp8Config(64, 128, 8, 1, partials=2),
                 G.Sm90Fp8Config(256, 64, 4, 2, partials=2)):  # two partials in turn: no wgmma serialization
         for sc in ("tensor", "channel", "block"):
@@ -179,6 +182,7 @@ def _variants():
             for out in G.OUTPUT_DTYPES:
                 yield G.simt_spec(G.Fp8Problem(64, 64, 256, sc, out, "none"), Arch.parse(arch))
                 yield G.simt_spec(G.Fp8Problem(64, 64, 256, sc, out, "fp32"), Arch.parse(arch))
+            yield G.simt_spec(G.Fp8Problem(64, 64, 256, sc, "bf16", dtype="fp8_e5m2"), Arch.parse(arch))
         for dt in G.QUANT_DTYPES:
             for g in G.QUANT_GROUPS:
                 yield G.quant_spec(dt, g, Arch.parse(arch))

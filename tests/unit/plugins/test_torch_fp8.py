@@ -71,7 +71,9 @@ def test_fake_matches_reference_strides(fmt):
 
 @pytest.mark.parametrize("call, match", [
     (lambda: ops.gemm_fp8(_fake(16, 64), _fake(32, 64, dtype=E4M3), _fake(1, dtype=F32), _fake(1, dtype=F32)),
-     r"a is bfloat16; gemm_fp8 takes float8_e4m3fn"),
+     r"a is bfloat16; gemm_fp8 takes a float8_e4m3fn \(or float8_e5m2"),
+    (lambda: ops.gemm_fp8(_fake(16, 64, dtype=E4M3), _fake(32, 64, dtype=torch.float8_e5m2), _fake(1, dtype=F32),
+                          _fake(1, dtype=F32)), r"b is float8_e5m2; gemm_fp8 takes .* b float8_e4m3fn"),
     (lambda: ops.gemm_fp8(_fake(16, 64, dtype=E4M3), _fake(32, 48, dtype=E4M3), _fake(1, dtype=F32),
                           _fake(1, dtype=F32)), r"inner dimensions disagree"),
     (lambda: ops.gemm_fp8(_fake(16, 40, dtype=E4M3), _fake(32, 40, dtype=E4M3), _fake(1, dtype=F32),
