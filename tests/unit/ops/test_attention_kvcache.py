@@ -148,6 +148,10 @@ def test_split_choice():
     assert choice(8, 8192, heads_kv=8) == 2
     assert choice(1, 10**7, heads_kv=1, sm_count=1000) == 256
     assert choice(2, 16, heads_kv=1) == 1
+    # e4m3 caches: two blocks per SM (the H100 measurements in the rule's docstring)
+    fp8 = lambda batch, capacity, heads_kv=4: kvcache_split_choice(  # noqa: E731
+        batch=batch, heads_kv=heads_kv, tiles=1, capacity=capacity, sm_count=132, per_sm=2)
+    assert fp8(8, 32768) == 8 and fp8(8, 32768, heads_kv=8) == 4 and fp8(1, 32768) == 64 and fp8(64, 8192) == 1
 
 
 @pytest.mark.parametrize("arch, expect", [("sm_80", "attention_with_kvcache.sm80_mma"),
