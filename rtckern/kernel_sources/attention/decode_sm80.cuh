@@ -68,6 +68,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
                      float scale_log2 RTK_KV_SCALE_PARAMS) {
 #if RTK_ARCH >= 800
   static_assert(HD % 16 == 0 && STAGES >= 2, "tile shape");
+  static_assert(!RTK_KV_FP8 || HD % 32 == 0, "e4m3 chunks: 16-byte pieces, whole rounds of the warp's 32 lanes");
   using SM = decode_sm80_smem<HD, NWARPS, STAGES>;
   constexpr int SROW = SM::srow;
   constexpr int CPR = HD / 8;       // 16-byte chunks per row
@@ -95,7 +96,9 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const int rows = group * sq;  // query rows of this kv head
   const int len = kv_length(cache_seqlens, b, seqlen_new, capacity);
 #if RTK_KV_FP8
-  scale_log2 *= __ldg(k_scale + hk * scale_hs);  // scores of the stored e4m3 keys, times k's scale
+  // scores of the stored e4m3 keys, times k's scale (a zero scale, an all-zero head's amax / 448, kept positive: a
+  // masked key's -inf times 0 would be NaN)
+  scale_log2 *= fmaxf(__ldg(k_scale + hk * scale_hs), 1.17549435e-38f);
 #endif
 
   // ---- Q: 16 rows (rows past `rows` zero), by cp.async as the first group, so the K/V ring starts filling before

@@ -422,8 +422,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
             from batch, heads, capacity and SM count; 1 never splits.
         return_lse: also return lse.
         k_scale, v_scale: for float8_e4m3fn caches only, float32 tensors of 1 element (per tensor) or (heads_kv,)
-            (per kv head), both the same kind: a cached value is e4m3 * scale; k_new / v_new are divided by it and
-            rounded to e4m3 (saturating) as they are appended.
+            (per kv head), both the same kind, non-negative (the kernels read them; 0, an all-zero head's amax /
+            448, is taken as the smallest positive float): a cached value is e4m3 * scale; k_new / v_new are
+            divided by it and rounded to e4m3 (saturating) as they are appended.
 
     Returns:
         o contiguous (batch, seqlen_q, heads_q, head_dim) like q; with return_lse, (o, lse) with lse float32

@@ -71,5 +71,6 @@ def invalid(p: GroupedFp8Problem, cfg: Sm90Fp8Config) -> str | None:
 
 
 def spec(p: GroupedFp8Problem, cfg: Sm90Fp8Config, arch: Arch) -> KernelSpec:
-    return dataclasses.replace(sm90_spec(p.dense(), cfg, arch),
-                               defines=(("RTK_GEMM_GROUPED", str(shared.MODE_IDS[p.mode])),), op=OP)
+    base = sm90_spec(p.dense(), cfg, arch)  # the dense spec's defines kept (none for today's grouped configs)
+    return dataclasses.replace(base, defines=base.defines + (("RTK_GEMM_GROUPED", str(shared.MODE_IDS[p.mode])),),
+                               op=OP)

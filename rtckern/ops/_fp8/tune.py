@@ -76,6 +76,9 @@ class Fp8GemmTuner(tuning.Tuner):
         if p.scale == "channel":
             raise ValueError("per-channel scales run the per-tensor kernel and use its rows: tune with "
                              "--opt scale=tensor")
+        if p.dtype != "fp8_e4m3":
+            raise ValueError(f"gemm_fp8 rows are timed with e4m3 a and serve {p.dtype} a too (the same tiles and "
+                             "instruction rate): tune without --dtype")
 
     def measure(self, req, config: Mapping[str, Any]) -> float:
         return measure_config(problem(req), configs.config_from_dict(config), req.device)

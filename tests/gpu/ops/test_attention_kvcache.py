@@ -497,6 +497,23 @@ def test_fp8_long_query_path(page):
     check_fp8(rng, "fp16", [300, 1200], 4, 4, 64, 17, False, page, per_head=False)
 
 
+def test_fp8_zero_scale_heads():
+    """A head whose scales are 0 (an all-zero head quantized as amax / 448) attends its zero keys and values: uniform
+    weights, o = 0, never NaN; its appended rows land as e4m3 zeros or saturated values."""
+    needs_fp8()
+    cache = Fp8Cache(random.Random(3), [40, 7], 48, 2, 128, 16, True)
+    cache.k_scale[1] = 0.0
+    cache.v_scale[1] = 0.0
+    q = torch.randn(2, 1, 8, 128, device=DEV, dtype=torch.bfloat16)
+    o, lse = ops.attention_with_kvcache(q, cache.k, cache.v, cache.seqlens, block_table=cache.block_table,
+                                        return_lse=True, k_scale=cache.k_scale, v_scale=cache.v_scale)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert bool((o[:, :, 4:] == 0).all())  # q heads 4..7 read kv head 1
+    for b, n in enumerate(cache.lens):  # uniform weights over the zero keys
+        torch.testing.assert_close(lse[b, 4:].double(), torch.full_like(lse[b, 4:].double(), math.log(n)),
+                                   atol=1e-3, rtol=0)
+
+
 def test_fp8_long_context_splits():
     needs_fp8()
     rng = random.Random(41)

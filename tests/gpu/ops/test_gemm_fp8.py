@@ -105,11 +105,12 @@ def test_e5m2_a(cand, kind, m, n, k):
 
 
 @pytest.mark.parametrize("scale", ["tensor", "block", "channel"])
-@pytest.mark.parametrize("m,n,k", [(300, 1100, 640), (129, 2048, 256), (64, 1000, 4096), (300, 1096, 640)])
+@pytest.mark.parametrize("m,n,k", [(300, 1100, 640), (129, 2048, 256), (64, 1000, 4096), (300, 1096, 640),
+                                   (260, 1024, 128), (260, 1024, 512)])
 def test_every_tile_config(scale, m, n, k):
     """Each tile config the tuner may pick (128 x 256 tiles: two column-half partials per K block, the second half's
-    b block clamped where N ends inside it; two partials in turn, with K blocks 5 (a tail of one), 2 (a pair only)
-    and 32), checked by the tuner's own float32 reference; bf16 rows of 1100 columns are stored from registers, of
+    b block clamped where N ends inside it; two partials in turn, with K blocks 5 (a tail of one), 2 (a pair only),
+    1, 4 and 32), checked by the tuner's own float32 reference; bf16 rows of 1100 columns are stored from registers, of
     1096 and 2048 with TMA (1096: the last box clipped at n). Per-channel scales run the per-tensor rows' configs."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs sm_90")
