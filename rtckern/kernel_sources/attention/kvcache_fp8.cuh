@@ -70,7 +70,8 @@ __global__ void kvcache_append_fp8(const T* __restrict__ k_new, const T* __restr
     const long long c = (idx - h * CPR) * 8;
 #pragma unroll
     for (int kv = 0; kv < 2; ++kv) {
-      const T* src = kv == 0 ? k_new + b * kn_bs + t * kn_rs + h * kn_hs + c : v_new + b * vn_bs + t * vn_rs + h * vn_hs + c;
+      const T* src =
+          kv == 0 ? k_new + b * kn_bs + t * kn_rs + h * kn_hs + c : v_new + b * vn_bs + t * vn_rs + h * vn_hs + c;
       unsigned char* dst = kv == 0 ? k_cache + kdst + h * k_hs + c : v_cache + vdst + h * v_hs + c;
       // a zero scale (an all-zero head) kept positive: zeros stay 0, anything else saturates, never 0 / 0
       const float s = fmaxf((kv == 0 ? k_scale : v_scale)[h * scale_hs], 1.17549435e-38f);

@@ -71,8 +71,8 @@ def gemm_fp8(a, b, a_scale, b_scale, out_dtype="bf16", bias=None, trans_b: bool 
 
     Raises:
         InputError: a GPU older than sm_89 (no fp8), a dtype other than float8_e4m3fn / float8_e5m2 for a,
-            float8_e4m3fn for b or fp32 for the scales, K not a multiple of 16, shapes that disagree, scale shapes of no supported granularity, or a
-            bad bias / out_dtype.
+            float8_e4m3fn for b or fp32 for the scales, K not a multiple of 16, shapes that disagree, scale shapes of
+            no supported granularity, or a bad bias / out_dtype.
         UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
     """
     tt = _torch_types()
