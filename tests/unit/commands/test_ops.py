@@ -49,7 +49,7 @@ def test_shipped_dtypes_head_dims_and_row_lengths(shipped):
     assert att["limits"]["served"] == [32, 64, 96, 128, 256]
     by_name = {c["name"]: c for c in att["candidates"]}
     assert by_name["attention.sm90a_wgmma"]["limits"] == [64, 128, 256]
-    assert ops["gemm_fp8"]["dtypes"] == ["fp8_e4m3"] and ops["gemm_fp8"]["archs"]["min"] == "sm_89"
+    assert ops["gemm_fp8"]["dtypes"] == ["fp8_e4m3", "fp8_e5m2"] and ops["gemm_fp8"]["archs"]["min"] == "sm_89"
     rms = ops["rms_norm"]
     assert rms["dtypes"] == ["fp32", "fp16", "bf16"] and rms["limits"]["dim"] == "N"
     rows = {c["name"]: c["limits"] for c in rms["candidates"]}
