@@ -233,7 +233,7 @@ class Plan:
         tile = cand.tile(req)
         tiles = kc.row_tiles(c.sq, c.hq // c.hk)
         self.fp8, self.scale_hs = c.cache == _FP8, c.scale_hs
-        smem = tile.smem_bytes(c.d, self.fp8) if isinstance(tile, kc.DecodeTile) else tile.smem_bytes(c.d)
+        smem = tile.smem_bytes(c.d, self.fp8)
         extra = FP8_KINDS if self.fp8 else ""
         main, combine, append = kernels[:3]
         if num_splits == 0:

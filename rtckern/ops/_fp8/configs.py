@@ -23,6 +23,7 @@ from rtckern import tuning
 from .geometry import OP, Fp8Problem, Sm90Fp8Config
 
 KEY_FIELDS = ("scale", "out", "m", "n", "k")
+CONFIG_FIELDS = ("bm", "bn", "stages", "consumers", "group_m", "cluster", "partials")  # Sm90Fp8Config's
 SCALE_KIND = MappingProxyType({"tensor": "tensor", "channel": "tensor", "block": "block"})
 
 
@@ -34,10 +35,10 @@ def config_from_dict(d: Mapping[str, Any]) -> Sm90Fp8Config:
     """A table row's config; ValueError for one that is not an sm90 fp8 tile config."""
     if d.get("kind", "sm90") != "sm90":
         raise ValueError(f"gemm_fp8 config {dict(d)}: kind must be 'sm90'")
-    extra = set(d) - {"kind", "bm", "bn", "stages", "consumers", "group_m", "cluster", "partials"}
+    extra = set(d) - {"kind", *CONFIG_FIELDS}
     if extra:
         raise ValueError(f"gemm_fp8 config {dict(d)}: unknown fields {sorted(extra)}")
-    vals = {k: d[k] for k in ("bm", "bn", "stages", "consumers", "group_m", "cluster", "partials") if k in d}
+    vals = {k: d[k] for k in CONFIG_FIELDS if k in d}
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vals.values()):
         raise ValueError(f"gemm_fp8 config {dict(d)}: tile fields must be positive integers")
     return Sm90Fp8Config(**vals)
