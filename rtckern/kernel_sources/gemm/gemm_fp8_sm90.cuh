@@ -13,8 +13,8 @@
 // after the last half it frees the stage:
 //   acc += part (channel scales)   or   acc += part * sa[row, kb] * sb[tile col / 128, kb] (block scales).
 // The promotion bounds the error of the tensor cores' reduced-precision fp8 accumulation to one K block (the
-// DeepSeek-V3 / DeepGEMM recipe); acc is a plain fp32 sum. The block scales of a K block are loaded before its
-// full barrier is waited on, so their latency hides behind the TMA wait and the wgmmas. Two consumers take turns
+// DeepSeek-V3 / DeepGEMM recipe); acc is a plain fp32 sum. The block scales of a K block are loaded while the
+// K block before it runs, so their latency hides behind that block's wgmmas. Two consumers take turns
 // issuing (a token passed through named barriers 1 and 2: consumer 0 issues K block g, then consumer 1 issues g,
 // then consumer 0 issues g + 1, ...), so their wgmma groups reach the tensor cores alternately and one consumer's
 // wait and promotion run under the other's wgmmas. Without the token both consumers issue, wait and promote in
@@ -354,17 +354,18 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
       float sc0[MI][2], sc1[MI][2];
       issue(part, g);
       long long kb = 0;
+      // Each K block's scales are loaded one promotion earlier (before the previous K block's wait).
+      scales(sc0, 0);
       for (; kb + 2 < kb_total; kb += 2) {
-        scales(sc0, kb);
         issue(part_b, g + 1);
+        scales(sc1, kb + 1);
         rtk_wgmma_wait<1>();
         promote(part, sc0);
-        scales(sc1, kb + 1);
         issue(part, g + 1);
+        scales(sc0, kb + 2);
         rtk_wgmma_wait<1>();
         promote(part_b, sc1);
       }
-      scales(sc0, kb);
       if (kb + 1 < kb_total) {
         scales(sc1, kb + 1);
         issue(part_b, g + 1);
@@ -377,19 +378,35 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
         promote(part, sc0);
       }
 #else
-      for (long long kb = 0; kb < kb_total; ++kb, ++g) {
-        float s_a[MI][2], s_b[NH];
-        if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {  // issued now, used after the wgmmas
+      // Block scales one K block ahead: those of K block kb + 1 are loaded while kb's wgmmas run, so their L2 round
+      // trip is off the path from the wgmma wait to the promotion (4096 x 7168 x 18432: +6-9%, H100).
+      float n_a[MI][2], n_b[NH];
+      auto load_scales = [&](long long kb) {
+        if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
 #pragma unroll
           for (int h = 0; h < NH; ++h) {  // the 128-column b block of partial h, clamped to the last one
             const long long r = (tn * BN) / 128 + h, last = (n + 127) / 128 - 1;
-            s_b[h] = __ldg(sb_t + (r < last ? r : last) * sb_row + kb * sb_kb);
+            n_b[h] = __ldg(sb_t + (r < last ? r : last) * sb_row + kb * sb_kb);
           }
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
-            s_a[mi][0] = __ldg(sa_r[mi][0] + kb * sa_kb);
-            s_a[mi][1] = __ldg(sa_r[mi][1] + kb * sa_kb);
+            n_a[mi][0] = __ldg(sa_r[mi][0] + kb * sa_kb);
+            n_a[mi][1] = __ldg(sa_r[mi][1] + kb * sa_kb);
           }
+        }
+      };
+      load_scales(0);
+      for (long long kb = 0; kb < kb_total; ++kb, ++g) {
+        float s_a[MI][2], s_b[NH];
+        if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
+#pragma unroll
+          for (int h = 0; h < NH; ++h) s_b[h] = n_b[h];
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+            s_a[mi][0] = n_a[mi][0];
+            s_a[mi][1] = n_a[mi][1];
+          }
+          load_scales(kb + 1 < kb_total ? kb + 1 : kb);
         }
         const int stage = (int)(g % STAGES);
         rtk_mbar_wait(&full_bar[stage], (unsigned)((g / STAGES) & 1));
