@@ -198,9 +198,28 @@ def _timed_reps(fns: dict[str, Callable[[], None]], reps: int, warmup: int) -> d
     return times
 
 
+def gpu_ms_per_step(step: Callable[[], None], steps: int = 3) -> float:
+    """ms of GPU work per call of `step` (kernels, copies and memsets summed from torch.profiler's device records over
+    `steps` calls): against the wall step time it tells how much of a step the GPU idles, waiting for the host."""
+    import torch
+
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    total_us = sum(e.device_time_total for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total_us / steps / 1e3
+
+
 def variant_runs(ref, models: dict, batch: Batch, runs: int = 3, reps: int = 20, warmup: int = 3) -> dict:
     """Each variant's training step timed against the unpatched model's, the two alternating, `runs` times over
-    (run by run, every variant in turn: a slow stretch of the GPU lands in one run of each, not in one variant)."""
+    (run by run, every variant in turn: a slow stretch of the GPU lands in one run of each, not in one variant);
+    on a GPU, then each variant's GPU time per step (gpu_ms_per_step) against the unpatched model's."""
+    import torch
+
     out: dict = {name: {"runs": []} for name in models}
     for _ in range(runs):
         for name, m in models.items():
@@ -213,6 +232,11 @@ def variant_runs(ref, models: dict, batch: Batch, runs: int = 3, reps: int = 20,
     for rec in out.values():
         rec["speedups"] = [r["speedup"] for r in rec["runs"]]
         rec["median_speedup"] = statistics.median(rec["speedups"])
+    if torch.cuda.is_available():  # what the GPU itself spends per step: the step time is partly host time
+        torch_gpu = gpu_ms_per_step(lambda: train_step(ref, batch))
+        for name, m in models.items():
+            patched_gpu = gpu_ms_per_step(lambda: train_step(m, batch))
+            out[name]["gpu_ms"] = {"torch": torch_gpu, "patched": patched_gpu, "speedup": torch_gpu / patched_gpu}
     ref.zero_grad(set_to_none=True)
     for m in models.values():
         m.zero_grad(set_to_none=True)

@@ -95,6 +95,25 @@ def test_training_point_and_report_on_a_tiny_llama():
     assert "## training step: Llama 2 layers" in md and "| full | patch(): 5 norms, attention=rtckern |" in md
     assert "packed vs padded: 64 tokens" in md and "accuracy failures: none" in md
     assert [r["part"] for r in P._rows(res)] == ["train"] * 4 + ["packed"] * 4 and not P._failures(res)
+    assert not any("gpu_ms" in s for s in tr["speed"].values())  # GPU time per step is measured on a GPU only
+
+
+def test_train_report_has_gpu_time_per_step_where_measured():
+    run = {"torch_ms": 24.0, "patched_ms": 21.0}
+    tr = {"config": {"num_hidden_layers": 4, "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 4,
+                     "batch": 2, "seq": 2048},
+          "variants": {"none": {"norms_replaced": 0, "attention": "sdpa"},
+                       "full": {"patch": {}, "norms_replaced": 9, "attention": "rtckern"}},
+          "speed": {"none": {"runs": [run], "speedups": [1.0], "median_speedup": 1.0},
+                    "full": {"runs": [run], "speedups": [1.143], "median_speedup": 1.143,
+                             "gpu_ms": {"torch": 20.07, "patched": 16.17, "speedup": 20.07 / 16.17}}},
+          "accuracy": {}, "accuracy_failures": {}}
+    md = "\n".join(part.markdown() if isinstance(part, runner.Table) else str(part) for part in P._train_body(tr))
+    gpu = md.split("GPU time per step")[1]
+    assert "| full | 20.07 | 16.17 | 1.241x |" in gpu and "| none |" not in gpu
+    del tr["speed"]["full"]["gpu_ms"]  # a CPU run: no GPU table
+    md = "\n".join(part.markdown() if isinstance(part, runner.Table) else str(part) for part in P._train_body(tr))
+    assert "GPU time per step" not in md and "| full | patch(): 9 norms, attention=rtckern |" in md
 
 
 def test_static_decode_eager_on_the_cpu():
