@@ -13,8 +13,9 @@
 // after the last half it frees the stage:
 //   acc += part (channel scales)   or   acc += part * sa[row, kb] * sb[tile col / 128, kb] (block scales).
 // The promotion bounds the error of the tensor cores' reduced-precision fp8 accumulation to one K block (the
-// DeepSeek-V3 / DeepGEMM recipe); acc is a plain fp32 sum. The block scales of a K block are loaded while the
-// K block before it runs, so their latency hides behind that block's wgmmas. Two consumers take turns
+// DeepSeek-V3 / DeepGEMM recipe); acc is a plain fp32 sum. The dense kernel loads the block scales of a K block
+// while the K block before it runs, so their latency hides behind that block's wgmmas (the grouped kernel loads
+// them before the K block's own full-barrier wait). Two consumers take turns
 // issuing (a token passed through named barriers 1 and 2: consumer 0 issues K block g, then consumer 1 issues g,
 // then consumer 0 issues g + 1, ...), so their wgmma groups reach the tensor cores alternately and one consumer's
 // wait and promotion run under the other's wgmmas. Without the token both consumers issue, wait and promote in
