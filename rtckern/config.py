@@ -4,11 +4,11 @@ No other module reads ``os.environ``. Settings are read once into a frozen :clas
 programs) change them with :func:`override`, which swaps the process-wide instance for the duration of a
 ``with`` block.
 
-A bad value is a :class:`~rtckern.errors.ConfigError` naming the variable, the value, what is accepted and how
-to fix it (never a silent default). New settings parse with the helpers below: ``_bool``, ``_int``,
-``_size(name, value, floor=...)``, ``_seconds(name, value, default, maximum=...)``, ``_path``, ``_paths``,
-``_remote_url``, ``_kv_list``, ``_name_set``, ``_verbosity``, ``_arch_list``; each field declares its variable and meaning with ``_var(...)``,
-from which ``docs/env.md`` is generated (``python tools/gen_env_doc.py``).
+A bad value is a :class:`~rtckern.errors.ConfigError` naming the variable, the value, what is accepted and how to fix it
+(never a silent default). New settings parse with the helpers below: ``_bool``, ``_int``, ``_size(name, value,
+floor=...)``, ``_seconds(name, value, default, maximum=...)``, ``_path``, ``_paths``, ``_remote_url``, ``_kv_list``,
+``_name_set``, ``_verbosity``, ``_arch_list``; each field declares its variable and meaning with ``_var(...)``, from
+which ``docs/env.md`` is generated (``python tools/gen_env_doc.py``).
 """
 
 from __future__ import annotations

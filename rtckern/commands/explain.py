@@ -2,8 +2,9 @@
 
     rtckern explain rms_norm --dtype bf16 --shape 8192x4096 --arch sm_90 --sm-count 132 [--device-class h100-sxm] [--json]
 
-Without a GPU, describe the device (--arch, --sm-count, --smem, --device-class: which tuning rows serve it): the probe compiles but does not load. With
---device N (or no --arch on a machine with a GPU) it runs the probe `select` runs on that device.
+Without a GPU, describe the device (--arch, --sm-count, --smem, --device-class: which tuning rows serve it): the probe
+compiles but does not load. With --device N (or no --arch on a machine with a GPU) it runs the probe `select` runs on
+that device.
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """From manifest lines to the kernels a device will ask for: line x device arch -> OpRequest -> candidates.
 
 The registry's request builders turn a line into an ``OpRequest`` for a hand-described device of each target
-arch (no GPU). The candidates are then walked the way ``Registry.probe`` walks them, minus the compile: the
-overrides of the settings (``RTCKERN_FORCE_IMPL``, ``RTCKERN_DISABLE_OPS``), the arch range, ``supports()`` and the
-resource checks that need no loaded kernel. What survives is the request's *chain*: its viable candidates in
-the registry's rank order (expected cost, then priority), each with its ``KernelSpec``s. Prefill compiles the head of each chain and moves down a chain
-only when a compile fails, as the runtime's compile-only probe would.
+arch (no GPU). The candidates are then walked the way ``Registry.probe`` walks them, minus the compile: the overrides of
+the settings (``RTCKERN_FORCE_IMPL``, ``RTCKERN_DISABLE_OPS``), the arch range, ``supports()`` and the resource checks
+that need no loaded kernel. What survives is the request's *chain*: its viable candidates in the registry's rank order
+(expected cost, then priority), each with its ``KernelSpec``s. Prefill compiles the head of each chain and moves down a
+chain only when a compile fails, as the runtime's compile-only probe would.
 
 An arch entry names a kind of device: ``9.0`` and ``9.0a`` both mean an sm_90 device, whose candidates pick their
 own targets (``sm_90a`` for arch-specific ones), exactly as at runtime.

@@ -17,11 +17,11 @@ have the same role:
     tune.py         the product tuner registered with `rtckern tune`, and the configs it times
     launch.py       kernel launch helpers
 
-(every family has api.py and candidates.py; the others where the family has that role), plus modules whose names
-say what they hold: _softmax/ring.py and selftest.py, _attention/backward*.py (the attention backward op) and varlen*.py (packed variable-length sequences), the
-wgmma_gen.py code generators. Families never import
-each other; what they share lives in rtckern/ops/_common.py or below the op layer (runtime/, registry/, tuning).
-Every memo is a rtckern.caches.PlanCache; no module here keeps other mutable state (tests/unit/ops/test_layout.py).
+(every family has api.py and candidates.py; the others where the family has that role), plus modules whose names say
+what they hold: _softmax/ring.py and selftest.py, _attention/backward*.py (the attention backward op) and varlen*.py
+(packed variable-length sequences), the wgmma_gen.py code generators. Families never import each other; what they share
+lives in rtckern/ops/_common.py or below the op layer (runtime/, registry/, tuning). Every memo is a
+rtckern.caches.PlanCache; no module here keeps other mutable state (tests/unit/ops/test_layout.py).
 """
 
 from __future__ import annotations

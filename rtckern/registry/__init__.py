@@ -2,10 +2,10 @@
 
     from rtckern.registry import OpRequest, Candidate, register, select, explain
 
-Ops register `Candidate`s (and a request builder, for `explain`/`tune`/`selftest` from the command line, and a
-kernel provider, for `rtckern prefill`) at `import rtckern.ops`; `select(req)` ranks the candidates that can serve by expected cost (`Candidate.cost`, then
-priority), probes them in that order and returns the memoized `Selection`, or raises `UnsupportedRequestError` with
-every candidate's reasons.
+Ops register `Candidate`s (and a request builder, for `explain`/`tune`/`selftest` from the command line, and a kernel
+provider, for `rtckern prefill`) at `import rtckern.ops`; `select(req)` ranks the candidates that can serve by expected
+cost (`Candidate.cost`, then priority), probes them in that order and returns the memoized `Selection`, or raises
+`UnsupportedRequestError` with every candidate's reasons.
 """
 from __future__ import annotations
 

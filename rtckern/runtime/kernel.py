@@ -1,10 +1,10 @@
 """``Kernel``: a compiled kernel loaded on one device, with attributes, occupancy and (cooperative) launch.
 
-Loading, attributes, occupancy and launches go through the driver API (runtime/driver.py: ctypes into libcuda for
-a first call's path, cuda.bindings.driver for the rest) and the native launcher (runtime/native.py). cuda.core, whose import costs ~150 ms on a GPU host
-(more than the rest of an op's first call), is imported only for what needs it: `Kernel.core`, cooperative and
-cluster launches, launch arguments without a native kind, and every launch where the native launcher is
-unavailable.
+Loading, attributes, occupancy and launches go through the driver API (runtime/driver.py: ctypes into libcuda for a
+first call's path, cuda.bindings.driver for the rest) and the native launcher (runtime/native.py). cuda.core, whose
+import costs ~150 ms on a GPU host (more than the rest of an op's first call), is imported only for what needs it:
+`Kernel.core`, cooperative and cluster launches, launch arguments without a native kind, and every launch where the
+native launcher is unavailable.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ _TYPES = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DAT
 
 def encode_tiled(dtype: str, ptr: int, dims: Sequence[int], byte_strides: Sequence[int],
                  box: Sequence[int]) -> bytes:
-    """128 bytes of a tiled CUtensorMap over `ptr`: `dims` innermost first, `byte_strides` of dims 1.. (one fewer
-    than dims), `box` per dim. dtype: "fp32", "bf16", "fp16" or an 8-bit type ("fp8_e4m3", "fp8_e5m2", "uint8": TMA moves
+    """128 bytes of a tiled CUtensorMap over `ptr`: `dims` innermost first, `byte_strides` of dims 1.. (one fewer than
+    dims), `box` per dim. dtype: "fp32", "bf16", "fp16" or an 8-bit type ("fp8_e4m3", "fp8_e5m2", "uint8": TMA moves
     them as uint8). Raises LaunchError naming the values TMA refused."""
     dims, byte_strides, box = tuple(map(int, dims)), tuple(map(int, byte_strides)), tuple(map(int, box))
     if dtype not in _TYPES or len(byte_strides) != len(dims) - 1 or len(box) != len(dims):

@@ -127,15 +127,15 @@ def row_tiles(seqlen_q: int, group: int) -> int:
 
 
 def choose_splits(batch: int, heads_kv: int, tiles: int, capacity: int, sm_count: int, per_sm: int = 1) -> int:
-    """Splits of each sequence's keys (flash-decoding), from the cache's capacity (the lengths live on the device
-    and are never read here): none once batch x kv heads x row tiles fills the SMs (one block each); else the
-    largest power of two (the chunks divide evenly) that keeps the blocks within one per SM and each split at least
-    SPLIT_CHUNKS chunks, whatever the tile's warps. Measured on an H100 at head dim 128, bf16, GQA 8:1 and 4:1, each count against the others in one run
-    (docs/performance.md): one wave won at batch 1 / 1k-128k (1k: 16 splits 8.3 us, the rule before gave 4 and 10.2;
-    32k: 32 splits 32.8 us, two waves 34.4), batch 2 and 4, batch 16 / 1k, and unsplit at 128 units (batch 32 / 1k:
-    29.9 us, 2 splits 33.5); two waves won by 1-3% only at batch 8 (8k; 1k with 8 kv heads). Batch 1 / 1k with
-    4 warps: 16 splits of 4 chunks 8.3 us, 32 of 2 8.7, 64 of 1 10.2; a 6-warp tile capped at one chunk per warp
-    got 8 splits there and lost 15%.
+    """Splits of each sequence's keys (flash-decoding), from the cache's capacity (the lengths live on the device and
+    are never read here): none once batch x kv heads x row tiles fills the SMs (one block each); else the largest power
+    of two (the chunks divide evenly) that keeps the blocks within one per SM and each split at least SPLIT_CHUNKS
+    chunks, whatever the tile's warps. Measured on an H100 at head dim 128, bf16, GQA 8:1 and 4:1, each count against
+    the others in one run (docs/performance.md): one wave won at batch 1 / 1k-128k (1k: 16 splits 8.3 us, the rule
+    before gave 4 and 10.2; 32k: 32 splits 32.8 us, two waves 34.4), batch 2 and 4, batch 16 / 1k, and unsplit at 128
+    units (batch 32 / 1k: 29.9 us, 2 splits 33.5); two waves won by 1-3% only at batch 8 (8k; 1k with 8 kv heads). Batch
+    1 / 1k with 4 warps: 16 splits of 4 chunks 8.3 us, 32 of 2 8.7, 64 of 1 10.2; a 6-warp tile capped at one chunk per
+    warp got 8 splits there and lost 15%.
 
     per_sm: blocks per SM the splits may fill (2 for e4m3 caches: a block keeps half the bytes of a bf16 one in
     flight, so two per SM stream as much). Measured on an H100 (32 q heads, head dim 128, e4m3 caches, GB/s of e4m3
