@@ -144,6 +144,23 @@ def softmax_specs(arch):
                                              template_args=tuple(r.template_args(direction, kind, dt)), op="softmax")
 
 
+def attention_kvcache_specs(arch):
+    """attention_with_kvcache: the mma.sync decode kernel at its default tiles with the split merge, append and
+    gather (sm_80 and newer), their e4m3-cache forms (sm_89 and newer), and the portable kernel (every arch)."""
+    from rtckern.arch import Arch
+    from rtckern.testing import (kvcache_fp8_specs, kvcache_kernel_exprs, kvcache_simt_kernel_exprs,
+                                 name_expression_specs)
+
+    a = Arch.parse(arch)
+    if a.gfx:
+        return
+    if a.cc >= (8, 0):
+        yield from name_expression_specs(*kvcache_kernel_exprs(HEAD_DIMS), arch)
+    if a.cc >= (8, 9):
+        yield from kvcache_fp8_specs(HEAD_DIMS, arch)
+    yield from name_expression_specs(*kvcache_simt_kernel_exprs(HEAD_DIMS), arch)
+
+
 def core_specs(arch):
     from rtckern.arch import Arch
     from rtckern.prefill import _core_specs
@@ -151,8 +168,9 @@ def core_specs(arch):
     yield from _core_specs([Arch.parse(arch)])
 
 
-FAMILIES = {"attention": attention_specs, "attention_backward": attention_backward_specs, "gemm": gemm_specs,
-            "gemm_fp8": gemm_fp8_specs, "grouped_gemm": grouped_specs, "norms": norms_specs, "softmax": softmax_specs, "core": core_specs}
+FAMILIES = {"attention": attention_specs, "attention_backward": attention_backward_specs,
+            "attention_kvcache": attention_kvcache_specs, "gemm": gemm_specs, "gemm_fp8": gemm_fp8_specs,
+            "grouped_gemm": grouped_specs, "norms": norms_specs, "softmax": softmax_specs, "core": core_specs}
 
 
 def label(family: str, spec) -> str:
