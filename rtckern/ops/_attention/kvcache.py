@@ -42,6 +42,7 @@ cache_seqlens and block_table contiguous rows. Launched on the library's current
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
@@ -130,9 +131,7 @@ def _check_fp8_cache(qa, ka, va, ksa, vsa) -> int:
                          "(per kv head) elements; a cached value is e4m3 * scale")
     sizes = set()
     for t, name in ((ksa, "k_scale"), (vsa, "v_scale")):
-        n = 1
-        for x in t.shape:
-            n *= x
+        n = math.prod(t.shape)
         if t.dtype != "fp32" or n not in (1, hk) or (n > 1 and len(t.shape) != 1):
             raise InputError(f"{name} has shape {t.shape} and dtype {t.dtype}; it must be float32 with 1 element "
                              f"(per tensor) or shape ({hk},) (per kv head)")
