@@ -473,7 +473,8 @@ def norms_variants(arch: str):
 def grouped_gemm_variants(arch: str):
     """Every grouped GEMM kernel spec the every-variant compile test covers on `arch`: the specs every candidate of
     grouped_gemm (bf16 / fp16 in, every output dtype, both layouts, aligned or not) and grouped_gemm_fp8 (every output
-    dtype) serves there, in both modes, for rows per group that take each tile of the rules; built through the
+    dtype) serves there, in both modes, for rows per group that take each tile of the rules (and, fp8, for 256 groups,
+    whose tile prefix leaves the ring fewer stages); built through the
     registry's request builders (as `rtckern explain` builds them), in a stable order with repeats. Empty where no
     candidate serves (sm_75); the test and tools/cubin_hashes.py both enumerate through here."""
     from .device import DeviceInfo
@@ -485,9 +486,10 @@ def grouped_gemm_variants(arch: str):
                           options={"mode": mode, "out": out, "trans_b": tb, "aligned": al})
             for mode in ("contiguous", "masked") for rows in (16, 128, 512) for dt in ("bf16", "fp16")
             for out in ("bf16", "fp16", "fp32") for tb in ("1", "0") for al in ("1", "0")]
-    reqs += [build_request("grouped_gemm_fp8", shape=(8, rows, 4096, 7168), dtype=None, device=dev,
+    reqs += [build_request("grouped_gemm_fp8", shape=(groups, rows, 4096, 7168), dtype=None, device=dev,
                            options={"mode": mode, "out": out})
-             for mode in ("contiguous", "masked") for rows in (16, 512) for out in ("bf16", "fp16", "fp32")]
+             for mode in ("contiguous", "masked") for groups, rows in ((8, 16), (8, 128), (8, 512), (256, 512))
+             for out in ("bf16", "fp16", "fp32")]
     for req in reqs:
         for c in candidates(req.op):
             if arch_reason(c, req) is None and c.supports(req) is None:
@@ -528,8 +530,9 @@ def dense_gemm_identity_specs():
             for c in mma:
                 if not (c.cluster and arch == "sm_80"):
                     specs.append(g.kernel_specs(p, c, Arch.parse(arch))[0])
-    # stored from registers (direct_store): the fp8 kernel's form from before RTK_FP8_TMA_STORE existed too
-    specs += [f8.sm90_spec(f8.Fp8Problem(4096, 4096, 4096, sc, "bf16", bias, direct_store=True), c, a)
+    # stored from registers (rows of c that are not 16-byte multiples): the fp8 kernel's form from before
+    # RTK_FP8_TMA_STORE existed too
+    specs += [f8.sm90_spec(f8.Fp8Problem(4096, 4100, 4096, sc, "bf16", bias), c, a)
               for sc in ("tensor", "block") for bias in ("none", "fp32")
               for c in (f8.Sm90Fp8Config(128, 128, 6, 2), f8.Sm90Fp8Config(64, 128, 8, 1),
                         f8.Sm90Fp8Config(128, 256, 4, 2))]

@@ -33,7 +33,10 @@
 // different 16-byte columns, no bank conflicts) and one thread stores each box with TMA, asynchronously, from two
 // buffers in turn; TMA clips the boxes at m and n. Direct global stores put 8 row segments of 16 bytes behind every
 // warp instruction, and for as long as they take the tensor cores idle: at fp8 rates that epilogue was a large
-// share of a tile with few K blocks. Buffers: 2 x 8 KB per consumer after the ring.
+// share of a tile with few K blocks. Buffers: 2 x 8 KB per consumer after the ring. The grouped kernel stores a
+// box with TMA where its 64 rows all belong to the tile's group (C's map: dims (n, m, 1), or (n, capacity,
+// groups) masked); where the group ends inside the box, the warpgroup copies the group's rows out of the buffer
+// with 16-byte stores. With groups of whole 64-row multiples every box goes by TMA.
 //
 // Shapes: any m, n >= 1 and k >= 16 with k % 16 == 0 (TMA row strides: multiples of 16 bytes); TMA zero-fills
 // boxes past m, n and k (a ragged last K block of a block-scaled GEMM adds zeros, with its scales in range);
@@ -59,7 +62,7 @@
 // 4 (batch + 1) bytes of dynamic shared memory after the ring. A: dims (k, m, 1) or (k, m, groups); B: dims
 // (k, n, groups). A tile's rows past its group's end are loaded and not stored; their scale reads are clamped to the
 // group's last row. Every grouped-only line is inside `#if RTK_GEMM_GROUPED`: without the define the kernel's
-// binaries are unchanged.
+// binaries are unchanged. The tile prefix follows the store boxes where there are any.
 #pragma once
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"
@@ -133,14 +136,17 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 #if RTK_FP8_MULTICAST
   __shared__ __align__(8) unsigned long long peer_bar[STAGES];  // the peer's consumers released the stage
 #endif
-#if RTK_GEMM_GROUPED
-  static_assert(!HAS_BIAS && SCALE == RTK_FP8_SCALE_BLOCK, "grouped fp8 GEMM: block scales, no bias");
-  int* group_tiles = reinterpret_cast<int*>(sB + STAGES * B_STAGE);  // the tile prefix, after the ring
-#endif
 #if RTK_FP8_TMA_STORE
-  static_assert(!RTK_GEMM_GROUPED, "TMA store: the dense GEMM only (a grouped tile's rows end at its group)");
   constexpr int C_BOX = 64 * 128;  // bytes of one store box: 64 rows x 128 bytes
   unsigned char* sC = sB + STAGES * B_STAGE;  // 2 boxes per consumer, after the ring (1024-B aligned)
+#endif
+#if RTK_GEMM_GROUPED
+  static_assert(!HAS_BIAS && SCALE == RTK_FP8_SCALE_BLOCK, "grouped fp8 GEMM: block scales, no bias");
+#if RTK_FP8_TMA_STORE
+  int* group_tiles = reinterpret_cast<int*>(sC + 2 * NC * C_BOX);  // the tile prefix, after the store boxes
+#else
+  int* group_tiles = reinterpret_cast<int*>(sB + STAGES * B_STAGE);  // the tile prefix, after the ring
+#endif
 #endif
 
 #if RTK_FP8_MULTICAST
@@ -164,9 +170,21 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 
 #if RTK_GEMM_GROUPED
   rtk_group_tile_prefix<BM, RTK_GEMM_GROUPED>(groups, batch, m, group_tiles);
-  const long long tiles_n = (n + BN - 1) / BN, tiles = group_tiles[batch] * tiles_n;
+  // Units, rows and groups in 32 bits (the host bounds them below 2^31), and the unit count and walk read again from
+  // the tile prefix at each tile rather than held: beside 128 x 256 tiles the producer has 24 registers and the
+  // consumers none to spare. group_m is clamped to the m-tiles (the same walk, and no overflow).
+  const int tiles_n = (int)((n + BN - 1) / BN);
+  auto tile_count = [&]() { return group_tiles[batch] * tiles_n; };
+  auto unit = [&](int u) {
+    const int tm_all = group_tiles[batch];
+    const int gm = (int)(group_m < tm_all ? (group_m > 1 ? group_m : 1) : (tm_all > 1 ? tm_all : 1));
+    return rtk_group_unit32<BM, RTK_GEMM_GROUPED>(u, group_tiles, (int)batch, tiles_n, gm, groups, (int)m);
+  };
+  using unit_t = int;
 #else
   const long long tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN, tiles = tiles_m * tiles_n;
+  auto tile_count = [&]() { return tiles; };
+  using unit_t = long long;
 #endif
 #if RTK_FP8_MULTICAST
   // units: pairs of row blocks x column blocks; the cluster walks them as one block walks tiles
@@ -198,12 +216,11 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
         int tm, tn;
         unit_coords(t0, tm, tn);
 #else
-      for (long long t0 = blockIdx.x; t0 < tiles; t0 += gridDim.x) {
+      for (unit_t t0 = blockIdx.x; t0 < tile_count(); t0 += gridDim.x) {
 #if RTK_GEMM_GROUPED
-        const RtkGroupUnit gu =
-            rtk_group_unit<BM, RTK_GEMM_GROUPED>(t0, group_tiles, batch, tiles_n, group_m, groups, m);
-        const long long tn = gu.tn;
-        const int a_batch = RTK_GEMM_GROUPED == 2 ? (int)gu.group : 0;
+        const RtkGroupUnit32 gu = unit(t0);
+        const int tn = gu.tn;
+        const int a_batch = RTK_GEMM_GROUPED == 2 ? gu.group : 0;
 #else
         long long tm, tn;
         rtk_tile_coords(t0, tiles_m, tiles_n, group_m, tm, tn);
@@ -217,9 +234,8 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 #endif
           rtk_mbar_arrive_expect_tx(&full_bar[stage], STAGE_BYTES);
 #if RTK_GEMM_GROUPED
-          rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), (int)gu.row0, a_batch);
-          rtk_tma_load_3d(sB + stage * B_STAGE, &tm_b, &full_bar[stage], (int)(kb * BK), (int)(tn * BN),
-                          (int)gu.group);
+          rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), gu.row0, a_batch);
+          rtk_tma_load_3d(sB + stage * B_STAGE, &tm_b, &full_bar[stage], (int)(kb * BK), tn * BN, gu.group);
 #elif RTK_FP8_MULTICAST
           rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), (int)(tm * BM), 0);
           // B rows rank * BN / 2 ..: 1024-B aligned, the same swizzle as one box of BN rows
@@ -254,22 +270,27 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 #if RTK_FP8_MULTICAST
     for (int t0 = blockIdx.x / 2; t0 < units; t0 += gridDim.x / 2) {
 #else
-    for (long long t0 = blockIdx.x; t0 < tiles; t0 += gridDim.x) {
+    for (unit_t t0 = blockIdx.x; t0 < tile_count(); t0 += gridDim.x) {
 #endif
 #if RTK_GEMM_GROUPED
-      const RtkGroupUnit gu = rtk_group_unit<BM, RTK_GEMM_GROUPED>(t0, group_tiles, batch, tiles_n, group_m, groups, m);
+      const RtkGroupUnit32 gu = unit(t0);
       const long long tn = gu.tn;
       const long long row_base = gu.row0 + cw * WG_M + warp * 16 + (lane >> 2);
       const long long col_base = tn * BN + (lane & 3) * 2;
-      const float* sa_r[MI][2];  // the group's scale rows, clamped to its last row
+      // The group's scale rows (a's clamped to its last row) as 32-bit element offsets from sa / sb (the host bounds
+      // the scales' spans below 2^32 elements): pointers live through the K loop would spill the consumers of
+      // 128 x 256 tiles.
+      unsigned sa_o[MI][2];
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const long long r = row_base + mi * 64 + h * 8;
-          sa_r[mi][h] = sa + gu.group * sa_batch + (r < gu.row_end ? r : gu.row_end - 1) * sa_row;
+          sa_o[mi][h] = (unsigned)(gu.group * sa_batch + (r < gu.row_end ? r : gu.row_end - 1) * sa_row);
         }
-      const float* sb_t = sb + gu.group * sb_batch;  // the group's b scale rows
+      const unsigned sb_o = (unsigned)(gu.group * sb_batch);
+      auto a_scale = [&](int mi, int h, long long kb) { return __ldg(sa + sa_o[mi][h] + kb * sa_kb); };
+      auto b_scale = [&](long long r, long long kb) { return __ldg(sb + sb_o + r * sb_row + kb * sb_kb); };
 #else
       long long tm, tn;
 #if RTK_FP8_MULTICAST
@@ -295,7 +316,8 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
           const long long r = row_base + mi * 64 + h * 8;
           sa_r[mi][h] = sa + (r < m ? r : m - 1) * sa_row;
         }
-      const float* sb_t = sb;
+      auto a_scale = [&](int mi, int h, long long kb) { return __ldg(sa_r[mi][h] + kb * sa_kb); };
+      auto b_scale = [&](long long r, long long kb) { return __ldg(sb + r * sb_row + kb * sb_kb); };
 #endif
 
 #pragma unroll
@@ -327,11 +349,11 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
       auto scales = [&](float (&sc)[MI][2], long long kb) {
         if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
           const long long r = (tn * BN) / 128, last = (n + 127) / 128 - 1;
-          const float s_b = __ldg(sb_t + (r < last ? r : last) * sb_row + kb * sb_kb);
+          const float s_b = b_scale(r < last ? r : last, kb);
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
-            sc[mi][0] = __ldg(sa_r[mi][0] + kb * sa_kb) * s_b;
-            sc[mi][1] = __ldg(sa_r[mi][1] + kb * sa_kb) * s_b;
+            sc[mi][0] = a_scale(mi, 0, kb) * s_b;
+            sc[mi][1] = a_scale(mi, 1, kb) * s_b;
           }
         }
       };
@@ -389,12 +411,12 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 #pragma unroll
           for (int h = 0; h < NH; ++h) {  // the 128-column b block of partial h, clamped to the last one
             const long long r = (tn * BN) / 128 + h, last = (n + 127) / 128 - 1;
-            n_b[h] = __ldg(sb_t + (r < last ? r : last) * sb_row + kb * sb_kb);
+            n_b[h] = b_scale(r < last ? r : last, kb);
           }
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
-            n_a[mi][0] = __ldg(sa_r[mi][0] + kb * sa_kb);
-            n_a[mi][1] = __ldg(sa_r[mi][1] + kb * sa_kb);
+            n_a[mi][0] = a_scale(mi, 0, kb);
+            n_a[mi][1] = a_scale(mi, 1, kb);
           }
         }
       };
@@ -460,6 +482,9 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 
 #endif  // RTK_FP8_PARTIALS
 
+#if RTK_GEMM_GROUPED && RTK_FP8_TMA_STORE
+      TOut* const c_g = c + gu.group * stride_c;  // the group's matrix (masked)
+#else
       RtkGemmOut<TOut, TBias> o;
 #if RTK_GEMM_GROUPED
       o.c = c + gu.group * stride_c;
@@ -476,6 +501,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
       o.ldc = ldc;
       o.ldr = 0;
       o.pair_ok = rtk_gemm_out_pair_ok(o, HAS_BIAS, false);
+#endif
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         if constexpr (SCALE == RTK_FP8_SCALE_TENSOR) {
@@ -483,6 +509,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 #pragma unroll
           for (int j = 0; j < BN / 2; ++j) acc[mi][j] *= s;
         }
+#if !RTK_GEMM_GROUPED
         if constexpr (SCALE == RTK_FP8_SCALE_CHANNEL) {
           const float a0 = __ldg(sa_r[mi][0]), a1 = __ldg(sa_r[mi][1]);
 #pragma unroll
@@ -496,10 +523,21 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
             acc[mi][4 * j + 3] *= a1 * b1;
           }
         }
+#endif
 #if RTK_FP8_TMA_STORE
         constexpr int CB = 128 / (int)sizeof(TOut);  // columns per box
         constexpr int JB = CB / 8;                   // 8-column fragment groups per box
+#if RTK_GEMM_GROUPED
+        // Rows of the group's matrix (masked: the group is the batch coordinate). A box that runs past the group's
+        // last row would overwrite the next group's first rows: its rows in the group are copied out of the
+        // buffer by the warpgroup instead (no second epilogue from registers: its registers spill at 128 x 256).
+        const int box_row = gu.row0 + cw * WG_M + mi * 64;
+        const int c_batch = RTK_GEMM_GROUPED == 2 ? gu.group : 0;
+        const bool by_tma = box_row + 64 <= gu.row_end;  // the same for the whole warpgroup
+#else
         const long long box_row = tm * BM + cw * WG_M + mi * 64;
+        constexpr int c_batch = 0;
+#endif
 #pragma unroll
         for (int cb = 0; cb < BN / CB; ++cb, ++boxes) {
           unsigned char* buf = sC + (cw * 2 + (int)(boxes & 1u)) * C_BOX;
@@ -526,10 +564,30 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
           }
           rtk_fence_proxy_async();
           asm volatile("bar.sync %0, 128;\n" ::"r"(3 + cw) : "memory");
+#if RTK_GEMM_GROUPED
+          if (!by_tma) {
+            // 16-byte chunks of the box's rows in the group and columns below n (n * sizeof(TOut) is a multiple of
+            // 16: a chunk is wholly in or out), read back through the swizzle
+            const long long col0 = tn * BN + cb * CB;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {  // 64 rows x 8 chunks over 128 threads
+              const int r = (tid >> 3) + 16 * i, ch = tid & 7;
+              const long long row = box_row + r, col = col0 + ch * (16 / (int)sizeof(TOut));
+              if (row < gu.row_end && col < n)
+                *reinterpret_cast<uint4*>(c_g + row * ldc + col) =
+                    *reinterpret_cast<const uint4*>(buf + r * 128 + ((ch ^ (r & 7)) << 4));
+            }
+          }
           if (tid == 0) {
-            if (box_row < m) rtk_tma_store_3d(&tm_c, buf, (int)(tn * BN + cb * CB), (int)box_row, 0);
+            if (by_tma) rtk_tma_store_3d(&tm_c, buf, (int)(tn * BN + cb * CB), (int)box_row, c_batch);
             rtk_bulk_commit();
           }
+#else
+          if (tid == 0) {
+            if (box_row < m) rtk_tma_store_3d(&tm_c, buf, (int)(tn * BN + cb * CB), (int)box_row, c_batch);
+            rtk_bulk_commit();
+          }
+#endif
         }
 #else
         rtk_gemm_epilogue_slab<HAS_BIAS, RTK_GEMM_ACT_NONE, false, BN / 8>(o, row_base + mi * 64, col_base, acc[mi]);

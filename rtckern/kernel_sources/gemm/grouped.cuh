@@ -93,3 +93,40 @@ RTK_DEVICE RtkGroupUnit rtk_group_unit(long long u, const int* tiles, long long 
   r.tn = tn;
   return r;
 }
+
+// rtk_group_unit in 32-bit arithmetic, for a kernel whose host bounds its units below 2^31 and its rows below 2^31
+// (the fp8 grouped GEMM: beside 128 x 256 tiles its producer has 24 registers, too few for 64-bit divisions).
+struct RtkGroupUnit32 {
+  int group, row0, row_end, tn;
+};
+
+template <int BM, int MODE>
+RTK_DEVICE RtkGroupUnit32 rtk_group_unit32(int u, const int* tiles, int groups, int tiles_n, int group_m,
+                                           const int* __restrict__ info, int rows) {
+  // rtk_tile_coords over tiles[groups] m-tiles
+  const int tiles_m = tiles[groups], per_group = group_m * tiles_n, gi = u / per_group, first = gi * group_m;
+  const int span = tiles_m - first < group_m ? tiles_m - first : group_m, r = u - gi * per_group;
+  const int t = first + r % span;
+  int lo = 0, hi = groups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (tiles[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  int b = 0, e;
+  if constexpr (MODE == 1) {
+    b = info[lo];
+    b = b < 0 ? 0 : (b > rows ? rows : b);
+    e = info[lo + 1];
+  } else {
+    e = info[lo];
+  }
+  RtkGroupUnit32 g;
+  g.group = lo;
+  g.row0 = b + (t - tiles[lo]) * BM;
+  g.row_end = e < b ? b : (e > rows ? rows : e);
+  g.tn = r / span;
+  return g;
+}

@@ -51,7 +51,6 @@ class Fp8Problem:
     bias: str = "none"  # the bias dtype, or "none"
     aligned: bool = True
     dtype: str = "fp8_e4m3"  # a's (b is e4m3)
-    direct_store: bool = False  # tiles stored from registers (the grouped kernel: a tile's rows end at its group's)
 
     @property
     def flops(self) -> int:
@@ -81,17 +80,17 @@ class Sm90Fp8Config:
 
     @property
     def smem_bytes(self) -> int:
-        """The ring (and the slack to align it to 1024 B): what the grouped kernel and a direct-store dense one take."""
+        """The ring (and the slack to align it to 1024 B): what a kernel that stores from registers takes."""
         return self.stages * (self.bm + self.bn) * 128 + 1024
 
     def tma_store(self, p: Fp8Problem) -> bool:
-        """Whether the dense kernel stores c with TMA (RTK_FP8_TMA_STORE): c's rows (n elements, the output this op
+        """Whether the kernel stores c with TMA (RTK_FP8_TMA_STORE): c's rows (n elements, the output the op
         allocates) are multiples of 16 bytes, and tiles of 128+ rows, where the epilogue is a share of a tile's time
         worth a tensor map per output address (64-row tiles serve decode shapes, whose calls are host-bound)."""
-        return self.bm >= 128 and not p.direct_store and p.n * OUT_BYTES.get(p.out_dtype, 1) % 16 == 0
+        return self.bm >= 128 and p.n * OUT_BYTES.get(p.out_dtype, 1) % 16 == 0
 
     def launch_smem(self, p: Fp8Problem) -> int:
-        """Dynamic shared memory of the dense kernel for p: the ring, plus two store boxes per consumer."""
+        """Dynamic shared memory of the kernel for p: the ring, plus two store boxes per consumer."""
         return self.smem_bytes + (2 * self.consumers * STORE_BOX_BYTES if self.tma_store(p) else 0)
 
     def invalid(self, p: Fp8Problem) -> str | None:

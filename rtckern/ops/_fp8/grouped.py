@@ -143,6 +143,21 @@ def _strides(x: arr.DeviceArray) -> tuple[int, ...]:
     return tuple(st if sz > 1 else 0 for sz, st in zip(x.shape, x.strides))
 
 
+def _check_32bit_indexing(mode: str, groups: int, rows: int, n: int, SA, SB, op: str) -> None:
+    """The kernel counts work tiles in 32 bits and reaches scales by 32-bit element offsets (the registers of its
+    128 x 256 tiles allow no more): bound both, for the smallest tile any config uses (64 x 128)."""
+    tiles = shared.m_tiles_bound(mode, groups, rows, 64) * math.ceil(n / 128)
+    if tiles >= 2 ** 31:
+        raise InputError(f"{op}: up to {tiles} output tiles of 64 x 128 for {groups} groups, "
+                         f"{'capacity' if mode == 'masked' else 'total_m'}={rows}, N={n}; the kernel indexes at most "
+                         f"{2 ** 31 - 1}: split the groups or N over several calls")
+    for S, name in ((SA, "a_scale"), (SB, "b_scale")):
+        span = 1 + sum((sz - 1) * abs(st) for sz, st in zip(S.shape, S.strides) if sz > 0)
+        if span > 2 ** 32:
+            raise InputError(f"{name} spans {span} fp32 elements (shape {S.shape}, strides {S.strides}); {op} reaches "
+                             f"scales by 32-bit offsets (at most {2 ** 32}): split the call")
+
+
 def _build(mode: str, A, B, SA, SB, I, out_dtype, trans_b) -> plan.Plan:
     """Validate one call signature and prepare its launch."""
     settings = config.settings()
@@ -187,6 +202,7 @@ def _build(mode: str, A, B, SA, SB, I, out_dtype, trans_b) -> plan.Plan:
                              "(128x128 blocks of each group's b)")
     shared.check_group_index(I, mode, groups, A)
     shared.check_sizes(groups, A.shape[-2], op)
+    _check_32bit_indexing(mode, groups, rows, n, SA, SB, op)
     out_shape = (groups, rows, n) if masked else (rows, n)
     if rows == 0 or n == 0 or groups == 0:
         return OutputPlan(settings, A, out_shape, out_dt, None)

@@ -79,7 +79,7 @@ class Sm90aWgmmaCandidate(Candidate):
 
     def launch_resources(self, req: OpRequest):
         cfg = self.config(req)
-        return (Resources(block=cfg.threads, dynamic_smem=gg.smem_bytes(cfg, req.dim("groups"))),)
+        return (Resources(block=cfg.threads, dynamic_smem=gg.smem_bytes(problem(req), cfg)),)
 
 
 CANDIDATES = (Sm90aWgmmaCandidate,)

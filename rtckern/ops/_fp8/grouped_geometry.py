@@ -16,7 +16,7 @@ from rtckern.arch import Arch
 from rtckern.spec import KernelSpec
 
 from .. import _common_grouped as shared
-from .geometry import SMEM_LIMIT, Fp8Problem, Sm90Fp8Config, sm90_spec
+from .geometry import OUT_BYTES, SMEM_LIMIT, Fp8Problem, Sm90Fp8Config, sm90_spec
 
 OP = "grouped_gemm_fp8"
 GROUPED_SMEM_LIMIT = SMEM_LIMIT - 1024  # less the barriers' static shared memory
@@ -40,19 +40,31 @@ class GroupedFp8Problem:
     def dense(self) -> Fp8Problem:
         """The block-scaled GEMM whose kernel this one compiles with the grouped define (no bias)."""
         return Fp8Problem(m=self.rows, n=self.n, k=self.k, scale="block", out_dtype=self.out_dtype,
-                          aligned=self.aligned, dtype=self.dtype, direct_store=True)
+                          aligned=self.aligned, dtype=self.dtype)
 
 
-def smem_bytes(cfg: Sm90Fp8Config, groups: int) -> int:
-    return cfg.smem_bytes + shared.prefix_bytes(groups)
+def smem_bytes(p: GroupedFp8Problem, cfg: Sm90Fp8Config) -> int:
+    """The ring, the store boxes (where the kernel stores with TMA) and the tile prefix."""
+    return cfg.launch_smem(p.dense()) + shared.prefix_bytes(p.groups)
+
+
+WIDE_ROWS = 256  # rows per group from which 2-byte outputs take 128 x 256 tiles
 
 
 def config(p: GroupedFp8Problem) -> Sm90Fp8Config:
-    """gemm_fp8's rule by rows per group: 64-row tiles with one consumer up to 64 rows (decode-sized groups; a
-    128-row tile would be mostly padding), 128 x 128 with two consumers above."""
+    """The tile by rows per group: 64-row tiles with one consumer up to 64 rows (decode-sized groups; a 128-row tile
+    would be mostly padding); 128 x 128 with two consumers up to WIDE_ROWS and for fp32 outputs (whose 128 x 256
+    consumers spill); 128 x 256 above (half the L2 traffic per FLOP, as the dense GEMM's tuned rows). The ring keeps
+    the most stages that fit beside the store boxes and the tile prefix of many groups."""
     if p.rows <= 64:
         return Sm90Fp8Config(64, 128, 8, 1)
-    return Sm90Fp8Config(128, 128, 6, 2)
+    if p.rows < WIDE_ROWS or OUT_BYTES.get(p.out_dtype) != 2:
+        cfg = Sm90Fp8Config(128, 128, 6, 2)
+    else:
+        cfg = Sm90Fp8Config(128, 256, 4, 2)
+    while cfg.stages > 2 and smem_bytes(p, cfg) > GROUPED_SMEM_LIMIT:
+        cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+    return cfg
 
 
 def invalid(p: GroupedFp8Problem, cfg: Sm90Fp8Config) -> str | None:
@@ -64,9 +76,9 @@ def invalid(p: GroupedFp8Problem, cfg: Sm90Fp8Config) -> str | None:
     why = cfg.invalid(p.dense())
     if why:
         return why
-    if smem_bytes(cfg, p.groups) > GROUPED_SMEM_LIMIT:
-        return (f"{cfg.smem_bytes} bytes of ring and {shared.prefix_bytes(p.groups)} of tile prefix exceed the "
-                f"{GROUPED_SMEM_LIMIT} bytes of shared memory a block may have")
+    if smem_bytes(p, cfg) > GROUPED_SMEM_LIMIT:
+        return (f"{cfg.launch_smem(p.dense())} bytes of ring and store boxes and {shared.prefix_bytes(p.groups)} of "
+                f"tile prefix exceed the {GROUPED_SMEM_LIMIT} bytes of shared memory a block may have")
     return None
 
 

@@ -12,7 +12,7 @@ from rtckern.caches import PlanCache
 
 from .. import _common_grouped as shared
 from . import grouped_geometry as gg
-from .geometry import Sm90Fp8Config
+from .geometry import OUT_BYTES, Sm90Fp8Config
 from .launch import MapCache, Prepared
 
 plans = PlanCache("grouped_gemm_fp8.call_plans")
@@ -44,17 +44,24 @@ class GroupedLaunch:
         masked = p.mode == "masked"
         self._maps = (MapCache((p.k, lay.rows), lay.lda, (128, cfg.bm), p.groups if masked else 1, lay.stride_a),
                       MapCache((p.k, p.n), lay.ldb, (128, cfg.bn), p.groups, lay.stride_b))
+        if cfg.tma_store(p.dense()):  # c: boxes of 64 rows x 128 bytes; masked: the group is the batch coordinate
+            width = OUT_BYTES[p.out_dtype]
+            self._maps += (MapCache((p.n, lay.rows), p.n * width, (128 // width, 64), p.groups if masked else 1,
+                                    lay.stride_c * width, dtype=p.out_dtype),)
         (sa_row, sa_kb, sa_batch), (sb_row, sb_kb, sb_batch) = lay.sa, lay.sb
         # m, n, k, ldc, sa_row, sa_kb, sb_row, sb_kb, group_m, then batch (groups), stride_c, sa_batch, sb_batch
         scalars = (lay.rows, p.n, p.k, p.n, sa_row, sa_kb, sb_row, sb_kb, cfg.group_m, p.groups, lay.stride_c,
                    sa_batch, sb_batch)
         grid = shared.persistent_grid(p.mode, p.groups, lay.rows, p.n, cfg.bm, cfg.bn, sm_count)
-        self._main = Prepared(kernel, (grid, 1, 1), (cfg.threads, 1, 1), gg.smem_bytes(cfg, p.groups),
-                              [("map", bytes(128)), ("map", bytes(128))] + [("u64", 0)] * 5
+        self._main = Prepared(kernel, (grid, 1, 1), (cfg.threads, 1, 1), gg.smem_bytes(p, cfg),
+                              [("map", bytes(128))] * len(self._maps) + [("u64", 0)] * 5
                               + [("i64", v) for v in scalars])
 
     def run(self, a: int, b: int, c: int, sa: int, sb: int, groups: int, stream: int) -> None:
-        ma, mb = self._maps
-        self._main.run((ma.get(a), mb.get(b), c, sa, sb, 0, groups), stream)
+        maps = self._maps
+        if len(maps) == 2:
+            self._main.run((maps[0].get(a), maps[1].get(b), c, sa, sb, 0, groups), stream)
+        else:
+            self._main.run((maps[0].get(a), maps[1].get(b), maps[2].get(c), c, sa, sb, 0, groups), stream)
 
 

@@ -73,6 +73,12 @@ def args(total=300, groups=4, n=256, k=512, masked=False, **over):
     (lambda: grouped_gemm_fp8_masked(*args(masked=True, i=Fake((5,), "int32"))),
      r"^masked_m has shape \(5,\); expected \(4,\) for 4 groups"),
     (lambda: grouped_gemm_fp8(*args(), out_dtype="fp8_e4m3"), r"^out_dtype='fp8_e4m3' is not supported"),
+    (lambda: grouped_gemm_fp8(*args(sa=Fake((300, 4), "fp32", strides=(1 << 24, 1)))),
+     r"^a_scale spans 5016387588 fp32 elements \(shape \(300, 4\), strides \(16777216, 1\)\); grouped_gemm_fp8 "
+     r"reaches scales by 32-bit offsets \(at most 4294967296\): split the call$"),
+    (lambda: grouped_gemm_fp8(*args(n=1 << 35)),
+     r"^grouped_gemm_fp8: up to 2147483648 output tiles of 64 x 128 for 4 groups, total_m=300, N=34359738368; the "
+     r"kernel indexes at most 2147483647: split the groups or N over several calls$"),
 ])
 def test_bad_inputs_are_refused_before_any_device_work(fakes, call, match):
     with pytest.raises(InputError, match=match):
@@ -98,19 +104,26 @@ def test_explain_and_refusals():
 def emulate_fp8(mem, launch, maps, spec, mode, index):
     torch = mem.torch
     _, grid, block, vals, smem = launch
-    ma, mb, c, sa, sb, bias, _ = vals[:7]
-    m, n, k, ldc, sa_row, sa_kb, sb_row, sb_kb, group_m, batch, stride_c, sa_batch, sb_batch = vals[7:]
+    tma_store = ("RTK_FP8_TMA_STORE", "1") in spec.defines  # then c's tensor map follows b's
+    ma, mb, mc = vals[:3] if tma_store else (*vals[:2], None)
+    vals = vals[3:] if tma_store else vals[2:]
+    c, sa, sb, bias, _ = vals[:5]
+    m, n, k, ldc, sa_row, sa_kb, sb_row, sb_kb, group_m, batch, stride_c, sa_batch, sb_batch = vals[5:]
     odt, _, bm, bn, _, consumers, has_bias, scale = spec.template_args
-    bm, bn = int(bm), int(bn)
-    assert bias == 0 and has_bias == "false" and scale == "1" and block[0] == (int(consumers) + 1) * 128
-    assert 1 <= grid[0] <= H200.sm_count and smem >= 4 * (batch + 1)
+    bm, bn, consumers = int(bm), int(bn), int(consumers)
+    assert bias == 0 and has_bias == "false" and scale == "1" and block[0] == (consumers + 1) * 128
+    assert 1 <= grid[0] <= H200.sm_count and smem >= 4 * (batch + 1) + (2 * consumers * 64 * 128 if tma_store else 0)
     odtype = {"rtk_bf16": torch.bfloat16, "rtk_half": torch.float16, "float": torch.float32}[odt]
     A, B = tma_tensor(mem, maps[ma], torch.float8_e4m3fn), tma_tensor(mem, maps[mb], torch.float8_e4m3fn)
+    es = torch.empty(0, dtype=odtype).element_size()
+    if tma_store:  # boxes of 64 rows x 128 bytes over (n, rows, groups of the masked mode)
+        _, ptr, dims, strides, box = maps[mc]
+        assert ptr == c and dims == (n, m, batch if mode == "masked" else 1) and box == (128 // es, 64, 1)
+        C = tma_tensor(mem, maps[mc], odtype)
     kbs, nbs = math.ceil(k / 128), math.ceil(n / 128)
     SA = mem.view(sa, (batch, m, kbs), (sa_batch, sa_row, sa_kb), torch.float32).double()
     SB = mem.view(sb, (batch, nbs, kbs), (sb_batch, sb_row, sb_kb), torch.float32).double()
     written = set()
-    es = torch.empty(0, dtype=odtype).element_size()
     for g, row0, row_end, tn in units(index, mode, batch, m, bm, math.ceil(n / bn), group_m):
         a = box_rows(A[g if mode == "masked" else 0], row0, bm)
         b = box_rows(B[g], tn * bn, bn)
@@ -121,10 +134,17 @@ def emulate_fp8(mem, launch, maps, spec, mode, index):
             acc += part * SA[g, rows, kb][:, None] * SB[g, tn * bn // 128, kb]
         out = mem.view(c + g * stride_c * es, (m, n), (ldc, 1), odtype)
         cols = min(bn, n - tn * bn)
-        for i in range(bm):
-            if row0 + i < row_end:
-                out[row0 + i, tn * bn:tn * bn + cols] = acc[i, :cols].to(odtype)
-                written.add((g if mode == "masked" else 0, row0 + i, tn))
+        for i0 in range(0, bm, 64):  # each consumer's 64-row blocks
+            if tma_store and row0 + i0 + 64 <= row_end:  # a box within the group: TMA, clipped at the map's rows
+                dst = C[g if mode == "masked" else 0]
+                hi = min(row0 + i0 + 64, dst.shape[0])
+                dst[row0 + i0:hi, tn * bn:tn * bn + cols] = acc[i0:hi - row0, :cols].to(odtype)
+                written.update((g if mode == "masked" else 0, r, tn) for r in range(row0 + i0, hi))
+                continue
+            for i in range(i0, i0 + 64):  # from registers, guarded by the group's end
+                if row0 + i < row_end:
+                    out[row0 + i, tn * bn:tn * bn + cols] = acc[i, :cols].to(odtype)
+                    written.add((g if mode == "masked" else 0, row0 + i, tn))
     return written
 
 
@@ -178,7 +198,8 @@ def host(monkeypatch, cache_dir):
 
 
 @pytest.mark.parametrize("mode", ["contiguous", "masked"])
-@pytest.mark.parametrize("sizes, n, k", [([0, 1, 70, 0, 130], 200, 272), ([16], 128, 128), ([3, 64, 65], 64, 384)])
+@pytest.mark.parametrize("sizes, n, k", [([0, 1, 70, 0, 130], 200, 272), ([16], 128, 128), ([3, 64, 65], 64, 384),
+                                         ([0, 200, 64, 129, 1, 256], 136, 256)])
 @pytest.mark.parametrize("col_tma", [False, True])
 def test_the_launch_computes_every_group_with_its_scales(host, mode, sizes, n, k, col_tma):
     torch, state = host
@@ -205,6 +226,8 @@ def test_the_launch_computes_every_group_with_its_scales(host, mode, sizes, n, k
     mem = Memory(torch)
     mem.add(a, b, sa, sb, y)
     spec = state["log"][-1][0]
+    if len(sizes) == 6:  # 128-row tiles and 16-byte output rows: boxes by TMA within a group, from registers across
+        assert ("RTK_FP8_TMA_STORE", "1") in spec.defines
     written = emulate_fp8(mem, state["log"][-1], state["maps"], spec, mode, index.tolist())
     spans, _ = group_prefix(index.tolist(), mode, groups, rows, 1)
     bn = int(spec.template_args[3])
@@ -234,6 +257,8 @@ def test_every_grouped_fp8_variant_compiles_without_spills():
     from rtckern.testing import compile_all
 
     specs = _grouped_fp8_variants()
-    assert len(specs) == 12  # 2 modes x 2 tiles x 3 outputs
+    # 2 modes x (64 x 128 and 128 x 128 for 3 outputs; 128 x 256 with 4 and 3 stages for bf16 / fp16; 128 x 128 with
+    # 5 stages for fp32 beside 256 groups' tile prefix)
+    assert len(specs) == 22
     failures = compile_all(specs, no_spills=True)
     assert not failures, "\n".join(failures)
