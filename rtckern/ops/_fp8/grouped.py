@@ -75,7 +75,8 @@ def grouped_gemm_fp8(a, b, a_scale, b_scale, group_offsets, out_dtype="bf16", tr
     Raises:
         InputError: a dtype other than float8_e4m3fn for a / b or fp32 for the scales, K not a multiple of 16,
             shapes that disagree, scales that are not the block shapes above, group_offsets not int32 (G + 1,)
-            beside a, more than 4096 groups, trans_b=False, or a bad out_dtype.
+            beside a, more than 4096 groups, trans_b=False, or a bad out_dtype; a scale tensor spanning more than
+            2^32 elements or 2^31 output tiles of 64 x 128 or more (the kernel's 32-bit indexing: split the call).
         UnsupportedRequestError: no kernel serves the request on this device (GPUs other than sm_90, unaligned
             operands; RTCKERN_DISABLE_OPS naming the op).
     """
