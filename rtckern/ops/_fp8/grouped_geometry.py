@@ -19,7 +19,8 @@ from .. import _common_grouped as shared
 from .geometry import OUT_BYTES, SMEM_LIMIT, Fp8Problem, Sm90Fp8Config, sm90_spec
 
 OP = "grouped_gemm_fp8"
-GROUPED_SMEM_LIMIT = SMEM_LIMIT - 1024  # less the barriers' static shared memory
+# less the kernel's static shared memory: its mbarriers, 16 bytes a stage (at most 8 stages: 128 bytes)
+GROUPED_SMEM_LIMIT = SMEM_LIMIT - 256
 
 
 @dataclass(frozen=True)

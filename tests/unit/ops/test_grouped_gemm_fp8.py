@@ -258,7 +258,7 @@ def test_every_grouped_fp8_variant_compiles_without_spills():
 
     specs = _grouped_fp8_variants()
     # 2 modes x (64 x 128 and 128 x 128 for 3 outputs; 128 x 256 with 4 and 3 stages for bf16 / fp16; 128 x 128 with
-    # 5 stages for fp32 beside 256 groups' tile prefix)
+    # 5 stages for fp32 beside 1024 groups' tile prefix)
     assert len(specs) == 22
     failures = compile_all(specs, no_spills=True)
     assert not failures, "\n".join(failures)
