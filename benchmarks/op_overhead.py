@@ -1,4 +1,5 @@
-"""Host cost per call of the rtckern ops (norms, softmax, attention, gemm) at launch-bound sizes, against torch's.
+"""Host cost per call of the rtckern ops (norms, softmax, attention, attention over a KV cache, gemm) at launch-bound
+sizes, against torch's.
 
 GPU (the real number):     python -m benchmarks op_overhead [--calls 5000]
     Eager loop of N calls per op on small inputs, torch.cuda.synchronize() once at the end, vs torch's own op on
@@ -56,6 +57,7 @@ def cases(torch, stub: bool):
     q = rnd(1, 1, 32, 128)
     k = rnd(1, 1024, 8, 128)
     v = rnd(1, 1024, 8, 128)
+    lens = torch.full((1,), 1024, dtype=torch.int32, device=dev) if not stub else rnd(1, dtype=torch.int32)
     qb = rnd(2, 128, 8, 64)
     lse_b = rnd(2, 8, 128, dtype=torch.float32) if stub else ops.attention(qb, qb, qb, causal=True, return_lse=True)[1]
     a1 = rnd(1, 1024)
@@ -76,6 +78,10 @@ def cases(torch, stub: bool):
          None if stub else (lambda: torch.ops.aten._softmax_backward_data(s, ys, -1, bf16))),
         ("causal softmax [32,128,128]", lambda: ops.scaled_upper_triang_masked_softmax(c, 0.125), None),
         ("attention decode q[1,1,32,128] kv 1024 GQA", lambda: ops.attention(q, k, v),
+         None if stub else (lambda: torch.nn.functional.scaled_dot_product_attention(
+             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True))),
+        ("attention_with_kvcache decode q[1,1,32,128] cache 1024 GQA",
+         lambda: ops.attention_with_kvcache(q, k, v, lens),
          None if stub else (lambda: torch.nn.functional.scaled_dot_product_attention(
              q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True))),
         ("attention_backward [2,128,8,64] causal",
