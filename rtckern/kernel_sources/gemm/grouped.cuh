@@ -16,12 +16,11 @@
 #pragma once
 #include "gemm/tile.cuh"
 
-// Rows [begin, end) of group g.
-template <int MODE>
-RTK_DEVICE void rtk_group_rows(const int* __restrict__ info, long long g, long long rows, long long& begin,
-                               long long& end) {
+// Rows [begin, end) of group g (I: long long, or int where the host bounds the rows below 2^31).
+template <int MODE, typename I>
+RTK_DEVICE void rtk_group_rows(const int* __restrict__ info, I g, I rows, I& begin, I& end) {
   static_assert(MODE == 1 || MODE == 2, "RTK_GEMM_GROUPED: 1 (contiguous) or 2 (masked)");
-  long long b = 0, e;
+  I b = 0, e;
   if constexpr (MODE == 1) {
     b = info[g];
     b = b < 0 ? 0 : (b > rows ? rows : b);
@@ -115,18 +114,12 @@ RTK_DEVICE RtkGroupUnit32 rtk_group_unit32(int u, const int* tiles, int groups, 
     else
       hi = mid - 1;
   }
-  int b = 0, e;
-  if constexpr (MODE == 1) {
-    b = info[lo];
-    b = b < 0 ? 0 : (b > rows ? rows : b);
-    e = info[lo + 1];
-  } else {
-    e = info[lo];
-  }
+  int b, e;
+  rtk_group_rows<MODE>(info, lo, rows, b, e);
   RtkGroupUnit32 g;
   g.group = lo;
   g.row0 = b + (t - tiles[lo]) * BM;
-  g.row_end = e < b ? b : (e > rows ? rows : e);
+  g.row_end = e;
   g.tn = r / span;
   return g;
 }
