@@ -473,10 +473,10 @@ def norms_variants(arch: str):
 def grouped_gemm_variants(arch: str):
     """Every grouped GEMM kernel spec the every-variant compile test covers on `arch`: the specs every candidate of
     grouped_gemm (bf16 / fp16 in, every output dtype, both layouts, aligned or not) and grouped_gemm_fp8 (every output
-    dtype) serves there, in both modes, for rows per group that take each tile of the rules (and, fp8, for 1024 groups,
-    whose tile prefix leaves the ring fewer stages); built through the
-    registry's request builders (as `rtckern explain` builds them), in a stable order with repeats. Empty where no
-    candidate serves (sm_75); the test and tools/cubin_hashes.py both enumerate through here."""
+    dtype) serves there, in both modes, for rows per group that take each tile of the rules (and, fp8, for 1024
+    groups, whose tile prefix leaves the ring fewer stages); built through the registry's request builders (as
+    `rtckern explain` builds them), in a stable order with repeats. Empty where no candidate serves (sm_75); the test
+    and tools/cubin_hashes.py both enumerate through here."""
     from .device import DeviceInfo
     from .registry import build_request, candidates
     from .registry.candidate import arch_reason
