@@ -126,6 +126,12 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
   static_assert(WG_M % 64 == 0 && BN % 64 == 0 && BN % PN == 0 && BN <= 256, "tile shape");
   static_assert(SCALE != RTK_FP8_SCALE_BLOCK || 128 % PN == 0, "block scales: a partial's columns share one b block");
   static_assert(RTK_FP8_PARTIALS == 1 || (RTK_FP8_PARTIALS == 2 && NH == 1), "two partials: tiles of <= 128 columns");
+  // setmaxnreg moves registers within the block's pool, which is what the launch gave: its threads at the cap
+  // __launch_bounds__ sets (65536 / threads, in steps of 8). A split past the pool makes the consumers' increase wait
+  // forever (a 32-register producer beside two 240-register consumers hung).
+  constexpr int PRODUCER_REGS = BN > 128 ? 24 : 40, CONSUMER_REGS = BN > 128 ? 240 : 232;
+  static_assert(NC < 2 || PRODUCER_REGS + NC * CONSUMER_REGS <= 65536 / ((NC + 1) * 128) / 8 * 8 * (NC + 1),
+                "setmaxnreg: the producer's and consumers' registers exceed the block's pool");
 
   extern __shared__ unsigned char rtk_gemm_fp8_smem90[];
   const unsigned raw = rtk_smem_u32(rtk_gemm_fp8_smem90);
@@ -206,7 +212,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    if constexpr (NC >= 2) rtk_setmaxnreg_dec<(BN > 128 ? 24 : 40)>();  // one thread issues the loads
+    if constexpr (NC >= 2) rtk_setmaxnreg_dec<PRODUCER_REGS>();  // one thread issues the loads
     if (threadIdx.x == 0) {
       int stage = 0;
       unsigned phase = 0;
@@ -258,7 +264,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
   } else {
     // ---------------- consumers ----------------
     // 128 x 256 tiles: 128 promoted + 64 partial accumulators per thread; 2 x 128 x 240 + 128 x 24 registers fit.
-    if constexpr (NC >= 2) rtk_setmaxnreg_inc<(BN > 128 ? 240 : 232)>();
+    if constexpr (NC >= 2) rtk_setmaxnreg_inc<CONSUMER_REGS>();
     const int cw = wg - 1;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     float acc[MI][BN / 2];
