@@ -3,7 +3,8 @@ sizes, against torch's.
 
 GPU (the real number):     python -m benchmarks op_overhead [--calls 5000]
     Eager loop of N calls per op on small inputs, torch.cuda.synchronize() once at the end, vs torch's own op on
-    the same inputs; prints a markdown table of microseconds per call. At these sizes the kernels take ~2-5 us,
+    the same inputs, the loops of the compared calls alternating round by round; prints a markdown table of
+    microseconds per call. At these sizes the kernels take ~2-5 us,
     so the loop measures the host side (what decode-time calls pay). Each op is timed twice: called directly
     (rtckern.ops.*) and through the torch plugin (torch.ops.rtckern.*, what a patched or compiled model calls),
     both against torch's own eager call. Two training rows: attention forward + backward through autograd (against
@@ -221,17 +222,28 @@ def profile(fn, calls: int) -> None:
 
 
 def time_loop(fn, calls: int, sync, repeats: int) -> float:
-    for _ in range(max(10, calls // 20)):
-        fn()
+    return time_interleaved([fn], calls, sync, repeats)[0]
+
+
+def time_interleaved(fns: list, calls: int, sync, repeats: int) -> list[float]:
+    """Microseconds per call of each of fns (None stays None): `repeats` rounds, each timing a loop of every fn in
+    turn, the median round per fn. Rounds alternate between the calls compared, so a host that slows down or speeds
+    up during the case moves every side alike (timing one side's loops, then the other's, put torch's own call at
+    20.9 and 31.7 us in two back-to-back runs)."""
+    live = [f for f in fns if f is not None]
+    for f in live:
+        for _ in range(max(10, calls // 20)):
+            f()
     sync()
-    best = []
+    times = {id(f): [] for f in live}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        best.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(best)
+        for f in live:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            sync()
+            times[id(f)].append((time.perf_counter() - t0) / calls * 1e6)
+    return [statistics.median(times[id(f)]) if f is not None else None for f in fns]
 
 
 def add_args(ap) -> None:
@@ -266,9 +278,7 @@ def run(a) -> Result | None:
                     print(f"---- {name}: {label}")
                     profile(call, calls)
             continue
-        us = time_loop(fn, calls, sync, a.repeats) if fn is not None else None
-        ref_us = time_loop(ref, calls, sync, a.repeats) if ref is not None else None
-        plugin_us = time_loop(plugin[name], calls, sync, a.repeats) if name in plugin else None
+        us, ref_us, plugin_us = time_interleaved([fn, ref, plugin.get(name)], calls, sync, a.repeats)
         rows.append((name, us, ref_us, plugin_us))
     if a.profile:
         return None
@@ -277,7 +287,7 @@ def run(a) -> Result | None:
         if a.plugin_stub else f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
 
     return to_result([{"op": n, "rtckern_us": u, "torch_us": r, "torch_ops_rtckern_us": p} for n, u, r, p in rows],
-                     {"where": where, "calls": calls, "repeats": a.repeats})
+                     {"where": where, "calls": calls, "repeats": a.repeats, "interleaved": True})
 
 
 SERIES = (("rtckern_us", "rtckern.ops"), ("torch_us", "torch"), ("torch_ops_rtckern_us", "torch.ops.rtckern"))
@@ -294,7 +304,9 @@ def to_result(rows: list[dict], data: dict) -> Result:
                   [(r["op"], us_cell(r["rtckern_us"]), us_cell(r["torch_us"]), ratio(r["rtckern_us"], r["torch_us"]),
                     us_cell(r["torch_ops_rtckern_us"]), ratio(r["torch_ops_rtckern_us"], r["torch_us"])) for r in rows])
     return Result("Host cost per call", rows=rows, data=data,
-                  body=[f"{data['where']}: {data['calls']} calls per loop, median of {data['repeats']} loops.", table],
+                  body=[f"{data['where']}: {data['calls']} calls per loop, median of {data['repeats']} "
+                        + ("rounds, each timing every column's loop in turn." if data.get("interleaved") else "loops."),
+                        table],
                   plot=lambda plt, meta: plot(plt, meta, rows, data["where"]))
 
 
