@@ -474,7 +474,8 @@ def grouped_gemm_variants(arch: str):
     """Every grouped GEMM kernel spec the every-variant compile test covers on `arch`: the specs every candidate of
     grouped_gemm (bf16 / fp16 in, every output dtype, both layouts, aligned or not) and grouped_gemm_fp8 (every output
     dtype) serves there, in both modes, for rows per group that take each tile of the rules (and, fp8, for 1024
-    groups, whose tile prefix leaves the ring fewer stages); built through the registry's request builders (as
+    groups, whose tile prefix leaves the ring fewer stages, and for output rows that are not 16-byte multiples, which
+    are stored from registers); built through the registry's request builders (as
     `rtckern explain` builds them), in a stable order with repeats. Empty where no candidate serves (sm_75); the test
     and tools/cubin_hashes.py both enumerate through here."""
     from .device import DeviceInfo
@@ -486,9 +487,10 @@ def grouped_gemm_variants(arch: str):
                           options={"mode": mode, "out": out, "trans_b": tb, "aligned": al})
             for mode in ("contiguous", "masked") for rows in (16, 128, 512) for dt in ("bf16", "fp16")
             for out in ("bf16", "fp16", "fp32") for tb in ("1", "0") for al in ("1", "0")]
-    reqs += [build_request("grouped_gemm_fp8", shape=(groups, rows, 4096, 7168), dtype=None, device=dev,
+    reqs += [build_request("grouped_gemm_fp8", shape=(groups, rows, n, 7168), dtype=None, device=dev,
                            options={"mode": mode, "out": out})
-             for mode in ("contiguous", "masked") for groups, rows in ((8, 16), (8, 128), (8, 512), (1024, 512))
+             for mode in ("contiguous", "masked")
+             for groups, rows, n in ((8, 16, 4096), (8, 128, 4096), (8, 512, 4096), (1024, 512, 4096), (8, 512, 4100))
              for out in ("bf16", "fp16", "fp32")]
     for req in reqs:
         for c in candidates(req.op):

@@ -59,10 +59,10 @@
 // offsets or masked_m; at the end `batch` groups, stride_c between the output matrices of masked groups, sa_batch /
 // sb_batch between the groups' scale matrices (a_scale: (total_m, kb) with sa_batch 0, or (groups, capacity, kb);
 // b_scale (groups, nb, kb)). `m` is A's rows (contiguous: total_m) or the capacity (masked); the tile prefix takes
-// 4 (batch + 1) bytes of dynamic shared memory after the ring. A: dims (k, m, 1) or (k, m, groups); B: dims
-// (k, n, groups). A tile's rows past its group's end are loaded and not stored; their scale reads are clamped to the
-// group's last row. Every grouped-only line is inside `#if RTK_GEMM_GROUPED`: without the define the kernel's
-// binaries are unchanged. The tile prefix follows the store boxes where there are any.
+// 4 (batch + 1) bytes of dynamic shared memory after the ring and the store boxes. A: dims (k, m, 1) or (k, m, groups);
+// B: dims (k, n, groups). A tile's rows past its group's end are loaded and not stored; their scale reads are clamped
+// to the group's last row. Every grouped-only line is inside `#if RTK_GEMM_GROUPED`: without the define the kernel's
+// binaries are unchanged.
 #pragma once
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"
@@ -536,7 +536,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 #if RTK_GEMM_GROUPED
         // Rows of the group's matrix (masked: the group is the batch coordinate). A box that runs past the group's
         // last row would overwrite the next group's first rows: its rows in the group are copied out of the
-        // buffer by the warpgroup instead (no second epilogue from registers: its registers spill at 128 x 256).
+        // buffer by the warpgroup instead (no second epilogue from registers: the first such build spilled).
         const int box_row = gu.row0 + cw * WG_M + mi * 64;
         const int c_batch = RTK_GEMM_GROUPED == 2 ? gu.group : 0;
         const bool by_tma = box_row + 64 <= gu.row_end;  // the same for the whole warpgroup

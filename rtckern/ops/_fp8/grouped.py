@@ -75,8 +75,9 @@ def grouped_gemm_fp8(a, b, a_scale, b_scale, group_offsets, out_dtype="bf16", tr
     Raises:
         InputError: a dtype other than float8_e4m3fn for a / b or fp32 for the scales, K not a multiple of 16,
             shapes that disagree, scales that are not the block shapes above, group_offsets not int32 (G + 1,)
-            beside a, more than 4096 groups, trans_b=False, or a bad out_dtype; a scale tensor spanning more than
-            2^32 elements or 2^31 output tiles of 64 x 128 or more (the kernel's 32-bit indexing: split the call).
+            beside a, more than 4096 groups, trans_b=False, or a bad out_dtype; what the kernel's 32-bit indexing
+            cannot reach: more than 2^31 - 257 rows, about 2^31 output tiles of 64 x 128, a scale tensor spanning
+            more than 2^32 elements or with a negative stride (split the call, or copy the scales).
         UnsupportedRequestError: no kernel serves the request on this device (GPUs other than sm_90, unaligned
             operands; RTCKERN_DISABLE_OPS naming the op).
     """
@@ -105,7 +106,7 @@ def grouped_gemm_fp8_masked(a, b, a_scale, b_scale, masked_m, out_dtype="bf16", 
     Raises:
         InputError: a dtype other than float8_e4m3fn for a / b or fp32 for the scales, K not a multiple of 16,
             shapes that disagree, scales that are not the block shapes above, masked_m not int32 (G,) beside a,
-            more than 4096 groups, trans_b=False, or a bad out_dtype.
+            more than 4096 groups, trans_b=False, or a bad out_dtype; the 32-bit limits of grouped_gemm_fp8.
         UnsupportedRequestError: no kernel serves the request on this device (GPUs other than sm_90, unaligned
             operands; RTCKERN_DISABLE_OPS naming the op).
     """
@@ -144,19 +145,33 @@ def _strides(x: arr.DeviceArray) -> tuple[int, ...]:
     return tuple(st if sz > 1 else 0 for sz, st in zip(x.shape, x.strides))
 
 
+# The kernel's 32-bit indexing (the registers of its 128 x 256 tiles allow no more): rows and box ends in int (a
+# tile's last box ends up to 256 rows past its first row), work tiles in int (a block's next tile is up to a grid
+# past the last), scale rows as unsigned offsets from the scales' bases.
+MAX_ROWS = 2 ** 31 - 1 - 256
+MAX_TILES = 2 ** 31 - 2 ** 16
+MAX_SCALE_SPAN = 2 ** 32
+
+
 def _check_32bit_indexing(mode: str, groups: int, rows: int, n: int, SA, SB, op: str) -> None:
-    """The kernel counts work tiles in 32 bits and reaches scales by 32-bit element offsets (the registers of its
-    128 x 256 tiles allow no more): bound both, for the smallest tile any config uses (64 x 128)."""
+    """Bound what the kernel indexes in 32 bits: rows, work tiles (for the smallest tile any config uses, 64 x 128)
+    and the scales' element offsets (non-negative strides, spans below 2^32)."""
+    what = "capacity" if mode == "masked" else "total_m"
+    if rows > MAX_ROWS:
+        raise InputError(f"{op}: {what}={rows}; the kernel indexes rows in 32 bits (at most {MAX_ROWS}): split the "
+                         "call")
     tiles = shared.m_tiles_bound(mode, groups, rows, 64) * math.ceil(n / 128)
-    if tiles >= 2 ** 31:
-        raise InputError(f"{op}: up to {tiles} output tiles of 64 x 128 for {groups} groups, "
-                         f"{'capacity' if mode == 'masked' else 'total_m'}={rows}, N={n}; the kernel indexes at most "
-                         f"{2 ** 31 - 1}: split the groups or N over several calls")
+    if tiles > MAX_TILES:
+        raise InputError(f"{op}: up to {tiles} output tiles of 64 x 128 for {groups} groups, {what}={rows}, N={n}; "
+                         f"the kernel indexes at most {MAX_TILES}: split the groups or N over several calls")
     for S, name in ((SA, "a_scale"), (SB, "b_scale")):
-        span = 1 + sum((sz - 1) * abs(st) for sz, st in zip(S.shape, S.strides) if sz > 0)
-        if span > 2 ** 32:
+        if any(st < 0 for st in S.strides):
+            raise InputError(f"{name} has strides {S.strides}; {op} takes scales with non-negative strides (pass "
+                             f"{name}.copy() or a contiguous array)")
+        span = 1 + sum((sz - 1) * st for sz, st in zip(S.shape, S.strides) if sz > 0)
+        if span > MAX_SCALE_SPAN:
             raise InputError(f"{name} spans {span} fp32 elements (shape {S.shape}, strides {S.strides}); {op} reaches "
-                             f"scales by 32-bit offsets (at most {2 ** 32}): split the call")
+                             f"scales by 32-bit offsets (at most {MAX_SCALE_SPAN}): split the call")
 
 
 def _build(mode: str, A, B, SA, SB, I, out_dtype, trans_b) -> plan.Plan:

@@ -54,15 +54,17 @@ WIDE_ROWS = 256  # rows per group from which 2-byte outputs take 128 x 256 tiles
 
 def config(p: GroupedFp8Problem) -> Sm90Fp8Config:
     """The tile by rows per group: 64-row tiles with one consumer up to 64 rows (decode-sized groups; a 128-row tile
-    would be mostly padding); 128 x 128 with two consumers up to WIDE_ROWS and for fp32 outputs (whose 128 x 256
-    consumers spill); 128 x 256 above (half the L2 traffic per FLOP, as the dense GEMM's tuned rows). The ring keeps
-    the most stages that fit beside the store boxes and the tile prefix of many groups."""
+    would be mostly padding); 128 x 256 from WIDE_ROWS for 2-byte outputs stored with TMA (half the L2 traffic per
+    FLOP, as the dense GEMM's tuned rows; fp32 outputs spill beside its 256 accumulators, and outputs stored from
+    registers at 128 x 256 are compiled spill-free but not measured); 128 x 128 with two consumers otherwise. The
+    ring keeps the most stages that fit beside the store boxes and the tile prefix of many groups."""
     if p.rows <= 64:
         return Sm90Fp8Config(64, 128, 8, 1)
-    if p.rows < WIDE_ROWS or OUT_BYTES.get(p.out_dtype) != 2:
-        cfg = Sm90Fp8Config(128, 128, 6, 2)
+    wide = Sm90Fp8Config(128, 256, 4, 2)
+    if p.rows >= WIDE_ROWS and OUT_BYTES.get(p.out_dtype) == 2 and wide.tma_store(p.dense()):
+        cfg = wide
     else:
-        cfg = Sm90Fp8Config(128, 256, 4, 2)
+        cfg = Sm90Fp8Config(128, 128, 6, 2)
     while cfg.stages > 2 and smem_bytes(p, cfg) > GROUPED_SMEM_LIMIT:
         cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
     return cfg

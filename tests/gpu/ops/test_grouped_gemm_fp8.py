@@ -119,6 +119,24 @@ def test_masked_groups(groups, cap, sm90):
             assert torch.isnan(y[g, c:]).all(), f"group {g}: rows past masked_m were written"
 
 
+@pytest.mark.parametrize("n", [300, 4100])  # bf16 rows of 600 / 8200 bytes: not 16-byte multiples, no TMA store
+def test_output_rows_off_16_bytes_are_stored_from_registers(n, sm90):
+    """128-row tiles (about 256 rows per group) whose output rows TMA cannot store: the epilogue from registers."""
+    rng = random.Random(n)
+    gen = torch.Generator(device=DEV).manual_seed(n)
+    k = 384
+    sz = [rng.choice((0, 1, 127, 129, 256, 400)) for _ in range(6)]
+    a, b = fp8((sum(sz), k), gen), fp8((6, n, k), gen)
+    sa, sb = scales((sum(sz), k // 128), gen), scales((6, math.ceil(n / 128), k // 128), gen)
+    bounds = [0]
+    for s in sz:
+        bounds.append(bounds[-1] + s)
+    y = grouped_gemm_fp8(a, b, sa, sb, torch.tensor(bounds, dtype=torch.int32, device=DEV))
+    for g in range(6):
+        r0, r1 = bounds[g], bounds[g + 1]
+        check(y[r0:r1], a[r0:r1], sa[r0:r1], b[g], sb[g], torch.bfloat16, f"N={n} group {g}")
+
+
 def test_deepseek_v3_expert_shapes_from_quantized_activations(sm90):
     """N = 4096 / K = 7168 and N = 7168 / K = 2048, 8 groups; a quantized by quantize_fp8 (col_tma scales)."""
     rng = random.Random(4)

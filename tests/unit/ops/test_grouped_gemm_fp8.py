@@ -76,9 +76,13 @@ def args(total=300, groups=4, n=256, k=512, masked=False, **over):
     (lambda: grouped_gemm_fp8(*args(sa=Fake((300, 4), "fp32", strides=(1 << 24, 1)))),
      r"^a_scale spans 5016387588 fp32 elements \(shape \(300, 4\), strides \(16777216, 1\)\); grouped_gemm_fp8 "
      r"reaches scales by 32-bit offsets \(at most 4294967296\): split the call$"),
+    (lambda: grouped_gemm_fp8(*args(sa=Fake((300, 4), "fp32", strides=(-4, 1)))),
+     r"^a_scale has strides \(-4, 1\); grouped_gemm_fp8 takes scales with non-negative strides"),
     (lambda: grouped_gemm_fp8(*args(n=1 << 35)),
      r"^grouped_gemm_fp8: up to 2147483648 output tiles of 64 x 128 for 4 groups, total_m=300, N=34359738368; the "
-     r"kernel indexes at most 2147483647: split the groups or N over several calls$"),
+     r"kernel indexes at most 2147418112: split the groups or N over several calls$"),
+    (lambda: grouped_gemm_fp8_masked(*args(total=(1 << 31) - 200, groups=1, masked=True)),
+     r"^grouped_gemm_fp8_masked: capacity=2147483448; the kernel indexes rows in 32 bits \(at most 2147483391\)"),
 ])
 def test_bad_inputs_are_refused_before_any_device_work(fakes, call, match):
     with pytest.raises(InputError, match=match):
@@ -200,7 +204,7 @@ def host(monkeypatch, cache_dir):
 
 @pytest.mark.parametrize("mode", ["contiguous", "masked"])
 @pytest.mark.parametrize("sizes, n, k", [([0, 1, 70, 0, 130], 200, 272), ([16], 128, 128), ([3, 64, 65], 64, 384),
-                                         ([0, 200, 64, 129, 1, 256], 136, 256)])
+                                         ([0, 200, 64, 129, 1, 256], 136, 256), ([0, 200, 64, 129, 1, 256], 100, 256)])
 @pytest.mark.parametrize("col_tma", [False, True])
 @pytest.mark.parametrize("out", ["fp32", "bf16"])  # from 256 rows per group: 128 x 256 tiles for bf16 only
 def test_the_launch_computes_every_group_with_its_scales(host, mode, sizes, n, k, col_tma, out):
@@ -228,10 +232,11 @@ def test_the_launch_computes_every_group_with_its_scales(host, mode, sizes, n, k
     mem = Memory(torch)
     mem.add(a, b, sa, sb, y)
     spec = state["log"][-1][0]
-    if len(sizes) == 6:  # 128-row tiles and 16-byte output rows: boxes by TMA within a group, copied out across
-        assert ("RTK_FP8_TMA_STORE", "1") in spec.defines
+    if len(sizes) == 6:  # 128-row tiles: 16-byte output rows by TMA within a group (copied out across), others
+        tma = n * (4 if out == "fp32" else 2) % 16 == 0  # from registers (N = 100 in bf16: 200-byte rows)
+        assert (("RTK_FP8_TMA_STORE", "1") in spec.defines) is tma
         # rows per group: 110 on average (contiguous; class 128), the capacity 259 (masked; class 512)
-        assert spec.template_args[3] == ("256" if out == "bf16" and mode == "masked" else "128")
+        assert spec.template_args[3] == ("256" if out == "bf16" and mode == "masked" and tma else "128")
     written = emulate_fp8(mem, state["log"][-1], state["maps"], spec, mode, index.tolist())
     spans, _ = group_prefix(index.tolist(), mode, groups, rows, 1)
     bn = int(spec.template_args[3])
@@ -266,7 +271,8 @@ def test_every_grouped_fp8_variant_compiles_without_spills():
 
     specs = _grouped_fp8_variants()
     # 2 modes x (64 x 128 and 128 x 128 for 3 outputs; 128 x 256 with 4 and 3 stages for bf16 / fp16; 128 x 128 with
-    # 5 stages for fp32 beside 1024 groups' tile prefix)
-    assert len(specs) == 22
+    # 5 stages for fp32 beside 1024 groups' tile prefix; 128 x 128 stored from registers for bf16 / fp16 rows that
+    # are not 16-byte multiples)
+    assert len(specs) == 26
     failures = compile_all(specs, no_spills=True)
     assert not failures, "\n".join(failures)
