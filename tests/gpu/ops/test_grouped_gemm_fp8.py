@@ -63,6 +63,14 @@ def check(y, a, sa, b_g, sb_g, out, where):
     assert float(rows.max()) <= U[out] + 2.0 ** -10, f"{where}: row {int(rows.argmax())} error {float(rows.max()):.3g}"
 
 
+def offsets(sizes):
+    """The groups' row bounds (a list) and group_offsets (int32 on the GPU) of contiguous groups of these sizes."""
+    bounds = [0]
+    for size in sizes:
+        bounds.append(bounds[-1] + size)
+    return bounds, torch.tensor(bounds, dtype=torch.int32, device=DEV)
+
+
 def poisoned(fn, shape, dtype):
     """fn() with its output allocated over a freed NaN-filled block (see tests/gpu/ops/test_grouped_gemm.py)."""
     p = torch.full(shape, float("nan"), dtype=dtype, device=DEV)
@@ -88,10 +96,7 @@ def test_contiguous_groups(groups, out, layout, sm90):
     sa, sb = scales((total, kb), gen), scales((groups, nb, kb), gen)
     if layout == "col_tma":
         sa = col_tma(sa)
-    bounds = [0]
-    for s in sz:
-        bounds.append(bounds[-1] + s)
-    off = torch.tensor(bounds, dtype=torch.int32, device=DEV)
+    bounds, off = offsets(sz)
     y, poison = poisoned(lambda: grouped_gemm_fp8(a, b, sa, sb, off, out_dtype=out), (total, n), out)
     assert y.shape == (total, n) and y.dtype == out
     for g in range(groups):
@@ -128,10 +133,8 @@ def test_output_rows_off_16_bytes_are_stored_from_registers(n, sm90):
     sz = [rng.choice((0, 1, 127, 129, 256, 400)) for _ in range(6)]
     a, b = fp8((sum(sz), k), gen), fp8((6, n, k), gen)
     sa, sb = scales((sum(sz), k // 128), gen), scales((6, math.ceil(n / 128), k // 128), gen)
-    bounds = [0]
-    for s in sz:
-        bounds.append(bounds[-1] + s)
-    y = grouped_gemm_fp8(a, b, sa, sb, torch.tensor(bounds, dtype=torch.int32, device=DEV))
+    bounds, off = offsets(sz)
+    y = grouped_gemm_fp8(a, b, sa, sb, off)
     for g in range(6):
         r0, r1 = bounds[g], bounds[g + 1]
         check(y[r0:r1], a[r0:r1], sa[r0:r1], b[g], sb[g], torch.bfloat16, f"N={n} group {g}")
@@ -146,10 +149,8 @@ def test_deepseek_v3_expert_shapes_from_quantized_activations(sm90):
         x = torch.randn(sum(sz), k, device=DEV, generator=gen).to(torch.bfloat16)
         a, sa = quantize_fp8(x, 128, "col_tma")
         b, sb = fp8((8, n, k), gen), scales((8, n // 128, k // 128), gen)
-        bounds = [0]
-        for s in sz:
-            bounds.append(bounds[-1] + s)
-        y = grouped_gemm_fp8(a, b, sa, sb, torch.tensor(bounds, dtype=torch.int32, device=DEV))
+        bounds, off = offsets(sz)
+        y = grouped_gemm_fp8(a, b, sa, sb, off)
         for g in range(8):
             r0, r1 = bounds[g], bounds[g + 1]
             check(y[r0:r1], a[r0:r1], sa[r0:r1], b[g], sb[g], torch.bfloat16, f"{n}x{k} group {g}")
