@@ -4,8 +4,8 @@ sizes, against torch's.
 GPU (the real number):     python -m benchmarks op_overhead [--calls 5000]
     Eager loop of N calls per op on small inputs, torch.cuda.synchronize() once at the end, vs torch's own op on
     the same inputs, the loops of the compared calls alternating round by round; prints a markdown table of
-    microseconds per call. At these sizes the kernels take ~2-5 us,
-    so the loop measures the host side (what decode-time calls pay). Each op is timed twice: called directly
+    microseconds per call. At these sizes the kernels take ~2-5 us, so the loop measures the host side (what
+    decode-time calls pay). Each op is timed twice: called directly
     (rtckern.ops.*) and through the torch plugin (torch.ops.rtckern.*, what a patched or compiled model calls),
     both against torch's own eager call. Two training rows: attention forward + backward through autograd (against
     SDPA's), and the floor any Python autograd formula pays on CUDA tensors (a bare autograd.Function that only
@@ -235,15 +235,16 @@ def time_interleaved(fns: list, calls: int, sync, repeats: int) -> list[float]:
         for _ in range(max(10, calls // 20)):
             f()
     sync()
-    times = {id(f): [] for f in live}
+    times = [[] for _ in live]
     for _ in range(repeats):
-        for f in live:
+        for f, ts in zip(live, times):
             t0 = time.perf_counter()
             for _ in range(calls):
                 f()
             sync()
-            times[id(f)].append((time.perf_counter() - t0) / calls * 1e6)
-    return [statistics.median(times[id(f)]) if f is not None else None for f in fns]
+            ts.append((time.perf_counter() - t0) / calls * 1e6)
+    medians = iter([statistics.median(ts) for ts in times])
+    return [next(medians) if f is not None else None for f in fns]
 
 
 def add_args(ap) -> None:
