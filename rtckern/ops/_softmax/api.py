@@ -35,7 +35,7 @@ from rtckern.dtypes import FLOATS
 from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
 
-from .._common import current_plan, parse_number
+from .._common import parse_number
 from . import candidates as cands
 from . import geometry, plan
 
@@ -70,11 +70,9 @@ def _run_forward(op: str, a: arr.DeviceArray, geom: geometry.RowGeometry, scale,
 
 
 def _run_backward(op: str, y, dy, scale, geometry_of) -> object:
-    k = plan.key(op, y, dy, scale)
-    if k is not None:
-        p = current_plan(plan.plans, k)
-        if p is not None:
-            return p.fast(y, dy) if p.fast is not None else p.backward(y.data_ptr(), dy.data_ptr())
+    p = plan.lookup(op, y, dy, scale)
+    if p is not None:
+        return p.fast(y, dy) if p.fast is not None else p.backward(y.data_ptr(), dy.data_ptr())
     ya = _input(y, "y")
     dya = _input(dy, "dy")
     arr.check_same_place(ya, dya, "y", "dy")
@@ -89,12 +87,6 @@ def _run_backward(op: str, y, dy, scale, geometry_of) -> object:
     if ya.lib == "torch":
         plan.remember((op, y, dy, scale), p, y, dy)
     return p.backward(ya.ptr, dya.ptr)
-
-
-def _hit(op: str, x, mask, scale):
-    """The memoized plan of this call's signature (torch tensors seen before), else None."""
-    k = plan.key(op, x, mask, scale)
-    return current_plan(plan.plans, k) if k is not None else None
 
 
 # ---- geometry of each op -------------------------------------------------------------------------------------
@@ -197,7 +189,7 @@ def _unmasked(op: str, min_ndim: int, geometry_of, forward_doc: str, backward_do
     least `min_ndim` dims. Built here once for softmax and the two causal forms (the same code; as functions of
     their own, so the hot path pays no extra call)."""
     def forward(x, scale: float = 1.0):
-        p = _hit(op, x, None, scale)
+        p = plan.lookup(op, x, None, scale)
         if p is not None:
             return p.fast(x, None) if p.fast is not None else p.forward(x.data_ptr(), 0)
         a = _input(x, "x", min_ndim)
@@ -234,7 +226,7 @@ softmax, softmax_backward = _unmasked(
         scale: multiplies x before the softmax.
 """, "Masked keys get exactly zero and contribute nothing; a row whose keys are all masked gives zeros, not NaN."))
 def scaled_masked_softmax(x, mask, scale: float = 1.0):
-    p = _hit("scaled_masked_softmax", x, mask, scale)
+    p = plan.lookup("scaled_masked_softmax", x, mask, scale)
     if p is not None:
         return p.fast(x, mask) if p.fast is not None else p.forward(x.data_ptr(), mask.data_ptr())
     a = _input(x, "x")
