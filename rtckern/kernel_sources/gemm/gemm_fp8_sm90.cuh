@@ -184,7 +184,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
   auto unit = [&](int u) {
     const int tm_all = group_tiles[batch];
     const int gm = (int)(group_m < tm_all ? (group_m > 1 ? group_m : 1) : (tm_all > 1 ? tm_all : 1));
-    return rtk_group_unit32<BM, RTK_GEMM_GROUPED>(u, group_tiles, (int)batch, tiles_n, gm, groups, (int)m);
+    return rtk_group_unit<BM, RTK_GEMM_GROUPED, int>(u, group_tiles, (int)batch, tiles_n, gm, groups, (int)m);
   };
   using unit_t = int;
 #else
@@ -200,11 +200,9 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
   const int pairs_m = (int)((tiles_m + 1) / 2), units = pairs_m * (int)tiles_n,
             gm_pairs = (int)(gm2 < pairs_m ? gm2 : pairs_m);
   const int tn_count = (int)tiles_n;
-  auto unit_coords = [&](int u, int& tm, int& tn) {  // rtk_tile_coords over pairs of row blocks, in 32 bits
-    const int per_group = gm_pairs * tn_count, g = u / per_group, first = g * gm_pairs;
-    const int rows = pairs_m - first < gm_pairs ? pairs_m - first : gm_pairs, r = u - g * per_group;
-    tm = 2 * (first + r % rows) + (int)RTK_FP8_RANK;
-    tn = r / rows;
+  auto unit_coords = [&](int u, int& tm, int& tn) {  // the tile walk over pairs of row blocks, in 32 bits
+    rtk_tile_coords_t<int>(u, pairs_m, tn_count, gm_pairs, tm, tn);
+    tm = 2 * tm + (int)RTK_FP8_RANK;
   };
 #endif
   const long long kb_total = (k + BK - 1) / BK;

@@ -63,63 +63,41 @@ RTK_DEVICE void rtk_group_tile_prefix(const int* __restrict__ info, long long gr
 }
 
 // One work unit: its group, the group's row bound, the tile's first row (rows of A and C: global rows in
-// contiguous mode, rows of the group's matrix in masked mode) and its n-tile.
-struct RtkGroupUnit {
-  long long group, row0, row_end, tn;
+// contiguous mode, rows of the group's matrix in masked mode) and its n-tile. I: long long, or int for a kernel whose
+// host bounds its units and rows below 2^31 (the fp8 grouped GEMM: beside 128 x 256 tiles its producer has 24
+// registers, too few for 64-bit divisions).
+template <typename I>
+struct RtkGroupUnitT {
+  I group, row0, row_end, tn;
 };
+using RtkGroupUnit = RtkGroupUnitT<long long>;
+using RtkGroupUnit32 = RtkGroupUnitT<int>;
 
-// Unit u of tiles[groups] x tiles_n (u below that product).
-template <int BM, int MODE>
-RTK_DEVICE RtkGroupUnit rtk_group_unit(long long u, const int* tiles, long long groups, long long tiles_n,
-                                       long long group_m, const int* __restrict__ info, long long rows) {
-  long long t, tn;
-  rtk_tile_coords(u, tiles[groups], tiles_n, group_m, t, tn);
+template <typename I> struct rtk_index { using type = I; };  // a parameter of type I that is not deduced
+
+// Unit u of tiles[groups] x tiles_n (u below that product); the arguments convert to I.
+template <int BM, int MODE, typename I = long long>
+RTK_DEVICE RtkGroupUnitT<I> rtk_group_unit(typename rtk_index<I>::type u, const int* tiles,
+                                           typename rtk_index<I>::type groups, typename rtk_index<I>::type tiles_n,
+                                           typename rtk_index<I>::type group_m, const int* __restrict__ info,
+                                           typename rtk_index<I>::type rows) {
+  I t, tn;
+  rtk_tile_coords_t<I>(u, tiles[groups], tiles_n, group_m, t, tn);
   // The last group g with tiles[g] <= t: empty groups share their successor's prefix and are passed over.
-  long long lo = 0, hi = groups - 1;
+  I lo = 0, hi = groups - 1;
   while (lo < hi) {
-    const long long mid = (lo + hi + 1) >> 1;
+    const I mid = (lo + hi + 1) >> 1;
     if (tiles[mid] <= t)
       lo = mid;
     else
       hi = mid - 1;
   }
-  RtkGroupUnit r;
-  long long b, e;
+  RtkGroupUnitT<I> r;
+  I b, e;
   rtk_group_rows<MODE>(info, lo, rows, b, e);
   r.group = lo;
   r.row0 = b + (t - tiles[lo]) * BM;
   r.row_end = e;
   r.tn = tn;
   return r;
-}
-
-// rtk_group_unit in 32-bit arithmetic, for a kernel whose host bounds its units below 2^31 and its rows below 2^31
-// (the fp8 grouped GEMM: beside 128 x 256 tiles its producer has 24 registers, too few for 64-bit divisions).
-struct RtkGroupUnit32 {
-  int group, row0, row_end, tn;
-};
-
-template <int BM, int MODE>
-RTK_DEVICE RtkGroupUnit32 rtk_group_unit32(int u, const int* tiles, int groups, int tiles_n, int group_m,
-                                           const int* __restrict__ info, int rows) {
-  // rtk_tile_coords over tiles[groups] m-tiles
-  const int tiles_m = tiles[groups], per_group = group_m * tiles_n, gi = u / per_group, first = gi * group_m;
-  const int span = tiles_m - first < group_m ? tiles_m - first : group_m, r = u - gi * per_group;
-  const int t = first + r % span;
-  int lo = 0, hi = groups - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (tiles[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  int b, e;
-  rtk_group_rows<MODE>(info, lo, rows, b, e);
-  RtkGroupUnit32 g;
-  g.group = lo;
-  g.row0 = b + (t - tiles[lo]) * BM;
-  g.row_end = e;
-  g.tn = r / span;
-  return g;
 }
