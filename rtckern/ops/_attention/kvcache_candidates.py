@@ -78,7 +78,7 @@ class DecodeTile:
     def smem_bytes(self, head_dim: int, fp8: bool = False) -> int:
         """decode_sm80_smem::bytes: Q, then the warps' rings (fp8: one expanded K and V chunk per warp beside a ring
         of raw e4m3 chunks) or, after the loop, the merge buffers in the same memory."""
-        srow = head_dim + 8
+        srow = head_dim if not fp8 and head_dim % 64 == 0 else head_dim + 8  # decode_rows: swizzled or padded rows
         if fp8:
             ring = self.warps * (2 * CHUNK * srow * 2 + self.stages * 2 * CHUNK * head_dim)
         else:
