@@ -161,6 +161,9 @@ class HostileRedis:
 # - a verdict is kept per kernel, check and compile settings for the process: a kernel two tests check compiles once.
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _PROPERTIES = re.compile(r"Function properties for (\S+)\s*\n[^\n]*?(\d+ bytes spill stores, \d+ bytes spill loads)")
+# An internal-linkage device symbol (a namespace-scope variable NVRTC emits) is named with the compiling process's
+# id, so a binary that holds one differs in every process: the cache and prefill bundles lose their byte identity.
+_PROCESS_NAMED = b"_INTERNAL_"
 _CHUNK = 16  # kernels per program at most: small enough to balance the cores, large enough to share the parse
 _MAX_WORKERS = 32  # an NVRTC compile of a large kernel takes up to ~1 GB
 _WORKER_NICE = 10  # the pool yields to the test process (whose tests may time things)
@@ -210,8 +213,8 @@ def stop_pool() -> None:
 
 
 def _compile_spec(spec, no_spills: bool = False) -> str | None:
-    """None when ``spec`` compiles to a binary with a warning-free log (and, with no_spills on an NVIDIA target,
-    ptxas reports no register spills), else what went wrong."""
+    """None when ``spec`` compiles to a binary with a warning-free log, on an NVIDIA target with no symbol named per
+    process (and, with no_spills, ptxas reporting no register spills), else what went wrong."""
     import dataclasses
 
     from .compiler import compiler_for
@@ -227,6 +230,10 @@ def _compile_spec(spec, no_spills: bool = False) -> str | None:
         return f"{spec.name_expression}: empty binary"
     if "warning" in (ck.log or "").lower():
         return f"{spec.name_expression}: warnings: {ck.log[:600]}"
+    if not spec.arch.gfx and _PROCESS_NAMED in ck.binary:
+        return (f"{spec.name_expression} ({spec.arch.sm}): the binary holds an internal-linkage device symbol "
+                f"({_PROCESS_NAMED.decode()}...), named per compiling process, so each compile gives other bytes; "
+                "make the namespace-scope variable an enumerator or a constexpr function")
     if verbose:
         spilled = [m for m in _SPILLS.finditer(ck.log or "") if int(m.group(1)) or int(m.group(2))]
         if spilled or not _SPILLS.search(ck.log or ""):
@@ -237,9 +244,10 @@ def _compile_spec(spec, no_spills: bool = False) -> str | None:
 
 def _program_verdicts(specs, no_spills: bool) -> list[str | None] | None:
     """The verdict on each of ``specs`` (one NVRTC source, defines, options and cubin target) compiled as one
-    program: when it compiles to a binary with a warning-free log and every kernel has a lowered name (and, with
-    no_spills, its own ptxas report, the only functions that spill being kernels), each kernel's verdict is the one
-    a lone compile gives (None, or its spills). None otherwise: the lone compiles name the failures."""
+    program: when it compiles to a binary with a warning-free log and no symbol named per process, and every kernel
+    has a lowered name (and, with no_spills, its own ptxas report, the only functions that spill being kernels),
+    each kernel's verdict is the one a lone compile gives (None, or its spills). None otherwise: the lone compiles
+    name the failures."""
     from cuda.bindings import nvrtc
 
     from .compiler import compiler_for
@@ -264,6 +272,9 @@ def _program_verdicts(specs, no_spills: bool) -> list[str | None] | None:
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or not size:
             return None
+        cubin = b" " * size
+        if nvrtc.nvrtcGetCUBIN(prog, cubin)[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS or _PROCESS_NAMED in cubin:
+            return None  # the lone compiles name the kernels whose binaries carry such a symbol
         lowered = []
         for e in exprs:
             err, low = nvrtc.nvrtcGetLoweredName(prog, e)

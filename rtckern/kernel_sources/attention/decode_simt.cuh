@@ -12,8 +12,12 @@
 
 namespace rtk_attn {
 
-constexpr int kDecodeSimtThreads = 128;
-constexpr int kDecodeSimtKeys = 32;  // keys per step
+// Enumerators, not namespace-scope constexpr variables: NVRTC emitted those as device symbols with internal linkage,
+// whose names carry the compiling process's id, so the same source compiled to different bytes in every process.
+enum : int {
+  kDecodeSimtThreads = 128,
+  kDecodeSimtKeys = 32,  // keys per step
+};
 
 template <int HD>
 struct decode_simt_smem {
