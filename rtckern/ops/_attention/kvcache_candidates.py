@@ -141,7 +141,13 @@ def choose_splits(batch: int, heads_kv: int, tiles: int, capacity: int, sm_count
     flight, so two per SM stream as much). Measured on an H100 (32 q heads, head dim 128, e4m3 caches, GB/s of e4m3
     bytes, one run): 4 kv heads, batch 8 / 32k: 4 splits 1956, 8 splits 2537; batch 8 / 8k: 1595 -> 1938; 8 kv heads
     at batch 8 / 32k: 2 splits 1982, 4 2590, 8 2632; batch 1 / 32k: 32 splits 1308, 64 1354; batch 64 / 8k: unsplit
-    best (2736 against 2594 with 2 splits)."""
+    best (2736 against 2594 with 2 splits). A kv head with two or more row tiles (more than 16 query rows: 32 q heads
+    over one kv head, or 4 query tokens x GQA 8) also takes two per SM: its tiles read the same chunks, each SM pulls
+    twice the bytes the cache holds, and twice the warps keep more of them in flight. Measured on an H100 (bf16, head
+    dim 128, GB/s of cache bytes, one run): one kv head, batch 64 / 32k: 1 split 2533, 2 splits 2901 (SDPA 2893);
+    batch 16 / 32k: 4 splits 2331, 8 splits 2540 (SDPA 2374); 4 query tokens, 4 kv heads, batch 8 / 32k: 2 splits
+    2371, 4 splits 2566."""
+    per_sm = max(per_sm, 2 if tiles >= 2 else 1)
     units = batch * heads_kv * tiles
     if units >= sm_count:
         return 1

@@ -152,6 +152,11 @@ def test_split_choice():
     fp8 = lambda batch, capacity, heads_kv=4: kvcache_split_choice(  # noqa: E731
         batch=batch, heads_kv=heads_kv, tiles=1, capacity=capacity, sm_count=132, per_sm=2)
     assert fp8(8, 32768) == 8 and fp8(8, 32768, heads_kv=8) == 4 and fp8(1, 32768) == 64 and fp8(64, 8192) == 1
+    # two or more row tiles per kv head: two blocks per SM too
+    tiled = lambda batch, capacity, heads_kv, tiles, per_sm=1: kvcache_split_choice(  # noqa: E731
+        batch=batch, heads_kv=heads_kv, tiles=tiles, capacity=capacity, sm_count=132, per_sm=per_sm)
+    assert tiled(64, 32768, 1, 2) == 2 and tiled(16, 32768, 1, 2) == 8 and tiled(8, 32768, 4, 2) == 4
+    assert tiled(64, 8192, 4, 2) == 1 and tiled(8, 32768, 4, 2, per_sm=2) == 4
 
 
 @pytest.mark.parametrize("arch, expect", [("sm_80", "attention_with_kvcache.sm80_mma"),
