@@ -64,6 +64,17 @@ def test_spills_are_checked_per_kernel():
     assert compile_all([big], jobs=1) == []  # without the spill check it compiles
 
 
+def test_a_symbol_named_per_process_is_refused():
+    """A namespace-scope variable that NVRTC leaves in the binary gets a name with the compiling process's id: the
+    same source would compile to other bytes in every process. An enumerator leaves nothing behind."""
+    code = "namespace n { %s }\n__global__ void scale(int* p) { p[threadIdx.x] *= n::kFactor; }\n"
+    var = KernelSpec("test/named.cu", "scale", Arch.parse("sm_80"), code=code % "constexpr int kFactor = 4;")
+    enum = KernelSpec("test/named.cu", "scale", Arch.parse("sm_80"), code=code % "enum : int { kFactor = 4 };")
+    failures = compile_all([var, enum], jobs=1)
+    assert len(failures) == 1 and failures[0].startswith("scale (sm_80): the binary holds an internal-linkage device "
+                                                         "symbol")
+
+
 def test_programs_spread_over_processes_give_the_same_verdicts():
     specs = [_spec(f"fill<{n}>", arch) for arch in ("sm_80", "sm_90") for n in range(10, 50)]
     specs += [_spec("fill<3>", "sm_90"), _spec("unused<2>", "sm_80")]
