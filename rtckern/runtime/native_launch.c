@@ -64,6 +64,26 @@ static PyObject* fail(Prepared* self, int err) {
   return NULL;
 }
 
+/* PyLong_AsUnsigned* take Python ints only; numpy's unsigned scalars (np.uint64 pointers, np.uint32) come through
+   their __index__. */
+static unsigned long long rtk_as_u64(PyObject* a) {
+  if (PyLong_Check(a)) return PyLong_AsUnsignedLongLong(a);
+  PyObject* i = PyNumber_Index(a);
+  if (i == NULL) return (unsigned long long)-1;
+  unsigned long long v = PyLong_AsUnsignedLongLong(i);
+  Py_DECREF(i);
+  return v;
+}
+
+static unsigned long rtk_as_u32(PyObject* a) {
+  if (PyLong_Check(a)) return PyLong_AsUnsignedLong(a);
+  PyObject* i = PyNumber_Index(a);
+  if (i == NULL) return (unsigned long)-1;
+  unsigned long v = PyLong_AsUnsignedLong(i);
+  Py_DECREF(i);
+  return v;
+}
+
 /* One number argument of a prepared_call switch case: CONV(a) as CT (CT's -1 with an exception set is an error),
    narrowed to ST and stored at dst. */
 #define RTK_PACK_NUMBER(CONV, CT, ST)                  \
@@ -96,10 +116,10 @@ static PyObject* prepared_call(PyObject* obj, PyObject* const* args, size_t narg
     unsigned char* dst = block + self->offsets[i];
     params[i] = dst;
     switch (self->kinds[i]) {
-      case 'P': RTK_PACK_NUMBER(PyLong_AsUnsignedLongLong, unsigned long long, unsigned long long)
+      case 'P': RTK_PACK_NUMBER(rtk_as_u64, unsigned long long, unsigned long long)
       case 'q': RTK_PACK_NUMBER(PyLong_AsLongLong, long long, long long)
       case 'i': RTK_PACK_NUMBER(PyLong_AsLong, long, int32_t)
-      case 'I': RTK_PACK_NUMBER(PyLong_AsUnsignedLong, unsigned long, uint32_t)
+      case 'I': RTK_PACK_NUMBER(rtk_as_u32, unsigned long, uint32_t)
       case 'f': RTK_PACK_NUMBER(PyFloat_AsDouble, double, float)
       case 'd': RTK_PACK_NUMBER(PyFloat_AsDouble, double, double)
       case 'M': {

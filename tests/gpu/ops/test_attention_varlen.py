@@ -265,3 +265,20 @@ def test_gpu_input_errors():
         ops.attention_varlen(q, q, q, c, c, torch.tensor(16, device=DEV), 16)
     with pytest.raises(InputError, match=r"^max_seqlen_k=17 exceeds total_k=16"):
         ops.attention_varlen(q, q, q, c, c, 16, 17)
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_cupy_in_cupy_out(impl, monkeypatch):
+    """CuPy arrays take each candidate's own launch (no memoized plan), whose pointers are numpy scalars; the result
+    is the torch call's, bit for bit."""
+    cupy = pytest.importorskip("cupy")
+    monkeypatch.undo()  # poisoned_outputs fills torch outputs only
+    torch.manual_seed(5)
+    lens = [37, 0, 64]
+    cu = cumsum(lens)
+    q = torch.randn(sum(lens), 4, 64, device=DEV, dtype=torch.float16)
+    with _force(impl):
+        ref = ops.attention_varlen(q, q, q, cu, cu, max(lens), max(lens), causal=True)
+        o = ops.attention_varlen(*(cupy.asarray(t) for t in (q, q, q, cu, cu)), max(lens), max(lens), causal=True)
+    assert isinstance(o, cupy.ndarray) and o.shape == tuple(q.shape)
+    assert torch.equal(torch.as_tensor(o, device=DEV), ref)

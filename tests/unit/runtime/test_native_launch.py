@@ -88,6 +88,9 @@ def test_parameters_are_packed_by_kind(built):
         expect(7)
         p(0xabc, 2**64 - 16, np.int64(-5), -7, 2**32 - 1, np.float32(0.5), 1.25, tmap)
         assert counter("nlaunch") == 1 and counter("npush") == 0  # its context was current
+        expect(7)  # numpy's unsigned scalars (the attention kernels' np.uint64 pointers) pack as Python ints do
+        p(0xabc, np.uint64(2**64 - 16), np.int64(-5), np.int32(-7), np.uint32(2**32 - 1), np.float32(0.5), 1.25, tmap)
+        assert counter("nlaunch") == 2
         assert list(dims) == [3, 2, 1, 128, 1, 1, 4096]
         assert ctypes.c_void_p.in_dll(fake, "func_seen").value == 0x1234
         assert ctypes.c_void_p.in_dll(fake, "stream_seen").value == 0xabc
