@@ -16,9 +16,17 @@
 // tile past the sequence's keys hold the next sequence's keys and values (zeros past total_k): their scores are
 // masked like any partial tile's, and those V rows are zeroed in shared memory before the last P V product (their
 // P is 0, but 0 * inf or nan would not be).
+//
+// RTK_ATTN_DV (0 by default: HD): q, k, v and o have this head dim, which the kernel pads to HD (head dim 96 on the
+// HD = 128 kernel; the attention op's sm90a_ws candidate). Q's columns past it load as zeros and K's and V's arrive
+// as zeros from the tensor maps (whose head dim is RTK_ATTN_DV), so the scores are the unpadded ones and O's columns
+// past it are zero and not stored; the softmax scale is the caller's (for the real head dim).
 #pragma once
 #include "attention/sm90_fwd_parts.cuh"
 #include "attention/varlen.cuh"
+#ifndef RTK_ATTN_DV
+#define RTK_ATTN_DV 0
+#endif
 
 namespace rtk_attn {
 
@@ -46,6 +54,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   static_assert(HD % 64 == 0 && HD <= 256 && BN % 16 == 0 && BN <= 256, "tile shape");
   static_assert(!PINGPONG || NWG == 2, "ping-pong schedules exactly two consumer warpgroups");
   using L = flash_sm90_ws_smem<HD, BN, NWG, KS, VS>;
+  constexpr int DV = RTK_ATTN_DV ? RTK_ATTN_DV : HD;  // the arrays' head dim
+  static_assert(DV % 8 == 0 && DV <= HD, "a padded head dim: whole 16-byte chunks of the kernel's");
   // Register split (multiples of 8; the 64K register file over (NWG + 1) warpgroups): producer 24, consumers the
   // rest. With one consumer warpgroup the entry cap (255) already suffices and setmaxnreg is left out.
   constexpr int kConsumerRegs = NWG == 2 ? 240 : NWG == 3 ? 160 : 0;
@@ -136,7 +146,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     const int row_in_tile = cw * 64 + (warp & 3) * 16 + g;
 
     const T* gQ = q + at.q_off(q_bs, q_rs) + hq * q_hs;
-    load_tile_sw128<BM, HD, NC>(sQ, gQ, q_rs, m0, sq, ctid);
+    load_tile_sw128<BM, HD, NC, T, DV>(sQ, gQ, q_rs, m0, sq, ctid);
     cp_async_commit();
     cp_async_wait<0>();
     fence_proxy_async();
@@ -234,7 +244,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     named_barrier(2 + cw, 128);
     c.stage_o(smem, lse, [&](int row) { return at.lse_off(hq, heads_q, seqlen_q) + row; }, sq);
     __syncwarp();
-    c.store_o(o, at.q_off(o_bs, o_rs) + hq * o_hs, o_rs, smem, cw * 64 + (warp & 3) * 16, sq, lane);
+    if constexpr (DV == HD)
+      c.store_o(o, at.q_off(o_bs, o_rs) + hq * o_hs, o_rs, smem, cw * 64 + (warp & 3) * 16, sq, lane);
+    else
+      sm90_store_o<T, HD, BM, DV>(o, at.q_off(o_bs, o_rs) + hq * o_hs, o_rs, smem, cw * 64 + (warp & 3) * 16, m0, sq,
+                                  lane);
   }
 #endif
 }

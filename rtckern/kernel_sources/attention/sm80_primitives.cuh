@@ -34,8 +34,9 @@ RTK_DEVICE void cp_async_wait() {
 }
 
 // cp.async a ROWS x HD tile (rows row0.. of g_head, 16-byte chunk c of row r to shared address dst(r, c)) by NT
-// threads; rows at or past rows_valid are zero-filled. dst is the tile's layout (padded rows, or 128-byte swizzle).
-template <int ROWS, int HD, int NT, typename T, typename Dst>
+// threads; rows at or past rows_valid are zero-filled, and so are columns at or past DV (a head dim padded to HD
+// inside the kernel). dst is the tile's layout (padded rows, or 128-byte swizzle).
+template <int ROWS, int HD, int NT, typename T, typename Dst, int DV = HD>
 RTK_DEVICE void load_tile_chunks(const Dst& dst, const T* g_head, long long row_stride, int row0, int rows_valid,
                                  int tid) {
   constexpr int CPR = HD / 8;
@@ -46,7 +47,7 @@ RTK_DEVICE void load_tile_chunks(const Dst& dst, const T* g_head, long long row_
     if (TOTAL % NT == 0 || idx < TOTAL) {
       const int r = idx / CPR;
       const int c = idx - r * CPR;
-      const bool full = row0 + r < rows_valid;
+      const bool full = row0 + r < rows_valid && (DV == HD || c * 8 < DV);
       // A zero-fill reads nothing, but keep the address inside the tensor anyway (row 0 of this head).
       const T* src = full ? g_head + static_cast<long long>(row0 + r) * row_stride + c * 8 : g_head;
       cp_async_16(dst(r, c), src, full);

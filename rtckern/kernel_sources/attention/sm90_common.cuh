@@ -45,12 +45,13 @@ RTK_DEVICE int sw128_offset(int r, int c) {
   return (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
 }
 
-// Copy a ROWS x HD tile (rows >= rows_valid zero-filled) into a 128-byte-swizzled tile at shared address s.
-template <int ROWS, int HD, int NT, typename T>
+// Copy a ROWS x HD tile (rows >= rows_valid zero-filled, columns >= DV too) into a 128-byte-swizzled tile at shared
+// address s.
+template <int ROWS, int HD, int NT, typename T, int DV = HD>
 RTK_DEVICE void load_tile_sw128(unsigned s, const T* g_head, long long row_stride, int row0, int rows_valid,
                                 int tid) {
-  load_tile_chunks<ROWS, HD, NT>([s](int r, int c) { return s + sw128_offset<ROWS>(r, c); }, g_head, row_stride,
-                                 row0, rows_valid, tid);
+  auto dst = [s](int r, int c) { return s + sw128_offset<ROWS>(r, c); };
+  load_tile_chunks<ROWS, HD, NT, T, decltype(dst), DV>(dst, g_head, row_stride, row0, rows_valid, tid);
 }
 
 #if RTK_ATTN_VARLEN

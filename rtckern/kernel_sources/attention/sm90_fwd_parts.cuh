@@ -109,8 +109,8 @@ RTK_DEVICE void sm90_stage_o(unsigned char* smem, const float (&acc_o)[HD / 2], 
 }
 
 // Epilogue, second half: the warp's 16 staged rows from warp_row0 (those below sq) to the head at o + o_head, 16
-// bytes per lane.
-template <typename T, int HD, int BM>
+// bytes per lane; columns at or past DV (a head dim padded to HD inside the kernel) stay unwritten.
+template <typename T, int HD, int BM, int DV = HD>
 RTK_DEVICE void sm90_store_o(T* o, long long o_head, long long o_rs, const unsigned char* smem, int warp_row0, int m0, int sq,
                              int lane) {
   constexpr int CPR = HD / 8;
@@ -120,7 +120,7 @@ RTK_DEVICE void sm90_store_o(T* o, long long o_head, long long o_rs, const unsig
     const int r = idx / CPR;
     const int c = idx - r * CPR;
     const int row = m0 + warp_row0 + r;
-    if (row < sq)
+    if (row < sq && (DV == HD || c * 8 < DV))
       *reinterpret_cast<uint4*>(o + o_head + (long long)row * o_rs + c * 8) =
           *reinterpret_cast<const uint4*>(smem + sw128_offset<BM>(warp_row0 + r, c));
   }

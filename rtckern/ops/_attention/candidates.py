@@ -120,12 +120,26 @@ class Sm90Ws(_Sm90):
     source = configs.SM90_WS_SOURCE
     kernel = configs.SM90_WS_KERNEL
 
+    head_dims = configs.SM90_WS_HEAD_DIMS
+
     def default_tile(self, head_dim, causal, device):
-        return configs.SM90_WS_TILES[(head_dim, bool(causal))]
+        return configs.SM90_WS_TILES[(configs.ws_kernel_dim(head_dim), bool(causal))]
 
     def tile_from_config(self, c):
         return configs.Sm90WsTile(int(c["bn"]), int(c.get("nwg", 2)), int(c.get("ks", 2)), int(c.get("vs", 2)),
                                   bool(c.get("pingpong", False))) if "ks" in c else None
+
+    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+        hd = req.dim("head_dim")
+        kd = configs.ws_kernel_dim(hd)
+        targs = self.tile(req).template_args(req.dtype("qkv"), kd, req.flag("causal"))
+        defines = () if kd == hd else (("RTK_ATTN_DV", str(hd)),)
+        return (KernelSpec(self.source, self.kernel, target_for(req.device, self.arch_specific), template_args=targs,
+                           defines=defines, op=OP),)
+
+    def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
+        smem = self.tile(req).smem_bytes(configs.ws_kernel_dim(req.dim("head_dim")))
+        return (Resources(block=self.tile(req).threads, dynamic_smem=smem),)
 
     def launch(self, req: OpRequest, kernels, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
         launch_ws(kernels[0], self.tile(req), req.dtype("qkv"), q, k, v, o_ptr, lse_ptr, scale, stream)

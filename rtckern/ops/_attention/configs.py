@@ -20,6 +20,16 @@ SM80_KERNEL = "rtk_attn::flash_fwd_sm80"
 SM90_SOURCE = "attention/flash_fwd_sm90.cuh"
 SM90_KERNEL = "rtk_attn::flash_fwd_sm90"
 SM90_HEAD_DIMS = (64, 128, 256)  # whole 64-element swizzle blocks
+# The warp-specialized kernel also serves head dim 96, padded to 128 inside the kernel (RTK_ATTN_DV): a third more
+# tensor-core work than the head dim needs, against the mma.sync kernel's 0.44-0.64x cuDNN there (docs/performance.md).
+SM90_WS_PADDED = MappingProxyType({96: 128})
+SM90_WS_HEAD_DIMS = tuple(sorted(SM90_HEAD_DIMS + tuple(SM90_WS_PADDED)))
+
+
+def ws_kernel_dim(head_dim: int) -> int:
+    """The head dim the warp-specialized kernel is compiled for (its tiles, shared memory and wgmma shapes)."""
+    return SM90_WS_PADDED.get(head_dim, head_dim)
+
 SM90_WS_SOURCE = "attention/flash_fwd_sm90_ws.cuh"
 SM90_WS_KERNEL = "rtk_attn::flash_fwd_sm90_ws"
 SIMT_SOURCE = "attention/attn_fwd_simt.cuh"

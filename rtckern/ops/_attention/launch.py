@@ -14,6 +14,8 @@ import numpy as np
 
 from rtckern.runtime.tma import encode_tiled
 
+from .configs import ws_kernel_dim
+
 LOG2E = math.log2(math.e)  # the kernels take the softmax scale times log2(e) (they exponentiate with exp2)
 
 
@@ -80,7 +82,7 @@ def launch_ws(kernel, tile, dtype: str, q, k, v, o_ptr: int, lse_ptr: int, scale
               ("u64", q.ptr), ("u64", o_ptr), ("u64", lse_ptr), ("i64", sq), ("i64", k.shape[1]), ("i64", hq),
               ("i64", k.shape[2]), ("i64", q.strides[0]), ("i64", q.strides[1]), ("i64", q.strides[2]),
               ("i64", sq * hq * d), ("i64", hq * d), ("i64", d), ("f32", scale * LOG2E)]
-    launch(kernel, tile.grid(b, hq, sq), tile.threads, tile.smem_bytes(d), stream, params)
+    launch(kernel, tile.grid(b, hq, sq), tile.threads, tile.smem_bytes(ws_kernel_dim(d)), stream, params)
 
 
 # flash_fwd_sm90_ws's parameters: the K and V tensor maps (by value), q / o / lse, ten sizes and strides, the scale
@@ -99,7 +101,8 @@ class PreparedWs:
         self.tile, self.dtype, self.k, self.v = tile, dtype, k.at(k.ptr), v.at(v.ptr)
         self.tail = (sq, k.shape[1], hq, k.shape[2], q.strides[0], q.strides[1], q.strides[2], sq * hq * d, hq * d,
                      d, scale * LOG2E)
-        self.go = kernel.prepare(tile.grid(b, hq, sq), (tile.threads, 1, 1), WS_KINDS, tile.smem_bytes(d))
+        smem = tile.smem_bytes(ws_kernel_dim(d))
+        self.go = kernel.prepare(tile.grid(b, hq, sq), (tile.threads, 1, 1), WS_KINDS, smem)
         self.kmap = self.vmap = (None, b"")
 
     def launch(self, qp: int, kp: int, vp: int, op: int, lp: int, stream: int) -> None:

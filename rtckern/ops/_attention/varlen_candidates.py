@@ -21,6 +21,7 @@ import numpy as np
 
 from rtckern.device import DeviceInfo
 from . import candidates as dense
+from . import configs
 from rtckern.registry import OpRequest
 from rtckern.registry import options as opts
 from rtckern.runtime.arrays import DeviceArray
@@ -101,7 +102,8 @@ class _Varlen:
         return t
 
     def kernel_specs(self, req: OpRequest):
-        return tuple(dataclasses.replace(s, defines=DEFINES, op=OP) for s in super().kernel_specs(req))
+        return tuple(dataclasses.replace(s, defines=tuple(s.defines) + DEFINES, op=OP)
+                     for s in super().kernel_specs(req))
 
     def launch(self, req: OpRequest, kernels, q, k, v, cu_q_ptr: int, cu_k_ptr: int, batch: int, max_seqlen_q: int,
                o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
@@ -120,7 +122,7 @@ class Sm90Ws(_Varlen, dense.Sm90Ws):
         tile = self.tile(req)
         params = ws_params(tile, req.dtype("qkv"), q, k, v, cu_q_ptr, cu_k_ptr, o_ptr, lse_ptr, scale)
         kernels[0].launch_packed(grid(tile, max_seqlen_q, q.shape[1], batch), (tile.threads, 1, 1), params,
-                                 tile.smem_bytes(q.shape[2]), stream)
+                                 tile.smem_bytes(configs.ws_kernel_dim(q.shape[2])), stream)
 
 
 class Sm90Wgmma(_Varlen, dense.Sm90Wgmma):

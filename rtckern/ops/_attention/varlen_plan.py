@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from rtckern.caches import PlanCache
 from rtckern.config import settings
+from . import configs
 from . import varlen_candidates as vc
 from rtckern.runtime.streams import torch_stream
 
@@ -123,7 +124,7 @@ class PreparedWsVarlen:
     def __init__(self, kernel, tile, dtype: str, q, k, v, batch: int, scale: float):
         self.kernel, self.tile, self.dtype, self.k, self.v = kernel, tile, dtype, k, v
         self.heads_q, self.batch = q.shape[1], batch
-        self.threads, self.smem = tile.threads, tile.smem_bytes(q.shape[2])
+        self.threads, self.smem = tile.threads, tile.smem_bytes(configs.ws_kernel_dim(q.shape[2]))
         self.ints = vc.ws_ints(q, k)
         self.scale = scale * vc._LOG2E
         self.by_width = PlanCache("attention_varlen.ws_launches", 64)  # grid width -> prepared launch

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
-IMPLS = {"sm90a_ws": (64, 128, 256), "sm90a_wgmma": (64, 128, 256), "sm80_mma": (32, 64, 96, 128, 256),
+IMPLS = {"sm90a_ws": (64, 96, 128, 256), "sm90a_wgmma": (64, 128, 256), "sm80_mma": (32, 64, 96, 128, 256),
          "simt": (32, 64, 96, 128, 256)}
 
 

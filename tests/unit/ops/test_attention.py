@@ -140,7 +140,9 @@ def test_generated_wgmma_header_is_current():
 @pytest.mark.parametrize("arch,hd,causal,chosen,targs", [
     ("sm_90", 128, False, "attention.sm90a_ws", ("rtk_bf16", "128", "128", "2", "2", "2", "false", "false")),
     ("sm_90", 128, True, "attention.sm90a_ws", ("rtk_bf16", "128", "128", "2", "2", "2", "true", "true")),
-    ("sm_90", 96, True, "attention.sm80_mma", ("rtk_bf16", "96", "128", "64", "4", "2", "true", "false")),
+    ("sm_90", 96, True, "attention.sm90a_ws", ("rtk_bf16", "128", "128", "2", "2", "2", "true", "true")),
+    ("sm_90", 96, False, "attention.sm90a_ws", ("rtk_bf16", "128", "128", "2", "2", "2", "false", "false")),
+    ("sm_89", 96, True, "attention.sm80_mma", ("rtk_bf16", "96", "128", "64", "4", "2", "true", "false")),
     ("sm_80", 128, True, "attention.sm80_mma", ("rtk_bf16", "128", "128", "64", "4", "2", "true", "false")),
     ("sm_80", 256, False, "attention.sm80_mma", ("rtk_bf16", "256", "64", "32", "4", "2", "false", "false")),
     ("sm_86", 128, False, "attention.sm80_mma", ("rtk_bf16", "128", "128", "32", "4", "2", "false", "true")),
@@ -153,15 +155,19 @@ def test_choice_on_described_devices(shared_cache_dir, arch, hd, causal, chosen,
     assert res.specs[0].template_args == targs
     if chosen.startswith("attention.sm90a"):
         assert res.specs[0].arch.sm == "sm_90a"
+    # head dim 96 on the warp-specialized kernel: the head dim 128 kernel, padded
+    assert res.specs[0].defines == ((("RTK_ATTN_DV", "96"),) if chosen == "attention.sm90a_ws" and hd == 96 else ())
 
 
 def test_unsupported_head_dim_reasons(cache_dir):
     dev = DeviceInfo.for_arch("sm_90")
     req = build_request("attention", shape=(96,), dtype="bf16", device=dev)
     by_name = {c.name: c for c in default_registry().candidates("attention")}
-    for name in ("attention.sm90a_wgmma", "attention.sm90a_ws"):
-        assert by_name[name].supports(req) == "head_dim 96 not supported (supported: 64, 128, 256)"
+    assert by_name["attention.sm90a_wgmma"].supports(req) == "head_dim 96 not supported (supported: 64, 128, 256)"
+    assert by_name["attention.sm90a_ws"].supports(req) is None  # padded to 128 inside the kernel
     assert by_name["attention.sm80_mma"].supports(req) is None
+    req80 = build_request("attention", shape=(80,), dtype="bf16", device=dev)
+    assert by_name["attention.sm90a_ws"].supports(req80) == "head_dim 80 not supported (supported: 64, 96, 128, 256)"
     fp32 = build_request("attention", shape=(64,), dtype="fp32", device=dev)
     assert by_name["attention.sm80_mma"].supports(fp32) == "dtype fp32 not supported (bf16, fp16)"
 
