@@ -74,10 +74,13 @@ class _AttentionCandidate(Candidate):
         return configs.qkv_reason(req, self.head_dims)
 
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
-        tile = self.tile(req)
+        return (self.tile_spec(req, self.tile(req)),)
+
+    def tile_spec(self, req: OpRequest, tile) -> KernelSpec:
+        """The kernel of `tile` for req (the tuner times tiles other than the chosen one)."""
         targs = tile.template_args(req.dtype("qkv"), req.dim("head_dim"), req.flag("causal"))
-        return (KernelSpec(self.source, self.kernel, target_for(req.device, self.arch_specific), template_args=targs,
-                           op=OP),)
+        return KernelSpec(self.source, self.kernel, target_for(req.device, self.arch_specific), template_args=targs,
+                          op=OP)
 
     def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
         tile = self.tile(req)
@@ -129,13 +132,13 @@ class Sm90Ws(_Sm90):
         return configs.Sm90WsTile(int(c["bn"]), int(c.get("nwg", 2)), int(c.get("ks", 2)), int(c.get("vs", 2)),
                                   bool(c.get("pingpong", False))) if "ks" in c else None
 
-    def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
+    def tile_spec(self, req: OpRequest, tile) -> KernelSpec:
         hd = req.dim("head_dim")
         kd = configs.ws_kernel_dim(hd)
-        targs = self.tile(req).template_args(req.dtype("qkv"), kd, req.flag("causal"))
+        targs = tile.template_args(req.dtype("qkv"), kd, req.flag("causal"))
         defines = () if kd == hd else (("RTK_ATTN_DV", str(hd)),)
-        return (KernelSpec(self.source, self.kernel, target_for(req.device, self.arch_specific), template_args=targs,
-                           defines=defines, op=OP),)
+        return KernelSpec(self.source, self.kernel, target_for(req.device, self.arch_specific), template_args=targs,
+                          defines=defines, op=OP)
 
     def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
         smem = self.tile(req).smem_bytes(configs.ws_kernel_dim(req.dim("head_dim")))

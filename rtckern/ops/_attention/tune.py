@@ -99,9 +99,7 @@ def measure_tile(req, cand, config: Mapping[str, Any], *, reps: int = 10, replay
 
     from rtckern.dtypes import torch_dtype
     from rtckern.manager import get_manager
-    from rtckern.registry.core_api import target_for
     from rtckern.runtime import arrays as arr
-    from rtckern.spec import KernelSpec
 
     dev = req.device
     if dev.ordinal is None:
@@ -111,9 +109,7 @@ def measure_tile(req, cand, config: Mapping[str, Any], *, reps: int = 10, replay
         raise RtckernError(f"{cand.name} cannot read config {dict(config)}")
     dtype, causal = req.dtype("qkv"), req.flag("causal")
     b, s, h, hd = timing_shape(req)
-    spec = KernelSpec(cand.source, cand.kernel, target_for(dev, cand.arch_specific),
-                      template_args=tile.template_args(dtype, hd, causal), op=cands.OP)
-    kernel = get_manager().get(spec, dev.ordinal)
+    kernel = get_manager().get(cand.tile_spec(req, tile), dev.ordinal)
     device = torch.device("cuda", dev.ordinal)
     g = torch.Generator(device=device).manual_seed(7)
     q, k, v = (torch.randn(b, s, h, hd, device=device, generator=g).to(torch_dtype(dtype)) for _ in range(3))
