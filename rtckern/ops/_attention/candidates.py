@@ -141,8 +141,8 @@ class Sm90Ws(_Sm90):
                           defines=defines, op=OP)
 
     def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
-        smem = self.tile(req).smem_bytes(configs.ws_kernel_dim(req.dim("head_dim")))
-        return (Resources(block=self.tile(req).threads, dynamic_smem=smem),)
+        tile, kd = self.tile(req), configs.ws_kernel_dim(req.dim("head_dim"))
+        return (Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(kd)),)
 
     def launch(self, req: OpRequest, kernels, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
         launch_ws(kernels[0], self.tile(req), req.dtype("qkv"), q, k, v, o_ptr, lse_ptr, scale, stream)

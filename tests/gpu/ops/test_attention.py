@@ -23,7 +23,8 @@ from rtckern.runtime import arrays as arr  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
-IMPLS = {"sm90a_wgmma": (64, 128, 256), "sm90a_ws": (64, 96, 128, 256), "sm80_mma": (32, 64, 96, 128, 256), "simt": (32, 64, 96, 128, 256)}
+IMPLS = {"sm90a_wgmma": (64, 128, 256), "sm90a_ws": (64, 96, 128, 256), "sm80_mma": (32, 64, 96, 128, 256),
+         "simt": (32, 64, 96, 128, 256)}
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv)
 SHAPES = [(2, 1, 1, 8, 8), (2, 17, 17, 8, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 8, 8), (1, 1, 4097, 8, 1),
           (3, 17, 113, 8, 2), (1, 113, 17, 4, 1), (1, 1000, 1000, 8, 4)]
