@@ -76,15 +76,22 @@ class _AttentionCandidate(Candidate):
     def kernel_specs(self, req: OpRequest) -> tuple[KernelSpec, ...]:
         return (self.tile_spec(req, self.tile(req)),)
 
+    def kernel_head_dim(self, head_dim: int) -> int:
+        """The head dim the kernel is compiled for: the arrays' own, unless the kernel pads it (RTK_ATTN_DV)."""
+        return head_dim
+
     def tile_spec(self, req: OpRequest, tile) -> KernelSpec:
         """The kernel of `tile` for req (the tuner times tiles other than the chosen one)."""
-        targs = tile.template_args(req.dtype("qkv"), req.dim("head_dim"), req.flag("causal"))
+        hd = req.dim("head_dim")
+        kd = self.kernel_head_dim(hd)
+        targs = tile.template_args(req.dtype("qkv"), kd, req.flag("causal"))
+        defines = () if kd == hd else (("RTK_ATTN_DV", str(hd)),)
         return KernelSpec(self.source, self.kernel, target_for(req.device, self.arch_specific), template_args=targs,
-                          op=OP)
+                          defines=defines, op=OP)
 
     def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
         tile = self.tile(req)
-        return (Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(req.dim("head_dim"))),)
+        return (Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(self.kernel_head_dim(req.dim("head_dim")))),)
 
     def launch(self, req: OpRequest, kernels, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
         tile = self.tile(req)
@@ -125,24 +132,15 @@ class Sm90Ws(_Sm90):
 
     head_dims = configs.SM90_WS_HEAD_DIMS
 
+    def kernel_head_dim(self, head_dim: int) -> int:
+        return configs.ws_kernel_dim(head_dim)
+
     def default_tile(self, head_dim, causal, device):
-        return configs.SM90_WS_TILES[(configs.ws_kernel_dim(head_dim), bool(causal))]
+        return configs.SM90_WS_TILES[(self.kernel_head_dim(head_dim), bool(causal))]
 
     def tile_from_config(self, c):
         return configs.Sm90WsTile(int(c["bn"]), int(c.get("nwg", 2)), int(c.get("ks", 2)), int(c.get("vs", 2)),
                                   bool(c.get("pingpong", False))) if "ks" in c else None
-
-    def tile_spec(self, req: OpRequest, tile) -> KernelSpec:
-        hd = req.dim("head_dim")
-        kd = configs.ws_kernel_dim(hd)
-        targs = tile.template_args(req.dtype("qkv"), kd, req.flag("causal"))
-        defines = () if kd == hd else (("RTK_ATTN_DV", str(hd)),)
-        return KernelSpec(self.source, self.kernel, target_for(req.device, self.arch_specific), template_args=targs,
-                          defines=defines, op=OP)
-
-    def launch_resources(self, req: OpRequest) -> tuple[Resources, ...]:
-        tile, kd = self.tile(req), configs.ws_kernel_dim(req.dim("head_dim"))
-        return (Resources(block=tile.threads, dynamic_smem=tile.smem_bytes(kd)),)
 
     def launch(self, req: OpRequest, kernels, q, k, v, o_ptr: int, lse_ptr: int, scale: float, stream) -> None:
         launch_ws(kernels[0], self.tile(req), req.dtype("qkv"), q, k, v, o_ptr, lse_ptr, scale, stream)

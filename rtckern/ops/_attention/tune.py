@@ -36,7 +36,7 @@ def tile_configs(cand, hd: int, causal: bool, smem_limit: int) -> list[dict[str,
     """The tiles worth timing for candidate `cand` at head dim hd (those whose shared memory fits), as the table's
     config dicts (what each candidate's tile_from_config reads), the candidate's default first."""
     if isinstance(cand, cands.Sm90Ws):
-        hd = configs.ws_kernel_dim(hd)  # head dim 96 runs the padded 128 kernel
+        hd = cand.kernel_head_dim(hd)  # head dim 96 runs the padded 128 kernel
         tiles = [configs.SM90_WS_TILES[(hd, causal)]]
         tiles += [configs.Sm90WsTile(bn, nwg, ks, vs, pp) for bn in (64, 128) for nwg in (2, 3)
                   for ks, vs in ((2, 2), (3, 2), (2, 3)) for pp in (False, True) if not (pp and nwg != 2)]
