@@ -477,7 +477,8 @@ def _variant_text(v: dict) -> str:
     if "patch" not in v:
         return "unpatched copy (A/A control)"
     kw = ", ".join(f"{k}={x}" for k, x in v["patch"].items())
-    return f"patch({kw}): {v['norms_replaced']} norms, attention={v['attention']}"
+    rope = f", rope in {v['rope_modules']} modules" if "rope_modules" in v else ""
+    return f"patch({kw}): {v['norms_replaced']} norms, attention={v['attention']}{rope}"
 
 
 def _train_body(tr: dict) -> list:

@@ -56,6 +56,7 @@ SUITES = {
     "gemm_skinny": "gpu",
     "gemm_fp8": "gpu",
     "grouped_gemm": "gpu",
+    "rope": "gpu",
     "plugin": "gpu",
     "core": "gpu",
     "multi_gpu": "gpus",

@@ -14,7 +14,8 @@ sys.path.insert(0, str(REPO))
 import rtckern.ops as ops  # noqa: E402
 
 # family subpackage -> section title, in page order
-FAMILIES = {"_norms": "Norms", "_softmax": "Softmax", "_attention": "Attention", "_gemm": "GEMM", "_fp8": "fp8"}
+FAMILIES = {"_norms": "Norms", "_softmax": "Softmax", "_attention": "Attention", "_gemm": "GEMM", "_fp8": "fp8",
+            "_rope": "Rotary position embedding"}
 SECTIONS = ("Args", "Returns", "Raises")
 
 PREAMBLE = """# Ops: `rtckern.ops`
@@ -94,6 +95,9 @@ INTRO = {
              "B in one launch; their group index lives in device memory and is never read on the host.",
     "_fp8": "float8_e4m3fn operands with fp32 scales, on sm_89+ GPUs (Ada, Hopper and newer; the grouped fp8 GEMMs "
             "on sm_90); quantize_fp8 and rms_norm_quant (Norms) produce the operands and their scales.",
+    "_rope": "RoPE of q and k in one launch, in transformers' rotate-half convention, forward and backward; torch "
+             "tensors only (rtckern.torch.apply_rotary_pos_emb is its autograd-aware drop-in, and patch() puts a "
+             "transformers model's attention modules on it).",
 }
 
 

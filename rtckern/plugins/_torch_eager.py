@@ -3,6 +3,7 @@
     rtckern.torch.rms_norm(x, weight, eps, zero_centered=False, out_dtype=None)
     rtckern.torch.layer_norm(x, weight, bias, eps, zero_centered=False, out_dtype=None)
     rtckern.torch.attention(q, k, v, causal=False, softmax_scale=None)
+    rtckern.torch.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
 
 In plain eager code these skip the dispatcher altogether: they call what torch.ops.rtckern.<op>'s own fast path
 calls (`*_direct` in the family modules: rtckern's op without a gradient, the kernel op's autograd.Function with
@@ -64,3 +65,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if not plain_eager(q, k, v):
         return torch.ops.rtckern.attention(q, k, v, causal, softmax_scale)
     return _family("rtckern.plugins._torch_attention").attention_direct(q, k, v, causal, softmax_scale)
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.ops.rtckern.rope (transformers' apply_rotary_pos_emb, rotate-half convention), without the dispatcher
+    in plain eager code."""
+    if not plain_eager(q, k, cos, sin):
+        return tuple(torch.ops.rtckern.rope(q, k, cos, sin, unsqueeze_dim))
+    return _family("rtckern.plugins._torch_rope").rope_direct(q, k, cos, sin, unsqueeze_dim)

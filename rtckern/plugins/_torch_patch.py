@@ -11,6 +11,9 @@ What is swapped:
   (Llama, Mistral, Qwen) or with 1 + weight (Gemma); a second probe (bf16 x, fp32 weight) finds the output dtype
   rule. A class matching neither is reported and left alone.
 The new modules take over the same Parameter objects (optimizers, tied weights and state dicts are unchanged).
+With rope=True the attention modules of a transformers model run their rotary embedding on rtckern's kernel
+(_torch_hf_rope: their forward with apply_rotary_pos_emb bound to rtckern's op, after a probe of the function it
+replaces).
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ class PatchReport:
     replaced: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (module path, original class)
     skipped: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # (path, class, reason)
     attention: Optional[str] = None  # the model's attention implementation after patch(), if it has one
+    rope: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (module path, class) on rtckern's RoPE
+    rope_skipped: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # (path, class, reason)
 
     def __str__(self) -> str:
         lines = [f"rtckern.torch.patch: replaced {len(self.replaced)} norm modules"]
@@ -37,6 +42,9 @@ class PatchReport:
         lines += [f"  skipped {path} ({cls}): {why}" for path, cls, why in self.skipped]
         if self.attention is not None:
             lines.append(f"  attention implementation: {self.attention}")
+        if self.rope or self.rope_skipped:
+            lines.append(f"  rotary embedding on rtckern in {len(self.rope)} modules")
+            lines += [f"  rotary embedding skipped in {path} ({cls}): {why}" for path, cls, why in self.rope_skipped]
         return "\n".join(lines)
 
 
@@ -123,13 +131,16 @@ def _set_attention(model: nn.Module, report: PatchReport) -> None:
     report.attention = getattr(model.config, "_attn_implementation", None)
 
 
-def patch(model: nn.Module, *, norms: bool = True, attention: bool = True,
+def patch(model: nn.Module, *, norms: bool = True, attention: bool = True, rope: bool = True,
           rms_norm_classes: Iterable[type] = ()) -> PatchReport:
     """Swap model's norm modules for rtckern's in place; with attention=True and a transformers model, register
-    and select attn_implementation="rtckern". Returns what was replaced and what was skipped, and why.
+    and select attn_implementation="rtckern"; with rope=True, run the attention modules' rotary embedding
+    (transformers' apply_rotary_pos_emb) on rtckern's kernel. Returns what was replaced and what was skipped, and
+    why.
 
-    Either half alone: patch(model, norms=False) switches only the attention (the norms stay the model's own);
-    patch(model, attention=False) swaps only the norms (the attention implementation is left as it is)."""
+    Each part alone: patch(model, attention=False, rope=False) swaps only the norms, patch(model, norms=False,
+    rope=False) switches only the attention, patch(model, norms=False, attention=False) only the rotary embedding;
+    what a part leaves alone stays the model's own."""
     report = PatchReport()
     extra = tuple(rms_norm_classes)
     if norms:
@@ -153,4 +164,8 @@ def patch(model: nn.Module, *, norms: bool = True, attention: bool = True,
                     parent._modules[name] = new_of[id(child)]
     if attention:
         _set_attention(model, report)
+    if rope:
+        from ._torch_hf_rope import patch_rope
+
+        report.rope, report.rope_skipped = patch_rope(model)
     return report

@@ -352,3 +352,50 @@ def grouped_gemm_fp8(a, b, a_scale, b_scale, index, out_dtype, trans_b, masked=F
             bd = b[g].float() * _block_scale(b_scale[g], n, k, FP8_BLOCK)
             yg.copy_(ad @ bd.t())
     return y
+
+
+# ---- rotary position embedding ------------------------------------------------------------------------------------
+def _rope_table(t, unsqueeze_dim: int):
+    """cos or sin ((batch or 1, seqlen, head_dim), or (seqlen, head_dim)) broadcastable over q's heads axis."""
+    t = _up(t)
+    return (t.unsqueeze(0) if t.dim() == 2 else t).unsqueeze(unsqueeze_dim)
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rope(q, k, cos, sin, unsqueeze_dim, backward=False):
+    """rtckern.ops.rope / rope_backward in fp32 with one rounding, outputs laid out like torch.empty_like(q / k).
+    The backward: dx = g * cos + R^T(g * sin), R the rotate-half map (R^T(y) = -R(y))."""
+    c, s = _rope_table(cos, unsqueeze_dim), _rope_table(sin, unsqueeze_dim)
+
+    def one(x):
+        if x is None:
+            return None
+        xf = _up(x)
+        y = xf * c - rotate_half(xf * s) if backward else xf * c + rotate_half(xf) * s
+        return torch.empty_like(x).copy_(y)
+
+    return one(q), one(k)
+
+
+def rope_table_grads(gq, gk, q, k, cos, sin, unsqueeze_dim):
+    """The gradients of cos and sin (for tables that require one): the products summed over the heads (of q and of
+    k), then over the batch where the table is shared."""
+    def heads_sum(g, x, rot):
+        if x is None:
+            return 0
+        xf = _up(x)
+        return (_up(g) * (rotate_half(xf) if rot else xf)).sum(unsqueeze_dim)  # (batch, seqlen, head_dim)
+
+    def like(t, table):
+        if table.dim() == 2:
+            t = t.sum(0)
+        elif table.shape[0] == 1:
+            t = t.sum(0, keepdim=True)
+        return t.to(table.dtype)
+
+    return (like(heads_sum(gq, q, False) + heads_sum(gk, k, False), cos),
+            like(heads_sum(gq, q, True) + heads_sum(gk, k, True), sin))

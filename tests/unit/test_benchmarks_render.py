@@ -76,6 +76,12 @@ PLUGIN_E2E = {"part": "e2e", "model": "small",
                            "grad_err": {"lm_head.weight": {"torch_bf16": 1e-2, "rtckern_bf16": 1e-2}}},
               "accuracy_failures": [], "speed": {"forward_ms": {"torch": 2.0, "rtckern": 1.8, "speedup": 1.11},
                                                  "fwd_bwd_ms": {"torch": 6.0, "rtckern": 5.9, "speedup": 1.02}}}
+ROPE_ROW = {"shape": "Llama 4L training step (issue 22)", "batch": 2, "seqlen": 2048, "heads_q": 16, "heads_k": 4,
+            "head_dim": 128, "fwd_err_units": 1.0, "bwd_err_units": 1.0, "fwd_rel_l2": 1.6e-3, "bwd_rel_l2": 1.6e-3,
+            "torch_fwd_rel_l2": 2.2e-3, "ok": True, "fwd_us": 14.1, "bwd_us": 14.6, "torch_fwd_us": 162.3,
+            "autograd_fwd_bwd_us": 34.7, "torch_fwd_bwd_us": 356.4, "compiled_fwd_us": 16.3,
+            "compiled_fwd_bwd_us": 68.8, "fwd_gbs": 3100.0, "bwd_gbs": 3000.0, "fwd_of_copy": 1.05,
+            "bwd_of_copy": 1.01, "speedup_fwd_bwd_vs_torch": 10.3, "speedup_fwd_bwd_vs_compiled": 1.98}
 PREFILL_ROW = {"wall_s": 10.0, "cpu_s": 12.0, "kernels": 5, "archs": "9.0", "reported_s": 9.5, "processes": 2,
                "loadavg_1min": [1.0, 1.1]}
 
@@ -178,6 +184,10 @@ SETS = {
           "warm_start_sm90": {"local disk": {"process_s": 0.5, "import_s": 0.3, "select_s": 0.1, "kernels": 1,
                                              "compiles": 0}}}], "--quick", gpu=False,
         setup={"toolchain": "nvrtc-13.5|cuda-headers-13050", "archs": "9.0a", "jobs": 1}),
+    "rope_h100.json": payload(
+        "rope", "Rotary position embedding (rtckern.ops.rope) against transformers' formula", [ROPE_ROW],
+        device="NVIDIA H100 80GB HBM3", copy_gbs=2987.0,
+        host_us={"fwd rtckern": 25.5, "fwd torch": 145.4, "fwd+bwd rtckern": 200.8, "fwd+bwd torch": 700.8}),
     "prefill.json": payload(
         "prefill", "rtckern prefill: the built-in kernel set, cold and warm, in CPU-seconds",
         [dict(PREFILL_ROW, run="cold (empty cache)"), dict(PREFILL_ROW, run="warm 1 (all cached)", cpu_s=0.5)],

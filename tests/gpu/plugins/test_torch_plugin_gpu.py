@@ -60,6 +60,8 @@ def _cases():
     ov, lv = ops.attention_varlen_fwd(qv.detach(), kvv.detach(), kvv.detach(), cu, cu, 77, 77, True, None, True)
     a, wt = rand(2, 64, 128, requires_grad=True), rand(96, 128, requires_grad=True, scale=0.1)
     bias = rand(96, requires_grad=True)
+    qr, kr = rand(2, 40, 8, 128).transpose(1, 2).requires_grad_(), rand(2, 40, 2, 128).transpose(1, 2).requires_grad_()
+    cos, sin = rand(2, 40, 128), rand(2, 40, 128)
     return {
         "rms_norm": (x, w), "rms_norm_mixed": ("rms_norm", (x, w32, 1e-6, False, F32)),
         "rms_norm_fwd": (x, w, 1e-6, True, None, True),
@@ -80,15 +82,16 @@ def _cases():
         "attention_varlen_bwd": (ov, qv.detach(), kvv.detach(), kvv.detach(), ov, lv, cu, cu, 77, 77, True, None),
         "attention_bwd_det": ("attention_bwd", (o, q.detach(), kv.detach(), kv.detach(), o, lse, False, 0.2, True)),
         "gemm": (a, wt, bias, "silu", True), "gemm_plain": ("gemm", (a, wt.detach().t().contiguous())),
+        "rope": (qr, kr, cos, sin, 1), "rope_bwd": (qr.detach(), kr.detach(), cos, sin, 1),
     }
 
 
 CASES = ("attention", "attention_bwd", "attention_bwd_det", "attention_fwd", "attention_varlen",
          "attention_varlen_bwd", "attention_varlen_fwd", "fused_add_rms_norm", "fused_add_rms_norm_fwd", "gemm",
          "gemm_plain", "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
-         "rms_norm_mixed", "scaled_aligned_causal_masked_softmax", "scaled_aligned_causal_masked_softmax_bwd",
-         "scaled_masked_softmax", "scaled_masked_softmax_bwd", "scaled_upper_triang_masked_softmax",
-         "scaled_upper_triang_masked_softmax_bwd", "softmax", "softmax_bwd")
+         "rms_norm_mixed", "rope", "rope_bwd", "scaled_aligned_causal_masked_softmax",
+         "scaled_aligned_causal_masked_softmax_bwd", "scaled_masked_softmax", "scaled_masked_softmax_bwd",
+         "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_bwd", "softmax", "softmax_bwd")
 
 
 # fp8 inputs need their own cases (e4m3 tensors and scales): opchecked in tests/unit/plugins/test_torch_fp8.py through

@@ -228,7 +228,14 @@ def _gemm_specs():
     return [geometry.simt_spec(p, GFX90A), geometry.reduce_spec(p, GFX90A)]
 
 
-FAMILIES = {"norms": _norm_specs, "softmax": _softmax_specs, "attention": _attention_specs, "gemm": _gemm_specs}
+def _rope_specs():
+    from rtckern.registry import kernel_providers
+
+    return [s for s in kernel_providers()["rope"]([GFX90A]) if s.arch == GFX90A]
+
+
+FAMILIES = {"norms": _norm_specs, "softmax": _softmax_specs, "attention": _attention_specs, "gemm": _gemm_specs,
+            "rope": _rope_specs}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

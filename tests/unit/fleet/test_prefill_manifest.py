@@ -96,7 +96,7 @@ def test_manifest_and_preset_are_exclusive_and_bad_manifest_is_clear(tmp_path):
     r = cli("prefill", "--manifest", str(bad), cache=tmp_path / "c", check=False)
     assert r.returncode == 2 and f"{bad}:1: missing field(s) ['shape']" in r.stderr
     presets = json.loads(cli("prefill", "--list-presets", "--json").stdout)
-    assert {"name": "common", "lines": 56} in presets
+    assert {"name": "common", "lines": 64} in presets
 
 
 @pytest.mark.slow
