@@ -17,9 +17,9 @@ from typing import Any, Callable, Optional
 TRAIN = dict(batch=2, seq=2048)
 # patch() keywords of each variant; "none" is an unpatched copy timed the same way (an A/A control: its "speedup"
 # is the noise of the measurement).
-VARIANTS: dict[str, dict] = {"none": None, "attention": dict(norms=False, rope=False),
-                             "norms": dict(attention=False, rope=False), "rope": dict(norms=False, attention=False),
-                             "full": {}}
+_ONLY = dict(norms=False, attention=False, rope=False, mlp=False)
+VARIANTS: dict[str, dict] = {"none": None, "attention": {**_ONLY, "attention": True}, "norms": {**_ONLY, "norms": True},
+                             "rope": {**_ONLY, "rope": True}, "mlp": {**_ONLY, "mlp": True}, "full": {}}
 # The packed batch: sequences of random lengths (uniform in LENGTHS) summing to PACKED_TOKENS.
 PACKED_TOKENS = 4096
 LENGTHS = (256, 1792)
@@ -154,10 +154,12 @@ def make_variants(ref, variants=VARIANTS) -> tuple[dict, dict]:
     for name, kw in variants.items():
         m = copy.deepcopy(ref)
         if kw is None:
-            info[name] = {"norms_replaced": 0, "attention": m.config._attn_implementation, "rope_modules": 0}
+            info[name] = {"norms_replaced": 0, "attention": m.config._attn_implementation, "rope_modules": 0,
+                          "mlp_modules": 0}
         else:
             report = rt.patch(m, **kw)
             info[name] = {"patch": kw, "norms_replaced": len(report.replaced), "rope_modules": len(report.rope),
+                          "mlp_modules": len(report.mlp),
                           "attention": m.config._attn_implementation}
         models[name] = m
     return models, info

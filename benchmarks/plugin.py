@@ -478,7 +478,8 @@ def _variant_text(v: dict) -> str:
         return "unpatched copy (A/A control)"
     kw = ", ".join(f"{k}={x}" for k, x in v["patch"].items())
     rope = f", rope in {v['rope_modules']} modules" if "rope_modules" in v else ""
-    return f"patch({kw}): {v['norms_replaced']} norms, attention={v['attention']}{rope}"
+    mlp = f", swiglu in {v['mlp_modules']} MLPs" if "mlp_modules" in v else ""
+    return f"patch({kw}): {v['norms_replaced']} norms, attention={v['attention']}{rope}{mlp}"
 
 
 def _train_body(tr: dict) -> list:

@@ -130,18 +130,38 @@ def host_cost(gen) -> dict:
         "fwd+bwd rtckern": lambda: torch.autograd.grad(rt.apply_rotary_pos_emb(qr, kr, cos, sin), (qr, kr), (gq, gk)),
         "fwd+bwd torch": lambda: torch.autograd.grad(formula(qr, kr, cos, sin), (qr, kr), (gq, gk)),
     }
-    out = {}
-    for _ in range(5):  # alternating rounds: drift hits both columns alike
+    return alternating_host_us(calls)
+
+
+def alternating_host_us(calls: dict, rounds: int = 5, n: int = 500) -> dict:
+    """Median host us per call of each function, timed over n calls in alternating rounds (drift hits all alike);
+    the GPU drained between loops."""
+    import torch
+
+    out: dict = {}
+    for _ in range(rounds):
         for name, fn in calls.items():
             for _ in range(20):
                 fn()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            for _ in range(500):
+            for _ in range(n):
                 fn()
-            out.setdefault(name, []).append((time.perf_counter() - t0) / 500 * 1e6)
+            out.setdefault(name, []).append((time.perf_counter() - t0) / n * 1e6)
             torch.cuda.synchronize()
     return {name: statistics.median(v) for name, v in out.items()}
+
+
+def each_shape(shapes, formula_fn, no_compile: bool, measure) -> list[dict]:
+    """measure(*shape, compiled) for each shape, with a fresh torch.compile of formula_fn per shape (dynamo's
+    recompile limit would leave the later shapes eager) unless no_compile."""
+    import torch
+
+    rows = []
+    for shape in shapes:
+        torch._dynamo.reset()
+        rows.append(measure(*shape, None if no_compile else torch.compile(formula_fn, dynamic=False)))
+    return rows
 
 
 def run(args) -> Result:
@@ -152,17 +172,17 @@ def run(args) -> Result:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(7)
     copy_gbs = copy_bandwidth()
-    rows = []
-    for shape in (SHAPES[:2] if args.quick else SHAPES):
-        torch._dynamo.reset()  # a fresh compile per shape (the recompile limit would leave later shapes eager)
-        compiled = None if args.no_compile else torch.compile(formula, dynamic=False)
-        r = bench_shape(*shape, gen, copy_gbs, compiled)
-        rows.append(r)
+
+    def measure(*shape):
+        r = bench_shape(*shape[:-1], gen, copy_gbs, shape[-1])
         print(f"{r['shape']}: fwd {r['fwd_us']:.1f} us ({r['fwd_of_copy']:.2f} copy), bwd {r['bwd_us']:.1f} us "
               f"({r['bwd_of_copy']:.2f}); fwd+bwd {r['autograd_fwd_bwd_us']:.1f}; torch fwd {r['torch_fwd_us']:.1f}, "
               f"fwd+bwd {r['torch_fwd_bwd_us']:.1f}; "
               f"compiled {r.get('compiled_fwd_us')}/{r.get('compiled_fwd_bwd_us')}; err {r['fwd_err_units']:.2f} / "
               f"{r['bwd_err_units']:.2f}", flush=True)
+        return r
+
+    rows = each_shape(SHAPES[:2] if args.quick else SHAPES, formula, args.no_compile, measure)
     host = host_cost(gen)
     return result(rows, {"copy_gbs": copy_gbs, "host_us": host})
 

@@ -57,6 +57,7 @@ SUITES = {
     "gemm_fp8": "gpu",
     "grouped_gemm": "gpu",
     "rope": "gpu",
+    "swiglu": "gpu",
     "plugin": "gpu",
     "core": "gpu",
     "multi_gpu": "gpus",

@@ -15,7 +15,7 @@ import rtckern.ops as ops  # noqa: E402
 
 # family subpackage -> section title, in page order
 FAMILIES = {"_norms": "Norms", "_softmax": "Softmax", "_attention": "Attention", "_gemm": "GEMM", "_fp8": "fp8",
-            "_rope": "Rotary position embedding"}
+            "_rope": "Rotary position embedding", "_glu": "Gated activations"}
 SECTIONS = ("Args", "Returns", "Raises")
 
 PREAMBLE = """# Ops: `rtckern.ops`
@@ -98,6 +98,9 @@ INTRO = {
     "_rope": "RoPE of q and k in one launch, in transformers' rotate-half convention, forward and backward; torch "
              "tensors only (rtckern.torch.apply_rotary_pos_emb is its autograd-aware drop-in, and patch() puts a "
              "transformers model's attention modules on it).",
+    "_glu": "SwiGLU, the gated activation of Llama-style MLPs, forward and backward; separate gate and up arrays or "
+            "the two halves of a fused gate_up projection (rtckern.torch.swiglu is its autograd-aware drop-in, and "
+            "patch() puts a transformers model's MLPs on it).",
 }
 
 

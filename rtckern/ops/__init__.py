@@ -32,7 +32,7 @@ from types import MappingProxyType
 
 log = logging.getLogger(__name__)
 
-FAMILIES = ("norms", "softmax", "attention", "gemm", "fp8", "rope")
+FAMILIES = ("norms", "softmax", "attention", "gemm", "fp8", "rope", "glu")
 
 
 def _import_families() -> tuple[dict[str, object], dict[str, str]]:

@@ -13,7 +13,9 @@ from typing import Any, Callable, Iterable
 from rtckern.config import settings
 from rtckern.dtypes import torch_dtype
 from rtckern.errors import InputError
-from rtckern.registry import Candidate, OpRequest, default_registry, register, register_request_builder
+from rtckern.caches import PlanCache
+from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
+    register_request_builder, select
 from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
@@ -90,6 +92,52 @@ class MemoizedConfigCandidate(Candidate):
 
     def _config(self, req: OpRequest):
         raise NotImplementedError
+
+
+class SelectionMemo:
+    """The registry's selection per request key, made once per settings object (a change of settings, such as
+    RTCKERN_FORCE_IMPL, decides again, as the registry's own memo does). The memo is a PlanCache named `name`."""
+
+    __slots__ = ("_memo",)
+
+    def __init__(self, name: str):
+        self._memo = PlanCache(name)
+
+    def get(self, key, make_request: Callable[[], OpRequest]) -> Any:
+        s = settings()
+        hit = self._memo.get(key)
+        if hit is None or hit[0] is not s:  # the object itself: an id could be reused by a later settings object
+            hit = self._memo.put(key, (s, select(make_request())))
+        return hit[1]
+
+
+class OnePassCandidate(Candidate):
+    """A memory-bound kernel of portable source (NVIDIA from sm_75, and AMD: compiled for gfx90a by hiprtc in CI)
+    with one kernel per request: the family's kernel_of(req) gives a record whose spec(arch) is it; blocks of
+    `threads`."""
+
+    priority = 100
+    min_arch = "sm_75"
+    vendors = ("nvidia", "amd")
+    threads = 256
+
+    def kernel_of(self, req: OpRequest):
+        raise NotImplementedError
+
+    def cost(self, req: OpRequest) -> Cost:
+        return Cost(1.0, "rule", "one memory-bound pass")
+
+    def kernel_specs(self, req: OpRequest):
+        return (self.kernel_of(req).spec(self.target(req)),)
+
+    def launch_resources(self, req: OpRequest):
+        return (Resources(block=self.threads),)
+
+    def prefill_specs(self, archs, kernels) -> list:
+        """`kernels` (records with spec(arch)) on every arch of `archs` this candidate serves."""
+        from rtckern.registry.candidate import arch_filter
+
+        return list(dict.fromkeys(k.spec(t) for t in arch_filter(self).targets(archs) for k in kernels))
 
 
 # ---- registration at import ---------------------------------------------------------------------------------------

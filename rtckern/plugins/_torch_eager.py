@@ -4,6 +4,7 @@
     rtckern.torch.layer_norm(x, weight, bias, eps, zero_centered=False, out_dtype=None)
     rtckern.torch.attention(q, k, v, causal=False, softmax_scale=None)
     rtckern.torch.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
+    rtckern.torch.swiglu(gate, up)
 
 In plain eager code these skip the dispatcher altogether: they call what torch.ops.rtckern.<op>'s own fast path
 calls (`*_direct` in the family modules: rtckern's op without a gradient, the kernel op's autograd.Function with
@@ -74,3 +75,10 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if not plain_eager(q, k, cos, sin):
         return tuple(torch.ops.rtckern.rope(q, k, cos, sin, unsqueeze_dim))
     return _family("rtckern.plugins._torch_rope").rope_direct(q, k, cos, sin, unsqueeze_dim)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """torch.ops.rtckern.swiglu (silu(gate) * up), without the dispatcher in plain eager code."""
+    if not plain_eager(gate, up):
+        return torch.ops.rtckern.swiglu(gate, up)
+    return _family("rtckern.plugins._torch_glu").swiglu_direct(gate, up)

@@ -13,7 +13,8 @@ What is swapped:
 The new modules take over the same Parameter objects (optimizers, tied weights and state dicts are unchanged).
 With rope=True the attention modules of a transformers model run their rotary embedding on rtckern's kernel
 (_torch_hf_rope: their forward with apply_rotary_pos_emb bound to rtckern's op, after a probe of the function it
-replaces).
+replaces); with mlp=True gated MLPs (down_proj(silu(gate_proj(x)) * up_proj(x))) run their activation on rtckern's
+SwiGLU kernel (_torch_hf_mlp, after a probe of their forward).
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class PatchReport:
     attention: Optional[str] = None  # the model's attention implementation after patch(), if it has one
     rope: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (module path, class) on rtckern's RoPE
     rope_skipped: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # (path, class, reason)
+    mlp: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (module path, class) on rtckern's SwiGLU
+    mlp_skipped: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # (path, class, reason)
 
     def __str__(self) -> str:
         lines = [f"rtckern.torch.patch: replaced {len(self.replaced)} norm modules"]
@@ -45,6 +48,9 @@ class PatchReport:
         if self.rope or self.rope_skipped:
             lines.append(f"  rotary embedding on rtckern in {len(self.rope)} modules")
             lines += [f"  rotary embedding skipped in {path} ({cls}): {why}" for path, cls, why in self.rope_skipped]
+        if self.mlp or self.mlp_skipped:
+            lines.append(f"  SwiGLU activation on rtckern in {len(self.mlp)} MLPs")
+            lines += [f"  MLP skipped: {path} ({cls}): {why}" for path, cls, why in self.mlp_skipped]
         return "\n".join(lines)
 
 
@@ -131,16 +137,15 @@ def _set_attention(model: nn.Module, report: PatchReport) -> None:
     report.attention = getattr(model.config, "_attn_implementation", None)
 
 
-def patch(model: nn.Module, *, norms: bool = True, attention: bool = True, rope: bool = True,
+def patch(model: nn.Module, *, norms: bool = True, attention: bool = True, rope: bool = True, mlp: bool = True,
           rms_norm_classes: Iterable[type] = ()) -> PatchReport:
     """Swap model's norm modules for rtckern's in place; with attention=True and a transformers model, register
     and select attn_implementation="rtckern"; with rope=True, run the attention modules' rotary embedding
-    (transformers' apply_rotary_pos_emb) on rtckern's kernel. Returns what was replaced and what was skipped, and
-    why.
+    (transformers' apply_rotary_pos_emb) on rtckern's kernel; with mlp=True, run gated MLPs' activation on rtckern's
+    SwiGLU kernel. Returns what was replaced and what was skipped, and why.
 
-    Each part alone: patch(model, attention=False, rope=False) swaps only the norms, patch(model, norms=False,
-    rope=False) switches only the attention, patch(model, norms=False, attention=False) only the rotary embedding;
-    what a part leaves alone stays the model's own."""
+    Each part can be turned off (norms=False, attention=False, rope=False, mlp=False); what a part leaves alone stays
+    the model's own."""
     report = PatchReport()
     extra = tuple(rms_norm_classes)
     if norms:
@@ -168,4 +173,8 @@ def patch(model: nn.Module, *, norms: bool = True, attention: bool = True, rope:
         from ._torch_hf_rope import patch_rope
 
         report.rope, report.rope_skipped = patch_rope(model)
+    if mlp:
+        from ._torch_hf_mlp import patch_mlp
+
+        report.mlp, report.mlp_skipped = patch_mlp(model)
     return report

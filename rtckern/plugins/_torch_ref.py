@@ -399,3 +399,17 @@ def rope_table_grads(gq, gk, q, k, cos, sin, unsqueeze_dim):
 
     return (like(heads_sum(gq, q, False) + heads_sum(gk, k, False), cos),
             like(heads_sum(gq, q, True) + heads_sum(gk, k, True), sin))
+
+
+# ---- gated activations --------------------------------------------------------------------------------------------
+def swiglu(gate, up):
+    """silu(gate) * up in fp32, one rounding."""
+    g = _up(gate)
+    return (g * torch.sigmoid(g) * _up(up)).to(gate.dtype)
+
+
+def swiglu_bwd(dy, gate, up):
+    """(dgate, dup) of swiglu in fp32, one rounding each."""
+    g, u, d = _up(gate), _up(up), _up(dy)
+    s = torch.sigmoid(g)
+    return (d * u * s * (1 + g * (1 - s))).to(gate.dtype), (d * g * s).to(gate.dtype)

@@ -82,6 +82,11 @@ ROPE_ROW = {"shape": "Llama 4L training step (issue 22)", "batch": 2, "seqlen": 
             "autograd_fwd_bwd_us": 34.7, "torch_fwd_bwd_us": 356.4, "compiled_fwd_us": 16.3,
             "compiled_fwd_bwd_us": 68.8, "fwd_gbs": 3100.0, "bwd_gbs": 3000.0, "fwd_of_copy": 1.05,
             "bwd_of_copy": 1.01, "speedup_fwd_bwd_vs_torch": 10.3, "speedup_fwd_bwd_vs_compiled": 1.98}
+SWIGLU_ROW = {"shape": "Llama 4L training step (issue 22)", "tokens": 4096, "n": 5632, "fwd_rel_l2": 1.6e-3,
+              "bwd_rel_l2": 1.7e-3, "torch_fwd_rel_l2": 2.5e-3, "ok": True, "fwd_us": 50.0, "bwd_us": 80.0,
+              "torch_fwd_us": 100.0, "autograd_fwd_bwd_us": 140.0, "torch_fwd_bwd_us": 400.0, "compiled_fwd_us": 52.0,
+              "compiled_fwd_bwd_us": 170.0, "fwd_gbs": 2800.0, "bwd_gbs": 2900.0, "fwd_of_copy": 0.94,
+              "bwd_of_copy": 0.97, "speedup_fwd_bwd_vs_torch": 2.9, "speedup_fwd_bwd_vs_compiled": 1.2}
 PREFILL_ROW = {"wall_s": 10.0, "cpu_s": 12.0, "kernels": 5, "archs": "9.0", "reported_s": 9.5, "processes": 2,
                "loadavg_1min": [1.0, 1.1]}
 
@@ -188,6 +193,10 @@ SETS = {
         "rope", "Rotary position embedding (rtckern.ops.rope) against transformers' formula", [ROPE_ROW],
         device="NVIDIA H100 80GB HBM3", copy_gbs=2987.0,
         host_us={"fwd rtckern": 25.5, "fwd torch": 145.4, "fwd+bwd rtckern": 200.8, "fwd+bwd torch": 700.8}),
+    "swiglu_h100.json": payload(
+        "swiglu", "SwiGLU (rtckern.ops.swiglu) against torch's silu(gate) * up", [SWIGLU_ROW],
+        device="NVIDIA H100 80GB HBM3", copy_gbs=2987.0,
+        host_us={"fwd rtckern": 20.0, "fwd torch": 15.0, "fwd+bwd rtckern": 150.0, "fwd+bwd torch": 160.0}),
     "prefill.json": payload(
         "prefill", "rtckern prefill: the built-in kernel set, cold and warm, in CPU-seconds",
         [dict(PREFILL_ROW, run="cold (empty cache)"), dict(PREFILL_ROW, run="warm 1 (all cached)", cpu_s=0.5)],

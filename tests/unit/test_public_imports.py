@@ -99,6 +99,10 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._rope.geometry": "the vector-width and block-size rules, the launch contract and every kernel "
                                       "variant (compiled without spills)",
     },
+    "tests/unit/ops/test_glu.py": {
+        "rtckern.ops._glu.geometry": "the vector-width and grid rules, the launch contract and every kernel variant "
+                                     "(compiled without spills)",
+    },
     "tests/unit/ops/test_gemm_fp8.py": {
         "rtckern.ops._fp8.api": "scale_layout: the scale-granularity inference on plain shapes, without arrays",
         "rtckern.ops._fp8.candidates": "request builders, candidates' refusals and the prefill provider",

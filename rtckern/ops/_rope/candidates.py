@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rtckern import config
-from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.dtypes import describe
-from rtckern.registry import Candidate, Cost, OpRequest, Resources, register_kernel_provider, select
+from rtckern.registry import OpRequest, register_kernel_provider
 from rtckern.registry import options as opts
 
-from .._common import register_missing_builder, register_missing_candidates, run_once
+from .._common import OnePassCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, \
+    run_once
 from . import geometry
 from .geometry import OP, RopeKernel
 
@@ -33,12 +32,13 @@ def kernel_of(req: OpRequest) -> RopeKernel:
     return RopeKernel(req.dtype("x"), req.dtype("cos"), req.dim("vec"), bool(req.flag("backward")))
 
 
-class RowsCandidate(Candidate):
+class RowsCandidate(OnePassCandidate):
     name = "rope.rows"
     op = OP
-    priority = 100
-    min_arch = "sm_75"
-    vendors = ("nvidia", "amd")  # portable source: compiled for gfx90a by hiprtc in CI
+    threads = geometry.MAX_THREADS
+
+    def kernel_of(self, req: OpRequest) -> RopeKernel:
+        return kernel_of(req)
 
     def supports(self, req: OpRequest) -> str | None:
         kern, d = kernel_of(req), req.dim("head_dim")
@@ -54,30 +54,15 @@ class RowsCandidate(Candidate):
             return f"head_dim={d} must be even with half of it a multiple of the vector width {kern.vec}"
         return None
 
-    def cost(self, req: OpRequest) -> Cost:
-        return Cost(1.0, "rule", "one memory-bound pass over q and k")
-
-    def kernel_specs(self, req: OpRequest):
-        return (kernel_of(req).spec(self.target(req)),)
-
-    def launch_resources(self, req: OpRequest):
-        return (Resources(block=geometry.MAX_THREADS),)
-
 
 CANDIDATES = (RowsCandidate,)
 
-_selections = PlanCache("rope.selections")
+_selections = SelectionMemo("rope.selections")
 
 
 def selection(kernel: RopeKernel, head_dim: int, device: DeviceInfo, ordinal: int) -> Any:
-    """The registry's selection for this kernel and head dim on the device, memoized with the settings object it
-    was made under (a change of settings, such as RTCKERN_FORCE_IMPL, decides again)."""
-    s = config.settings()
-    key = (kernel, head_dim, ordinal)
-    hit = _selections.get(key)
-    if hit is None or hit[0] is not s:  # the object itself: an id could be reused by a later settings object
-        hit = _selections.put(key, (s, select(request(kernel, head_dim, device))))
-    return hit[1]
+    """The registry's selection for this kernel and head dim on the device (memoized per settings object)."""
+    return _selections.get((kernel, head_dim, ordinal), lambda: request(kernel, head_dim, device))
 
 
 # ---- explain / prefill ---------------------------------------------------------------------------------------------
@@ -99,15 +84,8 @@ def build_request(shape, dtype, device, **options) -> OpRequest:
 def prefill_specs(archs):
     """The kernels of the common requests on every arch the candidate serves (prefill provider): forward and
     backward at the widest vector for each dtype with its own-dtype cos / sin (what transformers passes)."""
-    from rtckern.registry.candidate import arch_filter
-
-    cand = RowsCandidate()
-    kernels = [RopeKernel(dt, dt, geometry.max_vector(dt, dt), bwd) for dt in geometry.DTYPES for bwd in (False, True)]
-    out = {}
-    for target in arch_filter(cand).targets(archs):
-        for kern in kernels:
-            out.setdefault(kern.spec(target), None)
-    return list(out)
+    return RowsCandidate().prefill_specs(archs, [RopeKernel(dt, dt, geometry.max_vector(dt, dt), bwd)
+                                                for dt in geometry.DTYPES for bwd in (False, True)])
 
 
 @run_once

@@ -83,6 +83,7 @@ def _cases():
         "attention_bwd_det": ("attention_bwd", (o, q.detach(), kv.detach(), kv.detach(), o, lse, False, 0.2, True)),
         "gemm": (a, wt, bias, "silu", True), "gemm_plain": ("gemm", (a, wt.detach().t().contiguous())),
         "rope": (qr, kr, cos, sin, 1), "rope_bwd": (qr.detach(), kr.detach(), cos, sin, 1),
+        "swiglu": (x, r), "swiglu_bwd": (r.detach(), x.detach(), r.detach()),
     }
 
 
@@ -91,7 +92,8 @@ CASES = ("attention", "attention_bwd", "attention_bwd_det", "attention_fwd", "at
          "gemm_plain", "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
          "rms_norm_mixed", "rope", "rope_bwd", "scaled_aligned_causal_masked_softmax",
          "scaled_aligned_causal_masked_softmax_bwd", "scaled_masked_softmax", "scaled_masked_softmax_bwd",
-         "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_bwd", "softmax", "softmax_bwd")
+         "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_bwd", "softmax", "softmax_bwd",
+         "swiglu", "swiglu_bwd")
 
 
 # fp8 inputs need their own cases (e4m3 tensors and scales): opchecked in tests/unit/plugins/test_torch_fp8.py through

@@ -234,8 +234,14 @@ def _rope_specs():
     return [s for s in kernel_providers()["rope"]([GFX90A]) if s.arch == GFX90A]
 
 
+def _glu_specs():
+    from rtckern.registry import kernel_providers
+
+    return [s for s in kernel_providers()["swiglu"]([GFX90A]) if s.arch == GFX90A]
+
+
 FAMILIES = {"norms": _norm_specs, "softmax": _softmax_specs, "attention": _attention_specs, "gemm": _gemm_specs,
-            "rope": _rope_specs}
+            "rope": _rope_specs, "glu": _glu_specs}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -50,7 +50,8 @@ EXPECTED = ["rms_norm", "rms_norm_fwd", "rms_norm_bwd", "fused_add_rms_norm", "f
             "scaled_aligned_causal_masked_softmax_bwd", "attention", "attention_fwd", "attention_bwd", "attention_varlen",
             "attention_varlen_fwd", "attention_varlen_bwd", "attention_with_kvcache", "gemm", "gemm_fp8",
             "quantize_fp8", "rms_norm_quant", "grouped_gemm", "grouped_gemm_masked", "grouped_gemm_fp8",
-            "grouped_gemm_fp8_masked", "rope", "rope_bwd"]
+            "grouped_gemm_fp8_masked", "rope", "rope_bwd", "swiglu",
+            "swiglu_bwd"]
 # ops that write some of their arguments in place (the schema's `Tensor(a!)`), and which
 WRITES = {"attention_with_kvcache": ["k_cache", "v_cache"]}  # the append of k_new / v_new into the caches
 

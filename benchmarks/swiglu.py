@@ -1,0 +1,177 @@
+"""SwiGLU (a gated MLP's activation): rtckern.ops.swiglu / swiglu_backward against torch's F.silu(gate) * up, eager
+and under torch.compile (Inductor's fused kernels).
+
+    python -m benchmarks swiglu [--quick] [--no-compile]
+
+Per shape (tokens x intermediate size, bf16, gate and up the outputs of two projections), after a check of both
+directions against a float64 reference: GPU time from CUDA-graph replays of 20 back-to-back calls, as GB/s (forward:
+gate and up read, y written; backward: dy, gate and up read, dgate and dup written) and as a fraction of this GPU's
+copy bandwidth. Forward + backward as a training step runs them: torch.autograd.grad through rtckern.torch.swiglu,
+through the eager formula and through the compiled formula, each captured in a CUDA graph. Host time per eager call
+at a tiny shape.
+"""
+from __future__ import annotations
+
+from benchmarks.rope import alternating_host_us, each_shape
+from benchmarks.runner import Result, Table, gpu_name
+
+SHAPES = (  # label, tokens, intermediate size
+    ("Llama 4L training step (issue 22)", 4096, 5632),
+    ("Llama-3.1-8B prefill 4k", 4096, 14336),
+    ("Llama-3.1-70B prefill 8k", 8192, 28672),
+    ("Llama-3.1-8B decode batch 64", 64, 14336),
+)
+QUICK = "the first two shapes"
+
+
+def add_args(ap) -> None:
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+
+
+def formula(gate, up):
+    import torch
+
+    return torch.nn.functional.silu(gate) * up
+
+
+def _check(g, u, dy) -> dict:
+    """Relative L2 error of each direction against float64; the eager formula's forward's."""
+    from rtckern.ops import swiglu, swiglu_backward
+    from rtckern.testing import torch_reference as R
+
+    def rel(a, b):
+        return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
+
+    g64, u64, d64 = g.double(), u.double(), dy.double()
+    y = R.swiglu(g64, u64)
+    dg, du = R.swiglu_bwd(d64, g64, u64)
+    got_dg, got_du = swiglu_backward(dy, g, u)
+    out = {"fwd_rel_l2": rel(swiglu(g, u), y), "bwd_rel_l2": max(rel(got_dg, dg), rel(got_du, du)),
+           "torch_fwd_rel_l2": rel(formula(g, u), y)}
+    out["ok"] = out["fwd_rel_l2"] < 4e-3 and out["bwd_rel_l2"] < 4e-3  # one bf16 rounding: 2^-8 at most, 2^-9 rms
+    return out
+
+
+def bench_shape(label, tokens, n, gen, copy_gbs: float, compiled) -> dict:
+    import torch
+
+    import rtckern.torch as rt
+    from benchmarks.gemm import graph_us
+    from rtckern.ops import swiglu, swiglu_backward
+
+    g, u, dy = (torch.randn(tokens, n, device="cuda", generator=gen).bfloat16() for _ in range(3))
+    r = {"shape": label, "tokens": tokens, "n": n, **_check(g, u, dy)}
+    elems = tokens * n * 2
+    r["fwd_us"] = graph_us(lambda: swiglu(g, u))
+    r["bwd_us"] = graph_us(lambda: swiglu_backward(dy, g, u))
+    r["torch_fwd_us"] = graph_us(lambda: formula(g, u))
+    gr, ur = g.detach().requires_grad_(), u.detach().requires_grad_()
+
+    def through(fn):
+        return lambda: torch.autograd.grad(fn(gr, ur), (gr, ur), dy)
+    r["autograd_fwd_bwd_us"] = graph_us(through(rt.swiglu))
+    r["torch_fwd_bwd_us"] = graph_us(through(formula))
+    if compiled is not None:
+        r["compiled_fwd_us"] = graph_us(lambda: compiled(g, u))
+        r["compiled_fwd_bwd_us"] = graph_us(through(compiled))
+    r["fwd_gbs"] = 3 * elems / 2 / r["fwd_us"] / 1e3  # gate, up in; y out
+    r["bwd_gbs"] = 5 * elems / 2 / r["bwd_us"] / 1e3  # dy, gate, up in; dgate, dup out
+    r["fwd_of_copy"], r["bwd_of_copy"] = r["fwd_gbs"] / copy_gbs, r["bwd_gbs"] / copy_gbs
+    r["speedup_fwd_bwd_vs_torch"] = r["torch_fwd_bwd_us"] / r["autograd_fwd_bwd_us"]
+    if compiled is not None:
+        r["speedup_fwd_bwd_vs_compiled"] = r["compiled_fwd_bwd_us"] / r["autograd_fwd_bwd_us"]
+    return r
+
+
+def host_cost(gen) -> dict:
+    """us per eager call (host time to submit) at a tiny shape, rtckern.torch.swiglu against the formula, forward and
+    forward + backward through autograd; alternating rounds."""
+    import torch
+
+    import rtckern.torch as rt
+
+    g, u, dy = (torch.randn(1, 14336, device="cuda", generator=gen).bfloat16() for _ in range(3))
+    gr, ur = g.detach().requires_grad_(), u.detach().requires_grad_()
+    calls = {"fwd rtckern": lambda: rt.swiglu(g, u), "fwd torch": lambda: formula(g, u),
+             "fwd+bwd rtckern": lambda: torch.autograd.grad(rt.swiglu(gr, ur), (gr, ur), dy),
+             "fwd+bwd torch": lambda: torch.autograd.grad(formula(gr, ur), (gr, ur), dy)}
+    return alternating_host_us(calls)
+
+
+def run(args) -> Result:
+    import torch
+
+    from benchmarks.attention_kvcache import copy_bandwidth
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(5)
+    copy_gbs = copy_bandwidth()
+
+    def measure(*shape):
+        r = bench_shape(*shape[:-1], gen, copy_gbs, shape[-1])
+        print(f"{r['shape']}: fwd {r['fwd_us']:.1f} us ({r['fwd_of_copy']:.2f} copy), bwd {r['bwd_us']:.1f} us "
+              f"({r['bwd_of_copy']:.2f}); fwd+bwd {r['autograd_fwd_bwd_us']:.1f} vs torch {r['torch_fwd_bwd_us']:.1f}"
+              f" / compiled {r.get('compiled_fwd_bwd_us')}", flush=True)
+        return r
+
+    rows = each_shape(SHAPES[:2] if args.quick else SHAPES, formula, args.no_compile, measure)
+    return result(rows, {"copy_gbs": copy_gbs, "host_us": host_cost(gen)})
+
+
+def _f(v, fmt="{:.1f}"):
+    return None if v is None else fmt.format(v)
+
+
+def result(rows: list[dict], data: dict) -> Result:
+    table = Table(("shape", "tokens x N", "fwd us", "fwd / copy", "bwd us", "bwd / copy", "fwd+bwd us", "torch fwd us",
+                   "torch fwd+bwd us", "compiled fwd us", "compiled fwd+bwd us", "fwd+bwd vs torch",
+                   "fwd+bwd vs compiled", "rel L2 fwd / bwd", "torch rel L2 fwd"),
+                  [(r["shape"], f"{r['tokens']} x {r['n']}", _f(r["fwd_us"]), _f(r["fwd_of_copy"], "{:.2f}"),
+                    _f(r["bwd_us"]), _f(r["bwd_of_copy"], "{:.2f}"), _f(r["autograd_fwd_bwd_us"]),
+                    _f(r["torch_fwd_us"]), _f(r["torch_fwd_bwd_us"]), _f(r.get("compiled_fwd_us")),
+                    _f(r.get("compiled_fwd_bwd_us")), _f(r["speedup_fwd_bwd_vs_torch"], "{:.2f}x"),
+                    _f(r.get("speedup_fwd_bwd_vs_compiled"), "{:.2f}x"),
+                    f"{r['fwd_rel_l2']:.1e} / {r['bwd_rel_l2']:.1e}", f"{r['torch_fwd_rel_l2']:.1e}") for r in rows])
+    host = data["host_us"]
+    host_table = Table(("call", "rtckern us", "torch formula us", "ratio"),
+                       [(what, f"{host[f'{what} rtckern']:.1f}", f"{host[f'{what} torch']:.1f}",
+                         f"{host[f'{what} rtckern'] / host[f'{what} torch']:.2f}x") for what in ("fwd", "fwd+bwd")],
+                       title="Host time per eager call ((1, 14336); 500 calls, median of 5 alternating rounds)")
+    body = [f"bf16 gate, up (and dy) of shape tokens x N. Copy bandwidth of this GPU in this run: "
+            f"{data['copy_gbs']:.0f} GB/s. Every time: CUDA-graph replays of 20 back-to-back calls (GPU time). "
+            "fwd / bwd: rtckern.ops.swiglu and swiglu_backward; fwd+bwd: torch.autograd.grad through "
+            "rtckern.torch.swiglu, through torch's F.silu(gate) * up (torch), and through the same under "
+            "torch.compile (Inductor); 'vs' = their time / rtckern's. Errors: relative L2 against float64.",
+            table, host_table]
+    return Result("SwiGLU (rtckern.ops.swiglu) against torch's silu(gate) * up", rows=rows, body=body, data=data,
+                  rc=0 if all(r["ok"] for r in rows) else 1, plot=lambda plt, meta: _plot(plt, rows, meta))
+
+
+def render(payload: dict) -> Result:
+    from benchmarks.runner import stored_data
+
+    return result(payload["rows"], stored_data(payload))
+
+
+def _plot(plt, rows: list[dict], meta: dict):
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    labels = [r["shape"].replace(" (issue 22)", "") for r in rows]
+    x = range(len(rows))
+    axes[0].bar([i - 0.2 for i in x], [r["fwd_of_copy"] for r in rows], width=0.4, label="forward")
+    axes[0].bar([i + 0.2 for i in x], [r["bwd_of_copy"] for r in rows], width=0.4, label="backward")
+    axes[0].axhline(1.0, color="grey", lw=0.5)
+    axes[0].set_ylabel("fraction of copy bandwidth")
+    axes[0].set_title("rtckern swiglu: bytes moved per second / copy bandwidth", fontsize=9)
+    for j, (key, name) in enumerate((("speedup_fwd_bwd_vs_torch", "vs silu(gate) * up (eager)"),
+                                     ("speedup_fwd_bwd_vs_compiled", "vs the same under torch.compile"))):
+        axes[1].bar([i + (j - 0.5) * 0.4 for i in x], [r.get(key) or 0 for r in rows], width=0.4, label=name)
+    axes[1].axhline(1.0, color="grey", lw=0.5)
+    axes[1].set_ylabel("speedup of forward + backward (GPU time)")
+    axes[1].set_title("forward + backward against torch", fontsize=9)
+    for ax in axes:
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, fontsize=7, rotation=15)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"SwiGLU, bf16, on {gpu_name(meta)}, {(meta.get('date') or '')[:10]}", fontsize=10)
+    fig.tight_layout()
+    return fig
