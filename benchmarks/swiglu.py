@@ -61,7 +61,7 @@ def bench_shape(label, tokens, n, gen, copy_gbs: float, compiled) -> dict:
 
     g, u, dy = (torch.randn(tokens, n, device="cuda", generator=gen).bfloat16() for _ in range(3))
     r = {"shape": label, "tokens": tokens, "n": n, **_check(g, u, dy)}
-    elems = tokens * n * 2
+    array_bytes = tokens * n * 2  # one bf16 array
     r["fwd_us"] = graph_us(lambda: swiglu(g, u))
     r["bwd_us"] = graph_us(lambda: swiglu_backward(dy, g, u))
     r["torch_fwd_us"] = graph_us(lambda: formula(g, u))
@@ -74,8 +74,8 @@ def bench_shape(label, tokens, n, gen, copy_gbs: float, compiled) -> dict:
     if compiled is not None:
         r["compiled_fwd_us"] = graph_us(lambda: compiled(g, u))
         r["compiled_fwd_bwd_us"] = graph_us(through(compiled))
-    r["fwd_gbs"] = 3 * elems / 2 / r["fwd_us"] / 1e3  # gate, up in; y out
-    r["bwd_gbs"] = 5 * elems / 2 / r["bwd_us"] / 1e3  # dy, gate, up in; dgate, dup out
+    r["fwd_gbs"] = 3 * array_bytes / r["fwd_us"] / 1e3  # gate, up in; y out
+    r["bwd_gbs"] = 5 * array_bytes / r["bwd_us"] / 1e3  # dy, gate, up in; dgate, dup out
     r["fwd_of_copy"], r["bwd_of_copy"] = r["fwd_gbs"] / copy_gbs, r["bwd_gbs"] / copy_gbs
     r["speedup_fwd_bwd_vs_torch"] = r["torch_fwd_bwd_us"] / r["autograd_fwd_bwd_us"]
     if compiled is not None:

@@ -154,9 +154,12 @@ def _setup(ctx, inputs, output):
     q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, _ = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], cu_q, cu_k)
     ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = max_q, max_k, causal, softmax_scale
+    ctx.set_materialize_grads(False)  # no zeros for the lse's gradient, which the formula ignores (a launch saved)
 
 
 def _backward(ctx, dout, _dlse):
+    if dout is None:  # only the lse was used: no gradient reaches q, k or v through it
+        return (None,) * 10
     q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
     if lse.numel() == 0 and o.numel() != 0:  # forward called without return_lse while a gradient was needed
         o, lse = attention_varlen_fwd(q, k, v, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, True)

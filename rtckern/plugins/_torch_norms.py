@@ -172,6 +172,7 @@ def _rms_setup(ctx, inputs, output):
     x, weight, eps, zero_centered, out_dtype, _ = inputs
     ctx.save_for_backward(x, weight, output[1])
     ctx.eps, ctx.zero_centered = eps, zero_centered
+    ctx.set_materialize_grads(False)  # no zeros for rstd's gradient, which the formula ignores (a launch saved)
 
 
 def _rstd(ctx, x, weight, rstd):
@@ -182,6 +183,8 @@ def _rstd(ctx, x, weight, rstd):
 
 
 def _rms_backward(ctx, dy, _drstd):
+    if dy is None:  # only rstd was used: no gradient reaches x or the weight through it
+        return (None,) * 6
     x, weight, rstd = ctx.saved_tensors
     want_w = weight is not None and ctx.needs_input_grad[1]
     dx, dw = rms_norm_bwd(dy.contiguous(), x, weight, _rstd(ctx, x, weight, rstd), ctx.zero_centered, want_w, None)
@@ -215,9 +218,12 @@ def _ln_setup(ctx, inputs, output):
     x, weight, bias, eps, zero_centered, out_dtype, _ = inputs
     ctx.save_for_backward(x, weight, bias, output[1], output[2])
     ctx.eps, ctx.zero_centered = eps, zero_centered
+    ctx.set_materialize_grads(False)  # no zeros for the statistics' gradients, which the formula ignores
 
 
 def _ln_backward(ctx, dy, _dmean, _drstd):
+    if dy is None:  # only the statistics were used: no gradient reaches x, the weight or the bias through them
+        return (None,) * 7
     x, weight, bias, mean, rstd = ctx.saved_tensors
     if rstd.numel() == 0 and x.numel() != 0:
         _, mean, rstd = layer_norm_fwd(x, weight, bias, ctx.eps, ctx.zero_centered, None, True)

@@ -850,3 +850,21 @@ def test_transformers_from_config_with_attn_implementation_rtckern():
                                    num_attention_heads=2, num_key_value_heads=1)
     model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="rtckern")
     assert model.config._attn_implementation == "rtckern"
+
+
+def test_a_gradient_through_the_statistics_alone_reaches_nothing():
+    """The statistics' gradients (rstd, mean, lse) are not materialized as zeros for the formulas (which ignore
+    them); a loss on a statistic alone gives the inputs no gradient instead of a backward launch on zeros."""
+    x, w, b = rand(4, 8, requires_grad=True), rand(8, requires_grad=True), rand(8, requires_grad=True)
+    q = rand(1, 6, 2, 8, requires_grad=True)
+    with rt.reference_mode():
+        _, rstd = ops.rms_norm_fwd(x, w, 1e-6, False, None, True)
+        assert torch.autograd.grad(rstd.sum(), (x, w), allow_unused=True) == (None, None)
+        _, mean, rstd = ops.layer_norm_fwd(x, w, b, 1e-5, False, None, True)
+        assert torch.autograd.grad(mean.sum() + rstd.sum(), (x, w, b), allow_unused=True) == (None, None, None)
+        _, lse = ops.attention_fwd(q, q, q, True, None, True)
+        assert torch.autograd.grad(lse.sum(), (q,), allow_unused=True) == (None,)
+        y, rstd = ops.rms_norm_fwd(x, w, 1e-6, False, None, True)  # both used: the output's gradient flows
+        gx, gw = torch.autograd.grad(y.sum() + rstd.sum(), (x, w))
+        want = torch.autograd.grad(R.rms_norm_fwd(x, w, 1e-6, False, None, False)[0].sum(), (x, w))
+        assert torch.allclose(gx, want[0], atol=1e-5) and torch.allclose(gw, want[1], atol=1e-5)
