@@ -105,6 +105,15 @@ def test_gqa_and_no_k():
     assert none is None and torch.equal(oq2, oq)
 
 
+def test_positions_wider_than_a_block():
+    """128 + 16 heads at head dim 256: 2,304 pieces per position, three passes of a 768-thread block."""
+    q, k, cos, sin = _inputs(2, 9, 128, 16, 256, "bf16", "bf16", "view")
+    for fn, backward in ((ops.rope, False), (ops.rope_backward, True)):
+        oq, ok = fn(q, k, cos, sin)
+        _check(oq, q, cos, sin, 1, backward, "bf16")
+        _check(ok, k, cos, sin, 1, backward, "bf16")
+
+
 def test_unaligned_and_non_dense_inputs():
     """q and k slices of one fused projection (rows 16-byte aligned but not dense), and an input one element off
     16-byte alignment (the scalar path)."""

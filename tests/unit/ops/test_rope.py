@@ -37,7 +37,9 @@ def test_vector_width_takes_the_widest_aligned_access():
 
 
 def test_block_threads():
-    assert [G.block_threads(n) for n in (1, 32, 33, 160, 256, 10_000)] == [32, 32, 64, 160, 256, 256]
+    # one pass over a position's pieces up to 1024 threads, then balanced passes of whole warps
+    assert [G.block_threads(n) for n in (1, 32, 33, 160, 320, 1024, 1025, 10_000)] == \
+        [32, 32, 64, 160, 320, 1024, 544, 1024]
 
 
 def _request(kern, head_dim: int, arch: str = "sm_90"):
