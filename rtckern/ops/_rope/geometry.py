@@ -67,8 +67,8 @@ def variants() -> tuple[RopeKernel, ...]:
 
 def block_threads(items: int) -> int:
     """Threads of a block for `items` pieces per position: as few passes over them as MAX_THREADS allows, each as
-    full as the others (whole warps). 256 threads for Llama-3.1-8B's 320 pieces (32 + 8 heads x 8) left a second
-    pass a quarter full: 0.89-0.91x copy bandwidth against 0.97-1.05x at the other shapes."""
+    full as the others (whole warps). (Against blocks of at most 256 threads, which left Llama-3.1-8B's 320 pieces
+    a second pass a quarter full, the benchmark read the same: docs/performance.md.)"""
     passes = max(1, -(-items // MAX_THREADS))
     per_pass = -(-items // passes)
     return max(32, -(-per_pass // 32) * 32)
