@@ -121,9 +121,11 @@ def _qk(a: arr.DeviceArray, name: str, axis: int) -> tuple[int, int, int, int]:
     return b, heads, seqlen, d
 
 
-def _row_strides(st: tuple, axis: int) -> tuple[int, int, int]:
-    """(batch, head, position) strides in elements of a q / k layout."""
-    return (st[0], st[1], st[2]) if axis == 1 else (st[0], st[2], st[1])
+def _row_strides(shape: tuple, st: tuple, axis: int) -> tuple[int, int, int]:
+    """(batch, head, position) strides in elements of a q / k layout; 0 for a dimension of size 1 (whatever stride
+    torch gave it, so that it does not narrow the vector width)."""
+    order = (0, 1, 2) if axis == 1 else (0, 2, 1)
+    return tuple(st[i] if shape[i] > 1 else 0 for i in order)
 
 
 def _table(t: arr.DeviceArray, name: str, batch: int, seqlen: int, d: int) -> tuple[int, int]:
@@ -141,7 +143,7 @@ def _table(t: arr.DeviceArray, name: str, batch: int, seqlen: int, d: int) -> tu
     if d > 1 and strides[2] != 1:
         raise InputError(f"{name} has strides {t.strides}: its last dimension (head_dim) must be contiguous; pass "
                          f"{name}.contiguous()")
-    return (0 if shape[0] == 1 else strides[0]), strides[1]
+    return (0 if shape[0] == 1 else strides[0]), (0 if seqlen == 1 else strides[1])
 
 
 def _build(q, k, cos, sin, unsqueeze_dim, backward: bool) -> plan.RopePlan:
@@ -172,9 +174,9 @@ def _build(q, k, cos, sin, unsqueeze_dim, backward: bool) -> plan.RopePlan:
     if C.dtype != S.dtype or C.dtype not in geometry.cos_dtypes(Q.dtype):
         raise InputError(f"cos is {C.dtype} and sin {S.dtype}; with {Q.dtype} {names[0]} both must be one of "
                          f"{', '.join(geometry.cos_dtypes(Q.dtype))} (transformers passes them in q's dtype)")
-    for a in (K, C, S):
+    for a, name in ((K, names[1]), (C, "cos"), (S, "sin")):
         if a is not None:
-            arr.check_same_place(Q, a, names[0], "k/cos/sin")
+            arr.check_same_place(Q, a, names[0], name)
     c_strides, s_strides = _table(C, "cos", b, seqlen, d), _table(S, "sin", b, seqlen, d)
     if b * seqlen >= 2**31:
         raise InputError(f"batch * seqlen = {b * seqlen}: rope launches a block per position, fewer than 2^31; split "
@@ -184,10 +186,10 @@ def _build(q, k, cos, sin, unsqueeze_dim, backward: bool) -> plan.RopePlan:
     k_layout = None if k is None else (tuple(k.shape), torch.empty_like(k).stride())
     if b * seqlen == 0 or hq + hk == 0:
         return plan.RopePlan(settings, q, q_layout, k_layout, None, (), "")
-    q_rows, oq_rows = _row_strides(Q.strides, unsqueeze_dim), _row_strides(q_layout[1], unsqueeze_dim)
+    q_rows, oq_rows = (_row_strides(Q.shape, st, unsqueeze_dim) for st in (Q.strides, q_layout[1]))
     k_rows = ok_rows = (0, 0, 0)
     if K is not None:
-        k_rows, ok_rows = _row_strides(K.strides, unsqueeze_dim), _row_strides(k_layout[1], unsqueeze_dim)
+        k_rows, ok_rows = (_row_strides(K.shape, st, unsqueeze_dim) for st in (K.strides, k_layout[1]))
     half = d // 2
     vec = geometry.vector_width(Q.dtype, C.dtype, half, (Q.ptr, 0 if K is None else K.ptr),
                                 q_rows + k_rows + oq_rows + ok_rows, (C.ptr, S.ptr), c_strides + s_strides)
