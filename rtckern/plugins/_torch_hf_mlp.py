@@ -68,9 +68,16 @@ def _activation(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return E.swiglu(gate, up)
 
 
-def swiglu_mlp_forward(self, x):
-    """A gated MLP's forward on rtckern's SwiGLU (its own projections)."""
-    return self.down_proj(_activation(self, self.gate_proj(x), self.up_proj(x)))
+class SwigluForward:
+    """A patched MLP's forward: its own projections around rtckern's SwiGLU. An object rather than a bound function,
+    so that the module still pickles (torch.save of a whole model) and deep-copies with its patch."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def __call__(self, x):
+        m = self.module
+        return m.down_proj(_activation(m, m.gate_proj(x), m.up_proj(x)))
 
 
 def patch_mlp(model: torch.nn.Module) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
@@ -83,13 +90,13 @@ def patch_mlp(model: torch.nn.Module) -> tuple[list[tuple[str, str]], list[tuple
         cls = type(mod).__qualname__
         bound = mod.__dict__.get("forward")
         if bound is not None:
-            if getattr(bound, "__func__", None) is not swiglu_mlp_forward:
+            if not isinstance(bound, SwigluForward):
                 skipped.append((path, cls, "the instance has a forward of its own"))
             continue  # patched before, or someone else's
         why = probe(mod)
         if why is not None:
             skipped.append((path, cls, why))
             continue
-        mod.forward = types.MethodType(swiglu_mlp_forward, mod)
+        mod.forward = SwigluForward(mod)
         replaced.append((path, cls))
     return replaced, skipped

@@ -3,8 +3,9 @@
 transformers' attention modules call a module-level apply_rotary_pos_emb(q, k, cos, sin) from their forward (q and k
 (batch, heads, seqlen, head_dim) views of the projections; ~14 elementwise ops forward and as many backward for q and
 k). patch() gives each attention module whose class's forward calls that name a forward of its own: the same code
-with that one global name bound to rtckern's op (rtckern.torch.apply_rotary_pos_emb), so nothing outside the patched
-model changes (other models, the module's globals). The function it replaces is probed first on a small CPU input
+with that one global name bound to rtckern's op (rtckern.torch.apply_rotary_pos_emb) in a copy of the modeling
+module's namespace (`<module>.rtckern_rope` in sys.modules), so nothing outside the patched model changes (other
+models, the modeling module's globals). The function it replaces is probed first on a small CPU input
 and must compute the rotate-half embedding; a model whose function computes anything else (interleaved pairs,
 partial rotary, multimodal sections, extra arguments) keeps its own and is reported. At run time calls the kernel
 cannot take (CPU tensors, fp64, an odd head dim, other argument forms) run the model's own function, with one warning
@@ -12,6 +13,7 @@ cannot take (CPU tensors, fp64, an odd head dim, other argument forms) run the m
 """
 from __future__ import annotations
 
+import sys
 import types
 from typing import Callable, Optional
 
@@ -69,19 +71,52 @@ def rtckern_rope(original: Callable) -> Callable:
             return original(q, k, cos, sin, *rest, **kwargs)
         return E.apply_rotary_pos_emb(q, k, cos, sin, kwargs.get("unsqueeze_dim", 1))
 
-    apply_rotary_pos_emb.rtckern_original = original  # what patch() replaced (and a marker: already patched)
+    apply_rotary_pos_emb.rtckern_original = original  # what patch() replaced
     return apply_rotary_pos_emb
 
 
+class RopeForward:
+    """A patched module's forward: its class's forward with NAME bound to rtckern's op. An object rather than a bound
+    function, so that the module still pickles (torch.save of a whole model: the class's forward and the replaced
+    function are stored by reference, and the bound code is rebuilt on load) and deep-copies with its patch."""
+
+    def __init__(self, module: torch.nn.Module, forward: types.FunctionType, original: Callable):
+        self.module, self.forward, self.original = module, forward, original
+        self._fn = _forward_with_rope(forward, original)
+
+    def __call__(self, *args, **kwargs):
+        return self._fn(self.module, *args, **kwargs)
+
+    def __getstate__(self):
+        return {"module": self.module, "forward": self.forward, "original": self.original}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+
 def _forward_with_rope(forward: types.FunctionType, original: Callable) -> types.FunctionType:
-    """forward's code with NAME bound to rtckern's op in a copy of its globals."""
-    g = dict(forward.__globals__)
-    g[NAME] = rtckern_rope(original)
-    fn = types.FunctionType(forward.__code__, g, forward.__name__, forward.__defaults__, forward.__closure__)
+    """forward's code with NAME bound to rtckern's op, in the namespace of a module of its own (_rope_module)."""
+    fn = types.FunctionType(forward.__code__, _rope_module(forward.__globals__, original).__dict__, forward.__name__,
+                            forward.__defaults__, forward.__closure__)
     fn.__kwdefaults__ = forward.__kwdefaults__
-    fn.__qualname__, fn.__doc__, fn.__module__ = forward.__qualname__, forward.__doc__, forward.__module__
+    fn.__qualname__, fn.__doc__ = forward.__qualname__, forward.__doc__
     fn.__dict__.update(forward.__dict__)
     return fn
+
+
+def _rope_module(base: dict, original: Callable) -> types.ModuleType:
+    """A copy of a modeling module's globals with NAME bound to rtckern's op, as a module registered in sys.modules
+    under `<module>.rtckern_rope`: torch.compile guards a function's globals through its module's name, so the
+    namespace must be a module of its own, not the modeling module (whose NAME is still transformers' function)."""
+    name = f"{base.get('__name__', 'module')}.rtckern_rope"
+    mod = sys.modules.get(name)
+    if mod is None or getattr(mod.__dict__.get(NAME), "rtckern_original", None) is not original:
+        mod = types.ModuleType(name)
+        mod.__dict__.update(base)
+        mod.__dict__.update(__name__=name, __spec__=None)
+        mod.__dict__[NAME] = rtckern_rope(original)
+        sys.modules[name] = mod
+    return mod
 
 
 def patch_rope(model: torch.nn.Module) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
@@ -96,11 +131,9 @@ def patch_rope(model: torch.nn.Module) -> tuple[list[tuple[str, str]], list[tupl
         cls = type(mod).__qualname__
         bound = mod.__dict__.get("forward")
         if bound is not None:
-            fn = getattr(bound, "__func__", None)
-            if fn is not None and hasattr(fn.__globals__.get(NAME), "rtckern_original"):
-                continue  # patched before
-            skipped.append((path, cls, "the instance has a forward of its own"))
-            continue
+            if not isinstance(bound, RopeForward):
+                skipped.append((path, cls, "the instance has a forward of its own"))
+            continue  # patched before, or someone else's
         original = forward.__globals__.get(NAME)
         if not callable(original):
             skipped.append((path, cls, f"its module has no callable {NAME}"))
@@ -111,6 +144,6 @@ def patch_rope(model: torch.nn.Module) -> tuple[list[tuple[str, str]], list[tupl
         if why is not None:
             skipped.append((path, cls, why))
             continue
-        mod.forward = types.MethodType(_forward_with_rope(forward, original), mod)
+        mod.forward = RopeForward(mod, forward, original)
         replaced.append((path, cls))
     return replaced, skipped

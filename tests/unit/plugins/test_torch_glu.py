@@ -4,6 +4,7 @@ GELU-gated one and other forms left alone and reported), per-instance binding, d
 from __future__ import annotations
 
 import copy
+import io
 import warnings
 
 import pytest
@@ -80,7 +81,16 @@ def test_patch_replaces_silu_gated_mlps_and_reports_the_others():
     assert "SwiGLU activation on rtckern in 2 MLPs" in str(report)
     assert rt.patch(model).mlp == []  # patched before
     twin = copy.deepcopy(model)
-    assert twin["llama"].forward.__self__ is twin["llama"]
+    assert twin["llama"].forward.module is twin["llama"]
+    buf = io.BytesIO()
+    torch.save(model, buf)  # a whole pickled model keeps its patch
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert loaded["llama"].forward.module is loaded["llama"]
+    x = torch.randn(3, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU tensors: the module's own formula, with a warning
+        assert torch.equal(loaded["llama"](x), model["llama"](x))
     assert "forward" not in _Mlp().__dict__
     kept = nn.ModuleDict({"llama": _Mlp()})
     assert rt.patch(kept, mlp=False).mlp == [] and "forward" not in kept["llama"].__dict__

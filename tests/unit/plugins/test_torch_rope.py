@@ -4,6 +4,7 @@ patch() on transformers-style attention modules: the probe, per-instance binding
 from __future__ import annotations
 
 import copy
+import io
 import sys
 import types
 import warnings
@@ -127,13 +128,36 @@ def test_patch_binds_each_attention_module_and_leaves_others_alone():
     assert "rotary embedding on rtckern in 2 modules" in str(report)
     assert rt.patch(model).rope == []  # already patched
     assert "forward" not in bystander.__dict__ and hf.apply_rotary_pos_emb.__name__ == "apply_rotary_pos_emb"
-    bound = model["a"].forward.__func__.__globals__["apply_rotary_pos_emb"]
+    fn = model["a"].forward._fn
+    bound = fn.__globals__["apply_rotary_pos_emb"]
     assert bound.rtckern_original is hf.apply_rotary_pos_emb  # rtckern's op, in this instance's forward only
-    assert model["a"].forward.__func__.__code__ is hf.Attention.forward.__code__
+    assert fn.__code__ is hf.Attention.forward.__code__
     twin = copy.deepcopy(model)
-    assert twin["a"].forward.__self__ is twin["a"]
+    assert twin["a"].forward.module is twin["a"]
+    buf = io.BytesIO()
+    torch.save(model, buf)  # a whole pickled model keeps its patch
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert loaded["a"].forward.module is loaded["a"]
+    assert loaded["a"].forward._fn.__globals__["apply_rotary_pos_emb"].rtckern_original is hf.apply_rotary_pos_emb
     untouched = torch.nn.ModuleDict({"a": hf.Attention()})
     assert rt.patch(untouched, rope=False).rope == [] and "forward" not in untouched["a"].__dict__
+
+
+def test_a_patched_module_compiles_with_fullgraph():
+    """torch.compile guards a function's globals through its module's name: the patched forward's namespace is a
+    module of its own (`<module>.rtckern_rope`), so the guards see rtckern's function, not transformers'."""
+    hf = _module("rtckern_test_modeling_rope3", _MODELING)
+    model = torch.nn.ModuleDict({"a": hf.Attention()})
+    rt.patch(model)
+    assert sys.modules["rtckern_test_modeling_rope3.rtckern_rope"].apply_rotary_pos_emb.rtckern_original is \
+        hf.apply_rotary_pos_emb
+    q, k, cos, sin = (t.detach().float() for t in _inputs())
+    f = torch.compile(lambda q, k: model["a"](q, k, cos, sin), fullgraph=True, backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU tensors: the model's own function (traced without a warning)
+        for a, b in zip(f(q, k), _hf(q, k, cos, sin)):
+            assert torch.allclose(a, b, atol=1e-6)
 
 
 def test_calls_the_kernel_cannot_take_run_the_models_function_with_one_warning():
