@@ -50,7 +50,7 @@ class PatchReport:
             lines += [f"  rotary embedding skipped in {path} ({cls}): {why}" for path, cls, why in self.rope_skipped]
         if self.mlp or self.mlp_skipped:
             lines.append(f"  SwiGLU activation on rtckern in {len(self.mlp)} MLPs")
-            lines += [f"  MLP skipped: {path} ({cls}): {why}" for path, cls, why in self.mlp_skipped]
+            lines += [f"  MLP activation skipped in {path} ({cls}): {why}" for path, cls, why in self.mlp_skipped]
         return "\n".join(lines)
 
 
