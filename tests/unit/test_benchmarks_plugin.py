@@ -83,8 +83,11 @@ def test_training_point_and_report_on_a_tiny_llama():
     pytest.importorskip("transformers")
     tr = T.run_training_point(runs=2, reps=1, device="cpu", seq=32, packed_tokens=64, lengths=(8, 40), **P.TINY)
     assert set(tr["speed"]) == set(T.VARIANTS) and all(len(s["speedups"]) == 2 for s in tr["speed"].values())
-    assert tr["variants"]["attention"] == {"patch": {"norms": False}, "norms_replaced": 0, "attention": "rtckern"}
+    only = {"norms": False, "attention": False, "rope": False, "mlp": False}
+    assert tr["variants"]["attention"] == {"patch": {**only, "attention": True}, "norms_replaced": 0,
+                                           "rope_modules": 0, "mlp_modules": 0, "attention": "rtckern"}
     assert tr["variants"]["norms"]["norms_replaced"] == 5 and tr["variants"]["norms"]["attention"] == "sdpa"
+    assert tr["variants"]["rope"]["rope_modules"] == 2 and tr["variants"]["mlp"]["mlp_modules"] == 2
     assert tr["served"]["norms"].startswith("falls back: UnsupportedRequestError") and "on cpu" in tr["served"]["norms"]
     assert not any(tr["accuracy_failures"].values())
     pk = tr["packed"]
@@ -92,9 +95,11 @@ def test_training_point_and_report_on_a_tiny_llama():
     assert set(pk["fwd_bwd_ms"]) == {name for name, _, _ in T.PACKED_CONFIGS}
     res = {"train": tr, "e2e": {}, "parts": ["train", "packed"]}
     md = "\n".join(part.markdown() if isinstance(part, runner.Table) else str(part) for part in P._body(res))
-    assert "## training step: Llama 2 layers" in md and "| full | patch(): 5 norms, attention=rtckern |" in md
+    assert "## training step: Llama 2 layers" in md
+    assert "| full | patch(): 5 norms, attention=rtckern, rope in 2 modules, swiglu in 2 MLPs |" in md
     assert "packed vs padded: 64 tokens" in md and "accuracy failures: none" in md
-    assert [r["part"] for r in P._rows(res)] == ["train"] * 4 + ["packed"] * 4 and not P._failures(res)
+    assert [r["part"] for r in P._rows(res)] == ["train"] * len(T.VARIANTS) + ["packed"] * 4
+    assert not P._failures(res)
     assert not any("gpu_ms" in s for s in tr["speed"].values())  # GPU time per step is measured on a GPU only
 
 
