@@ -63,15 +63,11 @@ def _setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
 
-def _dense_rows(g):
-    """A gradient the kernel can read: rows with the last dimension contiguous (autograd may hand over expanded
-    ones)."""
-    return g if g.stride(-1) == 1 or g.shape[-1] == 1 else g.contiguous()
-
-
 def _backward(ctx, dy):
     gate, up = ctx.saved_tensors
-    return swiglu_bwd(_dense_rows(dy), gate, up)
+    # the kernel reads rows that do not overlap; autograd may hand over expanded gradients (a loss summing y over a
+    # leading dimension gives row stride 0): contiguous() copies those and returns a contiguous dy as it is
+    return swiglu_bwd(dy.contiguous(), gate, up)
 
 
 swiglu.register_autograd(_backward, setup_context=_setup)

@@ -45,11 +45,16 @@ def probe(mod: torch.nn.Module) -> Optional[str]:
         if getattr(getattr(mod, part), "bias", None) is not None:
             tiny[f"{part}.bias"] = torch.randn(out, generator=gen)
     x = torch.randn(2, 4, generator=gen) * 2
+    modes = [(m, m.training) for m in mod.modules()]
     try:
+        mod.train()  # in training mode: a forward with dropout or other training-only steps does not match
         with torch.no_grad():
             got = torch.func.functional_call(mod, tiny, (x,))
     except Exception as e:  # noqa: BLE001 - any failure of a foreign forward means "leave it alone"
         return f"its forward failed on a CPU probe ({type(e).__name__}: {e})"
+    finally:
+        for m, training in modes:
+            m.training = training
 
     def lin(part, t):
         return F.linear(t, tiny[f"{part}.weight"], tiny.get(f"{part}.bias"))

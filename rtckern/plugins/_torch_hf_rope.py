@@ -13,6 +13,7 @@ cannot take (CPU tensors, fp64, an odd head dim, other argument forms) run the m
 """
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from typing import Callable, Optional
@@ -49,16 +50,24 @@ def probe(fn: Callable) -> Optional[str]:
 def _why_not(q, k, cos, sin, rest: tuple, kwargs: dict) -> Optional[str]:
     if rest or set(kwargs) - {"unsqueeze_dim"}:
         return f"arguments beyond (q, k, cos, sin, unsqueeze_dim): {len(rest)} positional, {sorted(kwargs)}"
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
+    if kwargs.get("unsqueeze_dim", 1) not in (1, 2) or isinstance(kwargs.get("unsqueeze_dim"), bool):
+        return f"unsqueeze_dim={kwargs['unsqueeze_dim']!r}; rtckern's rope takes 1 or 2"
+    tensors = (q, k, cos, sin)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
         return "q, k, cos and sin are not all tensors"
-    if not q.is_cuda:
-        return f"tensors are on {q.device}"
+    if not q.is_cuda or any(t.device != q.device for t in tensors[1:]):
+        return f"tensors are on {', '.join(sorted({str(t.device) for t in tensors}))}"
     if q.dtype not in _DTYPES or k.dtype != q.dtype:
         return f"q {q.dtype}, k {k.dtype}; rtckern's rope takes one of float16, bfloat16, float32"
     if cos.dtype != sin.dtype or cos.dtype not in (q.dtype, torch.float32):
         return f"cos {cos.dtype} and sin {sin.dtype} with {q.dtype} q"
-    if q.dim() != 4 or k.dim() != 4 or q.shape[-1] % 2:
-        return f"q {tuple(q.shape)}, k {tuple(k.shape)}: 4-D with an even head dim is supported"
+    d = q.shape[-1] if q.dim() else 0
+    if q.dim() != 4 or k.dim() != 4 or d % 2 or k.shape[-1] != d:
+        return f"q {tuple(q.shape)}, k {tuple(k.shape)}: 4-D with one even head dim is supported"
+    if cos.dim() not in (2, 3) or cos.shape != sin.shape or cos.shape[-1] != d:
+        return f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)} with head dim {d}"
+    if d > 1 and any(t.stride(-1) != 1 for t in tensors):
+        return "a head_dim that is not contiguous"
     return None
 
 
@@ -126,9 +135,15 @@ def patch_rope(model: torch.nn.Module) -> tuple[list[tuple[str, str]], list[tupl
     probed: dict[int, Optional[str]] = {}
     for path, mod in model.named_modules():
         forward = type(mod).__dict__.get("forward")
-        if not isinstance(forward, types.FunctionType) or NAME not in forward.__code__.co_names:
+        if not isinstance(forward, types.FunctionType):
             continue
         cls = type(mod).__qualname__
+        if NAME not in forward.__code__.co_names:
+            inner = inspect.unwrap(forward)
+            if inner is not forward and NAME in getattr(getattr(inner, "__code__", None), "co_names", ()):
+                skipped.append((path, cls, f"its forward calls {NAME} inside a decorator's wrapper, whose code "
+                                           "cannot be rebound"))
+            continue
         bound = mod.__dict__.get("forward")
         if bound is not None:
             if not isinstance(bound, RopeForward):

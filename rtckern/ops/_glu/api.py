@@ -70,7 +70,7 @@ def swiglu_backward(dy, gate, up=None):
 
 
 def _sig(t) -> tuple:
-    return t.dtype, t.shape, t.stride(), t.data_ptr() % 16
+    return t.dtype, t.shape, t.stride(), t.data_ptr() % 16, t.device
 
 
 def _call(args: tuple, backward: bool):
@@ -78,7 +78,7 @@ def _call(args: tuple, backward: bool):
     present = [a for a in args if a is not None]
     key = None
     if torch is not None and all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in present):
-        key = (backward, args[-1] is None, present[0].device, *(_sig(a) for a in present))
+        key = (backward, args[-1] is None, *(_sig(a) for a in present))
         p = plan.plans.get(key)
         if p is not None and p.settings is config.settings():
             return p.run(tuple(a.data_ptr() for a in present))

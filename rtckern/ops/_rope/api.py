@@ -88,12 +88,13 @@ def rope_backward(dq, dk, cos, sin, unsqueeze_dim: int = 1):
 
 
 def _sig(t) -> tuple:
-    return t.dtype, t.shape, t.stride(), t.data_ptr() % 16
+    return t.dtype, t.shape, t.stride(), t.data_ptr() % 16, t.device
 
 
 def _call(q, k, cos, sin, unsqueeze_dim, backward: bool):
     try:
-        key = (backward, unsqueeze_dim, q.device, _sig(q), None if k is None else _sig(k), _sig(cos), _sig(sin))
+        key = (backward, type(unsqueeze_dim), unsqueeze_dim, _sig(q), None if k is None else _sig(k), _sig(cos),
+               _sig(sin))
         p = plan.plans.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable argument: the full path says what is wrong
         p, key = None, None

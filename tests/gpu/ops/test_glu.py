@@ -101,4 +101,7 @@ def test_errors_and_the_live_selection():
         ops.swiglu_backward(x, x)
     with pytest.raises(InputError, match="contiguous rows"):
         ops.swiglu(x.t(), x.t())
+    ops.swiglu(x, x)  # a plan for this signature: an array elsewhere must not reuse it
+    with pytest.raises(InputError, match="up is on cpu"):
+        ops.swiglu(x, x.cpu())
     assert explain("swiglu", shape="4096x14336", dtype="bf16", device=0).chosen == "swiglu.rows"

@@ -160,6 +160,9 @@ def test_errors_name_the_bad_value():
         ops.rope(strided, None, cos, sin)
     with pytest.raises(InputError, match="is on cpu"):
         ops.rope(q.cpu(), None, cos, sin)
+    ops.rope(q, k, cos, sin)  # a plan for these signatures: arrays elsewhere must not reuse it
+    with pytest.raises(InputError, match="cos is on cpu"):
+        ops.rope(q, k, cos.cpu(), sin.cpu())
 
 
 def test_the_live_device_selects_the_rows_kernel():

@@ -41,6 +41,16 @@ def test_autograd_compile_and_cuda_graphs():
     assert torch.equal(out, rt.swiglu(gd, ud))
 
 
+def test_expanded_gradients():
+    """A loss that sums y over its rows hands the backward a gradient of row stride 0."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    g, u = (torch.randn(8, 256, device="cuda", generator=gen).requires_grad_() for _ in range(2))
+    rt.swiglu(g, u).sum(0).sum().backward()
+    g64, u64 = (t.detach().double().requires_grad_() for t in (g, u))
+    (torch.nn.functional.silu(g64) * u64).sum(0).sum().backward()
+    assert _rel(g.grad, g64.grad) < 1e-5 and _rel(u.grad, u64.grad) < 1e-5
+
+
 def test_patch_runs_a_transformers_llama_mlp_on_rtckern():
     pytest.importorskip("transformers")
     from benchmarks._plugin_training import build_llama, dense_batch, outputs

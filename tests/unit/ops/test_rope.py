@@ -127,3 +127,19 @@ def test_record_mode_and_preset(tmp_path, cache_dir):
         {(dt, hd, b) for dt in ("bf16", "fp16") for hd in (64, 128) for b in ("0", "1")}
     (planned,) = plan([preset[1]], parse_archs("8.0"))
     assert [s.name_expression for s in planned.chain[0].specs] == ["rtk_rope::rope<rtk_bf16, rtk_bf16, 8, true>"]
+
+
+def test_every_variant_fits_a_1024_thread_block(cache_dir):
+    """Blocks take up to 1024 threads (geometry.MAX_THREADS): each kernel must use at most 64 registers per thread
+    (ptxas's own count, no __launch_bounds__ to force it)."""
+    import dataclasses
+    import re
+
+    from rtckern import get_manager
+
+    specs = [k.spec(Arch.parse("sm_90")) for k in G.variants()]
+    specs += [G.RopeKernel("bf16", "bf16", 8, bwd).spec(Arch.parse(a)) for a in ("sm_75", "sm_80") for bwd in (0, 1)]
+    for spec in specs:
+        ck = get_manager().compile(dataclasses.replace(spec, options=("--ptxas-options=-v",)))
+        used = [int(n) for n in re.findall(r"Used (\d+) registers", ck.log or "")]
+        assert used and max(used) * G.MAX_THREADS <= 65536, (spec.name_expression, spec.arch, used)

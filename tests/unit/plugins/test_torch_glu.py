@@ -108,3 +108,22 @@ def test_cpu_activations_run_the_modules_own_formula_with_one_warning():
     assert any("swiglu" in str(w.message) and "tensors are on cpu" in str(w.message) for w in seen)
     with config.override(strict=True), pytest.raises(UnsupportedRequestError, match="tensors are on cpu"):
         mlp(x)
+
+
+class _Dropout(_Mlp):
+    def __init__(self):
+        super().__init__()
+        self.dropout = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.down_proj(self.dropout(self.act_fn(self.gate_proj(x)) * self.up_proj(x)))
+
+
+def test_the_probe_runs_in_training_mode_and_restores_the_mode():
+    """An MLP with dropout matches the formula in eval mode only: the probe runs it in training mode, so it is left
+    alone, and every module keeps the mode it had."""
+    model = nn.ModuleDict({"drop": _Dropout(), "plain": _Mlp()}).eval()
+    report = rt.patch(model)
+    assert [p for p, _ in report.mlp] == ["plain"]
+    assert [p for p, _, _ in report.mlp_skipped] == ["drop"]
+    assert not any(m.training for m in model.modules())

@@ -172,3 +172,35 @@ def test_calls_the_kernel_cannot_take_run_the_models_function_with_one_warning()
     assert any("rope" in str(w.message) and "tensors are on cpu" in str(w.message) for w in seen)
     with config.override(strict=True), pytest.raises(UnsupportedRequestError, match="tensors are on cpu"):
         model["a"](q, k, cos, sin)
+
+
+_DECORATED = '''
+import functools
+import torch
+from rtckern.testing import torch_reference as R
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + R.rotate_half(q) * sin, k * cos + R.rotate_half(k) * sin
+
+def renamed_kwarg(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+class Attention(torch.nn.Module):
+    @renamed_kwarg
+    def forward(self, q, k, cos, sin):
+        return apply_rotary_pos_emb(q, k, cos, sin)
+'''
+
+
+def test_a_decorated_forward_is_reported_not_patched():
+    """transformers 4.56-4.57 wrap attention forwards in @deprecate_kwarg: the wrapper's code does not call the
+    function, the wrapped code cannot be rebound inside it, and the report says so."""
+    hf = _module("rtckern_test_modeling_rope4", _DECORATED)
+    model = torch.nn.ModuleDict({"a": hf.Attention()})
+    report = rt.patch(model)
+    assert report.rope == [] and [(p, why[:40]) for p, _, why in report.rope_skipped] == \
+        [("a", "its forward calls apply_rotary_pos_emb i")]
