@@ -13,10 +13,8 @@ shape: rtckern.torch.apply_rotary_pos_emb against the formula.
 """
 from __future__ import annotations
 
-import statistics
-import time
-
-from benchmarks.runner import Result, Table, gpu_name
+from benchmarks._one_pass import each_shape, host_us, plot
+from benchmarks.runner import Result, Table
 
 SHAPES = (  # label, batch, seqlen, q heads, kv heads, head dim
     ("Llama 4L training step (issue 22)", 2, 2048, 16, 4, 128),
@@ -130,38 +128,7 @@ def host_cost(gen) -> dict:
         "fwd+bwd rtckern": lambda: torch.autograd.grad(rt.apply_rotary_pos_emb(qr, kr, cos, sin), (qr, kr), (gq, gk)),
         "fwd+bwd torch": lambda: torch.autograd.grad(formula(qr, kr, cos, sin), (qr, kr), (gq, gk)),
     }
-    return alternating_host_us(calls)
-
-
-def alternating_host_us(calls: dict, rounds: int = 5, n: int = 500) -> dict:
-    """Median host us per call of each function, timed over n calls in alternating rounds (drift hits all alike);
-    the GPU drained between loops."""
-    import torch
-
-    out: dict = {}
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            for _ in range(20):
-                fn()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            out.setdefault(name, []).append((time.perf_counter() - t0) / n * 1e6)
-            torch.cuda.synchronize()
-    return {name: statistics.median(v) for name, v in out.items()}
-
-
-def each_shape(shapes, formula_fn, no_compile: bool, measure) -> list[dict]:
-    """measure(*shape, compiled) for each shape, with a fresh torch.compile of formula_fn per shape (dynamo's
-    recompile limit would leave the later shapes eager) unless no_compile."""
-    import torch
-
-    rows = []
-    for shape in shapes:
-        torch._dynamo.reset()
-        rows.append(measure(*shape, None if no_compile else torch.compile(formula_fn, dynamic=False)))
-    return rows
+    return host_us(calls)
 
 
 def run(args) -> Result:
@@ -218,35 +185,12 @@ def result(rows: list[dict], data: dict) -> Result:
             "2^-20 (|x1| + |x2|) max) (1 is one bf16 rounding: the test's bound), and relative L2; the formula rounds "
             "after every op.", table, host_table]
     return Result("Rotary position embedding (rtckern.ops.rope) against transformers' formula", rows=rows, body=body,
-                  data=data, rc=0 if all(r["ok"] for r in rows) else 1, plot=lambda plt, meta: _plot(plt, rows, meta))
+                  data=data, rc=0 if all(r["ok"] for r in rows) else 1,
+                  plot=lambda plt, meta: plot(plt, rows, meta, "rope", "transformers' formula",
+                                              "Rotary position embedding"))
 
 
 def render(payload: dict) -> Result:
     from benchmarks.runner import stored_data
 
     return result(payload["rows"], stored_data(payload))
-
-
-def _plot(plt, rows: list[dict], meta: dict):
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
-    labels = [r["shape"].replace(" (issue 22)", "") for r in rows]
-    x = range(len(rows))
-    axes[0].bar([i - 0.2 for i in x], [r["fwd_of_copy"] for r in rows], width=0.4, label="forward")
-    axes[0].bar([i + 0.2 for i in x], [r["bwd_of_copy"] for r in rows], width=0.4, label="backward")
-    axes[0].axhline(1.0, color="grey", lw=0.5)
-    axes[0].set_ylabel("fraction of copy bandwidth")
-    axes[0].set_title("rtckern rope: bytes moved per second / copy bandwidth", fontsize=9)
-    keys = [("speedup_fwd_bwd_vs_torch", "vs transformers' formula (eager)"),
-            ("speedup_fwd_bwd_vs_compiled", "vs the formula under torch.compile")]
-    for j, (key, name) in enumerate(keys):
-        axes[1].bar([i + (j - 0.5) * 0.4 for i in x], [r.get(key) or 0 for r in rows], width=0.4, label=name)
-    axes[1].axhline(1.0, color="grey", lw=0.5)
-    axes[1].set_ylabel("speedup of forward + backward (GPU time)")
-    axes[1].set_title("forward + backward against torch", fontsize=9)
-    for ax in axes:
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(labels, fontsize=7, rotation=15)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"Rotary position embedding, bf16, on {gpu_name(meta)}, {(meta.get('date') or '')[:10]}", fontsize=10)
-    fig.tight_layout()
-    return fig

@@ -12,8 +12,8 @@ at a tiny shape.
 """
 from __future__ import annotations
 
-from benchmarks.rope import alternating_host_us, each_shape
-from benchmarks.runner import Result, Table, gpu_name
+from benchmarks._one_pass import each_shape, host_us, plot
+from benchmarks.runner import Result, Table
 
 SHAPES = (  # label, tokens, intermediate size
     ("Llama 4L training step (issue 22)", 4096, 5632),
@@ -95,7 +95,7 @@ def host_cost(gen) -> dict:
     calls = {"fwd rtckern": lambda: rt.swiglu(g, u), "fwd torch": lambda: formula(g, u),
              "fwd+bwd rtckern": lambda: torch.autograd.grad(rt.swiglu(gr, ur), (gr, ur), dy),
              "fwd+bwd torch": lambda: torch.autograd.grad(formula(gr, ur), (gr, ur), dy)}
-    return alternating_host_us(calls)
+    return host_us(calls)
 
 
 def run(args) -> Result:
@@ -144,34 +144,11 @@ def result(rows: list[dict], data: dict) -> Result:
             "torch.compile (Inductor); 'vs' = their time / rtckern's. Errors: relative L2 against float64.",
             table, host_table]
     return Result("SwiGLU (rtckern.ops.swiglu) against torch's silu(gate) * up", rows=rows, body=body, data=data,
-                  rc=0 if all(r["ok"] for r in rows) else 1, plot=lambda plt, meta: _plot(plt, rows, meta))
+                  rc=0 if all(r["ok"] for r in rows) else 1,
+                  plot=lambda plt, meta: plot(plt, rows, meta, "swiglu", "silu(gate) * up", "SwiGLU"))
 
 
 def render(payload: dict) -> Result:
     from benchmarks.runner import stored_data
 
     return result(payload["rows"], stored_data(payload))
-
-
-def _plot(plt, rows: list[dict], meta: dict):
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
-    labels = [r["shape"].replace(" (issue 22)", "") for r in rows]
-    x = range(len(rows))
-    axes[0].bar([i - 0.2 for i in x], [r["fwd_of_copy"] for r in rows], width=0.4, label="forward")
-    axes[0].bar([i + 0.2 for i in x], [r["bwd_of_copy"] for r in rows], width=0.4, label="backward")
-    axes[0].axhline(1.0, color="grey", lw=0.5)
-    axes[0].set_ylabel("fraction of copy bandwidth")
-    axes[0].set_title("rtckern swiglu: bytes moved per second / copy bandwidth", fontsize=9)
-    for j, (key, name) in enumerate((("speedup_fwd_bwd_vs_torch", "vs silu(gate) * up (eager)"),
-                                     ("speedup_fwd_bwd_vs_compiled", "vs the same under torch.compile"))):
-        axes[1].bar([i + (j - 0.5) * 0.4 for i in x], [r.get(key) or 0 for r in rows], width=0.4, label=name)
-    axes[1].axhline(1.0, color="grey", lw=0.5)
-    axes[1].set_ylabel("speedup of forward + backward (GPU time)")
-    axes[1].set_title("forward + backward against torch", fontsize=9)
-    for ax in axes:
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(labels, fontsize=7, rotation=15)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"SwiGLU, bf16, on {gpu_name(meta)}, {(meta.get('date') or '')[:10]}", fontsize=10)
-    fig.tight_layout()
-    return fig

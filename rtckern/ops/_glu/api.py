@@ -82,10 +82,11 @@ def _call(args: tuple, backward: bool):
         p = plan.plans.get(key)
         if p is not None and p.settings is config.settings():
             return p.run(tuple(a.data_ptr() for a in present))
-    p = _build(args, backward)
+    rows_ = _wrapped(args, backward)
+    p = _build(rows_, args[-1] is None, backward)
     if key is not None:
         plan.plans.put(key, p)
-    return p.run(tuple(a.ptr for a in _wrapped(args, backward)))
+    return p.run(tuple(a.ptr for a in rows_))
 
 
 def _wrapped(args: tuple, backward: bool) -> list[arr.Rows]:
@@ -93,10 +94,9 @@ def _wrapped(args: tuple, backward: bool) -> list[arr.Rows]:
     return [arr.rows(arr.wrap(a, name), name) for a, name in zip(args, names) if a is not None]
 
 
-def _build(args: tuple, backward: bool) -> plan.GluPlan:
+def _build(rows_: list[arr.Rows], fused: bool, backward: bool) -> plan.GluPlan:
+    """The plan of a call whose arrays (present ones, in argument order) are rows_; fused: up is None."""
     settings = config.settings()
-    rows_ = _wrapped(args, backward)
-    fused = args[-1] is None
     if backward:
         dy, g = rows_[0], rows_[1]
         u = None if fused else rows_[2]
