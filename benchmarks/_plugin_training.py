@@ -2,14 +2,16 @@
 three runs) and a packed (varlen) batch against the same sequences padded.
 
 A `Batch` is what one training step feeds a model: the model's keyword arguments, which flattened (batch * seqlen)
-positions hold real tokens, which of them predict a next token and that token. The loss is the mean cross entropy
-over those predictions, so a packed batch and its padded twin have the same loss up to rounding, and their real-token
+positions hold real tokens, which of them predict a next token and that token. The loss is the model's own
+(model(..., labels=...).loss, transformers' causal LM loss, as a trainer runs it): the mean cross entropy over those
+predictions, so a packed batch and its padded twin have the same loss up to rounding, and their real-token
 logits line up row for row (sequence by sequence, in order).
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import statistics
 from typing import Any, Callable, Optional
 
@@ -17,9 +19,10 @@ from typing import Any, Callable, Optional
 TRAIN = dict(batch=2, seq=2048)
 # patch() keywords of each variant; "none" is an unpatched copy timed the same way (an A/A control: its "speedup"
 # is the noise of the measurement).
-_ONLY = dict(norms=False, attention=False, rope=False, mlp=False)
+_ONLY = dict(norms=False, attention=False, rope=False, mlp=False, loss=False)
 VARIANTS: dict[str, dict] = {"none": None, "attention": {**_ONLY, "attention": True}, "norms": {**_ONLY, "norms": True},
-                             "rope": {**_ONLY, "rope": True}, "mlp": {**_ONLY, "mlp": True}, "full": {}}
+                             "rope": {**_ONLY, "rope": True}, "mlp": {**_ONLY, "mlp": True},
+                             "loss": {**_ONLY, "loss": True}, "full": {}}
 # The packed batch: sequences of random lengths (uniform in LENGTHS) summing to PACKED_TOKENS.
 PACKED_TOKENS = 4096
 LENGTHS = (256, 1792)
@@ -33,6 +36,17 @@ class Batch:
     targets: Any  # that token, for each
     real: Optional[Any] = None  # flattened positions of real tokens (None: all); their logits are compared
     tokens: int = 0  # real tokens
+
+    @functools.cached_property
+    def labels(self):
+        """transformers' labels for the model's loss: each predicted token at the position after its predictor (the
+        loss shifts them back), -100 elsewhere (padding, the first token of each sequence)."""
+        import torch
+
+        shape = self.kwargs["input_ids"].shape
+        labels = torch.full((shape.numel(),), -100, dtype=torch.int64, device=self.targets.device)
+        labels[self.pred + 1] = self.targets
+        return labels.view(shape)
 
 
 def build_llama(device: str = "cuda", dtype=None, attn: str = "sdpa", seed: int = 0, **overrides):
@@ -103,13 +117,10 @@ def packed_and_padded(lengths: list[int], vocab: int, device: str = "cuda", seed
 
 
 def forward_loss(model, batch: Batch):
-    """(logits, loss) of one forward: logits (batch, seq, vocab), loss the mean cross entropy over batch.pred."""
-    import torch
-
-    logits = model(**batch.kwargs).logits
-    flat = logits.flatten(0, 1)
-    loss = torch.nn.functional.cross_entropy(flat.index_select(0, batch.pred).float(), batch.targets)
-    return logits, loss
+    """(logits, loss) of one forward: logits (batch, seq, vocab), loss the model's (the mean cross entropy over
+    batch.pred's predictions)."""
+    out = model(**batch.kwargs, labels=batch.labels)
+    return out.logits, out.loss
 
 
 def train_step(model, batch: Batch) -> None:
@@ -155,11 +166,11 @@ def make_variants(ref, variants=VARIANTS) -> tuple[dict, dict]:
         m = copy.deepcopy(ref)
         if kw is None:
             info[name] = {"norms_replaced": 0, "attention": m.config._attn_implementation, "rope_modules": 0,
-                          "mlp_modules": 0}
+                          "mlp_modules": 0, "loss": False}
         else:
             report = rt.patch(m, **kw)
             info[name] = {"patch": kw, "norms_replaced": len(report.replaced), "rope_modules": len(report.rope),
-                          "mlp_modules": len(report.mlp),
+                          "mlp_modules": len(report.mlp), "loss": report.loss,
                           "attention": m.config._attn_implementation}
         models[name] = m
     return models, info

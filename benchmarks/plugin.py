@@ -2,10 +2,10 @@
 
 A randomly initialised Llama (sdpa attention, transformers' RMSNorm) against rtckern.torch.patch(model) (rtckern
 RMSNorm + attention). Parts (--parts, default all):
-- train: issue 22's training step (4 layers, hidden 2048, 16 heads, 4 kv heads, batch 2 x seq 2048, bf16): each
-  patch variant -- attention only (patch(norms=False)), norms only (patch(attention=False)), full -- and an unpatched
-  copy (A/A control: the noise), timed against the unpatched model in alternation, three runs (--runs): each run's
-  speedup and the median;
+- train: issue 22's training step (4 layers, hidden 2048, 16 heads, 4 kv heads, batch 2 x seq 2048, bf16; the
+  model's own loss, model(..., labels=...).loss): each patch variant -- one part alone (attention, norms, rope, mlp,
+  loss), full -- and an unpatched copy (A/A control: the noise), timed against the unpatched model in alternation,
+  three runs (--runs): each run's speedup and the median;
 - packed: the same 4096 tokens as random-length sequences (256..1792), packed (batch 1, position_ids restarting, as
   DataCollatorWithFlattening gives; attn_implementation="rtckern" takes the varlen path) against padded to the
   longest with an attention mask (rtckern: varlen on the unpadded tokens; sdpa: a 4D mask), and sdpa on the packed
@@ -76,10 +76,8 @@ def build_models(batch: int, seq: int, seed: int = 0, device: str = "cuda", **ov
 
 
 def _loss(model, ids):
-    import torch
-
-    logits = model(ids).logits
-    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+    """The model's own loss (transformers' causal LM loss: every position but the last predicts the next token)."""
+    return model(ids, labels=ids).loss
 
 
 def accuracy(ref32, ref, patched, ids) -> dict:
@@ -479,7 +477,8 @@ def _variant_text(v: dict) -> str:
     kw = ", ".join(f"{k}={x}" for k, x in v["patch"].items())
     rope = f", rope in {v['rope_modules']} modules" if "rope_modules" in v else ""
     mlp = f", swiglu in {v['mlp_modules']} MLPs" if "mlp_modules" in v else ""
-    return f"patch({kw}): {v['norms_replaced']} norms, attention={v['attention']}{rope}{mlp}"
+    loss = f", loss={'rtckern' if v['loss'] else 'transformers'}" if "loss" in v else ""
+    return f"patch({kw}): {v['norms_replaced']} norms, attention={v['attention']}{rope}{mlp}{loss}"
 
 
 def _train_body(tr: dict) -> list:

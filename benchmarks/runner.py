@@ -58,6 +58,7 @@ SUITES = {
     "grouped_gemm": "gpu",
     "rope": "gpu",
     "swiglu": "gpu",
+    "cross_entropy": "gpu",
     "plugin": "gpu",
     "core": "gpu",
     "multi_gpu": "gpus",

@@ -5,7 +5,7 @@
 #
 #   bash tools/device_run.sh FAMILY [PART...]     PART: tests, bench (default: both)
 #   FAMILY: one of `python3 -m benchmarks --list` (attention attention_backward attention_varlen attention_kvcache norms softmax gemm
-#           gemm_skinny rope swiglu plugin core multi_gpu op_overhead first_call cache_trust fleet)
+#           gemm_skinny rope swiglu cross_entropy plugin core multi_gpu op_overhead first_call cache_trust fleet)
 #
 # tests: pytest of the family's GPU tests with a junit XML ($OUT/FAMILY_tests.{log,xml});
 # bench: the family's suite, its log in $OUT/FAMILY_bench.log. The device's copy keeps the git metadata it started
@@ -40,6 +40,7 @@ case "$family" in
   gemm_skinny) tests="tests/gpu/ops/test_gemm.py"; args="--host" ;;
   rope)        tests="tests/gpu/ops/test_rope.py tests/gpu/plugins/test_torch_rope_gpu.py" ;;
   swiglu)      tests="tests/gpu/ops/test_glu.py tests/gpu/plugins/test_torch_glu_gpu.py" ;;
+  cross_entropy) tests="tests/gpu/ops/test_cross_entropy.py tests/gpu/plugins/test_torch_loss_gpu.py" ;;
   plugin)      tests="tests/gpu/plugins" ;;
   core)        tests="tests/gpu/test_runtime_gpu.py" ;;
   multi_gpu)   tests="tests/gpu/test_multi_gpu.py tests/gpu/test_runtime_gpu.py" ;;

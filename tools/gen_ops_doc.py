@@ -15,7 +15,7 @@ import rtckern.ops as ops  # noqa: E402
 
 # family subpackage -> section title, in page order
 FAMILIES = {"_norms": "Norms", "_softmax": "Softmax", "_attention": "Attention", "_gemm": "GEMM", "_fp8": "fp8",
-            "_rope": "Rotary position embedding", "_glu": "Gated activations"}
+            "_rope": "Rotary position embedding", "_glu": "Gated activations", "_loss": "Losses"}
 SECTIONS = ("Args", "Returns", "Raises")
 
 PREAMBLE = """# Ops: `rtckern.ops`
@@ -101,6 +101,9 @@ INTRO = {
     "_glu": "SwiGLU, the gated activation of Llama-style MLPs, forward and backward; separate gate and up arrays or "
             "the two halves of a fused gate_up projection (rtckern.torch.swiglu is its autograd-aware drop-in, and "
             "patch() puts a transformers model's MLPs on it).",
+    "_loss": "Cross-entropy of rows of logits (classes in the last dimension) against int64 / int32 labels, forward "
+             "and backward, one read of the logits each way and no fp32 copy of them (rtckern.torch.cross_entropy "
+             "adds the reductions and autograd, and patch() puts a transformers causal LM's loss on it).",
 }
 
 

@@ -4,6 +4,7 @@ kernel providers, and exports the ops:
     rtckern.ops.rms_norm / layer_norm (+ backward)    rtckern.ops.softmax and the masked/causal variants
     rtckern.ops.attention                             rtckern.ops.gemm
     rtckern.ops.attention_varlen (packed variable-length sequences; + backward)
+    rtckern.ops.cross_entropy (+ backward)            and the others' families: fp8, rope, glu
 
 Each family is a private subpackage, rtckern/ops/_<family>/ (private so that `rtckern.ops.softmax`, `.attention`
 and `.gemm` are the ops, never a package that could shadow them), whose modules have the same name wherever they
@@ -32,7 +33,7 @@ from types import MappingProxyType
 
 log = logging.getLogger(__name__)
 
-FAMILIES = ("norms", "softmax", "attention", "gemm", "fp8", "rope", "glu")
+FAMILIES = ("norms", "softmax", "attention", "gemm", "fp8", "rope", "glu", "loss")
 
 
 def _import_families() -> tuple[dict[str, object], dict[str, str]]:

@@ -5,6 +5,7 @@
     rtckern.torch.attention(q, k, v, causal=False, softmax_scale=None)
     rtckern.torch.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
     rtckern.torch.swiglu(gate, up)
+    rtckern.torch.cross_entropy(logits, labels, ignore_index=-100, reduction="mean")
 
 In plain eager code these skip the dispatcher altogether: they call what torch.ops.rtckern.<op>'s own fast path
 calls (`*_direct` in the family modules: rtckern's op without a gradient, the kernel op's autograd.Function with
@@ -82,3 +83,12 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if not plain_eager(gate, up):
         return torch.ops.rtckern.swiglu(gate, up)
     return _family("rtckern.plugins._torch_glu").swiglu_direct(gate, up)
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100,
+                  reduction: str = "mean") -> torch.Tensor:
+    """torch.ops.rtckern.cross_entropy (classes in the last dimension of logits), without the dispatcher in plain
+    eager code."""
+    if not plain_eager(logits, labels):
+        return torch.ops.rtckern.cross_entropy(logits, labels, ignore_index, reduction)
+    return _family("rtckern.plugins._torch_loss").cross_entropy_direct(logits, labels, ignore_index, reduction)

@@ -14,7 +14,8 @@ The new modules take over the same Parameter objects (optimizers, tied weights a
 With rope=True the attention modules of a transformers model run their rotary embedding on rtckern's kernel
 (_torch_hf_rope: their forward with apply_rotary_pos_emb bound to rtckern's op, after a probe of the function it
 replaces); with mlp=True gated MLPs (down_proj(silu(gate_proj(x)) * up_proj(x))) run their activation on rtckern's
-SwiGLU kernel (_torch_hf_mlp, after a probe of their forward).
+SwiGLU kernel (_torch_hf_mlp, after a probe of their forward); with loss=True a transformers causal LM computes
+its loss (model(..., labels=...)) on rtckern's cross-entropy kernels (_torch_hf_loss).
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class PatchReport:
     rope_skipped: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # (path, class, reason)
     mlp: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (module path, class) on rtckern's SwiGLU
     mlp_skipped: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # (path, class, reason)
+    loss: bool = False  # the model's loss_function is rtckern's causal LM loss
+    loss_skipped: str = ""  # why not, where loss=True was asked for
 
     def __str__(self) -> str:
         lines = [f"rtckern.torch.patch: replaced {len(self.replaced)} norm modules"]
@@ -51,6 +54,10 @@ class PatchReport:
         if self.mlp or self.mlp_skipped:
             lines.append(f"  SwiGLU activation on rtckern in {len(self.mlp)} MLPs")
             lines += [f"  MLP activation skipped in {path} ({cls}): {why}" for path, cls, why in self.mlp_skipped]
+        if self.loss:
+            lines.append("  causal LM loss on rtckern")
+        elif self.loss_skipped:
+            lines.append(f"  loss skipped: {self.loss_skipped}")
         return "\n".join(lines)
 
 
@@ -138,14 +145,15 @@ def _set_attention(model: nn.Module, report: PatchReport) -> None:
 
 
 def patch(model: nn.Module, *, norms: bool = True, attention: bool = True, rope: bool = True, mlp: bool = True,
-          rms_norm_classes: Iterable[type] = ()) -> PatchReport:
+          loss: bool = True, rms_norm_classes: Iterable[type] = ()) -> PatchReport:
     """Swap model's norm modules for rtckern's in place; with attention=True and a transformers model, register
     and select attn_implementation="rtckern"; with rope=True, run the attention modules' rotary embedding
     (transformers' apply_rotary_pos_emb) on rtckern's kernel; with mlp=True, run gated MLPs' activation on rtckern's
-    SwiGLU kernel. Returns what was replaced and what was skipped, and why.
+    SwiGLU kernel; with loss=True, compute a transformers causal LM's loss on rtckern's cross-entropy kernels. Returns
+    what was replaced and what was skipped, and why.
 
-    Each part can be turned off (norms=False, attention=False, rope=False, mlp=False); what a part leaves alone stays
-    the model's own."""
+    Each part can be turned off (norms=False, attention=False, rope=False, mlp=False, loss=False); what a part leaves
+    alone stays the model's own."""
     report = PatchReport()
     extra = tuple(rms_norm_classes)
     if norms:
@@ -177,4 +185,8 @@ def patch(model: nn.Module, *, norms: bool = True, attention: bool = True, rope:
         from ._torch_hf_mlp import patch_mlp
 
         report.mlp, report.mlp_skipped = patch_mlp(model)
+    if loss:
+        from ._torch_hf_loss import patch_loss
+
+        report.loss, report.loss_skipped = patch_loss(model)
     return report

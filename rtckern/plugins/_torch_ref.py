@@ -413,3 +413,35 @@ def swiglu_bwd(dy, gate, up):
     g, u, d = _up(gate), _up(up), _up(dy)
     s = torch.sigmoid(g)
     return (d * u * s * (1 + g * (1 - s))).to(gate.dtype), (d * g * s).to(gate.dtype)
+
+
+# ---- cross-entropy ----------------------------------------------------------------------------------------------
+def _stat_dtype(logits):
+    return torch.float64 if logits.dtype == torch.float64 else _F32
+
+
+def cross_entropy_fwd(logits, labels, ignore_index):
+    """(loss, lse) per row in fp32 (fp64 for fp64 logits, which only tests use): lse - logits[label], 0 where the
+    label is ignore_index, NaN for a label out of range (as the kernel)."""
+    x = _up(logits)
+    lse = torch.logsumexp(x, dim=-1)
+    lab = labels.long()
+    ignored = lab == ignore_index
+    valid = (lab >= 0) & (lab < x.shape[-1])
+    picked = x.gather(-1, lab.clamp(0, max(x.shape[-1] - 1, 0)).unsqueeze(-1)).squeeze(-1)
+    loss = torch.where(valid, lse - picked, torch.full_like(lse, float("nan")))
+    loss = torch.where(ignored, torch.zeros_like(lse), loss)
+    return loss.to(_stat_dtype(logits)).contiguous(), lse.to(_stat_dtype(logits)).contiguous()
+
+
+def cross_entropy_bwd(dloss, logits, labels, lse, ignore_index):
+    """dlogits = dloss * (softmax - onehot(label)) per row, 0 for ignored rows; one rounding to logits' dtype."""
+    x = _up(logits)
+    lab = labels.long()
+    p = torch.exp(x - _up(lse).unsqueeze(-1))
+    valid = (lab >= 0) & (lab < x.shape[-1])
+    onehot = torch.zeros_like(p).scatter_(-1, lab.clamp(0, max(x.shape[-1] - 1, 0)).unsqueeze(-1), 1.0)
+    g = torch.where(valid, _up(dloss), torch.full_like(lse, float("nan"), dtype=p.dtype))
+    d = (p - onehot) * g.unsqueeze(-1)
+    d = torch.where((lab == ignore_index).unsqueeze(-1), torch.zeros_like(d), d)
+    return d.to(logits.dtype).contiguous()

@@ -10,6 +10,7 @@
     y = rtckern.torch.rms_norm(x, weight, 1e-6)               # the op without the dispatcher in plain eager code
     q, k = rtckern.torch.apply_rotary_pos_emb(q, k, cos, sin)  # transformers' RoPE, one kernel for q and k
     h = rtckern.torch.swiglu(gate, up)                        # silu(gate) * up, one kernel each way
+    loss = rtckern.torch.cross_entropy(logits, labels)        # (..., classes) logits, no fp32 copy of them
 
 Ops (namespace `rtckern`): rms_norm, fused_add_rms_norm, layer_norm (composite; their *_fwd / *_bwd custom ops
 carry the kernels), softmax, scaled_masked_softmax, scaled_upper_triang_masked_softmax,
@@ -19,7 +20,8 @@ appends in place: k_cache / v_cache are declared mutated; inference only), gemm,
 rms_norm_quant (fused RMSNorm + per-group fp8 quantization; inference only, no autograd), grouped_gemm,
 grouped_gemm_masked, grouped_gemm_fp8, grouped_gemm_fp8_masked (mixture-of-experts GEMMs; inference only, no autograd),
 rope (rotary position embedding of q and k, transformers' apply_rotary_pos_emb; rope_bwd carries its backward),
-swiglu (silu(gate) * up, a Llama-style MLP's activation; swiglu_bwd carries its backward).
+swiglu (silu(gate) * up, a Llama-style MLP's activation; swiglu_bwd carries its backward), cross_entropy
+(composite, classes in the last dimension; cross_entropy_fwd / cross_entropy_bwd).
 
 The ops are torch.library.Library ops (_torch_lib.KernelOp, chosen over custom_op for host cost): an eager call
 is one Python kernel that runs rtckern's op itself; under tracing, modes and subclasses they dispatch in full.
@@ -54,6 +56,7 @@ FAMILIES = {
     "fp8": ("rtckern.ops._fp8.api", "rtckern.plugins._torch_fp8"),
     "rope": ("rtckern.ops._rope.api", "rtckern.plugins._torch_rope"),
     "glu": ("rtckern.ops._glu.api", "rtckern.plugins._torch_glu"),
+    "loss": ("rtckern.ops._loss.api", "rtckern.plugins._torch_loss"),
 }
 
 registered_ops: list[str] = []  # torch.ops.rtckern.<name> for each
@@ -80,7 +83,8 @@ _register_all()
 from ._torch_dispatch import GraphCaptureError, install_capture_guard, reference_mode  # noqa: E402
 from ._torch_attention_kvcache import attention_with_kvcache  # noqa: E402
 from ._torch_attention_varlen import attention_varlen  # noqa: E402
-from ._torch_eager import apply_rotary_pos_emb, attention, layer_norm, plain_eager, rms_norm, swiglu  # noqa: E402
+from ._torch_eager import apply_rotary_pos_emb, attention, cross_entropy, layer_norm, plain_eager, rms_norm, \
+    swiglu  # noqa: E402
 from ._torch_hf import register_transformers, rtckern_attention_forward  # noqa: E402
 from ._torch_modules import LayerNorm, RMSNorm  # noqa: E402
 from ._torch_patch import PatchReport, convert, patch  # noqa: E402
@@ -92,6 +96,7 @@ if "transformers" in sys.modules:  # registering needs transformers imported; pa
     register_transformers()
 
 __all__ = ["GraphCaptureError", "LayerNorm", "PatchReport", "RMSNorm", "apply_rotary_pos_emb", "attention",
-           "attention_varlen", "attention_with_kvcache", "convert", "install_capture_guard", "layer_norm", "patch",
+           "attention_varlen", "attention_with_kvcache", "convert", "cross_entropy", "install_capture_guard",
+           "layer_norm", "patch",
            "plain_eager", "reference_mode", "register_transformers", "registered_ops", "rms_norm",
            "rtckern_attention_forward", "skipped_ops", "swiglu"]

@@ -76,18 +76,26 @@ def test_packed_loss_equals_padded_loss_and_dense_loss_is_the_suites():
         assert abs(loss_packed.item() - loss_padded.item()) < 1e-5
         assert torch.allclose(lp[0], ld.flatten(0, 1)[b["padded"].real], atol=1e-4)
         ids = torch.randint(0, model.config.vocab_size, (2, 16))
-        assert torch.allclose(T.forward_loss(model, T.dense_batch(ids))[1], P._loss(model, ids))
+        dense = T.dense_batch(ids)
+        logits, loss = T.forward_loss(model, dense)
+        assert torch.allclose(loss, P._loss(model, ids))
+        want = torch.nn.functional.cross_entropy(logits.flatten(0, 1)[dense.pred], dense.targets)
+        assert torch.allclose(loss, want)  # the model's loss is the mean over the batch's predictions
+        padded = b["padded"]
+        want = torch.nn.functional.cross_entropy(ld.flatten(0, 1)[padded.pred], padded.targets)
+        assert torch.allclose(loss_padded, want)
 
 
 def test_training_point_and_report_on_a_tiny_llama():
     pytest.importorskip("transformers")
     tr = T.run_training_point(runs=2, reps=1, device="cpu", seq=32, packed_tokens=64, lengths=(8, 40), **P.TINY)
     assert set(tr["speed"]) == set(T.VARIANTS) and all(len(s["speedups"]) == 2 for s in tr["speed"].values())
-    only = {"norms": False, "attention": False, "rope": False, "mlp": False}
+    only = {"norms": False, "attention": False, "rope": False, "mlp": False, "loss": False}
     assert tr["variants"]["attention"] == {"patch": {**only, "attention": True}, "norms_replaced": 0,
-                                           "rope_modules": 0, "mlp_modules": 0, "attention": "rtckern"}
+                                           "rope_modules": 0, "mlp_modules": 0, "loss": False, "attention": "rtckern"}
     assert tr["variants"]["norms"]["norms_replaced"] == 5 and tr["variants"]["norms"]["attention"] == "sdpa"
     assert tr["variants"]["rope"]["rope_modules"] == 2 and tr["variants"]["mlp"]["mlp_modules"] == 2
+    assert tr["variants"]["loss"]["loss"] and tr["variants"]["full"]["loss"]
     assert tr["served"]["norms"].startswith("falls back: UnsupportedRequestError") and "on cpu" in tr["served"]["norms"]
     assert not any(tr["accuracy_failures"].values())
     pk = tr["packed"]
@@ -96,7 +104,7 @@ def test_training_point_and_report_on_a_tiny_llama():
     res = {"train": tr, "e2e": {}, "parts": ["train", "packed"]}
     md = "\n".join(part.markdown() if isinstance(part, runner.Table) else str(part) for part in P._body(res))
     assert "## training step: Llama 2 layers" in md
-    assert "| full | patch(): 5 norms, attention=rtckern, rope in 2 modules, swiglu in 2 MLPs |" in md
+    assert "| full | patch(): 5 norms, attention=rtckern, rope in 2 modules, swiglu in 2 MLPs, loss=rtckern |" in md
     assert "packed vs padded: 64 tokens" in md and "accuracy failures: none" in md
     assert [r["part"] for r in P._rows(res)] == ["train"] * len(T.VARIANTS) + ["packed"] * 4
     assert not P._failures(res)

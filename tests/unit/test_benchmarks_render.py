@@ -87,6 +87,12 @@ SWIGLU_ROW = {"shape": "Llama 4L training step (issue 22)", "tokens": 4096, "n":
               "torch_fwd_us": 100.0, "autograd_fwd_bwd_us": 140.0, "torch_fwd_bwd_us": 400.0, "compiled_fwd_us": 52.0,
               "compiled_fwd_bwd_us": 170.0, "fwd_gbs": 2800.0, "bwd_gbs": 2900.0, "fwd_of_copy": 0.94,
               "bwd_of_copy": 0.97, "speedup_fwd_bwd_vs_torch": 2.9, "speedup_fwd_bwd_vs_compiled": 1.2}
+CE_ROW = {"shape": "Llama 4L training step (issue 22)", "tokens": 4096, "n": 32000, "fwd_rel_l2": 3e-8,
+          "bwd_rel_l2": 1.7e-3, "torch_bwd_rel_l2": 1.9e-3, "ok": True, "fwd_us": 100.0, "bwd_us": 190.0,
+          "torch_fwd_us": 600.0, "autograd_fwd_bwd_us": 300.0, "torch_fwd_bwd_us": 1400.0, "extra_mb": 250.0,
+          "torch_extra_mb": 1500.0, "compiled_fwd_us": 200.0, "compiled_fwd_bwd_us": 500.0, "compiled_extra_mb": 260.0,
+          "fwd_gbs": 2600.0, "bwd_gbs": 2750.0, "fwd_of_copy": 0.87, "bwd_of_copy": 0.92,
+          "speedup_fwd_bwd_vs_torch": 4.67, "speedup_fwd_bwd_vs_compiled": 1.67}
 PREFILL_ROW = {"wall_s": 10.0, "cpu_s": 12.0, "kernels": 5, "archs": "9.0", "reported_s": 9.5, "processes": 2,
                "loadavg_1min": [1.0, 1.1]}
 
@@ -197,6 +203,10 @@ SETS = {
         "swiglu", "SwiGLU (rtckern.ops.swiglu) against torch's silu(gate) * up", [SWIGLU_ROW],
         device="NVIDIA H100 80GB HBM3", copy_gbs=2987.0,
         host_us={"fwd rtckern": 20.0, "fwd torch": 15.0, "fwd+bwd rtckern": 150.0, "fwd+bwd torch": 160.0}),
+    "cross_entropy_h100.json": payload(
+        "cross_entropy", "Cross-entropy (rtckern.ops.cross_entropy) against torch's F.cross_entropy on fp32 logits",
+        [CE_ROW], device="NVIDIA H100 80GB HBM3", copy_gbs=2987.0,
+        host_us={"fwd rtckern": 30.0, "fwd torch": 40.0, "fwd+bwd rtckern": 180.0, "fwd+bwd torch": 250.0}),
     "prefill.json": payload(
         "prefill", "rtckern prefill: the built-in kernel set, cold and warm, in CPU-seconds",
         [dict(PREFILL_ROW, run="cold (empty cache)"), dict(PREFILL_ROW, run="warm 1 (all cached)", cpu_s=0.5)],

@@ -103,6 +103,13 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._glu.geometry": "the vector-width and grid rules, the launch contract and every kernel variant "
                                      "(compiled without spills)",
     },
+    "tests/unit/ops/test_cross_entropy.py": {
+        "rtckern.ops._loss.geometry": "the vector-width, block-size and grid rules, the launch contract and every "
+                                      "kernel variant (compiled without spills)",
+    },
+    "tests/unit/plugins/test_torch_loss.py": {
+        "rtckern.plugins._torch_hf_loss": "causal_lm_loss: the function patch() sets as a model's loss_function",
+    },
     "tests/unit/ops/test_gemm_fp8.py": {
         "rtckern.ops._fp8.api": "scale_layout: the scale-granularity inference on plain shapes, without arrays",
         "rtckern.ops._fp8.candidates": "request builders, candidates' refusals and the prefill provider",

@@ -2,24 +2,12 @@
 #pragma once
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
+#include "common/exp2.cuh"
 
 // Mask kinds (template argument KIND of every softmax kernel).
 #define RTK_SOFTMAX_PLAIN 0   // no mask
 #define RTK_SOFTMAX_MASKED 1  // boolean mask tensor (B or 1, 1, Sq, Sk), True = masked out, broadcast over heads
 #define RTK_SOFTMAX_CAUSAL 2  // key k of query q is kept iff k <= q + diag_offset (0: square causal)
-
-constexpr float kRtkLog2e = 1.4426950408889634f;
-
-// 2^x. ex2.approx is one MUFU op; exp2(-inf) = +0, which masked positions rely on.
-RTK_DEVICE float rtk_exp2(float x) {
-#if defined(RTK_CUDA)
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return exp2f(x);
-#endif
-}
 
 // Cache hints of the data read once (x) and written once (y) where a kernel streams them (STREAM below): 1
 // evict-first, 0 default caching. Build-time switches for measuring (benchmarks/softmax_hints.py); the ops compile

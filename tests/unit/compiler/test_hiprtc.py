@@ -228,20 +228,19 @@ def _gemm_specs():
     return [geometry.simt_spec(p, GFX90A), geometry.reduce_spec(p, GFX90A)]
 
 
-def _rope_specs():
-    from rtckern.registry import kernel_providers
+def _provider_specs(op: str):
+    """The gfx90a kernels of an op's kernel provider (its prefill set)."""
+    def specs():
+        import rtckern.ops  # noqa: F401  (registers the families)
+        from rtckern.registry import kernel_providers
 
-    return [s for s in kernel_providers()["rope"]([GFX90A]) if s.arch == GFX90A]
-
-
-def _glu_specs():
-    from rtckern.registry import kernel_providers
-
-    return [s for s in kernel_providers()["swiglu"]([GFX90A]) if s.arch == GFX90A]
+        return [s for s in kernel_providers()[op]([GFX90A]) if s.arch == GFX90A]
+    return specs
 
 
 FAMILIES = {"norms": _norm_specs, "softmax": _softmax_specs, "attention": _attention_specs, "gemm": _gemm_specs,
-            "rope": _rope_specs, "glu": _glu_specs}
+            "rope": _provider_specs("rope"), "glu": _provider_specs("swiglu"),
+            "loss": _provider_specs("cross_entropy")}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

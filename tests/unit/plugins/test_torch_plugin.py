@@ -51,7 +51,7 @@ EXPECTED = ["rms_norm", "rms_norm_fwd", "rms_norm_bwd", "fused_add_rms_norm", "f
             "attention_varlen_fwd", "attention_varlen_bwd", "attention_with_kvcache", "gemm", "gemm_fp8",
             "quantize_fp8", "rms_norm_quant", "grouped_gemm", "grouped_gemm_masked", "grouped_gemm_fp8",
             "grouped_gemm_fp8_masked", "rope", "rope_bwd", "swiglu",
-            "swiglu_bwd"]
+            "swiglu_bwd", "cross_entropy", "cross_entropy_fwd", "cross_entropy_bwd"]
 # ops that write some of their arguments in place (the schema's `Tensor(a!)`), and which
 WRITES = {"attention_with_kvcache": ["k_cache", "v_cache"]}  # the append of k_new / v_new into the caches
 

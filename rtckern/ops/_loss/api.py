@@ -1,0 +1,153 @@
+"""Cross-entropy over rows of logits against integer labels, the loss of next-token prediction, forward and backward
+in one pass each over the logits.
+
+    loss, lse = rtckern.ops.cross_entropy(logits, labels)                # per row, fp32
+    dlogits = rtckern.ops.cross_entropy_backward(dloss, logits, labels, lse)
+
+loss = logsumexp(logits) - logits[label] for each row, without an fp32 copy of the logits or their log-softmax: the
+logits are read once forward and once backward (torch's eager loss on bf16 logits upcasts them and writes the
+log-softmax, each pass a full-size array). Logits fp32 / fp16 / bf16 with strided rows (the last dimension contiguous),
+labels int64 or int32. rtckern.torch.cross_entropy adds the reductions and autograd. Torch tensors in give torch
+tensors out, CuPy arrays give CuPy arrays (torch tensors take the memoized fast path).
+"""
+from __future__ import annotations
+
+import sys
+
+from rtckern import config
+from rtckern.device import DeviceInfo
+from rtckern.dtypes import describe
+from rtckern.errors import InputError
+from rtckern.runtime import arrays as arr
+
+from . import candidates as cands
+from . import geometry, plan
+
+__all__ = ("cross_entropy", "cross_entropy_backward")
+
+cands.register_all()
+
+
+def cross_entropy(logits, labels, ignore_index: int = -100):
+    """Cross-entropy of each row of logits against its label: loss = lse - logits[label], lse = log(sum(exp(logits))).
+
+    Args:
+        logits: (..., N) torch CUDA tensor or CuPy array, fp32 / fp16 / bf16 (N: the vocabulary), rows strided or not
+            (the last dimension contiguous; leading dimensions that flatten to one row stride).
+        labels: (...), logits' shape without its last dimension, int64 or int32, any strides that flatten to one.
+        ignore_index: rows whose label equals it get loss 0 (and gradient 0); default -100, as torch's.
+
+    Returns:
+        (loss, lse): fp32 arrays of labels' shape, contiguous. A label outside [0, N) that is not ignore_index gives
+        a NaN loss (the kernel does not stop the GPU as torch's device assert does).
+
+    Raises:
+        InputError: host memory, a dtype it does not take, shapes that do not match, a strided last dimension,
+            ignore_index not an int.
+        UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
+    """
+    return _call((logits, labels), ignore_index, False)
+
+
+def cross_entropy_backward(dloss, logits, labels, lse, ignore_index: int = -100):
+    """The gradient of the per-row losses with respect to the logits: dlogits = dloss * (softmax(logits) -
+    onehot(label)) per row, 0 for rows whose label is ignore_index.
+
+    Args:
+        dloss: fp32 of labels' shape, the gradient of each row's loss; any strides that flatten to one, 0 included
+            (autograd's expanded gradient of a sum or a mean).
+        logits, labels, ignore_index: the forward's.
+        lse: what cross_entropy returned (fp32, labels' shape, contiguous).
+
+    Returns:
+        dlogits: logits' shape and dtype, contiguous.
+
+    Raises:
+        InputError: as cross_entropy's, and dloss or lse of another shape or dtype.
+        UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
+    """
+    return _call((dloss, logits, labels, lse), ignore_index, True)[0]
+
+
+def _sig(t) -> tuple:
+    return t.dtype, t.shape, t.stride(), t.data_ptr() % 16, t.device
+
+
+def _call(args: tuple, ignore_index, backward: bool):
+    torch = sys.modules.get("torch")
+    key = None
+    if torch is not None and type(ignore_index) is int \
+            and all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args):
+        key = (backward, ignore_index, *(_sig(a) for a in args))
+        p = plan.plans.get(key)
+        if p is not None and p.settings is config.settings():
+            return p.run(tuple(a.data_ptr() for a in args))
+    wrapped = [arr.wrap(a, name) for a, name in zip(args, ("dloss", "logits", "labels", "lse")[not backward:])]
+    p = _build(wrapped, ignore_index, backward)
+    if key is not None:
+        plan.plans.put(key, p)
+    return p.run(tuple(a.ptr for a in wrapped))
+
+
+def flat_stride(a: arr.DeviceArray, name: str) -> int:
+    """The one element stride that walks `a` row by row (0 for a broadcast value), or an InputError."""
+    lead = [(sz, st) for sz, st in zip(a.shape, a.strides) if sz != 1]  # size-1 dimensions do not matter
+    if not lead:
+        return 0
+    stride = expect = lead[-1][1]
+    for sz, st in reversed(lead):
+        if st != expect:
+            raise InputError(f"{name} of shape {a.shape} has strides {a.strides} (elements) that do not flatten to "
+                             f"one stride; pass {name}.contiguous()")
+        expect = st * sz
+    return stride
+
+
+def _build(wrapped: list, ignore_index, backward: bool) -> plan.CePlan:
+    """The plan of a call whose wrapped arrays (argument order) are `wrapped`."""
+    settings = config.settings()
+    if type(ignore_index) is not int:
+        raise InputError(f"ignore_index={ignore_index!r} ({type(ignore_index).__name__}); pass an int such as -100")
+    if not -2**63 <= ignore_index < 2**63:
+        raise InputError(f"ignore_index={ignore_index} does not fit in int64")
+    dloss, logits, labels, lse = wrapped if backward else (None, *wrapped, None)
+    x = arr.rows(logits, "logits")
+    if x.dtype not in geometry.DTYPES:
+        raise InputError(f"logits is {x.dtype}; cross_entropy takes {describe(geometry.DTYPES)}")
+    if x.n < 1:
+        raise InputError(f"logits has shape {x.shape}: its last dimension (the classes) must not be empty")
+    row_shape = x.shape[:-1]
+    if labels.dtype not in geometry.LABEL_DTYPES:
+        raise InputError(f"labels is {labels.dtype}; cross_entropy takes {describe(geometry.LABEL_DTYPES)} labels: "
+                         "pass labels.long()")
+    if labels.shape != row_shape:
+        raise InputError(f"labels has shape {labels.shape}; it must be logits' shape without the last dimension, "
+                         f"{row_shape}")
+    arr.check_same_place(x, labels, "logits", "labels")
+    label_stride = flat_stride(labels, "labels")
+    for a, name in ((dloss, "dloss"), (lse, "lse")):
+        if a is None:
+            continue
+        if a.dtype != "fp32" or a.shape != row_shape:
+            raise InputError(f"{name} is {a.dtype} {a.shape}; it must be fp32 of labels' shape {row_shape}")
+        arr.check_same_place(x, a, "logits", name)
+    if lse is not None and x.rows > 1 and flat_stride(lse, "lse") != 1:
+        raise InputError(f"lse of shape {lse.shape} has strides {lse.strides}; pass the contiguous lse that "
+                         "cross_entropy returned")
+    rows, n = x.rows, x.n
+    if rows > geometry.MAX_ROWS:
+        raise InputError(f"{rows} rows of logits; cross_entropy takes at most {geometry.MAX_ROWS} per call")
+    outs = ((x.shape, x.dtype),) if backward else ((row_shape, "fp32"), (row_shape, "fp32"))
+    if rows == 0:
+        return plan.CePlan(settings, x, outs, None, (), "")
+    out_rs = (n,) if backward else ()
+    vec = geometry.vector_width(x.dtype, n, (x.ptr,), (x.row_stride,) + out_rs)
+    kern = geometry.kernel(x.dtype, labels.dtype, vec, n, backward)
+    sel = cands.selection(kern, n, DeviceInfo.from_device(x.device), x.device)
+    if backward:
+        go = sel.kernels[0].prepare(geometry.bwd_grid(rows, n, vec), (kern.threads, 1, 1), geometry.BWD_KINDS, 0)
+        tail = (rows, n, flat_stride(dloss, "dloss"), x.row_stride, label_stride, n, ignore_index)
+    else:
+        go = sel.kernels[0].prepare((rows, 1, 1), (kern.threads, 1, 1), geometry.FWD_KINDS, 0)
+        tail = (n, x.row_stride, label_stride, ignore_index)
+    return plan.CePlan(settings, x, outs, go, tail, sel.candidate.name)

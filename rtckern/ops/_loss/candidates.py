@@ -1,0 +1,107 @@
+"""The registry candidate of the cross-entropy ops:
+
+  cross_entropy.rows   any NVIDIA GPU from sm_75 and AMD (portable source): one block per row forward (online max and
+                       sum of exponentials), V-element pieces of rows backward, fp32 arithmetic
+
+A request carries what decides the compiled code: the logits' and labels' dtypes, the vector width, the forward's
+block size and the direction; n (the vocabulary) for `rtckern explain`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rtckern.device import DeviceInfo
+from rtckern.dtypes import describe
+from rtckern.registry import OpRequest, Resources, register_kernel_provider
+from rtckern.registry import options as opts
+
+from .._common import OnePassCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, \
+    run_once
+from . import geometry
+from .geometry import OP, CeKernel
+
+
+def request(kernel: CeKernel, n: int, device: DeviceInfo) -> OpRequest:
+    return OpRequest(op=OP, dtypes={"x": kernel.dtype, "labels": kernel.label_dtype},
+                     shape={"n": n, "vec": kernel.vec, "threads": kernel.threads},
+                     flags={"backward": kernel.backward}, device=device)
+
+
+def kernel_of(req: OpRequest) -> CeKernel:
+    return CeKernel(req.dtype("x"), req.dtype("labels"), req.dim("vec"), req.dim("threads"),
+                    bool(req.flag("backward")))
+
+
+class RowsCandidate(OnePassCandidate):
+    name = "cross_entropy.rows"
+    op = OP
+
+    def kernel_of(self, req: OpRequest) -> CeKernel:
+        return kernel_of(req)
+
+    def launch_resources(self, req: OpRequest):
+        return (Resources(block=kernel_of(req).threads),)
+
+    def supports(self, req: OpRequest) -> str | None:
+        kern, n = kernel_of(req), req.dim("n")
+        if kern.dtype not in geometry.DTYPES:
+            return f"logits dtype {kern.dtype} not supported; supported: {describe(geometry.DTYPES)}"
+        if kern.label_dtype not in geometry.LABEL_DTYPES:
+            return f"labels dtype {kern.label_dtype} not supported; supported: {describe(geometry.LABEL_DTYPES)}"
+        if kern.vec not in geometry.VECTORS or kern.vec > geometry.max_vector(kern.dtype):
+            return (f"vector width {kern.vec} not supported for {kern.dtype}; supported: "
+                    f"{[v for v in geometry.VECTORS if v <= geometry.max_vector(kern.dtype)]}")
+        threads = (geometry.BWD_THREADS,) if kern.backward else geometry.FWD_THREADS
+        if kern.threads not in threads:
+            return f"{kern.threads} threads per block not supported; supported: {list(threads)}"
+        if n < 1 or n % kern.vec:
+            return f"n={n} must be a positive multiple of the vector width {kern.vec}"
+        return None
+
+
+CANDIDATES = (RowsCandidate,)
+
+_selections = SelectionMemo("cross_entropy.selections")
+
+
+def selection(kernel: CeKernel, n: int, device: DeviceInfo, ordinal: int) -> Any:
+    """The registry's selection for this kernel and n on the device (memoized per settings object)."""
+    return _selections.get((kernel, n, ordinal), lambda: request(kernel, n, device))
+
+
+# ---- explain / prefill ---------------------------------------------------------------------------------------------
+def build_request(shape, dtype, device, **options) -> OpRequest:
+    """For `rtckern explain cross_entropy`: shape ROWSxN or N (the vocabulary size); options labels=int64|int32,
+    vec=8|4|2|1 (the widest that fits by default), backward=0|1."""
+    dims = [int(x) for x in shape]
+    if len(dims) not in (1, 2):
+        raise ValueError(f"cross_entropy: shape {shape!r} should be ROWSxN or N (the vocabulary size), e.g. "
+                         "8192x128256")
+    opts.check_keys(OP, options, ("labels", "vec", "backward"))
+    dt = opts.parse_choice(OP, "dtype", dtype or "bf16", geometry.DTYPES)
+    lt = opts.parse_choice(OP, "labels", options.get("labels") or "int64", geometry.LABEL_DTYPES)
+    n = dims[-1]
+    widest = next((v for v in geometry.VECTORS if v <= geometry.max_vector(dt) and n % v == 0), 1)
+    vec = opts.parse_int(OP, "vec", options["vec"]) if options.get("vec") is not None else widest
+    return request(geometry.kernel(dt, lt, vec, n, opts.flag(OP, options, "backward", False)), n, device)
+
+
+def prefill_specs(archs):
+    """The kernels of the common requests on every arch the candidate serves (prefill provider): int64 labels (what
+    torch's data pipelines make), the widest vector, every forward block size and the backward, for each dtype."""
+    kernels = []
+    for dt in geometry.DTYPES:
+        v = geometry.max_vector(dt)
+        kernels += [CeKernel(dt, "int64", v, t, False) for t in geometry.FWD_THREADS]
+        kernels.append(CeKernel(dt, "int64", v, geometry.BWD_THREADS, True))
+    return RowsCandidate().prefill_specs(archs, kernels)
+
+
+@run_once
+def register_all() -> None:
+    """Register the cross-entropy candidate, its request builder and its kernel provider (idempotent)."""
+    register_missing_candidates(CANDIDATES)
+    register_missing_builder(OP, build_request, help="shape: ROWSxN or N; dtype fp32|fp16|bf16; options "
+                             "labels=int64|int32, vec=8|4|2|1, backward=0|1",
+                             example="--dtype bf16 --shape 8192x128256")
+    register_kernel_provider(OP, prefill_specs)

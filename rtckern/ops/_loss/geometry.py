@@ -1,0 +1,85 @@
+"""What decides a cross-entropy kernel and its launch: the logits' and labels' dtypes, the vector width, the
+forward's block size and the direction (rows, n, strides and ignore_index are runtime values), and the grids."""
+from __future__ import annotations
+
+import dataclasses
+
+from rtckern.arch import Arch
+from rtckern.dtypes import FLOATS, ctype, itemsize
+from rtckern.spec import KernelSpec
+
+OP = "cross_entropy"
+SOURCE = "loss/cross_entropy.cuh"
+KERNELS = ("rtk_ce::ce_fwd", "rtk_ce::ce_bwd")
+DTYPES = FLOATS
+LABEL_DTYPES = ("int64", "int32")
+VECTORS = (8, 4, 2, 1)  # elements per access, widest first
+VEC_BYTES = 16
+FWD_THREADS = (128, 256, 512)  # one block per row: wider blocks for longer rows (fwd_threads)
+BWD_THREADS = 256
+MAX_GRID_Y = 65535
+MAX_ROWS = 2**31 - 1  # the forward's grid.x
+# the kernels' parameters in order (cross_entropy.cuh): pointers, then long long
+FWD_KINDS = "P" * 4 + "q" * 4  # x, labels, loss, lse; n, x_rs, label_stride, ignore_index
+BWD_KINDS = "P" * 5 + "q" * 7  # dloss, x, labels, lse, dx; rows, n, dloss_stride, x_rs, label_stride, dx_rs, ignore
+
+
+@dataclasses.dataclass(frozen=True)
+class CeKernel:
+    """One compiled variant: logits dtype, labels dtype, elements per access, block size (the forward's; the
+    backward's is BWD_THREADS), direction."""
+
+    dtype: str
+    label_dtype: str
+    vec: int
+    threads: int
+    backward: bool
+
+    def spec(self, arch: Arch) -> KernelSpec:
+        targs = (ctype(self.dtype), ctype(self.label_dtype), str(self.vec))
+        if not self.backward:
+            targs += (str(self.threads),)
+        return KernelSpec(source=SOURCE, name=KERNELS[self.backward], arch=arch, op=OP, template_args=targs)
+
+
+def max_vector(dtype: str) -> int:
+    return VEC_BYTES // itemsize(dtype)
+
+
+def vector_width(dtype: str, n: int, addrs: tuple[int, ...], row_strides: tuple[int, ...]) -> int:
+    """The widest vector V (elements) dividing n and every row stride, with every address (bytes) V-aligned."""
+    isz = itemsize(dtype)
+    for v in VECTORS:
+        if v <= max_vector(dtype) and n % v == 0 and all(s % v == 0 for s in row_strides) \
+                and all(a % (v * isz) == 0 for a in addrs):
+            return v
+    return 1
+
+
+def fwd_threads(n: int, vec: int) -> int:
+    """The forward's block for rows of n elements: about 8 to 32 pieces per thread (fewer threads for short rows,
+    more for the long vocabularies of 128k+ tokens)."""
+    pieces = -(-n // vec)
+    if pieces <= 1024:
+        return 128
+    return 256 if pieces <= 4096 else 512
+
+
+def kernel(dtype: str, label_dtype: str, vec: int, n: int, backward: bool) -> CeKernel:
+    return CeKernel(dtype, label_dtype, vec, BWD_THREADS if backward else fwd_threads(n, vec), backward)
+
+
+def variants() -> tuple[CeKernel, ...]:
+    out = []
+    for dt in DTYPES:
+        for lt in LABEL_DTYPES:
+            for v in VECTORS:
+                if v <= max_vector(dt):
+                    out += [CeKernel(dt, lt, v, t, False) for t in FWD_THREADS]
+                    out.append(CeKernel(dt, lt, v, BWD_THREADS, True))
+    return tuple(out)
+
+
+def bwd_grid(rows: int, n: int, vec: int) -> tuple[int, int, int]:
+    """Blocks of BWD_THREADS pieces across a row, one row (then every MAX_GRID_Y-th) per block row."""
+    return -(-(n // vec) // BWD_THREADS), max(1, min(rows, MAX_GRID_Y)), 1

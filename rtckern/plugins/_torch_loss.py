@@ -1,0 +1,128 @@
+"""torch.ops.rtckern cross-entropy, forward and backward.
+
+    loss = torch.ops.rtckern.cross_entropy(logits, labels, ignore_index=-100, reduction="mean")   (composite)
+    loss, lse = torch.ops.rtckern.cross_entropy_fwd(logits, labels, ignore_index)                # per row, fp32
+    dlogits = torch.ops.rtckern.cross_entropy_bwd(dloss, logits, labels, lse, ignore_index)
+
+Classes are the last dimension of logits ((..., classes), labels (...)), as a language model's loss flattens them;
+torch's F.cross_entropy takes them in dimension 1. reduction "mean" (over the rows whose label is not ignore_index,
+NaN when there is none, as torch), "sum" or "none" (per row, fp32). cross_entropy_fwd's autograd formula calls
+cross_entropy_bwd (rtckern.ops.cross_entropy_backward): it saves the logits, the labels and the lse, and no fp32
+copy of the logits (the eager `F.cross_entropy(logits.float(), labels)` keeps an fp32 log-softmax). Double backward
+is not supported. rtckern.torch.cross_entropy is the eager fast path.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rtckern.errors import InputError
+
+from . import _torch_ref as R
+from ._torch_dispatch import run
+from ._torch_lib import F32, check_float, define_composite, direct, kernel_op, ops_module
+
+OPS = ("cross_entropy", "cross_entropy_fwd", "cross_entropy_bwd")
+REDUCTIONS = ("mean", "sum", "none")
+_LABELS = (torch.int64, torch.int32)
+
+
+def _loss():
+    return ops_module("loss")
+
+
+def _check(logits: Tensor, labels: Tensor) -> None:
+    check_float(logits, "logits")
+    if labels.dtype not in _LABELS:
+        raise InputError(f"labels has dtype {str(labels.dtype).replace('torch.', '')}; supported: int64, int32")
+    if logits.dim() < 1 or tuple(labels.shape) != tuple(logits.shape[:-1]):
+        raise InputError(f"labels has shape {tuple(labels.shape)}; it must be logits' shape without the last "
+                         f"(classes) dimension, {tuple(logits.shape[:-1])}")
+
+
+def _jit_fwd(logits, labels, ignore_index):
+    return _loss().cross_entropy(logits, labels, ignore_index)
+
+
+def _jit_bwd(dloss, logits, labels, lse, ignore_index):
+    return _loss().cross_entropy_backward(dloss, logits, labels, lse, ignore_index)
+
+
+@kernel_op("cross_entropy_fwd")
+def cross_entropy_fwd(logits: Tensor, labels: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """(loss, lse) per row, fp32 (rtckern.ops.cross_entropy)."""
+    return run("cross_entropy", _jit_fwd, R.cross_entropy_fwd, logits, labels, ignore_index)
+
+
+@cross_entropy_fwd.register_fake
+def _(logits, labels, ignore_index):
+    _check(logits, labels)
+    dt = torch.float64 if logits.dtype == torch.float64 else F32  # fp64: the references' (tests only)
+    return logits.new_empty(labels.shape, dtype=dt), logits.new_empty(labels.shape, dtype=dt)
+
+
+@kernel_op("cross_entropy_bwd")
+def cross_entropy_bwd(dloss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor, ignore_index: int) -> Tensor:
+    """dlogits (rtckern.ops.cross_entropy_backward)."""
+    return run("cross_entropy_backward", _jit_bwd, R.cross_entropy_bwd, dloss, logits, labels, lse, ignore_index)
+
+
+@cross_entropy_bwd.register_fake
+def _(dloss, logits, labels, lse, ignore_index):
+    _check(logits, labels)
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+def _setup(ctx, inputs, output):
+    logits, labels, ignore_index = inputs
+    ctx.save_for_backward(logits, labels, output[1])
+    ctx.ignore_index = ignore_index
+    ctx.set_materialize_grads(False)  # no zeros for the lse's gradient, which the formula ignores
+
+
+def _one_stride(t: Tensor) -> Tensor:
+    """t as the kernel reads it: one stride over its elements (a broadcast value, stride 0 everywhere, included)."""
+    if t.is_contiguous() or all(s == 0 for s in t.stride()):
+        return t
+    return t.contiguous()
+
+
+def _backward(ctx, dloss, _dlse):
+    if dloss is None:  # only the lse was used: no gradient reaches the logits through it
+        return None, None, None
+    logits, labels, lse = ctx.saved_tensors
+    return cross_entropy_bwd(_one_stride(dloss.to(lse.dtype)), logits, labels, lse, ctx.ignore_index), None, None
+
+
+cross_entropy_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+def _reduce(loss: Tensor, labels: Tensor, ignore_index: int, reduction: str) -> Tensor:
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (labels != ignore_index).sum()  # 0 / 0 = NaN with every row ignored, as torch
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in REDUCTIONS:
+        raise InputError(f"reduction={reduction!r}; supported: {', '.join(REDUCTIONS)}")
+
+
+def cross_entropy_direct(logits, labels, ignore_index, reduction):
+    """torch.ops.rtckern.cross_entropy in plain eager code (the caller checked `direct`)."""
+    _check_reduction(reduction)
+    loss = cross_entropy_fwd.call_direct(logits, labels, ignore_index)[0]
+    return _reduce(loss, labels, ignore_index, reduction)
+
+
+def _cross_entropy_composite(logits, labels, ignore_index=-100, reduction="mean"):
+    if direct(logits, labels):
+        return cross_entropy_direct(logits, labels, ignore_index, reduction)
+    _check_reduction(reduction)
+    return _reduce(cross_entropy_fwd(logits, labels, ignore_index)[0], labels, ignore_index, reduction)
+
+
+define_composite('cross_entropy(Tensor logits, Tensor labels, int ignore_index=-100, str reduction="mean") -> Tensor',
+                 _cross_entropy_composite)
