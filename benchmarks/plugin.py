@@ -253,7 +253,8 @@ def run_e2e(batch: int = 4, seq: int = 2048, reps: int = 20, device: str = "cuda
 
     ref32, ref, patched, report, ids = build_models(batch, seq, device=device, **overrides)
     result = {"config": {**LLAMA, **overrides, "batch": batch, "seq": seq, "dtype": "bf16"},
-              "replaced": len(report.replaced), "attention": report.attention}
+              "replaced": len(report.replaced), "attention": report.attention, "rope_modules": len(report.rope),
+              "mlp_modules": len(report.mlp), "loss": report.loss}
     result["accuracy"] = accuracy(ref32, ref, patched, ids)
     result["accuracy_failures"] = within_tolerance(result["accuracy"])
     del ref32
@@ -263,13 +264,22 @@ def run_e2e(batch: int = 4, seq: int = 2048, reps: int = 20, device: str = "cuda
     return result
 
 
+def _parts_text(e2e: dict) -> str:
+    """The rope / MLP / loss parts of a patch, where the result records them."""
+    if "rope_modules" not in e2e:
+        return ""
+    return (f", rope in {e2e['rope_modules']} modules, swiglu in {e2e['mlp_modules']} MLPs, "
+            f"loss={'rtckern' if e2e['loss'] else 'transformers'}")
+
+
 def _e2e_body(res: dict) -> list:
     body = []
     for name, e2e in res["e2e"].items():
         acc, sp = e2e["accuracy"], e2e["speed"]
         c = e2e["config"]
         body.append(f"## {name}: Llama {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, batch {c['batch']} "
-                    f"x seq {c['seq']}, bf16\n\npatched: {e2e['replaced']} norms, attention={e2e['attention']}")
+                    f"x seq {c['seq']}, bf16\n\npatched: {e2e['replaced']} norms, attention={e2e['attention']}"
+                    + _parts_text(e2e))
         body.append(Table(("median ms", "torch (sdpa + HF RMSNorm)", "rtckern", "speedup"),
                           [(k, f"{sp[k]['torch']:.3f}", f"{sp[k]['rtckern']:.3f}", f"{sp[k]['speedup']:.3f}x")
                            for k in ("forward_ms", "fwd_bwd_ms")]))
@@ -529,7 +539,7 @@ def _packed_body(pk: dict) -> list:
                   title=f"packed vs padded: {pk['tokens']} tokens in {len(pk['lengths'])} sequences "
                         f"{pk['lengths']}; padded {shape[0]} x {shape[1]} ({pk['padding_fraction']:.0%} padding)"),
             "\n".join(["packed: batch 1, position_ids restarting per sequence, no mask; padded: right padding and a "
-                       "2D attention mask; rtckern = patch(model) (norms + attention), sdpa = unpatched. fp32 loss "
+                       "2D attention mask; rtckern = patch(model) (every part), sdpa = unpatched. fp32 loss "
                        f"(padded): {pk['accuracy']['loss']['fp32 padded']:.5f}.", ""] +
                       [f"- {k}: {v:.3f}x" for k, v in pk["speedup"].items()] +
                       [f"- served, {k}: {v}" for k, v in pk["served"].items()]),

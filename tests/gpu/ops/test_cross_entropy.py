@@ -49,8 +49,8 @@ def _reference(x, labels):
 
 def _check(dt, x, labels, dloss=None):
     """Forward within fp32 arithmetic of the terms (relative 2^-20 of lse and the label's logit, plus the sum's
-    rounding over sqrt(n) terms); backward within one rounding of each gradient element plus the fp32 rounding of
-    the exponential's argument (2^-23 of |x| + |lse|, relative to the probability)."""
+    rounding over sqrt(n) terms); backward within one rounding of each gradient element plus, relative to the
+    probability, the error of the lse it is given and the fp32 rounding of the exponential's argument."""
     ref, lse_ref, p = _reference(x, labels)
     loss, lse = ops.cross_entropy(x, labels, IGNORE)
     assert loss.dtype == torch.float32 and loss.shape == labels.shape and lse.shape == labels.shape
@@ -74,9 +74,11 @@ def _check(dt, x, labels, dloss=None):
     want = torch.where(ignored, torch.zeros_like(want), want)
     nan_x = nan_rows.unsqueeze(-1).expand_as(want)
     assert bool(torch.isnan(dx)[nan_x].all()) and not bool(torch.isnan(dx)[~nan_x].any())
-    # softmax = exp2(x * log2(e) - lse * log2(e)) in fp32: the argument's rounding grows with |x| and |lse|
-    arg = x.double().abs() + lse_ref.abs().unsqueeze(-1) + 2
-    bound = UNIT[dt] * want.abs() + 2.0 ** -23 * arg * g.abs() * (p + onehot) + TINY[dt]
+    # softmax = exp2(x * log2(e) - lse * log2(e)) in fp32 from the forward's lse: relative error that lse's error (the
+    # fp32 sum of exponentials, bounded above) plus the argument's rounding, which grows with |x| and |lse|
+    lse_err = (lse.double() - lse_ref).abs().unsqueeze(-1)
+    rel_p = lse_err + 2.0 ** -23 * (x.double().abs() + lse_ref.abs().unsqueeze(-1) + 2)
+    bound = UNIT[dt] * want.abs() + rel_p * g.abs() * (p + onehot) + TINY[dt]
     err = (dx.double() - want).abs()
     assert bool((err[~nan_x] <= bound[~nan_x]).all()), \
         f"dlogits: max error / bound {float((err[~nan_x] / bound[~nan_x]).max()):.3f}"

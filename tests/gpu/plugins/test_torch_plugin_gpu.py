@@ -62,6 +62,10 @@ def _cases():
     bias = rand(96, requires_grad=True)
     qr, kr = rand(2, 40, 8, 128).transpose(1, 2).requires_grad_(), rand(2, 40, 2, 128).transpose(1, 2).requires_grad_()
     cos, sin = rand(2, 40, 128), rand(2, 40, 128)
+    logits = rand(2, 24, 1000, requires_grad=True)
+    labels = torch.randint(0, 1000, (2, 24), device=DEV)
+    labels[0, :3] = -100
+    ce_loss, ce_lse = ops.cross_entropy_fwd(logits.detach(), labels, -100)
     return {
         "rms_norm": (x, w), "rms_norm_mixed": ("rms_norm", (x, w32, 1e-6, False, F32)),
         "rms_norm_fwd": (x, w, 1e-6, True, None, True),
@@ -84,11 +88,16 @@ def _cases():
         "gemm": (a, wt, bias, "silu", True), "gemm_plain": ("gemm", (a, wt.detach().t().contiguous())),
         "rope": (qr, kr, cos, sin, 1), "rope_bwd": (qr.detach(), kr.detach(), cos, sin, 1),
         "swiglu": (x, r), "swiglu_bwd": (r.detach(), x.detach(), r.detach()),
+        "cross_entropy": (logits, labels, -100, "mean"),
+        "cross_entropy_none": ("cross_entropy", (logits, labels.clamp(min=0), 0, "none")),  # label 0 ignored
+        "cross_entropy_fwd": (logits, labels, -100),
+        "cross_entropy_bwd": (ce_loss, logits.detach(), labels, ce_lse, -100),
     }
 
 
 CASES = ("attention", "attention_bwd", "attention_bwd_det", "attention_fwd", "attention_varlen",
-         "attention_varlen_bwd", "attention_varlen_fwd", "fused_add_rms_norm", "fused_add_rms_norm_fwd", "gemm",
+         "attention_varlen_bwd", "attention_varlen_fwd", "cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd",
+         "cross_entropy_none", "fused_add_rms_norm", "fused_add_rms_norm_fwd", "gemm",
          "gemm_plain", "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
          "rms_norm_mixed", "rope", "rope_bwd", "scaled_aligned_causal_masked_softmax",
          "scaled_aligned_causal_masked_softmax_bwd", "scaled_masked_softmax", "scaled_masked_softmax_bwd",
