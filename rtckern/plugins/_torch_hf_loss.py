@@ -47,19 +47,26 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
 
 
 def patch_loss(model: torch.nn.Module) -> tuple[bool, str]:
-    """Give a transformers causal LM rtckern's loss: (patched, why not)."""
+    """Give a transformers causal LM rtckern's loss: (patched, why not). The model's loss is what it set itself
+    (`_loss_function`), else what its loss_type maps to; the property is not read (it warns for models without a
+    loss, such as a backbone)."""
     prop = getattr(type(model), "loss_function", None)
     if not isinstance(prop, property) or prop.fset is None:
         return False, ""  # not a transformers model: nothing to report
-    current = model.loss_function
-    if current is causal_lm_loss:
+    own = model.__dict__.get("_loss_function")
+    if own is causal_lm_loss:
         return True, ""
+    loss_type = getattr(model, "loss_type", None)
+    if own is None and loss_type is None:
+        return False, ""  # a model without a loss of its own (a backbone): nothing to report
     try:
         hf = _hf_loss()
     except ImportError as e:
         return False, f"transformers' ForCausalLMLoss cannot be imported: {e}"
-    if current is not hf:
-        name = getattr(current, "__name__", type(current).__name__)
-        return False, f"its loss is {name}, not transformers' causal LM loss (ForCausalLMLoss)"
+    if own is not None and own is not hf:
+        return False, (f"its loss is {getattr(own, '__name__', type(own).__name__)}, not transformers' causal LM loss "
+                       "(ForCausalLMLoss)")
+    if own is None and loss_type != "ForCausalLM":
+        return False, f"its loss_type is {loss_type}, not ForCausalLM"
     model.loss_function = causal_lm_loss
     return True, ""

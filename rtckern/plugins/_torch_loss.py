@@ -8,8 +8,9 @@ Classes are the last dimension of logits ((..., classes), labels (...)), as a la
 torch's F.cross_entropy takes them in dimension 1. reduction "mean" (over the rows whose label is not ignore_index,
 NaN when there is none, as torch), "sum" or "none" (per row, fp32). cross_entropy_fwd's autograd formula calls
 cross_entropy_bwd (rtckern.ops.cross_entropy_backward): it saves the logits, the labels and the lse, and no fp32
-copy of the logits (the eager `F.cross_entropy(logits.float(), labels)` keeps an fp32 log-softmax). Double backward
-is not supported. rtckern.torch.cross_entropy is the eager fast path.
+copy of the logits (the eager `F.cross_entropy(logits.float(), labels)` keeps an fp32 log-softmax). A gradient
+through the lse output (a z-loss on it) is added by torch ops, an fp32 pass over the logits. Double backward is not
+supported. rtckern.torch.cross_entropy is the eager fast path.
 """
 from __future__ import annotations
 
@@ -57,8 +58,7 @@ def cross_entropy_fwd(logits: Tensor, labels: Tensor, ignore_index: int) -> tupl
 @cross_entropy_fwd.register_fake
 def _(logits, labels, ignore_index):
     _check(logits, labels)
-    dt = torch.float64 if logits.dtype == torch.float64 else F32  # fp64: the references' (tests only)
-    return logits.new_empty(labels.shape, dtype=dt), logits.new_empty(labels.shape, dtype=dt)
+    return logits.new_empty(labels.shape, dtype=F32), logits.new_empty(labels.shape, dtype=F32)
 
 
 @kernel_op("cross_entropy_bwd")
@@ -87,11 +87,15 @@ def _one_stride(t: Tensor) -> Tensor:
     return t.contiguous()
 
 
-def _backward(ctx, dloss, _dlse):
-    if dloss is None:  # only the lse was used: no gradient reaches the logits through it
-        return None, None, None
+def _backward(ctx, dloss, dlse):
     logits, labels, lse = ctx.saved_tensors
-    return cross_entropy_bwd(_one_stride(dloss.to(lse.dtype)), logits, labels, lse, ctx.ignore_index), None, None
+    dx = None
+    if dloss is not None:
+        dx = cross_entropy_bwd(_one_stride(dloss.to(lse.dtype)), logits, labels, lse, ctx.ignore_index)
+    if dlse is not None:  # a loss on the lse itself (a z-loss): d lse / d logits = softmax, every row, by torch ops
+        extra = torch.exp(logits.to(lse.dtype) - lse.unsqueeze(-1)) * dlse.to(lse.dtype).unsqueeze(-1)
+        dx = (extra if dx is None else dx.to(lse.dtype) + extra).to(logits.dtype)
+    return dx, None, None
 
 
 cross_entropy_fwd.register_autograd(_backward, setup_context=_setup)

@@ -187,7 +187,9 @@ def rows(a: DeviceArray, name: str) -> Rows:
     count = 1
     for s in shape[:-1]:
         count *= s
-    if n > 1 and count > 0 and strides[-1] != 1:
+    if count == 0:  # no rows (a zero-size leading dimension): any strides will do
+        return Rows(a.obj, a.lib, a.ptr, shape, strides, a.dtype, a.itemsize, a.device, 0, n, n)
+    if n > 1 and strides[-1] != 1:
         raise InputError(f"{name} has stride {strides[-1]} in its last dimension (shape {shape}); the kernels need "
                          f"contiguous rows: pass {name}.contiguous() (torch) or cupy.ascontiguousarray({name})")
     lead = [(sz, st) for sz, st in zip(shape[:-1], strides[:-1]) if sz != 1]  # size-1 dimensions do not matter

@@ -92,7 +92,7 @@ def _call(args: tuple, ignore_index, backward: bool):
 def flat_stride(a: arr.DeviceArray, name: str) -> int:
     """The one element stride that walks `a` row by row (0 for a broadcast value), or an InputError."""
     lead = [(sz, st) for sz, st in zip(a.shape, a.strides) if sz != 1]  # size-1 dimensions do not matter
-    if not lead:
+    if not lead or 0 in a.shape:  # one element or none: nothing to walk
         return 0
     stride = expect = lead[-1][1]
     for sz, st in reversed(lead):
@@ -109,7 +109,8 @@ def _build(wrapped: list, ignore_index, backward: bool) -> plan.CePlan:
     if type(ignore_index) is not int:
         raise InputError(f"ignore_index={ignore_index!r} ({type(ignore_index).__name__}); pass an int such as -100")
     if not -2**63 <= ignore_index < 2**63:
-        raise InputError(f"ignore_index={ignore_index} does not fit in int64")
+        raise InputError(f"ignore_index={ignore_index} does not fit in int64; pass a value in [-2**63, 2**63), "
+                         "such as -100")
     dloss, logits, labels, lse = wrapped if backward else (None, *wrapped, None)
     x = arr.rows(logits, "logits")
     if x.dtype not in geometry.DTYPES:
@@ -136,7 +137,8 @@ def _build(wrapped: list, ignore_index, backward: bool) -> plan.CePlan:
                          "cross_entropy returned")
     rows, n = x.rows, x.n
     if rows > geometry.MAX_ROWS:
-        raise InputError(f"{rows} rows of logits; cross_entropy takes at most {geometry.MAX_ROWS} per call")
+        raise InputError(f"{rows} rows of logits; cross_entropy takes at most {geometry.MAX_ROWS} per call: split the "
+                         "rows over several calls")
     outs = ((x.shape, x.dtype),) if backward else ((row_shape, "fp32"), (row_shape, "fp32"))
     if rows == 0:
         return plan.CePlan(settings, x, outs, None, (), "")

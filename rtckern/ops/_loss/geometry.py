@@ -57,8 +57,8 @@ def vector_width(dtype: str, n: int, addrs: tuple[int, ...], row_strides: tuple[
 
 
 def fwd_threads(n: int, vec: int) -> int:
-    """The forward's block for rows of n elements: about 8 to 32 pieces per thread (fewer threads for short rows,
-    more for the long vocabularies of 128k+ tokens)."""
+    """The forward's block for rows of n elements: 128 threads up to 1024 pieces (8 per thread at most), 256 up to
+    4096 (16), 512 beyond (a 262144-class row: 64 per thread)."""
     pieces = -(-n // vec)
     if pieces <= 1024:
         return 128

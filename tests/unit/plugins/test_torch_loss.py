@@ -76,6 +76,21 @@ def test_gradcheck_opcheck_fake_tensors_and_errors():
             ops.cross_entropy_fwd(fx, fl4, -100)
 
 
+def test_a_loss_on_the_lse_reaches_the_logits():
+    """A z-loss (on the lse output) differentiates through the softmax: alone, and beside the cross-entropy."""
+    x, labels = _inputs()
+    lse64 = torch.logsumexp(x, -1)
+    ce64 = nn.functional.cross_entropy(x.transpose(1, 2), labels, reduction="none")
+    for use_loss in (True, False):
+        with rt.reference_mode():
+            loss, lse = ops.cross_entropy_fwd(x, labels, -100)
+            total = (loss.sum() if use_loss else 0) + 0.1 * (lse ** 2).sum()
+            (g,) = torch.autograd.grad(total, x)
+        want = (ce64.sum() if use_loss else 0) + 0.1 * (lse64 ** 2).sum()
+        (w,) = torch.autograd.grad(want, x, retain_graph=True)
+        assert torch.allclose(g, w), use_loss
+
+
 def test_torch_compile_fullgraph_forward_and_backward():
     x, labels = _inputs(torch.float32)
     with rt.reference_mode():
@@ -134,3 +149,11 @@ def test_other_losses_and_plain_modules_are_left_alone():
     assert "loss skipped: its loss is my_loss" in str(report)
     plain = rt.patch(nn.Sequential(nn.Linear(4, 4)))
     assert not plain.loss and plain.loss_skipped == "" and "loss" not in str(plain)
+    import transformers
+
+    backbone = transformers.LlamaModel(model.config)  # computes no loss: nothing to patch or report
+    report = rt.patch(backbone, norms=False, attention=False, rope=False, mlp=False)
+    assert not report.loss and report.loss_skipped == "" and "_loss_function" not in backbone.__dict__
+    classifier = transformers.LlamaForSequenceClassification(model.config)
+    report = rt.patch(classifier, norms=False, attention=False, rope=False, mlp=False)
+    assert report.loss_skipped == "its loss_type is ForSequenceClassification, not ForCausalLM"
