@@ -1,8 +1,14 @@
-"""What the one-pass op suites (rope, swiglu) share: host time per call in alternating rounds, the per-shape loop
-with a fresh torch.compile of the torch formula, and the two-panel plot (bandwidth, speedup against torch)."""
+"""What the one-pass op suites (rope, swiglu, cross_entropy) share: host time per call in alternating rounds and its
+table, the per-shape loop with a fresh torch.compile of the torch formula, and the two-panel plot (bandwidth, speedup
+against torch)."""
 from __future__ import annotations
 
-from benchmarks.runner import gpu_name
+from benchmarks.runner import Table, gpu_name
+
+
+def fmt(v, spec: str = "{:.1f}"):
+    """A table cell: None stays None (rendered as '-')."""
+    return None if v is None else spec.format(v)
 
 
 def host_us(calls: dict, n: int = 500, rounds: int = 5) -> dict:
@@ -13,6 +19,37 @@ def host_us(calls: dict, n: int = 500, rounds: int = 5) -> dict:
     from benchmarks.op_overhead import time_interleaved
 
     return dict(zip(calls, time_interleaved(list(calls.values()), n, torch.cuda.synchronize, rounds)))
+
+
+def host_table(host: dict, inputs: str) -> Table:
+    """host_us()'s 'fwd' / 'fwd+bwd' x 'rtckern' / 'torch' calls as a table; `inputs` names the tiny input."""
+    return Table(("call", "rtckern us", "torch formula us", "ratio"),
+                 [(what, f"{host[f'{what} rtckern']:.1f}", f"{host[f'{what} torch']:.1f}",
+                   f"{host[f'{what} rtckern'] / host[f'{what} torch']:.2f}x") for what in ("fwd", "fwd+bwd")],
+                 title=f"Host time per eager call ({inputs}; 500 calls, median of 5 alternating rounds)")
+
+
+def measure_shapes(args, shapes, formula_fn, bench_shape, host_cost, seed: int, extra=lambda r: "") -> tuple:
+    """A suite's run: every shape (the first two with --quick) through bench_shape(*shape, gen, copy_gbs, compiled),
+    with a progress line each (extra(r) adds the suite's own fields), then host_cost(gen): (rows, data) for the
+    suite's result()."""
+    import torch
+
+    from benchmarks.attention_kvcache import copy_bandwidth
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    copy_gbs = copy_bandwidth()
+
+    def measure(*shape):
+        r = bench_shape(*shape[:-1], gen, copy_gbs, shape[-1])
+        print(f"{r['shape']}: fwd {r['fwd_us']:.1f} us ({r['fwd_of_copy']:.2f} copy), bwd {r['bwd_us']:.1f} us "
+              f"({r['bwd_of_copy']:.2f}); fwd+bwd {r['autograd_fwd_bwd_us']:.1f} vs torch {r['torch_fwd_bwd_us']:.1f}"
+              f" / compiled {r.get('compiled_fwd_bwd_us')}{extra(r)}", flush=True)
+        return r
+
+    rows = each_shape(shapes[:2] if args.quick else shapes, formula_fn, args.no_compile, measure)
+    return rows, {"copy_gbs": copy_gbs, "host_us": host_cost(gen)}
 
 
 def each_shape(shapes, formula_fn, no_compile: bool, measure) -> list[dict]:

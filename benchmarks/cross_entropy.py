@@ -12,7 +12,7 @@ graph; and the memory each needs beyond its inputs (peak allocated during one ea
 """
 from __future__ import annotations
 
-from benchmarks._one_pass import each_shape, host_us, plot
+from benchmarks._one_pass import fmt, host_table, host_us, measure_shapes, plot
 from benchmarks.runner import Result, Table
 
 SHAPES = (  # label, tokens, vocabulary
@@ -129,28 +129,8 @@ def host_cost(gen) -> dict:
 
 
 def run(args) -> Result:
-    import torch
-
-    from benchmarks.attention_kvcache import copy_bandwidth
-
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(7)
-    copy_gbs = copy_bandwidth()
-
-    def measure(*shape):
-        r = bench_shape(*shape[:-1], gen, copy_gbs, shape[-1])
-        print(f"{r['shape']}: fwd {r['fwd_us']:.1f} us ({r['fwd_of_copy']:.2f} copy), bwd {r['bwd_us']:.1f} us "
-              f"({r['bwd_of_copy']:.2f}); fwd+bwd {r['autograd_fwd_bwd_us']:.1f} vs torch {r['torch_fwd_bwd_us']:.1f}"
-              f" / compiled {r.get('compiled_fwd_bwd_us')}; extra MB {r['extra_mb']:.0f} vs {r['torch_extra_mb']:.0f}",
-              flush=True)
-        return r
-
-    rows = each_shape(SHAPES[:2] if args.quick else SHAPES, formula, args.no_compile, measure)
-    return result(rows, {"copy_gbs": copy_gbs, "host_us": host_cost(gen)})
-
-
-def _f(v, fmt="{:.1f}"):
-    return None if v is None else fmt.format(v)
+    return result(*measure_shapes(args, SHAPES, formula, bench_shape, host_cost, 7,
+                                   lambda r: f"; extra MB {r['extra_mb']:.0f} vs {r['torch_extra_mb']:.0f}"))
 
 
 def result(rows: list[dict], data: dict) -> Result:
@@ -158,17 +138,13 @@ def result(rows: list[dict], data: dict) -> Result:
                    "torch fwd us", "torch fwd+bwd us", "compiled fwd+bwd us", "fwd+bwd vs torch",
                    "fwd+bwd vs compiled", "extra MB: rtckern / torch / compiled", "rel err fwd / bwd",
                    "torch rel err bwd"),
-                  [(r["shape"], f"{r['tokens']} x {r['n']}", _f(r["fwd_us"]), _f(r["fwd_of_copy"], "{:.2f}"),
-                    _f(r["bwd_us"]), _f(r["bwd_of_copy"], "{:.2f}"), _f(r["autograd_fwd_bwd_us"]),
-                    _f(r["torch_fwd_us"]), _f(r["torch_fwd_bwd_us"]), _f(r.get("compiled_fwd_bwd_us")),
-                    _f(r["speedup_fwd_bwd_vs_torch"], "{:.2f}x"), _f(r.get("speedup_fwd_bwd_vs_compiled"), "{:.2f}x"),
-                    f"{r['extra_mb']:.0f} / {r['torch_extra_mb']:.0f} / {_f(r.get('compiled_extra_mb'), '{:.0f}')}",
+                  [(r["shape"], f"{r['tokens']} x {r['n']}", fmt(r["fwd_us"]), fmt(r["fwd_of_copy"], "{:.2f}"),
+                    fmt(r["bwd_us"]), fmt(r["bwd_of_copy"], "{:.2f}"), fmt(r["autograd_fwd_bwd_us"]),
+                    fmt(r["torch_fwd_us"]), fmt(r["torch_fwd_bwd_us"]), fmt(r.get("compiled_fwd_bwd_us")),
+                    fmt(r["speedup_fwd_bwd_vs_torch"], "{:.2f}x"), fmt(r.get("speedup_fwd_bwd_vs_compiled"), "{:.2f}x"),
+                    f"{r['extra_mb']:.0f} / {r['torch_extra_mb']:.0f} / {fmt(r.get('compiled_extra_mb'), '{:.0f}')}",
                     f"{r['fwd_rel_l2']:.1e} / {r['bwd_rel_l2']:.1e}", f"{r['torch_bwd_rel_l2']:.1e}") for r in rows])
-    host = data["host_us"]
-    host_table = Table(("call", "rtckern us", "torch formula us", "ratio"),
-                       [(what, f"{host[f'{what} rtckern']:.1f}", f"{host[f'{what} torch']:.1f}",
-                         f"{host[f'{what} rtckern'] / host[f'{what} torch']:.2f}x") for what in ("fwd", "fwd+bwd")],
-                       title="Host time per eager call ((4, 32000) logits; 500 calls, median of 5 alternating rounds)")
+    hosts = host_table(data["host_us"], "(4, 32000) logits")
     body = [f"bf16 logits of shape tokens x vocabulary, int64 labels (every tenth -100, ignored). Copy bandwidth of "
             f"this GPU in this run: {data['copy_gbs']:.0f} GB/s. Every time: CUDA-graph replays of 20 back-to-back "
             "calls (GPU time). fwd / bwd: rtckern.ops.cross_entropy and cross_entropy_backward (per-row losses); "
@@ -176,7 +152,7 @@ def result(rows: list[dict], data: dict) -> Result:
             "F.cross_entropy(logits.float(), labels) (torch; what transformers' causal LM loss runs), and through the "
             "same under torch.compile (Inductor); 'vs' = their time / rtckern's. Extra MB: the peak allocated during "
             "one eager forward + backward beyond the inputs. Errors: relative L2 against float64 (per-row losses; "
-            "the gradient of the mean).", table, host_table]
+            "the gradient of the mean).", table, hosts]
     return Result("Cross-entropy (rtckern.ops.cross_entropy) against torch's F.cross_entropy on fp32 logits",
                   rows=rows, body=body, data=data, rc=0 if all(r["ok"] for r in rows) else 1,
                   plot=lambda plt, meta: plot(plt, rows, meta, "cross_entropy", "F.cross_entropy(logits.float())",

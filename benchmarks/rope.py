@@ -13,7 +13,7 @@ shape: rtckern.torch.apply_rotary_pos_emb against the formula.
 """
 from __future__ import annotations
 
-from benchmarks._one_pass import each_shape, host_us, plot
+from benchmarks._one_pass import fmt, host_table, host_us, measure_shapes, plot
 from benchmarks.runner import Result, Table
 
 SHAPES = (  # label, batch, seqlen, q heads, kv heads, head dim
@@ -132,30 +132,8 @@ def host_cost(gen) -> dict:
 
 
 def run(args) -> Result:
-    import torch
-
-    from benchmarks.attention_kvcache import copy_bandwidth
-
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(7)
-    copy_gbs = copy_bandwidth()
-
-    def measure(*shape):
-        r = bench_shape(*shape[:-1], gen, copy_gbs, shape[-1])
-        print(f"{r['shape']}: fwd {r['fwd_us']:.1f} us ({r['fwd_of_copy']:.2f} copy), bwd {r['bwd_us']:.1f} us "
-              f"({r['bwd_of_copy']:.2f}); fwd+bwd {r['autograd_fwd_bwd_us']:.1f}; torch fwd {r['torch_fwd_us']:.1f}, "
-              f"fwd+bwd {r['torch_fwd_bwd_us']:.1f}; "
-              f"compiled {r.get('compiled_fwd_us')}/{r.get('compiled_fwd_bwd_us')}; err {r['fwd_err_units']:.2f} / "
-              f"{r['bwd_err_units']:.2f}", flush=True)
-        return r
-
-    rows = each_shape(SHAPES[:2] if args.quick else SHAPES, formula, args.no_compile, measure)
-    host = host_cost(gen)
-    return result(rows, {"copy_gbs": copy_gbs, "host_us": host})
-
-
-def _f(v, fmt="{:.1f}"):
-    return None if v is None else fmt.format(v)
+    return result(*measure_shapes(args, SHAPES, formula, bench_shape, host_cost, 7,
+                                   lambda r: f"; err {r['fwd_err_units']:.2f} / {r['bwd_err_units']:.2f}"))
 
 
 def result(rows: list[dict], data: dict) -> Result:
@@ -163,19 +141,15 @@ def result(rows: list[dict], data: dict) -> Result:
                    "torch fwd us", "torch fwd+bwd us", "compiled fwd us", "compiled fwd+bwd us", "fwd+bwd vs torch",
                    "fwd+bwd vs compiled", "err fwd / bwd (bound 1)", "rel L2 fwd / bwd", "torch rel L2 fwd"),
                   [(r["shape"], f"{r['batch']} x {r['seqlen']} x {r['heads_q']}/{r['heads_k']} x {r['head_dim']}",
-                    _f(r["fwd_us"]), _f(r["fwd_of_copy"], "{:.2f}"), _f(r["bwd_us"]), _f(r["bwd_of_copy"], "{:.2f}"),
-                    _f(r["autograd_fwd_bwd_us"]), _f(r["torch_fwd_us"]), _f(r["torch_fwd_bwd_us"]),
-                    _f(r.get("compiled_fwd_us")), _f(r.get("compiled_fwd_bwd_us")),
-                    _f(r["speedup_fwd_bwd_vs_torch"], "{:.2f}x"), _f(r.get("speedup_fwd_bwd_vs_compiled"), "{:.2f}x"),
+                    fmt(r["fwd_us"]), fmt(r["fwd_of_copy"], "{:.2f}"), fmt(r["bwd_us"]),
+                    fmt(r["bwd_of_copy"], "{:.2f}"),
+                    fmt(r["autograd_fwd_bwd_us"]), fmt(r["torch_fwd_us"]), fmt(r["torch_fwd_bwd_us"]),
+                    fmt(r.get("compiled_fwd_us")), fmt(r.get("compiled_fwd_bwd_us")),
+                    fmt(r["speedup_fwd_bwd_vs_torch"], "{:.2f}x"), fmt(r.get("speedup_fwd_bwd_vs_compiled"), "{:.2f}x"),
                     f"{r['fwd_err_units']:.2f} / {r['bwd_err_units']:.2f}",
                     f"{r['fwd_rel_l2']:.1e} / {r['bwd_rel_l2']:.1e}", f"{r['torch_fwd_rel_l2']:.1e}")
                    for r in rows])
-    host = data["host_us"]
-    host_table = Table(("call", "rtckern us", "torch formula us", "ratio"),
-                       [(what, f"{host[f'{what} rtckern']:.1f}", f"{host[f'{what} torch']:.1f}",
-                         f"{host[f'{what} rtckern'] / host[f'{what} torch']:.2f}x") for what in ("fwd", "fwd+bwd")],
-                       title="Host time per eager call (q (1, 32, 1, 128), k (1, 8, 1, 128); 500 calls, median of 5 "
-                             "alternating rounds)")
+    hosts = host_table(data["host_us"], "q (1, 32, 1, 128), k (1, 8, 1, 128)")
     body = [f"bf16; q and k (batch, heads, seqlen, head_dim) views of (batch, seqlen, heads, head_dim) projections; "
             f"cos / sin (batch, seqlen, head_dim) bf16. Copy bandwidth of this GPU in this run: {data['copy_gbs']:.0f} "
             "GB/s. Every time: CUDA-graph replays of 20 back-to-back calls (GPU time). fwd / bwd: rtckern.ops.rope "
@@ -183,7 +157,7 @@ def result(rows: list[dict], data: dict) -> Result:
             "transformers' formula (torch), and through the formula under torch.compile (Inductor's fused kernels); "
             "'vs' = their time / rtckern's. Errors against float64: max over elements of |out - ref| / (2^-8 |ref| + "
             "2^-20 (|x1| + |x2|) max) (1 is one bf16 rounding: the test's bound), and relative L2; the formula rounds "
-            "after every op.", table, host_table]
+            "after every op.", table, hosts]
     return Result("Rotary position embedding (rtckern.ops.rope) against transformers' formula", rows=rows, body=body,
                   data=data, rc=0 if all(r["ok"] for r in rows) else 1,
                   plot=lambda plt, meta: plot(plt, rows, meta, "rope", "transformers' formula",

@@ -12,7 +12,7 @@ at a tiny shape.
 """
 from __future__ import annotations
 
-from benchmarks._one_pass import each_shape, host_us, plot
+from benchmarks._one_pass import fmt, host_table, host_us, measure_shapes, plot
 from benchmarks.runner import Result, Table
 
 SHAPES = (  # label, tokens, intermediate size
@@ -99,50 +99,26 @@ def host_cost(gen) -> dict:
 
 
 def run(args) -> Result:
-    import torch
-
-    from benchmarks.attention_kvcache import copy_bandwidth
-
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(5)
-    copy_gbs = copy_bandwidth()
-
-    def measure(*shape):
-        r = bench_shape(*shape[:-1], gen, copy_gbs, shape[-1])
-        print(f"{r['shape']}: fwd {r['fwd_us']:.1f} us ({r['fwd_of_copy']:.2f} copy), bwd {r['bwd_us']:.1f} us "
-              f"({r['bwd_of_copy']:.2f}); fwd+bwd {r['autograd_fwd_bwd_us']:.1f} vs torch {r['torch_fwd_bwd_us']:.1f}"
-              f" / compiled {r.get('compiled_fwd_bwd_us')}", flush=True)
-        return r
-
-    rows = each_shape(SHAPES[:2] if args.quick else SHAPES, formula, args.no_compile, measure)
-    return result(rows, {"copy_gbs": copy_gbs, "host_us": host_cost(gen)})
-
-
-def _f(v, fmt="{:.1f}"):
-    return None if v is None else fmt.format(v)
+    return result(*measure_shapes(args, SHAPES, formula, bench_shape, host_cost, 5))
 
 
 def result(rows: list[dict], data: dict) -> Result:
     table = Table(("shape", "tokens x N", "fwd us", "fwd / copy", "bwd us", "bwd / copy", "fwd+bwd us", "torch fwd us",
                    "torch fwd+bwd us", "compiled fwd us", "compiled fwd+bwd us", "fwd+bwd vs torch",
                    "fwd+bwd vs compiled", "rel L2 fwd / bwd", "torch rel L2 fwd"),
-                  [(r["shape"], f"{r['tokens']} x {r['n']}", _f(r["fwd_us"]), _f(r["fwd_of_copy"], "{:.2f}"),
-                    _f(r["bwd_us"]), _f(r["bwd_of_copy"], "{:.2f}"), _f(r["autograd_fwd_bwd_us"]),
-                    _f(r["torch_fwd_us"]), _f(r["torch_fwd_bwd_us"]), _f(r.get("compiled_fwd_us")),
-                    _f(r.get("compiled_fwd_bwd_us")), _f(r["speedup_fwd_bwd_vs_torch"], "{:.2f}x"),
-                    _f(r.get("speedup_fwd_bwd_vs_compiled"), "{:.2f}x"),
+                  [(r["shape"], f"{r['tokens']} x {r['n']}", fmt(r["fwd_us"]), fmt(r["fwd_of_copy"], "{:.2f}"),
+                    fmt(r["bwd_us"]), fmt(r["bwd_of_copy"], "{:.2f}"), fmt(r["autograd_fwd_bwd_us"]),
+                    fmt(r["torch_fwd_us"]), fmt(r["torch_fwd_bwd_us"]), fmt(r.get("compiled_fwd_us")),
+                    fmt(r.get("compiled_fwd_bwd_us")), fmt(r["speedup_fwd_bwd_vs_torch"], "{:.2f}x"),
+                    fmt(r.get("speedup_fwd_bwd_vs_compiled"), "{:.2f}x"),
                     f"{r['fwd_rel_l2']:.1e} / {r['bwd_rel_l2']:.1e}", f"{r['torch_fwd_rel_l2']:.1e}") for r in rows])
-    host = data["host_us"]
-    host_table = Table(("call", "rtckern us", "torch formula us", "ratio"),
-                       [(what, f"{host[f'{what} rtckern']:.1f}", f"{host[f'{what} torch']:.1f}",
-                         f"{host[f'{what} rtckern'] / host[f'{what} torch']:.2f}x") for what in ("fwd", "fwd+bwd")],
-                       title="Host time per eager call ((1, 14336); 500 calls, median of 5 alternating rounds)")
+    hosts = host_table(data["host_us"], "(1, 14336)")
     body = [f"bf16 gate, up (and dy) of shape tokens x N. Copy bandwidth of this GPU in this run: "
             f"{data['copy_gbs']:.0f} GB/s. Every time: CUDA-graph replays of 20 back-to-back calls (GPU time). "
             "fwd / bwd: rtckern.ops.swiglu and swiglu_backward; fwd+bwd: torch.autograd.grad through "
             "rtckern.torch.swiglu, through torch's F.silu(gate) * up (torch), and through the same under "
             "torch.compile (Inductor); 'vs' = their time / rtckern's. Errors: relative L2 against float64.",
-            table, host_table]
+            table, hosts]
     return Result("SwiGLU (rtckern.ops.swiglu) against torch's silu(gate) * up", rows=rows, body=body, data=data,
                   rc=0 if all(r["ok"] for r in rows) else 1,
                   plot=lambda plt, meta: plot(plt, rows, meta, "swiglu", "silu(gate) * up", "SwiGLU"))

@@ -94,6 +94,19 @@ class MemoizedConfigCandidate(Candidate):
         raise NotImplementedError
 
 
+def widest_vector(itemsize: int, n: int, addrs: Iterable[int], row_strides: Iterable[int],
+                  vectors: tuple[int, ...] = (8, 4, 2, 1), vec_bytes: int = 16) -> int:
+    """The widest of `vectors` (elements, widest first; at most vec_bytes per access) that divides n and every row
+    stride (elements), with every address (bytes) a multiple of its size; 1 when none does. The one-pass row kernels
+    take pieces of V elements, so every row's every piece must be V-aligned."""
+    addrs, row_strides = tuple(addrs), tuple(row_strides)
+    for v in vectors:
+        if v * itemsize <= vec_bytes and n % v == 0 and all(s % v == 0 for s in row_strides) \
+                and all(a % (v * itemsize) == 0 for a in addrs):
+            return v
+    return 1
+
+
 class SelectionMemo:
     """The registry's selection per request key, made once per settings object (a change of settings, such as
     RTCKERN_FORCE_IMPL, decides again, as the registry's own memo does). The memo is a PlanCache named `name`."""
@@ -103,11 +116,13 @@ class SelectionMemo:
     def __init__(self, name: str):
         self._memo = PlanCache(name)
 
-    def get(self, key, make_request: Callable[[], OpRequest]) -> Any:
+    def get(self, key, make_request: Callable[[], OpRequest], chooser: Callable[[OpRequest], Any] = select) -> Any:
+        """The selection memoized under key, else chooser(make_request()) (the registry's select; a family passes
+        the name its own module holds, which its tests may replace)."""
         s = settings()
         hit = self._memo.get(key)
         if hit is None or hit[0] is not s:  # the object itself: an id could be reused by a later settings object
-            hit = self._memo.put(key, (s, select(make_request())))
+            hit = self._memo.put(key, (s, chooser(make_request())))
         return hit[1]
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rtckern import config, tuning
+from rtckern import tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, Cost, OpRequest, Resources, register_kernel_provider, select
 from rtckern.registry import options as opts
 
-from .._common import register_missing_builder, register_missing_candidates, run_once
+from .._common import SelectionMemo, register_missing_builder, register_missing_candidates, run_once
 from . import configs, geometry
 from .geometry import OP, QUANT_OP, Fp8Problem, Sm90Fp8Config
 
@@ -143,17 +143,12 @@ class QuantCandidate(Candidate):
 CANDIDATES = (Sm90aWgmmaCandidate, SimtCandidate, QuantCandidate)
 
 # ---- selection, memoized per request key and device -------------------------------------------------------------
-_selections = PlanCache("gemm_fp8.selections")
+_selections = SelectionMemo("gemm_fp8.selections")
 
 
 def selection(req_key: tuple, make) -> Any:
-    """The registry's selection for `make()`'s request, memoized under req_key and the settings object (a change
-    of settings, such as RTCKERN_FORCE_IMPL, decides again, as the registry's own memo does)."""
-    s = config.settings()
-    hit = _selections.get(req_key)
-    if hit is None or hit[0] is not s:  # the object itself: an id could be reused by a later settings object
-        hit = _selections.put(req_key, (s, select(make())))
-    return hit[1]
+    """The registry's selection for `make()`'s request, memoized under req_key per settings object."""
+    return _selections.get(req_key, make, select)
 
 
 # ---- explain / prefill ---------------------------------------------------------------------------------------------

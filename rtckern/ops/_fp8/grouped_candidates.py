@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rtckern import config
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, Cost, OpRequest, Resources, select
 from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared
-from .._common import register_missing_builder, register_missing_candidates, run_once
+from .._common import SelectionMemo, register_missing_builder, register_missing_candidates, run_once
 from . import geometry
 from . import grouped_geometry as gg
 from .grouped_geometry import OP, GroupedFp8Problem
@@ -85,18 +84,12 @@ class Sm90aWgmmaCandidate(Candidate):
 CANDIDATES = (Sm90aWgmmaCandidate,)
 
 # ---- selection, memoized per problem and device -----------------------------------------------------------------
-_selections = PlanCache("grouped_gemm_fp8.selections")
+_selections = SelectionMemo("grouped_gemm_fp8.selections")
 
 
 def selection(p: GroupedFp8Problem, device: DeviceInfo) -> Any:
-    """The registry's selection for p on device, memoized with the settings object it was made under (compared by
-    identity: a change of settings, such as RTCKERN_FORCE_IMPL, decides again)."""
-    s = config.settings()
-    key = (p, device.ordinal)
-    hit = _selections.get(key)
-    if hit is None or hit[0] is not s:
-        hit = _selections.put(key, (s, select(request(p, device))))
-    return hit[1]
+    """The registry's selection for p on device, memoized per settings object."""
+    return _selections.get((p, device.ordinal), lambda: request(p, device), select)
 
 
 # ---- explain -------------------------------------------------------------------------------------------------------

@@ -12,17 +12,16 @@ is SIMT, sm_75, it is the only one). Costs computed once per request, as each ca
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
 from typing import Any
 
 from rtckern.caches import PlanCache
-from rtckern import config, tuning
+from rtckern import tuning
 from rtckern.device import DeviceInfo
 from rtckern.registry import Cost, OpRequest, Resources, select
 from rtckern.registry import options as opts
 
-from .._common import MemoizedConfigCandidate, register_missing_builder, register_missing_candidates, run_once
+from .._common import MemoizedConfigCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, run_once
 from . import configs, geometry
 from .launch import REDUCE_THREADS, LaunchPlan, Operands, stream_int
 
@@ -211,25 +210,13 @@ def active_clusters(kernel, cfg) -> int:
 
 
 # ---- selection, memoized per problem and device -----------------------------------------------------------------
-_selections = PlanCache("gemm.selections")
-_selections_settings: Any = None
-_sel_lock = threading.Lock()
+_selections = SelectionMemo("gemm.selections")
 
 
 def selection(p: geometry.GemmProblem, ordinal: int):
-    """The registry's selection for this call; after the first call a dict lookup. Forgotten when the settings
-    change (overrides such as RTCKERN_FORCE_IMPL), as the registry's own memo is."""
-    global _selections_settings
-    key = (p, ordinal)
-    sel = _selections.get(key)
-    if sel is None or _selections_settings is not config.settings():
-        sel = select(request(p, DeviceInfo.from_device(ordinal)))
-        with _sel_lock:
-            if _selections_settings is not config.settings():
-                _selections.clear()
-                _selections_settings = config.settings()
-            _selections.put(key, sel)
-    return sel
+    """The registry's selection for this call, memoized per settings object (a change of settings, such as
+    RTCKERN_FORCE_IMPL, decides again, as the registry's own memo does)."""
+    return _selections.get((p, ordinal), lambda: request(p, DeviceInfo.from_device(ordinal)), select)
 
 
 _OPTIONS = ("trans_b", "out", "bias", "act", "residual", "aligned", "b_batched")

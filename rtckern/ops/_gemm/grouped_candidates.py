@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rtckern import config
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.registry import Cost, OpRequest, Resources, select
 from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared
-from .._common import MemoizedConfigCandidate, register_missing_builder, register_missing_candidates, run_once
+from .._common import MemoizedConfigCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, run_once
 from . import geometry
 from . import grouped_geometry as gg
 from .grouped_geometry import OP, GroupedProblem
@@ -108,18 +107,12 @@ class Sm80MmaCandidate(_GroupedCandidate):
 CANDIDATES = (Sm90aWgmmaCandidate, Sm80MmaCandidate)
 
 # ---- selection, memoized per problem and device -----------------------------------------------------------------
-_selections = PlanCache("grouped_gemm.selections")
+_selections = SelectionMemo("grouped_gemm.selections")
 
 
 def selection(p: GroupedProblem, device: DeviceInfo) -> Any:
-    """The registry's selection for p on device, memoized with the settings object it was made under (compared by
-    identity: a change of settings, such as RTCKERN_FORCE_IMPL, decides again, as the registry's own memo does)."""
-    s = config.settings()
-    key = (p, device.ordinal)
-    hit = _selections.get(key)
-    if hit is None or hit[0] is not s:
-        hit = _selections.put(key, (s, select(request(p, device))))
-    return hit[1]
+    """The registry's selection for p on device, memoized per settings object."""
+    return _selections.get((p, device.ordinal), lambda: request(p, device), select)
 
 
 # ---- explain ------------------------------------------------------------------------------------------------------

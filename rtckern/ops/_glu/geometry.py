@@ -8,6 +8,8 @@ from rtckern.arch import Arch
 from rtckern.dtypes import FLOATS, ctype, itemsize
 from rtckern.spec import KernelSpec
 
+from .._common import widest_vector
+
 OP = "swiglu"
 SOURCE = "glu/swiglu.cuh"
 KERNELS = ("rtk_glu::swiglu_fwd", "rtk_glu::swiglu_bwd")
@@ -40,12 +42,7 @@ def max_vector(dtype: str) -> int:
 
 def vector_width(dtype: str, n: int, addrs: tuple[int, ...], row_strides: tuple[int, ...]) -> int:
     """The widest vector V (elements) dividing n and every row stride, with every address (bytes) V-aligned."""
-    isz = itemsize(dtype)
-    for v in VECTORS:
-        if v <= max_vector(dtype) and n % v == 0 and all(s % v == 0 for s in row_strides) \
-                and all(a % (v * isz) == 0 for a in addrs):
-            return v
-    return 1
+    return widest_vector(itemsize(dtype), n, addrs, row_strides, VECTORS, VEC_BYTES)
 
 
 def variants() -> tuple[GluKernel, ...]:

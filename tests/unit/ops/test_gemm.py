@@ -358,7 +358,7 @@ def host_gemm(monkeypatch, cache_dir):
 
     monkeypatch.setattr(arr, "wrap", wrap)
     monkeypatch.setattr(cands, "select", select)
-    monkeypatch.setattr(cands, "_selections", PlanCache("test.gemm.selections"))
+    monkeypatch.setattr(cands, "_selections", type(cands._selections)("test.gemm.selections"))
     monkeypatch.setattr(cands, "_plans", PlanCache("test.gemm.tuned_configs"))
     monkeypatch.setattr(plan, "plans", PlanCache("test.gemm.call_plans"))
     monkeypatch.setattr(plan, "torch_stream", lambda index: 0)

@@ -289,7 +289,7 @@ def host(monkeypatch, cache_dir):
 
     monkeypatch.setattr(arr, "wrap", wrap)
     monkeypatch.setattr(gc, "select", select)
-    monkeypatch.setattr(gc, "_selections", PlanCache("test.grouped_gemm.selections"))
+    monkeypatch.setattr(gc, "_selections", type(gc._selections)("test.grouped_gemm.selections"))
     monkeypatch.setattr(grouped_plan, "plans", PlanCache("test.grouped_gemm.call_plans"))
     monkeypatch.setattr(_common, "torch_stream", lambda index: 0)
     monkeypatch.setattr(arr, "current_stream", lambda like: 0)
