@@ -149,10 +149,12 @@ class OnePassCandidate(Candidate):
         return (Resources(block=self.threads),)
 
     def prefill_specs(self, archs, kernels) -> list:
-        """`kernels` (records with spec(arch)) on every arch of `archs` this candidate serves."""
+        """`kernels` (records with spec(arch), or specs(arch) for a record of several kernels) on every arch of `archs`
+        this candidate serves."""
         from rtckern.registry.candidate import arch_filter
 
-        return list(dict.fromkeys(k.spec(t) for t in arch_filter(self).targets(archs) for k in kernels))
+        return list(dict.fromkeys(s for t in arch_filter(self).targets(archs) for k in kernels
+                                  for s in (k.specs(t) if hasattr(k, "specs") else (k.spec(t),))))
 
 
 # ---- registration at import ---------------------------------------------------------------------------------------

@@ -420,9 +420,10 @@ def _stat_dtype(logits):
     return torch.float64 if logits.dtype == torch.float64 else _F32
 
 
-def cross_entropy_fwd(logits, labels, ignore_index):
-    """(loss, lse) per row in fp32 (fp64 for fp64 logits, which only tests use): lse - logits[label], 0 where the
-    label is ignore_index, NaN for a label out of range (as the kernel)."""
+def cross_entropy_fwd(logits, labels, ignore_index, reduction):
+    """(loss, lse, count) in fp32 (fp64 for fp64 logits, which only tests use): per row lse - logits[label], 0 where
+    the label is ignore_index, NaN for a label out of range (as the kernel), count an empty placeholder; with
+    reduction "mean" / "sum" the 0-d mean (over the rows not ignored) or sum and the 0-d count."""
     x = _up(logits)
     lse = torch.logsumexp(x, dim=-1)
     lab = labels.long()
@@ -431,17 +432,26 @@ def cross_entropy_fwd(logits, labels, ignore_index):
     picked = x.gather(-1, lab.clamp(0, max(x.shape[-1] - 1, 0)).unsqueeze(-1)).squeeze(-1)
     loss = torch.where(valid, lse - picked, torch.full_like(lse, float("nan")))
     loss = torch.where(ignored, torch.zeros_like(lse), loss)
-    return loss.to(_stat_dtype(logits)).contiguous(), lse.to(_stat_dtype(logits)).contiguous()
+    dt = _stat_dtype(logits)
+    if reduction == "none":
+        return loss.to(dt).contiguous(), lse.to(dt).contiguous(), _empty_stat(logits)
+    count = (~ignored).sum().to(dt)
+    total = loss.double().sum()
+    return (total / count if reduction == "mean" else total).to(dt), lse.to(dt).contiguous(), count
 
 
-def cross_entropy_bwd(dloss, logits, labels, lse, ignore_index):
-    """dlogits = dloss * (softmax - onehot(label)) per row, 0 for ignored rows; one rounding to logits' dtype."""
+def cross_entropy_bwd(dloss, logits, labels, lse, count, ignore_index):
+    """dlogits = g * (softmax - onehot(label)) per row (g: dloss per row, or its one element, over count for a mean),
+    0 for ignored rows; one rounding to logits' dtype."""
     x = _up(logits)
     lab = labels.long()
     p = torch.exp(x - _up(lse).unsqueeze(-1))
     valid = (lab >= 0) & (lab < x.shape[-1])
     onehot = torch.zeros_like(p).scatter_(-1, lab.clamp(0, max(x.shape[-1] - 1, 0)).unsqueeze(-1), 1.0)
-    g = torch.where(valid, _up(dloss), torch.full_like(lse, float("nan"), dtype=p.dtype))
+    g = _up(dloss).reshape(()) if dloss.numel() == 1 and dloss.shape != lab.shape else _up(dloss)
+    if count is not None:
+        g = g / _up(count).reshape(())
+    g = torch.where(valid, g.expand(lab.shape), torch.full_like(lse, float("nan"), dtype=p.dtype))
     d = (p - onehot) * g.unsqueeze(-1)
     d = torch.where((lab == ignore_index).unsqueeze(-1), torch.zeros_like(d), d)
     return d.to(logits.dtype).contiguous()

@@ -7,10 +7,12 @@
 //
 // Forward: one block per row (grid.x = rows), one read of the row: every thread keeps a running max and a sum of
 // exponentials rescaled when the max grows, over U V-element pieces loaded together; a block reduction combines them.
+// Reduction (a loss's mean or sum): one block adds the per-row losses and counts the rows not ignored in fp64, in a
+// fixed order (the same bits every run).
 // Backward: grid (ceil(n / V / blockDim.x), min(rows, 65535)) as the elementwise kernels; each element is read and
 // its gradient written once, in the logits' dtype. The host picks V so that n, the row strides and the addresses are
 // multiples of V elements (V * sizeof(T) <= 16 bytes). Label and dloss strides may be anything (0: one value for
-// every row, as autograd expands a mean's gradient).
+// every row, a sum's or a mean's gradient; with `count`, a mean's, each row's gradient is dloss / count).
 #pragma once
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
@@ -92,11 +94,47 @@ ce_fwd(const T* __restrict__ x, const L* __restrict__ labels, float* __restrict_
   }
 }
 
+// out[0] = the sum of loss[0..rows) or, with mean, that sum over the count of rows whose label is not ignore_index
+// (0 / 0 = NaN over no row, as torch); count[0] = that count. Ignored rows hold loss 0; a NaN (a label out of range)
+// reaches the result.
+template <typename L, int THREADS>
+__global__ void __launch_bounds__(THREADS)
+ce_reduce(const float* __restrict__ loss, const L* __restrict__ labels, float* __restrict__ out,
+          float* __restrict__ count, long long rows, long long label_stride, long long ignore_index, int mean) {
+  __shared__ double part_s[THREADS / RTK_WARP_SIZE_CONST];
+  __shared__ double part_c[THREADS / RTK_WARP_SIZE_CONST];
+  double s = 0.0, c = 0.0;
+  for (long long r = threadIdx.x; r < rows; r += THREADS) {
+    s += loss[r];
+    c += static_cast<long long>(labels[r * label_stride]) != ignore_index ? 1.0 : 0.0;
+  }
+#pragma unroll
+  for (int o = RTK_WARP_SIZE_CONST / 2; o > 0; o >>= 1) {
+    s += rtk_shfl_xor(s, o);
+    c += rtk_shfl_xor(c, o);
+  }
+  if (rtk_lane_id() == 0) {
+    part_s[rtk_warp_id()] = s;
+    part_c[rtk_warp_id()] = c;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double ts = 0.0, tc = 0.0;
+    for (int w = 0; w < THREADS / RTK_WARP_SIZE_CONST; ++w) {
+      ts += part_s[w];
+      tc += part_c[w];
+    }
+    out[0] = static_cast<float>(mean ? ts / tc : ts);
+    count[0] = static_cast<float>(tc);
+  }
+}
+
 template <typename T, typename L, int V>
 __global__ void ce_bwd(const float* __restrict__ dloss, const T* __restrict__ x, const L* __restrict__ labels,
-                       const float* __restrict__ lse, T* __restrict__ dx, long long rows, long long n,
-                       long long dloss_stride, long long x_rs, long long label_stride, long long dx_rs,
-                       long long ignore_index) {
+                       const float* __restrict__ lse, const float* __restrict__ count, T* __restrict__ dx,
+                       long long rows, long long n, long long dloss_stride, long long x_rs, long long label_stride,
+                       long long dx_rs, long long ignore_index) {
+  const float divisor = count != nullptr ? count[0] : 1.f;
   const long long c = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= n) return;
   for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -106,7 +144,7 @@ __global__ void ce_bwd(const float* __restrict__ dloss, const T* __restrict__ x,
 #pragma unroll
       for (int i = 0; i < V; ++i) o.v[i] = rtk_from_float<T>(0.f);
     } else {
-      const float g = label_in_range(label, n) ? dloss[r * dloss_stride] : __int_as_float(0x7fc00000);
+      const float g = label_in_range(label, n) ? dloss[r * dloss_stride] / divisor : __int_as_float(0x7fc00000);
       const float l2 = lse[r] * kRtkLog2e;
       const rtk_vec<T, V> v = load<T, V>(x + r * x_rs + c);
 #pragma unroll

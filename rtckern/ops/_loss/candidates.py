@@ -24,12 +24,12 @@ from .geometry import OP, CeKernel
 def request(kernel: CeKernel, n: int, device: DeviceInfo) -> OpRequest:
     return OpRequest(op=OP, dtypes={"x": kernel.dtype, "labels": kernel.label_dtype},
                      shape={"n": n, "vec": kernel.vec, "threads": kernel.threads},
-                     flags={"backward": kernel.backward}, device=device)
+                     flags={"backward": kernel.backward, "reduce": kernel.reduce}, device=device)
 
 
 def kernel_of(req: OpRequest) -> CeKernel:
     return CeKernel(req.dtype("x"), req.dtype("labels"), req.dim("vec"), req.dim("threads"),
-                    bool(req.flag("backward")))
+                    bool(req.flag("backward")), bool(req.flag("reduce")))
 
 
 class RowsCandidate(OnePassCandidate):
@@ -39,8 +39,12 @@ class RowsCandidate(OnePassCandidate):
     def kernel_of(self, req: OpRequest) -> CeKernel:
         return kernel_of(req)
 
+    def kernel_specs(self, req: OpRequest):
+        return self.kernel_of(req).specs(self.target(req))
+
     def launch_resources(self, req: OpRequest):
-        return (Resources(block=kernel_of(req).threads),)
+        kern = kernel_of(req)
+        return (Resources(block=kern.threads),) + ((Resources(block=geometry.REDUCE_THREADS),) if kern.reduce else ())
 
     def supports(self, req: OpRequest) -> str | None:
         kern, n = kernel_of(req), req.dim("n")
@@ -72,27 +76,30 @@ def selection(kernel: CeKernel, n: int, device: DeviceInfo, ordinal: int) -> Any
 # ---- explain / prefill ---------------------------------------------------------------------------------------------
 def build_request(shape, dtype, device, **options) -> OpRequest:
     """For `rtckern explain cross_entropy`: shape ROWSxN or N (the vocabulary size); options labels=int64|int32,
-    vec=8|4|2|1 (the widest that fits by default), backward=0|1."""
+    vec=8|4|2|1 (the widest that fits by default), backward=0|1, reduction=none|mean|sum (a forward's)."""
     dims = [int(x) for x in shape]
     if len(dims) not in (1, 2):
         raise ValueError(f"cross_entropy: shape {shape!r} should be ROWSxN or N (the vocabulary size), e.g. "
                          "8192x128256")
-    opts.check_keys(OP, options, ("labels", "vec", "backward"))
+    opts.check_keys(OP, options, ("labels", "vec", "backward", "reduction"))
     dt = opts.parse_choice(OP, "dtype", dtype or "bf16", geometry.DTYPES)
     lt = opts.parse_choice(OP, "labels", options.get("labels") or "int64", geometry.LABEL_DTYPES)
     n = dims[-1]
     widest = next((v for v in geometry.VECTORS if v <= geometry.max_vector(dt) and n % v == 0), 1)
     vec = opts.parse_int(OP, "vec", options["vec"]) if options.get("vec") is not None else widest
-    return request(geometry.kernel(dt, lt, vec, n, opts.flag(OP, options, "backward", False)), n, device)
+    red = opts.parse_choice(OP, "reduction", options.get("reduction") or "none", geometry.REDUCTIONS)
+    return request(geometry.kernel(dt, lt, vec, n, opts.flag(OP, options, "backward", False), red != "none"), n,
+                   device)
 
 
 def prefill_specs(archs):
     """The kernels of the common requests on every arch the candidate serves (prefill provider): int64 labels (what
-    torch's data pipelines make), the widest vector, every forward block size and the backward, for each dtype."""
+    torch's data pipelines make), the widest vector, every forward block size with the reduction, and the backward,
+    for each dtype."""
     kernels = []
     for dt in geometry.DTYPES:
         v = geometry.max_vector(dt)
-        kernels += [CeKernel(dt, "int64", v, t, False) for t in geometry.FWD_THREADS]
+        kernels += [CeKernel(dt, "int64", v, t, False, True) for t in geometry.FWD_THREADS]
         kernels.append(CeKernel(dt, "int64", v, geometry.BWD_THREADS, True))
     return RowsCandidate().prefill_specs(archs, kernels)
 
@@ -102,6 +109,6 @@ def register_all() -> None:
     """Register the cross-entropy candidate, its request builder and its kernel provider (idempotent)."""
     register_missing_candidates(CANDIDATES)
     register_missing_builder(OP, build_request, help="shape: ROWSxN or N; dtype fp32|fp16|bf16; options "
-                             "labels=int64|int32, vec=8|4|2|1, backward=0|1",
+                             "labels=int64|int32, vec=8|4|2|1, backward=0|1, reduction=none|mean|sum",
                              example="--dtype bf16 --shape 8192x128256")
     register_kernel_provider(OP, prefill_specs)

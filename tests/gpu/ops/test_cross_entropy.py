@@ -148,6 +148,32 @@ def test_broadcast_and_strided_gradients_and_many_rows():
     assert loss.shape == (2, 0) and ops.cross_entropy_backward(loss, e, el, lse).shape == (2, 0, 32)
 
 
+@pytest.mark.parametrize("reduction", ("mean", "sum"))
+def test_reductions_and_their_gradients(reduction):
+    """The mean / sum on the GPU against float64 (fp64 accumulation: one fp32 rounding of the result), the same bits
+    on a second run, the count, and the backward from the one-element gradient (over count for a mean)."""
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    x = (torch.randn(3000, 1024, device="cuda", generator=gen) * 3).bfloat16()
+    labels = _labels(3000, 1024, gen)
+    loss, lse, count = ops.cross_entropy(x, labels, IGNORE, reduction)
+    ref, lse_ref, p = _reference(x, labels)
+    valid = int((labels != IGNORE).sum())
+    want = ref.sum() / valid if reduction == "mean" else ref.sum()
+    assert loss.shape == count.shape == () and float(count) == valid
+    assert abs(float(loss) - float(want)) <= 2.0 ** -22 * abs(float(want)) + 2.0 ** -20 * float(ref.abs().max())
+    again = ops.cross_entropy(x, labels, IGNORE, reduction)
+    assert torch.equal(again[0], loss) and torch.equal(again[1], lse)  # a fixed order: the same bits
+    g = torch.tensor(0.75, device="cuda")
+    dx = ops.cross_entropy_backward(g, x, labels, lse, IGNORE, count if reduction == "mean" else None)
+    per_row = ops.cross_entropy_backward(torch.full((3000,), 0.75 / (valid if reduction == "mean" else 1),
+                                                    device="cuda"), x, labels, lse, IGNORE)
+    assert torch.equal(dx, per_row)  # g / count per row, as the per-row form given that value
+    for red, want_empty in (("mean", True), ("sum", False)):  # no row: torch's NaN mean, a 0 sum
+        e = torch.empty(0, 64, device="cuda", dtype=torch.bfloat16)
+        out, _, cnt = ops.cross_entropy(e, torch.empty(0, dtype=torch.int64, device="cuda"), IGNORE, red)
+        assert bool(torch.isnan(out)) == want_empty and float(cnt) == 0 and (want_empty or float(out) == 0)
+
+
 def test_cupy_arrays():
     cupy = pytest.importorskip("cupy")
     x = cupy.random.randn(8, 256).astype(cupy.float32)
@@ -181,4 +207,8 @@ def test_errors_and_the_live_selection():
         ops.cross_entropy(x, labels.cpu())
     with pytest.raises(InputError, match="dloss is fp16"):
         ops.cross_entropy_backward(loss.half(), x, labels, lse)
+    with pytest.raises(InputError, match="count is fp32 \\(4,\\); it must be fp32 of one element"):
+        ops.cross_entropy_backward(loss, x, labels, lse, count=lse)
+    with pytest.raises(InputError, match="reduction='avg'"):
+        ops.cross_entropy(x, labels, reduction="avg")
     assert explain("cross_entropy", shape="8192x128256", dtype="bf16", device=0).chosen == "cross_entropy.rows"

@@ -65,7 +65,8 @@ def _cases():
     logits = rand(2, 24, 1000, requires_grad=True)
     labels = torch.randint(0, 1000, (2, 24), device=DEV)
     labels[0, :3] = -100
-    ce_loss, ce_lse = ops.cross_entropy_fwd(logits.detach(), labels, -100)
+    ce_loss, ce_lse, _ = ops.cross_entropy_fwd(logits.detach(), labels, -100, "none")
+    ce_mean, _, ce_count = ops.cross_entropy_fwd(logits.detach(), labels, -100, "mean")
     return {
         "rms_norm": (x, w), "rms_norm_mixed": ("rms_norm", (x, w32, 1e-6, False, F32)),
         "rms_norm_fwd": (x, w, 1e-6, True, None, True),
@@ -90,15 +91,18 @@ def _cases():
         "swiglu": (x, r), "swiglu_bwd": (r.detach(), x.detach(), r.detach()),
         "cross_entropy": (logits, labels, -100, "mean"),
         "cross_entropy_none": ("cross_entropy", (logits, labels.clamp(min=0), 0, "none")),  # label 0 ignored
-        "cross_entropy_fwd": (logits, labels, -100),
-        "cross_entropy_bwd": (ce_loss, logits.detach(), labels, ce_lse, -100),
+        "cross_entropy_fwd": (logits, labels, -100, "none"),
+        "cross_entropy_fwd_sum": ("cross_entropy_fwd", (logits, labels, -100, "sum")),
+        "cross_entropy_bwd": (ce_loss, logits.detach(), labels, ce_lse, None, -100),
+        "cross_entropy_bwd_mean": ("cross_entropy_bwd", (ce_mean, logits.detach(), labels, ce_lse, ce_count, -100)),
     }
 
 
 CASES = ("attention", "attention_bwd", "attention_bwd_det", "attention_fwd", "attention_varlen",
-         "attention_varlen_bwd", "attention_varlen_fwd", "cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd",
-         "cross_entropy_none", "fused_add_rms_norm", "fused_add_rms_norm_fwd", "gemm",
-         "gemm_plain", "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
+         "attention_varlen_bwd", "attention_varlen_fwd", "cross_entropy", "cross_entropy_bwd",
+         "cross_entropy_bwd_mean", "cross_entropy_fwd", "cross_entropy_fwd_sum", "cross_entropy_none",
+         "fused_add_rms_norm", "fused_add_rms_norm_fwd", "gemm", "gemm_plain", "layer_norm", "layer_norm_bwd",
+         "layer_norm_fwd", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
          "rms_norm_mixed", "rope", "rope_bwd", "scaled_aligned_causal_masked_softmax",
          "scaled_aligned_causal_masked_softmax_bwd", "scaled_masked_softmax", "scaled_masked_softmax_bwd",
          "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_bwd", "softmax", "softmax_bwd",

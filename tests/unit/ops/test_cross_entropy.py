@@ -17,13 +17,14 @@ from rtckern.testing import kernel_parameters
 ARCHS = ("sm_75", "sm_80", "sm_90")
 
 
-@pytest.mark.parametrize("backward", (False, True))
-def test_the_launch_kinds_match_the_kernels_parameters(backward):
-    params = kernel_parameters(read_source(G.SOURCE), G.KERNELS[backward])
-    kinds = G.BWD_KINDS if backward else G.FWD_KINDS
+@pytest.mark.parametrize("kernel, kinds", [(G.KERNELS[0], G.FWD_KINDS), (G.KERNELS[1], G.BWD_KINDS),
+                                           (G.REDUCE_KERNEL, G.REDUCE_KINDS)])
+def test_the_launch_kinds_match_the_kernels_parameters(kernel, kinds):
+    params = kernel_parameters(read_source(G.SOURCE), kernel)
     assert len(params) == len(kinds)
     for p, kind in zip(params, kinds):
         assert ("*" in p) == (kind == "P") and (p.startswith("long long") == (kind == "q")), (p, kind)
+        assert (p.startswith("int ") == (kind == "i")), (p, kind)
 
 
 def test_vector_width_block_size_and_grid():
@@ -41,7 +42,7 @@ def test_vector_width_block_size_and_grid():
 def _request(kern, n: int, arch: str = "sm_90"):
     return build_request(G.OP, shape=str(n), dtype=kern.dtype, arch=arch,
                          options={"labels": kern.label_dtype, "vec": str(kern.vec),
-                                  "backward": str(int(kern.backward))})
+                                  "backward": str(int(kern.backward)), "reduction": "sum" if kern.reduce else "none"})
 
 
 def test_variants_and_the_candidates_refusals():
@@ -55,6 +56,9 @@ def test_variants_and_the_candidates_refusals():
         assert cand.supports(req) is None
         assert cand.kernel_specs(req) == (want.spec(Arch.parse("sm_90")),)
         assert cand.launch_resources(req)[0].block == want.threads
+    reduced = G.kernel("bf16", "int32", 8, n, False, reduce=True)
+    assert cand.kernel_specs(_request(reduced, n)) == reduced.specs(Arch.parse("sm_90"))
+    assert [r.block for r in cand.launch_resources(_request(reduced, n))] == [reduced.threads, G.REDUCE_THREADS]
     assert "vector width 8" in cand.supports(_request(G.CeKernel("fp32", "int64", 8, 128, False), 1024))
     assert "n=1001" in cand.supports(_request(G.CeKernel("bf16", "int64", 8, 128, False), 1001))
 
@@ -65,6 +69,9 @@ def test_explain_prefill_and_request_errors():
     assert e.chosen_result.specs[0].name_expression == "rtk_ce::ce_bwd<rtk_bf16, long long, 8>"
     e = explain("cross_entropy", dtype="fp16", shape="50257", arch="sm_80", options={"labels": "int32"})
     assert e.chosen_result.specs[0].name_expression == "rtk_ce::ce_fwd<rtk_half, int, 1, 512>"
+    e = explain("cross_entropy", dtype="bf16", shape="4096x32000", arch="sm_90", options={"reduction": "mean"})
+    assert [s.name_expression for s in e.chosen_result.specs] == ["rtk_ce::ce_fwd<rtk_bf16, long long, 8, 256>",
+                                                                 "rtk_ce::ce_reduce<long long, 1024>"]
     assert explain("cross_entropy", dtype="bf16", shape="128", arch="sm_70").chosen is None  # sm_75 and newer
     with pytest.raises(ValueError, match="should be ROWSxN or N"):
         build_request(G.OP, shape="2x4x128", dtype="bf16", arch="sm_90")
@@ -74,7 +81,8 @@ def test_explain_prefill_and_request_errors():
         build_request(G.OP, shape="128", dtype="bf16", arch="sm_90", options={"smoothing": "0.1"})
     specs = kernel_providers()[G.OP]([Arch.parse(a) for a in ("sm_70", "sm_90", "gfx90a")])
     assert {s.arch for s in specs} == {Arch.parse("sm_90"), Arch.parse("gfx90a")}
-    assert len(specs) == 2 * 3 * (3 + 1)  # three forward block sizes and the backward, three dtypes, per arch
+    assert len(specs) == 2 * (3 * (3 + 1) + 1)  # per arch: three forward block sizes and the backward of three
+    # dtypes, and the reduction (int64 labels)
 
 
 def test_argument_errors_name_the_value():
@@ -84,6 +92,8 @@ def test_argument_errors_name_the_value():
         cross_entropy(x, labels)
     with pytest.raises(InputError, match="dloss is on cpu"):
         cross_entropy_backward(labels.float(), x, labels, labels.float())
+    with pytest.raises(InputError, match="reduction='avg'; supported: none, mean, sum"):
+        cross_entropy(x, labels, reduction="avg")
     with pytest.raises(InputError, match="numpy array"):
         import numpy as np
 
@@ -91,7 +101,7 @@ def test_argument_errors_name_the_value():
 
 
 def _all_specs(arch: str) -> list:
-    return [k.spec(Arch.parse(arch)) for k in G.variants()]
+    return G.variant_specs(Arch.parse(arch))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

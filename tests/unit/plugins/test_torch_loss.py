@@ -57,23 +57,29 @@ def test_gradcheck_opcheck_fake_tensors_and_errors():
         assert torch.autograd.gradcheck(lambda x: ops.cross_entropy(x, labels, -100, "mean"), (x,))
         assert torch.autograd.gradcheck(lambda x: rt.cross_entropy(x, labels, reduction="none").sum(0).sum(), (x,))
         xf = x.detach().float()
-        torch.library.opcheck(ops.cross_entropy_fwd.default, (xf.requires_grad_(), labels, -100))
-        loss, lse = ops.cross_entropy_fwd(xf.detach(), labels, -100)
-        torch.library.opcheck(ops.cross_entropy_bwd.default, (loss, xf.detach(), labels, lse, -100))
+        for reduction in ("none", "mean", "sum"):
+            torch.library.opcheck(ops.cross_entropy_fwd.default, (xf.detach().requires_grad_(), labels, -100,
+                                                                  reduction))
+        loss, lse, _ = ops.cross_entropy_fwd(xf.detach(), labels, -100, "none")
+        torch.library.opcheck(ops.cross_entropy_bwd.default, (loss, xf.detach(), labels, lse, None, -100))
+        mean, _, count = ops.cross_entropy_fwd(xf.detach(), labels, -100, "mean")
+        torch.library.opcheck(ops.cross_entropy_bwd.default, (mean, xf.detach(), labels, lse, count, -100))
         with pytest.raises(InputError, match="reduction='avg'"):
             rt.cross_entropy(x, labels, reduction="avg")
     with FakeTensorMode():
         fx = torch.empty(4, 7, 32000, dtype=torch.bfloat16, device="cuda")
         fl = torch.empty(4, 7, dtype=torch.int64, device="cuda")
         fl4 = torch.empty(4, dtype=torch.int64, device="cuda")
-        loss, lse = ops.cross_entropy_fwd(fx, fl, -100)
+        loss, lse, _ = ops.cross_entropy_fwd(fx, fl, -100, "none")
         assert loss.shape == lse.shape == (4, 7) and loss.dtype == torch.float32
-        assert ops.cross_entropy_bwd(loss, fx, fl, lse, -100).shape == (4, 7, 32000)
+        mean, _, count = ops.cross_entropy_fwd(fx, fl, -100, "mean")
+        assert mean.shape == count.shape == ()
+        assert ops.cross_entropy_bwd(loss, fx, fl, lse, None, -100).shape == (4, 7, 32000)
         assert ops.cross_entropy(fx, fl).shape == ()
         with pytest.raises(InputError, match="labels has dtype float32"):
-            ops.cross_entropy_fwd(fx, fl.float(), -100)
+            ops.cross_entropy_fwd(fx, fl.float(), -100, "none")
         with pytest.raises(InputError, match="labels has shape \\(4,\\)"):
-            ops.cross_entropy_fwd(fx, fl4, -100)
+            ops.cross_entropy_fwd(fx, fl4, -100, "none")
 
 
 def test_a_loss_on_the_lse_reaches_the_logits():
@@ -83,7 +89,7 @@ def test_a_loss_on_the_lse_reaches_the_logits():
     ce64 = nn.functional.cross_entropy(x.transpose(1, 2), labels, reduction="none")
     for use_loss in (True, False):
         with rt.reference_mode():
-            loss, lse = ops.cross_entropy_fwd(x, labels, -100)
+            loss, lse, _ = ops.cross_entropy_fwd(x, labels, -100, "none")
             total = (loss.sum() if use_loss else 0) + 0.1 * (lse ** 2).sum()
             (g,) = torch.autograd.grad(total, x)
         want = (ce64.sum() if use_loss else 0) + 0.1 * (lse64 ** 2).sum()
