@@ -134,7 +134,10 @@ __global__ void ce_bwd(const float* __restrict__ dloss, const T* __restrict__ x,
                        const float* __restrict__ lse, const float* __restrict__ count, T* __restrict__ dx,
                        long long rows, long long n, long long dloss_stride, long long x_rs, long long label_stride,
                        long long dx_rs, long long ignore_index) {
+  // a mean's count divides the gradient; a one-value gradient (stride 0: a sum's or a mean's) is read and divided
+  // once per thread, not per row
   const float divisor = count != nullptr ? count[0] : 1.f;
+  const float g_all = dloss[0] / divisor;
   const long long c = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= n) return;
   for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -144,7 +147,9 @@ __global__ void ce_bwd(const float* __restrict__ dloss, const T* __restrict__ x,
 #pragma unroll
       for (int i = 0; i < V; ++i) o.v[i] = rtk_from_float<T>(0.f);
     } else {
-      const float g = label_in_range(label, n) ? dloss[r * dloss_stride] / divisor : __int_as_float(0x7fc00000);
+      const float g_row = dloss_stride == 0 ? g_all : count != nullptr ? dloss[r * dloss_stride] / divisor
+                                                                        : dloss[r * dloss_stride];
+      const float g = label_in_range(label, n) ? g_row : __int_as_float(0x7fc00000);
       const float l2 = lse[r] * kRtkLog2e;
       const rtk_vec<T, V> v = load<T, V>(x + r * x_rs + c);
 #pragma unroll
