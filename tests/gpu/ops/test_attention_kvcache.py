@@ -28,24 +28,11 @@ torch = pytest.importorskip("torch")
 
 from rtckern import config, ops  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
-from rtckern.runtime import arrays as arr  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_outputs")]
 
 DEV = "cuda"
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    real = arr.empty
-
-    def poisoned(like, shape, dtype):
-        out, ptr = real(like, shape, dtype)
-        out.fill_(float("nan"))
-        return out, ptr
-
-    monkeypatch.setattr(arr, "empty", poisoned)
 
 
 class Cache:

@@ -21,22 +21,16 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import rtckern.torch as rt  # noqa: E402
-from rtckern import config  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
 from rtckern.plugins import _torch_hf as HF  # noqa: E402
 from rtckern.plugins import _torch_hf_kvcache as K  # noqa: E402
 from rtckern.plugins import _torch_hf_varlen as V  # noqa: E402
-from rtckern.registry import fallback as fallback_mod  # noqa: E402
 
 ops = torch.ops.rtckern
 BF16, F32, F64, I32 = torch.bfloat16, torch.float32, torch.float64, torch.int32
 
 
-@pytest.fixture(autouse=True)
-def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(fallback_mod, "_warned", set())
-    with config.override(strict=False):
-        yield
+pytestmark = pytest.mark.usefixtures("fresh_warnings")
 
 
 class Cache:

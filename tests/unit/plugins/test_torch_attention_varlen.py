@@ -16,22 +16,16 @@ torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import rtckern.torch as rt  # noqa: E402
-from rtckern import config  # noqa: E402
 from rtckern.errors import InputError  # noqa: E402
 from rtckern.plugins import _torch_dispatch as D  # noqa: E402
 from rtckern.plugins import _torch_hf_varlen as V  # noqa: E402
-from rtckern.registry import fallback as fallback_mod  # noqa: E402
 from rtckern.testing import torch_reference as R  # noqa: E402
 
 ops = torch.ops.rtckern
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
 
 
-@pytest.fixture(autouse=True)
-def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(fallback_mod, "_warned", set())
-    with config.override(strict=False):
-        yield
+pytestmark = pytest.mark.usefixtures("fresh_warnings")
 
 
 def cu(lens):

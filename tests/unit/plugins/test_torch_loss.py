@@ -17,16 +17,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 import rtckern.torch as rt  # noqa: E402
 from rtckern import config  # noqa: E402
 from rtckern.errors import InputError, UnsupportedRequestError  # noqa: E402
-from rtckern.registry import fallback as fallback_mod  # noqa: E402
 
 ops = torch.ops.rtckern
 
 
-@pytest.fixture(autouse=True)
-def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(fallback_mod, "_warned", set())
-    with config.override(strict=False):
-        yield
+pytestmark = pytest.mark.usefixtures("fresh_warnings")
 
 
 def _inputs(dtype=torch.float64):

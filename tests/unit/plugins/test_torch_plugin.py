@@ -24,18 +24,12 @@ from rtckern.plugins import _torch_hf as HF  # noqa: E402
 from rtckern.plugins import _torch_modules as M  # noqa: E402
 from rtckern.testing import torch_reference as R  # noqa: E402
 from rtckern.registry import OpRequest, default_registry  # noqa: E402
-from rtckern.registry import fallback as fallback_mod  # noqa: E402
 
 ops = torch.ops.rtckern
 BF16, F32 = torch.bfloat16, torch.float32
 
 
-@pytest.fixture(autouse=True)
-def fresh_warnings(monkeypatch):
-    """Each test sees the once-per-op fallback warning afresh, and strict off unless it says so."""
-    monkeypatch.setattr(fallback_mod, "_warned", set())
-    with config.override(strict=False):
-        yield
+pytestmark = pytest.mark.usefixtures("fresh_warnings")
 
 
 def rand(*shape, dtype=F32, device="cpu", requires_grad=False):
