@@ -90,14 +90,14 @@ def _(dloss, logits, labels, lse, count, ignore_index):
 def _setup(ctx, inputs, output):
     logits, labels, ignore_index, reduction = inputs
     ctx.save_for_backward(logits, labels, output[1], output[2] if reduction == "mean" else None)
-    ctx.ignore_index, ctx.reduction = ignore_index, reduction
+    ctx.ignore_index = ignore_index
     ctx.set_materialize_grads(False)  # no zeros for the lse's and count's gradients, which the formula ignores
 
 
-def _one_stride(t: Tensor) -> Tensor:
-    """t as the kernel reads it: fp32 with one stride over its elements (a broadcast value, stride 0 everywhere,
-    included)."""
-    t = t if t.dtype == F32 else t.float()
+def _one_stride(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """t as the kernel reads it: in the lse's dtype (fp32; fp64 only in the references' tests), with one stride over
+    its elements (a broadcast value, stride 0 everywhere, included)."""
+    t = t if t.dtype == dtype else t.to(dtype)
     if t.is_contiguous() or all(s == 0 for s in t.stride()):
         return t
     return t.contiguous()
@@ -107,7 +107,7 @@ def _backward(ctx, dloss, dlse, _dcount):
     logits, labels, lse, count = ctx.saved_tensors
     dx = None
     if dloss is not None:
-        dx = cross_entropy_bwd(_one_stride(dloss), logits, labels, lse, count, ctx.ignore_index)
+        dx = cross_entropy_bwd(_one_stride(dloss, lse.dtype), logits, labels, lse, count, ctx.ignore_index)
     if dlse is not None:  # a loss on the lse itself (a z-loss): d lse / d logits = softmax, every row, by torch ops
         extra = torch.exp(logits.to(lse.dtype) - lse.unsqueeze(-1)) * dlse.to(lse.dtype).unsqueeze(-1)
         dx = (extra if dx is None else dx.to(lse.dtype) + extra).to(logits.dtype)
