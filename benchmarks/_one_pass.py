@@ -29,6 +29,18 @@ def host_table(host: dict, inputs: str) -> Table:
                  title=f"Host time per eager call ({inputs}; 500 calls, median of 5 alternating rounds)")
 
 
+def add_rates(r: dict, fwd_bytes: int, bwd_bytes: int, copy_gbs: float) -> dict:
+    """r (a shape's timings) with GB/s of each direction, their fraction of copy bandwidth, and the forward + backward
+    speedups against the formula eager and compiled (where timed)."""
+    r["fwd_gbs"] = fwd_bytes / r["fwd_us"] / 1e3
+    r["bwd_gbs"] = bwd_bytes / r["bwd_us"] / 1e3
+    r["fwd_of_copy"], r["bwd_of_copy"] = r["fwd_gbs"] / copy_gbs, r["bwd_gbs"] / copy_gbs
+    r["speedup_fwd_bwd_vs_torch"] = r["torch_fwd_bwd_us"] / r["autograd_fwd_bwd_us"]
+    if r.get("compiled_fwd_bwd_us") is not None:
+        r["speedup_fwd_bwd_vs_compiled"] = r["compiled_fwd_bwd_us"] / r["autograd_fwd_bwd_us"]
+    return r
+
+
 def measure_shapes(args, shapes, formula_fn, bench_shape, host_cost, seed: int, extra=lambda r: "") -> tuple:
     """A suite's run: every shape (the first two with --quick) through bench_shape(*shape, gen, copy_gbs, compiled),
     with a progress line each (extra(r) adds the suite's own fields), then host_cost(gen): (rows, data) for the

@@ -12,7 +12,7 @@ graph; and the memory each needs beyond its inputs (peak allocated during one ea
 """
 from __future__ import annotations
 
-from benchmarks._one_pass import fmt, host_table, host_us, measure_shapes, plot
+from benchmarks._one_pass import add_rates, fmt, host_table, host_us, measure_shapes, plot
 from benchmarks.runner import Result, Table
 
 SHAPES = (  # label, tokens, vocabulary
@@ -103,13 +103,7 @@ def bench_shape(label, tokens, n, gen, copy_gbs: float, compiled) -> dict:
         r["compiled_fwd_us"] = graph_us(lambda: compiled(x, labels))
         r["compiled_fwd_bwd_us"] = graph_us(through(compiled))
         r["compiled_extra_mb"] = _extra_mb(through(compiled))
-    r["fwd_gbs"] = logits_bytes / r["fwd_us"] / 1e3  # logits in
-    r["bwd_gbs"] = 2 * logits_bytes / r["bwd_us"] / 1e3  # logits in, gradient out
-    r["fwd_of_copy"], r["bwd_of_copy"] = r["fwd_gbs"] / copy_gbs, r["bwd_gbs"] / copy_gbs
-    r["speedup_fwd_bwd_vs_torch"] = r["torch_fwd_bwd_us"] / r["autograd_fwd_bwd_us"]
-    if compiled is not None:
-        r["speedup_fwd_bwd_vs_compiled"] = r["compiled_fwd_bwd_us"] / r["autograd_fwd_bwd_us"]
-    return r
+    return add_rates(r, logits_bytes, 2 * logits_bytes, copy_gbs)  # logits in; logits in, gradient out
 
 
 def host_cost(gen) -> dict:

@@ -13,7 +13,7 @@ shape: rtckern.torch.apply_rotary_pos_emb against the formula.
 """
 from __future__ import annotations
 
-from benchmarks._one_pass import fmt, host_table, host_us, measure_shapes, plot
+from benchmarks._one_pass import add_rates, fmt, host_table, host_us, measure_shapes, plot
 from benchmarks.runner import Result, Table
 
 SHAPES = (  # label, batch, seqlen, q heads, kv heads, head dim
@@ -103,13 +103,7 @@ def bench_shape(label, b, s, hq, hk, d, gen, copy_gbs: float, compiled) -> dict:
     if compiled is not None:
         r["compiled_fwd_us"] = graph_us(lambda: compiled(q, k, cos, sin))
         r["compiled_fwd_bwd_us"] = graph_us(through(compiled))
-    r["fwd_gbs"] = nbytes / r["fwd_us"] / 1e3
-    r["bwd_gbs"] = nbytes / r["bwd_us"] / 1e3
-    r["fwd_of_copy"], r["bwd_of_copy"] = r["fwd_gbs"] / copy_gbs, r["bwd_gbs"] / copy_gbs
-    r["speedup_fwd_bwd_vs_torch"] = r["torch_fwd_bwd_us"] / r["autograd_fwd_bwd_us"]
-    if compiled is not None:
-        r["speedup_fwd_bwd_vs_compiled"] = r["compiled_fwd_bwd_us"] / r["autograd_fwd_bwd_us"]
-    return r
+    return add_rates(r, nbytes, nbytes, copy_gbs)
 
 
 def host_cost(gen) -> dict:

@@ -12,7 +12,7 @@ at a tiny shape.
 """
 from __future__ import annotations
 
-from benchmarks._one_pass import fmt, host_table, host_us, measure_shapes, plot
+from benchmarks._one_pass import add_rates, fmt, host_table, host_us, measure_shapes, plot
 from benchmarks.runner import Result, Table
 
 SHAPES = (  # label, tokens, intermediate size
@@ -74,13 +74,8 @@ def bench_shape(label, tokens, n, gen, copy_gbs: float, compiled) -> dict:
     if compiled is not None:
         r["compiled_fwd_us"] = graph_us(lambda: compiled(g, u))
         r["compiled_fwd_bwd_us"] = graph_us(through(compiled))
-    r["fwd_gbs"] = 3 * array_bytes / r["fwd_us"] / 1e3  # gate, up in; y out
-    r["bwd_gbs"] = 5 * array_bytes / r["bwd_us"] / 1e3  # dy, gate, up in; dgate, dup out
-    r["fwd_of_copy"], r["bwd_of_copy"] = r["fwd_gbs"] / copy_gbs, r["bwd_gbs"] / copy_gbs
-    r["speedup_fwd_bwd_vs_torch"] = r["torch_fwd_bwd_us"] / r["autograd_fwd_bwd_us"]
-    if compiled is not None:
-        r["speedup_fwd_bwd_vs_compiled"] = r["compiled_fwd_bwd_us"] / r["autograd_fwd_bwd_us"]
-    return r
+    # gate, up in, y out; dy, gate, up in, dgate, dup out
+    return add_rates(r, 3 * array_bytes, 5 * array_bytes, copy_gbs)
 
 
 def host_cost(gen) -> dict:

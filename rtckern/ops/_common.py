@@ -28,6 +28,12 @@ def parse_number(value: Any, name: str, example: str) -> float:
         raise InputError(f"{name}={value!r} is not a number; pass {example}") from None
 
 
+def tensor_signature(t) -> tuple | None:
+    """What a memoized call plan depends on of a torch tensor: dtype, shape, strides, 16-byte alignment, device (None
+    for an absent argument)."""
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16, t.device)
+
+
 def current_plan(plans, key):
     """The plan memoized under `key` in `plans` when it was made under the current settings, else None (also for
     an unhashable key: an argument the full path refuses or handles)."""

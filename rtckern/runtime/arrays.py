@@ -176,6 +176,22 @@ class Rows(DeviceArray):
     row_stride: int = 0
 
 
+def flat_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
+    """The one stride (elements) that walks dimensions of these sizes and strides as a flat vector, size-1 ones
+    ignored: 0 when none is longer than 1 (or one is empty), None when they do not flatten to one stride."""
+    if 0 in shape:
+        return 0
+    lead = [(sz, st) for sz, st in zip(shape, strides) if sz != 1]
+    if not lead:
+        return 0
+    stride = expect = lead[-1][1]
+    for sz, st in reversed(lead):
+        if st != expect:
+            return None
+        expect = st * sz
+    return stride
+
+
 def rows(a: DeviceArray, name: str) -> Rows:
     """a as rows over its last dimension; InputError for a 0-d array, a strided last dimension, leading
     dimensions that do not flatten to one row stride, or overlapping rows."""
@@ -192,14 +208,12 @@ def rows(a: DeviceArray, name: str) -> Rows:
     if n > 1 and strides[-1] != 1:
         raise InputError(f"{name} has stride {strides[-1]} in its last dimension (shape {shape}); the kernels need "
                          f"contiguous rows: pass {name}.contiguous() (torch) or cupy.ascontiguousarray({name})")
-    lead = [(sz, st) for sz, st in zip(shape[:-1], strides[:-1]) if sz != 1]  # size-1 dimensions do not matter
-    row_stride = lead[-1][1] if lead else n
-    expect = row_stride
-    for sz, st in reversed(lead):
-        if st != expect:
-            raise InputError(f"{name} of shape {shape} has strides {strides} (elements) whose leading dimensions "
-                             f"do not flatten to [rows, {n}] with one row stride; pass {name}.contiguous()")
-        expect = st * sz
+    row_stride = flat_stride(shape[:-1], strides[:-1])
+    if row_stride is None:
+        raise InputError(f"{name} of shape {shape} has strides {strides} (elements) whose leading dimensions "
+                         f"do not flatten to [rows, {n}] with one row stride; pass {name}.contiguous()")
+    if count == 1:  # one row: its stride never moves; n keeps it out of the vector-width rules
+        row_stride = n
     if count > 1 and row_stride < n:
         raise InputError(f"{name} of shape {shape} has row stride {row_stride} < {n}: rows overlap; pass "
                          f"{name}.contiguous()")

@@ -19,6 +19,7 @@ from rtckern.dtypes import FLOATS
 from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
 
+from .._common import tensor_signature as _sig
 from . import candidates as cands
 from . import geometry, plan
 from .geometry import GluKernel
@@ -67,10 +68,6 @@ def swiglu_backward(dy, gate, up=None):
     """
     out = _call((dy, gate, up), True)
     return out if up is not None else out[0]
-
-
-def _sig(t) -> tuple:
-    return t.dtype, t.shape, t.stride(), t.data_ptr() % 16, t.device
 
 
 def _call(args: tuple, backward: bool):

@@ -20,6 +20,7 @@ from rtckern.dtypes import describe
 from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
 
+from .._common import tensor_signature as _sig
 from . import candidates as cands
 from . import geometry, plan
 
@@ -78,10 +79,6 @@ def cross_entropy_backward(dloss, logits, labels, lse, ignore_index: int = -100,
     return _call((dloss, logits, labels, lse, count), ignore_index, True, "none")[0]
 
 
-def _sig(t) -> tuple | None:
-    return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16, t.device)
-
-
 def _call(args: tuple, ignore_index, backward: bool, reduction: str):
     torch = sys.modules.get("torch")
     key = None
@@ -101,15 +98,10 @@ def _call(args: tuple, ignore_index, backward: bool, reduction: str):
 
 def flat_stride(a: arr.DeviceArray, name: str) -> int:
     """The one element stride that walks `a` row by row (0 for a broadcast value), or an InputError."""
-    lead = [(sz, st) for sz, st in zip(a.shape, a.strides) if sz != 1]  # size-1 dimensions do not matter
-    if not lead or 0 in a.shape:  # one element or none: nothing to walk
-        return 0
-    stride = expect = lead[-1][1]
-    for sz, st in reversed(lead):
-        if st != expect:
-            raise InputError(f"{name} of shape {a.shape} has strides {a.strides} (elements) that do not flatten to "
-                             f"one stride; pass {name}.contiguous()")
-        expect = st * sz
+    stride = arr.flat_stride(a.shape, a.strides)
+    if stride is None:
+        raise InputError(f"{name} of shape {a.shape} has strides {a.strides} (elements) that do not flatten to "
+                         f"one stride; pass {name}.contiguous()")
     return stride
 
 

@@ -25,6 +25,7 @@ from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
 
+from .._common import tensor_signature as _sig
 from . import candidates as cands
 from . import geometry, plan
 from .geometry import RopeKernel
@@ -87,13 +88,9 @@ def rope_backward(dq, dk, cos, sin, unsqueeze_dim: int = 1):
     return _call(dq, dk, cos, sin, unsqueeze_dim, True)
 
 
-def _sig(t) -> tuple:
-    return t.dtype, t.shape, t.stride(), t.data_ptr() % 16, t.device
-
-
 def _call(q, k, cos, sin, unsqueeze_dim, backward: bool):
     try:
-        key = (backward, type(unsqueeze_dim), unsqueeze_dim, _sig(q), None if k is None else _sig(k), _sig(cos),
+        key = (backward, type(unsqueeze_dim), unsqueeze_dim, _sig(q), _sig(k), _sig(cos),
                _sig(sin))
         p = plan.plans.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable argument: the full path says what is wrong
