@@ -489,6 +489,12 @@ def grouped_gemm_variants(arch: str):
     are stored from registers); built through the registry's request builders (as
     `rtckern explain` builds them), in a stable order with repeats. Empty where no candidate serves (sm_75); the test
     and tools/cubin_hashes.py both enumerate through here."""
+    with without_tuning_tables():  # the rules' tiles (tests/unit/ops/test_grouped_tune.py compiles the rows' tiles)
+        specs = list(_grouped_rule_specs(arch))
+    yield from specs
+
+
+def _grouped_rule_specs(arch: str):
     from .device import DeviceInfo
     from .registry import build_request, candidates
     from .registry.candidate import arch_reason
@@ -783,3 +789,23 @@ def __getattr__(name: str):
 
         return _torch_ref
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@contextlib.contextmanager
+def without_tuning_tables():
+    """Lookups inside see no tuning table, neither the shipped ones (rtckern/tuning_tables/) nor the user's (an empty
+    directory): every op takes its rule, as on a device no row serves. For tests and tools that enumerate what the
+    rules choose, independent of the rows shipped today."""
+    import tempfile
+    from pathlib import Path
+
+    from . import config, tuning
+
+    shipped = tuning.SHIPPED_DIR
+    with tempfile.TemporaryDirectory() as d:
+        tuning.SHIPPED_DIR = Path(d) / "shipped"
+        try:
+            with config.override(tuning_table_dir=Path(d) / "tuning"):
+                yield
+        finally:
+            tuning.SHIPPED_DIR = shipped

@@ -598,6 +598,32 @@ def resolve_tuner(name: str) -> tuple[Tuner, str]:
 
 
 # -- measuring ------------------------------------------------------------------------------------------------------
+def compile_ahead(specs: Sequence[Any], workers: int | None = None) -> int:
+    """Compile specs into the disk cache over `workers` spawned processes (default: every core; safe after CUDA is
+    initialized here), so a tuner's measurements find their kernels cached; returns how many failed (those configs
+    fail again in measure, which records why)."""
+    import multiprocessing as mp
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    uniq = list(dict.fromkeys(specs))
+    workers = max(1, min(workers or os.cpu_count() or 1, len(uniq)))
+    if workers == 1 or len(uniq) < 4:
+        return sum(1 for s in uniq if _compile_one(s))
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        return sum(1 for err in ex.map(_compile_one, uniq, chunksize=4) if err)
+
+
+def _compile_one(spec: Any) -> str:
+    from rtckern.manager import get_manager
+
+    try:
+        get_manager().compile(spec)
+        return ""
+    except Exception as exc:  # the config fails again in measure, which records why
+        return f"{type(exc).__name__}: {exc}"[:300]
+
+
 def time_launches(launch: Callable[[int], None], ordinal: int, *, warmup: int = 5, reps: int = 30,
                   inner: int = 1) -> float:
     """Median seconds of `launch(stream_handle)` on device `ordinal`, timed with CUDA events on a private

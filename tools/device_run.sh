@@ -37,6 +37,7 @@ case "$family" in
   softmax)     tests="tests/gpu/ops/test_softmax.py"; args="--prefill" ;;
   gemm)        tests="tests/gpu/ops/test_gemm.py" ;;
   gemm_fp8)    tests="tests/gpu/ops/test_gemm_fp8.py" ;;
+  grouped_gemm) tests="tests/gpu/ops/test_grouped_gemm.py tests/gpu/ops/test_grouped_gemm_fp8.py" ;;
   gemm_skinny) tests="tests/gpu/ops/test_gemm.py"; args="--host" ;;
   rope)        tests="tests/gpu/ops/test_rope.py tests/gpu/plugins/test_torch_rope_gpu.py" ;;
   swiglu)      tests="tests/gpu/ops/test_glu.py tests/gpu/plugins/test_torch_glu_gpu.py" ;;

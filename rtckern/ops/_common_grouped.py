@@ -73,3 +73,46 @@ def persistent_grid(mode: str, groups: int, rows: int, n: int, bm: int, bn: int,
     from the shapes only, so a captured CUDA graph serves any offsets or counts."""
     units = m_tiles_bound(mode, groups, rows, bm) * math.ceil(n / bn)
     return max(1, min(units, sm_count))
+
+
+# ---- what the grouped tuners share (rtckern tune grouped_gemm / grouped_gemm_fp8) ------------------------------------
+CHECKED_GROUPS = 8  # groups a tuner compares with the reference (every group's output is checked for NaN)
+
+
+def tuner_index(mode: str, groups: int, rows: int, dev):
+    """The group index a tuner times with on torch device dev: every group `rows` rows (contiguous: the offsets
+    0, rows, 2 rows, ...; masked: every group full, the capacity's worst case)."""
+    import torch
+
+    if mode == "contiguous":
+        return torch.arange(0, (groups + 1) * rows, rows, dtype=torch.int32, device=dev)
+    return torch.full((groups,), rows, dtype=torch.int32, device=dev)
+
+
+def checked_groups(groups: int) -> list[int]:
+    """At most CHECKED_GROUPS groups spread evenly over all of them, the first and the last included."""
+    if groups <= CHECKED_GROUPS:
+        return list(range(groups))
+    return sorted({round(i * (groups - 1) / (CHECKED_GROUPS - 1)) for i in range(CHECKED_GROUPS)})
+
+
+def tuner_reps(flops: float) -> tuple[int, int]:
+    """(calls per captured graph, replays) for a tuner's time_graphed: 10 x 5 for short kernels, fewer where one call
+    runs for milliseconds (a 256-expert prefill GEMM), so a shape's sweep stays within seconds."""
+    est = flops / 400e12  # seconds at a rate every config of interest reaches
+    return max(2, min(10, round(0.01 / max(est, 1e-9)))), (3 if est > 1e-3 else 5)
+
+
+def tuner_randn(shape: tuple[int, ...], scale: float, dtype, gen, dev):
+    """Normal values times `scale` in `dtype` (a torch dtype) on dev, drawn in fp32 a slice of the leading dimension
+    at a time: a 256-expert weight tensor is 15 GB in bf16, and drawing it whole in fp32 would need four times that."""
+    import math
+
+    import torch
+
+    out = torch.empty(shape, dtype=dtype, device=dev)
+    step = max(1, (1 << 26) // max(1, math.prod(shape[1:])))
+    for i in range(0, shape[0], step):
+        part = out[i:i + step]
+        part.copy_(torch.randn(part.shape, device=dev, generator=gen).mul_(scale))
+    return out

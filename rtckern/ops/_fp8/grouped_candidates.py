@@ -6,7 +6,7 @@
 
 No other GPU has a grouped fp8 kernel: such a request is refused with the candidate's reason. A request holds the
 output dtype, mode, groups, N, K and the rows per group as a power of two (grouped_geometry.py); the tile comes from
-the rule there (no tuned table: `explain` says "rule").
+the tuned table `grouped_gemm_fp8` (grouped_configs.py; `explain` names the row), else the rule by rows per group.
 """
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from typing import Any
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, Cost, OpRequest, Resources, select
+from rtckern import tuning
 from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared
 from .._common import SelectionMemo, register_missing_builder, register_missing_candidates, run_once
-from . import geometry
+from . import geometry, grouped_configs
 from . import grouped_geometry as gg
+from .geometry import Sm90Fp8Config
 from .grouped_geometry import OP, GroupedFp8Problem
 
 
@@ -59,19 +61,27 @@ class Sm90aWgmmaCandidate(Candidate):
     max_arch = "sm_90"
     arch_specific = True
 
-    def config(self, req: OpRequest):
+    def tuned(self, req: OpRequest) -> tuple[Sm90Fp8Config, Any]:
+        """(config, the tuning table's answer or None for the rule), memoized per request."""
         hit = _configs.get(req)
         if hit is None:
-            hit = _configs.put(req, gg.config(problem(req)))
+            hit = _configs.put(req, grouped_configs.tuned(problem(req), req.device))
         return hit
+
+    def config(self, req: OpRequest) -> Sm90Fp8Config:
+        return self.tuned(req)[0]
 
     def supports(self, req: OpRequest) -> str | None:
         p = problem(req)
         return _reason(p) or gg.invalid(p, self.config(req))
 
     def cost(self, req: OpRequest) -> Cost:
-        return Cost(1.0, "rule", f"wgmma e4m3 over the groups' tiles, tile {self.config(req).as_dict()} by the rows "
-                                 "per group (no tuned table for grouped GEMM)")
+        cfg, found = self.tuned(req)
+        if found is None:
+            return Cost(1.0, "rule", f"wgmma e4m3 over the groups' tiles, tile {cfg.as_dict()} by the rule (rows per "
+                                     "group; no table row)")
+        return Cost(1.0, "table", f"wgmma e4m3 over the groups' tiles, tile {cfg.as_dict()} from the "
+                                  f"{found.describe()}")
 
     def kernel_specs(self, req: OpRequest):
         return (gg.spec(problem(req), self.config(req), self.target(req)),)
@@ -117,6 +127,7 @@ def build_request(shape, dtype, device, **options) -> OpRequest:
 def register_all() -> None:
     """Register the grouped fp8 GEMM candidates and request builder (idempotent)."""
     register_missing_candidates(CANDIDATES)
+    tuning.defer_tuners(f"{__package__}.grouped_tune", "register_tuner")  # imported by `rtckern tune` only
     register_missing_builder(OP, build_request, help="shape: GxMxNxK (groups, rows per group, N, K; a, b e4m3 with "
                              "block scales); options mode=contiguous|masked, out=bf16|fp16|fp32, aligned=0|1",
                              example="--shape 256x64x4096x7168 --opt mode=masked")

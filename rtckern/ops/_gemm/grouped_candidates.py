@@ -7,8 +7,9 @@
                              the fallback on A100 / Ada and for unaligned operands on H100 / H200
 
 Older GPUs (sm_75) have no grouped kernel: such a request is refused with the candidates' reasons. A request holds
-dtypes, layout, mode, groups, N, K and the rows per group as a power of two (grouped_geometry.py); the tiles come
-from the rules there (no tuned table: `explain` says "rule").
+dtypes, layout, mode, groups, N, K and the rows per group as a power of two (grouped_geometry.py). The wgmma tile
+comes from the tuned table `grouped_gemm` (grouped_configs.py; `explain` names the row), else the rule by rows per
+group; the mma.sync fallback's tile from its rule.
 """
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ from typing import Any
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.registry import Cost, OpRequest, Resources, select
+from rtckern import tuning
 from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared
 from .._common import MemoizedConfigCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, run_once
-from . import geometry
+from . import geometry, grouped_configs
 from . import grouped_geometry as gg
 from .grouped_geometry import OP, GroupedProblem
 
@@ -68,8 +70,16 @@ class Sm90aWgmmaCandidate(_GroupedCandidate):
     max_arch = "sm_90"
     arch_specific = True
 
+    def tuned(self, req: OpRequest) -> tuple[Any, Any]:
+        """(config, the tuning table's answer or None for the rule), memoized per request."""
+        key = ("tuned", req)
+        hit = _configs.get(key)
+        if hit is None:
+            hit = _configs.put(key, grouped_configs.tuned(problem(req), req.device))
+        return hit
+
     def _config(self, req: OpRequest):
-        return gg.sm90_config(problem(req))
+        return self.tuned(req)[0]
 
     def supports(self, req: OpRequest) -> str | None:
         p = problem(req)
@@ -82,8 +92,12 @@ class Sm90aWgmmaCandidate(_GroupedCandidate):
         return gg.invalid(p, self.config(req))
 
     def cost(self, req: OpRequest) -> Cost:
-        return Cost(1.0, "rule", f"wgmma + TMA over the groups' tiles, tile {self.config(req).as_dict()} by the rows "
-                                 "per group (no tuned table for grouped GEMM)")
+        cfg, found = self.tuned(req)
+        if found is None:
+            return Cost(1.0, "rule", f"wgmma + TMA over the groups' tiles, tile {cfg.as_dict()} by the rule (rows per "
+                                     "group; no table row)")
+        return Cost(1.0, "table", f"wgmma + TMA over the groups' tiles, tile {cfg.as_dict()} from the "
+                                  f"{found.describe()}")
 
 
 class Sm80MmaCandidate(_GroupedCandidate):
@@ -143,6 +157,7 @@ def build_request(shape, dtype, device, **options) -> OpRequest:
 def register_all() -> None:
     """Register the grouped GEMM candidates and request builder (idempotent)."""
     register_missing_candidates(CANDIDATES)
+    tuning.defer_tuners(f"{__package__}.grouped_tune", "register_tuner")  # imported by `rtckern tune` only
     register_missing_builder(OP, build_request, help="shape: GxMxNxK (groups, rows per group, N, K); options "
                              "mode=contiguous|masked, trans_b=0|1 (default 1: b is (G, N, K)), out=fp16|bf16|fp32, "
                              "aligned=0|1", example="--dtype bf16 --shape 256x64x4096x7168 --opt mode=contiguous")

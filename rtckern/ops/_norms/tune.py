@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import statistics
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
@@ -422,30 +421,6 @@ def timeit(fn, torch, reps: int = 10, inner: int = 3, warmup: int = 3) -> float:
     return statistics.median(samples) / 1e3
 
 
-def _compile_one(spec) -> str:
-    from rtckern.manager import get_manager
-
-    try:
-        get_manager().compile(spec)
-        return ""
-    except Exception as exc:  # the config fails again in measure, which records why
-        return f"{type(exc).__name__}: {exc}"[:300]
-
-
-def prefill(specs: Sequence, workers: int | None = None) -> int:
-    """Compile specs into the disk cache in `workers` spawned processes (safe after CUDA is initialized here);
-    returns how many failed."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    uniq = list(dict.fromkeys(specs))
-    workers = max(1, min(workers or os.cpu_count() or 1, len(uniq)))
-    if workers == 1 or len(uniq) < 4:
-        return sum(1 for s in uniq if _compile_one(s))
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-        return sum(1 for err in ex.map(_compile_one, uniq, chunksize=4) if err)
-
-
 # ---- the tuner --------------------------------------------------------------------------------------------------
 class NormTuner(tuning.Tuner):
     """Times every kind's configs for one norm op. Rows: the fastest config of each kind (norm_fwd / norm_bwd)
@@ -488,7 +463,7 @@ class NormTuner(tuning.Tuner):
     def prepare(self, req, configs) -> None:
         p, arch = self.problem(req), req.device.target()
         specs = [s for c in configs for s in specs_for(self.direction, p, *config_of(c), arch)]
-        failed = prefill(specs)
+        failed = tuning.compile_ahead(specs)
         if failed:
             log.warning("%s: %d of %d kernels failed to compile (their configs are recorded as failing)",
                         self.op, failed, len(set(specs)))

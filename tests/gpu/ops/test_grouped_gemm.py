@@ -197,3 +197,27 @@ def test_unaligned_operands_on_sm90_take_the_fallback():
     y = grouped_gemm(a, b, off)
     for g, (r0, r1) in enumerate(((0, 20), (20, 20), (20, 50))):
         check_rows(y[r0:r1], a[r0:r1], b[g], True, torch.bfloat16, f"group {g}")
+
+
+@pytest.mark.parametrize("shape,options", [
+    ((5, 100, 384, 1024), {}),  # rows class 128: 64- and 128-row tiles, ping-pong
+    ((3, 16, 200, 512), {"mode": "masked"}),  # 64-row tiles; N ends inside a tile
+    ((2, 1000, 520, 576), {"out": "fp32", "trans_b": "0"}),  # 256-row tiles; b (G, K, N); K ends inside a block
+])
+def test_every_tile_the_tuner_may_pick(shape, options):
+    """Each wgmma tile of `rtckern tune grouped_gemm`'s sweep for the shape's rows class, timed once by the tuner with
+    its own checks: no NaN left anywhere in the output (written over NaN), every group within the dense tuner's fp32
+    bound (a wrong tile, group or K block gives errors of order 1)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90 (H100 / H200)")
+    from rtckern import tuning
+    from rtckern.device import current_device_info
+    from rtckern.registry import build_request
+
+    t = tuning.get_tuner("grouped_gemm")
+    req = build_request("grouped_gemm", shape=shape, dtype="bf16", device=current_device_info(), options=options)
+    cfgs = t.configs(req)
+    assert len(cfgs) >= 4
+    t.prepare(req, cfgs)  # every tile compiled on every core first
+    for cfg in cfgs:
+        assert t.measure(req, cfg) > 0

@@ -193,3 +193,25 @@ def test_refusal_without_sm90():
     with pytest.raises(UnsupportedRequestError, match="minimum sm_90"):
         grouped_gemm_fp8(fp8((8, 128), gen), fp8((2, 128, 128), gen), scales((8, 1), gen), scales((2, 1, 1), gen),
                          torch.tensor([0, 3, 8], dtype=torch.int32, device=DEV))
+
+
+@pytest.mark.parametrize("shape,options", [
+    ((5, 100, 384, 1024), {}),  # rows class 128: 64- and 128-row tiles, one or two partials
+    ((3, 16, 200, 512), {"mode": "masked"}),  # 64-row tiles; N ends inside a tile and a scale block
+    ((2, 1000, 520, 640), {"out": "fp32"}),  # 256-row and 128 x 256 tiles; fp32 outputs stored from registers
+])
+def test_every_tile_the_tuner_may_pick(shape, options, sm90):
+    """Each tile of `rtckern tune grouped_gemm_fp8`'s sweep for the shape's rows class, timed once by the tuner with
+    its own checks: no NaN left anywhere in the output (written over NaN), every group within the dense fp8 tuner's
+    bound against float32 of the dequantized inputs."""
+    from rtckern import tuning
+    from rtckern.device import current_device_info
+    from rtckern.registry import build_request
+
+    t = tuning.get_tuner("grouped_gemm_fp8")
+    req = build_request("grouped_gemm_fp8", shape=shape, dtype=None, device=current_device_info(), options=options)
+    cfgs = t.configs(req)
+    assert len(cfgs) >= 4
+    t.prepare(req, cfgs)  # every tile compiled on every core first
+    for cfg in cfgs:
+        assert t.measure(req, cfg) > 0

@@ -140,6 +140,8 @@ def test_shipped_model_shape_lists_cover_the_decode_range_and_parse():
     assert {"llama-3.1-8b", "llama-3.1-70b", "deepseek-v3"} <= set(shipped_shape_lists())
     for name in shipped_shape_lists():
         shapes, src = read_shapes(name)
+        if name.endswith(("-moe", "-moe-decode")):  # grouped GEMMs: GxMxNxK (tests/unit/ops/test_grouped_tune.py)
+            continue
         ms = {int(s.split("x")[0]) for s in shapes}
         assert {1, 2, 4, 8, 16, 32, 64, 128, 256} <= ms, name
         assert all(len(s.split("x")) == 3 and int(s.split("x")[2]) % 16 == 0 for s in shapes), name

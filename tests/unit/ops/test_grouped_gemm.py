@@ -20,6 +20,7 @@ from rtckern.errors import InputError, UnsupportedRequestError
 from rtckern.ops import grouped_gemm, grouped_gemm_masked
 from rtckern.registry import build_request, candidates, explain
 from rtckern.runtime import arrays as arr
+from rtckern.testing import without_tuning_tables
 
 H200 = DeviceInfo.for_arch("sm_90", sm_count=132)
 HERE = Path(__file__).resolve().parent
@@ -100,21 +101,24 @@ def test_bad_inputs_are_refused_before_any_device_work(fakes, call, match):
 def test_explain_chooses_the_wgmma_kernel_with_the_grouped_define_on_sm90():
     req = build_request("grouped_gemm", shape=(256, 64, 4096, 7168), dtype="bf16", device=H200, options={})
     exp = explain(req)
-    assert exp.chosen == "grouped_gemm.sm90a_wgmma" and "rule" in exp.format()
+    assert exp.chosen == "grouped_gemm.sm90a_wgmma"
     (spec,) = exp.chosen_result.specs
     assert spec.name == "gemm_wgmma_sm90" and spec.defines == (("RTK_GEMM_GROUPED", "1"),) and spec.arch.sm == "sm_90a"
     masked = build_request("grouped_gemm", shape=(32, 128, 4096, 7168), dtype="fp16", device=H200,
                            options={"mode": "masked", "trans_b": "0", "out": "fp32"})
-    (spec,) = candidates("grouped_gemm")[0].kernel_specs(masked)
+    with without_tuning_tables():  # the rule's tile
+        assert "rule" in explain(req).format()
+        (spec,) = candidates("grouped_gemm")[0].kernel_specs(masked)
     assert spec.defines == (("RTK_GEMM_GROUPED", "2"),)
-    assert spec.template_args[:4] == ("rtk_half", "float", "128", "128") and spec.template_args[7] == "false"
+    assert spec.template_args[:6] == ("rtk_half", "float", "64", "256", "5", "1") and spec.template_args[7] == "false"
 
 
-@pytest.mark.parametrize("rows, tile", [(1, (64, 128)), (64, (64, 128)), (65, (128, 128)), (256, (128, 128)),
-                                        (257, (128, 256)), (4096, (128, 256))])
-def test_the_tile_follows_the_rows_per_group(rows, tile):
+@pytest.mark.parametrize("rows, tile", [(1, (64, 256)), (64, (64, 256)), (128, (64, 256)), (129, (128, 256)),
+                                        (4096, (128, 256))])
+def test_the_rule_tile_follows_the_rows_per_group(rows, tile):
     req = build_request("grouped_gemm", shape=(8, rows, 4096, 7168), dtype="bf16", device=H200, options={})
-    (spec,) = candidates("grouped_gemm")[0].kernel_specs(req)
+    with without_tuning_tables():
+        (spec,) = candidates("grouped_gemm")[0].kernel_specs(req)
     assert tuple(map(int, spec.template_args[2:4])) == tile
 
 
@@ -431,9 +435,9 @@ def test_every_grouped_variant_compiles_without_spills():
     from rtckern.testing import compile_all
 
     specs = _grouped_variants()
-    # each: 2 modes x 3 tiles (wgmma: by rows; mma.sync: two by rows, one unaligned) x 2 input dtypes x 3 outputs x
-    # 2 layouts
-    assert len(specs) == 144 and all(s.op == "grouped_gemm" for s in specs)
+    # each: 2 modes x 2 input dtypes x 3 outputs x 2 layouts x the rules' tiles (wgmma: two by rows; mma.sync: two by
+    # rows, one unaligned)
+    assert len(specs) == 24 * (2 + 3) and all(s.op == "grouped_gemm" for s in specs)
     failures = compile_all(specs, no_spills=True)
     assert not failures, "\n".join(failures)
 

@@ -16,6 +16,7 @@ from rtckern.errors import InputError, UnsupportedRequestError
 from rtckern.ops import grouped_gemm_fp8, grouped_gemm_fp8_masked
 from rtckern.registry import build_request, explain, select
 from rtckern.runtime import arrays as arr
+from rtckern.testing import without_tuning_tables
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grouped_gemm_kit import Fake, Memory, box_rows, group_prefix, tma_tensor, units  # noqa: E402
@@ -92,7 +93,9 @@ def test_bad_inputs_are_refused_before_any_device_work(fakes, call, match):
 def test_explain_and_refusals():
     req = build_request("grouped_gemm_fp8", shape=(256, 16, 4096, 7168), dtype=None, device=H200,
                         options={"mode": "masked"})
-    exp = explain(req)
+    with without_tuning_tables():  # the rule's tile (test_grouped_tune.py: the tuned rows')
+        exp = explain(req)
+    assert "by the rule" in exp.format()
     assert exp.chosen == "grouped_gemm_fp8.sm90a_wgmma"
     (spec,) = exp.chosen_result.specs
     assert spec.name == "gemm_fp8_wgmma_sm90" and spec.defines == (("RTK_GEMM_GROUPED", "2"),)
@@ -199,7 +202,8 @@ def host(monkeypatch, cache_dir):
     monkeypatch.setattr(arr, "current_stream", lambda like: 0)
     monkeypatch.setattr(launch, "encode_tiled", encode_tiled)
     monkeypatch.setattr(DeviceInfo, "from_device", staticmethod(lambda ordinal: H200))
-    return torch, state
+    with without_tuning_tables():  # the rule's tiles, which the tests name (the tuned rows' tiles: GPU tests)
+        yield torch, state
 
 
 @pytest.mark.parametrize("mode", ["contiguous", "masked"])
