@@ -97,7 +97,7 @@ class _GemmCandidate(MemoizedConfigCandidate):
         cfg = self.config(req)
         if getattr(cfg, "cluster", False):
             return None  # the generic per-SM occupancy query does not know clusters: check_resources asks the driver
-        main = Resources(block=cfg.threads, dynamic_smem=cfg.smem_bytes)
+        main = Resources(block=cfg.threads, dynamic_smem=geometry.launch_smem(problem(req), cfg))
         return (main, Resources(block=REDUCE_THREADS)) if cfg.splits > 1 else (main,)
 
     def check_resources(self, req: OpRequest, kernels) -> str | None:

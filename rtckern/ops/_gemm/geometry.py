@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from rtckern.arch import Arch
-from rtckern.dtypes import ctype
+from rtckern.dtypes import ctype, itemsize
 from rtckern.spec import KernelSpec
 
 # Activation ids: RTK_GEMM_ACT_* in kernel_sources/gemm/epilogue.cuh.
@@ -150,7 +150,7 @@ class Sm90Config:
         rows = self.bm if self.pingpong else self.bm // self.consumers
         if rows * self.bn // 128 > 128:
             return f"{rows}x{self.bn} accumulators per consumer warpgroup exceed 128 registers per thread"
-        if self.smem_bytes > 232448 - 1024:
+        if self.smem_bytes > SM90_SMEM_LIMIT:
             return f"{self.smem_bytes} bytes of shared memory exceed the 227 KB a block may have"
         if not p.aligned:
             return "TMA needs 16-byte aligned operand bases and row strides (a multiple of 8 elements)"
@@ -168,6 +168,26 @@ class Sm90Config:
         return {"kind": self.kind, "bm": self.bm, "bn": self.bn, "stages": self.stages,
                 "consumers": self.consumers, "splits": self.splits, "group_m": self.group_m,
                 "pingpong": self.pingpong, "cluster": self.cluster}
+
+
+SM90_SMEM_LIMIT = 232448 - 1024  # what a block may opt in to on sm_90, less the barriers' static shared memory
+STORE_BOX_BYTES = 64 * 128  # one TMA store box of the wgmma kernel: 64 rows x 128 bytes
+
+
+def tma_store(p: GemmProblem, cfg, extra_smem: int = 0) -> bool:
+    """Whether the wgmma kernel stores c with TMA (RTK_GEMM_TMA_STORE): tiles of 128+ rows (the epilogue is a share
+    of a tile's time worth a tensor map per output address; 64-row tiles serve skinny, host-bound calls) without
+    split-K or a residual, c's rows (n elements: the output the op allocates) multiples of 16 bytes, and two store
+    boxes per consumer beside the ring (and `extra_smem`: the grouped kernel's tile prefix) in shared memory."""
+    return (cfg.kind == "sm90" and cfg.bm >= 128 and cfg.splits == 1 and not cfg.cluster and not p.residual
+            and p.n * itemsize(p.out_dtype) % 16 == 0
+            and cfg.smem_bytes + 2 * cfg.consumers * STORE_BOX_BYTES + extra_smem <= SM90_SMEM_LIMIT)
+
+
+def launch_smem(p: GemmProblem, cfg, extra_smem: int = 0) -> int:
+    """Dynamic shared memory of cfg's main kernel for p: its ring, plus the store boxes where it stores with TMA."""
+    boxes = 2 * cfg.consumers * STORE_BOX_BYTES if tma_store(p, cfg, extra_smem) else 0
+    return cfg.smem_bytes + boxes
 
 
 def _cluster_reason(cfg) -> str | None:
@@ -268,7 +288,9 @@ def sm80_spec(p: GemmProblem, cfg: Sm80Config, arch: Arch) -> KernelSpec:
                                      cfg.stages, p.trans_b, p.aligned, bias, act, res, splitk))
 
 
-def sm90_spec(p: GemmProblem, cfg: Sm90Config, arch: Arch) -> KernelSpec:
+def sm90_spec(p: GemmProblem, cfg: Sm90Config, arch: Arch, extra_smem: int = 0) -> KernelSpec:
+    """extra_smem: shared memory the caller's variant keeps beside the ring (the grouped kernel's tile prefix), which
+    decides whether the store boxes fit (`tma_store`)."""
     if cfg.cluster:
         return KernelSpec(source="gemm/gemm_sm90.cuh", name="gemm_wgmma_sm90_ck", arch=arch, op="gemm",
                           template_args=(ctype(p.dtype), ctype(p.out_dtype), cfg.bm, cfg.bn, cfg.stages,
@@ -277,7 +299,8 @@ def sm90_spec(p: GemmProblem, cfg: Sm90Config, arch: Arch) -> KernelSpec:
     bias, act, res = _epi_flags(p, splitk)
     return KernelSpec(source="gemm/gemm_sm90.cuh", name="gemm_wgmma_sm90", arch=arch, op="gemm",
                       template_args=(ctype(p.dtype), ctype(p.out_dtype), cfg.bm, cfg.bn, cfg.stages,
-                                     cfg.consumers, cfg.pingpong, p.trans_b, bias, act, res, splitk))
+                                     cfg.consumers, cfg.pingpong, p.trans_b, bias, act, res, splitk),
+                      defines=(("RTK_GEMM_TMA_STORE", "1"),) if tma_store(p, cfg, extra_smem) else ())
 
 
 def simt_spec(p: GemmProblem, arch: Arch) -> KernelSpec:

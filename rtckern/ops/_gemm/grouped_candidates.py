@@ -60,7 +60,7 @@ class _GroupedCandidate(MemoizedConfigCandidate):
 
     def launch_resources(self, req: OpRequest):
         cfg = self.config(req)
-        return (Resources(block=cfg.threads, dynamic_smem=gg.smem_bytes(cfg, req.dim("groups"))),)
+        return (Resources(block=cfg.threads, dynamic_smem=gg.smem_bytes(problem(req), cfg)),)
 
 
 class Sm90aWgmmaCandidate(_GroupedCandidate):

@@ -15,7 +15,7 @@ from rtckern.arch import Arch
 from rtckern.spec import KernelSpec
 
 from .. import _common_grouped as shared
-from .geometry import GemmProblem, Sm80Config, Sm90Config, sm80_spec, sm90_spec
+from .geometry import GemmProblem, Sm80Config, Sm90Config, launch_smem, sm80_spec, sm90_spec, tma_store
 
 OP = "grouped_gemm"
 SMEM_LIMIT = 232448 - 1024  # what a block may opt in to on sm_90, less the barriers' static shared memory
@@ -43,12 +43,19 @@ class GroupedProblem:
                            out_dtype=self.out_dtype, trans_b=self.trans_b, aligned=self.aligned)
 
 
-def smem_bytes(cfg, groups: int) -> int:
-    """Dynamic shared memory of a launch: the wgmma kernel keeps the tile prefix after its ring; the mma.sync kernel
-    builds it in the ring before the pipeline starts, so the ring must hold it."""
+def stores_with_tma(p: GroupedProblem, cfg) -> bool:
+    """The wgmma kernel stores c with TMA (geometry.tma_store, its store boxes beside the ring and the tile prefix)."""
+    return cfg.kind == "sm90" and tma_store(p.dense(), cfg, shared.prefix_bytes(p.groups))
+
+
+def smem_bytes(p: GroupedProblem, cfg) -> int:
+    """Dynamic shared memory of a launch: the wgmma kernel keeps its store boxes (where it stores with TMA) and the
+    tile prefix after its ring; the mma.sync kernel builds the prefix in the ring before the pipeline starts, so the
+    ring must hold it."""
+    prefix = shared.prefix_bytes(p.groups)
     if cfg.kind == "sm90":
-        return cfg.smem_bytes + shared.prefix_bytes(groups)
-    return max(cfg.smem_bytes, shared.prefix_bytes(groups))
+        return launch_smem(p.dense(), cfg, prefix) + prefix
+    return max(cfg.smem_bytes, prefix)
 
 
 def sm90_config(p: GroupedProblem) -> Sm90Config:
@@ -86,12 +93,14 @@ def invalid(p: GroupedProblem, cfg) -> str | None:
     why = cfg.invalid(p.dense())
     if why:
         return why
-    if smem_bytes(cfg, p.groups) > SMEM_LIMIT:
+    if smem_bytes(p, cfg) > SMEM_LIMIT:
         return (f"{cfg.smem_bytes} bytes of ring and {shared.prefix_bytes(p.groups)} of tile prefix exceed the "
                 f"{SMEM_LIMIT} bytes of shared memory a block may have")
     return None
 
 
 def spec(p: GroupedProblem, cfg, arch: Arch) -> KernelSpec:
-    dense = sm90_spec(p.dense(), cfg, arch) if cfg.kind == "sm90" else sm80_spec(p.dense(), cfg, arch)
-    return dataclasses.replace(dense, defines=(("RTK_GEMM_GROUPED", str(shared.MODE_IDS[p.mode])),), op=OP)
+    dense = sm90_spec(p.dense(), cfg, arch, shared.prefix_bytes(p.groups)) if cfg.kind == "sm90" \
+        else sm80_spec(p.dense(), cfg, arch)
+    return dataclasses.replace(dense, defines=dense.defines + (("RTK_GEMM_GROUPED", str(shared.MODE_IDS[p.mode])),),
+                               op=OP)

@@ -47,7 +47,7 @@ class GroupedLaunch:
             # m, n, k, lda, ldb, ldc, ldr, stride_a, stride_b, stride_c, stride_r, splits, kb_per_split, group_m, batch
             scalars = (lay.rows, p.n, p.k, lay.lda, lay.ldb, p.n, 0, lay.stride_a, lay.stride_b, lay.stride_c, 0, 1,
                        math.ceil(p.k / cfg.bk), cfg.group_m, p.groups)
-            self._main = _Prepared(kernel, (max(1, units), 1, 1), (cfg.threads, 1, 1), gg.smem_bytes(cfg, p.groups),
+            self._main = _Prepared(kernel, (max(1, units), 1, 1), (cfg.threads, 1, 1), gg.smem_bytes(p, cfg),
                                    [("u64", 0)] * 6 + [("i64", v) for v in scalars])
             return
         es = itemsize(p.dtype)
@@ -58,19 +58,25 @@ class GroupedLaunch:
         else:
             map_b = ((p.n, p.k, p.groups), (lay.ldb * es, lay.stride_b * es), (64, 64))
         self._maps = (_MapCache(p.dtype, *map_a), _MapCache(p.dtype, *map_b))
+        if gg.stores_with_tma(p, cfg):  # c: boxes of 64 rows x 128 bytes; masked: the group is the batch coordinate
+            osize = itemsize(p.out_dtype)
+            self._maps += (_MapCache(p.out_dtype, (p.n, lay.rows, p.groups if masked else 1),
+                                     (p.n * osize, lay.stride_c * osize), (128 // osize, 64)),)
         kb_total = math.ceil(p.k / 64)
         # m, n, k, ldc, ldr, stride_c, stride_r, batch (groups), b_batched, splits, kb_per_split, group_m
         scalars = (lay.rows, p.n, p.k, p.n, 0, lay.stride_c, 0, p.groups, 1, 1, kb_total, cfg.group_m)
         grid = shared.persistent_grid(p.mode, p.groups, lay.rows, p.n, cfg.bm, cfg.bn, sm_count)
-        self._main = _Prepared(kernel, (grid, 1, 1), (cfg.threads, 1, 1), gg.smem_bytes(cfg, p.groups),
-                               [("map", bytes(128)), ("map", bytes(128))] + [("u64", 0)] * 4
+        self._main = _Prepared(kernel, (grid, 1, 1), (cfg.threads, 1, 1), gg.smem_bytes(p, cfg),
+                               [("map", bytes(128))] * len(self._maps) + [("u64", 0)] * 4
                                + [("i64", v) for v in scalars])
 
     def run(self, a: int, b: int, c: int, groups: int, stream: int) -> None:
         maps = self._maps
         if maps is None:
             self._main.run((a, b, c, 0, 0, groups), stream)
-        else:
+        elif len(maps) == 2:
             self._main.run((maps[0].get(a), maps[1].get(b), c, 0, 0, groups), stream)
+        else:
+            self._main.run((maps[0].get(a), maps[1].get(b), maps[2].get(c), c, 0, 0, groups), stream)
 
 

@@ -1,9 +1,9 @@
 """GEMM launches: grids, argument lists, TMA tensor maps and the split-K reduce, for a settled plan.
 
 `LaunchPlan` fixes everything about one call signature except the operand addresses: grids, blocks, shared memory,
-every scalar argument, and the packed parameter buffers of each kernel. A repeated call writes five addresses
-(and, on the sm_90a path, two tensor maps cached per address) into those buffers and launches: no argument lists
-are built, no configs looked up, nothing re-validated.
+every scalar argument, and the packed parameter buffers of each kernel. A repeated call writes five addresses (and,
+on the sm_90a path, the tensor maps of a and b, and of c where the kernel stores with TMA, cached per address) into
+those buffers and launches: no argument lists are built, no configs looked up, nothing re-validated.
 
 Launch route: kernels loaded by the core (`rtckern.runtime.Kernel`) on a process that uses one device are launched
 with `cuLaunchKernel` straight from the prepacked buffers (the core's `Kernel.launch` / `launch_packed` build
@@ -23,7 +23,7 @@ from rtckern.errors import LaunchError
 from rtckern.runtime.streams import stream_handle
 from rtckern.runtime.tma import encode_tiled
 
-from .geometry import GemmProblem, normalize_splits, plan_workspace_bytes
+from .geometry import GemmProblem, launch_smem, normalize_splits, plan_workspace_bytes, tma_store
 
 REDUCE_THREADS = 256
 _DEFAULT_DYN_SMEM = 48 * 1024
@@ -98,14 +98,18 @@ class LaunchPlan:
             else:
                 map_b = ((p.n, p.k, bb), (ops.ldb * esize, ops.stride_b * esize), (64, 64))
             self._maps = (_MapCache(p.dtype, *map_a), _MapCache(p.dtype, *map_b))
+            if tma_store(p, cfg):  # c: boxes of 64 rows x 128 bytes
+                osize = itemsize(p.out_dtype)
+                self._maps += (_MapCache(p.out_dtype, (p.n, p.m, p.batch), (ops.ldc * osize, ops.stride_c * osize),
+                                         (128 // osize, 64)),)
             units = p.batch * splits * math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)
             # Persistent: at most one block per SM. Cluster split-K: one block per unit (the cluster barrier
             # needs every block of a cluster on the same unit).
             grid = units if cfg.cluster else max(1, min(units, sm_count))
             scalars = (p.m, p.n, p.k, ops.ldc, ops.ldr, ops.stride_c, ops.stride_r, p.batch, int(p.b_batched),
                        splits, per, cfg.group_m)
-            self._main = _Prepared(kernels[0], (grid, 1, 1), (cfg.threads, 1, 1), cfg.smem_bytes,
-                                   [("map", bytes(128)), ("map", bytes(128)), ("u64", 0), ("u64", 0), ("u64", 0)]
+            self._main = _Prepared(kernels[0], (grid, 1, 1), (cfg.threads, 1, 1), launch_smem(p, cfg),
+                                   [("map", bytes(128))] * len(self._maps) + [("u64", 0), ("u64", 0), ("u64", 0)]
                                    + [("i64", v) for v in scalars])
         if self._ws_split:
             total = p.batch * p.m * p.n
@@ -122,11 +126,13 @@ class LaunchPlan:
                 raise LaunchError(f"GEMM plan {self.cfg.as_dict()} splits K {self.cfg.splits} ways through a "
                                   "workspace but no workspace was given")
             target = workspace
-        if self._maps is None:
+        maps = self._maps
+        if maps is None:
             self._main.run((a, b, target, bias, res), stream)
+        elif len(maps) == 2:
+            self._main.run((maps[0].get(a), maps[1].get(b), target, bias, res), stream)
         else:
-            ma, mb = self._maps
-            self._main.run((ma.get(a), mb.get(b), target, bias, res), stream)
+            self._main.run((maps[0].get(a), maps[1].get(b), maps[2].get(c), c, bias, res), stream)
         if self._reduce is not None:
             self._reduce.run((workspace, c, bias, res), stream)
 

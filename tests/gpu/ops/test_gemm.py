@@ -280,3 +280,42 @@ def test_cluster_split_k_config(cfg, prob, tb, gen):
                   sm_count=dev.sm_count)
     torch.cuda.synchronize()
     _check(c, _reference(a, b, tb, bi, act, r), k, dout)
+
+
+# ---- outputs stored through shared memory with TMA (RTK_GEMM_TMA_STORE), config by config -------------------------
+TMA_STORE_CONFIGS = [geometry.Sm90Config(128, 256, 4, 2), geometry.Sm90Config(256, 128, 4, 2),
+                     geometry.Sm90Config(128, 128, 6, 2, pingpong=True), geometry.Sm90Config(128, 64, 8, 2)]
+# (batch, m, n, k, dtype in, dtype out, bias, activation): rows and columns that end inside a box (clipped by TMA)
+TMA_STORE_PROBLEMS = [(2, 300, 520, 1024, "bf16", "bf16", True, "gelu_tanh"),
+                      (1, 37, 264, 128, "fp16", "fp32", False, None),
+                      (3, 1000, 1000, 576, "bf16", "fp32", True, "silu"),
+                      (1, 4097, 64, 64, "fp16", "fp16", False, None)]
+
+
+@pytest.mark.parametrize("tb", [True, False])
+@pytest.mark.parametrize("prob", TMA_STORE_PROBLEMS,
+                         ids=[f"{b}x{m}x{n}x{k}-{di}>{do}" for b, m, n, k, di, do, *_ in TMA_STORE_PROBLEMS])
+@pytest.mark.parametrize("cfg", TMA_STORE_CONFIGS, ids=[f"{c.bm}x{c.bn}x{c.stages}{'pp' if c.pingpong else ''}"
+                                                        for c in TMA_STORE_CONFIGS])
+def test_tma_store_config(cfg, prob, tb, gen):
+    """Each tile shape with the TMA-store epilogue (bias and activation applied before the boxes are written; rows and
+    columns past m and n clipped): the rows between one batch entry's m and the next entry stay unwritten."""
+    from rtckern.ops._gemm import launch
+    from rtckern.ops._gemm.tune import kernels_for
+
+    dev = DeviceInfo.from_device(torch.cuda.current_device())
+    if (dev.arch.major, dev.arch.minor) != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    batch, m, n, k, din, dout, bias, act = prob
+    p = geometry.GemmProblem(batch, m, n, k, din, dout, tb, bias, act or "none", False, b_batched=True)
+    assert cfg.invalid(p) is None and geometry.tma_store(p, cfg)
+    a, b, bi, _ = _inputs(m, n, k, tb, din, dout, bias, False, batch=batch, gen=gen)
+    c = torch.full((batch, m + 64, n), float("nan"), device="cuda", dtype=TDT[dout])  # 64 rows of gap per entry
+    ops = launch.Operands(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), lda=k, ldb=b.stride(-2), ldc=n,
+                          stride_a=a.stride(0), stride_b=b.stride(0), stride_c=(m + 64) * n,
+                          bias=bi.data_ptr() if bi is not None else 0)
+    launch.launch(kernels_for(p, cfg, dev), p, cfg, ops, stream=torch.cuda.current_stream().cuda_stream,
+                  sm_count=dev.sm_count)
+    torch.cuda.synchronize()
+    assert torch.isnan(c[:, m:]).all(), "rows past m written"
+    _check(c[:, :m], _reference(a, b, tb, bi, act, None), k, dout)

@@ -180,14 +180,23 @@ def emulate_bf16(mem, launch, maps, spec, mode, index):
     torch = mem.torch
     _, grid, block, params, smem = launch
     vals = [v for _, v in params]
-    ma, mb, c, bias, res, groups_ptr = vals[:6]
-    m, n, k, ldc, ldr, stride_c, stride_r, batch, b_batched, splits, kb_per_split, group_m = vals[6:]
+    tma_store = ("RTK_GEMM_TMA_STORE", "1") in spec.defines  # then c's tensor map follows b's
+    ma, mb, mc = vals[:3] if tma_store else (*vals[:2], None)
+    vals = vals[3:] if tma_store else vals[2:]
+    c, bias, res, groups_ptr = vals[:4]
+    m, n, k, ldc, ldr, stride_c, stride_r, batch, b_batched, splits, kb_per_split, group_m = vals[4:]
     tdt, odt, bm, bn, _, consumers, _, trans_b = spec.template_args[:8]
     bm, bn, consumers, trans_b = int(bm), int(bn), int(consumers), trans_b == "true"
     assert (bias, res, ldr, stride_r, splits, b_batched, kb_per_split) == (0, 0, 0, 0, 1, 1, math.ceil(k / 64))
-    assert block[0] == (consumers + 1) * 128 and smem >= (4 * (batch + 1))
+    assert block[0] == (consumers + 1) * 128 and smem >= (4 * (batch + 1)) + (2 * consumers * 8192 if tma_store else 0)
     tdtype = torch.bfloat16 if tdt == "rtk_bf16" else torch.float16
     odtype = {"rtk_bf16": torch.bfloat16, "rtk_half": torch.float16, "float": torch.float32}[odt]
+    if tma_store:  # boxes of 64 rows x 128 bytes over c (masked: the group is the batch coordinate); the kernel
+        # stores a box with TMA where its rows are all the group's, else the group's rows of it: rows < row_end
+        es = torch.empty(0, dtype=odtype).element_size()
+        _, ptr, dims, strides, box = maps[mc]
+        assert ptr == c and dims == (n, m, batch if mode == "masked" else 1) and box[:2] == (128 // es, 64)
+        assert strides[0] == ldc * es and (mode != "masked" or strides[1] == stride_c * es)
     A, B = tma_tensor(mem, maps[ma], tdtype), tma_tensor(mem, maps[mb], tdtype)
     assert maps[ma][4][:2] == (64, bm) and maps[mb][4][:2] == ((64, bn) if trans_b else (64, 64))
     tiles_n = math.ceil(n / bn)
