@@ -284,7 +284,7 @@ def test_cluster_split_k_config(cfg, prob, tb, gen):
 
 # ---- outputs stored through shared memory with TMA (RTK_GEMM_TMA_STORE), config by config -------------------------
 TMA_STORE_CONFIGS = [geometry.Sm90Config(128, 256, 4, 2), geometry.Sm90Config(256, 128, 4, 2),
-                     geometry.Sm90Config(128, 128, 6, 2, pingpong=True), geometry.Sm90Config(128, 64, 8, 2)]
+                     geometry.Sm90Config(128, 128, 6, 2, pingpong=True), geometry.Sm90Config(128, 128, 4, 2)]
 # (batch, m, n, k, dtype in, dtype out, bias, activation): rows and columns that end inside a box (clipped by TMA)
 TMA_STORE_PROBLEMS = [(2, 300, 520, 1024, "bf16", "bf16", True, "gelu_tanh"),
                       (1, 37, 264, 128, "fp16", "fp32", False, None),
