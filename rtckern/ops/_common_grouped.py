@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
+from rtckern import tuning
 from rtckern.errors import InputError
 
 MODES = ("contiguous", "masked")
@@ -75,7 +77,77 @@ def persistent_grid(mode: str, groups: int, rows: int, n: int, bm: int, bn: int,
     return max(1, min(units, sm_count))
 
 
-# ---- what the grouped tuners share (rtckern tune grouped_gemm / grouped_gemm_fp8) ------------------------------------
+# ---- what the grouped tile tables and tuners share (rtckern tune grouped_gemm / grouped_gemm_fp8) --------------------
+def config_serves(config: Mapping[str, Any], p, invalid: Callable, from_dict: Callable) -> bool:
+    """Whether a table row's config (a dict) is a config of the family (`from_dict`) that can run p (`invalid`)."""
+    try:
+        return invalid(p, from_dict(config)) is None
+    except (TypeError, ValueError):
+        return False
+
+
+def table_config(op: str, device, key: Mapping[str, Any], p, invalid: Callable,
+                 from_dict: Callable) -> tuple[Any, tuning.Tuned | None]:
+    """(config, the table's answer) of op's tuned table for `key` on device (exact, then nearest shape) where the
+    row's config can run p; (None, None) where no row can (the caller's rule serves). An exact row is checked too:
+    the lookup does not check it, and a hand-edited table may hold any config."""
+    found = tuning.lookup(op, device, key, valid=lambda config, _key: config_serves(config, p, invalid, from_dict))
+    if found is not None and config_serves(found.config, p, invalid, from_dict):
+        return from_dict(found.config), found
+    return None, None
+
+
+class GroupedTuner(tuning.Tuner):
+    """A grouped GEMM tuner over its family's tune module, which names by convention OP, KEY_FIELDS, problem(req),
+    problem_of_key(key), key_of(p), sweep_configs(p), config_from_dict(d), serves(config, p), rule(p), spec(p, cfg,
+    arch), validate(req), inputs(p, device) and measure_config(p, cfg, device, data=). It compiles a request's tiles on
+    every core before they are timed, and keeps one shape's inputs (and references) for all of its tiles."""
+
+    def __init__(self, family) -> None:
+        self.family = family
+        self.op, self.key_fields = family.OP, family.KEY_FIELDS
+        self._data: tuple | None = None  # (problem, inputs) of the shape being timed
+
+    def key(self, req) -> dict[str, Any]:
+        return self.family.key_of(self.family.problem(req))
+
+    def configs(self, req) -> list[dict[str, Any]]:
+        return [c.as_dict() for c in self.family.sweep_configs(self.family.problem(req))]
+
+    def heuristic(self, key: Mapping[str, Any], device) -> Mapping[str, Any]:
+        return self.family.rule(self.family.problem_of_key(key)).as_dict()
+
+    def valid(self, config: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
+        return self.family.serves(config, self.family.problem_of_key(key))
+
+    def validate(self, req) -> None:
+        self.family.validate(req)
+
+    def prepare(self, req, configs) -> None:
+        from rtckern.registry.core_api import target_for
+
+        f = self.family
+        p, arch = f.problem(req), target_for(req.device, True)
+        tuning.compile_ahead([f.spec(p, f.config_from_dict(c), arch) for c in configs])
+        self._data = None  # a new shape: the last one's buffers go before this one's are made
+
+    def measure(self, req, config: Mapping[str, Any]) -> float:
+        f = self.family
+        p = f.problem(req)
+        if self._data is None or self._data[0] != p:
+            self._data = None
+            self._data = (p, f.inputs(p, req.device))
+        return f.measure_config(p, f.config_from_dict(config), req.device, data=self._data[1])
+
+
+def check_sm90(req, op: str, elsewhere: str) -> None:
+    """A grouped tuner's refusal off sm_90 (ValueError): its tiles are the wgmma kernel's."""
+    if req.device.arch.gfx or req.device.arch.cc != (9, 0):
+        raise ValueError(f"{op} has wgmma tiles to tune on sm_90 (H100 / H200) only; {req.device.describe()} "
+                         f"{elsewhere}")
+
+
+# ---- tuner inputs ----------------------------------------------------------------------------------------------
 CHECKED_GROUPS = 8  # groups a tuner compares with the reference (every group's output is checked for NaN)
 
 
@@ -116,3 +188,45 @@ def tuner_randn(shape: tuple[int, ...], scale: float, dtype, gen, dev):
         part = out[i:i + step]
         part.copy_(torch.randn(part.shape, device=dev, generator=gen).mul_(scale))
     return out
+
+
+def group_rows(x, mode: str, rows: int, i: int):
+    """Group i's rows of a tuner's buffer x: every group `rows` rows (contiguous), or x[i] (masked)."""
+    return x[i] if mode == "masked" else x[i * rows:(i + 1) * rows]
+
+
+def kernel_for(p, cfg, device, spec, invalid, op: str):
+    """The compiled sm_90a kernel of cfg for a tuner's problem p on the live device; RtckernError where there is no
+    live GPU or cfg cannot serve p (`invalid(p, cfg)`)."""
+    from rtckern.errors import RtckernError
+    from rtckern.manager import get_manager
+    from rtckern.registry.core_api import target_for
+
+    if device.ordinal is None:
+        raise RtckernError(f"measuring a {op} config needs a live GPU")
+    bad = invalid(p, cfg)
+    if bad:
+        raise RtckernError(f"config {cfg.as_dict()} cannot run {p.groups}x{p.rows}x{p.n}x{p.k}: {bad}")
+    return get_manager().get(spec(p, cfg, target_for(device, True)), device.ordinal)
+
+
+def time_checked(p, cfg, dev, run, c, refs: dict, bound: float, check: bool = True) -> float:
+    """Seconds per call of run() (tuning.time_graphed, tuner_reps of p's FLOPs) with its output c filled with NaN
+    first; with `check`, NaN left anywhere in c or a checked group (refs: {group: float reference}) off its reference
+    by a relative Frobenius error above `bound` raises RtckernError: the config does not win."""
+    import torch
+
+    from rtckern.errors import RtckernError
+
+    c.fill_(float("nan"))
+
+    def verify():
+        if torch.isnan(c).any():
+            raise RtckernError(f"config {cfg.as_dict()} left NaN in the output (tiles not written)")
+        for i, ref in refs.items():
+            out = group_rows(c, p.mode, p.rows, i).float()
+            err = float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
+            if not err <= bound:
+                raise RtckernError(f"config {cfg.as_dict()} gave relative error {err:.3g} > {bound:.3g} in group {i}")
+    reps, replays = tuner_reps(2.0 * p.groups * p.rows * p.n * p.k)
+    return tuning.time_graphed(dev, run, verify if check else None, reps=reps, replays=replays)

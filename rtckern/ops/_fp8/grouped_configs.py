@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from rtckern import tuning
 
+from .. import _common_grouped as shared
 from . import configs
 from . import grouped_geometry as gg
 from .geometry import Sm90Fp8Config
@@ -29,17 +30,11 @@ config_from_dict = configs.config_from_dict  # the dense kernel's tile fields
 
 
 def serves(config: Mapping[str, Any], p: gg.GroupedFp8Problem) -> bool:
-    try:
-        return gg.invalid(p, config_from_dict(config)) is None
-    except (TypeError, ValueError):
-        return False
+    return shared.config_serves(config, p, gg.invalid, config_from_dict)
 
 
 def tuned(p: gg.GroupedFp8Problem, device) -> tuple[Sm90Fp8Config, tuning.Tuned | None]:
     """(config, the table's answer) for p on device: the table's row (exact, then nearest shape) when its config can
     serve p, else the rule (answer None)."""
-    found = tuning.lookup(gg.OP, device, key_of(p), valid=lambda config, key: serves(config, p))
-    # an exact row is not checked by the lookup (a hand-edited table may hold any config)
-    if found is not None and serves(found.config, p):
-        return config_from_dict(found.config), found
-    return gg.config(p), None
+    cfg, found = shared.table_config(gg.OP, device, key_of(p), p, gg.invalid, config_from_dict)
+    return (cfg, found) if cfg is not None else (gg.config(p), None)

@@ -6,16 +6,21 @@ the fastest per shape into the `grouped_gemm_fp8` table (grouped_configs.py read
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Mapping
 
 from rtckern import tuning
-from rtckern.errors import RtckernError
 
 from .. import _common_grouped as shared
-from . import geometry, grouped_configs
+from . import geometry
 from . import grouped_geometry as gg
 from .geometry import Sm90Fp8Config
 from .grouped_candidates import problem
+# what shared.GroupedTuner reads from this module besides the functions below
+from .grouped_configs import KEY_FIELDS, config_from_dict, key_of, serves  # noqa: F401
+from .grouped_geometry import OP, spec  # noqa: F401
+
+rule = gg.config  # the tile where no row serves: the tuner's heuristic
 
 # (bm, bn, consumers) x ring depths tried (the deepest that fit with the store boxes and the tile prefix, where a
 # depth does not fit), one or two partials where bn <= 128
@@ -41,58 +46,22 @@ def sweep_configs(p: gg.GroupedFp8Problem) -> list[Sm90Fp8Config]:
     return out
 
 
-class GroupedFp8GemmTuner(tuning.Tuner):
-    op = gg.OP
-    key_fields = grouped_configs.KEY_FIELDS
-
-    def key(self, req) -> dict[str, Any]:
-        return grouped_configs.key_of(problem(req))
-
-    def configs(self, req) -> list[dict[str, Any]]:
-        return [c.as_dict() for c in sweep_configs(problem(req))]
-
-    def heuristic(self, key: Mapping[str, Any], device) -> Mapping[str, Any]:
-        return gg.config(_problem_of(key)).as_dict()
-
-    def valid(self, config: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
-        return grouped_configs.serves(config, _problem_of(key))
-
-    def validate(self, req) -> None:
-        p = problem(req)
-        if req.device.arch.gfx or req.device.arch.cc != (9, 0):
-            raise ValueError(f"grouped_gemm_fp8 has tiles to tune on sm_90 (H100 / H200) only; "
-                             f"{req.device.describe()} has no grouped fp8 kernel")
-        if not p.aligned or p.k % geometry.K_MULTIPLE:
-            raise ValueError(f"grouped_gemm_fp8 {p.groups}x{p.rows}x{p.n}x{p.k}: rows are timed on 16-byte aligned "
-                             f"operands with K a multiple of {geometry.K_MULTIPLE}")
-        if p.dtype != "fp8_e4m3":
-            raise ValueError(f"grouped_gemm_fp8 rows are timed with e4m3 a and serve {p.dtype} a too (the same tiles "
-                             "and instruction rate): tune without --dtype")
-
-    def prepare(self, req, configs) -> None:
-        from rtckern.registry.core_api import target_for
-
-        p, arch = problem(req), target_for(req.device, True)
-        tuning.compile_ahead([gg.spec(p, grouped_configs.config_from_dict(c), arch) for c in configs])
-        self._data = None  # a new shape: the last one's buffers go before this one's are made
-
-    def measure(self, req, config: Mapping[str, Any]) -> float:
-        p = problem(req)
-        if self._data is None or self._data[0] != p:
-            self._data = None
-            self._data = (p, inputs(p, req.device))
-        return measure_config(p, grouped_configs.config_from_dict(config), req.device, data=self._data[1])
-
-    _data: tuple | None = None  # (problem, inputs) of the shape being timed: every config reads the same ones
+def validate(req) -> None:
+    """What `rtckern tune` refuses before touching the GPU (ValueError)."""
+    p = problem(req)
+    shared.check_sm90(req, OP, "has no grouped fp8 kernel")
+    if not p.aligned or p.k % geometry.K_MULTIPLE:
+        raise ValueError(f"{OP} {p.groups}x{p.rows}x{p.n}x{p.k}: rows are timed on 16-byte aligned operands with K a "
+                         f"multiple of {geometry.K_MULTIPLE}")
+    if p.dtype != "fp8_e4m3":
+        raise ValueError(f"{OP} rows are timed with e4m3 a and serve {p.dtype} a too (the same tiles and instruction "
+                         "rate): tune without --dtype")
 
 
-def _problem_of(key: Mapping[str, Any]) -> gg.GroupedFp8Problem:
+def problem_of_key(key: Mapping[str, Any]) -> gg.GroupedFp8Problem:
     return gg.GroupedFp8Problem(mode=str(key["mode"]), groups=int(key["groups"]), rows=int(key["rows"]),
                                 n=int(key["n"]), k=int(key["k"]), out_dtype=str(key["out"]))
 
-
-def _rows_of(x, p: gg.GroupedFp8Problem, i: int):
-    return x[i] if p.mode == "masked" else x[i * p.rows:(i + 1) * p.rows]
 
 
 def inputs(p: gg.GroupedFp8Problem, device):
@@ -116,33 +85,24 @@ def inputs(p: gg.GroupedFp8Problem, device):
     sb = torch.rand(p.groups, nb, kb, device=dev, generator=g) / 64 + 1e-3
     c = torch.empty(*lead, p.n, device=dev, dtype=torch_dtype(p.out_dtype))
     dense = p.dense()
-    refs = {i: reference(dense, _rows_of(a, p, i), b[i], _rows_of(sa, p, i), sb[i])
+    refs = {i: reference(dense, shared.group_rows(a, p.mode, p.rows, i), b[i], shared.group_rows(sa, p.mode, p.rows, i),
+                         sb[i])
             for i in shared.checked_groups(p.groups)}
     return a, b, sa, sb, shared.tuner_index(p.mode, p.groups, p.rows, dev), c, refs
 
 
 def measure_config(p: gg.GroupedFp8Problem, cfg: Sm90Fp8Config, device, *, check: bool = True, data=None) -> float:
     """Median seconds of one grouped fp8 GEMM with tile `cfg` on the live device (torch needed for buffers and
-    graphs; `data`: p's `inputs`, made here when not given). With `check`, NaN in any output (filled with NaN before
-    the first call) or a checked group off its reference by more than the dense fp8 tuner's bound raises: the config
-    does not win."""
+    graphs; `data`: p's `inputs`, made here when not given). With `check`, NaN in any output or a checked group off its
+    reference by more than the dense fp8 tuner's bound raises (shared.time_checked): the config does not win."""
     import torch
-
-    from rtckern.manager import get_manager
-    from rtckern.registry.core_api import target_for
 
     from .grouped_plan import GroupedLaunch, Layout
     from .tune import ERROR_BOUND
 
-    if device.ordinal is None:
-        raise RtckernError("measuring a grouped_gemm_fp8 config needs a live GPU")
-    bad = gg.invalid(p, cfg)
-    if bad:
-        raise RtckernError(f"config {cfg.as_dict()} cannot run {p.groups}x{p.rows}x{p.n}x{p.k}: {bad}")
-    kernel = get_manager().get(gg.spec(p, cfg, target_for(device, True)), device.ordinal)
+    kernel = shared.kernel_for(p, cfg, device, gg.spec, gg.invalid, OP)
     dev = torch.device("cuda", device.ordinal)
     a, b, sa, sb, index, c, refs = data if data is not None else inputs(p, device)
-    c.fill_(float("nan"))
     masked = p.mode == "masked"
     kb = sa.shape[-1]
     lay = Layout(rows=p.rows if masked else p.groups * p.rows, lda=p.k, stride_a=p.rows * p.k if masked else 0,
@@ -150,23 +110,10 @@ def measure_config(p: gg.GroupedFp8Problem, cfg: Sm90Fp8Config, device, *, check
                  sa=(kb, 1, p.rows * kb if masked else 0), sb=(kb, 1, sb.shape[1] * kb))
     launch = GroupedLaunch(kernel, p, cfg, lay, device.sm_count)
     ptrs = (a.data_ptr(), b.data_ptr(), c.data_ptr(), sa.data_ptr(), sb.data_ptr(), index.data_ptr())
-
-    def run():
-        launch.run(*ptrs, torch.cuda.current_stream(dev).cuda_stream)
-
-    def verify():
-        if torch.isnan(c).any():
-            raise RtckernError(f"config {cfg.as_dict()} left NaN in the output (tiles not written)")
-        for i, ref in refs.items():
-            out = _rows_of(c, p, i).float()
-            err = float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
-            if not err <= ERROR_BOUND:
-                raise RtckernError(f"config {cfg.as_dict()} gave relative error {err:.3g} > {ERROR_BOUND:.3g} in "
-                                   f"group {i}")
-    reps, replays = shared.tuner_reps(2.0 * p.groups * p.rows * p.n * p.k)
-    return tuning.time_graphed(dev, run, verify if check else None, reps=reps, replays=replays)
+    return shared.time_checked(p, cfg, dev, lambda: launch.run(*ptrs, torch.cuda.current_stream(dev).cuda_stream), c,
+                               refs, ERROR_BOUND, check)
 
 
-def register_tuner() -> GroupedFp8GemmTuner:
+def register_tuner() -> shared.GroupedTuner:
     """The family's tuner, registered on first use (the registry keeps the one instance)."""
-    return tuning.register_or_get_tuner(GroupedFp8GemmTuner())  # type: ignore[return-value]
+    return tuning.register_or_get_tuner(shared.GroupedTuner(sys.modules[__name__]))  # type: ignore[return-value]

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from rtckern import tuning
 
+from .. import _common_grouped as shared
 from . import geometry
 from . import grouped_geometry as gg
 from .configs import layout
@@ -36,18 +37,12 @@ def config_from_dict(d: Mapping[str, Any]) -> Sm90Config:
 
 
 def serves(config: Mapping[str, Any], p: gg.GroupedProblem) -> bool:
-    try:
-        return gg.invalid(p, config_from_dict(config)) is None
-    except (TypeError, ValueError):
-        return False
+    return shared.config_serves(config, p, gg.invalid, config_from_dict)
 
 
 def tuned(p: gg.GroupedProblem, device) -> tuple[Sm90Config, tuning.Tuned | None]:
     """(config, the table's answer) for p on device: the table's row (exact, then nearest shape) when its config can
-    serve p, else the rule (answer None)."""
-    if p.aligned:
-        found = tuning.lookup(gg.OP, device, key_of(p), valid=lambda config, key: serves(config, p))
-        # an exact row is not checked by the lookup (a hand-edited table may hold any config)
-        if found is not None and serves(found.config, p):
-            return config_from_dict(found.config), found
-    return gg.sm90_config(p), None
+    serve p, else the rule (answer None). Rows are timed on aligned operands; the others run the mma.sync fallback."""
+    cfg, found = shared.table_config(gg.OP, device, key_of(p), p, gg.invalid, config_from_dict) if p.aligned \
+        else (None, None)
+    return (cfg, found) if cfg is not None else (gg.sm90_config(p), None)

@@ -10,16 +10,20 @@ back from L2 (once per n-tile) and how many bytes are in flight per SM.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Mapping
 
 from rtckern import tuning
-from rtckern.errors import RtckernError
 
 from .. import _common_grouped as shared
-from . import grouped_configs
 from . import grouped_geometry as gg
 from .geometry import Sm90Config
 from .grouped_candidates import problem
+# what shared.GroupedTuner reads from this module besides the functions below
+from .grouped_configs import KEY_FIELDS, config_from_dict, key_of, serves  # noqa: F401
+from .grouped_geometry import OP, spec  # noqa: F401
+
+rule = gg.sm90_config  # the tile where no row serves: the tuner's heuristic
 
 # (bm, bn, consumers, pingpong) x ring depths tried where the ring and the tile prefix fit
 TILES = (((64, 64, 1, False), (8, 10)), ((64, 128, 1, False), (6, 8)), ((64, 256, 1, False), (4, 5)),
@@ -41,49 +45,16 @@ def sweep_configs(p: gg.GroupedProblem) -> list[Sm90Config]:
     return out
 
 
-class GroupedGemmTuner(tuning.Tuner):
-    op = gg.OP
-    key_fields = grouped_configs.KEY_FIELDS
-
-    def key(self, req) -> dict[str, Any]:
-        return grouped_configs.key_of(problem(req))
-
-    def configs(self, req) -> list[dict[str, Any]]:
-        return [c.as_dict() for c in sweep_configs(problem(req))]
-
-    def heuristic(self, key: Mapping[str, Any], device) -> Mapping[str, Any]:
-        return gg.sm90_config(_problem_of(key)).as_dict()
-
-    def valid(self, config: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
-        return grouped_configs.serves(config, _problem_of(key))
-
-    def validate(self, req) -> None:
-        p = problem(req)
-        if req.device.arch.gfx or req.device.arch.cc != (9, 0):
-            raise ValueError(f"grouped_gemm has wgmma tiles to tune on sm_90 (H100 / H200) only; "
-                             f"{req.device.describe()} runs the mma.sync kernel by its rule")
-        if not p.aligned:
-            raise ValueError(f"grouped_gemm {p.groups}x{p.rows}x{p.n}x{p.k}: rows are timed on 16-byte aligned "
-                             "operands (K a multiple of 8); this shape runs the mma.sync fallback")
-
-    def prepare(self, req, configs) -> None:
-        from rtckern.registry.core_api import target_for
-
-        p, arch = problem(req), target_for(req.device, True)
-        tuning.compile_ahead([gg.spec(p, grouped_configs.config_from_dict(c), arch) for c in configs])
-        self._data = None  # a new shape: the last one's buffers go before this one's are made
-
-    def measure(self, req, config: Mapping[str, Any]) -> float:
-        p = problem(req)
-        if self._data is None or self._data[0] != p:
-            self._data = None
-            self._data = (p, inputs(p, req.device))
-        return measure_config(p, grouped_configs.config_from_dict(config), req.device, data=self._data[1])
-
-    _data: tuple | None = None  # (problem, inputs) of the shape being timed: every config reads the same ones
+def validate(req) -> None:
+    """What `rtckern tune` refuses before touching the GPU (ValueError)."""
+    p = problem(req)
+    shared.check_sm90(req, OP, "runs the mma.sync kernel by its rule")
+    if not p.aligned:
+        raise ValueError(f"{OP} {p.groups}x{p.rows}x{p.n}x{p.k}: rows are timed on 16-byte aligned operands (K a "
+                         "multiple of 8); this shape runs the mma.sync fallback")
 
 
-def _problem_of(key: Mapping[str, Any]) -> gg.GroupedProblem:
+def problem_of_key(key: Mapping[str, Any]) -> gg.GroupedProblem:
     return gg.GroupedProblem(mode=str(key["mode"]), groups=int(key["groups"]), rows=int(key["rows"]),
                              n=int(key["n"]), k=int(key["k"]), dtype=str(key["dtype"]), out_dtype=str(key["out"]),
                              trans_b=key["layout"] == "tn")
@@ -109,59 +80,33 @@ def inputs(p: gg.GroupedProblem, device):
     c = torch.empty(*((p.groups, p.rows) if masked else (p.groups * p.rows,)), p.n, device=dev,
                     dtype=torch_dtype(p.out_dtype))
     dense = p.dense()
-    refs = {i: reference(dense, _rows_of(a, p, i), b[i], None, None) for i in shared.checked_groups(p.groups)}
+    refs = {i: reference(dense, shared.group_rows(a, p.mode, p.rows, i), b[i], None, None)
+            for i in shared.checked_groups(p.groups)}
     return a, b, shared.tuner_index(p.mode, p.groups, p.rows, dev), c, refs
 
-
-def _rows_of(x, p: gg.GroupedProblem, i: int):
-    return x[i] if p.mode == "masked" else x[i * p.rows:(i + 1) * p.rows]
 
 
 def measure_config(p: gg.GroupedProblem, cfg: Sm90Config, device, *, check: bool = True, data=None) -> float:
     """Median seconds of one grouped GEMM with tile `cfg` on the live device (torch needed for buffers and graphs;
-    `data`: p's `inputs`, made here when not given). With `check`, NaN in any output (filled with NaN before the
-    first call) or a checked group off its fp32 reference by more than the dense tuner's bound raises: the config
-    does not win."""
+    `data`: p's `inputs`, made here when not given). With `check`, NaN in any output or a checked group off its fp32
+    reference by more than the dense tuner's bound raises (shared.time_checked): the config does not win."""
     import torch
-
-    from rtckern.manager import get_manager
-    from rtckern.registry.core_api import target_for
 
     from .grouped_plan import GroupedLaunch, Layout
     from .tune import error_bound
 
-    if device.ordinal is None:
-        raise RtckernError("measuring a grouped_gemm config needs a live GPU")
-    bad = gg.invalid(p, cfg)
-    if bad:
-        raise RtckernError(f"config {cfg.as_dict()} cannot run {p.groups}x{p.rows}x{p.n}x{p.k}: {bad}")
-    kernel = get_manager().get(gg.spec(p, cfg, target_for(device, True)), device.ordinal)
+    kernel = shared.kernel_for(p, cfg, device, gg.spec, gg.invalid, OP)
     dev = torch.device("cuda", device.ordinal)
     a, b, index, c, refs = data if data is not None else inputs(p, device)
-    c.fill_(float("nan"))
     masked = p.mode == "masked"
     lay = Layout(rows=p.rows if masked else p.groups * p.rows, lda=p.k, stride_a=p.rows * p.k if masked else 0,
                  ldb=b.stride(1), stride_b=b.stride(0), stride_c=p.rows * p.n if masked else 0)
     launch = GroupedLaunch(kernel, p, cfg, lay, device.sm_count)
-
     ptrs = (a.data_ptr(), b.data_ptr(), c.data_ptr(), index.data_ptr())
-
-    def run():
-        launch.run(*ptrs, torch.cuda.current_stream(dev).cuda_stream)
-
-    def verify():
-        if torch.isnan(c).any():
-            raise RtckernError(f"config {cfg.as_dict()} left NaN in the output (tiles not written)")
-        bound = error_bound(p.dense())
-        for i, ref in refs.items():
-            out = _rows_of(c, p, i).float()
-            err = float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
-            if not err <= bound:
-                raise RtckernError(f"config {cfg.as_dict()} gave relative error {err:.3g} > {bound:.3g} in group {i}")
-    reps, replays = shared.tuner_reps(2.0 * p.groups * p.rows * p.n * p.k)
-    return tuning.time_graphed(dev, run, verify if check else None, reps=reps, replays=replays)
+    return shared.time_checked(p, cfg, dev, lambda: launch.run(*ptrs, torch.cuda.current_stream(dev).cuda_stream), c,
+                               refs, error_bound(p.dense()), check)
 
 
-def register_tuner() -> GroupedGemmTuner:
+def register_tuner() -> shared.GroupedTuner:
     """The family's tuner, registered on first use (the registry keeps the one instance)."""
-    return tuning.register_or_get_tuner(GroupedGemmTuner())  # type: ignore[return-value]
+    return tuning.register_or_get_tuner(shared.GroupedTuner(sys.modules[__name__]))  # type: ignore[return-value]
