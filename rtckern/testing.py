@@ -484,9 +484,9 @@ def norms_variants(arch: str):
 def grouped_gemm_variants(arch: str):
     """Every grouped GEMM kernel spec the every-variant compile test covers on `arch`: the specs every candidate of
     grouped_gemm (bf16 / fp16 in, every output dtype, both layouts, aligned or not) and grouped_gemm_fp8 (every output
-    dtype) serves there, in both modes, for rows per group that take each tile of the rules (and, fp8, for 1024
-    groups, whose tile prefix leaves the ring fewer stages, and for output rows that are not 16-byte multiples, which
-    are stored from registers); built through the registry's request builders (as
+    dtype) serves there, in both modes, for rows per group that take each tile of the rules (and for many groups,
+    whose tile prefix leaves the ring fewer stages (fp8) or no room for the store boxes (bf16), and for fp8 output rows
+    that are not 16-byte multiples: both store from registers); built through the registry's request builders (as
     `rtckern explain` builds them), in a stable order with repeats. Empty where no candidate serves (sm_75); the test
     and tools/cubin_hashes.py both enumerate through here."""
     with without_tuning_tables():  # the rules' tiles (tests/unit/ops/test_grouped_tune.py compiles the rows' tiles)
@@ -504,6 +504,10 @@ def _grouped_rule_specs(arch: str):
                           options={"mode": mode, "out": out, "trans_b": tb, "aligned": al})
             for mode in ("contiguous", "masked") for rows in (16, 128, 512) for dt in ("bf16", "fp16")
             for out in ("bf16", "fp16", "fp32") for tb in ("1", "0") for al in ("1", "0")]
+    # 256 groups: the tile prefix leaves the 128 x 256 tile no room for the TMA store's boxes (outputs from registers)
+    reqs += [build_request("grouped_gemm", shape=(256, 512, 4096, 7168), dtype="bf16", device=dev,
+                           options={"mode": mode, "trans_b": tb})
+             for mode in ("contiguous", "masked") for tb in ("1", "0")]
     reqs += [build_request("grouped_gemm_fp8", shape=(groups, rows, n, 7168), dtype=None, device=dev,
                            options={"mode": mode, "out": out})
              for mode in ("contiguous", "masked")

@@ -7,12 +7,15 @@ with RTK_GEMM_GROUPED (kernel_sources/gemm/grouped.cuh): the tile prefix's share
 """
 from __future__ import annotations
 
+import logging
 import math
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from rtckern import tuning
 from rtckern.errors import InputError
+
+log = logging.getLogger(__name__)
 
 MODES = ("contiguous", "masked")
 MODE_IDS = MappingProxyType({"contiguous": 1, "masked": 2})  # RTK_GEMM_GROUPED's values
@@ -128,8 +131,10 @@ class GroupedTuner(tuning.Tuner):
 
         f = self.family
         p, arch = f.problem(req), target_for(req.device, True)
-        tuning.compile_ahead([f.spec(p, f.config_from_dict(c), arch) for c in configs])
         self._data = None  # a new shape: the last one's buffers go before this one's are made
+        failed = tuning.compile_ahead([f.spec(p, f.config_from_dict(c), arch) for c in configs])
+        if failed:
+            log.warning("%s: %d of %d tiles failed to compile (recorded as failing)", self.op, failed, len(configs))
 
     def measure(self, req, config: Mapping[str, Any]) -> float:
         f = self.family
@@ -138,6 +143,10 @@ class GroupedTuner(tuning.Tuner):
             self._data = None
             self._data = (p, f.inputs(p, req.device))
         return f.measure_config(p, f.config_from_dict(config), req.device, data=self._data[1])
+
+    def table_rows(self, req, winner, trials):
+        self._data = None  # the shape is timed: its buffers (up to ~15 GB of expert weights) go now
+        return super().table_rows(req, winner, trials)
 
 
 def check_sm90(req, op: str, elsewhere: str) -> None:
@@ -178,8 +187,6 @@ def tuner_reps(flops: float) -> tuple[int, int]:
 def tuner_randn(shape: tuple[int, ...], scale: float, dtype, gen, dev):
     """Normal values times `scale` in `dtype` (a torch dtype) on dev, drawn in fp32 a slice of the leading dimension
     at a time: a 256-expert weight tensor is 15 GB in bf16, and drawing it whole in fp32 would need four times that."""
-    import math
-
     import torch
 
     out = torch.empty(shape, dtype=dtype, device=dev)

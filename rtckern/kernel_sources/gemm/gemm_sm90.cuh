@@ -80,8 +80,8 @@
       long long m, long long n, long long k, long long ldc, long long ldr, long long stride_c, long long stride_r, \
       long long batch, long long b_batched, long long splits, long long kb_per_split, long long group_m
 #define RTK_GEMM90_ARGS                                                                                          \
-  tm_a, tm_b RTK_GEMM90_C_MAP_ARG, c, bias, res RTK_GEMM90_GROUPS_ARG, m, n, k, ldc, ldr, stride_c, stride_r, batch, b_batched, splits, \
-      kb_per_split, group_m
+  tm_a, tm_b RTK_GEMM90_C_MAP_ARG, c, bias, res RTK_GEMM90_GROUPS_ARG, m, n, k, ldc, ldr, stride_c, stride_r, batch, \
+      b_batched, splits, kb_per_split, group_m
 
 // Work unit u -> (batch entry, split, tile). Persistent kernels walk units split-major within a batch entry; the
 // cluster kernel (CK > 1) puts the CK splits of one tile on consecutive units, which are the blocks of a cluster.

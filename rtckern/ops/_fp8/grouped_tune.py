@@ -63,7 +63,6 @@ def problem_of_key(key: Mapping[str, Any]) -> gg.GroupedFp8Problem:
                                 n=int(key["n"]), k=int(key["k"]), out_dtype=str(key["out"]))
 
 
-
 def inputs(p: gg.GroupedFp8Problem, device):
     """(a, b, a_scale, b_scale, index, c, {group: fp32 reference}) for p on the live device: random e4m3 operands and
     block scales, every group p.rows rows, the references of `checked_groups` from the dequantized inputs."""

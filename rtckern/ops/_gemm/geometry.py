@@ -174,20 +174,22 @@ SM90_SMEM_LIMIT = 232448 - 1024  # what a block may opt in to on sm_90, less the
 STORE_BOX_BYTES = 64 * 128  # one TMA store box of the wgmma kernel: 64 rows x 128 bytes
 
 
-def tma_store(p: GemmProblem, cfg, extra_smem: int = 0) -> bool:
+def tma_store(p: GemmProblem, cfg, beside: int = 0) -> bool:
     """Whether the wgmma kernel stores c with TMA (RTK_GEMM_TMA_STORE): tiles of at least 128 x 128 (the epilogue is
     a share of a tile's time worth a tensor map per output address; 64-row tiles serve skinny, host-bound calls, and
     128 x 64 tiles read 1-3% slower with it on an H100) without split-K or a residual, c's rows (n elements: the
     output the op allocates) multiples of 16 bytes, and two store boxes per consumer beside the ring (and
-    `extra_smem`: the grouped kernel's tile prefix) in shared memory."""
+    `beside` them: the grouped kernel's tile prefix) in shared memory."""
     return (cfg.kind == "sm90" and cfg.bm >= 128 and cfg.bn >= 128 and cfg.splits == 1 and not cfg.cluster
             and not p.residual and p.n * itemsize(p.out_dtype) % 16 == 0
-            and cfg.smem_bytes + 2 * cfg.consumers * STORE_BOX_BYTES + extra_smem <= SM90_SMEM_LIMIT)
+            and cfg.smem_bytes + 2 * cfg.consumers * STORE_BOX_BYTES + beside <= SM90_SMEM_LIMIT)
 
 
-def launch_smem(p: GemmProblem, cfg, extra_smem: int = 0) -> int:
-    """Dynamic shared memory of cfg's main kernel for p: its ring, plus the store boxes where it stores with TMA."""
-    boxes = 2 * cfg.consumers * STORE_BOX_BYTES if tma_store(p, cfg, extra_smem) else 0
+def launch_smem(p: GemmProblem, cfg, beside: int = 0) -> int:
+    """Dynamic shared memory of cfg's main kernel for p: its ring, plus the store boxes where it stores with TMA.
+    beside: shared memory the caller's variant keeps after them (the grouped kernel's tile prefix), which decides
+    whether the boxes fit; the caller adds it to the result."""
+    boxes = 2 * cfg.consumers * STORE_BOX_BYTES if tma_store(p, cfg, beside) else 0
     return cfg.smem_bytes + boxes
 
 
@@ -289,8 +291,8 @@ def sm80_spec(p: GemmProblem, cfg: Sm80Config, arch: Arch) -> KernelSpec:
                                      cfg.stages, p.trans_b, p.aligned, bias, act, res, splitk))
 
 
-def sm90_spec(p: GemmProblem, cfg: Sm90Config, arch: Arch, extra_smem: int = 0) -> KernelSpec:
-    """extra_smem: shared memory the caller's variant keeps beside the ring (the grouped kernel's tile prefix), which
+def sm90_spec(p: GemmProblem, cfg: Sm90Config, arch: Arch, beside: int = 0) -> KernelSpec:
+    """beside: shared memory the caller's variant keeps after the ring (the grouped kernel's tile prefix), which
     decides whether the store boxes fit (`tma_store`)."""
     if cfg.cluster:
         return KernelSpec(source="gemm/gemm_sm90.cuh", name="gemm_wgmma_sm90_ck", arch=arch, op="gemm",
@@ -301,7 +303,7 @@ def sm90_spec(p: GemmProblem, cfg: Sm90Config, arch: Arch, extra_smem: int = 0) 
     return KernelSpec(source="gemm/gemm_sm90.cuh", name="gemm_wgmma_sm90", arch=arch, op="gemm",
                       template_args=(ctype(p.dtype), ctype(p.out_dtype), cfg.bm, cfg.bn, cfg.stages,
                                      cfg.consumers, cfg.pingpong, p.trans_b, bias, act, res, splitk),
-                      defines=(("RTK_GEMM_TMA_STORE", "1"),) if tma_store(p, cfg, extra_smem) else ())
+                      defines=(("RTK_GEMM_TMA_STORE", "1"),) if tma_store(p, cfg, beside) else ())
 
 
 def simt_spec(p: GemmProblem, arch: Arch) -> KernelSpec:

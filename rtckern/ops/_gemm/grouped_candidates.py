@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rtckern import tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
 from rtckern.registry import Cost, OpRequest, Resources, select
-from rtckern import tuning
 from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared

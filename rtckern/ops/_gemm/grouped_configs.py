@@ -6,7 +6,9 @@ SM count, device class, mode, dtype, layout, out dtype, groups, rows per group, 
 Lookup (rtckern/tuning.py's rule): the device's own (arch, SM count, class) rows, exact shape then nearest; then rows
 of any class of its arch; a row serves only where its config can run this problem (`grouped_geometry.invalid`: the
 tile prefix of this many groups beside the ring). `rows` is the request's rows per group, a power of two (the average
-of a contiguous call, the capacity of a masked one), so one row serves every call of its class.
+of a contiguous call, the capacity of a masked one), so one row serves every call of its class. Whether the tile
+stores with TMA follows from the call (geometry.tma_store): a row tuned with few groups may serve many groups, whose
+tile prefix leaves its store boxes no room, from registers.
 """
 from __future__ import annotations
 

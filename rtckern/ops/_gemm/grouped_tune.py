@@ -25,7 +25,8 @@ from .grouped_geometry import OP, spec  # noqa: F401
 
 rule = gg.sm90_config  # the tile where no row serves: the tuner's heuristic
 
-# (bm, bn, consumers, pingpong) x ring depths tried where the ring and the tile prefix fit
+# (bm, bn, consumers, pingpong) x ring depths tried where the ring and the tile prefix fit; each stores its outputs
+# with TMA where the store boxes fit beside them too (geometry.tma_store), from registers otherwise
 TILES = (((64, 64, 1, False), (8, 10)), ((64, 128, 1, False), (6, 8)), ((64, 256, 1, False), (4, 5)),
          ((128, 64, 2, False), (6, 8)), ((128, 128, 2, False), (4, 6)), ((128, 192, 2, False), (4, 5)),
          ((128, 256, 2, False), (3, 4)), ((256, 128, 2, False), (3, 4)), ((128, 128, 2, True), (4, 6)))
@@ -83,7 +84,6 @@ def inputs(p: gg.GroupedProblem, device):
     refs = {i: reference(dense, shared.group_rows(a, p.mode, p.rows, i), b[i], None, None)
             for i in shared.checked_groups(p.groups)}
     return a, b, shared.tuner_index(p.mode, p.groups, p.rows, dev), c, refs
-
 
 
 def measure_config(p: gg.GroupedProblem, cfg: Sm90Config, device, *, check: bool = True, data=None) -> float:

@@ -100,6 +100,10 @@ class LaunchPlan:
             self._maps = (_MapCache(p.dtype, *map_a), _MapCache(p.dtype, *map_b))
             if tma_store(p, cfg):  # c: boxes of 64 rows x 128 bytes
                 osize = itemsize(p.out_dtype)
+                if (ops.ldc * osize) % 16 or (ops.stride_c * osize) % 16:
+                    raise LaunchError(f"GEMM plan {cfg.as_dict()} stores c with TMA, whose row and batch strides must "
+                                      f"be 16-byte multiples; got ldc={ops.ldc}, stride_c={ops.stride_c} elements of "
+                                      f"{osize} bytes (the op's own output has ldc = n)")
                 self._maps += (_MapCache(p.out_dtype, (p.n, p.m, p.batch), (ops.ldc * osize, ops.stride_c * osize),
                                          (128 // osize, 64)),)
             units = p.batch * splits * math.ceil(p.m / cfg.bm) * math.ceil(p.n / cfg.bn)

@@ -200,14 +200,16 @@ def test_unaligned_operands_on_sm90_take_the_fallback():
 
 
 @pytest.mark.parametrize("shape,options", [
-    ((5, 100, 384, 1024), {}),  # rows class 128: 64- and 128-row tiles, ping-pong
+    ((5, 100, 384, 1024), {}),  # rows class 128 (the tuner times groups of 128 rows): 64- and 128-row tiles, ping-pong
     ((3, 16, 200, 512), {"mode": "masked"}),  # 64-row tiles; N ends inside a tile
     ((2, 1000, 520, 576), {"out": "fp32", "trans_b": "0"}),  # 256-row tiles; b (G, K, N); K ends inside a block
 ])
 def test_every_tile_the_tuner_may_pick(shape, options):
     """Each wgmma tile of `rtckern tune grouped_gemm`'s sweep for the shape's rows class, timed once by the tuner with
     its own checks: no NaN left anywhere in the output (written over NaN), every group within the dense tuner's fp32
-    bound (a wrong tile, group or K block gives errors of order 1)."""
+    bound (a wrong tile, group or K block gives errors of order 1). Its groups are whole tiles; group ends inside a
+    TMA store box (copied out row by row) are test_contiguous_groups' and test_masked_groups', whose 8-group and
+    capacity-130 calls take TMA-store tiles from the shipped rows."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90 (H100 / H200)")
     from rtckern import tuning

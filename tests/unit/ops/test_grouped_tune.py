@@ -155,9 +155,10 @@ def _shipped_tiles() -> list:
         (cand,) = [c for c in candidates(op) if c.name.endswith("sm90a_wgmma")]
         for row in table.rows:
             shape = dict(row.shape)
+            layout = {"trans_b": "1" if shape["layout"] == "tn" else "0"} if "layout" in shape else {}
             req = _req(op, (shape["groups"], shape["rows"], shape["n"], shape["k"]),
                        dataclasses.replace(H100, sm_count=row.sm_count, device_class=row.device_class),
-                       mode=shape["mode"], out=shape["out"])
+                       shape.get("dtype"), mode=shape["mode"], out=shape["out"], **layout)
             cfg, found = cand.tuned(req)
             assert found is not None and dict(found.config) == dict(row.config)  # each row serves its own shape
             specs += cand.kernel_specs(req)
