@@ -172,7 +172,27 @@ def run(args, registry=None) -> int:
     elif not args.dry_run:
         for name, path in paths.items():
             print(f"merged {len(tables[name][1])} row(s) into {path}")
+    if not args.dry_run:
+        for name, path in paths.items():
+            warn_shadowed(name, path, device)
     return 0
+
+
+def warn_shadowed(name: str, path: str, device) -> None:
+    """Say on stderr which other classes' rows the rows just written keep this device's class from reading
+    (tuning.shadowed_rows): the lookup answers with this class's nearest shape before it looks at them."""
+    from .. import tuning
+
+    written = tuning.load_table(path, name)
+    ts = [t for t in [written, *tuning.tables(name)] if t is not None]
+    ts = list({str(t.path): t for t in ts}.values())
+    rows = tuning.shadowed_rows(ts, tuning.arch_key(device), device.sm_count, tuning.class_key(device))
+    if rows:
+        keys = "; ".join(" ".join(f"{f}={v}" for f, v in r.shape) for r in rows[:5])
+        more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+        print(f"rtckern tune: note: {len(rows)} {name} row(s) of other device classes for these fields are no longer "
+              f"read on a {tuning.class_key(device)} device, whose nearest own rows now answer first: {keys}{more}. "
+              "Tune those shapes on this device too (a whole shape list per layout and dtype)", file=sys.stderr)
 
 
 def list_configs(args, tuner, shapes, reqs, device, shapes_file) -> int:

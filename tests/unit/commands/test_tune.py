@@ -40,3 +40,41 @@ def test_list_configs_without_a_gpu(tmp_path, name, request_op):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["op"] == name and out["shapes"][0]["configs"]
+
+
+def test_a_partial_shape_list_says_which_rows_of_other_classes_it_hides(tmp_path, monkeypatch, capsys):
+    """Rows tuned on an H100 for some nn shapes hide the H200's nn rows of the other shapes from H100s (the lookup
+    answers with the H100's nearest shape first): `rtckern tune` names them on stderr, and tuning them too ends it."""
+    import dataclasses
+
+    from rtckern import config
+    from rtckern.cli import build_parser
+    from rtckern.commands import tune as tune_cmd
+    from rtckern.device import DeviceInfo
+
+    live = dataclasses.replace(DeviceInfo.for_arch("sm_90", sm_count=132), name="NVIDIA H100 80GB HBM3", ordinal=0,
+                               memory_bytes=80 << 30)
+    cfg = {"kind": "sm90", "bm": 128, "bn": 256, "stages": 4, "consumers": 2, "splits": 1, "group_m": 8,
+           "pingpong": False, "cluster": False}
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    h200 = [{"arch": "sm_90", "sm_count": 132, "device_class": "h200", "config": cfg,
+             "shape": {"dtype": "bf16", "layout": layout, "m": m, "n": 4096, "k": 4096}}
+            for layout in ("nn", "tn") for m in (16, 4096)]
+    table = {"format": 2, "op": "gemm", "key_fields": ["dtype", "layout", "m", "n", "k"], "rows": h200}
+    (shipped / "gemm.json").write_text(json.dumps(table))
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", shipped)
+    tuner = tuning.get_tuner("gemm")
+    monkeypatch.setattr(tuner, "measure", lambda req, c: 1e-3 if c == cfg else 2e-3)
+    monkeypatch.setattr(tune_cmd, "live_device", lambda ordinal, command: live)
+
+    def tune(shapes):
+        args = build_parser().parse_args(["tune", "gemm", "--shapes", shapes, "--opt", "trans_b=0"])
+        assert args.func(args) == 0
+        return capsys.readouterr().err
+
+    with config.override(tuning_table_dir=tmp_path / "user"):
+        err = tune("4096x4096x4096")
+        assert "note: 1 gemm row(s) of other device classes" in err and "layout=nn m=16 n=4096 k=4096" in err
+        assert "layout=tn" not in err  # no H100 row of the tn layout: the H200's tn rows still serve
+        assert "note:" not in tune("16x4096x4096")
