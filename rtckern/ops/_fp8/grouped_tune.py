@@ -30,8 +30,8 @@ PARTIALS = (1, 2)
 
 
 def sweep_configs(p: gg.GroupedFp8Problem) -> list[Sm90Fp8Config]:
-    """Every tile of TILES that can serve p, in a fixed order: tiles taller than the rows per group are left out
-    (their extra rows are padding: 128-row tiles from 65 rows, 256-row tiles from 129)."""
+    """Every tile of TILES that can serve p, in a fixed order, but tiles of twice the rows per group or more (half
+    padding or worse): 128-row tiles are timed from 65 rows per group up, 256-row tiles from 129."""
     out: list[Sm90Fp8Config] = []
     for (bm, bn, consumers), depths in TILES:
         if bm > 64 and p.rows <= bm // 2:

@@ -33,8 +33,8 @@ TILES = (((64, 64, 1, False), (8, 10)), ((64, 128, 1, False), (6, 8)), ((64, 256
 
 
 def sweep_configs(p: gg.GroupedProblem) -> list[Sm90Config]:
-    """Every tile of TILES that can serve p, in a fixed order: tiles taller than the rows per group are left out
-    (their extra rows are padding: 128-row tiles from 65 rows, 256-row tiles from 129)."""
+    """Every tile of TILES that can serve p, in a fixed order, but tiles of twice the rows per group or more (half
+    padding or worse): 128-row tiles are timed from 65 rows per group up, 256-row tiles from 129."""
     out = []
     for (bm, bn, consumers, pingpong), depths in TILES:
         if bm > 64 and p.rows <= bm // 2:
