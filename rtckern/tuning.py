@@ -43,7 +43,8 @@ Lookup rule (``lookup``)
 Rows of another arch are never used: a config tuned on sm_80 says nothing reliable about sm_90. A device without a
 class (described by arch alone) starts at step 2: it gets what every device of its arch and SM count got before
 classes existed. ``Tuned.describe()`` (in `rtckern explain`) names the row that served and whether its class
-matched.
+matched, and where step 1's nearest shape answered before another class's exact row of the key, that row
+(``Tuned.hidden``; `rtckern tune` lists such rows after it merges: ``shadowed_rows``).
 
 Autotuning
 ----------
@@ -146,6 +147,7 @@ class Tuned:
     path: Path | None = None
     match: str = ""
     device_class: str | None = None  # the device's
+    hidden: Row | None = None  # with a nearest own-class answer: another class's exact row of the key, not reached
 
     def describe(self) -> str:
         """One phrase for explain: which row served and whether it matched the device's class."""
@@ -163,6 +165,9 @@ class Tuned:
                   ("a row of any class" if self.match == "any" else f"class {r.device_class}")
         else:
             how = "a device of no class (described without --device-class): rows of any class serve"
+        if self.hidden is not None:
+            how += (f" (class {self.hidden.device_class or 'any'} has an exact row of this shape, which the nearest "
+                    "own row answers before: tune this shape on this device's class)")
         return f"{where} {tuned}; {how}"
 
 
@@ -401,7 +406,9 @@ def lookup(op: str, device: Any, key: Mapping[str, KeyValue], *,
                 return Tuned(row.config, "exact", row, t.path, "class", cls)
         found = _nearest(ts, arch, sms, cls, key, valid, lambda r: r.sm_count == sms and r.device_class == cls)
         if found is not None:
-            return Tuned(found[0].config, "nearest", found[0], found[1], "class", cls)
+            hidden = next((r for t in ts for r in t.by_shape.get((arch, sms, tuple((f, key[f]) for f in t.key_fields)),
+                                                                 ()) if r.device_class != cls), None)
+            return Tuned(found[0].config, "nearest", found[0], found[1], "class", cls, hidden)
     best: tuple | None = None  # 2. any class, exact shape: no class first, then the nearest class by bandwidth
     for ti, t in enumerate(ts):
         for row in t.by_shape.get((arch, sms, tuple((f, key[f]) for f in t.key_fields)), ()):

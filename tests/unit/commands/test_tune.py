@@ -47,6 +47,7 @@ def test_a_partial_shape_list_says_which_rows_of_other_classes_it_hides(tmp_path
     answers with the H100's nearest shape first): `rtckern tune` names them on stderr, and tuning them too ends it."""
     import dataclasses
 
+    import rtckern
     from rtckern import config
     from rtckern.cli import build_parser
     from rtckern.commands import tune as tune_cmd
@@ -73,8 +74,18 @@ def test_a_partial_shape_list_says_which_rows_of_other_classes_it_hides(tmp_path
         assert args.func(args) == 0
         return capsys.readouterr().err
 
+    def explain():
+        args = build_parser().parse_args(["explain", "gemm", "--shape", "16x4096x4096", "--opt", "trans_b=0", "--arch",
+                                          "sm_90", "--sm-count", "132", "--device-class", "h100-sxm", "--first"])
+        args.func(args)
+        return capsys.readouterr().out
+
     with config.override(tuning_table_dir=tmp_path / "user"):
         err = tune("4096x4096x4096")
         assert "note: 1 gemm row(s) of other device classes" in err and "layout=nn m=16 n=4096 k=4096" in err
         assert "layout=tn" not in err  # no H100 row of the tn layout: the H200's tn rows still serve
+        # explain says so where it happens: the H100's nearest row answers before the H200's exact one
+        assert "nearest row" in explain() and "class h200 has an exact row of this shape" in explain()
         assert "note:" not in tune("16x4096x4096")
+        rtckern.clear_caches()  # as a new process would: the candidates' configs memoized above go
+        assert "exact row" in explain() and "has an exact row of this shape" not in explain()
