@@ -100,6 +100,44 @@ class MemoizedConfigCandidate(Candidate):
         raise NotImplementedError
 
 
+class TableTileCandidate(Candidate):
+    """A candidate whose tile comes from a tuned table, else a rule: the subclass's `tiled(req)` gives (config, the
+    table's answer or None), memoized per request in `tile_memo` (a PlanCache); `config` is its config and `cost`
+    says which served, after `work` (what the kernel does). Shared by the fp8 GEMM and the grouped GEMMs."""
+
+    tile_memo: Any
+    work: str = ""
+
+    def tiled(self, req: OpRequest) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def tuned(self, req: OpRequest) -> tuple[Any, Any]:
+        """(config, the tuning table's answer or None for the rule), memoized per request."""
+        key = ("tile", self.name, req)
+        hit = self.tile_memo.get(key)
+        if hit is None:
+            hit = self.tile_memo.put(key, self.tiled(req))
+        return hit
+
+    def config(self, req: OpRequest) -> Any:
+        return self.tuned(req)[0]
+
+    def cost(self, req: OpRequest) -> Cost:
+        cfg, found = self.tuned(req)
+        if found is None:
+            return Cost(1.0, "rule", f"{self.work}, tile {cfg.as_dict()} by the rule (no table row)")
+        return Cost(1.0, "table", f"{self.work}, tile {cfg.as_dict()} from the {found.describe()}")
+
+
+class WgmmaTileCandidate(TableTileCandidate):
+    """A TableTileCandidate of an sm_90a wgmma kernel: sm_90 only (H100 / H200), ranked first where it serves."""
+
+    priority = 300
+    min_arch = "sm_90"
+    max_arch = "sm_90"
+    arch_specific = True
+
+
 def widest_vector(itemsize: int, n: int, addrs: Iterable[int], row_strides: Iterable[int],
                   vectors: tuple[int, ...] = (8, 4, 2, 1), vec_bytes: int = 16) -> int:
     """The widest of `vectors` (elements, widest first; at most vec_bytes per access) that divides n and every row

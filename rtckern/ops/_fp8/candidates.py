@@ -19,7 +19,7 @@ from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, Cost, OpRequest, Resources, register_kernel_provider, select
 from rtckern.registry import options as opts
 
-from .._common import SelectionMemo, register_missing_builder, register_missing_candidates, run_once
+from .._common import SelectionMemo, WgmmaTileCandidate, register_missing_builder, register_missing_candidates, run_once
 from . import configs, geometry
 from .geometry import OP, QUANT_OP, Fp8Problem, Sm90Fp8Config
 
@@ -59,33 +59,18 @@ def _reason(p: Fp8Problem) -> str | None:
 _configs = PlanCache("gemm_fp8.candidate_configs")
 
 
-class Sm90aWgmmaCandidate(Candidate):
+class Sm90aWgmmaCandidate(WgmmaTileCandidate):
     name = "gemm_fp8.sm90a_wgmma"
     op = OP
-    priority = 300
-    min_arch = "sm_90"
-    max_arch = "sm_90"
-    arch_specific = True
+    tile_memo = _configs
+    work = "tensor cores (wgmma e4m3)"
 
-    def tuned(self, req: OpRequest) -> tuple[Sm90Fp8Config, Any]:
-        """(config, the tuning table's answer or None for the rule), memoized per request."""
-        hit = _configs.get(req)
-        if hit is None:
-            hit = _configs.put(req, configs.tuned(problem(req), req.device))
-        return hit
-
-    def config(self, req: OpRequest) -> Sm90Fp8Config:
-        return self.tuned(req)[0]
+    def tiled(self, req: OpRequest) -> tuple[Sm90Fp8Config, Any]:
+        return configs.tuned(problem(req), req.device)
 
     def supports(self, req: OpRequest) -> str | None:
         p = problem(req)
         return _reason(p) or self.config(req).invalid(p)
-
-    def cost(self, req: OpRequest) -> Cost:
-        cfg, found = self.tuned(req)
-        if found is None:
-            return Cost(1.0, "rule", f"tensor cores (wgmma e4m3), tile {cfg.as_dict()} by the rule (no table row)")
-        return Cost(1.0, "table", f"tensor cores (wgmma e4m3), tile {cfg.as_dict()} from the {found.describe()}")
 
     def kernel_specs(self, req: OpRequest):
         return (geometry.sm90_spec(problem(req), self.config(req), self.target(req)),)

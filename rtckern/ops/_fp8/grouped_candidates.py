@@ -15,11 +15,11 @@ from typing import Any
 from rtckern import tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
-from rtckern.registry import Candidate, Cost, OpRequest, Resources, select
+from rtckern.registry import OpRequest, Resources, select
 from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared
-from .._common import SelectionMemo, register_missing_builder, register_missing_candidates, run_once
+from .._common import SelectionMemo, WgmmaTileCandidate, register_missing_builder, register_missing_candidates, run_once
 from . import geometry, grouped_configs
 from . import grouped_geometry as gg
 from .geometry import Sm90Fp8Config
@@ -53,35 +53,18 @@ def _reason(p: GroupedFp8Problem) -> str | None:
 _configs = PlanCache("grouped_gemm_fp8.candidate_configs")
 
 
-class Sm90aWgmmaCandidate(Candidate):
+class Sm90aWgmmaCandidate(WgmmaTileCandidate):
     name = "grouped_gemm_fp8.sm90a_wgmma"
     op = OP
-    priority = 300
-    min_arch = "sm_90"
-    max_arch = "sm_90"
-    arch_specific = True
+    tile_memo = _configs
+    work = "wgmma e4m3 over the groups' tiles"
 
-    def tuned(self, req: OpRequest) -> tuple[Sm90Fp8Config, Any]:
-        """(config, the tuning table's answer or None for the rule), memoized per request."""
-        hit = _configs.get(req)
-        if hit is None:
-            hit = _configs.put(req, grouped_configs.tuned(problem(req), req.device))
-        return hit
-
-    def config(self, req: OpRequest) -> Sm90Fp8Config:
-        return self.tuned(req)[0]
+    def tiled(self, req: OpRequest) -> tuple[Sm90Fp8Config, Any]:
+        return grouped_configs.tuned(problem(req), req.device)
 
     def supports(self, req: OpRequest) -> str | None:
         p = problem(req)
         return _reason(p) or gg.invalid(p, self.config(req))
-
-    def cost(self, req: OpRequest) -> Cost:
-        cfg, found = self.tuned(req)
-        if found is None:
-            return Cost(1.0, "rule", f"wgmma e4m3 over the groups' tiles, tile {cfg.as_dict()} by the rule (rows per "
-                                     "group; no table row)")
-        return Cost(1.0, "table", f"wgmma e4m3 over the groups' tiles, tile {cfg.as_dict()} from the "
-                                  f"{found.describe()}")
 
     def kernel_specs(self, req: OpRequest):
         return (gg.spec(problem(req), self.config(req), self.target(req)),)

@@ -22,7 +22,8 @@ from rtckern.registry import Cost, OpRequest, Resources, select
 from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared
-from .._common import MemoizedConfigCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, run_once
+from .._common import (MemoizedConfigCandidate, SelectionMemo, WgmmaTileCandidate, register_missing_builder,
+                            register_missing_candidates, run_once)
 from . import geometry, grouped_configs
 from . import grouped_geometry as gg
 from .grouped_geometry import OP, GroupedProblem
@@ -63,23 +64,13 @@ class _GroupedCandidate(MemoizedConfigCandidate):
         return (Resources(block=cfg.threads, dynamic_smem=gg.smem_bytes(problem(req), cfg)),)
 
 
-class Sm90aWgmmaCandidate(_GroupedCandidate):
+class Sm90aWgmmaCandidate(WgmmaTileCandidate, _GroupedCandidate):
     name = "grouped_gemm.sm90a_wgmma"
-    priority = 300
-    min_arch = "sm_90"
-    max_arch = "sm_90"
-    arch_specific = True
+    tile_memo = _configs
+    work = "wgmma + TMA over the groups' tiles"
 
-    def tuned(self, req: OpRequest) -> tuple[Any, Any]:
-        """(config, the tuning table's answer or None for the rule), memoized per request."""
-        key = ("tuned", req)
-        hit = _configs.get(key)
-        if hit is None:
-            hit = _configs.put(key, grouped_configs.tuned(problem(req), req.device))
-        return hit
-
-    def _config(self, req: OpRequest):
-        return self.tuned(req)[0]
+    def tiled(self, req: OpRequest) -> tuple[Any, Any]:
+        return grouped_configs.tuned(problem(req), req.device)
 
     def supports(self, req: OpRequest) -> str | None:
         p = problem(req)
@@ -90,14 +81,6 @@ class Sm90aWgmmaCandidate(_GroupedCandidate):
             return ("TMA needs 16-byte aligned operands: base addresses, row strides and group strides that are "
                     "multiples of 8 elements, K a multiple of 8 and, with trans_b=False, N a multiple of 8")
         return gg.invalid(p, self.config(req))
-
-    def cost(self, req: OpRequest) -> Cost:
-        cfg, found = self.tuned(req)
-        if found is None:
-            return Cost(1.0, "rule", f"wgmma + TMA over the groups' tiles, tile {cfg.as_dict()} by the rule (rows per "
-                                     "group; no table row)")
-        return Cost(1.0, "table", f"wgmma + TMA over the groups' tiles, tile {cfg.as_dict()} from the "
-                                  f"{found.describe()}")
 
 
 class Sm80MmaCandidate(_GroupedCandidate):
