@@ -138,6 +138,19 @@ class WgmmaTileCandidate(TableTileCandidate):
     arch_specific = True
 
 
+def vector_reason(vec: int, widest: int, what: str, vectors: tuple[int, ...] = (8, 4, 2, 1)) -> str | None:
+    """Why a row kernel cannot take pieces of `vec` elements (`widest`: the widest vector the dtypes allow, named
+    `what` in the message), or None."""
+    if vec not in vectors or vec > widest:
+        return f"vector width {vec} not supported for {what}; supported: {[v for v in vectors if v <= widest]}"
+    return None
+
+
+def rows_reason(n: int, vec: int) -> str | None:
+    """Why rows of n elements cannot be read in pieces of `vec`, or None."""
+    return f"n={n} must be a positive multiple of the vector width {vec}" if n < 1 or n % vec else None
+
+
 def widest_vector(itemsize: int, n: int, addrs: Iterable[int], row_strides: Iterable[int],
                   vectors: tuple[int, ...] = (8, 4, 2, 1), vec_bytes: int = 16) -> int:
     """The widest of `vectors` (elements, widest first; at most vec_bytes per access) that divides n and every row

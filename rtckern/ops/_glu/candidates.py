@@ -15,7 +15,7 @@ from rtckern.registry import OpRequest, register_kernel_provider
 from rtckern.registry import options as opts
 
 from .._common import OnePassCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, \
-    run_once
+    rows_reason, run_once, vector_reason
 from . import geometry
 from .geometry import OP, GluKernel
 
@@ -41,12 +41,8 @@ class RowsCandidate(OnePassCandidate):
         kern, n = kernel_of(req), req.dim("n")
         if kern.dtype not in geometry.DTYPES:
             return f"dtype {kern.dtype} not supported; supported: {describe(geometry.DTYPES)}"
-        if kern.vec not in geometry.VECTORS or kern.vec > geometry.max_vector(kern.dtype):
-            return (f"vector width {kern.vec} not supported for {kern.dtype}; supported: "
-                    f"{[v for v in geometry.VECTORS if v <= geometry.max_vector(kern.dtype)]}")
-        if n < 1 or n % kern.vec:
-            return f"n={n} must be a positive multiple of the vector width {kern.vec}"
-        return None
+        return (vector_reason(kern.vec, geometry.max_vector(kern.dtype), kern.dtype, geometry.VECTORS)
+                or rows_reason(n, kern.vec))
 
 
 CANDIDATES = (RowsCandidate,)
@@ -69,7 +65,7 @@ def build_request(shape, dtype, device, **options) -> OpRequest:
     opts.check_keys(OP, options, ("vec", "backward"))
     dt = opts.parse_choice(OP, "dtype", dtype or "bf16", geometry.DTYPES)
     n = dims[-1]
-    widest = next((v for v in geometry.VECTORS if v <= geometry.max_vector(dt) and n % v == 0), 1)
+    widest = geometry.vector_width(dt, n, (), ())
     vec = opts.parse_int(OP, "vec", options["vec"]) if options.get("vec") is not None else widest
     return request(GluKernel(dt, vec, opts.flag(OP, options, "backward", False)), n, device)
 

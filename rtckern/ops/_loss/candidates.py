@@ -16,7 +16,7 @@ from rtckern.registry import OpRequest, Resources, register_kernel_provider
 from rtckern.registry import options as opts
 
 from .._common import OnePassCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, \
-    run_once
+    rows_reason, run_once, vector_reason
 from . import geometry
 from .geometry import OP, CeKernel
 
@@ -52,15 +52,13 @@ class RowsCandidate(OnePassCandidate):
             return f"logits dtype {kern.dtype} not supported; supported: {describe(geometry.DTYPES)}"
         if kern.label_dtype not in geometry.LABEL_DTYPES:
             return f"labels dtype {kern.label_dtype} not supported; supported: {describe(geometry.LABEL_DTYPES)}"
-        if kern.vec not in geometry.VECTORS or kern.vec > geometry.max_vector(kern.dtype):
-            return (f"vector width {kern.vec} not supported for {kern.dtype}; supported: "
-                    f"{[v for v in geometry.VECTORS if v <= geometry.max_vector(kern.dtype)]}")
+        why = vector_reason(kern.vec, geometry.max_vector(kern.dtype), kern.dtype, geometry.VECTORS)
+        if why:
+            return why
         threads = (geometry.BWD_THREADS,) if kern.backward else geometry.FWD_THREADS
         if kern.threads not in threads:
             return f"{kern.threads} threads per block not supported; supported: {list(threads)}"
-        if n < 1 or n % kern.vec:
-            return f"n={n} must be a positive multiple of the vector width {kern.vec}"
-        return None
+        return rows_reason(n, kern.vec)
 
 
 CANDIDATES = (RowsCandidate,)
@@ -85,7 +83,7 @@ def build_request(shape, dtype, device, **options) -> OpRequest:
     dt = opts.parse_choice(OP, "dtype", dtype or "bf16", geometry.DTYPES)
     lt = opts.parse_choice(OP, "labels", options.get("labels") or "int64", geometry.LABEL_DTYPES)
     n = dims[-1]
-    widest = next((v for v in geometry.VECTORS if v <= geometry.max_vector(dt) and n % v == 0), 1)
+    widest = geometry.vector_width(dt, n, (), ())
     vec = opts.parse_int(OP, "vec", options["vec"]) if options.get("vec") is not None else widest
     red = opts.parse_choice(OP, "reduction", options.get("reduction") or "none", geometry.REDUCTIONS)
     return request(geometry.kernel(dt, lt, vec, n, opts.flag(OP, options, "backward", False), red != "none"), n,

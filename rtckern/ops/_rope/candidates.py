@@ -17,7 +17,7 @@ from rtckern.registry import OpRequest, register_kernel_provider
 from rtckern.registry import options as opts
 
 from .._common import OnePassCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, \
-    run_once
+    run_once, vector_reason
 from . import geometry
 from .geometry import OP, RopeKernel
 
@@ -47,9 +47,10 @@ class RowsCandidate(OnePassCandidate):
         if kern.cos_dtype not in geometry.cos_dtypes(kern.dtype):
             return (f"cos / sin dtype {kern.cos_dtype} with {kern.dtype} q / k not supported; supported: "
                     f"{describe(geometry.cos_dtypes(kern.dtype))}")
-        if kern.vec not in geometry.VECTORS or kern.vec > geometry.max_vector(kern.dtype, kern.cos_dtype):
-            return (f"vector width {kern.vec} not supported for {kern.dtype} / {kern.cos_dtype}; supported: "
-                    f"{[v for v in geometry.VECTORS if v <= geometry.max_vector(kern.dtype, kern.cos_dtype)]}")
+        why = vector_reason(kern.vec, geometry.max_vector(kern.dtype, kern.cos_dtype),
+                            f"{kern.dtype} / {kern.cos_dtype}", geometry.VECTORS)
+        if why:
+            return why
         if d < 2 or d % 2 or (d // 2) % kern.vec:
             return f"head_dim={d} must be even with half of it a multiple of the vector width {kern.vec}"
         return None
@@ -76,7 +77,7 @@ def build_request(shape, dtype, device, **options) -> OpRequest:
     dt = opts.parse_choice(OP, "dtype", dtype or "bf16", geometry.DTYPES)
     ct = opts.parse_choice(OP, "cos", options.get("cos", dt), geometry.cos_dtypes(dt))
     half = dims[0] // 2
-    widest = next((v for v in geometry.VECTORS if v <= geometry.max_vector(dt, ct) and half % v == 0), 1)
+    widest = geometry.vector_width(dt, ct, half, (), (), (), ())
     vec = opts.parse_int(OP, "vec", options["vec"]) if options.get("vec") is not None else widest
     return request(RopeKernel(dt, ct, vec, opts.flag(OP, options, "backward", False)), dims[0], device)
 
