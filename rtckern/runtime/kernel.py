@@ -65,7 +65,7 @@ class LaunchShape:
     def __init__(self, grid, block, shared_mem: int, cooperative: bool, cluster):
         self.grid, self.block, self.shared_mem = grid, block, shared_mem
         self.cooperative, self.cluster = cooperative, cluster
-        self.native: dict[str, Any] = {}  # kinds -> a prepared native launch
+        self.native: dict[Any, Any] = {}  # kinds (with True: a dependent launch) -> a prepared native launch
         self._core = None
 
     def core(self):
@@ -321,17 +321,18 @@ class Kernel(KernelAttributes):
             self._configs[key] = self._configs[same] = cfg
         return cfg
 
-    def _native_launch(self, cfg: LaunchShape, kinds: str):
+    def _native_launch(self, cfg: LaunchShape, kinds: str, dependent: bool = False):
         """The native launcher's launch of this geometry for arguments of these kinds (None without it)."""
         from . import native
 
         mod = native.module()  # per call: RTCKERN_NATIVE_LAUNCH may change
         if mod is None:
             return None
-        go = cfg.native.get(kinds)
+        key = (kinds, True) if dependent else kinds
+        go = cfg.native.get(key)
         if go is None:
-            go = cfg.native[kinds] = mod.Prepared(int(self._fn), _primary_ctx[self.device.ordinal], cfg.grid,
-                                                   cfg.block, cfg.shared_mem, kinds, self.label)
+            go = cfg.native[key] = mod.Prepared(int(self._fn), _primary_ctx[self.device.ordinal], cfg.grid,
+                                                 cfg.block, cfg.shared_mem, kinds, self.label, dependent)
         return go
 
     def _launch_on_own_device(self, s, cfg, args) -> None:
@@ -391,15 +392,20 @@ class Kernel(KernelAttributes):
             raise LaunchError(f"launch of {self.label} failed: {err} (grid {g}, block {b}, shared memory "
                               f"{shared_mem}, {len(params)} params)")
 
-    def prepare(self, grid, block, kinds: str, shared_mem: int = 0):
+    def prepare(self, grid, block, kinds: str, shared_mem: int = 0, dependent: bool = False):
         """A launch of this kernel at one geometry, prepared once for a hot path: ``f(stream_handle, *args)``
         with one argument per character of ``kinds`` ('P' pointer, 'q' int64, 'i' int32, 'I' uint32, 'f' float32,
         'd' float64, 'M' a 128-byte tensor map as bytes). Through the native launcher (rtckern.runtime.native)
         where it is available, a call costs the driver's launch and little else; otherwise through cuda.core.
-        Either way it runs in this kernel's device context whatever context is current."""
+        Either way it runs in this kernel's device context whatever context is current.
+
+        dependent: on sm_90 and newer, through the native launcher, a programmatic dependent launch: the kernel may
+        start while the stream's previous kernel is still running, so the kernel must wait for it
+        (rtk_pdl_wait_prior_grid, common/pdl.cuh) before it reads that kernel's output. Elsewhere an ordinary launch,
+        which the same wait does not slow."""
         g, b = _dim3(grid), _dim3(block)
         cfg = self._config(g, b, int(shared_mem), False, None)  # checks the geometry, opts in to the shared memory
-        go = self._native_launch(cfg, kinds)
+        go = self._native_launch(cfg, kinds, bool(dependent) and self.device.arch.cc >= (9, 0))
         if go is not None:
             return go
         return _fallback_launch(self, g, b, kinds, int(shared_mem))

@@ -10,6 +10,11 @@
  *
  * Kinds, one character per kernel parameter: 'P' pointer / u64, 'q' int64, 'i' int32, 'I' uint32, 'f' float32,
  * 'd' float64, 'M' a 128-byte by-value struct (a CUtensorMap: a bytes-like object of 128 bytes, 64-aligned).
+ *
+ * A dependent launch (Prepared(..., dependent=True)) goes through cuLaunchKernelEx with programmatic stream
+ * serialization: the kernel may start while the stream's previous kernel finishes and waits for it on the device
+ * (griddepcontrol.wait, common/pdl.cuh). A driver without cuLaunchKernelEx launches it plainly: the wait is then a
+ * no-op and stream order does the same job a little later.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -20,11 +25,13 @@
 
 typedef int (*launch_fn)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
                          void**);
+typedef int (*launch_ex_fn)(const void*, void*, void**, void**);
 typedef int (*ctx_get_fn)(void**);
 typedef int (*ctx_push_fn)(void*);
 typedef int (*ctx_pop_fn)(void**);
 
 static launch_fn cu_launch = NULL;
+static launch_ex_fn cu_launch_ex = NULL; /* optional: dependent launches fall back to cu_launch without it */
 static ctx_get_fn cu_ctx_get = NULL;
 static ctx_push_fn cu_ctx_push = NULL;
 static ctx_pop_fn cu_ctx_pop = NULL;
@@ -32,6 +39,27 @@ static PyObject* launch_error = NULL; /* rtckern.errors.LaunchError, set by init
 
 #define MAX_PARAMS 48
 #define BLOCK_BYTES 2048
+#define RTK_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION 6 /* CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION */
+
+/* cuda.h's CUlaunchAttribute and CUlaunchConfig, laid out alike (this file does not include cuda.h) */
+typedef struct {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int allowed; /* programmaticStreamSerializationAllowed */
+    void* align;
+  } value;
+} rtk_launch_attribute;
+
+typedef struct {
+  unsigned grid[3], block[3], smem;
+  void* stream;
+  rtk_launch_attribute* attrs;
+  unsigned nattrs;
+} rtk_launch_config;
+_Static_assert(sizeof(rtk_launch_attribute) == 72 && offsetof(rtk_launch_attribute, value) == 8, "CUlaunchAttribute");
+_Static_assert(offsetof(rtk_launch_config, stream) == 32 && sizeof(rtk_launch_config) == 56, "CUlaunchConfig");
 
 typedef struct {
   PyObject_HEAD
@@ -39,6 +67,7 @@ typedef struct {
   void* func;
   void* ctx; /* the device's primary context: pushed when another one is current */
   unsigned grid[3], block[3], smem;
+  int dependent; /* launch with programmatic stream serialization (cuLaunchKernelEx) */
   int nparams;
   char kinds[MAX_PARAMS];
   int offsets[MAX_PARAMS];
@@ -151,9 +180,18 @@ static PyObject* prepared_call(PyObject* obj, PyObject* const* args, size_t narg
     err = cu_ctx_push(self->ctx);
     pushed = err == 0;
   }
-  if (err == 0)
+  if (err == 0 && self->dependent && cu_launch_ex != NULL) {
+    rtk_launch_attribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = RTK_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.allowed = 1;
+    rtk_launch_config cfg = {{self->grid[0], self->grid[1], self->grid[2]},
+                             {self->block[0], self->block[1], self->block[2]}, self->smem, stream, &attr, 1};
+    err = cu_launch_ex(&cfg, self->func, params, NULL);
+  } else if (err == 0) {
     err = cu_launch(self->func, self->grid[0], self->grid[1], self->grid[2], self->block[0], self->block[1],
                     self->block[2], self->smem, stream, params, NULL);
+  }
   if (pushed) {
     void* popped;
     cu_ctx_pop(&popped);
@@ -168,12 +206,13 @@ static PyObject* prepared_new(PyTypeObject* type, PyObject* args, PyObject* kw) 
   unsigned g[3], b[3], smem;
   const char* kinds;
   PyObject* label;
+  int dependent = 0;
   if (cu_launch == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "native_launch.init() was not called");
     return NULL;
   }
-  if (!PyArg_ParseTuple(args, "KK(III)(III)IsU", &func, &ctx, &g[0], &g[1], &g[2], &b[0], &b[1], &b[2], &smem,
-                        &kinds, &label))
+  if (!PyArg_ParseTuple(args, "KK(III)(III)IsU|p", &func, &ctx, &g[0], &g[1], &g[2], &b[0], &b[1], &b[2], &smem,
+                        &kinds, &label, &dependent))
     return NULL;
   Py_ssize_t n = (Py_ssize_t)strlen(kinds);
   if (n > MAX_PARAMS) {
@@ -188,6 +227,7 @@ static PyObject* prepared_new(PyTypeObject* type, PyObject* args, PyObject* kw) 
   memcpy(self->grid, g, sizeof g);
   memcpy(self->block, b, sizeof b);
   self->smem = smem;
+  self->dependent = dependent;
   self->nparams = (int)n;
   int off = 0;
   for (int i = 0; i < n; ++i) {
@@ -218,9 +258,10 @@ static void prepared_dealloc(Prepared* self) {
 }
 
 static PyObject* prepared_repr(Prepared* self) {
-  return PyUnicode_FromFormat("<native launch of %U: grid (%u, %u, %u), block (%u, %u, %u), smem %u, %d params>",
+  return PyUnicode_FromFormat("<native launch of %U: grid (%u, %u, %u), block (%u, %u, %u), smem %u, %d params%s>",
                               self->label, self->grid[0], self->grid[1], self->grid[2], self->block[0],
-                              self->block[1], self->block[2], self->smem, self->nparams);
+                              self->block[1], self->block[2], self->smem, self->nparams,
+                              self->dependent ? ", dependent" : "");
 }
 
 static PyTypeObject PreparedType = {
@@ -246,6 +287,7 @@ static PyObject* init(PyObject* mod, PyObject* args) {
     return NULL;
   }
   cu_launch = (launch_fn)dlsym(h, "cuLaunchKernel");
+  cu_launch_ex = (launch_ex_fn)dlsym(h, "cuLaunchKernelEx");
   cu_ctx_get = (ctx_get_fn)dlsym(h, "cuCtxGetCurrent");
   cu_ctx_push = (ctx_push_fn)dlsym(h, "cuCtxPushCurrent_v2");
   cu_ctx_pop = (ctx_pop_fn)dlsym(h, "cuCtxPopCurrent_v2");

@@ -11,6 +11,7 @@
 // writes nothing outside the cache.
 #pragma once
 #include "common/dtypes.cuh"
+#include "common/pdl.cuh"
 
 namespace rtk_attn {
 
@@ -110,7 +111,8 @@ __global__ void kvcache_gather(const T* __restrict__ k_cache, const T* __restric
 // splits' outputs weighted by 2^(lse_s - max) / sum; its lse (natural log) is max + log2(sum), times ln 2.
 // One block of THREADS per row: the weights are computed once into shared memory, then HD / 4 threads per group
 // read float4 columns, GROUPS groups taking every GROUPS-th split (independent loads in flight), and the groups'
-// sums meet in shared memory. Grid (rows); splits <= MAX_SPLITS.
+// sums meet in shared memory. Grid (rows); splits <= MAX_SPLITS. Launched as a dependent of the split kernel on
+// sm_90 (common/pdl.cuh): its blocks start as the split kernel's finish and wait for its partials.
 template <typename T, int HD, int THREADS, int MAX_SPLITS>
 __global__ void __launch_bounds__(THREADS)
     attn_split_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse, T* __restrict__ o,
@@ -127,6 +129,7 @@ __global__ void __launch_bounds__(THREADS)
   const long long row = blockIdx.x;
   const int ns = static_cast<int>(splits);
   const float* pl = part_lse + row * splits;
+  rtk_pdl_wait_prior_grid();
 
   float mx = kNegInf;
   for (int s = tid; s < ns; s += THREADS) mx = fmaxf(mx, pl[s]);

@@ -250,7 +250,8 @@ class Plan:
             (float(np.float32(c.scale * kc.LOG2E)),)
         self.combine = self.combine_tail = None
         if num_splits > 1:
-            self.combine = combine.prepare((rows, 1, 1), (kc.COMBINE_THREADS, 1, 1), COMBINE_KINDS)
+            # a dependent launch (sm_90): the merge's blocks start as the split kernel's end, not a launch later
+            self.combine = combine.prepare((rows, 1, 1), (kc.COMBINE_THREADS, 1, 1), COMBINE_KINDS, dependent=True)
             self.combine_tail = (c.sq, c.hq, num_splits) + o_strides
         self.append = self.append_tail = None
         if c.seqlen_new:

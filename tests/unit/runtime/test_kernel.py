@@ -113,9 +113,18 @@ def test_launch_goes_through_the_native_launcher(fake, native_mod, monkeypatch):
     args = (0x7000, np.float32(0.5), 2.5, np.int32(-3), np.uint32(7), np.int64(9), np.uint64(11), np.float64(1.0))
     k.launch(4, 128, args, stream=5)
     k.launch(4, 128, args, stream=5)
-    assert native_mod.made == [(0x3000, fake_cuda.PRIMARY, (4, 1, 1), (128, 1, 1), 0, "qfdiIqPd", "axpy<float>")]
+    assert native_mod.made == [(0x3000, fake_cuda.PRIMARY, (4, 1, 1), (128, 1, 1), 0, "qfdiIqPd", "axpy<float>",
+                                False)]
     assert native_mod.calls == [(5, *args)] * 2
     assert k.prepare(4, 128, "qfdiIqPd") is not None and len(native_mod.made) == 1  # the same prepared launch
+
+
+def test_a_dependent_launch_is_prepared_apart_on_sm90(fake, native_mod):
+    k = _load(fake)  # the fake device is an sm_90
+    plain = k.prepare(4, 128, "P")
+    dependent = k.prepare(4, 128, "P", dependent=True)
+    assert dependent is not plain and k.prepare(4, 128, "P", dependent=True) is dependent
+    assert [m[-1] for m in native_mod.made] == [False, True]
 
 
 @pytest.mark.parametrize("case", ["bool argument", "cooperative", "cluster", "no native launcher"])

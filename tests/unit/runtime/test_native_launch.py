@@ -37,6 +37,16 @@ int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
   ++nlaunch;
   return 0;
 }
+/* cuLaunchKernelEx: the config's dims and stream, the first attribute's id and value, then cuLaunchKernel's record */
+int attr_seen[2], nattrs_seen, nlaunch_ex;
+typedef struct { int id; char pad[4]; union { char bytes[64]; int allowed; void* align; } value; } attr_t;
+typedef struct { unsigned d[7]; void* stream; attr_t* attrs; unsigned nattrs; } config_t;
+int cuLaunchKernelEx(const config_t* c, void* f, void** params, void** extra) {
+  nattrs_seen = (int)c->nattrs;
+  if (c->nattrs) { attr_seen[0] = c->attrs[0].id; attr_seen[1] = c->attrs[0].value.allowed; }
+  ++nlaunch_ex;
+  return cuLaunchKernel(f, c->d[0], c->d[1], c->d[2], c->d[3], c->d[4], c->d[5], c->d[6], c->stream, params, extra);
+}
 int cuCtxGetCurrent(void** c) { *c = current_ctx; return 0; }
 int cuCtxPushCurrent_v2(void* c) { ++npush; current_ctx = c; return 0; }
 int cuCtxPopCurrent_v2(void** c) { ++npop; *c = current_ctx; current_ctx = 0; return 0; }
@@ -100,6 +110,23 @@ def test_parameters_are_packed_by_kind(built):
         print("ok", repr(p))
     """)
     assert out.startswith("ok <native launch of k: grid (3, 2, 1), block (128, 1, 1), smem 4096, 7 params>")
+
+
+def test_a_dependent_launch_allows_programmatic_stream_serialization(built):
+    out = run(built, """
+        p = mod.Prepared(0x1234, 0, (5, 1, 1), (64, 1, 1), 512, "Pq", "merge", True)
+        expect(2)
+        p(0xabc, 7, 9)
+        assert counter("nlaunch_ex") == 1 and counter("nlaunch") == 1
+        attr = (ctypes.c_int * 2).in_dll(fake, "attr_seen")
+        assert counter("nattrs_seen") == 1 and list(attr) == [6, 1]  # PROGRAMMATIC_STREAM_SERIALIZATION, allowed
+        assert list(dims) == [5, 1, 1, 64, 1, 1, 512] and ctypes.c_void_p.in_dll(fake, "stream_seen").value == 0xabc
+        assert param(0, "<Q") == 7 and param(1, "<q") == 9
+        mod.Prepared(0x1234, 0, (5, 1, 1), (64, 1, 1), 512, "Pq", "merge")(0xabc, 7, 9)
+        assert counter("nlaunch_ex") == 1 and counter("nlaunch") == 2  # not dependent: cuLaunchKernel
+        print(repr(p))
+    """)
+    assert out.strip().endswith("2 params, dependent>")
 
 
 def test_another_context_is_pushed_and_popped(built):
