@@ -130,6 +130,7 @@ __global__ void __launch_bounds__(THREADS)
   const int ns = static_cast<int>(splits);
   const float* pl = part_lse + row * splits;
   rtk_pdl_wait_prior_grid();
+  rtk_pdl_launch_dependents();  // the next call's split kernel may be scheduled; it waits for this grid
 
   float mx = kNegInf;
   for (int s = tid; s < ns; s += THREADS) mx = fmaxf(mx, pl[s]);

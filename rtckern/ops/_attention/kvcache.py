@@ -243,14 +243,15 @@ class Plan:
         self.o_shape, self.lse_shape = (c.batch, c.sq, c.hq, c.d), (c.batch, c.hq, c.sq)
         self.work_words = rows * num_splits * (c.d + 1) if num_splits > 1 else 0
         self.part_lse_offset = rows * num_splits * c.d * 4
-        self.main = main.prepare((num_splits, c.hk * tiles, c.batch), (tile.threads, 1, 1), MAIN_KINDS + extra, smem)
+        # dependent launches (sm_90): each kernel's launch overlaps the kernel before it, which it waits for on the GPU
+        self.main = main.prepare((num_splits, c.hk * tiles, c.batch), (tile.threads, 1, 1), MAIN_KINDS + extra, smem,
+                                 dependent=True)
         o_strides = (c.sq * c.hq * c.d, c.hq * c.d, c.d)
         self.mid = (c.sq, c.hq, c.hk, c.seqlen_new, c.capacity, c.bt_stride, c.page_size)
         self.main_tail = tuple(c.q_strides) + tuple(c.k_strides) + tuple(c.v_strides) + o_strides + \
             (float(np.float32(c.scale * kc.LOG2E)),)
         self.combine = self.combine_tail = None
         if num_splits > 1:
-            # a dependent launch (sm_90): the merge's blocks start as the split kernel's end, not a launch later
             self.combine = combine.prepare((rows, 1, 1), (kc.COMBINE_THREADS, 1, 1), COMBINE_KINDS, dependent=True)
             self.combine_tail = (c.sq, c.hq, num_splits) + o_strides
         self.append = self.append_tail = None
