@@ -504,7 +504,7 @@ def _grouped_rule_specs(arch: str):
                           options={"mode": mode, "out": out, "trans_b": tb, "aligned": al})
             for mode in ("contiguous", "masked") for rows in (16, 128, 512) for dt in ("bf16", "fp16")
             for out in ("bf16", "fp16", "fp32") for tb in ("1", "0") for al in ("1", "0")]
-    # 256 groups: the tile prefix leaves the 128 x 256 tile no room for the TMA store's boxes (outputs from registers)
+    # 256 groups: the largest tile prefix beside the 128 x 256 tile's ring and TMA-store boxes (the same binaries)
     reqs += [build_request("grouped_gemm", shape=(256, 512, 4096, 7168), dtype="bf16", device=dev,
                            options={"mode": mode, "trans_b": tb})
              for mode in ("contiguous", "masked") for tb in ("1", "0")]

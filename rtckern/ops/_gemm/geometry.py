@@ -170,7 +170,10 @@ class Sm90Config:
                 "pingpong": self.pingpong, "cluster": self.cluster}
 
 
-SM90_SMEM_LIMIT = 232448 - 1024  # what a block may opt in to on sm_90, less the barriers' static shared memory
+# What a block may opt in to on sm_90, less the kernel's static shared memory: its mbarriers, at most 2 x 8 stages
+# + 2 of 8 bytes (144 B; the fp8 kernels reserve the same 256 B)
+SM90_STATIC_RESERVE = 256
+SM90_SMEM_LIMIT = 232448 - SM90_STATIC_RESERVE
 STORE_BOX_BYTES = 64 * 128  # one TMA store box of the wgmma kernel: 64 rows x 128 bytes
 
 

@@ -15,10 +15,11 @@ from rtckern.arch import Arch
 from rtckern.spec import KernelSpec
 
 from .. import _common_grouped as shared
-from .geometry import GemmProblem, Sm80Config, Sm90Config, launch_smem, sm80_spec, sm90_spec, tma_store
+from .geometry import (SM90_SMEM_LIMIT, GemmProblem, Sm80Config, Sm90Config, launch_smem, sm80_spec, sm90_spec,
+                       tma_store)
 
 OP = "grouped_gemm"
-SMEM_LIMIT = 232448 - 1024  # what a block may opt in to on sm_90, less the barriers' static shared memory
+SMEM_LIMIT = SM90_SMEM_LIMIT  # what a block may opt in to on sm_90, less the barriers' static shared memory
 
 
 @dataclass(frozen=True)

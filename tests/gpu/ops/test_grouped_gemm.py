@@ -122,6 +122,35 @@ def test_masked_groups(groups, cap, kernel):
             assert torch.isnan(y[g, c:]).all(), f"group {g}: rows past masked_m were written"
 
 
+@pytest.mark.parametrize("mode", ["contiguous", "masked"])
+def test_256_groups_of_the_rule_tile(mode):
+    """The rule's tile above 128 rows per group (128 x 256, 4 stages, as on a GPU no tuned row serves) at 256 groups:
+    its ring, the TMA store's boxes and the largest tile prefix together fill the shared memory a block may have."""
+    from rtckern.testing import without_tuning_tables
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90 (H100 / H200)")
+    rng = random.Random(256)
+    gen = torch.Generator(device=DEV).manual_seed(256)
+    groups, cap, n, k = 256, 200, 392, 320  # a shape of its own: no memoized plan of another test's tile
+    b = weights(groups, n, k, torch.bfloat16, True, gen)
+    with without_tuning_tables():
+        if mode == "masked":
+            counts = [rng.randint(129, cap) for _ in range(groups)]
+            a = torch.randn(groups, cap, k, device=DEV, generator=gen).to(torch.bfloat16)
+            y = grouped_gemm_masked(a, b, torch.tensor(counts, dtype=torch.int32, device=DEV))
+            rows = [(a[g, :c], y[g, :c]) for g, c in enumerate(counts)]
+        else:
+            sz = [rng.randint(129, cap) for _ in range(groups)]
+            a = torch.randn(sum(sz), k, device=DEV, generator=gen).to(torch.bfloat16)
+            off = prefix(sz)
+            y = grouped_gemm(a, b, off)
+            bounds = off.tolist()
+            rows = [(a[bounds[g]:bounds[g + 1]], y[bounds[g]:bounds[g + 1]]) for g in range(groups)]
+    for g, (ag, yg) in enumerate(rows):
+        check_rows(yg, ag, b[g], True, torch.bfloat16, f"group {g}")
+
+
 def test_masked_counts_past_the_capacity_are_clamped(kernel):
     a = torch.randn(3, 8, 64, device=DEV).to(torch.bfloat16)
     b = weights(3, 64, 64, torch.bfloat16, True, None)
