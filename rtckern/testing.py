@@ -161,6 +161,9 @@ class HostileRedis:
 # - a verdict is kept per kernel, check and compile settings for the process: a kernel two tests check compiles once.
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _PROPERTIES = re.compile(r"Function properties for (\S+)\s*\n[^\n]*?(\d+ bytes spill stores, \d+ bytes spill loads)")
+# ptxas -v's performance notes (e.g. C7514: wgmma instructions serialized), each naming its function: a kernel the
+# no-spills check passes must have none
+_PERF_LOSS = re.compile(r"\((C\d+)\) Potential Performance Loss: (.*?) in the function '([^']+)'")
 # An internal-linkage device symbol (a namespace-scope variable NVRTC emits) is named with the compiling process's
 # id, so a binary that holds one differs in every process: the cache and prefill bundles lose their byte identity.
 _PROCESS_NAMED = b"_INTERNAL_"
@@ -239,6 +242,9 @@ def _compile_spec(spec, no_spills: bool = False) -> str | None:
         if spilled or not _SPILLS.search(ck.log or ""):
             found = spilled[0].group(0) if spilled else "no ptxas resource report in the log"
             return f"{spec.name_expression} ({spec.arch.sm}): {found}"
+        loss = _PERF_LOSS.search(ck.log or "")
+        if loss:
+            return f"{spec.name_expression} ({spec.arch.sm}): ptxas {loss.group(1)}: {loss.group(2)}"
     return None
 
 
@@ -287,9 +293,11 @@ def _program_verdicts(specs, no_spills: bool) -> list[str | None] | None:
         return [None] * len(specs)
     spills = {m.group(1): m.group(2) for m in _PROPERTIES.finditer(log)}
     spilled = {f for f, text in spills.items() if any(int(n) for n in _SPILLS.match(text).groups())}
-    if not all(low in spills for low in lowered) or not spilled <= set(lowered):
+    losses = {m.group(3): f"ptxas {m.group(1)}: {m.group(2)}" for m in _PERF_LOSS.finditer(log)}
+    if not all(low in spills for low in lowered) or not (spilled | set(losses)) <= set(lowered):
         return None  # a kernel without its report, or a device function that spills: the lone compiles tell
-    return [f"{s.name_expression} ({s.arch.sm}): {spills[low]}" if low in spilled else None
+    return [f"{s.name_expression} ({s.arch.sm}): {spills[low]}" if low in spilled else
+            f"{s.name_expression} ({s.arch.sm}): {losses[low]}" if low in losses else None
             for s, low in zip(specs, lowered)]
 
 
@@ -366,7 +374,8 @@ def prefetch(specs, no_spills: bool = False) -> None:
 
 def compile_all(specs, jobs: int | None = None, no_spills: bool = False) -> list[str]:
     """Compile every spec (no cache) and return the failures (an error or a compiler warning; with no_spills,
-    register spills that ptxas reports for NVIDIA targets), one line each, in spec order. Kernels of one source
+    register spills that ptxas reports for NVIDIA targets and its notes of a performance loss, such as wgmma
+    instructions serialized), one line each, in spec order. Kernels of one source
     compile as one NVRTC program (one parse of the headers), on the process's pool of every core and in this
     process; ``jobs=1`` compiles here only. A kernel checked before in this process (same spec, check and compile
     settings), or queued by prefetch(), is not compiled again."""

@@ -1,7 +1,7 @@
 """rtckern.testing.compile_all, which the every-variant tests rely on: kernels of one source compile as one NVRTC
-program, and each kernel's verdict (error, warning, spills) is still its own, as a lone compile gives it; kernels
-queued by prefetch() or checked before are not compiled again. (Verdicts are kept for the process: each test here
-compiles source text of its own.)"""
+program, and each kernel's verdict (error, warning, spills, ptxas notes of a performance loss) is still its own, as a
+lone compile gives it; kernels queued by prefetch() or checked before are not compiled again. (Verdicts are kept for
+the process: each test here compiles source text of its own.)"""
 from __future__ import annotations
 
 import pytest
@@ -153,3 +153,63 @@ def test_sample_beyond_keeps_what_the_reference_lacks_and_samples_the_rest():
     reference.append(_spec("fill<1>", "sm_86", options=("--maxrregcount=32",)))  # other options: other code
     picked = [s.name_expression for s in sample_beyond(specs, reference, every=3)]
     assert picked == ["fill<0>", "fill<1>", "fill<2>", "fill<5>", "fill<8>"]
+
+
+WGMMA_SOURCE = r"""
+__device__ __forceinline__ void issue(float (&d)[4], unsigned long long da, unsigned long long db) {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 0, 0;\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(da), "l"(db));
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wait_groups() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Partial sums into two register sets in turn, each read once the wgmma after it is issued (wait_group 1).
+// PENDING: the first set's next wgmma is left in flight across the loop's back edge, which makes ptxas serialize
+// every wgmma (C7514, reported only with -v); otherwise each round drains (wait_group 0) before the next.
+template <bool PENDING>
+__global__ void turns(float* out, unsigned long long da, unsigned long long db, int n) {
+  float q0[4] = {0.f, 0.f, 0.f, 0.f}, q1[4] = {0.f, 0.f, 0.f, 0.f}, acc = 0.f;
+  if (PENDING) issue(q0, da, db);
+  for (int i = 0; i < n; ++i) {
+    if (!PENDING) issue(q0, da + i, db);
+    issue(q1, da + 2 * i, db);
+    wait_groups<1>();
+    acc += q0[0] + q0[1] + q0[2] + q0[3];
+    issue(q0, da + 3 * i, db);
+    wait_groups<1>();
+    acc += q1[0] + q1[1] + q1[2] + q1[3];
+    issue(q1, da + 4 * i, db);
+    wait_groups<1>();
+    acc += q0[0] + q0[1] + q0[2] + q0[3];
+    if (PENDING) {
+      issue(q0, da + 5 * i, db);
+      wait_groups<1>();
+    } else {
+      wait_groups<0>();
+    }
+    acc += q1[0] + q1[1] + q1[2] + q1[3];
+  }
+  wait_groups<0>();
+  out[threadIdx.x] = acc + q0[0];
+}
+"""
+
+
+def test_serialized_wgmmas_fail_the_no_spills_check():
+    """ptxas's notes of a performance loss (C7514: wgmmas serialized), which only its -v log shows, fail a kernel as
+    spills do: from the shared program and from a lone compile alike; without the check the kernel compiles."""
+    import rtckern.testing as testing
+
+    def spec(pending: str) -> KernelSpec:
+        return KernelSpec("test/wgmma.cu", f"turns<{pending}>", Arch.parse("sm_90a"), code=WGMMA_SOURCE)
+
+    bad, good = spec("true"), spec("false")
+    failures = compile_all([good, bad], jobs=1, no_spills=True)
+    assert len(failures) == 1 and failures[0].startswith("turns<true> (sm_90a): ptxas C7514: ")
+    assert "serialized" in failures[0]
+    assert testing._compile_spec(bad, no_spills=True) == failures[0]
+    assert compile_all([bad], jobs=1) == []
