@@ -1,6 +1,7 @@
 """The HIP runtime side (AMD GPUs): a live device's ``DeviceInfo``, loading a hiprtc code object, kernel attributes,
 occupancy and (cooperative) launch, through hip-python. It mirrors ``rtckern.runtime.kernel`` so ops and the registry
-use one interface (``num_regs``, ``max_active_blocks_per_sm``, ``launch(grid, block, args, ...)``).
+use one interface (``num_regs``, ``max_active_blocks_per_sm``, ``launch(grid, block, args, ...)``, and the hot paths'
+``prepare(grid, block, kinds, ...)``).
 
 NOT EXECUTED: no AMD GPU exists where rtckern is developed, and the hip-python releases on PyPI (6.2 and newer) need
 ROCm 6 or newer at run time, while the machines here have Debian's ROCm 5.2 (enough for hiprtc compiles only).
@@ -24,6 +25,9 @@ from .streams import stream_handle
 REFUSED_IMAGE_ERRORS = {"hipErrorInvalidImage", "hipErrorNoBinaryForGpu", "hipErrorInvalidKernelFile",
                         "hipErrorSharedObjectInitFailed", "hipErrorNotFound"}
 _lock = threading.Lock()
+# Kernel.prepare's parameter kinds as the ctypes values hip-python packs ('M', a CUDA tensor map, has no AMD form)
+_KIND_CTYPES = {"P": ctypes.c_ulonglong, "q": ctypes.c_longlong, "i": ctypes.c_int, "I": ctypes.c_uint,
+                "f": ctypes.c_float, "d": ctypes.c_double}
 
 
 class HipError(RtckernError):
@@ -112,6 +116,14 @@ def device_info(ordinal: int) -> DeviceInfo:
         max_threads_per_sm=attr(A.hipDeviceAttributeMaxThreadsPerMultiProcessor),
         max_threads_per_block=attr(A.hipDeviceAttributeMaxThreadsPerBlock),
         warp_size=attr(A.hipDeviceAttributeWarpSize), name=_text(props.name), ordinal=ordinal)
+
+
+def _packs(ctype, value) -> bool:
+    try:
+        ctype(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def pack_args(args: Sequence[Any]) -> tuple:
@@ -228,13 +240,41 @@ class HipKernel(KernelAttributes):
             self._checked.add(key)
         return g, b
 
+    def prepare(self, grid, block, kinds: str, shared_mem: int = 0, dependent: bool = False):
+        """``rtckern.runtime.Kernel.prepare``'s surface on AMD, which the ops' hot paths call: ``f(stream, *args)``
+        with one argument per character of ``kinds`` ('P' pointer, 'q' int64, 'i' int32, 'I' uint32, 'f' float32,
+        'd' float64), each packed by its kind. ``dependent`` (a programmatic dependent launch on sm_90) has no
+        counterpart here: an ordinary launch in stream order, where the kernels' wait for the previous grid is a
+        no-op."""
+        bad = sorted(set(kinds) - set(_KIND_CTYPES))
+        if bad:
+            raise LaunchError(f"{self.label}: parameter kinds {bad}; a HIP launch takes {' '.join(_KIND_CTYPES)} "
+                              "(no tensor maps on AMD)")
+        g, b = self.check_launch(grid, block, shared_mem, False)
+        types = tuple(_KIND_CTYPES[k] for k in kinds)
+
+        def call(stream, *args):
+            if len(args) != len(types):
+                raise TypeError(f"launch of {self.label} takes a stream and {len(types)} kernel arguments; got "
+                                f"{len(args) + 1}")
+            try:
+                packed = tuple(t(a) for t, a in zip(types, args))
+            except (TypeError, ValueError):
+                i = next(i for i, (t, a) in enumerate(zip(types, args)) if not _packs(t, a))
+                raise TypeError(f"argument {i} of {self.label} (kind '{kinds[i]}'): cannot convert {args[i]!r}") \
+                    from None
+            self._launch_packed(g, b, packed, shared_mem, stream, False)
+        return call
+
     def launch(self, grid, block, args: Sequence[Any] = (), shared_mem: int = 0, stream=None,
                cooperative: bool = False) -> None:
         """Launch on ``stream`` (int hipStream_t, a torch ROCm stream, or None for the default stream)."""
         g, b = self.check_launch(grid, block, shared_mem, cooperative)
+        self._launch_packed(g, b, pack_args(args), shared_mem, stream, cooperative)
+
+    def _launch_packed(self, g, b, packed: tuple, shared_mem: int, stream, cooperative: bool) -> None:
         h = hip()
         s = None if stream is None else (stream_handle(stream) or None)
-        packed = pack_args(args)
         with on_device(self.device.ordinal):
             if cooperative:
                 # hipModuleLaunchCooperativeKernel takes kernelParams (an array of argument addresses), not extra.
@@ -243,4 +283,4 @@ class HipKernel(KernelAttributes):
                       f"cooperative launch of {self.label}")
             else:
                 check(h.hipModuleLaunchKernel(self._f, *g, *b, int(shared_mem), s, None, packed),
-                      f"launch of {self.label} (grid {g}, block {b}, shared memory {shared_mem}, {len(args)} args)")
+                      f"launch of {self.label} (grid {g}, block {b}, shared memory {shared_mem}, {len(packed)} args)")

@@ -1,4 +1,5 @@
-"""The parts of the HIP runtime that need no AMD GPU: argument packing and refusals (the rest is not executable here)."""
+"""The parts of the HIP runtime that need no AMD GPU: argument packing, the prepared launch and refusals (the rest
+is not executable here)."""
 
 import ctypes
 import importlib.util
@@ -33,3 +34,38 @@ def test_load_refuses_nvidia_binaries():
 def test_missing_hip_python_names_the_fix():
     with pytest.raises(RtckernError, match="pip install hip-python"):
         H.hip()
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """A HipKernel on a described gfx90a whose checks pass and whose launches are recorded (no HIP runtime here)."""
+    launches = []
+    monkeypatch.setattr(H.HipKernel, "check_launch", lambda self, grid, block, smem, coop: (grid, block))
+    monkeypatch.setattr(H.HipKernel, "_launch_packed",
+                        lambda self, g, b, packed, smem, stream, coop: launches.append((g, b, packed, smem, stream)))
+    return H.HipKernel(object(), None, b"", DeviceInfo.for_arch("gfx90a", ordinal=0), "k"), launches
+
+
+def test_prepare_packs_each_argument_by_its_kind(recorded):
+    """The ops' hot paths call Kernel.prepare on either vendor: on AMD each argument becomes the ctypes value of its
+    kind (an int32 parameter is 4 bytes, not a long long), and `dependent` is an ordinary launch."""
+    k, launches = recorded
+    go = k.prepare((2, 1, 1), (64, 1, 1), "PqiIfd", 512, dependent=True)
+    go(7, 0x7F0000001000, np.int64(-3), -7, 2**32 - 1, np.float32(0.5), 1.25)
+    (g, b, packed, smem, stream), = launches
+    assert (g, b, smem, stream) == ((2, 1, 1), (64, 1, 1), 512, 7)
+    assert [type(p) for p in packed] == [ctypes.c_ulonglong, ctypes.c_longlong, ctypes.c_int, ctypes.c_uint,
+                                         ctypes.c_float, ctypes.c_double]
+    assert [p.value for p in packed] == [0x7F0000001000, -3, -7, 2**32 - 1, 0.5, 1.25]
+
+
+def test_prepare_refuses_tensor_maps_and_names_a_bad_argument(recorded):
+    k, launches = recorded
+    with pytest.raises(LaunchError, match=r"parameter kinds \['M'\]"):
+        k.prepare(1, 64, "PM")
+    go = k.prepare(1, 64, "Pq")
+    with pytest.raises(TypeError, match="takes a stream and 2 kernel arguments; got 2"):
+        go(0, 1)
+    with pytest.raises(TypeError, match=r"argument 1 of k \(kind 'q'\): cannot convert 1.5"):
+        go(0, 1, 1.5)
+    assert not launches
