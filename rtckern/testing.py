@@ -164,6 +164,7 @@ _PROPERTIES = re.compile(r"Function properties for (\S+)\s*\n[^\n]*?(\d+ bytes s
 # ptxas -v's performance notes (e.g. C7514: wgmma instructions serialized), each naming its function: a kernel the
 # no-spills check passes must have none
 _PERF_LOSS = re.compile(r"\((C\d+)\) Potential Performance Loss: (.*?) in the function '([^']+)'")
+_ANY_PERF_LOSS = re.compile(r"(?:\((C\d+)\) )?Potential Performance Loss: ([^\n]*)")  # however a note is worded
 # An internal-linkage device symbol (a namespace-scope variable NVRTC emits) is named with the compiling process's
 # id, so a binary that holds one differs in every process: the cache and prefill bundles lose their byte identity.
 _PROCESS_NAMED = b"_INTERNAL_"
@@ -242,18 +243,18 @@ def _compile_spec(spec, no_spills: bool = False) -> str | None:
         if spilled or not _SPILLS.search(ck.log or ""):
             found = spilled[0].group(0) if spilled else "no ptxas resource report in the log"
             return f"{spec.name_expression} ({spec.arch.sm}): {found}"
-        loss = _PERF_LOSS.search(ck.log or "")
+        loss = _PERF_LOSS.search(ck.log or "") or _ANY_PERF_LOSS.search(ck.log or "")
         if loss:
-            return f"{spec.name_expression} ({spec.arch.sm}): ptxas {loss.group(1)}: {loss.group(2)}"
+            return f"{spec.name_expression} ({spec.arch.sm}): ptxas {loss.group(1) or 'note'}: {loss.group(2)}"
     return None
 
 
 def _program_verdicts(specs, no_spills: bool) -> list[str | None] | None:
     """The verdict on each of ``specs`` (one NVRTC source, defines, options and cubin target) compiled as one
     program: when it compiles to a binary with a warning-free log and no symbol named per process, and every kernel
-    has a lowered name (and, with no_spills, its own ptxas report, the only functions that spill being kernels),
-    each kernel's verdict is the one a lone compile gives (None, or its spills). None otherwise: the lone compiles
-    name the failures."""
+    has a lowered name (and, with no_spills, its own ptxas report, the only functions that spill or draw a
+    performance note being kernels), each kernel's verdict is the one a lone compile gives (None, its spills or its
+    note). None otherwise: the lone compiles name the failures."""
     from cuda.bindings import nvrtc
 
     from .compiler import compiler_for
@@ -294,8 +295,10 @@ def _program_verdicts(specs, no_spills: bool) -> list[str | None] | None:
     spills = {m.group(1): m.group(2) for m in _PROPERTIES.finditer(log)}
     spilled = {f for f, text in spills.items() if any(int(n) for n in _SPILLS.match(text).groups())}
     losses = {m.group(3): f"ptxas {m.group(1)}: {m.group(2)}" for m in _PERF_LOSS.finditer(log)}
+    if len(_ANY_PERF_LOSS.findall(log)) != len(_PERF_LOSS.findall(log)):
+        return None  # a note not naming its function: the lone compiles tell whose it is
     if not all(low in spills for low in lowered) or not (spilled | set(losses)) <= set(lowered):
-        return None  # a kernel without its report, or a device function that spills: the lone compiles tell
+        return None  # a kernel without its report, or a device function that spills or has a note: lone compiles tell
     return [f"{s.name_expression} ({s.arch.sm}): {spills[low]}" if low in spilled else
             f"{s.name_expression} ({s.arch.sm}): {losses[low]}" if low in losses else None
             for s, low in zip(specs, lowered)]
@@ -375,10 +378,10 @@ def prefetch(specs, no_spills: bool = False) -> None:
 def compile_all(specs, jobs: int | None = None, no_spills: bool = False) -> list[str]:
     """Compile every spec (no cache) and return the failures (an error or a compiler warning; with no_spills,
     register spills that ptxas reports for NVIDIA targets and its notes of a performance loss, such as wgmma
-    instructions serialized), one line each, in spec order. Kernels of one source
-    compile as one NVRTC program (one parse of the headers), on the process's pool of every core and in this
-    process; ``jobs=1`` compiles here only. A kernel checked before in this process (same spec, check and compile
-    settings), or queued by prefetch(), is not compiled again."""
+    instructions serialized), one line each, in spec order. Kernels of one source compile as one NVRTC program (one
+    parse of the headers), on the process's pool of every core and in this process; ``jobs=1`` compiles here only. A
+    kernel checked before in this process (same spec, check and compile settings), or queued by prefetch(), is not
+    compiled again."""
     specs = list(dict.fromkeys(specs))
     check = _check(no_spills)
     if jobs != 1:
@@ -513,8 +516,9 @@ def _grouped_rule_specs(arch: str):
                           options={"mode": mode, "out": out, "trans_b": tb, "aligned": al})
             for mode in ("contiguous", "masked") for rows in (16, 128, 512) for dt in ("bf16", "fp16")
             for out in ("bf16", "fp16", "fp32") for tb in ("1", "0") for al in ("1", "0")]
-    # 256 groups: the largest tile prefix beside the 128 x 256 tile's ring and TMA-store boxes (the same binaries)
-    reqs += [build_request("grouped_gemm", shape=(256, 512, 4096, 7168), dtype="bf16", device=dev,
+    # 1024 groups: a tile prefix that leaves the 128 x 256 tile's ring no room for the TMA store's boxes (outputs from
+    # registers; up to 447 groups the boxes fit)
+    reqs += [build_request("grouped_gemm", shape=(1024, 512, 4096, 7168), dtype="bf16", device=dev,
                            options={"mode": mode, "trans_b": tb})
              for mode in ("contiguous", "masked") for tb in ("1", "0")]
     reqs += [build_request("grouped_gemm_fp8", shape=(groups, rows, n, 7168), dtype=None, device=dev,

@@ -399,13 +399,14 @@ class Kernel(KernelAttributes):
         where it is available, a call costs the driver's launch and little else; otherwise through cuda.core.
         Either way it runs in this kernel's device context whatever context is current.
 
-        dependent: on sm_90 and newer, through the native launcher, a programmatic dependent launch: the kernel may
-        start while the stream's previous kernel is still running, so the kernel must wait for it
+        dependent: on sm_90 (H100 / H200), through the native launcher, a programmatic dependent launch: the kernel
+        may start while the stream's previous kernel is still running, so the kernel must wait for it
         (rtk_pdl_wait_prior_grid, common/pdl.cuh) before it reads that kernel's output. Elsewhere an ordinary launch,
-        which the same wait does not slow."""
+        which the same wait does not slow. Blackwell keeps ordinary launches until they are tested there (on sm_120
+        the launch attribute has been reported to fail under CUDA-graph capture: sgl-project/sglang#18596)."""
         g, b = _dim3(grid), _dim3(block)
         cfg = self._config(g, b, int(shared_mem), False, None)  # checks the geometry, opts in to the shared memory
-        go = self._native_launch(cfg, kinds, bool(dependent) and self.device.arch.cc >= (9, 0))
+        go = self._native_launch(cfg, kinds, bool(dependent) and self.device.arch.cc[0] == 9)
         if go is not None:
             return go
         return _fallback_launch(self, g, b, kinds, int(shared_mem))
@@ -462,7 +463,8 @@ def _fallback_launch(kernel: Kernel, grid, block, kinds: str, shared_mem: int):
     if "M" in kinds:
         names = {"P": "u64", "q": "i64", "f": "f32", "M": "map"}
         if any(k not in names for k in kinds):
-            raise LaunchError(f"{kernel.label}: parameter kinds {kinds!r}; with a tensor map only P q f M are supported")
+            raise LaunchError(f"{kernel.label}: parameter kinds {kinds!r}; with a tensor map only P q f M are "
+                              "supported")
         tags = tuple(names[k] for k in kinds)
 
         def packed(stream, *args):

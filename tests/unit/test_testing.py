@@ -211,5 +211,6 @@ def test_serialized_wgmmas_fail_the_no_spills_check():
     failures = compile_all([good, bad], jobs=1, no_spills=True)
     assert len(failures) == 1 and failures[0].startswith("turns<true> (sm_90a): ptxas C7514: ")
     assert "serialized" in failures[0]
+    assert testing._program_verdicts([good, bad], True) == [None, failures[0]]  # read from the shared program
     assert testing._compile_spec(bad, no_spills=True) == failures[0]
     assert compile_all([bad], jobs=1) == []

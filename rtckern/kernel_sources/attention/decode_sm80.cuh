@@ -12,8 +12,8 @@
 // Split-KV (flash-decoding): grid x = splits; split s takes an equal share of its sequence's chunks. With one split
 // the block writes o (and lse); with several it writes normalized partials and their log2-sum-exp, and
 // attn_split_combine (kvcache_common.cuh) merges them. On sm_90 both are dependent launches (common/pdl.cuh): each
-// lets the next kernel's blocks be scheduled from its start and waits for the previous kernel before its first
-// read, so the launches overlap the kernels before them instead of following them.
+// waits for the previous kernel before its first read of global memory and then lets the next kernel's blocks be
+// scheduled, so the launches overlap the kernels before them instead of following them.
 //
 // Parameters: q (batch, seqlen_q, heads_q, HD) strided; k / v the cache (kvcache_common.cuh: contiguous or paged);
 // o (batch, seqlen_q, heads_q, HD); lse (batch, heads_q, seqlen_q) natural log, or null; part_o / part_lse the split
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const int group = static_cast<int>(heads_q / heads_kv);
   const int sq = static_cast<int>(seqlen_q);
   const int rows = group * sq;  // query rows of this kv head
-  rtk_pdl_wait_prior_grid();  // launched as a dependent: what the stream's previous kernel wrote (q, the cache) is final
+  rtk_pdl_wait_prior_grid();  // a dependent launch: what the previous kernel wrote (q, the cache) is final from here
   const int len = kv_length(cache_seqlens, b, seqlen_new, capacity);
   rtk_pdl_launch_dependents();
 #if RTK_KV_FP8

@@ -112,7 +112,7 @@ __global__ void kvcache_gather(const T* __restrict__ k_cache, const T* __restric
 // One block of THREADS per row: the weights are computed once into shared memory, then HD / 4 threads per group
 // read float4 columns, GROUPS groups taking every GROUPS-th split (independent loads in flight), and the groups'
 // sums meet in shared memory. Grid (rows); splits <= MAX_SPLITS. Launched as a dependent of the split kernel on
-// sm_90 (common/pdl.cuh): its blocks start as the split kernel's finish and wait for its partials.
+// sm_90 (common/pdl.cuh): its blocks may be scheduled while the split kernel runs and wait for its partials.
 template <typename T, int HD, int THREADS, int MAX_SPLITS>
 __global__ void __launch_bounds__(THREADS)
     attn_split_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse, T* __restrict__ o,

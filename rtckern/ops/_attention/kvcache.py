@@ -243,9 +243,10 @@ class Plan:
         self.o_shape, self.lse_shape = (c.batch, c.sq, c.hq, c.d), (c.batch, c.hq, c.sq)
         self.work_words = rows * num_splits * (c.d + 1) if num_splits > 1 else 0
         self.part_lse_offset = rows * num_splits * c.d * 4
-        # dependent launches (sm_90): each kernel's launch overlaps the kernel before it, which it waits for on the GPU
+        # dependent launches (sm_90) where the kernel waits for the previous one on the GPU: each launch overlaps the
+        # kernel before it
         self.main = main.prepare((num_splits, c.hk * tiles, c.batch), (tile.threads, 1, 1), MAIN_KINDS + extra, smem,
-                                 dependent=True)
+                                 dependent=cand.waits_for_prior_grid)
         o_strides = (c.sq * c.hq * c.d, c.hq * c.d, c.d)
         self.mid = (c.sq, c.hq, c.hk, c.seqlen_new, c.capacity, c.bt_stride, c.page_size)
         self.main_tail = tuple(c.q_strides) + tuple(c.k_strides) + tuple(c.v_strides) + o_strides + \

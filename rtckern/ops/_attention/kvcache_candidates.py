@@ -165,6 +165,9 @@ class Sm80Decode(Candidate):
     head_dims = configs.HEAD_DIMS
     source = SOURCE
     kernel = KERNEL
+    # the attention kernel waits for the previous grid before its first read (rtk_pdl_wait_prior_grid), so the plan
+    # may launch it as a dependent; the merge does in every candidate
+    waits_for_prior_grid = True
 
     def tile(self, req: OpRequest) -> DecodeTile:
         t = _tiles.get((self.name, req))
@@ -238,6 +241,7 @@ class SimtDecode(Sm80Decode):
     min_arch = "sm_75"
     source = SIMT_SOURCE
     kernel = SIMT_KERNEL
+    waits_for_prior_grid = False  # an ordinary launch: the kernel reads from its start
 
     def tile(self, req: OpRequest) -> SimtDecodeTile:
         return SIMT_TILE

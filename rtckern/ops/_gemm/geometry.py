@@ -170,8 +170,8 @@ class Sm90Config:
                 "pingpong": self.pingpong, "cluster": self.cluster}
 
 
-# What a block may opt in to on sm_90, less the kernel's static shared memory: its mbarriers, at most 2 x 8 stages
-# + 2 of 8 bytes (144 B; the fp8 kernels reserve the same 256 B)
+# What a block may opt in to on sm_90, less the kernel's static shared memory: its mbarriers, 8 bytes for each of
+# 2 x stages + 2 (at most 240 B, at the 14 stages of 64 x 64 tiles; the fp8 grouped kernel reserves the same 256 B)
 SM90_STATIC_RESERVE = 256
 SM90_SMEM_LIMIT = 232448 - SM90_STATIC_RESERVE
 STORE_BOX_BYTES = 64 * 128  # one TMA store box of the wgmma kernel: 64 rows x 128 bytes

@@ -329,3 +329,29 @@ def test_manifest_lines_plan_the_fp8_cache_kernels():
     assert not ok.error and ok.chain[0].candidate == "attention_with_kvcache.sm80_mma"
     assert len(ok.chain[0].specs) == 4 and all(s.defines == (("RTK_KV_FP8", "1"),) for s in ok.chain[0].specs)
     assert '"cache":"fp8_e4m3"' in request_line(ok.request).replace(" ", "")
+
+
+def test_kernels_launched_as_dependents_wait_for_the_previous_grid():
+    """On sm_90 the plan launches a candidate's decode kernel as a programmatic dependent where the candidate says it
+    waits for the previous grid, and every candidate's split-KV merge: those kernels must call the wait (a dependent
+    that reads without it races the kernel before it)."""
+    import re
+
+    from rtckern.registry import candidates
+    from rtckern.sources import read_source
+
+    def definition(text: str, kernel: str) -> str:  # from the kernel's name to the next kernel (or the end)
+        start = re.search(r"\b" + kernel + r"\(", text).start()
+        end = text.find("__global__", start)
+        return text[start:end if end > 0 else None]
+
+    cands = candidates("attention_with_kvcache")
+    assert {c.waits_for_prior_grid for c in cands} == {True, False}
+    wait = "rtk_pdl_wait_prior_grid();"
+    for c in cands:
+        body = definition(read_source(c.source), c.kernel.split("::")[-1])
+        assert (wait in body) == c.waits_for_prior_grid, c.name
+        if c.waits_for_prior_grid:  # before its first read: the lengths
+            assert body.index(wait) < body.index("kv_length("), c.name
+    merge = definition(read_source("attention/kvcache_common.cuh"), "attn_split_combine")
+    assert wait in merge and merge.index(wait) < merge.index("pl[s]")  # before the first read of the partials

@@ -431,6 +431,22 @@ def test_nothing_to_compute_launches_nothing(host):
     assert y.shape == (0, 8) and not state["log"]
 
 
+def test_the_rule_tile_stores_with_tma_beside_up_to_447_groups():
+    """The 128 x 256 rule tile (above 128 rows per group) keeps its TMA-store boxes beside the tile prefix of up to 447
+    groups (a 256 B reserve for the barriers' static shared memory), and stores from registers past that."""
+    from rtckern.registry import build_request, candidates
+    from rtckern.testing import without_tuning_tables
+
+    dev = DeviceInfo.for_arch("sm_90", sm_count=132)
+    wgmma = next(c for c in candidates("grouped_gemm") if c.name == "grouped_gemm.sm90a_wgmma")
+    with without_tuning_tables():
+        for groups, stores in ((256, True), (447, True), (448, False), (1024, False)):
+            req = build_request("grouped_gemm", shape=(groups, 512, 4096, 7168), dtype="bf16", device=dev)
+            spec, = wgmma.kernel_specs(req)
+            assert spec.template_args[2:6] == ("128", "256", "4", "2")
+            assert (("RTK_GEMM_TMA_STORE", "1") in spec.defines) == stores, groups
+
+
 # ---- compiles -----------------------------------------------------------------------------------------------------
 def _grouped_variants() -> list:
     from rtckern.testing import grouped_gemm_variants
@@ -445,9 +461,8 @@ def test_every_grouped_variant_compiles_without_spills():
 
     specs = _grouped_variants()
     # each: 2 modes x 2 input dtypes x 3 outputs x 2 layouts x the rules' tiles (wgmma: two by rows; mma.sync: two by
-    # rows, one unaligned); 256 groups take the same 128 x 256 binaries (the TMA store's boxes fit beside their tile
-    # prefix)
-    assert len(specs) == 24 * (2 + 3) and all(s.op == "grouped_gemm" for s in specs)
+    # rows, one unaligned), and 2 modes x 2 layouts of the 128 x 256 tile storing from registers (1024 groups)
+    assert len(specs) == 24 * (2 + 3) + 4 and all(s.op == "grouped_gemm" for s in specs)
     failures = compile_all(specs, no_spills=True)
     assert not failures, "\n".join(failures)
 

@@ -119,12 +119,18 @@ def test_launch_goes_through_the_native_launcher(fake, native_mod, monkeypatch):
     assert k.prepare(4, 128, "qfdiIqPd") is not None and len(native_mod.made) == 1  # the same prepared launch
 
 
-def test_a_dependent_launch_is_prepared_apart_on_sm90(fake, native_mod):
+def test_a_dependent_launch_is_prepared_apart_on_sm90_only(fake, native_mod):
+    from rtckern.device import DeviceInfo
+
     k = _load(fake)  # the fake device is an sm_90
     plain = k.prepare(4, 128, "P")
     dependent = k.prepare(4, 128, "P", dependent=True)
     assert dependent is not plain and k.prepare(4, 128, "P", dependent=True) is dependent
     assert [m[-1] for m in native_mod.made] == [False, True]
+    for arch in ("sm_80", "sm_100", "sm_120"):  # no dependent launches there: an ordinary one
+        k.device = DeviceInfo.for_arch(arch, ordinal=0)
+        assert k.prepare(8, 64, "q", dependent=True) is k.prepare(8, 64, "q")
+    assert [m[-1] for m in native_mod.made[2:]] == [False]
 
 
 @pytest.mark.parametrize("case", ["bool argument", "cooperative", "cluster", "no native launcher"])
