@@ -643,10 +643,13 @@ def kvcache_simt_kernel_exprs(head_dims) -> tuple[str, list[str]]:
     return kc.SIMT_SOURCE, exprs
 
 
-def kvcache_split_choice(**kw) -> int:
-    """attention_with_kvcache's split-KV count for (batch, heads_kv, tiles, capacity, sm_count)."""
+def kvcache_split_choice(device=None, fp8: bool = False, **kw) -> int:
+    """attention_with_kvcache's split-KV count for (batch, heads_kv, tiles, capacity, sm_count); with `device`, at the
+    blocks per SM the op uses on its class (and for an e4m3 cache with fp8)."""
     from .ops._attention import kvcache_candidates as kc
 
+    if device is not None:
+        kw["per_sm"] = kc.split_blocks_per_sm(device, fp8)
     return kc.choose_splits(**kw)
 
 

@@ -237,7 +237,7 @@ class Plan:
         main, combine, append = kernels[:3]
         if num_splits == 0:
             num_splits = kc.choose_splits(c.batch, c.hk, tiles, c.capacity, req.device.sm_count,
-                                          2 if c.cache == _FP8 else 1)
+                                          kc.split_blocks_per_sm(req.device, c.cache == _FP8))
         self.splits = num_splits
         rows = c.batch * c.sq * c.hq
         self.o_shape, self.lse_shape = (c.batch, c.sq, c.hq, c.d), (c.batch, c.hq, c.sq)

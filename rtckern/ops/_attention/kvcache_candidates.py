@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 from rtckern import tuning
 from rtckern.caches import PlanCache
-from rtckern.device import DeviceInfo
+from rtckern.device import DeviceInfo, device_class
 from rtckern.errors import OptionError
 from rtckern.registry import Candidate, OpRequest, Resources
 from rtckern.registry import options as opts
@@ -154,6 +154,19 @@ def choose_splits(batch: int, heads_kv: int, tiles: int, capacity: int, sm_count
     chunks = -(-capacity // CHUNK)
     cap = max(1, min(per_sm * sm_count // units, chunks // SPLIT_CHUNKS, MAX_SPLITS))
     return 1 << (cap.bit_length() - 1)
+
+
+# Blocks per SM the split rule fills on a device class where more than one measured faster: the H200's bandwidth wants
+# more bytes in flight than one 4-warp block per SM keeps. H200, bf16 caches, head dim 128, GB/s (graph replays, one
+# run), the H100's one-block split count against twice as many: 4 kv heads at batch 8 / 8k 3267 -> 3375, 8 / 32k 4021
+# -> 4162, 8 / 128k 4246 -> 4414, 1 / 128k 3753 -> 3819 (1 / 32k 2652 -> 2604); 8 kv heads at 8 / 8k 3834 -> 3918,
+# 8 / 32k 4212 -> 4346, 1 / 32k 3363 -> 3451. On the H100 one block per SM won (choose_splits).
+SPLIT_BLOCKS_PER_SM = MappingProxyType({"h200": 2})
+
+
+def split_blocks_per_sm(device: DeviceInfo, fp8: bool) -> int:
+    """choose_splits' per_sm for `device` (by its class) and the cache: 2 for e4m3 caches everywhere."""
+    return max(2 if fp8 else 1, SPLIT_BLOCKS_PER_SM.get(device_class(device) or "", 1))
 
 
 class Sm80Decode(Candidate):

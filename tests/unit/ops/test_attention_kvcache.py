@@ -148,6 +148,22 @@ def test_split_choice():
     assert choice(8, 8192, heads_kv=8) == 2
     assert choice(1, 10**7, heads_kv=1, sm_count=1000) == 256
     assert choice(2, 16, heads_kv=1) == 1
+
+
+def test_split_choice_fills_two_blocks_per_sm_on_an_h200():
+    """The H200 (class h200) splits into two blocks per SM for bf16 caches, as e4m3 caches do everywhere; an H100
+    (class h100-sxm) and a device described without a class keep one."""
+    from rtckern.device import DeviceInfo
+
+    def choice(batch, capacity, device, fp8=False):
+        return kvcache_split_choice(device=device, fp8=fp8, batch=batch, heads_kv=4, tiles=1, capacity=capacity,
+                                    sm_count=132)
+    h200 = DeviceInfo.for_arch("sm_90", sm_count=132, device_class="h200")
+    h100 = DeviceInfo.for_arch("sm_90", sm_count=132, device_class="h100-sxm")
+    plain = DeviceInfo.for_arch("sm_90", sm_count=132)
+    assert [choice(8, 32768, d) for d in (h200, h100, plain)] == [8, 4, 4]
+    assert [choice(8, 32768, d, fp8=True) for d in (h200, h100, plain)] == [8, 8, 8]
+    assert choice(64, 8192, h200) == 1  # the blocks fill the SMs unsplit
     # e4m3 caches: two blocks per SM (the H100 measurements in the rule's docstring)
     fp8 = lambda batch, capacity, heads_kv=4: kvcache_split_choice(  # noqa: E731
         batch=batch, heads_kv=heads_kv, tiles=1, capacity=capacity, sm_count=132, per_sm=2)
