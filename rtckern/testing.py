@@ -644,12 +644,12 @@ def kvcache_simt_kernel_exprs(head_dims) -> tuple[str, list[str]]:
 
 
 def kvcache_split_choice(device=None, fp8: bool = False, **kw) -> int:
-    """attention_with_kvcache's split-KV count for (batch, heads_kv, tiles, capacity, sm_count); with `device`, at the
-    blocks per SM the op uses on its class (and for an e4m3 cache with fp8)."""
+    """attention_with_kvcache's split-KV count for (batch, heads_kv, tiles, capacity, sm_count); with `device` instead
+    of sm_count, the op's choice on that device (its class; an e4m3 cache with fp8)."""
     from .ops._attention import kvcache_candidates as kc
 
     if device is not None:
-        kw["per_sm"] = kc.split_blocks_per_sm(device, fp8)
+        return kc.device_splits(device, fp8, kw["batch"], kw["heads_kv"], kw["tiles"], kw["capacity"])
     return kc.choose_splits(**kw)
 
 

@@ -236,8 +236,7 @@ class Plan:
         extra = FP8_KINDS if self.fp8 else ""
         main, combine, append = kernels[:3]
         if num_splits == 0:
-            num_splits = kc.choose_splits(c.batch, c.hk, tiles, c.capacity, req.device.sm_count,
-                                          kc.split_blocks_per_sm(req.device, c.cache == _FP8))
+            num_splits = kc.device_splits(req.device, c.cache == _FP8, c.batch, c.hk, tiles, c.capacity)
         self.splits = num_splits
         rows = c.batch * c.sq * c.hq
         self.o_shape, self.lse_shape = (c.batch, c.sq, c.hq, c.d), (c.batch, c.hq, c.sq)

@@ -156,17 +156,27 @@ def choose_splits(batch: int, heads_kv: int, tiles: int, capacity: int, sm_count
     return 1 << (cap.bit_length() - 1)
 
 
-# Blocks per SM the split rule fills on a device class where more than one measured faster: the H200's bandwidth wants
-# more bytes in flight than one 4-warp block per SM keeps. H200, bf16 caches, head dim 128, GB/s (graph replays, one
-# run), the H100's one-block split count against twice as many: 4 kv heads at batch 8 / 8k 3267 -> 3375, 8 / 32k 4021
-# -> 4162, 8 / 128k 4246 -> 4414, 1 / 128k 3753 -> 3819 (1 / 32k 2652 -> 2604); 8 kv heads at 8 / 8k 3834 -> 3918,
-# 8 / 32k 4212 -> 4346, 1 / 32k 3363 -> 3451. On the H100 one block per SM won (choose_splits).
+# Blocks per SM the split rule may fill on a device class where more than one measured faster: the H200's bandwidth
+# wants more bytes in flight than one 4-warp block per SM keeps, where each split keeps at least WIDE_SPLIT_CHUNKS
+# chunks. H200, bf16 caches, head dim 128, GB/s (graph replays), the H100's one-block split count against twice as
+# many: 4 kv heads at batch 8 / 8k 3267 -> 3375, 8 / 32k 4021 -> 4162, 8 / 128k 4246 -> 4414, 1 / 128k 3753 -> 3819;
+# 8 kv heads at 8 / 8k 3834 -> 3918, 8 / 32k 4212 -> 4346, 1 / 32k 3363 -> 3451 (one run); the benchmark with every
+# split doubled read 1 / 8k 1343 -> 1282 (8 chunks per split) and 8 / 1k no better (8). On the H100 one block per SM
+# won (choose_splits).
 SPLIT_BLOCKS_PER_SM = MappingProxyType({"h200": 2})
+WIDE_SPLIT_CHUNKS = 16  # chunks per split at least (four per warp of a 4-warp tile) for the second block per SM
 
 
-def split_blocks_per_sm(device: DeviceInfo, fp8: bool) -> int:
-    """choose_splits' per_sm for `device` (by its class) and the cache: 2 for e4m3 caches everywhere."""
-    return max(2 if fp8 else 1, SPLIT_BLOCKS_PER_SM.get(device_class(device) or "", 1))
+def device_splits(device: DeviceInfo, fp8: bool, batch: int, heads_kv: int, tiles: int, capacity: int) -> int:
+    """The split count of a call on `device`: choose_splits at one block per SM (two for e4m3 caches), or at the
+    device class's SPLIT_BLOCKS_PER_SM where each split keeps WIDE_SPLIT_CHUNKS chunks."""
+    n = choose_splits(batch, heads_kv, tiles, capacity, device.sm_count, 2 if fp8 else 1)
+    wide = SPLIT_BLOCKS_PER_SM.get(device_class(device) or "", 1)
+    if not fp8 and wide > 1:
+        more = choose_splits(batch, heads_kv, tiles, capacity, device.sm_count, wide)
+        if -(-capacity // CHUNK) // more >= WIDE_SPLIT_CHUNKS:
+            n = more
+    return n
 
 
 class Sm80Decode(Candidate):

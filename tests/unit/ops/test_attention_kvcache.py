@@ -151,18 +151,21 @@ def test_split_choice():
 
 
 def test_split_choice_fills_two_blocks_per_sm_on_an_h200():
-    """The H200 (class h200) splits into two blocks per SM for bf16 caches, as e4m3 caches do everywhere; an H100
-    (class h100-sxm) and a device described without a class keep one."""
+    """The H200 (class h200) splits bf16 caches into two blocks per SM where each split keeps 16+ chunks, as e4m3
+    caches split everywhere; an H100 (class h100-sxm) and a device described without a class keep one block."""
     from rtckern.device import DeviceInfo
 
-    def choice(batch, capacity, device, fp8=False):
-        return kvcache_split_choice(device=device, fp8=fp8, batch=batch, heads_kv=4, tiles=1, capacity=capacity,
-                                    sm_count=132)
+    def choice(batch, capacity, device, fp8=False, heads_kv=4):
+        return kvcache_split_choice(device=device, fp8=fp8, batch=batch, heads_kv=heads_kv, tiles=1,
+                                    capacity=capacity)
     h200 = DeviceInfo.for_arch("sm_90", sm_count=132, device_class="h200")
     h100 = DeviceInfo.for_arch("sm_90", sm_count=132, device_class="h100-sxm")
     plain = DeviceInfo.for_arch("sm_90", sm_count=132)
     assert [choice(8, 32768, d) for d in (h200, h100, plain)] == [8, 4, 4]
+    assert [choice(1, 131072, d) for d in (h200, h100, plain)] == [64, 32, 32]
     assert [choice(8, 32768, d, fp8=True) for d in (h200, h100, plain)] == [8, 8, 8]
+    assert choice(1, 8192, h200) == 32  # 64 splits would leave 8 chunks each
+    assert choice(8, 1024, h200) == 4 and choice(8, 1024, h200, heads_kv=8) == 4  # 8 chunks each; 16 each
     assert choice(64, 8192, h200) == 1  # the blocks fill the SMs unsplit
     # e4m3 caches: two blocks per SM (the H100 measurements in the rule's docstring)
     fp8 = lambda batch, capacity, heads_kv=4: kvcache_split_choice(  # noqa: E731
