@@ -644,12 +644,17 @@ def kvcache_simt_kernel_exprs(head_dims) -> tuple[str, list[str]]:
 
 
 def kvcache_split_choice(device=None, fp8: bool = False, **kw) -> int:
-    """attention_with_kvcache's split-KV count for (batch, heads_kv, tiles, capacity, sm_count); with `device` instead
-    of sm_count, the op's choice on that device (its class; an e4m3 cache with fp8)."""
+    """attention_with_kvcache's split-KV count for (batch, heads_kv, tiles, capacity, sm_count[, per_sm]); with
+    `device` instead of sm_count and per_sm, the op's choice on that device (its SM count and class); fp8: for an e4m3
+    cache."""
     from .ops._attention import kvcache_candidates as kc
 
     if device is not None:
+        if "sm_count" in kw or "per_sm" in kw:
+            raise TypeError("kvcache_split_choice: with device=, the device gives the SM count and blocks per SM")
         return kc.device_splits(device, fp8, kw["batch"], kw["heads_kv"], kw["tiles"], kw["capacity"])
+    if fp8:
+        kw.setdefault("per_sm", 2)
     return kc.choose_splits(**kw)
 
 

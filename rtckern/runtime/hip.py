@@ -12,6 +12,7 @@ machines or on compile-only machines. Unit tests cover the parts that need no GP
 from __future__ import annotations
 
 import ctypes
+import operator
 import threading
 from typing import Any, Sequence
 
@@ -25,9 +26,11 @@ from .streams import stream_handle
 REFUSED_IMAGE_ERRORS = {"hipErrorInvalidImage", "hipErrorNoBinaryForGpu", "hipErrorInvalidKernelFile",
                         "hipErrorSharedObjectInitFailed", "hipErrorNotFound"}
 _lock = threading.Lock()
-# Kernel.prepare's parameter kinds as the ctypes values hip-python packs ('M', a CUDA tensor map, has no AMD form)
+# Kernel.prepare's parameter kinds as the ctypes values hip-python packs ('M', a CUDA tensor map, has no AMD form),
+# with the integer ranges the native launcher enforces (ctypes itself wraps silently)
 _KIND_CTYPES = {"P": ctypes.c_ulonglong, "q": ctypes.c_longlong, "i": ctypes.c_int, "I": ctypes.c_uint,
                 "f": ctypes.c_float, "d": ctypes.c_double}
+_KIND_RANGES = {"P": (0, 2**64), "q": (-2**63, 2**63), "i": (-2**31, 2**31), "I": (0, 2**32)}
 
 
 class HipError(RtckernError):
@@ -118,12 +121,15 @@ def device_info(ordinal: int) -> DeviceInfo:
         warp_size=attr(A.hipDeviceAttributeWarpSize), name=_text(props.name), ordinal=ordinal)
 
 
-def _packs(ctype, value) -> bool:
-    try:
-        ctype(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+def _pack_kind(kind: str, value):
+    """`value` as the ctypes value of parameter kind `kind`; TypeError / ValueError / OverflowError when it is none."""
+    bounds = _KIND_RANGES.get(kind)
+    if bounds is not None:
+        v = operator.index(value)  # ints and numpy integers; a float or str raises TypeError
+        if not bounds[0] <= v < bounds[1]:
+            raise ValueError(f"{v} out of range")
+        return _KIND_CTYPES[kind](v)
+    return _KIND_CTYPES[kind](float(value))
 
 
 def pack_args(args: Sequence[Any]) -> tuple:
@@ -251,19 +257,18 @@ class HipKernel(KernelAttributes):
             raise LaunchError(f"{self.label}: parameter kinds {bad}; a HIP launch takes {' '.join(_KIND_CTYPES)} "
                               "(no tensor maps on AMD)")
         g, b = self.check_launch(grid, block, shared_mem, False)
-        types = tuple(_KIND_CTYPES[k] for k in kinds)
 
         def call(stream, *args):
-            if len(args) != len(types):
-                raise TypeError(f"launch of {self.label} takes a stream and {len(types)} kernel arguments; got "
-                                f"{len(args) + 1}")
-            try:
-                packed = tuple(t(a) for t, a in zip(types, args))
-            except (TypeError, ValueError):
-                i = next(i for i, (t, a) in enumerate(zip(types, args)) if not _packs(t, a))
-                raise TypeError(f"argument {i} of {self.label} (kind '{kinds[i]}'): cannot convert {args[i]!r}") \
-                    from None
-            self._launch_packed(g, b, packed, shared_mem, stream, False)
+            if len(args) != len(kinds):
+                raise TypeError(f"launch of {self.label} takes a stream and {len(kinds)} kernel arguments; got "
+                                f"{len(args) + 1} arguments")
+            packed = []
+            for i, (k, a) in enumerate(zip(kinds, args)):
+                try:
+                    packed.append(_pack_kind(k, a))
+                except (TypeError, ValueError, OverflowError):
+                    raise TypeError(f"argument {i} of {self.label} (kind '{k}'): cannot convert {a!r}") from None
+            self._launch_packed(g, b, tuple(packed), shared_mem, stream, False)
         return call
 
     def launch(self, grid, block, args: Sequence[Any] = (), shared_mem: int = 0, stream=None,

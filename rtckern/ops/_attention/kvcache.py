@@ -21,7 +21,8 @@ the last seqlen_q tokens); False: every query sees all len_b keys. A query that 
 GQA / MQA: heads_q = n * heads_kv; the n q heads of a kv head are processed together, so each cached byte is read
 once per kv head. head_dim 32, 64, 96, 128 or 256. softmax_scale: default 1 / sqrt(head_dim).
 num_splits: how many parts each sequence's keys are cut into, merged by their log-sum-exp (flash-decoding); 0 (default)
-chooses from batch, heads, the cache's capacity and the GPU's SM count; 1 never splits.
+chooses from batch, heads, the cache's capacity, the GPU's SM count and its class (an H200 takes more); 1 never
+splits.
 Returns o (batch, seqlen_q, heads_q, head_dim) contiguous, like q; with return_lse also lse float32 (batch, heads_q,
 seqlen_q), natural log.
 
@@ -420,7 +421,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
             of len_b = cache_seqlens[b] + seqlen_new tokens, clamped to the capacity); False: all len_b keys.
         softmax_scale: a positive finite number; None means 1 / sqrt(head_dim).
         num_splits: parts each sequence's keys are cut into and merged by log-sum-exp (flash-decoding); 0 chooses
-            from batch, heads, capacity and SM count; 1 never splits.
+            from batch, heads, capacity, SM count and the GPU's class; 1 never splits.
         return_lse: also return lse.
         k_scale, v_scale: for float8_e4m3fn caches only, float32 tensors of 1 element (per tensor) or (heads_kv,)
             (per kv head), both the same kind, non-negative (the kernels read them; 0, an all-zero head's amax /

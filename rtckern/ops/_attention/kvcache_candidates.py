@@ -159,10 +159,11 @@ def choose_splits(batch: int, heads_kv: int, tiles: int, capacity: int, sm_count
 # Blocks per SM the split rule may fill on a device class where more than one measured faster: the H200's bandwidth
 # wants more bytes in flight than one 4-warp block per SM keeps, where each split keeps at least WIDE_SPLIT_CHUNKS
 # chunks. H200, bf16 caches, head dim 128, GB/s (graph replays), the H100's one-block split count against twice as
-# many: 4 kv heads at batch 8 / 8k 3267 -> 3375, 8 / 32k 4021 -> 4162, 8 / 128k 4246 -> 4414, 1 / 128k 3753 -> 3819;
-# 8 kv heads at 8 / 8k 3834 -> 3918, 8 / 32k 4212 -> 4346, 1 / 32k 3363 -> 3451 (one run); the benchmark with every
-# split doubled read 1 / 8k 1343 -> 1282 (8 chunks per split) and 8 / 1k no better (8). On the H100 one block per SM
-# won (choose_splits).
+# many: 4 kv heads at batch 8 / 8k 3267 -> 3375, 8 / 32k 4021 -> 4162, 8 / 128k 4246 -> 4414, 1 / 128k 3753 -> 3819,
+# 1 / 32k 2652 -> 2604 (the benchmark later read 2588 -> 2646 there); 8 kv heads at 8 / 8k 3834 -> 3918, 8 / 32k 4212
+# -> 4346, 1 / 32k 3363 -> 3451 (one run); the benchmark with every split doubled read 1 / 8k 1343 -> 1282 (8 chunks
+# per split) and 8 / 1k no better (8). On the H100 one block per SM won (choose_splits). Other classes (h200-nvl,
+# gh200, Blackwell) keep one block until measured.
 SPLIT_BLOCKS_PER_SM = MappingProxyType({"h200": 2})
 WIDE_SPLIT_CHUNKS = 16  # chunks per split at least (four per warp of a 4-warp tile) for the second block per SM
 

@@ -148,6 +148,15 @@ def test_split_choice():
     assert choice(8, 8192, heads_kv=8) == 2
     assert choice(1, 10**7, heads_kv=1, sm_count=1000) == 256
     assert choice(2, 16, heads_kv=1) == 1
+    # e4m3 caches: two blocks per SM (the H100 measurements in the rule's docstring)
+    fp8 = lambda batch, capacity, heads_kv=4: kvcache_split_choice(  # noqa: E731
+        batch=batch, heads_kv=heads_kv, tiles=1, capacity=capacity, sm_count=132, per_sm=2)
+    assert fp8(8, 32768) == 8 and fp8(8, 32768, heads_kv=8) == 4 and fp8(1, 32768) == 64 and fp8(64, 8192) == 1
+    # two or more row tiles per kv head: two blocks per SM too
+    tiled = lambda batch, capacity, heads_kv, tiles, per_sm=1: kvcache_split_choice(  # noqa: E731
+        batch=batch, heads_kv=heads_kv, tiles=tiles, capacity=capacity, sm_count=132, per_sm=per_sm)
+    assert tiled(64, 32768, 1, 2) == 2 and tiled(16, 32768, 1, 2) == 8 and tiled(8, 32768, 4, 2) == 4
+    assert tiled(64, 8192, 4, 2) == 1 and tiled(8, 32768, 4, 2, per_sm=2) == 4
 
 
 def test_split_choice_fills_two_blocks_per_sm_on_an_h200():
@@ -159,23 +168,15 @@ def test_split_choice_fills_two_blocks_per_sm_on_an_h200():
         return kvcache_split_choice(device=device, fp8=fp8, batch=batch, heads_kv=heads_kv, tiles=1,
                                     capacity=capacity)
     h200 = DeviceInfo.for_arch("sm_90", sm_count=132, device_class="h200")
+    live = DeviceInfo.for_arch("sm_90", sm_count=132, name="NVIDIA H200", memory_bytes=143771 << 20)  # as probed
     h100 = DeviceInfo.for_arch("sm_90", sm_count=132, device_class="h100-sxm")
     plain = DeviceInfo.for_arch("sm_90", sm_count=132)
-    assert [choice(8, 32768, d) for d in (h200, h100, plain)] == [8, 4, 4]
+    assert [choice(8, 32768, d) for d in (h200, live, h100, plain)] == [8, 8, 4, 4]
     assert [choice(1, 131072, d) for d in (h200, h100, plain)] == [64, 32, 32]
     assert [choice(8, 32768, d, fp8=True) for d in (h200, h100, plain)] == [8, 8, 8]
     assert choice(1, 8192, h200) == 32  # 64 splits would leave 8 chunks each
     assert choice(8, 1024, h200) == 4 and choice(8, 1024, h200, heads_kv=8) == 4  # 8 chunks each; 16 each
     assert choice(64, 8192, h200) == 1  # the blocks fill the SMs unsplit
-    # e4m3 caches: two blocks per SM (the H100 measurements in the rule's docstring)
-    fp8 = lambda batch, capacity, heads_kv=4: kvcache_split_choice(  # noqa: E731
-        batch=batch, heads_kv=heads_kv, tiles=1, capacity=capacity, sm_count=132, per_sm=2)
-    assert fp8(8, 32768) == 8 and fp8(8, 32768, heads_kv=8) == 4 and fp8(1, 32768) == 64 and fp8(64, 8192) == 1
-    # two or more row tiles per kv head: two blocks per SM too
-    tiled = lambda batch, capacity, heads_kv, tiles, per_sm=1: kvcache_split_choice(  # noqa: E731
-        batch=batch, heads_kv=heads_kv, tiles=tiles, capacity=capacity, sm_count=132, per_sm=per_sm)
-    assert tiled(64, 32768, 1, 2) == 2 and tiled(16, 32768, 1, 2) == 8 and tiled(8, 32768, 4, 2) == 4
-    assert tiled(64, 8192, 4, 2) == 1 and tiled(8, 32768, 4, 2, per_sm=2) == 4
 
 
 @pytest.mark.parametrize("arch, expect", [("sm_80", "attention_with_kvcache.sm80_mma"),
