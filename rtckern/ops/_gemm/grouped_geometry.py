@@ -19,7 +19,6 @@ from .geometry import (SM90_SMEM_LIMIT, GemmProblem, Sm80Config, Sm90Config, lau
                        tma_store)
 
 OP = "grouped_gemm"
-SMEM_LIMIT = SM90_SMEM_LIMIT  # what a block may opt in to on sm_90, less the barriers' static shared memory
 
 
 @dataclass(frozen=True)
@@ -94,9 +93,9 @@ def invalid(p: GroupedProblem, cfg) -> str | None:
     why = cfg.invalid(p.dense())
     if why:
         return why
-    if smem_bytes(p, cfg) > SMEM_LIMIT:
+    if smem_bytes(p, cfg) > SM90_SMEM_LIMIT:
         return (f"{cfg.smem_bytes} bytes of ring and {shared.prefix_bytes(p.groups)} of tile prefix exceed the "
-                f"{SMEM_LIMIT} bytes of shared memory a block may have")
+                f"{SM90_SMEM_LIMIT} bytes of shared memory a block may have")
     return None
 
 
