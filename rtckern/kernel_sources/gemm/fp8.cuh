@@ -47,3 +47,9 @@ RTK_DEVICE float rtk_e5m2_to_float(unsigned char b) {
 RTK_DEVICE unsigned char rtk_float_to_e4m3_sat(float v) {
   return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
+
+// Two floats -> two e4m3 bytes, a in the low byte: rtk_float_to_e4m3_sat's rounding and saturation with one
+// conversion instruction for the pair (the quantizers' stores are bound by instructions, not by bytes).
+RTK_DEVICE unsigned short rtk_float2_to_e4m3x2_sat(float a, float b) {
+  return (unsigned short)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}

@@ -22,7 +22,7 @@ rtk_norm_fwd_rows_fp8(const TX* __restrict__ x, const TW* __restrict__ w, unsign
   constexpr int LPG = G / VEC;
   static_assert(G % VEC == 0 && LPG >= 1 && LPG <= 32 && (LPG & (LPG - 1)) == 0 && TPR % LPG == 0,
                 "a group is a power-of-two run of lanes inside one warp");
-  static_assert(VEC >= 2, "fp8 packs of at least 2 bytes");
+  static_assert(VEC % 2 == 0, "fp8 packs of whole e4m3 pairs");
   static_assert(RPB == 1 || TPR <= RTK_WARP_SIZE_CONST, "several rows per block need TPR <= warp size");
   constexpr int NV = (N / VEC + TPR - 1) / TPR;
   constexpr bool kPersist = (OPT & kOptPersist) != 0;
@@ -80,16 +80,16 @@ rtk_norm_fwd_rows_fp8(const TX* __restrict__ x, const TW* __restrict__ w, unsign
       float scale = amax / RTK_FP8_E4M3_MAX;
       if (!(scale > 0.f)) scale = 1.f;
       if (in) {
-        rtk_norm_pack<unsigned char, VEC> out;
+        rtk_norm_pack<unsigned short, VEC / 2> out;  // e4m3 pairs: one conversion per two elements
 #if RTK_ARCH >= 900
         const float inv = __frcp_rn(scale);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out.v[j] = rtk_float_to_e4m3_sat(v[j] * inv);
+        for (int j = 0; j < VEC / 2; ++j) out.v[j] = rtk_float2_to_e4m3x2_sat(v[2 * j] * inv, v[2 * j + 1] * inv);
 #else  // sm_89: with the reciprocal ptxas spills 4 bytes in two variants (N 7168, group 256); a division instead
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out.v[j] = rtk_float_to_e4m3_sat(v[j] / scale);
+        for (int j = 0; j < VEC / 2; ++j) out.v[j] = rtk_float2_to_e4m3x2_sat(v[2 * j] / scale, v[2 * j + 1] / scale);
 #endif
-        rtk_norm_store<kStDefault>(q_row + c, out);
+        rtk_norm_store<kStDefault>(reinterpret_cast<unsigned short*>(q_row + c), out);
         if (t % LPG == 0) s_row_p[(c / G) * s_col] = scale;
       }
     }
