@@ -13,6 +13,7 @@ by cost, then priority: l2 (130) > stage (128, backward) > l2c (125) > cluster (
 """
 from __future__ import annotations
 
+import dataclasses
 from types import MappingProxyType
 from typing import Any
 
@@ -308,16 +309,20 @@ FP8 = "fp8_e4m3"
 
 
 def quant_rows_config(p, group: int):
-    """rms_norm_quant's own rule for rows that take a whole block: about two packs per thread, persistent (each block
-    prefetches its next row). RMSNorm's configs (tuned for a 2-byte output) held four packs at 64 registers, half
-    the warps an SM could hold. Measured on an H100, bf16, group 128, GB/s from graph replays (docs/performance.md):
-    4096 x 7168 2485 with 448 threads persistent against 1966 with RMSNorm's 256, 16384 x 7168 2717 vs 2289, 8192 x
-    4096 2571 vs 2568, 16384 x 2048 2583 vs 2446. None below 128 threads per row (shorter rows, not measured:
-    RMSNorm's config)."""
-    base = geometry.rows_config(p.n, p.vec, packs_per_thread=2)
-    if base.rpb != 1 or base.tpr < 128 or geometry.quant_reason(p.n, p.vec, group, base):
+    """rms_norm_quant's own rule for rows that take a whole block: (problem, config) with the kernel's pack width in
+    the problem, or None for shorter rows (RMSNorm's config then, not measured). Persistent (each block prefetches
+    its next row), about 16 elements per thread: one pack of two 16-byte vectors where the rows allow 16-byte loads,
+    else two packs. Measured (GB/s, graph replays, bf16, group 128; docs/performance.md): RMSNorm's configs (four
+    packs at 64 registers, tuned for a 2-byte output) against two packs of 8, persistent, on an H100: 4096 x 7168
+    1966 vs 2485 with 448 threads, 16384 x 7168 2289 vs 2717, 8192 x 4096 2568 vs 2571, 16384 x 2048 2446 vs 2583;
+    then one pack of 16 against two of 8 on an H200: 2954-3262 -> 3472-3645 over those four shapes (each lane's
+    share of its group's maximum, division and reciprocal covers twice the elements)."""
+    wide = p.vec * geometry.ITEMSIZE[p.x] == 16
+    kp = dataclasses.replace(p, vec=2 * p.vec) if wide else p
+    base = geometry.rows_config(kp.n, kp.vec, packs_per_thread=1 if wide else 2)
+    if base.rpb != 1 or base.tpr < 128 or geometry.quant_reason(kp.n, kp.vec, group, base):
         return None
-    return geometry.RowsConfig(base.tpr, 1, 1)
+    return kp, geometry.RowsConfig(base.tpr, 1, 1)
 
 
 class RmsNormQuantRows(Candidate):
@@ -337,9 +342,10 @@ class RmsNormQuantRows(Candidate):
         if hit is None:
             p = fwd_problem(req)
             group = req.dim("group")
-            cfg = quant_rows_config(p, group)
-            if cfg is not None and geometry.fwd_feasible(p, "rows", cfg):
-                cfg = None
+            cfg = None
+            rule = quant_rows_config(p, group)
+            if rule is not None and not geometry.fwd_feasible(rule[0], "rows", rule[1]):
+                p, cfg = rule
             if cfg is None:
                 cfg = configs.fwd_config(p, "rows", req.device)
             if cfg is not None and geometry.quant_reason(p.n, p.vec, group, cfg):

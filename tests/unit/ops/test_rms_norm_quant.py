@@ -21,7 +21,7 @@ def test_request_and_candidate():
     (spec,) = cand.kernel_specs(req)
     assert spec.name == "rtk_norm_fwd_rows_fp8" and spec.template_args[-1] == "128"
     assert "multiple of group=128" in cand.supports(C.quant_request("bf16", "bf16", 192, 8, 128, False, DEV))
-    assert "too narrow" in cand.supports(C.quant_request("fp32", "fp32", 4096, 4, 256, False, DEV))
+    assert "too narrow" in cand.supports(C.quant_request("fp32", "fp32", 512, 4, 256, False, DEV))
     assert "rms_norm_quant writes" in cand.supports(
         build_request("rms_norm", shape=(4096,), dtype="bf16", device=DEV).__class__(
             op="rms_norm_quant", dtypes=(("w", "bf16"), ("x", "bf16"), ("y", "bf16")),
@@ -38,13 +38,23 @@ def test_explain_names_the_candidate():
 
 
 def test_long_rows_take_the_quant_rule():
-    """Rows of a whole block: about two packs per thread, persistent; shorter rows keep RMSNorm's config."""
+    """Rows of a whole block: persistent, one pack of two 16-byte vectors per thread where the rows allow 16-byte
+    loads (else two packs); shorter rows keep RMSNorm's config and pack width."""
     dev = DeviceInfo.for_arch("sm_90")
     cand = C.RmsNormQuantRows()
+
+    def vec_of(req):
+        return int(cand.kernel_specs(req)[0].template_args[3])
+
     for n, tpr in ((2048, 128), (4096, 256), (7168, 448), (8192, 512)):
-        assert cand.config(C.quant_request("bf16", "bf16", n, 8, 128, False, dev)) == G.RowsConfig(tpr, 1, 1)
-    short = cand.config(C.quant_request("bf16", "bf16", 256, 8, 128, False, dev))
-    assert short.opt & 1 == 0
+        req = C.quant_request("bf16", "bf16", n, 8, 128, False, dev)
+        assert cand.config(req) == G.RowsConfig(tpr, 1, 1) and vec_of(req) == 16
+    fp32 = C.quant_request("fp32", "fp32", 4096, 4, 256, False, dev)  # packs of 8 floats hold groups of 256
+    assert cand.supports(fp32) is None and vec_of(fp32) == 8
+    narrow = C.quant_request("bf16", "bf16", 7168, 4, 128, False, dev)  # rows aligned to 8 bytes: 8-byte loads
+    assert cand.supports(narrow) is None and vec_of(narrow) == 4 and cand.config(narrow).opt & 1
+    short = C.quant_request("bf16", "bf16", 256, 8, 128, False, dev)
+    assert cand.config(short).opt & 1 == 0 and vec_of(short) == 8
 
 
 def _variants():
@@ -58,6 +68,7 @@ def _variants():
                         cand = C.RmsNormQuantRows()
                         if cand.supports(req) is None:
                             yield from cand.kernel_specs(req)
+        yield from C.RmsNormQuantRows().kernel_specs(C.quant_request("bf16", "bf16", 7168, 4, 128, False, dev))
         p = G.FwdProblem(layer=False, n=4096, x="bf16", w="fp32", y="bf16", vec=8, zero_centered=True)
         for cfg in (G.RowsConfig(128, 1, 0), G.RowsConfig(128, 1, 1), G.RowsConfig(256, 1, 4), G.RowsConfig(512, 1, 2)):
             yield G.quant_spec(p, cfg, 128, Arch.parse(arch))
