@@ -49,7 +49,7 @@ def test_long_rows_take_the_quant_rule():
     for n, tpr in ((2048, 128), (4096, 256), (7168, 448), (8192, 512)):
         req = C.quant_request("bf16", "bf16", n, 8, 128, False, dev)
         assert cand.config(req) == G.RowsConfig(tpr, 1, 1) and vec_of(req) == 16
-    fp32 = C.quant_request("fp32", "fp32", 4096, 4, 256, False, dev)  # packs of 8 floats hold groups of 256
+    fp32 = C.quant_request("fp32", "fp32", 4096, 4, 128, False, dev)
     assert cand.supports(fp32) is None and vec_of(fp32) == 8
     narrow = C.quant_request("bf16", "bf16", 7168, 4, 128, False, dev)  # rows aligned to 8 bytes: 8-byte loads
     assert cand.supports(narrow) is None and vec_of(narrow) == 4 and cand.config(narrow).opt & 1
