@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import tempfile
 from pathlib import Path
@@ -482,10 +483,15 @@ def test_shipped_tables_parse_and_fit():
 
 
 # ---- real NVRTC compiles -------------------------------------------------------------------------------------------
+SWEEP_N = (1024, 4096, 8192, 16384, 65536)
+
+
 def _all_name_expressions(arch: str) -> list[str]:
     """Every kernel the candidates can ask for on a device of `arch`, over the row lengths of the GPU tests, their
-    vector widths (and width 1), the tuning sweep's configs and the heuristic's. (The ring kernel's sweep:
-    test_softmax_ring.py.)"""
+    vector widths (and width 1), the tuning sweep's configs and the heuristic's. The sweep's fp16 configs are its
+    bf16 ones (test_every_variant_compiles_with_nvrtc checks) and run the same 2-byte code paths, so its kernels are
+    compiled for fp32 and bf16; fp16 kernels come from every op and row length of the candidates' own configs. (The
+    ring kernel's sweep: test_softmax_ring.py.)"""
     from rtckern.registry.candidate import arch_reason
 
     dev = DeviceInfo.for_arch(arch)
@@ -499,8 +505,8 @@ def _all_name_expressions(arch: str) -> list[str]:
                         if arch_reason(c, req) is None and c.supports(req) is None:
                             exprs.update(s.name_expression for s in c.kernel_specs(req))
     for direction in (FWD, BWD):
-        for dt in geometry.CTYPES:
-            for n in (1024, 4096, 8192, 16384, 65536):
+        for dt in ("fp32", "bf16"):
+            for n in SWEEP_N:
                 vec = geometry.vector_width(dt, n)
                 for kind in (PLAIN, MASKED) if direction == FWD else (PLAIN,):
                     for cfg in tune.sweep_configs(direction, dt, n, vec, dev.max_smem_per_block_optin,
@@ -553,6 +559,13 @@ def test_every_variant_compiles_with_nvrtc(arch, fresh):
     from rtckern.testing import compile_name_expressions
 
     assert len(_all_name_expressions(arch)) > 100
+    dev = DeviceInfo.for_arch(arch)
+    for direction, kind, n in itertools.product((FWD, BWD), (PLAIN, MASKED), SWEEP_N):
+        if direction == FWD or kind == PLAIN:
+            fp16, bf16 = (tune.sweep_configs(direction, dt, n, geometry.vector_width(dt, n),
+                                             dev.max_smem_per_block_optin, dev.max_threads_per_sm, kind)
+                          for dt in ("fp16", "bf16"))
+            assert fp16 == bf16, (direction, kind, n)
     failures = compile_name_expressions(geometry.SOURCE, _compiled_expressions(arch), arch)
     assert not failures, "\n".join(failures)
 
