@@ -259,8 +259,9 @@ __global__ void __launch_bounds__(NWARPS * 32)
       const int r = idx / (HD / 16);
       const int c = idx - r * (HD / 16);
       static_assert(!R::swizzle, "the expanded chunk is written in padded rows");
-      kv_fp8_expand16<T>(rK + buf * RAW + r * HD + c * 16, sK + r * SROW + c * 16);
-      kv_fp8_expand16<T>(rV + buf * RAW + r * HD + c * 16, sV + r * SROW + c * 16);
+      const int first = (c >> 2) & 1;  // conflict-free stores into the padded rows (kv_fp8_expand16)
+      kv_fp8_expand16<T>(rK + buf * RAW + r * HD + c * 16, sK + r * SROW + c * 16, first);
+      kv_fp8_expand16<T>(rV + buf * RAW + r * HD + c * 16, sV + r * SROW + c * 16, first);
     }
     __syncwarp();
     const unsigned sK_lane = smem_addr(sK + k_off);

@@ -27,9 +27,13 @@ RTK_DEVICE unsigned kv_half2_as<rtk_bf16>(__half2_raw p) {
   return pack2<rtk_bf16>(f.x, f.y);
 }
 
-// 16 e4m3 bytes at src (shared memory, 16-byte aligned) -> 16 elements of T at dst (16-byte aligned).
+// 16 e4m3 bytes at src (shared memory, 16-byte aligned) -> 16 elements of T at dst (16-byte aligned), as two
+// 16-byte stores: half `first` (0 or 1) of the 32 bytes in the first, the other in the second. Eight lanes that store
+// 32-byte pieces of one row at a 32-byte stride all hit 4 of the 8 bank groups if each stores its first half first
+// (a 2-way conflict on every store: ncu on an H200, 11.5 M conflicts in one batch-8 / 32k decode); with `first`
+// alternating every four pieces each store covers all 8.
 template <typename T>
-RTK_DEVICE void kv_fp8_expand16(const unsigned char* src, T* dst) {
+RTK_DEVICE void kv_fp8_expand16(const unsigned char* src, T* dst, int first = 0) {
   const uint4 raw = *reinterpret_cast<const uint4*>(src);
   const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
   unsigned out[8];
@@ -40,8 +44,11 @@ RTK_DEVICE void kv_fp8_expand16(const unsigned char* src, T* dst) {
       out[2 * i + h] = kv_half2_as<T>(
           __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * h)), __NV_E4M3));
     }
-  reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
-  reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
+  const uint4 lo = make_uint4(out[0], out[1], out[2], out[3]);
+  const uint4 hi = make_uint4(out[4], out[5], out[6], out[7]);
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[first] = first ? hi : lo;
+  d[first ^ 1] = first ? lo : hi;
 }
 
 // Append into an fp8 cache: token t of k_new / v_new (batch, seqlen_new, heads_kv, HD), q's dtype, divided by its
