@@ -259,7 +259,9 @@ __global__ void __launch_bounds__(NWARPS * 32)
       const int r = idx / (HD / 16);
       const int c = idx - r * (HD / 16);
       static_assert(!R::swizzle, "the expanded chunk is written in padded rows");
-      const int first = (c >> 2) & 1;  // conflict-free stores into the padded rows (kv_fp8_expand16)
+      // conflict-free stores into the padded rows at head dims 128 and 256 (kv_fp8_expand16); 64 is conflict-free
+      // as is, and 96 (rows of 13 bank groups) has fewer conflicts without the alternation
+      const int first = HD % 128 == 0 ? (c >> 2) & 1 : 0;
       kv_fp8_expand16<T>(rK + buf * RAW + r * HD + c * 16, sK + r * SROW + c * 16, first);
       kv_fp8_expand16<T>(rV + buf * RAW + r * HD + c * 16, sV + r * SROW + c * 16, first);
     }

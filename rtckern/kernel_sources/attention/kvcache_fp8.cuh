@@ -29,9 +29,9 @@ RTK_DEVICE unsigned kv_half2_as<rtk_bf16>(__half2_raw p) {
 
 // 16 e4m3 bytes at src (shared memory, 16-byte aligned) -> 16 elements of T at dst (16-byte aligned), as two
 // 16-byte stores: half `first` (0 or 1) of the 32 bytes in the first, the other in the second. Eight lanes that store
-// 32-byte pieces of one row at a 32-byte stride all hit 4 of the 8 bank groups if each stores its first half first
-// (a 2-way conflict on every store: ncu on an H200, 11.5 M conflicts in one batch-8 / 32k decode); with `first`
-// alternating every four pieces each store covers all 8.
+// pieces 0-7 of one row at a 32-byte stride all hit 4 of the 8 bank groups if each stores its first half first (a
+// 2-way conflict on every store: ncu on an H200, 11.6 M conflicts in one batch-8 / 32k decode at head dim 128); with
+// pieces 4-7 storing their second half first each store covers all 8 (the caller picks `first` per head dim).
 template <typename T>
 RTK_DEVICE void kv_fp8_expand16(const unsigned char* src, T* dst, int first = 0) {
   const uint4 raw = *reinterpret_cast<const uint4*>(src);

@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(256)
   constexpr int GPW = 32 / LPG;
   constexpr int ROUNDS = rtk_quant_fp8_geometry<T, G>::ROUNDS;
   static_assert(G % 32 == 0 && G <= 256 && LPG >= 1 && LPG <= 32 && 32 % LPG == 0, "group of 32 to 256 elements");
+  static_assert(V % 2 == 0, "a lane's elements convert to e4m3 in pairs");
   // 32-bit group indices (the host refuses 2^31 groups or more): 64-bit divisions cost more than the loads
   const unsigned groups_per_row = static_cast<unsigned>(k / G);
   const unsigned total = static_cast<unsigned>(m) * groups_per_row;

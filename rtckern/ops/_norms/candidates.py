@@ -315,8 +315,9 @@ def quant_rows_config(p, group: int):
     else two packs. Measured (GB/s, graph replays, bf16, group 128; docs/performance.md): RMSNorm's configs (four
     packs at 64 registers, tuned for a 2-byte output) against two packs of 8, persistent, on an H100: 4096 x 7168
     1966 vs 2485 with 448 threads, 16384 x 7168 2289 vs 2717, 8192 x 4096 2568 vs 2571, 16384 x 2048 2446 vs 2583;
-    then one pack of 16 against two of 8 on an H200: 2954-3262 -> 3472-3645 over those four shapes (each lane's
-    share of its group's maximum, division and reciprocal covers twice the elements)."""
+    then one pack of 16 against two of 8 on an H200: 2842-3297 -> 3428-3743 over those four shapes (each lane's
+    share of its group's maximum, division and reciprocal covers twice the elements). The wide pack changes no
+    alignment need: it is loaded and stored as 16-byte pieces."""
     wide = p.vec * geometry.ITEMSIZE[p.x] == 16
     kp = dataclasses.replace(p, vec=2 * p.vec) if wide else p
     base = geometry.rows_config(kp.n, kp.vec, packs_per_thread=1 if wide else 2)
@@ -363,6 +364,9 @@ class RmsNormQuantRows(Candidate):
             return f"output dtype {req.dtype('y')} not supported; rms_norm_quant writes {FP8}"
         if req.dtype("x") not in geometry.DTYPES:
             return f"input dtype {req.dtype('x')} not supported; supported: {', '.join(geometry.DTYPES)}"
+        why = geometry.quant_dtype_reason(req.dtype("x"), req.dim("group"))
+        if why:
+            return why
         p, cfg = self._memo_of(req)
         if cfg is None:
             return f"no row geometry keeps N={p.n} ({p.x}) within the register budget"

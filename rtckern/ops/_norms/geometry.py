@@ -543,6 +543,17 @@ QUANT_GROUPS = (32, 64, 128, 256)
 QUANT_MAX_LANES = 32  # a group's lanes (group / vec) share one warp
 
 
+def quant_dtype_reason(x: str, group: int) -> str | None:
+    """None when x's dtype can take groups of `group`: a group spans at most QUANT_MAX_LANES lanes of one 16-byte
+    load each (the host refuses wider groups before any alignment check, and so does the candidate)."""
+    widest = QUANT_MAX_LANES * (16 // ITEMSIZE[x])
+    if group > widest:
+        return (f"group={group} is too wide for {x} x: a group spans at most {QUANT_MAX_LANES} lanes of one 16-byte "
+                f"load ({16 // ITEMSIZE[x]} elements each), so {x} takes groups of at most {widest}; pick a smaller "
+                "group")
+    return None
+
+
 def quant_reason(n: int, vec: int, group: int, cfg: RowsConfig | None) -> str | None:
     """None when the fp8 row kernel can serve rows of n with this vector width, group and row config."""
     if group not in QUANT_GROUPS:

@@ -2,13 +2,13 @@
 
     q, scales = rtckern.ops.rms_norm_quant(x, weight, eps=1e-6, group=128, scale_format="row", zero_centered=False)
 
-x (..., N) fp32 / fp16 / bf16 with contiguous rows, N a multiple of group (32, 64, 128 or 256), rows aligned to
-max(2, group / 32) elements; weight (N,) like rms_norm's (x's dtype or fp32). y = x * rstd * weight in fp32 (not
-rounded to x's dtype), then per group of `group` columns: scale = amax(|y|) / 448 (1 for an all-zero group),
-q = y / scale as float8_e4m3fn, rounded to nearest even and saturated to +-448: what rms_norm(..., out_dtype=fp32)
-followed by quantize_fp8 gives. q has x's shape; scales (M, N / group) fp32 with M = x.numel() / N rows, in
-quantize_fp8's layouts: "row" (row-major) or "col_tma" (column-major, M padded to a multiple of 4: the a_scale
-gemm_fp8's block-scaled kernel reads fastest for q.view(M, N)). Needs an sm_89+ NVIDIA GPU; torch tensors only.
+x (..., N) fp32 / fp16 / bf16 with contiguous rows, N a multiple of group (32, 64, 128 or 256; fp32 at most 128),
+rows aligned to max(2, group / 32) elements; weight (N,) like rms_norm's (x's dtype or fp32). y = x * rstd * weight
+in fp32 (not rounded to x's dtype), then per group of `group` columns: scale = amax(|y|) / 448 (1 for an all-zero
+group), q = y / scale as float8_e4m3fn, rounded to nearest even and saturated to +-448: what rms_norm(...,
+out_dtype=fp32) followed by quantize_fp8 gives. q has x's shape; scales (M, N / group) fp32 with M = x.numel() / N
+rows, in quantize_fp8's layouts: "row" (row-major) or "col_tma" (column-major, M padded to a multiple of 4: the
+a_scale gemm_fp8's block-scaled kernel reads fastest for q.view(M, N)). Needs an sm_89+ NVIDIA GPU; torch tensors only.
 
 Why a separate op rather than rms_norm(..., out_dtype=float8_e4m3fn, return_scales=True): its result is always a
 pair (q, scales) with a layout option rms_norm does not have, so one fixed signature serves the ops, the torch
@@ -16,7 +16,8 @@ custom op (whose schema needs fixed returns) and `rtckern explain`; and rms_norm
 plans stay exactly as they were (no extra branch or output slot in the existing paths). rms_norm given an fp8
 out_dtype points here. It is a variant of the norms row kernel (kernel_sources/norms/fwd_rows_fp8.cuh: the same
 loads, statistics and persistent loop, a quantizing store), selected through the norms registry
-(rms_norm_quant.rows) with RMSNorm's row config for the shape.
+(rms_norm_quant.rows): rows of a whole block take its own rule (persistent; one pack of two 16-byte vectors per
+thread where the rows allow 16-byte loads), shorter rows RMSNorm's row config for the shape.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def rms_norm_quant(x, weight=None, eps: float = 1e-6, *, group: int = 128, scale
             N a multiple of group.
         weight: (N,) in x's dtype or fp32, or None.
         eps: added to the mean square, finite and >= 0.
-        group: columns per scale: 32, 64, 128 or 256.
+        group: columns per scale: 32, 64, 128 or 256 (fp32 x: at most 128).
         scale_format: "row" (scales (M, N / group) row-major) or "col_tma" (column-major, M padded to a multiple
             of 4: the a_scale layout gemm_fp8's block-scaled kernel reads fastest).
         zero_centered: the weight is stored as gamma - 1.
@@ -113,6 +114,9 @@ def _build(x, weight, eps, group, scale_format, zero_centered) -> QuantNormPlan:
     if n % group:
         raise InputError(f"x has shape {xa.shape}: its last dimension N={n} is not a multiple of group={group}; "
                          "pick a group that divides N")
+    why = geometry.quant_dtype_reason(xa.dtype, group)
+    if why:
+        raise InputError(why)
     isz = geometry.ITEMSIZE[xa.dtype]
     need = max(2, group // geometry.QUANT_MAX_LANES)
     pairs = [(isz, geometry.byte_alignment(xa.ptr, xa.row_stride * isz))]

@@ -40,10 +40,31 @@ def test_custom_ops_equal_the_ops_and_fake_strides(m, fmt):
 @pytest.mark.parametrize("n, group", [(4096, 128), (7168, 128), (8192, 128), (256, 64), (1024, 32), (2048, 256)])
 @pytest.mark.parametrize("fmt", ["row", "col_tma"])
 def test_rms_norm_quant_equals_norm_then_quantize(dtype, n, group, fmt):
-    if dtype == F32 and group == 256:
-        pytest.skip("fp32 rows pack 4 elements: groups of 256 need 8 (refused with that reason)")
+    from rtckern.errors import InputError
+
     x = torch.randn(37, n, device="cuda", dtype=dtype) * 3
     w = torch.randn(n, device="cuda", dtype=dtype)
+    if dtype == F32 and group == 256:
+        with pytest.raises(InputError, match="fp32 takes groups of at most 128"):
+            rk.rms_norm_quant(x, w, 1e-6, group=group, scale_format=fmt)
+        return
+    _check_against_norm_then_quantize(x, w, group, fmt)
+
+
+@pytest.mark.parametrize("case", ["fp32 weight", "rows aligned to 8 bytes", "no weight"])
+def test_rms_norm_quant_weights_and_alignment(case):
+    """bf16 rows of a whole block (the wide packs) with an fp32 weight or none, and rows aligned to 8 bytes only
+    (two packs of 4 per thread)."""
+    n = 7168
+    x = torch.randn(29, n + 4, device="cuda", dtype=BF16) * 3
+    x = x[:, 4:] if case == "rows aligned to 8 bytes" else x[:, :n].contiguous()
+    w = None if case == "no weight" else torch.randn(n, device="cuda", dtype=F32 if case == "fp32 weight" else BF16)
+    _check_against_norm_then_quantize(x, w, 128, "row")
+
+
+def _check_against_norm_then_quantize(x, w, group, fmt):
+    """rms_norm_quant against rms_norm (fp32 out) + quantize_fp8, and against a float64 normalization."""
+    rows, n = x.shape
     q, s = rk.rms_norm_quant(x, w, 1e-6, group=group, scale_format=fmt)
     y = rk.rms_norm(x, w, 1e-6, out_dtype=torch.float32)
     q2, s2 = rk.quantize_fp8(y, group, fmt)
@@ -53,9 +74,9 @@ def test_rms_norm_quant_equals_norm_then_quantize(dtype, n, group, fmt):
     assert (diff > 0.13).sum() == 0  # at most one e4m3 step (2^-3 relative) where fp32 rounding differs
     # against float64: the dequantized output is within e4m3 rounding of the exact normalization
     x64 = x.double()
-    y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
-    deq = q.float().double().view(37, n // group, group) * s.double().unsqueeze(-1)
-    err = (deq.view(37, n) - y64).abs()
+    y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 if w is None else w.double())
+    deq = q.float().double().view(rows, n // group, group) * s.double().unsqueeze(-1)
+    err = (deq.view(rows, n) - y64).abs()
     bound = 2 ** -4 * y64.abs() + s.double().repeat_interleave(group, 1) * 2 ** -9 + 1e-5 * y64.abs().amax()
     assert (err <= bound).all()
 

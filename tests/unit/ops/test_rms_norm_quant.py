@@ -21,7 +21,10 @@ def test_request_and_candidate():
     (spec,) = cand.kernel_specs(req)
     assert spec.name == "rtk_norm_fwd_rows_fp8" and spec.template_args[-1] == "128"
     assert "multiple of group=128" in cand.supports(C.quant_request("bf16", "bf16", 192, 8, 128, False, DEV))
-    assert "too narrow" in cand.supports(C.quant_request("fp32", "fp32", 512, 4, 256, False, DEV))
+    assert "too narrow" in cand.supports(C.quant_request("bf16", "bf16", 4096, 4, 256, False, DEV))
+    # fp32 takes groups of at most 128 whatever the rows (the host refuses the same with the same reason)
+    fp32_256 = C.quant_request("fp32", "fp32", 4096, 4, 256, False, DEV)
+    assert "fp32 takes groups of at most 128" in cand.supports(fp32_256)
     assert "rms_norm_quant writes" in cand.supports(
         build_request("rms_norm", shape=(4096,), dtype="bf16", device=DEV).__class__(
             op="rms_norm_quant", dtypes=(("w", "bf16"), ("x", "bf16"), ("y", "bf16")),
@@ -63,7 +66,7 @@ def _variants():
         for x in G.DTYPES:
             for n in (256, 2048, 4096, 7168, 8192):
                 for group in G.QUANT_GROUPS:
-                    for w in (x, None):
+                    for w in dict.fromkeys((x, "fp32", None)):
                         req = C.quant_request(x, w, n, 4 if x == "fp32" else 8, group, False, dev)
                         cand = C.RmsNormQuantRows()
                         if cand.supports(req) is None:
