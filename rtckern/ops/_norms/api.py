@@ -154,8 +154,9 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
         ra = _rows(residual, "residual")
         _check_like(ra, xa, "residual", (xa.dtype,))
     if out_dtype is not None and _any_dtype(out_dtype).startswith("fp8"):
-        raise InputError(f"{op} does not write fp8 (out_dtype={out_dtype}): fp8 activations need per-group scales; "
-                         "use rtckern.ops.rms_norm_quant(x, weight, eps, group=128), which returns (q, scales)")
+        raise InputError(f"{op} does not write fp8 (out_dtype={out_dtype}) alone: fp8 activations need per-group "
+                         "scales; pass return_scales=True (rms_norm, e4m3, groups of 128) for (q, scales), or use "
+                         "rtckern.ops.rms_norm_quant(x, weight, eps, group=...) for other groups and scale layouts")
     y_dtype = xa.dtype if out_dtype is None else _dtype_name(out_dtype, "out_dtype")
     e = _eps(eps)
     if xa.rows == 0:
@@ -178,7 +179,7 @@ def _forward(layer: bool, x, weight, bias, eps, residual, zero_centered, out_dty
 
 
 def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6, *, residual: Any = None, zero_centered: bool = False,
-             out_dtype: Any = None, return_rstd: bool = False):
+             out_dtype: Any = None, return_rstd: bool = False, return_scales: bool = False):
     """RMSNorm over the last dimension: y = x / sqrt(mean(x^2) + eps) * weight, arithmetic in fp32.
 
     Args:
@@ -187,14 +188,18 @@ def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6, *, residual: Any = N
         eps: added to the mean square, finite and >= 0.
         residual: x's shape and dtype, or None: h = x + residual (rounded to x's dtype) is normalized and returned.
         zero_centered: the weight is stored as gamma - 1 (y = x_hat * (1 + weight)), as in Gemma.
-        out_dtype: y's dtype (fp32 / fp16 / bf16; a torch or numpy dtype or a name), default x's. fp8 is refused:
-            use rms_norm_quant.
+        out_dtype: y's dtype (fp32 / fp16 / bf16; a torch or numpy dtype or a name), default x's; fp8 e4m3
+            (float8_e4m3fn) together with return_scales=True.
         return_rstd: also return rstd = 1 / sqrt(mean(h^2) + eps), fp32 of shape x.shape[:-1] (for the backward).
+        return_scales: with out_dtype=float8_e4m3fn, normalize and quantize in one pass: (q, scales) with one fp32
+            scale per 128 columns, row-major (M, N / 128), exactly rms_norm_quant(x, weight, eps,
+            zero_centered=zero_centered); rms_norm_quant itself takes other groups and the column-major layout.
+            No residual or rstd with it.
 
     Returns:
         y (x's shape) alone; (y, h) with a residual; rstd appended last with return_rstd: (y, rstd) or
-        (y, h, rstd). Arrays of x's library (torch in -> torch out, CuPy in -> CuPy out), computed on its current
-        stream; bitwise the same for the same inputs on a given device.
+        (y, h, rstd); (q, scales) with return_scales. Arrays of x's library (torch in -> torch out, CuPy in -> CuPy
+        out), computed on its current stream; bitwise the same for the same inputs on a given device.
 
     Raises:
         InputError: an array that is not a CUDA array (torch tensor, CuPy array, or DLPack / CUDA-array-interface
@@ -203,7 +208,20 @@ def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6, *, residual: Any = N
         UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op, or
             the GPU is older than every candidate's minimum).
     """
+    if return_scales:
+        return _quantized(x, weight, eps, residual, zero_centered, out_dtype, return_rstd)
     return _forward(False, x, weight, None, eps, residual, zero_centered, out_dtype, return_rstd)
+
+
+def _quantized(x, weight, eps, residual, zero_centered, out_dtype, return_rstd):
+    """rms_norm(..., out_dtype=float8_e4m3fn, return_scales=True): rms_norm_quant with groups of 128."""
+    if out_dtype is None or _any_dtype(out_dtype) != "fp8_e4m3":
+        raise InputError(f"return_scales=True goes with out_dtype=float8_e4m3fn (got out_dtype={out_dtype}): the "
+                         "scales are those of fp8 e4m3 groups; drop return_scales for an unquantized y")
+    if residual is not None or return_rstd:
+        raise InputError("rms_norm with return_scales=True takes no residual and returns no rstd: add the residual "
+                         "first (or call rms_norm(x, residual=...) and then quantize_fp8), and drop return_rstd")
+    return rms_norm_quant(x, weight, eps, zero_centered=zero_centered)
 
 
 def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5, *, residual: Any = None,

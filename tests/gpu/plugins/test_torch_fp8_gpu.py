@@ -93,6 +93,15 @@ def test_rms_norm_quant_torch_op_and_3d_rows():
     assert y.shape == (66, 512) and torch.isfinite(y.float()).all()
 
 
+def test_rms_norm_fp8_out_dtype_with_return_scales_is_rms_norm_quant():
+    x = torch.randn(33, 4096, device="cuda", dtype=BF16)
+    w = torch.randn(4096, device="cuda", dtype=BF16)
+    q, s = rk.rms_norm(x, w, 1e-6, out_dtype=E4M3, return_scales=True, zero_centered=True)
+    q2, s2 = rk.rms_norm_quant(x, w, 1e-6, zero_centered=True)
+    assert q.dtype == E4M3 and s.shape == (33, 32)
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
+
+
 def test_rms_norm_refuses_fp8_out_dtype_and_points_to_rms_norm_quant():
     from rtckern.errors import InputError
 

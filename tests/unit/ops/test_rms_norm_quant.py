@@ -8,7 +8,7 @@ from rtckern.arch import Arch
 from rtckern.device import DeviceInfo
 from rtckern.ops._norms import candidates as C
 from rtckern.ops._norms import geometry as G
-from rtckern.errors import OptionError
+from rtckern.errors import InputError, OptionError
 from rtckern.registry import build_request, explain
 
 DEV = DeviceInfo.for_arch("sm_90", sm_count=132)
@@ -91,3 +91,19 @@ def test_every_variant_compiles_without_spills():
     failures = [f for f in compile_all(specs, no_spills=True)
                 if not ("7168, 8, 256, 1, 0, 2," in f and "2 bytes spill stores" in f)]
     assert not failures, "\n".join(failures)
+
+
+def test_rms_norm_fp8_form_checks_its_arguments():
+    """rms_norm(..., out_dtype=float8_e4m3fn, return_scales=True) is rms_norm_quant with groups of 128; its own
+    argument checks come before any array is read."""
+    import rtckern.ops as ops
+
+    for out_dtype in (None, "bf16", "fp8_e5m2"):
+        with pytest.raises(InputError, match="return_scales=True goes with out_dtype=float8_e4m3fn"):
+            ops.rms_norm(None, out_dtype=out_dtype, return_scales=True)
+    with pytest.raises(InputError, match="takes no residual"):
+        ops.rms_norm(None, out_dtype="fp8_e4m3", residual=object(), return_scales=True)
+    with pytest.raises(InputError, match="returns no rstd"):
+        ops.rms_norm(None, out_dtype="fp8_e4m3", return_rstd=True, return_scales=True)
+    with pytest.raises(InputError, match="rms_norm_quant takes torch tensors"):  # then rms_norm_quant's own checks
+        ops.rms_norm([1.0], out_dtype="fp8_e4m3", return_scales=True)
