@@ -194,7 +194,7 @@ def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6, *, residual: Any = N
         return_scales: with out_dtype=float8_e4m3fn, normalize and quantize in one pass: (q, scales) with one fp32
             scale per 128 columns, row-major (M, N / 128), exactly rms_norm_quant(x, weight, eps,
             zero_centered=zero_centered); rms_norm_quant itself takes other groups and the column-major layout.
-            No residual or rstd with it.
+            Torch tensors on an sm_89+ GPU; no residual or rstd with it.
 
     Returns:
         y (x's shape) alone; (y, h) with a residual; rstd appended last with return_rstd: (y, rstd) or
