@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rtckern.caches import PlanCache
+from rtckern.errors import OptionError
 from rtckern.registry import Candidate, Cost, LimitProbe, OpRequest, Resources
 from rtckern.registry import options as opts
 
@@ -433,7 +434,12 @@ _BWD_OPTIONS = ("vec", "w", "dx", "dy", "bias_grad", "dresidual", "weight_grad",
 
 def _dtype_opt(op: str, options: dict, name: str, default: str) -> str:
     allowed = geometry.DTYPES + ("none",) if name == "w" else geometry.DTYPES
-    return opts.parse_choice(op, name, options.get(name, default), allowed)
+    value = options.get(name, default)
+    if name == "y" and op == "rms_norm" and str(value).startswith("fp8"):
+        raise OptionError(f"{op}: option y={value!r}: an fp8 output is rms_norm_quant's (normalize and quantize per "
+                          "group in one pass; rms_norm(..., out_dtype=float8_e4m3fn, return_scales=True) calls it): "
+                          "`rtckern explain rms_norm_quant --opt group=128`")
+    return opts.parse_choice(op, name, value, allowed)
 
 
 def build_request(op: str, shape: tuple, dtype: str | None, device, **options: str) -> OpRequest:

@@ -36,6 +36,10 @@ def ex(op: str, *rest: str, shape: str = "8192x4096") -> tuple[str, ...]:
      r"'bias', 'residual', 'save_stats', 'zero_centered'\]$"),
     (ex("rms_norm_backward", "--opt", "residual=1"),
      r"op 'rms_norm_backward' takes no option\(s\) \['residual'\]; its options: \['vec', 'w', 'dx', 'dy', "),
+    # an fp8 rms_norm output is rms_norm_quant's: the refusal names it
+    (ex("rms_norm", "--opt", "y=fp8_e4m3"),
+     r"^rtckern explain: rms_norm: option y='fp8_e4m3': an fp8 output is rms_norm_quant's .*"
+     r"`rtckern explain rms_norm_quant --opt group=128`$"),
     (ex("softmax", "--opt", "mask16=1"),
      r"op 'softmax' takes no option\(s\) \['mask16'\]; its options: \['vec'\]$"),
     (ex("gemm", "--opt", "bais=1", shape="128x128x128"),
