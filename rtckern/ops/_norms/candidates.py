@@ -434,12 +434,7 @@ _BWD_OPTIONS = ("vec", "w", "dx", "dy", "bias_grad", "dresidual", "weight_grad",
 
 def _dtype_opt(op: str, options: dict, name: str, default: str) -> str:
     allowed = geometry.DTYPES + ("none",) if name == "w" else geometry.DTYPES
-    value = options.get(name, default)
-    if name == "y" and op == "rms_norm" and str(value).startswith("fp8"):
-        raise OptionError(f"{op}: option y={value!r}: an fp8 output is rms_norm_quant's (normalize and quantize per "
-                          "group in one pass; rms_norm(..., out_dtype=float8_e4m3fn, return_scales=True) calls it): "
-                          "`rtckern explain rms_norm_quant --opt group=128`")
-    return opts.parse_choice(op, name, value, allowed)
+    return opts.parse_choice(op, name, options.get(name, default), allowed)
 
 
 def build_request(op: str, shape: tuple, dtype: str | None, device, **options: str) -> OpRequest:
@@ -460,6 +455,10 @@ def build_request(op: str, shape: tuple, dtype: str | None, device, **options: s
     def flag(name: str, default: bool) -> bool:
         return opts.flag(op, options, name, default)
 
+    if op == "rms_norm" and str(options.get("y", "")).startswith("fp8"):
+        raise OptionError(f"{op}: option y={options['y']!r}: an fp8 output is rms_norm_quant's (normalize and quantize "
+                          "per group in one pass; rms_norm(..., out_dtype=float8_e4m3fn, return_scales=True) calls "
+                          "it): `rtckern explain rms_norm_quant --opt group=128`")
     if op in FWD_OPS:
         flags = (("bias", flag("bias", layer)), ("residual", flag("residual", False)),
                  ("save_stats", flag("save_stats", False)), ("weight", w != "none"),
