@@ -2,6 +2,7 @@
 such records: the evidence that a change to shared device code left the cubins byte-identical.
 
     python tools/cubin_hashes.py write before.json [--family attention ...] [--arch sm_80 ...] [--match RE] [--jobs 2]
+                                  [--ptx]
     python tools/cubin_hashes.py compare before.json after.json
 
 Each record maps a variant label (family, arch, kernel name expression, defines) to its sha256, its register
@@ -12,7 +13,7 @@ changed tree after it.
 
 The variants are the ones the compile-everything tests walk (tests/unit/ops/test_*.py): every candidate of each
 op over the dtypes, head dims / row lengths and flags it serves, for sm_75, sm_80, sm_86, sm_89 and sm_90 (the
-sm_90 device also gets the sm_90a kernels); gfx90a through hiprtc where it is installed (--arch gfx90a).
+sm_90 device also gets the sm_90a kernels; sm_89 and sm_90 for rms_norm_quant); gfx90a through hiprtc where it is installed (--arch gfx90a).
 """
 from __future__ import annotations
 
@@ -124,6 +125,26 @@ def norms_specs(arch):
     return norms_variants(arch)
 
 
+def rms_norm_quant_specs(arch):
+    """rms_norm_quant's row kernels (sm_89 and newer): every input / weight dtype, group and the test's row lengths,
+    at the config the candidate picks (tests/unit/ops/test_rms_norm_quant.py walks the same)."""
+    from rtckern.arch import Arch
+    from rtckern.device import DeviceInfo
+    from rtckern.ops._norms import candidates as cands
+    from rtckern.ops._norms import geometry
+
+    if Arch.parse(arch).gfx or Arch.parse(arch).cc < (8, 9):
+        return
+    dev, cand = DeviceInfo.for_arch(arch), cands.RmsNormQuantRows()
+    for x in geometry.DTYPES:
+        for n in (256, 2048, 4096, 7168, 8192):
+            for group in geometry.QUANT_GROUPS:
+                for w in dict.fromkeys((x, "fp32", None)):
+                    req = cands.quant_request(x, w, n, 4 if x == "fp32" else 8, group, False, dev)
+                    if cand.supports(req) is None:
+                        yield from cand.kernel_specs(req)
+
+
 def softmax_specs(arch):
     from rtckern.arch import Arch
     from rtckern.device import DeviceInfo
@@ -170,7 +191,8 @@ def core_specs(arch):
 
 FAMILIES = {"attention": attention_specs, "attention_backward": attention_backward_specs,
             "attention_kvcache": attention_kvcache_specs, "gemm": gemm_specs, "gemm_fp8": gemm_fp8_specs,
-            "grouped_gemm": grouped_specs, "norms": norms_specs, "softmax": softmax_specs, "core": core_specs}
+            "grouped_gemm": grouped_specs, "norms": norms_specs, "rms_norm_quant": rms_norm_quant_specs,
+            "softmax": softmax_specs, "core": core_specs}
 
 
 def label(family: str, spec) -> str:
@@ -198,6 +220,29 @@ def _compile(spec) -> dict:
             "spill_bytes": sum(spills)}
 
 
+def _ptx(spec) -> dict:
+    """The sha256 of the PTX NVRTC makes of spec (front end and NVVM, no ptxas): identical PTX gives identical
+    cubins, so a change whose PTX is unchanged needs no cubin compile; one whose PTX changed does."""
+    from cuda.bindings import nvrtc
+
+    from rtckern.compiler import compiler_for
+
+    opts = [re.sub(r"^(--gpu-architecture=|-arch=)sm_", r"\1compute_", o)
+            for o in compiler_for(spec.arch).options_for(spec)]
+    err, prog = nvrtc.nvrtcCreateProgram(spec.program_text().encode(), b"kernel.cu", 0, [], [])
+    try:
+        nvrtc.nvrtcAddNameExpression(prog, spec.name_expression.encode())
+        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return {"error": f"NVRTC {res}"}
+        _, size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(prog, ptx)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return {"sha256": hashlib.sha256(ptx).hexdigest()}
+
+
 def collect(families, archs, match: str | None = None) -> dict:
     importlib.import_module("rtckern.ops")  # registers the candidates
 
@@ -212,18 +257,19 @@ def collect(families, archs, match: str | None = None) -> dict:
     return specs
 
 
-def write(path, families, archs, jobs, match=None) -> None:
+def write(path, families, archs, jobs, match=None, ptx=False) -> None:
     specs = collect(families, archs, match)
+    work = _ptx if ptx else _compile
     labels = sorted(specs)
     print(f"{len(labels)} variants ({', '.join(families)}; {', '.join(archs)}) on {jobs} processes", flush=True)
     if jobs == 1:
-        results = list(map(_compile, (specs[k] for k in labels)))
+        results = list(map(work, (specs[k] for k in labels)))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-            results = list(ex.map(_compile, (specs[k] for k in labels), chunksize=4))
+            results = list(ex.map(work, (specs[k] for k in labels), chunksize=4))
     out = dict(zip(labels, results))
     with open(path, "w") as f:
         json.dump(out, f, indent=0, sort_keys=True)
@@ -264,6 +310,8 @@ def main(argv=None) -> int:
     w.add_argument("--match", help="only the variants whose label matches this regular expression (e.g. the kernels "
                    "of the sources a change touched: 'sm_90a|_ck<')")
     w.add_argument("--list", action="store_true", help="print the labels only (no compile)")
+    w.add_argument("--ptx", action="store_true", help="hash each variant's PTX instead (no ptxas: faster; identical "
+                   "PTX means identical cubins, changed PTX needs the cubin check)")
     c = sub.add_parser("compare", help="compare two records; exit 1 if any binary changed")
     c.add_argument("before")
     c.add_argument("after")
@@ -276,7 +324,7 @@ def main(argv=None) -> int:
         print("\n".join(sorted(specs)))
         print(f"{len(specs)} variants", file=sys.stderr)
         return 0
-    write(args.out, families, archs, max(1, args.jobs), args.match)
+    write(args.out, families, archs, max(1, args.jobs), args.match, args.ptx)
     return 0
 
 

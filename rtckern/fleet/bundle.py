@@ -224,7 +224,6 @@ def _members(tf: tarfile.TarFile, path: Path, limits: Limits) -> Iterator[tuple[
     its bytes are read."""
     n = total = 0
     file_bytes = path.stat().st_size
-    allowed = limits.allowed_total(file_bytes)
     while True:
         try:
             m = tf.next()

@@ -11,7 +11,7 @@ import threading
 from typing import Any, Callable, Iterable
 
 from rtckern.config import settings
-from rtckern.dtypes import torch_dtype
+from rtckern.dtypes import describe, torch_dtype
 from rtckern.errors import InputError
 from rtckern.caches import PlanCache
 from rtckern.registry import Candidate, Cost, OpRequest, Resources, default_registry, register, \
@@ -129,6 +129,24 @@ class TableTileCandidate(Candidate):
         return Cost(1.0, "table", f"{self.work}, tile {cfg.as_dict()} from the {found.describe()}")
 
 
+class ProblemCandidate(Candidate):
+    """A candidate whose answers derive from the request's problem and its config: the subclass names, as
+    staticmethods over its family's geometry, `problem(req)`, `reason(p)` (what it refuses whatever the tile, or
+    None), `invalid(p, cfg)`, `spec(p, cfg, target)` and `smem(p, cfg)` (dynamic shared memory), and has
+    `config(req)`. Shared by the fp8 GEMM and the grouped GEMMs."""
+
+    def supports(self, req: OpRequest) -> str | None:
+        p = self.problem(req)
+        return self.reason(p) or self.invalid(p, self.config(req))
+
+    def kernel_specs(self, req: OpRequest):
+        return (self.spec(self.problem(req), self.config(req), self.target(req)),)
+
+    def launch_resources(self, req: OpRequest):
+        cfg = self.config(req)
+        return (Resources(block=cfg.threads, dynamic_smem=self.smem(self.problem(req), cfg)),)
+
+
 class WgmmaTileCandidate(TableTileCandidate):
     """A TableTileCandidate of an sm_90a wgmma kernel: sm_90 only (H100 / H200), ranked first where it serves."""
 
@@ -136,6 +154,13 @@ class WgmmaTileCandidate(TableTileCandidate):
     min_arch = "sm_90"
     max_arch = "sm_90"
     arch_specific = True
+
+
+def dtype_reason(what: str, dtype: str, supported: Iterable[str]) -> str | None:
+    """Why a candidate refuses `dtype` for `what` ("input dtype", "q / k dtype"), naming the supported dtypes the
+    one way every family does; None when it is one of them."""
+    supported = tuple(supported)
+    return None if dtype in supported else f"{what} {dtype} not supported; supported: {describe(supported)}"
 
 
 def vector_reason(vec: int, widest: int, what: str, vectors: tuple[int, ...] = (8, 4, 2, 1)) -> str | None:

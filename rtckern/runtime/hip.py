@@ -213,26 +213,15 @@ class HipKernel(KernelAttributes):
                               f"({self.device.max_smem_per_block_optin} minus {self.shared_size_bytes} static)")
         self._max_dyn_smem = max(self._max_dyn_smem, int(nbytes))
 
-    def max_active_blocks_per_sm(self, block_size: int, dynamic_smem: int = 0) -> int:
-        """Blocks per compute unit (AMD's SM)."""
-        if dynamic_smem > self._max_dyn_smem:
-            self.set_max_dynamic_shared_memory(dynamic_smem)
-        h = hip()
-        with on_device(self.device.ordinal):
-            return int(check(h.hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(self._f, int(block_size),
-                                                                                   int(dynamic_smem)),
-                             "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor"))
+    def _ensure_dynamic_smem(self, nbytes: int) -> None:
+        if nbytes > self._max_dyn_smem:
+            self.set_max_dynamic_shared_memory(nbytes)
 
-    def max_potential_block_size(self, dynamic_smem: int = 0, block_size_limit: int = 0) -> tuple[int, int]:
-        h = hip()
-        with on_device(self.device.ordinal):
-            grid, block = check(h.hipModuleOccupancyMaxPotentialBlockSize(self._f, int(dynamic_smem),
-                                                                         int(block_size_limit)),
-                                "hipModuleOccupancyMaxPotentialBlockSize")
-        return int(grid), int(block)
+    _OCCUPANCY_CALLS = {"blocks": ("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", ()),
+                        "block_size": ("hipModuleOccupancyMaxPotentialBlockSize", ())}
 
-    def max_cooperative_grid(self, block_size: int, dynamic_smem: int = 0) -> int:
-        return self.max_active_blocks_per_sm(block_size, dynamic_smem) * self.device.sm_count
+    def _driver_api(self) -> tuple:
+        return hip(), self._f, on_device, check
 
     def check_launch(self, grid, block, shared_mem: int, cooperative: bool) -> tuple[tuple, tuple]:
         """The geometry checks of the CUDA Kernel, memoized per configuration."""

@@ -136,9 +136,10 @@ def load_kernel(binary: bytes, kind: str, lowered_name: str, device: DeviceInfo,
 
 
 class KernelAttributes:
-    """The function attributes every kernel class exposes (Kernel here, hip.HipKernel on AMD GPUs), named once: each
-    reads an attribute through its class's `_attr(name)`, given the attribute's short name (NUM_REGS: CUDA's
-    CU_FUNC_ATTRIBUTE_NUM_REGS, HIP's HIP_FUNC_ATTRIBUTE_NUM_REGS)."""
+    """The function attributes and occupancy queries every kernel class exposes (Kernel here, hip.HipKernel on AMD
+    GPUs), written once: each reads an attribute through its class's `_attr(name)`, given the attribute's short name
+    (NUM_REGS: CUDA's CU_FUNC_ATTRIBUTE_NUM_REGS, HIP's HIP_FUNC_ATTRIBUTE_NUM_REGS), and asks its driver through
+    `_occupancy`."""
 
     __slots__ = ()
 
@@ -161,6 +162,40 @@ class KernelAttributes:
     @property
     def max_threads_per_block(self) -> int:
         return self._attr("MAX_THREADS_PER_BLOCK")
+
+    # ---- occupancy: the driver's answers ----
+    # query -> (the driver function, its arguments between the kernel handle and (a, b)); "blocks": (block size a,
+    # dynamic shared memory b) -> blocks per SM; "block_size": (dynamic shared memory a, block size limit b) ->
+    # (min grid for full occupancy, block size)
+    _OCCUPANCY_CALLS: dict[str, tuple[str, tuple]] = {}
+
+    def _driver_api(self) -> tuple:
+        """(the driver module, this kernel's handle, its module's on_device and check)."""
+        raise NotImplementedError
+
+    def _occupancy(self, query: str, a: int, b: int):
+        name, extra = self._OCCUPANCY_CALLS[query]
+        api, handle, on_dev, chk = self._driver_api()
+        with on_dev(self.device.ordinal):
+            return chk(getattr(api, name)(handle, *extra, a, b), name)
+
+    def _ensure_dynamic_smem(self, nbytes: int) -> None:
+        raise NotImplementedError
+
+    def max_active_blocks_per_sm(self, block_size: int, dynamic_smem: int = 0) -> int:
+        """Blocks of block_size threads with dynamic_smem bytes of dynamic shared memory per SM (AMD: compute
+        unit)."""
+        self._ensure_dynamic_smem(dynamic_smem)
+        return int(self._occupancy("blocks", int(block_size), int(dynamic_smem)))
+
+    def max_potential_block_size(self, dynamic_smem: int = 0, block_size_limit: int = 0) -> tuple[int, int]:
+        """(min grid size for full occupancy, block size) as the driver suggests."""
+        grid, block = self._occupancy("block_size", int(dynamic_smem), int(block_size_limit))
+        return int(grid), int(block)
+
+    def max_cooperative_grid(self, block_size: int, dynamic_smem: int = 0) -> int:
+        """The largest grid (in blocks) that can be co-resident, hence launched cooperatively."""
+        return self.max_active_blocks_per_sm(block_size, dynamic_smem) * self.device.sm_count
 
 
 class Kernel(KernelAttributes):
@@ -260,26 +295,11 @@ class Kernel(KernelAttributes):
                 self._raise_dynamic_smem(nbytes)
 
     # ---- occupancy ----
-    def max_active_blocks_per_sm(self, block_size: int, dynamic_smem: int = 0) -> int:
-        self._ensure_dynamic_smem(dynamic_smem)
-        d = driver()
-        with on_device(self.device.ordinal):
-            return int(check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, int(block_size),
-                                                                            int(dynamic_smem)),
-                             "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+    _OCCUPANCY_CALLS = {"blocks": ("cuOccupancyMaxActiveBlocksPerMultiprocessor", ()),
+                        "block_size": ("cuOccupancyMaxPotentialBlockSize", (None,))}
 
-    def max_potential_block_size(self, dynamic_smem: int = 0, block_size_limit: int = 0) -> tuple[int, int]:
-        """(min grid size for full occupancy, block size) as the driver suggests."""
-        d = driver()
-        with on_device(self.device.ordinal):
-            grid, block = check(d.cuOccupancyMaxPotentialBlockSize(self._fn, None, int(dynamic_smem),
-                                                                   int(block_size_limit)),
-                                "cuOccupancyMaxPotentialBlockSize")
-        return int(grid), int(block)
-
-    def max_cooperative_grid(self, block_size: int, dynamic_smem: int = 0) -> int:
-        """The largest grid (in blocks) that can be co-resident, hence launched cooperatively."""
-        return self.max_active_blocks_per_sm(block_size, dynamic_smem) * self.device.sm_count
+    def _driver_api(self) -> tuple:
+        return driver(), self._fn, on_device, check
 
     def max_active_clusters(self, cluster, block_size: int, dynamic_smem: int = 0) -> int:
         """How many clusters of shape `cluster` (sm_90+) can run at once: the driver's answer, which knows the GPC

@@ -34,6 +34,29 @@ RTK_DEVICE int kv_length(const int* __restrict__ cache_seqlens, long long b, lon
 
 // Append: token t of k_new / v_new (batch, seqlen_new, heads_kv, HD) goes to cache row cache_seqlens[b] + t (rows at
 // or past the capacity are dropped). Grid (seqlen_new, batch); any block size; 16 bytes per access.
+// The row an append block writes, as locals of kvcache_append / kvcache_append_fp8: token t of sequence b goes to
+// cache row j (the block leaves when j is outside the cache), at element offsets kdst / vdst of K / V.
+#define RTK_KV_APPEND_ROW()                                                                                       \
+  const long long t = blockIdx.x;                                                                               \
+  const long long b = blockIdx.y;                                                                               \
+  const long long j = static_cast<long long>(cache_seqlens[b]) + t;                                             \
+  if (j < 0 || j >= capacity) return;                                                                           \
+  const long long kdst = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), k_bs, k_rs, b,    \
+                                         static_cast<int>(j));                                                  \
+  const long long vdst = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), v_bs, v_rs, b,    \
+                                         static_cast<int>(j))
+
+// The tokens a gather block packs, as locals of kvcache_gather / kvcache_gather_fp8: tokens j0 .. j0 + n - 1 of
+// sequence b (len tokens), whose packed rows start at off; per_token chunks of 8 values per token.
+#define RTK_KV_GATHER_TOKENS()                                                                                    \
+  const long long b = blockIdx.y;                                                                               \
+  const int len = kv_length(cache_seqlens, b, seqlen_new, capacity);                                            \
+  const int j0 = blockIdx.x * 16;                                                                               \
+  const long long off = kv_gather_offset(cache_seqlens, cu_seqlens_k, b, len, seqlen_new, capacity);           \
+  if (j0 >= len) return;                                                                                        \
+  const int n = min(16, len - j0);                                                                              \
+  const long long per_token = heads_kv * CPR
+
 template <typename T, int HD>
 __global__ void kvcache_append(const T* __restrict__ k_new, const T* __restrict__ v_new, T* __restrict__ k_cache,
                                T* __restrict__ v_cache, const int* __restrict__ cache_seqlens,
@@ -42,14 +65,7 @@ __global__ void kvcache_append(const T* __restrict__ k_new, const T* __restrict_
                                long long kn_hs, long long vn_bs, long long vn_rs, long long vn_hs, long long k_bs,
                                long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs) {
   constexpr int CPR = HD / 8;  // 16-byte chunks per head row
-  const long long t = blockIdx.x;
-  const long long b = blockIdx.y;
-  const long long j = static_cast<long long>(cache_seqlens[b]) + t;
-  if (j < 0 || j >= capacity) return;
-  const long long kdst = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), k_bs, k_rs, b,
-                                         static_cast<int>(j));
-  const long long vdst = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), v_bs, v_rs, b,
-                                         static_cast<int>(j));
+  RTK_KV_APPEND_ROW();
   for (long long idx = threadIdx.x; idx < heads_kv * CPR; idx += blockDim.x) {
     const long long h = idx / CPR;
     const long long c = (idx - h * CPR) * 8;
@@ -85,13 +101,7 @@ __global__ void kvcache_gather(const T* __restrict__ k_cache, const T* __restric
                                long long page_size, long long k_bs, long long k_rs, long long k_hs, long long v_bs,
                                long long v_rs, long long v_hs) {
   constexpr int CPR = HD / 8;
-  const long long b = blockIdx.y;
-  const int len = kv_length(cache_seqlens, b, seqlen_new, capacity);
-  const int j0 = blockIdx.x * 16;
-  const long long off = kv_gather_offset(cache_seqlens, cu_seqlens_k, b, len, seqlen_new, capacity);
-  if (j0 >= len) return;
-  const int n = min(16, len - j0);
-  const long long per_token = heads_kv * CPR;
+  RTK_KV_GATHER_TOKENS();
   for (long long idx = threadIdx.x; idx < n * per_token; idx += blockDim.x) {
     const int t = static_cast<int>(idx / per_token);
     const long long rem = idx - t * per_token;

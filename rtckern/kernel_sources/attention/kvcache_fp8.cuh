@@ -64,14 +64,7 @@ __global__ void kvcache_append_fp8(const T* __restrict__ k_new, const T* __restr
                                    long long v_rs, long long v_hs, const float* __restrict__ k_scale,
                                    const float* __restrict__ v_scale, long long scale_hs) {
   constexpr int CPR = HD / 8;  // 8 elements (16 bytes of k_new, 8 of the cache) per access
-  const long long t = blockIdx.x;
-  const long long b = blockIdx.y;
-  const long long j = static_cast<long long>(cache_seqlens[b]) + t;
-  if (j < 0 || j >= capacity) return;
-  const long long kdst = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), k_bs, k_rs, b,
-                                         static_cast<int>(j));
-  const long long vdst = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), v_bs, v_rs, b,
-                                         static_cast<int>(j));
+  RTK_KV_APPEND_ROW();
   for (long long idx = threadIdx.x; idx < heads_kv * CPR; idx += blockDim.x) {
     const long long h = idx / CPR;
     const long long c = (idx - h * CPR) * 8;
@@ -108,13 +101,7 @@ __global__ void kvcache_gather_fp8(const unsigned char* __restrict__ k_cache, co
                                    long long v_rs, long long v_hs, const float* __restrict__ k_scale,
                                    const float* __restrict__ v_scale, long long scale_hs) {
   constexpr int CPR = HD / 8;
-  const long long b = blockIdx.y;
-  const int len = kv_length(cache_seqlens, b, seqlen_new, capacity);
-  const int j0 = blockIdx.x * 16;
-  const long long off = kv_gather_offset(cache_seqlens, cu_seqlens_k, b, len, seqlen_new, capacity);
-  if (j0 >= len) return;
-  const int n = min(16, len - j0);
-  const long long per_token = heads_kv * CPR;
+  RTK_KV_GATHER_TOKENS();
   for (long long idx = threadIdx.x; idx < n * per_token; idx += blockDim.x) {
     const int t = static_cast<int>(idx / per_token);
     const long long rem = idx - t * per_token;

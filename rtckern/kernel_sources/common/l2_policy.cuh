@@ -22,63 +22,28 @@ RTK_DEVICE unsigned long long rtk_l2_policy() {
 #endif
 
 // One 2, 4, 8 or 16-byte chunk under policy P (RTK_L2_EVICT_LAST / RTK_L2_EVICT_FIRST).
-template <int P>
-RTK_DEVICE uint4 rtk_ld_l2_policy(const uint4* p) {
 #if defined(RTK_HAS_L2_POLICY)
-  const unsigned long long pol = rtk_l2_policy<P>();
-  uint4 v;
-  if constexpr (P == RTK_L2_EVICT_LAST)
-    asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-  else
-    asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-  return v;
+// The load of one chunk type T: OPERANDS is the PTX after the cache hint (type, registers, address, policy), the
+// variadic part T's output operands.
+#define RTK_L2_POLICY_LOAD(T, OPERANDS, ...)                                                                \
+  template <int P>                                                                                          \
+  RTK_DEVICE T rtk_ld_l2_policy(const T* p) {                                                               \
+    const unsigned long long pol = rtk_l2_policy<P>();                                                      \
+    T v;                                                                                                    \
+    if constexpr (P == RTK_L2_EVICT_LAST)                                                                   \
+      asm volatile("ld.global.L1::evict_last.L2::cache_hint." OPERANDS : __VA_ARGS__ : "l"(p), "l"(pol));  \
+    else                                                                                                    \
+      asm volatile("ld.global.L1::evict_first.L2::cache_hint." OPERANDS : __VA_ARGS__ : "l"(p), "l"(pol)); \
+    return v;                                                                                               \
+  }
+RTK_L2_POLICY_LOAD(uint4, "v4.u32 {%0, %1, %2, %3}, [%4], %5;", "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w))
+RTK_L2_POLICY_LOAD(uint2, "v2.u32 {%0, %1}, [%2], %3;", "=r"(v.x), "=r"(v.y))
+RTK_L2_POLICY_LOAD(unsigned, "u32 %0, [%1], %2;", "=r"(v))
+RTK_L2_POLICY_LOAD(unsigned short, "u16 %0, [%1], %2;", "=h"(v))
+#undef RTK_L2_POLICY_LOAD
 #else
+template <int P, typename T>
+RTK_DEVICE T rtk_ld_l2_policy(const T* p) {
   return *p;
-#endif
 }
-template <int P>
-RTK_DEVICE uint2 rtk_ld_l2_policy(const uint2* p) {
-#if defined(RTK_HAS_L2_POLICY)
-  const unsigned long long pol = rtk_l2_policy<P>();
-  uint2 v;
-  if constexpr (P == RTK_L2_EVICT_LAST)
-    asm volatile("ld.global.L1::evict_last.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-                 : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
-  else
-    asm volatile("ld.global.L1::evict_first.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-                 : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
-  return v;
-#else
-  return *p;
 #endif
-}
-template <int P>
-RTK_DEVICE unsigned rtk_ld_l2_policy(const unsigned* p) {
-#if defined(RTK_HAS_L2_POLICY)
-  const unsigned long long pol = rtk_l2_policy<P>();
-  unsigned v;
-  if constexpr (P == RTK_L2_EVICT_LAST)
-    asm volatile("ld.global.L1::evict_last.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
-  else
-    asm volatile("ld.global.L1::evict_first.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
-  return v;
-#else
-  return *p;
-#endif
-}
-template <int P>
-RTK_DEVICE unsigned short rtk_ld_l2_policy(const unsigned short* p) {
-#if defined(RTK_HAS_L2_POLICY)
-  const unsigned long long pol = rtk_l2_policy<P>();
-  unsigned short v;
-  if constexpr (P == RTK_L2_EVICT_LAST)
-    asm volatile("ld.global.L1::evict_last.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
-  else
-    asm volatile("ld.global.L1::evict_first.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
-  return v;
-#else
-  return *p;
-#endif
-}

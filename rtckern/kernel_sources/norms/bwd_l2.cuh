@@ -19,6 +19,20 @@ constexpr int rtk_norm_bwd_l2_grads() {
   return ((FLAGS & kNormWeightGrad) ? 1 : 0) + ((FLAGS & kNormBias) ? 1 : 0);
 }
 
+// Pass 1 of row R on its own (no pass 2 to share the loop with): its two sums, with the row's rstd RS and
+// -mean * rstd SHIFT, added to ACC (float[2]).
+#define RTK_NORM_L2_ROW_SUMS(R, RS, SHIFT, ACC)                        \
+  _Pragma("unroll 4") for (int i = 0; i < NV; ++i) {                   \
+    const int c = (i * THREADS + t) * VEC;                             \
+    if (kExact || c < N) {                                             \
+      Pack p;                                                          \
+      rtk_norm_pack<TW, VEC> wp;                                       \
+      p.template load<kLd1>(x + (R) * sx, dy + (R) * sdy, c);          \
+      if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);         \
+      p.sums(wp, RS, SHIFT, ACC);                                      \
+    }                                                                  \
+  }
+
 template <typename TX, typename TW, typename TDY, typename TDX, int N, int VEC, int THREADS, int MINB, int FLAGS,
           int OPT>
 __global__ void __launch_bounds__(THREADS, MINB)
@@ -31,11 +45,7 @@ rtk_norm_bwd_l2(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* _
   constexpr int kPacks = N / VEC;
   constexpr int NV = (kPacks + THREADS - 1) / THREADS;
   constexpr bool kExact = kPacks % THREADS == 0;
-  constexpr bool kLayer = (FLAGS & kNormLayer) != 0;
-  constexpr bool kW = (FLAGS & kNormWeight) != 0;
-  constexpr bool kDW = (FLAGS & kNormWeightGrad) != 0;
-  constexpr bool kDB = (FLAGS & kNormBias) != 0;
-  constexpr bool kDRes = (FLAGS & kNormResidual) != 0;
+  RTK_NORM_GRAD_FLAGS(FLAGS);
   constexpr bool kFuse = (OPT & kOptPersist) != 0;
   constexpr bool kPolicy = (OPT & kOptL2Policy) != 0;
   constexpr int kLd1 = kPolicy ? kLdEvictLast : kLdDefault;
@@ -63,17 +73,7 @@ rtk_norm_bwd_l2(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* _
   long long row = blockIdx.x;
   float s[2] = {0.f, 0.f};
   if (row < rows) {  // pass 1 of the first row
-#pragma unroll 4
-    for (int i = 0; i < NV; ++i) {
-      const int c = (i * THREADS + t) * VEC;
-      if (kExact || c < N) {
-        Pack p;
-        rtk_norm_pack<TW, VEC> wp;
-        p.template load<kLd1>(x + row * sx, dy + row * sdy, c);
-        if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);
-        p.sums(wp, rstd[row], kLayer ? -mean[row] * rstd[row] : 0.f, s);
-      }
-    }
+    RTK_NORM_L2_ROW_SUMS(row, rstd[row], kLayer ? -mean[row] * rstd[row] : 0.f, s);
     rtk_norm_group_sum<THREADS, 2>(s, scratch);
   }
   while (row < rows) {
@@ -118,17 +118,7 @@ rtk_norm_bwd_l2(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* _
     }
     if (next >= rows) break;
     if (!fuse) {
-#pragma unroll 4
-      for (int i = 0; i < NV; ++i) {
-        const int c = (i * THREADS + t) * VEC;
-        if (kExact || c < N) {
-          Pack q;
-          rtk_norm_pack<TW, VEC> wp;
-          q.template load<kLd1>(x + next * sx, dy + next * sdy, c);
-          if constexpr (kW) rtk_norm_load<kLdReadOnly>(w + c, wp);
-          q.sums(wp, ns, nshift, sn);
-        }
-      }
+      RTK_NORM_L2_ROW_SUMS(next, ns, nshift, sn);
     }
     rtk_norm_group_sum<THREADS, 2>(sn, scratch);
     s[0] = sn[0];

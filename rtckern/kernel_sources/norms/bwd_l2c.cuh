@@ -59,11 +59,7 @@ rtk_norm_bwd_l2c(const TX* __restrict__ x, const TW* __restrict__ w, const TDY* 
   constexpr int S = rtk_norm_slice_cols<N, VEC, C>();
   constexpr int NV = (S / VEC + THREADS - 1) / THREADS;
   constexpr bool kExact = S * C == N && (S / VEC) % THREADS == 0;  // every pack of every thread is live
-  constexpr bool kLayer = (FLAGS & kNormLayer) != 0;
-  constexpr bool kW = (FLAGS & kNormWeight) != 0;
-  constexpr bool kDW = (FLAGS & kNormWeightGrad) != 0;
-  constexpr bool kDB = (FLAGS & kNormBias) != 0;
-  constexpr bool kDRes = (FLAGS & kNormResidual) != 0;
+  RTK_NORM_GRAD_FLAGS(FLAGS);
   constexpr bool kPolicy = (OPT & kOptL2Policy) != 0;
   constexpr int kLd1 = kPolicy ? kLdEvictLast : kLdDefault;
   constexpr int kLd2 = kPolicy ? kLdEvictFirst : (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;

@@ -27,11 +27,7 @@ rtk_norm_bwd_stage(const TX* __restrict__ x, const TW* __restrict__ w, const TDY
   constexpr int kPacks = N / VEC;
   constexpr int NV = (kPacks + THREADS - 1) / THREADS;
   constexpr bool kExact = kPacks % THREADS == 0;
-  constexpr bool kLayer = (FLAGS & kNormLayer) != 0;
-  constexpr bool kW = (FLAGS & kNormWeight) != 0;
-  constexpr bool kDW = (FLAGS & kNormWeightGrad) != 0;
-  constexpr bool kDB = (FLAGS & kNormBias) != 0;
-  constexpr bool kDRes = (FLAGS & kNormResidual) != 0;
+  RTK_NORM_GRAD_FLAGS(FLAGS);
   constexpr int kXBytes = rtk_norm_stage_bytes<TX>(N);
   constexpr int kBufBytes = kXBytes + rtk_norm_stage_bytes<TDY>(N);
   typedef rtk_norm_pack<TX, VEC> PX;

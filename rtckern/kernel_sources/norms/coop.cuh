@@ -19,6 +19,14 @@ RTK_DEVICE void rtk_norm_slot_barrier(unsigned int* counter, unsigned int target
   __syncthreads();
 }
 
+// This block's place as locals: slot blockIdx.x / G of `slots`, block g of its slot, owning row columns
+// c0 .. c0 + len (S per block; the last block's share may be shorter).
+#define RTK_NORM_COOP_PLACE(N, S, G)                               \
+  const long long slot = blockIdx.x / (G), slots = gridDim.x / (G); \
+  const int g = blockIdx.x % (G);                                   \
+  const int c0 = g * (S);                                           \
+  const int len = (N) - c0 < (S) ? (N) - c0 : (S)
+
 template <typename TX, typename TW, typename TY, int N, int VEC, int THREADS, int G, int FLAGS, int OPT>
 __global__ void __launch_bounds__(THREADS)
 rtk_norm_fwd_coop(const TX* __restrict__ x, const TX* __restrict__ residual, TX* __restrict__ h,
@@ -32,10 +40,7 @@ rtk_norm_fwd_coop(const TX* __restrict__ x, const TX* __restrict__ residual, TX*
   __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(3)];
   __shared__ float row_stats[2];
 
-  const long long slot = blockIdx.x / G, slots = gridDim.x / G;
-  const int g = blockIdx.x % G;
-  const int c0 = g * S;
-  const int len = N - c0 < S ? N - c0 : S;
+  RTK_NORM_COOP_PLACE(N, S, G);
   const int t = threadIdx.x;
 
   rtk_norm_affine<FLAGS, TW, VEC, NV, THREADS> a;
@@ -97,10 +102,7 @@ rtk_norm_bwd_coop(const TX* __restrict__ x, const TW* __restrict__ w, const TDY*
   __shared__ float scratch[rtk_norm_scratch_floats<THREADS>(2)];
   __shared__ float sums[2];
 
-  const long long slot = blockIdx.x / G, slots = gridDim.x / G;
-  const int g = blockIdx.x % G;
-  const int c0 = g * S;
-  const int len = N - c0 < S ? N - c0 : S;
+  RTK_NORM_COOP_PLACE(N, S, G);
   const int t = threadIdx.x;
 
   rtk_norm_bwd_state<FLAGS, TX, TW, TDY, TDX, VEC, NV, THREADS> st;

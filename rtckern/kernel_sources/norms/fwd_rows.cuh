@@ -18,55 +18,16 @@ rtk_norm_fwd_rows(const TX* __restrict__ x, const TX* __restrict__ residual, TX*
                   long long sx, long long sr, long long sh, long long sy) {
   static_assert(N % VEC == 0, "VEC must divide N");
   static_assert(RPB == 1 || TPR <= RTK_WARP_SIZE_CONST, "several rows per block need TPR <= warp size");
-  constexpr int NV = (N / VEC + TPR - 1) / TPR;
-  constexpr bool kPersist = (OPT & kOptPersist) != 0;
-  constexpr int kLd = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
   __shared__ float scratch[rtk_norm_scratch_floats<TPR>(3)];
-
-  const int t = threadIdx.x % TPR;
-  const int g = threadIdx.x / TPR;
-  const long long step = (long long)gridDim.x * RPB;
-  long long base = (long long)blockIdx.x * RPB;
-
-  rtk_norm_affine<FLAGS, TW, VEC, NV, TPR> a;
-  constexpr bool kEarly = rtk_norm_early_affine<FLAGS, TW, VEC, NV>();
-  if constexpr (kEarly) a.load(w, b, t, N, true);  // the same columns for every row this thread sees
-
-  // Threads past the last row stay to the end: they share warps with live rows (shuffles need them).
-  rtk_norm_fwd_in<FLAGS, TX, VEC, NV, TPR> cur;
-  {
-    const long long row = base + g;
-    const long long r = row < rows ? row : 0;
-    cur.template load<kLd>(x + r * sx, residual + r * sr, t, N, row < rows);
-  }
-  while (true) {
-    const long long row = base + g;
-    const bool live = row < rows;
-    const long long r = live ? row : 0;
-    const long long next = base + step;  // uniform over the block
-    rtk_norm_fwd_in<FLAGS, TX, VEC, NV, TPR> nxt;
-    if (kPersist && next < rows) {
-      const long long nrow = next + g;
-      const long long nr = nrow < rows ? nrow : 0;
-      nxt.template load<kLd>(x + nr * sx, residual + nr * sr, t, N, nrow < rows);
-    }
-    cur.add_residual(h + r * sh, t, N, live);
-
-    float center, m2;
-    rtk_norm_local_stats<FLAGS>(cur.x, t, N, scratch, center, m2);
-    const float rstd = rsqrtf(m2 * (1.f / (float)N) + eps);
-    if constexpr ((OPT & kOptRecompute) != 0) cur.x.opaque();
-
-    if constexpr (!kEarly) a.load(w, b, t, N, live);
-    rtk_norm_fwd_write<FLAGS>(cur.x, a, y + r * sy, center, rstd, t, N, live);
-    if constexpr ((FLAGS & kNormSaveStats) != 0) {
-      if (live && t == 0) {
-        rstd_out[row] = rstd;
-        if constexpr ((FLAGS & kNormLayer) != 0) mean_out[row] = center;
-      }
-    }
-    if (!kPersist || next >= rows) break;
-    base = next;
-    cur = nxt;
-  }
+  rtk_norm_fwd_row_walk<FLAGS, TX, TW, N, VEC, TPR, RPB, OPT>(
+      x, residual, h, w, b, eps, rows, sx, sr, sh, scratch,
+      [&](const auto& xs, const auto& a, long long row, long long r, bool live, int t, float center, float rstd) {
+        rtk_norm_fwd_write<FLAGS>(xs, a, y + r * sy, center, rstd, t, N, live);
+        if constexpr ((FLAGS & kNormSaveStats) != 0) {
+          if (live && t == 0) {
+            rstd_out[row] = rstd;
+            if constexpr ((FLAGS & kNormLayer) != 0) mean_out[row] = center;
+          }
+        }
+      });
 }

@@ -17,6 +17,14 @@ constexpr int kNormResidual = 16;      // forward: h = x + residual, write h, no
 constexpr int kNormSaveStats = 32;     // forward: write rstd (and mean for LayerNorm) per row
 constexpr int kNormWeightGrad = 64;    // backward: accumulate dweight (kNormBias there means: accumulate dbias)
 
+// The backward kernels' flag bits as local constants (each kernel that declares them reads every one).
+#define RTK_NORM_GRAD_FLAGS(FLAGS)                          \
+  constexpr bool kLayer = ((FLAGS) & kNormLayer) != 0;      \
+  constexpr bool kW = ((FLAGS) & kNormWeight) != 0;         \
+  constexpr bool kDW = ((FLAGS) & kNormWeightGrad) != 0;    \
+  constexpr bool kDB = ((FLAGS) & kNormBias) != 0;          \
+  constexpr bool kDRes = ((FLAGS) & kNormResidual) != 0
+
 // Tuning bits of the OPT template argument.
 constexpr int kOptPersist = 1;     // forward: persistent blocks; both: load the next row while reducing this one
 constexpr int kOptPlainLoads = 2;  // x / dy with default caching instead of evict-first (streaming)

@@ -248,3 +248,58 @@ RTK_DEVICE void rtk_norm_chan_pack(const float (&v)[VEC], float& n, float& mean,
   m2 += fmaf(delta * delta * n, fb, q);
   n = tot;
 }
+
+// The walk over rows of the one-group-per-row forward kernels (fwd_rows.cuh, fwd_rows_fp8.cuh): group g of a block
+// takes rows base + g, stepping by gridDim.x * RPB with kOptPersist (loading the next row while it reduces this
+// one; its weights stay in registers across rows), else one row per group. Per row it loads x (and adds the
+// residual, writing h), forms the statistics in `scratch` and hands the row to
+//   store(x_slice, affine, row, r, live, t, center, rstd)   (r: the row clamped to a valid one for dead groups)
+// Threads past the last row stay to the end: they share warps with live rows (shuffles need them).
+template <int FLAGS, typename TX, typename TW, int N, int VEC, int TPR, int RPB, int OPT, typename Store>
+RTK_DEVICE void rtk_norm_fwd_row_walk(const TX* __restrict__ x, const TX* __restrict__ residual,
+                                      TX* __restrict__ h, const TW* __restrict__ w, const TW* __restrict__ b,
+                                      float eps, long long rows, long long sx, long long sr, long long sh,
+                                      float* scratch, Store store) {
+  constexpr int NV = (N / VEC + TPR - 1) / TPR;
+  constexpr bool kPersist = (OPT & kOptPersist) != 0;
+  constexpr int kLd = (OPT & kOptPlainLoads) ? kLdDefault : kLdStream;
+  const int t = threadIdx.x % TPR;
+  const int g = threadIdx.x / TPR;
+  const long long step = (long long)gridDim.x * RPB;
+  long long base = (long long)blockIdx.x * RPB;
+
+  rtk_norm_affine<FLAGS, TW, VEC, NV, TPR> a;
+  constexpr bool kEarly = rtk_norm_early_affine<FLAGS, TW, VEC, NV>();
+  if constexpr (kEarly) a.load(w, b, t, N, true);  // the same columns for every row
+
+  rtk_norm_fwd_in<FLAGS, TX, VEC, NV, TPR> cur;
+  {
+    const long long row = base + g;
+    const long long r = row < rows ? row : 0;
+    cur.template load<kLd>(x + r * sx, residual + r * sr, t, N, row < rows);
+  }
+  while (true) {
+    const long long row = base + g;
+    const bool live = row < rows;
+    const long long r = live ? row : 0;
+    const long long next = base + step;  // uniform over the block
+    rtk_norm_fwd_in<FLAGS, TX, VEC, NV, TPR> nxt;
+    if (kPersist && next < rows) {
+      const long long nrow = next + g;
+      const long long nr = nrow < rows ? nrow : 0;
+      nxt.template load<kLd>(x + nr * sx, residual + nr * sr, t, N, nrow < rows);
+    }
+    cur.add_residual(h + r * sh, t, N, live);
+
+    float center, m2;
+    rtk_norm_local_stats<FLAGS>(cur.x, t, N, scratch, center, m2);
+    const float rstd = rsqrtf(m2 * (1.f / (float)N) + eps);
+    if constexpr ((OPT & kOptRecompute) != 0) cur.x.opaque();
+
+    if constexpr (!kEarly) a.load(w, b, t, N, live);
+    store(cur.x, a, row, r, live, t, center, rstd);
+    if (!kPersist || next >= rows) break;
+    base = next;
+    cur = nxt;
+  }
+}

@@ -9,16 +9,21 @@
 #pragma once
 #include "softmax/softmax_fwd.cuh"
 
+// The block's (row, chunk c) and the row's valid keys, as locals of every kernel here (their arguments n, chunk, sq,
+// diag_offset in scope).
+#define RTK_SOFTMAX_CHUNK_OF_BLOCK()                                \
+  const long long chunks = (n + chunk - 1) / chunk;                 \
+  const long long row = (long long)blockIdx.x / chunks;             \
+  const long long c = (long long)blockIdx.x % chunks;               \
+  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset)
+
 template <typename T, int KIND, int VEC, int THREADS>
 __global__ void __launch_bounds__(THREADS)
 softmax_fwd_stats(const T* __restrict__ x, const unsigned char* __restrict__ mask, float* __restrict__ stats,
                   long long rows, long long n, long long chunk, long long sq, long long heads,
                   long long mask_batch_stride, long long diag_offset, float scale) {
   __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST + 1];
-  const long long chunks = (n + chunk - 1) / chunk;
-  const long long row = (long long)blockIdx.x / chunks;
-  const long long c = (long long)blockIdx.x % chunks;
-  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
+  RTK_SOFTMAX_CHUNK_OF_BLOCK();
   const long long end = (c + 1) * chunk < valid ? (c + 1) * chunk : valid;
   const float scale_log2 = scale * kRtkLog2e;
   const T* xr = x + row * n;
@@ -72,10 +77,7 @@ softmax_fwd_finalize(const T* __restrict__ x, T* __restrict__ y, const unsigned 
                      const float* __restrict__ stats, long long rows, long long n, long long chunk, long long sq,
                      long long heads, long long mask_batch_stride, long long diag_offset, float scale) {
   __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST + 1];
-  const long long chunks = (n + chunk - 1) / chunk;
-  const long long row = (long long)blockIdx.x / chunks;
-  const long long c = (long long)blockIdx.x % chunks;
-  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
+  RTK_SOFTMAX_CHUNK_OF_BLOCK();
   const long long end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
   const float scale_log2 = scale * kRtkLog2e;
   const T* xr = x + row * n;
@@ -104,10 +106,7 @@ __global__ void __launch_bounds__(THREADS)
 softmax_bwd_stats(const T* __restrict__ y, const T* __restrict__ dy, float* __restrict__ stats, long long rows,
                   long long n, long long chunk, long long sq, long long diag_offset) {
   __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST + 1];
-  const long long chunks = (n + chunk - 1) / chunk;
-  const long long row = (long long)blockIdx.x / chunks;
-  const long long c = (long long)blockIdx.x % chunks;
-  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
+  RTK_SOFTMAX_CHUNK_OF_BLOCK();
   const long long end = (c + 1) * chunk < valid ? (c + 1) * chunk : valid;
   float dot = 0.f;
 #pragma unroll 2
@@ -127,10 +126,7 @@ softmax_bwd_finalize(const T* __restrict__ y, const T* __restrict__ dy, T* __res
                      const float* __restrict__ stats, long long rows, long long n, long long chunk, long long sq,
                      long long diag_offset, float scale) {
   __shared__ float scratch[THREADS / RTK_WARP_SIZE_CONST + 1];
-  const long long chunks = (n + chunk - 1) / chunk;
-  const long long row = (long long)blockIdx.x / chunks;
-  const long long c = (long long)blockIdx.x % chunks;
-  const long long valid = rtk_softmax_valid<KIND>(row, n, sq, diag_offset);
+  RTK_SOFTMAX_CHUNK_OF_BLOCK();
   const long long end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
   float dot = 0.f;
   for (long long k = threadIdx.x; k < chunks; k += THREADS) dot += stats[row * chunks + k];

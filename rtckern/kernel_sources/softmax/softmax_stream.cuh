@@ -110,17 +110,22 @@ struct rtk_softmax_block_row {
   }
 };
 
+// The locals of the stashing forward bodies below: the dynamic shared memory as a stash of vectors, this block's
+// row (rtk_softmax_block_row), the key step and the kind the stash is read as (masks are applied while it fills).
+#define RTK_SOFTMAX_STASHED_ROW()                                                                                  \
+  extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];                                            \
+  rtk_vec<T, VEC>* stash = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);                               \
+  const auto [valid, scale_log2, a, xr, yr, mr] =                                                                  \
+      rtk_softmax_block_row<T, KIND, POS>(x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale);        \
+  constexpr long long kStep = (long long)THREADS * VEC;                                                            \
+  constexpr int kStashKind = KIND == RTK_SOFTMAX_MASKED ? RTK_SOFTMAX_PLAIN : KIND
+
 template <typename T, int KIND, int VEC, int THREADS, bool POS>
 RTK_DEVICE void rtk_softmax_fwd_async_body(const T* __restrict__ x, T* __restrict__ y,
                                            const unsigned char* __restrict__ mask, long long n, long long sq,
                                            long long heads, long long mask_batch_stride, long long diag_offset,
                                            float scale, float* scratch) {
-  extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
-  rtk_vec<T, VEC>* stash = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
-  const auto [valid, scale_log2, a, xr, yr, mr] =
-      rtk_softmax_block_row<T, KIND, POS>(x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale);
-  constexpr long long kStep = (long long)THREADS * VEC;
-  constexpr int kStashKind = KIND == RTK_SOFTMAX_MASKED ? RTK_SOFTMAX_PLAIN : KIND;  // masks applied in the stash
+  RTK_SOFTMAX_STASHED_ROW();
 
   // The row's mask bytes follow the row at a 16-byte boundary (the host sizes the shared memory so).
   unsigned char* mask_stash = rtk_softmax_dyn_smem + ((n * (long long)sizeof(T) + 15) & ~15ll);
@@ -235,12 +240,7 @@ RTK_DEVICE void rtk_softmax_fwd_l2_body(const T* __restrict__ x, T* __restrict__
                                         const unsigned char* __restrict__ mask, long long n, long long sq,
                                         long long heads, long long mask_batch_stride, long long diag_offset,
                                         float scale, float* scratch) {
-  extern __shared__ __align__(16) unsigned char rtk_softmax_dyn_smem[];
-  rtk_vec<T, VEC>* stash = reinterpret_cast<rtk_vec<T, VEC>*>(rtk_softmax_dyn_smem);
-  const auto [valid, scale_log2, a, xr, yr, mr] =
-      rtk_softmax_block_row<T, KIND, POS>(x, y, mask, n, sq, heads, mask_batch_stride, diag_offset, scale);
-  constexpr long long kStep = (long long)THREADS * VEC;
-  constexpr int kStashKind = KIND == RTK_SOFTMAX_MASKED ? RTK_SOFTMAX_PLAIN : KIND;  // masks applied in the stash
+  RTK_SOFTMAX_STASHED_ROW();
   const long long e0 = (long long)threadIdx.x * VEC;
   const long long tail = e0 + STASH * kStep;  // this thread's first key past its stash
 

@@ -158,9 +158,9 @@ def _build(A, B, SA, SB, Bi, out_dtype, trans_b) -> OutputPlan:
     n, kb = B.shape
     if k != kb:
         raise InputError(f"inner dimensions disagree: a {A.shape} has K={k}, b {B.shape} (N, K) has K={kb}")
-    if k <= 0 or k % geometry.K_MULTIPLE:
-        raise InputError(f"K={k} is not supported: gemm_fp8 needs K a positive multiple of {geometry.K_MULTIPLE} "
-                         "(16-byte rows); pad K with zeros (in a and b) to the next multiple of 16")
+    why = geometry.k_reason(k, "gemm_fp8")
+    if why:
+        raise InputError(why)
     out_dt = parse_dtype(out_dtype, "out_dtype", geometry.OUTPUT_DTYPES)
     for S, name in ((SA, "a_scale"), (SB, "b_scale")):
         if S.dtype != "fp32":

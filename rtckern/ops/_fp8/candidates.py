@@ -19,7 +19,8 @@ from rtckern.device import DeviceInfo
 from rtckern.registry import Candidate, Cost, OpRequest, Resources, register_kernel_provider, select
 from rtckern.registry import options as opts
 
-from .._common import SelectionMemo, WgmmaTileCandidate, register_missing_builder, register_missing_candidates, run_once
+from .._common import (ProblemCandidate, SelectionMemo, dtype_reason, WgmmaTileCandidate, register_missing_builder,
+                       register_missing_candidates, run_once)
 from . import configs, geometry
 from .geometry import OP, QUANT_OP, Fp8Problem, Sm90Fp8Config
 
@@ -43,41 +44,34 @@ def quant_request(dtype: str, group: int, m: int, k: int, device: DeviceInfo) ->
 
 
 def _reason(p: Fp8Problem) -> str | None:
-    if p.dtype not in geometry.INPUT_DTYPES:
-        return f"input dtype {p.dtype} not supported; supported: {', '.join(geometry.INPUT_DTYPES)}"
-    if p.out_dtype not in geometry.OUTPUT_DTYPES:
-        return f"output dtype {p.out_dtype} not supported; supported: {', '.join(geometry.OUTPUT_DTYPES)}"
-    if p.bias != "none" and p.bias not in geometry.BIAS_DTYPES:
-        return f"bias dtype {p.bias} not supported; supported: {', '.join(geometry.BIAS_DTYPES)}"
-    if p.scale not in geometry.SCALES:
-        return f"scale granularity {p.scale!r} not supported; supported: {', '.join(geometry.SCALES)}"
-    if p.k % geometry.K_MULTIPLE or p.k <= 0:
-        return f"k={p.k}: K must be a positive multiple of {geometry.K_MULTIPLE}"
-    return None
+    return (dtype_reason("input dtype", p.dtype, geometry.INPUT_DTYPES)
+            or dtype_reason("output dtype", p.out_dtype, geometry.OUTPUT_DTYPES)
+            or (None if p.bias == "none" else dtype_reason("bias dtype", p.bias, geometry.BIAS_DTYPES))
+            or (None if p.scale in geometry.SCALES else
+                f"scale granularity {p.scale!r} not supported; supported: {', '.join(geometry.SCALES)}")
+            or geometry.k_reason(p.k, OP))
 
 
 _configs = PlanCache("gemm_fp8.candidate_configs")
 
 
-class Sm90aWgmmaCandidate(WgmmaTileCandidate):
+class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
     name = "gemm_fp8.sm90a_wgmma"
     op = OP
     tile_memo = _configs
     work = "tensor cores (wgmma e4m3)"
+    problem, reason, spec = staticmethod(problem), staticmethod(_reason), staticmethod(geometry.sm90_spec)
 
     def tiled(self, req: OpRequest) -> tuple[Sm90Fp8Config, Any]:
         return configs.tuned(problem(req), req.device)
 
-    def supports(self, req: OpRequest) -> str | None:
-        p = problem(req)
-        return _reason(p) or self.config(req).invalid(p)
+    @staticmethod
+    def invalid(p: Fp8Problem, cfg: Sm90Fp8Config) -> str | None:
+        return cfg.invalid(p)
 
-    def kernel_specs(self, req: OpRequest):
-        return (geometry.sm90_spec(problem(req), self.config(req), self.target(req)),)
-
-    def launch_resources(self, req: OpRequest):
-        cfg = self.config(req)
-        return (Resources(block=cfg.threads, dynamic_smem=cfg.launch_smem(problem(req))),)
+    @staticmethod
+    def smem(p: Fp8Problem, cfg: Sm90Fp8Config) -> int:
+        return cfg.launch_smem(p)
 
 
 class SimtCandidate(Candidate):
@@ -107,8 +101,9 @@ class QuantCandidate(Candidate):
 
     def supports(self, req: OpRequest) -> str | None:
         dt, g, k = req.dtype("x"), req.dim("group"), req.dim("k")
-        if dt not in geometry.QUANT_DTYPES:
-            return f"input dtype {dt} not supported; supported: {', '.join(geometry.QUANT_DTYPES)}"
+        why = dtype_reason("input dtype", dt, geometry.QUANT_DTYPES)
+        if why:
+            return why
         if g not in geometry.QUANT_GROUPS:
             return f"group={g} not supported; supported: {', '.join(map(str, geometry.QUANT_GROUPS))}"
         if k % g:

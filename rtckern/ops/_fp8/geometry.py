@@ -38,6 +38,14 @@ OUT_BYTES = MappingProxyType({"bf16": 2, "fp16": 2, "fp32": 4})
 STORE_BOX_BYTES = 64 * 128  # RTK_FP8_TMA_STORE: one box of 64 output rows x 128 bytes; two per consumer
 
 
+def k_reason(k: int, op: str) -> str | None:
+    """Why `op` refuses K (its rows of a and b are read as 16-byte pieces), or None."""
+    if k > 0 and k % K_MULTIPLE == 0:
+        return None
+    return (f"K={k} is not supported: {op} needs K a positive multiple of {K_MULTIPLE} (16-byte rows); pad K with "
+            f"zeros (in a and b) to the next multiple of {K_MULTIPLE}")
+
+
 @dataclass(frozen=True)
 class Fp8Problem:
     """One gemm_fp8 call as far as kernel choice and compilation go. aligned: a's and b's bases are 16-byte
@@ -64,6 +72,8 @@ class Sm90Fp8Config:
     (RTK_FP8_MULTICAST); `partials` 2: each consumer issues the next K block into a second partial accumulator
     before it promotes the last one (RTK_FP8_PARTIALS; bn <= 128)."""
 
+    kind = "sm90"
+
     bm: int = 128
     bn: int = 128
     stages: int = 6
@@ -71,8 +81,6 @@ class Sm90Fp8Config:
     group_m: int = 8
     cluster: int = 1
     partials: int = 1
-
-    kind = "sm90"
 
     @property
     def threads(self) -> int:

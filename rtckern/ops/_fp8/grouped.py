@@ -201,9 +201,9 @@ def _build(mode: str, A, B, SA, SB, I, out_dtype, trans_b) -> plan.Plan:
     rows, k = A.shape[-2], A.shape[-1]
     if k != kb:
         raise InputError(f"inner dimensions disagree: a {A.shape} has K={k}, b {B.shape} (G, N, K) has K={kb}")
-    if k <= 0 or k % geometry.K_MULTIPLE:
-        raise InputError(f"K={k} is not supported: {op} needs K a positive multiple of {geometry.K_MULTIPLE} "
-                         "(16-byte rows); pad K with zeros (in a and b) to the next multiple of 16")
+    why = geometry.k_reason(k, op)
+    if why:
+        raise InputError(why)
     out_dt = parse_dtype(out_dtype, "out_dtype", geometry.OUTPUT_DTYPES)
     kblocks, nblocks = geometry.kb_count(k), math.ceil(n / geometry.SCALE_BLOCK)
     want_sa = (groups, rows, kblocks) if masked else (rows, kblocks)

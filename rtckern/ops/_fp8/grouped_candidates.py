@@ -15,11 +15,12 @@ from typing import Any
 from rtckern import tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
-from rtckern.registry import OpRequest, Resources, select
+from rtckern.registry import OpRequest, select
 from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared
-from .._common import SelectionMemo, WgmmaTileCandidate, register_missing_builder, register_missing_candidates, run_once
+from .._common import (ProblemCandidate, SelectionMemo, dtype_reason, WgmmaTileCandidate, register_missing_builder,
+                       register_missing_candidates, run_once)
 from . import geometry, grouped_configs
 from . import grouped_geometry as gg
 from .geometry import Sm90Fp8Config
@@ -39,39 +40,26 @@ def problem(req: OpRequest) -> GroupedFp8Problem:
 
 
 def _reason(p: GroupedFp8Problem) -> str | None:
-    if p.dtype not in geometry.GROUPED_INPUT_DTYPES:
-        return f"input dtype {p.dtype} not supported; supported: {', '.join(geometry.GROUPED_INPUT_DTYPES)}"
-    if p.out_dtype not in geometry.OUTPUT_DTYPES:
-        return f"output dtype {p.out_dtype} not supported; supported: {', '.join(geometry.OUTPUT_DTYPES)}"
-    if p.k % geometry.K_MULTIPLE or p.k <= 0:
-        return f"k={p.k}: K must be a positive multiple of {geometry.K_MULTIPLE}"
-    if not p.aligned:
+    why = (dtype_reason("input dtype", p.dtype, geometry.GROUPED_INPUT_DTYPES)
+           or dtype_reason("output dtype", p.out_dtype, geometry.OUTPUT_DTYPES) or geometry.k_reason(p.k, OP))
+    if why is None and not p.aligned:
         return "TMA needs 16-byte aligned bases of a and b and row / group strides that are multiples of 16 bytes"
-    return None
+    return why
 
 
 _configs = PlanCache("grouped_gemm_fp8.candidate_configs")
 
 
-class Sm90aWgmmaCandidate(WgmmaTileCandidate):
+class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
     name = "grouped_gemm_fp8.sm90a_wgmma"
     op = OP
     tile_memo = _configs
     work = "wgmma e4m3 over the groups' tiles"
+    problem, reason, invalid = staticmethod(problem), staticmethod(_reason), staticmethod(gg.invalid)
+    spec, smem = staticmethod(gg.spec), staticmethod(gg.smem_bytes)
 
     def tiled(self, req: OpRequest) -> tuple[Sm90Fp8Config, Any]:
         return grouped_configs.tuned(problem(req), req.device)
-
-    def supports(self, req: OpRequest) -> str | None:
-        p = problem(req)
-        return _reason(p) or gg.invalid(p, self.config(req))
-
-    def kernel_specs(self, req: OpRequest):
-        return (gg.spec(problem(req), self.config(req), self.target(req)),)
-
-    def launch_resources(self, req: OpRequest):
-        cfg = self.config(req)
-        return (Resources(block=cfg.threads, dynamic_smem=gg.smem_bytes(problem(req), cfg)),)
 
 
 CANDIDATES = (Sm90aWgmmaCandidate,)

@@ -21,7 +21,8 @@ from rtckern.device import DeviceInfo
 from rtckern.registry import Cost, OpRequest, Resources, select
 from rtckern.registry import options as opts
 
-from .._common import MemoizedConfigCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, run_once
+from .._common import (MemoizedConfigCandidate, SelectionMemo, dtype_reason, register_missing_builder,
+                       register_missing_candidates, run_once)
 from . import configs, geometry
 from .launch import REDUCE_THREADS, LaunchPlan, Operands, stream_int
 
@@ -68,11 +69,8 @@ def _tuned(req: OpRequest) -> tuple[Any, str, Any]:
 
 def _dtype_reason(req: OpRequest) -> str | None:
     a, out = req.dtype("a"), req.dtype("out")
-    if a not in geometry.INPUT_DTYPES:
-        return f"input dtype {a} not supported; supported: {', '.join(geometry.INPUT_DTYPES)}"
-    if out not in geometry.OUTPUT_DTYPES:
-        return f"output dtype {out} not supported; supported: {', '.join(geometry.OUTPUT_DTYPES)}"
-    return None
+    return (dtype_reason("input dtype", a, geometry.INPUT_DTYPES)
+            or dtype_reason("output dtype", out, geometry.OUTPUT_DTYPES))
 
 
 def tuned_cost(kind: str, req: OpRequest, other: float) -> Cost:

@@ -67,9 +67,20 @@ class GemmProblem:
         return (self.bias, self.act_id, self.residual)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _SplitSchedule:
+    """What the tensor-core configs share, passed by keyword: split-K `splits` (0: chosen per problem),
+    `group_m` tile rows walked together (L2 reuse), and `cluster`: split-K inside a thread-block cluster (sm_90+)
+    instead of through a workspace."""
+
+    splits: int = 1
+    group_m: int = 8
+    cluster: bool = False
+
+
 @dataclass(frozen=True)
-class Sm80Config:
-    """Block tile bm x bn x bk, warp tile wm x wn, `stages` shared-memory stages, split-K `splits`."""
+class Sm80Config(_SplitSchedule):
+    """Block tile bm x bn x bk, warp tile wm x wn, `stages` shared-memory stages."""
 
     bm: int = 128
     bn: int = 128
@@ -77,9 +88,6 @@ class Sm80Config:
     wm: int = 64
     wn: int = 32
     stages: int = 4
-    splits: int = 1
-    group_m: int = 8
-    cluster: bool = False  # split-K inside a thread-block cluster (sm_90+) instead of through a workspace
 
     kind = "sm80"
 
@@ -116,17 +124,15 @@ class Sm80Config:
 
 
 @dataclass(frozen=True)
-class Sm90Config:
-    """Block tile bm x bn (bk is 64), `consumers` consumer warpgroups (each owns bm / consumers rows)."""
+class Sm90Config(_SplitSchedule):
+    """Block tile bm x bn (bk is 64), `consumers` consumer warpgroups (each owns bm / consumers rows); a cluster
+    split-K runs one block per unit (not persistent)."""
 
     bm: int = 128
     bn: int = 256
     stages: int = 4
     consumers: int = 2
-    splits: int = 1
-    group_m: int = 8
     pingpong: bool = False  # consumers take turns at whole tiles (epilogue overlaps the other's mainloop)
-    cluster: bool = False  # split-K inside a thread-block cluster, one block per unit (not persistent)
 
     kind = "sm90"
 

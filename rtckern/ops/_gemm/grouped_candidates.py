@@ -18,12 +18,12 @@ from typing import Any
 from rtckern import tuning
 from rtckern.caches import PlanCache
 from rtckern.device import DeviceInfo
-from rtckern.registry import Cost, OpRequest, Resources, select
+from rtckern.registry import Cost, OpRequest, select
 from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared
-from .._common import (MemoizedConfigCandidate, SelectionMemo, WgmmaTileCandidate, register_missing_builder,
-                            register_missing_candidates, run_once)
+from .._common import (MemoizedConfigCandidate, ProblemCandidate, SelectionMemo, WgmmaTileCandidate, dtype_reason,
+                       register_missing_builder, register_missing_candidates, run_once)
 from . import geometry, grouped_configs
 from . import grouped_geometry as gg
 from .grouped_geometry import OP, GroupedProblem
@@ -42,45 +42,36 @@ def problem(req: OpRequest) -> GroupedProblem:
 
 
 def _dtype_reason(p: GroupedProblem) -> str | None:
-    if p.dtype not in geometry.INPUT_DTYPES:
-        return f"input dtype {p.dtype} not supported; supported: {', '.join(geometry.INPUT_DTYPES)}"
-    if p.out_dtype not in geometry.OUTPUT_DTYPES:
-        return f"output dtype {p.out_dtype} not supported; supported: {', '.join(geometry.OUTPUT_DTYPES)}"
-    return None
+    return (dtype_reason("input dtype", p.dtype, geometry.INPUT_DTYPES)
+            or dtype_reason("output dtype", p.out_dtype, geometry.OUTPUT_DTYPES))
 
 
 _configs = PlanCache("grouped_gemm.candidate_configs")
 
 
-class _GroupedCandidate(MemoizedConfigCandidate):
+class _GroupedCandidate(MemoizedConfigCandidate, ProblemCandidate):
     op = OP
     config_memo = _configs
+    problem, reason, invalid = staticmethod(problem), staticmethod(_dtype_reason), staticmethod(gg.invalid)
+    spec, smem = staticmethod(gg.spec), staticmethod(gg.smem_bytes)
 
-    def kernel_specs(self, req: OpRequest):
-        return (gg.spec(problem(req), self.config(req), self.target(req)),)
 
-    def launch_resources(self, req: OpRequest):
-        cfg = self.config(req)
-        return (Resources(block=cfg.threads, dynamic_smem=gg.smem_bytes(problem(req), cfg)),)
+def _tma_reason(p: GroupedProblem) -> str | None:
+    why = _dtype_reason(p)
+    if why is None and not p.aligned:
+        return ("TMA needs 16-byte aligned operands: base addresses, row strides and group strides that are "
+                "multiples of 8 elements, K a multiple of 8 and, with trans_b=False, N a multiple of 8")
+    return why
 
 
 class Sm90aWgmmaCandidate(WgmmaTileCandidate, _GroupedCandidate):
     name = "grouped_gemm.sm90a_wgmma"
     tile_memo = _configs
     work = "wgmma + TMA over the groups' tiles"
+    reason = staticmethod(_tma_reason)
 
     def tiled(self, req: OpRequest) -> tuple[Any, Any]:
         return grouped_configs.tuned(problem(req), req.device)
-
-    def supports(self, req: OpRequest) -> str | None:
-        p = problem(req)
-        why = _dtype_reason(p)
-        if why:
-            return why
-        if not p.aligned:
-            return ("TMA needs 16-byte aligned operands: base addresses, row strides and group strides that are "
-                    "multiples of 8 elements, K a multiple of 8 and, with trans_b=False, N a multiple of 8")
-        return gg.invalid(p, self.config(req))
 
 
 class Sm80MmaCandidate(_GroupedCandidate):
@@ -90,10 +81,6 @@ class Sm80MmaCandidate(_GroupedCandidate):
 
     def _config(self, req: OpRequest):
         return gg.sm80_config(problem(req), req.device)
-
-    def supports(self, req: OpRequest) -> str | None:
-        p = problem(req)
-        return _dtype_reason(p) or gg.invalid(p, self.config(req))
 
     def cost(self, req: OpRequest) -> Cost:
         # No measurement behind it: the dense GEMM's tables rank wgmma well ahead of mma.sync on sm_90.

@@ -10,12 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from rtckern.device import DeviceInfo
-from rtckern.dtypes import describe
 from rtckern.registry import OpRequest, register_kernel_provider
 from rtckern.registry import options as opts
 
-from .._common import OnePassCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, \
-    rows_reason, run_once, vector_reason
+from .._common import (OnePassCandidate, SelectionMemo, dtype_reason, register_missing_builder,
+                       register_missing_candidates, rows_reason, run_once, vector_reason)
 from . import geometry
 from .geometry import OP, GluKernel
 
@@ -34,14 +33,12 @@ class RowsCandidate(OnePassCandidate):
     op = OP
     threads = geometry.THREADS
 
-    def kernel_of(self, req: OpRequest) -> GluKernel:
-        return kernel_of(req)
+    kernel_of = staticmethod(kernel_of)
 
     def supports(self, req: OpRequest) -> str | None:
         kern, n = kernel_of(req), req.dim("n")
-        if kern.dtype not in geometry.DTYPES:
-            return f"dtype {kern.dtype} not supported; supported: {describe(geometry.DTYPES)}"
-        return (vector_reason(kern.vec, geometry.max_vector(kern.dtype), kern.dtype, geometry.VECTORS)
+        return (dtype_reason("dtype", kern.dtype, geometry.DTYPES)
+                or vector_reason(kern.vec, geometry.max_vector(kern.dtype), kern.dtype, geometry.VECTORS)
                 or rows_reason(n, kern.vec))
 
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from rtckern.device import DeviceInfo
-from rtckern.dtypes import describe
 from rtckern.registry import OpRequest, Resources, register_kernel_provider
 from rtckern.registry import options as opts
 
-from .._common import OnePassCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, \
-    rows_reason, run_once, vector_reason
+from .._common import (OnePassCandidate, SelectionMemo, dtype_reason, register_missing_builder,
+                       register_missing_candidates, rows_reason, run_once, vector_reason)
 from . import geometry
 from .geometry import OP, CeKernel
 
@@ -48,11 +47,9 @@ class RowsCandidate(OnePassCandidate):
 
     def supports(self, req: OpRequest) -> str | None:
         kern, n = kernel_of(req), req.dim("n")
-        if kern.dtype not in geometry.DTYPES:
-            return f"logits dtype {kern.dtype} not supported; supported: {describe(geometry.DTYPES)}"
-        if kern.label_dtype not in geometry.LABEL_DTYPES:
-            return f"labels dtype {kern.label_dtype} not supported; supported: {describe(geometry.LABEL_DTYPES)}"
-        why = vector_reason(kern.vec, geometry.max_vector(kern.dtype), kern.dtype, geometry.VECTORS)
+        why = (dtype_reason("logits dtype", kern.dtype, geometry.DTYPES)
+               or dtype_reason("labels dtype", kern.label_dtype, geometry.LABEL_DTYPES)
+               or vector_reason(kern.vec, geometry.max_vector(kern.dtype), kern.dtype, geometry.VECTORS))
         if why:
             return why
         threads = (geometry.BWD_THREADS,) if kern.backward else geometry.FWD_THREADS

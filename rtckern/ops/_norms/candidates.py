@@ -22,6 +22,7 @@ from rtckern.errors import OptionError
 from rtckern.registry import Candidate, Cost, LimitProbe, OpRequest, Resources
 from rtckern.registry import options as opts
 
+from .._common import dtype_reason
 from . import configs, geometry
 from .launch import active_clusters, blocks_per_sm, bwd_partial_rows, bwd_smem, launch_bwd, launch_fwd
 
@@ -363,9 +364,8 @@ class RmsNormQuantRows(Candidate):
     def supports(self, req: OpRequest) -> str | None:
         if req.dtype("y") != FP8:
             return f"output dtype {req.dtype('y')} not supported; rms_norm_quant writes {FP8}"
-        if req.dtype("x") not in geometry.DTYPES:
-            return f"input dtype {req.dtype('x')} not supported; supported: {', '.join(geometry.DTYPES)}"
-        why = geometry.quant_dtype_reason(req.dtype("x"), req.dim("group"))
+        why = dtype_reason("input dtype", req.dtype("x"), geometry.DTYPES) or \
+            geometry.quant_dtype_reason(req.dtype("x"), req.dim("group"))
         if why:
             return why
         p, cfg = self._memo_of(req)

@@ -12,12 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from rtckern.device import DeviceInfo
-from rtckern.dtypes import describe
 from rtckern.registry import OpRequest, register_kernel_provider
 from rtckern.registry import options as opts
 
-from .._common import OnePassCandidate, SelectionMemo, register_missing_builder, register_missing_candidates, \
-    run_once, vector_reason
+from .._common import (OnePassCandidate, SelectionMemo, dtype_reason, register_missing_builder,
+                       register_missing_candidates, run_once, vector_reason)
 from . import geometry
 from .geometry import OP, RopeKernel
 
@@ -37,18 +36,15 @@ class RowsCandidate(OnePassCandidate):
     op = OP
     threads = geometry.MAX_THREADS
 
-    def kernel_of(self, req: OpRequest) -> RopeKernel:
-        return kernel_of(req)
+    kernel_of = staticmethod(kernel_of)
 
     def supports(self, req: OpRequest) -> str | None:
         kern, d = kernel_of(req), req.dim("head_dim")
-        if kern.dtype not in geometry.DTYPES:
-            return f"q / k dtype {kern.dtype} not supported; supported: {describe(geometry.DTYPES)}"
-        if kern.cos_dtype not in geometry.cos_dtypes(kern.dtype):
-            return (f"cos / sin dtype {kern.cos_dtype} with {kern.dtype} q / k not supported; supported: "
-                    f"{describe(geometry.cos_dtypes(kern.dtype))}")
-        why = vector_reason(kern.vec, geometry.max_vector(kern.dtype, kern.cos_dtype),
-                            f"{kern.dtype} / {kern.cos_dtype}", geometry.VECTORS)
+        why = (dtype_reason("q / k dtype", kern.dtype, geometry.DTYPES)
+               or dtype_reason(f"with {kern.dtype} q / k, cos / sin dtype", kern.cos_dtype,
+                               geometry.cos_dtypes(kern.dtype))
+               or vector_reason(kern.vec, geometry.max_vector(kern.dtype, kern.cos_dtype),
+                                f"{kern.dtype} / {kern.cos_dtype}", geometry.VECTORS))
         if why:
             return why
         if d < 2 or d % 2 or (d // 2) % kern.vec:

@@ -26,6 +26,7 @@ from rtckern.registry.candidate import arch_reason, rank_key
 from rtckern.runtime import arrays as arr
 from rtckern.spec import KernelSpec
 
+from .._common import dtype_reason
 from . import geometry, ring
 from .configs import measured_us, tuned_onepass, tuned_ring
 
@@ -122,10 +123,7 @@ class _SoftmaxCandidate(Candidate):
         return check(self, req, kernels)
 
     def _dtype_reason(self, req: OpRequest) -> str | None:
-        dt = req.dtype("x")
-        if dt not in geometry.CTYPES:
-            return f"dtype {dt} not supported; supported: {', '.join(geometry.CTYPES)}"
-        return None
+        return dtype_reason("dtype", req.dtype("x"), geometry.CTYPES)
 
 
 class OnePassCandidate(_SoftmaxCandidate):
