@@ -98,28 +98,14 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
   using L = flash_bwd_sm90_ws_smem<HD, BM, BN, STAGES>;
   constexpr int NWG = BN / 64;
   constexpr int NC = NWG * 128;          // consumer threads
-  constexpr int NS = BM / 2;             // S^T (and dP^T) accumulators per thread: 64 keys x BM queries
-  constexpr int NKV = HD / 2;            // dK (and dV) accumulators per thread: 64 keys x HD
-  constexpr int QSTEPS = BM / 16;        // k-steps of dV, dK
-  constexpr int DQ_WM = (BM / 64 < NWG) ? BM / 64 : NWG;  // warpgroups along the query rows of dQ
-  constexpr int DQ_MT = BM / (64 * DQ_WM);                // 64-row tiles per warpgroup
-  constexpr int DQ_WN = NWG / DQ_WM;                      // warpgroups along the head dim
-  constexpr int DQ_N = HD / DQ_WN;                        // wgmma N of dQ
-  constexpr int CPR = HD / 8;
+  RTK_SM90_BWD_TILING();
   static_assert(HD % 64 == 0 && HD <= 256, "head dim: whole 64-element swizzle blocks");
   static_assert(NWG == 2, "BN = 128: two consumer warpgroups");
   static_assert(BM % 64 == 0 && BM <= 256 && STAGES >= 2, "query tile");
   static_assert(DQ_WM * DQ_WN == NWG && DQ_N % 64 == 0 && DQ_N * DQ_WN == HD, "dQ warpgroup tiling");
   static_assert(bwd_rows::pad % BM == 0, "BM must divide the lse2 / dsum row padding");
 
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const unsigned smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024 B alignment
-  unsigned char* smem = smem_raw + (smem_base - smem_addr(smem_raw));
-  const unsigned sK = smem_base;
-  const unsigned sV = sK + L::kv_bytes;
-  const unsigned sQ = sV + L::kv_bytes;                 // STAGES stages
-  const unsigned sdO = sQ + STAGES * L::q_bytes;        // STAGES stages
-  const unsigned sdS = sdO + STAGES * L::q_bytes;       // two dS^T buffers
+  RTK_SM90_BWD_SMEM();
   const unsigned sRows = sdS + 2 * L::ds_bytes;         // lse2 stages, then dsum stages
   const unsigned sdQ = sRows + 2 * STAGES * L::row_bytes;  // dQ_i
   const float* sLse = reinterpret_cast<const float*>(smem + (sRows - smem_base));
@@ -252,15 +238,7 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
   const int t = lane & 3;
   const int key_in_tile = cw * 64 + (warp & 3) * 16 + g;  // this thread's first key row of S^T, dK, dV (+8)
 
-  float acc_dk[NKV];
-  float acc_dv[NKV];
-#pragma unroll
-  for (int i = 0; i < NKV; ++i) acc_dk[i] = acc_dv[i] = 0.f;
-  float acc_s[NS];
-  float acc_dp[NS];
-  unsigned p_a[QSTEPS][4];   // P^T as wgmma A fragments (k-step kk: queries 16 kk .. 16 kk + 15)
-  unsigned ds_a[QSTEPS][4];  // dS^T likewise
-  float acc_dq[DQ_MT][DQ_N / 2];
+  RTK_SM90_BWD_ACCUMULATORS();
 
   const unsigned sK_wg = sK + cw * 64 * 128;  // this warpgroup's 64 key rows within column block 0
   const unsigned sV_wg = sV + cw * 64 * 128;
@@ -298,11 +276,7 @@ __global__ void __launch_bounds__((BN / 64 + 1) * 128, 1)
                                            sDsum + buf * BM + 2 * t, n0, m0, key_in_tile, t, sk, diag, scale_log2);
 
     // ---- dV += P^T dO (issued first: it runs under the dS^T stores and the barrier) ----
-    pin_regs(p_a);
-    pin_regs(ds_a);
-    pin_regs(acc_dv);
-    pin_regs(acc_dk);
-    wgmma_fence();
+    sm90_bwd_fence_fragments(p_a, ds_a, acc_dv, acc_dk);
     sm90_bwd_issue_rs<T, HD, BM>(acc_dv, p_a, sdOb);
     wgmma_commit();
 

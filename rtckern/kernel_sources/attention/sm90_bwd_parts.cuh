@@ -8,6 +8,41 @@
 #pragma once
 #include "attention/sm90_common.cuh"
 
+// The tiling both sm_90a backward kernels derive from HD, BM and NWG (BN / 64 key warpgroups), as locals.
+#define RTK_SM90_BWD_TILING()                                                                                   \
+  constexpr int NS = BM / 2;     /* S^T (and dP^T) accumulators per thread: 64 keys x BM queries */             \
+  constexpr int NKV = HD / 2;    /* dK (and dV) accumulators per thread: 64 keys x HD */                        \
+  constexpr int QSTEPS = BM / 16; /* k-steps of dV, dK */                                                       \
+  constexpr int DQ_WM = (BM / 64 < NWG) ? BM / 64 : NWG; /* warpgroups along the query rows of dQ */            \
+  constexpr int DQ_MT = BM / (64 * DQ_WM);               /* 64-row tiles per warpgroup */                       \
+  constexpr int DQ_WN = NWG / DQ_WM;                     /* warpgroups along the head dim */                    \
+  constexpr int DQ_N = HD / DQ_WN;                       /* wgmma N of dQ */                                    \
+  constexpr int CPR = HD / 8
+
+// A consumer warpgroup's registers in both kernels: the dK / dV accumulators (zeroed), S^T and dP^T, P^T and dS^T
+// as wgmma A fragments (k-step kk: queries 16 kk .. 16 kk + 15), and its dQ tile.
+#define RTK_SM90_BWD_ACCUMULATORS()                                                                             \
+  float acc_dk[NKV];                                                                                            \
+  float acc_dv[NKV];                                                                                            \
+  _Pragma("unroll") for (int i = 0; i < NKV; ++i) acc_dk[i] = acc_dv[i] = 0.f;                                 \
+  float acc_s[NS];                                                                                              \
+  float acc_dp[NS];                                                                                             \
+  unsigned p_a[QSTEPS][4];                                                                                      \
+  unsigned ds_a[QSTEPS][4];                                                                                     \
+  float acc_dq[DQ_MT][DQ_N / 2]
+
+// Both kernels' dynamic shared memory (layout L: kv_bytes, q_bytes), aligned to 1024 B for the swizzle atoms, as
+// locals: K, V, then STAGES stages of Q and of dO, then dS^T (shared-memory addresses; `smem` the generic pointer).
+#define RTK_SM90_BWD_SMEM()                                                                                     \
+  extern __shared__ __align__(1024) unsigned char smem_raw[];                                                   \
+  const unsigned smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;                                            \
+  unsigned char* smem = smem_raw + (smem_base - smem_addr(smem_raw));                                           \
+  const unsigned sK = smem_base;                                                                                \
+  const unsigned sV = sK + L::kv_bytes;                                                                         \
+  const unsigned sQ = sV + L::kv_bytes;                                                                         \
+  const unsigned sdO = sQ + STAGES * L::q_bytes;                                                                \
+  const unsigned sdS = sdO + STAGES * L::q_bytes
+
 namespace rtk_attn {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -21,6 +56,18 @@ RTK_DEVICE void sm90_bwd_issue_ss(float (&acc)[BM / 2], unsigned sA, unsigned sB
     const unsigned off_b = (ks >> 2) * (BM * 128) + (ks & 3) * 32;
     wgmma_op<T, BM>::ss(acc, sw128_desc(sA + off_a, 16, 1024), sw128_desc(sB + off_b, 16, 1024), ks > 0 ? 1 : 0);
   }
+}
+
+// Before dV += P^T dO and dK += dS^T Q: P^T, dS^T and both accumulators pinned in their registers (nothing moves
+// across the wgmma issue), then the wgmma fence.
+template <int QSTEPS, int NKV>
+RTK_DEVICE void sm90_bwd_fence_fragments(unsigned (&p_a)[QSTEPS][4], unsigned (&ds_a)[QSTEPS][4], float (&acc_dv)[NKV],
+                                         float (&acc_dk)[NKV]) {
+  pin_regs(p_a);
+  pin_regs(ds_a);
+  pin_regs(acc_dv);
+  pin_regs(acc_dk);
+  wgmma_fence();
 }
 
 template <typename T, int HD, int BM, int BN, bool CAUSAL>
