@@ -48,15 +48,7 @@ struct flash_sm80_smem {
 
 template <typename T, int HD, int BM, int BN, int NWARPS, int STAGES, bool CAUSAL, bool Q_IN_REGS>
 __global__ void __launch_bounds__(NWARPS * 32)
-    flash_fwd_sm80(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-                   float* __restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q,
-                   long long heads_kv, long long q_bs, long long q_rs, long long q_hs, long long k_bs,
-                   long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long o_bs,
-                   long long o_rs, long long o_hs, float scale_log2
-#if RTK_ATTN_VARLEN
-                   , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
-#endif
-                   ) {
+    flash_fwd_sm80(RTK_FLASH_FWD_PARAMS(T)) {
 #if RTK_ARCH >= 800
   constexpr int NT = NWARPS * 32;
   constexpr int MT = BM / (16 * NWARPS);
@@ -79,30 +71,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const int warp = tid >> 5;
   const int g = lane >> 2;  // row within an 8-row group of the mma fragments
   const int t = lane & 3;   // thread within the quad that shares a row
-  // Launch the diagonal-heavy causal blocks first so the tail of the grid is short ones.
-  const long long m_block = gridDim.x - 1 - blockIdx.x;
-  const long long hq = blockIdx.y;
-  const long long b = blockIdx.z;
-  const long long hk = hq / (heads_q / heads_kv);
-  const int m0 = static_cast<int>(m_block) * BM;
-#if RTK_ATTN_VARLEN
-  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
-  const seq_at at{seq.q0, seq.k0};
-  const int sq = seq.sq;
-  const int sk = seq.sk;
-  if (m0 >= sq) return;  // past this sequence's queries (the grid covers the longest one): the whole block leaves
-#else
-  const seq_at at{b};
-  // Sequence lengths fit in int (the host checks); block-local index math stays 32-bit to save registers.
-  const int sq = static_cast<int>(seqlen_q);
-  const int sk = static_cast<int>(seqlen_k);
-#endif
-  const int diag = sk - sq;
-  const int n_blocks = (key_end<BM, CAUSAL>(m0, sk, diag) + BN - 1) / BN;
-
-  const T* gQ = q + at.q_off(q_bs, q_rs) + hq * q_hs;
-  const T* gK = k + at.k_off(k_bs, k_rs) + hk * k_hs;
-  const T* gV = v + at.k_off(v_bs, v_rs) + hk * v_hs;
+  RTK_ATTN_FWD_BLOCK(BM, BN, CAUSAL);
 
   load_tile_async<BM, HD, NT>(sQ, gQ, q_rs, m0, sq, tid);
   cp_async_commit();
@@ -123,12 +92,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
   const unsigned sQ_warp = smem_addr(sQ + warp_row0 * SROW + a_off);
 
   float acc_o[MT][DTILES][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < DTILES; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+  rtk_zero_frags(acc_o);
   float row_max[MT][2];
   float row_sum[MT][2];
 #pragma unroll
@@ -164,12 +128,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
 
     // ---- S = Q K^T ----
     float s_acc[MT][NTILES][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NTILES; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s_acc[mt][nt][e] = 0.f;
+    rtk_zero_frags(s_acc);
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks) {
       unsigned a[MT][4];
@@ -186,11 +145,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
       for (int nt2 = 0; nt2 < NTILES / 2; ++nt2) {
         unsigned b0, b1, b2, b3;
         ldsm_x4(b0, b1, b2, b3, sK_lane + (nt2 * 16 * SROW + ks * 16) * 2);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(s_acc[mt][2 * nt2], a[mt], b0, b1);
-          mma_16816<T>(s_acc[mt][2 * nt2 + 1], a[mt], b2, b3);
-        }
+        mma_16816_pair<T>(s_acc, nt2, a, b0, b1, b2, b3);
       }
     }
 
@@ -256,11 +211,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
       for (int dt2 = 0; dt2 < DTILES / 2; ++dt2) {
         unsigned b0, b1, b2, b3;
         ldsm_x4_trans(b0, b1, b2, b3, sV_lane + (kk * 16 * SROW + dt2 * 16) * 2);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(acc_o[mt][2 * dt2], pa[mt], b0, b1);
-          mma_16816<T>(acc_o[mt][2 * dt2 + 1], pa[mt], b2, b3);
-        }
+        mma_16816_pair<T>(acc_o, dt2, pa, b0, b1, b2, b3);
       }
     }
   }

@@ -31,15 +31,7 @@ struct flash_sm90_smem {
 
 template <typename T, int HD, int BN, int NWG, bool CAUSAL>
 __global__ void __launch_bounds__(NWG * 128, 1)
-    flash_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-                   float* __restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q,
-                   long long heads_kv, long long q_bs, long long q_rs, long long q_hs, long long k_bs,
-                   long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long o_bs,
-                   long long o_rs, long long o_hs, float scale_log2
-#if RTK_ATTN_VARLEN
-                   , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
-#endif
-                   ) {
+    flash_fwd_sm90(RTK_FLASH_FWD_PARAMS(T)) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = 64 * NWG;
   constexpr int NT = NWG * 128;
@@ -62,28 +54,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
   const int t = lane & 3;
   const int row_in_tile = wg * 64 + (warp & 3) * 16 + g;  // this thread's first row; the second is +8
 
-  const long long m_block = gridDim.x - 1 - blockIdx.x;
-  const long long hq = blockIdx.y;
-  const long long b = blockIdx.z;
-  const long long hk = hq / (heads_q / heads_kv);
-  const int m0 = static_cast<int>(m_block) * BM;
-#if RTK_ATTN_VARLEN
-  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
-  const seq_at at{seq.q0, seq.k0};
-  const int sq = seq.sq;
-  const int sk = seq.sk;
-  if (m0 >= sq) return;  // past this sequence's queries: the whole block leaves before any barrier
-#else
-  const seq_at at{b};
-  const int sq = static_cast<int>(seqlen_q);
-  const int sk = static_cast<int>(seqlen_k);
-#endif
-  const int diag = sk - sq;
-  const int n_blocks = (key_end<BM, CAUSAL>(m0, sk, diag) + BN - 1) / BN;
-
-  const T* gQ = q + at.q_off(q_bs, q_rs) + hq * q_hs;
-  const T* gK = k + at.k_off(k_bs, k_rs) + hk * k_hs;
-  const T* gV = v + at.k_off(v_bs, v_rs) + hk * v_hs;
+  RTK_ATTN_FWD_BLOCK(BM, BN, CAUSAL);
 
   load_tile_sw128<BM, HD, NT>(sQ, gQ, q_rs, m0, sq, tid);
   if (n_blocks > 0) {

@@ -5,6 +5,7 @@
 //   C (16x8) : c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
 #pragma once
 #include "common/dtypes.cuh"
+#include "common/frags.cuh"
 
 #if !defined(RTK_CUDA)
 #error "attention/sm80_primitives.cuh uses NVIDIA-only instructions (mma.sync, ldmatrix, cp.async)"
@@ -85,6 +86,18 @@ RTK_DEVICE void mma_16816<rtk_half>(float (&d)[4], const unsigned (&a)[4], unsig
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The two n8 tiles 2 n2 and 2 n2 + 1 of every row tile mt: acc[mt][2 n2 (+1)] += a[mt] * (b0, b1) and (b2, b3), the
+// four registers of one ldmatrix x4 of B.
+template <typename T, int MT, int NT>
+RTK_DEVICE void mma_16816_pair(float (&acc)[MT][NT][4], int n2, const unsigned (&a)[MT][4], unsigned b0, unsigned b1,
+                               unsigned b2, unsigned b3) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    mma_16816<T>(acc[mt][2 * n2], a[mt], b0, b1);
+    mma_16816<T>(acc[mt][2 * n2 + 1], a[mt], b2, b3);
+  }
 }
 
 // Two floats -> one 32-bit register of two 16-bit values; `lo` lands in the low half (the lower column).

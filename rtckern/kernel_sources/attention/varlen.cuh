@@ -19,6 +19,54 @@
 #define RTK_ATTN_VARLEN 0
 #endif
 
+// The kernels' trailing parameters in the varlen build: the sequences' prefix sums.
+#if RTK_ATTN_VARLEN
+#define RTK_ATTN_VARLEN_PARAMS , const int *__restrict__ cu_seqlens_q, const int *__restrict__ cu_seqlens_k
+#else
+#define RTK_ATTN_VARLEN_PARAMS
+#endif
+
+// The parameters of the mma forward kernels (flash_fwd_sm80, flash_fwd_sm90): q, k, v, o, the rows' lse, sizes,
+// strides and the scale in log2 units.
+#define RTK_FLASH_FWD_PARAMS(T)                                                                                   \
+  const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ o,                 \
+      float *__restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q, long long heads_kv,   \
+      long long q_bs, long long q_rs, long long q_hs, long long k_bs, long long k_rs, long long k_hs,           \
+      long long v_bs, long long v_rs, long long v_hs, long long o_bs, long long o_rs, long long o_hs,           \
+      float scale_log2 RTK_ATTN_VARLEN_PARAMS
+
+// The query block of a forward kernel and its sequence, as locals (the kernel's q, k, v, strides, seqlen_q,
+// seqlen_k, heads and, with RTK_ATTN_VARLEN, the prefix sums in scope; key_end from the kernel's headers): the
+// diagonal-heavy causal blocks launch first (m_block counts down) so the tail of the grid is short ones; hk is q head
+// hq's KV head (GQA); sq / sk the sequence's lengths (block-local index math stays 32-bit: the host checks they fit);
+// n_blocks the BN-key blocks the block reads; gQ / gK / gV its head's rows. A varlen block past its sequence's
+// queries leaves before any barrier.
+#if RTK_ATTN_VARLEN
+#define RTK_ATTN_FWD_SEQUENCE()                                                                                   \
+  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);                                          \
+  const seq_at at{seq.q0, seq.k0};                                                                              \
+  const int sq = seq.sq;                                                                                        \
+  const int sk = seq.sk;                                                                                        \
+  if (m0 >= sq) return
+#else
+#define RTK_ATTN_FWD_SEQUENCE()                                                                                   \
+  const seq_at at{b};                                                                                           \
+  const int sq = static_cast<int>(seqlen_q);                                                                    \
+  const int sk = static_cast<int>(seqlen_k)
+#endif
+#define RTK_ATTN_FWD_BLOCK(BM, BN, CAUSAL)                                                                        \
+  const long long m_block = gridDim.x - 1 - blockIdx.x;                                                         \
+  const long long hq = blockIdx.y;                                                                              \
+  const long long b = blockIdx.z;                                                                               \
+  const long long hk = hq / (heads_q / heads_kv);                                                               \
+  const int m0 = static_cast<int>(m_block) * (BM);                                                              \
+  RTK_ATTN_FWD_SEQUENCE();                                                                                      \
+  const int diag = sk - sq;                                                                                     \
+  const int n_blocks = (key_end<BM, CAUSAL>(m0, sk, diag) + (BN) - 1) / (BN);                                   \
+  const T* gQ = q + at.q_off(q_bs, q_rs) + hq * q_hs;                                                           \
+  const T* gK = k + at.k_off(k_bs, k_rs) + hk * k_hs;                                                           \
+  const T* gV = v + at.k_off(v_bs, v_rs) + hk * v_hs
+
 namespace rtk_attn {
 
 struct varlen_seq {

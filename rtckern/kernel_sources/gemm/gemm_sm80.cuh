@@ -161,12 +161,7 @@ __device__ __forceinline__ void rtk_gemm_mma_sm80_body(RTK_GEMM80_PARAMS) {
   };
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  rtk_zero_frags(acc);
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {

@@ -1,6 +1,7 @@
 // sm_80+ building blocks of the mma.sync GEMM: cp.async, ldmatrix, mma.sync m16n8k16 (fp32 accumulate).
 // NVIDIA only (RTK_CUDA); every instruction here exists on sm_80 and newer.
 #pragma once
+#include "common/frags.cuh"
 #include "gemm/tile.cuh"
 
 #if defined(RTK_CUDA)

@@ -118,6 +118,44 @@ RTK_DEVICE void init_barriers(unsigned long long* full, unsigned long long* empt
 
 }  // namespace rtk_softmax_ring
 
+// The consumers' locals shared by the forward and backward ring kernels: vector width VEC_ (kVec<T>), the chunk of
+// keys per slot row (GROUP threads x ITEMS vectors), and the row groups of the consumer threads.
+#define RTK_RING_GROUPS(VEC_)                         \
+  constexpr int VEC = VEC_;                           \
+  constexpr int CONSUMERS = WARPS * 32;               \
+  constexpr int CHUNK = GROUP * VEC * ITEMS;          \
+  constexpr int NGROUPS = CONSUMERS / GROUP
+
+// The tile walk's state: tiles of ROWS rows, chunks per row, c the slot sequence number of the tile's first chunk
+// (the producer fills slots in the same order), parity the scratch buffer of the tile.
+#define RTK_RING_TILE_WALK()                          \
+  const long long tiles = (rows + ROWS - 1) / ROWS;   \
+  const long long chunks = (n + CHUNK - 1) / CHUNK;   \
+  unsigned c = 0;                                     \
+  int parity = 0
+
+// Pass 1's chunk K of the tile: its slot, waited for until the producer's copies landed, and its bytes sb.
+#define RTK_RING_FULL_SLOT(K)                                 \
+  const unsigned cc = c + (unsigned)(K), slot = cc % SLOTS;   \
+  rtk_mbar_wait(&full[slot], (cc / SLOTS) & 1u);              \
+  const unsigned char* sb = slots + (size_t)slot * kSlotBytes
+
+// Item IT of this thread in chunk k: its offset `local` in the slot row and its key in the row.
+#define RTK_RING_ITEM_KEY(IT)                                 \
+  const int local = ((IT) * GROUP + gl) * VEC;                \
+  const long long key = k * CHUNK + local
+
+// Pass 2's chunk K of the tile: its slot (full since pass 1) and its bytes sb.
+#define RTK_RING_PASS2_SLOT(K)                                \
+  const unsigned slot = (c + (unsigned)(K)) % SLOTS;          \
+  const unsigned char* sb = slots + (size_t)slot * kSlotBytes
+
+// The group's I-th row of the tile: j its index in the tile, r in the problem; rows past the end are skipped.
+#define RTK_RING_LIVE_ROW(I)                                  \
+  const int j = group + (I) * NGROUPS;                        \
+  const long long r = t * ROWS + j;                           \
+  if (r >= rows) continue
+
 namespace rtk_softmax_ring {
 
 // Consumer warps of softmax_fwd_ring (see the file comment); POS: scale > 0.
@@ -125,10 +163,7 @@ template <typename T, int KIND, int WARPS, int GROUP, int ITEMS, int ROWS, int S
 RTK_DEVICE void fwd_consume(T* __restrict__ y, const unsigned char* slots, unsigned long long* full,
                             unsigned long long* empty, float2 (*scratch)[WARPS], long long rows, long long n,
                             long long sq, long long diag_offset, float scale) {
-  constexpr int VEC = kVec<T>;
-  constexpr int CONSUMERS = WARPS * 32;
-  constexpr int CHUNK = GROUP * VEC * ITEMS;
-  constexpr int NGROUPS = CONSUMERS / GROUP;
+  RTK_RING_GROUPS(kVec<T>);
   constexpr int RPG = ROWS / NGROUPS;
   constexpr bool MASKED = KIND == RTK_SOFTMAX_MASKED;
   constexpr int kArrayBytes = ROWS * CHUNK * (int)sizeof(T);
@@ -136,10 +171,7 @@ RTK_DEVICE void fwd_consume(T* __restrict__ y, const unsigned char* slots, unsig
   const int tid = threadIdx.x, group = tid / GROUP, gl = tid % GROUP, lane = rtk_lane_id(), warp = rtk_warp_id();
   const float scale_log2 = scale * kRtkLog2e;
   const float a = POS ? scale_log2 : 1.f;
-  const long long tiles = (rows + ROWS - 1) / ROWS;
-  const long long chunks = (n + CHUNK - 1) / CHUNK;
-  unsigned c = 0;
-  int parity = 0;
+  RTK_RING_TILE_WALK();
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x, c += (unsigned)chunks, parity ^= 1) {
     float m[RPG], s[RPG];
     long long valid[RPG];
@@ -152,9 +184,7 @@ RTK_DEVICE void fwd_consume(T* __restrict__ y, const unsigned char* slots, unsig
     }
     // Pass 1: per chunk, the max of its values first, then one exp2 per key against the updated max.
     for (long long k = 0; k < chunks; ++k) {
-      const unsigned cc = c + (unsigned)k, slot = cc % SLOTS;
-      rtk_mbar_wait(&full[slot], (cc / SLOTS) & 1u);
-      const unsigned char* sb = slots + (size_t)slot * kSlotBytes;
+      RTK_RING_FULL_SLOT(k);
 #pragma unroll
       for (int i = 0; i < RPG; ++i) {
         const int j = group + i * NGROUPS;
@@ -164,8 +194,7 @@ RTK_DEVICE void fwd_consume(T* __restrict__ y, const unsigned char* slots, unsig
         float vm = rtk_neg_inf();
 #pragma unroll
         for (int it = 0; it < ITEMS; ++it) {
-          const int local = (it * GROUP + gl) * VEC;
-          const long long key = k * CHUNK + local;
+          RTK_RING_ITEM_KEY(it);
           if (key < valid[i]) {
             rtk_softmax_values<T, KIND, VEC, POS>(*reinterpret_cast<const rtk_vec<T, VEC>*>(xs + local), ms + local, key,
                                                   valid[i], scale_log2, u[it]);
@@ -209,20 +238,16 @@ RTK_DEVICE void fwd_consume(T* __restrict__ y, const unsigned char* slots, unsig
     }
     // Pass 2: normalize from shared memory, store every key of the row (zeros past the causal bound).
     for (long long k = 0; k < chunks; ++k) {
-      const unsigned slot = (c + (unsigned)k) % SLOTS;
-      const unsigned char* sb = slots + (size_t)slot * kSlotBytes;
+      RTK_RING_PASS2_SLOT(k);
 #pragma unroll
       for (int i = 0; i < RPG; ++i) {
-        const int j = group + i * NGROUPS;
-        const long long r = t * ROWS + j;
-        if (r >= rows) continue;
+        RTK_RING_LIVE_ROW(i);
         const T* xs = reinterpret_cast<const T*>(sb) + j * CHUNK;
         const unsigned char* ms = sb + kArrayBytes + j * CHUNK;
         T* yr = y + r * n;
 #pragma unroll
         for (int it = 0; it < ITEMS; ++it) {
-          const int local = (it * GROUP + gl) * VEC;
-          const long long key = k * CHUNK + local;
+          RTK_RING_ITEM_KEY(it);
           if (key >= n) continue;
           rtk_vec<T, VEC> o;
           if (key < valid[i]) {
@@ -245,25 +270,27 @@ RTK_DEVICE void fwd_consume(T* __restrict__ y, const unsigned char* slots, unsig
 
 }  // namespace rtk_softmax_ring
 
+// Both ring kernels' block set-up, as locals: the group geometry checked, the dynamic shared memory as the slots'
+// full / empty barriers (initialized) and the slots, and scratch[2][WARPS] of SCRATCH_T for the consumers' sums.
+#define RTK_RING_BLOCK(SCRATCH_T)                                                                              \
+  static_assert(GROUP <= 32 || GROUP == CONSUMERS, "a group is at most a warp, or every consumer thread");     \
+  static_assert(ROWS % NGROUPS == 0 && ROWS / NGROUPS >= 1, "ROWS: a multiple of the number of groups");       \
+  static_assert(GROUP <= 32 || ROWS == 1, "a block-wide group takes one row per tile");                        \
+  extern __shared__ __align__(128) unsigned char rtk_ring_smem[];                                              \
+  __shared__ SCRATCH_T scratch[2][WARPS];                                                                      \
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(rtk_ring_smem);                             \
+  unsigned long long* empty = full + SLOTS;                                                                    \
+  unsigned char* slots = rtk_ring_smem + R::kSlotsOffset<SLOTS>;                                               \
+  R::init_barriers<SLOTS>(full, empty, WARPS)
+
 template <typename T, int KIND, int WARPS, int GROUP, int ITEMS, int ROWS, int SLOTS, int MIN_BLOCKS>
 __global__ void __launch_bounds__((WARPS + 1) * 32, MIN_BLOCKS)
 softmax_fwd_ring(const T* __restrict__ x, T* __restrict__ y, const unsigned char* __restrict__ mask, long long rows,
                  long long n, long long sq, long long heads, long long mask_batch_stride, long long diag_offset,
                  float scale) {
   namespace R = rtk_softmax_ring;
-  constexpr int VEC = R::kVec<T>;
-  constexpr int CONSUMERS = WARPS * 32;
-  constexpr int CHUNK = GROUP * VEC * ITEMS;
-  constexpr int NGROUPS = CONSUMERS / GROUP;
-  static_assert(GROUP <= 32 || GROUP == CONSUMERS, "a group is at most a warp, or every consumer thread");
-  static_assert(ROWS % NGROUPS == 0 && ROWS / NGROUPS >= 1, "ROWS: a multiple of the number of groups");
-  static_assert(GROUP <= 32 || ROWS == 1, "a block-wide group takes one row per tile");
-  extern __shared__ __align__(128) unsigned char rtk_ring_smem[];
-  __shared__ float2 scratch[2][WARPS];
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(rtk_ring_smem);
-  unsigned long long* empty = full + SLOTS;
-  unsigned char* slots = rtk_ring_smem + R::kSlotsOffset<SLOTS>;
-  R::init_barriers<SLOTS>(full, empty, WARPS);
+  RTK_RING_GROUPS(R::kVec<T>);
+  RTK_RING_BLOCK(float2);
 
   if (rtk_warp_id() == WARPS) {
     const T* src[1] = {x};
@@ -285,22 +312,11 @@ softmax_bwd_ring(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
                  long long sq, long long diag_offset, float scale) {
   namespace R = rtk_softmax_ring;
   static_assert(KIND == RTK_SOFTMAX_PLAIN || KIND == RTK_SOFTMAX_CAUSAL, "backward kinds: plain or causal");
-  constexpr int VEC = R::kVec<T>;
-  constexpr int CONSUMERS = WARPS * 32;
-  constexpr int CHUNK = GROUP * VEC * ITEMS;
-  constexpr int NGROUPS = CONSUMERS / GROUP;
+  RTK_RING_GROUPS(R::kVec<T>);
   constexpr int RPG = ROWS / NGROUPS;
   constexpr int kArrayBytes = ROWS * CHUNK * (int)sizeof(T);
   constexpr int kSlotBytes = 2 * kArrayBytes;
-  static_assert(GROUP <= 32 || GROUP == CONSUMERS, "a group is at most a warp, or every consumer thread");
-  static_assert(ROWS % NGROUPS == 0 && RPG >= 1, "ROWS: a multiple of the number of groups");
-  static_assert(GROUP <= 32 || ROWS == 1, "a block-wide group takes one row per tile");
-  extern __shared__ __align__(128) unsigned char rtk_ring_smem[];
-  __shared__ float scratch[2][WARPS];
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(rtk_ring_smem);
-  unsigned long long* empty = full + SLOTS;
-  unsigned char* slots = rtk_ring_smem + R::kSlotsOffset<SLOTS>;
-  R::init_barriers<SLOTS>(full, empty, WARPS);
+  RTK_RING_BLOCK(float);
 
   if (rtk_warp_id() == WARPS) {
     const T* src[2] = {y, dy};
@@ -309,10 +325,7 @@ softmax_bwd_ring(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
   }
 
   const int tid = threadIdx.x, group = tid / GROUP, gl = tid % GROUP, lane = rtk_lane_id(), warp = rtk_warp_id();
-  const long long tiles = (rows + ROWS - 1) / ROWS;
-  const long long chunks = (n + CHUNK - 1) / CHUNK;
-  unsigned c = 0;
-  int parity = 0;
+  RTK_RING_TILE_WALK();
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x, c += (unsigned)chunks, parity ^= 1) {
     float dot[RPG];
     long long valid[RPG];
@@ -323,9 +336,7 @@ softmax_bwd_ring(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
       dot[i] = 0.f;
     }
     for (long long k = 0; k < chunks; ++k) {
-      const unsigned cc = c + (unsigned)k, slot = cc % SLOTS;
-      rtk_mbar_wait(&full[slot], (cc / SLOTS) & 1u);
-      const unsigned char* sb = slots + (size_t)slot * kSlotBytes;
+      RTK_RING_FULL_SLOT(k);
 #pragma unroll
       for (int i = 0; i < RPG; ++i) {
         const int j = group + i * NGROUPS;
@@ -333,8 +344,7 @@ softmax_bwd_ring(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
         const T* ds = reinterpret_cast<const T*>(sb + kArrayBytes) + j * CHUNK;
 #pragma unroll
         for (int it = 0; it < ITEMS; ++it) {
-          const int local = (it * GROUP + gl) * VEC;
-          const long long key = k * CHUNK + local;
+          RTK_RING_ITEM_KEY(it);
           if (key < valid[i]) {
             const rtk_vec<T, VEC> a = *reinterpret_cast<const rtk_vec<T, VEC>*>(ys + local);
             const rtk_vec<T, VEC> b = *reinterpret_cast<const rtk_vec<T, VEC>*>(ds + local);
@@ -365,20 +375,16 @@ softmax_bwd_ring(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
       }
     }
     for (long long k = 0; k < chunks; ++k) {
-      const unsigned slot = (c + (unsigned)k) % SLOTS;
-      const unsigned char* sb = slots + (size_t)slot * kSlotBytes;
+      RTK_RING_PASS2_SLOT(k);
 #pragma unroll
       for (int i = 0; i < RPG; ++i) {
-        const int j = group + i * NGROUPS;
-        const long long r = t * ROWS + j;
-        if (r >= rows) continue;
+        RTK_RING_LIVE_ROW(i);
         const T* ys = reinterpret_cast<const T*>(sb) + j * CHUNK;
         const T* ds = reinterpret_cast<const T*>(sb + kArrayBytes) + j * CHUNK;
         T* dxr = dx + r * n;
 #pragma unroll
         for (int it = 0; it < ITEMS; ++it) {
-          const int local = (it * GROUP + gl) * VEC;
-          const long long key = k * CHUNK + local;
+          RTK_RING_ITEM_KEY(it);
           if (key >= n) continue;
           rtk_vec<T, VEC> o;
           if (key < valid[i]) {
