@@ -4,8 +4,10 @@ torch._scaled_mm (per-tensor scales, bf16 out), and quantize_fp8's GB/s against 
     python -m benchmarks gemm_fp8 [--quick]
 
 Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 projections, M = 128 and 16 decode
-shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. quantize_fp8 and
-rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
+shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M = 1..64
+on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
+device's copy bandwidth, the memory-bound roofline. quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group
+128): GPU time from CUDA-graph replays.
 """
 from __future__ import annotations
 
@@ -15,7 +17,11 @@ from benchmarks.runner import Result, Table, gpu_name, recorded_args
 
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 18432), (4096, 24576, 1536), (128, 28672, 8192),
           (16, 28672, 8192))
-QUICK = "4096^3 and M=128 only, 10 reps"
+# decode: M = 1..64 on weights of 132-235 MB (Llama-3.1-70B's MLP up / down, DeepSeek-V3's 7168 x 18432), every call
+# reading its weight from device memory
+DECODE = ((1, 28672, 8192), (8, 28672, 8192), (32, 28672, 8192), (64, 28672, 8192), (1, 8192, 28672),
+          (64, 8192, 28672), (1, 7168, 18432), (64, 7168, 18432))
+QUICK = "4096^3 and M=128 only, two decode shapes, 10 reps"
 
 
 def add_args(ap) -> None:
@@ -83,6 +89,7 @@ def run(args):
         runs.clear()  # the lambdas hold a and b
         torch.cuda.empty_cache()
     copy = _copy_gbs()
+    drows = _decode(DECODE[:2] if args.quick else DECODE, reps, copy)
     qrows = []
     for m, k in ((4096, 7168), (16384, 7168)):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -96,13 +103,46 @@ def run(args):
             qrows.append({"op": op, "m": m, "k": k, "gbs": (nbytes + (k * 2 if op == "rms_norm_quant" else 0))
                           / (ms * 1e-3) / 1e9, "copy_gbs": copy})
 
-    return to_result(rows, qrows, reps)
+    return to_result(rows, qrows, reps, drows)
+
+
+def _decode(shapes, reps: int, copy: float) -> list[dict]:
+    """Per decode shape: GB/s (a + b + c bytes per second) of both rtckern scalings and torch._scaled_mm."""
+    import torch
+
+    from rtckern import ops
+
+    e4m3, out = torch.float8_e4m3fn, []
+    for m, n, k in shapes:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(m, k, device="cuda", generator=g).to(e4m3)
+        b = torch.randn(n, k, device="cuda", generator=g).to(e4m3)
+        one = torch.ones((), device="cuda")
+        sa_blk = torch.rand(m, -(-k // 128), device="cuda", generator=g) + 0.5
+        sb_blk = torch.rand(-(-n // 128), -(-k // 128), device="cuda", generator=g) + 0.5
+        nbytes = n * k + m * k + m * n * 2
+        runs = {"rtckern per-tensor": lambda: ops.gemm_fp8(a, b, one, one),
+                "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
+                "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
+                                                             out_dtype=torch.bfloat16)}
+        gbs = {}
+        for name, fn in runs.items():
+            try:
+                gbs[name] = nbytes / (_time_ms(fn, reps) * 1e-3) / 1e9
+            except Exception as e:
+                print(f"{name} failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
+        out.append({"m": m, "n": n, "k": k, "gbs": gbs, "copy_gbs": copy})
+        print(f"decode {m}x{n}x{k}: " + ", ".join(f"{k_}={v / copy:.2f}x copy" for k_, v in gbs.items()),
+              flush=True)
+        runs.clear()
+        torch.cuda.empty_cache()
+    return out
 
 
 SERIES = ("rtckern per-tensor", "rtckern block", "torch._scaled_mm")
 
 
-def to_result(rows: list[dict], qrows: list[dict], reps: int) -> Result:
+def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] | None = None) -> Result:
     def ratio(t, a_, b_):
         return f"{t[a_] / t[b_]:.2f}x" if a_ in t and b_ in t else None
     table = Table(["M", "N", "K", "rtckern per-tensor", "rtckern block", "torch._scaled_mm", "per-tensor / torch",
@@ -115,15 +155,25 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int) -> Result:
                      f"{q['gbs'] / q['copy_gbs']:.2f}"] for q in qrows],
                    title="quantize_fp8 and the fused rms_norm_quant (bf16 in; e4m3 and fp32 scales out, group 128; "
                          "bytes in + out)")
+    drows = drows or []
+    dtable = Table(["M", "N", "K", *[f"{c} GB/s" for c in SERIES], "copy GB/s",
+                    *[f"{c} / copy" for c in SERIES[:2]]],
+                   [[d["m"], d["n"], d["k"], *[f"{d['gbs'][c]:.0f}" if c in d["gbs"] else None for c in SERIES],
+                     f"{d['copy_gbs']:.0f}",
+                     *[f"{d['gbs'][c] / d['copy_gbs']:.2f}" if c in d["gbs"] else None for c in SERIES[:2]]]
+                    for d in drows],
+                   title="decode range (M = 1..64): bytes moved (a + b + c) per second against the copy bandwidth "
+                         "(the memory-bound roofline; goal 0.9)")
     note = (f"e4m3 inputs, bf16 output; median of {reps} CUDA-event timings of back-to-back calls (quantization: "
             "CUDA-graph replays); torch._scaled_mm "
             "with per-tensor scales (its fastest form).")
-    return Result("fp8 GEMM and quantization", rows=rows, body=[note, table, qtable], data={"quantize": qrows},
+    return Result("fp8 GEMM and quantization", rows=rows, body=[note, table] + ([dtable] if drows else []) + [qtable],
+                  data={"quantize": qrows, **({"decode": drows} if drows else {})},
                   plot=lambda plt, meta: plot(plt, meta, rows, qrows))
 
 
 def render(payload: dict) -> Result:
-    return to_result(payload["rows"], payload["quantize"], reps_of(recorded_args(payload)))
+    return to_result(payload["rows"], payload["quantize"], reps_of(recorded_args(payload)), payload.get("decode"))
 
 
 def plot(plt, meta: dict, rows: list[dict], qrows: list[dict]):
