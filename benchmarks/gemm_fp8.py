@@ -6,7 +6,8 @@ torch._scaled_mm (per-tensor scales, bf16 out), and quantize_fp8's GB/s against 
 Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 projections, M = 128 and 16 decode
 shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M = 1..64
 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
-device's copy bandwidth, the memory-bound roofline. quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group
+device's copy bandwidth, the memory-bound roofline, with sm_89's decode kernel (gemm_fp8.sm89_skinny) forced beside the
+tile kernel that sm_90 picks. quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group
 128): GPU time from CUDA-graph replays.
 """
 from __future__ import annotations
@@ -110,7 +111,7 @@ def _decode(shapes, reps: int, copy: float) -> list[dict]:
     """Per decode shape: GB/s (a + b + c bytes per second) of both rtckern scalings and torch._scaled_mm."""
     import torch
 
-    from rtckern import ops
+    from rtckern import config, ops
 
     e4m3, out = torch.float8_e4m3fn, []
     for m, n, k in shapes:
@@ -124,10 +125,17 @@ def _decode(shapes, reps: int, copy: float) -> list[dict]:
         runs = {"rtckern per-tensor": lambda: ops.gemm_fp8(a, b, one, one),
                 "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
                 "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
-                                                             out_dtype=torch.bfloat16)}
+                                                             out_dtype=torch.bfloat16),
+                SKINNY: lambda: ops.gemm_fp8(a, b, one, one)}
         gbs = {}
         for name, fn in runs.items():
             try:
+                if name == SKINNY:  # sm_89's decode kernel, forced here (on sm_90 the tile kernel ranks first)
+                    if m > 16:
+                        continue
+                    with config.override(force_impl={"gemm_fp8": "gemm_fp8.sm89_skinny"}):
+                        gbs[name] = nbytes / (_time_ms(fn, reps) * 1e-3) / 1e9
+                    continue
                 gbs[name] = nbytes / (_time_ms(fn, reps) * 1e-3) / 1e9
             except Exception as e:
                 print(f"{name} failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
@@ -140,6 +148,7 @@ def _decode(shapes, reps: int, copy: float) -> list[dict]:
 
 
 SERIES = ("rtckern per-tensor", "rtckern block", "torch._scaled_mm")
+SKINNY = "skinny per-tensor"  # gemm_fp8.sm89_skinny forced (M <= 16): the decode kernel sm_89 runs
 
 
 def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] | None = None) -> Result:
@@ -156,11 +165,13 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                    title="quantize_fp8 and the fused rms_norm_quant (bf16 in; e4m3 and fp32 scales out, group 128; "
                          "bytes in + out)")
     drows = drows or []
-    dtable = Table(["M", "N", "K", *[f"{c} GB/s" for c in SERIES], "copy GB/s",
-                    *[f"{c} / copy" for c in SERIES[:2]]],
-                   [[d["m"], d["n"], d["k"], *[f"{d['gbs'][c]:.0f}" if c in d["gbs"] else None for c in SERIES],
+    dseries = SERIES + (SKINNY,)
+    dtable = Table(["M", "N", "K", *[f"{c} GB/s" for c in dseries], "copy GB/s",
+                    *[f"{c} / copy" for c in dseries if c != "torch._scaled_mm"]],
+                   [[d["m"], d["n"], d["k"], *[f"{d['gbs'][c]:.0f}" if c in d["gbs"] else None for c in dseries],
                      f"{d['copy_gbs']:.0f}",
-                     *[f"{d['gbs'][c] / d['copy_gbs']:.2f}" if c in d["gbs"] else None for c in SERIES[:2]]]
+                     *[f"{d['gbs'][c] / d['copy_gbs']:.2f}" if c in d["gbs"] else None
+                       for c in dseries if c != "torch._scaled_mm"]]
                     for d in drows],
                    title="decode range (M = 1..64): bytes moved (a + b + c) per second against the copy bandwidth "
                          "(the memory-bound roofline; goal 0.9)")

@@ -1,6 +1,8 @@
 """Registry candidates of the fp8 ops, highest priority first:
 
   gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
+  gemm_fp8.sm89_skinny   sm_89+: M <= 16 (decode), mma.sync e4m3 streaming b once (16-byte aligned rows): the
+                         decode path on sm_89; on sm_90 ranked after the tile kernel
   gemm_fp8.simt          sm_89+: CUDA cores, fp32 (the fallback: sm_89, and what the wgmma kernel refuses)
   quantize_fp8.warp      sm_89+: per-token-group quantization, one warp per group
 
@@ -74,6 +76,44 @@ class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
         return cfg.launch_smem(p)
 
 
+class SkinnyCandidate(Candidate):
+    """The decode range (M <= 16) on tensor cores with mma.sync: b streamed once from device memory, no tiles to
+    fill (gemm/gemm_fp8_skinny.cuh). sm_89's tensor-core path for decode; on sm_90 the wgmma kernel ranks first."""
+
+    name = "gemm_fp8.sm89_skinny"
+    op = OP
+    priority = 200
+    min_arch = FP8_MIN_ARCH
+
+    @staticmethod
+    def config(req: OpRequest) -> geometry.SkinnyConfig:
+        return geometry.skinny_config(problem(req), req.device.sm_count)
+
+    def supports(self, req: OpRequest) -> str | None:
+        p = problem(req)
+        why = _reason(p)
+        if why:
+            return why
+        if p.m > geometry.SKINNY_MAX_M:
+            return f"m={p.m}: the skinny kernel takes M <= {geometry.SKINNY_MAX_M} (the decode range)"
+        if not p.aligned:
+            return "needs 16-byte aligned rows of a and b (bases and row strides multiples of 16 bytes)"
+        return None
+
+    def cost(self, req: OpRequest) -> Cost:
+        # After the sm_90a tile kernel, which reads b at a larger share of the copy bandwidth on an H200
+        # (docs/performance.md, "fp8 GEMM and quantization"); ahead of the CUDA-core fallback, which it replaces on
+        # sm_89 for M <= 16.
+        return Cost(2.0, "rule", f"M <= {geometry.SKINNY_MAX_M}: mma.sync e4m3 streaming b once, "
+                                 f"{self.config(req).slices} warp(s) per 8 rows of b (memory-bound)")
+
+    def kernel_specs(self, req: OpRequest):
+        return (geometry.skinny_spec(problem(req), self.config(req), self.target(req)),)
+
+    def launch_resources(self, req: OpRequest):
+        return (Resources(block=geometry.SKINNY_THREADS, dynamic_smem=self.config(req).smem_bytes),)
+
+
 class SimtCandidate(Candidate):
     name = "gemm_fp8.simt"
     op = OP
@@ -120,7 +160,7 @@ class QuantCandidate(Candidate):
         return (Resources(block=256),)
 
 
-CANDIDATES = (Sm90aWgmmaCandidate, SimtCandidate, QuantCandidate)
+CANDIDATES = (Sm90aWgmmaCandidate, SkinnyCandidate, SimtCandidate, QuantCandidate)
 
 # ---- selection, memoized per request key and device -------------------------------------------------------------
 _selections = SelectionMemo("gemm_fp8.selections")

@@ -143,6 +143,53 @@ class Sm90Fp8Config:
 
 SIMT_TILE = (64, 64, 256)  # gemm_fp8_simt: bm, bn, threads
 
+# gemm_fp8_skinny (the decode range): M <= SKINNY_MAX_M, blocks of 8 warps, each octet of b's rows split over `slices`
+# warps (1, 2 or 4) so that the grid has at least SKINNY_BLOCKS_PER_SM blocks per SM where N allows.
+SKINNY_MAX_M = 16
+SKINNY_THREADS = 256
+SKINNY_BLOCKS_PER_SM = 3
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """gemm_fp8_skinny's geometry: `slices` warps share each octet's K; `half`: M <= 8 (the mma's upper rows are
+    zeros)."""
+
+    slices: int
+    half: bool
+
+    kind = "skinny"
+
+    def blocks(self, n: int) -> int:
+        return math.ceil(n / (8 * (8 // self.slices)))
+
+    @property
+    def smem_bytes(self) -> int:
+        """rtk_fp8_skinny_smem: ring stages (6, or 4 at 4 slices) of b's 64 rows of 192 bytes and a's 8 or 16 rows of
+        slices x 128 + 64 bytes."""
+        stages = 4 if self.slices >= 4 else 6
+        return stages * (64 * 192 + (8 if self.half else 16) * (self.slices * 128 + 64))
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "slices": self.slices, "half": self.half}
+
+
+def skinny_config(p: Fp8Problem, sm_count: int) -> SkinnyConfig:
+    """The fewest slices per octet (more octets per block, less of a's traffic) that give every SM
+    SKINNY_BLOCKS_PER_SM blocks, at most 4, and no more than K's steps of 128 go round."""
+    steps = math.ceil(p.k / 128)
+    slices = 1
+    while slices < 4 and math.ceil(p.n * slices / 64) < SKINNY_BLOCKS_PER_SM * sm_count and steps >= 2 * slices:
+        slices *= 2
+    return SkinnyConfig(slices, p.m <= 8)
+
+
+def skinny_spec(p: Fp8Problem, cfg: SkinnyConfig, arch: Arch) -> KernelSpec:
+    return KernelSpec(source="gemm/gemm_fp8_skinny.cuh", name="gemm_fp8_skinny", arch=arch, op=OP,
+                      template_args=(ctype(p.out_dtype), _bias_ctype(p), p.bias != "none", SCALE_IDS[p.scale],
+                                     cfg.slices, cfg.half),
+                      defines=_a_defines(p))
+
 
 def _bias_ctype(p: Fp8Problem) -> str:
     return ctype(p.bias if p.bias != "none" else p.out_dtype)

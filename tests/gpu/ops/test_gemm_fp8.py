@@ -104,6 +104,48 @@ def test_e5m2_a(cand, kind, m, n, k):
             _check(y, _ref(a, b, sa, sb, None, kind), out)
 
 
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
+@pytest.mark.parametrize("m,n,k", [(1, 256, 256), (7, 63, 144), (8, 4097, 512), (9, 300, 4112), (16, 129, 1040),
+                                   (16, 1000, 16), (3, 4104, 18432), (16, 2048, 8192)])
+def test_skinny_decode_range(kind, m, n, k):
+    """The decode-range kernel (M <= 16; mma.sync over a permuted K order): odd N (octets past N), K not a multiple of
+    64 (the last chunk partly past K) or of 128 (a last block of 16 K), M at the HALF boundary (8 / 9), every output
+    dtype with and without a bias, e5m2 a; the same bound as the tile kernels."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 mma needs sm_89")
+    g = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
+    a, b = _fp8((m, k), g), _fp8((n, k), g)
+    sa, sb = _scales(kind, m, n, k, g)
+    with _force("gemm_fp8.sm89_skinny"):
+        for out in (torch.bfloat16, torch.float16, torch.float32):
+            bias = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16) if out != torch.float16 else None
+            y = gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias)
+            assert y.dtype == out and y.shape == (m, n)
+            _check(y, _ref(a, b, sa, sb, bias, kind), out)
+            assert torch.equal(y, gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias))  # the hot path, bitwise
+        a5 = (torch.randn((m, k), device="cuda", generator=g) * 2).to(torch.float8_e5m2)
+        _check(gemm_fp8(a5, b, sa, sb), _ref(a5, b, sa, sb, None, kind), torch.bfloat16)
+
+
+def test_skinny_serves_the_decode_range_only():
+    """Unforced, M <= 16 with aligned rows goes to the skinny kernel on sm_89 and to the wgmma kernel on sm_90 (the
+    ranking by cost); M = 17 never to the skinny kernel."""
+    cc = torch.cuda.get_device_capability()
+    if cc < (8, 9):
+        pytest.skip("fp8 mma needs sm_89")
+    from rtckern.registry import explain
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    b = _fp8((512, 256), g)
+    one = torch.ones((), device="cuda")
+    for m in (1, 16, 17):
+        a = _fp8((m, 256), g)
+        y = gemm_fp8(a, b, one, one)
+        _check(y, _ref(a, b, one, one, None, "tensor"), torch.bfloat16)
+        chosen = explain("gemm_fp8", shape=(m, 512, 256), device=0).chosen
+        assert (chosen == "gemm_fp8.sm89_skinny") is (m <= 16 and cc == (8, 9)), (m, chosen)
+
+
 @pytest.mark.parametrize("scale", ["tensor", "block", "channel"])
 @pytest.mark.parametrize("m,n,k", [(300, 1100, 640), (129, 2048, 256), (64, 1000, 4096), (300, 1096, 640),
                                    (260, 1024, 128), (260, 1024, 512)])

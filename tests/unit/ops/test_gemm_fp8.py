@@ -184,6 +184,17 @@ def _variants():
         for dt in G.QUANT_DTYPES:
             for g in G.QUANT_GROUPS:
                 yield G.quant_spec(dt, g, Arch.parse(arch))
+        # the decode-range kernel: every slice count, both halves, every scale kind and output, bias, e5m2 a
+        for slices in (1, 2, 4):
+            for half in (True, False):
+                for sc in ("tensor", "block"):
+                    for out in G.OUTPUT_DTYPES:
+                        yield G.skinny_spec(G.Fp8Problem(16, 64, 256, sc, out, "none"), G.SkinnyConfig(slices, half),
+                                            Arch.parse(arch))
+                    yield G.skinny_spec(G.Fp8Problem(16, 64, 256, sc, "bf16", "bf16"), G.SkinnyConfig(slices, half),
+                                        Arch.parse(arch))
+                    yield G.skinny_spec(G.Fp8Problem(16, 64, 256, sc, "bf16", dtype="fp8_e5m2"),
+                                        G.SkinnyConfig(slices, half), Arch.parse(arch))
 
 
 def _unique_variants() -> list:
@@ -196,3 +207,21 @@ def test_every_variant_compiles_without_spills():
 
     failures = compile_all(_unique_variants(), no_spills=True)
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("arch,m,aligned,want", [("sm_90", 1, 1, "gemm_fp8.sm90a_wgmma"),
+                                                  ("sm_90", 16, 1, "gemm_fp8.sm90a_wgmma"),
+                                                  ("sm_90", 17, 1, "gemm_fp8.sm90a_wgmma"),
+                                                  ("sm_90", 16, 0, "gemm_fp8.simt"),
+                                                  ("sm_89", 8, 1, "gemm_fp8.sm89_skinny"),
+                                                  ("sm_89", 64, 1, "gemm_fp8.simt")])
+def test_decode_range_goes_to_the_skinny_kernel(arch, m, aligned, want):
+    """M <= 16 with 16-byte aligned rows: on sm_89 the skinny kernel (ranked ahead of the CUDA-core fallback by its
+    cost), on sm_90 the wgmma tile kernel (ranked ahead of it); unaligned rows or M > 16 go elsewhere. The slices per
+    octet grow as N shrinks against the SM count."""
+    report = explain("gemm_fp8", shape=f"{m}x7168x18432", arch=arch, sm_count=132, options={"aligned": str(aligned)})
+    assert report.chosen == want
+    dev = DeviceInfo.for_arch(arch)
+    cfgs = [G.skinny_config(G.Fp8Problem(m, n, 8192, "tensor"), 132) for n in (28672, 7168, 2048, 64)]
+    assert [c.slices for c in cfgs] == [1, 4, 4, 4] and all(c.half == (m <= 8) for c in cfgs)
+    assert G.SkinnyConfig(4, True).blocks(7168) == 7168 // 16 and dev.arch.cc >= (8, 9)
