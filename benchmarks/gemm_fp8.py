@@ -4,11 +4,11 @@ torch._scaled_mm (per-tensor scales, bf16 out), and quantize_fp8's GB/s against 
     python -m benchmarks gemm_fp8 [--quick]
 
 Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 projections, M = 128 and 16 decode
-shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M = 1..64
-on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
-device's copy bandwidth, the memory-bound roofline, with sm_89's decode kernel (gemm_fp8.sm89_skinny) forced beside the
-tile kernel that sm_90 picks. quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group
-128): GPU time from CUDA-graph replays.
+shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M =
+1..64 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
+device's copy bandwidth, the memory-bound roofline, with sm_89's decode kernel (gemm_fp8.sm89_skinny) and the
+CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps) forced beside the tile kernel that sm_90 picks.
+quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
 """
 from __future__ import annotations
 
@@ -109,46 +109,62 @@ def run(args):
 
 def _decode(shapes, reps: int, copy: float) -> list[dict]:
     """Per decode shape: GB/s (a + b + c bytes per second) of both rtckern scalings and torch._scaled_mm."""
+    out: list[dict] = []
+    # the slow fallback in a pass of its own after the others, so that its long calls do not precede their timings
+    for simt_pass in (False, True):
+        for m, n, k in shapes:
+            if not simt_pass or m <= 16:
+                _decode_shape(out, simt_pass, m, n, k, reps, copy)
+    return out
+
+
+def _decode_shape(out: list, simt_pass: bool, m: int, n: int, k: int, reps: int, copy: float) -> None:
+    """One shape's timings: a row of every series but the fallback (appended to out), or with simt_pass the fallback's
+    added to the shape's row."""
     import torch
 
     from rtckern import config, ops
 
-    e4m3, out = torch.float8_e4m3fn, []
-    for m, n, k in shapes:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        a = torch.randn(m, k, device="cuda", generator=g).to(e4m3)
-        b = torch.randn(n, k, device="cuda", generator=g).to(e4m3)
-        one = torch.ones((), device="cuda")
-        sa_blk = torch.rand(m, -(-k // 128), device="cuda", generator=g) + 0.5
-        sb_blk = torch.rand(-(-n // 128), -(-k // 128), device="cuda", generator=g) + 0.5
-        nbytes = n * k + m * k + m * n * 2
-        runs = {"rtckern per-tensor": lambda: ops.gemm_fp8(a, b, one, one),
-                "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
-                "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
-                                                             out_dtype=torch.bfloat16),
-                SKINNY: lambda: ops.gemm_fp8(a, b, one, one)}
-        gbs = {}
-        for name, fn in runs.items():
-            try:
-                if name == SKINNY:  # sm_89's decode kernel, forced here (on sm_90 the tile kernel ranks first)
-                    if m > 16:
-                        continue
-                    with config.override(force_impl={"gemm_fp8": "gemm_fp8.sm89_skinny"}):
-                        gbs[name] = nbytes / (_time_ms(fn, reps) * 1e-3) / 1e9
+    e4m3 = torch.float8_e4m3fn
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(m, k, device="cuda", generator=g).to(e4m3)
+    b = torch.randn(n, k, device="cuda", generator=g).to(e4m3)
+    one = torch.ones((), device="cuda")
+    sa_blk = torch.rand(m, -(-k // 128), device="cuda", generator=g) + 0.5
+    sb_blk = torch.rand(-(-n // 128), -(-k // 128), device="cuda", generator=g) + 0.5
+    nbytes = n * k + m * k + m * n * 2
+    runs = {"rtckern per-tensor": lambda: ops.gemm_fp8(a, b, one, one),
+            "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
+            "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
+                                                         out_dtype=torch.bfloat16),
+            SKINNY: lambda: ops.gemm_fp8(a, b, one, one),
+            SIMT: lambda: ops.gemm_fp8(a, b, one, one)}
+    gbs = {} if not simt_pass else next(d for d in out if (d["m"], d["n"], d["k"]) == (m, n, k))["gbs"]
+    for name, fn in runs.items():
+        if (name == SIMT) != simt_pass:
+            continue
+        try:
+            if name in FORCED:  # sm_89's kernels, forced here (on sm_90 the tile kernel ranks first)
+                if m > 16:
                     continue
-                gbs[name] = nbytes / (_time_ms(fn, reps) * 1e-3) / 1e9
-            except Exception as e:
-                print(f"{name} failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
+                with config.override(force_impl={"gemm_fp8": FORCED[name]}):
+                    gbs[name] = nbytes / (_time_ms(fn, 5 if name == SIMT else reps) * 1e-3) / 1e9
+                continue
+            gbs[name] = nbytes / (_time_ms(fn, reps) * 1e-3) / 1e9
+        except Exception as e:
+            print(f"{name} failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
+    if not simt_pass:
         out.append({"m": m, "n": n, "k": k, "gbs": gbs, "copy_gbs": copy})
-        print(f"decode {m}x{n}x{k}: " + ", ".join(f"{k_}={v / copy:.2f}x copy" for k_, v in gbs.items()),
-              flush=True)
-        runs.clear()
-        torch.cuda.empty_cache()
-    return out
+    print(f"decode {m}x{n}x{k}: " + ", ".join(f"{k_}={v / copy:.2f}x copy" for k_, v in gbs.items()),
+          flush=True)
+    runs.clear()
+    torch.cuda.empty_cache()
 
 
 SERIES = ("rtckern per-tensor", "rtckern block", "torch._scaled_mm")
 SKINNY = "skinny per-tensor"  # gemm_fp8.sm89_skinny forced (M <= 16): the decode kernel sm_89 runs
+SIMT = "simt per-tensor"  # gemm_fp8.simt forced (M <= 16): the CUDA-core fallback sm_89 ran before it
+FORCED = {SKINNY: "gemm_fp8.sm89_skinny", SIMT: "gemm_fp8.simt"}
 
 
 def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] | None = None) -> Result:
@@ -165,7 +181,7 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                    title="quantize_fp8 and the fused rms_norm_quant (bf16 in; e4m3 and fp32 scales out, group 128; "
                          "bytes in + out)")
     drows = drows or []
-    dseries = SERIES + (SKINNY,)
+    dseries = SERIES + (SKINNY, SIMT)
     dtable = Table(["M", "N", "K", *[f"{c} GB/s" for c in dseries], "copy GB/s",
                     *[f"{c} / copy" for c in dseries if c != "torch._scaled_mm"]],
                    [[d["m"], d["n"], d["k"], *[f"{d['gbs'][c]:.0f}" if c in d["gbs"] else None for c in dseries],
