@@ -18,7 +18,7 @@
 // for the step's KS x 128 bytes copied once per block and read by all its octets. Pieces past K, past N and a's rows
 // past M are zero-filled by the copies themselves.
 // Scales (fp8.cuh): RTK_FP8_SCALE_CHANNEL (per tensor: strides 0) in the epilogue, RTK_FP8_SCALE_BLOCK per step.
-// Grid: ceil(N / (8 * (8 / KS))) blocks of 256 threads; dynamic shared memory rtk_fp8_skinny_smem<KS, HALF>() bytes.
+// Grid: ceil(N / (8 * (8 / KS))) blocks of 256 threads; dynamic shared memory STAGES x rtk_fp8_skinny_step_bytes.
 #pragma once
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"
@@ -49,13 +49,10 @@ RTK_DEVICE void rtk_fp8_skinny_copy(unsigned dst, const unsigned char* src, unsi
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-// The ring: STAGES steps of b (8 warps x 8 rows of 192 bytes: 128 of data, padded so that a warp's fragment reads
-// are free of bank conflicts) and a (8 or 16 rows of KS x 128 bytes, padded by 64).
+// The ring: STAGES steps (a template argument: the host fits as many as the GPU's shared memory allows two blocks per
+// SM) of b (8 warps x 8 rows of 192 bytes: 128 of data, padded so that a warp's fragment reads are free of bank
+// conflicts) and a (8 or 16 rows of KS x 128 bytes, padded by 64).
 constexpr int kRtkSkinnyBRow = 192;
-template <int KS>
-constexpr int rtk_fp8_skinny_stages() {
-  return KS >= 4 ? 4 : 6;
-}
 template <int KS>
 constexpr int rtk_fp8_skinny_arow() {
   return KS * 128 + 64;
@@ -64,22 +61,18 @@ template <int KS, bool HALF>
 constexpr int rtk_fp8_skinny_step_bytes() {
   return 8 * 8 * kRtkSkinnyBRow + (HALF ? 8 : 16) * rtk_fp8_skinny_arow<KS>();
 }
-template <int KS, bool HALF>
-constexpr int rtk_fp8_skinny_smem() {
-  return rtk_fp8_skinny_stages<KS>() * rtk_fp8_skinny_step_bytes<KS, HALF>();
-}
 
-template <typename TOut, typename TBias, bool HAS_BIAS, int SCALE, int KS, bool HALF>
+template <typename TOut, typename TBias, bool HAS_BIAS, int SCALE, int KS, bool HALF, int STAGES>
 __global__ void __launch_bounds__(256)
     gemm_fp8_skinny(const unsigned char* __restrict__ a, const unsigned char* __restrict__ b, TOut* __restrict__ c,
                     const float* __restrict__ sa, const float* __restrict__ sb, const TBias* __restrict__ bias,
                     long long m, long long n, long long k, long long lda, long long ldb, long long ldc,
                     long long sa_row, long long sa_kb, long long sb_row, long long sb_kb) {
   static_assert(KS == 1 || KS == 2 || KS == 4, "KS: warps per octet, 1, 2 or 4");
+  static_assert(STAGES >= 3, "STAGES: at least 3 steps in the ring");
   static_assert(SCALE == RTK_FP8_SCALE_CHANNEL || SCALE == RTK_FP8_SCALE_BLOCK, "channel (tensor) or block scales");
 #if RTK_ARCH >= 890
   constexpr int NO = 8 / KS;  // octets per block
-  constexpr int STAGES = rtk_fp8_skinny_stages<KS>();
   constexpr int STEP = rtk_fp8_skinny_step_bytes<KS, HALF>();
   constexpr int AROWS = HALF ? 8 : 16;
   constexpr int AROW = rtk_fp8_skinny_arow<KS>();

@@ -87,7 +87,7 @@ class SkinnyCandidate(Candidate):
 
     @staticmethod
     def config(req: OpRequest) -> geometry.SkinnyConfig:
-        return geometry.skinny_config(problem(req), req.device.sm_count)
+        return geometry.skinny_config(problem(req), req.device.sm_count, req.device.max_smem_per_block_optin)
 
     def supports(self, req: OpRequest) -> str | None:
         p = problem(req)

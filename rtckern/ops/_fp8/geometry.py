@@ -153,10 +153,11 @@ SKINNY_BLOCKS_PER_SM = 3
 @dataclass(frozen=True)
 class SkinnyConfig:
     """gemm_fp8_skinny's geometry: `slices` warps share each octet's K; `half`: M <= 8 (the mma's upper rows are
-    zeros)."""
+    zeros); `stages` steps of 128 K in the cp.async ring."""
 
     slices: int
     half: bool
+    stages: int = 6
 
     kind = "skinny"
 
@@ -164,30 +165,41 @@ class SkinnyConfig:
         return math.ceil(n / (8 * (8 // self.slices)))
 
     @property
+    def step_bytes(self) -> int:
+        """rtk_fp8_skinny_step_bytes: b's 64 rows of 192 bytes and a's 8 or 16 rows of slices x 128 + 64 bytes."""
+        return 64 * 192 + (8 if self.half else 16) * (self.slices * 128 + 64)
+
+    @property
     def smem_bytes(self) -> int:
-        """rtk_fp8_skinny_smem: ring stages (6, or 4 at 4 slices) of b's 64 rows of 192 bytes and a's 8 or 16 rows of
-        slices x 128 + 64 bytes."""
-        stages = 4 if self.slices >= 4 else 6
-        return stages * (64 * 192 + (8 if self.half else 16) * (self.slices * 128 + 64))
+        return self.stages * self.step_bytes
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "slices": self.slices, "half": self.half}
+        return {"kind": self.kind, "slices": self.slices, "half": self.half, "stages": self.stages}
 
 
-def skinny_config(p: Fp8Problem, sm_count: int) -> SkinnyConfig:
+# The ring's share of a block's shared memory: two blocks per SM where the GPU has the room (sm_90: 227 KB per SM),
+# one where a block may have less (sm_89: 99 KB).
+SKINNY_RING_BYTES = 112 * 1024
+SKINNY_MAX_STAGES = 12
+
+
+def skinny_config(p: Fp8Problem, sm_count: int, smem_optin: int = SMEM_LIMIT) -> SkinnyConfig:
     """The fewest slices per octet (more octets per block, less of a's traffic) that give every SM
-    SKINNY_BLOCKS_PER_SM blocks, at most 4, and no more than K's steps of 128 go round."""
+    SKINNY_BLOCKS_PER_SM blocks, at most 4, and no more than K's steps of 128 go round; then as many ring stages
+    (3..12) as fit in min(SKINNY_RING_BYTES, the block's shared memory)."""
     steps = math.ceil(p.k / 128)
     slices = 1
     while slices < 4 and math.ceil(p.n * slices / 64) < SKINNY_BLOCKS_PER_SM * sm_count and steps >= 2 * slices:
         slices *= 2
-    return SkinnyConfig(slices, p.m <= 8)
+    cfg = SkinnyConfig(slices, p.m <= 8, 3)
+    stages = max(3, min(SKINNY_MAX_STAGES, min(SKINNY_RING_BYTES, smem_optin) // cfg.step_bytes))
+    return SkinnyConfig(slices, p.m <= 8, stages)
 
 
 def skinny_spec(p: Fp8Problem, cfg: SkinnyConfig, arch: Arch) -> KernelSpec:
     return KernelSpec(source="gemm/gemm_fp8_skinny.cuh", name="gemm_fp8_skinny", arch=arch, op=OP,
                       template_args=(ctype(p.out_dtype), _bias_ctype(p), p.bias != "none", SCALE_IDS[p.scale],
-                                     cfg.slices, cfg.half),
+                                     cfg.slices, cfg.half, cfg.stages),
                       defines=_a_defines(p))
 
 
