@@ -32,8 +32,6 @@ RTK_DEVICE int kv_length(const int* __restrict__ cache_seqlens, long long b, lon
   return static_cast<int>(n < 0 ? 0 : (n > capacity ? capacity : n));
 }
 
-// Append: token t of k_new / v_new (batch, seqlen_new, heads_kv, HD) goes to cache row cache_seqlens[b] + t (rows at
-// or past the capacity are dropped). Grid (seqlen_new, batch); any block size; 16 bytes per access.
 // The row an append block writes, as locals of kvcache_append / kvcache_append_fp8: token t of sequence b goes to
 // cache row j (the block leaves when j is outside the cache), at element offsets kdst / vdst of K / V.
 #define RTK_KV_APPEND_ROW()                                                                                       \
@@ -57,6 +55,8 @@ RTK_DEVICE int kv_length(const int* __restrict__ cache_seqlens, long long b, lon
   const int n = min(16, len - j0);                                                                              \
   const long long per_token = heads_kv * CPR
 
+// Append: token t of k_new / v_new (batch, seqlen_new, heads_kv, HD) goes to cache row cache_seqlens[b] + t (rows at
+// or past the capacity are dropped). Grid (seqlen_new, batch); any block size; 16 bytes per access.
 template <typename T, int HD>
 __global__ void kvcache_append(const T* __restrict__ k_new, const T* __restrict__ v_new, T* __restrict__ k_cache,
                                T* __restrict__ v_cache, const int* __restrict__ cache_seqlens,
@@ -76,10 +76,6 @@ __global__ void kvcache_append(const T* __restrict__ k_new, const T* __restrict_
   }
 }
 
-// Gather for the long-query path (chunked prefill): sequence b's first len_b tokens (cached plus appended) of K and
-// V into packed (total, heads_kv, HD) buffers, sequences one after the other, and the prefix sums cu_seqlens_k
-// (batch + 1) that attention_varlen reads. Grid (ceil(capacity / 16), batch); block x copies tokens 16 x .. 16 x + 15
-// of its sequence; its offset in the packed buffers is the sum of the earlier sequences' lengths.
 // Sequence b's offset in a gather's packed buffers (the earlier sequences' lengths); block 0's thread 0 writes the
 // prefix sums (len: sequence b's length).
 RTK_DEVICE long long kv_gather_offset(const int* __restrict__ cache_seqlens, int* __restrict__ cu_seqlens_k,
@@ -93,6 +89,10 @@ RTK_DEVICE long long kv_gather_offset(const int* __restrict__ cache_seqlens, int
   return off;
 }
 
+// Gather for the long-query path (chunked prefill): sequence b's first len_b tokens (cached plus appended) of K and
+// V into packed (total, heads_kv, HD) buffers, sequences one after the other, and the prefix sums cu_seqlens_k
+// (batch + 1) that attention_varlen reads. Grid (ceil(capacity / 16), batch); block x copies tokens 16 x .. 16 x + 15
+// of its sequence; its offset in the packed buffers is the sum of the earlier sequences' lengths.
 template <typename T, int HD>
 __global__ void kvcache_gather(const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                                const int* __restrict__ cache_seqlens, const int* __restrict__ block_table,

@@ -19,22 +19,6 @@
 #define RTK_ATTN_VARLEN 0
 #endif
 
-// The kernels' trailing parameters in the varlen build: the sequences' prefix sums.
-#if RTK_ATTN_VARLEN
-#define RTK_ATTN_VARLEN_PARAMS , const int *__restrict__ cu_seqlens_q, const int *__restrict__ cu_seqlens_k
-#else
-#define RTK_ATTN_VARLEN_PARAMS
-#endif
-
-// The parameters of the mma forward kernels (flash_fwd_sm80, flash_fwd_sm90): q, k, v, o, the rows' lse, sizes,
-// strides and the scale in log2 units.
-#define RTK_FLASH_FWD_PARAMS(T)                                                                                   \
-  const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ o,                 \
-      float *__restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q, long long heads_kv,   \
-      long long q_bs, long long q_rs, long long q_hs, long long k_bs, long long k_rs, long long k_hs,           \
-      long long v_bs, long long v_rs, long long v_hs, long long o_bs, long long o_rs, long long o_hs,           \
-      float scale_log2 RTK_ATTN_VARLEN_PARAMS
-
 // The query block of a forward kernel and its sequence, as locals (the kernel's q, k, v, strides, seqlen_q,
 // seqlen_k, heads and, with RTK_ATTN_VARLEN, the prefix sums in scope; key_end from the kernel's headers): the
 // diagonal-heavy causal blocks launch first (m_block counts down) so the tail of the grid is short ones; hk is q head

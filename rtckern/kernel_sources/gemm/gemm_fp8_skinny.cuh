@@ -1,7 +1,7 @@
 // fp8 GEMM for the decode range, M <= 16 (sm_89+): y = (a * sa) @ (b * sb)^T (+ bias) with a (M, K) and b (N, K)
 // e4m3 rows (a e5m2 with RTK_FP8_A_E5M2), 16-byte aligned rows, K a multiple of 16. A few tokens against a large
-// weight: the time is b's bytes once through device memory, so the kernel streams b with no shared memory and
-// keeps many 16-byte loads in flight.
+// weight: the time is b's bytes once through device memory, so the kernel streams b through a cp.async ring that
+// keeps several steps of loads in flight per warp.
 //
 // A warp owns an octet: 8 rows of b (8 output columns) and the M <= 16 rows of a as one m16n8k32 mma.sync tile.
 // K goes in steps of 128 bytes, one 128-K scale block. A step's b bytes reach shared memory by cp.async as whole
@@ -163,15 +163,8 @@ __global__ void __launch_bounds__(256)
       for (int e = 0; e < 4; ++e) acc[e] += red[octet + s * NO][lane][e];
   }
 
-  RtkGemmOut<TOut, TBias> o;
-  o.c = c;
-  o.bias = bias;
-  o.res = nullptr;
-  o.m = m;
-  o.n = n;
-  o.ldc = ldc;
-  o.ldr = 0;
-  o.pair_ok = false;
+  RtkGemmOut<TOut, TBias> o;  // single-element stores: an 8-column octet leaves each lane two scattered columns
+  rtk_gemm_out_init<HAS_BIAS, false, false>(o, c, bias, static_cast<const TOut*>(nullptr), 0, 0, 0, m, n, ldc, 0);
 #pragma unroll
   for (int h = 0; h < (HALF ? 1 : 2); ++h) {
     const long long r = g + 8 * h;

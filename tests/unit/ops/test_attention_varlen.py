@@ -252,9 +252,12 @@ DENSE_TOKENS = {
     # the forward kernels; since, with byte-identical cubins (tools/cubin_hashes.py, 408 variants on sm_75-sm_90a):
     # varlen.cuh's seq_at and key_end in place of their per-tensor #if branches, sm90_fwd_consumer shared by the two
     # sm_90a kernels, m0 set once in flash_fwd_sm80 / flash_fwd_sm90; flash_fwd_sm90_ws's RTK_ATTN_DV (head dim 96
-    # padded to 128), which leaves the other variants' cubins byte-identical
-    "attention/flash_fwd_sm80.cuh": "85fe26cc69d64cf705c2ff82dc9b6bba4cb15406d0900d36e78cb783a7f8f683",
-    "attention/flash_fwd_sm90.cuh": "95992f593f3fe26b9c9d181c323694dd7b9de0f8f00216035d50817d801dd390",
+    # padded to 128), which leaves the other variants' cubins byte-identical; since, with PTX identical for all 136
+    # variants on sm_80 / sm_90a (tools/cubin_hashes.py --ptx): the query block and sequence set-up in varlen.cuh
+    # (RTK_ATTN_FWD_BLOCK, whose dense branch varlen.cuh's token view pins), rtk_zero_frags and mma_16816_pair
+    "attention/flash_fwd_sm80.cuh": "e2520eb21c56b66c7e2b3c3bdac50bdf9e925bb4538dc460066beb4aabefb308",
+    "attention/flash_fwd_sm90.cuh": "24811992a436559e4ee25209d6e37420633c0b9e339a8f8379a82c725ad80e9e",
+    "attention/varlen.cuh": "a503daa2401258ee4d74df6a72e2b122605dbed59577036194c14614677c2c70",
     "attention/flash_fwd_sm90_ws.cuh": "fa33cb135b0654f5a4f5326803a12cdd226e42255616ce925deb128a04ce3d49",
     "attention/attn_fwd_simt.cuh": "7776bb01eb994a0d73dd25da2da1c2948c28f89375f1382432bfef84a27c2f34",
     # the backward kernels (attention_varlen_backward; their cubins compared byte for byte, 424 variants on
@@ -266,10 +269,12 @@ DENSE_TOKENS = {
     # attn_bwd_rows.cuh since: attn_bwd_convert's SWIZZLED parameter (default false) for flash_bwd_sm90_ws's
     # accumulator, benchmarked with that kernel (attention_backward_h100)
     "attention/attn_bwd_rows.cuh": "2d58c067eea9baafaea7586f4425fed646815133129cad4774524464a5cc71e4",
-    "attention/flash_bwd_sm80.cuh": "ea676ed7a6e90afe62041d139d17a214f8b35d6fac56007a8bf3f8f616d6ec64",
+    # flash_bwd_sm80.cuh since: rtk_zero_frags and mma_16816_pair (PTX identical, 192 variants on sm_80 / sm_90a)
+    "attention/flash_bwd_sm80.cuh": "f38ef7eb93dd7174d607a3cb10e8101a6226d08eba057ce22848bf0f0da2c675",
     # flash_bwd_sm90.cuh since: its step math in sm90_bwd_parts.cuh, shared with flash_bwd_sm90_ws.cuh (cubins
-    # byte-identical, tools/cubin_hashes.py: 48 variants of both kernels on sm_90a, dense and varlen)
-    "attention/flash_bwd_sm90.cuh": "a30f34992c54b0672c1eb416a670471895f80e477955e2284dd0d08c143cadab",
+    # byte-identical, tools/cubin_hashes.py: 48 variants of both kernels on sm_90a, dense and varlen); then its
+    # tiling, shared memory, accumulators and fragment fence there too (PTX identical, 64 variants of both)
+    "attention/flash_bwd_sm90.cuh": "2e3315d4a629c01daa85d1c11f1cedafadc8bb94fe09111488600e2a68ae3482",
     "attention/attn_bwd_simt.cuh": "1b04a3c986594ae083107bca4d8683f50b3e158790d735ecbb0c2950161ec674",
 }
 
