@@ -145,7 +145,7 @@ def _decode_shape(out: list, simt_pass: bool, m: int, n: int, k: int, reps: int,
             continue
         try:
             if name in FORCED:  # sm_89's kernels, forced here (on sm_90 the tile kernel ranks first)
-                if m > 16:
+                if m > (64 if name == SKINNY else 16):
                     continue
                 with config.override(force_impl={"gemm_fp8": FORCED[name]}):
                     gbs[name] = nbytes / (_time_ms(fn, 5 if name == SIMT else reps) * 1e-3) / 1e9
@@ -162,7 +162,7 @@ def _decode_shape(out: list, simt_pass: bool, m: int, n: int, k: int, reps: int,
 
 
 SERIES = ("rtckern per-tensor", "rtckern block", "torch._scaled_mm")
-SKINNY = "skinny per-tensor"  # gemm_fp8.sm89_skinny forced (M <= 16): the decode kernel sm_89 runs
+SKINNY = "skinny per-tensor"  # gemm_fp8.sm89_skinny forced (M <= 64): the decode kernel sm_89 runs
 SIMT = "simt per-tensor"  # gemm_fp8.simt forced (M <= 16): the CUDA-core fallback sm_89 ran before it
 FORCED = {SKINNY: "gemm_fp8.sm89_skinny", SIMT: "gemm_fp8.simt"}
 

@@ -1,20 +1,20 @@
-// fp8 GEMM for the decode range, M <= 16 (sm_89+): y = (a * sa) @ (b * sb)^T (+ bias) with a (M, K) and b (N, K)
+// fp8 GEMM for the decode range, M <= 64 (sm_89+): y = (a * sa) @ (b * sb)^T (+ bias) with a (M, K) and b (N, K)
 // e4m3 rows (a e5m2 with RTK_FP8_A_E5M2), 16-byte aligned rows, K a multiple of 16. A few tokens against a large
 // weight: the time is b's bytes once through device memory, so the kernel streams b through a cp.async ring that
 // keeps several steps of loads in flight per warp.
 //
-// A warp owns an octet: 8 rows of b (8 output columns) and the M <= 16 rows of a as one m16n8k32 mma.sync tile.
+// A warp owns an octet: 8 rows of b (8 output columns) and a's M <= 64 rows as MT m16n8k32 mma.sync row tiles.
 // K goes in steps of 128 bytes, one 128-K scale block. A step's b bytes reach shared memory by cp.async as whole
 // 128-byte lines (8 lanes per row: device memory sees full-line requests, which half-line requests would throttle)
 // and leave it in fragment order: per 64-K chunk lane l reads 16 contiguous bytes of row l / 4 at byte 16 (l % 4),
 // and so from a; the chunk is two mma of k32 whose K order is a permutation of the chunk's bytes (logical column j of
 // mma i is byte 16 (j % 16 / 4) + 8 i + 4 (j / 16) + j % 4, for a and b alike), so the 16 bytes are the lane's
 // fragments as they are. Each step's partial sums are added into fp32 accumulators (with block scales: times
-// sa[row, kb] * sb[col / 128, kb]).
+// sa[row, kb] * sb[col / 128, kb]). Each b fragment serves the MT row tiles.
 //
 // A block is 8 warps: 8 / KS octets, each octet's steps split over KS warps (step s to warp s % KS), summed in shared
-// memory in a fixed order; KS grows where N has too few octets to fill the device. HALF: M <= 8, the mma's rows
-// 8..15 are zeros and a's rows 8.. are not read. The block walks K through a cp.async ring of STAGES steps, a's rows
+// memory in a fixed order; KS grows where N has too few octets to fill the device. HALF (MT = 1, M <= 8): the mma's
+// rows 8..15 are zeros and a's rows 8.. are not read. The block walks K through a cp.async ring of STAGES steps, a's rows
 // for the step's KS x 128 bytes copied once per block and read by all its octets. Pieces past K, past N and a's rows
 // past M are zero-filled by the copies themselves.
 // Scales (fp8.cuh): RTK_FP8_SCALE_CHANNEL (per tensor: strides 0) in the epilogue, RTK_FP8_SCALE_BLOCK per step.
@@ -51,18 +51,18 @@ RTK_DEVICE void rtk_fp8_skinny_copy(unsigned dst, const unsigned char* src, unsi
 
 // The ring: STAGES steps (a template argument: the host fits as many as the GPU's shared memory allows two blocks per
 // SM) of b (8 warps x 8 rows of 192 bytes: 128 of data, padded so that a warp's fragment reads are free of bank
-// conflicts) and a (8 or 16 rows of KS x 128 bytes, padded by 64).
+// conflicts) and a (8, or 16 per row tile, rows of KS x 128 bytes, padded by 64).
 constexpr int kRtkSkinnyBRow = 192;
 template <int KS>
 constexpr int rtk_fp8_skinny_arow() {
   return KS * 128 + 64;
 }
-template <int KS, bool HALF>
+template <int KS, int AROWS>
 constexpr int rtk_fp8_skinny_step_bytes() {
-  return 8 * 8 * kRtkSkinnyBRow + (HALF ? 8 : 16) * rtk_fp8_skinny_arow<KS>();
+  return 8 * 8 * kRtkSkinnyBRow + AROWS * rtk_fp8_skinny_arow<KS>();
 }
 
-template <typename TOut, typename TBias, bool HAS_BIAS, int SCALE, int KS, bool HALF, int STAGES>
+template <typename TOut, typename TBias, bool HAS_BIAS, int SCALE, int KS, bool HALF, int STAGES, int MT>
 __global__ void __launch_bounds__(256)
     gemm_fp8_skinny(const unsigned char* __restrict__ a, const unsigned char* __restrict__ b, TOut* __restrict__ c,
                     const float* __restrict__ sa, const float* __restrict__ sb, const TBias* __restrict__ bias,
@@ -70,22 +70,26 @@ __global__ void __launch_bounds__(256)
                     long long sa_row, long long sa_kb, long long sb_row, long long sb_kb) {
   static_assert(KS == 1 || KS == 2 || KS == 4, "KS: warps per octet, 1, 2 or 4");
   static_assert(STAGES >= 3, "STAGES: at least 3 steps in the ring");
+  static_assert(MT >= 1 && MT <= 4 && (!HALF || MT == 1), "MT: 1 to 4 row tiles of 16 (HALF: one, half used)");
   static_assert(SCALE == RTK_FP8_SCALE_CHANNEL || SCALE == RTK_FP8_SCALE_BLOCK, "channel (tensor) or block scales");
 #if RTK_ARCH >= 890
   constexpr int NO = 8 / KS;  // octets per block
-  constexpr int STEP = rtk_fp8_skinny_step_bytes<KS, HALF>();
-  constexpr int AROWS = HALF ? 8 : 16;
+  constexpr int AROWS = HALF ? 8 : 16 * MT;
+  constexpr int STEP = rtk_fp8_skinny_step_bytes<KS, AROWS>();
   constexpr int AROW = rtk_fp8_skinny_arow<KS>();
-  constexpr int APIECES = AROWS * KS * 8;  // 16-byte pieces of a per step (<= 512)
+  constexpr int APIECES = AROWS * KS * 8;  // 16-byte pieces of a per step (<= 2048)
   extern __shared__ __align__(16) unsigned char rtk_fp8_skinny_ring[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int octet = warp % NO, slice = warp / NO;
   const long long n0 = ((long long)blockIdx.x * NO + octet) * 8;
   const long long ksteps = (k + 127) / 128;  // 128-byte steps of K
   const long long steps = (ksteps + KS - 1) / KS;
-  const bool lo_ok = g < m, hi_ok = !HALF && g + 8 < m;
   const unsigned ring_s = static_cast<unsigned>(__cvta_generic_to_shared(rtk_fp8_skinny_ring));
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[mt][e] = 0.f;
 
   // Copies step j (K bytes [j KS 128, (j + 1) KS 128); zeros past K, N and M) into stage j % STAGES: this warp's
   // octet rows, two lines of 4 rows x 128 bytes, and a share of a's rows; one commit group per call.
@@ -119,65 +123,84 @@ __global__ void __launch_bounds__(256)
     const unsigned char* st = rtk_fp8_skinny_ring + (j % STAGES) * STEP;
     const unsigned char* brow = st + (warp * 8 + g) * kRtkSkinnyBRow + 16 * t;
     const unsigned char* arow = st + 64 * kRtkSkinnyBRow + slice * 128 + 16 * t;
-    float part[4] = {0.f, 0.f, 0.f, 0.f};
+    float part[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[mt][e] = 0.f;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {  // the step's two 64-K chunks
       const uint4 bv = *reinterpret_cast<const uint4*>(brow + 64 * c);
-      const uint4 lo = *reinterpret_cast<const uint4*>(arow + g * AROW + 64 * c);
-      const uint4 hi =
-          HALF ? make_uint4(0u, 0u, 0u, 0u) : *reinterpret_cast<const uint4*>(arow + (g + 8) * AROW + 64 * c);
-      float p0[4], p1[4];
-      rtk_mma_fp8_16832(p0, lo.x, hi.x, lo.y, hi.y, bv.x, bv.y);
-      rtk_mma_fp8_16832(p1, lo.z, hi.z, lo.w, hi.w, bv.z, bv.w);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) part[e] += p0[e] + p1[e];
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint4 lo = *reinterpret_cast<const uint4*>(arow + (16 * mt + g) * AROW + 64 * c);
+        const uint4 hi = HALF ? make_uint4(0u, 0u, 0u, 0u)
+                              : *reinterpret_cast<const uint4*>(arow + (16 * mt + g + 8) * AROW + 64 * c);
+        float p0[4], p1[4];
+        rtk_mma_fp8_16832(p0, lo.x, hi.x, lo.y, hi.y, bv.x, bv.y);
+        rtk_mma_fp8_16832(p1, lo.z, hi.z, lo.w, hi.w, bv.z, bv.w);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[mt][e] += p0[e] + p1[e];
+      }
     }
     const long long kb = j * KS + slice;  // this step's 128-K block
     if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
       if (kb < ksteps) {
         const float s_b = sb[(n0 >> 7) * sb_row + kb * sb_kb];
-        const float s_lo = sa[(lo_ok ? g : 0) * sa_row + kb * sa_kb] * s_b;
-        const float s_hi = HALF ? 0.f : sa[(hi_ok ? g + 8 : 0) * sa_row + kb * sa_kb] * s_b;
-        acc[0] = fmaf(part[0], s_lo, acc[0]);
-        acc[1] = fmaf(part[1], s_lo, acc[1]);
-        acc[2] = fmaf(part[2], s_hi, acc[2]);
-        acc[3] = fmaf(part[3], s_hi, acc[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const long long r_lo = 16 * mt + g, r_hi = r_lo + 8;  // rows past m read row 0's scale (never stored)
+          const float s_lo = sa[(r_lo < m ? r_lo : 0) * sa_row + kb * sa_kb] * s_b;
+          const float s_hi = HALF ? 0.f : sa[(r_hi < m ? r_hi : 0) * sa_row + kb * sa_kb] * s_b;
+          acc[mt][0] = fmaf(part[mt][0], s_lo, acc[mt][0]);
+          acc[mt][1] = fmaf(part[mt][1], s_lo, acc[mt][1]);
+          acc[mt][2] = fmaf(part[mt][2], s_hi, acc[mt][2]);
+          acc[mt][3] = fmaf(part[mt][3], s_hi, acc[mt][3]);
+        }
       }
     } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] += part[e];
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][e] += part[mt][e];
     }
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 
   if constexpr (KS > 1) {  // the octet's KS partial sums, added in slice order, through the (drained) ring
-    float(*red)[32][4] = reinterpret_cast<float(*)[32][4]>(rtk_fp8_skinny_ring);
+    float(*red)[32][MT * 4] = reinterpret_cast<float(*)[32][MT * 4]>(rtk_fp8_skinny_ring);  // 16 KB at most
     __syncthreads();
 #pragma unroll
-    for (int e = 0; e < 4; ++e) red[warp][lane][e] = acc[e];
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp][lane][4 * mt + e] = acc[mt][e];
     __syncthreads();
     if (slice != 0) return;
 #pragma unroll
     for (int s = 1; s < KS; ++s)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] += red[octet + s * NO][lane][e];
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][e] += red[octet + s * NO][lane][4 * mt + e];
   }
 
   RtkGemmOut<TOut, TBias> o;  // single-element stores: an 8-column octet leaves each lane two scattered columns
   rtk_gemm_out_init<HAS_BIAS, false, false>(o, c, bias, static_cast<const TOut*>(nullptr), 0, 0, 0, m, n, ldc, 0);
 #pragma unroll
-  for (int h = 0; h < (HALF ? 1 : 2); ++h) {
-    const long long r = g + 8 * h;
-    if (r >= m) continue;
-    const float a_s = SCALE == RTK_FP8_SCALE_CHANNEL ? sa[r * sa_row] : 1.f;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const long long col = n0 + 2 * t + j;
-      if (col >= n) continue;
-      const float s = SCALE == RTK_FP8_SCALE_CHANNEL ? a_s * sb[col * sb_row] : 1.f;
-      rtk_gemm_epilogue_one<HAS_BIAS, RTK_GEMM_ACT_NONE, false>(o, r, col, acc[2 * h + j] * s);
+    for (int h = 0; h < (HALF ? 1 : 2); ++h) {
+      const long long r = 16 * mt + g + 8 * h;
+      if (r >= m) continue;
+      const float a_s = SCALE == RTK_FP8_SCALE_CHANNEL ? sa[r * sa_row] : 1.f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const long long col = n0 + 2 * t + j;
+        if (col >= n) continue;
+        const float s = SCALE == RTK_FP8_SCALE_CHANNEL ? a_s * sb[col * sb_row] : 1.f;
+        rtk_gemm_epilogue_one<HAS_BIAS, RTK_GEMM_ACT_NONE, false>(o, r, col, acc[mt][2 * h + j] * s);
+      }
     }
-  }
 #endif
 }
 #endif

@@ -1,7 +1,7 @@
 """Registry candidates of the fp8 ops, highest priority first:
 
   gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
-  gemm_fp8.sm89_skinny   sm_89+: M <= 16 (decode), mma.sync e4m3 streaming b once (16-byte aligned rows): the
+  gemm_fp8.sm89_skinny   sm_89+: M <= 64 (decode), mma.sync e4m3 streaming b once (16-byte aligned rows): the
                          decode path on sm_89; on sm_90 ranked after the tile kernel
   gemm_fp8.simt          sm_89+: CUDA cores, fp32 (the fallback: sm_89, and what the wgmma kernel refuses)
   quantize_fp8.warp      sm_89+: per-token-group quantization, one warp per group
@@ -77,7 +77,7 @@ class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
 
 
 class SkinnyCandidate(Candidate):
-    """The decode range (M <= 16) on tensor cores with mma.sync: b streamed once from device memory, no tiles to
+    """The decode range (M <= 64) on tensor cores with mma.sync: b streamed once from device memory, no tiles to
     fill (gemm/gemm_fp8_skinny.cuh). sm_89's tensor-core path for decode; on sm_90 the wgmma kernel ranks first."""
 
     name = "gemm_fp8.sm89_skinny"
@@ -103,7 +103,7 @@ class SkinnyCandidate(Candidate):
     def cost(self, req: OpRequest) -> Cost:
         # After the sm_90a tile kernel, which reads b at a larger share of the copy bandwidth on an H200
         # (docs/performance.md, "fp8 GEMM and quantization"); ahead of the CUDA-core fallback, which it replaces on
-        # sm_89 for M <= 16.
+        # sm_89 for M <= 64.
         return Cost(2.0, "rule", f"M <= {geometry.SKINNY_MAX_M}: mma.sync e4m3 streaming b once, "
                                  f"{self.config(req).slices} warp(s) per 8 rows of b (memory-bound)")
 

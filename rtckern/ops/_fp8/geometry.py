@@ -145,7 +145,7 @@ SIMT_TILE = (64, 64, 256)  # gemm_fp8_simt: bm, bn, threads
 
 # gemm_fp8_skinny (the decode range): M <= SKINNY_MAX_M, blocks of 8 warps, each octet of b's rows split over `slices`
 # warps (1, 2 or 4) so that the grid has at least SKINNY_BLOCKS_PER_SM blocks per SM where N allows.
-SKINNY_MAX_M = 16
+SKINNY_MAX_M = 64
 SKINNY_THREADS = 256
 SKINNY_BLOCKS_PER_SM = 3
 
@@ -153,11 +153,12 @@ SKINNY_BLOCKS_PER_SM = 3
 @dataclass(frozen=True)
 class SkinnyConfig:
     """gemm_fp8_skinny's geometry: `slices` warps share each octet's K; `half`: M <= 8 (the mma's upper rows are
-    zeros); `stages` steps of 128 K in the cp.async ring."""
+    zeros); `stages` steps of 128 K in the cp.async ring; `mt` row tiles of 16 (M <= 16 mt)."""
 
     slices: int
     half: bool
     stages: int = 6
+    mt: int = 1
 
     kind = "skinny"
 
@@ -166,40 +167,45 @@ class SkinnyConfig:
 
     @property
     def step_bytes(self) -> int:
-        """rtk_fp8_skinny_step_bytes: b's 64 rows of 192 bytes and a's 8 or 16 rows of slices x 128 + 64 bytes."""
-        return 64 * 192 + (8 if self.half else 16) * (self.slices * 128 + 64)
+        """rtk_fp8_skinny_step_bytes: b's 64 rows of 192 bytes and a's 8, or 16 per row tile, rows of slices x 128 + 64
+        bytes."""
+        return 64 * 192 + (8 if self.half else 16 * self.mt) * (self.slices * 128 + 64)
 
     @property
     def smem_bytes(self) -> int:
         return self.stages * self.step_bytes
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "slices": self.slices, "half": self.half, "stages": self.stages}
+        return {"kind": self.kind, "slices": self.slices, "half": self.half, "stages": self.stages, "mt": self.mt}
 
 
 # The ring's share of a block's shared memory: two blocks per SM where the GPU has the room (sm_90: 227 KB per SM),
 # one where a block may have less (sm_89: 99 KB).
 SKINNY_RING_BYTES = 112 * 1024
+SKINNY_MIN_STAGES = 3
 SKINNY_MAX_STAGES = 12
 
 
 def skinny_config(p: Fp8Problem, sm_count: int, smem_optin: int = SMEM_LIMIT) -> SkinnyConfig:
     """The fewest slices per octet (more octets per block, less of a's traffic) that give every SM
-    SKINNY_BLOCKS_PER_SM blocks, at most 4, and no more than K's steps of 128 go round; then as many ring stages
-    (3..12) as fit in min(SKINNY_RING_BYTES, the block's shared memory)."""
+    SKINNY_BLOCKS_PER_SM blocks, at most 4, and no more than K's steps of 128 go round, and no more than let
+    SKINNY_MIN_STAGES steps of a's rows fit; then as many ring stages (3..12) as fit in min(SKINNY_RING_BYTES, the
+    block's shared memory)."""
+    budget = min(SKINNY_RING_BYTES, smem_optin)
     steps = math.ceil(p.k / 128)
+    half, mt = p.m <= 8, max(1, math.ceil(p.m / 16))
     slices = 1
-    while slices < 4 and math.ceil(p.n * slices / 64) < SKINNY_BLOCKS_PER_SM * sm_count and steps >= 2 * slices:
+    while slices < 4 and math.ceil(p.n * slices / 64) < SKINNY_BLOCKS_PER_SM * sm_count and steps >= 2 * slices \
+            and SKINNY_MIN_STAGES * SkinnyConfig(slices * 2, half, 1, mt).step_bytes <= budget:
         slices *= 2
-    cfg = SkinnyConfig(slices, p.m <= 8, 3)
-    stages = max(3, min(SKINNY_MAX_STAGES, min(SKINNY_RING_BYTES, smem_optin) // cfg.step_bytes))
-    return SkinnyConfig(slices, p.m <= 8, stages)
+    step = SkinnyConfig(slices, half, 1, mt).step_bytes
+    return SkinnyConfig(slices, half, max(SKINNY_MIN_STAGES, min(SKINNY_MAX_STAGES, budget // step)), mt)
 
 
 def skinny_spec(p: Fp8Problem, cfg: SkinnyConfig, arch: Arch) -> KernelSpec:
     return KernelSpec(source="gemm/gemm_fp8_skinny.cuh", name="gemm_fp8_skinny", arch=arch, op=OP,
                       template_args=(ctype(p.out_dtype), _bias_ctype(p), p.bias != "none", SCALE_IDS[p.scale],
-                                     cfg.slices, cfg.half, cfg.stages),
+                                     cfg.slices, cfg.half, cfg.stages, cfg.mt),
                       defines=_a_defines(p))
 
 

@@ -106,11 +106,12 @@ def test_e5m2_a(cand, kind, m, n, k):
 
 @pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
 @pytest.mark.parametrize("m,n,k", [(1, 256, 256), (7, 63, 144), (8, 4097, 512), (9, 300, 4112), (16, 129, 1040),
-                                   (16, 1000, 16), (3, 4104, 18432), (16, 2048, 8192)])
+                                   (16, 1000, 16), (3, 4104, 18432), (16, 2048, 8192), (17, 300, 4112),
+                                   (33, 1000, 640), (48, 129, 1040), (64, 2048, 8192)])
 def test_skinny_decode_range(kind, m, n, k):
-    """The decode-range kernel (M <= 16; mma.sync over a permuted K order): odd N (octets past N), K not a multiple of
-    64 (the last chunk partly past K) or of 128 (a last block of 16 K), M at the HALF boundary (8 / 9), every output
-    dtype with and without a bias, e5m2 a; the same bound as the tile kernels."""
+    """The decode-range kernel (M <= 64; mma.sync over a permuted K order): odd N (octets past N), K not a multiple of
+    64 (the last chunk partly past K) or of 128 (a last block of 16 K), M at the HALF boundary (8 / 9) and in 2-4 row
+    tiles (17, 33, 48, 64), every output dtype with and without a bias, e5m2 a; the same bound as the tile kernels."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 mma needs sm_89")
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
@@ -128,8 +129,8 @@ def test_skinny_decode_range(kind, m, n, k):
 
 
 def test_skinny_serves_the_decode_range_only():
-    """Unforced, M <= 16 with aligned rows goes to the skinny kernel except on sm_90, where the wgmma kernel ranks
-    first (by cost); M = 17 never to the skinny kernel."""
+    """Unforced, M <= 64 with aligned rows goes to the skinny kernel except on sm_90, where the wgmma kernel ranks
+    first (by cost); M = 65 never to the skinny kernel."""
     cc = torch.cuda.get_device_capability()
     if cc < (8, 9):
         pytest.skip("fp8 mma needs sm_89")
@@ -138,12 +139,12 @@ def test_skinny_serves_the_decode_range_only():
     g = torch.Generator(device="cuda").manual_seed(1)
     b = _fp8((512, 256), g)
     one = torch.ones((), device="cuda")
-    for m in (1, 16, 17):
+    for m in (1, 16, 64, 65):
         a = _fp8((m, 256), g)
         y = gemm_fp8(a, b, one, one)
         _check(y, _ref(a, b, one, one, None, "tensor"), torch.bfloat16)
         chosen = explain("gemm_fp8", shape=(m, 512, 256), device=0).chosen
-        assert (chosen == "gemm_fp8.sm89_skinny") is (m <= 16 and cc != (9, 0)), (m, chosen)
+        assert (chosen == "gemm_fp8.sm89_skinny") is (m <= 64 and cc != (9, 0)), (m, chosen)
 
 
 @pytest.mark.parametrize("scale", ["tensor", "block", "channel"])
