@@ -110,17 +110,17 @@ def run(args):
 def _decode(shapes, reps: int, copy: float) -> list[dict]:
     """Per decode shape: GB/s (a + b + c bytes per second) of both rtckern scalings and torch._scaled_mm."""
     out: list[dict] = []
-    # the slow fallback in a pass of its own after the others, so that its long calls do not precede their timings
-    for simt_pass in (False, True):
+    # the forced sm_89 kernels in a pass of their own after the others, so that their slower calls do not precede the
+    # other series' timings
+    for forced_pass in (False, True):
         for m, n, k in shapes:
-            if not simt_pass or m <= 16:
-                _decode_shape(out, simt_pass, m, n, k, reps, copy)
+            _decode_shape(out, forced_pass, m, n, k, reps, copy)
     return out
 
 
-def _decode_shape(out: list, simt_pass: bool, m: int, n: int, k: int, reps: int, copy: float) -> None:
-    """One shape's timings: a row of every series but the fallback (appended to out), or with simt_pass the fallback's
-    added to the shape's row."""
+def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: int, copy: float) -> None:
+    """One shape's timings: a row of the series sm_90 runs (appended to out), or with forced_pass the forced sm_89
+    kernels' added to the shape's row."""
     import torch
 
     from rtckern import config, ops
@@ -139,9 +139,9 @@ def _decode_shape(out: list, simt_pass: bool, m: int, n: int, k: int, reps: int,
                                                          out_dtype=torch.bfloat16),
             SKINNY: lambda: ops.gemm_fp8(a, b, one, one),
             SIMT: lambda: ops.gemm_fp8(a, b, one, one)}
-    gbs = {} if not simt_pass else next(d for d in out if (d["m"], d["n"], d["k"]) == (m, n, k))["gbs"]
+    gbs = {} if not forced_pass else next(d for d in out if (d["m"], d["n"], d["k"]) == (m, n, k))["gbs"]
     for name, fn in runs.items():
-        if (name == SIMT) != simt_pass:
+        if (name in FORCED) != forced_pass:
             continue
         try:
             if name in FORCED:  # sm_89's kernels, forced here (on sm_90 the tile kernel ranks first)
@@ -153,7 +153,7 @@ def _decode_shape(out: list, simt_pass: bool, m: int, n: int, k: int, reps: int,
             gbs[name] = nbytes / (_time_ms(fn, reps) * 1e-3) / 1e9
         except Exception as e:
             print(f"{name} failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
-    if not simt_pass:
+    if not forced_pass:
         out.append({"m": m, "n": n, "k": k, "gbs": gbs, "copy_gbs": copy})
     print(f"decode {m}x{n}x{k}: " + ", ".join(f"{k_}={v / copy:.2f}x copy" for k_, v in gbs.items()),
           flush=True)
