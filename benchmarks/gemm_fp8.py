@@ -53,6 +53,19 @@ def _copy_gbs() -> float:
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
+def _operands(m: int, n: int, k: int) -> tuple:
+    """(a, b, a unit per-tensor scale, a's 1 x 128 and b's 128 x 128 block scales) for an M x N x K problem, seeded."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(m, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    sa_blk = torch.rand(m, -(-k // 128), device="cuda", generator=g) + 0.5
+    sb_blk = torch.rand(-(-n // 128), -(-k // 128), device="cuda", generator=g) + 0.5
+    return a, b, one, sa_blk, sb_blk
+
+
 def reps_of(args) -> int:
     return 10 if args.quick else args.reps
 
@@ -65,15 +78,9 @@ def run(args):
 
     reps = reps_of(args)
     shapes = ((4096, 4096, 4096), (128, 28672, 8192)) if args.quick else SHAPES
-    e4m3 = torch.float8_e4m3fn
     rows = []
     for m, n, k in shapes:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        a = torch.randn(m, k, device="cuda", generator=g).to(e4m3)
-        b = torch.randn(n, k, device="cuda", generator=g).to(e4m3)
-        one = torch.ones((), device="cuda")
-        sa_blk = torch.rand(m, -(-k // 128), device="cuda", generator=g) + 0.5
-        sb_blk = torch.rand(-(-n // 128), -(-k // 128), device="cuda", generator=g) + 0.5
+        a, b, one, sa_blk, sb_blk = _operands(m, n, k)
         flops = 2.0 * m * n * k
         res = {}
         runs = {"rtckern per-tensor": lambda: ops.gemm_fp8(a, b, one, one),
@@ -125,13 +132,7 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
 
     from rtckern import config, ops
 
-    e4m3 = torch.float8_e4m3fn
-    g = torch.Generator(device="cuda").manual_seed(0)
-    a = torch.randn(m, k, device="cuda", generator=g).to(e4m3)
-    b = torch.randn(n, k, device="cuda", generator=g).to(e4m3)
-    one = torch.ones((), device="cuda")
-    sa_blk = torch.rand(m, -(-k // 128), device="cuda", generator=g) + 0.5
-    sb_blk = torch.rand(-(-n // 128), -(-k // 128), device="cuda", generator=g) + 0.5
+    a, b, one, sa_blk, sb_blk = _operands(m, n, k)
     nbytes = n * k + m * k + m * n * 2
     runs = {"rtckern per-tensor": lambda: ops.gemm_fp8(a, b, one, one),
             "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),

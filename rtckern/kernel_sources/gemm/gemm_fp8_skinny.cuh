@@ -22,31 +22,23 @@
 #pragma once
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"
+#include "gemm/mma_sm80.cuh"
 
 #if defined(RTK_CUDA)
+#if RTK_FP8_A_E5M2
+#define RTK_FP8_SKINNY_A_TYPE "e5m2"
+#else
+#define RTK_FP8_SKINNY_A_TYPE "e4m3"
+#endif
 // d = a b over one k32 step (m16n8k32, 8-bit inputs, fp32 accumulators starting at zero).
 RTK_DEVICE void rtk_mma_fp8_16832(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                   unsigned b1) {
 #if RTK_ARCH >= 890
-#if RTK_FP8_A_E5M2
-  asm(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%10, %10, %10, %10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
-#else
-  asm(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%10, %10, %10, %10};\n"
+  asm("mma.sync.aligned.m16n8k32.row.col.f32." RTK_FP8_SKINNY_A_TYPE ".e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%10, %10, %10, %10};\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
 #endif
-#endif
-}
-
-// 16 bytes from global src to shared dst, asynchronously; src_bytes 0 writes zeros (a piece outside the operands).
-RTK_DEVICE void rtk_fp8_skinny_copy(unsigned dst, const unsigned char* src, unsigned src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
 // The ring: STAGES steps (a template argument: the host fits as many as the GPU's shared memory allows two blocks per
@@ -84,7 +76,6 @@ __global__ void __launch_bounds__(256)
   const long long n0 = ((long long)blockIdx.x * NO + octet) * 8;
   const long long ksteps = (k + 127) / 128;  // 128-byte steps of K
   const long long steps = (ksteps + KS - 1) / KS;
-  const unsigned ring_s = static_cast<unsigned>(__cvta_generic_to_shared(rtk_fp8_skinny_ring));
   float acc[MT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -94,30 +85,30 @@ __global__ void __launch_bounds__(256)
   // Copies step j (K bytes [j KS 128, (j + 1) KS 128); zeros past K, N and M) into stage j % STAGES: this warp's
   // octet rows, two lines of 4 rows x 128 bytes, and a share of a's rows; one commit group per call.
   auto issue = [&](long long j) {
-    const unsigned st = ring_s + (unsigned)(j % STAGES) * STEP;
+    unsigned char* st = rtk_fp8_skinny_ring + (j % STAGES) * STEP;
     const long long kw = (j * KS + slice) * 128 + 16 * (lane & 7);  // this lane's piece of its b rows
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = 4 * h + (lane >> 3);
       const bool ok = j < steps && n0 + r < n && kw < k;
-      rtk_fp8_skinny_copy(st + (warp * 8 + r) * kRtkSkinnyBRow + 16 * (lane & 7),
-                          b + (ok ? (n0 + r) * ldb + kw : 0), ok ? 16u : 0u);
+      rtk_cp_async16(st + (warp * 8 + r) * kRtkSkinnyBRow + 16 * (lane & 7), b + (ok ? (n0 + r) * ldb + kw : 0),
+                     ok ? 16 : 0);
     }
 #pragma unroll
     for (int q = tid; q < APIECES; q += 256) {  // a's row r, piece c of the step's KS x 128 bytes
       const int r = q / (KS * 8), c = q % (KS * 8);
       const long long ka = j * KS * 128 + 16 * c;
       const bool ok = j < steps && r < m && ka < k;
-      rtk_fp8_skinny_copy(st + 64 * kRtkSkinnyBRow + r * AROW + 16 * c, a + (ok ? r * lda + ka : 0), ok ? 16u : 0u);
+      rtk_cp_async16(st + 64 * kRtkSkinnyBRow + r * AROW + 16 * c, a + (ok ? r * lda + ka : 0), ok ? 16 : 0);
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    rtk_cp_async_commit();
   };
 
 #pragma unroll
   for (int j = 0; j < STAGES - 1; ++j) issue(j);
 #pragma unroll 1
   for (long long j = 0; j < steps; ++j) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");  // this thread's copies of step j
+    rtk_cp_async_wait<STAGES - 2>();  // this thread's copies of step j
     __syncthreads();  // everyone's copies of step j; everyone done with step j - 1, whose stage is refilled next
     issue(j + STAGES - 1);
     const unsigned char* st = rtk_fp8_skinny_ring + (j % STAGES) * STEP;
@@ -165,7 +156,7 @@ __global__ void __launch_bounds__(256)
         for (int e = 0; e < 4; ++e) acc[mt][e] += part[mt][e];
     }
   }
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  rtk_cp_async_wait<0>();
 
   if constexpr (KS > 1) {  // the octet's KS partial sums, added in slice order, through the (drained) ring
     float(*red)[32][MT * 4] = reinterpret_cast<float(*)[32][MT * 4]>(rtk_fp8_skinny_ring);  // 16 KB at most
