@@ -39,10 +39,11 @@
 // with 16-byte stores. With groups of whole 64-row multiples every box goes by TMA.
 //
 // Shapes: any m, n >= 1 and k >= 16 with k % 16 == 0 (TMA row strides: multiples of 16 bytes); TMA zero-fills
-// boxes past m, n and k (a ragged last K block of a block-scaled GEMM adds zeros, with its scales in range);
+// boxes past n and k, and past m in the last of several row blocks (a ragged last K block of a block-scaled GEMM
+// adds zeros, with its scales in range);
 // scale reads of rows / columns past m / n are clamped to the last one; stores are guarded.
-// Tensor maps (3-d, batch 1), uint8 elements, SWIZZLE_128B: A dims (k, m, 1), box (128, BM, 1); B dims (k, n, 1),
-// box (128, BN, 1).
+// Tensor maps (3-d, batch 1), uint8 elements, SWIZZLE_128B: A dims (k, m, 1), box (128, min(m, BM), 1) (grouped:
+// BM); B dims (k, n, 1), box (128, BN, 1).
 //
 // RTK_FP8_MULTICAST=1: clusters of two blocks on vertically adjacent tiles (tm even / odd, same tn) share B: each
 // block loads half of the stage's B rows with TMA multicast into both (B's map has a box of BN / 2 rows), so a tile
@@ -53,6 +54,17 @@
 // after the barriers' set-up and before the exit keeps every remote arrival and multicast inside the peer's
 // lifetime. A pair's odd tile past
 // the last row block loads zeros and stores nothing. The grid holds whole clusters.
+//
+// RTK_FP8_SPLIT_K=S (2..4; decode shapes, whose few tiles leave SMs idle and too few bytes in flight): clusters of S
+// blocks compute the same tile over S consecutive ranges of K blocks (rank r: [r kb / S, (r + 1) kb / S)), walking
+// the tiles in step, persistent as without clusters. At a tile's end each rank r > 0 writes its fp32 sums (already
+// promoted, block scales applied) to its own shared memory after the ring, thread-major (each thread's float4s
+// contiguous across threads: no bank conflicts) and only for threads that hold a row below m (decode: one warp's
+// quarter), and arrives on rank 0's `red_full` (release, cluster scope); rank 0 waits, adds the peers' sums in
+// rank order (results do not depend on timing), arrives on each peer's `red_free` and runs the epilogue alone.
+// A peer waits for `red_free` before it writes its next tile's sums, so its next K range runs while rank 0 reads.
+// No TMA store (64-row tiles: the host keeps them for wide M). A cluster barrier after set-up and before the exit
+// keeps remote arrivals and reads inside the peers' lifetime.
 //
 // RTK_GEMM_GROUPED=1 / 2 (rtckern.ops.grouped_gemm_fp8 / grouped_gemm_fp8_masked): the grouped GEMM of
 // gemm/grouped.cuh (modes, tile prefix, unit map) with block scales. Extra parameters: `groups` (after `bias`), the
@@ -81,6 +93,9 @@
 #ifndef RTK_FP8_PARTIALS
 #define RTK_FP8_PARTIALS 1
 #endif
+#ifndef RTK_FP8_SPLIT_K
+#define RTK_FP8_SPLIT_K 1
+#endif
 #if RTK_FP8_A_E5M2  // fp8.cuh's default: 0
 #define RTK_FP8_MMA rtk_wgmma_e5m2_e4m3  // a e5m2 (gradients), b e4m3
 #else
@@ -94,6 +109,9 @@
 #if RTK_FP8_MULTICAST
 #include "gemm/cluster_reduce.cuh"
 #define RTK_FP8_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
+#elif RTK_FP8_SPLIT_K > 1
+#include "gemm/cluster_reduce.cuh"
+#define RTK_FP8_CLUSTER_DIMS __cluster_dims__(RTK_FP8_SPLIT_K, 1, 1)
 #else
 #define RTK_FP8_CLUSTER_DIMS
 #endif
@@ -120,7 +138,6 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
   constexpr int MI = WG_M / 64;           // m64 wgmma blocks per consumer
   constexpr int A_STAGE = BM * BK;        // bytes
   constexpr int B_STAGE = BN * BK;
-  constexpr unsigned STAGE_BYTES = (BM + BN) * BK;
   constexpr int PN = BN > 128 ? 128 : BN;  // columns per partial sum (the wgmma N)
   constexpr int NH = BN / PN;               // partial sums per K block
   static_assert(WG_M % 64 == 0 && BN % 64 == 0 && BN % PN == 0 && BN <= 256, "tile shape");
@@ -146,6 +163,13 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
   constexpr int C_BOX = 64 * 128;  // bytes of one store box: 64 rows x 128 bytes
   unsigned char* sC = sB + STAGES * B_STAGE;  // 2 boxes per consumer, after the ring (1024-B aligned)
 #endif
+#if RTK_FP8_SPLIT_K > 1
+  static_assert(RTK_FP8_SPLIT_K <= 4 && !RTK_FP8_MULTICAST && !RTK_FP8_TMA_STORE && !RTK_GEMM_GROUPED,
+                "split-K: clusters of 2..4, dense GEMM, stores from registers");
+  float* red = reinterpret_cast<float*>(sB + STAGES * B_STAGE);  // a peer's sums: NC * 128 threads x MI * BN / 2
+  __shared__ __align__(8) unsigned long long red_full;  // rank 0: the peers' sums are written
+  __shared__ __align__(8) unsigned long long red_free;  // rank r > 0: rank 0 has read them
+#endif
 #if RTK_GEMM_GROUPED
   static_assert(!HAS_BIAS && SCALE == RTK_FP8_SCALE_BLOCK, "grouped fp8 GEMM: block scales, no bias");
 #if RTK_FP8_TMA_STORE
@@ -166,6 +190,14 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
     rtk_mbar_init_fence();
   }
   rtk_gemm_cluster_sync();  // both blocks' barriers exist before either multicasts or arrives remotely
+#elif RTK_FP8_SPLIT_K > 1
+  if (threadIdx.x == 0) {
+    rtk_tma_ring_init<STAGES>(&tm_a, &tm_b, full_bar, empty_bar, NC);
+    rtk_mbar_init(&red_full, (RTK_FP8_SPLIT_K - 1) * NC * 128);  // every consumer thread of every peer
+    rtk_mbar_init(&red_free, NC * 128);                          // every consumer thread of rank 0
+    rtk_mbar_init_fence();
+  }
+  rtk_gemm_cluster_sync();  // every block's barriers exist before a peer arrives on them
 #else
   if (threadIdx.x == 0) {
     rtk_tma_ring_init<STAGES>(&tm_a, &tm_b, full_bar, empty_bar, NC);
@@ -206,12 +238,36 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
   };
 #endif
   const long long kb_total = (k + BK - 1) / BK;
+#if RTK_FP8_SPLIT_K > 1
+  // the cluster walks tiles as one block does without clusters; this block's K range (the host keeps S <= kb_total)
+  constexpr unsigned SK = RTK_FP8_SPLIT_K;
+  // the rank in the cluster (clusters of (S, 1, 1) along x), and the tiles this block has finished, re-derived where
+  // used rather than kept live: the consumers of two partials with channel scales and a bias sit at the register cap
+#define RTK_FP8_SPLIT (blockIdx.x % SK)
+#define RTK_FP8_TILES_DONE ((unsigned)((t0 - blockIdx.x / SK) / (gridDim.x / SK)))
+  // 32 bits: k < 2^31 x 128 (the tensor maps' limit)
+  using kb_t = int;
+  const kb_t kb_lo = (int)(RTK_FP8_SPLIT * kb_total / SK), kb_hi = (int)((RTK_FP8_SPLIT + 1) * kb_total / SK);
+#else
+  constexpr unsigned SK = 1;
+  (void)SK;  // the multicast kernel walks pairs of tiles instead
+  using kb_t = long long;
+  constexpr kb_t kb_lo = 0;
+  const kb_t kb_hi = kb_total;
+#endif
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
     // ---------------- producer ----------------
     if constexpr (NC >= 2) rtk_setmaxnreg_dec<PRODUCER_REGS>();  // one thread issues the loads
     if (threadIdx.x == 0) {
+      // 64-row tiles (the decode tiles; one consumer, whose registers the producer shares): A's box (the host's
+      // map) has min(m, 64) rows, so one row block loads only its rows, and the rest of its stage holds stale bytes
+      // whose products land in rows past m, which are neither stored nor exchanged. Zero-filling those rows held
+      // decode shapes back (H200, 7168 x 18432, 64 x 64 tiles: 61 us at M = 1, 41 at M = 64). Wider tiles load
+      // whole boxes: their producer's 24-40 registers have no room for the count.
+      const unsigned stage_bytes =
+          (BM == 64 && !RTK_GEMM_GROUPED) ? ((unsigned)(m < BM ? m : BM) + BN) * BK : (BM + BN) * BK;
       int stage = 0;
       unsigned phase = 0;
 #if RTK_FP8_MULTICAST
@@ -220,7 +276,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
         int tm, tn;
         unit_coords(t0, tm, tn);
 #else
-      for (unit_t t0 = blockIdx.x; t0 < tile_count(); t0 += gridDim.x) {
+      for (unit_t t0 = blockIdx.x / SK; t0 < tile_count(); t0 += gridDim.x / SK) {
 #if RTK_GEMM_GROUPED
         const RtkGroupUnit32 gu = unit(t0);
         const int tn = gu.tn;
@@ -230,13 +286,13 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
         rtk_tile_coords(t0, tiles_m, tiles_n, group_m, tm, tn);
 #endif
 #endif
-        for (long long kb = 0; kb < kb_total; ++kb) {
+        for (kb_t kb = kb_lo; kb < kb_hi; ++kb) {
           rtk_mbar_wait(&empty_bar[stage], phase ^ 1u);
 #if RTK_FP8_MULTICAST
           if (refill) rtk_mbar_arrive_cluster(&peer_bar[stage], RTK_FP8_RANK ^ 1u);  // my copy is free
           rtk_mbar_wait(&peer_bar[stage], phase ^ 1u);                              // and the peer's
 #endif
-          rtk_mbar_arrive_expect_tx(&full_bar[stage], STAGE_BYTES);
+          rtk_mbar_arrive_expect_tx(&full_bar[stage], stage_bytes);
 #if RTK_GEMM_GROUPED
           rtk_tma_load_3d(sA + stage * A_STAGE, &tm_a, &full_bar[stage], (int)(kb * BK), gu.row0, a_batch);
           rtk_tma_load_3d(sB + stage * B_STAGE, &tm_b, &full_bar[stage], (int)(kb * BK), tn * BN, gu.group);
@@ -274,7 +330,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
 #if RTK_FP8_MULTICAST
     for (int t0 = blockIdx.x / 2; t0 < units; t0 += gridDim.x / 2) {
 #else
-    for (unit_t t0 = blockIdx.x; t0 < tile_count(); t0 += gridDim.x) {
+    for (unit_t t0 = blockIdx.x / SK; t0 < tile_count(); t0 += gridDim.x / SK) {
 #endif
 #if RTK_GEMM_GROUPED
       const RtkGroupUnit32 gu = unit(t0);
@@ -380,10 +436,10 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
       // Straight-line pairs (the same partial pending at every loop edge), then a tail of one or two K blocks.
       float sc0[MI][2], sc1[MI][2];
       issue(part, g);
-      long long kb = 0;
+      kb_t kb = kb_lo;
       // Each K block's scales are loaded one promotion earlier (before the previous K block's wait).
-      scales(sc0, 0);
-      for (; kb + 2 < kb_total; kb += 2) {
+      scales(sc0, kb_lo);
+      for (; kb + 2 < kb_hi; kb += 2) {
         issue(part_b, g + 1);
         scales(sc1, kb + 1);
         rtk_wgmma_wait<1>();
@@ -393,7 +449,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
         rtk_wgmma_wait<1>();
         promote(part_b, sc1);
       }
-      if (kb + 1 < kb_total) {
+      if (kb + 1 < kb_hi) {
         scales(sc1, kb + 1);
         issue(part_b, g + 1);
         rtk_wgmma_wait<1>();
@@ -424,8 +480,8 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
           }
         }
       };
-      if constexpr (SCALES_AHEAD) load_scales(0);
-      for (long long kb = 0; kb < kb_total; ++kb, ++g) {
+      if constexpr (SCALES_AHEAD) load_scales(kb_lo);
+      for (kb_t kb = kb_lo; kb < kb_hi; ++kb, ++g) {
         float s_a[MI][2], s_b[NH];
         if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
           if constexpr (!SCALES_AHEAD) load_scales(kb);
@@ -436,7 +492,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
             s_a[mi][0] = n_a[mi][0];
             s_a[mi][1] = n_a[mi][1];
           }
-          if constexpr (SCALES_AHEAD) load_scales(kb + 1 < kb_total ? kb + 1 : kb);
+          if constexpr (SCALES_AHEAD) load_scales(kb + 1 < kb_hi ? kb + 1 : kb);
         }
         const int stage = (int)(g % STAGES);
         rtk_mbar_wait(&full_bar[stage], (unsigned)((g / STAGES) & 1));
@@ -485,6 +541,46 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
       }
 
 #endif  // RTK_FP8_PARTIALS
+
+#if RTK_FP8_SPLIT_K > 1
+      {
+        // thread-major float4s: this thread's q-th at (q * NC * 128 + its index) * 4
+        constexpr int Q = MI * BN / 8, T = NC * 128;
+        const int me = cw * 128 + tid;
+        const bool live = row_base < m;  // the thread's first row (its others are below it) holds output
+        const unsigned mine = rtk_smem_u32(red) + (unsigned)me * 16u;
+        const unsigned done = RTK_FP8_TILES_DONE;  // the parity of red_full / red_free
+        if (RTK_FP8_SPLIT != 0) {
+          if (done > 0) rtk_mbar_wait_cluster(&red_free, (done - 1) & 1u);  // rank 0 has read the last tile's
+          if (live) {
+#pragma unroll
+            for (int q = 0; q < Q; ++q) {
+              const float* v = &acc[q / (BN / 8)][(q % (BN / 8)) * 4];
+              rtk_st_shared_v4(mine + (unsigned)(q * T) * 16u, v[0], v[1], v[2], v[3]);
+            }
+          }
+          rtk_mbar_arrive_cluster_release(&red_full, 0);
+          continue;  // rank 0 stores the tile
+        }
+        rtk_mbar_wait_cluster(&red_full, done & 1u);
+        if (live) {
+#pragma unroll 1  // a peer at a time: the loads of all peers at once, beside acc, exceeded the registers
+          for (unsigned r = 1; r < SK; ++r) {
+#pragma unroll
+            for (int q = 0; q < Q; ++q) {
+              const float4 v = rtk_gemm_cluster_ld4(mine + (unsigned)(q * T) * 16u, r);
+              float* a = &acc[q / (BN / 8)][(q % (BN / 8)) * 4];
+              a[0] += v.x;
+              a[1] += v.y;
+              a[2] += v.z;
+              a[3] += v.w;
+            }
+          }
+        }
+#pragma unroll
+        for (unsigned r = 1; r < SK; ++r) rtk_mbar_arrive_cluster_release(&red_free, r);
+      }
+#endif
 
 #if RTK_GEMM_GROUPED && RTK_FP8_TMA_STORE
       TOut* const c_g = c + gu.group * stride_c;  // the group's matrix (masked)
@@ -608,6 +704,8 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
   }
 #if RTK_FP8_MULTICAST
   rtk_gemm_cluster_sync();  // the peer's last remote arrivals (released before it arrives) land before either exits
+#elif RTK_FP8_SPLIT_K > 1
+  rtk_gemm_cluster_sync();  // rank 0's reads of the peers' sums and every remote arrival end before any block exits
 #endif
 #else
   static_assert(sizeof(TOut) == 0, "gemm_fp8_wgmma_sm90 needs the sm_90a target (wgmma, setmaxnreg)");

@@ -7,7 +7,8 @@ of any class of its arch; a row serves only where its config can run this proble
 rule: each consumer warpgroup keeps the promoted fp32 sums of its rows and the partial sums of one K block for at most
 128 columns at a time, so a consumer owns at most 64 x 256 outputs; 128 x 256 tiles with two consumers where the
 output is wide (half the L2 traffic per FLOP of 128 x 128, which at fp8 rates the SMs wait on), 128 x 128 where N
-is narrow, 64-row tiles with one consumer where M is small (decode, M <= 64).
+is narrow, 64-row tiles with one consumer where M is small (decode, M <= 64), split over K in clusters of 2-4 blocks
+where N's tiles would leave SMs idle (`decode_splits`).
 
 The key's `scale` is the kernel's scale kind: "tensor" (per-tensor and per-channel scales, which share one epilogue
 and one kernel) or "block". Rows are timed without bias on 16-byte aligned operands; unaligned problems never reach
@@ -15,6 +16,7 @@ this kernel.
 """
 from __future__ import annotations
 
+import math
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -23,7 +25,7 @@ from rtckern import tuning
 from .geometry import OP, Fp8Problem, Sm90Fp8Config
 
 KEY_FIELDS = ("scale", "out", "m", "n", "k")
-CONFIG_FIELDS = ("bm", "bn", "stages", "consumers", "group_m", "cluster", "partials")  # Sm90Fp8Config's
+CONFIG_FIELDS = ("bm", "bn", "stages", "consumers", "group_m", "cluster", "partials", "splits")  # Sm90Fp8Config's
 SCALE_KIND = MappingProxyType({"tensor": "tensor", "channel": "tensor", "block": "block"})
 
 
@@ -44,9 +46,24 @@ def config_from_dict(d: Mapping[str, Any]) -> Sm90Fp8Config:
     return Sm90Fp8Config(**vals)
 
 
+SPLIT_MIN_K_BLOCKS = 8  # K blocks of 128 per split at least: a shorter range is mostly the ring's fill
+
+
+def decode_splits(p: Fp8Problem, sm_count: int, bn: int = 128) -> int:
+    """Split-K clusters for one row block of N / bn tiles: 4 or 2 where that many blocks per tile still fit the SMs
+    in one round, each split keeping SPLIT_MIN_K_BLOCKS K blocks; else none. Measured on an H200 (docs/performance.md):
+    pairs on 56 and 64 tiles gain 15-25%, while splits that need a second round of tiles (224 tiles in fours, 64 in
+    fours) lose more than the fuller SMs give."""
+    tiles, kb = math.ceil(p.n / bn), math.ceil(p.k / 128)
+    for s in (4, 2):
+        if tiles * s <= sm_count and kb >= SPLIT_MIN_K_BLOCKS * s:
+            return s
+    return 1
+
+
 def heuristic(p: Fp8Problem, sm_count: int) -> Sm90Fp8Config:
-    if p.m <= 64:
-        return Sm90Fp8Config(64, 128, 8, 1)  # 8 x 24 KB ring: B streams once, deep prefetch
+    if p.m <= 64:  # 8 x 24 KB ring: B streams once, deep prefetch; split-K where N's tiles leave SMs idle
+        return Sm90Fp8Config(64, 128, 8, 1, splits=decode_splits(p, sm_count))
     if p.n >= 1024 and p.scale != "channel":
         return Sm90Fp8Config(128, 256, 4, 2)  # 4 x 48 KB
     return Sm90Fp8Config(128, 128, 6, 2)  # 6 x 32 KB

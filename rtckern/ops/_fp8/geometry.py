@@ -70,7 +70,9 @@ class Sm90Fp8Config:
     """bm x bn output tiles, `consumers` warpgroups of bm / consumers rows (multiples of 64), a ring of `stages`
     K blocks of 128; `cluster` 2: pairs of blocks on vertically adjacent tiles share B by TMA multicast
     (RTK_FP8_MULTICAST); `partials` 2: each consumer issues the next K block into a second partial accumulator
-    before it promotes the last one (RTK_FP8_PARTIALS; bn <= 128)."""
+    before it promotes the last one (RTK_FP8_PARTIALS; bn <= 128); `splits` 2..4: clusters of that many blocks
+    share each tile's K blocks and rank 0 adds their sums (RTK_FP8_SPLIT_K; decode shapes, whose few tiles leave SMs
+    idle)."""
 
     kind = "sm90"
 
@@ -81,6 +83,7 @@ class Sm90Fp8Config:
     group_m: int = 8
     cluster: int = 1
     partials: int = 1
+    splits: int = 1
 
     @property
     def threads(self) -> int:
@@ -95,11 +98,18 @@ class Sm90Fp8Config:
         """Whether the kernel stores c with TMA (RTK_FP8_TMA_STORE): c's rows (n elements, the output the op
         allocates) are multiples of 16 bytes, and tiles of 128+ rows, where the epilogue is a share of a tile's time
         worth a tensor map per output address (64-row tiles serve decode shapes, whose calls are host-bound)."""
-        return self.bm >= 128 and p.n * OUT_BYTES.get(p.out_dtype, 1) % 16 == 0
+        return self.bm >= 128 and self.splits == 1 and p.n * OUT_BYTES.get(p.out_dtype, 1) % 16 == 0
+
+    @property
+    def cluster_size(self) -> int:
+        """Blocks per cluster: the multicast pair, or the split-K ranks."""
+        return self.cluster if self.cluster > 1 else self.splits
 
     def launch_smem(self, p: Fp8Problem) -> int:
-        """Dynamic shared memory of the kernel for p: the ring, plus two store boxes per consumer."""
-        return self.smem_bytes + (2 * self.consumers * STORE_BOX_BYTES if self.tma_store(p) else 0)
+        """Dynamic shared memory of the kernel for p: the ring, plus two store boxes per consumer (TMA store) or a
+        peer's fp32 sums of the tile (split-K)."""
+        extra = 2 * self.consumers * STORE_BOX_BYTES if self.tma_store(p) else 0
+        return self.smem_bytes + extra + (self.bm * self.bn * 4 if self.splits > 1 else 0)
 
     def invalid(self, p: Fp8Problem) -> str | None:
         if self.consumers not in (1, 2) or (self.bm // self.consumers) % 64 or self.bm > 256:
@@ -114,6 +124,12 @@ class Sm90Fp8Config:
         if self.cluster == 2 and self.bn == 256 and (p.bias != "none" or p.scale == "block"):
             return "cluster=2 with bn=256 and a bias or block scales: beside the cluster's tile walk the consumers " \
                    "spill registers; bn=128 or cluster=1"
+        if self.splits not in (1, 2, 3, 4) or (self.splits > 1 and self.cluster > 1):
+            return f"splits={self.splits}, cluster={self.cluster}: split-K in clusters of 2 to 4 blocks, without " \
+                   "multicast (cluster=1)"
+        if self.splits > math.ceil(p.k / 128):
+            return f"splits={self.splits} with k={p.k}: each split needs one of the {math.ceil(p.k / 128)} K " \
+                   "blocks of 128"
         if self.partials not in (1, 2) or (self.partials == 2 and self.bn > 128):
             return f"partials={self.partials}, bn={self.bn}: 1, or 2 with bn <= 128 (one partial per K block)"
         # fp32 accumulators per thread: the tile's promoted sums (mi x bn / 2) and `partials` partials of at most
@@ -138,6 +154,8 @@ class Sm90Fp8Config:
             d["cluster"] = self.cluster
         if self.partials != 1:
             d["partials"] = self.partials
+        if self.splits != 1:
+            d["splits"] = self.splits
         return d
 
 
@@ -216,7 +234,8 @@ def _bias_ctype(p: Fp8Problem) -> str:
 def sm90_spec(p: Fp8Problem, cfg: Sm90Fp8Config, arch: Arch) -> KernelSpec:
     defines = ((("RTK_FP8_MULTICAST", "1"),) if cfg.cluster == 2 else ()) + \
         ((("RTK_FP8_TMA_STORE", "1"),) if cfg.tma_store(p) else ()) + \
-        ((("RTK_FP8_PARTIALS", "2"),) if cfg.partials == 2 else ()) + _a_defines(p)
+        ((("RTK_FP8_PARTIALS", "2"),) if cfg.partials == 2 else ()) + \
+        ((("RTK_FP8_SPLIT_K", str(cfg.splits)),) if cfg.splits > 1 else ()) + _a_defines(p)
     return KernelSpec(source="gemm/gemm_fp8_sm90.cuh", name="gemm_fp8_wgmma_sm90", arch=arch, op=OP,
                       template_args=(ctype(p.out_dtype), _bias_ctype(p), cfg.bm, cfg.bn, cfg.stages, cfg.consumers,
                                      p.bias != "none", SM90_SCALE_IDS[p.scale]),

@@ -76,8 +76,9 @@ def invalid(p: GroupedFp8Problem, cfg: Sm90Fp8Config) -> str | None:
         return f"mode {p.mode!r}: supported {', '.join(shared.MODES)}"
     if not 1 <= p.groups <= shared.MAX_GROUPS:
         return f"{p.groups} groups: supported 1 to {shared.MAX_GROUPS} (the tile prefix lives in shared memory)"
-    if cfg.cluster != 1:
-        return f"cluster={cfg.cluster}: the grouped kernel runs no clusters (B multicast is the dense GEMM's)"
+    if cfg.cluster_size != 1:
+        return f"cluster={cfg.cluster}, splits={cfg.splits}: the grouped kernel runs no clusters (B multicast and " \
+               "split-K are the dense GEMM's)"
     why = cfg.invalid(p.dense())
     if why:
         return why

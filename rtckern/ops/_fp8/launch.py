@@ -74,14 +74,16 @@ class GemmLaunch:
             self._main = Prepared(kernel, (cfg.blocks(p.n), 1, 1), (SKINNY_THREADS, 1, 1), cfg.smem_bytes,
                                   [("u64", 0)] * 6 + [("i64", v) for v in scalars])
         elif cfg is not None:  # sm_90a
-            # a cluster's blocks each multicast B's rows bn / cluster ..; units: tiles, or pairs of row blocks
-            cl = cfg.cluster
-            self._maps = (MapCache((p.k, p.m), lda, (128, cfg.bm)), MapCache((p.k, p.n), ldb, (128, cfg.bn // cl)))
+            # a multicast pair's blocks each load B's rows bn / 2 ..; units: tiles, or pairs of row blocks; cl: the
+            # cluster size. A's box: min(m, bm) rows (the kernel reads the same; a box past m zero-fills at TMA's cost)
+            cl = cfg.cluster_size
+            self._maps = (MapCache((p.k, p.m), lda, (128, min(cfg.bm, p.m))),
+                          MapCache((p.k, p.n), ldb, (128, cfg.bn // cfg.cluster)))
             if cfg.tma_store(p):  # c: boxes of 64 rows x 128 bytes
                 width = OUT_BYTES[p.out_dtype]
                 self._maps += (MapCache((p.n, p.m), p.n * width, (128 // width, 64), dtype=p.out_dtype),)
             smem = cfg.launch_smem(p)
-            units = math.ceil(math.ceil(p.m / cfg.bm) / cl) * math.ceil(p.n / cfg.bn)
+            units = math.ceil(math.ceil(p.m / cfg.bm) / cfg.cluster) * math.ceil(p.n / cfg.bn)
             resident = sm_count // cl
             if cl > 1:  # the GPCs leave fewer whole clusters than sm_count / cl: a grid past them runs a second wave
                 fit = getattr(kernel, "max_active_clusters", lambda *a: -1)((cl, 1, 1), cfg.threads, smem)

@@ -22,12 +22,18 @@ STAGES = (4, 6, 8, 10, 12)  # ring depths tried, where the ring fits in shared m
 TILES = ((64, 64, 1, 1), (64, 128, 1, 1), (128, 64, 1, 1), (128, 64, 2, 1), (128, 128, 2, 1), (256, 64, 2, 1),
          (128, 256, 2, 1), (128, 128, 2, 2), (128, 256, 2, 2))  # bm, bn, consumers, cluster
 PARTIALS = (1, 2)  # one partial per consumer, or two in turn (bn <= 128)
+# split-K clusters, timed where M <= 64 (one row block: N / bn tiles leave SMs idle), on 64 x 128 tiles at the deep
+# end of the ring (a split streams b as the whole K does). On an H200 clusters of 3 and 64-column split tiles never
+# won a decode shape (docs/performance.md).
+SPLITS = (2, 4)
+SPLIT_STAGES = (6, 8)
 
 
 def sweep_configs(p: Fp8Problem) -> list[Sm90Fp8Config]:
     """Every tile config the sm_90a kernel accepts for p (Sm90Fp8Config.invalid), at each ring depth that fits;
     tiles of 128+ rows are left out where M <= 64 (their extra rows are padding), clusters where M spans fewer
-    than two row blocks (nothing to share). In a fixed order."""
+    than two row blocks (nothing to share); where M <= 64, 64 x 128 tiles again, split over K in clusters of SPLITS
+    blocks at SPLIT_STAGES. In a fixed order."""
     out = []
     for bm, bn, consumers, cluster in TILES:
         if (p.m <= 64 and bm > 64) or (cluster > 1 and p.m <= bm):
@@ -37,6 +43,13 @@ def sweep_configs(p: Fp8Problem) -> list[Sm90Fp8Config]:
                 cfg = Sm90Fp8Config(bm, bn, stages, consumers, cluster=cluster, partials=partials)
                 if cfg.invalid(p) is None:
                     out.append(cfg)
+    if p.m <= 64:
+        for splits in SPLITS:
+            for partials in PARTIALS:
+                for stages in SPLIT_STAGES:
+                    cfg = Sm90Fp8Config(64, 128, stages, 1, partials=partials, splits=splits)
+                    if cfg.invalid(p) is None:
+                        out.append(cfg)
     return out
 
 

@@ -168,6 +168,58 @@ def test_every_tile_config(scale, m, n, k):
         measure_config(p, cfg, current_device_info(), reps=1, replays=1, check=True)
 
 
+def _run_config(p, cfg, a, b, sa, sb, bias, out):
+    """gemm_fp8 through the sm_90a kernel with tile config cfg (the launch the op prepares for a table row)."""
+    from rtckern.device import current_device_info
+    from rtckern.manager import get_manager
+    from rtckern.ops._fp8.geometry import sm90_spec
+    from rtckern.ops._fp8.launch import GemmLaunch
+    from rtckern.registry.core_api import target_for
+
+    dev = current_device_info()
+    kernel = get_manager().get(sm90_spec(p, cfg, target_for(dev, True)), dev.ordinal)
+    st = lambda t, i: t.stride(i) if t.dim() > i and t.shape[i] > 1 else 0  # noqa: E731
+    strides = (st(sa, 0), st(sa, 1), st(sb, 0), st(sb, 1))
+    c = torch.full((p.m, p.n), float("nan"), device="cuda", dtype=out)
+    GemmLaunch(kernel, p, cfg, p.k, p.k, strides, dev.sm_count).run(
+        a.data_ptr(), b.data_ptr(), c.data_ptr(), sa.data_ptr(), sb.data_ptr(), 0 if bias is None else bias.data_ptr(),
+        torch.cuda.current_stream().cuda_stream)
+    return c
+
+
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
+@pytest.mark.parametrize("m,n,k", [(1, 40000, 512), (33, 4100, 1040), (64, 2048, 8192), (7, 63, 2048),
+                                   (16, 28672, 4096)])
+def test_split_k_clusters(kind, m, n, k):
+    """Split-K in clusters of 2-4 blocks (decode shapes): rank 0 adds the peers' sums. One K block per split (K =
+    512, 4 splits) and uneven ranges (3 splits of 4 or 9 K blocks, a ragged last one at K = 1040), many tiles per
+    cluster (625 64-column tiles: the exchange's barriers flip phase), rows below m in part of a warp (33), every
+    row live (64), N inside one tile; both partial schemes, with a bias and fp32 output; the float64 bound of the
+    op, and bitwise equal on a second run (the sum's order does not depend on timing)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    from rtckern.ops._fp8.geometry import Fp8Problem, Sm90Fp8Config
+
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a, b = _fp8((m, k), g), _fp8((n, k), g)
+    sa, sb = _scales(kind, m, n, k, g)
+    bias = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
+    scale = "block" if kind.startswith("block") else kind
+    ran = 0
+    for cfg in (Sm90Fp8Config(64, 128, 8, 1, splits=2), Sm90Fp8Config(64, 128, 6, 1, partials=2, splits=3),
+                Sm90Fp8Config(64, 64, 8, 1, splits=4), Sm90Fp8Config(64, 64, 6, 1, partials=2, splits=2)):
+        for out, bb in ((torch.bfloat16, bias), (torch.float32, None)):
+            p = Fp8Problem(m, n, k, scale, {torch.bfloat16: "bf16", torch.float32: "fp32"}[out],
+                           "bf16" if bb is not None else "none")
+            if cfg.invalid(p):
+                continue
+            y = _run_config(p, cfg, a, b, sa, sb, bb, out)
+            _check(y, _ref(a, b, sa, sb, bb, kind), out)
+            assert torch.equal(y, _run_config(p, cfg, a, b, sa, sb, bb, out)), cfg
+            ran += 1
+    assert ran >= 4
+
+
 def test_quantize_round_trip_and_saturation():
     g = torch.Generator(device="cuda").manual_seed(0)
     q0 = _fp8((33, 512), g)

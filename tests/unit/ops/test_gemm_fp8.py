@@ -112,6 +112,53 @@ def test_clusters_share_b_between_vertically_adjacent_tiles():
     assert not any(c.cluster == 2 for c in tune.sweep_configs(G.Fp8Problem(128, 4096, 4096)))
 
 
+def test_split_k_clusters_for_decode_shapes():
+    """splits=S configs: a define, a peer's fp32 sums of the tile after the ring, no TMA store, clusters of S
+    walking the tiles (never more than the driver says fit), B's map box whole; refused with multicast, past 4, and
+    where K has fewer blocks of 128 than splits; the grouped kernel refuses them. The rule splits where N's tiles
+    leave SMs idle and K is long enough; the tuner times splits only where M <= 64."""
+    from rtckern.ops._fp8 import configs, grouped_geometry, launch, tune
+
+    cfg, p = G.Sm90Fp8Config(64, 128, 8, 1, splits=2), G.Fp8Problem(1, 7168, 18432)
+    assert cfg.invalid(p) is None and cfg.cluster_size == 2
+    assert ("RTK_FP8_SPLIT_K", "2") in G.sm90_spec(p, cfg, Arch.parse("sm_90a")).defines
+    assert cfg.launch_smem(p) == cfg.smem_bytes + 64 * 128 * 4 <= G.SMEM_LIMIT
+    assert not G.Sm90Fp8Config(128, 128, 4, 2, splits=2).tma_store(G.Fp8Problem(1000, 4096, 4096))
+    assert configs.config_from_dict(cfg.as_dict()) == cfg and "splits" not in G.Sm90Fp8Config().as_dict()
+    assert "splits=5" in G.Sm90Fp8Config(64, 128, 6, 1, splits=5).invalid(p)
+    assert "multicast" in G.Sm90Fp8Config(128, 256, 4, 2, cluster=2, splits=2).invalid(G.Fp8Problem(1000, 4096, 4096))
+    assert "each split needs one of the 3 K blocks" in G.Sm90Fp8Config(64, 128, 6, 1, splits=4).invalid(
+        G.Fp8Problem(1, 4096, 384))
+    assert "shared memory" in G.Sm90Fp8Config(64, 256, 8, 1, splits=2).invalid(p)
+    gp = grouped_geometry.GroupedFp8Problem("contiguous", groups=8, rows=64, n=4096, k=7168)
+    assert "split-K" in grouped_geometry.invalid(gp, cfg)
+
+    class Kernel:  # records the prepared launch
+        def __init__(self, fit, size):
+            self.fit, self.size = fit, size
+
+        def max_active_clusters(self, cluster, threads, smem):
+            assert cluster == (self.size, 1, 1) and smem == cfg.launch_smem(p)
+            return self.fit
+
+        def prepare(self, grid, block, kinds, smem):
+            self.grid = grid
+            return lambda *a: None
+
+    for splits, fit, blocks in ((2, 66, 112), (4, 33, 132), (4, 10, 40), (3, -1, 132)):  # 56 tiles; -1: 132 / S
+        cfg = G.Sm90Fp8Config(64, 128, 6, 1, splits=splits)
+        k = Kernel(fit, splits)
+        gl = launch.GemmLaunch(k, p, cfg, p.k, p.k, (0, 0, 0, 0), 132)
+        assert k.grid == (blocks, 1, 1) and gl._maps[1].box == (128, 128)
+    # the rule: splits that fit one round of tiles (56 tiles at N = 7168 in pairs, 32 at N = 4096 in fours; none for
+    # 224 at N = 28672); K = 1536 (12 blocks) too short to split; a prefill M never splits
+    assert [configs.heuristic(G.Fp8Problem(1, n, k), 132).splits
+            for n, k in ((28672, 8192), (7168, 18432), (4096, 7168), (24576, 1536))] == [1, 2, 4, 1]
+    assert configs.heuristic(G.Fp8Problem(4096, 7168, 18432), 132).splits == 1
+    assert {c.splits for c in tune.sweep_configs(p)} == {1, 2, 4}
+    assert {c.splits for c in tune.sweep_configs(G.Fp8Problem(65, 7168, 18432))} == {1}
+
+
 def test_a_table_row_that_cannot_serve_the_call_gives_way_to_the_rule(monkeypatch):
     """Rows are keyed without bias and the lookup does not check exact rows: a clustered 128 x 256 row serves a call
     without bias, and the rule serves the same shape with one (not the CUDA-core fallback)."""
@@ -169,6 +216,11 @@ def _variants():
         for sc in ("tensor", "channel", "block"):
             for n in (64, 60):
                 yield G.sm90_spec(G.Fp8Problem(256, n, 256, sc, "bf16", "bf16"), cfg, Arch.parse("sm_90a"))
+    for cfg in (G.Sm90Fp8Config(64, 128, 8, 1, splits=2), G.Sm90Fp8Config(64, 128, 6, 1, partials=2, splits=4),
+                G.Sm90Fp8Config(64, 64, 8, 1, splits=3)):  # split-K clusters: every scale kind with a bias, fp32 out
+        for sc in ("tensor", "channel", "block"):
+            yield G.sm90_spec(G.Fp8Problem(16, 4096, 4096, sc, "bf16", "bf16"), cfg, Arch.parse("sm_90a"))
+            yield G.sm90_spec(G.Fp8Problem(16, 4096, 4096, sc, "fp32", "none"), cfg, Arch.parse("sm_90a"))
     for cfg in (G.Sm90Fp8Config(128, 128, 6, 2, cluster=2), G.Sm90Fp8Config(128, 256, 4, 2, cluster=2)):
         for sc in ("tensor", "block"):
             for bias in ("none", "fp32"):
