@@ -262,7 +262,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
     if constexpr (NC >= 2) rtk_setmaxnreg_dec<PRODUCER_REGS>();  // one thread issues the loads
     if (threadIdx.x == 0) {
       // 64-row tiles (the decode tiles; one consumer, whose registers the producer shares): A's box (the host's
-      // map) has min(m, 64) rows, so one row block loads only its rows, and the rest of its stage holds stale bytes
+      // map, launch.py's a_box_rows) has min(m, 64) rows, so one row block loads only its rows, and the rest of its stage holds stale bytes
       // whose products land in rows past m, which are neither stored nor exchanged. Zero-filling those rows held
       // decode shapes back (H200, 7168 x 18432, 64 x 64 tiles: 61 us at M = 1, 41 at M = 64). Wider tiles load
       // whole boxes: their producer's 24-40 registers have no room for the count.

@@ -61,6 +61,11 @@ class MapCache:
         return m
 
 
+def a_box_rows(p: Fp8Problem, cfg) -> int:
+    """Rows of A's TMA box for the sm_90a kernel: what its producer expects per stage (gemm_fp8_sm90.cuh)."""
+    return min(cfg.bm, p.m) if cfg.bm == 64 else cfg.bm
+
+
 class GemmLaunch:
     """gemm_fp8 for one signature: run(a, b, c, sa, sb, bias, stream)."""
 
@@ -75,9 +80,10 @@ class GemmLaunch:
                                   [("u64", 0)] * 6 + [("i64", v) for v in scalars])
         elif cfg is not None:  # sm_90a
             # a multicast pair's blocks each load B's rows bn / 2 ..; units: tiles, or pairs of row blocks; cl: the
-            # cluster size. A's box: min(m, bm) rows (the kernel reads the same; a box past m zero-fills at TMA's cost)
+            # cluster size. A's box: 64-row tiles load min(m, 64) rows (a box past m zero-fills at TMA's cost), wider
+            # tiles whole boxes: the kernel expects the same bytes per stage
             cl = cfg.cluster_size
-            self._maps = (MapCache((p.k, p.m), lda, (128, min(cfg.bm, p.m))),
+            self._maps = (MapCache((p.k, p.m), lda, (128, a_box_rows(p, cfg))),
                           MapCache((p.k, p.n), ldb, (128, cfg.bn // cfg.cluster)))
             if cfg.tma_store(p):  # c: boxes of 64 rows x 128 bytes
                 width = OUT_BYTES[p.out_dtype]

@@ -150,6 +150,11 @@ def test_split_k_clusters_for_decode_shapes():
         k = Kernel(fit, splits)
         gl = launch.GemmLaunch(k, p, cfg, p.k, p.k, (0, 0, 0, 0), 132)
         assert k.grid == (blocks, 1, 1) and gl._maps[1].box == (128, 128)
+    # A's box: M's rows on 64-row tiles (no zero-filled rows to load), whole on wider ones (their producer expects
+    # whole boxes: a box of M rows there would never complete the stage)
+    assert gl._maps[0].box == (128, 1)
+    assert launch.GemmLaunch(Kernel(-1, 1), G.Fp8Problem(16, 4096, 4096), G.Sm90Fp8Config(128, 128, 6, 2), 4096, 4096,
+                             (0, 0, 0, 0), 132)._maps[0].box == (128, 128)
     # the rule: splits that fit one round of tiles (56 tiles at N = 7168 in pairs, 32 at N = 4096 in fours; none for
     # 224 at N = 28672); K = 1536 (12 blocks) too short to split; a prefill M never splits
     assert [configs.heuristic(G.Fp8Problem(1, n, k), 132).splits
