@@ -7,7 +7,8 @@ Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 pro
 shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M =
 1..64 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
 device's copy bandwidth, the memory-bound roofline, with sm_89's decode kernel (gemm_fp8.sm89_skinny) and the
-CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps) forced beside the tile kernel that sm_90 picks.
+CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps) forced beside the tile kernel that sm_90 picks; and
+sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced, at two shapes (TFLOP/s).
 quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
 """
 from __future__ import annotations
@@ -98,6 +99,7 @@ def run(args):
         torch.cuda.empty_cache()
     copy = _copy_gbs()
     drows = _decode(DECODE[:2] if args.quick else DECODE, reps, copy)
+    prows = _sm89_prefill(PREFILL[:1] if args.quick else PREFILL, reps)
     qrows = []
     for m, k in ((4096, 7168), (16384, 7168)):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -111,7 +113,34 @@ def run(args):
             qrows.append({"op": op, "m": m, "k": k, "gbs": (nbytes + (k * 2 if op == "rms_norm_quant" else 0))
                           / (ms * 1e-3) / 1e9, "copy_gbs": copy})
 
-    return to_result(rows, qrows, reps, drows)
+    return to_result(rows, qrows, reps, drows, prows)
+
+
+PREFILL = ((4096, 4096, 4096), (1024, 7168, 18432))
+MMA = "sm89_mma per-tensor"  # gemm_fp8.sm89_mma forced (M > 64): sm_89's prefill kernel
+SIMT_PREFILL = "simt per-tensor"
+
+
+def _sm89_prefill(shapes, reps: int) -> list[dict]:
+    """Per shape: TFLOP/s of sm_89's two kernels for M > 64, forced (on sm_90 the wgmma kernel ranks first)."""
+    import torch
+
+    from rtckern import config, ops
+
+    out = []
+    for m, n, k in shapes:
+        tflops = {}
+        try:
+            a, b, one, _, _ = _operands(m, n, k)
+            for name, impl, r in ((MMA, "gemm_fp8.sm89_mma", reps), (SIMT_PREFILL, "gemm_fp8.simt", 3)):
+                with config.override(force_impl={"gemm_fp8": impl}):
+                    tflops[name] = 2.0 * m * n * k / (_time_ms(lambda: ops.gemm_fp8(a, b, one, one), r) * 1e-3) / 1e12
+        except Exception as e:  # one shape failing (or out of memory) must not lose the run
+            print(f"sm89 prefill failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
+        out.append({"m": m, "n": n, "k": k, "tflops": tflops})
+        print(f"sm89 prefill {m}x{n}x{k}: " + ", ".join(f"{k_}={v:.1f}" for k_, v in tflops.items()), flush=True)
+        torch.cuda.empty_cache()
+    return out
 
 
 def _decode(shapes, reps: int, copy: float) -> list[dict]:
@@ -168,7 +197,8 @@ SIMT = "simt per-tensor"  # gemm_fp8.simt forced (M <= 16): the CUDA-core fallba
 FORCED = {SKINNY: "gemm_fp8.sm89_skinny", SIMT: "gemm_fp8.simt"}
 
 
-def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] | None = None) -> Result:
+def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] | None = None,
+              prows: list[dict] | None = None) -> Result:
     def ratio(t, a_, b_):
         return f"{t[a_] / t[b_]:.2f}x" if a_ in t and b_ in t else None
     table = Table(["M", "N", "K", "rtckern per-tensor", "rtckern block", "torch._scaled_mm", "per-tensor / torch",
@@ -192,16 +222,25 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                     for d in drows],
                    title="decode range (M = 1..64): bytes moved (a + b + c) per second against the copy bandwidth "
                          "(the memory-bound roofline; goal 0.9)")
+    prows = prows or []
+    ptable = Table(["M", "N", "K", f"{MMA} TFLOP/s", f"{SIMT_PREFILL} TFLOP/s", "sm89_mma / simt"],
+                   [[p["m"], p["n"], p["k"], *[f"{p['tflops'][c]:.1f}" if c in p["tflops"] else None
+                                               for c in (MMA, SIMT_PREFILL)],
+                     ratio(p["tflops"], MMA, SIMT_PREFILL)] for p in prows],
+                   title="prefill on sm_89's kernels, forced on this GPU (sm_89 runs them; sm_90 the wgmma kernel)")
     note = (f"e4m3 inputs, bf16 output; median of {reps} CUDA-event timings of back-to-back calls (quantization: "
             "CUDA-graph replays); torch._scaled_mm "
             "with per-tensor scales (its fastest form).")
-    return Result("fp8 GEMM and quantization", rows=rows, body=[note, table] + ([dtable] if drows else []) + [qtable],
-                  data={"quantize": qrows, **({"decode": drows} if drows else {})},
+    return Result("fp8 GEMM and quantization", rows=rows,
+                  body=[note, table] + ([dtable] if drows else []) + ([ptable] if prows else []) + [qtable],
+                  data={"quantize": qrows, **({"decode": drows} if drows else {}),
+                        **({"sm89_prefill": prows} if prows else {})},
                   plot=lambda plt, meta: plot(plt, meta, rows, qrows))
 
 
 def render(payload: dict) -> Result:
-    return to_result(payload["rows"], payload["quantize"], reps_of(recorded_args(payload)), payload.get("decode"))
+    return to_result(payload["rows"], payload["quantize"], reps_of(recorded_args(payload)), payload.get("decode"),
+                     payload.get("sm89_prefill"))
 
 
 def plot(plt, meta: dict, rows: list[dict], qrows: list[dict]):

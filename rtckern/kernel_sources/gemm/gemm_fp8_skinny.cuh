@@ -1,7 +1,9 @@
-// fp8 GEMM for the decode range, M <= 64 (sm_89+): y = (a * sa) @ (b * sb)^T (+ bias) with a (M, K) and b (N, K)
-// e4m3 rows (a e5m2 with RTK_FP8_A_E5M2), 16-byte aligned rows, K a multiple of 16. A few tokens against a large
-// weight: the time is b's bytes once through device memory, so the kernel streams b through a cp.async ring that
-// keeps several steps of loads in flight per warp.
+// fp8 GEMM on mma.sync (sm_89+), built for the decode range, M <= 64: y = (a * sa) @ (b * sb)^T (+ bias) with a (M, K)
+// and b (N, K) e4m3 rows (a e5m2 with RTK_FP8_A_E5M2), 16-byte aligned rows, K a multiple of 16. A few tokens against
+// a large weight: the time is b's bytes once through device memory, so the kernel streams b through a cp.async ring
+// that keeps several steps of loads in flight per warp. Larger M (sm_89's tensor-core path for prefill, where the
+// wgmma kernel does not exist): a grid row of blocks per 64 rows of a (blockIdx.y), each with MT = 4, so a block is a
+// 64 x 64 output tile and b is read once per row tile (from L2 where it fits).
 //
 // A warp owns an octet: 8 rows of b (8 output columns) and a's M <= 64 rows as MT m16n8k32 mma.sync row tiles.
 // K goes in steps of 128 bytes, one 128-K scale block. A step's b bytes reach shared memory by cp.async as whole
@@ -14,11 +16,12 @@
 //
 // A block is 8 warps: 8 / KS octets, each octet's steps split over KS warps (step s to warp s % KS), summed in shared
 // memory in a fixed order; KS grows where N has too few octets to fill the device. HALF (MT = 1, M <= 8): the mma's
-// rows 8..15 are zeros and a's rows 8.. are not read. The block walks K through a cp.async ring of STAGES steps, a's rows
-// for the step's KS x 128 bytes copied once per block and read by all its octets. Pieces past K, past N and a's rows
-// past M are zero-filled by the copies themselves.
+// rows 8..15 are zeros and a's rows 8.. are not read. The block walks K through a cp.async ring of STAGES steps, a's
+// rows for the step's KS x 128 bytes copied once per block and read by all its octets. Pieces past K, past N and a's
+// rows past M are zero-filled by the copies themselves.
 // Scales (fp8.cuh): RTK_FP8_SCALE_CHANNEL (per tensor: strides 0) in the epilogue, RTK_FP8_SCALE_BLOCK per step.
-// Grid: ceil(N / (8 * (8 / KS))) blocks of 256 threads; dynamic shared memory STAGES x rtk_fp8_skinny_step_bytes.
+// Grid: ceil(N / (8 * (8 / KS))) x ceil(M / 64) blocks of 256 threads (MT = 4 where M > 64); dynamic shared memory
+// STAGES x rtk_fp8_skinny_step_bytes.
 #pragma once
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"
@@ -73,6 +76,10 @@ __global__ void __launch_bounds__(256)
   extern __shared__ __align__(16) unsigned char rtk_fp8_skinny_ring[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int octet = warp % NO, slice = warp / NO;
+  // this block's 64 rows of a (one row tile unless M > 64), and the rows from there on (new names: the parameters
+  // themselves, reassigned, went to the stack: the copy lambda holds them by reference)
+  const long long row0 = (long long)blockIdx.y * 64, rows = m - row0;
+  const float* const sa_rows = sa + row0 * sa_row;
   const long long n0 = ((long long)blockIdx.x * NO + octet) * 8;
   const long long ksteps = (k + 127) / 128;  // 128-byte steps of K
   const long long steps = (ksteps + KS - 1) / KS;
@@ -98,8 +105,9 @@ __global__ void __launch_bounds__(256)
     for (int q = tid; q < APIECES; q += 256) {  // a's row r, piece c of the step's KS x 128 bytes
       const int r = q / (KS * 8), c = q % (KS * 8);
       const long long ka = j * KS * 128 + 16 * c;
-      const bool ok = j < steps && r < m && ka < k;
-      rtk_cp_async16(st + 64 * kRtkSkinnyBRow + r * AROW + 16 * c, a + (ok ? r * lda + ka : 0), ok ? 16 : 0);
+      const bool ok = j < steps && r < rows && ka < k;
+      rtk_cp_async16(st + 64 * kRtkSkinnyBRow + r * AROW + 16 * c, a + (ok ? (row0 + r) * lda + ka : 0),
+                     ok ? 16 : 0);
     }
     rtk_cp_async_commit();
   };
@@ -141,8 +149,8 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const long long r_lo = 16 * mt + g, r_hi = r_lo + 8;  // rows past m read row 0's scale (never stored)
-          const float s_lo = sa[(r_lo < m ? r_lo : 0) * sa_row + kb * sa_kb] * s_b;
-          const float s_hi = HALF ? 0.f : sa[(r_hi < m ? r_hi : 0) * sa_row + kb * sa_kb] * s_b;
+          const float s_lo = sa_rows[(r_lo < rows ? r_lo : 0) * sa_row + kb * sa_kb] * s_b;
+          const float s_hi = HALF ? 0.f : sa_rows[(r_hi < rows ? r_hi : 0) * sa_row + kb * sa_kb] * s_b;
           acc[mt][0] = fmaf(part[mt][0], s_lo, acc[mt][0]);
           acc[mt][1] = fmaf(part[mt][1], s_lo, acc[mt][1]);
           acc[mt][2] = fmaf(part[mt][2], s_hi, acc[mt][2]);
@@ -176,14 +184,15 @@ __global__ void __launch_bounds__(256)
   }
 
   RtkGemmOut<TOut, TBias> o;  // single-element stores: an 8-column octet leaves each lane two scattered columns
-  rtk_gemm_out_init<HAS_BIAS, false, false>(o, c, bias, static_cast<const TOut*>(nullptr), 0, 0, 0, m, n, ldc, 0);
+  rtk_gemm_out_init<HAS_BIAS, false, false>(o, c + row0 * ldc, bias, static_cast<const TOut*>(nullptr), 0, 0, 0,
+                                            rows, n, ldc, 0);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < (HALF ? 1 : 2); ++h) {
       const long long r = 16 * mt + g + 8 * h;
-      if (r >= m) continue;
-      const float a_s = SCALE == RTK_FP8_SCALE_CHANNEL ? sa[r * sa_row] : 1.f;
+      if (r >= rows) continue;
+      const float a_s = SCALE == RTK_FP8_SCALE_CHANNEL ? sa_rows[r * sa_row] : 1.f;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const long long col = n0 + 2 * t + j;

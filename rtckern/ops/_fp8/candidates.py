@@ -3,6 +3,7 @@
   gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
   gemm_fp8.sm89_skinny   sm_89+: M <= 64 (decode), mma.sync e4m3 streaming b once (16-byte aligned rows): the
                          decode path on sm_89; on sm_90 ranked after the tile kernel
+  gemm_fp8.sm89_mma      sm_89+: M > 64, the same kernel in 64 x 64 output tiles: sm_89's prefill path
   gemm_fp8.simt          sm_89+: CUDA cores, fp32 (the fallback: sm_89, and what the wgmma kernel refuses)
   quantize_fp8.warp      sm_89+: per-token-group quantization, one warp per group
 
@@ -89,16 +90,17 @@ class SkinnyCandidate(Candidate):
     def config(req: OpRequest) -> geometry.SkinnyConfig:
         return geometry.skinny_config(problem(req), req.device.sm_count, req.device.max_smem_per_block_optin)
 
+    @staticmethod
+    def m_reason(m: int) -> str | None:
+        if m > geometry.SKINNY_MAX_M:
+            return f"m={m}: the skinny kernel takes M <= {geometry.SKINNY_MAX_M} (the decode range)"
+        return None
+
     def supports(self, req: OpRequest) -> str | None:
         p = problem(req)
-        why = _reason(p)
-        if why:
-            return why
-        if p.m > geometry.SKINNY_MAX_M:
-            return f"m={p.m}: the skinny kernel takes M <= {geometry.SKINNY_MAX_M} (the decode range)"
-        if not p.aligned:
-            return "needs 16-byte aligned rows of a and b (bases and row strides multiples of 16 bytes)"
-        return None
+        return _reason(p) or self.m_reason(p.m) or (
+            None if p.aligned else "needs 16-byte aligned rows of a and b (bases and row strides multiples of 16 "
+                                   "bytes)")
 
     def cost(self, req: OpRequest) -> Cost:
         # After the sm_90a tile kernel, which reads b at a larger share of the copy bandwidth on an H200
@@ -112,6 +114,26 @@ class SkinnyCandidate(Candidate):
 
     def launch_resources(self, req: OpRequest):
         return (Resources(block=geometry.SKINNY_THREADS, dynamic_smem=self.config(req).smem_bytes),)
+
+
+class Sm89MmaCandidate(SkinnyCandidate):
+    """M past the decode range on the same mma.sync kernel in 64 x 64 output tiles, a grid row per 64 rows of a:
+    sm_89's tensor-core path for prefill (it has no wgmma); on sm_90 ranked after the tile kernel."""
+
+    name = "gemm_fp8.sm89_mma"
+    MAX_M = 65535 * geometry.SKINNY_MAX_M  # the grid's y dimension
+
+    @classmethod
+    def m_reason(cls, m: int) -> str | None:
+        if not geometry.SKINNY_MAX_M < m <= cls.MAX_M:
+            return f"m={m}: this kernel takes {geometry.SKINNY_MAX_M} < M <= {cls.MAX_M} (M <= " \
+                   f"{geometry.SKINNY_MAX_M}: gemm_fp8.sm89_skinny)"
+        return None
+
+    def cost(self, req: OpRequest) -> Cost:
+        # After the sm_90a tile kernel (sm_90 runs each fp8 mma.sync as an unpack and two f16 HMMAs); ahead of the
+        # CUDA-core fallback, which it replaces on sm_89 (docs/performance.md, "fp8 GEMM and quantization").
+        return Cost(2.0, "rule", "M > 64: mma.sync e4m3 in 64 x 64 output tiles")
 
 
 class SimtCandidate(Candidate):
@@ -160,7 +182,7 @@ class QuantCandidate(Candidate):
         return (Resources(block=256),)
 
 
-CANDIDATES = (Sm90aWgmmaCandidate, SkinnyCandidate, SimtCandidate, QuantCandidate)
+CANDIDATES = (Sm90aWgmmaCandidate, SkinnyCandidate, Sm89MmaCandidate, SimtCandidate, QuantCandidate)
 
 # ---- selection, memoized per request key and device -------------------------------------------------------------
 _selections = SelectionMemo("gemm_fp8.selections")

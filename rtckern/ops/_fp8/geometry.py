@@ -161,8 +161,9 @@ class Sm90Fp8Config:
 
 SIMT_TILE = (64, 64, 256)  # gemm_fp8_simt: bm, bn, threads
 
-# gemm_fp8_skinny (the decode range): M <= SKINNY_MAX_M, blocks of 8 warps, each octet of b's rows split over `slices`
-# warps (1, 2 or 4) so that the grid has at least SKINNY_BLOCKS_PER_SM blocks per SM where N allows.
+# gemm_fp8_skinny (the decode range, M <= SKINNY_MAX_M; larger M in row tiles of SKINNY_MAX_M): blocks of 8 warps,
+# each octet of b's rows split over `slices` warps (1, 2 or 4) so that the grid has at least SKINNY_BLOCKS_PER_SM
+# blocks per SM where N and M allow.
 SKINNY_MAX_M = 64
 SKINNY_THREADS = 256
 SKINNY_BLOCKS_PER_SM = 3
@@ -182,6 +183,11 @@ class SkinnyConfig:
 
     def blocks(self, n: int) -> int:
         return math.ceil(n / (8 * (8 // self.slices)))
+
+    @staticmethod
+    def row_tiles(m: int) -> int:
+        """The grid's rows of blocks: one per SKINNY_MAX_M rows of a."""
+        return max(1, math.ceil(m / SKINNY_MAX_M))
 
     @property
     def step_bytes(self) -> int:
@@ -208,12 +214,13 @@ def skinny_config(p: Fp8Problem, sm_count: int, smem_optin: int = SMEM_LIMIT) ->
     """The fewest slices per octet (more octets per block, less of a's traffic) that give every SM
     SKINNY_BLOCKS_PER_SM blocks, at most 4, and no more than K's steps of 128 go round, and no more than let
     SKINNY_MIN_STAGES steps of a's rows fit; then as many ring stages (3..12) as fit in min(SKINNY_RING_BYTES, the
-    block's shared memory)."""
+    block's shared memory). M > SKINNY_MAX_M: four row tiles per block, a grid row per 64 rows."""
     budget = min(SKINNY_RING_BYTES, smem_optin)
     steps = math.ceil(p.k / 128)
-    half, mt = p.m <= 8, max(1, math.ceil(p.m / 16))
+    half, mt, rows = p.m <= 8, min(4, max(1, math.ceil(p.m / 16))), SkinnyConfig.row_tiles(p.m)
     slices = 1
-    while slices < 4 and math.ceil(p.n * slices / 64) < SKINNY_BLOCKS_PER_SM * sm_count and steps >= 2 * slices \
+    while slices < 4 and math.ceil(p.n * slices / 64) * rows < SKINNY_BLOCKS_PER_SM * sm_count \
+            and steps >= 2 * slices \
             and SKINNY_MIN_STAGES * SkinnyConfig(slices * 2, half, 1, mt).step_bytes <= budget:
         slices *= 2
     step = SkinnyConfig(slices, half, 1, mt).step_bytes

@@ -76,7 +76,8 @@ class GemmLaunch:
         if cfg is not None and cfg.kind == "skinny":
             self._maps = None
             scalars = (p.m, p.n, p.k, lda, ldb, p.n, sa_row, sa_kb, sb_row, sb_kb)
-            self._main = Prepared(kernel, (cfg.blocks(p.n), 1, 1), (SKINNY_THREADS, 1, 1), cfg.smem_bytes,
+            self._main = Prepared(kernel, (cfg.blocks(p.n), cfg.row_tiles(p.m), 1), (SKINNY_THREADS, 1, 1),
+                                  cfg.smem_bytes,
                                   [("u64", 0)] * 6 + [("i64", v) for v in scalars])
         elif cfg is not None:  # sm_90a
             # a multicast pair's blocks each load B's rows bn / 2 ..; units: tiles, or pairs of row blocks; cl: the

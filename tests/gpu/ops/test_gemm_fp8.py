@@ -128,9 +128,29 @@ def test_skinny_decode_range(kind, m, n, k):
         _check(gemm_fp8(a5, b, sa, sb), _ref(a5, b, sa, sb, None, kind), torch.bfloat16)
 
 
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
+@pytest.mark.parametrize("m,n,k", [(65, 300, 4112), (129, 4097, 512), (300, 1000, 1040), (1000, 2048, 8192),
+                                   (4097, 129, 256)])
+def test_sm89_mma_tiles(kind, m, n, k):
+    """M past the decode range on the mma.sync kernel (sm_89's prefill path): grid rows of 64 rows of a, the last one
+    partial (65, 129, 300, 4097 rows), odd N, K past 128-multiples; every output dtype with and without a bias; the
+    same bound as the tile kernels."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 mma needs sm_89")
+    g = torch.Generator(device="cuda").manual_seed(m * 3 + n + k)
+    a, b = _fp8((m, k), g), _fp8((n, k), g)
+    sa, sb = _scales(kind, m, n, k, g)
+    with _force("gemm_fp8.sm89_mma"):
+        for out in (torch.bfloat16, torch.float16, torch.float32):
+            bias = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16) if out != torch.float16 else None
+            y = gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias)
+            assert y.dtype == out and y.shape == (m, n)
+            _check(y, _ref(a, b, sa, sb, bias, kind), out)
+
+
 def test_skinny_serves_the_decode_range_only():
     """Unforced, M <= 64 with aligned rows goes to the skinny kernel except on sm_90, where the wgmma kernel ranks
-    first (by cost); M = 65 never to the skinny kernel."""
+    first (by cost); M = 65 never to the skinny kernel (on sm_89: the same kernel in 64-row tiles)."""
     cc = torch.cuda.get_device_capability()
     if cc < (8, 9):
         pytest.skip("fp8 mma needs sm_89")

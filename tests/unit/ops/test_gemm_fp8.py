@@ -242,11 +242,12 @@ def _variants():
             for g in G.QUANT_GROUPS:
                 yield G.quant_spec(dt, g, Arch.parse(arch))
         # the decode-range kernel as the candidate configures it on this arch's device: every slice count (N 28672 /
-        # 16384 / 7168), both halves (M 8 / 16) and 2 and 4 row tiles (M 32 / 64) with both scale kinds; every
-        # output, a bias and e5m2 a at one config (they change the epilogue and the mma's type, not the ring)
+        # 16384 / 7168), both halves (M 8 / 16) and 2 and 4 row tiles (M 32 / 64, and 4096 as sm89_mma runs it) with
+        # both scale kinds; every output, a bias and e5m2 a at one config (they change the epilogue and the mma's
+        # type, not the ring)
         dev = DeviceInfo.for_arch(arch)
         for n in (28672, 16384, 7168):
-            for m in (8, 16, 32, 64):
+            for m in (8, 16, 32, 64, 4096):
                 cfg = G.skinny_config(G.Fp8Problem(m, n, 8192, "tensor"), dev.sm_count, dev.max_smem_per_block_optin)
                 assert cfg.smem_bytes <= dev.max_smem_per_block_optin
                 for sc in ("tensor", "block"):
@@ -277,17 +278,22 @@ def test_every_variant_compiles_without_spills():
                                                   ("sm_90", 16, 0, "gemm_fp8.simt"),
                                                   ("sm_89", 8, 1, "gemm_fp8.sm89_skinny"),
                                                   ("sm_89", 64, 1, "gemm_fp8.sm89_skinny"),
-                                                  ("sm_89", 65, 1, "gemm_fp8.simt")])
+                                                  ("sm_89", 65, 1, "gemm_fp8.sm89_mma"),
+                                                  ("sm_89", 4096, 1, "gemm_fp8.sm89_mma"),
+                                                  ("sm_89", 4096, 0, "gemm_fp8.simt"),
+                                                  ("sm_90", 4096, 1, "gemm_fp8.sm90a_wgmma")])
 def test_decode_range_goes_to_the_skinny_kernel(arch, m, aligned, want):
     """M <= 64 with 16-byte aligned rows: on sm_89 the skinny kernel (ranked ahead of the CUDA-core fallback by its
-    cost), on sm_90 the wgmma tile kernel (ranked ahead of it); unaligned rows or M > 64 go elsewhere. The slices per
-    octet grow as N shrinks against the SM count, the row tiles with M."""
+    cost), on sm_90 the wgmma tile kernel (ranked ahead of it); M > 64 on sm_89 the same kernel in 64-row tiles
+    (gemm_fp8.sm89_mma); unaligned rows go to the fallback. The slices per octet grow as N shrinks against the SM
+    count (and the grid's rows of 64), the row tiles with M up to 4."""
     report = explain("gemm_fp8", shape=f"{m}x7168x18432", arch=arch, sm_count=132, options={"aligned": str(aligned)})
     assert report.chosen == want
     dev = DeviceInfo.for_arch(arch)
     cfgs = [G.skinny_config(G.Fp8Problem(m, n, 8192, "tensor"), 132) for n in (28672, 7168, 2048, 64)]
     # three or four row tiles (M 33..64): a's rows for 4 slices leave no room for 3 ring stages in 112 KB: 2 slices
-    assert [c.slices for c in cfgs] == ([1, 4, 4, 4] if m <= 32 else [1, 2, 2, 2])
+    # M = 4096: 64 grid rows of blocks fill the SMs with one slice but where N is one octet
+    assert [c.slices for c in cfgs] == ([1, 4, 4, 4] if m <= 32 else [1, 2, 2, 2] if m <= 65 else [1, 1, 1, 2])
     assert all(c.half == (m <= 8) and c.stages >= 3 and c.smem_bytes <= 112 * 1024 for c in cfgs)
-    assert all(c.mt == max(1, -(-m // 16)) for c in cfgs)
+    assert all(c.mt == min(4, max(1, -(-m // 16))) and c.row_tiles(m) == -(-m // 64) for c in cfgs)
     assert G.SkinnyConfig(4, True).blocks(7168) == 7168 // 16 and dev.arch.cc >= (8, 9)
