@@ -39,11 +39,12 @@
 // with 16-byte stores. With groups of whole 64-row multiples every box goes by TMA.
 //
 // Shapes: any m, n >= 1 and k >= 16 with k % 16 == 0 (TMA row strides: multiples of 16 bytes); TMA zero-fills
-// boxes past n and k, and past m in the last of several row blocks (a ragged last K block of a block-scaled GEMM
-// adds zeros, with its scales in range);
-// scale reads of rows / columns past m / n are clamped to the last one; stores are guarded.
-// Tensor maps (3-d, batch 1), uint8 elements, SWIZZLE_128B: A dims (k, m, 1), box (128, min(m, BM), 1) (grouped:
-// BM); B dims (k, n, 1), box (128, BN, 1).
+// boxes past n and k, and past m where a box of A reaches past it (a ragged last K block of a block-scaled GEMM
+// adds zeros, with its scales in range); scale reads of rows / columns past m / n are clamped to the last one;
+// stores are guarded.
+// Tensor maps (3-d, batch 1), uint8 elements, SWIZZLE_128B: A dims (k, m, 1), box (128, min(m, 64), 1) for 64-row
+// tiles of the dense GEMM (the stage's other rows are not loaded), else (128, BM, 1); B dims (k, n, 1), box (128, BN,
+// 1).
 //
 // RTK_FP8_MULTICAST=1: clusters of two blocks on vertically adjacent tiles (tm even / odd, same tn) share B: each
 // block loads half of the stage's B rows with TMA multicast into both (B's map has a box of BN / 2 rows), so a tile
@@ -262,10 +263,10 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
     if constexpr (NC >= 2) rtk_setmaxnreg_dec<PRODUCER_REGS>();  // one thread issues the loads
     if (threadIdx.x == 0) {
       // 64-row tiles (the decode tiles; one consumer, whose registers the producer shares): A's box (the host's
-      // map, launch.py's a_box_rows) has min(m, 64) rows, so one row block loads only its rows, and the rest of its stage holds stale bytes
-      // whose products land in rows past m, which are neither stored nor exchanged. Zero-filling those rows held
-      // decode shapes back (H200, 7168 x 18432, 64 x 64 tiles: 61 us at M = 1, 41 at M = 64). Wider tiles load
-      // whole boxes: their producer's 24-40 registers have no room for the count.
+      // map, launch.py's a_box_rows) has min(m, 64) rows, so one row block loads only its rows, and the rest of its
+      // stage holds stale bytes whose products land in rows past m, which are neither stored nor exchanged.
+      // Zero-filling those rows held decode shapes back (H200, 7168 x 18432, 64 x 64 tiles: 61 us at M = 1, 41 at
+      // M = 64). Wider tiles load whole boxes: their producer's 24-40 registers have no room for the count.
       const unsigned stage_bytes =
           (BM == 64 && !RTK_GEMM_GROUPED) ? ((unsigned)(m < BM ? m : BM) + BN) * BK : (BM + BN) * BK;
       int stage = 0;

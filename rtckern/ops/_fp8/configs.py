@@ -51,12 +51,13 @@ SPLIT_MIN_K_BLOCKS = 8  # K blocks of 128 per split at least: a shorter range is
 
 def decode_splits(p: Fp8Problem, sm_count: int, bn: int = 128) -> int:
     """Split-K clusters for one row block of N / bn tiles: 4 or 2 where that many blocks per tile still fit the SMs
-    in one round, each split keeping SPLIT_MIN_K_BLOCKS K blocks; else none. Measured on an H200 (docs/performance.md):
-    pairs on 56 and 64 tiles gain 15-25%, while splits that need a second round of tiles (224 tiles in fours, 64 in
-    fours) lose more than the fuller SMs give."""
+    in one round, each split keeping SPLIT_MIN_K_BLOCKS K blocks; else none. Clusters of 4 count against 3/4 of the
+    SMs: a GPC's SMs that do not make a whole cluster stay idle (the H200's tuner chose pairs at 32 tiles, fours at
+    17). Measured on an H200 (docs/performance.md): pairs on 56 and 64 tiles gain 15-25%, while splits that need a
+    second round of tiles (224 tiles in fours, 64 in fours) lose more than the fuller SMs give."""
     tiles, kb = math.ceil(p.n / bn), math.ceil(p.k / 128)
-    for s in (4, 2):
-        if tiles * s <= sm_count and kb >= SPLIT_MIN_K_BLOCKS * s:
+    for s, sms in ((4, sm_count * 3 // 4), (2, sm_count)):
+        if tiles * s <= sms and kb >= SPLIT_MIN_K_BLOCKS * s:
             return s
     return 1
 

@@ -127,6 +127,12 @@ class Sm90Fp8Config:
         if self.splits not in (1, 2, 3, 4) or (self.splits > 1 and self.cluster > 1):
             return f"splits={self.splits}, cluster={self.cluster}: split-K in clusters of 2 to 4 blocks, without " \
                    "multicast (cluster=1)"
+        if self.splits > 1 and ((self.bm, self.consumers) != (64, 1) or self.bn > 128):
+            return f"splits={self.splits} with a {self.bm}x{self.bn} tile, {self.consumers} consumer(s): split-K " \
+                   "runs on the decode tiles, 64 rows, one consumer, up to 128 columns"
+        if self.splits > 1 and p.m > self.bm:
+            return f"splits={self.splits} with m={p.m}: split-K serves one row block (M <= {self.bm}); more rows " \
+                   "fill the SMs without it"
         if self.splits > math.ceil(p.k / 128):
             return f"splits={self.splits} with k={p.k}: each split needs one of the {math.ceil(p.k / 128)} K " \
                    "blocks of 128"

@@ -112,12 +112,18 @@ def test_skinny_decode_range(kind, m, n, k):
     """The decode-range kernel (M <= 64; mma.sync over a permuted K order): odd N (octets past N), K not a multiple of
     64 (the last chunk partly past K) or of 128 (a last block of 16 K), M at the HALF boundary (8 / 9) and in 2-4 row
     tiles (17, 33, 48, 64), every output dtype with and without a bias, e5m2 a; the same bound as the tile kernels."""
+    _check_mma_sync("gemm_fp8.sm89_skinny", kind, m, n, k)
+
+
+def _check_mma_sync(cand, kind, m, n, k):
+    """gemm_fp8 forced onto `cand` (one of the mma.sync kernels, sm_89+) against float64: every output dtype with and
+    without a bias, the hot path bitwise equal to the first call, e5m2 a."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 mma needs sm_89")
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
     a, b = _fp8((m, k), g), _fp8((n, k), g)
     sa, sb = _scales(kind, m, n, k, g)
-    with _force("gemm_fp8.sm89_skinny"):
+    with _force(cand):
         for out in (torch.bfloat16, torch.float16, torch.float32):
             bias = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16) if out != torch.float16 else None
             y = gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias)
@@ -133,19 +139,9 @@ def test_skinny_decode_range(kind, m, n, k):
                                    (4097, 129, 256)])
 def test_sm89_mma_tiles(kind, m, n, k):
     """M past the decode range on the mma.sync kernel (sm_89's prefill path): grid rows of 64 rows of a, the last one
-    partial (65, 129, 300, 4097 rows), odd N, K past 128-multiples; every output dtype with and without a bias; the
-    same bound as the tile kernels."""
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("fp8 mma needs sm_89")
-    g = torch.Generator(device="cuda").manual_seed(m * 3 + n + k)
-    a, b = _fp8((m, k), g), _fp8((n, k), g)
-    sa, sb = _scales(kind, m, n, k, g)
-    with _force("gemm_fp8.sm89_mma"):
-        for out in (torch.bfloat16, torch.float16, torch.float32):
-            bias = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16) if out != torch.float16 else None
-            y = gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias)
-            assert y.dtype == out and y.shape == (m, n)
-            _check(y, _ref(a, b, sa, sb, bias, kind), out)
+    partial (65, 129, 300, 4097 rows), odd N, K past 128-multiples; the decode kernel's checks, the same bound as the
+    tile kernels."""
+    _check_mma_sync("gemm_fp8.sm89_mma", kind, m, n, k)
 
 
 def test_skinny_serves_the_decode_range_only():

@@ -129,7 +129,12 @@ def test_split_k_clusters_for_decode_shapes():
     assert "multicast" in G.Sm90Fp8Config(128, 256, 4, 2, cluster=2, splits=2).invalid(G.Fp8Problem(1000, 4096, 4096))
     assert "each split needs one of the 3 K blocks" in G.Sm90Fp8Config(64, 128, 6, 1, splits=4).invalid(
         G.Fp8Problem(1, 4096, 384))
-    assert "shared memory" in G.Sm90Fp8Config(64, 256, 8, 1, splits=2).invalid(p)
+    assert G.Sm90Fp8Config(64, 128, 9, 1).invalid(p) is None  # 9 stages fit without a peer's sums, not with them
+    assert "shared memory" in G.Sm90Fp8Config(64, 128, 9, 1, splits=2).invalid(p)
+    assert "decode tiles" in G.Sm90Fp8Config(128, 128, 4, 2, splits=2).invalid(p)
+    assert "decode tiles" in G.Sm90Fp8Config(64, 256, 4, 1, splits=2).invalid(p)
+    # a split row (tuned at M <= 64) that the nearest-shape lookup offers a call of two row blocks: refused there
+    assert "one row block" in cfg.invalid(G.Fp8Problem(100, 7168, 18432))
     gp = grouped_geometry.GroupedFp8Problem("contiguous", groups=8, rows=64, n=4096, k=7168)
     assert "split-K" in grouped_geometry.invalid(gp, cfg)
 
@@ -155,10 +160,11 @@ def test_split_k_clusters_for_decode_shapes():
     assert gl._maps[0].box == (128, 1)
     assert launch.GemmLaunch(Kernel(-1, 1), G.Fp8Problem(16, 4096, 4096), G.Sm90Fp8Config(128, 128, 6, 2), 4096, 4096,
                              (0, 0, 0, 0), 132)._maps[0].box == (128, 128)
-    # the rule: splits that fit one round of tiles (56 tiles at N = 7168 in pairs, 32 at N = 4096 in fours; none for
-    # 224 at N = 28672); K = 1536 (12 blocks) too short to split; a prefill M never splits
+    # the rule: splits that fit one round of tiles (56 tiles at N = 7168 and 32 at N = 4096 in pairs, 17 at N = 2112
+    # in fours, fours counted against 3/4 of the SMs; none for 224 at N = 28672); K = 1536 (12 blocks) too short to
+    # split 32 tiles; a prefill M never splits
     assert [configs.heuristic(G.Fp8Problem(1, n, k), 132).splits
-            for n, k in ((28672, 8192), (7168, 18432), (4096, 7168), (24576, 1536))] == [1, 2, 4, 1]
+            for n, k in ((28672, 8192), (7168, 18432), (4096, 7168), (2112, 7168), (4096, 1536))] == [1, 2, 2, 4, 1]
     assert configs.heuristic(G.Fp8Problem(4096, 7168, 18432), 132).splits == 1
     assert {c.splits for c in tune.sweep_configs(p)} == {1, 2, 4}
     assert {c.splits for c in tune.sweep_configs(G.Fp8Problem(65, 7168, 18432))} == {1}
@@ -177,6 +183,12 @@ def test_a_table_row_that_cannot_serve_the_call_gives_way_to_the_rule(monkeypatc
     assert configs.tuned(G.Fp8Problem(4096, 4096, 4096), dev)[0].cluster == 2
     cfg, found = configs.tuned(G.Fp8Problem(4096, 4096, 4096, bias="bf16"), dev)
     assert found is None and cfg == configs.heuristic(G.Fp8Problem(4096, 4096, 4096, bias="bf16"), 132)
+    # a split-K row (tuned at M <= 64) offered to a call of two row blocks: the rule, which does not split there
+    split = G.Sm90Fp8Config(64, 128, 8, 1, splits=2).as_dict()
+    monkeypatch.setattr(configs.tuning, "lookup", lambda *a, **k: types.SimpleNamespace(config=split))
+    assert configs.tuned(G.Fp8Problem(64, 7168, 18432), dev)[0].splits == 2
+    cfg, found = configs.tuned(G.Fp8Problem(100, 7168, 18432), dev)
+    assert found is None and cfg.splits == 1
 
 
 def test_explain_and_requests():
