@@ -64,8 +64,9 @@
 // quarter), and arrives on rank 0's `red_full` (release, cluster scope); rank 0 waits, adds the peers' sums in
 // rank order (results do not depend on timing), arrives on each peer's `red_free` and runs the epilogue alone.
 // A peer waits for `red_free` before it writes its next tile's sums, so its next K range runs while rank 0 reads.
-// No TMA store (64-row tiles: the host keeps them for wide M). A cluster barrier after set-up and before the exit
-// keeps remote arrivals and reads inside the peers' lifetime.
+// Rank 0 stores from registers (no TMA store). The host runs splits on 64-row tiles of one consumer and at most 128
+// columns, for one row block. A cluster barrier after set-up and before the exit keeps remote arrivals and reads
+// inside the peers' lifetime.
 //
 // RTK_GEMM_GROUPED=1 / 2 (rtckern.ops.grouped_gemm_fp8 / grouped_gemm_fp8_masked): the grouped GEMM of
 // gemm/grouped.cuh (modes, tile prefix, unit map) with block scales. Extra parameters: `groups` (after `bias`), the
