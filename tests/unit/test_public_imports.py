@@ -117,6 +117,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "rtckern.ops._fp8.configs": "the table row / rule choice of a tile config (a row that cannot serve a call)",
         "rtckern.ops._fp8.launch": "the clustered launch's grid and B map box with a recording kernel",
         "rtckern.ops._fp8.tune": "which tile configs the tuner's sweep offers (clusters only where M spans two tiles)",
+        "rtckern.ops._fp8.grouped_geometry": "the grouped kernel refuses split-K configs",
         "rtckern.ops._gemm.wgmma_gen": "checks that the generated fp8 wgmma header is current",
     },
     "tests/gpu/ops/test_attention_kvcache.py": {
@@ -129,6 +130,7 @@ ALLOWED: dict[str, dict[str, str]] = {
     "tests/gpu/ops/test_gemm_fp8.py": {
         "rtckern.ops._fp8.geometry": "the problem record the tuner's sweep takes (Fp8Problem)",
         "rtckern.ops._fp8.tune": "runs every tile config of the tuner's sweep through its checked measurement",
+        "rtckern.ops._fp8.launch": "launches a given split-K tile config (GemmLaunch) as a table row would",
     },
     "tests/gpu/ops/test_gemm.py": {
         "rtckern.ops._gemm.candidates": "checks each kernel candidate (sm80 mma, sm90 wgmma) on the GPU, and the "
