@@ -4,6 +4,9 @@ tests' kernels queued for compiling at collection (the ``compiles`` marker)."""
 from __future__ import annotations
 
 import inspect
+import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -17,6 +20,31 @@ def _gpu_visible() -> bool:
     from rtckern.device import device_count
 
     return device_count() > 0
+
+
+def pytest_configure(config):
+    """Where the environment forbids writing bytecode (PYTHONDONTWRITEBYTECODE), the session's Python child processes
+    (some 360: the CLI, prefill, the benchmarks, the compile pool) write and read it under a folder of this session
+    (PYTHONPYCACHEPREFIX), as benchmarks/first_call.py does: otherwise each compiles rtckern's modules from source
+    again (~0.1 s of CPU per CLI process). A fresh folder per session: nothing carries over from an earlier run."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):  # (an xdist worker finds it gone: its controller took it)
+        return
+    prefix = tempfile.mkdtemp(prefix="rtckern-test-pycache-")
+    config._rtk_pycache = (prefix, os.environ.pop("PYTHONDONTWRITEBYTECODE"), os.environ.get("PYTHONPYCACHEPREFIX"))
+    os.environ["PYTHONPYCACHEPREFIX"] = prefix
+
+
+def pytest_unconfigure(config):
+    saved = getattr(config, "_rtk_pycache", None)
+    if saved is None:
+        return
+    prefix, dont_write, old_prefix = saved
+    os.environ["PYTHONDONTWRITEBYTECODE"] = dont_write
+    if old_prefix is None:
+        os.environ.pop("PYTHONPYCACHEPREFIX", None)
+    else:
+        os.environ["PYTHONPYCACHEPREFIX"] = old_prefix
+    shutil.rmtree(prefix, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):
