@@ -118,7 +118,6 @@ def run(args):
 
 PREFILL = ((4096, 4096, 4096), (1024, 7168, 18432))
 MMA = "sm89_mma per-tensor"  # gemm_fp8.sm89_mma forced (M > 64): sm_89's prefill kernel
-SIMT_PREFILL = "simt per-tensor"
 
 
 def _sm89_prefill(shapes, reps: int) -> list[dict]:
@@ -132,7 +131,7 @@ def _sm89_prefill(shapes, reps: int) -> list[dict]:
         tflops = {}
         try:
             a, b, one, _, _ = _operands(m, n, k)
-            for name, impl, r in ((MMA, "gemm_fp8.sm89_mma", reps), (SIMT_PREFILL, "gemm_fp8.simt", 3)):
+            for name, impl, r in ((MMA, "gemm_fp8.sm89_mma", reps), (SIMT, "gemm_fp8.simt", 3)):
                 with config.override(force_impl={"gemm_fp8": impl}):
                     tflops[name] = 2.0 * m * n * k / (_time_ms(lambda: ops.gemm_fp8(a, b, one, one), r) * 1e-3) / 1e12
         except Exception as e:  # one shape failing (or out of memory) must not lose the run
@@ -229,10 +228,10 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                    title="decode range (M = 1..64): bytes moved (a + b + c) per second against the copy bandwidth "
                          "(the memory-bound roofline; goal 0.9)")
     prows = prows or []
-    ptable = Table(["M", "N", "K", f"{MMA} TFLOP/s", f"{SIMT_PREFILL} TFLOP/s", "sm89_mma / simt"],
+    ptable = Table(["M", "N", "K", f"{MMA} TFLOP/s", f"{SIMT} TFLOP/s", "sm89_mma / simt"],
                    [[p["m"], p["n"], p["k"], *[f"{p['tflops'][c]:.1f}" if c in p["tflops"] else None
-                                               for c in (MMA, SIMT_PREFILL)],
-                     ratio(p["tflops"], MMA, SIMT_PREFILL)] for p in prows],
+                                               for c in (MMA, SIMT)],
+                     ratio(p["tflops"], MMA, SIMT)] for p in prows],
                    title="prefill on sm_89's kernels, forced on this GPU (sm_89 runs them; sm_90 the wgmma kernel)")
     note = (f"e4m3 inputs, bf16 output; median of {reps} CUDA-event timings of back-to-back calls (quantization: "
             "CUDA-graph replays); torch._scaled_mm "

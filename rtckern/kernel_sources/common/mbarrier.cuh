@@ -22,15 +22,26 @@ RTK_DEVICE void rtk_mbar_arrive_expect_tx_at(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 // Waits until the phase with the given parity has completed. A fresh barrier counts as having completed the
-// phase of parity 1, so a producer's first wait on an "empty" barrier (parity 1) passes at once.
+// phase of parity 1, so a producer's first wait on an "empty" barrier (parity 1) passes at once. ACQUIRE_CLUSTER:
+// what peers of the cluster released with their arrivals (rtk_mbar_arrive_cluster<true>) is visible after it.
+template <bool ACQUIRE_CLUSTER = false>
 RTK_DEVICE void rtk_mbar_wait_at(unsigned bar, unsigned parity) {
   unsigned done;
   do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
+    if constexpr (ACQUIRE_CLUSTER) {
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          "selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    }
   } while (!done);
 }
 
@@ -40,6 +51,9 @@ RTK_DEVICE void rtk_mbar_arrive(unsigned long long* bar) { rtk_mbar_arrive_at(rt
 RTK_DEVICE void rtk_mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
   rtk_mbar_arrive_expect_tx_at(rtk_smem_u32(bar), bytes);
 }
-RTK_DEVICE void rtk_mbar_wait(unsigned long long* bar, unsigned parity) { rtk_mbar_wait_at(rtk_smem_u32(bar), parity); }
+template <bool ACQUIRE_CLUSTER = false>
+RTK_DEVICE void rtk_mbar_wait(unsigned long long* bar, unsigned parity) {
+  rtk_mbar_wait_at<ACQUIRE_CLUSTER>(rtk_smem_u32(bar), parity);
+}
 
 #endif

@@ -60,36 +60,6 @@ RTK_DEVICE float4 rtk_gemm_cluster_ld4(unsigned local, unsigned rank) {
   return v;
 }
 
-// The exchange of the fp8 kernel's split-K (gemm_fp8_sm90.cuh, RTK_FP8_SPLIT_K): a 16-byte store to this block's
-// shared memory; one arrival on the barrier at bar's offset in block `rank`, releasing this thread's shared-memory
-// writes (and the reads it returned) to the cluster; a parity wait that acquires what the arrivals released.
-RTK_DEVICE void rtk_st_shared_v4(unsigned addr, float x, float y, float z, float w) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
-}
-RTK_DEVICE void rtk_mbar_arrive_cluster_release(unsigned long long* bar, unsigned rank) {
-#if RTK_ARCH >= 900
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(
-          (unsigned)__cvta_generic_to_shared(bar)),
-      "r"(rank)
-      : "memory");
-#endif
-}
-RTK_DEVICE void rtk_mbar_wait_cluster(unsigned long long* bar, unsigned parity) {
-#if RTK_ARCH >= 900
-  unsigned done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-#endif
-}
-
 // Two adjacent accumulators (mma.sync / wgmma fragment pair) into the partial tile.
 RTK_DEVICE void rtk_gemm_red_store(float* red, int ldr, int row, int col, float v0, float v1) {
   *reinterpret_cast<float2*>(red + row * ldr + col) = make_float2(v0, v1);

@@ -550,21 +550,21 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
         constexpr int Q = MI * BN / 8, T = NC * 128;
         const int me = cw * 128 + tid;
         const bool live = row_base < m;  // the thread's first row (its others are below it) holds output
-        const unsigned mine = rtk_smem_u32(red) + (unsigned)me * 16u;
+        const unsigned mine = rtk_smem_u32(red) + (unsigned)me * 16u;  // rank 0 reads the peers' at this offset
         const unsigned done = RTK_FP8_TILES_DONE;  // the parity of red_full / red_free
         if (RTK_FP8_SPLIT != 0) {
-          if (done > 0) rtk_mbar_wait_cluster(&red_free, (done - 1) & 1u);  // rank 0 has read the last tile's
+          if (done > 0) rtk_mbar_wait<true>(&red_free, (done - 1) & 1u);  // rank 0 has read the last tile's
           if (live) {
 #pragma unroll
             for (int q = 0; q < Q; ++q) {
               const float* v = &acc[q / (BN / 8)][(q % (BN / 8)) * 4];
-              rtk_st_shared_v4(mine + (unsigned)(q * T) * 16u, v[0], v[1], v[2], v[3]);
+              reinterpret_cast<float4*>(red)[q * T + me] = make_float4(v[0], v[1], v[2], v[3]);
             }
           }
-          rtk_mbar_arrive_cluster_release(&red_full, 0);
+          rtk_mbar_arrive_cluster<true>(&red_full, 0);
           continue;  // rank 0 stores the tile
         }
-        rtk_mbar_wait_cluster(&red_full, done & 1u);
+        rtk_mbar_wait<true>(&red_full, done & 1u);
         if (live) {
 #pragma unroll 1  // a peer at a time: the loads of all peers at once, beside acc, exceeded the registers
           for (unsigned r = 1; r < SK; ++r) {
@@ -580,7 +580,7 @@ __global__ void RTK_FP8_CLUSTER_DIMS __launch_bounds__((NC + 1) * 128, 1)
           }
         }
 #pragma unroll
-        for (unsigned r = 1; r < SK; ++r) rtk_mbar_arrive_cluster_release(&red_free, r);
+        for (unsigned r = 1; r < SK; ++r) rtk_mbar_arrive_cluster<true>(&red_free, r);
       }
 #endif
 

@@ -35,12 +35,23 @@ RTK_DEVICE void rtk_tma_load_3d_multicast(void* smem_dst, const rtk_tensor_map* 
 // One arrival on the barrier at bar's offset in block `rank` of the cluster. CTA-scope release (the default): a
 // cluster-scope one waits for every store the thread has in flight (the previous tile's epilogue) and stalled the
 // fp8 GEMM's consumers by a third; what the arrival publishes (wgmma reads of shared memory, completed) needs none.
+// RELEASE_CLUSTER: the arrival publishes this thread's shared-memory writes, and the reads it returned, to the peer
+// (the fp8 split-K exchange, whose waits acquire at cluster scope: rtk_mbar_wait<true>).
+template <bool RELEASE_CLUSTER = false>
 RTK_DEVICE void rtk_mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(rtk_smem_u32(bar)),
-      "r"(rank)
-      : "memory");
+  if constexpr (RELEASE_CLUSTER) {
+    asm volatile(
+        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(rtk_smem_u32(bar)),
+        "r"(rank)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(rtk_smem_u32(bar)),
+        "r"(rank)
+        : "memory");
+  }
 }
 // TMA store: the box at smem_src (the map's box, 128-byte swizzled) to the tensor at (c0, c1, c2); elements
 // outside the tensor are not written. Asynchronous: commit it to a bulk group (rtk_bulk_commit) and wait before

@@ -75,6 +75,12 @@ def _force(name):
                                    (256, 384, 1040), (300, 1100, 640), (129, 2048, 256), (300, 1096, 640),
                                    (1100, 520, 256), (2500, 4104, 256)])
 def test_gemm_fp8(cand, kind, m, n, k):
+    _check_forced(cand, kind, m, n, k)
+
+
+def _check_forced(cand, kind, m, n, k):
+    """gemm_fp8 forced onto `cand` against float64: every output dtype with and without a bias, the hot path bitwise
+    equal to the first call. Returns (b, sa, sb, the generator) for more checks of the same operands."""
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
     a, b = _fp8((m, k), g), _fp8((n, k), g)
     sa, sb = _scales(kind, m, n, k, g)
@@ -84,8 +90,8 @@ def test_gemm_fp8(cand, kind, m, n, k):
             y = gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias)
             assert y.dtype == out and y.shape == (m, n)
             _check(y, _ref(a, b, sa, sb, bias, kind), out)
-            y2 = gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias)  # the hot path
-            assert torch.equal(y, y2)
+            assert torch.equal(y, gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias))  # the hot path, bitwise
+    return b, sa, sb, g
 
 
 @pytest.mark.parametrize("cand", CANDS)
@@ -116,20 +122,11 @@ def test_skinny_decode_range(kind, m, n, k):
 
 
 def _check_mma_sync(cand, kind, m, n, k):
-    """gemm_fp8 forced onto `cand` (one of the mma.sync kernels, sm_89+) against float64: every output dtype with and
-    without a bias, the hot path bitwise equal to the first call, e5m2 a."""
+    """_check_forced for one of the mma.sync kernels (sm_89+), then e5m2 a."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 mma needs sm_89")
-    g = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
-    a, b = _fp8((m, k), g), _fp8((n, k), g)
-    sa, sb = _scales(kind, m, n, k, g)
+    b, sa, sb, g = _check_forced(cand, kind, m, n, k)
     with _force(cand):
-        for out in (torch.bfloat16, torch.float16, torch.float32):
-            bias = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16) if out != torch.float16 else None
-            y = gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias)
-            assert y.dtype == out and y.shape == (m, n)
-            _check(y, _ref(a, b, sa, sb, bias, kind), out)
-            assert torch.equal(y, gemm_fp8(a, b, sa, sb, out_dtype=out, bias=bias))  # the hot path, bitwise
         a5 = (torch.randn((m, k), device="cuda", generator=g) * 2).to(torch.float8_e5m2)
         _check(gemm_fp8(a5, b, sa, sb), _ref(a5, b, sa, sb, None, kind), torch.bfloat16)
 
