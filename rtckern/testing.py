@@ -438,11 +438,50 @@ def compile_name_expressions(source: str, exprs, arch: str, jobs: int | None = N
 
 def kernel_parameters(text: str, kernel: str) -> list[str]:
     """The parameter declarations of `kernel` (a name, namespace allowed) in the kernel source `text`, one string
-    each with whitespace collapsed: what the launch-argument tests hold a host launch against."""
+    each with whitespace collapsed: what the launch-argument tests hold a host launch against. Macros `#define`d in
+    `text` (object-like, or function-like as a parameter list written once for several kernels) are expanded in the
+    list; `text` is the source as the preprocessor would see it (its conditional branches already chosen, the
+    headers that define the macros included)."""
     name = kernel.split("::")[-1]
-    m = re.search(r"__global__[^;{]*?\b" + name + r"\(([^)]*)\)", text, re.S)
+    m = re.search(r"__global__[^;{]*?\b" + name + r"\(", text, re.S)
     assert m, f"{name} not found in the source"
-    return [" ".join(p.split()) for p in m.group(1).split(",")]
+    depth, end = 1, m.end()
+    while depth:
+        depth += {"(": 1, ")": -1}.get(text[end], 0)
+        end += 1
+    params = _expand_macros(text[m.end():end - 1], _macro_definitions(text))
+    return [" ".join(p.split()) for p in params.split(",")]
+
+
+def _macro_definitions(text: str) -> dict[str, tuple[list[str] | None, str]]:
+    """name -> (parameter names, or None for an object-like macro; body) of every #define in `text`."""
+    defs = {}
+    for d in re.finditer(r"^[ \t]*#define[ \t]+(\w+)(\(([^)]*)\))?((?:\\\n|[^\n])*)", text, re.M):
+        args = [a.strip() for a in d.group(3).split(",")] if d.group(2) else None
+        defs[d.group(1)] = (args, d.group(4).replace("\\\n", " "))
+    return defs
+
+
+def _expand_macros(text: str, defs: dict[str, tuple[list[str] | None, str]]) -> str:
+    if not defs:
+        return text
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, defs)) + r")\b(?:\(([^()]*)\))?")
+
+    def one(m: re.Match) -> str:
+        args, body = defs[m.group(1)]
+        if args is None:  # object-like: what follows it (a parenthesis, say) is not its to take
+            return body + m.group()[len(m.group(1)):]
+        if m.group(2) is None:  # a function-like macro's name without arguments is left alone
+            return m.group()
+        values = [v.strip() for v in m.group(2).split(",")]
+        return re.sub(r"\b\w+\b", lambda w: values[args.index(w.group())] if w.group() in args else w.group(), body)
+
+    for _ in range(16):  # nested macros: until nothing changes
+        out = pattern.sub(one, text)
+        if out == text:
+            return out
+        text = out
+    raise AssertionError("macro expansion did not settle")
 
 
 def check_launch_args(params: list[str], args: tuple, what: str) -> None:

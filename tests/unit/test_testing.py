@@ -8,7 +8,7 @@ import pytest
 
 from rtckern.arch import Arch
 from rtckern.spec import KernelSpec
-from rtckern.testing import compile_all, compile_name_expressions
+from rtckern.testing import compile_all, compile_name_expressions, kernel_parameters
 
 pytest.importorskip("cuda.bindings.nvrtc")
 
@@ -214,3 +214,19 @@ def test_serialized_wgmmas_fail_the_no_spills_check():
     assert testing._program_verdicts([good, bad], True) == [None, failures[0]]  # read from the shared program
     assert testing._compile_spec(bad, no_spills=True) == failures[0]
     assert compile_all([bad], jobs=1) == []
+
+
+def test_kernel_parameters_expand_a_parameter_list_written_once():
+    text = r"""
+#define EXTRA_PARAMS , const int* __restrict__ cu
+#define NO_PARAMS
+#define PARAMS(T, EXTRA) const T* __restrict__ x, \
+    long long n EXTRA
+__global__ void __launch_bounds__(128) with_extra(PARAMS(float, EXTRA_PARAMS)) {}
+__global__ void without(PARAMS(half, NO_PARAMS)) {}
+__global__ void plain(int* p, float s) { p[0] = (int)s; }
+"""
+    assert kernel_parameters(text, "with_extra") == ["const float* __restrict__ x", "long long n",
+                                                     "const int* __restrict__ cu"]
+    assert kernel_parameters(text, "ns::without") == ["const half* __restrict__ x", "long long n"]
+    assert kernel_parameters(text, "plain") == ["int* p", "float s"]

@@ -23,15 +23,7 @@ struct simt_smem {
 
 template <typename T, int HD, bool CAUSAL>
 __global__ void __launch_bounds__(128)
-    attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-                  float* __restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q,
-                  long long heads_kv, long long q_bs, long long q_rs, long long q_hs, long long k_bs, long long k_rs,
-                  long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long o_bs, long long o_rs,
-                  long long o_hs, float scale_log2
-#if RTK_ATTN_VARLEN
-                  , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
-#endif
-                  ) {
+    attn_fwd_simt(RTK_ATTN_FWD_PARAMS(T)) {
   using L = simt_smem<HD>;
   constexpr int BM = L::BM, BN = L::BN, QK_ROW = L::QK_ROW;
   constexpr int DPT = HD / 4;  // output columns per thread

@@ -60,18 +60,7 @@ RTK_DEVICE void red_add_f32x4(float* dst, float a, float b, float c, float d) {
 
 template <typename T, int HD, int BM, int BN, int STAGES, bool CAUSAL, bool DETERMINISTIC>
 __global__ void __launch_bounds__(BN * 2, 1)
-    flash_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                   const T* __restrict__ dout, const float* __restrict__ lse2, const float* __restrict__ dsum,
-                   float* __restrict__ dq_accum, T* __restrict__ dk, T* __restrict__ dv, int* __restrict__ sem,
-                   long long seqlen_q, long long seqlen_k, long long heads_q, long long heads_kv,
-                   long long seqlen_q_pad, long long q_bs, long long q_rs, long long q_hs, long long k_bs,
-                   long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long do_bs,
-                   long long do_rs, long long do_hs, long long dkv_bs, long long dkv_rs, long long dkv_hs,
-                   float scale_log2, float scale
-#if RTK_ATTN_VARLEN
-                   , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
-#endif
-                   ) {
+    flash_bwd_sm90(RTK_ATTN_BWD_PARAMS(T)) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = flash_bwd_sm90_smem<HD, BM, BN, STAGES>;
   constexpr int NWG = BN / 64;

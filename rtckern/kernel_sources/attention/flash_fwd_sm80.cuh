@@ -48,15 +48,7 @@ struct flash_sm80_smem {
 
 template <typename T, int HD, int BM, int BN, int NWARPS, int STAGES, bool CAUSAL, bool Q_IN_REGS>
 __global__ void __launch_bounds__(NWARPS * 32)
-    flash_fwd_sm80(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-                   float* __restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q,
-                   long long heads_kv, long long q_bs, long long q_rs, long long q_hs, long long k_bs,
-                   long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs, long long o_bs,
-                   long long o_rs, long long o_hs, float scale_log2
-#if RTK_ATTN_VARLEN
-                   , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
-#endif
-                   ) {
+    flash_fwd_sm80(RTK_ATTN_FWD_PARAMS(T)) {
 #if RTK_ARCH >= 800
   constexpr int NT = NWARPS * 32;
   constexpr int MT = BM / (16 * NWARPS);

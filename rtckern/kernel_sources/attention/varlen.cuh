@@ -19,6 +19,30 @@
 #define RTK_ATTN_VARLEN 0
 #endif
 
+// The kernels' parameter lists, in the order the hosts pack them (ops/_attention): the prefix sums come last, with
+// RTK_ATTN_VARLEN only; RTK_ATTN_FWD_PARAMS for the three forward kernels that read q, k and v by pointer
+// (flash_fwd_sm80, flash_fwd_sm90, attn_fwd_simt), RTK_ATTN_BWD_PARAMS for the two mma backward kernels
+// (flash_bwd_sm80, flash_bwd_sm90).
+#if RTK_ATTN_VARLEN
+#define RTK_ATTN_VARLEN_PARAMS , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k
+#else
+#define RTK_ATTN_VARLEN_PARAMS
+#endif
+#define RTK_ATTN_FWD_PARAMS(T)                                                                                        \
+  const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,                       \
+      float* __restrict__ lse, long long seqlen_q, long long seqlen_k, long long heads_q, long long heads_kv,         \
+      long long q_bs, long long q_rs, long long q_hs, long long k_bs, long long k_rs, long long k_hs,                 \
+      long long v_bs, long long v_rs, long long v_hs, long long o_bs, long long o_rs, long long o_hs,                 \
+      float scale_log2 RTK_ATTN_VARLEN_PARAMS
+#define RTK_ATTN_BWD_PARAMS(T)                                                                                        \
+  const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,              \
+      const float* __restrict__ lse2, const float* __restrict__ dsum, float* __restrict__ dq_accum,                   \
+      T* __restrict__ dk, T* __restrict__ dv, int* __restrict__ sem, long long seqlen_q, long long seqlen_k,          \
+      long long heads_q, long long heads_kv, long long seqlen_q_pad, long long q_bs, long long q_rs,                  \
+      long long q_hs, long long k_bs, long long k_rs, long long k_hs, long long v_bs, long long v_rs,                 \
+      long long v_hs, long long do_bs, long long do_rs, long long do_hs, long long dkv_bs, long long dkv_rs,          \
+      long long dkv_hs, float scale_log2, float scale RTK_ATTN_VARLEN_PARAMS
+
 // The query block of a forward kernel and its sequence, as locals (the kernel's q, k, v, strides, seqlen_q,
 // seqlen_k, heads and, with RTK_ATTN_VARLEN, the prefix sums in scope; key_end from the kernel's headers): the
 // diagonal-heavy causal blocks launch first (m_block counts down) so the tail of the grid is short ones; hk is q head
@@ -47,8 +71,8 @@
   RTK_ATTN_FWD_SEQUENCE();                                                                                      \
   const int diag = sk - sq;                                                                                     \
   const int n_blocks = (key_end<BM, CAUSAL>(m0, sk, diag) + (BN) - 1) / (BN);                                   \
-  const T* gQ = q + at.q_off(q_bs, q_rs) + hq * q_hs;                                                           \
-  const T* gK = k + at.k_off(k_bs, k_rs) + hk * k_hs;                                                           \
+  const T* gQ = q + at.q_off(q_bs, q_rs) + hq * q_hs;                                                                 \
+  const T* gK = k + at.k_off(k_bs, k_rs) + hk * k_hs;                                                                 \
   const T* gV = v + at.k_off(v_bs, v_rs) + hk * v_hs
 
 namespace rtk_attn {

@@ -174,8 +174,10 @@ def test_explain_command_line(cache_dir):
 
 # ---- launch arguments against the kernels' parameter lists ---------------------------------------------------------
 def _params(source: str, kernel: str) -> list[str]:
-    # the dense parameter list: RTK_ATTN_VARLEN's extra parameters dropped (attention_varlen_backward's)
-    text = re.sub(r"#if RTK_ATTN_VARLEN\b.*?#endif", "", read_source(source), flags=re.S)
+    # the dense parameter list: RTK_ATTN_VARLEN's branches dropped, their #else kept (attention_varlen_backward's
+    # has them), with varlen.cuh's parameter-list macros
+    text = read_source("attention/varlen.cuh") + read_source(source)
+    text = re.sub(r"#if RTK_ATTN_VARLEN\b.*?(?:#else(.*?))?#endif", lambda m: m.group(1) or "", text, flags=re.S)
     return kernel_parameters(text, kernel)
 
 

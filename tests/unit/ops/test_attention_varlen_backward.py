@@ -173,7 +173,7 @@ def varlen_view(text: str) -> str:
 
 
 def _params(source: str, kernel: str) -> list[str]:
-    text = varlen_view(read_source(source))
+    text = varlen_view(read_source("attention/varlen.cuh") + read_source(source))  # with its parameter-list macros
     return kernel_parameters(text, kernel)
 
 
