@@ -1,5 +1,6 @@
 """Registry candidates of the fp8 ops, highest priority first:
 
+  gemm_fp8.gemv          sm_89+: M <= 4, warps streaming whole rows of b into registers (16-byte aligned rows)
   gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
   gemm_fp8.sm89_skinny   sm_89+: M <= 64 (decode), mma.sync e4m3 streaming b once (16-byte aligned rows): the
                          decode path on sm_89; on sm_90 ranked after the tile kernel
@@ -75,6 +76,38 @@ class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
     @staticmethod
     def smem(p: Fp8Problem, cfg: Sm90Fp8Config) -> int:
         return cfg.launch_smem(p)
+
+
+class GemvCandidate(Candidate):
+    """The smallest decode batches (M <= 4): warps stream whole rows of b into registers, 512 contiguous bytes per
+    warp-wide load, CUDA-core dot products (gemm/gemm_fp8_gemv.cuh). Ranked before the tile kernels where it serves:
+    the tile kernels' boxes of 128-byte pieces of many rows read b more slowly (docs/performance.md)."""
+
+    name = "gemm_fp8.gemv"
+    op = OP
+    priority = 350
+    min_arch = FP8_MIN_ARCH
+
+    @staticmethod
+    def config(req: OpRequest) -> geometry.GemvConfig:
+        return geometry.gemv_config(problem(req))
+
+    def supports(self, req: OpRequest) -> str | None:
+        p = problem(req)
+        if p.m > geometry.GEMV_MAX_M:
+            return f"m={p.m}: the GEMV kernel takes M <= {geometry.GEMV_MAX_M} (the tile kernels take more rows)"
+        return _reason(p) or (None if p.aligned else "needs 16-byte aligned rows of a and b (bases and row strides "
+                                                     "multiples of 16 bytes)")
+
+    def cost(self, req: OpRequest) -> Cost:
+        return Cost(0.9, "rule", f"M <= {geometry.GEMV_MAX_M}: whole rows of b streamed into registers "
+                                 f"({self.config(req).rows} per warp; memory-bound)")
+
+    def kernel_specs(self, req: OpRequest):
+        return (geometry.gemv_spec(problem(req), self.config(req), self.target(req)),)
+
+    def launch_resources(self, req: OpRequest):
+        return (Resources(block=32 * geometry.GEMV_WARPS),)
 
 
 class SkinnyCandidate(Candidate):
@@ -182,7 +215,7 @@ class QuantCandidate(Candidate):
         return (Resources(block=256),)
 
 
-CANDIDATES = (Sm90aWgmmaCandidate, SkinnyCandidate, Sm89MmaCandidate, SimtCandidate, QuantCandidate)
+CANDIDATES = (GemvCandidate, Sm90aWgmmaCandidate, SkinnyCandidate, Sm89MmaCandidate, SimtCandidate, QuantCandidate)
 
 # ---- selection, memoized per request key and device -------------------------------------------------------------
 _selections = SelectionMemo("gemm_fp8.selections")

@@ -121,8 +121,18 @@ def test_skinny_decode_range(kind, m, n, k):
     _check_mma_sync("gemm_fp8.sm89_skinny", kind, m, n, k)
 
 
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
+@pytest.mark.parametrize("m,n,k", [(1, 256, 256), (2, 63, 144), (3, 4097, 512), (4, 300, 4112), (1, 129, 16),
+                                   (4, 1000, 16), (3, 4104, 18432), (2, 2048, 8192), (1, 35, 1040)])
+def test_gemv_smallest_batches(kind, m, n, k):
+    """The GEMV kernel (M <= 4; whole rows of b per warp): M = 1..4 against its 1 / 2 / 4-row builds, N past the last
+    warp's rows (63, 4097, 35), K not a multiple of 512 (a lane's last load past K) or of 128 (a last block of 16 K),
+    K = 16 (one lane's piece), every output dtype with and without a bias, e5m2 a; the tile kernels' bound."""
+    _check_mma_sync("gemm_fp8.gemv", kind, m, n, k)
+
+
 def _check_mma_sync(cand, kind, m, n, k):
-    """_check_forced for one of the mma.sync kernels (sm_89+), then e5m2 a."""
+    """_check_forced for one of the sm_89+ decode kernels (mma.sync, or the GEMV's conversions), then e5m2 a."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 mma needs sm_89")
     b, sa, sb, g = _check_forced(cand, kind, m, n, k)
@@ -142,8 +152,9 @@ def test_sm89_mma_tiles(kind, m, n, k):
 
 
 def test_skinny_serves_the_decode_range_only():
-    """Unforced, M <= 64 with aligned rows goes to the skinny kernel except on sm_90, where the wgmma kernel ranks
-    first (by cost); M = 65 never to the skinny kernel (on sm_89: the same kernel in 64-row tiles)."""
+    """Unforced, M <= 4 with aligned rows goes to the GEMV kernel; 4 < M <= 64 to the skinny kernel except on sm_90,
+    where the wgmma kernel ranks first (by cost); M = 65 never to either (on sm_89: the skinny kernel in 64-row
+    tiles)."""
     cc = torch.cuda.get_device_capability()
     if cc < (8, 9):
         pytest.skip("fp8 mma needs sm_89")
@@ -152,12 +163,13 @@ def test_skinny_serves_the_decode_range_only():
     g = torch.Generator(device="cuda").manual_seed(1)
     b = _fp8((512, 256), g)
     one = torch.ones((), device="cuda")
-    for m in (1, 16, 64, 65):
+    for m in (1, 4, 5, 16, 64, 65):
         a = _fp8((m, 256), g)
         y = gemm_fp8(a, b, one, one)
         _check(y, _ref(a, b, one, one, None, "tensor"), torch.bfloat16)
         chosen = explain("gemm_fp8", shape=(m, 512, 256), device=0).chosen
-        assert (chosen == "gemm_fp8.sm89_skinny") is (m <= 64 and cc != (9, 0)), (m, chosen)
+        assert (chosen == "gemm_fp8.gemv") is (m <= 4), (m, chosen)
+        assert (chosen == "gemm_fp8.sm89_skinny") is (4 < m <= 64 and cc != (9, 0)), (m, chosen)
 
 
 @pytest.mark.parametrize("scale", ["tensor", "block", "channel"])

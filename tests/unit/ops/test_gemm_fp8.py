@@ -75,6 +75,30 @@ def test_tma_store_where_rows_of_c_are_16_byte_multiples():
     assert gl._maps[2].dtype == "fp32" and gl._maps[2].box == (32, 64) and gl._maps[2].stride == 4100 * 4
 
 
+def test_gemv_launch_matches_the_kernel():
+    """The GEMV kernel takes gemm_fp8_skinny's parameters (read from both sources); its launch: a block of 8 warps per
+    32 rows of b (4 per warp), no shared memory, a pointer or a 64-bit integer per parameter; its builds take 1, 2 or
+    4 rows of a (two loads per row in flight with 4, whose 64 floats of a share the registers)."""
+    from rtckern.ops._fp8 import launch
+    from rtckern.sources import read_source
+    from rtckern.testing import kernel_parameters
+
+    params = kernel_parameters(read_source("gemm/gemm_fp8_gemv.cuh"), "gemm_fp8_gemv")
+    assert params == kernel_parameters(read_source("gemm/gemm_fp8_skinny.cuh"), "gemm_fp8_skinny")
+
+    class Kernel:
+        def prepare(self, grid, block, kinds, smem):
+            self.grid, self.block, self.kinds, self.smem = grid, block, kinds, smem
+            return lambda *a: None
+
+    k, p = Kernel(), G.Fp8Problem(3, 4100, 4096)
+    launch.GemmLaunch(k, p, G.gemv_config(p), 4096, 4096, (0, 0, 0, 0), 132)
+    assert k.grid == (-(-4100 // 32), 1, 1) and k.block == (256, 1, 1) and k.smem == 0
+    assert k.kinds == "P" * 6 + "q" * 10 and len(k.kinds) == len(params)
+    assert [G.gemv_config(G.Fp8Problem(m, 64, 16)) for m in (1, 2, 3, 4)] == \
+        [G.GemvConfig(1, 4, 4), G.GemvConfig(2, 4, 4), G.GemvConfig(4, 4, 2), G.GemvConfig(4, 4, 2)]
+
+
 def test_clusters_share_b_between_vertically_adjacent_tiles():
     """cluster=2 configs: a define (the dense kernel's text unchanged otherwise), B's map box halved, whole clusters
     in the grid, never more than the driver says fit, the table's dict round trip; refused where bn < 128."""
@@ -270,6 +294,16 @@ def _variants():
                         yield G.skinny_spec(G.Fp8Problem(m, n, 8192, sc, "bf16", "bf16"), cfg, Arch.parse(arch))
                         yield G.skinny_spec(G.Fp8Problem(m, n, 8192, sc, "bf16", dtype="fp8_e5m2"), cfg,
                                             Arch.parse(arch))
+        # the GEMV kernel (M <= 4) as the candidate configures it: its three builds (M 1 / 2 / 4 rows of a), both
+        # scale kinds with every output, a bias and e5m2 a
+        for m in (1, 2, 3, 4):
+            for sc in ("tensor", "block"):
+                for out in G.OUTPUT_DTYPES:
+                    p = G.Fp8Problem(m, 4096, 4096, sc, out, "none")
+                    yield G.gemv_spec(p, G.gemv_config(p), Arch.parse(arch))
+                for p in (G.Fp8Problem(m, 4096, 4096, sc, "bf16", "fp32"),
+                          G.Fp8Problem(m, 4096, 4096, sc, "bf16", dtype="fp8_e5m2")):
+                    yield G.gemv_spec(p, G.gemv_config(p), Arch.parse(arch))
 
 
 def _unique_variants() -> list:
@@ -284,7 +318,11 @@ def test_every_variant_compiles_without_spills():
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("arch,m,aligned,want", [("sm_90", 1, 1, "gemm_fp8.sm90a_wgmma"),
+@pytest.mark.parametrize("arch,m,aligned,want", [("sm_90", 1, 1, "gemm_fp8.gemv"),
+                                                  ("sm_90", 4, 1, "gemm_fp8.gemv"),
+                                                  ("sm_90", 5, 1, "gemm_fp8.sm90a_wgmma"),
+                                                  ("sm_90", 4, 0, "gemm_fp8.simt"),
+                                                  ("sm_89", 1, 1, "gemm_fp8.gemv"),
                                                   ("sm_90", 16, 1, "gemm_fp8.sm90a_wgmma"),
                                                   ("sm_90", 17, 1, "gemm_fp8.sm90a_wgmma"),
                                                   ("sm_90", 16, 0, "gemm_fp8.simt"),
@@ -295,10 +333,11 @@ def test_every_variant_compiles_without_spills():
                                                   ("sm_89", 4096, 0, "gemm_fp8.simt"),
                                                   ("sm_90", 4096, 1, "gemm_fp8.sm90a_wgmma")])
 def test_decode_range_goes_to_the_skinny_kernel(arch, m, aligned, want):
-    """M <= 64 with 16-byte aligned rows: on sm_89 the skinny kernel (ranked ahead of the CUDA-core fallback by its
-    cost), on sm_90 the wgmma tile kernel (ranked ahead of it); M > 64 on sm_89 the same kernel in 64-row tiles
-    (gemm_fp8.sm89_mma); unaligned rows go to the fallback. The slices per octet grow as N shrinks against the SM
-    count (and the grid's rows of 64), the row tiles with M up to 4."""
+    """M <= 4 with 16-byte aligned rows: the GEMV kernel (ranked first by its cost) on sm_89 and sm_90; M <= 64: on
+    sm_89 the skinny kernel (ranked ahead of the CUDA-core fallback by its cost), on sm_90 the wgmma tile kernel
+    (ranked ahead of it); M > 64 on sm_89 the same kernel in 64-row tiles (gemm_fp8.sm89_mma); unaligned rows go to
+    the fallback. The slices per octet grow as N shrinks against the SM count (and the grid's rows of 64), the row
+    tiles with M up to 4; the GEMV's builds take 1, 2 or 4 rows of a."""
     report = explain("gemm_fp8", shape=f"{m}x7168x18432", arch=arch, sm_count=132, options={"aligned": str(aligned)})
     assert report.chosen == want
     dev = DeviceInfo.for_arch(arch)
@@ -309,3 +348,5 @@ def test_decode_range_goes_to_the_skinny_kernel(arch, m, aligned, want):
     assert all(c.half == (m <= 8) and c.stages >= 3 and c.smem_bytes <= 112 * 1024 for c in cfgs)
     assert all(c.mt == min(4, max(1, -(-m // 16))) and c.row_tiles(m) == -(-m // 64) for c in cfgs)
     assert G.SkinnyConfig(4, True).blocks(7168) == 7168 // 16 and dev.arch.cc >= (8, 9)
+    gemv = G.gemv_config(G.Fp8Problem(m, 7168, 18432, "tensor"))
+    assert gemv.mmax == (1 if m == 1 else 2 if m == 2 else 4) and gemv.blocks(7168) == 7168 // 32
