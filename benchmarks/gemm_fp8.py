@@ -6,7 +6,7 @@ torch._scaled_mm (per-tensor scales, bf16 out), and quantize_fp8's GB/s against 
 Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 projections, M = 128 and 16 decode
 shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M =
 1..64 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
-device's copy bandwidth, the memory-bound roofline, with sm_90's tile kernel at M <= 4 (gemm_fp8.sm90a_wgmma; the GEMV
+device's copy bandwidth, the memory-bound roofline, with sm_90's tile kernel at M <= 2 (gemm_fp8.sm90a_wgmma; the GEMV
 kernel ranks first there), sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there
 (gemm_fp8.simt, 5 reps) forced beside the kernel the registry picks; and
 sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced, at two shapes (TFLOP/s).
@@ -22,8 +22,8 @@ SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 18432), (4096, 24
           (16, 28672, 8192))
 # decode: M = 1..64 on weights of 132-235 MB (Llama-3.1-70B's MLP up / down, DeepSeek-V3's 7168 x 18432), every call
 # reading its weight from device memory
-DECODE = ((1, 28672, 8192), (4, 28672, 8192), (8, 28672, 8192), (32, 28672, 8192), (64, 28672, 8192),
-          (1, 8192, 28672), (64, 8192, 28672), (1, 7168, 18432), (4, 7168, 18432), (64, 7168, 18432))
+DECODE = ((1, 28672, 8192), (2, 28672, 8192), (8, 28672, 8192), (32, 28672, 8192), (64, 28672, 8192),
+          (1, 8192, 28672), (64, 8192, 28672), (1, 7168, 18432), (2, 7168, 18432), (64, 7168, 18432))
 QUICK = "4096^3 and M=128 only, two decode shapes, 10 reps"
 
 
@@ -199,11 +199,11 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
 
 
 SERIES = ("rtckern per-tensor", "rtckern block", "torch._scaled_mm")
-TILE = "tile per-tensor"  # gemm_fp8.sm90a_wgmma forced (M <= 4, where the GEMV kernel ranks first)
+TILE = "tile per-tensor"  # gemm_fp8.sm90a_wgmma forced (M <= 2, where the GEMV kernel ranks first)
 SKINNY = "skinny per-tensor"  # gemm_fp8.sm89_skinny forced (M <= 64): the decode kernel sm_89 runs
 SIMT = "simt per-tensor"  # gemm_fp8.simt forced (M <= 16): the CUDA-core fallback sm_89 ran before it
 FORCED = {TILE: "gemm_fp8.sm90a_wgmma", SKINNY: "gemm_fp8.sm89_skinny", SIMT: "gemm_fp8.simt"}
-FORCED_MAX_M = {TILE: 4, SKINNY: 64, SIMT: 16}
+FORCED_MAX_M = {TILE: 2, SKINNY: 64, SIMT: 16}
 
 
 def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] | None = None,

@@ -1,6 +1,6 @@
 """Registry candidates of the fp8 ops, highest priority first:
 
-  gemm_fp8.gemv          sm_89+: M <= 4, warps streaming whole rows of b into registers (16-byte aligned rows)
+  gemm_fp8.gemv          sm_89+: M <= 2, warps streaming whole rows of b into registers (16-byte aligned rows)
   gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
   gemm_fp8.sm89_skinny   sm_89+: M <= 64 (decode), mma.sync e4m3 streaming b once (16-byte aligned rows): the
                          decode path on sm_89; on sm_90 ranked after the tile kernel
@@ -79,9 +79,10 @@ class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
 
 
 class GemvCandidate(Candidate):
-    """The smallest decode batches (M <= 4): warps stream whole rows of b into registers, 512 contiguous bytes per
-    warp-wide load, CUDA-core dot products (gemm/gemm_fp8_gemv.cuh). Ranked before the tile kernels where it serves:
-    the tile kernels' boxes of 128-byte pieces of many rows read b more slowly (docs/performance.md)."""
+    """The smallest decode batches (M <= 2): warps stream whole rows of b into registers, 512 contiguous bytes per
+    warp-wide load, CUDA-core dot products against a's rows held as floats in shared memory (gemm/gemm_fp8_gemv.cuh).
+    Ranked before the tile kernels where it serves: their boxes of 128-byte pieces of many rows read b more slowly
+    (docs/performance.md)."""
 
     name = "gemm_fp8.gemv"
     op = OP
@@ -96,8 +97,14 @@ class GemvCandidate(Candidate):
         p = problem(req)
         if p.m > geometry.GEMV_MAX_M:
             return f"m={p.m}: the GEMV kernel takes M <= {geometry.GEMV_MAX_M} (the tile kernels take more rows)"
-        return _reason(p) or (None if p.aligned else "needs 16-byte aligned rows of a and b (bases and row strides "
-                                                     "multiples of 16 bytes)")
+        reason = _reason(p)
+        if reason is None and not p.aligned:
+            reason = "needs 16-byte aligned rows of a and b (bases and row strides multiples of 16 bytes)"
+        smem = self.config(req).smem_bytes(p.k)
+        if reason is None and smem > req.device.max_smem_per_block_optin:
+            reason = f"k={p.k}: a's rows as floats take {smem} bytes, past the {req.device.max_smem_per_block_optin} " \
+                     "bytes of shared memory a block may have"
+        return reason
 
     def cost(self, req: OpRequest) -> Cost:
         return Cost(0.9, "rule", f"M <= {geometry.GEMV_MAX_M}: whole rows of b streamed into registers "
@@ -107,7 +114,7 @@ class GemvCandidate(Candidate):
         return (geometry.gemv_spec(problem(req), self.config(req), self.target(req)),)
 
     def launch_resources(self, req: OpRequest):
-        return (Resources(block=32 * geometry.GEMV_WARPS),)
+        return (Resources(block=32 * geometry.GEMV_WARPS, dynamic_smem=self.config(req).smem_bytes(problem(req).k)),)
 
 
 class SkinnyCandidate(Candidate):

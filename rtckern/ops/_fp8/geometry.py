@@ -4,7 +4,7 @@ GPU or validates user arrays (api.py does).
 Kernels (kernel_sources/gemm/):
   gemm_fp8_wgmma_sm90   gemm_fp8_sm90.cuh: TMA + mbarrier ring + wgmma m64nNk32 e4m3, warp-specialized and
                         persistent; promotion of each K block of 128 into fp32 accumulators; sm_90a only
-  gemm_fp8_gemv         gemm_fp8_gemv.cuh: M <= 4, warps streaming whole rows of b into registers (sm_89+)
+  gemm_fp8_gemv         gemm_fp8_gemv.cuh: M <= 2, warps streaming whole rows of b into registers (sm_89+)
   gemm_fp8_skinny       gemm_fp8_skinny.cuh: M <= 64 on mma.sync, and sm_89's tiles past it (sm_89+)
   gemm_fp8_simt         gemm_fp8_simt.cuh: CUDA-core fallback (sm_89+, any alignment)
   quantize_fp8_groups   quantize_fp8.cuh: per-token-group quantization, one warp per group
@@ -236,8 +236,8 @@ def skinny_config(p: Fp8Problem, sm_count: int, smem_optin: int = SMEM_LIMIT) ->
 
 
 # gemm_fp8_gemv (the smallest decode batches, M <= GEMV_MAX_M): warps of GEMV_WARPS stream `rows` rows of b each,
-# `unroll` 512-byte loads per row in flight; `mmax` rows of a at most (1, 2 or 4: the next power of two >= M).
-GEMV_MAX_M = 4
+# `unroll` 512-byte loads per row in flight; `mmax` rows of a at most (1 or 2), held as floats in shared memory.
+GEMV_MAX_M = 2
 GEMV_WARPS = 8  # RTK_FP8_GEMV_WARPS
 
 
@@ -255,16 +255,20 @@ class GemvConfig:
     def blocks(self, n: int) -> int:
         return math.ceil(n / (GEMV_WARPS * self.rows))
 
+    def smem_bytes(self, k: int) -> int:
+        """a's mmax rows as floats."""
+        return self.mmax * k * 4
+
     def as_dict(self) -> dict:
         return {"kind": self.kind, "mmax": self.mmax, "rows": self.rows, "unroll": self.unroll}
 
 
 def gemv_config(p: Fp8Problem) -> GemvConfig:
-    """Four rows of b per warp and 4 x 16 bytes per lane and row in flight (256 bytes per lane: what reached the copy
-    bandwidth on an H200, docs/performance.md); with 4 rows of a, 2 in flight (a's 64 floats per piece share the
-    registers)."""
-    mmax = 1 if p.m <= 1 else 2 if p.m <= 2 else 4
-    return GemvConfig(mmax, 4, 2 if mmax == 4 else 4)
+    """Four rows of b per warp; 4 x 16 bytes per lane and row in flight with one row of a (256 bytes per lane: what
+    came nearest the copy bandwidth on an H200 among 1-4 rows and 2-8 loads, docs/performance.md), 2 with two (a's
+    second 16 floats per piece share the registers)."""
+    mmax = 1 if p.m <= 1 else 2
+    return GemvConfig(mmax, 4, 4 if mmax == 1 else 2)
 
 
 def gemv_spec(p: Fp8Problem, cfg: GemvConfig, arch: Arch) -> KernelSpec:

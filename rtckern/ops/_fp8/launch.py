@@ -76,7 +76,7 @@ class GemmLaunch:
         if cfg is not None and cfg.kind == "gemv":  # gemm_fp8_skinny's parameters
             self._maps = None
             scalars = (p.m, p.n, p.k, lda, ldb, p.n, sa_row, sa_kb, sb_row, sb_kb)
-            self._main = Prepared(kernel, (cfg.blocks(p.n), 1, 1), (32 * GEMV_WARPS, 1, 1), 0,
+            self._main = Prepared(kernel, (cfg.blocks(p.n), 1, 1), (32 * GEMV_WARPS, 1, 1), cfg.smem_bytes(p.k),
                                   [("u64", 0)] * 6 + [("i64", v) for v in scalars])
         elif cfg is not None and cfg.kind == "skinny":
             self._maps = None
