@@ -90,16 +90,22 @@ __global__ void __launch_bounds__(RTK_FP8_GEMV_WARPS * 32)
     for (int r = 0; r < ROWS; ++r) acc[i][r] = 0.f;
 
   const int k32 = (int)k;
-#pragma unroll 1
-  for (int k0 = 16 * lane; k0 < k32; k0 += 512 * U) {
-    uint4 v[U][ROWS];  // all of this round's loads in flight before the first is used
+  // U loads per row in flight, and the next round's issued before this round's sums (two rounds of registers): the
+  // stream never drains at a round's end
+  uint4 v[U][ROWS], nxt[U][ROWS];
+  auto load = [&](uint4 (&dst)[U][ROWS], int k0) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         const int kk = k0 + 512 * u;
-        v[u][r] = kk < k32 && row0 + r < n ? rtk_fp8_gemv_ld_stream(brow[r] + kk) : make_uint4(0, 0, 0, 0);
+        dst[u][r] = kk < k32 && row0 + r < n ? rtk_fp8_gemv_ld_stream(brow[r] + kk) : make_uint4(0, 0, 0, 0);
       }
+  };
+  load(v, 16 * lane);
+#pragma unroll 1
+  for (int k0 = 16 * lane; k0 < k32; k0 += 512 * U) {
+    load(nxt, k0 + 512 * U);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kk = k0 + 512 * u;
@@ -129,17 +135,22 @@ __global__ void __launch_bounds__(RTK_FP8_GEMV_WARPS * 32)
         }
 #pragma unroll
         for (int i = 0; i < MMAX; ++i) {
-          float d = 0.f;
-#pragma unroll
-          for (int j = 0; j < 16; ++j) d = fmaf(f[j], av[i][j], d);
           if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
+            float d = 0.f;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) d = fmaf(f[j], av[i][j], d);
             acc[i][r] = fmaf(d, s_a[i] * s_b, acc[i][r]);
           } else {
-            acc[i][r] += d;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) acc[i][r] = fmaf(f[j], av[i][j], acc[i][r]);
           }
         }
       }
     }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) v[u][r] = nxt[u][r];
   }
 
   // the warp's sums: every lane ends with every total (a fixed order of additions: results repeat bit for bit)
