@@ -14,6 +14,7 @@ quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time 
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 from benchmarks.runner import Result, Table, gpu_name, recorded_args
@@ -100,6 +101,7 @@ def run(args):
         torch.cuda.empty_cache()
     copy = _copy_gbs()
     drows = _decode(DECODE[:2] if args.quick else DECODE, reps, copy)
+    srows = _small_decode(SMALL[:2] if args.quick else SMALL, copy)
     prows = _sm89_prefill(PREFILL[:1] if args.quick else PREFILL, reps)
     qrows = []
     for m, k in ((4096, 7168), (16384, 7168)):
@@ -114,7 +116,49 @@ def run(args):
             qrows.append({"op": op, "m": m, "k": k, "gbs": (nbytes + (k * 2 if op == "rms_norm_quant" else 0))
                           / (ms * 1e-3) / 1e9, "copy_gbs": copy})
 
-    return to_result(rows, qrows, reps, drows, prows)
+    return to_result(rows, qrows, reps, drows, prows, srows)
+
+
+# batch-1 decode on small weights (Llama-3.1-8B's attention projections, DeepSeek-V3's smaller ones): the GEMV kernel's
+# range. Each call reads the next of enough copies of the weight to exceed the L2 twice over (a model's other layers
+# evict a layer's weight between its calls), timed as CUDA-graph replays.
+SMALL = ((1, 4096, 4096), (1, 6144, 4096), (1, 4096, 7168), (1, 2112, 7168), (1, 7168, 2048), (1, 1024, 4096))
+SMALL_ROTATION_BYTES = 200 << 20
+
+
+def _small_decode(shapes, copy: float) -> list[dict]:
+    """Per shape: us per call and GB/s of the kernel the registry picks (the GEMV kernel), the tile kernel forced,
+    and torch._scaled_mm, each over rotating copies of b."""
+    import torch
+
+    from benchmarks.attention_kvcache import graphed_seconds
+    from rtckern import config, ops
+    from rtckern.registry import explain
+
+    out = []
+    for m, n, k in shapes:
+        us = {}
+        try:
+            a, b, one, _, _ = _operands(m, n, k)
+            bs = [b] + [b.clone() for _ in range(-(-SMALL_ROTATION_BYTES // (n * k)) - 1)]
+            series = {"rtckern": (None, lambda w: ops.gemm_fp8(a, w, one, one)),
+                      TILE: ("gemm_fp8.sm90a_wgmma", lambda w: ops.gemm_fp8(a, w, one, one)),
+                      "torch._scaled_mm": (None, lambda w: torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one,
+                                                                            out_dtype=torch.bfloat16))}
+            for name, (impl, call) in series.items():
+                try:
+                    with config.override(force_impl={"gemm_fp8": impl}) if impl else contextlib.nullcontext():
+                        us[name] = graphed_seconds([lambda w=w: call(w) for w in bs]) * 1e6
+                except Exception as e:  # the tile kernel forced off sm_90
+                    print(f"{name} failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
+            chosen = explain("gemm_fp8", shape=(m, n, k), device=0).chosen
+        except Exception as e:  # one shape failing must not lose the run
+            print(f"small decode failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
+            chosen = None
+        out.append({"m": m, "n": n, "k": k, "us": us, "copy_gbs": copy, "chosen": chosen})
+        print(f"small decode {m}x{n}x{k}: " + ", ".join(f"{k_}={v:.1f} us" for k_, v in us.items()), flush=True)
+        torch.cuda.empty_cache()
+    return out
 
 
 PREFILL = ((4096, 4096, 4096), (1024, 7168, 18432))
@@ -207,7 +251,7 @@ FORCED_MAX_M = {TILE: 2, SKINNY: 64, SIMT: 16}
 
 
 def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] | None = None,
-              prows: list[dict] | None = None) -> Result:
+              prows: list[dict] | None = None, srows: list[dict] | None = None) -> Result:
     def ratio(t, a_, b_):
         return f"{t[a_] / t[b_]:.2f}x" if a_ in t and b_ in t else None
     table = Table(["M", "N", "K", "rtckern per-tensor", "rtckern block", "torch._scaled_mm", "per-tensor / torch",
@@ -231,6 +275,19 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                     for d in drows],
                    title="decode range (M = 1..64): bytes moved (a + b + c) per second against the copy bandwidth "
                          "(the memory-bound roofline; goal 0.9)")
+    srows = srows or []
+    sseries = ("rtckern", TILE, "torch._scaled_mm")
+
+    def gbs(s, c):
+        return f"{(s['n'] * s['k'] + s['k'] + 2 * s['n']) / (s['us'][c] * 1e-6) / 1e9:.0f}" if c in s["us"] else None
+    stable = Table(["M", "N", "K", "rtckern kernel", *[f"{c} us" for c in sseries], *[f"{c} GB/s" for c in sseries],
+                    "copy GB/s", "tile / rtckern time"],
+                   [[s["m"], s["n"], s["k"], s.get("chosen"),
+                     *[f"{s['us'][c]:.1f}" if c in s["us"] else None for c in sseries],
+                     *[gbs(s, c) for c in sseries], f"{s['copy_gbs']:.0f}", ratio(s["us"], TILE, "rtckern")]
+                    for s in srows],
+                   title="batch-1 decode on small weights (per-tensor, bf16 out; CUDA-graph replays over rotating "
+                         "copies of b, 200 MB in all)")
     prows = prows or []
     ptable = Table(["M", "N", "K", f"{MMA} TFLOP/s", f"{SIMT} TFLOP/s", "sm89_mma / simt"],
                    [[p["m"], p["n"], p["k"], *[f"{p['tflops'][c]:.1f}" if c in p["tflops"] else None
@@ -241,15 +298,16 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
             "CUDA-graph replays); torch._scaled_mm "
             "with per-tensor scales (its fastest form).")
     return Result("fp8 GEMM and quantization", rows=rows,
-                  body=[note, table] + ([dtable] if drows else []) + ([ptable] if prows else []) + [qtable],
+                  body=[note, table] + ([dtable] if drows else []) + ([stable] if srows else [])
+                  + ([ptable] if prows else []) + [qtable],
                   data={"quantize": qrows, **({"decode": drows} if drows else {}),
-                        **({"sm89_prefill": prows} if prows else {})},
+                        **({"small_decode": srows} if srows else {}), **({"sm89_prefill": prows} if prows else {})},
                   plot=lambda plt, meta: plot(plt, meta, rows, qrows))
 
 
 def render(payload: dict) -> Result:
     return to_result(payload["rows"], payload["quantize"], reps_of(recorded_args(payload)), payload.get("decode"),
-                     payload.get("sm89_prefill"))
+                     payload.get("sm89_prefill"), payload.get("small_decode"))
 
 
 def plot(plt, meta: dict, rows: list[dict], qrows: list[dict]):

@@ -1,6 +1,6 @@
 """Registry candidates of the fp8 ops, highest priority first:
 
-  gemm_fp8.gemv          sm_89+: M <= 2, warps streaming whole rows of b into registers (16-byte aligned rows)
+  gemm_fp8.gemv          sm_89+: M = 1, weights up to 32 MiB, K >= 2048: warps streaming whole rows of b (aligned)
   gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
   gemm_fp8.sm89_skinny   sm_89+: M <= 64 (decode), mma.sync e4m3 streaming b once (16-byte aligned rows): the
                          decode path on sm_89; on sm_90 ranked after the tile kernel
@@ -79,10 +79,11 @@ class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
 
 
 class GemvCandidate(Candidate):
-    """The smallest decode batches (M <= 2): warps stream whole rows of b into registers, 512 contiguous bytes per
-    warp-wide load, CUDA-core dot products against a's rows held as floats in shared memory (gemm/gemm_fp8_gemv.cuh).
-    Ranked before the tile kernels where it serves: their boxes of 128-byte pieces of many rows read b more slowly
-    (docs/performance.md)."""
+    """Batch-1 decode on small weights (M = 1, N x K <= GEMV_MAX_WEIGHT, K >= GEMV_MIN_K): warps stream whole rows of
+    b into registers, 512 contiguous bytes per warp-wide load, CUDA-core dot products against a's row held as floats
+    in shared memory (gemm/gemm_fp8_gemv.cuh). Ranked before the tile kernel where it serves: on an H200 it took
+    0.68-0.98x the tile kernel's time on such shapes (few tiles, where the tile kernel splits K in clusters), while on
+    larger weights or shorter K it was no faster (docs/performance.md)."""
 
     name = "gemm_fp8.gemv"
     op = OP
@@ -96,7 +97,10 @@ class GemvCandidate(Candidate):
     def supports(self, req: OpRequest) -> str | None:
         p = problem(req)
         if p.m > geometry.GEMV_MAX_M:
-            return f"m={p.m}: the GEMV kernel takes M <= {geometry.GEMV_MAX_M} (the tile kernels take more rows)"
+            return f"m={p.m}: the GEMV kernel takes M = 1 (the tile kernels take more rows)"
+        if p.n * p.k > geometry.GEMV_MAX_WEIGHT or p.k < geometry.GEMV_MIN_K:
+            return f"n x k = {p.n} x {p.k}: the GEMV kernel takes weights of at most {geometry.GEMV_MAX_WEIGHT} " \
+                   f"bytes with K >= {geometry.GEMV_MIN_K} (the tile kernels read the others as fast or faster)"
         reason = _reason(p)
         if reason is None and not p.aligned:
             reason = "needs 16-byte aligned rows of a and b (bases and row strides multiples of 16 bytes)"
@@ -107,8 +111,8 @@ class GemvCandidate(Candidate):
         return reason
 
     def cost(self, req: OpRequest) -> Cost:
-        return Cost(0.9, "rule", f"M <= {geometry.GEMV_MAX_M}: whole rows of b streamed into registers "
-                                 f"({self.config(req).rows} per warp; memory-bound)")
+        return Cost(0.9, "rule", f"M = 1 on a weight of at most {geometry.GEMV_MAX_WEIGHT >> 20} MiB: whole rows of b "
+                                 f"streamed into registers ({self.config(req).rows} per warp; memory-bound)")
 
     def kernel_specs(self, req: OpRequest):
         return (geometry.gemv_spec(problem(req), self.config(req), self.target(req)),)

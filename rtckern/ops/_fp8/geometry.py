@@ -4,7 +4,7 @@ GPU or validates user arrays (api.py does).
 Kernels (kernel_sources/gemm/):
   gemm_fp8_wgmma_sm90   gemm_fp8_sm90.cuh: TMA + mbarrier ring + wgmma m64nNk32 e4m3, warp-specialized and
                         persistent; promotion of each K block of 128 into fp32 accumulators; sm_90a only
-  gemm_fp8_gemv         gemm_fp8_gemv.cuh: M <= 2, warps streaming whole rows of b into registers (sm_89+)
+  gemm_fp8_gemv         gemm_fp8_gemv.cuh: M = 1 on small weights, warps streaming whole rows of b (sm_89+)
   gemm_fp8_skinny       gemm_fp8_skinny.cuh: M <= 64 on mma.sync, and sm_89's tiles past it (sm_89+)
   gemm_fp8_simt         gemm_fp8_simt.cuh: CUDA-core fallback (sm_89+, any alignment)
   quantize_fp8_groups   quantize_fp8.cuh: per-token-group quantization, one warp per group
@@ -235,9 +235,14 @@ def skinny_config(p: Fp8Problem, sm_count: int, smem_optin: int = SMEM_LIMIT) ->
     return SkinnyConfig(slices, half, max(SKINNY_MIN_STAGES, min(SKINNY_MAX_STAGES, budget // step)), mt)
 
 
-# gemm_fp8_gemv (the smallest decode batches, M <= GEMV_MAX_M): warps of GEMV_WARPS stream `rows` rows of b each,
-# `unroll` 512-byte loads per row in flight; `mmax` rows of a at most (1 or 2), held as floats in shared memory.
-GEMV_MAX_M = 2
+# gemm_fp8_gemv (one row of a against a small weight): warps of GEMV_WARPS stream `rows` rows of b each, `unroll`
+# 512-byte loads per row in flight per round (two rounds); `mmax` rows of a (the kernel takes 1 or 2), held as floats
+# in shared memory. Where it serves (measured on an H200 against the tile kernel at M = 1, docs/performance.md): one
+# row of a, weights of at most GEMV_MAX_WEIGHT bytes (larger ones: the tile kernel's split-K reads them as fast or
+# faster) and K of at least GEMV_MIN_K (a shorter row gives a lane too few loads).
+GEMV_MAX_M = 1
+GEMV_MAX_WEIGHT = 32 << 20
+GEMV_MIN_K = 2048
 GEMV_WARPS = 8  # RTK_FP8_GEMV_WARPS
 
 
@@ -264,11 +269,9 @@ class GemvConfig:
 
 
 def gemv_config(p: Fp8Problem) -> GemvConfig:
-    """Four rows of b per warp; 4 x 16 bytes per lane and row in flight with one row of a (256 bytes per lane: what
-    came nearest the copy bandwidth on an H200 among 1-4 rows and 2-8 loads, docs/performance.md), 2 with two (a's
-    second 16 floats per piece share the registers)."""
-    mmax = 1 if p.m <= 1 else 2
-    return GemvConfig(mmax, 4, 4 if mmax == 1 else 2)
+    """Four rows of b per warp, one 16-byte load per lane and row per round, two rounds in flight: the fastest of
+    2-8 rows and 1-4 loads on an H200 at M = 1 (docs/performance.md)."""
+    return GemvConfig(1, 4, 1)
 
 
 def gemv_spec(p: Fp8Problem, cfg: GemvConfig, arch: Arch) -> KernelSpec:

@@ -122,12 +122,13 @@ def test_skinny_decode_range(kind, m, n, k):
 
 
 @pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
-@pytest.mark.parametrize("m,n,k", [(1, 256, 256), (2, 63, 144), (1, 4097, 512), (2, 300, 4112), (1, 129, 16),
-                                   (2, 1000, 16), (1, 4104, 18432), (2, 2048, 8192), (1, 35, 1040)])
+@pytest.mark.parametrize("m,n,k", [(1, 256, 2048), (1, 63, 2064), (1, 4097, 4096), (1, 300, 4112), (1, 129, 2576),
+                                   (1, 1000, 25344), (1, 1820, 18432), (1, 4000, 8192), (1, 35, 2048)])
 def test_gemv_smallest_batches(kind, m, n, k):
-    """The GEMV kernel (M <= 2; whole rows of b per warp): M = 1 and 2 on their builds, N past the last warp's rows
-    (63, 4097, 35), K not a multiple of 512 (a lane's last load past K) or of 128 (a last block of 16 K), K = 16 (one
-    lane's piece), every output dtype with and without a bias, e5m2 a; the tile kernels' bound."""
+    """The GEMV kernel (M = 1 on weights up to 32 MiB, K >= 2048; whole rows of b per warp): N past the last warp's rows
+    (63, 4097, 35), K not a multiple of 512 (a lane's last load past K) or of 128 (a last block of 16 K), long K
+    (25344: 99 KB of a's floats, sm_89's limit), every output dtype with and without a bias, e5m2 a; the tile kernels'
+    bound."""
     _check_mma_sync("gemm_fp8.gemv", kind, m, n, k)
 
 
@@ -152,24 +153,24 @@ def test_sm89_mma_tiles(kind, m, n, k):
 
 
 def test_skinny_serves_the_decode_range_only():
-    """Unforced, M <= 2 with aligned rows goes to the GEMV kernel; 2 < M <= 64 to the skinny kernel except on sm_90,
-    where the wgmma kernel ranks first (by cost); M = 65 never to either (on sm_89: the skinny kernel in 64-row
-    tiles)."""
+    """Unforced, M = 1 with aligned rows of a small weight (512 x 2048) goes to the GEMV kernel; 1 < M <= 64 to the
+    skinny kernel except on sm_90, where the wgmma kernel ranks first (by cost); M = 65 never to either (on sm_89: the
+    skinny kernel in 64-row tiles)."""
     cc = torch.cuda.get_device_capability()
     if cc < (8, 9):
         pytest.skip("fp8 mma needs sm_89")
     from rtckern.registry import explain
 
     g = torch.Generator(device="cuda").manual_seed(1)
-    b = _fp8((512, 256), g)
+    b = _fp8((512, 2048), g)
     one = torch.ones((), device="cuda")
-    for m in (1, 2, 3, 16, 64, 65):
-        a = _fp8((m, 256), g)
+    for m in (1, 2, 16, 64, 65):
+        a = _fp8((m, 2048), g)
         y = gemm_fp8(a, b, one, one)
         _check(y, _ref(a, b, one, one, None, "tensor"), torch.bfloat16)
-        chosen = explain("gemm_fp8", shape=(m, 512, 256), device=0).chosen
-        assert (chosen == "gemm_fp8.gemv") is (m <= 2), (m, chosen)
-        assert (chosen == "gemm_fp8.sm89_skinny") is (2 < m <= 64 and cc != (9, 0)), (m, chosen)
+        chosen = explain("gemm_fp8", shape=(m, 512, 2048), device=0).chosen
+        assert (chosen == "gemm_fp8.gemv") is (m == 1), (m, chosen)
+        assert (chosen == "gemm_fp8.sm89_skinny") is (1 < m <= 64 and cc != (9, 0)), (m, chosen)
 
 
 @pytest.mark.parametrize("scale", ["tensor", "block", "channel"])

@@ -77,9 +77,9 @@ def test_tma_store_where_rows_of_c_are_16_byte_multiples():
 
 def test_gemv_launch_matches_the_kernel():
     """The GEMV kernel takes gemm_fp8_skinny's parameters (read from both sources); its launch: a block of 8 warps per
-    32 rows of b (4 per warp), a's rows as floats in shared memory, a pointer or a 64-bit integer per parameter; its
-    builds take 1 or 2 rows of a (two loads per row in flight with 2, whose 32 floats of a share the registers);
-    refused past M = 2 and where a's floats exceed the block's shared memory."""
+    32 rows of b (4 per warp), a's row as floats in shared memory, a pointer or a 64-bit integer per parameter;
+    served at M = 1 on weights of at most 32 MiB with K >= 2048 only, and where a's floats fit the block's shared
+    memory."""
     from rtckern.ops._fp8 import launch
     from rtckern.sources import read_source
     from rtckern.testing import kernel_parameters
@@ -92,16 +92,18 @@ def test_gemv_launch_matches_the_kernel():
             self.grid, self.block, self.kinds, self.smem = grid, block, kinds, smem
             return lambda *a: None
 
-    k, p = Kernel(), G.Fp8Problem(2, 4100, 4096)
+    k, p = Kernel(), G.Fp8Problem(1, 4100, 4096)
     launch.GemmLaunch(k, p, G.gemv_config(p), 4096, 4096, (0, 0, 0, 0), 132)
-    assert k.grid == (-(-4100 // 32), 1, 1) and k.block == (256, 1, 1) and k.smem == 2 * 4096 * 4
+    assert k.grid == (-(-4100 // 32), 1, 1) and k.block == (256, 1, 1) and k.smem == 4096 * 4
     assert k.kinds == "P" * 6 + "q" * 10 and len(k.kinds) == len(params)
-    assert [G.gemv_config(G.Fp8Problem(m, 64, 16)) for m in (1, 2)] == [G.GemvConfig(1, 4, 4), G.GemvConfig(2, 4, 2)]
-    sm89 = DeviceInfo.for_arch("sm_89")  # 99 KB per block: one row of a up to K = 25344
-    gemv = cands.GemvCandidate()
-    assert gemv.supports(cands.request(G.Fp8Problem(1, 4096, 25344), sm89)) is None
-    assert "shared memory" in gemv.supports(cands.request(G.Fp8Problem(2, 4096, 25344), sm89))
-    assert "M <= 2" in gemv.supports(cands.request(G.Fp8Problem(3, 4096, 4096), sm89))
+    assert G.gemv_config(p) == G.GemvConfig(1, 4, 1)
+    sm89, gemv = DeviceInfo.for_arch("sm_89"), cands.GemvCandidate()  # sm_89: 99 KB per block, K <= 25344
+    assert gemv.supports(cands.request(G.Fp8Problem(1, 1024, 25344), sm89)) is None
+    assert gemv.supports(cands.request(G.Fp8Problem(1, 4096, 8192), sm89)) is None  # 32 MiB
+    assert "shared memory" in gemv.supports(cands.request(G.Fp8Problem(1, 256, 32768), sm89))
+    assert "at most 33554432 bytes" in gemv.supports(cands.request(G.Fp8Problem(1, 4097, 8192), sm89))
+    assert "K >= 2048" in gemv.supports(cands.request(G.Fp8Problem(1, 32768, 512), sm89))
+    assert "M = 1" in gemv.supports(cands.request(G.Fp8Problem(2, 4096, 4096), sm89))
 
 
 def test_clusters_share_b_between_vertically_adjacent_tiles():
@@ -299,16 +301,14 @@ def _variants():
                         yield G.skinny_spec(G.Fp8Problem(m, n, 8192, sc, "bf16", "bf16"), cfg, Arch.parse(arch))
                         yield G.skinny_spec(G.Fp8Problem(m, n, 8192, sc, "bf16", dtype="fp8_e5m2"), cfg,
                                             Arch.parse(arch))
-        # the GEMV kernel (M <= 2) as the candidate configures it: its two builds (1 / 2 rows of a), both scale kinds
-        # with every output, a bias and e5m2 a
-        for m in (1, 2):
-            for sc in ("tensor", "block"):
-                for out in G.OUTPUT_DTYPES:
-                    p = G.Fp8Problem(m, 4096, 4096, sc, out, "none")
-                    yield G.gemv_spec(p, G.gemv_config(p), Arch.parse(arch))
-                for p in (G.Fp8Problem(m, 4096, 4096, sc, "bf16", "fp32"),
-                          G.Fp8Problem(m, 4096, 4096, sc, "bf16", dtype="fp8_e5m2")):
-                    yield G.gemv_spec(p, G.gemv_config(p), Arch.parse(arch))
+        # the GEMV kernel (M = 1) as the candidate configures it: both scale kinds with every output, a bias and e5m2 a
+        for sc in ("tensor", "block"):
+            for out in G.OUTPUT_DTYPES:
+                p = G.Fp8Problem(1, 4096, 4096, sc, out, "none")
+                yield G.gemv_spec(p, G.gemv_config(p), Arch.parse(arch))
+            for p in (G.Fp8Problem(1, 4096, 4096, sc, "bf16", "fp32"),
+                      G.Fp8Problem(1, 4096, 4096, sc, "bf16", dtype="fp8_e5m2")):
+                yield G.gemv_spec(p, G.gemv_config(p), Arch.parse(arch))
 
 
 def _unique_variants() -> list:
@@ -323,11 +323,7 @@ def test_every_variant_compiles_without_spills():
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("arch,m,aligned,want", [("sm_90", 1, 1, "gemm_fp8.gemv"),
-                                                  ("sm_90", 2, 1, "gemm_fp8.gemv"),
-                                                  ("sm_90", 3, 1, "gemm_fp8.sm90a_wgmma"),
-                                                  ("sm_90", 2, 0, "gemm_fp8.simt"),
-                                                  ("sm_89", 1, 1, "gemm_fp8.gemv"),
+@pytest.mark.parametrize("arch,m,aligned,want", [("sm_90", 1, 1, "gemm_fp8.sm90a_wgmma"),
                                                   ("sm_90", 16, 1, "gemm_fp8.sm90a_wgmma"),
                                                   ("sm_90", 17, 1, "gemm_fp8.sm90a_wgmma"),
                                                   ("sm_90", 16, 0, "gemm_fp8.simt"),
@@ -338,11 +334,10 @@ def test_every_variant_compiles_without_spills():
                                                   ("sm_89", 4096, 0, "gemm_fp8.simt"),
                                                   ("sm_90", 4096, 1, "gemm_fp8.sm90a_wgmma")])
 def test_decode_range_goes_to_the_skinny_kernel(arch, m, aligned, want):
-    """M <= 2 with 16-byte aligned rows: the GEMV kernel (ranked first by its cost) on sm_89 and sm_90; M <= 64: on
-    sm_89 the skinny kernel (ranked ahead of the CUDA-core fallback by its cost), on sm_90 the wgmma tile kernel
-    (ranked ahead of it); M > 64 on sm_89 the same kernel in 64-row tiles (gemm_fp8.sm89_mma); unaligned rows go to
-    the fallback. The slices per octet grow as N shrinks against the SM count (and the grid's rows of 64), the row
-    tiles with M up to 4; the GEMV's builds take 1 or 2 rows of a."""
+    """M <= 64 with 16-byte aligned rows (a 132 MB weight: past the GEMV kernel's): on sm_89 the skinny kernel (ranked
+    ahead of the CUDA-core fallback by its cost), on sm_90 the wgmma tile kernel (ranked ahead of it); M > 64 on sm_89
+    the same kernel in 64-row tiles (gemm_fp8.sm89_mma); unaligned rows go to the fallback. The slices per octet grow
+    as N shrinks against the SM count (and the grid's rows of 64), the row tiles with M up to 4."""
     report = explain("gemm_fp8", shape=f"{m}x7168x18432", arch=arch, sm_count=132, options={"aligned": str(aligned)})
     assert report.chosen == want
     dev = DeviceInfo.for_arch(arch)
@@ -353,5 +348,16 @@ def test_decode_range_goes_to_the_skinny_kernel(arch, m, aligned, want):
     assert all(c.half == (m <= 8) and c.stages >= 3 and c.smem_bytes <= 112 * 1024 for c in cfgs)
     assert all(c.mt == min(4, max(1, -(-m // 16))) and c.row_tiles(m) == -(-m // 64) for c in cfgs)
     assert G.SkinnyConfig(4, True).blocks(7168) == 7168 // 16 and dev.arch.cc >= (8, 9)
-    gemv = G.gemv_config(G.Fp8Problem(m, 7168, 18432, "tensor"))
-    assert gemv.mmax == (1 if m == 1 else 2) and gemv.blocks(7168) == 7168 // 32
+
+
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
+@pytest.mark.parametrize("m,n,k,aligned,gemv", [(1, 4096, 4096, 1, True), (1, 2112, 7168, 1, True),
+                                                (1, 4096, 8192, 1, True), (1, 4097, 8192, 1, False),
+                                                (1, 32768, 512, 1, False), (2, 4096, 4096, 1, False),
+                                                (1, 4096, 4096, 0, False)])
+def test_batch_one_on_small_weights_goes_to_the_gemv_kernel(arch, m, n, k, aligned, gemv):
+    """M = 1 on a weight of at most 32 MiB with K >= 2048 and aligned rows: the GEMV kernel, ranked first by its cost on
+    sm_89 and sm_90; otherwise the kernel that served before it."""
+    report = explain("gemm_fp8", shape=f"{m}x{n}x{k}", arch=arch, sm_count=132, options={"aligned": str(aligned)})
+    other = "gemm_fp8.simt" if not aligned else "gemm_fp8.sm90a_wgmma" if arch == "sm_90" else "gemm_fp8.sm89_skinny"
+    assert report.chosen == ("gemm_fp8.gemv" if gemv else other)
