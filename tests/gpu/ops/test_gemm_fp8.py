@@ -153,7 +153,7 @@ def test_sm89_mma_tiles(kind, m, n, k):
 
 
 def test_skinny_serves_the_decode_range_only():
-    """Unforced, M = 1 with aligned rows of a small weight (512 x 2048) goes to the GEMV kernel; 1 < M <= 64 to the
+    """Unforced, M = 1 with aligned rows of a small weight (4096 x 2048) goes to the GEMV kernel; 1 < M <= 64 to the
     skinny kernel except on sm_90, where the wgmma kernel ranks first (by cost); M = 65 never to either (on sm_89: the
     skinny kernel in 64-row tiles)."""
     cc = torch.cuda.get_device_capability()
@@ -162,13 +162,13 @@ def test_skinny_serves_the_decode_range_only():
     from rtckern.registry import explain
 
     g = torch.Generator(device="cuda").manual_seed(1)
-    b = _fp8((512, 2048), g)
+    b = _fp8((4096, 2048), g)
     one = torch.ones((), device="cuda")
     for m in (1, 2, 16, 64, 65):
         a = _fp8((m, 2048), g)
         y = gemm_fp8(a, b, one, one)
         _check(y, _ref(a, b, one, one, None, "tensor"), torch.bfloat16)
-        chosen = explain("gemm_fp8", shape=(m, 512, 2048), device=0).chosen
+        chosen = explain("gemm_fp8", shape=(m, 4096, 2048), device=0).chosen
         assert (chosen == "gemm_fp8.gemv") is (m == 1), (m, chosen)
         assert (chosen == "gemm_fp8.sm89_skinny") is (1 < m <= 64 and cc != (9, 0)), (m, chosen)
 
