@@ -118,6 +118,8 @@ class GemvCandidate(Candidate):
             # fewer blocks than 3/4 of the SMs: the tile kernel's split-K clusters fill them better (H200, 2112 x 7168:
             # 12.9 us against 10.7); ranked after it, ahead of the sm_89 kernels
             return Cost(1.1, "rule", f"{what}; {cfg.blocks(p.n)} blocks for {req.device.sm_count} SMs)")
+        if p.k > geometry.GEMV_FAST_K:  # H200, 4096 x 7168: 14.3-14.6 us against the tile kernel's 13.9-14.0
+            return Cost(1.1, "rule", f"{what}; K = {p.k} > {geometry.GEMV_FAST_K}: the tile kernel's split K is as fast)")
         return Cost(0.9, "rule", f"{what}; memory-bound)")
 
     def kernel_specs(self, req: OpRequest):

@@ -239,10 +239,11 @@ def skinny_config(p: Fp8Problem, sm_count: int, smem_optin: int = SMEM_LIMIT) ->
 # 512-byte loads per row in flight per round (two rounds); `mmax` rows of a (the kernel takes 1 or 2), held as floats
 # in shared memory. Where it serves (measured on an H200 against the tile kernel at M = 1, docs/performance.md): one
 # row of a, weights of at most GEMV_MAX_WEIGHT bytes (larger ones: the tile kernel's split-K reads them as fast or
-# faster) and K of at least GEMV_MIN_K (a shorter row gives a lane too few loads).
+# faster) and K of at least GEMV_MIN_K (a shorter row gives a lane too few loads); ranked first up to GEMV_FAST_K.
 GEMV_MAX_M = 1
 GEMV_MAX_WEIGHT = 32 << 20
 GEMV_MIN_K = 2048
+GEMV_FAST_K = 4096
 GEMV_WARPS = 8  # RTK_FP8_GEMV_WARPS
 
 

@@ -351,14 +351,16 @@ def test_decode_range_goes_to_the_skinny_kernel(arch, m, aligned, want):
 
 
 @pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
-@pytest.mark.parametrize("m,n,k,aligned,gemv", [(1, 4096, 4096, 1, "both"), (1, 3168, 7168, 1, "both"),
-                                                (1, 3136, 7168, 1, "sm_89"), (1, 4096, 8192, 1, "both"),
+@pytest.mark.parametrize("m,n,k,aligned,gemv", [(1, 4096, 4096, 1, "both"), (1, 3168, 4096, 1, "both"),
+                                                (1, 3136, 4096, 1, "sm_89"), (1, 4096, 7168, 1, "sm_89"),
+                                                (1, 7168, 2048, 1, "both"),
                                                 (1, 4097, 8192, 1, ""), (1, 32768, 512, 1, ""), (2, 4096, 4096, 1, ""),
                                                 (1, 4096, 4096, 0, "")])
 def test_batch_one_on_small_weights_goes_to_the_gemv_kernel(arch, m, n, k, aligned, gemv):
     """M = 1 on a weight of at most 32 MiB with K >= 2048 and aligned rows: the GEMV kernel, ranked first by its cost
-    where its blocks of 32 rows of b number 3/4 of the SMs (99 of 132: N >= 3137); with fewer after the tile kernel on
-    sm_90 and still ahead of the skinny kernel on sm_89; otherwise the kernel that served before it."""
+    where its blocks of 32 rows of b number 3/4 of the SMs (99 of 132: N >= 3137) and K <= 4096; otherwise after the
+    tile kernel on sm_90 and still ahead of the skinny kernel on sm_89; past those bounds the kernel that served before
+    it."""
     report = explain("gemm_fp8", shape=f"{m}x{n}x{k}", arch=arch, sm_count=132, options={"aligned": str(aligned)})
     other = "gemm_fp8.simt" if not aligned else "gemm_fp8.sm90a_wgmma" if arch == "sm_90" else "gemm_fp8.sm89_skinny"
     assert report.chosen == ("gemm_fp8.gemv" if gemv in ("both", arch) else other)
