@@ -81,9 +81,9 @@ class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
 class GemvCandidate(Candidate):
     """Batch-1 decode on small weights (M = 1, N x K <= GEMV_MAX_WEIGHT, K >= GEMV_MIN_K): warps stream whole rows of
     b into registers, 512 contiguous bytes per warp-wide load, CUDA-core dot products against a's row held as floats
-    in shared memory (gemm/gemm_fp8_gemv.cuh). Ranked before the tile kernel where it serves: on an H200 it took
-    0.68-0.98x the tile kernel's time on such shapes (few tiles, where the tile kernel splits K in clusters), while on
-    larger weights or shorter K it was no faster (docs/performance.md)."""
+    in shared memory (gemm/gemm_fp8_gemv.cuh). Ranked before the tile kernel where it was measured faster (H200,
+    gemm_fp8_h200.md: 0.81-0.91x its time on 4096-7168 rows of 2048-4096 bytes, few tiles that the tile kernel splits
+    over K in clusters); no faster on larger weights, shorter or longer K, fewer rows or M = 2 (docs/performance.md)."""
 
     name = "gemm_fp8.gemv"
     op = OP
