@@ -6,9 +6,9 @@ torch._scaled_mm (per-tensor scales, bf16 out), and quantize_fp8's GB/s against 
 Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 projections, M = 128 and 16 decode
 shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M =
 1..64 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
-device's copy bandwidth, the memory-bound roofline, with sm_90's tile kernel at M <= 2 (gemm_fp8.sm90a_wgmma; the GEMV
-kernel ranks first there), sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there
-(gemm_fp8.simt, 5 reps) forced beside the kernel the registry picks; and
+device's copy bandwidth, the memory-bound roofline, with sm_89's decode kernel (gemm_fp8.sm89_skinny) and the
+CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps) forced beside the kernel the registry picks; batch-1
+decode on small weights (the GEMV kernel's range) over rotating copies of b, the GEMV and tile kernels both forced; and
 sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced, at two shapes (TFLOP/s).
 quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
 """
@@ -23,8 +23,8 @@ SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 18432), (4096, 24
           (16, 28672, 8192))
 # decode: M = 1..64 on weights of 132-235 MB (Llama-3.1-70B's MLP up / down, DeepSeek-V3's 7168 x 18432), every call
 # reading its weight from device memory
-DECODE = ((1, 28672, 8192), (2, 28672, 8192), (8, 28672, 8192), (32, 28672, 8192), (64, 28672, 8192),
-          (1, 8192, 28672), (64, 8192, 28672), (1, 7168, 18432), (2, 7168, 18432), (64, 7168, 18432))
+DECODE = ((1, 28672, 8192), (8, 28672, 8192), (32, 28672, 8192), (64, 28672, 8192), (1, 8192, 28672),
+          (64, 8192, 28672), (1, 7168, 18432), (64, 7168, 18432))
 QUICK = "4096^3 and M=128 only, two decode shapes, 10 reps"
 
 
@@ -127,8 +127,8 @@ SMALL_ROTATION_BYTES = 200 << 20
 
 
 def _small_decode(shapes, copy: float) -> list[dict]:
-    """Per shape: us per call and GB/s of the kernel the registry picks (the GEMV kernel), the tile kernel forced,
-    and torch._scaled_mm, each over rotating copies of b."""
+    """Per shape: us per call and GB/s of the kernel the registry picks, the GEMV and tile kernels forced, and
+    torch._scaled_mm, each over rotating copies of b."""
     import torch
 
     from benchmarks.attention_kvcache import graphed_seconds
@@ -142,6 +142,7 @@ def _small_decode(shapes, copy: float) -> list[dict]:
             a, b, one, _, _ = _operands(m, n, k)
             bs = [b] + [b.clone() for _ in range(-(-SMALL_ROTATION_BYTES // (n * k)) - 1)]
             series = {"rtckern": (None, lambda w: ops.gemm_fp8(a, w, one, one)),
+                      GEMV: ("gemm_fp8.gemv", lambda w: ops.gemm_fp8(a, w, one, one)),
                       TILE: ("gemm_fp8.sm90a_wgmma", lambda w: ops.gemm_fp8(a, w, one, one)),
                       "torch._scaled_mm": (None, lambda w: torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one,
                                                                             out_dtype=torch.bfloat16))}
@@ -217,7 +218,6 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
             "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
             "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
                                                          out_dtype=torch.bfloat16),
-            TILE: lambda: ops.gemm_fp8(a, b, one, one),
             SKINNY: lambda: ops.gemm_fp8(a, b, one, one),
             SIMT: lambda: ops.gemm_fp8(a, b, one, one)}
     gbs = {} if not forced_pass else next(d for d in out if (d["m"], d["n"], d["k"]) == (m, n, k))["gbs"]
@@ -243,11 +243,12 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
 
 
 SERIES = ("rtckern per-tensor", "rtckern block", "torch._scaled_mm")
-TILE = "tile per-tensor"  # gemm_fp8.sm90a_wgmma forced (M <= 2, where the GEMV kernel ranks first)
 SKINNY = "skinny per-tensor"  # gemm_fp8.sm89_skinny forced (M <= 64): the decode kernel sm_89 runs
 SIMT = "simt per-tensor"  # gemm_fp8.simt forced (M <= 16): the CUDA-core fallback sm_89 ran before it
-FORCED = {TILE: "gemm_fp8.sm90a_wgmma", SKINNY: "gemm_fp8.sm89_skinny", SIMT: "gemm_fp8.simt"}
-FORCED_MAX_M = {TILE: 2, SKINNY: 64, SIMT: 16}
+FORCED = {SKINNY: "gemm_fp8.sm89_skinny", SIMT: "gemm_fp8.simt"}
+FORCED_MAX_M = {SKINNY: 64, SIMT: 16}
+TILE = "tile per-tensor"  # the small-weight table: gemm_fp8.sm90a_wgmma forced
+GEMV = "gemv per-tensor"  # and gemm_fp8.gemv forced
 
 
 def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] | None = None,
@@ -265,7 +266,7 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                    title="quantize_fp8 and the fused rms_norm_quant (bf16 in; e4m3 and fp32 scales out, group 128; "
                          "bytes in + out)")
     drows = drows or []
-    dseries = SERIES + (TILE, SKINNY, SIMT)
+    dseries = SERIES + (SKINNY, SIMT)
     dtable = Table(["M", "N", "K", *[f"{c} GB/s" for c in dseries], "copy GB/s",
                     *[f"{c} / copy" for c in dseries if c != "torch._scaled_mm"]],
                    [[d["m"], d["n"], d["k"], *[f"{d['gbs'][c]:.0f}" if c in d["gbs"] else None for c in dseries],
@@ -276,15 +277,15 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                    title="decode range (M = 1..64): bytes moved (a + b + c) per second against the copy bandwidth "
                          "(the memory-bound roofline; goal 0.9)")
     srows = srows or []
-    sseries = ("rtckern", TILE, "torch._scaled_mm")
+    sseries = ("rtckern", GEMV, TILE, "torch._scaled_mm")
 
     def gbs(s, c):
         return f"{(s['n'] * s['k'] + s['k'] + 2 * s['n']) / (s['us'][c] * 1e-6) / 1e9:.0f}" if c in s["us"] else None
     stable = Table(["M", "N", "K", "rtckern kernel", *[f"{c} us" for c in sseries], *[f"{c} GB/s" for c in sseries],
-                    "copy GB/s", "tile / rtckern time"],
+                    "copy GB/s", "tile / gemv time"],
                    [[s["m"], s["n"], s["k"], s.get("chosen"),
                      *[f"{s['us'][c]:.1f}" if c in s["us"] else None for c in sseries],
-                     *[gbs(s, c) for c in sseries], f"{s['copy_gbs']:.0f}", ratio(s["us"], TILE, "rtckern")]
+                     *[gbs(s, c) for c in sseries], f"{s['copy_gbs']:.0f}", ratio(s["us"], TILE, GEMV)]
                     for s in srows],
                    title="batch-1 decode on small weights (per-tensor, bf16 out; CUDA-graph replays over rotating "
                          "copies of b, 200 MB in all)")

@@ -454,11 +454,15 @@ def kernel_parameters(text: str, kernel: str) -> list[str]:
 
 
 def _macro_definitions(text: str) -> dict[str, tuple[list[str] | None, str]]:
-    """name -> (parameter names, or None for an object-like macro; body) of every #define in `text`."""
-    defs = {}
+    """name -> (parameter names, or None for an object-like macro; body) of every #define in `text`. Two different
+    definitions of one name raise: `text` should be the source with its conditional branches already chosen."""
+    defs: dict[str, tuple[list[str] | None, str]] = {}
     for d in re.finditer(r"^[ \t]*#define[ \t]+(\w+)(\(([^)]*)\))?((?:\\\n|[^\n])*)", text, re.M):
         args = [a.strip() for a in d.group(3).split(",")] if d.group(2) else None
-        defs[d.group(1)] = (args, d.group(4).replace("\\\n", " "))
+        new = (args, " ".join(d.group(4).replace("\\\n", " ").split()))
+        if defs.setdefault(d.group(1), new) != new:
+            raise AssertionError(f"macro {d.group(1)} defined twice differently: choose the source's conditional "
+                                 "branches before reading its kernel parameters")
     return defs
 
 

@@ -230,3 +230,5 @@ __global__ void plain(int* p, float s) { p[0] = (int)s; }
                                                      "const int* __restrict__ cu"]
     assert kernel_parameters(text, "ns::without") == ["const half* __restrict__ x", "long long n"]
     assert kernel_parameters(text, "plain") == ["int* p", "float s"]
+    with pytest.raises(AssertionError, match="EXTRA_PARAMS defined twice"):  # both branches of an #if left in
+        kernel_parameters(text + "#define EXTRA_PARAMS , int other\n", "with_extra")

@@ -282,8 +282,8 @@ PREFILL_OUT = ("bf16",)
 
 def prefill_specs(archs):
     """The kernels of the common requests on a typical device of each fp8-capable arch (prefill provider): both
-    scale kinds with bf16 output, with and without a bf16 bias, both tile classes; the quantizer for bf16 and fp16
-    inputs, groups of 128."""
+    scale kinds with bf16 output, with and without a bf16 bias, at M = 1 (batch-1 decode: the GEMV kernel), 16 and
+    4096 (both tile classes); the quantizer for bf16 and fp16 inputs, groups of 128."""
     from rtckern.arch import ArchFilter
     from rtckern.registry.candidate import arch_filter
 
@@ -291,7 +291,7 @@ def prefill_specs(archs):
     for arch in ArchFilter.of(min_arch="8.9", vendors=("nvidia",)).targets(archs):
         dev = DeviceInfo.for_arch(arch)
         reqs = [build_request((m, 4096, 4096), None, dev, scale=s, bias=b)
-                for m in (16, 4096) for s in ("tensor", "block") for b in ("none", "bf16")]
+                for m in (1, 16, 4096) for s in ("tensor", "block") for b in ("none", "bf16")]
         reqs += [quant_request(dt, 128, 4096, 4096, dev) for dt in ("bf16", "fp16")]
         for req in reqs:
             for cls in CANDIDATES:

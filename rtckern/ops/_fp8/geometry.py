@@ -236,10 +236,10 @@ def skinny_config(p: Fp8Problem, sm_count: int, smem_optin: int = SMEM_LIMIT) ->
 
 
 # gemm_fp8_gemv (one row of a against a small weight): warps of GEMV_WARPS stream `rows` rows of b each, `unroll`
-# 512-byte loads per row in flight per round (two rounds); `mmax` rows of a (the kernel takes 1 or 2), held as floats
-# in shared memory. Where it serves (measured on an H200 against the tile kernel at M = 1, docs/performance.md): one
-# row of a, weights of at most GEMV_MAX_WEIGHT bytes (larger ones: the tile kernel's split-K reads them as fast or
-# faster) and K of at least GEMV_MIN_K (a shorter row gives a lane too few loads); ranked first up to GEMV_FAST_K.
+# 512-byte loads per row and round, two rounds in flight; a's row held as floats in shared memory. Where it serves
+# (measured on an H200 against the tile kernel at M = 1, docs/performance.md): one row of a, weights of at most
+# GEMV_MAX_WEIGHT bytes (larger ones: the tile kernel's split-K reads them as fast or faster) and K of at least
+# GEMV_MIN_K (a shorter row gives a lane too few loads); ranked first up to GEMV_FAST_K.
 GEMV_MAX_M = 1
 GEMV_MAX_WEIGHT = 32 << 20
 GEMV_MIN_K = 2048
@@ -249,36 +249,35 @@ GEMV_WARPS = 8  # RTK_FP8_GEMV_WARPS
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """gemm_fp8_gemv's geometry: `mmax` rows of a it takes (M <= mmax), `rows` rows of b per warp, `unroll` loads of
-    16 bytes per lane and row in flight."""
+    """gemm_fp8_gemv's geometry: `rows` rows of b per warp, `unroll` loads of 16 bytes per lane, row and round."""
 
-    mmax: int
     rows: int = 4
-    unroll: int = 4
+    unroll: int = 1
 
     kind = "gemv"
 
     def blocks(self, n: int) -> int:
         return math.ceil(n / (GEMV_WARPS * self.rows))
 
-    def smem_bytes(self, k: int) -> int:
-        """a's mmax rows as floats."""
-        return self.mmax * k * 4
+    @staticmethod
+    def smem_bytes(k: int) -> int:
+        """a's row as floats, its 16-byte pieces rounded up to a warp's 32 (the kernel's piece-major layout)."""
+        return math.ceil(k / 512) * 512 * 4
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "mmax": self.mmax, "rows": self.rows, "unroll": self.unroll}
+        return {"kind": self.kind, "rows": self.rows, "unroll": self.unroll}
 
 
 def gemv_config(p: Fp8Problem) -> GemvConfig:
-    """Four rows of b per warp, one 16-byte load per lane and row per round, two rounds in flight: the fastest of
-    2-8 rows and 1-4 loads on an H200 at M = 1 (docs/performance.md)."""
-    return GemvConfig(1, 4, 1)
+    """Four rows of b per warp, one 16-byte load per lane, row and round, two rounds in flight: the fastest of 2-8 rows
+    and 1-8 loads on an H200 at M = 1 (docs/performance.md)."""
+    return GemvConfig(4, 1)
 
 
 def gemv_spec(p: Fp8Problem, cfg: GemvConfig, arch: Arch) -> KernelSpec:
     return KernelSpec(source="gemm/gemm_fp8_gemv.cuh", name="gemm_fp8_gemv", arch=arch, op=OP,
                       template_args=(ctype(p.out_dtype), _bias_ctype(p), p.bias != "none", SCALE_IDS[p.scale],
-                                     cfg.mmax, cfg.rows, cfg.unroll),
+                                     cfg.rows, cfg.unroll),
                       defines=_a_defines(p))
 
 

@@ -92,13 +92,21 @@ def test_gemv_launch_matches_the_kernel():
             self.grid, self.block, self.kinds, self.smem = grid, block, kinds, smem
             return lambda *a: None
 
-    k, p = Kernel(), G.Fp8Problem(1, 4100, 4096)
-    launch.GemmLaunch(k, p, G.gemv_config(p), 4096, 4096, (0, 0, 0, 0), 132)
-    assert k.grid == (-(-4100 // 32), 1, 1) and k.block == (256, 1, 1) and k.smem == 4096 * 4
+    k, p = Kernel(), G.Fp8Problem(1, 4100, 4112)
+    gl = launch.GemmLaunch(k, p, G.gemv_config(p), 4112, 4128, (0, 5, 0, 6), 132)
+    # a's 257 pieces of 16 bytes in the kernel's layout: rounded up to 9 warps' 32 pieces of 64 bytes
+    assert k.grid == (-(-4100 // 32), 1, 1) and k.block == (256, 1, 1) and k.smem == 9 * 32 * 64
     assert k.kinds == "P" * 6 + "q" * 10 and len(k.kinds) == len(params)
-    assert G.gemv_config(p) == G.GemvConfig(1, 4, 1)
-    sm89, gemv = DeviceInfo.for_arch("sm_89"), cands.GemvCandidate()  # sm_89: 99 KB per block, K <= 25344
-    assert gemv.supports(cands.request(G.Fp8Problem(1, 1024, 25344), sm89)) is None
+    calls = []
+    gl._main._go = lambda stream, *args: calls.append(args)
+    gl.run(11, 12, 13, 14, 15, 16, 0)
+    assert calls == [(11, 12, 13, 14, 15, 16, 1, 4100, 4112, 4112, 4128, 4100, 0, 5, 0, 6)]
+    assert params[6:9] == ["long long m", "long long n", "long long k"] and params[13] == "long long sa_kb"
+    assert G.gemv_config(p) == G.GemvConfig(4, 1)
+    assert f"#define RTK_FP8_GEMV_WARPS {G.GEMV_WARPS}\n" in read_source("gemm/gemm_fp8_gemv.cuh")
+    sm89, gemv = DeviceInfo.for_arch("sm_89"), cands.GemvCandidate()  # sm_89: 99 KB per block, K <= 25088
+    assert gemv.supports(cands.request(G.Fp8Problem(1, 1024, 25088), sm89)) is None
+    assert "shared memory" in gemv.supports(cands.request(G.Fp8Problem(1, 1024, 25104), sm89))
     assert gemv.supports(cands.request(G.Fp8Problem(1, 4096, 8192), sm89)) is None  # 32 MiB
     assert "shared memory" in gemv.supports(cands.request(G.Fp8Problem(1, 256, 32768), sm89))
     assert "at most 33554432 bytes" in gemv.supports(cands.request(G.Fp8Problem(1, 4097, 8192), sm89))
@@ -246,6 +254,8 @@ def test_prefill_specs():
     names = {(s.name, s.arch.sm) for s in specs}
     assert ("gemm_fp8_wgmma_sm90", "sm_90a") in names and ("gemm_fp8_simt", "sm_89") in names
     assert ("quantize_fp8_groups", "sm_89") in names
+    # batch-1 decode's GEMV kernel on both archs (sm_90 takes it as plain sm_90, not sm_90a)
+    assert ("gemm_fp8_gemv", "sm_89") in names and ("gemm_fp8_gemv", "sm_90") in names
 
 
 def _variants():
