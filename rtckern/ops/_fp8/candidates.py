@@ -82,7 +82,7 @@ class GemvCandidate(Candidate):
     """Batch-1 decode on small weights (M = 1, N x K <= GEMV_MAX_WEIGHT, K >= GEMV_MIN_K): warps stream whole rows of
     b into registers, 512 contiguous bytes per warp-wide load, CUDA-core dot products against a's row held as floats
     in shared memory (gemm/gemm_fp8_gemv.cuh). Ranked before the tile kernel where it was measured faster (H200,
-    gemm_fp8_h200.md: 0.81-0.91x its time on 4096-7168 rows of 2048-4096 bytes, few tiles that the tile kernel splits
+    gemm_fp8_h200.md: 0.80-0.92x its time on 4096-7168 rows of 2048-4096 bytes, few tiles that the tile kernel splits
     over K in clusters); no faster on larger weights, shorter or longer K, fewer rows or M = 2 (docs/performance.md)."""
 
     name = "gemm_fp8.gemv"
@@ -116,9 +116,9 @@ class GemvCandidate(Candidate):
                f"registers ({cfg.rows} per warp"
         if cfg.blocks(p.n) * 4 < req.device.sm_count * 3:
             # fewer blocks than 3/4 of the SMs: the tile kernel's split-K clusters fill them better (H200, 2112 x 7168:
-            # 12.9 us against 10.7); ranked after it, ahead of the sm_89 kernels
+            # 13.2 us against 10.7, gemm_fp8_h200.md); ranked after it, ahead of the sm_89 kernels
             return Cost(1.1, "rule", f"{what}; {cfg.blocks(p.n)} blocks for {req.device.sm_count} SMs)")
-        if p.k > geometry.GEMV_FAST_K:  # H200, 4096 x 7168: 14.3-14.6 us against the tile kernel's 13.9-14.0
+        if p.k > geometry.GEMV_FAST_K:  # H200, 4096 x 7168: 14.4 us against the tile kernel's 14.1
             return Cost(1.1, "rule", f"{what}; K = {p.k} > {geometry.GEMV_FAST_K}: the tile kernel's split K is as fast)")
         return Cost(0.9, "rule", f"{what}; memory-bound)")
 
