@@ -453,26 +453,29 @@ def kernel_parameters(text: str, kernel: str) -> list[str]:
     return [" ".join(p.split()) for p in params.split(",")]
 
 
-def _macro_definitions(text: str) -> dict[str, tuple[list[str] | None, str]]:
-    """name -> (parameter names, or None for an object-like macro; body) of every #define in `text`. Two different
-    definitions of one name raise: `text` should be the source with its conditional branches already chosen."""
-    defs: dict[str, tuple[list[str] | None, str]] = {}
+def _macro_definitions(text: str) -> dict[str, list[tuple[list[str] | None, str]]]:
+    """name -> the distinct (parameter names, or None for an object-like macro; body) of every #define in `text`."""
+    defs: dict[str, list[tuple[list[str] | None, str]]] = {}
     for d in re.finditer(r"^[ \t]*#define[ \t]+(\w+)(\(([^)]*)\))?((?:\\\n|[^\n])*)", text, re.M):
         args = [a.strip() for a in d.group(3).split(",")] if d.group(2) else None
         new = (args, " ".join(d.group(4).replace("\\\n", " ").split()))
-        if defs.setdefault(d.group(1), new) != new:
-            raise AssertionError(f"macro {d.group(1)} defined twice differently: choose the source's conditional "
-                                 "branches before reading its kernel parameters")
+        if new not in defs.setdefault(d.group(1), []):
+            defs[d.group(1)].append(new)
     return defs
 
 
-def _expand_macros(text: str, defs: dict[str, tuple[list[str] | None, str]]) -> str:
+def _expand_macros(text: str, defs: dict[str, list[tuple[list[str] | None, str]]]) -> str:
+    """`text` with the macros of `defs` expanded; a macro it uses that `defs` holds two different definitions of
+    (both branches of an #if left in the source) raises."""
     if not defs:
         return text
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, defs)) + r")\b(?:\(([^()]*)\))?")
 
     def one(m: re.Match) -> str:
-        args, body = defs[m.group(1)]
+        if len(defs[m.group(1)]) > 1:
+            raise AssertionError(f"macro {m.group(1)} defined twice differently: choose the source's conditional "
+                                 "branches before reading its kernel parameters")
+        args, body = defs[m.group(1)][0]
         if args is None:  # object-like: what follows it (a parenthesis, say) is not its to take
             return body + m.group()[len(m.group(1)):]
         if m.group(2) is None:  # a function-like macro's name without arguments is left alone
