@@ -6,9 +6,10 @@ torch._scaled_mm (per-tensor scales, bf16 out), and quantize_fp8's GB/s against 
 Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 projections, M = 128 and 16 decode
 shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M =
 1..64 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
-device's copy bandwidth, the memory-bound roofline, with sm_89's decode kernel (gemm_fp8.sm89_skinny) and the
-CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps) forced beside the kernel the registry picks; batch-1
-decode on small weights (the GEMV kernel's range) over rotating copies of b, the GEMV and tile kernels both forced; and
+device's copy bandwidth, the memory-bound roofline, with the tile kernel at M = 1 (where the GEMV kernel ranks first),
+sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps)
+forced beside the kernel the registry picks; batch-1 decode on small weights over rotating copies of b, the GEMV and
+tile kernels both forced; and
 sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced, at two shapes (TFLOP/s).
 quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
 """
@@ -218,6 +219,7 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
             "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
             "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
                                                          out_dtype=torch.bfloat16),
+            TILE: lambda: ops.gemm_fp8(a, b, one, one),
             SKINNY: lambda: ops.gemm_fp8(a, b, one, one),
             SIMT: lambda: ops.gemm_fp8(a, b, one, one)}
     gbs = {} if not forced_pass else next(d for d in out if (d["m"], d["n"], d["k"]) == (m, n, k))["gbs"]
@@ -243,12 +245,12 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
 
 
 SERIES = ("rtckern per-tensor", "rtckern block", "torch._scaled_mm")
+TILE = "tile per-tensor"  # gemm_fp8.sm90a_wgmma forced (M = 1, where the GEMV kernel ranks first)
 SKINNY = "skinny per-tensor"  # gemm_fp8.sm89_skinny forced (M <= 64): the decode kernel sm_89 runs
 SIMT = "simt per-tensor"  # gemm_fp8.simt forced (M <= 16): the CUDA-core fallback sm_89 ran before it
-FORCED = {SKINNY: "gemm_fp8.sm89_skinny", SIMT: "gemm_fp8.simt"}
-FORCED_MAX_M = {SKINNY: 64, SIMT: 16}
-TILE = "tile per-tensor"  # the small-weight table: gemm_fp8.sm90a_wgmma forced
-GEMV = "gemv per-tensor"  # and gemm_fp8.gemv forced
+FORCED = {TILE: "gemm_fp8.sm90a_wgmma", SKINNY: "gemm_fp8.sm89_skinny", SIMT: "gemm_fp8.simt"}
+FORCED_MAX_M = {TILE: 1, SKINNY: 64, SIMT: 16}
+GEMV = "gemv per-tensor"  # the small-weight table: gemm_fp8.gemv forced
 
 
 def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] | None = None,
@@ -266,7 +268,7 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                    title="quantize_fp8 and the fused rms_norm_quant (bf16 in; e4m3 and fp32 scales out, group 128; "
                          "bytes in + out)")
     drows = drows or []
-    dseries = SERIES + (SKINNY, SIMT)
+    dseries = SERIES + (TILE, SKINNY, SIMT)
     dtable = Table(["M", "N", "K", *[f"{c} GB/s" for c in dseries], "copy GB/s",
                     *[f"{c} / copy" for c in dseries if c != "torch._scaled_mm"]],
                    [[d["m"], d["n"], d["k"], *[f"{d['gbs'][c]:.0f}" if c in d["gbs"] else None for c in dseries],

@@ -1,6 +1,6 @@
 """Registry candidates of the fp8 ops, highest priority first:
 
-  gemm_fp8.gemv          sm_89+: M = 1, weights up to 32 MiB, K >= 2048: warps streaming whole rows of b (aligned)
+  gemm_fp8.gemv          sm_89+: M = 1, K >= 2048: warps streaming whole rows of b (16-byte aligned rows)
   gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
   gemm_fp8.sm89_skinny   sm_89+: M <= 64 (decode), mma.sync e4m3 streaming b once (16-byte aligned rows): the
                          decode path on sm_89; on sm_90 ranked after the tile kernel
@@ -79,11 +79,11 @@ class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
 
 
 class GemvCandidate(Candidate):
-    """Batch-1 decode on small weights (M = 1, N x K <= GEMV_MAX_WEIGHT, K >= GEMV_MIN_K): warps stream whole rows of
-    b into registers, 512 contiguous bytes per warp-wide load, CUDA-core dot products against a's row held as floats
-    in shared memory (gemm/gemm_fp8_gemv.cuh). Ranked before the tile kernel where it was measured faster (H200,
-    gemm_fp8_h200.md: 0.80-0.92x its time on 4096-7168 rows of 2048-4096 bytes, few tiles that the tile kernel splits
-    over K in clusters); no faster on larger weights, shorter or longer K, fewer rows or M = 2 (docs/performance.md)."""
+    """Batch-1 decode (M = 1, K >= GEMV_MIN_K): warps stream whole rows of b into registers, 512 contiguous bytes per
+    warp-wide load, CUDA-core dot products against a's row held as floats in shared memory (gemm/gemm_fp8_gemv.cuh).
+    Ranked before the tile kernel where its blocks of 32 rows fill 3/4 of the SMs (gemm_fp8_h200.md and
+    docs/performance.md: faster than the tile kernel's TMA stream there; slower with fewer rows, K < 2048 or
+    M = 2)."""
 
     name = "gemm_fp8.gemv"
     op = OP
@@ -98,9 +98,9 @@ class GemvCandidate(Candidate):
         p = problem(req)
         if p.m > geometry.GEMV_MAX_M:
             return f"m={p.m}: the GEMV kernel takes M = 1 (the tile kernels take more rows)"
-        if p.n * p.k > geometry.GEMV_MAX_WEIGHT or p.k < geometry.GEMV_MIN_K:
-            return f"n x k = {p.n} x {p.k}: the GEMV kernel takes weights of at most {geometry.GEMV_MAX_WEIGHT} " \
-                   f"bytes with K >= {geometry.GEMV_MIN_K} (the tile kernels read the others as fast or faster)"
+        if p.k < geometry.GEMV_MIN_K:
+            return f"k={p.k}: the GEMV kernel takes K >= {geometry.GEMV_MIN_K} (a shorter row gives a lane too few " \
+                   "loads; the tile kernels read it as fast or faster)"
         reason = _reason(p)
         if reason is None and not p.aligned:
             reason = "needs 16-byte aligned rows of a and b (bases and row strides multiples of 16 bytes)"
@@ -112,14 +112,12 @@ class GemvCandidate(Candidate):
 
     def cost(self, req: OpRequest) -> Cost:
         p, cfg = problem(req), self.config(req)
-        what = f"M = 1 on a weight of at most {geometry.GEMV_MAX_WEIGHT >> 20} MiB: whole rows of b streamed into " \
-               f"registers ({cfg.rows} per warp"
+        what = f"M = 1: whole rows of b streamed into registers ({cfg.rows} per warp, {cfg.unroll} load(s) per row " \
+               "and round"
         if cfg.blocks(p.n) * 4 < req.device.sm_count * 3:
             # fewer blocks than 3/4 of the SMs: the tile kernel's split-K clusters fill them better (H200, 2112 x 7168:
             # 13.2 us against 10.7, gemm_fp8_h200.md); ranked after it, ahead of the sm_89 kernels
             return Cost(1.1, "rule", f"{what}; {cfg.blocks(p.n)} blocks for {req.device.sm_count} SMs)")
-        if p.k > geometry.GEMV_FAST_K:  # H200, 4096 x 7168: 14.4 us against the tile kernel's 14.1
-            return Cost(1.1, "rule", f"{what}; K = {p.k} > {geometry.GEMV_FAST_K}: the tile kernel's split K is as fast)")
         return Cost(0.9, "rule", f"{what}; memory-bound)")
 
     def kernel_specs(self, req: OpRequest):

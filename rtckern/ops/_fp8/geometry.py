@@ -235,15 +235,13 @@ def skinny_config(p: Fp8Problem, sm_count: int, smem_optin: int = SMEM_LIMIT) ->
     return SkinnyConfig(slices, half, max(SKINNY_MIN_STAGES, min(SKINNY_MAX_STAGES, budget // step)), mt)
 
 
-# gemm_fp8_gemv (one row of a against a small weight): warps of GEMV_WARPS stream `rows` rows of b each, `unroll`
-# 512-byte loads per row and round, two rounds in flight; a's row held as floats in shared memory. Where it serves
-# (measured on an H200 against the tile kernel at M = 1, docs/performance.md): one row of a, weights of at most
-# GEMV_MAX_WEIGHT bytes (larger ones: the tile kernel's split-K reads them as fast or faster) and K of at least
-# GEMV_MIN_K (a shorter row gives a lane too few loads); ranked first up to GEMV_FAST_K.
+# gemm_fp8_gemv (batch-1 decode): warps of GEMV_WARPS stream `rows` rows of b each, `unroll` 512-byte loads per row
+# and round, two rounds in flight; a's row held as floats in shared memory. Where it serves (measured on an H200
+# against the tile kernel at M = 1, docs/performance.md): one row of a and K of at least GEMV_MIN_K (a shorter row
+# gives a lane too few loads); two loads per row and round past GEMV_LONG_K.
 GEMV_MAX_M = 1
-GEMV_MAX_WEIGHT = 32 << 20
 GEMV_MIN_K = 2048
-GEMV_FAST_K = 4096
+GEMV_LONG_K = 8192
 GEMV_WARPS = 8  # RTK_FP8_GEMV_WARPS
 
 
@@ -269,9 +267,9 @@ class GemvConfig:
 
 
 def gemv_config(p: Fp8Problem) -> GemvConfig:
-    """Four rows of b per warp, one 16-byte load per lane, row and round, two rounds in flight: the fastest of 2-8 rows
-    and 1-8 loads on an H200 at M = 1 (docs/performance.md)."""
-    return GemvConfig(4, 1)
+    """Four rows of b per warp, one 16-byte load per lane, row and round up to K = GEMV_LONG_K, two past it; two rounds
+    in flight: the fastest of 2-8 rows and 1-8 loads on an H200 at M = 1 (docs/performance.md)."""
+    return GemvConfig(4, 1 if p.k <= GEMV_LONG_K else 2)
 
 
 def gemv_spec(p: Fp8Problem, cfg: GemvConfig, arch: Arch) -> KernelSpec:
