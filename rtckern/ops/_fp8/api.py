@@ -66,11 +66,11 @@ def gemm_fp8(a, b, a_scale, b_scale, out_dtype="bf16", bias=None, trans_b: bool 
         trans_b: must be True (8-bit tensor-core MMAs read both operands K-major); False is refused.
 
     Returns:
-        y, (M, N) in out_dtype, of a's library. With a's and b's bases 16-byte aligned, M = 1 on a weight of at
-        most 32 MiB (K >= 2048) takes a GEMV kernel (warps streaming whole rows of b) where it is the faster; else
-        sm_90 takes the wgmma kernel (split over K in thread-block clusters for decode shapes whose tiles would leave
-        SMs idle) and other sm_89+ GPUs an mma.sync kernel (streaming b for M <= 64, 64 x 64 tiles above); unaligned
-        bases a CUDA-core kernel.
+        y, (M, N) in out_dtype, of a's library. With a's and b's bases 16-byte aligned, M = 1 with K >= 2048 takes
+        a GEMV kernel (warps streaming whole rows of b) where its blocks fill the SMs; else sm_90 takes the wgmma
+        kernel (split over K in thread-block clusters for decode shapes whose tiles would leave SMs idle) and other
+        sm_89+ GPUs an mma.sync kernel (streaming b for M <= 64, 64 x 64 tiles above); unaligned bases a CUDA-core
+        kernel.
 
     Raises:
         InputError: a GPU older than sm_89 (no fp8), a dtype other than float8_e4m3fn / float8_e5m2 for a,

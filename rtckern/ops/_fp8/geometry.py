@@ -4,7 +4,7 @@ GPU or validates user arrays (api.py does).
 Kernels (kernel_sources/gemm/):
   gemm_fp8_wgmma_sm90   gemm_fp8_sm90.cuh: TMA + mbarrier ring + wgmma m64nNk32 e4m3, warp-specialized and
                         persistent; promotion of each K block of 128 into fp32 accumulators; sm_90a only
-  gemm_fp8_gemv         gemm_fp8_gemv.cuh: M = 1 on small weights, warps streaming whole rows of b (sm_89+)
+  gemm_fp8_gemv         gemm_fp8_gemv.cuh: M = 1, warps streaming whole rows of b into registers (sm_89+)
   gemm_fp8_skinny       gemm_fp8_skinny.cuh: M <= 64 on mma.sync, and sm_89's tiles past it (sm_89+)
   gemm_fp8_simt         gemm_fp8_simt.cuh: CUDA-core fallback (sm_89+, any alignment)
   quantize_fp8_groups   quantize_fp8.cuh: per-token-group quantization, one warp per group
