@@ -116,7 +116,7 @@ class GemvCandidate(Candidate):
                "and round"
         if cfg.blocks(p.n) * 4 < req.device.sm_count * 3:
             # fewer blocks than 3/4 of the SMs: the tile kernel's split-K clusters fill them better (H200, 2112 x 7168:
-            # 13.2 us against 10.7, gemm_fp8_h200.md); ranked after it, ahead of the sm_89 kernels
+            # 13.1 us against 10.7, gemm_fp8_h200.md); ranked after it, ahead of the sm_89 kernels
             return Cost(1.1, "rule", f"{what}; {cfg.blocks(p.n)} blocks for {req.device.sm_count} SMs)")
         return Cost(0.9, "rule", f"{what}; memory-bound)")
 
