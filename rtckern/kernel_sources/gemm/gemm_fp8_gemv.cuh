@@ -3,9 +3,9 @@
 //
 // A different way of reading b than the tile kernels' TMA boxes of 128-byte pieces of many rows: each warp streams
 // ROWS rows of b whole, a warp-wide load covering 512 contiguous bytes of one row (16 per lane), U loads per row and
-// round straight into registers, the next round issued before this round's sums (no tensor cores). On an H200 it is
-// the faster of the two for small weights with few tiles, not for large ones (docs/performance.md, "fp8 GEMM and
-// quantization"; the candidate ranks it accordingly). Each lane converts its 16 bytes to floats (cvt.rn.f16x2 of a
+// round straight into registers, the next round issued before this round's sums (no tensor cores). On an H200 at
+// M = 1 it is the faster of the two where its blocks fill the SMs (docs/performance.md, "fp8 GEMM and quantization";
+// the candidate ranks it accordingly). Each lane converts its 16 bytes to floats (cvt.rn.f16x2 of a
 // byte pair, then f16 -> f32; a's row is converted the same way once per block into shared memory, so products pair
 // up whatever the order within a pair) and adds their products with a's matching 16 values into an fp32 sum per row
 // of b; with block scales each 16-byte piece lies in one 128-K block and is added times sa[0, kb] * sb[col / 128, kb].

@@ -268,7 +268,8 @@ class GemvConfig:
 
 def gemv_config(p: Fp8Problem) -> GemvConfig:
     """Four rows of b per warp, one 16-byte load per lane, row and round up to K = GEMV_LONG_K, two past it; two rounds
-    in flight: the fastest of 2-8 rows and 1-8 loads on an H200 at M = 1 (docs/performance.md)."""
+    in flight: the fastest builds on 132-470 MB weights on an H200 at M = 1 (docs/performance.md, which also has the
+    narrower weights' case for one row per warp)."""
     return GemvConfig(4, 1 if p.k <= GEMV_LONG_K else 2)
 
 
