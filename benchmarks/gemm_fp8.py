@@ -120,9 +120,9 @@ def run(args):
     return to_result(rows, qrows, reps, drows, prows, srows)
 
 
-# batch-1 decode on small weights (Llama-3.1-8B's attention projections, DeepSeek-V3's smaller ones): the GEMV kernel's
-# range. Each call reads the next of enough copies of the weight to exceed the L2 twice over (a model's other layers
-# evict a layer's weight between its calls), timed as CUDA-graph replays.
+# batch-1 decode on small weights (Llama-3.1-8B's attention projections, DeepSeek-V3's smaller ones), which the L2
+# would hold between back-to-back calls: each call reads the next of enough copies of the weight to exceed the L2 twice
+# over (a model's other layers evict a layer's weight between its calls), timed as CUDA-graph replays.
 SMALL = ((1, 4096, 4096), (1, 6144, 4096), (1, 4096, 7168), (1, 2112, 7168), (1, 7168, 2048), (1, 1024, 4096))
 SMALL_ROTATION_BYTES = 200 << 20
 
