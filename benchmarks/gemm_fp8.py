@@ -9,8 +9,8 @@ shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M 
 device's copy bandwidth, the memory-bound roofline, with the tile kernel at M = 1 (where the GEMV kernel ranks first),
 sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps)
 forced beside the kernel the registry picks; batch-1 decode on small weights over rotating copies of b, the GEMV and
-tile kernels both forced; and
-sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced, at two shapes (TFLOP/s).
+tile kernels both forced; and sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced,
+at two shapes (TFLOP/s).
 quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
 """
 from __future__ import annotations
@@ -142,9 +142,10 @@ def _small_decode(shapes, copy: float) -> list[dict]:
         try:
             a, b, one, _, _ = _operands(m, n, k)
             bs = [b] + [b.clone() for _ in range(-(-SMALL_ROTATION_BYTES // (n * k)) - 1)]
-            series = {"rtckern": (None, lambda w: ops.gemm_fp8(a, w, one, one)),
-                      GEMV: ("gemm_fp8.gemv", lambda w: ops.gemm_fp8(a, w, one, one)),
-                      TILE: ("gemm_fp8.sm90a_wgmma", lambda w: ops.gemm_fp8(a, w, one, one)),
+
+            def gemm(w):
+                return ops.gemm_fp8(a, w, one, one)
+            series = {"rtckern": (None, gemm), GEMV: ("gemm_fp8.gemv", gemm), TILE: ("gemm_fp8.sm90a_wgmma", gemm),
                       "torch._scaled_mm": (None, lambda w: torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one,
                                                                             out_dtype=torch.bfloat16))}
             for name, (impl, call) in series.items():

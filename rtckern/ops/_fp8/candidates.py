@@ -56,6 +56,10 @@ def _reason(p: Fp8Problem) -> str | None:
             or geometry.k_reason(p.k, OP))
 
 
+def _unaligned(p: Fp8Problem) -> str | None:
+    return None if p.aligned else "needs 16-byte aligned rows of a and b (bases and row strides multiples of 16 bytes)"
+
+
 _configs = PlanCache("gemm_fp8.candidate_configs")
 
 
@@ -95,20 +99,16 @@ class GemvCandidate(Candidate):
         return geometry.gemv_config(problem(req))
 
     def supports(self, req: OpRequest) -> str | None:
-        p = problem(req)
+        p, limit = problem(req), req.device.max_smem_per_block_optin
+        smem = geometry.GemvConfig.smem_bytes(p.k)
         if p.m > geometry.GEMV_MAX_M:
             return f"m={p.m}: the GEMV kernel takes M = 1 (the tile kernels take more rows)"
         if p.k < geometry.GEMV_MIN_K:
             return f"k={p.k}: the GEMV kernel takes K >= {geometry.GEMV_MIN_K} (a shorter row gives a lane too few " \
                    "loads; the tile kernels read it as fast or faster)"
-        reason = _reason(p)
-        if reason is None and not p.aligned:
-            reason = "needs 16-byte aligned rows of a and b (bases and row strides multiples of 16 bytes)"
-        smem = self.config(req).smem_bytes(p.k)
-        if reason is None and smem > req.device.max_smem_per_block_optin:
-            reason = f"k={p.k}: a's rows as floats take {smem} bytes, past the {req.device.max_smem_per_block_optin} " \
-                     "bytes of shared memory a block may have"
-        return reason
+        return _reason(p) or _unaligned(p) or (
+            None if smem <= limit else
+            f"k={p.k}: a's rows as floats take {smem} bytes, past the {limit} bytes of shared memory a block may have")
 
     def cost(self, req: OpRequest) -> Cost:
         p, cfg = problem(req), self.config(req)
@@ -148,9 +148,7 @@ class SkinnyCandidate(Candidate):
 
     def supports(self, req: OpRequest) -> str | None:
         p = problem(req)
-        return _reason(p) or self.m_reason(p.m) or (
-            None if p.aligned else "needs 16-byte aligned rows of a and b (bases and row strides multiples of 16 "
-                                   "bytes)")
+        return _reason(p) or self.m_reason(p.m) or _unaligned(p)
 
     def cost(self, req: OpRequest) -> Cost:
         # After the sm_90a tile kernel, which reads b at a larger share of the copy bandwidth on an H200

@@ -207,6 +207,10 @@ class SkinnyConfig:
     def smem_bytes(self) -> int:
         return self.stages * self.step_bytes
 
+    def launch_geometry(self, p: Fp8Problem) -> tuple[tuple, tuple, int]:
+        """(grid, block, dynamic shared memory) of the launch for p."""
+        return (self.blocks(p.n), self.row_tiles(p.m), 1), (SKINNY_THREADS, 1, 1), self.smem_bytes
+
     def as_dict(self) -> dict:
         return {"kind": self.kind, "slices": self.slices, "half": self.half, "stages": self.stages, "mt": self.mt}
 
@@ -261,6 +265,10 @@ class GemvConfig:
     def smem_bytes(k: int) -> int:
         """a's row as floats, its 16-byte pieces rounded up to a warp's 32 (the kernel's piece-major layout)."""
         return math.ceil(k / 512) * 512 * 4
+
+    def launch_geometry(self, p: Fp8Problem) -> tuple[tuple, tuple, int]:
+        """(grid, block, dynamic shared memory) of the launch for p."""
+        return (self.blocks(p.n), 1, 1), (32 * GEMV_WARPS, 1, 1), self.smem_bytes(p.k)
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "rows": self.rows, "unroll": self.unroll}

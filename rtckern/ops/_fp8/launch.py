@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from rtckern.runtime.tma import encode_tiled
 
-from .geometry import GEMV_WARPS, OUT_BYTES, SIMT_TILE, SKINNY_THREADS, Fp8Problem
+from .geometry import OUT_BYTES, SIMT_TILE, Fp8Problem
 
 _KINDS = MappingProxyType({"map": "M", "u64": "P", "i64": "q"})
 
@@ -73,17 +73,10 @@ class GemmLaunch:
 
     def __init__(self, kernel, p: Fp8Problem, cfg, lda: int, ldb: int, scale_strides: tuple, sm_count: int):
         sa_row, sa_kb, sb_row, sb_kb = scale_strides
-        if cfg is not None and cfg.kind == "gemv":  # gemm_fp8_skinny's parameters
+        if cfg is not None and cfg.kind in ("gemv", "skinny"):  # both take gemm_fp8_skinny's parameters
             self._maps = None
             scalars = (p.m, p.n, p.k, lda, ldb, p.n, sa_row, sa_kb, sb_row, sb_kb)
-            self._main = Prepared(kernel, (cfg.blocks(p.n), 1, 1), (32 * GEMV_WARPS, 1, 1), cfg.smem_bytes(p.k),
-                                  [("u64", 0)] * 6 + [("i64", v) for v in scalars])
-        elif cfg is not None and cfg.kind == "skinny":
-            self._maps = None
-            scalars = (p.m, p.n, p.k, lda, ldb, p.n, sa_row, sa_kb, sb_row, sb_kb)
-            self._main = Prepared(kernel, (cfg.blocks(p.n), cfg.row_tiles(p.m), 1), (SKINNY_THREADS, 1, 1),
-                                  cfg.smem_bytes,
-                                  [("u64", 0)] * 6 + [("i64", v) for v in scalars])
+            self._main = Prepared(kernel, *cfg.launch_geometry(p), [("u64", 0)] * 6 + [("i64", v) for v in scalars])
         elif cfg is not None:  # sm_90a
             # a multicast pair's blocks each load B's rows bn / 2 ..; units: tiles, or pairs of row blocks; cl: the
             # cluster size. A's box: 64-row tiles load min(m, 64) rows (a box past m zero-fills at TMA's cost), wider
