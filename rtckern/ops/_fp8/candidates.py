@@ -85,9 +85,9 @@ class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
 class GemvCandidate(Candidate):
     """Batch-1 decode (M = 1, K >= GEMV_MIN_K): warps stream whole rows of b into registers, 512 contiguous bytes per
     warp-wide load, CUDA-core dot products against a's row held as floats in shared memory (gemm/gemm_fp8_gemv.cuh).
-    Ranked before the tile kernel where its blocks of 32 rows fill 3/4 of the SMs (gemm_fp8_h200.md and
-    docs/performance.md: faster than the tile kernel's TMA stream there; slower with fewer rows, K < 2048 or
-    M = 2)."""
+    Ranked before the tile kernel where its blocks (8 warps of 1 or 4 rows, geometry.gemv_config) fill 3/4 of the
+    SMs (gemm_fp8_h200.md and docs/performance.md: faster than the tile kernel's TMA stream there; slower with fewer
+    blocks, K < 2048 or M = 2)."""
 
     name = "gemm_fp8.gemv"
     op = OP
@@ -115,8 +115,9 @@ class GemvCandidate(Candidate):
         what = f"M = 1: whole rows of b streamed into registers ({cfg.rows} per warp, {cfg.unroll} load(s) per row " \
                "and round"
         if cfg.blocks(p.n) * 4 < req.device.sm_count * 3:
-            # fewer blocks than 3/4 of the SMs: the tile kernel's split-K clusters fill them better (H200, 2112 x 7168:
-            # 13.1 us against 10.7, gemm_fp8_h200.md); ranked after it, ahead of the sm_89 kernels
+            # fewer blocks than 3/4 of the SMs: the tile kernel's split-K clusters fill them better (H200, 2112 x 7168
+            # in 66 blocks of four rows per warp: 13.1 us against 10.7, docs/performance.md); ranked after it, ahead
+            # of the sm_89 kernels
             return Cost(1.1, "rule", f"{what}; {cfg.blocks(p.n)} blocks for {req.device.sm_count} SMs)")
         return Cost(0.9, "rule", f"{what}; memory-bound)")
 

@@ -240,12 +240,14 @@ def skinny_config(p: Fp8Problem, sm_count: int, smem_optin: int = SMEM_LIMIT) ->
 
 
 # gemm_fp8_gemv (batch-1 decode): warps of GEMV_WARPS stream `rows` rows of b each, `unroll` 512-byte loads per row
-# and round, two rounds in flight; a's row held as floats in shared memory. Where it serves (measured on an H200
+# and round, two rounds in flight; a's row as floats in shared memory. Where it serves (measured on an H200
 # against the tile kernel at M = 1, docs/performance.md): one row of a and K of at least GEMV_MIN_K (a shorter row
-# gives a lane too few loads); two loads per row and round past GEMV_LONG_K.
+# gives a lane too few loads); one row per warp up to GEMV_NARROW_N rows of b, four past it; two loads per row and
+# round on narrow weights and past GEMV_LONG_K.
 GEMV_MAX_M = 1
 GEMV_MIN_K = 2048
 GEMV_LONG_K = 8192
+GEMV_NARROW_N = 4096
 GEMV_WARPS = 8  # RTK_FP8_GEMV_WARPS
 
 
@@ -275,9 +277,12 @@ class GemvConfig:
 
 
 def gemv_config(p: Fp8Problem) -> GemvConfig:
-    """Four rows of b per warp, one 16-byte load per lane, row and round up to K = GEMV_LONG_K, two past it; two rounds
-    in flight: the fastest builds on 132-470 MB weights on an H200 at M = 1 (docs/performance.md, which also has the
-    narrower weights' case for one row per warp)."""
+    """Up to GEMV_NARROW_N rows of b, one row per warp with two 16-byte loads per lane and round (four rows per warp
+    leave each SM too few warps, too few loads in flight: on 1024-4096-row weights 0.69-1.25x the tile kernel's time
+    with four, 0.45-0.73x with one); past it four rows per warp, one load up to K = GEMV_LONG_K, two past it: the
+    fastest builds on 132-470 MB weights. Two rounds in flight; measured on an H200 at M = 1 (docs/performance.md)."""
+    if p.n <= GEMV_NARROW_N:
+        return GemvConfig(1, 2)
     return GemvConfig(4, 1 if p.k <= GEMV_LONG_K else 2)
 
 

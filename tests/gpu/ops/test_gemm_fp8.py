@@ -123,12 +123,13 @@ def test_skinny_decode_range(kind, m, n, k):
 
 @pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
 @pytest.mark.parametrize("m,n,k", [(1, 256, 2048), (1, 63, 2064), (1, 4097, 4096), (1, 300, 4112), (1, 129, 2576),
-                                   (1, 1000, 25088), (1, 1820, 18432), (1, 4000, 8192), (1, 35, 2048)])
+                                   (1, 1000, 25088), (1, 1820, 18432), (1, 4000, 8192), (1, 35, 2048),
+                                   (1, 4104, 18432), (1, 4999, 2576)])
 def test_gemv_smallest_batches(kind, m, n, k):
-    """The GEMV kernel (M = 1 on weights up to 32 MiB, K >= 2048; whole rows of b per warp): N past the last warp's rows
-    (63, 4097, 35), K not a multiple of 512 (a lane's last load past K) or of 128 (a last block of 16 K), long K
-    (25088: 98 KB of a's floats, sm_89's limit), every output dtype with and without a bias, e5m2 a; the tile kernels'
-    bound."""
+    """The GEMV kernel (M = 1, K >= 2048; whole rows of b per warp: one row and two loads per round up to 4096 rows,
+    four rows past it with one load up to K = 8192 and two past it): N past the last warp's rows (63, 4097, 35, 4999),
+    K not a multiple of 512 (a lane's last load past K) or of 128 (a last block of 16 K), long K (25088: 98 KB of a's
+    floats, sm_89's limit), every output dtype with and without a bias, e5m2 a; the tile kernels' bound."""
     _check_mma_sync("gemm_fp8.gemv", kind, m, n, k)
 
 

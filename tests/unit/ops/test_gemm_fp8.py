@@ -77,9 +77,9 @@ def test_tma_store_where_rows_of_c_are_16_byte_multiples():
 
 def test_gemv_launch_matches_the_kernel():
     """The GEMV kernel takes gemm_fp8_skinny's parameters (read from both sources); its launch: a block of 8 warps per
-    32 rows of b (4 per warp), a's row as floats in shared memory, a pointer or a 64-bit integer per parameter;
-    served at M = 1 with K >= 2048 only, and where a's floats fit the block's shared memory; two loads per row and
-    round past K = 8192."""
+    32 rows of b (4 per warp) past 4096 rows, 8 rows (1 per warp) up to it, a's row as floats in shared memory, a
+    pointer or a 64-bit integer per parameter; served at M = 1 with K >= 2048 only, and where a's floats fit the
+    block's shared memory; two loads per row and round past K = 8192 or up to 4096 rows."""
     from rtckern.ops._fp8 import launch
     from rtckern.sources import read_source
     from rtckern.testing import kernel_parameters
@@ -102,7 +102,11 @@ def test_gemv_launch_matches_the_kernel():
     gl.run(11, 12, 13, 14, 15, 16, 0)
     assert calls == [(11, 12, 13, 14, 15, 16, 1, 4100, 4112, 4112, 4128, 4100, 0, 5, 0, 6)]
     assert params[6:9] == ["long long m", "long long n", "long long k"] and params[13] == "long long sa_kb"
-    assert G.gemv_config(p) == G.GemvConfig(4, 1) and G.gemv_config(G.Fp8Problem(1, 64, 8208)) == G.GemvConfig(4, 2)
+    assert G.gemv_config(p) == G.GemvConfig(4, 1) and G.gemv_config(G.Fp8Problem(1, 4100, 8208)) == G.GemvConfig(4, 2)
+    narrow = G.Fp8Problem(1, 4096, 4112)
+    assert G.gemv_config(narrow) == G.GemvConfig(1, 2) == G.gemv_config(G.Fp8Problem(1, 64, 8208))
+    launch.GemmLaunch(k, narrow, G.gemv_config(narrow), 4112, 4128, (0, 5, 0, 6), 132)
+    assert k.grid == (4096 // 8, 1, 1) and k.block == (256, 1, 1) and k.smem == 9 * 32 * 64
     assert f"#define RTK_FP8_GEMV_WARPS {G.GEMV_WARPS}\n" in read_source("gemm/gemm_fp8_gemv.cuh")
     sm89, gemv = DeviceInfo.for_arch("sm_89"), cands.GemvCandidate()  # sm_89: 99 KB per block, K <= 25088
     assert gemv.supports(cands.request(G.Fp8Problem(1, 1024, 25088), sm89)) is None
@@ -362,13 +366,15 @@ def test_decode_range_goes_to_the_skinny_kernel(arch, m, aligned, want):
 
 @pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
 @pytest.mark.parametrize("m,n,k,aligned,gemv", [(1, 4096, 4096, 1, "both"), (1, 3168, 4096, 1, "both"),
-                                                (1, 3136, 4096, 1, "sm_89"), (1, 4096, 7168, 1, "both"),
+                                                (1, 792, 4096, 1, "both"), (1, 784, 4096, 1, "sm_89"),
+                                                (1, 4104, 4096, 1, "both"), (1, 4096, 7168, 1, "both"),
                                                 (1, 7168, 2048, 1, "both"), (1, 28672, 8192, 1, "both"),
                                                 (1, 32768, 512, 1, ""), (2, 4096, 4096, 1, ""), (1, 4096, 4096, 0, "")])
 def test_batch_one_goes_to_the_gemv_kernel(arch, m, n, k, aligned, gemv):
-    """M = 1 with K >= 2048 and aligned rows: the GEMV kernel, ranked first by its cost where its blocks of 32 rows of
-    b number 3/4 of the SMs (99 of 132: N >= 3137); otherwise after the tile kernel on sm_90 and still ahead of the
-    skinny kernel on sm_89; past those bounds the kernel that served before it."""
+    """M = 1 with K >= 2048 and aligned rows: the GEMV kernel, ranked first by its cost where its blocks number 3/4 of
+    the SMs (99 of 132: 8 rows of b per block up to 4096 rows, so N >= 792; 32 past it); otherwise after the tile
+    kernel on sm_90 and still ahead of the skinny kernel on sm_89; past those bounds the kernel that served before
+    it."""
     report = explain("gemm_fp8", shape=f"{m}x{n}x{k}", arch=arch, sm_count=132, options={"aligned": str(aligned)})
     other = "gemm_fp8.simt" if not aligned else "gemm_fp8.sm90a_wgmma" if arch == "sm_90" else "gemm_fp8.sm89_skinny"
     assert report.chosen == ("gemm_fp8.gemv" if gemv in ("both", arch) else other)
