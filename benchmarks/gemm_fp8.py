@@ -6,8 +6,7 @@ torch._scaled_mm (per-tensor scales, bf16 out), and quantize_fp8's GB/s against 
 Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 projections, M = 128 and 16 decode
 shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M =
 1..64 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
-device's copy bandwidth, the memory-bound roofline, with the tile kernel at M = 1 (where the GEMV kernel ranks first),
-sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps)
+device's copy bandwidth, the memory-bound roofline, with sm_90a's tile and streaming kernels, sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps)
 forced beside the kernel the registry picks; batch-1 decode on small weights over rotating copies of b, the GEMV and
 tile kernels both forced; and sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced,
 at two shapes (TFLOP/s).
@@ -193,8 +192,8 @@ def _sm89_prefill(shapes, reps: int) -> list[dict]:
 def _decode(shapes, reps: int, copy: float) -> list[dict]:
     """Per decode shape: GB/s (a + b + c bytes per second) of both rtckern scalings and torch._scaled_mm."""
     out: list[dict] = []
-    # the forced sm_89 kernels in a pass of their own after the others, so that their slower calls do not precede the
-    # other series' timings
+    # the forced sm_89 kernels (LATE) in a pass of their own after the others, so that their slower calls do not
+    # precede the other series' timings
     for forced_pass in (False, True):
         for m, n, k in shapes:
             _decode_shape(out, forced_pass, m, n, k, reps, copy)
@@ -203,7 +202,7 @@ def _decode(shapes, reps: int, copy: float) -> list[dict]:
 
 def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: int, copy: float) -> None:
     """One shape's timings: a row of the series sm_90 runs (appended to out), or with forced_pass the forced sm_89
-    kernels' added to the shape's row."""
+    kernels' (LATE) added to the shape's row."""
     import torch
 
     from rtckern import config, ops
@@ -221,11 +220,12 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
             "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
                                                          out_dtype=torch.bfloat16),
             TILE: lambda: ops.gemm_fp8(a, b, one, one),
+            STREAM: lambda: ops.gemm_fp8(a, b, one, one),
             SKINNY: lambda: ops.gemm_fp8(a, b, one, one),
             SIMT: lambda: ops.gemm_fp8(a, b, one, one)}
     gbs = {} if not forced_pass else next(d for d in out if (d["m"], d["n"], d["k"]) == (m, n, k))["gbs"]
     for name, fn in runs.items():
-        if (name in FORCED) != forced_pass:
+        if (name in LATE) != forced_pass:
             continue
         try:
             if name in FORCED:  # the kernels the registry ranks after the one it picks, forced here
@@ -246,11 +246,14 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
 
 
 SERIES = ("rtckern per-tensor", "rtckern block", "torch._scaled_mm")
-TILE = "tile per-tensor"  # gemm_fp8.sm90a_wgmma forced (M = 1, where the GEMV kernel ranks first)
+TILE = "tile per-tensor"  # gemm_fp8.sm90a_wgmma forced (M <= 64)
+STREAM = "stream per-tensor"  # gemm_fp8.sm90a_stream forced (M <= 64)
 SKINNY = "skinny per-tensor"  # gemm_fp8.sm89_skinny forced (M <= 64): the decode kernel sm_89 runs
 SIMT = "simt per-tensor"  # gemm_fp8.simt forced (M <= 16): the CUDA-core fallback sm_89 ran before it
-FORCED = {TILE: "gemm_fp8.sm90a_wgmma", SKINNY: "gemm_fp8.sm89_skinny", SIMT: "gemm_fp8.simt"}
-FORCED_MAX_M = {TILE: 1, SKINNY: 64, SIMT: 16}
+FORCED = {TILE: "gemm_fp8.sm90a_wgmma", STREAM: "gemm_fp8.sm90a_stream", SKINNY: "gemm_fp8.sm89_skinny",
+          SIMT: "gemm_fp8.simt"}
+FORCED_MAX_M = {TILE: 64, STREAM: 64, SKINNY: 64, SIMT: 16}
+LATE = (SKINNY, SIMT)  # timed in a second pass over the shapes
 GEMV = "gemv per-tensor"  # the small-weight table: gemm_fp8.gemv forced
 
 
@@ -269,7 +272,7 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                    title="quantize_fp8 and the fused rms_norm_quant (bf16 in; e4m3 and fp32 scales out, group 128; "
                          "bytes in + out)")
     drows = drows or []
-    dseries = SERIES + (TILE, SKINNY, SIMT)
+    dseries = SERIES + (TILE, STREAM, SKINNY, SIMT)
     dtable = Table(["M", "N", "K", *[f"{c} GB/s" for c in dseries], "copy GB/s",
                     *[f"{c} / copy" for c in dseries if c != "torch._scaled_mm"]],
                    [[d["m"], d["n"], d["k"], *[f"{d['gbs'][c]:.0f}" if c in d["gbs"] else None for c in dseries],

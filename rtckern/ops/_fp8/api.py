@@ -185,7 +185,8 @@ def _build(A, B, SA, SB, Bi, out_dtype, trans_b) -> OutputPlan:
     p = Fp8Problem(m=m, n=n, k=k, scale=gran, out_dtype=out_dt, bias=bias_dt, aligned=aligned, dtype=A.dtype)
     sel = cands.selection((p, A.device), lambda: cands.request(p, dev))
     cfg = sel.candidate.config(sel.request) \
-        if isinstance(sel.candidate, (cands.Sm90aWgmmaCandidate, cands.SkinnyCandidate, cands.GemvCandidate)) \
+        if isinstance(sel.candidate, (cands.Sm90aWgmmaCandidate, cands.SkinnyCandidate, cands.GemvCandidate,
+                                      cands.StreamCandidate)) \
         else None
     launch = GemmLaunch(sel.kernels[0], p, cfg, lda, ldb, strides, dev.sm_count)
     return OutputPlan(settings, A, (m, n), out_dt, launch, sel.candidate.name)

@@ -2,6 +2,7 @@
 
   gemm_fp8.gemv          sm_89+: M = 1, K >= 2048: warps streaming whole rows of b (16-byte aligned rows)
   gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
+  gemm_fp8.sm90a_stream  sm_90a: M <= 64 (decode), b's rows streamed by cp.async into wgmma (16-byte aligned rows)
   gemm_fp8.sm89_skinny   sm_89+: M <= 64 (decode), mma.sync e4m3 streaming b once (16-byte aligned rows): the
                          decode path on sm_89; on sm_90 ranked after the tile kernel
   gemm_fp8.sm89_mma      sm_89+: M > 64, the same kernel in 64 x 64 output tiles: sm_89's prefill path
@@ -128,6 +129,50 @@ class GemvCandidate(Candidate):
         return (Resources(block=32 * geometry.GEMV_WARPS, dynamic_smem=self.config(req).smem_bytes(problem(req).k)),)
 
 
+class StreamCandidate(Candidate):
+    """The decode range on sm_90a (M <= 64): b streamed once through a cp.async ring, each warp-wide copy one row's
+    512 contiguous bytes, into wgmma with b's rows as A and the tokens as B (gemm/gemm_fp8_stream.cuh)."""
+
+    name = "gemm_fp8.sm90a_stream"
+    op = OP
+    priority = 320
+    min_arch = "sm_90"
+    max_arch = "sm_90"
+    arch_specific = True
+
+    @staticmethod
+    def config(req: OpRequest) -> geometry.StreamConfig:
+        return geometry.stream_config(problem(req), req.device.sm_count, req.device.max_smem_per_block_optin)
+
+    def supports(self, req: OpRequest) -> str | None:
+        p = problem(req)
+        if p.m > geometry.STREAM_MAX_M:
+            return f"m={p.m}: the streaming kernel takes M <= {geometry.STREAM_MAX_M} (the decode range; the tile " \
+                   "kernel takes more rows)"
+        return _reason(p) or _unaligned(p) or (
+            None if self.config(req).stages >= 2 else
+            f"a token tile of {self.config(req).nt} rows leaves no room for two stages in "
+            f"{req.device.max_smem_per_block_optin} bytes of shared memory")
+
+    def cost(self, req: OpRequest) -> Cost:
+        p, cfg = problem(req), self.config(req)
+        what = f"M <= {geometry.STREAM_MAX_M}: b's rows streamed by cp.async into wgmma, a token tile of {cfg.nt}, " \
+               f"{cfg.stages} stages of {cfg.span} K bytes"
+        blocks = cfg.blocks(p.n)
+        if p.m == 1 or p.m > geometry.STREAM_FIRST_MAX_M or blocks * 4 < req.device.sm_count * 3:
+            # M = 1: the GEMV kernel (or the tile kernel where its blocks are few); M = 33..64: no faster than the
+            # tile kernel per-tensor and slower with block scales; a 64-row block per SM for fewer than 3/4 of the
+            # SMs: the tile kernel's split-K clusters fill them (H200, gemm_fp8_h200.md, docs/performance.md)
+            return Cost(1.2, "rule", f"{what}; {blocks} blocks for {req.device.sm_count} SMs, M = {p.m}")
+        return Cost(0.95, "rule", f"{what} (memory-bound)")
+
+    def kernel_specs(self, req: OpRequest):
+        return (geometry.stream_spec(problem(req), self.config(req), self.target(req)),)
+
+    def launch_resources(self, req: OpRequest):
+        return (Resources(block=geometry.STREAM_THREADS, dynamic_smem=self.config(req).smem_bytes),)
+
+
 class SkinnyCandidate(Candidate):
     """The decode range (M <= 64) on tensor cores with mma.sync: b streamed once from device memory, no tiles to
     fill (gemm/gemm_fp8_skinny.cuh). sm_89's tensor-core path for decode; on sm_90 the wgmma kernel ranks first."""
@@ -231,7 +276,8 @@ class QuantCandidate(Candidate):
         return (Resources(block=256),)
 
 
-CANDIDATES = (GemvCandidate, Sm90aWgmmaCandidate, SkinnyCandidate, Sm89MmaCandidate, SimtCandidate, QuantCandidate)
+CANDIDATES = (GemvCandidate, Sm90aWgmmaCandidate, StreamCandidate, SkinnyCandidate, Sm89MmaCandidate, SimtCandidate,
+              QuantCandidate)
 
 # ---- selection, memoized per request key and device -------------------------------------------------------------
 _selections = SelectionMemo("gemm_fp8.selections")
@@ -279,8 +325,9 @@ PREFILL_OUT = ("bf16",)
 
 def prefill_specs(archs):
     """The kernels of the common requests on a typical device of each fp8-capable arch (prefill provider): both
-    scale kinds with bf16 output, with and without a bf16 bias, at M = 1 (batch-1 decode: the GEMV kernel), 16 and
-    4096 (both tile classes); the quantizer for bf16 and fp16 inputs, groups of 128."""
+    scale kinds with bf16 output, with and without a bf16 bias, at M = 1 (batch-1 decode: the GEMV kernel), 16 (and
+    sm_90a's streaming kernel) and 4096 (both tile classes); the quantizer for bf16 and fp16 inputs, groups of
+    128."""
     from rtckern.arch import ArchFilter
     from rtckern.registry.candidate import arch_filter
 

@@ -5,6 +5,7 @@ Kernels (kernel_sources/gemm/):
   gemm_fp8_wgmma_sm90   gemm_fp8_sm90.cuh: TMA + mbarrier ring + wgmma m64nNk32 e4m3, warp-specialized and
                         persistent; promotion of each K block of 128 into fp32 accumulators; sm_90a only
   gemm_fp8_gemv         gemm_fp8_gemv.cuh: M = 1, warps streaming whole rows of b into registers (sm_89+)
+  gemm_fp8_stream       gemm_fp8_stream.cuh: 2 <= M <= 64, a cp.async ring of b's rows into wgmma (sm_90a)
   gemm_fp8_skinny       gemm_fp8_skinny.cuh: M <= 64 on mma.sync, and sm_89's tiles past it (sm_89+)
   gemm_fp8_simt         gemm_fp8_simt.cuh: CUDA-core fallback (sm_89+, any alignment)
   quantize_fp8_groups   quantize_fp8.cuh: per-token-group quantization, one warp per group
@@ -284,6 +285,74 @@ def gemv_config(p: Fp8Problem) -> GemvConfig:
     if p.n <= GEMV_NARROW_N:
         return GemvConfig(1, 2)
     return GemvConfig(4, 1 if p.k <= GEMV_LONG_K else 2)
+
+
+# gemm_fp8_stream (sm_90a, the decode range 2 <= M <= STREAM_MAX_M): blocks of one warpgroup on 64 rows of b, a
+# cp.async ring of stages of 512 K bytes (each warp-wide copy one row's 512 contiguous bytes), b's rows as wgmma's A
+# and the tokens, rounded up to STREAM_TOKEN_TILES, as its B.
+STREAM_MAX_M = 64
+STREAM_FIRST_MAX_M = 32  # ranked ahead of the tile kernel up to here (candidates.StreamCandidate.cost)
+STREAM_TOKEN_TILES = (8, 16, 32, 64)  # the wgmma N of the kernel's token tile (wgmma_fp8_narrow_ops.cuh)
+STREAM_ROWS = 64
+STREAM_THREADS = 128
+STREAM_MAX_STAGES = 6
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """gemm_fp8_stream's geometry: a token tile of `nt` rows, a ring of `stages` stages of `span` K bytes (256 or
+    512: each warp-wide copy two rows' or one row's contiguous bytes)."""
+
+    nt: int
+    stages: int
+    span: int = 512
+
+    kind = "stream"
+
+    @staticmethod
+    def stage_bytes(nt: int, span: int = 512) -> int:
+        """b's and a's rows of `span` K bytes, then the block scales of its K blocks padded to 1024 bytes (reserved
+        for every scale kind: rtk_fp8_stream_stage_bytes)."""
+        return (STREAM_ROWS + nt) * span + math.ceil((nt + 1) * (span // 128) * 4 / 1024) * 1024
+
+    @property
+    def smem_bytes(self) -> int:
+        """The ring, and 1024 bytes to align it (the swizzled sub-tiles' atoms)."""
+        return self.stages * self.stage_bytes(self.nt, self.span) + 1024
+
+    @staticmethod
+    def blocks(n: int) -> int:
+        return math.ceil(n / STREAM_ROWS)
+
+    def launch_geometry(self, p: Fp8Problem) -> tuple[tuple, tuple, int]:
+        """(grid, block, dynamic shared memory) of the launch for p."""
+        return (self.blocks(p.n), 1, 1), (STREAM_THREADS, 1, 1), self.smem_bytes
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "nt": self.nt, "stages": self.stages, "span": self.span}
+
+
+def stream_config(p: Fp8Problem, sm_count: int = 132, smem_limit: int = 227 * 1024) -> StreamConfig:
+    """The smallest token tile that holds M; where the grid has two blocks per SM or more, a ring that lets two
+    blocks share an SM (3 stages of 512 K bytes where they fit in half the shared memory, else as many of 256), so
+    one block's copies run while the other waits on its wgmmas; else one block per SM with as many stages of 512 as
+    its shared memory takes (up to STREAM_MAX_STAGES). Measured on an H200 (docs/performance.md): at 28672 x 8192,
+    two blocks per SM read 3.3-3.9 TB/s against 2.8-3.6 with one; at 8192 x 28672 and 7168 x 18432 (128 and 112
+    blocks) the deepest ring was the fastest."""
+    nt = next((t for t in STREAM_TOKEN_TILES if t >= p.m), STREAM_TOKEN_TILES[-1])
+    if StreamConfig.blocks(p.n) >= 2 * sm_count:
+        budget = smem_limit // 2 - 1024
+        if 3 * StreamConfig.stage_bytes(nt, 512) <= budget:
+            return StreamConfig(nt, 3, 512)
+        return StreamConfig(nt, min(STREAM_MAX_STAGES, budget // StreamConfig.stage_bytes(nt, 256)), 256)
+    return StreamConfig(nt, min(STREAM_MAX_STAGES, (smem_limit - 1024) // StreamConfig.stage_bytes(nt, 512)), 512)
+
+
+def stream_spec(p: Fp8Problem, cfg: StreamConfig, arch: Arch) -> KernelSpec:
+    return KernelSpec(source="gemm/gemm_fp8_stream.cuh", name="gemm_fp8_stream", arch=arch, op=OP,
+                      template_args=(ctype(p.out_dtype), _bias_ctype(p), p.bias != "none", SCALE_IDS[p.scale],
+                                     cfg.nt, cfg.stages, cfg.span),
+                      defines=_a_defines(p))
 
 
 def gemv_spec(p: Fp8Problem, cfg: GemvConfig, arch: Arch) -> KernelSpec:

@@ -64,7 +64,7 @@ CANDS = ["gemm_fp8.sm90a_wgmma", "gemm_fp8.simt"]
 
 
 def _force(name):
-    if name == "gemm_fp8.sm90a_wgmma" and torch.cuda.get_device_capability() != (9, 0):
+    if name in ("gemm_fp8.sm90a_wgmma", "gemm_fp8.sm90a_stream") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs sm_90")
     return config.override(force_impl={"gemm_fp8": name})
 
@@ -119,6 +119,18 @@ def test_skinny_decode_range(kind, m, n, k):
     64 (the last chunk partly past K) or of 128 (a last block of 16 K), M at the HALF boundary (8 / 9) and in 2-4 row
     tiles (17, 33, 48, 64), every output dtype with and without a bias, e5m2 a; the same bound as the tile kernels."""
     _check_mma_sync("gemm_fp8.sm89_skinny", kind, m, n, k)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
+@pytest.mark.parametrize("m,n,k", [(1, 256, 2048), (2, 63, 144), (7, 4097, 512), (8, 300, 4112), (9, 129, 1040),
+                                   (16, 1000, 16), (17, 2048, 8192), (33, 4104, 18432), (48, 129, 528),
+                                   (64, 2048, 8192)])
+def test_stream_decode_range(kind, m, n, k):
+    """The sm_90a streaming kernel (M <= 64; b's rows as wgmma's A, the tokens as its B): token tiles of 8 to 64
+    rows, the rows past M zero (2, 7, 9, 17, 33, 48), N past the last 64-row tile (63, 4097, 300, 129, 4104), K
+    past the last 512-byte stage and 128-K block (144, 4112, 1040, 16, 528), long K (18432), every output dtype with
+    and without a bias, e5m2 a; the tile kernels' bound."""
+    _check_mma_sync("gemm_fp8.sm90a_stream", kind, m, n, k)
 
 
 @pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])

@@ -257,8 +257,9 @@ def test_prefill_specs():
     names = {(s.name, s.arch.sm) for s in specs}
     assert ("gemm_fp8_wgmma_sm90", "sm_90a") in names and ("gemm_fp8_simt", "sm_89") in names
     assert ("quantize_fp8_groups", "sm_89") in names
-    # batch-1 decode's GEMV kernel on both archs (sm_90 takes it as plain sm_90, not sm_90a)
+    # batch-1 decode's GEMV kernel on both archs (sm_90 takes it as plain sm_90, not sm_90a); sm_90a's streaming one
     assert ("gemm_fp8_gemv", "sm_89") in names and ("gemm_fp8_gemv", "sm_90") in names
+    assert ("gemm_fp8_stream", "sm_90a") in names and ("gemm_fp8_stream", "sm_89") not in names
 
 
 def _variants():
@@ -320,8 +321,25 @@ def _variants():
                 p = G.Fp8Problem(1, 4096, 4096, sc, out, "none")
                 yield G.gemv_spec(p, G.gemv_config(p), Arch.parse(arch))
             for p in (G.Fp8Problem(1, 4096, 4096, sc, "bf16", "fp32"),
-                      G.Fp8Problem(1, 4096, 4096, sc, "bf16", dtype="fp8_e5m2")):
+                      G.Fp8Problem(1, 4096, 4096, sc, "bf16", dtype="fp8_e5m2"),
+                      G.Fp8Problem(1, 8192, 4096, sc, "bf16"), G.Fp8Problem(1, 8192, 8208, sc, "bf16")):
                 yield G.gemv_spec(p, G.gemv_config(p), Arch.parse(arch))
+    # the streaming kernel (sm_90a, M <= 64) as the candidate configures it on an H100 / H200: every token tile with
+    # one block per SM (N 8192: stages of 512 K bytes) and two (N 28672: 3 of 512 or more of 256), both scale kinds;
+    # every output, a bias and e5m2 a at one config (they change the epilogue and the wgmma's type, not the ring)
+    dev = DeviceInfo.for_arch("sm_90")
+    for n in (8192, 28672):
+        for m in (2, 16, 32, 64):
+            for sc in ("tensor", "block"):
+                p = G.Fp8Problem(m, n, 8192, sc, "bf16", "none")
+                cfg = G.stream_config(p, dev.sm_count, dev.max_smem_per_block_optin)
+                assert cfg.smem_bytes <= dev.max_smem_per_block_optin
+                yield G.stream_spec(p, cfg, Arch.parse("sm_90a"))
+                if (n, m) == (8192, 16):
+                    for q in (G.Fp8Problem(m, n, 8192, sc, "fp16"), G.Fp8Problem(m, n, 8192, sc, "fp32"),
+                              G.Fp8Problem(m, n, 8192, sc, "bf16", "bf16"),
+                              G.Fp8Problem(m, n, 8192, sc, "bf16", dtype="fp8_e5m2")):
+                        yield G.stream_spec(q, cfg, Arch.parse("sm_90a"))
 
 
 def _unique_variants() -> list:
@@ -337,9 +355,11 @@ def test_every_variant_compiles_without_spills():
 
 
 @pytest.mark.parametrize("arch,m,aligned,want", [("sm_90", 1, 1, "gemm_fp8.gemv"),
-                                                  ("sm_90", 2, 1, "gemm_fp8.sm90a_wgmma"),
-                                                  ("sm_90", 16, 1, "gemm_fp8.sm90a_wgmma"),
-                                                  ("sm_90", 17, 1, "gemm_fp8.sm90a_wgmma"),
+                                                  ("sm_90", 2, 1, "gemm_fp8.sm90a_stream"),
+                                                  ("sm_90", 16, 1, "gemm_fp8.sm90a_stream"),
+                                                  ("sm_90", 32, 1, "gemm_fp8.sm90a_stream"),
+                                                  ("sm_90", 33, 1, "gemm_fp8.sm90a_wgmma"),
+                                                  ("sm_90", 65, 1, "gemm_fp8.sm90a_wgmma"),
                                                   ("sm_90", 16, 0, "gemm_fp8.simt"),
                                                   ("sm_89", 8, 1, "gemm_fp8.sm89_skinny"),
                                                   ("sm_89", 64, 1, "gemm_fp8.sm89_skinny"),
@@ -349,7 +369,9 @@ def test_every_variant_compiles_without_spills():
                                                   ("sm_90", 4096, 1, "gemm_fp8.sm90a_wgmma")])
 def test_decode_range_goes_to_the_skinny_kernel(arch, m, aligned, want):
     """M <= 64 with 16-byte aligned rows: M = 1 the GEMV kernel; else on sm_89 the skinny kernel (ranked ahead of the
-    CUDA-core fallback by its cost), on sm_90 the wgmma tile kernel (ranked ahead of it); M > 64 on sm_89 the same
+    CUDA-core fallback by its cost), on sm_90 up to M = 32 the streaming kernel (ahead of the tile kernel, whose 112
+    blocks of 64 rows of b fill 3/4 of the SMs), past it the tile kernel (the skinny kernel ranks after both); M > 64
+    on sm_89 the same
     kernel in 64-row tiles (gemm_fp8.sm89_mma); unaligned rows go to the fallback. The slices per octet grow as N
     shrinks against the SM count (and the grid's rows of 64), the row tiles with M up to 4."""
     report = explain("gemm_fp8", shape=f"{m}x7168x18432", arch=arch, sm_count=132, options={"aligned": str(aligned)})
@@ -362,6 +384,43 @@ def test_decode_range_goes_to_the_skinny_kernel(arch, m, aligned, want):
     assert all(c.half == (m <= 8) and c.stages >= 3 and c.smem_bytes <= 112 * 1024 for c in cfgs)
     assert all(c.mt == min(4, max(1, -(-m // 16))) and c.row_tiles(m) == -(-m // 64) for c in cfgs)
     assert G.SkinnyConfig(4, True).blocks(7168) == 7168 // 16 and dev.arch.cc >= (8, 9)
+
+
+def test_stream_launch_and_ranking():
+    """The streaming kernel takes gemm_fp8_skinny's parameters; a block of one warpgroup per 64 rows of b; the
+    smallest token tile holding M; two blocks per SM where the grid has two per SM (3 stages of 512 K bytes, else as
+    many of 256 in half the shared memory), else one with the deepest ring of 512 (up to 6); ranked ahead of the tile
+    kernel for 2 <= M <= 32 where its blocks fill 3/4 of the SMs, after it at M = 1, past 32 or with fewer blocks;
+    sm_90 only."""
+    from rtckern.ops._fp8 import launch
+    from rtckern.sources import read_source
+    from rtckern.testing import kernel_parameters
+
+    params = kernel_parameters(read_source("gemm/gemm_fp8_stream.cuh"), "gemm_fp8_stream")
+    assert params == kernel_parameters(read_source("gemm/gemm_fp8_skinny.cuh"), "gemm_fp8_skinny")
+
+    class Kernel:
+        def prepare(self, grid, block, kinds, smem):
+            self.grid, self.block, self.kinds, self.smem = grid, block, kinds, smem
+            return lambda *a: None
+
+    k, p = Kernel(), G.Fp8Problem(9, 28680, 8192)
+    cfg = G.stream_config(p, 132, 227 * 1024)
+    launch.GemmLaunch(k, p, cfg, 8192, 8192, (0, 5, 0, 6), 132)
+    assert cfg == G.StreamConfig(16, 5, 256) and k.grid == (449, 1, 1) and k.block == (128, 1, 1)
+    assert k.smem == 5 * (80 * 256 + 1024) + 1024 and k.kinds == "P" * 6 + "q" * 10  # stages with their scales
+    assert G.stream_config(G.Fp8Problem(8, 28672, 8192)) == G.StreamConfig(8, 3, 512)
+    assert G.stream_config(G.Fp8Problem(64, 28672, 8192)) == G.StreamConfig(64, 3, 256)
+    assert [G.stream_config(G.Fp8Problem(m, 7168, 18432)) for m in (2, 16, 32, 64)] == \
+        [G.StreamConfig(8, 6, 512), G.StreamConfig(16, 5, 512), G.StreamConfig(32, 4, 512), G.StreamConfig(64, 3, 512)]
+    assert G.StreamConfig(8, 3, 512).smem_bytes * 2 + 2048 <= 228 * 1024  # two blocks fit an SM (1 KB each reserved)
+    for shape, want in (("8x6336x8192", "gemm_fp8.sm90a_stream"), ("8x6272x8192", "gemm_fp8.sm90a_wgmma"),
+                        ("1x28672x8192", "gemm_fp8.gemv"), ("1x512x8192", "gemm_fp8.sm90a_wgmma"),
+                        ("32x28672x8192", "gemm_fp8.sm90a_stream"), ("33x28672x8192", "gemm_fp8.sm90a_wgmma")):
+        assert explain("gemm_fp8", shape=shape, arch="sm_90", sm_count=132).chosen == want, shape
+    assert "M <= 64" in cands.StreamCandidate().supports(cands.request(G.Fp8Problem(65, 4096, 4096),
+                                                                          DeviceInfo.for_arch("sm_90")))
+    assert explain("gemm_fp8", shape="8x28672x8192", arch="sm_89", sm_count=128).chosen == "gemm_fp8.sm89_skinny"
 
 
 @pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
