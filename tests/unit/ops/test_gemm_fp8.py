@@ -250,6 +250,8 @@ def test_explain_and_requests():
 
 def test_generated_fp8_wgmma_header_is_current():
     assert wgmma_gen.fp8_target_path().read_text() == wgmma_gen.render_fp8()
+    assert wgmma_gen.fp8_narrow_target_path().read_text() == wgmma_gen.render_fp8_narrow(), \
+        "kernel_sources/gemm/wgmma_fp8_narrow_ops.cuh is stale: run python -m rtckern.ops._gemm.wgmma_gen"
 
 
 def test_prefill_specs():
