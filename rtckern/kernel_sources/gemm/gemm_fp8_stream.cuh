@@ -130,6 +130,21 @@ __global__ void __launch_bounds__(128)
     issue(j + STAGES - 1);
     const unsigned base = rtk_smem_addr(ring + (int)(j % STAGES) * STAGE);
     const float* const sc = reinterpret_cast<const float*>(ring + (int)(j % STAGES) * STAGE + (64 + NT) * SPAN);
+    // Block scales: this thread's products sa[token] * sb for each K block of the stage, read before the wgmmas
+    // (a read after a wgmma wait cannot move above it: the promotion would wait on shared memory too).
+    float scl[KBS][NT / 4];
+    if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {
+#pragma unroll
+      for (int s = 0; s < KBS; ++s) {
+        const float s_b = sc[NT * KBS + s];
+#pragma unroll
+        for (int q = 0; q < NT / 8; ++q) {  // this thread's tokens 8 q + 2 t and 8 q + 2 t + 1
+          const float2 sv = *reinterpret_cast<const float2*>(sc + s * NT + 8 * q + 2 * t);
+          scl[s][2 * q] = sv.x * s_b;
+          scl[s][2 * q + 1] = sv.y * s_b;
+        }
+      }
+    }
     // Each K block's four wgmmas into a partial of its own, one commit group each, all issued at once; then each
     // partial is promoted as soon as its group is done, while the later K blocks' wgmmas run.
     float part[KBS][NT / 2];
@@ -147,16 +162,9 @@ __global__ void __launch_bounds__(128)
     for (int s = 0; s < KBS; ++s) {
       rtk_fp8_stream_wait(KBS - 1 - s);
       if constexpr (SCALE == RTK_FP8_SCALE_BLOCK) {  // the scales came with the stage (zeros past K and M)
-        const float s_b = sc[NT * KBS + s];
 #pragma unroll
-        for (int q = 0; q < NT / 8; ++q) {  // this thread's tokens 8 q + 2 t and 8 q + 2 t + 1
-          const float2 sv = *reinterpret_cast<const float2*>(sc + s * NT + 8 * q + 2 * t);
-          const float s0 = sv.x * s_b, s1 = sv.y * s_b;
-          acc[4 * q] = fmaf(part[s][4 * q], s0, acc[4 * q]);
-          acc[4 * q + 1] = fmaf(part[s][4 * q + 1], s1, acc[4 * q + 1]);
-          acc[4 * q + 2] = fmaf(part[s][4 * q + 2], s0, acc[4 * q + 2]);
-          acc[4 * q + 3] = fmaf(part[s][4 * q + 3], s1, acc[4 * q + 3]);
-        }
+        for (int i = 0; i < NT / 2; ++i)  // rows g and g + 8 share their tokens' scales
+          acc[i] = fmaf(part[s][i], scl[s][2 * (i >> 2) + (i & 1)], acc[i]);
       } else {
 #pragma unroll
         for (int i = 0; i < NT / 2; ++i) acc[i] += part[s][i];
