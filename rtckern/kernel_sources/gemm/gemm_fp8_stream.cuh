@@ -8,18 +8,21 @@
 // streams b that way and swaps the operands of the tensor cores: b's 64 rows are wgmma's A (M = 64) and the tokens
 // its B (N = NT, 8 to 64; rows past M zero), so one warpgroup's m64nNTk32 covers a 64-column tile of y whatever M is.
 //
-// Block: one warpgroup, 64 rows of b (blockIdx.x), the whole of K. Stage j holds K bytes [512 j, 512 j + 512): four
-// 128-K blocks, each a 64-row sub-tile of b and an NT-row sub-tile of a in the layout TMA writes with SWIZZLE_128B
-// (16-byte chunk c of row r at r 128 + 16 (c ^ r % 8)), which the wgmma descriptors read. Every warp copies its 16
-// rows of b and a quarter of a's rows; pieces past K, N and M are zero-filled by the copies, so the last stage's
+// Block: one warpgroup, 64 rows of b (blockIdx.x), the whole of K. Stage j holds K bytes [SPAN j, SPAN (j + 1)):
+// SPAN / 128 K blocks (SPAN 256 or 512), each a 64-row sub-tile of b and an NT-row sub-tile of a in the layout TMA
+// writes with SWIZZLE_128B (16-byte chunk c of row r at r 128 + 16 (c ^ r % 8)), which the wgmma descriptors read,
+// then the K blocks' block scales. Every warp copies its 16 rows of b and a quarter of a's rows, each warp-wide copy
+// one row's 512 bytes or two rows' 256; pieces past K, N and M are zero-filled by the copies, so the last stage's
 // wgmmas run unconditionally (zeros add nothing; ptxas serializes wgmmas issued under a condition). Each K block's
-// four k32 wgmmas go into a partial sum of their own (scale-d 0 first), all of a commit group are waited for, then
-// promoted into fp32 accumulators (block scales: times sa[token, kb] * sb[tile / 128, kb], copied into the stage with
-// its operands, so the promotion never waits on a load); the fp8 tensor cores' reduced-precision accumulation is
-// bounded to one K block, as in the tile kernels.
+// four k32 wgmmas go into a partial sum of their own (scale-d 0 first) and commit group of their own, all issued
+// at once; each partial is promoted into fp32 accumulators as its group completes, while the later groups run
+// (block scales: times sa[token, kb] * sb[tile / 128, kb], copied into the stage with its operands and read into
+// registers before its wgmmas, so the promotion never waits on a load); the fp8 tensor cores' reduced-precision
+// accumulation is bounded to one K block, as in the tile kernels.
 // Scales (fp8.cuh): RTK_FP8_SCALE_CHANNEL (per tensor: strides 0) in the epilogue, RTK_FP8_SCALE_BLOCK per K block.
-// Grid: ceil(N / 64) blocks of 128 threads; dynamic shared memory STAGES x rtk_fp8_stream_stage_bytes(NT) + 1024
-// (the ring aligned to 1024 bytes); the parameters are gemm_fp8_skinny's.
+// Grid: ceil(N / 64) blocks of 128 threads; dynamic shared memory STAGES x rtk_fp8_stream_stage_bytes(NT, SPAN) +
+// 1024 (the ring aligned to 1024 bytes); the parameters are gemm_fp8_skinny's. The host (geometry.stream_config)
+// picks a ring two blocks per SM can share where the grid has two per SM, else the deepest one block can have.
 #pragma once
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"
