@@ -6,9 +6,10 @@ torch._scaled_mm (per-tensor scales, bf16 out), and quantize_fp8's GB/s against 
 Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 projections, M = 128 and 16 decode
 shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M =
 1..64 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
-device's copy bandwidth, the memory-bound roofline, with sm_90a's tile and streaming kernels, sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps)
-forced beside the kernel the registry picks; batch-1 decode on small weights over rotating copies of b, the GEMV and
-tile kernels both forced; and sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced,
+device's copy bandwidth, the memory-bound roofline, with sm_90a's tile and streaming kernels, sm_89's decode
+kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps) forced beside
+the kernel the registry picks; batch-1 decode on small weights over rotating copies of b, the GEMV, tile and
+streaming kernels forced; and sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced,
 at two shapes (TFLOP/s).
 quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
 """
@@ -24,7 +25,7 @@ SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 18432), (4096, 24
 # decode: M = 1..64 on weights of 132-235 MB (Llama-3.1-70B's MLP up / down, DeepSeek-V3's 7168 x 18432), every call
 # reading its weight from device memory
 DECODE = ((1, 28672, 8192), (8, 28672, 8192), (32, 28672, 8192), (64, 28672, 8192), (1, 8192, 28672),
-          (64, 8192, 28672), (1, 7168, 18432), (64, 7168, 18432))
+          (8, 8192, 28672), (64, 8192, 28672), (1, 7168, 18432), (8, 7168, 18432), (64, 7168, 18432))
 QUICK = "4096^3 and M=128 only, two decode shapes, 10 reps"
 
 
@@ -127,8 +128,8 @@ SMALL_ROTATION_BYTES = 200 << 20
 
 
 def _small_decode(shapes, copy: float) -> list[dict]:
-    """Per shape: us per call and GB/s of the kernel the registry picks, the GEMV and tile kernels forced, and
-    torch._scaled_mm, each over rotating copies of b."""
+    """Per shape: us per call and GB/s of the kernel the registry picks, the GEMV, tile and streaming kernels forced,
+    and torch._scaled_mm, each over rotating copies of b."""
     import torch
 
     from benchmarks.attention_kvcache import graphed_seconds
@@ -145,6 +146,7 @@ def _small_decode(shapes, copy: float) -> list[dict]:
             def gemm(w):
                 return ops.gemm_fp8(a, w, one, one)
             series = {"rtckern": (None, gemm), GEMV: ("gemm_fp8.gemv", gemm), TILE: ("gemm_fp8.sm90a_wgmma", gemm),
+                      STREAM: ("gemm_fp8.sm90a_stream", gemm),
                       "torch._scaled_mm": (None, lambda w: torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one,
                                                                             out_dtype=torch.bfloat16))}
             for name, (impl, call) in series.items():
@@ -228,7 +230,7 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
         if (name in LATE) != forced_pass:
             continue
         try:
-            if name in FORCED:  # the kernels the registry ranks after the one it picks, forced here
+            if name in FORCED:  # each kernel forced, whichever the registry picks (the rtckern columns)
                 if m > FORCED_MAX_M[name]:
                     continue
                 with config.override(force_impl={"gemm_fp8": FORCED[name]}):
@@ -283,7 +285,7 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                    title="decode range (M = 1..64): bytes moved (a + b + c) per second against the copy bandwidth "
                          "(the memory-bound roofline; goal 0.9)")
     srows = srows or []
-    sseries = ("rtckern", GEMV, TILE, "torch._scaled_mm")
+    sseries = ("rtckern", GEMV, TILE, STREAM, "torch._scaled_mm")
 
     def gbs(s, c):
         return f"{(s['n'] * s['k'] + s['k'] + 2 * s['n']) / (s['us'][c] * 1e-6) / 1e9:.0f}" if c in s["us"] else None

@@ -4,7 +4,7 @@
 // A few tokens against a large weight: the time is b's bytes once through device memory. The tile kernels read b
 // with TMA boxes (128 rows x 128 bytes), which topped out near 3.6 TB/s on an H200 with their tensor-core work
 // compiled out; a cp.async ring of 64 rows x 512 bytes per stage, each warp-wide copy one row's 512 contiguous
-// bytes, read 3.95-4.3 TB/s of the same weights (docs/performance.md, "fp8 GEMM and quantization"). So this kernel
+// bytes, read 3.9-4.3 TB/s of the same weights (docs/performance.md, "fp8 GEMM and quantization"). So this kernel
 // streams b that way and swaps the operands of the tensor cores: b's 64 rows are wgmma's A (M = 64) and the tokens
 // its B (N = NT, 8 to 64; rows past M zero), so one warpgroup's m64nNTk32 covers a 64-column tile of y whatever M is.
 //

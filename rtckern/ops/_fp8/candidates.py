@@ -1,8 +1,8 @@
 """Registry candidates of the fp8 ops, highest priority first:
 
   gemm_fp8.gemv          sm_89+: M = 1, K >= 2048: warps streaming whole rows of b (16-byte aligned rows)
-  gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
   gemm_fp8.sm90a_stream  sm_90a: M <= 64 (decode), b's rows streamed by cp.async into wgmma (16-byte aligned rows)
+  gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
   gemm_fp8.sm89_skinny   sm_89+: M <= 64 (decode), mma.sync e4m3 streaming b once (16-byte aligned rows): the
                          decode path on sm_89; on sm_90 ranked after the tile kernel
   gemm_fp8.sm89_mma      sm_89+: M > 64, the same kernel in 64 x 64 output tiles: sm_89's prefill path
@@ -116,9 +116,10 @@ class GemvCandidate(Candidate):
         what = f"M = 1: whole rows of b streamed into registers ({cfg.rows} per warp, {cfg.unroll} load(s) per row " \
                "and round"
         if cfg.blocks(p.n) * 4 < req.device.sm_count * 3:
-            # fewer blocks than 3/4 of the SMs: the tile kernel's split-K clusters fill them better (H200, 2112 x 7168
-            # in 66 blocks of four rows per warp: 13.1 us against 10.7, docs/performance.md); ranked after it, ahead
-            # of the sm_89 kernels
+            # fewer blocks than 3/4 of the SMs: the tile kernel's split-K clusters filled them better with four rows
+            # per warp (H200, 2112 x 7168 in 66 blocks: 13.1 us against 10.7, docs/performance.md; with one row per
+            # warp the test passes from N = 792, below which it is unmeasured); ranked after it, ahead of the sm_89
+            # kernels
             return Cost(1.1, "rule", f"{what}; {cfg.blocks(p.n)} blocks for {req.device.sm_count} SMs)")
         return Cost(0.9, "rule", f"{what}; memory-bound)")
 
@@ -130,8 +131,8 @@ class GemvCandidate(Candidate):
 
 
 class StreamCandidate(Candidate):
-    """The decode range on sm_90a (M <= 64): b streamed once through a cp.async ring, each warp-wide copy one row's
-    512 contiguous bytes, into wgmma with b's rows as A and the tokens as B (gemm/gemm_fp8_stream.cuh)."""
+    """The decode range on sm_90a (M <= 64): b streamed once through a cp.async ring, each warp-wide copy 256-512
+    contiguous bytes of a row, into wgmma with b's rows as A and the tokens as B (gemm/gemm_fp8_stream.cuh)."""
 
     name = "gemm_fp8.sm90a_stream"
     op = OP
@@ -160,9 +161,10 @@ class StreamCandidate(Candidate):
                f"{cfg.stages} stages of {cfg.span} K bytes"
         blocks = cfg.blocks(p.n)
         if p.m == 1 or p.m > geometry.STREAM_FIRST_MAX_M or blocks * 4 < req.device.sm_count * 3:
-            # M = 1: the GEMV kernel (or the tile kernel where its blocks are few); M = 33..64: no faster than the
-            # tile kernel per-tensor and slower with block scales; a 64-row block per SM for fewer than 3/4 of the
-            # SMs: the tile kernel's split-K clusters fill them (H200, gemm_fp8_h200.md, docs/performance.md)
+            # M = 1: the GEMV kernel (or the tile kernel where its blocks are few); M = 33..64: measured at 64 only,
+            # 1.05x the tile kernel per-tensor at 64 x 28672 x 8192, 0.87-0.90x with one block per SM, and slower
+            # with block scales; fewer 64-row blocks than 3/4 of the SMs: the tile kernel's split-K clusters fill
+            # them (H200, gemm_fp8_h200.md, docs/performance.md)
             return Cost(1.2, "rule", f"{what}; {blocks} blocks for {req.device.sm_count} SMs, M = {p.m}")
         return Cost(0.95, "rule", f"{what} (memory-bound)")
 
@@ -325,17 +327,20 @@ PREFILL_OUT = ("bf16",)
 
 def prefill_specs(archs):
     """The kernels of the common requests on a typical device of each fp8-capable arch (prefill provider): both
-    scale kinds with bf16 output, with and without a bf16 bias, at M = 1 (batch-1 decode: the GEMV kernel), 16 (and
-    sm_90a's streaming kernel) and 4096 (both tile classes); the quantizer for bf16 and fp16 inputs, groups of
-    128."""
+    scale kinds with bf16 output, with and without a bf16 bias, at M = 1 (batch-1 decode: the GEMV kernel), 16 and
+    4096 (both tile classes) on 4096 x 4096, and at M = 8 and 32 on 28672 x 8192 (sm_90a's streaming kernel, which
+    serves decode on weights that fill the SMs); the quantizer for bf16 and fp16 inputs, groups of 128. Every
+    candidate that serves a request is compiled, not only the one ranked first."""
     from rtckern.arch import ArchFilter
     from rtckern.registry.candidate import arch_filter
 
     out = {}
     for arch in ArchFilter.of(min_arch="8.9", vendors=("nvidia",)).targets(archs):
         dev = DeviceInfo.for_arch(arch)
-        reqs = [build_request((m, 4096, 4096), None, dev, scale=s, bias=b)
-                for m in (1, 16, 4096) for s in ("tensor", "block") for b in ("none", "bf16")]
+        reqs = [build_request(shape, None, dev, scale=s, bias=b)
+                for shape in ((1, 4096, 4096), (16, 4096, 4096), (4096, 4096, 4096), (8, 28672, 8192),
+                              (32, 28672, 8192))
+                for s in ("tensor", "block") for b in ("none", "bf16")]
         reqs += [quant_request(dt, 128, 4096, 4096, dev) for dt in ("bf16", "fp16")]
         for req in reqs:
             for cls in CANDIDATES:

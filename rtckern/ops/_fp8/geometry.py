@@ -288,8 +288,8 @@ def gemv_config(p: Fp8Problem) -> GemvConfig:
 
 
 # gemm_fp8_stream (sm_90a, the decode range 2 <= M <= STREAM_MAX_M): blocks of one warpgroup on 64 rows of b, a
-# cp.async ring of stages of 512 K bytes (each warp-wide copy one row's 512 contiguous bytes), b's rows as wgmma's A
-# and the tokens, rounded up to STREAM_TOKEN_TILES, as its B.
+# cp.async ring of stages of 256 or 512 K bytes (each warp-wide copy 256-512 contiguous bytes of a row), b's rows as
+# wgmma's A and the tokens, rounded up to STREAM_TOKEN_TILES, as its B.
 STREAM_MAX_M = 64
 STREAM_FIRST_MAX_M = 32  # ranked ahead of the tile kernel up to here (candidates.StreamCandidate.cost)
 STREAM_TOKEN_TILES = (8, 16, 32, 64)  # the wgmma N of the kernel's token tile (wgmma_fp8_narrow_ops.cuh)
@@ -337,11 +337,12 @@ def stream_config(p: Fp8Problem, sm_count: int = 132, smem_limit: int = 227 * 10
     blocks share an SM (3 stages of 512 K bytes where they fit in half the shared memory, else as many of 256), so
     one block's copies run while the other waits on its wgmmas; else one block per SM with as many stages of 512 as
     its shared memory takes (up to STREAM_MAX_STAGES). Measured on an H200 (docs/performance.md): at 28672 x 8192,
-    two blocks per SM read 3.3-3.9 TB/s against 2.8-3.6 with one; at 8192 x 28672 and 7168 x 18432 (128 and 112
-    blocks) the deepest ring was the fastest."""
+    two blocks per SM read 3.3-3.9 TB/s against 2.9-3.6 with one; at 8192 x 28672 and 7168 x 18432 (128 and 112
+    blocks) the deepest ring was the fastest. smem_limit: a block's opt-in limit, 1 KB under the SM's shared memory
+    (sm_80+), of which each resident block reserves 1 KB."""
     nt = next((t for t in STREAM_TOKEN_TILES if t >= p.m), STREAM_TOKEN_TILES[-1])
     if StreamConfig.blocks(p.n) >= 2 * sm_count:
-        budget = smem_limit // 2 - 1024
+        budget = (smem_limit - 1024) // 2 - 1024  # two blocks' smem_bytes and reservations within the SM's
         if 3 * StreamConfig.stage_bytes(nt, 512) <= budget:
             return StreamConfig(nt, 3, 512)
         return StreamConfig(nt, min(STREAM_MAX_STAGES, budget // StreamConfig.stage_bytes(nt, 256)), 256)

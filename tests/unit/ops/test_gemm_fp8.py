@@ -262,6 +262,10 @@ def test_prefill_specs():
     # batch-1 decode's GEMV kernel on both archs (sm_90 takes it as plain sm_90, not sm_90a); sm_90a's streaming one
     assert ("gemm_fp8_gemv", "sm_89") in names and ("gemm_fp8_gemv", "sm_90") in names
     assert ("gemm_fp8_stream", "sm_90a") in names and ("gemm_fp8_stream", "sm_89") not in names
+    # the decode requests on 28672 x 8192 give the streaming kernel's two-blocks-per-SM builds (256-byte stages at
+    # M = 32), the ones batch 2..32 decode on large weights runs
+    stream = [s for s in specs if s.name == "gemm_fp8_stream"]
+    assert {s.template_args[4:] for s in stream} >= {("32", "4", "256"), ("8", "3", "512")}
 
 
 def _variants():
@@ -369,9 +373,9 @@ def test_every_variant_compiles_without_spills():
                                                   ("sm_89", 4096, 1, "gemm_fp8.sm89_mma"),
                                                   ("sm_89", 4096, 0, "gemm_fp8.simt"),
                                                   ("sm_90", 4096, 1, "gemm_fp8.sm90a_wgmma")])
-def test_decode_range_goes_to_the_skinny_kernel(arch, m, aligned, want):
+def test_decode_range_choice(arch, m, aligned, want):
     """M <= 64 with 16-byte aligned rows: M = 1 the GEMV kernel; else on sm_89 the skinny kernel (ranked ahead of the
-    CUDA-core fallback by its cost), on sm_90 up to M = 32 the streaming kernel (ahead of the tile kernel, whose 112
+    CUDA-core fallback by its cost), on sm_90 up to M = 32 the streaming kernel (ahead of the tile kernel: its 112
     blocks of 64 rows of b fill 3/4 of the SMs), past it the tile kernel (the skinny kernel ranks after both); M > 64
     on sm_89 the same
     kernel in 64-row tiles (gemm_fp8.sm89_mma); unaligned rows go to the fallback. The slices per octet grow as N
@@ -415,7 +419,11 @@ def test_stream_launch_and_ranking():
     assert G.stream_config(G.Fp8Problem(64, 28672, 8192)) == G.StreamConfig(64, 3, 256)
     assert [G.stream_config(G.Fp8Problem(m, 7168, 18432)) for m in (2, 16, 32, 64)] == \
         [G.StreamConfig(8, 6, 512), G.StreamConfig(16, 5, 512), G.StreamConfig(32, 4, 512), G.StreamConfig(64, 3, 512)]
-    assert G.StreamConfig(8, 3, 512).smem_bytes * 2 + 2048 <= 228 * 1024  # two blocks fit an SM (1 KB each reserved)
+    for nt in G.STREAM_TOKEN_TILES:  # two blocks (each with 1 KB reserved) fit an SM's 228 KB; one its 227 KB
+        two, one = (G.stream_config(G.Fp8Problem(nt, n, 8192), 132, 227 * 1024) for n in (28672, 8192))
+        assert 2 * (two.smem_bytes + 1024) <= 228 * 1024 and two.stages >= 3 and one.smem_bytes <= 227 * 1024
+        assert one.span == 512 and one.stages >= 3 and (two.span == 512) is (nt == 8)
+    assert G.STREAM_TOKEN_TILES == wgmma_gen.FP8_NARROW_N  # the token tiles the generated wrappers exist for
     for shape, want in (("8x6336x8192", "gemm_fp8.sm90a_stream"), ("8x6272x8192", "gemm_fp8.sm90a_wgmma"),
                         ("1x28672x8192", "gemm_fp8.gemv"), ("1x512x8192", "gemm_fp8.sm90a_wgmma"),
                         ("32x28672x8192", "gemm_fp8.sm90a_stream"), ("33x28672x8192", "gemm_fp8.sm90a_wgmma")):
