@@ -118,7 +118,7 @@ class GemvCandidate(Candidate):
         if cfg.blocks(p.n) * 4 < req.device.sm_count * 3:
             # fewer blocks than 3/4 of the SMs: the tile kernel's split-K clusters filled them better with four rows
             # per warp (H200, 2112 x 7168 in 66 blocks: 13.1 us against 10.7, docs/performance.md; with one row per
-            # warp the test passes from N = 792, below which it is unmeasured); ranked after it, ahead of the sm_89
+            # warp the test passes from N = 785, below which it is unmeasured); ranked after it, ahead of the sm_89
             # kernels
             return Cost(1.1, "rule", f"{what}; {cfg.blocks(p.n)} blocks for {req.device.sm_count} SMs)")
         return Cost(0.9, "rule", f"{what}; memory-bound)")
@@ -162,9 +162,9 @@ class StreamCandidate(Candidate):
         blocks = cfg.blocks(p.n)
         if p.m == 1 or p.m > geometry.STREAM_FIRST_MAX_M or blocks * 4 < req.device.sm_count * 3:
             # M = 1: the GEMV kernel (or the tile kernel where its blocks are few); M = 33..64: measured at 64 only,
-            # 1.05x the tile kernel per-tensor at 64 x 28672 x 8192, 0.87-0.90x with one block per SM, and slower
-            # with block scales; fewer 64-row blocks than 3/4 of the SMs: the tile kernel's split-K clusters fill
-            # them (H200, gemm_fp8_h200.md, docs/performance.md)
+            # 1.07x the tile kernel per-tensor at 64 x 28672 x 8192 but 0.87-0.88x with one block per SM (8192 x
+            # 28672, 7168 x 18432), and slower with block scales; fewer 64-row blocks than 3/4 of the SMs: the tile
+            # kernel's split-K clusters fill them (H200, gemm_fp8_h200.md, docs/performance.md)
             return Cost(1.2, "rule", f"{what}; {blocks} blocks for {req.device.sm_count} SMs, M = {p.m}")
         return Cost(0.95, "rule", f"{what} (memory-bound)")
 

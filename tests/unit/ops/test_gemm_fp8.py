@@ -375,8 +375,8 @@ def test_every_variant_compiles_without_spills():
                                                   ("sm_90", 4096, 1, "gemm_fp8.sm90a_wgmma")])
 def test_decode_range_choice(arch, m, aligned, want):
     """M <= 64 with 16-byte aligned rows: M = 1 the GEMV kernel; else on sm_89 the skinny kernel (ranked ahead of the
-    CUDA-core fallback by its cost), on sm_90 up to M = 32 the streaming kernel (ahead of the tile kernel: its 112
-    blocks of 64 rows of b fill 3/4 of the SMs), past it the tile kernel (the skinny kernel ranks after both); M > 64
+    CUDA-core fallback by its cost), on sm_90 up to M = 32 the streaming kernel (ahead of the tile kernel: the
+    streaming kernel's 112 blocks of 64 rows of b fill 3/4 of the SMs), past it the tile kernel (the skinny kernel ranks after both); M > 64
     on sm_89 the same
     kernel in 64-row tiles (gemm_fp8.sm89_mma); unaligned rows go to the fallback. The slices per octet grow as N
     shrinks against the SM count (and the grid's rows of 64), the row tiles with M up to 4."""
