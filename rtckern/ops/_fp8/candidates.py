@@ -159,13 +159,14 @@ class StreamCandidate(Candidate):
         p, cfg = problem(req), self.config(req)
         what = f"M <= {geometry.STREAM_MAX_M}: b's rows streamed by cp.async into wgmma, a token tile of {cfg.nt}, " \
                f"{cfg.stages} stages of {cfg.span} K bytes"
-        blocks = cfg.blocks(p.n)
-        if p.m == 1 or p.m > geometry.STREAM_FIRST_MAX_M or blocks * 4 < req.device.sm_count * 3:
-            # M = 1: the GEMV kernel (or the tile kernel where its blocks are few); M = 33..64: measured at 64 only,
-            # 1.07x the tile kernel per-tensor at 64 x 28672 x 8192 but 0.87-0.88x with one block per SM (8192 x
-            # 28672, 7168 x 18432), and slower with block scales; fewer 64-row blocks than 3/4 of the SMs: the tile
-            # kernel's split-K clusters fill them (H200, gemm_fp8_h200.md, docs/performance.md)
-            return Cost(1.2, "rule", f"{what}; {blocks} blocks for {req.device.sm_count} SMs, M = {p.m}")
+        blocks, sms = cfg.blocks(p.n), req.device.sm_count
+        wide = p.m > geometry.STREAM_FIRST_MAX_M
+        if p.m == 1 or blocks * 4 < sms * 3 or (wide and (p.scale == "block" or blocks < 2 * sms)):
+            # M = 1: the GEMV kernel (or the tile kernel where its blocks are few); fewer 64-row blocks than 3/4 of
+            # the SMs: the tile kernel's split-K clusters fill them; M = 33..64 (measured at 64): 1.05-1.07x the
+            # tile kernel per-tensor with two blocks per SM (64 x 28672 x 8192, three runs) but 0.87-0.88x with one
+            # (8192 x 28672, 7168 x 18432) and 0.81x with block scales (H200, gemm_fp8_h200.md, docs/performance.md)
+            return Cost(1.2, "rule", f"{what}; {blocks} blocks for {sms} SMs, M = {p.m}, {p.scale} scales")
         return Cost(0.95, "rule", f"{what} (memory-bound)")
 
     def kernel_specs(self, req: OpRequest):

@@ -396,8 +396,9 @@ def test_stream_launch_and_ranking():
     """The streaming kernel takes gemm_fp8_skinny's parameters; a block of one warpgroup per 64 rows of b; the
     smallest token tile holding M; two blocks per SM where the grid has two per SM (3 stages of 512 K bytes, else as
     many of 256 in half the shared memory), else one with the deepest ring of 512 (up to 6); ranked ahead of the tile
-    kernel for 2 <= M <= 32 where its blocks fill 3/4 of the SMs, after it at M = 1, past 32 or with fewer blocks;
-    sm_90 only."""
+    kernel for 2 <= M <= 32 where its blocks fill 3/4 of the SMs and for 33 <= M <= 64 with per-tensor or channel
+    scales where they are two per SM, after it at M = 1, with block scales past 32 or with fewer blocks; sm_90
+    only."""
     from rtckern.ops._fp8 import launch
     from rtckern.sources import read_source
     from rtckern.testing import kernel_parameters
@@ -426,8 +427,14 @@ def test_stream_launch_and_ranking():
     assert G.STREAM_TOKEN_TILES == wgmma_gen.FP8_NARROW_N  # the token tiles the generated wrappers exist for
     for shape, want in (("8x6336x8192", "gemm_fp8.sm90a_stream"), ("8x6272x8192", "gemm_fp8.sm90a_wgmma"),
                         ("1x28672x8192", "gemm_fp8.gemv"), ("1x512x8192", "gemm_fp8.sm90a_wgmma"),
-                        ("32x28672x8192", "gemm_fp8.sm90a_stream"), ("33x28672x8192", "gemm_fp8.sm90a_wgmma")):
+                        ("32x28672x8192", "gemm_fp8.sm90a_stream"), ("33x8192x28672", "gemm_fp8.sm90a_wgmma"),
+                        ("64x28672x8192", "gemm_fp8.sm90a_stream"), ("64x16832x8192", "gemm_fp8.sm90a_wgmma")):
         assert explain("gemm_fp8", shape=shape, arch="sm_90", sm_count=132).chosen == want, shape
+    # past M = 32 with block scales: the tile kernel, whatever the grid
+    assert explain("gemm_fp8", shape="64x28672x8192", arch="sm_90", sm_count=132,
+                   options={"scale": "block"}).chosen == "gemm_fp8.sm90a_wgmma"
+    assert explain("gemm_fp8", shape="32x28672x8192", arch="sm_90", sm_count=132,
+                   options={"scale": "block"}).chosen == "gemm_fp8.sm90a_stream"
     assert "M <= 64" in cands.StreamCandidate().supports(cands.request(G.Fp8Problem(65, 4096, 4096),
                                                                           DeviceInfo.for_arch("sm_90")))
     assert explain("gemm_fp8", shape="8x28672x8192", arch="sm_89", sm_count=128).chosen == "gemm_fp8.sm89_skinny"
