@@ -163,8 +163,8 @@ class StreamCandidate(Candidate):
         wide = p.m > geometry.STREAM_FIRST_MAX_M
         if p.m == 1 or blocks * 4 < sms * 3 or (wide and (p.scale == "block" or blocks < 2 * sms)):
             # M = 1: the GEMV kernel (or the tile kernel where its blocks are few); fewer 64-row blocks than 3/4 of
-            # the SMs: the tile kernel's split-K clusters fill them; M = 33..64 (measured at 64): 1.05-1.07x the
-            # tile kernel per-tensor with two blocks per SM (64 x 28672 x 8192, three runs) but 0.87-0.88x with one
+            # the SMs: the tile kernel's split-K clusters fill them; M = 33..64 (measured at 64): 1.04-1.07x the
+            # tile kernel per-tensor with two blocks per SM (64 x 28672 x 8192, four runs) but 0.87-0.89x with one
             # (8192 x 28672, 7168 x 18432) and 0.81x with block scales (H200, gemm_fp8_h200.md, docs/performance.md)
             return Cost(1.2, "rule", f"{what}; {blocks} blocks for {sms} SMs, M = {p.m}, {p.scale} scales")
         return Cost(0.95, "rule", f"{what} (memory-bound)")
