@@ -145,15 +145,14 @@ def _small_decode(shapes, copy: float) -> list[dict]:
 
             def gemm(w):
                 return ops.gemm_fp8(a, w, one, one)
-            series = {"rtckern": (None, gemm), GEMV: ("gemm_fp8.gemv", gemm), TILE: ("gemm_fp8.sm90a_wgmma", gemm),
-                      STREAM: ("gemm_fp8.sm90a_stream", gemm),
+            series = {"rtckern": (None, gemm), **{s: (SMALL_FORCED[s], gemm) for s in (GEMV, TILE, STREAM)},
                       "torch._scaled_mm": (None, lambda w: torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one,
                                                                             out_dtype=torch.bfloat16))}
             for name, (impl, call) in series.items():
                 try:
                     with config.override(force_impl={"gemm_fp8": impl}) if impl else contextlib.nullcontext():
                         us[name] = graphed_seconds([lambda w=w: call(w) for w in bs]) * 1e6
-                except Exception as e:  # the tile kernel forced off sm_90
+                except Exception as e:  # the tile or streaming kernel forced off sm_90
                     print(f"{name} failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
             chosen = explain("gemm_fp8", shape=(m, n, k), device=0).chosen
         except Exception as e:  # one shape failing must not lose the run
@@ -192,18 +191,19 @@ def _sm89_prefill(shapes, reps: int) -> list[dict]:
 
 
 def _decode(shapes, reps: int, copy: float) -> list[dict]:
-    """Per decode shape: GB/s (a + b + c bytes per second) of both rtckern scalings and torch._scaled_mm."""
+    """Per decode shape: GB/s (a + b + c bytes per second) of both rtckern scalings, torch._scaled_mm and each kernel
+    of FORCED forced."""
     out: list[dict] = []
     # the forced sm_89 kernels (LATE) in a pass of their own after the others, so that their slower calls do not
     # precede the other series' timings
-    for forced_pass in (False, True):
+    for late_pass in (False, True):
         for m, n, k in shapes:
-            _decode_shape(out, forced_pass, m, n, k, reps, copy)
+            _decode_shape(out, late_pass, m, n, k, reps, copy)
     return out
 
 
-def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: int, copy: float) -> None:
-    """One shape's timings: a row of the series sm_90 runs (appended to out), or with forced_pass the forced sm_89
+def _decode_shape(out: list, late_pass: bool, m: int, n: int, k: int, reps: int, copy: float) -> None:
+    """One shape's timings: a row of the series sm_90 runs (appended to out), or with late_pass the forced sm_89
     kernels' (LATE) added to the shape's row."""
     import torch
 
@@ -213,7 +213,7 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
         a, b, one, sa_blk, sb_blk = _operands(m, n, k)
     except Exception as e:  # out of memory on a smaller GPU: the other shapes still run
         print(f"decode {m}x{n}x{k}: operands failed: {type(e).__name__}: {e}", flush=True)
-        if not forced_pass:
+        if not late_pass:
             out.append({"m": m, "n": n, "k": k, "gbs": {}, "copy_gbs": copy})
         return
     nbytes = n * k + m * k + m * n * 2
@@ -225,12 +225,12 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
             STREAM: lambda: ops.gemm_fp8(a, b, one, one),
             SKINNY: lambda: ops.gemm_fp8(a, b, one, one),
             SIMT: lambda: ops.gemm_fp8(a, b, one, one)}
-    gbs = {} if not forced_pass else next(d for d in out if (d["m"], d["n"], d["k"]) == (m, n, k))["gbs"]
+    gbs = {} if not late_pass else next(d for d in out if (d["m"], d["n"], d["k"]) == (m, n, k))["gbs"]
     for name, fn in runs.items():
-        if (name in LATE) != forced_pass:
+        if (name in LATE) != late_pass:
             continue
         try:
-            if name in FORCED:  # each kernel forced, whichever the registry picks (the rtckern columns)
+            if name in FORCED:  # a kernel forced; the rtckern columns are the registry's pick
                 if m > FORCED_MAX_M[name]:
                     continue
                 with config.override(force_impl={"gemm_fp8": FORCED[name]}):
@@ -239,7 +239,7 @@ def _decode_shape(out: list, forced_pass: bool, m: int, n: int, k: int, reps: in
             gbs[name] = nbytes / (_time_ms(fn, reps) * 1e-3) / 1e9
         except Exception as e:
             print(f"{name} failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
-    if not forced_pass:
+    if not late_pass:
         out.append({"m": m, "n": n, "k": k, "gbs": gbs, "copy_gbs": copy})
     print(f"decode {m}x{n}x{k}: " + ", ".join(f"{k_}={v / copy:.2f}x copy" for k_, v in gbs.items()),
           flush=True)
@@ -257,6 +257,7 @@ FORCED = {TILE: "gemm_fp8.sm90a_wgmma", STREAM: "gemm_fp8.sm90a_stream", SKINNY:
 FORCED_MAX_M = {TILE: 64, STREAM: 64, SKINNY: 64, SIMT: 16}
 LATE = (SKINNY, SIMT)  # timed in a second pass over the shapes
 GEMV = "gemv per-tensor"  # the small-weight table: gemm_fp8.gemv forced
+SMALL_FORCED = {GEMV: "gemm_fp8.gemv", TILE: FORCED[TILE], STREAM: FORCED[STREAM]}
 
 
 def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] | None = None,

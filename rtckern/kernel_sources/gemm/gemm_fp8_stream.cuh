@@ -1,5 +1,6 @@
-// fp8 GEMM for the decode range on sm_90a (2 <= M <= 64): y = (a * sa) @ (b * sb)^T (+ bias) with a (M, K) and b
-// (N, K) e4m3 rows (a e5m2 with RTK_FP8_A_E5M2), 16-byte aligned rows, K a multiple of 16.
+// fp8 GEMM for the decode range on sm_90a (M <= 64; the registry ranks it first from M = 2): y = (a * sa) @
+// (b * sb)^T (+ bias) with a (M, K) and b (N, K) e4m3 rows (a e5m2 with RTK_FP8_A_E5M2), 16-byte aligned rows, K a
+// multiple of 16.
 //
 // A few tokens against a large weight: the time is b's bytes once through device memory. The tile kernels read b
 // with TMA boxes (128 rows x 128 bytes), which topped out near 3.6 TB/s on an H200 with their tensor-core work
@@ -8,17 +9,18 @@
 // streams b that way and swaps the operands of the tensor cores: b's 64 rows are wgmma's A (M = 64) and the tokens
 // its B (N = NT, 8 to 64; rows past M zero), so one warpgroup's m64nNTk32 covers a 64-column tile of y whatever M is.
 //
-// Block: one warpgroup, 64 rows of b (blockIdx.x), the whole of K. Stage j holds K bytes [SPAN j, SPAN (j + 1)):
-// SPAN / 128 K blocks (SPAN 256 or 512), each a 64-row sub-tile of b and an NT-row sub-tile of a in the layout TMA
-// writes with SWIZZLE_128B (16-byte chunk c of row r at r 128 + 16 (c ^ r % 8)), which the wgmma descriptors read,
-// then the K blocks' block scales. Every warp copies its 16 rows of b and a quarter of a's rows, each warp-wide copy
-// one row's 512 bytes or two rows' 256; pieces past K, N and M are zero-filled by the copies, so the last stage's
-// wgmmas run unconditionally (zeros add nothing; ptxas serializes wgmmas issued under a condition). Each K block's
-// four k32 wgmmas go into a partial sum of their own (scale-d 0 first) and commit group of their own, all issued
-// at once; each partial is promoted into fp32 accumulators as its group completes, while the later groups run
-// (block scales: times sa[token, kb] * sb[tile / 128, kb], copied into the stage with its operands and read into
-// registers before its wgmmas, so the promotion never waits on a load); the fp8 tensor cores' reduced-precision
-// accumulation is bounded to one K block, as in the tile kernels.
+// Block: one warpgroup, 64 rows of b (blockIdx.x), the whole of K. Stage j holds K bytes [SPAN j, SPAN (j + 1))
+// (SPAN 256 or 512: SPAN / 128 K blocks) as b's sub-tiles (one per K block, 64 rows x 128 bytes), then a's (NT rows
+// x 128 bytes each), then the K blocks' block scales. The sub-tiles are in the 128-byte swizzle that the wgmma
+// descriptors read (16-byte chunk c of row r at r 128 + 16 (c ^ r % 8), 8-row atoms of 1024 bytes). Every warp
+// copies its 16 rows of b and a quarter of a's rows, each warp-wide copy one row's 512 bytes or two rows' 256;
+// pieces past K, N and M are zero-filled by the copies, so the last stage's wgmmas run unconditionally (zeros add
+// nothing; ptxas serializes wgmmas issued under a condition). Each K block's four k32 wgmmas go into a partial sum
+// of their own (scale-d 0 first) and commit group of their own, all issued at once; each partial is promoted into
+// fp32 accumulators as its group completes, while the later groups run (block scales: times sa[token, kb] *
+// sb[tile / 128, kb], copied into the stage with its operands and read into registers before its wgmmas, so the
+// promotion never waits on a load); the fp8 tensor cores' reduced-precision accumulation is bounded to one K
+// block, as in the tile kernels.
 // Scales (fp8.cuh): RTK_FP8_SCALE_CHANNEL (per tensor: strides 0) in the epilogue, RTK_FP8_SCALE_BLOCK per K block.
 // Grid: ceil(N / 64) blocks of 128 threads; dynamic shared memory STAGES x rtk_fp8_stream_stage_bytes(NT, SPAN) +
 // 1024 (the ring aligned to 1024 bytes); the parameters are gemm_fp8_skinny's. The host (geometry.stream_config)
@@ -32,7 +34,8 @@
 
 #if defined(RTK_CUDA)
 // A stage: b's 64 rows and a's NT rows of SPAN K bytes, then the block scales of its K blocks (sa of each token, sb
-// of the tile; fp32), padded to 1024 bytes so that the next stage's sub-tiles stay aligned.
+// of the tile; fp32), padded to 1024 bytes so that the next stage's sub-tiles stay aligned. The scales' bytes are
+// reserved for every scale kind: the host's stage size then does not depend on it, and no ring loses a stage to it.
 template <int NT, int SPAN>
 constexpr int rtk_fp8_stream_scale_bytes() {
   return ((NT + 1) * (SPAN / 128) * 4 + 1023) / 1024 * 1024;
@@ -55,7 +58,7 @@ RTK_DEVICE void rtk_fp8_stream_wait(int pending) {
     case 0: rtk_wgmma_wait<0>(); break;
     case 1: rtk_wgmma_wait<1>(); break;
     case 2: rtk_wgmma_wait<2>(); break;
-    default: rtk_wgmma_wait<3>(); break;
+    case 3: rtk_wgmma_wait<3>(); break;
   }
 #endif
 }
@@ -71,7 +74,8 @@ __global__ void __launch_bounds__(128)
   static_assert(SPAN == 256 || SPAN == 512, "SPAN: K bytes per stage, 256 or 512");
   static_assert(SCALE == RTK_FP8_SCALE_CHANNEL || SCALE == RTK_FP8_SCALE_BLOCK, "channel (tensor) or block scales");
 #if defined(RTK_HAS_WGMMA)
-  constexpr int KBS = SPAN / 128;                    // K blocks per stage
+  constexpr int KBS = SPAN / 128;                    // K blocks per stage: commit groups in flight
+  static_assert(KBS <= 4, "rtk_fp8_stream_wait counts up to 3 groups pending");
   constexpr int B_SUB = 64 * 128, A_SUB = NT * 128;  // one K block's sub-tiles of b and a
   constexpr int STAGE = rtk_fp8_stream_stage_bytes<NT, SPAN>();
   constexpr int LPR = SPAN / 16, RPI = 32 / LPR;     // lanes per row, rows per warp-wide copy
@@ -98,7 +102,7 @@ __global__ void __launch_bounds__(128)
                      ok ? 16 : 0);
     }
 #pragma unroll
-    for (int i = 0; i < NT / (4 * RPI); ++i) {  // a's rows RPI warp + rl, then 4 RPI rows on
+    for (int i = 0; i < NT / (4 * RPI); ++i) {  // a's rows r = RPI (warp + 4 i) + rl
       const int r = RPI * (warp + 4 * i) + rl;
       const bool ok = kin && r < m;
       rtk_cp_async16(st + 64 * SPAN + kb_l * A_SUB + r * 128 + ((ch ^ (r & 7)) << 4), a + (ok ? r * lda + kk : 0),

@@ -66,12 +66,12 @@ def gemm_fp8(a, b, a_scale, b_scale, out_dtype="bf16", bias=None, trans_b: bool 
         trans_b: must be True (8-bit tensor-core MMAs read both operands K-major); False is refused.
 
     Returns:
-        y, (M, N) in out_dtype, of a's library. With a's and b's bases 16-byte aligned, M = 1 with K >= 2048 takes
-        a GEMV kernel (warps streaming whole rows of b) where its blocks fill the SMs; on sm_90, 2 <= M <= 32 a
+        y, (M, N) in out_dtype, of a's library. With a's and b's bases 16-byte aligned, M = 1 with K >= 2048 takes a
+        GEMV kernel (warps streaming whole rows of b) where its blocks fill the SMs; on sm_90, 2 <= M <= 32 a
         streaming kernel (b's rows by cp.async into wgmma) where its 64-row blocks fill the SMs (up to M = 64 with
-        per-tensor or per-channel scales where they are two per SM), else the wgmma tile kernel (split over K in thread-block clusters for decode shapes whose tiles would leave SMs idle); other
-        sm_89+ GPUs an mma.sync kernel (streaming b for M <= 64, 64 x 64 tiles above); unaligned bases a CUDA-core
-        kernel.
+        per-tensor or per-channel scales where they are two per SM), else the wgmma tile kernel (split over K in
+        thread-block clusters for decode shapes whose tiles would leave SMs idle); other sm_89+ GPUs an mma.sync
+        kernel (streaming b for M <= 64, 64 x 64 tiles above); unaligned bases a CUDA-core kernel.
 
     Raises:
         InputError: a GPU older than sm_89 (no fp8), a dtype other than float8_e4m3fn / float8_e5m2 for a,
@@ -186,8 +186,7 @@ def _build(A, B, SA, SB, Bi, out_dtype, trans_b) -> OutputPlan:
     p = Fp8Problem(m=m, n=n, k=k, scale=gran, out_dtype=out_dt, bias=bias_dt, aligned=aligned, dtype=A.dtype)
     sel = cands.selection((p, A.device), lambda: cands.request(p, dev))
     cfg = sel.candidate.config(sel.request) \
-        if isinstance(sel.candidate, (cands.Sm90aWgmmaCandidate, cands.SkinnyCandidate, cands.GemvCandidate,
-                                      cands.StreamCandidate)) \
+        if isinstance(sel.candidate, (cands.Sm90aWgmmaCandidate, cands.GeometryCandidate)) \
         else None
     launch = GemmLaunch(sel.kernels[0], p, cfg, lda, ldb, strides, dev.sm_count)
     return OutputPlan(settings, A, (m, n), out_dt, launch, sel.candidate.name)

@@ -4,7 +4,7 @@
   gemm_fp8.sm90a_stream  sm_90a: M <= 64 (decode), b's rows streamed by cp.async into wgmma (16-byte aligned rows)
   gemm_fp8.sm90a_wgmma   sm_90a: TMA + wgmma e4m3, per-128-K promotion (needs 16-byte aligned rows: K % 16 == 0)
   gemm_fp8.sm89_skinny   sm_89+: M <= 64 (decode), mma.sync e4m3 streaming b once (16-byte aligned rows): the
-                         decode path on sm_89; on sm_90 ranked after the tile kernel
+                         decode path on sm_89; on sm_90 ranked after the streaming and tile kernels
   gemm_fp8.sm89_mma      sm_89+: M > 64, the same kernel in 64 x 64 output tiles: sm_89's prefill path
   gemm_fp8.simt          sm_89+: CUDA cores, fp32 (the fallback: sm_89, and what the wgmma kernel refuses)
   quantize_fp8.warp      sm_89+: per-token-group quantization, one warp per group
@@ -83,7 +83,32 @@ class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
         return cfg.launch_smem(p)
 
 
-class GemvCandidate(Candidate):
+class GeometryCandidate(Candidate):
+    """A kernel taking gemm_fp8_skinny's parameters with a config from its geometry rule (`config(req)`, whose
+    `launch_geometry(p)` gives grid, block and shared memory): its spec is `spec(p, config, target)`. The GEMV,
+    streaming and mma.sync kernels; launch.GemmLaunch launches them alike."""
+
+    op = OP
+    spec: Any = None  # geometry.<kernel>_spec
+
+    def config(self, req: OpRequest):
+        raise NotImplementedError
+
+    def kernel_specs(self, req: OpRequest):
+        return (type(self).spec(problem(req), self.config(req), self.target(req)),)
+
+    def launch_resources(self, req: OpRequest):
+        _, block, smem = self.config(req).launch_geometry(problem(req))
+        return (Resources(block=block[0], dynamic_smem=smem),)
+
+
+def _fills_sms(blocks: int, sm_count: int) -> bool:
+    """At least 3/4 of the SMs get a block: below it the tile kernel's split-K clusters fill them better (the GEMV and
+    streaming kernels' ranking rules)."""
+    return blocks * 4 >= sm_count * 3
+
+
+class GemvCandidate(GeometryCandidate):
     """Batch-1 decode (M = 1, K >= GEMV_MIN_K): warps stream whole rows of b into registers, 512 contiguous bytes per
     warp-wide load, CUDA-core dot products against a's row held as floats in shared memory (gemm/gemm_fp8_gemv.cuh).
     Ranked before the tile kernel where its blocks (8 warps of 1 or 4 rows, geometry.gemv_config) fill 3/4 of the
@@ -91,9 +116,9 @@ class GemvCandidate(Candidate):
     blocks, K < 2048 or M = 2)."""
 
     name = "gemm_fp8.gemv"
-    op = OP
     priority = 350
     min_arch = FP8_MIN_ARCH
+    spec = staticmethod(geometry.gemv_spec)
 
     @staticmethod
     def config(req: OpRequest) -> geometry.GemvConfig:
@@ -115,7 +140,7 @@ class GemvCandidate(Candidate):
         p, cfg = problem(req), self.config(req)
         what = f"M = 1: whole rows of b streamed into registers ({cfg.rows} per warp, {cfg.unroll} load(s) per row " \
                "and round"
-        if cfg.blocks(p.n) * 4 < req.device.sm_count * 3:
+        if not _fills_sms(cfg.blocks(p.n), req.device.sm_count):
             # fewer blocks than 3/4 of the SMs: the tile kernel's split-K clusters filled them better with four rows
             # per warp (H200, 2112 x 7168 in 66 blocks: 13.1 us against 10.7, docs/performance.md; with one row per
             # warp the test passes from N = 785, below which it is unmeasured); ranked after it, ahead of the sm_89
@@ -123,23 +148,17 @@ class GemvCandidate(Candidate):
             return Cost(1.1, "rule", f"{what}; {cfg.blocks(p.n)} blocks for {req.device.sm_count} SMs)")
         return Cost(0.9, "rule", f"{what}; memory-bound)")
 
-    def kernel_specs(self, req: OpRequest):
-        return (geometry.gemv_spec(problem(req), self.config(req), self.target(req)),)
 
-    def launch_resources(self, req: OpRequest):
-        return (Resources(block=32 * geometry.GEMV_WARPS, dynamic_smem=self.config(req).smem_bytes(problem(req).k)),)
-
-
-class StreamCandidate(Candidate):
+class StreamCandidate(GeometryCandidate):
     """The decode range on sm_90a (M <= 64): b streamed once through a cp.async ring, each warp-wide copy 256-512
     contiguous bytes of a row, into wgmma with b's rows as A and the tokens as B (gemm/gemm_fp8_stream.cuh)."""
 
     name = "gemm_fp8.sm90a_stream"
-    op = OP
     priority = 320
     min_arch = "sm_90"
     max_arch = "sm_90"
     arch_specific = True
+    spec = staticmethod(geometry.stream_spec)
 
     @staticmethod
     def config(req: OpRequest) -> geometry.StreamConfig:
@@ -153,7 +172,8 @@ class StreamCandidate(Candidate):
         return _reason(p) or _unaligned(p) or (
             None if self.config(req).stages >= 2 else
             f"a token tile of {self.config(req).nt} rows leaves no room for two stages in "
-            f"{req.device.max_smem_per_block_optin} bytes of shared memory")
+            f"{req.device.max_smem_per_block_optin} bytes of shared memory; the tile kernel (gemm_fp8.sm90a_wgmma) "
+            "takes it")
 
     def cost(self, req: OpRequest) -> Cost:
         p, cfg = problem(req), self.config(req)
@@ -161,7 +181,7 @@ class StreamCandidate(Candidate):
                f"{cfg.stages} stages of {cfg.span} K bytes"
         blocks, sms = cfg.blocks(p.n), req.device.sm_count
         wide = p.m > geometry.STREAM_FIRST_MAX_M
-        if p.m == 1 or blocks * 4 < sms * 3 or (wide and (p.scale == "block" or blocks < 2 * sms)):
+        if p.m == 1 or not _fills_sms(blocks, sms) or (wide and (p.scale == "block" or cfg.per_sm < 2)):
             # M = 1: the GEMV kernel (or the tile kernel where its blocks are few); fewer 64-row blocks than 3/4 of
             # the SMs: the tile kernel's split-K clusters fill them; M = 33..64 (measured at 64): 1.04-1.07x the
             # tile kernel per-tensor with two blocks per SM (64 x 28672 x 8192, four runs) but 0.87-0.89x with one
@@ -169,21 +189,16 @@ class StreamCandidate(Candidate):
             return Cost(1.2, "rule", f"{what}; {blocks} blocks for {sms} SMs, M = {p.m}, {p.scale} scales")
         return Cost(0.95, "rule", f"{what} (memory-bound)")
 
-    def kernel_specs(self, req: OpRequest):
-        return (geometry.stream_spec(problem(req), self.config(req), self.target(req)),)
 
-    def launch_resources(self, req: OpRequest):
-        return (Resources(block=geometry.STREAM_THREADS, dynamic_smem=self.config(req).smem_bytes),)
-
-
-class SkinnyCandidate(Candidate):
+class SkinnyCandidate(GeometryCandidate):
     """The decode range (M <= 64) on tensor cores with mma.sync: b streamed once from device memory, no tiles to
-    fill (gemm/gemm_fp8_skinny.cuh). sm_89's tensor-core path for decode; on sm_90 the wgmma kernel ranks first."""
+    fill (gemm/gemm_fp8_skinny.cuh). sm_89's tensor-core path for decode; on sm_90 the streaming and tile kernels
+    rank first."""
 
     name = "gemm_fp8.sm89_skinny"
-    op = OP
     priority = 200
     min_arch = FP8_MIN_ARCH
+    spec = staticmethod(geometry.skinny_spec)
 
     @staticmethod
     def config(req: OpRequest) -> geometry.SkinnyConfig:
@@ -200,17 +215,11 @@ class SkinnyCandidate(Candidate):
         return _reason(p) or self.m_reason(p.m) or _unaligned(p)
 
     def cost(self, req: OpRequest) -> Cost:
-        # After the sm_90a tile kernel, which reads b at a larger share of the copy bandwidth on an H200
+        # After the sm_90a streaming and tile kernels, which read b at a larger share of the copy bandwidth on an H200
         # (docs/performance.md, "fp8 GEMM and quantization"); ahead of the CUDA-core fallback, which it replaces on
         # sm_89 for M <= 64.
         return Cost(2.0, "rule", f"M <= {geometry.SKINNY_MAX_M}: mma.sync e4m3 streaming b once, "
                                  f"{self.config(req).slices} warp(s) per 8 rows of b (memory-bound)")
-
-    def kernel_specs(self, req: OpRequest):
-        return (geometry.skinny_spec(problem(req), self.config(req), self.target(req)),)
-
-    def launch_resources(self, req: OpRequest):
-        return (Resources(block=geometry.SKINNY_THREADS, dynamic_smem=self.config(req).smem_bytes),)
 
 
 class Sm89MmaCandidate(SkinnyCandidate):
@@ -279,7 +288,7 @@ class QuantCandidate(Candidate):
         return (Resources(block=256),)
 
 
-CANDIDATES = (GemvCandidate, Sm90aWgmmaCandidate, StreamCandidate, SkinnyCandidate, Sm89MmaCandidate, SimtCandidate,
+CANDIDATES = (GemvCandidate, StreamCandidate, Sm90aWgmmaCandidate, SkinnyCandidate, Sm89MmaCandidate, SimtCandidate,
               QuantCandidate)
 
 # ---- selection, memoized per request key and device -------------------------------------------------------------

@@ -291,11 +291,13 @@ def gemv_config(p: Fp8Problem) -> GemvConfig:
 # cp.async ring of stages of 256 or 512 K bytes (each warp-wide copy 256-512 contiguous bytes of a row), b's rows as
 # wgmma's A and the tokens, rounded up to STREAM_TOKEN_TILES, as its B.
 STREAM_MAX_M = 64
-STREAM_FIRST_MAX_M = 32  # ranked ahead of the tile kernel up to here (candidates.StreamCandidate.cost)
+STREAM_FIRST_MAX_M = 32  # ranked ahead of the tile kernel up to here; past it only in some cases (StreamCandidate.cost)
 STREAM_TOKEN_TILES = (8, 16, 32, 64)  # the wgmma N of the kernel's token tile (wgmma_fp8_narrow_ops.cuh)
 STREAM_ROWS = 64
 STREAM_THREADS = 128
 STREAM_MAX_STAGES = 6
+SMEM_RESERVED_PER_BLOCK = 1024  # shared memory the SM sets aside for each resident block (sm_80+)
+STREAM_RING_ALIGN = 1024  # the ring's start rounded up to the swizzled sub-tiles' 1024-byte atoms
 
 
 @dataclass(frozen=True)
@@ -306,6 +308,7 @@ class StreamConfig:
     nt: int
     stages: int
     span: int = 512
+    per_sm: int = 1  # blocks per SM the ring leaves room for: 2 where the grid has two per SM
 
     kind = "stream"
 
@@ -317,8 +320,8 @@ class StreamConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """The ring, and 1024 bytes to align it (the swizzled sub-tiles' atoms)."""
-        return self.stages * self.stage_bytes(self.nt, self.span) + 1024
+        """The ring, and the bytes to align it."""
+        return self.stages * self.stage_bytes(self.nt, self.span) + STREAM_RING_ALIGN
 
     @staticmethod
     def blocks(n: int) -> int:
@@ -329,7 +332,7 @@ class StreamConfig:
         return (self.blocks(p.n), 1, 1), (STREAM_THREADS, 1, 1), self.smem_bytes
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "nt": self.nt, "stages": self.stages, "span": self.span}
+        return {"kind": self.kind, "nt": self.nt, "stages": self.stages, "span": self.span, "per_sm": self.per_sm}
 
 
 def stream_config(p: Fp8Problem, sm_count: int = 132, smem_limit: int = 227 * 1024) -> StreamConfig:
@@ -340,13 +343,19 @@ def stream_config(p: Fp8Problem, sm_count: int = 132, smem_limit: int = 227 * 10
     two blocks per SM read 3.3-3.9 TB/s against 2.9-3.6 with one; at 8192 x 28672 and 7168 x 18432 (128 and 112
     blocks) the deepest ring was the fastest. smem_limit: a block's opt-in limit, 1 KB under the SM's shared memory
     (sm_80+), of which each resident block reserves 1 KB."""
-    nt = next((t for t in STREAM_TOKEN_TILES if t >= p.m), STREAM_TOKEN_TILES[-1])
+    nt = next((t for t in STREAM_TOKEN_TILES if t >= p.m), None)
+    if nt is None:
+        raise ValueError(f"m={p.m}: the streaming kernel takes M <= {STREAM_MAX_M}; the tile kernel "
+                         "(gemm_fp8.sm90a_wgmma) takes more rows")
     if StreamConfig.blocks(p.n) >= 2 * sm_count:
-        budget = (smem_limit - 1024) // 2 - 1024  # two blocks' smem_bytes and reservations within the SM's
+        # two blocks' rings, alignment and reservations within the SM's shared memory (the opt-in limit + one
+        # reservation)
+        budget = (smem_limit + SMEM_RESERVED_PER_BLOCK) // 2 - SMEM_RESERVED_PER_BLOCK - STREAM_RING_ALIGN
         if 3 * StreamConfig.stage_bytes(nt, 512) <= budget:
-            return StreamConfig(nt, 3, 512)
-        return StreamConfig(nt, min(STREAM_MAX_STAGES, budget // StreamConfig.stage_bytes(nt, 256)), 256)
-    return StreamConfig(nt, min(STREAM_MAX_STAGES, (smem_limit - 1024) // StreamConfig.stage_bytes(nt, 512)), 512)
+            return StreamConfig(nt, 3, 512, 2)
+        return StreamConfig(nt, min(STREAM_MAX_STAGES, budget // StreamConfig.stage_bytes(nt, 256)), 256, 2)
+    stages = (smem_limit - STREAM_RING_ALIGN) // StreamConfig.stage_bytes(nt, 512)
+    return StreamConfig(nt, min(STREAM_MAX_STAGES, stages), 512)
 
 
 def stream_spec(p: Fp8Problem, cfg: StreamConfig, arch: Arch) -> KernelSpec:

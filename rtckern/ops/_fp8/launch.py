@@ -73,7 +73,7 @@ class GemmLaunch:
 
     def __init__(self, kernel, p: Fp8Problem, cfg, lda: int, ldb: int, scale_strides: tuple, sm_count: int):
         sa_row, sa_kb, sb_row, sb_kb = scale_strides
-        if cfg is not None and cfg.kind in ("gemv", "skinny", "stream"):  # all take gemm_fp8_skinny's parameters
+        if cfg is not None and cfg.kind != "sm90":  # the GEMV, streaming and mma.sync kernels: the skinny's parameters
             self._maps = None
             scalars = (p.m, p.n, p.k, lda, ldb, p.n, sa_row, sa_kb, sb_row, sb_kb)
             self._main = Prepared(kernel, *cfg.launch_geometry(p), [("u64", 0)] * 6 + [("i64", v) for v in scalars])

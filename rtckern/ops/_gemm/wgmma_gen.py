@@ -69,13 +69,14 @@ struct rtk_wgmma_e4m3;
 """
 
 
-def _one_fp8(n: int, name: str = "rtk_wgmma_e4m3", types: str = "e4m3.e4m3") -> str:
+def _one_fp8(n: int, name: str = "rtk_wgmma_e4m3", types: str = "e4m3.e4m3", targs: str | None = None) -> str:
+    """One specialization of `name` (template arguments `targs`, default N) for m64nNk32 over `types`."""
     regs = n // 2
     lst = ", ".join(f"%{i}" for i in range(regs))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     return f"""
 template <>
-struct {name}<{n}> {{
+struct {name}<{targs or n}> {{
   static RTK_DEVICE void mma(float (&d)[{regs}], unsigned long long desc_a, unsigned long long desc_b, int scale_d) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
@@ -112,9 +113,8 @@ struct rtk_wgmma_fp8_narrow;
 
 
 def _narrow_fp8(n: int, b_e5m2: bool) -> str:
-    one = _one_fp8(n, "rtk_wgmma_fp8_narrow", "e4m3.e5m2" if b_e5m2 else "e4m3.e4m3")
-    return one.replace("template <>\nstruct rtk_wgmma_fp8_narrow<%d>" % n,
-                       "template <>\nstruct rtk_wgmma_fp8_narrow<%d, %s>" % (n, "true" if b_e5m2 else "false"))
+    return _one_fp8(n, "rtk_wgmma_fp8_narrow", "e4m3.e5m2" if b_e5m2 else "e4m3.e4m3",
+                    f"{n}, {'true' if b_e5m2 else 'false'}")
 
 
 def render_fp8_narrow() -> str:

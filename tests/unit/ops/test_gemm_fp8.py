@@ -64,15 +64,18 @@ def test_tma_store_where_rows_of_c_are_16_byte_multiples():
     p = G.Fp8Problem(1000, 4096, 4096)
     assert not G.Sm90Fp8Config(64, 128, 8, 1).tma_store(p)
 
-    class Kernel:
-        def prepare(self, grid, block, kinds, smem):
-            self.kinds, self.smem = kinds, smem
-            return lambda *a: None
-
-    k = Kernel()
+    k = _RecordingKernel()
     gl = launch.GemmLaunch(k, G.Fp8Problem(1000, 4100, 4096, out_dtype="fp32"), cfg, 4096, 4096, (0, 0, 0, 0), 132)
     assert k.kinds.startswith("MMMP") and k.smem == cfg.smem_bytes + 4 * G.STORE_BOX_BYTES
     assert gl._maps[2].dtype == "fp32" and gl._maps[2].box == (32, 64) and gl._maps[2].stride == 4100 * 4
+
+
+class _RecordingKernel:
+    """A compiled kernel's stand-in that records the launch GemmLaunch prepares."""
+
+    def prepare(self, grid, block, kinds, smem):
+        self.grid, self.block, self.kinds, self.smem = grid, block, kinds, smem
+        return lambda *a: None
 
 
 def test_gemv_launch_matches_the_kernel():
@@ -87,12 +90,7 @@ def test_gemv_launch_matches_the_kernel():
     params = kernel_parameters(read_source("gemm/gemm_fp8_gemv.cuh"), "gemm_fp8_gemv")
     assert params == kernel_parameters(read_source("gemm/gemm_fp8_skinny.cuh"), "gemm_fp8_skinny")
 
-    class Kernel:
-        def prepare(self, grid, block, kinds, smem):
-            self.grid, self.block, self.kinds, self.smem = grid, block, kinds, smem
-            return lambda *a: None
-
-    k, p = Kernel(), G.Fp8Problem(1, 4100, 4112)
+    k, p = _RecordingKernel(), G.Fp8Problem(1, 4100, 4112)
     gl = launch.GemmLaunch(k, p, G.gemv_config(p), 4112, 4128, (0, 5, 0, 6), 132)
     # a's 257 pieces of 16 bytes in the kernel's layout: rounded up to 9 warps' 32 pieces of 64 bytes
     assert k.grid == (-(-4100 // 32), 1, 1) and k.block == (256, 1, 1) and k.smem == 9 * 32 * 64
@@ -374,11 +372,11 @@ def test_every_variant_compiles_without_spills():
                                                   ("sm_89", 4096, 0, "gemm_fp8.simt"),
                                                   ("sm_90", 4096, 1, "gemm_fp8.sm90a_wgmma")])
 def test_decode_range_choice(arch, m, aligned, want):
-    """M <= 64 with 16-byte aligned rows: M = 1 the GEMV kernel; else on sm_89 the skinny kernel (ranked ahead of the
-    CUDA-core fallback by its cost), on sm_90 up to M = 32 the streaming kernel (ahead of the tile kernel: the
-    streaming kernel's 112 blocks of 64 rows of b fill 3/4 of the SMs), past it the tile kernel (the skinny kernel ranks after both); M > 64
-    on sm_89 the same
-    kernel in 64-row tiles (gemm_fp8.sm89_mma); unaligned rows go to the fallback. The slices per octet grow as N
+    """M <= 64 with 16-byte aligned rows of 7168 x 18432: M = 1 the GEMV kernel; else on sm_89 the skinny kernel
+    (ranked ahead of the CUDA-core fallback by its cost), on sm_90 up to M = 32 the streaming kernel (ahead of the
+    tile kernel: the streaming kernel's 112 blocks of 64 rows of b fill 3/4 of the SMs), past it the tile kernel
+    (112 blocks are one per SM; the skinny kernel ranks after both); M > 64 on sm_89 the same kernel in 64-row tiles
+    (gemm_fp8.sm89_mma); unaligned rows go to the fallback. The slices per octet grow as N
     shrinks against the SM count (and the grid's rows of 64), the row tiles with M up to 4."""
     report = explain("gemm_fp8", shape=f"{m}x7168x18432", arch=arch, sm_count=132, options={"aligned": str(aligned)})
     assert report.chosen == want
@@ -406,18 +404,15 @@ def test_stream_launch_and_ranking():
     params = kernel_parameters(read_source("gemm/gemm_fp8_stream.cuh"), "gemm_fp8_stream")
     assert params == kernel_parameters(read_source("gemm/gemm_fp8_skinny.cuh"), "gemm_fp8_skinny")
 
-    class Kernel:
-        def prepare(self, grid, block, kinds, smem):
-            self.grid, self.block, self.kinds, self.smem = grid, block, kinds, smem
-            return lambda *a: None
-
-    k, p = Kernel(), G.Fp8Problem(9, 28680, 8192)
+    k, p = _RecordingKernel(), G.Fp8Problem(9, 28680, 8192)
     cfg = G.stream_config(p, 132, 227 * 1024)
     launch.GemmLaunch(k, p, cfg, 8192, 8192, (0, 5, 0, 6), 132)
-    assert cfg == G.StreamConfig(16, 5, 256) and k.grid == (449, 1, 1) and k.block == (128, 1, 1)
+    assert cfg == G.StreamConfig(16, 5, 256, 2) and k.grid == (449, 1, 1) and k.block == (128, 1, 1)
     assert k.smem == 5 * (80 * 256 + 1024) + 1024 and k.kinds == "P" * 6 + "q" * 10  # stages with their scales
-    assert G.stream_config(G.Fp8Problem(8, 28672, 8192)) == G.StreamConfig(8, 3, 512)
-    assert G.stream_config(G.Fp8Problem(64, 28672, 8192)) == G.StreamConfig(64, 3, 256)
+    assert G.stream_config(G.Fp8Problem(8, 28672, 8192)) == G.StreamConfig(8, 3, 512, 2)
+    assert G.stream_config(G.Fp8Problem(64, 28672, 8192)) == G.StreamConfig(64, 3, 256, 2)
+    with pytest.raises(ValueError, match="M <= 64"):
+        G.stream_config(G.Fp8Problem(65, 28672, 8192))
     assert [G.stream_config(G.Fp8Problem(m, 7168, 18432)) for m in (2, 16, 32, 64)] == \
         [G.StreamConfig(8, 6, 512), G.StreamConfig(16, 5, 512), G.StreamConfig(32, 4, 512), G.StreamConfig(64, 3, 512)]
     for nt in G.STREAM_TOKEN_TILES:  # two blocks (each with 1 KB reserved) fit an SM's 228 KB; one its 227 KB
@@ -430,9 +425,11 @@ def test_stream_launch_and_ranking():
                         ("32x28672x8192", "gemm_fp8.sm90a_stream"), ("33x8192x28672", "gemm_fp8.sm90a_wgmma"),
                         ("64x28672x8192", "gemm_fp8.sm90a_stream"), ("64x16832x8192", "gemm_fp8.sm90a_wgmma")):
         assert explain("gemm_fp8", shape=shape, arch="sm_90", sm_count=132).chosen == want, shape
-    # past M = 32 with block scales: the tile kernel, whatever the grid
+    # past M = 32 with block scales: the tile kernel, whatever the grid; with per-channel ones as per-tensor
     assert explain("gemm_fp8", shape="64x28672x8192", arch="sm_90", sm_count=132,
                    options={"scale": "block"}).chosen == "gemm_fp8.sm90a_wgmma"
+    assert explain("gemm_fp8", shape="64x28672x8192", arch="sm_90", sm_count=132,
+                   options={"scale": "channel"}).chosen == "gemm_fp8.sm90a_stream"
     assert explain("gemm_fp8", shape="32x28672x8192", arch="sm_90", sm_count=132,
                    options={"scale": "block"}).chosen == "gemm_fp8.sm90a_stream"
     assert "M <= 64" in cands.StreamCandidate().supports(cands.request(G.Fp8Problem(65, 4096, 4096),
@@ -442,13 +439,13 @@ def test_stream_launch_and_ranking():
 
 @pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
 @pytest.mark.parametrize("m,n,k,aligned,gemv", [(1, 4096, 4096, 1, "both"), (1, 3168, 4096, 1, "both"),
-                                                (1, 792, 4096, 1, "both"), (1, 784, 4096, 1, "sm_89"),
+                                                (1, 785, 4096, 1, "both"), (1, 784, 4096, 1, "sm_89"),
                                                 (1, 4104, 4096, 1, "both"), (1, 4096, 7168, 1, "both"),
                                                 (1, 7168, 2048, 1, "both"), (1, 28672, 8192, 1, "both"),
                                                 (1, 32768, 512, 1, ""), (2, 4096, 4096, 1, ""), (1, 4096, 4096, 0, "")])
 def test_batch_one_goes_to_the_gemv_kernel(arch, m, n, k, aligned, gemv):
     """M = 1 with K >= 2048 and aligned rows: the GEMV kernel, ranked first by its cost where its blocks number 3/4 of
-    the SMs (99 of 132: 8 rows of b per block up to 4096 rows, so N >= 792; 32 past it); otherwise after the tile
+    the SMs (99 of 132: 8 rows of b per block up to 4096 rows, so N >= 785; 32 past it); otherwise after the tile
     kernel on sm_90 and still ahead of the skinny kernel on sm_89; past those bounds the kernel that served before
     it."""
     report = explain("gemm_fp8", shape=f"{m}x{n}x{k}", arch=arch, sm_count=132, options={"aligned": str(aligned)})
