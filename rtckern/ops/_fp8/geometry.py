@@ -358,25 +358,25 @@ def stream_config(p: Fp8Problem, sm_count: int = 132, smem_limit: int = 227 * 10
     return StreamConfig(nt, min(STREAM_MAX_STAGES, stages), 512)
 
 
-def stream_spec(p: Fp8Problem, cfg: StreamConfig, arch: Arch) -> KernelSpec:
-    return KernelSpec(source="gemm/gemm_fp8_stream.cuh", name="gemm_fp8_stream", arch=arch, op=OP,
+def _skinny_params_spec(kernel: str, p: Fp8Problem, arch: Arch, *config_args) -> KernelSpec:
+    """A kernel taking gemm_fp8_skinny's parameters (gemm/<kernel>.cuh): template arguments output, bias, whether
+    there is one and the scale kind, then the config's."""
+    return KernelSpec(source=f"gemm/{kernel}.cuh", name=kernel, arch=arch, op=OP,
                       template_args=(ctype(p.out_dtype), _bias_ctype(p), p.bias != "none", SCALE_IDS[p.scale],
-                                     cfg.nt, cfg.stages, cfg.span),
+                                     *config_args),
                       defines=_a_defines(p))
+
+
+def stream_spec(p: Fp8Problem, cfg: StreamConfig, arch: Arch) -> KernelSpec:
+    return _skinny_params_spec("gemm_fp8_stream", p, arch, cfg.nt, cfg.stages, cfg.span)
 
 
 def gemv_spec(p: Fp8Problem, cfg: GemvConfig, arch: Arch) -> KernelSpec:
-    return KernelSpec(source="gemm/gemm_fp8_gemv.cuh", name="gemm_fp8_gemv", arch=arch, op=OP,
-                      template_args=(ctype(p.out_dtype), _bias_ctype(p), p.bias != "none", SCALE_IDS[p.scale],
-                                     cfg.rows, cfg.unroll),
-                      defines=_a_defines(p))
+    return _skinny_params_spec("gemm_fp8_gemv", p, arch, cfg.rows, cfg.unroll)
 
 
 def skinny_spec(p: Fp8Problem, cfg: SkinnyConfig, arch: Arch) -> KernelSpec:
-    return KernelSpec(source="gemm/gemm_fp8_skinny.cuh", name="gemm_fp8_skinny", arch=arch, op=OP,
-                      template_args=(ctype(p.out_dtype), _bias_ctype(p), p.bias != "none", SCALE_IDS[p.scale],
-                                     cfg.slices, cfg.half, cfg.stages, cfg.mt),
-                      defines=_a_defines(p))
+    return _skinny_params_spec("gemm_fp8_skinny", p, arch, cfg.slices, cfg.half, cfg.stages, cfg.mt)
 
 
 def _bias_ctype(p: Fp8Problem) -> str:
