@@ -223,6 +223,33 @@ def test_prepared_launch(dev, mgr, native_launch):
             launch(0, x.data_ptr(), y.data_ptr())
 
 
+def test_repeated_launches_follow_the_settings(dev, mgr, monkeypatch):
+    """Kernel.launch remembers the argument types of native-scalar calls per geometry: repeated calls, calls with
+    arrays (torch's current stream implied), and calls after the native launcher is turned off mid-process (then
+    through cuda.core) all launch and compute the same."""
+    from rtckern import config
+    from rtckern.runtime.kernel import Kernel
+
+    through_core = []
+    core_launch = Kernel._launch_core
+    monkeypatch.setattr(Kernel, "_launch_core", lambda self, *a: through_core.append(1) or core_launch(self, *a))
+    k = mgr.get(spec(dev, "axpy", ("float",)), 0)
+    n = 4099
+    x, y = torch.randn(n, device="cuda"), torch.zeros(n, device="cuda")
+    grid, sh = (n + 255) // 256, torch.cuda.current_stream().cuda_stream
+    for _ in range(3):
+        k.launch(grid, 256, (x.data_ptr(), y.data_ptr(), np.float32(1.0), n), stream=sh)
+    native_on = config.settings().native_launch != "off"
+    assert len(through_core) == (0 if native_on else 3)
+    with config.override(native_launch="off"):
+        k.launch(grid, 256, (x.data_ptr(), y.data_ptr(), np.float32(1.0), n), stream=sh)
+    assert len(through_core) == (1 if native_on else 4)
+    for _ in range(2):
+        k.launch(grid, 256, (x, y, np.float32(1.0), n))
+    torch.cuda.synchronize()
+    assert torch.allclose(y, 6 * x, rtol=1e-6, atol=1e-6)
+
+
 def test_native_launcher_is_available_on_the_gpu_machine():
     """Where the GPU tests run, a C compiler and the Python headers exist: the launcher must build (a silent
     fallback there would hide a 2-3 us regression per launch)."""
