@@ -38,6 +38,10 @@ def _scales(kind, m, n, k, g):
     if kind == "block_col":  # column-major, TMA-aligned rows
         mp = math.ceil(m / 4) * 4
         sa = torch.empty(kb, mp, device="cuda").t()[:m].copy_(sa)
+    elif kind == "block_pad":  # row-major, rows padded to 4 K blocks: aligned runs ending past K
+        sa = torch.empty(m, math.ceil(kb / 4) * 4, device="cuda")[:, :kb].copy_(sa)
+    elif kind == "block_off":  # row-major, the first scale 4 bytes past an aligned address
+        sa = torch.empty(m, kb + 1, device="cuda")[:, 1:].copy_(sa)
     return sa, r(nb, kb)
 
 
@@ -121,7 +125,7 @@ def test_skinny_decode_range(kind, m, n, k):
     _check_mma_sync("gemm_fp8.sm89_skinny", kind, m, n, k)
 
 
-@pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col", "block_pad", "block_off"])
 @pytest.mark.parametrize("m,n,k", [(1, 256, 2048), (2, 63, 144), (7, 4097, 512), (8, 300, 4112), (9, 129, 1040),
                                    (16, 1000, 16), (17, 2048, 8192), (33, 4104, 18432), (48, 129, 528),
                                    (64, 2048, 8192), (8, 16960, 4112), (9, 16960, 1040), (12, 16960, 2064),
@@ -132,7 +136,8 @@ def test_stream_decode_range(kind, m, n, k):
     17000), K past the last stage and 128-K block (144, 4112, 1040, 16, 528), long K (18432), one block per SM
     (stages of 512 K bytes) and two (N >= 16833 on 132 SMs: 3 stages of 512 at NT = 8, stages of 256, each
     warp-wide copy two rows, past it; K 2064 and 4112 wrap those rings), every output dtype with and without a
-    bias, e5m2 a; the tile kernels' bound."""
+    bias, e5m2 a; a's block scales row-major, column-major, in padded rows and from an address off 16 bytes; the
+    tile kernels' bound."""
     _check_mma_sync("gemm_fp8.sm90a_stream", kind, m, n, k)
 
 
