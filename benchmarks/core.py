@@ -34,19 +34,23 @@ def copy_bandwidth(torch, nbytes=4 << 30, reps=20) -> float:
     return 2 * (nbytes // 2) / t / 1e9
 
 
-def per_call_us(fn, sync, n=20000, rounds=5) -> float:
-    """Host cost per launch: n back-to-back launches of an empty kernel, best of rounds (median is close)."""
-    for _ in range(1000):
-        fn()
-    sync()
-    res = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
+def per_call_us(fns: dict, n=20000, rounds=7) -> dict:
+    """Host cost per launch of each {name: (fn, sync)}: n back-to-back launches of an empty kernel per round, the
+    launchers taking turns round by round (the host's drift, which moved these timings by 20% between runs, then falls
+    on every launcher alike); the median of rounds, in us."""
+    for fn, sync in fns.values():
+        for _ in range(1000):
             fn()
         sync()
-        res.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(res)
+    res: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, (fn, sync) in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            sync()
+            res[name].append((time.perf_counter() - t0) / n * 1e6)
+    return {name: statistics.median(v) for name, v in res.items()}
 
 
 def run(args) -> Result:
@@ -104,11 +108,6 @@ def run(args) -> Result:
 
         cs = core_stream(sh)
         cfg = LaunchConfig(grid=1, block=32)
-        raw0 = per_call_us(lambda: launch(cs, cfg, k0.core), sync)
-        raw8 = per_call_us(lambda: launch(cs, cfg, k8.core, *args8), sync)
-        rt0 = per_call_us(lambda: k0.launch(1, 32, (), 0, sh), sync)
-        rt8 = per_call_us(lambda: k8.launch(1, 32, args8, 0, sh), sync)
-        rt8_torch_stream = per_call_us(lambda: k8.launch(1, 32, args8, 0, stream), sync)
         import cupy
 
         src = "extern \"C\" __global__ void noop8(float* out, const float* a, const float* b, const float* c, " \
@@ -117,9 +116,17 @@ def run(args) -> Result:
         ck = cupy.RawKernel(src, "noop8")
         cb = cupy.zeros(16, dtype=cupy.float32)
         cargs = (cb, cb, cb, cb, np.int64(1), np.int64(2), np.float32(1.0), np.float32(2.0))
-        cupy_us = per_call_us(lambda: ck((1,), (32,), cargs), lambda: cupy.cuda.Device().synchronize())
         t = torch.zeros(1, device="cuda")
-        torch_us = per_call_us(lambda: t.add_(1.0), sync)
+        us = per_call_us({
+            "raw0": (lambda: launch(cs, cfg, k0.core), sync),
+            "raw8": (lambda: launch(cs, cfg, k8.core, *args8), sync),
+            "rt0": (lambda: k0.launch(1, 32, (), 0, sh), sync),
+            "rt8": (lambda: k8.launch(1, 32, args8, 0, sh), sync),
+            "rt8_torch_stream": (lambda: k8.launch(1, 32, args8, 0, stream), sync),
+            "cupy": (lambda: ck((1,), (32,), cargs), lambda: cupy.cuda.Device().synchronize()),
+            "torch": (lambda: t.add_(1.0), sync)})
+        raw0, raw8, rt0, rt8, rt8_torch_stream = (us[k] for k in ("raw0", "raw8", "rt0", "rt8", "rt8_torch_stream"))
+        cupy_us, torch_us = us["cupy"], us["torch"]
         results["launch_us"] = {"cuda_core_0args": round(raw0, 3), "cuda_core_8args": round(raw8, 3),
                                 "rtckern_0args": round(rt0, 3), "rtckern_8args": round(rt8, 3),
                                 "rtckern_8args_torch_stream_obj": round(rt8_torch_stream, 3),
@@ -143,7 +150,7 @@ def to_result(results: dict) -> Result:
             {"launcher": "torch eager `add_`", "args0_us": L["torch_add_"], "args8_us": None}]
     body = [f"On {results['device']}.", f"Device-to-device copy: **{results['copy_gbps']} GB/s** (read + write)",
             Table(["launcher", "0 args", "8 args"], [(r["launcher"], r["args0_us"], r["args8_us"]) for r in rows],
-                  title="Host cost per launch (µs, empty kernel, 20k back-to-back launches, median of 5)"),
+                  title="Host cost per launch (µs, empty kernel, 20k back-to-back launches per round, median of 7 rounds, the launchers in turn)"),
             Table(["what", "value"], [
                 ["cold NVRTC compile (axpy f32/f16/bf16), ms", results["cold_compile_ms"]],
                 ["warm disk hit + load, new manager, ms", results["warm_disk_load_ms"]],
@@ -175,7 +182,7 @@ def plot(plt, meta: dict, rows: list[dict]):
     ax.set_yticks(list(y))
     ax.set_yticklabels([r["launcher"].replace("`", "") for r in rows])
     ax.invert_yaxis()
-    ax.set_xlabel("host us per launch (empty kernel, 20k back-to-back launches, median of 5)")
+    ax.set_xlabel("host us per launch (empty kernel, 20k back-to-back launches per round, median of 7 rounds, the launchers in turn)")
     ax.legend(fontsize=8)
     ax.set_title(f"host cost per launch on {gpu_name(meta)}")
     fig.tight_layout()
