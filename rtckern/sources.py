@@ -41,11 +41,12 @@ def forget() -> None:
     _includes.clear()
 
 
-def _read(path: Path) -> str:
+def _read(path: str | Path) -> str:
     k = str(path)
     t = _texts.get(k)
     if t is None:
-        t = _texts.put(k, path.read_text())
+        with open(k) as f:  # the locale's encoding, as Path.read_text
+            t = _texts.put(k, f.read())
     return t
 
 
@@ -70,69 +71,74 @@ def resolve_includes(text: str, including: str = "", user_dirs: Sequence[Path] =
     them, as it does angle-bracket includes found nowhere here (the compiler's built-in headers).
     Memoized per process by (text, including, the dirs): see the module docstring for when an edit is seen.
     """
-    root = kernel_sources_dir()
-    memo = (text, including, str(root), tuple(str(d) for d in user_dirs), tuple(str(d) for d in system_dirs))
+    root = str(kernel_sources_dir())
+    user = [str(d) for d in user_dirs]
+    system = [str(d) for d in system_dirs]
+    memo = (text, including, root, tuple(user), tuple(system))
     hit = _includes.get(memo)
     if hit is None:
-        hit = _includes.put(memo, tuple(_resolve(text, including, root, [Path(d) for d in user_dirs], system_dirs)))
+        hit = _includes.put(memo, tuple(_resolve(text, including, root, user, system)))
     return list(hit)
 
 
-def _resolve(text: str, including: str, root: Path, user: list[Path],
-             system_dirs: Sequence[Path]) -> list[tuple[str, str]]:
+# Paths below are strings joined with os.path: a key's include walk runs once per process and source, and through
+# pathlib it was most of the host time of a kernel's load from a warm disk.
+def _resolve(text: str, including: str, root: str, user: list[str], system: list[str]) -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
-    stack = [_direct(text, root / including if including else None, including, root, user, system_dirs)]
+    stack = [_direct(text, os.path.join(root, including) if including else None, including, root, user, system)]
     while stack:
         for label, path in stack.pop():
             if label in seen:
                 continue
             seen[label] = _read(path)
-            stack.append(_file_includes(path, including, root, user, system_dirs))
+            stack.append(_file_includes(path, including, root, user, system))
     return sorted(seen.items())
 
 
-def _file_includes(path: Path, including: str, root: Path, user: list[Path],
-                   system_dirs: Sequence[Path]) -> tuple[tuple[str, Path], ...]:
+def _file_includes(path: str, including: str, root: str, user: list[str],
+                   system: list[str]) -> tuple[tuple[str, str], ...]:
     """The headers one file includes directly, memoized by its path and the search dirs."""
-    memo = (str(path), str(root), tuple(str(d) for d in user), tuple(str(d) for d in system_dirs))
+    memo = (path, root, tuple(user), tuple(system))
     hit = _includes.get(memo)
     if hit is None:
-        hit = _includes.put(memo, _direct(_read(path), path, including, root, user, system_dirs))
+        hit = _includes.put(memo, _direct(_read(path), path, including, root, user, system))
     return hit
 
 
-def _direct(body: str, where: Path | None, including: str, root: Path, user: list[Path],
-            system_dirs: Sequence[Path]) -> tuple[tuple[str, Path], ...]:
+def _direct(body: str, where: str | None, including: str, root: str, user: list[str],
+            system: list[str]) -> tuple[tuple[str, str], ...]:
     """(label, path) of each header ``body`` (the text of the file at ``where``) includes, in order."""
     out = []
     for quoted, angled in _INCLUDE.findall(body):
         name = quoted or angled
         path = _find(name, where if quoted else None, ([root] if quoted else []) + user)
         if path is None:
-            if angled or any((Path(d) / name).is_file() for d in system_dirs):
+            if angled or any(os.path.isfile(os.path.join(d, name)) for d in system):
                 continue
-            dirs = ", ".join(str(d) for d in [root, *user])
+            dirs = ", ".join([root, *user])
             raise RtckernError(f"{including or 'source'} includes \"{name}\", which is not under {dirs}; put it "
                                "under a directory of RTCKERN_INCLUDE_DIRS")
         out.append((_label(path, root, user), path))
     return tuple(out)
 
 
-def _find(name: str, including_file: Path | None, dirs: Sequence[Path]) -> Path | None:
-    if including_file is not None and (including_file.parent / name).is_file():
-        return including_file.parent / name
+def _find(name: str, including_file: str | None, dirs: Sequence[str]) -> str | None:
+    if including_file is not None:
+        p = os.path.join(os.path.dirname(including_file), name)
+        if os.path.isfile(p):
+            return p
     for d in dirs:
-        if (d / name).is_file():
-            return d / name
+        p = os.path.join(d, name)
+        if os.path.isfile(p):
+            return p
     return None
 
 
-def _label(path: Path, root: Path, user: Sequence[Path]) -> str:
+def _label(path: str, root: str, user: Sequence[str]) -> str:
     """Where a header is, without machine-specific parts: relative to kernel_sources/ or to its user dir."""
-    p = Path(os.path.normpath(path))
+    p = os.path.normpath(path)
     for base, prefix in ((root, ""), *((d, "user:") for d in user)):
-        try:
-            return prefix + p.relative_to(os.path.normpath(base)).as_posix()
-        except ValueError:
-            continue
-    return "user:" + p.name
+        b = os.path.normpath(base)
+        if p.startswith(b + os.sep):
+            return prefix + p[len(b) + 1:].replace(os.sep, "/")
+    return "user:" + os.path.basename(p)
