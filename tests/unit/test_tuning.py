@@ -292,6 +292,18 @@ def test_shipped_tables_load_and_carry_date_and_versions():
             assert r.meta.get("date") and (v.get("device") or v.get("gpu")) and len(v) >= 2, (path, r.index)
 
 
+def test_every_shipped_row_names_the_command_that_makes_it():
+    """A shipped row can be made again: its source is an `rtckern tune` command of a registered tuner with --shapes
+    (rows from before the command was recorded say so after it)."""
+    import rtckern.ops  # noqa: F401 - registers the ops' tuners, as `rtckern tune` does
+
+    for path in sorted(tuning.SHIPPED_DIR.glob("*.json")):
+        for i, r in enumerate(json.loads(path.read_text())["rows"]):
+            words = str(r.get("source", "")).split()
+            assert words[:2] == ["rtckern", "tune"] and "--shapes" in words, (path.name, i, r.get("source"))
+            tuning.resolve_tuner(words[2])  # raises for a name `rtckern tune` does not know
+
+
 # -- device classes ------------------------------------------------------------------------------------------------
 def crow(cls, n, block, sms=132, arch="sm_90", dtype="bf16"):
     r = row(arch, sms, dtype, n, block)
