@@ -139,6 +139,11 @@ def _label(path: str, root: str, user: Sequence[str]) -> str:
     p = os.path.normpath(path)
     for base, prefix in ((root, ""), *((d, "user:") for d in user)):
         b = os.path.normpath(base)
-        if p.startswith(b + os.sep):
-            return prefix + p[len(b) + 1:].replace(os.sep, "/")
+        if b == ".":  # the working directory: every relative path is under it (as PurePath.relative_to(".") says)
+            if not os.path.isabs(p):
+                return prefix + p.replace(os.sep, "/")
+            continue
+        under = b if b.endswith(os.sep) else b + os.sep  # "/" keeps its separator
+        if p.startswith(under):
+            return prefix + p[len(under):].replace(os.sep, "/")
     return "user:" + os.path.basename(p)

@@ -447,6 +447,8 @@ class Kernel(KernelAttributes):
         cfg = self._configs.get((grid, block, shared_mem, cooperative, cluster))
         if cfg is None:
             cfg = self._config(grid, block, shared_mem, cooperative, cluster)
+        if type(args) is not tuple:
+            args = tuple(args)  # a generator read twice below would launch with nothing the second time
         types = tuple(map(type, args))
         hit = cfg.by_types.get(types)
         if hit is not None and hit[0] is settings():  # native scalars launched before with this geometry
@@ -462,10 +464,11 @@ class Kernel(KernelAttributes):
                 break
         if not cooperative and cluster is None:
             kinds = native_kinds(args)
+            s = settings()
             go = None if kinds is None else self._native_launch(cfg, kinds)
             if go is not None:  # in this kernel's context whatever is current, as _launch_on_own_device
-                if scalars:
-                    cfg.by_types[types] = (settings(), go)
+                if scalars and s is settings():  # (not when the settings changed meanwhile, in another thread)
+                    cfg.by_types[types] = (s, go)
                 go(0 if stream is None else stream_handle(stream), *args)
                 return
         self._launch_core(cfg, args, stream)

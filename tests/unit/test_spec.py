@@ -1,11 +1,12 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from rtckern import sources
 from rtckern.arch import Arch
-from rtckern.spec import KernelSpec
+from rtckern.spec import KernelSpec, KeyInputs
 
 ID = "nvrtc-test|headers-1"
 
@@ -189,6 +190,28 @@ def test_user_include_dir_headers_are_found_and_hashed_by_content(cache_dir, tmp
         m2 = KernelManager(cache_dir)
         assert m2.key(spec) != key_a
         assert m2.compile(spec).binary != first.binary and m2.stats.compiles == 1
+
+
+@pytest.mark.parametrize("spelling", [".", "./", "cwd/", "/"])
+def test_user_headers_of_one_name_in_two_subdirs_both_change_the_key(tmp_path, monkeypatch, spelling):
+    """A user include dir spelled as the working directory (".") or the root ("/") labels each header by its
+    path under it, so two headers named alike in two subdirectories are both hashed: an edit of either changes the
+    key (a label of the bare file name kept only the first)."""
+    (tmp_path / "sub1").mkdir()
+    (tmp_path / "sub2").mkdir()
+    (tmp_path / "sub1" / "x.h").write_text("#define ONE 1\n")
+    (tmp_path / "sub2" / "x.h").write_text("#define TWO 2\n")
+    monkeypatch.chdir(tmp_path)
+    where = {"cwd/": str(tmp_path) + "/", "/": "/"}.get(spelling, spelling)
+    pre = str(tmp_path).lstrip("/") + "/" if spelling == "/" else ""
+    code = f'#include <{pre}sub1/x.h>\n#include <{pre}sub2/x.h>\nextern "C" __global__ void k(int* p){{ *p = ONE + TWO; }}\n'
+    spec = KernelSpec("user.cu", "k", Arch(8, 0), code=code)
+    inputs = KeyInputs(ID, (), (Path(where),))
+    sources.forget()
+    before = spec.key(inputs)
+    (tmp_path / "sub2" / "x.h").write_text("#define TWO 3\n")
+    sources.forget()
+    assert spec.key(inputs) != before
 
 
 def test_unknown_quoted_include_names_the_search_dirs(tmp_path):

@@ -119,6 +119,17 @@ def test_launch_goes_through_the_native_launcher(fake, native_mod, monkeypatch):
     assert k.prepare(4, 128, "qfdiIqPd") is not None and len(native_mod.made) == 1  # the same prepared launch
 
 
+def test_arguments_given_as_an_iterator_launch_like_a_tuple(fake, native_mod):
+    """Kernel.launch reads its arguments once: an iterator's launch passes them (it once reached the memo of argument
+    types empty, and the tuple call after it then failed) and leaves the memo as a tuple's would."""
+    k = _load(fake)
+    k.launch(8, 128, (x for x in (1, 2)), stream=3)
+    k.launch(8, 128, (1, 2), stream=3)
+    k.launch(8, 128, [1, 2], stream=3)
+    assert native_mod.calls == [(3, 1, 2)] * 3
+    assert [m[5] for m in native_mod.made] == ["qq"]
+
+
 def test_a_dependent_launch_is_prepared_apart_on_sm90_only(fake, native_mod):
     from rtckern.device import DeviceInfo
 
