@@ -83,9 +83,12 @@ def gemm_fp8(a, b, a_scale, b_scale, out_dtype="bf16", bias=None, trans_b: bool 
     if type(a) in tt and type(b) in tt and type(a_scale) in tt and type(b_scale) in tt and \
             (bias is None or type(bias) in tt):
         pa, pb = a.data_ptr(), b.data_ptr()
-        key = (a.dtype, a.shape, a.stride(), a.device, b.dtype, b.shape, b.stride(), not (pa | pb) & 15,
-               a_scale.dtype, a_scale.shape, a_scale.stride(), b_scale.dtype, b_scale.shape, b_scale.stride(),
-               None if bias is None else (bias.dtype, bias.shape, bias.stride()), out_dtype, trans_b)
+        # every array's device: a hit skips the checks that refuse a CPU or another GPU's operand
+        key = (a.dtype, a.shape, a.stride(), a.device, b.dtype, b.shape, b.stride(), b.get_device(),
+               not (pa | pb) & 15, a_scale.dtype, a_scale.shape, a_scale.stride(), a_scale.get_device(),
+               b_scale.dtype, b_scale.shape, b_scale.stride(), b_scale.get_device(),
+               None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.get_device()), out_dtype,
+               trans_b)
         try:
             p = plan.plans.get(key)
         except TypeError:
@@ -182,6 +185,9 @@ def _build(A, B, SA, SB, Bi, out_dtype, trans_b) -> OutputPlan:
     if m == 0 or n == 0:
         return OutputPlan(settings, A, (m, n), out_dt, None)
     lda, ldb = A.strides[0] if m > 1 else k, B.strides[0] if n > 1 else k
+    if lda < k or ldb < k:
+        raise InputError(f"a has strides {A.strides} and b {B.strides}: gemm_fp8 takes rows at a positive stride of "
+                         f"at least K={k} elements (rows that do not overlap); pass a.contiguous() / b.contiguous()")
     aligned = not (A.ptr % 16 or B.ptr % 16 or lda % 16 or ldb % 16)
     p = Fp8Problem(m=m, n=n, k=k, scale=gran, out_dtype=out_dt, bias=bias_dt, aligned=aligned, dtype=A.dtype)
     sel = cands.selection((p, A.device), lambda: cands.request(p, dev))
@@ -216,7 +222,7 @@ def quantize_fp8(x, group: int = 128, scale_format: str = "row"):
     tt = _torch_types()
     if type(x) not in tt:
         raise InputError(f"quantize_fp8 takes a torch tensor; got {type(x).__name__}")
-    key = (x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 16, group, scale_format)
+    key = (x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 32, group, scale_format)  # 32: fp32's 256-groups
     try:
         p = plan.plans.get(key)
     except TypeError:

@@ -57,6 +57,13 @@ def _reason(p: Fp8Problem) -> str | None:
             or geometry.k_reason(p.k, OP))
 
 
+def _tile_reason(p: Fp8Problem) -> str | None:
+    """The sm_90a tile kernel's: _reason, and each dimension under 2^31 (its TMA coordinates are 32-bit)."""
+    return _reason(p) or (None if max(p.m, p.n, p.k) < 2**31 else
+                          f"M, N, K = {p.m}, {p.n}, {p.k}: the tile kernel takes each dimension under 2^31 (32-bit "
+                          "TMA coordinates); split the call along the largest")
+
+
 def _unaligned(p: Fp8Problem) -> str | None:
     return None if p.aligned else "needs 16-byte aligned rows of a and b (bases and row strides multiples of 16 bytes)"
 
@@ -69,7 +76,7 @@ class Sm90aWgmmaCandidate(WgmmaTileCandidate, ProblemCandidate):
     op = OP
     tile_memo = _configs
     work = "tensor cores (wgmma e4m3)"
-    problem, reason, spec = staticmethod(problem), staticmethod(_reason), staticmethod(geometry.sm90_spec)
+    problem, reason, spec = staticmethod(problem), staticmethod(_tile_reason), staticmethod(geometry.sm90_spec)
 
     def tiled(self, req: OpRequest) -> tuple[Sm90Fp8Config, Any]:
         return configs.tuned(problem(req), req.device)
@@ -248,8 +255,13 @@ class SimtCandidate(Candidate):
     priority = 10
     min_arch = FP8_MIN_ARCH
 
+    MAX_M = 65535 * geometry.SIMT_TILE[0]  # the grid's y dimension: a row of blocks per 64 rows of a
+
     def supports(self, req: OpRequest) -> str | None:
-        return _reason(problem(req))
+        p = problem(req)
+        return _reason(p) or (None if p.m <= self.MAX_M else
+                              f"m={p.m}: the CUDA-core kernel takes M <= {self.MAX_M} (a grid row per "
+                              f"{geometry.SIMT_TILE[0]} rows of a); split the call along M")
 
     def cost(self, req: OpRequest) -> Cost:
         return Cost(8.0, "rule", "CUDA cores in fp32 (no fp8 tensor cores used): the fallback")

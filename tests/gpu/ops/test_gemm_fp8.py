@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rtckern import config  # noqa: E402
+from rtckern.errors import InputError  # noqa: E402
 from rtckern.ops import gemm_fp8, quantize_fp8  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -265,6 +266,32 @@ def test_split_k_clusters(kind, m, n, k):
             assert torch.equal(y, _run_config(p, cfg, a, b, sa, sb, bb, out)), cfg
             ran += 1
     assert ran >= 4
+
+
+def test_a_memoized_call_still_refuses_what_a_first_call_refuses():
+    """The hot path's memo: after a call on the GPU, the same shapes with b, a scale or the bias on the CPU are
+    refused as on a first call (a memo hit once launched with their host addresses), and rows closer than K apart
+    are refused; quantize_fp8 refuses fp32 rows off 32 bytes for groups of 256 after an aligned call too."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs sm_89")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a, b = _fp8((16, 256), g), _fp8((64, 256), g)
+    sa, sb = torch.ones((), device="cuda"), torch.ones((), device="cuda")
+    bias = torch.zeros(64, device="cuda", dtype=torch.bfloat16)
+    gemm_fp8(a, b, sa, sb, bias=bias)
+    for args in ((a, b.cpu(), sa, sb, bias), (a, b, sa.cpu(), sb, bias), (a, b, sa, sb.cpu(), bias),
+                 (a, b, sa, sb, bias.cpu())):
+        with pytest.raises(InputError):
+            gemm_fp8(*args[:4], bias=args[4])
+    overlapping = torch.as_strided(a, (16, 256), (16, 1))
+    with pytest.raises(InputError, match="at least K=256"):
+        gemm_fp8(overlapping, b, sa, sb)
+    flat = torch.randn(4 * 1024 + 8, device="cuda")
+    x = flat[:4 * 1024].view(4, 1024)
+    assert x.data_ptr() % 32 == 0
+    quantize_fp8(x, group=256)
+    with pytest.raises(InputError, match="aligned to 32 bytes"):
+        quantize_fp8(flat[4:4 + 4 * 1024].view(4, 1024), group=256)
 
 
 def test_quantize_round_trip_and_saturation():

@@ -241,6 +241,13 @@ def test_explain_and_requests():
     assert "multiple of 16" in cands.SimtCandidate().supports(cands.build_request((64, 64, 40), None, dev))
     with pytest.raises(Exception, match="scale"):
         cands.build_request((64, 64, 64), None, dev, scale="row")
+    # dimensions past the kernels' index ranges are refused by name: the tile kernel's 32-bit TMA coordinates (a
+    # K of 2^31 + 128 at M = 1 otherwise reached it and dropped the K blocks past 2^31), the fallback's grid rows
+    huge = cands.build_request((1, 1, 2**31 + 128), None, dev)
+    assert "under 2^31" in cands.Sm90aWgmmaCandidate().supports(huge)
+    assert cands.Sm90aWgmmaCandidate().supports(cands.build_request((1, 1, 2**31 - 128), None, dev)) is None
+    assert "M <= 4194240" in cands.SimtCandidate().supports(cands.build_request((4194241, 64, 64), None, dev))
+    assert cands.SimtCandidate().supports(cands.build_request((4194240, 64, 64), None, dev)) is None
     q = cands.build_quant_request((4096, 7168), "bf16", dev, group=128)
     assert cands.QuantCandidate().supports(q) is None
     assert "multiple of group" in cands.QuantCandidate().supports(cands.build_quant_request((4, 96), "bf16", dev))
