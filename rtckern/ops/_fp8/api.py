@@ -222,7 +222,8 @@ def quantize_fp8(x, group: int = 128, scale_format: str = "row"):
     tt = _torch_types()
     if type(x) not in tt:
         raise InputError(f"quantize_fp8 takes a torch tensor; got {type(x).__name__}")
-    key = (x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 32, group, scale_format)  # 32: fp32's 256-groups
+    # group by type and value (128.0 == 128, which the slow path refuses); the address mod 32: fp32's 256-groups
+    key = (x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 32, type(group), group, scale_format)
     try:
         p = plan.plans.get(key)
     except TypeError:

@@ -85,10 +85,12 @@ def rms_norm_quant(x, weight=None, eps: float = 1e-6, *, group: int = 128, scale
         raise InputError(f"rms_norm_quant takes torch tensors; got x of type {type(x).__name__}")
     wkey = None if weight is None else (weight.dtype, weight.shape, weight.stride(), weight.device,
                                         weight.data_ptr() % 16)
-    key = (x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 16, wkey, eps, group, scale_format,
-           bool(zero_centered))
+    # eps, group and the flag by type and value: a tensor eps hashes by identity (an in-place change would hit the
+    # memo with the old value), and 128.0 == 128 (which the slow path refuses as a group)
+    key = (x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 16, wkey, type(eps), eps, type(group), group,
+           scale_format, type(zero_centered), zero_centered) if type(eps) in (float, int) else None
     try:
-        p = plans.get(key)
+        p = None if key is None else plans.get(key)
     except TypeError:
         p, key = None, None
     if p is None or p.settings is not settings():

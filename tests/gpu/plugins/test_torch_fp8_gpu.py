@@ -81,6 +81,25 @@ def _check_against_norm_then_quantize(x, w, group, fmt):
     assert (err <= bound).all()
 
 
+def test_repeated_calls_read_eps_and_group_as_a_first_call_does():
+    """The ops' memos key scalars by type and value: a one-element tensor eps changed in place between two calls of
+    rms_norm_quant gives the second call's normalization, and a group of 128.0 (refused on a first call) is refused
+    after a call with 128 too."""
+    from rtckern.errors import InputError
+
+    x = torch.randn(8, 1024, device="cuda", dtype=BF16)
+    eps = torch.tensor(1e-6)
+    rk.rms_norm_quant(x, None, eps)
+    eps.fill_(100.0)
+    q, s = rk.rms_norm_quant(x, None, eps)
+    q2, s2 = rk.rms_norm_quant(x, None, 100.0)
+    assert torch.equal(s, s2) and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
+    for op in (lambda g: rk.rms_norm_quant(x, None, 1e-6, group=g), lambda g: rk.quantize_fp8(x, g)):
+        op(128)
+        with pytest.raises(InputError, match="group=128.0"):
+            op(128.0)
+
+
 def test_rms_norm_quant_torch_op_and_3d_rows():
     x = torch.randn(2, 33, 4096, device="cuda", dtype=BF16)
     w = torch.randn(4096, device="cuda", dtype=BF16)
