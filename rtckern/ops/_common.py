@@ -163,6 +163,16 @@ def dtype_reason(what: str, dtype: str, supported: Iterable[str]) -> str | None:
     return None if dtype in supported else f"{what} {dtype} not supported; supported: {describe(supported)}"
 
 
+def tma_coordinates_reason(**dims: int) -> str | None:
+    """Why a TMA kernel cannot address operands of these dimensions (its tensor-map coordinates are 32-bit: each
+    dimension under 2^31), or None."""
+    big = [f"{name}={v}" for name, v in dims.items() if v >= 2**31]
+    if not big:
+        return None
+    return (f"{', '.join(big)}: the TMA kernels' coordinates are 32-bit (each dimension under 2^31; past it their "
+            "loads zero-fill and their stores clip); split the call along it")
+
+
 def vector_reason(vec: int, widest: int, what: str, vectors: tuple[int, ...] = (8, 4, 2, 1)) -> str | None:
     """Why a row kernel cannot take pieces of `vec` elements (`widest`: the widest vector the dtypes allow, named
     `what` in the message), or None."""

@@ -9,7 +9,9 @@ q: (batch, seqlen_q, heads_q, head_dim), seqlen_q >= 1. The cache, bf16 or fp16 
 - contiguous: k_cache, v_cache (batch, capacity, heads_kv, head_dim), block_table None;
 - paged: k_cache, v_cache (num_blocks, page_size, heads_kv, head_dim) with block_table int32 (batch,
   max_blocks_per_seq): token j of sequence b is row j % page_size of block block_table[b, j // page_size]; page_size
-  a multiple of 16 (16, 32, 64, 128, 256 ...). Blocks may be in any order and shared between sequences.
+  a multiple of 16 (16, 32, 64, 128, 256 ...). Blocks may be in any order and shared between sequences; the
+  entries a sequence's length reaches must be in [0, num_blocks): the kernels read them as block indices unchecked
+  (a value out of range reads, and with k_new writes, outside the cache), entries past them are never read.
 cache_seqlens: int32 (batch,) on the GPU: the tokens cached per sequence before this call.
 k_new, v_new (optional, together): (batch, seqlen_new, heads_kv, head_dim): written into the cache at rows
 cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 (in place, before attending; cache_seqlens itself is not

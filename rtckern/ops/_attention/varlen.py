@@ -20,7 +20,9 @@ contiguous, token and head strides multiples of 8 elements, 16-byte aligned addr
 Returns o contiguous (total_q, heads_q, head_dim), like q; with return_lse also lse float32 (heads_q, total_q)
 (FlashAttention's varlen layout), natural log. Rows of o and lse that no sequence covers (past
 cu_seqlens_q[batch]) are left unwritten. The prefix sums must be non-decreasing, start at 0 or more and stay
-within total_q / total_k (not checked on the host: that would synchronize); bad ones give wrong rows, never a fault.
+within total_q / total_k: they are not checked on the host (that would synchronize), and the kernels take them as
+row offsets, so a decreasing pair gives an empty sequence but a value outside [0, total] reads and writes rows
+outside q, k, v and o.
 """
 from __future__ import annotations
 

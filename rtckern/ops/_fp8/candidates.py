@@ -25,7 +25,7 @@ from rtckern.registry import Candidate, Cost, OpRequest, Resources, register_ker
 from rtckern.registry import options as opts
 
 from .._common import (ProblemCandidate, SelectionMemo, dtype_reason, WgmmaTileCandidate, register_missing_builder,
-                       register_missing_candidates, run_once)
+                       register_missing_candidates, run_once, tma_coordinates_reason)
 from . import configs, geometry
 from .geometry import OP, QUANT_OP, Fp8Problem, Sm90Fp8Config
 
@@ -58,10 +58,8 @@ def _reason(p: Fp8Problem) -> str | None:
 
 
 def _tile_reason(p: Fp8Problem) -> str | None:
-    """The sm_90a tile kernel's: _reason, and each dimension under 2^31 (its TMA coordinates are 32-bit)."""
-    return _reason(p) or (None if max(p.m, p.n, p.k) < 2**31 else
-                          f"M, N, K = {p.m}, {p.n}, {p.k}: the tile kernel takes each dimension under 2^31 (32-bit "
-                          "TMA coordinates); split the call along the largest")
+    """The sm_90a tile kernel's: _reason, and dimensions its 32-bit TMA coordinates reach."""
+    return _reason(p) or tma_coordinates_reason(m=p.m, n=p.n, k=p.k)
 
 
 def _unaligned(p: Fp8Problem) -> str | None:

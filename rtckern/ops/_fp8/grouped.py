@@ -16,7 +16,8 @@ prefix sums in device memory; y (total_m, N). Masked groups (decode): a (G, capa
 device memory, the valid rows of each group; y (G, capacity, N). As in rtckern.ops.grouped_gemm: the index is never
 read on the host (no synchronization; the grid depends on shapes only, so CUDA-graph capture and replay with new
 offsets / counts work after a first call), groups of 0 rows are fine, rows no group covers are left unwritten, and
-out-of-range index values are clamped on the device.
+index values outside [0, total_m] / [0, capacity] are clamped on the device. Offsets must be non-decreasing: the
+kernel counts work tiles in 32 bits over them, bounded on the host for non-decreasing offsets only.
 
 K a positive multiple of 16 (a ragged last K block is fine: its scales are the last column); any N >= 1; base
 addresses 16-byte aligned and row / group strides multiples of 16 bytes; up to 4096 groups per call. GPUs: sm_90
@@ -35,7 +36,7 @@ from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
 
 from .. import _common_grouped as shared
-from .._common import OutputPlan, current_plan
+from .._common import OutputPlan, current_plan, tma_coordinates_reason
 from . import geometry
 from . import grouped_candidates as cands
 from . import grouped_geometry as gg
@@ -63,7 +64,7 @@ def grouped_gemm_fp8(a, b, a_scale, b_scale, group_offsets, out_dtype="bf16", tr
         b_scale: fp32 (G, ceil(N/128), ceil(K/128)), any strides: one scale per 128 x 128 block of each b[g].
         group_offsets: int32 (G + 1,) prefix sums in device memory, beside a: group g is rows
             [group_offsets[g], group_offsets[g + 1]). Never read on the host (CUDA-graph capturable); values outside
-            [0, total_m] are clamped on the device.
+            [0, total_m] are clamped on the device; they must be non-decreasing (see above).
         out_dtype: bf16 (default), fp16 or fp32.
         trans_b: must be True (8-bit tensor-core MMAs read both operands K-major); False is refused.
 
@@ -76,7 +77,8 @@ def grouped_gemm_fp8(a, b, a_scale, b_scale, group_offsets, out_dtype="bf16", tr
         InputError: a dtype other than float8_e4m3fn for a / b or fp32 for the scales, K not a multiple of 16,
             shapes that disagree, scales that are not the block shapes above, group_offsets not int32 (G + 1,)
             beside a, more than 4096 groups, trans_b=False, or a bad out_dtype; what the kernel's 32-bit indexing
-            cannot reach: more than 2^31 - 257 rows, about 2^31 output tiles of 64 x 128, a scale tensor spanning
+            cannot reach: N or K of 2^31 or more (TMA coordinates), more than 2^31 - 257 rows, about 2^31 output
+            tiles of 64 x 128, a scale tensor spanning
             more than 2^32 elements or with a negative stride (split the call, or copy the scales).
         UnsupportedRequestError: no kernel serves the request on this device (GPUs other than sm_90, unaligned
             operands; RTCKERN_DISABLE_OPS naming the op).
@@ -153,9 +155,12 @@ MAX_TILES = 2 ** 31 - 2 ** 16
 MAX_SCALE_SPAN = 2 ** 32
 
 
-def _check_32bit_indexing(mode: str, groups: int, rows: int, n: int, SA, SB, op: str) -> None:
-    """Bound what the kernel indexes in 32 bits: rows, work tiles (for the smallest tile any config uses, 64 x 128)
-    and the scales' element offsets (non-negative strides, spans below 2^32)."""
+def _check_32bit_indexing(mode: str, groups: int, rows: int, n: int, k: int, SA, SB, op: str) -> None:
+    """Bound what the kernel indexes in 32 bits: N and K (TMA coordinates), rows, work tiles (for the smallest tile
+    any config uses, 64 x 128) and the scales' element offsets (non-negative strides, spans below 2^32)."""
+    why = tma_coordinates_reason(n=n, k=k)
+    if why:
+        raise InputError(f"{op}: {why}")
     what = "capacity" if mode == "masked" else "total_m"
     if rows > MAX_ROWS:
         raise InputError(f"{op}: {what}={rows}; the kernel indexes rows in 32 bits (at most {MAX_ROWS}): split the "
@@ -218,7 +223,7 @@ def _build(mode: str, A, B, SA, SB, I, out_dtype, trans_b) -> plan.Plan:
                              "(128x128 blocks of each group's b)")
     shared.check_group_index(I, mode, groups, A)
     shared.check_sizes(groups, A.shape[-2], op)
-    _check_32bit_indexing(mode, groups, rows, n, SA, SB, op)
+    _check_32bit_indexing(mode, groups, rows, n, k, SA, SB, op)
     out_shape = (groups, rows, n) if masked else (rows, n)
     if rows == 0 or n == 0 or groups == 0:
         return OutputPlan(settings, A, out_shape, out_dt, None)

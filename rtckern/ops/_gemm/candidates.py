@@ -22,7 +22,7 @@ from rtckern.registry import Cost, OpRequest, Resources, select
 from rtckern.registry import options as opts
 
 from .._common import (MemoizedConfigCandidate, SelectionMemo, dtype_reason, register_missing_builder,
-                       register_missing_candidates, run_once)
+                       register_missing_candidates, run_once, tma_coordinates_reason)
 from . import configs, geometry
 from .launch import REDUCE_THREADS, LaunchPlan, Operands, stream_int
 
@@ -142,7 +142,8 @@ class Sm90WgmmaCandidate(_GemmCandidate):
         if not req.flag("aligned"):
             return ("TMA needs 16-byte aligned operands: base addresses, row strides and batch strides that are "
                     "multiples of 8 elements, k a multiple of 8 and, with trans_b=False, n a multiple of 8")
-        return self.config(req).invalid(problem(req))
+        p = problem(req)
+        return tma_coordinates_reason(rows=p.batch * p.m, n=p.n, k=p.k) or self.config(req).invalid(p)
 
     def cost(self, req: OpRequest) -> Cost:
         return tuned_cost("sm90", req, OTHER_COST)

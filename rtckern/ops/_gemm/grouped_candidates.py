@@ -23,7 +23,7 @@ from rtckern.registry import options as opts
 
 from .. import _common_grouped as shared
 from .._common import (MemoizedConfigCandidate, ProblemCandidate, SelectionMemo, WgmmaTileCandidate, dtype_reason,
-                       register_missing_builder, register_missing_candidates, run_once)
+                       register_missing_builder, register_missing_candidates, run_once, tma_coordinates_reason)
 from . import geometry, grouped_configs
 from . import grouped_geometry as gg
 from .grouped_geometry import OP, GroupedProblem
@@ -61,7 +61,7 @@ def _tma_reason(p: GroupedProblem) -> str | None:
     if why is None and not p.aligned:
         return ("TMA needs 16-byte aligned operands: base addresses, row strides and group strides that are "
                 "multiples of 8 elements, K a multiple of 8 and, with trans_b=False, N a multiple of 8")
-    return why
+    return why or tma_coordinates_reason(n=p.n, k=p.k)
 
 
 class Sm90aWgmmaCandidate(WgmmaTileCandidate, _GroupedCandidate):

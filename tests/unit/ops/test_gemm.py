@@ -504,3 +504,14 @@ def test_prepared_launches_get_each_calls_values(monkeypatch):
     assert grid == (2 * 1 * 3 * 2, 1, 1) and block == (384, 1, 1)  # cluster split-K: one block per unit
     assert vals[0] == (1 << 20).to_bytes(8, "little") * 16 and vals[1] == (2 << 20).to_bytes(8, "little") * 16
     assert vals[2:] == [3 << 20, 0, 6 << 20, 100, 264, 520, 264, 264, 26400, 26400, 2, 1, 2, 5, 8]
+
+
+def test_the_wgmma_kernel_refuses_dimensions_its_tma_coordinates_cannot_reach():
+    """Each of M (over the batch), N and K under 2^31: past it the kernel's 32-bit TMA coordinates wrap, its loads
+    zero-fill and its stores clip (a wrong result, no error); the mma.sync kernel (64-bit indices) serves instead."""
+    for shape in ((1, 8, 8, (1 << 31) + 64), (1, 8, (1 << 31) + 64, 8), (2, 1 << 30, 8, 8)):
+        req = cands.request(GemmProblem(*shape, "bf16", "bf16", True), H200)
+        assert "32-bit" in cands.Sm90WgmmaCandidate().supports(req)
+        assert cands.Sm80MmaCandidate().supports(req) is None
+    assert cands.Sm90WgmmaCandidate().supports(cands.request(GemmProblem(1, 8, 8, (1 << 31) - 64, "bf16", "bf16",
+                                                                         True), H200)) is None

@@ -484,3 +484,15 @@ def test_dense_gemm_binaries_are_byte_identical_to_before_the_grouped_define():
     got = {s.name_expression + f" {s.arch.sm}": hashlib.sha256(compiler.compile(s).binary).hexdigest()
            for s in specs}
     assert got == {k: record["sha256"][k] for k in got}
+
+
+def test_the_wgmma_kernel_refuses_n_or_k_its_tma_coordinates_cannot_reach():
+    """N and K under 2^31: past it the sm_90a kernel's 32-bit TMA coordinates wrap (its loads zero-fill, its stores
+    clip: a wrong result, no error); the mma.sync kernel (64-bit indices) serves instead."""
+    wgmma, mma = candidates("grouped_gemm")[0], candidates("grouped_gemm")[1]
+    for n, k in ((8, (1 << 31) + 64), ((1 << 31) + 64, 8)):
+        req = build_request("grouped_gemm", shape=(4, 16, n, k), dtype="bf16", device=H200, options={})
+        assert wgmma.name == "grouped_gemm.sm90a_wgmma" and "32-bit" in wgmma.supports(req)
+        assert mma.supports(req) is None
+    req = build_request("grouped_gemm", shape=(4, 16, 8, (1 << 31) - 64), dtype="bf16", device=H200, options={})
+    assert wgmma.supports(req) is None

@@ -79,9 +79,13 @@ def args(total=300, groups=4, n=256, k=512, masked=False, **over):
      r"reaches scales by 32-bit offsets \(at most 4294967296\): split the call$"),
     (lambda: grouped_gemm_fp8(*args(sa=Fake((300, 4), "fp32", strides=(-4, 1)))),
      r"^a_scale has strides \(-4, 1\); grouped_gemm_fp8 takes scales with non-negative strides"),
-    (lambda: grouped_gemm_fp8(*args(n=1 << 35)),
-     r"^grouped_gemm_fp8: up to 2147483648 output tiles of 64 x 128 for 4 groups, total_m=300, N=34359738368; the "
+    (lambda: grouped_gemm_fp8(*args(total=1 << 30, n=1 << 14)),
+     r"^grouped_gemm_fp8: up to \d+ output tiles of 64 x 128 for 4 groups, total_m=1073741824, N=16384; the "
      r"kernel indexes at most 2147418112: split the groups or N over several calls$"),
+    (lambda: grouped_gemm_fp8(*args(n=1 << 35)),
+     r"^grouped_gemm_fp8: n=34359738368: the TMA kernels' coordinates are 32-bit \(each dimension under 2\^31"),
+    (lambda: grouped_gemm_fp8_masked(*args(k=(1 << 31) + 128, masked=True)),
+     r"^grouped_gemm_fp8_masked: k=2147483776: the TMA kernels' coordinates are 32-bit"),
     (lambda: grouped_gemm_fp8_masked(*args(total=(1 << 31) - 200, groups=1, masked=True)),
      r"^grouped_gemm_fp8_masked: capacity=2147483448; the kernel indexes rows in 32 bits \(at most 2147483391\)"),
 ])
