@@ -112,7 +112,8 @@ def attention_varlen_bwd_ref(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, ca
                              deterministic=False):
     """Torch's attention backward per sequence (rtckern.testing.torch_reference.attention_bwd), the prefix sums read
     on the host; rows no sequence covers are zero."""
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    # contiguous, as the kernel's and the fake kernel's (zeros_like would keep a permuted q's layout)
+    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     for q0, q1, k0, k1 in _spans(cu_q, cu_k):
         if q1 <= q0 or k1 <= k0:  # no query, or no key (o = 0 there): no gradient flows
             continue

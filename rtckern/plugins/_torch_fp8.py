@@ -77,8 +77,10 @@ def _gemm_fp8_out(a, b, a_scale, b_scale, out_dtype, bias, trans_b) -> tuple:
         raise InputError(f"out_dtype={_name(out)} is not supported; supported: bfloat16, float16, float32")
     ka, kbs = _scale_kind(a_scale, m, "a_scale"), _scale_kind(b_scale, n, "b_scale")
     kblocks, nblocks = (k + 127) // 128, (n + 127) // 128
+    # the kernel's reading (ops/_fp8/api.py scale_layout): per tensor / channel, else the block shapes themselves,
+    # whatever the shapes look like (at K <= 128 the block scales have one column: (M, 1) and (ceil(N/128), 1))
     ok = (ka in ("tensor", "channel") and kbs in ("tensor", "channel")) or \
-        (ka == kbs == "block" and tuple(a_scale.shape) == (m, kblocks) and tuple(b_scale.shape) == (nblocks, kblocks))
+        (tuple(a_scale.shape) == (m, kblocks) and tuple(b_scale.shape) == (nblocks, kblocks))
     if not ok:
         raise InputError(
             f"a_scale has shape {tuple(a_scale.shape)} and b_scale {tuple(b_scale.shape)} for M={m}, N={n}, K={k}; "

@@ -32,6 +32,7 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _transforms = torch._C._are_functorch_transforms_active
 _grad_enabled = torch._C.is_grad_enabled
+_inference = torch.is_inference_mode_enabled  # inference mode takes the autograd keys away, grad mode or not
 _any_requires_grad = torch._C._any_requires_grad
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _after_autograd = torch._C._after_autograd_keyset
@@ -125,7 +126,7 @@ class KernelOp:
     def call_direct(self, *args):
         """The op in plain eager code (the caller checked `direct`): the implementation, through the op's
         autograd.Function when a gradient is needed."""
-        if _grad_enabled() and _any_requires_grad(*args):
+        if _grad_enabled() and not _inference() and _any_requires_grad(*args):
             return self._apply(*args, None)
         return self.fn(*args)
 
@@ -192,8 +193,9 @@ def placeholder(param, like: torch.Tensor) -> torch.Tensor:
 
 
 def needs_grad(*tensors) -> bool:
-    """A gradient will flow through the call: grad mode on and an argument requiring grad."""
-    return _grad_enabled() and _any_requires_grad(*tensors)
+    """A gradient will flow through the call: grad mode on outside inference mode (which drops the autograd keys
+    even under enable_grad) and an argument requiring grad."""
+    return _grad_enabled() and not _inference() and _any_requires_grad(*tensors)
 
 
 def check_float(t: torch.Tensor, name: str, allowed=FLOAT_DTYPES) -> None:

@@ -114,6 +114,19 @@ def test_forward_and_backward_equal_attention_per_sequence(lens_q, lens_k, causa
     assert torch.equal(o2, o) and all(torch.allclose(a, b) for a, b in zip(got2, got))
 
 
+def test_backward_reference_returns_contiguous_gradients_as_the_fake_kernel():
+    """A q permuted in memory (head dim contiguous, other strides multiples of 8: accepted): the reference
+    backward's gradients are contiguous, like the kernel's and the fake kernel's (zeros_like kept q's layout)."""
+    q, k, v, cq, ck = packed([3, 3], [3, 3], dtype=torch.bfloat16)
+    qp = q.transpose(0, 1).contiguous().transpose(0, 1)
+    with D.reference_mode():
+        o, lse = ops.attention_varlen_fwd(qp, k, v, cq, ck, 3, 3, False, 0.3, True)
+        grads = ops.attention_varlen_bwd(torch.randn_like(o), qp, k, v, o, lse, cq, ck, 3, 3, False, 0.3, False)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fakes = ops.attention_varlen_bwd(torch.randn_like(o), qp, k, v, o, lse, cq, ck, 3, 3, False, 0.3, False)
+    assert [g.stride() for g in grads] == [g.stride() for g in fakes] == [t.contiguous().stride() for t in (q, k, v)]
+
+
 def test_opcheck_through_the_reference_kernels():
     q, k, v, cq, ck = packed([3, 0, 2], [4, 1, 3], dtype=BF16, grad=True)
     with D.reference_mode():

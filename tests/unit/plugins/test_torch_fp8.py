@@ -56,6 +56,16 @@ def test_fake_shapes_and_strides(m):
         assert s.shape == (2 * m, 2) and s.stride() == (1, (2 * m + 3) // 4 * 4)
 
 
+@pytest.mark.parametrize("m", [1, 4])
+def test_fake_takes_block_scales_of_one_k_block(m):
+    """K <= 128: block scales have one column, a_scale (M, 1) and b_scale (ceil(N/128), 1), which the fake kernel
+    once read as per-channel scales of the wrong length and refused (eager calls take them)."""
+    with FakeTensorMode():
+        y = ops.gemm_fp8(_fake(m, 128, dtype=E4M3), _fake(256, 128, dtype=E4M3), _fake(m, 1, dtype=F32),
+                         _fake(2, 1, dtype=F32))
+        assert (y.shape, y.dtype) == ((m, 256), BF16)
+
+
 @pytest.mark.parametrize("fmt", ["row", "col_tma"])
 def test_fake_matches_reference_strides(fmt):
     x = torch.randn(7, 256)

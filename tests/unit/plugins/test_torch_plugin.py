@@ -246,6 +246,18 @@ def _assert_close_grads(got, want, tol=1e-4):
         assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol), (a - b).abs().max()
 
 
+def test_inference_mode_records_no_graph_even_under_enable_grad():
+    """Inference mode drops the autograd keys whatever grad mode says: inside it, with enable_grad and inputs that
+    require grad, the ops' eager paths return plain results as the dispatcher (and F.rms_norm) do, rather than
+    recording a backward that saves inference tensors (which raised)."""
+    x, w = rand(3, 5, 64, requires_grad=True), rand(64, requires_grad=True)
+    with torch.inference_mode(), torch.enable_grad(), D.reference_mode():
+        for y in (ops.rms_norm(x, w, 1e-6), rt.rms_norm(x, w, 1e-6), ops.layer_norm(x, w, w, 1e-6),
+                  ops.rms_norm_fwd(x, w, 1e-6, False, None, True)[0]):
+            assert not y.requires_grad and y.grad_fn is None
+    assert torch.allclose(y, _rms(x, w, 1e-6, False).detach(), atol=1e-5)
+
+
 @pytest.mark.parametrize("zero_centered", [False, True])
 def test_rms_norm_autograd_matches_torch(zero_centered):
     x, w = rand(3, 5, 64, requires_grad=True), rand(64, requires_grad=True)
