@@ -23,6 +23,7 @@ from .library import Library
 from .streams import core_stream, stream_handle
 
 _SMEM_DEFAULT_LIMIT = 48 * 1024
+GRID_MAX = (2**31 - 1, 65535, 65535)  # blocks per grid dimension: CUDA's limits (the HIP kernel checks the same)
 # Driver errors that mean "this binary is no good here": quarantine and recompile, never retry in a loop.
 REFUSED_IMAGE_ERRORS = {"CUDA_ERROR_INVALID_IMAGE", "CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_PTX",
                         "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_INVALID_SOURCE",
@@ -105,6 +106,9 @@ def check_geometry(kernel, g: tuple[int, int, int], b: tuple[int, int, int], sha
     nthreads = b[0] * b[1] * b[2]
     if min(g) < 1 or min(b) < 1:
         raise LaunchError(f"{kernel.label}: grid {g} and block {b} must be positive in every dimension")
+    if g[0] > GRID_MAX[0] or g[1] > GRID_MAX[1] or g[2] > GRID_MAX[2]:  # (the native launcher packs them as 32-bit)
+        raise LaunchError(f"{kernel.label}: grid {g} exceeds the launch limits {GRID_MAX} (x, y, z blocks); launch "
+                          "fewer blocks, each covering more work")
     if nthreads > kernel.max_threads_per_block:
         raise LaunchError(f"{kernel.label}: block of {nthreads} threads exceeds this kernel's limit of "
                           f"{kernel.max_threads_per_block} ({limit})")

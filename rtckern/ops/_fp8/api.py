@@ -203,7 +203,7 @@ def quantize_fp8(x, group: int = 128, scale_format: str = "row"):
 
     Args:
         x: (M, K) torch CUDA tensor, fp32 / fp16 / bf16, contiguous rows on 16-byte aligned addresses (those of a
-            contiguous tensor are); K a multiple of group; fewer than 2^31 groups in all.
+            contiguous tensor are); K a multiple of group and under 2^32; fewer than 2^31 groups in all.
         group: columns per scale: 32, 64, 128 or 256.
         scale_format: "row" (scales (M, K / group) row-major) or "col_tma" (column-major with M padded to a
             multiple of 4, strides (1, ceil(M/4)*4): DeepGEMM's TMA-aligned layout, which gemm_fp8 reads fastest).
@@ -215,8 +215,8 @@ def quantize_fp8(x, group: int = 128, scale_format: str = "row"):
 
     Raises:
         InputError: x not a torch tensor, not 2-D, a dtype it does not take, K not a multiple of group, rows not
-            contiguous and 16-byte aligned, 2^31 groups or more, an unsupported group or scale_format, or a GPU
-            older than sm_89.
+            contiguous and 16-byte aligned, 2^31 groups or more, K of 2^32 or more, an unsupported group or
+            scale_format, or a GPU older than sm_89.
         UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
     """
     tt = _torch_types()
@@ -254,11 +254,14 @@ def _build_quant(X, group, scale_format) -> plan.QuantPlan:
     if (X.strides[1] != 1 and k > 1) or X.ptr % v_bytes or (ldx * X.itemsize) % v_bytes:
         raise InputError(f"x has strides {X.strides} at address {X.ptr:#x}: rows must be contiguous and aligned to "
                          f"{v_bytes} bytes; pass x.contiguous()")
-    dev = check_fp8_device(X.device, "quantize_fp8")
     groups = k // group
     if m * groups >= 2**31:  # the kernel indexes groups in 32 bits
         raise InputError(f"x {X.shape} has {m * groups} groups of {group}; quantize_fp8 takes fewer than 2^31 per "
                          "call: quantize its rows in chunks")
+    if k >= 2**32:  # and a group's first column in 32 bits (unsigned)
+        raise InputError(f"x {X.shape} has rows of K={k}; quantize_fp8 takes K under 2^32: quantize column blocks "
+                         "of the rows apart")
+    dev = check_fp8_device(X.device, "quantize_fp8")
     if scale_format == "row":
         s_alloc, s_strides, s_row, s_col = (m, groups), (groups, 1), groups, 1
     else:

@@ -179,6 +179,9 @@ def _build(q, k, cos, sin, unsqueeze_dim, backward: bool) -> plan.RopePlan:
     if b * seqlen >= 2**31:
         raise InputError(f"batch * seqlen = {b * seqlen}: rope launches a block per position, fewer than 2^31; split "
                          "the batch")
+    if (hq + hk) * (d // 2) >= 2**31 - 1024:  # a position's pairs, counted in 32 bits by its block's threads
+        raise InputError(f"(heads of q + heads of k) * head_dim / 2 = {(hq + hk) * (d // 2)} pairs per position; rope "
+                         "counts them in 32 bits (fewer than 2^31 - 1024): split the heads over calls")
     torch = sys.modules["torch"]
     q_layout = (tuple(q.shape), torch.empty_like(q).stride())  # what empty_like gives: the plan's outputs
     k_layout = None if k is None else (tuple(k.shape), torch.empty_like(k).stride())

@@ -458,3 +458,18 @@ def test_batch_one_goes_to_the_gemv_kernel(arch, m, n, k, aligned, gemv):
     report = explain("gemm_fp8", shape=f"{m}x{n}x{k}", arch=arch, sm_count=132, options={"aligned": str(aligned)})
     other = "gemm_fp8.simt" if not aligned else "gemm_fp8.sm90a_wgmma" if arch == "sm_90" else "gemm_fp8.sm89_skinny"
     assert report.chosen == ("gemm_fp8.gemv" if gemv in ("both", arch) else other)
+
+
+def test_quantize_refuses_rows_past_its_32_bit_columns(monkeypatch):
+    """A group's first column is computed in 32 bits (unsigned): rows of K >= 2^32 are refused (past it the
+    groups wrapped onto the row's first columns and left the rest of q unwritten). A small CPU tensor poses as
+    device 0's (1, 2^32) bf16 array."""
+    torch = pytest.importorskip("torch")
+    from rtckern.ops import quantize_fp8
+    from rtckern.runtime import arrays as arr
+
+    k = 2**32
+    monkeypatch.setattr(arr, "wrap", lambda t, name: arr.DeviceArray(t, "torch", t.data_ptr(), (1, k), (k, 1),
+                                                                     "bf16", 2, 0))
+    with pytest.raises(InputError, match=r"rows of K=4294967296; quantize_fp8 takes K under 2\^32"):
+        quantize_fp8(torch.zeros(1, 64, dtype=torch.bfloat16), 128)

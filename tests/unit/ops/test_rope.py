@@ -92,6 +92,24 @@ def test_argument_errors_name_the_value():
         rope_backward(q, None, cos, cos)
 
 
+def test_pairs_per_position_past_32_bits_are_refused(monkeypatch):
+    """A position's (heads of q + heads of k) * head_dim / 2 pairs are counted in 32 bits by its block's threads:
+    at 2^31 - 1024 or more the call is refused (past it the count wrapped and every block did nothing, leaving the
+    outputs unwritten). Expanded CPU tensors pose as device 0's arrays (a few KB stand for the 8 GB of q)."""
+    torch = pytest.importorskip("torch")
+    from rtckern.dtypes import name_of_torch
+    from rtckern.runtime import arrays as arr
+
+    monkeypatch.setattr(arr, "wrap", lambda t, name: arr.DeviceArray(
+        t, "torch", t.data_ptr(), tuple(t.shape), tuple(t.stride()), name_of_torch(str(t.dtype)[6:]),
+        t.element_size(), 0))
+    d = 65538
+    q = torch.zeros(d, dtype=torch.bfloat16).expand(1, 65536, 1, d)
+    cos = torch.zeros(d, dtype=torch.bfloat16).expand(1, 1, d)
+    with pytest.raises(InputError, match=r"rope counts them in 32 bits \(fewer than 2\^31 - 1024\)"):
+        rope(q, None, cos, cos)  # 65536 heads of one position
+
+
 def _all_specs(arch: str) -> list:
     return [k.spec(Arch.parse(arch)) for k in G.variants()]
 

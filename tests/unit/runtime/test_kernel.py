@@ -119,6 +119,19 @@ def test_launch_goes_through_the_native_launcher(fake, native_mod, monkeypatch):
     assert k.prepare(4, 128, "qfdiIqPd") is not None and len(native_mod.made) == 1  # the same prepared launch
 
 
+def test_grids_past_the_launch_limits_are_refused(fake, native_mod):
+    """Grid dimensions past (2^31 - 1, 65535, 65535) blocks are refused by name, for launches and prepared launches
+    alike (the native launcher packs them as 32-bit unsigned ints: a grid of 2^32 blocks would have wrapped)."""
+    k = _load(fake)
+    for grid in ((2**32, 1, 1), (2**31, 1, 1), (1, 65536, 1), (1, 1, 65536)):
+        with pytest.raises(LaunchError, match=r"exceeds the launch limits \(2147483647, 65535, 65535\)"):
+            k.launch(grid, 128, (1,), stream=0)
+        with pytest.raises(LaunchError, match="exceeds the launch limits"):
+            k.prepare(grid, 128, "q")
+    k.launch((2**31 - 1, 65535, 65535), 128, (1,), stream=0)  # the limits themselves launch
+    assert native_mod.calls[-1] == (0, 1)
+
+
 def test_arguments_given_as_an_iterator_launch_like_a_tuple(fake, native_mod):
     """Kernel.launch reads its arguments once: an iterator's launch passes them (it once reached the memo of argument
     types empty, and the tuple call after it then failed) and leaves the memo as a tuple's would."""
