@@ -205,7 +205,8 @@ def nvrtc_unsupported_message(arch: Arch, supported: Sequence[int], nvrtc_versio
     listed = ", ".join(f"sm_{n}" for n in supported)
     msg = f"NVRTC {nvrtc_version[0]}.{nvrtc_version[1]} cannot target {arch.sm}; it supports {listed}."
     if arch.cc == (7, 0) or arch.cc == (7, 2):
-        msg += " NVRTC 13 dropped Volta (sm_70/sm_72): use a CUDA 12 toolchain (cuda-bindings 12.x) for Volta."
+        msg += (" NVRTC 13 dropped Volta (sm_70/sm_72), and rtckern needs CUDA 13 (cuda-bindings 13.x): Volta is not "
+                "supported; run torch's own ops there (RTCKERN_DISABLE_OPS=all makes the torch plugin do so).")
     return msg
 
 

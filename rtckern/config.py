@@ -300,10 +300,11 @@ def _disabled_ops(env: Mapping[str, str]) -> frozenset[str]:
         if not _unset(new):
             raise ConfigError(f"{DISABLE_OPS_OLD}={old!r} and {DISABLE_OPS}={new!r} are both set; "
                               f"{DISABLE_OPS_OLD} is the deprecated name of {DISABLE_OPS}: unset it")
+    v = (value or "").strip().lower()
+    if not _unset(old) and v not in TRUE_WORDS and v not in FALSE_WORDS:  # (a switch value is refused below)
         warnings.warn(f"rtckern: {DISABLE_OPS_OLD} is deprecated; set {DISABLE_OPS}={old.strip()} instead (same "
                       "meaning: no rtckern kernels for these ops, not FlashInfer's 'never compile')",
                       ConfigDeprecationWarning, stacklevel=4)
-    v = (value or "").strip().lower()
     if v in TRUE_WORDS or v in FALSE_WORDS:
         raise ConfigError(f"{name}={value!r} is not a list of ops: it takes op names (rms_norm,gemm) or 'all', "
                           "whose requests then get no rtckern kernel (the torch plugin runs torch's op). It is not "

@@ -300,7 +300,7 @@ def load_table(path: Path | str, op: str | None = None, *, check_rows: bool = Tr
     p = Path(path)
     try:
         st = p.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no file (or a file where a directory of the path should be)
         return None
     stamp = (st.st_mtime_ns, st.st_size)
     with _cache_lock:
@@ -311,6 +311,9 @@ def load_table(path: Path | str, op: str | None = None, *, check_rows: bool = Tr
         data = json.loads(p.read_text())
     except ValueError as exc:
         raise TuningTableError(f"{p}: not valid JSON ({exc}); fix or delete the file") from None
+    except OSError as exc:  # a directory, or unreadable: an error naming the path, not a traceback
+        raise TuningTableError(f"{p}: cannot read the tuning table ({exc.strerror or exc}); fix its permissions or "
+                               "move it away") from None
     table = parse_table(data, p, op, check_rows=check_rows)
     with _cache_lock:
         _cache.put(p, (stamp, table))

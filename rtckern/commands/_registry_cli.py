@@ -59,17 +59,28 @@ def parse_opts(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def list_ops(registry) -> str:
-    lines = []
+def op_list(registry) -> list[dict]:
+    """Every registered op: its candidates and, where it has a request builder, its help and example command."""
+    out = []
     for op in sorted(set(registry.ops()) | set(registry.builder_ops())):
-        names = ", ".join(c.name for c in registry.candidates(op)) or "(no candidates)"
-        lines.append(f"{op}: {names}")
+        item: dict = {"op": op, "candidates": [c.name for c in registry.candidates(op)], "builder": False}
         if op in registry.builder_ops():
             b = registry.request_builder(op)
-            if b.help:
-                lines.append(f"    {b.help}")
-            if b.example:
-                lines.append(f"    example: {example_command(op, b.example)}")
+            item.update(builder=True, help=b.help or None,
+                        example=example_command(op, b.example) if b.example else None)
+        out.append(item)
+    return out
+
+
+def list_ops(registry) -> str:
+    lines = []
+    for item in op_list(registry):
+        lines.append(f"{item['op']}: {', '.join(item['candidates']) or '(no candidates)'}")
+        if item["builder"]:
+            if item["help"]:
+                lines.append(f"    {item['help']}")
+            if item["example"]:
+                lines.append(f"    example: {item['example']}")
         else:
             lines.append("    (no request builder: not usable from the command line)")
     return "\n".join(lines) or "no ops registered"
@@ -81,8 +92,10 @@ def example_command(op: str, example: str, arch: str = "sm_90") -> str:
     return f"rtckern explain {op} {example}{described}"
 
 
-def live_device(ordinal: int, command: str, why: str = "needs a live GPU to measure on"):
-    """DeviceInfo of GPU `ordinal`, or None after saying why there is none (no GPU, no driver, bad ordinal)."""
+def live_device(ordinal: int, command: str, why: str = "needs a live GPU to measure on",
+                instead: str = "`rtckern explain --arch ...` shows the selection without one"):
+    """DeviceInfo of GPU `ordinal`, or None after saying why there is none (no GPU, no driver, bad ordinal) and what
+    serves a device that is not here (`instead`)."""
     import sys
 
     from ..device import DeviceInfo, device_count
@@ -91,7 +104,6 @@ def live_device(ordinal: int, command: str, why: str = "needs a live GPU to meas
     if not 0 <= ordinal < n:
         have = f"{n} GPU(s) are visible (0..{n - 1})" if n else "no GPU is visible (no driver or no device)"
         print(f"rtckern {command}: {why}; --device {ordinal} asked, but {have}. "
-              "For a device that is not here, `rtckern explain --arch ...` shows the selection without one.",
-              file=sys.stderr)
+              f"For a device that is not here, {instead}.", file=sys.stderr)
         return None
     return DeviceInfo.from_device(ordinal)

@@ -12,7 +12,7 @@ import sys
 
 from ._args import non_negative_int, positive_int
 from ._help import add_command
-from ._registry_cli import add_request_arguments, list_ops, live_device, load_ops, parse_opts
+from ._registry_cli import add_request_arguments, list_ops, live_device, load_ops, op_list, parse_opts
 
 
 def add_parser(sub) -> None:
@@ -52,7 +52,12 @@ def run(args, registry=None) -> int:
     load_ops(args.imports)
     reg = registry or default_registry()
     if args.list:
-        print(list_ops(reg))
+        if args.json:
+            import json
+
+            print(json.dumps({"ops": op_list(reg)}, indent=2))
+        else:
+            print(list_ops(reg))
         return 0
     if args.op is None:
         print("rtckern explain: name an op (e.g. rtckern explain rms_norm --shape 8192x4096 --arch sm_90); "

@@ -110,6 +110,9 @@ def run(args, registry=None) -> int:
         if (args.arch or args.sm_count or args.device_class) and not args.list_configs:
             raise ValueError("--arch/--sm-count/--device-class describe a device, which --list-configs can use; "
                              "tuning measures on the live GPU (--device N), whose class comes from its name")
+        if (args.sm_count or args.device_class) and not args.arch:
+            raise ValueError("--sm-count / --device-class describe a device together with --arch (e.g. --arch sm_90 "
+                             "--sm-count 132 --device-class h200); without --arch the live GPU's own are used")
         if args.out and args.into:
             raise ValueError("give --out (one table) or --into (a directory of tables), not both")
         names = tuner.table_names()
@@ -121,13 +124,23 @@ def run(args, registry=None) -> int:
 
             device = DeviceInfo.for_arch(args.arch, sm_count=args.sm_count, device_class=args.device_class or "")
         else:
-            device = live_device(args.device, "tune")
+            device = live_device(args.device, "tune", *(
+                ("needs a device to list configs for", "`rtckern tune ... --list-configs --arch sm_90` lists them "
+                 "without one") if args.list_configs else ()))
             if device is None:
                 return 2
         reqs = [build_request(reg, request_op, shape=s, dtype=args.dtype, device=device, options=parse_opts(args.opt))
                 for s in shapes]
         for req in reqs:
             tuner.validate(req)
+        by_key: dict[tuple, list[str]] = {}
+        for shape, req in zip(shapes, reqs):
+            by_key.setdefault(tuple(sorted(tuner.key(req).items())), []).append(shape)
+        same = [(k, s) for k, s in by_key.items() if len(s) > 1]
+        if same:  # refused before any timing (merge_rows would refuse them after the whole run)
+            raise ValueError(f"--shapes gives {len(same)} row key(s) more than once: " + "; ".join(
+                f"{', '.join(s)} all give the row {' '.join(f'{f}={v}' for f, v in k)}" for k, s in same)
+                + f"; {tuner.op}'s rows are keyed by {', '.join(tuner.key_fields)}: tune one shape per row")
     except (KeyError, ValueError, TypeError) as exc:
         print(f"rtckern tune: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2

@@ -74,7 +74,13 @@ class DecisionStore:
             merged = dict(self.load(path))
             merged.update(entries)
             data = dict(header, format=FORMAT, candidates=merged)
-            _atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
+            try:
+                _atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
+            except OSError as exc:  # an unwritable cache dir: decisions stay in memory (the disk tier says the same)
+                if path not in _reported:
+                    _reported.add(path)
+                    log.warning("rtckern: cannot save probe decisions to %s (%s); they are kept in memory only",
+                                path, exc)
 
 
 def decisions_dir() -> Path:

@@ -70,7 +70,8 @@ def test_choose_target():
     assert ptx.ptx and ptx.sm == "sm_120"
     with pytest.raises(ArchError, match="refuses PTX from a newer NVRTC"):
         choose_target(Arch(12, 1), sup, nvrtc_version=(13, 2), driver_version=(13, 0))
-    with pytest.raises(ArchError, match="dropped Volta"):
+    with pytest.raises(ArchError, match=r"dropped Volta \(sm_70/sm_72\), and rtckern needs CUDA 13 \(cuda-bindings "
+                                        r"13.x\): Volta is not supported; run torch's own ops there"):
         choose_target(Arch(7, 0), sup, nvrtc_version=(13, 0))
 
 

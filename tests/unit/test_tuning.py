@@ -292,6 +292,16 @@ def test_shipped_tables_load_and_carry_date_and_versions():
             assert r.meta.get("date") and (v.get("device") or v.get("gpu")) and len(v) >= 2, (path, r.index)
 
 
+def test_a_table_path_that_is_no_file_is_absent_or_an_error_naming_it(tmp_path):
+    """A tuning dir that is a file reads as no table; a table path that is a directory is a TuningTableError naming
+    it (both were tracebacks from `rtckern explain`)."""
+    (tmp_path / "afile").write_text("")
+    assert load_table(tmp_path / "afile" / "norm_fwd.json", "norm_fwd") is None
+    (tmp_path / "norm_fwd.json").mkdir()
+    with pytest.raises(TuningTableError, match=r"norm_fwd.json: cannot read the tuning table \(Is a directory\)"):
+        load_table(tmp_path / "norm_fwd.json", "norm_fwd")
+
+
 def test_every_shipped_row_names_the_command_that_makes_it():
     """A shipped row can be made again: its source is an `rtckern tune` command of a registered tuner with --shapes
     (rows from before the command was recorded say so after it)."""

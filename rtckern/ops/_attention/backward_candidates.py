@@ -35,7 +35,7 @@ from rtckern.runtime.streams import stream_handle
 
 from . import backward_configs as cfgs
 from . import launch as tma
-from .candidates import registrar
+from .candidates import head_dim_of, registrar
 from .configs import qkv_reason
 
 OP = "attention_backward"
@@ -354,7 +354,7 @@ class Simt(_BwdCandidate):
 def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest:
     """For `rtckern explain/tune/selftest attention_backward`: shape is the head dim, or q's (batch, seqlen, heads,
     head_dim); options causal=0/1, deterministic=0/1."""
-    hd = shape[-1]
+    hd = head_dim_of(OP, shape, "BxSxHxD")
     opts.check_keys(OP, options, ("causal", "deterministic"))
     causal = opts.flag(OP, options, "causal", False)
     det = opts.flag(OP, options, "deterministic", False)

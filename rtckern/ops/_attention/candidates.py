@@ -184,10 +184,20 @@ def _has_table() -> bool:
     return tuning.shipped_table_path(OP).is_file() or tuning.user_table_path(OP).is_file()
 
 
+def head_dim_of(op: str, shape: tuple[int, ...], full: str) -> int:
+    """The head dim of a request builder's shape: the head dim alone, or q's full shape `full` (as "BxSxHxD",
+    whose rank it must have); OptionError naming what was given otherwise (another rank's last entry is no head
+    dim)."""
+    if len(shape) not in (1, full.count("x") + 1):
+        raise opts.OptionError(f"{op}: shape {'x'.join(map(str, shape))} has {len(shape)} dims; give the head dim "
+                               f"(e.g. 128) or q's shape {full}")
+    return int(shape[-1])
+
+
 def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest:
     """For `rtckern explain/tune/selftest attention`: shape is the head dim, or q's (batch, seqlen, heads, head_dim)
     (kept in the request: the tuner times that shape); option causal=0/1."""
-    hd = shape[-1]
+    hd = head_dim_of(OP, shape, "BxSxHxD")
     opts.check_keys(OP, options, ("causal",))
     causal = opts.flag(OP, options, "causal", False)
     req = request(dtype or "bf16", hd, causal, device)

@@ -293,7 +293,7 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
     cache = options.get("cache")
     if cache not in (None, FP8_CACHE):
         raise OptionError(f"{OP}: cache={cache!r}; leave it out (q's dtype) or pass cache={FP8_CACHE}")
-    return request(dtype or "bf16", shape[-1], causal, device, cache)
+    return request(dtype or "bf16", dense.head_dim_of(OP, shape, "BxSxHxD"), causal, device, cache)
 
 
 CANDIDATES = (Sm80Decode(), SimtDecode())

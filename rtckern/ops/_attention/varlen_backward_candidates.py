@@ -275,7 +275,7 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
     opts.check_keys(OP, options, ("causal", "deterministic"))
     causal = opts.flag(OP, options, "causal", False)
     det = opts.flag(OP, options, "deterministic", False)
-    return request(dtype or "bf16", shape[-1], causal, det, device)
+    return request(dtype or "bf16", dense_fwd.head_dim_of(OP, shape, "TxHxD"), causal, det, device)
 
 
 CANDIDATES = (Sm90WgmmaWs(), Sm90Wgmma(), Sm80Mma(), Simt())

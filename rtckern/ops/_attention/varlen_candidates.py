@@ -145,7 +145,7 @@ def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo
     head_dim); option causal=0/1."""
     opts.check_keys(OP, options, ("causal",))
     causal = opts.flag(OP, options, "causal", False)
-    return request(dtype or "bf16", shape[-1], causal, device)
+    return request(dtype or "bf16", dense.head_dim_of(OP, shape, "TxHxD"), causal, device)
 
 
 CANDIDATES = (Sm90Ws(), Sm90Wgmma(), Sm80Mma(), Simt())

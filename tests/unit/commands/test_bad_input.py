@@ -132,3 +132,17 @@ def test_manifest_option_with_a_bad_boolean_fails_its_line(tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert ("FAILED attention(bf16, 128, causal=maybe) on sm_90: OptionError: attention: option causal='maybe' is "
             "not a boolean; write 1/0, true/false, yes/no or on/off") in r.stderr.splitlines()
+
+
+def test_an_unusable_cache_or_tuning_dir_is_no_traceback(tmp_path):
+    """A cache dir that is a file: explain still answers (kernels and probe decisions kept in memory, with
+    warnings) where it raised NotADirectoryError; a tuning table that is a directory: one line naming it, exit 2."""
+    (tmp_path / "afile").write_text("")
+    r = rtckern(*ex("rms_norm"), cache=tmp_path / "afile")
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "chosen" in r.stdout, r.stderr
+    (tmp_path / "tuning" / "norm_fwd.json").mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO), RTCKERN_CACHE_DIR=str(tmp_path / "c"),
+               RTCKERN_TUNING_DIR=str(tmp_path / "tuning"))
+    r = subprocess.run([sys.executable, "-m", "rtckern", *ex("rms_norm")], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=REPO)
+    refused(r, r"norm_fwd.json: cannot read the tuning table \(Is a directory\); fix its permissions or move it away$")

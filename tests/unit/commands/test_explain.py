@@ -152,3 +152,19 @@ def test_tune_and_selftest_need_a_live_gpu(reg, capsys, argv):
     args = build_parser().parse_args(argv)
     assert args.func(args, registry=reg) == 2
     assert "needs a live GPU to measure on; --device 0 asked, but no GPU is visible" in capsys.readouterr().err
+
+
+def test_list_as_json_and_attention_shapes_of_another_rank(capsys):
+    """`explain --list --json` is JSON (it printed the text list); an attention shape that is neither the head dim
+    nor q's full shape is refused by name (its last entry was read as the head dim)."""
+    import rtckern.ops  # noqa: F401 - the families' request builders
+
+    args = build_parser().parse_args(["explain", "--list", "--json"])
+    assert explain_cmd.run(args) == 0
+    ops = {o["op"]: o for o in json.loads(capsys.readouterr().out)["ops"]}
+    assert "rms_norm.l2" in ops["rms_norm"]["candidates"] and ops["rms_norm"]["example"].startswith("rtckern explain")
+    for op, shape, full in (("attention", "4x4096x16", "BxSxHxD"), ("attention_varlen", "2x16384x16x128", "TxHxD")):
+        args = build_parser().parse_args(["explain", op, "--shape", shape, "--arch", "sm_80"])
+        assert explain_cmd.run(args) == 2
+        assert capsys.readouterr().err.strip() == (f"rtckern explain: {op}: shape {shape} has {len(shape.split('x'))} "
+                                                   f"dims; give the head dim (e.g. 128) or q's shape {full}")

@@ -89,3 +89,27 @@ def test_a_partial_shape_list_says_which_rows_of_other_classes_it_hides(tmp_path
         assert "note:" not in tune("16x4096x4096")
         rtckern.clear_caches()  # as a new process would: the candidates' configs memoized above go
         assert "exact row" in explain() and "has an exact row of this shape" not in explain()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shapes", "8192x4096,1024x4096", "--list-configs", "--arch", "sm_90"],
+     "rtckern tune: --shapes gives 1 row key(s) more than once: 8192x4096, 1024x4096 all give the row dir=fwd "
+     "dtype=bf16 n=4096 norm=rms; rms_norm's rows are keyed by dir, norm, dtype, n: tune one shape per row"),
+    (["--shapes", "8192x4096", "--list-configs", "--sm-count", "114"],
+     "rtckern tune: --sm-count / --device-class describe a device together with --arch"),
+    (["--shapes", "8192x4096", "--list-configs"],
+     "rtckern tune: needs a device to list configs for; --device 0 asked, but no GPU is visible (no driver or no "
+     "device). For a device that is not here, `rtckern tune ... --list-configs --arch sm_90` lists them without one."),
+])
+def test_what_a_run_would_refuse_late_or_ignore_is_refused_first(argv, message, capsys, monkeypatch):
+    """Shapes that give one row key (refused after timing every config before), --sm-count / --device-class
+    without --arch (ignored before), and --list-configs without a GPU or --arch (which pointed at explain): one
+    line, exit 2, before any timing."""
+    from rtckern import device
+    from rtckern.cli import build_parser
+
+    monkeypatch.setattr(device, "device_count", lambda: 0)
+    args = build_parser().parse_args(["tune", "rms_norm", *argv])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(message) and "\n" not in err, err
