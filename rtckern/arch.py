@@ -12,7 +12,8 @@ from typing import Callable, Iterable, Sequence
 
 from .errors import ArchError
 
-ACCEPTED_FORMS = "'7.5', '8.6+PTX', '9.0a', 'sm_90a', 'compute_90', '90', 'gfx90a', 'native'"
+ONE_ARCH_FORMS = "'7.5', '8.6+PTX', '9.0a', 'sm_90a', 'compute_90', '90', 'gfx90a'"  # Arch.parse's
+ACCEPTED_FORMS = ONE_ARCH_FORMS + ", 'native'"  # an arch list's entries (parse_arch_list)
 
 # What `rtckern prefill` compiles for without --arch (RTCKERN_ARCH_LIST replaces it): Turing to Hopper, sm_90a for the
 # wgmma kernels, and Blackwell: sm_100 (B200 / GB200) and sm_120 (RTX 50 / RTX PRO), where the portable (sm_80-class)
@@ -56,6 +57,9 @@ class Arch:
         m = _RE_BARE.fullmatch(s)
         if m and int(m.group(1)) >= 1:
             return cls(int(m.group(1)), int(m.group(2)), m.group(3), bool(m.group(4)))
+        if s == "native" or re.search(r"[;,\s]", s):  # what an arch list takes, where one arch is asked for
+            raise ArchError(f"{text!r} names {'the visible GPUs' if s == 'native' else 'several archs'}, as an arch "
+                            f"list does; give one arch here: {ONE_ARCH_FORMS}")
         raise ArchError(f"unknown arch entry {text!r}; accepted forms: {ACCEPTED_FORMS}")
 
     # ---- properties ----

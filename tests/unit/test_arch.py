@@ -75,6 +75,17 @@ def test_choose_target():
         choose_target(Arch(7, 0), sup, nvrtc_version=(13, 0))
 
 
+@pytest.mark.parametrize("text, what", [("native", "the visible GPUs"), ("8.0;9.0", "several archs"),
+                                        ("8.0, 9.0", "several archs")])
+def test_one_arch_refuses_what_only_an_arch_list_takes(text, what):
+    """Where one arch is asked for (explain / ops / tune --arch), 'native' and lists are refused for what they are,
+    not as unknown entries whose accepted forms name 'native' again."""
+    with pytest.raises(ArchError, match=rf"^'{text}' names {what}, as an arch list does; give one arch here: '7.5', "
+                                        r"'8.6\+PTX', '9.0a', 'sm_90a', 'compute_90', '90', 'gfx90a'$"):
+        Arch.parse(text)
+    assert [a.sm for a in parse_arch_list("8.0;9.0")] == ["sm_80", "sm_90"]
+
+
 def test_can_run_on():
     assert Arch(8, 0).can_run_on(Arch(8, 6))
     assert not Arch(8, 6).can_run_on(Arch(8, 0))

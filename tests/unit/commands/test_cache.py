@@ -141,3 +141,12 @@ def test_clear_asks_on_a_terminal(tmp_path):
     assert code == 0 and "remove all" not in err and len(list(DiskCache(tmp_path).entries())) == 0
     fill(tmp_path, ["a"])  # not a terminal: no question (scripts)
     assert rtckern("cache", "clear", cache=tmp_path, stdin=subprocess.DEVNULL).returncode == 0
+
+
+def test_importing_a_missing_bundle_creates_no_cache(tmp_path):
+    """The missing bundle is said before the cache directory is made (a failed import left an empty cache, which
+    `cache stats` then reported as 0 entries instead of no cache)."""
+    missing = tmp_path / "new" / "cache"
+    r = rtckern("cache", "import", str(tmp_path / "nothing.bundle"), cache=missing)
+    assert r.returncode == 2 and "no such file; give a bundle file" in r.stderr, r.stderr
+    assert not missing.exists()
