@@ -76,6 +76,10 @@ def _interrupted(prog: Progress) -> int:
 def run(args) -> int:
     if args.list_presets:
         return _list_presets(args)
+    if args.manifest:  # a missing or malformed manifest is said before the cache directory is made
+        from ..fleet.manifest import load_manifest
+
+        load_manifest(args.manifest)
     _check_writable(args)
     if args.manifest or args.preset:
         if args.family:

@@ -121,3 +121,13 @@ def test_ctrl_c_stops_within_a_bound_and_keeps_compiled_kernels(tmp_path, to):
     assert kept >= done
     time.sleep(2)
     assert entries(cache) == kept  # the queued and running compiles were stopped, not left running
+
+
+def test_a_missing_manifest_creates_no_cache(tmp_path):
+    """The manifest is read before the cache directory is made and probed for writing: a missing one is one line,
+    exit 2, and leaves no empty cache behind."""
+    cache = tmp_path / "new" / "cache"
+    r = prefill(cache, "--manifest", str(tmp_path / "nope.jsonl"), "--arch", "8.0")
+    assert r.returncode == 2 and r.stderr.strip() == f"rtckern prefill: cannot read manifest {tmp_path / 'nope.jsonl'}: " \
+                                                      "No such file or directory", r.stderr
+    assert not cache.exists()
