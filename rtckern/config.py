@@ -296,20 +296,19 @@ def _disabled_ops(env: Mapping[str, str]) -> frozenset[str]:
     kernels away from the ops named (rtckern.ops raise, the torch plugin runs torch's op)."""
     new, old = env.get(DISABLE_OPS), env.get(DISABLE_OPS_OLD)
     name, value = (DISABLE_OPS, new) if not _unset(new) else (DISABLE_OPS_OLD, old)
-    if not _unset(old):
-        if not _unset(new):
-            raise ConfigError(f"{DISABLE_OPS_OLD}={old!r} and {DISABLE_OPS}={new!r} are both set; "
-                              f"{DISABLE_OPS_OLD} is the deprecated name of {DISABLE_OPS}: unset it")
+    if not _unset(old) and not _unset(new):
+        raise ConfigError(f"{DISABLE_OPS_OLD}={old!r} and {DISABLE_OPS}={new!r} are both set; "
+                          f"{DISABLE_OPS_OLD} is the deprecated name of {DISABLE_OPS}: unset it")
     v = (value or "").strip().lower()
-    if not _unset(old) and v not in TRUE_WORDS and v not in FALSE_WORDS:  # (a switch value is refused below)
-        warnings.warn(f"rtckern: {DISABLE_OPS_OLD} is deprecated; set {DISABLE_OPS}={old.strip()} instead (same "
-                      "meaning: no rtckern kernels for these ops, not FlashInfer's 'never compile')",
-                      ConfigDeprecationWarning, stacklevel=4)
-    if v in TRUE_WORDS or v in FALSE_WORDS:
+    if v in TRUE_WORDS or v in FALSE_WORDS:  # refused before the old name's warning, which would advise it
         raise ConfigError(f"{name}={value!r} is not a list of ops: it takes op names (rms_norm,gemm) or 'all', "
                           "whose requests then get no rtckern kernel (the torch plugin runs torch's op). It is not "
                           "a switch that stops compiling (FlashInfer's FLASHINFER_DISABLE_JIT); prefill the cache "
                           "(`rtckern prefill`) to keep compiles out of serving")
+    if not _unset(old):
+        warnings.warn(f"rtckern: {DISABLE_OPS_OLD} is deprecated; set {DISABLE_OPS}={old.strip()} instead (same "
+                      "meaning: no rtckern kernels for these ops, not FlashInfer's 'never compile')",
+                      ConfigDeprecationWarning, stacklevel=4)
     return _name_set(name, value)
 
 

@@ -10,7 +10,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 from ._args import non_negative_float, positive_size, size
 from ._help import add_command
@@ -268,11 +267,9 @@ def import_(args) -> int:
 
     extra = {} if args.max_member_bytes is None else {"max_member_bytes": args.max_member_bytes}
     limits = Limits.from_settings(**extra)
-    if not Path(args.bundle).is_file():  # said before the cache dir is made: a missing bundle leaves none behind
-        from ..fleet.bundle import BundleError
+    from ..fleet.bundle import bundle_file
 
-        raise BundleError(f"{args.bundle}: {'a directory' if Path(args.bundle).is_dir() else 'no such file'}; give a "
-                          "bundle file (made by `rtckern cache export --bundle`)")
+    bundle_file(args.bundle)  # said before the cache dir is made: a missing bundle leaves none behind
     r = import_bundle(args.bundle, DiskCache(cache_root(args.cache_dir)), limits)  # the one action that creates
     return _emit(args, r, f"{r['bundle']}: {r['entries']} entries verified; imported {r['imported']}, already "
                  f"present {r['present']}, kept existing {r['kept']} (into {r['cache_dir']})")

@@ -76,11 +76,6 @@ def _interrupted(prog: Progress) -> int:
 def run(args) -> int:
     if args.list_presets:
         return _list_presets(args)
-    if args.manifest:  # a missing or malformed manifest is said before the cache directory is made
-        from ..fleet.manifest import load_manifest
-
-        load_manifest(args.manifest)
-    _check_writable(args)
     if args.manifest or args.preset:
         if args.family:
             from ..errors import OptionError
@@ -163,6 +158,7 @@ def _run_builtin(args) -> int:
     from ._registry_cli import load_ops
     from ._table import table
 
+    _check_writable(args)
     load_ops(args.imports)  # a module may register its own kernel family (rtckern.prefill.register_provider)
     archs = parse_archs(args.arch)
     bad = unsupported_archs(archs)
@@ -203,6 +199,7 @@ def _run_manifest(args) -> int:
     from ._table import table
 
     entries = load_manifest(args.manifest) if args.manifest else load_preset(args.preset)
+    _check_writable(args)  # after the manifest is read: a missing or malformed one leaves no empty cache behind
     load_ops(args.imports)
     archs = parse_archs(args.arch)
     bad = unsupported_archs(archs)

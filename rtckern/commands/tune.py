@@ -124,9 +124,11 @@ def run(args, registry=None) -> int:
 
             device = DeviceInfo.for_arch(args.arch, sm_count=args.sm_count, device_class=args.device_class or "")
         else:
-            device = live_device(args.device, "tune", *(
-                ("needs a device to list configs for", "`rtckern tune ... --list-configs --arch sm_90` lists them "
-                 "without one") if args.list_configs else ()))
+            if args.list_configs:
+                device = live_device(args.device, "tune", "needs a device to list configs for",
+                                     "`rtckern tune ... --list-configs --arch sm_90` lists them without one")
+            else:
+                device = live_device(args.device, "tune")
             if device is None:
                 return 2
         reqs = [build_request(reg, request_op, shape=s, dtype=args.dtype, device=device, options=parse_opts(args.opt))

@@ -336,14 +336,20 @@ def _check_record(path: Path, i: int, e: object) -> str:
     return key
 
 
-def verify_bundle(path: str | Path, limits: Limits | None = None) -> tuple[dict[str, dict], int]:
-    """Check everything without writing: (index by key, entry bytes). Raises BundleError at the first problem.
-    ``limits``: default ``Limits.from_settings()``."""
+def bundle_file(path: str | Path) -> Path:
+    """path as a Path; BundleError when it is not a file (missing, or a directory)."""
     p = Path(path)
-    limits = limits or Limits.from_settings()
     if not p.is_file():
         raise BundleError(f"{p}: {'a directory' if p.is_dir() else 'no such file'}; give a bundle file "
                           "(made by `rtckern cache export --bundle`)")
+    return p
+
+
+def verify_bundle(path: str | Path, limits: Limits | None = None) -> tuple[dict[str, dict], int]:
+    """Check everything without writing: (index by key, entry bytes). Raises BundleError at the first problem.
+    ``limits``: default ``Limits.from_settings()``."""
+    p = bundle_file(path)
+    limits = limits or Limits.from_settings()
     index: dict[str, dict] | None = None
     seen: set[str] = set()
     nbytes = 0
