@@ -21,8 +21,11 @@
 //
 // RTK_ATTN_VARLEN=1 (rtckern.ops.attention_varlen_backward; 0, the default, compiles to the same binary as without
 // it): o, dout, dq are packed (total_q, heads_q, HD), lse is (heads_q, total_q) (lse_bs unused), seqlen_q carries
-// total_q, and both kernels take cu_seqlens_q (int32, batch + 1 prefix sums) as their last parameter; grid z is the
-// sequence, grid x covers the longest one (blocks past the sequence's rows exit). The padded workspace of lse2 /
+// total_q, and both kernels take cu_seqlens_q (int32, batch + 1 prefix sums) after their dense parameters; grid z is
+// the sequence, grid x covers the longest one (blocks past the sequence's rows exit). attn_bwd_prep also takes
+// cu_seqlens_k, total_k and cu_clamped (int32, 2 (batch + 1)), where it writes both prefix sums clamped to [0, total]
+// (q's, then k's) for the kernels after it, which read them unchecked (attn_bwd_convert's cu_seqlens_q is that
+// copy); it reads the caller's clamped too. The padded workspace of lse2 /
 // dsum is (heads_q, seqlen_q_pad) with seqlen_q_pad = round_up(total_q, 128) + 128 * batch, and sequence b's padded
 // rows start at row varlen_pad_row0(cu_seqlens_q[b], b) = 128 * (floor(cu_seqlens_q[b] / 128) + b): a multiple of
 // 128 (every BM divides it; 16-byte aligned rows), and the padded row blocks of consecutive sequences never overlap
@@ -35,6 +38,9 @@
 
 #ifndef RTK_ATTN_VARLEN
 #define RTK_ATTN_VARLEN 0
+#endif
+#if RTK_ATTN_VARLEN
+#include "attention/varlen.cuh"  // varlen_row0
 #endif
 
 namespace rtk_attn {
@@ -58,7 +64,8 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
                   long long o_bs, long long o_rs, long long o_hs, long long do_bs, long long do_rs, long long do_hs,
                   long long lse_bs, long long lse_hs, long long lse_rs, long long sem_rows, long long sem_blocks
 #if RTK_ATTN_VARLEN
-                  , const int* __restrict__ cu_seqlens_q
+                  , const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, long long total_k,
+                  int* __restrict__ cu_clamped
 #endif
                   ) {
   static_assert(HD % 8 == 0, "head dim");
@@ -67,8 +74,17 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
   const long long r = static_cast<long long>(blockIdx.x) * bwd_rows::per_block + threadIdx.x / bwd_rows::threads;
   const long long h = blockIdx.y, b = blockIdx.z;
 #if RTK_ATTN_VARLEN
-  const long long q0 = cu_seqlens_q[b];
-  const long long len = cu_seqlens_q[b + 1] - q0;
+  if (blockIdx.x == 0 && h == 0 && threadIdx.x == 0) {  // the prefix sums the later kernels read, clamped
+    const long long batch = gridDim.z;
+    cu_clamped[b] = varlen_row0(cu_seqlens_q, b, seqlen_q);
+    cu_clamped[batch + 1 + b] = varlen_row0(cu_seqlens_k, b, total_k);
+    if (b == batch - 1) {
+      cu_clamped[batch] = varlen_row0(cu_seqlens_q, batch, seqlen_q);
+      cu_clamped[2 * batch + 1] = varlen_row0(cu_seqlens_k, batch, total_k);
+    }
+  }
+  const long long q0 = varlen_row0(cu_seqlens_q, b, seqlen_q);  // seqlen_q carries total_q
+  const long long len = varlen_row0(cu_seqlens_q, b + 1, seqlen_q, static_cast<int>(q0)) - q0;
   // Past the sequence's padded rows (a multiple of 32): the whole block leaves, before any shuffle.
   if (static_cast<long long>(blockIdx.x) * bwd_rows::per_block >=
       (len + bwd_rows::pad - 1) / bwd_rows::pad * bwd_rows::pad)
@@ -141,7 +157,7 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
   const long long r = static_cast<long long>(blockIdx.x) * bwd_rows::per_block + threadIdx.x / bwd_rows::threads;
   const long long h = blockIdx.y, b = blockIdx.z;
 #if RTK_ATTN_VARLEN
-  const long long q0 = cu_seqlens_q[b];
+  const long long q0 = cu_seqlens_q[b];  // attn_bwd_prep's clamped copy
   if (r >= cu_seqlens_q[b + 1] - q0) return;
   const float* pa = dq_accum + (h * seqlen_q + q0 + r) * HD;
   T* pq = dq + (q0 + r) * dq_rs + h * dq_hs;

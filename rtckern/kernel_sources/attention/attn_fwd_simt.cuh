@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(128)
   const long long hq = blockIdx.y, b = blockIdx.z;
   const long long hk = hq / (heads_q / heads_kv);
 #if RTK_ATTN_VARLEN
-  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const varlen_seq seq = varlen_lookup_clamped(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k);
   const seq_at at{seq.q0, seq.k0};
   const int sq = seq.sq, sk = seq.sk;
   const int m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * BM;

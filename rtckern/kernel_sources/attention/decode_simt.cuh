@@ -31,9 +31,9 @@ __global__ void RTK_LAUNCH_BOUNDS(kDecodeSimtThreads, 1)
                      float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
                      const int* __restrict__ cache_seqlens, const int* __restrict__ block_table,
                      long long seqlen_q, long long heads_q, long long heads_kv, long long seqlen_new,
-                     long long capacity, long long bt_stride, long long page_size, long long q_bs, long long q_rs,
-                     long long q_hs, long long k_bs, long long k_rs, long long k_hs, long long v_bs, long long v_rs,
-                     long long v_hs, long long o_bs, long long o_rs, long long o_hs, float scale_log2) {
+                     long long capacity, long long bt_stride, long long page_size, long long num_blocks,
+                     long long q_bs, long long q_rs, long long q_hs, long long k_bs, long long k_rs, long long k_hs,
+                     long long v_bs, long long v_rs, long long v_hs, long long o_bs, long long o_rs, long long o_hs, float scale_log2) {
   constexpr int NT = kDecodeSimtThreads;
   constexpr int KC = kDecodeSimtKeys;
   constexpr int PER = 16 * HD / NT;  // outputs per thread
@@ -97,8 +97,10 @@ __global__ void RTK_LAUNCH_BOUNDS(kDecodeSimtThreads, 1)
       const int d = idx - t * HD;
       float kx = 0.f, vx = 0.f;
       if (j0 + t < j_end) {
-        const long long kt = kv_token_offset(block_table, bt_stride, ps, k_bs, k_rs, b, j0 + t) + hk * k_hs + d;
-        const long long vt = kv_token_offset(block_table, bt_stride, ps, v_bs, v_rs, b, j0 + t) + hk * v_hs + d;
+        const long long kt = kv_token_offset(block_table, bt_stride, ps, num_blocks, k_bs, k_rs, b, j0 + t) +
+                             hk * k_hs + d;
+        const long long vt = kv_token_offset(block_table, bt_stride, ps, num_blocks, v_bs, v_rs, b, j0 + t) +
+                             hk * v_hs + d;
         kx = rtk_to_float(k[kt]);
         vx = rtk_to_float(v[vt]);
       }

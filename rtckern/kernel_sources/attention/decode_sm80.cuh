@@ -84,9 +84,9 @@ __global__ void __launch_bounds__(NWARPS * 32)
                      float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
                      const int* __restrict__ cache_seqlens, const int* __restrict__ block_table,
                      long long seqlen_q, long long heads_q, long long heads_kv, long long seqlen_new,
-                     long long capacity, long long bt_stride, long long page_size, long long q_bs, long long q_rs,
-                     long long q_hs, long long k_bs, long long k_rs, long long k_hs, long long v_bs, long long v_rs,
-                     long long v_hs, long long o_bs, long long o_rs, long long o_hs,
+                     long long capacity, long long bt_stride, long long page_size, long long num_blocks,
+                     long long q_bs, long long q_rs, long long q_hs, long long k_bs, long long k_rs, long long k_hs,
+                     long long v_bs, long long v_rs, long long v_hs, long long o_bs, long long o_rs, long long o_hs,
                      float scale_log2 RTK_KV_SCALE_PARAMS) {
 #if RTK_ARCH >= 800
   static_assert(HD % 16 == 0 && STAGES >= 2, "tile shape");
@@ -159,11 +159,12 @@ __global__ void __launch_bounds__(NWARPS * 32)
 #endif
   const int ps = static_cast<int>(page_size);
   // A paged cache's block-table reads are taken off the ring's path: lane l holds the page of the warp's chunk
-  // 32 m + l for the current batch m (pg_cur) and the next (pg_next), read one batch ahead.
+  // 32 m + l for the current batch m (pg_cur) and the next (pg_next), read one batch ahead (an entry outside the
+  // cache reads block 0: kv_block).
   auto fetch_pages = [&](int first) -> int {
     const int m = first + lane;
     if (block_table == nullptr || m >= mine) return 0;
-    return block_table[b * bt_stride + ((c_begin + warp + m * NWARPS) << 4) / ps];
+    return kv_block(block_table[b * bt_stride + ((c_begin + warp + m * NWARPS) << 4) / ps], num_blocks);
   };
   int pg_cur = fetch_pages(0);
   int pg_next = fetch_pages(32);

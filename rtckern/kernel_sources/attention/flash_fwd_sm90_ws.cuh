@@ -82,7 +82,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   const long long b = blockIdx.z;
   const int hk = static_cast<int>(hq / (heads_q / heads_kv));
 #if RTK_ATTN_VARLEN
-  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);
+  const varlen_seq seq = varlen_lookup_clamped(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k);
   const seq_at at{seq.q0, seq.k0};
   const int sq = seq.sq;
   const int sk = seq.sk;

@@ -8,19 +8,29 @@
 //
 // Lengths: cache_seqlens[b] tokens are cached before the call; seqlen_new more are appended (kvcache_append) and
 // attended; their sum is clamped to the capacity (capacity, or bt_stride * page_size), so a bad length reads and
-// writes nothing outside the cache.
+// writes nothing outside the cache. Block-table entries likewise: the cache holds num_blocks blocks, and an entry
+// outside [0, num_blocks) is read as block 0 (its tokens' values are then another block's, never memory outside the
+// cache) and takes no appended token (the write is dropped).
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/pdl.cuh"
 
 namespace rtk_attn {
 
-// Element offset of (token j, head 0) of sequence b.
+// Whether a block-table entry names a block of the cache, [0, num_blocks) (one unsigned compare; the host refuses a
+// paged cache of no blocks), and the block a read takes for it: entries outside the cache read block 0.
+RTK_DEVICE bool kv_block_in_cache(int entry, long long num_blocks) {
+  return static_cast<unsigned long long>(static_cast<unsigned>(entry)) < static_cast<unsigned long long>(num_blocks);
+}
+RTK_DEVICE int kv_block(int entry, long long num_blocks) { return kv_block_in_cache(entry, num_blocks) ? entry : 0; }
+
+// Element offset of (token j, head 0) of sequence b (a paged entry outside the cache reads block 0: kv_block).
 RTK_DEVICE long long kv_token_offset(const int* __restrict__ block_table, long long bt_stride, int page_size,
-                                     long long bs, long long rs, long long b, int j) {
+                                     long long num_blocks, long long bs, long long rs, long long b, int j) {
   if (block_table != nullptr) {
     const int p = j / page_size;
-    return static_cast<long long>(block_table[b * bt_stride + p]) * bs + static_cast<long long>(j - p * page_size) * rs;
+    return static_cast<long long>(kv_block(block_table[b * bt_stride + p], num_blocks)) * bs +
+           static_cast<long long>(j - p * page_size) * rs;
   }
   return b * bs + static_cast<long long>(j) * rs;
 }
@@ -33,16 +43,19 @@ RTK_DEVICE int kv_length(const int* __restrict__ cache_seqlens, long long b, lon
 }
 
 // The row an append block writes, as locals of kvcache_append / kvcache_append_fp8: token t of sequence b goes to
-// cache row j (the block leaves when j is outside the cache), at element offsets kdst / vdst of K / V.
+// cache row j (the block leaves when j is outside the capacity or its block-table entry outside the cache), at
+// element offsets kdst / vdst of K / V.
 #define RTK_KV_APPEND_ROW()                                                                                       \
   const long long t = blockIdx.x;                                                                               \
   const long long b = blockIdx.y;                                                                               \
   const long long j = static_cast<long long>(cache_seqlens[b]) + t;                                             \
   if (j < 0 || j >= capacity) return;                                                                           \
-  const long long kdst = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), k_bs, k_rs, b,    \
-                                         static_cast<int>(j));                                                  \
-  const long long vdst = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), v_bs, v_rs, b,    \
-                                         static_cast<int>(j))
+  if (block_table != nullptr && !kv_block_in_cache(block_table[b * bt_stride + j / page_size], num_blocks))     \
+    return;                                                                                                     \
+  const long long kdst = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), num_blocks, k_bs, \
+                                         k_rs, b, static_cast<int>(j));                                         \
+  const long long vdst = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), num_blocks, v_bs, \
+                                         v_rs, b, static_cast<int>(j))
 
 // The tokens a gather block packs, as locals of kvcache_gather / kvcache_gather_fp8: tokens j0 .. j0 + n - 1 of
 // sequence b (len tokens), whose packed rows start at off; per_token chunks of 8 values per token.
@@ -61,7 +74,8 @@ template <typename T, int HD>
 __global__ void kvcache_append(const T* __restrict__ k_new, const T* __restrict__ v_new, T* __restrict__ k_cache,
                                T* __restrict__ v_cache, const int* __restrict__ cache_seqlens,
                                const int* __restrict__ block_table, long long heads_kv, long long capacity,
-                               long long bt_stride, long long page_size, long long kn_bs, long long kn_rs,
+                               long long bt_stride, long long page_size, long long num_blocks, long long kn_bs,
+                               long long kn_rs,
                                long long kn_hs, long long vn_bs, long long vn_rs, long long vn_hs, long long k_bs,
                                long long k_rs, long long k_hs, long long v_bs, long long v_rs, long long v_hs) {
   constexpr int CPR = HD / 8;  // 16-byte chunks per head row
@@ -98,8 +112,8 @@ __global__ void kvcache_gather(const T* __restrict__ k_cache, const T* __restric
                                const int* __restrict__ cache_seqlens, const int* __restrict__ block_table,
                                T* __restrict__ k_out, T* __restrict__ v_out, int* __restrict__ cu_seqlens_k,
                                long long heads_kv, long long seqlen_new, long long capacity, long long bt_stride,
-                               long long page_size, long long k_bs, long long k_rs, long long k_hs, long long v_bs,
-                               long long v_rs, long long v_hs) {
+                               long long page_size, long long num_blocks, long long k_bs, long long k_rs,
+                               long long k_hs, long long v_bs, long long v_rs, long long v_hs) {
   constexpr int CPR = HD / 8;
   RTK_KV_GATHER_TOKENS();
   for (long long idx = threadIdx.x; idx < n * per_token; idx += blockDim.x) {
@@ -107,8 +121,10 @@ __global__ void kvcache_gather(const T* __restrict__ k_cache, const T* __restric
     const long long rem = idx - t * per_token;
     const long long h = rem / CPR;
     const long long c = (rem - h * CPR) * 8;
-    const long long ks = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), k_bs, k_rs, b, j0 + t);
-    const long long vs = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), v_bs, v_rs, b, j0 + t);
+    const long long ks =
+        kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), num_blocks, k_bs, k_rs, b, j0 + t);
+    const long long vs =
+        kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), num_blocks, v_bs, v_rs, b, j0 + t);
     const long long dst = ((off + j0 + t) * heads_kv + h) * HD + c;
     *reinterpret_cast<uint4*>(k_out + dst) = *reinterpret_cast<const uint4*>(k_cache + ks + h * k_hs + c);
     *reinterpret_cast<uint4*>(v_out + dst) = *reinterpret_cast<const uint4*>(v_cache + vs + h * v_hs + c);

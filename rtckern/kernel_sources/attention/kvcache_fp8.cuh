@@ -59,9 +59,10 @@ __global__ void kvcache_append_fp8(const T* __restrict__ k_new, const T* __restr
                                    unsigned char* __restrict__ k_cache, unsigned char* __restrict__ v_cache,
                                    const int* __restrict__ cache_seqlens, const int* __restrict__ block_table,
                                    long long heads_kv, long long capacity, long long bt_stride, long long page_size,
-                                   long long kn_bs, long long kn_rs, long long kn_hs, long long vn_bs, long long vn_rs,
-                                   long long vn_hs, long long k_bs, long long k_rs, long long k_hs, long long v_bs,
-                                   long long v_rs, long long v_hs, const float* __restrict__ k_scale,
+                                   long long num_blocks, long long kn_bs, long long kn_rs, long long kn_hs,
+                                   long long vn_bs, long long vn_rs, long long vn_hs, long long k_bs, long long k_rs,
+                                   long long k_hs, long long v_bs, long long v_rs, long long v_hs,
+                                   const float* __restrict__ k_scale,
                                    const float* __restrict__ v_scale, long long scale_hs) {
   constexpr int CPR = HD / 8;  // 8 elements (16 bytes of k_new, 8 of the cache) per access
   RTK_KV_APPEND_ROW();
@@ -97,8 +98,9 @@ __global__ void kvcache_gather_fp8(const unsigned char* __restrict__ k_cache, co
                                    const int* __restrict__ cache_seqlens, const int* __restrict__ block_table,
                                    T* __restrict__ k_out, T* __restrict__ v_out, int* __restrict__ cu_seqlens_k,
                                    long long heads_kv, long long seqlen_new, long long capacity, long long bt_stride,
-                                   long long page_size, long long k_bs, long long k_rs, long long k_hs, long long v_bs,
-                                   long long v_rs, long long v_hs, const float* __restrict__ k_scale,
+                                   long long page_size, long long num_blocks, long long k_bs, long long k_rs,
+                                   long long k_hs, long long v_bs, long long v_rs, long long v_hs,
+                                   const float* __restrict__ k_scale,
                                    const float* __restrict__ v_scale, long long scale_hs) {
   constexpr int CPR = HD / 8;
   RTK_KV_GATHER_TOKENS();
@@ -110,8 +112,9 @@ __global__ void kvcache_gather_fp8(const unsigned char* __restrict__ k_cache, co
     const long long dst = ((off + j0 + t) * heads_kv + h) * HD + c;
 #pragma unroll
     for (int kv = 0; kv < 2; ++kv) {
-      const long long src = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), kv == 0 ? k_bs : v_bs,
-                                            kv == 0 ? k_rs : v_rs, b, j0 + t) + h * (kv == 0 ? k_hs : v_hs) + c;
+      const long long src = kv_token_offset(block_table, bt_stride, static_cast<int>(page_size), num_blocks,
+                                            kv == 0 ? k_bs : v_bs, kv == 0 ? k_rs : v_rs, b, j0 + t) +
+                            h * (kv == 0 ? k_hs : v_hs) + c;
       const uint2 x = *reinterpret_cast<const uint2*>((kv == 0 ? k_cache : v_cache) + src);
       const float s = (kv == 0 ? k_scale : v_scale)[h * scale_hs];
       const unsigned w[2] = {x.x, x.y};

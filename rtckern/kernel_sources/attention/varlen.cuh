@@ -6,8 +6,11 @@
 // cu_seqlens_k[b + 1]) of k and v: int32 prefix sums with batch + 1 entries, in device memory (the host never reads
 // them). The grid's z index is the sequence and its x extent covers the longest query sequence (max_seqlen_q), so a
 // block whose query tile starts at or past the end of its own sequence returns at once. Everything else (tiles,
-// masks of partial tiles, bottom-right causal) runs on the sequence's own lengths. Prefix sums that decrease give a
-// negative length, which reads nothing and writes nothing (no fault), never a meaningful result.
+// masks of partial tiles, bottom-right causal) runs on the sequence's own lengths. The forward kernels read the
+// prefix sums clamped to [0, total] (varlen_lookup_clamped), a sequence ending before it starts taken as empty; the
+// backward's first kernel writes such clamped copies for the others; so no value reaches outside q, k, v, o or the
+// workspaces (a wrong value gives a meaningless result, never a fault); prefix sums must be non-decreasing for
+// sequences not to overlap.
 //
 // The forward kernels include this file in both builds (the sm80 / sm90 backward kernels through flash_fwd_sm80.cuh):
 // it sets the define's default (0, the dense kernels), and seq_at addresses the block's sequence in either build, so
@@ -51,7 +54,7 @@
 // queries leaves before any barrier.
 #if RTK_ATTN_VARLEN
 #define RTK_ATTN_FWD_SEQUENCE()                                                                                   \
-  const varlen_seq seq = varlen_lookup(cu_seqlens_q, cu_seqlens_k, b);                                          \
+  const varlen_seq seq = varlen_lookup_clamped(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k);              \
   const seq_at at{seq.q0, seq.k0};                                                                              \
   const int sq = seq.sq;                                                                                        \
   const int sk = seq.sk;                                                                                        \
@@ -82,6 +85,8 @@ struct varlen_seq {
   int sq, sk;        // its query and key lengths
 };
 
+// Sequence b's rows and lengths as the prefix sums give them (the backward kernels: their prep kernel hands them
+// copies clamped to [0, total], attn_bwd_rows.cuh); a decreasing pair gives a negative length (nothing read).
 RTK_DEVICE varlen_seq varlen_lookup(const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
                                     long long b) {
   const int q0 = cu_seqlens_q[b], k0 = cu_seqlens_k[b];
@@ -90,6 +95,26 @@ RTK_DEVICE varlen_seq varlen_lookup(const int* __restrict__ cu_seqlens_q, const 
   s.k0 = k0;
   s.sq = cu_seqlens_q[b + 1] - q0;
   s.sk = cu_seqlens_k[b + 1] - k0;
+  return s;
+}
+
+// Entry b of a prefix sum as a row of a packed tensor of `total` rows (< 2^31, checked on the host): clamped to
+// [lo, total].
+RTK_DEVICE int varlen_row0(const int* __restrict__ cu_seqlens, long long b, long long total, int lo = 0) {
+  return min(max(cu_seqlens[b], lo), static_cast<int>(total));
+}
+
+// varlen_lookup over the caller's prefix sums (the forward kernels; total_q / total_k: the packed tensors' rows,
+// which the kernels' seqlen_q / seqlen_k carry): each entry clamped to [0, total], a sequence's end to [its start,
+// total], so no value reaches outside the tensors.
+RTK_DEVICE varlen_seq varlen_lookup_clamped(const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
+                                            long long b, long long total_q, long long total_k) {
+  const int q0 = varlen_row0(cu_seqlens_q, b, total_q), k0 = varlen_row0(cu_seqlens_k, b, total_k);
+  varlen_seq s;
+  s.q0 = q0;
+  s.k0 = k0;
+  s.sq = varlen_row0(cu_seqlens_q, b + 1, total_q, q0) - q0;
+  s.sk = varlen_row0(cu_seqlens_k, b + 1, total_k, k0) - k0;
   return s;
 }
 

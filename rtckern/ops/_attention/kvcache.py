@@ -10,8 +10,10 @@ q: (batch, seqlen_q, heads_q, head_dim), seqlen_q >= 1. The cache, bf16 or fp16 
 - paged: k_cache, v_cache (num_blocks, page_size, heads_kv, head_dim) with block_table int32 (batch,
   max_blocks_per_seq): token j of sequence b is row j % page_size of block block_table[b, j // page_size]; page_size
   a multiple of 16 (16, 32, 64, 128, 256 ...). Blocks may be in any order and shared between sequences; the
-  entries a sequence's length reaches must be in [0, num_blocks): the kernels read them as block indices unchecked
-  (a value out of range reads, and with k_new writes, outside the cache), entries past them are never read.
+  entries a sequence's length reaches name its blocks, in [0, num_blocks); entries past them are never read. The
+  kernels check each entry they use (on the device, no synchronization): an entry outside [0, num_blocks) is read as
+  block 0 (the result is then meaningless, but nothing outside the cache is read) and an appended token whose
+  entry is outside it is dropped (nothing is written outside the cache).
 cache_seqlens: int32 (batch,) on the GPU: the tokens cached per sequence before this call.
 k_new, v_new (optional, together): (batch, seqlen_new, heads_kv, head_dim): written into the cache at rows
 cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 (in place, before attending; cache_seqlens itself is not
@@ -73,10 +75,10 @@ _SCALE_TYPES = (type(None), float, int)
 
 # parameter kinds of the kernels (decode_sm80.cuh, kvcache_common.cuh; an fp8 cache's forms, kvcache_fp8.cuh, end
 # with k_scale, v_scale and the scales' head stride)
-MAIN_KINDS = "P" * 9 + "q" * 19 + "f"
+MAIN_KINDS = "P" * 9 + "q" * 20 + "f"
 COMBINE_KINDS = "P" * 4 + "q" * 6
-APPEND_KINDS = "P" * 6 + "q" * 16
-GATHER_KINDS = "P" * 7 + "q" * 11
+APPEND_KINDS = "P" * 6 + "q" * 17
+GATHER_KINDS = "P" * 7 + "q" * 12
 FP8_KINDS = "PPq"
 _FP8 = kc.FP8_CACHE
 
@@ -98,8 +100,8 @@ class _Call:
     """What a call's checks establish: shapes, the cache's layout numbers and the request; everything a launch
     needs apart from the addresses."""
 
-    __slots__ = ("batch", "sq", "hq", "hk", "d", "capacity", "bt_stride", "page_size", "seqlen_new", "causal",
-                 "scale", "q_strides", "k_strides", "v_strides", "kn_strides", "vn_strides", "cache", "scale_hs")
+    __slots__ = ("batch", "sq", "hq", "hk", "d", "capacity", "bt_stride", "page_size", "num_blocks", "seqlen_new",
+                 "causal", "scale", "q_strides", "k_strides", "v_strides", "kn_strides", "vn_strides", "cache", "scale_hs")
 
 
 _TAKES = ("attention_with_kvcache takes 4-dim q (batch, seqlen_q, heads_q, head_dim) and caches (batch, capacity, "
@@ -165,7 +167,7 @@ def _check(qa, ka, va, csa, bta, kna, vna, causal, softmax_scale, ksa=None, vsa=
         if nb != b:
             raise InputError(f"batch mismatch: q has batch {b}, the contiguous caches {nb}; pass block_table for "
                              "a paged cache (num_blocks, page_size, heads_kv, head_dim)")
-        c.capacity, c.bt_stride, c.page_size = rows, 0, max(rows, 1)
+        c.capacity, c.bt_stride, c.page_size, c.num_blocks = rows, 0, max(rows, 1), nb
     else:
         _check_int32(bta, "block_table", qa, 2, "(batch, max_blocks_per_seq): each sequence's cache blocks in order")
         if bta.shape[0] != b:
@@ -173,7 +175,10 @@ def _check(qa, ka, va, csa, bta, kna, vna, causal, softmax_scale, ksa=None, vsa=
         if rows % kc.CHUNK or rows == 0:
             raise InputError(f"page_size={rows} (k_cache.shape[1]); it must be a positive multiple of {kc.CHUNK} "
                              "(16, 32, 64, 128, 256 ...)")
-        c.page_size, c.bt_stride = rows, bta.strides[0] if bta.shape[0] > 1 else bta.shape[1]
+        if nb == 0:
+            raise InputError("k_cache has 0 blocks (shape[0]); a paged cache needs at least one block for its "
+                             "block_table entries to name")
+        c.page_size, c.bt_stride, c.num_blocks = rows, bta.strides[0] if bta.shape[0] > 1 else bta.shape[1], nb
         c.capacity = bta.shape[1] * rows
     _check_int32(csa, "cache_seqlens", qa, 1, "(batch,): the tokens cached per sequence")
     if csa.shape[0] != b:
@@ -250,7 +255,7 @@ class Plan:
         self.main = main.prepare((num_splits, c.hk * tiles, c.batch), (tile.threads, 1, 1), MAIN_KINDS + extra, smem,
                                  dependent=cand.waits_for_prior_grid)
         o_strides = (c.sq * c.hq * c.d, c.hq * c.d, c.d)
-        self.mid = (c.sq, c.hq, c.hk, c.seqlen_new, c.capacity, c.bt_stride, c.page_size)
+        self.mid = (c.sq, c.hq, c.hk, c.seqlen_new, c.capacity, c.bt_stride, c.page_size, c.num_blocks)
         self.main_tail = tuple(c.q_strides) + tuple(c.k_strides) + tuple(c.v_strides) + o_strides + \
             (float(np.float32(c.scale * kc.LOG2E)),)
         self.combine = self.combine_tail = None
@@ -260,7 +265,7 @@ class Plan:
         self.append = self.append_tail = None
         if c.seqlen_new:
             self.append = append.prepare((c.seqlen_new, c.batch, 1), (kc.APPEND_THREADS, 1, 1), APPEND_KINDS + extra)
-            self.append_tail = (c.hk, c.capacity, c.bt_stride, c.page_size) + tuple(c.kn_strides) + \
+            self.append_tail = (c.hk, c.capacity, c.bt_stride, c.page_size, c.num_blocks) + tuple(c.kn_strides) + \
                 tuple(c.vn_strides) + tuple(c.k_strides) + tuple(c.v_strides)
         self.dtype, self.index, self.lib = qa.dtype, qa.device, qa.lib
         self.like = qa.at(qa.ptr)  # a view without the array: a memoized plan keeps no caller tensor alive
@@ -318,12 +323,12 @@ class LongQueryPlan:
         self.append = self.append_tail = None
         if c.seqlen_new:
             self.append = append.prepare((c.seqlen_new, c.batch, 1), (kc.APPEND_THREADS, 1, 1), APPEND_KINDS + extra)
-            self.append_tail = (c.hk, c.capacity, c.bt_stride, c.page_size) + tuple(c.kn_strides) + \
+            self.append_tail = (c.hk, c.capacity, c.bt_stride, c.page_size, c.num_blocks) + tuple(c.kn_strides) + \
                 tuple(c.vn_strides) + tuple(c.k_strides) + tuple(c.v_strides)
         self.gather = gather.prepare((-(-c.capacity // kc.CHUNK), c.batch, 1), (kc.GATHER_THREADS, 1, 1),
                                      GATHER_KINDS + extra)
-        self.gather_tail = (c.hk, c.seqlen_new, c.capacity, c.bt_stride, c.page_size) + tuple(c.k_strides) + \
-            tuple(c.v_strides)
+        self.gather_tail = (c.hk, c.seqlen_new, c.capacity, c.bt_stride, c.page_size, c.num_blocks) + \
+            tuple(c.k_strides) + tuple(c.v_strides)
         self.dtype, self.index, self.lib = qa.dtype, qa.device, qa.lib
         self.like = qa.at(qa.ptr)
         self._varlen = attention_varlen
@@ -416,7 +421,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
         cache_seqlens: int32 (batch,) on the GPU: the tokens cached per sequence before this call (not updated
             here: the caller advances it).
         block_table: int32 (batch, max_blocks_per_seq) for a paged cache: token j of sequence b is row
-            j % page_size of block block_table[b, j // page_size] (blocks in any order, shareable); or None.
+            j % page_size of block block_table[b, j // page_size] (blocks in any order, shareable); or None. An
+            entry outside [0, num_blocks) reads block 0 and takes no appended token (no access outside the cache).
         k_new, v_new: (batch, seqlen_new, heads_kv, head_dim), together or neither: written into the cache at rows
             cache_seqlens[b] .. + seqlen_new - 1 (in place, before attending; rows past the capacity are dropped).
         causal: query i of sequence b sees key j iff j <= i + len_b - seqlen_q (the queries are the last seqlen_q

@@ -20,9 +20,9 @@ contiguous, token and head strides multiples of 8 elements, 16-byte aligned addr
 Returns o contiguous (total_q, heads_q, head_dim), like q; with return_lse also lse float32 (heads_q, total_q)
 (FlashAttention's varlen layout), natural log. Rows of o and lse that no sequence covers (past
 cu_seqlens_q[batch]) are left unwritten. The prefix sums must be non-decreasing, start at 0 or more and stay
-within total_q / total_k: they are not checked on the host (that would synchronize), and the kernels take them as
-row offsets, so a decreasing pair gives an empty sequence but a value outside [0, total] reads and writes rows
-outside q, k, v and o.
+within total_q / total_k for a meaningful result. They are not checked on the host (that would synchronize), but
+the kernels clamp each value to [0, total] and take a sequence that ends before it starts as empty, so a wrong
+value never reads or writes rows outside q, k, v and o.
 """
 from __future__ import annotations
 
@@ -111,7 +111,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) prefix sums in device memory: sequence b is rows
             [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v.
             Never read on the host (no synchronization; a call can be captured in a CUDA graph after a first call
-            outside it), so they are not checked: they must be non-decreasing and within total_q / total_k.
+            outside it), so they are not checked there: they must be non-decreasing and within total_q / total_k
+            (the kernels clamp each value to [0, total]: a wrong one gives a meaningless result, never an access
+            outside the arrays).
         max_seqlen_q, max_seqlen_k: Python ints, at least the longest query / key sequence (they size the grid; an
             upper bound is correct, the exact maximum fastest).
         causal: per sequence, aligned to its bottom-right corner (key j visible to query i iff j <= i + len_k -

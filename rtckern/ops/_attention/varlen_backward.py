@@ -15,7 +15,10 @@ The prefix sums are never read on the host: no synchronization, and a call can b
 first call outside the capture); calls that differ only in their sequence lengths share one plan. Returns (dq, dk,
 dv) contiguous, like q, k, v. Gradient rows that no sequence covers (before cu_seqlens[0] or from
 cu_seqlens[batch] on) are left unwritten, as the forward leaves those rows of o (FlashAttention's varlen
-backward does the same); the prefix sums must be valid (non-decreasing, within the totals), which is not checked.
+backward does the same); the prefix sums must be valid (non-decreasing, within the totals), which is not checked
+on the host: the kernels clamp each value to [0, total] (no access outside the arrays), but sequences that overlap
+(decreasing sums) give meaningless gradients and, with deterministic=True, may wait on each other's turn counters
+without end.
 Strides as the forward's (head dim contiguous, token and head strides multiples of 8 elements, 16-byte aligned);
 launched on the library's current stream.
 """

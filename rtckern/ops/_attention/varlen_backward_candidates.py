@@ -62,10 +62,12 @@ def padded_rows(total_q: int, batch: int) -> int:
 
 
 def layout(total_q: int, heads_q: int, head_dim: int, batch: int, accum: bool, sem_bm: int) -> tuple[dict, int]:
-    """Byte offsets of the workspace parts and the total (sem_bm: BM of the counters, 0 for none)."""
+    """Byte offsets of the workspace parts and the total (sem_bm: BM of the counters, 0 for none). "cu_q" / "cu_k":
+    the prefix sums clamped to [0, total], written by the prep kernel for the kernels after it."""
     rows = heads_q * padded_rows(total_q, batch)
-    lay = {"lse2": 0, "dsum": 4 * rows}
-    end = 8 * rows
+    lay = {"lse2": 0, "dsum": 4 * rows, "cu_q": 8 * rows, "cu_k": 8 * rows + 4 * (batch + 1)}
+    end = 8 * rows + 8 * (batch + 1)
+    end += -end % 128  # the accumulator and counters start 128-byte aligned, as before
     if accum:
         lay["accum"] = end
         end += 4 * heads_q * total_q * head_dim
@@ -104,18 +106,19 @@ class Prepared:
             launch(grid(max_q, max_k), block, build(ptrs), shared_mem=smem, stream=stream)
 
 
-def _prep_step(kernels, q, out, dout, lse, batch: int, lay: dict, sem_rows: int):
+def _prep_step(kernels, q, k, out, dout, lse, batch: int, lay: dict, sem_rows: int):
     tq, hq, _ = q.shape
     tail = (_i64(tq), _i64(padded_rows(tq, batch)), _i64(hq), *_s3(out), *_s3(dout),
             _i64(0), _i64(lse.strides[0]), _i64(lse.strides[1]), _i64(sem_rows), _i64(0))
     lse2_off, dsum_off, acc_off, sem_off = lay["lse2"], lay["dsum"], lay.get("accum"), lay.get("sem")
+    total_k, cu_off = _i64(k.shape[0]), lay["cu_q"]
     rpb = cfgs.ROWS.rows_per_block
 
     def build(p):
         ws = p["ws"]
         return (p["out"], p["dout"], p["lse"], ws + lse2_off, ws + dsum_off,
                 ws + acc_off if acc_off is not None else 0, ws + sem_off if sem_off is not None else 0) + tail + \
-            (p["cu_q"],)
+            (p["cu_q"], p["cu_k"], total_k, ws + cu_off)
 
     def grid(max_q, max_k):
         return (cfgs.padded_rows(max_q) // rpb, hq, batch)
@@ -159,20 +162,21 @@ class Sm80Mma(_Varlen, dense.Sm80Mma):
         tk, hk, _ = k.shape
         det = req.flag("deterministic")
         lay, total = layout(tq, hq, d, batch, True, tile.bm if det else 0)
-        prep = _prep_step(kernels, q, out, dout, lse, batch, lay, tile.bm)
+        prep = _prep_step(kernels, q, k, out, dout, lse, batch, lay, tile.bm)
         lse2_off, dsum_off, acc_off, sem_off = lay["lse2"], lay["dsum"], lay["accum"], lay.get("sem")
+        cu_q, cu_k = lay["cu_q"], lay["cu_k"]  # the prep kernel's clamped prefix sums
         main_tail = (_i64(tq), _i64(tk), _i64(hq), _i64(hk), _i64(padded_rows(tq, batch)), *_s3(q), *_s3(k),
                      *_s3(v), *_s3(dout), *_packed3(k.shape), np.float32(scale * _LOG2E), np.float32(scale))
 
         def main_args(p):
             ws = p["ws"]
             return (p["q"], p["k"], p["v"], p["dout"], ws + lse2_off, ws + dsum_off, ws + acc_off, p["dk"], p["dv"],
-                    ws + sem_off if sem_off is not None else 0) + main_tail + (p["cu_q"], p["cu_k"])
+                    ws + sem_off if sem_off is not None else 0) + main_tail + (ws + cu_q, ws + cu_k)
 
         conv_tail = (_i64(tq), _i64(hq), *_packed3(q.shape), np.float32(scale))
 
         def conv_args(p):
-            return (p["ws"] + acc_off, p["dq"]) + conv_tail + (p["cu_q"],)
+            return (p["ws"] + acc_off, p["dq"]) + conv_tail + (p["ws"] + cu_q,)
 
         rpb = cfgs.ROWS.rows_per_block
         steps = [prep, self._varlen_main_step(req, kernels[1], q, k, v, dout, batch, main_args),
@@ -244,8 +248,8 @@ class Simt(_Varlen, dense.Simt):
         tq, hq, d = q.shape
         tk, hk, _ = k.shape
         lay, total = layout(tq, hq, d, batch, False, 0)
-        prep = _prep_step(kernels, q, out, dout, lse, batch, lay, 1)
-        lse2_off, dsum_off = lay["lse2"], lay["dsum"]
+        prep = _prep_step(kernels, q, k, out, dout, lse, batch, lay, 1)
+        lse2_off, dsum_off, cu_q, cu_k = lay["lse2"], lay["dsum"], lay["cu_q"], lay["cu_k"]
         head = (_i64(tq), _i64(tk), _i64(hq), _i64(hk), _i64(padded_rows(tq, batch)), *_s3(q), *_s3(k), *_s3(v),
                 *_s3(dout))
         dkv_tail = head + _packed3(k.shape) + (np.float32(scale * _LOG2E), np.float32(scale))
@@ -254,12 +258,12 @@ class Simt(_Varlen, dense.Simt):
         def dkdv_args(p):
             ws = p["ws"]
             return (p["q"], p["k"], p["v"], p["dout"], ws + lse2_off, ws + dsum_off, p["dk"], p["dv"]) + dkv_tail + \
-                (p["cu_q"], p["cu_k"])
+                (ws + cu_q, ws + cu_k)
 
         def dq_args(p):
             ws = p["ws"]
             return (p["q"], p["k"], p["v"], p["dout"], ws + lse2_off, ws + dsum_off, p["dq"]) + dq_tail + \
-                (p["cu_q"], p["cu_k"])
+                (ws + cu_q, ws + cu_k)
 
         tl = t.tile(d)
         smem = t.smem_bytes(d)

@@ -264,6 +264,84 @@ def test_cuda_graph_replay_with_new_lengths_and_table():
         assert torch.equal(out, expect), f"graph replay differs from eager for lengths {lens}"
 
 
+@pytest.mark.parametrize("path", ["decode", "splits", "long_query", "simt", "fp8", "fp8_long_query"])
+def test_block_table_entries_outside_the_cache(path):
+    """Entries outside [0, num_blocks) (-1, num_blocks, num_blocks + 5, 2^30, -2^31; 2^30 blocks lie terabytes past
+    the cache) read block 0 and take no appended token: the guard blocks around the cache (a view into a larger
+    buffer) keep their bytes, appended rows of valid entries land and nothing else changes, and the output matches
+    float64 attention over the tokens so read. Every read of the cache is finite here (random values everywhere)."""
+    fp8 = path.startswith("fp8")
+    if fp8:
+        needs_fp8()
+    rng = random.Random(41)
+    torch.manual_seed(41)
+    b, hq, hk, hd, page, new, guard = 3, 8, 2, 128, 16, 2, 2
+    sq = 32 if path.endswith("long_query") else 1
+    lens = [40, 100, 7]
+    per_seq = -(-(max(lens) + new) // page)
+    nblocks = b * per_seq + 2
+
+    def buffer():
+        x = torch.randn(nblocks + 2 * guard, page, hk, hd, device=DEV)
+        return (x * 3).to(E4M3).view(torch.uint8) if fp8 else x.to(torch.bfloat16)
+
+    kb, vb = buffer(), buffer()  # bytes for fp8 (compared and indexed as uint8), viewed as e4m3 for the op
+    k = kb[guard:guard + nblocks].view(E4M3) if fp8 else kb[guard:guard + nblocks]
+    v = vb[guard:guard + nblocks].view(E4M3) if fp8 else vb[guard:guard + nblocks]
+    ids = list(range(nblocks))
+    rng.shuffle(ids)
+    table = torch.tensor(ids[:b * per_seq], dtype=torch.int32).view(b, per_seq)
+    # reads (sequence 1's block 3), appends (sequence 0's block 2, sequence 1's block 6) and both (sequence 2)
+    for (i, j), e in {(0, 1): -1, (0, 2): nblocks, (1, 3): 2**30, (1, 6): -2**31, (2, 0): nblocks + 5}.items():
+        table[i, j] = e
+    table = table.to(DEV)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    q = torch.randn(b, sq, hq, hd, device=DEV, dtype=torch.bfloat16)
+    k_new = torch.randn(b, new, hk, hd, device=DEV, dtype=torch.bfloat16)
+    v_new = torch.randn(b, new, hk, hd, device=DEV, dtype=torch.bfloat16)
+    scales = dict(k_scale=torch.rand(hk, device=DEV) * 0.02 + 0.004,
+                  v_scale=torch.rand(hk, device=DEV) * 0.02 + 0.004) if fp8 else {}
+    kb0, vb0 = kb.clone(), vb.clone()
+    scale = 0.9 / math.sqrt(hd)
+    force = {"attention_with_kvcache": "attention_with_kvcache.simt"} if path == "simt" else {}
+    with config.override(force_impl=force):
+        o = ops.attention_with_kvcache(q, k, v, seqlens, block_table=table, k_new=k_new, v_new=v_new,
+                                       softmax_scale=scale, num_splits=3 if path == "splits" else 0, **scales)
+    torch.cuda.synchronize()
+    host_table = table.cpu()
+
+    def block(i, j):  # the block token j of sequence i is read from
+        e = int(host_table[i, j // page])
+        return e if 0 <= e < nblocks else 0
+
+    expect_k, expect_v = kb0, vb0
+    for i, n in enumerate(lens):
+        for t in range(new):
+            e = int(host_table[i, (n + t) // page])
+            if 0 <= e < nblocks:
+                rk, rv = k_new[i, t], v_new[i, t]
+                if fp8:
+                    rk = quantize(rk, scales["k_scale"]).view(torch.uint8)
+                    rv = quantize(rv, scales["v_scale"]).view(torch.uint8)
+                expect_k[guard + e, (n + t) % page] = rk
+                expect_v[guard + e, (n + t) % page] = rv
+    assert torch.equal(kb, expect_k) and torch.equal(vb, expect_v), \
+        f"{path}: the cache (and its guard blocks) after the append differ from the valid entries' rows"
+    err = merr = 0.0
+    for i, n in enumerate(lens):
+        rows = [(guard + block(i, j), j % page) for j in range(n + new)]
+        i0 = torch.tensor([r[0] for r in rows], device=DEV)
+        i1 = torch.tensor([r[1] for r in rows], device=DEV)
+        ks, vs = kb[i0, i1], vb[i0, i1]
+        if fp8:
+            ks = ks.view(E4M3).double() * scales["k_scale"].double().reshape(-1, 1)
+            vs = vs.view(E4M3).double() * scales["v_scale"].double().reshape(-1, 1)
+        ref_o, ref_lse = reference(q[i], ks, vs, True, scale)
+        err = max(err, (o[i].double() - ref_o).abs().max().item())
+        merr = max(merr, math_sdpa_error(q[i], ks, vs, True, scale, ref_o, ref_lse))
+    assert err <= 2 * merr + 2.0 ** -9, f"{path}: max error {err:.3g} > 2 x math SDPA's {merr:.3g}"
+
+
 def test_plan_memo_serves_new_lengths():
     """A repeated call (the memoized plan) with new lengths in the same tensors gives the new answer."""
     rng = random.Random(13)

@@ -196,6 +196,43 @@ def test_garbage_past_the_last_sequence_never_leaks(impl):
             check("fp16", [100, 1], [100, 1], 4, 4, hd, False, seed=hd + 1, tail=3, packed_view=True)
 
 
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_prefix_sums_outside_the_totals_are_clamped(impl):
+    """Prefix sums outside [0, total] (-2^31, -7, 10^6, 2^30: rows far outside q, k, v and o) are read clamped to
+    [0, total]: the output is the one the clamped prefix sums give, bit for bit, and q, k, v are views between NaN
+    guard rows that a read outside them would bring into it."""
+    torch.manual_seed(3)
+    hq, hk, hd, guard = 8, 2, 64, 64
+    lens_q, lens_k = [5, 40, 17], [9, 33, 20]
+    tq, tk = sum(lens_q), sum(lens_k)
+
+    def guarded(rows, heads):
+        buf = torch.full((rows + 2 * guard, heads, hd), float("nan"), device=DEV, dtype=torch.bfloat16)
+        buf[guard:guard + rows] = torch.randn(rows, heads, hd, device=DEV, dtype=torch.bfloat16)
+        return buf[guard:guard + rows]
+
+    q, k, v = guarded(tq, hq), guarded(tk, hk), guarded(tk, hk)
+    i32 = dict(dtype=torch.int32, device=DEV)
+    cases = [  # (cu_q, cu_k as given, and as the kernels read them)
+        ([-2**31, 5, 45, 2**30], [-7, 9, 42, tk + 100], [0, 5, 45, tq], [0, 9, 42, tk]),
+        ([0, 5, 10**6, tq], [0, 2**30, 42, tk], [0, 5, tq, tq], [0, tk, tk, tk]),
+    ]
+    with _force(impl):
+        for cq, ck, cq_read, ck_read in cases:
+            got = ops.attention_varlen(q, k, v, torch.tensor(cq, **i32), torch.tensor(ck, **i32), tq, tk,
+                                       causal=True, return_lse=True)
+            want = ops.attention_varlen(q, k, v, torch.tensor(cq_read, **i32), torch.tensor(ck_read, **i32), tq, tk,
+                                        causal=True, return_lse=True)
+            torch.cuda.synchronize()
+            covered = cq_read[-1]
+            for g, w in zip(got, want):
+                rows = g[:covered] if g.dim() == 3 else g[:, :covered]
+                expect = w[:covered] if w.dim() == 3 else w[:, :covered]
+                assert torch.equal(rows.nan_to_num(7.0), expect.nan_to_num(7.0)), \
+                    f"{impl}: prefix sums {cq} / {ck} differ from their clamped {cq_read} / {ck_read}"
+            assert not torch.isnan(got[0][:covered]).any(), f"{impl}: a guard row reached the output ({cq} / {ck})"
+
+
 def test_a_non_finite_value_stays_in_its_sequence():
     """inf in one sequence's values spoils that sequence only (the neighbours' last tiles read its first rows)."""
     torch.manual_seed(9)

@@ -285,6 +285,44 @@ def test_a_non_finite_value_stays_in_its_sequence(impl):
         assert torch.isfinite(g[:40]).all() and torch.isfinite(g[80:]).all()
 
 
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_prefix_sums_outside_the_totals_are_clamped(impl):
+    """Prefix sums outside [0, total] (-2^31, -7, 10^6, 2^30: rows far outside every tensor and workspace) are read
+    clamped to [0, total]: dq, dk, dv are the ones the clamped prefix sums give, bit for bit (deterministic where the
+    candidate has the flag), and the inputs are views between NaN guard rows that a read outside them would bring in."""
+    torch.manual_seed(4)
+    hq, hk, hd, guard = 8, 2, 64, 64
+    lens_q, lens_k = [5, 40, 17], [9, 33, 20]
+    tq, tk = sum(lens_q), sum(lens_k)
+
+    def guarded(rows, heads):
+        buf = torch.full((rows + 2 * guard, heads, hd), float("nan"), device=DEV, dtype=torch.bfloat16)
+        buf[guard:guard + rows] = torch.randn(rows, heads, hd, device=DEV, dtype=torch.bfloat16)
+        return buf[guard:guard + rows]
+
+    q, k, v, dout = guarded(tq, hq), guarded(tk, hk), guarded(tk, hk), guarded(tq, hq)
+    i32 = dict(dtype=torch.int32, device=DEV)
+    det = impl in DET_IMPLS
+    cases = [  # (cu_q, cu_k as given, and as the kernels read them)
+        ([-2**31, 5, 45, 2**30], [-7, 9, 42, tk + 100], [0, 5, 45, tq], [0, 9, 42, tk]),
+        ([0, 5, 10**6, tq], [0, 2**30, 42, tk], [0, 5, tq, tq], [0, tk, tk, tk]),
+    ]
+    for cq, ck, cq_read, ck_read in cases:
+        cq_t, ck_t = torch.tensor(cq, **i32), torch.tensor(ck, **i32)
+        cqr, ckr = torch.tensor(cq_read, **i32), torch.tensor(ck_read, **i32)
+        o, lse = ops.attention_varlen(q, k, v, cqr, ckr, tq, tk, causal=True, return_lse=True)
+        with _force(impl):
+            got = ops.attention_varlen_backward(dout, q, k, v, o, lse, cq_t, ck_t, tq, tk, causal=True,
+                                                deterministic=det)
+            want = ops.attention_varlen_backward(dout, q, k, v, o, lse, cqr, ckr, tq, tk, causal=True,
+                                                 deterministic=det)
+        torch.cuda.synchronize()
+        for name, g, w, covered in zip(("dq", "dk", "dv"), got, want, (cq_read[-1], ck_read[-1], ck_read[-1])):
+            assert torch.equal(g[:covered], w[:covered]), \
+                f"{impl}: {name} for prefix sums {cq} / {ck} differs from their clamped {cq_read} / {ck_read}"
+            assert torch.isfinite(g[:covered]).all(), f"{impl}: a guard row reached {name} ({cq} / {ck})"
+
+
 @pytest.mark.parametrize("impl", DET_IMPLS)
 @pytest.mark.parametrize("hd", [64, 128])
 def test_deterministic_is_bitwise_repeatable(impl, hd):

@@ -55,6 +55,8 @@ def call(q=Q, kc=KC, lens=(2,), **kw):
     (dict(kc=(9, 24, 2, 128), block_table=arr((2, 3), "int32")), "page_size=24 (k_cache.shape[1]); it must be a "
                                                                    "positive multiple of 16"),
     (dict(kc=(9, 32, 2, 128), block_table=arr((3, 3), "int32")), "batch mismatch: q has batch 2, block_table 3 rows"),
+    (dict(kc=(0, 32, 2, 128), block_table=arr((2, 3), "int32")), "k_cache has 0 blocks (shape[0]); a paged cache needs "
+                                                                  "at least one block"),
     (dict(kc=(9, 32, 2, 128), block_table=arr((2, 3), "int64")), "block_table has dtype int64; it must be int32"),
     (dict(q=(2, 1, 5, 128)), "heads_q=5 is not a multiple of heads_kv=2"),
     (dict(kc=(2, 64, 2, 64)), "head_dim mismatch: q has 128, k and v have 64"),

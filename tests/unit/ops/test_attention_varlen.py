@@ -259,7 +259,9 @@ DENSE_TOKENS = {
     # --ptx): the kernels' parameter lists written once, varlen.cuh's RTK_ATTN_FWD_PARAMS / RTK_ATTN_BWD_PARAMS
     "attention/flash_fwd_sm80.cuh": "8f0aa825c5ae55789cb82141a19dbfed10c8c779b968dd409caac99bf608f502",
     "attention/flash_fwd_sm90.cuh": "9aaaa3f10c3bd479d0344153a10fd53144908b54292109af9028f93624789f68",
-    "attention/varlen.cuh": "2cb443102df9b29b856f6fbe2d90d58cac4e3f44cd24e9af2cc43b675b87191c",
+    # varlen.cuh since: varlen_row0 and varlen_lookup_clamped (the forward kernels read the prefix sums clamped to
+    # [0, total]; varlen builds only: the 208 dense forward cubins of sm_75-sm_90a byte-identical, tools/cubin_hashes.py)
+    "attention/varlen.cuh": "6b9196d223c01196d70fb0045ea522c27c702cc381964a5624ff4124a9ea4313",
     "attention/flash_fwd_sm90_ws.cuh": "fa33cb135b0654f5a4f5326803a12cdd226e42255616ce925deb128a04ce3d49",
     "attention/attn_fwd_simt.cuh": "e037ea39b60aa87b4eb4862c5334f70cb430cd9372dc58cd7c0b57715d30d1b0",
     # the backward kernels (attention_varlen_backward; their cubins compared byte for byte, 424 variants on

@@ -217,25 +217,30 @@ def test_launch_arguments_match_the_kernels(impl, det, monkeypatch):
     prepared.run(PTRS, 130, 70, None)  # max_seqlen_q, max_seqlen_k
     R = 384 + 128 * batch  # padded rows per q head: round_up(total_q, 128) + 128 * batch
     assert VC.padded_rows(tq, batch) == R
+    ws = PTRS["ws"]
+    # after lse2 and dsum: the prefix sums clamped by the prep kernel (q's, then k's), then 128-byte alignment
+    cu_q, cu_k = ws + 8 * 8 * R, ws + 8 * 8 * R + 4 * (batch + 1)
+    parts = -(-(8 * 8 * R + 8 * (batch + 1)) // 128) * 128
     for spec, rec, res in zip(specs, kernels, cand.launch_resources(req)):
         (grid, block, args, smem), = rec.calls
         check_launch_args(_params(spec.source, spec.name), args, spec.name)
         assert block == res.block and smem == res.dynamic_smem
-        assert grid[2] == batch and args[-1] in (PTRS["cu_q"], PTRS["cu_k"])
+        assert grid[2] == batch and args[-1] in (cu_q, cu_k)
     prep = kernels[0].calls[0][2]
-    ws = PTRS["ws"]
     assert prep[:5] == (PTRS["out"], PTRS["dout"], PTRS["lse"], ws, ws + 4 * 8 * R)  # lse2, then dsum
     # total_q, R, heads_q; out, dout, lse strides (no batch stride); sem rows / blocks; cu_seqlens_q
     assert [int(a) for a in prep[7:19]] == [tq, R, 8, 0, 512, 64, 0, 576, 64, 0, tq, 1]
-    assert prep[-1] == PTRS["cu_q"] and kernels[0].calls[0][0] == (256 // 32, 8, batch)  # round_up(130, 128) / 32
+    # the caller's prefix sums, total_k, where the clamped copies go
+    assert prep[-4:-2] == (PTRS["cu_q"], PTRS["cu_k"]) and int(prep[-2]) == tk and prep[-1] == cu_q
+    assert kernels[0].calls[0][0] == (256 // 32, 8, batch)  # round_up(130, 128) / 32
     if impl != "simt":
         tile = cand.tile(req)
-        accum = ws + 8 * 8 * R
+        accum = ws + parts
         assert prep[5] == accum and int(prep[19]) == tile.bm and int(prep[20]) == 0
         assert prep[6] == (accum + 4 * 8 * tq * 64 if det else 0)
-        assert prepared.workspace_bytes == 8 * 8 * R + 4 * 8 * tq * 64 + (4 * 8 * R // tile.bm if det else 0)
+        assert prepared.workspace_bytes == parts + 4 * 8 * tq * 64 + (4 * 8 * R // tile.bm if det else 0)
         main = kernels[1].calls[0]
-        assert main[2][4:7] == (ws, ws + 4 * 8 * R, accum) and main[2][-2:] == (PTRS["cu_q"], PTRS["cu_k"])
+        assert main[2][4:7] == (ws, ws + 4 * 8 * R, accum) and main[2][-2:] == (cu_q, cu_k)
         assert [int(a) for a in main[2][10:15]] == [tq, tk, 8, 2, R]
         if impl == "sm90a_ws":  # grid (heads, key blocks, sequences); maps over the packed tensors, then dk's strides
             assert main[0] == (2, -(-70 // tile.bn), batch)
@@ -249,9 +254,10 @@ def test_launch_arguments_match_the_kernels(impl, det, monkeypatch):
             assert main[0] == (-(-70 // tile.bn), 2, batch)
             assert [int(a) for a in main[2][15:30]] == [0, 512, 64, 0, 128, 64, 0, 128, 64, 0, 576, 64, 0, 128, 64]
         conv = kernels[2].calls[0]
-        assert conv[0] == (-(-130 // 32), 8, batch) and conv[2][:2] == (accum, PTRS["dq"])
+        assert conv[0] == (-(-130 // 32), 8, batch) and conv[2][:2] == (accum, PTRS["dq"]) and conv[2][-1] == cu_q
     else:
-        assert prep[5] == 0 and prep[6] == 0 and prepared.workspace_bytes == 8 * 8 * R and int(prep[19]) == 1
+        assert prep[5] == 0 and prep[6] == 0 and prepared.workspace_bytes == parts and int(prep[19]) == 1
+        assert all(c[2][-2:] == (cu_q, cu_k) for c in (kernels[1].calls[0], kernels[2].calls[0]))
         assert kernels[1].calls[0][0] == (-(-70 // 32), 2, batch)
         assert kernels[2].calls[0][0] == (-(-130 // 32), 8, batch)
 
