@@ -14,7 +14,8 @@ GPU (the real number):     python -m benchmarks op_overhead [--calls 5000]
 Plugin layers (no GPU):    python -m benchmarks op_overhead --plugin-stub [--calls 20000]
     torch.ops.rtckern.* on CPU tensors with real torch and rtckern.ops' functions replaced by a stand-in that
     allocates the output: the dispatcher and the plugin's own Python, per call, against the stand-in called
-    directly (the "rtckern" column). Use it to compare registration forms; torch's column stays empty.
+    directly (the "rtckern" column). Use it to compare registration forms; torch's column stays empty. Printed
+    only (both CPU modes write no result files).
 
 CPU harness (no GPU):      python -m benchmarks op_overhead --stub [--calls 10000] [--profile OP]
     The real Python path of each op with the GPU pieces stubbed (benchmarks/_cpu_stubs.py): a fake `torch` module
@@ -287,8 +288,13 @@ def run(a) -> Result | None:
         f"CPU, torch {torch.__version__}, rtckern.ops replaced by a stand-in kernel (plugin layers only)" \
         if a.plugin_stub else f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
 
-    return to_result([{"op": n, "rtckern_us": u, "torch_us": r, "torch_ops_rtckern_us": p} for n, u, r, p in rows],
-                     {"where": where, "calls": calls, "repeats": a.repeats, "interleaved": True})
+    result = to_result([{"op": n, "rtckern_us": u, "torch_us": r, "torch_ops_rtckern_us": p} for n, u, r, p in rows],
+                       {"where": where, "calls": calls, "repeats": a.repeats, "interleaved": True})
+    if a.stub or a.plugin_stub:  # CPU diagnostics: printed, no result set (benchmarks/results keeps the GPU's)
+        for part in result.body:
+            print(part if isinstance(part, str) else part.markdown(), end="\n\n", flush=True)
+        return None
+    return result
 
 
 SERIES = (("rtckern_us", "rtckern.ops"), ("torch_us", "torch"), ("torch_ops_rtckern_us", "torch.ops.rtckern"))

@@ -267,9 +267,8 @@ def import_(args) -> int:
 
     extra = {} if args.max_member_bytes is None else {"max_member_bytes": args.max_member_bytes}
     limits = Limits.from_settings(**extra)
-    from ..fleet.bundle import bundle_file
-
-    bundle_file(args.bundle)  # said before the cache dir is made: a missing bundle leaves none behind
-    r = import_bundle(args.bundle, DiskCache(cache_root(args.cache_dir)), limits)  # the one action that creates
+    root = cache_root(args.cache_dir)
+    # the cache (and its directory) is made once the bundle has verified: a missing or damaged bundle leaves none
+    r = import_bundle(args.bundle, lambda: DiskCache(root), limits)
     return _emit(args, r, f"{r['bundle']}: {r['entries']} entries verified; imported {r['imported']}, already "
                  f"present {r['present']}, kept existing {r['kept']} (into {r['cache_dir']})")

@@ -115,10 +115,9 @@ def collect() -> dict:
 
     s = settings()
     devices, driver = _devices()
+    # driver_cuda_version: null where no CUDA driver answers (a CPU-only machine), as --help lists the key
     info: dict = {"rtckern": __version__, "python": platform.python_version(), "packages": _packages(),
-                  "nvrtc": _nvrtc(), "hiprtc": _hiprtc(), "devices": devices}
-    if driver:
-        info["driver_cuda_version"] = driver
+                  "nvrtc": _nvrtc(), "hiprtc": _hiprtc(), "devices": devices, "driver_cuda_version": driver or None}
     disk = _tier(s.cache_dir, writable=True)
     remote = _remote(s)
     info["cache"] = {**disk, "enabled": s.disk_cache, "max_bytes": s.cache_max_bytes,

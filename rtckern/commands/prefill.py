@@ -158,11 +158,11 @@ def _run_builtin(args) -> int:
     from ._registry_cli import load_ops
     from ._table import table
 
-    _check_writable(args)
     load_ops(args.imports)  # a module may register its own kernel family (rtckern.prefill.register_provider)
     archs = parse_archs(args.arch)
     bad = unsupported_archs(archs)
     specs = builtin_specs([a for a in archs if str(a) not in bad], args.family)
+    _check_writable(args)  # after the inputs: an unknown family or arch leaves no cache directory behind
     jobs = args.jobs or default_jobs()
     prog = Progress("prefill", "kernel", len(specs), show=not args.no_progress)
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ import tarfile
 import warnings
 import zlib
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from ..arch import Arch
 from ..cache import CacheWarning, DiskCache, atomic_write
@@ -390,13 +390,17 @@ def _check_entry(p: Path, name: str, key: str, data: bytes, index: dict[str, dic
         raise BundleError(f"{p}: member {name!r} is not a valid cache entry ({e})") from None
 
 
-def import_bundle(path: str | Path, cache: DiskCache, limits: Limits | None = None) -> dict:
+def import_bundle(path: str | Path, cache: DiskCache | Callable[[], DiskCache],
+                  limits: Limits | None = None) -> dict:
     """Verify the whole bundle, then add its entries to ``cache``. Returns counts: imported, present (same bytes
     already there), kept (a different valid entry already there: kept, with a warning). ``limits``: default
-    ``Limits.from_settings()``."""
+    ``Limits.from_settings()``. ``cache`` may be a callable that makes the cache, called once the bundle has
+    verified: a bad bundle then leaves no new cache directory behind."""
     p = Path(path)
     limits = limits or Limits.from_settings()
     index, _ = verify_bundle(p, limits)
+    if not isinstance(cache, DiskCache):
+        cache = cache()
     if cache.read_only or not cache.enabled:
         raise BundleError(f"cannot import into {cache.root}: the cache is read-only or not writable")
     imported = present = 0

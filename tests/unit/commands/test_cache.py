@@ -150,3 +150,21 @@ def test_importing_a_missing_bundle_creates_no_cache(tmp_path):
     r = rtckern("cache", "import", str(tmp_path / "nothing.bundle"), cache=missing)
     assert r.returncode == 2 and "no such file; give a bundle file" in r.stderr, r.stderr
     assert not missing.exists()
+
+
+def test_importing_a_truncated_bundle_creates_no_cache(tmp_path):
+    """A bundle that fails verification (cut short) is refused before the cache directory is made; the whole
+    bundle imports into a new directory."""
+    src = tmp_path / "src"
+    fill(src, ["a", "b"])
+    bundle = tmp_path / "all.bundle"
+    assert rtckern("cache", "export", "--bundle", str(bundle), cache=src).returncode == 0
+    cut = tmp_path / "cut.bundle"
+    cut.write_bytes(bundle.read_bytes()[:len(bundle.read_bytes()) // 2])
+    missing = tmp_path / "new" / "cache"
+    r = rtckern("cache", "import", str(cut), cache=missing)
+    assert r.returncode == 2 and str(cut) in r.stderr, r.stderr
+    assert not missing.exists()
+    r = rtckern("cache", "import", str(bundle), cache=missing)
+    assert r.returncode == 0 and "imported 2" in r.stdout, r.stdout + r.stderr
+    assert len(list(DiskCache(missing).entries())) == 2

@@ -19,6 +19,10 @@ def test_info_json(tmp_path):
     info = json.loads(rtckern("info", "--json", env_cache=tmp_path).stdout)
     assert "sm_90" in info["nvrtc"]["archs"] and info["cache"]["dir"] == str(tmp_path)
     assert isinstance(info["devices"], list)
+    # every key --help lists, driver_cuda_version too (null on a machine without a CUDA driver)
+    assert list(info) == ["rtckern", "python", "packages", "nvrtc", "hiprtc", "devices", "driver_cuda_version", "cache",
+                          "settings"]
+    assert not info["devices"] or info["driver_cuda_version"]
 
 
 def test_info_never_prints_the_remote_password(tmp_path, monkeypatch):

@@ -131,3 +131,16 @@ def test_a_missing_manifest_creates_no_cache(tmp_path):
     assert r.returncode == 2 and r.stderr.strip() == f"rtckern prefill: cannot read manifest {tmp_path / 'nope.jsonl'}: " \
                                                       "No such file or directory", r.stderr
     assert not cache.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--family", "nosuch", "--arch", "8.0"], "unknown kernel family 'nosuch'; the families: "),
+    (["--arch", "8.0;banana"], "banana"),
+])
+def test_a_bad_builtin_request_creates_no_cache(tmp_path, argv, message):
+    """The built-in set's inputs (families, the arch list) are read before the cache directory is made: an unknown
+    family or a malformed arch is one line, exit 2, and leaves no empty cache behind."""
+    cache = tmp_path / "new" / "cache"
+    r = prefill(cache, *argv)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not cache.exists()
