@@ -9,6 +9,7 @@ native launcher is unavailable.
 
 from __future__ import annotations
 
+import operator
 import threading
 from typing import Any, Sequence
 
@@ -106,6 +107,8 @@ def check_geometry(kernel, g: tuple[int, int, int], b: tuple[int, int, int], sha
     nthreads = b[0] * b[1] * b[2]
     if min(g) < 1 or min(b) < 1:
         raise LaunchError(f"{kernel.label}: grid {g} and block {b} must be positive in every dimension")
+    if shared_mem < 0:  # (the native launcher packs it as 32-bit unsigned: -1 would ask for 4 GB)
+        raise LaunchError(f"{kernel.label}: shared_mem={shared_mem}; dynamic shared memory is 0 or more bytes")
     if g[0] > GRID_MAX[0] or g[1] > GRID_MAX[1] or g[2] > GRID_MAX[2]:  # (the native launcher packs them as 32-bit)
         raise LaunchError(f"{kernel.label}: grid {g} exceeds the launch limits {GRID_MAX} (x, y, z blocks); launch "
                           "fewer blocks, each covering more work")
@@ -359,8 +362,10 @@ class Kernel(KernelAttributes):
         key = (kinds, True) if dependent else kinds
         go = cfg.native.get(key)
         if go is None:
+            # the Library rides along: a prepared launch held past its kernel keeps the module loaded
             go = cfg.native[key] = mod.Prepared(int(self._fn), _primary_ctx[self.device.ordinal], cfg.grid,
-                                                 cfg.block, cfg.shared_mem, kinds, self.label, dependent)
+                                                 cfg.block, cfg.shared_mem, kinds, self.label, dependent,
+                                                 self._library)
         return go
 
     def _launch_on_own_device(self, s, cfg, args) -> None:
@@ -392,6 +397,8 @@ class Kernel(KernelAttributes):
             self._ensure_dynamic_smem(shared_mem)
         holders = []
         for kind, val in params:
+            if kind == "map" and len(val) != 128:
+                raise LaunchError(f"{self.label}: a tensor map is 128 bytes; got {len(val)}")
             if kind in ("map", "bytes"):
                 holders.append((ctypes.c_uint8 * len(val)).from_buffer_copy(val))
             elif kind == "u64":
@@ -497,6 +504,14 @@ class Kernel(KernelAttributes):
                               f"{cfg.shared_mem}, {len(args)} args): {e}") from e
 
 
+def _as_i64(a) -> np.int64:
+    return np.int64(operator.index(a))
+
+
+def _as_u64(a) -> np.uint64:
+    return np.uint64(operator.index(a))
+
+
 def _fallback_launch(kernel: Kernel, grid, block, kinds: str, shared_mem: int):
     """Kernel.prepare without the native launcher: the same call through cuda.core (or, for tensor maps, the
     driver's cuLaunchKernel with a packed parameter block)."""
@@ -506,11 +521,17 @@ def _fallback_launch(kernel: Kernel, grid, block, kinds: str, shared_mem: int):
             raise LaunchError(f"{kernel.label}: parameter kinds {kinds!r}; with a tensor map only P q f M are "
                               "supported")
         tags = tuple(names[k] for k in kinds)
+        n = len(tags)
 
         def packed(stream, *args):
+            if len(args) != n:  # zip would drop the missing ones and the driver read past the parameter array
+                raise TypeError(f"launch of {kernel.label} takes a stream and {n} kernel arguments; got "
+                                f"{len(args) + 1}")
             kernel.launch_packed(grid, block, tuple(zip(tags, args)), shared_mem, stream)
         return packed
-    conv = {"f": np.float32, "i": np.int32, "I": np.uint32, "d": np.float64}
+    # every kind at its kernel width (an np.int32 or a bool given for a 64-bit parameter would reach cuda.core at its
+    # own width); np.int32 / np.uint32 refuse values outside their range, as the native launcher does
+    conv = {"f": np.float32, "i": np.int32, "I": np.uint32, "d": np.float64, "q": _as_i64, "P": _as_u64}
     casts = tuple((i, conv[k]) for i, k in enumerate(kinds) if k in conv)
     bad = set(kinds) - set("PqifId")
     if bad:

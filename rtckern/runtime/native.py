@@ -13,7 +13,9 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import platform
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -21,6 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from rtckern.cache.locks import private_dir
 from rtckern.config import settings
 from rtckern.errors import LaunchError
 
@@ -46,7 +49,10 @@ def _compiler() -> list[str] | None:
 
 def _artifact_name(source: bytes) -> str:
     h = hashlib.sha256(source)
-    for part in (sys.version, sysconfig.get_platform(), sysconfig.get_config_var("EXT_SUFFIX") or ""):
+    # the C library too: a cache directory shared by hosts of one interpreter but another glibc must not hand one
+    # host the other's build (it would not load)
+    for part in (sys.version, sysconfig.get_platform(), sysconfig.get_config_var("EXT_SUFFIX") or "",
+                 platform.machine(), " ".join(platform.libc_ver())):
         h.update(b"\0" + part.encode())
     return f"{MODULE}-{h.hexdigest()[:20]}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
 
@@ -108,26 +114,44 @@ def module():
         return mod
 
 
+def _trusted(path: Path) -> bool:
+    """Whether a built launcher may be loaded (it runs as host code in this process): a regular file, not a link,
+    owned by this user or root, that no one else can write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid in (os.getuid(), 0) and not st.st_mode & 0o022
+
+
 def _open():
     source = SOURCE.read_bytes()
     name = _artifact_name(source)
     s = settings()
+    # the cache directory (which a team may share: a build someone else wrote there is passed over), then a
+    # private directory of this user under the temp dir (refused if another user holds or links it)
     places = [s.cache_dir / "native", Path(tempfile.gettempdir()) / f"rtckern-native-{os.getuid()}"]
-    for d in places:  # the first that has it or can build it
+    for i, d in enumerate(places):  # the first that has a build of ours or can make one
         path = d / name
-        if not path.is_file():
-            try:
+        try:
+            if i:
+                private_dir(d)
+            if not _trusted(path):
+                if os.path.lexists(path) and i == 0:
+                    continue  # a build not ours (or writable by others) in a shared cache: use our own place
                 _build(path)
-            except PermissionError:
+        except PermissionError:
+            continue
+        except OSError as e:
+            if not os.access(d if d.exists() else d.parent, os.W_OK):
                 continue
-            except OSError as e:
-                if not os.access(d if d.exists() else d.parent, os.W_OK):
-                    continue
-                raise LaunchError(str(e)) from e
+            raise LaunchError(str(e)) from e
+        if not _trusted(path):
+            continue
         mod = _load(path)
         mod.init(LIBCUDA, LaunchError)
         return mod
-    raise LaunchError(f"no writable place to build the native launcher ({', '.join(map(str, places))})")
+    raise LaunchError(f"no writable place of this user's to build the native launcher ({', '.join(map(str, places))})")
 
 
 def why() -> str | None:

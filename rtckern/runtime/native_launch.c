@@ -11,7 +11,10 @@
  * Kinds, one character per kernel parameter: 'P' pointer / u64, 'q' int64, 'i' int32, 'I' uint32, 'f' float32,
  * 'd' float64, 'M' a 128-byte by-value struct (a CUtensorMap: a bytes-like object of 128 bytes, 64-aligned).
  *
- * A dependent launch (Prepared(..., dependent=True)) goes through cuLaunchKernelEx with programmatic stream
+ * Prepared(func, ctx, grid, block, smem, kinds, label[, dependent[, owner]]), positional: owner is kept alive with
+ * the prepared launch (the kernel's Library, which unloads the module when collected).
+ *
+ * A dependent launch (dependent true) goes through cuLaunchKernelEx with programmatic stream
  * serialization: the kernel may start while the stream's previous kernel finishes and waits for it on the device
  * (griddepcontrol.wait, common/pdl.cuh). A driver without cuLaunchKernelEx launches it plainly: the wait is then a
  * no-op and stream order does the same job a little later.
@@ -29,12 +32,14 @@ typedef int (*launch_ex_fn)(const void*, void*, void**, void**);
 typedef int (*ctx_get_fn)(void**);
 typedef int (*ctx_push_fn)(void*);
 typedef int (*ctx_pop_fn)(void**);
+typedef int (*error_name_fn)(int, const char**);
 
 static launch_fn cu_launch = NULL;
 static launch_ex_fn cu_launch_ex = NULL; /* optional: dependent launches fall back to cu_launch without it */
 static ctx_get_fn cu_ctx_get = NULL;
 static ctx_push_fn cu_ctx_push = NULL;
 static ctx_pop_fn cu_ctx_pop = NULL;
+static error_name_fn cu_error_name = NULL; /* optional: names the CUresult of a failed launch */
 static PyObject* launch_error = NULL; /* rtckern.errors.LaunchError, set by init() */
 
 #define MAX_PARAMS 48
@@ -72,6 +77,7 @@ typedef struct {
   char kinds[MAX_PARAMS];
   int offsets[MAX_PARAMS];
   PyObject* label;
+  PyObject* owner; /* what keeps `func` loaded (the kernel's Library): released with the prepared launch */
 } Prepared;
 
 static int kind_size(char k) {
@@ -85,11 +91,13 @@ static int kind_size(char k) {
 
 static int kind_align(char k) { return k == 'M' ? 64 : kind_size(k); }
 
-static PyObject* fail(Prepared* self, int err) {
+static PyObject* fail(Prepared* self, const char* call, int err) {
+  const char* name = NULL;
+  if (cu_error_name == NULL || cu_error_name(err, &name) != 0 || name == NULL) name = "unknown CUresult";
   PyErr_Format(launch_error ? launch_error : PyExc_RuntimeError,
-               "launch of %U failed: CUresult %d (grid (%u, %u, %u), block (%u, %u, %u), shared memory %u)",
-               self->label, err, self->grid[0], self->grid[1], self->grid[2], self->block[0], self->block[1],
-               self->block[2], self->smem);
+               "launch of %U failed: %s returned %s (%d) (grid (%u, %u, %u), block (%u, %u, %u), shared memory %u)",
+               self->label, call, name, err, self->grid[0], self->grid[1], self->grid[2], self->block[0],
+               self->block[1], self->block[2], self->smem);
   return NULL;
 }
 
@@ -104,12 +112,24 @@ static unsigned long long rtk_as_u64(PyObject* a) {
   return v;
 }
 
-static unsigned long rtk_as_u32(PyObject* a) {
-  if (PyLong_Check(a)) return PyLong_AsUnsignedLong(a);
-  PyObject* i = PyNumber_Index(a);
-  if (i == NULL) return (unsigned long)-1;
-  unsigned long v = PyLong_AsUnsignedLong(i);
-  Py_DECREF(i);
+/* 'i' and 'I': the 64-bit reads above, then refused (OverflowError) outside int32 / uint32: never truncated. */
+static long long rtk_as_i32(PyObject* a) {
+  long long v = PyLong_AsLongLong(a);
+  if (v == -1 && PyErr_Occurred()) return -1;
+  if (v < INT32_MIN || v > INT32_MAX) {
+    PyErr_Format(PyExc_OverflowError, "%lld is outside int32", v);
+    return -1;
+  }
+  return v;
+}
+
+static unsigned long long rtk_as_u32(PyObject* a) {
+  unsigned long long v = rtk_as_u64(a);
+  if (v == (unsigned long long)-1 && PyErr_Occurred()) return (unsigned long long)-1;
+  if (v > UINT32_MAX) {
+    PyErr_Format(PyExc_OverflowError, "%llu is outside uint32", v);
+    return (unsigned long long)-1;
+  }
   return v;
 }
 
@@ -147,8 +167,8 @@ static PyObject* prepared_call(PyObject* obj, PyObject* const* args, size_t narg
     switch (self->kinds[i]) {
       case 'P': RTK_PACK_NUMBER(rtk_as_u64, unsigned long long, unsigned long long)
       case 'q': RTK_PACK_NUMBER(PyLong_AsLongLong, long long, long long)
-      case 'i': RTK_PACK_NUMBER(PyLong_AsLong, long, int32_t)
-      case 'I': RTK_PACK_NUMBER(rtk_as_u32, unsigned long, uint32_t)
+      case 'i': RTK_PACK_NUMBER(rtk_as_i32, long long, int32_t)
+      case 'I': RTK_PACK_NUMBER(rtk_as_u32, unsigned long long, uint32_t)
       case 'f': RTK_PACK_NUMBER(PyFloat_AsDouble, double, float)
       case 'd': RTK_PACK_NUMBER(PyFloat_AsDouble, double, double)
       case 'M': {
@@ -166,17 +186,28 @@ static PyObject* prepared_call(PyObject* obj, PyObject* const* args, size_t narg
       }
     }
     continue;
-  bad:
-    PyErr_Clear();
-    PyErr_Format(PyExc_TypeError, "argument %d of %U (kind '%c'): cannot convert %R", i, self->label,
-                 self->kinds[i], a);
+  bad : {
+    /* the conversion's own reason (OverflowError: out of range; TypeError: not a number) stays the cause */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyErr_Format(type != NULL && PyErr_GivenExceptionMatches(type, PyExc_OverflowError) ? PyExc_OverflowError
+                                                                                       : PyExc_TypeError,
+                 "argument %d of %U (kind '%c'): cannot convert %R (%S)", i, self->label, self->kinds[i], a,
+                 value != NULL ? value : Py_None);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
     return NULL;
   }
+  }
   int err, pushed = 0;
+  const char* call = "cuCtxGetCurrent";
   Py_BEGIN_ALLOW_THREADS
   void* cur = NULL;
   err = cu_ctx_get(&cur);
   if (err == 0 && cur != self->ctx) {
+    call = "cuCtxPushCurrent";
     err = cu_ctx_push(self->ctx);
     pushed = err == 0;
   }
@@ -187,8 +218,10 @@ static PyObject* prepared_call(PyObject* obj, PyObject* const* args, size_t narg
     attr.value.allowed = 1;
     rtk_launch_config cfg = {{self->grid[0], self->grid[1], self->grid[2]},
                              {self->block[0], self->block[1], self->block[2]}, self->smem, stream, &attr, 1};
+    call = "cuLaunchKernelEx";
     err = cu_launch_ex(&cfg, self->func, params, NULL);
   } else if (err == 0) {
+    call = "cuLaunchKernel";
     err = cu_launch(self->func, self->grid[0], self->grid[1], self->grid[2], self->block[0], self->block[1],
                     self->block[2], self->smem, stream, params, NULL);
   }
@@ -197,7 +230,7 @@ static PyObject* prepared_call(PyObject* obj, PyObject* const* args, size_t narg
     cu_ctx_pop(&popped);
   }
   Py_END_ALLOW_THREADS
-  if (err != 0) return fail(self, err);
+  if (err != 0) return fail(self, call, err);
   Py_RETURN_NONE;
 }
 
@@ -206,13 +239,19 @@ static PyObject* prepared_new(PyTypeObject* type, PyObject* args, PyObject* kw) 
   unsigned g[3], b[3], smem;
   const char* kinds;
   PyObject* label;
+  PyObject* owner = Py_None;
   int dependent = 0;
   if (cu_launch == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "native_launch.init() was not called");
     return NULL;
   }
-  if (!PyArg_ParseTuple(args, "KK(III)(III)IsU|p", &func, &ctx, &g[0], &g[1], &g[2], &b[0], &b[1], &b[2], &smem,
-                        &kinds, &label, &dependent))
+  if (kw != NULL && PyDict_GET_SIZE(kw) > 0) {
+    PyErr_SetString(PyExc_TypeError, "Prepared(func, ctx, grid, block, smem, kinds, label[, dependent[, owner]]) "
+                                     "takes positional arguments only");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "KK(III)(III)IsU|pO", &func, &ctx, &g[0], &g[1], &g[2], &b[0], &b[1], &b[2], &smem,
+                        &kinds, &label, &dependent, &owner))
     return NULL;
   Py_ssize_t n = (Py_ssize_t)strlen(kinds);
   if (n > MAX_PARAMS) {
@@ -249,11 +288,14 @@ static PyObject* prepared_new(PyTypeObject* type, PyObject* args, PyObject* kw) 
   }
   Py_INCREF(label);
   self->label = label;
+  Py_INCREF(owner);
+  self->owner = owner;
   return (PyObject*)self;
 }
 
 static void prepared_dealloc(Prepared* self) {
   Py_XDECREF(self->label);
+  Py_XDECREF(self->owner);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
@@ -291,6 +333,7 @@ static PyObject* init(PyObject* mod, PyObject* args) {
   cu_ctx_get = (ctx_get_fn)dlsym(h, "cuCtxGetCurrent");
   cu_ctx_push = (ctx_push_fn)dlsym(h, "cuCtxPushCurrent_v2");
   cu_ctx_pop = (ctx_pop_fn)dlsym(h, "cuCtxPopCurrent_v2");
+  cu_error_name = (error_name_fn)dlsym(h, "cuGetErrorName");
   if (!cu_launch || !cu_ctx_get || !cu_ctx_push || !cu_ctx_pop) {
     cu_launch = NULL;
     PyErr_Format(PyExc_OSError, "%s lacks cuLaunchKernel / cuCtxGetCurrent / cuCtxPushCurrent_v2", path);

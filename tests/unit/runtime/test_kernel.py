@@ -113,8 +113,9 @@ def test_launch_goes_through_the_native_launcher(fake, native_mod, monkeypatch):
     args = (0x7000, np.float32(0.5), 2.5, np.int32(-3), np.uint32(7), np.int64(9), np.uint64(11), np.float64(1.0))
     k.launch(4, 128, args, stream=5)
     k.launch(4, 128, args, stream=5)
+    # the kernel's Library rides along as the owner: a prepared launch kept past its kernel keeps the module loaded
     assert native_mod.made == [(0x3000, fake_cuda.PRIMARY, (4, 1, 1), (128, 1, 1), 0, "qfdiIqPd", "axpy<float>",
-                                False)]
+                                False, k._library)]
     assert native_mod.calls == [(5, *args)] * 2
     assert k.prepare(4, 128, "qfdiIqPd") is not None and len(native_mod.made) == 1  # the same prepared launch
 
@@ -150,11 +151,11 @@ def test_a_dependent_launch_is_prepared_apart_on_sm90_only(fake, native_mod):
     plain = k.prepare(4, 128, "P")
     dependent = k.prepare(4, 128, "P", dependent=True)
     assert dependent is not plain and k.prepare(4, 128, "P", dependent=True) is dependent
-    assert [m[-1] for m in native_mod.made] == [False, True]
+    assert [m[-2] for m in native_mod.made] == [False, True]
     for arch in ("sm_80", "sm_100", "sm_120"):  # no dependent launches there: an ordinary one
         k.device = DeviceInfo.for_arch(arch, ordinal=0)
         assert k.prepare(8, 64, "q", dependent=True) is k.prepare(8, 64, "q")
-    assert [m[-1] for m in native_mod.made[2:]] == [False]
+    assert [m[-2] for m in native_mod.made[2:]] == [False]
 
 
 @pytest.mark.parametrize("case", ["bool argument", "cooperative", "cluster", "no native launcher"])
@@ -175,6 +176,43 @@ def test_what_the_native_launcher_cannot_do_goes_through_cuda_core(fake, native_
         monkeypatch.setattr(native, "module", lambda: None)
     k.launch(4, 128, args, **kw)
     assert len(core) == 1 and core[0][1] == args and not native_mod.calls
+
+
+def test_the_cuda_core_prepared_launch_packs_every_kind_at_its_width(fake, monkeypatch):
+    """Without the native launcher, prepare() casts each argument to its kind's width (a bool or np.int32 for a
+    64-bit parameter would reach cuda.core at its own), refuses 32-bit values out of range, and its tensor-map form
+    checks the argument count and the map's size (the driver would read past a short parameter array)."""
+    import numpy as np
+
+    from rtckern.runtime import native
+
+    monkeypatch.setattr(native, "module", lambda: None)
+    k = _load(fake)
+    sent = []
+    monkeypatch.setattr(type(k), "launch", lambda self, grid, block, args, smem, stream: sent.append(tuple(args)))
+    k.prepare(4, 128, "qPiIfd")(0, True, np.int32(7), -3, 5, 0.5, 1.5)
+    assert [type(a) for a in sent[0]] == [np.int64, np.uint64, np.int32, np.uint32, np.float32, np.float64]
+    assert sent[0] == (1, 7, -3, 5, 0.5, 1.5)
+    with pytest.raises(OverflowError):
+        k.prepare(4, 128, "i")(0, 2**31)
+    packed = []
+    monkeypatch.setattr(type(k), "launch_packed",
+                        lambda self, grid, block, params, smem, stream: packed.append(params))
+    go = k.prepare(4, 128, "PqM")
+    go(0, 1, 2, bytes(128))
+    assert packed == [(("u64", 1), ("i64", 2), ("map", bytes(128)))]
+    for args in [(1, 2), (1, 2, bytes(128), 3)]:
+        with pytest.raises(TypeError, match="takes a stream and 3 kernel arguments"):
+            go(0, *args)
+    monkeypatch.undo()
+    fake_cuda.install(monkeypatch)
+    with pytest.raises(LaunchError, match="a tensor map is 128 bytes; got 5"):
+        _load(fake).launch_packed(4, 128, [("u64", 1), ("map", b"short")])
+
+
+def test_negative_shared_memory_is_refused(fake, native_mod):
+    with pytest.raises(LaunchError, match="shared_mem=-1; dynamic shared memory is 0 or more bytes"):
+        _load(fake).prepare(4, 128, "P", shared_mem=-1)
 
 
 def test_on_device_leaves_the_current_context_alone_when_it_is_the_device(fake):

@@ -50,6 +50,7 @@ int cuLaunchKernelEx(const config_t* c, void* f, void** params, void** extra) {
 int cuCtxGetCurrent(void** c) { *c = current_ctx; return 0; }
 int cuCtxPushCurrent_v2(void* c) { ++npush; current_ctx = c; return 0; }
 int cuCtxPopCurrent_v2(void** c) { ++npop; *c = current_ctx; current_ctx = 0; return 0; }
+int cuGetErrorName(int e, const char** s) { if (e != 701) return 1; *s = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; return 0; }
 """
 
 
@@ -144,8 +145,8 @@ def test_bad_arguments_name_the_argument(built):
         for args in [(0, 1), (0, 1, 2.0, 3), (0, "x", 1.0), (0, -1, 1.0), (0, 1, "y"), (0, 1.5, 1.0)]:
             try:
                 p(*args)
-            except TypeError as e:
-                print(e)
+            except (TypeError, OverflowError) as e:
+                print(type(e).__name__, e)
         try:
             p(0, 1, 1.0, kw=2)
         except TypeError as e:
@@ -159,30 +160,83 @@ def test_bad_arguments_name_the_argument(built):
             m(0, b"short")
         except ValueError as e:
             print(e)
+        try:
+            mod.Prepared(1, 0, (1, 1, 1), (32, 1, 1), 0, "P", "k", dependent=True)
+        except TypeError as e:
+            print(e)
         assert counter("nlaunch") == 0
     """)
     lines = out.splitlines()
-    assert lines[0] == "launch of mykernel takes a stream and 2 kernel arguments; got 2 arguments"
-    assert lines[1] == "launch of mykernel takes a stream and 2 kernel arguments; got 4 arguments"
-    assert lines[2] == "argument 0 of mykernel (kind 'P'): cannot convert 'x'"
-    assert lines[3] == "argument 0 of mykernel (kind 'P'): cannot convert -1"
-    assert lines[4] == "argument 1 of mykernel (kind 'f'): cannot convert 'y'"
-    assert lines[5] == "argument 0 of mykernel (kind 'P'): cannot convert 1.5"
+    assert lines[0] == "TypeError launch of mykernel takes a stream and 2 kernel arguments; got 2 arguments"
+    assert lines[1] == "TypeError launch of mykernel takes a stream and 2 kernel arguments; got 4 arguments"
+    # the conversion's own reason follows, and an out-of-range value stays an OverflowError
+    assert lines[2].startswith("TypeError argument 0 of mykernel (kind 'P'): cannot convert 'x' (")
+    assert lines[3].startswith("OverflowError argument 0 of mykernel (kind 'P'): cannot convert -1 (")
+    assert lines[4].startswith("TypeError argument 1 of mykernel (kind 'f'): cannot convert 'y' (")
+    assert lines[5].startswith("TypeError argument 0 of mykernel (kind 'P'): cannot convert 1.5 (")
     assert lines[6] == "a prepared launch takes positional arguments only"
     assert lines[7] == "parameter kind 'x'; supported: P q i I f d M"
     assert lines[8] == "argument 0 of k: a tensor map is 128 bytes; got 5"
+    assert lines[9].startswith("Prepared(func, ctx, grid, block, smem, kinds, label[, dependent[, owner]]) takes "
+                               "positional arguments only")
+
+
+def test_32_bit_kinds_refuse_values_outside_their_range(built):
+    """'i' and 'I' refuse what does not fit (never a truncated value reaching the kernel) and pack their limits."""
+    out = run(built, """
+        p = mod.Prepared(1, 0, (1, 1, 1), (32, 1, 1), 0, "iI", "k")
+        for args in [(2**31, 0), (-2**31 - 1, 0), (-2**40 - 3, 0), (0, 2**32), (0, 2**40), (0, -1)]:
+            try:
+                p(0, *args)
+            except OverflowError as e:
+                print(e)
+        assert counter("nlaunch") == 0
+        expect(2)
+        p(0, -2**31, 2**32 - 1)
+        assert counter("nlaunch") == 1 and param(0, "<i") == -2**31 and param(1, "<I") == 2**32 - 1
+        p(0, 2**31 - 1, np.uint32(0))
+        assert param(0, "<i") == 2**31 - 1 and param(1, "<I") == 0
+    """)
+    lines = out.splitlines()
+    assert len(lines) == 6 and all(" (kind 'i'): cannot convert " in x for x in lines[:3]), out
+    assert all(" (kind 'I'): cannot convert " in x for x in lines[3:]), out
+    assert "2147483648 is outside int32" in lines[0] and "4294967296 is outside uint32" in lines[3]
+
+
+def test_a_prepared_launch_keeps_its_owner_alive(built):
+    """The owner (the kernel's Library, whose collection unloads the module) lives as long as the prepared launch."""
+    run(built, """
+        import gc, weakref
+        class Library:
+            pass
+        lib = Library()
+        alive = weakref.ref(lib)
+        p = mod.Prepared(1, 0, (1, 1, 1), (32, 1, 1), 0, "P", "k", False, lib)
+        del lib
+        gc.collect()
+        assert alive() is not None
+        p(0, 1)
+        del p
+        gc.collect()
+        assert alive() is None
+    """)
 
 
 def test_driver_error_is_a_launch_error(built):
     out = run(built, """
-        ctypes.c_int.in_dll(fake, "fail_with").value = 701
         p = mod.Prepared(1, 0, (4, 1, 1), (64, 1, 1), 0, "P", "k")
-        try:
-            p(0, 1)
-        except LaunchError as e:
-            print(e)
+        for code in (701, 999):
+            ctypes.c_int.in_dll(fake, "fail_with").value = code
+            try:
+                p(0, 1)
+            except LaunchError as e:
+                print(e)
     """)
-    assert out.strip() == "launch of k failed: CUresult 701 (grid (4, 1, 1), block (64, 1, 1), shared memory 0)"
+    assert out.splitlines() == [
+        "launch of k failed: cuLaunchKernel returned CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (701) (grid (4, 1, 1), "
+        "block (64, 1, 1), shared memory 0)",
+        "launch of k failed: cuLaunchKernel returned unknown CUresult (999) (grid (4, 1, 1), block (64, 1, 1), "
+        "shared memory 0)"]
 
 
 def test_unavailable_launcher_falls_back_or_raises(tmp_path):
@@ -205,3 +259,24 @@ def test_build_failure_says_what_failed(tmp_path, monkeypatch):
     with config.override(c_compiler=("false",)):
         with pytest.raises(LaunchError, match="failed"):
             native._build(tmp_path / "x.so")
+
+
+def test_only_a_private_build_is_loaded(tmp_path):
+    """The launcher runs as host code: a build is loaded only when it is a regular file (not a link) of this user or
+    root that no one else can write; elsewhere (a team's shared cache directory) rtckern builds its own."""
+    import os
+
+    own = tmp_path / "own.so"
+    own.write_bytes(b"x")
+    own.chmod(0o755)
+    assert native._trusted(own)
+    for mode in (0o775, 0o757):  # group- or world-writable
+        own.chmod(mode)
+        assert not native._trusted(own)
+    own.chmod(0o755)
+    link = tmp_path / "link.so"
+    link.symlink_to(own)
+    assert not native._trusted(link) and not native._trusted(tmp_path / "missing.so")
+    if os.getuid() == 0:  # root: a file of another user is not trusted either
+        os.chown(own, 12345, 12345)
+        assert not native._trusted(own)
