@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterable, Sequence
 
 from .arch import DEFAULT_ARCH_LIST, Arch, ArchFilter, parse_arch_list
@@ -180,9 +181,14 @@ def prefill(specs: Sequence[KernelSpec], *, jobs: int = 1, cache_dir: str | None
             pass
         ex = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_ignore_sigint)
         try:
-            futs = [ex.submit(_worker, (s, cache_dir)) for s in specs]
+            futs = {ex.submit(_worker, (s, cache_dir)): s for s in specs}
             for f in as_completed(futs):
-                r = f.result()
+                try:
+                    r = f.result()
+                except BrokenProcessPool as e:  # a worker died (OOM killer, a crashing compiler): the specs it and
+                    # the pool still held fail, named, and the others' results stand
+                    r = PrefillResult(futs[f], "", "failed", 0.0, f"the compile worker died ({e}); run prefill "
+                                      "again (what was compiled is cached), or with --jobs 1 to see which kernel")
                 results.append(r)
                 if progress:
                     progress(r)

@@ -249,15 +249,23 @@ class DiskCache:
     def put(self, key: str, ck: CompiledKernel, meta: dict | None = None) -> bool:
         return self.put_packed(key, entry_format.pack(ck, key, entry_format.identity(meta)), meta)
 
+    def has_sidecar(self, key: str, data: bytes) -> bool:
+        """Whether the entry ``key`` (its bytes ``data``) has a sidecar that checks out."""
+        if not self.meta_path(key).is_file():
+            return False
+        return self.meta(key, data)[1] is None
+
     def put_packed(self, key: str, data: bytes, meta: dict | None = None) -> bool:
         if not self.writable:
             return False
         path = self.entry_path(key)
         try:
-            old = self._write(path, data)
-            if meta is not None:
+            if meta is not None:  # the sidecar first: an entry is never left without one (a stray sidecar, believed
+                # only when its digest matches an entry, is removed by verify and prune)
                 m = dict(meta, key=key, size=len(data), digest=entry_format.digest_of(data))
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 atomic_write(self.meta_path(key), (json.dumps(m, indent=1, sort_keys=True) + "\n").encode())
+            old = self._write(path, data)
         except OSError as e:
             self.stats.bump(self.name, "errors")
             if e.errno in TIER_ERRNOS:

@@ -199,10 +199,10 @@ def _run_manifest(args) -> int:
     from ._table import table
 
     entries = load_manifest(args.manifest) if args.manifest else load_preset(args.preset)
-    _check_writable(args)  # after the manifest is read: a missing or malformed one leaves no empty cache behind
     load_ops(args.imports)
     archs = parse_archs(args.arch)
     bad = unsupported_archs(archs)
+    _check_writable(args)  # after the inputs: a bad manifest, --import or --arch leaves no empty cache behind
     jobs = args.jobs or default_jobs()
     prog = Progress("prefill", "kernel", show=not args.no_progress)
     try:

@@ -24,6 +24,7 @@ import dataclasses
 import gzip
 import hashlib
 import io
+import os
 import json
 import re
 import tarfile
@@ -52,9 +53,19 @@ BUNDLE_FILE_MODE = 0o644
 # builds of the same bytes or are recomputed, so they stay out of a deterministic bundle.
 META_FIELDS = ("op", "kernel", "name_expression", "template_args", "defines", "options", "source", "arch", "kind",
                "compiler")
-_ENTRY_NAME = re.compile(r"^v1/([0-9a-f]{2})/([0-9a-f]{64})\.rtk$")
+_ENTRY_NAME = re.compile(r"^v1/([0-9a-f]{2})/([0-9a-f]{64})\.rtk\Z")
 
 
+def _strings(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+# the types of the meta fields (rtckern.manager's sidecar): strings, lists of strings, defines as [name, value] pairs
+_META_TYPES = {**{f: (lambda v: isinstance(v, str)) for f in META_FIELDS}, "template_args": _strings,
+               "options": _strings, "defines": lambda v: isinstance(v, list) and all(_strings(d) and len(d) == 2
+                                                                                     for d in v)}
+_META_WORDS = {**{f: "a string" for f in META_FIELDS}, "template_args": "a list of strings",
+               "options": "a list of strings", "defines": "a list of [name, value] string pairs"}
 _INDEX_KEYS = {"format", "layout", "count", "entries", "signature"}
 _RECORD_KEYS = {"key", "path", "size", "sha256", "meta"}
 _HEX64 = re.compile(r"[0-9a-f]{64}", re.ASCII)
@@ -205,11 +216,58 @@ def export_bundle(path: str | Path, caches: Sequence[DiskCache], **select) -> di
 _READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
 
 
-def _open(path: Path) -> tarfile.TarFile:
+class _Budget:
+    """What the inflated stream may have given so far: the members' own bytes (each checked against the limits
+    before it is read, _members), a tar header and its padding per member, and the readers' look-ahead."""
+
+    __slots__ = ("data", "members")
+
+    def __init__(self):
+        self.data = self.members = 0
+
+    def allowed(self) -> int:
+        return self.data + _HEADER_BYTES * (self.members + 2) + _LOOKAHEAD_BYTES
+
+
+_HEADER_BYTES = 1024  # a 512-byte header and up to 511 bytes of padding per member
+_LOOKAHEAD_BYTES = 256 << 10  # what the buffered reader and tarfile's stream read ahead of a member
+
+
+class _Inflated(io.RawIOBase):
+    """The decompressed stream of a bundle, refused (BundleError) once it holds more than its budget: tarfile reads
+    some header kinds (GNU long names, pax records) whole into memory before any member size is seen, so a bomb
+    there is stopped after a few hundred KB."""
+
+    def __init__(self, gz: gzip.GzipFile, budget: _Budget, path: Path):
+        self._gz, self._budget, self._path, self.count = gz, budget, path, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self._gz.readinto(b)
+        self.count += n
+        extra = self.count - self._budget.allowed()
+        if extra > 0:
+            raise BundleError(f"{self._path}: the archive holds {extra} bytes more than its members, their tar "
+                              "headers and look-ahead allow (GNU long names or pax records: a bundle has neither); "
+                              "refusing it")
+        return n
+
+
+def _open(f, path: Path, budget: _Budget) -> tarfile.TarFile:
+    """The bundle in the open binary file ``f`` (read from its start) as a tar stream, read once front to back
+    through ``budget``."""
+    f.seek(0)
+    file_bytes = os.fstat(f.fileno()).st_size
     try:
-        return tarfile.open(path, mode="r:gz")  # a bundle is always gzip (see the module doc)
+        raw = _Inflated(gzip.GzipFile(fileobj=f, mode="rb"), budget, path)
+        return tarfile.open(fileobj=io.BufferedReader(raw, 1 << 16), mode="r|")  # a bundle is always gzip
+    except EOFError as e:  # a gzip stream that ends early: a bundle cut short (the read runs ahead of the members)
+        raise _damaged(path, e) from None
     except _READ_ERRORS as e:
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        why = "empty file" if not file_bytes else "not a gzip file" if isinstance(e, gzip.BadGzipFile) else \
+            (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BundleError(f"{path} is not a readable bundle ({why}); make one with `rtckern cache export --bundle`"
                           ) from None
 
@@ -219,11 +277,11 @@ def _damaged(path: Path, e: BaseException) -> BundleError:
                        "export it again")
 
 
-def _members(tf: tarfile.TarFile, path: Path, limits: Limits) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
+def _members(tf: tarfile.TarFile, path: Path, limits: Limits, file_bytes: int, budget: _Budget
+             ) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
     """Every member, checked for type, name and size (its own, the running total and the expansion ratio) before
-    its bytes are read."""
+    its bytes are read; ``budget`` follows what was checked."""
     n = total = 0
-    file_bytes = path.stat().st_size
     while True:
         try:
             m = tf.next()
@@ -234,10 +292,12 @@ def _members(tf: tarfile.TarFile, path: Path, limits: Limits) -> Iterator[tuple[
         n += 1
         if n > limits.max_members + 1:
             raise BundleError(f"{path}: more than {limits.max_members} members; refusing the bundle")
-        if not m.isreg():
+        if m.type not in (tarfile.REGTYPE, tarfile.AREGTYPE) or m.pax_headers:
             kind = "a symbolic link" if m.issym() else "a hard link" if m.islnk() else \
-                "a directory" if m.isdir() else "a device or special file"
-            raise BundleError(f"{path}: member {m.name!r} is {kind}; a bundle holds regular files only")
+                "a directory" if m.isdir() else "a sparse file" if m.issparse() else \
+                "a file with pax or GNU extended headers" if m.isreg() else "a device or special file"
+            raise BundleError(f"{path}: member {m.name!r} is {kind}; a bundle holds plain (ustar) regular files "
+                              "only")
         if m.name != INDEX_NAME and not _ENTRY_NAME.match(m.name):
             raise BundleError(f"{path}: member {m.name!r} is not a bundle path (expected {INDEX_NAME} or "
                               f"{LAYOUT}/<2 hex>/<64 hex>.rtk); refusing it (path traversal or foreign file)")
@@ -246,6 +306,7 @@ def _members(tf: tarfile.TarFile, path: Path, limits: Limits) -> Iterator[tuple[
             raise BundleError(f"{path}: member {m.name!r} is {m.size} bytes, above the limit of {limit}")
         total += m.size
         _check_total(path, total, file_bytes, limits)
+        budget.data, budget.members = total, n
         try:
             f = tf.extractfile(m)
             data = f.read() if f is not None else b""
@@ -293,7 +354,7 @@ def _check_signature(index: dict, path: Path) -> None:
 def _read_index(data: bytes, path: Path) -> dict[str, dict]:
     try:
         index = json.loads(data)
-    except ValueError as e:  # UnicodeDecodeError included
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError included; RecursionError: nesting too deep
         raise BundleError(f"{path}: index {INDEX_NAME} is not JSON ({e})") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise BundleError(f"{path}: index format {index.get('format') if isinstance(index, dict) else None!r}; "
@@ -333,6 +394,9 @@ def _check_record(path: Path, i: int, e: object) -> str:
         raise BundleError(f"{where} ({key}) has fields {sorted(e)} and meta fields "
                           f"{sorted(meta) if isinstance(meta, dict) else type(meta).__name__}; a bundle entry has "
                           f"{sorted(_RECORD_KEYS)} and meta fields among {', '.join(META_FIELDS)}")
+    for field, value in meta.items():  # as the manager writes them: the cache's readers (ls, export) rely on it
+        if not _META_TYPES[field](value):
+            raise BundleError(f"{where} ({key}) has meta {field}={value!r:.80}; it must be {_META_WORDS[field]}")
     return key
 
 
@@ -349,25 +413,35 @@ def verify_bundle(path: str | Path, limits: Limits | None = None) -> tuple[dict[
     """Check everything without writing: (index by key, entry bytes). Raises BundleError at the first problem.
     ``limits``: default ``Limits.from_settings()``."""
     p = bundle_file(path)
-    limits = limits or Limits.from_settings()
+    with open(p, "rb") as f:
+        return _verify(f, p, limits or Limits.from_settings())
+
+
+def _entries(f, p: Path, limits: Limits) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
+    """The members of the bundle open in ``f``, from its start (each read checked: _members)."""
+    budget = _Budget()
+    with _open(f, p, budget) as tf:
+        yield from _members(tf, p, limits, os.fstat(f.fileno()).st_size, budget)
+
+
+def _verify(f, p: Path, limits: Limits) -> tuple[dict[str, dict], int]:
     index: dict[str, dict] | None = None
     seen: set[str] = set()
     nbytes = 0
-    with _open(p) as tf:
-        for m, data in _members(tf, p, limits):
-            if index is None:
-                if m.name != INDEX_NAME:
-                    raise BundleError(f"{p}: the first member is {m.name!r}, not the index {INDEX_NAME}")
-                index = _read_index(data, p)
-                continue
-            if m.name == INDEX_NAME:
-                raise BundleError(f"{p}: a second index member")
-            key = _ENTRY_NAME.match(m.name).group(2)
-            if m.name[len(LAYOUT) + 1:len(LAYOUT) + 3] != key[:2]:
-                raise BundleError(f"{p}: member {m.name!r} is in the wrong shard")
-            _check_entry(p, m.name, key, data, index, seen)
-            seen.add(key)
-            nbytes += len(data)
+    for m, data in _entries(f, p, limits):
+        if index is None:
+            if m.name != INDEX_NAME:
+                raise BundleError(f"{p}: the first member is {m.name!r}, not the index {INDEX_NAME}")
+            index = _read_index(data, p)
+            continue
+        if m.name == INDEX_NAME:
+            raise BundleError(f"{p}: a second index member")
+        key = _ENTRY_NAME.match(m.name).group(2)
+        if m.name[len(LAYOUT) + 1:len(LAYOUT) + 3] != key[:2]:
+            raise BundleError(f"{p}: member {m.name!r} is in the wrong shard")
+        _check_entry(p, m.name, key, data, index, seen)
+        seen.add(key)
+        nbytes += len(data)
     if index is None:
         raise BundleError(f"{p}: empty archive (no index {INDEX_NAME})")
     absent = sorted(set(index) - seen)
@@ -395,37 +469,46 @@ def import_bundle(path: str | Path, cache: DiskCache | Callable[[], DiskCache],
     """Verify the whole bundle, then add its entries to ``cache``. Returns counts: imported, present (same bytes
     already there), kept (a different valid entry already there: kept, with a warning). ``limits``: default
     ``Limits.from_settings()``. ``cache`` may be a callable that makes the cache, called once the bundle has
-    verified: a bad bundle then leaves no new cache directory behind."""
-    p = Path(path)
+    verified: a bad bundle then leaves no new cache directory behind. Both passes read one open file, and every
+    member of the second must be the verified one, so a bundle rewritten in place meanwhile is refused (what was
+    imported before that is valid and stays)."""
+    p = bundle_file(path)
     limits = limits or Limits.from_settings()
-    index, _ = verify_bundle(p, limits)
-    if not isinstance(cache, DiskCache):
-        cache = cache()
-    if cache.read_only or not cache.enabled:
-        raise BundleError(f"cannot import into {cache.root}: the cache is read-only or not writable")
-    imported = present = 0
-    kept: list[str] = []
-    with _open(p) as tf:
-        for m, data in _members(tf, p, limits):
+    with open(p, "rb") as f:
+        index, _ = _verify(f, p, limits)
+        if not isinstance(cache, DiskCache):
+            cache = cache()
+        if cache.read_only or not cache.enabled:
+            raise BundleError(f"cannot import into {cache.root}: the cache is read-only or not writable")
+        imported = present = 0
+        kept: list[str] = []
+        done: set[str] = set()
+        for m, data in _entries(f, p, limits):
             if m.name == INDEX_NAME:
                 continue
             key = _ENTRY_NAME.match(m.name).group(2)
-            rec = index[key]
+            rec = index.get(key)
             # Verified above; checked again here because the file could have changed in between.
-            if hashlib.sha256(data).hexdigest() != rec["sha256"]:
-                raise BundleError(f"{p}: member {m.name!r} changed while importing")
+            if rec is None or key in done or hashlib.sha256(data).hexdigest() != rec["sha256"]:
+                raise BundleError(f"{p}: member {m.name!r} changed while importing; import it again")
+            done.add(key)
+            meta = dict(rec.get("meta", {}), via=f"bundle:{p.name}")
             with cache.lock(key):
                 have = cache.get_packed(key)
                 if have == data:
                     present += 1
+                    if not cache.has_sidecar(key, data):  # an entry whose sidecar was lost: written again
+                        cache.put_packed(key, data, meta)
                     continue
                 if have is not None:
                     kept.append(key)
                     continue
-                meta = dict(rec.get("meta", {}), via=f"bundle:{p.name}")
                 if not cache.put_packed(key, data, meta):
                     raise BundleError(f"cannot write to cache directory {cache.root}")
                 imported += 1
+        if done != set(index):
+            raise BundleError(f"{p}: changed while importing ({len(set(index) - done)} verified entries are no "
+                              "longer in it); import it again")
     if kept:
         msg = (f"{len(kept)} entries of {p} differ from valid entries already in {cache.root} (first {kept[0]}); "
                "kept the existing ones. Same key, different bytes means a non-deterministic compile")

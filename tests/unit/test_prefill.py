@@ -61,3 +61,28 @@ def test_blackwell_targets_compile_for_each_family(blackwell_plan):
     for (op, sm), spec in sorted(picked.items()):
         ck = compiler_for(spec.arch).compile(spec)
         assert ck.kind == "cubin" and len(ck.binary) > 1000 and spec.arch == Arch.parse(sm), (op, sm)
+
+
+def test_a_worker_that_dies_fails_its_kernels_and_the_run_goes_on(tmp_path):
+    """A compile worker killed mid-run (the OOM killer, a crashing compiler) breaks the process pool: the kernels
+    it and the pool still held come back failed, saying so, every other result stands, and nothing raises."""
+    import multiprocessing
+    import os
+    import signal
+
+    from rtckern.prefill import prefill
+
+    specs = builtin_specs([Arch.parse("8.0"), Arch.parse("9.0")], ["core", "rope"])
+    killed = []
+
+    def progress(r):
+        if not killed:
+            victims = multiprocessing.active_children()
+            if victims:
+                os.kill(victims[0].pid, signal.SIGKILL)
+                killed.append(victims[0].pid)
+
+    results = prefill(specs, jobs=2, cache_dir=str(tmp_path / "c"), progress=progress)
+    assert killed and [r.spec for r in results] == list(specs)
+    died = [r for r in results if r.status == "failed"]
+    assert died and all("the compile worker died" in r.error for r in died)

@@ -136,10 +136,12 @@ def test_a_missing_manifest_creates_no_cache(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--family", "nosuch", "--arch", "8.0"], "unknown kernel family 'nosuch'; the families: "),
     (["--arch", "8.0;banana"], "banana"),
+    (["--preset", "common", "--arch", "banana"], "banana"),
+    (["--preset", "common", "--arch", "8.0", "--import", "no_such_module_here"], "no_such_module_here"),
 ])
 def test_a_bad_builtin_request_creates_no_cache(tmp_path, argv, message):
-    """The built-in set's inputs (families, the arch list) are read before the cache directory is made: an unknown
-    family or a malformed arch is one line, exit 2, and leaves no empty cache behind."""
+    """Every input (families, the arch list, a preset's --import) is read before the cache directory is made: an
+    unknown family, a malformed arch or a missing module is one line, exit 2, and leaves no empty cache behind."""
     cache = tmp_path / "new" / "cache"
     r = prefill(cache, *argv)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -173,3 +173,106 @@ def test_a_plain_tar_or_empty_file_is_one_line(tmp_path):
     for name, why in (("plain.tar", "not a gzip file"), ("empty", "empty file")):
         one_line_refusal(cli("cache", "import", str(tmp_path / name), cache=tmp_path / "c", check=False),
                          rf"{name} is not a readable bundle \({why}\); make one with `rtckern cache export --bundle`$")
+
+
+def _gz(raw: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(raw, mtime=0)
+
+
+def test_header_bombs_are_refused_by_the_inflated_size(tmp_path):
+    """A GNU long-name header declaring 64 MiB (tarfile reads such a header whole into memory, before any member
+    size is checked) is refused as soon as the inflated stream holds more than the members' checked bytes, their
+    headers and the reader's look-ahead: after a few hundred KB, long before the 64 MiB are read."""
+    ti = tarfile.TarInfo("././@LongLink")
+    ti.type, ti.size = tarfile.GNUTYPE_LONGNAME, 64 << 20
+    raw = ti.tobuf(tarfile.GNU_FORMAT) + bytes(64 << 20)
+    bomb = tmp_path / "bomb.bundle"
+    bomb.write_bytes(_gz(raw))
+    assert bomb.stat().st_size < 1 << 20
+    from rtckern.fleet import bundle as B
+
+    seen = []
+    real = B._Inflated.readinto
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(B._Inflated, "readinto", lambda self, b: (seen.append(self.count), real(self, b))[1])
+    try:
+        with pytest.raises(BundleError, match=r"bomb.bundle: the archive holds \d+ bytes more than its members"):
+            verify_bundle(bomb)
+    finally:
+        monkey.undo()
+    assert max(seen) < 1 << 20  # refused within the first MiB of the stream
+
+
+@pytest.mark.parametrize("kind", ["pax", "sparse"])
+def test_extended_and_sparse_members_are_refused(tmp_path, kind):
+    k, d = _key(1), pack(_ck(1), _key(1))
+    index = json.dumps({"format": "rtckern-bundle/1", "layout": "v1", "entries": [_record(k, d)]}).encode()
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT if kind == "pax" else tarfile.GNU_FORMAT) \
+            as tf:
+        for name, data in ((INDEX_NAME, index), (f"v1/{k[:2]}/{k}.rtk", d)):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            if name != INDEX_NAME:
+                if kind == "pax":
+                    ti.pax_headers = {"comment": "x"}
+                else:
+                    ti.type = tarfile.GNUTYPE_SPARSE
+            tf.addfile(ti, io.BytesIO(data))
+    bad = tmp_path / "bad.bundle"
+    bad.write_bytes(_gz(raw.getvalue()))
+    with pytest.raises(BundleError, match=r"is a (file with pax or GNU extended headers|sparse file); a bundle holds "
+                                          r"plain \(ustar\) regular files only"):
+        import_bundle(bad, DiskCache(tmp_path / "dest"))
+    assert list(DiskCache(tmp_path / "dest").entries()) == []
+
+
+@pytest.mark.parametrize("meta, message", [
+    ({"compiler": None}, r"has meta compiler=None; it must be a string"),
+    ({"name_expression": ["x"]}, r"has meta name_expression=\['x'\]; it must be a string"),
+    ({"defines": [["A"]]}, r"has meta defines=\[\['A'\]\]; it must be a list of \[name, value\] string pairs"),
+    ({"options": "-O3"}, r"has meta options='-O3'; it must be a list of strings"),
+])
+def test_meta_values_of_the_wrong_type_are_refused(tmp_path, meta, message):
+    """The cache's readers (ls, export --toolchain, prune --superseded) take the sidecar's values as the manager
+    writes them: a bundle whose meta says otherwise is refused at import."""
+    k, d = _key(1), pack(_ck(1), _key(1))
+    bad = _bundle(tmp_path / "bad.bundle", [(k, d)], entries=[dict(_record(k, d), meta=meta)])
+    with pytest.raises(BundleError, match=message):
+        import_bundle(bad, DiskCache(tmp_path / "dest"))
+    assert list(DiskCache(tmp_path / "dest").entries()) == []
+
+
+def test_a_bundle_rewritten_during_import_is_refused(tmp_path, exported, monkeypatch):
+    """Verification and import read one open file: a bundle rewritten in place between the passes (a download into
+    the same path) is refused, never imported in part with success."""
+    from rtckern.fleet import bundle as B
+
+    real = B._verify
+    short = exported.read_bytes()[:len(exported.read_bytes()) // 2]
+
+    def verify_then_rewrite(f, p, limits):
+        out = real(f, p, limits)
+        with open(p, "r+b") as w:  # the same file, cut short
+            w.write(short)
+            w.truncate()
+        return out
+
+    monkeypatch.setattr(B, "_verify", verify_then_rewrite)
+    with pytest.raises(BundleError):
+        import_bundle(exported, DiskCache(tmp_path / "dest"))
+
+
+def test_an_entry_that_lost_its_sidecar_gets_it_back(tmp_path, exported):
+    """An entry whose sidecar is gone (a crash between the two writes, before the sidecar came first) counts as
+    present on a second import, which writes the sidecar again: a re-export gives the same bytes."""
+    dest = DiskCache(tmp_path / "dest")
+    import_bundle(exported, dest)
+    key = next(iter(dest.entries())).key
+    dest.meta_path(key).unlink()
+    r = import_bundle(exported, dest)
+    assert r["present"] == 3 and dest.meta_path(key).is_file()
+    export_bundle(tmp_path / "again.bundle", [dest])
+    assert (tmp_path / "again.bundle").read_bytes() == exported.read_bytes()
