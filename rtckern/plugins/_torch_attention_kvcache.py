@@ -109,12 +109,16 @@ def _check(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, b
 
 
 # ---- reference (the fallback, and the CPU stand-in of reference_mode) ------------------------------------------
-def _cache_rows(block_table: Optional[Tensor], page: int, b: int, start: int, n: int, device):
-    """The (block or batch, row) index tensors of tokens start .. start + n - 1 of sequence b."""
+def _cache_rows(block_table: Optional[Tensor], page: int, b: int, start: int, n: int, device, num_blocks: int = 0):
+    """The (block or batch, row) index tensors of tokens start .. start + n - 1 of sequence b, and which of them lie
+    in the cache: as the kernels do, a block-table entry outside [0, num_blocks) reads block 0, and an appended
+    token there is dropped."""
     j = torch.arange(start, start + n, device=device)
     if block_table is None:
-        return torch.full_like(j, b), j
-    return block_table[b].to(device=device, dtype=torch.long)[j // page], j % page
+        return (torch.full_like(j, b), j), torch.ones_like(j, dtype=torch.bool)
+    blocks = block_table[b].to(device=device, dtype=torch.long)[j // page]
+    inside = (blocks >= 0) & (blocks < num_blocks)
+    return (torch.where(inside, blocks, 0), j % page), inside
 
 
 def _to_cache(x: Tensor, cache: Tensor, scale: Optional[Tensor]) -> Tensor:
@@ -155,19 +159,21 @@ def attention_with_kvcache_ref(q, k_cache, v_cache, cache_seqlens, block_table, 
     b, sq, hq, d = q.shape
     page = k_cache.shape[1]
     capacity = block_table.shape[1] * page if block_table is not None else page
+    num_blocks = k_cache.shape[0]
     new = k_new.shape[1] if k_new is not None else 0
     lens = [max(0, n) for n in cache_seqlens.tolist()]
     dev = k_cache.device
     for i in range(b):
         n = max(0, min(new, capacity - lens[i]))
         if n:
-            rows = _cache_rows(block_table, page, i, lens[i], n, dev)
-            _put(k_cache, rows, _to_cache(k_new[i, :n], k_cache, k_scale))
-            _put(v_cache, rows, _to_cache(v_new[i, :n], v_cache, v_scale))
+            (blocks, rows), inside = _cache_rows(block_table, page, i, lens[i], n, dev, num_blocks)
+            keep = inside.to(k_new.device)
+            _put(k_cache, (blocks[inside], rows[inside]), _to_cache(k_new[i, :n][keep], k_cache, k_scale))
+            _put(v_cache, (blocks[inside], rows[inside]), _to_cache(v_new[i, :n][keep], v_cache, v_scale))
     o = q.new_zeros((b, sq, hq, d))
     lse = torch.full((b, hq, sq), float("-inf"), dtype=F32, device=q.device)
     for i in range(b):
-        rows = _cache_rows(block_table, page, i, 0, min(lens[i] + new, capacity), dev)
+        rows, _ = _cache_rows(block_table, page, i, 0, min(lens[i] + new, capacity), dev, num_blocks)
         ki = _from_cache(_take(k_cache, rows), k_scale, q.dtype)
         vi = _from_cache(_take(v_cache, rows), v_scale, q.dtype)
         oi, li = R.attention_fwd(q[i][None], ki[None].to(q.device), vi[None].to(q.device), causal, softmax_scale,

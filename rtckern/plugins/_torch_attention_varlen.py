@@ -57,10 +57,15 @@ def _check(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor) -> None:
 
 
 # ---- reference (the fallback, and the CPU stand-in of reference_mode) ------------------------------------------
-def _spans(cu_q: Tensor, cu_k: Tensor):
-    """(q0, q1, k0, k1) per sequence, read on the host (one synchronization)."""
+def _spans(cu_q: Tensor, cu_k: Tensor, total_q: int, total_k: int):
+    """(q0, q1, k0, k1) per sequence, read on the host (one synchronization), clamped as the kernels read them:
+    each start to [0, total], each end to [its start, total]."""
     cq, ck = cu_q.tolist(), cu_k.tolist()
-    return [(cq[b], cq[b + 1], ck[b], ck[b + 1]) for b in range(len(cq) - 1)]
+
+    def span(c, b, total):
+        start = min(max(c[b], 0), total)
+        return start, min(max(c[b + 1], start), total)
+    return [span(cq, b, total_q) + span(ck, b, total_k) for b in range(len(cq) - 1)]
 
 
 def attention_varlen_ref(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, return_lse):
@@ -69,7 +74,7 @@ def attention_varlen_ref(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scal
     tq, hq, d = q.shape
     o = q.new_zeros((tq, hq, d))
     lse = torch.full((hq, tq), float("-inf"), dtype=F32, device=q.device)
-    for q0, q1, k0, k1 in _spans(cu_q, cu_k):
+    for q0, q1, k0, k1 in _spans(cu_q, cu_k, q.shape[0], k.shape[0]):
         if q1 <= q0:
             continue
         oi, li = R.attention_fwd(q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], causal, softmax_scale, True)
@@ -114,7 +119,7 @@ def attention_varlen_bwd_ref(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, ca
     on the host; rows no sequence covers are zero."""
     # contiguous, as the kernel's and the fake kernel's (zeros_like would keep a permuted q's layout)
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    for q0, q1, k0, k1 in _spans(cu_q, cu_k):
+    for q0, q1, k0, k1 in _spans(cu_q, cu_k, q.shape[0], k.shape[0]):
         if q1 <= q0 or k1 <= k0:  # no query, or no key (o = 0 there): no gradient flows
             continue
         g = R.attention_bwd(dout[q0:q1][None], q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], o[q0:q1][None],

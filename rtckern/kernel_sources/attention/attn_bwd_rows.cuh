@@ -71,7 +71,11 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
   static_assert(HD % 8 == 0, "head dim");
   constexpr int CHUNKS = HD / 8;  // 16-byte chunks of T per row
   const int lane = threadIdx.x % bwd_rows::threads;
+#if RTK_ATTN_VARLEN
+  // (r: each pass's row, below)
+#else
   const long long r = static_cast<long long>(blockIdx.x) * bwd_rows::per_block + threadIdx.x / bwd_rows::threads;
+#endif
   const long long h = blockIdx.y, b = blockIdx.z;
 #if RTK_ATTN_VARLEN
   if (blockIdx.x == 0 && h == 0 && threadIdx.x == 0) {  // the prefix sums the later kernels read, clamped
@@ -85,10 +89,13 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
   }
   const long long q0 = varlen_row0(cu_seqlens_q, b, seqlen_q);  // seqlen_q carries total_q
   const long long len = varlen_row0(cu_seqlens_q, b + 1, seqlen_q, static_cast<int>(q0)) - q0;
-  // Past the sequence's padded rows (a multiple of 32): the whole block leaves, before any shuffle.
-  if (static_cast<long long>(blockIdx.x) * bwd_rows::per_block >=
-      (len + bwd_rows::pad - 1) / bwd_rows::pad * bwd_rows::pad)
-    return;
+  // The sequence's padded rows (a multiple of 32), the block's rows in turn: the grid covers max_seqlen_q, which a
+  // sequence of wrong prefix sums (clamped) can pass, and the main kernels' counters and accumulator rows must then
+  // be zeroed too (a deterministic backward would wait on a stale counter). Uniform per block: no shuffle diverges.
+  for (long long first = static_cast<long long>(blockIdx.x) * bwd_rows::per_block;
+       first < (len + bwd_rows::pad - 1) / bwd_rows::pad * bwd_rows::pad;
+       first += static_cast<long long>(gridDim.x) * bwd_rows::per_block) {
+  const long long r = first + threadIdx.x / bwd_rows::threads;  // this pass's row of the sequence
   const long long prow = varlen_pad_row0(q0, b) + r;  // this row in the padded workspace of head h
   const bool valid = r < len;
 #else
@@ -141,6 +148,9 @@ __global__ void RTK_LAUNCH_BOUNDS(128, 1)
     dsum[i] = valid ? acc : 0.f;
     lse2[i] = l == -kInf ? kInf : l * 1.4426950408889634f;
   }
+#if RTK_ATTN_VARLEN
+  }
+#endif
 }
 
 template <typename T, int HD, bool SWIZZLED = false>

@@ -33,7 +33,8 @@ __global__ void RTK_LAUNCH_BOUNDS(kDecodeSimtThreads, 1)
                      long long seqlen_q, long long heads_q, long long heads_kv, long long seqlen_new,
                      long long capacity, long long bt_stride, long long page_size, long long num_blocks,
                      long long q_bs, long long q_rs, long long q_hs, long long k_bs, long long k_rs, long long k_hs,
-                     long long v_bs, long long v_rs, long long v_hs, long long o_bs, long long o_rs, long long o_hs, float scale_log2) {
+                     long long v_bs, long long v_rs, long long v_hs, long long o_bs, long long o_rs, long long o_hs,
+                     float scale_log2) {
   constexpr int NT = kDecodeSimtThreads;
   constexpr int KC = kDecodeSimtKeys;
   constexpr int PER = 16 * HD / NT;  // outputs per thread

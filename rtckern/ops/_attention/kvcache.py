@@ -101,7 +101,8 @@ class _Call:
     needs apart from the addresses."""
 
     __slots__ = ("batch", "sq", "hq", "hk", "d", "capacity", "bt_stride", "page_size", "num_blocks", "seqlen_new",
-                 "causal", "scale", "q_strides", "k_strides", "v_strides", "kn_strides", "vn_strides", "cache", "scale_hs")
+                 "causal", "scale", "q_strides", "k_strides", "v_strides", "kn_strides", "vn_strides", "cache",
+                 "scale_hs")
 
 
 _TAKES = ("attention_with_kvcache takes 4-dim q (batch, seqlen_q, heads_q, head_dim) and caches (batch, capacity, "

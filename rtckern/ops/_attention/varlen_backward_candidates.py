@@ -16,6 +16,8 @@ Workspace (one allocation, every part 16-byte aligned), with R = round_up(total_
 q head (attn_bwd_rows.cuh: sequence b's rows start at 128 * (cu_seqlens_q[b] // 128 + b), a multiple of 128, so
 every sequence's rows are padded to a multiple of 128 with no host computation):
   lse2, dsum     float32 (heads_q, R) each
+  cu_q, cu_k     int32 (batch + 1,) each: the prefix sums clamped to [0, total] by the prep kernel, which the later
+                 kernels read (then 128-byte alignment)
   dq accumulator float32 (heads_q, total_q, head_dim)            (mma kernels)
   counters       int32 (heads_q, R / BM): one per BM padded rows (mma kernels, deterministic)
 Grids: x covers the longest sequence (max_seqlen_q for prep / convert / the SIMT dq kernel, max_seqlen_k for the

@@ -277,7 +277,7 @@ def test_block_table_entries_outside_the_cache(path):
     torch.manual_seed(41)
     b, hq, hk, hd, page, new, guard = 3, 8, 2, 128, 16, 2, 2
     sq = 32 if path.endswith("long_query") else 1
-    lens = [40, 100, 7]
+    lens = [40, 100, 20]
     per_seq = -(-(max(lens) + new) // page)
     nblocks = b * per_seq + 2
 
@@ -291,7 +291,8 @@ def test_block_table_entries_outside_the_cache(path):
     ids = list(range(nblocks))
     rng.shuffle(ids)
     table = torch.tensor(ids[:b * per_seq], dtype=torch.int32).view(b, per_seq)
-    # reads (sequence 1's block 3), appends (sequence 0's block 2, sequence 1's block 6) and both (sequence 2)
+    # reads (sequence 1's block 3, sequence 2's block 0), appends (sequence 0's block 2, sequence 1's block 6);
+    # sequence 2's appended tokens land in its valid block 1
     for (i, j), e in {(0, 1): -1, (0, 2): nblocks, (1, 3): 2**30, (1, 6): -2**31, (2, 0): nblocks + 5}.items():
         table[i, j] = e
     table = table.to(DEV)
@@ -325,6 +326,7 @@ def test_block_table_entries_outside_the_cache(path):
                     rv = quantize(rv, scales["v_scale"]).view(torch.uint8)
                 expect_k[guard + e, (n + t) % page] = rk
                 expect_v[guard + e, (n + t) % page] = rv
+    assert not torch.equal(kb, kb0) and 0 <= int(host_table[2, 1]) < nblocks  # a valid append happened
     assert torch.equal(kb, expect_k) and torch.equal(vb, expect_v), \
         f"{path}: the cache (and its guard blocks) after the append differ from the valid entries' rows"
     err = merr = 0.0

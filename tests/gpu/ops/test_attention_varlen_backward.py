@@ -324,6 +324,29 @@ def test_prefix_sums_outside_the_totals_are_clamped(impl):
 
 
 @pytest.mark.parametrize("impl", DET_IMPLS)
+def test_a_clamped_sequence_past_max_seqlen_finishes(impl):
+    """A wrong last prefix sum (2^30) clamps sequence 1 to 57 rows where max_seqlen_q says 5: the deterministic
+    backward still finishes (its prep kernel zeroes the counters of every row of the clamped sequence, not only of
+    the grid's max_seqlen_q rows; a stale counter would stall it), and dk / dv equal the call with the clamped sums
+    and the true maximum, bit for bit."""
+    torch.manual_seed(6)
+    q, k, v, dout = make("bf16", [5, 57], [9, 53], 8, 2, 64)
+    i32 = dict(dtype=torch.int32, device=DEV)
+    given, read = torch.tensor([0, 5, 2**30], **i32), torch.tensor([0, 5, 62], **i32)
+    ck = torch.tensor([0, 9, 62], **i32)
+    o, lse = ops.attention_varlen(q, k, v, read, ck, 57, 53, causal=True, return_lse=True)
+    ws = torch.empty(1 << 24, dtype=torch.int32, device=DEV).fill_(7)  # stale counters in the allocator's pool
+    del ws
+    with _force(impl):
+        _, dk, dv = ops.attention_varlen_backward(dout, q, k, v, o, lse, given, ck, 5, 53, causal=True,
+                                                 deterministic=True)
+        _, dk2, dv2 = ops.attention_varlen_backward(dout, q, k, v, o, lse, read, ck, 57, 53, causal=True,
+                                                   deterministic=True)
+    torch.cuda.synchronize()
+    assert torch.equal(dk, dk2) and torch.equal(dv, dv2), impl
+
+
+@pytest.mark.parametrize("impl", DET_IMPLS)
 @pytest.mark.parametrize("hd", [64, 128])
 def test_deterministic_is_bitwise_repeatable(impl, hd):
     if impl == "sm80_mma" and hd == 64:

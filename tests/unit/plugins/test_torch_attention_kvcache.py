@@ -159,6 +159,31 @@ def test_reference_equals_attention_per_sequence(page, sq, new, causal):
     assert torch.equal(changed_k, want_rows) and torch.equal(changed_v, want_rows)
 
 
+def test_reference_reads_entries_outside_the_cache_as_block_0_and_drops_appends_there():
+    """The reference kernels follow the op's bounds: a block-table entry outside [0, num_blocks) (-1, num_blocks,
+    2^30) reads block 0, and an appended token whose entry is outside the cache is dropped (nothing else changes)."""
+    lens, capacity, hq, hk, d, page = [5, 9], 16, 4, 2, 16, 4
+    cache = Cache(lens, capacity, hk, d, page)
+    nblocks = cache.k.shape[0]
+    cache.block_table[0, 0] = -1  # sequence 0 reads tokens 0..3 from block 0
+    cache.block_table[1, 2] = 2**30  # sequence 1's appended tokens 9, 10 (block 2) are dropped
+    cache.block_table[0, 1] = nblocks  # sequence 0's token 4 reads block 0; its appended tokens 5, 6 are dropped
+    before_k = cache.k.clone()
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 1, hq, d, generator=g, dtype=F64)
+    k_new = torch.randn(2, 2, hk, d, generator=g, dtype=F64)
+    with rt.reference_mode():
+        o = rt.attention_with_kvcache(q, cache.k, cache.v, cache.seqlens, cache.block_table, k_new, k_new.clone(),
+                                      causal=True, softmax_scale=0.3)
+    assert torch.equal(cache.k, before_k)  # every appended token fell outside the cache
+    table = cache.block_table.long().clamp(min=0)
+    table = torch.where(table < nblocks, table, 0)
+    for b, n in enumerate(lens):
+        j = torch.arange(n + 2)
+        ks, vs = cache.k[table[b][j // page], j % page], cache.v[table[b][j // page], j % page]
+        assert torch.allclose(o[b], reference(q[b], ks, vs, True, 0.3)[0], atol=1e-12)
+
+
 def test_the_function_returns_like_the_op_and_takes_the_dispatcher_only_when_it_must():
     cache = Cache([3, 7], 8, dtype=BF16)
     q = torch.randn(2, 1, 4, 16, dtype=BF16)

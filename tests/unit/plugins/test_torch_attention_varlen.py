@@ -114,6 +114,22 @@ def test_forward_and_backward_equal_attention_per_sequence(lens_q, lens_k, causa
     assert torch.equal(o2, o) and all(torch.allclose(a, b) for a, b in zip(got2, got))
 
 
+def test_reference_reads_prefix_sums_clamped_as_the_kernels_do():
+    """Prefix sums outside [0, total] give what the clamped ones give (each start in [0, total], each end in [its
+    start, total]), forward and backward."""
+    q, k, v, cq, ck = packed([3, 4], [5, 2])
+    tq, tk = q.shape[0], k.shape[0]
+    given = (torch.tensor([-9, 3, 2**30], dtype=torch.int32), torch.tensor([-1, 5, tk + 4], dtype=torch.int32))
+    read = (torch.tensor([0, 3, tq], dtype=torch.int32), torch.tensor([0, 5, tk], dtype=torch.int32))
+    with D.reference_mode():
+        a = ops.attention_varlen_fwd(q, k, v, *given, tq, tk, True, 0.3, True)
+        b = ops.attention_varlen_fwd(q, k, v, *read, tq, tk, True, 0.3, True)
+        g = torch.randn_like(a[0])
+        ga = ops.attention_varlen_bwd(g, q, k, v, a[0], a[1], *given, tq, tk, True, 0.3, False)
+        gb = ops.attention_varlen_bwd(g, q, k, v, b[0], b[1], *read, tq, tk, True, 0.3, False)
+    assert all(torch.equal(x, y) for x, y in zip(a + ga, b + gb))
+
+
 def test_backward_reference_returns_contiguous_gradients_as_the_fake_kernel():
     """A q permuted in memory (head dim contiguous, other strides multiples of 8: accepted): the reference
     backward's gradients are contiguous, like the kernel's and the fake kernel's (zeros_like kept q's layout)."""
