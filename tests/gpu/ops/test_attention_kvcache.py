@@ -315,7 +315,7 @@ def test_block_table_entries_outside_the_cache(path):
         e = int(host_table[i, j // page])
         return e if 0 <= e < nblocks else 0
 
-    expect_k, expect_v = kb0, vb0
+    expect_k, expect_v = kb0.clone(), vb0.clone()
     for i, n in enumerate(lens):
         for t in range(new):
             e = int(host_table[i, (n + t) // page])
