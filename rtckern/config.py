@@ -219,8 +219,16 @@ def _paths(name: str, value: str | None, env: Mapping[str, str]) -> tuple[Path, 
 
 
 def redact_url(url: str) -> str:
-    """The URL with its password (if any) replaced by ***, for messages (config and the remote tier)."""
-    return re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url)
+    """The URL with its password (if any) replaced by ***, for messages (config and the remote tier). The password
+    runs from the user's ':' to the last '@' before the query (a password may hold '/', '@' or ':' unescaped)."""
+    head, sep, query = url.partition("?")
+    m = re.match(r"([^:/]*://)([^:@]*)(:.*)?@", head) if "@" in head else None
+    if m is None:
+        return url
+    last = head.rindex("@")
+    user = m.group(2) if m.group(3) is not None else ""
+    shown = f"{m.group(1)}{user}:***" if m.group(3) is not None else f"{m.group(1)}***"
+    return shown + head[last:] + sep + query
 
 
 def _remote_url(name: str, value: str | None) -> str | None:

@@ -240,8 +240,8 @@ class DiskCache:
             side = json.loads(self.meta_path(key).read_bytes())
         except FileNotFoundError:
             return sidecar_format.from_entry(ck), None  # written without metadata: nothing to check
-        except (OSError, ValueError) as e:
-            return sidecar_format.from_entry(ck), f"unreadable ({e})"
+        except (OSError, ValueError, RecursionError) as e:
+            return sidecar_format.from_entry(ck), f"unreadable ({type(e).__name__}: {e})"
         why = sidecar_format.problem(side, key, data, ck)
         return (sidecar_format.from_entry(ck), why) if why else (side, None)
 

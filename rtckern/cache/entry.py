@@ -72,8 +72,8 @@ def _header(body: bytes) -> tuple[dict, int]:
         raise InvalidEntry(f"bad header: length {hlen} runs past the body ({len(body) - 4} bytes)")
     try:
         header = json.loads(body[4:4 + hlen])
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidEntry(f"bad header: {e}") from None
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; RecursionError: nested too deep
+        raise InvalidEntry(f"bad header: {type(e).__name__ if isinstance(e, RecursionError) else e}") from None
     if not isinstance(header, dict):
         raise InvalidEntry(f"bad header: a JSON object was expected, got {type(header).__name__}")
     for f in ("key", "kind", "lowered_name"):

@@ -135,7 +135,7 @@ def holder_of(path: Path) -> str:
     try:
         info = json.loads(Path(path).read_text() or "null")
         host, pid, since = info["host"], int(info["pid"]), float(info["since"])
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
         return "a holder that has not written its name yet"
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
     return f"pid {pid} on {host} since {when} ({max(0.0, time.time() - since):.0f} s)"

@@ -15,7 +15,9 @@ processes:
   and is a miss warned once per key; values that large are not written either.
 - A failure (refused, unreachable, deadline passed, not a Redis reply, a server error) is a miss with one
   warning, and the tier is then skipped for ``cooldown_s`` seconds, so a dead or hostile server costs one
-  deadline per cool-down, not one per kernel.
+  deadline per cool-down, not one per kernel. A write the server answers with an error (a read-only replica's
+  -READONLY, an ACL user without SET's -NOPERM, -OOM at maxmemory) is not an outage: reads go on, and only
+  write-backs stop for ``cooldown_s`` (warned once per refusal kind).
 - The manager never calls this tier while it holds a per-key compile lock (see ``KernelManager.compile``).
 
 Integrity only: the digest catches damage, not a value written on purpose under another key by someone who can
@@ -33,7 +35,7 @@ from typing import Any
 
 from . import entry as entry_format
 from .disk import CacheWarning
-from .resp import SCHEMES, Client, Endpoint, ValueTooLarge
+from .resp import SCHEMES, Client, Endpoint, ReplyError, ValueTooLarge
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,9 @@ class RedisCache:
         self._lock = threading.Lock()
         self._down_until = 0.0  # monotonic time until which the server is not tried
         self._down = False  # inside an outage (warned once at its start)
+        self._writes_off_until = 0.0  # monotonic time until which write-backs are not tried (the server refused one)
         self._warned_invalid: set[str] = set()
+        self._warned_refusals: set[str] = set()
 
     # ---- availability ----
     def _skip(self) -> bool:
@@ -139,9 +143,21 @@ class RedisCache:
         self.stats.bump(self.name, "hits")
         return data
 
+    def _refused_write(self, err: ReplyError) -> None:
+        """The server answered a SET with an error: it is up (reads go on); write-backs pause for the cool-down."""
+        self.stats.bump(self.name, "errors")
+        self._writes_off_until = time.monotonic() + self.cooldown_s
+        kind = str(err).split(": ", 1)[-1].split(" ", 1)[0]  # READONLY, NOPERM, OOM, ...
+        if kind not in self._warned_refusals:
+            self._warned_refusals.add(kind)
+            msg = (f"remote cache {self.endpoint.where()} refused a write ({err}); still reading from it, not writing "
+                   f"for {self.cooldown_s:g} s at a time. A read-only replica or a user without SET is fine for "
+                   "readers; point writers at the primary with a user allowed to SET")
+            warnings.warn(msg, CacheWarning, stacklevel=4)
+
     def put_packed(self, key: str, data: bytes, meta: dict | None = None) -> bool:
         """Write ``data`` under ``key``; False (never an exception) when skipped, too large or failed."""
-        if self._skip():
+        if self._skip() or time.monotonic() < self._writes_off_until:
             return False
         if self.secret is not None:
             data = entry_format.seal(data, key, self.secret)
@@ -156,6 +172,13 @@ class RedisCache:
             reply = self._client.execute((b"SET", (self.prefix + key).encode(), bytes(data)), self.timeout_s)
             if reply != "OK":
                 raise ValueError(f"SET answered {reply!r}, not OK")
+        except ReplyError as e:
+            if not str(e).startswith("SET:"):  # AUTH / SELECT refused on connecting: the tier is not usable
+                self._failed("set", e)
+                return False
+            self._ok()
+            self._refused_write(e)
+            return False
         except Exception as e:
             self._failed("set", e)
             return False

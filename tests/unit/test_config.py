@@ -236,3 +236,17 @@ def test_env_doc_is_up_to_date():
     doc = config.env_doc()
     assert all(f"`{v}`" in doc for v in _variables())
     assert (REPO / "docs" / "env.md").read_text() == doc, "regenerate it: python tools/gen_env_doc.py"
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("redis://u:pw@h:1/0", "redis://u:***@h:1/0"),
+    ("redis://:s3cr/et@redis.internal:6379/0", "redis://:***@redis.internal:6379/0"),  # a '/' in the password
+    ("redis://:p@ss@host/0?x=1", "redis://:***@host/0?x=1"),  # an '@' in the password
+    ("rediss://:a:b@h/0?ssl_ca_certs=/x@y", "rediss://:***@h/0?ssl_ca_certs=/x@y"),
+    ("redis://host:6379/0", "redis://host:6379/0"),
+    ("unix:///tmp/redis.sock", "unix:///tmp/redis.sock"),
+])
+def test_a_password_never_shows_in_messages(url, shown):
+    from rtckern.config import redact_url
+
+    assert redact_url(url) == shown

@@ -41,6 +41,7 @@ MALFORMED = {
     "unknown kind": json.dumps({"key": KA, "kind": "exe", "lowered_name": "k"}).encode(),
     "spec not an object": json.dumps({"key": KA, "kind": "cubin", "lowered_name": "k", "spec": [1]}).encode(),
     "not utf-8": b"\xff\xfe{}",
+    "nested too deep": b"[" * 200_000 + b"]" * 200_000,  # json.loads raises RecursionError, not ValueError
 }
 
 

@@ -410,6 +410,24 @@ def test_password_and_database_in_the_url(redis_server, tmp_path):
         srv.stop()
 
 
+def test_a_refused_write_stops_write_backs_not_reads(redis_server):
+    """A write the server answers with an error (here an ACL user allowed GET only: -NOPERM; a read-only replica's
+    -READONLY or -OOM are alike) is no outage: one warning, write-backs pause, and reads still hit."""
+    redis_server.client().execute_command("ACL", "SETUSER", "reader", "on", ">pw", "~*", "+get", "+select", "+ping")
+    writer = RedisCache(redis_server.url)
+    assert writer.put_packed(KEY, pack(CK, KEY))
+    reader = RedisCache(redis_server.url.replace("redis://", "redis://reader:pw@"))
+    other = "c" * 64
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        assert not reader.put_packed(other, pack(CK, other))
+        assert not reader.put_packed(other, pack(CK, other))  # paused: not asked again
+        assert reader.get_packed(KEY) == pack(CK, KEY)  # reads go on
+    msgs = [str(w.message) for w in got if issubclass(w.category, CacheWarning)]
+    assert len(msgs) == 1 and "refused a write (SET: NOPERM" in msgs[0] and "still reading from it" in msgs[0], msgs
+    assert "pw" not in msgs[0].replace("pw@", "")
+
+
 @pytest.fixture
 def tls_files(tmp_path):
     if shutil.which("openssl") is None:
