@@ -89,7 +89,7 @@ class KernelManager:
         self.stats.bump("memory", "misses")
         for layer in self.layers:
             ck = layer.get(key)
-            if ck is not None:
+            if ck is not None and not (self.disk is not None and self.disk.refused(key, ck.binary)):
                 self.memory.put(key, ck)
                 return ck, "layer"
         if self.disk is not None:
@@ -193,10 +193,19 @@ class KernelManager:
         except LoadError as e:
             if not getattr(e, "refused", False):
                 raise
-            # The driver refused the image: quarantine it, recompile once, and give up if that fails too.
+            # The driver refused the image: set it aside where it came from, recompile once, and give up if that
+            # fails too. A read-only layer's entry is passed over on this machine from now on; the local disk's copy
+            # is quarantined only when it is the refused one (a good one, recompiled earlier, stays).
             key = self.key(spec)
             if self.disk is not None:
-                self.disk.quarantine(key, str(e))
+                for layer in self.layers:
+                    lk = layer.get(key)
+                    if lk is not None and lk.binary == ck.binary:
+                        self.disk.refuse_elsewhere(key, ck.binary, f"read-only layer {layer.root}", str(e))
+                        break
+                mine = self.disk.get(key)
+                if mine is not None and mine.binary == ck.binary:
+                    self.disk.quarantine(key, str(e))
             self.memory.drop(key)
             ck = self.compile(spec, force=True)
             kernel = load_kernel(ck.binary, ck.kind, ck.lowered_name, info, label)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -344,6 +345,28 @@ class DiskCache:
         self._warn_once(f"quarantine:{key}", f"the driver refused cache entry {key[:16]}… ({reason}); "
                         "quarantined it and recompiling")
         self._move_to_quarantine(key)
+
+    def refuse_elsewhere(self, key: str, binary: bytes, where: str, reason: str) -> None:
+        """The driver refused the binary a read-only tier (``where``) serves for ``key``: remember it on this
+        machine (quarantine/<key>.refused holds its sha256), so that ``refused`` lets the lookup pass that entry over
+        and this cache's own recompiled entry serve; the other tier is left as it is."""
+        self.stats.bump(self.name, "quarantined")
+        self._warn_once(f"refused:{key}", f"the driver refused cache entry {key[:16]}… of {where} ({reason}); "
+                        "passing it over on this machine and recompiling into the local cache. Rebuild that layer")
+        if not self.writable:
+            return
+        with contextlib.suppress(OSError):
+            q = self.root / "quarantine"
+            q.mkdir(mode=0o700, parents=True, exist_ok=True)
+            atomic_write(q / f"{key}.refused", hashlib.sha256(binary).hexdigest().encode())
+
+    def refused(self, key: str, binary: bytes) -> bool:
+        """Whether ``binary`` is the one the driver refused for ``key`` on this machine (``refuse_elsewhere``)."""
+        try:
+            mark = (self.root / "quarantine" / f"{key}.refused").read_bytes()
+        except OSError:
+            return False
+        return mark == hashlib.sha256(binary).hexdigest().encode()
 
     def _move_to_quarantine(self, key: str) -> None:
         """Move the entry (kept for inspection) and its sidecar out of the served layout; nothing on a read-only

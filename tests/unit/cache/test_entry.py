@@ -149,3 +149,40 @@ def test_secret_file_is_read_and_checked(tmp_path):
         read_secret(tmp_path / "short")
     with pytest.raises(ConfigError, match=r"RTCKERN_CACHE_SECRET_FILE=.*nope: cannot read it"):
         read_secret(tmp_path / "nope")
+
+
+def test_an_entry_the_driver_refuses_in_a_layer_is_passed_over_not_the_good_local_copy(tmp_path, monkeypatch):
+    """A read-only layer serves an image the driver refuses: the first process recompiles into its local cache and
+    marks the layer's entry refused on this machine; later processes load the local copy (no compile, nothing
+    quarantined), and the layer is left as it is."""
+    import rtckern.runtime
+    from rtckern.device import DeviceInfo
+    from rtckern.errors import LoadError
+
+    builder = KernelManager(tmp_path / "builder", remote=None)
+    f = KernelSpec("core/axpy.cuh", "axpy", Arch.parse("sm_80"), template_args=("float",), op="core")
+    key, good = builder.key(f), builder.compile(f)
+    bad = CompiledKernel(b"\x7fELF refused by this driver", "cubin", good.lowered_name)
+    layer = DiskCache(tmp_path / "layer")
+    layer.put_packed(key, pack(bad, key), {"arch": "sm_80"})
+    layer_bytes = layer.entry_path(key).read_bytes()
+
+    def load_kernel(binary, kind, name, info, label):
+        if binary == bad.binary:
+            e = LoadError("CUDA_ERROR_INVALID_IMAGE")
+            e.refused = True
+            raise e
+        return ("loaded", binary)
+
+    monkeypatch.setattr(rtckern.runtime, "load_kernel", load_kernel)
+    monkeypatch.setattr(DeviceInfo, "from_device", staticmethod(lambda o: DeviceInfo.for_arch("sm_80", ordinal=o)))
+    for n in range(3):  # three processes on one machine
+        m = KernelManager(tmp_path / "local", layers=(tmp_path / "layer",), remote=None)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            assert m.get(f, 0) == ("loaded", good.binary)
+        msgs = [str(x.message) for x in w if issubclass(x.category, CacheWarning)]
+        assert m.stats.compiles == (1 if n == 0 else 0), n
+        assert len(msgs) == (1 if n == 0 else 0) and (n or "read-only layer" in msgs[0]), msgs
+        assert not (tmp_path / "local" / "quarantine" / f"{key}.rtk").exists()  # the good local copy stays
+    assert layer.entry_path(key).read_bytes() == layer_bytes
