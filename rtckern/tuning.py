@@ -387,9 +387,10 @@ def class_distance(row_class: str | None, device_class_: str | None) -> float:
 def lookup(op: str, device: Any, key: Mapping[str, KeyValue], *,
            heuristic: Callable[[Mapping[str, KeyValue], Any], Mapping[str, Any]] | None = None,
            valid: Callable[[Mapping[str, Any], Mapping[str, KeyValue]], bool] | None = None,
-           tables_: Sequence[Table] | None = None) -> Tuned | None:
+           exact: Sequence[str] = (), tables_: Sequence[Table] | None = None) -> Tuned | None:
     """The config for `key` on `device` by the rule in this module's docstring (exact, nearest shape,
-    heuristic). `valid(config, key)` rejects a neighbour's config that cannot serve this shape."""
+    heuristic). `valid(config, key)` rejects a neighbour's config that cannot serve this shape; `exact` names
+    integer key fields a neighbour must share (a head dim, a flag stored as 0 / 1), where distance means nothing."""
     arch, sms, cls = arch_key(device), device.sm_count, class_key(device)
     ts = list(tables_) if tables_ is not None else tables(op)
     for t in ts:
@@ -407,7 +408,7 @@ def lookup(op: str, device: Any, key: Mapping[str, KeyValue], *,
             row = t.exact.get((arch, sms, cls, tuple((f, key[f]) for f in t.key_fields)))
             if row is not None:
                 return Tuned(row.config, "exact", row, t.path, "class", cls)
-        found = _nearest(ts, arch, sms, cls, key, valid, lambda r: r.sm_count == sms and r.device_class == cls)
+        found = _nearest(ts, arch, sms, cls, key, valid, lambda r: r.sm_count == sms and r.device_class == cls, exact)
         if found is not None:
             hidden = next((r for t in ts for r in t.by_shape.get((arch, sms, tuple((f, key[f]) for f in t.key_fields)),
                                                                  ()) if r.device_class != cls), None)
@@ -422,7 +423,7 @@ def lookup(op: str, device: Any, key: Mapping[str, KeyValue], *,
                 best = (rank, row, t.path)
     if best is not None:
         return Tuned(best[1].config, "exact", best[1], best[2], match(best[1]), cls)
-    found = _nearest(ts, arch, sms, cls, key, valid, None)  # 3. any class, nearest shape
+    found = _nearest(ts, arch, sms, cls, key, valid, None, exact)  # 3. any class, nearest shape
     if found is not None:
         return Tuned(found[0].config, "nearest", found[0], found[1], match(found[0]), cls)
     if heuristic is not None:
@@ -449,12 +450,15 @@ def shadowed_rows(ts: Sequence[Table], arch: str, sms: int, cls: str | None) -> 
 
 def _nearest(ts: Sequence[Table], arch: str, sms: int, cls: str | None, key: Mapping[str, KeyValue],
              valid: Callable[[Mapping[str, Any], Mapping[str, KeyValue]], bool] | None,
-             only: Callable[[Row], bool] | None) -> tuple[Row, Path | None] | None:
-    """The nearest-shape row of the arch (among those `only` accepts), ranked as the module docstring says."""
+             only: Callable[[Row], bool] | None, exact: Sequence[str] = ()) -> tuple[Row, Path | None] | None:
+    """The nearest-shape row of the arch (among those `only` accepts and that share the `exact` fields' values),
+    ranked as the module docstring says."""
     best: tuple | None = None
     for ti, t in enumerate(ts):
         for row in t.by_arch.get(arch, ()):
             if only is not None and not only(row):
+                continue
+            if exact and any(v != key[f] for f, v in row.shape if f in exact):
                 continue
             score = _distance(row, key)
             if score is None or (valid is not None and not valid(row.config, key)):

@@ -457,3 +457,26 @@ def test_importing_the_ops_imports_no_tuner_and_rtckern_tune_finds_every_one():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stdout
+
+
+def test_exact_fields_keep_a_neighbour_to_its_own_head_dim(tmp_path):
+    """`exact` names integer fields where distance means nothing (a head dim, a 0 / 1 flag): a neighbour must share
+    them. The attention tile lookups passed a `valid` that read the head dim from the config, which holds none, so
+    no neighbour ever served; on a device with no rows of its own (another SM count) the same head dim now does."""
+    t = table(tmp_path, [row("sm_90", 132, "bf16", 64, 4), row("sm_90", 132, "bf16", 128, 8)])
+    pcie = DeviceInfo.for_arch("sm_90", sm_count=114)
+    assert lookup("norm", pcie, {"dtype": "bf16", "n": 128}, tables_=[t], exact=("n",)).config == {"block": 8}
+    assert lookup("norm", pcie, {"dtype": "bf16", "n": 96}, tables_=[t], exact=("n",)) is None
+    assert lookup("norm", pcie, {"dtype": "bf16", "n": 96}, tables_=[t]) is not None  # without it: nearest n
+
+
+def test_the_decode_tile_of_another_sm_count_serves_the_same_head_dim():
+    from rtckern.ops._attention import kvcache_candidates as KC
+    from rtckern.registry import build_request
+
+    pcie = DeviceInfo.for_arch("sm_90", sm_count=114)
+    h200 = DeviceInfo.for_arch("sm_90", sm_count=132)
+    for hd in (64, 128):
+        req = lambda d: build_request("attention_with_kvcache", shape=(hd,), dtype="bf16", device=d)  # noqa: E731
+        cand = KC.Sm80Decode()
+        assert cand.tile(req(pcie)) == cand.tile(req(h200)), hd  # the 132-SM row of that head dim

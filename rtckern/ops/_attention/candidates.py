@@ -31,6 +31,8 @@ from . import configs
 from .launch import kernel_args, launch_ws
 
 OP = "attention"
+# A neighbour's tuned row serves only the same head dim (shared memory and registers scale with it) and causal flag.
+EXACT_FIELDS = ("head_dim", "causal")
 _tiles = PlanCache("attention.tiles")  # (candidate name, request) -> its tile config
 
 
@@ -60,9 +62,7 @@ class _AttentionCandidate(Candidate):
         if t is None:
             key = {"impl": self.name, "dtype": req.dtype("qkv"), "head_dim": req.dim("head_dim"),
                    "causal": int(req.flag("causal"))}
-            # A neighbour's row only serves the same head dim (shared memory and registers scale with it).
-            found = tuning.lookup(OP, req.device, key, valid=lambda c, k: int(c.get("head_dim", -1)) == k["head_dim"]
-                                  ) if _has_table() else None
+            found = tuning.lookup(OP, req.device, key, exact=EXACT_FIELDS) if _has_table() else None
             t = self.tile_from_config(found.config) if found is not None else None
             if t is None:
                 t = self.default_tile(req.dim("head_dim"), req.flag("causal"), req.device)

@@ -34,6 +34,8 @@ from . import candidates as dense
 from . import configs
 
 OP = "attention_with_kvcache"
+# A neighbour's tuned tile serves only the same head dim (its shared memory and registers scale with it).
+EXACT_FIELDS = ("head_dim",)
 SOURCE = "attention/decode_sm80.cuh"
 KERNEL = "rtk_attn::attn_decode_sm80"
 SIMT_SOURCE = "attention/decode_simt.cuh"
@@ -197,8 +199,7 @@ class Sm80Decode(Candidate):
         t = _tiles.get((self.name, req))
         if t is None:
             key = tile_key(req)
-            found = tuning.lookup(OP, req.device, key, valid=lambda c, k: int(c.get("head_dim", -1)) == k["head_dim"]
-                                  ) if _has_table() else None
+            found = tuning.lookup(OP, req.device, key, exact=EXACT_FIELDS) if _has_table() else None
             t = DecodeTile(int(found.config["warps"]), int(found.config["stages"])) if found is not None else None
             t = _tiles.put((self.name, req), t or DEFAULT_TILES[req.dim("head_dim")])
         return t

@@ -234,11 +234,14 @@ def build_request(shape, dtype, device, **options) -> OpRequest:
     def flag(name: str, default: bool) -> bool:
         return opts.flag(OP, options, name, default)
 
+    trans_b = flag("trans_b", True)
     p = geometry.GemmProblem(batch=batch, m=m, n=n, k=k, dtype=dt,
                              out_dtype=opts.parse_choice(OP, "out", options.get("out", dt), geometry.OUTPUT_DTYPES),
-                             trans_b=flag("trans_b", True), bias=flag("bias", False),
+                             trans_b=trans_b, bias=flag("bias", False),
                              activation=opts.parse_choice(OP, "act", options.get("act", "none"), geometry.ACTIVATIONS),
-                             residual=flag("residual", False), aligned=flag("aligned", k % 8 == 0 and n % 8 == 0),
+                             # the API's rule for contiguous operands: B (N, K) needs K % 8, B (K, N) also N % 8
+                             residual=flag("residual", False), aligned=flag("aligned", k % 8 == 0 and
+                                                                           (trans_b or n % 8 == 0)),
                              b_batched=flag("b_batched", batch != 1))
     return request(p, device)
 

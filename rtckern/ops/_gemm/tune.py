@@ -29,6 +29,21 @@ class GemmTuner(tuning.Tuner):
     def configs(self, req) -> list[dict[str, Any]]:
         return [c.as_dict() for c in sweep_configs(problem(req), req.device)]
 
+    def validate(self, req) -> None:
+        """Rows are keyed by (dtype, layout, M, N, K) and serve plain calls: refuse what would time another problem
+        under that key (a row a plain call would then read as exact)."""
+        p = problem(req)
+        if not p.aligned:
+            raise ValueError(f"gemm {p.m}x{p.n}x{p.k}: rows are timed on 16-byte aligned operands (K, and N with "
+                             "trans_b=0, multiples of 8); an unaligned call runs the mma.sync kernel's heuristic "
+                             "config: tune an aligned shape")
+        if p.b_batched:
+            raise ValueError(f"gemm rows are keyed by M x N x K with one B (batch x M rows); a batch of {p.batch} "
+                             "separate B matrices is another problem: tune without b_batched")
+        if p.bias or p.activation != "none" or p.residual or p.out_dtype != p.dtype:
+            raise ValueError("gemm rows are keyed without the epilogue and with the output in the input dtype (the "
+                             "epilogue is a cheap pass over the tile): tune without --opt bias / act / residual / out")
+
     def heuristic(self, key: Mapping[str, Any], device) -> Mapping[str, Any]:
         p = geometry.GemmProblem(1, int(key["m"]), int(key["n"]), int(key["k"]), str(key["dtype"]), str(key["dtype"]),
                                  key["layout"] == "tn")

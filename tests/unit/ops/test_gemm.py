@@ -515,3 +515,31 @@ def test_the_wgmma_kernel_refuses_dimensions_its_tma_coordinates_cannot_reach():
         assert cands.Sm80MmaCandidate().supports(req) is None
     assert cands.Sm90WgmmaCandidate().supports(cands.request(GemmProblem(1, 8, 8, (1 << 31) - 64, "bf16", "bf16",
                                                                          True), H200)) is None
+
+
+@pytest.mark.parametrize("shape, options, message", [
+    ("4096x4100x4096", {"trans_b": "0"}, "rows are timed on 16-byte aligned operands"),
+    ("8x1x4096x4096", {}, "separate B matrices is another problem"),
+    ("8x4096x4096", {"bias": "1", "act": "silu"}, "rows are keyed without the epilogue"),
+    ("8x4096x4096", {"out": "fp32"}, "rows are keyed without the epilogue"),
+])
+def test_the_tuner_refuses_what_its_row_key_does_not_describe(shape, options, message):
+    """A gemm row is keyed by (dtype, layout, M, N, K) and read by plain calls: timing an unaligned, batched-B or
+    epilogue problem would write a row that a plain call of that key then reads as exact."""
+    from rtckern.ops._gemm.tune import GemmTuner
+    from rtckern.registry import build_request
+
+    dev = DeviceInfo.for_arch("sm_90", sm_count=132)
+    with pytest.raises(ValueError, match=message):
+        GemmTuner().validate(build_request("gemm", shape=shape, dtype="bf16", device=dev, options=options))
+    GemmTuner().validate(build_request("gemm", shape="8x4096x4096", dtype="bf16", device=dev))
+
+
+def test_explain_builds_the_aligned_request_a_call_makes():
+    """B (N, K), the default layout, needs K % 8 only: 4096 x 4100 x 4096 is aligned, as the API sees it."""
+    from rtckern.registry import build_request
+
+    dev = DeviceInfo.for_arch("sm_90", sm_count=132)
+    assert build_request("gemm", shape="4096x4100x4096", dtype="bf16", device=dev).flag("aligned")
+    assert not build_request("gemm", shape="4096x4100x4096", dtype="bf16", device=dev,
+                             options={"trans_b": "0"}).flag("aligned")
