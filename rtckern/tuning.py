@@ -28,7 +28,9 @@ Lookup rule (``lookup``)
 ------------------------
 1. The device's class, when it has one (a live device; a described one given ``device_class``): a row with the
    device's arch, SM count, class and shape key (the user table before the shipped one); else the nearest shape
-   (the rule of step 3) among rows of that arch, SM count and class.
+   (the rule of step 3) among rows of that arch, SM count and class, unless it is more than ``OWN_NEAREST_MAX``
+   away (a factor 2 in one dimension) while a row of another class or SM count has this exact shape: then steps
+   2 and 3 answer (one tuned shape on a new device does not take over every shape).
 2. Any class, exact: a row with the device's arch, SM count and shape key, of no class ("any") or of another
    class; rows of no class first, then the class whose memory bandwidth is nearest the device's (|log2 ratio| of
    ``rtckern.device.CLASS_BANDWIDTH_TBPS``; classes of unknown bandwidth last), then the user table, then file
@@ -409,6 +411,9 @@ def lookup(op: str, device: Any, key: Mapping[str, KeyValue], *,
             if row is not None:
                 return Tuned(row.config, "exact", row, t.path, "class", cls)
         found = _nearest(ts, arch, sms, cls, key, valid, lambda r: r.sm_count == sms and r.device_class == cls, exact)
+        if found is not None and _distance(found[0], key) > OWN_NEAREST_MAX and \
+                _exact_elsewhere(ts, arch, key, valid, exact):
+            found = None  # a far own row (one tuned shape of a new device) does not outrank another's exact shape
         if found is not None:
             hidden = next((r for t in ts for r in t.by_shape.get((arch, sms, tuple((f, key[f]) for f in t.key_fields)),
                                                                  ()) if r.device_class != cls), None)
@@ -429,6 +434,18 @@ def lookup(op: str, device: Any, key: Mapping[str, KeyValue], *,
     if heuristic is not None:
         return Tuned(dict(heuristic(key, device)), "heuristic", device_class=cls)
     return None
+
+
+# How far (sum of |log2 ratio| over the shape's integers) the device's own nearest row may be and still answer before
+# a row of another class or SM count with this exact shape: a factor 2 in one dimension.
+OWN_NEAREST_MAX = 1.0
+
+
+def _exact_elsewhere(ts: Sequence[Table], arch: str, key: Mapping[str, KeyValue],
+                     valid: Callable[[Mapping[str, Any], Mapping[str, KeyValue]], bool] | None,
+                     exact: Sequence[str]) -> bool:
+    """Whether a row of this arch (any class, any SM count) has exactly this shape and may serve it."""
+    return _nearest(ts, arch, 0, None, key, valid, lambda r: _distance(r, key) == 0, exact) is not None
 
 
 def shadowed_rows(ts: Sequence[Table], arch: str, sms: int, cls: str | None) -> list[Row]:

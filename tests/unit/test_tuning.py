@@ -480,3 +480,17 @@ def test_the_decode_tile_of_another_sm_count_serves_the_same_head_dim():
         req = lambda d: build_request("attention_with_kvcache", shape=(hd,), dtype="bf16", device=d)  # noqa: E731
         cand = KC.Sm80Decode()
         assert cand.tile(req(pcie)) == cand.tile(req(h200)), hd  # the 132-SM row of that head dim
+
+
+def test_one_own_row_far_away_does_not_outrank_another_devices_exact_shape(tmp_path):
+    """A device whose SM count no shipped row has (an H100 PCIe) with one row of its own (a user tuned one shape):
+    that row answers its neighbours, but a shape far from it takes another device's exact row, not the one row."""
+    t = table(tmp_path, [row("sm_90", 132, "bf16", 64, 1, device_class="h100-sxm"),
+                         row("sm_90", 132, "bf16", 4096, 2, device_class="h100-sxm"),
+                         row("sm_90", 114, "bf16", 4096, 3, device_class="h100-pcie")])
+    pcie = DeviceInfo.for_arch("sm_90", sm_count=114, device_class="h100-pcie")
+    assert lookup("norm", pcie, {"dtype": "bf16", "n": 4096}, tables_=[t]).config == {"block": 3}  # its own, exact
+    assert lookup("norm", pcie, {"dtype": "bf16", "n": 3000}, tables_=[t]).config == {"block": 3}  # own, near
+    got = lookup("norm", pcie, {"dtype": "bf16", "n": 64}, tables_=[t])
+    assert got.config == {"block": 1} and got.source == "nearest"  # the 132-SM exact row, not 64x away
+    assert lookup("norm", pcie, {"dtype": "bf16", "n": 100}, tables_=[t]).config == {"block": 3}  # none exact
