@@ -27,7 +27,8 @@ A process reads each op's tables once (``tables``); ``rtckern tune`` (``merge_ro
 Lookup rule (``lookup``)
 ------------------------
 1. The device's class, when it has one (a live device; a described one given ``device_class``): a row with the
-   device's arch, SM count, class and shape key (the user table before the shipped one); else the nearest shape
+   device's arch, SM count, class and shape key, or of no class with that key (a user's row written by hand or by
+   an older rtckern), table by table (the user table before the shipped one); else the nearest shape
    (the rule of step 3) among rows of that arch, SM count and class, unless it is more than ``OWN_NEAREST_MAX``
    away (a factor 2 in one dimension) while a row of another class or SM count has this exact shape: then steps
    2 and 3 answer (one tuned shape on a new device does not take over every shape).
@@ -406,10 +407,14 @@ def lookup(op: str, device: Any, key: Mapping[str, KeyValue], *,
                                                                              else "other")
 
     if cls is not None:  # 1. the device's class: exact shape, then nearest among its (arch, SM count, class) rows
-        for t in ts:
-            row = t.exact.get((arch, sms, cls, tuple((f, key[f]) for f in t.key_fields)))
+        for t in ts:  # (a table's row of no class with this exact shape, e.g. a user's older row, comes next)
+            shape = tuple((f, key[f]) for f in t.key_fields)
+            row = t.exact.get((arch, sms, cls, shape))
             if row is not None:
                 return Tuned(row.config, "exact", row, t.path, "class", cls)
+            row = t.exact.get((arch, sms, None, shape))
+            if row is not None:
+                return Tuned(row.config, "exact", row, t.path, "any", cls)
         found = _nearest(ts, arch, sms, cls, key, valid, lambda r: r.sm_count == sms and r.device_class == cls, exact)
         if found is not None and _distance(found[0], key) > OWN_NEAREST_MAX and \
                 _exact_elsewhere(ts, arch, key, valid, exact):

@@ -494,3 +494,17 @@ def test_one_own_row_far_away_does_not_outrank_another_devices_exact_shape(tmp_p
     got = lookup("norm", pcie, {"dtype": "bf16", "n": 64}, tables_=[t])
     assert got.config == {"block": 1} and got.source == "nearest"  # the 132-SM exact row, not 64x away
     assert lookup("norm", pcie, {"dtype": "bf16", "n": 100}, tables_=[t]).config == {"block": 3}  # none exact
+
+
+def test_a_users_row_of_no_class_beats_the_shipped_rows_of_the_devices_class(tdir, monkeypatch):
+    """A user's row without a device class (hand-written, or an older rtckern's) with this exact shape serves a live
+    H200 before the shipped h200 rows, exact or nearest; a near shape still takes the shipped h200 row."""
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", tdir / "shipped")
+    write(tdir / "shipped" / "norm.json", [row("sm_90", 132, "bf16", 4096, 1, device_class="h200"),
+                                           row("sm_90", 132, "bf16", 2048, 4, device_class="h200")])
+    write(tdir / "user" / "norm.json", [row("sm_90", 132, "bf16", 4096, 2), row("sm_90", 132, "bf16", 3000, 3)])
+    tuning.reload()
+    h200 = DeviceInfo.for_arch("sm_90", sm_count=132, device_class="h200")
+    for n, block in ((4096, 2), (3000, 3), (2048, 4)):
+        got = tuning.lookup("norm", h200, {"dtype": "bf16", "n": n})
+        assert got.config == {"block": block} and got.source == "exact", (n, got)
