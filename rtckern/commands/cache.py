@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -107,6 +108,10 @@ def add_parser(sub) -> None:
                  import_)
     im.add_argument("bundle", metavar="FILE", help="the bundle to import (made by `cache export` or "
                     "`prefill --bundle`)")
+    im.add_argument("--readable", action="store_true",
+                    help="make the cache's entries readable by every user (directories 0755, files 0644), for a "
+                    "read-only layer built by one user (root, at image build) and read by another at run time; a "
+                    "cache is private (0700 / 0600) otherwise")
     im.add_argument("--max-member-bytes", type=positive_size, default=None, metavar="SIZE",
                     help="refuse a bundle with an entry above this size (bytes or K/M/G/T; default 256M)")
     im.add_argument("--json", action="store_true", help=JSON_HELP + " (keys: bundle, entries, imported, present, "
@@ -260,6 +265,17 @@ def export(args) -> int:
                  f"(entries {human_bytes(r['entry_bytes'])}), sha256 {r['sha256']}")
 
 
+def _make_readable(root) -> None:
+    """The cache root and its entry layout readable (not writable) by every user: a layer for another user."""
+    from ..cache.disk import LAYOUT
+
+    os.chmod(root, 0o755)
+    for d, dirs, files in os.walk(root / LAYOUT):
+        os.chmod(d, 0o755)
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o644)
+
+
 def import_(args) -> int:
     from ..cache import DiskCache
     from ..fleet import Limits, import_bundle
@@ -270,5 +286,7 @@ def import_(args) -> int:
     root = cache_root(args.cache_dir)
     # the cache (and its directory) is made once the bundle has verified: a missing or damaged bundle leaves none
     r = import_bundle(args.bundle, lambda: DiskCache(root), limits)
+    if args.readable:
+        _make_readable(root)
     return _emit(args, r, f"{r['bundle']}: {r['entries']} entries verified; imported {r['imported']}, already "
                  f"present {r['present']}, kept existing {r['kept']} (into {r['cache_dir']})")

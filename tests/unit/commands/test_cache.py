@@ -168,3 +168,23 @@ def test_importing_a_truncated_bundle_creates_no_cache(tmp_path):
     r = rtckern("cache", "import", str(bundle), cache=missing)
     assert r.returncode == 0 and "imported 2" in r.stdout, r.stdout + r.stderr
     assert len(list(DiskCache(missing).entries())) == 2
+
+
+def test_import_readable_makes_a_layer_another_user_can_read(tmp_path):
+    """A cache is private (0700 / 0600); `cache import --readable` makes the imported layer readable by every user
+    (an image built as root, run as another user), never writable."""
+    import stat
+
+    src = tmp_path / "src"
+    fill(src, ["a", "b"])
+    bundle = tmp_path / "all.bundle"
+    assert rtckern("cache", "export", "--bundle", str(bundle), cache=src).returncode == 0
+    layer = tmp_path / "layer"
+    r = rtckern("cache", "import", str(bundle), "--readable", cache=layer)
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(layer.stat().st_mode) == 0o755
+    for p in (layer / "v1").rglob("*"):
+        assert stat.S_IMODE(p.stat().st_mode) == (0o755 if p.is_dir() else 0o644), p
+    private = tmp_path / "private"
+    assert rtckern("cache", "import", str(bundle), cache=private).returncode == 0
+    assert all(not stat.S_IMODE(p.stat().st_mode) & 0o077 for p in (private / "v1").rglob("*") if p.is_file())
