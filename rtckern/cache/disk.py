@@ -465,8 +465,14 @@ class DiskCache:
             path = self.entry_path(key)
             try:
                 data = path.read_bytes()
+            except FileNotFoundError:  # removed meanwhile (a prune, another verify): nothing to check
+                continue
+            except OSError as err:  # unreadable (permissions, I/O, too many open files): reported, not removed
+                bad.append({"key": key, "reason": f"unreadable: {err}"})
+                continue
+            try:
                 entry_format.unpack(data, key)
-            except (OSError, entry_format.InvalidEntry) as err:
+            except entry_format.InvalidEntry as err:
                 corrupt += 1
                 bad.append({"key": key, "reason": str(err)})
                 if can_remove:

@@ -144,7 +144,9 @@ def holder_of(path: Path) -> str:
 def _try_take(path: Path) -> int | None:
     """A locked descriptor of the file now at ``path``, or None if someone holds it."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # O_NOFOLLOW: a link planted at the lock's name (a lock directory others can write) is refused, never
+        # followed to truncate the file it names when the holder signs the lock
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

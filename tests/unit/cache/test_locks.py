@@ -163,3 +163,41 @@ def test_a_node_local_lock_dir_of_another_user_is_not_used(tmp_path, monkeypatch
             assert d.lock_path(KEY).is_relative_to(tmp_path / "cache" / "locks")
         os.chown(base, os.getuid(), os.getgid())
         assert DiskCache(tmp_path / "cache").lock_path(KEY).is_relative_to(base)
+
+
+def test_a_link_planted_at_a_lock_name_is_not_followed(tmp_path):
+    """Someone who can write to a lock directory plants a link where a lock file goes: taking the lock refuses it
+    (O_NOFOLLOW) instead of truncating the file it names when signing the lock."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    lock = tmp_path / "locks" / "ab" / "k.lock"
+    lock.parent.mkdir(parents=True)
+    lock.symlink_to(victim)
+    with pytest.raises(OSError):
+        with locks.hold(lock, 1.0):
+            pass
+    assert victim.read_text() == "precious"
+
+
+def test_verify_reports_an_unreadable_entry_and_keeps_it(tmp_path, monkeypatch):
+    """An entry verify cannot read (permissions, I/O, too many open files) is reported, not removed as corrupt."""
+    from pathlib import Path
+
+    from rtckern.cache import pack
+    from rtckern.compiler.base import CompiledKernel
+
+    d = DiskCache(tmp_path)
+    key = "a" * 64
+    d.put_packed(key, pack(CompiledKernel(b"\x7fELF", "cubin", "k"), key))
+    real = Path.read_bytes
+
+    def read_bytes(self):
+        if self == d.entry_path(key):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    r = d.verify()
+    monkeypatch.setattr(Path, "read_bytes", real)
+    assert r["corrupt"] == 0 and r["removed"] == 0 and "unreadable" in r["bad"][0]["reason"]
+    assert d.entry_path(key).exists()
