@@ -125,6 +125,8 @@ def _compile_one(spec: KernelSpec, cache_dir: str | None) -> PrefillResult:
         key = m.key(spec)
         ck, tier = m.lookup(spec)
         if ck is not None:
+            if tier == "layer":  # the cache being filled gets a copy: it must hold every kernel (prefill --out)
+                _copy_from_layer(m, key)
             return PrefillResult(spec, key, "cached", (time.perf_counter() - t0) * 1e3)
         before = m.stats.compiles
         m.compile(spec)
@@ -133,6 +135,17 @@ def _compile_one(spec: KernelSpec, cache_dir: str | None) -> PrefillResult:
         return PrefillResult(spec, key, status, (time.perf_counter() - t0) * 1e3)
     except Exception as e:  # one failure never stops the others
         return PrefillResult(spec, "", "failed", (time.perf_counter() - t0) * 1e3, f"{type(e).__name__}: {e}")
+
+
+def _copy_from_layer(m, key: str) -> None:
+    """Put the read-only layer's entry for ``key`` (with its metadata) into the manager's disk cache, if missing."""
+    if m.disk is None or m.disk.get_packed(key) is not None:
+        return
+    for layer in m.layers:
+        data = layer.get_packed(key)
+        if data is not None:
+            m.disk.put_packed(key, data, layer.meta(key, data)[0] or None)
+            return
 
 
 def _worker(args):

@@ -455,19 +455,24 @@ def _exact_elsewhere(ts: Sequence[Table], arch: str, key: Mapping[str, KeyValue]
 
 def shadowed_rows(ts: Sequence[Table], arch: str, sms: int, cls: str | None) -> list[Row]:
     """Rows of other device classes (or of none) with this (arch, SM count) that a device of class `cls` no longer
-    reads: its own class has no row of their shape but has rows whose non-integer key fields (layout, dtype, mode,
-    ...) match theirs, so the lookup's first step (own class, nearest shape) answers before their exact shape is looked
-    at. A partial shape list tuned for one class does this; tuning the shapes of these rows too ends it."""
+    reads: its own class has no row of their shape but has one within OWN_NEAREST_MAX of it whose non-integer key
+    fields (layout, dtype, mode, ...) match, so the lookup's first step (own class, nearest shape) answers before
+    their exact shape is looked at. A partial shape list tuned for one class does this; tuning the shapes of these
+    rows too ends it."""
     if cls is None:
         return []
 
     def kind(row: Row) -> tuple:
         return tuple((f, v) for f, v in row.shape if not isinstance(v, int) or isinstance(v, bool))
 
+    def near(r: Row) -> bool:  # an own row of its kind within OWN_NEAREST_MAX answers before it (lookup, step 1)
+        key = dict(r.shape)
+        return any(d is not None and d <= OWN_NEAREST_MAX for d in (_distance(m, key) for m in mine))
+
     mine = [r for t in ts for r in t.by_arch.get(arch, ()) if r.sm_count == sms and r.device_class == cls]
     shapes, kinds = {r.shape for r in mine}, {kind(r) for r in mine}
     return [r for t in ts for r in t.by_arch.get(arch, ())
-            if r.sm_count == sms and r.device_class != cls and r.shape not in shapes and kind(r) in kinds]
+            if r.sm_count == sms and r.device_class != cls and r.shape not in shapes and kind(r) in kinds and near(r)]
 
 
 def _nearest(ts: Sequence[Table], arch: str, sms: int, cls: str | None, key: Mapping[str, KeyValue],

@@ -22,6 +22,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -112,6 +114,17 @@ static unsigned long long rtk_as_u64(PyObject* a) {
   return v;
 }
 
+/* 'f': a double that float cannot hold (|v| > FLT_MAX: the conversion is undefined in C) is refused; inf / nan pass. */
+static double rtk_as_f32(PyObject* a) {
+  double v = PyFloat_AsDouble(a);
+  if (v == -1.0 && PyErr_Occurred()) return -1.0;
+  if (isfinite(v) && fabs(v) > FLT_MAX) {
+    PyErr_Format(PyExc_OverflowError, "%R is outside float32", a);
+    return -1.0;
+  }
+  return v;
+}
+
 /* 'i' and 'I': the 64-bit reads above, then refused (OverflowError) outside int32 / uint32: never truncated. */
 static long long rtk_as_i32(PyObject* a) {
   long long v = PyLong_AsLongLong(a);
@@ -169,7 +182,7 @@ static PyObject* prepared_call(PyObject* obj, PyObject* const* args, size_t narg
       case 'q': RTK_PACK_NUMBER(PyLong_AsLongLong, long long, long long)
       case 'i': RTK_PACK_NUMBER(rtk_as_i32, long long, int32_t)
       case 'I': RTK_PACK_NUMBER(rtk_as_u32, unsigned long long, uint32_t)
-      case 'f': RTK_PACK_NUMBER(PyFloat_AsDouble, double, float)
+      case 'f': RTK_PACK_NUMBER(rtk_as_f32, double, float)
       case 'd': RTK_PACK_NUMBER(PyFloat_AsDouble, double, double)
       case 'M': {
         Py_buffer view;

@@ -146,3 +146,19 @@ def test_a_bad_builtin_request_creates_no_cache(tmp_path, argv, message):
     r = prefill(cache, *argv)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not cache.exists()
+
+
+def test_prefill_out_copies_what_a_read_only_layer_already_holds(tmp_path):
+    """With RTCKERN_CACHE_LAYERS set, kernels the layer holds count as cached and are copied into the cache being
+    filled (with their metadata): prefill --out gives a complete cache, not an empty one that reported success."""
+    layer, out = tmp_path / "layer", tmp_path / "out"
+    assert prefill(layer, "--arch", "8.0", "--family", "core", "-j", "2").returncode == 0
+    n = entries(layer)
+    e = dict(env(tmp_path / "unused"), RTCKERN_CACHE_LAYERS=str(layer))
+    r = subprocess.run([sys.executable, "-m", "rtckern", "prefill", "--arch", "8.0", "--family", "core", "-j", "2",
+                        "--out", str(out), "--json", "--no-progress"], capture_output=True, text=True, env=e,
+                       timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["compiled"] == 0 and summary["cached"] == n and entries(out) == n
+    assert len(list(out.glob("v1/*/*.json"))) == n  # the sidecars came along

@@ -280,3 +280,21 @@ def test_only_a_private_build_is_loaded(tmp_path):
     if os.getuid() == 0:  # root: a file of another user is not trusted either
         os.chown(own, 12345, 12345)
         assert not native._trusted(own)
+
+
+def test_a_float32_argument_out_of_range_is_refused(built):
+    """'f' refuses a finite double float32 cannot hold (the C conversion would be undefined); inf and nan pass."""
+    out = run(built, """
+        p = mod.Prepared(1, 0, (1, 1, 1), (32, 1, 1), 0, "f", "k")
+        try:
+            p(0, 1e39)
+        except OverflowError as e:
+            print(e)
+        assert counter("nlaunch") == 0
+        expect(1)
+        p(0, float("inf"))
+        assert counter("nlaunch") == 1 and param(0, "<f") == float("inf")
+        p(0, 3.0e38)
+        assert counter("nlaunch") == 2
+    """)
+    assert "cannot convert 1e+39" in out and "outside float32" in out, out
