@@ -220,15 +220,18 @@ def _paths(name: str, value: str | None, env: Mapping[str, str]) -> tuple[Path, 
 
 def redact_url(url: str) -> str:
     """The URL with its password (if any) replaced by ***, for messages (config and the remote tier). The password
-    runs from the user's ':' to the last '@' before the query (a password may hold '/', '@' or ':' unescaped)."""
-    head, sep, query = url.partition("?")
-    m = re.match(r"([^:/]*://)([^:@]*)(:.*)?@", head) if "@" in head else None
-    if m is None:
+    runs from the user's ':' to the last '@' before the query or fragment that follows the first '@' (a password may
+    hold '/', '@', ':', '?' or '#' unescaped)."""
+    m = re.match(r"[^:/?#]*://", url)
+    rest = url[m.end():] if m else ""
+    first_at = rest.find("@")
+    if first_at < 0:
         return url
-    last = head.rindex("@")
-    user = m.group(2) if m.group(3) is not None else ""
-    shown = f"{m.group(1)}{user}:***" if m.group(3) is not None else f"{m.group(1)}***"
-    return shown + head[last:] + sep + query
+    ends = [i for i in (rest.find("?", first_at), rest.find("#", first_at)) if i >= 0]
+    head = rest[:min(ends)] if ends else rest
+    last_at = head.rindex("@")
+    user, colon, _ = head[:last_at].partition(":")
+    return m.group(0) + (f"{user}:***" if colon else user) + rest[last_at:]
 
 
 def _remote_url(name: str, value: str | None) -> str | None:
@@ -448,8 +451,10 @@ class Settings:
     # --- launch ---
     native_launch: str = _var(  # "auto", "on" or "off"
         "RTCKERN_NATIVE_LAUNCH", "auto: launch through a small C launcher built with the system C compiler at "
-                                 "first use (cached under the cache dir), else through cuda.core; 1: the C launcher "
-                                 "or an error; 0: always cuda.core.", "auto", default="auto")
+                                 "first use (cached under the cache dir; a build there that another user owns or "
+                                 "can write is not loaded: this user builds its own under the temp dir), else "
+                                 "through cuda.core; 1: the C launcher or an error; 0: always cuda.core.", "auto",
+        default="auto")
     c_compiler: tuple[str, ...] | None = _var(
         "CC", "The C compiler (a command line) that builds the native launcher.", "cc, gcc or clang on PATH",
         default=None)

@@ -125,8 +125,8 @@ def _compile_one(spec: KernelSpec, cache_dir: str | None) -> PrefillResult:
         key = m.key(spec)
         ck, tier = m.lookup(spec)
         if ck is not None:
-            if tier == "layer":  # the cache being filled gets a copy: it must hold every kernel (prefill --out)
-                _copy_from_layer(m, key)
+            if cache_dir and tier in ("layer", "memory"):  # prefill --out DIR: DIR must hold every kernel, those a
+                _copy_from_layer(m, key, ck)  # read-only layer serves too (a node's own cache needs no copy)
             return PrefillResult(spec, key, "cached", (time.perf_counter() - t0) * 1e3)
         before = m.stats.compiles
         m.compile(spec)
@@ -137,13 +137,14 @@ def _compile_one(spec: KernelSpec, cache_dir: str | None) -> PrefillResult:
         return PrefillResult(spec, "", "failed", (time.perf_counter() - t0) * 1e3, f"{type(e).__name__}: {e}")
 
 
-def _copy_from_layer(m, key: str) -> None:
-    """Put the read-only layer's entry for ``key`` (with its metadata) into the manager's disk cache, if missing."""
+def _copy_from_layer(m, key: str, ck) -> None:
+    """Put the read-only layers' entry for ``key`` that holds ``ck`` (the one served; with its metadata) into the
+    manager's disk cache, if that lacks it."""
     if m.disk is None or m.disk.get_packed(key) is not None:
         return
     for layer in m.layers:
         data = layer.get_packed(key)
-        if data is not None:
+        if data is not None and layer.get(key) == ck:
             m.disk.put_packed(key, data, layer.meta(key, data)[0] or None)
             return
 

@@ -453,7 +453,7 @@ def _exact_elsewhere(ts: Sequence[Table], arch: str, key: Mapping[str, KeyValue]
     return _nearest(ts, arch, 0, None, key, valid, lambda r: _distance(r, key) == 0, exact) is not None
 
 
-def shadowed_rows(ts: Sequence[Table], arch: str, sms: int, cls: str | None) -> list[Row]:
+def shadowed_rows(ts: Sequence[Table], arch: str, sms: int, cls: str | None, exact: Sequence[str] = ()) -> list[Row]:
     """Rows of other device classes (or of none) with this (arch, SM count) that a device of class `cls` no longer
     reads: its own class has no row of their shape but has one within OWN_NEAREST_MAX of it whose non-integer key
     fields (layout, dtype, mode, ...) match, so the lookup's first step (own class, nearest shape) answers before
@@ -465,9 +465,10 @@ def shadowed_rows(ts: Sequence[Table], arch: str, sms: int, cls: str | None) -> 
     def kind(row: Row) -> tuple:
         return tuple((f, v) for f, v in row.shape if not isinstance(v, int) or isinstance(v, bool))
 
-    def near(r: Row) -> bool:  # an own row of its kind within OWN_NEAREST_MAX answers before it (lookup, step 1)
-        key = dict(r.shape)
-        return any(d is not None and d <= OWN_NEAREST_MAX for d in (_distance(m, key) for m in mine))
+    def near(r: Row) -> bool:  # an own row of its kind within OWN_NEAREST_MAX answers before it (lookup, step 1),
+        key = dict(r.shape)  # one sharing the op's exact fields (lookup's `exact`)
+        return any(d is not None and d <= OWN_NEAREST_MAX for d in (
+            _distance(m, key) for m in mine if not any(v != key[f] for f, v in m.shape if f in exact)))
 
     mine = [r for t in ts for r in t.by_arch.get(arch, ()) if r.sm_count == sms and r.device_class == cls]
     shapes, kinds = {r.shape for r in mine}, {kind(r) for r in mine}
@@ -522,6 +523,7 @@ class Tuner:
 
     op: str = ""
     key_fields: tuple[str, ...] = ()
+    exact_fields: tuple[str, ...] = ()  # integer key fields a neighbour's row must share (lookup's `exact`)
     request_ops: tuple[str, ...] = ()  # the ops whose requests it times, when they are not just `op` (its table)
 
     def ops(self) -> tuple[str, ...]:

@@ -458,18 +458,20 @@ class DiskCache:
         entries, bad sidecars, orphan sidecars and dead writers' temp files (unless the cache is read-only)."""
         listing = self._list()
         can_remove = remove and self.writable
-        checked = corrupt = removed = 0
+        checked = corrupt = removed = unreadable = 0
         bad, bad_sidecars = [], []
         for key in sorted(listing.entries):
-            checked += 1
             path = self.entry_path(key)
             try:
                 data = path.read_bytes()
             except FileNotFoundError:  # removed meanwhile (a prune, another verify): nothing to check
                 continue
             except OSError as err:  # unreadable (permissions, I/O, too many open files): reported, not removed
+                checked += 1
+                unreadable += 1
                 bad.append({"key": key, "reason": f"unreadable: {err}"})
                 continue
+            checked += 1
             try:
                 entry_format.unpack(data, key)
             except entry_format.InvalidEntry as err:
@@ -487,7 +489,7 @@ class DiskCache:
         cleaned = 0
         if can_remove:
             cleaned = sum(_unlink(p) for p in temps + orphans + [self.meta_path(b["key"]) for b in bad_sidecars])
-        return {"checked": checked, "corrupt": corrupt, "removed": removed, "bad": bad,
+        return {"checked": checked, "corrupt": corrupt, "unreadable": unreadable, "removed": removed, "bad": bad,
                 "bad_sidecars": bad_sidecars, "orphan_sidecars": len(orphans), "stale_temp_files": len(temps),
                 "cleaned": cleaned, **self._read_only_note()}
 

@@ -60,12 +60,13 @@ def add_parser(sub) -> None:
     ls.add_argument("--json", action="store_true", help=JSON_HELP + " (one object per entry, names whole)")
     v = _action(cs, "verify", "check every entry and sidecar; remove bad ones",
                 "Checks each entry's digest and header and each sidecar against its entry. Bad entries, bad and "
-                "orphan sidecars and dead writers' temp files are removed (--keep: only reported). Exit code 1 "
-                "when problems are left in place.",
+                "orphan sidecars and dead writers' temp files are removed (--keep: only reported); an entry it "
+                "cannot read (permissions, I/O) is reported, never removed. Exit code 1 when problems are left in "
+                "place.",
                 ["rtckern cache verify", "rtckern cache verify --keep --json"], verify)
     v.add_argument("--keep", action="store_true", help="report bad entries without removing them")
-    v.add_argument("--json", action="store_true", help=JSON_HELP + " (keys: checked, corrupt, removed, bad, "
-                   "bad_sidecars, orphan_sidecars, stale_temp_files, cleaned, read_only)")
+    v.add_argument("--json", action="store_true", help=JSON_HELP + " (keys: checked, corrupt, unreadable, removed, "
+                   "bad, bad_sidecars, orphan_sidecars, stale_temp_files, cleaned, read_only)")
     c = _action(cs, "clear", "remove every entry and stored registry decision",
                 "Removes every entry, sidecar and stored registry decision, dead writers' temp files and unused "
                 "lock files (those of compiles in progress stay). On a terminal it asks first; --yes does not.",
@@ -184,14 +185,16 @@ def _read_only_line(d) -> str:
 def verify(args) -> int:
     d = _disk(args, writable=True)
     r = d.verify(remove=not args.keep)
-    text = (f"checked {r['checked']}, corrupt {r['corrupt']}, removed {r['removed']}; bad sidecars "
+    text = (f"checked {r['checked']}, corrupt {r['corrupt']}, unreadable {r['unreadable']}, removed {r['removed']}; "
+            "bad sidecars "
             f"{len(r['bad_sidecars'])}, orphan sidecars {r['orphan_sidecars']}, stale temp files "
             f"{r['stale_temp_files']}, cleaned {r['cleaned']}" + _read_only_line(d))
     text += "".join(f"\n  bad entry {b['key']}: {b['reason']}" for b in r["bad"])
     text += "".join(f"\n  bad sidecar {b['key']}: {b['reason']}" for b in r["bad_sidecars"])
     _emit(args, r, text)
     found = r["corrupt"] or r["bad_sidecars"] or r["orphan_sidecars"] or r["stale_temp_files"]
-    return 1 if found and (args.keep or r["read_only"]) else 0  # problems left in place
+    # problems left in place; an unreadable entry is never removed (a permission or I/O error, not damage)
+    return 1 if r["unreadable"] or (found and (args.keep or r["read_only"])) else 0
 
 
 def _confirmed(question: str) -> bool:
@@ -269,11 +272,17 @@ def _make_readable(root) -> None:
     """The cache root and its entry layout readable (not writable) by every user: a layer for another user."""
     from ..cache.disk import LAYOUT
 
-    os.chmod(root, 0o755)
-    for d, dirs, files in os.walk(root / LAYOUT):
-        os.chmod(d, 0o755)
-        for f in files:
-            os.chmod(os.path.join(d, f), 0o644)
+    from ..errors import CacheError
+
+    try:
+        os.chmod(root, 0o755)
+        for d, dirs, files in os.walk(root / LAYOUT):
+            os.chmod(d, 0o755)
+            for f in files:
+                os.chmod(os.path.join(d, f), 0o644)
+    except OSError as e:
+        raise CacheError(f"imported, but cannot make {root} readable by every user ({e}); run `chmod -R a+rX {root}` "
+                         "as its owner") from None
 
 
 def import_(args) -> int:

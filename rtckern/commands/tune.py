@@ -189,11 +189,11 @@ def run(args, registry=None) -> int:
             print(f"merged {len(tables[name][1])} row(s) into {path}")
     if not args.dry_run:
         for name, path in paths.items():
-            warn_shadowed(name, path, device)
+            warn_shadowed(name, path, device, tuner.exact_fields)
     return 0
 
 
-def warn_shadowed(name: str, path: str, device) -> None:
+def warn_shadowed(name: str, path: str, device, exact: tuple[str, ...] = ()) -> None:
     """Say on stderr which other classes' rows the rows just written keep this device's class from reading
     (tuning.shadowed_rows): the lookup answers with this class's nearest shape before it looks at them."""
     from .. import tuning
@@ -201,7 +201,7 @@ def warn_shadowed(name: str, path: str, device) -> None:
     written = tuning.load_table(path, name)
     ts = [t for t in [written, *tuning.tables(name)] if t is not None]
     ts = list({str(t.path): t for t in ts}.values())
-    rows = tuning.shadowed_rows(ts, tuning.arch_key(device), device.sm_count, tuning.class_key(device))
+    rows = tuning.shadowed_rows(ts, tuning.arch_key(device), device.sm_count, tuning.class_key(device), exact)
     if rows:
         keys = "; ".join(" ".join(f"{f}={v}" for f, v in r.shape) for r in rows[:5])
         more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""

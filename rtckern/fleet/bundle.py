@@ -175,7 +175,7 @@ def bundle_bytes(entries: Sequence[tuple[str, bytes, dict]], secret: bytes | Non
     entries = sorted(entries, key=lambda e: e[0])
     index = {"format": FORMAT, "layout": LAYOUT, "count": len(entries), "entries": [
         {"key": k, "path": f"{LAYOUT}/{k[:2]}/{k}.rtk", "size": len(d), "sha256": hashlib.sha256(d).hexdigest(),
-         "meta": {f: m[f] for f in META_FIELDS if f in m}} for k, d, m in entries]}
+         "meta": {f: m[f] for f in META_FIELDS if f in m and _META_TYPES[f](m[f])}} for k, d, m in entries]}
     if secret is not None:
         index["signature"] = {"hmac-sha256": _index_signature(index, secret)}
     index_bytes = (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
@@ -476,7 +476,7 @@ def import_bundle(path: str | Path, cache: DiskCache | Callable[[], DiskCache],
     limits = limits or Limits.from_settings()
     with open(p, "rb") as f:
         index, _ = _verify(f, p, limits)
-        if not isinstance(cache, DiskCache):
+        if callable(cache) and not hasattr(cache, "put_packed"):  # a factory, not a cache
             cache = cache()
         if cache.read_only or not cache.enabled:
             raise BundleError(f"cannot import into {cache.root}: the cache is read-only or not writable")

@@ -95,6 +95,9 @@ def _check(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, b
         _check_int32(block_table, "block_table", 2, "(batch, max_blocks_per_seq): each sequence's cache blocks")
         if block_table.shape[0] != b:
             raise InputError(f"batch mismatch: q has batch {b}, block_table {block_table.shape[0]} rows")
+        if k_cache.shape[0] == 0:
+            raise InputError("k_cache has 0 blocks (shape[0]); a paged cache needs at least one block for its "
+                             "block_table entries to name")
     if (k_new is None) != (v_new is None):
         raise InputError("pass k_new and v_new together (or neither)")
     if k_new is not None:

@@ -504,6 +504,21 @@ class Kernel(KernelAttributes):
                               f"{cfg.shared_mem}, {len(args)} args): {e}") from e
 
 
+def _in_range(a, lo: int, hi: int, what: str) -> int:
+    v = operator.index(a)
+    if not lo <= v <= hi:
+        raise OverflowError(f"{v} is outside {what}")
+    return v
+
+
+def _as_i32(a) -> np.int32:
+    return np.int32(_in_range(a, -2**31, 2**31 - 1, "int32"))
+
+
+def _as_u32(a) -> np.uint32:
+    return np.uint32(_in_range(a, 0, 2**32 - 1, "uint32"))
+
+
 def _as_i64(a) -> np.int64:
     return np.int64(operator.index(a))
 
@@ -530,8 +545,8 @@ def _fallback_launch(kernel: Kernel, grid, block, kinds: str, shared_mem: int):
             kernel.launch_packed(grid, block, tuple(zip(tags, args)), shared_mem, stream)
         return packed
     # every kind at its kernel width (an np.int32 or a bool given for a 64-bit parameter would reach cuda.core at its
-    # own width); np.int32 / np.uint32 refuse values outside their range, as the native launcher does
-    conv = {"f": np.float32, "i": np.int32, "I": np.uint32, "d": np.float64, "q": _as_i64, "P": _as_u64}
+    # own width), 32-bit integers refused outside their range as the native launcher does (older numpy wraps them)
+    conv = {"f": np.float32, "i": _as_i32, "I": _as_u32, "d": np.float64, "q": _as_i64, "P": _as_u64}
     casts = tuple((i, conv[k]) for i, k in enumerate(kinds) if k in conv)
     bad = set(kinds) - set("PqifId")
     if bad:

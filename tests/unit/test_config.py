@@ -243,6 +243,10 @@ def test_env_doc_is_up_to_date():
     ("redis://:s3cr/et@redis.internal:6379/0", "redis://:***@redis.internal:6379/0"),  # a '/' in the password
     ("redis://:p@ss@host/0?x=1", "redis://:***@host/0?x=1"),  # an '@' in the password
     ("rediss://:a:b@h/0?ssl_ca_certs=/x@y", "rediss://:***@h/0?ssl_ca_certs=/x@y"),
+    ("redis://:pa?ss@h/0", "redis://:***@h/0"),  # a '?' in the password
+    ("redis://u:p?w@h/0?db=1", "redis://u:***@h/0?db=1"),
+    ("redis://:a#b@h/0", "redis://:***@h/0"),  # a '#'
+    ("redis://reader@h/0", "redis://reader@h/0"),  # a user name alone is no secret
     ("redis://host:6379/0", "redis://host:6379/0"),
     ("unix:///tmp/redis.sock", "unix:///tmp/redis.sock"),
 ])

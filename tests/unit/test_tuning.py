@@ -13,7 +13,7 @@ import pytest
 from rtckern import config, tuning
 from rtckern.device import DeviceInfo
 from rtckern.registry import OpRequest
-from rtckern.tuning import Row, Tuner, TuningTableError, load_table, lookup, merge_rows, parse_table
+from rtckern.tuning import Row, Tuner, TuningTableError, load_table, lookup, merge_rows, parse_table, shadowed_rows
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = DeviceInfo.for_arch("sm_90", sm_count=132)
@@ -471,14 +471,14 @@ def test_exact_fields_keep_a_neighbour_to_its_own_head_dim(tmp_path):
 
 
 def test_the_decode_tile_of_another_sm_count_serves_the_same_head_dim():
-    from rtckern.ops._attention import kvcache_candidates as KC
-    from rtckern.registry import build_request
+    import rtckern.ops  # noqa: F401  (registers the op families' candidates)
+    from rtckern.registry import build_request, candidates
 
+    cand = next(c for c in candidates("attention_with_kvcache") if c.name == "attention_with_kvcache.sm80_mma")
     pcie = DeviceInfo.for_arch("sm_90", sm_count=114)
     h200 = DeviceInfo.for_arch("sm_90", sm_count=132)
     for hd in (64, 128):
         req = lambda d: build_request("attention_with_kvcache", shape=(hd,), dtype="bf16", device=d)  # noqa: E731
-        cand = KC.Sm80Decode()
         assert cand.tile(req(pcie)) == cand.tile(req(h200)), hd  # the 132-SM row of that head dim
 
 
@@ -508,3 +508,12 @@ def test_a_users_row_of_no_class_beats_the_shipped_rows_of_the_devices_class(tdi
     for n, block in ((4096, 2), (3000, 3), (2048, 4)):
         got = tuning.lookup("norm", h200, {"dtype": "bf16", "n": n})
         assert got.config == {"block": block} and got.source == "exact", (n, got)
+
+
+def test_shadowed_rows_respect_the_exact_fields(tmp_path):
+    """A row of another class is hidden only by an own row the lookup would serve in its place: one within a factor
+    2 that shares the op's exact fields (a decode tile of head dim 64 does not hide another class's head dim 128)."""
+    t = table(tmp_path, [row("sm_90", 132, "bf16", 64, 1, device_class="h200"),
+                         row("sm_90", 132, "bf16", 128, 2, device_class="h100-sxm")])
+    assert [r.config for r in shadowed_rows([t], "sm_90", 132, "h200")] == [{"block": 2}]
+    assert shadowed_rows([t], "sm_90", 132, "h200", exact=("n",)) == []

@@ -36,6 +36,7 @@ def tile_configs(head_dim: int, smem_limit: int, fp8: bool = False) -> list[dict
 class KvcacheTuner(tuning.Tuner):
     op = kc.OP
     key_fields = KEY_FIELDS
+    exact_fields = kc.EXACT_FIELDS
 
     def key(self, req) -> dict[str, Any]:
         return kc.tile_key(req)

@@ -65,6 +65,7 @@ def tile_configs(cand, hd: int, causal: bool, smem_limit: int) -> list[dict[str,
 class AttentionTuner(tuning.Tuner):
     op = cands.OP
     key_fields = KEY_FIELDS
+    exact_fields = cands.EXACT_FIELDS
 
     def _candidate(self, req):
         from rtckern.registry import select

@@ -106,7 +106,7 @@ def test_verify_and_quarantine(tmp_path):
     other = "cd" + "3" * 62
     d.put(other, CK, {})
     d.entry_path(other).write_bytes(b"junk")
-    assert d.verify(remove=True) == {"checked": 2, "corrupt": 1, "removed": 1,
+    assert d.verify(remove=True) == {"checked": 2, "corrupt": 1, "unreadable": 0, "removed": 1,
                                      "bad": [{"key": other, "reason": "truncated (4 bytes, the header alone is 52)"}],
                                      "bad_sidecars": [], "orphan_sidecars": 0, "stale_temp_files": 0, "cleaned": 0,
                                      "read_only": False}

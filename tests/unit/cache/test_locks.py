@@ -199,5 +199,5 @@ def test_verify_reports_an_unreadable_entry_and_keeps_it(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_bytes", read_bytes)
     r = d.verify()
     monkeypatch.setattr(Path, "read_bytes", real)
-    assert r["corrupt"] == 0 and r["removed"] == 0 and "unreadable" in r["bad"][0]["reason"]
+    assert r["corrupt"] == 0 and r["unreadable"] == 1 and r["removed"] == 0 and "unreadable" in r["bad"][0]["reason"]
     assert d.entry_path(key).exists()

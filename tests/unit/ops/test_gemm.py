@@ -526,13 +526,14 @@ def test_the_wgmma_kernel_refuses_dimensions_its_tma_coordinates_cannot_reach():
 def test_the_tuner_refuses_what_its_row_key_does_not_describe(shape, options, message):
     """A gemm row is keyed by (dtype, layout, M, N, K) and read by plain calls: timing an unaligned, batched-B or
     epilogue problem would write a row that a plain call of that key then reads as exact."""
-    from rtckern.ops._gemm.tune import GemmTuner
+    from rtckern import tuning
     from rtckern.registry import build_request
 
+    tuner = tuning.get_tuner("gemm")
     dev = DeviceInfo.for_arch("sm_90", sm_count=132)
     with pytest.raises(ValueError, match=message):
-        GemmTuner().validate(build_request("gemm", shape=shape, dtype="bf16", device=dev, options=options))
-    GemmTuner().validate(build_request("gemm", shape="8x4096x4096", dtype="bf16", device=dev))
+        tuner.validate(build_request("gemm", shape=shape, dtype="bf16", device=dev, options=options))
+    tuner.validate(build_request("gemm", shape="8x4096x4096", dtype="bf16", device=dev))
 
 
 def test_explain_builds_the_aligned_request_a_call_makes():
