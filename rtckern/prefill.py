@@ -142,9 +142,11 @@ def _copy_from_layer(m, key: str, ck) -> None:
     manager's disk cache, if that lacks it."""
     if m.disk is None or m.disk.get_packed(key) is not None:
         return
+    from .cache import unpack
+
     for layer in m.layers:
-        data = layer.get_packed(key)
-        if data is not None and layer.get(key) == ck:
+        data = layer.get_packed(key)  # (digest-checked)
+        if data is not None and unpack(data, key) == ck:
             m.disk.put_packed(key, data, layer.meta(key, data)[0] or None)
             return
 

@@ -271,7 +271,6 @@ def export(args) -> int:
 def _make_readable(root) -> None:
     """The cache root and its entry layout readable (not writable) by every user: a layer for another user."""
     from ..cache.disk import LAYOUT
-
     from ..errors import CacheError
 
     try:

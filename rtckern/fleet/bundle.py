@@ -24,8 +24,8 @@ import dataclasses
 import gzip
 import hashlib
 import io
-import os
 import json
+import os
 import re
 import tarfile
 import warnings
@@ -255,11 +255,10 @@ class _Inflated(io.RawIOBase):
         return n
 
 
-def _open(f, path: Path, budget: _Budget) -> tarfile.TarFile:
-    """The bundle in the open binary file ``f`` (read from its start) as a tar stream, read once front to back
-    through ``budget``."""
+def _open(f, path: Path, file_bytes: int, budget: _Budget) -> tarfile.TarFile:
+    """The bundle in the open binary file ``f`` (``file_bytes`` long; read from its start) as a tar stream, read once
+    front to back through ``budget``."""
     f.seek(0)
-    file_bytes = os.fstat(f.fileno()).st_size
     try:
         raw = _Inflated(gzip.GzipFile(fileobj=f, mode="rb"), budget, path)
         return tarfile.open(fileobj=io.BufferedReader(raw, 1 << 16), mode="r|")  # a bundle is always gzip
@@ -419,9 +418,9 @@ def verify_bundle(path: str | Path, limits: Limits | None = None) -> tuple[dict[
 
 def _entries(f, p: Path, limits: Limits) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
     """The members of the bundle open in ``f``, from its start (each read checked: _members)."""
-    budget = _Budget()
-    with _open(f, p, budget) as tf:
-        yield from _members(tf, p, limits, os.fstat(f.fileno()).st_size, budget)
+    budget, file_bytes = _Budget(), os.fstat(f.fileno()).st_size
+    with _open(f, p, file_bytes, budget) as tf:
+        yield from _members(tf, p, limits, file_bytes, budget)
 
 
 def _verify(f, p: Path, limits: Limits) -> tuple[dict[str, dict], int]:
