@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -76,6 +77,26 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     except OSError:
         pass
+    finally:
+        os.close(fd)
+
+
+# An entry file is at most this large (the biggest cubins are tens of MB): a larger one is refused unread.
+MAX_ENTRY_FILE_BYTES = 1 << 30
+
+
+def read_entry_file(path: Path) -> bytes:
+    """An entry file's bytes: a regular file only (a link is not followed, a FIFO or device not waited on: the
+    cache's listings pass them over too), at most MAX_ENTRY_FILE_BYTES. OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_size > MAX_ENTRY_FILE_BYTES:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, above the {MAX_ENTRY_FILE_BYTES}-byte limit", str(path))
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
     finally:
         os.close(fd)
 
@@ -197,7 +218,7 @@ class DiskCache:
     def get(self, key: str) -> CompiledKernel | None:
         path = self.entry_path(key)
         try:
-            data = path.read_bytes()
+            data = read_entry_file(path)
         except (FileNotFoundError, NotADirectoryError):
             self.stats.bump(self.name, "misses")
             return None
@@ -222,7 +243,7 @@ class DiskCache:
     def get_packed(self, key: str) -> bytes | None:
         """The raw, digest-checked entry bytes (for export and remote write-back)."""
         try:
-            data = self.entry_path(key).read_bytes()
+            data = read_entry_file(self.entry_path(key))
             entry_format.unpack(data, key)
             return data
         except (OSError, entry_format.InvalidEntry):
@@ -233,7 +254,7 @@ class DiskCache:
         checks out against the entry (``data``, read if not given), else what the entry itself says; ({}, None)
         for an entry that is missing or invalid."""
         try:
-            data = self.entry_path(key).read_bytes() if data is None else data
+            data = read_entry_file(self.entry_path(key)) if data is None else data
             ck = entry_format.unpack(data, key)
         except (OSError, entry_format.InvalidEntry):
             return {}, None
@@ -463,7 +484,7 @@ class DiskCache:
         for key in sorted(listing.entries):
             path = self.entry_path(key)
             try:
-                data = path.read_bytes()
+                data = read_entry_file(path)
             except FileNotFoundError:  # removed meanwhile (a prune, another verify): nothing to check
                 continue
             except OSError as err:  # unreadable (permissions, I/O, too many open files): reported, not removed

@@ -332,3 +332,20 @@ def test_binary_arch_of_an_older_cuda_elf_abi():
     assert binary_arch("cubin", bytes(head)) == "sm_90"
     struct.pack_into("<I", head, 48, 0x500550)
     assert binary_arch("cubin", bytes(head)) == "sm_80"
+
+
+def test_an_entry_that_is_a_link_or_a_fifo_is_refused_unread(tmp_path):
+    """A layer holding a link or a FIFO where an entry goes (the listings pass them over) is a miss with a warning,
+    never a read through the link or a wait on the FIFO."""
+    d = DiskCache(tmp_path / "c")
+    d.put(KEY, CK, {})
+    target = tmp_path / "elsewhere.rtk"
+    target.write_bytes(d.entry_path(KEY).read_bytes())
+    d.entry_path(KEY).unlink()
+    d.entry_path(KEY).symlink_to(target)
+    with pytest.warns(CacheWarning, match="cannot read cache entry"):
+        assert d.get(KEY) is None
+    d.entry_path(KEY).unlink()
+    os.mkfifo(d.entry_path(KEY))
+    with pytest.warns(CacheWarning, match="not a regular file"):
+        assert DiskCache(tmp_path / "c").get(KEY) is None  # (a new tier: the warning is once per tier and key)

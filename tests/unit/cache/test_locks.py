@@ -181,23 +181,21 @@ def test_a_link_planted_at_a_lock_name_is_not_followed(tmp_path):
 
 def test_verify_reports_an_unreadable_entry_and_keeps_it(tmp_path, monkeypatch):
     """An entry verify cannot read (permissions, I/O, too many open files) is reported, not removed as corrupt."""
-    from pathlib import Path
-
-    from rtckern.cache import pack
+    from rtckern.cache import disk, pack
     from rtckern.compiler.base import CompiledKernel
 
     d = DiskCache(tmp_path)
     key = "a" * 64
     d.put_packed(key, pack(CompiledKernel(b"\x7fELF", "cubin", "k"), key))
-    real = Path.read_bytes
+    real = disk.read_entry_file
 
-    def read_bytes(self):
-        if self == d.entry_path(key):
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self)
+    def read_entry_file(path):
+        if path == d.entry_path(key):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(disk, "read_entry_file", read_entry_file)
     r = d.verify()
-    monkeypatch.setattr(Path, "read_bytes", real)
+    monkeypatch.setattr(disk, "read_entry_file", real)
     assert r["corrupt"] == 0 and r["unreadable"] == 1 and r["removed"] == 0 and "unreadable" in r["bad"][0]["reason"]
     assert d.entry_path(key).exists()
