@@ -376,7 +376,9 @@ class Settings:
     disk_cache: bool = _var("RTCKERN_DISK_CACHE", "0 keeps binaries in memory only (no disk tier).", "1")
     cache_max_bytes: int | None = _var(
         "RTCKERN_CACHE_MAX_BYTES", "LRU-prune the disk tier above this size: bytes or K/M/G/T (1024-based), "
-                                   f"at least {_human(MIN_CACHE_MAX_BYTES)}.", "no cap")
+                                   f"at least {_human(MIN_CACHE_MAX_BYTES)}. Each process counts its own writes "
+                                   "after one scan, so processes sharing a cache may together pass it until one "
+                                   "prunes (`rtckern cache prune --max-bytes` holds it exactly).", "no cap")
     read_only_layers: tuple[Path, ...] = _var(
         "RTCKERN_CACHE_LAYERS", "Read-only cache directories looked up before the local one (os.pathsep-separated).",
         "none")

@@ -168,12 +168,17 @@ def _tls_context(params: dict[str, str], url: str) -> ssl.SSLContext:
 
 
 # ---- one connection ----
+# A pooled connection idle longer than this is closed, not reused (middleboxes drop idle TCP flows silently).
+MAX_IDLE_S = 30.0
+
+
 class Connection:
     """One socket to the server, used by one thread at a time. Any error leaves it unusable: close it."""
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.pid = os.getpid()  # a connection inherited through fork() belongs to the parent
+        self.idle_since = time.monotonic()  # set again each time the pool takes it back
         self._buf = bytearray()
 
     def close(self) -> None:
@@ -184,8 +189,12 @@ class Connection:
 
     def stale(self) -> bool:
         """An idle connection has nothing to read; if it has (EOF after a server restart or an idle timeout,
-        or stray bytes), it cannot be reused. One poll, no waiting."""
+        or stray bytes), it cannot be reused. One poll, no waiting. One idle longer than MAX_IDLE_S is not reused
+        either: a NAT or load balancer may have dropped it without a word, and a call on it would wait out its
+        whole deadline (then a cool-down) although the server is up."""
         if self._buf or (isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()):
+            return True
+        if time.monotonic() - self.idle_since > MAX_IDLE_S:
             return True
         p = select.poll()
         p.register(self.sock, select.POLLIN | select.POLLERR | select.POLLHUP)
@@ -325,6 +334,7 @@ def _open_tcp(ep: Endpoint, deadline: Deadline) -> socket.socket:
             sock.settimeout(deadline.left(f"connecting to {ep.host}:{ep.port}"))
             sock.connect(addr)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # a dead peer shows as an error, in time
             return sock
         except socket.timeout:
             sock.close()
@@ -419,6 +429,7 @@ class Client:
     def _give(self, conn: Connection) -> None:
         with self._lock:
             if len(self._idle) < self.max_idle and conn.pid == os.getpid():
+                conn.idle_since = time.monotonic()
                 self._idle.append(conn)
                 return
         conn.close()

@@ -91,10 +91,10 @@ def module():
     """The loaded native launcher module, or None (then `why()` says why)."""
     s = settings()
     if _state.get("settings") is s:
-        return _state["module"]
+        return _known(s)
     with _lock:
         if _state.get("settings") is s:
-            return _state["module"]
+            return _known(s)
         mode = s.native_launch
         mod, why = None, "RTCKERN_NATIVE_LAUNCH=0"
         if mode != "off" and _state.get("loaded") is not None:
@@ -104,9 +104,9 @@ def module():
                 mod = _open()
             except (OSError, LaunchError, ImportError, subprocess.SubprocessError) as e:
                 why = f"{type(e).__name__}: {e}"
-                if mode == "on":
-                    raise LaunchError(f"RTCKERN_NATIVE_LAUNCH=1 but the native launcher is unavailable: {why}. "
-                                      "Install a C compiler and the Python headers, or unset the variable") from e
+                if mode == "on":  # remembered: later launches raise at once instead of building again
+                    _state.update(why=why, module=None, settings=s)
+                    return _known(s)
                 log.info("rtckern: launching through cuda.core (the native launcher is unavailable: %s)", why)
         _state.update(why=None if mod else why, module=mod, settings=s)
         if mod is not None:
@@ -122,6 +122,15 @@ def _trusted(path: Path) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(st.st_mode) and st.st_uid in (os.getuid(), 0) and not st.st_mode & 0o022
+
+
+def _known(s):
+    """The module decided under settings ``s``; under RTCKERN_NATIVE_LAUNCH=1 its absence is an error."""
+    mod = _state["module"]
+    if mod is None and s.native_launch == "on":
+        raise LaunchError(f"RTCKERN_NATIVE_LAUNCH=1 but the native launcher is unavailable: {_state['why']}. Install "
+                          "a C compiler and the Python headers, or unset the variable")
+    return mod
 
 
 def _open():

@@ -587,3 +587,16 @@ def test_with_a_secret_only_signed_values_are_served(redis_server, cache_dir, sp
     with pytest.warns(CacheWarning, match="not signed, and a cache secret is set"):
         assert KernelManager(cache_dir / "c", remote=tier(ours)).lookup(spec) == (None, "")
     assert KernelManager(cache_dir / "d", remote=tier(None)).lookup(spec)[1] == "remote"  # no secret: integrity only
+
+
+def test_a_connection_idle_too_long_is_not_reused(redis_server, monkeypatch):
+    """A pooled connection idle past MAX_IDLE_S is closed and a new one made (a NAT may have dropped the old one
+    silently: a call on it would wait out the deadline and start a cool-down though the server is up)."""
+    from rtckern.cache import resp
+
+    r = RedisCache(redis_server.url)
+    assert r.put_packed(KEY, pack(CK, KEY))
+    (conn,) = r._client._idle
+    assert r.get_packed(KEY) is not None and r._client._idle == [conn]  # reused while fresh
+    monkeypatch.setattr(resp, "MAX_IDLE_S", 0.0)
+    assert r.get_packed(KEY) is not None and r._client._idle != [conn]  # replaced once idle too long

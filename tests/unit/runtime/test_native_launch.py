@@ -298,3 +298,23 @@ def test_a_float32_argument_out_of_range_is_refused(built):
         assert counter("nlaunch") == 2
     """)
     assert "cannot convert 1e+39" in out and "outside float32" in out, out
+
+
+def test_a_required_launcher_that_cannot_be_built_is_tried_once(tmp_path, monkeypatch):
+    """RTCKERN_NATIVE_LAUNCH=1 without a working build: every launch raises, the build is tried once per settings
+    (it could take the compiler's whole timeout each time)."""
+    if native._state.get("loaded") is not None:
+        pytest.skip("a launcher loaded earlier in this process stays in use")
+    tries = []
+
+    def fail():
+        tries.append(1)
+        raise LaunchError("no C compiler found")
+
+    monkeypatch.setattr(native, "_open", fail)
+    with config.override(native_launch="on", cache_dir=tmp_path / "c"):
+        for _ in range(3):
+            with pytest.raises(LaunchError, match="RTCKERN_NATIVE_LAUNCH=1 but the native launcher is unavailable: "
+                                                  "LaunchError: no C compiler found"):
+                native.module()
+    assert len(tries) == 1
