@@ -92,9 +92,10 @@ def add_parser(sub) -> None:
                  "Writes the selected entries into one bundle (gzip tar with an index of digests), the same bytes "
                  "for the same entries; `rtckern cache import FILE` on the target machines adds them. Written "
                  "mode 0644 so it stays readable when copied into an image.",
-                 ["rtckern cache export --bundle kernels.bundle",
+                 ["rtckern cache export kernels.bundle",
                   "rtckern cache export --bundle h100.bundle --arch 9.0 --op gemm --json"], export)
-    ex.add_argument("--bundle", required=True, metavar="FILE", help="the bundle to write")
+    ex.add_argument("file", nargs="?", metavar="FILE", help="the bundle to write (as `cache import FILE` reads it)")
+    ex.add_argument("--bundle", metavar="FILE", help="the bundle to write, the same as FILE (as `prefill --bundle`)")
     ex.add_argument("--arch", default=None, help=f"only entries for these {ARCH_HELP}")
     ex.add_argument("--op", default=None, help="only entries of this op")
     ex.add_argument("--toolchain", default=None, help="substring of the compiler identity, e.g. nvrtc-13.0")
@@ -262,8 +263,16 @@ def export(args) -> int:
     from ..fleet import export_bundle
     from ._table import human_bytes
 
+    from ..errors import OptionError
+
+    if args.file and args.bundle and args.file != args.bundle:
+        raise OptionError(f"export: FILE {args.file!r} and --bundle {args.bundle!r} differ; give the bundle once")
+    bundle = args.file or args.bundle
+    if not bundle:
+        raise OptionError("export: give the bundle to write, as FILE or --bundle FILE (e.g. `rtckern cache "
+                          "export kernels.bundle`)")
     archs = _archs(args.arch)
-    r = export_bundle(args.bundle, [_disk(args)], archs=archs, op=args.op, toolchain=args.toolchain)
+    r = export_bundle(bundle, [_disk(args)], archs=archs, op=args.op, toolchain=args.toolchain)
     return _emit(args, r, f"wrote {r['bundle']}: {r['entries']} entries, {human_bytes(r['bytes'])} "
                  f"(entries {human_bytes(r['entry_bytes'])}), sha256 {r['sha256']}")
 

@@ -132,6 +132,8 @@ class Registry:
                 with self._lock:
                     if self._memo_settings is s:
                         self._memo.put(req, found)
+                    if self._key_locks.get(req) is lock:  # decided and memoized: later callers find the memo, so
+                        del self._key_locks[req]  # the lock goes (one per distinct request grew without bound)
                 if found.__class__ is Selection and events.listening(events.SelectionEvent):
                     events.emit(events.SelectionEvent(req, found.candidate.name))  # record mode listens
         if isinstance(found, _Failed):

@@ -291,6 +291,7 @@ def test_concurrent_first_calls_probe_once(cache_dir, tmp_path):
     assert not errors
     assert len({id(s) for s in out}) == 1 and len(out) == 8
     assert reg.probe_count == ref.probe_count
+    assert not reg._key_locks  # the per-request lock goes once the decision is memoized (a server sees many shapes)
 
 
 # -- overrides ----------------------------------------------------------------------------------------------------

@@ -188,3 +188,18 @@ def test_import_readable_makes_a_layer_another_user_can_read(tmp_path):
     private = tmp_path / "private"
     assert rtckern("cache", "import", str(bundle), cache=private).returncode == 0
     assert all(not stat.S_IMODE(p.stat().st_mode) & 0o077 for p in (private / "v1").rglob("*") if p.is_file())
+
+
+def test_export_takes_the_bundle_as_import_does_or_as_prefill_does(tmp_path):
+    """`cache export FILE` (as `cache import FILE`) and `cache export --bundle FILE` (as `prefill --bundle`) write the
+    same bytes; neither, or two that differ, is one line and exit 2."""
+    src = tmp_path / "src"
+    fill(src, ["a", "b"])
+    a, b = tmp_path / "a.bundle", tmp_path / "b.bundle"
+    assert rtckern("cache", "export", str(a), cache=src).returncode == 0
+    assert rtckern("cache", "export", "--bundle", str(b), cache=src).returncode == 0
+    assert a.read_bytes() == b.read_bytes()
+    for argv, message in (([], "export: give the bundle to write, as FILE or --bundle FILE"),
+                          ([str(a), "--bundle", str(b)], "differ; give the bundle once")):
+        r = rtckern("cache", "export", *argv, cache=src)
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
