@@ -22,7 +22,8 @@ Format 2 added ``device_class``; format 1 tables still load (their rows serve an
 1 table into format 2, giving each row the class of the device its ``versions`` name (``device`` or ``gpu``):
 deterministic, so the shipped tables were migrated by it (tests/unit/test_tuning.py checks they stay so).
 A process reads each op's tables once (``tables``); ``rtckern tune`` (``merge_rows``) reloads what it writes, and
-``reload()`` or ``rtckern.clear_caches()`` makes a running process read tables another process changed.
+``rtckern.clear_caches()`` makes a running process use tables another process changed (``reload()`` alone re-reads
+them for later lookups; the ops keep the configs they memoized until clear_caches).
 
 Lookup rule (``lookup``)
 ------------------------
@@ -231,8 +232,9 @@ def _check_row(raw: Any, i: int, fields: list[str], where: str) -> None:
     if missing:
         raise TuningTableError(f"{where}: row {i} lacks {missing}: {json.dumps(raw, sort_keys=True)}")
     arch, sms, shape, cfg = raw["arch"], raw["sm_count"], raw["shape"], raw["config"]
-    if not isinstance(arch, str) or not arch.startswith(("sm_", "gfx")):
-        raise TuningTableError(f"{where}: row {i}: arch {arch!r} should be like 'sm_90' or 'gfx90a'")
+    if not isinstance(arch, str) or not re.fullmatch(r"sm_\d+|gfx[0-9a-f]+", arch):
+        raise TuningTableError(f"{where}: row {i}: arch {arch!r} should be like 'sm_90' or 'gfx90a' (rows are keyed "
+                               "by the compute capability, without a feature suffix such as the a of sm_90a)")
     if not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0:
         raise TuningTableError(f"{where}: row {i}: sm_count {sms!r} should be a positive integer")
     if not isinstance(shape, dict) or shape.keys() != set(fields):
@@ -344,7 +346,8 @@ def tables(op: str) -> list[Table]:
 
     Read once per process (per settings: a settings change reads them again): a lookup neither stats nor parses a
     file after the first one of its op. `merge_rows` (so `rtckern tune`) reloads what it writes; a process that
-    should see tables another process wrote calls `reload()` (or `rtckern.clear_caches()`)."""
+    should see tables another process wrote calls `rtckern.clear_caches()`, which also drops the ops' configs
+    memoized from the old rows (`reload()` alone re-reads the tables for lookups made after it)."""
     memo = (op, SHIPPED_DIR, user_dir())
     hit = _op_tables.get(memo)
     if hit is None:

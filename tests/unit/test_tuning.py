@@ -517,3 +517,9 @@ def test_shadowed_rows_respect_the_exact_fields(tmp_path):
                          row("sm_90", 132, "bf16", 128, 2, device_class="h100-sxm")])
     assert [r.config for r in shadowed_rows([t], "sm_90", 132, "h200")] == [{"block": 2}]
     assert shadowed_rows([t], "sm_90", 132, "h200", exact=("n",)) == []
+
+
+def test_a_row_keyed_by_a_feature_arch_is_refused_at_load(tmp_path):
+    """Rows are keyed by the compute capability: an 'sm_90a' row could never match, so the table is refused."""
+    with pytest.raises(TuningTableError, match=r"arch 'sm_90a' should be like 'sm_90'.*without a feature suffix"):
+        table(tmp_path, [row("sm_90a", 132, "bf16", 4096, 1)])
