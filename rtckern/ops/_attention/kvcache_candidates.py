@@ -286,11 +286,12 @@ def _has_table() -> bool:
 
 def _build_request(shape: tuple[int, ...], dtype: str | None, device: DeviceInfo, **options: str) -> OpRequest:
     """For `rtckern explain/selftest attention_with_kvcache` and manifest lines: shape is the head dim, or q's
-    (batch, seqlen_q, heads, head_dim); option causal=0/1. As in the op, a single query token makes a non-causal
-    request whatever causal says (it sees the whole cache either way), so a decode line names the kernels decode
-    runs; option cache=fp8_e4m3 for an e4m3 cache."""
+    (batch, seqlen_q, heads, head_dim); option causal=0/1, by default the op's (causal) for q's shape and non-causal
+    for a head dim alone (a decode tile). As in the op, a single query token makes a non-causal request whatever
+    causal says (it sees the whole cache either way), so a decode line names the kernels decode runs; option
+    cache=fp8_e4m3 for an e4m3 cache."""
     opts.check_keys(OP, options, ("causal", "cache"))
-    causal = opts.flag(OP, options, "causal", False) and not (len(shape) == 4 and shape[1] == 1)
+    causal = opts.flag(OP, options, "causal", len(shape) == 4) and not (len(shape) == 4 and shape[1] == 1)
     cache = options.get("cache")
     if cache not in (None, FP8_CACHE):
         raise OptionError(f"{OP}: cache={cache!r}; leave it out (q's dtype) or pass cache={FP8_CACHE}")

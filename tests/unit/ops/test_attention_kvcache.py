@@ -241,6 +241,7 @@ def test_portable_kernels_compile_for_gfx90a():
 @pytest.mark.parametrize("shape, options, causal", [
     ((64, 1, 32, 128), {}, False), ((64, 1, 32, 128), {"causal": "1"}, False),  # one query: never causal, as the op
     ((64, 4, 32, 128), {"causal": "1"}, True), ((64, 4, 32, 128), {"causal": "0"}, False),
+    ((64, 4, 32, 128), {}, True),  # the op's default (causal=True) where q's shape says more than one query
     ((128,), {}, False), ((128,), {"causal": "1"}, True)])
 def test_request_builder_makes_the_ops_requests(shape, options, causal):
     req = build_request("attention_with_kvcache", shape=shape, dtype="bf16", arch="sm_90", sm_count=132,
