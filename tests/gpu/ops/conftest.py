@@ -32,3 +32,16 @@ def poisoned_torch_outputs(monkeypatch):
             return out.fill_(float("nan")) if out.is_floating_point() else out
 
         monkeypatch.setattr(torch, name, poisoned)
+
+
+@pytest.fixture
+def nan_guarded():
+    """guarded(rows, heads, head_dim) -> a random bf16 (rows, heads, head_dim) tensor on the GPU that is a view
+    between 64 NaN rows on each side: a kernel reading a row outside it brings NaN into its result."""
+    import torch
+
+    def guarded(rows: int, heads: int, head_dim: int, guard: int = 64):
+        buf = torch.full((rows + 2 * guard, heads, head_dim), float("nan"), device="cuda", dtype=torch.bfloat16)
+        buf[guard:guard + rows] = torch.randn(rows, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+        return buf[guard:guard + rows]
+    return guarded

@@ -197,21 +197,16 @@ def test_garbage_past_the_last_sequence_never_leaks(impl):
 
 
 @pytest.mark.parametrize("impl", list(IMPLS))
-def test_prefix_sums_outside_the_totals_are_clamped(impl):
+def test_prefix_sums_outside_the_totals_are_clamped(impl, nan_guarded):
     """Prefix sums outside [0, total] (-2^31, -7, 10^6, 2^30: rows far outside q, k, v and o) are read clamped to
     [0, total]: the output is the one the clamped prefix sums give, bit for bit, and q, k, v are views between NaN
     guard rows that a read outside them would bring into it."""
     torch.manual_seed(3)
-    hq, hk, hd, guard = 8, 2, 64, 64
+    hq, hk, hd = 8, 2, 64
     lens_q, lens_k = [5, 40, 17], [9, 33, 20]
     tq, tk = sum(lens_q), sum(lens_k)
 
-    def guarded(rows, heads):
-        buf = torch.full((rows + 2 * guard, heads, hd), float("nan"), device=DEV, dtype=torch.bfloat16)
-        buf[guard:guard + rows] = torch.randn(rows, heads, hd, device=DEV, dtype=torch.bfloat16)
-        return buf[guard:guard + rows]
-
-    q, k, v = guarded(tq, hq), guarded(tk, hk), guarded(tk, hk)
+    q, k, v = nan_guarded(tq, hq, hd), nan_guarded(tk, hk, hd), nan_guarded(tk, hk, hd)
     i32 = dict(dtype=torch.int32, device=DEV)
     cases = [  # (cu_q, cu_k as given, and as the kernels read them)
         ([-2**31, 5, 45, 2**30], [-7, 9, 42, tk + 100], [0, 5, 45, tq], [0, 9, 42, tk]),

@@ -286,21 +286,17 @@ def test_a_non_finite_value_stays_in_its_sequence(impl):
 
 
 @pytest.mark.parametrize("impl", list(IMPLS))
-def test_prefix_sums_outside_the_totals_are_clamped(impl):
+def test_prefix_sums_outside_the_totals_are_clamped(impl, nan_guarded):
     """Prefix sums outside [0, total] (-2^31, -7, 10^6, 2^30: rows far outside every tensor and workspace) are read
     clamped to [0, total]: dq, dk, dv are the ones the clamped prefix sums give, bit for bit (deterministic where the
     candidate has the flag), and the inputs are views between NaN guard rows that a read outside them would bring in."""
     torch.manual_seed(4)
-    hq, hk, hd, guard = 8, 2, 64, 64
+    hq, hk, hd = 8, 2, 64
     lens_q, lens_k = [5, 40, 17], [9, 33, 20]
     tq, tk = sum(lens_q), sum(lens_k)
 
-    def guarded(rows, heads):
-        buf = torch.full((rows + 2 * guard, heads, hd), float("nan"), device=DEV, dtype=torch.bfloat16)
-        buf[guard:guard + rows] = torch.randn(rows, heads, hd, device=DEV, dtype=torch.bfloat16)
-        return buf[guard:guard + rows]
-
-    q, k, v, dout = guarded(tq, hq), guarded(tk, hk), guarded(tk, hk), guarded(tq, hq)
+    q, k, v, dout = (nan_guarded(tq, hq, hd), nan_guarded(tk, hk, hd), nan_guarded(tk, hk, hd),
+                     nan_guarded(tq, hq, hd))
     i32 = dict(dtype=torch.int32, device=DEV)
     det = impl in DET_IMPLS
     cases = [  # (cu_q, cu_k as given, and as the kernels read them)
