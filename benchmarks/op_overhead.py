@@ -288,13 +288,27 @@ def run(a) -> Result | None:
         f"CPU, torch {torch.__version__}, rtckern.ops replaced by a stand-in kernel (plugin layers only)" \
         if a.plugin_stub else f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
 
+    data = {"where": where, "calls": calls, "repeats": a.repeats, "interleaved": True}
+    if plugin:
+        data["torch_ops_front"] = front_summary(importlib.import_module("rtckern.torch").native_status())
     result = to_result([{"op": n, "rtckern_us": u, "torch_us": r, "torch_ops_rtckern_us": p} for n, u, r, p in rows],
-                       {"where": where, "calls": calls, "repeats": a.repeats, "interleaved": True})
+                       data)
     if a.stub or a.plugin_stub:  # CPU diagnostics: printed, no result set (benchmarks/results keeps the GPU's)
         for part in result.body:
             print(part if isinstance(part, str) else part.markdown(), end="\n\n", flush=True)
         return None
     return result
+
+
+def front_summary(status: dict) -> str:
+    """How the torch.ops.rtckern column's calls ran: through the native front (which ops replayed, which stayed on
+    the Python kernels and why) or the Python kernels alone."""
+    if not status["active"]:
+        return f"torch.ops.rtckern through the Python kernels (native front inactive: {status['why_not']})"
+    replayed = sorted(n for n, s in status["ops"].items() if s["recipes"] > 0)
+    refused = sorted(f"{n} ({s['last_refusal']})" for n, s in status["ops"].items() if s["refused"] > 0)
+    return ("torch.ops.rtckern through the native front: replayed in C++: " + (", ".join(replayed) or "none")
+            + "; on the Python kernels: " + ("; ".join(refused) or "none"))
 
 
 SERIES = (("rtckern_us", "rtckern.ops"), ("torch_us", "torch"), ("torch_ops_rtckern_us", "torch.ops.rtckern"))
@@ -313,6 +327,7 @@ def to_result(rows: list[dict], data: dict) -> Result:
     return Result("Host cost per call", rows=rows, data=data,
                   body=[f"{data['where']}: {data['calls']} calls per loop, median of {data['repeats']} "
                         + ("rounds, each timing every column's loop in turn." if data.get("interleaved") else "loops."),
+                        *([data["torch_ops_front"] + "."] if data.get("torch_ops_front") else []),
                         table],
                   plot=lambda plt, meta: plot(plt, meta, rows, data["where"]))
 

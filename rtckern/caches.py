@@ -8,9 +8,10 @@ rather than grows).
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 _all: "dict[int, weakref.ref[PlanCache]]" = {}  # by id: a dict is not hashable, and equal contents are not one cache
+_on_clear: list[Callable[[], None]] = []  # memos kept outside Python (the torch op library's recipes)
 
 
 class PlanCache(dict):
@@ -34,11 +35,18 @@ class PlanCache(dict):
 
 
 def clear_all() -> None:
-    """Empty every PlanCache of the process."""
+    """Empty every PlanCache of the process, and every memo registered with on_clear."""
     for ref in list(_all.values()):
         c = ref()
         if c is not None:
             c.clear()
+    for fn in list(_on_clear):
+        fn()
+
+
+def on_clear(fn: Callable[[], None]) -> None:
+    """Call fn whenever clear_all() empties the PlanCaches: for a memo that is not a PlanCache (one held in C++)."""
+    _on_clear.append(fn)
 
 
 def all_caches() -> list[PlanCache]:

@@ -460,6 +460,16 @@ class Settings:
     c_compiler: tuple[str, ...] | None = _var(
         "CC", "The C compiler (a command line) that builds the native launcher.", "cc, gcc or clang on PATH",
         default=None)
+    torch_native: str = _var(  # "auto", "on" or "off"
+        "RTCKERN_TORCH_NATIVE", "auto: `import rtckern.torch` loads the native front of torch.ops.rtckern (a C++ "
+                                "kernel replaying a call's launches without Python, built with the system C++ "
+                                "compiler against torch's headers and cached as the native launcher is); where it "
+                                "is not built yet, a background process builds it for the next process (CUDA builds "
+                                "of torch only); 1: build it at import (tens of seconds once) or fail; 0: never.",
+        "auto", default="auto")
+    cxx_compiler: tuple[str, ...] | None = _var(
+        "CXX", "The C++ compiler (a command line) that builds the native front of torch.ops.rtckern.",
+        "c++, g++ or clang++ on PATH", default=None)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -495,6 +505,8 @@ class Settings:
             tuning_table_dir=_path("RTCKERN_TUNING_DIR", g("RTCKERN_TUNING_DIR"), env),
             c_compiler=_command("CC", g("CC")),
             native_launch=_auto_bool("RTCKERN_NATIVE_LAUNCH", g("RTCKERN_NATIVE_LAUNCH"), "auto"),
+            cxx_compiler=_command("CXX", g("CXX")),
+            torch_native=_auto_bool("RTCKERN_TORCH_NATIVE", g("RTCKERN_TORCH_NATIVE"), "auto"),
             verbose=_verbosity("RTCKERN_VERBOSE", g("RTCKERN_VERBOSE")),
             hiprtc_library=_path("RTCKERN_HIPRTC_LIBRARY", g("RTCKERN_HIPRTC_LIBRARY"), env),
             rocm_path=_path("ROCM_PATH", g("ROCM_PATH"), env),
@@ -653,6 +665,8 @@ CODE_EFFECT: dict[str, str] = {
     "verbose": "logging only",
     "native_launch": "how a loaded binary is launched, never which binary",
     "c_compiler": "builds the native launcher, never a kernel",
+    "torch_native": "how a torch.ops.rtckern call reaches its launches, never which binary",
+    "cxx_compiler": "builds the native front of torch.ops.rtckern, never a kernel",
     "hiprtc_library": "identity: the hiprtc library's name, API and comgr versions are in the compiler identity",
     "rocm_path": "identity: where hiprtc is found; its versions are in the compiler identity",
 }

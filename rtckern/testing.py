@@ -854,6 +854,16 @@ def use_fake_libcuda(directory: str | None = None) -> str:
 
 
 # ---- names the tests use from inside a family or plugin (one place to change when files move) ----------------
+def torch_op_python_path(name: str):
+    """The Python implementation behind torch.ops.rtckern.<name> for a plain eager call without gradients, taking
+    every argument (defaults included): what the native front of the torch ops records (rtckern.plugins
+    ._torch_native), to compare its replays against."""
+    from .plugins import _torch_lib
+
+    op = _torch_lib.KERNEL_OPS.get(name)
+    return op.fn if op is not None else _torch_lib.COMPOSITE_DIRECT[name]
+
+
 def __getattr__(name: str):
     """``torch_reference``: the torch plugin's reference implementations (plain torch, the oracle the plugin's
     tests compare against); loaded on first use, since it imports torch."""

@@ -17,12 +17,15 @@ parts=${*:-tests bench}
 out=${OUT:-/tmp/rtckern-out}
 mkdir -p "$out"
 export OUT=$out PYTHONPATH=. PYTHONUNBUFFERED=1 RTCKERN_CACHE_DIR=${RTCKERN_CACHE_DIR:-/tmp/rtckern-device-cache}
+# torch.ops.rtckern through the native front (built once into the cache dir before the tests and benchmarks)
+export RTCKERN_TORCH_NATIVE=${RTCKERN_TORCH_NATIVE:-1}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if ! python3 -m benchmarks --list | awk '{print $1}' | grep -qx "$family"; then
   echo "unknown family: $family ($(python3 -m benchmarks --list | awk '{print $1}' | tr '\n' ' '))"
   exit 2
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import rtckern.torch as rt; s = rt.native_status(); print('native front:', s['active'], s['why_not'] or '')"
 junit=$out/${family}_tests.xml
 
 # family -> its GPU tests | the suite's options for the device run (besides --out)

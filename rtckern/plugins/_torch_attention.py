@@ -161,4 +161,4 @@ def _attention_composite(q, k, v, causal=False, softmax_scale=None):
 
 
 define_composite("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None) -> Tensor",
-                 _attention_composite)
+                 _attention_composite, attention_direct)

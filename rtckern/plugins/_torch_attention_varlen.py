@@ -205,7 +205,7 @@ def _attention_varlen_composite(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_
 
 define_composite("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
                  "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal=False, float? softmax_scale=None) -> Tensor",
-                 _attention_varlen_composite)
+                 _attention_varlen_composite, attention_varlen_direct)
 
 
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,

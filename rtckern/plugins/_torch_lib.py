@@ -38,12 +38,21 @@ _below_autograd = torch._C._AutoDispatchBelowAutograd
 _after_autograd = torch._C._after_autograd_keyset
 
 
-def define_composite(schema: str, fn) -> None:
+# What _torch_native may serve natively: the kernel ops that write no argument, and the composites with their
+# eager paths, by name.
+KERNEL_OPS: dict[str, "KernelOp"] = {}
+COMPOSITE_DIRECT: dict[str, object] = {}
+
+
+def define_composite(schema: str, fn, direct=None) -> None:
     """An op that decomposes into the kernel ops under autograd, torch.compile and export; fn starts with an
-    eager fast path (`direct`) where it can."""
+    eager fast path (`direct`) where it can. direct: that path as a function of every argument (defaults filled in)
+    for plain eager calls, which the native front records (_torch_native)."""
     name = schema.split("(", 1)[0]
     LIB.define(schema)
     LIB.impl(name, fn, "CompositeImplicitAutograd")
+    if direct is not None:
+        COMPOSITE_DIRECT[name] = direct
 
 
 # ---- the eager fast path inside the dispatcher ------------------------------------------------------------------
@@ -106,6 +115,8 @@ class KernelOp:
         self._apply = _function_apply.__get__(None, self.function)
         LIB.impl(name, fn, "CompositeExplicitAutograd")
         LIB.impl(name, self._autograd_kernel(), "Autograd", with_keyset=True)
+        if not mutates_args:
+            KERNEL_OPS[name] = self
 
     def __call__(self, *args, **kwargs):
         """torch.ops.rtckern.<name>(*args), taking the eager fast path (`call_direct`) itself when nothing traces

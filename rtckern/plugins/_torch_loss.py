@@ -136,4 +136,4 @@ def _cross_entropy_composite(logits, labels, ignore_index=-100, reduction="mean"
 
 
 define_composite('cross_entropy(Tensor logits, Tensor labels, int ignore_index=-100, str reduction="mean") -> Tensor',
-                 _cross_entropy_composite)
+                 _cross_entropy_composite, cross_entropy_direct)

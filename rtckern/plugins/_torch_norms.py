@@ -300,8 +300,10 @@ def _layer_norm(x, weight=None, bias=None, eps=1e-5, zero_centered=False, out_dt
 
 
 define_composite("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06, bool zero_centered=False, "
-                 "ScalarType? out_dtype=None) -> Tensor", _rms_norm)
+                 "ScalarType? out_dtype=None) -> Tensor", _rms_norm, rms_norm_direct)
 define_composite("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-06, "
-                 "bool zero_centered=False) -> (Tensor, Tensor)", _fused_add_rms_norm)
+                 "bool zero_centered=False) -> (Tensor, Tensor)", _fused_add_rms_norm,
+                 fused_add_rms_norm_direct)
 define_composite("layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
-                 "bool zero_centered=False, ScalarType? out_dtype=None) -> Tensor", _layer_norm)
+                 "bool zero_centered=False, ScalarType? out_dtype=None) -> Tensor", _layer_norm,
+                 layer_norm_direct)

@@ -90,13 +90,16 @@ from ._torch_modules import LayerNorm, RMSNorm  # noqa: E402
 from ._torch_patch import PatchReport, convert, patch  # noqa: E402
 from rtckern.logs import register_torch as register_torch_logging  # noqa: E402
 
+from ._torch_native import activate as _activate_native, status as native_status  # noqa: E402
+
 install_capture_guard()
+_activate_native()  # torch.ops.rtckern through the C++ front where it is built (RTCKERN_TORCH_NATIVE)
 register_torch_logging()  # `rtckern` in torch's log registry (TORCH_LOGS / torch._logging.set_logs)
 if "transformers" in sys.modules:  # registering needs transformers imported; patch() registers otherwise
     register_transformers()
 
 __all__ = ["GraphCaptureError", "LayerNorm", "PatchReport", "RMSNorm", "apply_rotary_pos_emb", "attention",
            "attention_varlen", "attention_with_kvcache", "convert", "cross_entropy", "install_capture_guard",
-           "layer_norm", "patch",
+           "layer_norm", "native_status", "patch",
            "plain_eager", "reference_mode", "register_transformers", "registered_ops", "rms_norm",
            "rtckern_attention_forward", "skipped_ops", "swiglu"]

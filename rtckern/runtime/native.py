@@ -134,12 +134,17 @@ def _known(s):
 
 
 def _open():
-    source = SOURCE.read_bytes()
-    name = _artifact_name(source)
-    s = settings()
-    # the cache directory (which a team may share: a build someone else wrote there is passed over), then a
-    # private directory of this user under the temp dir (refused if another user holds or links it)
-    places = [s.cache_dir / "native", Path(tempfile.gettempdir()) / f"rtckern-native-{os.getuid()}"]
+    path = built_artifact("native", _artifact_name(SOURCE.read_bytes()), _build)
+    mod = _load(path)
+    mod.init(LIBCUDA, LaunchError)
+    return mod
+
+
+def built_artifact(subdir: str, name: str, build) -> Path:
+    """The path of a trusted build ``name`` (host code this process will load), made by ``build(path)`` where
+    missing: in ``<cache dir>/<subdir>`` (which a team may share: a build someone else wrote there is passed over),
+    else in a private directory of this user under the temp dir (refused if another user holds or links it)."""
+    places = [settings().cache_dir / subdir, Path(tempfile.gettempdir()) / f"rtckern-{subdir}-{os.getuid()}"]
     for i, d in enumerate(places):  # the first that has a build of ours or can make one
         path = d / name
         try:
@@ -148,19 +153,24 @@ def _open():
             if not _trusted(path):
                 if os.path.lexists(path) and i == 0:
                     continue  # a build not ours (or writable by others) in a shared cache: use our own place
-                _build(path)
+                build(path)
         except PermissionError:
             continue
         except OSError as e:
             if not os.access(d if d.exists() else d.parent, os.W_OK):
                 continue
             raise LaunchError(str(e)) from e
-        if not _trusted(path):
-            continue
-        mod = _load(path)
-        mod.init(LIBCUDA, LaunchError)
-        return mod
-    raise LaunchError(f"no writable place of this user's to build the native launcher ({', '.join(map(str, places))})")
+        if _trusted(path):
+            return path
+    raise LaunchError(f"no writable place of this user's to build {name} ({', '.join(map(str, places))})")
+
+
+def find_artifact(subdir: str, name: str) -> Path | None:
+    """The trusted build ``name`` where built_artifact would find it, or None (nothing is built)."""
+    for d in (settings().cache_dir / subdir, Path(tempfile.gettempdir()) / f"rtckern-{subdir}-{os.getuid()}"):
+        if _trusted(d / name):
+            return d / name
+    return None
 
 
 def why() -> str | None:

@@ -43,6 +43,11 @@ static ctx_push_fn cu_ctx_push = NULL;
 static ctx_pop_fn cu_ctx_pop = NULL;
 static error_name_fn cu_error_name = NULL; /* optional: names the CUresult of a failed launch */
 static PyObject* launch_error = NULL; /* rtckern.errors.LaunchError, set by init() */
+/* record(list) / record(None): while a list is set, every prepared launch made by the thread that set it appends
+   (prepared, args) to it before launching (rtckern/plugins/_torch_native.py learns a call's launches this way);
+   other threads' launches are not recorded. Read and written under the GIL. */
+static PyObject* recorder = NULL;
+static unsigned long recorder_thread = 0;
 
 #define MAX_PARAMS 48
 #define BLOCK_BYTES 2048
@@ -168,6 +173,21 @@ static PyObject* prepared_call(PyObject* obj, PyObject* const* args, size_t narg
     PyErr_Format(PyExc_TypeError, "launch of %U takes a stream and %d kernel arguments; got %zd arguments",
                  self->label, self->nparams, nargs);
     return NULL;
+  }
+  if (recorder != NULL && PyThread_get_thread_ident() == recorder_thread) {
+    PyObject* rest = PyTuple_New(nargs);
+    if (rest == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < nargs; ++i) {
+      Py_INCREF(args[i]);
+      PyTuple_SET_ITEM(rest, i, args[i]);
+    }
+    PyObject* entry = PyTuple_Pack(2, obj, rest);
+    Py_DECREF(rest);
+    if (entry == NULL || PyList_Append(recorder, entry) != 0) {
+      Py_XDECREF(entry);
+      return NULL;
+    }
+    Py_DECREF(entry);
   }
   _Alignas(64) unsigned char block[BLOCK_BYTES];
   void* params[MAX_PARAMS];
@@ -319,6 +339,21 @@ static PyObject* prepared_repr(Prepared* self) {
                               self->dependent ? ", dependent" : "");
 }
 
+/* describe() -> (func, ctx, grid, block, smem, dependent, kinds, label): what the launch does, for a caller that
+   replays it elsewhere (the torch op library); the caller keeps this object alive while it uses func. */
+static PyObject* prepared_describe(Prepared* self, PyObject* unused) {
+  (void)unused;
+  return Py_BuildValue("KK(III)(III)Iis#O", (unsigned long long)(uintptr_t)self->func,
+                       (unsigned long long)(uintptr_t)self->ctx, self->grid[0], self->grid[1], self->grid[2],
+                       self->block[0], self->block[1], self->block[2], self->smem, self->dependent, self->kinds,
+                       (Py_ssize_t)self->nparams, self->label);
+}
+
+static PyMethodDef prepared_methods[] = {
+    {"describe", (PyCFunction)prepared_describe, METH_NOARGS,
+     "(func, ctx, grid, block, smem, dependent, kinds, label) of this prepared launch"},
+    {NULL, NULL, 0, NULL}};
+
 static PyTypeObject PreparedType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rtckern_native_launch.Prepared",
     .tp_basicsize = sizeof(Prepared),
@@ -326,6 +361,7 @@ static PyTypeObject PreparedType = {
     .tp_vectorcall_offset = offsetof(Prepared, vectorcall),
     .tp_call = PyVectorcall_Call,
     .tp_repr = (reprfunc)prepared_repr,
+    .tp_methods = prepared_methods,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = prepared_new,
 };
@@ -357,7 +393,27 @@ static PyObject* init(PyObject* mod, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-static PyMethodDef methods[] = {{"init", init, METH_VARARGS, "init(libcuda_path, error_class)"}, {NULL, NULL, 0, NULL}};
+static PyObject* record(PyObject* mod, PyObject* arg) {
+  (void)mod;
+  if (arg != Py_None && !PyList_Check(arg)) {
+    PyErr_SetString(PyExc_TypeError, "record(list or None)");
+    return NULL;
+  }
+  if (arg != Py_None && recorder != NULL && recorder_thread != PyThread_get_thread_ident()) {
+    PyErr_SetString(PyExc_RuntimeError, "another thread is recording launches");
+    return NULL;
+  }
+  Py_XDECREF(recorder);
+  recorder = arg == Py_None ? NULL : arg;
+  Py_XINCREF(recorder);
+  recorder_thread = PyThread_get_thread_ident();
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {{"init", init, METH_VARARGS, "init(libcuda_path, error_class)"},
+                                {"record", record, METH_O, "record(list): this thread's launches append (prepared, "
+                                                           "args) to list until record(None)"},
+                                {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "rtckern_native_launch", NULL, -1, methods};
 

@@ -49,6 +49,7 @@ def test_sdist_builds_and_its_wheel_ships_every_kernel_source(tmp_path):
     want = {p.relative_to(ROOT).as_posix() for p in (ROOT / "rtckern" / "kernel_sources").rglob("*")
             if p.is_file() and p.suffix in (".cuh", ".md")}
     want.add("rtckern/runtime/native_launch.c")  # the native launcher is built from it on the user's machine
+    want.add("rtckern/plugins/_torch_native.cpp")  # the native front of torch.ops.rtckern, built likewise
     with zipfile.ZipFile(wheel) as z:
         shipped = set(z.namelist())
     want.add("rtckern/py.typed")

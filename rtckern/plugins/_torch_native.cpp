@@ -1,0 +1,484 @@
+// The native front of rtckern's torch ops: a C++ kernel at AutogradCUDA that replays a call's launches without
+// entering Python.
+//
+// A torch.ops.rtckern call registered from Python costs the dispatcher boxing every argument into a Python kernel
+// (~10 us on an H200 host, more than torch's own call); torch's ops are C++ kernels. Here one boxed kernel serves
+// every registered op. For a call that needs no gradient, has plain dense CUDA tensors (no subclass, mode or
+// functorch layer) and 16-byte aligned inputs, it builds a key of the arguments (dtypes, devices, shapes, strides
+// and every scalar) and looks up a recipe: the outputs' shapes, strides and dtypes, and the call's launches (function,
+// context, grid, block, shared memory, and each parameter as a constant, an input's or an output's address). A hit
+// allocates the outputs through torch and launches on torch's current stream.
+//
+// A miss calls the op's recorder twin (rtckern::_native_record_<op>, registered by _torch_native.py), which runs the
+// op's Python implementation while watching it: when the call only allocated its outputs and made prepared launches
+// whose addresses are its inputs' and outputs', it offers the launches here (rtk_offer) and they become the key's
+// recipe; otherwise the key is marked so and later calls skip the recording. Every other call (a gradient needed,
+// tracing, fake tensors, modes, misaligned inputs, a refused key) goes to the Python kernels as before, by
+// redispatching to AutogradOther, where the op's Python autograd (or composite) kernel is registered.
+//
+// Built at first use by _torch_native.py with the system C++ compiler against the installed torch's headers and
+// loaded with torch.ops.load_library; it calls the driver through entry points found in the process's libcuda
+// (rtk_init), as runtime/native_launch.c does.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <dlfcn.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+using launch_fn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                          void**);
+using launch_ex_fn = int (*)(const void*, void*, void**, void**);
+using ctx_get_fn = int (*)(void**);
+using ctx_push_fn = int (*)(void*);
+using ctx_pop_fn = int (*)(void**);
+using error_name_fn = int (*)(int, const char**);
+
+launch_fn cu_launch = nullptr;
+launch_ex_fn cu_launch_ex = nullptr;
+ctx_get_fn cu_ctx_get = nullptr;
+ctx_push_fn cu_ctx_push = nullptr;
+ctx_pop_fn cu_ctx_pop = nullptr;
+error_name_fn cu_error_name = nullptr;
+
+constexpr int kMaxParams = 48;
+constexpr int kBlockBytes = 2048;
+constexpr int kAttrProgrammaticStreamSerialization = 6;
+
+// cuda.h's CUlaunchAttribute and CUlaunchConfig, laid out alike (as in native_launch.c)
+struct LaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int allowed;
+    void* align;
+  } value;
+};
+struct LaunchConfig {
+  unsigned grid[3], block[3], smem;
+  void* stream;
+  LaunchAttribute* attrs;
+  unsigned nattrs;
+};
+static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute");
+static_assert(sizeof(LaunchConfig) == 56, "CUlaunchConfig");
+
+enum Source : uint8_t { kConst = 0, kInput = 1, kOutput = 2 };
+
+struct Param {
+  char kind;
+  uint8_t source;
+  int16_t index;  // the argument (kInput) or output (kOutput) whose address is passed
+  int offset;     // in the parameter block
+  uint64_t bits;  // kConst: the value's bytes
+};
+
+struct Launch {
+  void* func = nullptr;
+  void* ctx = nullptr;
+  unsigned grid[3] = {1, 1, 1}, block[3] = {1, 1, 1}, smem = 0;
+  int dependent = 0;
+  std::vector<Param> params;
+  std::string label;
+};
+
+struct Output {
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype;
+};
+
+struct Recipe {
+  bool refused = false;  // the recorder could not describe the call: later calls take the Python kernels
+  std::vector<Output> outputs;
+  std::vector<Launch> launches;
+  std::vector<int16_t> addressed_inputs;  // arguments whose addresses the launches read (checked 16-byte aligned)
+};
+
+struct OpState {
+  c10::OperatorHandle recorder;
+  std::unordered_map<std::string, std::shared_ptr<const Recipe>> recipes;
+  explicit OpState(c10::OperatorHandle r) : recorder(std::move(r)) {}
+};
+
+std::shared_mutex table_mutex;
+std::unordered_map<std::string, std::unique_ptr<OpState>> ops;  // by the op's qualified name
+size_t recipe_count = 0;
+c10::DeviceType replay_device = c10::DeviceType::CUDA;  // CPU only in the CPU tests (rtk_test_device)
+
+// The key being recorded by this thread (between the miss and the recorder's return) and what it offered.
+struct Pending {
+  bool active = false;
+  bool offered = false;
+  bool skipped = false;  // the recorder could not watch this call (another thread was recording): learn it later
+  std::vector<Launch> launches;
+};
+thread_local Pending pending;
+
+int kind_size(char k) {
+  switch (k) {
+    case 'P': case 'q': case 'd': return 8;
+    case 'i': case 'I': case 'f': return 4;
+    default: return 0;  // 'M' (a tensor map holds addresses: never replayed) and unknown kinds
+  }
+}
+
+// Keys present in a tensor or in the thread's included set that send the call to the Python kernels: subclasses and
+// fake tensors (Python), dispatch modes (Python, PythonTLSSnapshot), functorch, functionalization, lazy conj / neg.
+const c10::DispatchKeySet kNotPlain = c10::DispatchKeySet({
+    c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::FuncTorchBatched,
+    c10::DispatchKey::FuncTorchDynamicLayerFrontMode, c10::DispatchKey::FuncTorchDynamicLayerBackMode,
+    c10::DispatchKey::Functionalize, c10::DispatchKey::Conjugate, c10::DispatchKey::Negative,
+    c10::DispatchKey::ZeroTensor, c10::DispatchKey::PreDispatch});
+
+void put(std::string& k, const void* p, size_t n) { k.append(static_cast<const char*>(p), n); }
+
+// The call's key, or false when the call cannot be replayed (then it goes to the Python kernels). Also says whether
+// every tensor argument is 16-byte aligned and the device index of the first.
+bool call_key(const torch::jit::Stack& stack, size_t first, size_t n, std::string& key, bool& aligned, int& device) {
+  const bool grad = c10::GradMode::is_enabled();
+  aligned = true;
+  device = -1;
+  bool tensors = false;
+  key.clear();
+  for (size_t i = first; i < first + n; ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) {
+        key.push_back('u');
+        continue;
+      }
+      if (t.device().type() != replay_device || t.layout() != c10::kStrided || t.key_set().has_any(kNotPlain) ||
+          (grad && t.requires_grad()))
+        return false;
+      const int idx = t.device().index();  // -1 for the CPU tests' tensors
+      if (!tensors) device = idx;
+      else if (idx != device) return false;
+      tensors = true;
+      if (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) aligned = false;
+      const int8_t dt = static_cast<int8_t>(t.scalar_type());
+      const int64_t dim = t.dim();
+      key.push_back('t');
+      put(key, &dt, 1);
+      put(key, &dim, 8);
+      put(key, t.sizes().data(), 8 * dim);
+      put(key, t.strides().data(), 8 * dim);
+    } else if (v.isNone()) {
+      key.push_back('n');
+    } else if (v.isDouble()) {
+      const double d = v.toDouble();
+      key.push_back('d');
+      put(key, &d, 8);
+    } else if (v.isInt()) {
+      const int64_t x = v.toInt();
+      key.push_back('i');
+      put(key, &x, 8);
+    } else if (v.isBool()) {
+      key.push_back(v.toBool() ? 'T' : 'F');
+    } else if (v.isString()) {
+      const auto& s = v.toStringRef();
+      const int64_t len = static_cast<int64_t>(s.size());
+      key.push_back('s');
+      put(key, &len, 8);
+      key.append(s);
+    } else {
+      return false;  // lists, SymInts and the rest: the Python kernels
+    }
+  }
+  return tensors;
+}
+
+// Test hook (CPU tests): a function called per replayed launch with the parameter pointers, instead of the driver.
+using test_launch_fn = void (*)(const char* label, int nparams, void** params);
+test_launch_fn test_launch = nullptr;
+
+void launch_or_throw(const Launch& l, const torch::jit::Stack& stack, size_t first, const std::vector<at::Tensor>& outs,
+                     void* stream) {
+  alignas(64) unsigned char block[kBlockBytes];
+  void* params[kMaxParams];
+  for (size_t i = 0; i < l.params.size(); ++i) {
+    const Param& p = l.params[i];
+    uint64_t bits = p.bits;
+    if (p.source == kInput) {
+      const at::Tensor& t = stack[first + p.index].toTensor();
+      bits = t.defined() ? reinterpret_cast<uint64_t>(t.data_ptr()) : 0;
+    } else if (p.source == kOutput) {
+      bits = reinterpret_cast<uint64_t>(outs[p.index].data_ptr());
+    }
+    params[i] = block + p.offset;
+    std::memcpy(block + p.offset, &bits, kind_size(p.kind));  // little-endian: the low bytes for 4-byte kinds
+  }
+  if (test_launch != nullptr) {
+    test_launch(l.label.c_str(), static_cast<int>(l.params.size()), params);
+    return;
+  }
+  void* cur = nullptr;
+  const char* call = "cuCtxGetCurrent";
+  int err = cu_ctx_get(&cur), pushed = 0;
+  if (err == 0 && cur != l.ctx) {
+    call = "cuCtxPushCurrent";
+    err = cu_ctx_push(l.ctx);
+    pushed = err == 0;
+  }
+  if (err == 0 && l.dependent && cu_launch_ex != nullptr) {
+    LaunchAttribute attr;
+    std::memset(&attr, 0, sizeof attr);
+    attr.id = kAttrProgrammaticStreamSerialization;
+    attr.value.allowed = 1;
+    LaunchConfig cfg = {{l.grid[0], l.grid[1], l.grid[2]}, {l.block[0], l.block[1], l.block[2]}, l.smem, stream,
+                        &attr, 1};
+    call = "cuLaunchKernelEx";
+    err = cu_launch_ex(&cfg, l.func, params, nullptr);
+  } else if (err == 0) {
+    call = "cuLaunchKernel";
+    err = cu_launch(l.func, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.smem, stream,
+                    params, nullptr);
+  }
+  if (pushed) {
+    void* popped;
+    cu_ctx_pop(&popped);
+  }
+  if (err != 0) {
+    const char* name = nullptr;
+    if (cu_error_name == nullptr || cu_error_name(err, &name) != 0 || name == nullptr) name = "unknown CUresult";
+    TORCH_CHECK(false, "rtckern: launch of ", l.label, " failed: ", call, " returned ", name, " (", err, ") (grid (",
+                l.grid[0], ", ", l.grid[1], ", ", l.grid[2], "), block (", l.block[0], ", ", l.block[1], ", ",
+                l.block[2], "), shared memory ", l.smem, ")");
+  }
+}
+
+void replay(const Recipe& r, torch::jit::Stack& stack, size_t first, size_t n, int device) {
+  const auto opts = at::TensorOptions().device(c10::Device(replay_device, static_cast<c10::DeviceIndex>(device)));
+  std::vector<at::Tensor> outs;
+  outs.reserve(r.outputs.size());
+  for (const Output& o : r.outputs) outs.push_back(at::empty_strided(o.sizes, o.strides, opts.dtype(o.dtype)));
+  void* stream = nullptr;
+  if (replay_device == c10::DeviceType::CUDA) {
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    stream = impl.getStream(c10::Device(c10::DeviceType::CUDA, device)).native_handle();
+  }
+  for (const Launch& l : r.launches) launch_or_throw(l, stack, first, outs, stream);
+  torch::jit::drop(stack, n);
+  for (auto& t : outs) stack.emplace_back(std::move(t));
+}
+
+void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  const size_t first = stack->size() - n;
+  std::string key;
+  bool aligned = false;
+  int device = -1;  // of the tensor arguments (one device)
+  const bool plain = !c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain) &&
+                     call_key(*stack, first, n, key, aligned, device);
+  if (plain) {
+    OpState* state = nullptr;
+    std::shared_ptr<const Recipe> recipe;
+    {
+      std::shared_lock<std::shared_mutex> lock(table_mutex);
+      auto it = ops.find(op.schema().name());
+      if (it != ops.end()) {
+        state = it->second.get();
+        auto r = state->recipes.find(key);
+        if (r != state->recipes.end()) recipe = r->second;
+      }
+    }
+    if (recipe && !recipe->refused) {
+      bool ok = true;
+      for (int16_t i : recipe->addressed_inputs) {
+        const at::Tensor& t = (*stack)[first + i].toTensor();
+        if (t.defined() && (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15)) ok = false;
+      }
+      if (ok) {
+        replay(*recipe, *stack, first, n, device);
+        return;
+      }
+    } else if (!recipe && state != nullptr && aligned) {
+      // record: the recorder twin runs the Python implementation and may offer its launches (rtk_offer)
+      pending = Pending{};
+      pending.active = true;
+      struct Reset {
+        ~Reset() { pending = Pending{}; }
+      } reset;
+      state->recorder.callBoxed(stack);
+      if (pending.skipped) return;
+      auto r = std::make_shared<Recipe>();
+      const size_t nret = op.schema().returns().size();
+      bool ok = pending.offered && stack->size() >= nret;
+      for (size_t j = 0; ok && j < nret; ++j) {
+        const c10::IValue& v = (*stack)[stack->size() - nret + j];
+        if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().device().type() != replay_device) {
+          ok = false;
+          break;
+        }
+        const at::Tensor& t = v.toTensor();
+        r->outputs.push_back(Output{t.sizes().vec(), t.strides().vec(), t.scalar_type()});
+      }
+      if (ok) {
+        r->launches = std::move(pending.launches);
+        for (const Launch& l : r->launches)
+          for (const Param& p : l.params) {
+            if (p.source == kInput) r->addressed_inputs.push_back(p.index);
+            if (p.source == kOutput && p.index >= static_cast<int16_t>(nret)) ok = false;
+          }
+      }
+      if (!ok) {
+        r->outputs.clear();
+        r->launches.clear();
+        r->refused = true;
+      }
+      std::unique_lock<std::shared_mutex> lock(table_mutex);
+      auto it = ops.find(op.schema().name());
+      if (it != ops.end() && it->second->recipes.emplace(key, std::move(r)).second) ++recipe_count;
+      return;
+    }
+  }
+  // the Python kernels: the op's autograd (or composite) kernel is registered at AutogradOther too
+  op.redispatchBoxed((ks & c10::after_autograd_keyset) | c10::DispatchKeySet(c10::DispatchKey::AutogradOther), stack);
+}
+
+template <typename T>
+bool read(const char*& p, const char* end, T& out) {
+  if (end - p < static_cast<std::ptrdiff_t>(sizeof(T))) return false;
+  std::memcpy(&out, p, sizeof(T));
+  p += sizeof(T);
+  return true;
+}
+
+}  // namespace
+
+#define RTK_EXPORT __attribute__((visibility("default")))  // the build hides every other symbol
+
+extern "C" {
+
+// init(libcuda path): the driver entry points. 0 on success.
+RTK_EXPORT int rtk_init(const char* path) {
+  void* h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) h = dlopen(path, RTLD_NOW);
+  if (h == nullptr) return -1;
+  cu_launch = reinterpret_cast<launch_fn>(dlsym(h, "cuLaunchKernel"));
+  cu_launch_ex = reinterpret_cast<launch_ex_fn>(dlsym(h, "cuLaunchKernelEx"));
+  cu_ctx_get = reinterpret_cast<ctx_get_fn>(dlsym(h, "cuCtxGetCurrent"));
+  cu_ctx_push = reinterpret_cast<ctx_push_fn>(dlsym(h, "cuCtxPushCurrent_v2"));
+  cu_ctx_pop = reinterpret_cast<ctx_pop_fn>(dlsym(h, "cuCtxPopCurrent_v2"));
+  cu_error_name = reinterpret_cast<error_name_fn>(dlsym(h, "cuGetErrorName"));
+  if (!cu_launch || !cu_ctx_get || !cu_ctx_push || !cu_ctx_pop) {
+    cu_launch = nullptr;
+    return -2;
+  }
+  return 0;
+}
+
+// Test hook: replay on CPU tensors and hand each launch to fn instead of the driver.
+RTK_EXPORT void rtk_test_device(test_launch_fn fn) {
+  test_launch = fn;
+  replay_device = fn != nullptr ? c10::DeviceType::CPU : c10::DeviceType::CUDA;
+}
+
+// Serve op_name (e.g. "rtckern::rms_norm") at dispatch_key ("AutogradCUDA"; "AutogradCPU" in the CPU tests),
+// recording misses through recorder_name. 0 on success, -1 when either op is not defined.
+RTK_EXPORT int rtk_register(const char* op_name, const char* recorder_name, const char* dispatch_key) {
+  auto& d = c10::Dispatcher::singleton();
+  auto op = d.findOp(c10::OperatorName(op_name, ""));
+  auto rec = d.findOp(c10::OperatorName(recorder_name, ""));
+  if (!op || !rec) return -1;
+  {
+    std::unique_lock<std::shared_mutex> lock(table_mutex);
+    ops[op_name] = std::make_unique<OpState>(*rec);
+  }
+  static std::vector<std::unique_ptr<torch::Library>> libraries;  // registrations live as long as the process
+  const std::string qualified(op_name);
+  const auto sep = qualified.find("::");
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, qualified.substr(0, sep),
+                                              c10::parseDispatchKey(dispatch_key), __FILE__, __LINE__);
+  lib->impl(qualified.substr(sep + 2).c_str(), torch::CppFunction::makeFromBoxedFunction<&native_kernel>());
+  libraries.push_back(std::move(lib));
+  return 0;
+}
+
+// During a recording (inside the recorder twin): the call's launches, serialized by _torch_native.py:
+//   u32 nlaunches, then per launch: u64 func, u64 ctx, u32 grid[3], u32 block[3], u32 smem, i32 dependent,
+//   u32 label length, label bytes, u32 nparams, then per parameter: u8 kind, u8 source, i16 index, u64 bits.
+// An empty offer (len 0) leaves the key unlearned. 0 when taken; -1 when no recording is pending in this thread;
+// -2 when the description is malformed.
+RTK_EXPORT int rtk_offer(const char* data, size_t len) {
+  if (!pending.active) return -1;
+  if (len == 0) {
+    pending.skipped = true;
+    return 0;
+  }
+  const char* p = data;
+  const char* end = data + len;
+  uint32_t nl = 0;
+  if (!read(p, end, nl) || nl == 0 || nl > 64) return -2;
+  std::vector<Launch> launches(nl);
+  for (Launch& l : launches) {
+    uint64_t func, ctx;
+    uint32_t label_len, np;
+    if (!read(p, end, func) || !read(p, end, ctx)) return -2;
+    l.func = reinterpret_cast<void*>(func);
+    l.ctx = reinterpret_cast<void*>(ctx);
+    for (auto& g : l.grid) if (!read(p, end, g)) return -2;
+    for (auto& b : l.block) if (!read(p, end, b)) return -2;
+    if (!read(p, end, l.smem) || !read(p, end, l.dependent) || !read(p, end, label_len)) return -2;
+    if (end - p < static_cast<std::ptrdiff_t>(label_len)) return -2;
+    l.label.assign(p, label_len);
+    p += label_len;
+    if (!read(p, end, np) || np > kMaxParams) return -2;
+    int off = 0;
+    for (uint32_t i = 0; i < np; ++i) {
+      Param q{};
+      if (!read(p, end, q.kind) || !read(p, end, q.source) || !read(p, end, q.index) || !read(p, end, q.bits))
+        return -2;
+      const int sz = kind_size(q.kind);
+      if (sz == 0 || q.source > kOutput || q.index < 0) return -2;
+      off = (off + sz - 1) / sz * sz;
+      q.offset = off;
+      off += sz;
+      if (off > kBlockBytes) return -2;
+      l.params.push_back(q);
+    }
+  }
+  if (p != end) return -2;
+  pending.launches = std::move(launches);
+  pending.offered = true;
+  return 0;
+}
+
+// Forget every recipe (the settings changed, rtckern.clear_caches()); the caller then releases what kept their
+// functions loaded.
+RTK_EXPORT void rtk_clear() {
+  std::unique_lock<std::shared_mutex> lock(table_mutex);
+  for (auto& kv : ops) kv.second->recipes.clear();
+  recipe_count = 0;
+}
+
+// Recipes and refused keys held, over all ops.
+RTK_EXPORT size_t rtk_size() {
+  std::shared_lock<std::shared_mutex> lock(table_mutex);
+  return recipe_count;
+}
+
+// Of one op: the number of recipes (refused = 0) or of refused keys (refused = 1); -1 for an op not registered.
+RTK_EXPORT long rtk_count(const char* op_name, int refused) {
+  std::shared_lock<std::shared_mutex> lock(table_mutex);
+  auto it = ops.find(op_name);
+  if (it == ops.end()) return -1;
+  long c = 0;
+  for (const auto& kv : it->second->recipes) c += kv.second->refused == (refused != 0);
+  return c;
+}
+
+}  // extern "C"

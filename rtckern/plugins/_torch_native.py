@@ -1,0 +1,363 @@
+"""The native front of torch.ops.rtckern (_torch_native.cpp): a C++ kernel at AutogradCUDA that replays a plain
+eager call's launches without entering Python, learning them from the op's Python implementation on the first call
+of each argument signature.
+
+    RTCKERN_TORCH_NATIVE=auto   load the library where it is built; otherwise build it in a background process for
+                                the next process (CUDA builds of torch only), and use the Python kernels meanwhile
+    RTCKERN_TORCH_NATIVE=1      build it at import (tens of seconds, once per machine and torch) or fail
+    RTCKERN_TORCH_NATIVE=0      never
+
+The library is built with the system C++ compiler (CXX, else c++ / g++ / clang++) against the installed torch's
+headers, cached as the native launcher is (rtckern.runtime.native.built_artifact), and named by its source, torch's
+version and ABI, the compiler and the platform, so a torch upgrade builds anew.
+
+What is replayed: a call that needs no gradient, with plain dense CUDA tensors (no subclass, fake tensor, dispatch
+mode or functorch layer) and 16-byte aligned inputs, whose first call of the same dtypes, shapes, strides and
+scalars (`record`) allocated only its outputs and made only prepared launches (rtckern.runtime Kernel.prepare)
+whose addresses are its inputs' and its outputs'. The op's kernels, grid, block and constant arguments are then
+those of the Python path by construction. Anything else (a workspace, a torch op on the way, a tensor map, a
+fallback to torch's implementation) marks the signature, and its calls go to the Python kernels as before.
+`status()` says what each op holds. The recipes are dropped whenever the PlanCaches are (settings changes,
+rtckern.clear_caches(), set_manager).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import struct
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from rtckern.caches import on_clear
+from rtckern.config import settings
+from rtckern.errors import LaunchError
+
+from ._torch_lib import COMPOSITE_DIRECT, KERNEL_OPS, LIB, QUALIFIED
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("_torch_native.cpp")
+SUBDIR = "torch_native"
+RECORDER_PREFIX = "_native_record_"
+MAX_RECIPES = 4096  # recipes and refused signatures over all ops; past it every one is dropped and relearned
+
+_state: dict[str, object] = {}  # "lib" (ctypes handle), "ops" (names served), "why" (why there is none)
+_held: list = []  # the prepared launches whose functions the recipes launch (each keeps its module loaded)
+_refusals: dict[str, str] = {}  # op -> why its last refused signature was refused
+_record_lock = threading.Lock()
+
+
+# ---- build and load ---------------------------------------------------------------------------------------------
+def _cxx() -> list[str] | None:
+    cxx = settings().cxx_compiler
+    if cxx:
+        return list(cxx) if shutil.which(cxx[0]) else None
+    for name in ("c++", "g++", "clang++"):
+        if shutil.which(name):
+            return [name]
+    return None
+
+
+def _torch_dir() -> Path:
+    return Path(torch.__file__).parent
+
+
+def artifact_name() -> str:
+    """The library's file name: a hash of what the build depends on."""
+    h = hashlib.sha256(SOURCE.read_bytes())
+    cxx = _cxx() or ["none"]
+    for part in (torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI), " ".join(cxx), str(_torch_dir()),
+                 sysconfig.get_platform(), platform.machine(), " ".join(platform.libc_ver())):
+        h.update(b"\0" + part.encode())
+    return f"rtckern_torch_native-{h.hexdigest()[:20]}.so"
+
+
+def build(dest: Path) -> None:
+    """Compile _torch_native.cpp into dest (atomically)."""
+    cxx = _cxx()
+    if cxx is None:
+        raise LaunchError("no C++ compiler found (set CXX, or install g++ or clang++) for the native front of "
+                          "torch.ops.rtckern; RTCKERN_TORCH_NATIVE=0 turns it off")
+    tdir = _torch_dir()
+    include = tdir / "include"
+    if not (include / "torch" / "library.h").is_file():
+        raise LaunchError(f"torch's C++ headers are not at {include} (a torch install without headers); "
+                          "RTCKERN_TORCH_NATIVE=0 turns the native front off")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    lib = tdir / "lib"
+    cmd = [*cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{include}", str(SOURCE), "-o", tmp,
+           f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-ldl"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise LaunchError(f"{' '.join(cmd)} failed:\n{r.stderr.strip()[-3000:]}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _open(path: Path):
+    torch.ops.load_library(str(path))
+    lib = ctypes.CDLL(str(path))
+    lib.rtk_init.argtypes = [ctypes.c_char_p]
+    lib.rtk_register.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]
+    lib.rtk_offer.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.rtk_size.restype = ctypes.c_size_t
+    lib.rtk_count.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.rtk_count.restype = ctypes.c_long
+    lib.rtk_test_device.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def _library(build_now: bool):
+    """The loaded library, building it first where build_now; None when it is not built."""
+    from rtckern.runtime.native import built_artifact, find_artifact
+
+    name = artifact_name()
+    path = built_artifact(SUBDIR, name, build) if build_now else find_artifact(SUBDIR, name)
+    return None if path is None else _open(path)
+
+
+def _build_in_background() -> None:
+    """Start `python -m rtckern.plugins._torch_native` detached (niced): it builds the library for the next process."""
+    cmd = [sys.executable, "-m", "rtckern.plugins._torch_native"]
+    try:
+        subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, preexec_fn=lambda: os.nice(10))
+    except OSError as e:
+        log.info("rtckern.torch: cannot start the native front's build (%s)", e)
+        return
+    log.info("rtckern.torch: building the native front of torch.ops.rtckern in the background (once per machine and "
+             "torch version); this process uses the Python kernels")
+
+
+# ---- registration -------------------------------------------------------------------------------------------------
+def activate() -> bool:
+    """Load (or build, per RTCKERN_TORCH_NATIVE) the library and serve the eligible ops through it; True when it
+    serves. Called by `import rtckern.torch`; once per process."""
+    if "lib" in _state:
+        return _state["lib"] is not None
+    mode = settings().torch_native
+    _state.update(lib=None, ops=(), why="RTCKERN_TORCH_NATIVE=0")
+    if mode == "off":
+        return False
+    if torch.version.cuda is None and mode == "auto":
+        _state["why"] = "a torch build without CUDA"
+        return False
+    try:
+        lib = _library(build_now=mode == "on")
+        if lib is None:
+            _state["why"] = "not built yet (a background build was started)"
+            _build_in_background()
+            return False
+        from rtckern.runtime.libcuda import LIBCUDA
+
+        if lib.rtk_init(LIBCUDA.encode()) != 0:
+            raise LaunchError(f"{LIBCUDA} cannot be opened or lacks cuLaunchKernel / cuCtxGetCurrent")
+    except (OSError, LaunchError, subprocess.SubprocessError) as e:
+        _state["why"] = f"{type(e).__name__}: {e}"
+        if mode == "on":
+            raise LaunchError(f"RTCKERN_TORCH_NATIVE=1 but the native front of torch.ops.rtckern is unavailable: "
+                              f"{_state['why']}") from e
+        log.info("rtckern.torch: torch.ops.rtckern calls go through Python (%s)", _state["why"])
+        return False
+    serve(lib, "AutogradCUDA")
+    return True
+
+
+def serve(lib, dispatch_key: str) -> None:
+    """Register lib's kernel for every eligible op at dispatch_key, with its recorder twin."""
+    served = []
+    for name, fn in [*((n, op.fn) for n, op in KERNEL_OPS.items()), *COMPOSITE_DIRECT.items()]:
+        op = getattr(getattr(torch.ops, "rtckern"), name).default
+        twin = RECORDER_PREFIX + name
+        schema = str(op._schema)
+        LIB.define(twin + schema[schema.index("("):])
+        LIB.impl(twin, _recorder(name, fn, op), "CompositeImplicitAutograd")
+        if lib.rtk_register((QUALIFIED + name).encode(), (QUALIFIED + twin).encode(), dispatch_key.encode()) != 0:
+            raise LaunchError(f"registering the native front of rtckern::{name} failed")
+        served.append(name)
+    _state.update(lib=lib, ops=tuple(served), why=None)
+    on_clear(clear)
+
+
+def clear() -> None:
+    """Drop every recipe (and what kept their functions loaded)."""
+    lib = _state.get("lib")
+    if lib is not None:
+        lib.rtk_clear()
+    _held.clear()
+
+
+def status() -> dict:
+    """Whether the native front serves, why not, and per op the recipes and refused signatures it holds (with the
+    last refusal's reason)."""
+    lib = _state.get("lib")
+    out = {"active": lib is not None, "why_not": _state.get("why"), "ops": {}}
+    if lib is not None:
+        for name in _state["ops"]:
+            q = (QUALIFIED + name).encode()
+            out["ops"][name] = {"recipes": lib.rtk_count(q, 0), "refused": lib.rtk_count(q, 1),
+                                "last_refusal": _refusals.get(name)}
+    return out
+
+
+# ---- recording --------------------------------------------------------------------------------------------------
+def _recorder(name: str, direct, op):
+    """The twin's implementation: run the op's eager path while watching it, and offer its launches."""
+    defaults = tuple(a.default_value for a in op._schema.arguments)
+
+    def record(*args):
+        args += defaults[len(args):]  # the dispatcher leaves trailing defaults out of a Python kernel's arguments
+        lib = _state["lib"]
+        if lib.rtk_size() >= MAX_RECIPES:
+            clear()
+        if not _record_lock.acquire(blocking=False):  # another thread is recording: run, leave the key unlearned
+            lib.rtk_offer(None, 0)
+            return direct(*args)
+        try:
+            out, launches, why = _watch(direct, args)
+        finally:
+            _record_lock.release()
+        outs = out if isinstance(out, tuple) else (out,)
+        blob = None
+        if why is None:
+            blob, why = _describe(args, outs, launches)
+        if blob is not None and lib.rtk_offer(blob, len(blob)) == 0:
+            _held.extend(p for p, _ in launches)
+        else:
+            _refusals[name] = why
+            log.debug("rtckern.torch: rtckern::%s with this signature stays on the Python kernels: %s", name, why)
+        return out
+
+    record.__name__ = f"{RECORDER_PREFIX}{name}"
+    return record
+
+
+_ALLOCATIONS = None  # the aten allocation overloads (set at the first recording: torch.ops.aten lookups)
+
+
+def _watch(direct, args):
+    """(output, launches, None), or a reason in place of None when the call did more than allocate and launch."""
+    global _ALLOCATIONS
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from rtckern.runtime import native
+
+    if _ALLOCATIONS is None:
+        a = torch.ops.aten
+        _ALLOCATIONS = {a.empty.memory_format, a.empty_like.default, a.empty_strided.default, a.new_empty.default,
+                        a.new_empty_strided.default}
+    mod = native.module()
+    if mod is None:
+        return direct(*args), [], "the native launcher is unavailable: " + str(native.why())
+
+    class Watch(TorchDispatchMode):
+        other = None
+        allocated: set = set()
+
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            r = func(*a, **(kw or {}))
+            if func in _ALLOCATIONS:
+                self.allocated.add(r.untyped_storage().data_ptr())
+            elif not func.is_view and self.other is None:
+                self.other = str(func)
+            return r
+
+    launches: list = []
+    watch = Watch()
+    watch.allocated = set()
+    mod.record(launches)
+    try:
+        with watch:
+            out = direct(*args)
+    finally:
+        mod.record(None)
+    if watch.other is not None:
+        return out, launches, f"the call ran {watch.other}"
+    for t in out if isinstance(out, tuple) else (out,):
+        if not isinstance(t, torch.Tensor):
+            return out, launches, "an output is not a tensor"
+        if t.numel() and (t.untyped_storage().data_ptr() not in watch.allocated or not _covers_storage(t)):
+            return out, launches, "an output is not a whole new allocation"
+    return out, launches, None
+
+
+def _covers_storage(t: torch.Tensor) -> bool:
+    """t starts its storage and spans all of it (so empty_strided of its sizes and strides gives the same extent)."""
+    extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+    return t.storage_offset() == 0 and extent * t.element_size() == t.untyped_storage().nbytes()
+
+
+_PACK = {"q": "<q", "i": "<i", "I": "<I", "f": "<f", "d": "<d"}
+
+
+def _describe(args, outs, launches):
+    """The launches serialized for rtk_offer (its comment in _torch_native.cpp has the layout), or (None, why)."""
+    if not launches:
+        return None, "the call made no prepared launch (a torch fallback or an unprepared path)"
+    inputs = [(i, a.data_ptr()) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel()]
+    outputs = [(j, t.data_ptr()) for j, t in enumerate(outs) if t.numel()]
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    blob = [struct.pack("<I", len(launches))]
+    for prepared, call in launches:
+        func, ctx, grid, block, smem, dependent, kinds, label = prepared.describe()
+        if int(call[0]) != stream:
+            return None, "a launch went to a stream other than torch's current one"
+        label_b = label.encode()
+        blob.append(struct.pack("<QQ3I3IIiI", func, ctx, *grid, *block, smem, dependent, len(label_b)) + label_b)
+        blob.append(struct.pack("<I", len(kinds)))
+        for kind, v in zip(kinds, call[1:]):
+            if kind == "M":
+                return None, f"{label} takes a tensor map (it holds addresses)"
+            if kind == "P":
+                v = int(v)
+                src = [(1, i) for i, p in inputs if p == v] + [(2, j) for j, p in outputs if p == v]
+                if v == 0:
+                    blob.append(struct.pack("<BBhQ", ord("P"), 0, 0, 0))
+                elif len(src) == 1:
+                    blob.append(struct.pack("<BBhQ", ord("P"), src[0][0], src[0][1], 0))
+                else:
+                    return None, (f"{label} takes an address that is " + ("no input's or output's (a workspace)"
+                                                                          if not src else "two arguments'"))
+            else:
+                raw = struct.pack(_PACK[kind], float(v) if kind in "fd" else int(v)).ljust(8, b"\0")
+                blob.append(struct.pack("<BBh", ord(kind), 0, 0) + raw)
+    return b"".join(blob), None
+
+
+def _main() -> int:
+    """`python -m rtckern.plugins._torch_native`: build the library (the background build), once at a time."""
+    import fcntl
+
+    from rtckern.runtime.native import built_artifact
+
+    lock_dir = settings().cache_dir / SUBDIR
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / ".build.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 0  # another process is building it
+        built_artifact(SUBDIR, artifact_name(), build)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

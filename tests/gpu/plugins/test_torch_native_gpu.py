@@ -1,0 +1,134 @@
+"""The native front of torch.ops.rtckern on a GPU (RTCKERN_TORCH_NATIVE=1 at import, as the device driver sets
+it): the first call of a signature records, later calls replay in C++, and every op's replayed output equals the
+Python path's bit for bit; the ops whose launches are plain (norms, softmax) are replayed; replays follow torch's
+current stream and capture into CUDA graphs; a gradient or a misaligned input still takes the Python kernels."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rtckern.torch as rt  # noqa: E402
+from rtckern.testing import torch_op_python_path as P  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+ops = torch.ops.rtckern
+BF16 = torch.bfloat16
+DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def native():
+    s = rt.native_status()
+    if not s["active"]:
+        pytest.skip(f"the native front is not active: {s['why_not']} (run with RTCKERN_TORCH_NATIVE=1)")
+
+
+def rand(*shape, dtype=BF16):
+    return torch.randn(*shape, device=DEV, dtype=torch.float32).to(dtype)
+
+
+def _cases():
+    x, w, b = rand(4, 4096), rand(4096), rand(4096)
+    s, c = rand(1, 32, 1, 1024), rand(32, 128, 128)
+    mask = torch.rand(2, 1, 64, 64, device=DEV) < 0.2
+    sm = rand(2, 4, 64, 64)
+    q, kv = rand(1, 1, 32, 128), rand(1, 1024, 8, 128)
+    qp, kvp = rand(2, 128, 8, 64), rand(2, 128, 2, 64)
+    a1, wl = rand(1, 1024), rand(1024, 1024)
+    a64 = rand(64, 1024)
+    y = torch.softmax(s.float(), -1).to(BF16)
+    gate, up = rand(8, 1024), rand(8, 1024)
+    logits, labels = rand(16, 1000), torch.randint(0, 1000, (16,), device=DEV)
+    return {
+        "rms_norm": (lambda: ops.rms_norm(x, w, 1e-6), lambda: P("rms_norm")(x, w, 1e-6, False, None)),
+        "fused_add_rms_norm": (lambda: ops.fused_add_rms_norm(x, x, w, 1e-6),
+                               lambda: P("fused_add_rms_norm")(x, x, w, 1e-6, False)),
+        "layer_norm": (lambda: ops.layer_norm(x, w, b, 1e-5), lambda: P("layer_norm")(x, w, b, 1e-5, False, None)),
+        "rms_norm_fwd": (lambda: ops.rms_norm_fwd(x, w, 1e-6, False, None, True),
+                         lambda: P("rms_norm_fwd")(x, w, 1e-6, False, None, True)),
+        "softmax": (lambda: ops.softmax(s, 0.125), lambda: P("softmax")(s, 0.125)),
+        "scaled_upper_triang_masked_softmax": (
+            lambda: ops.scaled_upper_triang_masked_softmax(c, 0.125),
+            lambda: P("scaled_upper_triang_masked_softmax")(c, 0.125)),
+        "scaled_masked_softmax": (lambda: ops.scaled_masked_softmax(sm, mask, 0.5),
+                                  lambda: P("scaled_masked_softmax")(sm, mask, 0.5)),
+        "softmax_bwd": (lambda: ops.softmax_bwd(y, s, 0.125), lambda: P("softmax_bwd")(y, s, 0.125)),
+        "attention": (lambda: ops.attention(q, kv, kv), lambda: P("attention")(q, kv, kv, False, None)),
+        "attention_fwd": (lambda: ops.attention_fwd(qp, kvp, kvp, True, None, True),
+                          lambda: P("attention_fwd")(qp, kvp, kvp, True, None, True)),
+        "gemm": (lambda: ops.gemm(a1, wl, None, None, True), lambda: P("gemm")(a1, wl, None, None,
+                                                                                               True, None, None)),
+        "gemm M=64": (lambda: ops.gemm(a64, wl, None, None, True),
+                      lambda: P("gemm")(a64, wl, None, None, True, None, None)),
+        "swiglu": (lambda: ops.swiglu(gate, up), lambda: P("swiglu")(gate, up)),
+        "cross_entropy": (lambda: ops.cross_entropy(logits, labels), lambda: P("cross_entropy")(logits, labels, -100, "mean")),
+    }
+
+
+@pytest.mark.parametrize("case", list(_cases()))
+def test_replay_equals_the_python_path(case):
+    native, python = _cases()[case]
+    with torch.no_grad():
+        want = python()
+        first = native()  # recorded (or refused)
+        again = [native() for _ in range(3)]  # replayed where a recipe was learned
+    torch.cuda.synchronize()
+    want = want if isinstance(want, tuple) else (want,)
+    for got in [first, *again]:
+        got = got if isinstance(got, tuple) else (got,)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
+            assert torch.equal(g, w), case
+
+
+def test_norms_and_softmax_are_replayed():
+    """The ops whose launches are plain (one prepared launch, no workspace) learn a recipe and replay it."""
+    x, w = rand(8, 2048), rand(2048)
+    s = rand(2, 8, 4, 512)
+    with torch.no_grad():
+        for _ in range(2):
+            ops.rms_norm(x, w, 1e-6)
+            ops.layer_norm(x, w, None, 1e-5)
+            ops.softmax(s, 1.0)
+    st = rt.native_status()["ops"]
+    for name in ("rms_norm", "layer_norm", "softmax"):
+        assert st[name]["recipes"] >= 1, (name, st[name])
+
+
+def test_replays_follow_the_current_stream_and_capture_into_graphs():
+    x, w = rand(16, 4096), rand(4096)
+    with torch.no_grad():
+        want = rt.rms_norm(x, w, 1e-6)
+        ops.rms_norm(x, w, 1e-6)  # recorded
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            got = ops.rms_norm(x, w, 1e-6)  # replayed on the side stream
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(got, want)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            captured = ops.rms_norm(x, w, 1e-6)
+        x.copy_(rand(16, 4096))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, rt.rms_norm(x, w, 1e-6))
+
+
+def test_gradients_and_misaligned_inputs_take_the_python_kernels():
+    x, w = rand(4, 1024), rand(1024)
+    with torch.no_grad():
+        ops.rms_norm(x, w, 1e-6)
+    before = rt.native_status()["ops"]["rms_norm"]["recipes"]
+    xg = x.clone().requires_grad_()
+    y = ops.rms_norm(xg, w, 1e-6)
+    assert y.requires_grad and y.grad_fn is not None
+    y.float().sum().backward()
+    assert xg.grad is not None and torch.isfinite(xg.grad).all()
+    flat = rand(4 * 1024 + 1)
+    xm = flat[1:].view(4, 1024)  # 2 bytes off 16
+    with torch.no_grad():
+        assert torch.equal(ops.rms_norm(xm, w, 1e-6), rt.rms_norm(xm, w, 1e-6))
+    assert rt.native_status()["ops"]["rms_norm"]["recipes"] == before

@@ -1,0 +1,217 @@
+"""The native front of torch.ops.rtckern (rtckern/plugins/_torch_native.cpp), built with the real C++ compiler
+against the installed torch and served at AutogradCPU for test ops whose "kernels" are prepared launches of the real
+native launcher against the fake libcuda: the first call of a signature is recorded, later ones replayed in C++
+(a hook stands in for the driver and computes on the host), and every call that must not be replayed reaches the
+Python kernels. Each case runs in a subprocess (the fake libcuda and the registrations are per process)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+
+PRELUDE = r"""
+import ctypes, json, sys
+import torch
+from torch import Tensor
+from rtckern.testing import use_fake_libcuda
+use_fake_libcuda()
+from rtckern import clear_caches, config
+from rtckern.runtime import native
+from rtckern.plugins import _torch_lib as TL, _torch_native as TN
+
+mod = native.module()
+assert mod is not None, native.why()
+count = {"fn": 0, "replay": 0}
+
+
+def host_scale(xp, yp, n, s):  # what the "kernel" computes, on host memory
+    x = (ctypes.c_float * n).from_address(xp)
+    y = (ctypes.c_float * n).from_address(yp)
+    for i in range(n):
+        y[i] = x[i] * s
+
+
+def scale(x: Tensor, s: float) -> Tensor:
+    count["fn"] += 1
+    y = torch.empty_like(x)
+    go = mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PPqf", "scale", False, None)
+    go(0, x.data_ptr(), y.data_ptr(), x.numel(), s)
+    host_scale(x.data_ptr(), y.data_ptr(), x.numel(), s)
+    return y
+
+
+def zeroed(x: Tensor) -> Tensor:
+    y = torch.empty_like(x)
+    y.zero_()  # a torch op on the way: not a recipe
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PP", "zeroed", False, None)(0, x.data_ptr(), y.data_ptr())
+    return y
+
+
+def workspace(x: Tensor) -> Tensor:
+    y = torch.empty_like(x)
+    ws = torch.empty(64, dtype=torch.uint8)
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PPP", "ws", False, None)(
+        0, x.data_ptr(), ws.data_ptr(), y.data_ptr())
+    return y
+
+
+kscale = TL.KernelOp("tn_scale", scale)
+kscale.register_fake(lambda x, s: torch.empty_like(x))
+TL.KernelOp("tn_zeroed", zeroed)
+TL.KernelOp("tn_workspace", workspace)
+TL.define_composite("tn_double(Tensor x) -> Tensor", lambda x: kscale(x, 2.0), lambda x: scale(x, 2.0))
+
+HOOK = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+
+
+def on_launch(label, n, params):
+    count["replay"] += 1
+    assert label == b"scale" and n == 4, (label, n)
+    word = lambda i, t: ctypes.cast(params[i], ctypes.POINTER(t))[0]
+    host_scale(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_int64), word(3, ctypes.c_float))
+
+
+hook = HOOK(on_launch)
+lib = TN._open(sys.argv[1])
+lib.rtk_test_device(ctypes.cast(hook, ctypes.c_void_p))
+TN.serve(lib, "AutogradCPU")
+ops = torch.ops.rtckern
+
+
+def counts(name):
+    return TN.status()["ops"][name]
+"""
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    from rtckern.plugins import _torch_native
+
+    so = tmp_path_factory.mktemp("torch_native") / _torch_native.artifact_name()
+    _torch_native.build(so)
+    return so
+
+
+def run(library, tmp_path, body: str) -> str:
+    prog = PRELUDE + textwrap.dedent(body)
+    env_cache = tmp_path / "cache"
+    r = subprocess.run([sys.executable, "-c", prog, str(library)], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "RTCKERN_CACHE_DIR": str(env_cache),
+                            "RTCKERN_TORCH_NATIVE": "0"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_first_call_records_then_replays_in_cpp(library, tmp_path):
+    out = run(library, tmp_path, """
+        x = torch.arange(8, dtype=torch.float32)
+        with torch.no_grad():
+            y1 = ops.tn_scale(x, 3.0)
+            assert count == {"fn": 1, "replay": 0}, count
+            assert counts("tn_scale") == {"recipes": 1, "refused": 0, "last_refusal": None}
+            y2 = ops.tn_scale(x, 3.0)
+            y3 = ops.tn_scale.default(x * 1, 3.0)  # another tensor of the same signature
+        assert count == {"fn": 1, "replay": 2}, count
+        assert torch.equal(y1, x * 3) and torch.equal(y2, x * 3) and torch.equal(y3, x * 3)
+        assert y2.data_ptr() != y1.data_ptr() and y2.dtype == x.dtype and y2.stride() == x.stride()
+        with torch.no_grad():
+            y4 = ops.tn_scale(x, 0.5)  # another scalar: another signature, recorded
+            y5 = ops.tn_scale(x.reshape(2, 4), 0.5)  # another shape
+        assert count == {"fn": 3, "replay": 2}, count
+        assert torch.equal(y4, x * 0.5) and torch.equal(y5, (x * 0.5).reshape(2, 4))
+        y6 = ops.tn_scale(x, 3.0)  # grad mode on, nothing requires grad: replayed
+        assert count["replay"] == 3 and torch.equal(y6, x * 3)
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_calls_that_must_not_replay_reach_the_python_kernels(library, tmp_path):
+    out = run(library, tmp_path, """
+        from torch.utils._python_dispatch import TorchDispatchMode
+        x = torch.arange(8, dtype=torch.float32)
+        ops.tn_scale(x, 3.0)
+        ops.tn_scale(x, 3.0)
+        assert count == {"fn": 1, "replay": 1}, count
+        # a gradient needed: the Python autograd kernel (autograd.Function), which the replay would skip
+        xg = x.clone().requires_grad_()
+        y = ops.tn_scale(xg, 3.0)
+        assert count == {"fn": 2, "replay": 1} and y.requires_grad, count
+
+        class Seen(TorchDispatchMode):
+            names = []
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.names.append(str(func))
+                return func(*args, **(kwargs or {}))
+        with Seen() as m:  # a dispatch mode sees the op itself, as before
+            ops.tn_scale(x, 3.0)
+        assert "rtckern.tn_scale.default" in m.names and count == {"fn": 3, "replay": 1}, (m.names, count)
+        xs = torch.arange(9, dtype=torch.float32)[1:]  # 4 bytes off 16: the Python kernels, not recorded
+        with torch.no_grad():
+            assert torch.equal(ops.tn_scale(xs, 3.0), xs * 3)
+        assert count == {"fn": 4, "replay": 1} and counts("tn_scale")["recipes"] == 1, count
+        fake = torch._subclasses.fake_tensor.FakeTensorMode()
+        with fake:
+            assert ops.tn_scale(fake.from_tensor(x), 3.0).shape == x.shape
+        assert count == {"fn": 4, "replay": 1}, count
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_calls_that_do_more_than_allocate_and_launch_are_refused(library, tmp_path):
+    out = run(library, tmp_path, """
+        x = torch.arange(8, dtype=torch.float32)
+        with torch.no_grad():
+            for _ in range(2):
+                ops.tn_zeroed(x)
+                ops.tn_workspace(x)
+        z, w = counts("tn_zeroed"), counts("tn_workspace")
+        assert (z["recipes"], z["refused"]) == (0, 1) and "zero_" in z["last_refusal"], z
+        assert (w["recipes"], w["refused"]) == (0, 1) and "workspace" in w["last_refusal"], w
+        assert count["replay"] == 0
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_composites_and_clear_caches(library, tmp_path):
+    out = run(library, tmp_path, """
+        x = torch.arange(8, dtype=torch.float32)
+        with torch.no_grad():
+            ops.tn_double(x)
+            assert torch.equal(ops.tn_double(x), x * 2)
+        assert count == {"fn": 1, "replay": 1} and counts("tn_double")["recipes"] == 1, count
+        assert len(TN._held) == 1
+        clear_caches()  # as a settings change or set_manager: the recipes go with the plans
+        assert counts("tn_double")["recipes"] == 0 and not TN._held
+        with torch.no_grad():
+            ops.tn_double(x)
+            ops.tn_double(x)
+        assert count == {"fn": 2, "replay": 2}, count
+        with config.override(strict=True):
+            assert counts("tn_double")["recipes"] == 0
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_activate_follows_the_setting(tmp_path):
+    """RTCKERN_TORCH_NATIVE=0 never loads it; a CPU build of torch under auto neither builds nor loads it."""
+    prog = textwrap.dedent("""
+        import rtckern.torch as rt
+        s = rt.native_status()
+        print(s["active"], s["why_not"])
+    """)
+    for value, want in (("0", "False RTCKERN_TORCH_NATIVE=0"), ("auto", "False a torch build without CUDA")):
+        r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=300,
+                           env={**__import__("os").environ, "RTCKERN_CACHE_DIR": str(tmp_path / "c"),
+                                "RTCKERN_TORCH_NATIVE": value})
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == want
+    assert not (tmp_path / "c" / "torch_native").exists()
