@@ -27,6 +27,7 @@
 #include <dlfcn.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -45,6 +46,7 @@ using ctx_get_fn = int (*)(void**);
 using ctx_push_fn = int (*)(void*);
 using ctx_pop_fn = int (*)(void**);
 using error_name_fn = int (*)(int, const char**);
+using replace_address_fn = int (*)(void*, void*);
 
 launch_fn cu_launch = nullptr;
 launch_ex_fn cu_launch_ex = nullptr;
@@ -52,6 +54,7 @@ ctx_get_fn cu_ctx_get = nullptr;
 ctx_push_fn cu_ctx_push = nullptr;
 ctx_pop_fn cu_ctx_pop = nullptr;
 error_name_fn cu_error_name = nullptr;
+replace_address_fn cu_tensor_map_replace_address = nullptr;  // CUDA 12+: recipes with tensor maps need it
 
 constexpr int kMaxParams = 48;
 constexpr int kBlockBytes = 2048;
@@ -84,6 +87,7 @@ struct Param {
   int16_t index;  // the argument (kInput) or output (kOutput) whose address is passed
   int offset;     // in the parameter block
   uint64_t bits;  // kConst: the value's bytes
+  std::shared_ptr<const std::array<unsigned char, 128>> map;  // 'M': the tensor map, its address replaced per call
 };
 
 struct Launch {
@@ -131,9 +135,12 @@ int kind_size(char k) {
   switch (k) {
     case 'P': case 'q': case 'd': return 8;
     case 'i': case 'I': case 'f': return 4;
-    default: return 0;  // 'M' (a tensor map holds addresses: never replayed) and unknown kinds
+    case 'M': return 128;  // a CUtensorMap, 64-byte aligned
+    default: return 0;
   }
 }
+
+int kind_align(char k) { return k == 'M' ? 64 : kind_size(k); }
 
 // Keys present in a tensor or in the thread's included set that send the call to the Python kernels: subclasses and
 // fake tensors (Python), dispatch modes (Python, PythonTLSSnapshot), functorch, functionalization, lazy conj / neg.
@@ -152,6 +159,8 @@ bool call_key(const torch::jit::Stack& stack, size_t first, size_t n, std::strin
   aligned = true;
   device = -1;
   bool tensors = false;
+  void* seen[64];  // the tensor arguments' addresses so far: which ones alias is part of the key
+  int nseen = 0;
   key.clear();
   for (size_t i = first; i < first + n; ++i) {
     const c10::IValue& v = stack[i];
@@ -168,7 +177,14 @@ bool call_key(const torch::jit::Stack& stack, size_t first, size_t n, std::strin
       if (!tensors) device = idx;
       else if (idx != device) return false;
       tensors = true;
-      if (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) aligned = false;
+      void* ptr = t.data_ptr();
+      if (reinterpret_cast<uintptr_t>(ptr) & 15) aligned = false;
+      int8_t alias = -1;  // the first earlier tensor argument at the same address
+      for (int j = 0; j < nseen && alias < 0; ++j)
+        if (seen[j] == ptr) alias = static_cast<int8_t>(j);
+      if (nseen == 64) return false;
+      seen[nseen++] = ptr;
+      put(key, &alias, 1);
       const int8_t dt = static_cast<int8_t>(t.scalar_type());
       const int64_t dim = t.dim();
       key.push_back('t');
@@ -219,7 +235,13 @@ void launch_or_throw(const Launch& l, const torch::jit::Stack& stack, size_t fir
       bits = reinterpret_cast<uint64_t>(outs[p.index].data_ptr());
     }
     params[i] = block + p.offset;
-    std::memcpy(block + p.offset, &bits, kind_size(p.kind));  // little-endian: the low bytes for 4-byte kinds
+    if (p.kind == 'M') {
+      std::memcpy(block + p.offset, p.map->data(), 128);
+      const int err = cu_tensor_map_replace_address(block + p.offset, reinterpret_cast<void*>(bits));
+      TORCH_CHECK(err == 0, "rtckern: launch of ", l.label, ": cuTensorMapReplaceAddress returned ", err);
+    } else {
+      std::memcpy(block + p.offset, &bits, kind_size(p.kind));  // little-endian: the low bytes for 4-byte kinds
+    }
   }
   if (test_launch != nullptr) {
     test_launch(l.label.c_str(), static_cast<int>(l.params.size()), params);
@@ -374,6 +396,7 @@ RTK_EXPORT int rtk_init(const char* path) {
   cu_ctx_push = reinterpret_cast<ctx_push_fn>(dlsym(h, "cuCtxPushCurrent_v2"));
   cu_ctx_pop = reinterpret_cast<ctx_pop_fn>(dlsym(h, "cuCtxPopCurrent_v2"));
   cu_error_name = reinterpret_cast<error_name_fn>(dlsym(h, "cuGetErrorName"));
+  cu_tensor_map_replace_address = reinterpret_cast<replace_address_fn>(dlsym(h, "cuTensorMapReplaceAddress"));
   if (!cu_launch || !cu_ctx_get || !cu_ctx_push || !cu_ctx_pop) {
     cu_launch = nullptr;
     return -2;
@@ -410,7 +433,8 @@ RTK_EXPORT int rtk_register(const char* op_name, const char* recorder_name, cons
 
 // During a recording (inside the recorder twin): the call's launches, serialized by _torch_native.py:
 //   u32 nlaunches, then per launch: u64 func, u64 ctx, u32 grid[3], u32 block[3], u32 smem, i32 dependent,
-//   u32 label length, label bytes, u32 nparams, then per parameter: u8 kind, u8 source, i16 index, u64 bits.
+//   u32 label length, label bytes, u32 nparams, then per parameter: u8 kind, u8 source, i16 index, and u64 bits,
+//   or for a tensor map ('M', source an input or output whose address it holds) its 128 bytes.
 // An empty offer (len 0) leaves the key unlearned. 0 when taken; -1 when no recording is pending in this thread;
 // -2 when the description is malformed.
 RTK_EXPORT int rtk_offer(const char* data, size_t len) {
@@ -440,11 +464,19 @@ RTK_EXPORT int rtk_offer(const char* data, size_t len) {
     int off = 0;
     for (uint32_t i = 0; i < np; ++i) {
       Param q{};
-      if (!read(p, end, q.kind) || !read(p, end, q.source) || !read(p, end, q.index) || !read(p, end, q.bits))
+      if (!read(p, end, q.kind) || !read(p, end, q.source) || !read(p, end, q.index)) return -2;
+      if (q.kind == 'M') {
+        if (q.source == kConst || cu_tensor_map_replace_address == nullptr || end - p < 128) return -2;
+        auto map = std::make_shared<std::array<unsigned char, 128>>();
+        std::memcpy(map->data(), p, 128);
+        p += 128;
+        q.map = std::move(map);
+      } else if (!read(p, end, q.bits)) {
         return -2;
-      const int sz = kind_size(q.kind);
+      }
+      const int sz = kind_size(q.kind), al = kind_align(q.kind);
       if (sz == 0 || q.source > kOutput || q.index < 0) return -2;
-      off = (off + sz - 1) / sz * sz;
+      off = (off + al - 1) / al * al;
       q.offset = off;
       off += sz;
       if (off > kBlockBytes) return -2;

@@ -241,6 +241,7 @@ def _recorder(name: str, direct, op):
         if blob is not None and lib.rtk_offer(blob, len(blob)) == 0:
             _held.extend(p for p, _ in launches)
         else:
+            why = why or "the library refused the description (a tensor map, and no cuTensorMapReplaceAddress)"
             _refusals[name] = why
             log.debug("rtckern.torch: rtckern::%s with this signature stays on the Python kernels: %s", name, why)
         return out
@@ -304,6 +305,16 @@ def _covers_storage(t: torch.Tensor) -> bool:
     return t.storage_offset() == 0 and extent * t.element_size() == t.untyped_storage().nbytes()
 
 
+def _source(inputs, outputs, matches) -> tuple[int, int] | None:
+    """(1, argument index) or (2, output index) of the first tensor whose address matches, else None. Inputs at one
+    address are interchangeable: which arguments alias is part of the call's key."""
+    for src, tensors in ((1, inputs), (2, outputs)):
+        for i, p in tensors:
+            if matches(p):
+                return src, i
+    return None
+
+
 _PACK = {"q": "<q", "i": "<i", "I": "<I", "f": "<f", "d": "<d"}
 
 
@@ -324,18 +335,18 @@ def _describe(args, outs, launches):
         blob.append(struct.pack("<QQ3I3IIiI", func, ctx, *grid, *block, smem, dependent, len(label_b)) + label_b)
         blob.append(struct.pack("<I", len(kinds)))
         for kind, v in zip(kinds, call[1:]):
-            if kind == "M":
-                return None, f"{label} takes a tensor map (it holds addresses)"
-            if kind == "P":
+            if kind == "M":  # a tensor map: which argument's address it holds (replaced per call in C++)
+                raw = bytes(v)
+                src = _source(inputs, outputs, lambda p: p.to_bytes(8, "little") in raw)
+                if src is None:
+                    return None, f"{label} takes a tensor map of an address that is no input's or output's"
+                blob.append(struct.pack("<BBh", ord("M"), *src) + raw)
+            elif kind == "P":
                 v = int(v)
-                src = [(1, i) for i, p in inputs if p == v] + [(2, j) for j, p in outputs if p == v]
-                if v == 0:
-                    blob.append(struct.pack("<BBhQ", ord("P"), 0, 0, 0))
-                elif len(src) == 1:
-                    blob.append(struct.pack("<BBhQ", ord("P"), src[0][0], src[0][1], 0))
-                else:
-                    return None, (f"{label} takes an address that is " + ("no input's or output's (a workspace)"
-                                                                          if not src else "two arguments'"))
+                src = (0, 0) if v == 0 else _source(inputs, outputs, lambda p: p == v)
+                if src is None:
+                    return None, f"{label} takes an address that is no input's or output's (a workspace)"
+                blob.append(struct.pack("<BBhQ", ord("P"), *src, 0))
             else:
                 raw = struct.pack(_PACK[kind], float(v) if kind in "fd" else int(v)).ljust(8, b"\0")
                 blob.append(struct.pack("<BBh", ord(kind), 0, 0) + raw)

@@ -19,7 +19,7 @@ import ctypes, json, sys
 import torch
 from torch import Tensor
 from rtckern.testing import use_fake_libcuda
-use_fake_libcuda()
+FAKE = use_fake_libcuda()
 from rtckern import clear_caches, config
 from rtckern.runtime import native
 from rtckern.plugins import _torch_lib as TL, _torch_native as TN
@@ -36,12 +36,34 @@ def host_scale(xp, yp, n, s):  # what the "kernel" computes, on host memory
         y[i] = x[i] * s
 
 
+def host_add(xp, zp, yp, n):
+    x, z, y = ((ctypes.c_float * n).from_address(p) for p in (xp, zp, yp))
+    for i in range(n):
+        y[i] = x[i] + z[i]
+
+
 def scale(x: Tensor, s: float) -> Tensor:
     count["fn"] += 1
     y = torch.empty_like(x)
     go = mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PPqf", "scale", False, None)
     go(0, x.data_ptr(), y.data_ptr(), x.numel(), s)
     host_scale(x.data_ptr(), y.data_ptr(), x.numel(), s)
+    return y
+
+
+def add(x: Tensor, z: Tensor) -> Tensor:
+    y = torch.empty_like(x)
+    go = mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PPPq", "add", False, None)
+    go(0, x.data_ptr(), z.data_ptr(), y.data_ptr(), x.numel())
+    host_add(x.data_ptr(), z.data_ptr(), y.data_ptr(), x.numel())
+    return y
+
+
+def mapped(x: Tensor) -> Tensor:  # a kernel reading x through a "tensor map" (the fake keeps the address first)
+    y = torch.empty_like(x)
+    go = mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "MPq", "mapped", False, None)
+    go(0, x.data_ptr().to_bytes(8, "little") + bytes(range(120)), y.data_ptr(), x.numel())
+    host_scale(x.data_ptr(), y.data_ptr(), x.numel(), 1.0)
     return y
 
 
@@ -62,6 +84,8 @@ def workspace(x: Tensor) -> Tensor:
 
 kscale = TL.KernelOp("tn_scale", scale)
 kscale.register_fake(lambda x, s: torch.empty_like(x))
+TL.KernelOp("tn_add", add)
+TL.KernelOp("tn_mapped", mapped)
 TL.KernelOp("tn_zeroed", zeroed)
 TL.KernelOp("tn_workspace", workspace)
 TL.define_composite("tn_double(Tensor x) -> Tensor", lambda x: kscale(x, 2.0), lambda x: scale(x, 2.0))
@@ -71,13 +95,21 @@ HOOK = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctyp
 
 def on_launch(label, n, params):
     count["replay"] += 1
-    assert label == b"scale" and n == 4, (label, n)
     word = lambda i, t: ctypes.cast(params[i], ctypes.POINTER(t))[0]
-    host_scale(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_int64), word(3, ctypes.c_float))
+    if label == b"scale":
+        host_scale(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_int64), word(3, ctypes.c_float))
+    elif label == b"add":
+        host_add(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_uint64), word(3, ctypes.c_int64))
+    else:
+        assert label == b"mapped", label
+        m = ctypes.string_at(params[0], 128)
+        assert m[8:] == bytes(range(120)) and params[0] % 64 == 0, m  # the template, its address replaced
+        host_scale(int.from_bytes(m[:8], "little"), word(1, ctypes.c_uint64), word(2, ctypes.c_int64), 1.0)
 
 
 hook = HOOK(on_launch)
 lib = TN._open(sys.argv[1])
+assert lib.rtk_init(FAKE.encode()) == 0
 lib.rtk_test_device(ctypes.cast(hook, ctypes.c_void_p))
 TN.serve(lib, "AutogradCPU")
 ops = torch.ops.rtckern
@@ -126,6 +158,28 @@ def test_first_call_records_then_replays_in_cpp(library, tmp_path):
         assert torch.equal(y4, x * 0.5) and torch.equal(y5, (x * 0.5).reshape(2, 4))
         y6 = ops.tn_scale(x, 3.0)  # grad mode on, nothing requires grad: replayed
         assert count["replay"] == 3 and torch.equal(y6, x * 3)
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_aliased_arguments_and_tensor_maps(library, tmp_path):
+    """Which arguments share an address is part of the key (a call passing one tensor twice has its own recipe); a
+    tensor map is replayed from its template with the argument's address put in (cuTensorMapReplaceAddress)."""
+    out = run(library, tmp_path, """
+        x, z = torch.arange(8, dtype=torch.float32), torch.full((8,), 10.0)
+        with torch.no_grad():
+            for _ in range(2):
+                assert torch.equal(ops.tn_add(x, x), x * 2)
+                assert torch.equal(ops.tn_add(x, z), x + z)
+            assert counts("tn_add")["recipes"] == 2 and count["replay"] == 2, (counts("tn_add"), count)
+            x2 = x + 1
+            assert torch.equal(ops.tn_add(x2, x2), x2 * 2) and torch.equal(ops.tn_add(z, x2), z + x2)
+            assert count["replay"] == 4, count
+            ops.tn_mapped(x)
+            for t in (x2, z):
+                assert torch.equal(ops.tn_mapped(t), t)
+        assert counts("tn_mapped")["recipes"] == 1 and count["replay"] == 6, (counts("tn_mapped"), count)
         print("ok")
     """)
     assert out.strip() == "ok"
