@@ -24,7 +24,9 @@ swiglu (silu(gate) * up, a Llama-style MLP's activation; swiglu_bwd carries its 
 (composite, classes in the last dimension; cross_entropy_fwd / cross_entropy_bwd).
 
 The ops are torch.library.Library ops (_torch_lib.KernelOp, chosen over custom_op for host cost): an eager call
-is one Python kernel that runs rtckern's op itself; under tracing, modes and subclasses they dispatch in full.
+is one Python kernel that runs rtckern's op itself; under tracing, modes and subclasses they dispatch in full. Where
+the native front is built (_torch_native, RTCKERN_TORCH_NATIVE), a C++ kernel in front of them replays plain eager
+calls that need no gradient without entering Python (`native_status()` says what it serves).
 Importing this module does not import torch._dynamo. Every op has a fake kernel (shape and dtype inference
 under torch.compile, export and FakeTensorMode),
 autograd wired to rtckern's backward kernels (norms, softmax; gemm's backward is rtckern GEMMs; attention's is
