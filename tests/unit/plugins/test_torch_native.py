@@ -5,6 +5,8 @@ native launcher against the fake libcuda: the first call of a signature is recor
 Python kernels. Each case runs in a subprocess (the fake libcuda and the registrations are per process)."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -120,27 +122,44 @@ def counts(name):
 """
 
 
+# The cases run one after another in one subprocess (each starts from no recipes and zeroed counters): one
+# interpreter with torch and one native launcher build instead of one per case.
+CASES: dict[str, str] = {}
+
+
+def case(body: str):
+    """Register the decorated test's subprocess body under the test's name."""
+    def mark(fn):
+        CASES[fn.__name__] = textwrap.dedent(body)
+        return fn
+    return mark
+
+
 @pytest.fixture(scope="module")
-def library(tmp_path_factory):
+def outcomes(tmp_path_factory):
+    """{case name: "ok" or the traceback} from one subprocess running every case."""
     from rtckern.plugins import _torch_native
 
-    so = tmp_path_factory.mktemp("torch_native") / _torch_native.artifact_name()
+    d = tmp_path_factory.mktemp("torch_native")
+    so = d / _torch_native.artifact_name()
     _torch_native.build(so)
-    return so
-
-
-def run(library, tmp_path, body: str) -> str:
-    prog = PRELUDE + textwrap.dedent(body)
-    env_cache = tmp_path / "cache"
-    r = subprocess.run([sys.executable, "-c", prog, str(library)], capture_output=True, text=True, timeout=300,
-                       env={**__import__("os").environ, "RTCKERN_CACHE_DIR": str(env_cache),
-                            "RTCKERN_TORCH_NATIVE": "0"})
+    prog = [PRELUDE, "import traceback", "outcomes = {}"]
+    for name, body in CASES.items():
+        prog.append(f"def {name}():\n" + textwrap.indent(body, "    "))
+        prog.append(f"clear_caches()\ncount.update(fn=0, replay=0)\ntry:\n    {name}()\n    outcomes[{name!r}] = 'ok'\n"
+                    f"except Exception:\n    outcomes[{name!r}] = traceback.format_exc()")
+    prog.append("print(json.dumps(outcomes))")
+    r = subprocess.run([sys.executable, "-c", "\n".join(prog), str(so)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "RTCKERN_CACHE_DIR": str(d / "cache"), "RTCKERN_TORCH_NATIVE": "0"})
     assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_first_call_records_then_replays_in_cpp(library, tmp_path):
-    out = run(library, tmp_path, """
+def check(outcomes, name: str) -> None:
+    assert outcomes.get(name) == "ok", outcomes.get(name, "the case did not run")
+
+
+@case("""
         x = torch.arange(8, dtype=torch.float32)
         with torch.no_grad():
             y1 = ops.tn_scale(x, 3.0)
@@ -158,15 +177,12 @@ def test_first_call_records_then_replays_in_cpp(library, tmp_path):
         assert torch.equal(y4, x * 0.5) and torch.equal(y5, (x * 0.5).reshape(2, 4))
         y6 = ops.tn_scale(x, 3.0)  # grad mode on, nothing requires grad: replayed
         assert count["replay"] == 3 and torch.equal(y6, x * 3)
-        print("ok")
     """)
-    assert out.strip() == "ok"
+def test_first_call_records_then_replays_in_cpp(outcomes):
+    check(outcomes, "test_first_call_records_then_replays_in_cpp")
 
 
-def test_aliased_arguments_and_tensor_maps(library, tmp_path):
-    """Which arguments share an address is part of the key (a call passing one tensor twice has its own recipe); a
-    tensor map is replayed from its template with the argument's address put in (cuTensorMapReplaceAddress)."""
-    out = run(library, tmp_path, """
+@case("""
         x, z = torch.arange(8, dtype=torch.float32), torch.full((8,), 10.0)
         with torch.no_grad():
             for _ in range(2):
@@ -180,13 +196,14 @@ def test_aliased_arguments_and_tensor_maps(library, tmp_path):
             for t in (x2, z):
                 assert torch.equal(ops.tn_mapped(t), t)
         assert counts("tn_mapped")["recipes"] == 1 and count["replay"] == 6, (counts("tn_mapped"), count)
-        print("ok")
     """)
-    assert out.strip() == "ok"
+def test_aliased_arguments_and_tensor_maps(outcomes):
+    """Which arguments share an address is part of the key (a call passing one tensor twice has its own recipe); a
+    tensor map is replayed from its template with the argument's address put in (cuTensorMapReplaceAddress)."""
+    check(outcomes, "test_aliased_arguments_and_tensor_maps")
 
 
-def test_calls_that_must_not_replay_reach_the_python_kernels(library, tmp_path):
-    out = run(library, tmp_path, """
+@case("""
         from torch.utils._python_dispatch import TorchDispatchMode
         x = torch.arange(8, dtype=torch.float32)
         ops.tn_scale(x, 3.0)
@@ -213,13 +230,12 @@ def test_calls_that_must_not_replay_reach_the_python_kernels(library, tmp_path):
         with fake:
             assert ops.tn_scale(fake.from_tensor(x), 3.0).shape == x.shape
         assert count == {"fn": 4, "replay": 1}, count
-        print("ok")
     """)
-    assert out.strip() == "ok"
+def test_calls_that_must_not_replay_reach_the_python_kernels(outcomes):
+    check(outcomes, "test_calls_that_must_not_replay_reach_the_python_kernels")
 
 
-def test_calls_that_do_more_than_allocate_and_launch_are_refused(library, tmp_path):
-    out = run(library, tmp_path, """
+@case("""
         x = torch.arange(8, dtype=torch.float32)
         with torch.no_grad():
             for _ in range(2):
@@ -229,13 +245,12 @@ def test_calls_that_do_more_than_allocate_and_launch_are_refused(library, tmp_pa
         assert (z["recipes"], z["refused"]) == (0, 1) and "zero_" in z["last_refusal"], z
         assert (w["recipes"], w["refused"]) == (0, 1) and "workspace" in w["last_refusal"], w
         assert count["replay"] == 0
-        print("ok")
     """)
-    assert out.strip() == "ok"
+def test_calls_that_do_more_than_allocate_and_launch_are_refused(outcomes):
+    check(outcomes, "test_calls_that_do_more_than_allocate_and_launch_are_refused")
 
 
-def test_composites_and_clear_caches(library, tmp_path):
-    out = run(library, tmp_path, """
+@case("""
         x = torch.arange(8, dtype=torch.float32)
         with torch.no_grad():
             ops.tn_double(x)
@@ -250,9 +265,9 @@ def test_composites_and_clear_caches(library, tmp_path):
         assert count == {"fn": 2, "replay": 2}, count
         with config.override(strict=True):
             assert counts("tn_double")["recipes"] == 0
-        print("ok")
     """)
-    assert out.strip() == "ok"
+def test_composites_and_clear_caches(outcomes):
+    check(outcomes, "test_composites_and_clear_caches")
 
 
 def test_activate_follows_the_setting(tmp_path):
@@ -264,7 +279,7 @@ def test_activate_follows_the_setting(tmp_path):
     """)
     for value, want in (("0", "False RTCKERN_TORCH_NATIVE=0"), ("auto", "False a torch build without CUDA")):
         r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=300,
-                           env={**__import__("os").environ, "RTCKERN_CACHE_DIR": str(tmp_path / "c"),
+                           env={**os.environ, "RTCKERN_CACHE_DIR": str(tmp_path / "c"),
                                 "RTCKERN_TORCH_NATIVE": value})
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == want
