@@ -33,6 +33,8 @@ class _State(threading.local):
 
 
 _state = _State()
+# called with the thread's new reference setting on entering and leaving reference_mode (the native front's bypass)
+reference_hooks: list[Callable[[bool], None]] = []
 
 
 class GraphCaptureError(RtckernError, RuntimeError):
@@ -48,10 +50,14 @@ def reference_mode(enabled: bool = True):
     """Run the plugin's ops through their torch implementations (any device, CPU included) in this thread."""
     old = _reference()
     _state.reference = enabled
+    for hook in reference_hooks:
+        hook(enabled)
     try:
         yield
     finally:
         _state.reference = old
+        for hook in reference_hooks:
+            hook(old)
 
 
 def run(op: str, jit_fn: Callable[..., Any], ref_fn: Callable[..., Any], *args: Any) -> Any:

@@ -106,6 +106,8 @@ struct Output {
 
 struct Recipe {
   bool refused = false;  // the recorder could not describe the call: later calls take the Python kernels
+  int attempts = 1;      // recordings refused so far: a signature is recorded twice before it stays refused (a first
+                         // call of the process may run one-off work: probes, compiles)
   std::vector<Output> outputs;
   std::vector<Launch> launches;
   std::vector<int16_t> addressed_inputs;  // arguments whose addresses the launches read (checked 16-byte aligned)
@@ -120,6 +122,8 @@ struct OpState {
 std::shared_mutex table_mutex;
 std::unordered_map<std::string, std::unique_ptr<OpState>> ops;  // by the op's qualified name
 size_t recipe_count = 0;
+uint64_t generation = 0;  // bumped by rtk_clear: a recording that started before a clear is not stored
+thread_local bool bypass = false;  // rtk_bypass: this thread's calls take the Python kernels (reference_mode)
 c10::DeviceType replay_device = c10::DeviceType::CUDA;  // CPU only in the CPU tests (rtk_test_device)
 
 // The key being recorded by this thread (between the miss and the recorder's return) and what it offered.
@@ -174,8 +178,14 @@ bool call_key(const torch::jit::Stack& stack, size_t first, size_t n, std::strin
           (grad && t.requires_grad()))
         return false;
       const int idx = t.device().index();  // -1 for the CPU tests' tensors
-      if (!tensors) device = idx;
-      else if (idx != device) return false;
+      if (!tensors) {
+        device = idx;
+        const int16_t d = static_cast<int16_t>(idx);  // the recipe's functions and context belong to one device
+        key.push_back('D');
+        put(key, &d, 2);
+      } else if (idx != device) {
+        return false;
+      }
       tensors = true;
       void* ptr = t.data_ptr();
       if (reinterpret_cast<uintptr_t>(ptr) & 15) aligned = false;
@@ -303,13 +313,15 @@ void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   std::string key;
   bool aligned = false;
   int device = -1;  // of the tensor arguments (one device)
-  const bool plain = !c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain) &&
+  const bool plain = !bypass && !c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain) &&
                      call_key(*stack, first, n, key, aligned, device);
   if (plain) {
     OpState* state = nullptr;
     std::shared_ptr<const Recipe> recipe;
+    uint64_t started = 0;
     {
       std::shared_lock<std::shared_mutex> lock(table_mutex);
+      started = generation;
       auto it = ops.find(op.schema().name());
       if (it != ops.end()) {
         state = it->second.get();
@@ -327,7 +339,7 @@ void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
         replay(*recipe, *stack, first, n, device);
         return;
       }
-    } else if (!recipe && state != nullptr && aligned) {
+    } else if ((!recipe || recipe->attempts < 2) && state != nullptr && aligned) {
       // record: the recorder twin runs the Python implementation and may offer its launches (rtk_offer)
       pending = Pending{};
       pending.active = true;
@@ -350,20 +362,34 @@ void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
       }
       if (ok) {
         r->launches = std::move(pending.launches);
+        const auto& args = op.schema().arguments();
         for (const Launch& l : r->launches)
           for (const Param& p : l.params) {
-            if (p.source == kInput) r->addressed_inputs.push_back(p.index);
+            if (p.source == kInput) {  // an argument of a tensor type (the value may be None: address 0)
+              const auto kind = p.index < static_cast<int>(n) ? args[p.index].type()->kind() : c10::TypeKind::AnyType;
+              const bool tensor = kind == c10::TypeKind::TensorType ||
+                                  (kind == c10::TypeKind::OptionalType &&
+                                   args[p.index].type()->containedType(0)->kind() == c10::TypeKind::TensorType);
+              if (!tensor) ok = false;
+              r->addressed_inputs.push_back(p.index);
+            }
             if (p.source == kOutput && p.index >= static_cast<int16_t>(nret)) ok = false;
           }
       }
       if (!ok) {
         r->outputs.clear();
         r->launches.clear();
+        r->addressed_inputs.clear();
         r->refused = true;
+        r->attempts = recipe ? recipe->attempts + 1 : 1;
       }
       std::unique_lock<std::shared_mutex> lock(table_mutex);
+      if (generation != started) return;  // cleared meanwhile: the recording may describe unloaded functions
       auto it = ops.find(op.schema().name());
-      if (it != ops.end() && it->second->recipes.emplace(key, std::move(r)).second) ++recipe_count;
+      if (it == ops.end()) return;
+      auto& slot = it->second->recipes[key];
+      if (!slot) ++recipe_count;
+      slot = std::move(r);
       return;
     }
   }
@@ -419,6 +445,7 @@ RTK_EXPORT int rtk_register(const char* op_name, const char* recorder_name, cons
   if (!op || !rec) return -1;
   {
     std::unique_lock<std::shared_mutex> lock(table_mutex);
+    if (ops.count(op_name)) return 0;  // served already (a kernel reads its state without the lock's protection)
     ops[op_name] = std::make_unique<OpState>(*rec);
   }
   static std::vector<std::unique_ptr<torch::Library>> libraries;  // registrations live as long as the process
@@ -495,6 +522,14 @@ RTK_EXPORT void rtk_clear() {
   std::unique_lock<std::shared_mutex> lock(table_mutex);
   for (auto& kv : ops) kv.second->recipes.clear();
   recipe_count = 0;
+  ++generation;
+}
+
+// This thread's calls take the Python kernels while on (rtckern.torch.reference_mode). Returns the old value.
+RTK_EXPORT int rtk_bypass(int on) {
+  const int old = bypass;
+  bypass = on != 0;
+  return old;
 }
 
 // Recipes and refused keys held, over all ops.

@@ -42,6 +42,7 @@ from rtckern.caches import on_clear
 from rtckern.config import settings
 from rtckern.errors import LaunchError
 
+from ._torch_dispatch import reference_hooks
 from ._torch_lib import COMPOSITE_DIRECT, KERNEL_OPS, LIB, QUALIFIED
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ MAX_RECIPES = 4096  # recipes and refused signatures over all ops; past it every
 
 _state: dict[str, object] = {}  # "lib" (ctypes handle), "ops" (names served), "why" (why there is none)
 _held: list = []  # the prepared launches whose functions the recipes launch (each keeps its module loaded)
+# what the recipes dropped by the last clear launched: kept until the next clear, since a replay running in another
+# thread (which holds no GIL) may still launch one of them
+_retired: list = []
 _refusals: dict[str, str] = {}  # op -> why its last refused signature was refused
 _record_lock = threading.Lock()
 
@@ -72,27 +76,45 @@ def _torch_dir() -> Path:
     return Path(torch.__file__).parent
 
 
+def _linked() -> str:
+    """Size and mtime of the torch libraries the build links: a torch rebuilt under the same version builds anew."""
+    out = []
+    for name in ("libc10.so", "libtorch_cpu.so"):
+        try:
+            st = os.stat(_torch_dir() / "lib" / name)
+            out.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+        except OSError:
+            out.append(f"{name}:missing")
+    return " ".join(out)
+
+
 def artifact_name() -> str:
     """The library's file name: a hash of what the build depends on."""
     h = hashlib.sha256(SOURCE.read_bytes())
     cxx = _cxx() or ["none"]
-    for part in (torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI), " ".join(cxx), str(_torch_dir()),
+    for part in (torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI), " ".join(cxx), str(_torch_dir()), _linked(),
                  sysconfig.get_platform(), platform.machine(), " ".join(platform.libc_ver())):
         h.update(b"\0" + part.encode())
     return f"rtckern_torch_native-{h.hexdigest()[:20]}.so"
 
 
+def _missing_tools() -> str | None:
+    """Why the library cannot be built here, or None."""
+    if _cxx() is None:
+        return "no C++ compiler found (set CXX, or install g++ or clang++)"
+    if not (_torch_dir() / "include" / "torch" / "library.h").is_file():
+        return f"torch's C++ headers are not at {_torch_dir() / 'include'} (a torch install without headers)"
+    return None
+
+
 def build(dest: Path) -> None:
     """Compile _torch_native.cpp into dest (atomically)."""
-    cxx = _cxx()
-    if cxx is None:
-        raise LaunchError("no C++ compiler found (set CXX, or install g++ or clang++) for the native front of "
-                          "torch.ops.rtckern; RTCKERN_TORCH_NATIVE=0 turns it off")
-    tdir = _torch_dir()
+    why = _missing_tools()
+    if why is not None:
+        raise LaunchError(f"{why}: the native front of torch.ops.rtckern cannot be built; RTCKERN_TORCH_NATIVE=0 "
+                          "turns it off")
+    cxx, tdir = _cxx(), _torch_dir()
     include = tdir / "include"
-    if not (include / "torch" / "library.h").is_file():
-        raise LaunchError(f"torch's C++ headers are not at {include} (a torch install without headers); "
-                          "RTCKERN_TORCH_NATIVE=0 turns the native front off")
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
     os.close(fd)
@@ -112,8 +134,20 @@ def build(dest: Path) -> None:
 
 
 def _open(path: Path):
-    torch.ops.load_library(str(path))
-    lib = ctypes.CDLL(str(path))
+    """Load the library at path: through one descriptor, checked as runtime.native checks a build (a regular file of
+    this user or root that no one else can write), so the file loaded is the file checked."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.getuid(), 0) or st.st_mode & 0o022:
+            raise LaunchError(f"{path}: not a file of this user that only it can write; not loaded")
+        by_fd = f"/proc/self/fd/{fd}"
+        torch.ops.load_library(by_fd)
+        lib = ctypes.CDLL(by_fd)
+    finally:
+        os.close(fd)
     lib.rtk_init.argtypes = [ctypes.c_char_p]
     lib.rtk_register.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]
     lib.rtk_offer.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -121,6 +155,7 @@ def _open(path: Path):
     lib.rtk_count.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.rtk_count.restype = ctypes.c_long
     lib.rtk_test_device.argtypes = [ctypes.c_void_p]
+    lib.rtk_bypass.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -133,17 +168,28 @@ def _library(build_now: bool):
     return None if path is None else _open(path)
 
 
-def _build_in_background() -> None:
-    """Start `python -m rtckern.plugins._torch_native` detached (niced): it builds the library for the next process."""
-    cmd = [sys.executable, "-m", "rtckern.plugins._torch_native"]
+def _failure_stamp() -> Path:
+    return settings().cache_dir / SUBDIR / (artifact_name() + ".failed")
+
+
+def _build_in_background() -> str:
+    """Start `python -m rtckern.plugins._torch_native` detached (niced): it builds the library for the next process.
+    Returns why it was not started, or that it was; a build that failed before (its stamp) is not tried again."""
+    why = _missing_tools()
+    if why is not None:
+        return why
+    stamp = _failure_stamp()
+    if stamp.exists():
+        return f"its build failed before (see {stamp}; delete it to try again)"
+    nice = ["nice", "-n", "10"] if shutil.which("nice") else []
     try:
-        subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, preexec_fn=lambda: os.nice(10))
+        subprocess.Popen([*nice, sys.executable, "-m", "rtckern.plugins._torch_native"], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
-        log.info("rtckern.torch: cannot start the native front's build (%s)", e)
-        return
+        return f"its build could not be started ({e})"
     log.info("rtckern.torch: building the native front of torch.ops.rtckern in the background (once per machine and "
              "torch version); this process uses the Python kernels")
+    return "a background build was started"
 
 
 # ---- registration -------------------------------------------------------------------------------------------------
@@ -162,8 +208,7 @@ def activate() -> bool:
     try:
         lib = _library(build_now=mode == "on")
         if lib is None:
-            _state["why"] = "not built yet (a background build was started)"
-            _build_in_background()
+            _state["why"] = "not built: " + _build_in_background()
             return False
         from rtckern.runtime.libcuda import LIBCUDA
 
@@ -194,14 +239,16 @@ def serve(lib, dispatch_key: str) -> None:
         served.append(name)
     _state.update(lib=lib, ops=tuple(served), why=None)
     on_clear(clear)
+    reference_hooks.append(lambda on: lib.rtk_bypass(int(on)))  # reference_mode: torch's implementations, no replay
 
 
 def clear() -> None:
-    """Drop every recipe (and what kept their functions loaded)."""
+    """Drop every recipe; what kept their functions loaded goes at the clear after this one."""
+    global _held, _retired
     lib = _state.get("lib")
     if lib is not None:
         lib.rtk_clear()
-    _held.clear()
+    _retired, _held = _held, []
 
 
 def status() -> dict:
@@ -231,15 +278,15 @@ def _recorder(name: str, direct, op):
             lib.rtk_offer(None, 0)
             return direct(*args)
         try:
-            out, launches, why = _watch(direct, args)
+            out, launches, allocated, why = _watch(direct, args)
         finally:
             _record_lock.release()
         outs = out if isinstance(out, tuple) else (out,)
         blob = None
         if why is None:
-            blob, why = _describe(args, outs, launches)
+            blob, why = _describe(args, outs, launches, allocated)
         if blob is not None and lib.rtk_offer(blob, len(blob)) == 0:
-            _held.extend(p for p, _ in launches)
+            _held.extend(p for p, _ in launches)  # (the table drops the recipe if a clear came meanwhile)
         else:
             why = why or "the library refused the description (a tensor map, and no cuTensorMapReplaceAddress)"
             _refusals[name] = why
@@ -254,7 +301,8 @@ _ALLOCATIONS = None  # the aten allocation overloads (set at the first recording
 
 
 def _watch(direct, args):
-    """(output, launches, None), or a reason in place of None when the call did more than allocate and launch."""
+    """(output, launches, allocations, None), or a reason in place of None when the call did more than allocate and
+    make prepared launches. allocations: (start, end) of the storages it allocated."""
     global _ALLOCATIONS
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -266,37 +314,49 @@ def _watch(direct, args):
                         a.new_empty_strided.default}
     mod = native.module()
     if mod is None:
-        return direct(*args), [], "the native launcher is unavailable: " + str(native.why())
+        return direct(*args), [], [], "the native launcher is unavailable: " + str(native.why())
 
     class Watch(TorchDispatchMode):
         other = None
-        allocated: set = set()
+        allocated: dict = {}
 
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             r = func(*a, **(kw or {}))
             if func in _ALLOCATIONS:
-                self.allocated.add(r.untyped_storage().data_ptr())
+                st = r.untyped_storage()
+                self.allocated[st.data_ptr()] = st.data_ptr() + st.nbytes()
             elif not func.is_view and self.other is None:
                 self.other = str(func)
             return r
 
     launches: list = []
     watch = Watch()
-    watch.allocated = set()
+    watch.allocated = {}
+    rec = native.recording
+    rec.active, rec.tainted = True, False
     mod.record(launches)
     try:
         with watch:
             out = direct(*args)
     finally:
         mod.record(None)
+        rec.active = False
+    allocated = list(watch.allocated.items())
     if watch.other is not None:
-        return out, launches, f"the call ran {watch.other}"
+        return out, launches, allocated, f"the call ran {watch.other}"
+    if rec.tainted:
+        return out, launches, allocated, "a launch went through cuda.core or a packed parameter block (not recorded)"
+    storages = set()
     for t in out if isinstance(out, tuple) else (out,):
         if not isinstance(t, torch.Tensor):
-            return out, launches, "an output is not a tensor"
-        if t.numel() and (t.untyped_storage().data_ptr() not in watch.allocated or not _covers_storage(t)):
-            return out, launches, "an output is not a whole new allocation"
-    return out, launches, None
+            return out, launches, allocated, "an output is not a tensor"
+        if not t.numel():
+            continue
+        base = t.untyped_storage().data_ptr()
+        if base not in watch.allocated or not _covers_storage(t) or base in storages:
+            return out, launches, allocated, "an output is not a whole new allocation of its own"
+        storages.add(base)
+    return out, launches, allocated, None
 
 
 def _covers_storage(t: torch.Tensor) -> bool:
@@ -318,10 +378,18 @@ def _source(inputs, outputs, matches) -> tuple[int, int] | None:
 _PACK = {"q": "<q", "i": "<i", "I": "<I", "f": "<f", "d": "<d"}
 
 
-def _describe(args, outs, launches):
-    """The launches serialized for rtk_offer (its comment in _torch_native.cpp has the layout), or (None, why)."""
+def _describe(args, outs, launches, allocated):
+    """The launches serialized for rtk_offer (its comment in _torch_native.cpp has the layout), or (None, why).
+
+    A 64-bit argument ('P', or 'q', which Kernel.launch gives Python ints, addresses included) that is an input's or
+    an output's address becomes that tensor's address per call; one inside any storage the call can see (an input's,
+    an output's, a workspace it allocated) refuses the call, and so does a 'P' value outside them all. Other 'q'
+    values are constants (sizes, strides, counts)."""
     if not launches:
         return None, "the call made no prepared launch (a torch fallback or an unprepared path)"
+    tensors = [a for a in args if isinstance(a, torch.Tensor)] + list(outs)
+    spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+             for t in tensors if t.numel()] + allocated
     inputs = [(i, a.data_ptr()) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel()]
     outputs = [(j, t.data_ptr()) for j, t in enumerate(outs) if t.numel()]
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
@@ -341,12 +409,16 @@ def _describe(args, outs, launches):
                 if src is None:
                     return None, f"{label} takes a tensor map of an address that is no input's or output's"
                 blob.append(struct.pack("<BBh", ord("M"), *src) + raw)
-            elif kind == "P":
+            elif kind in "Pq":
                 v = int(v)
                 src = (0, 0) if v == 0 else _source(inputs, outputs, lambda p: p == v)
-                if src is None:
+                if src is None and (kind == "P" or any(lo <= v < hi for lo, hi in spans)):
                     return None, f"{label} takes an address that is no input's or output's (a workspace)"
-                blob.append(struct.pack("<BBhQ", ord("P"), *src, 0))
+                if src is None or src == (0, 0):  # a 'q' constant, or a null address
+                    raw = struct.pack("<q" if kind == "q" else "<Q", v)
+                    blob.append(struct.pack("<BBh", ord(kind), 0, 0) + raw)
+                else:
+                    blob.append(struct.pack("<BBhQ", ord(kind), *src, 0))
             else:
                 raw = struct.pack(_PACK[kind], float(v) if kind in "fd" else int(v)).ljust(8, b"\0")
                 blob.append(struct.pack("<BBh", ord(kind), 0, 0) + raw)
@@ -366,7 +438,11 @@ def _main() -> int:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return 0  # another process is building it
-        built_artifact(SUBDIR, artifact_name(), build)
+        try:
+            built_artifact(SUBDIR, artifact_name(), build)
+        except (OSError, LaunchError, subprocess.SubprocessError) as e:
+            _failure_stamp().write_text(f"{type(e).__name__}: {e}\n")  # the next imports do not try again
+            return 1
     return 0
 
 

@@ -20,6 +20,7 @@ from ..device import DeviceInfo
 from ..errors import LaunchError, LoadError
 from .arrays import SCALAR_TYPES, convert_args
 from .driver import DriverError, check, driver, on_device, primary_context
+from . import native
 from .library import Library
 from .streams import core_stream, stream_handle
 
@@ -392,6 +393,8 @@ class Kernel(KernelAttributes):
         kernels: packing costs a few microseconds."""
         import ctypes
 
+        native.note_unrecorded_launch()
+
         g, b = _dim3(grid), _dim3(block)
         if shared_mem > self._max_dyn_smem:
             self._ensure_dynamic_smem(shared_mem)
@@ -487,6 +490,7 @@ class Kernel(KernelAttributes):
     def _launch_core(self, cfg: LaunchShape, args, stream) -> None:
         """The launch through cuda.core: cooperative and cluster launches, arguments without a native kind, or no
         native launcher."""
+        native.note_unrecorded_launch()
         if stream is None:
             s = self._default_stream
             if s is None:

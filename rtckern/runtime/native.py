@@ -34,6 +34,22 @@ SOURCE = Path(__file__).with_name("native_launch.c")
 MODULE = "rtckern_native_launch"
 
 _lock = threading.Lock()
+
+
+class _Recording(threading.local):
+    """A recording of this thread's launches (rtckern/plugins/_torch_native.py): the native launcher records its
+    prepared launches itself; every other launch route marks the recording tainted, so it is refused."""
+    active = False
+    tainted = False
+
+
+recording = _Recording()
+
+
+def note_unrecorded_launch() -> None:
+    """Called by the launch routes that bypass the native launcher (cuda.core, packed parameter blocks)."""
+    if recording.active:
+        recording.tainted = True
 _state: dict[str, object] = {}  # "module" (the loaded module or None), "why" (why there is none)
 
 
@@ -167,7 +183,13 @@ def built_artifact(subdir: str, name: str, build) -> Path:
 
 def find_artifact(subdir: str, name: str) -> Path | None:
     """The trusted build ``name`` where built_artifact would find it, or None (nothing is built)."""
-    for d in (settings().cache_dir / subdir, Path(tempfile.gettempdir()) / f"rtckern-{subdir}-{os.getuid()}"):
+    for i, d in enumerate((settings().cache_dir / subdir,
+                           Path(tempfile.gettempdir()) / f"rtckern-{subdir}-{os.getuid()}")):
+        if i and d.exists():
+            try:
+                private_dir(d)  # refused (PermissionError) when another user holds or links it
+            except OSError:
+                continue
         if _trusted(d / name):
             return d / name
     return None

@@ -68,19 +68,25 @@ def _cases():
 
 @pytest.mark.parametrize("case", list(_cases()))
 def test_replay_equals_the_python_path(case):
-    native, python = _cases()[case]
+    """The first call records; later calls of the signature with other tensors (other addresses, other values)
+    replay: each output equals the Python path's on the same inputs, and a replay leaves earlier outputs alone."""
+    def tup(v):
+        return v if isinstance(v, tuple) else (v,)
+
     with torch.no_grad():
-        want = python()
-        first = native()  # recorded (or refused)
-        again = [native() for _ in range(3)]  # replayed where a recipe was learned
-    torch.cuda.synchronize()
-    want = want if isinstance(want, tuple) else (want,)
-    for got in [first, *again]:
-        got = got if isinstance(got, tuple) else (got,)
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
-            assert torch.equal(g, w), case
+        native, python = _cases()[case]
+        want = tup(python())
+        first = tup(native())  # recorded (or refused)
+        for _ in range(3):
+            native2, python2 = _cases()[case]  # new tensors of the same signature
+            want2 = tup(python2())
+            got = tup(native2())  # replayed where a recipe was learned
+            torch.cuda.synchronize()
+            for g, w in zip(got, want2, strict=True):
+                assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
+                assert torch.equal(g, w), case
+    for g, w in zip(first, want, strict=True):
+        assert torch.equal(g, w), case
 
 
 def test_norms_and_softmax_are_replayed():

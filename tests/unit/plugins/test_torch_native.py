@@ -69,6 +69,50 @@ def mapped(x: Tensor) -> Tensor:  # a kernel reading x through a "tensor map" (t
     return y
 
 
+def scale_q(x: Tensor, s: float) -> Tensor:  # Kernel.launch's kinds: addresses as Python ints ('q')
+    count["fn"] += 1
+    y = torch.empty_like(x)
+    go = mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "qqqf", "scale", False, None)
+    go(0, x.data_ptr(), y.data_ptr(), x.numel(), s)
+    host_scale(x.data_ptr(), y.data_ptr(), x.numel(), s)
+    return y
+
+
+def interior(x: Tensor) -> Tensor:  # an address inside x, not x's own: not replayable
+    y = torch.empty_like(x)
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "qq", "interior", False, None)(0, x.data_ptr() + 4,
+                                                                                         y.data_ptr())
+    return y
+
+
+def via_core(x: Tensor) -> Tensor:  # a launch the recorder cannot see (cuda.core or a packed block)
+    y = torch.empty_like(x)
+    native.note_unrecorded_launch()
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PP", "core", False, None)(0, x.data_ptr(), y.data_ptr())
+    return y
+
+
+def twice(x: Tensor) -> tuple[Tensor, Tensor]:  # one new storage returned twice
+    y = torch.empty_like(x)
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PP", "twice", False, None)(0, x.data_ptr(), y.data_ptr())
+    return y, y
+
+
+first_time = [True]
+
+
+def warming(x: Tensor, s: float) -> Tensor:  # its first call runs a torch op (as a first call's probe may)
+    if first_time[0]:
+        first_time[0] = False
+        torch.zeros(1)
+    return scale(x, s)
+
+
+def clearing(x: Tensor, s: float) -> Tensor:  # the caches are cleared while the call is being recorded
+    clear_caches()
+    return scale(x, s)
+
+
 def zeroed(x: Tensor) -> Tensor:
     y = torch.empty_like(x)
     y.zero_()  # a torch op on the way: not a recipe
@@ -89,6 +133,12 @@ kscale.register_fake(lambda x, s: torch.empty_like(x))
 TL.KernelOp("tn_add", add)
 TL.KernelOp("tn_mapped", mapped)
 TL.KernelOp("tn_zeroed", zeroed)
+TL.KernelOp("tn_scale_q", scale_q)
+TL.KernelOp("tn_interior", interior)
+TL.KernelOp("tn_via_core", via_core)
+TL.KernelOp("tn_twice", twice)
+TL.KernelOp("tn_warming", warming)
+TL.KernelOp("tn_clearing", clearing)
 TL.KernelOp("tn_workspace", workspace)
 TL.define_composite("tn_double(Tensor x) -> Tensor", lambda x: kscale(x, 2.0), lambda x: scale(x, 2.0))
 
@@ -130,6 +180,7 @@ CASES: dict[str, str] = {}
 def case(body: str):
     """Register the decorated test's subprocess body under the test's name."""
     def mark(fn):
+        assert fn.__name__ not in CASES, fn.__name__
         CASES[fn.__name__] = textwrap.dedent(body)
         return fn
     return mark
@@ -201,6 +252,57 @@ def test_aliased_arguments_and_tensor_maps(outcomes):
     """Which arguments share an address is part of the key (a call passing one tensor twice has its own recipe); a
     tensor map is replayed from its template with the argument's address put in (cuTensorMapReplaceAddress)."""
     check(outcomes, "test_aliased_arguments_and_tensor_maps")
+
+
+@case("""
+        x = torch.arange(8, dtype=torch.float32)
+        with torch.no_grad():
+            y1 = ops.tn_scale_q(x, 2.0)
+            x2 = x + 100
+            y2 = ops.tn_scale_q(x2, 2.0)  # replayed: x2's address and a new output's, not the first call's
+        assert count == {"fn": 1, "replay": 1}, count
+        assert torch.equal(y2, x2 * 2) and torch.equal(y1, x * 2)
+        with torch.no_grad():
+            for _ in range(2):
+                ops.tn_interior(x)
+        c = counts("tn_interior")
+        assert (c["recipes"], c["refused"]) == (0, 1) and "workspace" in c["last_refusal"], c
+""")
+def test_addresses_passed_as_int64_are_mapped_or_refused(outcomes):
+    """Kernel.launch passes Python ints as 'q': an input's or output's address is mapped like a pointer; one inside
+    a storage the call sees refuses the signature."""
+    check(outcomes, "test_addresses_passed_as_int64_are_mapped_or_refused")
+
+
+@case("""
+        from rtckern.torch import reference_mode
+        x = torch.arange(8, dtype=torch.float32)
+        with torch.no_grad():
+            for _ in range(2):
+                ops.tn_via_core(x)
+                ops.tn_twice(x)
+            c, t = counts("tn_via_core"), counts("tn_twice")
+            assert c["recipes"] == 0 and "cuda.core" in c["last_refusal"], c
+            assert t["recipes"] == 0 and "of its own" in t["last_refusal"], t
+            ops.tn_warming(x, 2.0)  # refused once (a torch op on the way), then recorded
+            assert counts("tn_warming")["refused"] == 1
+            ops.tn_warming(x, 2.0)
+            assert counts("tn_warming") == {"recipes": 1, "refused": 0, "last_refusal": "the call ran aten.zeros.default"}
+            ops.tn_clearing(x, 2.0)  # a clear while recording: nothing is stored
+            assert counts("tn_clearing")["recipes"] == 0
+            ops.tn_scale(x, 3.0)
+            ops.tn_scale(x, 3.0)
+            assert count["replay"] == 1
+            with reference_mode():  # this thread's calls take the Python kernels
+                ops.tn_scale(x, 3.0)
+            assert count["replay"] == 1
+            ops.tn_scale(x, 3.0)
+            assert count["replay"] == 2
+""")
+def test_untracked_launches_shared_outputs_retries_clears_and_reference_mode(outcomes):
+    """A launch that bypasses the recorder, one storage returned twice: refused; a refusal is retried once; a clear
+    during a recording drops it; reference_mode bypasses the replay."""
+    check(outcomes, "test_untracked_launches_shared_outputs_retries_clears_and_reference_mode")
 
 
 @case("""
