@@ -6,21 +6,24 @@
 // every registered op. For a call that needs no gradient, has plain dense CUDA tensors (no subclass, mode or
 // functorch layer) and 16-byte aligned inputs, it builds a key of the arguments (dtypes, devices, shapes, strides
 // and every scalar) and looks up a recipe: the outputs' shapes, strides and dtypes, and the call's launches (function,
-// context, grid, block, shared memory, and each parameter as a constant, an input's or an output's address). A hit
-// allocates the outputs through torch and launches on torch's current stream.
+// context, grid, block, shared memory, and each parameter as a constant, an input's, an output's or a workspace's
+// address). A hit allocates the outputs and workspaces through torch and launches on torch's current stream.
 //
 // A miss calls the op's recorder twin (rtckern::_native_record_<op>, registered by _torch_native.py), which runs the
-// op's Python implementation while watching it: when the call only allocated its outputs and made prepared launches
-// whose addresses are its inputs' and outputs', it offers the launches here (rtk_offer) and they become the key's
-// recipe; otherwise the key is marked so and later calls skip the recording. Every other call (a gradient needed,
-// tracing, fake tensors, modes, misaligned inputs, a refused key) goes to the Python kernels as before, by
-// redispatching to AutogradOther, where the op's Python autograd (or composite) kernel is registered.
+// op's Python implementation while watching it: when the call only allocated its outputs and workspaces, zeroed some
+// of them and made prepared launches whose addresses are its inputs', outputs' and workspaces', it offers those steps
+// here (rtk_offer) and they become the key's recipe; otherwise the key is marked so and later calls skip the
+// recording. Every other call (a gradient needed, tracing, fake tensors, modes, misaligned inputs, a refused key)
+// goes to the Python kernels as before, by redispatching to AutogradOther, where the op's Python autograd (or
+// composite) kernel is registered.
 //
 // Built at first use by _torch_native.py with the system C++ compiler against the installed torch's headers and
 // loaded with torch.ops.load_library; it calls the driver through entry points found in the process's libcuda
 // (rtk_init), as runtime/native_launch.c does.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zero.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -79,14 +82,14 @@ struct LaunchConfig {
 static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute");
 static_assert(sizeof(LaunchConfig) == 56, "CUlaunchConfig");
 
-enum Source : uint8_t { kConst = 0, kInput = 1, kOutput = 2 };
+enum Source : uint8_t { kConst = 0, kInput = 1, kOutput = 2, kTemp = 3 };
 
 struct Param {
   char kind;
   uint8_t source;
-  int16_t index;  // the argument (kInput) or output (kOutput) whose address is passed
+  int16_t index;  // the argument (kInput), output (kOutput) or workspace (kTemp) whose address is passed
   int offset;     // in the parameter block
-  uint64_t bits;  // kConst: the value's bytes
+  uint64_t bits;  // kConst: the value's bytes; kOutput, kTemp: a byte offset from the start of the buffer
   std::shared_ptr<const std::array<unsigned char, 128>> map;  // 'M': the tensor map, its address replaced per call
 };
 
@@ -104,12 +107,21 @@ struct Output {
   c10::ScalarType dtype;
 };
 
+// One step of a recipe, in the order the Python path took them: a launch, or zeroing an output or a workspace.
+struct Step {
+  char kind = 'L';  // 'L' launch, 'Z' zero
+  uint8_t source = kTemp;
+  int16_t index = 0;
+  Launch launch;
+};
+
 struct Recipe {
   bool refused = false;  // the recorder could not describe the call: later calls take the Python kernels
   int attempts = 1;      // recordings refused so far: a signature is recorded twice before it stays refused (a first
                          // call of the process may run one-off work: probes, compiles)
   std::vector<Output> outputs;
-  std::vector<Launch> launches;
+  std::vector<int64_t> temps;  // workspaces: bytes, allocated per call through torch and released after it
+  std::vector<Step> steps;
   std::vector<int16_t> addressed_inputs;  // arguments whose addresses the launches read (checked 16-byte aligned)
 };
 
@@ -131,7 +143,8 @@ struct Pending {
   bool active = false;
   bool offered = false;
   bool skipped = false;  // the recorder could not watch this call (another thread was recording): learn it later
-  std::vector<Launch> launches;
+  std::vector<int64_t> temps;
+  std::vector<Step> steps;
 };
 thread_local Pending pending;
 
@@ -232,7 +245,7 @@ using test_launch_fn = void (*)(const char* label, int nparams, void** params);
 test_launch_fn test_launch = nullptr;
 
 void launch_or_throw(const Launch& l, const torch::jit::Stack& stack, size_t first, const std::vector<at::Tensor>& outs,
-                     void* stream) {
+                     const std::vector<at::Tensor>& temps, void* stream) {
   alignas(64) unsigned char block[kBlockBytes];
   void* params[kMaxParams];
   for (size_t i = 0; i < l.params.size(); ++i) {
@@ -242,7 +255,9 @@ void launch_or_throw(const Launch& l, const torch::jit::Stack& stack, size_t fir
       const at::Tensor& t = stack[first + p.index].toTensor();
       bits = t.defined() ? reinterpret_cast<uint64_t>(t.data_ptr()) : 0;
     } else if (p.source == kOutput) {
-      bits = reinterpret_cast<uint64_t>(outs[p.index].data_ptr());
+      bits += reinterpret_cast<uint64_t>(outs[p.index].data_ptr());
+    } else if (p.source == kTemp) {
+      bits += reinterpret_cast<uint64_t>(temps[p.index].data_ptr());
     }
     params[i] = block + p.offset;
     if (p.kind == 'M') {
@@ -297,12 +312,18 @@ void replay(const Recipe& r, torch::jit::Stack& stack, size_t first, size_t n, i
   std::vector<at::Tensor> outs;
   outs.reserve(r.outputs.size());
   for (const Output& o : r.outputs) outs.push_back(at::empty_strided(o.sizes, o.strides, opts.dtype(o.dtype)));
+  std::vector<at::Tensor> temps;
+  temps.reserve(r.temps.size());
+  for (int64_t bytes : r.temps) temps.push_back(at::empty({bytes}, opts.dtype(at::kByte)));
   void* stream = nullptr;
   if (replay_device == c10::DeviceType::CUDA) {
     c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
     stream = impl.getStream(c10::Device(c10::DeviceType::CUDA, device)).native_handle();
   }
-  for (const Launch& l : r.launches) launch_or_throw(l, stack, first, outs, stream);
+  for (const Step& s : r.steps) {
+    if (s.kind == 'Z') at::zero_(s.source == kOutput ? outs[s.index] : temps[s.index]);
+    else launch_or_throw(s.launch, stack, first, outs, temps, stream);
+  }
   torch::jit::drop(stack, n);
   for (auto& t : outs) stack.emplace_back(std::move(t));
 }
@@ -361,10 +382,17 @@ void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
         r->outputs.push_back(Output{t.sizes().vec(), t.strides().vec(), t.scalar_type()});
       }
       if (ok) {
-        r->launches = std::move(pending.launches);
+        r->temps = std::move(pending.temps);
+        r->steps = std::move(pending.steps);
         const auto& args = op.schema().arguments();
-        for (const Launch& l : r->launches)
-          for (const Param& p : l.params) {
+        const auto in_range = [&](uint8_t source, int16_t index) {
+          return source == kOutput ? index < static_cast<int16_t>(nret)
+                                   : index < static_cast<int16_t>(r->temps.size());
+        };
+        for (const Step& s : r->steps) {
+          if (s.kind == 'Z' && !in_range(s.source, s.index)) ok = false;
+          if (s.kind != 'L') continue;
+          for (const Param& p : s.launch.params) {
             if (p.source == kInput) {  // an argument of a tensor type (the value may be None: address 0)
               const auto kind = p.index < static_cast<int>(n) ? args[p.index].type()->kind() : c10::TypeKind::AnyType;
               const bool tensor = kind == c10::TypeKind::TensorType ||
@@ -373,12 +401,14 @@ void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
               if (!tensor) ok = false;
               r->addressed_inputs.push_back(p.index);
             }
-            if (p.source == kOutput && p.index >= static_cast<int16_t>(nret)) ok = false;
+            if ((p.source == kOutput || p.source == kTemp) && !in_range(p.source, p.index)) ok = false;
           }
+        }
       }
       if (!ok) {
         r->outputs.clear();
-        r->launches.clear();
+        r->temps.clear();
+        r->steps.clear();
         r->addressed_inputs.clear();
         r->refused = true;
         r->attempts = recipe ? recipe->attempts + 1 : 1;
@@ -459,9 +489,11 @@ RTK_EXPORT int rtk_register(const char* op_name, const char* recorder_name, cons
 }
 
 // During a recording (inside the recorder twin): the call's launches, serialized by _torch_native.py:
-//   u32 nlaunches, then per launch: u64 func, u64 ctx, u32 grid[3], u32 block[3], u32 smem, i32 dependent,
-//   u32 label length, label bytes, u32 nparams, then per parameter: u8 kind, u8 source, i16 index, and u64 bits,
-//   or for a tensor map ('M', source an input or output whose address it holds) its 128 bytes.
+//   u32 ntemps, u64 bytes of each workspace; u32 nsteps, then per step u8 'Z' (zero) with u8 source (output or
+//   workspace), i16 index, or u8 'L' (launch) with u64 func, u64 ctx, u32 grid[3], u32 block[3], u32 smem,
+//   i32 dependent, u32 label length, label bytes, u32 nparams, then per parameter: u8 kind, u8 source, i16 index,
+//   and u64 bits (a constant, or an offset into an output or workspace), or for a tensor map ('M', source the
+//   buffer whose address it holds) its 128 bytes.
 // An empty offer (len 0) leaves the key unlearned. 0 when taken; -1 when no recording is pending in this thread;
 // -2 when the description is malformed.
 RTK_EXPORT int rtk_offer(const char* data, size_t len) {
@@ -472,10 +504,23 @@ RTK_EXPORT int rtk_offer(const char* data, size_t len) {
   }
   const char* p = data;
   const char* end = data + len;
-  uint32_t nl = 0;
-  if (!read(p, end, nl) || nl == 0 || nl > 64) return -2;
-  std::vector<Launch> launches(nl);
-  for (Launch& l : launches) {
+  uint32_t nt = 0, ns = 0;
+  if (!read(p, end, nt) || nt > 64) return -2;
+  std::vector<int64_t> temps(nt);
+  for (auto& b : temps)
+    if (!read(p, end, b) || b < 0) return -2;
+  if (!read(p, end, ns) || ns == 0 || ns > 64) return -2;
+  std::vector<Step> steps(ns);
+  for (Step& s : steps) {
+    if (!read(p, end, s.kind)) return -2;
+    if (s.kind == 'Z') {
+      if (!read(p, end, s.source) || !read(p, end, s.index) || (s.source != kOutput && s.source != kTemp) ||
+          s.index < 0)
+        return -2;
+      continue;
+    }
+    if (s.kind != 'L') return -2;
+    Launch& l = s.launch;
     uint64_t func, ctx;
     uint32_t label_len, np;
     if (!read(p, end, func) || !read(p, end, ctx)) return -2;
@@ -502,7 +547,7 @@ RTK_EXPORT int rtk_offer(const char* data, size_t len) {
         return -2;
       }
       const int sz = kind_size(q.kind), al = kind_align(q.kind);
-      if (sz == 0 || q.source > kOutput || q.index < 0) return -2;
+      if (sz == 0 || q.source > kTemp || q.index < 0 || (q.source == kInput && q.bits != 0)) return -2;
       off = (off + al - 1) / al * al;
       q.offset = off;
       off += sz;
@@ -511,7 +556,8 @@ RTK_EXPORT int rtk_offer(const char* data, size_t len) {
     }
   }
   if (p != end) return -2;
-  pending.launches = std::move(launches);
+  pending.temps = std::move(temps);
+  pending.steps = std::move(steps);
   pending.offered = true;
   return 0;
 }

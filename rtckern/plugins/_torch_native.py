@@ -278,15 +278,15 @@ def _recorder(name: str, direct, op):
             lib.rtk_offer(None, 0)
             return direct(*args)
         try:
-            out, launches, allocated, why = _watch(direct, args)
+            out, steps, allocated, why = _watch(direct, args)
         finally:
             _record_lock.release()
         outs = out if isinstance(out, tuple) else (out,)
         blob = None
         if why is None:
-            blob, why = _describe(args, outs, launches, allocated)
+            blob, why = _describe(args, outs, steps, allocated)
         if blob is not None and lib.rtk_offer(blob, len(blob)) == 0:
-            _held.extend(p for p, _ in launches)  # (the table drops the recipe if a clear came meanwhile)
+            _held.extend(p for p, _ in steps if not isinstance(p, str))  # (the table drops the recipe if a clear came meanwhile)
         else:
             why = why or "the library refused the description (a tensor map, and no cuTensorMapReplaceAddress)"
             _refusals[name] = why
@@ -297,24 +297,33 @@ def _recorder(name: str, direct, op):
     return record
 
 
-_ALLOCATIONS = None  # the aten allocation overloads (set at the first recording: torch.ops.aten lookups)
+_ALLOCATIONS = None  # aten overloads: allocations, allocations that zero, in-place zeroing (set at the first recording)
+
+
+def _aten_sets():
+    global _ALLOCATIONS
+    if _ALLOCATIONS is None:
+        a = torch.ops.aten
+        _ALLOCATIONS = ({a.empty.memory_format, a.empty_like.default, a.empty_strided.default, a.new_empty.default,
+                         a.new_empty_strided.default},
+                        {a.zeros.default, a.zeros_like.default, a.new_zeros.default},
+                        {a.zero_.default, a.fill_.Scalar})
+    return _ALLOCATIONS
 
 
 def _watch(direct, args):
-    """(output, launches, allocations, None), or a reason in place of None when the call did more than allocate and
-    make prepared launches. allocations: (start, end) of the storages it allocated."""
-    global _ALLOCATIONS
+    """(output, steps, allocations, None), or a reason in place of None when the call did more than allocate, zero
+    what it allocated and make prepared launches. steps: in order, (prepared, args) for a launch (the native
+    launcher's record) and ("Z", storage start) for a zeroing; allocations: {storage start: end}."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from rtckern.runtime import native
 
-    if _ALLOCATIONS is None:
-        a = torch.ops.aten
-        _ALLOCATIONS = {a.empty.memory_format, a.empty_like.default, a.empty_strided.default, a.new_empty.default,
-                        a.new_empty_strided.default}
+    allocs, zeroing_allocs, zero_fills = _aten_sets()
     mod = native.module()
     if mod is None:
-        return direct(*args), [], [], "the native launcher is unavailable: " + str(native.why())
+        return direct(*args), [], {}, "the native launcher is unavailable: " + str(native.why())
+    steps: list = []
 
     class Watch(TorchDispatchMode):
         other = None
@@ -322,103 +331,123 @@ def _watch(direct, args):
 
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             r = func(*a, **(kw or {}))
-            if func in _ALLOCATIONS:
+            if func in allocs or func in zeroing_allocs:
                 st = r.untyped_storage()
                 self.allocated[st.data_ptr()] = st.data_ptr() + st.nbytes()
+                if func in zeroing_allocs:
+                    steps.append(("Z", st.data_ptr()))
+            elif func in zero_fills and (func is not zero_fills_fill or a[1] == 0) and _whole_allocation(a[0], self):
+                steps.append(("Z", a[0].untyped_storage().data_ptr()))
             elif not func.is_view and self.other is None:
                 self.other = str(func)
             return r
 
-    launches: list = []
+    zero_fills_fill = torch.ops.aten.fill_.Scalar
     watch = Watch()
     watch.allocated = {}
     rec = native.recording
     rec.active, rec.tainted = True, False
-    mod.record(launches)
+    mod.record(steps)
     try:
         with watch:
             out = direct(*args)
     finally:
         mod.record(None)
         rec.active = False
-    allocated = list(watch.allocated.items())
     if watch.other is not None:
-        return out, launches, allocated, f"the call ran {watch.other}"
+        return out, steps, watch.allocated, f"the call ran {watch.other}"
     if rec.tainted:
-        return out, launches, allocated, "a launch went through cuda.core or a packed parameter block (not recorded)"
+        return out, steps, watch.allocated, "a launch went through cuda.core or a packed parameter block (not recorded)"
     storages = set()
     for t in out if isinstance(out, tuple) else (out,):
         if not isinstance(t, torch.Tensor):
-            return out, launches, allocated, "an output is not a tensor"
+            return out, steps, watch.allocated, "an output is not a tensor"
         if not t.numel():
             continue
         base = t.untyped_storage().data_ptr()
         if base not in watch.allocated or not _covers_storage(t) or base in storages:
-            return out, launches, allocated, "an output is not a whole new allocation of its own"
+            return out, steps, watch.allocated, "an output is not a whole new allocation of its own"
         storages.add(base)
-    return out, launches, allocated, None
+    return out, steps, watch.allocated, None
+
+
+def _whole_allocation(t, watch) -> bool:
+    """t is all of a storage the watched call allocated (zeroing it is a step of the recipe)."""
+    return isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in watch.allocated and _covers_storage(t)
 
 
 def _covers_storage(t: torch.Tensor) -> bool:
     """t starts its storage and spans all of it (so empty_strided of its sizes and strides gives the same extent)."""
-    extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+    extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
     return t.storage_offset() == 0 and extent * t.element_size() == t.untyped_storage().nbytes()
-
-
-def _source(inputs, outputs, matches) -> tuple[int, int] | None:
-    """(1, argument index) or (2, output index) of the first tensor whose address matches, else None. Inputs at one
-    address are interchangeable: which arguments alias is part of the call's key."""
-    for src, tensors in ((1, inputs), (2, outputs)):
-        for i, p in tensors:
-            if matches(p):
-                return src, i
-    return None
 
 
 _PACK = {"q": "<q", "i": "<i", "I": "<I", "f": "<f", "d": "<d"}
 
 
-def _describe(args, outs, launches, allocated):
-    """The launches serialized for rtk_offer (its comment in _torch_native.cpp has the layout), or (None, why).
+def _describe(args, outs, steps, allocated):
+    """The call's steps serialized for rtk_offer (its comment in _torch_native.cpp has the layout), or (None, why).
 
-    A 64-bit argument ('P', or 'q', which Kernel.launch gives Python ints, addresses included) that is an input's or
-    an output's address becomes that tensor's address per call; one inside any storage the call can see (an input's,
-    an output's, a workspace it allocated) refuses the call, and so does a 'P' value outside them all. Other 'q'
-    values are constants (sizes, strides, counts)."""
-    if not launches:
+    A 64-bit argument ('P', or 'q', which Kernel.launch gives Python ints, addresses included) equal to an input's
+    address, or inside an output or a workspace the call allocated, becomes that address per call (an offset from
+    the new buffer); one elsewhere inside an input's storage refuses the call, and so does a 'P' value no buffer
+    holds. Other 'q' values are constants (sizes, strides, counts)."""
+    if not any(not isinstance(s[0], str) for s in steps):
         return None, "the call made no prepared launch (a torch fallback or an unprepared path)"
-    tensors = [a for a in args if isinstance(a, torch.Tensor)] + list(outs)
-    spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
-             for t in tensors if t.numel()] + allocated
     inputs = [(i, a.data_ptr()) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel()]
-    outputs = [(j, t.data_ptr()) for j, t in enumerate(outs) if t.numel()]
+    input_spans = [(a.untyped_storage().data_ptr(), a.untyped_storage().data_ptr() + a.untyped_storage().nbytes())
+                   for a in args if isinstance(a, torch.Tensor) and a.numel()]
+    out_base = {t.untyped_storage().data_ptr(): j for j, t in enumerate(outs) if t.numel()}
+    temps = [(lo, hi) for lo, hi in allocated.items() if lo not in out_base]
+    buffers = [(2, j, lo, allocated[lo]) for lo, j in out_base.items()] + \
+              [(3, t, lo, hi) for t, (lo, hi) in enumerate(temps)]
+
+    def source(v: int):
+        """(source, index, offset) of address v, or None."""
+        for i, p in inputs:  # inputs at one address are interchangeable: aliasing is part of the key
+            if p == v:
+                return 1, i, 0
+        for src, idx, lo, hi in buffers:
+            if lo <= v < hi:
+                return src, idx, v - lo
+        return None
+
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    blob = [struct.pack("<I", len(launches))]
-    for prepared, call in launches:
+    blob = [struct.pack("<I", len(temps)), *(struct.pack("<q", hi - lo) for lo, hi in temps),
+            struct.pack("<I", len(steps))]
+    for prepared, call in steps:
+        if isinstance(prepared, str):  # ("Z", storage start)
+            src = source(call)
+            if src is None or src[0] == 1:
+                return None, "the call zeroed a buffer it did not allocate"
+            blob.append(struct.pack("<cBh", b"Z", src[0], src[1]))
+            continue
         func, ctx, grid, block, smem, dependent, kinds, label = prepared.describe()
         if int(call[0]) != stream:
             return None, "a launch went to a stream other than torch's current one"
         label_b = label.encode()
-        blob.append(struct.pack("<QQ3I3IIiI", func, ctx, *grid, *block, smem, dependent, len(label_b)) + label_b)
+        blob.append(b"L" + struct.pack("<QQ3I3IIiI", func, ctx, *grid, *block, smem, dependent, len(label_b)) + label_b)
         blob.append(struct.pack("<I", len(kinds)))
         for kind, v in zip(kinds, call[1:]):
-            if kind == "M":  # a tensor map: which argument's address it holds (replaced per call in C++)
+            if kind == "M":  # a tensor map: which buffer's address it holds (replaced per call in C++)
                 raw = bytes(v)
-                src = _source(inputs, outputs, lambda p: p.to_bytes(8, "little") in raw)
+                src = next((s for s in ([(1, i, p) for i, p in inputs] + [(b[0], b[1], b[2]) for b in buffers])
+                            if s[2].to_bytes(8, "little") in raw), None)
                 if src is None:
-                    return None, f"{label} takes a tensor map of an address that is no input's or output's"
-                blob.append(struct.pack("<BBh", ord("M"), *src) + raw)
+                    return None, f"{label} takes a tensor map of an address that is no input's, output's or workspace's"
+                blob.append(struct.pack("<BBh", ord("M"), src[0], src[1]) + raw)
             elif kind in "Pq":
                 v = int(v)
-                src = (0, 0) if v == 0 else _source(inputs, outputs, lambda p: p == v)
-                if src is None and (kind == "P" or any(lo <= v < hi for lo, hi in spans)):
-                    return None, f"{label} takes an address that is no input's or output's (a workspace)"
-                if src is None or src == (0, 0):  # a 'q' constant, or a null address
-                    raw = struct.pack("<q" if kind == "q" else "<Q", v)
-                    blob.append(struct.pack("<BBh", ord(kind), 0, 0) + raw)
+                src = None if v == 0 else source(v)
+                if src is None and v and any(lo <= v < hi for lo, hi in input_spans):
+                    return None, f"{label} takes an address inside an input that is not the input's own"
+                if src is None and v and kind == "P":
+                    return None, f"{label} takes an address no buffer of the call holds (a workspace kept elsewhere)"
+                if src is None:  # a 'q' constant, or a null address
+                    blob.append(struct.pack("<BBh", ord(kind), 0, 0) + struct.pack("<q" if kind == "q" else "<Q", v))
                 else:
-                    blob.append(struct.pack("<BBhQ", ord(kind), *src, 0))
+                    blob.append(struct.pack("<BBhQ", ord(kind), *src))
             else:
                 raw = struct.pack(_PACK[kind], float(v) if kind in "fd" else int(v)).ljust(8, b"\0")
                 blob.append(struct.pack("<BBh", ord(kind), 0, 0) + raw)

@@ -40,7 +40,22 @@ def _cases():
     y = torch.softmax(s.float(), -1).to(BF16)
     gate, up = rand(8, 1024), rand(8, 1024)
     logits, labels = rand(16, 1000), torch.randint(0, 1000, (16,), device=DEV)
+    dy = rand(4, 4096)
+    rstd, mean = torch.rand(4, device=DEV) + 0.5, torch.randn(4, device=DEV)
+    o, lse = P("attention_fwd")(qp, kvp, kvp, True, None, True)
+    do = rand(2, 128, 8, 64)
+    a128 = rand(128, 1024)
     return {
+        "rms_norm_bwd": (lambda: ops.rms_norm_bwd(dy, x, w, rstd, False, True, None),
+                         lambda: P("rms_norm_bwd")(dy, x, w, rstd, False, True, None)),
+        "layer_norm_bwd": (lambda: ops.layer_norm_bwd(dy, x, w, b, mean, rstd, False, True, True),
+                           lambda: P("layer_norm_bwd")(dy, x, w, b, mean, rstd, False, True, True)),
+        "attention_bwd": (lambda: ops.attention_bwd(do, qp, kvp, kvp, o, lse, True, None, True),
+                          lambda: P("attention_bwd")(do, qp, kvp, kvp, o, lse, True, None, True)),
+        "gemm M=128": (lambda: ops.gemm(a128, wl, None, None, True),
+                       lambda: P("gemm")(a128, wl, None, None, True, None, None)),
+        "cross_entropy none": (lambda: ops.cross_entropy(logits, labels, -100, "none"),
+                               lambda: P("cross_entropy")(logits, labels, -100, "none")),
         "rms_norm": (lambda: ops.rms_norm(x, w, 1e-6), lambda: P("rms_norm")(x, w, 1e-6, False, None)),
         "fused_add_rms_norm": (lambda: ops.fused_add_rms_norm(x, x, w, 1e-6),
                                lambda: P("fused_add_rms_norm")(x, x, w, 1e-6, False)),
@@ -90,7 +105,7 @@ def test_replay_equals_the_python_path(case):
 
 
 def test_norms_and_softmax_are_replayed():
-    """The ops whose launches are plain (one prepared launch, no workspace) learn a recipe and replay it."""
+    """The ops whose launches are plain (prepared launches, workspaces allocated per call) learn a recipe."""
     x, w = rand(8, 2048), rand(2048)
     s = rand(2, 8, 4, 512)
     with torch.no_grad():

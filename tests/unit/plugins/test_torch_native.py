@@ -104,7 +104,7 @@ first_time = [True]
 def warming(x: Tensor, s: float) -> Tensor:  # its first call runs a torch op (as a first call's probe may)
     if first_time[0]:
         first_time[0] = False
-        torch.zeros(1)
+        torch.ones(1)
     return scale(x, s)
 
 
@@ -113,18 +113,46 @@ def clearing(x: Tensor, s: float) -> Tensor:  # the caches are cleared while the
     return scale(x, s)
 
 
-def zeroed(x: Tensor) -> Tensor:
+def copying(x: Tensor) -> Tensor:
     y = torch.empty_like(x)
-    y.zero_()  # a torch op on the way: not a recipe
-    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PP", "zeroed", False, None)(0, x.data_ptr(), y.data_ptr())
+    y.copy_(x)  # a torch op on the way: not a recipe
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PP", "copying", False, None)(0, x.data_ptr(), y.data_ptr())
     return y
 
 
-def workspace(x: Tensor) -> Tensor:
+PERSISTENT = torch.empty(64, dtype=torch.uint8)
+
+
+def persistent(x: Tensor) -> Tensor:  # a buffer the call did not allocate: not replayable
     y = torch.empty_like(x)
-    ws = torch.empty(64, dtype=torch.uint8)
-    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PPP", "ws", False, None)(
-        0, x.data_ptr(), ws.data_ptr(), y.data_ptr())
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PPP", "persistent", False, None)(
+        0, x.data_ptr(), PERSISTENT.data_ptr(), y.data_ptr())
+    return y
+
+
+def host_plus_one(xp, wp, yp, n):  # the "kernel" of workspace(): checks its zeroed workspace, y = x + 1
+    x, ws, y = ((ctypes.c_float * n).from_address(p) for p in (xp, wp, yp))
+    assert all(v == 0.0 for v in ws), list(ws)
+    for i in range(n):
+        y[i] = x[i] + 1
+        ws[i] = 7.0  # dirty it: the next call's workspace must be zeroed again
+
+
+def workspace(x: Tensor) -> Tensor:  # a zeroed workspace, addressed 16 bytes in
+    y = torch.empty_like(x)
+    ws = torch.zeros(x.numel() + 4, dtype=torch.float32)
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PqPq", "ws", False, None)(
+        0, x.data_ptr(), ws.data_ptr() + 16, y.data_ptr(), x.numel())
+    host_plus_one(x.data_ptr(), ws.data_ptr() + 16, y.data_ptr(), x.numel())
+    return y
+
+
+def zeroed_out(x: Tensor) -> Tensor:  # zeroes its output, then "accumulates" into it
+    y = torch.empty_like(x)
+    y.zero_()
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PPqf", "scale", False, None)(
+        0, x.data_ptr(), y.data_ptr(), x.numel(), 2.0)
+    host_scale(x.data_ptr(), y.data_ptr(), x.numel(), 2.0)
     return y
 
 
@@ -132,7 +160,9 @@ kscale = TL.KernelOp("tn_scale", scale)
 kscale.register_fake(lambda x, s: torch.empty_like(x))
 TL.KernelOp("tn_add", add)
 TL.KernelOp("tn_mapped", mapped)
-TL.KernelOp("tn_zeroed", zeroed)
+TL.KernelOp("tn_copying", copying)
+TL.KernelOp("tn_persistent", persistent)
+TL.KernelOp("tn_zeroed_out", zeroed_out)
 TL.KernelOp("tn_scale_q", scale_q)
 TL.KernelOp("tn_interior", interior)
 TL.KernelOp("tn_via_core", via_core)
@@ -150,6 +180,9 @@ def on_launch(label, n, params):
     word = lambda i, t: ctypes.cast(params[i], ctypes.POINTER(t))[0]
     if label == b"scale":
         host_scale(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_int64), word(3, ctypes.c_float))
+    elif label == b"ws":
+        host_plus_one(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_uint64),
+                      word(3, ctypes.c_int64))
     elif label == b"add":
         host_add(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_uint64), word(3, ctypes.c_int64))
     else:
@@ -266,7 +299,7 @@ def test_aliased_arguments_and_tensor_maps(outcomes):
             for _ in range(2):
                 ops.tn_interior(x)
         c = counts("tn_interior")
-        assert (c["recipes"], c["refused"]) == (0, 1) and "workspace" in c["last_refusal"], c
+        assert (c["recipes"], c["refused"]) == (0, 1) and "inside an input" in c["last_refusal"], c
 """)
 def test_addresses_passed_as_int64_are_mapped_or_refused(outcomes):
     """Kernel.launch passes Python ints as 'q': an input's or output's address is mapped like a pointer; one inside
@@ -287,7 +320,7 @@ def test_addresses_passed_as_int64_are_mapped_or_refused(outcomes):
             ops.tn_warming(x, 2.0)  # refused once (a torch op on the way), then recorded
             assert counts("tn_warming")["refused"] == 1
             ops.tn_warming(x, 2.0)
-            assert counts("tn_warming") == {"recipes": 1, "refused": 0, "last_refusal": "the call ran aten.zeros.default"}
+            assert counts("tn_warming") == {"recipes": 1, "refused": 0, "last_refusal": "the call ran aten.ones.default"}
             ops.tn_clearing(x, 2.0)  # a clear while recording: nothing is stored
             assert counts("tn_clearing")["recipes"] == 0
             ops.tn_scale(x, 3.0)
@@ -303,6 +336,22 @@ def test_untracked_launches_shared_outputs_retries_clears_and_reference_mode(out
     """A launch that bypasses the recorder, one storage returned twice: refused; a refusal is retried once; a clear
     during a recording drops it; reference_mode bypasses the replay."""
     check(outcomes, "test_untracked_launches_shared_outputs_retries_clears_and_reference_mode")
+
+
+@case("""
+        x = torch.arange(8, dtype=torch.float32)
+        with torch.no_grad():
+            for i in range(3):  # recorded, then replayed: a new zeroed workspace each call (the kernel dirties it)
+                xi = x + i
+                assert torch.equal(ops.tn_workspace(xi), xi + 1)
+                assert torch.equal(ops.tn_zeroed_out(xi), xi * 2)
+        assert counts("tn_workspace")["recipes"] == 1 and counts("tn_zeroed_out")["recipes"] == 1
+        assert count["replay"] == 4, count
+""")
+def test_workspaces_and_zeroed_buffers_are_replayed(outcomes):
+    """A workspace the call allocates (addressed at an offset) is allocated per replay; a buffer the call zeroes
+    (torch.zeros, zero_) is zeroed per replay, in order with the launches."""
+    check(outcomes, "test_workspaces_and_zeroed_buffers_are_replayed")
 
 
 @case("""
@@ -341,13 +390,13 @@ def test_calls_that_must_not_replay_reach_the_python_kernels(outcomes):
         x = torch.arange(8, dtype=torch.float32)
         with torch.no_grad():
             for _ in range(2):
-                ops.tn_zeroed(x)
-                ops.tn_workspace(x)
-        z, w = counts("tn_zeroed"), counts("tn_workspace")
-        assert (z["recipes"], z["refused"]) == (0, 1) and "zero_" in z["last_refusal"], z
-        assert (w["recipes"], w["refused"]) == (0, 1) and "workspace" in w["last_refusal"], w
+                ops.tn_copying(x)
+                ops.tn_persistent(x)
+        z, w = counts("tn_copying"), counts("tn_persistent")
+        assert (z["recipes"], z["refused"]) == (0, 1) and "copy_" in z["last_refusal"], z
+        assert (w["recipes"], w["refused"]) == (0, 1) and "no buffer of the call holds" in w["last_refusal"], w
         assert count["replay"] == 0
-    """)
+""")
 def test_calls_that_do_more_than_allocate_and_launch_are_refused(outcomes):
     check(outcomes, "test_calls_that_do_more_than_allocate_and_launch_are_refused")
 
