@@ -162,7 +162,15 @@ def plugin_calls(torch, case_names, dev: str = "cuda") -> dict:
     q = torch.randn(1, 1, 32, 128, dtype=bf16, device=dev)
     k, v = (torch.randn(1, 1024, 8, 128, dtype=bf16, device=dev) for _ in range(2))
     a1, wl = torch.randn(1, 1024, dtype=bf16, device=dev), torch.randn(1024, 1024, dtype=bf16, device=dev)
+    dy, ys = torch.randn(4, 4096, dtype=bf16, device=dev), torch.randn(1, 32, 1, 1024, dtype=bf16, device=dev)
+    mean, rstd = torch.randn(4, device=dev), torch.rand(4, device=dev) + 0.5
+    qb = torch.randn(2, 128, 8, 64, dtype=bf16, device=dev)
+    lse_b = r.attention_fwd(qb, qb, qb, True, None, True)[1]
     calls = {
+        "rms_norm_backward": lambda: r.rms_norm_bwd(dy, x, w, rstd, False, True, None),
+        "layer_norm_backward": lambda: r.layer_norm_bwd(dy, x, w, b, mean, rstd, False, True, True),
+        "softmax_backward": lambda: r.softmax_bwd(ys, s, 0.125),
+        "attention_backward [2,128,8,64] causal": lambda: r.attention_bwd(qb, qb, qb, qb, qb, lse_b, True, None, False),
         "rms_norm [4,4096] bf16": lambda: r.rms_norm(x, w, 1e-6),
         "rms_norm +residual": lambda: r.fused_add_rms_norm(x, x, w, 1e-6),
         "layer_norm [4,4096] bf16": lambda: r.layer_norm(x, w, b, 1e-5),
@@ -178,7 +186,8 @@ def plugin_calls(torch, case_names, dev: str = "cuda") -> dict:
     return calls
 
 
-PLUGIN_CASES = ("rms_norm [4,4096] bf16", "rms_norm +residual", "layer_norm [4,4096] bf16",
+PLUGIN_CASES = ("rms_norm [4,4096] bf16", "rms_norm +residual", "layer_norm [4,4096] bf16", "rms_norm_backward",
+                "layer_norm_backward", "softmax_backward", "attention_backward [2,128,8,64] causal",
                 "softmax [1,32,1,1024] bf16", "causal softmax [32,128,128]",
                 "attention decode q[1,1,32,128] kv 1024 GQA", "gemm M=1 [1,1024] x [1024,1024]^T bf16",
                 TRAINING_ATTENTION)
@@ -204,8 +213,9 @@ def plugin_stub_rows(calls: int, repeats: int) -> list:
     setattr(importlib.import_module("rtckern.ops._attention.api"), "attention_backward", backward_stand_in)
     x = torch.empty(4, 4096, dtype=torch.bfloat16)
     base = time_loop(lambda: stand_in(x), calls, lambda: None, repeats)
+    unstubbed = ("rms_norm_backward", "layer_norm_backward", "softmax_backward")  # (their ops run for real)
     return [(name, base, None, time_loop(fn, calls, lambda: None, repeats))
-            for name, fn in plugin_calls(torch, PLUGIN_CASES, "cpu").items()]
+            for name, fn in plugin_calls(torch, PLUGIN_CASES, "cpu").items() if name not in unstubbed]
 
 
 def profile(fn, calls: int) -> None:
