@@ -109,6 +109,7 @@ class KernelOp:
         self._defaults = tuple(a.default_value for a in args)
         self._tensor_args = tuple(i for i, a in enumerate(args) if str(a.type) in ("Tensor", "Optional[Tensor]"))
         self._setup = self._backward = None
+        self.native = False  # served by the native front (_torch_native): calls without a gradient go through it
         self.function = self._autograd_function()
         # autograd.Function.apply without its Python wrapper, whose work (binding defaults for setup_context,
         # unwrapping dead functorch wrappers) has nothing to do on the eager fast path: ~4 us per call
@@ -120,7 +121,11 @@ class KernelOp:
 
     def __call__(self, *args, **kwargs):
         """torch.ops.rtckern.<name>(*args), taking the eager fast path (`call_direct`) itself when nothing traces
-        or intercepts the call: the backward formulas call their backward ops this way."""
+        or intercepts the call: the backward formulas call their backward ops this way. Where the native front serves
+        the op, a call needing no gradient goes through the dispatcher to it (its replay costs less than the Python
+        path; what it does not replay reaches the same Python kernels)."""
+        if self.native and not kwargs and not (_grad_enabled() and _any_requires_grad(*args)):
+            return self.op(*args)
         if not kwargs and not _function_modes() and not _compiling() and _plain(args, self._tensor_args):
             return self.call_direct(*args)
         return self.op(*args, **kwargs)
@@ -161,8 +166,8 @@ class KernelOp:
 
         def forward(ctx, *args):
             keyset, args = args[-1], args[:-1]
-            if keyset is None:  # plain eager: the implementation itself
-                out = kop.fn(*args)
+            if keyset is None:  # plain eager: the implementation itself (replayed by the native front where it serves)
+                out = kop.op(*args) if kop.native else kop.fn(*args)
             else:
                 with _below_autograd():
                     out = kop.op.redispatch(keyset & _after_autograd, *args)

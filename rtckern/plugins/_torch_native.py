@@ -237,6 +237,9 @@ def serve(lib, dispatch_key: str) -> None:
         if lib.rtk_register((QUALIFIED + name).encode(), (QUALIFIED + twin).encode(), dispatch_key.encode()) != 0:
             raise LaunchError(f"registering the native front of rtckern::{name} failed")
         served.append(name)
+    for name in served:
+        if name in KERNEL_OPS:
+            KERNEL_OPS[name].native = True  # KernelOp calls without a gradient (the backward formulas') go through it
     _state.update(lib=lib, ops=tuple(served), why=None)
     on_clear(clear)
     reference_hooks.append(lambda on: lib.rtk_bypass(int(on)))  # reference_mode: torch's implementations, no replay
