@@ -411,13 +411,14 @@ void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
         r->steps.clear();
         r->addressed_inputs.clear();
         r->refused = true;
-        r->attempts = recipe ? recipe->attempts + 1 : 1;
       }
       std::unique_lock<std::shared_mutex> lock(table_mutex);
       if (generation != started) return;  // cleared meanwhile: the recording may describe unloaded functions
       auto it = ops.find(op.schema().name());
       if (it == ops.end()) return;
       auto& slot = it->second->recipes[key];
+      if (slot && !slot->refused) return;  // another thread's recording of the key was stored meanwhile: keep it
+      if (r->refused) r->attempts = slot ? slot->attempts + 1 : 1;
       if (!slot) ++recipe_count;
       slot = std::move(r);
       return;

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import math
 import os
 import platform
 import shutil
@@ -143,9 +144,9 @@ def _open(path: Path):
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.getuid(), 0) or st.st_mode & 0o022:
             raise LaunchError(f"{path}: not a file of this user that only it can write; not loaded")
-        by_fd = f"/proc/self/fd/{fd}"
-        torch.ops.load_library(by_fd)
-        lib = ctypes.CDLL(by_fd)
+        # dlopen through the descriptor (torch.ops.load_library would resolve the real path and load the file by
+        # name again); the library registers nothing when loaded: rtk_register does
+        lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
     lib.rtk_init.argtypes = [ctypes.c_char_p]
@@ -336,10 +337,14 @@ def _watch(direct, args):
             r = func(*a, **(kw or {}))
             if func in allocs or func in zeroing_allocs:
                 st = r.untyped_storage()
-                self.allocated[st.data_ptr()] = st.data_ptr() + st.nbytes()
+                lo, hi = st.data_ptr(), st.data_ptr() + st.nbytes()
+                if hi > lo and any(lo < e and s < hi for s, e in self.allocated.items()) and self.other is None:
+                    self.other = "an allocation reusing memory the call allocated and freed before"
+                if hi > lo:
+                    self.allocated[lo] = hi
                 if func in zeroing_allocs:
-                    steps.append(("Z", st.data_ptr()))
-            elif func in zero_fills and (func is not zero_fills_fill or a[1] == 0) and _whole_allocation(a[0], self):
+                    steps.append(("Z", lo))
+            elif func in zero_fills and (func is not zero_fills_fill or _is_zero(a[1])) and _whole_allocation(a[0], self):
                 steps.append(("Z", a[0].untyped_storage().data_ptr()))
             elif not func.is_view and self.other is None:
                 self.other = str(func)
@@ -374,15 +379,41 @@ def _watch(direct, args):
     return out, steps, watch.allocated, None
 
 
+def _is_zero(v) -> bool:
+    """v fills with all-zero bytes (not -0.0)."""
+    return v == 0 and not (isinstance(v, float) and math.copysign(1.0, v) < 0)
+
+
 def _whole_allocation(t, watch) -> bool:
     """t is all of a storage the watched call allocated (zeroing it is a step of the recipe)."""
     return isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in watch.allocated and _covers_storage(t)
 
 
 def _covers_storage(t: torch.Tensor) -> bool:
-    """t starts its storage and spans all of it (so empty_strided of its sizes and strides gives the same extent)."""
+    """t starts its storage and spans all of it (so empty_strided of its sizes and strides gives the same extent),
+    and no two of its elements share memory (a stride-0 view could not be zeroed through itself)."""
+    if any(st == 0 and s > 1 for s, st in zip(t.shape, t.stride())):
+        return False
     extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
     return t.storage_offset() == 0 and extent * t.element_size() == t.untyped_storage().nbytes()
+
+
+class _Refused(Exception):
+    pass
+
+
+def _device_address(v: int) -> bool:
+    """Whether the driver knows v as a device address (an int64 argument that is one, of memory the call did not
+    allocate, cannot be replayed as a constant). Asked only of values past 4 GiB: sizes and strides stay below."""
+    if v < 1 << 32 or v >= 1 << 63:
+        return False
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        return False
+    kind = ctypes.c_uint(0)
+    # CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2: succeeds only for an address the driver allocated or registered
+    return cuda.cuPointerGetAttribute(ctypes.byref(kind), 2, ctypes.c_uint64(v)) == 0
 
 
 _PACK = {"q": "<q", "i": "<i", "I": "<I", "f": "<f", "d": "<d"}
@@ -406,12 +437,18 @@ def _describe(args, outs, steps, allocated):
               [(3, t, lo, hi) for t, (lo, hi) in enumerate(temps)]
 
     def source(v: int):
-        """(source, index, offset) of address v, or None."""
+        """(source, index, offset) of address v (the end of an output or workspace included), or None. An input's
+        address that is also inside another input's storage (two views of one tensor) is ambiguous: refused."""
         for i, p in inputs:  # inputs at one address are interchangeable: aliasing is part of the key
             if p == v:
+                if any(lo < v < hi for lo, hi in input_spans):
+                    raise _Refused("two arguments are views of one storage at different offsets")
                 return 1, i, 0
         for src, idx, lo, hi in buffers:
             if lo <= v < hi:
+                return src, idx, v - lo
+        for src, idx, lo, hi in buffers:  # an end address (after every start: a buffer may begin where one ends)
+            if v == hi:
                 return src, idx, v - lo
         return None
 
@@ -435,17 +472,22 @@ def _describe(args, outs, steps, allocated):
         for kind, v in zip(kinds, call[1:]):
             if kind == "M":  # a tensor map: which buffer's address it holds (replaced per call in C++)
                 raw = bytes(v)
-                src = next((s for s in ([(1, i, p) for i, p in inputs] + [(b[0], b[1], b[2]) for b in buffers])
-                            if s[2].to_bytes(8, "little") in raw), None)
+                words = {int.from_bytes(raw[o:o + 8], "little") for o in range(0, 128, 8)}
+                src = next((s for s in ([(1, i, p) for i, p in inputs] + [(b[0], b[1], b[2]) for b in buffers
+                                                                          if b[3] > b[2]])
+                            if s[2] and s[2] in words), None)
                 if src is None:
                     return None, f"{label} takes a tensor map of an address that is no input's, output's or workspace's"
                 blob.append(struct.pack("<BBh", ord("M"), src[0], src[1]) + raw)
             elif kind in "Pq":
                 v = int(v)
-                src = None if v == 0 else source(v)
-                if src is None and v and any(lo <= v < hi for lo, hi in input_spans):
+                try:
+                    src = None if v == 0 else source(v)
+                except _Refused as e:
+                    return None, f"{label}: {e}"
+                if src is None and v and any(lo <= v <= hi for lo, hi in input_spans):
                     return None, f"{label} takes an address inside an input that is not the input's own"
-                if src is None and v and kind == "P":
+                if src is None and v and (kind == "P" or _device_address(v)):
                     return None, f"{label} takes an address no buffer of the call holds (a workspace kept elsewhere)"
                 if src is None:  # a 'q' constant, or a null address
                     blob.append(struct.pack("<BBh", ord(kind), 0, 0) + struct.pack("<q" if kind == "q" else "<Q", v))
@@ -463,18 +505,31 @@ def _main() -> int:
 
     from rtckern.runtime.native import built_artifact
 
-    lock_dir = settings().cache_dir / SUBDIR
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / ".build.lock", "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return 0  # another process is building it
+    try:
+        lock_dir = settings().cache_dir / SUBDIR
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(lock_dir / ".build.lock", "a")
+    except OSError:  # an unwritable cache dir: built_artifact builds under the temp dir; no lock then
+        lock = None
+    try:
+        if lock is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return 0  # another process is building it
         try:
             built_artifact(SUBDIR, artifact_name(), build)
-        except (OSError, LaunchError, subprocess.SubprocessError) as e:
-            _failure_stamp().write_text(f"{type(e).__name__}: {e}\n")  # the next imports do not try again
+        except LaunchError as e:  # the compiler refused or tools are missing: the next imports do not try again
+            try:
+                _failure_stamp().write_text(f"{e}\n")
+            except OSError:
+                pass
             return 1
+        except (OSError, subprocess.SubprocessError):  # a timeout, a killed compiler: tried again next time
+            return 1
+    finally:
+        if lock is not None:
+            lock.close()
     return 0
 
 

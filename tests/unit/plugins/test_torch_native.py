@@ -147,12 +147,33 @@ def workspace(x: Tensor) -> Tensor:  # a zeroed workspace, addressed 16 bytes in
     return y
 
 
-def zeroed_out(x: Tensor) -> Tensor:  # zeroes its output, then "accumulates" into it
+def host_accumulate(xp, yp, n):  # the "kernel" of zeroed_out(): y += 2 x on a y that must have been zeroed
+    x, y = ((ctypes.c_float * n).from_address(p) for p in (xp, yp))
+    assert all(v == 0.0 for v in y), list(y)
+    for i in range(n):
+        y[i] += 2 * x[i]
+
+
+def zeroed_out(x: Tensor) -> Tensor:  # zeroes its output, then accumulates into it
     y = torch.empty_like(x)
     y.zero_()
-    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PPqf", "scale", False, None)(
-        0, x.data_ptr(), y.data_ptr(), x.numel(), 2.0)
-    host_scale(x.data_ptr(), y.data_ptr(), x.numel(), 2.0)
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PPq", "accum", False, None)(
+        0, x.data_ptr(), y.data_ptr(), x.numel())
+    host_accumulate(x.data_ptr(), y.data_ptr(), x.numel())
+    return y
+
+
+def pair(x: Tensor, z: Tensor) -> Tensor:  # reads x 16 bytes in: the address of z when z is x[4:]
+    y = torch.empty_like(z)
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "qqq", "pair", False, None)(
+        0, x.data_ptr() + 16, z.data_ptr(), y.data_ptr())
+    return y
+
+
+def ends(x: Tensor) -> Tensor:  # passes the end of x (a bound): not x's own address
+    y = torch.empty_like(x)
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "qqq", "ends", False, None)(
+        0, x.data_ptr(), x.data_ptr() + x.numel() * 4, y.data_ptr())
     return y
 
 
@@ -163,6 +184,8 @@ TL.KernelOp("tn_mapped", mapped)
 TL.KernelOp("tn_copying", copying)
 TL.KernelOp("tn_persistent", persistent)
 TL.KernelOp("tn_zeroed_out", zeroed_out)
+TL.KernelOp("tn_pair", pair)
+TL.KernelOp("tn_ends", ends)
 TL.KernelOp("tn_scale_q", scale_q)
 TL.KernelOp("tn_interior", interior)
 TL.KernelOp("tn_via_core", via_core)
@@ -180,6 +203,8 @@ def on_launch(label, n, params):
     word = lambda i, t: ctypes.cast(params[i], ctypes.POINTER(t))[0]
     if label == b"scale":
         host_scale(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_int64), word(3, ctypes.c_float))
+    elif label == b"accum":
+        host_accumulate(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_int64))
     elif label == b"ws":
         host_plus_one(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_uint64),
                       word(3, ctypes.c_int64))
@@ -305,6 +330,14 @@ def test_aliased_arguments_and_tensor_maps(outcomes):
                 ops.tn_interior(x)
         c = counts("tn_interior")
         assert (c["recipes"], c["refused"]) == (0, 1) and "inside an input" in c["last_refusal"], c
+        x16 = torch.arange(16, dtype=torch.float32)
+        with torch.no_grad():
+            for _ in range(2):
+                ops.tn_pair(x16, x16[4:])  # x + 16 bytes is z's address too: which one the kernel meant is unknown
+                ops.tn_ends(x)
+        c, e = counts("tn_pair"), counts("tn_ends")
+        assert c["recipes"] == 0 and "views of one storage" in c["last_refusal"], c
+        assert e["recipes"] == 0 and "inside an input" in e["last_refusal"], e
 """)
 def test_addresses_passed_as_int64_are_mapped_or_refused(outcomes):
     """Kernel.launch passes Python ints as 'q': an input's or output's address is mapped like a pointer; one inside
@@ -433,7 +466,12 @@ def test_activate_follows_the_setting(tmp_path):
         s = rt.native_status()
         print(s["active"], s["why_not"])
     """)
-    for value, want in (("0", "False RTCKERN_TORCH_NATIVE=0"), ("auto", "False a torch build without CUDA")):
+    import torch
+
+    cases = [("0", "False RTCKERN_TORCH_NATIVE=0")]
+    if torch.version.cuda is None:  # (a CUDA build of torch would start the background build under auto)
+        cases.append(("auto", "False a torch build without CUDA"))
+    for value, want in cases:
         r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=300,
                            env={**os.environ, "RTCKERN_CACHE_DIR": str(tmp_path / "c"),
                                 "RTCKERN_TORCH_NATIVE": value})
