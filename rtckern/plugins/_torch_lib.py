@@ -42,6 +42,7 @@ _after_autograd = torch._C._after_autograd_keyset
 # eager paths, by name.
 KERNEL_OPS: dict[str, "KernelOp"] = {}
 COMPOSITE_DIRECT: dict[str, object] = {}
+COMPOSITE_FN: dict[str, object] = {}  # the composites' own functions
 
 
 def define_composite(schema: str, fn, direct=None) -> None:
@@ -53,6 +54,7 @@ def define_composite(schema: str, fn, direct=None) -> None:
     LIB.impl(name, fn, "CompositeImplicitAutograd")
     if direct is not None:
         COMPOSITE_DIRECT[name] = direct
+        COMPOSITE_FN[name] = fn
 
 
 # ---- the eager fast path inside the dispatcher ------------------------------------------------------------------

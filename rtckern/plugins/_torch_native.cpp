@@ -127,8 +127,9 @@ struct Recipe {
 
 struct OpState {
   c10::OperatorHandle recorder;
+  c10::OperatorHandle python;  // the op's Python implementation, for what the backend kernel does not replay
   std::unordered_map<std::string, std::shared_ptr<const Recipe>> recipes;
-  explicit OpState(c10::OperatorHandle r) : recorder(std::move(r)) {}
+  OpState(c10::OperatorHandle r, c10::OperatorHandle p) : recorder(std::move(r)), python(std::move(p)) {}
 };
 
 std::shared_mutex table_mutex;
@@ -328,7 +329,10 @@ void replay(const Recipe& r, torch::jit::Stack& stack, size_t first, size_t n, i
   for (auto& t : outs) stack.emplace_back(std::move(t));
 }
 
-void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+// Replay or record the call; false when it is not served here (the caller takes the Python kernels), with state set
+// to the op's state where it is registered.
+bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& state) {
+  state = nullptr;
   const size_t n = op.schema().arguments().size();
   const size_t first = stack->size() - n;
   std::string key;
@@ -337,7 +341,6 @@ void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   const bool plain = !bypass && !c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain) &&
                      call_key(*stack, first, n, key, aligned, device);
   if (plain) {
-    OpState* state = nullptr;
     std::shared_ptr<const Recipe> recipe;
     uint64_t started = 0;
     {
@@ -358,7 +361,7 @@ void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
       }
       if (ok) {
         replay(*recipe, *stack, first, n, device);
-        return;
+        return true;
       }
     } else if ((!recipe || recipe->attempts < 2) && state != nullptr && aligned) {
       // record: the recorder twin runs the Python implementation and may offer its launches (rtk_offer)
@@ -368,7 +371,7 @@ void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
         ~Reset() { pending = Pending{}; }
       } reset;
       state->recorder.callBoxed(stack);
-      if (pending.skipped) return;
+      if (pending.skipped) return true;
       auto r = std::make_shared<Recipe>();
       const size_t nret = op.schema().returns().size();
       bool ok = pending.offered && stack->size() >= nret;
@@ -413,19 +416,40 @@ void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
         r->refused = true;
       }
       std::unique_lock<std::shared_mutex> lock(table_mutex);
-      if (generation != started) return;  // cleared meanwhile: the recording may describe unloaded functions
+      if (generation != started) return true;  // cleared meanwhile: the recording may describe unloaded functions
       auto it = ops.find(op.schema().name());
-      if (it == ops.end()) return;
+      if (it == ops.end()) return true;
       auto& slot = it->second->recipes[key];
-      if (slot && !slot->refused) return;  // another thread's recording of the key was stored meanwhile: keep it
+      if (slot && !slot->refused) return true;  // another thread's recording of the key was stored meanwhile: keep it
       if (r->refused) r->attempts = slot ? slot->attempts + 1 : 1;
       if (!slot) ++recipe_count;
       slot = std::move(r);
-      return;
+      return true;
     }
   }
-  // the Python kernels: the op's autograd (or composite) kernel is registered at AutogradOther too
+  return false;
+}
+
+// At AutogradCUDA: what is not served goes to the Python kernels, the op's autograd (or composite) kernel, which is
+// registered at AutogradOther too.
+void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  OpState* state;
+  if (serve(op, stack, state)) return;
   op.redispatchBoxed((ks & c10::after_autograd_keyset) | c10::DispatchKeySet(c10::DispatchKey::AutogradOther), stack);
+}
+
+// At CUDA, which calls under torch.inference_mode() reach without the autograd keys (and calls redispatched below
+// autograd): what is not served goes to the op's Python implementation, registered as the python twin.
+void native_backend_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  OpState* state;
+  if (serve(op, stack, state)) return;
+  if (state == nullptr) {
+    std::shared_lock<std::shared_mutex> lock(table_mutex);
+    auto it = ops.find(op.schema().name());
+    TORCH_CHECK(it != ops.end(), "rtckern: ", op.schema().name(), " is not served by the native front");
+    state = it->second.get();
+  }
+  state->python.callBoxed(stack);
 }
 
 template <typename T>
@@ -467,24 +491,32 @@ RTK_EXPORT void rtk_test_device(test_launch_fn fn) {
   replay_device = fn != nullptr ? c10::DeviceType::CPU : c10::DeviceType::CUDA;
 }
 
-// Serve op_name (e.g. "rtckern::rms_norm") at dispatch_key ("AutogradCUDA"; "AutogradCPU" in the CPU tests),
-// recording misses through recorder_name. 0 on success, -1 when either op is not defined.
-RTK_EXPORT int rtk_register(const char* op_name, const char* recorder_name, const char* dispatch_key) {
+// Serve op_name (e.g. "rtckern::rms_norm") at autograd_key ("AutogradCUDA") and backend_key ("CUDA"; AutogradCPU
+// and CPU in the CPU tests), recording misses through recorder_name; python_name is the op's Python implementation,
+// for what the backend kernel does not replay. 0 on success, -1 when an op is not defined.
+RTK_EXPORT int rtk_register(const char* op_name, const char* recorder_name, const char* python_name,
+                            const char* autograd_key, const char* backend_key) {
   auto& d = c10::Dispatcher::singleton();
   auto op = d.findOp(c10::OperatorName(op_name, ""));
   auto rec = d.findOp(c10::OperatorName(recorder_name, ""));
-  if (!op || !rec) return -1;
+  auto py = d.findOp(c10::OperatorName(python_name, ""));
+  if (!op || !rec || !py) return -1;
   {
     std::unique_lock<std::shared_mutex> lock(table_mutex);
     if (ops.count(op_name)) return 0;  // served already (a kernel reads its state without the lock's protection)
-    ops[op_name] = std::make_unique<OpState>(*rec);
+    ops[op_name] = std::make_unique<OpState>(*rec, *py);
   }
   static std::vector<std::unique_ptr<torch::Library>> libraries;  // registrations live as long as the process
   const std::string qualified(op_name);
   const auto sep = qualified.find("::");
+  const auto name = qualified.substr(sep + 2);
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, qualified.substr(0, sep),
-                                              c10::parseDispatchKey(dispatch_key), __FILE__, __LINE__);
-  lib->impl(qualified.substr(sep + 2).c_str(), torch::CppFunction::makeFromBoxedFunction<&native_kernel>());
+                                              c10::parseDispatchKey(autograd_key), __FILE__, __LINE__);
+  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&native_kernel>());
+  libraries.push_back(std::move(lib));
+  lib = std::make_unique<torch::Library>(torch::Library::IMPL, qualified.substr(0, sep),
+                                         c10::parseDispatchKey(backend_key), __FILE__, __LINE__);
+  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&native_backend_kernel>());
   libraries.push_back(std::move(lib));
   return 0;
 }

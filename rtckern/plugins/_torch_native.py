@@ -44,13 +44,14 @@ from rtckern.config import settings
 from rtckern.errors import LaunchError
 
 from ._torch_dispatch import reference_hooks
-from ._torch_lib import COMPOSITE_DIRECT, KERNEL_OPS, LIB, QUALIFIED
+from ._torch_lib import COMPOSITE_DIRECT, COMPOSITE_FN, KERNEL_OPS, LIB, QUALIFIED
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("_torch_native.cpp")
 SUBDIR = "torch_native"
 RECORDER_PREFIX = "_native_record_"
+PYTHON_PREFIX = "_native_python_"
 MAX_RECIPES = 4096  # recipes and refused signatures over all ops; past it every one is dropped and relearned
 
 _state: dict[str, object] = {}  # "lib" (ctypes handle), "ops" (names served), "why" (why there is none)
@@ -150,7 +151,7 @@ def _open(path: Path):
     finally:
         os.close(fd)
     lib.rtk_init.argtypes = [ctypes.c_char_p]
-    lib.rtk_register.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]
+    lib.rtk_register.argtypes = [ctypes.c_char_p] * 5
     lib.rtk_offer.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.rtk_size.restype = ctypes.c_size_t
     lib.rtk_count.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -222,20 +223,28 @@ def activate() -> bool:
                               f"{_state['why']}") from e
         log.info("rtckern.torch: torch.ops.rtckern calls go through Python (%s)", _state["why"])
         return False
-    serve(lib, "AutogradCUDA")
+    serve(lib, "CUDA")
     return True
 
 
-def serve(lib, dispatch_key: str) -> None:
-    """Register lib's kernel for every eligible op at dispatch_key, with its recorder twin."""
+def serve(lib, backend: str) -> None:
+    """Register lib's kernels for every eligible op at Autograd<backend> and <backend> (CUDA; CPU in the CPU tests),
+    with its recorder twin and its python twin (the op's Python implementation, for the backend kernel's misses:
+    calls under torch.inference_mode() reach the backend key without the autograd keys)."""
     served = []
-    for name, fn in [*((n, op.fn) for n, op in KERNEL_OPS.items()), *COMPOSITE_DIRECT.items()]:
+    kernel_ops = [(n, op.fn, op.fn) for n, op in KERNEL_OPS.items()]
+    composites = [(n, direct, COMPOSITE_FN[n]) for n, direct in COMPOSITE_DIRECT.items()]
+    for name, direct, python in kernel_ops + composites:
         op = getattr(getattr(torch.ops, "rtckern"), name).default
-        twin = RECORDER_PREFIX + name
         schema = str(op._schema)
-        LIB.define(twin + schema[schema.index("("):])
-        LIB.impl(twin, _recorder(name, fn, op), "CompositeImplicitAutograd")
-        if lib.rtk_register((QUALIFIED + name).encode(), (QUALIFIED + twin).encode(), dispatch_key.encode()) != 0:
+        args = schema[schema.index("("):]
+        recorder, twin = RECORDER_PREFIX + name, PYTHON_PREFIX + name
+        LIB.define(recorder + args)
+        LIB.impl(recorder, _recorder(name, direct, op), "CompositeImplicitAutograd")
+        LIB.define(twin + args)
+        LIB.impl(twin, python, "CompositeImplicitAutograd")
+        if lib.rtk_register(*(s.encode() for s in (QUALIFIED + name, QUALIFIED + recorder, QUALIFIED + twin,
+                                                    "Autograd" + backend, backend))) != 0:
             raise LaunchError(f"registering the native front of rtckern::{name} failed")
         served.append(name)
     for name in served:

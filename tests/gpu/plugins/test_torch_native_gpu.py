@@ -156,3 +156,17 @@ def test_gradients_and_misaligned_inputs_take_the_python_kernels():
     with torch.no_grad():
         assert torch.equal(ops.rms_norm(xm, w, 1e-6), rt.rms_norm(xm, w, 1e-6))
     assert rt.native_status()["ops"]["rms_norm"]["recipes"] == before
+
+
+def test_inference_mode_calls_replay():
+    """Under torch.inference_mode() the dispatcher skips the autograd keys: the front's kernel at the CUDA key
+    records and replays (bit-equal to the Python path), and a misaligned input takes the op's Python implementation."""
+    with torch.inference_mode():
+        x, w = rand(6, 3072), rand(3072)
+        want = P("rms_norm")(x, w, 1e-5, False, None)
+        before = rt.native_status()["ops"]["rms_norm"]["recipes"]
+        for _ in range(3):
+            assert torch.equal(ops.rms_norm(x, w, 1e-5), want)
+        assert rt.native_status()["ops"]["rms_norm"]["recipes"] == before + 1
+        xm = rand(6 * 3072 + 1)[1:].view(6, 3072)
+        assert torch.equal(ops.rms_norm(xm, w, 1e-5), P("rms_norm")(xm, w, 1e-5, False, None))

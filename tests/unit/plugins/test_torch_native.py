@@ -1,5 +1,5 @@
 """The native front of torch.ops.rtckern (rtckern/plugins/_torch_native.cpp), built with the real C++ compiler
-against the installed torch and served at AutogradCPU for test ops whose "kernels" are prepared launches of the real
+against the installed torch and served at AutogradCPU and CPU (its CUDA keys' stand-ins) for test ops whose "kernels" are prepared launches of the real
 native launcher against the fake libcuda: the first call of a signature is recorded, later ones replayed in C++
 (a hook stands in for the driver and computes on the host), and every call that must not be replayed reaches the
 Python kernels. Each case runs in a subprocess (the fake libcuda and the registrations are per process)."""
@@ -221,7 +221,7 @@ hook = HOOK(on_launch)
 lib = TN._open(sys.argv[1])
 assert lib.rtk_init(FAKE.encode()) == 0
 lib.rtk_test_device(ctypes.cast(hook, ctypes.c_void_p))
-TN.serve(lib, "AutogradCPU")
+TN.serve(lib, "CPU")
 ops = torch.ops.rtckern
 
 
@@ -393,6 +393,26 @@ def test_workspaces_and_zeroed_buffers_are_replayed(outcomes):
 
 
 @case("""
+        x = torch.arange(8, dtype=torch.float32)
+        with torch.inference_mode():  # no autograd keys: the backend key's kernel records and replays
+            assert torch.equal(ops.tn_scale(x, 5.0), x * 5)
+            assert torch.equal(ops.tn_scale(x, 5.0), x * 5)
+            assert torch.equal(ops.tn_double(x), x * 2)
+            assert torch.equal(ops.tn_double(x), x * 2)
+            assert count == {"fn": 2, "replay": 2}, count
+            xs = torch.arange(9, dtype=torch.float32)[1:]  # misaligned: the op's Python implementation
+            assert torch.equal(ops.tn_scale(xs, 5.0), xs * 5) and count == {"fn": 3, "replay": 2}, count
+            ops.tn_copying(x)
+            ops.tn_copying(x)  # refused: the Python implementation, through the python twin
+        assert counts("tn_copying")["refused"] == 1
+""")
+def test_inference_mode_calls_are_served_at_the_backend_key(outcomes):
+    """Under torch.inference_mode() (serving) the dispatcher skips the autograd keys: the kernel at the backend key
+    records and replays, and sends what it does not serve to the op's Python implementation."""
+    check(outcomes, "test_inference_mode_calls_are_served_at_the_backend_key")
+
+
+@case("""
         from torch.utils._python_dispatch import TorchDispatchMode
         x = torch.arange(8, dtype=torch.float32)
         ops.tn_scale(x, 3.0)
@@ -408,17 +428,17 @@ def test_workspaces_and_zeroed_buffers_are_replayed(outcomes):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 self.names.append(str(func))
                 return func(*args, **(kwargs or {}))
-        with Seen() as m:  # a dispatch mode sees the op itself, as before
+        with Seen() as m:  # a dispatch mode sees the op itself, as before; what it calls (the op) replays
             ops.tn_scale(x, 3.0)
-        assert "rtckern.tn_scale.default" in m.names and count == {"fn": 2, "replay": 2}, (m.names, count)
+        assert m.names == ["rtckern.tn_scale.default"] and count == {"fn": 1, "replay": 3}, (m.names, count)
         xs = torch.arange(9, dtype=torch.float32)[1:]  # 4 bytes off 16: the Python kernels, not recorded
         with torch.no_grad():
             assert torch.equal(ops.tn_scale(xs, 3.0), xs * 3)
-        assert count == {"fn": 3, "replay": 2} and counts("tn_scale")["recipes"] == 1, count
+        assert count == {"fn": 2, "replay": 3} and counts("tn_scale")["recipes"] == 1, count
         fake = torch._subclasses.fake_tensor.FakeTensorMode()
         with fake:
             assert ops.tn_scale(fake.from_tensor(x), 3.0).shape == x.shape
-        assert count == {"fn": 3, "replay": 2}, count
+        assert count == {"fn": 2, "replay": 3}, count
     """)
 def test_calls_that_must_not_replay_reach_the_python_kernels(outcomes):
     check(outcomes, "test_calls_that_must_not_replay_reach_the_python_kernels")
