@@ -33,7 +33,6 @@ import struct
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 from pathlib import Path
 
@@ -111,28 +110,19 @@ def _missing_tools() -> str | None:
 
 def build(dest: Path) -> None:
     """Compile _torch_native.cpp into dest (atomically)."""
+    from rtckern.runtime.native import compile_atomically
+
     why = _missing_tools()
     if why is not None:
         raise LaunchError(f"{why}: the native front of torch.ops.rtckern cannot be built; RTCKERN_TORCH_NATIVE=0 "
                           "turns it off")
     cxx, tdir = _cxx(), _torch_dir()
     include = tdir / "include"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
     lib = tdir / "lib"
-    cmd = [*cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
-           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{include}", str(SOURCE), "-o", tmp,
-           f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-ldl"]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if r.returncode != 0:
-            raise LaunchError(f"{' '.join(cmd)} failed:\n{r.stderr.strip()[-3000:]}")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    compile_atomically(dest, lambda out: [
+        *cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{include}", str(SOURCE), "-o", out,
+        f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-ldl"], timeout=600)
 
 
 def _open(path: Path):

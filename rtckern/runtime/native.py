@@ -80,14 +80,21 @@ def _build(dest: Path) -> None:
     include = sysconfig.get_paths()["include"]
     if not (Path(include) / "Python.h").is_file():
         raise LaunchError(f"no Python headers at {include} (install python3-dev or the interpreter's headers)")
+    compile_atomically(dest, lambda out: [*cc, "-O2", "-shared", "-fPIC", "-std=c11", f"-I{include}", str(SOURCE),
+                                          "-o", out, "-ldl"], timeout=120)
+
+
+def compile_atomically(dest: Path, command, timeout: int) -> None:
+    """Run command(output path) to build dest: into a temporary file beside it, moved over dest when the compiler
+    succeeds (a process never loads a half-written build). LaunchError with the compiler's message otherwise."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
     os.close(fd)
-    cmd = [*cc, "-O2", "-shared", "-fPIC", "-std=c11", f"-I{include}", str(SOURCE), "-o", tmp, "-ldl"]
+    cmd = command(tmp)
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
-            raise LaunchError(f"{' '.join(cmd)} failed:\n{r.stderr.strip()[-2000:]}")
+            raise LaunchError(f"{' '.join(cmd)} failed:\n{r.stderr.strip()[-3000:]}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, dest)
     finally:
