@@ -126,7 +126,7 @@ class KernelOp:
         or intercepts the call: the backward formulas call their backward ops this way. Where the native front serves
         the op, a call needing no gradient goes through the dispatcher to it (its replay costs less than the Python
         path; what it does not replay reaches the same Python kernels)."""
-        if self.native and not kwargs and not (_grad_enabled() and _any_requires_grad(*args)):
+        if self.native and not kwargs and not _compiling() and not (_grad_enabled() and _any_requires_grad(*args)):
             return self.op(*args)
         if not kwargs and not _function_modes() and not _compiling() and _plain(args, self._tensor_args):
             return self.call_direct(*args)

@@ -17,9 +17,14 @@
 // goes to the Python kernels as before, by redispatching to AutogradOther, where the op's Python autograd (or
 // composite) kernel is registered.
 //
+// The same kernel sits at the CUDA key for calls that reach it without the autograd keys (torch.inference_mode(),
+// redispatches below autograd); what it does not serve there goes to the op's Python implementation (its python twin,
+// rtckern::_native_python_<op>).
+//
 // Built at first use by _torch_native.py with the system C++ compiler against the installed torch's headers and
-// loaded with torch.ops.load_library; it calls the driver through entry points found in the process's libcuda
-// (rtk_init), as runtime/native_launch.c does.
+// loaded with dlopen (ctypes); it calls the driver through entry points found in the process's libcuda (rtk_init), as
+// runtime/native_launch.c does.
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -177,7 +182,10 @@ bool call_key(const torch::jit::Stack& stack, size_t first, size_t n, std::strin
   aligned = true;
   device = -1;
   bool tensors = false;
-  void* seen[64];  // the tensor arguments' addresses so far: which ones alias is part of the key
+  // the tensor arguments so far (storage, address): which ones share a storage, and at what byte distance, is part of
+  // the key (views of one buffer, such as q, k, v split from a fused projection, replay only for calls laid out alike)
+  const void* seen_storage[64];
+  uintptr_t seen_ptr[64];
   int nseen = 0;
   key.clear();
   for (size_t i = first; i < first + n; ++i) {
@@ -201,14 +209,20 @@ bool call_key(const torch::jit::Stack& stack, size_t first, size_t n, std::strin
         return false;
       }
       tensors = true;
-      void* ptr = t.data_ptr();
-      if (reinterpret_cast<uintptr_t>(ptr) & 15) aligned = false;
-      int8_t alias = -1;  // the first earlier tensor argument at the same address
-      for (int j = 0; j < nseen && alias < 0; ++j)
-        if (seen[j] == ptr) alias = static_cast<int8_t>(j);
+      const uintptr_t ptr = reinterpret_cast<uintptr_t>(t.data_ptr());
+      const void* storage = t.storage().unsafeGetStorageImpl();
+      if (ptr & 15) aligned = false;
+      int8_t share = -1;  // the first earlier tensor argument of the same storage
+      for (int j = 0; j < nseen && share < 0; ++j)
+        if (seen_storage[j] == storage) share = static_cast<int8_t>(j);
       if (nseen == 64) return false;
-      seen[nseen++] = ptr;
-      put(key, &alias, 1);
+      put(key, &share, 1);
+      if (share >= 0) {
+        const int64_t distance = static_cast<int64_t>(ptr - seen_ptr[share]);
+        put(key, &distance, 8);
+      }
+      seen_storage[nseen] = storage;
+      seen_ptr[nseen++] = ptr;
       const int8_t dt = static_cast<int8_t>(t.scalar_type());
       const int64_t dim = t.dim();
       key.push_back('t');
@@ -322,8 +336,12 @@ void replay(const Recipe& r, torch::jit::Stack& stack, size_t first, size_t n, i
     stream = impl.getStream(c10::Device(c10::DeviceType::CUDA, device)).native_handle();
   }
   for (const Step& s : r.steps) {
-    if (s.kind == 'Z') at::zero_(s.source == kOutput ? outs[s.index] : temps[s.index]);
-    else launch_or_throw(s.launch, stack, first, outs, temps, stream);
+    if (s.kind == 'Z') {
+      at::AutoDispatchBelowADInplaceOrView below;  // fresh buffers: no autograd or version bookkeeping to do
+      at::zero_(s.source == kOutput ? outs[s.index] : temps[s.index]);
+      continue;
+    }
+    launch_or_throw(s.launch, stack, first, outs, temps, stream);
   }
   torch::jit::drop(stack, n);
   for (auto& t : outs) stack.emplace_back(std::move(t));
@@ -382,6 +400,10 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
           break;
         }
         const at::Tensor& t = v.toTensor();
+        if (t.device().index() != device) {
+          ok = false;
+          break;
+        }
         r->outputs.push_back(Output{t.sizes().vec(), t.strides().vec(), t.scalar_type()});
       }
       if (ok) {

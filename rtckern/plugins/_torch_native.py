@@ -12,13 +12,18 @@ headers, cached as the native launcher is (rtckern.runtime.native.built_artifact
 version and ABI, the compiler and the platform, so a torch upgrade builds anew.
 
 What is replayed: a call that needs no gradient, with plain dense CUDA tensors (no subclass, fake tensor, dispatch
-mode or functorch layer) and 16-byte aligned inputs, whose first call of the same dtypes, shapes, strides and
-scalars (`record`) allocated only its outputs and made only prepared launches (rtckern.runtime Kernel.prepare)
-whose addresses are its inputs' and its outputs'. The op's kernels, grid, block and constant arguments are then
-those of the Python path by construction. Anything else (a workspace, a torch op on the way, a tensor map, a
-fallback to torch's implementation) marks the signature, and its calls go to the Python kernels as before.
-`status()` says what each op holds. The recipes are dropped whenever the PlanCaches are (settings changes,
-rtckern.clear_caches(), set_manager).
+mode or functorch layer) and 16-byte aligned inputs, whose first call of the same device, dtypes, shapes, strides,
+storage sharing and scalars (`record`) allocated only its outputs and workspaces, zeroed some of them and made only
+prepared launches (rtckern.runtime Kernel.prepare) whose addresses are its inputs', outputs' and workspaces' (tensor
+maps included). The op's kernels, grid, block and constant arguments are then those of the Python path by
+construction. Anything else (a buffer kept across calls, a torch op on the way, an unrecorded launch route, a
+fallback to torch's implementation) marks the signature, and its calls go to the Python kernels as before. The kernel
+sits at AutogradCUDA and at CUDA (calls under torch.inference_mode() skip the autograd keys); KernelOp calls without a
+gradient go through it. `status()` says what each op holds. The recipes are dropped whenever the PlanCaches are
+(settings changes, rtckern.clear_caches(), set_manager).
+
+Under torch.inference_mode(), make_fx records the composite ops (rms_norm, attention, ...) themselves rather than
+their decomposition, since they have a CUDA kernel now; torch.compile and export still decompose them.
 """
 from __future__ import annotations
 
@@ -206,14 +211,14 @@ def activate() -> bool:
 
         if lib.rtk_init(LIBCUDA.encode()) != 0:
             raise LaunchError(f"{LIBCUDA} cannot be opened or lacks cuLaunchKernel / cuCtxGetCurrent")
-    except (OSError, LaunchError, subprocess.SubprocessError) as e:
+        serve(lib, "CUDA")
+    except (OSError, LaunchError, subprocess.SubprocessError, RuntimeError) as e:
         _state["why"] = f"{type(e).__name__}: {e}"
         if mode == "on":
             raise LaunchError(f"RTCKERN_TORCH_NATIVE=1 but the native front of torch.ops.rtckern is unavailable: "
                               f"{_state['why']}") from e
         log.info("rtckern.torch: torch.ops.rtckern calls go through Python (%s)", _state["why"])
-        return False
-    serve(lib, "CUDA")
+        return _state["lib"] is not None  # (a registration that failed part way keeps the ops it served)
     return True
 
 
@@ -222,6 +227,9 @@ def serve(lib, backend: str) -> None:
     with its recorder twin and its python twin (the op's Python implementation, for the backend kernel's misses:
     calls under torch.inference_mode() reach the backend key without the autograd keys)."""
     served = []
+    _state.update(lib=lib, ops=(), why=None)  # (the recorders read it: set before the first op is served)
+    on_clear(clear)
+    reference_hooks.append(lambda on: lib.rtk_bypass(int(on)))  # reference_mode: torch's implementations, no replay
     kernel_ops = [(n, op.fn, op.fn) for n, op in KERNEL_OPS.items()]
     composites = [(n, direct, COMPOSITE_FN[n]) for n, direct in COMPOSITE_DIRECT.items()]
     for name, direct, python in kernel_ops + composites:
@@ -237,12 +245,9 @@ def serve(lib, backend: str) -> None:
                                                     "Autograd" + backend, backend))) != 0:
             raise LaunchError(f"registering the native front of rtckern::{name} failed")
         served.append(name)
-    for name in served:
+        _state["ops"] = tuple(served)
         if name in KERNEL_OPS:
             KERNEL_OPS[name].native = True  # KernelOp calls without a gradient (the backward formulas') go through it
-    _state.update(lib=lib, ops=tuple(served), why=None)
-    on_clear(clear)
-    reference_hooks.append(lambda on: lib.rtk_bypass(int(on)))  # reference_mode: torch's implementations, no replay
 
 
 def clear() -> None:
@@ -291,7 +296,8 @@ def _recorder(name: str, direct, op):
         if blob is not None and lib.rtk_offer(blob, len(blob)) == 0:
             _held.extend(p for p, _ in steps if not isinstance(p, str))  # (the table drops the recipe if a clear came meanwhile)
         else:
-            why = why or "the library refused the description (a tensor map, and no cuTensorMapReplaceAddress)"
+            why = why or ("the library refused the description (a tensor map without cuTensorMapReplaceAddress, or more "
+                          "than 64 steps or workspaces or 48 parameters)")
             _refusals[name] = why
             log.debug("rtckern.torch: rtckern::%s with this signature stays on the Python kernels: %s", name, why)
         return out
@@ -397,10 +403,6 @@ def _covers_storage(t: torch.Tensor) -> bool:
     return t.storage_offset() == 0 and extent * t.element_size() == t.untyped_storage().nbytes()
 
 
-class _Refused(Exception):
-    pass
-
-
 def _device_address(v: int) -> bool:
     """Whether the driver knows v as a device address (an int64 argument that is one, of memory the call did not
     allocate, cannot be replayed as a constant). Asked only of values past 4 GiB: sizes and strides stay below."""
@@ -436,18 +438,14 @@ def _describe(args, outs, steps, allocated):
               [(3, t, lo, hi) for t, (lo, hi) in enumerate(temps)]
 
     def source(v: int):
-        """(source, index, offset) of address v (the end of an output or workspace included), or None. An input's
-        address that is also inside another input's storage (two views of one tensor) is ambiguous: refused."""
-        for i, p in inputs:  # inputs at one address are interchangeable: aliasing is part of the key
+        """(source, index, offset) of address v, or None. Inputs at one address are interchangeable, and an input's
+        address inside another input's storage stands for itself: which arguments share a storage, and at what
+        distance, is part of the call's key. An end address is no buffer's (the next allocation may start there)."""
+        for i, p in inputs:
             if p == v:
-                if any(lo < v < hi for lo, hi in input_spans):
-                    raise _Refused("two arguments are views of one storage at different offsets")
                 return 1, i, 0
         for src, idx, lo, hi in buffers:
             if lo <= v < hi:
-                return src, idx, v - lo
-        for src, idx, lo, hi in buffers:  # an end address (after every start: a buffer may begin where one ends)
-            if v == hi:
                 return src, idx, v - lo
         return None
 
@@ -480,10 +478,7 @@ def _describe(args, outs, steps, allocated):
                 blob.append(struct.pack("<BBh", ord("M"), src[0], src[1]) + raw)
             elif kind in "Pq":
                 v = int(v)
-                try:
-                    src = None if v == 0 else source(v)
-                except _Refused as e:
-                    return None, f"{label}: {e}"
+                src = None if v == 0 else source(v)
                 if src is None and v and any(lo <= v <= hi for lo, hi in input_spans):
                     return None, f"{label} takes an address inside an input that is not the input's own"
                 if src is None and v and (kind == "P" or _device_address(v)):

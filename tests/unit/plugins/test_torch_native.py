@@ -114,6 +114,7 @@ def clearing(x: Tensor, s: float) -> Tensor:  # the caches are cleared while the
 
 
 def copying(x: Tensor) -> Tensor:
+    count["fn"] += 1
     y = torch.empty_like(x)
     y.copy_(x)  # a torch op on the way: not a recipe
     mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PP", "copying", False, None)(0, x.data_ptr(), y.data_ptr())
@@ -164,6 +165,7 @@ def zeroed_out(x: Tensor) -> Tensor:  # zeroes its output, then accumulates into
 
 
 def pair(x: Tensor, z: Tensor) -> Tensor:  # reads x 16 bytes in: the address of z when z is x[4:]
+    count["fn"] += 1
     y = torch.empty_like(z)
     mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "qqq", "pair", False, None)(
         0, x.data_ptr() + 16, z.data_ptr(), y.data_ptr())
@@ -203,6 +205,8 @@ def on_launch(label, n, params):
     word = lambda i, t: ctypes.cast(params[i], ctypes.POINTER(t))[0]
     if label == b"scale":
         host_scale(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_int64), word(3, ctypes.c_float))
+    elif label == b"pair":
+        pass
     elif label == b"accum":
         host_accumulate(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_int64))
     elif label == b"ws":
@@ -333,10 +337,17 @@ def test_aliased_arguments_and_tensor_maps(outcomes):
         x16 = torch.arange(16, dtype=torch.float32)
         with torch.no_grad():
             for _ in range(2):
-                ops.tn_pair(x16, x16[4:])  # x + 16 bytes is z's address too: which one the kernel meant is unknown
                 ops.tn_ends(x)
-        c, e = counts("tn_pair"), counts("tn_ends")
-        assert c["recipes"] == 0 and "views of one storage" in c["last_refusal"], c
+            assert torch.equal(ops.tn_scale_q(x16[4:], 2.0), x16[4:] * 2)  # a view inside its storage: its own address
+            count.update(fn=0, replay=0)
+            ops.tn_pair(x16, x16[4:])  # x + 16 bytes is z's address: z and x share a storage 16 bytes apart
+            x2 = x16 + 1
+            ops.tn_pair(x2, x2[4:])  # the same layout: replayed (x2 + 16 is z's address again)
+            assert count == {"fn": 1, "replay": 1}, count
+            ops.tn_pair(x16, x2[4:])  # unrelated tensors: another key, whose x + 16 is no argument's own address
+            c = counts("tn_pair")
+            assert count == {"fn": 2, "replay": 1} and c["recipes"] == 1 and "inside an input" in c["last_refusal"], c
+        e = counts("tn_ends")
         assert e["recipes"] == 0 and "inside an input" in e["last_refusal"], e
 """)
 def test_addresses_passed_as_int64_are_mapped_or_refused(outcomes):
@@ -402,9 +413,11 @@ def test_workspaces_and_zeroed_buffers_are_replayed(outcomes):
             assert count == {"fn": 2, "replay": 2}, count
             xs = torch.arange(9, dtype=torch.float32)[1:]  # misaligned: the op's Python implementation
             assert torch.equal(ops.tn_scale(xs, 5.0), xs * 5) and count == {"fn": 3, "replay": 2}, count
-            ops.tn_copying(x)
-            ops.tn_copying(x)  # refused: the Python implementation, through the python twin
-        assert counts("tn_copying")["refused"] == 1
+            for _ in range(3):  # refused twice (recorded twice), then its Python implementation through the twin
+                ops.tn_copying(x)
+            assert counts("tn_copying")["refused"] == 1 and count["fn"] == 6, count
+            xs8 = torch.arange(9, dtype=torch.float32)[1:]  # a composite's misaligned call: its own function
+            assert torch.equal(ops.tn_double(xs8), xs8 * 2) and count["replay"] == 2, count
 """)
 def test_inference_mode_calls_are_served_at_the_backend_key(outcomes):
     """Under torch.inference_mode() (serving) the dispatcher skips the autograd keys: the kernel at the backend key
@@ -474,6 +487,9 @@ def test_calls_that_do_more_than_allocate_and_launch_are_refused(outcomes):
         assert count == {"fn": 2, "replay": 2}, count
         with config.override(strict=True):
             assert counts("tn_double")["recipes"] == 0
+        # dynamo traces a KernelOp call (the front's routing must not run under it): fullgraph, grad mode on
+        compiled = torch.compile(lambda t: kscale(t, 2.0), backend="eager", fullgraph=True)
+        assert torch.equal(compiled(x), x * 2)
     """)
 def test_composites_and_clear_caches(outcomes):
     check(outcomes, "test_composites_and_clear_caches")
