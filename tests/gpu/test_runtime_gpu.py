@@ -154,6 +154,7 @@ def test_arrays_as_arguments_use_torch_current_stream(dev, mgr):
     n = 1 << 20
     x, y = torch.randn(n, device="cuda"), torch.zeros(n, device="cuda")
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())  # x and y are written on the default stream
     with torch.cuda.stream(s):
         k.launch((n + 255) // 256, 256, (x, y, np.float32(2.0), n))  # stream=None: torch's current (s)
     s.synchronize()
