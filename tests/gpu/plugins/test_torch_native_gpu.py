@@ -28,6 +28,13 @@ def rand(*shape, dtype=BF16):
     return torch.randn(*shape, device=DEV, dtype=torch.float32).to(dtype)
 
 
+# the keys of _cases(), so that collection makes no CUDA tensor (test_case_names_match checks them)
+CASES = ("rms_norm_bwd", "layer_norm_bwd", "attention_bwd", "gemm M=128", "cross_entropy none", "rms_norm",
+         "fused_add_rms_norm", "layer_norm", "rms_norm_fwd", "softmax", "scaled_upper_triang_masked_softmax",
+         "scaled_masked_softmax", "softmax_bwd", "attention", "attention_fwd", "gemm", "gemm M=64", "swiglu",
+         "cross_entropy")
+
+
 def _cases():
     x, w, b = rand(4, 4096), rand(4096), rand(4096)
     s, c = rand(1, 32, 1, 1024), rand(32, 128, 128)
@@ -77,11 +84,16 @@ def _cases():
         "gemm M=64": (lambda: ops.gemm(a64, wl, None, None, True),
                       lambda: P("gemm")(a64, wl, None, None, True, None, None)),
         "swiglu": (lambda: ops.swiglu(gate, up), lambda: P("swiglu")(gate, up)),
-        "cross_entropy": (lambda: ops.cross_entropy(logits, labels), lambda: P("cross_entropy")(logits, labels, -100, "mean")),
+        "cross_entropy": (lambda: ops.cross_entropy(logits, labels),
+                          lambda: P("cross_entropy")(logits, labels, -100, "mean")),
     }
 
 
-@pytest.mark.parametrize("case", list(_cases()))
+def test_case_names_match():
+    assert tuple(_cases()) == CASES
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_replay_equals_the_python_path(case):
     """The first call records; later calls of the signature with other tensors (other addresses, other values)
     replay: each output equals the Python path's on the same inputs, and a replay leaves earlier outputs alone."""
