@@ -255,8 +255,9 @@ bool call_key(const torch::jit::Stack& stack, size_t first, size_t n, std::strin
   return tensors;
 }
 
-// Test hook (CPU tests): a function called per replayed launch with the parameter pointers, instead of the driver.
-using test_launch_fn = void (*)(const char* label, int nparams, void** params);
+// Test hook (CPU tests): a function called per replayed launch with the parameter pointers, instead of the driver;
+// it returns what the driver would (0: launched).
+using test_launch_fn = int (*)(const char* label, int nparams, void** params);
 test_launch_fn test_launch = nullptr;
 
 void launch_or_throw(const Launch& l, const torch::jit::Stack& stack, size_t first, const std::vector<at::Tensor>& outs,
@@ -284,7 +285,8 @@ void launch_or_throw(const Launch& l, const torch::jit::Stack& stack, size_t fir
     }
   }
   if (test_launch != nullptr) {
-    test_launch(l.label.c_str(), static_cast<int>(l.params.size()), params);
+    const int err = test_launch(l.label.c_str(), static_cast<int>(l.params.size()), params);
+    TORCH_CHECK(err == 0, "rtckern: launch of ", l.label, " failed: the test hook returned ", err);
     return;
   }
   void* cur = nullptr;
@@ -378,8 +380,23 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
         if (t.defined() && (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15)) ok = false;
       }
       if (ok) {
-        replay(*recipe, *stack, first, n, device);
-        return true;
+        try {
+          replay(*recipe, *stack, first, n, device);  // (the arguments stay on the stack until it succeeds)
+          return true;
+        } catch (const c10::Error&) {
+          // a launch failed: the signature goes back to the Python path, which runs the call again and reports a
+          // failure in its own terms (rtckern's LaunchError)
+          auto refused = std::make_shared<Recipe>();
+          refused->refused = true;
+          refused->attempts = 2;
+          std::unique_lock<std::shared_mutex> lock(table_mutex);
+          auto it = ops.find(op.schema().name());
+          if (it != ops.end()) {
+            auto slot = it->second->recipes.find(key);
+            if (slot != it->second->recipes.end() && slot->second == recipe) slot->second = std::move(refused);
+          }
+          return false;
+        }
       }
     } else if ((!recipe || recipe->attempts < 2) && state != nullptr && aligned) {
       // record: the recorder twin runs the Python implementation and may offer its launches (rtk_offer)

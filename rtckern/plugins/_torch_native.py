@@ -294,10 +294,11 @@ def _recorder(name: str, direct, op):
         if why is None:
             blob, why = _describe(args, outs, steps, allocated)
         if blob is not None and lib.rtk_offer(blob, len(blob)) == 0:
-            _held.extend(p for p, _ in steps if not isinstance(p, str))  # (the table drops the recipe if a clear came meanwhile)
+            # (the table drops the recipe if a clear came meanwhile)
+            _held.extend(p for p, _ in steps if not isinstance(p, str))
         else:
-            why = why or ("the library refused the description (a tensor map without cuTensorMapReplaceAddress, or more "
-                          "than 64 steps or workspaces or 48 parameters)")
+            why = why or ("the library refused the description (a tensor map without cuTensorMapReplaceAddress, or "
+                          "more than 64 steps or workspaces or 48 parameters)")
             _refusals[name] = why
             log.debug("rtckern.torch: rtckern::%s with this signature stays on the Python kernels: %s", name, why)
         return out
@@ -349,7 +350,8 @@ def _watch(direct, args):
                     self.allocated[lo] = hi
                 if func in zeroing_allocs:
                     steps.append(("Z", lo))
-            elif func in zero_fills and (func is not zero_fills_fill or _is_zero(a[1])) and _whole_allocation(a[0], self):
+            elif (func in zero_fills and (func is not zero_fills_fill or _is_zero(a[1]))
+                  and _whole_allocation(a[0], self)):
                 steps.append(("Z", a[0].untyped_storage().data_ptr()))
             elif not func.is_view and self.other is None:
                 self.other = str(func)

@@ -1,8 +1,9 @@
 """The native front of torch.ops.rtckern (rtckern/plugins/_torch_native.cpp), built with the real C++ compiler
-against the installed torch and served at AutogradCPU and CPU (its CUDA keys' stand-ins) for test ops whose "kernels" are prepared launches of the real
-native launcher against the fake libcuda: the first call of a signature is recorded, later ones replayed in C++
-(a hook stands in for the driver and computes on the host), and every call that must not be replayed reaches the
-Python kernels. Each case runs in a subprocess (the fake libcuda and the registrations are per process)."""
+against the installed torch and served at AutogradCPU and CPU (its CUDA keys' stand-ins) for test ops whose
+"kernels" are prepared launches of the real native launcher against the fake libcuda: the first call of a signature
+is recorded, later ones replayed in C++ (a hook stands in for the driver and computes on the host), and every call
+that must not be replayed reaches the Python kernels. The cases run in one subprocess (the fake libcuda and the
+registrations are per process)."""
 from __future__ import annotations
 
 import json
@@ -155,6 +156,15 @@ def host_accumulate(xp, yp, n):  # the "kernel" of zeroed_out(): y += 2 x on a y
         y[i] += 2 * x[i]
 
 
+def failing(x: Tensor) -> Tensor:  # its replayed launch fails (the hook returns an error)
+    count["fn"] += 1
+    y = torch.empty_like(x)
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PPq", "failing", False, None)(
+        0, x.data_ptr(), y.data_ptr(), x.numel())
+    host_scale(x.data_ptr(), y.data_ptr(), x.numel(), 1.0)
+    return y
+
+
 def zeroed_out(x: Tensor) -> Tensor:  # zeroes its output, then accumulates into it
     y = torch.empty_like(x)
     y.zero_()
@@ -187,6 +197,7 @@ TL.KernelOp("tn_copying", copying)
 TL.KernelOp("tn_persistent", persistent)
 TL.KernelOp("tn_zeroed_out", zeroed_out)
 TL.KernelOp("tn_pair", pair)
+TL.KernelOp("tn_failing", failing)
 TL.KernelOp("tn_ends", ends)
 TL.KernelOp("tn_scale_q", scale_q)
 TL.KernelOp("tn_interior", interior)
@@ -197,7 +208,7 @@ TL.KernelOp("tn_clearing", clearing)
 TL.KernelOp("tn_workspace", workspace)
 TL.define_composite("tn_double(Tensor x) -> Tensor", lambda x: kscale(x, 2.0), lambda x: scale(x, 2.0))
 
-HOOK = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
 
 
 def on_launch(label, n, params):
@@ -207,6 +218,8 @@ def on_launch(label, n, params):
         host_scale(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_int64), word(3, ctypes.c_float))
     elif label == b"pair":
         pass
+    elif label == b"failing":
+        return 719  # as the driver after a kernel fault
     elif label == b"accum":
         host_accumulate(word(0, ctypes.c_uint64), word(1, ctypes.c_uint64), word(2, ctypes.c_int64))
     elif label == b"ws":
@@ -219,6 +232,7 @@ def on_launch(label, n, params):
         m = ctypes.string_at(params[0], 128)
         assert m[8:] == bytes(range(120)) and params[0] % 64 == 0, m  # the template, its address replaced
         host_scale(int.from_bytes(m[:8], "little"), word(1, ctypes.c_uint64), word(2, ctypes.c_int64), 1.0)
+    return 0
 
 
 hook = HOOK(on_launch)
@@ -369,7 +383,8 @@ def test_addresses_passed_as_int64_are_mapped_or_refused(outcomes):
             ops.tn_warming(x, 2.0)  # refused once (a torch op on the way), then recorded
             assert counts("tn_warming")["refused"] == 1
             ops.tn_warming(x, 2.0)
-            assert counts("tn_warming") == {"recipes": 1, "refused": 0, "last_refusal": "the call ran aten.ones.default"}
+            w = counts("tn_warming")
+            assert w == {"recipes": 1, "refused": 0, "last_refusal": "the call ran aten.ones.default"}, w
             ops.tn_clearing(x, 2.0)  # a clear while recording: nothing is stored
             assert counts("tn_clearing")["recipes"] == 0
             ops.tn_scale(x, 3.0)
@@ -423,6 +438,22 @@ def test_inference_mode_calls_are_served_at_the_backend_key(outcomes):
     """Under torch.inference_mode() (serving) the dispatcher skips the autograd keys: the kernel at the backend key
     records and replays, and sends what it does not serve to the op's Python implementation."""
     check(outcomes, "test_inference_mode_calls_are_served_at_the_backend_key")
+
+
+@case("""
+        x = torch.arange(8, dtype=torch.float32)
+        with torch.no_grad():
+            ops.tn_failing(x)  # recorded
+            y = ops.tn_failing(x)  # the replayed launch fails: the Python path runs the call
+            assert torch.equal(y, x) and count == {"fn": 2, "replay": 1}, count
+            assert counts("tn_failing") == {"recipes": 0, "refused": 1, "last_refusal": None}
+            ops.tn_failing(x)  # and serves the signature from then on
+            assert count == {"fn": 3, "replay": 1}, count
+""")
+def test_a_failed_replay_hands_the_call_to_the_python_path(outcomes):
+    """A replayed launch that fails (a launch error) drops the recipe and runs the call through the Python path,
+    which reports a failure as rtckern's LaunchError rather than a bare RuntimeError."""
+    check(outcomes, "test_a_failed_replay_hands_the_call_to_the_python_path")
 
 
 @case("""
