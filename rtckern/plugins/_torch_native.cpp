@@ -53,7 +53,6 @@ using launch_ex_fn = int (*)(const void*, void*, void**, void**);
 using ctx_get_fn = int (*)(void**);
 using ctx_push_fn = int (*)(void*);
 using ctx_pop_fn = int (*)(void**);
-using error_name_fn = int (*)(int, const char**);
 using replace_address_fn = int (*)(void*, void*);
 
 launch_fn cu_launch = nullptr;
@@ -61,7 +60,6 @@ launch_ex_fn cu_launch_ex = nullptr;
 ctx_get_fn cu_ctx_get = nullptr;
 ctx_push_fn cu_ctx_push = nullptr;
 ctx_pop_fn cu_ctx_pop = nullptr;
-error_name_fn cu_error_name = nullptr;
 replace_address_fn cu_tensor_map_replace_address = nullptr;  // CUDA 12+: recipes with tensor maps need it
 
 constexpr int kMaxParams = 48;
@@ -255,6 +253,10 @@ bool call_key(const torch::jit::Stack& stack, size_t first, size_t n, std::strin
   return tensors;
 }
 
+// A replayed launch failed (the driver's launch, a context push or a tensor map's address): serve() hands the call
+// to the Python path, whose own launch reports the failure as rtckern's LaunchError.
+struct LaunchFailure : std::exception {};
+
 // Test hook (CPU tests): a function called per replayed launch with the parameter pointers, instead of the driver;
 // it returns what the driver would (0: launched).
 using test_launch_fn = int (*)(const char* label, int nparams, void** params);
@@ -279,21 +281,19 @@ void launch_or_throw(const Launch& l, const torch::jit::Stack& stack, size_t fir
     if (p.kind == 'M') {
       std::memcpy(block + p.offset, p.map->data(), 128);
       const int err = cu_tensor_map_replace_address(block + p.offset, reinterpret_cast<void*>(bits));
-      TORCH_CHECK(err == 0, "rtckern: launch of ", l.label, ": cuTensorMapReplaceAddress returned ", err);
+      if (err != 0) throw LaunchFailure();
     } else {
       std::memcpy(block + p.offset, &bits, kind_size(p.kind));  // little-endian: the low bytes for 4-byte kinds
     }
   }
   if (test_launch != nullptr) {
     const int err = test_launch(l.label.c_str(), static_cast<int>(l.params.size()), params);
-    TORCH_CHECK(err == 0, "rtckern: launch of ", l.label, " failed: the test hook returned ", err);
+    if (err != 0) throw LaunchFailure();
     return;
   }
   void* cur = nullptr;
-  const char* call = "cuCtxGetCurrent";
   int err = cu_ctx_get(&cur), pushed = 0;
   if (err == 0 && cur != l.ctx) {
-    call = "cuCtxPushCurrent";
     err = cu_ctx_push(l.ctx);
     pushed = err == 0;
   }
@@ -304,10 +304,8 @@ void launch_or_throw(const Launch& l, const torch::jit::Stack& stack, size_t fir
     attr.value.allowed = 1;
     LaunchConfig cfg = {{l.grid[0], l.grid[1], l.grid[2]}, {l.block[0], l.block[1], l.block[2]}, l.smem, stream,
                         &attr, 1};
-    call = "cuLaunchKernelEx";
     err = cu_launch_ex(&cfg, l.func, params, nullptr);
   } else if (err == 0) {
-    call = "cuLaunchKernel";
     err = cu_launch(l.func, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.smem, stream,
                     params, nullptr);
   }
@@ -315,13 +313,7 @@ void launch_or_throw(const Launch& l, const torch::jit::Stack& stack, size_t fir
     void* popped;
     cu_ctx_pop(&popped);
   }
-  if (err != 0) {
-    const char* name = nullptr;
-    if (cu_error_name == nullptr || cu_error_name(err, &name) != 0 || name == nullptr) name = "unknown CUresult";
-    TORCH_CHECK(false, "rtckern: launch of ", l.label, " failed: ", call, " returned ", name, " (", err, ") (grid (",
-                l.grid[0], ", ", l.grid[1], ", ", l.grid[2], "), block (", l.block[0], ", ", l.block[1], ", ",
-                l.block[2], "), shared memory ", l.smem, ")");
-  }
+  if (err != 0) throw LaunchFailure();
 }
 
 void replay(const Recipe& r, torch::jit::Stack& stack, size_t first, size_t n, int device) {
@@ -383,9 +375,9 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
         try {
           replay(*recipe, *stack, first, n, device);  // (the arguments stay on the stack until it succeeds)
           return true;
-        } catch (const c10::Error&) {
+        } catch (const LaunchFailure&) {
           // a launch failed: the signature goes back to the Python path, which runs the call again and reports a
-          // failure in its own terms (rtckern's LaunchError)
+          // failure in its own terms (rtckern's LaunchError); other errors (out of memory) propagate as they are
           auto refused = std::make_shared<Recipe>();
           refused->refused = true;
           refused->attempts = 2;
@@ -515,7 +507,6 @@ RTK_EXPORT int rtk_init(const char* path) {
   cu_ctx_get = reinterpret_cast<ctx_get_fn>(dlsym(h, "cuCtxGetCurrent"));
   cu_ctx_push = reinterpret_cast<ctx_push_fn>(dlsym(h, "cuCtxPushCurrent_v2"));
   cu_ctx_pop = reinterpret_cast<ctx_pop_fn>(dlsym(h, "cuCtxPopCurrent_v2"));
-  cu_error_name = reinterpret_cast<error_name_fn>(dlsym(h, "cuGetErrorName"));
   cu_tensor_map_replace_address = reinterpret_cast<replace_address_fn>(dlsym(h, "cuTensorMapReplaceAddress"));
   if (!cu_launch || !cu_ctx_get || !cu_ctx_push || !cu_ctx_pop) {
     cu_launch = nullptr;
