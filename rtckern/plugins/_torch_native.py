@@ -69,13 +69,9 @@ _record_lock = threading.Lock()
 
 # ---- build and load ---------------------------------------------------------------------------------------------
 def _cxx() -> list[str] | None:
-    cxx = settings().cxx_compiler
-    if cxx:
-        return list(cxx) if shutil.which(cxx[0]) else None
-    for name in ("c++", "g++", "clang++"):
-        if shutil.which(name):
-            return [name]
-    return None
+    from rtckern.runtime.native import find_compiler
+
+    return find_compiler(settings().cxx_compiler, ("c++", "g++", "clang++"))
 
 
 def _torch_dir() -> Path:
@@ -133,12 +129,11 @@ def build(dest: Path) -> None:
 def _open(path: Path):
     """Load the library at path: through one descriptor, checked as runtime.native checks a build (a regular file of
     this user or root that no one else can write), so the file loaded is the file checked."""
-    import stat
+    from rtckern.runtime.native import trusted_stat
 
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.getuid(), 0) or st.st_mode & 0o022:
+        if not trusted_stat(os.fstat(fd)):
             raise LaunchError(f"{path}: not a file of this user that only it can write; not loaded")
         # dlopen through the descriptor (torch.ops.load_library would resolve the real path and load the file by
         # name again); the library registers nothing when loaded: rtk_register does

@@ -53,14 +53,18 @@ def note_unrecorded_launch() -> None:
 _state: dict[str, object] = {}  # "module" (the loaded module or None), "why" (why there is none)
 
 
-def _compiler() -> list[str] | None:
-    cc = settings().c_compiler
-    if cc:
-        return list(cc) if shutil.which(cc[0]) else None
-    for name in ("cc", "gcc", "clang"):
+def find_compiler(configured: tuple[str, ...] | None, names: tuple[str, ...]) -> list[str] | None:
+    """The configured compiler command (CC / CXX) where its program is on PATH, else the first of names there."""
+    if configured:
+        return list(configured) if shutil.which(configured[0]) else None
+    for name in names:
         if shutil.which(name):
             return [name]
     return None
+
+
+def _compiler() -> list[str] | None:
+    return find_compiler(settings().c_compiler, ("cc", "gcc", "clang"))
 
 
 def _artifact_name(source: bytes) -> str:
@@ -141,9 +145,13 @@ def _trusted(path: Path) -> bool:
     """Whether a built launcher may be loaded (it runs as host code in this process): a regular file, not a link,
     owned by this user or root, that no one else can write."""
     try:
-        st = os.lstat(path)
+        return trusted_stat(os.lstat(path))
     except OSError:
         return False
+
+
+def trusted_stat(st: os.stat_result) -> bool:
+    """A build's stat as _trusted accepts it: a regular file of this user or root that no one else can write."""
     return stat.S_ISREG(st.st_mode) and st.st_uid in (os.getuid(), 0) and not st.st_mode & 0o022
 
 
@@ -167,7 +175,7 @@ def built_artifact(subdir: str, name: str, build) -> Path:
     """The path of a trusted build ``name`` (host code this process will load), made by ``build(path)`` where
     missing: in ``<cache dir>/<subdir>`` (which a team may share: a build someone else wrote there is passed over),
     else in a private directory of this user under the temp dir (refused if another user holds or links it)."""
-    places = [settings().cache_dir / subdir, Path(tempfile.gettempdir()) / f"rtckern-{subdir}-{os.getuid()}"]
+    places = _places(subdir)
     for i, d in enumerate(places):  # the first that has a build of ours or can make one
         path = d / name
         try:
@@ -188,10 +196,14 @@ def built_artifact(subdir: str, name: str, build) -> Path:
     raise LaunchError(f"no writable place of this user's to build {name} ({', '.join(map(str, places))})")
 
 
+def _places(subdir: str) -> list[Path]:
+    """Where builds live, in order: the cache dir, then this user's private directory under the temp dir."""
+    return [settings().cache_dir / subdir, Path(tempfile.gettempdir()) / f"rtckern-{subdir}-{os.getuid()}"]
+
+
 def find_artifact(subdir: str, name: str) -> Path | None:
     """The trusted build ``name`` where built_artifact would find it, or None (nothing is built)."""
-    for i, d in enumerate((settings().cache_dir / subdir,
-                           Path(tempfile.gettempdir()) / f"rtckern-{subdir}-{os.getuid()}")):
+    for i, d in enumerate(_places(subdir)):
         if i and d.exists():
             try:
                 private_dir(d)  # refused (PermissionError) when another user holds or links it
