@@ -130,6 +130,7 @@ def check_device_class(text: str) -> str:
     return t
 
 
+@functools.lru_cache(maxsize=64)  # asked by every tuning lookup (the device's class) with the same name
 def class_of_name(name: str, memory_bytes: int = 0) -> str | None:
     """The device class of a device name as the driver reports it ("NVIDIA H100 80GB HBM3" -> "h100-sxm",
     "NVIDIA H200" -> "h200", "NVIDIA A100-SXM4-40GB" -> "a100-40g"); memory_bytes (when known) tells the A100

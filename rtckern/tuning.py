@@ -125,9 +125,10 @@ class Table:
         by_shape: dict[tuple, list[Row]] = {}
         by_arch: dict[str, list[Row]] = {}
         for r in self.rows:
-            exact.setdefault(r.key, r)
-            by_shape.setdefault((r.arch, r.sm_count, r.shape), []).append(r)
-            by_arch.setdefault(r.arch, []).append(r)
+            arch, sms, shape = r.arch, r.sm_count, r.shape
+            exact.setdefault((arch, sms, r.device_class, shape), r)
+            by_shape.setdefault((arch, sms, shape), []).append(r)
+            by_arch.setdefault(arch, []).append(r)
         object.__setattr__(self, "exact", exact)
         object.__setattr__(self, "by_shape", {k: tuple(rs) for k, rs in by_shape.items()})
         object.__setattr__(self, "by_arch", {a: tuple(rs) for a, rs in by_arch.items()})
@@ -197,8 +198,9 @@ def parse_table(data: Any, path: Path | str, op: str | None = None, *, check_row
     if check_rows:
         for i, raw in enumerate(raw_rows):
             _check_row(raw, i, fields, where)
-    rows = [_row(raw, i, fields) for i, raw in enumerate(raw_rows)]
-    dups = duplicate_keys(rows)
+    order = tuple(fields)
+    rows = [_row(raw, i, fields, order) for i, raw in enumerate(raw_rows)]
+    dups = duplicate_keys(rows) if check_rows else None
     if dups:
         raise TuningTableError(
             f"{where}: {_duplicates_text(dups, lambda r: json.dumps(raw_rows[r.index], sort_keys=True))}. Keep one "
@@ -250,11 +252,20 @@ def _check_row(raw: Any, i: int, fields: list[str], where: str) -> None:
                                "'h100-sxm' or 'h200' (leave it out for a row that serves any class)")
 
 
-def _row(raw: dict, i: int, fields: list[str]) -> Row:
-    """A row of the table's JSON (checked by _check_row, or shipped)."""
-    return Row(arch=raw["arch"], sm_count=raw["sm_count"], shape=tuple([(f, raw["shape"][f]) for f in fields]),
-               config=raw["config"], meta={k: v for k, v in raw.items() if k not in _ROW_KEYS}, index=i,
-               device_class=raw.get("device_class"))
+_new_row = object.__new__
+
+
+def _row(raw: dict, i: int, fields: list[str], order: tuple[str, ...]) -> Row:
+    """A row of the table's JSON (checked by _check_row, or shipped); `order` is tuple(fields). Built by filling the
+    frozen dataclass's attributes directly: its __init__ (one object.__setattr__ per field) was most of a shipped
+    table's parse, ~3 us a row, which an op's first call pays for every row of its tables (gemm_fp8's 904)."""
+    row = _new_row(Row)
+    shape = raw["shape"]
+    key = tuple(shape.items()) if tuple(shape) == order else tuple([(f, shape[f]) for f in fields])
+    row.__dict__.update(arch=raw["arch"], sm_count=raw["sm_count"], shape=key,
+                        config=raw["config"], meta={k: v for k, v in raw.items() if k not in _ROW_KEYS}, index=i,
+                        device_class=raw.get("device_class"))
+    return row
 
 
 _CLASS_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}", re.ASCII)
