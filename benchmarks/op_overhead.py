@@ -93,6 +93,7 @@ def cases(torch, stub: bool):
         out.append(("gemm M=1 [1,1024] x [1024,1024]^T bf16", lambda: ops.gemm(a1, wl, trans_b=True),
                     lambda: torch.nn.functional.linear(a1, wl)))
         out.append(training_attention(torch, ops))
+        out.append(training_rms_norm(torch, ops))
         out.append((AUTOGRAD_FLOOR, None, python_function_floor(torch)))
     return out
 
@@ -142,6 +143,33 @@ def training_attention(torch, ops):
     return TRAINING_ATTENTION, direct, sdpa
 
 
+TRAINING_RMS_NORM = "rms_norm fwd+bwd [4,4096] bf16"
+
+
+def training_rms_norm(torch, ops):
+    """A training step's RMSNorm at a launch-bound size, forward then backward (dx and dweight) from a given dy:
+    rtckern's column calls the two ops; torch's is F.rms_norm through autograd; the plugin column is
+    torch.ops.rtckern.rms_norm through autograd."""
+    x, w, dy = (torch.randn(s, dtype=torch.bfloat16, device="cuda") for s in ((4, 4096), (4096,), (4, 4096)))
+
+    def direct():
+        _, rstd = ops.rms_norm(x, w, 1e-6, return_rstd=True)
+        return ops.rms_norm_backward(dy, x, w, rstd)
+
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+
+    def eager():
+        y = torch.nn.functional.rms_norm(xg, (4096,), wg, 1e-6)
+        return torch.autograd.grad(y, (xg, wg), dy)
+    return TRAINING_RMS_NORM, direct, eager
+
+
+def _training_rms_norm_plugin(torch, x, w, dy):
+    def call():
+        return torch.autograd.grad(torch.ops.rtckern.rms_norm(x, w, 1e-6), (x, w), dy)
+    return call
+
+
 def _training_attention_plugin(torch, q, k, v, do):
     def call():
         o = torch.ops.rtckern.attention(q, k, v, True)
@@ -181,6 +209,8 @@ def plugin_calls(torch, case_names, dev: str = "cuda") -> dict:
         TRAINING_ATTENTION: _training_attention_plugin(
             torch, *(torch.randn(2, 128, 8, 64, dtype=bf16, device=dev).requires_grad_(i < 3) for i in range(4))),
     }
+    calls[TRAINING_RMS_NORM] = _training_rms_norm_plugin(torch, x.clone().requires_grad_(),
+                                                          w.clone().requires_grad_(), dy)
     unknown = set(calls) - set(case_names)
     assert not unknown, f"plugin calls name no case: {unknown}"
     return calls
@@ -190,7 +220,7 @@ PLUGIN_CASES = ("rms_norm [4,4096] bf16", "rms_norm +residual", "layer_norm [4,4
                 "layer_norm_backward", "softmax_backward", "attention_backward [2,128,8,64] causal",
                 "softmax [1,32,1,1024] bf16", "causal softmax [32,128,128]",
                 "attention decode q[1,1,32,128] kv 1024 GQA", "gemm M=1 [1,1024] x [1024,1024]^T bf16",
-                TRAINING_ATTENTION)
+                TRAINING_ATTENTION, TRAINING_RMS_NORM)
 
 
 def plugin_stub_rows(calls: int, repeats: int) -> list:
@@ -213,7 +243,7 @@ def plugin_stub_rows(calls: int, repeats: int) -> list:
     setattr(importlib.import_module("rtckern.ops._attention.api"), "attention_backward", backward_stand_in)
     x = torch.empty(4, 4096, dtype=torch.bfloat16)
     base = time_loop(lambda: stand_in(x), calls, lambda: None, repeats)
-    unstubbed = ("rms_norm_backward", "layer_norm_backward", "softmax_backward")  # (their ops run for real)
+    unstubbed = ("rms_norm_backward", "layer_norm_backward", "softmax_backward", TRAINING_RMS_NORM)  # (ops run for real)
     return [(name, base, None, time_loop(fn, calls, lambda: None, repeats))
             for name, fn in plugin_calls(torch, PLUGIN_CASES, "cpu").items() if name not in unstubbed]
 

@@ -112,6 +112,7 @@ class KernelOp:
         self._tensor_args = tuple(i for i, a in enumerate(args) if str(a.type) in ("Tensor", "Optional[Tensor]"))
         self._setup = self._backward = None
         self.native = False  # served by the native front (_torch_native): calls without a gradient go through it
+        self.native_grad = False  # ... and calls needing one too (its C++ autograd node: the formula written there)
         self.function = self._autograd_function()
         # autograd.Function.apply without its Python wrapper, whose work (binding defaults for setup_context,
         # unwrapping dead functorch wrappers) has nothing to do on the eager fast path: ~4 us per call
@@ -126,7 +127,8 @@ class KernelOp:
         or intercepts the call: the backward formulas call their backward ops this way. Where the native front serves
         the op, a call needing no gradient goes through the dispatcher to it (its replay costs less than the Python
         path; what it does not replay reaches the same Python kernels)."""
-        if self.native and not kwargs and not _compiling() and not (_grad_enabled() and _any_requires_grad(*args)):
+        if self.native and not kwargs and not _compiling() and (
+                self.native_grad or not (_grad_enabled() and _any_requires_grad(*args))):
             return self.op(*args)
         if not kwargs and not _function_modes() and not _compiling() and _plain(args, self._tensor_args):
             return self.call_direct(*args)
@@ -145,7 +147,9 @@ class KernelOp:
         """The op in plain eager code (the caller checked `direct`): the implementation, through the op's
         autograd.Function when a gradient is needed."""
         if _grad_enabled() and not _inference() and _any_requires_grad(*args):
-            return self._apply(*args, None)
+            # the native front's C++ autograd node where it has the formula (what it declines comes back to the
+            # Python autograd kernel, which applies the same Function as here)
+            return self.op(*args) if self.native_grad else self._apply(*args, None)
         return self.fn(*args)
 
     def _autograd_kernel(self):

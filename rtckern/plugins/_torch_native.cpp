@@ -33,9 +33,11 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <dlfcn.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -128,10 +130,17 @@ struct Recipe {
   std::vector<int16_t> addressed_inputs;  // arguments whose addresses the launches read (checked 16-byte aligned)
 };
 
+// The ops whose gradient formula is also written here (rtk_register_grad), so that a call needing a gradient makes a
+// C++ autograd node instead of a Python autograd.Function; each mirrors its Python formula (named at grad_call).
+enum Formula : uint8_t { kNoFormula = 0, kRmsNorm = 1, kAddRmsNorm = 2, kLayerNorm = 3, kAttention = 4 };
+
 struct OpState {
   c10::OperatorHandle recorder;
   c10::OperatorHandle python;  // the op's Python implementation, for what the backend kernel does not replay
   std::unordered_map<std::string, std::shared_ptr<const Recipe>> recipes;
+  std::atomic<uint8_t> formula{kNoFormula};  // set once by rtk_register_grad, with the two handles below
+  // the op itself, its backward op, and the op that recomputes statistics the forward did not return
+  std::optional<c10::OperatorHandle> self, backward, recompute;
   OpState(c10::OperatorHandle r, c10::OperatorHandle p) : recorder(std::move(r)), python(std::move(p)) {}
 };
 
@@ -461,11 +470,246 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
   return false;
 }
 
+}  // namespace
+
+// ---- gradients: C++ autograd nodes -------------------------------------------------------------------------------
+// A call needing a gradient of an op with a formula here runs as a torch::autograd::Function: its forward calls the
+// op below autograd (the CUDA key: the replay above, or the op's Python implementation), its backward calls the
+// backward op through the dispatcher (replayed as any call without a gradient). The Python autograd.Function costs
+// ~100 us per forward + backward on an H200 host (the engine's hop into Python for the backward among it); this
+// keeps the whole autograd round trip in C++. The formulas mirror the Python ones (named per struct); the GPU tests
+// compare the gradients of both paths.
+namespace rtckern_grad {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using opt_tensor = std::optional<at::Tensor>;
+
+c10::IValue optional_ivalue(const at::Tensor& t) { return t.defined() ? c10::IValue(t) : c10::IValue(); }
+
+// op(args...) through the dispatcher: its outputs
+std::vector<at::Tensor> call(const c10::OperatorHandle& op, torch::jit::Stack stack) {
+  op.callBoxed(stack);
+  std::vector<at::Tensor> out;
+  out.reserve(stack.size());
+  for (auto& v : stack) out.push_back(std::move(v).toTensor());
+  return out;
+}
+
+// The forward of every formula: the op on the stack's arguments below autograd, its outputs as the node's outputs.
+variable_list run_forward(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    op.callBoxed(stack);
+  }
+  const size_t nret = op.schema().returns().size();
+  variable_list out;
+  out.reserve(nret);
+  for (size_t j = stack->size() - nret; j < stack->size(); ++j) out.push_back((*stack)[j].toTensor());
+  torch::jit::drop(*stack, nret);
+  return out;
+}
+
+const c10::IValue& arg(const torch::jit::Stack& stack, size_t nargs, size_t i) { return stack[stack.size() - nargs + i]; }
+
+// rtckern::rms_norm_fwd(x, weight?, eps, zero_centered, out_dtype?, return_rstd) -> (y, rstd);
+// mirrors _rms_setup / _rms_backward (_torch_norms.py).
+struct RmsNormBackward : torch::autograd::Function<RmsNormBackward> {
+  static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& x,
+                               const opt_tensor& w, const opt_tensor&) {
+    const size_t n = 6;
+    const double eps = arg(*stack, n, 2).toDouble();
+    const bool zc = arg(*stack, n, 3).toBool();
+    auto out = run_forward(*st->self, stack);
+    ctx->save_for_backward({*x, w.value_or(at::Tensor()), out[1]});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["zc"] = zc;
+    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    ctx->set_materialize_grads(false);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& dy = grads[0];
+    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    at::Tensor rstd = saved[2];
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const bool zc = ctx->saved_data["zc"].toBool();
+    if (rstd.numel() == 0 && x.numel() != 0)  // the forward ran without return_rstd: recompute it
+      rstd = call(*st->recompute, {x, optional_ivalue(w), eps, zc, c10::IValue(), true})[1];
+    const bool want_w = w.defined() && ctx->needs_input_grad(1);
+    auto g = call(*st->backward, {dy.contiguous(), x, optional_ivalue(w), rstd, zc, want_w, c10::IValue()});
+    return {at::Tensor(), at::Tensor(), g[0], want_w ? g[1] : at::Tensor(), at::Tensor()};
+  }
+};
+
+// rtckern::fused_add_rms_norm_fwd(x, residual, weight?, eps, zero_centered, out_dtype?, return_rstd) -> (y, h, rstd);
+// mirrors _add_rms_setup / _add_rms_backward (_torch_norms.py).
+struct AddRmsNormBackward : torch::autograd::Function<AddRmsNormBackward> {
+  static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor&,
+                               const opt_tensor&, const opt_tensor& w) {
+    const size_t n = 7;
+    const double eps = arg(*stack, n, 3).toDouble();
+    const bool zc = arg(*stack, n, 4).toBool();
+    auto out = run_forward(*st->self, stack);
+    ctx->save_for_backward({out[1], w.value_or(at::Tensor()), out[2]});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["zc"] = zc;
+    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    ctx->set_materialize_grads(false);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &h = saved[0], &w = saved[1];
+    at::Tensor rstd = saved[2];
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const bool zc = ctx->saved_data["zc"].toBool();
+    const bool want_w = w.defined() && ctx->needs_input_grad(2);
+    const at::Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(h);
+    const at::Tensor dres = grads[1].defined() ? grads[1].to(h.scalar_type()).contiguous() : at::Tensor();
+    if (rstd.numel() == 0 && h.numel() != 0)
+      rstd = call(*st->recompute, {h, optional_ivalue(w), eps, zc, c10::IValue(), true})[1];
+    auto g = call(*st->backward, {dy.contiguous(), h, optional_ivalue(w), rstd, zc, want_w, optional_ivalue(dres)});
+    return {at::Tensor(), at::Tensor(), g[0], g[0], want_w ? g[1] : at::Tensor()};
+  }
+};
+
+// rtckern::layer_norm_fwd(x, weight?, bias?, eps, zero_centered, out_dtype?, return_stats) -> (y, mean, rstd);
+// mirrors _ln_setup / _ln_backward (_torch_norms.py).
+struct LayerNormBackward : torch::autograd::Function<LayerNormBackward> {
+  static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& x,
+                               const opt_tensor& w, const opt_tensor& b) {
+    const size_t n = 7;
+    const double eps = arg(*stack, n, 3).toDouble();
+    const bool zc = arg(*stack, n, 4).toBool();
+    auto out = run_forward(*st->self, stack);
+    ctx->save_for_backward({*x, w.value_or(at::Tensor()), b.value_or(at::Tensor()), out[1], out[2]});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["zc"] = zc;
+    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    ctx->set_materialize_grads(false);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& dy = grads[0];
+    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &b = saved[2];
+    at::Tensor mean = saved[3], rstd = saved[4];
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const bool zc = ctx->saved_data["zc"].toBool();
+    if (rstd.numel() == 0 && x.numel() != 0) {
+      auto stats = call(*st->recompute, {x, optional_ivalue(w), optional_ivalue(b), eps, zc, c10::IValue(), true});
+      mean = stats[1];
+      rstd = stats[2];
+    }
+    // the node's inputs are the defined tensors among (x, weight, bias): the bias's edge follows the weight's
+    const bool want_w = w.defined() && ctx->needs_input_grad(1);
+    const bool want_b = b.defined() && ctx->needs_input_grad(w.defined() ? 2 : 1);
+    auto g = call(*st->backward, {dy.contiguous(), x, optional_ivalue(w), optional_ivalue(b), mean, rstd, zc, want_w,
+                                  want_b});
+    return {at::Tensor(), at::Tensor(), g[0], want_w ? g[1] : at::Tensor(), want_b ? g[2] : at::Tensor()};
+  }
+};
+
+// rtckern::attention_fwd(q, k, v, causal, softmax_scale?, return_lse) -> (o, lse);
+// mirrors _setup / _backward (_torch_attention.py).
+struct AttentionBackward : torch::autograd::Function<AttentionBackward> {
+  static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& q,
+                               const opt_tensor& k, const opt_tensor& v) {
+    const size_t n = 6;
+    const bool causal = arg(*stack, n, 3).toBool();
+    const c10::IValue scale = arg(*stack, n, 4);
+    auto out = run_forward(*st->self, stack);
+    ctx->save_for_backward({*q, *k, *v, out[0], out[1]});
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    ctx->set_materialize_grads(false);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& dout = grads[0];
+    if (!dout.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+    at::Tensor o = saved[3], lse = saved[4];
+    const bool causal = ctx->saved_data["causal"].toBool();
+    const c10::IValue scale = ctx->saved_data["scale"];
+    if (lse.numel() == 0 && o.numel() != 0) {  // the forward ran without return_lse: run it again for the lse
+      auto fwd = call(*st->recompute, {q, k, v, causal, scale, true});
+      o = fwd[0];
+      lse = fwd[1];
+    }
+    auto g = call(*st->backward, {dout.contiguous(), q, k, v, o, lse, causal, scale,
+                                  at::globalContext().deterministicAlgorithms()});
+    return {at::Tensor(), at::Tensor(), g[0], g[1], g[2]};
+  }
+};
+
+// The tensor arguments a formula's node takes as inputs: their positions in the op's arguments.
+constexpr std::array<std::array<int, 3>, 5> kTensorArgs = {{{-1, -1, -1}, {0, 1, -1}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2}}};
+
+}  // namespace rtckern_grad
+
+namespace {
+
+// A call needing a gradient, of an op with a formula, with plain dense tensors on the replay device and nothing
+// tracing or intercepting it: run as the formula's C++ autograd node. False when it is not served here.
+bool grad_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (bypass || !c10::GradMode::is_enabled() ||
+      c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain))
+    return false;
+  OpState* state = nullptr;
+  {
+    std::shared_lock<std::shared_mutex> lock(table_mutex);
+    auto it = ops.find(op.schema().name());
+    if (it != ops.end()) state = it->second.get();
+  }
+  const uint8_t f = state != nullptr ? state->formula.load(std::memory_order_acquire) : kNoFormula;
+  if (f == kNoFormula) return false;
+  const size_t n = op.schema().arguments().size();
+  const size_t first = stack->size() - n;
+  bool any_grad = false;
+  for (size_t i = first; i < first + n; ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (!v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) continue;
+    if (t.device().type() != replay_device || t.layout() != c10::kStrided || t.key_set().has_any(kNotPlain))
+      return false;
+    any_grad = any_grad || t.requires_grad();
+  }
+  if (!any_grad) return false;
+  std::array<std::optional<at::Tensor>, 3> a;
+  for (int j = 0; j < 3; ++j) {
+    const int i = rtckern_grad::kTensorArgs[f][j];
+    if (i >= 0 && (*stack)[first + i].isTensor()) a[j] = (*stack)[first + i].toTensor();
+  }
+  torch::autograd::variable_list out;
+  switch (f) {
+    case kRmsNorm: out = rtckern_grad::RmsNormBackward::apply(state, stack, a[0], a[1], a[2]); break;
+    case kAddRmsNorm: out = rtckern_grad::AddRmsNormBackward::apply(state, stack, a[0], a[1], a[2]); break;
+    case kLayerNorm: out = rtckern_grad::LayerNormBackward::apply(state, stack, a[0], a[1], a[2]); break;
+    case kAttention: out = rtckern_grad::AttentionBackward::apply(state, stack, a[0], a[1], a[2]); break;
+    default: return false;
+  }
+  for (auto& t : out) stack->emplace_back(std::move(t));  // (the forward took the arguments off the stack)
+  return true;
+}
+
 // At AutogradCUDA: what is not served goes to the Python kernels, the op's autograd (or composite) kernel, which is
 // registered at AutogradOther too.
 void native_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   OpState* state;
   if (serve(op, stack, state)) return;
+  if (grad_call(op, stack)) return;
   op.redispatchBoxed((ks & c10::after_autograd_keyset) | c10::DispatchKeySet(c10::DispatchKey::AutogradOther), stack);
 }
 
@@ -622,6 +866,33 @@ RTK_EXPORT int rtk_offer(const char* data, size_t len) {
   pending.temps = std::move(temps);
   pending.steps = std::move(steps);
   pending.offered = true;
+  return 0;
+}
+
+// Serve calls of op_name that need a gradient as a C++ autograd node with the formula named ("rms_norm",
+// "fused_add_rms_norm", "layer_norm" or "attention": the formulas of rtckern::<formula>_fwd, for ops of its schema),
+// whose backward op is backward_name and whose statistics a recomputation takes from recompute_name. 0 on success, -1
+// for an op not served or not defined, -2 for a formula not known here.
+RTK_EXPORT int rtk_register_grad(const char* op_name, const char* formula, const char* backward_name,
+                                 const char* recompute_name) {
+  static const std::unordered_map<std::string, uint8_t> formulas = {
+      {"rms_norm", kRmsNorm}, {"fused_add_rms_norm", kAddRmsNorm}, {"layer_norm", kLayerNorm},
+      {"attention", kAttention}};
+  auto f = formulas.find(formula);
+  if (f == formulas.end()) return -2;
+  auto& d = c10::Dispatcher::singleton();
+  auto self = d.findOp(c10::OperatorName(op_name, ""));
+  auto bwd = d.findOp(c10::OperatorName(backward_name, ""));
+  auto rec = d.findOp(c10::OperatorName(recompute_name, ""));
+  if (!self || !bwd || !rec) return -1;
+  std::unique_lock<std::shared_mutex> lock(table_mutex);
+  auto it = ops.find(op_name);
+  if (it == ops.end()) return -1;
+  OpState& st = *it->second;
+  st.self = *self;
+  st.backward = *bwd;
+  st.recompute = *rec;
+  st.formula.store(f->second, std::memory_order_release);
   return 0;
 }
 

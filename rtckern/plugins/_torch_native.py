@@ -19,7 +19,14 @@ maps included). The op's kernels, grid, block and constant arguments are then th
 construction. Anything else (a buffer kept across calls, a torch op on the way, an unrecorded launch route, a
 fallback to torch's implementation) marks the signature, and its calls go to the Python kernels as before. The kernel
 sits at AutogradCUDA and at CUDA (calls under torch.inference_mode() skip the autograd keys); KernelOp calls without a
-gradient go through it. `status()` says what each op holds. The recipes are dropped whenever the PlanCaches are
+gradient go through it. `status()` says what each op holds.
+
+Calls needing a gradient of the ops in GRAD_FORMULAS (the norms' and attention's forwards) make a C++ autograd node
+(torch::autograd::Function) instead of the Python autograd.Function: its forward calls the op below autograd (replayed,
+or the op's Python implementation), its backward calls the backward op through the dispatcher (replayed as any call
+without a gradient), so a training step's forward and backward of these ops never enter Python. The C++ formulas
+mirror the Python ones; calls the front does not serve (tracing, modes, subclasses, reference_mode) keep the Python
+autograd.Function. The recipes are dropped whenever the PlanCaches are
 (settings changes, rtckern.clear_caches(), set_manager).
 
 Under torch.inference_mode(), make_fx records the composite ops (rms_norm, attention, ...) themselves rather than
@@ -65,6 +72,15 @@ _held: list = []  # the prepared launches whose functions the recipes launch (ea
 _retired: list = []
 _refusals: dict[str, str] = {}  # op -> why its last refused signature was refused
 _record_lock = threading.Lock()
+# The ops whose gradient formula the library has too (a C++ autograd node per call needing a gradient, instead of
+# the Python autograd.Function): op -> (the formula, its backward op, the op that recomputes statistics the forward
+# did not return). Each C++ formula mirrors the op's Python one (_torch_norms.py, _torch_attention.py): change both.
+GRAD_FORMULAS = {
+    "rms_norm_fwd": ("rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
+    "fused_add_rms_norm_fwd": ("fused_add_rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
+    "layer_norm_fwd": ("layer_norm", "layer_norm_bwd", "layer_norm_fwd"),
+    "attention_fwd": ("attention", "attention_bwd", "attention_fwd"),
+}
 
 
 # ---- build and load ---------------------------------------------------------------------------------------------
@@ -142,6 +158,7 @@ def _open(path: Path):
         os.close(fd)
     lib.rtk_init.argtypes = [ctypes.c_char_p]
     lib.rtk_register.argtypes = [ctypes.c_char_p] * 5
+    lib.rtk_register_grad.argtypes = [ctypes.c_char_p] * 4
     lib.rtk_offer.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.rtk_size.restype = ctypes.c_size_t
     lib.rtk_count.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -243,6 +260,11 @@ def serve(lib, backend: str) -> None:
         _state["ops"] = tuple(served)
         if name in KERNEL_OPS:
             KERNEL_OPS[name].native = True  # KernelOp calls without a gradient (the backward formulas') go through it
+    for name, (formula, backward, recompute) in GRAD_FORMULAS.items():
+        if name in served and backward in KERNEL_OPS and recompute in KERNEL_OPS and lib.rtk_register_grad(
+                (QUALIFIED + name).encode(), formula.encode(), (QUALIFIED + backward).encode(),
+                (QUALIFIED + recompute).encode()) == 0:
+            KERNEL_OPS[name].native_grad = True  # its calls needing a gradient go through the front too
 
 
 def clear() -> None:

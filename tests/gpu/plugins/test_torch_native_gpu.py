@@ -1,7 +1,8 @@
 """The native front of torch.ops.rtckern on a GPU (RTCKERN_TORCH_NATIVE=1 at import, as the device driver sets
 it): the first call of a signature records, later calls replay in C++, and every op's replayed output equals the
 Python path's bit for bit; the ops whose launches are plain (norms, softmax) are replayed; replays follow torch's
-current stream and capture into CUDA graphs; a gradient or a misaligned input still takes the Python kernels."""
+current stream and capture into CUDA graphs; a misaligned input still takes the Python kernels; calls needing a
+gradient of the norms and attention make C++ autograd nodes whose gradients equal the Python Function's."""
 from __future__ import annotations
 
 import pytest
@@ -153,14 +154,14 @@ def test_replays_follow_the_current_stream_and_capture_into_graphs():
         assert torch.equal(captured, rt.rms_norm(x, w, 1e-6))
 
 
-def test_gradients_and_misaligned_inputs_take_the_python_kernels():
+def test_gradients_make_cpp_nodes_and_misaligned_inputs_take_the_python_kernels():
     x, w = rand(4, 1024), rand(1024)
     with torch.no_grad():
         ops.rms_norm(x, w, 1e-6)
     before = rt.native_status()["ops"]["rms_norm"]["recipes"]
     xg = x.clone().requires_grad_()
-    y = ops.rms_norm(xg, w, 1e-6)
-    assert y.requires_grad and y.grad_fn is not None
+    y = ops.rms_norm(xg, w, 1e-6)  # the composite, decomposed under autograd: rms_norm_fwd's C++ autograd node
+    assert y.requires_grad and "RmsNormBackward" in y.grad_fn.name()
     y.float().sum().backward()
     assert xg.grad is not None and torch.isfinite(xg.grad).all()
     flat = rand(4 * 1024 + 1)
@@ -168,6 +169,53 @@ def test_gradients_and_misaligned_inputs_take_the_python_kernels():
     with torch.no_grad():
         assert torch.equal(ops.rms_norm(xm, w, 1e-6), rt.rms_norm(xm, w, 1e-6))
     assert rt.native_status()["ops"]["rms_norm"]["recipes"] == before
+
+
+def _grads(fn, inputs, native_grad: bool):
+    """(outputs, gradients of inputs) of fn(*leaves) with the ops' C++ autograd nodes on or off (off: the Python
+    autograd.Function), from one upstream gradient per output."""
+    from rtckern.plugins._torch_lib import KERNEL_OPS
+
+    saved = {n: k.native_grad for n, k in KERNEL_OPS.items()}
+    try:
+        for k in KERNEL_OPS.values():
+            k.native_grad = k.native_grad and native_grad
+        leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+        outs = fn(*leaves)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        node = outs[0].grad_fn.name()
+        g = torch.Generator(device=DEV).manual_seed(1)
+        ups = [torch.randn(o.shape, device=DEV, generator=g).to(o.dtype) for o in outs]
+        torch.autograd.backward(outs, ups)
+        return node, [o.detach() for o in outs], [t.grad for t in leaves]
+    finally:
+        for n, k in KERNEL_OPS.items():
+            k.native_grad = saved[n]
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "fused_add_rms_norm", "layer_norm", "layer_norm no weight",
+                                  "attention", "attention gqa"])
+def test_cpp_autograd_nodes_equal_the_python_function(name):
+    """A call needing a gradient of the norms or attention makes a C++ autograd node (its forward and backward
+    replayed): outputs and every input's gradient equal the Python autograd.Function's bit for bit."""
+    x, w, b, r = rand(8, 2048), rand(2048), rand(2048), rand(8, 2048)
+    q, kv = rand(2, 128, 8, 64), rand(2, 128, 8, 64)
+    cases = {
+        "rms_norm": (lambda x, w: rt.rms_norm(x, w, 1e-6), (x, w), "RmsNormBackward"),
+        "fused_add_rms_norm": (lambda x, r, w: ops.fused_add_rms_norm(x, r, w, 1e-6), (x, r, w), "AddRmsNormBackward"),
+        "layer_norm": (lambda x, w, b: rt.layer_norm(x, w, b, 1e-5), (x, w, b), "LayerNormBackward"),
+        "layer_norm no weight": (lambda x, b: rt.layer_norm(x, None, b, 1e-5), (x, b), "LayerNormBackward"),
+        "attention": (lambda q, k, v: rt.attention(q, k, v, True), (q, kv, kv.clone()), "AttentionBackward"),
+        "attention gqa": (lambda q, k, v: rt.attention(q, k, v, False), (q, rand(2, 128, 2, 64), rand(2, 128, 2, 64)),
+                          "AttentionBackward"),
+    }
+    fn, inputs, node = cases[name]
+    for _ in range(2):  # the first calls record, the second replay
+        got = _grads(fn, inputs, True)
+    want = _grads(fn, inputs, False)
+    assert node in got[0] and node not in want[0], (got[0], want[0])
+    for a, e in zip(got[1] + got[2], want[1] + want[2]):
+        assert torch.equal(a, e)
 
 
 def test_inference_mode_calls_replay():

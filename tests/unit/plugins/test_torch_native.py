@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g+
 
 PRELUDE = r"""
 import ctypes, json, sys
+from typing import Optional
 import torch
 from torch import Tensor
 from rtckern.testing import use_fake_libcuda
@@ -189,6 +190,73 @@ def ends(x: Tensor) -> Tensor:  # passes the end of x (a bound): not x's own add
     return y
 
 
+def sc(x: Tensor, s: float) -> Tensor:  # one "scale" launch: x * s
+    y = torch.empty_like(x)
+    mod.Prepared(0x3000, 0xC0, (1, 1, 1), (32, 1, 1), 0, "PPqf", "scale", False, None)(0, x.data_ptr(), y.data_ptr(),
+                                                                                       x.numel(), s)
+    host_scale(x.data_ptr(), y.data_ptr(), x.numel(), s)
+    return y
+
+
+# ops of rms_norm_fwd / _bwd's and layer_norm_fwd / _bwd's schemas whose "gradients" are constants: y = 2x (dx = 2 dy),
+# dweight = 5 dy; layer norm: y = 3x, dweight = 5 dy, dbias = 7 dy; the statistics are copies of x
+def rms_fwd(x: Tensor, weight: Optional[Tensor], eps: float, zero_centered: bool, out_dtype: Optional[torch.dtype],
+            return_rstd: bool) -> tuple[Tensor, Tensor]:
+    count["fn"] += 1
+    return sc(x, 2.0), (sc(x, 1.0) if return_rstd else torch.empty(0))
+
+
+def rms_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, zero_centered: bool, weight_grad: bool,
+            dresidual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    count["fn"] += 1
+    assert rstd.numel() == x.numel()  # recomputed where the forward did not return it
+    return sc(dy, 2.0), (sc(dy, 5.0) if weight_grad else torch.empty(0))
+
+
+def ln_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float, zero_centered: bool,
+           out_dtype: Optional[torch.dtype], return_stats: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return sc(x, 3.0), *((sc(x, 1.0), sc(x, 1.0)) if return_stats else (torch.empty(0), torch.empty(0)))
+
+
+def ln_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], mean: Tensor, rstd: Tensor,
+           zero_centered: bool, weight_grad: bool, bias_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return sc(dy, 3.0), (sc(dy, 5.0) if weight_grad else torch.empty(0)), (sc(dy, 7.0) if bias_grad else torch.empty(0))
+
+
+krms_fwd, krms_bwd = TL.KernelOp("tn_rms_fwd", rms_fwd), TL.KernelOp("tn_rms_bwd", rms_bwd)
+kln_fwd, kln_bwd = TL.KernelOp("tn_ln_fwd", ln_fwd), TL.KernelOp("tn_ln_bwd", ln_bwd)
+
+
+def rms_setup(ctx, inputs, output):  # the Python formulas (what reference_mode and the fallback run)
+    ctx.save_for_backward(inputs[0], inputs[1], output[1])
+    ctx.set_materialize_grads(False)
+
+
+def rms_backward(ctx, dy, _drstd):
+    x, w, rstd = ctx.saved_tensors
+    want_w = w is not None and ctx.needs_input_grad[1]
+    if rstd.numel() == 0:
+        rstd = krms_fwd(x, w, 1e-6, False, None, True)[1]
+    dx, dw = krms_bwd(dy.contiguous(), x, w, rstd, False, want_w, None)
+    return dx, (dw if want_w else None), None, None, None, None
+
+
+def ln_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1], inputs[2], output[1], output[2])
+    ctx.set_materialize_grads(False)
+
+
+def ln_backward(ctx, dy, _dmean, _drstd):
+    x, w, b, mean, rstd = ctx.saved_tensors
+    want_w, want_b = w is not None and ctx.needs_input_grad[1], b is not None and ctx.needs_input_grad[2]
+    dx, dw, db = kln_bwd(dy.contiguous(), x, w, b, mean, rstd, False, want_w, want_b)
+    return dx, (dw if want_w else None), (db if want_b else None), None, None, None, None
+
+
+krms_fwd.register_autograd(rms_backward, setup_context=rms_setup)
+kln_fwd.register_autograd(ln_backward, setup_context=ln_setup)
+TN.GRAD_FORMULAS.update(tn_rms_fwd=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"), tn_ln_fwd=("layer_norm", "tn_ln_bwd",
+                                                                                        "tn_ln_fwd"))
 kscale = TL.KernelOp("tn_scale", scale)
 kscale.register_fake(lambda x, s: torch.empty_like(x))
 TL.KernelOp("tn_add", add)
@@ -312,6 +380,54 @@ def check(outcomes, name: str) -> None:
     """)
 def test_first_call_records_then_replays_in_cpp(outcomes):
     check(outcomes, "test_first_call_records_then_replays_in_cpp")
+
+
+@case("""
+        from rtckern.torch import reference_mode
+        x, w = torch.arange(8, dtype=torch.float32), torch.ones(8)
+        grads = []
+        for _ in range(2):  # recorded, then replayed: forward and backward
+            xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+            y, rstd = ops.tn_rms_fwd(xg, wg, 1e-6, False, None, True)
+            assert "RmsNormBackward" in y.grad_fn.name() and rstd.requires_grad, y.grad_fn.name()
+            assert torch.equal(y, x * 2)
+            y.sum().backward()
+            grads.append((xg.grad, wg.grad))
+        assert count == {"fn": 2, "replay": 4}, count  # each op recorded once, then its two launches replayed
+        assert all(torch.equal(gx, torch.full((8,), 2.0)) and torch.equal(gw, torch.full((8,), 5.0))
+                   for gx, gw in grads), grads
+        xg = x.clone().requires_grad_()
+        y, _ = krms_fwd(xg, w, 1e-6, False, None, False)  # KernelOp.__call__; no rstd; the weight needs no gradient
+        assert "RmsNormBackward" in y.grad_fn.name()
+        y.sum().backward()  # the rstd recomputed by the op itself (through the dispatcher), dweight not asked for
+        assert torch.equal(xg.grad, torch.full((8,), 2.0)) and w.grad is None
+        bg = torch.zeros(8, requires_grad=True)  # layer norm without a weight: the bias's input edge is the second
+        xg = x.clone().requires_grad_()
+        y, mean, rstd = kln_fwd.call_direct(xg, None, bg, 1e-5, False, None, True)
+        assert "LayerNormBackward" in y.grad_fn.name()
+        (y * 2).sum().backward()
+        assert torch.equal(xg.grad, torch.full((8,), 6.0)) and torch.equal(bg.grad, torch.full((8,), 14.0))
+        with reference_mode():  # this thread's calls take the Python kernels: the Python autograd.Function
+            xr, br = x.clone().requires_grad_(), torch.zeros(8, requires_grad=True)
+            y = kln_fwd.call_direct(xr, None, br, 1e-5, False, None, True)[0]
+            assert "LayerNormBackward" not in y.grad_fn.name()
+            (y * 2).sum().backward()
+        assert torch.equal(xr.grad, xg.grad) and torch.equal(br.grad, bg.grad)
+        xg = x.clone().requires_grad_()
+        y = ops.tn_rms_fwd(xg[1:], None, 1e-6, False, None, True)[0]  # misaligned: not replayed, still a C++ node
+        assert "RmsNormBackward" in y.grad_fn.name() and torch.equal(y, x[1:] * 2)
+        y.sum().backward()
+        assert torch.equal(xg.grad, torch.tensor([0.0] + [2.0] * 7)), xg.grad
+        with torch.no_grad():
+            assert ops.tn_rms_fwd(xg, None, 1e-6, False, None, True)[0].grad_fn is None
+    """)
+def test_calls_needing_a_gradient_make_a_cpp_autograd_node(outcomes):
+    """Ops with a formula in the library (rms_norm_fwd, layer_norm_fwd, fused_add_rms_norm_fwd, attention_fwd; here
+    test ops of their schemas) get a C++ autograd node per call needing a gradient: the forward replayed below
+    autograd, the backward op called through the dispatcher (replayed too), a statistic the forward did not return
+    recomputed, and only the gradients the inputs need (a call the front does not replay runs the op's Python
+    implementation inside the node); reference_mode keeps the Python autograd.Function, with the same gradients."""
+    check(outcomes, "test_calls_needing_a_gradient_make_a_cpp_autograd_node")
 
 
 @case("""
