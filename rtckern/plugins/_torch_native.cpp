@@ -132,7 +132,9 @@ struct Recipe {
 
 // The ops whose gradient formula is also written here (rtk_register_grad), so that a call needing a gradient makes a
 // C++ autograd node instead of a Python autograd.Function; each mirrors its Python formula (named at grad_call).
-enum Formula : uint8_t { kNoFormula = 0, kRmsNorm = 1, kAddRmsNorm = 2, kLayerNorm = 3, kAttention = 4 };
+enum Formula : uint8_t {
+  kNoFormula = 0, kRmsNorm = 1, kAddRmsNorm = 2, kLayerNorm = 3, kAttention = 4, kSoftmax = 5, kSwiglu = 6
+};
 
 struct OpState {
   c10::OperatorHandle recorder;
@@ -653,8 +655,47 @@ struct AttentionBackward : torch::autograd::Function<AttentionBackward> {
   }
 };
 
+// rtckern::softmax(x, scale) -> y and the other softmax ops of that form (scaled_masked_softmax(x, mask, scale): the
+// boolean mask takes no gradient); mirrors setup / backward in _torch_softmax.py.
+struct SoftmaxBackward : torch::autograd::Function<SoftmaxBackward> {
+  static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor&,
+                               const opt_tensor&, const opt_tensor&) {
+    const size_t n = st->self->schema().arguments().size();
+    const double scale = arg(*stack, n, n - 1).toDouble();
+    auto out = run_forward(*st->self, stack);
+    ctx->save_for_backward({out[0]});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    const at::Tensor y = ctx->get_saved_variables()[0];
+    auto g = call(*st->backward, {y, grads[0].contiguous(), ctx->saved_data["scale"].toDouble()});
+    return {at::Tensor(), at::Tensor(), g[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+// rtckern::swiglu(gate, up) -> y; mirrors _setup / _backward in _torch_glu.py.
+struct SwigluBackward : torch::autograd::Function<SwigluBackward> {
+  static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& gate,
+                               const opt_tensor& up, const opt_tensor&) {
+    auto out = run_forward(*st->self, stack);
+    ctx->save_for_backward({*gate, *up});
+    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    auto saved = ctx->get_saved_variables();
+    auto g = call(*st->backward, {grads[0].contiguous(), saved[0], saved[1]});
+    return {at::Tensor(), at::Tensor(), g[0], g[1], at::Tensor()};
+  }
+};
+
 // The tensor arguments a formula's node takes as inputs: their positions in the op's arguments.
-constexpr std::array<std::array<int, 3>, 5> kTensorArgs = {{{-1, -1, -1}, {0, 1, -1}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2}}};
+constexpr std::array<std::array<int, 3>, 7> kTensorArgs = {
+    {{-1, -1, -1}, {0, 1, -1}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, -1, -1}, {0, 1, -1}}};
 
 }  // namespace rtckern_grad
 
@@ -698,6 +739,8 @@ bool grad_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     case kAddRmsNorm: out = rtckern_grad::AddRmsNormBackward::apply(state, stack, a[0], a[1], a[2]); break;
     case kLayerNorm: out = rtckern_grad::LayerNormBackward::apply(state, stack, a[0], a[1], a[2]); break;
     case kAttention: out = rtckern_grad::AttentionBackward::apply(state, stack, a[0], a[1], a[2]); break;
+    case kSoftmax: out = rtckern_grad::SoftmaxBackward::apply(state, stack, a[0], a[1], a[2]); break;
+    case kSwiglu: out = rtckern_grad::SwigluBackward::apply(state, stack, a[0], a[1], a[2]); break;
     default: return false;
   }
   for (auto& t : out) stack->emplace_back(std::move(t));  // (the forward took the arguments off the stack)
@@ -870,14 +913,15 @@ RTK_EXPORT int rtk_offer(const char* data, size_t len) {
 }
 
 // Serve calls of op_name that need a gradient as a C++ autograd node with the formula named ("rms_norm",
-// "fused_add_rms_norm", "layer_norm" or "attention": the formulas of rtckern::<formula>_fwd, for ops of its schema),
+// "fused_add_rms_norm", "layer_norm", "attention": those of rtckern::<formula>_fwd; "softmax": rtckern::softmax's and
+// its masked and causal forms'; "swiglu"), for ops of that schema,
 // whose backward op is backward_name and whose statistics a recomputation takes from recompute_name. 0 on success, -1
 // for an op not served or not defined, -2 for a formula not known here.
 RTK_EXPORT int rtk_register_grad(const char* op_name, const char* formula, const char* backward_name,
                                  const char* recompute_name) {
   static const std::unordered_map<std::string, uint8_t> formulas = {
       {"rms_norm", kRmsNorm}, {"fused_add_rms_norm", kAddRmsNorm}, {"layer_norm", kLayerNorm},
-      {"attention", kAttention}};
+      {"attention", kAttention}, {"softmax", kSoftmax}, {"swiglu", kSwiglu}};
   auto f = formulas.find(formula);
   if (f == formulas.end()) return -2;
   auto& d = c10::Dispatcher::singleton();

@@ -19,15 +19,15 @@ maps included). The op's kernels, grid, block and constant arguments are then th
 construction. Anything else (a buffer kept across calls, a torch op on the way, an unrecorded launch route, a
 fallback to torch's implementation) marks the signature, and its calls go to the Python kernels as before. The kernel
 sits at AutogradCUDA and at CUDA (calls under torch.inference_mode() skip the autograd keys); KernelOp calls without a
-gradient go through it. `status()` says what each op holds.
-
-Calls needing a gradient of the ops in GRAD_FORMULAS (the norms' and attention's forwards) make a C++ autograd node
-(torch::autograd::Function) instead of the Python autograd.Function: its forward calls the op below autograd (replayed,
-or the op's Python implementation), its backward calls the backward op through the dispatcher (replayed as any call
-without a gradient), so a training step's forward and backward of these ops never enter Python. The C++ formulas
-mirror the Python ones; calls the front does not serve (tracing, modes, subclasses, reference_mode) keep the Python
-autograd.Function. The recipes are dropped whenever the PlanCaches are
+gradient go through it. `status()` says what each op holds. The recipes are dropped whenever the PlanCaches are
 (settings changes, rtckern.clear_caches(), set_manager).
+
+Calls needing a gradient of the ops in GRAD_FORMULAS (the norms', attention's, softmax's and swiglu's forwards) make a
+C++ autograd node (torch::autograd::Function) instead of the Python autograd.Function: its forward calls the op below
+autograd (replayed, or the op's Python implementation), its backward calls the backward op through the dispatcher
+(replayed as any call without a gradient), so a training step's forward and backward of these ops never enter
+Python. The C++ formulas mirror the Python ones; calls the front does not serve (tracing, modes, subclasses,
+reference_mode) keep the Python autograd.Function.
 
 Under torch.inference_mode(), make_fx records the composite ops (rms_norm, attention, ...) themselves rather than
 their decomposition, since they have a CUDA kernel now; torch.compile and export still decompose them.
@@ -74,12 +74,17 @@ _refusals: dict[str, str] = {}  # op -> why its last refused signature was refus
 _record_lock = threading.Lock()
 # The ops whose gradient formula the library has too (a C++ autograd node per call needing a gradient, instead of
 # the Python autograd.Function): op -> (the formula, its backward op, the op that recomputes statistics the forward
-# did not return). Each C++ formula mirrors the op's Python one (_torch_norms.py, _torch_attention.py): change both.
+# did not return). Each C++ formula mirrors the op's Python one (_torch_norms.py, _torch_attention.py,
+# _torch_softmax.py, _torch_glu.py): change both.
 GRAD_FORMULAS = {
     "rms_norm_fwd": ("rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
     "fused_add_rms_norm_fwd": ("fused_add_rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
     "layer_norm_fwd": ("layer_norm", "layer_norm_bwd", "layer_norm_fwd"),
     "attention_fwd": ("attention", "attention_bwd", "attention_fwd"),
+    **{op: ("softmax", op + "_bwd", op) for op in ("softmax", "scaled_masked_softmax",
+                                                    "scaled_upper_triang_masked_softmax",
+                                                    "scaled_aligned_causal_masked_softmax")},
+    "swiglu": ("swiglu", "swiglu_bwd", "swiglu"),
 }
 
 

@@ -2,7 +2,8 @@
 it): the first call of a signature records, later calls replay in C++, and every op's replayed output equals the
 Python path's bit for bit; the ops whose launches are plain (norms, softmax) are replayed; replays follow torch's
 current stream and capture into CUDA graphs; a misaligned input still takes the Python kernels; calls needing a
-gradient of the norms and attention make C++ autograd nodes whose gradients equal the Python Function's."""
+gradient of the norms, attention, softmax and swiglu make C++ autograd nodes whose gradients equal the Python
+Function's."""
 from __future__ import annotations
 
 import pytest
@@ -194,10 +195,11 @@ def _grads(fn, inputs, native_grad: bool):
 
 
 @pytest.mark.parametrize("name", ["rms_norm", "fused_add_rms_norm", "layer_norm", "layer_norm no weight",
-                                  "attention", "attention gqa"])
+                                  "attention", "attention gqa", "softmax", "scaled_masked_softmax",
+                                  "scaled_upper_triang_masked_softmax", "swiglu"])
 def test_cpp_autograd_nodes_equal_the_python_function(name):
-    """A call needing a gradient of the norms or attention makes a C++ autograd node (its forward and backward
-    replayed): outputs and every input's gradient equal the Python autograd.Function's bit for bit."""
+    """A call needing a gradient of the norms, attention, softmax or swiglu makes a C++ autograd node (its forward and
+    backward replayed): outputs and every input's gradient equal the Python autograd.Function's bit for bit."""
     x, w, b, r = rand(8, 2048), rand(2048), rand(2048), rand(8, 2048)
     q, kv = rand(2, 128, 8, 64), rand(2, 128, 8, 64)
     cases = {
@@ -209,13 +211,21 @@ def test_cpp_autograd_nodes_equal_the_python_function(name):
         "attention gqa": (lambda q, k, v: rt.attention(q, k, v, False), (q, rand(2, 128, 2, 64), rand(2, 128, 2, 64)),
                           "AttentionBackward"),
     }
+    sm, mask = rand(2, 4, 64, 64), torch.rand(2, 1, 64, 64, device=DEV) < 0.2
+    cases.update({
+        "softmax": (lambda s: ops.softmax(s, 0.5), (sm,), "SoftmaxBackward"),
+        "scaled_masked_softmax": (lambda s, m: ops.scaled_masked_softmax(s, m, 0.5), (sm, mask), "SoftmaxBackward"),
+        "scaled_upper_triang_masked_softmax": (lambda s: ops.scaled_upper_triang_masked_softmax(s, 0.5), (sm,),
+                                               "SoftmaxBackward"),
+        "swiglu": (lambda g, u: rt.swiglu(g, u), (rand(8, 2048), rand(8, 2048)), "SwigluBackward"),
+    })
     fn, inputs, node = cases[name]
     for _ in range(2):  # the first calls record, the second replay
         got = _grads(fn, inputs, True)
     want = _grads(fn, inputs, False)
     assert node in got[0] and node not in want[0], (got[0], want[0])
     for a, e in zip(got[1] + got[2], want[1] + want[2]):
-        assert torch.equal(a, e)
+        assert (a is None and e is None) or torch.equal(a, e)  # (None: the mask's gradient)
 
 
 def test_inference_mode_calls_replay():
