@@ -140,7 +140,7 @@ struct OpState {
   c10::OperatorHandle recorder;
   c10::OperatorHandle python;  // the op's Python implementation, for what the backend kernel does not replay
   std::unordered_map<std::string, std::shared_ptr<const Recipe>> recipes;
-  std::atomic<uint8_t> formula{kNoFormula};  // set once by rtk_register_grad, with the two handles below
+  std::atomic<uint8_t> formula{kNoFormula};  // set once by rtk_register_grad, after the three handles below
   // the op itself, its backward op, and the op that recomputes statistics the forward did not return
   std::optional<c10::OperatorHandle> self, backward, recompute;
   OpState(c10::OperatorHandle r, c10::OperatorHandle p) : recorder(std::move(r)), python(std::move(p)) {}
@@ -780,6 +780,55 @@ bool read(const char*& p, const char* end, T& out) {
 
 }  // namespace
 
+namespace {
+
+// What each formula reads of its ops (the positions the structs above read): the op's argument kinds ('T' a tensor,
+// 't' an optional tensor, 'f' a float, 'F' an optional float, 'b' a bool, '.' anything) and its number of results, the
+// backward op's and the recomputing op's counts. A formula registered for an op of another schema would read the
+// wrong stack slots: rtk_register_grad refuses it.
+struct Shape {
+  const char* args;
+  size_t rets, bwd_args, bwd_rets, rec_args, rec_rets;
+};
+
+bool kind_fits(char want, const c10::Argument& a) {
+  const auto k = a.type()->kind();
+  const bool optional = k == c10::TypeKind::OptionalType;
+  const auto inner = optional ? a.type()->containedType(0)->kind() : k;
+  switch (want) {
+    case 'T': return k == c10::TypeKind::TensorType;
+    case 't': return inner == c10::TypeKind::TensorType;
+    case 'f': return k == c10::TypeKind::FloatType;
+    case 'F': return inner == c10::TypeKind::FloatType;
+    case 'b': return k == c10::TypeKind::BoolType;
+    default: return true;
+  }
+}
+
+bool schemas_fit(uint8_t formula, const c10::FunctionSchema& self, const c10::FunctionSchema& bwd,
+                 const c10::FunctionSchema& rec) {
+  static const std::unordered_map<uint8_t, std::vector<Shape>> shapes = {
+      {kRmsNorm, {{"Ttfb.b", 2, 7, 2, 6, 2}}},
+      {kAddRmsNorm, {{"TTtfb.b", 3, 7, 2, 6, 2}}},
+      {kLayerNorm, {{"Tttfb.b", 3, 9, 3, 7, 3}}},
+      {kAttention, {{"TTTbFb", 2, 9, 3, 6, 2}}},
+      {kSoftmax, {{"Tf", 1, 3, 1, 2, 1}, {"TTf", 1, 3, 1, 3, 1}}},
+      {kSwiglu, {{"TT", 1, 3, 2, 2, 1}}}};
+  auto it = shapes.find(formula);
+  if (it == shapes.end()) return false;
+  for (const Shape& sh : it->second) {
+    const auto& args = self.arguments();
+    bool ok = args.size() == std::strlen(sh.args) && self.returns().size() == sh.rets &&
+              bwd.arguments().size() == sh.bwd_args && bwd.returns().size() == sh.bwd_rets &&
+              rec.arguments().size() == sh.rec_args && rec.returns().size() == sh.rec_rets;
+    for (size_t i = 0; ok && i < args.size(); ++i) ok = kind_fits(sh.args[i], args[i]);
+    if (ok) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 #define RTK_EXPORT __attribute__((visibility("default")))  // the build hides every other symbol
 
 extern "C" {
@@ -916,7 +965,8 @@ RTK_EXPORT int rtk_offer(const char* data, size_t len) {
 // "fused_add_rms_norm", "layer_norm", "attention": those of rtckern::<formula>_fwd; "softmax": rtckern::softmax's and
 // its masked and causal forms'; "swiglu"), for ops of that schema,
 // whose backward op is backward_name and whose statistics a recomputation takes from recompute_name. 0 on success, -1
-// for an op not served or not defined, -2 for a formula not known here.
+// for an op not served or not defined, -2 for a formula not known here, -3 for ops whose schemas the formula does not
+// fit.
 RTK_EXPORT int rtk_register_grad(const char* op_name, const char* formula, const char* backward_name,
                                  const char* recompute_name) {
   static const std::unordered_map<std::string, uint8_t> formulas = {
@@ -929,10 +979,12 @@ RTK_EXPORT int rtk_register_grad(const char* op_name, const char* formula, const
   auto bwd = d.findOp(c10::OperatorName(backward_name, ""));
   auto rec = d.findOp(c10::OperatorName(recompute_name, ""));
   if (!self || !bwd || !rec) return -1;
+  if (!schemas_fit(f->second, self->schema(), bwd->schema(), rec->schema())) return -3;
   std::unique_lock<std::shared_mutex> lock(table_mutex);
   auto it = ops.find(op_name);
   if (it == ops.end()) return -1;
   OpState& st = *it->second;
+  if (st.formula.load() != kNoFormula) return 0;  // registered already: the handles a node may be reading stay as they are
   st.self = *self;
   st.backward = *bwd;
   st.recompute = *rec;

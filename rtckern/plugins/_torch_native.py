@@ -266,10 +266,14 @@ def serve(lib, backend: str) -> None:
         if name in KERNEL_OPS:
             KERNEL_OPS[name].native = True  # KernelOp calls without a gradient (the backward formulas') go through it
     for name, (formula, backward, recompute) in GRAD_FORMULAS.items():
-        if name in served and backward in KERNEL_OPS and recompute in KERNEL_OPS and lib.rtk_register_grad(
-                (QUALIFIED + name).encode(), formula.encode(), (QUALIFIED + backward).encode(),
-                (QUALIFIED + recompute).encode()) == 0:
+        if name not in served or backward not in KERNEL_OPS or recompute not in KERNEL_OPS:
+            continue  # (a family whose ops are not registered)
+        err = lib.rtk_register_grad((QUALIFIED + name).encode(), formula.encode(), (QUALIFIED + backward).encode(),
+                                    (QUALIFIED + recompute).encode())
+        if err == 0:
             KERNEL_OPS[name].native_grad = True  # its calls needing a gradient go through the front too
+        else:  # a formula that does not fit its ops' schemas (-3): their gradients stay with the Python Function
+            log.warning("rtckern.torch: no C++ autograd node for rtckern::%s (rtk_register_grad: %d)", name, err)
 
 
 def clear() -> None:

@@ -172,16 +172,18 @@ def test_gradients_make_cpp_nodes_and_misaligned_inputs_take_the_python_kernels(
     assert rt.native_status()["ops"]["rms_norm"]["recipes"] == before
 
 
-def _grads(fn, inputs, native_grad: bool):
-    """(outputs, gradients of inputs) of fn(*leaves) with the ops' C++ autograd nodes on or off (off: the Python
-    autograd.Function), from one upstream gradient per output."""
+def _grads(fn, inputs, native_grad: bool, requires=None):
+    """(grad_fn name, outputs, gradients of inputs) of fn(*leaves) with the ops' C++ autograd nodes on or off (off:
+    the Python autograd.Function), from one upstream gradient per output; requires: which inputs require a gradient
+    (default: the floating ones)."""
     from rtckern.plugins._torch_lib import KERNEL_OPS
 
     saved = {n: k.native_grad for n, k in KERNEL_OPS.items()}
+    requires = requires or [t.is_floating_point() for t in inputs]
     try:
         for k in KERNEL_OPS.values():
             k.native_grad = k.native_grad and native_grad
-        leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+        leaves = [t.detach().clone().requires_grad_(r) for t, r in zip(inputs, requires)]
         outs = fn(*leaves)
         outs = outs if isinstance(outs, tuple) else (outs,)
         node = outs[0].grad_fn.name()
@@ -226,6 +228,46 @@ def test_cpp_autograd_nodes_equal_the_python_function(name):
     assert node in got[0] and node not in want[0], (got[0], want[0])
     for a, e in zip(got[1] + got[2], want[1] + want[2]):
         assert (a is None and e is None) or torch.equal(a, e)  # (None: the mask's gradient)
+
+
+@pytest.mark.parametrize("name", ["rms_norm weight frozen", "fused_add_rms_norm weight frozen",
+                                  "layer_norm bias frozen", "layer_norm weight frozen", "rms_norm_fwd no rstd",
+                                  "layer_norm_fwd no stats", "attention_fwd no lse"])
+def test_cpp_autograd_nodes_frozen_inputs_and_recomputed_statistics(name):
+    """Inputs that need no gradient (a frozen weight or bias: the backward op is asked for fewer gradients) and a
+    forward called without its statistics (the backward recomputes them): equal to the Python Function's bit for
+    bit."""
+    x, w, b, r = rand(8, 2048), rand(2048), rand(2048), rand(8, 2048)
+    q, kv = rand(2, 128, 8, 64), rand(2, 128, 2, 64)
+    cases = {
+        "rms_norm weight frozen": (lambda x, w: rt.rms_norm(x, w, 1e-6), (x, w), [True, False]),
+        "fused_add_rms_norm weight frozen": (lambda x, r, w: ops.fused_add_rms_norm(x, r, w, 1e-6), (x, r, w),
+                                             [True, True, False]),
+        "layer_norm bias frozen": (lambda x, w, b: rt.layer_norm(x, w, b, 1e-5), (x, w, b), [True, True, False]),
+        "layer_norm weight frozen": (lambda x, w, b: rt.layer_norm(x, w, b, 1e-5), (x, w, b), [True, False, True]),
+        "rms_norm_fwd no rstd": (lambda x, w: ops.rms_norm_fwd(x, w, 1e-6, False, None, False)[0], (x, w), None),
+        "layer_norm_fwd no stats": (lambda x, w, b: ops.layer_norm_fwd(x, w, b, 1e-5, False, None, False)[0],
+                                    (x, w, b), None),
+        "attention_fwd no lse": (lambda q, k, v: ops.attention_fwd(q, k, v, True, None, False)[0], (q, kv, kv), None),
+    }
+    fn, inputs, requires = cases[name]
+    for _ in range(2):
+        got = _grads(fn, inputs, True, requires)
+    want = _grads(fn, inputs, False, requires)
+    assert "CppNode" in got[0] and "CppNode" not in want[0], (got[0], want[0])
+    for a, e in zip(got[1] + got[2], want[1] + want[2]):
+        assert (a is None and e is None) or torch.equal(a, e)
+
+
+def test_cpp_autograd_node_computes_only_the_gradients_asked_for():
+    """The node asks the engine which inputs this backward needs (as torch's own nodes do): autograd.grad of x alone
+    does not compute the weight's gradient, and x's equals the one of a full backward."""
+    x, w, dy = rand(8, 2048).requires_grad_(), rand(2048).requires_grad_(), rand(8, 2048)
+    y = rt.rms_norm(x, w, 1e-6)
+    assert "RmsNormBackward" in y.grad_fn.name()
+    (dx_alone,) = torch.autograd.grad(y, [x], dy, retain_graph=True)
+    dx, dw = torch.autograd.grad(y, [x, w], dy)
+    assert dw is not None and torch.allclose(dx_alone.float(), dx.float(), rtol=1e-2, atol=1e-2)
 
 
 def test_inference_mode_calls_replay():
