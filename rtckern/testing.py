@@ -865,6 +865,17 @@ def torch_op_python_path(name: str):
     return op.fn if op is not None else _torch_lib.COMPOSITE_DIRECT[name]
 
 
+@contextlib.contextmanager
+def python_autograd():
+    """Inside, this thread's torch.ops.rtckern calls needing a gradient take the ops' Python autograd.Function rather
+    than the native front's C++ autograd nodes (rtckern.plugins._torch_native): to compare the two. Replays of calls
+    without a gradient stay. No-op where the front is not active."""
+    from .plugins import _torch_native
+
+    with _torch_native.python_autograd():
+        yield
+
+
 def __getattr__(name: str):
     """``torch_reference``: the torch plugin's reference implementations (plain torch, the oracle the plugin's
     tests compare against); loaded on first use, since it imports torch."""

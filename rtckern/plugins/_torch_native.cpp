@@ -151,6 +151,7 @@ std::unordered_map<std::string, std::unique_ptr<OpState>> ops;  // by the op's q
 size_t recipe_count = 0;
 uint64_t generation = 0;  // bumped by rtk_clear: a recording that started before a clear is not stored
 thread_local bool bypass = false;  // rtk_bypass: this thread's calls take the Python kernels (reference_mode)
+thread_local bool grad_bypass = false;  // rtk_grad_bypass: this thread's gradients take the Python autograd.Function
 c10::DeviceType replay_device = c10::DeviceType::CUDA;  // CPU only in the CPU tests (rtk_test_device)
 
 // The key being recorded by this thread (between the miss and the recorder's return) and what it offered.
@@ -704,7 +705,7 @@ namespace {
 // A call needing a gradient, of an op with a formula, with plain dense tensors on the replay device and nothing
 // tracing or intercepting it: run as the formula's C++ autograd node. False when it is not served here.
 bool grad_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (bypass || !c10::GradMode::is_enabled() ||
+  if (bypass || grad_bypass || !c10::GradMode::is_enabled() ||
       c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain))
     return false;
   OpState* state = nullptr;
@@ -1005,6 +1006,14 @@ RTK_EXPORT void rtk_clear() {
 RTK_EXPORT int rtk_bypass(int on) {
   const int old = bypass;
   bypass = on != 0;
+  return old;
+}
+
+// This thread's calls needing a gradient take the Python autograd.Function (rtckern.testing.python_autograd, which
+// compares the two). Returns the old value.
+RTK_EXPORT int rtk_grad_bypass(int on) {
+  const int old = grad_bypass;
+  grad_bypass = on != 0;
   return old;
 }
 

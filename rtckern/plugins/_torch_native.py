@@ -34,6 +34,7 @@ their decomposition, since they have a CUDA kernel now; torch.compile and export
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -170,6 +171,7 @@ def _open(path: Path):
     lib.rtk_count.restype = ctypes.c_long
     lib.rtk_test_device.argtypes = [ctypes.c_void_p]
     lib.rtk_bypass.argtypes = [ctypes.c_int]
+    lib.rtk_grad_bypass.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -274,6 +276,19 @@ def serve(lib, backend: str) -> None:
             KERNEL_OPS[name].native_grad = True  # its calls needing a gradient go through the front too
         else:  # a formula that does not fit its ops' schemas (-3): their gradients stay with the Python Function
             log.warning("rtckern.torch: no C++ autograd node for rtckern::%s (rtk_register_grad: %d)", name, err)
+
+
+@contextlib.contextmanager
+def python_autograd():
+    """Inside, this thread's calls needing a gradient take the Python autograd.Function rather than the C++ autograd
+    nodes (KernelOp calls and torch.ops.rtckern calls alike; the replays stay): to compare the two."""
+    lib = _state.get("lib")
+    old = lib.rtk_grad_bypass(1) if lib is not None else 0
+    try:
+        yield
+    finally:
+        if lib is not None:
+            lib.rtk_grad_bypass(old)
 
 
 def clear() -> None:

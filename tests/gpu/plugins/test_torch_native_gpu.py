@@ -6,11 +6,14 @@ gradient of the norms, attention, softmax and swiglu make C++ autograd nodes who
 Function's."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import rtckern.torch as rt  # noqa: E402
+from rtckern.testing import python_autograd  # noqa: E402
 from rtckern.testing import torch_op_python_path as P  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -173,16 +176,11 @@ def test_gradients_make_cpp_nodes_and_misaligned_inputs_take_the_python_kernels(
 
 
 def _grads(fn, inputs, native_grad: bool, requires=None):
-    """(grad_fn name, outputs, gradients of inputs) of fn(*leaves) with the ops' C++ autograd nodes on or off (off:
-    the Python autograd.Function), from one upstream gradient per output; requires: which inputs require a gradient
-    (default: the floating ones)."""
-    from rtckern.plugins._torch_lib import KERNEL_OPS
-
-    saved = {n: k.native_grad for n, k in KERNEL_OPS.items()}
+    """(grad_fn name, outputs, gradients of inputs) of fn(*leaves) through the C++ autograd nodes, or (native_grad
+    False) the Python autograd.Function, from one upstream gradient per output; requires: which inputs require a
+    gradient (default: the floating ones)."""
     requires = requires or [t.is_floating_point() for t in inputs]
-    try:
-        for k in KERNEL_OPS.values():
-            k.native_grad = k.native_grad and native_grad
+    with contextlib.nullcontext() if native_grad else python_autograd():
         leaves = [t.detach().clone().requires_grad_(r) for t, r in zip(inputs, requires)]
         outs = fn(*leaves)
         outs = outs if isinstance(outs, tuple) else (outs,)
@@ -191,9 +189,6 @@ def _grads(fn, inputs, native_grad: bool, requires=None):
         ups = [torch.randn(o.shape, device=DEV, generator=g).to(o.dtype) for o in outs]
         torch.autograd.backward(outs, ups)
         return node, [o.detach() for o in outs], [t.grad for t in leaves]
-    finally:
-        for n, k in KERNEL_OPS.items():
-            k.native_grad = saved[n]
 
 
 @pytest.mark.parametrize("name", ["rms_norm", "fused_add_rms_norm", "layer_norm", "layer_norm no weight",
@@ -248,7 +243,8 @@ def test_cpp_autograd_nodes_frozen_inputs_and_recomputed_statistics(name):
         "rms_norm_fwd no rstd": (lambda x, w: ops.rms_norm_fwd(x, w, 1e-6, False, None, False)[0], (x, w), None),
         "layer_norm_fwd no stats": (lambda x, w, b: ops.layer_norm_fwd(x, w, b, 1e-5, False, None, False)[0],
                                     (x, w, b), None),
-        "attention_fwd no lse": (lambda q, k, v: ops.attention_fwd(q, k, v, True, None, False)[0], (q, kv, kv), None),
+        "attention_fwd no lse": (lambda q, k, v: ops.attention_fwd(q, k, v, True, None, False)[0], (q, kv, kv),
+                                 None),
     }
     fn, inputs, requires = cases[name]
     for _ in range(2):

@@ -421,6 +421,13 @@ def test_first_call_records_then_replays_in_cpp(outcomes):
         with Seen():  # a dispatch mode must see the op: the Python autograd.Function
             y = ops.tn_rms_fwd(x.clone().requires_grad_(), w, 1e-6, False, None, True)[0]
         assert "RmsNormBackward" not in y.grad_fn.name(), y.grad_fn.name()
+        from rtckern.testing import python_autograd
+        with python_autograd():  # the Python Function on request (KernelOp and torch.ops calls alike), replays kept
+            for call in (ops.tn_rms_fwd, krms_fwd):
+                y = call(x.clone().requires_grad_(), w, 1e-6, False, None, True)[0]
+                assert "RmsNormBackward" not in y.grad_fn.name() and torch.equal(y, x * 2), y.grad_fn.name()
+        assert "RmsNormBackward" in ops.tn_rms_fwd(x.clone().requires_grad_(), w, 1e-6, False, None, True)[0] \
+            .grad_fn.name()
         xg = x.clone().requires_grad_()
         y = ops.tn_rms_fwd(xg[1:], None, 1e-6, False, None, True)[0]  # misaligned: not replayed, still a C++ node
         assert "RmsNormBackward" in y.grad_fn.name() and torch.equal(y, x[1:] * 2)
