@@ -56,6 +56,7 @@ from rtckern.config import settings
 from rtckern.errors import LaunchError
 
 from ._torch_dispatch import reference_hooks
+from ._torch_eager import NATIVE_OPS
 from ._torch_lib import COMPOSITE_DIRECT, COMPOSITE_FN, KERNEL_OPS, LIB, QUALIFIED
 
 log = logging.getLogger(__name__)
@@ -265,6 +266,7 @@ def serve(lib, backend: str) -> None:
             raise LaunchError(f"registering the native front of rtckern::{name} failed")
         served.append(name)
         _state["ops"] = tuple(served)
+        NATIVE_OPS.add(name)  # rtckern.torch's eager entry points send calls needing no gradient through torch.ops
         if name in KERNEL_OPS:
             KERNEL_OPS[name].native = True  # KernelOp calls without a gradient (the backward formulas') go through it
     for name, (formula, backward, recompute) in GRAD_FORMULAS.items():
