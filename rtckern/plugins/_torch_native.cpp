@@ -133,7 +133,8 @@ struct Recipe {
 // The ops whose gradient formula is also written here (rtk_register_grad), so that a call needing a gradient makes a
 // C++ autograd node instead of a Python autograd.Function; each mirrors its Python formula (named at grad_call).
 enum Formula : uint8_t {
-  kNoFormula = 0, kRmsNorm = 1, kAddRmsNorm = 2, kLayerNorm = 3, kAttention = 4, kSoftmax = 5, kSwiglu = 6
+  kNoFormula = 0, kRmsNorm = 1, kAddRmsNorm = 2, kLayerNorm = 3, kAttention = 4, kSoftmax = 5, kSwiglu = 6,
+  kRope = 7, kCrossEntropy = 8
 };
 
 struct OpState {
@@ -694,9 +695,74 @@ struct SwigluBackward : torch::autograd::Function<SwigluBackward> {
   }
 };
 
+// rtckern::rope(q, k, cos, sin, unsqueeze_dim) -> (q_embed, k_embed), for tables that need no gradient (grad_call
+// leaves the others to the Python formula, whose table gradients are torch ops); mirrors _setup / _backward in
+// _torch_rope.py.
+struct RopeBackward : torch::autograd::Function<RopeBackward> {
+  static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor&,
+                               const opt_tensor&, const opt_tensor&) {
+    const size_t n = 5;
+    ctx->save_for_backward({arg(*stack, n, 2).toTensor(), arg(*stack, n, 3).toTensor()});
+    ctx->saved_data["dim"] = arg(*stack, n, 4).toInt();
+    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    return run_forward(*st->self, stack);
+  }
+  static at::Tensor dense_rows(const at::Tensor& g) {  // head_dim contiguous, as the kernel reads it
+    return g.stride(-1) == 1 || g.size(-1) == 1 ? g : g.contiguous();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    auto saved = ctx->get_saved_variables();
+    auto g = call(*st->backward, {dense_rows(grads[0]), dense_rows(grads[1]), saved[0], saved[1],
+                                  ctx->saved_data["dim"].toInt()});
+    return {at::Tensor(), at::Tensor(), g[0], g[1], at::Tensor()};
+  }
+};
+
+// rtckern::cross_entropy_fwd(logits, labels, ignore_index, reduction) -> (loss, lse, count); mirrors _setup /
+// _backward in _torch_loss.py (a gradient reaching the lse itself, a z-loss, adds softmax * dlse by ATen ops there
+// and here).
+struct CrossEntropyBackward : torch::autograd::Function<CrossEntropyBackward> {
+  static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack,
+                               const opt_tensor& logits, const opt_tensor&, const opt_tensor&) {
+    const size_t n = 4;
+    const at::Tensor labels = arg(*stack, n, 1).toTensor();
+    const int64_t ignore_index = arg(*stack, n, 2).toInt();
+    const bool mean = arg(*stack, n, 3).toStringRef() == "mean";
+    auto out = run_forward(*st->self, stack);
+    ctx->save_for_backward({*logits, labels, out[1], mean ? out[2] : at::Tensor()});
+    ctx->saved_data["ignore"] = ignore_index;
+    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    ctx->set_materialize_grads(false);
+    return out;
+  }
+  static at::Tensor one_stride(at::Tensor t, c10::ScalarType dtype) {  // _one_stride
+    if (t.scalar_type() != dtype) t = t.to(dtype);
+    if (t.is_contiguous()) return t;
+    for (int64_t s : t.strides())
+      if (s != 0) return t.contiguous();
+    return t;  // a broadcast value: stride 0 everywhere
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &logits = saved[0], &labels = saved[1], &lse = saved[2], &count = saved[3];
+    at::Tensor dx;
+    if (grads[0].defined())
+      dx = call(*st->backward, {one_stride(grads[0], lse.scalar_type()), logits, labels, lse, optional_ivalue(count),
+                                ctx->saved_data["ignore"].toInt()})[0];
+    if (grads[1].defined()) {
+      const auto f = lse.scalar_type();
+      at::Tensor extra = at::exp(logits.to(f) - lse.unsqueeze(-1)) * grads[1].to(f).unsqueeze(-1);
+      dx = (dx.defined() ? dx.to(f) + extra : extra).to(logits.scalar_type());
+    }
+    return {at::Tensor(), at::Tensor(), dx, at::Tensor(), at::Tensor()};
+  }
+};
+
 // The tensor arguments a formula's node takes as inputs: their positions in the op's arguments.
-constexpr std::array<std::array<int, 3>, 7> kTensorArgs = {
-    {{-1, -1, -1}, {0, 1, -1}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, -1, -1}, {0, 1, -1}}};
+constexpr std::array<std::array<int, 3>, 9> kTensorArgs = {{{-1, -1, -1}, {0, 1, -1}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2},
+                                                            {0, -1, -1}, {0, 1, -1}, {0, 1, -1}, {0, -1, -1}}};
 
 }  // namespace rtckern_grad
 
@@ -729,6 +795,8 @@ bool grad_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     any_grad = any_grad || t.requires_grad();
   }
   if (!any_grad) return false;
+  if (f == kRope && ((*stack)[first + 2].toTensor().requires_grad() || (*stack)[first + 3].toTensor().requires_grad()))
+    return false;  // table gradients: the Python formula (torch ops)
   std::array<std::optional<at::Tensor>, 3> a;
   for (int j = 0; j < 3; ++j) {
     const int i = rtckern_grad::kTensorArgs[f][j];
@@ -742,6 +810,8 @@ bool grad_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     case kAttention: out = rtckern_grad::AttentionBackward::apply(state, stack, a[0], a[1], a[2]); break;
     case kSoftmax: out = rtckern_grad::SoftmaxBackward::apply(state, stack, a[0], a[1], a[2]); break;
     case kSwiglu: out = rtckern_grad::SwigluBackward::apply(state, stack, a[0], a[1], a[2]); break;
+    case kRope: out = rtckern_grad::RopeBackward::apply(state, stack, a[0], a[1], a[2]); break;
+    case kCrossEntropy: out = rtckern_grad::CrossEntropyBackward::apply(state, stack, a[0], a[1], a[2]); break;
     default: return false;
   }
   for (auto& t : out) stack->emplace_back(std::move(t));  // (the forward took the arguments off the stack)
@@ -784,7 +854,7 @@ bool read(const char*& p, const char* end, T& out) {
 namespace {
 
 // What each formula reads of its ops (the positions the structs above read): the op's argument kinds ('T' a tensor,
-// 't' an optional tensor, 'f' a float, 'F' an optional float, 'b' a bool, '.' anything) and its number of results, the
+// 't' an optional tensor, 'f' a float, 'F' an optional float, 'b' a bool, 'i' an int, 's' a string, '.' anything) and its number of results, the
 // backward op's and the recomputing op's counts. A formula registered for an op of another schema would read the
 // wrong stack slots: rtk_register_grad refuses it.
 struct Shape {
@@ -802,6 +872,8 @@ bool kind_fits(char want, const c10::Argument& a) {
     case 'f': return k == c10::TypeKind::FloatType;
     case 'F': return inner == c10::TypeKind::FloatType;
     case 'b': return k == c10::TypeKind::BoolType;
+    case 'i': return k == c10::TypeKind::IntType || k == c10::TypeKind::SymIntType;
+    case 's': return k == c10::TypeKind::StringType;
     default: return true;
   }
 }
@@ -814,7 +886,9 @@ bool schemas_fit(uint8_t formula, const c10::FunctionSchema& self, const c10::Fu
       {kLayerNorm, {{"Tttfb.b", 3, 9, 3, 7, 3}}},
       {kAttention, {{"TTTbFb", 2, 9, 3, 6, 2}}},
       {kSoftmax, {{"Tf", 1, 3, 1, 2, 1}, {"TTf", 1, 3, 1, 3, 1}}},
-      {kSwiglu, {{"TT", 1, 3, 2, 2, 1}}}};
+      {kSwiglu, {{"TT", 1, 3, 2, 2, 1}}},
+      {kRope, {{"TTTTi", 2, 5, 2, 5, 2}}},
+      {kCrossEntropy, {{"TTis", 3, 6, 1, 4, 3}}}};
   auto it = shapes.find(formula);
   if (it == shapes.end()) return false;
   for (const Shape& sh : it->second) {
@@ -964,7 +1038,7 @@ RTK_EXPORT int rtk_offer(const char* data, size_t len) {
 
 // Serve calls of op_name that need a gradient as a C++ autograd node with the formula named ("rms_norm",
 // "fused_add_rms_norm", "layer_norm", "attention": those of rtckern::<formula>_fwd; "softmax": rtckern::softmax's and
-// its masked and causal forms'; "swiglu"), for ops of that schema,
+// its masked and causal forms'; "swiglu", "rope", "cross_entropy"), for ops of that schema,
 // whose backward op is backward_name and whose statistics a recomputation takes from recompute_name. 0 on success, -1
 // for an op not served or not defined, -2 for a formula not known here, -3 for ops whose schemas the formula does not
 // fit.
@@ -972,7 +1046,8 @@ RTK_EXPORT int rtk_register_grad(const char* op_name, const char* formula, const
                                  const char* recompute_name) {
   static const std::unordered_map<std::string, uint8_t> formulas = {
       {"rms_norm", kRmsNorm}, {"fused_add_rms_norm", kAddRmsNorm}, {"layer_norm", kLayerNorm},
-      {"attention", kAttention}, {"softmax", kSoftmax}, {"swiglu", kSwiglu}};
+      {"attention", kAttention}, {"softmax", kSoftmax}, {"swiglu", kSwiglu}, {"rope", kRope},
+      {"cross_entropy", kCrossEntropy}};
   auto f = formulas.find(formula);
   if (f == formulas.end()) return -2;
   auto& d = c10::Dispatcher::singleton();

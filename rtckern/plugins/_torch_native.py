@@ -22,12 +22,12 @@ sits at AutogradCUDA and at CUDA (calls under torch.inference_mode() skip the au
 gradient go through it. `status()` says what each op holds. The recipes are dropped whenever the PlanCaches are
 (settings changes, rtckern.clear_caches(), set_manager).
 
-Calls needing a gradient of the ops in GRAD_FORMULAS (the norms', attention's, softmax's and swiglu's forwards) make a
-C++ autograd node (torch::autograd::Function) instead of the Python autograd.Function: its forward calls the op below
-autograd (replayed, or the op's Python implementation), its backward calls the backward op through the dispatcher
-(replayed as any call without a gradient), so a training step's forward and backward of these ops never enter
-Python. The C++ formulas mirror the Python ones; calls the front does not serve (tracing, modes, subclasses,
-reference_mode) keep the Python autograd.Function.
+Calls needing a gradient of the ops in GRAD_FORMULAS (the forwards of the norms, attention, softmax, swiglu, rope and
+cross entropy) make a C++ autograd node (torch::autograd::Function) instead of the Python autograd.Function: its
+forward calls the op below autograd (replayed, or the op's Python implementation), its backward calls the backward op
+through the dispatcher (replayed as any call without a gradient), so a training step's forward and backward of these
+ops never enter Python. The C++ formulas mirror the Python ones; calls the front does not serve (tracing, modes,
+subclasses, reference_mode, rope tables that need a gradient) keep the Python autograd.Function.
 
 Under torch.inference_mode(), make_fx records the composite ops (rms_norm, attention, ...) themselves rather than
 their decomposition, since they have a CUDA kernel now; torch.compile and export still decompose them.
@@ -77,7 +77,7 @@ _record_lock = threading.Lock()
 # The ops whose gradient formula the library has too (a C++ autograd node per call needing a gradient, instead of
 # the Python autograd.Function): op -> (the formula, its backward op, the op that recomputes statistics the forward
 # did not return). Each C++ formula mirrors the op's Python one (_torch_norms.py, _torch_attention.py,
-# _torch_softmax.py, _torch_glu.py): change both.
+# _torch_softmax.py, _torch_glu.py, _torch_rope.py, _torch_loss.py): change both.
 GRAD_FORMULAS = {
     "rms_norm_fwd": ("rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
     "fused_add_rms_norm_fwd": ("fused_add_rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
@@ -87,6 +87,8 @@ GRAD_FORMULAS = {
                                                     "scaled_upper_triang_masked_softmax",
                                                     "scaled_aligned_causal_masked_softmax")},
     "swiglu": ("swiglu", "swiglu_bwd", "swiglu"),
+    "rope": ("rope", "rope_bwd", "rope"),  # (tables that need a gradient keep the Python formula)
+    "cross_entropy_fwd": ("cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd"),
 }
 
 

@@ -175,6 +175,14 @@ def test_gradients_make_cpp_nodes_and_misaligned_inputs_take_the_python_kernels(
     assert rt.native_status()["ops"]["rms_norm"]["recipes"] == before
 
 
+def rope_inputs():
+    """q, k (batch, heads, seq, head_dim) and the cos / sin tables (batch, seq, head_dim), as transformers passes them."""
+    pos = torch.arange(64, device=DEV, dtype=torch.float32)
+    freq = 1.0 / 10000 ** (torch.arange(0, 64, 2, device=DEV, dtype=torch.float32) / 64)
+    ang = torch.cat([torch.outer(pos, freq)] * 2, -1)[None]
+    return rand(2, 8, 64, 64), rand(2, 2, 64, 64), ang.cos().to(BF16), ang.sin().to(BF16)
+
+
 def _grads(fn, inputs, native_grad: bool, requires=None):
     """(grad_fn name, outputs, gradients of inputs) of fn(*leaves) through the C++ autograd nodes, or (native_grad
     False) the Python autograd.Function, from one upstream gradient per output; requires: which inputs require a
@@ -187,13 +195,15 @@ def _grads(fn, inputs, native_grad: bool, requires=None):
         node = outs[0].grad_fn.name()
         g = torch.Generator(device=DEV).manual_seed(1)
         ups = [torch.randn(o.shape, device=DEV, generator=g).to(o.dtype) for o in outs]
-        torch.autograd.backward(outs, ups)
+        torch.autograd.backward([o for o in outs if o.requires_grad], [u for o, u in zip(outs, ups) if o.requires_grad])
         return node, [o.detach() for o in outs], [t.grad for t in leaves]
 
 
 @pytest.mark.parametrize("name", ["rms_norm", "fused_add_rms_norm", "layer_norm", "layer_norm no weight",
                                   "attention", "attention gqa", "softmax", "scaled_masked_softmax",
-                                  "scaled_upper_triang_masked_softmax", "swiglu"])
+                                  "scaled_upper_triang_masked_softmax", "swiglu", "rope",
+                                  "rope tables with gradients", "cross_entropy mean",
+                                  "cross_entropy none", "cross_entropy z-loss"])
 def test_cpp_autograd_nodes_equal_the_python_function(name):
     """A call needing a gradient of the norms, attention, softmax or swiglu makes a C++ autograd node (its forward and
     backward replayed): outputs and every input's gradient equal the Python autograd.Function's bit for bit."""
@@ -209,18 +219,30 @@ def test_cpp_autograd_nodes_equal_the_python_function(name):
                           "AttentionBackward"),
     }
     sm, mask = rand(2, 4, 64, 64), torch.rand(2, 1, 64, 64, device=DEV) < 0.2
+    logits, labels = rand(16, 1000), torch.randint(0, 1000, (16,), device=DEV)
+    labels[3] = -100  # an ignored row
     cases.update({
         "softmax": (lambda s: ops.softmax(s, 0.5), (sm,), "SoftmaxBackward"),
         "scaled_masked_softmax": (lambda s, m: ops.scaled_masked_softmax(s, m, 0.5), (sm, mask), "SoftmaxBackward"),
         "scaled_upper_triang_masked_softmax": (lambda s: ops.scaled_upper_triang_masked_softmax(s, 0.5), (sm,),
                                                "SoftmaxBackward"),
         "swiglu": (lambda g, u: rt.swiglu(g, u), (rand(8, 2048), rand(8, 2048)), "SwigluBackward"),
+        "rope": (lambda q, k, c, s: rt.apply_rotary_pos_emb(q, k, c, s), rope_inputs(), "RopeBackward",
+                 [True, True, False, False]),
+        "rope tables with gradients": (lambda q, k, c, s: rt.apply_rotary_pos_emb(q, k, c, s), rope_inputs(),
+                                       None),
+        "cross_entropy mean": (lambda x, y: rt.cross_entropy(x, y), (logits, labels), "CrossEntropyBackward"),
+        "cross_entropy none": (lambda x, y: rt.cross_entropy(x, y, reduction="none"), (logits, labels),
+                               "CrossEntropyBackward"),
+        "cross_entropy z-loss": (lambda x, y: ops.cross_entropy_fwd(x, y, -100, "sum")[:2], (logits, labels),
+                                 "CrossEntropyBackward"),
     })
-    fn, inputs, node = cases[name]
+    fn, inputs, node, *requires = cases[name]
+    requires = requires[0] if requires else None
     for _ in range(2):  # the first calls record, the second replay
-        got = _grads(fn, inputs, True)
-    want = _grads(fn, inputs, False)
-    assert node in got[0] and node not in want[0], (got[0], want[0])
+        got = _grads(fn, inputs, True, requires)
+    want = _grads(fn, inputs, False, requires)
+    assert "CppNode" not in want[0] and (node in got[0] if node else "CppNode" not in got[0]), (got[0], want[0])
     for a, e in zip(got[1] + got[2], want[1] + want[2]):
         assert (a is None and e is None) or torch.equal(a, e)  # (None: the mask's gradient)
 
