@@ -753,8 +753,8 @@ struct CrossEntropyBackward : torch::autograd::Function<CrossEntropyBackward> {
                                 ctx->saved_data["ignore"].toInt()})[0];
     if (grads[1].defined()) {
       const auto f = lse.scalar_type();
-      at::Tensor extra = at::exp(logits.to(f) - lse.unsqueeze(-1)) * grads[1].to(f).unsqueeze(-1);
-      dx = (dx.defined() ? dx.to(f) + extra : extra).to(logits.scalar_type());
+      at::Tensor extra = logits.to(f).sub(lse.unsqueeze(-1)).exp().mul(grads[1].to(f).unsqueeze(-1));
+      dx = (dx.defined() ? dx.to(f).add(extra) : extra).to(logits.scalar_type());
     }
     return {at::Tensor(), at::Tensor(), dx, at::Tensor(), at::Tensor()};
   }
