@@ -7,13 +7,14 @@
     rtckern.torch.swiglu(gate, up)
     rtckern.torch.cross_entropy(logits, labels, ignore_index=-100, reduction="mean")
 
-Where the native front serves the op (rtckern.plugins._torch_native), a call needing no gradient goes to
-torch.ops.rtckern.<op>, whose C++ replay costs less than any Python path. Otherwise, in plain eager code these skip
-the dispatcher altogether: they call what torch.ops.rtckern.<op>'s own fast path calls (`*_direct` in the family modules: rtckern's op without a gradient, the kernel op's autograd.Function with
-one; same kernels, same fallback policy). Anywhere else they call torch.ops.rtckern.<op>: under torch.compile /
-dynamo (which traces these functions), export, make_fx or any other dispatch or torch-function mode, with tensor
-subclasses (FakeTensor, DTensor, ...) and under functorch transforms, so tracing sees the ops and their fake
-kernels.
+Where the native front serves the op (rtckern.plugins._torch_native), rms_norm, layer_norm, attention and swiglu send
+a call needing no gradient to torch.ops.rtckern.<op>, whose C++ replay costs less than any Python path (its arguments
+are then checked by the op's schema first: a wrong type raises torch's RuntimeError). Otherwise, in plain eager code
+these skip the dispatcher altogether: they call what torch.ops.rtckern.<op>'s own fast path calls (`*_direct` in the
+family modules: rtckern's op without a gradient, the kernel op's autograd.Function or C++ autograd node with one;
+same kernels, same fallback policy). Anywhere else they call torch.ops.rtckern.<op>: under torch.compile / dynamo
+(which traces these functions), export, make_fx or any other dispatch or torch-function mode, with tensor subclasses
+(FakeTensor, DTensor, ...) and under functorch transforms, so tracing sees the ops and their fake kernels.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ import torch
 from ._torch_lib import direct, needs_grad
 
 # The ops the native front serves (_torch_native.serve adds them): their calls needing no gradient cost less through
-# torch.ops.rtckern (replayed in C++) than through the Python fast path below, tracing or not.
+# torch.ops.rtckern (replayed in C++) than through the Python fast path below, tracing or not. (The packet, not its
+# .default overload: torch-function modes and FX see the same callable as before.)
 NATIVE_OPS: set[str] = set()
 _ops = torch.ops.rtckern
 _compiling = torch.compiler.is_compiling  # (dynamo traces the torch.ops call; needs_grad's checks stay out of it)
@@ -52,9 +54,9 @@ def plain_eager(*tensors: Optional[torch.Tensor]) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, zero_centered: bool = False,
              out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """torch.ops.rtckern.rms_norm, without the dispatcher in plain eager code."""
+    """torch.ops.rtckern.rms_norm: through the native front, or without the dispatcher in plain eager code."""
     if "rms_norm" in NATIVE_OPS and not _compiling() and not needs_grad(x, weight):
-        return _ops.rms_norm.default(x, weight, eps, zero_centered, out_dtype)
+        return _ops.rms_norm(x, weight, eps, zero_centered, out_dtype)
     if not plain_eager(x, weight):
         return torch.ops.rtckern.rms_norm(x, weight, eps, zero_centered, out_dtype)
     return _family("rtckern.plugins._torch_norms").rms_norm_direct(x, weight, eps, zero_centered, out_dtype)
@@ -63,9 +65,9 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
 def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                eps: float = 1e-5, zero_centered: bool = False,
                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """torch.ops.rtckern.layer_norm, without the dispatcher in plain eager code."""
+    """torch.ops.rtckern.layer_norm: through the native front, or without the dispatcher in plain eager code."""
     if "layer_norm" in NATIVE_OPS and not _compiling() and not needs_grad(x, weight, bias):
-        return _ops.layer_norm.default(x, weight, bias, eps, zero_centered, out_dtype)
+        return _ops.layer_norm(x, weight, bias, eps, zero_centered, out_dtype)
     if not plain_eager(x, weight, bias):
         return torch.ops.rtckern.layer_norm(x, weight, bias, eps, zero_centered, out_dtype)
     return _family("rtckern.plugins._torch_norms").layer_norm_direct(x, weight, bias, eps, zero_centered, out_dtype)
@@ -73,10 +75,10 @@ def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Opt
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               softmax_scale: Optional[float] = None) -> torch.Tensor:
-    """torch.ops.rtckern.attention ((batch, seqlen, heads, head_dim) layout), without the dispatcher in plain
-    eager code."""
+    """torch.ops.rtckern.attention ((batch, seqlen, heads, head_dim) layout): through the native front, or without
+    the dispatcher in plain eager code."""
     if "attention" in NATIVE_OPS and not _compiling() and not needs_grad(q, k, v):
-        return _ops.attention.default(q, k, v, causal, softmax_scale)
+        return _ops.attention(q, k, v, causal, softmax_scale)
     if not plain_eager(q, k, v):
         return torch.ops.rtckern.attention(q, k, v, causal, softmax_scale)
     return _family("rtckern.plugins._torch_attention").attention_direct(q, k, v, causal, softmax_scale)
@@ -92,9 +94,10 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """torch.ops.rtckern.swiglu (silu(gate) * up), without the dispatcher in plain eager code."""
+    """torch.ops.rtckern.swiglu (silu(gate) * up): through the native front, or without the dispatcher in plain eager
+    code."""
     if "swiglu" in NATIVE_OPS and not _compiling() and not needs_grad(gate, up):
-        return _ops.swiglu.default(gate, up)
+        return _ops.swiglu(gate, up)
     if not plain_eager(gate, up):
         return torch.ops.rtckern.swiglu(gate, up)
     return _family("rtckern.plugins._torch_glu").swiglu_direct(gate, up)

@@ -853,13 +853,17 @@ bool read(const char*& p, const char* end, T& out) {
 
 namespace {
 
-// What each formula reads of its ops (the positions the structs above read): the op's argument kinds ('T' a tensor,
-// 't' an optional tensor, 'f' a float, 'F' an optional float, 'b' a bool, 'i' an int, 's' a string, '.' anything) and its number of results, the
-// backward op's and the recomputing op's counts. A formula registered for an op of another schema would read the
-// wrong stack slots: rtk_register_grad refuses it.
+// What each formula reads of and passes to its ops (the positions the structs above use): the argument kinds ('T' a
+// tensor, 't' an optional tensor, 'f' a float, 'F' an optional float, 'b' a bool, 'i' an int, 's' a string, '.'
+// anything) and number of results of the op, its backward op and its recomputing op. A formula registered for ops of
+// other schemas would read or pass the wrong stack slots: rtk_register_grad refuses it.
 struct Shape {
-  const char* args;
-  size_t rets, bwd_args, bwd_rets, rec_args, rec_rets;
+  const char* args;      // the op's argument kinds
+  size_t rets;           // its results
+  const char* bwd_args;  // the backward op's
+  size_t bwd_rets;
+  const char* rec_args;  // the recomputing op's
+  size_t rec_rets;
 };
 
 bool kind_fits(char want, const c10::Argument& a) {
@@ -878,27 +882,31 @@ bool kind_fits(char want, const c10::Argument& a) {
   }
 }
 
+bool schema_fits(const c10::FunctionSchema& schema, const char* kinds, size_t rets) {
+  const auto& args = schema.arguments();
+  if (args.size() != std::strlen(kinds) || schema.returns().size() != rets) return false;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (!kind_fits(kinds[i], args[i])) return false;
+  return true;
+}
+
 bool schemas_fit(uint8_t formula, const c10::FunctionSchema& self, const c10::FunctionSchema& bwd,
                  const c10::FunctionSchema& rec) {
   static const std::unordered_map<uint8_t, std::vector<Shape>> shapes = {
-      {kRmsNorm, {{"Ttfb.b", 2, 7, 2, 6, 2}}},
-      {kAddRmsNorm, {{"TTtfb.b", 3, 7, 2, 6, 2}}},
-      {kLayerNorm, {{"Tttfb.b", 3, 9, 3, 7, 3}}},
-      {kAttention, {{"TTTbFb", 2, 9, 3, 6, 2}}},
-      {kSoftmax, {{"Tf", 1, 3, 1, 2, 1}, {"TTf", 1, 3, 1, 3, 1}}},
-      {kSwiglu, {{"TT", 1, 3, 2, 2, 1}}},
-      {kRope, {{"TTTTi", 2, 5, 2, 5, 2}}},
-      {kCrossEntropy, {{"TTis", 3, 6, 1, 4, 3}}}};
+      {kRmsNorm, {{"Ttfb.b", 2, "TTtTbbt", 2, "Ttfb.b", 2}}},
+      {kAddRmsNorm, {{"TTtfb.b", 3, "TTtTbbt", 2, "Ttfb.b", 2}}},
+      {kLayerNorm, {{"Tttfb.b", 3, "TTttTTbbb", 3, "Tttfb.b", 3}}},
+      {kAttention, {{"TTTbFb", 2, "TTTTTTbFb", 3, "TTTbFb", 2}}},
+      {kSoftmax, {{"Tf", 1, "TTf", 1, "Tf", 1}, {"TTf", 1, "TTf", 1, "TTf", 1}}},
+      {kSwiglu, {{"TT", 1, "TTT", 2, "TT", 1}}},
+      {kRope, {{"TTTTi", 2, "TTTTi", 2, "TTTTi", 2}}},
+      {kCrossEntropy, {{"TTis", 3, "TTTTti", 1, "TTis", 3}}}};
   auto it = shapes.find(formula);
   if (it == shapes.end()) return false;
-  for (const Shape& sh : it->second) {
-    const auto& args = self.arguments();
-    bool ok = args.size() == std::strlen(sh.args) && self.returns().size() == sh.rets &&
-              bwd.arguments().size() == sh.bwd_args && bwd.returns().size() == sh.bwd_rets &&
-              rec.arguments().size() == sh.rec_args && rec.returns().size() == sh.rec_rets;
-    for (size_t i = 0; ok && i < args.size(); ++i) ok = kind_fits(sh.args[i], args[i]);
-    if (ok) return true;
-  }
+  for (const Shape& sh : it->second)
+    if (schema_fits(self, sh.args, sh.rets) && schema_fits(bwd, sh.bwd_args, sh.bwd_rets) &&
+        schema_fits(rec, sh.rec_args, sh.rec_rets))
+      return true;
   return false;
 }
 

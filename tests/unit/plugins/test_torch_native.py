@@ -206,9 +206,13 @@ def rms_fwd(x: Tensor, weight: Optional[Tensor], eps: float, zero_centered: bool
     return sc(x, 2.0), (sc(x, 1.0) if return_rstd else torch.empty(0))
 
 
+weight_grads = []  # rms_bwd's weight_grad argument, call by call
+
+
 def rms_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, zero_centered: bool, weight_grad: bool,
             dresidual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     count["fn"] += 1
+    weight_grads.append(weight_grad)
     assert rstd.numel() == x.numel()  # recomputed where the forward did not return it
     return sc(dy, 2.0), (sc(dy, 5.0) if weight_grad else torch.empty(0))
 
@@ -256,7 +260,8 @@ def ln_backward(ctx, dy, _dmean, _drstd):
 krms_fwd.register_autograd(rms_backward, setup_context=rms_setup)
 kln_fwd.register_autograd(ln_backward, setup_context=ln_setup)
 TN.GRAD_FORMULAS.update(tn_rms_fwd=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"), tn_ln_fwd=("layer_norm", "tn_ln_bwd",
-                                                                                        "tn_ln_fwd"))
+                                                                                        "tn_ln_fwd"),
+                        tn_scale=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"))  # tn_scale: not rms_norm_fwd's schema
 kscale = TL.KernelOp("tn_scale", scale)
 kscale.register_fake(lambda x, s: torch.empty_like(x))
 TL.KernelOp("tn_add", add)
@@ -396,6 +401,14 @@ def test_first_call_records_then_replays_in_cpp(outcomes):
         assert count == {"fn": 2, "replay": 4}, count  # each op recorded once, then its two launches replayed
         assert all(torch.equal(gx, torch.full((8,), 2.0)) and torch.equal(gw, torch.full((8,), 5.0))
                    for gx, gw in grads), grads
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = ops.tn_rms_fwd(xg, wg, 1e-6, False, None, True)[0]
+        weight_grads.clear()
+        clear_caches()  # (no recipes: each backward call below runs, and records, the Python implementation)
+        torch.autograd.grad(y.sum(), [xg], retain_graph=True)  # the engine needs no weight gradient: not asked for
+        torch.autograd.grad(y.sum(), [xg, wg])
+        assert weight_grads == [False, True], weight_grads
+        assert not kscale.native_grad and krms_fwd.native_grad  # a formula whose schema does not fit is refused
         xg = x.clone().requires_grad_()
         y, _ = krms_fwd(xg, w, 1e-6, False, None, False)  # KernelOp.__call__; no rstd; the weight needs no gradient
         assert "RmsNormBackward" in y.grad_fn.name()
