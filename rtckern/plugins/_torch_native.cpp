@@ -516,6 +516,16 @@ variable_list run_forward(const c10::OperatorHandle& op, torch::jit::Stack* stac
 
 const c10::IValue& arg(const torch::jit::Stack& stack, size_t nargs, size_t i) { return stack[stack.size() - nargs + i]; }
 
+// A node's op state, kept in its context (the states live as long as the process).
+void keep_state(AutogradContext* ctx, const OpState* st) { ctx->saved_data["st"] = reinterpret_cast<int64_t>(st); }
+const OpState* state_of(AutogradContext* ctx) { return reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt()); }
+
+// A backward's result: one gradient per forward argument (the op state, the stack, the three tensors), the first two
+// never defined.
+variable_list input_grads(at::Tensor a = {}, at::Tensor b = {}, at::Tensor c = {}) {
+  return {at::Tensor(), at::Tensor(), std::move(a), std::move(b), std::move(c)};
+}
+
 // rtckern::rms_norm_fwd(x, weight?, eps, zero_centered, out_dtype?, return_rstd) -> (y, rstd);
 // mirrors _rms_setup / _rms_backward (_torch_norms.py).
 struct RmsNormBackward : torch::autograd::Function<RmsNormBackward> {
@@ -528,14 +538,14 @@ struct RmsNormBackward : torch::autograd::Function<RmsNormBackward> {
     ctx->save_for_backward({*x, w.value_or(at::Tensor()), out[1]});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["zc"] = zc;
-    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    keep_state(ctx, st);
     ctx->set_materialize_grads(false);
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& dy = grads[0];
-    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    if (!dy.defined()) return input_grads();
+    const OpState* st = state_of(ctx);
     auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1];
     at::Tensor rstd = saved[2];
@@ -545,7 +555,7 @@ struct RmsNormBackward : torch::autograd::Function<RmsNormBackward> {
       rstd = call(*st->recompute, {x, optional_ivalue(w), eps, zc, c10::IValue(), true})[1];
     const bool want_w = w.defined() && ctx->needs_input_grad(1);
     auto g = call(*st->backward, {dy.contiguous(), x, optional_ivalue(w), rstd, zc, want_w, c10::IValue()});
-    return {at::Tensor(), at::Tensor(), g[0], want_w ? g[1] : at::Tensor(), at::Tensor()};
+    return input_grads(g[0], want_w ? g[1] : at::Tensor());
   }
 };
 
@@ -561,12 +571,12 @@ struct AddRmsNormBackward : torch::autograd::Function<AddRmsNormBackward> {
     ctx->save_for_backward({out[1], w.value_or(at::Tensor()), out[2]});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["zc"] = zc;
-    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    keep_state(ctx, st);
     ctx->set_materialize_grads(false);
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    const OpState* st = state_of(ctx);
     auto saved = ctx->get_saved_variables();
     const at::Tensor &h = saved[0], &w = saved[1];
     at::Tensor rstd = saved[2];
@@ -578,7 +588,7 @@ struct AddRmsNormBackward : torch::autograd::Function<AddRmsNormBackward> {
     if (rstd.numel() == 0 && h.numel() != 0)
       rstd = call(*st->recompute, {h, optional_ivalue(w), eps, zc, c10::IValue(), true})[1];
     auto g = call(*st->backward, {dy.contiguous(), h, optional_ivalue(w), rstd, zc, want_w, optional_ivalue(dres)});
-    return {at::Tensor(), at::Tensor(), g[0], g[0], want_w ? g[1] : at::Tensor()};
+    return input_grads(g[0], g[0], want_w ? g[1] : at::Tensor());
   }
 };
 
@@ -594,14 +604,14 @@ struct LayerNormBackward : torch::autograd::Function<LayerNormBackward> {
     ctx->save_for_backward({*x, w.value_or(at::Tensor()), b.value_or(at::Tensor()), out[1], out[2]});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["zc"] = zc;
-    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    keep_state(ctx, st);
     ctx->set_materialize_grads(false);
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& dy = grads[0];
-    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    if (!dy.defined()) return input_grads();
+    const OpState* st = state_of(ctx);
     auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1], &b = saved[2];
     at::Tensor mean = saved[3], rstd = saved[4];
@@ -617,7 +627,7 @@ struct LayerNormBackward : torch::autograd::Function<LayerNormBackward> {
     const bool want_b = b.defined() && ctx->needs_input_grad(w.defined() ? 2 : 1);
     auto g = call(*st->backward, {dy.contiguous(), x, optional_ivalue(w), optional_ivalue(b), mean, rstd, zc, want_w,
                                   want_b});
-    return {at::Tensor(), at::Tensor(), g[0], want_w ? g[1] : at::Tensor(), want_b ? g[2] : at::Tensor()};
+    return input_grads(g[0], want_w ? g[1] : at::Tensor(), want_b ? g[2] : at::Tensor());
   }
 };
 
@@ -633,14 +643,14 @@ struct AttentionBackward : torch::autograd::Function<AttentionBackward> {
     ctx->save_for_backward({*q, *k, *v, out[0], out[1]});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    keep_state(ctx, st);
     ctx->set_materialize_grads(false);
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& dout = grads[0];
-    if (!dout.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    if (!dout.defined()) return input_grads();
+    const OpState* st = state_of(ctx);
     auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     at::Tensor o = saved[3], lse = saved[4];
@@ -653,7 +663,7 @@ struct AttentionBackward : torch::autograd::Function<AttentionBackward> {
     }
     auto g = call(*st->backward, {dout.contiguous(), q, k, v, o, lse, causal, scale,
                                   at::globalContext().deterministicAlgorithms()});
-    return {at::Tensor(), at::Tensor(), g[0], g[1], g[2]};
+    return input_grads(g[0], g[1], g[2]);
   }
 };
 
@@ -667,14 +677,14 @@ struct SoftmaxBackward : torch::autograd::Function<SoftmaxBackward> {
     auto out = run_forward(*st->self, stack);
     ctx->save_for_backward({out[0]});
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    keep_state(ctx, st);
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    const OpState* st = state_of(ctx);
     const at::Tensor y = ctx->get_saved_variables()[0];
     auto g = call(*st->backward, {y, grads[0].contiguous(), ctx->saved_data["scale"].toDouble()});
-    return {at::Tensor(), at::Tensor(), g[0], at::Tensor(), at::Tensor()};
+    return input_grads(g[0]);
   }
 };
 
@@ -684,14 +694,14 @@ struct SwigluBackward : torch::autograd::Function<SwigluBackward> {
                                const opt_tensor& up, const opt_tensor&) {
     auto out = run_forward(*st->self, stack);
     ctx->save_for_backward({*gate, *up});
-    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    keep_state(ctx, st);
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    const OpState* st = state_of(ctx);
     auto saved = ctx->get_saved_variables();
     auto g = call(*st->backward, {grads[0].contiguous(), saved[0], saved[1]});
-    return {at::Tensor(), at::Tensor(), g[0], g[1], at::Tensor()};
+    return input_grads(g[0], g[1]);
   }
 };
 
@@ -704,18 +714,18 @@ struct RopeBackward : torch::autograd::Function<RopeBackward> {
     const size_t n = 5;
     ctx->save_for_backward({arg(*stack, n, 2).toTensor(), arg(*stack, n, 3).toTensor()});
     ctx->saved_data["dim"] = arg(*stack, n, 4).toInt();
-    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    keep_state(ctx, st);
     return run_forward(*st->self, stack);
   }
   static at::Tensor dense_rows(const at::Tensor& g) {  // head_dim contiguous, as the kernel reads it
     return g.stride(-1) == 1 || g.size(-1) == 1 ? g : g.contiguous();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    const OpState* st = state_of(ctx);
     auto saved = ctx->get_saved_variables();
     auto g = call(*st->backward, {dense_rows(grads[0]), dense_rows(grads[1]), saved[0], saved[1],
                                   ctx->saved_data["dim"].toInt()});
-    return {at::Tensor(), at::Tensor(), g[0], g[1], at::Tensor()};
+    return input_grads(g[0], g[1]);
   }
 };
 
@@ -732,7 +742,7 @@ struct CrossEntropyBackward : torch::autograd::Function<CrossEntropyBackward> {
     auto out = run_forward(*st->self, stack);
     ctx->save_for_backward({*logits, labels, out[1], mean ? out[2] : at::Tensor()});
     ctx->saved_data["ignore"] = ignore_index;
-    ctx->saved_data["st"] = reinterpret_cast<int64_t>(st);
+    keep_state(ctx, st);
     ctx->set_materialize_grads(false);
     return out;
   }
@@ -744,7 +754,7 @@ struct CrossEntropyBackward : torch::autograd::Function<CrossEntropyBackward> {
     return t;  // a broadcast value: stride 0 everywhere
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto* st = reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+    const OpState* st = state_of(ctx);
     auto saved = ctx->get_saved_variables();
     const at::Tensor &logits = saved[0], &labels = saved[1], &lse = saved[2], &count = saved[3];
     at::Tensor dx;
@@ -756,7 +766,7 @@ struct CrossEntropyBackward : torch::autograd::Function<CrossEntropyBackward> {
       at::Tensor extra = logits.to(f).sub(lse.unsqueeze(-1)).exp().mul(grads[1].to(f).unsqueeze(-1));
       dx = (dx.defined() ? dx.to(f).add(extra) : extra).to(logits.scalar_type());
     }
-    return {at::Tensor(), at::Tensor(), dx, at::Tensor(), at::Tensor()};
+    return input_grads(dx);
   }
 };
 
