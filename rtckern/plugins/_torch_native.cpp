@@ -500,8 +500,22 @@ std::vector<at::Tensor> call(const c10::OperatorHandle& op, torch::jit::Stack st
   return out;
 }
 
-// The forward of every formula: the op on the stack's arguments below autograd, its outputs as the node's outputs.
-variable_list run_forward(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// A composite op's node (rtckern::rms_norm, layer_norm, fused_add_rms_norm, attention): its arguments are a prefix of
+// its forward kernel op's (st->recompute), which returns the statistics as well.
+bool composite(const OpState* st) {
+  return st->self->schema().arguments().size() < st->recompute->schema().arguments().size();
+}
+
+// The forward of every formula, below autograd: the op on the stack's arguments, or for a composite its forward kernel
+// op with None for the arguments the composite lacks and true for the last (return_rstd / return_stats / return_lse).
+// Every output of the op called; node_outputs keeps the node's own.
+variable_list run_forward(const OpState* st, torch::jit::Stack* stack) {
+  const c10::OperatorHandle& op = composite(st) ? *st->recompute : *st->self;
+  if (composite(st)) {
+    const size_t nf = op.schema().arguments().size();
+    for (size_t i = st->self->schema().arguments().size(); i + 1 < nf; ++i) stack->emplace_back();
+    stack->emplace_back(true);
+  }
   {
     at::AutoDispatchBelowADInplaceOrView below;
     op.callBoxed(stack);
@@ -511,6 +525,12 @@ variable_list run_forward(const c10::OperatorHandle& op, torch::jit::Stack* stac
   out.reserve(nret);
   for (size_t j = stack->size() - nret; j < stack->size(); ++j) out.push_back((*stack)[j].toTensor());
   torch::jit::drop(*stack, nret);
+  return out;
+}
+
+// The outputs the node returns: all of them, or a composite's first ones (its statistics stay saved, not returned).
+variable_list node_outputs(const OpState* st, variable_list out) {
+  out.resize(st->self->schema().returns().size());
   return out;
 }
 
@@ -531,16 +551,16 @@ variable_list input_grads(at::Tensor a = {}, at::Tensor b = {}, at::Tensor c = {
 struct RmsNormBackward : torch::autograd::Function<RmsNormBackward> {
   static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& x,
                                const opt_tensor& w, const opt_tensor&) {
-    const size_t n = 6;
+    const size_t n = st->self->schema().arguments().size();
     const double eps = arg(*stack, n, 2).toDouble();
     const bool zc = arg(*stack, n, 3).toBool();
-    auto out = run_forward(*st->self, stack);
+    auto out = run_forward(st, stack);
     ctx->save_for_backward({*x, w.value_or(at::Tensor()), out[1]});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["zc"] = zc;
     keep_state(ctx, st);
     ctx->set_materialize_grads(false);
-    return out;
+    return node_outputs(st, std::move(out));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& dy = grads[0];
@@ -564,16 +584,16 @@ struct RmsNormBackward : torch::autograd::Function<RmsNormBackward> {
 struct AddRmsNormBackward : torch::autograd::Function<AddRmsNormBackward> {
   static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor&,
                                const opt_tensor&, const opt_tensor& w) {
-    const size_t n = 7;
+    const size_t n = st->self->schema().arguments().size();
     const double eps = arg(*stack, n, 3).toDouble();
     const bool zc = arg(*stack, n, 4).toBool();
-    auto out = run_forward(*st->self, stack);
+    auto out = run_forward(st, stack);
     ctx->save_for_backward({out[1], w.value_or(at::Tensor()), out[2]});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["zc"] = zc;
     keep_state(ctx, st);
     ctx->set_materialize_grads(false);
-    return out;
+    return node_outputs(st, std::move(out));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const OpState* st = state_of(ctx);
@@ -597,16 +617,16 @@ struct AddRmsNormBackward : torch::autograd::Function<AddRmsNormBackward> {
 struct LayerNormBackward : torch::autograd::Function<LayerNormBackward> {
   static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& x,
                                const opt_tensor& w, const opt_tensor& b) {
-    const size_t n = 7;
+    const size_t n = st->self->schema().arguments().size();
     const double eps = arg(*stack, n, 3).toDouble();
     const bool zc = arg(*stack, n, 4).toBool();
-    auto out = run_forward(*st->self, stack);
+    auto out = run_forward(st, stack);
     ctx->save_for_backward({*x, w.value_or(at::Tensor()), b.value_or(at::Tensor()), out[1], out[2]});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["zc"] = zc;
     keep_state(ctx, st);
     ctx->set_materialize_grads(false);
-    return out;
+    return node_outputs(st, std::move(out));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& dy = grads[0];
@@ -636,16 +656,16 @@ struct LayerNormBackward : torch::autograd::Function<LayerNormBackward> {
 struct AttentionBackward : torch::autograd::Function<AttentionBackward> {
   static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& q,
                                const opt_tensor& k, const opt_tensor& v) {
-    const size_t n = 6;
+    const size_t n = st->self->schema().arguments().size();
     const bool causal = arg(*stack, n, 3).toBool();
     const c10::IValue scale = arg(*stack, n, 4);
-    auto out = run_forward(*st->self, stack);
+    auto out = run_forward(st, stack);
     ctx->save_for_backward({*q, *k, *v, out[0], out[1]});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
     keep_state(ctx, st);
     ctx->set_materialize_grads(false);
-    return out;
+    return node_outputs(st, std::move(out));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& dout = grads[0];
@@ -674,7 +694,7 @@ struct SoftmaxBackward : torch::autograd::Function<SoftmaxBackward> {
                                const opt_tensor&, const opt_tensor&) {
     const size_t n = st->self->schema().arguments().size();
     const double scale = arg(*stack, n, n - 1).toDouble();
-    auto out = run_forward(*st->self, stack);
+    auto out = run_forward(st, stack);
     ctx->save_for_backward({out[0]});
     ctx->saved_data["scale"] = scale;
     keep_state(ctx, st);
@@ -692,7 +712,7 @@ struct SoftmaxBackward : torch::autograd::Function<SoftmaxBackward> {
 struct SwigluBackward : torch::autograd::Function<SwigluBackward> {
   static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& gate,
                                const opt_tensor& up, const opt_tensor&) {
-    auto out = run_forward(*st->self, stack);
+    auto out = run_forward(st, stack);
     ctx->save_for_backward({*gate, *up});
     keep_state(ctx, st);
     return out;
@@ -715,7 +735,7 @@ struct RopeBackward : torch::autograd::Function<RopeBackward> {
     ctx->save_for_backward({arg(*stack, n, 2).toTensor(), arg(*stack, n, 3).toTensor()});
     ctx->saved_data["dim"] = arg(*stack, n, 4).toInt();
     keep_state(ctx, st);
-    return run_forward(*st->self, stack);
+    return run_forward(st, stack);
   }
   static at::Tensor dense_rows(const at::Tensor& g) {  // head_dim contiguous, as the kernel reads it
     return g.stride(-1) == 1 || g.size(-1) == 1 ? g : g.contiguous();
@@ -739,7 +759,7 @@ struct CrossEntropyBackward : torch::autograd::Function<CrossEntropyBackward> {
     const at::Tensor labels = arg(*stack, n, 1).toTensor();
     const int64_t ignore_index = arg(*stack, n, 2).toInt();
     const bool mean = arg(*stack, n, 3).toStringRef() == "mean";
-    auto out = run_forward(*st->self, stack);
+    auto out = run_forward(st, stack);
     ctx->save_for_backward({*logits, labels, out[1], mean ? out[2] : at::Tensor()});
     ctx->saved_data["ignore"] = ignore_index;
     keep_state(ctx, st);
@@ -903,10 +923,11 @@ bool schema_fits(const c10::FunctionSchema& schema, const char* kinds, size_t re
 bool schemas_fit(uint8_t formula, const c10::FunctionSchema& self, const c10::FunctionSchema& bwd,
                  const c10::FunctionSchema& rec) {
   static const std::unordered_map<uint8_t, std::vector<Shape>> shapes = {
-      {kRmsNorm, {{"Ttfb.b", 2, "TTtTbbt", 2, "Ttfb.b", 2}}},
-      {kAddRmsNorm, {{"TTtfb.b", 3, "TTtTbbt", 2, "Ttfb.b", 2}}},
-      {kLayerNorm, {{"Tttfb.b", 3, "TTttTTbbb", 3, "Tttfb.b", 3}}},
-      {kAttention, {{"TTTbFb", 2, "TTTTTTbFb", 3, "TTTbFb", 2}}},
+      // (second shapes: the composites, whose "recomputing" op is their forward kernel op)
+      {kRmsNorm, {{"Ttfb.b", 2, "TTtTbbt", 2, "Ttfb.b", 2}, {"Ttfb.", 1, "TTtTbbt", 2, "Ttfb.b", 2}}},
+      {kAddRmsNorm, {{"TTtfb.b", 3, "TTtTbbt", 2, "Ttfb.b", 2}, {"TTtfb", 2, "TTtTbbt", 2, "TTtfb.b", 3}}},
+      {kLayerNorm, {{"Tttfb.b", 3, "TTttTTbbb", 3, "Tttfb.b", 3}, {"Tttfb.", 1, "TTttTTbbb", 3, "Tttfb.b", 3}}},
+      {kAttention, {{"TTTbFb", 2, "TTTTTTbFb", 3, "TTTbFb", 2}, {"TTTbF", 1, "TTTTTTbFb", 3, "TTTbFb", 2}}},
       {kSoftmax, {{"Tf", 1, "TTf", 1, "Tf", 1}, {"TTf", 1, "TTf", 1, "TTf", 1}}},
       {kSwiglu, {{"TT", 1, "TTT", 2, "TT", 1}}},
       {kRope, {{"TTTTi", 2, "TTTTi", 2, "TTTTi", 2}}},

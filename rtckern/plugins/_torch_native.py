@@ -56,7 +56,7 @@ from rtckern.config import settings
 from rtckern.errors import LaunchError
 
 from ._torch_dispatch import reference_hooks
-from ._torch_eager import NATIVE_OPS
+from ._torch_eager import NATIVE_GRAD_OPS, NATIVE_OPS
 from ._torch_lib import COMPOSITE_DIRECT, COMPOSITE_FN, KERNEL_OPS, LIB, QUALIFIED
 
 log = logging.getLogger(__name__)
@@ -76,13 +76,18 @@ _refusals: dict[str, str] = {}  # op -> why its last refused signature was refus
 _record_lock = threading.Lock()
 # The ops whose gradient formula the library has too (a C++ autograd node per call needing a gradient, instead of
 # the Python autograd.Function): op -> (the formula, its backward op, the op that recomputes statistics the forward
-# did not return). Each C++ formula mirrors the op's Python one (_torch_norms.py, _torch_attention.py,
-# _torch_softmax.py, _torch_glu.py, _torch_rope.py, _torch_loss.py): change both.
+# did not return; for a composite, its forward kernel op). Each C++ formula mirrors the op's Python one
+# (_torch_norms.py, _torch_attention.py, _torch_softmax.py, _torch_glu.py, _torch_rope.py, _torch_loss.py): change both.
 GRAD_FORMULAS = {
     "rms_norm_fwd": ("rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
     "fused_add_rms_norm_fwd": ("fused_add_rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
     "layer_norm_fwd": ("layer_norm", "layer_norm_bwd", "layer_norm_fwd"),
     "attention_fwd": ("attention", "attention_bwd", "attention_fwd"),
+    # the composites: one node for the whole call (their forward kernel op, with the statistics, below autograd)
+    "rms_norm": ("rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
+    "fused_add_rms_norm": ("fused_add_rms_norm", "rms_norm_bwd", "fused_add_rms_norm_fwd"),
+    "layer_norm": ("layer_norm", "layer_norm_bwd", "layer_norm_fwd"),
+    "attention": ("attention", "attention_bwd", "attention_fwd"),
     **{op: ("softmax", op + "_bwd", op) for op in ("softmax", "scaled_masked_softmax",
                                                     "scaled_upper_triang_masked_softmax",
                                                     "scaled_aligned_causal_masked_softmax")},
@@ -277,7 +282,9 @@ def serve(lib, backend: str) -> None:
         err = lib.rtk_register_grad((QUALIFIED + name).encode(), formula.encode(), (QUALIFIED + backward).encode(),
                                     (QUALIFIED + recompute).encode())
         if err == 0:
-            KERNEL_OPS[name].native_grad = True  # its calls needing a gradient go through the front too
+            if name in KERNEL_OPS:
+                KERNEL_OPS[name].native_grad = True  # its calls needing a gradient go through the front too
+            NATIVE_GRAD_OPS.add(name)  # and rtckern.torch's entry points send such calls to torch.ops
         else:  # a formula that does not fit its ops' schemas (-3): their gradients stay with the Python Function
             log.warning("rtckern.torch: no C++ autograd node for rtckern::%s (rtk_register_grad: %d)", name, err)
 

@@ -261,7 +261,11 @@ krms_fwd.register_autograd(rms_backward, setup_context=rms_setup)
 kln_fwd.register_autograd(ln_backward, setup_context=ln_setup)
 TN.GRAD_FORMULAS.update(tn_rms_fwd=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"), tn_ln_fwd=("layer_norm", "tn_ln_bwd",
                                                                                         "tn_ln_fwd"),
-                        tn_scale=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"))  # tn_scale: not rms_norm_fwd's schema
+                        tn_scale=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"),  # tn_scale: not rms_norm_fwd's schema
+                        tn_rms=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"))  # a composite of rms_norm's schema
+TL.define_composite("tn_rms(Tensor x, Tensor? weight=None, float eps=1e-06, bool zero_centered=False, "
+                    "ScalarType? out_dtype=None) -> Tensor", lambda x, w=None, eps=1e-6, zc=False, od=None:
+                    krms_fwd(x, w, eps, zc, od, True)[0], lambda x, w, eps, zc, od: rms_fwd(x, w, eps, zc, od, False)[0])
 kscale = TL.KernelOp("tn_scale", scale)
 kscale.register_fake(lambda x, s: torch.empty_like(x))
 TL.KernelOp("tn_add", add)
@@ -409,6 +413,11 @@ def test_first_call_records_then_replays_in_cpp(outcomes):
         torch.autograd.grad(y.sum(), [xg, wg])
         assert weight_grads == [False, True], weight_grads
         assert not kscale.native_grad and krms_fwd.native_grad  # a formula whose schema does not fit is refused
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = ops.tn_rms(xg, wg)  # a composite: one node, its forward kernel op asked for the statistics
+        assert "RmsNormBackward" in y.grad_fn.name() and torch.equal(y, x * 2), y.grad_fn.name()
+        y.sum().backward()
+        assert torch.equal(xg.grad, torch.full((8,), 2.0)) and torch.equal(wg.grad, torch.full((8,), 5.0))
         xg = x.clone().requires_grad_()
         y, _ = krms_fwd(xg, w, 1e-6, False, None, False)  # KernelOp.__call__; no rstd; the weight needs no gradient
         assert "RmsNormBackward" in y.grad_fn.name()
