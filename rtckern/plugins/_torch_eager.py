@@ -8,8 +8,9 @@
     rtckern.torch.cross_entropy(logits, labels, ignore_index=-100, reduction="mean")
 
 Where the native front serves the op (rtckern.plugins._torch_native), rms_norm, layer_norm, attention and swiglu send
-a call needing no gradient to torch.ops.rtckern.<op>, whose C++ replay costs less than any Python path (its arguments
-are then checked by the op's schema first: a wrong type raises torch's RuntimeError). Otherwise, in plain eager code
+a call needing no gradient to torch.ops.rtckern.<op>, whose C++ replay costs less than any Python path, and a call
+needing one too where the front has the op's autograd node (its arguments are then checked by the op's schema first:
+a wrong type raises torch's RuntimeError). Otherwise, in plain eager code
 these skip the dispatcher altogether: they call what torch.ops.rtckern.<op>'s own fast path calls (`*_direct` in the
 family modules: rtckern's op without a gradient, the kernel op's autograd.Function or C++ autograd node with one;
 same kernels, same fallback policy). Anywhere else they call torch.ops.rtckern.<op>: under torch.compile / dynamo
@@ -35,6 +36,8 @@ NATIVE_GRAD_OPS: set[str] = set()  # ... and whose calls needing a gradient make
 def _native(name: str, *tensors) -> bool:
     """torch.ops.rtckern.<name> is the cheaper route for this call: the front replays it, or makes its node."""
     return name in NATIVE_GRAD_OPS or (name in NATIVE_OPS and not needs_grad(*tensors))
+
+
 _ops = torch.ops.rtckern
 _compiling = torch.compiler.is_compiling  # (dynamo traces the torch.ops call; needs_grad's checks stay out of it)
 

@@ -605,8 +605,11 @@ struct AddRmsNormBackward : torch::autograd::Function<AddRmsNormBackward> {
     const bool want_w = w.defined() && ctx->needs_input_grad(2);
     const at::Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(h);
     const at::Tensor dres = grads[1].defined() ? grads[1].to(h.scalar_type()).contiguous() : at::Tensor();
-    if (rstd.numel() == 0 && h.numel() != 0)
+    if (rstd.numel() == 0 && h.numel() != 0) {
+      // (a composite's node always has its statistics: its st->recompute is fused_add_rms_norm_fwd, not this schema)
+      TORCH_CHECK(!composite(st), "rtckern: fused_add_rms_norm's node lost its rstd");
       rstd = call(*st->recompute, {h, optional_ivalue(w), eps, zc, c10::IValue(), true})[1];
+    }
     auto g = call(*st->backward, {dy.contiguous(), h, optional_ivalue(w), rstd, zc, want_w, optional_ivalue(dres)});
     return input_grads(g[0], g[0], want_w ? g[1] : at::Tensor());
   }
@@ -884,8 +887,8 @@ bool read(const char*& p, const char* end, T& out) {
 namespace {
 
 // What each formula reads of and passes to its ops (the positions the structs above use): the argument kinds ('T' a
-// tensor, 't' an optional tensor, 'f' a float, 'F' an optional float, 'b' a bool, 'i' an int, 's' a string, '.'
-// anything) and number of results of the op, its backward op and its recomputing op. A formula registered for ops of
+// tensor, 't' an optional tensor, 'f' a float, 'F' an optional float, 'b' a bool, 'i' an int, 's' a string, 'o' an
+// optional of any type, '.' anything) and number of results of the op, its backward op and its recomputing op. A formula registered for ops of
 // other schemas would read or pass the wrong stack slots: rtk_register_grad refuses it.
 struct Shape {
   const char* args;      // the op's argument kinds
@@ -908,6 +911,7 @@ bool kind_fits(char want, const c10::Argument& a) {
     case 'b': return k == c10::TypeKind::BoolType;
     case 'i': return k == c10::TypeKind::IntType || k == c10::TypeKind::SymIntType;
     case 's': return k == c10::TypeKind::StringType;
+    case 'o': return optional;  // optional of any type: a slot a composite's forward gets None for
     default: return true;
   }
 }
@@ -925,7 +929,7 @@ bool schemas_fit(uint8_t formula, const c10::FunctionSchema& self, const c10::Fu
   static const std::unordered_map<uint8_t, std::vector<Shape>> shapes = {
       // (second shapes: the composites, whose "recomputing" op is their forward kernel op)
       {kRmsNorm, {{"Ttfb.b", 2, "TTtTbbt", 2, "Ttfb.b", 2}, {"Ttfb.", 1, "TTtTbbt", 2, "Ttfb.b", 2}}},
-      {kAddRmsNorm, {{"TTtfb.b", 3, "TTtTbbt", 2, "Ttfb.b", 2}, {"TTtfb", 2, "TTtTbbt", 2, "TTtfb.b", 3}}},
+      {kAddRmsNorm, {{"TTtfb.b", 3, "TTtTbbt", 2, "Ttfb.b", 2}, {"TTtfb", 2, "TTtTbbt", 2, "TTtfbob", 3}}},
       {kLayerNorm, {{"Tttfb.b", 3, "TTttTTbbb", 3, "Tttfb.b", 3}, {"Tttfb.", 1, "TTttTTbbb", 3, "Tttfb.b", 3}}},
       {kAttention, {{"TTTbFb", 2, "TTTTTTbFb", 3, "TTTbFb", 2}, {"TTTbF", 1, "TTTTTTbFb", 3, "TTTbFb", 2}}},
       {kSoftmax, {{"Tf", 1, "TTf", 1, "Tf", 1}, {"TTf", 1, "TTf", 1, "TTf", 1}}},
@@ -1076,8 +1080,9 @@ RTK_EXPORT int rtk_offer(const char* data, size_t len) {
 }
 
 // Serve calls of op_name that need a gradient as a C++ autograd node with the formula named ("rms_norm",
-// "fused_add_rms_norm", "layer_norm", "attention": those of rtckern::<formula>_fwd; "softmax": rtckern::softmax's and
-// its masked and causal forms'; "swiglu", "rope", "cross_entropy"), for ops of that schema,
+// "fused_add_rms_norm", "layer_norm", "attention": those of rtckern::<formula>_fwd and of the composite
+// rtckern::<formula>; "softmax": rtckern::softmax's and its masked and causal forms'; "swiglu", "rope",
+// "cross_entropy"), for ops of that schema,
 // whose backward op is backward_name and whose statistics a recomputation takes from recompute_name. 0 on success, -1
 // for an op not served or not defined, -2 for a formula not known here, -3 for ops whose schemas the formula does not
 // fit.

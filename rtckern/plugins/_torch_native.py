@@ -22,8 +22,8 @@ sits at AutogradCUDA and at CUDA (calls under torch.inference_mode() skip the au
 gradient go through it. `status()` says what each op holds. The recipes are dropped whenever the PlanCaches are
 (settings changes, rtckern.clear_caches(), set_manager).
 
-Calls needing a gradient of the ops in GRAD_FORMULAS (the forwards of the norms, attention, softmax, swiglu, rope and
-cross entropy) make a C++ autograd node (torch::autograd::Function) instead of the Python autograd.Function: its
+Calls needing a gradient of the ops in GRAD_FORMULAS (the norms and attention, composites and forward kernel ops,
+softmax, swiglu, rope and cross entropy) make a C++ autograd node (torch::autograd::Function) instead of the Python autograd.Function: its
 forward calls the op below autograd (replayed, or the op's Python implementation), its backward calls the backward op
 through the dispatcher (replayed as any call without a gradient), so a training step's forward and backward of these
 ops never enter Python. The C++ formulas mirror the Python ones; calls the front does not serve (tracing, modes,

@@ -263,6 +263,18 @@ TN.GRAD_FORMULAS.update(tn_rms_fwd=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"), tn_
                                                                                         "tn_ln_fwd"),
                         tn_scale=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"),  # tn_scale: not rms_norm_fwd's schema
                         tn_rms=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"))  # a composite of rms_norm's schema
+def add_rms_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, zero_centered: bool,
+                out_dtype: Optional[torch.dtype], return_rstd: bool) -> tuple[Tensor, Tensor, Tensor]:
+    assert out_dtype is None and return_rstd  # what the composite's node passes (None padded, the rstd asked for)
+    return sc(x, 2.0), sc(residual, 1.0), sc(x, 1.0)
+
+
+kadd_rms_fwd = TL.KernelOp("tn_add_rms_fwd", add_rms_fwd)
+TN.GRAD_FORMULAS["tn_add_rms"] = ("fused_add_rms_norm", "tn_rms_bwd", "tn_add_rms_fwd")  # a composite: padded
+TL.define_composite("tn_add_rms(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-06, "
+                    "bool zero_centered=False) -> (Tensor, Tensor)",
+                    lambda x, r, w=None, eps=1e-6, zc=False: tuple(kadd_rms_fwd(x, r, w, eps, zc, None, True)[:2]),
+                    lambda x, r, w, eps, zc: tuple(add_rms_fwd(x, r, w, eps, zc, None, True)[:2]))
 TL.define_composite("tn_rms(Tensor x, Tensor? weight=None, float eps=1e-06, bool zero_centered=False, "
                     "ScalarType? out_dtype=None) -> Tensor", lambda x, w=None, eps=1e-6, zc=False, od=None:
                     krms_fwd(x, w, eps, zc, od, True)[0], lambda x, w, eps, zc, od: rms_fwd(x, w, eps, zc, od, False)[0])
@@ -418,6 +430,11 @@ def test_first_call_records_then_replays_in_cpp(outcomes):
         assert "RmsNormBackward" in y.grad_fn.name() and torch.equal(y, x * 2), y.grad_fn.name()
         y.sum().backward()
         assert torch.equal(xg.grad, torch.full((8,), 2.0)) and torch.equal(wg.grad, torch.full((8,), 5.0))
+        xg, rg = x.clone().requires_grad_(), torch.ones(8, requires_grad=True)
+        y, h = ops.tn_add_rms(xg, rg, w)  # fused_add_rms_norm's composite form: out_dtype padded with None
+        assert "AddRmsNormBackward" in y.grad_fn.name() and torch.equal(y, x * 2) and torch.equal(h, rg.detach())
+        y.sum().backward()  # dx goes to x and to the residual
+        assert torch.equal(xg.grad, torch.full((8,), 2.0)) and torch.equal(rg.grad, torch.full((8,), 2.0))
         xg = x.clone().requires_grad_()
         y, _ = krms_fwd(xg, w, 1e-6, False, None, False)  # KernelOp.__call__; no rstd; the weight needs no gradient
         assert "RmsNormBackward" in y.grad_fn.name()
