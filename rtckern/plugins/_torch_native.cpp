@@ -510,8 +510,9 @@ bool composite(const OpState* st) {
 // op with None for the arguments the composite lacks and true for the last (return_rstd / return_stats / return_lse).
 // Every output of the op called; node_outputs keeps the node's own.
 variable_list run_forward(const OpState* st, torch::jit::Stack* stack) {
-  const c10::OperatorHandle& op = composite(st) ? *st->recompute : *st->self;
-  if (composite(st)) {
+  const bool comp = composite(st);
+  const c10::OperatorHandle& op = comp ? *st->recompute : *st->self;
+  if (comp) {
     const size_t nf = op.schema().arguments().size();
     for (size_t i = st->self->schema().arguments().size(); i + 1 < nf; ++i) stack->emplace_back();
     stack->emplace_back(true);
@@ -534,11 +535,36 @@ variable_list node_outputs(const OpState* st, variable_list out) {
   return out;
 }
 
-const c10::IValue& arg(const torch::jit::Stack& stack, size_t nargs, size_t i) { return stack[stack.size() - nargs + i]; }
+const c10::IValue& arg(const torch::jit::Stack& stack, size_t nargs, size_t i) {
+  return stack[stack.size() - nargs + i];
+}
 
 // A node's op state, kept in its context (the states live as long as the process).
 void keep_state(AutogradContext* ctx, const OpState* st) { ctx->saved_data["st"] = reinterpret_cast<int64_t>(st); }
-const OpState* state_of(AutogradContext* ctx) { return reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt()); }
+const OpState* state_of(AutogradContext* ctx) {
+  return reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
+}
+
+// The end of every forward: the tensors the backward reads and the node's state saved, its outputs returned.
+// materialize false: no zeros for the gradients of outputs the formula ignores (the statistics), as in Python.
+variable_list finish(AutogradContext* ctx, const OpState* st, variable_list out, variable_list to_save,
+                     bool materialize) {
+  ctx->save_for_backward(std::move(to_save));
+  keep_state(ctx, st);
+  ctx->set_materialize_grads(materialize);
+  return node_outputs(st, std::move(out));
+}
+
+// The norms' eps and zero_centered (arguments at and at + 1 of the node's op), kept for the backward.
+void keep_norm_scalars(AutogradContext* ctx, const OpState* st, const torch::jit::Stack& stack, size_t at) {
+  const size_t n = st->self->schema().arguments().size();
+  ctx->saved_data["eps"] = arg(stack, n, at).toDouble();
+  ctx->saved_data["zc"] = arg(stack, n, at + 1).toBool();
+}
+
+std::pair<double, bool> norm_scalars(AutogradContext* ctx) {
+  return {ctx->saved_data["eps"].toDouble(), ctx->saved_data["zc"].toBool()};
+}
 
 // A backward's result: one gradient per forward argument (the op state, the stack, the three tensors), the first two
 // never defined.
@@ -551,16 +577,10 @@ variable_list input_grads(at::Tensor a = {}, at::Tensor b = {}, at::Tensor c = {
 struct RmsNormBackward : torch::autograd::Function<RmsNormBackward> {
   static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& x,
                                const opt_tensor& w, const opt_tensor&) {
-    const size_t n = st->self->schema().arguments().size();
-    const double eps = arg(*stack, n, 2).toDouble();
-    const bool zc = arg(*stack, n, 3).toBool();
+    keep_norm_scalars(ctx, st, *stack, 2);
     auto out = run_forward(st, stack);
-    ctx->save_for_backward({*x, w.value_or(at::Tensor()), out[1]});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["zc"] = zc;
-    keep_state(ctx, st);
-    ctx->set_materialize_grads(false);
-    return node_outputs(st, std::move(out));
+    variable_list to_save{*x, w.value_or(at::Tensor()), out[1]};
+    return finish(ctx, st, std::move(out), std::move(to_save), false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& dy = grads[0];
@@ -569,8 +589,7 @@ struct RmsNormBackward : torch::autograd::Function<RmsNormBackward> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1];
     at::Tensor rstd = saved[2];
-    const double eps = ctx->saved_data["eps"].toDouble();
-    const bool zc = ctx->saved_data["zc"].toBool();
+    const auto [eps, zc] = norm_scalars(ctx);
     if (rstd.numel() == 0 && x.numel() != 0)  // the forward ran without return_rstd: recompute it
       rstd = call(*st->recompute, {x, optional_ivalue(w), eps, zc, c10::IValue(), true})[1];
     const bool want_w = w.defined() && ctx->needs_input_grad(1);
@@ -584,24 +603,17 @@ struct RmsNormBackward : torch::autograd::Function<RmsNormBackward> {
 struct AddRmsNormBackward : torch::autograd::Function<AddRmsNormBackward> {
   static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor&,
                                const opt_tensor&, const opt_tensor& w) {
-    const size_t n = st->self->schema().arguments().size();
-    const double eps = arg(*stack, n, 3).toDouble();
-    const bool zc = arg(*stack, n, 4).toBool();
+    keep_norm_scalars(ctx, st, *stack, 3);
     auto out = run_forward(st, stack);
-    ctx->save_for_backward({out[1], w.value_or(at::Tensor()), out[2]});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["zc"] = zc;
-    keep_state(ctx, st);
-    ctx->set_materialize_grads(false);
-    return node_outputs(st, std::move(out));
+    variable_list to_save{out[1], w.value_or(at::Tensor()), out[2]};
+    return finish(ctx, st, std::move(out), std::move(to_save), false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const OpState* st = state_of(ctx);
     auto saved = ctx->get_saved_variables();
     const at::Tensor &h = saved[0], &w = saved[1];
     at::Tensor rstd = saved[2];
-    const double eps = ctx->saved_data["eps"].toDouble();
-    const bool zc = ctx->saved_data["zc"].toBool();
+    const auto [eps, zc] = norm_scalars(ctx);
     const bool want_w = w.defined() && ctx->needs_input_grad(2);
     const at::Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(h);
     const at::Tensor dres = grads[1].defined() ? grads[1].to(h.scalar_type()).contiguous() : at::Tensor();
@@ -620,16 +632,10 @@ struct AddRmsNormBackward : torch::autograd::Function<AddRmsNormBackward> {
 struct LayerNormBackward : torch::autograd::Function<LayerNormBackward> {
   static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& x,
                                const opt_tensor& w, const opt_tensor& b) {
-    const size_t n = st->self->schema().arguments().size();
-    const double eps = arg(*stack, n, 3).toDouble();
-    const bool zc = arg(*stack, n, 4).toBool();
+    keep_norm_scalars(ctx, st, *stack, 3);
     auto out = run_forward(st, stack);
-    ctx->save_for_backward({*x, w.value_or(at::Tensor()), b.value_or(at::Tensor()), out[1], out[2]});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["zc"] = zc;
-    keep_state(ctx, st);
-    ctx->set_materialize_grads(false);
-    return node_outputs(st, std::move(out));
+    variable_list to_save{*x, w.value_or(at::Tensor()), b.value_or(at::Tensor()), out[1], out[2]};
+    return finish(ctx, st, std::move(out), std::move(to_save), false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& dy = grads[0];
@@ -638,8 +644,7 @@ struct LayerNormBackward : torch::autograd::Function<LayerNormBackward> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1], &b = saved[2];
     at::Tensor mean = saved[3], rstd = saved[4];
-    const double eps = ctx->saved_data["eps"].toDouble();
-    const bool zc = ctx->saved_data["zc"].toBool();
+    const auto [eps, zc] = norm_scalars(ctx);
     if (rstd.numel() == 0 && x.numel() != 0) {
       auto stats = call(*st->recompute, {x, optional_ivalue(w), optional_ivalue(b), eps, zc, c10::IValue(), true});
       mean = stats[1];
@@ -660,15 +665,11 @@ struct AttentionBackward : torch::autograd::Function<AttentionBackward> {
   static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& q,
                                const opt_tensor& k, const opt_tensor& v) {
     const size_t n = st->self->schema().arguments().size();
-    const bool causal = arg(*stack, n, 3).toBool();
-    const c10::IValue scale = arg(*stack, n, 4);
+    ctx->saved_data["causal"] = arg(*stack, n, 3).toBool();
+    ctx->saved_data["scale"] = arg(*stack, n, 4);
     auto out = run_forward(st, stack);
-    ctx->save_for_backward({*q, *k, *v, out[0], out[1]});
-    ctx->saved_data["causal"] = causal;
-    ctx->saved_data["scale"] = scale;
-    keep_state(ctx, st);
-    ctx->set_materialize_grads(false);
-    return node_outputs(st, std::move(out));
+    variable_list to_save{*q, *k, *v, out[0], out[1]};
+    return finish(ctx, st, std::move(out), std::move(to_save), false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& dout = grads[0];
@@ -696,12 +697,10 @@ struct SoftmaxBackward : torch::autograd::Function<SoftmaxBackward> {
   static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor&,
                                const opt_tensor&, const opt_tensor&) {
     const size_t n = st->self->schema().arguments().size();
-    const double scale = arg(*stack, n, n - 1).toDouble();
+    ctx->saved_data["scale"] = arg(*stack, n, n - 1).toDouble();
     auto out = run_forward(st, stack);
-    ctx->save_for_backward({out[0]});
-    ctx->saved_data["scale"] = scale;
-    keep_state(ctx, st);
-    return out;
+    variable_list to_save{out[0]};
+    return finish(ctx, st, std::move(out), std::move(to_save), true);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const OpState* st = state_of(ctx);
@@ -713,12 +712,9 @@ struct SoftmaxBackward : torch::autograd::Function<SoftmaxBackward> {
 
 // rtckern::swiglu(gate, up) -> y; mirrors _setup / _backward in _torch_glu.py.
 struct SwigluBackward : torch::autograd::Function<SwigluBackward> {
-  static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& gate,
-                               const opt_tensor& up, const opt_tensor&) {
-    auto out = run_forward(st, stack);
-    ctx->save_for_backward({*gate, *up});
-    keep_state(ctx, st);
-    return out;
+  static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack,
+                               const opt_tensor& gate, const opt_tensor& up, const opt_tensor&) {
+    return finish(ctx, st, run_forward(st, stack), {*gate, *up}, true);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const OpState* st = state_of(ctx);
@@ -735,10 +731,9 @@ struct RopeBackward : torch::autograd::Function<RopeBackward> {
   static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor&,
                                const opt_tensor&, const opt_tensor&) {
     const size_t n = 5;
-    ctx->save_for_backward({arg(*stack, n, 2).toTensor(), arg(*stack, n, 3).toTensor()});
+    variable_list tables{arg(*stack, n, 2).toTensor(), arg(*stack, n, 3).toTensor()};
     ctx->saved_data["dim"] = arg(*stack, n, 4).toInt();
-    keep_state(ctx, st);
-    return run_forward(st, stack);
+    return finish(ctx, st, run_forward(st, stack), std::move(tables), true);
   }
   static at::Tensor dense_rows(const at::Tensor& g) {  // head_dim contiguous, as the kernel reads it
     return g.stride(-1) == 1 || g.size(-1) == 1 ? g : g.contiguous();
@@ -760,14 +755,11 @@ struct CrossEntropyBackward : torch::autograd::Function<CrossEntropyBackward> {
                                const opt_tensor& logits, const opt_tensor&, const opt_tensor&) {
     const size_t n = 4;
     const at::Tensor labels = arg(*stack, n, 1).toTensor();
-    const int64_t ignore_index = arg(*stack, n, 2).toInt();
     const bool mean = arg(*stack, n, 3).toStringRef() == "mean";
+    ctx->saved_data["ignore"] = arg(*stack, n, 2).toInt();
     auto out = run_forward(st, stack);
-    ctx->save_for_backward({*logits, labels, out[1], mean ? out[2] : at::Tensor()});
-    ctx->saved_data["ignore"] = ignore_index;
-    keep_state(ctx, st);
-    ctx->set_materialize_grads(false);
-    return out;
+    variable_list to_save{*logits, labels, out[1], mean ? out[2] : at::Tensor()};
+    return finish(ctx, st, std::move(out), std::move(to_save), false);
   }
   static at::Tensor one_stride(at::Tensor t, c10::ScalarType dtype) {  // _one_stride
     if (t.scalar_type() != dtype) t = t.to(dtype);
@@ -888,8 +880,8 @@ namespace {
 
 // What each formula reads of and passes to its ops (the positions the structs above use): the argument kinds ('T' a
 // tensor, 't' an optional tensor, 'f' a float, 'F' an optional float, 'b' a bool, 'i' an int, 's' a string, 'o' an
-// optional of any type, '.' anything) and number of results of the op, its backward op and its recomputing op. A formula registered for ops of
-// other schemas would read or pass the wrong stack slots: rtk_register_grad refuses it.
+// optional of any type, '.' anything) and number of results of the op, its backward op and its recomputing op. A
+// formula registered for ops of other schemas would read or pass the wrong stack slots: rtk_register_grad refuses it.
 struct Shape {
   const char* args;      // the op's argument kinds
   size_t rets;           // its results
@@ -1104,7 +1096,7 @@ RTK_EXPORT int rtk_register_grad(const char* op_name, const char* formula, const
   auto it = ops.find(op_name);
   if (it == ops.end()) return -1;
   OpState& st = *it->second;
-  if (st.formula.load() != kNoFormula) return 0;  // registered already: the handles a node may be reading stay as they are
+  if (st.formula.load() != kNoFormula) return 0;  // registered already: the handles a node may be reading stay
   st.self = *self;
   st.backward = *bwd;
   st.recompute = *rec;
