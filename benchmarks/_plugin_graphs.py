@@ -6,6 +6,12 @@ position in a device tensor that the step advances in place). Each rep resets th
 (eagerly, untimed), then times `steps` steps: eager calls, or replays of the graph captured after a warm-up on a side
 stream. Unpatched and patched models alternate rep by rep.
 
+Accuracy: greedy decoding of a randomly initialised model diverges at the first near-tie of two logits, which bf16
+rounding in either library decides, so whether two models' greedy tokens agree says little. With `reference` (the
+unpatched model in fp32), every model also decodes teacher-forced: the prompt, then the first model's greedy inputs
+step by step on its own StaticCache (every model sees the same tokens), and each step's logits are compared with the
+fp32 model's (top-1 agreement, relative L2 error): the decode path's accuracy, torch's and rtckern's alike.
+
 A capture that fails (a host sync or an allocation outside torch's allocator inside a captured op, a first call
 during capture) is reported as `graph_error` for that model and its eager numbers still stand. Which attention ran
 is probed separately (`served`): the steps pass no 2D mask, so the "rtckern" mask builder hands the static cache's
@@ -116,6 +122,26 @@ class StaticDecoder:
             got.append(int(self.tok.item()))
         return got
 
+    def first_input(self) -> int:
+        """The token the prefill's greedy argmax feeds the first step."""
+        self.prefill()
+        return int(self.tok.item())
+
+    def forced_logits(self, inputs: list[int]):
+        """fp32 logits of a step on each of `inputs` in turn after a fresh prefill (teacher forcing; the first input is
+        the prefill's argmax), shape (len(inputs), vocab)."""
+        import torch
+
+        rows = []
+        with torch.no_grad():
+            self.cache.reset()
+            self.model(self.ids, use_cache=True, **{self.kw: self.cache})
+            for t in inputs:
+                self.tok.fill_(t)
+                out = self.model(self.tok, use_cache=True, **{self.kw: self.cache})
+                rows.append(out.logits[0, -1].float())
+        return torch.stack(rows)
+
     def served(self) -> str:
         """strict_probe of the prefill, then of one decode step ("prefill: ...; step: ..."). Run before the timed
         reps (a step that failed leaves the cache half-updated; every rep starts with a reset)."""
@@ -126,6 +152,16 @@ class StaticDecoder:
         return f"prefill: {prefill}; step: {step}"
 
 
+def forced_accuracy(got, want) -> dict:
+    """Per-step agreement of logits `got` with the fp32 model's `want` (steps x vocab): top-1 matches, and the
+    median and largest relative L2 error over the steps."""
+    import torch
+
+    err = torch.linalg.vector_norm(got - want, dim=-1) / torch.linalg.vector_norm(want, dim=-1).clamp_min(1e-30)
+    return {"steps": int(got.shape[0]), "top1": int((got.argmax(-1) == want.argmax(-1)).sum()),
+            "err_median": float(err.median()), "err_max": float(err.max())}
+
+
 def _patched(model) -> bool:
     import rtckern.torch as rt
 
@@ -134,9 +170,10 @@ def _patched(model) -> bool:
 
 
 def static_decode(models: dict, prompt: int = 128, steps: int = 64, reps: int = 7, device: str = "cuda",
-                  graphs: Optional[bool] = None, seed: int = 0) -> dict:
+                  graphs: Optional[bool] = None, seed: int = 0, reference=None) -> dict:
     """ms per token, eager and graphed, for each of `models` (name -> model, eval mode, on `device`); the models
-    alternate rep by rep. graphs: capture CUDA graphs (default: on CUDA)."""
+    alternate rep by rep. graphs: capture CUDA graphs (default: on CUDA). reference: the unpatched model in fp32, for
+    the teacher-forced accuracy of each model's decode steps (`forced`)."""
     import torch
 
     graphs = device == "cuda" if graphs is None else graphs
@@ -162,6 +199,11 @@ def static_decode(models: dict, prompt: int = 128, steps: int = 64, reps: int = 
                 times[(name, True)].append(d.time_ms(True))
     names = list(decoders)
     first_tokens = out["models"][names[0]]["eager_tokens"]
+    if reference is not None:
+        inputs = [decoders[names[0]].first_input()] + first_tokens[:-1]
+        want = StaticDecoder(reference, ids, steps, device).forced_logits(inputs)
+        for name, d in decoders.items():
+            out["models"][name]["forced"] = forced_accuracy(d.forced_logits(inputs), want)
     for name, d in decoders.items():
         rec = out["models"][name]
         same = sum(a == b for a, b in zip(rec["eager_tokens"], first_tokens))

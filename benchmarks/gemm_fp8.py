@@ -12,6 +12,13 @@ the kernel the registry picks; batch-1 decode on small weights over rotating cop
 streaming kernels forced; and sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced,
 at two shapes (TFLOP/s).
 quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
+
+Sustained (the shapes with M >= 4096, --sustain seconds per call, 0 to skip): the GPU runs each of the three calls
+back to back for that long, in turn, twice (the order reversed the second time), with the SM clock and the board power
+sampled through NVML over the last two thirds of each. The short timings above catch the GPU wherever its clock is
+after the call before (these shapes reach the board's power limit within tens of milliseconds, and a pause lets it
+boost again); sustained, every call runs at the power limit, which is where a long prefill runs. TFLOP/s per GHz
+there says how much of the gap is the kernel's work per clock rather than the clock the power limit leaves it.
 """
 from __future__ import annotations
 
@@ -31,6 +38,8 @@ QUICK = "4096^3 and M=128 only, two decode shapes, 10 reps"
 
 def add_args(ap) -> None:
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--sustain", type=float, default=2.0,
+                    help="seconds each call runs back to back at the large shapes (0: skip the sustained table)")
 
 
 def _time_ms(fn, reps: int) -> float:
@@ -100,6 +109,8 @@ def run(args):
         print(f"{m}x{n}x{k}: " + ", ".join(f"{k_}={v:.0f}" for k_, v in res.items()), flush=True)
         runs.clear()  # the lambdas hold a and b
         torch.cuda.empty_cache()
+    sustain = 0.0 if args.quick else args.sustain
+    urows = _sustained([s for s in shapes if s[0] >= 4096], sustain) if sustain > 0 else []
     copy = _copy_gbs()
     drows = _decode(DECODE[:2] if args.quick else DECODE, reps, copy)
     srows = _small_decode(SMALL[:2] if args.quick else SMALL, copy)
@@ -117,7 +128,84 @@ def run(args):
             qrows.append({"op": op, "m": m, "k": k, "gbs": (nbytes + (k * 2 if op == "rms_norm_quant" else 0))
                           / (ms * 1e-3) / 1e9, "copy_gbs": copy})
 
-    return to_result(rows, qrows, reps, drows, prows, srows)
+    return to_result(rows, qrows, reps, drows, prows, srows, urows)
+
+
+def _sustained(shapes, seconds: float) -> list[dict]:
+    """Per shape and series: TFLOP/s over `seconds` of back-to-back calls, with the mean SM clock (MHz) and board
+    power (W) NVML read over the last two thirds of them; two rounds, the series' order reversed in the second."""
+    import threading
+    import time
+
+    import torch
+
+    from rtckern import ops
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    except Exception as e:  # no NVML: TFLOP/s without clocks
+        print(f"sustained: no NVML ({type(e).__name__}: {e}); clocks and power not sampled", flush=True)
+        handle = None
+
+    def run_for(fn, flops: float) -> dict:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        samples, stop = [], threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                samples.append((pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                                pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3))
+                time.sleep(0.02)
+        sampler = threading.Thread(target=sample) if handle is not None else None
+        if sampler is not None:
+            sampler.start()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        calls, t0 = 0, time.perf_counter()
+        start.record()
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(10):
+                fn()
+            calls += 10
+            torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+        stop.set()
+        if sampler is not None:
+            sampler.join()
+        out = {"tflops": flops * calls / (start.elapsed_time(end) * 1e-3) / 1e12}
+        late = samples[len(samples) // 3:]
+        if late:
+            out["mhz"] = statistics.fmean(c for c, _ in late)
+            out["watts"] = statistics.fmean(w for _, w in late)
+        return out
+
+    rows = []
+    for m, n, k in shapes:
+        a, b, one, sa_blk, sb_blk = _operands(m, n, k)
+        runs = {"rtckern per-tensor": lambda: ops.gemm_fp8(a, b, one, one),
+                "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
+                "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
+                                                             out_dtype=torch.bfloat16)}
+        rounds: dict[str, list[dict]] = {name: [] for name in runs}
+        for order in (list(runs), list(runs)[::-1]):
+            for name in order:
+                try:
+                    rounds[name].append(run_for(runs[name], 2.0 * m * n * k))
+                except Exception as e:  # one path failing must not lose the others
+                    print(f"sustained {name} failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
+        res = {name: {f: statistics.fmean(r[f] for r in got) for f in got[0]} for name, got in rounds.items() if got}
+        rows.append({"m": m, "n": n, "k": k, "seconds": seconds, "series": res})
+        print(f"sustained {m}x{n}x{k}: " + ", ".join(
+            f"{name}={v['tflops']:.0f} TFLOP/s" + (f" at {v['mhz']:.0f} MHz, {v['watts']:.0f} W" if "mhz" in v else "")
+            for name, v in res.items()), flush=True)
+        runs.clear()
+        torch.cuda.empty_cache()
+    return rows
 
 
 # batch-1 decode on small weights (Llama-3.1-8B's attention projections, DeepSeek-V3's smaller ones), which the L2
@@ -261,7 +349,8 @@ SMALL_FORCED = {GEMV: "gemm_fp8.gemv", TILE: FORCED[TILE], STREAM: FORCED[STREAM
 
 
 def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] | None = None,
-              prows: list[dict] | None = None, srows: list[dict] | None = None) -> Result:
+              prows: list[dict] | None = None, srows: list[dict] | None = None,
+              urows: list[dict] | None = None) -> Result:
     def ratio(t, a_, b_):
         return f"{t[a_] / t[b_]:.2f}x" if a_ in t and b_ in t else None
     table = Table(["M", "N", "K", "rtckern per-tensor", "rtckern block", "torch._scaled_mm", "per-tensor / torch",
@@ -304,20 +393,48 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                                                for c in (MMA, SIMT)],
                      ratio(p["tflops"], MMA, SIMT)] for p in prows],
                    title="prefill on sm_89's kernels, forced on this GPU (sm_89 runs them; sm_90 the wgmma kernel)")
+    urows = urows or []
+
+    def sustained_cells(u, c):
+        v = u["series"].get(c)
+        if v is None:
+            return [None, None, None, None]
+        ghz = v.get("mhz", 0) / 1e3
+        return [f"{v['tflops']:.0f}", f"{v['mhz']:.0f}" if "mhz" in v else None,
+                f"{v['watts']:.0f}" if "watts" in v else None, f"{v['tflops'] / ghz:.0f}" if ghz else None]
+
+    def sustained_ratio(u, c, field="tflops"):
+        s_, t_ = u["series"].get(c), u["series"].get("torch._scaled_mm")
+        if not s_ or not t_:
+            return None
+        if field == "tflops":
+            return f"{s_['tflops'] / t_['tflops']:.2f}x"
+        if "mhz" not in s_ or "mhz" not in t_:
+            return None
+        return f"{(s_['tflops'] / s_['mhz']) / (t_['tflops'] / t_['mhz']):.2f}x"
+    utable = Table(["M", "N", "K", *[f"{c} {f}" for c in SERIES for f in ("TFLOP/s", "MHz", "W", "TFLOP/s per GHz")],
+                    "per-tensor / torch", "block / torch", "per-tensor / torch per clock", "block / torch per clock"],
+                   [[u["m"], u["n"], u["k"], *[x for c in SERIES for x in sustained_cells(u, c)],
+                     sustained_ratio(u, "rtckern per-tensor"), sustained_ratio(u, "rtckern block"),
+                     sustained_ratio(u, "rtckern per-tensor", "clock"), sustained_ratio(u, "rtckern block", "clock")]
+                    for u in urows],
+                   title=f"sustained at the power limit ({urows[0]['seconds']:g} s of back-to-back calls each, two "
+                         "rounds; NVML's SM clock and board power over the last two thirds)" if urows else "")
     note = (f"e4m3 inputs, bf16 output; median of {reps} CUDA-event timings of back-to-back calls (quantization: "
             "CUDA-graph replays); torch._scaled_mm "
             "with per-tensor scales (its fastest form).")
     return Result("fp8 GEMM and quantization", rows=rows,
-                  body=[note, table] + ([dtable] if drows else []) + ([stable] if srows else [])
+                  body=[note, table] + ([utable] if urows else []) + ([dtable] if drows else []) + ([stable] if srows else [])
                   + ([ptable] if prows else []) + [qtable],
                   data={"quantize": qrows, **({"decode": drows} if drows else {}),
+                        **({"sustained": urows} if urows else {}),
                         **({"small_decode": srows} if srows else {}), **({"sm89_prefill": prows} if prows else {})},
                   plot=lambda plt, meta: plot(plt, meta, rows, qrows))
 
 
 def render(payload: dict) -> Result:
     return to_result(payload["rows"], payload["quantize"], reps_of(recorded_args(payload)), payload.get("decode"),
-                     payload.get("sm89_prefill"), payload.get("small_decode"))
+                     payload.get("sm89_prefill"), payload.get("small_decode"), payload.get("sustained"))
 
 
 def plot(plt, meta: dict, rows: list[dict], qrows: list[dict]):

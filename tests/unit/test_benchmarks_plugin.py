@@ -4,6 +4,8 @@ their tokens and targets, equal losses through a transformers Llama), patch vari
 
 from __future__ import annotations
 
+import copy
+
 import sys
 import warnings
 from pathlib import Path
@@ -135,11 +137,16 @@ def test_static_decode_eager_on_the_cpu():
     ref = _tiny().eval()
     patched = T.make_variants(ref, {"full": {}})[0]["full"].eval()
     assert isinstance(patched.model.norm, rt.RMSNorm)
-    g = G.static_decode({"torch": ref, "rtckern": patched}, prompt=8, steps=4, reps=1, device="cpu")
+    g = G.static_decode({"torch": ref, "rtckern": patched}, prompt=8, steps=4, reps=1, device="cpu",
+                        reference=copy.deepcopy(ref).double())
     assert g["config"]["max_cache_len"] == 8 + 4 + G.WARMUP_STEPS + 1
     t, r = g["models"]["torch"], g["models"]["rtckern"]
     assert t["served"] == "torch (unpatched)" and r["served"].startswith("prefill: falls back")
     assert t["eager_ms"] > 0 and t["graph_ms"] is None and t["graph_error"] == "not captured (no CUDA)"
     assert r["eager_tokens_agree_with_first"] == "4/4"  # fp32, the same ops on the CPU
+    for m in (t, r):  # teacher-forced against the float64 model: fp32 logits, every top-1 the same
+        f = m["forced"]
+        assert f["steps"] == 4 and f["top1"] == 4 and 0 < f["err_median"] <= f["err_max"] < 1e-4, f
     md = "\n".join(str(p.markdown() if isinstance(p, runner.Table) else p) for p in P._graphs_body(g))
     assert "decode on a StaticCache" in md and "CUDA graph None" not in md
+    assert "| teacher-forced top-1 == fp32 |" in md and f"| 4/4 | {r['forced']['err_median']:.2e} / " in md

@@ -145,7 +145,11 @@ SETS = {
         "gemm_fp8", "fp8 GEMM and quantization",
         [{"m": 128, "n": 28672, "k": 8192, "tflops": {"rtckern per-tensor": 627.0, "rtckern block": 600.0,
                                                      "torch._scaled_mm": 656.0}}], "--quick",
-        quantize=[{"m": 4096, "k": 7168, "gbs": 1650.0, "copy_gbs": 3000.0}]),
+        quantize=[{"m": 4096, "k": 7168, "gbs": 1650.0, "copy_gbs": 3000.0}],
+        sustained=[{"m": 8192, "n": 8192, "k": 8192, "seconds": 2.0,
+                    "series": {"rtckern per-tensor": {"tflops": 1050.0, "mhz": 1312.5, "watts": 691.0},
+                               "rtckern block": {"tflops": 950.0},
+                               "torch._scaled_mm": {"tflops": 1136.0, "mhz": 1249.2, "watts": 692.5}}}]),
     "plugin_h100.json": payload(
         "plugin", "rtckern.torch end to end", [PLUGIN_E2E], device="NVIDIA H100 80GB HBM3",
         parts=["e2e", "decode", "overhead"], overhead_us={"rms_norm: torch.ops.rtckern.rms_norm": 12.5},
@@ -266,6 +270,14 @@ def test_the_markdown_follows_the_stored_rows(tmp_path):
     render(tmp_path, "op_overhead_h100.json", doc)
     assert "| rms_norm [4,4096] bf16 | 4.2 | 9.1 | 0.47x | 12.5 | 1.37x |" in (
         tmp_path / "op_overhead_h100.md").read_text()
+
+
+def test_the_sustained_gemm_fp8_table_compares_throughput_and_work_per_clock(tmp_path):
+    render(tmp_path, "gemm_fp8_h100.json", SETS["gemm_fp8_h100.json"])
+    md = (tmp_path / "gemm_fp8_h100.md").read_text()
+    # per-tensor: 1050 / 1136 = 0.92x; per clock (1050 / 1312.5) / (1136 / 1249.2) = 0.88x; block sampled no clock
+    assert "| 8192 | 8192 | 8192 | 1050 | 1312 | 691 | 800 | 950 | - | - | - | 1136 | 1249 | 692 | 909 | 0.92x | " \
+        "0.84x | 0.88x | - |" in md, md
 
 
 def test_out_puts_the_set_elsewhere_under_the_same_name(tmp_path):
