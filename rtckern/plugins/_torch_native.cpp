@@ -545,6 +545,24 @@ const OpState* state_of(AutogradContext* ctx) {
   return reinterpret_cast<const OpState*>(ctx->saved_data["st"].toInt());
 }
 
+// What every backward starts from: the node's op state and the tensors its forward saved.
+struct Node {
+  const OpState* st;
+  variable_list saved;
+};
+Node node_of(AutogradContext* ctx) { return {state_of(ctx), ctx->get_saved_variables()}; }
+
+// The two forward outputs a formula saved at saved[at] and saved[at + 1] (layer_norm's mean and rstd, attention's o and
+// lse), or, where the forward ran without them (its forward kernel op called without return_stats / return_lse, whose
+// placeholders are empty) while its first input is not, outputs `from` and `from + 1` of the recomputing op on args.
+std::pair<at::Tensor, at::Tensor> saved_or_recomputed(const Node& node, size_t at, size_t from,
+                                                      torch::jit::Stack args) {
+  const variable_list& s = node.saved;
+  if (s[at + 1].numel() != 0 || s[0].numel() == 0) return {s[at], s[at + 1]};
+  auto out = call(*node.st->recompute, std::move(args));
+  return {out[from], out[from + 1]};
+}
+
 // The end of every forward: the tensors the backward reads and the node's state saved, its outputs returned.
 // materialize false: no zeros for the gradients of outputs the formula ignores (the statistics), as in Python.
 variable_list finish(AutogradContext* ctx, const OpState* st, variable_list out, variable_list to_save,
@@ -583,17 +601,15 @@ struct RmsNormBackward : torch::autograd::Function<RmsNormBackward> {
     return finish(ctx, st, std::move(out), std::move(to_save), false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor& dy = grads[0];
-    if (!dy.defined()) return input_grads();
-    const OpState* st = state_of(ctx);
-    auto saved = ctx->get_saved_variables();
+    if (!grads[0].defined()) return input_grads();
+    const auto [st, saved] = node_of(ctx);
     const at::Tensor &x = saved[0], &w = saved[1];
     at::Tensor rstd = saved[2];
     const auto [eps, zc] = norm_scalars(ctx);
     if (rstd.numel() == 0 && x.numel() != 0)  // the forward ran without return_rstd: recompute it
       rstd = call(*st->recompute, {x, optional_ivalue(w), eps, zc, c10::IValue(), true})[1];
     const bool want_w = w.defined() && ctx->needs_input_grad(1);
-    auto g = call(*st->backward, {dy.contiguous(), x, optional_ivalue(w), rstd, zc, want_w, c10::IValue()});
+    auto g = call(*st->backward, {grads[0].contiguous(), x, optional_ivalue(w), rstd, zc, want_w, c10::IValue()});
     return input_grads(g[0], want_w ? g[1] : at::Tensor());
   }
 };
@@ -609,8 +625,7 @@ struct AddRmsNormBackward : torch::autograd::Function<AddRmsNormBackward> {
     return finish(ctx, st, std::move(out), std::move(to_save), false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const OpState* st = state_of(ctx);
-    auto saved = ctx->get_saved_variables();
+    const auto [st, saved] = node_of(ctx);
     const at::Tensor &h = saved[0], &w = saved[1];
     at::Tensor rstd = saved[2];
     const auto [eps, zc] = norm_scalars(ctx);
@@ -638,23 +653,17 @@ struct LayerNormBackward : torch::autograd::Function<LayerNormBackward> {
     return finish(ctx, st, std::move(out), std::move(to_save), false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor& dy = grads[0];
-    if (!dy.defined()) return input_grads();
-    const OpState* st = state_of(ctx);
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w = saved[1], &b = saved[2];
-    at::Tensor mean = saved[3], rstd = saved[4];
+    if (!grads[0].defined()) return input_grads();
+    const Node node = node_of(ctx);
+    const at::Tensor &x = node.saved[0], &w = node.saved[1], &b = node.saved[2];
     const auto [eps, zc] = norm_scalars(ctx);
-    if (rstd.numel() == 0 && x.numel() != 0) {
-      auto stats = call(*st->recompute, {x, optional_ivalue(w), optional_ivalue(b), eps, zc, c10::IValue(), true});
-      mean = stats[1];
-      rstd = stats[2];
-    }
+    const auto [mean, rstd] =
+        saved_or_recomputed(node, 3, 1, {x, optional_ivalue(w), optional_ivalue(b), eps, zc, c10::IValue(), true});
     // the node's inputs are the defined tensors among (x, weight, bias): the bias's edge follows the weight's
     const bool want_w = w.defined() && ctx->needs_input_grad(1);
     const bool want_b = b.defined() && ctx->needs_input_grad(w.defined() ? 2 : 1);
-    auto g = call(*st->backward, {dy.contiguous(), x, optional_ivalue(w), optional_ivalue(b), mean, rstd, zc, want_w,
-                                  want_b});
+    auto g = call(*node.st->backward, {grads[0].contiguous(), x, optional_ivalue(w), optional_ivalue(b), mean, rstd,
+                                       zc, want_w, want_b});
     return input_grads(g[0], want_w ? g[1] : at::Tensor(), want_b ? g[2] : at::Tensor());
   }
 };
@@ -672,21 +681,14 @@ struct AttentionBackward : torch::autograd::Function<AttentionBackward> {
     return finish(ctx, st, std::move(out), std::move(to_save), false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor& dout = grads[0];
-    if (!dout.defined()) return input_grads();
-    const OpState* st = state_of(ctx);
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
-    at::Tensor o = saved[3], lse = saved[4];
+    if (!grads[0].defined()) return input_grads();
+    const Node node = node_of(ctx);
+    const at::Tensor &q = node.saved[0], &k = node.saved[1], &v = node.saved[2];
     const bool causal = ctx->saved_data["causal"].toBool();
     const c10::IValue scale = ctx->saved_data["scale"];
-    if (lse.numel() == 0 && o.numel() != 0) {  // the forward ran without return_lse: run it again for the lse
-      auto fwd = call(*st->recompute, {q, k, v, causal, scale, true});
-      o = fwd[0];
-      lse = fwd[1];
-    }
-    auto g = call(*st->backward, {dout.contiguous(), q, k, v, o, lse, causal, scale,
-                                  at::globalContext().deterministicAlgorithms()});
+    const auto [o, lse] = saved_or_recomputed(node, 3, 0, {q, k, v, causal, scale, true});  // (o again with the lse)
+    auto g = call(*node.st->backward, {grads[0].contiguous(), q, k, v, o, lse, causal, scale,
+                                       at::globalContext().deterministicAlgorithms()});
     return input_grads(g[0], g[1], g[2]);
   }
 };
@@ -703,9 +705,8 @@ struct SoftmaxBackward : torch::autograd::Function<SoftmaxBackward> {
     return finish(ctx, st, std::move(out), std::move(to_save), true);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const OpState* st = state_of(ctx);
-    const at::Tensor y = ctx->get_saved_variables()[0];
-    auto g = call(*st->backward, {y, grads[0].contiguous(), ctx->saved_data["scale"].toDouble()});
+    const auto [st, saved] = node_of(ctx);
+    auto g = call(*st->backward, {saved[0], grads[0].contiguous(), ctx->saved_data["scale"].toDouble()});
     return input_grads(g[0]);
   }
 };
@@ -717,8 +718,7 @@ struct SwigluBackward : torch::autograd::Function<SwigluBackward> {
     return finish(ctx, st, run_forward(st, stack), {*gate, *up}, true);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const OpState* st = state_of(ctx);
-    auto saved = ctx->get_saved_variables();
+    const auto [st, saved] = node_of(ctx);
     auto g = call(*st->backward, {grads[0].contiguous(), saved[0], saved[1]});
     return input_grads(g[0], g[1]);
   }
@@ -739,8 +739,7 @@ struct RopeBackward : torch::autograd::Function<RopeBackward> {
     return g.stride(-1) == 1 || g.size(-1) == 1 ? g : g.contiguous();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const OpState* st = state_of(ctx);
-    auto saved = ctx->get_saved_variables();
+    const auto [st, saved] = node_of(ctx);
     auto g = call(*st->backward, {dense_rows(grads[0]), dense_rows(grads[1]), saved[0], saved[1],
                                   ctx->saved_data["dim"].toInt()});
     return input_grads(g[0], g[1]);
@@ -769,8 +768,7 @@ struct CrossEntropyBackward : torch::autograd::Function<CrossEntropyBackward> {
     return t;  // a broadcast value: stride 0 everywhere
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const OpState* st = state_of(ctx);
-    auto saved = ctx->get_saved_variables();
+    const auto [st, saved] = node_of(ctx);
     const at::Tensor &logits = saved[0], &labels = saved[1], &lse = saved[2], &count = saved[3];
     at::Tensor dx;
     if (grads[0].defined())
