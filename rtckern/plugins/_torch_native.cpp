@@ -134,7 +134,7 @@ struct Recipe {
 // C++ autograd node instead of a Python autograd.Function; each mirrors its Python formula (named at grad_call).
 enum Formula : uint8_t {
   kNoFormula = 0, kRmsNorm = 1, kAddRmsNorm = 2, kLayerNorm = 3, kAttention = 4, kSoftmax = 5, kSwiglu = 6,
-  kRope = 7, kCrossEntropy = 8
+  kRope = 7, kCrossEntropy = 8, kAttentionVarlen = 9
 };
 
 struct OpState {
@@ -693,6 +693,37 @@ struct AttentionBackward : torch::autograd::Function<AttentionBackward> {
   }
 };
 
+// rtckern::attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+// softmax_scale?, return_lse) -> (o, lse); mirrors _setup / _backward (_torch_attention_varlen.py). The prefix sums
+// take no gradient; the node saves them with q, k, v, o and lse.
+struct AttentionVarlenBackward : torch::autograd::Function<AttentionVarlenBackward> {
+  static variable_list forward(AutogradContext* ctx, const OpState* st, torch::jit::Stack* stack, const opt_tensor& q,
+                               const opt_tensor& k, const opt_tensor& v) {
+    const size_t n = st->self->schema().arguments().size();
+    variable_list prefix{arg(*stack, n, 3).toTensor(), arg(*stack, n, 4).toTensor()};
+    ctx->saved_data["max_q"] = arg(*stack, n, 5);
+    ctx->saved_data["max_k"] = arg(*stack, n, 6);
+    ctx->saved_data["causal"] = arg(*stack, n, 7).toBool();
+    ctx->saved_data["scale"] = arg(*stack, n, 8);
+    auto out = run_forward(st, stack);
+    variable_list to_save{*q, *k, *v, out[0], out[1], std::move(prefix[0]), std::move(prefix[1])};
+    return finish(ctx, st, std::move(out), std::move(to_save), false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return input_grads();  // only the lse was used: nothing reaches q, k, v
+    const Node node = node_of(ctx);
+    const variable_list& s = node.saved;
+    const c10::IValue max_q = ctx->saved_data["max_q"], max_k = ctx->saved_data["max_k"];
+    const c10::IValue scale = ctx->saved_data["scale"];
+    const bool causal = ctx->saved_data["causal"].toBool();
+    const auto [o, lse] = saved_or_recomputed(node, 3, 0, {s[0], s[1], s[2], s[5], s[6], max_q, max_k, causal, scale,
+                                                           true});
+    auto g = call(*node.st->backward, {grads[0].contiguous(), s[0], s[1], s[2], o, lse, s[5], s[6], max_q, max_k,
+                                       causal, scale, at::globalContext().deterministicAlgorithms()});
+    return input_grads(g[0], g[1], g[2]);
+  }
+};
+
 // rtckern::softmax(x, scale) -> y and the other softmax ops of that form (scaled_masked_softmax(x, mask, scale): the
 // boolean mask takes no gradient); mirrors setup / backward in _torch_softmax.py.
 struct SoftmaxBackward : torch::autograd::Function<SoftmaxBackward> {
@@ -784,8 +815,9 @@ struct CrossEntropyBackward : torch::autograd::Function<CrossEntropyBackward> {
 };
 
 // The tensor arguments a formula's node takes as inputs: their positions in the op's arguments.
-constexpr std::array<std::array<int, 3>, 9> kTensorArgs = {{{-1, -1, -1}, {0, 1, -1}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2},
-                                                            {0, -1, -1}, {0, 1, -1}, {0, 1, -1}, {0, -1, -1}}};
+constexpr std::array<std::array<int, 3>, 10> kTensorArgs = {{{-1, -1, -1}, {0, 1, -1}, {0, 1, 2}, {0, 1, 2},
+                                                             {0, 1, 2}, {0, -1, -1}, {0, 1, -1}, {0, 1, -1},
+                                                             {0, -1, -1}, {0, 1, 2}}};
 
 }  // namespace rtckern_grad
 
@@ -835,6 +867,7 @@ bool grad_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     case kSwiglu: out = rtckern_grad::SwigluBackward::apply(state, stack, a[0], a[1], a[2]); break;
     case kRope: out = rtckern_grad::RopeBackward::apply(state, stack, a[0], a[1], a[2]); break;
     case kCrossEntropy: out = rtckern_grad::CrossEntropyBackward::apply(state, stack, a[0], a[1], a[2]); break;
+    case kAttentionVarlen: out = rtckern_grad::AttentionVarlenBackward::apply(state, stack, a[0], a[1], a[2]); break;
     default: return false;
   }
   for (auto& t : out) stack->emplace_back(std::move(t));  // (the forward took the arguments off the stack)
@@ -925,7 +958,9 @@ bool schemas_fit(uint8_t formula, const c10::FunctionSchema& self, const c10::Fu
       {kSoftmax, {{"Tf", 1, "TTf", 1, "Tf", 1}, {"TTf", 1, "TTf", 1, "TTf", 1}}},
       {kSwiglu, {{"TT", 1, "TTT", 2, "TT", 1}}},
       {kRope, {{"TTTTi", 2, "TTTTi", 2, "TTTTi", 2}}},
-      {kCrossEntropy, {{"TTis", 3, "TTTTti", 1, "TTis", 3}}}};
+      {kCrossEntropy, {{"TTis", 3, "TTTTti", 1, "TTis", 3}}},
+      {kAttentionVarlen,
+       {{"TTTTTiibFb", 2, "TTTTTTTTiibFb", 3, "TTTTTiibFb", 2}, {"TTTTTiibF", 1, "TTTTTTTTiibFb", 3, "TTTTTiibFb", 2}}}};
   auto it = shapes.find(formula);
   if (it == shapes.end()) return false;
   for (const Shape& sh : it->second)
@@ -1070,8 +1105,8 @@ RTK_EXPORT int rtk_offer(const char* data, size_t len) {
 }
 
 // Serve calls of op_name that need a gradient as a C++ autograd node with the formula named ("rms_norm",
-// "fused_add_rms_norm", "layer_norm", "attention": those of rtckern::<formula>_fwd and of the composite
-// rtckern::<formula>; "softmax": rtckern::softmax's and its masked and causal forms'; "swiglu", "rope",
+// "fused_add_rms_norm", "layer_norm", "attention", "attention_varlen": those of rtckern::<formula>_fwd and of the
+// composite rtckern::<formula>; "softmax": rtckern::softmax's and its masked and causal forms'; "swiglu", "rope",
 // "cross_entropy"), for ops of that schema,
 // whose backward op is backward_name and whose statistics a recomputation takes from recompute_name. 0 on success, -1
 // for an op not served or not defined, -2 for a formula not known here, -3 for ops whose schemas the formula does not
@@ -1081,7 +1116,7 @@ RTK_EXPORT int rtk_register_grad(const char* op_name, const char* formula, const
   static const std::unordered_map<std::string, uint8_t> formulas = {
       {"rms_norm", kRmsNorm}, {"fused_add_rms_norm", kAddRmsNorm}, {"layer_norm", kLayerNorm},
       {"attention", kAttention}, {"softmax", kSoftmax}, {"swiglu", kSwiglu}, {"rope", kRope},
-      {"cross_entropy", kCrossEntropy}};
+      {"cross_entropy", kCrossEntropy}, {"attention_varlen", kAttentionVarlen}};
   auto f = formulas.find(formula);
   if (f == formulas.end()) return -2;
   auto& d = c10::Dispatcher::singleton();

@@ -22,8 +22,8 @@ sits at AutogradCUDA and at CUDA (calls under torch.inference_mode() skip the au
 gradient go through it. `status()` says what each op holds. The recipes are dropped whenever the PlanCaches are
 (settings changes, rtckern.clear_caches(), set_manager).
 
-Calls needing a gradient of the ops in GRAD_FORMULAS (the norms and attention, composites and forward kernel ops,
-softmax, swiglu, rope and cross entropy) make a C++ autograd node (torch::autograd::Function) instead of the Python
+Calls needing a gradient of the ops in GRAD_FORMULAS (the norms, attention and variable-length attention, composites
+and forward kernel ops, softmax, swiglu, rope and cross entropy) make a C++ autograd node (torch::autograd::Function) instead of the Python
 autograd.Function: its forward calls the op below autograd (replayed, or the op's Python implementation), its
 backward calls the backward op through the dispatcher (replayed as any call without a gradient), so a training step's
 forward and backward of these ops never enter Python. The C++ formulas mirror the Python ones; calls the front does
@@ -78,17 +78,20 @@ _record_lock = threading.Lock()
 # The ops whose gradient formula the library has too (a C++ autograd node per call needing a gradient, instead of
 # the Python autograd.Function): op -> (the formula, its backward op, the op that recomputes statistics the forward
 # did not return; for a composite, its forward kernel op). Each C++ formula mirrors the op's Python one
-# (_torch_norms.py, _torch_attention.py, _torch_softmax.py, _torch_glu.py, _torch_rope.py, _torch_loss.py): change both.
+# (_torch_norms.py, _torch_attention.py, _torch_attention_varlen.py, _torch_softmax.py, _torch_glu.py, _torch_rope.py,
+# _torch_loss.py): change both.
 GRAD_FORMULAS = {
     "rms_norm_fwd": ("rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
     "fused_add_rms_norm_fwd": ("fused_add_rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
     "layer_norm_fwd": ("layer_norm", "layer_norm_bwd", "layer_norm_fwd"),
     "attention_fwd": ("attention", "attention_bwd", "attention_fwd"),
+    "attention_varlen_fwd": ("attention_varlen", "attention_varlen_bwd", "attention_varlen_fwd"),
     # the composites: one node for the whole call (their forward kernel op, with the statistics, below autograd)
     "rms_norm": ("rms_norm", "rms_norm_bwd", "rms_norm_fwd"),
     "fused_add_rms_norm": ("fused_add_rms_norm", "rms_norm_bwd", "fused_add_rms_norm_fwd"),
     "layer_norm": ("layer_norm", "layer_norm_bwd", "layer_norm_fwd"),
     "attention": ("attention", "attention_bwd", "attention_fwd"),
+    "attention_varlen": ("attention_varlen", "attention_varlen_bwd", "attention_varlen_fwd"),
     **{op: ("softmax", op + "_bwd", op) for op in ("softmax", "scaled_masked_softmax",
                                                     "scaled_upper_triang_masked_softmax",
                                                     "scaled_aligned_causal_masked_softmax")},

@@ -2,8 +2,8 @@
 it): the first call of a signature records, later calls replay in C++, and every op's replayed output equals the
 Python path's bit for bit; the ops whose launches are plain (norms, softmax) are replayed; replays follow torch's
 current stream and capture into CUDA graphs; a misaligned input still takes the Python kernels; calls needing a
-gradient of the norms, attention, softmax and swiglu make C++ autograd nodes whose gradients equal the Python
-Function's."""
+gradient of the norms, attention (dense and variable-length), softmax and swiglu make C++ autograd nodes whose
+gradients equal the Python Function's."""
 from __future__ import annotations
 
 import contextlib
@@ -183,6 +183,13 @@ def rope_inputs():
     return rand(2, 8, 64, 64), rand(2, 2, 64, 64), ang.cos().to(BF16), ang.sin().to(BF16)
 
 
+def varlen_inputs(kv_heads: int = 2):
+    """q, k, v packed (total, heads, head_dim) for sequences of 37, 100 and 64 tokens, and their prefix sums (int32),
+    as transformers' packed batches give attention_varlen."""
+    cu = torch.tensor([0, 37, 137, 201], device=DEV, dtype=torch.int32)
+    return rand(201, 8, 64), rand(201, kv_heads, 64), rand(201, kv_heads, 64), cu, cu.clone()
+
+
 def _grads(fn, inputs, native_grad: bool, requires=None):
     """(grad_fn name, outputs, gradients of inputs) of fn(*leaves) through the C++ autograd nodes, or (native_grad
     False) the Python autograd.Function, from one upstream gradient per output; requires: which inputs require a
@@ -201,7 +208,8 @@ def _grads(fn, inputs, native_grad: bool, requires=None):
 
 @pytest.mark.parametrize("name", ["rms_norm", "fused_add_rms_norm", "layer_norm", "layer_norm no weight",
                                   "attention", "attention gqa", "softmax", "scaled_masked_softmax",
-                                  "scaled_upper_triang_masked_softmax", "swiglu", "rope",
+                                  "scaled_upper_triang_masked_softmax", "swiglu", "rope", "attention_varlen",
+                                  "attention_varlen mha",
                                   "rope tables with gradients", "cross_entropy mean",
                                   "cross_entropy none", "cross_entropy z-loss"])
 def test_cpp_autograd_nodes_equal_the_python_function(name):
@@ -227,6 +235,10 @@ def test_cpp_autograd_nodes_equal_the_python_function(name):
         "scaled_upper_triang_masked_softmax": (lambda s: ops.scaled_upper_triang_masked_softmax(s, 0.5), (sm,),
                                                "SoftmaxBackward"),
         "swiglu": (lambda g, u: rt.swiglu(g, u), (rand(8, 2048), rand(8, 2048)), "SwigluBackward"),
+        "attention_varlen": (lambda q, k, v, cq, ck: rt.attention_varlen(q, k, v, cq, ck, 100, 100, True),
+                             varlen_inputs(), "AttentionVarlenBackward"),
+        "attention_varlen mha": (lambda q, k, v, cq, ck: ops.attention_varlen(q, k, v, cq, ck, 100, 100, False, 0.1),
+                                 varlen_inputs(8), "AttentionVarlenBackward"),
         "rope": (lambda q, k, c, s: rt.apply_rotary_pos_emb(q, k, c, s), rope_inputs(), "RopeBackward",
                  [True, True, False, False]),
         "rope tables with gradients": (lambda q, k, c, s: rt.apply_rotary_pos_emb(q, k, c, s), rope_inputs(),
@@ -249,7 +261,8 @@ def test_cpp_autograd_nodes_equal_the_python_function(name):
 
 @pytest.mark.parametrize("name", ["rms_norm weight frozen", "fused_add_rms_norm weight frozen",
                                   "layer_norm bias frozen", "layer_norm weight frozen", "rms_norm_fwd no rstd",
-                                  "layer_norm_fwd no stats", "attention_fwd no lse"])
+                                  "layer_norm_fwd no stats", "attention_fwd no lse", "attention_varlen_fwd no lse",
+                                  "attention_varlen k frozen"])
 def test_cpp_autograd_nodes_frozen_inputs_and_recomputed_statistics(name):
     """Inputs that need no gradient (a frozen weight or bias: the backward op is asked for fewer gradients) and a
     forward called without its statistics (the backward recomputes them): equal to the Python Function's bit for
@@ -267,6 +280,11 @@ def test_cpp_autograd_nodes_frozen_inputs_and_recomputed_statistics(name):
                                     (x, w, b), None),
         "attention_fwd no lse": (lambda q, k, v: ops.attention_fwd(q, k, v, True, None, False)[0], (q, kv, kv),
                                  None),
+        "attention_varlen_fwd no lse": (
+            lambda q, k, v, cq, ck: ops.attention_varlen_fwd(q, k, v, cq, ck, 100, 100, True, None, False)[0],
+            varlen_inputs(), None),
+        "attention_varlen k frozen": (lambda q, k, v, cq, ck: rt.attention_varlen(q, k, v, cq, ck, 100, 100, True),
+                                      varlen_inputs(), [True, False, True, False, False]),
     }
     fn, inputs, requires = cases[name]
     for _ in range(2):

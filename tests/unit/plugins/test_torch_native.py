@@ -263,6 +263,29 @@ TN.GRAD_FORMULAS.update(tn_rms_fwd=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"), tn_
                                                                                         "tn_ln_fwd"),
                         tn_scale=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"),  # tn_scale: not rms_norm_fwd's schema
                         tn_rms=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"))  # a composite of rms_norm's schema
+
+
+# ops of attention_varlen_fwd / _bwd's schemas: o = 2q, lse a copy of q; dq = 2 dout, dk = 3k, dv = 4v (constants)
+varlen_calls = []  # what the backward op got: (max_q, max_k, causal, scale, deterministic, cu_q's last, cu_k's last)
+
+
+def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int, causal: bool,
+               scale_: Optional[float], return_lse: bool) -> tuple[Tensor, Tensor]:
+    return sc(q, 2.0), (sc(q, 1.0) if return_lse else torch.empty(0))
+
+
+def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_q: Tensor, cu_k: Tensor,
+               max_q: int, max_k: int, causal: bool, scale_: Optional[float],
+               deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    varlen_calls.append((max_q, max_k, causal, scale_, deterministic, int(cu_q[-1]), int(cu_k[-1])))
+    assert lse.numel() == q.numel() and torch.equal(o, q * 2)  # recomputed where the forward did not return them
+    return sc(dout, 2.0), sc(k, 3.0), sc(v, 4.0)
+
+
+kvarlen_fwd, kvarlen_bwd = TL.KernelOp("tn_varlen_fwd", varlen_fwd), TL.KernelOp("tn_varlen_bwd", varlen_bwd)
+TN.GRAD_FORMULAS["tn_varlen_fwd"] = ("attention_varlen", "tn_varlen_bwd", "tn_varlen_fwd")
+
+
 def add_rms_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, zero_centered: bool,
                 out_dtype: Optional[torch.dtype], return_rstd: bool) -> tuple[Tensor, Tensor, Tensor]:
     assert out_dtype is None and return_rstd  # what the composite's node passes (None padded, the rstd asked for)
@@ -482,6 +505,34 @@ def test_calls_needing_a_gradient_make_a_cpp_autograd_node(outcomes):
     recomputed, and only the gradients the inputs need (a call the front does not replay runs the op's Python
     implementation inside the node); reference_mode keeps the Python autograd.Function, with the same gradients."""
     check(outcomes, "test_calls_needing_a_gradient_make_a_cpp_autograd_node")
+
+
+@case("""
+        q, k, v = torch.arange(8, dtype=torch.float32), torch.ones(8), torch.full((8,), 2.0)
+        cu_q, cu_k = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 5, 7], dtype=torch.int32)
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        o, lse = ops.tn_varlen_fwd(qg, kg, vg, cu_q, cu_k, 5, 5, True, 0.5, True)
+        assert "AttentionVarlenBackward" in o.grad_fn.name() and torch.equal(o, q * 2), o.grad_fn.name()
+        o.sum().backward()
+        assert torch.equal(qg.grad, torch.full((8,), 2.0)) and torch.equal(kg.grad, k * 3) and \
+            torch.equal(vg.grad, v * 4)
+        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+        o = kvarlen_fwd(qg, kg, v, cu_q, cu_k, 5, 4, False, None, False)[0]  # no lse (recomputed), v frozen
+        assert "AttentionVarlenBackward" in o.grad_fn.name()
+        torch.use_deterministic_algorithms(True)
+        try:
+            (o * 3).sum().backward()
+        finally:
+            torch.use_deterministic_algorithms(False)
+        assert torch.equal(qg.grad, torch.full((8,), 6.0)) and torch.equal(kg.grad, k * 3)
+        assert varlen_calls == [(5, 5, True, 0.5, False, 8, 7), (5, 4, False, None, True, 8, 7)], varlen_calls
+        assert kvarlen_fwd.native_grad
+    """)
+def test_variable_length_attention_gets_its_cpp_autograd_node(outcomes):
+    """attention_varlen_fwd's formula (here a test op of its schema): one C++ node per call needing a gradient, the
+    prefix sums, maximum lengths, causal flag, scale and the deterministic setting handed to the backward op, the lse
+    recomputed where the forward did not return it, and only q, k, v's gradients."""
+    check(outcomes, "test_variable_length_attention_gets_its_cpp_autograd_node")
 
 
 @case("""
