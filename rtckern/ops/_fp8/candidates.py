@@ -186,11 +186,18 @@ class StreamCandidate(GeometryCandidate):
                f"{cfg.stages} stages of {cfg.span} K bytes"
         blocks, sms = cfg.blocks(p.n), req.device.sm_count
         wide = p.m > geometry.STREAM_FIRST_MAX_M
+        if p.m == 1 and p.n * p.k >= geometry.STREAM_M1_MIN_BYTES and _fills_sms(blocks, sms):
+            # M = 1 on weights of 96 MiB and more: ahead of the GEMV kernel. H200, b from device memory, two rounds
+            # on five weights of 126-252 MiB: 1.00-1.06x the GEMV kernel's GB/s per-tensor, 0.96-1.12x with block
+            # scales; on 14-80 MiB weights 0.83-1.12x (the GEMV kernel 1.14x at 10240 x 8192; docs/performance.md)
+            return Cost(0.85, "rule", f"{what}; M = 1 on a weight of {p.n * p.k >> 20} MiB: more of b in flight than "
+                                      "the GEMV kernel's rows (memory-bound)")
         if p.m == 1 or not _fills_sms(blocks, sms) or (wide and (p.scale == "block" or cfg.per_sm < 2)):
-            # M = 1: the GEMV kernel (or the tile kernel where its blocks are few); fewer 64-row blocks than 3/4 of
-            # the SMs: the tile kernel's split-K clusters fill them; M = 33..64 (measured at 64): 1.04-1.07x the
-            # tile kernel per-tensor with two blocks per SM (64 x 28672 x 8192, four runs) but 0.87-0.89x with one
-            # (8192 x 28672, 7168 x 18432) and 0.81x with block scales (H200, gemm_fp8_h200.md, docs/performance.md)
+            # M = 1 on smaller weights: the GEMV kernel (or the tile kernel where its blocks are few); fewer 64-row
+            # blocks than 3/4 of the SMs: the tile kernel's split-K clusters fill them; M = 33..64 (measured at 64):
+            # 1.04-1.07x the tile kernel per-tensor with two blocks per SM (64 x 28672 x 8192, four runs) but
+            # 0.87-0.89x with one (8192 x 28672, 7168 x 18432) and 0.81x with block scales (H200, gemm_fp8_h200.md,
+            # docs/performance.md)
             return Cost(1.2, "rule", f"{what}; {blocks} blocks for {sms} SMs, M = {p.m}, {p.scale} scales")
         return Cost(0.95, "rule", f"{what} (memory-bound)")
 

@@ -292,6 +292,9 @@ def gemv_config(p: Fp8Problem) -> GemvConfig:
 # wgmma's A and the tokens, rounded up to STREAM_TOKEN_TILES, as its B.
 STREAM_MAX_M = 64
 STREAM_FIRST_MAX_M = 32  # ranked ahead of the tile kernel up to here; past it only in some cases (StreamCandidate.cost)
+# M = 1: the streaming kernel ranks ahead of the GEMV kernel on weights (N x K bytes) from here (about twice the L2),
+# where its rings keep more of b in flight (StreamCandidate.cost)
+STREAM_M1_MIN_BYTES = 96 << 20
 STREAM_TOKEN_TILES = (8, 16, 32, 64)  # the wgmma N of the kernel's token tile (wgmma_fp8_narrow_ops.cuh)
 STREAM_ROWS = 64
 STREAM_THREADS = 128

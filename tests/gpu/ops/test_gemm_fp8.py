@@ -130,10 +130,11 @@ def test_skinny_decode_range(kind, m, n, k):
 @pytest.mark.parametrize("m,n,k", [(1, 256, 2048), (2, 63, 144), (7, 4097, 512), (8, 300, 4112), (9, 129, 1040),
                                    (16, 1000, 16), (17, 2048, 8192), (33, 4104, 18432), (48, 129, 528),
                                    (64, 2048, 8192), (8, 16960, 4112), (9, 16960, 1040), (12, 16960, 2064),
-                                   (17, 16960, 4112), (33, 17000, 528), (64, 16900, 144)])
+                                   (17, 16960, 4112), (33, 17000, 528), (64, 16900, 144), (1, 16960, 4112)])
 def test_stream_decode_range(kind, m, n, k):
     """The sm_90a streaming kernel (M <= 64; b's rows as wgmma's A, the tokens as its B): token tiles of 8 to 64
-    rows, the rows past M zero (2, 7, 9, 17, 33, 48), N past the last 64-row tile (63, 4097, 300, 129, 4104, 16900,
+    rows, the rows past M zero (1, 2, 7, 9, 17, 33, 48; M = 1 also with two blocks per SM, as on weights of 96 MiB
+    and more, where it ranks first), N past the last 64-row tile (63, 4097, 300, 129, 4104, 16900,
     17000), K past the last stage and 128-K block (144, 4112, 1040, 16, 528), long K (18432), one block per SM
     (stages of 512 K bytes) and two (N >= 16833 on 132 SMs: 3 stages of 512 at NT = 8, stages of 256, each
     warp-wide copy two rows, past it; K 2064 and 4112 wrap those rings), every output dtype with and without a

@@ -365,7 +365,8 @@ def test_every_variant_compiles_without_spills():
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("arch,m,aligned,want", [("sm_90", 1, 1, "gemm_fp8.gemv"),
+@pytest.mark.parametrize("arch,m,aligned,want", [("sm_90", 1, 1, "gemm_fp8.sm90a_stream"),
+                                                  ("sm_89", 1, 1, "gemm_fp8.gemv"),
                                                   ("sm_90", 2, 1, "gemm_fp8.sm90a_stream"),
                                                   ("sm_90", 16, 1, "gemm_fp8.sm90a_stream"),
                                                   ("sm_90", 32, 1, "gemm_fp8.sm90a_stream"),
@@ -379,7 +380,8 @@ def test_every_variant_compiles_without_spills():
                                                   ("sm_89", 4096, 0, "gemm_fp8.simt"),
                                                   ("sm_90", 4096, 1, "gemm_fp8.sm90a_wgmma")])
 def test_decode_range_choice(arch, m, aligned, want):
-    """M <= 64 with 16-byte aligned rows of 7168 x 18432: M = 1 the GEMV kernel; else on sm_89 the skinny kernel
+    """M <= 64 with 16-byte aligned rows of 7168 x 18432: M = 1 on sm_90 the streaming kernel (a 126 MiB weight),
+    on sm_89 the GEMV kernel; else on sm_89 the skinny kernel
     (ranked ahead of the CUDA-core fallback by its cost), on sm_90 up to M = 32 the streaming kernel (ahead of the
     tile kernel: the streaming kernel's 112 blocks of 64 rows of b fill 3/4 of the SMs), past it the tile kernel
     (112 blocks are one per SM; the skinny kernel ranks after both); M > 64 on sm_89 the same kernel in 64-row tiles
@@ -402,7 +404,8 @@ def test_stream_launch_and_ranking():
     smallest token tile holding M; two blocks per SM where the grid has two per SM (3 stages of 512 K bytes, else as
     many of 256 in half the shared memory), else one with the deepest ring of 512 (up to 6); ranked ahead of the tile
     kernel for 2 <= M <= 32 where its blocks fill 3/4 of the SMs and for 33 <= M <= 64 with per-tensor or channel
-    scales where they are two per SM, after it at M = 1, with block scales past 32 or with fewer blocks; sm_90
+    scales where they are two per SM, after it with block scales past 32 or with fewer blocks; at M = 1 ahead of the
+    GEMV kernel on weights of 96 MiB and more (28672 x 8192: 224 MiB), after it below (10240 x 8192: 80 MiB); sm_90
     only."""
     from rtckern.ops._fp8 import launch
     from rtckern.sources import read_source
@@ -428,7 +431,8 @@ def test_stream_launch_and_ranking():
         assert one.span == 512 and one.stages >= 3 and (two.span == 512) is (nt == 8)
     assert G.STREAM_TOKEN_TILES == wgmma_gen.FP8_NARROW_N  # the token tiles the generated wrappers exist for
     for shape, want in (("8x6336x8192", "gemm_fp8.sm90a_stream"), ("8x6272x8192", "gemm_fp8.sm90a_wgmma"),
-                        ("1x28672x8192", "gemm_fp8.gemv"), ("1x512x8192", "gemm_fp8.sm90a_wgmma"),
+                        ("1x28672x8192", "gemm_fp8.sm90a_stream"), ("1x10240x8192", "gemm_fp8.gemv"),
+                        ("1x512x8192", "gemm_fp8.sm90a_wgmma"),
                         ("32x28672x8192", "gemm_fp8.sm90a_stream"), ("33x8192x28672", "gemm_fp8.sm90a_wgmma"),
                         ("64x28672x8192", "gemm_fp8.sm90a_stream"), ("64x16832x8192", "gemm_fp8.sm90a_wgmma")):
         assert explain("gemm_fp8", shape=shape, arch="sm_90", sm_count=132).chosen == want, shape
@@ -448,15 +452,19 @@ def test_stream_launch_and_ranking():
 @pytest.mark.parametrize("m,n,k,aligned,gemv", [(1, 4096, 4096, 1, "both"), (1, 3168, 4096, 1, "both"),
                                                 (1, 785, 4096, 1, "both"), (1, 784, 4096, 1, "sm_89"),
                                                 (1, 4104, 4096, 1, "both"), (1, 4096, 7168, 1, "both"),
-                                                (1, 7168, 2048, 1, "both"), (1, 28672, 8192, 1, "both"),
+                                                (1, 7168, 2048, 1, "both"), (1, 28672, 8192, 1, "sm_89"),
+                                                (1, 10240, 8192, 1, "both"), (1, 12288, 8192, 1, "sm_89"),
                                                 (1, 32768, 512, 1, ""), (2, 4096, 4096, 1, ""), (1, 4096, 4096, 0, "")])
 def test_batch_one_goes_to_the_gemv_kernel(arch, m, n, k, aligned, gemv):
     """M = 1 with K >= 2048 and aligned rows: the GEMV kernel, ranked first by its cost where its blocks number 3/4 of
-    the SMs (99 of 132: 8 rows of b per block up to 4096 rows, so N >= 785; 32 past it); otherwise after the tile
-    kernel on sm_90 and still ahead of the skinny kernel on sm_89; past those bounds the kernel that served before
-    it."""
+    the SMs (99 of 132: 8 rows of b per block up to 4096 rows, so N >= 785; 32 past it) and, on sm_90, the weight is
+    under 96 MiB (10240 x 8192: 80; 12288 x 8192: 96, the streaming kernel's); otherwise after the tile kernel (or
+    the streaming kernel) on sm_90 and still ahead of the skinny kernel on sm_89; past those bounds the kernel that
+    served before it."""
     report = explain("gemm_fp8", shape=f"{m}x{n}x{k}", arch=arch, sm_count=132, options={"aligned": str(aligned)})
-    other = "gemm_fp8.simt" if not aligned else "gemm_fp8.sm90a_wgmma" if arch == "sm_90" else "gemm_fp8.sm89_skinny"
+    big = n * k >= 96 << 20
+    other = "gemm_fp8.simt" if not aligned else "gemm_fp8.sm89_skinny" if arch == "sm_89" else \
+        "gemm_fp8.sm90a_stream" if big else "gemm_fp8.sm90a_wgmma"
     assert report.chosen == ("gemm_fp8.gemv" if gemv in ("both", arch) else other)
 
 
