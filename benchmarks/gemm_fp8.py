@@ -145,7 +145,9 @@ def _sustained(shapes, seconds: float) -> list[dict]:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        # by UUID: NVML numbers the GPUs in PCI order whatever CUDA_VISIBLE_DEVICES and CUDA's order say
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
     except Exception as e:  # no NVML: TFLOP/s without clocks
         print(f"sustained: no NVML ({type(e).__name__}: {e}); clocks and power not sampled", flush=True)
         handle = None
@@ -161,22 +163,24 @@ def _sustained(shapes, seconds: float) -> list[dict]:
                 samples.append((pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
                                 pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3))
                 time.sleep(0.02)
-        sampler = threading.Thread(target=sample) if handle is not None else None
+        sampler = threading.Thread(target=sample, daemon=True) if handle is not None else None
         if sampler is not None:
             sampler.start()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        calls, t0 = 0, time.perf_counter()
-        start.record()
-        while time.perf_counter() - t0 < seconds:
-            for _ in range(10):
-                fn()
-            calls += 10
-            torch.cuda.synchronize()
-        end.record()
-        end.synchronize()
-        stop.set()
-        if sampler is not None:
-            sampler.join()
+        try:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            calls, t0 = 0, time.perf_counter()
+            start.record()
+            while time.perf_counter() - t0 < seconds:
+                for _ in range(10):
+                    fn()
+                calls += 10
+                torch.cuda.synchronize()
+            end.record()
+            end.synchronize()
+        finally:  # a call that raises stops the sampling too
+            stop.set()
+            if sampler is not None:
+                sampler.join()
         out = {"tflops": flops * calls / (start.elapsed_time(end) * 1e-3) / 1e12}
         late = samples[len(samples) // 3:]
         if late:
@@ -198,7 +202,9 @@ def _sustained(shapes, seconds: float) -> list[dict]:
                     rounds[name].append(run_for(runs[name], 2.0 * m * n * k))
                 except Exception as e:  # one path failing must not lose the others
                     print(f"sustained {name} failed at {m}x{n}x{k}: {type(e).__name__}: {e}", flush=True)
-        res = {name: {f: statistics.fmean(r[f] for r in got) for f in got[0]} for name, got in rounds.items() if got}
+        # the fields every round has (a round whose sampler read nothing has no clock or power)
+        res = {name: {f: statistics.fmean(r[f] for r in got) for f in got[0] if all(f in r for r in got)}
+               for name, got in rounds.items() if got}
         rows.append({"m": m, "n": n, "k": k, "seconds": seconds, "series": res})
         print(f"sustained {m}x{n}x{k}: " + ", ".join(
             f"{name}={v['tflops']:.0f} TFLOP/s" + (f" at {v['mhz']:.0f} MHz, {v['watts']:.0f} W" if "mhz" in v else "")
@@ -424,7 +430,8 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
             "CUDA-graph replays); torch._scaled_mm "
             "with per-tensor scales (its fastest form).")
     return Result("fp8 GEMM and quantization", rows=rows,
-                  body=[note, table] + ([utable] if urows else []) + ([dtable] if drows else []) + ([stable] if srows else [])
+                  body=[note, table] + ([utable] if urows else []) + ([dtable] if drows else [])
+                  + ([stable] if srows else [])
                   + ([ptable] if prows else []) + [qtable],
                   data={"quantize": qrows, **({"decode": drows} if drows else {}),
                         **({"sustained": urows} if urows else {}),

@@ -210,13 +210,10 @@ define_composite("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqle
 
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                      max_seqlen_k: int, causal: bool = False, softmax_scale: Optional[float] = None) -> Tensor:
-    """rtckern.torch.attention_varlen: torch.ops.rtckern.attention_varlen through the native front (its C++ autograd
-    node), or without the dispatcher in plain eager code."""
-    from ._torch_eager import front_serves, plain_eager
+    """rtckern.torch.attention_varlen: torch.ops.rtckern.attention_varlen without the dispatcher in plain eager
+    code."""
+    from ._torch_eager import plain_eager
 
-    if not torch.compiler.is_compiling() and front_serves("attention_varlen", q, k, v):
-        return torch.ops.rtckern.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                  causal, softmax_scale)
     if not plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k):
         return torch.ops.rtckern.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                   causal, softmax_scale)

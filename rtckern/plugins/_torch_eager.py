@@ -33,7 +33,7 @@ NATIVE_OPS: set[str] = set()
 NATIVE_GRAD_OPS: set[str] = set()  # ... and whose calls needing a gradient make one C++ autograd node there
 
 
-def front_serves(name: str, *tensors) -> bool:
+def _native(name: str, *tensors) -> bool:
     """torch.ops.rtckern.<name> is the cheaper route for this call: the front replays it, or makes its node."""
     return name in NATIVE_GRAD_OPS or (name in NATIVE_OPS and not needs_grad(*tensors))
 
@@ -64,7 +64,7 @@ def plain_eager(*tensors: Optional[torch.Tensor]) -> bool:
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, zero_centered: bool = False,
              out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """torch.ops.rtckern.rms_norm: through the native front, or without the dispatcher in plain eager code."""
-    if not _compiling() and front_serves("rms_norm", x, weight):
+    if not _compiling() and _native("rms_norm", x, weight):
         return _ops.rms_norm(x, weight, eps, zero_centered, out_dtype)
     if not plain_eager(x, weight):
         return torch.ops.rtckern.rms_norm(x, weight, eps, zero_centered, out_dtype)
@@ -75,7 +75,7 @@ def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Opt
                eps: float = 1e-5, zero_centered: bool = False,
                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """torch.ops.rtckern.layer_norm: through the native front, or without the dispatcher in plain eager code."""
-    if not _compiling() and front_serves("layer_norm", x, weight, bias):
+    if not _compiling() and _native("layer_norm", x, weight, bias):
         return _ops.layer_norm(x, weight, bias, eps, zero_centered, out_dtype)
     if not plain_eager(x, weight, bias):
         return torch.ops.rtckern.layer_norm(x, weight, bias, eps, zero_centered, out_dtype)
@@ -86,7 +86,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               softmax_scale: Optional[float] = None) -> torch.Tensor:
     """torch.ops.rtckern.attention ((batch, seqlen, heads, head_dim) layout): through the native front, or without
     the dispatcher in plain eager code."""
-    if not _compiling() and front_serves("attention", q, k, v):
+    if not _compiling() and _native("attention", q, k, v):
         return _ops.attention(q, k, v, causal, softmax_scale)
     if not plain_eager(q, k, v):
         return torch.ops.rtckern.attention(q, k, v, causal, softmax_scale)
@@ -105,7 +105,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """torch.ops.rtckern.swiglu (silu(gate) * up): through the native front, or without the dispatcher in plain eager
     code."""
-    if not _compiling() and front_serves("swiglu", gate, up):
+    if not _compiling() and _native("swiglu", gate, up):
         return _ops.swiglu(gate, up)
     if not plain_eager(gate, up):
         return torch.ops.rtckern.swiglu(gate, up)

@@ -23,12 +23,12 @@ gradient go through it. `status()` says what each op holds. The recipes are drop
 (settings changes, rtckern.clear_caches(), set_manager).
 
 Calls needing a gradient of the ops in GRAD_FORMULAS (the norms, attention and variable-length attention, composites
-and forward kernel ops, softmax, swiglu, rope and cross entropy) make a C++ autograd node (torch::autograd::Function) instead of the Python
-autograd.Function: its forward calls the op below autograd (replayed, or the op's Python implementation), its
-backward calls the backward op through the dispatcher (replayed as any call without a gradient), so a training step's
-forward and backward of these ops never enter Python. The C++ formulas mirror the Python ones; calls the front does
-not serve (tracing, modes, subclasses, reference_mode, rope tables that need a gradient) keep the Python
-autograd.Function.
+and forward kernel ops, softmax, swiglu, rope and cross entropy) make a C++ autograd node (torch::autograd::Function)
+instead of the Python autograd.Function: its forward calls the op below autograd (replayed, or the op's Python
+implementation), its backward calls the backward op through the dispatcher (replayed as any call without a gradient),
+so a training step's forward and backward of these ops never enter Python. The C++ formulas mirror the Python ones;
+calls the front does not serve (tracing, modes, subclasses, reference_mode, rope tables that need a gradient) keep the
+Python autograd.Function.
 
 Under torch.inference_mode(), make_fx records the composite ops (rms_norm, attention, ...) themselves rather than
 their decomposition, since they have a CUDA kernel now; torch.compile and export still decompose them.

@@ -5,7 +5,6 @@ their tokens and targets, equal losses through a transformers Llama), patch vari
 from __future__ import annotations
 
 import copy
-
 import sys
 import warnings
 from pathlib import Path

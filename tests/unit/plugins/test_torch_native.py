@@ -284,6 +284,12 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Te
 
 kvarlen_fwd, kvarlen_bwd = TL.KernelOp("tn_varlen_fwd", varlen_fwd), TL.KernelOp("tn_varlen_bwd", varlen_bwd)
 TN.GRAD_FORMULAS["tn_varlen_fwd"] = ("attention_varlen", "tn_varlen_bwd", "tn_varlen_fwd")
+TN.GRAD_FORMULAS["tn_varlen"] = ("attention_varlen", "tn_varlen_bwd", "tn_varlen_fwd")  # the composite's schema
+TL.define_composite("tn_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt "
+                    "max_seqlen_q, SymInt max_seqlen_k, bool causal=False, float? softmax_scale=None) -> Tensor",
+                    lambda q, k, v, cq, ck, mq, mk, c=False, s=None:
+                    kvarlen_fwd(q, k, v, cq, ck, mq, mk, c, s, True)[0],
+                    lambda q, k, v, cq, ck, mq, mk, c, s: varlen_fwd(q, k, v, cq, ck, mq, mk, c, s, False)[0])
 
 
 def add_rms_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, zero_centered: bool,
@@ -527,11 +533,22 @@ def test_calls_needing_a_gradient_make_a_cpp_autograd_node(outcomes):
         assert torch.equal(qg.grad, torch.full((8,), 6.0)) and torch.equal(kg.grad, k * 3)
         assert varlen_calls == [(5, 5, True, 0.5, False, 8, 7), (5, 4, False, None, True, 8, 7)], varlen_calls
         assert kvarlen_fwd.native_grad
+        qg = q.clone().requires_grad_()
+        _, lse = ops.tn_varlen_fwd(qg, k, v, cu_q, cu_k, 5, 5, True, None, True)
+        lse.sum().backward()  # only the lse used: nothing reaches q (the formula ignores the lse's gradient)
+        assert qg.grad is None and len(varlen_calls) == 2, (qg.grad, varlen_calls)
+        qg, vg = q.clone().requires_grad_(), v.clone().requires_grad_()
+        o = ops.tn_varlen(qg, k, vg, cu_q, cu_k, 6, 6, True)  # the composite: one node, its forward op gives the lse
+        assert "AttentionVarlenBackward" in o.grad_fn.name() and torch.equal(o, q * 2), o.grad_fn.name()
+        o.sum().backward()
+        assert torch.equal(qg.grad, torch.full((8,), 2.0)) and torch.equal(vg.grad, v * 4)
+        assert varlen_calls[2] == (6, 6, True, None, False, 8, 7), varlen_calls
     """)
 def test_variable_length_attention_gets_its_cpp_autograd_node(outcomes):
-    """attention_varlen_fwd's formula (here a test op of its schema): one C++ node per call needing a gradient, the
-    prefix sums, maximum lengths, causal flag, scale and the deterministic setting handed to the backward op, the lse
-    recomputed where the forward did not return it, and only q, k, v's gradients."""
+    """attention_varlen_fwd's formula (here test ops of its and its composite's schemas): one C++ node per call
+    needing a gradient, the prefix sums, maximum lengths, causal flag, scale and the deterministic setting handed to
+    the backward op, the lse recomputed where the forward did not return it, no backward where only the lse is used,
+    and only q, k, v's gradients."""
     check(outcomes, "test_variable_length_attention_gets_its_cpp_autograd_node")
 
 
