@@ -15,10 +15,11 @@ quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time 
 
 Sustained (the shapes with M >= 4096, --sustain seconds per call, 0 to skip): the GPU runs each of the three calls
 back to back for that long, in turn, twice (the order reversed the second time), with the SM clock and the board power
-sampled through NVML over the last two thirds of each. The short timings above catch the GPU wherever its clock is
-after the call before (these shapes reach the board's power limit within tens of milliseconds, and a pause lets it
-boost again); sustained, every call runs at the power limit, which is where a long prefill runs. TFLOP/s per GHz
-there says how much of the gap is the kernel's work per clock rather than the clock the power limit leaves it.
+sampled through NVML over the last two thirds of each (NVML's power reading is itself an average over about a second).
+The short timings above catch the GPU wherever the call before left its clock (run back to back, these shapes hold it
+at the board's power limit, and a pause lets it boost again); sustained, every call runs at the power limit, which is
+where a long prefill runs. TFLOP/s per GHz there says how much of the gap is the kernel's work per clock rather than
+the clock the power limit leaves it.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 18432), (4096, 24
 # reading its weight from device memory
 DECODE = ((1, 28672, 8192), (8, 28672, 8192), (32, 28672, 8192), (64, 28672, 8192), (1, 8192, 28672),
           (8, 8192, 28672), (64, 8192, 28672), (1, 7168, 18432), (8, 7168, 18432), (64, 7168, 18432))
-QUICK = "4096^3 and M=128 only, two decode shapes, 10 reps"
+QUICK = "4096^3 and M=128 only, two decode shapes, 10 reps, no sustained table"
 
 
 def add_args(ap) -> None:
