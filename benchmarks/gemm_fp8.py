@@ -6,8 +6,8 @@ torch._scaled_mm (per-tensor scales, bf16 out), and quantize_fp8's GB/s against 
 Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 projections, M = 128 and 16 decode
 shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M =
 1..64 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
-device's copy bandwidth, the memory-bound roofline, with sm_90a's tile and streaming kernels, sm_89's decode
-kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps) forced beside
+device's copy bandwidth, the memory-bound roofline, with sm_90a's tile and streaming kernels, the GEMV kernel (M =
+1), sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps) forced beside
 the kernel the registry picks; batch-1 decode on small weights over rotating copies of b, the GEMV, tile and
 streaming kernels forced; and sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced,
 at two shapes (TFLOP/s).
@@ -149,8 +149,9 @@ def _sustained(shapes, seconds: float) -> list[dict]:
         # by UUID: NVML numbers the GPUs in PCI order whatever CUDA_VISIBLE_DEVICES and CUDA's order say
         uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
         handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
-    except Exception as e:  # no NVML: TFLOP/s without clocks
-        print(f"sustained: no NVML ({type(e).__name__}: {e}); clocks and power not sampled", flush=True)
+    except Exception as e:  # no NVML, or the device not found in it: TFLOP/s without clocks
+        print(f"sustained: no NVML handle for this GPU ({type(e).__name__}: {e}); clocks and power not sampled",
+              flush=True)
         handle = None
 
     def run_for(fn, flops: float) -> dict:
@@ -347,11 +348,11 @@ TILE = "tile per-tensor"  # gemm_fp8.sm90a_wgmma forced (M <= 64)
 STREAM = "stream per-tensor"  # gemm_fp8.sm90a_stream forced (M <= 64)
 SKINNY = "skinny per-tensor"  # gemm_fp8.sm89_skinny forced (M <= 64): the decode kernel sm_89 runs
 SIMT = "simt per-tensor"  # gemm_fp8.simt forced (M <= 16): the CUDA-core fallback sm_89 ran before it
-FORCED = {TILE: "gemm_fp8.sm90a_wgmma", STREAM: "gemm_fp8.sm90a_stream", SKINNY: "gemm_fp8.sm89_skinny",
-          SIMT: "gemm_fp8.simt"}
-FORCED_MAX_M = {TILE: 64, STREAM: 64, SKINNY: 64, SIMT: 16}
+GEMV = "gemv per-tensor"  # gemm_fp8.gemv forced (M = 1; the small-weight table's series too)
+FORCED = {TILE: "gemm_fp8.sm90a_wgmma", STREAM: "gemm_fp8.sm90a_stream", GEMV: "gemm_fp8.gemv",
+          SKINNY: "gemm_fp8.sm89_skinny", SIMT: "gemm_fp8.simt"}
+FORCED_MAX_M = {TILE: 64, STREAM: 64, GEMV: 1, SKINNY: 64, SIMT: 16}
 LATE = (SKINNY, SIMT)  # timed in a second pass over the shapes
-GEMV = "gemv per-tensor"  # the small-weight table: gemm_fp8.gemv forced
 SMALL_FORCED = {GEMV: "gemm_fp8.gemv", TILE: FORCED[TILE], STREAM: FORCED[STREAM]}
 
 
@@ -371,7 +372,7 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
                    title="quantize_fp8 and the fused rms_norm_quant (bf16 in; e4m3 and fp32 scales out, group 128; "
                          "bytes in + out)")
     drows = drows or []
-    dseries = SERIES + (TILE, STREAM, SKINNY, SIMT)
+    dseries = SERIES + (TILE, STREAM, GEMV, SKINNY, SIMT)
     dtable = Table(["M", "N", "K", *[f"{c} GB/s" for c in dseries], "copy GB/s",
                     *[f"{c} / copy" for c in dseries if c != "torch._scaled_mm"]],
                    [[d["m"], d["n"], d["k"], *[f"{d['gbs'][c]:.0f}" if c in d["gbs"] else None for c in dseries],

@@ -566,11 +566,12 @@ def _graphs_body(g: dict) -> list:
                         f"steps, max_cache_len {c['max_cache_len']}, bf16"),
             f"rtckern vs torch: eager {_f(sp.get('eager'), '.3f', 'x')}, CUDA graph "
             f"{_f(sp.get('graph'), '.3f', 'x') or '- (not captured)'} "
-            "(issue 21: no slower eager, faster under CUDA graphs)."] + ([
-                "Greedy tokens of a randomly initialised model part at the first near-tie of two logits, which bf16 "
-                f"rounding decides either way; teacher-forced, every model decodes {first}'s greedy inputs and each "
-                "step's logits are compared with the unpatched model's in fp32 (relative L2 error per step)."]
-                if any(m.get("forced") for m in g["models"].values()) else [])
+            "(issue 21: no slower eager, faster under CUDA graphs).",
+            "Greedy tokens of a randomly initialised model part at the first near-tie of two logits, which bf16 "
+            "rounding decides either way" + (
+                f"; teacher-forced, every model decodes {first}'s greedy inputs and each step's logits are compared "
+                "with the unpatched model's in fp32 (relative L2 error per step)."
+                if any(m.get("forced") for m in g["models"].values()) else ".")]
 
 
 def _body(res: dict) -> list:

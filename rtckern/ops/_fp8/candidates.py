@@ -186,10 +186,13 @@ class StreamCandidate(GeometryCandidate):
                f"{cfg.stages} stages of {cfg.span} K bytes"
         blocks, sms = cfg.blocks(p.n), req.device.sm_count
         wide = p.m > geometry.STREAM_FIRST_MAX_M
-        if p.m == 1 and p.n * p.k >= geometry.STREAM_M1_MIN_BYTES and _fills_sms(blocks, sms):
+        if p.m == 1 and p.k >= geometry.GEMV_MIN_K and p.n * p.k >= geometry.STREAM_M1_MIN_BYTES and \
+                _fills_sms(blocks, sms):
             # M = 1 on weights of 96 MiB and more: ahead of the GEMV kernel. H200, b from device memory, two rounds
             # on five weights of 126-252 MiB: 1.00-1.06x the GEMV kernel's GB/s per-tensor, 0.96-1.12x with block
-            # scales; on 14-80 MiB weights 0.83-1.12x (the GEMV kernel 1.14x at 10240 x 8192; docs/performance.md)
+            # scales; on 14-80 MiB weights 0.83-1.12x (the GEMV kernel 1.20x at 4096 x 7168, docs/performance.md).
+            # Shorter rows (K < GEMV_MIN_K, where the GEMV kernel does not serve) were not measured: the tile kernel
+            # keeps them
             return Cost(0.85, "rule", f"{what}; M = 1 on a weight of {p.n * p.k >> 20} MiB: more of b in flight than "
                                       "the GEMV kernel's rows (memory-bound)")
         if p.m == 1 or not _fills_sms(blocks, sms) or (wide and (p.scale == "block" or cfg.per_sm < 2)):

@@ -5,7 +5,7 @@ Kernels (kernel_sources/gemm/):
   gemm_fp8_wgmma_sm90   gemm_fp8_sm90.cuh: TMA + mbarrier ring + wgmma m64nNk32 e4m3, warp-specialized and
                         persistent; promotion of each K block of 128 into fp32 accumulators; sm_90a only
   gemm_fp8_gemv         gemm_fp8_gemv.cuh: M = 1, warps streaming whole rows of b into registers (sm_89+)
-  gemm_fp8_stream       gemm_fp8_stream.cuh: 2 <= M <= 64, a cp.async ring of b's rows into wgmma (sm_90a)
+  gemm_fp8_stream       gemm_fp8_stream.cuh: M <= 64, a cp.async ring of b's rows into wgmma (sm_90a)
   gemm_fp8_skinny       gemm_fp8_skinny.cuh: M <= 64 on mma.sync, and sm_89's tiles past it (sm_89+)
   gemm_fp8_simt         gemm_fp8_simt.cuh: CUDA-core fallback (sm_89+, any alignment)
   quantize_fp8_groups   quantize_fp8.cuh: per-token-group quantization, one warp per group
@@ -287,13 +287,13 @@ def gemv_config(p: Fp8Problem) -> GemvConfig:
     return GemvConfig(4, 1 if p.k <= GEMV_LONG_K else 2)
 
 
-# gemm_fp8_stream (sm_90a, the decode range 2 <= M <= STREAM_MAX_M): blocks of one warpgroup on 64 rows of b, a
+# gemm_fp8_stream (sm_90a, the decode range M <= STREAM_MAX_M; M = 1 from STREAM_M1_MIN_BYTES): blocks of one warpgroup on 64 rows of b, a
 # cp.async ring of stages of 256 or 512 K bytes (each warp-wide copy 256-512 contiguous bytes of a row), b's rows as
 # wgmma's A and the tokens, rounded up to STREAM_TOKEN_TILES, as its B.
 STREAM_MAX_M = 64
 STREAM_FIRST_MAX_M = 32  # ranked ahead of the tile kernel up to here; past it only in some cases (StreamCandidate.cost)
-# M = 1: the streaming kernel ranks ahead of the GEMV kernel on weights (N x K bytes) from here (about twice the L2),
-# where its rings keep more of b in flight (StreamCandidate.cost)
+# M = 1 with K >= GEMV_MIN_K: the streaming kernel ranks ahead of the GEMV kernel on weights (N x K bytes) from here
+# (about twice the L2), where its rings keep more of b in flight (StreamCandidate.cost; measured on an H200)
 STREAM_M1_MIN_BYTES = 96 << 20
 STREAM_TOKEN_TILES = (8, 16, 32, 64)  # the wgmma N of the kernel's token tile (wgmma_fp8_narrow_ops.cuh)
 STREAM_ROWS = 64

@@ -133,8 +133,8 @@ def test_skinny_decode_range(kind, m, n, k):
                                    (17, 16960, 4112), (33, 17000, 528), (64, 16900, 144), (1, 16960, 4112)])
 def test_stream_decode_range(kind, m, n, k):
     """The sm_90a streaming kernel (M <= 64; b's rows as wgmma's A, the tokens as its B): token tiles of 8 to 64
-    rows, the rows past M zero (1, 2, 7, 9, 17, 33, 48; M = 1 also with two blocks per SM, as on weights of 96 MiB
-    and more, where it ranks first), N past the last 64-row tile (63, 4097, 300, 129, 4104, 16900,
+    rows, the rows past M zero (1, 2, 7, 9, 17, 33, 48; M = 1 also with two blocks per SM, as on the widest of the
+    weights of 96 MiB and more where it ranks first at M = 1), N past the last 64-row tile (63, 4097, 300, 129, 4104, 16900,
     17000), K past the last stage and 128-K block (144, 4112, 1040, 16, 528), long K (18432), one block per SM
     (stages of 512 K bytes) and two (N >= 16833 on 132 SMs: 3 stages of 512 at NT = 8, stages of 256, each
     warp-wide copy two rows, past it; K 2064 and 4112 wrap those rings), every output dtype with and without a

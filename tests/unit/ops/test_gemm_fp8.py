@@ -405,8 +405,9 @@ def test_stream_launch_and_ranking():
     many of 256 in half the shared memory), else one with the deepest ring of 512 (up to 6); ranked ahead of the tile
     kernel for 2 <= M <= 32 where its blocks fill 3/4 of the SMs and for 33 <= M <= 64 with per-tensor or channel
     scales where they are two per SM, after it with block scales past 32 or with fewer blocks; at M = 1 ahead of the
-    GEMV kernel on weights of 96 MiB and more (28672 x 8192: 224 MiB), after it below (10240 x 8192: 80 MiB); sm_90
-    only."""
+    GEMV kernel on weights of 96 MiB and more with K >= 2048 (28672 x 8192: 224 MiB), else after it and after the
+    tile kernel (10240 x 8192: 80 MiB; 151936 x 896, a 130 MiB LM head with rows too short for the GEMV kernel);
+    sm_90 only."""
     from rtckern.ops._fp8 import launch
     from rtckern.sources import read_source
     from rtckern.testing import kernel_parameters
@@ -432,6 +433,7 @@ def test_stream_launch_and_ranking():
     assert G.STREAM_TOKEN_TILES == wgmma_gen.FP8_NARROW_N  # the token tiles the generated wrappers exist for
     for shape, want in (("8x6336x8192", "gemm_fp8.sm90a_stream"), ("8x6272x8192", "gemm_fp8.sm90a_wgmma"),
                         ("1x28672x8192", "gemm_fp8.sm90a_stream"), ("1x10240x8192", "gemm_fp8.gemv"),
+                        ("1x151936x896", "gemm_fp8.sm90a_wgmma"),
                         ("1x512x8192", "gemm_fp8.sm90a_wgmma"),
                         ("32x28672x8192", "gemm_fp8.sm90a_stream"), ("33x8192x28672", "gemm_fp8.sm90a_wgmma"),
                         ("64x28672x8192", "gemm_fp8.sm90a_stream"), ("64x16832x8192", "gemm_fp8.sm90a_wgmma")):

@@ -267,10 +267,12 @@ TN.GRAD_FORMULAS.update(tn_rms_fwd=("rms_norm", "tn_rms_bwd", "tn_rms_fwd"), tn_
 
 # ops of attention_varlen_fwd / _bwd's schemas: o = 2q, lse a copy of q; dq = 2 dout, dk = 3k, dv = 4v (constants)
 varlen_calls = []  # what the backward op got: (max_q, max_k, causal, scale, deterministic, cu_q's last, cu_k's last)
+varlen_lse_asked = []  # the forward op's return_lse, call by call
 
 
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int, causal: bool,
                scale_: Optional[float], return_lse: bool) -> tuple[Tensor, Tensor]:
+    varlen_lse_asked.append(return_lse)
     return sc(q, 2.0), (sc(q, 1.0) if return_lse else torch.empty(0))
 
 
@@ -537,12 +539,14 @@ def test_calls_needing_a_gradient_make_a_cpp_autograd_node(outcomes):
         _, lse = ops.tn_varlen_fwd(qg, k, v, cu_q, cu_k, 5, 5, True, None, True)
         lse.sum().backward()  # only the lse used: nothing reaches q (the formula ignores the lse's gradient)
         assert qg.grad is None and len(varlen_calls) == 2, (qg.grad, varlen_calls)
+        assert varlen_lse_asked == [True, False, True, True], varlen_lse_asked  # the recompute asked for the lse
         qg, vg = q.clone().requires_grad_(), v.clone().requires_grad_()
         o = ops.tn_varlen(qg, k, vg, cu_q, cu_k, 6, 6, True)  # the composite: one node, its forward op gives the lse
         assert "AttentionVarlenBackward" in o.grad_fn.name() and torch.equal(o, q * 2), o.grad_fn.name()
         o.sum().backward()
         assert torch.equal(qg.grad, torch.full((8,), 2.0)) and torch.equal(vg.grad, v * 4)
         assert varlen_calls[2] == (6, 6, True, None, False, 8, 7), varlen_calls
+        assert varlen_lse_asked[4:] == [True], varlen_lse_asked  # asked once, with the lse: no recompute
     """)
 def test_variable_length_attention_gets_its_cpp_autograd_node(outcomes):
     """attention_varlen_fwd's formula (here test ops of its and its composite's schemas): one C++ node per call
