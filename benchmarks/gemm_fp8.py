@@ -6,11 +6,11 @@ torch._scaled_mm (per-tensor scales, bf16 out), and quantize_fp8's GB/s against 
 Shapes (M x N x K): issue 23's list (4096^3, 8192^3, Llama-70B / DeepSeek-V3 projections, M = 128 and 16 decode
 shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M N K / time. The decode range (M =
 1..64 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
-device's copy bandwidth, the memory-bound roofline, with sm_90a's tile and streaming kernels, the GEMV kernel (M =
-1), sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps) forced beside
-the kernel the registry picks; batch-1 decode on small weights over rotating copies of b, the GEMV, tile and
-streaming kernels forced; and sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced,
-at two shapes (TFLOP/s).
+device's copy bandwidth, the memory-bound roofline, with sm_90a's tile and streaming kernels, the GEMV kernel (M = 1),
+sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps)
+forced beside the kernel the registry picks; batch-1 decode on small weights over rotating copies of b, the GEMV, tile
+and streaming kernels forced; and sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both
+forced, at two shapes (TFLOP/s).
 quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
 
 Sustained (the shapes with M >= 4096, --sustain seconds per call, 0 to skip): the GPU runs each of the three calls

@@ -960,7 +960,8 @@ bool schemas_fit(uint8_t formula, const c10::FunctionSchema& self, const c10::Fu
       {kRope, {{"TTTTi", 2, "TTTTi", 2, "TTTTi", 2}}},
       {kCrossEntropy, {{"TTis", 3, "TTTTti", 1, "TTis", 3}}},
       {kAttentionVarlen,
-       {{"TTTTTiibFb", 2, "TTTTTTTTiibFb", 3, "TTTTTiibFb", 2}, {"TTTTTiibF", 1, "TTTTTTTTiibFb", 3, "TTTTTiibFb", 2}}}};
+       {{"TTTTTiibFb", 2, "TTTTTTTTiibFb", 3, "TTTTTiibFb", 2},
+        {"TTTTTiibF", 1, "TTTTTTTTiibFb", 3, "TTTTTiibFb", 2}}}};
   auto it = shapes.find(formula);
   if (it == shapes.end()) return false;
   for (const Shape& sh : it->second)

@@ -70,9 +70,9 @@ def gemm_fp8(a, b, a_scale, b_scale, out_dtype="bf16", bias=None, trans_b: bool 
         GEMV kernel (warps streaming whole rows of b) where its blocks fill the SMs; on sm_90, 2 <= M <= 32 (and M = 1
         with K >= 2048 on weights of 96 MiB and more) a streaming kernel (b's rows by cp.async into wgmma) where its
         64-row blocks fill the SMs (up to M = 64 with per-tensor or per-channel scales where they are two per SM),
-        else the wgmma tile kernel (split over K in
-        thread-block clusters for decode shapes whose tiles would leave SMs idle); other sm_89+ GPUs an mma.sync
-        kernel (streaming b for M <= 64, 64 x 64 tiles above); unaligned bases a CUDA-core kernel.
+        else the wgmma tile kernel (split over K in thread-block clusters for decode shapes whose tiles would leave
+        SMs idle); other sm_89+ GPUs an mma.sync kernel (streaming b for M <= 64, 64 x 64 tiles above); unaligned
+        bases a CUDA-core kernel.
 
     Raises:
         InputError: a GPU older than sm_89 (no fp8), a dtype other than float8_e4m3fn / float8_e5m2 for a,

@@ -287,9 +287,9 @@ def gemv_config(p: Fp8Problem) -> GemvConfig:
     return GemvConfig(4, 1 if p.k <= GEMV_LONG_K else 2)
 
 
-# gemm_fp8_stream (sm_90a, the decode range M <= STREAM_MAX_M; M = 1 from STREAM_M1_MIN_BYTES): blocks of one warpgroup on 64 rows of b, a
-# cp.async ring of stages of 256 or 512 K bytes (each warp-wide copy 256-512 contiguous bytes of a row), b's rows as
-# wgmma's A and the tokens, rounded up to STREAM_TOKEN_TILES, as its B.
+# gemm_fp8_stream (sm_90a, the decode range M <= STREAM_MAX_M; M = 1 from STREAM_M1_MIN_BYTES): blocks of one
+# warpgroup on 64 rows of b, a cp.async ring of stages of 256 or 512 K bytes (each warp-wide copy 256-512 contiguous
+# bytes of a row), b's rows as wgmma's A and the tokens, rounded up to STREAM_TOKEN_TILES, as its B.
 STREAM_MAX_M = 64
 STREAM_FIRST_MAX_M = 32  # ranked ahead of the tile kernel up to here; past it only in some cases (StreamCandidate.cost)
 # M = 1 with K >= GEMV_MIN_K: the streaming kernel ranks ahead of the GEMV kernel on weights (N x K bytes) from here

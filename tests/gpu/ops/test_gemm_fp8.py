@@ -130,7 +130,8 @@ def test_skinny_decode_range(kind, m, n, k):
 @pytest.mark.parametrize("m,n,k", [(1, 256, 2048), (2, 63, 144), (7, 4097, 512), (8, 300, 4112), (9, 129, 1040),
                                    (16, 1000, 16), (17, 2048, 8192), (33, 4104, 18432), (48, 129, 528),
                                    (64, 2048, 8192), (8, 16960, 4112), (9, 16960, 1040), (12, 16960, 2064),
-                                   (17, 16960, 4112), (33, 17000, 528), (64, 16900, 144), (1, 16960, 4112)])
+                                   (17, 16960, 4112), (33, 17000, 528), (64, 16900, 144),
+                                   (1, 16960, 4112)])
 def test_stream_decode_range(kind, m, n, k):
     """The sm_90a streaming kernel (M <= 64; b's rows as wgmma's A, the tokens as its B): token tiles of 8 to 64
     rows, the rows past M zero (1, 2, 7, 9, 17, 33, 48; M = 1 also with two blocks per SM, as on the widest of the
