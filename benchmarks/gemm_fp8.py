@@ -80,6 +80,17 @@ def _operands(m: int, n: int, k: int) -> tuple:
     return a, b, one, sa_blk, sb_blk
 
 
+def _series(a, b, one, sa_blk, sb_blk) -> dict:
+    """The compared calls (SERIES) on one problem's operands: rtckern per-tensor and block-scaled, torch._scaled_mm."""
+    import torch
+
+    from rtckern import ops
+
+    return {"rtckern per-tensor": lambda: ops.gemm_fp8(a, b, one, one),
+            "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
+            "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)}
+
+
 def reps_of(args) -> int:
     return 10 if args.quick else args.reps
 
@@ -97,10 +108,7 @@ def run(args):
         a, b, one, sa_blk, sb_blk = _operands(m, n, k)
         flops = 2.0 * m * n * k
         res = {}
-        runs = {"rtckern per-tensor": lambda: ops.gemm_fp8(a, b, one, one),
-                "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
-                "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
-                                                             out_dtype=torch.bfloat16)}
+        runs = _series(a, b, one, sa_blk, sb_blk)
         for name, fn in runs.items():
             try:
                 res[name] = flops / (_time_ms(fn, reps) * 1e-3) / 1e12
@@ -139,8 +147,6 @@ def _sustained(shapes, seconds: float) -> list[dict]:
     import time
 
     import torch
-
-    from rtckern import ops
 
     try:
         import pynvml
@@ -193,10 +199,7 @@ def _sustained(shapes, seconds: float) -> list[dict]:
     rows = []
     for m, n, k in shapes:
         a, b, one, sa_blk, sb_blk = _operands(m, n, k)
-        runs = {"rtckern per-tensor": lambda: ops.gemm_fp8(a, b, one, one),
-                "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
-                "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
-                                                             out_dtype=torch.bfloat16)}
+        runs = _series(a, b, one, sa_blk, sb_blk)
         rounds: dict[str, list[dict]] = {name: [] for name in runs}
         for order in (list(runs), list(runs)[::-1]):
             for name in order:
@@ -303,7 +306,7 @@ def _decode_shape(out: list, late_pass: bool, m: int, n: int, k: int, reps: int,
     kernels' (LATE) added to the shape's row."""
     import torch
 
-    from rtckern import config, ops
+    from rtckern import config
 
     try:
         a, b, one, sa_blk, sb_blk = _operands(m, n, k)
@@ -313,14 +316,9 @@ def _decode_shape(out: list, late_pass: bool, m: int, n: int, k: int, reps: int,
             out.append({"m": m, "n": n, "k": k, "gbs": {}, "copy_gbs": copy})
         return
     nbytes = n * k + m * k + m * n * 2
-
-    def per_tensor():
-        return ops.gemm_fp8(a, b, one, one)
-    runs = {"rtckern per-tensor": per_tensor,
-            "rtckern block": lambda: ops.gemm_fp8(a, b, sa_blk, sb_blk),
-            "torch._scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
-                                                         out_dtype=torch.bfloat16),
-            **dict.fromkeys(FORCED, per_tensor)}  # each forced kernel: the per-tensor call
+    runs = _series(a, b, one, sa_blk, sb_blk)
+    per_tensor = runs["rtckern per-tensor"]
+    runs.update(dict.fromkeys(FORCED, per_tensor))  # each forced kernel: the per-tensor call
     gbs = {} if not late_pass else next(d for d in out if (d["m"], d["n"], d["k"]) == (m, n, k))["gbs"]
     for name, fn in runs.items():
         if (name in LATE) != late_pass:

@@ -64,10 +64,8 @@ def plain_eager(*tensors: Optional[torch.Tensor]) -> bool:
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, zero_centered: bool = False,
              out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """torch.ops.rtckern.rms_norm: through the native front, or without the dispatcher in plain eager code."""
-    if not _compiling() and _native("rms_norm", x, weight):
+    if (not _compiling() and _native("rms_norm", x, weight)) or not plain_eager(x, weight):
         return _ops.rms_norm(x, weight, eps, zero_centered, out_dtype)
-    if not plain_eager(x, weight):
-        return torch.ops.rtckern.rms_norm(x, weight, eps, zero_centered, out_dtype)
     return _family("rtckern.plugins._torch_norms").rms_norm_direct(x, weight, eps, zero_centered, out_dtype)
 
 
@@ -75,10 +73,8 @@ def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Opt
                eps: float = 1e-5, zero_centered: bool = False,
                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """torch.ops.rtckern.layer_norm: through the native front, or without the dispatcher in plain eager code."""
-    if not _compiling() and _native("layer_norm", x, weight, bias):
+    if (not _compiling() and _native("layer_norm", x, weight, bias)) or not plain_eager(x, weight, bias):
         return _ops.layer_norm(x, weight, bias, eps, zero_centered, out_dtype)
-    if not plain_eager(x, weight, bias):
-        return torch.ops.rtckern.layer_norm(x, weight, bias, eps, zero_centered, out_dtype)
     return _family("rtckern.plugins._torch_norms").layer_norm_direct(x, weight, bias, eps, zero_centered, out_dtype)
 
 
@@ -86,10 +82,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               softmax_scale: Optional[float] = None) -> torch.Tensor:
     """torch.ops.rtckern.attention ((batch, seqlen, heads, head_dim) layout): through the native front, or without
     the dispatcher in plain eager code."""
-    if not _compiling() and _native("attention", q, k, v):
+    if (not _compiling() and _native("attention", q, k, v)) or not plain_eager(q, k, v):
         return _ops.attention(q, k, v, causal, softmax_scale)
-    if not plain_eager(q, k, v):
-        return torch.ops.rtckern.attention(q, k, v, causal, softmax_scale)
     return _family("rtckern.plugins._torch_attention").attention_direct(q, k, v, causal, softmax_scale)
 
 
@@ -105,10 +99,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """torch.ops.rtckern.swiglu (silu(gate) * up): through the native front, or without the dispatcher in plain eager
     code."""
-    if not _compiling() and _native("swiglu", gate, up):
+    if (not _compiling() and _native("swiglu", gate, up)) or not plain_eager(gate, up):
         return _ops.swiglu(gate, up)
-    if not plain_eager(gate, up):
-        return torch.ops.rtckern.swiglu(gate, up)
     return _family("rtckern.plugins._torch_glu").swiglu_direct(gate, up)
 
 
