@@ -370,10 +370,13 @@ class Settings:
     """Every setting, read from the environment once (from_env); see the module docstring."""
     # --- cache ---
     cache_dir: Path = _var(
-        "RTCKERN_CACHE_DIR", "The writable disk cache.",
+        "RTCKERN_CACHE_DIR", "The writable disk cache. Beside the binaries it keeps small memos that spare a fresh "
+        "process work on a warm cache: `toolchain/` (NVRTC's version and archs, cuda.h's version, per file identity) "
+        "and `tables/` (the shipped tuning tables parsed, per content digest).",
         "`$XDG_CACHE_HOME/rtckern`, else `~/.cache/rtckern`, else (no HOME and a uid without a passwd entry) "
         "`$TMPDIR/rtckern-cache-<uid>`, with a warning")
-    disk_cache: bool = _var("RTCKERN_DISK_CACHE", "0 keeps binaries in memory only (no disk tier).", "1")
+    disk_cache: bool = _var("RTCKERN_DISK_CACHE", "0 keeps binaries in memory only (no disk tier) and writes no "
+                                  "memos.", "1")
     cache_max_bytes: int | None = _var(
         "RTCKERN_CACHE_MAX_BYTES", "LRU-prune the disk tier above this size: bytes or K/M/G/T (1024-based), "
                                    f"at least {_human(MIN_CACHE_MAX_BYTES)}. Each process counts its own writes "

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import json
 import re
 import threading
 import time
 from pathlib import Path
 
 from ..arch import nvrtc_unsupported_message
+from ..cache import file_memo
 from ..config import settings
 from ..errors import ArchError, CompileError, RtckernError
 from ..sources import kernel_sources_dir
@@ -60,11 +62,33 @@ def cuda_include_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def cuda_header_version() -> int:
-    """CUDA_VERSION from the headers' cuda.h (e.g. 13000): a header change changes every key. The define sits near
-    the top of a file of >1 MB: the first 64 KB are searched first, the whole file only if they lack it."""
+    """CUDA_VERSION from the headers' cuda.h (e.g. 13000): a header change changes every key. Remembered per file
+    identity in the cache dir (cache/file_memo.py; the headers are installed, not edited, as NVRTC's library is),
+    so a process on a warm cache does not read the header for it."""
+    path = cuda_include_dir() / "cuda.h"
+    try:
+        ident = file_memo.file_identity(path)
+    except OSError:
+        return 0
+    memo = file_memo.memo_path("toolchain", "cuda-h", json.dumps(ident, sort_keys=True), ".json")
+    try:
+        data = json.loads(file_memo.read(memo) or b"null")
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and data.get("header") == ident and type(data.get("cuda_version")) is int:
+        return data["cuda_version"]
+    version = _read_cuda_version(path)
+    if version:
+        file_memo.write(memo, json.dumps({"header": ident, "cuda_version": version}, sort_keys=True).encode())
+    return version
+
+
+def _read_cuda_version(path: Path) -> int:
+    """The define sits near the top of a file of >1 MB: the first 64 KB are searched first, the whole file only if
+    they lack it."""
     define = re.compile(r"#define\s+CUDA_VERSION\s+(\d+)")
     try:
-        with open(cuda_include_dir() / "cuda.h", encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             head = f.read(1 << 16)
             m = define.search(head)
             if m is None or m.end() == len(head):  # not there, or its digits may go on past the chunk

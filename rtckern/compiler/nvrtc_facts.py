@@ -15,18 +15,12 @@ its file is a miss, and any error writing one is ignored.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
 import json
-import logging
-import os
-import tempfile
 from pathlib import Path
 
-from ..config import settings
+from ..cache import file_memo
 
-log = logging.getLogger(__name__)
 FORMAT = 1
 
 
@@ -37,29 +31,18 @@ class NvrtcFacts:
     archs: tuple[int, ...]
 
 
-def file_identity(library: Path) -> dict:
-    """What tells one library file from another (a replaced or rewritten file changes at least one of these)."""
-    st = os.stat(library)
-    return {"path": os.path.realpath(library), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "inode": st.st_ino, "device": st.st_dev}
+file_identity = file_memo.file_identity
 
 
 def memo_path(identity: dict) -> Path | None:
-    s = settings()
-    if not s.disk_cache:
-        return None
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
-    return s.cache_dir / "toolchain" / f"nvrtc-{digest}.json"
+    return file_memo.memo_path("toolchain", "nvrtc", json.dumps(identity, sort_keys=True), ".json")
 
 
 def recall(library: Path) -> NvrtcFacts | None:
     """The facts remembered for the library file as it is now, or None."""
     try:
         ident = file_identity(library)
-        path = memo_path(ident)
-        if path is None:
-            return None
-        data = json.loads(path.read_text())
+        data = json.loads(file_memo.read(memo_path(ident)) or b"null")
     except (OSError, ValueError):
         return None
     return _facts_of(data, ident)
@@ -78,33 +61,14 @@ def _facts_of(data, ident: dict) -> NvrtcFacts | None:
 
 def remember(identity: dict, facts: NvrtcFacts) -> None:
     """Write the facts read from the library whose identity (taken before it was loaded) is `identity`."""
-    path = memo_path(identity)
-    if path is None or not path.parent.parent.is_dir():  # a cache dir that does not exist is not created for it
-        return
     data = {"format": FORMAT, "library": identity, "nvrtc_version": list(facts.version),
             "supported_archs": list(facts.archs)}
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:  # a read-only or full cache dir: the next process asks the library again
-        log.debug("cannot remember NVRTC's facts in %s: %s", path, e)
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    file_memo.write(memo_path(identity), json.dumps(data, sort_keys=True).encode())
 
 
 def forget(library: Path) -> None:
     """Remove the memo of the library file as it is now (one that turned out wrong)."""
-    with contextlib.suppress(OSError):
-        path = memo_path(file_identity(library))
-        if path is not None:
-            path.unlink()
-
+    try:
+        file_memo.forget(memo_path(file_identity(library)))
+    except OSError:  # the file is gone: so is any memo that could match it
+        pass

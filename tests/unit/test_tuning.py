@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -523,3 +525,70 @@ def test_a_row_keyed_by_a_feature_arch_is_refused_at_load(tmp_path):
     """Rows are keyed by the compute capability: an 'sm_90a' row could never match, so the table is refused."""
     with pytest.raises(TuningTableError, match=r"arch 'sm_90a' should be like 'sm_90'.*without a feature suffix"):
         table(tmp_path, [row("sm_90a", 132, "bf16", 4096, 1)])
+
+
+# -- the shipped tables' memo ------------------------------------------------------------------------------------
+def _as_compared(t):
+    return (t.op, t.key_fields, [(r.key, dict(r.config), dict(r.meta), r.index) for r in t.rows],
+            {k: r.index for k, r in t.exact.items()}, {k: [r.index for r in rs] for k, rs in t.by_shape.items()})
+
+
+def test_a_shipped_table_read_through_its_memo_equals_the_parsed_file(cache_dir, monkeypatch):
+    """The first read parses the JSON and remembers the rows in the cache dir; the next process (here: the next read
+    after the in-process cache is dropped) unmarshals them without parsing JSON, and gets the same table."""
+    cache_dir.mkdir()
+    path = tuning.shipped_table_path("norm_fwd")
+    parsed = parse_table(json.loads(path.read_text()), path, "norm_fwd", check_rows=True)
+    first = load_table(path, "norm_fwd", check_rows=False)
+    (memo,) = (cache_dir / "tables").iterdir()
+    assert memo.name.startswith("norm_fwd-") and memo.suffix == ".marshal"
+    tuning._cache.clear()
+    monkeypatch.setattr(tuning.json, "loads", lambda *a, **k: pytest.fail("the memo was not used"))
+    again = load_table(path, "norm_fwd", check_rows=False)
+    assert again is not first and _as_compared(again) == _as_compared(first) == _as_compared(parsed)
+    assert again.path == path
+
+
+def test_the_memo_follows_the_contents_not_the_timestamp(cache_dir, tmp_path):
+    """A table edited in place with its size and mtime kept is read anew: the memo is keyed by the bytes."""
+    cache_dir.mkdir()
+    p = write(tmp_path / "norm.json", [row("sm_90", 132, "bf16", 4096, 11)])
+    assert load_table(p, "norm", check_rows=False).rows[0].config == {"block": 11}
+    st = p.stat()
+    write(p, [row("sm_90", 132, "bf16", 4096, 22)])
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    tuning._cache.clear()
+    assert load_table(p, "norm", check_rows=False).rows[0].config == {"block": 22}
+    assert len(list((cache_dir / "tables").iterdir())) == 2
+
+
+def test_a_damaged_or_foreign_memo_is_a_miss_and_is_rewritten(cache_dir, tmp_path):
+    cache_dir.mkdir()
+    p = write(tmp_path / "norm.json", [row("sm_90", 132, "bf16", 4096, 11)])
+    load_table(p, "norm", check_rows=False)
+    (memo,) = (cache_dir / "tables").iterdir()
+    good = memo.read_bytes()
+    other = marshal.dumps((1, "norm", ["dtype", "n"], [("sm_90",)]))  # a digest that matches, rows that do not
+    for bad in (good[:-1] + bytes([good[-1] ^ 1]), good[:40], b"", good[:32] + b"\x00" * 8,
+                hashlib.sha256(other).digest() + other):
+        memo.write_bytes(bad)
+        tuning._cache.clear()
+        assert load_table(p, "norm", check_rows=False).rows[0].config == {"block": 11}
+        assert memo.read_bytes() == good
+    tuning._cache.clear()
+    with pytest.raises(TuningTableError, match="table is for op 'norm', expected 'other'"):
+        load_table(p, "other", check_rows=False)  # the memo of another op's table is not taken for this one
+
+
+def test_no_memo_without_a_disk_cache_or_for_a_checked_table(cache_dir, tmp_path):
+    cache_dir.mkdir()
+    p = write(tmp_path / "norm.json", [row("sm_90", 132, "bf16", 4096, 11)])
+    load_table(p, "norm")  # a user's table: checked row by row, never memoized
+    with config.override(disk_cache=False):
+        tuning._cache.clear()
+        load_table(p, "norm", check_rows=False)
+    assert not (cache_dir / "tables").exists()
+    with config.override(cache_dir=tmp_path / "absent"):
+        tuning._cache.clear()
+        load_table(p, "norm", check_rows=False)
+    assert not (tmp_path / "absent").exists()  # a cache dir that does not exist is not created for a memo

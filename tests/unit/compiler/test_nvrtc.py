@@ -66,10 +66,35 @@ def test_cold_compile_is_fast():
 
 
 @pytest.mark.parametrize("pad", [0, (1 << 16) - len("#define CUDA_VERSION 12"), 1 << 17])
-def test_header_version_wherever_the_define_is(tmp_path, monkeypatch, pad):
+def test_header_version_wherever_the_define_is(tmp_path, monkeypatch, cache_dir, pad):
     """cuda.h is searched in its first 64 KB first: a define past it, or whose digits cross it, is read whole."""
     from rtckern.compiler import nvrtc
 
     (tmp_path / "cuda.h").write_text(" " * pad + "#define CUDA_VERSION 12080\n#define CUDA_VERSION 1\n")
     monkeypatch.setattr(nvrtc, "cuda_include_dir", lambda: tmp_path)
     assert nvrtc.cuda_header_version.__wrapped__() == 12080
+
+
+def test_header_version_is_remembered_per_file_identity(tmp_path, monkeypatch, cache_dir):
+    """A process on a warm cache dir takes cuda.h's version from its memo; another cuda.h (a new identity) is read."""
+    from rtckern.compiler import nvrtc
+
+    cache_dir.mkdir()
+    inc = tmp_path / "include"
+    inc.mkdir()
+    (inc / "cuda.h").write_text("#define CUDA_VERSION 12080\n")
+    monkeypatch.setattr(nvrtc, "cuda_include_dir", lambda: inc)
+    assert nvrtc.cuda_header_version.__wrapped__() == 12080
+    assert len(list((cache_dir / "toolchain").glob("cuda-h-*.json"))) == 1
+    real_read = nvrtc._read_cuda_version
+    monkeypatch.setattr(nvrtc, "_read_cuda_version", lambda path: pytest.fail("read again despite the memo"))
+    assert nvrtc.cuda_header_version.__wrapped__() == 12080
+    (inc / "cuda.h").write_text("#define CUDA_VERSION 13000\n\n")  # another file: size and mtime differ
+    monkeypatch.setattr(nvrtc, "_read_cuda_version", real_read)
+    assert nvrtc.cuda_header_version.__wrapped__() == 13000
+    reads = []
+    monkeypatch.setattr(nvrtc, "_read_cuda_version", lambda path: reads.append(path) or real_read(path))
+    for m in (cache_dir / "toolchain").glob("cuda-h-*.json"):
+        m.write_text("{not json")
+    assert nvrtc.cuda_header_version.__wrapped__() == 13000 and reads == [inc / "cuda.h"]  # a damaged memo: a miss
+    assert nvrtc.cuda_header_version.__wrapped__() == 13000 and len(reads) == 1  # ... written again
