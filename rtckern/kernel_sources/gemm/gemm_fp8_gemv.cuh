@@ -13,9 +13,11 @@
 // ((p / 32) 4 + j) 32 + p % 32), so the 32 lanes of a warp, which read pieces p .. p + 31, read 32 consecutive float4s
 // (no bank conflicts). At the end the warp adds its lanes' sums (a butterfly) and lane r stores row0 + r.
 // Scales (fp8.cuh): RTK_FP8_SCALE_CHANNEL (per tensor: strides 0) in the epilogue, RTK_FP8_SCALE_BLOCK per piece.
+// On sm_90 a programmatic dependent launch, as gemm_fp8_stream.cuh says.
 // Grid: ceil(N / (RTK_FP8_GEMV_WARPS x ROWS)) blocks of RTK_FP8_GEMV_WARPS warps, the 16-byte pieces of K rounded up to
 // 32 x 64 bytes of dynamic shared memory; the parameters are gemm_fp8_skinny's (m must be 1).
 #pragma once
+#include "common/pdl.cuh"
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"
 
@@ -60,6 +62,7 @@ __global__ void __launch_bounds__(RTK_FP8_GEMV_WARPS * 32)
   static_assert(SCALE == RTK_FP8_SCALE_CHANNEL || SCALE == RTK_FP8_SCALE_BLOCK, "channel (tensor) or block scales");
 #if RTK_ARCH >= 890
   (void)m, (void)lda, (void)sa_row, (void)ldc;  // one row of a (the host's contract)
+  rtk_pdl_wait_prior_grid();  // a dependent launch on sm_90 (as gemm_fp8_stream.cuh): inputs final from here
   // a's row as floats, converted once per block: every warp reads it for its rows of b
   extern __shared__ __align__(16) float4 rtk_fp8_gemv_a[];
   const int pieces = (int)(k >> 4);  // 16-byte pieces of the row (the host keeps them within shared memory)
@@ -137,6 +140,7 @@ __global__ void __launch_bounds__(RTK_FP8_GEMV_WARPS * 32)
       for (int r = 0; r < ROWS; ++r) v[u][r] = nxt[u][r];
   }
 
+  rtk_pdl_launch_dependents();  // the next kernel's blocks may be scheduled while this one stores
   // the warp's sums: every lane ends with every total (a fixed order of additions: results repeat bit for bit)
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)

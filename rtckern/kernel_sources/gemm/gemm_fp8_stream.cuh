@@ -22,10 +22,15 @@
 // promotion never waits on a load); the fp8 tensor cores' reduced-precision accumulation is bounded to one K
 // block, as in the tile kernels.
 // Scales (fp8.cuh): RTK_FP8_SCALE_CHANNEL (per tensor: strides 0) in the epilogue, RTK_FP8_SCALE_BLOCK per K block.
+// On sm_90 the host launches it as a programmatic dependent launch (common/pdl.cuh): its blocks may be scheduled
+// while the stream's previous kernel runs and wait for it before their first read; after the main loop they let the
+// next kernel's blocks be scheduled (from the kernel's start, 7168 x 18432 read 5% slower on an H200). Decode GEMMs
+// are short (4-60 us): the gap between kernels was 4-14% of a call on 8-60 MB weights (docs/performance.md).
 // Grid: ceil(N / 64) blocks of 128 threads; dynamic shared memory STAGES x rtk_fp8_stream_stage_bytes(NT, SPAN) +
 // 1024 (the ring aligned to 1024 bytes); the parameters are gemm_fp8_skinny's. The host (geometry.stream_config)
 // picks a ring two blocks per SM can share where the grid has two per SM, else the deepest one block can have.
 #pragma once
+#include "common/pdl.cuh"
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"
 #include "gemm/hopper.cuh"
@@ -74,6 +79,7 @@ __global__ void __launch_bounds__(128)
   static_assert(SPAN == 256 || SPAN == 512, "SPAN: K bytes per stage, 256 or 512");
   static_assert(SCALE == RTK_FP8_SCALE_CHANNEL || SCALE == RTK_FP8_SCALE_BLOCK, "channel (tensor) or block scales");
 #if defined(RTK_HAS_WGMMA)
+  rtk_pdl_wait_prior_grid();  // a dependent launch: what the previous kernel wrote (a, b, scales) is final from here
   constexpr int KBS = SPAN / 128;                    // K blocks per stage: commit groups in flight
   static_assert(KBS <= 4, "rtk_fp8_stream_wait counts up to 3 groups pending");
   constexpr int B_SUB = 64 * 128, A_SUB = NT * 128;  // one K block's sub-tiles of b and a
@@ -179,6 +185,7 @@ __global__ void __launch_bounds__(128)
     }
   }
   rtk_cp_async_wait<0>();  // the ring's last (empty) copies
+  rtk_pdl_launch_dependents();  // the next kernel's blocks may be scheduled while this one stores
 
   RtkGemmOut<TOut, TBias> o;
   rtk_gemm_out_init<HAS_BIAS, false, false>(o, c, bias, static_cast<const TOut*>(nullptr), 0, 0, 0, m, n, ldc, 0);

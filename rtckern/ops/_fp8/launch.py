@@ -11,6 +11,9 @@ from rtckern.runtime.tma import encode_tiled
 from .geometry import OUT_BYTES, SIMT_TILE, Fp8Problem
 
 _KINDS = MappingProxyType({"map": "M", "u64": "P", "i64": "q"})
+# The decode kernels, launched as programmatic dependents on sm_90: they wait for the previous kernel at their start
+# (gemm_fp8_gemv.cuh, gemm_fp8_stream.cuh), so their launch overlaps its end: 2-14% of a call on 8-60 MB weights.
+DEPENDENT_KINDS = frozenset(("gemv", "stream"))
 
 
 class Prepared:
@@ -18,12 +21,14 @@ class Prepared:
 
     __slots__ = ("kernel", "grid", "block", "smem", "params", "_go", "_tail")
 
-    def __init__(self, kernel, grid: tuple, block: tuple, smem: int, params: list):
+    def __init__(self, kernel, grid: tuple, block: tuple, smem: int, params: list, dependent: bool = False):
+        """dependent: a programmatic dependent launch on sm_90 (Kernel.prepare), for kernels that wait for the
+        previous kernel before their first read (common/pdl.cuh)."""
         self.kernel, self.grid, self.block, self.smem = kernel, grid, block, int(smem)
         self.params = list(params)
         self._tail = None
         prepare = getattr(kernel, "prepare", None)
-        self._go = prepare(grid, block, "".join(_KINDS[k] for k, _ in params), self.smem) \
+        self._go = prepare(grid, block, "".join(_KINDS[k] for k, _ in params), self.smem, dependent=dependent) \
             if prepare is not None else None
 
     def run(self, values: tuple, stream: int) -> None:
@@ -76,7 +81,8 @@ class GemmLaunch:
         if cfg is not None and cfg.kind != "sm90":  # the GEMV, streaming and mma.sync kernels: the skinny's parameters
             self._maps = None
             scalars = (p.m, p.n, p.k, lda, ldb, p.n, sa_row, sa_kb, sb_row, sb_kb)
-            self._main = Prepared(kernel, *cfg.launch_geometry(p), [("u64", 0)] * 6 + [("i64", v) for v in scalars])
+            self._main = Prepared(kernel, *cfg.launch_geometry(p), [("u64", 0)] * 6 + [("i64", v) for v in scalars],
+                                  dependent=cfg.kind in DEPENDENT_KINDS)
         elif cfg is not None:  # sm_90a
             # a multicast pair's blocks each load B's rows bn / 2 ..; units: tiles, or pairs of row blocks; cl: the
             # cluster size. A's box: 64-row tiles load min(m, 64) rows (a box past m zero-fills at TMA's cost), wider

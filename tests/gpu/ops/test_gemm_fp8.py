@@ -166,6 +166,50 @@ def _check_mma_sync(cand, kind, m, n, k):
         _check(gemm_fp8(a5, b, sa, sb), _ref(a5, b, sa, sb, None, kind), torch.bfloat16)
 
 
+@pytest.mark.parametrize("cand,m,n", [("gemm_fp8.gemv", 1, 4100), ("gemm_fp8.sm90a_stream", 1, 16960),
+                                      ("gemm_fp8.sm90a_stream", 9, 4104), ("gemm_fp8.sm90a_stream", 64, 16900)])
+def test_decode_kernels_read_what_the_kernel_before_them_wrote(cand, m, n):
+    """The GEMV and streaming kernels are programmatic dependent launches on sm_90 (their blocks may be scheduled
+    while the kernel before them runs): a call right after copies that rewrite its a, b and scales, with no
+    synchronization between, reads the new values; eagerly, back to back (each call the dependent of the last), and
+    replayed in a CUDA graph."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 decode kernels need sm_89")
+    k, g = 4112, torch.Generator(device="cuda").manual_seed(7)
+    srcs = [(_fp8((m, k), g), _fp8((n, k), g), *_scales("block", m, n, k, g)) for _ in range(3)]
+    a, b, sa, sb = (t.clone() for t in srcs[0])
+    refs = [_ref(*src, None, "block") for src in srcs]
+
+    def step(i):
+        for dst, src in zip((a, b, sa, sb), srcs[i]):
+            dst.copy_(src)
+        return gemm_fp8(a, b, sa, sb)
+
+    with _force(cand):
+        torch.cuda.synchronize()
+        outs = [step(i) for i in (1, 2, 0, 2)]  # every call after the copies of the next sources
+        for y, i in zip(outs, (1, 2, 0, 2)):
+            _check(y, refs[i], torch.bfloat16)
+        ys = [gemm_fp8(a, b, sa, sb) for _ in range(4)]  # back to back: each the dependent of the one before
+        for y in ys:
+            _check(y, refs[2], torch.bfloat16)
+        graph_src, side = [t.clone() for t in srcs[0]], torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step(0)
+        torch.cuda.current_stream().wait_stream(side)
+        gr = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gr):
+            for dst, src in zip((a, b, sa, sb), graph_src):
+                dst.copy_(src)
+            y = gemm_fp8(a, b, sa, sb)
+        for i in (1, 0, 2):
+            for dst, src in zip(graph_src, srcs[i]):
+                dst.copy_(src)
+            gr.replay()
+            _check(y, refs[i], torch.bfloat16)
+
+
 @pytest.mark.parametrize("kind", ["tensor", "channel", "block", "block_col"])
 @pytest.mark.parametrize("m,n,k", [(65, 300, 4112), (129, 4097, 512), (300, 1000, 1040), (1000, 2048, 8192),
                                    (4097, 129, 256)])

@@ -73,8 +73,8 @@ def test_tma_store_where_rows_of_c_are_16_byte_multiples():
 class _RecordingKernel:
     """A compiled kernel's stand-in that records the launch GemmLaunch prepares."""
 
-    def prepare(self, grid, block, kinds, smem):
-        self.grid, self.block, self.kinds, self.smem = grid, block, kinds, smem
+    def prepare(self, grid, block, kinds, smem, dependent=False):
+        self.grid, self.block, self.kinds, self.smem, self.dependent = grid, block, kinds, smem, dependent
         return lambda *a: None
 
 
@@ -95,6 +95,7 @@ def test_gemv_launch_matches_the_kernel():
     # a's 257 pieces of 16 bytes in the kernel's layout: rounded up to 9 warps' 32 pieces of 64 bytes
     assert k.grid == (-(-4100 // 32), 1, 1) and k.block == (256, 1, 1) and k.smem == 9 * 32 * 64
     assert k.kinds == "P" * 6 + "q" * 10 and len(k.kinds) == len(params)
+    assert k.dependent  # it waits for the previous kernel at its start: a programmatic dependent launch
     calls = []
     gl._main._go = lambda stream, *args: calls.append(args)
     gl.run(11, 12, 13, 14, 15, 16, 0)
@@ -138,8 +139,9 @@ def test_clusters_share_b_between_vertically_adjacent_tiles():
             assert cluster == (2, 1, 1)
             return self.fit
 
-        def prepare(self, grid, block, kinds, smem):
+        def prepare(self, grid, block, kinds, smem, dependent=False):
             self.grid = grid
+            assert not dependent  # the tile kernel reads from its start: an ordinary launch
             return lambda *a: None
 
     # 1000 rows: 8 row blocks, 4 pairs; 16 column tiles: 64 units of two tiles
@@ -186,8 +188,9 @@ def test_split_k_clusters_for_decode_shapes():
             assert cluster == (self.size, 1, 1) and smem == cfg.launch_smem(p)
             return self.fit
 
-        def prepare(self, grid, block, kinds, smem):
+        def prepare(self, grid, block, kinds, smem, dependent=False):
             self.grid = grid
+            assert not dependent  # the tile kernel reads from its start: an ordinary launch
             return lambda *a: None
 
     for splits, fit, blocks in ((2, 66, 112), (4, 33, 132), (4, 10, 40), (3, -1, 132)):  # 56 tiles; -1: 132 / S
@@ -420,6 +423,7 @@ def test_stream_launch_and_ranking():
     launch.GemmLaunch(k, p, cfg, 8192, 8192, (0, 5, 0, 6), 132)
     assert cfg == G.StreamConfig(16, 5, 256, 2) and k.grid == (449, 1, 1) and k.block == (128, 1, 1)
     assert k.smem == 5 * (80 * 256 + 1024) + 1024 and k.kinds == "P" * 6 + "q" * 10  # stages with their scales
+    assert k.dependent
     assert G.stream_config(G.Fp8Problem(8, 28672, 8192)) == G.StreamConfig(8, 3, 512, 2)
     assert G.stream_config(G.Fp8Problem(64, 28672, 8192)) == G.StreamConfig(64, 3, 256, 2)
     with pytest.raises(ValueError, match="M <= 64"):
@@ -483,3 +487,26 @@ def test_quantize_refuses_rows_past_its_32_bit_columns(monkeypatch):
                                                                      "bf16", 2, 0))
     with pytest.raises(InputError, match=r"rows of K=4294967296; quantize_fp8 takes K under 2\^32"):
         quantize_fp8(torch.zeros(1, 64, dtype=torch.bfloat16), 128)
+
+
+def test_the_decode_kernels_wait_for_the_previous_kernel_before_their_first_read():
+    """The kernels launched as programmatic dependents (launch.DEPENDENT_KINDS) call griddepcontrol.wait before
+    anything else of their body (their blocks may run while the previous kernel does, so no read may come first),
+    and let the next kernel's blocks be scheduled only after their main loop (earlier, a probe on an H200 read
+    7168 x 18432 at M = 1 5% slower: docs/performance.md)."""
+    import re
+
+    from rtckern.ops._fp8 import launch
+    from rtckern.sources import read_source
+
+    assert launch.DEPENDENT_KINDS == {"gemv", "stream"}
+    for kind, loop_end in (("gemv", "the warp's sums"), ("stream", "rtk_cp_async_wait<0>();")):
+        src = read_source(f"gemm/gemm_fp8_{kind}.cuh")
+        body = src[src.index(f"gemm_fp8_{kind}(const unsigned char*"):]
+        guard = re.search(r"#if (RTK_ARCH >= 890|defined\(RTK_HAS_WGMMA\))\n", body)
+        lines = [ln.strip() for ln in body[guard.end():].splitlines()]
+        first = [ln for ln in lines if ln and not ln.startswith(("//", "(void)"))]
+        assert first[0].startswith("rtk_pdl_wait_prior_grid();"), (kind, first[:2])
+        trigger = [i for i, ln in enumerate(lines) if ln.startswith("rtk_pdl_launch_dependents();")]
+        end = next(i for i, ln in enumerate(lines) if loop_end in ln)
+        assert len(trigger) == 1 and abs(trigger[0] - end) <= 1, (kind, trigger, end)
