@@ -264,8 +264,13 @@ def run(a):
         return None
     results: dict[str, dict] = {}
     for op in ops:
-        for m in modes:
-            rows = [run_child([m[0], op, *m[1:]], env) for _ in range(repeats)]
+        # the modes' processes in turn (rtckern, torch, rtckern, ...): a drift of the host's speed during the op's
+        # processes then moves both sides of `extra ms` alike
+        runs = {m: [] for m in modes}
+        for _ in range(repeats):
+            for m in modes:
+                runs[m].append(run_child([m[0], op, *m[1:]], env))
+        for m, rows in runs.items():
             results.setdefault(op, {})["-".join(m)] = rows[0] if "error" in rows[0] else median_of(rows)
     return to_result(results, "gpu" if gpu else "cpu", repeats)
 
@@ -337,7 +342,7 @@ def report(results: dict, gpu: bool, repeats: int) -> tuple:
             extra = rt["first_ms"] - th["first_ms"] if "first_ms" in th else None
             rows.append((op, f(rt.get("import_ms")), f(rt.get("first_ms")), f(th.get("first_ms")), f(extra),
                          f(rt.get("second_us"), "{:.0f}")))
-        return (f"{dev}; median of {repeats} processes per cell.",
+        return (f"{dev}; median of {repeats} processes per cell, rtckern's and torch's processes in turn.",
                 Table(("op", "import rtckern.ops ms", "rtckern first call ms", "torch first call ms", "extra ms",
                        "rtckern 2nd call us"), rows))
     rows = []

@@ -8,8 +8,8 @@ shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M 
 1..64 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
 device's copy bandwidth, the memory-bound roofline, with sm_90a's tile and streaming kernels, the GEMV kernel (M = 1),
 sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps)
-forced beside the kernel the registry picks; batch-1 decode on small weights over rotating copies of b, the GEMV, tile
-and streaming kernels forced; and sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both
+forced beside the kernel the registry picks; decode on small weights (M = 1, and 8 or 32 on the weights whose 64-row
+blocks are fewer than the SMs) over rotating copies of b, the GEMV (M = 1), tile and streaming kernels forced; and sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both
 forced, at two shapes (TFLOP/s).
 quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
 
@@ -219,10 +219,12 @@ def _sustained(shapes, seconds: float) -> list[dict]:
     return rows
 
 
-# batch-1 decode on small weights (Llama-3.1-8B's attention projections, DeepSeek-V3's smaller ones), which the L2
-# would hold between back-to-back calls: each call reads the next of enough copies of the weight to exceed the L2 twice
-# over (a model's other layers evict a layer's weight between its calls), timed as CUDA-graph replays.
-SMALL = ((1, 4096, 4096), (1, 6144, 4096), (1, 4096, 7168), (1, 2112, 7168), (1, 7168, 2048), (1, 1024, 4096))
+# decode on small weights (Llama-3.1-8B's attention projections and down projection, DeepSeek-V3's smaller ones),
+# which the L2 would hold between back-to-back calls: each call reads the next of enough copies of the weight to exceed
+# the L2 twice over (a model's other layers evict a layer's weight between its calls), timed as CUDA-graph replays.
+# M = 8 and 32 on the weights of 64-96 row blocks of 64, where the streaming kernel ranks first from 2/5 of the SMs.
+SMALL = ((1, 4096, 4096), (1, 6144, 4096), (1, 4096, 7168), (1, 2112, 7168), (1, 7168, 2048), (1, 1024, 4096),
+         (8, 4096, 4096), (8, 6144, 4096), (8, 4096, 14336), (32, 4096, 7168))
 SMALL_ROTATION_BYTES = 200 << 20
 
 
@@ -244,7 +246,8 @@ def _small_decode(shapes, copy: float) -> list[dict]:
 
             def gemm(w):
                 return ops.gemm_fp8(a, w, one, one)
-            series = {"rtckern": (None, gemm), **{s: (SMALL_FORCED[s], gemm) for s in (GEMV, TILE, STREAM)},
+            forced = (GEMV, TILE, STREAM) if m == 1 else (TILE, STREAM)
+            series = {"rtckern": (None, gemm), **{s: (SMALL_FORCED[s], gemm) for s in forced},
                       "torch._scaled_mm": (None, lambda w: torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one,
                                                                             out_dtype=torch.bfloat16))}
             for name, (impl, call) in series.items():
@@ -384,15 +387,16 @@ def to_result(rows: list[dict], qrows: list[dict], reps: int, drows: list[dict] 
     sseries = ("rtckern", GEMV, TILE, STREAM, "torch._scaled_mm")
 
     def gbs(s, c):
-        return f"{(s['n'] * s['k'] + s['k'] + 2 * s['n']) / (s['us'][c] * 1e-6) / 1e9:.0f}" if c in s["us"] else None
+        nbytes = s["n"] * s["k"] + s["m"] * (s["k"] + 2 * s["n"])
+        return f"{nbytes / (s['us'][c] * 1e-6) / 1e9:.0f}" if c in s["us"] else None
     stable = Table(["M", "N", "K", "rtckern kernel", *[f"{c} us" for c in sseries], *[f"{c} GB/s" for c in sseries],
                     "copy GB/s", "tile / gemv time"],
                    [[s["m"], s["n"], s["k"], s.get("chosen"),
                      *[f"{s['us'][c]:.1f}" if c in s["us"] else None for c in sseries],
                      *[gbs(s, c) for c in sseries], f"{s['copy_gbs']:.0f}", ratio(s["us"], TILE, GEMV)]
                     for s in srows],
-                   title="batch-1 decode on small weights (per-tensor, bf16 out; CUDA-graph replays over rotating "
-                         "copies of b, 200 MB in all)")
+                   title="decode on small weights (per-tensor, bf16 out; CUDA-graph replays over rotating copies "
+                         "of b, 200 MB in all)")
     prows = prows or []
     ptable = Table(["M", "N", "K", f"{MMA} TFLOP/s", f"{SIMT} TFLOP/s", "sm89_mma / simt"],
                    [[p["m"], p["n"], p["k"], *[f"{p['tflops'][c]:.1f}" if c in p["tflops"] else None

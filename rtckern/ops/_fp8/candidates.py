@@ -113,6 +113,15 @@ def _fills_sms(blocks: int, sm_count: int) -> bool:
     return blocks * 4 >= sm_count * 3
 
 
+def _fills_part(blocks: int, sm_count: int) -> bool:
+    """At least 2/5 of the SMs get a block: where the streaming kernel still beats the tile kernel's split-K clusters
+    at M = 2..32 (StreamCandidate.cost)."""
+    return blocks * 5 >= sm_count * 2
+
+
+STREAM_NARROW_BLOCK_MAX_M = 8  # block scales on weights of 2/5 to 3/4 of the SMs' blocks: the streaming kernel up to here
+
+
 class GemvCandidate(GeometryCandidate):
     """Batch-1 decode (M = 1, K >= GEMV_MIN_K): warps stream whole rows of b into registers, 512 contiguous bytes per
     warp-wide load, CUDA-core dot products against a's row held as floats in shared memory (gemm/gemm_fp8_gemv.cuh).
@@ -195,12 +204,17 @@ class StreamCandidate(GeometryCandidate):
             # keeps them
             return Cost(0.85, "rule", f"{what}; M = 1 on a weight of {p.n * p.k >> 20} MiB: more of b in flight than "
                                       "the GEMV kernel's rows (memory-bound)")
-        if p.m == 1 or not _fills_sms(blocks, sms) or (wide and (p.scale == "block" or cfg.per_sm < 2)):
-            # M = 1 on smaller weights: the GEMV kernel (or the tile kernel where its blocks are few); fewer 64-row
-            # blocks than 3/4 of the SMs: the tile kernel's split-K clusters fill them; M = 33..64 (measured at 64):
-            # 1.04-1.07x the tile kernel per-tensor with two blocks per SM (64 x 28672 x 8192, four runs) but
-            # 0.87-0.89x with one (8192 x 28672, 7168 x 18432) and 0.81x with block scales (H200, gemm_fp8_h200.md,
-            # docs/performance.md)
+        # Fewer 64-row blocks than 3/4 of the SMs, M = 2..32, b from device memory (H200, CUDA-graph replays over
+        # rotating copies of b, two rounds, docs/performance.md): from 2/5 of the SMs (64-96 blocks: N = 4096 and
+        # 6144, K 4096-14336) 1.04-1.31x the tile kernel per-tensor, and 1.02-1.35x with block scales up to M = 8
+        # (0.71-0.95x past it, but for 6144 x 4096); at 33 blocks (2112 x 7168) 0.99-1.03x per-tensor, 0.71-0.89x
+        # block-scaled: the tile kernel's split-K clusters keep those
+        narrow = not wide and _fills_part(blocks, sms) and (p.scale != "block" or p.m <= STREAM_NARROW_BLOCK_MAX_M)
+        if p.m == 1 or not (_fills_sms(blocks, sms) or narrow) or (wide and (p.scale == "block" or cfg.per_sm < 2)):
+            # M = 1 on smaller weights: the GEMV kernel (or the tile kernel where its blocks are few); M = 33..64
+            # (measured at 64): 1.04-1.07x the tile kernel per-tensor with two blocks per SM (64 x 28672 x 8192, four
+            # runs) but 0.87-0.89x with one (8192 x 28672, 7168 x 18432) and 0.81x with block scales (H200,
+            # gemm_fp8_h200.md, docs/performance.md); narrow weights at M = 64 0.64-0.96x
             return Cost(1.2, "rule", f"{what}; {blocks} blocks for {sms} SMs, M = {p.m}, {p.scale} scales")
         return Cost(0.95, "rule", f"{what} (memory-bound)")
 
