@@ -60,10 +60,11 @@ the norms write the fastest config of each kernel kind and the fastest kind).
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import datetime
-import importlib
 import hashlib
+import importlib
 import json
 import marshal
 import math
@@ -348,9 +349,46 @@ def load_table(path: Path | str, op: str | None = None, *, check_rows: bool = Tr
 
 # A shipped table's parsed rows, remembered in the cache dir (cache/file_memo.py) under a digest of the file's bytes:
 # the next process unmarshals them (~3x faster than JSON and building the rows, the bulk of an op's first call into
-# its tables). Keyed by contents, not by mtime: an edit in place is a new memo whatever its timestamp. The memo's
-# own bytes carry their sha256, so a damaged memo is a miss, never a wrong row.
-_MEMO_FORMAT = 1
+# its tables), the rows' meta (time_us, date, versions, source: over half the bytes, which a lookup never reads) only
+# when a row's meta is read. Keyed by contents, not by mtime: an edit in place is a new memo whatever its timestamp.
+# The memo's own bytes carry their sha256, so a damaged memo is a miss, never a wrong row.
+_MEMO_FORMAT = 2
+
+
+class _Metas:
+    """The memo's metas of every row, unmarshalled on first use."""
+
+    __slots__ = ("_blob", "_list")
+
+    def __init__(self, blob: bytes):
+        self._blob, self._list = blob, None
+
+    def get(self) -> list:
+        got = self._list
+        if got is None:
+            got = self._list = marshal.loads(self._blob)
+        return got
+
+
+class _MemoMeta(collections.abc.Mapping):
+    """A memoized row's meta, read from the table's _Metas when first asked for."""
+
+    __slots__ = ("_metas", "_i")
+
+    def __init__(self, metas: _Metas, i: int):
+        self._metas, self._i = metas, i
+
+    def __getitem__(self, key):
+        return self._metas.get()[self._i][key]
+
+    def __iter__(self):
+        return iter(self._metas.get()[self._i])
+
+    def __len__(self) -> int:
+        return len(self._metas.get()[self._i])
+
+    def __repr__(self) -> str:
+        return repr(self._metas.get()[self._i])
 
 
 def _memo_path(p: Path, text: bytes) -> Path | None:
@@ -358,8 +396,9 @@ def _memo_path(p: Path, text: bytes) -> Path | None:
 
 
 def _memo_bytes(t: Table) -> bytes:
-    rows = [(r.arch, r.sm_count, r.device_class, r.shape, dict(r.config), dict(r.meta)) for r in t.rows]
-    payload = marshal.dumps((_MEMO_FORMAT, t.op, list(t.key_fields), rows))
+    rows = [(r.arch, r.sm_count, r.device_class, r.shape, dict(r.config)) for r in t.rows]
+    metas = marshal.dumps([dict(r.meta) for r in t.rows])
+    payload = marshal.dumps((_MEMO_FORMAT, t.op, list(t.key_fields), rows, metas))
     return hashlib.sha256(payload).digest() + payload
 
 
@@ -368,13 +407,13 @@ def _from_memo(blob: bytes | None, p: Path, op: str | None) -> Table | None:
     if blob is None or hashlib.sha256(blob[32:]).digest() != blob[:32]:
         return None
     try:
-        fmt, table_op, fields, raw_rows = marshal.loads(blob[32:])
-        if fmt != _MEMO_FORMAT or (op is not None and table_op != op):
+        fmt, table_op, fields, raw_rows, metas = marshal.loads(blob[32:])
+        if fmt != _MEMO_FORMAT or (op is not None and table_op != op) or type(metas) is not bytes:
             return None  # another op: parse_table says so
-        rows = []
-        for i, (arch, sms, cls, shape, cfg, meta) in enumerate(raw_rows):
+        rows, lazy = [], _Metas(metas)
+        for i, (arch, sms, cls, shape, cfg) in enumerate(raw_rows):
             row = _new_row(Row)
-            row.__dict__.update(arch=arch, sm_count=sms, shape=shape, config=cfg, meta=meta, index=i,
+            row.__dict__.update(arch=arch, sm_count=sms, shape=shape, config=cfg, meta=_MemoMeta(lazy, i), index=i,
                                 device_class=cls)
             rows.append(row)
         return Table(op=table_op, key_fields=tuple(fields), rows=tuple(rows), path=p)

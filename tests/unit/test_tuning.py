@@ -546,7 +546,10 @@ def test_a_shipped_table_read_through_its_memo_equals_the_parsed_file(cache_dir,
     monkeypatch.setattr(tuning.json, "loads", lambda *a, **k: pytest.fail("the memo was not used"))
     again = load_table(path, "norm_fwd", check_rows=False)
     assert again is not first and _as_compared(again) == _as_compared(first) == _as_compared(parsed)
-    assert again.path == path
+    assert again.path == path and again.rows == parsed.rows  # Row equality compares the meta too
+    r0 = parsed.rows[0]
+    assert repr(again.rows[0].meta) == repr(dict(r0.meta)) and again.rows[0].meta.get("date") == r0.meta["date"]
+    assert again.rows[0].to_json() == r0.to_json()
 
 
 def test_the_memo_follows_the_contents_not_the_timestamp(cache_dir, tmp_path):
