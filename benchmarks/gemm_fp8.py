@@ -9,8 +9,8 @@ shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M 
 device's copy bandwidth, the memory-bound roofline, with sm_90a's tile and streaming kernels, the GEMV kernel (M = 1),
 sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps)
 forced beside the kernel the registry picks; decode on small weights (M = 1, and 8 or 32 on the weights whose 64-row
-blocks are fewer than the SMs) over rotating copies of b, the GEMV (M = 1), tile and streaming kernels forced; and sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both
-forced, at two shapes (TFLOP/s).
+blocks are fewer than the SMs) over rotating copies of b, the GEMV (M = 1), tile and streaming kernels forced; and
+sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced, at two shapes (TFLOP/s).
 quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
 
 Sustained (the shapes with M >= 4096, --sustain seconds per call, 0 to skip): the GPU runs each of the three calls

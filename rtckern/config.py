@@ -372,7 +372,8 @@ class Settings:
     cache_dir: Path = _var(
         "RTCKERN_CACHE_DIR", "The writable disk cache. Beside the binaries it keeps small memos that spare a fresh "
         "process work on a warm cache: `toolchain/` (NVRTC's version and archs, cuda.h's version, per file identity) "
-        "and `tables/` (the shipped tuning tables parsed, per content digest).",
+        "and `tables/` (the shipped tuning tables parsed, per content digest); `rtckern cache clear` removes them, "
+        "`rtckern cache prune --superseded` the tables' that no longer match.",
         "`$XDG_CACHE_HOME/rtckern`, else `~/.cache/rtckern`, else (no HOME and a uid without a passwd entry) "
         "`$TMPDIR/rtckern-cache-<uid>`, with a warning")
     disk_cache: bool = _var("RTCKERN_DISK_CACHE", "0 keeps binaries in memory only (no disk tier) and writes no "

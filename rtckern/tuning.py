@@ -63,6 +63,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import datetime
+import functools
 import hashlib
 import importlib
 import json
@@ -92,7 +93,8 @@ class TuningTableError(RtckernError, ValueError):
 
 @dataclass(frozen=True)
 class Row:
-    """One row of a tuning table: its key (arch, SM count, device class, shape) and config."""
+    """One row of a tuning table: its key (arch, SM count, device class, shape) and config. `meta` is a Mapping: a
+    dict from the JSON, or a read-only view that a shipped table's memo fills on first use (tuning._MemoMeta)."""
     arch: str
     sm_count: int
     shape: tuple[tuple[str, KeyValue], ...]  # in the table's key_fields order
@@ -392,7 +394,24 @@ class _MemoMeta(collections.abc.Mapping):
 
 
 def _memo_path(p: Path, text: bytes) -> Path | None:
-    return file_memo.memo_path("tables", p.stem, f"{_MEMO_FORMAT}|{hashlib.sha256(text).hexdigest()}", ".marshal")
+    return file_memo.memo_path("tables", p.stem, f"{_parser_digest()}|{hashlib.sha256(text).hexdigest()}",
+                               ".marshal")
+
+
+@functools.lru_cache(maxsize=1)
+def _parser_digest() -> str:
+    """What else a memo's rows depend on: the memo format, marshal's, and the code that turns a table's JSON into
+    rows and rows into a memo (so an rtckern whose parsing changed never reads another's memo, version bump or not)."""
+    def const_bytes(k) -> bytes:  # nested code (comprehensions) by content; a set constant in a fixed order
+        return code_bytes(k) if hasattr(k, "co_code") else \
+            repr(sorted(map(repr, k))).encode() if isinstance(k, frozenset) else repr(k).encode()
+
+    def code_bytes(c) -> bytes:  # a code object's bytecode, names and constants
+        return c.co_code + repr(c.co_names).encode() + b"".join(map(const_bytes, c.co_consts))
+
+    code = b"".join(code_bytes(f.__code__) for f in (_row, parse_table, _memo_bytes, _from_memo))
+    row_fields = repr([f.name for f in dataclasses.fields(Row)] + sorted(_ROW_KEYS)).encode()
+    return f"{_MEMO_FORMAT}|{marshal.version}|{hashlib.sha256(code + row_fields).hexdigest()}"
 
 
 def _memo_bytes(t: Table) -> bytes:
@@ -419,6 +438,16 @@ def _from_memo(blob: bytes | None, p: Path, op: str | None) -> Table | None:
         return Table(op=table_op, key_fields=tuple(fields), rows=tuple(rows), path=p)
     except (ValueError, EOFError, TypeError, AttributeError):  # a memo of another structure (its digest matched)
         return None
+
+
+def shipped_memo_paths() -> set[Path]:
+    """The memos of the shipped tables as they are now (`rtckern cache prune --superseded` keeps these)."""
+    out = set()
+    for path in sorted(SHIPPED_DIR.glob("*.json")):
+        memo = _memo_path(path, path.read_bytes())
+        if memo is not None:
+            out.add(memo)
+    return out
 
 
 def user_dir() -> Path:

@@ -10,14 +10,18 @@ writing one is ignored, and one that cannot be read is a miss.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 from ..config import settings
 
 log = logging.getLogger(__name__)
+FOLDERS = ("toolchain", "tables")  # every folder of the cache dir that holds memos
 
 
 def file_identity(path: Path | str) -> dict:
@@ -48,18 +52,26 @@ def read(path: Path | None) -> bytes | None:
 
 
 def write(path: Path | None, data: bytes) -> None:
-    """Write a memo atomically (readers see no half-written file). Nothing happens where memos are off or the cache
-    dir does not exist; an error (a read-only or full cache dir) is logged at debug level and ignored: the next
-    process derives the answer again."""
+    """Write a memo by rename (readers see the old file or the whole new one), without fsync: a memo lost or
+    garbled by a crash is a miss to its reader (each checks what it reads), so durability is not worth a first
+    call's time. Nothing happens where memos are off or the cache dir does not exist; an error (a read-only or full
+    cache dir) is logged at debug level and ignored: the next process derives the answer again."""
     if path is None or not path.parent.parent.is_dir():
         return
-    from .disk import atomic_write  # not at import: the compiler (imported by the disk tier) uses these memos
-
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, data)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        tmp = None
     except OSError as e:
         log.debug("cannot write the memo %s: %s", path, e)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def forget(path: Path | None) -> None:
@@ -69,3 +81,22 @@ def forget(path: Path | None) -> None:
             path.unlink()
         except OSError:
             pass
+
+
+def remove(root: Path, folders: tuple[str, ...] = FOLDERS, keep: Callable[[Path], bool] = lambda p: False) -> int:
+    """Remove the memos (and dead writers' temp files) in `folders` of the cache dir `root`, but those keep(path)
+    keeps; how many files went. The next process derives what it needs again."""
+    removed = 0
+    for folder in folders:
+        try:
+            files = sorted((root / folder).iterdir())
+        except OSError:
+            continue
+        for f in files:
+            if f.is_file() and not keep(f):
+                try:
+                    f.unlink()
+                    removed += 1
+                except OSError:
+                    pass
+    return removed

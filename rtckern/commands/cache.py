@@ -68,14 +68,16 @@ def add_parser(sub) -> None:
     v.add_argument("--json", action="store_true", help=JSON_HELP + " (keys: checked, corrupt, unreadable, removed, "
                    "bad, bad_sidecars, orphan_sidecars, stale_temp_files, cleaned, read_only)")
     c = _action(cs, "clear", "remove every entry and stored registry decision",
-                "Removes every entry, sidecar and stored registry decision, dead writers' temp files and unused "
-                "lock files (those of compiles in progress stay). On a terminal it asks first; --yes does not.",
+                "Removes every entry, sidecar and stored registry decision, the memos (NVRTC's facts, cuda.h's "
+                "version, parsed tuning tables), dead writers' temp files and unused lock files (those of compiles "
+                "in progress stay). On a terminal it asks first; --yes does not.",
                 ["rtckern cache clear", "rtckern cache clear --yes --json"], clear)
     c.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     c.add_argument("--json", action="store_true", help=JSON_HELP + " (keys: removed, decisions_removed, "
-                   "temp_removed, locks_removed, locks_held, read_only)")
+                   "memos_removed, temp_removed, locks_removed, locks_held, read_only)")
     pr = _action(cs, "prune", "remove least-recently-used, old or superseded entries",
-                 "Removes entries by size (least recently used first), by age and by toolchain; give at least one "
+                 "Removes entries by size (least recently used first), by age and by toolchain (--superseded also "
+                 "removes the memos of tuning tables as they no longer are); give at least one "
                  "of --max-bytes, --older-than-days, --superseded. Without any, the cap RTCKERN_CACHE_MAX_BYTES is "
                  "applied when it is set; otherwise nothing is removed and the options are named (exit code 2). "
                  "Also removes dead writers' temp files, orphan sidecars and unused lock files.",
@@ -87,7 +89,7 @@ def add_parser(sub) -> None:
                     help="remove entries unused this long")
     pr.add_argument("--superseded", action="store_true", help="remove entries of other NVRTC versions")
     pr.add_argument("--json", action="store_true", help=JSON_HELP + " (keys: removed, freed_bytes, bytes, "
-                    "temp_removed, sidecars_removed, locks_removed, read_only)")
+                    "temp_removed, sidecars_removed, locks_removed, memos_removed (--superseded), read_only)")
     ex = _action(cs, "export", "write entries into one deterministic bundle file",
                  "Writes the selected entries into one bundle (gzip tar with an index of digests), the same bytes "
                  "for the same entries; `rtckern cache import FILE` on the target machines adds them. Written "
@@ -225,9 +227,13 @@ def clear(args) -> int:
     from ..registry.store import clear_decisions
 
     r["decisions_removed"] = clear_decisions(d.root / "decisions")  # decisions refer to the entries just removed
+    from ..cache import file_memo
+
+    r["memos_removed"] = file_memo.remove(d.root)
     held = f"; kept {r['locks_held']} lock files of compiles in progress" if r["locks_held"] else ""
     return _emit(args, r, f"removed {r['removed']} entries, {r['decisions_removed']} stored registry decisions, "
-                 f"{r['temp_removed']} stale temp files and {r['locks_removed']} unused lock files{held}")
+                 f"{r['memos_removed']} memos, {r['temp_removed']} stale temp files and {r['locks_removed']} unused "
+                 f"lock files{held}")
 
 
 def prune(args) -> int:
@@ -251,12 +257,19 @@ def prune(args) -> int:
         keep = lambda e: not e.meta.get("compiler", "").startswith("nvrtc") or e.meta.get("compiler") == current  # noqa: E731
     older = args.older_than_days * 86400 if args.older_than_days is not None else None
     r = d.prune(max_bytes=max_bytes, older_than_s=older, keep=keep)
+    if args.superseded and not r["read_only"]:
+        from .. import tuning
+        from ..cache import file_memo
+
+        current = tuning.shipped_memo_paths()
+        r["memos_removed"] = file_memo.remove(d.root, ("tables",), keep=lambda p: p in current)
     if r["read_only"]:
         _emit(args, r, f"removed 0 entries ({r['would_remove']} would go){_read_only_line(d)}")
         return 1 if r["would_remove"] else 0
+    memos = f", {r['memos_removed']} superseded table memos" if "memos_removed" in r else ""
     return _emit(args, r, f"removed {r['removed']} entries ({human_bytes(r['freed_bytes'])}); "
                  f"{human_bytes(r['bytes'])} remain; also {r['temp_removed']} stale temp files, "
-                 f"{r['sidecars_removed']} orphan sidecars, {r['locks_removed']} unused lock files")
+                 f"{r['sidecars_removed']} orphan sidecars, {r['locks_removed']} unused lock files{memos}")
 
 
 def export(args) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import rtckern
 from rtckern import config, tuning
 from rtckern.device import DeviceInfo
 from rtckern.registry import OpRequest
@@ -542,8 +543,8 @@ def test_a_shipped_table_read_through_its_memo_equals_the_parsed_file(cache_dir,
     first = load_table(path, "norm_fwd", check_rows=False)
     (memo,) = (cache_dir / "tables").iterdir()
     assert memo.name.startswith("norm_fwd-") and memo.suffix == ".marshal"
-    tuning._cache.clear()
-    monkeypatch.setattr(tuning.json, "loads", lambda *a, **k: pytest.fail("the memo was not used"))
+    rtckern.clear_caches()
+    monkeypatch.setattr(tuning, "parse_table", lambda *a, **k: pytest.fail("the memo was not used"))
     again = load_table(path, "norm_fwd", check_rows=False)
     assert again is not first and _as_compared(again) == _as_compared(first) == _as_compared(parsed)
     assert again.path == path and again.rows == parsed.rows  # Row equality compares the meta too
@@ -560,7 +561,7 @@ def test_the_memo_follows_the_contents_not_the_timestamp(cache_dir, tmp_path):
     st = p.stat()
     write(p, [row("sm_90", 132, "bf16", 4096, 22)])
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-    tuning._cache.clear()
+    rtckern.clear_caches()
     assert load_table(p, "norm", check_rows=False).rows[0].config == {"block": 22}
     assert len(list((cache_dir / "tables").iterdir())) == 2
 
@@ -575,10 +576,10 @@ def test_a_damaged_or_foreign_memo_is_a_miss_and_is_rewritten(cache_dir, tmp_pat
     for bad in (good[:-1] + bytes([good[-1] ^ 1]), good[:40], b"", good[:32] + b"\x00" * 8,
                 hashlib.sha256(other).digest() + other):
         memo.write_bytes(bad)
-        tuning._cache.clear()
+        rtckern.clear_caches()
         assert load_table(p, "norm", check_rows=False).rows[0].config == {"block": 11}
         assert memo.read_bytes() == good
-    tuning._cache.clear()
+    rtckern.clear_caches()
     with pytest.raises(TuningTableError, match="table is for op 'norm', expected 'other'"):
         load_table(p, "other", check_rows=False)  # the memo of another op's table is not taken for this one
 
@@ -588,10 +589,25 @@ def test_no_memo_without_a_disk_cache_or_for_a_checked_table(cache_dir, tmp_path
     p = write(tmp_path / "norm.json", [row("sm_90", 132, "bf16", 4096, 11)])
     load_table(p, "norm")  # a user's table: checked row by row, never memoized
     with config.override(disk_cache=False):
-        tuning._cache.clear()
+        rtckern.clear_caches()
         load_table(p, "norm", check_rows=False)
     assert not (cache_dir / "tables").exists()
     with config.override(cache_dir=tmp_path / "absent"):
-        tuning._cache.clear()
+        rtckern.clear_caches()
         load_table(p, "norm", check_rows=False)
     assert not (tmp_path / "absent").exists()  # a cache dir that does not exist is not created for a memo
+
+
+def test_a_memo_written_by_one_process_serves_the_next(cache_dir):
+    """The memo's key names the parser's code by content (so another rtckern reads none of this one's memos): a
+    fresh process, under another hash seed, reads the memo the first wrote instead of parsing the JSON."""
+    cache_dir.mkdir()
+    code = ("import json, sys; from rtckern import tuning\n"
+            "if sys.argv[1] == 'read': json.loads = None  # any JSON parse fails\n"
+            "t = tuning.load_table(tuning.shipped_table_path('norm_kind'), 'norm_kind', check_rows=False)\n"
+            "print(len(t.rows), t.rows[0].meta['date'])")
+    env = dict(os.environ, PYTHONPATH=str(REPO), RTCKERN_CACHE_DIR=str(cache_dir))
+    outs = [subprocess.run([sys.executable, "-c", code, mode], env=dict(env, PYTHONHASHSEED=seed),
+                           capture_output=True, text=True, timeout=60) for mode, seed in (("write", "1"), ("read", "2"))]
+    assert [o.returncode for o in outs] == [0, 0], outs[1].stderr
+    assert outs[0].stdout == outs[1].stdout and len(list((cache_dir / "tables").iterdir())) == 1

@@ -25,7 +25,8 @@
 // On sm_90 the host launches it as a programmatic dependent launch (common/pdl.cuh): its blocks may be scheduled
 // while the stream's previous kernel runs and wait for it before their first read; after the main loop they let the
 // next kernel's blocks be scheduled (from the kernel's start, 7168 x 18432 read 5% slower on an H200). Decode GEMMs
-// are short (4-60 us): the gap between kernels was 4-14% of a call on 8-60 MB weights (docs/performance.md).
+// are short (4-60 us): hiding the gap between kernels gained up to 14% of a call on 8-60 MB weights (H200, graph
+// replays, docs/performance.md).
 // Grid: ceil(N / 64) blocks of 128 threads; dynamic shared memory STAGES x rtk_fp8_stream_stage_bytes(NT, SPAN) +
 // 1024 (the ring aligned to 1024 bytes); the parameters are gemm_fp8_skinny's. The host (geometry.stream_config)
 // picks a ring two blocks per SM can share where the grid has two per SM, else the deepest one block can have.

@@ -119,7 +119,10 @@ def _fills_part(blocks: int, sm_count: int) -> bool:
     return blocks * 5 >= sm_count * 2
 
 
-STREAM_NARROW_BLOCK_MAX_M = 8  # block scales on weights of 2/5 to 3/4 of the SMs' blocks: the streaming kernel up to here
+# Weights of 2/5 to 3/4 of the SMs' blocks: the streaming kernel first from this K (the shortest measured) and, with
+# block scales, up to this M (StreamCandidate.cost)
+STREAM_NARROW_MIN_K = 4096
+STREAM_NARROW_BLOCK_MAX_M = 8
 
 
 class GemvCandidate(GeometryCandidate):
@@ -208,13 +211,14 @@ class StreamCandidate(GeometryCandidate):
         # rotating copies of b, two rounds, docs/performance.md): from 2/5 of the SMs (64-96 blocks: N = 4096 and
         # 6144, K 4096-14336) 1.04-1.31x the tile kernel per-tensor, and 1.02-1.35x with block scales up to M = 8
         # (0.71-0.95x past it, but for 6144 x 4096); at 33 blocks (2112 x 7168) 0.99-1.03x per-tensor, 0.71-0.89x
-        # block-scaled: the tile kernel's split-K clusters keep those
-        narrow = not wide and _fills_part(blocks, sms) and (p.scale != "block" or p.m <= STREAM_NARROW_BLOCK_MAX_M)
+        # block-scaled: the tile kernel's split-K clusters keep those, and shorter rows than measured
+        narrow = not wide and _fills_part(blocks, sms) and p.k >= STREAM_NARROW_MIN_K and \
+            (p.scale != "block" or p.m <= STREAM_NARROW_BLOCK_MAX_M)
         if p.m == 1 or not (_fills_sms(blocks, sms) or narrow) or (wide and (p.scale == "block" or cfg.per_sm < 2)):
             # M = 1 on smaller weights: the GEMV kernel (or the tile kernel where its blocks are few); M = 33..64
             # (measured at 64): 1.04-1.07x the tile kernel per-tensor with two blocks per SM (64 x 28672 x 8192, four
             # runs) but 0.87-0.89x with one (8192 x 28672, 7168 x 18432) and 0.81x with block scales (H200,
-            # gemm_fp8_h200.md, docs/performance.md); narrow weights at M = 64 0.64-0.96x
+            # gemm_fp8_h200.md, docs/performance.md); narrow weights at M = 64 0.64-0.99x
             return Cost(1.2, "rule", f"{what}; {blocks} blocks for {sms} SMs, M = {p.m}, {p.scale} scales")
         return Cost(0.95, "rule", f"{what} (memory-bound)")
 

@@ -12,7 +12,8 @@ from .geometry import OUT_BYTES, SIMT_TILE, Fp8Problem
 
 _KINDS = MappingProxyType({"map": "M", "u64": "P", "i64": "q"})
 # The decode kernels, launched as programmatic dependents on sm_90: they wait for the previous kernel at their start
-# (gemm_fp8_gemv.cuh, gemm_fp8_stream.cuh), so their launch overlaps its end: 2-14% of a call on 8-60 MB weights.
+# (gemm_fp8_gemv.cuh, gemm_fp8_stream.cuh), so their launch overlaps its end: up to 14% of a call on 8-60 MB weights
+# (H200, graph replays; docs/performance.md).
 DEPENDENT_KINDS = frozenset(("gemv", "stream"))
 
 

@@ -135,8 +135,8 @@ def test_skinny_decode_range(kind, m, n, k):
 def test_stream_decode_range(kind, m, n, k):
     """The sm_90a streaming kernel (M <= 64; b's rows as wgmma's A, the tokens as its B): token tiles of 8 to 64
     rows, the rows past M zero (1, 2, 7, 9, 17, 33, 48; M = 1 also with two blocks per SM, as on the widest of the
-    weights of 96 MiB and more where it ranks first at M = 1), N past the last 64-row tile (63, 4097, 300, 129, 4104, 16900,
-    17000), K past the last stage and 128-K block (144, 4112, 1040, 16, 528), long K (18432), one block per SM
+    weights of 96 MiB and more where it ranks first at M = 1), N past the last 64-row tile (63, 4097, 300, 129, 4104,
+    16900, 17000), K past the last stage and 128-K block (144, 4112, 1040, 16, 528), long K (18432), one block per SM
     (stages of 512 K bytes) and two (N >= 16833 on 132 SMs: 3 stages of 512 at NT = 8, stages of 256, each
     warp-wide copy two rows, past it; K 2064 and 4112 wrap those rings), every output dtype with and without a
     bias, e5m2 a; a's block scales row-major, column-major, in padded rows and from an address off 16 bytes; the
@@ -166,43 +166,67 @@ def _check_mma_sync(cand, kind, m, n, k):
         _check(gemm_fp8(a5, b, sa, sb), _ref(a5, b, sa, sb, None, kind), torch.bfloat16)
 
 
+# A kernel that lets the next kernel in the stream start at once (griddepcontrol.launch_dependents), then spins for
+# `spin` clock cycles before it copies: a dependent that read before its griddepcontrol.wait would see the old bytes.
+_EARLY_RELEASE_COPY = r"""
+extern "C" __global__ void early_release_copy(const unsigned char* src, unsigned char* dst, long long n,
+                                              long long spin) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const long long t0 = clock64();
+  while (clock64() - t0 < spin) {
+  }
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+"""
+
+
+def _early_release_copy(dst, src, spin: int = 200_000):
+    from rtckern.arch import Arch
+    from rtckern.manager import get_manager
+    from rtckern.spec import KernelSpec
+
+    k = get_manager().get(KernelSpec("test/early_release_copy.cu", "early_release_copy", Arch(9, 0),
+                                     code=_EARLY_RELEASE_COPY), 0)
+    n = src.numel() * src.element_size()
+    k.launch(4, 256, (src.data_ptr(), dst.data_ptr(), n, spin), stream=torch.cuda.current_stream().cuda_stream)
+
+
 @pytest.mark.parametrize("cand,m,n", [("gemm_fp8.gemv", 1, 4100), ("gemm_fp8.sm90a_stream", 1, 16960),
                                       ("gemm_fp8.sm90a_stream", 9, 4104), ("gemm_fp8.sm90a_stream", 64, 16900)])
 def test_decode_kernels_read_what_the_kernel_before_them_wrote(cand, m, n):
-    """The GEMV and streaming kernels are programmatic dependent launches on sm_90 (their blocks may be scheduled
-    while the kernel before them runs): a call right after copies that rewrite its a, b and scales, with no
-    synchronization between, reads the new values; eagerly, back to back (each call the dependent of the last), and
-    replayed in a CUDA graph."""
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("fp8 decode kernels need sm_89")
+    """The GEMV and streaming kernels are programmatic dependent launches on sm_90: their blocks may be scheduled
+    while the kernel before them runs, and must wait for it before their first read. The kernel before each call
+    releases it at once and writes a's new bytes ~100 us later (b and the scales rewritten by copies before it):
+    the call reads the new values, eagerly and replayed in a CUDA graph. (With the kernels' wait removed, this test
+    failed on an H200.)"""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("programmatic dependent launches: sm_90")
     k, g = 4112, torch.Generator(device="cuda").manual_seed(7)
     srcs = [(_fp8((m, k), g), _fp8((n, k), g), *_scales("block", m, n, k, g)) for _ in range(3)]
     a, b, sa, sb = (t.clone() for t in srcs[0])
     refs = [_ref(*src, None, "block") for src in srcs]
 
-    def step(i):
-        for dst, src in zip((a, b, sa, sb), srcs[i]):
-            dst.copy_(src)
+    def step(src):
+        for dst, new in zip((b, sa, sb), src[1:]):
+            dst.copy_(new)
+        _early_release_copy(a, src[0])  # the call's previous kernel
         return gemm_fp8(a, b, sa, sb)
 
     with _force(cand):
+        gemm_fp8(a, b, sa, sb)
         torch.cuda.synchronize()
-        outs = [step(i) for i in (1, 2, 0, 2)]  # every call after the copies of the next sources
+        outs = [step(srcs[i]) for i in (1, 2, 0, 2)]
         for y, i in zip(outs, (1, 2, 0, 2)):
             _check(y, refs[i], torch.bfloat16)
-        ys = [gemm_fp8(a, b, sa, sb) for _ in range(4)]  # back to back: each the dependent of the one before
-        for y in ys:
-            _check(y, refs[2], torch.bfloat16)
         graph_src, side = [t.clone() for t in srcs[0]], torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            step(0)
+            step(graph_src)
         torch.cuda.current_stream().wait_stream(side)
         gr = torch.cuda.CUDAGraph()
         with torch.cuda.graph(gr):
-            for dst, src in zip((a, b, sa, sb), graph_src):
-                dst.copy_(src)
-            y = gemm_fp8(a, b, sa, sb)
+            y = step(graph_src)
         for i in (1, 0, 2):
             for dst, src in zip(graph_src, srcs[i]):
                 dst.copy_(src)

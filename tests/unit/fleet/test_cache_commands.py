@@ -179,3 +179,28 @@ def test_read_only_cache_dir_is_read_and_housekeeping_removes_nothing(tmp_path):
     c = run(sys.executable, "-m", "rtckern", "cache", "clear")
     assert c.returncode == 1 and c.stdout.strip() == f"removed 0 of 2 entries; {cache} is read-only: nothing removed"
     assert sorted((str(p), p.stat().st_mtime_ns) for p in cache.rglob("*")) == before
+
+
+def test_prune_superseded_and_clear_remove_memos(tmp_path):
+    """`prune --superseded` removes the memos of tuning tables as they no longer are (and keeps the current ones);
+    `clear` removes every memo (the next process derives them again)."""
+    from rtckern import config, tuning
+
+    _fill(tmp_path, [("a", "sm_80", _current_identity(), 0)])
+    with config.override(cache_dir=tmp_path):
+        current = sorted(tuning.shipped_memo_paths())
+        assert current and all(p.parent == tmp_path / "tables" for p in current)
+        for p in current[:2]:
+            tuning.load_table(tuning.SHIPPED_DIR / f"{p.name.split('-')[0]}.json", check_rows=False)
+    stale = tmp_path / "tables" / "norm_fwd-0123456789abcdef0123456789abcdef.marshal"
+    stale.write_bytes(b"an older table's memo")
+    (tmp_path / "toolchain").mkdir(exist_ok=True)
+    (tmp_path / "toolchain" / "cuda-h-0123.json").write_text("{}")
+    written = {p for p in (tmp_path / "tables").iterdir()}
+    assert set(current[:2]) < written and stale in written
+    r = json.loads(cli("cache", "prune", "--superseded", "--json", cache=tmp_path).stdout)
+    assert r["memos_removed"] == 1 and {p for p in (tmp_path / "tables").iterdir()} == written - {stale}
+    memos = [p for d in ("tables", "toolchain") for p in (tmp_path / d).iterdir()]  # the commands' own too
+    r = json.loads(cli("cache", "clear", "--yes", "--json", cache=tmp_path).stdout)
+    assert r["memos_removed"] == len(memos) >= 3 and not any((tmp_path / "tables").iterdir()) and \
+        not any((tmp_path / "toolchain").iterdir())

@@ -435,10 +435,12 @@ def test_stream_launch_and_ranking():
         assert 2 * (two.smem_bytes + 1024) <= 228 * 1024 and two.stages >= 3 and one.smem_bytes <= 227 * 1024
         assert one.span == 512 and one.stages >= 3 and (two.span == 512) is (nt == 8)
     assert G.STREAM_TOKEN_TILES == wgmma_gen.FP8_NARROW_N  # the token tiles the generated wrappers exist for
-    # M = 2..32: from 2/5 of the SMs' blocks (53 of 132: N >= 3329), with block scales there only up to M = 8
+    # M = 2..32: from 2/5 of the SMs' blocks (53 of 132: N >= 3329) and K >= 4096, with block scales there only up
+    # to M = 8
     for shape, want in (("8x6336x8192", "gemm_fp8.sm90a_stream"), ("8x6272x8192", "gemm_fp8.sm90a_stream"),
                         ("8x3392x8192", "gemm_fp8.sm90a_stream"), ("8x3328x8192", "gemm_fp8.sm90a_wgmma"),
                         ("32x4096x4096", "gemm_fp8.sm90a_stream"), ("2x2112x7168", "gemm_fp8.sm90a_wgmma"),
+                        ("8x4096x2048", "gemm_fp8.sm90a_wgmma"),  # shorter rows than measured (K >= 4096)
                         ("64x6144x4096", "gemm_fp8.sm90a_wgmma"),
                         ("1x28672x8192", "gemm_fp8.sm90a_stream"), ("1x10240x8192", "gemm_fp8.gemv"),
                         ("1x151936x896", "gemm_fp8.sm90a_wgmma"),
@@ -477,7 +479,7 @@ def test_batch_one_goes_to_the_gemv_kernel(arch, m, n, k, aligned, gemv):
     served before it."""
     report = explain("gemm_fp8", shape=f"{m}x{n}x{k}", arch=arch, sm_count=132, options={"aligned": str(aligned)})
     big = n * k >= 96 << 20
-    narrow = m > 1 and n >= 3329  # M = 2..32 from 2/5 of the SMs' 64-row blocks (test_stream_launch_and_ranking)
+    narrow = m > 1 and n >= 3329 and k >= 4096  # M = 2..32 from 2/5 of the SMs' blocks (test_stream_launch_and_ranking)
     other = "gemm_fp8.simt" if not aligned else "gemm_fp8.sm89_skinny" if arch == "sm_89" else \
         "gemm_fp8.sm90a_stream" if big or narrow else "gemm_fp8.sm90a_wgmma"
     assert report.chosen == ("gemm_fp8.gemv" if gemv in ("both", arch) else other)
