@@ -393,15 +393,19 @@ class _MemoMeta(collections.abc.Mapping):
         return repr(self._metas.get()[self._i])
 
 
+def _memo_key(text: bytes) -> str:
+    return f"{_parser_digest()}|{hashlib.sha256(text).hexdigest()}"
+
+
 def _memo_path(p: Path, text: bytes) -> Path | None:
-    return file_memo.memo_path("tables", p.stem, f"{_parser_digest()}|{hashlib.sha256(text).hexdigest()}",
-                               ".marshal")
+    return file_memo.memo_path("tables", p.stem, _memo_key(text), ".marshal")
 
 
 @functools.lru_cache(maxsize=1)
 def _parser_digest() -> str:
-    """What else a memo's rows depend on: the memo format, marshal's, and the code that turns a table's JSON into
-    rows and rows into a memo (so an rtckern whose parsing changed never reads another's memo, version bump or not)."""
+    """What else a memo's rows depend on: the memo format, marshal's version, the Row fields, and the bytecode,
+    names and constants (docstrings included) of _row, parse_table, _memo_bytes and _from_memo: an rtckern whose
+    parsing there changed reads no other's memo, version bump or not (helpers they call are not followed)."""
     def const_bytes(k) -> bytes:  # nested code (comprehensions) by content; a set constant in a fixed order
         return code_bytes(k) if hasattr(k, "co_code") else \
             repr(sorted(map(repr, k))).encode() if isinstance(k, frozenset) else repr(k).encode()
@@ -440,14 +444,11 @@ def _from_memo(blob: bytes | None, p: Path, op: str | None) -> Table | None:
         return None
 
 
-def shipped_memo_paths() -> set[Path]:
-    """The memos of the shipped tables as they are now (`rtckern cache prune --superseded` keeps these)."""
-    out = set()
-    for path in sorted(SHIPPED_DIR.glob("*.json")):
-        memo = _memo_path(path, path.read_bytes())
-        if memo is not None:
-            out.add(memo)
-    return out
+def shipped_memo_names() -> set[str]:
+    """The file names of the shipped tables' memos as the tables are now, in any cache dir (`rtckern cache prune
+    --superseded` keeps these)."""
+    return {file_memo.memo_name(p.stem, _memo_key(p.read_bytes()), ".marshal")
+            for p in sorted(SHIPPED_DIR.glob("*.json"))}
 
 
 def user_dir() -> Path:

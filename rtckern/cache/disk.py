@@ -101,23 +101,26 @@ def read_entry_file(path: Path) -> bytes:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+def atomic_write(path: Path, data: bytes, mode: int | None = None, durable: bool = True) -> None:
     """Temp file in the same folder, fsync, rename: readers see the old file or the whole new one. The file is
-    private (0600, as mkstemp makes it) unless ``mode`` says otherwise (a bundle is shipped: 0644)."""
+    private (0600, as mkstemp makes it) unless ``mode`` says otherwise (a bundle is shipped: 0644). durable=False
+    skips the fsyncs, for files whose readers check what they read (the memos: a garbled one is a miss)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             if mode is not None:
                 os.fchmod(f.fileno(), mode)
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 def _unlink(path: Path) -> bool:

@@ -10,11 +10,10 @@ writing one is ignored, and one that cannot be read is a miss.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
-import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -32,13 +31,15 @@ def file_identity(path: Path | str) -> dict:
             "device": st.st_dev}
 
 
+def memo_name(prefix: str, key_text: str, suffix: str) -> str:
+    """The file name of the memo of `key_text` (in any cache dir)."""
+    return f"{prefix}-{hashlib.sha256(key_text.encode()).hexdigest()[:32]}{suffix}"
+
+
 def memo_path(folder: str, prefix: str, key_text: str, suffix: str) -> Path | None:
-    """Where the memo of `key_text` lives; None where memos are off (no disk cache)."""
+    """Where the memo of `key_text` lives in this process's cache dir; None where memos are off (no disk cache)."""
     s = settings()
-    if not s.disk_cache:
-        return None
-    digest = hashlib.sha256(key_text.encode()).hexdigest()[:32]
-    return s.cache_dir / folder / f"{prefix}-{digest}{suffix}"
+    return s.cache_dir / folder / memo_name(prefix, key_text, suffix) if s.disk_cache else None
 
 
 def read(path: Path | None) -> bytes | None:
@@ -58,20 +59,13 @@ def write(path: Path | None, data: bytes) -> None:
     cache dir) is logged at debug level and ignored: the next process derives the answer again."""
     if path is None or not path.parent.parent.is_dir():
         return
-    tmp = None
+    from .disk import atomic_write  # not at import: the compiler (imported by the disk tier) uses these memos
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        tmp = None
+        atomic_write(path, data, durable=False)
     except OSError as e:
         log.debug("cannot write the memo %s: %s", path, e)
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 def forget(path: Path | None) -> None:
@@ -83,17 +77,24 @@ def forget(path: Path | None) -> None:
             pass
 
 
+TEMP_GRACE_S = 600  # a writer's temp file younger than this may still be renamed into place: left alone
+
+
 def remove(root: Path, folders: tuple[str, ...] = FOLDERS, keep: Callable[[Path], bool] = lambda p: False) -> int:
-    """Remove the memos (and dead writers' temp files) in `folders` of the cache dir `root`, but those keep(path)
-    keeps; how many files went. The next process derives what it needs again."""
-    removed = 0
+    """Remove the memos in `folders` of the cache dir `root`, but those keep(path) keeps, and temp files writers
+    left more than TEMP_GRACE_S ago; how many files went. The next process derives what it needs again."""
+    removed, now = 0, time.time()
     for folder in folders:
         try:
             files = sorted((root / folder).iterdir())
         except OSError:
             continue
         for f in files:
-            if f.is_file() and not keep(f):
+            try:
+                young_temp = f.name.endswith(".tmp") and now - f.stat().st_mtime < TEMP_GRACE_S
+            except OSError:
+                continue
+            if f.is_file() and not young_temp and not keep(f):
                 try:
                     f.unlink()
                     removed += 1

@@ -87,7 +87,8 @@ def add_parser(sub) -> None:
                     help="shrink to at most this size: bytes or K/M/G/T (1024-based; KiB, GB read the same), e.g. 10G")
     pr.add_argument("--older-than-days", type=non_negative_float, default=None, metavar="DAYS",
                     help="remove entries unused this long")
-    pr.add_argument("--superseded", action="store_true", help="remove entries of other NVRTC versions")
+    pr.add_argument("--superseded", action="store_true", help="remove entries of other NVRTC versions, and the "
+                    "memos of tuning tables as they no longer are")
     pr.add_argument("--json", action="store_true", help=JSON_HELP + " (keys: removed, freed_bytes, bytes, "
                     "temp_removed, sidecars_removed, locks_removed, memos_removed (--superseded), read_only)")
     ex = _action(cs, "export", "write entries into one deterministic bundle file",
@@ -261,8 +262,8 @@ def prune(args) -> int:
         from .. import tuning
         from ..cache import file_memo
 
-        current = tuning.shipped_memo_paths()
-        r["memos_removed"] = file_memo.remove(d.root, ("tables",), keep=lambda p: p in current)
+        current = tuning.shipped_memo_names()
+        r["memos_removed"] = file_memo.remove(d.root, ("tables",), keep=lambda p: p.name in current)
     if r["read_only"]:
         _emit(args, r, f"removed 0 entries ({r['would_remove']} would go){_read_only_line(d)}")
         return 1 if r["would_remove"] else 0

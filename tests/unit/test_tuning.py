@@ -608,6 +608,7 @@ def test_a_memo_written_by_one_process_serves_the_next(cache_dir):
             "print(len(t.rows), t.rows[0].meta['date'])")
     env = dict(os.environ, PYTHONPATH=str(REPO), RTCKERN_CACHE_DIR=str(cache_dir))
     outs = [subprocess.run([sys.executable, "-c", code, mode], env=dict(env, PYTHONHASHSEED=seed),
-                           capture_output=True, text=True, timeout=60) for mode, seed in (("write", "1"), ("read", "2"))]
+                           capture_output=True, text=True, timeout=60)
+            for mode, seed in (("write", "1"), ("read", "2"))]
     assert [o.returncode for o in outs] == [0, 0], outs[1].stderr
     assert outs[0].stdout == outs[1].stdout and len(list((cache_dir / "tables").iterdir())) == 1

@@ -182,25 +182,26 @@ def test_read_only_cache_dir_is_read_and_housekeeping_removes_nothing(tmp_path):
 
 
 def test_prune_superseded_and_clear_remove_memos(tmp_path):
-    """`prune --superseded` removes the memos of tuning tables as they no longer are (and keeps the current ones);
-    `clear` removes every memo (the next process derives them again)."""
+    """`prune --superseded` removes the memos of tuning tables as they no longer are and keeps the current ones, in
+    the cache it is given (`--cache-dir`, whatever RTCKERN_CACHE_DIR and RTCKERN_DISK_CACHE say); `clear` removes every
+    memo (the next process derives them again)."""
     from rtckern import config, tuning
 
-    _fill(tmp_path, [("a", "sm_80", _current_identity(), 0)])
-    with config.override(cache_dir=tmp_path):
-        current = sorted(tuning.shipped_memo_paths())
-        assert current and all(p.parent == tmp_path / "tables" for p in current)
-        for p in current[:2]:
-            tuning.load_table(tuning.SHIPPED_DIR / f"{p.name.split('-')[0]}.json", check_rows=False)
-    stale = tmp_path / "tables" / "norm_fwd-0123456789abcdef0123456789abcdef.marshal"
+    cache = tmp_path / "cache"
+    _fill(cache, [("a", "sm_80", _current_identity(), 0)])
+    with config.override(cache_dir=cache):
+        for op in ("norm_fwd", "softmax"):
+            tuning.load_table(tuning.shipped_table_path(op), op, check_rows=False)
+    current = {p.name for p in (cache / "tables").iterdir()}
+    assert len(current) == 2 and current <= tuning.shipped_memo_names()
+    stale = cache / "tables" / "norm_fwd-0123456789abcdef0123456789abcdef.marshal"
     stale.write_bytes(b"an older table's memo")
-    (tmp_path / "toolchain").mkdir(exist_ok=True)
-    (tmp_path / "toolchain" / "cuda-h-0123.json").write_text("{}")
-    written = {p for p in (tmp_path / "tables").iterdir()}
-    assert set(current[:2]) < written and stale in written
-    r = json.loads(cli("cache", "prune", "--superseded", "--json", cache=tmp_path).stdout)
-    assert r["memos_removed"] == 1 and {p for p in (tmp_path / "tables").iterdir()} == written - {stale}
-    memos = [p for d in ("tables", "toolchain") for p in (tmp_path / d).iterdir()]  # the commands' own too
-    r = json.loads(cli("cache", "clear", "--yes", "--json", cache=tmp_path).stdout)
-    assert r["memos_removed"] == len(memos) >= 3 and not any((tmp_path / "tables").iterdir()) and \
-        not any((tmp_path / "toolchain").iterdir())
+    (cache / "toolchain").mkdir(exist_ok=True)
+    (cache / "toolchain" / "cuda-h-0123.json").write_text("{}")
+    r = json.loads(cli("cache", "--cache-dir", str(cache), "prune", "--superseded", "--json", cache=tmp_path / "other",
+                       env={"RTCKERN_DISK_CACHE": "0"}).stdout)
+    assert r["memos_removed"] == 1 and {p.name for p in (cache / "tables").iterdir()} == current
+    memos = [p for d in ("tables", "toolchain") for p in (cache / d).iterdir()]  # the commands' own too
+    r = json.loads(cli("cache", "clear", "--yes", "--json", cache=cache).stdout)
+    assert r["memos_removed"] == len(memos) >= 3 and not any((cache / "tables").iterdir()) and \
+        not any((cache / "toolchain").iterdir())
