@@ -8,7 +8,7 @@ shapes). CUDA events around back-to-back calls, median of --reps. TFLOP/s = 2 M 
 1..64 on weights larger than L2): the bytes a call moves (a, b, c; the weight's N x K dominate) per second against the
 device's copy bandwidth, the memory-bound roofline, with sm_90a's tile and streaming kernels, the GEMV kernel (M = 1),
 sm_89's decode kernel (gemm_fp8.sm89_skinny) and the CUDA-core fallback it replaced there (gemm_fp8.simt, 5 reps)
-forced beside the kernel the registry picks; decode on small weights (M = 1, and 8 or 32 on the weights whose 64-row
+forced beside the kernel the registry picks; decode on small weights (M = 1, and 8 to 64 on the weights whose 64-row
 blocks are fewer than the SMs) over rotating copies of b, the GEMV (M = 1), tile and streaming kernels forced; and
 sm_89's prefill kernel (gemm_fp8.sm89_mma, M > 64) against that fallback, both forced, at two shapes (TFLOP/s).
 quantize_fp8 and rms_norm_quant (bf16 4096 / 16384 x 7168, group 128): GPU time from CUDA-graph replays.
@@ -222,9 +222,10 @@ def _sustained(shapes, seconds: float) -> list[dict]:
 # decode on small weights (Llama-3.1-8B's attention projections and down projection, DeepSeek-V3's smaller ones),
 # which the L2 would hold between back-to-back calls: each call reads the next of enough copies of the weight to exceed
 # the L2 twice over (a model's other layers evict a layer's weight between its calls), timed as CUDA-graph replays.
-# M = 8 and 32 on the weights of 64-96 row blocks of 64, where the streaming kernel ranks first from 2/5 of the SMs.
+# M = 8 and 32 on the weights of 64-96 row blocks of 64, where the streaming kernel ranks first from 2/5 of the SMs;
+# M = 64 there, on the tile kernel's rows tuned with the weight read from device memory (tune.weight_copies).
 SMALL = ((1, 4096, 4096), (1, 6144, 4096), (1, 4096, 7168), (1, 2112, 7168), (1, 7168, 2048), (1, 1024, 4096),
-         (8, 4096, 4096), (8, 6144, 4096), (8, 4096, 14336), (32, 4096, 7168))
+         (8, 4096, 4096), (8, 6144, 4096), (8, 4096, 14336), (32, 4096, 7168), (64, 4096, 4096), (64, 7168, 2048))
 SMALL_ROTATION_BYTES = 200 << 20
 
 
