@@ -847,6 +847,21 @@ def time_launches(launch: Callable[[int], None], ordinal: int, *, warmup: int = 
     return statistics.median(samples) / 1e3
 
 
+# A memory-bound call (a decode GEMM: M of a few tokens against a weight) reads its weight from device memory in a
+# model, where the other layers evict it from the L2 between its calls. A tuner times a weight smaller than this over
+# rotating copies adding up to it (about three H200 L2s), as the benchmarks' small-weight tables do; timed on one
+# copy, the weight would sit in the L2 and the tuner would pick the config that reads the L2 fastest.
+ROTATION_BYTES = 200 << 20
+DECODE_MAX_M = 64  # the decode range whose timing rotates weights
+
+
+def weight_copies(m: int, weight_bytes: int) -> int:
+    """How many copies of a weight of `weight_bytes` a tuner's timing of an M-row call cycles through (1: one)."""
+    if m > DECODE_MAX_M or weight_bytes >= ROTATION_BYTES:
+        return 1
+    return -(-ROTATION_BYTES // max(1, weight_bytes))
+
+
 def time_graphed(device, run, check=None, *, reps: int = 10, replays: int = 5) -> float:
     """Seconds per call of `run()` on torch device `device`: one warm-up call on a side stream, `check()` (raises
     when the output is wrong), then `reps` calls captured in one CUDA graph and replayed `replays` times (median),

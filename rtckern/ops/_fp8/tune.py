@@ -144,18 +144,10 @@ def reference(p: Fp8Problem, a, b, sa, sb):
 
 
 ERROR_BOUND = 2.0 ** -6  # relative Frobenius error: bf16 output rounding plus fp32 accumulation, far below a bad tile
-# The decode range (M <= 64) is memory-bound, and in a model each layer's weight comes from device memory (the other
-# layers evict it from the L2 between its calls). A weight smaller than this is timed over rotating copies adding up
-# to it (about three H200 L2s), as the benchmark's small-weight table does; timed on one copy it would sit in the L2
-# and the tuner would pick the tile that reads the L2 fastest.
-ROTATION_BYTES = 200 << 20
-
-
 def weight_copies(p: Fp8Problem) -> int:
-    """How many copies of b the timing of p cycles through (1: b alone)."""
-    if p.m > geometry.STREAM_MAX_M or p.n * p.k >= ROTATION_BYTES:
-        return 1
-    return -(-ROTATION_BYTES // (p.n * p.k))
+    """How many copies of b the timing of p cycles through (tuning.weight_copies: decode shapes' weights from device
+    memory)."""
+    return tuning.weight_copies(p.m, p.n * p.k)
 
 
 def measure_config(p: Fp8Problem, cfg: Sm90Fp8Config, device, *, reps: int = 10, replays: int = 5,

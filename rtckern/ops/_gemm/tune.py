@@ -1,7 +1,7 @@
 """The GEMM tuner behind `rtckern tune gemm --shapes MxNxK,...` and `benchmarks/gemm.py --tune`: times every
 config of `sweep_configs` on the live GPU (random inputs, CUDA-graph replays so that launch gaps do not hide the
-kernel time of small problems) and checks each result against an fp32 reference before it may win. configs.py
-reads the table it writes.
+kernel time of small problems, decode shapes' weights read from device memory: `tuning.weight_copies`) and checks
+each result against an fp32 reference before it may win. configs.py reads the table it writes.
 """
 from __future__ import annotations
 
@@ -141,16 +141,22 @@ def measure_config(p: geometry.GemmProblem, cfg, device, *, reps: int = 10, repl
 
     plan = launch.LaunchPlan(kernels, p, cfg, ops, device.sm_count)
     ws_ptr = ws.data_ptr() if ws is not None else 0
+    # decode shapes read the weight from device memory, as in a model (tuning.weight_copies)
+    weights = [b] + [b.clone() for _ in range(tuning.weight_copies(p.m, b.numel() * b.element_size()) - 1)]
+    calls = 0
 
-    def run():
-        plan.run(ops.a, ops.b, ops.c, ops.bias, ops.res, torch.cuda.current_stream(dev).cuda_stream, ws_ptr)
+    def run():  # the first call (the one verify checks) reads b itself; the timed ones each copy in turn
+        nonlocal calls
+        w = weights[calls % len(weights)]
+        calls += 1
+        plan.run(ops.a, w.data_ptr(), ops.c, ops.bias, ops.res, torch.cuda.current_stream(dev).cuda_stream, ws_ptr)
 
     def verify():
         err = relative_error(p, a, b, bias, res, c)
         bound = error_bound(p)
         if not err <= bound:
             raise RtckernError(f"config {cfg.as_dict()} gave relative error {err:.3g} > {bound:.3g}")
-    return tuning.time_graphed(dev, run, verify if check else None, reps=reps, replays=replays)
+    return tuning.time_graphed(dev, run, verify if check else None, reps=max(reps, len(weights)), replays=replays)
 
 
 def error_bound(p: geometry.GemmProblem) -> float:

@@ -179,11 +179,13 @@ def test_without_rows_the_rule_serves_and_selection_is_unchanged(monkeypatch, tm
 
 
 def test_decode_shapes_are_timed_with_their_weight_from_device_memory():
-    """M <= 64 with a weight under ROTATION_BYTES: timed over copies of b adding up to it (about three H200 L2s),
-    as a model's layers read their weights; larger weights and prefill shapes over b alone."""
+    """M <= 64 with a weight under tuning.ROTATION_BYTES: timed over copies of b adding up to it (about three H200
+    L2s), as a model's layers read their weights; larger weights and prefill shapes over b alone (the bf16 GEMM's
+    tuner asks tuning.weight_copies the same, with its 2-byte weights)."""
     copies = tune.weight_copies
     assert copies(Fp8Problem(64, 4096, 4096)) == 13 and copies(Fp8Problem(1, 2112, 7168)) == 14
     assert copies(Fp8Problem(8, 28672, 8192)) == 1 and copies(Fp8Problem(65, 4096, 4096)) == 1
     for m, n, k in ((1, 1024, 4096), (64, 4096, 14336), (32, 7168, 2048)):
         c = copies(Fp8Problem(m, n, k))
-        assert c * n * k >= tune.ROTATION_BYTES > (c - 1) * n * k
+        assert c * n * k >= tuning.ROTATION_BYTES > (c - 1) * n * k
+    assert tuning.weight_copies(8, 2 * 4096 * 4096) == 7 and tuning.weight_copies(8, 2 * 28672 * 4096) == 1
