@@ -352,9 +352,9 @@ def load_table(path: Path | str, op: str | None = None, *, check_rows: bool = Tr
 # A shipped table's parsed rows, remembered in the cache dir (cache/file_memo.py) under a digest of the file's bytes:
 # the next process unmarshals them (~3x faster than JSON and building the rows, the bulk of an op's first call into
 # its tables), the rows' meta (time_us, date, versions, source: over half the bytes, which a lookup never reads) only
-# when a row's meta is read. Keyed by contents, not by mtime: an edit in place is a new memo whatever its timestamp.
-# The memo's own bytes carry their sha256, so a damaged memo is a miss, never a wrong row.
-_MEMO_FORMAT = 2
+# when a row's meta is read. Keyed by contents, not by mtime: an edit in place is a new memo whatever its timestamp;
+# and by this module's own bytes, so an rtckern whose parsing or memo format changed reads no other's memo. The
+# memo's own bytes carry their sha256, so a damaged memo is a miss, never a wrong row.
 
 
 class _Metas:
@@ -398,40 +398,33 @@ def _memo_key(text: bytes) -> str:
 
 
 def _memo_path(p: Path, text: bytes) -> Path | None:
-    return file_memo.memo_path("tables", p.stem, _memo_key(text), ".marshal")
+    return file_memo.memo_path("tables", p.stem, _memo_key(text), ".marshal") if _parser_digest() else None
 
 
 @functools.lru_cache(maxsize=1)
 def _parser_digest() -> str:
-    """What else a memo's rows depend on: the memo format, marshal's version, the Row fields, and the bytecode,
-    names and constants (docstrings included) of _row, parse_table, _memo_bytes and _from_memo: an rtckern whose
-    parsing there changed reads no other's memo, version bump or not (helpers they call are not followed)."""
-    def const_bytes(k) -> bytes:  # nested code (comprehensions) by content; a set constant in a fixed order
-        return code_bytes(k) if hasattr(k, "co_code") else \
-            repr(sorted(map(repr, k))).encode() if isinstance(k, frozenset) else repr(k).encode()
-
-    def code_bytes(c) -> bytes:  # a code object's bytecode, names and constants
-        return c.co_code + repr(c.co_names).encode() + b"".join(map(const_bytes, c.co_consts))
-
-    code = b"".join(code_bytes(f.__code__) for f in (_row, parse_table, _memo_bytes, _from_memo))
-    row_fields = repr([f.name for f in dataclasses.fields(Row)] + sorted(_ROW_KEYS)).encode()
-    return f"{_MEMO_FORMAT}|{marshal.version}|{hashlib.sha256(code + row_fields).hexdigest()}"
+    """What else a memo's rows depend on: marshal's version and the code that parses tables and writes and reads
+    memos, as the bytes of this module's file ("" where the file cannot be read: no memos)."""
+    try:
+        return f"{marshal.version}|{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}"
+    except OSError:
+        return ""
 
 
 def _memo_bytes(t: Table) -> bytes:
     rows = [(r.arch, r.sm_count, r.device_class, r.shape, dict(r.config)) for r in t.rows]
     metas = marshal.dumps([dict(r.meta) for r in t.rows])
-    payload = marshal.dumps((_MEMO_FORMAT, t.op, list(t.key_fields), rows, metas))
+    payload = marshal.dumps((t.op, list(t.key_fields), rows, metas))
     return hashlib.sha256(payload).digest() + payload
 
 
 def _from_memo(blob: bytes | None, p: Path, op: str | None) -> Table | None:
-    """The table in a memo written by _memo_bytes, or None (no memo, damaged, another format, another op)."""
+    """The table in a memo written by _memo_bytes, or None (no memo, damaged, another structure, another op)."""
     if blob is None or hashlib.sha256(blob[32:]).digest() != blob[:32]:
         return None
     try:
-        fmt, table_op, fields, raw_rows, metas = marshal.loads(blob[32:])
-        if fmt != _MEMO_FORMAT or (op is not None and table_op != op) or type(metas) is not bytes:
+        table_op, fields, raw_rows, metas = marshal.loads(blob[32:])
+        if (op is not None and table_op != op) or type(metas) is not bytes:
             return None  # another op: parse_table says so
         rows, lazy = [], _Metas(metas)
         for i, (arch, sms, cls, shape, cfg) in enumerate(raw_rows):
@@ -860,6 +853,22 @@ def weight_copies(m: int, weight_bytes: int) -> int:
     if m > DECODE_MAX_M or weight_bytes >= ROTATION_BYTES:
         return 1
     return -(-ROTATION_BYTES // max(1, weight_bytes))
+
+
+class WeightRotation:
+    """A weight and copies - 1 clones of it (weight_copies), handed out in turn by next_ptr(): the first call reads
+    the weight itself (whose output a tuner checks), each later one the next copy."""
+
+    __slots__ = ("copies", "_calls")
+
+    def __init__(self, weight, copies: int):
+        self.copies = [weight] + [weight.clone() for _ in range(copies - 1)]
+        self._calls = 0
+
+    def next_ptr(self) -> int:
+        w = self.copies[self._calls % len(self.copies)]
+        self._calls += 1
+        return w.data_ptr()
 
 
 def time_graphed(device, run, check=None, *, reps: int = 10, replays: int = 5) -> float:

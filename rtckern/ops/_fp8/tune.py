@@ -172,14 +172,10 @@ def measure_config(p: Fp8Problem, cfg: Sm90Fp8Config, device, *, reps: int = 10,
     a, b, sa, sb, strides = make_inputs(p, dev)
     c = torch.full((p.m, p.n), float("nan"), device=dev, dtype=torch_dtype(p.out_dtype))
     plan = GemmLaunch(kernel, p, cfg, p.k, p.k, strides, device.sm_count)
-    weights = [b] + [b.clone() for _ in range(weight_copies(p) - 1)]
-    calls = 0
+    weights = tuning.WeightRotation(b, weight_copies(p))
 
-    def run():  # the first call (the one verify checks) reads b itself; the timed ones each copy in turn
-        nonlocal calls
-        w = weights[calls % len(weights)]
-        calls += 1
-        plan.run(a.data_ptr(), w.data_ptr(), c.data_ptr(), sa.data_ptr(), sb.data_ptr(), 0,
+    def run():
+        plan.run(a.data_ptr(), weights.next_ptr(), c.data_ptr(), sa.data_ptr(), sb.data_ptr(), 0,
                  torch.cuda.current_stream(dev).cuda_stream)
 
     def verify():
@@ -189,7 +185,8 @@ def measure_config(p: Fp8Problem, cfg: Sm90Fp8Config, device, *, reps: int = 10,
             torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
         if not err <= ERROR_BOUND:
             raise RtckernError(f"config {cfg.as_dict()} gave relative error {err:.3g} > {ERROR_BOUND:.3g}")
-    return tuning.time_graphed(dev, run, verify if check else None, reps=max(reps, len(weights)), replays=replays)
+    return tuning.time_graphed(dev, run, verify if check else None, reps=max(reps, len(weights.copies)),
+                               replays=replays)
 
 
 def register_tuner() -> Fp8GemmTuner:

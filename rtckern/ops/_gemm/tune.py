@@ -142,21 +142,19 @@ def measure_config(p: geometry.GemmProblem, cfg, device, *, reps: int = 10, repl
     plan = launch.LaunchPlan(kernels, p, cfg, ops, device.sm_count)
     ws_ptr = ws.data_ptr() if ws is not None else 0
     # decode shapes read the weight from device memory, as in a model (tuning.weight_copies)
-    weights = [b] + [b.clone() for _ in range(tuning.weight_copies(p.m, b.numel() * b.element_size()) - 1)]
-    calls = 0
+    weights = tuning.WeightRotation(b, tuning.weight_copies(p.m, b.numel() * b.element_size()))
 
-    def run():  # the first call (the one verify checks) reads b itself; the timed ones each copy in turn
-        nonlocal calls
-        w = weights[calls % len(weights)]
-        calls += 1
-        plan.run(ops.a, w.data_ptr(), ops.c, ops.bias, ops.res, torch.cuda.current_stream(dev).cuda_stream, ws_ptr)
+    def run():
+        plan.run(ops.a, weights.next_ptr(), ops.c, ops.bias, ops.res, torch.cuda.current_stream(dev).cuda_stream,
+                 ws_ptr)
 
     def verify():
         err = relative_error(p, a, b, bias, res, c)
         bound = error_bound(p)
         if not err <= bound:
             raise RtckernError(f"config {cfg.as_dict()} gave relative error {err:.3g} > {bound:.3g}")
-    return tuning.time_graphed(dev, run, verify if check else None, reps=max(reps, len(weights)), replays=replays)
+    return tuning.time_graphed(dev, run, verify if check else None, reps=max(reps, len(weights.copies)),
+                               replays=replays)
 
 
 def error_bound(p: geometry.GemmProblem) -> float:
