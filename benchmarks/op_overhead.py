@@ -27,6 +27,7 @@ CPU harness (no GPU):      python -m benchmarks op_overhead --stub [--calls 1000
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import statistics
 import time
@@ -266,24 +267,27 @@ def time_loop(fn, calls: int, sync, repeats: int) -> float:
     return time_interleaved([fn], calls, sync, repeats)[0]
 
 
-def time_interleaved(fns: list, calls: int, sync, repeats: int) -> list[float]:
+def time_interleaved(fns: list, calls: int, sync, repeats: int, around: list | None = None) -> list[float]:
     """Microseconds per call of each of fns (None stays None): `repeats` rounds, each timing a loop of every fn in
     turn, the median round per fn. Rounds alternate between the calls compared, so a host that slows down or speeds
     up during the case moves every side alike (timing one side's loops, then the other's, put torch's own call at
-    20.9 and 31.7 us in two back-to-back runs)."""
-    live = [f for f in fns if f is not None]
-    for f in live:
-        for _ in range(max(10, calls // 20)):
-            f()
+    20.9 and 31.7 us in two back-to-back runs). around[i], where given, is a context manager factory entered around
+    each of fn i's loops (outside the timed calls' own cost)."""
+    live = [(f, (around or [None] * len(fns))[i] or contextlib.nullcontext) for i, f in enumerate(fns) if f is not None]
+    for f, ctx in live:
+        with ctx():
+            for _ in range(max(10, calls // 20)):
+                f()
     sync()
     times = [[] for _ in live]
     for _ in range(repeats):
-        for f, ts in zip(live, times):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                f()
-            sync()
-            ts.append((time.perf_counter() - t0) / calls * 1e6)
+        for (f, ctx), ts in zip(live, times):
+            with ctx():
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    f()
+                sync()
+                ts.append((time.perf_counter() - t0) / calls * 1e6)
     medians = iter([statistics.median(ts) for ts in times])
     return [next(medians) if f is not None else None for f in fns]
 
@@ -320,8 +324,12 @@ def run(a) -> Result | None:
                     print(f"---- {name}: {label}")
                     profile(call, calls)
             continue
-        us, ref_us, plugin_us = time_interleaved([fn, ref, plugin.get(name)], calls, sync, a.repeats)
-        rows.append((name, us, ref_us, plugin_us))
+        # the functions the plugin's native front serves from C++ (rtckern.ops._common.DIRECT_SLOTS) are timed on
+        # their Python path too
+        python_path = fn if plugin and name.split(" ")[0] in DIRECT_CASES else None
+        us, ref_us, plugin_us, python_us = time_interleaved(
+            [fn, ref, plugin.get(name), python_path], calls, sync, a.repeats, [None, None, None, without_direct_front])
+        rows.append((name, us, ref_us, plugin_us, python_us))
     if a.profile:
         return None
     where = "CPU harness, GPU pieces stubbed (Python cost only)" if a.stub else \
@@ -331,8 +339,8 @@ def run(a) -> Result | None:
     data = {"where": where, "calls": calls, "repeats": a.repeats, "interleaved": True}
     if plugin:
         data["torch_ops_front"] = front_summary(importlib.import_module("rtckern.torch").native_status())
-    result = to_result([{"op": n, "rtckern_us": u, "torch_us": r, "torch_ops_rtckern_us": p} for n, u, r, p in rows],
-                       data)
+    result = to_result([{"op": n, "rtckern_us": u, "torch_us": r, "torch_ops_rtckern_us": p, "rtckern_python_us": y}
+                        for n, u, r, p, y in rows], data)
     if a.stub or a.plugin_stub:  # CPU diagnostics: printed, no result set (benchmarks/results keeps the GPU's)
         for part in result.body:
             print(part if isinstance(part, str) else part.markdown(), end="\n\n", flush=True)
@@ -348,10 +356,23 @@ def front_summary(status: dict) -> str:
     replayed = sorted(n for n, s in status["ops"].items() if s["recipes"] > 0)
     refused = sorted(f"{n} ({s['last_refusal']})" for n, s in status["ops"].items() if s["refused"] > 0)
     return ("torch.ops.rtckern through the native front: replayed in C++: " + (", ".join(replayed) or "none")
-            + "; on the Python kernels: " + ("; ".join(refused) or "none"))
+            + "; on the Python kernels: " + ("; ".join(refused) or "none") + ". The rtckern.ops column's softmax "
+            "(and causal) forward and backward and norm backward calls reach the same replays through the front's "
+            "direct entry (one C call from the function); the last column times those functions' Python path")
 
 
-SERIES = (("rtckern_us", "rtckern.ops"), ("torch_us", "torch"), ("torch_ops_rtckern_us", "torch.ops.rtckern"))
+SERIES = (("rtckern_us", "rtckern.ops"), ("torch_us", "torch"), ("torch_ops_rtckern_us", "torch.ops.rtckern"),
+          ("rtckern_python_us", "rtckern.ops, Python path"))
+# the cases whose rtckern.ops function the native front serves directly (rtckern.ops._common.DIRECT_SLOTS)
+DIRECT_CASES = ("softmax", "softmax_backward", "causal", "rms_norm_backward", "layer_norm_backward")
+
+
+@contextlib.contextmanager
+def without_direct_front():
+    from rtckern.testing import without_direct_front as off
+
+    with off():
+        yield
 
 
 def to_result(rows: list[dict], data: dict) -> Result:
@@ -361,9 +382,12 @@ def to_result(rows: list[dict], data: dict) -> Result:
     def ratio(v, ref):
         return f"{v / ref:.2f}x" if v is not None and ref else "-"
 
-    table = Table(("op", "rtckern us/call", "torch us/call", "ratio", "torch.ops.rtckern us/call", "ratio"),
+    table = Table(("op", "rtckern us/call", "torch us/call", "ratio", "torch.ops.rtckern us/call", "ratio",
+                   "rtckern.ops Python path us/call", "ratio"),
                   [(r["op"], us_cell(r["rtckern_us"]), us_cell(r["torch_us"]), ratio(r["rtckern_us"], r["torch_us"]),
-                    us_cell(r["torch_ops_rtckern_us"]), ratio(r["torch_ops_rtckern_us"], r["torch_us"])) for r in rows])
+                    us_cell(r["torch_ops_rtckern_us"]), ratio(r["torch_ops_rtckern_us"], r["torch_us"]),
+                    us_cell(r.get("rtckern_python_us")), ratio(r.get("rtckern_python_us"), r["torch_us"]))
+                   for r in rows])
     return Result("Host cost per call", rows=rows, data=data,
                   body=[f"{data['where']}: {data['calls']} calls per loop, median of {data['repeats']} "
                         + ("rounds, each timing every column's loop in turn." if data.get("interleaved") else "loops."),
@@ -381,10 +405,10 @@ def plot(plt, meta: dict, rows: list[dict], where: str):
     fig, ax = plt.subplots(figsize=(10, 0.55 * len(rows) + 1.8))
     height = 0.8 / len(SERIES)
     for i, (key, label) in enumerate(SERIES):
-        ys = [j + (i - 1) * height for j, r in enumerate(rows) if r[key] is not None]
+        ys = [j + (i - 1.5) * height for j, r in enumerate(rows) if r.get(key) is not None]
         if not ys:  # a series this run has no value of (e.g. torch's under the plugin stub)
             continue
-        bars = ax.barh(ys, [r[key] for r in rows if r[key] is not None], height=height, label=label)
+        bars = ax.barh(ys, [r[key] for r in rows if r.get(key) is not None], height=height, label=label)
         ax.bar_label(bars, fmt="%.1f", fontsize=6, padding=2)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r["op"] for r in rows], fontsize=8)

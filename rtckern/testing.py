@@ -858,11 +858,31 @@ def use_fake_libcuda(directory: str | None = None) -> str:
 def torch_op_python_path(name: str):
     """The Python implementation behind torch.ops.rtckern.<name> for a plain eager call without gradients, taking
     every argument (defaults included): what the native front of the torch ops records (rtckern.plugins
-    ._torch_native), to compare its replays against."""
+    ._torch_native), to compare its replays against. It runs the rtckern.ops functions' Python paths
+    (without_direct_front)."""
     from .plugins import _torch_lib
 
     op = _torch_lib.KERNEL_OPS.get(name)
-    return op.fn if op is not None else _torch_lib.COMPOSITE_DIRECT[name]
+    fn = op.fn if op is not None else _torch_lib.COMPOSITE_DIRECT[name]
+
+    def python_path(*args):
+        with without_direct_front():
+            return fn(*args)
+    return python_path
+
+
+@contextlib.contextmanager
+def without_direct_front():
+    """Inside, the rtckern.ops functions that the torch plugin's native front serves from C++ where it is loaded
+    (softmax and its kin, the norms' backwards: rtckern.ops._common.DIRECT_SLOTS) take their Python paths: to compare
+    the two. Process-wide while inside (for tests)."""
+    from .runtime.native import direct_front
+
+    saved, direct_front.call = direct_front.call, None
+    try:
+        yield
+    finally:
+        direct_front.call = saved
 
 
 @contextlib.contextmanager

@@ -20,6 +20,16 @@ from rtckern.runtime import arrays as arr
 from rtckern.runtime.streams import torch_stream
 
 
+# The op functions the torch plugin's native front may serve from C++ (rtckern.runtime.native.direct_front): each
+# function's slot is its index here, and it passes every argument of its torch op, in the op's order.
+DIRECT_SLOTS = (
+    "softmax", "softmax_backward", "scaled_masked_softmax", "scaled_masked_softmax_backward",
+    "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_backward",
+    "scaled_aligned_causal_masked_softmax", "scaled_aligned_causal_masked_softmax_backward",
+    "rms_norm_backward", "layer_norm_backward",
+)
+
+
 def parse_number(value: Any, name: str, example: str) -> float:
     """float(value), or an InputError that names the argument and says what to pass (`example`)."""
     try:

@@ -24,6 +24,9 @@
 // Built at first use by _torch_native.py with the system C++ compiler against the installed torch's headers and
 // loaded with dlopen (ctypes); it calls the driver through entry points found in the process's libcuda (rtk_init), as
 // runtime/native_launch.c does.
+// Python.h first (python_variable.h includes it): the direct entry below takes and returns Python objects
+#include <torch/csrc/autograd/python_variable.h>
+
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -354,6 +357,16 @@ void replay(const Recipe& r, torch::jit::Stack& stack, size_t first, size_t n, i
   for (auto& t : outs) stack.emplace_back(std::move(t));
 }
 
+// A replay of recipe under key failed to launch: the key is refused for good (unless it was cleared or relearned).
+void refuse_after_failure(OpState* state, const std::string& key, const std::shared_ptr<const Recipe>& recipe) {
+  auto refused = std::make_shared<Recipe>();
+  refused->refused = true;
+  refused->attempts = 2;
+  std::unique_lock<std::shared_mutex> lock(table_mutex);
+  auto slot = state->recipes.find(key);
+  if (slot != state->recipes.end() && slot->second == recipe) slot->second = std::move(refused);
+}
+
 // Replay or record the call; false when it is not served here (the caller takes the Python kernels), with state set
 // to the op's state where it is registered.
 bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& state) {
@@ -391,15 +404,7 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
         } catch (const LaunchFailure&) {
           // a launch failed: the signature goes back to the Python path, which runs the call again and reports a
           // failure in its own terms (rtckern's LaunchError); other errors (out of memory) propagate as they are
-          auto refused = std::make_shared<Recipe>();
-          refused->refused = true;
-          refused->attempts = 2;
-          std::unique_lock<std::shared_mutex> lock(table_mutex);
-          auto it = ops.find(op.schema().name());
-          if (it != ops.end()) {
-            auto slot = it->second->recipes.find(key);
-            if (slot != it->second->recipes.end() && slot->second == recipe) slot->second = std::move(refused);
-          }
+          refuse_after_failure(state, key, recipe);
           return false;
         }
       }
@@ -473,6 +478,157 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
   }
   return false;
 }
+
+// ---- direct calls: rtckern.ops' own functions ----------------------------------------------------------------------
+// rtckern.ops.softmax and its kin are Python functions (they take CuPy arrays too); a call of one with torch tensors
+// costs its Python path: a memo key, a plan lookup, an allocation and a prepared launch, 1.1-1.2x torch's own call
+// for softmax. Where the ops layer binds one of its functions to the torch op of the same arguments and results
+// (rtk_direct_bind, a slot per function), the function first hands its arguments to direct_call: one C call that
+// converts them by the op's schema, builds the key serve() builds and replays the recipe, skipping the Python path,
+// the dispatcher and torch.ops' Python layer. A key not learned yet is called through the dispatcher (which records
+// it); anything else (not a torch tensor, a gradient needed, a refused key, an error) returns None, and the function
+// runs its Python path, which raises its own errors.
+constexpr int kDirectSlots = 64;
+
+struct DirectOp {
+  OpState* state;
+  c10::OperatorHandle handle;
+  std::string kinds;  // per argument: 'T' tensor, 't' optional tensor, 'f' float, 'b' bool, 'i' int
+  size_t rets;
+};
+std::array<std::atomic<const DirectOp*>, kDirectSlots> direct_ops{};  // bound once each, kept for the process
+thread_local bool direct_dispatching = false;  // this thread's direct_call is calling its op through the dispatcher
+
+// The Python value o as the schema's kind k on the stack; false when it is not of that kind (the call is not served).
+bool push_direct(char k, PyObject* o, torch::jit::Stack& stack) {
+  switch (k) {
+    case 't':
+      if (o == Py_None) {
+        stack.emplace_back();
+        return true;
+      }
+      [[fallthrough]];
+    case 'T':
+      if (!THPVariable_Check(o)) return false;
+      stack.emplace_back(THPVariable_Unpack(o));
+      return true;
+    case 'f':  // a float, or an int as the dispatcher converts it (a bool is refused, as torch's schema parser does)
+      if (PyFloat_Check(o)) {
+        stack.emplace_back(PyFloat_AS_DOUBLE(o));
+        return true;
+      }
+      if (PyLong_CheckExact(o)) {
+        const double v = PyLong_AsDouble(o);
+        if (v == -1.0 && PyErr_Occurred()) {
+          PyErr_Clear();
+          return false;
+        }
+        stack.emplace_back(v);
+        return true;
+      }
+      return false;
+    case 'b':
+      if (!PyBool_Check(o)) return false;
+      stack.emplace_back(o == Py_True);
+      return true;
+    case 'i': {
+      if (!PyLong_CheckExact(o)) return false;
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+      if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return false;
+      }
+      stack.emplace_back(static_cast<int64_t>(v));
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+// The last n values of stack (the op's results, all tensors) as one tensor or a tuple.
+PyObject* direct_results(torch::jit::Stack& stack, size_t n) {
+  const size_t first = stack.size() - n;
+  if (n == 1) return THPVariable_Wrap(std::move(stack[first]).toTensor());
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(n));
+  if (out == nullptr) return nullptr;
+  for (size_t j = 0; j < n; ++j) {
+    PyObject* t = THPVariable_Wrap(std::move(stack[first + j]).toTensor());
+    if (t == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(j), t);
+  }
+  return out;
+}
+
+// direct(slot, *args): the results of the op bound to slot for args (every argument, in its schema's order), or None
+// where the call is not served here.
+PyObject* direct_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  // (a recording in this thread runs the op's Python path, which calls its function: that call must run in Python)
+  if (nargs < 1 || bypass || pending.active || direct_dispatching || !PyLong_CheckExact(args[0])) Py_RETURN_NONE;
+  const long slot = PyLong_AsLong(args[0]);
+  if (slot < 0 || slot >= kDirectSlots) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  const DirectOp* d = direct_ops[slot].load(std::memory_order_acquire);
+  if (d == nullptr || static_cast<size_t>(nargs - 1) != d->kinds.size()) Py_RETURN_NONE;
+  const size_t n = d->kinds.size();
+  torch::jit::Stack stack;
+  stack.reserve(n + d->rets);
+  for (size_t i = 0; i < n; ++i)
+    if (!push_direct(d->kinds[i], args[i + 1], stack)) Py_RETURN_NONE;
+  std::string key;
+  bool aligned = false;
+  int device = -1;
+  if (c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain) ||
+      !call_key(stack, 0, n, key, aligned, device))
+    Py_RETURN_NONE;
+  std::shared_ptr<const Recipe> recipe;
+  {
+    std::shared_lock<std::shared_mutex> lock(table_mutex);
+    auto r = d->state->recipes.find(key);
+    if (r != d->state->recipes.end()) recipe = r->second;
+  }
+  try {
+    if (recipe && !recipe->refused) {
+      for (int16_t i : recipe->addressed_inputs) {
+        const at::Tensor& t = stack[i].toTensor();
+        if (t.defined() && (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15)) Py_RETURN_NONE;
+      }
+      try {
+        replay(*recipe, stack, 0, n, device);
+      } catch (const LaunchFailure&) {
+        refuse_after_failure(d->state, key, recipe);
+        Py_RETURN_NONE;
+      }
+      return direct_results(stack, d->rets);
+    }
+    if (!aligned || (recipe && recipe->attempts >= 2)) Py_RETURN_NONE;  // refused: the Python path
+    // not learned yet: the dispatcher records the key while it serves the call (a function it reaches again on the
+    // way, for whatever reason, runs its Python path: no loop)
+    struct Dispatching {
+      Dispatching() { direct_dispatching = true; }
+      ~Dispatching() { direct_dispatching = false; }
+    } dispatching;
+    d->handle.callBoxed(stack);
+    if (stack.size() != d->rets) Py_RETURN_NONE;
+    for (const auto& v : stack)
+      if (!v.isTensor()) Py_RETURN_NONE;
+    return direct_results(stack, d->rets);
+  } catch (...) {
+    // whatever failed (a bad argument the Python path reports in its own terms, a Python error inside the recording,
+    // out of memory) runs again in the Python path, which raises it as the op always has
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+}
+
+PyMethodDef direct_def = {"rtckern_native_direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&direct_call)),
+                          METH_FASTCALL, "direct(slot, *args): the bound op's results, or None (rtckern native front)"};
 
 }  // namespace
 
@@ -1137,6 +1293,39 @@ RTK_EXPORT int rtk_register_grad(const char* op_name, const char* formula, const
   st.formula.store(f->second, std::memory_order_release);
   return 0;
 }
+
+// Bind slot (0..63) to op_name (served already: rtk_register) for direct_call. 0 on success (or when slot is bound
+// already), -1 for an op not served, -2 for a slot out of range, -3 for an op whose arguments are not tensors,
+// optional tensors, floats, bools and ints or whose results are not all tensors.
+RTK_EXPORT int rtk_direct_bind(int slot, const char* op_name) {
+  if (slot < 0 || slot >= kDirectSlots) return -2;
+  auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName(op_name, ""));
+  if (!handle) return -1;
+  const auto& schema = handle->schema();
+  std::string kinds;
+  for (const auto& a : schema.arguments()) {
+    char k = 0;
+    for (char want : {'T', 't', 'f', 'b', 'i'})
+      if (kind_fits(want, a)) {
+        k = want;
+        break;
+      }
+    if (k == 0 || (k == 'i' && a.type()->kind() != c10::TypeKind::IntType)) return -3;
+    kinds.push_back(k);
+  }
+  for (const auto& r : schema.returns())
+    if (r.type()->kind() != c10::TypeKind::TensorType) return -3;
+  std::unique_lock<std::shared_mutex> lock(table_mutex);
+  auto it = ops.find(op_name);
+  if (it == ops.end()) return -1;
+  if (direct_ops[slot].load() != nullptr) return 0;
+  direct_ops[slot].store(new DirectOp{it->second.get(), *handle, std::move(kinds), schema.returns().size()},
+                         std::memory_order_release);
+  return 0;
+}
+
+// The direct entry as a Python function (a new reference; ctypes.pythonapi-style call with the GIL held).
+RTK_EXPORT PyObject* rtk_direct_function() { return PyCFunction_New(&direct_def, nullptr); }
 
 // Forget every recipe (the settings changed, rtckern.clear_caches()); the caller then releases what kept their
 // functions loaded.

@@ -55,6 +55,8 @@ import torch
 from rtckern.caches import on_clear
 from rtckern.config import settings
 from rtckern.errors import LaunchError
+from rtckern.ops._common import DIRECT_SLOTS
+from rtckern.runtime.native import direct_front
 
 from ._torch_dispatch import reference_hooks
 from ._torch_eager import NATIVE_GRAD_OPS, NATIVE_OPS
@@ -115,7 +117,7 @@ def _torch_dir() -> Path:
 def _linked() -> str:
     """Size and mtime of the torch libraries the build links: a torch rebuilt under the same version builds anew."""
     out = []
-    for name in ("libc10.so", "libtorch_cpu.so"):
+    for name in ("libc10.so", "libtorch_cpu.so", "libtorch_python.so"):
         try:
             st = os.stat(_torch_dir() / "lib" / name)
             out.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
@@ -129,7 +131,8 @@ def artifact_name() -> str:
     h = hashlib.sha256(SOURCE.read_bytes())
     cxx = _cxx() or ["none"]
     for part in (torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI), " ".join(cxx), str(_torch_dir()), _linked(),
-                 sysconfig.get_platform(), platform.machine(), " ".join(platform.libc_ver())):
+                 sysconfig.get_platform(), platform.machine(), " ".join(platform.libc_ver()),
+                 str(sysconfig.get_config_var("SOABI")), sysconfig.get_paths()["include"]):
         h.update(b"\0" + part.encode())
     return f"rtckern_torch_native-{h.hexdigest()[:20]}.so"
 
@@ -140,6 +143,9 @@ def _missing_tools() -> str | None:
         return "no C++ compiler found (set CXX, or install g++ or clang++)"
     if not (_torch_dir() / "include" / "torch" / "library.h").is_file():
         return f"torch's C++ headers are not at {_torch_dir() / 'include'} (a torch install without headers)"
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        return (f"Python's C headers are not at {sysconfig.get_paths()['include']} (install the python3-dev package of "
+                "this Python)")
     return None
 
 
@@ -156,8 +162,9 @@ def build(dest: Path) -> None:
     lib = tdir / "lib"
     compile_atomically(dest, lambda out: [
         *cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
-        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{include}", str(SOURCE), "-o", out,
-        f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-ldl"], timeout=600)
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{include}",
+        f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", f"-I{sysconfig.get_paths()['include']}", str(SOURCE),
+        "-o", out, f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{lib}", "-ldl"], timeout=600)
 
 
 def _open(path: Path):
@@ -184,7 +191,20 @@ def _open(path: Path):
     lib.rtk_test_device.argtypes = [ctypes.c_void_p]
     lib.rtk_bypass.argtypes = [ctypes.c_int]
     lib.rtk_grad_bypass.argtypes = [ctypes.c_int]
+    lib.rtk_direct_bind.argtypes = [ctypes.c_int, ctypes.c_char_p]
     return lib
+
+
+def direct_function(lib):
+    """The library's direct entry (direct_call in _torch_native.cpp) as a Python function."""
+    return ctypes.PYFUNCTYPE(ctypes.py_object)(("rtk_direct_function", lib))()
+
+
+def direct_op(function: str) -> str:
+    """The torch op (rtckern::<name>) an op-layer function of rtckern.ops._common.DIRECT_SLOTS is served by: the
+    same arguments, in the op's order, and the same results (the norms' backward ops return empty placeholders where
+    the function returns None)."""
+    return function[:-len("_backward")] + "_bwd" if function.endswith("_backward") else function
 
 
 def _library(build_now: bool):
@@ -291,6 +311,15 @@ def serve(lib, backend: str) -> None:
             NATIVE_GRAD_OPS.add(name)  # and rtckern.torch's entry points send such calls to torch.ops
         else:  # a formula that does not fit its ops' schemas (-3): their gradients stay with the Python Function
             log.warning("rtckern.torch: no C++ autograd node for rtckern::%s (rtk_register_grad: %d)", name, err)
+    # the op layer's own functions (rtckern.ops.softmax, ...) with torch tensors: one C call to the same recipes
+    for slot, function in enumerate(DIRECT_SLOTS):
+        name = direct_op(function)
+        if name in served:
+            err = lib.rtk_direct_bind(slot, (QUALIFIED + name).encode())
+            if err != 0:
+                raise LaunchError(f"binding rtckern.ops.{function} to the native front of rtckern::{name} failed "
+                                  f"(rtk_direct_bind: {err})")
+    direct_front.call = direct_function(lib)
 
 
 @contextlib.contextmanager

@@ -46,6 +46,20 @@ class _Recording(threading.local):
 recording = _Recording()
 
 
+class _DirectFront:
+    """The torch plugin's native front as an entry for the op layer's own functions (rtckern/plugins/_torch_native.cpp,
+    direct_call): `call(slot, *args)` gives the results of the torch op bound to the function's slot
+    (rtckern.ops._common.DIRECT_SLOTS) replayed in C++, or None where that call takes the function's Python path.
+    None until `import rtckern.torch` loads the front (RTCKERN_TORCH_NATIVE)."""
+    __slots__ = ("call",)
+
+    def __init__(self):
+        self.call = None
+
+
+direct_front = _DirectFront()
+
+
 def note_unrecorded_launch() -> None:
     """Called by the launch routes that bypass the native launcher (cuda.core, packed parameter blocks)."""
     if recording.active:

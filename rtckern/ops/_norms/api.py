@@ -27,8 +27,9 @@ from rtckern.dtypes import FLOATS, TABLE, parse_dtype
 from rtckern.errors import InputError
 from rtckern.registry import OpRequest, select
 from rtckern.runtime import arrays as arr
+from rtckern.runtime.native import direct_front
 
-from .._common import current_plan, parse_number
+from .._common import DIRECT_SLOTS, current_plan, parse_number
 from . import plan
 
 __all__ = ("rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward", "rms_norm_quant")
@@ -252,8 +253,25 @@ def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5, 
 
 
 # ---- backward ---------------------------------------------------------------------------------------------------
+_RMS_BWD_SLOT = DIRECT_SLOTS.index("rms_norm_backward")
+_LN_BWD_SLOT = DIRECT_SLOTS.index("layer_norm_backward")
+
+
 def _backward(layer: bool, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
               bias_grad):
+    front = direct_front.call  # the torch plugin's native front, where loaded (its C++ replay; None: this path)
+    if front is not None and dx_dtype is None:
+        # its ops return empty placeholders for the gradients not asked for: those are None here
+        if layer:
+            out = None if dresidual is not None else front(_LN_BWD_SLOT, dy, x, weight, bias, mean, rstd,
+                                                          zero_centered, weight_grad, bias_grad)
+            if out is not None:
+                return (out[0], out[1] if weight_grad and weight is not None else None,
+                        out[2] if bias_grad and bias is not None else None)
+        else:
+            out = front(_RMS_BWD_SLOT, dy, x, weight, rstd, zero_centered, weight_grad, dresidual)
+            if out is not None:
+                return out[0], out[1] if weight_grad and weight is not None else None
     key = plan.bwd_key(layer, dy, x, weight, bias, mean, rstd, zero_centered, dresidual, dx_dtype, weight_grad,
                        bias_grad)
     if key is not None:

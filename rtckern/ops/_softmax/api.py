@@ -34,8 +34,9 @@ import numpy as np
 from rtckern.dtypes import FLOATS
 from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
+from rtckern.runtime.native import direct_front
 
-from .._common import parse_number
+from .._common import DIRECT_SLOTS, parse_number
 from . import candidates as cands
 from . import geometry, plan
 
@@ -70,6 +71,11 @@ def _run_forward(op: str, a: arr.DeviceArray, geom: geometry.RowGeometry, scale,
 
 
 def _run_backward(op: str, y, dy, scale, geometry_of) -> object:
+    front = direct_front.call  # the torch plugin's native front, where loaded (its C++ replay; None: this path)
+    if front is not None:
+        dx = front(DIRECT_SLOTS.index(op), y, dy, scale)
+        if dx is not None:
+            return dx
     p = plan.lookup(op, y, dy, scale)
     if p is not None:
         return p.fast(y, dy) if p.fast is not None else p.backward(y.data_ptr(), dy.data_ptr())
@@ -182,13 +188,23 @@ def _with_doc(doc: str):
     return set_doc
 
 
+_MASKED_SLOT = DIRECT_SLOTS.index("scaled_masked_softmax")
+
+
 # ---- public ops -----------------------------------------------------------------------------------------------
 def _unmasked(op: str, min_ndim: int, geometry_of, forward_doc: str, backward_doc: str):
     """The op `op` and `op`_backward for scores without a mask array (plain, or causal: the mask is the geometry).
     geometry_of(array) gives the rows' geometry and refuses a shape the op does not take; the forward takes x of at
     least `min_ndim` dims. Built here once for softmax and the two causal forms (the same code; as functions of
     their own, so the hot path pays no extra call)."""
+    slot = DIRECT_SLOTS.index(op)
+
     def forward(x, scale: float = 1.0):
+        front = direct_front.call  # the torch plugin's native front, where loaded (its C++ replay; None: this path)
+        if front is not None:
+            y = front(slot, x, scale)
+            if y is not None:
+                return y
         p = plan.lookup(op, x, None, scale)
         if p is not None:
             return p.fast(x, None) if p.fast is not None else p.forward(x.data_ptr(), 0)
@@ -226,6 +242,11 @@ softmax, softmax_backward = _unmasked(
         scale: multiplies x before the softmax.
 """, "Masked keys get exactly zero and contribute nothing; a row whose keys are all masked gives zeros, not NaN."))
 def scaled_masked_softmax(x, mask, scale: float = 1.0):
+    front = direct_front.call  # the torch plugin's native front, where loaded (its C++ replay; None: this path)
+    if front is not None:
+        y = front(_MASKED_SLOT, x, mask, scale)
+        if y is not None:
+            return y
     p = plan.lookup("scaled_masked_softmax", x, mask, scale)
     if p is not None:
         return p.fast(x, mask) if p.fast is not None else p.forward(x.data_ptr(), mask.data_ptr())

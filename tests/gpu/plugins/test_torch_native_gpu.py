@@ -124,6 +124,72 @@ def test_replay_equals_the_python_path(case):
         assert rt.native_status()["ops"][op]["recipes"] >= 1, (case, rt.native_status()["ops"][op])
 
 
+# the rtckern.ops functions the front serves directly (rtckern.ops._common.DIRECT_SLOTS), by their torch op
+DIRECT = ("softmax", "softmax_backward", "scaled_masked_softmax", "scaled_masked_softmax_backward",
+          "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_backward",
+          "scaled_aligned_causal_masked_softmax", "scaled_aligned_causal_masked_softmax_backward",
+          "rms_norm_backward", "rms_norm_backward no weight grad", "layer_norm_backward",
+          "layer_norm_backward no bias")
+
+
+def _direct_case(name):
+    """(the rtckern.ops function, fresh arguments, the torch op whose recipes serve it)"""
+    import rtckern.ops as rops
+
+    s, c, ca = rand(1, 32, 1, 1024), rand(32, 128, 128), rand(4, 64, 128)
+    sm, mask = rand(2, 4, 64, 64), torch.rand(2, 1, 64, 64, device=DEV) < 0.2
+    x, w, b, dy = rand(4, 4096), rand(4096), rand(4096), rand(4, 4096)
+    rstd, mean = torch.rand(4, device=DEV) + 0.5, torch.randn(4, device=DEV)
+    args = {"softmax": (s, 0.125), "scaled_masked_softmax": (sm, mask, 0.5),
+            "scaled_upper_triang_masked_softmax": (c, 0.125), "scaled_aligned_causal_masked_softmax": (ca, 0.25)}
+    base = name.split(" ")[0]
+    if base in args:
+        return getattr(rops, base), args[base], base
+    if base.endswith("softmax_backward"):
+        fwd = base[:-len("_backward")]
+        y = torch.softmax(args[fwd][0].float(), -1).to(BF16)
+        return getattr(rops, base), (y, rand(*y.shape), args[fwd][-1]), fwd + "_bwd"
+    if base == "rms_norm_backward":
+        return (lambda *a: rops.rms_norm_backward(*a, weight_grad="no weight" not in name),
+                (dy, x, w, rstd), "rms_norm_bwd")
+    return (lambda *a: rops.layer_norm_backward(*a), (dy, x, w, None if "no bias" in name else b, mean, rstd),
+            "layer_norm_bwd")
+
+
+@pytest.mark.parametrize("name", DIRECT)
+def test_op_functions_are_served_by_the_front_and_equal_their_python_path(name):
+    """rtckern.ops' own functions with torch tensors: the first call of a signature goes through the dispatcher (and
+    is recorded), later calls replay the recipe from one C call; every result equals the function's Python path's
+    bit for bit (None for the norms' gradients not asked for), and the op's recipe is the one torch.ops learned."""
+    from rtckern.testing import without_direct_front
+
+    def tup(v):
+        return v if isinstance(v, tuple) else (v,)
+
+    fn, args, op = _direct_case(name)
+    with torch.no_grad():
+        first = tup(fn(*args))
+        with without_direct_front():
+            want = tup(fn(*args))
+        for g, w in zip(first, want, strict=True):
+            assert (g is None and w is None) or torch.equal(g, w), name
+        learned = rt.native_status()["ops"][op]["recipes"]
+        assert learned >= 1, (name, rt.native_status()["ops"][op])
+        for _ in range(3):
+            fn2, args2, _ = _direct_case(name)  # new tensors of the same signature: replayed
+            got = tup(fn2(*args2))
+            with without_direct_front():
+                want2 = tup(fn2(*args2))
+            torch.cuda.synchronize()
+            for g, w in zip(got, want2, strict=True):
+                if w is None:
+                    assert g is None, name
+                    continue
+                assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
+                assert torch.equal(g, w), name
+    assert rt.native_status()["ops"][op]["recipes"] == learned  # the replays learned no new signature
+
+
 def test_norms_and_softmax_are_replayed():
     """The ops whose launches are plain (prepared launches, workspaces allocated per call) learn a recipe."""
     x, w = rand(8, 2048), rand(2048)

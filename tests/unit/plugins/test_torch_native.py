@@ -157,6 +157,10 @@ def host_accumulate(xp, yp, n):  # the "kernel" of zeroed_out(): y += 2 x on a y
         y[i] += 2 * x[i]
 
 
+def raising(x: Tensor) -> Tensor:  # refuses every call
+    raise ValueError("tn_raising refuses x")
+
+
 def failing(x: Tensor) -> Tensor:  # its replayed launch fails (the hook returns an error)
     count["fn"] += 1
     y = torch.empty_like(x)
@@ -318,6 +322,7 @@ TL.KernelOp("tn_persistent", persistent)
 TL.KernelOp("tn_zeroed_out", zeroed_out)
 TL.KernelOp("tn_pair", pair)
 TL.KernelOp("tn_failing", failing)
+TL.KernelOp("tn_raising", raising)
 TL.KernelOp("tn_ends", ends)
 TL.KernelOp("tn_scale_q", scale_q)
 TL.KernelOp("tn_interior", interior)
@@ -766,6 +771,51 @@ def test_calls_that_do_more_than_allocate_and_launch_are_refused(outcomes):
     """)
 def test_composites_and_clear_caches(outcomes):
     check(outcomes, "test_composites_and_clear_caches")
+
+
+@case("""
+        from rtckern import InputError
+        from rtckern.ops import softmax
+        from rtckern.runtime.native import direct_front
+        from rtckern.torch import reference_mode
+        direct = direct_front.call  # installed by serve(): the op layer's functions are bound to their torch ops
+        assert direct is not None
+        assert lib.rtk_direct_bind(63, b"rtckern::tn_scale") == 0
+        assert lib.rtk_direct_bind(64, b"rtckern::tn_scale") == -2 and lib.rtk_direct_bind(62, b"rtckern::nope") == -1
+        assert lib.rtk_direct_bind(61, b"rtckern::tn_varlen") == -3  # a SymInt argument
+        x = torch.arange(8, dtype=torch.float32)
+        y1 = direct(63, x, 3.0)  # not learned yet: called through the dispatcher, which records it
+        assert count == {"fn": 1, "replay": 0} and counts("tn_scale")["recipes"] == 1, count
+        y2 = direct(63, x * 1, 3)  # an int for the float argument: the same key, replayed in C++
+        assert count == {"fn": 1, "replay": 1}, count
+        assert torch.equal(y1, x * 3) and torch.equal(y2, x * 3) and y2.data_ptr() != y1.data_ptr()
+        # not served here (None: the function's Python path runs): not a tensor, not the schema's kinds, the wrong
+        # number of arguments, an unbound slot, a gradient needed, an address off 16 bytes, reference_mode
+        for args in ((63, x.numpy(), 3.0), (63, x, "3"), (63, x, True), (63, x), (63, x, 3.0, 1), (60, x, 3.0),
+                     ("63", x, 3.0), (63, x.clone().requires_grad_(), 3.0), (63, torch.zeros(9)[1:], 3.0)):
+            assert direct(*args) is None, args
+        with reference_mode():
+            assert direct(63, x, 3.0) is None
+        assert count == {"fn": 1, "replay": 1}, count
+        # a refused key: recorded twice through the dispatcher, then left to the Python path
+        assert lib.rtk_direct_bind(59, b"rtckern::tn_via_core") == 0
+        assert direct(59, x) is not None and direct(59, x) is not None and direct(59, x) is None
+        assert counts("tn_via_core")["refused"] == 1
+        # a replay that fails to launch: the key is refused, the call left to the Python path
+        assert lib.rtk_direct_bind(58, b"rtckern::tn_failing") == 0
+        assert direct(58, x) is not None and direct(58, x) is None and counts("tn_failing")["refused"] == 1
+        # an error on the way is the Python path's to raise (the function runs it after None), as it always has
+        assert lib.rtk_direct_bind(57, b"rtckern::tn_raising") == 0
+        assert direct(57, x) is None
+        try:
+            softmax(x, 1.0)  # (its slot is unbound in this process: no family's ops are registered)
+        except InputError as e:
+            assert "move it to the GPU" in str(e), e
+        else:
+            raise AssertionError("no InputError")
+    """)
+def test_the_op_layer_functions_call_the_front_directly(outcomes):
+    check(outcomes, "test_the_op_layer_functions_call_the_front_directly")
 
 
 def test_activate_follows_the_setting(tmp_path):
