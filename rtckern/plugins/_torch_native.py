@@ -30,6 +30,13 @@ so a training step's forward and backward of these ops never enter Python. The C
 calls the front does not serve (tracing, modes, subclasses, reference_mode, rope tables that need a gradient) keep the
 Python autograd.Function.
 
+The op layer's own functions that take their torch op's arguments (rtckern.ops._common.DIRECT_SLOTS: softmax and
+its masked and causal forms, forward and backward; the norms' backwards) reach the same recipes from Python through
+one C function (direct_call, installed as rtckern.runtime.native.direct_front): a call of such a function with torch
+tensors replays its op's recipe without the function's Python path, the dispatcher or torch.ops' Python layer; a
+key not learned yet is called through the dispatcher, which records it; anything else runs the function's Python
+path.
+
 Under torch.inference_mode(), make_fx records the composite ops (rms_norm, attention, ...) themselves rather than
 their decomposition, since they have a CUDA kernel now; torch.compile and export still decompose them.
 """
