@@ -93,6 +93,7 @@ def cases(torch, stub: bool):
     if not stub:  # the CPU harness's fake torch has neither a GEMM path nor autograd
         out.append(("gemm M=1 [1,1024] x [1024,1024]^T bf16", lambda: ops.gemm(a1, wl, trans_b=True),
                     lambda: torch.nn.functional.linear(a1, wl)))
+        out.extend(fp8_cases(torch, ops))
         out.append(training_attention(torch, ops))
         out.append(training_rms_norm(torch, ops))
         out.append((AUTOGRAD_FLOOR, None, python_function_floor(torch)))
@@ -100,6 +101,28 @@ def cases(torch, stub: bool):
 
 
 AUTOGRAD_FLOOR = "autograd.Function floor [2,128,8,64] (empty_like only)"
+GEMM_FP8 = "gemm_fp8 M=1 [1,4096] x [4096,4096]^T per-tensor"
+QUANT = "quantize_fp8 [1,4096] group 128"
+NORM_QUANT = "rms_norm_quant [1,4096] group 128"
+
+
+def _fp8_inputs(torch, dev: str = "cuda"):
+    """A decode step's fp8 operands: one token's activations (bf16 and e4m3), a 4096 x 4096 e4m3 weight (16 MB:
+    the call stays host-bound), per-tensor scales, a norm weight."""
+    e4m3 = torch.float8_e4m3fn
+    x = torch.randn(1, 4096, dtype=torch.bfloat16, device=dev)
+    return (x, x.to(e4m3), torch.randn(4096, 4096, device=dev).to(e4m3), torch.ones((), device=dev),
+            torch.ones((), device=dev), torch.randn(4096, dtype=torch.bfloat16, device=dev))
+
+
+def fp8_cases(torch, ops) -> list:
+    """A decode step's fp8 calls: the GEMM against torch._scaled_mm (per-tensor scales, bf16 out: its fastest form),
+    and the two activation quantizers (torch has no such op)."""
+    x, a8, w8, sa, sb, nw = _fp8_inputs(torch)
+    return [(GEMM_FP8, lambda: ops.gemm_fp8(a8, w8, sa, sb),
+             lambda: torch._scaled_mm(a8, w8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)),
+            (QUANT, lambda: ops.quantize_fp8(x), None),
+            (NORM_QUANT, lambda: ops.rms_norm_quant(x, nw, 1e-6), None)]
 
 
 def python_function_floor(torch):
@@ -212,6 +235,11 @@ def plugin_calls(torch, case_names, dev: str = "cuda") -> dict:
     }
     calls[TRAINING_RMS_NORM] = _training_rms_norm_plugin(torch, x.clone().requires_grad_(),
                                                           w.clone().requires_grad_(), dy)
+    if GEMM_FP8 in case_names:
+        x1, a8, w8, sa, sb, nw = _fp8_inputs(torch, dev)
+        calls[GEMM_FP8] = lambda: r.gemm_fp8(a8, w8, sa, sb, None, None, True)
+        calls[QUANT] = lambda: r.quantize_fp8(x1, 128, "row")
+        calls[NORM_QUANT] = lambda: r.rms_norm_quant(x1, nw, 1e-6, 128, "row", False)
     unknown = set(calls) - set(case_names)
     assert not unknown, f"plugin calls name no case: {unknown}"
     return calls
@@ -225,7 +253,7 @@ PLUGIN_CASES = ("rms_norm [4,4096] bf16", "rms_norm +residual", "layer_norm [4,4
 
 
 def plugin_stub_rows(calls: int, repeats: int) -> list:
-    """(name, stand-in us, None, torch.ops.rtckern us) per plugin case, on CPU with rtckern.ops' functions
+    """(name, stand-in us, None, torch.ops.rtckern us, None) per plugin case, on CPU with rtckern.ops' functions
     replaced by a stand-in kernel: the host cost of the dispatcher and the plugin's own layers."""
     import torch
 
@@ -245,7 +273,7 @@ def plugin_stub_rows(calls: int, repeats: int) -> list:
     x = torch.empty(4, 4096, dtype=torch.bfloat16)
     base = time_loop(lambda: stand_in(x), calls, lambda: None, repeats)
     unstubbed = ("rms_norm_backward", "layer_norm_backward", "softmax_backward", TRAINING_RMS_NORM)  # (ops run for real)
-    return [(name, base, None, time_loop(fn, calls, lambda: None, repeats))
+    return [(name, base, None, time_loop(fn, calls, lambda: None, repeats), None)
             for name, fn in plugin_calls(torch, PLUGIN_CASES, "cpu").items() if name not in unstubbed]
 
 
