@@ -468,9 +468,10 @@ class Settings:
         "RTCKERN_TORCH_NATIVE", "auto: `import rtckern.torch` loads the native front of torch.ops.rtckern (a C++ "
                                 "kernel replaying a call's launches without Python, which also serves rtckern.ops' "
                                 "softmax functions and norm backwards called with torch tensors; built with the "
-                                "system C++ compiler against torch's and Python's headers and cached as the native "
-                                "launcher is); where it is not built yet, a background process builds it for the next process (CUDA builds "
-                                "of torch only); 1: build it at import (tens of seconds once) or fail; 0: never.",
+                                "system C++ compiler against torch's headers (and Python's, for rtckern.ops' calls) "
+                                "and cached as the native launcher is); where it is not built yet, a background "
+                                "process builds it for the next process (CUDA builds of torch only); 1: build it at "
+                                "import (tens of seconds once) or fail; 0: never.",
         "auto", default="auto")
     cxx_compiler: tuple[str, ...] | None = _var(
         "CXX", "The C++ compiler (a command line) that builds the native front of torch.ops.rtckern.",

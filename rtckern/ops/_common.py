@@ -26,7 +26,7 @@ DIRECT_SLOTS = (
     "softmax", "softmax_backward", "scaled_masked_softmax", "scaled_masked_softmax_backward",
     "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_backward",
     "scaled_aligned_causal_masked_softmax", "scaled_aligned_causal_masked_softmax_backward",
-    "rms_norm_backward", "layer_norm_backward",
+    "rms_norm_backward", "layer_norm_backward", "gemm_fp8", "quantize_fp8", "rms_norm_quant",
 )
 
 

@@ -25,6 +25,7 @@ import torch
 
 from rtckern.errors import RtckernError, UnsupportedRequestError
 from rtckern.registry import default_registry, fallback_allowed, warn_fallback_once
+from rtckern.runtime.native import recording as native_recording
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ def run(op: str, jit_fn: Callable[..., Any], ref_fn: Callable[..., Any], *args: 
     try:
         return jit_fn(*args)
     except UnsupportedRequestError as err:
+        if native_recording.direct:  # for an rtckern.ops function (the native front's direct entry): it raises
+            raise
         warn_fallback_once(op, err)  # raises err under RTCKERN_STRICT=1
         return ref_fn(*args)
 

@@ -24,9 +24,11 @@
 // Built at first use by _torch_native.py with the system C++ compiler against the installed torch's headers and
 // loaded with dlopen (ctypes); it calls the driver through entry points found in the process's libcuda (rtk_init), as
 // runtime/native_launch.c does.
-// Python.h first (python_variable.h includes it): the direct entry below takes and returns Python objects
-#include <torch/csrc/autograd/python_variable.h>
+#ifdef RTK_DIRECT  // the direct entry (below) takes and returns Python objects: built where Python's headers are
+#include <torch/csrc/autograd/python_variable.h>  // (Python.h first: it includes it)
 
+#include <ATen/PythonTorchFunctionTLS.h>
+#endif
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -211,7 +213,7 @@ bool call_key(const torch::jit::Stack& stack, size_t first, size_t n, std::strin
         continue;
       }
       if (t.device().type() != replay_device || t.layout() != c10::kStrided || t.key_set().has_any(kNotPlain) ||
-          (grad && t.requires_grad()))
+          t.is_nested() || (grad && t.requires_grad()))
         return false;
       const int idx = t.device().index();  // -1 for the CPU tests' tensors
       if (!tensors) {
@@ -479,6 +481,7 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
   return false;
 }
 
+#ifdef RTK_DIRECT
 // ---- direct calls: rtckern.ops' own functions ----------------------------------------------------------------------
 // rtckern.ops.softmax and its kin are Python functions (they take CuPy arrays too); a call of one with torch tensors
 // costs its Python path: a memo key, a plan lookup, an allocation and a prepared launch, 1.1-1.2x torch's own call
@@ -486,18 +489,25 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
 // (rtk_direct_bind, a slot per function), the function first hands its arguments to direct_call: one C call that
 // converts them by the op's schema, builds the key serve() builds and replays the recipe, skipping the Python path,
 // the dispatcher and torch.ops' Python layer. A key not learned yet is called through the dispatcher (which records
-// it); anything else (not a torch tensor, a gradient needed, a refused key, an error) returns None, and the function
-// runs its Python path, which raises its own errors.
+// it, with torch's fallback off: an unsupported request raises, as the function does); anything else (not a plain
+// torch tensor or Parameter, a torch function mode, a gradient needed, a refused key, an error) returns None, and the
+// function runs its Python path, which raises its own errors. KeyboardInterrupt and other BaseExceptions propagate.
 constexpr int kDirectSlots = 64;
 
 struct DirectOp {
   OpState* state;
   c10::OperatorHandle handle;
-  std::string kinds;  // per argument: 'T' tensor, 't' optional tensor, 'f' float, 'b' bool, 'i' int
+  // per argument: 'T' tensor, 't' optional tensor, 'f' float, 'b' bool, 'i' int, 's' string, 'n' another optional
+  // (passed as None only)
+  std::string kinds;
   size_t rets;
 };
 std::array<std::atomic<const DirectOp*>, kDirectSlots> direct_ops{};  // bound once each, kept for the process
 thread_local bool direct_dispatching = false;  // this thread's direct_call is calling its op through the dispatcher
+// A threading.local of the plugin's (rtckern.runtime.native.recording) whose `direct` attribute is True in this thread
+// while direct_call dispatches: the op's Python implementation then raises an unsupported request instead of
+// serving it with torch's implementation, as the function it stands for would.
+PyObject* direct_flag = nullptr;
 
 // The Python value o as the schema's kind k on the stack; false when it is not of that kind (the call is not served).
 bool push_direct(char k, PyObject* o, torch::jit::Stack& stack) {
@@ -508,8 +518,8 @@ bool push_direct(char k, PyObject* o, torch::jit::Stack& stack) {
         return true;
       }
       [[fallthrough]];
-    case 'T':
-      if (!THPVariable_Check(o)) return false;
+    case 'T':  // a plain tensor or a Parameter (a subclass may override torch functions the Python path calls)
+      if (!THPVariable_CheckExact(o)) return false;
       stack.emplace_back(THPVariable_Unpack(o));
       return true;
     case 'f':  // a float, or an int as the dispatcher converts it (a bool is refused, as torch's schema parser does)
@@ -530,6 +540,21 @@ bool push_direct(char k, PyObject* o, torch::jit::Stack& stack) {
     case 'b':
       if (!PyBool_Check(o)) return false;
       stack.emplace_back(o == Py_True);
+      return true;
+    case 's': {
+      if (!PyUnicode_CheckExact(o)) return false;
+      Py_ssize_t len = 0;
+      const char* text = PyUnicode_AsUTF8AndSize(o, &len);
+      if (text == nullptr) {
+        PyErr_Clear();
+        return false;
+      }
+      stack.emplace_back(std::string(text, static_cast<size_t>(len)));
+      return true;
+    }
+    case 'n':
+      if (o != Py_None) return false;
+      stack.emplace_back();
       return true;
     case 'i': {
       if (!PyLong_CheckExact(o)) return false;
@@ -564,6 +589,32 @@ PyObject* direct_results(torch::jit::Stack& stack, size_t n) {
   return out;
 }
 
+// The Python error behind a failed call (a Python exception inside the dispatcher's Python kernels arrives as one
+// of these C++ exceptions): true when it may be dropped (an Exception: the Python path raises its own), false for a
+// BaseException that must propagate (KeyboardInterrupt, SystemExit), which is then set as this thread's error.
+bool droppable(pybind11::error_already_set& e) {
+  if (e.matches(PyExc_Exception)) return true;
+  e.restore();
+  return false;
+}
+
+struct DirectDispatch {  // direct_dispatching and the plugin's `direct` flag, for one dispatcher call
+  DirectDispatch() { set(true); }
+  ~DirectDispatch() { set(false); }
+  static void set(bool on) {
+    direct_dispatching = on;
+    if (direct_flag != nullptr && PyObject_SetAttrString(direct_flag, "direct", on ? Py_True : Py_False) != 0)
+      PyErr_Clear();
+  }
+};
+
+PyObject* direct_results_or_none(torch::jit::Stack& stack, size_t rets) {
+  if (stack.size() != rets) Py_RETURN_NONE;
+  for (const auto& v : stack)
+    if (!v.isTensor()) Py_RETURN_NONE;
+  return direct_results(stack, rets);
+}
+
 // direct(slot, *args): the results of the op bound to slot for args (every argument, in its schema's order), or None
 // where the call is not served here.
 PyObject* direct_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -575,25 +626,26 @@ PyObject* direct_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
   }
   const DirectOp* d = direct_ops[slot].load(std::memory_order_acquire);
-  if (d == nullptr || static_cast<size_t>(nargs - 1) != d->kinds.size()) Py_RETURN_NONE;
-  const size_t n = d->kinds.size();
-  torch::jit::Stack stack;
-  stack.reserve(n + d->rets);
-  for (size_t i = 0; i < n; ++i)
-    if (!push_direct(d->kinds[i], args[i + 1], stack)) Py_RETURN_NONE;
-  std::string key;
-  bool aligned = false;
-  int device = -1;
-  if (c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain) ||
-      !call_key(stack, 0, n, key, aligned, device))
+  if (d == nullptr || static_cast<size_t>(nargs - 1) != d->kinds.size() || at::impl::torch_function_mode_enabled())
     Py_RETURN_NONE;
-  std::shared_ptr<const Recipe> recipe;
-  {
-    std::shared_lock<std::shared_mutex> lock(table_mutex);
-    auto r = d->state->recipes.find(key);
-    if (r != d->state->recipes.end()) recipe = r->second;
-  }
   try {
+    const size_t n = d->kinds.size();
+    torch::jit::Stack stack;
+    stack.reserve(n + d->rets);
+    for (size_t i = 0; i < n; ++i)
+      if (!push_direct(d->kinds[i], args[i + 1], stack)) Py_RETURN_NONE;
+    std::string key;
+    bool aligned = false;
+    int device = -1;
+    if (c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain) ||
+        !call_key(stack, 0, n, key, aligned, device))
+      Py_RETURN_NONE;
+    std::shared_ptr<const Recipe> recipe;
+    {
+      std::shared_lock<std::shared_mutex> lock(table_mutex);
+      auto r = d->state->recipes.find(key);
+      if (r != d->state->recipes.end()) recipe = r->second;
+    }
     if (recipe && !recipe->refused) {
       for (int16_t i : recipe->addressed_inputs) {
         const at::Tensor& t = stack[i].toTensor();
@@ -610,25 +662,26 @@ PyObject* direct_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (!aligned || (recipe && recipe->attempts >= 2)) Py_RETURN_NONE;  // refused: the Python path
     // not learned yet: the dispatcher records the key while it serves the call (a function it reaches again on the
     // way, for whatever reason, runs its Python path: no loop)
-    struct Dispatching {
-      Dispatching() { direct_dispatching = true; }
-      ~Dispatching() { direct_dispatching = false; }
-    } dispatching;
-    d->handle.callBoxed(stack);
-    if (stack.size() != d->rets) Py_RETURN_NONE;
-    for (const auto& v : stack)
-      if (!v.isTensor()) Py_RETURN_NONE;
-    return direct_results(stack, d->rets);
+    {
+      DirectDispatch dispatching;
+      d->handle.callBoxed(stack);
+    }
+    return direct_results_or_none(stack, d->rets);
+  } catch (pybind11::error_already_set& e) {
+    if (!droppable(e)) return nullptr;
   } catch (...) {
-    // whatever failed (a bad argument the Python path reports in its own terms, a Python error inside the recording,
-    // out of memory) runs again in the Python path, which raises it as the op always has
-    PyErr_Clear();
-    Py_RETURN_NONE;
+    // a C++ error on the way (out of memory, a bad argument the op refused): the Python path runs the call again
+    // and raises what it raises; a BaseException already set stays
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
   }
+  PyErr_Clear();
+  Py_RETURN_NONE;
 }
 
-PyMethodDef direct_def = {"rtckern_native_direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&direct_call)),
-                          METH_FASTCALL, "direct(slot, *args): the bound op's results, or None (rtckern native front)"};
+PyMethodDef direct_def = {"rtckern_native_direct",
+                          reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&direct_call)), METH_FASTCALL,
+                          "direct(slot, *args): the bound op's results, or None (rtckern native front)"};
+#endif  // RTK_DIRECT
 
 }  // namespace
 
@@ -1294,9 +1347,11 @@ RTK_EXPORT int rtk_register_grad(const char* op_name, const char* formula, const
   return 0;
 }
 
+#ifdef RTK_DIRECT
 // Bind slot (0..63) to op_name (served already: rtk_register) for direct_call. 0 on success (or when slot is bound
-// already), -1 for an op not served, -2 for a slot out of range, -3 for an op whose arguments are not tensors,
-// optional tensors, floats, bools and ints or whose results are not all tensors.
+// to op_name already), -1 for an op not served, -2 for a slot out of range, -3 for an op whose arguments are not
+// tensors, floats, bools, ints, strings and optionals or whose results are not all tensors, -4 for a slot bound to
+// another op.
 RTK_EXPORT int rtk_direct_bind(int slot, const char* op_name) {
   if (slot < 0 || slot >= kDirectSlots) return -2;
   auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName(op_name, ""));
@@ -1305,11 +1360,12 @@ RTK_EXPORT int rtk_direct_bind(int slot, const char* op_name) {
   std::string kinds;
   for (const auto& a : schema.arguments()) {
     char k = 0;
-    for (char want : {'T', 't', 'f', 'b', 'i'})
+    for (char want : {'T', 't', 'f', 'b', 'i', 's'})
       if (kind_fits(want, a)) {
         k = want;
         break;
       }
+    if (k == 0 && kind_fits('o', a)) k = 'n';
     if (k == 0 || (k == 'i' && a.type()->kind() != c10::TypeKind::IntType)) return -3;
     kinds.push_back(k);
   }
@@ -1318,14 +1374,22 @@ RTK_EXPORT int rtk_direct_bind(int slot, const char* op_name) {
   std::unique_lock<std::shared_mutex> lock(table_mutex);
   auto it = ops.find(op_name);
   if (it == ops.end()) return -1;
-  if (direct_ops[slot].load() != nullptr) return 0;
+  if (const DirectOp* bound = direct_ops[slot].load()) return bound->state == it->second.get() ? 0 : -4;
   direct_ops[slot].store(new DirectOp{it->second.get(), *handle, std::move(kinds), schema.returns().size()},
                          std::memory_order_release);
   return 0;
 }
 
-// The direct entry as a Python function (a new reference; ctypes.pythonapi-style call with the GIL held).
-RTK_EXPORT PyObject* rtk_direct_function() { return PyCFunction_New(&direct_def, nullptr); }
+// The direct entry as a Python function (a new reference; called through ctypes with the GIL held); flag: the
+// threading.local whose `direct` attribute marks this thread's dispatcher calls from direct_call (kept for good).
+RTK_EXPORT PyObject* rtk_direct_function(PyObject* flag) {
+  if (direct_flag == nullptr) {
+    Py_INCREF(flag);
+    direct_flag = flag;
+  }
+  return PyCFunction_New(&direct_def, nullptr);
+}
+#endif  // RTK_DIRECT
 
 // Forget every recipe (the settings changed, rtckern.clear_caches()); the caller then releases what kept their
 // functions loaded.

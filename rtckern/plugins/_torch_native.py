@@ -139,7 +139,7 @@ def artifact_name() -> str:
     cxx = _cxx() or ["none"]
     for part in (torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI), " ".join(cxx), str(_torch_dir()), _linked(),
                  sysconfig.get_platform(), platform.machine(), " ".join(platform.libc_ver()),
-                 str(sysconfig.get_config_var("SOABI")), sysconfig.get_paths()["include"]):
+                 str(sysconfig.get_config_var("SOABI")), str(_python_headers())):
         h.update(b"\0" + part.encode())
     return f"rtckern_torch_native-{h.hexdigest()[:20]}.so"
 
@@ -150,10 +150,14 @@ def _missing_tools() -> str | None:
         return "no C++ compiler found (set CXX, or install g++ or clang++)"
     if not (_torch_dir() / "include" / "torch" / "library.h").is_file():
         return f"torch's C++ headers are not at {_torch_dir() / 'include'} (a torch install without headers)"
-    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
-        return (f"Python's C headers are not at {sysconfig.get_paths()['include']} (install the python3-dev package of "
-                "this Python)")
     return None
+
+
+def _python_headers() -> Path | None:
+    """Python's C headers, which the direct entry (rtckern.ops' functions calling the front) is built against; the
+    library is built without that entry where they are missing."""
+    include = Path(sysconfig.get_paths()["include"])
+    return include if (include / "Python.h").is_file() else None
 
 
 def build(dest: Path) -> None:
@@ -164,14 +168,16 @@ def build(dest: Path) -> None:
     if why is not None:
         raise LaunchError(f"{why}: the native front of torch.ops.rtckern cannot be built; RTCKERN_TORCH_NATIVE=0 "
                           "turns it off")
-    cxx, tdir = _cxx(), _torch_dir()
+    cxx, tdir, python = _cxx(), _torch_dir(), _python_headers()
     include = tdir / "include"
     lib = tdir / "lib"
+    direct = [] if python is None else ["-DRTK_DIRECT", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
+                                        f"-I{python}"]
     compile_atomically(dest, lambda out: [
         *cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
-        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{include}",
-        f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", f"-I{sysconfig.get_paths()['include']}", str(SOURCE),
-        "-o", out, f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{lib}", "-ldl"], timeout=600)
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{include}", *direct, str(SOURCE),
+        "-o", out, f"-L{lib}", "-lc10", "-ltorch_cpu", *(["-ltorch_python"] if python else []),
+        f"-Wl,-rpath,{lib}", "-ldl"], timeout=600)
 
 
 def _open(path: Path):
@@ -198,19 +204,25 @@ def _open(path: Path):
     lib.rtk_test_device.argtypes = [ctypes.c_void_p]
     lib.rtk_bypass.argtypes = [ctypes.c_int]
     lib.rtk_grad_bypass.argtypes = [ctypes.c_int]
-    lib.rtk_direct_bind.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    if hasattr(lib, "rtk_direct_bind"):  # (built with Python's headers)
+        lib.rtk_direct_bind.argtypes = [ctypes.c_int, ctypes.c_char_p]
     return lib
 
 
 def direct_function(lib):
-    """The library's direct entry (direct_call in _torch_native.cpp) as a Python function."""
-    return ctypes.PYFUNCTYPE(ctypes.py_object)(("rtk_direct_function", lib))()
+    """The library's direct entry (direct_call in _torch_native.cpp) as a Python function; None where the library
+    was built without Python's headers."""
+    from rtckern.runtime.native import recording
+
+    if not hasattr(lib, "rtk_direct_function"):
+        return None
+    return ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object)(("rtk_direct_function", lib))(recording)
 
 
 def direct_op(function: str) -> str:
     """The torch op (rtckern::<name>) an op-layer function of rtckern.ops._common.DIRECT_SLOTS is served by: the
     same arguments, in the op's order, and the same results (the norms' backward ops return empty placeholders where
-    the function returns None)."""
+    the function returns None; gemm_fp8's out_dtype None is the function's "bf16")."""
     return function[:-len("_backward")] + "_bwd" if function.endswith("_backward") else function
 
 
@@ -319,14 +331,15 @@ def serve(lib, backend: str) -> None:
         else:  # a formula that does not fit its ops' schemas (-3): their gradients stay with the Python Function
             log.warning("rtckern.torch: no C++ autograd node for rtckern::%s (rtk_register_grad: %d)", name, err)
     # the op layer's own functions (rtckern.ops.softmax, ...) with torch tensors: one C call to the same recipes
-    for slot, function in enumerate(DIRECT_SLOTS):
+    direct = direct_function(lib)
+    for slot, function in enumerate(DIRECT_SLOTS if direct is not None else ()):
         name = direct_op(function)
         if name in served:
             err = lib.rtk_direct_bind(slot, (QUALIFIED + name).encode())
             if err != 0:
                 raise LaunchError(f"binding rtckern.ops.{function} to the native front of rtckern::{name} failed "
                                   f"(rtk_direct_bind: {err})")
-    direct_front.call = direct_function(lib)
+    direct_front.call = direct
 
 
 @contextlib.contextmanager

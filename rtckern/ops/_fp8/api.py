@@ -33,10 +33,11 @@ from rtckern.device import DeviceInfo
 from rtckern.dtypes import itemsize, parse_dtype
 from rtckern.errors import InputError
 from rtckern.runtime import arrays as arr
+from rtckern.runtime.native import direct_front
 
 from . import candidates as cands
 from . import geometry, plan
-from .._common import OutputPlan
+from .._common import DIRECT_SLOTS, OutputPlan
 from .geometry import Fp8Problem
 from .launch import GemmLaunch, QuantLaunch
 
@@ -49,6 +50,9 @@ SCALE_FORMATS = ("row", "col_tma")
 def _torch_types() -> frozenset:
     torch = sys.modules.get("torch")
     return frozenset((torch.Tensor, torch.nn.Parameter)) if torch is not None and hasattr(torch, "nn") else frozenset()
+
+
+_GEMM_SLOT, _QUANT_SLOT = DIRECT_SLOTS.index("gemm_fp8"), DIRECT_SLOTS.index("quantize_fp8")
 
 
 def gemm_fp8(a, b, a_scale, b_scale, out_dtype="bf16", bias=None, trans_b: bool = True):
@@ -80,6 +84,11 @@ def gemm_fp8(a, b, a_scale, b_scale, out_dtype="bf16", bias=None, trans_b: bool 
             no supported granularity, or a bad bias / out_dtype.
         UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
     """
+    front = direct_front.call  # the torch plugin's native front, where loaded (its C++ replay; None: this path)
+    if front is not None and type(out_dtype) is str and out_dtype == "bf16":  # (its op's out_dtype None: bf16)
+        y = front(_GEMM_SLOT, a, b, a_scale, b_scale, None, bias, trans_b)
+        if y is not None:
+            return y
     tt = _torch_types()
     if type(a) in tt and type(b) in tt and type(a_scale) in tt and type(b_scale) in tt and \
             (bias is None or type(bias) in tt):
@@ -220,6 +229,11 @@ def quantize_fp8(x, group: int = 128, scale_format: str = "row"):
             scale_format, or a GPU older than sm_89.
         UnsupportedRequestError: no kernel serves the request on this device (RTCKERN_DISABLE_OPS names the op).
     """
+    front = direct_front.call  # the torch plugin's native front, where loaded (its C++ replay; None: this path)
+    if front is not None:
+        out = front(_QUANT_SLOT, x, group, scale_format)
+        if out is not None:
+            return out
     tt = _torch_types()
     if type(x) not in tt:
         raise InputError(f"quantize_fp8 takes a torch tensor; got {type(x).__name__}")

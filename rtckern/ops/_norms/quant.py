@@ -30,9 +30,11 @@ from rtckern.config import settings
 from rtckern.device import DeviceInfo
 from rtckern.errors import InputError
 from rtckern.registry import select
+from rtckern.runtime.native import direct_front
 from rtckern.runtime.streams import torch_stream
 
 from . import geometry
+from .._common import DIRECT_SLOTS
 from .candidates import quant_request
 
 SCALE_FORMATS = ("row", "col_tma")
@@ -53,6 +55,9 @@ class QuantNormPlan:
         if self.go is not None:
             self.go(torch_stream(self.index), xp, wp, q.data_ptr(), s.data_ptr(), *self.tail)
         return q, torch.as_strided(s, self.s_shape, self.s_strides)
+
+
+_SLOT = DIRECT_SLOTS.index("rms_norm_quant")
 
 
 def rms_norm_quant(x, weight=None, eps: float = 1e-6, *, group: int = 128, scale_format: str = "row",
@@ -80,6 +85,11 @@ def rms_norm_quant(x, weight=None, eps: float = 1e-6, *, group: int = 128, scale
             scale_format, or a GPU older than sm_89 (no fp8).
         UnsupportedRequestError: no kernel serves the request (RTCKERN_DISABLE_OPS names the op).
     """
+    front = direct_front.call  # the torch plugin's native front, where loaded (its C++ replay; None: this path)
+    if front is not None:
+        out = front(_SLOT, x, weight, eps, group, scale_format, zero_centered)
+        if out is not None:
+            return out
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(x, torch.Tensor) or (weight is not None and not isinstance(weight, torch.Tensor)):
         raise InputError(f"rms_norm_quant takes torch tensors; got x of type {type(x).__name__}")

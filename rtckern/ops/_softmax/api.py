@@ -70,10 +70,11 @@ def _run_forward(op: str, a: arr.DeviceArray, geom: geometry.RowGeometry, scale,
     return p.forward(a.ptr, mask.ptr if mask is not None else 0)
 
 
-def _run_backward(op: str, y, dy, scale, geometry_of) -> object:
+def _run_backward(op: str, slot: int, y, dy, scale, geometry_of) -> object:
+    """slot: the op's in DIRECT_SLOTS."""
     front = direct_front.call  # the torch plugin's native front, where loaded (its C++ replay; None: this path)
     if front is not None:
-        dx = front(DIRECT_SLOTS.index(op), y, dy, scale)
+        dx = front(slot, y, dy, scale)
         if dx is not None:
             return dx
     p = plan.lookup(op, y, dy, scale)
@@ -189,6 +190,7 @@ def _with_doc(doc: str):
 
 
 _MASKED_SLOT = DIRECT_SLOTS.index("scaled_masked_softmax")
+_MASKED_BACKWARD_SLOT = DIRECT_SLOTS.index("scaled_masked_softmax_backward")
 
 
 # ---- public ops -----------------------------------------------------------------------------------------------
@@ -197,7 +199,7 @@ def _unmasked(op: str, min_ndim: int, geometry_of, forward_doc: str, backward_do
     geometry_of(array) gives the rows' geometry and refuses a shape the op does not take; the forward takes x of at
     least `min_ndim` dims. Built here once for softmax and the two causal forms (the same code; as functions of
     their own, so the hot path pays no extra call)."""
-    slot = DIRECT_SLOTS.index(op)
+    slot, backward_slot = DIRECT_SLOTS.index(op), DIRECT_SLOTS.index(op + "_backward")
 
     def forward(x, scale: float = 1.0):
         front = direct_front.call  # the torch plugin's native front, where loaded (its C++ replay; None: this path)
@@ -214,7 +216,7 @@ def _unmasked(op: str, min_ndim: int, geometry_of, forward_doc: str, backward_do
     backward_geometry = geometry_of if min_ndim < 2 else (lambda a: geometry_of(_at_least_2d(a, "y")))
 
     def backward(y, dy, scale: float = 1.0):
-        return _run_backward(op + "_backward", y, dy, scale, backward_geometry)
+        return _run_backward(op + "_backward", backward_slot, y, dy, scale, backward_geometry)
 
     for fn, name, doc in ((forward, op, forward_doc), (backward, op + "_backward", backward_doc)):
         fn.__name__ = fn.__qualname__ = name
@@ -261,7 +263,7 @@ def scaled_masked_softmax(x, mask, scale: float = 1.0):
     "Gradient of scaled_masked_softmax from its output y (exactly zero at masked keys, so no mask is needed).",
     "Masked keys (and fully masked rows) get exactly zero."))
 def scaled_masked_softmax_backward(y, dy, scale: float = 1.0):
-    return _run_backward("scaled_masked_softmax_backward", y, dy, scale, _plain_geometry)
+    return _run_backward("scaled_masked_softmax_backward", _MASKED_BACKWARD_SLOT, y, dy, scale, _plain_geometry)
 
 
 scaled_upper_triang_masked_softmax, scaled_upper_triang_masked_softmax_backward = _unmasked(

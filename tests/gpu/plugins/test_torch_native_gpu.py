@@ -128,66 +128,100 @@ def test_replay_equals_the_python_path(case):
 DIRECT = ("softmax", "softmax_backward", "scaled_masked_softmax", "scaled_masked_softmax_backward",
           "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_backward",
           "scaled_aligned_causal_masked_softmax", "scaled_aligned_causal_masked_softmax_backward",
-          "rms_norm_backward", "rms_norm_backward no weight grad", "layer_norm_backward",
-          "layer_norm_backward no bias")
+          "rms_norm_backward", "rms_norm_backward no weight grad", "rms_norm_backward no weight",
+          "rms_norm_backward dresidual", "rms_norm_backward zero_centered", "layer_norm_backward",
+          "layer_norm_backward no bias", "layer_norm_backward no weight", "gemm_fp8", "gemm_fp8 block",
+          "quantize_fp8", "quantize_fp8 col_tma", "rms_norm_quant")
 
 
 def _direct_case(name):
-    """(the rtckern.ops function, fresh arguments, the torch op whose recipes serve it)"""
+    """(the rtckern.ops function's name, a call of it on fresh tensors, the torch op serving it, that op's
+    arguments for the same call)"""
     import rtckern.ops as rops
 
     s, c, ca = rand(1, 32, 1, 1024), rand(32, 128, 128), rand(4, 64, 128)
     sm, mask = rand(2, 4, 64, 64), torch.rand(2, 1, 64, 64, device=DEV) < 0.2
-    x, w, b, dy = rand(4, 4096), rand(4096), rand(4096), rand(4, 4096)
+    x, w, b, dy, dres = rand(4, 4096), rand(4096), rand(4096), rand(4, 4096), rand(4, 4096)
     rstd, mean = torch.rand(4, device=DEV) + 0.5, torch.randn(4, device=DEV)
     args = {"softmax": (s, 0.125), "scaled_masked_softmax": (sm, mask, 0.5),
             "scaled_upper_triang_masked_softmax": (c, 0.125), "scaled_aligned_causal_masked_softmax": (ca, 0.25)}
     base = name.split(" ")[0]
+    if base in ("gemm_fp8", "quantize_fp8", "rms_norm_quant"):
+        return _fp8_direct_case(name, base)
     if base in args:
-        return getattr(rops, base), args[base], base
+        return base, lambda: getattr(rops, base)(*args[base]), base, args[base]
     if base.endswith("softmax_backward"):
         fwd = base[:-len("_backward")]
         y = torch.softmax(args[fwd][0].float(), -1).to(BF16)
-        return getattr(rops, base), (y, rand(*y.shape), args[fwd][-1]), fwd + "_bwd"
+        a = (y, rand(*y.shape), args[fwd][-1])
+        return base, lambda: getattr(rops, base)(*a), fwd + "_bwd", a
+    wt = None if "no weight" in name and "grad" not in name else w
     if base == "rms_norm_backward":
-        return (lambda *a: rops.rms_norm_backward(*a, weight_grad="no weight" not in name),
-                (dy, x, w, rstd), "rms_norm_bwd")
-    return (lambda *a: rops.layer_norm_backward(*a), (dy, x, w, None if "no bias" in name else b, mean, rstd),
-            "layer_norm_bwd")
+        grad, zc = "no weight grad" not in name, "zero_centered" in name
+        dr = dres if "dresidual" in name else None
+        return (base, lambda: rops.rms_norm_backward(dy, x, wt, rstd, zero_centered=zc, dresidual=dr, weight_grad=grad),
+                "rms_norm_bwd", (dy, x, wt, rstd, zc, grad, dr))
+    bias = None if "no bias" in name else b
+    return (base, lambda: rops.layer_norm_backward(dy, x, wt, bias, mean, rstd), "layer_norm_bwd",
+            (dy, x, wt, bias, mean, rstd, False, True, True))
+
+
+def _fp8_direct_case(name, base):
+    import rtckern.ops as rops
+
+    e4m3 = torch.float8_e4m3fn
+    if base == "gemm_fp8":
+        m = 64 if "block" in name else 8
+        a, b = rand(m, 1024).to(e4m3), rand(512, 1024).to(e4m3)
+        sa, sb = ((torch.rand(m, 8, device=DEV) + 0.5, torch.rand(4, 8, device=DEV) + 0.5) if "block" in name
+                  else (torch.rand((), device=DEV) + 0.5, torch.rand((), device=DEV) + 0.5))
+        return base, lambda: rops.gemm_fp8(a, b, sa, sb), base, (a, b, sa, sb, None, None, True)
+    x, w = rand(8, 1024), rand(1024)
+    if base == "quantize_fp8":
+        fmt = "col_tma" if "col_tma" in name else "row"  # (8 rows: col_tma's scales need no padding rows)
+        return base, lambda: rops.quantize_fp8(x, 128, fmt), base, (x, 128, fmt)
+    return base, lambda: rops.rms_norm_quant(x, w, 1e-6), base, (x, w, 1e-6, 128, "row", False)
 
 
 @pytest.mark.parametrize("name", DIRECT)
 def test_op_functions_are_served_by_the_front_and_equal_their_python_path(name):
     """rtckern.ops' own functions with torch tensors: the first call of a signature goes through the dispatcher (and
-    is recorded), later calls replay the recipe from one C call; every result equals the function's Python path's
-    bit for bit (None for the norms' gradients not asked for), and the op's recipe is the one torch.ops learned."""
-    from rtckern.testing import without_direct_front
+    is recorded: the op's one recipe), later calls are replays from the front's direct entry (it answers, and learns
+    nothing new); every result equals the function's Python path's bit for bit (None for the norms' gradients not
+    asked for)."""
+    from rtckern import clear_caches
+    from rtckern.testing import direct_call, without_direct_front
 
     def tup(v):
         return v if isinstance(v, tuple) else (v,)
 
-    fn, args, op = _direct_case(name)
+    def check(got, want):
+        for g, w in zip(got, want, strict=True):
+            if w is None:
+                assert g is None, name
+                continue
+            assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
+            assert torch.equal(g, w), name
+
+    if name.split(" ")[0] in ("gemm_fp8", "quantize_fp8", "rms_norm_quant") and \
+            torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs sm_89 or newer")
+    clear_caches()  # (the front's recipes too)
+    function, call, op, _ = _direct_case(name)
     with torch.no_grad():
-        first = tup(fn(*args))
+        first = tup(call())
         with without_direct_front():
-            want = tup(fn(*args))
-        for g, w in zip(first, want, strict=True):
-            assert (g is None and w is None) or torch.equal(g, w), name
-        learned = rt.native_status()["ops"][op]["recipes"]
-        assert learned >= 1, (name, rt.native_status()["ops"][op])
+            check(first, tup(call()))
+        assert rt.native_status()["ops"][op]["recipes"] == 1, (name, rt.native_status()["ops"][op])
         for _ in range(3):
-            fn2, args2, _ = _direct_case(name)  # new tensors of the same signature: replayed
-            got = tup(fn2(*args2))
+            _, call2, _, op_args = _direct_case(name)  # new tensors of the same signature: replayed
+            assert direct_call(function, *op_args) is not None, name
+            got = tup(call2())
             with without_direct_front():
-                want2 = tup(fn2(*args2))
+                want = tup(call2())
             torch.cuda.synchronize()
-            for g, w in zip(got, want2, strict=True):
-                if w is None:
-                    assert g is None, name
-                    continue
-                assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
-                assert torch.equal(g, w), name
-    assert rt.native_status()["ops"][op]["recipes"] == learned  # the replays learned no new signature
+            check(got, want)
+    assert rt.native_status()["ops"][op]["recipes"] == 1  # the replays learned no new signature
 
 
 def test_norms_and_softmax_are_replayed():

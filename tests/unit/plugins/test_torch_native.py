@@ -26,7 +26,8 @@ from rtckern.testing import use_fake_libcuda
 FAKE = use_fake_libcuda()
 from rtckern import clear_caches, config
 from rtckern.runtime import native
-from rtckern.plugins import _torch_lib as TL, _torch_native as TN
+from rtckern.errors import UnsupportedRequestError
+from rtckern.plugins import _torch_dispatch as TD, _torch_lib as TL, _torch_native as TN
 
 mod = native.module()
 assert mod is not None, native.why()
@@ -159,6 +160,16 @@ def host_accumulate(xp, yp, n):  # the "kernel" of zeroed_out(): y += 2 x on a y
 
 def raising(x: Tensor) -> Tensor:  # refuses every call
     raise ValueError("tn_raising refuses x")
+
+
+def interrupted(x: Tensor) -> Tensor:
+    raise KeyboardInterrupt
+
+
+def unsupported(x: Tensor) -> Tensor:  # as a torch op's body: torch's implementation where rtckern has none
+    def jit(t):
+        raise UnsupportedRequestError("tn_unsupported", {"test": ["no kernel serves it"]})
+    return TD.run("tn_unsupported", jit, lambda t: t * 2, x)
 
 
 def failing(x: Tensor) -> Tensor:  # its replayed launch fails (the hook returns an error)
@@ -323,6 +334,8 @@ TL.KernelOp("tn_zeroed_out", zeroed_out)
 TL.KernelOp("tn_pair", pair)
 TL.KernelOp("tn_failing", failing)
 TL.KernelOp("tn_raising", raising)
+TL.KernelOp("tn_interrupted", interrupted)
+TL.KernelOp("tn_unsupported", unsupported)
 TL.KernelOp("tn_ends", ends)
 TL.KernelOp("tn_scale_q", scale_q)
 TL.KernelOp("tn_interior", interior)
@@ -782,7 +795,8 @@ def test_composites_and_clear_caches(outcomes):
         assert direct is not None
         assert lib.rtk_direct_bind(63, b"rtckern::tn_scale") == 0
         assert lib.rtk_direct_bind(64, b"rtckern::tn_scale") == -2 and lib.rtk_direct_bind(62, b"rtckern::nope") == -1
-        assert lib.rtk_direct_bind(61, b"rtckern::tn_varlen") == -3  # a SymInt argument
+        assert lib.rtk_direct_bind(61, b"aten::broadcast_tensors") == -3  # a list argument and result
+        assert lib.rtk_direct_bind(63, b"rtckern::tn_add") == -4 and lib.rtk_direct_bind(63, b"rtckern::tn_scale") == 0
         x = torch.arange(8, dtype=torch.float32)
         y1 = direct(63, x, 3.0)  # not learned yet: called through the dispatcher, which records it
         assert count == {"fn": 1, "replay": 0} and counts("tn_scale")["recipes"] == 1, count
@@ -791,12 +805,25 @@ def test_composites_and_clear_caches(outcomes):
         assert torch.equal(y1, x * 3) and torch.equal(y2, x * 3) and y2.data_ptr() != y1.data_ptr()
         # not served here (None: the function's Python path runs): not a tensor, not the schema's kinds, the wrong
         # number of arguments, an unbound slot, a gradient needed, an address off 16 bytes, reference_mode
+        class Sub(torch.Tensor):  # may override what the Python path calls
+            pass
+
+        class Mode(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        nested = torch.nested.nested_tensor([torch.ones(8), torch.ones(3)])  # (its sizes() throws in C++)
         for args in ((63, x.numpy(), 3.0), (63, x, "3"), (63, x, True), (63, x), (63, x, 3.0, 1), (60, x, 3.0),
-                     ("63", x, 3.0), (63, x.clone().requires_grad_(), 3.0), (63, torch.zeros(9)[1:], 3.0)):
+                     ("63", x, 3.0), (63, x.clone().requires_grad_(), 3.0), (63, torch.zeros(9)[1:], 3.0),
+                     (63, x.as_subclass(Sub), 3.0), (63, nested, 3.0)):
             assert direct(*args) is None, args
         with reference_mode():
             assert direct(63, x, 3.0) is None
+        with Mode():
+            assert direct(63, x, 3.0) is None
         assert count == {"fn": 1, "replay": 1}, count
+        assert torch.equal(direct(63, torch.nn.Parameter(x, requires_grad=False), 3.0), x * 3)  # a Parameter: served
+        assert count == {"fn": 1, "replay": 2}, count
         # a refused key: recorded twice through the dispatcher, then left to the Python path
         assert lib.rtk_direct_bind(59, b"rtckern::tn_via_core") == 0
         assert direct(59, x) is not None and direct(59, x) is not None and direct(59, x) is None
@@ -807,6 +834,21 @@ def test_composites_and_clear_caches(outcomes):
         # an error on the way is the Python path's to raise (the function runs it after None), as it always has
         assert lib.rtk_direct_bind(57, b"rtckern::tn_raising") == 0
         assert direct(57, x) is None
+        # an unsupported request raises (None: the function raises it), where torch.ops falls back to torch's result
+        assert lib.rtk_direct_bind(56, b"rtckern::tn_unsupported") == 0
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert [direct(56, x) for _ in range(3)] == [None] * 3 and not caught, caught
+            assert torch.equal(ops.tn_unsupported(x), x * 2)
+        # KeyboardInterrupt (a BaseException) propagates
+        assert lib.rtk_direct_bind(55, b"rtckern::tn_interrupted") == 0
+        try:
+            direct(55, x)
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("KeyboardInterrupt was swallowed")
         try:
             softmax(x, 1.0)  # (its slot is unbound in this process: no family's ops are registered)
         except InputError as e:
