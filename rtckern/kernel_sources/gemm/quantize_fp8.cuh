@@ -5,7 +5,11 @@
 // loads issued first: one group per warp with 8-byte loads had a single load in flight per lane (0.57x copy).
 // Scales at s[row * s_row + group * s_col]: row-major (s_row = K / G, s_col = 1) or the column-major, TMA-aligned
 // layout the block-scaled GEMM reads (s_row = 1, s_col = M rounded up to a multiple of 4).
+// On sm_90 the host launches it as a programmatic dependent (common/pdl.cuh): it waits for the previous kernel before
+// it reads x, and releases the next one (gemm_fp8's decode kernels, dependents that wait for it) once its loads are
+// issued, so that kernel's launch overlaps this one.
 #pragma once
+#include "common/pdl.cuh"
 #include "common/vec.cuh"
 #include "gemm/fp8.cuh"
 
@@ -35,6 +39,7 @@ __global__ void __launch_bounds__(256)
   const int lane = threadIdx.x % 32;
   const int sub = lane / LPG, l = lane % LPG;  // this lane's group within a round, and its place in the group
   const unsigned base = (blockIdx.x * 8u + threadIdx.x / 32) * (GPW * ROUNDS) + sub;
+  rtk_pdl_wait_prior_grid();  // x is final from here
   // Every round's load first (ROUNDS vector loads in flight per lane), then the group maxima and the stores.
   rtk_vec<T, V> v[ROUNDS];
   unsigned rows[ROUNDS], grps[ROUNDS];
@@ -45,6 +50,7 @@ __global__ void __launch_bounds__(256)
     grps[r] = gid - rows[r] * groups_per_row;
     if (gid < total) v[r] = rtk_load_vec<T, V>(x + rows[r] * ldx + grps[r] * G + l * V);
   }
+  rtk_pdl_launch_dependents();
 #pragma unroll
   for (int r = 0; r < ROUNDS; ++r) {
     const bool valid = base + r * GPW < total;  // the shuffles below need every lane, valid or not

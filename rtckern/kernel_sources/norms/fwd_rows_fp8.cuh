@@ -6,8 +6,11 @@
 // instruction-bound), y / scale on sm_89 (within one e4m3 step of it), rounded to nearest even and saturated to +-448.
 // A group is LPG = G / VEC adjacent lanes of one pack index (TPR % LPG == 0, LPG <= 32): its amax is log2(LPG) xor-
 // shuffles. Scales at s[row * s_row + group * s_col] (row-major, or column-major TMA-aligned). A separate file and
-// kernel so that the binaries of fwd_rows.cuh do not change with it. CUDA only (fp8, sm_89+).
+// kernel so that the binaries of fwd_rows.cuh do not change with it. CUDA only (fp8, sm_89+). On sm_90 the host
+// launches it as a programmatic dependent (common/pdl.cuh): it waits for the previous kernel before it reads x and
+// releases the next one at once (gemm_fp8's decode kernels, dependents that wait for it before they read q and s).
 #pragma once
+#include "common/pdl.cuh"
 #include "norms/norm_fwd_parts.cuh"
 #include "gemm/fp8.cuh"
 
@@ -26,6 +29,8 @@ rtk_norm_fwd_rows_fp8(const TX* __restrict__ x, const TW* __restrict__ w, unsign
   static_assert(RPB == 1 || TPR <= RTK_WARP_SIZE_CONST, "several rows per block need TPR <= warp size");
   constexpr int NV = (N / VEC + TPR - 1) / TPR;
   __shared__ float scratch[rtk_norm_scratch_floats<TPR>(3)];
+  rtk_pdl_wait_prior_grid();  // x is final from here
+  rtk_pdl_launch_dependents();
   rtk_norm_fwd_row_walk<FLAGS, TX, TW, N, VEC, TPR, RPB, OPT>(
       x, x, (TX*)nullptr, w, w, eps, rows, sx, 0, 0, scratch,
       [&](const auto& xs, const auto& a, long long row, long long r, bool live, int t, float center, float rstd) {

@@ -141,7 +141,8 @@ class QuantLaunch:
         groups = m * (k // group)
         per_block = quant_groups_per_block(elem_bytes, group)
         self._main = Prepared(kernel, (max(1, math.ceil(groups / per_block)), 1, 1), (32 * QUANT_WARPS, 1, 1), 0,
-                              [("u64", 0)] * 3 + [("i64", v) for v in (m, k, ldx, k, s_row, s_col)])
+                              [("u64", 0)] * 3 + [("i64", v) for v in (m, k, ldx, k, s_row, s_col)],
+                              dependent=True)  # (it waits for the previous kernel: quantize_fp8.cuh)
 
     def run(self, x: int, q: int, s: int, stream: int) -> None:
         self._main.run((x, q, s), stream)

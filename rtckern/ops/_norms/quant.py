@@ -165,6 +165,6 @@ def _build(x, weight, eps, group, scale_format, zero_centered) -> QuantNormPlan:
         sel = _selections.put(sig, (req, s.candidate, s.kernels))
     req, cand, kernels = sel
     grid, block, smem = cand.row_launch_geometry(req, kernels, rows)
-    p.go = kernels[0].prepare(grid, block, ROW_FP8_KINDS, smem)
+    p.go = kernels[0].prepare(grid, block, ROW_FP8_KINDS, smem, dependent=True)  # (it waits: fwd_rows_fp8.cuh)
     p.tail = (np.float32(e), rows, xa.row_stride, s_row, s_col)
     return p
