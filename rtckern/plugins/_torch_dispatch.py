@@ -25,7 +25,6 @@ import torch
 
 from rtckern.errors import RtckernError, UnsupportedRequestError
 from rtckern.registry import default_registry, fallback_allowed, warn_fallback_once
-from rtckern.runtime.native import recording as native_recording
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +60,18 @@ def reference_mode(enabled: bool = True):
             hook(old)
 
 
+# Whether this thread's call comes from the native front's direct entry for an rtckern.ops function, which raises
+# an unsupported request rather than serve it with torch's implementation (_torch_native.py installs the question).
+direct_dispatching: list[Callable[[], bool]] = [lambda: False]
+
+
 def run(op: str, jit_fn: Callable[..., Any], ref_fn: Callable[..., Any], *args: Any) -> Any:
     if _state.reference:
         return ref_fn(*args)
     try:
         return jit_fn(*args)
     except UnsupportedRequestError as err:
-        if native_recording.direct:  # for an rtckern.ops function (the native front's direct entry): it raises
+        if direct_dispatching[0]():  # for an rtckern.ops function (the native front's direct entry): it raises
             raise
         warn_fallback_once(op, err)  # raises err under RTCKERN_STRICT=1
         return ref_fn(*args)

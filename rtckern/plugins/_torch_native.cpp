@@ -233,6 +233,10 @@ bool call_key(const torch::jit::Stack& stack, size_t first, size_t n, std::strin
         if (seen_storage[j] == storage) share = static_cast<int8_t>(j);
       if (nseen == 64) return false;
       put(key, &share, 1);
+      // the address mod 32: a path that needs 32-byte alignment (quantize_fp8 on fp32 groups of 256) learns and
+      // refuses 16-mod-32 addresses under their own key
+      const uint8_t mod32 = static_cast<uint8_t>(ptr & 31);
+      put(key, &mod32, 1);
       if (share >= 0) {
         const int64_t distance = static_cast<int64_t>(ptr - seen_ptr[share]);
         put(key, &distance, 8);
@@ -503,11 +507,10 @@ struct DirectOp {
   size_t rets;
 };
 std::array<std::atomic<const DirectOp*>, kDirectSlots> direct_ops{};  // bound once each, kept for the process
-thread_local bool direct_dispatching = false;  // this thread's direct_call is calling its op through the dispatcher
-// A threading.local of the plugin's (rtckern.runtime.native.recording) whose `direct` attribute is True in this thread
-// while direct_call dispatches: the op's Python implementation then raises an unsupported request instead of
-// serving it with torch's implementation, as the function it stands for would.
-PyObject* direct_flag = nullptr;
+// This thread's direct_call is calling its op through the dispatcher: the op's Python implementation then raises an
+// unsupported request instead of serving it with torch's implementation, as the function it stands for would (the
+// plugin asks rtk_direct_dispatching when it is about to fall back).
+thread_local bool direct_dispatching = false;
 
 // The Python value o as the schema's kind k on the stack; false when it is not of that kind (the call is not served).
 bool push_direct(char k, PyObject* o, torch::jit::Stack& stack) {
@@ -598,14 +601,9 @@ bool droppable(pybind11::error_already_set& e) {
   return false;
 }
 
-struct DirectDispatch {  // direct_dispatching and the plugin's `direct` flag, for one dispatcher call
-  DirectDispatch() { set(true); }
-  ~DirectDispatch() { set(false); }
-  static void set(bool on) {
-    direct_dispatching = on;
-    if (direct_flag != nullptr && PyObject_SetAttrString(direct_flag, "direct", on ? Py_True : Py_False) != 0)
-      PyErr_Clear();
-  }
+struct DirectDispatch {  // direct_dispatching for one dispatcher call
+  DirectDispatch() { direct_dispatching = true; }
+  ~DirectDispatch() { direct_dispatching = false; }
 };
 
 PyObject* direct_results_or_none(torch::jit::Stack& stack, size_t rets) {
@@ -1366,7 +1364,7 @@ RTK_EXPORT int rtk_direct_bind(int slot, const char* op_name) {
         break;
       }
     if (k == 0 && kind_fits('o', a)) k = 'n';
-    if (k == 0 || (k == 'i' && a.type()->kind() != c10::TypeKind::IntType)) return -3;
+    if (k == 0) return -3;  // (a SymInt argument is 'i': a Python int, an int IValue, as the dispatcher makes it)
     kinds.push_back(k);
   }
   for (const auto& r : schema.returns())
@@ -1380,15 +1378,11 @@ RTK_EXPORT int rtk_direct_bind(int slot, const char* op_name) {
   return 0;
 }
 
-// The direct entry as a Python function (a new reference; called through ctypes with the GIL held); flag: the
-// threading.local whose `direct` attribute marks this thread's dispatcher calls from direct_call (kept for good).
-RTK_EXPORT PyObject* rtk_direct_function(PyObject* flag) {
-  if (direct_flag == nullptr) {
-    Py_INCREF(flag);
-    direct_flag = flag;
-  }
-  return PyCFunction_New(&direct_def, nullptr);
-}
+// The direct entry as a Python function (a new reference; called through ctypes with the GIL held).
+RTK_EXPORT PyObject* rtk_direct_function() { return PyCFunction_New(&direct_def, nullptr); }
+
+// 1 while this thread's direct_call is calling its op through the dispatcher (the plugin's fallback to torch is off).
+RTK_EXPORT int rtk_direct_dispatching() { return direct_dispatching ? 1 : 0; }
 #endif  // RTK_DIRECT
 
 // Forget every recipe (the settings changed, rtckern.clear_caches()); the caller then releases what kept their

@@ -31,11 +31,12 @@ calls the front does not serve (tracing, modes, subclasses, reference_mode, rope
 Python autograd.Function.
 
 The op layer's own functions that take their torch op's arguments (rtckern.ops._common.DIRECT_SLOTS: softmax and
-its masked and causal forms, forward and backward; the norms' backwards) reach the same recipes from Python through
-one C function (direct_call, installed as rtckern.runtime.native.direct_front): a call of such a function with torch
-tensors replays its op's recipe without the function's Python path, the dispatcher or torch.ops' Python layer; a
-key not learned yet is called through the dispatcher, which records it; anything else runs the function's Python
-path.
+its masked and causal forms, forward and backward; the norms' backwards; gemm_fp8, quantize_fp8, rms_norm_quant)
+reach the same recipes from Python through one C function (direct_call, installed as
+rtckern.runtime.native.direct_front; built where Python's headers are): a call of such a function with torch tensors
+replays its op's recipe without the function's Python path, the dispatcher or torch.ops' Python layer; a key not
+learned yet is called through the dispatcher, which records it (with the fallback to torch off: an unsupported
+request raises, as the function does); anything else runs the function's Python path.
 
 Under torch.inference_mode(), make_fx records the composite ops (rms_norm, attention, ...) themselves rather than
 their decomposition, since they have a CUDA kernel now; torch.compile and export still decompose them.
@@ -65,7 +66,7 @@ from rtckern.errors import LaunchError
 from rtckern.ops._common import DIRECT_SLOTS
 from rtckern.runtime.native import direct_front
 
-from ._torch_dispatch import reference_hooks
+from ._torch_dispatch import direct_dispatching, reference_hooks
 from ._torch_eager import NATIVE_GRAD_OPS, NATIVE_OPS
 from ._torch_lib import COMPOSITE_DIRECT, COMPOSITE_FN, KERNEL_OPS, LIB, QUALIFIED
 
@@ -212,11 +213,9 @@ def _open(path: Path):
 def direct_function(lib):
     """The library's direct entry (direct_call in _torch_native.cpp) as a Python function; None where the library
     was built without Python's headers."""
-    from rtckern.runtime.native import recording
-
     if not hasattr(lib, "rtk_direct_function"):
         return None
-    return ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object)(("rtk_direct_function", lib))(recording)
+    return ctypes.PYFUNCTYPE(ctypes.py_object)(("rtk_direct_function", lib))()
 
 
 def direct_op(function: str) -> str:
@@ -339,6 +338,8 @@ def serve(lib, backend: str) -> None:
             if err != 0:
                 raise LaunchError(f"binding rtckern.ops.{function} to the native front of rtckern::{name} failed "
                                   f"(rtk_direct_bind: {err})")
+    if direct is not None:
+        direct_dispatching[0] = lambda: lib.rtk_direct_dispatching() != 0
     direct_front.call = direct
 
 

@@ -38,13 +38,9 @@ _lock = threading.Lock()
 
 class _Recording(threading.local):
     """A recording of this thread's launches (rtckern/plugins/_torch_native.py): the native launcher records its
-    prepared launches itself; every other launch route marks the recording tainted, so it is refused. `direct`: the
-    torch plugin's native front is calling a torch op for an op-layer function (direct_front), whose Python
-    implementation must then raise an unsupported request rather than serve it with torch's (as the function
-    would); the front's C++ sets it."""
+    prepared launches itself; every other launch route marks the recording tainted, so it is refused."""
     active = False
     tainted = False
-    direct = False
 
 
 recording = _Recording()

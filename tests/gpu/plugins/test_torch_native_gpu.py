@@ -224,6 +224,26 @@ def test_op_functions_are_served_by_the_front_and_equal_their_python_path(name):
     assert rt.native_status()["ops"][op]["recipes"] == 1  # the replays learned no new signature
 
 
+def test_an_address_the_python_path_refuses_is_not_replayed():
+    """quantize_fp8 on fp32 groups of 256 reads 32-byte vectors: an x 16 bytes off a 32-byte boundary is refused
+    (InputError), also after the same shape on an aligned x was learned: the key holds each address mod 32."""
+    from rtckern import InputError
+    import rtckern.ops as rops
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs sm_89 or newer")
+    buf = torch.randn(4 * 1024 + 8, device=DEV)
+    aligned, off = buf[:4 * 1024].view(4, 1024), buf[4:4 + 4 * 1024].view(4, 1024)  # (16 bytes off)
+    with torch.no_grad():
+        for _ in range(3):
+            rops.quantize_fp8(aligned, 256)
+            ops.quantize_fp8(aligned, 256, "row")
+        with pytest.raises(InputError, match="aligned to 32 bytes"):
+            rops.quantize_fp8(off, 256)
+        with pytest.raises(Exception, match="aligned to 32 bytes"):
+            ops.quantize_fp8(off, 256, "row")
+
+
 def test_norms_and_softmax_are_replayed():
     """The ops whose launches are plain (prepared launches, workspaces allocated per call) learn a recipe."""
     x, w = rand(8, 2048), rand(2048)

@@ -166,6 +166,10 @@ def interrupted(x: Tensor) -> Tensor:
     raise KeyboardInterrupt
 
 
+def tagged(x: Tensor, tag: str, dtype: Optional[torch.dtype] = None) -> Tensor:  # string and optional arguments
+    return scale(x, 2.0 if tag == "two" else 3.0)
+
+
 def unsupported(x: Tensor) -> Tensor:  # as a torch op's body: torch's implementation where rtckern has none
     def jit(t):
         raise UnsupportedRequestError("tn_unsupported", {"test": ["no kernel serves it"]})
@@ -335,6 +339,7 @@ TL.KernelOp("tn_pair", pair)
 TL.KernelOp("tn_failing", failing)
 TL.KernelOp("tn_raising", raising)
 TL.KernelOp("tn_interrupted", interrupted)
+TL.KernelOp("tn_tagged", tagged)
 TL.KernelOp("tn_unsupported", unsupported)
 TL.KernelOp("tn_ends", ends)
 TL.KernelOp("tn_scale_q", scale_q)
@@ -796,6 +801,7 @@ def test_composites_and_clear_caches(outcomes):
         assert lib.rtk_direct_bind(63, b"rtckern::tn_scale") == 0
         assert lib.rtk_direct_bind(64, b"rtckern::tn_scale") == -2 and lib.rtk_direct_bind(62, b"rtckern::nope") == -1
         assert lib.rtk_direct_bind(61, b"aten::broadcast_tensors") == -3  # a list argument and result
+        assert lib.rtk_direct_bind(61, b"rtckern::tn_varlen") == 0  # SymInt arguments: Python ints
         assert lib.rtk_direct_bind(63, b"rtckern::tn_add") == -4 and lib.rtk_direct_bind(63, b"rtckern::tn_scale") == 0
         x = torch.arange(8, dtype=torch.float32)
         y1 = direct(63, x, 3.0)  # not learned yet: called through the dispatcher, which records it
@@ -849,6 +855,19 @@ def test_composites_and_clear_caches(outcomes):
             pass
         else:
             raise AssertionError("KeyboardInterrupt was swallowed")
+        assert lib.rtk_direct_dispatching() == 0  # (the fallback to torch is back on in this thread)
+        # a string and an optional argument (passed as None only)
+        assert lib.rtk_direct_bind(54, b"rtckern::tn_tagged") == 0
+        fn = count["fn"]
+        assert torch.equal(direct(54, x, "two", None), x * 2) and torch.equal(direct(54, x, "two", None), x * 2)
+        assert torch.equal(direct(54, x, "three", None), x * 3) and count["fn"] == fn + 2  # one recording each
+
+        class Str(str):
+            pass
+
+        for args in ((54, x, Str("two"), None), (54, x, "two", torch.float32), (54, x, b"two", None),
+                     (54, x, chr(0xD800), None)):  # a subclass, a value for the optional, bytes, a lone surrogate
+            assert direct(*args) is None, args
         try:
             softmax(x, 1.0)  # (its slot is unbound in this process: no family's ops are registered)
         except InputError as e:
