@@ -384,16 +384,16 @@ def front_summary(status: dict) -> str:
     replayed = sorted(n for n, s in status["ops"].items() if s["recipes"] > 0)
     refused = sorted(f"{n} ({s['last_refusal']})" for n, s in status["ops"].items() if s["refused"] > 0)
     return ("torch.ops.rtckern through the native front: replayed in C++: " + (", ".join(replayed) or "none")
-            + "; on the Python kernels: " + ("; ".join(refused) or "none") + ". The rtckern.ops column's softmax "
-            "(and causal) forward and backward, norm backward and fp8 calls reach the same replays through the "
-            "front's direct entry (one C call from the function); the last column times those functions' Python path")
+            + "; on the Python kernels: " + ("; ".join(refused) or "none") + ". The rtckern.ops column's norm, "
+            "softmax (and causal) and fp8 calls, forward and backward, reach the same replays through the front's "
+            "direct entry (one C call from the function); the last column times those functions' Python path")
 
 
 SERIES = (("rtckern_us", "rtckern.ops"), ("torch_us", "torch"), ("torch_ops_rtckern_us", "torch.ops.rtckern"),
           ("rtckern_python_us", "rtckern.ops, Python path"))
 # the cases whose rtckern.ops function the native front serves directly (rtckern.ops._common.DIRECT_SLOTS)
-DIRECT_CASES = ("softmax", "softmax_backward", "causal", "rms_norm_backward", "layer_norm_backward", "gemm_fp8",
-                "quantize_fp8", "rms_norm_quant")
+DIRECT_CASES = ("rms_norm", "layer_norm", "softmax", "softmax_backward", "causal", "rms_norm_backward",
+                "layer_norm_backward", "gemm_fp8", "quantize_fp8", "rms_norm_quant")
 
 
 @contextlib.contextmanager

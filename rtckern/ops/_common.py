@@ -21,8 +21,10 @@ from rtckern.runtime.streams import torch_stream
 
 
 # The op functions the torch plugin's native front may serve from C++ (rtckern.runtime.native.direct_front): each
-# function's slot is its index here, and it passes every argument of its torch op, in the op's order.
+# function's slot is its index here, and it passes every argument of its torch op, in the op's order
+# ("fused_add_rms_norm": rms_norm with a residual).
 DIRECT_SLOTS = (
+    "rms_norm", "fused_add_rms_norm", "layer_norm",
     "softmax", "softmax_backward", "scaled_masked_softmax", "scaled_masked_softmax_backward",
     "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_backward",
     "scaled_aligned_causal_masked_softmax", "scaled_aligned_causal_masked_softmax_backward",

@@ -125,7 +125,8 @@ def test_replay_equals_the_python_path(case):
 
 
 # the rtckern.ops functions the front serves directly (rtckern.ops._common.DIRECT_SLOTS), by their torch op
-DIRECT = ("softmax", "softmax_backward", "scaled_masked_softmax", "scaled_masked_softmax_backward",
+DIRECT = ("rms_norm", "rms_norm residual", "rms_norm no weight zero_centered", "layer_norm", "layer_norm no bias",
+          "softmax", "softmax_backward", "scaled_masked_softmax", "scaled_masked_softmax_backward",
           "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_backward",
           "scaled_aligned_causal_masked_softmax", "scaled_aligned_causal_masked_softmax_backward",
           "rms_norm_backward", "rms_norm_backward no weight grad", "rms_norm_backward no weight",
@@ -148,6 +149,15 @@ def _direct_case(name):
     base = name.split(" ")[0]
     if base in ("gemm_fp8", "quantize_fp8", "rms_norm_quant"):
         return _fp8_direct_case(name, base)
+    if base == "rms_norm":
+        wt, zc = (None, True) if "no weight" in name else (w, False)
+        if "residual" in name:
+            return (base, lambda: rops.rms_norm(x, wt, 1e-6, residual=dres), "fused_add_rms_norm",
+                    (x, dres, wt, 1e-6, False))
+        return base, lambda: rops.rms_norm(x, wt, 1e-6, zero_centered=zc), base, (x, wt, 1e-6, zc, None)
+    if base == "layer_norm":
+        bias = None if "no bias" in name else b
+        return base, lambda: rops.layer_norm(x, w, bias, 1e-5), base, (x, w, bias, 1e-5, False, None)
     if base in args:
         return base, lambda: getattr(rops, base)(*args[base]), base, args[base]
     if base.endswith("softmax_backward"):
