@@ -467,7 +467,7 @@ class Settings:
     torch_native: str = _var(  # "auto", "on" or "off"
         "RTCKERN_TORCH_NATIVE", "auto: `import rtckern.torch` loads the native front of torch.ops.rtckern (a C++ "
                                 "kernel replaying a call's launches without Python, which also serves rtckern.ops' "
-                                "softmax, norm backward and fp8 functions called with torch tensors; built with the "
+                                "norm, softmax and fp8 functions called with torch tensors; built with the "
                                 "system C++ compiler against torch's headers (and Python's, for rtckern.ops' calls) "
                                 "and cached as the native launcher is); where it is not built yet, a background "
                                 "process builds it for the next process (CUDA builds of torch only); 1: build it at "

@@ -872,8 +872,8 @@ def torch_op_python_path(name: str):
 
 
 def direct_call(function: str, *op_args):
-    """What the torch plugin's native front gives an rtckern.ops function served from C++ (softmax and its kin, the
-    norms' backwards, the fp8 ops: rtckern.ops._common.DIRECT_SLOTS) for its torch op's arguments (every one, in the op's order):
+    """What the torch plugin's native front gives an rtckern.ops function served from C++ (the norms, softmax and its
+    kin, the fp8 ops: rtckern.ops._common.DIRECT_SLOTS; by its slot's name) for its torch op's arguments (every one, in the op's order):
     the op's results replayed (or, for a signature not learned yet, called through the dispatcher), or None where
     the function would take its Python path. None where the front is not loaded. For tests."""
     from .ops._common import DIRECT_SLOTS
@@ -886,8 +886,8 @@ def direct_call(function: str, *op_args):
 @contextlib.contextmanager
 def without_direct_front():
     """Inside, the rtckern.ops functions that the torch plugin's native front serves from C++ where it is loaded
-    (softmax and its kin, the norms' backwards, the fp8 ops: rtckern.ops._common.DIRECT_SLOTS) take their Python
-    paths: to compare the two. Process-wide while inside (for tests)."""
+    (the norms, softmax and its kin, the fp8 ops: rtckern.ops._common.DIRECT_SLOTS) take their Python paths: to
+    compare the two. Process-wide while inside (for tests)."""
     from .runtime.native import direct_front
 
     saved, direct_front.call = direct_front.call, None

@@ -30,8 +30,9 @@ so a training step's forward and backward of these ops never enter Python. The C
 calls the front does not serve (tracing, modes, subclasses, reference_mode, rope tables that need a gradient) keep the
 Python autograd.Function.
 
-The op layer's own functions that take their torch op's arguments (rtckern.ops._common.DIRECT_SLOTS: softmax and
-its masked and causal forms, forward and backward; the norms' backwards; gemm_fp8, quantize_fp8, rms_norm_quant)
+The op layer's own functions that take their torch op's arguments (rtckern.ops._common.DIRECT_SLOTS: rms_norm
+(with or without a residual) and layer_norm without statistics or out_dtype, and their backwards; softmax and its
+masked and causal forms, forward and backward; gemm_fp8, quantize_fp8, rms_norm_quant)
 reach the same recipes from Python through one C function (direct_call, installed as
 rtckern.runtime.native.direct_front; built where Python's headers are): a call of such a function with torch tensors
 replays its op's recipe without the function's Python path, the dispatcher or torch.ops' Python layer; a key not
@@ -221,7 +222,8 @@ def direct_function(lib):
 def direct_op(function: str) -> str:
     """The torch op (rtckern::<name>) an op-layer function of rtckern.ops._common.DIRECT_SLOTS is served by: the
     same arguments, in the op's order, and the same results (the norms' backward ops return empty placeholders where
-    the function returns None; gemm_fp8's out_dtype None is the function's "bf16")."""
+    the function returns None; gemm_fp8's out_dtype None is the function's "bf16"); "fused_add_rms_norm" is
+    rms_norm with a residual."""
     return function[:-len("_backward")] + "_bwd" if function.endswith("_backward") else function
 
 

@@ -136,7 +136,7 @@ DIRECT = ("rms_norm", "rms_norm residual", "rms_norm no weight zero_centered", "
 
 
 def _direct_case(name):
-    """(the rtckern.ops function's name, a call of it on fresh tensors, the torch op serving it, that op's
+    """(the rtckern.ops function's slot name, a call of it on fresh tensors, the torch op serving it, that op's
     arguments for the same call)"""
     import rtckern.ops as rops
 
@@ -152,8 +152,8 @@ def _direct_case(name):
     if base == "rms_norm":
         wt, zc = (None, True) if "no weight" in name else (w, False)
         if "residual" in name:
-            return (base, lambda: rops.rms_norm(x, wt, 1e-6, residual=dres), "fused_add_rms_norm",
-                    (x, dres, wt, 1e-6, False))
+            return ("fused_add_rms_norm", lambda: rops.rms_norm(x, wt, 1e-6, residual=dres), "fused_add_rms_norm",
+                    (x, dres, wt, 1e-6, False))  # (rms_norm with a residual has its slot under the op's name)
         return base, lambda: rops.rms_norm(x, wt, 1e-6, zero_centered=zc), base, (x, wt, 1e-6, zc, None)
     if base == "layer_norm":
         bias = None if "no bias" in name else b
