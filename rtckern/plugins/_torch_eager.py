@@ -7,7 +7,8 @@
     rtckern.torch.swiglu(gate, up)
     rtckern.torch.cross_entropy(logits, labels, ignore_index=-100, reduction="mean")
 
-Where the native front serves the op (rtckern.plugins._torch_native), rms_norm, layer_norm, attention and swiglu send
+Where the native front serves the op (rtckern.plugins._torch_native), rms_norm and layer_norm first hand a call to its
+direct entry (one C call to the replay, outside torch.compile), and rms_norm, layer_norm, attention and swiglu send
 a call needing no gradient to torch.ops.rtckern.<op>, whose C++ replay costs less than any Python path, and a call
 needing one too where the front has the op's autograd node (its arguments are then checked by the op's schema first:
 a wrong type raises torch's RuntimeError). Otherwise, in plain eager code
@@ -24,7 +25,14 @@ from typing import Optional
 
 import torch
 
+from rtckern.ops._common import DIRECT_SLOTS
+from rtckern.runtime.native import direct_front
+
 from ._torch_lib import direct, needs_grad
+
+# the norms' slots in the native front's direct entry (rtckern.runtime.native.direct_front): a call it serves replays
+# from one C call, cheaper than torch.ops.rtckern's dispatcher; None from it: the routes below
+_RMS_SLOT, _LN_SLOT = DIRECT_SLOTS.index("rms_norm"), DIRECT_SLOTS.index("layer_norm")
 
 # The ops the native front serves (_torch_native.serve adds them): their calls needing no gradient cost less through
 # torch.ops.rtckern (replayed in C++) than through the Python fast path below, tracing or not. (The packet, not its
@@ -64,6 +72,10 @@ def plain_eager(*tensors: Optional[torch.Tensor]) -> bool:
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, zero_centered: bool = False,
              out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """torch.ops.rtckern.rms_norm: through the native front, or without the dispatcher in plain eager code."""
+    if not _compiling() and (front := direct_front.call) is not None:  # the front's replay, from one C call
+        y = front(_RMS_SLOT, x, weight, eps, zero_centered, out_dtype)
+        if y is not None:
+            return y
     if (not _compiling() and _native("rms_norm", x, weight)) or not plain_eager(x, weight):
         return _ops.rms_norm(x, weight, eps, zero_centered, out_dtype)
     return _family("rtckern.plugins._torch_norms").rms_norm_direct(x, weight, eps, zero_centered, out_dtype)
@@ -73,6 +85,10 @@ def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Opt
                eps: float = 1e-5, zero_centered: bool = False,
                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """torch.ops.rtckern.layer_norm: through the native front, or without the dispatcher in plain eager code."""
+    if not _compiling() and (front := direct_front.call) is not None:  # the front's replay, from one C call
+        y = front(_LN_SLOT, x, weight, bias, eps, zero_centered, out_dtype)
+        if y is not None:
+            return y
     if (not _compiling() and _native("layer_norm", x, weight, bias)) or not plain_eager(x, weight, bias):
         return _ops.layer_norm(x, weight, bias, eps, zero_centered, out_dtype)
     return _family("rtckern.plugins._torch_norms").layer_norm_direct(x, weight, bias, eps, zero_centered, out_dtype)
