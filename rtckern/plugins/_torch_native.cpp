@@ -489,7 +489,8 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
 // ---- direct calls: rtckern.ops' own functions ----------------------------------------------------------------------
 // rtckern.ops.softmax and its kin are Python functions (they take CuPy arrays too); a call of one with torch tensors
 // costs its Python path: a memo key, a plan lookup, an allocation and a prepared launch, 1.1-1.2x torch's own call
-// for softmax. Where the ops layer binds one of its functions to the torch op of the same arguments and results
+// for softmax. (rtckern.torch's rms_norm / layer_norm entry points call it too.) Where the ops layer binds one of its
+// functions to the torch op of the same arguments and results
 // (rtk_direct_bind, a slot per function), the function first hands its arguments to direct_call: one C call that
 // converts them by the op's schema, builds the key serve() builds and replays the recipe, skipping the Python path,
 // the dispatcher and torch.ops' Python layer. A key not learned yet is called through the dispatcher (which records
@@ -625,6 +626,10 @@ PyObject* direct_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   const DirectOp* d = direct_ops[slot].load(std::memory_order_acquire);
   if (d == nullptr || static_cast<size_t>(nargs - 1) != d->kinds.size() || at::impl::torch_function_mode_enabled())
+    Py_RETURN_NONE;
+  // torch.jit.trace must see the op, not the replay's allocations (serve() runs below the tracer, which excludes it)
+  if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Tracer) &&
+      !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Tracer))
     Py_RETURN_NONE;
   try {
     const size_t n = d->kinds.size();

@@ -30,7 +30,8 @@ so a training step's forward and backward of these ops never enter Python. The C
 calls the front does not serve (tracing, modes, subclasses, reference_mode, rope tables that need a gradient) keep the
 Python autograd.Function.
 
-The op layer's own functions that take their torch op's arguments (rtckern.ops._common.DIRECT_SLOTS: rms_norm
+The op layer's own functions (and rtckern.torch's rms_norm / layer_norm entry points) that take their torch op's
+arguments (rtckern.ops._common.DIRECT_SLOTS: rms_norm
 (with or without a residual) and layer_norm without statistics or out_dtype, and their backwards; softmax and its
 masked and causal forms, forward and backward; gemm_fp8, quantize_fp8, rms_norm_quant)
 reach the same recipes from Python through one C function (direct_call, installed as

@@ -48,9 +48,10 @@ recording = _Recording()
 
 class _DirectFront:
     """The torch plugin's native front as an entry for the op layer's own functions (rtckern/plugins/_torch_native.cpp,
-    direct_call): `call(slot, *args)` gives the results of the torch op bound to the function's slot
-    (rtckern.ops._common.DIRECT_SLOTS) replayed in C++, or None where that call takes the function's Python path.
-    None until `import rtckern.torch` loads the front (RTCKERN_TORCH_NATIVE)."""
+    direct_call; rtckern.torch's rms_norm / layer_norm entry points use it too): `call(slot, *args)` gives the results
+    of the torch op bound to the function's slot (rtckern.ops._common.DIRECT_SLOTS) replayed in C++, or None where
+    that call takes the function's Python path. None until `import rtckern.torch` loads the front
+    (RTCKERN_TORCH_NATIVE)."""
     __slots__ = ("call",)
 
     def __init__(self):

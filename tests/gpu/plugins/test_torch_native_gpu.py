@@ -234,6 +234,23 @@ def test_op_functions_are_served_by_the_front_and_equal_their_python_path(name):
     assert rt.native_status()["ops"][op]["recipes"] == 1  # the replays learned no new signature
 
 
+def test_dropin_entry_points_take_the_direct_entry_and_keep_autograd():
+    """rtckern.torch.rms_norm / layer_norm (the patched modules' calls) through the front's direct entry equal their
+    route without it bit for bit; calls needing a gradient still build the autograd graph."""
+    from rtckern.testing import without_direct_front
+
+    x, w, b = rand(4, 4096), rand(4096), rand(4096)
+    with torch.no_grad():
+        for _ in range(3):
+            got = (rt.rms_norm(x, w, 1e-6), rt.layer_norm(x, w, b, 1e-5), rt.rms_norm(x, None, 1e-6, True))
+            with without_direct_front():
+                want = (rt.rms_norm(x, w, 1e-6), rt.layer_norm(x, w, b, 1e-5), rt.rms_norm(x, None, 1e-6, True))
+            for g, v in zip(got, want):
+                assert torch.equal(g, v) and g.stride() == v.stride() and g.dtype == v.dtype
+    wp = torch.nn.Parameter(w.clone())
+    assert rt.rms_norm(x, wp, 1e-6).grad_fn is not None and rt.layer_norm(x, wp, None, 1e-5).grad_fn is not None
+
+
 def test_an_address_the_python_path_refuses_is_not_replayed():
     """quantize_fp8 on fp32 groups of 256 reads 32-byte vectors: an x 16 bytes off a 32-byte boundary is refused
     (InputError), also after the same shape on an aligned x was learned: the key holds each address mod 32."""

@@ -827,6 +827,13 @@ def test_composites_and_clear_caches(outcomes):
             assert direct(63, x, 3.0) is None
         with Mode():
             assert direct(63, x, 3.0) is None
+
+        def traced(t):  # torch.jit.trace records the op only through the dispatcher: the entry stays out of it
+            assert direct(63, t, 3.0) is None
+            return t + 1
+
+        with torch.no_grad():
+            torch.jit.trace(traced, x, check_trace=False)  # (the check reruns it untraced)
         assert count == {"fn": 1, "replay": 1}, count
         assert torch.equal(direct(63, torch.nn.Parameter(x, requires_grad=False), 3.0), x * 3)  # a Parameter: served
         assert count == {"fn": 1, "replay": 2}, count
