@@ -339,6 +339,8 @@ def run(a) -> Result | None:
     import torch
 
     sync = (lambda: None) if a.stub else torch.cuda.synchronize
+    from rtckern.testing import without_direct_front  # (after the stubs: it imports rtckern)
+
     calls = a.calls or (10000 if a.stub or a.plugin_stub else 5000)
     rows = plugin_stub_rows(calls, a.repeats) if a.plugin_stub else []
     all_cases = [] if a.plugin_stub else cases(torch, a.stub)
@@ -395,13 +397,6 @@ SERIES = (("rtckern_us", "rtckern.ops"), ("torch_us", "torch"), ("torch_ops_rtck
 DIRECT_CASES = ("rms_norm", "layer_norm", "softmax", "softmax_backward", "causal", "rms_norm_backward",
                 "layer_norm_backward", "gemm_fp8", "quantize_fp8", "rms_norm_quant")
 
-
-@contextlib.contextmanager
-def without_direct_front():
-    from rtckern.testing import without_direct_front as off
-
-    with off():
-        yield
 
 
 def to_result(rows: list[dict], data: dict) -> Result:

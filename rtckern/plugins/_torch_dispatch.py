@@ -60,9 +60,11 @@ def reference_mode(enabled: bool = True):
             hook(old)
 
 
-# Whether this thread's call comes from the native front's direct entry for an rtckern.ops function, which raises
-# an unsupported request rather than serve it with torch's implementation (_torch_native.py installs the question).
-direct_dispatching: list[Callable[[], bool]] = [lambda: False]
+def direct_dispatching() -> bool:
+    """Whether this thread's call comes from the native front's direct entry for an rtckern.ops function, which
+    raises an unsupported request rather than serve it with torch's implementation (_torch_native.serve replaces
+    this with the front's answer)."""
+    return False
 
 
 def run(op: str, jit_fn: Callable[..., Any], ref_fn: Callable[..., Any], *args: Any) -> Any:
@@ -71,7 +73,7 @@ def run(op: str, jit_fn: Callable[..., Any], ref_fn: Callable[..., Any], *args: 
     try:
         return jit_fn(*args)
     except UnsupportedRequestError as err:
-        if direct_dispatching[0]():  # for an rtckern.ops function (the native front's direct entry): it raises
+        if direct_dispatching():  # for an rtckern.ops function (the native front's direct entry): it raises
             raise
         warn_fallback_once(op, err)  # raises err under RTCKERN_STRICT=1
         return ref_fn(*args)

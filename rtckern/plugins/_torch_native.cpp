@@ -132,7 +132,6 @@ struct Recipe {
   std::vector<Output> outputs;
   std::vector<int64_t> temps;  // workspaces: bytes, allocated per call through torch and released after it
   std::vector<Step> steps;
-  std::vector<int16_t> addressed_inputs;  // arguments whose addresses the launches read (checked 16-byte aligned)
 };
 
 // The ops whose gradient formula is also written here (rtk_register_grad), so that a call needing a gradient makes a
@@ -397,22 +396,16 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
         if (r != state->recipes.end()) recipe = r->second;
       }
     }
+    // (a key holds each address mod 32 and only aligned calls are recorded: a hit's addresses are 16-byte aligned)
     if (recipe && !recipe->refused) {
-      bool ok = true;
-      for (int16_t i : recipe->addressed_inputs) {
-        const at::Tensor& t = (*stack)[first + i].toTensor();
-        if (t.defined() && (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15)) ok = false;
-      }
-      if (ok) {
-        try {
-          replay(*recipe, *stack, first, n, device);  // (the arguments stay on the stack until it succeeds)
-          return true;
-        } catch (const LaunchFailure&) {
-          // a launch failed: the signature goes back to the Python path, which runs the call again and reports a
-          // failure in its own terms (rtckern's LaunchError); other errors (out of memory) propagate as they are
-          refuse_after_failure(state, key, recipe);
-          return false;
-        }
+      try {
+        replay(*recipe, *stack, first, n, device);  // (the arguments stay on the stack until it succeeds)
+        return true;
+      } catch (const LaunchFailure&) {
+        // a launch failed: the signature goes back to the Python path, which runs the call again and reports a
+        // failure in its own terms (rtckern's LaunchError); other errors (out of memory) propagate as they are
+        refuse_after_failure(state, key, recipe);
+        return false;
       }
     } else if ((!recipe || recipe->attempts < 2) && state != nullptr && aligned) {
       // record: the recorder twin runs the Python implementation and may offer its launches (rtk_offer)
@@ -457,7 +450,6 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
                                   (kind == c10::TypeKind::OptionalType &&
                                    args[p.index].type()->containedType(0)->kind() == c10::TypeKind::TensorType);
               if (!tensor) ok = false;
-              r->addressed_inputs.push_back(p.index);
             }
             if ((p.source == kOutput || p.source == kTemp) && !in_range(p.source, p.index)) ok = false;
           }
@@ -467,7 +459,6 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpState*& st
         r->outputs.clear();
         r->temps.clear();
         r->steps.clear();
-        r->addressed_inputs.clear();
         r->refused = true;
       }
       std::unique_lock<std::shared_mutex> lock(table_mutex);
@@ -649,11 +640,7 @@ PyObject* direct_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       auto r = d->state->recipes.find(key);
       if (r != d->state->recipes.end()) recipe = r->second;
     }
-    if (recipe && !recipe->refused) {
-      for (int16_t i : recipe->addressed_inputs) {
-        const at::Tensor& t = stack[i].toTensor();
-        if (t.defined() && (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15)) Py_RETURN_NONE;
-      }
+    if (recipe && !recipe->refused) {  // (its addresses are aligned: see serve())
       try {
         replay(*recipe, stack, 0, n, device);
       } catch (const LaunchFailure&) {

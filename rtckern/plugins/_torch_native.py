@@ -31,10 +31,9 @@ calls the front does not serve (tracing, modes, subclasses, reference_mode, rope
 Python autograd.Function.
 
 The op layer's own functions (and rtckern.torch's rms_norm / layer_norm entry points) that take their torch op's
-arguments (rtckern.ops._common.DIRECT_SLOTS: rms_norm
-(with or without a residual) and layer_norm without statistics or out_dtype, and their backwards; softmax and its
-masked and causal forms, forward and backward; gemm_fp8, quantize_fp8, rms_norm_quant)
-reach the same recipes from Python through one C function (direct_call, installed as
+arguments (rtckern.ops._common.DIRECT_SLOTS: rms_norm, with or without a residual, and layer_norm without statistics
+or out_dtype, and their backwards; softmax and its masked and causal forms, forward and backward; gemm_fp8,
+quantize_fp8, rms_norm_quant) reach the same recipes from Python through one C function (direct_call, installed as
 rtckern.runtime.native.direct_front; built where Python's headers are): a call of such a function with torch tensors
 replays its op's recipe without the function's Python path, the dispatcher or torch.ops' Python layer; a key not
 learned yet is called through the dispatcher, which records it (with the fallback to torch off: an unsupported
@@ -68,7 +67,8 @@ from rtckern.errors import LaunchError
 from rtckern.ops._common import DIRECT_SLOTS
 from rtckern.runtime.native import direct_front
 
-from ._torch_dispatch import direct_dispatching, reference_hooks
+from . import _torch_dispatch
+from ._torch_dispatch import reference_hooks
 from ._torch_eager import NATIVE_GRAD_OPS, NATIVE_OPS
 from ._torch_lib import COMPOSITE_DIRECT, COMPOSITE_FN, KERNEL_OPS, LIB, QUALIFIED
 
@@ -342,7 +342,7 @@ def serve(lib, backend: str) -> None:
                 raise LaunchError(f"binding rtckern.ops.{function} to the native front of rtckern::{name} failed "
                                   f"(rtk_direct_bind: {err})")
     if direct is not None:
-        direct_dispatching[0] = lambda: lib.rtk_direct_dispatching() != 0
+        _torch_dispatch.direct_dispatching = lambda: lib.rtk_direct_dispatching() != 0
     direct_front.call = direct
 
 
